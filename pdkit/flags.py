@@ -1,0 +1,290 @@
+"""Spec -> command lines and environments. Every flag a pdkit service runs with comes from here.
+
+Pure functions: (spec, host, engine) in, lists and dicts out, keyed on the pinned SGLang
+release (`pdkit.versions`). Units, env files, the exporter's drift check and the contract
+tests all call these; nothing else derives a flag.
+"""
+
+from __future__ import annotations
+
+from pdkit.spec import (
+    ClusterSpec,
+    Engine,
+    HostSpec,
+    Problem,
+    custom_all_reduce_enabled,
+)
+from pdkit.versions import ROUTER_RELEASES, SGLANG_RELEASES
+
+ENGINE_MODULES = {"sglang": "sglang.launch_server", "sim": "pdkit.sim"}
+
+
+def venv_dir(spec: ClusterSpec) -> str:
+    return f"{spec.cluster.install_dir}/venv"
+
+
+def router_venv_dir(spec: ClusterSpec) -> str:
+    # smg and sglang-router both install an `smg` command: the router gets its own venv
+    return f"{spec.cluster.install_dir}/router-venv"
+
+
+def sglang_args(spec: ClusterSpec, host: HostSpec, engine: Engine) -> list[str]:
+    """The flags after `python -m sglang.launch_server` for one engine."""
+    model = spec.engine_model(engine)
+    tuning = spec.engine_tuning(engine)
+    args: list[str] = ["--model-path", model.path]
+    if model.tokenizer_path:
+        args += ["--tokenizer-path", model.tokenizer_path]
+    args += ["--served-model-name", model.name]
+    if model.trust_remote_code:
+        args.append("--trust-remote-code")
+    if model.load_format:
+        args += ["--load-format", model.load_format]
+
+    args += ["--host", spec.engine_address(host), "--port", str(engine.port)]
+    args += ["--tp-size", str(engine.tp_size)]
+    if engine.dp != 1:
+        args += ["--dp-size", str(engine.dp)]
+    # all GPUs stay visible to every engine (cgroup/device isolation breaks CUDA IPC for NIXL)
+    args += ["--base-gpu-id", str(engine.gpus[0]), "--gpu-id-step", str(engine.gpu_step)]
+
+    if engine.role != "unified":
+        args += ["--disaggregation-mode", engine.role]
+        args += ["--disaggregation-transfer-backend", spec.cluster.transfer_backend]
+        if engine.role == "prefill":
+            args += ["--disaggregation-bootstrap-port", str(engine.effective_bootstrap_port)]
+
+    args += _cuda_graph_args(spec, engine)
+    for name, flag in _VALUE_FLAGS:
+        value = getattr(tuning, name)
+        if value is not None:
+            args += [flag, str(value)]
+    if tuning.value("overlap_schedule") is False:
+        args.append("--disable-overlap-schedule")
+    if tuning.value("torch_compile"):
+        args.append("--enable-torch-compile")
+    if not custom_all_reduce_enabled(spec, host, engine):
+        args.append("--disable-custom-all-reduce")
+    spec_dec = tuning.speculative
+    if spec_dec is not None:
+        args += ["--speculative-algorithm", spec_dec.algorithm]
+        if spec_dec.draft_model_path:
+            args += ["--speculative-draft-model-path", spec_dec.draft_model_path]
+        if spec_dec.num_steps is not None:
+            args += ["--speculative-num-steps", str(spec_dec.num_steps)]
+        if spec_dec.eagle_topk is not None:
+            args += ["--speculative-eagle-topk", str(spec_dec.eagle_topk)]
+        if spec_dec.num_draft_tokens is not None:
+            args += ["--speculative-num-draft-tokens", str(spec_dec.num_draft_tokens)]
+    if tuning.value("enable_metrics"):
+        args.append("--enable-metrics")
+    args += list(engine.extra_args)
+    return args
+
+
+# tuning field -> SGLang flag, for the levers that are a plain "--flag value"
+_VALUE_FLAGS: tuple[tuple[str, str], ...] = (
+    ("num_continuous_decode_steps", "--num-continuous-decode-steps"),
+    ("context_length", "--context-length"),
+    ("mem_fraction_static", "--mem-fraction-static"),
+    ("max_running_requests", "--max-running-requests"),
+    ("max_queued_requests", "--max-queued-requests"),
+    ("chunked_prefill_size", "--chunked-prefill-size"),
+    ("page_size", "--page-size"),
+    ("attention_backend", "--attention-backend"),
+    ("sampling_backend", "--sampling-backend"),
+    ("moe_runner_backend", "--moe-runner-backend"),
+    ("quantization", "--quantization"),
+    ("kv_cache_dtype", "--kv-cache-dtype"),
+    ("watchdog_timeout", "--watchdog-timeout"),
+    ("decode_log_interval", "--decode-log-interval"),
+    ("log_level", "--log-level"),
+)
+
+
+def _cuda_graph_args(spec: ClusterSpec, engine: Engine) -> list[str]:
+    tuning = spec.engine_tuning(engine)
+    release = SGLANG_RELEASES[spec.engine_version(engine)]
+    assert release.per_phase_cuda_graph_flags, "only per-phase CUDA-graph releases are pinned"
+    args: list[str] = []
+    # a prefill engine never runs the decode graph (SGLang turns it off in PD prefill mode)
+    if engine.role != "prefill":
+        if not tuning.value("cuda_graph"):
+            args += ["--cuda-graph-backend-decode", "disabled"]
+        else:
+            if tuning.cuda_graph_bs:
+                args += ["--cuda-graph-bs-decode", *(str(b) for b in tuning.cuda_graph_bs)]
+            if tuning.cuda_graph_max_bs is not None:
+                args += ["--cuda-graph-max-bs-decode", str(tuning.cuda_graph_max_bs)]
+    if engine.role != "decode" and tuning.prefill_cuda_graph is False:
+        args += ["--cuda-graph-backend-prefill", "disabled"]
+    return args
+
+
+def engine_command(spec: ClusterSpec, host: HostSpec, engine: Engine) -> list[str]:
+    """The full ExecStart argv of an engine: the venv's python, the engine module, the flags."""
+    module = ENGINE_MODULES[spec.cluster.engine]
+    return [f"{venv_dir(spec)}/bin/python", "-m", module, *sglang_args(spec, host, engine)]
+
+
+def engine_env(spec: ClusterSpec, host: HostSpec, engine: Engine) -> dict[str, str]:
+    """The engine's own environment (NCCL and UCX live in the node's env files)."""
+    tuning = spec.engine_tuning(engine)
+    env = {
+        "HOME": f"/var/lib/{spec.cluster.service_user}",
+        "XDG_CACHE_HOME": f"/var/cache/{spec.cluster.service_user}",
+        # log lines reach the journal as they are written (the health gate reads them)
+        "PYTHONUNBUFFERED": "1",
+    }
+    if engine.role != "unified":
+        env["SGLANG_HOST_IP"] = spec.engine_address(host)
+        if spec.cluster.transfer_backend == "nixl":
+            env["SGLANG_DISAGGREGATION_NIXL_BACKEND"] = "UCX"
+    if tuning.value("allow_longer_context"):
+        env["SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"] = "1"
+    if tuning.value("pcie_ipc_allreduce"):
+        env["SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"] = "1"
+    env.update(engine.env)
+    return dict(sorted(env.items()))
+
+
+def nccl_env(spec: ClusterSpec, host: HostSpec) -> dict[str, str]:
+    """NCCL settings for a node, from its NCCL profile and engine layout (docs/tuning.md)."""
+    node = host.node
+    assert node is not None
+    env: dict[str, str] = {}
+    has_ib = bool(node.ucx_net_devices and node.ucx_net_devices.startswith("mlx"))
+    if node.nccl_profile == "pcie":
+        # NCCL's default P2P level (PXB) only allows P2P through PCIe switches; engines inside one
+        # NUMA node need PHB, engines spanning sockets need SYS, else traffic bounces via host memory
+        env["NCCL_P2P_LEVEL"] = "SYS" if _any_engine_spans_numa(host) else "PHB"
+        # never LL128 on PCIe: it can corrupt data there
+        env["NCCL_PROTO"] = "LL,Simple"
+    elif node.nccl_profile == "pcie-p2p-off":
+        # IOMMU/ACS on: init completes, then the first all-reduce spins forever (nccl#1999)
+        env["NCCL_P2P_DISABLE"] = "1"
+        env["NCCL_PROTO"] = "LL,Simple"
+    if node.nccl_profile in ("pcie", "pcie-p2p-off") and not has_ib:
+        env["NCCL_IB_DISABLE"] = "1"
+    if node.nic:
+        env["NCCL_SOCKET_IFNAME"] = node.nic
+    return dict(sorted(env.items()))
+
+
+def _any_engine_spans_numa(host: HostSpec) -> bool:
+    node = host.node
+    assert node is not None
+    numa = node.gpus.numa
+    if numa is None:
+        return True  # unknown topology: allow P2P everywhere rather than fall back to host memory
+    return any(len({numa[g] for g in e.gpus if g < len(numa)}) > 1 for e in node.engines)
+
+
+def ucx_env(spec: ClusterSpec, host: HostSpec) -> dict[str, str]:
+    """UCX settings for NIXL KV transfer on a node that runs PD engines."""
+    node = host.node
+    assert node is not None
+    if spec.cluster.transfer_backend != "nixl" or all(e.role == "unified" for e in node.engines):
+        return {}
+    env: dict[str, str] = {}
+    if node.ucx_net_devices:
+        # cross-node PD: without it transfers hang until the 300 s timeout
+        env["UCX_NET_DEVICES"] = node.ucx_net_devices
+    else:
+        # same-node PD: prefill writes into decode memory over cuda_ipc (PUT works without NVLink)
+        env["UCX_TLS"] = "cuda_ipc,cuda_copy,sm,self,tcp"
+    return dict(sorted(env.items()))
+
+
+def secrets_env(spec: ClusterSpec) -> dict[str, str]:
+    """Secrets for the mode-0600 env file. Values are real: never log or print this dict."""
+    secrets = spec.cluster.secrets
+    env: dict[str, str] = {}
+    if secrets.hf_token is not None:
+        env["HF_TOKEN"] = secrets.hf_token.get_secret_value()
+    return env
+
+
+def router_secrets_env(spec: ClusterSpec) -> dict[str, str]:
+    secrets = spec.cluster.secrets
+    if secrets.router_api_key is None:
+        return {}
+    return {ROUTER_API_KEY_ENV: secrets.router_api_key.get_secret_value()}
+
+
+# smg reads its API key from this variable, so the key never reaches argv
+ROUTER_API_KEY_ENV = "SMG_API_KEY"
+
+
+def engine_url(spec: ClusterSpec, host: HostSpec, engine: Engine) -> str:
+    return f"http://{spec.engine_address(host)}:{engine.port}"
+
+
+def router_address(host: HostSpec) -> str:
+    assert host.router is not None
+    return host.router.address or host.address
+
+
+def router_args(spec: ClusterSpec, host: HostSpec) -> list[str]:
+    """The router's own arguments (after `smg launch` / `python -m sglang_router.launch_router`)."""
+    router = host.router
+    assert router is not None
+    workers = spec.router_workers(host)
+    args: list[str] = []
+    if any(e.role != "unified" for _, e in workers):
+        args.append("--pd-disaggregation")
+        for h, e in workers:
+            if e.role == "prefill":
+                # an explicit bootstrap port always: without one the router sends none
+                args += ["--prefill", engine_url(spec, h, e), str(e.effective_bootstrap_port)]
+        for h, e in workers:
+            if e.role == "decode":
+                args += ["--decode", engine_url(spec, h, e)]
+        args += ["--prefill-policy", router.prefill_policy, "--decode-policy", router.decode_policy]
+    else:
+        args += ["--worker-urls", *(engine_url(spec, h, e) for h, e in workers)]
+        args += ["--policy", router.policy]
+    address = router_address(host)
+    args += ["--host", address, "--port", str(router.port)]
+    args += ["--prometheus-host", address, "--prometheus-port", str(router.prometheus_port)]
+    args += ["--health-check-interval-secs", str(router.health_check_interval_secs)]
+    args += ["--health-failure-threshold", str(router.health_failure_threshold)]
+    args += list(router.extra_args)
+    return args
+
+
+def router_command(spec: ClusterSpec, host: HostSpec) -> list[str]:
+    release = ROUTER_RELEASES[spec.router_release(host)]
+    bin_dir = f"{router_venv_dir(spec)}/bin"
+    launcher = [f"{bin_dir}/{release.launcher[0]}", *release.launcher[1:]]
+    return [*launcher, *router_args(spec, host)]
+
+
+def extra_args_problems(spec: ClusterSpec) -> list[Problem]:
+    """extra_args may add flags, never restate or abbreviate one pdkit generates."""
+    problems: list[Problem] = []
+    for host, engine in spec.engines():
+        i = host.node.engines.index(engine)  # type: ignore[union-attr]
+        generated_all = sglang_args(spec, host, engine)
+        generated = generated_all[: len(generated_all) - len(engine.extra_args)]
+        problems += _clashes(host.name, f"pdkit_node.engines[{i}].extra_args", generated, engine.extra_args)
+    for host in spec.router_hosts:
+        assert host.router is not None
+        generated_all = router_args(spec, host)
+        generated = generated_all[: len(generated_all) - len(host.router.extra_args)]
+        problems += _clashes(host.name, "pdkit_router.extra_args", generated, host.router.extra_args)
+    return problems
+
+
+def _clashes(host: str, field: str, generated: list[str], extra: tuple[str, ...]) -> list[Problem]:
+    flags = {a for a in generated if a.startswith("--")}
+    problems = []
+    for j, arg in enumerate(extra):
+        if not arg.startswith("--"):
+            continue
+        name = arg.split("=", 1)[0]
+        # argparse accepts unambiguous prefixes, so "--context" would also override a flag
+        hit = sorted(f for f in flags if f == name or f.startswith(name))
+        if hit:
+            problems.append(Problem(host, f"{field}[{j}]", f"{name} clashes with {hit[0]}, which pdkit generates from the spec; set the matching spec field instead"))
+    return problems

@@ -1,0 +1,264 @@
+"""Spec -> per-host plan: every file pdkit writes on a host and every service it runs.
+
+Deterministic: the same spec gives byte-identical files (no timestamps, sorted keys), so
+pyinfra sees no change on a re-run and a release hash identifies a configuration. Templates
+in templates/ only lay out what `pdkit.flags` decided.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+import jinja2
+
+from pdkit import flags
+from pdkit.spec import ClusterSpec, Engine, HostSpec, engine_numa_node
+
+TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
+SYSTEMD_DIR = "/etc/systemd/system"
+# the line SGLang (and the sim) print when a server is ready
+READY_LOG_LINE = "The server is fired up and ready to roll!"
+
+
+@dataclass(frozen=True)
+class PlannedFile:
+    path: str
+    content: str
+    mode: str = "0644"
+    owner: str = "root"
+    group: str = "root"
+    # secret files are never printed, diffed or stored in a release listing in clear
+    secret: bool = False
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.content.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Service:
+    """One systemd unit and what it needs to be healthy."""
+
+    unit: str
+    kind: str  # engine | router
+    # files whose change means a restart
+    files: tuple[str, ...]
+    # HTTP URL that answers 200 when healthy
+    health_url: str
+    ready_timeout_s: int
+    # engines: the log line that marks readiness; router: the worker URLs it must list healthy
+    ready_log_line: str | None = None
+    expected_workers: tuple[str, ...] = ()
+    engine: str | None = None
+    role: str | None = None
+    port: int | None = None
+
+
+@dataclass(frozen=True)
+class HostPlan:
+    host: str
+    files: tuple[PlannedFile, ...] = ()
+    services: tuple[Service, ...] = ()
+    # directories to create: (path, mode, owner, group)
+    directories: tuple[tuple[str, str, str, str], ...] = field(default_factory=tuple)
+
+    def file(self, path: str) -> PlannedFile:
+        for f in self.files:
+            if f.path == path:
+                return f
+        raise KeyError(path)
+
+    @property
+    def release_hash(self) -> str:
+        """One hash of every file pdkit writes on this host (the release id)."""
+        digest = hashlib.sha256()
+        for f in sorted(self.files, key=lambda f: f.path):
+            digest.update(f"{f.path}\0{f.mode}\0{f.owner}\0{f.group}\0{f.sha256}\n".encode())
+        return digest.hexdigest()
+
+
+@lru_cache(maxsize=1)
+def _jinja() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+    )
+
+
+def render_template(template: str, **context) -> str:
+    return _jinja().get_template(template).render(**context)
+
+
+_SAFE_ARG = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
+
+
+def systemd_quote(arg: str) -> str:
+    """Quote one argv element for ExecStart= so systemd hands it over unchanged."""
+    escaped = arg.replace("%", "%%").replace("$", "$$")
+    if escaped and _SAFE_ARG.match(escaped):
+        return escaped
+    return '"' + escaped.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def exec_start(argv: list[str]) -> str:
+    # one flag (with its values) per continuation line, so a diff shows which flag moved
+    parts: list[str] = []
+    for arg in argv:
+        if arg.startswith("--") or not parts:
+            parts.append(systemd_quote(arg))
+        else:
+            parts[-1] += " " + systemd_quote(arg)
+    return " \\\n    ".join(parts)
+
+
+def env_file_text(purpose: str, env: dict[str, str]) -> str:
+    quoted = {k: _env_value(v) for k, v in env.items()}
+    return render_template("env.j2", purpose=purpose, env=quoted)
+
+
+def _env_value(value: str) -> str:
+    if re.fullmatch(r"[A-Za-z0-9_@%+=:,./-]*", value):
+        return value
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def config_paths(spec: ClusterSpec) -> dict[str, str]:
+    base = spec.cluster.config_dir
+    return {
+        "nccl": f"{base}/nccl.env",
+        "ucx": f"{base}/ucx.env",
+        "secrets": f"{base}/secrets.env",
+        "router_env": f"{base}/router.env",
+        "release": f"{base}/release.json",
+    }
+
+
+def engine_env_path(spec: ClusterSpec, engine: Engine) -> str:
+    return f"{spec.cluster.config_dir}/engines/{engine.name}.env"
+
+
+def plan_host(spec: ClusterSpec, host: HostSpec) -> HostPlan:
+    """Everything pdkit lays down on one host."""
+    user = spec.cluster.service_user
+    paths = config_paths(spec)
+    files: list[PlannedFile] = []
+    services: list[Service] = []
+    directories = [
+        (spec.cluster.config_dir, "0755", "root", "root"),
+    ]
+
+    def config_file(path: str, content: str, secret: bool = False) -> PlannedFile:
+        # config is root-owned; the service group may read it (exporter drift checks); secrets root-only
+        if secret:
+            return PlannedFile(path, content, "0600", "root", "root", secret=True)
+        return PlannedFile(path, content, "0640", "root", user)
+
+    common = {"inventory": Path(spec.inventory).name or "inventory", "cluster": spec.cluster.name, "config_dir": spec.cluster.config_dir, "user": user}
+
+    secret_env = flags.secrets_env(spec)
+    if host.node is not None:
+        directories.append((f"{spec.cluster.config_dir}/engines", "0755", "root", "root"))
+        files.append(config_file(paths["nccl"], env_file_text("NCCL settings for this node (docs/tuning.md)", flags.nccl_env(spec, host))))
+        files.append(config_file(paths["ucx"], env_file_text("UCX settings for NIXL KV transfer (docs/tuning.md)", flags.ucx_env(spec, host))))
+        if secret_env:
+            files.append(config_file(paths["secrets"], env_file_text("secrets (mode 0600, root only)", secret_env), secret=True))
+        for engine in host.node.engines:
+            env_path = engine_env_path(spec, engine)
+            files.append(config_file(env_path, env_file_text(f"environment of engine {engine.name}", flags.engine_env(spec, host, engine))))
+            env_files = [paths["nccl"], paths["ucx"], env_path] + ([paths["secrets"]] if secret_env else [])
+            numa = engine_numa_node(host, engine) if host.node.gpu == "nvidia" else None
+            unit_text = render_template(
+                "systemd/engine.service.j2",
+                **common,
+                engine_kind="SGLang" if spec.cluster.engine == "sglang" else "sim (rehearsal)",
+                role=engine.role,
+                name=engine.name,
+                env_files=env_files,
+                exec_start=exec_start(flags.engine_command(spec, host, engine)),
+                numa_node=numa,
+            )
+            unit_path = f"{SYSTEMD_DIR}/{engine.unit_name}"
+            files.append(PlannedFile(unit_path, unit_text, "0644"))
+            services.append(
+                Service(
+                    unit=engine.unit_name,
+                    kind="engine",
+                    files=tuple(sorted([unit_path, *env_files])),
+                    health_url=f"{flags.engine_url(spec, host, engine)}/health",
+                    ready_timeout_s=spec.cluster.ready_timeout_s,
+                    ready_log_line=READY_LOG_LINE,
+                    engine=engine.name,
+                    role=engine.role,
+                    port=engine.port,
+                )
+            )
+
+    if host.router is not None:
+        router_secrets = flags.router_secrets_env(spec)
+        env_files = []
+        if router_secrets:
+            files.append(config_file(paths["router_env"], env_file_text("router secrets (mode 0600, root only)", router_secrets), secret=True))
+            env_files.append(paths["router_env"])
+        package, version = spec.router_release(host)
+        unit_text = render_template(
+            "systemd/router.service.j2",
+            **common,
+            package=package,
+            version=version,
+            env_files=env_files,
+            exec_start=exec_start(flags.router_command(spec, host)),
+        )
+        unit_path = f"{SYSTEMD_DIR}/pdkit-router.service"
+        files.append(PlannedFile(unit_path, unit_text, "0644"))
+        services.append(
+            Service(
+                unit="pdkit-router.service",
+                kind="router",
+                files=tuple(sorted([unit_path, *env_files])),
+                health_url=f"http://{flags.router_address(host)}:{host.router.port}/health",
+                ready_timeout_s=120,
+                expected_workers=tuple(flags.engine_url(spec, h, e) for h, e in spec.router_workers(host)),
+                port=host.router.port,
+            )
+        )
+
+    files.append(PlannedFile(paths["release"], _release_manifest(spec, host, files, services), "0644"))
+    return HostPlan(
+        host=host.name,
+        files=tuple(sorted(files, key=lambda f: f.path)),
+        services=tuple(services),
+        directories=tuple(directories),
+    )
+
+
+def _release_manifest(spec: ClusterSpec, host: HostSpec, files: list[PlannedFile], services: list[Service]) -> str:
+    """release.json: what this host should be running, for drift checks and rollbacks."""
+    manifest = {
+        "cluster": spec.cluster.name,
+        "host": host.name,
+        "engine": spec.cluster.engine,
+        "files": {f.path: {"sha256": f.sha256, "mode": f.mode} for f in sorted(files, key=lambda f: f.path)},
+        "engines": {
+            e.name: {
+                "role": e.role,
+                "sglang_version": spec.engine_version(e),
+                "argv": flags.sglang_args(spec, host, e),
+            }
+            for e in (host.node.engines if host.node else ())
+        },
+        "services": [s.unit for s in services],
+    }
+    return json.dumps(manifest, indent=2, sort_keys=True) + "\n"
+
+
+def plan_cluster(spec: ClusterSpec) -> dict[str, HostPlan]:
+    return {host.name: plan_host(spec, host) for host in spec.hosts}

@@ -1,0 +1,738 @@
+"""The cluster spec: pydantic models for what the user writes, and the cross-host rules.
+
+A pyinfra inventory describes the cluster; each host's resolved data holds pdkit's
+sections (all keys start with ``pdkit_``):
+
+- ``pdkit_cluster``   cluster-wide: model, engine kind, SGLang version, tuning defaults.
+                      May be set on any group or host; every host that resolves it must
+                      see the same value.
+- ``pdkit_node``      a GPU node: its GPUs, NUMA layout, NCCL profile and engines.
+- ``pdkit_router``    this host runs the router.
+- ``pdkit_monitoring`` this host runs Prometheus and Grafana.
+
+`pdkit.loader.load()` turns an inventory into a frozen `ClusterSpec` or a list of
+`Problem`s; this module holds the models and `cross_checks()`, the rules that need
+more than one section to decide.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+
+from pdkit.versions import DEFAULT_SGLANG_VERSION, ROUTER_RELEASES, SGLANG_RELEASES
+
+# A systemd unit name fragment and a Prometheus label value at once.
+NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$"
+Port = Annotated[int, Field(ge=1, le=65535)]
+SglangVersion = Literal["0.5.17", "0.5.23"]
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+
+
+class Speculative(Frozen):
+    """Speculative decoding, checked the way SGLang's speculative_hook checks it."""
+
+    # EAGLE | EAGLE3 | NEXTN | STANDALONE | NGRAM | DFLASH | DSPARK | UNO (multi-token prediction is NEXTN)
+    algorithm: str
+    # --speculative-num-steps; unset means SGLang picks, and then topk/draft tokens must be unset too
+    num_steps: int | None = Field(default=None, ge=1)
+    # --speculative-eagle-topk
+    eagle_topk: int | None = Field(default=None, ge=1)
+    # --speculative-num-draft-tokens; with topk 1 it must equal num_steps + 1
+    num_draft_tokens: int | None = Field(default=None, ge=1)
+    # --speculative-draft-model-path; unset for NEXTN (the model's own MTP head)
+    draft_model_path: str | None = None
+
+    @field_validator("algorithm")
+    @classmethod
+    def _known_algorithm(cls, value: str) -> str:
+        known = next(iter(SGLANG_RELEASES.values())).speculative_algorithms
+        if value.upper() == "MTP":
+            raise ValueError(
+                "'MTP' is not an SGLang algorithm name: multi-token prediction is 'NEXTN'"
+            )
+        if value not in known:
+            raise ValueError(f"unknown algorithm {value!r}; valid: {', '.join(known)}")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent_counts(self) -> Speculative:
+        if self.num_steps is None and (
+            self.eagle_topk is not None or self.num_draft_tokens is not None
+        ):
+            raise ValueError(
+                "num_steps is unset, so eagle_topk and num_draft_tokens must be unset too "
+                "(SGLang picks all three together)"
+            )
+        if (
+            self.eagle_topk == 1
+            and self.num_steps is not None
+            and self.num_draft_tokens is not None
+            and self.num_draft_tokens != self.num_steps + 1
+        ):
+            raise ValueError(
+                f"with eagle_topk 1, num_draft_tokens must be num_steps + 1 = {self.num_steps + 1} "
+                f"(got {self.num_draft_tokens})"
+            )
+        return self
+
+
+class Tuning(Frozen):
+    """The seeds' levers. Unset (None) means SGLang's own default; each maps to one flag or env var."""
+
+    # decode-phase CUDA graphs (the seeds' first lever); False -> --cuda-graph-backend-decode disabled
+    cuda_graph: bool | None = None
+    # prefill-phase (piecewise) CUDA graphs; False -> --cuda-graph-backend-prefill disabled
+    prefill_cuda_graph: bool | None = None
+    # --cuda-graph-max-bs-decode: largest decode batch captured; must cover the target concurrency
+    cuda_graph_max_bs: int | None = Field(default=None, ge=1)
+    # --cuda-graph-bs-decode: explicit capture buckets (finer buckets cut padding waste)
+    cuda_graph_bs: tuple[int, ...] | None = None
+    # --num-continuous-decode-steps
+    num_continuous_decode_steps: int | None = Field(default=None, ge=1)
+    # --context-length: cap it (an uncapped 1M context made the indexer scan 1M tokens a step)
+    context_length: int | None = Field(default=None, ge=1)
+    # SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1: needed for a context above the model's maximum
+    allow_longer_context: bool | None = None
+    # --mem-fraction-static
+    mem_fraction_static: float | None = Field(default=None, gt=0, lt=1)
+    # --max-running-requests
+    max_running_requests: int | None = Field(default=None, ge=1)
+    # --max-queued-requests
+    max_queued_requests: int | None = Field(default=None, ge=1)
+    # --chunked-prefill-size (a multiple of page_size)
+    chunked_prefill_size: int | None = Field(default=None, ge=1)
+    # --page-size (KV page size; a PD transfer lever)
+    page_size: int | None = Field(default=None, ge=1)
+    # False -> --disable-overlap-schedule
+    overlap_schedule: bool | None = None
+    # True -> --enable-torch-compile
+    torch_compile: bool | None = None
+    # --attention-backend
+    attention_backend: str | None = None
+    # --sampling-backend
+    sampling_backend: str | None = None
+    # --moe-runner-backend
+    moe_runner_backend: str | None = None
+    # --quantization
+    quantization: str | None = None
+    # --kv-cache-dtype
+    kv_cache_dtype: str | None = None
+    # --speculative-*
+    speculative: Speculative | None = None
+    # auto: off at TP 2 on sm_12x (crashes at graph capture) and with the P2P-disabled NCCL profile
+    custom_all_reduce: Literal["auto", "on", "off"] | None = None
+    # SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1 (SGLang >= 0.5.23, TP 2/4/8, bf16, needs working P2P)
+    pcie_ipc_allreduce: bool | None = None
+    # --watchdog-timeout seconds
+    watchdog_timeout: int | None = Field(default=None, ge=1)
+    # --enable-metrics (pdkit's monitoring needs it; on unless turned off)
+    enable_metrics: bool | None = None
+    # --decode-log-interval
+    decode_log_interval: int | None = Field(default=None, ge=1)
+    # --log-level
+    log_level: Literal["debug", "info", "warning", "error", "critical"] | None = None
+
+    @field_validator("cuda_graph_bs")
+    @classmethod
+    def _sorted_buckets(cls, value: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        if value is not None:
+            if not value or any(b < 1 for b in value):
+                raise ValueError("give a non-empty list of positive batch sizes, e.g. [1, 2, 4, 8, 16]")
+            if list(value) != sorted(set(value)):
+                raise ValueError("batch sizes must be strictly increasing, e.g. [1, 2, 4, 8, 16]")
+        return value
+
+    def merged(self, override: Tuning) -> Tuning:
+        """This tuning with every field the override sets explicitly taking its value."""
+        return self.model_copy(update={k: getattr(override, k) for k in override.model_fields_set})
+
+    def value(self, name: str):
+        """A field's effective value: the explicit setting, else pdkit's default."""
+        explicit = getattr(self, name)
+        return TUNING_DEFAULTS.get(name) if explicit is None else explicit
+
+
+# pdkit's defaults where they differ from "leave it to SGLang".
+TUNING_DEFAULTS: dict[str, object] = {
+    # graphs are the single largest lever in the seeds (3.8x, 5.2x): on unless turned off
+    "cuda_graph": True,
+    # the exporter, doctor and dashboards read /metrics
+    "enable_metrics": True,
+    "overlap_schedule": True,
+    "torch_compile": False,
+    "custom_all_reduce": "auto",
+    "pcie_ipc_allreduce": False,
+    "allow_longer_context": False,
+}
+
+
+class RoleTuning(Frozen):
+    """Cluster-wide tuning: `all` first, then the engine's role, then the engine's own."""
+
+    all: Tuning = Tuning()
+    prefill: Tuning = Tuning()
+    decode: Tuning = Tuning()
+    unified: Tuning = Tuning()
+
+
+class Model(Frozen):
+    """The model every engine serves unless an engine names its own."""
+
+    # --model-path: a directory on the GPU nodes (or a hub id on nodes that may download)
+    path: str = Field(min_length=1)
+    # --served-model-name (no ':' — SGLang rejects it); defaults to the path's last component
+    served_name: str | None = None
+    # --tokenizer-path
+    tokenizer_path: str | None = None
+    # --trust-remote-code
+    trust_remote_code: bool = False
+    # --load-format (e.g. dummy = random weights from config.json, for rehearsals)
+    load_format: str | None = None
+
+    @field_validator("served_name")
+    @classmethod
+    def _no_colon(cls, value: str | None) -> str | None:
+        if value is not None and ":" in value:
+            raise ValueError(f"{value!r} contains ':', which SGLang rejects in a served model name")
+        return value
+
+    @property
+    def name(self) -> str:
+        return self.served_name or self.path.rstrip("/").rsplit("/", 1)[-1]
+
+
+class Secrets(Frozen):
+    """Secrets reach nodes only through mode-0600 env files, never unit files, argv or logs."""
+
+    # HF_TOKEN for engines that download from the hub
+    hf_token: SecretStr | None = None
+    # the router's API key (also sent by pdkit's own clients)
+    router_api_key: SecretStr | None = None
+
+
+class Cluster(Frozen):
+    """`pdkit_cluster`: what every host of the cluster agrees on."""
+
+    # cluster name: a label in Prometheus and the prefix of nothing else
+    name: str = Field(pattern=NAME_PATTERN)
+    # sglang: python -m sglang.launch_server; sim: python -m pdkit.sim with the same argv
+    engine: Literal["sglang", "sim"] = "sglang"
+    # the SGLang release the flags are rendered for
+    sglang_version: SglangVersion = DEFAULT_SGLANG_VERSION  # type: ignore[assignment]
+    model: Model
+    # --disaggregation-transfer-backend for PD engines
+    transfer_backend: Literal["nixl", "mooncake", "fake"] = "nixl"
+    # the concurrency the cluster is tuned for; decode CUDA graphs must cover it
+    target_concurrency: int | None = Field(default=None, ge=1)
+    tuning: RoleTuning = RoleTuning()
+    # the unprivileged user every service runs as
+    service_user: str = Field(default="pdkit", pattern=r"^[a-z_][a-z0-9_-]{0,30}$")
+    # venv, wheelhouse and releases live here on every host
+    install_dir: str = Field(default="/opt/pdkit", pattern=r"^/[A-Za-z0-9_./-]+$")
+    # env files and configuration live here on every host
+    config_dir: str = Field(default="/etc/pdkit", pattern=r"^/[A-Za-z0-9_./-]+$")
+    # how long a restarted engine may take to become ready (a real engine: 1-2 minutes)
+    ready_timeout_s: int = Field(default=600, ge=1)
+    secrets: Secrets = Secrets()
+
+
+class GpuLayout(Frozen):
+    """The GPUs of a node as the plan sees them (real, or virtual on lab hosts)."""
+
+    # model name as nvidia-smi prints it
+    model: str = Field(min_length=1)
+    # number of GPUs; engine GPU indices must be below it
+    count: int = Field(ge=1, le=64)
+    # memory per GPU, GiB; decides SGLang's memory-class defaults
+    memory_gib: int = Field(ge=1)
+    # compute capability, e.g. "12.0" for RTX PRO 6000 Blackwell, "9.0" for H200
+    compute_capability: str = Field(pattern=r"^\d+\.\d+$")
+    # NUMA node of each GPU, by index (length = count); e.g. [0,0,0,0,1,1,1,1]
+    numa: tuple[int, ...] | None = None
+
+    @model_validator(mode="after")
+    def _numa_per_gpu(self) -> GpuLayout:
+        if self.numa is not None and len(self.numa) != self.count:
+            raise ValueError(
+                f"numa lists {len(self.numa)} entries but count is {self.count}: give one NUMA node per GPU"
+            )
+        return self
+
+    @property
+    def sm_major(self) -> int:
+        return int(self.compute_capability.split(".")[0])
+
+
+class Engine(Frozen):
+    """One SGLang server process (one systemd unit) on one node."""
+
+    # unit pdkit-engine-<name>.service; unique on its node
+    name: str = Field(pattern=NAME_PATTERN)
+    # prefill | decode (a PD pair) or unified (no disaggregation)
+    role: Literal["prefill", "decode", "unified"]
+    # GPU indices on this node: evenly spaced (rendered as --base-gpu-id / --gpu-id-step)
+    gpus: tuple[int, ...] = Field(min_length=1)
+    # --tp-size; defaults to the GPU count / dp
+    tp: int | None = Field(default=None, ge=1)
+    # --dp-size
+    dp: int = Field(default=1, ge=1)
+    # --port: the engine's HTTP port (serves /metrics too)
+    port: Port
+    # --disaggregation-bootstrap-port (prefill only; 8998 when unset)
+    bootstrap_port: Port | None = None
+    # engines of one group pair up behind the router
+    pd_group: str = Field(default="default", pattern=NAME_PATTERN)
+    # NUMA node to bind CPU and memory to; defaults to the NUMA node of all its GPUs
+    numa_node: int | None = Field(default=None, ge=0)
+    # per-engine overrides of the cluster's model / version / transfer backend
+    model: Model | None = None
+    sglang_version: SglangVersion | None = None
+    tuning: Tuning = Tuning()
+    # escape hatch: extra sglang flags, checked against the flags pdkit generates
+    extra_args: tuple[str, ...] = ()
+    # extra environment for this engine (no secrets: use pdkit_cluster.secrets)
+    env: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("gpus")
+    @classmethod
+    def _evenly_spaced(cls, gpus: tuple[int, ...]) -> tuple[int, ...]:
+        if any(g < 0 for g in gpus):
+            raise ValueError("GPU indices start at 0")
+        if len(set(gpus)) != len(gpus):
+            raise ValueError(f"GPU list {list(gpus)} repeats an index")
+        if len(gpus) > 1:
+            steps = {b - a for a, b in zip(gpus, gpus[1:])}
+            if len(steps) != 1 or next(iter(steps)) < 1:
+                raise ValueError(
+                    f"GPU list {list(gpus)} must be increasing and evenly spaced "
+                    "(SGLang places a server with --base-gpu-id and --gpu-id-step), e.g. [0, 1, 2, 3]"
+                )
+        return gpus
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+        for key in env:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+                raise ValueError(f"{key!r} is not a valid environment variable name")
+            if re.search(r"TOKEN|SECRET|PASSWORD|API_KEY", key):
+                raise ValueError(
+                    f"{key!r} looks like a secret: put it under pdkit_cluster.secrets so that it "
+                    "only reaches a mode-0600 env file"
+                )
+        return env
+
+    @property
+    def tp_size(self) -> int:
+        return self.tp if self.tp is not None else max(1, len(self.gpus) // self.dp)
+
+    @property
+    def gpu_step(self) -> int:
+        return self.gpus[1] - self.gpus[0] if len(self.gpus) > 1 else 1
+
+    @property
+    def unit_name(self) -> str:
+        return f"pdkit-engine-{self.name}.service"
+
+    @property
+    def effective_bootstrap_port(self) -> int | None:
+        if self.role != "prefill":
+            return None
+        return self.bootstrap_port if self.bootstrap_port is not None else 8998
+
+
+class Node(Frozen):
+    """`pdkit_node`: a GPU node and the engines it runs."""
+
+    # nvidia: real GPUs (preflight checks them); none: a lab host with a virtual GPU layout
+    gpu: Literal["nvidia", "none"] = "nvidia"
+    gpus: GpuLayout
+    # the address engines listen on and the router reaches; defaults to the host's ssh_hostname
+    address: str | None = None
+    # pcie: NCCL tuned for PCIe; pcie-p2p-off: IOMMU/ACS workaround; nvlink / default: NCCL's own choice
+    nccl_profile: Literal["pcie", "pcie-p2p-off", "nvlink", "default"] = "default"
+    # NCCL_SOCKET_IFNAME
+    nic: str | None = None
+    # UCX_NET_DEVICES, needed when a PD pair spans nodes (e.g. "mlx5_0:1")
+    ucx_net_devices: str | None = None
+    engines: tuple[Engine, ...] = ()
+    # port of pdkit-exporter on this node
+    exporter_port: Port = 9400
+
+
+class Router(Frozen):
+    """`pdkit_router`: this host runs the router in front of the engines."""
+
+    # smg (SGLang Model Gateway) or the last standalone sglang-router; unset: the one that pairs
+    # with the cluster's SGLang version
+    package: Literal["smg", "sglang-router"] | None = None
+    version: str | None = None
+    # the router's HTTP port (clients talk here)
+    port: Port = 8000
+    # the router's Prometheus port
+    prometheus_port: Port = 29000
+    # where it listens; defaults to the host's address
+    address: str | None = None
+    # worker selection without PD
+    policy: str = "cache_aware"
+    # PD worker selection
+    prefill_policy: str = "cache_aware"
+    decode_policy: str = "power_of_two"
+    # seconds between worker health checks
+    health_check_interval_secs: int = Field(default=10, ge=1)
+    # failed checks before a worker counts as unhealthy
+    health_failure_threshold: int = Field(default=3, ge=1)
+    # engines it fronts, as "host/engine"; unset: every engine in the cluster
+    workers: tuple[str, ...] | None = None
+    # escape hatch: extra router flags
+    extra_args: tuple[str, ...] = ()
+
+    @model_validator(mode="after")
+    def _known_release(self) -> Router:
+        if self.package is not None and self.version is not None:
+            if (self.package, self.version) not in ROUTER_RELEASES:
+                valid = ", ".join(f"{p} {v}" for p, v in ROUTER_RELEASES)
+                raise ValueError(f"{self.package} {self.version} is not a pinned router; valid: {valid}")
+        elif self.version is not None:
+            raise ValueError("version given without package: name the package (smg or sglang-router) too")
+        return self
+
+
+class Monitoring(Frozen):
+    """`pdkit_monitoring`: this host runs Prometheus (and Grafana)."""
+
+    # Prometheus' port
+    prometheus_port: Port = 9090
+    # Grafana's port
+    grafana_port: Port = 3000
+    # seconds between scrapes
+    scrape_interval_s: int = Field(default=15, ge=1)
+    # hosts to scrape; unset: every host in the inventory
+    scrape_hosts: tuple[str, ...] | None = None
+    # TTFT p99 SLO for the alert rule, seconds
+    ttft_p99_slo_s: float = Field(default=2.0, gt=0)
+
+
+# Every host runs node_exporter on this port.
+NODE_EXPORTER_PORT = 9100
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with the inventory, said so that the user can fix it without reading code."""
+
+    host: str
+    field: str
+    message: str
+    severity: Literal["error", "warning"] = "error"
+
+    def __str__(self) -> str:
+        return f"{self.host}: {self.field}: {self.message}"
+
+
+class SpecError(Exception):
+    """The inventory has errors; `problems` lists every one of them."""
+
+    def __init__(self, problems: list[Problem]):
+        self.problems = problems
+        super().__init__("\n".join(str(p) for p in problems))
+
+
+class HostSpec(Frozen):
+    name: str
+    # the address pdkit and other hosts reach this host on
+    address: str
+    groups: tuple[str, ...] = ()
+    node: Node | None = None
+    router: Router | None = None
+    monitoring: Monitoring | None = None
+
+
+class ClusterSpec(Frozen):
+    """The whole validated cluster. Everything else in pdkit reads this."""
+
+    cluster: Cluster
+    hosts: tuple[HostSpec, ...]
+    inventory: str = ""
+
+    def host(self, name: str) -> HostSpec:
+        for h in self.hosts:
+            if h.name == name:
+                return h
+        raise KeyError(name)
+
+    @property
+    def gpu_hosts(self) -> list[HostSpec]:
+        return [h for h in self.hosts if h.node is not None]
+
+    @property
+    def router_hosts(self) -> list[HostSpec]:
+        return [h for h in self.hosts if h.router is not None]
+
+    @property
+    def monitoring_hosts(self) -> list[HostSpec]:
+        return [h for h in self.hosts if h.monitoring is not None]
+
+    def engines(self) -> list[tuple[HostSpec, Engine]]:
+        return [(h, e) for h in self.gpu_hosts for e in h.node.engines]  # type: ignore[union-attr]
+
+    def engine_tuning(self, engine: Engine) -> Tuning:
+        """Cluster `all`, then the role's, then the engine's own settings."""
+        tuning = self.cluster.tuning
+        return tuning.all.merged(getattr(tuning, engine.role)).merged(engine.tuning)
+
+    def engine_model(self, engine: Engine) -> Model:
+        return engine.model or self.cluster.model
+
+    def engine_version(self, engine: Engine) -> str:
+        return engine.sglang_version or self.cluster.sglang_version
+
+    def engine_address(self, host: HostSpec) -> str:
+        assert host.node is not None
+        return host.node.address or host.address
+
+    def router_release(self, host: HostSpec) -> tuple[str, str]:
+        router = host.router
+        assert router is not None
+        if router.package is not None and router.version is not None:
+            return router.package, router.version
+        default = SGLANG_RELEASES[self.cluster.sglang_version].default_router
+        if router.package is not None and router.package != default[0]:
+            # a package without a version: the one pinned release of that package
+            return next(k for k in ROUTER_RELEASES if k[0] == router.package)
+        return default
+
+    def router_workers(self, host: HostSpec) -> list[tuple[HostSpec, Engine]]:
+        router = host.router
+        assert router is not None
+        engines = self.engines()
+        if router.workers is None:
+            return engines
+        wanted = set(router.workers)
+        return [(h, e) for h, e in engines if f"{h.name}/{e.name}" in wanted]
+
+    def is_pd(self) -> bool:
+        return any(e.role != "unified" for _, e in self.engines())
+
+
+# ---------------------------------------------------------------------------
+# Rules that need more than one section
+
+
+def sglang_decode_graph_default_max_bs(gpus: GpuLayout, tp: int) -> int | None:
+    """SGLang's memory-class default for the decode graph max batch (memory_hook.py), None if unknown."""
+    if 90 <= gpus.memory_gib <= 160:
+        return 256 if tp < 4 else 512
+    if 35 <= gpus.memory_gib <= 60:
+        return 32 if tp < 4 else 160
+    return None
+
+
+def effective_decode_graph_max_bs(spec: ClusterSpec, host: HostSpec, engine: Engine) -> int | None:
+    """The largest decode batch that will run inside a CUDA graph, or None if graphs are off/unknown."""
+    tuning = spec.engine_tuning(engine)
+    if engine.role == "prefill" or not tuning.value("cuda_graph"):
+        return None
+    if tuning.cuda_graph_bs:
+        max_bs: int | None = max(tuning.cuda_graph_bs)
+    elif tuning.cuda_graph_max_bs is not None:
+        max_bs = tuning.cuda_graph_max_bs
+    else:
+        assert host.node is not None
+        max_bs = sglang_decode_graph_default_max_bs(host.node.gpus, engine.tp_size)
+    if max_bs is not None and tuning.max_running_requests is not None:
+        max_bs = min(max_bs, tuning.max_running_requests)
+    return max_bs
+
+
+def engine_numa_node(host: HostSpec, engine: Engine) -> int | None:
+    """The NUMA node an engine is bound to: explicit, else the one all of its GPUs share."""
+    if engine.numa_node is not None:
+        return engine.numa_node
+    assert host.node is not None
+    numa = host.node.gpus.numa
+    if numa is None or any(g >= len(numa) for g in engine.gpus):
+        return None
+    nodes = {numa[g] for g in engine.gpus}
+    return nodes.pop() if len(nodes) == 1 else None
+
+
+def custom_all_reduce_enabled(spec: ClusterSpec, host: HostSpec, engine: Engine) -> bool:
+    """auto: off at TP 2 on sm_12x (custom all-reduce crashed at graph capture) and with P2P off."""
+    setting = spec.engine_tuning(engine).value("custom_all_reduce")
+    if setting != "auto":
+        return setting == "on"
+    assert host.node is not None
+    if host.node.nccl_profile == "pcie-p2p-off":
+        return False
+    return not (engine.tp_size == 2 and host.node.gpus.sm_major == 12)
+
+
+def host_ports(spec: ClusterSpec, host: HostSpec) -> list[tuple[int, str]]:
+    """Every port a host's services listen on, with the field that sets it."""
+    ports: list[tuple[int, str]] = [(NODE_EXPORTER_PORT, "node_exporter (fixed)")]
+    if host.node is not None:
+        ports.append((host.node.exporter_port, "pdkit_node.exporter_port"))
+        for i, engine in enumerate(host.node.engines):
+            ports.append((engine.port, f"pdkit_node.engines[{i}].port"))
+            if engine.effective_bootstrap_port is not None:
+                ports.append((engine.effective_bootstrap_port, f"pdkit_node.engines[{i}].bootstrap_port"))
+    if host.router is not None:
+        ports.append((host.router.port, "pdkit_router.port"))
+        ports.append((host.router.prometheus_port, "pdkit_router.prometheus_port"))
+    if host.monitoring is not None:
+        ports.append((host.monitoring.prometheus_port, "pdkit_monitoring.prometheus_port"))
+        ports.append((host.monitoring.grafana_port, "pdkit_monitoring.grafana_port"))
+    return ports
+
+
+def cross_checks(spec: ClusterSpec) -> list[Problem]:
+    """Rules across sections and hosts. Returns every problem, errors and warnings."""
+    problems: list[Problem] = []
+    add = problems.append
+    cluster = spec.cluster
+
+    if not spec.gpu_hosts:
+        add(Problem("<inventory>", "pdkit_node", "no host declares pdkit_node: a cluster needs at least one GPU node"))
+    if not spec.router_hosts and spec.gpu_hosts:
+        add(Problem("<inventory>", "pdkit_router", "no host declares pdkit_router: name the host that runs the router"))
+
+    for host in spec.gpu_hosts:
+        node = host.node
+        assert node is not None
+        names: dict[str, int] = {}
+        used_gpus: dict[int, str] = {}
+        for i, engine in enumerate(node.engines):
+            at = f"pdkit_node.engines[{i}]"
+            if engine.name in names:
+                add(Problem(host.name, f"{at}.name", f"engine name {engine.name!r} is already used by engines[{names[engine.name]}]; names must be unique on a node"))
+            names.setdefault(engine.name, i)
+            for gpu in engine.gpus:
+                if gpu >= node.gpus.count:
+                    add(Problem(host.name, f"{at}.gpus", f"GPU {gpu} does not exist: the node declares {node.gpus.count} GPUs (valid indices 0-{node.gpus.count - 1})"))
+                elif gpu in used_gpus:
+                    add(Problem(host.name, f"{at}.gpus", f"GPU {gpu} is already used by engine {used_gpus[gpu]!r}; engines may not share a GPU"))
+                else:
+                    used_gpus[gpu] = engine.name
+            if engine.tp_size * engine.dp != len(engine.gpus):
+                add(Problem(host.name, f"{at}.tp", f"tp {engine.tp_size} x dp {engine.dp} = {engine.tp_size * engine.dp} but the engine has {len(engine.gpus)} GPUs {list(engine.gpus)}; tp x dp must equal the GPU count"))
+            if engine.bootstrap_port is not None and engine.role != "prefill":
+                add(Problem(host.name, f"{at}.bootstrap_port", f"only prefill engines serve a bootstrap port; this engine's role is {engine.role!r} (remove bootstrap_port)"))
+            numa = node.gpus.numa
+            if engine.numa_node is not None and numa is not None:
+                gpu_nodes = {numa[g] for g in engine.gpus if g < len(numa)}
+                if gpu_nodes and gpu_nodes != {engine.numa_node}:
+                    add(Problem(host.name, f"{at}.numa_node", f"numa_node {engine.numa_node} but its GPUs {list(engine.gpus)} sit on NUMA node(s) {sorted(gpu_nodes)}; bind to the GPUs' NUMA node"))
+            elif engine.numa_node is None and numa is not None and engine_numa_node(host, engine) is None and all(g < len(numa) for g in engine.gpus):
+                add(Problem(host.name, f"{at}.gpus", f"GPUs {list(engine.gpus)} span NUMA nodes {sorted({numa[g] for g in engine.gpus})}: the engine is not NUMA-bound (cross-NUMA TP runs over the inter-socket link)", "warning"))
+            _check_engine_tuning(spec, host, engine, at, add)
+
+        if node.gpu == "nvidia" and node.gpus.sm_major >= 10 and node.nccl_profile == "default" and node.gpus.count > 1:
+            add(Problem(host.name, "pdkit_node.nccl_profile", "Blackwell node with the default NCCL profile: on PCIe-only nodes choose 'pcie' (NCCL's default P2P level falls back to host memory across root complexes)", "warning"))
+
+        seen: dict[int, str] = {}
+        for port, field in host_ports(spec, host):
+            if port in seen:
+                add(Problem(host.name, field, f"port {port} is already used by {seen[port]}; every port on a host must be unique"))
+            else:
+                seen[port] = field
+
+    for host in spec.hosts:
+        if host.node is None:
+            seen = {}
+            for port, field in host_ports(spec, host):
+                if port in seen:
+                    add(Problem(host.name, field, f"port {port} is already used by {seen[port]}; every port on a host must be unique"))
+                else:
+                    seen[port] = field
+
+    _check_pd_groups(spec, add)
+
+    declared = {f"{h.name}/{e.name}" for h, e in spec.engines()}
+    for host in spec.router_hosts:
+        router = host.router
+        assert router is not None
+        for i, ref in enumerate(router.workers or ()):
+            if ref not in declared:
+                valid = ", ".join(sorted(declared)) or "none declared"
+                add(Problem(host.name, f"pdkit_router.workers[{i}]", f"{ref!r} is not a declared engine; valid: {valid}"))
+        workers = spec.router_workers(host)
+        roles = {e.role for _, e in workers}
+        if "unified" in roles and roles - {"unified"}:
+            add(Problem(host.name, "pdkit_router.workers", "the router mixes unified and prefill/decode engines; a router runs either in PD mode or not"))
+        if roles and roles <= {"prefill", "decode"} and roles != {"prefill", "decode"}:
+            add(Problem(host.name, "pdkit_router.workers", f"the router fronts only {sorted(roles)} engines; PD mode needs at least one prefill and one decode"))
+        for i, arg in enumerate(router.extra_args):
+            if arg.startswith("--api-key"):
+                add(Problem(host.name, f"pdkit_router.extra_args[{i}]", "an API key on the command line is visible in ps and the journal: set pdkit_cluster.secrets.router_api_key instead"))
+
+    names = {h.name for h in spec.hosts}
+    for host in spec.monitoring_hosts:
+        assert host.monitoring is not None
+        for i, target in enumerate(host.monitoring.scrape_hosts or ()):
+            if target not in names:
+                add(Problem(host.name, f"pdkit_monitoring.scrape_hosts[{i}]", f"{target!r} is not a host in this inventory; valid: {', '.join(sorted(names))}"))
+    if len(spec.monitoring_hosts) > 1:
+        add(Problem(spec.monitoring_hosts[1].name, "pdkit_monitoring", f"only one monitoring host is supported; {spec.monitoring_hosts[0].name} already declares pdkit_monitoring"))
+
+    if cluster.secrets.router_api_key is not None and any(spec.router_release(h)[0] == "sglang-router" for h in spec.router_hosts):
+        add(Problem(spec.router_hosts[0].name, "pdkit_cluster.secrets.router_api_key", "sglang-router 0.3.2 only takes its API key on the command line, which would leak it; use package smg or drop the key"))
+    return problems
+
+
+def _check_engine_tuning(spec: ClusterSpec, host: HostSpec, engine: Engine, at: str, add) -> None:
+    tuning = spec.engine_tuning(engine)
+    release = SGLANG_RELEASES[spec.engine_version(engine)]
+    assert host.node is not None
+    if tuning.speculative is not None and tuning.speculative.algorithm not in release.speculative_algorithms:
+        add(Problem(host.name, f"{at}.tuning.speculative.algorithm", f"SGLang {release.version} has no algorithm {tuning.speculative.algorithm!r}; valid: {', '.join(release.speculative_algorithms)}"))
+    page = tuning.page_size or 1
+    if tuning.chunked_prefill_size is not None and tuning.chunked_prefill_size % page:
+        add(Problem(host.name, f"{at}.tuning.chunked_prefill_size", f"{tuning.chunked_prefill_size} is not a multiple of page_size {page} (SGLang rejects it); e.g. {tuning.chunked_prefill_size // page * page or page}"))
+    if tuning.value("pcie_ipc_allreduce") and not release.has_pcie_ipc_allreduce:
+        add(Problem(host.name, f"{at}.tuning.pcie_ipc_allreduce", f"SGLang {release.version} has no PCIe IPC all-reduce (SGLANG_ENABLE_PCIE_IPC_ALLREDUCE is 0.5.23+); valid: false, or sglang_version 0.5.23"))
+    if tuning.value("pcie_ipc_allreduce") and host.node.nccl_profile == "pcie-p2p-off":
+        add(Problem(host.name, f"{at}.tuning.pcie_ipc_allreduce", "PCIe IPC all-reduce needs working P2P, but the node's NCCL profile is 'pcie-p2p-off'"))
+    if tuning.value("pcie_ipc_allreduce") and engine.tp_size not in (2, 4, 8):
+        add(Problem(host.name, f"{at}.tuning.pcie_ipc_allreduce", f"PCIe IPC all-reduce supports TP 2, 4 or 8; this engine has tp {engine.tp_size}"))
+    if tuning.cuda_graph_bs and tuning.cuda_graph_max_bs is not None and max(tuning.cuda_graph_bs) != tuning.cuda_graph_max_bs:
+        add(Problem(host.name, f"{at}.tuning.cuda_graph_max_bs", f"cuda_graph_max_bs {tuning.cuda_graph_max_bs} disagrees with the largest bucket in cuda_graph_bs ({max(tuning.cuda_graph_bs)}); set one of the two"))
+    if engine.role == "prefill":
+        return
+    max_bs = effective_decode_graph_max_bs(spec, host, engine)
+    target = spec.cluster.target_concurrency
+    if tuning.value("cuda_graph") and max_bs is not None and target is not None and max_bs < target:
+        add(Problem(host.name, f"{at}.tuning.cuda_graph_max_bs", f"decode CUDA graphs cover batches up to {max_bs} but target_concurrency is {target}: larger batches run without graphs (the seeds' 40x gap); set cuda_graph_max_bs >= {target}"))
+    explicit = max(tuning.cuda_graph_bs) if tuning.cuda_graph_bs else tuning.cuda_graph_max_bs
+    if explicit is not None and tuning.max_running_requests is not None and explicit > tuning.max_running_requests:
+        add(Problem(host.name, f"{at}.tuning.cuda_graph_max_bs", f"{explicit} is above max_running_requests {tuning.max_running_requests}: SGLang clamps it, so graphs above {tuning.max_running_requests} are never captured", "warning"))
+
+
+def _check_pd_groups(spec: ClusterSpec, add) -> None:
+    groups: dict[str, list[tuple[HostSpec, Engine]]] = {}
+    for host, engine in spec.engines():
+        if engine.role != "unified":
+            groups.setdefault(engine.pd_group, []).append((host, engine))
+    for group, members in groups.items():
+        roles = {e.role for _, e in members}
+        first_host, first = members[0]
+        for missing in ("prefill", "decode"):
+            if missing not in roles:
+                add(Problem(first_host.name, f"pdkit_node.engines[{first_host.node.engines.index(first)}].pd_group", f"PD group {group!r} has no {missing} engine; each PD group needs at least one prefill and one decode"))
+        for host, engine in members[1:]:
+            at = f"pdkit_node.engines[{host.node.engines.index(engine)}]"
+            for what, get in (("model", lambda e: spec.engine_model(e).path), ("sglang_version", spec.engine_version)):
+                if get(engine) != get(first):
+                    add(Problem(host.name, f"{at}.{what}", f"PD group {group!r} mixes {what} {get(engine)!r} with {get(first)!r} on {first_host.name}/{first.name}; a prefill and a decode must match (the NIXL handshake fails or output is corrupted)"))
+        hosts = {h.name for h, _ in members}
+        if len(hosts) > 1 and spec.cluster.transfer_backend == "nixl":
+            for host in sorted({h.name: h for h, _ in members}.values(), key=lambda h: h.name):
+                if host.node is not None and not host.node.ucx_net_devices:
+                    add(Problem(host.name, "pdkit_node.ucx_net_devices", f"PD group {group!r} spans hosts {sorted(hosts)}: set ucx_net_devices (e.g. 'mlx5_0:1'), without it cross-node NIXL transfers hang until the 300 s timeout"))

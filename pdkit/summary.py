@@ -1,0 +1,54 @@
+"""The one-screen summary `pdkit validate` prints for a valid inventory."""
+
+from __future__ import annotations
+
+from pdkit import flags
+from pdkit.spec import ClusterSpec, effective_decode_graph_max_bs, engine_numa_node
+
+
+def summary(spec: ClusterSpec) -> str:
+    c = spec.cluster
+    lines = [
+        f"cluster {c.name}: engine {c.engine}, sglang {c.sglang_version}, model {c.model.path} (served as {c.model.name})",
+        f"  {'PD over ' + c.transfer_backend if spec.is_pd() else 'no PD'}; target concurrency {c.target_concurrency or 'unset'}; service user {c.service_user}",
+        "",
+        "nodes:",
+    ]
+    for host in spec.gpu_hosts:
+        node = host.node
+        assert node is not None
+        g = node.gpus
+        gpu_kind = "virtual " if node.gpu == "none" else ""
+        lines.append(f"  {host.name} ({host.address}): {g.count}x {gpu_kind}{g.model} {g.memory_gib} GiB sm_{g.compute_capability.replace('.', '')}, NCCL profile {node.nccl_profile}")
+        for e in node.engines:
+            numa = engine_numa_node(host, e)
+            graphs = effective_decode_graph_max_bs(spec, host, e)
+            tuning = spec.engine_tuning(e)
+            bits = [
+                f"GPUs {','.join(map(str, e.gpus))}",
+                f"TP{e.tp_size}" + (f" DP{e.dp}" if e.dp > 1 else ""),
+                f"NUMA {numa if numa is not None else '-'}",
+                f"port {e.port}",
+            ]
+            if e.effective_bootstrap_port is not None:
+                bits.append(f"bootstrap {e.effective_bootstrap_port}")
+            if e.role != "prefill":
+                bits.append("decode graphs " + (f"<= bs {graphs}" if graphs else ("off" if not tuning.value("cuda_graph") else "on (SGLang default)")))
+            if tuning.context_length:
+                bits.append(f"ctx {tuning.context_length}")
+            lines.append(f"    {e.name:<10} {e.role:<8} " + ", ".join(bits))
+    lines += ["", "router:"]
+    for host in spec.router_hosts:
+        package, version = spec.router_release(host)
+        assert host.router is not None
+        workers = spec.router_workers(host)
+        lines.append(f"  {host.name}: {package} {version} on {flags.router_address(host)}:{host.router.port} (metrics :{host.router.prometheus_port}), {len(workers)} workers: " + ", ".join(f"{h.name}/{e.name}" for h, e in workers))
+    lines += ["", "monitoring:"]
+    if not spec.monitoring_hosts:
+        lines.append("  none declared")
+    for host in spec.monitoring_hosts:
+        m = host.monitoring
+        assert m is not None
+        lines.append(f"  {host.name}: Prometheus :{m.prometheus_port} every {m.scrape_interval_s}s, Grafana :{m.grafana_port}")
+    lines += ["", f"OK: {len(spec.hosts)} hosts, {len(spec.engines())} engines; no host was contacted."]
+    return "\n".join(lines)

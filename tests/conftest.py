@@ -1,0 +1,64 @@
+"""Shared helpers for the unit tests: write inventories, run the CLI."""
+
+from __future__ import annotations
+
+import copy
+import pprint
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+# A small but complete PD cluster: two GPU nodes, a router, a monitoring host.
+BASE_CLUSTER = {
+    "name": "test",
+    "engine": "sglang",
+    "sglang_version": "0.5.23",
+    "model": {"path": "/models/m", "served_name": "m"},
+    "target_concurrency": 16,
+    "tuning": {"decode": {"cuda_graph_max_bs": 32}},
+}
+_GPUS = {"model": "NVIDIA H200", "count": 4, "memory_gib": 141, "compute_capability": "9.0", "numa": [0, 0, 1, 1]}
+BASE_HOSTS = {
+    "gpu01": {
+        "ssh_hostname": "10.9.0.1",
+        "pdkit_node": {
+            "gpus": _GPUS,
+            "engines": [
+                {"name": "prefill", "role": "prefill", "gpus": [0, 1], "port": 30000},
+                {"name": "decode", "role": "decode", "gpus": [2, 3], "port": 30001},
+            ],
+        },
+        "pdkit_router": {},
+    },
+    "gpu02": {
+        "ssh_hostname": "10.9.0.2",
+        "pdkit_node": {
+            "gpus": _GPUS,
+            "engines": [
+                {"name": "prefill", "role": "prefill", "gpus": [0, 1], "port": 30000, "pd_group": "g2"},
+                {"name": "decode", "role": "decode", "gpus": [2, 3], "port": 30001, "pd_group": "g2"},
+            ],
+        },
+    },
+    "mon01": {"ssh_hostname": "10.9.0.3", "pdkit_monitoring": {}},
+}
+
+
+def write_inventory(directory: Path, hosts: dict, cluster: dict | None, name: str = "inv.py") -> Path:
+    """Write a pyinfra inventory file: GPU hosts in `gpu_nodes`, others in `other`, cluster data on `all`."""
+    gpu = [(h, d) for h, d in hosts.items() if "pdkit_node" in d]
+    other = [(h, d) for h, d in hosts.items() if "pdkit_node" not in d]
+    text = f"gpu_nodes = {pprint.pformat(gpu)}\nother = {pprint.pformat(other)}\n"
+    all_data = {} if cluster is None else {"pdkit_cluster": cluster}
+    text += f"all = ({list(hosts)!r}, {pprint.pformat(all_data)})\n"
+    path = directory / name
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture
+def base():
+    """Deep copies of the base cluster and hosts, to mutate in a test."""
+    return copy.deepcopy(BASE_CLUSTER), copy.deepcopy(BASE_HOSTS)
