@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import itertools
 import pprint
 from pathlib import Path
 
@@ -46,8 +47,15 @@ BASE_HOSTS = {
 }
 
 
-def write_inventory(directory: Path, hosts: dict, cluster: dict | None, name: str = "inv.py") -> Path:
-    """Write a pyinfra inventory file: GPU hosts in `gpu_nodes`, others in `other`, cluster data on `all`."""
+_written = itertools.count()
+
+
+def write_inventory(directory: Path, hosts: dict, cluster: dict | None, name: str | None = None) -> Path:
+    """Write a pyinfra inventory file: GPU hosts in `gpu_nodes`, others in `other`, cluster data on `all`.
+
+    Each call gets a new file name: pyinfra caches compiled files by path within a process.
+    """
+    name = name or f"inv{next(_written)}.py"
     gpu = [(h, d) for h, d in hosts.items() if "pdkit_node" in d]
     other = [(h, d) for h, d in hosts.items() if "pdkit_node" not in d]
     text = f"gpu_nodes = {pprint.pformat(gpu)}\nother = {pprint.pformat(other)}\n"

@@ -1,0 +1,203 @@
+"""Spec -> argv / env decisions, one lever at a time."""
+
+from __future__ import annotations
+
+import pytest
+
+from pdkit import flags
+from pdkit.loader import load
+from tests.conftest import write_inventory
+
+
+def _spec(tmp_path, cluster, hosts):
+    return load(write_inventory(tmp_path, hosts, cluster))
+
+
+def _engine_args(spec, host="gpu01", name="decode"):
+    h = spec.host(host)
+    e = next(e for e in h.node.engines if e.name == name)
+    return flags.sglang_args(spec, h, e)
+
+
+def _value(args, flag):
+    return args[args.index(flag) + 1]
+
+
+@pytest.mark.parametrize("version", ["0.5.17", "0.5.23"])
+def test_decode_graph_flags_use_the_per_phase_spelling(version, base, tmp_path):
+    cluster, hosts = base
+    cluster.update(sglang_version=version)
+    cluster["tuning"]["decode"].update(cuda_graph_bs=[1, 2, 4, 8, 16, 32])
+    args = _engine_args(_spec(tmp_path, cluster, hosts))
+    # 0.5.20+ fails on the old --cuda-graph-max-bs ("ambiguous option"); 0.5.17 already has both
+    assert "--cuda-graph-max-bs" not in args and "--cuda-graph-bs" not in args
+    assert _value(args, "--cuda-graph-max-bs-decode") == "32"
+    i = args.index("--cuda-graph-bs-decode")
+    assert args[i + 1 : i + 7] == ["1", "2", "4", "8", "16", "32"]
+
+
+def test_cuda_graphs_off_disables_the_decode_backend_only_on_decode(base, tmp_path):
+    cluster, hosts = base
+    cluster["target_concurrency"] = None
+    cluster["tuning"]["all"] = {"cuda_graph": False, "prefill_cuda_graph": False}
+    spec = _spec(tmp_path, cluster, hosts)
+    decode = _engine_args(spec, name="decode")
+    prefill = _engine_args(spec, name="prefill")
+    assert _value(decode, "--cuda-graph-backend-decode") == "disabled"
+    assert "--cuda-graph-max-bs-decode" not in decode
+    assert "--cuda-graph-backend-prefill" not in decode
+    assert "--cuda-graph-backend-decode" not in prefill
+    assert _value(prefill, "--cuda-graph-backend-prefill") == "disabled"
+
+
+def test_pd_flags_and_gpu_placement(base, tmp_path):
+    spec = _spec(tmp_path, *base)
+    prefill = _engine_args(spec, name="prefill")
+    decode = _engine_args(spec, name="decode")
+    assert _value(prefill, "--disaggregation-mode") == "prefill"
+    assert _value(prefill, "--disaggregation-bootstrap-port") == "8998"
+    assert _value(decode, "--disaggregation-mode") == "decode"
+    assert "--disaggregation-bootstrap-port" not in decode
+    assert _value(decode, "--base-gpu-id") == "2" and _value(decode, "--gpu-id-step") == "1"
+    assert _value(decode, "--host") == "10.9.0.1"
+    assert "--enable-metrics" in decode
+
+
+def test_gpu_step_from_an_evenly_spaced_list(base, tmp_path):
+    cluster, hosts = base
+    hosts["gpu01"]["pdkit_node"]["engines"][0]["gpus"] = [0, 2]
+    hosts["gpu01"]["pdkit_node"]["engines"][1]["gpus"] = [1, 3]
+    hosts["gpu01"]["pdkit_node"]["gpus"] = {**hosts["gpu01"]["pdkit_node"]["gpus"], "numa": [0, 0, 0, 0]}
+    args = _engine_args(_spec(tmp_path, cluster, hosts), name="decode")
+    assert _value(args, "--base-gpu-id") == "1" and _value(args, "--gpu-id-step") == "2"
+
+
+def test_tuning_layers_all_then_role_then_engine(base, tmp_path):
+    cluster, hosts = base
+    cluster["tuning"]["all"] = {"context_length": 8192, "mem_fraction_static": 0.8}
+    cluster["tuning"]["decode"].update(mem_fraction_static=0.85)
+    hosts["gpu01"]["pdkit_node"]["engines"][1]["tuning"] = {"context_length": 4096}
+    spec = _spec(tmp_path, cluster, hosts)
+    d1 = _engine_args(spec, "gpu01", "decode")
+    d2 = _engine_args(spec, "gpu02", "decode")
+    p1 = _engine_args(spec, "gpu01", "prefill")
+    assert (_value(d1, "--context-length"), _value(d1, "--mem-fraction-static")) == ("4096", "0.85")
+    assert (_value(d2, "--context-length"), _value(d2, "--mem-fraction-static")) == ("8192", "0.85")
+    assert (_value(p1, "--context-length"), _value(p1, "--mem-fraction-static")) == ("8192", "0.8")
+
+
+def test_every_lever_reaches_its_flag(base, tmp_path):
+    cluster, hosts = base
+    cluster["target_concurrency"] = 8
+    hosts["gpu01"]["pdkit_node"]["engines"][1]["tuning"] = {
+        "num_continuous_decode_steps": 4, "max_running_requests": 8, "max_queued_requests": 100,
+        "chunked_prefill_size": 4096, "page_size": 16, "overlap_schedule": False, "torch_compile": True,
+        "attention_backend": "triton", "sampling_backend": "pytorch", "moe_runner_backend": "triton",
+        "quantization": "fp8", "kv_cache_dtype": "fp8_e4m3", "watchdog_timeout": 600, "decode_log_interval": 10,
+        "log_level": "warning", "custom_all_reduce": "off", "cuda_graph_max_bs": 8,
+    }
+    hosts["gpu01"]["pdkit_node"]["engines"][1]["extra_args"] = ["--enable-p2p-check"]
+    args = _engine_args(_spec(tmp_path, cluster, hosts))
+    for flag, value in [("--num-continuous-decode-steps", "4"), ("--max-running-requests", "8"), ("--max-queued-requests", "100"),
+                        ("--chunked-prefill-size", "4096"), ("--page-size", "16"), ("--attention-backend", "triton"),
+                        ("--sampling-backend", "pytorch"), ("--moe-runner-backend", "triton"), ("--quantization", "fp8"),
+                        ("--kv-cache-dtype", "fp8_e4m3"), ("--watchdog-timeout", "600"), ("--decode-log-interval", "10"),
+                        ("--log-level", "warning"), ("--cuda-graph-max-bs-decode", "8")]:
+        assert _value(args, flag) == value, flag
+    for flag in ["--disable-overlap-schedule", "--enable-torch-compile", "--disable-custom-all-reduce"]:
+        assert flag in args
+    assert args[-1] == "--enable-p2p-check"
+
+
+def test_custom_all_reduce_auto_is_off_at_tp2_on_sm120_only(base, tmp_path):
+    cluster, hosts = base
+    spec = _spec(tmp_path, cluster, hosts)  # H200, sm_90, TP2
+    assert "--disable-custom-all-reduce" not in _engine_args(spec)
+    for h in hosts.values():
+        if "pdkit_node" in h:
+            h["pdkit_node"]["gpus"] = {**h["pdkit_node"]["gpus"], "model": "NVIDIA RTX PRO 6000 Blackwell", "compute_capability": "12.0", "memory_gib": 96}
+            h["pdkit_node"]["nccl_profile"] = "pcie"
+    assert "--disable-custom-all-reduce" in _engine_args(_spec(tmp_path, cluster, hosts))
+
+
+def test_p2p_off_profile_sets_nccl_and_disables_custom_all_reduce(base, tmp_path):
+    cluster, hosts = base
+    hosts["gpu01"]["pdkit_node"].update(nccl_profile="pcie-p2p-off", nic="eno1")
+    spec = _spec(tmp_path, cluster, hosts)
+    env = flags.nccl_env(spec, spec.host("gpu01"))
+    assert env["NCCL_P2P_DISABLE"] == "1" and env["NCCL_SOCKET_IFNAME"] == "eno1" and env["NCCL_IB_DISABLE"] == "1"
+    assert "--disable-custom-all-reduce" in _engine_args(spec)
+
+
+def test_pcie_profile_picks_p2p_level_from_the_layout_and_never_ll128(base, tmp_path):
+    cluster, hosts = base
+    hosts["gpu01"]["pdkit_node"]["nccl_profile"] = "pcie"
+    spec = _spec(tmp_path, cluster, hosts)
+    env = flags.nccl_env(spec, spec.host("gpu01"))
+    assert env["NCCL_P2P_LEVEL"] == "PHB"  # each engine inside one NUMA node
+    assert "LL128" not in env["NCCL_PROTO"]
+    hosts["gpu01"]["pdkit_node"]["engines"] = [{"name": "big", "role": "unified", "gpus": [0, 1, 2, 3], "port": 30000, "pd_group": "x"}]
+    hosts["gpu01"]["pdkit_router"]["workers"] = ["gpu01/big"]
+    spec = _spec(tmp_path, cluster, hosts)
+    assert flags.nccl_env(spec, spec.host("gpu01"))["NCCL_P2P_LEVEL"] == "SYS"
+
+
+def test_ucx_env_same_node_vs_cross_node(base, tmp_path):
+    cluster, hosts = base
+    spec = _spec(tmp_path, cluster, hosts)
+    assert "cuda_ipc" in flags.ucx_env(spec, spec.host("gpu01"))["UCX_TLS"]
+    hosts["gpu01"]["pdkit_node"]["ucx_net_devices"] = "mlx5_0:1"
+    spec = _spec(tmp_path, cluster, hosts)
+    assert flags.ucx_env(spec, spec.host("gpu01")) == {"UCX_NET_DEVICES": "mlx5_0:1"}
+
+
+def test_engine_env_levers(base, tmp_path):
+    cluster, hosts = base
+    cluster["tuning"]["all"] = {"allow_longer_context": True, "pcie_ipc_allreduce": True}
+    spec = _spec(tmp_path, cluster, hosts)
+    h = spec.host("gpu01")
+    env = flags.engine_env(spec, h, h.node.engines[0])
+    assert env["SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"] == "1"
+    assert env["SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"] == "1"
+    assert env["SGLANG_DISAGGREGATION_NIXL_BACKEND"] == "UCX"
+
+
+def test_router_pd_args_list_every_worker_with_explicit_bootstrap_ports(base, tmp_path):
+    cluster, hosts = base
+    hosts["gpu02"]["pdkit_node"]["engines"][0]["bootstrap_port"] = 9000
+    spec = _spec(tmp_path, cluster, hosts)
+    args = flags.router_args(spec, spec.host("gpu01"))
+    joined = " ".join(args)
+    assert args[0] == "--pd-disaggregation"
+    assert "--prefill http://10.9.0.1:30000 8998" in joined
+    assert "--prefill http://10.9.0.2:30000 9000" in joined
+    assert joined.count("--decode http://") == 2
+    cmd = flags.router_command(spec, spec.host("gpu01"))
+    assert cmd[:2] == ["/opt/pdkit/router-venv/bin/smg", "launch"]
+
+
+def test_router_regular_mode_and_legacy_router(base, tmp_path):
+    cluster, hosts = base
+    cluster.update(sglang_version="0.5.17")
+    for h in ("gpu01", "gpu02"):
+        for e in hosts[h]["pdkit_node"]["engines"]:
+            e["role"] = "unified"
+            e.pop("pd_group", None)
+    spec = _spec(tmp_path, cluster, hosts)
+    args = flags.router_args(spec, spec.host("gpu01"))
+    assert "--pd-disaggregation" not in args
+    assert args[: args.index("--policy")] == ["--worker-urls", "http://10.9.0.1:30000", "http://10.9.0.1:30001", "http://10.9.0.2:30000", "http://10.9.0.2:30001"]
+    # 0.5.17's router pairing is the standalone sglang-router
+    assert flags.router_command(spec, spec.host("gpu01"))[:3] == ["/opt/pdkit/router-venv/bin/python", "-m", "sglang_router.launch_router"]
+
+
+def test_sim_engine_swaps_only_the_module(base, tmp_path):
+    cluster, hosts = base
+    spec = _spec(tmp_path, cluster, hosts)
+    cluster["engine"] = "sim"
+    sim = _spec(tmp_path, cluster, hosts)
+    h, hs = spec.host("gpu01"), sim.host("gpu01")
+    real = flags.engine_command(spec, h, h.node.engines[1])
+    fake = flags.engine_command(sim, hs, hs.node.engines[1])
+    assert real[2] == "sglang.launch_server" and fake[2] == "pdkit.sim"
+    assert real[3:] == fake[3:]

@@ -1,0 +1,93 @@
+"""`pdkit render`: golden files for the example inventories, determinism, modes, secrets."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from pdkit.cli import main
+from pdkit.loader import load
+from pdkit.plan import plan_cluster
+from tests.conftest import REPO, write_inventory
+
+GOLDEN = REPO / "tests" / "golden"
+EXAMPLES = ["cluster", "a6000"]
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_rendered_files_match_golden(name, tmp_path, monkeypatch):
+    """Any change to a rendered unit or env file must show up here as a reviewed golden diff.
+
+    Regenerate with: PDKIT_UPDATE_GOLDEN=1 pytest tests/test_render.py
+    """
+    monkeypatch.chdir(REPO)
+    out = tmp_path / "out"
+    assert main(["render", f"inventories/{name}.py", "--out", str(out)]) == 0
+    golden = GOLDEN / name
+    if os.environ.get("PDKIT_UPDATE_GOLDEN"):
+        import shutil
+
+        shutil.rmtree(golden, ignore_errors=True)
+        shutil.copytree(out, golden)
+    rendered, expected = _tree(out), _tree(golden)
+    assert sorted(rendered) == sorted(expected)
+    for path in expected:
+        assert rendered[path] == expected[path], f"{path} differs from tests/golden/{name}/{path}"
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_render_is_deterministic(name, monkeypatch):
+    monkeypatch.chdir(REPO)
+    first = plan_cluster(load(f"inventories/{name}.py"))
+    second = plan_cluster(load(f"inventories/{name}.py"))
+    assert first == second
+    assert {h: p.release_hash for h, p in first.items()} == {h: p.release_hash for h, p in second.items()}
+
+
+def test_render_writes_files_with_planned_modes(tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)
+    out = tmp_path / "out"
+    assert main(["render", "inventories/cluster.py", "--out", str(out)]) == 0
+    for host, plan in plan_cluster(load("inventories/cluster.py")).items():
+        for f in plan.files:
+            mode = stat.S_IMODE((out / host / f.path.lstrip("/")).stat().st_mode)
+            assert mode == int(f.mode, 8), f.path
+
+
+def test_secrets_only_reach_a_root_only_env_file(base, tmp_path):
+    cluster, hosts = base
+    cluster["secrets"] = {"hf_token": "hf_SeCrEt123", "router_api_key": "rk_SeCrEt456"}
+    spec = load(write_inventory(tmp_path, hosts, cluster))
+    plans = plan_cluster(spec)
+    holders = []
+    for host, plan in plans.items():
+        for f in plan.files:
+            if "hf_SeCrEt123" in f.content or "rk_SeCrEt456" in f.content:
+                holders.append((host, f.path))
+                assert f.mode == "0600" and f.owner == "root" and f.secret, f.path
+                assert f.path.endswith(".env")
+            if f.path.endswith(".service"):
+                assert "SeCrEt" not in f.content
+    assert ("gpu01", "/etc/pdkit/secrets.env") in holders
+    assert ("gpu01", "/etc/pdkit/router.env") in holders
+    # the units point at the secret files rather than carrying the values
+    unit = plans["gpu01"].file("/etc/systemd/system/pdkit-engine-prefill.service").content
+    assert "EnvironmentFile=/etc/pdkit/secrets.env" in unit
+    # and the spec never shows them in its repr (logs, tracebacks)
+    assert "SeCrEt" not in repr(spec)
+
+
+def test_render_refuses_an_invalid_inventory(base, tmp_path, capsys):
+    cluster, hosts = base
+    hosts["gpu01"]["pdkit_node"]["engines"][0]["gpus"] = [0, 9]
+    out = tmp_path / "out"
+    assert main(["render", str(write_inventory(tmp_path, hosts, cluster)), "--out", str(out)]) == 2
+    assert "gpu01: pdkit_node.engines[0].gpus" in capsys.readouterr().err
+    assert not out.exists()
