@@ -226,11 +226,13 @@ class Cluster(Frozen):
     engine: Literal["sglang", "sim"] = "sglang"
     # the SGLang release the flags are rendered for
     sglang_version: SglangVersion = DEFAULT_SGLANG_VERSION  # type: ignore[assignment]
+    # the model every engine serves (see the model table)
     model: Model
     # --disaggregation-transfer-backend for PD engines
     transfer_backend: Literal["nixl", "mooncake", "fake"] = "nixl"
     # the concurrency the cluster is tuned for; decode CUDA graphs must cover it
     target_concurrency: int | None = Field(default=None, ge=1)
+    # tuning layers: `all`, then the engine's role (prefill/decode/unified), then the engine's own
     tuning: RoleTuning = RoleTuning()
     # the unprivileged user every service runs as
     service_user: str = Field(default="pdkit", pattern=r"^[a-z_][a-z0-9_-]{0,30}$")
@@ -240,6 +242,7 @@ class Cluster(Frozen):
     config_dir: str = Field(default="/etc/pdkit", pattern=r"^/[A-Za-z0-9_./-]+$")
     # how long a restarted engine may take to become ready (a real engine: 1-2 minutes)
     ready_timeout_s: int = Field(default=600, ge=1)
+    # secrets, written only to mode-0600 env files (see the secrets table)
     secrets: Secrets = Secrets()
 
 
@@ -293,7 +296,9 @@ class Engine(Frozen):
     numa_node: int | None = Field(default=None, ge=0)
     # per-engine overrides of the cluster's model / version / transfer backend
     model: Model | None = None
+    # per-engine SGLang version (a PD group must agree; rolled pairwise)
     sglang_version: SglangVersion | None = None
+    # this engine's own tuning, over the cluster's `all` and role layers
     tuning: Tuning = Tuning()
     # escape hatch: extra sglang flags, checked against the flags pdkit generates
     extra_args: tuple[str, ...] = ()
@@ -353,6 +358,7 @@ class Node(Frozen):
 
     # nvidia: real GPUs (preflight checks them); none: a lab host with a virtual GPU layout
     gpu: Literal["nvidia", "none"] = "nvidia"
+    # the node's GPUs (see the gpus table)
     gpus: GpuLayout
     # the address engines listen on and the router reaches; defaults to the host's ssh_hostname
     address: str | None = None
@@ -362,6 +368,7 @@ class Node(Frozen):
     nic: str | None = None
     # UCX_NET_DEVICES, needed when a PD pair spans nodes (e.g. "mlx5_0:1")
     ucx_net_devices: str | None = None
+    # the SGLang servers on this node (see the engines table)
     engines: tuple[Engine, ...] = ()
     # port of pdkit-exporter on this node
     exporter_port: Port = 9400
@@ -373,6 +380,7 @@ class Router(Frozen):
     # smg (SGLang Model Gateway) or the last standalone sglang-router; unset: the one that pairs
     # with the cluster's SGLang version
     package: Literal["smg", "sglang-router"] | None = None
+    # the pinned version of that package (smg 1.13.0, sglang-router 0.3.2)
     version: str | None = None
     # the router's HTTP port (clients talk here)
     port: Port = 8000
@@ -384,6 +392,7 @@ class Router(Frozen):
     policy: str = "cache_aware"
     # PD worker selection
     prefill_policy: str = "cache_aware"
+    # PD decode worker selection
     decode_policy: str = "power_of_two"
     # seconds between worker health checks
     health_check_interval_secs: int = Field(default=10, ge=1)

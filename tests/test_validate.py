@@ -176,3 +176,17 @@ def test_group_data_precedence_is_pyinfras(tmp_path, base):
     assert spec.host("gpu01").router.port == 8200
     # gpu02 is in gpu_nodes too, so it picks up the group's router
     assert spec.host("gpu02").router.port == 8100
+
+
+def test_readme_field_table_is_generated_from_the_models():
+    from pdkit.fieldtable import markdown
+
+    readme = (REPO / "README.md").read_text()
+    assert markdown() in readme, "README.md's field table is stale: regenerate with `python -m pdkit.fieldtable`"
+
+
+def test_every_model_field_has_a_one_line_comment():
+    from pdkit.fieldtable import SECTIONS, field_comments
+
+    missing = [f"{model.__name__}.{name}" for _, model in SECTIONS for name in model.model_fields if not field_comments(model).get(name)]
+    assert not missing, f"fields without a comment above them: {missing}"
