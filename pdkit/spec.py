@@ -676,6 +676,12 @@ def cross_checks(spec: ClusterSpec) -> list[Problem]:
         roles = {e.role for _, e in workers}
         if "unified" in roles and roles - {"unified"}:
             add(Problem(host.name, "pdkit_router.workers", "the router mixes unified and prefill/decode engines; a router runs either in PD mode or not"))
+        pd_hosts = sorted({h.name: h for h, e in workers if e.role != "unified"}.values(), key=lambda h: h.name)
+        if len(pd_hosts) > 1 and cluster.transfer_backend == "nixl":
+            # the router pairs any prefill with any decode, so KV crosses nodes
+            for h in pd_hosts:
+                if h.node is not None and h.node.gpu == "nvidia" and not h.node.ucx_net_devices:
+                    add(Problem(h.name, "pdkit_node.ucx_net_devices", f"the router on {host.name} pairs prefill and decode engines across hosts {[x.name for x in pd_hosts]}: set ucx_net_devices (e.g. 'mlx5_0:1'), without it cross-node NIXL transfers hang until the 300 s timeout; or give each node its own router (pdkit_router.workers)"))
         if roles and roles <= {"prefill", "decode"} and roles != {"prefill", "decode"}:
             add(Problem(host.name, "pdkit_router.workers", f"the router fronts only {sorted(roles)} engines; PD mode needs at least one prefill and one decode"))
         for i, arg in enumerate(router.extra_args):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import os
 import pprint
 from pathlib import Path
 
@@ -31,7 +32,8 @@ BASE_HOSTS = {
                 {"name": "decode", "role": "decode", "gpus": [2, 3], "port": 30001},
             ],
         },
-        "pdkit_router": {},
+        # one router per PD pair: a router over both nodes would pair prefill and decode across hosts
+        "pdkit_router": {"workers": ["gpu01/prefill", "gpu01/decode"]},
     },
     "gpu02": {
         "ssh_hostname": "10.9.0.2",
@@ -64,6 +66,16 @@ def write_inventory(directory: Path, hosts: dict, cluster: dict | None, name: st
     path = directory / name
     path.write_text(text)
     return path
+
+
+def require(available: bool, reason: str) -> None:
+    """Skip with the reason when something a test needs is missing — but fail under CI, where
+    .ci/run installs everything, so that a missing install step can never pass silently."""
+    if available:
+        return
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason} (CI must provide this)")
+    pytest.skip(reason)
 
 
 @pytest.fixture

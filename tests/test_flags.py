@@ -165,6 +165,9 @@ def test_engine_env_levers(base, tmp_path):
 def test_router_pd_args_list_every_worker_with_explicit_bootstrap_ports(base, tmp_path):
     cluster, hosts = base
     hosts["gpu02"]["pdkit_node"]["engines"][0]["bootstrap_port"] = 9000
+    hosts["gpu01"]["pdkit_router"]["workers"] = None
+    for h in ("gpu01", "gpu02"):
+        hosts[h]["pdkit_node"]["ucx_net_devices"] = "mlx5_0:1"
     spec = _spec(tmp_path, cluster, hosts)
     args = flags.router_args(spec, spec.host("gpu01"))
     joined = " ".join(args)
@@ -179,6 +182,7 @@ def test_router_pd_args_list_every_worker_with_explicit_bootstrap_ports(base, tm
 def test_router_regular_mode_and_legacy_router(base, tmp_path):
     cluster, hosts = base
     cluster.update(sglang_version="0.5.17")
+    hosts["gpu01"]["pdkit_router"]["workers"] = None
     for h in ("gpu01", "gpu02"):
         for e in hosts[h]["pdkit_node"]["engines"]:
             e["role"] = "unified"

@@ -44,6 +44,7 @@ BAD_CASES = [
     ("served-name-with-colon", lambda c, h: c["model"].update(served_name="org:model"), "gpu01", "pdkit_cluster.model.served_name", "':'"),
     ("graph-max-bs-below-target", lambda c, h: c["tuning"]["decode"].update(cuda_graph_max_bs=8), "gpu01", "pdkit_node.engines[1].tuning.cuda_graph_max_bs", "target_concurrency"),
     ("router-lists-undeclared-engine", lambda c, h: h["gpu01"]["pdkit_router"].update(workers=["gpu01/prefill", "gpu03/decode"]), "gpu01", "pdkit_router.workers[1]", "not a declared engine"),
+    ("router-pairs-across-hosts-without-ucx-devices", lambda c, h: h["gpu01"]["pdkit_router"].update(workers=None), "gpu02", "pdkit_node.ucx_net_devices", "pairs prefill and decode engines across hosts"),
     ("monitoring-target-missing", lambda c, h: h["mon01"]["pdkit_monitoring"].update(scrape_hosts=["gpu01", "gpu09"]), "mon01", "pdkit_monitoring.scrape_hosts[1]", "not a host"),
     ("engine-name-not-a-unit-name", lambda c, h: _engine(h, "gpu02", 0).update(name="Prefill Main"), "gpu02", "pdkit_node.engines[0].name", "systemd unit name"),
     ("unknown-role", lambda c, h: _engine(h, "gpu02", 1).update(role="both"), "gpu02", "pdkit_node.engines[1].role", "'prefill', 'decode' or 'unified'"),
@@ -68,7 +69,7 @@ BAD_CASES = [
     ("port-out-of-range", lambda c, h: _engine(h, "gpu02", 1).update(port=70000), "gpu02", "pdkit_node.engines[1].port", "65535"),
     ("compute-capability-format", lambda c, h: h["gpu01"]["pdkit_node"]["gpus"].update(compute_capability="sm120"), "gpu01", "pdkit_node.gpus.compute_capability", "'12.0'"),
     ("duplicate-engine-name", lambda c, h: _engine(h, "gpu02", 1).update(name="prefill"), "gpu02", "pdkit_node.engines[1].name", "unique"),
-    ("unified-and-pd-behind-one-router", lambda c, h: _engine(h, "gpu02", 0).update(role="unified") or _engine(h, "gpu02", 1).update(role="unified"), "gpu01", "pdkit_router.workers", "either in PD mode"),
+    ("unified-and-pd-behind-one-router", lambda c, h: _engine(h, "gpu02", 0).update(role="unified", pd_group="default") or _engine(h, "gpu02", 1).update(role="unified", pd_group="default") or h["gpu01"]["pdkit_router"].update(workers=["gpu01/prefill", "gpu01/decode", "gpu02/prefill"]), "gpu01", "pdkit_router.workers", "either in PD mode"),
     ("two-monitoring-hosts", lambda c, h: h["gpu02"].update(pdkit_monitoring={"prometheus_port": 9091}), "mon01", "pdkit_monitoring", "only one monitoring host"),
 ]
 
@@ -168,8 +169,8 @@ def test_group_data_precedence_is_pyinfras(tmp_path, base):
     cluster, hosts = base
     (tmp_path / "group_data").mkdir()
     # group_data/gpu_nodes.py sets a router port; gpu01's own host data must still win
-    (tmp_path / "group_data" / "gpu_nodes.py").write_text("pdkit_router = {'port': 8100}\n")
-    hosts["gpu01"]["pdkit_router"] = {"port": 8200}
+    (tmp_path / "group_data" / "gpu_nodes.py").write_text("pdkit_router = {'port': 8100, 'workers': ['gpu02/prefill', 'gpu02/decode']}\n")
+    hosts["gpu01"]["pdkit_router"] = {"port": 8200, "workers": ["gpu01/prefill", "gpu01/decode"]}
     inv = write_inventory(tmp_path, hosts, cluster)
     spec, problems = load_with_problems(inv, cwd=str(tmp_path))
     assert spec is not None, problems
