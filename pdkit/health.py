@@ -1,0 +1,133 @@
+"""Health gates, run ON the host right after a restart (stdlib only: it runs in the node venv).
+
+    python -m pdkit.health engine --unit pdkit-engine-decode.service --url http://H:30001/health --timeout 600
+    python -m pdkit.health router --url http://H:8000 --worker http://H:30000 --worker http://H:30001 --timeout 120
+
+An engine is ready when the CURRENT run of its unit (this systemd invocation, not an old
+one) has logged SGLang's readiness line and /health answers 200. A router is ready when its
+worker list holds every planned worker as healthy: its own /health answers 200 before any
+worker has registered (FIELD_NOTES), so that alone proves nothing. Exit 0 when ready, 1 with
+a one-line reason (and the unit's last log lines) when not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+READY_LOG_LINE = "The server is fired up and ready to roll!"
+
+
+def http_get(url: str, timeout: float = 5.0, headers: dict[str, str] | None = None) -> tuple[int, str]:
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, response.read().decode(errors="replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(errors="replace")
+    except (urllib.error.URLError, OSError) as exc:
+        return 0, str(exc)
+
+
+def _systemctl_show(unit: str, prop: str) -> str:
+    out = subprocess.run(["systemctl", "show", "-p", prop, "--value", unit], capture_output=True, text=True, timeout=10)
+    return out.stdout.strip()
+
+
+def unit_log(unit: str, invocation: str, lines: int | None = None) -> str:
+    cmd = ["journalctl", "--no-pager", "-o", "cat", f"_SYSTEMD_INVOCATION_ID={invocation}"]
+    if lines:
+        cmd += ["-n", str(lines)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=20).stdout
+
+
+def wait_engine(unit: str, url: str, timeout: float, interval: float = 1.0) -> tuple[bool, str]:
+    deadline = time.monotonic() + timeout
+    reason = "not checked yet"
+    while time.monotonic() < deadline:
+        state = _systemctl_show(unit, "ActiveState")
+        invocation = _systemctl_show(unit, "InvocationID")
+        if state == "failed":
+            return False, f"{unit} failed: " + " | ".join(unit_log(unit, invocation, 5).strip().splitlines()[-5:])
+        if state == "active" and invocation:
+            if READY_LOG_LINE not in unit_log(unit, invocation):
+                reason = f"{unit} has not logged its readiness line yet"
+            else:
+                status, body = http_get(url)
+                if status == 200:
+                    return True, f"{unit} ready: readiness line logged and {url} answered 200"
+                reason = f"{url} answered {status or 'nothing'}: {body.strip()[:200]}"
+        else:
+            reason = f"{unit} is {state or 'unknown'}"
+        time.sleep(interval)
+    return False, f"not ready after {timeout:.0f} s: {reason}"
+
+
+def router_worker_health(body: str) -> dict[str, bool]:
+    """url -> healthy, from the router's GET /workers (smg: {"workers": [{"url", "is_healthy"...}]})."""
+    data = json.loads(body)
+    workers = data.get("workers", data) if isinstance(data, dict) else data
+    health: dict[str, bool] = {}
+    for worker in workers or []:
+        if not isinstance(worker, dict) or "url" not in worker:
+            continue
+        healthy = worker.get("is_healthy", worker.get("healthy"))
+        if healthy is None and isinstance(worker.get("health"), str):
+            healthy = worker["health"].lower() == "healthy"
+        health[worker["url"].rstrip("/")] = bool(healthy)
+    return health
+
+
+def wait_router(url: str, workers: list[str], timeout: float, interval: float = 1.0, api_key: str | None = None) -> tuple[bool, str]:
+    deadline = time.monotonic() + timeout
+    reason = "not checked yet"
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    wanted = {w.rstrip("/") for w in workers}
+    while time.monotonic() < deadline:
+        status, body = http_get(f"{url.rstrip('/')}/workers", headers=headers)
+        if status == 200:
+            try:
+                health = router_worker_health(body)
+            except (ValueError, AttributeError) as exc:
+                return False, f"{url}/workers answered something unreadable: {exc}"
+            missing = sorted(wanted - set(health))
+            unhealthy = sorted(w for w in wanted & set(health) if not health[w])
+            if not missing and not unhealthy:
+                return True, f"router ready: all {len(wanted)} planned workers registered and healthy"
+            reason = f"workers missing {missing}, unhealthy {unhealthy}"
+        else:
+            reason = f"{url}/workers answered {status or 'nothing'}: {body.strip()[:200]}"
+        time.sleep(interval)
+    return False, f"router not ready after {timeout:.0f} s: {reason}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pdkit.health", description="Wait until a restarted service is really ready.")
+    sub = parser.add_subparsers(dest="kind", required=True)
+    e = sub.add_parser("engine")
+    e.add_argument("--unit", required=True)
+    e.add_argument("--url", required=True, help="the engine's /health URL")
+    e.add_argument("--timeout", type=float, default=600)
+    r = sub.add_parser("router")
+    r.add_argument("--url", required=True, help="the router's base URL")
+    r.add_argument("--worker", action="append", default=[], help="a planned worker URL (repeat)")
+    r.add_argument("--timeout", type=float, default=120)
+    args = parser.parse_args(argv)
+    start = time.monotonic()
+    if args.kind == "engine":
+        ok, message = wait_engine(args.unit, args.url, args.timeout)
+    else:
+        import os
+
+        ok, message = wait_router(args.url, args.worker, args.timeout, api_key=os.environ.get("PDKIT_ROUTER_API_KEY"))
+    print(f"{message} ({time.monotonic() - start:.1f} s)", file=sys.stdout if ok else sys.stderr)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""Engine and router units: lay down the planned files, restart only what changed, then gate on health."""
+
+from __future__ import annotations
+
+import io
+import shlex
+
+from pyinfra import host
+from pyinfra.api import deploy
+from pyinfra.facts.systemd import SystemdStatus
+from pyinfra.operations import files, server, systemd
+from pyinfra.operations.util import any_changed
+
+from pdkit import flags
+from pdkit.deploy import current_plan, current_spec
+from pdkit.plan import Service
+from roles import base
+
+
+@deploy("pdkit services: files, units, restarts, health gates")
+def services() -> None:
+    spec = current_spec()
+    plan = current_plan()
+    puts = {}
+    for f in plan.files:
+        puts[f.path] = files.put(
+            name=f"File {f.path}" + (" (secret)" if f.secret else ""),
+            src=io.StringIO(f.content), dest=f.path, mode=f.mode, user=f.owner, group=f.group,
+        )
+    unit_puts = [op for path, op in puts.items() if path.endswith(".service")]
+    if unit_puts:
+        systemd.daemon_reload(name="systemd daemon-reload (units changed)", _if=any_changed(*unit_puts))
+
+    running = host.get_fact(SystemdStatus)
+    # a new node venv (pdkit or sglang upgraded) means engines must restart onto it
+    new_venv = base.node_venv_will_change()
+    venv_python = f"{flags.venv_dir(spec)}/bin/python"
+    # engines first: the router's gate needs its workers up
+    for service in sorted(plan.services, key=lambda s: s.kind != "engine"):
+        files_changed = any_changed(*(puts[p] for p in service.files if p in puts))
+        changed = (lambda: True) if (new_venv and service.kind == "engine") else files_changed
+        was_active = running.get(service.unit)
+        if was_active is False:
+            # an installed but inactive unit may have hit its start limit: `start` refuses until cleared
+            server.shell(name=f"Clear the failed state of {service.unit}", commands=[f"systemctl reset-failed {shlex.quote(service.unit)} || true"])
+        start = systemd.service(name=f"Enable and start {service.unit}", service=service.unit, running=True, enabled=True)
+        ops = [start]
+        if was_active:
+            ops.append(systemd.service(name=f"Restart {service.unit} (its files or venv changed)", service=service.unit, running=True, restarted=True, _if=changed))
+        server.shell(name=f"Health gate {service.unit}", commands=[_gate_command(venv_python, service)], _if=any_changed(*ops))
+
+
+def _gate_command(python: str, service: Service) -> str:
+    q = shlex.quote
+    if service.kind == "engine":
+        return f"{q(python)} -m pdkit.health engine --unit {q(service.unit)} --url {q(service.health_url)} --timeout {service.ready_timeout_s}"
+    base_url = service.health_url.removesuffix("/health")
+    workers = " ".join(f"--worker {q(w)}" for w in service.expected_workers)
+    return f"{q(python)} -m pdkit.health router --url {q(base_url)} {workers} --timeout {service.ready_timeout_s}"
