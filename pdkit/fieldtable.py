@@ -1,6 +1,7 @@
 """The README's table of spec fields, generated from the models and the comment above each field.
 
-    python -m pdkit.fieldtable > /tmp/fields.md
+    python -m pdkit.fieldtable                    # print it
+    python -m pdkit.fieldtable --write README.md  # refresh README's generated block
 
 A test checks that README.md carries exactly this text, so the table cannot drift from the code.
 """
@@ -89,5 +90,18 @@ def markdown() -> str:
     return "\n".join(out)
 
 
+def write_into(path: str) -> None:
+    """Replace the generated block of PATH (between the markers) with the current table."""
+    text = open(path).read()
+    start, end = text.index(BEGIN), text.index(END) + len(END)
+    with open(path, "w") as fh:
+        fh.write(text[:start] + markdown() + text[end:])
+
+
 if __name__ == "__main__":
-    print(markdown())
+    import sys
+
+    if sys.argv[1:2] == ["--write"]:
+        write_into(sys.argv[2])
+    else:
+        print(markdown())

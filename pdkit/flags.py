@@ -212,8 +212,13 @@ def router_secrets_env(spec: ClusterSpec) -> dict[str, str]:
     return {ROUTER_API_KEY_ENV: secrets.router_api_key.get_secret_value()}
 
 
-# smg reads its API key from this variable, so the key never reaches argv
-ROUTER_API_KEY_ENV = "SMG_API_KEY"
+# smg has no variable for its API key: pdkit's launcher (router_launcher_path) reads this one
+# and hands the key to smg in-process, so it never reaches argv
+ROUTER_API_KEY_ENV = "PDKIT_ROUTER_API_KEY"
+
+
+def router_launcher_path(spec: ClusterSpec) -> str:
+    return f"{spec.cluster.install_dir}/bin/pdkit-router-launch"
 
 
 def engine_url(spec: ClusterSpec, host: HostSpec, engine: Engine) -> str:
@@ -249,6 +254,8 @@ def router_args(spec: ClusterSpec, host: HostSpec) -> list[str]:
     args += ["--prometheus-host", address, "--prometheus-port", str(router.prometheus_port)]
     args += ["--health-check-interval-secs", str(router.health_check_interval_secs)]
     args += ["--health-failure-threshold", str(router.health_failure_threshold)]
+    args += ["--worker-startup-check-interval", str(router.worker_startup_check_interval_secs)]
+    # no --remove-unhealthy-workers: smg 1.13 never takes a removed worker back on the same address
     args += list(router.extra_args)
     return args
 
@@ -256,6 +263,9 @@ def router_args(spec: ClusterSpec, host: HostSpec) -> list[str]:
 def router_command(spec: ClusterSpec, host: HostSpec) -> list[str]:
     release = ROUTER_RELEASES[spec.router_release(host)]
     bin_dir = f"{router_venv_dir(spec)}/bin"
+    if spec.cluster.secrets.router_api_key is not None:
+        # validation allows a key only with smg: its launcher takes the key from the environment
+        return [f"{bin_dir}/python", router_launcher_path(spec), *release.launcher[1:], *router_args(spec, host)]
     launcher = [f"{bin_dir}/{release.launcher[0]}", *release.launcher[1:]]
     return [*launcher, *router_args(spec, host)]
 

@@ -124,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         import os
 
+        # the deploy sources the router's mode-0600 env file for this one command
         ok, message = wait_router(args.url, args.worker, args.timeout, api_key=os.environ.get("PDKIT_ROUTER_API_KEY"))
     print(f"{message} ({time.monotonic() - start:.1f} s)", file=sys.stdout if ok else sys.stderr)
     return 0 if ok else 1

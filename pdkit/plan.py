@@ -54,6 +54,8 @@ class Service:
     # engines: the log line that marks readiness; router: the worker URLs it must list healthy
     ready_log_line: str | None = None
     expected_workers: tuple[str, ...] = ()
+    # env files the health gate must read too (the router's API key)
+    env_files: tuple[str, ...] = ()
     engine: str | None = None
     role: str | None = None
     port: int | None = None
@@ -208,6 +210,7 @@ def plan_host(spec: ClusterSpec, host: HostSpec) -> HostPlan:
         if router_secrets:
             files.append(config_file(paths["router_env"], env_file_text("router secrets (mode 0600, root only)", router_secrets), secret=True))
             env_files.append(paths["router_env"])
+            files.append(PlannedFile(flags.router_launcher_path(spec), render_template("router-launch.py.j2", env_name=flags.ROUTER_API_KEY_ENV), "0755"))
         package, version = spec.router_release(host)
         unit_text = render_template(
             "systemd/router.service.j2",
@@ -227,6 +230,7 @@ def plan_host(spec: ClusterSpec, host: HostSpec) -> HostPlan:
                 health_url=f"http://{flags.router_address(host)}:{host.router.port}/health",
                 ready_timeout_s=120,
                 expected_workers=tuple(flags.engine_url(spec, h, e) for h, e in spec.router_workers(host)),
+                env_files=tuple(env_files),
                 port=host.router.port,
             )
         )

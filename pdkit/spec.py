@@ -52,7 +52,7 @@ class Speculative(Frozen):
     @field_validator("algorithm")
     @classmethod
     def _known_algorithm(cls, value: str) -> str:
-        known = next(iter(SGLANG_RELEASES.values())).speculative_algorithms
+        known = sorted({a for r in SGLANG_RELEASES.values() for a in r.speculative_algorithms})
         if value.upper() == "MTP":
             raise ValueError(
                 "'MTP' is not an SGLang algorithm name: multi-token prediction is 'NEXTN'"
@@ -398,6 +398,8 @@ class Router(Frozen):
     health_check_interval_secs: int = Field(default=10, ge=1)
     # failed checks before a worker counts as unhealthy
     health_failure_threshold: int = Field(default=3, ge=1)
+    # seconds between the router's checks on a worker that is not up yet (its default, 30, delays readiness)
+    worker_startup_check_interval_secs: int = Field(default=5, ge=1)
     # engines it fronts, as "host/engine"; unset: every engine in the cluster
     workers: tuple[str, ...] | None = None
     # escape hatch: extra router flags
@@ -708,6 +710,17 @@ def _check_engine_tuning(spec: ClusterSpec, host: HostSpec, engine: Engine, at: 
     assert host.node is not None
     if tuning.speculative is not None and tuning.speculative.algorithm not in release.speculative_algorithms:
         add(Problem(host.name, f"{at}.tuning.speculative.algorithm", f"SGLang {release.version} has no algorithm {tuning.speculative.algorithm!r}; valid: {', '.join(release.speculative_algorithms)}"))
+    for name, choices in (
+        ("attention_backend", release.attention_backends),
+        ("moe_runner_backend", release.moe_runner_backends),
+        ("quantization", release.quantizations),
+        ("kv_cache_dtype", release.kv_cache_dtypes),
+    ):
+        value = getattr(tuning, name)
+        if value is not None and value not in choices:
+            add(Problem(host.name, f"{at}.tuning.{name}", f"SGLang {release.version} has no {name} {value!r}; valid: {', '.join(choices)}"))
+    if tuning.max_queued_requests is not None and engine.role != "unified":
+        add(Problem(host.name, f"{at}.tuning.max_queued_requests", "SGLang ignores --max-queued-requests in disaggregation mode", "warning"))
     page = tuning.page_size or 1
     if tuning.chunked_prefill_size is not None and tuning.chunked_prefill_size % page:
         add(Problem(host.name, f"{at}.tuning.chunked_prefill_size", f"{tuning.chunked_prefill_size} is not a multiple of page_size {page} (SGLang rejects it); e.g. {tuning.chunked_prefill_size // page * page or page}"))

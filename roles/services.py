@@ -56,4 +56,8 @@ def _gate_command(python: str, service: Service) -> str:
         return f"{q(python)} -m pdkit.health engine --unit {q(service.unit)} --url {q(service.health_url)} --timeout {service.ready_timeout_s}"
     base_url = service.health_url.removesuffix("/health")
     workers = " ".join(f"--worker {q(w)}" for w in service.expected_workers)
-    return f"{q(python)} -m pdkit.health router --url {q(base_url)} {workers} --timeout {service.ready_timeout_s}"
+    gate = f"{q(python)} -m pdkit.health router --url {q(base_url)} {workers} --timeout {service.ready_timeout_s}"
+    if service.env_files:
+        # the router's API key stays in its 0600 file: exported for this command only
+        return f"set -a && " + " && ".join(f". {q(p)}" for p in service.env_files) + f" && set +a && {gate}"
+    return gate

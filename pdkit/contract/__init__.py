@@ -1,0 +1,210 @@
+"""Contract checks: pdkit's generated command lines against the real parsers.
+
+SGLang and the router change their flags between releases, and a wrong flag only shows
+when a GPU node fails to start. These helpers hand argvs to the parsers of the pinned
+releases themselves, each installed in its own virtualenv by `bash .ci/contract-env.sh`
+(sglang's import needs torch and does not coexist with pdkit's dependencies; `smg` and
+`sglang-router` both install an `smg` command). One subprocess per call: batch argvs.
+
+    >>> check_sglang_argvs("0.5.23", [["--model-path", "/m", "--tp-size", "2"]])
+    [None]
+
+Standard library only; the checker scripts next to this file run under the contract
+virtualenvs' Pythons and import nothing from pdkit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+__all__ = [
+    "ENV_SCRIPT",
+    "ContractCheckError",
+    "ContractEnvMissing",
+    "check_router_argvs",
+    "check_sglang_argvs",
+    "contract_home",
+    "env_python",
+    "router_python",
+    "run_router_check",
+    "run_sglang_check",
+    "sglang_python",
+]
+
+ENV_SCRIPT = "bash .ci/contract-env.sh"
+# Written last by .ci/contract-env.sh into each virtualenv it finished.
+ENV_MARKER = ".contract-env-ok"
+ROUTER_PACKAGES = ("smg", "sglang-router")
+
+_HERE = Path(__file__).resolve().parent
+_SGLANG_CHECKER = _HERE / "sglang_argcheck.py"
+_ROUTER_CHECKER = _HERE / "router_argcheck.py"
+
+
+def contract_home() -> Path:
+    """Where the contract virtualenvs live: $PDKIT_CONTRACT_HOME or ~/.cache/pdkit/contract."""
+    configured = os.environ.get("PDKIT_CONTRACT_HOME")
+    if configured:
+        return Path(configured).expanduser()
+    return Path.home() / ".cache" / "pdkit" / "contract"
+
+
+class ContractEnvMissing(RuntimeError):
+    """The virtualenv holding a pinned parser is not there (or was never finished)."""
+
+    def __init__(self, name: str, path: Path):
+        self.name = name
+        self.path = path
+        super().__init__(
+            f"contract virtualenv {name!r} is missing or incomplete at {path}: "
+            f"run `{ENV_SCRIPT}` from the pdkit repository root to create it"
+        )
+
+
+class ContractCheckError(RuntimeError):
+    """The checker itself failed (import error, crash, garbled reply): not a verdict."""
+
+
+def env_python(name: str) -> Path:
+    """The Python of contract virtualenv `name` (e.g. "sglang-0.5.23"), if it is complete."""
+    venv = contract_home() / name
+    python = venv / "bin" / "python"
+    if not python.exists() or not (venv / ENV_MARKER).exists():
+        raise ContractEnvMissing(name, venv)
+    return python
+
+
+def sglang_python(version: str) -> Path | None:
+    """The Python of the sglang `version` contract env, or None when it is not built."""
+    try:
+        return env_python(f"sglang-{version}")
+    except ContractEnvMissing:
+        return None
+
+
+def router_python(package: str, version: str) -> Path | None:
+    """The Python of the `package` ("smg" | "sglang-router") `version` env, or None."""
+    try:
+        return env_python(f"{package}-{version}")
+    except ContractEnvMissing:
+        return None
+
+
+def _run_checker(env_name: str, script: Path, request: dict, timeout: float) -> dict:
+    python = env_python(env_name)
+    env = dict(os.environ)
+    # PYTHONDONTWRITEBYTECODE goes too: the envs are installed without .pyc files and
+    # the first run writes them, which keeps later imports fast.
+    for var in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "VIRTUAL_ENV", "PYTHONDONTWRITEBYTECODE"):
+        env.pop(var, None)
+    env.update(
+        PYTHONNOUSERSITE="1",
+        HF_HUB_OFFLINE="1",  # nothing here needs a hub; never reach for one
+        TRANSFORMERS_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+    )
+    try:
+        proc = subprocess.run(
+            [str(python), str(script)],
+            input=json.dumps(request),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+            cwd=str(_HERE),
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise ContractCheckError(f"{script.name} under {env_name} ran past {timeout:.0f} s") from exc
+
+    stderr_tail = "\n".join(proc.stderr.strip().splitlines()[-20:])
+    try:
+        reply = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        raise ContractCheckError(
+            f"{script.name} under {env_name} exited {proc.returncode} without a JSON reply; "
+            f"stdout={proc.stdout[-500:]!r}; stderr tail:\n{stderr_tail}"
+        ) from None
+    if reply.get("fatal"):
+        raise ContractCheckError(f"{script.name} under {env_name} could not start:\n{reply['fatal']}")
+    if proc.returncode != 0:
+        raise ContractCheckError(f"{script.name} under {env_name} exited {proc.returncode}; stderr tail:\n{stderr_tail}")
+    results = reply.get("results")
+    if not isinstance(results, list) or len(results) != len(request["argvs"]):
+        raise ContractCheckError(f"{script.name} under {env_name} answered {len(results or [])} results for {len(request['argvs'])} argvs")
+    return reply
+
+
+def _normalise(argvs: list[list[str]]) -> list[list[str]]:
+    out = []
+    for argv in argvs:
+        if isinstance(argv, (str, bytes)) or not all(isinstance(a, str) for a in argv):
+            raise TypeError(f"each argv must be a list of str, got {argv!r}")
+        out.append(list(argv))
+    return out
+
+
+def run_sglang_check(version: str, argvs: list[list[str]], *, describe: bool = False, timeout: float = 300) -> dict:
+    """The full reply of sglang_argcheck.py under sglang `version`.
+
+    reply["results"][i] = {"ok": bool, "error": str | None, "warnings": [str, ...]}
+    (warnings: what SGLang logged while parsing, e.g. deprecated spellings);
+    reply["options"] with describe=True: every option of the parser (flags, choices,
+    default, nargs, help, the replacement a deprecated flag names).
+    """
+    env_name = f"sglang-{version}"
+    reply = _run_checker(env_name, _SGLANG_CHECKER, {"argvs": _normalise(argvs), "describe": describe}, timeout)
+    if reply.get("version") != version:
+        raise ContractCheckError(f"{env_name} holds sglang {reply.get('version')!r}, not {version}")
+    return reply
+
+
+def check_sglang_argvs(version: str, argvs: list[list[str]]) -> list[str | None]:
+    """For each argv (the flags after `python -m sglang.launch_server`): None when the
+    parser of sglang `version` accepts it, else the error SGLang's argparse printed,
+    e.g. "argument --disaggregation-transfer-backend: invalid choice: 'nixel' (...)".
+
+    Parsing is SGLang's own: the parser `prepare_server_args` builds
+    (`ServerArgs.add_cli_args` + `parse_args`), then `ServerArgs.from_cli_args` without
+    the GPU/model resolution, then the `--speculative-algorithm` name through
+    `SpeculativeAlgorithm.from_string`. Raises ContractEnvMissing when that version's
+    virtualenv is not built, ContractCheckError when the checker itself fails.
+    """
+    reply = run_sglang_check(version, argvs)
+    return [None if r["ok"] else (r["error"] or "rejected") for r in reply["results"]]
+
+
+def run_router_check(
+    package: str, version: str, argvs: list[list[str]], *, describe: bool = False, timeout: float = 120
+) -> dict:
+    """The full reply of router_argcheck.py for `package` ("smg" | "sglang-router") at `version`."""
+    if package not in ROUTER_PACKAGES:
+        raise ValueError(f"package must be one of {ROUTER_PACKAGES}, got {package!r}")
+    env_name = f"{package}-{version}"
+    reply = _run_checker(
+        env_name, _ROUTER_CHECKER, {"package": package, "argvs": _normalise(argvs), "describe": describe}, timeout
+    )
+    if reply.get("version") != version:
+        raise ContractCheckError(f"{env_name} holds {package} {reply.get('version')!r}, not {version}")
+    return reply
+
+
+def check_router_argvs(package: str, version: str, argvs: list[list[str]]) -> list[str | None]:
+    """For each argv: None when the router's own command line accepts it, else the error.
+
+    package "smg" (1.x): argv is what follows the `smg` executable, subcommand first:
+        ["launch", "--pd-disaggregation", "--prefill", "http://P:30000", "8998",
+         "--decode", "http://D:30001", ...]
+      It runs through `smg.cli.main` (the `smg` console script) exactly as on a host;
+      only `launch` is covered.
+    package "sglang-router" (0.3.x): argv is what follows
+      `python -m sglang_router.launch_router`.
+
+    Past parsing, the pre-start part of launch_router runs too (RouterArgs conversion,
+    `_validate_router_args()`, `Router.from_args`, which builds the Rust router without
+    starting it), so a bad bootstrap port or selector fails here as well.
+    """
+    reply = run_router_check(package, version, argvs)
+    return [None if r["ok"] else (r["error"] or "rejected") for r in reply["results"]]

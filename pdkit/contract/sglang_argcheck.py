@@ -1,0 +1,380 @@
+"""Check `python -m sglang.launch_server` argument lists with SGLang's own parser.
+
+Run by the Python of a contract virtualenv (see .ci/contract-env.sh), never by pdkit's:
+it imports only the standard library and the sglang installed next to it.
+
+    python sglang_argcheck.py < request.json
+
+Request (stdin, JSON): a list of argvs, or {"argvs": [[...], ...], "describe": false}.
+An argv is what follows `python -m sglang.launch_server`: flags only.
+
+Reply (stdout, one JSON document):
+    {"tool": "sglang", "version": "0.5.23", "triton": "...", "from_cli_args": "...",
+     "results": [{"ok": true, "error": null, "warnings": []}, ...],
+     "options": [...]}            # only with "describe": true
+or, when sglang cannot be imported at all, {"fatal": "<traceback>"} and exit status 3.
+
+Each argv is parsed the way `sglang.srt.server_args.prepare_server_args` does it: a fresh
+`argparse.ArgumentParser(prog="sglang serve")`, `ServerArgs.add_cli_args(parser)`,
+`parser.parse_args(argv)`, so unknown flags, bad choices, bad types and ambiguous
+prefixes fail exactly as they would on a GPU node. argparse reports by printing to
+stderr and calling sys.exit(2): the printed "sglang serve: error: ..." text is returned.
+Then `ServerArgs.from_cli_args(namespace)` builds the record. In versions whose
+`__post_init__` resolves the whole configuration (0.5.17: it needs the model and GPUs),
+it is switched off for that call; from 0.5.2x on `__post_init__` is empty and
+resolution is a separate `resolve_once()`, which is not run either way. Last, the
+`--log-level` value is looked up the way prepare_server_args does, and a
+`--speculative-algorithm` value (argparse takes any string there) is looked up with
+SGLang's own `SpeculativeAlgorithm.from_string`, the gate it meets at resolution.
+Not checked: everything resolution decides from the model config and the GPUs
+(e.g. speculative steps/topk/draft-token consistency, chunked prefill vs page size).
+
+Import quirks handled before sglang is imported:
+  * triton absent: sglang's own stand-in is installed -- `sglang/_triton_stub.py`'s
+    install() where the wheel has it (0.5.17), else the same mocks assembled from
+    `sglang/_platform_stubs.py` (0.5.2x keeps them there, armed only on macOS).
+  * torchvision present (sglang 0.5.17 imports it at module level): the CPU torch does
+    not define the `torchvision::nms` / `torchvision::qnms` operators that torchvision's
+    fake-op registrations expect, so their schemas are defined first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.machinery
+import importlib.util
+import io
+import json
+import logging
+import os
+import re
+import sys
+import traceback
+
+PROG = "sglang serve"
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _load_file_module(name: str, path: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses in the file look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def install_triton_stub() -> str:
+    """Make `import triton` work without the real (GPU) package; say how."""
+    if "triton" in sys.modules or importlib.util.find_spec("triton") is not None:
+        return "real triton"
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or not spec.origin:
+        raise ImportError("sglang is not installed in this environment")
+    pkg_dir = os.path.dirname(spec.origin)
+
+    old_stub = os.path.join(pkg_dir, "_triton_stub.py")
+    if os.path.exists(old_stub):
+        _load_file_module("_pdkit_sglang_triton_stub", old_stub).install()
+        return "sglang/_triton_stub.py install()"
+
+    new_stub = os.path.join(pkg_dir, "_platform_stubs.py")
+    if not os.path.exists(new_stub):
+        raise ImportError(
+            "triton is not installed and this sglang ships neither _triton_stub.py nor "
+            "_platform_stubs.py: install triton in the contract env"
+        )
+    m = _load_file_module("_pdkit_sglang_platform_stubs", new_stub)
+    # The triton half of install_platform_stubs(), which only runs on macOS/arm64 with
+    # MPS: the same mocks, built from the same helpers, without the torch.mps patches.
+    sys.meta_path.insert(0, m._TritonFinder())
+    triton = m._make_mock("triton")
+    triton.__version__ = "3.0.0"
+    triton.cdiv = m._cdiv
+    triton.next_power_of_2 = m._next_power_of_2
+    triton.Config = m._Config
+
+    tl = m._make_mock("triton.language")
+
+    class _constexpr:
+        def __init__(self, value=None):
+            self.value = value
+
+        def __repr__(self):
+            return f"constexpr({self.value!r})"
+
+    tl.constexpr = _constexpr
+    triton.language = tl
+    extra = m._make_mock("triton.language.extra")
+    tl.extra = extra
+    extra.libdevice = m._make_mock("triton.language.extra.libdevice")
+
+    runtime = m._make_mock("triton.runtime")
+    triton.runtime = runtime
+    jit_mod = m._make_mock("triton.runtime.jit")
+
+    class _JITFunction:
+        pass
+
+    class _KernelInterface(m._StubBase):
+        pass
+
+    jit_mod.JITFunction = _JITFunction
+    jit_mod.KernelInterface = _KernelInterface
+    runtime.jit = jit_mod
+    cache_mod = m._make_mock("triton.runtime.cache")
+    cache_mod.triton_key = m._triton_key
+    runtime.cache = cache_mod
+    autotuner = m._make_mock("triton.runtime.autotuner")
+
+    class _OutOfResources(Exception):
+        pass
+
+    class _PTXASError(Exception):
+        pass
+
+    autotuner.OutOfResources = _OutOfResources
+    autotuner.PTXASError = _PTXASError
+    runtime.autotuner = autotuner
+    runtime.driver = m._make_mock("triton.runtime.driver")
+
+    compiler_root = m._make_mock("triton.compiler")
+
+    class _CompiledKernel(m._StubBase):
+        pass
+
+    compiler_root.CompiledKernel = _CompiledKernel
+    compiler_impl = m._make_mock("triton.compiler.compiler")
+
+    class _ASTSource(m._StubBase):
+        pass
+
+    compiler_impl.ASTSource = _ASTSource
+    compiler_impl.triton_key = m._triton_key
+    compiler_root.compiler = compiler_impl
+    triton.compiler = compiler_root
+
+    triton.testing = m._make_mock("triton.testing")
+    tools = m._make_mock("triton.tools")
+    triton.tools = tools
+    tools.tensor_descriptor = m._make_mock("triton.tools.tensor_descriptor")
+    backends = m._make_mock("triton.backends")
+    triton.backends = backends
+    compiler = m._make_mock("triton.backends.compiler")
+
+    class _GPUTarget(m._StubBase):
+        pass
+
+    compiler.GPUTarget = _GPUTarget
+    backends.compiler = compiler
+    return "sglang/_platform_stubs.py mocks"
+
+
+def define_torchvision_schemas() -> bool:
+    """Define torchvision::nms/qnms before torchvision registers fake kernels for them."""
+    if importlib.util.find_spec("torchvision") is None:
+        return False
+    import torch
+
+    lib = torch.library.Library("torchvision", "DEF")
+    lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+    lib.define("qnms(Tensor qdets, Tensor scores, float iou_threshold) -> Tensor")
+    globals()["_torchvision_lib"] = lib  # keep the registration alive
+    return True
+
+
+class _Records(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record):
+        try:
+            self.messages.append(_ANSI.sub("", record.getMessage()))
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def _argparse_error(text: str) -> str | None:
+    marker = f"{PROG}: error: "
+    idx = text.rfind(marker)
+    if idx < 0:
+        return None
+    return text[idx + len(marker):].strip()
+
+
+def check_one(server_args_mod, argv: list[str], full_post_init: bool) -> dict:
+    ServerArgs = server_args_mod.ServerArgs
+    parser = argparse.ArgumentParser(prog=PROG)
+    ServerArgs.add_cli_args(parser)
+
+    records = _Records()
+    root = logging.getLogger()
+    root.addHandler(records)
+    buf = io.StringIO()
+    result: dict = {"ok": False, "error": None, "warnings": []}
+    try:
+        with contextlib.redirect_stderr(buf), contextlib.redirect_stdout(buf):
+            try:
+                if "--config" in argv:
+                    try:
+                        from sglang.srt.utils.server_args_config_parser import ConfigArgumentMerger
+                    except ImportError:
+                        from sglang.srt.server_args_config_parser import ConfigArgumentMerger
+                    argv = ConfigArgumentMerger(parser).merge_config_with_args(argv)
+                namespace = parser.parse_args(argv)
+            except SystemExit as exc:
+                text = _ANSI.sub("", buf.getvalue())
+                msg = _argparse_error(text)
+                if msg is None:
+                    if exc.code in (0, None):
+                        msg = "argparse exited with status 0 (does the argv ask for --help?)"
+                    else:
+                        msg = text.strip().splitlines()[-1] if text.strip() else f"argparse exited with status {exc.code}"
+                result["error"] = msg
+                return result
+            except Exception as exc:  # noqa: BLE001 - an action or type function raised
+                result["error"] = f"{type(exc).__name__} while parsing: {exc}"
+                return result
+
+            try:
+                if full_post_init:
+                    # __post_init__ here resolves the whole config (model files, GPUs):
+                    # build the record without it.
+                    saved = ServerArgs.__dict__.get("__post_init__")
+                    ServerArgs.__post_init__ = lambda self: None
+                    try:
+                        ServerArgs.from_cli_args(namespace)
+                    finally:
+                        if saved is None:
+                            del ServerArgs.__post_init__
+                        else:
+                            ServerArgs.__post_init__ = saved
+                else:
+                    ServerArgs.from_cli_args(namespace)
+            except Exception as exc:  # noqa: BLE001
+                result["error"] = f"ServerArgs.from_cli_args: {type(exc).__name__}: {exc}"
+                return result
+
+            # prepare_server_args then calls logging.basicConfig(level=getattr(logging,
+            # log_level.upper())): --log-level has no argparse choices either.
+            level = getattr(logging, str(getattr(namespace, "log_level", "info")).upper(), None)
+            if not isinstance(level, int):
+                result["error"] = (
+                    f"argument --log-level: {namespace.log_level!r} is not a logging level "
+                    "(prepare_server_args: logging.basicConfig(level=getattr(logging, log_level.upper())))"
+                )
+                return result
+
+            # --speculative-algorithm has no argparse choices: at resolution SGLang maps
+            # the CLI aliases (_resolve_speculative_algorithm_alias: NEXTN/EAGLE -> EAGLE,
+            # FROZEN_KV_MTP for a Gemma4 draft, which needs the draft's config and is
+            # left out here) and then SpeculativeAlgorithm.from_string rejects unknown
+            # names. Both are cheap and run here the same way.
+            name = getattr(namespace, "speculative_algorithm", None)
+            if name is not None:
+                try:
+                    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+                    try:
+                        from sglang.srt.arg_groups.speculative_hook import (
+                            _resolve_speculative_algorithm_alias as resolve_alias,
+                        )
+                    except ImportError:
+                        resolve_alias = None
+                    if resolve_alias is not None:
+                        name = resolve_alias(name, None)
+                    SpeculativeAlgorithm.from_string(name)
+                except ValueError as exc:
+                    result["error"] = f"argument --speculative-algorithm: {exc} (SpeculativeAlgorithm.from_string)"
+                    return result
+        result["ok"] = True
+        return result
+    finally:
+        root.removeHandler(records)
+        result["warnings"] = records.messages
+
+
+def _jsonable(value):
+    try:
+        json.dumps(value)
+        return value
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def describe(server_args_mod) -> list[dict]:
+    parser = argparse.ArgumentParser(prog=PROG)
+    server_args_mod.ServerArgs.add_cli_args(parser)
+    out = []
+    for action in parser._actions:
+        if not action.option_strings:
+            continue
+        out.append(
+            {
+                "flags": list(action.option_strings),
+                "dest": action.dest,
+                "action": type(action).__name__,
+                "nargs": _jsonable(action.nargs),
+                "type": getattr(action.type, "__name__", None) if action.type else None,
+                "choices": [_jsonable(c) for c in action.choices] if action.choices is not None else None,
+                "default": _jsonable(action.default),
+                "help": action.help if isinstance(action.help, str) else None,
+                "new_flag": getattr(action, "new_flag", None),
+            }
+        )
+    return out
+
+
+def main() -> int:
+    request = json.load(sys.stdin)
+    if isinstance(request, list):
+        request = {"argvs": request}
+    argvs = request.get("argvs", [])
+    if not isinstance(argvs, list) or not all(
+        isinstance(a, list) and all(isinstance(s, str) for s in a) for a in argvs
+    ):
+        raise SystemExit("argvs must be a list of lists of strings")
+
+    # Only the JSON reply goes to the real stdout: whatever sglang or its dependencies
+    # print while importing (C level included) goes to stderr.
+    real_stdout = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+
+    reply: dict = {"tool": "sglang"}
+    try:
+        reply["triton"] = install_triton_stub()
+        reply["torchvision_schemas_defined"] = define_torchvision_schemas()
+        import sglang.srt.server_args as server_args_mod
+
+        try:
+            from importlib.metadata import version as dist_version
+
+            reply["version"] = dist_version("sglang")
+        except Exception:  # noqa: BLE001
+            reply["version"] = None
+    except BaseException:  # noqa: BLE001
+        reply["fatal"] = traceback.format_exc()
+        real_stdout.write(json.dumps(reply) + "\n")
+        real_stdout.flush()
+        return 3
+
+    # 0.5.2x: __post_init__ is empty, resolution is resolve_once(); older: __post_init__
+    # resolves everything and must not run here.
+    full_post_init = not hasattr(server_args_mod.ServerArgs, "resolve_once")
+    reply["from_cli_args"] = (
+        "ServerArgs.from_cli_args ran with __post_init__ switched off (it resolves the full config in this version)"
+        if full_post_init
+        else "ServerArgs.from_cli_args ran (its __post_init__ is empty; resolve_once() not run)"
+    )
+    reply["results"] = [check_one(server_args_mod, list(argv), full_post_init) for argv in argvs]
+    if request.get("describe"):
+        reply["options"] = describe(server_args_mod)
+    real_stdout.write(json.dumps(reply) + "\n")
+    real_stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""Every command line pdkit generates, fed to the real parsers of the versions it targets.
+
+SGLang's own `ServerArgs` argparse (per pinned release) and the router's own parser run in
+their own virtualenvs (made by .ci/contract-env.sh): a flag renamed between releases, a bad
+choice or a typo in pdkit's generation fails here, not on a GPU node.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pdkit import flags
+from pdkit.loader import load
+from pdkit.versions import ROUTER_RELEASES, SGLANG_RELEASES
+from tests.conftest import REPO, require, write_inventory
+
+pytestmark = pytest.mark.contract
+
+contract = pytest.importorskip("pdkit.contract")
+
+
+def _with_version(spec, version):
+    return spec.model_copy(update={"cluster": spec.cluster.model_copy(update={"sglang_version": version})})
+
+
+def _levers_inventory(tmp_path, base):
+    """The base cluster with every lever set somewhere, so each generated flag meets the parser."""
+    cluster, hosts = base
+    cluster["model"].update(trust_remote_code=True, load_format="dummy", tokenizer_path="/models/tok")
+    cluster["tuning"]["all"] = {"context_length": 8192, "mem_fraction_static": 0.88, "watchdog_timeout": 600,
+                                "decode_log_interval": 10, "log_level": "info", "allow_longer_context": True}
+    cluster["tuning"]["prefill"] = {"chunked_prefill_size": 4096, "page_size": 16, "prefill_cuda_graph": False}
+    cluster["tuning"]["decode"] = {"cuda_graph_bs": [1, 2, 4, 8, 16, 24, 32], "num_continuous_decode_steps": 4,
+                                   "max_running_requests": 32, "max_queued_requests": 256, "overlap_schedule": False,
+                                   "attention_backend": "triton", "sampling_backend": "pytorch", "kv_cache_dtype": "fp8_e4m3",
+                                   "custom_all_reduce": "off", "page_size": 16}
+    g2 = hosts["gpu02"]["pdkit_node"]["engines"]
+    g2[0]["tuning"] = {"quantization": "fp8", "moe_runner_backend": "triton", "torch_compile": True}
+    g2[1]["tuning"] = {"cuda_graph": False, "speculative": {"algorithm": "EAGLE", "num_steps": 3, "eagle_topk": 1,
+                                                            "num_draft_tokens": 4, "draft_model_path": "/models/draft"}}
+    g2[1]["extra_args"] = ["--enable-p2p-check"]
+    return load(write_inventory(tmp_path, hosts, cluster))
+
+
+def _specs(tmp_path, base, monkeypatch):
+    monkeypatch.chdir(REPO)
+    return {
+        "cluster": load("inventories/cluster.py"),
+        "a6000": load("inventories/a6000.py"),
+        "levers": _levers_inventory(tmp_path, base),
+    }
+
+
+@pytest.mark.parametrize("version", sorted(SGLANG_RELEASES))
+def test_every_generated_engine_argv_parses_with_sglangs_own_parser(version, tmp_path, base, monkeypatch):
+    require(contract.sglang_python(version) is not None, f"no SGLang {version} parser venv: run `bash .ci/contract-env.sh`")
+    argvs, names = [], []
+    for name, spec in _specs(tmp_path, base, monkeypatch).items():
+        spec = _with_version(spec, version)
+        for host, engine in spec.engines():
+            argvs.append(flags.sglang_args(spec, host, engine))
+            names.append(f"{name}:{host.name}/{engine.name}")
+    assert len(argvs) >= 7
+    results = contract.check_sglang_argvs(version, argvs)
+    failures = {n: r for n, r in zip(names, results) if r is not None}
+    assert not failures, f"SGLang {version} rejected pdkit's argv: {failures}"
+
+
+@pytest.mark.parametrize("version", sorted(SGLANG_RELEASES))
+def test_the_contract_check_can_fail(version):
+    """The parser really runs: a misspelt choice and an unknown flag are rejected."""
+    require(contract.sglang_python(version) is not None, f"no SGLang {version} parser venv: run `bash .ci/contract-env.sh`")
+    bad = [["--model-path", "/m", "--disaggregation-transfer-backend", "nixel"], ["--model-path", "/m", "--no-such-flag"]]
+    results = contract.check_sglang_argvs(version, bad)
+    assert results[0] is not None and "nixel" in results[0]
+    assert results[1] is not None and "no-such-flag" in results[1]
+
+
+@pytest.mark.parametrize("package,version", sorted(ROUTER_RELEASES))
+def test_every_generated_router_argv_parses_with_the_routers_own_parser(package, version, tmp_path, base, monkeypatch):
+    require(contract.router_python(package, version) is not None, f"no {package} {version} parser venv: run `bash .ci/contract-env.sh`")
+    argvs, names = [], []
+    for name, spec in _specs(tmp_path, base, monkeypatch).items():
+        for host in spec.router_hosts:
+            release = ROUTER_RELEASES[(package, version)]
+            # the arguments after the executable, as the console script sees them
+            argvs.append(list(release.launcher[1:]) + flags.router_args(spec, host) if package == "smg" else flags.router_args(spec, host))
+            names.append(f"{name}:{host.name}")
+    results = contract.check_router_argvs(package, version, argvs)
+    failures = {n: r for n, r in zip(names, results) if r is not None}
+    assert not failures, f"{package} {version} rejected pdkit's argv: {failures}"
