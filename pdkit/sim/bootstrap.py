@@ -1,0 +1,191 @@
+"""The PD handshake between a sim prefill and a sim decode, over the prefill's bootstrap port.
+
+SGLang's prefill runs a small HTTP bootstrap server on --disaggregation-bootstrap-port; a decode
+that receives a request carrying bootstrap_host/bootstrap_port/bootstrap_room (the router
+injects the same three into both legs) contacts it, pre-allocates KV and waits until the prefill
+has pushed that room's KV. A dead or unreachable prefill therefore stalls the decode until a
+timeout, and both sides count the failure.
+
+The sim keeps that shape over plain HTTP: the decode POSTs `/sim/kv/{room}?wait=S` to the
+prefill's bootstrap port. The first POST (wait=0) is the handshake: the prefill stops waiting
+for a decode and the decode knows it was heard. Later POSTs are long-polls, answered when the
+prefill has prefilled and "transferred" the room, reports it failed, or S seconds pass (then the
+decode polls again).
+`GET /health` and `GET /route` answer like SGLang's bootstrap server does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from pdkit.sim.knobs import Knobs
+
+# Longest single long-poll; the decode polls again until its own deadline.
+MAX_POLL_WAIT_S = 10.0
+# Rooms are forgotten this long after they ended (or after the longest PD timeout if they never did).
+ROOM_GRACE_S = 30.0
+# SGLang's words for a decode whose prefill stopped answering or reported the room failed.
+PREFILL_MIGHT_BE_DEAD = "Failed to get kvcache from prefill instance, it might be dead"
+
+
+class KVTransferError(Exception):
+    """Raised on the decode side; str() reads like SGLang's KVTransferError."""
+
+    kind = "transfer"
+
+    def __init__(self, room: int, message: str) -> None:
+        super().__init__(f"KVTransferError(bootstrap_room={room}): {message}")
+        self.room = room
+
+
+class BootstrapFailed(KVTransferError):
+    """The decode never reached the prefill's bootstrap server (counts as a bootstrap failure)."""
+
+    kind = "bootstrap"
+
+
+@dataclass
+class Room:
+    created: float = field(default_factory=time.monotonic)
+    decode_ready: asyncio.Event = field(default_factory=asyncio.Event)
+    outcome: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    ended: float = 0.0
+
+    def end(self, result: dict[str, Any]) -> None:
+        if not self.outcome.done():
+            self.outcome.set_result(result)
+            self.ended = time.monotonic()
+
+
+class RoomTable:
+    """Prefill-side state of every room it has heard of, from either side."""
+
+    def __init__(self, max_age_s: float) -> None:
+        self._rooms: dict[int, Room] = {}
+        self._max_age_s = max_age_s
+
+    def get(self, room: int) -> Room:
+        state = self._rooms.get(room)
+        if state is None:
+            state = self._rooms[room] = Room()
+        return state
+
+    def __len__(self) -> int:
+        return len(self._rooms)
+
+    def sweep(self) -> None:
+        now = time.monotonic()
+        stale = [
+            k for k, r in self._rooms.items()
+            if (r.ended and now - r.ended > ROOM_GRACE_S) or now - r.created > self._max_age_s + ROOM_GRACE_S
+        ]
+        for k in stale:
+            del self._rooms[k]
+
+
+def build_bootstrap_app(rooms: RoomTable, route_info: dict[str, Any]) -> web.Application:
+    async def health(_: web.Request) -> web.Response:
+        return web.Response(text="OK")
+
+    async def route(_: web.Request) -> web.Response:
+        return web.json_response(route_info)
+
+    async def kv(request: web.Request) -> web.Response:
+        try:
+            room_id = int(request.match_info["room"])
+            wait = min(float(request.query.get("wait", "0")), MAX_POLL_WAIT_S)
+        except ValueError:
+            return web.json_response({"error": "bad room or wait"}, status=400)
+        room = rooms.get(room_id)
+        room.decode_ready.set()  # the handshake: a decode is now waiting for this room
+        if not room.outcome.done() and wait > 0:
+            try:
+                await asyncio.wait_for(asyncio.shield(room.outcome), wait)
+            except TimeoutError:
+                pass
+        if room.outcome.done():
+            return web.json_response({"room": room_id, **room.outcome.result()})
+        return web.json_response({"room": room_id, "status": "pending"})
+
+    app = web.Application()
+    app.router.add_get("/health", health)
+    app.router.add_get("/route", route)
+    app.router.add_post("/sim/kv/{room}", kv)
+    return app
+
+
+@dataclass(frozen=True)
+class BootstrapTarget:
+    host: str
+    port: int
+    room: int
+
+
+async def wait_for_kv(
+    session: aiohttp.ClientSession,
+    target: BootstrapTarget,
+    knobs: Knobs,
+    on_handshake: Callable[[], None],
+) -> dict[str, Any]:
+    """Decode side: handshake with the prefill and wait until it has sent this room's KV.
+
+    Returns the prefill's transfer report. Raises BootstrapFailed when the prefill's bootstrap
+    server could not be reached before SGLANG_DISAGGREGATION_WAITING_TIMEOUT, KVTransferError
+    when the room timed out after the handshake, when the prefill reported it failed, or when the
+    prefill stopped answering for HEARTBEAT_MAX_FAILURE heartbeats (SGLang's "might be dead").
+    """
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    deadline = start + knobs.waiting_timeout_s
+    url = f"http://{target.host}:{target.port}/sim/kv/{target.room}"
+    reached = False
+    misses = 0
+    last_error = ""
+    while True:
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            waited = loop.time() - start
+            if not reached:
+                raise BootstrapFailed(
+                    target.room,
+                    f"Could not fetch prefill parallel info from bootstrap_addr: {target.host}:{target.port} "
+                    f"(gave up after {waited:.1f}s: {last_error or 'no answer'})",
+                )
+            raise KVTransferError(target.room,
+                                  f"Request {target.room} timed out after {waited:.1f}s in KVPoll.WaitingForInput")
+        # The first call returns at once so that the handshake is known to have happened; after
+        # that a dropped connection means a prefill that died, not one never reached.
+        wait = min(remaining, MAX_POLL_WAIT_S) if reached else 0.0
+        try:
+            async with session.post(url, params={"wait": f"{wait:.3f}"},
+                                    timeout=aiohttp.ClientTimeout(total=wait + 5.0)) as resp:
+                if resp.status != 200:
+                    raise aiohttp.ClientResponseError(resp.request_info, (), status=resp.status,
+                                                      message=resp.reason or "")
+                report = await resp.json()
+        except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
+            last_error = f"{type(exc).__name__}: {exc}".strip()
+            if reached:
+                misses += 1
+                if misses >= knobs.heartbeat_max_failure:
+                    raise KVTransferError(target.room, PREFILL_MIGHT_BE_DEAD) from None
+                await asyncio.sleep(min(knobs.heartbeat_interval_s, max(0.0, deadline - loop.time())))
+            else:
+                await asyncio.sleep(min(knobs.bootstrap_retry_s, max(0.0, deadline - loop.time())))
+            continue
+        if not reached:
+            reached = True
+            on_handshake()
+        misses = 0
+        status = report.get("status")
+        if status == "transferred":
+            return report
+        if status == "failed":
+            raise KVTransferError(target.room, report.get("error") or PREFILL_MIGHT_BE_DEAD)

@@ -1,0 +1,276 @@
+"""One request's path through the engine, per role, on top of the scheduler.
+
+unified  -> scheduler (prefill, then decode steps)
+prefill  -> bootstrap queue (wait for the decode's handshake) -> scheduler (prefill only, first
+            token) -> inflight queue (KV transfer time) -> room reported done to the decode
+decode   -> prealloc queue (reach the prefill's bootstrap server) -> transfer queue (wait for
+            the room's KV) -> scheduler (first token at once, then decode steps)
+
+Failures end the request with SGLang's wording and move SGLang's counters: a decode that never
+reaches its prefill counts num_bootstrap_failed_reqs_total; a room that times out, is reported
+failed, or whose prefill dies after the handshake counts num_transfer_failed_reqs_total.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+import aiohttp
+
+from pdkit.sim.args import SimArgs
+from pdkit.sim.bootstrap import (
+    PREFILL_MIGHT_BE_DEAD,
+    BootstrapFailed,
+    KVTransferError,
+    Room,
+    RoomTable,
+    wait_for_kv,
+)
+from pdkit.sim.knobs import Knobs
+from pdkit.sim.metrics import SimMetrics
+from pdkit.sim.protocol import GenSpec
+from pdkit.sim.scheduler import QueueFull, Scheduler, SimRequest
+from pdkit.sim.stepmodel import kv_transfer_bytes, kv_transfer_seconds
+
+
+class EngineError(Exception):
+    """A request that failed inside the engine; status and message go back to the client."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass
+class Outcome:
+    """Filled in as a generation runs; read by the HTTP layer when building the last chunk."""
+
+    finish: str = ""
+    started: float = 0.0
+
+
+class Engine:
+    def __init__(self, args: SimArgs, knobs: Knobs, metrics: SimMetrics, log: logging.LoggerAdapter) -> None:
+        self.args = args
+        self.knobs = knobs
+        self.metrics = metrics
+        self.log = log
+        self.mode = args.mode
+        self.ready = False
+        self.scheduler = Scheduler(args, knobs, metrics, log, pd_queues=self.pd_queue_sizes)
+        self.rooms = RoomTable(max(knobs.bootstrap_timeout_s, knobs.waiting_timeout_s))
+        self.session: aiohttp.ClientSession | None = None
+        self._fail_rng = random.Random(args.random_seed)
+        # PD queue lengths (SGLang's bootstrap/inflight on prefill, prealloc/transfer on decode).
+        self.prefill_bootstrap_q = 0
+        self.prefill_inflight_q = 0
+        self.decode_prealloc_q = 0
+        self.decode_transfer_q = 0
+        self._tasks: list[asyncio.Task] = []
+
+    def pd_queue_sizes(self) -> tuple[int, int]:
+        if self.mode == "prefill":
+            return self.prefill_bootstrap_q, self.prefill_inflight_q
+        return self.decode_prealloc_q, self.decode_transfer_q
+
+    def _pd_gauges(self) -> None:
+        m = self.metrics
+        m.num_prefill_bootstrap_queue_reqs.set(self.prefill_bootstrap_q)
+        m.num_prefill_prealloc_queue_reqs.set(self.prefill_bootstrap_q)
+        m.num_prefill_inflight_queue_reqs.set(self.prefill_inflight_q)
+        m.num_decode_prealloc_queue_reqs.set(self.decode_prealloc_q)
+        m.num_decode_transfer_queue_reqs.set(self.decode_transfer_q)
+
+    async def start(self, on_fatal: Callable[[], None] = lambda: None) -> None:
+        """Start the scheduler loop (and the room sweeper on a prefill).
+
+        If one of them dies, the engine can make no progress any more: log why and call
+        `on_fatal`, which ends the process like a crashed SGLang scheduler would.
+        """
+        self._tasks.append(asyncio.create_task(self.scheduler.run(), name="scheduler"))
+        if self.mode == "decode":
+            self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1024))
+        if self.mode == "prefill":
+            self._tasks.append(asyncio.create_task(self._sweep_rooms(), name="room-sweeper"))
+
+        def check(task: asyncio.Task) -> None:
+            if task.cancelled():
+                return
+            self.log.error(f"{task.get_name()} stopped: {task.exception()!r}", exc_info=task.exception())
+            on_fatal()
+
+        for task in self._tasks:
+            task.add_done_callback(check)
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.session is not None:
+            await self.session.close()
+
+    async def _sweep_rooms(self) -> None:
+        while True:
+            await asyncio.sleep(5.0)
+            self.rooms.sweep()
+
+    # ---- generation ---------------------------------------------------------------------------
+
+    async def generate(self, spec: GenSpec, outcome: Outcome, local: bool = False) -> AsyncIterator[list[int]]:
+        """Yield the new output token ids as they are produced; raise EngineError on failure.
+
+        `local` skips the PD handshake (SGLang does the same for its own health checks, with a
+        fake bootstrap host). Closing the generator early (client gone) aborts the request.
+        """
+        outcome.started = time.perf_counter()
+        pd = self.mode != "null" and not local
+        if pd and spec.bootstrap is None:
+            raise EngineError(400, (
+                f"This server runs with --disaggregation-mode {self.mode}: a request needs bootstrap_host, "
+                "bootstrap_port and bootstrap_room, which the PD router adds. Send requests through the router."))
+        room: Room | None = None
+        if pd and self.mode == "prefill":
+            room = await self._await_decode_handshake(spec)
+        if pd and self.mode == "decode":
+            await self._await_kv(spec)
+        pd_ready = time.perf_counter()
+
+        max_new = 1 if self.mode == "prefill" else spec.max_new_tokens
+        req = SimRequest(spec.rid, spec.prompt_ids, max_new, spec.seed, spec.limit_finish, arrival=outcome.started)
+        if local:
+            req.counted = False
+        try:
+            try:
+                self.scheduler.submit(req)
+            except QueueFull as exc:
+                raise EngineError(503, str(exc)) from None
+            sent = 0
+            # --stream-interval: hand tokens on in groups of this size (the last group may be short).
+            interval = max(1, self.args.stream_interval)
+            while True:
+                req.event.clear()
+                produced = len(req.output_ids)
+                if produced > sent and (produced - sent >= interval or req.done):
+                    new = req.output_ids[sent:produced]
+                    sent = produced
+                    if room is None:  # a PD prefill answers only once its KV has been sent
+                        yield new
+                elif req.done:
+                    break
+                else:
+                    await req.event.wait()
+            outcome.finish = req.finish_type
+            if room is not None:
+                prefilled = time.perf_counter()
+                await self._transfer(spec, room)
+                if self.log.isEnabledFor(logging.DEBUG):
+                    self.log.debug(f"PD prefill rid={spec.rid} room={spec.bootstrap.room}: bootstrap "
+                                   f"{(pd_ready - outcome.started) * 1e3:.1f}ms, queue+prefill "
+                                   f"{(prefilled - pd_ready) * 1e3:.1f}ms, transfer "
+                                   f"{(time.perf_counter() - prefilled) * 1e3:.1f}ms")
+                yield req.output_ids[:]
+        finally:
+            if not req.done:
+                self.scheduler.abort(req)
+
+    async def _await_decode_handshake(self, spec: GenSpec) -> Room:
+        assert spec.bootstrap is not None
+        room_id = spec.bootstrap.room
+        room = self.rooms.get(room_id)
+        self.prefill_bootstrap_q += 1
+        self._pd_gauges()
+        started = time.monotonic()
+        try:
+            await asyncio.wait_for(room.decode_ready.wait(), self.knobs.bootstrap_timeout_s)
+        except TimeoutError:
+            waited = time.monotonic() - started
+            message = (f"Prefill bootstrap failed for request rank=0 req.rid='{spec.rid}' "
+                       f"req.bootstrap_room={room_id} with exception KVTransferError(bootstrap_room={room_id}): "
+                       f"Request {room_id} timed out after {waited:.1f}s in KVPoll.Bootstrapping")
+            self.log.error(message)
+            room.end({"status": "failed", "error": "Prefill gave up waiting for the decode handshake"})
+            self.metrics.num_bootstrap_failed_reqs.inc()
+            raise EngineError(500, message) from None
+        finally:
+            self.prefill_bootstrap_q -= 1
+            self._pd_gauges()
+        return room
+
+    async def _transfer(self, spec: GenSpec, room: Room) -> None:
+        """Hold the prompt's KV while it is 'sent', then tell the waiting decode how it went."""
+        prompt = len(spec.prompt_ids)
+        nbytes = kv_transfer_bytes(self.knobs, prompt)
+        seconds = kv_transfer_seconds(self.knobs, prompt)
+        self.prefill_inflight_q += 1
+        self.scheduler.held_kv_tokens += prompt
+        self._pd_gauges()
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            self.prefill_inflight_q -= 1
+            self.scheduler.release_kv(prompt)
+            self._pd_gauges()
+        room_id = spec.bootstrap.room if spec.bootstrap else 0
+        if self.knobs.transfer_fail_rate and self._fail_rng.random() < self.knobs.transfer_fail_rate:
+            message = (f"Prefill transfer failed for request rank=0 req.rid='{spec.rid}' req.bootstrap_room={room_id} "
+                       f"with exception KVTransferError(bootstrap_room={room_id}): KV transfer to the decode "
+                       "failed (injected by PDKIT_SIM_TRANSFER_FAIL_RATE)")
+            self.log.error(message)
+            room.end({"status": "failed", "error": PREFILL_MIGHT_BE_DEAD})
+            self.metrics.num_transfer_failed_reqs.inc()
+            raise EngineError(500, message)
+        self._record_transfer(nbytes, seconds)
+        room.end({"status": "transferred", "kv_bytes": nbytes, "transfer_s": seconds})
+
+    def _record_transfer(self, nbytes: int, seconds: float) -> None:
+        m = self.metrics
+        m.kv_transfer_total_mb.set(nbytes / 1e6)
+        m.kv_transfer_latency_ms.set(seconds * 1000.0)
+        m.kv_transfer_speed_gb_s.set(nbytes / seconds / 1e9 if seconds > 0 else 0.0)
+
+    async def _await_kv(self, spec: GenSpec) -> None:
+        assert spec.bootstrap is not None and self.session is not None
+        room_id = spec.bootstrap.room
+        handshaken = False
+        started = handshake_at = time.perf_counter()
+
+        def on_handshake() -> None:
+            nonlocal handshaken, handshake_at
+            handshaken = True
+            handshake_at = time.perf_counter()
+            self.decode_prealloc_q -= 1
+            self.decode_transfer_q += 1
+            self._pd_gauges()
+
+        self.decode_prealloc_q += 1
+        self._pd_gauges()
+        try:
+            report = await wait_for_kv(self.session, spec.bootstrap, self.knobs, on_handshake)
+        except BootstrapFailed as exc:
+            message = (f"Decode handshake failed for request rank=0 decode_req.req.rid='{spec.rid}' "
+                       f"decode_req.req.bootstrap_room={room_id} with exception {exc}")
+            self.log.error(message)
+            self.metrics.num_bootstrap_failed_reqs.inc()
+            raise EngineError(500, message) from None
+        except KVTransferError as exc:
+            message = (f"Decode transfer failed for request rank=0 decode_req.req.rid='{spec.rid}' "
+                       f"decode_req.req.bootstrap_room={room_id} with exception {exc}")
+            self.log.error(message)
+            self.metrics.num_transfer_failed_reqs.inc()
+            raise EngineError(500, message) from None
+        finally:
+            if handshaken:
+                self.decode_transfer_q -= 1
+            else:
+                self.decode_prealloc_q -= 1
+            self._pd_gauges()
+        self._record_transfer(int(report.get("kv_bytes", 0)), float(report.get("transfer_s", 0.0)))
+        if self.log.isEnabledFor(logging.DEBUG):
+            self.log.debug(f"PD decode rid={spec.rid} room={room_id}: handshake {(handshake_at - started) * 1e3:.1f}ms, "
+                           f"KV wait {(time.perf_counter() - handshake_at) * 1e3:.1f}ms")

@@ -1,0 +1,104 @@
+"""Sim-only settings, read from the environment.
+
+The sim must run with exactly the argv generated for `python -m sglang.launch_server`, so
+anything SGLang has no flag for (start-up delay, the step-time model, failure injection) comes
+from `PDKIT_SIM_*` environment variables. The SGLang PD timeouts are read from SGLang's own
+variable names so that a unit file written for SGLang means the same thing to the sim.
+docs/sim.md lists every knob.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+
+
+@dataclass(frozen=True)
+class Knobs:
+    # Seconds between start and readiness; everything answers 503 until then.
+    startup_delay_s: float = 1.0
+    # Decode step time = (base + per_req * batch) ms, times no_cuda_graph_factor without graphs.
+    decode_base_ms: float = 20.0
+    decode_per_req_ms: float = 0.3
+    no_cuda_graph_factor: float = 3.0
+    # Prefill step time = base + per-1k-tokens * new_tokens / 1000 (ms).
+    prefill_base_ms: float = 10.0
+    prefill_ms_per_1k_tokens: float = 20.0
+    # KV transfer prefill -> decode: bytes per prompt token and link speed.
+    kv_bytes_per_token: int = 65536
+    kv_transfer_gb_s: float = 1.2
+    # Output length when a request sets no limit (chat without max_tokens): ends as if by EOS.
+    default_max_tokens: int = 128
+    # Failure injection.
+    transfer_fail_rate: float = 0.0
+    health_fail_file: str = ""
+    stall_file: str = ""
+    # How often a decode retries a prefill bootstrap server it cannot reach.
+    bootstrap_retry_s: float = 0.5
+    # SGLang's own PD variables (same names, same defaults as SGLang 0.5.23).
+    waiting_timeout_s: float = 300.0
+    bootstrap_timeout_s: float = 300.0
+    heartbeat_interval_s: float = 5.0
+    heartbeat_max_failure: int = 2
+
+
+# Environment variable for each field. SGLang's names are kept verbatim.
+ENV_NAMES = {
+    "startup_delay_s": "PDKIT_SIM_STARTUP_DELAY_S",
+    "decode_base_ms": "PDKIT_SIM_DECODE_BASE_MS",
+    "decode_per_req_ms": "PDKIT_SIM_DECODE_PER_REQ_MS",
+    "no_cuda_graph_factor": "PDKIT_SIM_NO_CUDA_GRAPH_FACTOR",
+    "prefill_base_ms": "PDKIT_SIM_PREFILL_BASE_MS",
+    "prefill_ms_per_1k_tokens": "PDKIT_SIM_PREFILL_MS_PER_1K_TOKENS",
+    "kv_bytes_per_token": "PDKIT_SIM_KV_BYTES_PER_TOKEN",
+    "kv_transfer_gb_s": "PDKIT_SIM_KV_TRANSFER_GB_S",
+    "default_max_tokens": "PDKIT_SIM_DEFAULT_MAX_TOKENS",
+    "transfer_fail_rate": "PDKIT_SIM_TRANSFER_FAIL_RATE",
+    "health_fail_file": "PDKIT_SIM_HEALTH_FAIL_FILE",
+    "stall_file": "PDKIT_SIM_STALL_FILE",
+    "bootstrap_retry_s": "PDKIT_SIM_BOOTSTRAP_RETRY_S",
+    "waiting_timeout_s": "SGLANG_DISAGGREGATION_WAITING_TIMEOUT",
+    "bootstrap_timeout_s": "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT",
+    "heartbeat_interval_s": "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL",
+    "heartbeat_max_failure": "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE",
+}
+
+
+class KnobError(ValueError):
+    """An environment knob that does not parse or is out of range."""
+
+
+def load_knobs(environ: Mapping[str, str] | None = None) -> Knobs:
+    """Read every knob from `environ` (default os.environ); unset ones keep their defaults."""
+    env = os.environ if environ is None else environ
+    values: dict[str, object] = {}
+    for f in fields(Knobs):
+        name = ENV_NAMES[f.name]
+        raw = env.get(name)
+        if raw is None or raw == "":
+            continue
+        kind = type(f.default)
+        try:
+            values[f.name] = kind(raw) if kind is not bool else raw not in ("0", "false", "")
+        except ValueError:
+            raise KnobError(f"{name}={raw!r} is not a valid {kind.__name__}") from None
+    knobs = Knobs(**values)  # type: ignore[arg-type]
+    _check(knobs)
+    return knobs
+
+
+def _check(k: Knobs) -> None:
+    if not 0.0 <= k.transfer_fail_rate <= 1.0:
+        raise KnobError(f"{ENV_NAMES['transfer_fail_rate']} must be within [0, 1]")
+    if k.no_cuda_graph_factor < 1.0:
+        raise KnobError(f"{ENV_NAMES['no_cuda_graph_factor']} must be >= 1 (graphs never slow decode down)")
+    for name in ("startup_delay_s", "decode_base_ms", "decode_per_req_ms", "prefill_base_ms",
+                 "prefill_ms_per_1k_tokens", "bootstrap_retry_s"):
+        if getattr(k, name) < 0:
+            raise KnobError(f"{ENV_NAMES[name]} must be >= 0")
+    for name in ("kv_transfer_gb_s", "waiting_timeout_s", "bootstrap_timeout_s", "heartbeat_interval_s"):
+        if getattr(k, name) <= 0:
+            raise KnobError(f"{ENV_NAMES[name]} must be > 0")
+    if k.default_max_tokens < 1 or k.heartbeat_max_failure < 1:
+        raise KnobError("PDKIT_SIM_DEFAULT_MAX_TOKENS and SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE must be >= 1")

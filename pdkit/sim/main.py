@@ -1,0 +1,117 @@
+"""Process entry: parse SGLang's argv, start the HTTP (and bootstrap) servers, become ready."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+import time
+from collections.abc import Sequence
+
+from aiohttp import web
+
+from pdkit.sim.args import SimArgs, parse_args
+from pdkit.sim.bootstrap import build_bootstrap_app
+from pdkit.sim.engine import Engine
+from pdkit.sim.knobs import KnobError, Knobs, load_knobs
+from pdkit.sim.logs import setup_logging
+from pdkit.sim.metrics import SimMetrics
+from pdkit.sim.server import SGLangAccessLogger, SimServer
+
+READY_LINE = "The server is fired up and ready to roll!"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)  # exits 2 with argparse's usage message on a malformed flag value
+    try:
+        knobs = load_knobs()
+    except KnobError as exc:
+        print(f"pdkit.sim: error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return asyncio.run(serve(args, knobs))
+    except KeyboardInterrupt:
+        return 0
+
+
+async def _start_site(app: web.Application, host: str, port: int, access_log, exclude: tuple[str, ...]) -> web.AppRunner:
+    access_class = type("AccessLogger", (SGLangAccessLogger,), {"exclude": exclude})
+    runner = web.AppRunner(
+        app,
+        access_log=access_log,
+        access_log_class=access_class,
+        # A client that hangs up (the router cancelling the other PD leg) cancels its handler,
+        # which aborts the request inside the engine.
+        handler_cancellation=True,
+        shutdown_timeout=1.0,
+    )
+    await runner.setup()
+    await web.TCPSite(runner, host, port, reuse_address=True).start()
+    return runner
+
+
+async def serve(args: SimArgs, knobs: Knobs) -> int:
+    log, sched_log, access = setup_logging(args.log_level, args.log_level_http)
+    log.info(f"server_args=SimServerArgs({', '.join(f'{k}={v!r}' for k, v in args.server.items())})")
+    if args.ignored:
+        log.info(f"pdkit.sim does not model these SGLang arguments and ignores them: {' '.join(args.ignored)}")
+    log.warning("pdkit.sim is a rehearsal engine: its timings and throughput are not performance measurements.")
+
+    stop = asyncio.Event()
+    exit_code = 0
+
+    def fatal() -> None:
+        nonlocal exit_code
+        exit_code = 1
+        stop.set()
+
+    metrics = SimMetrics(args.served_model_name, args.engine_type, args.tp_size)
+    engine = Engine(args, knobs, metrics, sched_log)
+    await engine.start(on_fatal=fatal)
+    runners = []
+    if args.mode == "prefill":
+        route = {"prefill_attn_tp_size": args.tp_size, "prefill_dp_size": args.dp_size,
+                 "prefill_pp_size": args.pp_size, "transfer_backend": args.server["disaggregation_transfer_backend"],
+                 "engine": "pdkit.sim"}
+        runners.append(await _start_site(build_bootstrap_app(engine.rooms, route), args.host,
+                                          args.bootstrap_port, None, ()))
+        sched_log.info(f"Bootstrap server started on {args.host}:{args.bootstrap_port}")
+    runners.append(await _start_site(SimServer(args, knobs, engine).app(), args.host, args.port, access,
+                                      args.access_log_exclude_prefixes))
+    log.info(f"INFO:     Started server process [{os.getpid()}]")
+    log.info(f"INFO:     Uvicorn running on http://{args.host}:{args.port} (Press CTRL+C to quit)")
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    async def become_ready() -> None:
+        sched_log.info("Load weight begin. (sim: no weights)")
+        await asyncio.sleep(knobs.startup_delay_s)
+        plan = args.cuda_graphs
+        sched_log.info(f"KV Cache is allocated. #tokens: {args.max_total_tokens}")
+        if plan.decode_enabled or plan.prefill_enabled:
+            sched_log.info(f"Capture cuda graph end. decode: {plan.decode_enabled} (max bs {plan.decode_max_bs}), "
+                           f"prefill: {plan.prefill_enabled} (max tokens {plan.prefill_max_tokens}). Time elapsed: 0.00 s.")
+        engine.ready = True
+        log.info(READY_LINE)
+
+    async def watchdog() -> None:
+        sched = engine.scheduler
+        while True:
+            await asyncio.sleep(1.0)
+            busy = sched.waiting or sched.running
+            if busy and time.monotonic() - sched.last_progress > args.watchdog_timeout:
+                sched_log.error(f"Scheduler watchdog timeout (self.watchdog_timeout={args.watchdog_timeout}, self.soft=False)")
+                fatal()
+                return
+
+    tasks = [asyncio.create_task(become_ready()), asyncio.create_task(watchdog())]
+    await stop.wait()
+    for task in tasks:
+        task.cancel()
+    for runner in reversed(runners):
+        await runner.cleanup()
+    await engine.stop()
+    return exit_code

@@ -1,0 +1,90 @@
+"""The engine's decisions and costs, as small pure functions (no clock, no asyncio).
+
+The sim is not a performance model of any GPU. These formulas only have to move in the same
+direction as a real engine when the kit pulls a lever: a step gets longer as the batch grows,
+decode without CUDA graphs is several times slower (a real engine without graphs is bound by
+kernel-launch overhead), a batch bigger than the captured graph size falls back to no graph,
+and the scheduler admits no more than max running requests, the prefill token budget and the
+KV pool allow.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pdkit.sim.args import CudaGraphPlan
+from pdkit.sim.knobs import Knobs
+
+
+def decode_uses_cuda_graph(plan: CudaGraphPlan, batch_size: int) -> bool:
+    """SGLang replays a decode graph only when one was captured for a batch this large."""
+    return plan.decode_enabled and batch_size <= plan.decode_max_bs
+
+
+def prefill_uses_cuda_graph(plan: CudaGraphPlan, new_tokens: int) -> bool:
+    return plan.prefill_enabled and new_tokens <= plan.prefill_max_tokens
+
+
+def decode_step_seconds(knobs: Knobs, batch_size: int, cuda_graph: bool) -> float:
+    step_ms = knobs.decode_base_ms + knobs.decode_per_req_ms * batch_size
+    if not cuda_graph:
+        step_ms *= knobs.no_cuda_graph_factor
+    return step_ms / 1000.0
+
+
+def prefill_step_seconds(knobs: Knobs, new_tokens: int) -> float:
+    return (knobs.prefill_base_ms + knobs.prefill_ms_per_1k_tokens * new_tokens / 1000.0) / 1000.0
+
+
+def prefill_passes(new_tokens: int, chunked_prefill_size: int) -> int:
+    """Forward passes a prefill batch takes: one per chunk of the chunked-prefill size."""
+    return max(1, math.ceil(new_tokens / max(1, chunked_prefill_size)))
+
+
+def kv_transfer_bytes(knobs: Knobs, prompt_tokens: int) -> int:
+    return knobs.kv_bytes_per_token * prompt_tokens
+
+
+def kv_transfer_seconds(knobs: Knobs, prompt_tokens: int) -> float:
+    return kv_transfer_bytes(knobs, prompt_tokens) / (knobs.kv_transfer_gb_s * 1e9)
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_running_requests: int
+    max_prefill_tokens: int  # per prefill batch; a longer single prompt still goes alone
+    max_total_tokens: int  # KV pool
+
+
+def admit_count(
+    waiting: Sequence[tuple[int, int]],
+    running: int,
+    used_tokens: int,
+    limits: Limits,
+    prefill_budget: bool = True,
+) -> int:
+    """How many requests from the head of the waiting queue join the next batch.
+
+    `waiting` holds (prompt tokens, max new tokens) per queued request, oldest first. Admission is
+    first-come first-served and stops at the first request that does not fit, as SGLang's FCFS
+    policy does: running slots, then the per-batch prefill token budget (skipped for a PD decode
+    engine, whose prompts were prefilled elsewhere), then the KV pool, where a request reserves
+    its prompt plus its whole output.
+    """
+    count = 0
+    batch_tokens = 0
+    kv = used_tokens
+    for prompt_tokens, max_new in waiting:
+        if running + count >= limits.max_running_requests:
+            break
+        if prefill_budget and count and batch_tokens + prompt_tokens > limits.max_prefill_tokens:
+            break
+        reserve = prompt_tokens + max_new
+        if kv + reserve > limits.max_total_tokens and (count or running):
+            break  # an idle engine still takes one oversized request rather than deadlock
+        count += 1
+        batch_tokens += prompt_tokens
+        kv += reserve
+    return count

@@ -1,0 +1,132 @@
+"""A sim prefill and a sim decode behind the real smg router, in PD mode."""
+
+from __future__ import annotations
+
+import re
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from pdkit.sim.textgen import chat_prompt, expected_output, tokenize
+
+from .support import MODEL, get, post, sse_events, wait_until
+
+# SGLang's log shapes (FIELD_NOTES.md), with the `[YYYY-MM-DD HH:MM:SS TPn]` prefix.
+PREFIX = r"^\[\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2} TP\d+\] "
+PREFILL_LINE = re.compile(
+    PREFIX + r"Prefill batch[.,] #new-seq: \d+, #new-token: \d+, #cached-token: \d+, token usage: \d+\.\d+, "
+    r"#running-req: \d+, #queue-req: \d+, .*cuda graph: (True|False), input throughput \(token/s\): \d+\.\d+$",
+    re.M)
+DECODE_LINE = re.compile(
+    PREFIX + r"Decode batch[.,] #running-req: \d+, #token: \d+, token usage: \d+\.\d+, .*"
+    r"cuda graph: (True|False), gen throughput \(token/s\): \d+\.\d+, #queue-req: \d+$",
+    re.M)
+READY_LINE = re.compile(r"^\[\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}\] The server is fired up and ready to roll!$", re.M)
+
+# Every metric the issue lists (sample names as exposed; counters with _total).
+REQUIRED_METRICS = [
+    "sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage", "sglang:gen_throughput",
+    "sglang:num_prefill_bootstrap_queue_reqs", "sglang:num_prefill_inflight_queue_reqs",
+    "sglang:num_decode_prealloc_queue_reqs", "sglang:num_decode_transfer_queue_reqs",
+    "sglang:kv_transfer_speed_gb_s", "sglang:kv_transfer_latency_ms",
+    "sglang:num_bootstrap_failed_reqs_total", "sglang:num_transfer_failed_reqs_total",
+    "sglang:cuda_graph_passes_total", "sglang:prompt_tokens_total", "sglang:generation_tokens_total",
+    "sglang:time_to_first_token_seconds_bucket", "sglang:inter_token_latency_seconds_bucket",
+    "sglang:e2e_request_latency_seconds_bucket",
+]
+
+
+def samples(url: str) -> list:
+    text = get(f"{url}/metrics").text
+    return [s for family in text_string_to_metric_families(text) for s in family.samples]
+
+
+def test_completion_through_router(pd_stack):
+    prompt = "the quick brown fox"
+    resp = post(f"{pd_stack.router_url}/v1/completions", {"model": MODEL, "prompt": prompt, "max_tokens": 12})
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    assert body["object"] == "text_completion"
+    assert body["choices"][0]["text"] == expected_output(tokenize(prompt), 0, 12)
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 12, "total_tokens": 17,
+                             "prompt_tokens_details": None}
+
+
+def test_streaming_chat_through_router(pd_stack):
+    messages = [{"role": "user", "content": "say something"}]
+    resp = post(f"{pd_stack.router_url}/v1/chat/completions",
+                {"model": MODEL, "messages": messages, "max_tokens": 10, "stream": True, "seed": 7,
+                 "stream_options": {"include_usage": True}}, stream=True)
+    assert resp.status_code == 200
+    assert resp.headers["content-type"].startswith("text/event-stream")
+    events = sse_events(resp)
+    assert not [e for e in events if "error" in e], events
+    content = "".join(c["delta"].get("content") or "" for e in events for c in e["choices"])
+    assert content == expected_output(tokenize(chat_prompt(messages)), 7, 10)
+    finishes = [c["finish_reason"] for e in events for c in e["choices"] if c.get("finish_reason")]
+    assert finishes == ["length"]
+    usage = [e["usage"] for e in events if e.get("usage")]
+    assert usage and usage[-1]["completion_tokens"] == 10
+
+
+def test_native_generate_through_router_is_deterministic(pd_stack):
+    body = {"text": "hello world", "sampling_params": {"max_new_tokens": 6}}
+    first = post(f"{pd_stack.router_url}/generate", body).json()
+    second = post(f"{pd_stack.router_url}/generate", body).json()
+    assert first["text"] == second["text"] == expected_output(tokenize("hello world"), 0, 6)
+    assert first["meta_info"]["completion_tokens"] == 6
+    assert first["meta_info"]["finish_reason"] == {"type": "length", "length": 6}
+
+
+def test_prefill_alone_returns_no_completion(pd_stack):
+    resp = post(f"{pd_stack.prefill_url}/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 4})
+    assert resp.status_code == 400
+    assert "bootstrap_room" in resp.json()["message"]
+
+
+def test_metrics_parse_and_carry_sglang_names(pd_stack):
+    post(f"{pd_stack.router_url}/v1/completions", {"model": MODEL, "prompt": "metrics please", "max_tokens": 8})
+    for url, engine_type in ((pd_stack.prefill_url, "prefill"), (pd_stack.decode_url, "decode")):
+        found = samples(url)
+        names = {s.name for s in found}
+        missing = [n for n in REQUIRED_METRICS if n not in names]
+        assert not missing, f"{engine_type} /metrics lacks {missing}"
+        running = [s for s in found if s.name == "sglang:num_running_reqs"]
+        assert running and running[0].labels["engine_type"] == engine_type
+        assert running[0].labels["model_name"] == MODEL and running[0].labels["tp_rank"] == "0"
+        modes = {s.labels["mode"] for s in found if s.name == "sglang:cuda_graph_passes_total"}
+        assert modes == {"decode_cuda_graph", "decode_none", "prefill_cuda_graph", "prefill_none"}
+
+    def passes(url: str, mode: str) -> float:
+        return sum(s.value for s in samples(url) if s.name == "sglang:cuda_graph_passes_total" and s.labels["mode"] == mode)
+
+    # The decode ran decode steps under graphs, the prefill only prefill passes.
+    assert passes(pd_stack.decode_url, "decode_cuda_graph") > 0
+    assert passes(pd_stack.decode_url, "prefill_cuda_graph") + passes(pd_stack.decode_url, "prefill_none") == 0
+    assert passes(pd_stack.prefill_url, "prefill_cuda_graph") + passes(pd_stack.prefill_url, "prefill_none") > 0
+    assert passes(pd_stack.prefill_url, "decode_cuda_graph") + passes(pd_stack.prefill_url, "decode_none") == 0
+    transfer = [s for s in samples(pd_stack.decode_url) if s.name == "sglang:kv_transfer_speed_gb_s"]
+    assert transfer and transfer[0].value > 0
+
+
+def test_log_lines_match_sglang_format(pd_stack):
+    # 20 tokens with --decode-log-interval 5 make several decode log lines.
+    post(f"{pd_stack.router_url}/v1/completions", {"model": MODEL, "prompt": "log lines", "max_tokens": 20})
+    wait_until(lambda: DECODE_LINE.search(pd_stack.decode.log_text()), 5, "a Decode batch line",
+               context=pd_stack.procs.logs)
+    prefill_log = pd_stack.prefill.log_text()
+    assert PREFILL_LINE.search(prefill_log), prefill_log[-2000:]
+    assert READY_LINE.search(prefill_log) and READY_LINE.search(pd_stack.decode.log_text())
+    decode_lines = DECODE_LINE.findall(pd_stack.decode.log_text())
+    assert set(decode_lines) <= {"True", "False"} and "True" in decode_lines
+    # Every batch line of both engines is in the strict shape (none half-formatted).
+    for log in (prefill_log, pd_stack.decode.log_text()):
+        for line in log.splitlines():
+            if " batch, " in line:
+                assert PREFILL_LINE.match(line) or DECODE_LINE.match(line), line
+
+
+def test_router_sees_engine_metrics(pd_stack):
+    """The router's own Prometheus endpoint is up (the kit scrapes it next to the engines')."""
+    text = get(pd_stack.router_metrics_url + "/metrics").text
+    assert "smg_" in text
