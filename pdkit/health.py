@@ -83,13 +83,29 @@ def router_worker_health(body: str) -> dict[str, bool]:
     return health
 
 
-def wait_router(url: str, workers: list[str], timeout: float, interval: float = 1.0, api_key: str | None = None) -> tuple[bool, str]:
+def http_post_json(url: str, payload: dict, timeout: float = 30.0, headers: dict[str, str] | None = None) -> tuple[int, str]:
+    data = json.dumps(payload).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, response.read().decode(errors="replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(errors="replace")
+    except (urllib.error.URLError, OSError) as exc:
+        return 0, str(exc)
+
+
+def wait_router(
+    url: str, workers: list[str], timeout: float, interval: float = 1.0, api_key: str | None = None, model: str | None = None
+) -> tuple[bool, str]:
+    """Ready = every planned worker registered and healthy, then (with MODEL) one real completion succeeds."""
     deadline = time.monotonic() + timeout
     reason = "not checked yet"
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     wanted = {w.rstrip("/") for w in workers}
+    base = url.rstrip("/")
     while time.monotonic() < deadline:
-        status, body = http_get(f"{url.rstrip('/')}/workers", headers=headers)
+        status, body = http_get(f"{base}/workers", headers=headers)
         if status == 200:
             try:
                 health = router_worker_health(body)
@@ -98,8 +114,15 @@ def wait_router(url: str, workers: list[str], timeout: float, interval: float = 
             missing = sorted(wanted - set(health))
             unhealthy = sorted(w for w in wanted & set(health) if not health[w])
             if not missing and not unhealthy:
-                return True, f"router ready: all {len(wanted)} planned workers registered and healthy"
-            reason = f"workers missing {missing}, unhealthy {unhealthy}"
+                if model is None:
+                    return True, f"router ready: all {len(wanted)} planned workers registered and healthy"
+                # healthy in /workers is not yet routable (circuit breakers, PD pairing): prove it
+                status, body = http_post_json(f"{base}/v1/completions", {"model": model, "prompt": "pdkit readiness check", "max_tokens": 1}, headers=headers)
+                if status == 200:
+                    return True, f"router ready: all {len(wanted)} planned workers healthy and a completion succeeded"
+                reason = f"workers healthy but a completion answered {status or 'nothing'}: {body.strip()[:200]}"
+            else:
+                reason = f"workers missing {missing}, unhealthy {unhealthy}"
         else:
             reason = f"{url}/workers answered {status or 'nothing'}: {body.strip()[:200]}"
         time.sleep(interval)
@@ -117,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--url", required=True, help="the router's base URL")
     r.add_argument("--worker", action="append", default=[], help="a planned worker URL (repeat)")
     r.add_argument("--timeout", type=float, default=120)
+    r.add_argument("--model", help="served model name: send one real completion once the workers are healthy")
     args = parser.parse_args(argv)
     start = time.monotonic()
     if args.kind == "engine":
@@ -125,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         import os
 
         # the deploy sources the router's mode-0600 env file for this one command
-        ok, message = wait_router(args.url, args.worker, args.timeout, api_key=os.environ.get("PDKIT_ROUTER_API_KEY"))
+        ok, message = wait_router(args.url, args.worker, args.timeout, api_key=os.environ.get("PDKIT_ROUTER_API_KEY"), model=args.model)
     print(f"{message} ({time.monotonic() - start:.1f} s)", file=sys.stdout if ok else sys.stderr)
     return 0 if ok else 1
 

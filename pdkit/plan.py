@@ -56,6 +56,8 @@ class Service:
     expected_workers: tuple[str, ...] = ()
     # env files the health gate must read too (the router's API key)
     env_files: tuple[str, ...] = ()
+    # served model name, for the router gate's real completion
+    model: str | None = None
     engine: str | None = None
     role: str | None = None
     port: int | None = None
@@ -164,7 +166,7 @@ def plan_host(spec: ClusterSpec, host: HostSpec) -> HostPlan:
             return PlannedFile(path, content, "0600", "root", "root", secret=True)
         return PlannedFile(path, content, "0640", "root", user)
 
-    common = {"inventory": Path(spec.inventory).name or "inventory", "cluster": spec.cluster.name, "config_dir": spec.cluster.config_dir, "user": user}
+    common = {"cluster": spec.cluster.name, "config_dir": spec.cluster.config_dir, "user": user}
 
     secret_env = flags.secrets_env(spec)
     if host.node is not None:
@@ -231,6 +233,7 @@ def plan_host(spec: ClusterSpec, host: HostSpec) -> HostPlan:
                 ready_timeout_s=120,
                 expected_workers=tuple(flags.engine_url(spec, h, e) for h, e in spec.router_workers(host)),
                 env_files=tuple(env_files),
+                model=spec.cluster.model.name,
                 port=host.router.port,
             )
         )

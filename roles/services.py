@@ -35,19 +35,23 @@ def services() -> None:
     # a new node venv (pdkit or sglang upgraded) means engines must restart onto it
     new_venv = base.node_venv_will_change()
     venv_python = f"{flags.venv_dir(spec)}/bin/python"
-    # engines first: the router's gate needs its workers up
+    # engines first: the router's gate needs its workers up. Every operation is declared on
+    # every pass (gated with _if) so that all hosts share one operation order.
     for service in sorted(plan.services, key=lambda s: s.kind != "engine"):
+        unit = shlex.quote(service.unit)
         files_changed = any_changed(*(puts[p] for p in service.files if p in puts))
         changed = (lambda: True) if (new_venv and service.kind == "engine") else files_changed
         was_active = running.get(service.unit)
-        if was_active is False:
-            # an installed but inactive unit may have hit its start limit: `start` refuses until cleared
-            server.shell(name=f"Clear the failed state of {service.unit}", commands=[f"systemctl reset-failed {shlex.quote(service.unit)} || true"])
+        # an installed but inactive unit may have hit its start limit: `start` refuses until cleared
+        server.shell(name=f"Clear the failed state of {service.unit}", commands=[f"systemctl reset-failed {unit} || true"], _if=lambda was=was_active: was is False)
         start = systemd.service(name=f"Enable and start {service.unit}", service=service.unit, running=True, enabled=True)
-        ops = [start]
-        if was_active:
-            ops.append(systemd.service(name=f"Restart {service.unit} (its files or venv changed)", service=service.unit, running=True, restarted=True, _if=changed))
-        server.shell(name=f"Health gate {service.unit}", commands=[_gate_command(venv_python, service)], _if=any_changed(*ops))
+        # "active" may also mean auto-restarting: clear a start-limit state before restarting
+        restart = server.shell(
+            name=f"Restart {service.unit} (its files or venv changed)",
+            commands=[f"systemctl reset-failed {unit} || true", f"systemctl restart {unit}"],
+            _if=lambda was=was_active, changed=changed: bool(was) and changed(),
+        )
+        server.shell(name=f"Health gate {service.unit}", commands=[_gate_command(venv_python, service)], _if=any_changed(start, restart))
 
 
 def _gate_command(python: str, service: Service) -> str:
@@ -56,7 +60,7 @@ def _gate_command(python: str, service: Service) -> str:
         return f"{q(python)} -m pdkit.health engine --unit {q(service.unit)} --url {q(service.health_url)} --timeout {service.ready_timeout_s}"
     base_url = service.health_url.removesuffix("/health")
     workers = " ".join(f"--worker {q(w)}" for w in service.expected_workers)
-    gate = f"{q(python)} -m pdkit.health router --url {q(base_url)} {workers} --timeout {service.ready_timeout_s}"
+    gate = f"{q(python)} -m pdkit.health router --url {q(base_url)} {workers} --model {q(service.model)} --timeout {service.ready_timeout_s}"
     if service.env_files:
         # the router's API key stays in its 0600 file: exported for this command only
         return f"set -a && " + " && ".join(f". {q(p)}" for p in service.env_files) + f" && set +a && {gate}"

@@ -1,0 +1,236 @@
+"""The main job on the lab: `pyinfra inventories/lab.py deploy/pd.py` over real SSH to hosts
+that boot real systemd, the real router in front of sim engines.
+
+One lab per test session (tests/lab/conftest.py); this module converges it once and then
+checks the hosts, the requests, faults and a failed serial rollout. Order matters below the
+first test: later tests change the cluster and put it back.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from pdkit import lab as pdlab
+from pdkit.plan import plan_cluster
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.lab
+
+INVENTORY = "inventories/lab.py"
+PYINFRA = str(Path(sys.executable).parent / "pyinfra")
+
+
+def run_pyinfra(inventory: str = INVENTORY, *extra: str, timeout: int = 900) -> tuple[int, dict, str]:
+    """Run the deploy as a user would; return (exit code, parsed --json results, stderr)."""
+    proc = subprocess.run(
+        [PYINFRA, inventory, "deploy/pd.py", "-y", "--json", *extra],
+        cwd=REPO, capture_output=True, text=True, timeout=timeout,
+    )
+    try:
+        results = json.loads(proc.stdout) if proc.stdout.strip() else {}
+    except json.JSONDecodeError:
+        results = {}
+    return proc.returncode, results, proc.stderr
+
+
+def operations(results: dict) -> list[dict]:
+    return results.get("results", {}).get("operations", [])
+
+
+def changed_hosts(results: dict) -> dict[str, list[str]]:
+    return {op["name"]: op["success"] for op in operations(results) if op.get("success")}
+
+
+def failed_hosts(results: dict) -> set[str]:
+    return {h for op in operations(results) for h in op.get("error") or []}
+
+
+def lab_spec():
+    # load in a child process: importing pyinfra's CLI gevent-patches the importing process
+    code = (
+        "import json, sys; from pdkit.loader import load; from pdkit.plan import plan_cluster; "
+        f"spec = load({INVENTORY!r}); "
+        "print(json.dumps({'router': [h.name for h in spec.router_hosts][0], "
+        "'gpu': [h.name for h in spec.gpu_hosts], 'addr': {h.name: h.address for h in spec.hosts}, "
+        "'files': {n: [[f.path, f.mode, f.owner, f.group, f.sha256] for f in p.files] for n, p in plan_cluster(spec).items()}, "
+        "'units': {n: [s.unit for s in p.services] for n, p in plan_cluster(spec).items()}, "
+        "'user': spec.cluster.service_user, 'model': spec.cluster.model.name}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120, check=True)
+    return json.loads(out.stdout)
+
+
+def ssh(lab, host: str, command: str, timeout: int = 60) -> subprocess.CompletedProcess:
+    return pdlab.ssh_run(lab, lab.host(host), command, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def deployed(lab):
+    rc, results, err = run_pyinfra()
+    assert rc == 0 and not failed_hosts(results), f"first converge failed (rc {rc}):\n{err[-4000:]}"
+    return lab_spec()
+
+
+def router_url(spec) -> str:
+    return f"http://{spec['addr'][spec['router']]}:8000"
+
+
+def test_a_second_run_changes_nothing(deployed):
+    rc, results, err = run_pyinfra()
+    assert rc == 0, err[-3000:]
+    assert operations(results), "no operations in pyinfra's --json output"
+    assert changed_hosts(results) == {}, f"second run changed: {changed_hosts(results)}"
+
+
+def test_units_are_active_and_enabled(lab, deployed):
+    for host, units in deployed["units"].items():
+        for unit in units:
+            proc = ssh(lab, host, f"systemctl is-active {unit} && systemctl is-enabled {unit}")
+            assert proc.stdout.split() == ["active", "enabled"], f"{host} {unit}: {proc.stdout} {proc.stderr}"
+    assert sum(len(u) for u in deployed["units"].values()) == 2 * len(deployed["gpu"]) + 1
+
+
+def test_files_and_modes_are_as_planned(lab, deployed):
+    for host, files in deployed["files"].items():
+        paths = " ".join(f[0] for f in files)
+        proc = ssh(lab, host, f"stat -c '%n %a %U %G' {paths} && sha256sum {paths}")
+        assert proc.returncode == 0, proc.stderr
+        lines = proc.stdout.splitlines()
+        stats = {line.split()[0]: line.split()[1:] for line in lines[: len(files)]}
+        sums = {line.split()[1]: line.split()[0] for line in lines[len(files):]}
+        for path, mode, owner, group, sha in files:
+            assert stats[path] == [mode.lstrip("0") or "0", owner, group], f"{host}:{path} {stats[path]}"
+            assert sums[path] == sha, f"{host}:{path} content differs from the plan"
+
+
+def test_engines_run_as_the_service_user(lab, deployed):
+    for host, units in deployed["units"].items():
+        for unit in units:
+            proc = ssh(lab, host, f"ps -o user= -p $(systemctl show -p MainPID --value {unit})")
+            assert proc.stdout.strip() == deployed["user"], f"{host} {unit} runs as {proc.stdout.strip()!r}"
+
+
+def _engine_counter(spec, port: int, name: str) -> float:
+    total = 0.0
+    for host in spec["gpu"]:
+        text = requests.get(f"http://{spec['addr'][host]}:{port}/metrics", timeout=10).text
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name:
+                    total += sample.value
+    return total
+
+
+def test_completion_and_streaming_chat_through_the_router(deployed):
+    url = router_url(deployed)
+    prompt_before = _engine_counter(deployed, 30000, "sglang:prompt_tokens_total")
+    gen_before = _engine_counter(deployed, 30001, "sglang:generation_tokens_total")
+
+    r = requests.post(f"{url}/v1/completions", json={"model": deployed["model"], "prompt": "the lab says hello", "max_tokens": 12}, timeout=60)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["usage"]["completion_tokens"] == 12 and body["choices"][0]["text"].strip()
+
+    chunks = []
+    with requests.post(f"{url}/v1/chat/completions", json={"model": deployed["model"], "messages": [{"role": "user", "content": "stream please"}], "max_tokens": 10, "stream": True}, stream=True, timeout=60) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines(decode_unicode=True):
+            if line.startswith("data: ") and line != "data: [DONE]":
+                delta = json.loads(line[6:])["choices"][0].get("delta", {})
+                if delta.get("content"):
+                    chunks.append(delta["content"])
+            if line == "data: [DONE]":
+                break
+    assert len(chunks) >= 5, chunks
+
+    # the tokens came from a prefill+decode pair: prefill engines counted the prompts, decode engines generated
+    assert _engine_counter(deployed, 30000, "sglang:prompt_tokens_total") > prompt_before
+    assert _engine_counter(deployed, 30001, "sglang:generation_tokens_total") >= gen_before + 22
+
+
+def test_a_killed_prefill_fails_requests_clearly_and_systemd_brings_it_back(lab, deployed):
+    url = router_url(deployed)
+    restarts_before = {h: int(ssh(lab, h, "systemctl show -p NRestarts --value pdkit-engine-prefill.service").stdout.strip()) for h in deployed["gpu"]}
+    for host in deployed["gpu"]:
+        assert ssh(lab, host, "systemctl kill -s KILL pdkit-engine-prefill.service").returncode == 0
+    r = requests.post(f"{url}/v1/completions", json={"model": deployed["model"], "prompt": "anyone there?", "max_tokens": 4}, timeout=60)
+    assert r.status_code in (502, 503), r.text
+    message = r.json()["error"]["message"]
+    assert "prefill" in message.lower() or ":30000" in message, message
+
+    deadline = time.monotonic() + 90
+    while True:
+        r = requests.post(f"{url}/v1/completions", json={"model": deployed["model"], "prompt": "back again?", "max_tokens": 4}, timeout=60)
+        if r.status_code == 200:
+            break
+        assert time.monotonic() < deadline, f"the router never recovered: {r.status_code} {r.text}"
+        time.sleep(1)
+    for host in deployed["gpu"]:
+        restarts = int(ssh(lab, host, "systemctl show -p NRestarts --value pdkit-engine-prefill.service").stdout.strip())
+        assert restarts == restarts_before[host] + 1, f"{host}: systemd did not restart the prefill"
+
+
+def test_serial_rollout_of_a_broken_engine_stops_at_the_first_host(lab, deployed, tmp_path):
+    """Every decode gets a config under which it never becomes ready: the first host fails its
+    gate and pyinfra stops; the other hosts keep their release and keep serving."""
+    broken = tmp_path / "lab_broken.py"
+    broken.write_text(
+        "import runpy\n"
+        f"_base = runpy.run_path({str(REPO / INVENTORY)!r})\n"
+        "gpu_nodes = _base['gpu_nodes']\n"
+        "for _name, _data in gpu_nodes:\n"
+        "    _data['pdkit_node']['engines'][1]['env'] = {'PDKIT_SIM_STARTUP_DELAY_S': '3600'}\n"
+        "monitoring = _base['monitoring']\n"
+        "_hosts, _data = _base['all']\n"
+        "all = (_hosts, {'pdkit_cluster': {**_data['pdkit_cluster'], 'ready_timeout_s': 15}})\n"
+    )
+    invocation = "systemctl show -p InvocationID --value pdkit-engine-decode.service"
+    before = {h: ssh(lab, h, invocation).stdout.strip() for h in deployed["gpu"]}
+    rc, results, err = run_pyinfra(str(broken), "--serial")
+    assert rc != 0, "a deploy whose health gate fails must exit non-zero"
+    # pyinfra stops on FAIL_PERCENT = 0 before printing --json results: read its log instead
+    failed = set(re.findall(r"\[(lab-[\w-]+)\] Error", err))
+    assert len(failed) == 1, f"expected exactly one failed host, got {failed}\n{err[-3000:]}"
+    assert "Over 0% of hosts failed" in err
+    first = failed.pop()
+    assert "not ready after 15 s" in err
+
+    planned = {h: {f[0]: f[4] for f in files} for h, files in deployed["files"].items()}
+    for host in deployed["gpu"]:
+        if host == first:
+            continue
+        env_sum = ssh(lab, host, "sha256sum /etc/pdkit/engines/decode.env").stdout.split()[0]
+        assert env_sum == planned[host]["/etc/pdkit/engines/decode.env"], f"{host} was touched"
+        assert ssh(lab, host, invocation).stdout.strip() == before[host], f"{host}'s decode was restarted"
+        for port in (30000, 30001):
+            assert requests.get(f"http://{deployed['addr'][host]}:{port}/health", timeout=10).status_code == 200
+
+    # putting the good spec back converges the broken host again
+    rc, results, err = run_pyinfra()
+    assert rc == 0 and not failed_hosts(results), err[-3000:]
+    assert requests.get(f"http://{deployed['addr'][first]}:30001/health", timeout=10).status_code == 200
+
+
+def test_an_invalid_inventory_stops_before_any_host_is_touched(tmp_path):
+    bad = tmp_path / "lab_bad.py"
+    bad.write_text(
+        "import runpy\n"
+        f"_base = runpy.run_path({str(REPO / INVENTORY)!r})\n"
+        "gpu_nodes = _base['gpu_nodes']\n"
+        "gpu_nodes[0][1]['pdkit_node']['engines'][1]['gpus'] = [4, 5, 6, 9]\n"
+        "monitoring = _base['monitoring']\n"
+        "all = _base['all']\n"
+    )
+    rc, results, err = run_pyinfra(str(bad))
+    assert rc != 0
+    assert "pdkit_node.engines[1].gpus" in err and "no host was changed" in err
+    assert not changed_hosts(results)
