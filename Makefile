@@ -1,22 +1,28 @@
 # The two commands of the README, and the pieces they are made of.
-# Everything installs into .venv and ~/.cache/pdkit; nothing outside the checkout is changed
-# except the packages the lab needs (see .ci/).
+# Python packages go into .venv and ~/.cache/pdkit; the lab needs root and a few Debian
+# packages (.ci/lab-prereqs.sh).
 
 PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test venv contract-env clean
+.PHONY: lab test venv contract-env lab-prereqs render clean
 
-# Command 1: the main job on this machine, no GPU needed.
-demo: $(STAMP)
+# Command 1: the main job on local test hosts, no GPU needed: lab up, deploy, one chat completion.
+lab: $(STAMP) lab-prereqs
+	$(VENV)/bin/pdkit validate inventories/lab.py
+	$(VENV)/bin/pdkit lab up
+	$(VENV)/bin/pyinfra inventories/lab.py deploy/pd.py -y
+	$(VENV)/bin/pdkit chat inventories/lab.py
+
+# Command 2: every test: units, SGLang's and smg's own parsers, the sim behind the real router, the lab.
+test: $(STAMP) contract-env lab-prereqs
+	$(VENV)/bin/python -m pytest
+
+# Render every file pdkit would write for the example 8-GPU cluster into build/ (no host contacted).
+render: $(STAMP)
 	$(VENV)/bin/pdkit validate inventories/cluster.py
 	$(VENV)/bin/pdkit render inventories/cluster.py --out build/
-	@echo "rendered files for every host are under build/<host>/ (try: cat build/gpu01/etc/systemd/system/pdkit-engine-decode.service)"
-
-# Command 2: every test, including SGLang's and smg's own argument parsers.
-test: $(STAMP) contract-env
-	$(VENV)/bin/python -m pytest
 
 venv: $(STAMP)
 
@@ -27,6 +33,9 @@ $(STAMP): pyproject.toml
 
 contract-env:
 	bash .ci/contract-env.sh
+
+lab-prereqs:
+	bash .ci/lab-prereqs.sh
 
 clean:
 	rm -rf build $(VENV)

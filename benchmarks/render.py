@@ -32,7 +32,7 @@ def inventory_text(nodes: int) -> str:
         "_GPUS = {'model': 'NVIDIA RTX PRO 6000 Blackwell Server Edition', 'count': 8, 'memory_gib': 96,",
         "         'compute_capability': '12.0', 'numa': [0, 0, 0, 0, 1, 1, 1, 1]}",
         "def _node(i):",
-        "    return {'ssh_hostname': f'10.1.{i // 250}.{i % 250 + 1}', 'pdkit_node': {'gpus': _GPUS, 'nccl_profile': 'pcie', 'engines': [",
+        "    return {'ssh_hostname': f'10.1.{i // 250}.{i % 250 + 1}', 'pdkit_node': {'gpus': _GPUS, 'nccl_profile': 'pcie', 'ucx_net_devices': 'mlx5_0:1', 'engines': [",
         "        {'name': 'prefill', 'role': 'prefill', 'gpus': [0, 1, 2, 3], 'port': 30000, 'pd_group': f'g{i}'},",
         "        {'name': 'decode', 'role': 'decode', 'gpus': [4, 5, 6, 7], 'port': 30001, 'pd_group': f'g{i}'}]}}",
         f"gpu_nodes = [(f'gpu{{i:03d}}', _node(i)) for i in range({nodes})]",

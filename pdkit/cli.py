@@ -57,6 +57,58 @@ def cmd_render(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_chat(args: argparse.Namespace) -> int:
+    """Send one streaming chat completion through the cluster's router and print it as it arrives."""
+    import json
+    import time
+
+    # pyinfra's CLI (imported by the loader) gevent-patches ssl: it must come before requests
+    from pdkit.loader import load_with_problems
+
+    import requests
+
+    spec, problems = load_with_problems(args.inventory)
+    if spec is None:
+        for p in problems:
+            print(f"  error   {p}", file=sys.stderr)
+        return EXIT_INVALID
+    if not spec.router_hosts:
+        print("the inventory declares no router", file=sys.stderr)
+        return EXIT_INVALID
+    from pdkit.flags import router_address
+
+    router = spec.router_hosts[0]
+    url = f"http://{router_address(router)}:{router.router.port}/v1/chat/completions"
+    headers = {}
+    if spec.cluster.secrets.router_api_key is not None:
+        headers["Authorization"] = f"Bearer {spec.cluster.secrets.router_api_key.get_secret_value()}"
+    body = {"model": spec.cluster.model.name, "messages": [{"role": "user", "content": args.prompt}], "max_tokens": args.max_tokens, "stream": True}
+    print(f"POST {url} (model {spec.cluster.model.name}, streaming)", file=sys.stderr)
+    start = time.perf_counter()
+    first = None
+    tokens = 0
+    try:
+        with requests.post(url, json=body, headers=headers, stream=True, timeout=args.timeout) as response:
+            if response.status_code != 200:
+                print(f"router answered {response.status_code}: {response.text.strip()[:500]}", file=sys.stderr)
+                return 1
+            for line in response.iter_lines(decode_unicode=True):
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                delta = json.loads(line[6:])["choices"][0].get("delta", {}).get("content")
+                if delta:
+                    first = first or time.perf_counter()
+                    tokens += 1
+                    print(delta, end="", flush=True)
+    except requests.RequestException as exc:
+        print(f"\nno answer from the router at {url}: {exc}", file=sys.stderr)
+        return 1
+    elapsed = time.perf_counter() - start
+    ttft = f"{(first - start) * 1000:.0f} ms" if first else "n/a"
+    print(f"\n-- {tokens} chunks in {elapsed:.2f} s, first after {ttft} (through {router.name}'s router)", file=sys.stderr)
+    return 0 if tokens else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pdkit", description="SGLang PD serving from one validated spec, laid down by pyinfra.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -69,6 +121,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("inventory")
     p.add_argument("--out", required=True, help="directory; files land in OUT/<host>/<absolute path>")
     p.set_defaults(func=cmd_render)
+
+    p = sub.add_parser("chat", help="send one streaming chat completion through the router")
+    p.add_argument("inventory")
+    p.add_argument("--prompt", default="Say hello from the prefill/decode cluster.")
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--timeout", type=float, default=120)
+    p.set_defaults(func=cmd_chat)
 
     try:
         from pdkit.lab.cli import add_parser as add_lab_parser

@@ -61,6 +61,11 @@ def load_with_problems(
 
 def read_inventory(path: str, cwd: str) -> list[tuple[str, tuple[str, ...], dict[str, Any]]]:
     """(host name, groups, resolved data) for every host, via pyinfra's CLI loader."""
+    import warnings
+
+    # importing pyinfra_cli gevent-patches the process; when requests/urllib3 were imported first
+    # gevent warns about ssl, which is harmless for inventory loading (no connection is made)
+    warnings.filterwarnings("ignore", message="Monkey-patching ssl after ssl has already been imported")
     from pyinfra.api import State
     from pyinfra.context import ctx_state
     from pyinfra_cli.inventory import make_inventory

@@ -683,7 +683,9 @@ def cross_checks(spec: ClusterSpec) -> list[Problem]:
             # the router pairs any prefill with any decode, so KV crosses nodes
             for h in pd_hosts:
                 if h.node is not None and h.node.gpu == "nvidia" and not h.node.ucx_net_devices:
-                    add(Problem(h.name, "pdkit_node.ucx_net_devices", f"the router on {host.name} pairs prefill and decode engines across hosts {[x.name for x in pd_hosts]}: set ucx_net_devices (e.g. 'mlx5_0:1'), without it cross-node NIXL transfers hang until the 300 s timeout; or give each node its own router (pdkit_router.workers)"))
+                    names = [x.name for x in pd_hosts]
+                    shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+                    add(Problem(h.name, "pdkit_node.ucx_net_devices", f"the router on {host.name} pairs prefill and decode engines across hosts ({shown}): set ucx_net_devices (e.g. 'mlx5_0:1'), without it cross-node NIXL transfers hang until the 300 s timeout; or give each node its own router (pdkit_router.workers)"))
         if roles and roles <= {"prefill", "decode"} and roles != {"prefill", "decode"}:
             add(Problem(host.name, "pdkit_router.workers", f"the router fronts only {sorted(roles)} engines; PD mode needs at least one prefill and one decode"))
         for i, arg in enumerate(router.extra_args):
