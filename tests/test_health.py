@@ -1,0 +1,84 @@
+"""Health-gate decisions against a small local HTTP server standing in for the router's API."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from pdkit.health import router_worker_health, wait_router
+
+
+def test_worker_health_reads_smgs_worker_list():
+    body = json.dumps({"workers": [
+        {"url": "http://10.0.0.1:30000", "worker_type": "prefill", "is_healthy": True},
+        {"url": "http://10.0.0.1:30001/", "worker_type": "decode", "is_healthy": False},
+    ]})
+    assert router_worker_health(body) == {"http://10.0.0.1:30000": True, "http://10.0.0.1:30001": False}
+
+
+class _Router:
+    """Answers /workers from `workers` and /v1/completions with `completion_status`."""
+
+    def __init__(self):
+        self.workers: list[dict] = []
+        self.completion_status = 200
+        self.completions = 0
+        router = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def _send(self, status, payload):
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                self._send(200, {"workers": router.workers})
+
+            def do_POST(self):
+                self.rfile.read(int(self.headers["Content-Length"]))
+                router.completions += 1
+                self._send(router.completion_status, {"ok": router.completion_status == 200})
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+@pytest.fixture
+def router():
+    r = _Router()
+    yield r
+    r.server.shutdown()
+
+
+def test_router_with_no_workers_is_not_ready_even_though_it_answers(router):
+    ok, reason = wait_router(router.url, ["http://w:1"], timeout=1.5, interval=0.2)
+    assert not ok and "missing ['http://w:1']" in reason
+
+
+def test_router_ready_only_when_every_planned_worker_is_healthy(router):
+    router.workers = [{"url": "http://w:1", "is_healthy": True}, {"url": "http://w:2", "is_healthy": False}]
+    ok, reason = wait_router(router.url, ["http://w:1", "http://w:2"], timeout=1.5, interval=0.2)
+    assert not ok and "unhealthy ['http://w:2']" in reason
+    router.workers[1]["is_healthy"] = True
+    ok, reason = wait_router(router.url, ["http://w:1", "http://w:2"], timeout=1.5, interval=0.2)
+    assert ok, reason
+
+
+def test_router_gate_needs_a_real_completion_when_given_a_model(router):
+    router.workers = [{"url": "http://w:1", "is_healthy": True}]
+    router.completion_status = 503
+    ok, reason = wait_router(router.url, ["http://w:1"], timeout=1.5, interval=0.2, model="m")
+    assert not ok and "completion answered 503" in reason and router.completions >= 2
+    router.completion_status = 200
+    ok, reason = wait_router(router.url, ["http://w:1"], timeout=1.5, interval=0.2, model="m")
+    assert ok and "a completion succeeded" in reason
