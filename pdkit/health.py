@@ -23,8 +23,11 @@ import urllib.request
 READY_LOG_LINE = "The server is fired up and ready to roll!"
 
 
-def http_get(url: str, timeout: float = 5.0, headers: dict[str, str] | None = None) -> tuple[int, str]:
-    request = urllib.request.Request(url, headers=headers or {})
+def http_request(url: str, payload: dict | None = None, timeout: float = 5.0, headers: dict[str, str] | None = None) -> tuple[int, str]:
+    """GET (or POST a JSON payload); (status, body), status 0 when nothing answered."""
+    data = None if payload is None else json.dumps(payload).encode()
+    all_headers = {**({"Content-Type": "application/json"} if data is not None else {}), **(headers or {})}
+    request = urllib.request.Request(url, data=data, headers=all_headers)
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return response.status, response.read().decode(errors="replace")
@@ -58,7 +61,7 @@ def wait_engine(unit: str, url: str, timeout: float, interval: float = 1.0) -> t
             if READY_LOG_LINE not in unit_log(unit, invocation):
                 reason = f"{unit} has not logged its readiness line yet"
             else:
-                status, body = http_get(url)
+                status, body = http_request(url)
                 if status == 200:
                     return True, f"{unit} ready: readiness line logged and {url} answered 200"
                 reason = f"{url} answered {status or 'nothing'}: {body.strip()[:200]}"
@@ -83,18 +86,6 @@ def router_worker_health(body: str) -> dict[str, bool]:
     return health
 
 
-def http_post_json(url: str, payload: dict, timeout: float = 30.0, headers: dict[str, str] | None = None) -> tuple[int, str]:
-    data = json.dumps(payload).encode()
-    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json", **(headers or {})})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.status, response.read().decode(errors="replace")
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode(errors="replace")
-    except (urllib.error.URLError, OSError) as exc:
-        return 0, str(exc)
-
-
 def wait_router(
     url: str, workers: list[str], timeout: float, interval: float = 1.0, api_key: str | None = None, model: str | None = None
 ) -> tuple[bool, str]:
@@ -105,7 +96,7 @@ def wait_router(
     wanted = {w.rstrip("/") for w in workers}
     base = url.rstrip("/")
     while time.monotonic() < deadline:
-        status, body = http_get(f"{base}/workers", headers=headers)
+        status, body = http_request(f"{base}/workers", headers=headers)
         if status == 200:
             try:
                 health = router_worker_health(body)
@@ -117,7 +108,7 @@ def wait_router(
                 if model is None:
                     return True, f"router ready: all {len(wanted)} planned workers registered and healthy"
                 # healthy in /workers is not yet routable (circuit breakers, PD pairing): prove it
-                status, body = http_post_json(f"{base}/v1/completions", {"model": model, "prompt": "pdkit readiness check", "max_tokens": 1}, headers=headers)
+                status, body = http_request(f"{base}/v1/completions", {"model": model, "prompt": "pdkit readiness check", "max_tokens": 1}, timeout=30, headers=headers)
                 if status == 200:
                     return True, f"router ready: all {len(wanted)} planned workers healthy and a completion succeeded"
                 reason = f"workers healthy but a completion answered {status or 'nothing'}: {body.strip()[:200]}"

@@ -648,21 +648,13 @@ def cross_checks(spec: ClusterSpec) -> list[Problem]:
         if node.gpu == "nvidia" and node.gpus.sm_major >= 10 and node.nccl_profile == "default" and node.gpus.count > 1:
             add(Problem(host.name, "pdkit_node.nccl_profile", "Blackwell node with the default NCCL profile: on PCIe-only nodes choose 'pcie' (NCCL's default P2P level falls back to host memory across root complexes)", "warning"))
 
+    for host in spec.hosts:
         seen: dict[int, str] = {}
         for port, field in host_ports(spec, host):
             if port in seen:
                 add(Problem(host.name, field, f"port {port} is already used by {seen[port]}; every port on a host must be unique"))
             else:
                 seen[port] = field
-
-    for host in spec.hosts:
-        if host.node is None:
-            seen = {}
-            for port, field in host_ports(spec, host):
-                if port in seen:
-                    add(Problem(host.name, field, f"port {port} is already used by {seen[port]}; every port on a host must be unique"))
-                else:
-                    seen[port] = field
 
     _check_pd_groups(spec, add)
 
