@@ -4,41 +4,36 @@ from __future__ import annotations
 
 import shlex
 
-from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.facts.files import File
-from pyinfra.facts.server import Command
 from pyinfra.operations import files, server
 
 from pdkit import flags, wheelhouse
 from pdkit.deploy import current_host, current_plan, current_spec
+from roles.facts import host_state, path_matches
 
 
 def node_python() -> str:
     """The host's python3 as MAJOR.MINOR (the wheelhouse is built for it)."""
-    return host.get_fact(Command, "python3 -c 'import sys; print(\"%d.%d\" % sys.version_info[:2])'").strip()
+    return host_state()["python"]
 
 
 @deploy("pdkit base: service user and directories")
 def service_user_and_dirs() -> None:
     spec = current_spec()
+    state = host_state()
     user = spec.cluster.service_user
-    server.group(name=f"Group {user}", group=user, system=True)
-    server.user(
-        name=f"User {user} (unprivileged, no login)",
-        user=user, group=user, system=True, home=f"/var/lib/{user}", shell="/usr/sbin/nologin",
-        ensure_home=False,
-    )
-    for path, mode, owner, group in current_plan().directories:
-        files.directory(name=f"Directory {path}", path=path, mode=mode, user=owner, group=group)
-    files.directory(name=f"Directory {spec.cluster.install_dir}", path=spec.cluster.install_dir, mode="0755", user="root", group="root")
-    files.directory(name="Wheelhouse directory", path=f"{spec.cluster.install_dir}/wheelhouse", mode="0755", user="root", group="root")
-
-
-def _marker(bundle: wheelhouse.Bundle, venv: str) -> str:
-    # inside the real venv, seen through the VENV link: present only when the link points at a
-    # complete venv of exactly this bundle (written last, so an interrupted install is redone)
-    return f"{venv}/.pdkit-bundle-{bundle.digest[:16]}"
+    if not state["user"]:
+        server.group(name=f"Group {user}", group=user, system=True)
+        server.user(
+            name=f"User {user} (unprivileged, no login)",
+            user=user, group=user, system=True, home=f"/var/lib/{user}", shell="/usr/sbin/nologin",
+            ensure_home=False,
+        )
+    install = spec.cluster.install_dir
+    wanted = [*current_plan().directories, (install, "0755", "root", "root"), (f"{install}/wheelhouse", "0755", "root", "root")]
+    for path, mode, owner, group in wanted:
+        if not path_matches(state, path, "dir", mode, owner, group):
+            files.directory(name=f"Directory {path}", path=path, mode=mode, user=owner, group=group)
 
 
 def _node_bundle() -> tuple[wheelhouse.Bundle, str]:
@@ -46,10 +41,15 @@ def _node_bundle() -> tuple[wheelhouse.Bundle, str]:
     return wheelhouse.node_bundle(node_python(), spec.cluster.engine, spec.cluster.sglang_version), flags.venv_dir(spec)
 
 
+def _installed(bundle: wheelhouse.Bundle, venv: str) -> bool:
+    # the marker sits inside the real venv, seen through the VENV link: present only when the
+    # link points at a complete venv of exactly this bundle (it is written last)
+    return f".pdkit-bundle-{bundle.digest[:16]}" in host_state()["venvs"].get(venv, [])
+
+
 def node_venv_will_change() -> bool:
     """True when this run installs a new node venv: the engines must then restart onto it."""
-    bundle, venv = _node_bundle()
-    return not host.get_fact(File, path=_marker(bundle, venv))
+    return not _installed(*_node_bundle())
 
 
 def _install_bundle(bundle: wheelhouse.Bundle, venv: str, *, with_pdkit: bool) -> None:
@@ -59,7 +59,7 @@ def _install_bundle(bundle: wheelhouse.Bundle, venv: str, *, with_pdkit: bool) -
     and the previous venvs stay on disk for a rollback.
     """
     spec = current_spec()
-    if host.get_fact(File, path=_marker(bundle, venv)):
+    if _installed(bundle, venv):
         return
     wheels = f"{spec.cluster.install_dir}/wheelhouse"
     real = f"{spec.cluster.install_dir}/venvs/{bundle.name}-{bundle.digest[:16]}"

@@ -5,9 +5,7 @@ from __future__ import annotations
 import io
 import shlex
 
-from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.facts.systemd import SystemdStatus
 from pyinfra.operations import files, server, systemd
 from pyinfra.operations.util import any_changed
 
@@ -15,41 +13,46 @@ from pdkit import flags
 from pdkit.deploy import current_plan, current_spec
 from pdkit.plan import Service
 from roles import base
+from roles.facts import host_state, path_matches, unit_active_enabled
 
 
 @deploy("pdkit services: files, units, restarts, health gates")
 def services() -> None:
     spec = current_spec()
     plan = current_plan()
+    state = host_state()
     puts = {}
+    # only files that differ from the plan get an operation (one fact read them all)
     for f in plan.files:
-        puts[f.path] = files.put(
-            name=f"File {f.path}" + (" (secret)" if f.secret else ""),
-            src=io.StringIO(f.content), dest=f.path, mode=f.mode, user=f.owner, group=f.group,
-        )
+        if not path_matches(state, f.path, "file", f.mode, f.owner, f.group, f.sha256):
+            puts[f.path] = files.put(
+                name=f"File {f.path}" + (" (secret)" if f.secret else ""),
+                src=io.StringIO(f.content), dest=f.path, mode=f.mode, user=f.owner, group=f.group,
+            )
     unit_puts = [op for path, op in puts.items() if path.endswith(".service")]
-    if unit_puts:
-        systemd.daemon_reload(name="systemd daemon-reload (units changed)", _if=any_changed(*unit_puts))
+    systemd.daemon_reload(name="systemd daemon-reload (units changed)", _if=any_changed(*unit_puts))
 
-    running = host.get_fact(SystemdStatus)
+    venv_python = f"{flags.venv_dir(spec)}/bin/python"
     # a new node venv (pdkit or sglang upgraded) means engines must restart onto it
     new_venv = base.node_venv_will_change()
-    venv_python = f"{flags.venv_dir(spec)}/bin/python"
-    # engines first: the router's gate needs its workers up. Every operation is declared on
-    # every pass (gated with _if) so that all hosts share one operation order.
+    # engines first: the router's gate needs its workers up. Every operation below is declared
+    # for every service (gated with _if) so that all hosts share one operation order.
     for service in sorted(plan.services, key=lambda s: s.kind != "engine"):
         unit = shlex.quote(service.unit)
         files_changed = any_changed(*(puts[p] for p in service.files if p in puts))
         changed = (lambda: True) if (new_venv and service.kind == "engine") else files_changed
-        was_active = running.get(service.unit)
-        # an installed but inactive unit may have hit its start limit: `start` refuses until cleared
-        server.shell(name=f"Clear the failed state of {service.unit}", commands=[f"systemctl reset-failed {unit} || true"], _if=lambda was=was_active: was is False)
-        start = systemd.service(name=f"Enable and start {service.unit}", service=service.unit, running=True, enabled=True)
+        installed, active, enabled = unit_active_enabled(state, service.unit)
+        start = server.shell(
+            name=f"Enable and start {service.unit}",
+            # reset-failed: an inactive unit may have hit its start limit, and `start` refuses then
+            commands=[f"systemctl reset-failed {unit} || true", f"systemctl enable --now {unit}"],
+            _if=lambda active=active, enabled=enabled: not (active and enabled),
+        )
         # "active" may also mean auto-restarting: clear a start-limit state before restarting
         restart = server.shell(
             name=f"Restart {service.unit} (its files or venv changed)",
             commands=[f"systemctl reset-failed {unit} || true", f"systemctl restart {unit}"],
-            _if=lambda was=was_active, changed=changed: bool(was) and changed(),
+            _if=lambda active=active, changed=changed: active and changed(),
         )
         server.shell(name=f"Health gate {service.unit}", commands=[_gate_command(venv_python, service)], _if=any_changed(start, restart))
 

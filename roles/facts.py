@@ -1,0 +1,91 @@
+"""One fact that reads everything the deploy decides on, in a single round trip per host.
+
+pyinfra gathers facts one command at a time and does not cache them; a per-file `files.put`
+costs two round trips per file. Reading every planned path's mode, owner and hash, the
+units' states, the service user and the Python version at once keeps a no-op run fast. The
+values read cannot change during the run except through pdkit's own operations, so deciding
+on them at prepare time is sound (FIELD_NOTES, pyinfra 3.10.0).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+from pyinfra.api import FactBase
+
+_PROBE = r"""
+import grp, hashlib, json, os, pwd, pathlib, subprocess, sys
+paths, units, user, venvs = json.loads(sys.argv[1])
+def stat(p):
+    try:
+        st = os.stat(p)
+    except OSError:
+        return None
+    kind = "dir" if os.path.isdir(p) else "file"
+    digest = hashlib.sha256(pathlib.Path(p).read_bytes()).hexdigest() if kind == "file" else None
+    try:
+        owner, group = pwd.getpwuid(st.st_uid).pw_name, grp.getgrgid(st.st_gid).gr_name
+    except KeyError:
+        owner, group = str(st.st_uid), str(st.st_gid)
+    return [kind, "%04o" % (st.st_mode & 0o7777), owner, group, digest]
+def unit(u):
+    out = subprocess.run(["systemctl", "show", "-p", "LoadState,ActiveState,UnitFileState", "--value", u], capture_output=True, text=True).stdout.split()
+    return out
+def has_user(name):
+    try:
+        pwd.getpwnam(name); grp.getgrnam(name); return True
+    except KeyError:
+        return False
+def markers(v):
+    try:
+        return sorted(n for n in os.listdir(v) if n.startswith(".pdkit-bundle-"))
+    except OSError:
+        return []
+print(json.dumps({"python": "%d.%d" % sys.version_info[:2], "paths": {p: stat(p) for p in paths}, "units": {u: unit(u) for u in units}, "user": has_user(user), "venvs": {v: markers(v) for v in venvs}}))
+"""
+
+
+class PdkitHostState(FactBase):
+    """Python version, every planned path (kind, mode, owner, group, sha256), unit states, service user."""
+
+    def command(self, paths: tuple[str, ...], units: tuple[str, ...], user: str, venvs: tuple[str, ...]) -> str:
+        return f"python3 -c {shlex.quote(_PROBE)} {shlex.quote(json.dumps([list(paths), list(units), user, list(venvs)]))}"
+
+    def process(self, output):
+        return json.loads("\n".join(output))
+
+
+_STATE: dict[str, dict] = {}
+
+
+def host_state() -> dict:
+    """The current host's state for everything pdkit plans on it (one round trip, read once per run)."""
+    from pyinfra import host
+
+    from pdkit import flags
+    from pdkit.deploy import current_plan, current_spec
+
+    if host.name in _STATE:
+        return _STATE[host.name]
+    spec = current_spec()
+    plan = current_plan()
+    paths = tuple(sorted({f.path for f in plan.files} | {d[0] for d in plan.directories} | {spec.cluster.install_dir, f"{spec.cluster.install_dir}/wheelhouse"}))
+    units = tuple(s.unit for s in plan.services)
+    venvs = (flags.venv_dir(spec), flags.router_venv_dir(spec))
+    state = host.get_fact(PdkitHostState, paths=paths, units=units, user=spec.cluster.service_user, venvs=venvs)
+    _STATE[host.name] = state
+    return state
+
+
+def path_matches(state: dict, path: str, kind: str, mode: str, owner: str, group: str, sha256: str | None = None) -> bool:
+    return state["paths"].get(path) == [kind, mode, owner, group, sha256]
+
+
+def unit_active_enabled(state: dict, unit: str) -> tuple[bool, bool, bool]:
+    """(installed, active, enabled) from `systemctl show` LoadState/ActiveState/UnitFileState."""
+    fields = state["units"].get(unit) or []
+    loaded = bool(fields) and fields[0] == "loaded"
+    active = len(fields) > 1 and fields[1] in ("active", "activating", "reloading")
+    enabled = len(fields) > 2 and fields[2] == "enabled"
+    return loaded, active, enabled
