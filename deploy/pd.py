@@ -1,15 +1,16 @@
 """The whole stack: `pyinfra inventories/cluster.py deploy/pd.py`.
 
 Validates the inventory first (nothing runs if it is invalid), then on each host: the service
-user and directories, the venvs from the wheelhouse, the engines and the router with their
+user and directories, Debian packages (node_exporter, Prometheus), the venvs from the wheelhouse, the engines and the router with their
 health gates. With `--serial` (config.py sets FAIL_PERCENT = 0) this is a node-by-node
 rollout that stops at the first host whose gate fails.
 """
 
 from pdkit.deploy import current_spec
-from roles import base, services
+from roles import base, packages, services
 
 current_spec()  # an invalid inventory stops here, before any operation
 base.service_user_and_dirs()
+packages.packages()
 base.venvs()
 services.services()

@@ -70,6 +70,8 @@ class HostPlan:
     services: tuple[Service, ...] = ()
     # directories to create: (path, mode, owner, group)
     directories: tuple[tuple[str, str, str, str], ...] = field(default_factory=tuple)
+    # Debian packages this host needs (from the nodes' own apt sources)
+    packages: tuple[str, ...] = ()
 
     def file(self, path: str) -> PlannedFile:
         for f in self.files:
@@ -240,6 +242,7 @@ def plan_host(spec: ClusterSpec, host: HostSpec) -> HostPlan:
 
     files.append(PlannedFile(paths["release"], _release_manifest(spec, host, files, services), "0644"))
     return HostPlan(
+        packages=tuple(host_packages(spec, host)),
         host=host.name,
         files=tuple(sorted(files, key=lambda f: f.path)),
         services=tuple(services),
@@ -265,6 +268,14 @@ def _release_manifest(spec: ClusterSpec, host: HostSpec, files: list[PlannedFile
         "services": [s.unit for s in services],
     }
     return json.dumps(manifest, indent=2, sort_keys=True) + "\n"
+
+
+def host_packages(spec: ClusterSpec, host: HostSpec) -> list[str]:
+    """Debian packages: node_exporter everywhere, Prometheus on the monitoring host."""
+    packages = ["prometheus-node-exporter"]
+    if host.monitoring is not None:
+        packages.append("prometheus")
+    return packages
 
 
 def plan_cluster(spec: ClusterSpec) -> dict[str, HostPlan]:

@@ -16,7 +16,7 @@ from pyinfra.api import FactBase
 
 _PROBE = r"""
 import grp, hashlib, json, os, pwd, pathlib, subprocess, sys
-paths, units, user, venvs = json.loads(sys.argv[1])
+paths, units, user, venvs, packages = json.loads(sys.argv[1])
 def stat(p):
     try:
         st = os.stat(p)
@@ -42,15 +42,20 @@ def markers(v):
         return sorted(n for n in os.listdir(v) if n.startswith(".pdkit-bundle-"))
     except OSError:
         return []
-print(json.dumps({"python": "%d.%d" % sys.version_info[:2], "paths": {p: stat(p) for p in paths}, "units": {u: unit(u) for u in units}, "user": has_user(user), "venvs": {v: markers(v) for v in venvs}}))
+def installed(pkgs):
+    if not pkgs:
+        return []
+    out = subprocess.run(["dpkg-query", "-W", "-f", "${Package} ${Status}\n", *pkgs], capture_output=True, text=True).stdout
+    return sorted(line.split()[0] for line in out.splitlines() if line.endswith(" installed"))
+print(json.dumps({"packages": installed(packages), "python": "%d.%d" % sys.version_info[:2], "paths": {p: stat(p) for p in paths}, "units": {u: unit(u) for u in units}, "user": has_user(user), "venvs": {v: markers(v) for v in venvs}}))
 """
 
 
 class PdkitHostState(FactBase):
     """Python version, every planned path (kind, mode, owner, group, sha256), unit states, service user."""
 
-    def command(self, paths: tuple[str, ...], units: tuple[str, ...], user: str, venvs: tuple[str, ...]) -> str:
-        return f"python3 -c {shlex.quote(_PROBE)} {shlex.quote(json.dumps([list(paths), list(units), user, list(venvs)]))}"
+    def command(self, paths: tuple[str, ...], units: tuple[str, ...], user: str, venvs: tuple[str, ...], packages: tuple[str, ...] = ()) -> str:
+        return f"python3 -c {shlex.quote(_PROBE)} {shlex.quote(json.dumps([list(paths), list(units), user, list(venvs), list(packages)]))}"
 
     def process(self, output):
         return json.loads("\n".join(output))
@@ -73,7 +78,7 @@ def host_state() -> dict:
     paths = tuple(sorted({f.path for f in plan.files} | {d[0] for d in plan.directories} | {spec.cluster.install_dir, f"{spec.cluster.install_dir}/wheelhouse"}))
     units = tuple(s.unit for s in plan.services)
     venvs = (flags.venv_dir(spec), flags.router_venv_dir(spec))
-    state = host.get_fact(PdkitHostState, paths=paths, units=units, user=spec.cluster.service_user, venvs=venvs)
+    state = host.get_fact(PdkitHostState, paths=paths, units=units, user=spec.cluster.service_user, venvs=venvs, packages=tuple(plan.packages))
     _STATE[host.name] = state
     return state
 
