@@ -95,14 +95,16 @@ def pdkit_wheel() -> Path:
 
 def download(pins: list[str], python: str, *, resolve_deps: bool = False) -> list[Path]:
     """Binary wheels for exact pins, for the nodes' Python and platform (cached across runs)."""
-    pool = cache_root() / "pool" / f"cp{python.replace('.', '')}"
+    key = hashlib.sha256("\n".join(sorted(pins)).encode()).hexdigest()[:16]
+    # exact, complete pin sets share one pool; a resolved set gets a directory of its own, so
+    # that what it lists is exactly what pip chose for it
+    pool = cache_root() / "pool" / f"cp{python.replace('.', '')}" / (f"resolved-{key}" if resolve_deps else "")
     pool.mkdir(parents=True, exist_ok=True)
-    marker = pool / (".done-" + hashlib.sha256("\n".join(sorted(pins)).encode()).hexdigest()[:16] + ("-deps" if resolve_deps else ""))
+    marker = pool / f".done-{key}"
     listing = pool / (marker.name + ".files")
     if marker.exists():
         return [pool / name for name in listing.read_text().split()]
     _log(f"downloading {len(pins)} pinned packages for Python {python}")
-    before = set(pool.glob("*.whl"))
     cmd = [
         sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
         "--only-binary=:all:", "--python-version", python, "--implementation", "cp", "-d", str(pool),
@@ -117,7 +119,7 @@ def download(pins: list[str], python: str, *, resolve_deps: bool = False) -> lis
         proc = subprocess.run([*cmd, "-r", req.name], capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
         raise SystemExit(f"wheelhouse: pip download failed for Python {python}:\n{proc.stderr.strip()[-2000:]}")
-    files = _files_for(pins, pool) if not resolve_deps else sorted(set(pool.glob("*.whl")) - before) or sorted(pool.glob("*.whl"))
+    files = sorted(pool.glob("*.whl")) if resolve_deps else _files_for(pins, pool)
     listing.write_text("\n".join(sorted(p.name for p in files)) + "\n")
     marker.touch()
     return files
