@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: lab test venv contract-env lab-prereqs render clean
+.PHONY: lab test venv contract-env lab-prereqs monitoring-prereqs render clean
 
 # Command 1: the main job on local test hosts, no GPU needed: lab up, deploy, one chat completion.
 lab: $(STAMP) lab-prereqs
@@ -16,7 +16,7 @@ lab: $(STAMP) lab-prereqs
 	$(VENV)/bin/pdkit chat inventories/lab.py
 
 # Command 2: every test: units, SGLang's and smg's own parsers, the sim behind the real router, the lab.
-test: $(STAMP) contract-env lab-prereqs
+test: $(STAMP) contract-env lab-prereqs monitoring-prereqs
 	$(VENV)/bin/python -m pytest
 
 # Render every file pdkit would write for the example 8-GPU cluster into build/ (no host contacted).
@@ -36,6 +36,10 @@ contract-env:
 
 lab-prereqs:
 	bash .ci/lab-prereqs.sh
+
+# promtool (Debian's prometheus package) for the rule and config checks; its daemon stays off
+monitoring-prereqs:
+	bash .ci/monitoring-prereqs.sh
 
 clean:
 	rm -rf build $(VENV)

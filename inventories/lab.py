@@ -43,7 +43,8 @@ gpu_nodes = [(h.name, _node(h)) for h in _LAB.gpu_hosts]
 # the router sits on the first GPU node, as on the seeds' single-node cluster
 gpu_nodes[0][1]["pdkit_router"] = {"port": 8000, "prometheus_port": 29000}
 
-monitoring = [(_LAB.monitoring_host.name, {**_LAB.pyinfra_data(_LAB.monitoring_host), "pdkit_monitoring": {}})]
+# Grafana's apt repository cannot be reached from the lab (docs/monitoring.md): Prometheus only
+monitoring = [(_LAB.monitoring_host.name, {**_LAB.pyinfra_data(_LAB.monitoring_host), "pdkit_monitoring": {"grafana": False}})]
 
 all = (  # noqa: A001 - pyinfra's group name
     [h.name for h in _LAB.hosts],

@@ -120,6 +120,18 @@ def wait_router(
     return False, f"router not ready after {timeout:.0f} s: {reason}"
 
 
+def wait_http(url: str, timeout: float, interval: float = 1.0) -> tuple[bool, str]:
+    deadline = time.monotonic() + timeout
+    reason = "not checked yet"
+    while time.monotonic() < deadline:
+        status, body = http_request(url)
+        if status == 200:
+            return True, f"{url} answered 200"
+        reason = f"{url} answered {status or 'nothing'}: {body.strip()[:200]}"
+        time.sleep(interval)
+    return False, f"not ready after {timeout:.0f} s: {reason}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pdkit.health", description="Wait until a restarted service is really ready.")
     sub = parser.add_subparsers(dest="kind", required=True)
@@ -132,10 +144,15 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--worker", action="append", default=[], help="a planned worker URL (repeat)")
     r.add_argument("--timeout", type=float, default=120)
     r.add_argument("--model", help="served model name: send one real completion once the workers are healthy")
+    h = sub.add_parser("http")
+    h.add_argument("--url", required=True, help="a URL that answers 200 when the service is ready")
+    h.add_argument("--timeout", type=float, default=120)
     args = parser.parse_args(argv)
     start = time.monotonic()
     if args.kind == "engine":
         ok, message = wait_engine(args.unit, args.url, args.timeout)
+    elif args.kind == "http":
+        ok, message = wait_http(args.url, args.timeout)
     else:
         import os
 

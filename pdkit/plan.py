@@ -45,7 +45,7 @@ class Service:
     """One systemd unit and what it needs to be healthy."""
 
     unit: str
-    kind: str  # engine | router
+    kind: str  # engine | router | http (a packaged daemon gated on one URL)
     # files whose change means a restart
     files: tuple[str, ...]
     # HTTP URL that answers 200 when healthy
@@ -240,6 +240,10 @@ def plan_host(spec: ClusterSpec, host: HostSpec) -> HostPlan:
             )
         )
 
+    if host.monitoring is not None:
+        files += monitoring_host_files(spec, host)
+        services += monitoring_host_services(spec, host, files)
+
     files.append(PlannedFile(paths["release"], _release_manifest(spec, host, files, services), "0644"))
     return HostPlan(
         packages=tuple(host_packages(spec, host)),
@@ -270,11 +274,47 @@ def _release_manifest(spec: ClusterSpec, host: HostSpec, files: list[PlannedFile
     return json.dumps(manifest, indent=2, sort_keys=True) + "\n"
 
 
+PROMETHEUS_DEFAULTS_PATH = "/etc/default/prometheus"
+# Grafana's apt repository (deb822, key pinned by signed-by)
+GRAFANA_KEYRING_PATH = "/etc/apt/keyrings/grafana.asc"
+GRAFANA_SOURCES_PATH = "/etc/apt/sources.list.d/grafana.sources"
+GRAFANA_KEY_URL = "https://apt.grafana.com/gpg.key"
+
+
+def monitoring_host_files(spec: ClusterSpec, host: HostSpec) -> list[PlannedFile]:
+    """Prometheus config, rules and its listen address; Grafana's source, provisioning and dashboards."""
+    from pdkit import monitoring
+
+    assert host.monitoring is not None
+    out = []
+    for path, text in sorted(monitoring.monitoring_files(spec).items()):
+        group = "grafana" if path.startswith(("/etc/grafana", "/var/lib/grafana")) else "root"
+        out.append(PlannedFile(path, text, "0644" if group == "root" else "0640", "root", group))
+    # Debian's unit reads ARGS from here: listen on the planned address and port only
+    listen = f"{host.address}:{host.monitoring.prometheus_port}"
+    out.append(PlannedFile(PROMETHEUS_DEFAULTS_PATH, f'# Rendered by pdkit\nARGS="--web.listen-address={listen}"\n', "0644"))
+    if host.monitoring.grafana:
+        out.append(PlannedFile(GRAFANA_SOURCES_PATH, render_template("apt/grafana.sources.j2", keyring=GRAFANA_KEYRING_PATH), "0644"))
+    return out
+
+
+def monitoring_host_services(spec: ClusterSpec, host: HostSpec, files: list[PlannedFile]) -> list[Service]:
+    assert host.monitoring is not None
+    prom_files = tuple(sorted(f.path for f in files if f.path.startswith("/etc/prometheus") or f.path == PROMETHEUS_DEFAULTS_PATH))
+    services = [Service(unit="prometheus.service", kind="http", files=prom_files, health_url=f"http://{host.address}:{host.monitoring.prometheus_port}/-/ready", ready_timeout_s=120)]
+    if host.monitoring.grafana:
+        grafana_files = tuple(sorted(f.path for f in files if f.path.startswith(("/etc/grafana", "/var/lib/grafana"))))
+        services.append(Service(unit="grafana-server.service", kind="http", files=grafana_files, health_url=f"http://{host.address}:{host.monitoring.grafana_port}/api/health", ready_timeout_s=120))
+    return services
+
+
 def host_packages(spec: ClusterSpec, host: HostSpec) -> list[str]:
-    """Debian packages: node_exporter everywhere, Prometheus on the monitoring host."""
+    """Debian packages: node_exporter everywhere, Prometheus (and Grafana) on the monitoring host."""
     packages = ["prometheus-node-exporter"]
     if host.monitoring is not None:
         packages.append("prometheus")
+        if host.monitoring.grafana:
+            packages.append("grafana")
     return packages
 
 

@@ -372,6 +372,8 @@ class Node(Frozen):
     engines: tuple[Engine, ...] = ()
     # port of pdkit-exporter on this node
     exporter_port: Port = 9400
+    # NVIDIA's DCGM exporter (port 9401); unset: on for gpu nvidia, off on lab hosts
+    dcgm_exporter: bool | None = None
 
 
 class Router(Frozen):
@@ -429,10 +431,14 @@ class Monitoring(Frozen):
     scrape_hosts: tuple[str, ...] | None = None
     # TTFT p99 SLO for the alert rule, seconds
     ttft_p99_slo_s: float = Field(default=2.0, gt=0)
+    # Grafana from its apt repository (off where that repository cannot be reached, e.g. the lab)
+    grafana: bool = True
 
 
 # Every host runs node_exporter on this port.
 NODE_EXPORTER_PORT = 9100
+# DCGM exporter's own default (9400) is pdkit-exporter's: DCGM moves one up.
+DCGM_EXPORTER_PORT = 9401
 
 
 @dataclass(frozen=True)
@@ -591,6 +597,8 @@ def host_ports(spec: ClusterSpec, host: HostSpec) -> list[tuple[int, str]]:
     ports: list[tuple[int, str]] = [(NODE_EXPORTER_PORT, "node_exporter (fixed)")]
     if host.node is not None:
         ports.append((host.node.exporter_port, "pdkit_node.exporter_port"))
+        if host.node.dcgm_exporter or (host.node.dcgm_exporter is None and host.node.gpu == "nvidia"):
+            ports.append((DCGM_EXPORTER_PORT, "pdkit_node.dcgm_exporter (port 9401)"))
         for i, engine in enumerate(host.node.engines):
             ports.append((engine.port, f"pdkit_node.engines[{i}].port"))
             if engine.effective_bootstrap_port is not None:

@@ -89,9 +89,8 @@ def _install_bundle(bundle: wheelhouse.Bundle, venv: str, *, with_pdkit: bool) -
 def venvs() -> None:
     spec = current_spec()
     this = current_host()
-    if this.node is not None or this.router is not None:
-        # the node venv carries the engine (sim or sglang) and the health gate
-        _install_bundle(*_node_bundle(), with_pdkit=True)
+    # every host gets the node venv: the engine (sim or sglang) on GPU nodes, the health gates everywhere
+    _install_bundle(*_node_bundle(), with_pdkit=True)
     if this.router is not None:
         package, version = spec.router_release(this)
         _install_bundle(wheelhouse.router_bundle(node_python(), package, version), flags.router_venv_dir(spec), with_pdkit=False)

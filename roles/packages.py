@@ -1,11 +1,14 @@
-"""Debian packages a host needs (node_exporter, Prometheus), installed only when missing."""
+"""Debian packages a host needs (node_exporter, Prometheus, Grafana), installed only when missing."""
 
 from __future__ import annotations
 
+import io
+
 from pyinfra.api import deploy
-from pyinfra.operations import apt
+from pyinfra.operations import apt, files
 
 from pdkit.deploy import current_plan
+from pdkit.plan import GRAFANA_KEY_URL, GRAFANA_KEYRING_PATH, GRAFANA_SOURCES_PATH
 from roles.facts import host_state
 
 # apt can hang on a flaky mirror or cache: never let one host stall the whole run
@@ -14,7 +17,12 @@ APT_TIMEOUT_S = 900
 
 @deploy("pdkit packages")
 def packages() -> None:
-    wanted = current_plan().packages
-    missing = sorted(set(wanted) - set(host_state()["packages"]))
+    plan = current_plan()
+    missing = sorted(set(plan.packages) - set(host_state()["packages"]))
+    if "grafana" in missing:
+        # Grafana comes from its own repository, trusted only through its key (deb822 Signed-By)
+        files.download(name="Grafana's apt key", src=GRAFANA_KEY_URL, dest=GRAFANA_KEYRING_PATH, mode="0644", _timeout=120)
+        source = plan.file(GRAFANA_SOURCES_PATH)
+        files.put(name="Grafana's apt source", src=io.StringIO(source.content), dest=source.path, mode=source.mode)
     if missing:
         apt.packages(name=f"Install {', '.join(missing)}", packages=missing, update=True, no_recommends=True, _timeout=APT_TIMEOUT_S)

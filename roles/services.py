@@ -61,6 +61,8 @@ def _gate_command(python: str, service: Service) -> str:
     q = shlex.quote
     if service.kind == "engine":
         return f"{q(python)} -m pdkit.health engine --unit {q(service.unit)} --url {q(service.health_url)} --timeout {service.ready_timeout_s}"
+    if service.kind == "http":
+        return f"{q(python)} -m pdkit.health http --url {q(service.health_url)} --timeout {service.ready_timeout_s}"
     base_url = service.health_url.removesuffix("/health")
     workers = " ".join(f"--worker {q(w)}" for w in service.expected_workers)
     gate = f"{q(python)} -m pdkit.health router --url {q(base_url)} {workers} --model {q(service.model)} --timeout {service.ready_timeout_s}"

@@ -1,0 +1,520 @@
+"""Spec -> Prometheus config, alert rules, promtool rule tests, Grafana provisioning and dashboards.
+
+The promtool tests run Debian's `promtool` (package `prometheus`, installed by
+.ci/monitoring-prereqs.sh) on the generated files: `check config`, `check rules`, `test rules`.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pdkit import flags
+from pdkit import monitoring as mon
+from pdkit.loader import load
+from pdkit.spec import NODE_EXPORTER_PORT
+from tests.conftest import REPO, require, write_inventory
+
+PROMTOOL = shutil.which("promtool")
+PROMTOOL_REASON = ("promtool is missing: install Debian's `prometheus` package "
+                   "(sudo .ci/monitoring-prereqs.sh, or apt-get install prometheus)")
+
+
+def _load_example(name: str):
+    old = os.getcwd()
+    os.chdir(REPO)
+    try:
+        return load(f"inventories/{name}.py")
+    finally:
+        os.chdir(old)
+
+
+@pytest.fixture(scope="module")
+def lab_spec():
+    return _load_example("lab")
+
+
+@pytest.fixture(scope="module")
+def cluster_spec():
+    return _load_example("cluster")
+
+
+@pytest.fixture(params=["lab", "cluster"])
+def example(request, lab_spec, cluster_spec):
+    return {"lab": lab_spec, "cluster": cluster_spec}[request.param]
+
+
+def _spec(tmp_path, cluster, hosts):
+    return load(write_inventory(tmp_path, hosts, cluster))
+
+
+def _promtool(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    require(PROMTOOL is not None, PROMTOOL_REASON)
+    return subprocess.run([PROMTOOL, *args], cwd=cwd, capture_output=True, text=True, timeout=120)
+
+
+def _write_monitoring_dir(spec, directory: Path) -> Path:
+    """prometheus.yml and its rules laid out as on the host (rules/ beside the config)."""
+    (directory / "rules").mkdir(parents=True, exist_ok=True)
+    (directory / "prometheus.yml").write_text(mon.prometheus_config(spec))
+    (directory / mon.RULES_RELATIVE_PATH).write_text(mon.alert_rules(spec))
+    (directory / "rules" / Path(mon.RULE_TESTS_PATH).name).write_text(mon.rule_tests(spec))
+    return directory
+
+
+def _unified(base):
+    cluster, hosts = base
+    for h in ("gpu01", "gpu02"):
+        for e in hosts[h]["pdkit_node"]["engines"]:
+            e["role"] = "unified"
+            e.pop("pd_group", None)
+    hosts["gpu01"]["pdkit_router"] = {}
+    return cluster, hosts
+
+
+# ---------------------------------------------------------------------------
+# promtool on the generated files
+
+
+def test_prometheus_config_passes_promtool_check_config(example, tmp_path):
+    d = _write_monitoring_dir(example, tmp_path)
+    res = _promtool("check", "config", "prometheus.yml", cwd=d)
+    assert res.returncode == 0, res.stdout + res.stderr
+    # check config follows rule_files: it really found and checked the rules file
+    assert "1 rule files found" in res.stdout + res.stderr
+
+
+def test_alert_rules_pass_promtool_check_rules(example, tmp_path):
+    d = _write_monitoring_dir(example, tmp_path)
+    res = _promtool("check", "rules", mon.RULES_RELATIVE_PATH, cwd=d)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"{len(mon.alerts(example))} rules found" in res.stdout
+
+
+def test_every_alert_passes_its_promtool_unit_tests(example, tmp_path):
+    d = _write_monitoring_dir(example, tmp_path)
+    res = _promtool("test", "rules", f"rules/{Path(mon.RULE_TESTS_PATH).name}", cwd=d)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "SUCCESS" in res.stdout
+
+
+def test_every_alert_has_firing_and_quiet_cases(example):
+    doc = yaml.safe_load(mon.rule_tests(example))
+    firing: dict[str, int] = {}
+    quiet: dict[str, int] = {}
+    for case in doc["tests"]:
+        for check in case["alert_rule_test"]:
+            bucket = firing if check["exp_alerts"] else quiet
+            bucket[check["alertname"]] = bucket.get(check["alertname"], 0) + 1
+    names = [a.name for a in mon.alerts(example)]
+    for name in names:
+        assert firing.get(name, 0) >= 1, f"{name} has no firing case"
+        assert quiet.get(name, 0) >= 1, f"{name} has no non-firing case"
+
+
+def test_rule_tests_catch_a_wrong_expectation(lab_spec, tmp_path):
+    """The promtool cases really compare labels and data: a flipped severity or a quiet series fails."""
+    d = _write_monitoring_dir(lab_spec, tmp_path)
+    text = (d / "rules" / "pdkit.test.yml").read_text()
+    for broken in (text.replace('severity: "critical"', 'severity: "warning"', 1),
+                   text.replace('values: "1x3 0x20"', 'values: "1x25"', 1)):
+        assert broken != text
+        (d / "rules" / "broken.test.yml").write_text(broken)
+        res = _promtool("test", "rules", "rules/broken.test.yml", cwd=d)
+        assert res.returncode != 0, "promtool accepted a broken expectation"
+
+
+def test_every_panel_and_alert_query_parses_in_promtool(example, tmp_path):
+    """Each all_promql() expression (variables substituted) and alert condition, as a recording rule."""
+    exprs = mon.all_promql(example) + mon.alert_conditions(example)
+    rules = [{"record": f"pdkit:check_{i}", "expr": expr} for i, (_, expr) in enumerate(exprs)]
+    (tmp_path / "check.yml").write_text(mon.to_yaml({"groups": [{"name": "check", "rules": rules}]}))
+    res = _promtool("check", "rules", "check.yml", cwd=tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"{len(rules)} rules found" in res.stdout
+
+
+def test_unified_cluster_passes_promtool(base, tmp_path):
+    spec = _spec(tmp_path, *_unified(base))
+    assert not spec.is_pd()
+    d = _write_monitoring_dir(spec, tmp_path / "mon")
+    names = {a.name for a in mon.alerts(spec)}
+    assert "PdkitKvTransferFailures" not in names and "PdkitBootstrapFailures" not in names
+    for args in (("check", "config", "prometheus.yml"), ("test", "rules", "rules/pdkit.test.yml")):
+        res = _promtool(*args, cwd=d)
+        assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_short_scrape_interval_keeps_the_timeout_inside_it(base, tmp_path):
+    cluster, hosts = base
+    hosts["mon01"]["pdkit_monitoring"] = {"scrape_interval_s": 5}
+    spec = _spec(tmp_path, cluster, hosts)
+    doc = yaml.safe_load(mon.prometheus_config(spec))
+    assert doc["global"]["scrape_interval"] == "5s" and doc["global"]["scrape_timeout"] == "5s"
+    d = _write_monitoring_dir(spec, tmp_path / "mon")
+    res = _promtool("check", "config", "prometheus.yml", cwd=d)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+# ---------------------------------------------------------------------------
+# Targets and labels
+
+
+def _configs(spec):
+    doc = yaml.safe_load(mon.prometheus_config(spec))
+    return doc, {c["job_name"]: c for c in doc["scrape_configs"]}
+
+
+def _targets(job_config):
+    return {sc["targets"][0]: sc["labels"] for sc in job_config["static_configs"]}
+
+
+def test_targets_come_from_the_spec(lab_spec):
+    doc, jobs = _configs(lab_spec)
+    assert doc["global"]["scrape_interval"] == "15s"
+    assert doc["global"]["evaluation_interval"] == "15s"
+    assert doc["rule_files"] == [mon.RULES_RELATIVE_PATH]
+    assert mon.PROMETHEUS_CONFIG_PATH.rsplit("/", 1)[0] + "/" + mon.RULES_RELATIVE_PATH == mon.RULES_PATH
+
+    engines = _targets(jobs[mon.JOB_ENGINE])
+    assert len(engines) == len(lab_spec.engines())
+    for host, engine in lab_spec.engines():
+        labels = engines[f"{lab_spec.engine_address(host)}:{engine.port}"]
+        assert labels == {"cluster": "lab", "node": host.name, "engine": engine.name, "role": engine.role,
+                          "instance": f"{host.name}/{engine.name}", "pd_group": engine.pd_group}
+
+    router_host = lab_spec.router_hosts[0]
+    routers = _targets(jobs[mon.JOB_ROUTER])
+    assert list(routers) == [f"{flags.router_address(router_host)}:{router_host.router.prometheus_port}"]
+    assert routers[next(iter(routers))]["role"] == "router"
+
+    exporters = _targets(jobs[mon.JOB_EXPORTER])
+    assert jobs[mon.JOB_EXPORTER]["honor_labels"] is True
+    assert set(exporters) == {f"{lab_spec.engine_address(h)}:{h.node.exporter_port}" for h in lab_spec.gpu_hosts}
+
+    nodes = _targets(jobs[mon.JOB_NODE])
+    assert set(nodes) == {f"{h.address}:{NODE_EXPORTER_PORT}" for h in lab_spec.hosts}
+    assert {labels["node"] for labels in nodes.values()} == {h.name for h in lab_spec.hosts}
+
+    # lab hosts are gpu: none: no DCGM
+    assert mon.JOB_DCGM not in jobs
+    mon_host = lab_spec.monitoring_hosts[0]
+    assert list(_targets(jobs[mon.JOB_PROMETHEUS])) == [f"{mon_host.address}:{mon_host.monitoring.prometheus_port}"]
+
+    # every target carries cluster and node
+    for job in jobs.values():
+        for labels in _targets(job).values():
+            assert labels["cluster"] == "lab" and labels["node"]
+
+
+def test_targets_match_targets_function(example):
+    _, jobs = _configs(example)
+    listed = sorted((t.job, t.address) for t in mon.targets(example))
+    in_config = sorted((job, addr) for job, c in jobs.items() for addr in _targets(c))
+    assert listed == in_config
+
+
+def test_dcgm_on_real_nvidia_nodes_on_its_own_port(cluster_spec):
+    _, jobs = _configs(cluster_spec)
+    dcgm = _targets(jobs[mon.JOB_DCGM])
+    assert set(dcgm) == {f"{cluster_spec.engine_address(h)}:{mon.DCGM_EXPORTER_PORT}" for h in cluster_spec.gpu_hosts}
+    # pdkit-exporter holds DCGM's own default port
+    assert all(h.node.exporter_port != mon.DCGM_EXPORTER_PORT for h in cluster_spec.gpu_hosts)
+
+
+def test_router_workers_are_named_by_their_engine(lab_spec):
+    _, jobs = _configs(lab_spec)
+    relabels = jobs[mon.JOB_ROUTER]["metric_relabel_configs"]
+    router_host = lab_spec.router_hosts[0]
+    for host, engine in lab_spec.router_workers(router_host):
+        url = flags.engine_url(lab_spec, host, engine)
+        hits = {r["target_label"]: r["replacement"] for r in relabels if re.fullmatch(r["regex"], url)}
+        assert hits == {"worker_instance": f"{host.name}/{engine.name}", "worker_role": engine.role}
+        # a different port on the same host does not match
+        assert not any(re.fullmatch(r["regex"], url + "0") for r in relabels)
+
+
+def test_scrape_hosts_limits_every_job(base, tmp_path):
+    cluster, hosts = base
+    hosts["mon01"]["pdkit_monitoring"] = {"scrape_hosts": ["gpu01", "mon01"]}
+    spec = _spec(tmp_path, cluster, hosts)
+    assert {t.host for t in mon.targets(spec)} == {"gpu01", "mon01"}
+
+
+def test_output_is_deterministic(example):
+    for fn in (mon.prometheus_config, mon.alert_rules, mon.rule_tests, mon.grafana_provisioning,
+               mon.dashboard_files, mon.all_promql):
+        assert fn(example) == fn(example)
+
+
+def test_monitoring_files_land_where_the_roles_expect(cluster_spec, lab_spec):
+    files = mon.monitoring_files(cluster_spec)
+    assert mon.PROMETHEUS_CONFIG_PATH in files and mon.RULES_PATH in files and mon.RULE_TESTS_PATH in files
+    assert mon.GRAFANA_DATASOURCE_PATH in files and mon.GRAFANA_PROVIDER_PATH in files
+    dash = [p for p in files if p.startswith(mon.GRAFANA_DASHBOARDS_DIR + "/")]
+    assert sorted(dash) == sorted(f"{mon.GRAFANA_DASHBOARDS_DIR}/pdkit-{n}.json" for n in mon.dashboards(cluster_spec))
+    for p in dash:
+        json.loads(files[p])
+    # the lab turns Grafana off (its repository is unreachable there): Prometheus files only
+    lab_files = mon.monitoring_files(lab_spec)
+    assert mon.PROMETHEUS_CONFIG_PATH in lab_files
+    assert not [p for p in lab_files if "grafana" in p]
+
+
+def test_no_monitoring_host_is_an_error(base, tmp_path):
+    cluster, hosts = base
+    del hosts["mon01"]
+    spec = _spec(tmp_path, cluster, hosts)
+    with pytest.raises(ValueError, match="pdkit_monitoring"):
+        mon.prometheus_config(spec)
+
+
+# ---------------------------------------------------------------------------
+# Alerts follow the spec
+
+
+def test_alert_set_and_annotations(example):
+    alerts = {a.name: a for a in mon.alerts(example)}
+    assert {"PdkitEngineDown", "PdkitRouterWorkerUnhealthy", "PdkitQueueGrowing", "PdkitKvTransferFailures",
+            "PdkitBootstrapFailures", "PdkitDecodeCudaGraphRatioLow", "PdkitTtftP99OverSlo", "PdkitConfigDrift",
+            "PdkitNcclEnvMissing"} <= set(alerts)
+    doc = yaml.safe_load(mon.alert_rules(example))
+    for rule in doc["groups"][0]["rules"]:
+        assert rule["for"] and rule["labels"]["severity"] in ("critical", "warning")
+        assert rule["annotations"]["summary"]
+        assert "What to do" in rule["annotations"]["description"], rule["alert"]
+
+
+def test_ttft_alert_uses_the_spec_slo(base, tmp_path):
+    cluster, hosts = base
+    hosts["mon01"]["pdkit_monitoring"] = {"ttft_p99_slo_s": 0.75}
+    spec = _spec(tmp_path, cluster, hosts)
+    ttft = next(a for a in mon.alerts(spec) if a.name == "PdkitTtftP99OverSlo")
+    assert ttft.expr.endswith("> 0.75") and "sglang:time_to_first_token_seconds_bucket" in ttft.expr
+    d = _write_monitoring_dir(spec, tmp_path / "mon")
+    res = _promtool("test", "rules", "rules/pdkit.test.yml", cwd=d)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_cuda_graph_alert_covers_only_engines_with_decode_graphs_on(base, tmp_path):
+    cluster, hosts = base
+    hosts["gpu02"]["pdkit_node"]["engines"][1]["tuning"] = {"cuda_graph": False}
+    spec = _spec(tmp_path, cluster, hosts)
+    assert mon.graph_expected_instances(spec) == ["gpu01/decode"]
+    alert = next(a for a in mon.alerts(spec) if a.name == "PdkitDecodeCudaGraphRatioLow")
+    assert 'instance=~"gpu01/decode"' in alert.expr and "gpu02" not in alert.expr
+
+    cluster["tuning"] = {"all": {"cuda_graph": False}}
+    cluster["target_concurrency"] = None
+    spec = _spec(tmp_path, cluster, hosts)
+    assert "PdkitDecodeCudaGraphRatioLow" not in {a.name for a in mon.alerts(spec)}
+
+
+def test_adding_a_gpu_node_adds_targets_rule_coverage_and_variables(base, tmp_path):
+    cluster, hosts = base
+    before = _spec(tmp_path, cluster, hosts)
+    hosts2 = copy.deepcopy(hosts)
+    hosts2["gpu03"] = copy.deepcopy(hosts["gpu02"])
+    hosts2["gpu03"]["ssh_hostname"] = "10.9.0.4"
+    for e in hosts2["gpu03"]["pdkit_node"]["engines"]:
+        e["pd_group"] = "g3"
+    after = _spec(tmp_path, cluster, hosts2)
+
+    # targets: both engines, the exporter, node_exporter (and DCGM: a real nvidia node)
+    new = {(t.job, t.address) for t in mon.targets(after)} - {(t.job, t.address) for t in mon.targets(before)}
+    assert new == {(mon.JOB_ENGINE, "10.9.0.4:30000"), (mon.JOB_ENGINE, "10.9.0.4:30001"),
+                   (mon.JOB_EXPORTER, "10.9.0.4:9400"), (mon.JOB_NODE, "10.9.0.4:9100"),
+                   (mon.JOB_DCGM, f"10.9.0.4:{mon.DCGM_EXPORTER_PORT}")}
+
+    # rules: gpu03's decode joins the CUDA-graph rule, and the promtool cases fire for gpu03's engines
+    graph = next(a for a in mon.alerts(after) if a.name == "PdkitDecodeCudaGraphRatioLow")
+    assert "gpu03/decode" in graph.expr
+    tests_after = yaml.safe_load(mon.rule_tests(after))["tests"]
+    fired_for = {(c["alert_rule_test"][0]["alertname"], e["exp_labels"].get("node"), e["exp_labels"].get("engine"))
+                 for c in tests_after for e in c["alert_rule_test"][0]["exp_alerts"]}
+    for name in ("PdkitEngineDown", "PdkitQueueGrowing", "PdkitKvTransferFailures", "PdkitBootstrapFailures",
+                 "PdkitConfigDrift", "PdkitNcclEnvMissing"):
+        assert (name, "gpu03", "prefill") in fired_for and (name, "gpu03", "decode") in fired_for, name
+    for name in ("PdkitDecodeCudaGraphRatioLow", "PdkitTtftP99OverSlo"):
+        assert (name, "gpu03", "decode") in fired_for, name
+    assert ("PdkitScrapeTargetDown", "gpu03", None) in fired_for
+    assert len(tests_after) > len(yaml.safe_load(mon.rule_tests(before))["tests"])
+
+    # dashboards: gpu03 is a value of every node variable
+    for name, d in mon.dashboards(after).items():
+        node_var = next(v for v in d["templating"]["list"] if v["name"] == "node")
+        assert "gpu03" in [o["value"] for o in node_var["options"]], name
+        assert "gpu03" in node_var["query"].split(",")
+    for d in mon.dashboards(before).values():
+        assert "gpu03" not in json.dumps(d["templating"])
+
+    d = _write_monitoring_dir(after, tmp_path / "mon")
+    res = _promtool("test", "rules", "rules/pdkit.test.yml", cwd=d)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+# ---------------------------------------------------------------------------
+# Grafana
+
+
+PANEL_TYPES = {"timeseries", "stat", "table", "row"}
+BUILTIN_VARS = {"__rate_interval", "__interval", "__range", "__all"}
+
+
+def _check_dashboard(name: str, d: dict) -> None:
+    """Structural check of a Grafana dashboard (what Grafana needs to load a provisioned file)."""
+    problems: list[str] = []
+
+    def need(cond: bool, what: str) -> None:
+        if not cond:
+            problems.append(what)
+
+    for key, typ in (("uid", str), ("title", str), ("schemaVersion", int), ("panels", list),
+                     ("templating", dict), ("time", dict), ("tags", list), ("version", int)):
+        need(isinstance(d.get(key), typ), f"{key} missing or not {typ.__name__}")
+    need("id" not in d or d["id"] is None, "provisioned dashboards carry no numeric id")
+    need(0 < len(d.get("uid", "")) <= 40 and re.fullmatch(r"[A-Za-z0-9_-]+", d.get("uid", "")) is not None,
+         "uid: 1-40 of [A-Za-z0-9_-]")
+    need(d.get("schemaVersion", 0) >= 36, "schemaVersion >= 36 (datasource references by uid)")
+    variables = d["templating"]["list"]
+    var_names = [v["name"] for v in variables]
+    need(len(var_names) == len(set(var_names)), "duplicate variable")
+    for v in variables:
+        need(v.get("type") == "custom" and isinstance(v.get("query"), str), f"variable {v.get('name')}: custom")
+        values = [o["value"] for o in v.get("options", [])]
+        need(values[:1] == ["$__all"] and values[1:] == v["query"].split(","), f"variable {v['name']}: options")
+    ids = [p.get("id") for p in d["panels"]]
+    need(all(isinstance(i, int) for i in ids) and len(ids) == len(set(ids)), "panel ids: unique ints")
+    cells: set[tuple[int, int]] = set()
+    for p in d["panels"]:
+        where = f"panel {p.get('id')} {p.get('title')!r}"
+        need(p.get("type") in PANEL_TYPES, f"{where}: type")
+        need(isinstance(p.get("title"), str) and p["title"], f"{where}: title")
+        g = p.get("gridPos", {})
+        need(all(isinstance(g.get(k), int) for k in "hwxy"), f"{where}: gridPos h/w/x/y ints")
+        need(g.get("w", 0) >= 1 and g.get("x", 0) >= 0 and g.get("x", 0) + g.get("w", 0) <= 24, f"{where}: width")
+        for x in range(g.get("x", 0), g.get("x", 0) + g.get("w", 0)):
+            for y in range(g.get("y", 0), g.get("y", 0) + g.get("h", 0)):
+                need((x, y) not in cells, f"{where}: overlaps another panel at {(x, y)}")
+                cells.add((x, y))
+        if p.get("type") == "row":
+            need(p.get("panels") == [] and "targets" not in p, f"{where}: an open row holds no panels")
+            continue
+        need(p.get("datasource") == mon.DATASOURCE, f"{where}: datasource by uid")
+        need(isinstance(p.get("fieldConfig", {}).get("defaults"), dict), f"{where}: fieldConfig.defaults")
+        need(isinstance(p.get("options"), dict), f"{where}: options")
+        targets = p.get("targets", [])
+        need(len(targets) >= 1, f"{where}: no targets")
+        refs = [t.get("refId") for t in targets]
+        need(len(refs) == len(set(refs)) and all(isinstance(r, str) and r for r in refs), f"{where}: refIds")
+        for t in targets:
+            need(t.get("datasource") == mon.DATASOURCE, f"{where}: target datasource")
+            expr = t.get("expr")
+            need(isinstance(expr, str) and expr.strip() != "", f"{where}: expr")
+            for var in re.findall(r"\$\{?(\w+)", expr or ""):
+                need(var in var_names or var in BUILTIN_VARS, f"{where}: ${var} is not a dashboard variable")
+            need(expr is None or expr.count("(") == expr.count(")"), f"{where}: unbalanced parentheses")
+    assert not problems, f"dashboard {name}:\n" + "\n".join(problems)
+
+
+def test_every_dashboard_is_valid_grafana_json(example):
+    boards = mon.dashboards(example)
+    assert {"overview", "pd", "tuning", "nodes"} <= set(boards)
+    uids = [d["uid"] for d in boards.values()]
+    assert len(set(uids)) == len(uids)
+    for name, d in boards.items():
+        _check_dashboard(name, json.loads(json.dumps(d)))
+
+
+def test_dashboards_show_what_the_issue_asks(lab_spec):
+    boards = mon.dashboards(lab_spec)
+
+    def exprs(name):
+        return " ".join(t["expr"] for p in boards[name]["panels"] for t in p.get("targets", []))
+
+    overview = exprs("overview")
+    for metric in ("sglang:prompt_tokens_total", "sglang:generation_tokens_total", "smg_router_requests_total",
+                   "sglang:time_to_first_token_seconds_bucket", "sglang:inter_token_latency_seconds_bucket",
+                   "sglang:num_queue_reqs", "sglang:token_usage"):
+        assert metric in overview, metric
+    assert "sum by (role) (sglang:num_queue_reqs" in overview
+    pd = exprs("pd")
+    for metric in ("sglang:num_prefill_bootstrap_queue_reqs", "sglang:num_prefill_inflight_queue_reqs",
+                   "sglang:num_decode_prealloc_queue_reqs", "sglang:num_decode_transfer_queue_reqs",
+                   "sglang:kv_transfer_speed_gb_s", "sglang:kv_transfer_latency_ms",
+                   "sglang:num_transfer_failed_reqs_total", "sglang:num_bootstrap_failed_reqs_total"):
+        assert metric in pd, metric
+    tuning = exprs("tuning")
+    for metric in mon.EXPORTER.values():
+        assert metric in tuning, metric
+    assert "sglang:cuda_graph_passes_total" in tuning
+    nodes = exprs("nodes")
+    assert all(m in nodes for m in mon.NODE.values())
+    # lab hosts have no DCGM: no GPU panels that could never show data
+    assert not any(m in nodes for m in mon.DCGM.values())
+    # the TTFT panel draws the spec's SLO
+    ttft = next(p for p in boards["overview"]["panels"] if p["title"].startswith("TTFT"))
+    steps = ttft["fieldConfig"]["defaults"]["thresholds"]["steps"]
+    assert steps[-1]["value"] == lab_spec.monitoring_hosts[0].monitoring.ttft_p99_slo_s
+
+
+def test_gpu_panels_where_dcgm_runs(cluster_spec):
+    nodes = mon.dashboards(cluster_spec)["nodes"]
+    exprs = " ".join(t["expr"] for p in nodes["panels"] for t in p.get("targets", []))
+    assert all(m in exprs for m in mon.DCGM.values())
+
+
+def test_no_pd_dashboard_without_pd_engines(base, tmp_path):
+    spec = _spec(tmp_path, *_unified(base))
+    assert "pd" not in mon.dashboards(spec)
+    for name, d in mon.dashboards(spec).items():
+        _check_dashboard(name, d)
+
+
+def test_grafana_provisioning_points_at_the_monitoring_prometheus(example):
+    files = mon.grafana_provisioning(example)
+    assert set(files) == {mon.GRAFANA_DATASOURCE_PATH, mon.GRAFANA_PROVIDER_PATH}
+    ds = yaml.safe_load(files[mon.GRAFANA_DATASOURCE_PATH])
+    assert ds["apiVersion"] == 1
+    (source,) = ds["datasources"]
+    host = example.monitoring_hosts[0]
+    assert source["uid"] == mon.DATASOURCE_UID and source["type"] == "prometheus"
+    assert source["url"] == f"http://{host.address}:{host.monitoring.prometheus_port}"
+    assert source["jsonData"]["timeInterval"] == f"{host.monitoring.scrape_interval_s}s"
+    provider = yaml.safe_load(files[mon.GRAFANA_PROVIDER_PATH])
+    (p,) = provider["providers"]
+    assert p["type"] == "file" and p["options"]["path"] == mon.GRAFANA_DASHBOARDS_DIR
+
+
+# ---------------------------------------------------------------------------
+# all_promql and the YAML writer
+
+
+def test_all_promql_lists_every_panel_query_and_alert(example):
+    listed = mon.all_promql(example)
+    n_targets = sum(len(p.get("targets", [])) for d in mon.dashboards(example).values() for p in d["panels"])
+    assert len(listed) == n_targets + len(mon.alerts(example))
+    wheres = [w for w, _ in listed]
+    assert len(wheres) == len(set(wheres))
+    for where, expr in listed:
+        # runnable as is against Prometheus: no Grafana variables left
+        assert "$" not in expr, where
+    assert {f"alert {a.name} (value)" for a in mon.alerts(example)} <= set(wheres)
+    assert [w for w, _ in mon.alert_conditions(example)] == [f"alert {a.name}" for a in mon.alerts(example)]
+
+
+@pytest.mark.parametrize("value", [
+    "plain", 'quo"te', "it's", 'both \' and "', "multi\nline", "trailing space \nx", "ends with newline\n",
+    "", "true", "123", "a: b", "- dash", "#hash", "{{ $labels.node }}", "tab\there", "ünïcode",
+])
+def test_yaml_writer_round_trips(value):
+    doc = {"k": value, "list": [value, {"inner": value}], "true": [], "n": 1.5, "b": False, "none": None}
+    assert yaml.safe_load(mon.to_yaml(doc)) == doc
