@@ -208,6 +208,23 @@ def plan_host(spec: ClusterSpec, host: HostSpec) -> HostPlan:
                 )
             )
 
+    if host.node is not None and host.node.engines:
+        exporter_config = f"{spec.cluster.config_dir}/exporter.json"
+        files.append(config_file(exporter_config, exporter_config_text(spec, host)))
+        unit_path = f"{SYSTEMD_DIR}/pdkit-exporter.service"
+        argv = [f"{flags.venv_dir(spec)}/bin/python", "-m", "pdkit.exporter", "--config", exporter_config]
+        files.append(PlannedFile(unit_path, render_template("systemd/exporter.service.j2", **common, exec_start=exec_start(argv)), "0644"))
+        services.append(
+            Service(
+                unit="pdkit-exporter.service",
+                kind="http",
+                files=(exporter_config, unit_path),
+                health_url=f"http://{spec.engine_address(host)}:{host.node.exporter_port}/metrics",
+                ready_timeout_s=60,
+                port=host.node.exporter_port,
+            )
+        )
+
     if host.router is not None:
         router_secrets = flags.router_secrets_env(spec)
         env_files = []
@@ -252,6 +269,34 @@ def plan_host(spec: ClusterSpec, host: HostSpec) -> HostPlan:
         services=tuple(services),
         directories=tuple(directories),
     )
+
+
+def exporter_config_text(spec: ClusterSpec, host: HostSpec) -> str:
+    """/etc/pdkit/exporter.json: what pdkit-exporter compares the running engines against."""
+    assert host.node is not None
+    node_env = {**flags.nccl_env(spec, host), **flags.ucx_env(spec, host)}
+    secret_names = sorted(flags.secrets_env(spec))
+    config = {
+        "node": host.name,
+        "cluster": spec.cluster.name,
+        "listen_address": spec.engine_address(host),
+        "listen_port": host.node.exporter_port,
+        "release_file": config_paths(spec)["release"],
+        "engines": [
+            {
+                "name": e.name,
+                "role": e.role,
+                "url": flags.engine_url(spec, host, e),
+                "unit": e.unit_name,
+                "sglang_version": spec.engine_version(e),
+                "argv": flags.sglang_args(spec, host, e),
+                # secrets are checked for presence only: their values never leave the 0600 file
+                "env": {**node_env, **flags.engine_env(spec, host, e), **{k: None for k in secret_names}},
+            }
+            for e in host.node.engines
+        ],
+    }
+    return json.dumps(config, indent=2, sort_keys=True) + "\n"
 
 
 def _release_manifest(spec: ClusterSpec, host: HostSpec, files: list[PlannedFile], services: list[Service]) -> str:

@@ -91,3 +91,22 @@ def test_render_refuses_an_invalid_inventory(base, tmp_path, capsys):
     assert main(["render", str(write_inventory(tmp_path, hosts, cluster)), "--out", str(out)]) == 2
     assert "gpu01: pdkit_node.engines[0].gpus" in capsys.readouterr().err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("name", EXAMPLES + ["lab"])
+def test_every_rendered_exporter_config_is_accepted_by_the_exporter(name, monkeypatch):
+    import json
+
+    from pdkit.exporter.config import parse_config
+
+    monkeypatch.chdir(REPO)
+    spec = load(f"inventories/{name}.py")
+    seen = 0
+    for host, plan in plan_cluster(spec).items():
+        for f in plan.files:
+            if f.path.endswith("/exporter.json"):
+                config = parse_config(json.loads(f.content))
+                assert config.node == host
+                assert {e.name for e in config.engines} == {e.name for e in spec.host(host).node.engines}
+                seen += 1
+    assert seen == len([h for h in spec.gpu_hosts if h.node.engines])

@@ -1,0 +1,602 @@
+"""The prometheus-client custom collector: one scrape of pdkit-exporter = one look at every engine
+of the node.
+
+Per scrape, concurrently on a small thread pool: GET /metrics of each engine (one attempt, a
+hard total deadline, no retries; a request still running from an earlier scrape is not started
+again), GET /server_info where it is due (its resolved args and version are fixed for the life of
+an engine process: it is read again when the unit's main process changed, after /metrics failed
+or its counters went back, and at least every server_info_max_age_s), one `journalctl` read for
+all engine units, and the check of each unit's main process (/proc/PID/environ and cmdline,
+cached per process). Scrapes are serialised with a lock, so two Prometheus servers scraping at
+once cannot double the load on the engines.
+
+Decisions live in pure functions (pdkit.exporter.metrics / logs / drift / system); this module
+only fetches, keeps the little state between scrapes (journal cursor, last batch lines, cached
+processes and /server_info, flag findings) and lays out the metric families.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import hashlib
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import requests
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.registry import Collector
+from requests.adapters import HTTPAdapter
+
+from pdkit.exporter.config import EngineConfig, ExporterConfig
+from pdkit.exporter.drift import (
+    FlagCheck,
+    argv_options,
+    cmdline_drift,
+    compare_server_info,
+    describe,
+    engine_args,
+    flag_key,
+)
+from pdkit.exporter.logs import parse_batch_line
+from pdkit.exporter.metrics import decode_cuda_graph_ratio, parse_metrics
+from pdkit.exporter.system import (
+    JournalError,
+    JournalReader,
+    ProcessCheck,
+    ProcessInspector,
+    ProcessView,
+    env_problems,
+)
+
+log = logging.getLogger("pdkit.exporter")
+
+ENDPOINTS = ("metrics", "server_info")
+MAX_BODY_BYTES = 16 * 1024 * 1024
+LABELS = ("node", "engine", "role")
+
+
+@dataclass
+class Fetch:
+    """One HTTP GET: the parsed body, or why there is none."""
+
+    value: Any = None
+    error: str | None = None
+    status: int | None = None
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc)
+    # urllib3 wraps the useful part ("Connection refused", "timed out") deep inside its message
+    for marker in ("Connection refused", "timed out", "Name or service not known", "No route to host",
+                   "Connection reset", "Remote end closed connection"):
+        if marker in text:
+            return f"{type(exc).__name__}: {marker}"
+    return f"{type(exc).__name__}: {text[:160]}"
+
+
+def http_get(session: requests.Session, url: str | requests.PreparedRequest, timeout_s: float,
+             max_bytes: int = MAX_BODY_BYTES) -> Fetch:
+    """GET once, within `timeout_s` in total (connect, headers and a body that trickles in).
+
+    `url` may be a request prepared once (prepare_get): sending it skips requests' per-call
+    preparation, a third of its cost per scrape.
+    """
+    deadline = time.monotonic() + timeout_s
+    prepared = url if isinstance(url, requests.PreparedRequest) else prepare_get(url)
+    try:
+        with session.send(prepared, timeout=(timeout_s, timeout_s), stream=True, allow_redirects=False) as resp:
+            if resp.status_code != 200:
+                return Fetch(error=f"HTTP {resp.status_code}", status=resp.status_code)
+            chunks, size = [], 0
+            for chunk in resp.iter_content(65536):
+                size += len(chunk)
+                if size > max_bytes:
+                    return Fetch(error=f"body over {max_bytes} bytes", status=200)
+                chunks.append(chunk)
+                if time.monotonic() > deadline:
+                    return Fetch(error=f"body not complete after {timeout_s:g} s", status=200)
+            return Fetch(value=b"".join(chunks), status=200)
+    except requests.RequestException as exc:
+        return Fetch(error=_short(exc))
+
+
+def prepare_get(url: str) -> requests.PreparedRequest:
+    # identity: SGLang's /metrics app gzips when asked, which only costs CPU on the node's own network
+    return requests.Request("GET", url, headers={"Accept-Encoding": "identity", "User-Agent": "pdkit-exporter"}).prepare()
+
+
+def new_session() -> requests.Session:
+    session = requests.Session()
+    # one attempt per scrape: no urllib3 retries, one kept-alive connection per engine endpoint
+    adapter = HTTPAdapter(max_retries=0, pool_connections=1, pool_maxsize=1)
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    session.trust_env = False  # engines are on the node's own addresses: never via an HTTP proxy
+    return session
+
+
+@dataclass
+class EngineState:
+    sessions: dict[str, requests.Session] = field(default_factory=dict)
+    prepared: dict[str, requests.PreparedRequest] = field(default_factory=dict)
+    inflight: dict[str, cf.Future] = field(default_factory=dict)
+    sglang_version: str = ""
+    model: str = ""
+    # /server_info of the engine's current process (resolved args do not change while it lives)
+    info: dict[str, Any] | None = None
+    info_key: tuple[int, int] | None = None  # (pid, start time) it was read from, when known
+    info_at: float = 0.0
+    info_stale: bool = False  # /metrics failed or its counters went back: the process may be new
+    last_totals: float | None = None
+    flag_cache: tuple[Any, Any, Any] | None = None  # (server_info, process view, flag_findings result)
+    # kind (decode | prefill) -> (figures, unix time of the line)
+    last_batch: dict[str, tuple[dict[str, Any], float]] = field(default_factory=dict)
+    # topic -> last message logged, so a lasting problem is logged once, not every scrape
+    noted: dict[str, str | None] = field(default_factory=dict)
+
+
+@dataclass
+class EngineSnapshot:
+    """What one scrape saw of one engine (input of the metric layout)."""
+
+    engine: EngineConfig
+    metrics: Fetch
+    server_info: Fetch
+    process: ProcessCheck | None
+
+
+def server_info_due(have: bool, have_key: tuple[int, int] | None, key: tuple[int, int] | None, age_s: float,
+                    max_age_s: float, stale: bool) -> bool:
+    """Whether this scrape must GET /server_info again.
+
+    Its content (resolved args, version) is fixed for the life of an engine process, so it is
+    read once per process: again when the unit's main process changed (pid + start time), when
+    /metrics failed or its counters went back since (the engine may have restarted), and at the
+    latest every max_age_s.
+    """
+    if not have or stale or age_s >= max_age_s:
+        return True
+    return key is not None and key != have_key
+
+
+def cumulative_total(figures: dict[str, Any]) -> float:
+    """Sum of an engine's cumulative counters: it only goes back when the process restarted."""
+    return (figures.get("prompt_tokens", 0.0) + figures.get("generation_tokens", 0.0)
+            + sum(figures["cuda_graph_passes"].values()))
+
+
+class PdkitCollector(Collector):
+    def __init__(
+        self,
+        config: ExporterConfig,
+        inspector: ProcessInspector | None = None,
+        journal: JournalReader | None = None,
+        session_factory: Callable[[], requests.Session] = new_session,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.inspector = inspector if inspector is not None else ProcessInspector()
+        units = [e.unit for e in config.engines if e.unit]
+        if journal is None and config.journal.enabled and units:
+            journal = JournalReader(units, max_entries=config.journal.max_entries, timeout=config.journal.timeout_s)
+        self.journal = journal
+        self.clock = clock
+        self.state = {e.name: EngineState(sessions={ep: session_factory() for ep in ENDPOINTS},
+                                          prepared={ep: prepare_get(f"{e.url}/{ep}") for ep in ENDPOINTS})
+                      for e in config.engines}
+        self.pool = cf.ThreadPoolExecutor(max_workers=2 * len(config.engines) + 2,
+                                          thread_name_prefix="pdkit-exporter")
+        self._lock = threading.Lock()
+        self._release_cache: tuple[tuple[int, int], str] | None = None
+        self._journal_future: cf.Future | None = None
+        self._journal_taken = True
+        self._node_noted: dict[str, str | None] = {}
+
+    def describe(self) -> list[Metric]:
+        return []  # registering must not scrape the engines
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        for state in self.state.values():
+            for session in state.sessions.values():
+                session.close()
+
+    # ---------------------------------------------------------------------------- fetching
+
+    def _fetch(self, engine: EngineConfig, endpoint: str) -> Fetch:
+        state = self.state[engine.name]
+        result = http_get(state.sessions[endpoint], state.prepared[endpoint], self.config.timeout_s)
+        if result.error is not None:
+            return result
+        try:
+            if endpoint == "metrics":
+                result.value = parse_metrics(result.value.decode("utf-8", "replace"))
+            else:
+                info = json.loads(result.value)
+                if not isinstance(info, dict):
+                    raise ValueError("not a JSON object")
+                result.value = info
+        except ValueError as exc:
+            return Fetch(error=f"unreadable {endpoint}: {str(exc)[:160]}", status=result.status)
+        return result
+
+    def _release(self) -> str:
+        if self.config.release:
+            return self.config.release
+        path = self.config.release_file
+        if not path:
+            return ""
+        try:
+            st = os.stat(path)
+            key = (st.st_mtime_ns, st.st_size)
+            if self._release_cache is None or self._release_cache[0] != key:
+                with open(path, "rb") as f:
+                    self._release_cache = (key, hashlib.sha256(f.read()).hexdigest())
+            self._note_node("release", None)
+            return self._release_cache[1]
+        except OSError as exc:
+            self._note_node("release", f"cannot read release file {path}: {exc.strerror or exc}")
+            return ""
+
+    def _note(self, noted: dict[str, str | None], prefix: str, topic: str, message: str | None) -> None:
+        if noted.get(topic) == message:
+            return
+        if message is not None:
+            log.warning("%s%s", prefix, message)
+        elif noted.get(topic) is not None:
+            log.info("%s%s: ok again", prefix, topic)
+        noted[topic] = message
+
+    def _note_engine(self, engine: EngineConfig, topic: str, message: str | None) -> None:
+        self._note(self.state[engine.name].noted, f"engine {engine.name}: ", topic, message)
+
+    def _note_node(self, topic: str, message: str | None) -> None:
+        self._note(self._node_noted, "", topic, message)
+
+    def _submit(self, engine: EngineConfig, endpoint: str) -> cf.Future | Fetch:
+        """Start a GET, unless the previous one to the same endpoint has not come back (no pile-up)."""
+        state = self.state[engine.name]
+        previous = state.inflight.get(endpoint)
+        if previous is not None and not previous.done():
+            return Fetch(error="previous request still running")
+        future = self.pool.submit(self._fetch, engine, endpoint)
+        state.inflight[endpoint] = future
+        return future
+
+    def scrape(self) -> tuple[list[EngineSnapshot], str | None]:
+        """Look at every engine once (concurrently). Returns the snapshots and the journal error."""
+        started = time.monotonic()
+        # each request and journalctl enforce their own deadline; this only bounds the wait for
+        # stragglers, which the in-flight guards then keep from piling up
+        budget = max(self.config.timeout_s, self.config.journal.timeout_s) + 0.25
+        engines = self.config.engines
+        metrics_jobs = {e.name: self._submit(e, "metrics") for e in engines}
+        journal_future: cf.Future | None = None
+        journal_busy = False
+        if self.journal is not None:
+            previous = self._journal_future
+            if previous is not None and not previous.done():
+                journal_busy = True  # never two reads on one cursor
+            else:
+                if previous is not None and not self._journal_taken:
+                    self._take_journal_future(previous)  # a read that finished after its scrape gave up
+                journal_future = self._journal_future = self.pool.submit(self.journal.read)
+                self._journal_taken = False
+
+        # the process check is cheap while the processes stay the same (cached); it decides
+        # whether /server_info must be read again
+        units = [e.unit for e in engines]
+        checks: list[ProcessCheck | None] = [None] * len(engines)
+        if any(units):
+            try:
+                checks = list(self.inspector.check(units))
+            except Exception as exc:  # noqa: BLE001 - a broken check must not cost the scrape
+                checks = [ProcessCheck(error="pid_lookup", detail=repr(exc)) for _ in engines]
+        now = time.monotonic()
+        info_jobs: dict[str, cf.Future | Fetch] = {}
+        for engine, check in zip(engines, checks):
+            state = self.state[engine.name]
+            key = (check.view.pid, check.view.start_time) if check is not None and check.view is not None else None
+            if server_info_due(state.info is not None, state.info_key, key, now - state.info_at,
+                               self.config.server_info_max_age_s, state.info_stale):
+                info_jobs[engine.name] = self._submit(engine, "server_info")
+
+        waits = [j for j in (*metrics_jobs.values(), *info_jobs.values()) if isinstance(j, cf.Future)]
+        if journal_future is not None:
+            waits.append(journal_future)
+        cf.wait(waits, timeout=max(0.0, budget - (time.monotonic() - started)))
+
+        def result(job: cf.Future | Fetch) -> Fetch:
+            if isinstance(job, Fetch):
+                return job
+            return job.result() if job.done() else Fetch(error="no answer within the scrape budget")
+
+        snapshots = []
+        for engine, check in zip(engines, checks):
+            state = self.state[engine.name]
+            metrics = result(metrics_jobs[engine.name])
+            if engine.name in info_jobs:
+                info = result(info_jobs[engine.name])
+                if info.error is None:
+                    state.info, state.info_at, state.info_stale = info.value, now, False
+                    state.info_key = (check.view.pid, check.view.start_time) \
+                        if check is not None and check.view is not None else None
+                else:
+                    state.info = None
+            else:
+                info = Fetch(value=state.info)
+            if metrics.error is not None:
+                state.info_stale = True
+            else:
+                totals = cumulative_total(metrics.value)
+                if state.last_totals is not None and totals < state.last_totals:
+                    state.info_stale = True  # counters reset: a new process
+                state.last_totals = totals
+            snapshots.append(EngineSnapshot(engine, metrics, info, check))
+
+        journal_error = "previous journal read still running" if journal_busy else None
+        if journal_future is not None:
+            if not journal_future.done():
+                journal_error = "journalctl did not finish within the scrape budget"
+            else:
+                journal_error = self._take_journal_future(journal_future)
+        self._note_node("journal", journal_error)
+        return snapshots, journal_error
+
+    def _take_journal_future(self, future: cf.Future) -> str | None:
+        """Apply a finished journal read (once); its error, if it failed."""
+        self._journal_taken = True
+        exc = future.exception()
+        if exc is not None:
+            return str(exc) if isinstance(exc, JournalError) else repr(exc)
+        self._take_journal(future.result())
+        return None
+
+    def _take_journal(self, entries: list) -> None:
+        assert self.journal is not None
+        by_unit = {e.unit: e for e in self.config.engines if e.unit}
+        now = self.clock()
+        for entry in entries:
+            unit = self.journal.attribute(entry)
+            engine = by_unit.get(unit) if unit else None
+            if engine is None:
+                continue
+            figures = parse_batch_line(entry.message)
+            if figures is not None:
+                kind = figures.pop("kind")
+                self.state[engine.name].last_batch[kind] = (figures, entry.realtime_s or now)
+
+    # ---------------------------------------------------------------------------- exposing
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            started = time.perf_counter()
+            snapshots, journal_error = self.scrape()
+            families = self._families(snapshots, journal_error)
+            duration = GaugeMetricFamily("pdkit_exporter_collect_duration_seconds",
+                                         "Time this scrape of the node's engines took.", labels=["node"])
+            duration.add_metric([self.config.node], time.perf_counter() - started)
+        yield from families
+        yield duration
+
+    def _families(self, snapshots: list[EngineSnapshot], journal_error: str | None) -> list[Metric]:
+        node = self.config.node
+        release = self._release()
+
+        def gauge(name: str, doc: str, extra: tuple[str, ...] = ()) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, doc, labels=[*LABELS, *extra])
+
+        def counter(name: str, doc: str, extra: tuple[str, ...] = ()) -> CounterMetricFamily:
+            return CounterMetricFamily(name, doc, labels=[*LABELS, *extra])
+
+        up = gauge("pdkit_engine_up", "1 when the engine answered /metrics in this scrape and /server_info for its "
+                   "current process (read once per process, see server_info_max_age_s).")
+        scrape_error = gauge("pdkit_engine_scrape_error",
+                             "1 when this scrape of the endpoint failed (refused, timeout, HTTP error, unreadable).",
+                             ("endpoint",))
+        info = InfoMetricFamily("pdkit_engine", "What the engine runs: release (config hash), SGLang version "
+                                "(running, from /server_info; last known while down) and the planned one.",
+                                labels=list(LABELS))
+        drift = gauge("pdkit_engine_flags_drift", "1 when the running flags (/server_info, process argv) differ "
+                      "from the planned argv; absent when neither could be read.")
+        drift_info = InfoMetricFamily("pdkit_engine_flag_drift", "One series per planned flag that the running "
+                                      "engine contradicts.", labels=list(LABELS))
+        unverified = gauge("pdkit_engine_flags_unverified",
+                           "Planned flags that /server_info does not report (so could only be checked in argv).")
+        env_present = gauge("pdkit_engine_env_present", "1 when every planned NCCL/UCX/SGLANG variable is in "
+                            "/proc/<MainPID>/environ with its planned value, 0 when not; absent when unreadable.")
+        env_error = gauge("pdkit_engine_env_check_error", "1 when the engine process's environment could not be "
+                          "read (unit not running, no permission, systemctl failed).")
+        env_info = InfoMetricFamily("pdkit_engine_env_mismatch", "One series per planned variable missing from or "
+                                    "different in the engine process.", labels=list(LABELS))
+        running = gauge("pdkit_engine_running_requests", "Requests in the running batch (sglang:num_running_reqs).")
+        queued = gauge("pdkit_engine_queued_requests", "Requests waiting to be scheduled (sglang:num_queue_reqs).")
+        usage = gauge("pdkit_engine_token_usage_ratio", "KV cache token usage, 0..1 (sglang:token_usage).")
+        gen_tp = gauge("pdkit_engine_gen_throughput_tokens_per_second",
+                       "The engine's own generation throughput, refreshed at its log interval (sglang:gen_throughput).")
+        pd_queues = gauge("pdkit_engine_pd_queue_requests", "PD queue depth: bootstrap and inflight (prefill), "
+                          "prealloc and transfer (decode).", ("queue",))
+        prompt = counter("pdkit_engine_prompt_tokens", "Prompt tokens processed (sglang:prompt_tokens_total); "
+                         "rate() it for tokens per second.")
+        generation = counter("pdkit_engine_generation_tokens", "Tokens generated "
+                             "(sglang:generation_tokens_total); rate() it for tokens per second.")
+        kv_fail = counter("pdkit_engine_kv_transfer_failures", "Requests whose PD KV hand-off failed, by stage "
+                          "(sglang:num_bootstrap_failed_reqs_total, num_transfer_failed_reqs_total).", ("stage",))
+        passes = counter("pdkit_engine_forward_passes", "Forward passes by phase and whether they ran as a CUDA "
+                         "graph (sglang:cuda_graph_passes_total, one TP rank).", ("phase", "cuda_graph"))
+        ratio = gauge("pdkit_decode_cuda_graph_ratio", "Share of decode forward passes run as a CUDA graph since "
+                      "the engine started; absent before the first decode pass.")
+        batch = {
+            "decode": {
+                "gen_throughput": gauge("pdkit_decode_batch_gen_throughput_tokens_per_second",
+                                        "gen throughput (token/s) of the last `Decode batch` log line."),
+                "running_requests": gauge("pdkit_decode_batch_running_requests",
+                                          "#running-req of the last `Decode batch` log line."),
+                "queued_requests": gauge("pdkit_decode_batch_queued_requests",
+                                         "#queue-req of the last `Decode batch` log line."),
+                "cuda_graph": gauge("pdkit_decode_batch_cuda_graph",
+                                    "`cuda graph:` of the last `Decode batch` log line (1 True, 0 False)."),
+                "token_usage": gauge("pdkit_decode_batch_token_usage_ratio",
+                                     "token usage of the last `Decode batch` log line."),
+                "timestamp": gauge("pdkit_decode_batch_timestamp_seconds",
+                                   "Journal time of the last `Decode batch` log line (unix seconds)."),
+            },
+            "prefill": {
+                "input_throughput": gauge("pdkit_prefill_batch_input_throughput_tokens_per_second",
+                                          "input throughput (token/s) of the last `Prefill batch` log line."),
+                "running_requests": gauge("pdkit_prefill_batch_running_requests",
+                                          "#running-req of the last `Prefill batch` log line."),
+                "queued_requests": gauge("pdkit_prefill_batch_queued_requests",
+                                         "#queue-req of the last `Prefill batch` log line."),
+                "cuda_graph": gauge("pdkit_prefill_batch_cuda_graph",
+                                    "`cuda graph:` of the last `Prefill batch` log line (1 True, 0 False)."),
+                "timestamp": gauge("pdkit_prefill_batch_timestamp_seconds",
+                                   "Journal time of the last `Prefill batch` log line (unix seconds)."),
+            },
+        }
+
+        for snap in snapshots:
+            e = snap.engine
+            state = self.state[e.name]
+            labels = [node, e.name, e.role]
+            m, si = snap.metrics, snap.server_info
+            up.add_metric(labels, 1.0 if m.error is None and si.error is None else 0.0)
+            for endpoint, result in (("metrics", m), ("server_info", si)):
+                scrape_error.add_metric([*labels, endpoint], 0.0 if result.error is None else 1.0)
+                self._note_engine(e, f"fetch {endpoint}", None if result.error is None
+                                  else f"GET {e.url}/{endpoint} failed: {result.error}")
+
+            if si.error is None:
+                version = si.value.get("version")
+                state.sglang_version = str(version) if version is not None else ""
+                model = si.value.get("served_model_name")
+                state.model = str(model) if model is not None else ""
+            info.add_metric(labels, {
+                "cluster": self.config.cluster,
+                "release": release,
+                "sglang_version": state.sglang_version,
+                "planned_sglang_version": e.sglang_version,
+                "unit": e.unit or "",
+                "model": state.model,
+            })
+
+            self._flags(snap, labels, drift, drift_info, unverified)
+            self._env(snap, labels, env_present, env_error, env_info)
+
+            if m.error is None:
+                figures = m.value
+                for fam, key in ((running, "running_requests"), (queued, "queued_requests"), (usage, "token_usage"),
+                                 (gen_tp, "gen_throughput"), (prompt, "prompt_tokens"),
+                                 (generation, "generation_tokens")):
+                    if key in figures:
+                        fam.add_metric(labels, figures[key])
+                for queue, value in sorted(figures["pd_queues"].items()):
+                    pd_queues.add_metric([*labels, queue], value)
+                for stage, value in sorted(figures["kv_transfer_failures"].items()):
+                    kv_fail.add_metric([*labels, stage], value)
+                for mode, value in sorted(figures["cuda_graph_passes"].items()):
+                    phase, _, kind = mode.partition("_")
+                    passes.add_metric([*labels, phase, "true" if kind == "cuda_graph" else "false"], value)
+                r = decode_cuda_graph_ratio(figures["cuda_graph_passes"])
+                if r is not None:
+                    ratio.add_metric(labels, r)
+
+            for kind, fams in batch.items():
+                last = state.last_batch.get(kind)
+                if last is None:
+                    continue
+                figures, stamp = last
+                for key, fam in fams.items():
+                    if key == "timestamp":
+                        fam.add_metric(labels, stamp)
+                    elif key in figures:
+                        fam.add_metric(labels, float(figures[key]))
+
+        out: list[Metric] = [up, scrape_error, info, drift, drift_info, unverified, env_present, env_error, env_info,
+                             running, queued, usage, gen_tp, pd_queues, prompt, generation, kv_fail, passes, ratio]
+        for fams in batch.values():
+            out.extend(fams.values())
+        if self.journal is not None:
+            jerr = gauge_node("pdkit_exporter_journal_error", "1 when this scrape could not read the engines' "
+                              "journal (the exporter's user needs group systemd-journal).")
+            jerr.add_metric([node], 0.0 if journal_error is None else 1.0)
+            out.append(jerr)
+        return out
+
+    def _flags(self, snap: EngineSnapshot, labels: list[str], drift: GaugeMetricFamily,
+               drift_info: InfoMetricFamily, unverified: GaugeMetricFamily) -> None:
+        e = snap.engine
+        state = self.state[e.name]
+        info = snap.server_info.value if snap.server_info.error is None else None
+        view = snap.process.view if snap.process is not None else None
+        # both inputs are fixed for the life of the engine process: compare once per process
+        cached = state.flag_cache
+        if cached is not None and cached[0] is info and cached[1] is view:
+            result = cached[2]
+        else:
+            result = flag_findings(e, info, view)
+            state.flag_cache = (info, view, result)
+        checked, unverified_count, drifted = result
+        if unverified_count is not None:
+            unverified.add_metric(labels, float(unverified_count))
+        if checked:
+            drift.add_metric(labels, 1.0 if drifted else 0.0)
+            for flag in sorted(drifted):
+                drift_info.add_metric(labels, {"flag": flag})
+        self._note_engine(e, "drift", "flags differ from the plan: " + "; ".join(drifted[f] for f in sorted(drifted))
+                          if drifted else None)
+
+    def _env(self, snap: EngineSnapshot, labels: list[str], present: GaugeMetricFamily,
+             error: GaugeMetricFamily, mismatch: InfoMetricFamily) -> None:
+        e = snap.engine
+        check = snap.process
+        if check is None or check.error is not None or check.view is None or check.view.environ is None:
+            error.add_metric(labels, 1.0)
+            detail = (check.detail or check.error) if check is not None else "no process check"
+            self._note_engine(e, "env", f"environment not checked: {detail}")
+            return
+        error.add_metric(labels, 0.0)
+        problems = env_problems(e.env_dict, check.view.environ)
+        present.add_metric(labels, 0.0 if problems else 1.0)
+        for var, problem in sorted(problems.items()):
+            mismatch.add_metric(labels, {"var": var, "problem": problem})
+        self._note_engine(e, "env", None if not problems else f"PID {check.view.pid} lacks the planned environment: "
+                          + ", ".join(f"{v} {p}" for v, p in sorted(problems.items())))
+
+
+def flag_findings(e: EngineConfig, info: dict[str, Any] | None,
+                  view: ProcessView | None) -> tuple[bool, int | None, dict[str, str]]:
+    """(whether anything could be checked, planned flags /server_info does not report,
+    {drifted flag: what differs}) from /server_info and the process argv."""
+    drifted: dict[str, str] = {}
+    checked = False
+    unverified_count = None
+    if info is not None:
+        checked = True
+        result: FlagCheck = compare_server_info(e.argv, info, e.drift_ignore)
+        unverified_count = len(result.unverified)
+        for flag in result.drifted:
+            drifted[flag] = "server_info " + describe(flag, e.argv, info.get(flag_key(flag)))
+    if view is not None and view.cmdline:
+        checked = True
+        running_args = engine_args(view.cmdline)
+        running_opts = argv_options(running_args)
+        for flag in cmdline_drift(e.argv, running_args, e.drift_ignore):
+            opt = running_opts.get(flag_key(flag))
+            shown = "(absent)" if opt is None else " ".join(opt.values) or "(set)"
+            drifted.setdefault(flag, f"argv of PID {view.pid} " + describe(flag, e.argv, shown))
+    return checked, unverified_count, drifted
+
+
+def gauge_node(name: str, doc: str) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, labels=["node"])
+
+
+__all__ = ["EngineSnapshot", "Fetch", "PdkitCollector", "cumulative_total", "http_get", "new_session",
+           "prepare_get", "server_info_due"]

@@ -1,0 +1,124 @@
+"""Monitoring on the lab: the real Prometheus on lab-mon scrapes every generated target, every
+dashboard and alert query returns live data under load, and a stopped engine fires its alert.
+
+Runs after test_deploy.py in the same session (the module fixture converges again, which is a
+no-op when the cluster is already deployed).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import requests
+
+from tests.conftest import REPO
+from tests.lab.test_deploy import INVENTORY, failed_hosts, run_pyinfra, ssh
+
+pytestmark = pytest.mark.lab
+
+
+def _monitoring_facts():
+    # pdkit.loader imports pyinfra's CLI, which gevent-patches its importer: use a child process
+    code = (
+        "import json; from pdkit.loader import load; from pdkit import monitoring as m; "
+        f"spec = load({INVENTORY!r}); mon = spec.monitoring_hosts[0]; router = spec.router_hosts[0]; "
+        "print(json.dumps({'prom': f'http://{mon.address}:{mon.monitoring.prometheus_port}', "
+        "'targets': [[t.job, t.address] for t in m.targets(spec)], 'promql': m.all_promql(spec), "
+        "'router': f'http://{router.address}:{router.router.port}', 'model': spec.cluster.model.name, "
+        "'engine_down_for': m.ENGINE_DOWN_FOR, 'gpu': [h.name for h in spec.gpu_hosts]}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120, check=True)
+    return json.loads(out.stdout)
+
+
+@pytest.fixture(scope="module")
+def monitored(lab):
+    rc, results, err = run_pyinfra()
+    assert rc == 0 and not failed_hosts(results), err[-3000:]
+    return _monitoring_facts()
+
+
+def _query(prom: str, expr: str) -> list:
+    r = requests.get(f"{prom}/api/v1/query", params={"query": expr}, timeout=20)
+    body = r.json()
+    assert body.get("status") == "success", f"{expr}: {body.get('error')}"
+    return body["data"]["result"]
+
+
+def _wait(predicate, timeout: float, what: str, interval: float = 2.0):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        ok, last = predicate()
+        if ok:
+            return last
+        time.sleep(interval)
+    pytest.fail(f"{what} not reached in {timeout:.0f} s: {last}")
+
+
+def test_prometheus_scrapes_every_generated_target_and_all_are_up(monitored):
+    planned = {(job, address) for job, address in monitored["targets"]}
+
+    def all_up():
+        active = requests.get(f"{monitored['prom']}/api/v1/targets", timeout=10).json()["data"]["activeTargets"]
+        seen = {(t["labels"]["job"], t["scrapeUrl"].split("/")[2]): t["health"] for t in active}
+        missing = planned - set(seen)
+        down = sorted(k for k, v in seen.items() if v != "up")
+        return not missing and not down, {"missing": sorted(missing), "down": down}
+
+    _wait(all_up, 90, "every planned target scraped and up")
+    assert len(planned) >= 3 * 2 + 1 + 4  # 6 engines, the router, a node_exporter per host
+
+
+def test_every_dashboard_and_alert_query_returns_live_data_under_load(monitored):
+    stop = threading.Event()
+    errors: list[str] = []
+
+    def load():
+        while not stop.is_set():
+            try:
+                r = requests.post(f"{monitored['router']}/v1/completions", json={"model": monitored["model"], "prompt": "keep the dashboards busy", "max_tokens": 16}, timeout=30)
+                if r.status_code != 200:
+                    errors.append(r.text[:200])
+            except requests.RequestException as exc:
+                errors.append(str(exc))
+
+    threads = [threading.Thread(target=load) for _ in range(8)]
+    for t in threads:
+        t.start()
+    try:
+        # rates need two scrapes of the loaded counters: wait until the last query family has data
+        def all_have_series():
+            empty = [where for where, expr in monitored["promql"] if not _query(monitored["prom"], expr)]
+            return not empty, empty
+
+        _wait(all_have_series, 150, "every PromQL expression returning a series", interval=5)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=60)
+    assert not errors, errors[:5]
+    assert len(monitored["promql"]) >= 20
+
+
+def test_a_stopped_engine_fires_the_engine_down_alert(lab, monitored):
+    host = monitored["gpu"][-1]
+    assert ssh(lab, host, "systemctl stop pdkit-engine-decode.service").returncode == 0
+    try:
+        def firing():
+            alerts = requests.get(f"{monitored['prom']}/api/v1/alerts", timeout=10).json()["data"]["alerts"]
+            hit = [a for a in alerts if a["labels"].get("alertname") == "PdkitEngineDown" and a["state"] == "firing" and a["labels"].get("node") == host]
+            return bool(hit), [(a["labels"].get("alertname"), a["state"], a["labels"].get("node")) for a in alerts]
+
+        # the rule's `for:` plus a scrape and an evaluation interval
+        window = int(monitored["engine_down_for"].rstrip("m")) * 60 + 60
+        _wait(firing, window, f"PdkitEngineDown firing for {host}", interval=5)
+    finally:
+        assert ssh(lab, host, "systemctl start pdkit-engine-decode.service").returncode == 0
+    rc, results, err = run_pyinfra()
+    assert rc == 0, err[-2000:]
