@@ -122,3 +122,29 @@ def test_a_stopped_engine_fires_the_engine_down_alert(lab, monitored):
         assert ssh(lab, host, "systemctl start pdkit-engine-decode.service").returncode == 0
     rc, results, err = run_pyinfra()
     assert rc == 0, err[-2000:]
+
+
+def test_grafana_role_is_planned_by_a_dry_run(lab, monitored, tmp_path):
+    """Grafana's repository cannot be reached from the lab: the role is checked as a --dry plan
+    on lab-mon with Grafana turned on, and nothing may change on the host."""
+    inventory = tmp_path / "lab_grafana.py"
+    inventory.write_text(
+        "import runpy\n"
+        f"_base = runpy.run_path({str(REPO / INVENTORY)!r})\n"
+        "gpu_nodes = _base['gpu_nodes']\n"
+        "monitoring = [(n, {**d, 'pdkit_monitoring': {}}) for n, d in _base['monitoring']]\n"
+        "all = _base['all']\n"
+    )
+    proc = subprocess.run(
+        [str(REPO / ".venv" / "bin" / "pyinfra"), str(inventory), "deploy/pd.py", "--dry"],
+        cwd=REPO, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout + proc.stderr
+    mon = next(h for h in lab.hosts if h.role == "monitoring").name
+    planned = [line for line in out.splitlines() if f"1 ({mon})" in line]
+    for op in ("Grafana's apt key", "Grafana's apt source", "Install grafana",
+               "File /etc/grafana/provisioning/datasources/pdkit.yaml", "File /etc/grafana/provisioning/dashboards/pdkit.yaml",
+               "File /var/lib/grafana/dashboards/pdkit/pdkit-overview.json"):
+        assert any(op in line for line in planned), f"{op!r} not planned on {mon}:\n" + "\n".join(planned)
+    assert ssh(lab, mon, "test ! -e /etc/apt/sources.list.d/grafana.sources && ! dpkg -s grafana >/dev/null 2>&1").returncode == 0, "a --dry run changed the host"
