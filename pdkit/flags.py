@@ -130,6 +130,7 @@ def engine_command(spec: ClusterSpec, host: HostSpec, engine: Engine) -> list[st
 def engine_env(spec: ClusterSpec, host: HostSpec, engine: Engine) -> dict[str, str]:
     """The engine's own environment (NCCL and UCX live in the node's env files)."""
     tuning = spec.engine_tuning(engine)
+    model = spec.engine_model(engine)
     env = {
         "HOME": f"/var/lib/{spec.cluster.service_user}",
         "XDG_CACHE_HOME": f"/var/cache/{spec.cluster.service_user}",
@@ -140,6 +141,10 @@ def engine_env(spec: ClusterSpec, host: HostSpec, engine: Engine) -> dict[str, s
         env["SGLANG_HOST_IP"] = spec.engine_address(host)
         if spec.cluster.transfer_backend == "nixl":
             env["SGLANG_DISAGGREGATION_NIXL_BACKEND"] = "UCX"
+    if model.path.startswith("/"):
+        # weights and tokenizer are on local disk: never wait on hub lookups (air-gapped nodes
+        # stalled ~25 s per lookup on the GPU tier)
+        env["HF_HUB_OFFLINE"] = "1"
     if tuning.value("allow_longer_context"):
         env["SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"] = "1"
     if tuning.value("pcie_ipc_allreduce"):
@@ -245,7 +250,7 @@ def router_args(spec: ClusterSpec, host: HostSpec) -> list[str]:
         for h, e in workers:
             if e.role == "decode":
                 args += ["--decode", engine_url(spec, h, e)]
-        args += ["--prefill-policy", router.prefill_policy, "--decode-policy", router.decode_policy]
+        args += ["--prefill-policy", router.prefill_policy, "--decode-policy", spec.router_decode_policy(host)]
     else:
         args += ["--worker-urls", *(engine_url(spec, h, e) for h, e in workers)]
         args += ["--policy", router.policy]

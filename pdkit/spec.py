@@ -394,8 +394,8 @@ class Router(Frozen):
     policy: str = "cache_aware"
     # PD worker selection
     prefill_policy: str = "cache_aware"
-    # PD decode worker selection
-    decode_policy: str = "power_of_two"
+    # PD decode worker selection; unset: power_of_two with 2+ decode workers, else round_robin
+    decode_policy: str | None = None
     # seconds between worker health checks
     health_check_interval_secs: int = Field(default=10, ge=1)
     # failed checks before a worker counts as unhealthy
@@ -525,6 +525,14 @@ class ClusterSpec(Frozen):
             # a package without a version: the one pinned release of that package
             return next(k for k in ROUTER_RELEASES if k[0] == router.package)
         return default
+
+    def router_decode_policy(self, host: HostSpec) -> str:
+        """The decode policy: explicit, else power_of_two when there are 2+ decode workers to pick from."""
+        assert host.router is not None
+        if host.router.decode_policy is not None:
+            return host.router.decode_policy
+        decodes = [e for _, e in self.router_workers(host) if e.role == "decode"]
+        return "power_of_two" if len(decodes) >= 2 else "round_robin"
 
     def router_workers(self, host: HostSpec) -> list[tuple[HostSpec, Engine]]:
         router = host.router
@@ -686,6 +694,9 @@ def cross_checks(spec: ClusterSpec) -> list[Problem]:
                     names = [x.name for x in pd_hosts]
                     shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
                     add(Problem(h.name, "pdkit_node.ucx_net_devices", f"the router on {host.name} pairs prefill and decode engines across hosts ({shown}): set ucx_net_devices (e.g. 'mlx5_0:1'), without it cross-node NIXL transfers hang until the 300 s timeout; or give each node its own router (pdkit_router.workers)"))
+        decodes = [e for _, e in workers if e.role == "decode"]
+        if router.decode_policy == "power_of_two" and len(decodes) < 2:
+            add(Problem(host.name, "pdkit_router.decode_policy", f"power_of_two needs at least 2 decode workers (the router refuses to start); this router has {len(decodes)}: use round_robin, or leave it unset"))
         if roles and roles <= {"prefill", "decode"} and roles != {"prefill", "decode"}:
             add(Problem(host.name, "pdkit_router.workers", f"the router fronts only {sorted(roles)} engines; PD mode needs at least one prefill and one decode"))
         for i, arg in enumerate(router.extra_args):

@@ -44,8 +44,10 @@ def services() -> None:
         installed, active, enabled = unit_active_enabled(state, service.unit)
         start = server.shell(
             name=f"Enable and start {service.unit}",
-            # reset-failed: an inactive unit may have hit its start limit, and `start` refuses then
-            commands=[f"systemctl reset-failed {unit} || true", f"systemctl enable --now {unit}"],
+            # reset-failed: an inactive unit may have hit its start limit, and `start` refuses then.
+            # restart, not start: a daemon its package started a moment ago (Prometheus) must
+            # come up again on the files just laid down
+            commands=[f"systemctl reset-failed {unit} || true", f"systemctl enable {unit}", f"systemctl restart {unit}"],
             _if=lambda active=active, enabled=enabled: not (active and enabled),
         )
         # "active" may also mean auto-restarting: clear a start-limit state before restarting

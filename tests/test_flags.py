@@ -205,3 +205,28 @@ def test_sim_engine_swaps_only_the_module(base, tmp_path):
     fake = flags.engine_command(sim, hs, hs.node.engines[1])
     assert real[2] == "sglang.launch_server" and fake[2] == "pdkit.sim"
     assert real[3:] == fake[3:]
+
+
+def test_decode_policy_defaults_to_what_the_worker_count_allows(base, tmp_path):
+    cluster, hosts = base
+    spec = _spec(tmp_path, cluster, hosts)  # one decode worker behind gpu01's router
+    args = flags.router_args(spec, spec.host("gpu01"))
+    # sglang-router 0.3.2 refuses power_of_two with a single decode worker (seen on the GPU tier)
+    assert args[args.index("--decode-policy") + 1] == "round_robin"
+    hosts["gpu01"]["pdkit_router"]["workers"] = None
+    for h in ("gpu01", "gpu02"):
+        hosts[h]["pdkit_node"]["ucx_net_devices"] = "mlx5_0:1"
+    spec = _spec(tmp_path, cluster, hosts)
+    args = flags.router_args(spec, spec.host("gpu01"))
+    assert args[args.index("--decode-policy") + 1] == "power_of_two"
+
+
+def test_local_model_paths_keep_engines_off_the_hub(base, tmp_path):
+    cluster, hosts = base
+    spec = _spec(tmp_path, cluster, hosts)
+    h = spec.host("gpu01")
+    assert flags.engine_env(spec, h, h.node.engines[0])["HF_HUB_OFFLINE"] == "1"
+    cluster["model"]["path"] = "deepseek-ai/DeepSeek-V4-Flash"
+    spec = _spec(tmp_path, cluster, hosts)
+    h = spec.host("gpu01")
+    assert "HF_HUB_OFFLINE" not in flags.engine_env(spec, h, h.node.engines[0])

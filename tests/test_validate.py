@@ -64,6 +64,7 @@ BAD_CASES = [
     ("cluster-differs-between-hosts", lambda c, h: h["gpu02"].update(pdkit_cluster={**c, "name": "other"}), "gpu02", "pdkit_cluster", "same value"),
     ("cross-node-pd-without-ucx-devices", lambda c, h: _engine(h, "gpu02", 1).update(pd_group="default"), "gpu02", "pdkit_node.ucx_net_devices", "hang"),
     ("router-api-key-on-argv", lambda c, h: h["gpu01"]["pdkit_router"].update(extra_args=["--api-key", "k"]), "gpu01", "pdkit_router.extra_args[0]", "secrets.router_api_key"),
+    ("power-of-two-with-one-decode", lambda c, h: h["gpu01"]["pdkit_router"].update(decode_policy="power_of_two"), "gpu01", "pdkit_router.decode_policy", "at least 2 decode workers"),
     ("unpinned-router-release", lambda c, h: h["gpu01"]["pdkit_router"].update(package="smg", version="1.2.0"), "gpu01", "pdkit_router", "not a pinned router"),
     ("attention-backend-typo", lambda c, h: _engine(h, "gpu01", 1).update(tuning={"attention_backend": "flashinfr"}), "gpu01", "pdkit_node.engines[1].tuning.attention_backend", "valid: triton"),
     ("kv-dtype-gone-in-0523", lambda c, h: _engine(h, "gpu02", 1).update(tuning={"kv_cache_dtype": "fp4_e2m1"}), "gpu02", "pdkit_node.engines[1].tuning.kv_cache_dtype", "0.5.23"),
