@@ -59,7 +59,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 
 # the kit's own gate (stdlib only); the driver must use it, not a copy
-from pdkit.health import READY_LOG_LINE, router_worker_health, wait_router  # noqa: E402
+from pdkit.health import READY_LOG_LINE, http_request, router_worker_health, wait_router  # noqa: E402
 
 T0 = time.monotonic()
 # The bench client only (not the rendered engines): the GPU machine has no network, and without
@@ -144,13 +144,7 @@ def env_file_vars(text: str) -> dict[str, str]:
 
 
 def http_get(url: str, timeout: float = 5.0) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
-            return resp.status, resp.read().decode(errors="replace")
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode(errors="replace")
-    except (urllib.error.URLError, OSError) as exc:
-        return 0, str(exc)
+    return http_request(url, timeout=timeout)
 
 
 def http_post(url: str, payload: dict, timeout: float = 60.0) -> tuple[int, str, float]:
