@@ -43,20 +43,9 @@ import re
 import sys
 import traceback
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+from argcheck_common import ANSI, Records, describe  # a sibling file: these scripts run outside pdkit
+
 _ARGPARSE_ERROR = re.compile(r"^\S+: error: (.*)$", re.MULTILINE)
-
-
-class _Records(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record):
-        try:
-            self.messages.append(_ANSI.sub("", record.getMessage()))
-        except Exception:  # noqa: BLE001
-            pass
 
 
 class _Launched(Exception):
@@ -80,7 +69,7 @@ def _pre_start(router_args, RouterArgs, Router):
 
 
 def _run_one(invoke, argv: list[str]) -> dict:
-    records = _Records()
+    records = Records()
     root = logging.getLogger()
     root.addHandler(records)
     buf = io.StringIO()
@@ -93,7 +82,7 @@ def _run_one(invoke, argv: list[str]) -> dict:
                 result["ok"] = True
                 return result
             except SystemExit as exc:
-                text = _ANSI.sub("", buf.getvalue())
+                text = ANSI.sub("", buf.getvalue())
                 found = _ARGPARSE_ERROR.findall(text)
                 if found:
                     result["error"] = found[-1].strip()
@@ -160,34 +149,6 @@ def _sglang_router():
         return p
 
     return invoke, parser, "sglang-router", "python -m sglang_router.launch_router (main -> parse_router_args)"
-
-
-def _jsonable(value):
-    try:
-        json.dumps(value)
-        return value
-    except (TypeError, ValueError):
-        return repr(value)
-
-
-def describe(parser: argparse.ArgumentParser) -> list[dict]:
-    out = []
-    for action in parser._actions:
-        if not action.option_strings:
-            continue
-        out.append(
-            {
-                "flags": list(action.option_strings),
-                "dest": action.dest,
-                "action": type(action).__name__,
-                "nargs": _jsonable(action.nargs),
-                "type": getattr(action.type, "__name__", None) if action.type else None,
-                "choices": [_jsonable(c) for c in action.choices] if action.choices is not None else None,
-                "default": _jsonable(action.default),
-                "help": action.help if isinstance(action.help, str) else None,
-            }
-        )
-    return out
 
 
 def main() -> int:

@@ -48,12 +48,12 @@ import io
 import json
 import logging
 import os
-import re
 import sys
 import traceback
 
+from argcheck_common import ANSI, Records, describe  # a sibling file: these scripts run outside pdkit
+
 PROG = "sglang serve"
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def _load_file_module(name: str, path: str):
@@ -183,18 +183,6 @@ def define_torchvision_schemas() -> bool:
     return True
 
 
-class _Records(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record):
-        try:
-            self.messages.append(_ANSI.sub("", record.getMessage()))
-        except Exception:  # noqa: BLE001
-            pass
-
-
 def _argparse_error(text: str) -> str | None:
     marker = f"{PROG}: error: "
     idx = text.rfind(marker)
@@ -208,7 +196,7 @@ def check_one(server_args_mod, argv: list[str], full_post_init: bool) -> dict:
     parser = argparse.ArgumentParser(prog=PROG)
     ServerArgs.add_cli_args(parser)
 
-    records = _Records()
+    records = Records()
     root = logging.getLogger()
     root.addHandler(records)
     buf = io.StringIO()
@@ -224,7 +212,7 @@ def check_one(server_args_mod, argv: list[str], full_post_init: bool) -> dict:
                     argv = ConfigArgumentMerger(parser).merge_config_with_args(argv)
                 namespace = parser.parse_args(argv)
             except SystemExit as exc:
-                text = _ANSI.sub("", buf.getvalue())
+                text = ANSI.sub("", buf.getvalue())
                 msg = _argparse_error(text)
                 if msg is None:
                     if exc.code in (0, None):
@@ -295,35 +283,10 @@ def check_one(server_args_mod, argv: list[str], full_post_init: bool) -> dict:
         result["warnings"] = records.messages
 
 
-def _jsonable(value):
-    try:
-        json.dumps(value)
-        return value
-    except (TypeError, ValueError):
-        return repr(value)
-
-
-def describe(server_args_mod) -> list[dict]:
+def describe_server_args(server_args_mod) -> list[dict]:
     parser = argparse.ArgumentParser(prog=PROG)
     server_args_mod.ServerArgs.add_cli_args(parser)
-    out = []
-    for action in parser._actions:
-        if not action.option_strings:
-            continue
-        out.append(
-            {
-                "flags": list(action.option_strings),
-                "dest": action.dest,
-                "action": type(action).__name__,
-                "nargs": _jsonable(action.nargs),
-                "type": getattr(action.type, "__name__", None) if action.type else None,
-                "choices": [_jsonable(c) for c in action.choices] if action.choices is not None else None,
-                "default": _jsonable(action.default),
-                "help": action.help if isinstance(action.help, str) else None,
-                "new_flag": getattr(action, "new_flag", None),
-            }
-        )
-    return out
+    return describe(parser)
 
 
 def main() -> int:
@@ -370,7 +333,7 @@ def main() -> int:
     )
     reply["results"] = [check_one(server_args_mod, list(argv), full_post_init) for argv in argvs]
     if request.get("describe"):
-        reply["options"] = describe(server_args_mod)
+        reply["options"] = describe_server_args(server_args_mod)
     real_stdout.write(json.dumps(reply) + "\n")
     real_stdout.flush()
     return 0
