@@ -1,4 +1,4 @@
-"""The `pdkit` command line: validate | render | lab (more subcommands land with their issues)."""
+"""The `pdkit` command line: validate | render | chat | lab | roll | releases | rollback | bench | compare | doctor."""
 
 from __future__ import annotations
 
@@ -109,6 +109,23 @@ def cmd_chat(args: argparse.Namespace) -> int:
     return 0 if tokens else 1
 
 
+# Subcommands that live in their own modules: each module has add_parser(subparsers).
+COMMAND_MODULES = ("pdkit.lab.cli", "pdkit.roll", "pdkit.bench", "pdkit.doctor")
+
+
+def _register(sub: argparse._SubParsersAction, module_name: str) -> None:
+    import importlib
+
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        # a command whose module has not landed yet is simply absent; any other import error is a bug
+        if exc.name != module_name:
+            raise
+        return
+    module.add_parser(sub)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pdkit", description="SGLang PD serving from one validated spec, laid down by pyinfra.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -129,12 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=120)
     p.set_defaults(func=cmd_chat)
 
-    try:
-        from pdkit.lab.cli import add_parser as add_lab_parser
-    except ImportError:  # the lab lands with its own issue
-        add_lab_parser = None
-    if add_lab_parser is not None:
-        add_lab_parser(sub)
+    for module_name in COMMAND_MODULES:
+        _register(sub, module_name)
     return parser
 
 
