@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pdkit import flags
+from pdkit.versions import SGLANG_RELEASES
 from pdkit.spec import DCGM_EXPORTER_PORT, NODE_EXPORTER_PORT, ClusterSpec, HostSpec, Monitoring
 
 # ---------------------------------------------------------------------------
@@ -101,6 +102,9 @@ ROUTER = {
     "worker_active": "smg_worker_requests_active",
     "requests": "smg_router_requests_total",
     "responses": "smg_http_responses_total",
+    # circuit-breaker outcomes per worker (outcome="success"|"failure"), on smg 1.13.0 and
+    # sglang-router 0.3.2 alike: the failure signal for engines without their own PD counters
+    "worker_outcomes": "smg_worker_cb_outcomes_total",
 }
 
 # pdkit-exporter: per-engine series with labels node, engine, role (the exporter's own)
@@ -212,6 +216,12 @@ def dcgm_enabled(host: HostSpec) -> bool:
     if node.dcgm_exporter is not None:
         return node.dcgm_exporter
     return node.gpu == "nvidia"
+
+
+def counted_instances(spec: ClusterSpec) -> set[str]:
+    """Engine instances whose SGLang version exports PD bootstrap/transfer failure counters."""
+    return {engine_instance(h, e.name) for h, e in spec.engines()
+            if SGLANG_RELEASES[spec.engine_version(e)].pd_failure_counters}
 
 
 def engine_instance(host: HostSpec, engine_name: str) -> str:
@@ -546,7 +556,11 @@ def alerts(spec: ClusterSpec) -> list[Alert]:
     ))
 
     # -- KV transfer / bootstrap failures
-    pd_engines = [t for t in engines if t.labels["role"] in ("prefill", "decode")]
+    pd_all = [t for t in engines if t.labels["role"] in ("prefill", "decode")]
+    # per SGLang version: engines whose release has no PD failure counters are watched through the router
+    pd_engines = [t for t in pd_all if t.labels["instance"] in counted_instances(spec)]
+    uncounted = [t.labels["instance"] for t in pd_all if t.labels["instance"] not in counted_instances(spec)]
+    only = f'{{instance=~"{promql_regex([t.labels["instance"] for t in pd_engines])}"}}' if uncounted else ""
     for name, key, what, todo in (
         ("PdkitKvTransferFailures", "transfer_failed", "KV transfers",
          "KV cache transfers between prefill and decode fail: the requests error out.\n"
@@ -567,8 +581,8 @@ def alerts(spec: ClusterSpec) -> list[Alert]:
         metric = SGLANG[key]
         out.append(Alert(
             name=name,
-            expr=f"sum by ({by}) (increase({metric}[{w}])) > 0",
-            value=f"sum by ({by}) (increase({metric}[{w}]))",
+            expr=f"sum by ({by}) (increase({metric}{only}[{w}])) > 0",
+            value=f"sum by ({by}) (increase({metric}{only}[{w}]))",
             for_=FAILURES_FOR, severity="warning",
             summary=f"{what} fail on {{{{ $labels.instance }}}}",
             description=f"{todo}",
@@ -577,6 +591,31 @@ def alerts(spec: ClusterSpec) -> list[Alert]:
                 "job": JOB_ENGINE, **_pick(s, ENGINE_BY), "engine_type": s["role"], "model_name": s["model_name"],
                 "tp_rank": "0", "pp_rank": "0", "moe_ep_rank": "0"}), "0+1x20" if bad else "0x20")],
             exp_labels=lambda s: _pick(s, ENGINE_BY),
+            eval_time="10m",
+        ))
+
+    # the same failures, seen by the router, for engines whose SGLang version has no counters of its own
+    uncounted_workers = [s for s in worker_subjects if s["worker_instance"] in uncounted]
+    if uncounted_workers:
+        watched = [s["worker_instance"] for s in uncounted_workers]
+        failures = f'{ROUTER["worker_outcomes"]}{{outcome="failure", worker_instance=~"{promql_regex(watched)}"}}'
+        out.append(Alert(
+            name="PdkitPdRequestFailures",
+            expr=f"sum by ({_by(WORKER_BY)}) (increase({failures}[{w}])) > 0",
+            value=f"sum by ({_by(WORKER_BY)}) (increase({failures}[{w}]))",
+            for_=FAILURES_FOR, severity="warning",
+            summary="Requests to {{ $labels.worker_instance }} fail (seen by the router on {{ $labels.node }})",
+            description=(
+                "The router on {{ $labels.node }} recorded failed requests to {{ $labels.worker_instance }} "
+                "({{ $labels.worker_role }}). This engine's SGLang version exports no KV-transfer or bootstrap "
+                "failure counters, so the router's circuit-breaker outcomes stand in for them: a failure here is a "
+                "bootstrap, KV-transfer or engine error on that request.\n"
+                "What to do: read the engine's journal and its PD partner's around the failures (NIXL/UCX errors, "
+                "bootstrap timeouts); then follow PdkitKvTransferFailures / PdkitBootstrapFailures."),
+            subjects=tuple(uncounted_workers),
+            case=lambda s, bad: [(_series(ROUTER["worker_outcomes"], {**s, "outcome": "failure"}),
+                                  "0+1x20" if bad else "0x20")],
+            exp_labels=lambda s: _pick(s, WORKER_BY),
             eval_time="10m",
         ))
 
@@ -1023,6 +1062,24 @@ def _overview(spec: ClusterSpec) -> dict:
                       dashboard_variables(spec), "Throughput, latency and load of the whole cluster.")
 
 
+def _failure_queries(spec: ClusterSpec, matchers: str) -> list[_Q]:
+    """Engine-side failure counters where the SGLang version has them, the router's view elsewhere."""
+    S = SGLANG
+    counted = counted_instances(spec)
+    pd = [engine_instance(h, e.name) for h, e in spec.engines() if e.role in ("prefill", "decode")]
+    queries = []
+    if any(i in counted for i in pd):
+        queries += [
+            _Q(f'sum by (instance) (increase({S["transfer_failed"]}{{{matchers}}}[{RATE}]))', "{{instance}} transfer"),
+            _Q(f'sum by (instance) (increase({S["bootstrap_failed"]}{{{matchers}}}[{RATE}]))', "{{instance}} bootstrap"),
+        ]
+    uncounted = [i for i in pd if i not in counted]
+    if uncounted:
+        queries.append(_Q(f'sum by (worker_instance) (increase({ROUTER["worker_outcomes"]}{{outcome="failure", '
+                          f'worker_instance=~"{promql_regex(uncounted)}"}}[{RATE}]))', "{{worker_instance}} (router)"))
+    return queries
+
+
 def _pd(spec: ClusterSpec) -> dict:
     S = SGLANG
     pf = f'role="prefill", {F}'
@@ -1046,11 +1103,10 @@ def _pd(spec: ClusterSpec) -> dict:
                                    "transfer into many small pieces: a PD lever)."),
         _P("KV transfer latency", [_Q(f'max by (instance) ({S["kv_transfer_latency"]}{{{pdm}}})', "{{instance}}")],
            unit="ms"),
-        _P("Transfer and bootstrap failures", [
-            _Q(f'sum by (instance) (increase({S["transfer_failed"]}{{{pdm}}}[{RATE}]))', "{{instance}} transfer"),
-            _Q(f'sum by (instance) (increase({S["bootstrap_failed"]}{{{pdm}}}[{RATE}]))', "{{instance}} bootstrap")],
+        _P("Transfer and bootstrap failures", _failure_queries(spec, pdm),
            threshold=1, description="Failed requests per interval (alerts PdkitKvTransferFailures, "
-                                    "PdkitBootstrapFailures)."),
+                                    "PdkitBootstrapFailures; PdkitPdRequestFailures for engines whose SGLang "
+                                    "version has no failure counters, as the router sees them)."),
         _row("Router"),
         _P("Router worker health", [_Q(ROUTER["worker_health"], "{{worker_instance}} ({{worker_role}})")],
            min=0, max=1, description="1 healthy, 0 unhealthy (alert PdkitRouterWorkerUnhealthy)."),

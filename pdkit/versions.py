@@ -30,6 +30,10 @@ class SglangRelease:
     kv_cache_dtypes: tuple[str, ...]
     # The router package that pairs with this release on a GPU node's Python.
     default_router: tuple[str, str]
+    # sglang:num_bootstrap_failed_reqs_total / num_transfer_failed_reqs_total exist (0.5.23); 0.5.17
+    # exports neither (seen on the GPU tier), so monitoring falls back to the router's per-worker
+    # circuit-breaker failures for its engines.
+    pd_failure_counters: bool = True
 
 
 # Read from each release's own parser (pdkit.contract describe mode); argparse leaves the
@@ -72,6 +76,7 @@ SGLANG_RELEASES: dict[str, SglangRelease] = {
         quantizations=_QUANT_0517,
         kv_cache_dtypes=_KV_0517,
         default_router=("sglang-router", "0.3.2"),
+        pd_failure_counters=False,
     ),
     "0.5.23": SglangRelease(
         version="0.5.23",
@@ -112,3 +117,17 @@ ROUTER_RELEASES: dict[tuple[str, str], RouterRelease] = {
 
 # Versions of the other pinned Python packages that go into a node's wheelhouse.
 NIXL_PACKAGE = ("nixl-cu13", "1.5.1")
+
+
+# ---------------------------------------------------------------------------------------- node
+# The NVIDIA stack a GPU node gets (pdkit.node decides the apt layout from these; docs/tuning.md).
+# R580 is the LTS branch (to 2028-08) and the first with CUDA 13.0 (>= 580.65.06).
+NVIDIA_DRIVER_BRANCH = "580"
+# CUDA 13.0 user space (what SGLang >= 0.5.11 runs on) needs at least this driver
+NVIDIA_DRIVER_MIN_VERSION = "580.65.06"
+# NVIDIA's keyring package, fetched from the same repository it trusts
+CUDA_KEYRING_VERSION = "1.1-1"
+# apt package of the CUDA toolkit (installs /usr/local/cuda-13.0)
+CUDA_TOOLKIT_PACKAGE = "cuda-toolkit-13-0"
+# libnccl2 / libnccl-dev, exact apt version: NCCL 2.28.9 built for CUDA 13.0
+NCCL_APT_VERSION = "2.28.9-1+cuda13.0"

@@ -518,3 +518,51 @@ def test_all_promql_lists_every_panel_query_and_alert(example):
 def test_yaml_writer_round_trips(value):
     doc = {"k": value, "list": [value, {"inner": value}], "true": [], "n": 1.5, "b": False, "none": None}
     assert yaml.safe_load(mon.to_yaml(doc)) == doc
+
+
+# ---------------------------------------------------------------------------
+# PD failure alerts per SGLang version (0.5.17 exports no failure counters: the router's view stands in)
+
+
+def _failure_alerts(spec):
+    return {a.name: a for a in mon.alerts(spec) if a.name in
+            ("PdkitKvTransferFailures", "PdkitBootstrapFailures", "PdkitPdRequestFailures")}
+
+
+def test_sglang_0517_pd_failures_come_from_the_router(base, tmp_path):
+    cluster, hosts = base
+    cluster["sglang_version"] = "0.5.17"
+    spec = _spec(tmp_path, cluster, hosts)
+    alerts = _failure_alerts(spec)
+    # no engine-side counters on 0.5.17: an alert on them would watch series that never exist
+    assert set(alerts) == {"PdkitPdRequestFailures"}
+    expr = alerts["PdkitPdRequestFailures"].expr
+    assert 'smg_worker_cb_outcomes_total{outcome="failure", worker_instance=~"gpu01/prefill|gpu01/decode"}' in expr
+    pd = mon.dashboards(spec)["pd"]
+    queries = [t["expr"] for p in pd["panels"] if p.get("title") == "Transfer and bootstrap failures" for t in p["targets"]]
+    assert len(queries) == 1 and "smg_worker_cb_outcomes_total" in queries[0]
+    d = _write_monitoring_dir(spec, tmp_path / "mon")
+    for args in (("check", "config", "prometheus.yml"), ("test", "rules", "rules/pdkit.test.yml")):
+        res = _promtool(*args, cwd=d)
+        assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_mixed_versions_split_the_failure_alerts_by_engine(base, tmp_path):
+    cluster, hosts = base
+    for e in hosts["gpu01"]["pdkit_node"]["engines"]:
+        e["sglang_version"] = "0.5.17"
+    spec = _spec(tmp_path, cluster, hosts)
+    assert mon.counted_instances(spec) == {"gpu02/prefill", "gpu02/decode"}
+    alerts = _failure_alerts(spec)
+    assert set(alerts) == {"PdkitKvTransferFailures", "PdkitBootstrapFailures", "PdkitPdRequestFailures"}
+    for name in ("PdkitKvTransferFailures", "PdkitBootstrapFailures"):
+        assert 'instance=~"gpu02/prefill|gpu02/decode"' in alerts[name].expr and "gpu01" not in alerts[name].expr
+        assert {s["instance"] for s in alerts[name].subjects} == {"gpu02/prefill", "gpu02/decode"}
+    assert {s["worker_instance"] for s in alerts["PdkitPdRequestFailures"].subjects} == {"gpu01/prefill", "gpu01/decode"}
+    d = _write_monitoring_dir(spec, tmp_path / "mon")
+    res = _promtool("test", "rules", "rules/pdkit.test.yml", cwd=d)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_a_0523_cluster_keeps_the_engine_counters(example):
+    assert "PdkitPdRequestFailures" not in _failure_alerts(example)
