@@ -1,0 +1,796 @@
+"""`pdkit bench` and `pdkit compare`: measure the cluster through its router, keep every run.
+
+`pdkit bench INVENTORY --concurrency 1,16,64 --input-len N --output-len N --requests N` sends
+streaming requests through the cluster's router (the first router host of the spec) with a
+fixed input and output length, after a warm-up, and reports per concurrency level: output
+tok/s, requests/s, TTFT, TPOT, ITL (mean, p50, p99) and errors. The maths is in
+pdkit.benchstats.
+
+Requests go to SGLang's native `/generate` with `input_ids` (exactly N input tokens; the
+router refuses token ids on /v1/completions) and `sampling_params` `max_new_tokens` = output
+length with `ignore_eos: true` (SGLang keeps generating past EOS; the sim always produces
+exactly max_new_tokens). Every streamed chunk carries `meta_info.completion_tokens`, so output
+tokens are counted by the server, not guessed from text. A request that ends with another
+number of output tokens than asked for counts as an error.
+
+`--engine-bench sglang` runs SGLang's own `python -m sglang.benchmark.serving` (random dataset,
+`--random-range-ratio 1` for fixed lengths, one run per concurrency) against the router and
+reads its `--output-file` JSONL into the same record.
+
+Each run is one JSON line appended to OUT/runs.jsonl (default docs/bench/), plus
+OUT/<id>.md (markdown table) and OUT/<id>.png (throughput and TPOT against concurrency).
+
+Record schema (version 1):
+    schema        1
+    id            "<UTC time %Y%m%dT%H%M%SZ>-<label or 'run'>", unique per run
+    label         free text from --label ("" if none)
+    time          ISO-8601 UTC start time
+    tool          "pdkit" | "sglang.benchmark.serving"
+    inventory     the inventory path given
+    cluster       cluster name; model: served model name; router_url
+    input_len, output_len, requests (per level), warmup (requests before the first level)
+    levels[]      one per concurrency, in the order run:
+        concurrency, requests, completed, errors, error_samples (up to 3 messages),
+        duration_s (wall time of the level), input_tokens, output_tokens,
+        output_tok_s, requests_s,
+        ttft_ms, tpot_ms, itl_ms, e2e_ms: {"mean", "p50", "p99"} in ms (null when no data)
+    env           environment fingerprint:
+        spec_hash       sha256 over every host's planned release hash (pdkit.plan)
+        engine          "sim" | "sglang" (cluster.engine)
+        sglang_versions planned SGLang version(s), sorted
+        router          "<package> <version>" of the first router host
+        gpus[]          {"host", "gpu" (nvidia|none), "model", "count", "driver"}; driver from one
+                        SSH `nvidia-smi` per GPU node (strict host keys), "n/a" on `gpu: none`
+                        hosts, "unknown: <why>" when it could not be read, "not probed" with --no-ssh
+        engine_flags    {"<host>/<engine>": the sglang argv pdkit plans (pdkit.flags.sglang_args)}
+
+Public helpers (used by `pdkit doctor`): load_runs(path), run_bench(spec, ...), fingerprint(spec).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pdkit.benchstats import RequestResult, ratio, summarize_level
+
+if TYPE_CHECKING:
+    from pdkit.spec import ClusterSpec, HostSpec
+
+SCHEMA_VERSION = 1
+DEFAULT_OUT = "docs/bench"
+RUNS_FILE = "runs.jsonl"
+EXIT_INVALID = 2
+# Prompt token ids are drawn from this range: inside every real vocabulary (and the sim's 32000),
+# clear of the low special-token ids.
+PROMPT_TOKEN_RANGE = (1000, 30000)
+SSH_TIMEOUT_S = 20
+NVIDIA_SMI_DRIVER = "nvidia-smi --query-gpu=driver_version --format=csv,noheader"
+
+
+# ---- the environment fingerprint -------------------------------------------------------------
+
+def spec_hash(spec: ClusterSpec) -> str:
+    """sha256 over every host's planned release hash: equal hashes mean the same rendered cluster."""
+    from pdkit.plan import plan_cluster
+
+    digest = hashlib.sha256()
+    for host, plan in sorted(plan_cluster(spec).items()):
+        digest.update(f"{host}\0{plan.release_hash}\n".encode())
+    return digest.hexdigest()
+
+
+def engine_flags(spec: ClusterSpec) -> dict[str, list[str]]:
+    """The planned sglang argv of every engine, keyed host/engine."""
+    from pdkit.flags import sglang_args
+
+    return {f"{h.name}/{e.name}": sglang_args(spec, h, e) for h, e in spec.engines()}
+
+
+def ssh_command(host_data: dict[str, Any], remote: str) -> list[str]:
+    """OpenSSH argv for one command on a host from its pyinfra SSH data; host keys always checked."""
+    argv = ["ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+            "-o", f"ConnectTimeout={SSH_TIMEOUT_S}"]
+    if host_data.get("ssh_known_hosts_file"):
+        argv += ["-o", f"UserKnownHostsFile={host_data['ssh_known_hosts_file']}"]
+    if host_data.get("ssh_key"):
+        argv += ["-i", str(host_data["ssh_key"]), "-o", "IdentitiesOnly=yes"]
+    if host_data.get("ssh_port"):
+        argv += ["-p", str(host_data["ssh_port"])]
+    target = str(host_data.get("ssh_hostname") or host_data["name"])
+    if host_data.get("ssh_user"):
+        target = f"{host_data['ssh_user']}@{target}"
+    return argv + ["--", target, remote]
+
+
+def parse_driver_versions(text: str) -> str:
+    """nvidia-smi's one-version-per-GPU output -> the version ("a, b" if GPUs disagree)."""
+    versions = sorted({line.strip() for line in text.splitlines() if line.strip()})
+    return ", ".join(versions) if versions else "unknown: nvidia-smi printed nothing"
+
+
+def probe_driver(host_data: dict[str, Any], run: Callable[..., subprocess.CompletedProcess] = subprocess.run) -> str:
+    """The NVIDIA driver version of one host over SSH, or "unknown: <why>"."""
+    try:
+        done = run(ssh_command(host_data, NVIDIA_SMI_DRIVER), capture_output=True, text=True,
+                   timeout=SSH_TIMEOUT_S + 10)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"unknown: {type(exc).__name__}"
+    if done.returncode != 0:
+        why = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+        return f"unknown: {why[:120]}"
+    return parse_driver_versions(done.stdout)
+
+
+def _inventory_ssh_data(inventory: str) -> dict[str, dict[str, Any]]:
+    from pdkit.loader import read_inventory
+
+    return {name: {**data, "name": name} for name, _groups, data in read_inventory(inventory, os.getcwd())}
+
+
+def fingerprint(spec: ClusterSpec, probe_drivers: bool = True) -> dict[str, Any]:
+    """What the numbers depend on: plans, versions, GPUs and driver, engine flags."""
+    router_hosts = spec.router_hosts
+    router = " ".join(spec.router_release(router_hosts[0])) if router_hosts else "none"
+    nvidia_hosts = [h for h in spec.gpu_hosts if h.node is not None and h.node.gpu == "nvidia"]
+    ssh_data = _inventory_ssh_data(spec.inventory) if (probe_drivers and nvidia_hosts and spec.inventory) else {}
+    gpus = []
+    for host in spec.gpu_hosts:
+        node = host.node
+        assert node is not None
+        if node.gpu == "none":
+            driver = "n/a"
+        elif not probe_drivers:
+            driver = "not probed"
+        elif host.name in ssh_data:
+            driver = probe_driver(ssh_data[host.name])
+        else:
+            driver = "unknown: no SSH data for this host"
+        gpus.append({"host": host.name, "gpu": node.gpu, "model": node.gpus.model, "count": node.gpus.count,
+                     "driver": driver})
+    return {
+        "spec_hash": spec_hash(spec),
+        "engine": spec.cluster.engine,
+        "sglang_versions": sorted({spec.engine_version(e) for _, e in spec.engines()}),
+        "router": router,
+        "gpus": gpus,
+        "engine_flags": engine_flags(spec),
+    }
+
+
+# ---- the client ------------------------------------------------------------------------------
+
+def router_target(spec: ClusterSpec) -> tuple[str, dict[str, str]]:
+    """(router base URL, auth headers) of the first router host."""
+    from pdkit.flags import router_address
+
+    if not spec.router_hosts:
+        raise ValueError("the inventory declares no router (pdkit_router on a host): bench goes through the router")
+    router = spec.router_hosts[0]
+    assert router.router is not None
+    headers = {}
+    if spec.cluster.secrets.router_api_key is not None:
+        headers["Authorization"] = f"Bearer {spec.cluster.secrets.router_api_key.get_secret_value()}"
+    return f"http://{router_address(router)}:{router.router.port}", headers
+
+
+def served_model(spec: ClusterSpec) -> str:
+    model = spec.cluster.model
+    return model.served_name or model.path
+
+
+def prompt_ids(seed: int, input_len: int) -> list[int]:
+    """A deterministic prompt of exactly input_len token ids (distinct per seed: no prefix-cache hits)."""
+    rng = random.Random(seed)
+    return [rng.randrange(*PROMPT_TOKEN_RANGE) for _ in range(input_len)]
+
+
+def generate_body(seed: int, input_len: int, output_len: int) -> dict[str, Any]:
+    """A native /generate request with fixed input and output lengths."""
+    return {
+        "input_ids": prompt_ids(seed, input_len),
+        "sampling_params": {"max_new_tokens": output_len, "ignore_eos": True, "temperature": 0.0},
+        "stream": True,
+    }
+
+
+class Progress:
+    """A one-line progress bar on stderr (a line per quarter when stderr is not a terminal)."""
+
+    def __init__(self, title: str, total: int, enabled: bool = True, stream=None) -> None:
+        self.title, self.total, self.enabled = title, total, enabled
+        self.stream = stream or sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.done = self.errors = 0
+        self._last_draw = 0.0
+        self._last_quarter = 0
+
+    def step(self, ok: bool) -> None:
+        self.done += 1
+        self.errors += 0 if ok else 1
+        if not self.enabled:
+            return
+        if self.tty:
+            now = time.monotonic()
+            if now - self._last_draw > 0.1 or self.done == self.total:
+                self._last_draw = now
+                self.stream.write("\r" + self.line())
+                self.stream.flush()
+        else:
+            quarter = self.done * 4 // max(self.total, 1)
+            if quarter > self._last_quarter:
+                self._last_quarter = quarter
+                self.stream.write(self.line() + "\n")
+                self.stream.flush()
+
+    def line(self) -> str:
+        width = 30
+        filled = width * self.done // max(self.total, 1)
+        return (f"{self.title} [{'#' * filled}{'-' * (width - filled)}] {self.done}/{self.total}"
+                f"  errors {self.errors}")
+
+    def close(self) -> None:
+        if self.enabled and self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+async def stream_one(session, url: str, headers: dict[str, str], body: dict[str, Any], output_len: int,
+                     timeout_s: float) -> RequestResult:
+    """Send one streaming /generate request and time its chunks."""
+    import aiohttp
+
+    start = time.perf_counter()
+    chunk_times: list[float] = []
+    tokens = prompt = 0
+    finish: Any = None
+    try:
+        async with session.post(url, json=body, headers=headers,
+                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+            if resp.status != 200:
+                text = (await resp.text())[:200].strip()
+                return RequestResult(ok=False, error=f"HTTP {resp.status}: {text}")
+            async for raw in resp.content:
+                line = raw.strip()
+                if not line.startswith(b"data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == b"[DONE]":
+                    break
+                event = json.loads(payload)
+                if "error" in event:
+                    return RequestResult(ok=False, error=f"stream error: {json.dumps(event['error'])[:200]}")
+                meta = event.get("meta_info") or {}
+                count = int(meta.get("completion_tokens") or 0)
+                prompt = int(meta.get("prompt_tokens") or prompt)
+                if count > tokens:
+                    chunk_times.append(time.perf_counter() - start)
+                    tokens = count
+                finish = meta.get("finish_reason") or finish
+    except TimeoutError:
+        return RequestResult(ok=False, error=f"timed out after {timeout_s:.0f} s")
+    except (aiohttp.ClientError, ValueError) as exc:
+        return RequestResult(ok=False, error=f"{type(exc).__name__}: {str(exc)[:200]}")
+    latency = time.perf_counter() - start
+    if tokens != output_len:
+        return RequestResult(ok=False, error=f"got {tokens} output tokens, asked for {output_len} "
+                                             f"(finish reason {json.dumps(finish)})")
+    return RequestResult(ok=True, ttft=chunk_times[0], latency=latency, output_tokens=tokens,
+                         prompt_tokens=prompt, chunk_times=tuple(chunk_times))
+
+
+async def run_level(url: str, headers: dict[str, str], concurrency: int, requests: int, input_len: int,
+                    output_len: int, timeout_s: float, seed: int, progress: Progress | None = None
+                    ) -> tuple[list[RequestResult], float]:
+    """`requests` requests, `concurrency` in flight at any time; returns the results and the wall time."""
+    import asyncio
+
+    import aiohttp
+
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(requests):
+        queue.put_nowait(i)
+    results: list[RequestResult] = []
+
+    async def worker(session) -> None:
+        while True:
+            try:
+                i = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            result = await stream_one(session, url, headers, generate_body(seed + i, input_len, output_len),
+                                      output_len, timeout_s)
+            results.append(result)
+            if progress is not None:
+                progress.step(result.ok)
+
+    connector = aiohttp.TCPConnector(limit=concurrency, force_close=False)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        start = time.perf_counter()
+        await asyncio.gather(*(worker(session) for _ in range(min(concurrency, requests))))
+        duration = time.perf_counter() - start
+    return results, duration
+
+
+def run_id(started: datetime, label: str) -> str:
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", label).strip("-")[:40] or "run"
+    return f"{started:%Y%m%dT%H%M%SZ}-{slug}"
+
+
+def _record_head(spec: ClusterSpec, tool: str, label: str, input_len: int, output_len: int, requests: int,
+                 warmup: int, probe_drivers: bool, router_url: str) -> dict[str, Any]:
+    started = datetime.now(UTC)
+    return {
+        "schema": SCHEMA_VERSION,
+        "id": run_id(started, label),
+        "label": label,
+        "time": started.isoformat(timespec="seconds"),
+        "tool": tool,
+        "inventory": spec.inventory,
+        "cluster": spec.cluster.name,
+        "model": served_model(spec),
+        "router_url": router_url,
+        "input_len": input_len,
+        "output_len": output_len,
+        "requests": requests,
+        "warmup": warmup,
+        "levels": [],
+        "env": fingerprint(spec, probe_drivers=probe_drivers),
+    }
+
+
+def run_bench(spec: ClusterSpec, concurrency: Sequence[int] = (16,), input_len: int = 512, output_len: int = 128,
+              requests: int = 64, warmup: int = 4, label: str = "", timeout_s: float = 300.0,
+              probe_drivers: bool = True, progress: bool = True, seed: int = 0) -> dict[str, Any]:
+    """Run the pdkit client through the spec's router at each concurrency; return the record."""
+    import asyncio
+
+    _check_lengths(spec, input_len, output_len)
+    router_url, headers = router_target(spec)
+    record = _record_head(spec, "pdkit", label, input_len, output_len, requests, warmup, probe_drivers, router_url)
+    url = f"{router_url}/generate"
+    if warmup:
+        bar = Progress("warm-up", warmup, progress)
+        results, _ = asyncio.run(run_level(url, headers, max(concurrency), warmup, input_len, output_len,
+                                           timeout_s, seed + 1_000_000, bar))
+        bar.close()
+        failed = [r for r in results if not r.ok]
+        if len(failed) == len(results):
+            raise RuntimeError(f"every warm-up request through {router_url} failed: {failed[0].error}")
+    for level_index, c in enumerate(concurrency):
+        bar = Progress(f"C={c:<4}", requests, progress)
+        results, duration = asyncio.run(run_level(url, headers, c, requests, input_len, output_len, timeout_s,
+                                                  seed + level_index * requests, bar))
+        bar.close()
+        record["levels"].append(summarize_level(results, duration, c))
+    return record
+
+
+def _check_lengths(spec: ClusterSpec, input_len: int, output_len: int) -> None:
+    if input_len < 1 or output_len < 1:
+        raise ValueError("--input-len and --output-len must be at least 1")
+    limits = [t.context_length for t in (spec.engine_tuning(e) for _, e in spec.engines()) if t.context_length]
+    if limits and input_len + output_len > min(limits):
+        raise ValueError(f"--input-len + --output-len = {input_len + output_len} exceeds the planned "
+                         f"context length {min(limits)} (cluster tuning context_length)")
+
+
+# ---- SGLang's own benchmark ------------------------------------------------------------------
+
+SGLANG_BENCH_MODULE = "sglang.benchmark.serving"
+
+
+def _ms(result: dict[str, Any], metric: str) -> dict[str, float | None]:
+    return {"mean": result.get(f"mean_{metric}_ms"), "p50": result.get(f"median_{metric}_ms"),
+            "p99": result.get(f"p99_{metric}_ms")}
+
+
+def level_from_sglang_result(result: dict[str, Any], requests: int | None = None) -> dict[str, Any]:
+    """One line of sglang.benchmark.serving's --output-file (0.5.23 keys) -> a levels[] entry.
+
+    The result line has no prompt count: `requests` is the --num-prompts we passed; without it,
+    the `errors` list that --output-details adds, else completed (errors unknown -> 0).
+    """
+    completed = int(result["completed"])
+    error_list = [e for e in (result.get("errors") or []) if e]
+    if requests is None:
+        requests = len(result["errors"]) if isinstance(result.get("errors"), list) else completed
+    return {
+        "concurrency": result.get("max_concurrency"),
+        "requests": requests,
+        "completed": completed,
+        "errors": requests - completed,
+        "error_samples": list(dict.fromkeys(str(e)[:200] for e in error_list))[:3],
+        "duration_s": result["duration"],
+        "input_tokens": result.get("total_input_tokens"),
+        "output_tokens": result.get("total_output_tokens"),
+        "output_tok_s": result["output_throughput"],
+        "requests_s": result["request_throughput"],
+        "ttft_ms": _ms(result, "ttft"),
+        "tpot_ms": _ms(result, "tpot"),
+        "itl_ms": _ms(result, "itl"),
+        "e2e_ms": _ms(result, "e2e_latency"),
+    }
+
+
+def read_sglang_results(path: str | Path, requests: int | None = None) -> list[dict[str, Any]]:
+    """Every result line of an sglang.benchmark.serving --output-file, as levels[] entries."""
+    lines = [line for line in Path(path).read_text().splitlines() if line.strip()]
+    return [level_from_sglang_result(json.loads(line), requests) for line in lines]
+
+
+def sglang_bench_available(python: str) -> bool:
+    """True when `python` can import sglang.benchmark.serving (without running it)."""
+    probe = f"import importlib.util, sys; sys.exit(0 if importlib.util.find_spec({SGLANG_BENCH_MODULE!r}) else 1)"
+    try:
+        return subprocess.run([python, "-c", probe], capture_output=True, timeout=120).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def sglang_bench_command(python: str, router_url: str, model: str, tokenizer: str | None, concurrency: int,
+                         requests: int, input_len: int, output_len: int, warmup: int, output_file: str) -> list[str]:
+    """argv of one `python -m sglang.benchmark.serving` run at one concurrency (fixed lengths)."""
+    argv = [python, "-m", SGLANG_BENCH_MODULE, "--backend", "sglang", "--base-url", router_url,
+            "--model", model, "--dataset-name", "random",
+            "--random-input-len", str(input_len), "--random-output-len", str(output_len),
+            "--random-range-ratio", "1", "--num-prompts", str(requests), "--max-concurrency", str(concurrency),
+            "--warmup-requests", str(warmup), "--output-file", output_file]
+    if tokenizer:
+        argv += ["--tokenizer", tokenizer]
+    return argv
+
+
+def run_sglang_bench(spec: ClusterSpec, concurrency: Sequence[int] = (16,), input_len: int = 512,
+                     output_len: int = 128, requests: int = 64, warmup: int = 4, label: str = "",
+                     python: str = sys.executable, tokenizer: str | None = None, probe_drivers: bool = True,
+                     timeout_s: float = 3600.0) -> dict[str, Any]:
+    """SGLang's own serving benchmark through the router, read into a pdkit record."""
+    _check_lengths(spec, input_len, output_len)
+    if not sglang_bench_available(python):
+        raise RuntimeError(f"{python} cannot import {SGLANG_BENCH_MODULE}: install sglang there, or give "
+                           "--sglang-python of a virtualenv that has it, or use --engine-bench pdkit")
+    router_url, headers = router_target(spec)
+    record = _record_head(spec, SGLANG_BENCH_MODULE, label, input_len, output_len, requests, warmup,
+                          probe_drivers, router_url)
+    env = dict(os.environ)
+    if "Authorization" in headers:
+        # serving.py's get_auth_headers() reads OPENAI_API_KEY: the key stays out of argv
+        env["OPENAI_API_KEY"] = headers["Authorization"].removeprefix("Bearer ")
+    with tempfile.TemporaryDirectory(prefix="pdkit-bench-") as tmp:
+        for c in concurrency:
+            out_file = str(Path(tmp) / f"c{c}.jsonl")
+            argv = sglang_bench_command(python, router_url, served_model(spec), tokenizer, c, requests,
+                                        input_len, output_len, warmup, out_file)
+            print(f"C={c}: {shlex.join(argv)}", file=sys.stderr)
+            done = subprocess.run(argv, env=env, timeout=timeout_s)
+            if done.returncode != 0 or not Path(out_file).is_file():
+                raise RuntimeError(f"{SGLANG_BENCH_MODULE} failed at concurrency {c} (exit {done.returncode})")
+            record["levels"].extend(read_sglang_results(out_file, requests))
+    return record
+
+
+# ---- runs on disk, tables, plots -------------------------------------------------------------
+
+def load_runs(path: str | Path) -> list[dict[str, Any]]:
+    """Every record of a runs.jsonl (oldest first); [] when the file does not exist."""
+    p = Path(path)
+    if not p.is_file():
+        return []
+    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+
+
+def append_run(path: str | Path, record: dict[str, Any]) -> None:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    with p.open("a") as fh:
+        fh.write(json.dumps(record, sort_keys=True) + "\n")
+
+
+def _fmt(value: Any, digits: int = 1) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+LEVEL_COLUMNS = (
+    ("C", lambda lv: lv["concurrency"]),
+    ("requests", lambda lv: lv["requests"]),
+    ("errors", lambda lv: lv["errors"]),
+    ("output tok/s", lambda lv: lv["output_tok_s"]),
+    ("req/s", lambda lv: lv["requests_s"]),
+    ("TTFT p50 ms", lambda lv: lv["ttft_ms"]["p50"]),
+    ("TTFT p99 ms", lambda lv: lv["ttft_ms"]["p99"]),
+    ("TPOT p50 ms", lambda lv: lv["tpot_ms"]["p50"]),
+    ("TPOT p99 ms", lambda lv: lv["tpot_ms"]["p99"]),
+    ("ITL p50 ms", lambda lv: lv["itl_ms"]["p50"]),
+    ("ITL p99 ms", lambda lv: lv["itl_ms"]["p99"]),
+)
+
+
+def describe_env(record: dict[str, Any]) -> list[str]:
+    env = record["env"]
+    gpus = "; ".join(f"{g['host']}: {g['count']}x {g['model']} (gpu: {g['gpu']}, driver {g['driver']})"
+                     for g in env["gpus"]) or "none"
+    return [
+        f"- engine: {env['engine']}, sglang {', '.join(env['sglang_versions']) or 'n/a'}, router {env['router']}",
+        f"- GPUs: {gpus}",
+        f"- spec hash: `{env['spec_hash'][:16]}`",
+    ]
+
+
+def render_markdown(record: dict[str, Any]) -> str:
+    """A bench record as a markdown section: what was run, then one table row per concurrency."""
+    label = f" — {record['label']}" if record.get("label") else ""
+    lines = [
+        f"## {record['id']}{label}",
+        "",
+        f"{record['time']}, `{record['tool']}` through {record['router_url']}, cluster `{record['cluster']}`, "
+        f"model `{record['model']}`: input {record['input_len']} tokens, output {record['output_len']} tokens, "
+        f"{record['requests']} requests per level after {record['warmup']} warm-up requests.",
+        "",
+        *describe_env(record),
+        "",
+        "| " + " | ".join(name for name, _ in LEVEL_COLUMNS) + " |",
+        "|" + "|".join("---:" for _ in LEVEL_COLUMNS) + "|",
+    ]
+    for level in record["levels"]:
+        lines.append("| " + " | ".join(_fmt(get(level)) for _, get in LEVEL_COLUMNS) + " |")
+    samples = [s for lv in record["levels"] for s in lv.get("error_samples", [])]
+    if samples:
+        lines += ["", "Errors (samples): " + "; ".join(dict.fromkeys(samples))]
+    return "\n".join(lines) + "\n"
+
+
+def render_plot(records: Sequence[dict[str, Any]], path: str | Path) -> None:
+    """PNG: output tok/s and TPOT (p50, p99) against concurrency, one line per record."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_tput, ax_tpot) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for record in records:
+        levels = sorted(record["levels"], key=lambda lv: lv["concurrency"])
+        xs = [lv["concurrency"] for lv in levels]
+        name = record.get("label") or record["id"]
+        ax_tput.plot(xs, [lv["output_tok_s"] for lv in levels], marker="o", label=name)
+        ax_tpot.plot(xs, [lv["tpot_ms"]["p50"] for lv in levels], marker="o", label=f"{name} p50")
+        ax_tpot.plot(xs, [lv["tpot_ms"]["p99"] for lv in levels], marker="x", linestyle="--", label=f"{name} p99")
+    ticks = sorted({lv["concurrency"] for record in records for lv in record["levels"]})
+    for ax, title, unit in ((ax_tput, "Output throughput", "output tok/s"), (ax_tpot, "TPOT", "ms per token")):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ticks, [str(t) for t in ticks])
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel("concurrency")
+        ax.set_ylabel(unit)
+        ax.set_title(title)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize="small")
+    first = records[0]
+    fig.suptitle(f"{first['cluster']} ({first['env']['engine']}): in {first['input_len']} / "
+                 f"out {first['output_len']} tokens", fontsize="medium")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_outputs(record: dict[str, Any], out_dir: str | Path, plot: bool = True) -> list[Path]:
+    """Append the record to OUT/runs.jsonl and write OUT/<id>.md (and OUT/<id>.png)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    append_run(out / RUNS_FILE, record)
+    written = [out / RUNS_FILE, out / f"{record['id']}.md"]
+    written[1].write_text(render_markdown(record))
+    if plot:
+        written.append(out / f"{record['id']}.png")
+        render_plot([record], written[-1])
+    return written
+
+
+# ---- compare ---------------------------------------------------------------------------------
+
+def find_run(ref: str, runs_path: str | Path) -> dict[str, Any]:
+    """A record by file (.json: the record; .jsonl: its last line), else by id, else the latest with that label."""
+    p = Path(ref)
+    if p.is_file():
+        if p.suffix == ".jsonl":
+            runs = load_runs(p)
+            if not runs:
+                raise LookupError(f"{ref}: no runs in this file")
+            return runs[-1]
+        return json.loads(p.read_text())
+    runs = load_runs(runs_path)
+    for record in runs:
+        if record["id"] == ref:
+            return record
+    labelled = [r for r in runs if r.get("label") == ref]
+    if labelled:
+        return labelled[-1]
+    known = ", ".join(r["id"] for r in runs[-5:]) or "none"
+    raise LookupError(f"{ref!r} is neither a file nor a run id or label in {runs_path} (latest ids: {known})")
+
+
+COMPARED_METRICS = (
+    ("output tok/s", lambda lv: lv["output_tok_s"]),
+    ("req/s", lambda lv: lv["requests_s"]),
+    ("TTFT p50 ms", lambda lv: lv["ttft_ms"]["p50"]),
+    ("TTFT p99 ms", lambda lv: lv["ttft_ms"]["p99"]),
+    ("TPOT p50 ms", lambda lv: lv["tpot_ms"]["p50"]),
+    ("TPOT p99 ms", lambda lv: lv["tpot_ms"]["p99"]),
+    ("ITL p50 ms", lambda lv: lv["itl_ms"]["p50"]),
+    ("ITL p99 ms", lambda lv: lv["itl_ms"]["p99"]),
+    ("errors", lambda lv: lv["errors"]),
+)
+
+
+def compare_levels(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per concurrency present in both runs and per metric: A, B and B/A."""
+    b_levels = {lv["concurrency"]: lv for lv in b["levels"]}
+    rows = []
+    for level_a in sorted(a["levels"], key=lambda lv: lv["concurrency"]):
+        level_b = b_levels.get(level_a["concurrency"])
+        if level_b is None:
+            continue
+        for name, get in COMPARED_METRICS:
+            va, vb = get(level_a), get(level_b)
+            rows.append({"concurrency": level_a["concurrency"], "metric": name, "a": va, "b": vb,
+                         "ratio": ratio(vb, va)})
+    return rows
+
+
+def flag_changes(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """Engines whose planned argv differs between the runs, with the flags added and removed."""
+    flags_a, flags_b = a["env"]["engine_flags"], b["env"]["engine_flags"]
+    out = []
+    for engine in sorted(set(flags_a) | set(flags_b)):
+        before, after = flags_a.get(engine), flags_b.get(engine)
+        if before == after:
+            continue
+        if before is None or after is None:
+            out.append(f"{engine}: {'added' if before is None else 'removed'}")
+            continue
+        removed = [x for x in before if x not in after]
+        added = [x for x in after if x not in before]
+        out.append(f"{engine}: -{' '.join(removed) or '(none)'} +{' '.join(added) or '(none)'}")
+    return out
+
+
+def render_compare(a: dict[str, Any], b: dict[str, Any]) -> str:
+    """Markdown: the two runs, what differs in their environment, then A, B and B/A per level and metric."""
+    def name(r: dict[str, Any]) -> str:
+        return f"`{r['id']}`" + (f" ({r['label']})" if r.get("label") else "")
+
+    lines = [f"# pdkit compare: A = {name(a)}, B = {name(b)}", ""]
+    for key, label in (("spec_hash", "spec hash"), ("engine", "engine"), ("sglang_versions", "sglang"),
+                       ("router", "router"), ("gpus", "GPUs")):
+        va, vb = a["env"].get(key), b["env"].get(key)
+        if va != vb:
+            lines.append(f"- {label} differs: A {json.dumps(va)} / B {json.dumps(vb)}")
+    changes = flag_changes(a, b)
+    lines += [f"- flags {c}" for c in changes]
+    for key in ("input_len", "output_len", "requests", "tool"):
+        if a.get(key) != b.get(key):
+            lines.append(f"- {key} differs: A {a.get(key)} / B {b.get(key)} (not like for like)")
+    if len(lines) == 2:
+        lines.append("- same spec hash, flags and workload")
+    rows = compare_levels(a, b)
+    lines += ["", "| C | metric | A | B | B/A |", "|---:|---|---:|---:|---:|"]
+    for row in rows:
+        lines.append(f"| {row['concurrency']} | {row['metric']} | {_fmt(row['a'])} | {_fmt(row['b'])} | "
+                     f"{_fmt(row['ratio'], 2)} |")
+    if not rows:
+        lines.append("| – | no concurrency level in common | | | |")
+    return "\n".join(lines) + "\n"
+
+
+# ---- CLI -------------------------------------------------------------------------------------
+
+def parse_concurrency(text: str) -> list[int]:
+    """'1,16,64' -> [1, 16, 64]; each level a positive integer."""
+    try:
+        levels = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--concurrency takes comma-separated positive integers, e.g. 1,16,64; got {text!r}") from None
+    if not levels or any(c < 1 for c in levels):
+        raise argparse.ArgumentTypeError(f"--concurrency takes comma-separated positive integers, e.g. 1,16,64; got {text!r}")
+    return levels
+
+
+def _load_spec(inventory: str) -> ClusterSpec | None:
+    # pyinfra's CLI (imported by the loader) gevent-patches the process: load before any HTTP client
+    from pdkit.loader import load_with_problems
+
+    spec, problems = load_with_problems(inventory)
+    if spec is None:
+        print(f"{inventory}: the inventory does not validate; nothing was contacted.", file=sys.stderr)
+        for p in problems:
+            print(f"  {p.severity:<7} {p}", file=sys.stderr)
+    return spec
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    spec = _load_spec(args.inventory)
+    if spec is None:
+        return EXIT_INVALID
+    common = dict(concurrency=args.concurrency, input_len=args.input_len, output_len=args.output_len,
+                  requests=args.requests, warmup=args.warmup, label=args.label, probe_drivers=not args.no_ssh)
+    try:
+        router_url, _ = router_target(spec)
+        print(f"bench through {router_url} (model {served_model(spec)}, engine {spec.cluster.engine}): "
+              f"C={','.join(map(str, args.concurrency))}, in {args.input_len} / out {args.output_len} tokens, "
+              f"{args.requests} requests per level", file=sys.stderr)
+        if args.engine_bench == "sglang":
+            record = run_sglang_bench(spec, python=args.sglang_python, tokenizer=args.tokenizer, **common)
+        else:
+            record = run_bench(spec, timeout_s=args.timeout, progress=not args.quiet, **common)
+    except (ValueError, RuntimeError) as exc:
+        print(f"bench: {exc}", file=sys.stderr)
+        return 1
+    written = write_outputs(record, args.out, plot=not args.no_plot)
+    print(render_markdown(record))
+    print("wrote " + ", ".join(str(p) for p in written), file=sys.stderr)
+    return 1 if any(lv["errors"] for lv in record["levels"]) else 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    try:
+        a, b = find_run(args.a, args.runs), find_run(args.b, args.runs)
+    except (LookupError, ValueError) as exc:
+        print(f"compare: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    text = render_compare(a, b)
+    if args.out:
+        Path(args.out).write_text(text)
+        print(f"wrote {args.out}", file=sys.stderr)
+    print(text, end="")
+    return 0
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register `bench` and `compare`."""
+    p = subparsers.add_parser("bench", help="measure the cluster through its router (tok/s, TTFT, TPOT, ITL per concurrency)",
+                              description="Streaming requests with fixed input/output lengths through the router, "
+                                          "after a warm-up; one JSON line per run in OUT/runs.jsonl, plus OUT/<id>.md and .png.")
+    p.add_argument("inventory")
+    p.add_argument("--concurrency", type=parse_concurrency, default=[1, 16, 64], metavar="C1,C2,...",
+                   help="concurrency levels, run in this order (default 1,16,64)")
+    p.add_argument("--input-len", type=int, default=512, help="prompt tokens per request (default 512)")
+    p.add_argument("--output-len", type=int, default=128, help="output tokens per request, EOS ignored (default 128)")
+    p.add_argument("--requests", type=int, default=64, help="requests per concurrency level (default 64)")
+    p.add_argument("--warmup", type=int, default=4, help="warm-up requests before the first level, not counted (default 4)")
+    p.add_argument("--label", default="", help="free text kept with the run, e.g. 'before cuda-graph change'")
+    p.add_argument("--out", default=DEFAULT_OUT, help=f"directory for runs.jsonl, <id>.md and <id>.png (default {DEFAULT_OUT})")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds per request (default 300)")
+    p.add_argument("--engine-bench", choices=("pdkit", "sglang"), default="pdkit",
+                   help=f"pdkit's client (default) or SGLang's own `python -m {SGLANG_BENCH_MODULE}`")
+    p.add_argument("--sglang-python", default=sys.executable,
+                   help="python that has sglang installed, for --engine-bench sglang (default: this one)")
+    p.add_argument("--tokenizer", default=None, help="tokenizer path for --engine-bench sglang (default: the model name)")
+    p.add_argument("--no-ssh", action="store_true", help="do not SSH to GPU nodes for the driver version")
+    p.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_bench)
+
+    p = subparsers.add_parser("compare", help="two bench runs side by side with ratios (B/A)",
+                              description="A and B: a run id or label from RUNS, or a .json record / .jsonl file (its last run).")
+    p.add_argument("a", metavar="A", help="the run before (id, label or file)")
+    p.add_argument("b", metavar="B", help="the run after (id, label or file)")
+    p.add_argument("--runs", default=f"{DEFAULT_OUT}/{RUNS_FILE}", help=f"runs file to look ids and labels up in (default {DEFAULT_OUT}/{RUNS_FILE})")
+    p.add_argument("--out", default=None, help="also write the markdown to this file")
+    p.set_defaults(func=cmd_compare)
