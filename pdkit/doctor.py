@@ -1,0 +1,859 @@
+"""`pdkit doctor INVENTORY [--json]`: is the running cluster the cluster the spec plans, and do its
+levers really work?
+
+Live checks per engine (and per router), each PASS / WARN / FAIL with a one-line reason and a fix
+hint (docs/doctor.md). Two halves, kept apart so the checks can be tested on captured pages:
+
+- collection (`collect`): HTTP GETs with timeouts from the control machine: each engine's
+  /server_info and /metrics (twice, `window_s` apart, with a few probe requests through the
+  router in between so that decode passes and KV hand-offs happen inside the window), each GPU
+  node's pdkit-exporter /metrics (environment of the engine process, argv drift, log-line
+  CUDA-graph flags), each router's GET /workers; optionally a short C=16 bench (pdkit.bench).
+- checks: small pure functions, observations in, `CheckResult` out.
+
+A WARN says "could not prove it" (not measurable on this version, no traffic yet, exporter down);
+a FAIL says "it is wrong"; the exit code is 1 when anything FAILs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pdkit.exporter.drift import compare_server_info, describe, flag_key
+from pdkit.exporter.metrics import parse_metrics
+
+Status = Literal["PASS", "WARN", "FAIL"]
+PASS: Status = "PASS"
+WARN: Status = "WARN"
+FAIL: Status = "FAIL"
+
+EXIT_FAIL = 1
+EXIT_INVALID = 2
+
+# Share of decode passes that must run as a CUDA graph before "graphs are used" is a PASS. SGLang
+# runs a batch above the largest captured size without a graph, so a few such passes are normal.
+GRAPH_RATIO_PASS = 0.9
+# An uncapped context above this many tokens is flagged: the seeds' 1M context made the indexer
+# scan 1M tokens per step; 128k is the largest window a seed needed.
+UNCAPPED_CONTEXT_WARN = 131072
+# A queue must grow by at least this many requests within the window to count as growing.
+QUEUE_GROWTH_MIN = 4
+DEFAULT_TOLERANCE = 0.10
+BENCH_CONCURRENCY = 16
+DEFAULT_RUNS_PATH = Path("docs/bench/runs.jsonl")
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One verdict: which host and target (an engine, `router` or `cluster`), which check, why, how to fix."""
+
+    host: str
+    target: str
+    check: str
+    status: Status
+    reason: str
+    hint: str = ""
+
+    def to_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+# ------------------------------------------------------------------------------------------------
+# Observations (what collection hands to the checks)
+
+
+@dataclass(frozen=True)
+class EnginePlan:
+    """What the spec says one engine should be running."""
+
+    host: str
+    engine: str
+    role: str
+    url: str
+    pd_group: str | None  # None for unified engines
+    argv: tuple[str, ...]
+    sglang_version: str
+    engine_kind: str  # sglang | sim
+    context_length: int | None
+    cuda_graph: bool  # decode CUDA graphs planned on (False for prefill engines)
+    graph_max_bs: int | None  # spec.effective_decode_graph_max_bs
+    required_bs: int | None  # ceil(target_concurrency / dp), None without a target
+    env_names: tuple[str, ...] = ()  # planned NCCL/UCX/SGLANG variables of the process
+
+
+@dataclass
+class Sample:
+    """One GET of an engine's /metrics: parse_metrics' figures, or why there are none."""
+
+    at: float = 0.0
+    figures: dict[str, Any] | None = None
+    error: str | None = None
+
+
+@dataclass
+class ExporterView:
+    """What the node's pdkit-exporter said about one engine (None fields: series absent)."""
+
+    env_present: float | None = None
+    env_check_error: float | None = None
+    env_mismatch: dict[str, str] = field(default_factory=dict)  # var -> problem
+    flags_drift: float | None = None
+    drift_flags: tuple[str, ...] = ()
+    decode_graph_ratio: float | None = None
+    decode_batch_cuda_graph: float | None = None  # the last `Decode batch` log line
+    sglang_version: str | None = None
+
+
+@dataclass
+class EngineObservation:
+    plan: EnginePlan
+    server_info: dict[str, Any] | None = None
+    server_info_error: str | None = None
+    first: Sample = field(default_factory=Sample)
+    second: Sample = field(default_factory=Sample)
+    exporter: ExporterView | None = None
+    exporter_error: str | None = None  # why the exporter page could not be read
+
+
+@dataclass
+class RouterObservation:
+    host: str
+    url: str
+    expected_workers: tuple[str, ...]
+    workers: dict[str, bool] | None = None  # url -> healthy
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class BenchPoint:
+    """Output tokens per second at C=16, and where it comes from."""
+
+    output_tok_s: float
+    label: str  # e.g. the run's id / time
+
+
+# ------------------------------------------------------------------------------------------------
+# Helpers over observations
+
+
+def _result(plan: EnginePlan, check: str, status: Status, reason: str, hint: str = "") -> CheckResult:
+    return CheckResult(plan.host, plan.engine, check, status, reason, hint if status != PASS else "")
+
+
+def _not_measured(plan: EnginePlan, check: str, why: str) -> CheckResult:
+    return _result(plan, check, WARN, f"not measured: {why}",
+                   f"make {plan.url} reachable from this machine (is pdkit-engine-{plan.engine} running on {plan.host}?) and re-run")
+
+
+def counter_delta(first: float | None, second: float | None) -> float | None:
+    """Increase of a cumulative counter between two samples; after a restart (it went back) the new total."""
+    if second is None:
+        return None
+    if first is None or second < first:
+        return second
+    return second - first
+
+
+def decode_graphs_enabled(server_info: dict[str, Any]) -> bool | None:
+    """Whether /server_info says decode CUDA graphs are on (None when it does not say)."""
+    backend = server_info.get("cuda_graph_backend_decode")
+    if isinstance(backend, str):
+        return backend != "disabled"
+    disabled = server_info.get("disable_cuda_graph")
+    if isinstance(disabled, bool):
+        return not disabled
+    return None
+
+
+def largest_decode_bucket(server_info: dict[str, Any]) -> int | None:
+    """The largest decode batch captured as a graph, from /server_info (per-phase names, then the old ones)."""
+    for key in ("cuda_graph_bs_decode", "cuda_graph_bs"):
+        buckets = server_info.get(key)
+        if isinstance(buckets, list) and buckets and all(isinstance(b, int) for b in buckets):
+            return max(buckets)
+    for key in ("cuda_graph_max_bs_decode", "cuda_graph_max_bs"):
+        value = server_info.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def decode_passes(obs: EngineObservation) -> tuple[float, float, str] | None:
+    """(graph passes, passes without a graph, over what) for decode: in the window when it saw any,
+    else since the engine started. None when the engine exports no pass counters."""
+    second = obs.second.figures
+    if second is None or not second.get("cuda_graph_passes"):
+        return None
+    now = second["cuda_graph_passes"]
+    before = (obs.first.figures or {}).get("cuda_graph_passes") or {}
+    graph = counter_delta(before.get("decode_cuda_graph"), now.get("decode_cuda_graph", 0.0)) or 0.0
+    plain = counter_delta(before.get("decode_none"), now.get("decode_none", 0.0)) or 0.0
+    if graph + plain > 0 and before:
+        return graph, plain, f"in the last {obs.second.at - obs.first.at:.0f} s"
+    return now.get("decode_cuda_graph", 0.0), now.get("decode_none", 0.0), "since the engine started"
+
+
+# ------------------------------------------------------------------------------------------------
+# Checks (pure)
+
+
+def check_reachable(obs: EngineObservation) -> CheckResult:
+    plan = obs.plan
+    errors = [f"/server_info: {obs.server_info_error}"] if obs.server_info_error else []
+    if obs.second.error:
+        errors.append(f"/metrics: {obs.second.error}")
+    if not errors:
+        return _result(plan, "reachable", PASS, f"{plan.url} answered /server_info and /metrics")
+    if obs.server_info is None and obs.second.figures is None:
+        return _result(plan, "reachable", FAIL, f"{plan.url} did not answer: {'; '.join(errors)}",
+                       f"on {plan.host}: systemctl status pdkit-engine-{plan.engine}; journalctl -u pdkit-engine-{plan.engine} -n 50")
+    return _result(plan, "reachable", WARN, f"{plan.url} answered only in part: {'; '.join(errors)}",
+                   "/metrics needs tuning.enable_metrics (on by default); re-run if the engine was restarting")
+
+
+def check_flags(obs: EngineObservation) -> CheckResult:
+    """Running flags equal the plan: /server_info (pdkit.exporter.drift) and the exporter's argv check."""
+    plan = obs.plan
+    drifted: dict[str, str] = {}
+    unverified: tuple[str, ...] = ()
+    if obs.server_info is not None:
+        found = compare_server_info(plan.argv, obs.server_info)
+        unverified = found.unverified
+        for flag in found.drifted:
+            drifted[flag] = describe(flag, plan.argv, obs.server_info.get(flag_key(flag)))
+    if obs.exporter is not None:
+        for flag in obs.exporter.drift_flags:
+            drifted.setdefault(flag, f"{flag}: the process argv differs from the deployed plan (pdkit-exporter)")
+    if obs.server_info is None and (obs.exporter is None or obs.exporter.flags_drift is None):
+        return _not_measured(plan, "flags", f"/server_info unreadable ({obs.server_info_error})")
+    if drifted:
+        shown = "; ".join(drifted[f] for f in sorted(drifted)[:3]) + (f" (+{len(drifted) - 3} more)" if len(drifted) > 3 else "")
+        return _result(plan, "flags", FAIL, f"{len(drifted)} planned flag(s) not in effect: {shown}",
+                       f"re-apply the plan to {plan.host} (pyinfra INVENTORY deploy/pd.py --limit {plan.host}, or pdkit roll); "
+                       "a flag changed by hand on the host is overwritten by that; an intended change belongs in the inventory")
+    checked = len({flag_key(a) for a in plan.argv if a.startswith("--")}) - len(unverified)
+    note = f", {len(unverified)} not reported by /server_info ({', '.join(unverified[:3])})" if unverified else ""
+    return _result(plan, "flags", PASS, f"{checked} planned flags match the running engine{note}")
+
+
+def check_decode_cuda_graphs(obs: EngineObservation) -> CheckResult:
+    """Decode CUDA graphs are on and really used: pass counters, else the exporter's ratio / log line."""
+    plan = obs.plan
+    name = "decode_cuda_graph"
+    info = obs.server_info
+    enabled = decode_graphs_enabled(info) if info is not None else None
+    spec_hint = (f"the spec turns them off for {plan.host}/{plan.engine}: set tuning.cuda_graph: true (or drop the "
+                 "override) and roll it; graphs gave 2.9-5.2x decode throughput on H200 (docs/gpu.md)")
+    if enabled is False:
+        if not plan.cuda_graph:
+            return _result(plan, name, FAIL, "decode CUDA graphs are off (cuda_graph_backend_decode=disabled), as the spec plans", spec_hint)
+        return _result(plan, name, FAIL, "decode CUDA graphs are off in the running engine although the plan has them on",
+                       f"the engine does not run the plan: re-apply it to {plan.host} (pyinfra INVENTORY deploy/pd.py --limit {plan.host}); see the flags check")
+    passes = decode_passes(obs)
+    if passes is None:
+        # no pass counters (older SGLang): the exporter's ratio, else its last `Decode batch` log line
+        ex = obs.exporter
+        if ex is not None and ex.decode_graph_ratio is not None:
+            ratio, source = ex.decode_graph_ratio, "pdkit-exporter's decode CUDA-graph ratio"
+        elif ex is not None and ex.decode_batch_cuda_graph is not None:
+            ratio, source = ex.decode_batch_cuda_graph, "the last `Decode batch` log line (cuda graph: True/False)"
+        else:
+            why = "the engine exports no sglang:cuda_graph_passes_total and pdkit-exporter has no decode log line"
+            return _result(plan, name, WARN, f"not measurable: {why}",
+                           "send decode traffic and re-run; the exporter reads `Decode batch ... cuda graph:` from the journal (its user needs group systemd-journal)")
+        graph, plain, window = ratio, 1.0 - ratio, f"from {source}"
+        total_text = f"{ratio:.0%} of decode passes {window}"
+    else:
+        graph, plain, window = passes
+        total_text = f"{graph:.0f} of {graph + plain:.0f} decode passes ran as a CUDA graph {window}"
+    total = graph + plain
+    if total <= 0:
+        return _result(plan, name, WARN, "no decode pass seen since the engine started: cannot prove graphs are used",
+                       "send a request through the router (pdkit chat INVENTORY) and re-run; doctor's probe requests did not reach this engine")
+    ratio = graph / total
+    if not plan.cuda_graph and ratio == 0:
+        return _result(plan, name, FAIL, f"decode CUDA graphs unused, as the spec plans: {total_text}", spec_hint)
+    if ratio == 0:
+        return _result(plan, name, FAIL, f"decode CUDA graphs enabled but unused: {total_text}",
+                       f"graph capture failed or every batch is above the captured size ({largest_decode_bucket(info or {}) or '?'}): "
+                       f"read journalctl -u pdkit-engine-{plan.engine} on {plan.host} for the capture; raise tuning.cuda_graph_max_bs")
+    if ratio < GRAPH_RATIO_PASS:
+        return _result(plan, name, WARN, f"only {total_text}",
+                       f"batches above the largest captured size ({largest_decode_bucket(info or {}) or '?'}) run without a graph: "
+                       "raise tuning.cuda_graph_max_bs to cover the load")
+    return _result(plan, name, PASS, total_text)
+
+
+def check_graph_buckets(obs: EngineObservation) -> CheckResult:
+    """The captured decode batch sizes cover the configured concurrency (target_concurrency / dp)."""
+    plan = obs.plan
+    name = "graph_buckets"
+    if obs.server_info is None:
+        return _not_measured(plan, name, f"/server_info unreadable ({obs.server_info_error})")
+    if decode_graphs_enabled(obs.server_info) is False:
+        return _result(plan, name, WARN, "no capture buckets: decode CUDA graphs are off (see decode_cuda_graph)",
+                       "follows from decode_cuda_graph")
+    largest = largest_decode_bucket(obs.server_info)
+    if largest is None:
+        return _result(plan, name, WARN, "/server_info reports no decode capture size (cuda_graph_max_bs_decode / cuda_graph_bs_decode)",
+                       "not measurable on this version; check the engine's `Capture cuda graph bs [...]` log line")
+    if plan.required_bs is None:
+        return _result(plan, name, WARN, f"captured up to batch {largest}, but the spec sets no target_concurrency to compare with",
+                       "set pdkit_cluster.target_concurrency (the load the cluster is tuned for)")
+    if largest < plan.required_bs:
+        return _result(plan, name, FAIL, f"decode graphs captured up to batch {largest}, below the {plan.required_bs} "
+                       "concurrent requests per DP rank the spec targets: larger batches run without a graph",
+                       f"set tuning.cuda_graph_max_bs >= {plan.required_bs} for {plan.host}/{plan.engine} (mind max_running_requests, which clamps it)")
+    return _result(plan, name, PASS, f"decode graphs captured up to batch {largest} >= {plan.required_bs} (target concurrency per DP rank)")
+
+
+def check_context_length(obs: EngineObservation) -> CheckResult:
+    plan = obs.plan
+    name = "context_length"
+    if obs.server_info is None:
+        return _not_measured(plan, name, f"/server_info unreadable ({obs.server_info_error})")
+    running = obs.server_info.get("context_length")
+    if not isinstance(running, int) or isinstance(running, bool):
+        return _result(plan, name, WARN, "/server_info reports no context_length", "not measurable on this version")
+    if plan.context_length is None:
+        if running > UNCAPPED_CONTEXT_WARN:
+            return _result(plan, name, WARN, f"not capped by the spec: the engine runs a {running}-token context",
+                           f"set tuning.context_length to the longest prompt you serve (a 1M context made the seeds' indexer scan 1M tokens per step)")
+        return _result(plan, name, PASS, f"not capped by the spec; the engine's context is {running} tokens")
+    if running == plan.context_length:
+        return _result(plan, name, PASS, f"capped at {running} tokens as planned")
+    if running < plan.context_length:
+        hint = ("SGLang keeps the model's maximum when asked for more: set tuning.allow_longer_context: true "
+                "(SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1) or lower tuning.context_length")
+    else:
+        hint = f"the engine does not run the planned --context-length: re-apply the plan to {plan.host}"
+    return _result(plan, name, FAIL, f"context length {running}, planned {plan.context_length}", hint)
+
+
+def check_env(obs: EngineObservation) -> CheckResult:
+    """The planned NCCL/UCX/SGLANG environment is in the engine process (the exporter reads /proc/PID/environ)."""
+    plan = obs.plan
+    name = "process_env"
+    ex = obs.exporter
+    if ex is None:
+        return _result(plan, name, WARN, f"not measurable: pdkit-exporter on {plan.host} unreadable ({obs.exporter_error})",
+                       f"on {plan.host}: systemctl status pdkit-exporter (it reads /proc/<pid>/environ of the engine)")
+    if ex.env_check_error == 1 or ex.env_present is None:
+        return _result(plan, name, WARN, "pdkit-exporter could not read the engine process's environment",
+                       f"is pdkit-engine-{plan.engine} running? the exporter runs as the service user and reads its /proc/<pid>/environ")
+    if ex.env_present == 0:
+        shown = ", ".join(f"{var} {problem}" for var, problem in sorted(ex.env_mismatch.items())) or "see pdkit_engine_env_mismatch_info"
+        return _result(plan, name, FAIL, f"the engine process lacks planned variables: {shown}",
+                       f"the unit loads /etc/pdkit/nccl.env, ucx.env and engines/{plan.engine}.env: re-apply the plan to {plan.host} "
+                       "and restart the engine (a changed env file takes effect only on restart)")
+    names = ", ".join(plan.env_names[:4]) + ("..." if len(plan.env_names) > 4 else "")
+    return _result(plan, name, PASS, f"every planned variable is in the process ({len(plan.env_names)}: {names})" if names
+                   else "every planned variable is in the process")
+
+
+def check_versions(group: Sequence[EngineObservation]) -> list[CheckResult]:
+    """Prefill and decode of one PD group run the same SGLang version (and, on sglang, the planned one)."""
+    running = {id(o): (o.server_info or {}).get("version") or (o.exporter.sglang_version if o.exporter else None)
+               for o in group}
+    known = {str(v) for v in running.values() if v}
+    label = f"PD group {group[0].plan.pd_group!r}" if group[0].plan.pd_group else "engine"
+    out = []
+    for obs in group:
+        plan = obs.plan
+        version = running[id(obs)]
+        if not version:
+            out.append(_not_measured(plan, "version", "/server_info has no version"))
+        elif len(known) > 1:
+            members = ", ".join(f"{o.plan.host}/{o.plan.engine} {running[id(o)] or '?'}" for o in group)
+            out.append(_result(plan, "version", FAIL, f"{label} mixes SGLang versions: {members}",
+                               "roll the whole group to one version (pdkit_cluster.sglang_version or engines[].sglang_version): "
+                               "a mismatched pair fails at the NIXL handshake or corrupts output"))
+        elif plan.engine_kind == "sglang" and str(version) != plan.sglang_version:
+            out.append(_result(plan, "version", WARN, f"runs SGLang {version}, the spec plans {plan.sglang_version}",
+                               f"re-apply the plan to {plan.host} (the wheelhouse installs the pinned version)"))
+        else:
+            others = f" like the rest of {label}" if len(group) > 1 else ""
+            out.append(_result(plan, "version", PASS, f"runs {version}{others}"))
+    return out
+
+
+def check_kv_transfers(obs: EngineObservation) -> CheckResult:
+    """KV hand-offs happen and none failed (sglang:num_{bootstrap,transfer}_failed_reqs_total)."""
+    plan = obs.plan
+    name = "kv_transfer"
+    second = obs.second.figures
+    if second is None:
+        return _not_measured(plan, name, f"/metrics unreadable ({obs.second.error})")
+    failures = second.get("kv_transfer_failures") or {}
+    before = (obs.first.figures or {}).get("kv_transfer_failures") or {}
+    moved_key = "prompt_tokens" if plan.role == "prefill" else "generation_tokens"
+    moved = second.get(moved_key, 0.0)
+    if not failures:
+        version = (obs.server_info or {}).get("version", "?")
+        return _result(plan, name, WARN, f"failures not measurable on this version: SGLang {version} exports no "
+                       "num_bootstrap_failed_reqs_total / num_transfer_failed_reqs_total",
+                       "judge by the router instead: non-200 answers in smg_http_responses_total; SGLang 0.5.23 exports the counters")
+    recent = {stage: counter_delta(before.get(stage), value) or 0.0 for stage, value in failures.items()}
+    window = obs.second.at - obs.first.at
+    if any(v > 0 for v in recent.values()):
+        shown = ", ".join(f"{v:.0f} {stage}" for stage, v in sorted(recent.items()) if v > 0)
+        return _result(plan, name, FAIL, f"KV hand-off failures in the last {window:.0f} s: {shown}",
+                       "read both engines' journals for NIXL/UCX errors; across nodes set pdkit_node.ucx_net_devices, on one node "
+                       "UCX_TLS must keep cuda_ipc; check the pair's versions (version check) and that the prefill's bootstrap port is reachable")
+    total = sum(failures.values())
+    if total > 0:
+        return _result(plan, name, WARN, f"{total:.0f} KV hand-off failure(s) since the engine started, none in the last {window:.0f} s",
+                       "past failures: read the journal around them; restart the engine to reset the counters once understood")
+    if moved <= 0:
+        return _result(plan, name, WARN, "no KV hand-off since the engine started: cannot prove transfers work",
+                       "send a request through the router (pdkit chat INVENTORY) and re-run")
+    return _result(plan, name, PASS, f"no failures; {moved:.0f} {moved_key.replace('_', ' ')} handed through PD since start")
+
+
+def _queue_depth(figures: dict[str, Any]) -> float:
+    return figures.get("queued_requests", 0.0) + sum((figures.get("pd_queues") or {}).values())
+
+
+def _progress(first: dict[str, Any], second: dict[str, Any]) -> float:
+    moved = sum(counter_delta(first.get(k), second.get(k, 0.0)) or 0.0 for k in ("prompt_tokens", "generation_tokens"))
+    a, b = first.get("cuda_graph_passes") or {}, second.get("cuda_graph_passes") or {}
+    return moved + sum(counter_delta(a.get(k), v) or 0.0 for k, v in b.items())
+
+
+def check_queues(obs: EngineObservation) -> CheckResult:
+    """The waiting and PD queues did not grow between two samples; growing with no progress is stuck."""
+    plan = obs.plan
+    name = "queues"
+    a, b = obs.first.figures, obs.second.figures
+    if a is None or b is None:
+        return _not_measured(plan, name, f"/metrics unreadable ({obs.first.error or obs.second.error})")
+    before, after = _queue_depth(a), _queue_depth(b)
+    window = obs.second.at - obs.first.at
+    if after - before >= QUEUE_GROWTH_MIN:
+        if _progress(a, b) <= 0:
+            return _result(plan, name, FAIL, f"queued requests {before:.0f} -> {after:.0f} in {window:.0f} s with no token produced: stuck",
+                           f"a prefill queue waits for its decode partner (bootstrap) or a decode for KV (transfer): check the pair's "
+                           f"journals; restart the stuck engine (a prefill replaced behind one address stalls its decode)")
+        return _result(plan, name, WARN, f"queued requests grew {before:.0f} -> {after:.0f} in {window:.0f} s",
+                       "requests arrive faster than this engine drains them: add engines or lower the load; see KV usage and graphs")
+    return _result(plan, name, PASS, f"queued requests {before:.0f} -> {after:.0f} over {window:.0f} s")
+
+
+def check_router_workers(router: RouterObservation) -> CheckResult:
+    """The router lists every planned worker, healthy (GET /workers)."""
+    name = "router_workers"
+    if router.workers is None:
+        return CheckResult(router.host, "router", name, FAIL, f"{router.url}/workers did not answer: {router.error}",
+                           f"on {router.host}: systemctl status pdkit-router; journalctl -u pdkit-router -n 50")
+    wanted = {w.rstrip("/") for w in router.expected_workers}
+    missing = sorted(wanted - set(router.workers))
+    unhealthy = sorted(w for w in wanted & set(router.workers) if not router.workers[w])
+    extra = sorted(set(router.workers) - wanted)
+    if missing or unhealthy:
+        parts = ([f"missing {', '.join(missing)}"] if missing else []) + ([f"unhealthy {', '.join(unhealthy)}"] if unhealthy else [])
+        return CheckResult(router.host, "router", name, FAIL, "; ".join(parts),
+                           "fix the engine first (its rows above); the router re-checks a worker every health_check_interval_secs. "
+                           "A worker missing from the list: re-apply the plan to the router host (its --prefill/--decode list)")
+    note = f"; also lists unplanned {', '.join(extra)}" if extra else ""
+    status: Status = WARN if extra else PASS
+    return CheckResult(router.host, "router", name, status, f"all {len(wanted)} planned workers registered and healthy{note}",
+                       "remove the unplanned worker (DELETE /workers/{id}) or add it to the inventory" if extra else "")
+
+
+def check_throughput(host: str, recorded: BenchPoint | None, measured: BenchPoint | None,
+                     tolerance: float = DEFAULT_TOLERANCE) -> CheckResult:
+    """C=16 output throughput within `tolerance` of the last recorded bench."""
+    name = "throughput_c16"
+    if recorded is None:
+        return CheckResult(host, "cluster", name, WARN, "no bench recorded at C=16",
+                           "run `pdkit bench INVENTORY --concurrency 16` once the cluster is right: it records docs/bench/runs.jsonl")
+    if measured is None:
+        return CheckResult(host, "cluster", name, WARN, f"not measured now (last recorded {recorded.output_tok_s:.0f} tok/s, {recorded.label})",
+                           "pass --bench to run a short C=16 bench through the router and compare")
+    ratio = measured.output_tok_s / recorded.output_tok_s if recorded.output_tok_s > 0 else math.inf
+    text = f"C=16 {measured.output_tok_s:.0f} tok/s vs {recorded.output_tok_s:.0f} recorded ({recorded.label}): {ratio - 1:+.0%}"
+    if ratio < 1 - tolerance:
+        return CheckResult(host, "cluster", name, FAIL, text,
+                           "a lever regressed: see the FAIL rows (decode_cuda_graph, flags, queues) and `pdkit compare` the two runs")
+    return CheckResult(host, "cluster", name, PASS, f"{text} (tolerance {tolerance:.0%})")
+
+
+ENGINE_CHECKS: tuple[tuple[Callable[[EngineObservation], CheckResult], frozenset[str]], ...] = (
+    (check_reachable, frozenset({"prefill", "decode", "unified"})),
+    (check_flags, frozenset({"prefill", "decode", "unified"})),
+    (check_decode_cuda_graphs, frozenset({"decode", "unified"})),
+    (check_graph_buckets, frozenset({"decode", "unified"})),
+    (check_context_length, frozenset({"prefill", "decode", "unified"})),
+    (check_env, frozenset({"prefill", "decode", "unified"})),
+    (check_kv_transfers, frozenset({"prefill", "decode"})),
+    (check_queues, frozenset({"prefill", "decode", "unified"})),
+)
+
+
+def evaluate(engines: Sequence[EngineObservation], routers: Sequence[RouterObservation],
+             recorded: BenchPoint | None = None, measured: BenchPoint | None = None,
+             tolerance: float = DEFAULT_TOLERANCE, cluster_host: str = "") -> list[CheckResult]:
+    """Every check over the collected observations, in table order (host, engine, check)."""
+    results: list[CheckResult] = []
+    versions: dict[int, CheckResult] = {}
+    groups: dict[str, list[EngineObservation]] = {}
+    for obs in engines:
+        key = obs.plan.pd_group or f"{obs.plan.host}/{obs.plan.engine}"
+        groups.setdefault(key, []).append(obs)
+    for members in groups.values():
+        for obs, result in zip(members, check_versions(members)):
+            versions[id(obs)] = result
+    for obs in engines:
+        for check, roles in ENGINE_CHECKS:
+            if obs.plan.role in roles:
+                results.append(check(obs))
+        results.append(versions[id(obs)])
+    results += [check_router_workers(r) for r in routers]
+    results.append(check_throughput(cluster_host, recorded, measured, tolerance))
+    return results
+
+
+# ------------------------------------------------------------------------------------------------
+# Exporter page -> per-engine views
+
+
+def exporter_views(text: str) -> dict[str, ExporterView]:
+    """pdkit-exporter's /metrics text -> {engine name: ExporterView}."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    views: dict[str, ExporterView] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            engine = s.labels.get("engine")
+            if engine is None:
+                continue
+            view = views.setdefault(engine, ExporterView())
+            if s.name == "pdkit_engine_env_present":
+                view.env_present = s.value
+            elif s.name == "pdkit_engine_env_check_error":
+                view.env_check_error = s.value
+            elif s.name == "pdkit_engine_env_mismatch_info":
+                view.env_mismatch[s.labels.get("var", "?")] = s.labels.get("problem", "?")
+            elif s.name == "pdkit_engine_flags_drift":
+                view.flags_drift = s.value
+            elif s.name == "pdkit_engine_flag_drift_info":
+                view.drift_flags = (*view.drift_flags, s.labels.get("flag", "?"))
+            elif s.name == "pdkit_decode_cuda_graph_ratio":
+                view.decode_graph_ratio = s.value
+            elif s.name == "pdkit_decode_batch_cuda_graph":
+                view.decode_batch_cuda_graph = s.value
+            elif s.name == "pdkit_engine_info":
+                view.sglang_version = s.labels.get("sglang_version") or None
+    return views
+
+
+# ------------------------------------------------------------------------------------------------
+# Collection (HTTP, from the control machine)
+
+
+def engine_plans(spec) -> list[EnginePlan]:
+    """What each engine of the spec should be running."""
+    from pdkit import flags
+    from pdkit.spec import effective_decode_graph_max_bs
+
+    target = spec.cluster.target_concurrency
+    out = []
+    for host, engine in spec.engines():
+        tuning = spec.engine_tuning(engine)
+        env = {**flags.nccl_env(spec, host), **flags.ucx_env(spec, host), **flags.engine_env(spec, host, engine)}
+        planned_env = sorted(k for k in env if k.startswith(("NCCL_", "UCX_", "SGLANG_")))
+        out.append(EnginePlan(
+            host=host.name,
+            engine=engine.name,
+            role=engine.role,
+            url=flags.engine_url(spec, host, engine),
+            pd_group=engine.pd_group if engine.role != "unified" else None,
+            argv=tuple(flags.sglang_args(spec, host, engine)),
+            sglang_version=spec.engine_version(engine),
+            engine_kind=spec.cluster.engine,
+            context_length=tuning.context_length,
+            cuda_graph=engine.role != "prefill" and bool(tuning.value("cuda_graph")),
+            graph_max_bs=effective_decode_graph_max_bs(spec, host, engine),
+            required_bs=math.ceil(target / engine.dp) if target is not None and engine.role != "prefill" else None,
+            env_names=tuple(planned_env),
+        ))
+    return out
+
+
+def router_urls(spec) -> list[tuple[str, str, tuple[str, ...]]]:
+    """(host, router base URL, planned worker URLs) per router, from the plan's router service."""
+    from pdkit import flags
+    from pdkit.plan import plan_host
+
+    out = []
+    for host in spec.router_hosts:
+        service = next(s for s in plan_host(spec, host).services if s.kind == "router")
+        out.append((host.name, f"http://{flags.router_address(host)}:{host.router.port}", service.expected_workers))
+    return out
+
+
+def _get(url: str, timeout_s: float, headers: dict[str, str] | None = None) -> tuple[str | None, str | None]:
+    """(body, None) on a 200, else (None, why)."""
+    from pdkit.health import http_request
+
+    status, body = http_request(url, timeout=timeout_s, headers=headers)
+    if status == 200:
+        return body, None
+    return None, (f"HTTP {status}: {body.strip()[:120]}" if status else body.strip()[:160] or "no answer")
+
+
+def _sample(url: str, timeout_s: float) -> Sample:
+    at = time.monotonic()
+    body, error = _get(f"{url}/metrics", timeout_s)
+    if body is None:
+        return Sample(at, None, error)
+    try:
+        return Sample(at, parse_metrics(body))
+    except ValueError as exc:
+        return Sample(at, None, f"unreadable /metrics: {str(exc)[:120]}")
+
+
+def _probe(router_url: str, model: str, requests_n: int, timeout_s: float, headers: dict[str, str]) -> list[int]:
+    """A few short completions through the router, concurrently: decode passes and KV hand-offs to observe."""
+    from pdkit.health import http_request
+
+    def one(i: int) -> int:
+        payload = {"model": model, "prompt": f"pdkit doctor probe {i} {time.time_ns()}", "max_tokens": 16}
+        return http_request(f"{router_url}/v1/completions", payload, timeout=timeout_s, headers=headers)[0]
+
+    with ThreadPoolExecutor(max(1, requests_n)) as pool:
+        return list(pool.map(one, range(requests_n)))
+
+
+@dataclass
+class Collected:
+    engines: list[EngineObservation]
+    routers: list[RouterObservation]
+    probe_statuses: list[int] = field(default_factory=list)
+
+
+def collect(spec, *, window_s: float = 3.0, probe_requests: int = 8, timeout_s: float = 5.0,
+            progress: Callable[[str], None] = lambda _m: None) -> Collected:
+    """Read every engine, exporter and router of the spec (two /metrics samples `window_s` apart)."""
+    from pdkit.health import router_worker_health
+
+    plans = engine_plans(spec)
+    obs = [EngineObservation(plan=p) for p in plans]
+    headers = {}
+    if spec.cluster.secrets.router_api_key is not None:
+        headers["Authorization"] = f"Bearer {spec.cluster.secrets.router_api_key.get_secret_value()}"
+    routers = [RouterObservation(h, url, workers) for h, url, workers in router_urls(spec)]
+    exporters = {h.name: f"http://{spec.engine_address(h)}:{h.node.exporter_port}" for h in spec.gpu_hosts}
+
+    with ThreadPoolExecutor(max(4, 2 * len(obs) + len(routers) + len(exporters))) as pool:
+        def read_engine(o: EngineObservation) -> None:
+            body, error = _get(f"{o.plan.url}/server_info", timeout_s)
+            if body is not None:
+                try:
+                    info = json.loads(body)
+                    o.server_info = info if isinstance(info, dict) else None
+                    o.server_info_error = None if isinstance(info, dict) else "not a JSON object"
+                except ValueError as exc:
+                    o.server_info_error = f"unreadable: {exc}"
+            else:
+                o.server_info_error = error
+            o.first = _sample(o.plan.url, timeout_s)
+
+        progress(f"reading {len(obs)} engines")
+        list(pool.map(read_engine, obs))
+        started = time.monotonic()
+        statuses: list[int] = []
+        for r in routers if probe_requests > 0 else []:
+            progress(f"sending {probe_requests} probe requests through {r.url}")
+            statuses += _probe(r.url, spec.cluster.model.name, probe_requests, max(timeout_s, 30.0), headers)
+        time.sleep(max(0.0, window_s - (time.monotonic() - started)))
+        progress(f"second look at the engines after {time.monotonic() - started:.1f} s; exporters and routers")
+        seconds = pool.map(lambda o: _sample(o.plan.url, timeout_s), obs)
+        exporter_pages = dict(zip(exporters, pool.map(lambda u: _get(f"{u}/metrics", timeout_s), exporters.values())))
+        router_pages = list(pool.map(lambda r: _get(f"{r.url}/workers", timeout_s, headers), routers))
+        for o, s in zip(obs, seconds):
+            o.second = s
+
+    views: dict[str, dict[str, ExporterView]] = {}
+    errors: dict[str, str] = {}
+    for host, (body, error) in exporter_pages.items():
+        if body is None:
+            errors[host] = f"{exporters[host]}/metrics: {error}"
+            continue
+        try:
+            views[host] = exporter_views(body)
+        except ValueError as exc:
+            errors[host] = f"unreadable exporter page: {str(exc)[:120]}"
+    for o in obs:
+        view = views.get(o.plan.host, {}).get(o.plan.engine)
+        o.exporter = view
+        if view is None:
+            o.exporter_error = errors.get(o.plan.host, f"no series for engine {o.plan.engine}")
+    for r, (body, error) in zip(routers, router_pages):
+        if body is None:
+            r.error = error
+            continue
+        try:
+            r.workers = router_worker_health(body)
+        except (ValueError, AttributeError) as exc:
+            r.error = f"unreadable /workers: {exc}"
+    return Collected(obs, routers, statuses)
+
+
+# ------------------------------------------------------------------------------------------------
+# The last recorded bench and a fresh one (pdkit.bench, when it exists)
+
+
+def _c16_from_run(run: Any) -> float | None:
+    """Output tok/s at C=16 from one recorded run (a dict or an object with `levels`/`results`)."""
+    data = run if isinstance(run, dict) else getattr(run, "__dict__", {})
+    for key in ("levels", "results", "concurrency"):
+        levels = data.get(key)
+        if isinstance(levels, list):
+            for level in levels:
+                item = level if isinstance(level, dict) else getattr(level, "__dict__", {})
+                if item.get("concurrency") == BENCH_CONCURRENCY:
+                    for name in ("output_tok_s", "output_throughput", "output_tokens_per_s"):
+                        if isinstance(item.get(name), (int, float)):
+                            return float(item[name])
+    return None
+
+
+def last_recorded(runs: Iterable[Any], cluster: str | None = None) -> BenchPoint | None:
+    """The newest run with a C=16 level (of this cluster when runs say which)."""
+    best = None
+    for run in runs:
+        data = run if isinstance(run, dict) else getattr(run, "__dict__", {})
+        fingerprint = data.get("fingerprint")
+        name = data.get("cluster") or (fingerprint.get("cluster") if isinstance(fingerprint, dict) else None)
+        if cluster is not None and name not in (None, cluster):
+            continue
+        value = _c16_from_run(run)
+        if value is not None:
+            best = BenchPoint(value, str(data.get("id") or data.get("time") or data.get("timestamp") or "last run"))
+    return best
+
+
+def recorded_bench(spec, runs_path: Path) -> BenchPoint | None:
+    try:
+        from pdkit import bench
+    except ModuleNotFoundError as exc:
+        if exc.name != "pdkit.bench":
+            raise
+        return None
+    if not Path(runs_path).is_file():
+        return None
+    return last_recorded(bench.load_runs(runs_path), spec.cluster.name)
+
+
+# ------------------------------------------------------------------------------------------------
+# Entry points
+
+
+def run_doctor(spec, *, window_s: float = 3.0, probe_requests: int = 8, timeout_s: float = 5.0,
+               bench: bool = False, tolerance: float = DEFAULT_TOLERANCE, runs_path: Path = DEFAULT_RUNS_PATH,
+               progress: Callable[[str], None] = lambda _m: None) -> list[CheckResult]:
+    """Collect from the live cluster and run every check."""
+    collected = collect(spec, window_s=window_s, probe_requests=probe_requests, timeout_s=timeout_s, progress=progress)
+    recorded = recorded_bench(spec, runs_path)
+    measured = None
+    if bench:
+        measured = fresh_bench(spec, progress)
+    cluster_host = spec.router_hosts[0].name if spec.router_hosts else ""
+    return evaluate(collected.engines, collected.routers, recorded, measured, tolerance, cluster_host)
+
+
+def fresh_bench(spec, progress: Callable[[str], None]) -> BenchPoint | None:
+    """A short C=16 bench through the router (pdkit.bench.run_bench), or None when bench is absent."""
+    try:
+        from pdkit import bench
+    except ModuleNotFoundError as exc:
+        if exc.name != "pdkit.bench":
+            raise
+        progress("pdkit.bench is not available: throughput not measured")
+        return None
+    progress("running a short C=16 bench through the router")
+    run = bench.run_bench(spec, concurrency=[BENCH_CONCURRENCY], input_len=128, output_len=64, requests=64)
+    value = _c16_from_run(run)
+    return BenchPoint(value, "now") if value is not None else None
+
+
+def render_table(results: Sequence[CheckResult]) -> str:
+    """Human output: one block per host/target, a row per check, the hint under WARN/FAIL rows."""
+    lines: list[str] = []
+    width = max((len(r.check) for r in results), default=10)
+    current = None
+    for r in results:
+        if (r.host, r.target) != current:
+            current = (r.host, r.target)
+            lines.append("" if lines else "")
+            lines.append(f"{r.host}/{r.target}" if r.host else r.target)
+        lines.append(f"  {r.check:<{width}}  {r.status}  {r.reason}")
+        if r.hint:
+            lines.append(f"  {'':<{width}}        fix: {r.hint}")
+    counts = {s: sum(1 for r in results if r.status == s) for s in (PASS, WARN, FAIL)}
+    lines.append("")
+    lines.append(f"{counts[PASS]} PASS, {counts[WARN]} WARN, {counts[FAIL]} FAIL")
+    return "\n".join(lines[1:] if lines and lines[0] == "" else lines)
+
+
+def exit_code(results: Sequence[CheckResult]) -> int:
+    return EXIT_FAIL if any(r.status == FAIL for r in results) else 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from pdkit.loader import load_with_problems
+
+    spec, problems = load_with_problems(args.inventory)
+    errors = [p for p in problems if p.severity == "error"]
+    if errors or spec is None:
+        print(f"{args.inventory}: {len(errors)} error(s); run `pdkit validate {args.inventory}` for the list.", file=sys.stderr)
+        for p in errors:
+            print(f"  error   {p}", file=sys.stderr)
+        return EXIT_INVALID
+    quiet = args.json
+
+    def progress(message: str) -> None:
+        if not quiet:
+            print(f"doctor: {message}", file=sys.stderr, flush=True)
+
+    results = run_doctor(spec, window_s=args.window, probe_requests=args.probe_requests, timeout_s=args.timeout,
+                         bench=args.bench, tolerance=args.tolerance, runs_path=Path(args.runs), progress=progress)
+    if args.json:
+        counts = {s: sum(1 for r in results if r.status == s) for s in (PASS, WARN, FAIL)}
+        print(json.dumps({"inventory": str(args.inventory), "cluster": spec.cluster.name, "ok": exit_code(results) == 0,
+                          "counts": counts, "checks": [r.to_dict() for r in results]}, indent=2))
+    else:
+        print(render_table(results))
+    return exit_code(results)
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("doctor", help="live checks: does the running cluster match the plan and do its levers work?")
+    p.add_argument("inventory", help="pyinfra inventory file, e.g. inventories/cluster.py")
+    p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+    p.add_argument("--window", type=float, default=3.0, help="seconds between the two /metrics samples (default 3)")
+    p.add_argument("--probe-requests", type=int, default=8,
+                   help="short completions sent through each router inside the window (default 8; 0: none)")
+    p.add_argument("--timeout", type=float, default=5.0, help="seconds per HTTP request (default 5)")
+    p.add_argument("--bench", action="store_true", help="run a short C=16 bench (pdkit bench) and compare with the last recorded one")
+    p.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE, help="allowed C=16 throughput drop (default 0.10)")
+    p.add_argument("--runs", default=str(DEFAULT_RUNS_PATH), help="recorded bench runs (default docs/bench/runs.jsonl)")
+    p.set_defaults(func=cmd_doctor)
+
+
+__all__ = [
+    "BenchPoint", "CheckResult", "EngineObservation", "EnginePlan", "ExporterView", "RouterObservation", "Sample",
+    "add_parser", "check_context_length", "check_decode_cuda_graphs", "check_env", "check_flags", "check_graph_buckets",
+    "check_kv_transfers", "check_queues", "check_reachable", "check_router_workers", "check_throughput", "check_versions",
+    "collect", "evaluate", "exit_code", "exporter_views", "render_table", "run_doctor",
+]
