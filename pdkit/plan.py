@@ -17,7 +17,7 @@ from pathlib import Path
 import jinja2
 
 from pdkit import flags
-from pdkit.spec import ClusterSpec, Engine, HostSpec, engine_numa_node
+from pdkit.spec import DCGM_EXPORTER_PORT, ClusterSpec, Engine, HostSpec, engine_numa_node
 
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
 SYSTEMD_DIR = "/etc/systemd/system"
@@ -225,6 +225,21 @@ def plan_host(spec: ClusterSpec, host: HostSpec) -> HostPlan:
             )
         )
 
+    if _dcgm_enabled(host):
+        directories.append((DCGM_DROPIN_DIR, "0755", "root", "root"))
+        dropin = render_template("systemd/dcgm-exporter.conf.j2", **common, exec_start=exec_start(dcgm_exporter_argv(spec, host)))
+        files.append(PlannedFile(DCGM_DROPIN_PATH, dropin, "0644"))
+        services.append(
+            Service(
+                unit=DCGM_UNIT,
+                kind="http",
+                files=(DCGM_DROPIN_PATH,),
+                health_url=f"http://{spec.engine_address(host)}:{DCGM_EXPORTER_PORT}/metrics",
+                ready_timeout_s=120,
+                port=DCGM_EXPORTER_PORT,
+            )
+        )
+
     if host.router is not None:
         router_secrets = flags.router_secrets_env(spec)
         env_files = []
@@ -319,6 +334,27 @@ def _release_manifest(spec: ClusterSpec, host: HostSpec, files: list[PlannedFile
     return json.dumps(manifest, indent=2, sort_keys=True) + "\n"
 
 
+# NVIDIA's DCGM exporter on GPU nodes (monitoring.dcgm_enabled): DCGM 4 for CUDA 13 and the
+# exporter package, both from NVIDIA's CUDA repository (roles/nvidia_repo.py lays it down)
+DCGM_PACKAGES = ("datacenter-gpu-manager-4-cuda13", "datacenter-gpu-manager-exporter")
+DCGM_UNIT = "nvidia-dcgm-exporter.service"
+DCGM_DROPIN_DIR = f"{SYSTEMD_DIR}/{DCGM_UNIT}.d"
+DCGM_DROPIN_PATH = f"{DCGM_DROPIN_DIR}/pdkit.conf"
+# the package's own counter list; nv-hostengine (nvidia-dcgm.service) listens on localhost:5555
+DCGM_COLLECTORS = "/etc/dcgm-exporter/default-counters.csv"
+DCGM_HOSTENGINE = "localhost:5555"
+
+
+def dcgm_exporter_argv(spec: ClusterSpec, host: HostSpec) -> list[str]:
+    """dcgm-exporter's command line: the packaged counters, the node's address, the local host engine."""
+    return [
+        "/usr/bin/dcgm-exporter",
+        "--collectors", DCGM_COLLECTORS,
+        "--address", f"{spec.engine_address(host)}:{DCGM_EXPORTER_PORT}",
+        "--remote-hostengine-info", DCGM_HOSTENGINE,
+    ]
+
+
 PROMETHEUS_DEFAULTS_PATH = "/etc/default/prometheus"
 # Grafana's apt repository (deb822, key pinned by signed-by)
 GRAFANA_KEYRING_PATH = "/etc/apt/keyrings/grafana.asc"
@@ -354,13 +390,21 @@ def monitoring_host_services(spec: ClusterSpec, host: HostSpec, files: list[Plan
 
 
 def host_packages(spec: ClusterSpec, host: HostSpec) -> list[str]:
-    """Debian packages: node_exporter everywhere, Prometheus (and Grafana) on the monitoring host."""
+    """Packages: node_exporter everywhere, DCGM on GPU nodes that run it, Prometheus (and Grafana) on the monitoring host."""
     packages = ["prometheus-node-exporter"]
+    if _dcgm_enabled(host):
+        packages += DCGM_PACKAGES
     if host.monitoring is not None:
         packages.append("prometheus")
         if host.monitoring.grafana:
             packages.append("grafana")
     return packages
+
+
+def _dcgm_enabled(host: HostSpec) -> bool:
+    from pdkit.monitoring import dcgm_enabled
+
+    return dcgm_enabled(host)
 
 
 def plan_cluster(spec: ClusterSpec) -> dict[str, HostPlan]:
