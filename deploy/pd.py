@@ -7,9 +7,11 @@ rollout that stops at the first host whose gate fails.
 """
 
 from pdkit.deploy import current_spec
-from roles import base, packages, services
+from roles import base, node, packages, preflight, services
 
 current_spec()  # an invalid inventory stops here, before any operation
+preflight.preflight()  # one report per GPU node; a mismatch stops that node before any change
+node.node()  # gpu: nvidia hosts only: NVIDIA repo, driver R580, CUDA 13.0, NCCL (docs/tuning.md)
 base.service_user_and_dirs()
 packages.packages()
 base.venvs()

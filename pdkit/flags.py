@@ -162,7 +162,7 @@ def nccl_env(spec: ClusterSpec, host: HostSpec) -> dict[str, str]:
     if node.nccl_profile == "pcie":
         # NCCL's default P2P level (PXB) only allows P2P through PCIe switches; engines inside one
         # NUMA node need PHB, engines spanning sockets need SYS, else traffic bounces via host memory
-        env["NCCL_P2P_LEVEL"] = "SYS" if _any_engine_spans_numa(host) else "PHB"
+        env["NCCL_P2P_LEVEL"] = default_p2p_level(host) if node.nccl_p2p_level is None else node.nccl_p2p_level
         # never LL128 on PCIe: it can corrupt data there
         env["NCCL_PROTO"] = "LL,Simple"
     elif node.nccl_profile == "pcie-p2p-off":
@@ -174,6 +174,11 @@ def nccl_env(spec: ClusterSpec, host: HostSpec) -> dict[str, str]:
     if node.nic:
         env["NCCL_SOCKET_IFNAME"] = node.nic
     return dict(sorted(env.items()))
+
+
+def default_p2p_level(host: HostSpec) -> str:
+    """The pcie profile's NCCL_P2P_LEVEL without an explicit one: SYS if an engine spans NUMA nodes, else PHB."""
+    return "SYS" if _any_engine_spans_numa(host) else "PHB"
 
 
 def _any_engine_spans_numa(host: HostSpec) -> bool:

@@ -374,6 +374,15 @@ class Node(Frozen):
     exporter_port: Port = 9400
     # NVIDIA's DCGM exporter (port 9401); unset: on for gpu nvidia, off on lab hosts
     dcgm_exporter: bool | None = None
+    # NCCL_P2P_LEVEL for the pcie profile; unset: PHB, or SYS when an engine spans NUMA nodes
+    # (the preflight reads `nvidia-smi topo -m` and names the level the topology needs)
+    nccl_p2p_level: Literal["PIX", "PXB", "PHB", "SYS"] | None = None
+    # kernel modules: nvidia-dkms (NVIDIA's nvidia-open, built by DKMS) or ubuntu-prebuilt
+    # (Ubuntu's signed linux-modules-nvidia-580-open-<flavour>, Secure Boot friendly; Ubuntu only)
+    driver_modules: Literal["nvidia-dkms", "ubuntu-prebuilt"] = "nvidia-dkms"
+    # never: a driver change only marks the node "reboot required"; when-drained: reboot it too,
+    # but only in a run that declares the node drained (pdkit roll sets pdkit_drained)
+    reboot: Literal["never", "when-drained"] = "never"
 
 
 class Router(Frozen):
@@ -661,6 +670,12 @@ def cross_checks(spec: ClusterSpec) -> list[Problem]:
                 add(Problem(host.name, f"{at}.gpus", f"GPUs {list(engine.gpus)} span NUMA nodes {sorted({numa[g] for g in engine.gpus})}: the engine is not NUMA-bound (cross-NUMA TP runs over the inter-socket link)", "warning"))
             _check_engine_tuning(spec, host, engine, at, add)
 
+        if node.nccl_p2p_level is not None and node.nccl_profile != "pcie":
+            add(Problem(host.name, "pdkit_node.nccl_p2p_level", f"nccl_p2p_level is only used by the 'pcie' NCCL profile; this node's profile is {node.nccl_profile!r} (remove nccl_p2p_level or set nccl_profile: pcie)"))
+        if node.nccl_profile == "pcie-p2p-off":
+            for i, engine in enumerate(node.engines):
+                if spec.engine_tuning(engine).custom_all_reduce == "on":
+                    add(Problem(host.name, f"pdkit_node.engines[{i}].tuning.custom_all_reduce", "custom all-reduce needs GPU peer-to-peer, but the 'pcie-p2p-off' profile disables it (NCCL_P2P_DISABLE=1): use 'auto' or 'off'"))
         if node.gpu == "nvidia" and node.gpus.sm_major >= 10 and node.nccl_profile == "default" and node.gpus.count > 1:
             add(Problem(host.name, "pdkit_node.nccl_profile", "Blackwell node with the default NCCL profile: on PCIe-only nodes choose 'pcie' (NCCL's default P2P level falls back to host memory across root complexes)", "warning"))
 

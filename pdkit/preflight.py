@@ -1,0 +1,277 @@
+"""Preflight checks: what a GPU node really is (facts from roles/node_facts.py) against its spec.
+
+`check_host(spec, host, facts)` returns every finding at once; `format_report` turns them into
+the one per-host report that roles/preflight.py prints before anything on the host changes.
+Errors stop a real apply; warnings and notes are reported and the run goes on. Pure functions:
+tests/node/test_preflight_checks.py feeds them real captured facts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from pdkit import flags
+from pdkit.node import UnsupportedNode, node_stack
+from pdkit.spec import ClusterSpec, HostSpec, engine_numa_node
+from pdkit.versions import NVIDIA_DRIVER_BRANCH, NVIDIA_DRIVER_MIN_VERSION
+
+Severity = Literal["error", "warning", "note"]
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One preflight result: which check, how bad, and what to do about it."""
+
+    check: str
+    severity: Severity
+    message: str
+
+
+# NCCL_P2P_LEVEL values, nearest first. nvidia-smi's NODE (two host bridges of one socket) is a
+# path through the CPU inside a NUMA node: NCCL calls that PHB.
+NCCL_LEVELS = ("PIX", "PXB", "PHB", "SYS")
+_SMI_TO_NCCL = {"PIX": "PIX", "PXB": "PXB", "PHB": "PHB", "NODE": "PHB", "SYS": "SYS"}
+# NCCL's own default without NCCL_P2P_LEVEL: P2P only through PCIe switches
+NCCL_DEFAULT_P2P_LEVEL = "PXB"
+# compute capability majors that need the open kernel modules (Blackwell)
+BLACKWELL_SM_MAJORS = (10, 12)
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    """'580.65.06' -> (580, 65, 6); anything unparsable sorts lowest."""
+    try:
+        return tuple(int(p) for p in version.split("."))
+    except ValueError:
+        return (0,)
+
+
+def nccl_level_for_link(link: str) -> str | None:
+    """The NCCL_P2P_LEVEL a `nvidia-smi topo -m` link needs; None for NVLink (NV#) or unknown."""
+    return _SMI_TO_NCCL.get(link.strip())
+
+
+def normal_bus_id(bus_id: str) -> str:
+    """nvidia-smi's '00000000:18:00.0' -> sysfs' '0000:18:00.0'."""
+    bus_id = bus_id.strip().lower()
+    domain, _, rest = bus_id.partition(":")
+    return f"{domain[-4:]}:{rest}"
+
+
+def gpu_numa_nodes(facts: dict) -> dict[int, int]:
+    """GPU index -> sysfs NUMA node. nvidia-smi's index order when the driver is up, else PCI order
+    (the order nvidia-smi enumerates in). -1 (no NUMA information, e.g. in a VM) stays -1."""
+    pci = {d["bus_id"]: d["numa_node"] for d in facts.get("pci_gpus") or []}
+    smi = (facts.get("gpus") or {}).get("gpus") or []
+    if smi:
+        return {g["index"]: pci.get(normal_bus_id(g["pci_bus_id"]), -1) for g in smi}
+    return {i: numa for i, (_, numa) in enumerate(sorted(pci.items()))}
+
+
+def suggest_profile(links: list[str]) -> tuple[str, str | None]:
+    """(nccl_profile, nccl_p2p_level) that fits the links between an engine's GPUs."""
+    if links and all(link.startswith("NV") for link in links):
+        return "nvlink", None
+    levels = [nccl_level_for_link(link) for link in links if not link.startswith("NV")]
+    known = [lv for lv in levels if lv is not None]
+    need = max(known, key=NCCL_LEVELS.index) if known else "SYS"
+    return "pcie", need
+
+
+def check_host(spec: ClusterSpec, host: HostSpec, facts: dict) -> list[Finding]:
+    """Every finding for one host, errors first within each check's order."""
+    node = host.node
+    found: list[Finding] = []
+    add = lambda check, severity, message: found.append(Finding(check, severity, message))  # noqa: E731
+    os_release = facts.get("os") or {}
+    if node is None:
+        return found
+    if node.gpu == "none":
+        add("gpu", "note", "GPU checks skipped: the node declares gpu: none (a virtual GPU layout, e.g. the lab)")
+        _check_reboot_marker(facts, add)
+        return found
+
+    try:
+        node_stack(os_id=os_release.get("id", ""), version_id=os_release.get("version_id", ""), machine=facts.get("arch") or "", kernel=facts.get("kernel") or "", modules=node.driver_modules)
+    except UnsupportedNode as exc:
+        add("os", "error", f"{exc} (pdkit_node.driver_modules: {node.driver_modules})")
+
+    layout = node.gpus
+    pci = facts.get("pci_gpus") or []
+    if len(pci) != layout.count:
+        add("gpu-count", "error", f"the spec declares {layout.count} x {layout.model!r} (pdkit_node.gpus.count) but the PCI bus shows {len(pci)} NVIDIA GPU(s)")
+
+    smi = facts.get("gpus") or {}
+    driver = facts.get("driver")
+    module = facts.get("module") or {}
+    blackwell = layout.sm_major in BLACKWELL_SM_MAJORS
+    if not smi.get("available"):
+        add("driver", "warning", f"no NVIDIA driver yet (nvidia-smi absent): the nvidia_driver role installs R{NVIDIA_DRIVER_BRANCH} open; model, compute capability and topology are checked after the reboot that follows (re-run the preflight)")
+    elif smi.get("error"):
+        hint = " (on Blackwell this is what the closed kernel module says: install the open one)" if blackwell else ""
+        add("driver", "error", f"nvidia-smi fails: {smi['error']}{hint}")
+    else:
+        gpus = smi.get("gpus") or []
+        if len(gpus) != layout.count:
+            add("gpu-count", "error", f"the spec declares {layout.count} GPUs (pdkit_node.gpus.count) but nvidia-smi lists {len(gpus)}")
+        names = sorted({g["name"] for g in gpus})
+        if names and names != [layout.model]:
+            add("gpu-model", "error", f"the spec declares {layout.model!r} (pdkit_node.gpus.model) but nvidia-smi reports {', '.join(repr(n) for n in names)}")
+        caps = sorted({g["compute_cap"] for g in gpus})
+        if caps and caps != [layout.compute_capability]:
+            add("gpu-model", "error", f"the spec declares compute capability {layout.compute_capability} (pdkit_node.gpus.compute_capability) but the GPUs report {', '.join(caps)}")
+        for g in gpus:
+            real_gib = g["memory_mib"] / 1024
+            if abs(real_gib - layout.memory_gib) > 0.03 * layout.memory_gib:
+                add("gpu-memory", "warning", f"GPU {g['index']} has {real_gib:.1f} GiB; the spec says {layout.memory_gib} GiB (pdkit_node.gpus.memory_gib), which picks SGLang's memory-class defaults")
+                break
+        if driver is None:
+            add("driver", "error", "nvidia-smi lists GPUs but reports no driver version")
+        else:
+            _check_driver_version(driver, module, blackwell, add)
+        _check_topology(spec, host, facts, add)
+
+    _check_numa(host, facts, add)
+    _check_nics(spec, host, facts, add)
+    _check_reboot_marker(facts, add)
+    order = {"error": 0, "warning": 1, "note": 2}
+    return sorted(found, key=lambda f: order[f.severity])
+
+
+def _check_driver_version(driver: str, module: dict, blackwell: bool, add) -> None:
+    if version_tuple(driver) < version_tuple(NVIDIA_DRIVER_MIN_VERSION):
+        add("driver", "error", f"driver {driver} is older than {NVIDIA_DRIVER_MIN_VERSION}, the minimum for CUDA 13.0 user space (SGLang >= 0.5.11); the nvidia_driver role moves it to R{NVIDIA_DRIVER_BRANCH} (reboot required)")
+    elif driver.split(".")[0] != NVIDIA_DRIVER_BRANCH:
+        add("driver", "warning", f"driver {driver} is not on branch {NVIDIA_DRIVER_BRANCH}: the nvidia_driver role locks the node to R{NVIDIA_DRIVER_BRANCH} (a driver change needs a drained reboot)")
+    if blackwell and not module.get("open"):
+        add("driver", "error", "Blackwell needs the open kernel module, but /proc/driver/nvidia/version does not say 'Open Kernel Module': install nvidia-open (driver_modules nvidia-dkms) and reboot")
+    if module.get("version") and module["version"] != driver:
+        add("driver", "error", f"the loaded kernel module is {module['version']} but the user-space driver is {driver} (\"Driver/library version mismatch\"): reboot the drained node")
+
+
+def _check_topology(spec: ClusterSpec, host: HostSpec, facts: dict, add) -> None:
+    node = host.node
+    assert node is not None
+    topo = facts.get("topology") or {}
+    if topo.get("error"):
+        add("topology", "error", f"nvidia-smi topo -m fails: {topo['error']}")
+        return
+    links = topo.get("links") or {}
+    chosen = flags.nccl_env(spec, host).get("NCCL_P2P_LEVEL")
+    for i, engine in enumerate(node.engines):
+        if len(engine.gpus) < 2:
+            continue
+        pairs = [(a, b, (links.get(str(a)) or {}).get(str(b))) for j, a in enumerate(engine.gpus) for b in engine.gpus[j + 1:]]
+        missing = [(a, b) for a, b, link in pairs if link is None]
+        if missing:
+            add("topology", "error", f"engine {engine.name!r}: nvidia-smi topo -m has no link for GPUs {missing[0][0]}-{missing[0][1]} (pdkit_node.engines[{i}].gpus)")
+            continue
+        shown = ", ".join(f"{a}-{b} {link}" for a, b, link in pairs)
+        profile, level = suggest_profile([link for _, _, link in pairs])
+        where = f"engine {engine.name!r} (GPUs {shown})"
+        if node.nccl_profile == "pcie-p2p-off":
+            add("nccl", "note", f"{where}: P2P is off by the 'pcie-p2p-off' profile (IOMMU/ACS workaround; custom all-reduce off); {profile}{' with NCCL_P2P_LEVEL=' + level if level else ''} would fit once ACS is off / iommu=pt")
+        elif node.nccl_profile == "nvlink" and profile != "nvlink":
+            add("nccl", "error", f"{where}: the 'nvlink' profile but the GPUs talk over PCIe: set pdkit_node.nccl_profile: pcie (nccl_p2p_level {level})")
+        elif node.nccl_profile == "pcie" and profile == "nvlink":
+            add("nccl", "warning", f"{where}: NVLink between the GPUs: the 'nvlink' profile fits better (pcie forbids LL128 and forces a P2P level)")
+        elif node.nccl_profile == "pcie" and chosen and level and NCCL_LEVELS.index(level) > NCCL_LEVELS.index(chosen):
+            add("nccl", "error", f"{where}: NCCL_P2P_LEVEL={chosen} does not reach {level}, so NCCL would copy through host memory: set pdkit_node.nccl_p2p_level: {level}")
+        elif node.nccl_profile == "default" and level and NCCL_LEVELS.index(level) > NCCL_LEVELS.index(NCCL_DEFAULT_P2P_LEVEL):
+            add("nccl", "warning", f"{where}: NCCL's default P2P level ({NCCL_DEFAULT_P2P_LEVEL}) does not reach {level}: set pdkit_node.nccl_profile: pcie (nccl_p2p_level {level})")
+
+
+def _check_numa(host: HostSpec, facts: dict, add) -> None:
+    node = host.node
+    assert node is not None
+    numa_cpus = facts.get("numa_cpus") or {}
+    real = gpu_numa_nodes(facts)
+    if not real:
+        return
+    single = len(numa_cpus) <= 1
+    # a machine with one NUMA node (or a VM without NUMA information) reports -1: that is node 0
+    resolved = {g: (0 if n == -1 and single else n) for g, n in real.items()}
+    declared = node.gpus.numa
+    if declared is not None:
+        for g, want in enumerate(declared):
+            have = resolved.get(g)
+            if have is not None and have != -1 and have != want:
+                add("numa", "error", f"GPU {g} sits on NUMA node {have} but pdkit_node.gpus.numa[{g}] says {want}")
+    for i, engine in enumerate(node.engines):
+        want = engine_numa_node(host, engine)
+        if want is None:
+            continue
+        if numa_cpus and want not in numa_cpus:
+            add("numa", "error", f"engine {engine.name!r} is bound to NUMA node {want} (pdkit_node.engines[{i}]) but the host has NUMA node(s) {sorted(numa_cpus)}")
+            continue
+        for g in engine.gpus:
+            have = resolved.get(g)
+            if have == -1:
+                add("numa", "warning", f"GPU {g}: sysfs reports no NUMA node (-1) on a host with {len(numa_cpus)} NUMA nodes: engine {engine.name!r}'s binding to node {want} cannot be checked")
+            elif have is not None and have != want:
+                add("numa", "error", f"engine {engine.name!r} is bound to NUMA node {want} but its GPU {g} sits on NUMA node {have} (pdkit_node.engines[{i}].numa_node / pdkit_node.gpus.numa)")
+
+
+def _check_nics(spec: ClusterSpec, host: HostSpec, facts: dict, add) -> None:
+    node = host.node
+    assert node is not None
+    nics = facts.get("nics") or {}
+    interfaces, rdma = nics.get("interfaces") or [], nics.get("rdma") or []
+    if node.nic and interfaces and node.nic not in interfaces:
+        add("nic", "error", f"pdkit_node.nic {node.nic!r} (NCCL_SOCKET_IFNAME) is not an interface here; valid: {', '.join(interfaces)}")
+    if node.ucx_net_devices:
+        for dev in node.ucx_net_devices.split(","):
+            name = dev.split(":")[0]
+            if name not in rdma and name not in interfaces:
+                add("nic", "error", f"pdkit_node.ucx_net_devices names {name!r}, which is neither an RDMA device ({', '.join(rdma) or 'none'}) nor an interface here")
+    if rdma and flags.nccl_env(spec, host).get("NCCL_IB_DISABLE") == "1":
+        add("nic", "warning", f"RDMA devices {', '.join(rdma)} exist but the NCCL profile sets NCCL_IB_DISABLE=1 (set ucx_net_devices to an mlx5 device to keep IB on)")
+
+
+def _check_reboot_marker(facts: dict, add) -> None:
+    reason = facts.get("reboot_required")
+    if reason:
+        add("reboot", "warning", f"reboot required ({reason}): drain the node (pdkit roll does) and reboot it, or set pdkit_node.reboot: when-drained")
+
+
+def facts_summary(facts: dict) -> list[str]:
+    """The facts the checks used, one line each, for the report."""
+    os_release = facts.get("os") or {}
+    lines = [f"os {os_release.get('pretty_name') or os_release.get('id', '?')}, {facts.get('arch') or '?'}, kernel {facts.get('kernel') or '?'}"]
+    smi = (facts.get("gpus") or {}).get("gpus") or []
+    if smi:
+        first = smi[0]
+        lines.append(f"gpus {len(smi)} x {first['name']} ({first['memory_mib']} MiB, cc {first['compute_cap']})")
+    else:
+        lines.append(f"gpus {len(facts.get('pci_gpus') or [])} NVIDIA GPU(s) on the PCI bus, no nvidia-smi")
+    module = facts.get("module") or {}
+    kind = "open" if module.get("open") else ("proprietary" if module.get("loaded") else "no")
+    lines.append(f"driver {facts.get('driver') or 'none'} ({kind} kernel module)")
+    numa = gpu_numa_nodes(facts)
+    if numa:
+        lines.append("gpu numa " + ", ".join(f"{g}:{n}" for g, n in sorted(numa.items())))
+    cpus = facts.get("numa_cpus") or {}
+    if cpus:
+        lines.append("numa cpus " + ", ".join(f"node{n} {v['cpulist']} ({v['cpus']})" for n, v in sorted(cpus.items())))
+    nics = facts.get("nics") or {}
+    lines.append(f"nics {', '.join(nics.get('interfaces') or []) or 'none'}; rdma {', '.join(nics.get('rdma') or []) or 'none'}")
+    links = (facts.get("topology") or {}).get("links") or {}
+    if links:
+        pairs = sorted({(min(int(a), int(b)), max(int(a), int(b)), v) for a, row in links.items() for b, v in row.items()})
+        lines.append("topology " + ", ".join(f"{a}-{b} {v}" for a, b, v in pairs))
+    return lines
+
+
+def format_report(host_name: str, findings: list[Finding], facts: dict) -> str:
+    """The one report per host: facts, then every finding; the verdict on the first line."""
+    errors = sum(f.severity == "error" for f in findings)
+    warnings = sum(f.severity == "warning" for f in findings)
+    verdict = f"FAILED: {errors} error(s), {warnings} warning(s); nothing on this host was changed" if errors else f"passed ({warnings} warning(s))"
+    lines = [f"pdkit preflight {host_name}: {verdict}"]
+    lines += [f"  fact     {line}" for line in facts_summary(facts)]
+    lines += [f"  {f.severity:<8} {f.check}: {f.message}" for f in findings]
+    return "\n".join(lines)
+
+
+def has_errors(findings: list[Finding]) -> bool:
+    return any(f.severity == "error" for f in findings)

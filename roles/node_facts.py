@@ -1,0 +1,270 @@
+"""Custom pyinfra facts the preflight reads from a GPU node, each with a small pure parser.
+
+Every command succeeds with empty output where its source is absent (no nvidia-smi before the
+driver is installed, no /proc/driver/nvidia without a loaded module): `process()` only sees
+real output, and `default()` says "absent". nvidia-smi failures (e.g. "No devices were found"
+from the closed module on Blackwell) are kept as an error string instead of failing the host,
+so the preflight can report them with everything else. Cases: tests/node/facts/<Fact>/*.json.
+"""
+
+from __future__ import annotations
+
+import re
+
+from pyinfra.api import FactBase
+
+from pdkit.node import REBOOT_MARKER_PATH
+
+# marks the line pdkit appends when nvidia-smi ran and failed (its own message comes before it)
+NVIDIA_SMI_FAILED = "pdkit: nvidia-smi failed, exit code"
+
+
+def _nvidia_smi(args: str) -> str:
+    # absent: no output; failed: its message plus our marker line with the exit code
+    return f"if command -v nvidia-smi >/dev/null 2>&1; then nvidia-smi {args} 2>&1 || echo \"{NVIDIA_SMI_FAILED} $?\"; fi"
+
+
+def _smi_error(lines: list[str]) -> str | None:
+    if lines and lines[-1].startswith(NVIDIA_SMI_FAILED):
+        return " ".join(line.strip() for line in lines if line.strip())
+    return None
+
+
+class NodeOsRelease(FactBase):
+    """/etc/os-release: ID, VERSION_ID, VERSION_CODENAME, PRETTY_NAME."""
+
+    def command(self) -> str:
+        return "cat /etc/os-release"
+
+    @staticmethod
+    def default() -> dict:
+        return {}
+
+    def process(self, output: list[str]) -> dict:
+        values = {}
+        for line in output:
+            key, sep, value = line.partition("=")
+            if sep:
+                values[key.strip()] = value.strip().strip('"')
+        return {
+            "id": values.get("ID", ""),
+            "version_id": values.get("VERSION_ID", ""),
+            "codename": values.get("VERSION_CODENAME", ""),
+            "pretty_name": values.get("PRETTY_NAME", ""),
+        }
+
+
+class NodeArch(FactBase):
+    """`uname -m`."""
+
+    def command(self) -> str:
+        return "uname -m"
+
+    def process(self, output: list[str]) -> str:
+        return output[0].strip()
+
+
+class NodeKernel(FactBase):
+    """`uname -r` (DKMS builds against this kernel's headers)."""
+
+    def command(self) -> str:
+        return "uname -r"
+
+    def process(self, output: list[str]) -> str:
+        return output[0].strip()
+
+
+class NvidiaGpus(FactBase):
+    """nvidia-smi's GPUs: index, name, memory (MiB), compute capability, PCI bus id."""
+
+    def command(self) -> str:
+        return _nvidia_smi("--query-gpu=index,name,memory.total,compute_cap,pci.bus_id --format=csv,noheader,nounits")
+
+    @staticmethod
+    def default() -> dict:
+        return {"available": False, "error": None, "gpus": []}
+
+    def process(self, output: list[str]) -> dict:
+        error = _smi_error(output)
+        if error:
+            return {"available": True, "error": error, "gpus": []}
+        gpus = []
+        for line in output:
+            if not line.strip():
+                continue
+            index, name, memory, cc, bus = (f.strip() for f in line.split(","))
+            gpus.append({"index": int(index), "name": name, "memory_mib": int(memory), "compute_cap": cc, "pci_bus_id": bus})
+        return {"available": True, "error": None, "gpus": gpus}
+
+
+class NvidiaDriverVersion(FactBase):
+    """The loaded driver's version as nvidia-smi reports it (one line per GPU, all equal)."""
+
+    def command(self) -> str:
+        return _nvidia_smi("--query-gpu=driver_version --format=csv,noheader")
+
+    @staticmethod
+    def default() -> None:
+        return None
+
+    def process(self, output: list[str]) -> str | None:
+        if _smi_error(output):
+            return None
+        versions = sorted({line.strip() for line in output if line.strip()})
+        return versions[0] if len(versions) == 1 else ",".join(versions) or None
+
+
+class NvidiaKernelModule(FactBase):
+    """/proc/driver/nvidia/version: is a module loaded, is it the open one, which version."""
+
+    def command(self) -> str:
+        return "cat /proc/driver/nvidia/version 2>/dev/null || true"
+
+    @staticmethod
+    def default() -> dict:
+        return {"loaded": False, "open": False, "version": None}
+
+    def process(self, output: list[str]) -> dict:
+        first = next((line for line in output if line.startswith("NVRM version:")), "")
+        match = re.search(r"\s(\d+\.\d+(?:\.\d+)?)\s", first + " ")
+        return {"loaded": bool(first), "open": "Open Kernel Module" in first, "version": match.group(1) if match else None}
+
+
+class PciNvidiaGpus(FactBase):
+    """NVIDIA display/3D controllers on the PCI bus, with their sysfs NUMA node (no driver needed)."""
+
+    def command(self) -> str:
+        # class 0x0300 (VGA) and 0x0302 (3D controller); NVSwitches (0x0680) and audio are not GPUs
+        return (
+            "for d in /sys/bus/pci/devices/*; do "
+            "[ \"$(cat \"$d/vendor\" 2>/dev/null)\" = 0x10de ] || continue; "
+            "c=$(cat \"$d/class\"); case \"$c\" in 0x0300*|0x0302*) "
+            "echo \"${d##*/} $c $(cat \"$d/numa_node\" 2>/dev/null || echo -1)\";; esac; done"
+        )
+
+    @staticmethod
+    def default() -> list:
+        return []
+
+    def process(self, output: list[str]) -> list[dict]:
+        devices = []
+        for line in output:
+            fields = line.split()
+            if len(fields) == 3:
+                devices.append({"bus_id": fields[0].lower(), "class": fields[1], "numa_node": int(fields[2])})
+        return sorted(devices, key=lambda d: d["bus_id"])
+
+
+class NumaCpus(FactBase):
+    """CPUs of each NUMA node, from /sys/devices/system/node/node*/cpulist."""
+
+    def command(self) -> str:
+        return "for n in /sys/devices/system/node/node[0-9]*; do [ -e \"$n/cpulist\" ] && echo \"$n $(cat \"$n/cpulist\")\"; done; true"
+
+    @staticmethod
+    def default() -> dict:
+        return {}
+
+    def process(self, output: list[str]) -> dict:
+        nodes = {}
+        for line in output:
+            path, _, cpulist = line.strip().partition(" ")
+            match = re.search(r"node(\d+)$", path)
+            if match:
+                nodes[int(match.group(1))] = {"cpulist": cpulist, "cpus": cpu_count(cpulist)}
+        return nodes
+
+
+def cpu_count(cpulist: str) -> int:
+    """'0-31,64-95' -> 64."""
+    total = 0
+    for part in filter(None, cpulist.split(",")):
+        low, _, high = part.partition("-")
+        total += int(high or low) - int(low) + 1
+    return total
+
+
+class NetworkInterfaces(FactBase):
+    """Network interfaces (/sys/class/net) and RDMA devices (/sys/class/infiniband)."""
+
+    def command(self) -> str:
+        return "ls -1 /sys/class/net; echo ---; ls -1 /sys/class/infiniband 2>/dev/null; true"
+
+    @staticmethod
+    def default() -> dict:
+        return {"interfaces": [], "rdma": []}
+
+    def process(self, output: list[str]) -> dict:
+        names = [line.strip() for line in output]
+        split = names.index("---") if "---" in names else len(names)
+        return {"interfaces": [n for n in names[:split] if n], "rdma": [n for n in names[split + 1:] if n]}
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_DEVICE = re.compile(r"^(GPU|NIC)\d+$")
+
+
+class NvidiaTopology(FactBase):
+    """`nvidia-smi topo -m`: the link between every pair of GPUs (X, NV#, PIX, PXB, PHB, NODE, SYS)."""
+
+    def command(self) -> str:
+        return _nvidia_smi("topo -m")
+
+    @staticmethod
+    def default() -> dict:
+        return {"error": None, "gpus": [], "links": {}, "cpu_affinity": {}, "numa_affinity": {}}
+
+    def process(self, output: list[str]) -> dict:
+        error = _smi_error(output)
+        if error:
+            return {**self.default(), "error": error}
+        lines = [_ANSI.sub("", line) for line in output]
+        header = next((line for line in lines if line.startswith(("\t", " ")) and "GPU0" in line), None)
+        if header is None:
+            return self.default()
+        columns = [c.strip() for c in header.split("\t")[1:]]
+        devices = [c for c in columns if _DEVICE.match(c)]
+        links: dict[str, dict[str, str]] = {}
+        cpu_affinity: dict[str, str] = {}
+        numa_affinity: dict[str, str] = {}
+        for line in lines:
+            cells = line.split("\t")
+            if not re.match(r"^GPU\d+$", cells[0].strip()):
+                continue
+            gpu = cells[0].strip()[3:]
+            values = [c.strip() for c in cells[1:]]
+            links[gpu] = {d[3:]: v for d, v in zip(devices, values) if d.startswith("GPU") and d[3:] != gpu}
+            rest = values[len(devices):]
+            cpu_affinity[gpu] = rest[0] if rest else ""
+            numa_affinity[gpu] = rest[1] if len(rest) > 1 else ""
+        return {"error": None, "gpus": sorted(links, key=int), "links": links, "cpu_affinity": cpu_affinity, "numa_affinity": numa_affinity}
+
+
+class RebootRequired(FactBase):
+    """pdkit's reboot-required marker (/var/lib/pdkit/reboot-required): its reason, or None."""
+
+    def command(self) -> str:
+        return f"cat {REBOOT_MARKER_PATH} 2>/dev/null || true"
+
+    @staticmethod
+    def default() -> None:
+        return None
+
+    def process(self, output: list[str]) -> str | None:
+        return " ".join(line.strip() for line in output if line.strip()) or None
+
+
+# name -> fact class, in the order the preflight reads them
+NODE_FACTS: dict[str, type[FactBase]] = {
+    "os": NodeOsRelease,
+    "arch": NodeArch,
+    "kernel": NodeKernel,
+    "gpus": NvidiaGpus,
+    "driver": NvidiaDriverVersion,
+    "module": NvidiaKernelModule,
+    "pci_gpus": PciNvidiaGpus,
+    "numa_cpus": NumaCpus,
+    "nics": NetworkInterfaces,
+    "topology": NvidiaTopology,
+    "reboot_required": RebootRequired,
+}

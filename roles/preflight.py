@@ -1,0 +1,68 @@
+"""Preflight: read what a GPU node really is, check it against the spec, report every finding at once.
+
+Runs first in deploy/pd.py and alone in deploy/preflight.py. The facts are read at prepare time
+(pdkit's own operations never change them during the run, except the driver, whose change marks
+the node "reboot required" instead). The report goes to stderr as one block per host; a host with
+an error gets a failing first operation, so a real apply stops there before anything on it
+changes (and with FAIL_PERCENT = 0, before anything anywhere changes). A `--dry` plan still shows
+every operation after it: the plan is honest about what would run once the node passes.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+
+from pyinfra import host
+from pyinfra.api import deploy
+from pyinfra.operations import server
+
+from pdkit.deploy import current_host, current_spec
+from pdkit.node import NodeStack, node_stack
+from pdkit.preflight import check_host, format_report, has_errors
+from roles.node_facts import NODE_FACTS
+
+# facts a `gpu: none` host still gets (OS for the report, the reboot marker)
+_HOST_ONLY = ("os", "arch", "kernel", "reboot_required")
+_FACTS: dict[str, dict] = {}
+REPORTS: dict[str, str] = {}
+
+
+def node_facts() -> dict:
+    """This host's preflight facts, read once per run."""
+    if host.name not in _FACTS:
+        this = current_host()
+        names = _HOST_ONLY if this.node is None or this.node.gpu == "none" else tuple(NODE_FACTS)
+        _FACTS[host.name] = {name: host.get_fact(NODE_FACTS[name]) for name in names}
+    return _FACTS[host.name]
+
+
+def current_stack() -> NodeStack:
+    """The NVIDIA stack this host gets (the preflight has already rejected an unsupported OS)."""
+    facts = node_facts()
+    node = current_host().node
+    assert node is not None
+    os_release = facts.get("os") or {}
+    return node_stack(os_id=os_release.get("id", ""), version_id=os_release.get("version_id", ""), machine=facts.get("arch") or "", kernel=facts.get("kernel") or "", modules=node.driver_modules)
+
+
+@deploy("pdkit preflight")
+def preflight() -> None:
+    this = current_host()
+    if this.node is None:
+        return
+    if host.name in REPORTS:
+        return  # already checked in this run (deploy/pd.py and a role may both ask)
+    facts = node_facts()
+    findings = check_host(current_spec(), this, facts)
+    report = format_report(host.name, findings, facts)
+    REPORTS[host.name] = report
+    # stderr: `--json` keeps stdout for pyinfra's results
+    print(report, file=sys.stderr, flush=True)
+    if has_errors(findings):
+        errors = sum(f.severity == "error" for f in findings)
+        # a failing command on the host itself: pyinfra marks the host failed and runs nothing after it
+        server.shell(
+            name=f"Preflight failed: {errors} error(s) (report above); stop before any change",
+            commands=[f"echo {shlex.quote(report.splitlines()[0])} >&2; exit 1"],
+        )
