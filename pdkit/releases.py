@@ -1,0 +1,384 @@
+"""Releases: every configuration applied to a node, kept on the node for byte-exact rollbacks.
+
+Stdlib only: this module also runs ON the node, from the node venv's python
+(`/opt/pdkit/venv/bin/python -m pdkit.releases record|list|restore ...`).
+
+On a node (root-only, mode 0700):
+
+    <install_dir>/releases/
+        CURRENT                      the id of the release the node runs now
+        <id>/meta.json               id, hash, time, command, files (mode, owner, group, sha256),
+                                     venv links, services (unit -> kind, files, health URL, timeout)
+        <id>/files/<absolute path>   the files, byte for byte
+
+A release id is `<UTC time>-<first 12 hex of the hash>`, so ids sort by time. The hash is
+the one `pdkit.plan.HostPlan.release_hash` computes from the plan, computed here from the
+files on disk; recording checks that the two agree. The newest KEEP releases are kept.
+
+Every host path goes through `root` (default "/"), so the logic is tested in a temp dir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import grp
+import hashlib
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+KEEP = 10
+CURRENT = "CURRENT"
+META = "meta.json"
+
+
+class ReleaseError(RuntimeError):
+    """A release cannot be recorded or restored; the message says why."""
+
+
+# ---------------------------------------------------------------- pure helpers
+
+
+def release_hash(entries: dict[str, dict]) -> str:
+    """The release hash of {path: {mode, owner, group, sha256}} (same formula as HostPlan.release_hash)."""
+    digest = hashlib.sha256()
+    for path in sorted(entries):
+        e = entries[path]
+        digest.update(f"{path}\0{e['mode']}\0{e['owner']}\0{e['group']}\0{e['sha256']}\n".encode())
+    return digest.hexdigest()
+
+
+def release_id(when: _dt.datetime, hash_: str) -> str:
+    return when.astimezone(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + hash_[:12]
+
+
+def to_prune(ids: list[str], keep: int, protect: str | None) -> list[str]:
+    """Ids to delete so that the newest KEEP stay (never the current one)."""
+    ordered = sorted(ids)
+    old = ordered[: max(0, len(ordered) - keep)]
+    return [i for i in old if i != protect]
+
+
+def previous_release(ids: list[str], current: str | None) -> str | None:
+    """The release before CURRENT (the newest one when CURRENT is unknown or the oldest)."""
+    ordered = sorted(ids)
+    if current in ordered:
+        i = ordered.index(current)
+        return ordered[i - 1] if i > 0 else None
+    return ordered[-1] if ordered else None
+
+
+@dataclass
+class RestorePlan:
+    """What restoring a release changes on a node (decided from the release and the node's state)."""
+
+    write: list[str] = field(default_factory=list)  # files whose bytes, mode or owner differ
+    remove: list[str] = field(default_factory=list)  # files of the current config the release does not have
+    venv_switch: dict[str, str] = field(default_factory=dict)  # link -> target
+    restart: list[str] = field(default_factory=list)  # units to (re)start, engines first
+    stop: list[str] = field(default_factory=list)  # units the release does not run
+
+
+def plan_restore(
+    target: dict, current_files: dict[str, dict | None], current_venvs: dict[str, str], unit_active: dict[str, bool], current_units: list[str]
+) -> RestorePlan:
+    """Pure: the steps that put a node back on TARGET (a release's meta) from its current state.
+
+    current_files: path -> {mode, owner, group, sha256} or None (missing), for every path the
+    release has AND every path of the current configuration.
+    """
+    plan = RestorePlan()
+    for path, want in sorted(target["files"].items()):
+        have = current_files.get(path)
+        if have is None or any(have.get(k) != want[k] for k in ("mode", "owner", "group", "sha256")):
+            plan.write.append(path)
+    plan.remove = sorted(p for p, have in current_files.items() if have is not None and p not in target["files"])
+    plan.venv_switch = {link: dest for link, dest in sorted(target.get("venvs", {}).items()) if current_venvs.get(link) != dest}
+    services: dict[str, dict] = target.get("services", {})
+    changed = set(plan.write) | set(plan.remove)
+    restart = []
+    for unit, svc in services.items():
+        files_changed = bool(changed & set(svc.get("files", [])))
+        venv_changed = bool(plan.venv_switch) and svc.get("kind") in ("engine", "http")
+        if files_changed or venv_changed or not unit_active.get(unit, False):
+            restart.append(unit)
+    # engines first: the router's gate needs its workers (the deploy's order)
+    plan.restart = sorted(restart, key=lambda u: (services[u].get("kind") != "engine", u))
+    plan.stop = sorted(u for u in current_units if u not in services)
+    return plan
+
+
+# ---------------------------------------------------------------- the node's file system
+
+
+def host_path(root: Path, path: str) -> Path:
+    return root / path.lstrip("/")
+
+
+def stat_entry(p: Path) -> dict | None:
+    try:
+        st = p.stat()
+    except OSError:
+        return None
+    if not p.is_file():
+        return None
+    try:
+        owner = pwd.getpwuid(st.st_uid).pw_name
+    except KeyError:
+        owner = str(st.st_uid)
+    try:
+        group = grp.getgrgid(st.st_gid).gr_name
+    except KeyError:
+        group = str(st.st_gid)
+    return {"mode": "%04o" % (st.st_mode & 0o7777), "owner": owner, "group": group, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+
+
+def planned_paths(root: Path, release_json: str) -> list[str]:
+    """Every file pdkit laid down, as listed by the node's release.json (plus release.json itself)."""
+    p = host_path(root, release_json)
+    try:
+        manifest = json.loads(p.read_text())
+    except (OSError, ValueError) as exc:
+        raise ReleaseError(f"cannot read {release_json}: {exc}") from exc
+    return sorted({*manifest.get("files", {}), release_json})
+
+
+def current_units(root: Path, release_json: str) -> list[str]:
+    try:
+        return list(json.loads(host_path(root, release_json).read_text()).get("services", []))
+    except (OSError, ValueError):
+        return []
+
+
+def _write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+
+
+def _ids(releases: Path) -> list[str]:
+    if not releases.is_dir():
+        return []
+    return sorted(d.name for d in releases.iterdir() if (d / META).is_file())
+
+
+def read_current(releases: Path) -> str | None:
+    try:
+        return (releases / CURRENT).read_text().strip() or None
+    except OSError:
+        return None
+
+
+def record(
+    *, root: Path, releases_dir: str, release_json: str, command: str, services: dict[str, dict], venv_links: list[str],
+    expect_hash: str | None = None, keep: int = KEEP, now: _dt.datetime | None = None,
+) -> dict:
+    """Copy every planned file (bytes, mode, owner) into a new release and make it CURRENT."""
+    releases = host_path(root, releases_dir)
+    entries: dict[str, dict] = {}
+    for path in planned_paths(root, release_json):
+        entry = stat_entry(host_path(root, path))
+        if entry is None:
+            raise ReleaseError(f"{path} is listed in {release_json} but is missing on the node")
+        entries[path] = entry
+    hash_ = release_hash(entries)
+    if expect_hash and hash_ != expect_hash:
+        raise ReleaseError(f"the files on the node hash to {hash_[:12]} but the plan's release is {expect_hash[:12]}: a file differs from the plan")
+    venvs = {link: os.path.realpath(host_path(root, link)) for link in venv_links if host_path(root, link).exists()}
+    if root != Path("/"):
+        venvs = {link: "/" + os.path.relpath(dest, root) for link, dest in venvs.items()}
+    current = read_current(releases)
+    if current and (releases / current / META).is_file():
+        meta = json.loads((releases / current / META).read_text())
+        if meta["hash"] == hash_ and meta.get("venvs") == venvs:
+            return meta  # the node already runs exactly this release
+    when = now or _dt.datetime.now(_dt.timezone.utc)
+    rid = release_id(when, hash_)
+    releases.mkdir(parents=True, exist_ok=True)
+    os.chmod(releases, 0o700)  # secrets are kept here too
+    tmp = releases / f".{rid}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    (tmp / "files").mkdir(parents=True)
+    for path in entries:
+        dest = host_path(tmp / "files", path)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(host_path(root, path), dest)
+        os.chmod(dest, 0o600)
+    meta = {
+        "id": rid, "hash": hash_, "time": when.astimezone(_dt.timezone.utc).isoformat(timespec="seconds"), "command": command,
+        "files": entries, "venvs": venvs, "services": services,
+    }
+    _write_private(tmp / META, json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    shutil.rmtree(releases / rid, ignore_errors=True)
+    os.rename(tmp, releases / rid)
+    _set_current(releases, rid)
+    for old in to_prune(_ids(releases), keep, rid):
+        shutil.rmtree(releases / old, ignore_errors=True)
+    return meta
+
+
+def _set_current(releases: Path, rid: str) -> None:
+    tmp = releases / f".{CURRENT}.tmp"
+    _write_private(tmp, rid + "\n")
+    os.replace(tmp, releases / CURRENT)
+
+
+def list_releases(*, root: Path, releases_dir: str) -> dict:
+    releases = host_path(root, releases_dir)
+    out = []
+    for rid in _ids(releases):
+        meta = json.loads((releases / rid / META).read_text())
+        out.append({k: meta.get(k) for k in ("id", "hash", "time", "command", "venvs")} | {"files": len(meta.get("files", {}))})
+    return {"current": read_current(releases), "releases": out}
+
+
+def _systemctl(args: list[str]) -> None:
+    subprocess.run(["systemctl", *args], check=False, capture_output=True, timeout=120)
+
+
+def _unit_active(unit: str) -> bool:
+    out = subprocess.run(["systemctl", "is-active", unit], capture_output=True, text=True, timeout=20).stdout.strip()
+    return out in ("active", "activating", "reloading")
+
+
+def _wait_service(unit: str, svc: dict) -> tuple[bool, str]:
+    from pdkit import health
+
+    timeout = float(svc.get("ready_timeout_s", 600))
+    if svc.get("kind") == "engine":
+        return health.wait_engine(unit, svc["health_url"], timeout)
+    return health.wait_http(svc["health_url"], timeout)
+
+
+def _install_file(src: Path, dest: Path, entry: dict) -> None:
+    """Write DEST atomically with the release's bytes, mode and owner (never a moment world-readable)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.pdkit-restore")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(src.read_bytes())
+    try:
+        uid, gid = pwd.getpwnam(entry["owner"]).pw_uid, grp.getgrnam(entry["group"]).gr_gid
+    except KeyError as exc:
+        raise ReleaseError(f"{dest}: owner {entry['owner']}:{entry['group']} no longer exists") from exc
+    os.chown(tmp, uid, gid)
+    os.chmod(tmp, int(entry["mode"], 8))
+    os.replace(tmp, dest)
+
+
+def _switch_link(link: Path, dest: str, root: Path) -> None:
+    target = host_path(root, dest)
+    if not target.is_dir():
+        raise ReleaseError(f"the venv {dest} this release ran with is gone (only the 3 newest are kept); cannot restore {link}")
+    tmp = link.with_name(link.name + ".pdkit-restore")
+    if tmp.is_symlink() or tmp.exists():
+        tmp.unlink()
+    os.symlink(str(target) if root != Path("/") else dest, tmp)
+    os.replace(tmp, link)
+
+
+def restore(
+    *, root: Path, releases_dir: str, release_json: str, to: str | None = None,
+    systemctl: Callable[[list[str]], None] = _systemctl, unit_active: Callable[[str], bool] = _unit_active,
+    wait: Callable[[str, dict], tuple[bool, str]] = _wait_service, log: Callable[[str], None] = lambda m: None,
+) -> dict:
+    """Put the node back on release TO (default: the one before CURRENT), restart what changed, wait for health."""
+    releases = host_path(root, releases_dir)
+    ids = _ids(releases)
+    current = read_current(releases)
+    rid = to or previous_release(ids, current)
+    if rid is None:
+        raise ReleaseError(f"no release to go back to (kept: {', '.join(ids) or 'none'}; current: {current or 'none'})")
+    matches = [i for i in ids if i == rid or i.startswith(rid)]
+    if len(matches) != 1:
+        raise ReleaseError(f"release {rid!r} {'is ambiguous' if matches else 'is not kept on this node'}; kept: {', '.join(ids) or 'none'}")
+    rid = matches[0]
+    target = json.loads((releases / rid / META).read_text())
+    paths = set(target["files"])
+    try:
+        paths |= set(planned_paths(root, release_json))
+    except ReleaseError:
+        pass  # no readable release.json now: restore the release's files, remove nothing
+    cur_files = {p: stat_entry(host_path(root, p)) for p in sorted(paths)}
+    cur_venvs = {link: ("/" + os.path.relpath(os.path.realpath(host_path(root, link)), root) if root != Path("/") else os.path.realpath(link)) for link in target.get("venvs", {})}
+    units = current_units(root, release_json)
+    active = {u: unit_active(u) for u in set(target.get("services", {})) | set(units)}
+    plan = plan_restore(target, cur_files, cur_venvs, active, units)
+    log(f"restoring {rid}: {len(plan.write)} file(s) to write, {len(plan.remove)} to remove, venv switch {sorted(plan.venv_switch) or 'none'}, restart {plan.restart or 'none'}")
+    for unit in plan.stop:
+        systemctl(["disable", "--now", unit])
+    for path in plan.write:
+        # verify the kept copy before it replaces anything
+        src = host_path(releases / rid / "files", path)
+        if hashlib.sha256(src.read_bytes()).hexdigest() != target["files"][path]["sha256"]:
+            raise ReleaseError(f"the kept copy of {path} in release {rid} is damaged (hash differs); nothing further restored")
+        _install_file(src, host_path(root, path), target["files"][path])
+    for path in plan.remove:
+        host_path(root, path).unlink(missing_ok=True)
+    for link, dest in plan.venv_switch.items():
+        _switch_link(host_path(root, link), dest, root)
+    systemctl(["daemon-reload"])
+    for unit in plan.restart:
+        systemctl(["reset-failed", unit])
+        systemctl(["enable", unit])
+        systemctl(["restart", unit])
+    _set_current(releases, rid)
+    failures = []
+    for unit in plan.restart:
+        ok, message = wait(unit, target["services"][unit])
+        log(message)
+        if not ok:
+            failures.append(f"{unit}: {message}")
+    if failures:
+        raise ReleaseError(f"restored the files of {rid} but not every service became ready: {'; '.join(failures)}")
+    return {"id": rid, "written": plan.write, "removed": plan.remove, "venvs": plan.venv_switch, "restarted": plan.restart}
+
+
+# ---------------------------------------------------------------- on-host entry point
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pdkit.releases", description="Record, list and restore this node's releases.")
+    parser.add_argument("--releases-dir", default="/opt/pdkit/releases")
+    parser.add_argument("--release-json", default="/etc/pdkit/release.json")
+    parser.add_argument("--root", default="/", help=argparse.SUPPRESS)
+    sub = parser.add_subparsers(dest="action", required=True)
+    r = sub.add_parser("record", help="keep the files now on the node as a release and make it current")
+    r.add_argument("--command", required=True, dest="applied_by", help="the command that applied this configuration")
+    r.add_argument("--services-json", default="{}", help="unit -> {kind, files, health_url, ready_timeout_s}")
+    r.add_argument("--venv", action="append", default=[], help="a venv link whose target the release keeps (repeat)")
+    r.add_argument("--expect-hash", help="the plan's release hash; refuse when the files on disk differ")
+    r.add_argument("--keep", type=int, default=KEEP)
+    sub.add_parser("list", help="the kept releases as JSON")
+    s = sub.add_parser("restore", help="put the node back on a kept release and restart what changed")
+    s.add_argument("--to", help="release id (or a unique prefix); default: the one before the current")
+    args = parser.parse_args(argv)
+    root = Path(args.root)
+    try:
+        if args.action == "record":
+            meta = record(
+                root=root, releases_dir=args.releases_dir, release_json=args.release_json, command=args.applied_by,
+                services=json.loads(args.services_json), venv_links=args.venv, expect_hash=args.expect_hash, keep=args.keep,
+            )
+            print(json.dumps({"id": meta["id"], "hash": meta["hash"]}))
+        elif args.action == "list":
+            print(json.dumps(list_releases(root=root, releases_dir=args.releases_dir)))
+        else:
+            result = restore(root=root, releases_dir=args.releases_dir, release_json=args.release_json, to=args.to,
+                             log=lambda m: print(m, file=sys.stderr))
+            print(json.dumps(result))
+    except ReleaseError as exc:
+        print(f"pdkit.releases: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

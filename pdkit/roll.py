@@ -1,0 +1,825 @@
+"""`pdkit roll | releases | rollback`: ordered, drained, gated rolling changes with per-node releases.
+
+    pdkit roll INVENTORY [--limit HOST ...] [--canary HOST] [--batch N] [--dry]
+    pdkit releases INVENTORY HOST
+    pdkit rollback INVENTORY HOST [--to RELEASE]
+
+pyinfra has no gate between hosts and does not keep host order under --serial (FIELD_NOTES,
+pyinfra 3.10.0), so the rollout is driven here through pyinfra's API: gevent patched first,
+one State per batch (connect, load deploy/pd.py, run_ops). Per batch: connect, drain its
+engines out of the router, apply, check readiness, add them back, smoke requests through the
+router with the engines' KV failure counters unchanged. A failed gate puts the batch back on
+the release it ran before (pdkit/releases.py), and the roll stops with a non-zero exit that
+names the node and the gate. docs/rolling.md has the whole story.
+
+The top half is pure planning (order, batches, version pairing, the dry-plan diff), unit
+tested without hosts; the bottom half talks to hosts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pdkit.plan import HostPlan
+    from pdkit.spec import ClusterSpec
+
+REPO = Path(__file__).resolve().parent.parent
+DEPLOY_FILE = "deploy/pd.py"
+EXIT_FAILED = 1
+EXIT_INVALID = 2
+# engine gauges that must all read 0 before an engine may restart (running requests and PD queues)
+DRAIN_GAUGES = (
+    "sglang:num_running_reqs",
+    "sglang:num_queue_reqs",
+    "sglang:num_prefill_bootstrap_queue_reqs",
+    "sglang:num_prefill_prealloc_queue_reqs",
+    "sglang:num_prefill_inflight_queue_reqs",
+    "sglang:num_decode_prealloc_queue_reqs",
+    "sglang:num_decode_transfer_queue_reqs",
+)
+FAILURE_COUNTERS = ("sglang:num_transfer_failed_reqs_total", "sglang:num_bootstrap_failed_reqs_total")
+
+
+class RollError(RuntimeError):
+    """A gate failed: names the node and the gate."""
+
+    def __init__(self, host: str, gate: str, message: str) -> None:
+        super().__init__(f"{host}: gate '{gate}' failed: {message}")
+        self.host, self.gate, self.message = host, gate, message
+
+
+# ================================================================ pure planning
+
+
+def rollout_order(spec: ClusterSpec, *, limit: Iterable[str] | None = None, canary: str | None = None) -> list[str]:
+    """The order hosts are rolled in: canary, other GPU nodes, router hosts, then hosts without engines.
+
+    The default canary is the first GPU node that runs no router (a broken canary then never
+    takes the router down with it). Router hosts go after the other GPU nodes so that a
+    router restart, if any, comes once every engine runs the new configuration.
+    """
+    names = [h.name for h in spec.hosts]
+    wanted = list(names) if not limit else [n for n in names if n in set(limit)]
+    unknown = sorted(set(limit or ()) - set(names))
+    if unknown:
+        raise ValueError(f"--limit names unknown host(s) {unknown}; the inventory has {names}")
+    if canary is not None and canary not in wanted:
+        raise ValueError(f"--canary {canary} is not among the hosts being rolled ({', '.join(wanted)})")
+
+    def rank(name: str) -> int:
+        host = spec.host(name)
+        if host.node is not None and host.node.engines and host.router is None:
+            return 0
+        if host.router is not None:
+            return 1
+        return 2
+
+    ordered = sorted(wanted, key=lambda n: (rank(n), names.index(n)))
+    if canary is None:
+        canary = next((n for n in ordered if rank(n) == 0), ordered[0] if ordered else None)
+    return [canary, *(n for n in ordered if n != canary)] if canary else []
+
+
+def version_changes(spec: ClusterSpec, current: dict[str, dict[str, str]]) -> set[tuple[str, str]]:
+    """(host, engine) whose planned SGLang version differs from the one its node runs now.
+
+    current: host -> engine -> version, from the nodes' release.json; an engine a node does not
+    run yet is no version change (it starts fresh).
+    """
+    out = set()
+    for host, engine in spec.engines():
+        running = current.get(host.name, {}).get(engine.name)
+        if running is not None and running != spec.engine_version(engine):
+            out.add((host.name, engine.name))
+    return out
+
+
+def pairing_units(spec: ClusterSpec, changed: set[tuple[str, str]]) -> tuple[list[set[str]], list[str]]:
+    """Hosts that must roll together so that no prefill and decode serve together on different versions.
+
+    A PD group with a version change rolls as one unit (all its hosts in one batch). A router in
+    PD mode pairs ANY prefill with ANY decode it fronts, whatever their group, so when it fronts
+    several groups and any of them changes version, all of its workers' hosts become one unit.
+    Returns (units of 2+ hosts, one explanation line per unit).
+    """
+    parent: dict[str, str] = {h.name: h.name for h in spec.hosts}
+
+    def find(x: str) -> str:
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    def union(a: str, b: str) -> None:
+        parent[find(a)] = find(b)
+
+    reasons: dict[frozenset[str], str] = {}
+    groups: dict[str, list[tuple[str, str]]] = {}
+    for host, engine in spec.engines():
+        if engine.role != "unified":
+            groups.setdefault(engine.pd_group, []).append((host.name, engine.name))
+    changed_groups = {g for g, members in groups.items() if any(m in changed for m in members)}
+    for g in sorted(changed_groups):
+        hosts = sorted({h for h, _ in groups[g]})
+        for h in hosts[1:]:
+            union(hosts[0], h)
+        if len(hosts) > 1:
+            reasons[frozenset(hosts)] = f"PD group {g!r} changes SGLang version: its hosts {', '.join(hosts)} roll together as one batch"
+    for router in spec.router_hosts:
+        fronted = spec.router_workers(router)
+        fronted_groups = {e.pd_group for _, e in fronted if e.role != "unified"}
+        if len(fronted_groups) > 1 and fronted_groups & changed_groups:
+            hosts = sorted({h.name for h, e in fronted if e.role != "unified"})
+            for h in hosts[1:]:
+                union(hosts[0], h)
+            reasons[frozenset(hosts)] = (
+                f"the router on {router.name} pairs any prefill with any decode of groups {', '.join(sorted(fronted_groups))} and a version changes: "
+                f"hosts {', '.join(hosts)} roll together as one batch (they leave and rejoin the router together, which drains all of its workers at once)"
+            )
+    units: dict[str, set[str]] = {}
+    for name in parent:
+        units.setdefault(find(name), set()).add(name)
+    multi = [u for u in units.values() if len(u) > 1]
+    explanations = [reasons.get(frozenset(u)) or f"hosts {', '.join(sorted(u))} roll together (shared PD groups change SGLang version)" for u in multi]
+    # a unit joined from overlapping reasons gets every reason that touched it
+    for u, line in zip(multi, list(explanations)):
+        extra = [r for k, r in reasons.items() if k <= u and r != line]
+        if extra:
+            explanations[explanations.index(line)] = "; ".join([line, *extra])
+    return multi, explanations
+
+
+def make_batches(order: list[str], batch_size: int, units: list[set[str]] | None = None) -> list[list[str]]:
+    """Batches in ORDER: the canary (with its pairing unit) alone first, then up to BATCH_SIZE hosts.
+
+    A pairing unit is never split; a batch that would split one grows to hold it whole.
+    """
+    if batch_size < 1:
+        raise ValueError("--batch must be at least 1")
+    unit_of: dict[str, set[str]] = {}
+    for unit in units or []:
+        for h in unit:
+            unit_of[h] = unit
+    placed: set[str] = set()
+    batches: list[list[str]] = []
+    for i, host in enumerate(order):
+        if host in placed:
+            continue
+        size = 1 if i == 0 else batch_size  # the canary goes alone
+        batch: list[str] = []
+        for candidate in order[i:]:
+            if candidate in placed or candidate in batch:
+                continue
+            members = [m for m in order if m in unit_of.get(candidate, {candidate})]
+            if batch and len(batch) + len(members) > size:
+                break
+            batch += [m for m in members if m not in batch]
+            if len(batch) >= size:
+                break
+        placed.update(batch)
+        batches.append(batch)
+    return batches
+
+
+@dataclass(frozen=True)
+class HostDiff:
+    """What applying the plan would change on one host."""
+
+    host: str
+    files: tuple[str, ...]  # paths whose bytes, mode or owner differ (or that are missing)
+    restarts: tuple[str, ...]  # units that would (re)start
+    new_venv: bool = False
+
+
+def host_diff(plan: HostPlan, state: dict, *, new_venv: bool = False) -> HostDiff:
+    """Pure: the files that differ from the plan and the services that would restart (roles/services.py's rules)."""
+    files = tuple(
+        f.path for f in plan.files if state.get("paths", {}).get(f.path) != ["file", f.mode, f.owner, f.group, f.sha256]
+    )
+    restarts = []
+    for service in plan.services:
+        unit_state = state.get("units", {}).get(service.unit) or []
+        active = len(unit_state) > 1 and unit_state[1] in ("active", "activating", "reloading")
+        enabled = len(unit_state) > 2 and unit_state[2] == "enabled"
+        changed = any(p in files for p in service.files) or (new_venv and service.kind == "engine")
+        if changed or not (active and enabled):
+            restarts.append(service.unit)
+    return HostDiff(plan.host, files, tuple(restarts), new_venv)
+
+
+def format_dry_plan(batches: list[list[str]], diffs: dict[str, HostDiff], explanations: list[str], secret_paths: set[str]) -> str:
+    lines = ["pdkit roll --dry: nothing will be changed", ""]
+    for line in explanations:
+        lines.append(f"version pairing: {line}")
+    if explanations:
+        lines.append("")
+    step = 0
+    for b, batch in enumerate(batches):
+        label = "canary" if b == 0 else f"batch {b}"
+        lines.append(f"{label}: {', '.join(batch)}")
+        for host in batch:
+            step += 1
+            d = diffs.get(host)
+            if d is None:
+                lines.append(f"  {step}. {host}: state not read")
+                continue
+            if not d.files and not d.restarts:
+                lines.append(f"  {step}. {host}: no change")
+                continue
+            lines.append(f"  {step}. {host}: {len(d.files)} file(s) differ from the plan, {len(d.restarts)} service(s) would restart" + (" (new node venv)" if d.new_venv else ""))
+            for path in d.files:
+                lines.append(f"       file     {path}" + ("  (secret: content not shown)" if path in secret_paths else ""))
+            for unit in d.restarts:
+                lines.append(f"       restart  {unit}")
+    return "\n".join(lines)
+
+
+def metric_sums(text: str, names: Iterable[str]) -> dict[str, float]:
+    """Sum of every sample of each named metric in a Prometheus text page (absent: 0)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    wanted = set(names)
+    sums = {n: 0.0 for n in wanted}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in wanted:
+                sums[sample.name] += sample.value
+    return sums
+
+
+# ================================================================ talking to hosts
+
+
+class Progress:
+    """One line per node and step, with the time since the roll started and the step's own time."""
+
+    def __init__(self, stream=None) -> None:
+        self.start = time.monotonic()
+        self.stream = stream or sys.stdout
+
+    def __call__(self, host: str, step: str, message: str, took: float | None = None) -> None:
+        took_s = f" ({took:.1f} s)" if took is not None else ""
+        print(f"[{time.monotonic() - self.start:7.1f}s] {host:<12} {step:<8} {message}{took_s}", file=self.stream, flush=True)
+
+
+@dataclass
+class NodeTiming:
+    host: str
+    total_s: float = 0.0
+    engines_restart_to_ready_s: float = 0.0
+    steps: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def overhead_s(self) -> float:
+        return self.total_s - self.engines_restart_to_ready_s
+
+
+class _LogCollector:
+    """pyinfra logs an operation's failure (stderr of the gate) through `logging`; keep those lines."""
+
+    def __init__(self) -> None:
+        import logging
+
+        self.lines: list[str] = []
+        self.handler = logging.Handler(logging.WARNING)
+        self.handler.emit = lambda record: self.lines.append(_strip_ansi(record.getMessage()))  # type: ignore[method-assign]
+        self.logger = logging.getLogger("pyinfra")
+
+    def __enter__(self) -> _LogCollector:
+        self.logger.addHandler(self.handler)
+        self.logger.propagate = False
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.logger.removeHandler(self.handler)
+        self.logger.propagate = True
+
+
+def _strip_ansi(text: str) -> str:
+    import re
+
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)
+
+
+class Pyinfra:
+    """pyinfra's API for one inventory: one State per batch (FIELD_NOTES: gevent patched first)."""
+
+    def __init__(self, inventory: str) -> None:
+        self.inventory = inventory
+
+    def _state(self, hosts: list[str]):
+        from pyinfra.api import Config, State
+        from pyinfra.api.connect import connect_all
+        from pyinfra.context import ctx_config, ctx_inventory, ctx_state
+        from pyinfra_cli.inventory import make_inventory
+
+        import roles.facts
+
+        roles.facts._STATE.clear()  # its per-run cache is keyed by host name: a new State must re-read
+        state = State(check_for_changes=False)
+        state.cwd = str(REPO)
+        config = Config()
+        config.FAIL_PERCENT = None  # decide per host here, not by pyinfra's abort
+        ctx_config.set(config)
+        ctx_state.set(state)
+        inventory = make_inventory(self.inventory, cwd=str(REPO))
+        ctx_inventory.set(inventory)
+        state.inventory_filename = self.inventory
+        state.init(inventory, config, initial_limit=[inventory.get_host(h) for h in hosts])
+        connect_all(state)
+        return state, inventory
+
+    def connect(self, hosts: list[str]) -> tuple[Any, dict[str, Any], dict[str, str]]:
+        """(state, name -> connected Host, name -> why it could not connect)."""
+        with _LogCollector() as log:
+            state, inventory = self._state(hosts)
+        connected = {h.name: h for h in state.activated_hosts}
+        failed = {h: _why(log.lines, h) or "no SSH connection" for h in hosts if h not in connected}
+        return state, connected, failed
+
+    def apply(self, hosts: list[str]) -> dict[str, str]:
+        """Run deploy/pd.py on HOSTS (one State); name -> error for every host that failed."""
+        from pyinfra.api.operations import run_ops
+        from pyinfra.api.state import StateStage
+        from pyinfra_cli.util import load_deploy_file
+
+        with _LogCollector() as log:
+            try:
+                state, inventory = self._state(hosts)
+                connected = {h.name for h in state.activated_hosts}
+                state.set_stage(StateStage.Prepare)
+                load_deploy_file(state, str(REPO / DEPLOY_FILE))
+                state.set_stage(StateStage.Execute)
+                run_ops(state)
+            except SystemExit as exc:
+                return {h: f"the deploy stopped: {exc}" for h in hosts}
+            except Exception as exc:  # noqa: BLE001 - pyinfra raises its own errors for a failed host
+                failed = {h.name for h in getattr(locals().get("state"), "failed_hosts", set())} or set(hosts)
+                return {h: f"{type(exc).__name__}: {exc}; " + (_why(log.lines, h) or "") for h in failed}
+        failed = {h.name for h in state.failed_hosts} | (set(hosts) - connected)
+        return {h: _why(log.lines, h) or "the deploy failed" for h in failed}
+
+
+def _why(lines: list[str], host: str) -> str:
+    mine = [ln.strip() for ln in lines if host in ln or not ln.lstrip().startswith("[")]
+    return " | ".join(mine[-6:])[-1500:]
+
+
+def run_remote(host: Any, command: str, timeout: int = 900) -> tuple[bool, str, str]:
+    """Run COMMAND on a connected pyinfra host: (ok, stdout, stderr)."""
+    from pyinfra.api import StringCommand
+
+    ok, output = host.run_shell_command(StringCommand(command), _timeout=timeout)
+    stdout = "\n".join(line.line for line in output if line.buffer_name == "stdout")
+    stderr = "\n".join(line.line for line in output if line.buffer_name == "stderr")
+    return ok, stdout, stderr
+
+
+_TIMING_PROBE = r"""
+import json, subprocess, sys
+units, since = json.loads(sys.argv[1]), float(sys.argv[2])
+out = {}
+for u in units:
+    show = dict(l.split("=", 1) for l in subprocess.run(["systemctl", "show", "-p", "ActiveExitTimestampMonotonic,InvocationID", u], capture_output=True, text=True).stdout.splitlines() if "=" in l)
+    log = subprocess.run(["journalctl", "--no-pager", "-o", "json", "_SYSTEMD_INVOCATION_ID=" + show.get("InvocationID", ""), "--grep", "fired up and ready to roll"], capture_output=True, text=True).stdout.splitlines()
+    ready = json.loads(log[0])["__MONOTONIC_TIMESTAMP"] if log else None
+    out[u] = [int(show.get("ActiveExitTimestampMonotonic") or 0), int(ready) if ready else None]
+print(json.dumps(out))
+"""
+
+
+@dataclass
+class Roller:
+    """Drives one roll (or rollback) of an inventory."""
+
+    inventory: str
+    spec: ClusterSpec
+    progress: Progress
+    drain_timeout_s: float = 300.0
+    smoke_requests: int = 4
+    router_timeout_s: float = 120.0
+    timings: list[NodeTiming] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        from pdkit.plan import plan_cluster
+
+        self.plans = plan_cluster(self.spec)
+        self.pyinfra = Pyinfra(self.inventory)
+
+    # ---- routers and engines
+    def routers(self):
+        from pdkit import flags
+        from pdkit.router_api import RouterClient
+
+        key = self.spec.cluster.secrets.router_api_key
+        return [
+            (h, RouterClient(f"http://{flags.router_address(h)}:{h.router.port}", api_key=key.get_secret_value() if key else None))
+            for h in self.spec.router_hosts
+        ]
+
+    def workers_of(self, hosts: list[str]) -> list[tuple[Any, Any, str]]:
+        """(router client, engine, url) for every engine of HOSTS that a router fronts."""
+        from pdkit import flags
+
+        out = []
+        for router_host, client in self.routers():
+            for h, e in self.spec.router_workers(router_host):
+                if h.name in hosts:
+                    out.append((client, e, flags.engine_url(self.spec, h, e)))
+        return out
+
+    def engine_urls(self, hosts: list[str]) -> dict[str, str]:
+        from pdkit import flags
+
+        return {f"{h.name}/{e.name}": flags.engine_url(self.spec, h, e) for h, e in self.spec.engines() if h.name in hosts}
+
+    def scrape(self, urls: dict[str, str], names: Iterable[str]) -> dict[str, dict[str, float]]:
+        from pdkit.health import http_request
+
+        out = {}
+        for label, url in urls.items():
+            status, body = http_request(f"{url}/metrics", timeout=10)
+            if status != 200:
+                raise RuntimeError(f"{label}: {url}/metrics answered {status or 'nothing'}: {body.strip()[:160]}")
+            out[label] = metric_sums(body, names)
+        return out
+
+    # ---- steps
+    def drain(self, hosts: list[str]) -> str:
+        workers = self.workers_of(hosts)
+        for client, _, url in workers:
+            client.remove(url)
+        urls = self.engine_urls(hosts)
+        deadline = time.monotonic() + self.drain_timeout_s
+        while True:
+            busy = {k: {n: v for n, v in m.items() if v} for k, m in self.scrape(urls, DRAIN_GAUGES).items()}
+            busy = {k: v for k, v in busy.items() if v}
+            if not busy:
+                return f"{len(workers)} worker(s) out of the router, {len(urls)} engine(s) idle"
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"engines still busy after {self.drain_timeout_s:.0f} s: {busy}")
+            time.sleep(0.25)
+
+    def readd(self, hosts: list[str]) -> str:
+        workers = self.workers_of(hosts)
+        for client, engine, url in workers:
+            client.add(url, engine.role, engine.effective_bootstrap_port if engine.role == "prefill" else None, timeout=self.router_timeout_s)
+        by_client: dict[int, tuple[Any, list[str]]] = {}
+        for client, _, url in workers:
+            by_client.setdefault(id(client), (client, []))[1].append(url)
+        for client, urls in by_client.values():
+            client.wait_healthy(urls, timeout=self.router_timeout_s)
+        return f"{len(workers)} worker(s) back in the router and healthy"
+
+    def ready(self, hosts: list[str]) -> str:
+        from pdkit.health import http_request
+
+        urls = self.engine_urls(hosts)
+        deadline = time.monotonic() + self.spec.cluster.ready_timeout_s
+        while True:
+            bad = {k: s for k, u in urls.items() if (s := http_request(f"{u}/health", timeout=10)[0]) != 200}
+            if not bad:
+                return f"{len(urls)} engine(s) answer /health 200"
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"not healthy after {self.spec.cluster.ready_timeout_s} s: {bad}")
+            time.sleep(0.5)
+
+    def smoke(self, hosts: list[str]) -> str:
+        urls = self.engine_urls(hosts)
+        if not urls or not self.spec.router_hosts:
+            return "no engines behind a router here"
+        before = self.scrape(urls, FAILURE_COUNTERS)
+        model = self.spec.cluster.model.name
+        sent = 0
+        for _, client in self.routers():
+            for i in range(self.smoke_requests):
+                status, body = client.completion(model, f"pdkit roll smoke {hosts[0]} {i}", max_tokens=4)
+                sent += 1
+                if status != 200:
+                    raise RuntimeError(f"smoke request {i + 1} through {client.base_url} answered {status or 'nothing'}: {body.strip()[:200]}")
+        after = self.scrape(urls, FAILURE_COUNTERS)
+        moved = {k: {n: after[k][n] - before[k][n] for n in FAILURE_COUNTERS if after[k][n] != before[k][n]} for k in urls}
+        moved = {k: v for k, v in moved.items() if v}
+        if moved:
+            raise RuntimeError(f"KV transfer / bootstrap failure counters moved during the smoke requests: {moved}")
+        return f"{sent} request(s) through the router succeeded; transfer and bootstrap failure counters unchanged"
+
+    def current_releases(self, state: Any, hosts: dict[str, Any]) -> dict[str, str | None]:
+        out: dict[str, str | None] = {}
+        for name, host in hosts.items():
+            ok, stdout, _ = run_remote(host, self._releases_cmd(name, "list"), timeout=60)
+            try:
+                out[name] = json.loads(stdout).get("current") if ok else None
+            except ValueError:
+                out[name] = None
+        return out
+
+    def _releases_cmd(self, host: str, action: str, *extra: str) -> str:
+        from pdkit import flags
+        from roles.releases import releases_dir
+
+        q = shlex.quote
+        python = f"{flags.venv_dir(self.spec)}/bin/python"
+        release_json = f"{self.spec.cluster.config_dir}/release.json"
+        head = f"{q(python)} -m pdkit.releases --releases-dir {q(releases_dir(self.spec.cluster.install_dir))} --release-json {q(release_json)}"
+        return f"{head} {action} " + " ".join(q(x) for x in extra)
+
+    def restore(self, host_name: str, host: Any, to: str | None) -> str:
+        ok, stdout, stderr = run_remote(host, self._releases_cmd(host_name, "restore", *(["--to", to] if to else [])))
+        if not ok:
+            raise RuntimeError((stderr.strip().splitlines() or ["restore failed"])[-1])
+        result = json.loads(stdout.strip().splitlines()[-1])
+        return f"back on release {result['id']} ({len(result['written'])} file(s) rewritten, restarted {', '.join(result['restarted']) or 'nothing'})"
+
+    def engines_restart_to_ready(self, host: Any, host_name: str, since_monotonic_us: int | None) -> float:
+        """Sum over the node's engines restarted during this step of (readiness line - restart), node clock."""
+        units = [s.unit for s in self.plans[host_name].services if s.kind == "engine"]
+        if not units:
+            return 0.0
+        ok, stdout, _ = run_remote(host, f"python3 -c {shlex.quote(_TIMING_PROBE)} {shlex.quote(json.dumps(units))} 0", timeout=60)
+        if not ok:
+            return 0.0
+        total = 0.0
+        for exit_us, ready_us in json.loads(stdout).values():
+            if ready_us and exit_us and (since_monotonic_us is None or exit_us >= since_monotonic_us) and ready_us > exit_us:
+                total += (ready_us - exit_us) / 1e6
+        return total
+
+    def node_clock_us(self, host: Any) -> int | None:
+        ok, stdout, _ = run_remote(host, "cat /proc/uptime", timeout=30)
+        return int(float(stdout.split()[0]) * 1e6) if ok and stdout else None
+
+    # ---- one batch
+    def roll_batch(self, batch: list[str]) -> None:
+        p = self.progress
+        t0 = time.monotonic()
+        step = time.monotonic()
+        state, hosts, unreachable = self.pyinfra.connect(batch)
+        if unreachable:
+            name, why = next(iter(unreachable.items()))
+            raise RollError(name, "connect", f"cannot reach it over SSH ({why}); nothing was changed on it")
+        before = self.current_releases(state, hosts)
+        clocks = {h: self.node_clock_us(hosts[h]) for h in batch}
+        for h in batch:
+            p(h, "connect", f"on release {before[h] or '(none recorded)'}", time.monotonic() - step)
+        timings = {h: NodeTiming(h) for h in batch}
+        done_drain = False
+
+        def gate(name: str, fn: Callable[[list[str]], str]) -> None:
+            start = time.monotonic()
+            try:
+                message = fn(batch)
+            except RollError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - every failure of a gate is reported the same way
+                raise RollError(",".join(batch), name, str(exc)) from exc
+            took = time.monotonic() - start
+            for h in batch:
+                timings[h].steps[name] = took
+            p(",".join(batch), name, message, took)
+
+        try:
+            gate("drain", self.drain)
+            done_drain = True
+
+            def apply(b: list[str]) -> str:
+                errors = self.pyinfra.apply(b)
+                if errors:
+                    h, why = next(iter(sorted(errors.items())))
+                    raise RollError(h, "apply", why)
+                return "deploy/pd.py applied; changed services restarted and passed their health gates"
+
+            gate("apply", apply)
+            gate("ready", self.ready)
+            gate("router", self.readd)
+            gate("smoke", self.smoke)
+        except RollError as exc:
+            p(exc.host, "FAILED", f"gate '{exc.gate}': {exc.message}")
+            if done_drain:
+                self._recover(batch, hosts, before)
+            raise
+        for h in batch:
+            timings[h].total_s = time.monotonic() - t0
+            timings[h].engines_restart_to_ready_s = self.engines_restart_to_ready(hosts[h], h, clocks[h])
+            t = timings[h]
+            p(h, "done", f"total {t.total_s:.1f} s, engines restart-to-ready {t.engines_restart_to_ready_s:.1f} s, kit overhead {t.overhead_s:.1f} s")
+            self.timings.append(t)
+
+    def _recover(self, batch: list[str], hosts: dict[str, Any], before: dict[str, str | None]) -> None:
+        """Put every node of the batch back on the release it ran before, then back in the router."""
+        p = self.progress
+        for h in batch:
+            start = time.monotonic()
+            if before.get(h) is None:
+                p(h, "restore", "no earlier release recorded on this node: left as it is (roll it with a fixed inventory)")
+                continue
+            try:
+                # a fresh connection: the failed deploy's State is done
+                _, fresh, unreachable = self.pyinfra.connect([h])
+                if unreachable:
+                    raise RuntimeError(f"cannot reach it over SSH: {unreachable[h]}")
+                p(h, "restore", self.restore(h, fresh[h], before[h]), time.monotonic() - start)
+            except Exception as exc:  # noqa: BLE001 - report and go on to the router
+                p(h, "restore", f"FAILED: {exc}")
+        try:
+            p(",".join(batch), "router", self.readd(batch))
+        except Exception as exc:  # noqa: BLE001
+            p(",".join(batch), "router", f"could not add the restored engines back: {exc}")
+
+
+# ================================================================ commands
+
+
+def _load(inventory: str):
+    from pdkit.loader import load_with_problems
+
+    spec, problems = load_with_problems(inventory)
+    errors = [p for p in problems if p.severity == "error"]
+    if errors or spec is None:
+        print(f"{inventory}: {len(errors)} error(s); nothing was contacted.", file=sys.stderr)
+        for p in errors:
+            print(f"  error   {p}", file=sys.stderr)
+        return None
+    return spec
+
+
+def _patch_gevent() -> None:
+    # pyinfra's API needs gevent, patched before anything opens a socket (FIELD_NOTES)
+    from gevent import monkey
+
+    if not monkey.is_module_patched("socket"):
+        monkey.patch_all()
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))  # deploy/pd.py imports roles/
+
+
+def read_node_state(roller: Roller, hosts: list[str]) -> tuple[dict[str, HostDiff], dict[str, dict[str, str]], dict[str, str]]:
+    """(diff per host, engine versions each node runs now, unreachable hosts), read over SSH; nothing changes."""
+    from pyinfra.context import ctx_host
+
+    import roles.base
+    import roles.facts
+
+    state, connected, unreachable = roller.pyinfra.connect(hosts)
+    diffs: dict[str, HostDiff] = {}
+    versions: dict[str, dict[str, str]] = {}
+    release_json = f"{roller.spec.cluster.config_dir}/release.json"
+    for name, host in connected.items():
+        with ctx_host.use(host):
+            facts = roles.facts.host_state()
+            try:
+                new_venv = roles.base.node_venv_will_change()
+            except Exception:  # noqa: BLE001 - no wheelhouse for this python here: say so in the plan
+                new_venv = False
+        diffs[name] = host_diff(roller.plans[name], facts, new_venv=new_venv)
+        ok, stdout, _ = run_remote(host, f"cat {shlex.quote(release_json)} 2>/dev/null || true", timeout=60)
+        try:
+            engines = json.loads(stdout).get("engines", {}) if stdout.strip() else {}
+        except ValueError:
+            engines = {}
+        versions[name] = {e: v.get("sglang_version") for e, v in engines.items()}
+    return diffs, versions, unreachable
+
+
+def cmd_roll(args: argparse.Namespace) -> int:
+    _patch_gevent()
+    spec = _load(args.inventory)
+    if spec is None:
+        return EXIT_INVALID
+    try:
+        order = rollout_order(spec, limit=args.limit or None, canary=args.canary)
+    except ValueError as exc:
+        print(f"pdkit roll: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    roller = Roller(args.inventory, spec, Progress(), drain_timeout_s=args.drain_timeout, smoke_requests=args.smoke_requests)
+    progress = roller.progress
+    progress("-", "plan", f"reading {len(order)} host(s) to plan the roll")
+    diffs, versions, unreachable = read_node_state(roller, order)
+    if unreachable and args.dry:
+        for h, why in unreachable.items():
+            print(f"pdkit roll --dry: {h}: cannot reach it over SSH ({why})", file=sys.stderr)
+    units, explanations = pairing_units(spec, version_changes(spec, versions))
+    try:
+        batches = make_batches(order, args.batch, units)
+    except ValueError as exc:
+        print(f"pdkit roll: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    secret = {f.path for plan in roller.plans.values() for f in plan.files if f.secret}
+    if args.dry:
+        print(format_dry_plan(batches, diffs, explanations, secret))
+        return EXIT_FAILED if unreachable else 0
+    for line in explanations:
+        progress("-", "pairing", line)
+    progress("-", "plan", "order: " + " | ".join(", ".join(b) for b in batches))
+    for batch in batches:
+        try:
+            roller.roll_batch(batch)
+        except RollError as exc:
+            untouched = [h for b in batches[batches.index(batch) + 1:] for h in b]
+            print(f"pdkit roll: stopped: {exc}", file=sys.stderr)
+            print(f"pdkit roll: {exc.host} is back on its previous release where one was recorded; not touched: {', '.join(untouched) or 'none'}", file=sys.stderr)
+            return EXIT_FAILED
+    if roller.timings:
+        worst = max(roller.timings, key=lambda t: t.overhead_s)
+        progress("-", "done", f"{len(order)} host(s) rolled; largest kit overhead {worst.overhead_s:.1f} s on {worst.host}")
+    return 0
+
+
+def cmd_releases(args: argparse.Namespace) -> int:
+    _patch_gevent()
+    spec = _load(args.inventory)
+    if spec is None:
+        return EXIT_INVALID
+    if args.host not in {h.name for h in spec.hosts}:
+        print(f"pdkit releases: {args.host} is not in {args.inventory}", file=sys.stderr)
+        return EXIT_INVALID
+    roller = Roller(args.inventory, spec, Progress(sys.stderr))
+    _, hosts, unreachable = roller.pyinfra.connect([args.host])
+    if unreachable:
+        print(f"pdkit releases: {args.host}: cannot reach it over SSH ({unreachable[args.host]})", file=sys.stderr)
+        return EXIT_FAILED
+    ok, stdout, stderr = run_remote(hosts[args.host], roller._releases_cmd(args.host, "list"), timeout=60)
+    if not ok:
+        print(f"pdkit releases: {args.host}: {stderr.strip()[-500:]}", file=sys.stderr)
+        return EXIT_FAILED
+    data = json.loads(stdout)
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    print(format_releases(args.host, data, roller.plans[args.host].release_hash))
+    return 0
+
+
+def format_releases(host: str, data: dict, planned_hash: str) -> str:
+    lines = [f"{host}: {len(data['releases'])} release(s) kept, newest last ('*' = running now, 'plan' = what the inventory says)"]
+    for r in data["releases"]:
+        marks = ("*" if r["id"] == data.get("current") else " ") + (" plan" if r["hash"] == planned_hash else "     ")
+        lines.append(f"{marks} {r['id']}  {r['time']}  {r['files']} files  {r['command']}")
+    if not data["releases"]:
+        lines.append("  (none: the node has not been deployed with release recording yet)")
+    return "\n".join(lines)
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    _patch_gevent()
+    spec = _load(args.inventory)
+    if spec is None:
+        return EXIT_INVALID
+    if args.host not in {h.name for h in spec.hosts}:
+        print(f"pdkit rollback: {args.host} is not in {args.inventory}", file=sys.stderr)
+        return EXIT_INVALID
+    roller = Roller(args.inventory, spec, Progress(), drain_timeout_s=args.drain_timeout)
+    p = roller.progress
+    batch = [args.host]
+    _, hosts, unreachable = roller.pyinfra.connect(batch)
+    if unreachable:
+        print(f"pdkit rollback: {args.host}: cannot reach it over SSH ({unreachable[args.host]})", file=sys.stderr)
+        return EXIT_FAILED
+    try:
+        for name, fn in (("drain", roller.drain), ("restore", lambda b: roller.restore(args.host, hosts[args.host], args.to)),
+                         ("ready", roller.ready), ("router", roller.readd), ("smoke", roller.smoke)):
+            start = time.monotonic()
+            p(args.host, name, fn(batch), time.monotonic() - start)
+    except Exception as exc:  # noqa: BLE001
+        print(f"pdkit rollback: {args.host}: gate '{name}' failed: {exc}", file=sys.stderr)
+        if name == "restore":
+            try:
+                roller.readd(batch)
+            except Exception:  # noqa: BLE001
+                pass
+        return EXIT_FAILED
+    return 0
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("roll", help="apply the inventory node by node: drain, apply, gate, re-add, smoke; roll back a failed node")
+    p.add_argument("inventory")
+    p.add_argument("--limit", action="append", default=[], metavar="HOST", help="only these hosts (repeat)")
+    p.add_argument("--canary", metavar="HOST", help="roll this host first, alone (default: the first GPU node without a router)")
+    p.add_argument("--batch", type=int, default=1, metavar="N", help="hosts per batch after the canary (default 1)")
+    p.add_argument("--dry", action="store_true", help="print the order and what would change on each node; change nothing")
+    p.add_argument("--drain-timeout", type=float, default=300.0, metavar="S", help="longest wait for an engine's running requests and PD queues to empty")
+    p.add_argument("--smoke-requests", type=int, default=4, metavar="N", help="completions sent through each router after a node rejoins")
+    p.set_defaults(func=cmd_roll)
+
+    p = subparsers.add_parser("releases", help="list the releases kept on a node")
+    p.add_argument("inventory")
+    p.add_argument("host")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_releases)
+
+    p = subparsers.add_parser("rollback", help="put a node back on a kept release (default: the previous one), drained and gated")
+    p.add_argument("inventory")
+    p.add_argument("host")
+    p.add_argument("--to", metavar="RELEASE", help="release id or unique prefix (see `pdkit releases`)")
+    p.add_argument("--drain-timeout", type=float, default=300.0, metavar="S")
+    p.set_defaults(func=cmd_rollback)

@@ -1,0 +1,143 @@
+"""Client for the router's worker API (smg 1.13.0), stdlib only.
+
+What smg 1.13.0 really does (checked against the binary on loopback, see docs/rolling.md):
+
+- GET /workers -> {"workers": [{"id", "url", "worker_type": "prefill"|"decode"|"regular",
+  "bootstrap_port", "is_healthy", "status": "ready"|"draining"|...}], "total", "stats"}.
+- DELETE /workers/{id} -> 202 "removal queued": the worker turns `draining` at once
+  (is_healthy false, no new requests are routed to it; requests already on it finish), and
+  disappears from the list after the router's drain settle time (~5 s by default).
+- POST /workers {"url", "worker_type", "bootstrap_port"} -> 202 "addition queued"; while the
+  old entry is still draining it answers 409 WORKER_ALREADY_EXISTS, so a re-add waits until
+  the removal finished. A re-added worker is healthy and routable within about a second.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+
+
+class RouterError(RuntimeError):
+    """The router answered something unexpected (or nothing)."""
+
+
+@dataclass(frozen=True)
+class Worker:
+    id: str
+    url: str
+    worker_type: str
+    bootstrap_port: int | None
+    healthy: bool
+    status: str
+
+
+def _request(method: str, url: str, payload: dict | None, headers: dict[str, str], timeout: float) -> tuple[int, str]:
+    data = None if payload is None else json.dumps(payload).encode()
+    all_headers = {**({"Content-Type": "application/json"} if data is not None else {}), **headers}
+    request = urllib.request.Request(url, data=data, headers=all_headers, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, response.read().decode(errors="replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(errors="replace")
+    except (urllib.error.URLError, OSError) as exc:
+        return 0, str(exc)
+
+
+def parse_workers(body: str) -> list[Worker]:
+    """Workers from GET /workers (smg: {"workers": [...]}; a bare list is accepted too)."""
+    data = json.loads(body)
+    items = data.get("workers", []) if isinstance(data, dict) else data
+    out = []
+    for w in items or []:
+        if not isinstance(w, dict) or "url" not in w:
+            continue
+        out.append(
+            Worker(
+                id=str(w.get("id", "")),
+                url=str(w["url"]).rstrip("/"),
+                worker_type=str(w.get("worker_type", "regular")),
+                bootstrap_port=w.get("bootstrap_port"),
+                healthy=bool(w.get("is_healthy", False)),
+                status=str(w.get("status", "")),
+            )
+        )
+    return out
+
+
+class RouterClient:
+    """The worker API of one router: list, remove (drain), add, wait."""
+
+    def __init__(self, base_url: str, *, api_key: str | None = None, timeout: float = 10.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.timeout = timeout
+
+    def _call(self, method: str, path: str, payload: dict | None = None) -> tuple[int, str]:
+        return _request(method, f"{self.base_url}{path}", payload, self.headers, self.timeout)
+
+    def workers(self) -> list[Worker]:
+        status, body = self._call("GET", "/workers")
+        if status != 200:
+            raise RouterError(f"GET {self.base_url}/workers answered {status or 'nothing'}: {body.strip()[:200]}")
+        try:
+            return parse_workers(body)
+        except ValueError as exc:
+            raise RouterError(f"GET {self.base_url}/workers answered something unreadable: {exc}") from exc
+
+    def find(self, url: str) -> Worker | None:
+        url = url.rstrip("/")
+        return next((w for w in self.workers() if w.url == url), None)
+
+    def remove(self, url: str) -> Worker | None:
+        """Start draining the worker at URL (no new requests); None when it was not registered."""
+        worker = self.find(url)
+        if worker is None:
+            return None
+        status, body = self._call("DELETE", f"/workers/{urllib.parse.quote(worker.id, safe='')}")
+        if status not in (200, 202, 204, 404):
+            raise RouterError(f"DELETE {self.base_url}/workers/{worker.id} ({url}) answered {status or 'nothing'}: {body.strip()[:200]}")
+        return worker
+
+    def add(self, url: str, worker_type: str, bootstrap_port: int | None = None, *, timeout: float = 60.0) -> None:
+        """Register URL again, waiting out a removal that is still draining (smg answers 409 then)."""
+        payload: dict = {"url": url.rstrip("/"), "worker_type": worker_type}
+        if bootstrap_port is not None:
+            payload["bootstrap_port"] = bootstrap_port
+        deadline = time.monotonic() + timeout
+        while True:
+            existing = self.find(url)
+            if existing is not None and existing.status != "draining":
+                return  # already registered (e.g. a restarted router read it from its argv)
+            if existing is None:
+                status, body = self._call("POST", "/workers", payload)
+                if status in (200, 201, 202):
+                    return
+                if status != 409:
+                    raise RouterError(f"POST {self.base_url}/workers ({url}) answered {status or 'nothing'}: {body.strip()[:200]}")
+            if time.monotonic() > deadline:
+                raise RouterError(f"{url} is still being removed from {self.base_url} after {timeout:.0f} s; cannot add it back")
+            time.sleep(0.2)
+
+    def wait_healthy(self, urls: list[str], *, timeout: float = 60.0) -> None:
+        """Until every URL is listed ready and healthy."""
+        wanted = {u.rstrip("/") for u in urls}
+        deadline = time.monotonic() + timeout
+        while True:
+            listed = {w.url: w for w in self.workers()}
+            missing = sorted(u for u in wanted if u not in listed)
+            unhealthy = sorted(u for u in wanted if u in listed and not (listed[u].healthy and listed[u].status in ("ready", "")))
+            if not missing and not unhealthy:
+                return
+            if time.monotonic() > deadline:
+                raise RouterError(f"router {self.base_url}: after {timeout:.0f} s workers missing {missing}, unhealthy {unhealthy}")
+            time.sleep(0.2)
+
+    def completion(self, model: str, prompt: str, max_tokens: int = 4, timeout: float = 60.0) -> tuple[int, str]:
+        """One non-streaming completion through the router: (status, body)."""
+        return _request("POST", f"{self.base_url}/v1/completions", {"model": model, "prompt": prompt, "max_tokens": max_tokens}, self.headers, timeout)

@@ -1,0 +1,79 @@
+"""Keep what was just applied as a release on the node (pdkit/releases.py), after the services role.
+
+Decided at prepare time from one small fact (the node's CURRENT release): a release is
+recorded when the plan's release hash differs from the node's current one, or a new node
+venv is being installed, or the node has no release yet. A re-run that changes nothing
+records nothing, so a second deploy still reports no change.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import shlex
+import socket
+import sys
+
+from pyinfra.api import FactBase, deploy
+from pyinfra.operations import server
+
+from pdkit import flags
+from pdkit.deploy import current_plan, current_spec
+from roles import base
+
+
+def releases_dir(install_dir: str) -> str:
+    return f"{install_dir}/releases"
+
+
+class CurrentRelease(FactBase):
+    """The hash and venv links of the release the node runs now ({} when none is recorded)."""
+
+    def command(self, releases: str) -> str:
+        q = shlex.quote
+        # python3 of the host: the node venv may not exist yet on a first deploy
+        probe = (
+            "import json,os,sys; d=sys.argv[1]\n"
+            "try:\n cur=open(os.path.join(d,'CURRENT')).read().strip(); m=json.load(open(os.path.join(d,cur,'meta.json')))\n"
+            " print(json.dumps({'id':cur,'hash':m['hash'],'venvs':m.get('venvs',{})}))\n"
+            "except (OSError,ValueError,KeyError):\n print('{}')\n"
+        )
+        return f"python3 -c {q(probe)} {q(releases)}"
+
+    def process(self, output):
+        return json.loads("\n".join(output) or "{}")
+
+
+def applied_by() -> str:
+    """Who applied this, with what: e.g. `root@ctl: pdkit roll inventories/lab.py --canary lab-gpu2`."""
+    argv = [sys.argv[0].rsplit("/", 1)[-1], *sys.argv[1:]]
+    return f"{getpass.getuser()}@{socket.gethostname()}: {shlex.join(argv)}"
+
+
+def services_meta() -> dict[str, dict]:
+    """What a restore needs to know about each planned service (no secrets: units, files, URLs)."""
+    return {
+        s.unit: {"kind": s.kind, "files": list(s.files), "health_url": s.health_url, "ready_timeout_s": s.ready_timeout_s}
+        for s in current_plan().services
+    }
+
+
+@deploy("pdkit releases: keep the applied configuration as a release")
+def record_release() -> None:
+    from pyinfra import host
+
+    spec = current_spec()
+    plan = current_plan()
+    where = releases_dir(spec.cluster.install_dir)
+    current = host.get_fact(CurrentRelease, releases=where)
+    needed = current.get("hash") != plan.release_hash or base.node_venv_will_change()
+    q = shlex.quote
+    python = f"{flags.venv_dir(spec)}/bin/python"
+    venvs = " ".join(f"--venv {q(v)}" for v in (flags.venv_dir(spec), flags.router_venv_dir(spec)))
+    command = (
+        f"{q(python)} -m pdkit.releases --releases-dir {q(where)} --release-json {q(f'{spec.cluster.config_dir}/release.json')} "
+        f"record --command {q(applied_by())} --services-json {q(json.dumps(services_meta(), sort_keys=True))} {venvs} "
+        f"--expect-hash {q(plan.release_hash)}"
+    )
+    # declared on every host (gated) so that all hosts share one operation order
+    server.shell(name="Record the applied configuration as a release", commands=[command], _if=lambda: needed)
