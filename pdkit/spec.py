@@ -381,7 +381,7 @@ class Node(Frozen):
     # (Ubuntu's signed linux-modules-nvidia-580-open-<flavour>, Secure Boot friendly; Ubuntu only)
     driver_modules: Literal["nvidia-dkms", "ubuntu-prebuilt"] = "nvidia-dkms"
     # never: a driver change only marks the node "reboot required"; when-drained: reboot it too,
-    # but only in a run that declares the node drained (pdkit roll sets pdkit_drained)
+    # but only in a run that declares the node drained (pdkit roll sets node_drained)
     reboot: Literal["never", "when-drained"] = "never"
 
 

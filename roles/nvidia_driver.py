@@ -3,7 +3,7 @@
 A driver install or change writes the reboot-required marker (pdkit.node.REBOOT_MARKER_PATH),
 which the preflight report and pdkit-exporter (pdkit_node_reboot_required) show. The kit never
 reboots a serving node by itself: only with pdkit_node.reboot: when-drained AND pyinfra data
-pdkit_drained=True, which `pdkit roll` sets for the node it has just drained.
+node_drained=True, which `pdkit roll` sets for the node it has just drained.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def nvidia_driver() -> None:
     pending = bool(node_facts().get("reboot_required"))
     # start it only on a driver that is loaded as installed (after a change, the reboot starts it)
     systemd.service(name=f"Start {PERSISTENCED_UNIT}", service=PERSISTENCED_UNIT, running=True, _if=lambda: not pending and not changed())
-    if node.reboot == "when-drained" and host.data.get("pdkit_drained") is True:
+    if node.reboot == "when-drained" and host.data.get("node_drained") is True:
         needed = lambda: pending or changed()  # noqa: E731
         server.reboot(name="Reboot the drained node (the driver changed)", reboot_timeout=1800, _if=needed)
         server.shell(name=f"Clear {REBOOT_MARKER_PATH} after the reboot", commands=[f"rm -f {shlex.quote(REBOOT_MARKER_PATH)}"], _if=needed)

@@ -1,0 +1,31 @@
+"""Every fact and operation case under tests/node/ (see tests/node/runner.py for the format)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from roles import node_facts
+from tests.node.runner import FACT_CASES, OPERATION_CASES, load, run_operation_case
+
+
+@pytest.mark.parametrize("path", FACT_CASES, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_fact_case(path):
+    case = load(path)
+    cls = getattr(node_facts, path.parent.name)
+    fact = cls()
+    assert fact.command() == case["command"]
+    value = fact.process(case["output"]) if case["output"] else cls.default()
+    assert json.loads(json.dumps(value)) == case["fact"]
+
+
+def test_every_custom_fact_has_a_case():
+    covered = {p.parent.name for p in FACT_CASES}
+    assert set(c.__name__ for c in node_facts.NODE_FACTS.values()) <= covered
+
+
+@pytest.mark.parametrize("path", OPERATION_CASES, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_operation_case(path, monkeypatch):
+    case = load(path)
+    assert run_operation_case(case, monkeypatch) == case["commands"]
