@@ -46,6 +46,8 @@ from pdkit.exporter.drift import (
 from pdkit.exporter.logs import parse_batch_line
 from pdkit.exporter.metrics import decode_cuda_graph_ratio, parse_metrics
 from pdkit.exporter.system import (
+    REBOOT_MARKER_PATH,
+    reboot_required,
     JournalError,
     JournalReader,
     ProcessCheck,
@@ -172,6 +174,9 @@ def cumulative_total(figures: dict[str, Any]) -> float:
 
 
 class PdkitCollector(Collector):
+    # the node's reboot-required marker (tests point it elsewhere)
+    reboot_marker_path: str = REBOOT_MARKER_PATH
+
     def __init__(
         self,
         config: ExporterConfig,
@@ -382,8 +387,12 @@ class PdkitCollector(Collector):
             duration = GaugeMetricFamily("pdkit_exporter_collect_duration_seconds",
                                          "Time this scrape of the node's engines took.", labels=["node"])
             duration.add_metric([self.config.node], time.perf_counter() - started)
+            reboot = GaugeMetricFamily("pdkit_node_reboot_required", "1 when the NVIDIA driver changed and the node "
+                                       "waits for a drained reboot (pdkit's marker file), else 0.", labels=["node"])
+            reboot.add_metric([self.config.node], reboot_required(self.reboot_marker_path))
         yield from families
         yield duration
+        yield reboot
 
     def _families(self, snapshots: list[EngineSnapshot], journal_error: str | None) -> list[Metric]:
         node = self.config.node

@@ -15,6 +15,7 @@ keeps each scrape cheap and bounded.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -384,3 +385,14 @@ __all__ = [
     "run_command",
     "still_same_process",
 ]
+
+
+# ------------------------------------------------------------------------------ reboot marker
+
+# written by roles/nvidia_driver.py when the driver packages changed (pdkit.node.REBOOT_MARKER_PATH)
+REBOOT_MARKER_PATH = "/var/lib/pdkit/reboot-required"
+
+
+def reboot_required(path: str = REBOOT_MARKER_PATH) -> float:
+    """1.0 while pdkit's reboot-required marker exists (a driver change waits for a drained reboot)."""
+    return 1.0 if os.path.exists(path) else 0.0
