@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY_FILE = "deploy/pd.py"
 EXIT_FAILED = 1
+CONNECT_ATTEMPTS = 3
 EXIT_INVALID = 2
 # engine gauges that must all read 0 before an engine may restart (running requests and PD queues)
 DRAIN_GAUGES = (
@@ -293,15 +294,22 @@ class _LogCollector:
         self.handler = logging.Handler(logging.WARNING)
         self.handler.emit = lambda record: self.lines.append(_strip_ansi(record.getMessage()))  # type: ignore[method-assign]
         self.logger = logging.getLogger("pyinfra")
+        # paramiko prints a traceback for a dropped banner exchange; the roll reports it in one line
+        self.paramiko = logging.getLogger("paramiko")
 
     def __enter__(self) -> _LogCollector:
+        import logging
+
         self.logger.addHandler(self.handler)
         self.logger.propagate = False
+        self.paramiko_level = self.paramiko.level
+        self.paramiko.setLevel(logging.CRITICAL)
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.logger.removeHandler(self.handler)
         self.logger.propagate = True
+        self.paramiko.setLevel(self.paramiko_level)
 
 
 def _strip_ansi(text: str) -> str:
@@ -319,6 +327,7 @@ class Pyinfra:
     def _state(self, hosts: list[str]):
         from pyinfra.api import Config, State
         from pyinfra.api.connect import connect_all
+        from pyinfra.api.exceptions import PyinfraError
         from pyinfra.context import ctx_config, ctx_inventory, ctx_state
         from pyinfra_cli.inventory import make_inventory
 
@@ -335,14 +344,29 @@ class Pyinfra:
         ctx_inventory.set(inventory)
         state.inventory_filename = self.inventory
         state.init(inventory, config, initial_limit=[inventory.get_host(h) for h in hosts])
-        connect_all(state)
+        for attempt in range(CONNECT_ATTEMPTS):
+            try:
+                connect_all(state)
+            except PyinfraError:
+                pass  # "No hosts remaining!": every host failed to connect; the caller names them
+            missing = [h for h in hosts if inventory.get_host(h) not in state.activated_hosts]
+            if not missing or attempt == CONNECT_ATTEMPTS - 1:
+                break
+            # a busy sshd sometimes drops the banner exchange: try the missing hosts again
+            time.sleep(1)
+            for name in missing:
+                host = inventory.get_host(name)
+                host.connect()
+                if host.connected:
+                    state.activate_host(host)
+                    state.failed_hosts.discard(host)
         return state, inventory
 
     def connect(self, hosts: list[str]) -> tuple[Any, dict[str, Any], dict[str, str]]:
         """(state, name -> connected Host, name -> why it could not connect)."""
         with _LogCollector() as log:
             state, inventory = self._state(hosts)
-        connected = {h.name: h for h in state.activated_hosts}
+        connected = {h.name: h for h in state.activated_hosts if h.name in hosts}
         failed = {h: _why(log.lines, h) or "no SSH connection" for h in hosts if h not in connected}
         return state, connected, failed
 

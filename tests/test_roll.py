@@ -1,0 +1,165 @@
+"""`pdkit roll` planning without hosts: order, batches, version pairing, the dry-plan diff, gauges."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from pdkit.loader import load
+from pdkit.plan import plan_cluster
+from pdkit.roll import (
+    format_dry_plan,
+    format_releases,
+    host_diff,
+    make_batches,
+    metric_sums,
+    pairing_units,
+    rollout_order,
+    version_changes,
+)
+from tests.conftest import write_inventory
+
+
+def _spec(tmp_path, hosts, cluster):
+    return load(write_inventory(tmp_path, hosts, cluster))
+
+
+@pytest.fixture
+def three_nodes(base):
+    """gpu01 (router over every engine), gpu02, gpu03, mon01; each node its own PD group."""
+    cluster, hosts = base
+    hosts["gpu03"] = copy.deepcopy(hosts["gpu02"])
+    hosts["gpu03"]["ssh_hostname"] = "10.9.0.4"
+    hosts["gpu03"]["pdkit_node"]["engines"][0]["pd_group"] = "g3"
+    hosts["gpu03"]["pdkit_node"]["engines"][1]["pd_group"] = "g3"
+    hosts["gpu01"]["pdkit_router"] = {"workers": ["gpu01/prefill", "gpu01/decode"]}
+    order = ["gpu01", "gpu02", "gpu03", "mon01"]
+    return cluster, {h: hosts[h] for h in order}
+
+
+def test_canary_first_then_gpu_nodes_then_router_host_then_hosts_without_engines(tmp_path, three_nodes):
+    spec = _spec(tmp_path, three_nodes[1], three_nodes[0])
+    # default canary: the first GPU node that runs no router
+    assert rollout_order(spec) == ["gpu02", "gpu03", "gpu01", "mon01"]
+    assert rollout_order(spec, canary="gpu03") == ["gpu03", "gpu02", "gpu01", "mon01"]
+    assert rollout_order(spec, canary="gpu01") == ["gpu01", "gpu02", "gpu03", "mon01"]
+    assert rollout_order(spec, limit=["gpu03", "gpu01"]) == ["gpu03", "gpu01"]
+
+
+def test_bad_canary_or_limit_is_refused_with_the_valid_names(tmp_path, three_nodes):
+    spec = _spec(tmp_path, three_nodes[1], three_nodes[0])
+    with pytest.raises(ValueError, match="--canary gpu09 is not among the hosts being rolled"):
+        rollout_order(spec, canary="gpu09")
+    with pytest.raises(ValueError, match=r"--canary gpu02 .*gpu01, gpu03"):
+        rollout_order(spec, limit=["gpu01", "gpu03"], canary="gpu02")
+    with pytest.raises(ValueError, match=r"unknown host\(s\) \['nope'\]"):
+        rollout_order(spec, limit=["nope"])
+
+
+def test_batches_put_the_canary_alone_then_n_hosts():
+    order = ["a", "b", "c", "d", "e"]
+    assert make_batches(order, 1) == [["a"], ["b"], ["c"], ["d"], ["e"]]
+    assert make_batches(order, 2) == [["a"], ["b", "c"], ["d", "e"]]
+    assert make_batches(order, 10) == [["a"], ["b", "c", "d", "e"]]
+    with pytest.raises(ValueError, match="at least 1"):
+        make_batches(order, 0)
+
+
+def test_a_pairing_unit_is_never_split_across_batches():
+    order = ["a", "b", "c", "d", "e"]
+    # b and e must go together: b's batch grows to hold e; c and d follow
+    assert make_batches(order, 1, [{"b", "e"}]) == [["a"], ["b", "e"], ["c"], ["d"]]
+    # the canary's unit goes with the canary
+    assert make_batches(order, 1, [{"a", "d"}]) == [["a", "d"], ["b"], ["c"], ["e"]]
+    # a unit that does not fit the rest of a batch starts the next one
+    assert make_batches(order, 2, [{"c", "d"}]) == [["a"], ["b"], ["c", "d"], ["e"]]
+
+
+def test_version_change_is_detected_per_engine(tmp_path, three_nodes):
+    spec = _spec(tmp_path, three_nodes[1], three_nodes[0])
+    running = {"gpu02": {"prefill": "0.5.17", "decode": "0.5.23"}, "gpu03": {"prefill": "0.5.23"}}
+    assert version_changes(spec, running) == {("gpu02", "prefill")}
+    # an engine the node does not run yet is no version change
+    assert version_changes(spec, {}) == set()
+
+
+def test_a_pd_group_across_hosts_that_changes_version_rolls_as_one_batch(tmp_path, three_nodes):
+    cluster, hosts = three_nodes
+    # gpu02's decode and gpu03's decode join gpu02's group g2 (and gpu03 keeps its own prefill in g3)
+    hosts["gpu03"]["pdkit_node"]["engines"].append({"name": "decode2", "role": "decode", "gpus": [3], "port": 30002, "pd_group": "g2"})
+    hosts["gpu03"]["pdkit_node"]["engines"][1]["gpus"] = [2]
+    for h in ("gpu02", "gpu03"):
+        hosts[h]["pdkit_node"]["ucx_net_devices"] = "mlx5_0:1"
+    spec = _spec(tmp_path, hosts, cluster)
+    units, why = pairing_units(spec, {("gpu02", "decode")})
+    assert units == [{"gpu02", "gpu03"}]
+    assert "PD group 'g2' changes SGLang version" in why[0] and "gpu02, gpu03" in why[0]
+    order = rollout_order(spec)
+    assert make_batches(order, 1, units) == [["gpu02", "gpu03"], ["gpu01"], ["mon01"]]
+    # without a version change nothing is paired: node by node
+    assert pairing_units(spec, set()) == ([], [])
+
+
+def test_a_router_over_several_groups_pairs_all_its_hosts_on_a_version_change(tmp_path, three_nodes):
+    cluster, hosts = three_nodes
+    del hosts["gpu01"]["pdkit_router"]["workers"]  # the router fronts every engine, as in the lab
+    for h in ("gpu01", "gpu02", "gpu03"):
+        hosts[h]["pdkit_node"]["ucx_net_devices"] = "mlx5_0:1"
+    spec = _spec(tmp_path, hosts, cluster)
+    units, why = pairing_units(spec, {("gpu03", "prefill")})
+    assert units == [{"gpu01", "gpu02", "gpu03"}]
+    assert "pairs any prefill with any decode" in why[0]
+    # a config change without a version change keeps node by node
+    assert pairing_units(spec, set()) == ([], [])
+
+
+def test_dry_diff_lists_files_that_differ_and_services_that_restart(tmp_path, three_nodes):
+    spec = _spec(tmp_path, three_nodes[1], three_nodes[0])
+    plan = plan_cluster(spec)["gpu02"]
+    on_node = {"paths": {f.path: ["file", f.mode, f.owner, f.group, f.sha256] for f in plan.files}, "units": {s.unit: ["loaded", "active", "enabled"] for s in plan.services}}
+    assert host_diff(plan, on_node) == host_diff(plan, on_node)
+    same = host_diff(plan, on_node)
+    assert same.files == () and same.restarts == ()
+
+    decode_unit = "/etc/systemd/system/pdkit-engine-decode.service"
+    changed = copy.deepcopy(on_node)
+    changed["paths"][decode_unit][4] = "0" * 64  # content differs
+    changed["paths"]["/etc/pdkit/nccl.env"][1] = "0644"  # mode differs
+    changed["units"]["pdkit-exporter.service"] = ["loaded", "failed", "enabled"]
+    d = host_diff(plan, changed)
+    assert set(d.files) == {decode_unit, "/etc/pdkit/nccl.env"}
+    # nccl.env feeds both engines; the exporter is down
+    assert set(d.restarts) == {"pdkit-engine-prefill.service", "pdkit-engine-decode.service", "pdkit-exporter.service"}
+    # a new node venv restarts every engine even when no file changed
+    assert set(host_diff(plan, on_node, new_venv=True).restarts) == {"pdkit-engine-prefill.service", "pdkit-engine-decode.service"}
+
+    text = format_dry_plan([["gpu02"], ["gpu01"]], {"gpu02": d}, ["why"], {"/etc/pdkit/secrets.env"})
+    assert "canary: gpu02" in text and "batch 1: gpu01" in text and "version pairing: why" in text
+    assert f"file     {decode_unit}" in text and "restart  pdkit-exporter.service" in text
+    assert "gpu01: state not read" in text
+
+
+def test_drain_gauges_and_failure_counters_are_summed_over_labels():
+    page = (
+        "# TYPE sglang:num_running_reqs gauge\n"
+        'sglang:num_running_reqs{tp_rank="0"} 2\n'
+        'sglang:num_running_reqs{tp_rank="1"} 1\n'
+        "# TYPE sglang:num_transfer_failed_reqs counter\n"
+        "sglang:num_transfer_failed_reqs_total 3\n"
+    )
+    sums = metric_sums(page, ["sglang:num_running_reqs", "sglang:num_transfer_failed_reqs_total", "sglang:num_queue_reqs"])
+    assert sums == {"sglang:num_running_reqs": 3.0, "sglang:num_transfer_failed_reqs_total": 3.0, "sglang:num_queue_reqs": 0.0}
+
+
+def test_release_listing_marks_the_running_and_the_planned_release():
+    data = {
+        "current": "20260101T000001Z-bbbbbbbbbbbb",
+        "releases": [
+            {"id": "20260101T000000Z-aaaaaaaaaaaa", "hash": "a" * 64, "time": "2026-01-01T00:00:00+00:00", "command": "x: pyinfra", "files": 9},
+            {"id": "20260101T000001Z-bbbbbbbbbbbb", "hash": "b" * 64, "time": "2026-01-01T00:00:01+00:00", "command": "x: pdkit roll", "files": 9},
+        ],
+    }
+    lines = format_releases("gpu01", data, "a" * 64).splitlines()
+    assert lines[1].startswith("  plan 20260101T000000Z-aaaaaaaaaaaa")
+    assert lines[2].startswith("*      20260101T000001Z-bbbbbbbbbbbb")
