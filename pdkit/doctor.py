@@ -135,10 +135,13 @@ class RouterObservation:
 
 @dataclass(frozen=True)
 class BenchPoint:
-    """Output tokens per second at C=16, and where it comes from."""
+    """Output tokens per second at C=16, and the run it comes from (a fresh bench repeats its lengths)."""
 
     output_tok_s: float
-    label: str  # e.g. the run's id / time
+    label: str  # the run's id, or "now"
+    input_len: int = 512
+    output_len: int = 128
+    requests: int = 64
 
 
 # ------------------------------------------------------------------------------------------------
@@ -253,12 +256,13 @@ def check_decode_cuda_graphs(obs: EngineObservation) -> CheckResult:
     enabled = decode_graphs_enabled(info) if info is not None else None
     spec_hint = (f"the spec turns them off for {plan.host}/{plan.engine}: set tuning.cuda_graph: true (or drop the "
                  "override) and roll it; graphs gave 2.9-5.2x decode throughput on H200 (docs/gpu.md)")
-    if enabled is False:
-        if not plan.cuda_graph:
-            return _result(plan, name, FAIL, "decode CUDA graphs are off (cuda_graph_backend_decode=disabled), as the spec plans", spec_hint)
-        return _result(plan, name, FAIL, "decode CUDA graphs are off in the running engine although the plan has them on",
-                       f"the engine does not run the plan: re-apply it to {plan.host} (pyinfra INVENTORY deploy/pd.py --limit {plan.host}); see the flags check")
     passes = decode_passes(obs)
+    if enabled is False:
+        seen = f"; {passes[0]:.0f} of {passes[0] + passes[1]:.0f} decode passes ran as a graph {passes[2]}" if passes else ""
+        if not plan.cuda_graph:
+            return _result(plan, name, FAIL, f"decode CUDA graphs are off (cuda_graph_backend_decode=disabled), as the spec plans{seen}", spec_hint)
+        return _result(plan, name, FAIL, f"decode CUDA graphs are off in the running engine although the plan has them on{seen}",
+                       f"the engine does not run the plan: re-apply it to {plan.host} (pyinfra INVENTORY deploy/pd.py --limit {plan.host}); see the flags check")
     if passes is None:
         # no pass counters (older SGLang): the exporter's ratio, else its last `Decode batch` log line
         ex = obs.exporter
@@ -332,8 +336,8 @@ def check_context_length(obs: EngineObservation) -> CheckResult:
     if running == plan.context_length:
         return _result(plan, name, PASS, f"capped at {running} tokens as planned")
     if running < plan.context_length:
-        hint = ("SGLang keeps the model's maximum when asked for more: set tuning.allow_longer_context: true "
-                "(SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1) or lower tuning.context_length")
+        hint = (f"re-apply the plan to {plan.host} (a hand edit is overwritten); if it stays lower, the model's maximum is: "
+                "set tuning.allow_longer_context: true (SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1) or lower tuning.context_length")
     else:
         hint = f"the engine does not run the planned --context-length: re-apply the plan to {plan.host}"
     return _result(plan, name, FAIL, f"context length {running}, planned {plan.context_length}", hint)
@@ -713,46 +717,50 @@ def collect(spec, *, window_s: float = 3.0, probe_requests: int = 8, timeout_s: 
 # The last recorded bench and a fresh one (pdkit.bench, when it exists)
 
 
-def _c16_from_run(run: Any) -> float | None:
-    """Output tok/s at C=16 from one recorded run (a dict or an object with `levels`/`results`)."""
-    data = run if isinstance(run, dict) else getattr(run, "__dict__", {})
-    for key in ("levels", "results", "concurrency"):
-        levels = data.get(key)
-        if isinstance(levels, list):
-            for level in levels:
-                item = level if isinstance(level, dict) else getattr(level, "__dict__", {})
-                if item.get("concurrency") == BENCH_CONCURRENCY:
-                    for name in ("output_tok_s", "output_throughput", "output_tokens_per_s"):
-                        if isinstance(item.get(name), (int, float)):
-                            return float(item[name])
+def c16_throughput(record: dict[str, Any]) -> float | None:
+    """Output tok/s of the C=16 level of one pdkit.bench record (None without such a level)."""
+    for level in record.get("levels") or []:
+        if level.get("concurrency") == BENCH_CONCURRENCY and isinstance(level.get("output_tok_s"), (int, float)):
+            if level.get("completed", 1) and not level.get("errors"):
+                return float(level["output_tok_s"])
     return None
 
 
-def last_recorded(runs: Iterable[Any], cluster: str | None = None) -> BenchPoint | None:
-    """The newest run with a C=16 level (of this cluster when runs say which)."""
+def last_recorded(runs: Iterable[dict[str, Any]], cluster: str, engine: str) -> BenchPoint | None:
+    """The newest clean C=16 level recorded for this cluster and engine kind (sim and sglang never compare)."""
     best = None
-    for run in runs:
-        data = run if isinstance(run, dict) else getattr(run, "__dict__", {})
-        fingerprint = data.get("fingerprint")
-        name = data.get("cluster") or (fingerprint.get("cluster") if isinstance(fingerprint, dict) else None)
-        if cluster is not None and name not in (None, cluster):
+    for record in runs:
+        if record.get("cluster") != cluster or (record.get("env") or {}).get("engine", engine) != engine:
             continue
-        value = _c16_from_run(run)
+        value = c16_throughput(record)
         if value is not None:
-            best = BenchPoint(value, str(data.get("id") or data.get("time") or data.get("timestamp") or "last run"))
+            best = BenchPoint(value, str(record.get("id") or record.get("time") or "last run"),
+                              int(record.get("input_len") or 512), int(record.get("output_len") or 128),
+                              int(record.get("requests") or 64))
     return best
 
 
 def recorded_bench(spec, runs_path: Path) -> BenchPoint | None:
+    """The last recorded C=16 figure from runs.jsonl, None when pdkit.bench is absent or nothing is recorded."""
     try:
         from pdkit import bench
     except ModuleNotFoundError as exc:
         if exc.name != "pdkit.bench":
             raise
         return None
-    if not Path(runs_path).is_file():
-        return None
-    return last_recorded(bench.load_runs(runs_path), spec.cluster.name)
+    return last_recorded(bench.load_runs(runs_path), spec.cluster.name, spec.cluster.engine)
+
+
+def fresh_bench(spec, like: BenchPoint, progress: Callable[[str], None], show_bar: bool) -> BenchPoint | None:
+    """A short C=16 bench through the router with the recorded run's lengths (pdkit.bench.run_bench)."""
+    from pdkit import bench
+
+    requests = min(like.requests, 32)
+    progress(f"running a C=16 bench through the router ({requests} requests, {like.input_len} in / {like.output_len} out)")
+    record = bench.run_bench(spec, concurrency=[BENCH_CONCURRENCY], input_len=like.input_len, output_len=like.output_len,
+                             requests=requests, label="pdkit doctor", probe_drivers=False, progress=show_bar)
+    value = c16_throughput(record)
+    return BenchPoint(value, "now", like.input_len, like.output_len, requests) if value is not None else None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -761,30 +769,13 @@ def recorded_bench(spec, runs_path: Path) -> BenchPoint | None:
 
 def run_doctor(spec, *, window_s: float = 3.0, probe_requests: int = 8, timeout_s: float = 5.0,
                bench: bool = False, tolerance: float = DEFAULT_TOLERANCE, runs_path: Path = DEFAULT_RUNS_PATH,
-               progress: Callable[[str], None] = lambda _m: None) -> list[CheckResult]:
+               progress: Callable[[str], None] = lambda _m: None, show_bar: bool = False) -> list[CheckResult]:
     """Collect from the live cluster and run every check."""
     collected = collect(spec, window_s=window_s, probe_requests=probe_requests, timeout_s=timeout_s, progress=progress)
     recorded = recorded_bench(spec, runs_path)
-    measured = None
-    if bench:
-        measured = fresh_bench(spec, progress)
+    measured = fresh_bench(spec, recorded, progress, show_bar) if bench and recorded is not None else None
     cluster_host = spec.router_hosts[0].name if spec.router_hosts else ""
     return evaluate(collected.engines, collected.routers, recorded, measured, tolerance, cluster_host)
-
-
-def fresh_bench(spec, progress: Callable[[str], None]) -> BenchPoint | None:
-    """A short C=16 bench through the router (pdkit.bench.run_bench), or None when bench is absent."""
-    try:
-        from pdkit import bench
-    except ModuleNotFoundError as exc:
-        if exc.name != "pdkit.bench":
-            raise
-        progress("pdkit.bench is not available: throughput not measured")
-        return None
-    progress("running a short C=16 bench through the router")
-    run = bench.run_bench(spec, concurrency=[BENCH_CONCURRENCY], input_len=128, output_len=64, requests=64)
-    value = _c16_from_run(run)
-    return BenchPoint(value, "now") if value is not None else None
 
 
 def render_table(results: Sequence[CheckResult]) -> str:
@@ -827,7 +818,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             print(f"doctor: {message}", file=sys.stderr, flush=True)
 
     results = run_doctor(spec, window_s=args.window, probe_requests=args.probe_requests, timeout_s=args.timeout,
-                         bench=args.bench, tolerance=args.tolerance, runs_path=Path(args.runs), progress=progress)
+                         bench=args.bench, tolerance=args.tolerance, runs_path=Path(args.runs), progress=progress,
+                         show_bar=not quiet)
     if args.json:
         counts = {s: sum(1 for r in results if r.status == s) for s in (PASS, WARN, FAIL)}
         print(json.dumps({"inventory": str(args.inventory), "cluster": spec.cluster.name, "ok": exit_code(results) == 0,

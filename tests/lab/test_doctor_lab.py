@@ -1,0 +1,166 @@
+"""`pdkit doctor` on the lab: the deployed base inventory passes; a change that turns decode CUDA
+graphs off on ONE engine makes doctor FAIL exactly that engine's CUDA-graph check (with the spec
+hint), and a bench before and after shows the drop through `pdkit compare`. The module puts the
+base configuration back at the end: other lab modules share the same lab.
+
+The change is applied with `pyinfra <derived inventory> deploy/pd.py -y --limit <host>` (pdkit roll
+had not landed when this was written); the derived inventory is inventories/lab.py's own data with
+that one engine's `tuning.cuda_graph` set to false.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pdkit.health import http_request, router_worker_health
+from tests.conftest import REPO
+from tests.lab.test_deploy import INVENTORY, failed_hosts, run_pyinfra
+
+pytestmark = pytest.mark.lab
+
+PDKIT = str(Path(sys.executable).parent / "pdkit")
+# the engine whose decode CUDA graphs the change turns off
+ENGINE = "decode"
+BENCH = ["--concurrency", "16", "--input-len", "128", "--output-len", "32", "--requests", "48", "--warmup", "4",
+         "--no-ssh", "--no-plot", "--quiet"]
+
+DERIVED = '''"""inventories/lab.py with decode CUDA graphs off on {host}/{engine} (written by tests/lab/test_doctor_lab.py)."""
+import copy as _copy
+import importlib.util as _util
+
+_spec = _util.spec_from_file_location("_pdkit_lab_base", {base!r})
+_base = _util.module_from_spec(_spec)
+_spec.loader.exec_module(_base)
+
+gpu_nodes = _copy.deepcopy(_base.gpu_nodes)
+monitoring = _copy.deepcopy(_base.monitoring)
+all = _copy.deepcopy(_base.all)  # noqa: A001 - pyinfra's group name
+for _name, _data in gpu_nodes:
+    if _name == {host!r}:
+        for _engine in _data["pdkit_node"]["engines"]:
+            if _engine["name"] == {engine!r}:
+                _engine["tuning"] = {{**_engine.get("tuning", {{}}), "cuda_graph": False}}
+'''
+
+
+def write_graphs_off_inventory(directory: Path, host: str, engine: str) -> Path:
+    """A derived inventory: the lab's, with decode CUDA graphs off on one engine (group_data alongside)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(REPO / "inventories" / "group_data", directory / "group_data", dirs_exist_ok=True)
+    path = directory / "lab_graphs_off.py"
+    path.write_text(DERIVED.format(base=str(REPO / INVENTORY), host=host, engine=engine))
+    return path
+
+
+def pdkit(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([PDKIT, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+
+def doctor(inventory: str | Path, *extra: str) -> tuple[int, dict]:
+    proc = pdkit("doctor", str(inventory), "--json", *extra, timeout=180)
+    assert proc.stdout.strip(), f"doctor printed no JSON (rc {proc.returncode}): {proc.stderr[-2000:]}"
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def failures(report: dict) -> list[tuple[str, str, str]]:
+    return [(c["host"], c["target"], c["check"]) for c in report["checks"] if c["status"] == "FAIL"]
+
+
+def lab_layout() -> dict:
+    # load in a child process: importing pyinfra's CLI gevent-patches the importing process
+    code = (
+        "import json; from pdkit.loader import load; from pdkit.doctor import router_urls; "
+        f"spec = load({INVENTORY!r}); "
+        "print(json.dumps({'gpu': [h.name for h in spec.gpu_hosts], 'routers': router_urls(spec)}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120, check=True)
+    return json.loads(out.stdout)
+
+
+def wait_router_settled(layout: dict, timeout: float = 90) -> None:
+    """Every planned worker healthy in each router's list (a restarted engine is re-checked every 10 s)."""
+    deadline = time.monotonic() + timeout
+    for _host, url, workers in layout["routers"]:
+        while True:
+            status, body = http_request(f"{url}/workers", timeout=5)
+            health = router_worker_health(body) if status == 200 else {}
+            if all(health.get(w.rstrip("/")) for w in workers):
+                break
+            assert time.monotonic() < deadline, f"router {url} did not list every worker healthy: {health}"
+            time.sleep(2)
+
+
+@pytest.fixture(scope="module")
+def base_deployed(lab):
+    rc, results, err = run_pyinfra()
+    assert rc == 0 and not failed_hosts(results), f"converge failed (rc {rc}):\n{err[-3000:]}"
+    layout = lab_layout()
+    wait_router_settled(layout)
+    yield layout
+    # put the base configuration back whatever happened above (other modules share this lab)
+    rc, results, err = run_pyinfra()
+    assert rc == 0 and not failed_hosts(results), f"restoring the base configuration failed (rc {rc}):\n{err[-3000:]}"
+
+
+def test_doctor_passes_on_the_deployed_lab(base_deployed, tmp_path):
+    rc, report = doctor(INVENTORY, "--runs", str(tmp_path / "none.jsonl"))
+    assert rc == 0 and report["ok"], f"doctor failed on the base lab: {failures(report)}"
+    assert failures(report) == []
+    by = {(c["host"], c["target"], c["check"]): c for c in report["checks"]}
+    for host in base_deployed["gpu"]:
+        assert by[(host, ENGINE, "decode_cuda_graph")]["status"] == "PASS", by[(host, ENGINE, "decode_cuda_graph")]
+        for engine in ("prefill", "decode"):
+            for check in ("reachable", "flags", "context_length", "process_env", "version", "queues"):
+                assert by[(host, engine, check)]["status"] == "PASS", by[(host, engine, check)]
+    assert {c["check"] for c in report["checks"] if c["target"] == "router"} == {"router_workers"}
+    assert all(c["status"] == "PASS" for c in report["checks"] if c["target"] == "router")
+
+
+def test_graphs_off_on_one_engine_fails_exactly_that_check_and_the_bench_shows_the_drop(base_deployed, tmp_path):
+    host = base_deployed["gpu"][0]
+    bench_dir = tmp_path / "bench"
+    runs = bench_dir / "runs.jsonl"
+
+    before = pdkit("bench", INVENTORY, *BENCH, "--label", "graphs-on", "--out", str(bench_dir))
+    assert before.returncode == 0, before.stderr[-2000:]
+
+    derived = write_graphs_off_inventory(tmp_path / "inv", host, ENGINE)
+    rc, results, err = run_pyinfra(str(derived), "--limit", host)
+    assert rc == 0 and not failed_hosts(results), f"applying graphs-off to {host} failed (rc {rc}):\n{err[-3000:]}"
+    wait_router_settled(base_deployed)
+
+    rc, report = doctor(derived, "--runs", str(runs))
+    assert rc == 1 and not report["ok"]
+    assert failures(report) == [(host, ENGINE, "decode_cuda_graph")], report["checks"]
+    failed = next(c for c in report["checks"] if c["status"] == "FAIL")
+    assert "off" in failed["reason"] and "tuning.cuda_graph: true" in failed["hint"], failed
+    # the other engines' graphs still pass; the throughput check names the recorded run but measured nothing
+    others = [c for c in report["checks"] if c["check"] == "decode_cuda_graph" and c["host"] != host]
+    assert others and all(c["status"] == "PASS" for c in others), others
+    throughput = next(c for c in report["checks"] if c["check"] == "throughput_c16")
+    assert throughput["status"] == "WARN" and "graphs-on" in throughput["reason"], throughput
+
+    after = pdkit("bench", str(derived), *BENCH, "--label", "graphs-off", "--out", str(bench_dir))
+    assert after.returncode == 0, after.stderr[-2000:]
+    compared = pdkit("compare", "graphs-on", "graphs-off", "--runs", str(runs))
+    assert compared.returncode == 0, compared.stderr
+    print(compared.stdout)
+    recorded = [json.loads(line) for line in runs.read_text().splitlines()]
+    tok_s = [r["levels"][0]["output_tok_s"] for r in recorded]
+    assert tok_s[1] < 0.9 * tok_s[0], f"graphs off did not lower C=16 throughput: {tok_s}"
+    assert "output tok/s" in compared.stdout
+
+    # doctor's own C=16 bench (--bench) against the graphs-on record fails its throughput check too
+    baseline = tmp_path / "graphs_on.jsonl"
+    baseline.write_text(json.dumps(recorded[0]) + "\n")
+    rc, report = doctor(derived, "--runs", str(baseline), "--bench")
+    assert rc == 1
+    assert set(failures(report)) == {(host, ENGINE, "decode_cuda_graph"), (base_deployed["routers"][0][0], "cluster", "throughput_c16")}, \
+        report["checks"]

@@ -1,0 +1,407 @@
+"""`pdkit doctor`'s checks on pages captured from the lab (tests/doctor_data/, written by
+tests/doctor_data/capture.py): every check's PASS, WARN and FAIL, each non-PASS with a fix hint.
+
+Captures: lab_base (inventories/lab.py deployed), lab_graphs_off (the same with decode CUDA graphs
+off on lab-gpu1/decode; lab_graphs_off_busy.exporter.txt after 64 more requests, once the
+decode engine had written a `Decode batch` log line), lab_env_missing.exporter.txt (NCCL_PROTO removed by hand from the node's
+nccl.env, decode restarted), lab_hand_edit.* (--context-length changed by hand in the decode unit).
+Where a case has no capture (a version mix, a failed transfer, a growing queue) the captured
+figures are changed in the one place the case needs, and the test says so.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from pdkit.doctor import (
+    FAIL,
+    PASS,
+    WARN,
+    BenchPoint,
+    EngineObservation,
+    EnginePlan,
+    RouterObservation,
+    Sample,
+    c16_throughput,
+    check_context_length,
+    check_decode_cuda_graphs,
+    check_env,
+    check_flags,
+    check_graph_buckets,
+    check_kv_transfers,
+    check_queues,
+    check_reachable,
+    check_router_workers,
+    check_throughput,
+    check_versions,
+    evaluate,
+    exit_code,
+    exporter_views,
+    last_recorded,
+    render_table,
+)
+from pdkit.exporter.metrics import parse_metrics
+from pdkit.health import router_worker_health
+
+DATA = Path(__file__).resolve().parent / "doctor_data"
+WINDOW_S = 3.0
+
+
+def plans(scenario: str) -> dict[str, EnginePlan]:
+    out = {}
+    for p in json.loads((DATA / scenario / "plan.json").read_text()):
+        p["argv"], p["env_names"] = tuple(p["argv"]), tuple(p["env_names"])
+        out[p["engine"]] = EnginePlan(**p)
+    return out
+
+
+def figures(scenario: str, engine: str, n: int) -> dict:
+    return parse_metrics((DATA / scenario / f"{engine}.metrics{n}.txt").read_text())
+
+
+def observe(scenario: str, engine: str, plan_scenario: str | None = None) -> EngineObservation:
+    """An observation as `collect` builds it, from one capture (the plan may come from another)."""
+    plan = plans(plan_scenario or scenario)[engine]
+    views = exporter_views((DATA / scenario / "exporter.txt").read_text())
+    return EngineObservation(
+        plan=plan,
+        server_info=json.loads((DATA / scenario / f"{engine}.server_info.json").read_text()),
+        first=Sample(0.0, figures(scenario, engine, 1)),
+        second=Sample(WINDOW_S, figures(scenario, engine, 2)),
+        exporter=views[engine],
+    )
+
+
+def workers_seen(scenario: str = "lab_base") -> dict[str, bool]:
+    return router_worker_health((DATA / scenario / "workers.json").read_text())
+
+
+def assert_verdict(result, status: str, *words: str) -> None:
+    assert result.status == status, result
+    text = result.reason + " " + result.hint
+    for word in words:
+        assert word in text, f"{word!r} not in {result}"
+    if status == PASS:
+        assert result.hint == ""
+    else:
+        assert result.hint, f"a {status} without a fix hint: {result}"
+
+
+# ---- reachable
+
+
+def test_reachable_pass_fail_warn():
+    assert_verdict(check_reachable(observe("lab_base", "decode")), PASS, "answered")
+    down = EngineObservation(plan=plans("lab_base")["decode"], server_info_error="URLError: Connection refused",
+                             first=Sample(0, None, "Connection refused"), second=Sample(3, None, "Connection refused"))
+    assert_verdict(check_reachable(down), FAIL, "Connection refused", "systemctl status pdkit-engine-decode")
+    partial = observe("lab_base", "decode")
+    partial.second = Sample(3, None, "HTTP 404: Not Found")
+    assert_verdict(check_reachable(partial), WARN, "HTTP 404", "enable_metrics")
+
+
+# ---- flags
+
+
+def test_flags_pass_on_the_deployed_plan():
+    assert_verdict(check_flags(observe("lab_base", "decode")), PASS, "planned flags match")
+    assert_verdict(check_flags(observe("lab_graphs_off", "decode")), PASS)
+
+
+def test_flags_fail_when_the_engine_runs_another_plan():
+    # the base plan (graphs on, max bs 64) against the engine deployed with graphs off
+    result = check_flags(observe("lab_graphs_off", "decode", plan_scenario="lab_base"))
+    assert_verdict(result, FAIL, "--cuda-graph-max-bs-decode", "re-apply the plan to lab-gpu1")
+
+
+def test_flags_fail_on_a_hand_edit_seen_by_server_info_and_the_exporter():
+    obs = observe("lab_graphs_off", "decode")
+    obs.server_info = json.loads((DATA / "lab_hand_edit.decode.server_info.json").read_text())
+    obs.exporter = exporter_views((DATA / "lab_hand_edit.exporter.txt").read_text())["decode"]
+    assert obs.exporter.drift_flags == ("--context-length",)
+    assert_verdict(check_flags(obs), FAIL, "1 planned flag(s)", "--context-length: planned '8192', running 4096")
+    # the exporter's argv check alone is enough when /server_info is unreadable
+    obs.server_info, obs.server_info_error = None, "timed out"
+    assert_verdict(check_flags(obs), FAIL, "--context-length", "pdkit-exporter")
+
+
+def test_flags_warn_when_nothing_can_be_read():
+    obs = observe("lab_base", "decode")
+    obs.server_info, obs.server_info_error, obs.exporter = None, "Connection refused", None
+    assert_verdict(check_flags(obs), WARN, "not measured", "Connection refused")
+
+
+# ---- decode CUDA graphs
+
+
+def test_decode_graphs_pass_when_every_pass_in_the_window_ran_as_a_graph():
+    result = check_decode_cuda_graphs(observe("lab_base", "decode"))
+    assert_verdict(result, PASS, "16 of 16 decode passes ran as a CUDA graph in the last 3 s")
+
+
+def test_decode_graphs_fail_with_the_spec_hint_when_the_spec_turns_them_off():
+    result = check_decode_cuda_graphs(observe("lab_graphs_off", "decode"))
+    assert_verdict(result, FAIL, "cuda_graph_backend_decode=disabled", "as the spec plans", "0 of 16",
+                   "tuning.cuda_graph: true", "lab-gpu1/decode")
+
+
+def test_decode_graphs_fail_with_the_redeploy_hint_when_the_plan_has_them_on():
+    result = check_decode_cuda_graphs(observe("lab_graphs_off", "decode", plan_scenario="lab_base"))
+    assert_verdict(result, FAIL, "although the plan has them on", "re-apply it to lab-gpu1")
+
+
+def test_decode_graphs_fail_when_enabled_but_never_used():
+    # graphs on in /server_info, but every decode pass ran without one (a failed capture)
+    obs = observe("lab_graphs_off", "decode", plan_scenario="lab_base")
+    obs.server_info = json.loads((DATA / "lab_base" / "decode.server_info.json").read_text())
+    assert_verdict(check_decode_cuda_graphs(obs), FAIL, "enabled but unused", "0 of 16", "raise tuning.cuda_graph_max_bs")
+
+
+def test_decode_graphs_warn_when_some_batches_ran_without_a_graph():
+    obs = observe("lab_base", "decode")
+    obs.second.figures["cuda_graph_passes"]["decode_none"] = 8.0  # 8 passes above the captured size
+    assert_verdict(check_decode_cuda_graphs(obs), WARN, "only 16 of 24", "raise tuning.cuda_graph_max_bs")
+
+
+def test_decode_graphs_warn_without_any_decode_pass():
+    obs = observe("lab_base", "decode")
+    for sample in (obs.first, obs.second):
+        sample.figures["cuda_graph_passes"] = {k: 0.0 for k in sample.figures["cuda_graph_passes"]}
+    assert_verdict(check_decode_cuda_graphs(obs), WARN, "no decode pass", "pdkit chat")
+
+
+def test_decode_graphs_fall_back_to_the_exporter_on_versions_without_pass_counters():
+    for scenario, status in (("lab_base", PASS), ("lab_graphs_off", FAIL)):
+        obs = observe(scenario, "decode", plan_scenario="lab_base")
+        obs.server_info.pop("cuda_graph_backend_decode")
+        obs.server_info.pop("disable_cuda_graph")
+        for sample in (obs.first, obs.second):
+            sample.figures["cuda_graph_passes"] = {}
+        result = check_decode_cuda_graphs(obs)
+        assert_verdict(result, status, "pdkit-exporter's decode CUDA-graph ratio")
+    # no ratio either: the last `Decode batch` log line (captured after enough load for one to be written)
+    obs.exporter = exporter_views((DATA / "lab_graphs_off_busy.exporter.txt").read_text())["decode"]
+    assert obs.exporter.decode_batch_cuda_graph == 0.0
+    obs.exporter.decode_graph_ratio = None
+    assert_verdict(check_decode_cuda_graphs(obs), FAIL, "Decode batch")
+    obs.exporter = None
+    assert_verdict(check_decode_cuda_graphs(obs), WARN, "not measurable", "systemd-journal")
+
+
+# ---- capture buckets vs target concurrency
+
+
+def test_graph_buckets_pass_fail_warn():
+    obs = observe("lab_base", "decode")
+    assert_verdict(check_graph_buckets(obs), PASS, "up to batch 64 >= 64")
+    obs.plan = replace(obs.plan, required_bs=128)
+    assert_verdict(check_graph_buckets(obs), FAIL, "up to batch 64, below the 128", "cuda_graph_max_bs >= 128")
+    obs.plan = replace(obs.plan, required_bs=None)
+    assert_verdict(check_graph_buckets(obs), WARN, "target_concurrency")
+    assert_verdict(check_graph_buckets(observe("lab_graphs_off", "decode")), WARN, "graphs are off")
+
+
+def test_graph_buckets_read_an_explicit_bucket_list():
+    obs = observe("lab_base", "decode")
+    obs.server_info["cuda_graph_bs_decode"] = [1, 2, 4, 8, 16, 32]
+    assert_verdict(check_graph_buckets(obs), FAIL, "up to batch 32")
+
+
+# ---- context length
+
+
+def test_context_length_pass_fail_warn():
+    assert_verdict(check_context_length(observe("lab_base", "decode")), PASS, "capped at 8192")
+    edited = observe("lab_graphs_off", "decode")
+    edited.server_info = json.loads((DATA / "lab_hand_edit.decode.server_info.json").read_text())
+    assert_verdict(check_context_length(edited), FAIL, "context length 4096, planned 8192", "re-apply", "allow_longer_context")
+    uncapped = observe("lab_base", "decode")
+    uncapped.plan = replace(uncapped.plan, context_length=None)
+    assert_verdict(check_context_length(uncapped), PASS, "not capped by the spec")
+    uncapped.server_info["context_length"] = 1048576  # what the seeds' DeepSeek ran with
+    assert_verdict(check_context_length(uncapped), WARN, "1048576", "tuning.context_length")
+
+
+# ---- process environment (the exporter's /proc/PID/environ check)
+
+
+def test_env_pass_fail_warn():
+    assert_verdict(check_env(observe("lab_base", "decode")), PASS, "NCCL_IB_DISABLE")
+    missing = observe("lab_base", "decode")
+    missing.exporter = exporter_views((DATA / "lab_env_missing.exporter.txt").read_text())["decode"]
+    assert_verdict(check_env(missing), FAIL, "NCCL_PROTO missing", "restart the engine")
+    unread = observe("lab_base", "decode")
+    unread.exporter, unread.exporter_error = None, "http://10.223.0.11:9400/metrics: Connection refused"
+    assert_verdict(check_env(unread), WARN, "not measurable", "systemctl status pdkit-exporter")
+
+
+# ---- versions within a PD group
+
+
+def test_versions_pass_fail_warn():
+    group = [observe("lab_base", "prefill"), observe("lab_base", "decode")]
+    for result in check_versions(group):
+        assert_verdict(result, PASS, "runs sim like the rest of PD group 'lab-gpu1'")
+    group[1].server_info["version"] = "0.5.17"  # a half-rolled upgrade
+    for result in check_versions(group):
+        assert_verdict(result, FAIL, "lab-gpu1/prefill sim", "lab-gpu1/decode 0.5.17", "NIXL handshake")
+    real = [observe("lab_base", "prefill")]
+    real[0].plan = replace(real[0].plan, engine_kind="sglang")
+    assert_verdict(check_versions(real)[0], WARN, "runs SGLang sim, the spec plans 0.5.23")
+
+
+# ---- KV transfers
+
+
+def _without_failure_counters(text: str) -> str:
+    # what SGLang 0.5.17 exports (docs/gpu.md): the same page without the two failure counters
+    return "\n".join(line for line in text.splitlines()
+                     if "num_bootstrap_failed_reqs" not in line and "num_transfer_failed_reqs" not in line) + "\n"
+
+
+def test_kv_transfers_pass_on_the_lab():
+    assert_verdict(check_kv_transfers(observe("lab_base", "decode")), PASS, "no failures", "129 generation tokens")
+
+
+def test_kv_transfers_fail_on_failures_in_the_window_and_warn_on_old_ones():
+    obs = observe("lab_base", "decode")
+    obs.second.figures["kv_transfer_failures"]["transfer"] = 2.0
+    assert_verdict(check_kv_transfers(obs), FAIL, "2 transfer", "ucx_net_devices")
+    obs.first.figures["kv_transfer_failures"]["transfer"] = 2.0  # failed before the window, none since
+    assert_verdict(check_kv_transfers(obs), WARN, "2 KV hand-off failure(s) since the engine started")
+
+
+def test_kv_transfers_warn_not_measurable_without_the_counters():
+    obs = observe("lab_base", "decode")
+    for n, sample in ((1, obs.first), (2, obs.second)):
+        sample.figures = parse_metrics(_without_failure_counters((DATA / "lab_base" / f"decode.metrics{n}.txt").read_text()))
+    obs.server_info["version"] = "0.5.17"
+    assert_verdict(check_kv_transfers(obs), WARN, "not measurable on this version", "SGLang 0.5.17", "smg_http_responses_total")
+
+
+def test_kv_transfers_warn_without_any_hand_off():
+    # lab-gpu1's prefill got no request: the router sent every probe to lab-gpu2's prefill
+    assert_verdict(check_kv_transfers(observe("lab_base", "prefill")), WARN, "no KV hand-off", "pdkit chat")
+
+
+# ---- queues
+
+
+def test_queues_pass_warn_fail():
+    obs = observe("lab_base", "decode")
+    assert_verdict(check_queues(obs), PASS, "0 -> 0 over 3 s")
+    obs.second.figures["queued_requests"] = 12.0
+    assert_verdict(check_queues(obs), WARN, "grew 0 -> 12", "add engines")
+    obs.second.figures["pd_queues"]["transfer"] = 3.0
+    stuck = copy.deepcopy(obs.second.figures)
+    stuck["queued_requests"] = 0.0
+    stuck["pd_queues"]["transfer"] = 0.0
+    # nothing moved between the samples (same counters) while the queues grew: stuck
+    obs.first = Sample(0.0, stuck)
+    obs.first.figures.update({k: obs.second.figures[k] for k in ("prompt_tokens", "generation_tokens", "cuda_graph_passes")})
+    assert_verdict(check_queues(obs), FAIL, "0 -> 15", "stuck", "restart the stuck engine")
+
+
+# ---- router
+
+
+def test_router_workers_pass_fail_warn():
+    seen = workers_seen()
+    planned = tuple(sorted(seen))
+    assert len(planned) == 4 and all(seen.values())
+    assert_verdict(check_router_workers(RouterObservation("lab-gpu1", "http://10.223.0.11:8000", planned, seen)), PASS,
+                   "all 4 planned workers")
+    more = planned + ("http://10.223.0.13:30001",)
+    assert_verdict(check_router_workers(RouterObservation("lab-gpu1", "u", more, seen)), FAIL, "missing http://10.223.0.13:30001")
+    sick = dict(seen, **{planned[0]: False})
+    assert_verdict(check_router_workers(RouterObservation("lab-gpu1", "u", planned, sick)), FAIL, f"unhealthy {planned[0]}")
+    assert_verdict(check_router_workers(RouterObservation("lab-gpu1", "u", planned, None, "Connection refused")), FAIL,
+                   "Connection refused", "systemctl status pdkit-router")
+    assert_verdict(check_router_workers(RouterObservation("lab-gpu1", "u", planned[:3], seen)), WARN, "unplanned")
+
+
+# ---- C=16 throughput against the last recorded bench
+
+
+def _record(cluster: str, engine: str, tok_s: float, run_id: str) -> dict:
+    return {"id": run_id, "cluster": cluster, "input_len": 128, "output_len": 32, "requests": 48, "env": {"engine": engine},
+            "levels": [{"concurrency": 1, "output_tok_s": 50.0, "completed": 48, "errors": 0},
+                       {"concurrency": 16, "output_tok_s": tok_s, "completed": 48, "errors": 0}]}
+
+
+def test_last_recorded_takes_the_newest_run_of_this_cluster_and_engine():
+    runs = [_record("lab", "sim", 900.0, "a"), _record("lab", "sim", 1000.0, "b"), _record("lab", "sglang", 7000.0, "c"),
+            _record("prod", "sim", 1.0, "d"), {**_record("lab", "sim", 5.0, "e"), "levels": [{"concurrency": 64, "output_tok_s": 5.0}]}]
+    point = last_recorded(runs, "lab", "sim")
+    assert point == BenchPoint(1000.0, "b", 128, 32, 48)
+    assert last_recorded(runs, "other", "sim") is None
+    assert c16_throughput({**_record("lab", "sim", 1.0, "x"), "levels": [{"concurrency": 16, "output_tok_s": 9.0, "errors": 3}]}) is None
+
+
+def test_throughput_pass_fail_warn():
+    recorded = BenchPoint(1000.0, "20261129T210000Z-graphs-on")
+    assert_verdict(check_throughput("lab-gpu1", None, None), WARN, "no bench recorded", "pdkit bench")
+    assert_verdict(check_throughput("lab-gpu1", recorded, None), WARN, "1000 tok/s", "graphs-on", "--bench")
+    assert_verdict(check_throughput("lab-gpu1", recorded, BenchPoint(950.0, "now")), PASS, "-5%")
+    assert_verdict(check_throughput("lab-gpu1", recorded, BenchPoint(600.0, "now")), FAIL, "-40%", "pdkit compare")
+    assert_verdict(check_throughput("lab-gpu1", recorded, BenchPoint(850.0, "now"), tolerance=0.2), PASS)
+
+
+# ---- the whole report
+
+
+def _scenario(scenario: str, plan_scenario: str | None = None) -> tuple[list[EngineObservation], list[RouterObservation]]:
+    engines = [observe(scenario, e, plan_scenario) for e in ("prefill", "decode")]
+    routers = [RouterObservation("lab-gpu1", "http://10.223.0.11:8000", tuple(sorted(workers_seen(scenario))), workers_seen(scenario))]
+    return engines, routers
+
+
+def test_the_graphs_off_capture_fails_exactly_one_check_of_one_engine():
+    base = evaluate(*_scenario("lab_base"), cluster_host="lab-gpu1")
+    assert [r for r in base if r.status == FAIL] == [] and exit_code(base) == 0
+    off = evaluate(*_scenario("lab_graphs_off"), cluster_host="lab-gpu1")
+    assert [(r.host, r.target, r.check) for r in off if r.status == FAIL] == [("lab-gpu1", "decode", "decode_cuda_graph")]
+    assert exit_code(off) == 1
+    # the same pages judged against the base plan: the flags drifted too
+    drifted = evaluate(*_scenario("lab_graphs_off", "lab_base"), cluster_host="lab-gpu1")
+    assert {(r.target, r.check) for r in drifted if r.status == FAIL} == {("decode", "decode_cuda_graph"), ("decode", "flags")}
+
+
+def test_every_engine_gets_its_role_s_checks_once():
+    results = evaluate(*_scenario("lab_base"), cluster_host="lab-gpu1")
+    checks = {}
+    for r in results:
+        checks.setdefault(r.target, []).append(r.check)
+    assert checks["prefill"] == ["reachable", "flags", "context_length", "process_env", "kv_transfer", "queues", "version"]
+    assert checks["decode"] == ["reachable", "flags", "decode_cuda_graph", "graph_buckets", "context_length", "process_env",
+                                "kv_transfer", "queues", "version"]
+    assert checks["router"] == ["router_workers"] and checks["cluster"] == ["throughput_c16"]
+
+
+def test_table_shows_a_block_per_engine_and_the_hint_under_a_fail():
+    text = render_table(evaluate(*_scenario("lab_graphs_off"), cluster_host="lab-gpu1"))
+    lines = text.splitlines()
+    assert "lab-gpu1/prefill" in lines and "lab-gpu1/decode" in lines and "lab-gpu1/router" in lines
+    fail = next(i for i, line in enumerate(lines) if " FAIL " in line)
+    assert "decode_cuda_graph" in lines[fail] and lines[fail + 1].strip().startswith("fix: the spec turns them off")
+    assert lines[-1].endswith("1 FAIL")
+
+
+def test_the_cli_registers_doctor():
+    from pdkit.cli import build_parser
+
+    args = build_parser().parse_args(["doctor", "inventories/lab.py", "--json", "--bench", "--tolerance", "0.2"])
+    assert args.json and args.bench and args.tolerance == 0.2 and args.func.__module__ == "pdkit.doctor"
+
+
+@pytest.mark.parametrize("bad", ["does/not/exist.py"])
+def test_the_cli_refuses_a_bad_inventory_before_contacting_anything(bad, capsys):
+    from pdkit.cli import main
+
+    assert main(["doctor", bad]) == 2
+    assert "no such inventory file" in capsys.readouterr().err
