@@ -755,7 +755,8 @@ def fresh_bench(spec, like: BenchPoint, progress: Callable[[str], None], show_ba
     """A short C=16 bench through the router with the recorded run's lengths (pdkit.bench.run_bench)."""
     from pdkit import bench
 
-    requests = min(like.requests, 32)
+    # the recorded run's lengths and request count: a shorter run ramps up and down differently
+    requests = like.requests
     progress(f"running a C=16 bench through the router ({requests} requests, {like.input_len} in / {like.output_len} out)")
     record = bench.run_bench(spec, concurrency=[BENCH_CONCURRENCY], input_len=like.input_len, output_len=like.output_len,
                              requests=requests, label="pdkit doctor", probe_drivers=False, progress=show_bar)

@@ -161,6 +161,7 @@ def test_graphs_off_on_one_engine_fails_exactly_that_check_and_the_bench_shows_t
     baseline = tmp_path / "graphs_on.jsonl"
     baseline.write_text(json.dumps(recorded[0]) + "\n")
     rc, report = doctor(derived, "--runs", str(baseline), "--bench")
+    print(next(c for c in report["checks"] if c["check"] == "throughput_c16"))
     assert rc == 1
     assert set(failures(report)) == {(host, ENGINE, "decode_cuda_graph"), (base_deployed["routers"][0][0], "cluster", "throughput_c16")}, \
         report["checks"]
