@@ -638,6 +638,18 @@ class Roller:
             p(h, "done", f"total {t.total_s:.1f} s, engines restart-to-ready {t.engines_restart_to_ready_s:.1f} s, kit overhead {t.overhead_s:.1f} s")
             self.timings.append(t)
 
+    def bake(self, batch: list[str], seconds: float) -> None:
+        """Let the canary serve for SECONDS, then check it again before any other node is touched."""
+        p = self.progress
+        p(",".join(batch), "bake", f"canary serves for {seconds:.0f} s before the next node")
+        time.sleep(seconds)
+        start = time.monotonic()
+        try:
+            message = self.ready(batch) + "; " + self.smoke(batch)
+        except Exception as exc:  # noqa: BLE001
+            raise RollError(",".join(batch), "bake", str(exc)) from exc
+        p(",".join(batch), "bake", message, time.monotonic() - start)
+
     def _recover(self, batch: list[str], hosts: dict[str, Any], before: dict[str, str | None]) -> None:
         """Put every node of the batch back on the release it ran before, then back in the router."""
         p = self.progress
@@ -744,9 +756,11 @@ def cmd_roll(args: argparse.Namespace) -> int:
     for line in explanations:
         progress("-", "pairing", line)
     progress("-", "plan", "order: " + " | ".join(", ".join(b) for b in batches))
-    for batch in batches:
+    for i, batch in enumerate(batches):
         try:
             roller.roll_batch(batch)
+            if i == 0 and args.bake > 0 and len(batches) > 1:
+                roller.bake(batch, args.bake)
         except RollError as exc:
             untouched = [h for b in batches[batches.index(batch) + 1:] for h in b]
             print(f"pdkit roll: stopped: {exc}", file=sys.stderr)
@@ -831,6 +845,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--canary", metavar="HOST", help="roll this host first, alone (default: the first GPU node without a router)")
     p.add_argument("--batch", type=int, default=1, metavar="N", help="hosts per batch after the canary (default 1)")
     p.add_argument("--dry", action="store_true", help="print the order and what would change on each node; change nothing")
+    p.add_argument("--bake", type=float, default=0.0, metavar="S", help="after the canary, let it serve S seconds and check it again before going on")
     p.add_argument("--drain-timeout", type=float, default=300.0, metavar="S", help="longest wait for an engine's running requests and PD queues to empty")
     p.add_argument("--smoke-requests", type=int, default=4, metavar="N", help="completions sent through each router after a node rejoins")
     p.set_defaults(func=cmd_roll)

@@ -1,0 +1,116 @@
+"""A constant-concurrency streaming load through the router, counting every failed request.
+
+    python -m tests.lab.loadclient --url http://ROUTER:8000 --model sim-llama --concurrency 16 \
+        --out result.json --stop-file STOP [--max-seconds 900]
+
+Runs in its own process (stdlib threads and urllib: no gevent from pyinfra's import), keeps
+CONCURRENCY streaming chat completions in flight until STOP exists (or MAX_SECONDS pass),
+then writes {"ok", "failed", "errors", "seconds"} to OUT. A request fails when the answer is
+not 200, the connection breaks, an error event arrives, or the stream ends without [DONE] or
+without any content. Progress (ok/failed so far) is rewritten to OUT every second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+
+class Counts:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.ok = 0
+        self.failed = 0
+        self.errors: list[str] = []
+
+    def success(self) -> None:
+        with self.lock:
+            self.ok += 1
+
+    def failure(self, why: str) -> None:
+        with self.lock:
+            self.failed += 1
+            if len(self.errors) < 50:
+                self.errors.append(f"{time.strftime('%H:%M:%S')} {why}")
+
+    def snapshot(self, started: float) -> dict:
+        with self.lock:
+            return {"ok": self.ok, "failed": self.failed, "errors": list(self.errors), "seconds": round(time.monotonic() - started, 1)}
+
+
+def one_request(url: str, model: str, n: int, max_tokens: int, timeout: float) -> str | None:
+    """None on success, else why it failed."""
+    body = {"model": model, "messages": [{"role": "user", "content": f"load request {n}"}], "max_tokens": max_tokens, "stream": True}
+    request = urllib.request.Request(f"{url}/v1/chat/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    chunks = 0
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            if response.status != 200:
+                return f"status {response.status}"
+            for raw in response:
+                line = raw.decode(errors="replace").strip()
+                if not line.startswith("data: "):
+                    continue
+                if line == "data: [DONE]":
+                    return None if chunks else "stream ended without content"
+                event = json.loads(line[6:])
+                if "error" in event:
+                    return f"error event: {str(event['error'])[:200]}"
+                if event.get("choices") and event["choices"][0].get("delta", {}).get("content"):
+                    chunks += 1
+    except urllib.error.HTTPError as exc:
+        return f"status {exc.code}: {exc.read().decode(errors='replace')[:200]}"
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return f"stream ended without [DONE] after {chunks} chunks"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--timeout", type=float, default=120)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--stop-file", required=True)
+    parser.add_argument("--max-seconds", type=float, default=900)
+    args = parser.parse_args(argv)
+    counts = Counts()
+    started = time.monotonic()
+    stop = threading.Event()
+    numbers = iter(range(10**9))
+    number_lock = threading.Lock()
+
+    def worker() -> None:
+        while not stop.is_set():
+            with number_lock:
+                n = next(numbers)
+            why = one_request(args.url, args.model, n, args.max_tokens, args.timeout)
+            if why is None:
+                counts.success()
+            else:
+                counts.failure(why)
+
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(args.concurrency)]
+    for t in threads:
+        t.start()
+    out = Path(args.out)
+    stop_file = Path(args.stop_file)
+    while not stop_file.exists() and time.monotonic() - started < args.max_seconds:
+        out.write_text(json.dumps(counts.snapshot(started)))
+        time.sleep(1)
+    stop.set()
+    for t in threads:
+        t.join(timeout=args.timeout + 5)  # requests in flight finish and are counted
+    out.write_text(json.dumps(counts.snapshot(started) | {"done": True}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,248 @@
+"""`pdkit roll` on the lab: a change rolled under load with zero failed requests, a broken canary
+rolled back byte for byte, a node cut off mid-roll. Every test ends with the lab back on
+inventories/lab.py (other lab modules share the one lab).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from pdkit import lab as pdlab
+from pdkit.lab.model import LabConfig
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.lab
+
+BASE = "inventories/lab.py"
+PDKIT = str(Path(sys.executable).parent / "pdkit")
+PYINFRA = str(Path(sys.executable).parent / "pyinfra")
+RELEASES = "/opt/pdkit/releases"
+DECODE_UNIT = "/etc/systemd/system/pdkit-engine-decode.service"
+DECODE_ENV = "/etc/pdkit/engines/decode.env"
+
+
+def derived_inventory(tmp_path: Path, name: str, body: str) -> Path:
+    """An inventory that takes inventories/lab.py's data and changes it with BODY."""
+    path = tmp_path / f"{name}.py"
+    path.write_text(
+        "import copy, runpy\n"
+        f"_base = runpy.run_path({str(REPO / BASE)!r})\n"
+        "gpu_nodes = copy.deepcopy(_base['gpu_nodes'])\n"
+        "monitoring = _base['monitoring']\n"
+        "_hosts, _data = _base['all']\n"
+        "_cluster = copy.deepcopy(_data['pdkit_cluster'])\n"
+        f"{body}\n"
+        "all = (_hosts, {'pdkit_cluster': _cluster})\n"
+    )
+    return path
+
+
+def plan_of(inventory: str | Path) -> dict:
+    """Release hash and file hashes per host, addresses, router: computed in a child process
+    (importing pyinfra's CLI gevent-patches the importing process)."""
+    code = (
+        "import json; from pdkit.loader import load; from pdkit.plan import plan_cluster; "
+        f"spec = load({str(inventory)!r}); plans = plan_cluster(spec); "
+        "print(json.dumps({'release': {n: p.release_hash for n, p in plans.items()}, "
+        "'files': {n: {f.path: f.sha256 for f in p.files} for n, p in plans.items()}, "
+        "'gpu': [h.name for h in spec.gpu_hosts], 'addr': {h.name: h.address for h in spec.hosts}, "
+        "'router': spec.router_hosts[0].name, 'model': spec.cluster.model.name}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120, check=True)
+    return json.loads(out.stdout)
+
+
+def pdkit(*args: str, timeout: int = 1200) -> subprocess.CompletedProcess:
+    return subprocess.run([PDKIT, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+
+def ssh(lab, host: str, command: str, timeout: int = 60) -> subprocess.CompletedProcess:
+    return pdlab.ssh_run(lab, lab.host(host), command, timeout=timeout)
+
+
+def current_release(lab, host: str) -> str:
+    return ssh(lab, host, f"cat {RELEASES}/CURRENT").stdout.strip()
+
+
+def file_sums(lab, host: str, paths: list[str]) -> dict[str, str]:
+    out = ssh(lab, host, "sha256sum " + " ".join(paths)).stdout.split()
+    return {out[i + 1]: out[i] for i in range(0, len(out), 2)}
+
+
+def invocation(lab, host: str, unit: str = "pdkit-engine-decode.service") -> str:
+    return ssh(lab, host, f"systemctl show -p InvocationID --value {unit}").stdout.strip()
+
+
+def router_workers(plan: dict) -> dict[str, dict]:
+    body = requests.get(f"http://{plan['addr'][plan['router']]}:8000/workers", timeout=10).json()
+    return {w["url"]: w for w in body["workers"]}
+
+
+def back_to_base(lab, base_plan: dict) -> None:
+    """Roll inventories/lab.py onto every host and check that each runs its base release."""
+    proc = pdkit("roll", BASE)
+    assert proc.returncode == 0, f"rolling the lab back to {BASE} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    for host, release in base_plan["release"].items():
+        assert current_release(lab, host).endswith(release[:12]), f"{host} is not back on the base release"
+
+
+@pytest.fixture(scope="module")
+def base_plan(lab):
+    rc = subprocess.run([PYINFRA, BASE, "deploy/pd.py", "-y"], cwd=REPO, capture_output=True, text=True, timeout=1200)
+    assert rc.returncode == 0, f"converging the lab on {BASE} failed:\n{rc.stderr[-4000:]}"
+    plan = plan_of(BASE)
+    for host, release in plan["release"].items():
+        assert current_release(lab, host).endswith(release[:12]), f"{host}: the deploy recorded no release for its configuration"
+    return plan
+
+
+class Load:
+    """tests/lab/loadclient.py in its own process: constant concurrency, streaming, through the router."""
+
+    def __init__(self, tmp_path: Path, plan: dict, concurrency: int = 16) -> None:
+        self.out = tmp_path / "load.json"
+        self.stop_file = tmp_path / "load.stop"
+        url = f"http://{plan['addr'][plan['router']]}:8000"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.lab.loadclient", "--url", url, "--model", plan["model"], "--concurrency", str(concurrency),
+             "--out", str(self.out), "--stop-file", str(self.stop_file), "--max-seconds", "1500"],
+            cwd=REPO,
+        )
+
+    def counts(self) -> dict:
+        try:
+            return json.loads(self.out.read_text())
+        except (OSError, ValueError):
+            return {"ok": 0, "failed": 0}
+
+    def wait_flowing(self, at_least: int = 32, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while self.counts().get("ok", 0) < at_least:
+            assert time.monotonic() < deadline, f"the load never got going: {self.counts()}"
+            assert self.proc.poll() is None, "the load client exited"
+            time.sleep(0.5)
+
+    def stop(self) -> dict:
+        self.stop_file.touch()
+        self.proc.wait(timeout=200)
+        return self.counts()
+
+
+def test_a_config_change_rolls_across_every_node_under_load_without_a_failed_request(lab, base_plan, tmp_path):
+    changed = derived_inventory(tmp_path, "lab_bs", "_cluster['tuning']['decode']['cuda_graph_max_bs'] = 96")
+    new = plan_of(changed)
+    assert new["release"] != base_plan["release"]
+    load = Load(tmp_path, base_plan)
+    try:
+        load.wait_flowing()
+        proc = pdkit("roll", str(changed))
+        counts = load.stop()
+    finally:
+        if load.proc.poll() is None:
+            load.proc.kill()
+    try:
+        assert proc.returncode == 0, f"roll failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-3000:]}"
+        assert counts["failed"] == 0, f"{counts['failed']} request(s) failed during the roll: {counts['errors'][:10]}"
+        assert counts["ok"] >= 100, counts
+        # progress: every node went through every gate, in the planned order, canary first
+        for host in new["gpu"]:
+            for step in ("connect", "drain", "apply", "ready", "router", "smoke", "done"):
+                assert any(line.split()[1:3] == [host, step] for line in proc.stdout.splitlines()), f"no {step} line for {host}:\n{proc.stdout}"
+        order = [line.split()[1] for line in proc.stdout.splitlines() if line.split()[2:3] == ["done"] and line.split()[1] != "-"]
+        assert order[0] != base_plan["router"] and order.index(base_plan["router"]) == len(new["gpu"]) - 1, order
+        for host in new["gpu"]:
+            assert current_release(lab, host).endswith(new["release"][host][:12]), f"{host} is not on the new release"
+            assert file_sums(lab, host, [DECODE_UNIT])[DECODE_UNIT] == new["files"][host][DECODE_UNIT]
+            argv = ssh(lab, host, "tr '\\0' ' ' < /proc/$(systemctl show -p MainPID --value pdkit-engine-decode.service)/cmdline").stdout
+            assert "--cuda-graph-max-bs-decode 96" in argv, f"{host}'s running decode has another argv: {argv}"
+        listing = pdkit("releases", BASE, new["gpu"][0])
+        assert listing.returncode == 0 and "pdkit roll" in listing.stdout and len(listing.stdout.splitlines()) >= 3, listing.stdout
+    finally:
+        back_to_base(lab, base_plan)
+
+
+def test_a_broken_canary_is_restored_byte_for_byte_and_the_roll_stops(lab, base_plan, tmp_path):
+    canary = base_plan["gpu"][1]
+    others = [h for h in base_plan["gpu"] if h != canary]
+    broken = derived_inventory(
+        tmp_path, "lab_broken",
+        "_cluster['ready_timeout_s'] = 15\n"
+        f"[d for n, d in gpu_nodes if n == {canary!r}][0]['pdkit_node']['engines'][1]['env'] = {{'PDKIT_SIM_STARTUP_DELAY_S': '3600'}}",
+    )
+    paths = sorted(base_plan["files"][canary])
+    before = {h: (current_release(lab, h), invocation(lab, h)) for h in base_plan["gpu"]}
+    try:
+        proc = pdkit("roll", str(broken), "--canary", canary)
+        out = proc.stdout + proc.stderr
+        assert proc.returncode != 0, out[-3000:]
+        assert f"stopped: {canary}: gate 'apply' failed" in proc.stderr, out[-3000:]
+        assert "not ready after 15 s" in out
+        # the canary: back on its previous release, every file byte for byte, serving behind the router
+        assert current_release(lab, canary) == before[canary][0]
+        assert file_sums(lab, canary, paths) == base_plan["files"][canary]
+        assert f"{canary}     restore  back on release {before[canary][0]}" in proc.stdout
+        addr = base_plan["addr"][canary]
+        for port in (30000, 30001):
+            assert requests.get(f"http://{addr}:{port}/health", timeout=10).status_code == 200
+        workers = router_workers(base_plan)
+        for port in (30000, 30001):
+            w = workers.get(f"http://{addr}:{port}")
+            assert w and w["is_healthy"], f"{canary}:{port} is not back in the router: {workers}"
+        # nobody else was touched
+        for host in others:
+            assert (current_release(lab, host), invocation(lab, host)) == before[host], f"{host} was touched"
+            assert file_sums(lab, host, [DECODE_ENV])[DECODE_ENV] == base_plan["files"][host][DECODE_ENV]
+            assert not any(line.split()[1:2] == [host] for line in proc.stdout.splitlines()), f"{host} appears in the roll:\n{proc.stdout}"
+        r = requests.post(f"http://{base_plan['addr'][base_plan['router']]}:8000/v1/completions", json={"model": base_plan["model"], "prompt": "after", "max_tokens": 4}, timeout=60)
+        assert r.status_code == 200, r.text
+    finally:
+        back_to_base(lab, base_plan)
+
+
+def test_a_node_cut_off_mid_roll_stops_the_roll_and_a_later_roll_completes(lab, base_plan, tmp_path):
+    changed = derived_inventory(tmp_path, "lab_ctx", "_cluster['tuning']['all']['context_length'] = 4096")
+    new = plan_of(changed)
+    canary, victim = base_plan["gpu"][1], base_plan["gpu"][2]
+    assert base_plan["router"] not in (canary, victim)
+    veth = LabConfig.from_env().veth(victim)
+    before = {h: current_release(lab, h) for h in base_plan["gpu"]}
+    proc = subprocess.Popen([PDKIT, "roll", str(changed), "--canary", canary], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    cut = False
+    try:
+        lines = []
+        for line in proc.stdout:  # type: ignore[union-attr]
+            lines.append(line)
+            if not cut and line.split()[1:3] == [canary, "smoke"]:
+                # the canary passed its last gate: take the next node off the network before the roll reaches it
+                subprocess.run(["ip", "link", "set", "dev", veth, "down"], check=True, timeout=20)
+                cut = True
+        err = proc.stderr.read()  # type: ignore[union-attr]
+        rc = proc.wait(timeout=600)
+        out = "".join(lines)
+        assert cut, f"the roll never got past the canary:\n{out}\n{err}"
+        assert rc != 0, out
+        assert f"stopped: {victim}: gate 'connect' failed: cannot reach it over SSH" in err, out + err
+        assert f"not touched: {base_plan['router']}" in err, err
+        assert current_release(lab, canary).endswith(new["release"][canary][:12])
+    finally:
+        subprocess.run(["ip", "link", "set", "dev", veth, "up"], check=False, timeout=20)
+        if proc.poll() is None:
+            proc.kill()
+    try:
+        # nothing else was touched: the victim and the router host are still on their old release
+        for host in (victim, base_plan["router"]):
+            assert current_release(lab, host) == before[host], f"{host} was touched"
+        # a later roll completes the change
+        again = pdkit("roll", str(changed), "--canary", canary)
+        assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+        for host in new["gpu"]:
+            assert current_release(lab, host).endswith(new["release"][host][:12]), f"{host} is not on the new release"
+    finally:
+        back_to_base(lab, base_plan)
