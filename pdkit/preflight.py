@@ -112,7 +112,7 @@ def check_host(spec: ClusterSpec, host: HostSpec, facts: dict) -> list[Finding]:
         add("driver", "error", f"nvidia-smi fails: {smi['error']}{hint}")
     else:
         gpus = smi.get("gpus") or []
-        if len(gpus) != layout.count:
+        if len(gpus) != layout.count and len(gpus) != len(pci):  # else the PCI finding already says it
             add("gpu-count", "error", f"the spec declares {layout.count} GPUs (pdkit_node.gpus.count) but nvidia-smi lists {len(gpus)}")
         names = sorted({g["name"] for g in gpus})
         if names and names != [layout.model]:

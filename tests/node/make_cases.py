@@ -39,10 +39,15 @@ def main() -> None:
     built = "BUILT from public documentation (not a capture): "
     system = (SAMPLES / "system.txt").read_text()
     write("NodeOsRelease", "h200-ubuntu2404", section(system, 0), h200)
+    real_early = json.loads((Path(__file__).parent / "data" / "h200-x2-fact-commands.json").read_text())
+    for fact in ("NodeArch", "NodeKernel", "NvidiaGpus", "NvidiaDriverVersion", "NvidiaKernelModule", "NumaCpus", "NvidiaTopology"):
+        assert real_early[fact]["command"] == getattr(nf, fact)().command(), f"{fact}: the capture ran another command"
     write("NodeOsRelease", "debian12-bookworm", lines(Path("/etc/os-release").read_text()), "verbatim /etc/os-release of the Debian 12 control machine (the lab's release)")
     write("NodeArch", "h200-x86_64", section(system, 1)[:1], h200)
     write("NodeKernel", "h200", section(system, 1)[1:2], h200)
-    write("NetworkInterfaces", "h200-no-rdma", section(system, 3) + ["---"], h200 + " (interface list section of system.txt; no /sys/class/infiniband there)")
+    real = json.loads((Path(__file__).parent / "data" / "h200-x2-fact-commands.json").read_text())
+    ours = "verbatim output of this fact's own command on the lent 2x H200 (tests/node/data/h200-x2-fact-commands.json, tests/node/capture_facts.py)"
+    write("NetworkInterfaces", "h200-no-rdma", real["NetworkInterfaces"]["output"], ours)
     write("NetworkInterfaces", "rtx-pro-6000-with-rdma", ["eno1", "enp65s0f0np0", "lo", "---", "mlx5_0", "mlx5_1"], built + "a node with a ConnectX NIC (interface names per systemd predictable naming, RDMA devices per rdma-core)")
     write("NvidiaGpus", "h200-2x", lines((SAMPLES / "query-gpu.txt").read_text()), h200)
     rtx_bus = ["00000000:17:00.0", "00000000:3D:00.0", "00000000:63:00.0", "00000000:89:00.0", "00000000:97:00.0", "00000000:B1:00.0", "00000000:CA:00.0", "00000000:E1:00.0"]
@@ -55,8 +60,7 @@ def main() -> None:
     write("NvidiaKernelModule", "h200-open", lines((SAMPLES / "proc-driver-version.txt").read_text()), h200)
     write("NvidiaKernelModule", "a6000-proprietary", ["NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.95.05  Tue Sep 23 10:20:00 UTC 2025", "GCC version:  gcc version 13.3.0 (Ubuntu 13.3.0-6ubuntu2~24.04)"], built + "/proc/driver/nvidia/version of the proprietary module (its first line lacks 'Open')")
     write("NvidiaKernelModule", "not-loaded", [], "no /proc/driver/nvidia/version: no module loaded")
-    h200_numa = [line.split() for line in lines((SAMPLES / "numa.txt").read_text()) if len(line.split()) == 3]
-    write("PciNvidiaGpus", "h200-2x-vm", [f"{path.rsplit('/', 1)[1]} 0x030200 {numa}" for _, path, numa in h200_numa], "derived from the H200 capture numa.txt (bus ids and numa_node -1 verbatim); the class 0x030200 (3D controller) is H200's PCI class, not in the capture")
+    write("PciNvidiaGpus", "h200-2x-vm", real["PciNvidiaGpus"]["output"], ours)
     write("PciNvidiaGpus", "rtx-pro-6000-8x", [f"{b[4:].lower()} 0x030000 {0 if i < 4 else 1}" for i, b in enumerate(rtx_bus)], built + "a dual-socket node, GPUs 0-3 under socket 0 and 4-7 under socket 1")
     write("NumaCpus", "h200-one-node", lines((SAMPLES / "cpus-per-numa.txt").read_text()), h200)
     write("NumaCpus", "rtx-pro-6000-two-sockets", ["/sys/devices/system/node/node0 0-31,64-95", "/sys/devices/system/node/node1 32-63,96-127"], built + "two 32-core sockets with SMT")

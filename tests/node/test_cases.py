@@ -29,3 +29,15 @@ def test_every_custom_fact_has_a_case():
 def test_operation_case(path, monkeypatch):
     case = load(path)
     assert run_operation_case(case, monkeypatch) == case["commands"]
+
+
+def test_h200_cases_are_the_real_output_of_their_own_commands():
+    """Each h200-* case's output is what its exact command printed on the lent 2x H200."""
+    from tests.node.runner import HERE
+
+    real = json.loads((HERE / "data" / "h200-x2-fact-commands.json").read_text())
+    cases = [p for p in FACT_CASES if p.stem.startswith("h200")]
+    assert len(cases) >= 10
+    for path in cases:
+        case, captured = load(path), real[path.parent.name]
+        assert (case["command"], case["output"]) == (captured["command"], captured["output"]), path.name
