@@ -1,6 +1,6 @@
 """The lent H200 machine, checked from itself: `pyinfra inventories/h200-local.py deploy/preflight.py`.
 
-One `@local` host describing what the capture in docs/gpu.md shows (2x NVIDIA H200, 141 GiB,
+One `@local` host describing what the capture in docs/tuning.md shows (2x NVIDIA H200, 141 GiB,
 compute capability 9.0, NVLink NV18 between them, driver 580 open module, Ubuntu 24.04, a KVM
 guest with one NUMA node). A TP2 unified engine spans both GPUs, so the preflight checks the
 NVLink between them against the `nvlink` NCCL profile. On a one-GPU machine run it with
