@@ -569,9 +569,11 @@ def render_plot(records: Sequence[dict[str, Any]], path: str | Path) -> None:
         levels = sorted(record["levels"], key=lambda lv: lv["concurrency"])
         xs = [lv["concurrency"] for lv in levels]
         name = record.get("label") or record["id"]
-        ax_tput.plot(xs, [lv["output_tok_s"] for lv in levels], marker="o", label=name)
-        ax_tpot.plot(xs, [lv["tpot_ms"]["p50"] for lv in levels], marker="o", label=f"{name} p50")
-        ax_tpot.plot(xs, [lv["tpot_ms"]["p99"] for lv in levels], marker="x", linestyle="--", label=f"{name} p99")
+        (line,) = ax_tput.plot(xs, [lv["output_tok_s"] for lv in levels], marker="o", label=name)
+        color = line.get_color()  # one colour per run on both charts
+        ax_tpot.plot(xs, [lv["tpot_ms"]["p50"] for lv in levels], marker="o", color=color, label=f"{name} p50")
+        ax_tpot.plot(xs, [lv["tpot_ms"]["p99"] for lv in levels], marker="x", linestyle="--", color=color,
+                     label=f"{name} p99")
     ticks = sorted({lv["concurrency"] for record in records for lv in record["levels"]})
     for ax, title, unit in ((ax_tput, "Output throughput", "output tok/s"), (ax_tpot, "TPOT", "ms per token")):
         ax.set_xscale("log", base=2)
@@ -654,8 +656,25 @@ def compare_levels(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]
     return rows
 
 
+def argv_options(argv: Sequence[str]) -> dict[str, str]:
+    """An argv as {"--flag": "its values"} (a flag takes the tokens up to the next --flag)."""
+    options: dict[str, list[str]] = {}
+    current = ""
+    for token in argv:
+        if token.startswith("--"):
+            current = token
+            options.setdefault(current, [])
+        else:
+            options.setdefault(current, []).append(token)
+    return {flag: " ".join(values) for flag, values in options.items()}
+
+
+def _option_text(flag: str, value: str) -> str:
+    return f"`{flag} {value}`" if value else f"`{flag}`"
+
+
 def flag_changes(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
-    """Engines whose planned argv differs between the runs, with the flags added and removed."""
+    """Engines whose planned argv differs between the runs: options removed, added and changed."""
     flags_a, flags_b = a["env"]["engine_flags"], b["env"]["engine_flags"]
     out = []
     for engine in sorted(set(flags_a) | set(flags_b)):
@@ -663,11 +682,19 @@ def flag_changes(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
         if before == after:
             continue
         if before is None or after is None:
-            out.append(f"{engine}: {'added' if before is None else 'removed'}")
+            out.append(f"{engine}: engine {'added' if before is None else 'removed'}")
             continue
-        removed = [x for x in before if x not in after]
-        added = [x for x in after if x not in before]
-        out.append(f"{engine}: -{' '.join(removed) or '(none)'} +{' '.join(added) or '(none)'}")
+        opts_a, opts_b = argv_options(before), argv_options(after)
+        parts = []
+        for flag in sorted(set(opts_a) | set(opts_b)):
+            shown_a, shown_b = _option_text(flag, opts_a.get(flag, "")), _option_text(flag, opts_b.get(flag, ""))
+            if flag not in opts_b:
+                parts.append(f"removed {shown_a}")
+            elif flag not in opts_a:
+                parts.append(f"added {shown_b}")
+            elif opts_a[flag] != opts_b[flag]:
+                parts.append(f"{shown_a} -> {shown_b}")
+        out.append(f"{engine}: " + ("; ".join(parts) or "same options, another order"))
     return out
 
 
@@ -681,6 +708,8 @@ def render_compare(a: dict[str, Any], b: dict[str, Any]) -> str:
                        ("router", "router"), ("gpus", "GPUs")):
         va, vb = a["env"].get(key), b["env"].get(key)
         if va != vb:
+            if key == "spec_hash":
+                va, vb = va[:16], vb[:16]
             lines.append(f"- {label} differs: A {json.dumps(va)} / B {json.dumps(vb)}")
     changes = flag_changes(a, b)
     lines += [f"- flags {c}" for c in changes]
@@ -758,6 +787,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.out:
         Path(args.out).write_text(text)
         print(f"wrote {args.out}", file=sys.stderr)
+    if args.plot:
+        render_plot([a, b], args.plot)
+        print(f"wrote {args.plot}", file=sys.stderr)
     print(text, end="")
     return 0
 
@@ -793,4 +825,5 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("b", metavar="B", help="the run after (id, label or file)")
     p.add_argument("--runs", default=f"{DEFAULT_OUT}/{RUNS_FILE}", help=f"runs file to look ids and labels up in (default {DEFAULT_OUT}/{RUNS_FILE})")
     p.add_argument("--out", default=None, help="also write the markdown to this file")
+    p.add_argument("--plot", default=None, metavar="PNG", help="also draw both runs on one throughput/TPOT chart")
     p.set_defaults(func=cmd_compare)

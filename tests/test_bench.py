@@ -156,8 +156,18 @@ def test_render_compare_ratios_and_flag_changes():
     text = render_compare(_record("r1", "before", 100.0, ["--x"]), _record("r2", "after", 50.0, ["--y"]))
     assert "| 16 | output tok/s | 100.0 | 50.0 | 0.50 |" in text
     assert "| 16 | TPOT p50 ms | 5.0 | 5.0 | 1.00 |" in text
-    assert "flags h/decode: ---x +--y" in text
+    assert "flags h/decode: removed `--x`; added `--y`" in text
     assert "spec hash differs" in text
+
+
+def test_flag_changes_compare_options_not_tokens():
+    from pdkit.bench import flag_changes
+
+    a = _record("r1", "", 1.0, ["--tp-size", "4", "--cuda-graph-max-bs-decode", "64", "--steps", "4"])
+    b = _record("r2", "", 1.0, ["--tp-size", "4", "--cuda-graph-backend-decode", "disabled", "--steps", "2"])
+    assert flag_changes(a, b) == ["h/decode: added `--cuda-graph-backend-decode disabled`; "
+                                  "removed `--cuda-graph-max-bs-decode 64`; `--steps 4` -> `--steps 2`"]
+    assert flag_changes(a, a) == []
 
 
 def test_render_markdown_lists_errors():

@@ -110,8 +110,10 @@ def test_compare_two_real_runs(two_runs):
     out, _ = two_runs
     runs_file = out / "runs.jsonl"
     before, after = (json.loads(line) for line in runs_file.read_text().splitlines())
-    done = pdkit("compare", "before", "after", "--runs", str(runs_file), "--out", str(out / "compare.md"))
+    done = pdkit("compare", "before", "after", "--runs", str(runs_file), "--out", str(out / "compare.md"),
+                 "--plot", str(out / "compare.png"))
     assert done.returncode == 0, done.stderr
+    assert (out / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert done.stdout == (out / "compare.md").read_text()
     assert f"A = `{before['id']}` (before), B = `{after['id']}` (after)" in done.stdout
     assert "same spec hash, flags and workload" in done.stdout
