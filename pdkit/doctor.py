@@ -131,6 +131,18 @@ class RouterObservation:
     expected_workers: tuple[str, ...]
     workers: dict[str, bool] | None = None  # url -> healthy
     error: str | None = None
+    # smg_worker_cb_outcomes_total at both samples: worker url -> {"success": n, "failure": n}
+    outcomes_first: dict[str, dict[str, float]] | None = None
+    outcomes_second: dict[str, dict[str, float]] | None = None
+
+
+@dataclass(frozen=True)
+class WorkerOutcomes:
+    """What one router recorded for one worker's requests (its circuit breaker), at both samples."""
+
+    router: str
+    first: dict[str, float]
+    second: dict[str, float]
 
 
 @dataclass(frozen=True)
@@ -390,8 +402,9 @@ def check_versions(group: Sequence[EngineObservation]) -> list[CheckResult]:
     return out
 
 
-def check_kv_transfers(obs: EngineObservation) -> CheckResult:
-    """KV hand-offs happen and none failed (sglang:num_{bootstrap,transfer}_failed_reqs_total)."""
+def check_kv_transfers(obs: EngineObservation, router: WorkerOutcomes | None = None) -> CheckResult:
+    """KV hand-offs happen and none failed (sglang:num_{bootstrap,transfer}_failed_reqs_total; on
+    versions without them, the router's failed requests to this worker stand in, as a WARN at best)."""
     plan = obs.plan
     name = "kv_transfer"
     second = obs.second.figures
@@ -403,9 +416,19 @@ def check_kv_transfers(obs: EngineObservation) -> CheckResult:
     moved = second.get(moved_key, 0.0)
     if not failures:
         version = (obs.server_info or {}).get("version", "?")
-        return _result(plan, name, WARN, f"failures not measurable on this version: SGLang {version} exports no "
-                       "num_bootstrap_failed_reqs_total / num_transfer_failed_reqs_total",
-                       "judge by the router instead: non-200 answers in smg_http_responses_total; SGLang 0.5.23 exports the counters")
+        missing = (f"KV failures not measurable on this version: SGLang {version} exports no "
+                   "num_bootstrap_failed_reqs_total / num_transfer_failed_reqs_total")
+        if router is None:
+            return _result(plan, name, WARN, missing,
+                           "judge by the router instead (smg_worker_cb_outcomes_total{outcome=\"failure\"}); SGLang 0.5.23 exports the counters")
+        failed = counter_delta(router.first.get("failure"), router.second.get("failure", 0.0)) or 0.0
+        if failed > 0:
+            return _result(plan, name, FAIL, f"the router on {router.router} recorded {failed:.0f} failed request(s) to this "
+                           f"worker in the last {obs.second.at - obs.first.at:.0f} s ({missing})",
+                           "read this engine's and its PD partner's journals around the failures (NIXL/UCX errors, bootstrap timeouts)")
+        seen = f"the router on {router.router} recorded {router.second.get('failure', 0.0):.0f} failed and {router.second.get('success', 0.0):.0f} successful requests to it"
+        return _result(plan, name, WARN, f"{missing}; {seen}",
+                       "a failed request seen by the router is the only signal on this version; SGLang 0.5.23 exports the counters")
     recent = {stage: counter_delta(before.get(stage), value) or 0.0 for stage, value in failures.items()}
     window = obs.second.at - obs.first.at
     if any(v > 0 for v in recent.values()):
@@ -491,7 +514,7 @@ def check_throughput(host: str, recorded: BenchPoint | None, measured: BenchPoin
     return CheckResult(host, "cluster", name, PASS, f"{text} (tolerance {tolerance:.0%})")
 
 
-ENGINE_CHECKS: tuple[tuple[Callable[[EngineObservation], CheckResult], frozenset[str]], ...] = (
+ENGINE_CHECKS: tuple[tuple[Callable[..., CheckResult], frozenset[str]], ...] = (
     (check_reachable, frozenset({"prefill", "decode", "unified"})),
     (check_flags, frozenset({"prefill", "decode", "unified"})),
     (check_decode_cuda_graphs, frozenset({"decode", "unified"})),
@@ -519,15 +542,39 @@ def evaluate(engines: Sequence[EngineObservation], routers: Sequence[RouterObser
     for obs in engines:
         for check, roles in ENGINE_CHECKS:
             if obs.plan.role in roles:
-                results.append(check(obs))
+                results.append(check(obs, worker_outcomes(routers, obs.plan.url)) if check is check_kv_transfers else check(obs))
         results.append(versions[id(obs)])
     results += [check_router_workers(r) for r in routers]
     results.append(check_throughput(cluster_host, recorded, measured, tolerance))
     return results
 
 
+def worker_outcomes(routers: Sequence[RouterObservation], url: str) -> WorkerOutcomes | None:
+    """The first router that recorded outcomes for this worker URL at both samples."""
+    key = url.rstrip("/")
+    for r in routers:
+        if r.outcomes_second is not None and key in r.outcomes_second:
+            return WorkerOutcomes(r.host, (r.outcomes_first or {}).get(key, {}), r.outcomes_second[key])
+    return None
+
+
 # ------------------------------------------------------------------------------------------------
-# Exporter page -> per-engine views
+# Exporter and router pages
+
+
+def router_outcomes(text: str) -> dict[str, dict[str, float]]:
+    """A router's /metrics text -> {worker url: {outcome: requests}} (smg_worker_cb_outcomes_total)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    wanted = "\n".join(line for line in text.splitlines() if line.startswith("smg_worker_cb_outcomes_total")) + "\n"
+    out: dict[str, dict[str, float]] = {}
+    for family in text_string_to_metric_families(wanted):
+        for s in family.samples:
+            worker, outcome = s.labels.get("worker"), s.labels.get("outcome")
+            if worker and outcome:
+                slot = out.setdefault(worker.rstrip("/"), {})
+                slot[outcome] = slot.get(outcome, 0.0) + s.value
+    return out
 
 
 def exporter_views(text: str) -> dict[str, ExporterView]:
@@ -605,6 +652,16 @@ def router_urls(spec) -> list[tuple[str, str, tuple[str, ...]]]:
     return out
 
 
+def _router_outcomes(url: str, timeout_s: float) -> dict[str, dict[str, float]] | None:
+    body, _error = _get(url, timeout_s)
+    if body is None:
+        return None
+    try:
+        return router_outcomes(body)
+    except ValueError:
+        return None
+
+
 def _get(url: str, timeout_s: float, headers: dict[str, str] | None = None) -> tuple[str | None, str | None]:
     """(body, None) on a 200, else (None, why)."""
     from pdkit.health import http_request
@@ -648,6 +705,7 @@ class Collected:
 def collect(spec, *, window_s: float = 3.0, probe_requests: int = 8, timeout_s: float = 5.0,
             progress: Callable[[str], None] = lambda _m: None) -> Collected:
     """Read every engine, exporter and router of the spec (two /metrics samples `window_s` apart)."""
+    from pdkit.flags import router_address
     from pdkit.health import router_worker_health
 
     plans = engine_plans(spec)
@@ -656,6 +714,7 @@ def collect(spec, *, window_s: float = 3.0, probe_requests: int = 8, timeout_s: 
     if spec.cluster.secrets.router_api_key is not None:
         headers["Authorization"] = f"Bearer {spec.cluster.secrets.router_api_key.get_secret_value()}"
     routers = [RouterObservation(h, url, workers) for h, url, workers in router_urls(spec)]
+    router_metrics = [f"http://{router_address(h)}:{h.router.prometheus_port}/metrics" for h in spec.router_hosts]
     exporters = {h.name: f"http://{spec.engine_address(h)}:{h.node.exporter_port}" for h in spec.gpu_hosts}
 
     with ThreadPoolExecutor(max(4, 2 * len(obs) + len(routers) + len(exporters))) as pool:
@@ -674,6 +733,8 @@ def collect(spec, *, window_s: float = 3.0, probe_requests: int = 8, timeout_s: 
 
         progress(f"reading {len(obs)} engines")
         list(pool.map(read_engine, obs))
+        for r, outcomes in zip(routers, pool.map(lambda u: _router_outcomes(u, timeout_s), router_metrics)):
+            r.outcomes_first = outcomes
         started = time.monotonic()
         statuses: list[int] = []
         for r in routers if probe_requests > 0 else []:
@@ -684,6 +745,8 @@ def collect(spec, *, window_s: float = 3.0, probe_requests: int = 8, timeout_s: 
         seconds = pool.map(lambda o: _sample(o.plan.url, timeout_s), obs)
         exporter_pages = dict(zip(exporters, pool.map(lambda u: _get(f"{u}/metrics", timeout_s), exporters.values())))
         router_pages = list(pool.map(lambda r: _get(f"{r.url}/workers", timeout_s, headers), routers))
+        for r, outcomes in zip(routers, pool.map(lambda u: _router_outcomes(u, timeout_s), router_metrics)):
+            r.outcomes_second = outcomes
         for o, s in zip(obs, seconds):
             o.second = s
 

@@ -27,6 +27,7 @@ from pdkit.doctor import (
     EnginePlan,
     RouterObservation,
     Sample,
+    WorkerOutcomes,
     c16_throughput,
     check_context_length,
     check_decode_cuda_graphs,
@@ -44,6 +45,8 @@ from pdkit.doctor import (
     exporter_views,
     last_recorded,
     render_table,
+    router_outcomes,
+    worker_outcomes,
 )
 from pdkit.exporter.metrics import parse_metrics
 from pdkit.health import router_worker_health
@@ -281,7 +284,24 @@ def test_kv_transfers_warn_not_measurable_without_the_counters():
     for n, sample in ((1, obs.first), (2, obs.second)):
         sample.figures = parse_metrics(_without_failure_counters((DATA / "lab_base" / f"decode.metrics{n}.txt").read_text()))
     obs.server_info["version"] = "0.5.17"
-    assert_verdict(check_kv_transfers(obs), WARN, "not measurable on this version", "SGLang 0.5.17", "smg_http_responses_total")
+    assert_verdict(check_kv_transfers(obs), WARN, "not measurable on this version", "SGLang 0.5.17", "smg_worker_cb_outcomes_total")
+
+
+def test_kv_transfers_on_old_versions_take_the_router_s_failed_requests():
+    obs = observe("lab_base", "decode")
+    for n, sample in ((1, obs.first), (2, obs.second)):
+        sample.figures = parse_metrics(_without_failure_counters((DATA / "lab_base" / f"decode.metrics{n}.txt").read_text()))
+    obs.server_info["version"] = "0.5.17"
+    seen = router_outcomes((DATA / "lab_base" / "router_metrics.txt").read_text())
+    routers = [RouterObservation("lab-gpu1", "http://10.223.0.11:8000", (), outcomes_first=seen, outcomes_second=seen)]
+    outcomes = worker_outcomes(routers, obs.plan.url + "/")
+    assert outcomes is not None and outcomes.second["success"] > 0 and outcomes.second.get("failure", 0) == 0
+    assert_verdict(check_kv_transfers(obs, outcomes), WARN, "not measurable on this version",
+                   f"recorded 0 failed and {outcomes.second['success']:.0f} successful requests")
+    failing = WorkerOutcomes("lab-gpu1", outcomes.first, {**outcomes.second, "failure": 3.0})
+    assert_verdict(check_kv_transfers(obs, failing), FAIL, "recorded 3 failed request(s) to this worker in the last 3 s", "journals")
+    # the engine's own counters, where they exist, win over the router's
+    assert check_kv_transfers(observe("lab_base", "decode"), failing).status == PASS
 
 
 def test_kv_transfers_warn_without_any_hand_off():

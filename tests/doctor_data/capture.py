@@ -4,7 +4,7 @@
 
 Writes tests/doctor_data/SCENARIO/: per engine of the first GPU host `<engine>.server_info.json`,
 `<engine>.metrics1.txt` and `<engine>.metrics2.txt` (before and after a few probe requests through
-the router, as doctor samples them), the host's `exporter.txt`, the router's `workers.json` and
+the router, as doctor samples them), the host's `exporter.txt`, the router's `workers.json` and `router_metrics.txt`, and
 `plan.json` (what the spec planned for those engines). Not a test: the tests read what it wrote.
 """
 
@@ -48,6 +48,8 @@ def main(argv: list[str]) -> int:
         (out / f"{p.engine}.metrics2.txt").write_text(get(f"{p.url}/metrics"))
     (out / "exporter.txt").write_text(get(f"http://{spec.engine_address(host)}:{host.node.exporter_port}/metrics"))
     (out / "workers.json").write_text(json.dumps(json.loads(get(f"{router_url}/workers")), indent=1, sort_keys=True) + "\n")
+    router = spec.router_hosts[0]
+    (out / "router_metrics.txt").write_text(get(f"http://{router.router.address or router.address}:{router.router.prometheus_port}/metrics"))
     (out / "plan.json").write_text(json.dumps([asdict(p) for p in plans], indent=1, sort_keys=True) + "\n")
     print(f"wrote {out} (probe statuses {statuses})")
     return 0
