@@ -434,7 +434,11 @@ def read_sglang_results(path: str | Path, requests: int | None = None) -> list[d
 
 def sglang_bench_available(python: str) -> bool:
     """True when `python` can import sglang.benchmark.serving (without running it)."""
-    probe = f"import importlib.util, sys; sys.exit(0 if importlib.util.find_spec({SGLANG_BENCH_MODULE!r}) else 1)"
+    # find_spec of a submodule imports its parent package, and raises when that is missing
+    probe = ("import importlib.util, sys\n"
+             f"try:\n    found = importlib.util.find_spec({SGLANG_BENCH_MODULE!r}) is not None\n"
+             "except ImportError:\n    found = False\n"
+             "sys.exit(0 if found else 1)\n")
     try:
         return subprocess.run([python, "-c", probe], capture_output=True, timeout=120).returncode == 0
     except (OSError, subprocess.TimeoutExpired):

@@ -83,6 +83,18 @@ def test_sglang_bench_command_fixes_lengths_and_keeps_the_key_out_of_argv():
     assert not any("Bearer" in a or "key" in a.lower() for a in argv)
 
 
+def test_engine_bench_sglang_without_sglang_says_how_to_get_it(base, tmp_path):
+    import sys
+
+    from pdkit.bench import run_sglang_bench, sglang_bench_available
+
+    cluster, hosts = base
+    spec = load(write_inventory(tmp_path, hosts, cluster))
+    assert not sglang_bench_available(sys.executable)  # pdkit's own venv has no sglang
+    with pytest.raises(RuntimeError, match="cannot import sglang.benchmark.serving: install sglang there, or give --sglang-python"):
+        run_sglang_bench(spec, python=sys.executable, probe_drivers=False)
+
+
 def test_ssh_command_checks_host_keys():
     argv = ssh_command({"name": "gpu01", "ssh_hostname": "10.9.0.1", "ssh_user": "ops", "ssh_port": 2222,
                         "ssh_key": "/k/id", "ssh_known_hosts_file": "/k/known"}, "nvidia-smi")
