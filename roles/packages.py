@@ -1,4 +1,4 @@
-"""Debian packages a host needs (node_exporter, Prometheus, Grafana), installed only when missing."""
+"""Packages a host needs (node_exporter, DCGM, Prometheus, Grafana), installed only when missing."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pyinfra.api import deploy
 from pyinfra.operations import apt, files
 
 from pdkit.deploy import current_plan
-from pdkit.plan import GRAFANA_KEY_URL, GRAFANA_KEYRING_PATH, GRAFANA_SOURCES_PATH
+from pdkit.plan import DCGM_PACKAGES, GRAFANA_KEY_URL, GRAFANA_KEYRING_PATH, GRAFANA_SOURCES_PATH
 from roles.facts import host_state
 
 # apt can hang on a flaky mirror or cache: never let one host stall the whole run
@@ -24,5 +24,10 @@ def packages() -> None:
         files.download(name="Grafana's apt key", src=GRAFANA_KEY_URL, dest=GRAFANA_KEYRING_PATH, mode="0644", _timeout=120)
         source = plan.file(GRAFANA_SOURCES_PATH)
         files.put(name="Grafana's apt source", src=io.StringIO(source.content), dest=source.path, mode=source.mode)
+    if set(DCGM_PACKAGES) & set(missing):
+        # DCGM and its exporter come from NVIDIA's CUDA repository (shared with the node roles)
+        from roles.nvidia_repo import nvidia_repo
+
+        nvidia_repo()
     if missing:
         apt.packages(name=f"Install {', '.join(missing)}", packages=missing, update=True, no_recommends=True, _timeout=APT_TIMEOUT_S)

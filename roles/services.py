@@ -29,7 +29,8 @@ def services() -> None:
                 name=f"File {f.path}" + (" (secret)" if f.secret else ""),
                 src=io.StringIO(f.content), dest=f.path, mode=f.mode, user=f.owner, group=f.group,
             )
-    unit_puts = [op for path, op in puts.items() if path.endswith(".service")]
+    # units and their drop-ins (the DCGM exporter is the packaged unit plus a pdkit drop-in)
+    unit_puts = [op for path, op in puts.items() if path.endswith(".service") or ".service.d/" in path]
     systemd.daemon_reload(name="systemd daemon-reload (units changed)", _if=any_changed(*unit_puts))
 
     venv_python = f"{flags.venv_dir(spec)}/bin/python"

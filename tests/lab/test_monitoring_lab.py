@@ -148,3 +148,39 @@ def test_grafana_role_is_planned_by_a_dry_run(lab, monitored, tmp_path):
                "File /var/lib/grafana/dashboards/pdkit/pdkit-overview.json"):
         assert any(op in line for line in planned), f"{op!r} not planned on {mon}:\n" + "\n".join(planned)
     assert ssh(lab, mon, "test ! -e /etc/apt/sources.list.d/grafana.sources && ! dpkg -s grafana >/dev/null 2>&1").returncode == 0, "a --dry run changed the host"
+
+
+def test_dcgm_exporter_is_planned_by_a_dry_run(lab, tmp_path):
+    """NVIDIA's repository cannot be reached from the lab and its hosts have no GPUs: the DCGM role
+    is checked as a --dry plan on one GPU host with `dcgm_exporter: true`; nothing may change."""
+    inventory = tmp_path / "lab_dcgm.py"
+    inventory.write_text(
+        "import runpy\n"
+        f"_base = runpy.run_path({str(REPO / INVENTORY)!r})\n"
+        "gpu_nodes = [(n, {**d, 'pdkit_node': {**d['pdkit_node'], 'dcgm_exporter': i == 0}}) for i, (n, d) in enumerate(_base['gpu_nodes'])]\n"
+        "monitoring = _base['monitoring']\n"
+        "all = _base['all']\n"
+    )
+    first, *others = [h.name for h in lab.gpu_hosts]
+
+    def dry(limit: str) -> str:
+        # one host per run: pyinfra names an operation after the first host that declared it
+        proc = subprocess.run(
+            [str(REPO / ".venv" / "bin" / "pyinfra"), str(inventory), "deploy/pd.py", "--dry", "--limit", limit],
+            cwd=REPO, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return proc.stdout + proc.stderr
+
+    out = dry(first)
+    for op in ("cuda-keyring from https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/",
+               "NVIDIA apt source /etc/apt/sources.list.d/pdkit-nvidia-cuda.sources",
+               "datacenter-gpu-manager-4-cuda13, datacenter-gpu-manager-exporter",
+               "File /etc/systemd/system/nvidia-dcgm-exporter.service.d/pdkit.conf",
+               "systemd daemon-reload", "Enable and start nvidia-dcgm-exporter.service",
+               "Health gate nvidia-dcgm-exporter.service"):
+        assert op in out, f"{op!r} not planned on {first}:\n{out[-4000:]}"
+    for other in others:
+        assert "dcgm" not in dry(other).lower(), f"DCGM planned on {other}, where it is off"
+    assert ssh(lab, first, "test ! -e /etc/apt/sources.list.d/pdkit-nvidia-cuda.sources && "
+                           "test ! -e /etc/systemd/system/nvidia-dcgm-exporter.service.d").returncode == 0, "a --dry run changed the host"
