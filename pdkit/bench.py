@@ -358,7 +358,7 @@ def run_bench(spec: ClusterSpec, concurrency: Sequence[int] = (16,), input_len: 
     """Run the pdkit client through the spec's router at each concurrency; return the record."""
     import asyncio
 
-    _check_lengths(spec, input_len, output_len)
+    _check_workload(spec, input_len, output_len, requests, warmup)
     router_url, headers = router_target(spec)
     record = _record_head(spec, "pdkit", label, input_len, output_len, requests, warmup, probe_drivers, router_url)
     url = f"{router_url}/generate"
@@ -379,9 +379,12 @@ def run_bench(spec: ClusterSpec, concurrency: Sequence[int] = (16,), input_len: 
     return record
 
 
-def _check_lengths(spec: ClusterSpec, input_len: int, output_len: int) -> None:
+def _check_workload(spec: ClusterSpec, input_len: int, output_len: int, requests: int, warmup: int) -> None:
+    """Refuse a workload that cannot run, before any request is sent."""
     if input_len < 1 or output_len < 1:
         raise ValueError("--input-len and --output-len must be at least 1")
+    if requests < 1 or warmup < 0:
+        raise ValueError(f"--requests must be at least 1 (got {requests}) and --warmup at least 0 (got {warmup})")
     limits = [t.context_length for t in (spec.engine_tuning(e) for _, e in spec.engines()) if t.context_length]
     if limits and input_len + output_len > min(limits):
         raise ValueError(f"--input-len + --output-len = {input_len + output_len} exceeds the planned "
@@ -463,7 +466,7 @@ def run_sglang_bench(spec: ClusterSpec, concurrency: Sequence[int] = (16,), inpu
                      python: str = sys.executable, tokenizer: str | None = None, probe_drivers: bool = True,
                      timeout_s: float = 3600.0) -> dict[str, Any]:
     """SGLang's own serving benchmark through the router, read into a pdkit record."""
-    _check_lengths(spec, input_len, output_len)
+    _check_workload(spec, input_len, output_len, requests, warmup)
     if not sglang_bench_available(python):
         raise RuntimeError(f"{python} cannot import {SGLANG_BENCH_MODULE}: install sglang there, or give "
                            "--sglang-python of a virtualenv that has it, or use --engine-bench pdkit")

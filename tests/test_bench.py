@@ -95,6 +95,21 @@ def test_engine_bench_sglang_without_sglang_says_how_to_get_it(base, tmp_path):
         run_sglang_bench(spec, python=sys.executable, probe_drivers=False)
 
 
+def test_impossible_workloads_are_refused_before_any_request(base, tmp_path):
+    from pdkit.bench import run_bench
+
+    cluster, hosts = base
+    cluster["tuning"]["all"] = {"context_length": 1024}
+    spec = load(write_inventory(tmp_path, hosts, cluster))
+    # the router at 10.9.0.1 is never contacted: every case fails before
+    with pytest.raises(ValueError, match="exceeds the planned context length 1024"):
+        run_bench(spec, input_len=1000, output_len=100, probe_drivers=False)
+    with pytest.raises(ValueError, match="--requests must be at least 1"):
+        run_bench(spec, requests=0, input_len=8, output_len=8, probe_drivers=False)
+    with pytest.raises(ValueError, match="--input-len and --output-len must be at least 1"):
+        run_bench(spec, input_len=0, probe_drivers=False)
+
+
 def test_ssh_command_checks_host_keys():
     argv = ssh_command({"name": "gpu01", "ssh_hostname": "10.9.0.1", "ssh_user": "ops", "ssh_port": 2222,
                         "ssh_key": "/k/id", "ssh_known_hosts_file": "/k/known"}, "nvidia-smi")
