@@ -32,11 +32,15 @@ REPO_ARCHES: dict[str, str] = {"x86_64": "x86_64", "aarch64": "sbsa"}
 # .list source it ships, which pdkit removes so that apt sees the repository once
 KEYRING_PATH = "/usr/share/keyrings/cuda-archive-keyring.gpg"
 SOURCES_PATH = "/etc/apt/sources.list.d/pdkit-nvidia-cuda.sources"
-KEYRING_DEB_PATH = "/var/cache/pdkit/cuda-keyring.deb"
+# root's own directories: /var/lib/<service user> and /var/cache/<service user> belong to the
+# service user (the units' StateDirectory=/CacheDirectory=), which must not be able to touch these
+NODE_STATE_DIR = "/var/lib/pdkit-node"
+NODE_CACHE_DIR = "/var/cache/pdkit-node"
+KEYRING_DEB_PATH = f"{NODE_CACHE_DIR}/cuda-keyring.deb"
 NCCL_PIN_PATH = "/etc/apt/preferences.d/pdkit-nccl"
 UNATTENDED_PATH = "/etc/apt/apt.conf.d/51pdkit-nvidia-no-unattended-upgrades"
 # written when the driver packages changed in a run; read by the preflight and pdkit-exporter
-REBOOT_MARKER_PATH = "/var/lib/pdkit/reboot-required"
+REBOOT_MARKER_PATH = f"{NODE_STATE_DIR}/reboot-required"
 PERSISTENCED_UNIT = "nvidia-persistenced.service"
 
 

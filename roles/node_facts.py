@@ -241,7 +241,7 @@ class NvidiaTopology(FactBase):
 
 
 class RebootRequired(FactBase):
-    """pdkit's reboot-required marker (/var/lib/pdkit/reboot-required): its reason, or None."""
+    """pdkit's reboot-required marker (pdkit.node.REBOOT_MARKER_PATH): its reason, or None."""
 
     def command(self) -> str:
         return f"cat {REBOOT_MARKER_PATH} 2>/dev/null || true"

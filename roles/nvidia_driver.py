@@ -17,7 +17,7 @@ from pyinfra.operations import apt, files, server, systemd
 from pyinfra.operations.util import any_changed
 
 from pdkit.deploy import current_host
-from pdkit.node import PERSISTENCED_UNIT, REBOOT_MARKER_PATH, UNATTENDED_PATH, pinning_package, reboot_marker_text, unattended_text
+from pdkit.node import NODE_STATE_DIR, PERSISTENCED_UNIT, REBOOT_MARKER_PATH, UNATTENDED_PATH, pinning_package, reboot_marker_text, unattended_text
 from pdkit.versions import NVIDIA_DRIVER_BRANCH
 from roles.nvidia_repo import nvidia_repo
 from roles.preflight import current_stack, node_facts
@@ -46,7 +46,7 @@ def nvidia_driver() -> None:
     pin = apt.packages(name=f"Lock the driver to branch {NVIDIA_DRIVER_BRANCH} ({pin_package})", packages=[pin_package], no_recommends=True, _timeout=APT_TIMEOUT_S)
     installed = apt.packages(name=f"NVIDIA driver R{NVIDIA_DRIVER_BRANCH} ({node.driver_modules}): {', '.join(driver)}", packages=driver, no_recommends=True, _timeout=APT_TIMEOUT_S)
     changed = any_changed(pin, installed)
-    files.directory(name="Directory /var/lib/pdkit", path="/var/lib/pdkit", mode="0755", user="root", group="root")
+    files.directory(name=f"Directory {NODE_STATE_DIR}", path=NODE_STATE_DIR, mode="0755", user="root", group="root")
     files.put(
         name=f"Mark reboot required ({REBOOT_MARKER_PATH}) when the driver changed",
         src=io.StringIO(reboot_marker_text(f"NVIDIA driver packages changed by pdkit (branch {NVIDIA_DRIVER_BRANCH}, {node.driver_modules})")),

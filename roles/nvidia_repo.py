@@ -15,7 +15,7 @@ from pyinfra.api import deploy
 from pyinfra.facts.files import File
 from pyinfra.operations import apt, files, server
 
-from pdkit.node import KEYRING_DEB_PATH, KEYRING_PATH, SOURCES_PATH
+from pdkit.node import KEYRING_DEB_PATH, KEYRING_PATH, NODE_CACHE_DIR, SOURCES_PATH
 from roles.preflight import current_stack
 
 _LAID: set[str] = set()
@@ -43,7 +43,7 @@ def nvidia_repo() -> None:
     if not host.get_fact(File, path=KEYRING_PATH):
         # NVIDIA's documented route to its key; the package also ships a .list source, removed
         # right away so that apt sees the repository once (through pdkit's deb822 source)
-        files.directory(name="Directory /var/cache/pdkit", path="/var/cache/pdkit", mode="0755")
+        files.directory(name=f"Directory {NODE_CACHE_DIR}", path=NODE_CACHE_DIR, mode="0755", user="root", group="root")
         files.download(name=f"cuda-keyring from {stack.keyring_deb_url}", src=stack.keyring_deb_url, dest=KEYRING_DEB_PATH, mode="0644", _timeout=300)
         server.shell(
             name=f"Install cuda-keyring ({KEYRING_PATH})",

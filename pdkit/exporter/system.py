@@ -390,7 +390,7 @@ __all__ = [
 # ------------------------------------------------------------------------------ reboot marker
 
 # written by roles/nvidia_driver.py when the driver packages changed (pdkit.node.REBOOT_MARKER_PATH)
-REBOOT_MARKER_PATH = "/var/lib/pdkit/reboot-required"
+REBOOT_MARKER_PATH = "/var/lib/pdkit-node/reboot-required"
 
 
 def reboot_required(path: str = REBOOT_MARKER_PATH) -> float:

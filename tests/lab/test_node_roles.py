@@ -90,7 +90,7 @@ def test_dry_plan_of_a_debian12_blackwell_node_is_exact(lab, tmp_path):
     repo = "https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/"
     assert plan == [
         ("pdkit preflight | Preflight failed: 1 error(s) (report above); stop before any change", "always"),
-        ("pdkit node layer | pdkit NVIDIA driver | pdkit NVIDIA apt repository | Directory /var/cache/pdkit", "always"),
+        ("pdkit node layer | pdkit NVIDIA driver | pdkit NVIDIA apt repository | Directory /var/cache/pdkit-node", "always"),
         (f"pdkit node layer | pdkit NVIDIA driver | pdkit NVIDIA apt repository | cuda-keyring from {repo}cuda-keyring_1.1-1_all.deb", "always"),
         ("pdkit node layer | pdkit NVIDIA driver | pdkit NVIDIA apt repository | Install cuda-keyring (/usr/share/keyrings/cuda-archive-keyring.gpg)", "always"),
         ("pdkit node layer | pdkit NVIDIA driver | pdkit NVIDIA apt repository | No duplicate NVIDIA source /etc/apt/sources.list.d/cuda-debian12-x86_64.list", "no"),
@@ -99,8 +99,8 @@ def test_dry_plan_of_a_debian12_blackwell_node_is_exact(lab, tmp_path):
         ("pdkit node layer | pdkit NVIDIA driver | Keep the NVIDIA stack out of unattended upgrades (/etc/apt/apt.conf.d/51pdkit-nvidia-no-unattended-upgrades)", "always"),
         ("pdkit node layer | pdkit NVIDIA driver | Lock the driver to branch 580 (nvidia-driver-pinning-580)", "always"),
         (f"pdkit node layer | pdkit NVIDIA driver | NVIDIA driver R580 (nvidia-dkms): linux-headers-{kernel}, nvidia-open", "always"),
-        ("pdkit node layer | pdkit NVIDIA driver | Directory /var/lib/pdkit", "always"),
-        ("pdkit node layer | pdkit NVIDIA driver | Mark reboot required (/var/lib/pdkit/reboot-required) when the driver changed", "if"),
+        ("pdkit node layer | pdkit NVIDIA driver | Directory /var/lib/pdkit-node", "always"),
+        ("pdkit node layer | pdkit NVIDIA driver | Mark reboot required (/var/lib/pdkit-node/reboot-required) when the driver changed", "if"),
         ("pdkit node layer | pdkit NVIDIA driver | Enable nvidia-persistenced.service", "always"),
         ("pdkit node layer | pdkit NVIDIA driver | Start nvidia-persistenced.service", "if"),
         ("pdkit node layer | pdkit CUDA toolkit | CUDA toolkit: cuda-toolkit-13-0", "always"),
@@ -120,7 +120,7 @@ def test_a_real_apply_on_a_host_without_gpus_stops_before_any_change(lab, tmp_pa
     assert f"pdkit preflight {name}: FAILED: 1 error(s)" in err
     assert "Starting operation: pdkit preflight | Preflight failed" in err and "No hosts remaining" in err, err[-2000:]
     assert "Starting operation: pdkit node layer" not in err
-    left = ssh(lab, "ls /usr/share/keyrings/cuda-archive-keyring.gpg /var/cache/pdkit " + " ".join(NODE_FILES) + " 2>/dev/null; true").stdout
+    left = ssh(lab, "ls /usr/share/keyrings/cuda-archive-keyring.gpg /var/cache/pdkit-node /var/lib/pdkit-node " + " ".join(NODE_FILES) + " 2>/dev/null; true").stdout
     assert left.strip() == "", f"the failed preflight left files behind: {left}"
 
 

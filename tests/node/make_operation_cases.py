@@ -39,7 +39,7 @@ CONFIGURED = merge(
     present(SOURCES_PATH, sources_text("ubuntu2404", "x86_64")),
     present(UNATTENDED_PATH, unattended_text()),
     present(NCCL_PIN_PATH, nccl_pin_text()),
-    {"files.Directory": {f"path={d}": {"mode": 755, "user": "root", "group": "root"} for d in ("/var/lib/pdkit", "/etc/apt/sources.list.d", "/etc/apt/apt.conf.d", "/etc/apt/preferences.d")}},
+    {"files.Directory": {f"path={d}": {"mode": 755, "user": "root", "group": "root"} for d in ("/var/lib/pdkit-node", "/etc/apt/sources.list.d", "/etc/apt/apt.conf.d", "/etc/apt/preferences.d")}},
     {"systemd.SystemdEnabled": {"nvidia-persistenced.service": True}, "systemd.SystemdStatus": {"nvidia-persistenced.service": True}},
 )
 
