@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import shlex
+from weakref import WeakKeyDictionary
 
 from pyinfra import host
 from pyinfra.api import deploy
@@ -18,9 +19,8 @@ from pyinfra.operations import apt, files, server
 from pdkit.node import KEYRING_DEB_PATH, KEYRING_PATH, NODE_CACHE_DIR, SOURCES_PATH
 from roles.preflight import current_stack
 
-_LAID: set[str] = set()
-# the source operation of this run, per host: packages refresh apt's lists when it changed
-SOURCE_CHANGED: dict[str, object] = {}
+# hosts already laid down, per pyinfra State (`pdkit roll` runs one State per batch)
+_LAID: WeakKeyDictionary = WeakKeyDictionary()
 
 
 def source_files() -> object:
@@ -35,9 +35,10 @@ def source_files() -> object:
 
 @deploy("pdkit NVIDIA apt repository")
 def nvidia_repo() -> None:
-    if host.name in _LAID:
+    laid = _LAID.setdefault(host.state, set())
+    if host.name in laid:
         return
-    _LAID.add(host.name)
+    laid.add(host.name)
     stack = current_stack()
     q = shlex.quote
     if not host.get_fact(File, path=KEYRING_PATH):
@@ -50,5 +51,4 @@ def nvidia_repo() -> None:
             commands=[f"dpkg -i {q(KEYRING_DEB_PATH)} && rm -f {q(stack.keyring_list_path)}"],
         )
     source = source_files()
-    SOURCE_CHANGED[host.name] = source
     apt.update(name="apt update (the NVIDIA source changed)", _if=source.did_change, _timeout=900)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+from weakref import WeakKeyDictionary
 
 from pyinfra import host
 from pyinfra.api import deploy
@@ -24,17 +25,25 @@ from roles.node_facts import NODE_FACTS
 
 # facts a `gpu: none` host still gets (OS for the report, the reboot marker)
 _HOST_ONLY = ("os", "arch", "kernel", "reboot_required")
-_FACTS: dict[str, dict] = {}
-REPORTS: dict[str, str] = {}
+# per pyinfra State, then host: `pdkit roll` runs one State per batch in one process, and a
+# State that is gone takes its entries with it
+_FACTS: WeakKeyDictionary = WeakKeyDictionary()
+REPORTS: WeakKeyDictionary = WeakKeyDictionary()
+
+
+def _of(cache: WeakKeyDictionary) -> dict:
+    """This State's part of a cache, by host name."""
+    return cache.setdefault(host.state, {})
 
 
 def node_facts() -> dict:
     """This host's preflight facts, read once per run."""
-    if host.name not in _FACTS:
+    facts = _of(_FACTS)
+    if host.name not in facts:
         this = current_host()
         names = _HOST_ONLY if this.node is None or this.node.gpu == "none" else tuple(NODE_FACTS)
-        _FACTS[host.name] = {name: host.get_fact(NODE_FACTS[name]) for name in names}
-    return _FACTS[host.name]
+        facts[host.name] = {name: host.get_fact(NODE_FACTS[name]) for name in names}
+    return facts[host.name]
 
 
 def current_stack() -> NodeStack:
@@ -51,12 +60,12 @@ def preflight() -> None:
     this = current_host()
     if this.node is None:
         return
-    if host.name in REPORTS:
+    if host.name in _of(REPORTS):
         return  # already checked in this run (deploy/pd.py and a role may both ask)
     facts = node_facts()
     findings = check_host(current_spec(), this, facts)
     report = format_report(host.name, findings, facts)
-    REPORTS[host.name] = report
+    _of(REPORTS)[host.name] = report
     # stderr: `--json` keeps stdout for pyinfra's results
     print(report, file=sys.stderr, flush=True)
     if has_errors(findings):

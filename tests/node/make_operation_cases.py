@@ -59,6 +59,9 @@ CASES = {
     "nccl/ubuntu2404-fresh": {"deploy": "roles.nccl.nccl", "facts": UBUNTU},
     "nccl/ubuntu2404-installed": {"deploy": "roles.nccl.nccl", "facts": merge(UBUNTU, CONFIGURED, INSTALLED)},
     "nccl/ubuntu2404-other-nccl-installed": {"deploy": "roles.nccl.nccl", "facts": merge(UBUNTU, CONFIGURED, {"deb.DebPackages": {"libnccl2": ["2.27.7-1+cuda13.0"], "libnccl-dev": ["2.27.7-1+cuda13.0"]}})},
+    # the whole node layer: driver, CUDA and NCCL each call nvidia_repo(); it is laid down once
+    "node/ubuntu2404-fresh": {"deploy": "roles.node.node", "facts": UBUNTU},
+    "node/lab-host-gpu-none": {"deploy": "roles.node.node", "facts": DEBIAN12, "node": {"gpu": "none"}},
     "preflight/debian12-no-gpu-declared-nvidia": {"deploy": "roles.preflight.preflight", "facts": DEBIAN12},
 }
 

@@ -77,11 +77,7 @@ def _command_json(command: Any) -> Any:
 
 def run_operation_case(case: dict, monkeypatch) -> list[dict]:
     """The operations a deploy lays down for the case's host and facts, with their commands."""
-    from roles import nvidia_repo, preflight
-
-    preflight._FACTS.clear()
-    preflight.REPORTS.clear()
-    nvidia_repo._LAID.clear()
+    # a new State per case: the roles' per-State caches start empty by themselves
     node = {**NODE, **case.get("node", {})}
     data = {"pdkit_node": node, "pdkit_router": {}, "fake_delay": 0, "fake_delay_jitter": 0, **case.get("host_data", {})}
     inventory = Inventory(([("@fake/gpu01", data)], {}), all=(["@fake/gpu01"], {"pdkit_cluster": CLUSTER}))

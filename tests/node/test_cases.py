@@ -41,3 +41,12 @@ def test_h200_cases_are_the_real_output_of_their_own_commands():
     for path in cases:
         case, captured = load(path), real[path.parent.name]
         assert (case["command"], case["output"]) == (captured["command"], captured["output"]), path.name
+
+
+def test_the_shared_repository_deploy_is_laid_down_once_per_host():
+    from tests.node.runner import HERE
+
+    ops = [op["op"] for op in load(HERE / "operations" / "node" / "ubuntu2404-fresh.json")["commands"]]
+    assert sum("Install cuda-keyring" in op for op in ops) == 1
+    assert sum("NVIDIA apt source" in op for op in ops) == 1
+    assert load(HERE / "operations" / "node" / "lab-host-gpu-none.json")["commands"] == []
