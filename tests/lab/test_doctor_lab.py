@@ -3,9 +3,9 @@ graphs off on ONE engine makes doctor FAIL exactly that engine's CUDA-graph chec
 hint), and a bench before and after shows the drop through `pdkit compare`. The module puts the
 base configuration back at the end: other lab modules share the same lab.
 
-The change is applied with `pyinfra <derived inventory> deploy/pd.py -y --limit <host>` (pdkit roll
-had not landed when this was written); the derived inventory is inventories/lab.py's own data with
-that one engine's `tuning.cuda_graph` set to false.
+The change is rolled out the way a user would, `pdkit roll <derived inventory> --limit <host>`
+(drain, apply, gates, smoke requests); the derived inventory is inventories/lab.py's own data with
+that one engine's `tuning.cuda_graph` set to false. The base is put back by a full converge.
 """
 
 from __future__ import annotations
@@ -132,8 +132,8 @@ def test_graphs_off_on_one_engine_fails_exactly_that_check_and_the_bench_shows_t
     assert before.returncode == 0, before.stderr[-2000:]
 
     derived = write_graphs_off_inventory(tmp_path / "inv", host, ENGINE)
-    rc, results, err = run_pyinfra(str(derived), "--limit", host)
-    assert rc == 0 and not failed_hosts(results), f"applying graphs-off to {host} failed (rc {rc}):\n{err[-3000:]}"
+    rolled = pdkit("roll", str(derived), "--limit", host, timeout=900)
+    assert rolled.returncode == 0, f"rolling graphs-off to {host} failed (rc {rolled.returncode}):\n{rolled.stderr[-3000:]}"
     wait_router_settled(base_deployed)
 
     rc, report = doctor(derived, "--runs", str(runs))
