@@ -326,9 +326,14 @@ def check_graph_buckets(obs: EngineObservation) -> CheckResult:
         return _result(plan, name, WARN, f"captured up to batch {largest}, but the spec sets no target_concurrency to compare with",
                        "set pdkit_cluster.target_concurrency (the load the cluster is tuned for)")
     if largest < plan.required_bs:
+        if plan.graph_max_bs is not None and plan.graph_max_bs >= plan.required_bs:
+            hint = (f"the plan captures up to {plan.graph_max_bs} but the engine does not run it: re-apply the plan to "
+                    f"{plan.host}; if it stays at {largest}, SGLang lowered it (memory, max_running_requests): see its start-up log")
+        else:
+            hint = (f"set tuning.cuda_graph_max_bs >= {plan.required_bs} for {plan.host}/{plan.engine} "
+                    "(mind max_running_requests, which clamps it)")
         return _result(plan, name, FAIL, f"decode graphs captured up to batch {largest}, below the {plan.required_bs} "
-                       "concurrent requests per DP rank the spec targets: larger batches run without a graph",
-                       f"set tuning.cuda_graph_max_bs >= {plan.required_bs} for {plan.host}/{plan.engine} (mind max_running_requests, which clamps it)")
+                       "concurrent requests per DP rank the spec targets: larger batches run without a graph", hint)
     return _result(plan, name, PASS, f"decode graphs captured up to batch {largest} >= {plan.required_bs} (target concurrency per DP rank)")
 
 

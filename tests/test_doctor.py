@@ -204,6 +204,9 @@ def test_graph_buckets_pass_fail_warn():
     assert_verdict(check_graph_buckets(obs), PASS, "up to batch 64 >= 64")
     obs.plan = replace(obs.plan, required_bs=128)
     assert_verdict(check_graph_buckets(obs), FAIL, "up to batch 64, below the 128", "cuda_graph_max_bs >= 128")
+    # planned high enough, running lower: the engine does not run the plan
+    obs.plan = replace(obs.plan, required_bs=128, graph_max_bs=128)
+    assert_verdict(check_graph_buckets(obs), FAIL, "up to batch 64", "the plan captures up to 128", "re-apply")
     obs.plan = replace(obs.plan, required_bs=None)
     assert_verdict(check_graph_buckets(obs), WARN, "target_concurrency")
     assert_verdict(check_graph_buckets(observe("lab_graphs_off", "decode")), WARN, "graphs are off")
