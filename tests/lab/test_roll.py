@@ -6,6 +6,7 @@ inventories/lab.py (other lab modules share the one lab).
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -80,6 +81,16 @@ def invocation(lab, host: str, unit: str = "pdkit-engine-decode.service") -> str
     return ssh(lab, host, f"systemctl show -p InvocationID --value {unit}").stdout.strip()
 
 
+def steps(out: str) -> list[tuple[str, str, str]]:
+    """(host, step, message) from `pdkit roll`'s progress lines: `[  12.3s] HOST  STEP  MESSAGE`."""
+    found = []
+    for line in out.splitlines():
+        m = re.match(r"^\[\s*[\d.]+s\]\s+(\S+)\s+(\S+)\s+(.*)$", line)
+        if m:
+            found.append((m.group(1), m.group(2), m.group(3)))
+    return found
+
+
 def router_workers(plan: dict) -> dict[str, dict]:
     body = requests.get(f"http://{plan['addr'][plan['router']]}:8000/workers", timeout=10).json()
     return {w["url"]: w for w in body["workers"]}
@@ -152,10 +163,11 @@ def test_a_config_change_rolls_across_every_node_under_load_without_a_failed_req
         assert counts["failed"] == 0, f"{counts['failed']} request(s) failed during the roll: {counts['errors'][:10]}"
         assert counts["ok"] >= 100, counts
         # progress: every node went through every gate, in the planned order, canary first
+        seen = steps(proc.stdout)
         for host in new["gpu"]:
             for step in ("connect", "drain", "apply", "ready", "router", "smoke", "done"):
-                assert any(line.split()[1:3] == [host, step] for line in proc.stdout.splitlines()), f"no {step} line for {host}:\n{proc.stdout}"
-        order = [line.split()[1] for line in proc.stdout.splitlines() if line.split()[2:3] == ["done"] and line.split()[1] != "-"]
+                assert (host, step) in [(h, s) for h, s, _ in seen], f"no {step} line for {host}:\n{proc.stdout}"
+        order = [h for h, s, _ in seen if s == "done" and h != "-"]
         assert order[0] != base_plan["router"] and order.index(base_plan["router"]) == len(new["gpu"]) - 1, order
         for host in new["gpu"]:
             assert current_release(lab, host).endswith(new["release"][host][:12]), f"{host} is not on the new release"
@@ -187,7 +199,7 @@ def test_a_broken_canary_is_restored_byte_for_byte_and_the_roll_stops(lab, base_
         # the canary: back on its previous release, every file byte for byte, serving behind the router
         assert current_release(lab, canary) == before[canary][0]
         assert file_sums(lab, canary, paths) == base_plan["files"][canary]
-        assert f"{canary}     restore  back on release {before[canary][0]}" in proc.stdout
+        assert (canary, "restore") in [(h, s) for h, s, m in steps(proc.stdout) if m.startswith(f"back on release {before[canary][0]}")], proc.stdout
         addr = base_plan["addr"][canary]
         for port in (30000, 30001):
             assert requests.get(f"http://{addr}:{port}/health", timeout=10).status_code == 200
@@ -199,7 +211,7 @@ def test_a_broken_canary_is_restored_byte_for_byte_and_the_roll_stops(lab, base_
         for host in others:
             assert (current_release(lab, host), invocation(lab, host)) == before[host], f"{host} was touched"
             assert file_sums(lab, host, [DECODE_ENV])[DECODE_ENV] == base_plan["files"][host][DECODE_ENV]
-            assert not any(line.split()[1:2] == [host] for line in proc.stdout.splitlines()), f"{host} appears in the roll:\n{proc.stdout}"
+            assert host not in [h for h, _, _ in steps(proc.stdout)], f"{host} appears in the roll:\n{proc.stdout}"
         r = requests.post(f"http://{base_plan['addr'][base_plan['router']]}:8000/v1/completions", json={"model": base_plan["model"], "prompt": "after", "max_tokens": 4}, timeout=60)
         assert r.status_code == 200, r.text
     finally:
@@ -219,7 +231,7 @@ def test_a_node_cut_off_mid_roll_stops_the_roll_and_a_later_roll_completes(lab, 
         lines = []
         for line in proc.stdout:  # type: ignore[union-attr]
             lines.append(line)
-            if not cut and line.split()[1:3] == [canary, "smoke"]:
+            if not cut and [(h, s) for h, s, _ in steps(line)] == [(canary, "smoke")]:
                 # the canary passed its last gate: take the next node off the network before the roll reaches it
                 subprocess.run(["ip", "link", "set", "dev", veth, "down"], check=True, timeout=20)
                 cut = True
