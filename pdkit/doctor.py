@@ -169,6 +169,15 @@ def _not_measured(plan: EnginePlan, check: str, why: str) -> CheckResult:
                    f"make {plan.url} reachable from this machine (is pdkit-engine-{plan.engine} running on {plan.host}?) and re-run")
 
 
+def _down(obs: EngineObservation) -> bool:
+    """Neither /server_info nor /metrics answered: every check of this engine follows from `reachable`."""
+    return obs.server_info is None and obs.second.figures is None
+
+
+def _unreachable(plan: EnginePlan, check: str) -> CheckResult:
+    return _result(plan, check, WARN, "not measured: the engine did not answer (see reachable)", "follows from reachable")
+
+
 def counter_delta(first: float | None, second: float | None) -> float | None:
     """Increase of a cumulative counter between two samples; after a restart (it went back) the new total."""
     if second is None:
@@ -238,6 +247,8 @@ def check_reachable(obs: EngineObservation) -> CheckResult:
 def check_flags(obs: EngineObservation) -> CheckResult:
     """Running flags equal the plan: /server_info (pdkit.exporter.drift) and the exporter's argv check."""
     plan = obs.plan
+    if _down(obs):
+        return _unreachable(plan, "flags")
     drifted: dict[str, str] = {}
     unverified: tuple[str, ...] = ()
     if obs.server_info is not None:
@@ -263,6 +274,8 @@ def check_flags(obs: EngineObservation) -> CheckResult:
 def check_decode_cuda_graphs(obs: EngineObservation) -> CheckResult:
     """Decode CUDA graphs are on and really used: pass counters, else the exporter's ratio / log line."""
     plan = obs.plan
+    if _down(obs):
+        return _unreachable(plan, "decode_cuda_graph")
     name = "decode_cuda_graph"
     info = obs.server_info
     enabled = decode_graphs_enabled(info) if info is not None else None
@@ -312,6 +325,8 @@ def check_decode_cuda_graphs(obs: EngineObservation) -> CheckResult:
 def check_graph_buckets(obs: EngineObservation) -> CheckResult:
     """The captured decode batch sizes cover the configured concurrency (target_concurrency / dp)."""
     plan = obs.plan
+    if _down(obs):
+        return _unreachable(plan, "graph_buckets")
     name = "graph_buckets"
     if obs.server_info is None:
         return _not_measured(plan, name, f"/server_info unreadable ({obs.server_info_error})")
@@ -339,6 +354,8 @@ def check_graph_buckets(obs: EngineObservation) -> CheckResult:
 
 def check_context_length(obs: EngineObservation) -> CheckResult:
     plan = obs.plan
+    if _down(obs):
+        return _unreachable(plan, "context_length")
     name = "context_length"
     if obs.server_info is None:
         return _not_measured(plan, name, f"/server_info unreadable ({obs.server_info_error})")
@@ -363,6 +380,8 @@ def check_context_length(obs: EngineObservation) -> CheckResult:
 def check_env(obs: EngineObservation) -> CheckResult:
     """The planned NCCL/UCX/SGLANG environment is in the engine process (the exporter reads /proc/PID/environ)."""
     plan = obs.plan
+    if _down(obs):
+        return _unreachable(plan, "process_env")
     name = "process_env"
     ex = obs.exporter
     if ex is None:
@@ -383,8 +402,7 @@ def check_env(obs: EngineObservation) -> CheckResult:
 
 def check_versions(group: Sequence[EngineObservation]) -> list[CheckResult]:
     """Prefill and decode of one PD group run the same SGLang version (and, on sglang, the planned one)."""
-    running = {id(o): (o.server_info or {}).get("version") or (o.exporter.sglang_version if o.exporter else None)
-               for o in group}
+    running = {id(o): (o.server_info or {}).get("version") for o in group}
     known = {str(v) for v in running.values() if v}
     label = f"PD group {group[0].plan.pd_group!r}" if group[0].plan.pd_group else "engine"
     out = []
@@ -392,7 +410,9 @@ def check_versions(group: Sequence[EngineObservation]) -> list[CheckResult]:
         plan = obs.plan
         version = running[id(obs)]
         if not version:
-            out.append(_not_measured(plan, "version", "/server_info has no version"))
+            last = f"; last known {obs.exporter.sglang_version} (pdkit-exporter)" if obs.exporter and obs.exporter.sglang_version else ""
+            out.append(_result(plan, "version", WARN, f"not measured: /server_info gave no version{last}",
+                               "follows from reachable" if _down(obs) else "not reported by this engine"))
         elif len(known) > 1:
             members = ", ".join(f"{o.plan.host}/{o.plan.engine} {running[id(o)] or '?'}" for o in group)
             out.append(_result(plan, "version", FAIL, f"{label} mixes SGLang versions: {members}",
@@ -411,6 +431,8 @@ def check_kv_transfers(obs: EngineObservation, router: WorkerOutcomes | None = N
     """KV hand-offs happen and none failed (sglang:num_{bootstrap,transfer}_failed_reqs_total; on
     versions without them, the router's failed requests to this worker stand in, as a WARN at best)."""
     plan = obs.plan
+    if _down(obs):
+        return _unreachable(plan, "kv_transfer")
     name = "kv_transfer"
     second = obs.second.figures
     if second is None:
@@ -464,6 +486,8 @@ def _progress(first: dict[str, Any], second: dict[str, Any]) -> float:
 def check_queues(obs: EngineObservation) -> CheckResult:
     """The waiting and PD queues did not grow between two samples; growing with no progress is stuck."""
     plan = obs.plan
+    if _down(obs):
+        return _unreachable(plan, "queues")
     name = "queues"
     a, b = obs.first.figures, obs.second.figures
     if a is None or b is None:
@@ -674,7 +698,11 @@ def _get(url: str, timeout_s: float, headers: dict[str, str] | None = None) -> t
     status, body = http_request(url, timeout=timeout_s, headers=headers)
     if status == 200:
         return body, None
-    return None, (f"HTTP {status}: {body.strip()[:120]}" if status else body.strip()[:160] or "no answer")
+    if status:
+        return None, f"HTTP {status}: {body.strip()[:120]}"
+    # urllib says "<urlopen error [Errno 111] Connection refused>": keep the reason
+    reason = body.strip().removeprefix("<urlopen error ").removesuffix(">")
+    return None, reason[:160] or "no answer"
 
 
 def _sample(url: str, timeout_s: float) -> Sample:

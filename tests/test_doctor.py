@@ -428,3 +428,17 @@ def test_the_cli_refuses_a_bad_inventory_before_contacting_anything(bad, capsys)
 
     assert main(["doctor", bad]) == 2
     assert "no such inventory file" in capsys.readouterr().err
+
+
+def test_a_down_engine_fails_reachable_and_its_other_checks_only_follow_from_it():
+    # the exporter still holds the engine's last ratio and version: they must not pass a dead engine
+    down = EngineObservation(plan=plans("lab_base")["decode"], server_info_error="Connection refused",
+                             first=Sample(0, None, "Connection refused"), second=Sample(3, None, "Connection refused"),
+                             exporter=exporter_views((DATA / "lab_base" / "exporter.txt").read_text())["decode"])
+    assert down.exporter.decode_graph_ratio == 1.0 and down.exporter.sglang_version == "sim"
+    results = evaluate([down], [], cluster_host="lab-gpu1")
+    by = {r.check: r for r in results if r.target == "decode"}
+    assert by.pop("reachable").status == FAIL
+    for check, result in by.items():
+        assert_verdict(result, WARN, "follows from reachable")
+    assert "last known sim" in by["version"].reason
