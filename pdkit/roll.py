@@ -323,6 +323,8 @@ class Pyinfra:
 
     def __init__(self, inventory: str) -> None:
         self.inventory = inventory
+        # seconds of the last apply: connect, prepare (facts, deploy code), execute (operations)
+        self.phases: dict[str, float] = {}
 
     def _state(self, hosts: list[str]):
         from pyinfra.api import Config, State
@@ -370,20 +372,27 @@ class Pyinfra:
         failed = {h: _why(log.lines, h) or "no SSH connection" for h in hosts if h not in connected}
         return state, connected, failed
 
-    def apply(self, hosts: list[str]) -> dict[str, str]:
-        """Run deploy/pd.py on HOSTS (one State); name -> error for every host that failed."""
+    def apply(self, hosts: list[str], state: Any = None) -> dict[str, str]:
+        """Run deploy/pd.py on HOSTS (one State: STATE from `connect` when given); name -> error for every host that failed."""
         from pyinfra.api.operations import run_ops
         from pyinfra.api.state import StateStage
         from pyinfra_cli.util import load_deploy_file
 
         with _LogCollector() as log:
             try:
-                state, inventory = self._state(hosts)
+                t = time.monotonic()
+                if state is None:
+                    state, _ = self._state(hosts)
                 connected = {h.name for h in state.activated_hosts}
+                self.phases["connect"] = time.monotonic() - t
+                t = time.monotonic()
                 state.set_stage(StateStage.Prepare)
                 load_deploy_file(state, str(REPO / DEPLOY_FILE))
+                self.phases["prepare"] = time.monotonic() - t
+                t = time.monotonic()
                 state.set_stage(StateStage.Execute)
                 run_ops(state)
+                self.phases["execute"] = time.monotonic() - t
             except SystemExit as exc:
                 return {h: f"the deploy stopped: {exc}" for h in hosts}
             except Exception as exc:  # noqa: BLE001 - pyinfra raises its own errors for a failed host
@@ -523,13 +532,16 @@ class Roller:
             return "no engines behind a router here"
         before = self.scrape(urls, FAILURE_COUNTERS)
         model = self.spec.cluster.model.name
-        sent = 0
-        for _, client in self.routers():
-            for i in range(self.smoke_requests):
-                status, body = client.completion(model, f"pdkit roll smoke {hosts[0]} {i}", max_tokens=4)
-                sent += 1
-                if status != 200:
-                    raise RuntimeError(f"smoke request {i + 1} through {client.base_url} answered {status or 'nothing'}: {body.strip()[:200]}")
+        from concurrent.futures import ThreadPoolExecutor
+
+        jobs = [(client, i) for _, client in self.routers() for i in range(self.smoke_requests)]
+        # concurrently (greenlets under pyinfra's gevent): a few requests cost one request's time
+        with ThreadPoolExecutor(max_workers=max(1, len(jobs))) as pool:
+            answers = list(pool.map(lambda job: job[0].completion(model, f"pdkit roll smoke {hosts[0]} {job[1]}", max_tokens=4), jobs))
+        for (client, i), (status, body) in zip(jobs, answers):
+            if status != 200:
+                raise RuntimeError(f"smoke request {i + 1} through {client.base_url} answered {status or 'nothing'}: {body.strip()[:200]}")
+        sent = len(jobs)
         after = self.scrape(urls, FAILURE_COUNTERS)
         moved = {k: {n: after[k][n] - before[k][n] for n in FAILURE_COUNTERS if after[k][n] != before[k][n]} for k in urls}
         moved = {k: v for k, v in moved.items() if v}
@@ -537,15 +549,19 @@ class Roller:
             raise RuntimeError(f"KV transfer / bootstrap failure counters moved during the smoke requests: {moved}")
         return f"{sent} request(s) through the router succeeded; transfer and bootstrap failure counters unchanged"
 
-    def current_releases(self, state: Any, hosts: dict[str, Any]) -> dict[str, str | None]:
-        out: dict[str, str | None] = {}
+    def current_releases(self, state: Any, hosts: dict[str, Any]) -> tuple[dict[str, str | None], dict[str, int | None]]:
+        """(the release each node runs now, the node's monotonic clock in µs), one round trip per node."""
+        from roles.releases import releases_dir
+
+        current = shlex.quote(f"{releases_dir(self.spec.cluster.install_dir)}/CURRENT")
+        releases: dict[str, str | None] = {}
+        clocks: dict[str, int | None] = {}
         for name, host in hosts.items():
-            ok, stdout, _ = run_remote(host, self._releases_cmd(name, "list"), timeout=60)
-            try:
-                out[name] = json.loads(stdout).get("current") if ok else None
-            except ValueError:
-                out[name] = None
-        return out
+            ok, stdout, _ = run_remote(host, f"cut -d' ' -f1 /proc/uptime; cat {current} 2>/dev/null || true", timeout=60)
+            lines = stdout.split()
+            clocks[name] = int(float(lines[0]) * 1e6) if ok and lines else None
+            releases[name] = lines[1] if ok and len(lines) > 1 else None
+        return releases, clocks
 
     def _releases_cmd(self, host: str, action: str, *extra: str) -> str:
         from pdkit import flags
@@ -578,10 +594,6 @@ class Roller:
                 total += (ready_us - exit_us) / 1e6
         return total
 
-    def node_clock_us(self, host: Any) -> int | None:
-        ok, stdout, _ = run_remote(host, "cat /proc/uptime", timeout=30)
-        return int(float(stdout.split()[0]) * 1e6) if ok and stdout else None
-
     # ---- one batch
     def roll_batch(self, batch: list[str]) -> None:
         p = self.progress
@@ -591,8 +603,7 @@ class Roller:
         if unreachable:
             name, why = next(iter(unreachable.items()))
             raise RollError(name, "connect", f"cannot reach it over SSH ({why}); nothing was changed on it")
-        before = self.current_releases(state, hosts)
-        clocks = {h: self.node_clock_us(hosts[h]) for h in batch}
+        before, clocks = self.current_releases(state, hosts)
         for h in batch:
             p(h, "connect", f"on release {before[h] or '(none recorded)'}", time.monotonic() - step)
         timings = {h: NodeTiming(h) for h in batch}
@@ -616,11 +627,12 @@ class Roller:
             done_drain = True
 
             def apply(b: list[str]) -> str:
-                errors = self.pyinfra.apply(b)
+                errors = self.pyinfra.apply(b, state)  # the batch's State: connected once
                 if errors:
                     h, why = next(iter(sorted(errors.items())))
                     raise RollError(h, "apply", why)
-                return "deploy/pd.py applied; changed services restarted and passed their health gates"
+                phases = ", ".join(f"{k} {v:.1f} s" for k, v in self.pyinfra.phases.items())
+                return f"deploy/pd.py applied; changed services restarted and passed their health gates ({phases})"
 
             gate("apply", apply)
             gate("ready", self.ready)
@@ -766,10 +778,23 @@ def cmd_roll(args: argparse.Namespace) -> int:
             print(f"pdkit roll: stopped: {exc}", file=sys.stderr)
             print(f"pdkit roll: {exc.host} is back on its previous release where one was recorded; not touched: {', '.join(untouched) or 'none'}", file=sys.stderr)
             return EXIT_FAILED
+    if args.report:
+        Path(args.report).write_text(json.dumps(report(roller.timings), indent=2) + "\n")
     if roller.timings:
         worst = max(roller.timings, key=lambda t: t.overhead_s)
         progress("-", "done", f"{len(order)} host(s) rolled; largest kit overhead {worst.overhead_s:.1f} s on {worst.host}")
     return 0
+
+
+def report(timings: list[NodeTiming]) -> dict:
+    """Per node: total, engines' restart-to-ready, the kit's own overhead, each step (seconds)."""
+    return {
+        "nodes": [
+            {"host": t.host, "total_s": round(t.total_s, 2), "engines_restart_to_ready_s": round(t.engines_restart_to_ready_s, 2),
+             "overhead_s": round(t.overhead_s, 2), "steps": {k: round(v, 2) for k, v in t.steps.items()}}
+            for t in timings
+        ]
+    }
 
 
 def cmd_releases(args: argparse.Namespace) -> int:
@@ -848,6 +873,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--bake", type=float, default=0.0, metavar="S", help="after the canary, let it serve S seconds and check it again before going on")
     p.add_argument("--drain-timeout", type=float, default=300.0, metavar="S", help="longest wait for an engine's running requests and PD queues to empty")
     p.add_argument("--smoke-requests", type=int, default=4, metavar="N", help="completions sent through each router after a node rejoins")
+    p.add_argument("--report", metavar="FILE", help="write per-node timings (total, engines' restart-to-ready, kit overhead, steps) as JSON")
     p.set_defaults(func=cmd_roll)
 
     p = subparsers.add_parser("releases", help="list the releases kept on a node")

@@ -36,28 +36,41 @@ def services() -> None:
     venv_python = f"{flags.venv_dir(spec)}/bin/python"
     # a new node venv (pdkit or sglang upgraded) means engines must restart onto it
     new_venv = base.node_venv_will_change()
-    # engines first: the router's gate needs its workers up. Every operation below is declared
-    # for every service (gated with _if) so that all hosts share one operation order.
-    for service in sorted(plan.services, key=lambda s: s.kind != "engine"):
-        unit = shlex.quote(service.unit)
-        files_changed = any_changed(*(puts[p] for p in service.files if p in puts))
-        changed = (lambda: True) if (new_venv and service.kind == "engine") else files_changed
-        installed, active, enabled = unit_active_enabled(state, service.unit)
-        start = server.shell(
-            name=f"Enable and start {service.unit}",
-            # reset-failed: an inactive unit may have hit its start limit, and `start` refuses then.
-            # restart, not start: a daemon its package started a moment ago (Prometheus) must
-            # come up again on the files just laid down
-            commands=[f"systemctl reset-failed {unit} || true", f"systemctl enable {unit}", f"systemctl restart {unit}"],
-            _if=lambda active=active, enabled=enabled: not (active and enabled),
-        )
-        # "active" may also mean auto-restarting: clear a start-limit state before restarting
-        restart = server.shell(
-            name=f"Restart {service.unit} (its files or venv changed)",
-            commands=[f"systemctl reset-failed {unit} || true", f"systemctl restart {unit}"],
-            _if=lambda active=active, changed=changed: active and changed(),
-        )
+    # Order: (re)start the HTTP daemons (pdkit-exporter, Prometheus) first so that their start-up
+    # overlaps the engines'; then each engine with its gate, the router last (its gate needs its
+    # workers up); then the daemons' gates. Every operation below is declared for every service
+    # (gated with _if) so that all hosts share one operation order.
+    daemons = [s for s in plan.services if s.kind == "http"]
+    daemon_ops = {s.unit: _restart_ops(s, state, puts, new_venv) for s in daemons}
+    for service in sorted((s for s in plan.services if s.kind != "http"), key=lambda s: s.kind != "engine"):
+        start, restart = _restart_ops(service, state, puts, new_venv)
         server.shell(name=f"Health gate {service.unit}", commands=[_gate_command(venv_python, service)], _if=any_changed(start, restart))
+    for service in daemons:
+        start, restart = daemon_ops[service.unit]
+        server.shell(name=f"Health gate {service.unit}", commands=[_gate_command(venv_python, service)], _if=any_changed(start, restart))
+
+
+def _restart_ops(service: Service, state: dict, puts: dict, new_venv: bool):
+    """Enable-and-start (when not running) and restart (when its files or venv changed), both gated."""
+    unit = shlex.quote(service.unit)
+    files_changed = any_changed(*(puts[p] for p in service.files if p in puts))
+    changed = (lambda: True) if (new_venv and service.kind == "engine") else files_changed
+    installed, active, enabled = unit_active_enabled(state, service.unit)
+    start = server.shell(
+        name=f"Enable and start {service.unit}",
+        # reset-failed: an inactive unit may have hit its start limit, and `start` refuses then.
+        # restart, not start: a daemon its package started a moment ago (Prometheus) must
+        # come up again on the files just laid down
+        commands=[f"systemctl reset-failed {unit} || true", f"systemctl enable {unit}", f"systemctl restart {unit}"],
+        _if=lambda active=active, enabled=enabled: not (active and enabled),
+    )
+    # "active" may also mean auto-restarting: clear a start-limit state before restarting
+    restart = server.shell(
+        name=f"Restart {service.unit} (its files or venv changed)",
+        commands=[f"systemctl reset-failed {unit} || true", f"systemctl restart {unit}"],
+        _if=lambda active=active, changed=changed: active and changed(),
+    )
+    return start, restart
 
 
 def _gate_command(python: str, service: Service) -> str:
