@@ -602,6 +602,7 @@ class Roller:
         state, hosts, unreachable = self.pyinfra.connect(batch)
         if unreachable:
             name, why = next(iter(unreachable.items()))
+            p(name, "FAILED", f"gate 'connect': cannot reach it over SSH ({why})")
             raise RollError(name, "connect", f"cannot reach it over SSH ({why}); nothing was changed on it")
         before, clocks = self.current_releases(state, hosts)
         for h in batch:
@@ -642,6 +643,12 @@ class Roller:
             p(exc.host, "FAILED", f"gate '{exc.gate}': {exc.message}")
             if done_drain:
                 self._recover(batch, hosts, before)
+            else:
+                # nothing was applied: only put back whatever the drain took out of the router
+                try:
+                    p(",".join(batch), "router", self.readd(batch))
+                except Exception as readd_exc:  # noqa: BLE001
+                    p(",".join(batch), "router", f"could not add the engines back: {readd_exc}")
             raise
         for h in batch:
             timings[h].total_s = time.monotonic() - t0

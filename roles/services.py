@@ -84,5 +84,5 @@ def _gate_command(python: str, service: Service) -> str:
     gate = f"{q(python)} -m pdkit.health router --url {q(base_url)} {workers} --model {q(service.model)} --timeout {service.ready_timeout_s}"
     if service.env_files:
         # the router's API key stays in its 0600 file: exported for this command only
-        return f"set -a && " + " && ".join(f". {q(p)}" for p in service.env_files) + f" && set +a && {gate}"
+        return "set -a && " + " && ".join(f". {q(p)}" for p in service.env_files) + f" && set +a && {gate}"
     return gate
