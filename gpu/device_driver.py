@@ -639,8 +639,33 @@ class Driver:
                        median_tpot_ms=round(r["median_tpot_ms"] or 0, 2), completed=r["completed"])
         return summary
 
+    def tools(self, name: str, tools: dict) -> dict:
+        """pdkit's own bench and doctor against the live stack (gpu/pdkit_tools.py, spec as JSON)."""
+        out = self.work / f"tools-{name}.json"
+        # the engine's interpreter: the carried site (pydantic with it) first, then the image's packages
+        python = self.host_path(self.plan["engine_python"])
+        argv = [python, str(REPO / "gpu" / "pdkit_tools.py"), "--spec", str(HERE / tools["spec"]),
+                "--out", str(out), "--runs", str(self.work / "runs.jsonl"), "--label", name,
+                "--sglang-python", python,
+                "--tokenizer", self.host_path(self.plan["model_dir"]), *tools["args"]]
+        env = {**os.environ, **self.base_env, **BENCH_ENV, "PYTHONPATH": str(REPO)}
+        t = time.monotonic()
+        self.event(f"tools {name}: " + " ".join(tools["args"]))
+        with open(self.logs / f"tools-{name}.log", "ab") as fh:
+            try:
+                rc = subprocess.run(argv, stdout=fh, stderr=subprocess.STDOUT, env=env,
+                                    timeout=max(30.0, self.left() - 20)).returncode
+            except subprocess.TimeoutExpired:
+                rc = "timeout"
+        res = json.loads(out.read_text()) if out.exists() else {}
+        res["exit"], res["seconds"] = rc, round(time.monotonic() - t, 1)
+        if rc != 0:
+            self.fail(f"tools {name}: exit {rc}", log_tail="\n".join(
+                (self.logs / f"tools-{name}.log").read_text(errors="replace").splitlines()[-30:]))
+        return res
+
     def phase(self, name: str, variant: dict, runs: list[dict], smoke: bool, need_s: float,
-              force_engines: bool = False) -> None:
+              force_engines: bool = False, tools: dict | None = None) -> None:
         if self.left() < need_s:
             self.results["phases"][name] = {"skipped": f"only {self.left():.0f} s of the budget left, needs ~{need_s:.0f} s"}
             self.event(f"phase {name} skipped (budget)")
@@ -673,6 +698,8 @@ class Driver:
             if warm:
                 res["warmup"] = self.bench(f"{name}-warmup", [warm])
             res["bench"] = self.bench(name, runs)
+        if tools:
+            res["pdkit"] = self.tools(name, tools)
         res["metrics_after"] = self.metrics(f"{name}-after")
         self.save()
 
@@ -683,7 +710,7 @@ class Driver:
             for ph in self.plan["phases"]:
                 variant = self.plan["variants"][ph["variant"]]
                 self.phase(ph["name"], variant, ph["runs"], ph.get("smoke", False), ph.get("need_s", 60),
-                           ph.get("force_engines", False))
+                           ph.get("force_engines", False), ph.get("tools"))
         except Exception as exc:  # keep what was measured: results and logs still go back
             self.fail("driver crashed", error=f"{type(exc).__name__}: {exc}", traceback=traceback.format_exc()[-3000:])
         finally:

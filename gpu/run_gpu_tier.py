@@ -419,6 +419,14 @@ def build_plan(single_gpu: bool) -> dict:
             # the same units restarted once their kernels are compiled and cached: the warm start
             {"name": "base_warm", "variant": "base", "smoke": True, "need_s": 110, "force_engines": True,
              "runs": [{"concurrency": 16, "prompts": 160}, {"concurrency": 64, "prompts": 320}]},
+            # issue 8: pdkit's own bench (recorded), SGLang's bench through `pdkit bench --engine-bench
+            # sglang`, then doctor against the base spec; the graphs-off units are then checked
+            # against that same base spec, as after a bad roll: doctor must FAIL the decode engine
+            {"name": "tools_base", "variant": "base", "smoke": True, "need_s": 0, "runs": [],
+             "tools": {"spec": "spec-base.json", "args": [
+                 "--record", "--bench", "1:16,16:128,64:256", "--sglang-bench", "16:128", "--doctor", "--doctor-bench"]}},
+            {"name": "tools_nograph", "variant": "nograph", "smoke": True, "need_s": 150, "runs": [],
+             "tools": {"spec": "spec-base.json", "args": ["--bench", "1:8,16:128,64:256", "--doctor", "--doctor-bench"]}},
         ],
     }
     # an unmeasured pass first, so JIT compiles and first-touch allocations stay out of the figures
@@ -426,6 +434,8 @@ def build_plan(single_gpu: bool) -> dict:
     plan["variants"]["base"]["warmup"] = warmup
     plan["variants"]["page64"]["warmup"] = warmup
     plan["digest"] = hashlib.sha256(json.dumps(plan, sort_keys=True).encode()).hexdigest()
+    # what gpu/pdkit_tools.py loads instead of the inventory (exclude_unset: it round-trips to the same plan)
+    (PAYLOAD / "spec-base.json").write_text(spec.model_dump_json(exclude_unset=True))
     return plan
 
 
@@ -479,12 +489,15 @@ def ensure_ignored() -> None:
 
 
 def device_calls(plan: dict) -> list[dict]:
-    """The two calls that produce docs/gpu.md: (A) cold start, load, graphs off, page 64;
-    (B) cold start again with 3x the prompts, then a warm restart of the same units."""
+    """The calls that produce docs/gpu.md: (A) cold start, load, graphs off, page 64;
+    (B) cold start again with 3x the prompts, then a warm restart of the same units;
+    (C) pdkit bench and pdkit doctor on the base units, then on the graphs-off units."""
     kind = "nvidia-h200" if plan["single_gpu"] else "nvidia-h200-x2"
     calls = []
     for phases, extra, budget, timeout in (("base,nograph,page64", "", 550, 600),
-                                           ("base,base_warm", " --prompt-scale 3", 500, 560)):
+                                           ("base,base_warm", " --prompt-scale 3", 500, 560),
+                                           # (C) issue 8: pdkit bench / doctor on the real engines
+                                           ("tools_base,tools_nograph", "", 540, 590)):
         calls.append({"kind": kind, "carry": ["gpu-payload"], "timeout_s": timeout,
                       "command": "set -o pipefail; PYTHONUNBUFFERED=1 python3 gpu-payload/device_driver.py run "
                                  f"--out \"$OUT\" --budget-s {budget} --phases {phases}{extra} 2>&1 | tee \"$OUT/driver.log\""})

@@ -452,10 +452,14 @@ def sglang_bench_command(python: str, router_url: str, model: str, tokenizer: st
                          requests: int, input_len: int, output_len: int, warmup: int, output_file: str) -> list[str]:
     """argv of one `python -m sglang.benchmark.serving` run at one concurrency (fixed lengths)."""
     argv = [python, "-m", SGLANG_BENCH_MODULE, "--backend", "sglang", "--base-url", router_url,
-            "--model", model, "--dataset-name", "random",
+            # random-ids: token ids drawn locally. `random` samples ShareGPT text it downloads from the
+            # hub first, which fails on an offline GPU node (seen on the lent H200)
+            "--model", model, "--dataset-name", "random-ids",
             "--random-input-len", str(input_len), "--random-output-len", str(output_len),
             "--random-range-ratio", "1", "--num-prompts", str(requests), "--max-concurrency", str(concurrency),
-            "--warmup-requests", str(warmup), "--output-file", output_file]
+            "--warmup-requests", str(warmup), "--output-file", output_file,
+            # the ids go out as they are (no detokenize/retokenize round trip): exact input lengths
+            "--tokenize-prompt"]
     if tokenizer:
         argv += ["--tokenizer", tokenizer]
     return argv

@@ -76,7 +76,10 @@ def test_read_sglang_results_without_the_request_count():
 def test_sglang_bench_command_fixes_lengths_and_keeps_the_key_out_of_argv():
     argv = sglang_bench_command("/venv/bin/python", "http://10.0.0.1:8000", "m", None, 16, 64, 512, 128, 2, "/tmp/o.jsonl")
     assert argv[:3] == ["/venv/bin/python", "-m", "sglang.benchmark.serving"]
-    pairs = dict(zip(argv[3::2], argv[4::2]))
+    assert argv[-1] == "--tokenize-prompt"  # ids sent as drawn: exact input length
+    pairs = dict(zip(argv[3:-1:2], argv[4:-1:2]))
+    # random-ids draws ids locally; `random` downloads ShareGPT first (fails offline: seen on the H200)
+    assert pairs["--dataset-name"] == "random-ids"
     assert pairs["--random-range-ratio"] == "1"  # 1 = fixed lengths (0.0, the default, is uniform)
     assert (pairs["--max-concurrency"], pairs["--num-prompts"], pairs["--output-file"]) == ("16", "64", "/tmp/o.jsonl")
     assert (pairs["--random-input-len"], pairs["--random-output-len"]) == ("512", "128")
