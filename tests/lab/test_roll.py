@@ -114,6 +114,18 @@ def base_plan(lab):
     return plan
 
 
+def wait_router_steady(plan: dict, timeout: float = 300) -> None:
+    """Until 10 completions in a row succeed: an earlier test may have left circuit breakers open."""
+    url = f"http://{plan['addr'][plan['router']]}:8000/v1/completions"
+    deadline = time.monotonic() + timeout
+    while True:
+        answers = [requests.post(url, json={"model": plan["model"], "prompt": f"steady {i}", "max_tokens": 2}, timeout=60).status_code for i in range(10)]
+        if answers == [200] * 10:
+            return
+        assert time.monotonic() < deadline, f"the router does not serve steadily before the roll: {answers}"
+        time.sleep(2)
+
+
 class Load:
     """tests/lab/loadclient.py in its own process: constant concurrency, streaming, through the router."""
 
@@ -150,9 +162,11 @@ def test_a_config_change_rolls_across_every_node_under_load_without_a_failed_req
     changed = derived_inventory(tmp_path, "lab_bs", "_cluster['tuning']['decode']['cuda_graph_max_bs'] = 96")
     new = plan_of(changed)
     assert new["release"] != base_plan["release"]
+    wait_router_steady(base_plan)
     load = Load(tmp_path, base_plan)
     try:
         load.wait_flowing()
+        before_roll = load.counts()
         proc = pdkit("roll", str(changed))
         counts = load.stop()
     finally:
@@ -160,7 +174,9 @@ def test_a_config_change_rolls_across_every_node_under_load_without_a_failed_req
             load.proc.kill()
     try:
         assert proc.returncode == 0, f"roll failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-3000:]}"
-        assert counts["failed"] == 0, f"{counts['failed']} request(s) failed during the roll: {counts['errors'][:10]}"
+        assert counts["failed"] == 0, (
+            f"{counts['failed']} request(s) failed ({before_roll['failed']} before the roll started): {counts['errors'][:10]}\n{proc.stdout[-4000:]}"
+        )
         assert counts["ok"] >= 100, counts
         # progress: every node went through every gate, in the planned order, canary first
         seen = steps(proc.stdout)
