@@ -450,14 +450,17 @@ class Roller:
 
     # ---- routers and engines
     def routers(self):
+        """(router host, client) per router; the same client objects on every call."""
         from pdkit import flags
         from pdkit.router_api import RouterClient
 
-        key = self.spec.cluster.secrets.router_api_key
-        return [
-            (h, RouterClient(f"http://{flags.router_address(h)}:{h.router.port}", api_key=key.get_secret_value() if key else None))
-            for h in self.spec.router_hosts
-        ]
+        if not hasattr(self, "_routers"):
+            key = self.spec.cluster.secrets.router_api_key
+            self._routers = [
+                (h, RouterClient(f"http://{flags.router_address(h)}:{h.router.port}", api_key=key.get_secret_value() if key else None))
+                for h in self.spec.router_hosts
+            ]
+        return self._routers
 
     def workers_of(self, hosts: list[str]) -> list[tuple[Any, Any, str]]:
         """(router client, engine, url) for every engine of HOSTS that a router fronts."""
@@ -486,8 +489,49 @@ class Roller:
             out[label] = metric_sums(body, names)
         return out
 
+    def circuit_states(self, router_host: Any) -> dict[str, float]:
+        """worker URL -> smg_worker_cb_state (0 closed, 1 open, 2 half-open) from the router's metrics."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        from pdkit import flags
+        from pdkit.health import http_request
+
+        status, body = http_request(f"http://{flags.router_address(router_host)}:{router_host.router.prometheus_port}/metrics", timeout=10)
+        if status != 200:
+            return {}  # sglang-router 0.3.2 has no breaker gauge: judge by /workers alone
+        out = {}
+        for family in text_string_to_metric_families(body):
+            for sample in family.samples:
+                if sample.name == "smg_worker_cb_state" and "worker" in sample.labels:
+                    out[sample.labels["worker"].rstrip("/")] = sample.value
+        return out
+
+    def others_can_serve(self, hosts: list[str]) -> str | None:
+        """None when, for every worker type the batch takes out of a router, another worker of that
+        type stays registered, ready, healthy and with a closed (or half-open) circuit; else why not."""
+        leaving = self.workers_of(hosts)
+        for router_host, client in self.routers():
+            mine = {url for c, _, url in leaving if c is client}
+            if not mine:
+                continue
+            listed = client.workers()
+            breakers = self.circuit_states(router_host)
+            for kind in sorted({w.worker_type for w in listed if w.url in mine}):
+                others = [w for w in listed if w.worker_type == kind and w.url not in mine]
+                usable = [w for w in others if w.healthy and w.status == "ready" and breakers.get(w.url, 0) != 1]
+                if not usable:
+                    state = ", ".join(f"{w.url} ({'circuit open' if breakers.get(w.url) == 1 else w.status or 'unhealthy'})" for w in others) or "none"
+                    return f"taking {', '.join(hosts)} out of {client.base_url} would leave no usable {kind} worker (others: {state})"
+        return None
+
     # ---- steps
     def drain(self, hosts: list[str]) -> str:
+        # never take out the last usable worker of a kind: wait (bounded) for the others to be usable
+        deadline = time.monotonic() + self.drain_timeout_s
+        while (why := self.others_can_serve(hosts)) is not None:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{why}; nothing was removed")
+            time.sleep(1)
         workers = self.workers_of(hosts)
         for client, _, url in workers:
             client.remove(url)

@@ -163,3 +163,43 @@ def test_release_listing_marks_the_running_and_the_planned_release():
     lines = format_releases("gpu01", data, "a" * 64).splitlines()
     assert lines[1].startswith("  plan 20260101T000000Z-aaaaaaaaaaaa")
     assert lines[2].startswith("*      20260101T000001Z-bbbbbbbbbbbb")
+
+
+def test_a_node_is_not_taken_out_when_no_other_worker_of_its_kind_could_serve(tmp_path, three_nodes):
+    import io
+
+    from pdkit.roll import Progress, Roller
+    from pdkit.router_api import Worker
+
+    cluster, hosts = three_nodes
+    del hosts["gpu01"]["pdkit_router"]["workers"]  # one router over every engine, as in the lab
+    for h in ("gpu01", "gpu02", "gpu03"):
+        hosts[h]["pdkit_node"]["ucx_net_devices"] = "mlx5_0:1"
+    spec = _spec(tmp_path, hosts, cluster)
+    roller = Roller("inv.py", spec, Progress(io.StringIO()))
+
+    class Router:
+        base_url = "http://10.9.0.1:8000"
+
+        def __init__(self, listed):
+            self.listed = listed
+
+        def workers(self):
+            return self.listed
+
+    def worker(ip, port, kind, healthy=True, status="ready"):
+        return Worker(f"{ip}-{port}", f"http://{ip}:{port}", kind, None, healthy, status)
+
+    everyone = [worker(f"10.9.0.{i}", p, k) for i in (1, 2, 4) for p, k in ((30000, "prefill"), (30001, "decode"))]
+    router = Router(everyone)
+    roller._routers = [(spec.host("gpu01"), router)]
+    roller.circuit_states = lambda _host: {}
+    assert roller.others_can_serve(["gpu02"]) is None
+    # the other prefills: one unhealthy, one with its circuit open -> gpu02's prefill must stay
+    router.listed = [w if w.url != "http://10.9.0.1:30000" else worker("10.9.0.1", 30000, "prefill", healthy=False) for w in everyone]
+    roller.circuit_states = lambda _host: {"http://10.9.0.4:30000": 1.0}
+    why = roller.others_can_serve(["gpu02"])
+    assert why and "no usable prefill worker" in why and "http://10.9.0.4:30000 (circuit open)" in why
+    # a half-open circuit may take a trial request: usable
+    roller.circuit_states = lambda _host: {"http://10.9.0.4:30000": 2.0}
+    assert roller.others_can_serve(["gpu02"]) is None
