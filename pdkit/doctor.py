@@ -557,7 +557,8 @@ ENGINE_CHECKS: tuple[tuple[Callable[..., CheckResult], frozenset[str]], ...] = (
 
 def evaluate(engines: Sequence[EngineObservation], routers: Sequence[RouterObservation],
              recorded: BenchPoint | None = None, measured: BenchPoint | None = None,
-             tolerance: float = DEFAULT_TOLERANCE, cluster_host: str = "") -> list[CheckResult]:
+             tolerance: float = DEFAULT_TOLERANCE, cluster_host: str = "",
+             reboots: dict[str, tuple[float | None, str | None]] | None = None) -> list[CheckResult]:
     """Every check over the collected observations, in table order (host, engine, check)."""
     results: list[CheckResult] = []
     versions: dict[int, CheckResult] = {}
@@ -573,6 +574,7 @@ def evaluate(engines: Sequence[EngineObservation], routers: Sequence[RouterObser
             if obs.plan.role in roles:
                 results.append(check(obs, worker_outcomes(routers, obs.plan.url)) if check is check_kv_transfers else check(obs))
         results.append(versions[id(obs)])
+    results += [check_reboot(host, pending, why) for host, (pending, why) in (reboots or {}).items()]
     results += [check_router_workers(r) for r in routers]
     results.append(check_throughput(cluster_host, recorded, measured, tolerance))
     return results
@@ -604,6 +606,32 @@ def router_outcomes(text: str) -> dict[str, dict[str, float]]:
                 slot = out.setdefault(worker.rstrip("/"), {})
                 slot[outcome] = slot.get(outcome, 0.0) + s.value
     return out
+
+
+def reboot_pending(text: str) -> float | None:
+    """pdkit_node_reboot_required from a pdkit-exporter page (None: the exporter does not report it)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    wanted = "\n".join(l for l in text.splitlines() if l.startswith(("pdkit_node_reboot_required", "# TYPE pdkit_node_reboot_required"))) + "\n"
+    for family in text_string_to_metric_families(wanted):
+        for s in family.samples:
+            return s.value
+    return None
+
+
+def check_reboot(host: str, pending: float | None, exporter_error: str | None = None) -> CheckResult:
+    """A driver installed or changed since the node booted (the driver role's marker, via pdkit-exporter)."""
+    name = "reboot_required"
+    if pending is None:
+        why = exporter_error or "pdkit-exporter does not report pdkit_node_reboot_required"
+        return CheckResult(host, "node", name, WARN, f"not measurable: {why}",
+                           f"on {host}: systemctl status pdkit-exporter")
+    if pending > 0:
+        return CheckResult(host, "node", name, WARN,
+                           "the NVIDIA driver changed since boot: the loaded kernel module is the old one until a reboot",
+                           f"reboot {host} drained: set pdkit_node.reboot: when-drained and `pdkit roll --limit {host}` "
+                           "(the kit never reboots a serving node on its own; docs/tuning.md)")
+    return CheckResult(host, "node", name, PASS, "no driver change waiting for a reboot")
 
 
 def exporter_views(text: str) -> dict[str, ExporterView]:
@@ -733,6 +761,8 @@ class Collected:
     engines: list[EngineObservation]
     routers: list[RouterObservation]
     probe_statuses: list[int] = field(default_factory=list)
+    # GPU node -> (pdkit_node_reboot_required or None, why the exporter could not say)
+    reboots: dict[str, tuple[float | None, str | None]] = field(default_factory=dict)
 
 
 def collect(spec, *, window_s: float = 3.0, probe_requests: int = 8, timeout_s: float = 5.0,
@@ -806,7 +836,10 @@ def collect(spec, *, window_s: float = 3.0, probe_requests: int = 8, timeout_s: 
             r.workers = router_worker_health(body)
         except (ValueError, AttributeError) as exc:
             r.error = f"unreadable /workers: {exc}"
-    return Collected(obs, routers, statuses)
+    reboots = {}
+    for host, (body, _error) in exporter_pages.items():
+        reboots[host] = (reboot_pending(body), None) if body is not None else (None, errors.get(host))
+    return Collected(obs, routers, statuses, reboots)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -872,7 +905,7 @@ def run_doctor(spec, *, window_s: float = 3.0, probe_requests: int = 8, timeout_
     recorded = recorded_bench(spec, runs_path)
     measured = fresh_bench(spec, recorded, progress, show_bar) if bench and recorded is not None else None
     cluster_host = spec.router_hosts[0].name if spec.router_hosts else ""
-    return evaluate(collected.engines, collected.routers, recorded, measured, tolerance, cluster_host)
+    return evaluate(collected.engines, collected.routers, recorded, measured, tolerance, cluster_host, collected.reboots)
 
 
 def render_table(results: Sequence[CheckResult]) -> str:

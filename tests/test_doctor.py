@@ -442,3 +442,41 @@ def test_a_down_engine_fails_reachable_and_its_other_checks_only_follow_from_it(
     for check, result in by.items():
         assert_verdict(result, WARN, "follows from reachable")
     assert "last known sim" in by["version"].reason
+
+
+# -- reboot_required (the driver role's marker, exported by pdkit-exporter as pdkit_node_reboot_required)
+
+
+def _reboot_page(value: float) -> str:
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.core import GaugeMetricFamily
+
+    class One:  # the same family the exporter's collector yields (pdkit/exporter/collector.py)
+        def collect(self):
+            g = GaugeMetricFamily("pdkit_node_reboot_required", "reboot pending", labels=["node"])
+            g.add_metric(["lab-gpu1"], value)
+            yield g
+
+    registry = CollectorRegistry()
+    registry.register(One())
+    base = (DATA / "lab_base" / "exporter.txt").read_text()
+    return base + generate_latest(registry).decode()
+
+
+def test_reboot_required_read_from_the_exporter_page():
+    from pdkit.doctor import check_reboot, reboot_pending
+
+    assert reboot_pending((DATA / "lab_base" / "exporter.txt").read_text()) is None
+    assert reboot_pending(_reboot_page(0)) == 0
+    assert reboot_pending(_reboot_page(1)) == 1
+    assert check_reboot("lab-gpu1", 0).status == "PASS"
+    pending = check_reboot("lab-gpu1", 1)
+    assert pending.status == "WARN" and "when-drained" in pending.hint and "pdkit roll --limit lab-gpu1" in pending.hint
+    unknown = check_reboot("lab-gpu1", None, "http://10.0.0.1:9400/metrics: connection refused")
+    assert unknown.status == "WARN" and "connection refused" in unknown.reason
+
+
+def test_evaluate_reports_the_reboot_per_node():
+    results = evaluate([], [], cluster_host="lab-gpu1", reboots={"lab-gpu1": (1.0, None), "lab-gpu2": (0.0, None)})
+    rows = {(r.host, r.check): r.status for r in results}
+    assert rows[("lab-gpu1", "reboot_required")] == "WARN" and rows[("lab-gpu2", "reboot_required")] == "PASS"
