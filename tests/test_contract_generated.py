@@ -47,6 +47,10 @@ def _specs(tmp_path, base, monkeypatch):
     return {
         "cluster": load("inventories/cluster.py"),
         "a6000": load("inventories/a6000.py"),
+        # the GPU-tier inventories: h200x8 (TP4 prefill + TP4 decode) awaits an 8-GPU machine (issue 10);
+        # what a CPU can check of it is that SGLang's own parser takes its argv
+        "h200": load("inventories/h200.py"),
+        "h200x8": load("inventories/h200x8.py"),
         "levers": _levers_inventory(tmp_path, base),
     }
 
