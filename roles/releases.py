@@ -44,10 +44,32 @@ class CurrentRelease(FactBase):
         return json.loads("\n".join(output) or "{}")
 
 
+# pyinfra options whose value may be a secret: never kept in a release
+_SECRET_OPTIONS = ("--password", "--ssh-password", "--sudo-password", "--key-password", "--ssh-key-password", "--data")
+
+
+def redacted(argv: list[str]) -> list[str]:
+    """ARGV with the values of secret-bearing options replaced by '***'."""
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next:
+            out.append("***")
+            hide_next = False
+        elif arg in _SECRET_OPTIONS:
+            out.append(arg)
+            hide_next = True
+        elif arg.startswith(tuple(f"{o}=" for o in _SECRET_OPTIONS)):
+            out.append(arg.split("=", 1)[0] + "=***")
+        else:
+            out.append(arg)
+    return out
+
+
 def applied_by() -> str:
     """Who applied this, with what: e.g. `root@ctl: pdkit roll inventories/lab.py --canary lab-gpu2`."""
     argv = [sys.argv[0].rsplit("/", 1)[-1], *sys.argv[1:]]
-    return f"{getpass.getuser()}@{socket.gethostname()}: {shlex.join(argv)}"
+    return f"{getpass.getuser()}@{socket.gethostname()}: {shlex.join(redacted(argv))}"
 
 
 def services_meta() -> dict[str, dict]:

@@ -217,3 +217,10 @@ def test_on_host_entry_point_lists_as_json(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["current"] == meta["id"]
     assert releases.main(["--root", str(tmp_path), "restore"]) == 1
     assert "no release to go back to" in capsys.readouterr().err
+
+
+def test_the_recorded_command_never_keeps_a_password():
+    from roles.releases import redacted
+
+    argv = ["pyinfra", "inv.py", "deploy/pd.py", "--ssh-password", "hunter2", "--sudo-password=s3cret", "--data", "x=1", "-y"]
+    assert redacted(argv) == ["pyinfra", "inv.py", "deploy/pd.py", "--ssh-password", "***", "--sudo-password=***", "--data", "***", "-y"]
