@@ -217,6 +217,11 @@ def host_diff(plan: HostPlan, state: dict, *, new_venv: bool = False) -> HostDif
     return HostDiff(plan.host, files, tuple(restarts), new_venv)
 
 
+def unchanged_hosts(diffs: dict[str, HostDiff]) -> set[str]:
+    """Hosts already as planned (no file, no restart, no new venv): the roll leaves them serving."""
+    return {h for h, d in diffs.items() if not (d.files or d.restarts or d.new_venv)}
+
+
 def format_dry_plan(batches: list[list[str]], diffs: dict[str, HostDiff], explanations: list[str], secret_paths: set[str]) -> str:
     lines = ["pdkit roll --dry: nothing will be changed", ""]
     for line in explanations:
@@ -441,6 +446,8 @@ class Roller:
     smoke_requests: int = 4
     router_timeout_s: float = 120.0
     timings: list[NodeTiming] = field(default_factory=list)
+    # hosts whose state, read before the roll, already matches the plan (no file, no restart)
+    unchanged: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         from pdkit.plan import plan_cluster
@@ -651,6 +658,11 @@ class Roller:
         before, clocks = self.current_releases(state, hosts)
         for h in batch:
             p(h, "connect", f"on release {before[h] or '(none recorded)'}", time.monotonic() - step)
+        if all(h in self.unchanged for h in batch):
+            # the plan read before the roll found nothing to change: leave it serving, in the router
+            for h in batch:
+                p(h, "done", "no change: files and services already as planned; left in the router")
+            return
         timings = {h: NodeTiming(h) for h in batch}
         done_drain = False
 
@@ -807,6 +819,7 @@ def cmd_roll(args: argparse.Namespace) -> int:
         for h, why in unreachable.items():
             print(f"pdkit roll --dry: {h}: cannot reach it over SSH ({why})", file=sys.stderr)
     units, explanations = pairing_units(spec, version_changes(spec, versions))
+    roller.unchanged = unchanged_hosts(diffs)
     try:
         batches = make_batches(order, args.batch, units)
     except ValueError as exc:

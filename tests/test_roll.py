@@ -16,6 +16,7 @@ from pdkit.roll import (
     metric_sums,
     pairing_units,
     rollout_order,
+    unchanged_hosts,
     version_changes,
 )
 from tests.conftest import write_inventory
@@ -133,6 +134,9 @@ def test_dry_diff_lists_files_that_differ_and_services_that_restart(tmp_path, th
     assert set(d.restarts) == {"pdkit-engine-prefill.service", "pdkit-engine-decode.service", "pdkit-exporter.service"}
     # a new node venv restarts every engine even when no file changed
     assert set(host_diff(plan, on_node, new_venv=True).restarts) == {"pdkit-engine-prefill.service", "pdkit-engine-decode.service"}
+
+    # only a host with nothing to do is left alone by the roll (a new venv is something to do)
+    assert unchanged_hosts({"a": same, "b": d, "c": host_diff(plan, on_node, new_venv=True)}) == {"a"}
 
     text = format_dry_plan([["gpu02"], ["gpu01"]], {"gpu02": d}, ["why"], {"/etc/pdkit/secrets.env"})
     assert "canary: gpu02" in text and "batch 1: gpu01" in text and "version pairing: why" in text
