@@ -752,20 +752,10 @@ def parse_concurrency(text: str) -> list[int]:
     return levels
 
 
-def _load_spec(inventory: str) -> ClusterSpec | None:
-    # pyinfra's CLI (imported by the loader) gevent-patches the process: load before any HTTP client
-    from pdkit.loader import load_with_problems
-
-    spec, problems = load_with_problems(inventory)
-    if spec is None:
-        print(f"{inventory}: the inventory does not validate; nothing was contacted.", file=sys.stderr)
-        for p in problems:
-            print(f"  {p.severity:<7} {p}", file=sys.stderr)
-    return spec
-
-
 def cmd_bench(args: argparse.Namespace) -> int:
-    spec = _load_spec(args.inventory)
+    from pdkit.loader import load_or_report
+
+    spec = load_or_report(args.inventory)
     if spec is None:
         return EXIT_INVALID
     common = dict(concurrency=args.concurrency, input_len=args.input_len, output_len=args.output_len,

@@ -31,15 +31,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    from pdkit.loader import load_with_problems
+    from pdkit.loader import load_or_report
     from pdkit.plan import plan_cluster
 
-    spec, problems = load_with_problems(args.inventory)
-    errors = [p for p in problems if p.severity == "error"]
-    if errors or spec is None:
-        print(f"{args.inventory}: {len(errors)} error(s); run `pdkit validate {args.inventory}` for the list.", file=sys.stderr)
-        for p in errors:
-            print(f"  error   {p}", file=sys.stderr)
+    spec = load_or_report(args.inventory)
+    if spec is None:
         return EXIT_INVALID
     out = Path(args.out)
     written = 0
@@ -63,14 +59,12 @@ def cmd_chat(args: argparse.Namespace) -> int:
     import time
 
     # pyinfra's CLI (imported by the loader) gevent-patches ssl: it must come before requests
-    from pdkit.loader import load_with_problems
+    from pdkit.loader import load_or_report
 
     import requests
 
-    spec, problems = load_with_problems(args.inventory)
+    spec = load_or_report(args.inventory)
     if spec is None:
-        for p in problems:
-            print(f"  error   {p}", file=sys.stderr)
         return EXIT_INVALID
     if not spec.router_hosts:
         print("the inventory declares no router", file=sys.stderr)

@@ -932,14 +932,10 @@ def exit_code(results: Sequence[CheckResult]) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from pdkit.loader import load_with_problems
+    from pdkit.loader import load_or_report
 
-    spec, problems = load_with_problems(args.inventory)
-    errors = [p for p in problems if p.severity == "error"]
-    if errors or spec is None:
-        print(f"{args.inventory}: {len(errors)} error(s); run `pdkit validate {args.inventory}` for the list.", file=sys.stderr)
-        for p in errors:
-            print(f"  error   {p}", file=sys.stderr)
+    spec = load_or_report(args.inventory)
+    if spec is None:
         return EXIT_INVALID
     quiet = args.json
 

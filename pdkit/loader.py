@@ -11,6 +11,7 @@ import contextlib
 import io
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -223,3 +224,20 @@ def _model_in(annotation, typing) -> Any:
         if found is not None:
             return found
     return None
+
+
+def load_or_report(inventory: str | os.PathLike[str]) -> ClusterSpec | None:
+    """For commands that act on a cluster: the spec, or None after printing every error to stderr.
+
+    Nothing is contacted before this returns a spec. (pyinfra's CLI, imported here, gevent-patches
+    the process: commands load the inventory before they import any HTTP client.)
+    """
+    spec, problems = load_with_problems(inventory)
+    errors = [p for p in problems if p.severity == "error"]
+    if errors or spec is None:
+        print(f"{inventory}: {len(errors)} error(s); nothing was contacted "
+              f"(`pdkit validate {inventory}` lists warnings too).", file=sys.stderr)
+        for p in errors:
+            print(f"  error   {p}", file=sys.stderr)
+        return None
+    return spec
