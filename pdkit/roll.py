@@ -336,8 +336,6 @@ class Pyinfra:
         from pyinfra.api.connect import connect_all
         from pyinfra.api.exceptions import PyinfraError
         from pyinfra.context import ctx_config, ctx_inventory, ctx_state
-        from pyinfra_cli.inventory import make_inventory
-
         import roles.facts
 
         roles.facts._STATE.clear()  # its per-run cache is keyed by host name: a new State must re-read
@@ -347,7 +345,7 @@ class Pyinfra:
         config.FAIL_PERCENT = None  # decide per host here, not by pyinfra's abort
         ctx_config.set(config)
         ctx_state.set(state)
-        inventory = make_inventory(self.inventory, cwd=str(REPO))
+        inventory = roll_inventory(self.inventory)
         ctx_inventory.set(inventory)
         state.inventory_filename = self.inventory
         state.init(inventory, config, initial_limit=[inventory.get_host(h) for h in hosts])
@@ -405,6 +403,18 @@ class Pyinfra:
                 return {h: f"{type(exc).__name__}: {exc}; " + (_why(log.lines, h) or "") for h in failed}
         failed = {h.name for h in state.failed_hosts} | (set(hosts) - connected)
         return {h: _why(log.lines, h) or "the deploy failed" for h in failed}
+
+
+def roll_inventory(path: str) -> Any:
+    """The pyinfra inventory a roll's batch runs with: the user's, plus node_drained=True.
+
+    The deploy runs on a batch only after its drain gate passed, so the node roles may then
+    reboot a node that asks for it (pdkit_node.reboot: when-drained, roles/nvidia_driver.py);
+    a plain `pyinfra ... deploy/pd.py` never sets it and never reboots.
+    """
+    from pyinfra_cli.inventory import make_inventory
+
+    return make_inventory(path, override_data={"node_drained": True}, cwd=str(REPO))
 
 
 def _why(lines: list[str], host: str) -> str:

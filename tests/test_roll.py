@@ -19,7 +19,7 @@ from pdkit.roll import (
     unchanged_hosts,
     version_changes,
 )
-from tests.conftest import write_inventory
+from tests.conftest import REPO, write_inventory
 
 
 def _spec(tmp_path, hosts, cluster):
@@ -207,3 +207,19 @@ def test_a_node_is_not_taken_out_when_no_other_worker_of_its_kind_could_serve(tm
     # a half-open circuit may take a trial request: usable
     roller.circuit_states = lambda _host: {"http://10.9.0.4:30000": 2.0}
     assert roller.others_can_serve(["gpu02"]) is None
+
+
+def test_a_rolled_batch_runs_with_node_drained_and_a_plain_deploy_does_not(tmp_path, three_nodes):
+    """roles/nvidia_driver.py reboots a `reboot: when-drained` node only when node_drained is set:
+    the roll sets it (its deploy runs after the drain gate), pyinfra's own loader does not."""
+    from pyinfra_cli.inventory import make_inventory
+
+    from pdkit.roll import roll_inventory
+
+    cluster, hosts = three_nodes
+    path = str(write_inventory(tmp_path, hosts, cluster))
+    rolled = roll_inventory(path)
+    plain = make_inventory(path, cwd=str(REPO))
+    for name in ("gpu01", "gpu02"):
+        assert rolled.get_host(name).data.get("node_drained") is True
+        assert plain.get_host(name).data.get("node_drained") is None
