@@ -23,11 +23,12 @@ import urllib.request
 READY_LOG_LINE = "The server is fired up and ready to roll!"
 
 
-def http_request(url: str, payload: dict | None = None, timeout: float = 5.0, headers: dict[str, str] | None = None) -> tuple[int, str]:
-    """GET (or POST a JSON payload); (status, body), status 0 when nothing answered."""
+def http_request(url: str, payload: dict | None = None, timeout: float = 5.0, headers: dict[str, str] | None = None,
+                 method: str | None = None) -> tuple[int, str]:
+    """GET (or POST a JSON payload; or METHOD); (status, body), status 0 when nothing answered."""
     data = None if payload is None else json.dumps(payload).encode()
     all_headers = {**({"Content-Type": "application/json"} if data is not None else {}), **(headers or {})}
-    request = urllib.request.Request(url, data=data, headers=all_headers)
+    request = urllib.request.Request(url, data=data, headers=all_headers, method=method)
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return response.status, response.read().decode(errors="replace")

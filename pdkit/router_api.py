@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from dataclasses import dataclass
+
+from pdkit.health import http_request
 
 
 class RouterError(RuntimeError):
@@ -37,16 +37,7 @@ class Worker:
 
 
 def _request(method: str, url: str, payload: dict | None, headers: dict[str, str], timeout: float) -> tuple[int, str]:
-    data = None if payload is None else json.dumps(payload).encode()
-    all_headers = {**({"Content-Type": "application/json"} if data is not None else {}), **headers}
-    request = urllib.request.Request(url, data=data, headers=all_headers, method=method)
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.status, response.read().decode(errors="replace")
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode(errors="replace")
-    except (urllib.error.URLError, OSError) as exc:
-        return 0, str(exc)
+    return http_request(url, payload, timeout=timeout, headers=headers, method=method)
 
 
 def parse_workers(body: str) -> list[Worker]:
