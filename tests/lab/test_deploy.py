@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -57,13 +58,14 @@ def failed_hosts(results: dict) -> set[str]:
 def lab_spec():
     # load in a child process: importing pyinfra's CLI gevent-patches the importing process
     code = (
-        "import json, sys; from pdkit.loader import load; from pdkit.plan import plan_cluster; "
+        "import json, sys; from pdkit.loader import load; from pdkit.plan import plan_cluster; from pdkit.flags import router_address; "
         f"spec = load({INVENTORY!r}); "
         "print(json.dumps({'router': [h.name for h in spec.router_hosts][0], "
         "'gpu': [h.name for h in spec.gpu_hosts], 'addr': {h.name: h.address for h in spec.hosts}, "
         "'files': {n: [[f.path, f.mode, f.owner, f.group, f.sha256] for f in p.files] for n, p in plan_cluster(spec).items()}, "
         "'units': {n: [s.unit for s in p.services] for n, p in plan_cluster(spec).items()}, "
-        "'user': spec.cluster.service_user, 'model': spec.cluster.model.name}))"
+        "'user': spec.cluster.service_user, 'model': spec.cluster.model.name, "
+        "'router_metrics': [f'http://{router_address(h)}:{h.router.prometheus_port}/metrics' for h in spec.router_hosts]}))"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120, check=True)
     return json.loads(out.stdout)
@@ -82,6 +84,38 @@ def deployed(lab):
 
 def router_url(spec) -> str:
     return f"http://{spec['addr'][spec['router']]}:8000"
+
+
+def circuit_states(metrics_url: str) -> dict[str, float]:
+    """worker URL -> smg_worker_cb_state (0 closed, 1 open, 2 half-open) from a router's metrics."""
+    text = requests.get(metrics_url, timeout=10).text
+    wanted = "\n".join(l for l in text.splitlines() if l.startswith("smg_worker_cb_state")) + "\n"
+    return {s.labels["worker"]: s.value for f in text_string_to_metric_families(wanted) for s in f.samples if "worker" in s.labels}
+
+
+def wait_circuits_closed(spec, timeout: float = 240) -> None:
+    """Send requests through the router until every worker's circuit breaker is closed again.
+
+    A test that kills engines leaves open breakers behind, and the router closes one only after
+    requests to that worker succeed; later modules share this lab (a roll's drain capacity check
+    counts a worker with an open breaker as unusable), so such a test leaves them closed.
+    """
+    url = f"{router_url(spec)}/v1/completions"
+    deadline = time.monotonic() + timeout
+    i = 0
+    while True:
+        states = {}
+        for metrics in spec["router_metrics"]:
+            states.update(circuit_states(metrics))
+        if states and all(v == 0 for v in states.values()):
+            return
+        assert time.monotonic() < deadline, f"circuit breakers still not closed after {timeout:.0f} s: {states}"
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda n: requests.post(url, json={"model": spec["model"], "prompt": f"close circuits {n}",
+                                                            "max_tokens": 2}, timeout=60).status_code,
+                          range(i, i + 16)))
+        i += 16
+        time.sleep(1)
 
 
 def test_a_second_run_changes_nothing(deployed):
@@ -182,6 +216,7 @@ def test_a_killed_prefill_fails_requests_clearly_and_systemd_brings_it_back(lab,
     for host in deployed["gpu"]:
         restarts = int(ssh(lab, host, "systemctl show -p NRestarts --value pdkit-engine-prefill.service").stdout.strip())
         assert restarts == restarts_before[host] + 1, f"{host}: systemd did not restart the prefill"
+    wait_circuits_closed(deployed)
 
 
 def test_serial_rollout_of_a_broken_engine_stops_at_the_first_host(lab, deployed, tmp_path):
@@ -223,6 +258,7 @@ def test_serial_rollout_of_a_broken_engine_stops_at_the_first_host(lab, deployed
     rc, results, err = run_pyinfra()
     assert rc == 0 and not failed_hosts(results), err[-3000:]
     assert requests.get(f"http://{deployed['addr'][first]}:30001/health", timeout=10).status_code == 200
+    wait_circuits_closed(deployed)
 
 
 def test_an_invalid_inventory_stops_before_any_host_is_touched(tmp_path):

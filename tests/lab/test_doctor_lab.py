@@ -21,7 +21,7 @@ import pytest
 
 from pdkit.health import http_request, router_worker_health
 from tests.conftest import REPO
-from tests.lab.test_deploy import INVENTORY, failed_hosts, run_pyinfra
+from tests.lab.test_deploy import INVENTORY, failed_hosts, lab_spec, run_pyinfra, wait_circuits_closed
 
 pytestmark = pytest.mark.lab
 
@@ -103,6 +103,9 @@ def base_deployed(lab):
     assert rc == 0 and not failed_hosts(results), f"converge failed (rc {rc}):\n{err[-3000:]}"
     layout = lab_layout()
     wait_router_settled(layout)
+    # an earlier module (test_deploy kills engines) may have left breakers open: the roll below
+    # would find no usable worker to drain to, and doctor's probes would miss engines
+    wait_circuits_closed(lab_spec())
     yield layout
     # put the base configuration back whatever happened above (other modules share this lab)
     rc, results, err = run_pyinfra()
