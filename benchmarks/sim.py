@@ -30,6 +30,7 @@ import aiohttp
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from pdkit.bench import sse_events  # noqa: E402
 from pdkit.sim.localstack import MODEL, LocalPDStack  # noqa: E402
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -69,13 +70,7 @@ async def one_request(session: aiohttp.ClientSession, url: str, body: dict, tota
         async with session.post(url, json=body) as resp:
             if resp.status != 200:
                 raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:200]}")
-            async for line in resp.content:
-                if not line.startswith(b"data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == b"[DONE]":
-                    break
-                event = json.loads(payload)
+            async for event in sse_events(resp.content):
                 if "error" in event:
                     raise RuntimeError(str(event["error"])[:200])
                 for choice in event.get("choices", ()):

@@ -81,42 +81,36 @@ def main(argv: list[str] | None = None) -> int:
             gpu["driver"] = driver
         return record
 
-    if args.bench:
+    def per_level(key: str, levels: list[tuple[int, int]], run_one) -> dict | None:
+        """One record whose levels come from one run per (concurrency, requests); failures are listed."""
         record = None
-        for i, (c, n) in enumerate(args.bench):
+        for i, (c, n) in enumerate(levels):
             try:
-                one = bench.run_bench(spec, concurrency=[c], input_len=args.input_len, output_len=args.output_len,
-                                      requests=n, warmup=args.warmup if i == 0 else 0, label=args.label,
-                                      probe_drivers=False, progress=False)
-            except Exception as exc:  # noqa: BLE001
-                result.setdefault("bench_errors", []).append(f"C={c}: {type(exc).__name__}: {exc}")
+                one = run_one(i, c, n)
+            except Exception as exc:  # noqa: BLE001 - the other levels still measure
+                result.setdefault(f"{key}_errors", []).append(f"C={c}: {type(exc).__name__}: {exc}")
                 continue
             if record is None:
                 record = stamp(one)
             else:
                 record["levels"].extend(one["levels"])
-            print(f"pdkit bench C={c}: {json.dumps(one['levels'][-1], default=str)[:400]}", flush=True)
-        result["bench"] = record
+            print(f"{key} C={c}: {json.dumps(one['levels'][-1], default=str)[:400]}", flush=True)
+        result[key] = record
+        save()
+        return record
+
+    if args.bench:
+        record = per_level("bench", args.bench, lambda i, c, n: bench.run_bench(
+            spec, concurrency=[c], input_len=args.input_len, output_len=args.output_len, requests=n,
+            warmup=args.warmup if i == 0 else 0, label=args.label, probe_drivers=False, progress=False))
         if record is not None and args.record:
             bench.append_run(args.runs, record)  # doctor's throughput reference
-        save()
 
     if args.sglang_bench:
-        record = None
-        for c, n in args.sglang_bench:
-            try:
-                one = bench.run_sglang_bench(spec, concurrency=[c], input_len=args.input_len, output_len=args.output_len,
-                                             requests=n, warmup=1, label=args.label, python=args.sglang_python,
-                                             tokenizer=args.tokenizer, probe_drivers=False, timeout_s=300)
-            except Exception as exc:  # noqa: BLE001
-                result.setdefault("sglang_bench_errors", []).append(f"C={c}: {type(exc).__name__}: {exc}")
-                continue
-            if record is None:
-                record = stamp(one)
-            else:
-                record["levels"].extend(one["levels"])
-        result["sglang_bench"] = record
-        save()
+        per_level("sglang_bench", args.sglang_bench, lambda i, c, n: bench.run_sglang_bench(
+            spec, concurrency=[c], input_len=args.input_len, output_len=args.output_len, requests=n, warmup=1,
+            label=args.label, python=args.sglang_python, tokenizer=args.tokenizer, probe_drivers=False, timeout_s=300))
+
     if args.doctor:
         t = time.monotonic()
         try:

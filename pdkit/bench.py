@@ -248,6 +248,18 @@ class Progress:
             self.stream.flush()
 
 
+async def sse_events(content: Any) -> Any:
+    """The JSON events of a server-sent-event stream (aiohttp's response.content), up to `[DONE]`."""
+    async for raw in content:
+        line = raw.strip()
+        if not line.startswith(b"data:"):
+            continue
+        payload = line[5:].strip()
+        if payload == b"[DONE]":
+            return
+        yield json.loads(payload)
+
+
 async def stream_one(session, url: str, headers: dict[str, str], body: dict[str, Any], output_len: int,
                      timeout_s: float) -> RequestResult:
     """Send one streaming /generate request and time its chunks."""
@@ -263,14 +275,7 @@ async def stream_one(session, url: str, headers: dict[str, str], body: dict[str,
             if resp.status != 200:
                 text = (await resp.text())[:200].strip()
                 return RequestResult(ok=False, error=f"HTTP {resp.status}: {text}")
-            async for raw in resp.content:
-                line = raw.strip()
-                if not line.startswith(b"data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == b"[DONE]":
-                    break
-                event = json.loads(payload)
+            async for event in sse_events(resp.content):
                 if "error" in event:
                     return RequestResult(ok=False, error=f"stream error: {json.dumps(event['error'])[:200]}")
                 meta = event.get("meta_info") or {}
@@ -519,10 +524,8 @@ def _fmt(value: Any, digits: int = 1) -> str:
     return str(value)
 
 
-LEVEL_COLUMNS = (
-    ("C", lambda lv: lv["concurrency"]),
-    ("requests", lambda lv: lv["requests"]),
-    ("errors", lambda lv: lv["errors"]),
+# the per-level figures, as the run table and `pdkit compare` show them
+METRICS = (
     ("output tok/s", lambda lv: lv["output_tok_s"]),
     ("req/s", lambda lv: lv["requests_s"]),
     ("TTFT p50 ms", lambda lv: lv["ttft_ms"]["p50"]),
@@ -531,6 +534,13 @@ LEVEL_COLUMNS = (
     ("TPOT p99 ms", lambda lv: lv["tpot_ms"]["p99"]),
     ("ITL p50 ms", lambda lv: lv["itl_ms"]["p50"]),
     ("ITL p99 ms", lambda lv: lv["itl_ms"]["p99"]),
+)
+ERRORS = ("errors", lambda lv: lv["errors"])
+LEVEL_COLUMNS = (
+    ("C", lambda lv: lv["concurrency"]),
+    ("requests", lambda lv: lv["requests"]),
+    ERRORS,
+    *METRICS,
 )
 
 
@@ -639,17 +649,7 @@ def find_run(ref: str, runs_path: str | Path) -> dict[str, Any]:
     raise LookupError(f"{ref!r} is neither a file nor a run id or label in {runs_path} (latest ids: {known})")
 
 
-COMPARED_METRICS = (
-    ("output tok/s", lambda lv: lv["output_tok_s"]),
-    ("req/s", lambda lv: lv["requests_s"]),
-    ("TTFT p50 ms", lambda lv: lv["ttft_ms"]["p50"]),
-    ("TTFT p99 ms", lambda lv: lv["ttft_ms"]["p99"]),
-    ("TPOT p50 ms", lambda lv: lv["tpot_ms"]["p50"]),
-    ("TPOT p99 ms", lambda lv: lv["tpot_ms"]["p99"]),
-    ("ITL p50 ms", lambda lv: lv["itl_ms"]["p50"]),
-    ("ITL p99 ms", lambda lv: lv["itl_ms"]["p99"]),
-    ("errors", lambda lv: lv["errors"]),
-)
+COMPARED_METRICS = (*METRICS, ERRORS)
 
 
 def compare_levels(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:

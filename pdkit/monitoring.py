@@ -558,8 +558,9 @@ def alerts(spec: ClusterSpec) -> list[Alert]:
     # -- KV transfer / bootstrap failures
     pd_all = [t for t in engines if t.labels["role"] in ("prefill", "decode")]
     # per SGLang version: engines whose release has no PD failure counters are watched through the router
-    pd_engines = [t for t in pd_all if t.labels["instance"] in counted_instances(spec)]
-    uncounted = [t.labels["instance"] for t in pd_all if t.labels["instance"] not in counted_instances(spec)]
+    counted = counted_instances(spec)
+    pd_engines = [t for t in pd_all if t.labels["instance"] in counted]
+    uncounted = [t.labels["instance"] for t in pd_all if t.labels["instance"] not in counted]
     only = f'{{instance=~"{promql_regex([t.labels["instance"] for t in pd_engines])}"}}' if uncounted else ""
     for name, key, what, todo in (
         ("PdkitKvTransferFailures", "transfer_failed", "KV transfers",
