@@ -2,6 +2,7 @@
 
     python -m pdkit.health engine --unit pdkit-engine-decode.service --url http://H:30001/health --timeout 600
     python -m pdkit.health router --url http://H:8000 --worker http://H:30000 --worker http://H:30001 --timeout 120
+    python -m pdkit.health gates --engine pdkit-engine-decode.service http://H:30001/health 600 --http http://H:9400/metrics 60
 
 An engine is ready when the CURRENT run of its unit (this systemd invocation, not an old
 one) has logged SGLang's readiness line and /health answers 200. A router is ready when its
@@ -38,9 +39,11 @@ def http_request(url: str, payload: dict | None = None, timeout: float = 5.0, he
         return 0, str(exc)
 
 
-def _systemctl_show(unit: str, prop: str) -> str:
-    out = subprocess.run(["systemctl", "show", "-p", prop, "--value", unit], capture_output=True, text=True, timeout=10)
-    return out.stdout.strip()
+def _unit_state(unit: str) -> tuple[str, str]:
+    """(ActiveState, InvocationID) of UNIT, in one systemctl call."""
+    out = subprocess.run(["systemctl", "show", "-p", "ActiveState", "-p", "InvocationID", unit], capture_output=True, text=True, timeout=10).stdout
+    props = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    return props.get("ActiveState", ""), props.get("InvocationID", "")
 
 
 def unit_log(unit: str, invocation: str, lines: int | None = None) -> str:
@@ -50,25 +53,38 @@ def unit_log(unit: str, invocation: str, lines: int | None = None) -> str:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=20).stdout
 
 
-def wait_engine(unit: str, url: str, timeout: float, interval: float = 1.0) -> tuple[bool, str]:
+def wait_engine(unit: str, url: str, timeout: float, interval: float = 1.0, poll: float = 0.05) -> tuple[bool, str]:
+    """Ready = the unit's current invocation logged the readiness line and URL answers 200.
+
+    URL is polled every POLL seconds (an HTTP GET costs a few milliseconds); the journal is read
+    only once it answers 200, and the unit's state every INTERVAL to catch a failed start. Not
+    `journalctl --follow`: journald batches its change notifications (~250 ms), and a follower
+    sees the line that much late.
+    """
     deadline = time.monotonic() + timeout
     reason = "not checked yet"
+    next_state_check = 0.0
+    state, invocation = "", ""
     while time.monotonic() < deadline:
-        state = _systemctl_show(unit, "ActiveState")
-        invocation = _systemctl_show(unit, "InvocationID")
-        if state == "failed":
-            return False, f"{unit} failed: " + " | ".join(unit_log(unit, invocation, 5).strip().splitlines()[-5:])
+        now = time.monotonic()
+        if now >= next_state_check:
+            state, invocation = _unit_state(unit)
+            next_state_check = now + (interval if state == "active" else min(interval, 0.2))
+            if state == "failed":
+                return False, f"{unit} failed: " + " | ".join(unit_log(unit, invocation, 5).strip().splitlines()[-5:])
         if state == "active" and invocation:
-            if READY_LOG_LINE not in unit_log(unit, invocation):
-                reason = f"{unit} has not logged its readiness line yet"
-            else:
-                status, body = http_request(url)
-                if status == 200:
+            status, body = http_request(url, timeout=min(5.0, max(deadline - now, 0.1)))
+            if status == 200:
+                # the invocation may have changed since it was read (a restart in between): read it again
+                state, invocation = _unit_state(unit)
+                if state == "active" and READY_LOG_LINE in unit_log(unit, invocation):
                     return True, f"{unit} ready: readiness line logged and {url} answered 200"
-                reason = f"{url} answered {status or 'nothing'}: {body.strip()[:200]}"
+                reason = f"{url} answers 200 but {unit} has not logged its readiness line yet"
+            else:
+                reason = f"{unit} is starting: {url} answered {status or 'nothing'}: {body.strip()[:200]}"
         else:
             reason = f"{unit} is {state or 'unknown'}"
-        time.sleep(interval)
+        time.sleep(poll)
     return False, f"not ready after {timeout:.0f} s: {reason}"
 
 
@@ -121,7 +137,7 @@ def wait_router(
     return False, f"router not ready after {timeout:.0f} s: {reason}"
 
 
-def wait_http(url: str, timeout: float, interval: float = 1.0) -> tuple[bool, str]:
+def wait_http(url: str, timeout: float, interval: float = 0.1) -> tuple[bool, str]:
     deadline = time.monotonic() + timeout
     reason = "not checked yet"
     while time.monotonic() < deadline:
@@ -131,6 +147,24 @@ def wait_http(url: str, timeout: float, interval: float = 1.0) -> tuple[bool, st
         reason = f"{url} answered {status or 'nothing'}: {body.strip()[:200]}"
         time.sleep(interval)
     return False, f"not ready after {timeout:.0f} s: {reason}"
+
+
+def wait_all(engines: list[tuple[str, str, float]], urls: list[tuple[str, float]]) -> list[tuple[bool, str, float]]:
+    """Every engine (unit, url, timeout) and HTTP service (url, timeout) at once: a node's
+    services restart together, so their gates wait together rather than one after another.
+    (ok, message, seconds until that gate finished) for each, engines first."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    start = time.monotonic()
+
+    def timed(fn, *args) -> tuple[bool, str, float]:
+        ok, message = fn(*args)
+        return ok, message, time.monotonic() - start
+
+    with ThreadPoolExecutor(max_workers=max(len(engines) + len(urls), 1)) as pool:
+        futures = [pool.submit(timed, wait_engine, u, url, t) for u, url, t in engines]
+        futures += [pool.submit(timed, wait_http, url, t) for url, t in urls]
+        return [f.result() for f in futures]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,8 +182,21 @@ def main(argv: list[str] | None = None) -> int:
     h = sub.add_parser("http")
     h.add_argument("--url", required=True, help="a URL that answers 200 when the service is ready")
     h.add_argument("--timeout", type=float, default=120)
+    g = sub.add_parser("gates", help="several engine and HTTP gates at once (exit 1 when any fails)")
+    g.add_argument("--engine", nargs=3, action="append", default=[], metavar=("UNIT", "URL", "TIMEOUT"), help="an engine gate (repeat)")
+    g.add_argument("--http", nargs=2, action="append", default=[], metavar=("URL", "TIMEOUT"), help="an HTTP gate (repeat)")
     args = parser.parse_args(argv)
     start = time.monotonic()
+    if args.kind == "gates":
+        try:
+            engines = [(u, url, float(t)) for u, url, t in args.engine]
+            urls = [(url, float(t)) for url, t in args.http]
+        except ValueError as exc:
+            parser.error(f"TIMEOUT must be a number of seconds: {exc}")
+        results = wait_all(engines, urls)
+        for ok, message, took in results:
+            print(f"{'ok    ' if ok else 'FAILED'} {message} ({took:.1f} s)", file=sys.stdout if ok else sys.stderr)
+        return 0 if all(ok for ok, _, _ in results) else 1
     if args.kind == "engine":
         ok, message = wait_engine(args.unit, args.url, args.timeout)
     elif args.kind == "http":

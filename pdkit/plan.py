@@ -152,6 +152,12 @@ def engine_env_path(spec: ClusterSpec, engine: Engine) -> str:
     return f"{spec.cluster.config_dir}/engines/{engine.name}.env"
 
 
+def staging_dir(spec: ClusterSpec) -> str:
+    """Where the deploy uploads changed files before moving them into place (root only; beside
+    the config so that the move is a rename on the same filesystem)."""
+    return f"{spec.cluster.config_dir}/.staging"
+
+
 def plan_host(spec: ClusterSpec, host: HostSpec) -> HostPlan:
     """Everything pdkit lays down on one host."""
     user = spec.cluster.service_user
@@ -160,6 +166,7 @@ def plan_host(spec: ClusterSpec, host: HostSpec) -> HostPlan:
     services: list[Service] = []
     directories = [
         (spec.cluster.config_dir, "0755", "root", "root"),
+        (staging_dir(spec), "0700", "root", "root"),
     ]
 
     def config_file(path: str, content: str, secret: bool = False) -> PlannedFile:

@@ -48,6 +48,12 @@ DRAIN_GAUGES = (
     "sglang:num_decode_transfer_queue_reqs",
 )
 FAILURE_COUNTERS = ("sglang:num_transfer_failed_reqs_total", "sglang:num_bootstrap_failed_reqs_total")
+# a smoke completion's length: 2 tokens take the whole PD path (prefill, KV transfer, one decode step)
+SMOKE_MAX_TOKENS = 2
+# How long a router keeps a worker `draining` after the roll removes it. 0: the roll drains by
+# the engine's own gauges above, so the router's settle (smg: 5 s by default) would only keep the
+# node out of the router longer, and a re-add is refused (409) until it has passed.
+ROUTER_DRAIN_SETTLE_S = 0
 
 
 class RollError(RuntimeError):
@@ -249,6 +255,19 @@ def format_dry_plan(batches: list[list[str]], diffs: dict[str, HostDiff], explan
     return "\n".join(lines)
 
 
+def covered_seconds(intervals: Iterable[tuple[int, int]]) -> float:
+    """Seconds covered by the union of [start, end] intervals given in microseconds."""
+    total, reach = 0, None
+    for start, end in sorted(intervals):
+        if reach is None or start > reach:
+            total += end - start
+            reach = end
+        elif end > reach:
+            total += end - reach
+            reach = end
+    return total / 1e6
+
+
 def metric_sums(text: str, names: Iterable[str]) -> dict[str, float]:
     """Sum of every sample of each named metric in a Prometheus text page (absent: 0)."""
     from prometheus_client.parser import text_string_to_metric_families
@@ -283,6 +302,8 @@ class NodeTiming:
     total_s: float = 0.0
     engines_restart_to_ready_s: float = 0.0
     steps: dict[str, float] = field(default_factory=dict)
+    # inside `apply`: "prepare" (facts, deploy code) and each operation that ran on the node
+    apply_detail: dict[str, float] = field(default_factory=dict)
 
     @property
     def overhead_s(self) -> float:
@@ -323,6 +344,34 @@ def _strip_ansi(text: str) -> str:
     return re.sub(r"\x1b\[[0-9;]*m", "", text)
 
 
+def _op_timer():
+    """A pyinfra callback handler that times each operation on each host: (host, op name) -> seconds."""
+    from pyinfra.api.state import BaseStateCallback
+
+    class OpTimer(BaseStateCallback):
+        def __init__(self) -> None:
+            self.started: dict[tuple[str, str], float] = {}
+            self.took: dict[tuple[str, str], float] = {}
+
+        def operation_host_start(self, state, host, op_hash) -> None:
+            self.started[(host.name, op_hash)] = time.monotonic()
+
+        def _end(self, state, host, op_hash) -> None:
+            start = self.started.pop((host.name, op_hash), None)
+            if start is not None:
+                # the operation's own name without its deploy's, and without the list after a colon
+                name = sorted(state.get_op_meta(op_hash).names)[0].rsplit(" | ", 1)[-1].split(":", 1)[0]
+                self.took[(host.name, name)] = time.monotonic() - start
+
+        def operation_host_success(self, state, host, op_hash, retry_count=0) -> None:
+            self._end(state, host, op_hash)
+
+        def operation_host_error(self, state, host, op_hash, retry_count=0, max_retries=0) -> None:
+            self._end(state, host, op_hash)
+
+    return OpTimer()
+
+
 class Pyinfra:
     """pyinfra's API for one inventory: one State per batch (FIELD_NOTES: gevent patched first)."""
 
@@ -330,15 +379,15 @@ class Pyinfra:
         self.inventory = inventory
         # seconds of the last apply: connect, prepare (facts, deploy code), execute (operations)
         self.phases: dict[str, float] = {}
+        # seconds of each operation of the last apply, per host: host -> op name -> seconds
+        self.operations: dict[str, dict[str, float]] = {}
 
     def _state(self, hosts: list[str]):
         from pyinfra.api import Config, State
         from pyinfra.api.connect import connect_all
         from pyinfra.api.exceptions import PyinfraError
         from pyinfra.context import ctx_config, ctx_inventory, ctx_state
-        import roles.facts
 
-        roles.facts._STATE.clear()  # its per-run cache is keyed by host name: a new State must re-read
         state = State(check_for_changes=False)
         state.cwd = str(REPO)
         config = Config()
@@ -365,6 +414,10 @@ class Pyinfra:
                 if host.connected:
                     state.activate_host(host)
                     state.failed_hosts.discard(host)
+        from pdkit.deploy import tune_connection
+
+        for host in state.activated_hosts:
+            tune_connection(host)
         return state, inventory
 
     def connect(self, hosts: list[str]) -> tuple[Any, dict[str, Any], dict[str, str]]:
@@ -394,8 +447,13 @@ class Pyinfra:
                 self.phases["prepare"] = time.monotonic() - t
                 t = time.monotonic()
                 state.set_stage(StateStage.Execute)
+                timer = _op_timer()
+                state.add_callback_handler(timer)
                 run_ops(state)
                 self.phases["execute"] = time.monotonic() - t
+                self.operations = {}
+                for (host_name, op), took in timer.took.items():
+                    self.operations.setdefault(host_name, {})[op] = took
             except SystemExit as exc:
                 return {h: f"the deploy stopped: {exc}" for h in hosts}
             except Exception as exc:  # noqa: BLE001 - pyinfra raises its own errors for a failed host
@@ -470,11 +528,15 @@ class Roller:
         """(router host, client) per router; the same client objects on every call."""
         from pdkit import flags
         from pdkit.router_api import RouterClient
+        from pdkit.versions import ROUTER_RELEASES
 
         if not hasattr(self, "_routers"):
             key = self.spec.cluster.secrets.router_api_key
             self._routers = [
-                (h, RouterClient(f"http://{flags.router_address(h)}:{h.router.port}", api_key=key.get_secret_value() if key else None))
+                (h, RouterClient(
+                    f"http://{flags.router_address(h)}:{h.router.port}", api_key=key.get_secret_value() if key else None,
+                    drain_settle_s=ROUTER_DRAIN_SETTLE_S if ROUTER_RELEASES[self.spec.router_release(h)].per_worker_drain_settle else None,
+                ))
                 for h in self.spec.router_hosts
             ]
         return self._routers
@@ -598,7 +660,7 @@ class Roller:
         jobs = [(client, i) for _, client in self.routers() for i in range(self.smoke_requests)]
         # concurrently (greenlets under pyinfra's gevent): a few requests cost one request's time
         with ThreadPoolExecutor(max_workers=max(1, len(jobs))) as pool:
-            answers = list(pool.map(lambda job: job[0].completion(model, f"pdkit roll smoke {hosts[0]} {job[1]}", max_tokens=4), jobs))
+            answers = list(pool.map(lambda job: job[0].completion(model, f"pdkit roll smoke {hosts[0]} {job[1]}", max_tokens=SMOKE_MAX_TOKENS), jobs))
         for (client, i), (status, body) in zip(jobs, answers):
             if status != 200:
                 raise RuntimeError(f"smoke request {i + 1} through {client.base_url} answered {status or 'nothing'}: {body.strip()[:200]}")
@@ -642,18 +704,20 @@ class Roller:
         return f"back on release {result['id']} ({len(result['written'])} file(s) rewritten, restarted {', '.join(result['restarted']) or 'nothing'})"
 
     def engines_restart_to_ready(self, host: Any, host_name: str, since_monotonic_us: int | None) -> float:
-        """Sum over the node's engines restarted during this step of (readiness line - restart), node clock."""
+        """Wall time during which at least one of the node's engines restarted in this step was
+        between its restart and its readiness line (node clock): engines that restart together
+        count once, so overlapping restarts never hide the kit's own time."""
         units = [s.unit for s in self.plans[host_name].services if s.kind == "engine"]
         if not units:
             return 0.0
         ok, stdout, _ = run_remote(host, f"python3 -c {shlex.quote(_TIMING_PROBE)} {shlex.quote(json.dumps(units))} 0", timeout=60)
         if not ok:
             return 0.0
-        total = 0.0
-        for exit_us, ready_us in json.loads(stdout).values():
-            if ready_us and exit_us and (since_monotonic_us is None or exit_us >= since_monotonic_us) and ready_us > exit_us:
-                total += (ready_us - exit_us) / 1e6
-        return total
+        intervals = [
+            (exit_us, ready_us) for exit_us, ready_us in json.loads(stdout).values()
+            if ready_us and exit_us and (since_monotonic_us is None or exit_us >= since_monotonic_us) and ready_us > exit_us
+        ]
+        return covered_seconds(intervals)
 
     # ---- one batch
     def roll_batch(self, batch: list[str]) -> None:
@@ -718,6 +782,7 @@ class Roller:
             raise
         for h in batch:
             timings[h].total_s = time.monotonic() - t0
+            timings[h].apply_detail = {"prepare": self.pyinfra.phases.get("prepare", 0.0), **self.pyinfra.operations.get(h, {})}
             timings[h].engines_restart_to_ready_s = self.engines_restart_to_ready(hosts[h], h, clocks[h])
             t = timings[h]
             p(h, "done", f"total {t.total_s:.1f} s, engines restart-to-ready {t.engines_restart_to_ready_s:.1f} s, kit overhead {t.overhead_s:.1f} s")
@@ -865,7 +930,8 @@ def report(timings: list[NodeTiming]) -> dict:
     return {
         "nodes": [
             {"host": t.host, "total_s": round(t.total_s, 2), "engines_restart_to_ready_s": round(t.engines_restart_to_ready_s, 2),
-             "overhead_s": round(t.overhead_s, 2), "steps": {k: round(v, 2) for k, v in t.steps.items()}}
+             "overhead_s": round(t.overhead_s, 2), "steps": {k: round(v, 2) for k, v in t.steps.items()},
+             "apply_detail": {k: round(v, 2) for k, v in t.apply_detail.items()}}
             for t in timings
         ]
     }

@@ -10,6 +10,10 @@ What smg 1.13.0 really does (checked against the binary on loopback, see docs/ro
 - POST /workers {"url", "worker_type", "bootstrap_port"} -> 202 "addition queued"; while the
   old entry is still draining it answers 409 WORKER_ALREADY_EXISTS, so a re-add waits until
   the removal finished. A re-added worker is healthy and routable within about a second.
+- The settle time is per worker: PUT /workers/{id} (and POST /workers) take
+  {"health": {"drain_settle_secs": N}}, queued like every change; GET /workers/{id} shows
+  `"health": {"drain_settle_secs": N}` once it applies. A DELETE sent before that still settles
+  for the old time, so `remove` waits for the update to show first.
 """
 
 from __future__ import annotations
@@ -62,12 +66,18 @@ def parse_workers(body: str) -> list[Worker]:
 
 
 class RouterClient:
-    """The worker API of one router: list, remove (drain), add, wait."""
+    """The worker API of one router: list, remove (drain), add, wait.
 
-    def __init__(self, base_url: str, *, api_key: str | None = None, timeout: float = 10.0) -> None:
+    DRAIN_SETTLE_S: the settle time to give each worker it removes or adds, for routers that
+    take one per worker (pdkit.versions.RouterRelease.per_worker_drain_settle); None leaves the
+    router's own (smg: 5 s, during which the worker cannot be added back).
+    """
+
+    def __init__(self, base_url: str, *, api_key: str | None = None, timeout: float = 10.0, drain_settle_s: int | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.timeout = timeout
+        self.drain_settle_s = drain_settle_s
 
     def _call(self, method: str, path: str, payload: dict | None = None) -> tuple[int, str]:
         return _request(method, f"{self.base_url}{path}", payload, self.headers, self.timeout)
@@ -85,14 +95,56 @@ class RouterClient:
         url = url.rstrip("/")
         return next((w for w in self.workers() if w.url == url), None)
 
-    def remove(self, url: str) -> Worker | None:
-        """Start draining the worker at URL (no new requests); None when it was not registered."""
+    def detail(self, worker_id: str) -> dict:
+        """GET /workers/{id}: the worker's whole record ({} when it is gone)."""
+        status, body = self._call("GET", f"/workers/{urllib.parse.quote(worker_id, safe='')}")
+        if status == 404:
+            return {}
+        if status != 200:
+            raise RouterError(f"GET {self.base_url}/workers/{worker_id} answered {status or 'nothing'}: {body.strip()[:200]}")
+        try:
+            return json.loads(body)
+        except ValueError as exc:
+            raise RouterError(f"GET {self.base_url}/workers/{worker_id} answered something unreadable: {exc}") from exc
+
+    def set_drain_settle(self, worker: Worker, *, timeout: float = 10.0) -> bool:
+        """Give WORKER this client's settle time and wait until the router shows it; False when it
+        did not take (the removal then settles for the router's own time: slower, not wrong)."""
+        if self.drain_settle_s is None:
+            return False
+        wanted = {"drain_settle_secs": self.drain_settle_s}
+        if self.detail(worker.id).get("health", {}).get("drain_settle_secs") == self.drain_settle_s:
+            return True
+        payload: dict = {"url": worker.url, "worker_type": worker.worker_type, "health": wanted}
+        if worker.bootstrap_port is not None:
+            payload["bootstrap_port"] = worker.bootstrap_port
+        status, _ = self._call("PUT", f"/workers/{urllib.parse.quote(worker.id, safe='')}", payload)
+        if status not in (200, 202):
+            return False
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.detail(worker.id).get("health", {}).get("drain_settle_secs") == self.drain_settle_s:
+                return True
+            time.sleep(0.05)
+        return False
+
+    def remove(self, url: str, *, timeout: float = 30.0) -> Worker | None:
+        """Take the worker at URL out of routing (no new requests; those on it finish) and wait
+        until the router lists it draining or gone; None when it was not registered."""
         worker = self.find(url)
         if worker is None:
             return None
+        if worker.status == "ready":
+            self.set_drain_settle(worker)
         status, body = self._call("DELETE", f"/workers/{urllib.parse.quote(worker.id, safe='')}")
         if status not in (200, 202, 204, 404):
             raise RouterError(f"DELETE {self.base_url}/workers/{worker.id} ({url}) answered {status or 'nothing'}: {body.strip()[:200]}")
+        # the removal is queued: until it shows, the router may still pick this worker
+        deadline = time.monotonic() + timeout
+        while (listed := self.find(url)) is not None and listed.status == "ready":
+            if time.monotonic() > deadline:
+                raise RouterError(f"{url} is still listed ready by {self.base_url} {timeout:.0f} s after its removal was accepted")
+            time.sleep(0.05)
         return worker
 
     def add(self, url: str, worker_type: str, bootstrap_port: int | None = None, *, timeout: float = 60.0) -> None:
@@ -100,6 +152,8 @@ class RouterClient:
         payload: dict = {"url": url.rstrip("/"), "worker_type": worker_type}
         if bootstrap_port is not None:
             payload["bootstrap_port"] = bootstrap_port
+        if self.drain_settle_s is not None:
+            payload["health"] = {"drain_settle_secs": self.drain_settle_s}
         deadline = time.monotonic() + timeout
         while True:
             existing = self.find(url)
@@ -127,7 +181,7 @@ class RouterClient:
                 return
             if time.monotonic() > deadline:
                 raise RouterError(f"router {self.base_url}: after {timeout:.0f} s workers missing {missing}, unhealthy {unhealthy}")
-            time.sleep(0.2)
+            time.sleep(0.05)
 
     def completion(self, model: str, prompt: str, max_tokens: int = 4, timeout: float = 60.0) -> tuple[int, str]:
         """One non-streaming completion through the router: (status, body)."""

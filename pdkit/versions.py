@@ -105,10 +105,15 @@ class RouterRelease:
     # argv[0..] before the router's own arguments, relative to the venv's bin/ directory
     launcher: tuple[str, ...]
     metrics_prefix: str
+    # PUT /workers/{id} and POST /workers take {"health": {"drain_settle_secs": N}}: the per-worker
+    # override of the ~5 s the router keeps a removed worker `draining` (checked on smg 1.13.0's
+    # binary; its launcher has no flag for it). pdkit drains by the engines' own gauges, so a roll
+    # sets 0 where the router lets it and otherwise waits the router's settle time out.
+    per_worker_drain_settle: bool = False
 
 
 ROUTER_RELEASES: dict[tuple[str, str], RouterRelease] = {
-    ("smg", "1.13.0"): RouterRelease("smg", "1.13.0", ("smg", "launch"), "smg_"),
+    ("smg", "1.13.0"): RouterRelease("smg", "1.13.0", ("smg", "launch"), "smg_", per_worker_drain_settle=True),
     ("sglang-router", "0.3.2"): RouterRelease(
         # 0.3.2 already serves smg_* (checked on the GPU tier), not the older sgl_router_*
         "sglang-router", "0.3.2", ("python", "-m", "sglang_router.launch_router"), "smg_"

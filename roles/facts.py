@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 import shlex
+from weakref import WeakKeyDictionary
 
 from pyinfra.api import FactBase
 
 _PROBE = r"""
 import grp, hashlib, json, os, pwd, pathlib, subprocess, sys
-paths, units, user, venvs, packages = json.loads(sys.argv[1])
+paths, units, user, venvs, packages, releases = json.loads(sys.argv[1])
 def stat(p):
     try:
         st = os.stat(p)
@@ -29,9 +30,13 @@ def stat(p):
     except KeyError:
         owner, group = str(st.st_uid), str(st.st_gid)
     return [kind, "%04o" % (st.st_mode & 0o7777), owner, group, digest]
-def unit(u):
-    out = subprocess.run(["systemctl", "show", "-p", "LoadState,ActiveState,UnitFileState", "--value", u], capture_output=True, text=True).stdout.split()
-    return out
+def unit_states(names):
+    # one systemctl call for every unit: blocks of key=value lines, one block per unit, in order
+    if not names:
+        return {}
+    out = subprocess.run(["systemctl", "show", "-p", "LoadState,ActiveState,UnitFileState", *names], capture_output=True, text=True).stdout
+    blocks = [dict(l.split("=", 1) for l in b.splitlines() if "=" in l) for b in out.strip("\n").split("\n\n")]
+    return {u: [v for v in (b.get("LoadState"), b.get("ActiveState"), b.get("UnitFileState")) if v] for u, b in zip(names, blocks)}
 def has_user(name):
     try:
         pwd.getpwnam(name); grp.getgrnam(name); return True
@@ -47,21 +52,32 @@ def installed(pkgs):
         return []
     out = subprocess.run(["dpkg-query", "-W", "-f", "${Package} ${Status}\n", *pkgs], capture_output=True, text=True).stdout
     return sorted(line.split()[0] for line in out.splitlines() if line.endswith(" installed"))
-print(json.dumps({"packages": installed(packages), "python": "%d.%d" % sys.version_info[:2], "paths": {p: stat(p) for p in paths}, "units": {u: unit(u) for u in units}, "user": has_user(user), "venvs": {v: markers(v) for v in venvs}}))
+def release(d):
+    # the release the node runs now (pdkit/releases.py): CURRENT names it, its meta.json holds the hash
+    try:
+        cur = open(os.path.join(d, "CURRENT")).read().strip()
+        meta = json.load(open(os.path.join(d, cur, "meta.json")))
+        return {"id": cur, "hash": meta["hash"], "venvs": meta.get("venvs", {})}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+print(json.dumps({"release": release(releases) if releases else {}, "packages": installed(packages), "python": "%d.%d" % sys.version_info[:2], "paths": {p: stat(p) for p in paths}, "units": unit_states(units), "user": has_user(user), "venvs": {v: markers(v) for v in venvs}}))
 """
 
 
 class PdkitHostState(FactBase):
-    """Python version, every planned path (kind, mode, owner, group, sha256), unit states, service user."""
+    """Python version, every planned path (kind, mode, owner, group, sha256), unit states, service
+    user, venvs' bundle markers, installed packages, and the release the node runs (pdkit/releases.py)."""
 
-    def command(self, paths: tuple[str, ...], units: tuple[str, ...], user: str, venvs: tuple[str, ...], packages: tuple[str, ...] = ()) -> str:
-        return f"python3 -c {shlex.quote(_PROBE)} {shlex.quote(json.dumps([list(paths), list(units), user, list(venvs), list(packages)]))}"
+    def command(self, paths: tuple[str, ...], units: tuple[str, ...], user: str, venvs: tuple[str, ...], packages: tuple[str, ...] = (), releases: str = "") -> str:
+        return f"python3 -c {shlex.quote(_PROBE)} {shlex.quote(json.dumps([list(paths), list(units), user, list(venvs), list(packages), releases]))}"
 
     def process(self, output):
         return json.loads("\n".join(output))
 
 
-_STATE: dict[str, dict] = {}
+# per pyinfra State, then host name: `pdkit roll` runs one State per batch in one process, and a
+# new State must read the hosts again (a State that is gone takes its entries with it)
+_STATE: WeakKeyDictionary = WeakKeyDictionary()
 
 
 def host_state() -> dict:
@@ -70,16 +86,21 @@ def host_state() -> dict:
 
     from pdkit import flags
     from pdkit.deploy import current_plan, current_spec
+    from roles.releases import releases_dir
 
-    if host.name in _STATE:
-        return _STATE[host.name]
+    read = _STATE.setdefault(host.state, {})
+    if host.name in read:
+        return read[host.name]
     spec = current_spec()
     plan = current_plan()
     paths = tuple(sorted({f.path for f in plan.files} | {d[0] for d in plan.directories} | {spec.cluster.install_dir, f"{spec.cluster.install_dir}/wheelhouse"}))
     units = tuple(s.unit for s in plan.services)
     venvs = (flags.venv_dir(spec), flags.router_venv_dir(spec))
-    state = host.get_fact(PdkitHostState, paths=paths, units=units, user=spec.cluster.service_user, venvs=venvs, packages=tuple(plan.packages))
-    _STATE[host.name] = state
+    state = host.get_fact(
+        PdkitHostState, paths=paths, units=units, user=spec.cluster.service_user, venvs=venvs, packages=tuple(plan.packages),
+        releases=releases_dir(spec.cluster.install_dir),
+    )
+    read[host.name] = state
     return state
 
 

@@ -21,7 +21,7 @@ from pyinfra.operations import server
 from pdkit.deploy import current_host, current_spec
 from pdkit.node import NodeStack, node_stack
 from pdkit.preflight import check_host, format_report, has_errors
-from roles.node_facts import NODE_FACTS
+from roles.node_facts import NODE_FACTS, NodeFacts
 
 # facts a `gpu: none` host still gets (OS for the report, the reboot marker)
 _HOST_ONLY = ("os", "arch", "kernel", "reboot_required")
@@ -42,7 +42,7 @@ def node_facts() -> dict:
     if host.name not in facts:
         this = current_host()
         names = _HOST_ONLY if this.node is None or this.node.gpu == "none" else tuple(NODE_FACTS)
-        facts[host.name] = {name: host.get_fact(NODE_FACTS[name]) for name in names}
+        facts[host.name] = host.get_fact(NodeFacts, names=names)  # one round trip for all of them
     return facts[host.name]
 
 

@@ -1,6 +1,6 @@
 """Keep what was just applied as a release on the node (pdkit/releases.py), after the services role.
 
-Decided at prepare time from one small fact (the node's CURRENT release): a release is
+Decided at prepare time from the host-state fact's `release` (the node's CURRENT release): a release is
 recorded when the plan's release hash differs from the node's current one, or a new node
 venv is being installed, or the node has no release yet. A re-run that changes nothing
 records nothing, so a second deploy still reports no change.
@@ -14,34 +14,17 @@ import shlex
 import socket
 import sys
 
-from pyinfra.api import FactBase, deploy
+from pyinfra.api import deploy
 from pyinfra.operations import server
 
 from pdkit import flags
 from pdkit.deploy import current_plan, current_spec
 from roles import base
+from roles.facts import host_state
 
 
 def releases_dir(install_dir: str) -> str:
     return f"{install_dir}/releases"
-
-
-class CurrentRelease(FactBase):
-    """The hash and venv links of the release the node runs now ({} when none is recorded)."""
-
-    def command(self, releases: str) -> str:
-        q = shlex.quote
-        # python3 of the host: the node venv may not exist yet on a first deploy
-        probe = (
-            "import json,os,sys; d=sys.argv[1]\n"
-            "try:\n cur=open(os.path.join(d,'CURRENT')).read().strip(); m=json.load(open(os.path.join(d,cur,'meta.json')))\n"
-            " print(json.dumps({'id':cur,'hash':m['hash'],'venvs':m.get('venvs',{})}))\n"
-            "except (OSError,ValueError,KeyError):\n print('{}')\n"
-        )
-        return f"python3 -c {q(probe)} {q(releases)}"
-
-    def process(self, output):
-        return json.loads("\n".join(output) or "{}")
 
 
 # pyinfra options whose value may be a secret: never kept in a release
@@ -87,7 +70,7 @@ def record_release() -> None:
     spec = current_spec()
     plan = current_plan()
     where = releases_dir(spec.cluster.install_dir)
-    current = host.get_fact(CurrentRelease, releases=where)
+    current = host_state()["release"]
     needed = current.get("hash") != plan.release_hash or base.node_venv_will_change()
     q = shlex.quote
     python = f"{flags.venv_dir(spec)}/bin/python"

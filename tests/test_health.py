@@ -82,3 +82,59 @@ def test_router_gate_needs_a_real_completion_when_given_a_model(router):
     router.completion_status = 200
     ok, reason = wait_router(router.url, ["http://w:1"], timeout=1.5, interval=0.2, model="m")
     assert ok and "a completion succeeded" in reason
+
+
+def test_gates_wait_together_and_name_what_failed(capsys):
+    """`pdkit.health gates`: every HTTP gate at once; exit 1 naming the one that never answered 200."""
+    from pdkit.health import main
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            self.send_response(200 if self.path == "/ok" else 503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        assert main(["gates", "--http", f"{base}/ok", "5", "--http", f"{base}/ok", "5"]) == 0
+        assert main(["gates", "--http", f"{base}/ok", "5", "--http", f"{base}/down", "0.5"]) == 1
+    finally:
+        server.shutdown()
+    out = capsys.readouterr()
+    assert f"FAILED not ready after 0 s: {base}/down answered 503" in out.err
+    assert f"ok     {base}/ok answered 200" in out.out
+    with pytest.raises(SystemExit):
+        main(["gates", "--http", f"{base}/ok", "soon"])  # TIMEOUT must be seconds
+
+
+def test_tune_connection_turns_nagle_off_on_a_tcp_ssh_socket_only():
+    import socket
+    from types import SimpleNamespace
+
+    from pdkit.deploy import tune_connection
+
+    def host_with(sock):
+        transport = SimpleNamespace(sock=sock)
+        return SimpleNamespace(connector=SimpleNamespace(client=SimpleNamespace(get_transport=lambda: transport)))
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    tcp = socket.create_connection(listener.getsockname())
+    try:
+        assert tcp.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 0
+        assert tune_connection(host_with(tcp)) is True
+        assert tcp.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+    finally:
+        tcp.close()
+        listener.close()
+    a, b = socket.socketpair()  # a proxied channel or a local pipe: not TCP, left alone
+    try:
+        assert tune_connection(host_with(a)) is False
+    finally:
+        a.close()
+        b.close()
+    assert tune_connection(SimpleNamespace(connector=SimpleNamespace())) is False  # @local, @docker: no SSH client

@@ -227,3 +227,15 @@ def test_a_rolled_batch_runs_with_node_drained_and_a_plain_deploy_does_not(tmp_p
     for name in ("gpu01", "gpu02"):
         assert rolled.get_host(name).data.get("node_drained") is True
         assert plain.get_host(name).data.get("node_drained") is None
+
+
+def test_engines_restarting_together_count_once():
+    from pdkit.roll import covered_seconds
+
+    assert covered_seconds([]) == 0
+    assert covered_seconds([(0, 1_000_000)]) == 1.0
+    # prefill and decode restarted together: 0-1.5 s and 0.2-1.6 s -> 1.6 s, not 2.9 s
+    assert covered_seconds([(200_000, 1_600_000), (0, 1_500_000)]) == 1.6
+    # one after the other, with a gap: both counted, the gap not
+    assert covered_seconds([(0, 1_000_000), (3_000_000, 4_500_000)]) == 2.5
+    assert covered_seconds([(0, 5_000_000), (1_000_000, 2_000_000)]) == 5.0

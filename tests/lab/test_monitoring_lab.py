@@ -8,6 +8,7 @@ no-op when the cluster is already deployed).
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -144,8 +145,8 @@ def test_grafana_role_is_planned_by_a_dry_run(lab, monitored, tmp_path):
     mon = next(h for h in lab.hosts if h.role == "monitoring").name
     planned = [line for line in out.splitlines() if f"1 ({mon})" in line]
     for op in ("Grafana's apt key", "Grafana's apt source", "Install grafana",
-               "File /etc/grafana/provisioning/datasources/pdkit.yaml", "File /etc/grafana/provisioning/dashboards/pdkit.yaml",
-               "File /var/lib/grafana/dashboards/pdkit/pdkit-overview.json"):
+               "/etc/grafana/provisioning/datasources/pdkit.yaml", "/etc/grafana/provisioning/dashboards/pdkit.yaml",
+               "/var/lib/grafana/dashboards/pdkit/pdkit-overview.json"):
         assert any(op in line for line in planned), f"{op!r} not planned on {mon}:\n" + "\n".join(planned)
     assert ssh(lab, mon, "test ! -e /etc/apt/sources.list.d/grafana.sources && ! dpkg -s grafana >/dev/null 2>&1").returncode == 0, "a --dry run changed the host"
 
@@ -176,10 +177,10 @@ def test_dcgm_exporter_is_planned_by_a_dry_run(lab, tmp_path):
     for op in ("cuda-keyring from https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/",
                "NVIDIA apt source /etc/apt/sources.list.d/pdkit-nvidia-cuda.sources",
                "datacenter-gpu-manager-4-cuda13, datacenter-gpu-manager-exporter",
-               "File /etc/systemd/system/nvidia-dcgm-exporter.service.d/pdkit.conf",
-               "systemd daemon-reload", "Enable and start nvidia-dcgm-exporter.service",
-               "Health gate nvidia-dcgm-exporter.service"):
+               "/etc/systemd/system/nvidia-dcgm-exporter.service.d/pdkit.conf",
+               "Enable and start engines and daemons: nvidia-dcgm-exporter.service"):
         assert op in out, f"{op!r} not planned on {first}:\n{out[-4000:]}"
+    assert re.search(r"Health gates: .*nvidia-dcgm-exporter\.service", out), f"no health gate for the DCGM exporter on {first}:\n{out[-4000:]}"
     for other in others:
         assert "dcgm" not in dry(other).lower(), f"DCGM planned on {other}, where it is off"
     assert ssh(lab, first, "test ! -e /etc/apt/sources.list.d/pdkit-nvidia-cuda.sources && "

@@ -50,3 +50,38 @@ def test_the_shared_repository_deploy_is_laid_down_once_per_host():
     assert sum("Install cuda-keyring" in op for op in ops) == 1
     assert sum("NVIDIA apt source" in op for op in ops) == 1
     assert load(HERE / "operations" / "node" / "lab-host-gpu-none.json")["commands"] == []
+
+
+def test_the_bundled_node_facts_read_each_fact_as_it_reads_alone():
+    """NodeFacts runs every fact's own command in one round trip and parses each part with that
+    fact's own parser: over every recorded case (one case per fact at a time, the H200's where
+    there is one), the bundle's values equal the facts' values read one by one."""
+    by_fact: dict[str, list] = {}
+    for path in FACT_CASES:
+        by_fact.setdefault(path.parent.name, []).append(load(path))
+    names = tuple(node_facts.NODE_FACTS)
+    bundle = node_facts.NodeFacts()
+    command = bundle.command(names)
+    for name, cls in node_facts.NODE_FACTS.items():
+        assert cls().command() in command  # each fact's exact command, unchanged
+    rounds = max(len(cases) for cases in by_fact.values())
+    for i in range(rounds):
+        cases = {name: by_fact[cls.__name__][i % len(by_fact[cls.__name__])] for name, cls in node_facts.NODE_FACTS.items()}
+        output = [line for name in names for line in (node_facts.NODE_FACTS_MARK + name, *cases[name]["output"])]
+        values = json.loads(json.dumps(bundle.process(output)))
+        assert values == {name: cases[name]["fact"] for name in names}
+
+
+def test_the_bundled_command_runs_here_and_agrees_with_each_fact_alone():
+    """The real shell on this machine: one bundled command, the same values as eleven commands."""
+    import subprocess
+
+    def run(command: str) -> list[str]:
+        proc = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.splitlines()
+
+    together = node_facts.NodeFacts().process(run(node_facts.NodeFacts().command(tuple(node_facts.NODE_FACTS))))
+    for name, cls in node_facts.NODE_FACTS.items():
+        lines = run(cls().command())
+        assert together[name] == (cls().process(lines) if lines else cls.default()), name

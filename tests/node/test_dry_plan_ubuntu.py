@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from roles.node_facts import NODE_FACTS, NODE_FACTS_MARK
 from tests.conftest import REPO
 from tests.node.runner import CLUSTER, NODE
 
@@ -27,14 +28,18 @@ def _output(fact: str, case: str) -> list[str]:
 
 
 def test_fresh_ubuntu2404_blackwell_node_plan(tmp_path):
-    responses = {
-        "cat /etc/os-release": ["ID=ubuntu", 'VERSION_ID="24.04"', "VERSION_CODENAME=noble", 'PRETTY_NAME="Ubuntu 24.04.3 LTS"'],
-        "uname -m": ["x86_64"],
-        "uname -r": ["6.8.0-51-generic"],
-        "/sys/bus/pci/devices": _output("PciNvidiaGpus", "rtx-pro-6000-8x"),
-        "/sys/devices/system/node": _output("NumaCpus", "rtx-pro-6000-two-sockets"),
-        "ls -1 /sys/class/net": _output("NetworkInterfaces", "rtx-pro-6000-with-rdma"),
+    # what each preflight fact's command prints on that node (the rest print nothing) ...
+    printed = {
+        "os": ["ID=ubuntu", 'VERSION_ID="24.04"', "VERSION_CODENAME=noble", 'PRETTY_NAME="Ubuntu 24.04.3 LTS"'],
+        "arch": ["x86_64"],
+        "kernel": ["6.8.0-51-generic"],
+        "pci_gpus": _output("PciNvidiaGpus", "rtx-pro-6000-8x"),
+        "numa_cpus": _output("NumaCpus", "rtx-pro-6000-two-sockets"),
+        "nics": _output("NetworkInterfaces", "rtx-pro-6000-with-rdma"),
     }
+    # ... and so what the preflight's one bundled command prints (its first marker picks it out)
+    bundled = [line for name in NODE_FACTS for line in (NODE_FACTS_MARK + name, *printed.get(name, []))]
+    responses = {NODE_FACTS_MARK + next(iter(NODE_FACTS)): bundled}
     data = {"fake_responses": responses, "fake_delay": 0, "fake_delay_jitter": 0, "pdkit_node": NODE, "pdkit_router": {}}
     inventory = tmp_path / "fresh_ubuntu.py"
     inventory.write_text(f"gpu_nodes = {pprint.pformat([('@fake/gpu01', data)])}\nall = (['@fake/gpu01'], {pprint.pformat({'pdkit_cluster': CLUSTER})})\n")

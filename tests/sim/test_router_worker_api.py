@@ -1,0 +1,60 @@
+"""pdkit.router_api against the real smg 1.13.0 binary, with sim engines on loopback.
+
+What a roll relies on: a removed worker stops being routable at once; with the per-worker
+drain settle time set to 0 (pdkit.versions.RouterRelease.per_worker_drain_settle) it can be
+added back at once; with the router's own (5 s) a re-add waits the removal out (409 meanwhile).
+"""
+
+from __future__ import annotations
+
+import time
+
+from pdkit.router_api import RouterClient
+from pdkit.versions import ROUTER_RELEASES
+
+from .conftest import start_pd_stack
+from .support import MODEL
+
+
+def _remove_and_add_back(client: RouterClient, url: str) -> tuple[float, float]:
+    """(seconds until the removed worker is gone from the list, seconds until it is back and healthy)."""
+    worker = client.find(url)
+    assert worker is not None and worker.status == "ready"
+    start = time.monotonic()
+    removed = client.remove(url)
+    assert removed is not None and removed.url == url
+    listed = client.find(url)
+    assert listed is None or listed.status == "draining", f"{url} still routable after remove(): {listed}"
+    while client.find(url) is not None:
+        assert time.monotonic() - start < 30, f"{url} never left the router's list"
+        time.sleep(0.05)
+    gone = time.monotonic() - start
+    client.add(url, worker.worker_type, worker.bootstrap_port, timeout=30)
+    client.wait_healthy([url], timeout=30)
+    return gone, time.monotonic() - start
+
+
+def test_a_zero_settle_removal_is_immediate_and_the_default_one_is_not(procs):
+    assert ROUTER_RELEASES[("smg", "1.13.0")].per_worker_drain_settle
+    stack = start_pd_stack(procs)
+    fast = RouterClient(stack.router_url, drain_settle_s=0)
+    # the CLI-registered decode: remove() first gives it the 0 s settle time (PUT), then removes it
+    gone, back = _remove_and_add_back(fast, stack.decode_url)
+    assert gone < 2.0 and back < 3.0, (gone, back)
+    # added back by the same client: it keeps the 0 s settle time, the next removal is immediate too
+    assert fast.detail(fast.find(stack.decode_url).id).get("health", {}).get("drain_settle_secs") == 0
+    gone, back = _remove_and_add_back(fast, stack.prefill_url)
+    assert gone < 2.0 and back < 3.0, (gone, back)
+    # a client that leaves the router's own settle time: the removal takes smg's default 5 s,
+    # and add() waits it out (smg answers 409 until then) instead of failing
+    plain = RouterClient(stack.router_url)
+    plain.remove(stack.decode_url)  # still the 0 s settle time fast's add gave it
+    plain.add(stack.decode_url, "decode", timeout=30)  # registered again without an override
+    plain.wait_healthy([stack.decode_url], timeout=30)
+    assert "drain_settle_secs" not in plain.detail(plain.find(stack.decode_url).id).get("health", {})
+    gone, back = _remove_and_add_back(plain, stack.decode_url)
+    assert gone >= 4.0, f"smg removed a worker with its default settle time in {gone:.1f} s (expected ~5 s)"
+    assert back >= gone
+    # requests still flow through the router after all this
+    status, body = plain.completion(MODEL, "after the removals", max_tokens=2)
+    assert status == 200, body

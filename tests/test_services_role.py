@@ -1,0 +1,70 @@
+"""The services role's decisions: which files are written how, what (re)starts, the gate command."""
+
+from __future__ import annotations
+
+import shlex
+
+from pdkit.plan import PlannedFile, Service
+from roles.install_files import install_commands
+from roles.services import gates_command, is_unit_file, restart_plan
+
+UNIT = PlannedFile("/etc/systemd/system/pdkit-engine-decode.service", "[Service]\n", "0644", "root", "root")
+SECRET = PlannedFile("/etc/pdkit/secrets.env", "HF_TOKEN=x\n", "0600", "root", "root", secret=True)
+CONFIG = PlannedFile("/etc/pdkit/exporter.json", "{}\n", "0640", "root", "pdkit")
+
+
+def test_files_are_uploaded_to_staging_then_given_mode_and_owner_before_they_move_into_place():
+    steps = install_commands([UNIT, SECRET, CONFIG], "/etc/pdkit/.staging", daemon_reload=True)
+    uploads, command = steps[:-1], steps[-1]
+    # every upload lands in the root-only staging directory, never under its final path
+    assert uploads == [(UNIT, "/etc/pdkit/.staging/0"), (SECRET, "/etc/pdkit/.staging/1"), (CONFIG, "/etc/pdkit/.staging/2")]
+    parts = command.split(" && ")
+    for f, staged in uploads:
+        chown, chmod, move = (parts.index(p) for p in (f"chown {shlex.quote(f.owner)}:{shlex.quote(f.group)} {staged}",
+                                                       f"chmod {f.mode} {staged}", f"mv -f {staged} {f.path}"))
+        assert chown < move and chmod < move  # the file is never visible with the upload's mode
+    assert parts[-1] == "systemctl daemon-reload"
+    # no secret in the command (uploads carry the content)
+    assert "HF_TOKEN" not in command
+    assert "daemon-reload" not in install_commands([CONFIG], "/s", daemon_reload=False)[-1]
+
+
+def test_unit_files_and_drop_ins_need_a_daemon_reload():
+    assert is_unit_file("/etc/systemd/system/pdkit-engine-decode.service")
+    assert is_unit_file("/etc/systemd/system/nvidia-dcgm-exporter.service.d/pdkit.conf")
+    assert not is_unit_file("/etc/pdkit/exporter.json")
+
+
+def _service(unit: str, kind: str, files: tuple[str, ...]) -> Service:
+    return Service(unit=unit, kind=kind, files=files, health_url=f"http://10.0.0.1/{unit}", ready_timeout_s=60)
+
+
+def test_restart_plan_starts_what_is_down_and_restarts_what_changed():
+    engine = _service("e.service", "engine", ("/etc/e.service", "/etc/e.env"))
+    other = _service("o.service", "engine", ("/etc/o.service",))
+    exporter = _service("x.service", "http", ("/etc/x.json",))
+    down = _service("d.service", "http", ("/etc/d.json",))
+    units = {"e.service": ["loaded", "active", "enabled"], "o.service": ["loaded", "active", "enabled"],
+             "x.service": ["loaded", "active", "enabled"], "d.service": ["loaded", "inactive", "enabled"]}
+    state = {"units": units}
+    start, restart = restart_plan([engine, other, exporter, down], state, {"/etc/e.env", "/etc/x.json"}, new_venv=False)
+    assert [s.unit for s in start] == ["d.service"]
+    assert [s.unit for s in restart] == ["e.service", "x.service"]
+    # a new node venv: every engine restarts onto it, daemons only when their files changed
+    start, restart = restart_plan([engine, other, exporter, down], state, set(), new_venv=True)
+    assert [s.unit for s in restart] == ["e.service", "o.service"]
+    # nothing changed, everything up: nothing to do
+    assert restart_plan([engine, exporter], state, set(), new_venv=False) == ([], [])
+
+
+def test_one_gate_command_waits_for_every_engine_and_daemon():
+    engine = _service("pdkit-engine-decode.service", "engine", ())
+    exporter = _service("pdkit-exporter.service", "http", ())
+    argv = shlex.split(gates_command("/opt/pdkit/venv/bin/python", [engine, exporter]))
+    assert argv == ["/opt/pdkit/venv/bin/python", "-m", "pdkit.health", "gates",
+                    "--engine", "pdkit-engine-decode.service", "http://10.0.0.1/pdkit-engine-decode.service", "60",
+                    "--http", "http://10.0.0.1/pdkit-exporter.service", "60"]
+    from pdkit.health import main
+
+    # the same words parse with the on-host CLI (an unreachable URL fails fast, not a usage error)
+    assert main(["gates", "--http", "http://127.0.0.1:9/x", "0.3"]) == 1
