@@ -88,7 +88,12 @@ def main() -> int:
     for label, n in rows:
         steps = " ".join(f"{k} {v:.1f}" for k, v in n["steps"].items())
         print(f"{label:<9} {n['host']:<10} {n['total_s']:7.1f} {n['engines_restart_to_ready_s']:8.1f} {n['overhead_s']:9.1f}  {steps}")
-    gpu = [n for _, n in rows if n["engines_restart_to_ready_s"] > 0]
+    with_engines = [n for _, n in rows if n.get("engines", 0) > 0]
+    gpu = [n for n in with_engines if n["engines_restart_to_ready_s"] > 0]
+    unmeasured = [n["host"] for n in with_engines if n["engines_restart_to_ready_s"] <= 0]
+    if unmeasured:
+        # a GPU node whose engine restart was not found in its journal: reported, never dropped quietly
+        print(f"\n{len(unmeasured)} GPU-node roll(s) without a measured engine restart (left out of the figures): {', '.join(unmeasured)}")
     if not gpu:
         print("no engine restarted: nothing to measure")
         return 1
@@ -99,8 +104,8 @@ def main() -> int:
     print("median per step: " + ", ".join(f"{k} {statistics.median(n['steps'].get(k, 0) for n in gpu):.1f} s" for k in steps))
     detail = list(dict.fromkeys(k for n in gpu for k in n.get("apply_detail", {})))
     print("inside apply, median (s): " + ", ".join(f"{k} {statistics.median(n['apply_detail'].get(k, 0) for n in gpu):.2f}" for k in detail))
-    met = max(overheads) <= TARGET_OVERHEAD_S
-    print(f"target <= {TARGET_OVERHEAD_S:.0f} s per node: {'met' if met else 'NOT met'}")
+    met = max(overheads) <= TARGET_OVERHEAD_S and not unmeasured
+    print(f"target <= {TARGET_OVERHEAD_S:.0f} s per node: {'met' if met else 'NOT met' if not unmeasured else 'not shown (unmeasured rolls above)'}")
     return 0
 
 

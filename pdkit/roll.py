@@ -22,6 +22,7 @@ import argparse
 import json
 import shlex
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -300,6 +301,8 @@ class Progress:
 class NodeTiming:
     host: str
     total_s: float = 0.0
+    # engine units planned on the node, and the wall time during which they restarted
+    engines: int = 0
     engines_restart_to_ready_s: float = 0.0
     steps: dict[str, float] = field(default_factory=dict)
     # inside `apply`: "prepare" (facts, deploy code) and each operation that ran on the node
@@ -428,23 +431,34 @@ class Pyinfra:
         failed = {h: _why(log.lines, h) or "no SSH connection" for h in hosts if h not in connected}
         return state, connected, failed
 
-    def apply(self, hosts: list[str], state: Any = None) -> dict[str, str]:
-        """Run deploy/pd.py on HOSTS (one State: STATE from `connect` when given); name -> error for every host that failed."""
-        from pyinfra.api.operations import run_ops
+    def prepare(self, hosts: list[str], state: Any) -> dict[str, str]:
+        """Load deploy/pd.py into STATE (the batch's, from `connect`): read the facts, decide the
+        operations; nothing on the nodes changes. Name -> error for every host that failed."""
         from pyinfra.api.state import StateStage
         from pyinfra_cli.util import load_deploy_file
 
         with _LogCollector() as log:
             try:
                 t = time.monotonic()
-                if state is None:
-                    state, _ = self._state(hosts)
-                connected = {h.name for h in state.activated_hosts}
-                self.phases["connect"] = time.monotonic() - t
-                t = time.monotonic()
                 state.set_stage(StateStage.Prepare)
                 load_deploy_file(state, str(REPO / DEPLOY_FILE))
-                self.phases["prepare"] = time.monotonic() - t
+                self.phases = {"prepare": time.monotonic() - t}
+            except SystemExit as exc:
+                return {h: f"the deploy stopped: {exc}" for h in hosts}
+            except Exception as exc:  # noqa: BLE001 - pyinfra raises its own errors for a failed host
+                failed = {h.name for h in state.failed_hosts} or set(hosts)
+                return {h: f"{type(exc).__name__}: {exc}; " + (_why(log.lines, h) or "") for h in failed}
+        connected = {h.name for h in state.activated_hosts}
+        failed = {h.name for h in state.failed_hosts} | (set(hosts) - connected)
+        return {h: _why(log.lines, h) or "the deploy failed while reading the node" for h in failed}
+
+    def execute(self, hosts: list[str], state: Any) -> dict[str, str]:
+        """Run the operations `prepare` decided; name -> error for every host that failed."""
+        from pyinfra.api.operations import run_ops
+        from pyinfra.api.state import StateStage
+
+        with _LogCollector() as log:
+            try:
                 t = time.monotonic()
                 state.set_stage(StateStage.Execute)
                 timer = _op_timer()
@@ -457,8 +471,9 @@ class Pyinfra:
             except SystemExit as exc:
                 return {h: f"the deploy stopped: {exc}" for h in hosts}
             except Exception as exc:  # noqa: BLE001 - pyinfra raises its own errors for a failed host
-                failed = {h.name for h in getattr(locals().get("state"), "failed_hosts", set())} or set(hosts)
+                failed = {h.name for h in state.failed_hosts} or set(hosts)
                 return {h: f"{type(exc).__name__}: {exc}; " + (_why(log.lines, h) or "") for h in failed}
+        connected = {h.name for h in state.activated_hosts}
         failed = {h.name for h in state.failed_hosts} | (set(hosts) - connected)
         return {h: _why(log.lines, h) or "the deploy failed" for h in failed}
 
@@ -737,11 +752,11 @@ class Roller:
             for h in batch:
                 p(h, "done", "no change: files and services already as planned; left in the router")
             return
-        timings = {h: NodeTiming(h) for h in batch}
+        timings = {h: NodeTiming(h, engines=sum(s.kind == "engine" for s in self.plans[h].services)) for h in batch}
         done_drain = False
 
-        def gate(name: str, fn: Callable[[list[str]], str]) -> None:
-            start = time.monotonic()
+        def gate(name: str, fn: Callable[[list[str]], str], started: float | None = None) -> None:
+            start = time.monotonic() if started is None else started
             try:
                 message = fn(batch)
             except RollError:
@@ -754,16 +769,40 @@ class Roller:
             p(",".join(batch), name, message, took)
 
         try:
-            gate("drain", self.drain)
+            # The deploy's prepare only reads the nodes (facts) and decides the operations, so it
+            # runs while the drain (HTTP to routers and engines only) waits for the engines to go idle.
+            drained: dict[str, Any] = {}
+
+            def drain_job() -> None:
+                try:
+                    drained["message"] = self.drain(batch)
+                except Exception as exc:  # noqa: BLE001 - re-raised by wait_drain in the gate
+                    drained["error"] = exc
+
+            drain_started = time.monotonic()
+            drainer = threading.Thread(target=drain_job, name="pdkit-roll-drain")
+            drainer.start()
+            try:
+                prepare_errors = self.pyinfra.prepare(batch, state)
+            finally:
+                drainer.join()
+
+            def wait_drain(_: list[str]) -> str:
+                if "error" in drained:
+                    raise drained["error"]
+                return drained["message"]
+
+            gate("drain", wait_drain, started=drain_started)
             done_drain = True
 
             def apply(b: list[str]) -> str:
-                errors = self.pyinfra.apply(b, state)  # the batch's State: connected once
+                errors = prepare_errors or self.pyinfra.execute(b, state)  # the batch's State: connected once
                 if errors:
                     h, why = next(iter(sorted(errors.items())))
                     raise RollError(h, "apply", why)
-                phases = ", ".join(f"{k} {v:.1f} s" for k, v in self.pyinfra.phases.items())
-                return f"deploy/pd.py applied; changed services restarted and passed their health gates ({phases})"
+                phases = self.pyinfra.phases
+                return (f"deploy/pd.py applied; changed services restarted and passed their health gates "
+                        f"(prepared while draining: {phases.get('prepare', 0):.1f} s; execute {phases.get('execute', 0):.1f} s)")
 
             gate("apply", apply)
             gate("ready", self.ready)
@@ -929,7 +968,7 @@ def report(timings: list[NodeTiming]) -> dict:
     """Per node: total, engines' restart-to-ready, the kit's own overhead, each step (seconds)."""
     return {
         "nodes": [
-            {"host": t.host, "total_s": round(t.total_s, 2), "engines_restart_to_ready_s": round(t.engines_restart_to_ready_s, 2),
+            {"host": t.host, "total_s": round(t.total_s, 2), "engines": t.engines, "engines_restart_to_ready_s": round(t.engines_restart_to_ready_s, 2),
              "overhead_s": round(t.overhead_s, 2), "steps": {k: round(v, 2) for k, v in t.steps.items()},
              "apply_detail": {k: round(v, 2) for k, v in t.apply_detail.items()}}
             for t in timings
