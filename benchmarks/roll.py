@@ -2,8 +2,9 @@
 
     sudo PDKIT_LAB_DIR=... PDKIT_LAB_SUBNET=... .venv/bin/python benchmarks/roll.py [--rounds 2]
 
-Needs a running lab converged on inventories/lab.py (`pdkit lab up && pyinfra inventories/lab.py
-deploy/pd.py -y`). Each round rolls a config change across every lab host (decode
+Needs a running lab (`pdkit lab up`); it first converges it on inventories/lab.py with
+`pyinfra inventories/lab.py deploy/pd.py -y` (not measured), so that a pdkit source change's
+new node venv is not installed inside a measured roll. Each round rolls a config change across every lab host (decode
 cuda_graph_max_bs 64 -> 96: the decode unit, exporter.json and release.json change, the decode
 engine and the exporter restart) and then rolls inventories/lab.py back, each with
 `pdkit roll --report`. Prints, per node and roll: total, engines' restart-to-ready (from the
@@ -64,12 +65,26 @@ def roll(inventory: str, report: Path) -> list[dict]:
     return json.loads(report.read_text())["nodes"]
 
 
+def converge() -> None:
+    pyinfra = str(Path(sys.executable).parent / "pyinfra")
+    proc = subprocess.run([pyinfra, BASE, "deploy/pd.py", "-y"], cwd=REPO, capture_output=True, text=True, timeout=1800, stdin=subprocess.DEVNULL)
+    if proc.returncode != 0:
+        sys.exit(f"pyinfra {BASE} deploy/pd.py failed (rc {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-2000:]}")
+
+
+def venv_installs(node: dict) -> list[str]:
+    """Operations of a roll that installed a venv: such a roll measures more than a config change."""
+    return [op for op in node.get("apply_detail", {}) if op.startswith("Install") and "venv" in op]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2, help="change + roll back pairs")
     parser.add_argument("--engine-start-s", type=float, help="give every sim engine this start-up time (default: the sim's own ~1 s)")
     args = parser.parse_args()
     rows: list[tuple[str, dict]] = []
+    print(f"converging the lab on {BASE} (not measured) ...", flush=True)
+    converge()
     with tempfile.TemporaryDirectory() as tmp:
         changed = str(lab_inventory(Path(tmp), "lab_roll_changed", max_bs=96, engine_start_s=args.engine_start_s))
         base = BASE if args.engine_start_s is None else str(lab_inventory(Path(tmp), "lab_roll_base", max_bs=None, engine_start_s=args.engine_start_s))
@@ -94,6 +109,9 @@ def main() -> int:
     if unmeasured:
         # a GPU node whose engine restart was not found in its journal: reported, never dropped quietly
         print(f"\n{len(unmeasured)} GPU-node roll(s) without a measured engine restart (left out of the figures): {', '.join(unmeasured)}")
+    with_venv = [n["host"] for n in gpu if venv_installs(n)]
+    if with_venv:
+        print(f"\n{len(with_venv)} roll(s) also installed a venv (the source changed during the run?): {', '.join(with_venv)}")
     if not gpu:
         print("no engine restarted: nothing to measure")
         return 1
@@ -104,8 +122,8 @@ def main() -> int:
     print("median per step: " + ", ".join(f"{k} {statistics.median(n['steps'].get(k, 0) for n in gpu):.1f} s" for k in steps))
     detail = list(dict.fromkeys(k for n in gpu for k in n.get("apply_detail", {})))
     print("inside apply, median (s): " + ", ".join(f"{k} {statistics.median(n['apply_detail'].get(k, 0) for n in gpu):.2f}" for k in detail))
-    met = max(overheads) <= TARGET_OVERHEAD_S and not unmeasured
-    print(f"target <= {TARGET_OVERHEAD_S:.0f} s per node: {'met' if met else 'NOT met' if not unmeasured else 'not shown (unmeasured rolls above)'}")
+    met = max(overheads) <= TARGET_OVERHEAD_S and not unmeasured and not with_venv
+    print(f"target <= {TARGET_OVERHEAD_S:.0f} s per node: {'met' if met else 'NOT met' if not (unmeasured or with_venv) else 'not shown (see the rolls named above)'}")
     return 0
 
 

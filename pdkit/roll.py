@@ -437,37 +437,38 @@ class Pyinfra:
         from pyinfra.api.state import StateStage
         from pyinfra_cli.util import load_deploy_file
 
-        with _LogCollector() as log:
-            try:
-                t = time.monotonic()
-                state.set_stage(StateStage.Prepare)
-                load_deploy_file(state, str(REPO / DEPLOY_FILE))
-                self.phases = {"prepare": time.monotonic() - t}
-            except SystemExit as exc:
-                return {h: f"the deploy stopped: {exc}" for h in hosts}
-            except Exception as exc:  # noqa: BLE001 - pyinfra raises its own errors for a failed host
-                failed = {h.name for h in state.failed_hosts} or set(hosts)
-                return {h: f"{type(exc).__name__}: {exc}; " + (_why(log.lines, h) or "") for h in failed}
-        connected = {h.name for h in state.activated_hosts}
-        failed = {h.name for h in state.failed_hosts} | (set(hosts) - connected)
-        return {h: _why(log.lines, h) or "the deploy failed while reading the node" for h in failed}
+        def work() -> None:
+            state.set_stage(StateStage.Prepare)
+            load_deploy_file(state, str(REPO / DEPLOY_FILE))
+
+        self.phases = {}
+        return self._phase("prepare", hosts, state, work, "the deploy failed while reading the node")
 
     def execute(self, hosts: list[str], state: Any) -> dict[str, str]:
         """Run the operations `prepare` decided; name -> error for every host that failed."""
         from pyinfra.api.operations import run_ops
         from pyinfra.api.state import StateStage
 
+        timer = _op_timer()
+
+        def work() -> None:
+            state.set_stage(StateStage.Execute)
+            state.add_callback_handler(timer)
+            run_ops(state)
+
+        errors = self._phase("execute", hosts, state, work, "the deploy failed")
+        self.operations = {}
+        for (host_name, op), took in timer.took.items():
+            self.operations.setdefault(host_name, {})[op] = took
+        return errors
+
+    def _phase(self, name: str, hosts: list[str], state: Any, work: Callable[[], None], failed_note: str) -> dict[str, str]:
+        """Run one phase of pyinfra's, timed into self.phases; name -> error for every host that failed."""
         with _LogCollector() as log:
             try:
                 t = time.monotonic()
-                state.set_stage(StateStage.Execute)
-                timer = _op_timer()
-                state.add_callback_handler(timer)
-                run_ops(state)
-                self.phases["execute"] = time.monotonic() - t
-                self.operations = {}
-                for (host_name, op), took in timer.took.items():
-                    self.operations.setdefault(host_name, {})[op] = took
+                work()
+                self.phases[name] = time.monotonic() - t
             except SystemExit as exc:
                 return {h: f"the deploy stopped: {exc}" for h in hosts}
             except Exception as exc:  # noqa: BLE001 - pyinfra raises its own errors for a failed host
@@ -475,7 +476,7 @@ class Pyinfra:
                 return {h: f"{type(exc).__name__}: {exc}; " + (_why(log.lines, h) or "") for h in failed}
         connected = {h.name for h in state.activated_hosts}
         failed = {h.name for h in state.failed_hosts} | (set(hosts) - connected)
-        return {h: _why(log.lines, h) or "the deploy failed" for h in failed}
+        return {h: _why(log.lines, h) or failed_note for h in failed}
 
 
 def roll_inventory(path: str) -> Any:
