@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from pdkit import flags
 from pdkit.versions import SGLANG_RELEASES
-from pdkit.spec import DCGM_EXPORTER_PORT, NODE_EXPORTER_PORT, ClusterSpec, HostSpec, Monitoring
+from pdkit.spec import DCGM_EXPORTER_PORT, NODE_EXPORTER_PORT, ClusterSpec, HostSpec, Monitoring, dcgm_enabled
 
 # ---------------------------------------------------------------------------
 # Where the files live on the monitoring host (Debian's prometheus package; Grafana's own)
@@ -205,17 +205,6 @@ def scraped_hosts(spec: ClusterSpec) -> list[HostSpec]:
     """The hosts Prometheus scrapes: `scrape_hosts`, else every host, in inventory order."""
     wanted = _monitoring(spec).scrape_hosts
     return [h for h in spec.hosts if wanted is None or h.name in wanted]
-
-
-def dcgm_enabled(host: HostSpec) -> bool:
-    """Whether a host runs the DCGM exporter: `Node.dcgm_exporter` when set, else on for real
-    NVIDIA nodes (`gpu: nvidia`), never on lab hosts (`gpu: none`)."""
-    node = host.node
-    if node is None:
-        return False
-    if node.dcgm_exporter is not None:
-        return node.dcgm_exporter
-    return node.gpu == "nvidia"
 
 
 def counted_instances(spec: ClusterSpec) -> set[str]:

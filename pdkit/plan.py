@@ -17,7 +17,7 @@ from pathlib import Path
 import jinja2
 
 from pdkit import flags
-from pdkit.spec import DCGM_EXPORTER_PORT, ClusterSpec, Engine, HostSpec, engine_numa_node
+from pdkit.spec import DCGM_EXPORTER_PORT, ClusterSpec, Engine, HostSpec, dcgm_enabled, engine_numa_node
 
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
 SYSTEMD_DIR = "/etc/systemd/system"
@@ -232,7 +232,7 @@ def plan_host(spec: ClusterSpec, host: HostSpec) -> HostPlan:
             )
         )
 
-    if _dcgm_enabled(host):
+    if dcgm_enabled(host):
         directories.append((DCGM_DROPIN_DIR, "0755", "root", "root"))
         dropin = render_template("systemd/dcgm-exporter.conf.j2", **common, exec_start=exec_start(dcgm_exporter_argv(spec, host)))
         files.append(PlannedFile(DCGM_DROPIN_PATH, dropin, "0644"))
@@ -341,7 +341,7 @@ def _release_manifest(spec: ClusterSpec, host: HostSpec, files: list[PlannedFile
     return json.dumps(manifest, indent=2, sort_keys=True) + "\n"
 
 
-# NVIDIA's DCGM exporter on GPU nodes (monitoring.dcgm_enabled): DCGM 4 for CUDA 13 and the
+# NVIDIA's DCGM exporter on GPU nodes (pdkit.spec.dcgm_enabled): DCGM 4 for CUDA 13 and the
 # exporter package, both from NVIDIA's CUDA repository (roles/nvidia_repo.py lays it down)
 DCGM_PACKAGES = ("datacenter-gpu-manager-4-cuda13", "datacenter-gpu-manager-exporter")
 DCGM_UNIT = "nvidia-dcgm-exporter.service"
@@ -399,19 +399,13 @@ def monitoring_host_services(spec: ClusterSpec, host: HostSpec, files: list[Plan
 def host_packages(spec: ClusterSpec, host: HostSpec) -> list[str]:
     """Packages: node_exporter everywhere, DCGM on GPU nodes that run it, Prometheus (and Grafana) on the monitoring host."""
     packages = ["prometheus-node-exporter"]
-    if _dcgm_enabled(host):
+    if dcgm_enabled(host):
         packages += DCGM_PACKAGES
     if host.monitoring is not None:
         packages.append("prometheus")
         if host.monitoring.grafana:
             packages.append("grafana")
     return packages
-
-
-def _dcgm_enabled(host: HostSpec) -> bool:
-    from pdkit.monitoring import dcgm_enabled
-
-    return dcgm_enabled(host)
 
 
 def plan_cluster(spec: ClusterSpec) -> dict[str, HostPlan]:

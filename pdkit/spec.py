@@ -609,12 +609,23 @@ def custom_all_reduce_enabled(spec: ClusterSpec, host: HostSpec, engine: Engine)
     return not (engine.tp_size == 2 and host.node.gpus.sm_major == 12)
 
 
+def dcgm_enabled(host: HostSpec) -> bool:
+    """Whether a host runs the DCGM exporter: `Node.dcgm_exporter` when set, else on for real
+    NVIDIA nodes (`gpu: nvidia`), never on lab hosts (`gpu: none`)."""
+    node = host.node
+    if node is None:
+        return False
+    if node.dcgm_exporter is not None:
+        return node.dcgm_exporter
+    return node.gpu == "nvidia"
+
+
 def host_ports(spec: ClusterSpec, host: HostSpec) -> list[tuple[int, str]]:
     """Every port a host's services listen on, with the field that sets it."""
     ports: list[tuple[int, str]] = [(NODE_EXPORTER_PORT, "node_exporter (fixed)")]
     if host.node is not None:
         ports.append((host.node.exporter_port, "pdkit_node.exporter_port"))
-        if host.node.dcgm_exporter or (host.node.dcgm_exporter is None and host.node.gpu == "nvidia"):
+        if dcgm_enabled(host):
             ports.append((DCGM_EXPORTER_PORT, "pdkit_node.dcgm_exporter (port 9401)"))
         for i, engine in enumerate(host.node.engines):
             ports.append((engine.port, f"pdkit_node.engines[{i}].port"))
