@@ -121,7 +121,7 @@ def main() -> int:
     steps = sorted({k for n in gpu for k in n["steps"]})
     print("median per step: " + ", ".join(f"{k} {statistics.median(n['steps'].get(k, 0) for n in gpu):.1f} s" for k in steps))
     detail = list(dict.fromkeys(k for n in gpu for k in n.get("apply_detail", {})))
-    print("inside apply, median (s): " + ", ".join(f"{k} {statistics.median(n['apply_detail'].get(k, 0) for n in gpu):.2f}" for k in detail))
+    print("deploy (prepare beside the drain, then each operation inside apply), median (s): " + ", ".join(f"{k} {statistics.median(n['apply_detail'].get(k, 0) for n in gpu):.2f}" for k in detail))
     met = max(overheads) <= TARGET_OVERHEAD_S and not unmeasured and not with_venv
     print(f"target <= {TARGET_OVERHEAD_S:.0f} s per node: {'met' if met else 'NOT met' if not (unmeasured or with_venv) else 'not shown (see the rolls named above)'}")
     return 0

@@ -22,9 +22,9 @@ import argparse
 import json
 import shlex
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -305,7 +305,8 @@ class NodeTiming:
     engines: int = 0
     engines_restart_to_ready_s: float = 0.0
     steps: dict[str, float] = field(default_factory=dict)
-    # inside `apply`: "prepare" (facts, deploy code) and each operation that ran on the node
+    # the deploy's own time: "prepare" (facts, deploy code; it runs beside the drain) and each
+    # operation that ran on the node (inside `apply`)
     apply_detail: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -380,9 +381,9 @@ class Pyinfra:
 
     def __init__(self, inventory: str) -> None:
         self.inventory = inventory
-        # seconds of the last apply: connect, prepare (facts, deploy code), execute (operations)
+        # seconds of the last batch's deploy phases: prepare (facts, deploy code), execute (operations)
         self.phases: dict[str, float] = {}
-        # seconds of each operation of the last apply, per host: host -> op name -> seconds
+        # seconds of each operation of the last execute, per host: host -> op name -> seconds
         self.operations: dict[str, dict[str, float]] = {}
 
     def _state(self, hosts: list[str]):
@@ -671,8 +672,6 @@ class Roller:
             return "no engines behind a router here"
         before = self.scrape(urls, FAILURE_COUNTERS)
         model = self.spec.cluster.model.name
-        from concurrent.futures import ThreadPoolExecutor
-
         jobs = [(client, i) for _, client in self.routers() for i in range(self.smoke_requests)]
         # concurrently (greenlets under pyinfra's gevent): a few requests cost one request's time
         with ThreadPoolExecutor(max_workers=max(1, len(jobs))) as pool:
@@ -772,28 +771,11 @@ class Roller:
         try:
             # The deploy's prepare only reads the nodes (facts) and decides the operations, so it
             # runs while the drain (HTTP to routers and engines only) waits for the engines to go idle.
-            drained: dict[str, Any] = {}
-
-            def drain_job() -> None:
-                try:
-                    drained["message"] = self.drain(batch)
-                except Exception as exc:  # noqa: BLE001 - re-raised by wait_drain in the gate
-                    drained["error"] = exc
-
             drain_started = time.monotonic()
-            drainer = threading.Thread(target=drain_job, name="pdkit-roll-drain")
-            drainer.start()
-            try:
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="pdkit-roll-drain") as pool:
+                drained = pool.submit(self.drain, batch)
                 prepare_errors = self.pyinfra.prepare(batch, state)
-            finally:
-                drainer.join()
-
-            def wait_drain(_: list[str]) -> str:
-                if "error" in drained:
-                    raise drained["error"]
-                return drained["message"]
-
-            gate("drain", wait_drain, started=drain_started)
+            gate("drain", lambda _: drained.result(), started=drain_started)
             done_drain = True
 
             def apply(b: list[str]) -> str:

@@ -40,10 +40,6 @@ class Worker:
     status: str
 
 
-def _request(method: str, url: str, payload: dict | None, headers: dict[str, str], timeout: float) -> tuple[int, str]:
-    return http_request(url, payload, timeout=timeout, headers=headers, method=method)
-
-
 def parse_workers(body: str) -> list[Worker]:
     """Workers from GET /workers (smg: {"workers": [...]}; a bare list is accepted too)."""
     data = json.loads(body)
@@ -80,7 +76,7 @@ class RouterClient:
         self.drain_settle_s = drain_settle_s
 
     def _call(self, method: str, path: str, payload: dict | None = None) -> tuple[int, str]:
-        return _request(method, f"{self.base_url}{path}", payload, self.headers, self.timeout)
+        return http_request(f"{self.base_url}{path}", payload, timeout=self.timeout, headers=self.headers, method=method)
 
     def workers(self) -> list[Worker]:
         status, body = self._call("GET", "/workers")
@@ -112,10 +108,13 @@ class RouterClient:
         did not take (the removal then settles for the router's own time: slower, not wrong)."""
         if self.drain_settle_s is None:
             return False
-        wanted = {"drain_settle_secs": self.drain_settle_s}
-        if self.detail(worker.id).get("health", {}).get("drain_settle_secs") == self.drain_settle_s:
+
+        def shown() -> bool:
+            return self.detail(worker.id).get("health", {}).get("drain_settle_secs") == self.drain_settle_s
+
+        if shown():
             return True
-        payload: dict = {"url": worker.url, "worker_type": worker.worker_type, "health": wanted}
+        payload: dict = {"url": worker.url, "worker_type": worker.worker_type, "health": {"drain_settle_secs": self.drain_settle_s}}
         if worker.bootstrap_port is not None:
             payload["bootstrap_port"] = worker.bootstrap_port
         status, _ = self._call("PUT", f"/workers/{urllib.parse.quote(worker.id, safe='')}", payload)
@@ -123,7 +122,7 @@ class RouterClient:
             return False
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self.detail(worker.id).get("health", {}).get("drain_settle_secs") == self.drain_settle_s:
+            if shown():
                 return True
             time.sleep(0.05)
         return False
@@ -185,4 +184,4 @@ class RouterClient:
 
     def completion(self, model: str, prompt: str, max_tokens: int = 4, timeout: float = 60.0) -> tuple[int, str]:
         """One non-streaming completion through the router: (status, body)."""
-        return _request("POST", f"{self.base_url}/v1/completions", {"model": model, "prompt": prompt, "max_tokens": max_tokens}, self.headers, timeout)
+        return http_request(f"{self.base_url}/v1/completions", {"model": model, "prompt": prompt, "max_tokens": max_tokens}, timeout=timeout, headers=self.headers)

@@ -151,7 +151,7 @@ def pack(name: str, wheels: list[Path], requirements: list[str]) -> Bundle:
     made of the inputs' names, sizes and mtimes, so an unchanged set is not read again.
     """
     entries = sorted({w.name: w for w in wheels}.items())
-    stats = [(n, p.stat().st_size, p.stat().st_mtime_ns) for n, p in entries]
+    stats = [(n, st.st_size, st.st_mtime_ns) for n, st in ((n, p.stat()) for n, p in entries)]
     key = hashlib.sha256(json.dumps([name, list(requirements), stats]).encode()).hexdigest()[:32]
     index = cache_root() / "bundles" / f"{name}-inputs-{key}.json"
     try:
