@@ -26,6 +26,16 @@ def _spec(tmp_path, hosts, cluster):
     return load(write_inventory(tmp_path, hosts, cluster))
 
 
+def _one_router_over_every_engine(tmp_path, three_nodes):
+    """three_nodes with gpu01's router fronting every engine, as in the lab (the NICs named,
+    as a router over several nodes' engines requires)."""
+    cluster, hosts = three_nodes
+    del hosts["gpu01"]["pdkit_router"]["workers"]
+    for h in ("gpu01", "gpu02", "gpu03"):
+        hosts[h]["pdkit_node"]["ucx_net_devices"] = "mlx5_0:1"
+    return _spec(tmp_path, hosts, cluster)
+
+
 @pytest.fixture
 def three_nodes(base):
     """gpu01 (router over every engine), gpu02, gpu03, mon01; each node its own PD group."""
@@ -103,11 +113,7 @@ def test_a_pd_group_across_hosts_that_changes_version_rolls_as_one_batch(tmp_pat
 
 
 def test_a_router_over_several_groups_pairs_all_its_hosts_on_a_version_change(tmp_path, three_nodes):
-    cluster, hosts = three_nodes
-    del hosts["gpu01"]["pdkit_router"]["workers"]  # the router fronts every engine, as in the lab
-    for h in ("gpu01", "gpu02", "gpu03"):
-        hosts[h]["pdkit_node"]["ucx_net_devices"] = "mlx5_0:1"
-    spec = _spec(tmp_path, hosts, cluster)
+    spec = _one_router_over_every_engine(tmp_path, three_nodes)
     units, why = pairing_units(spec, {("gpu03", "prefill")})
     assert units == [{"gpu01", "gpu02", "gpu03"}]
     assert "pairs any prefill with any decode" in why[0]
@@ -175,11 +181,7 @@ def test_a_node_is_not_taken_out_when_no_other_worker_of_its_kind_could_serve(tm
     from pdkit.roll import Progress, Roller
     from pdkit.router_api import Worker
 
-    cluster, hosts = three_nodes
-    del hosts["gpu01"]["pdkit_router"]["workers"]  # one router over every engine, as in the lab
-    for h in ("gpu01", "gpu02", "gpu03"):
-        hosts[h]["pdkit_node"]["ucx_net_devices"] = "mlx5_0:1"
-    spec = _spec(tmp_path, hosts, cluster)
+    spec = _one_router_over_every_engine(tmp_path, three_nodes)
     roller = Roller("inv.py", spec, Progress(io.StringIO()))
 
     class Router:

@@ -21,7 +21,6 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from pdkit import lab as pdlab
-from pdkit.plan import plan_cluster
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.lab
@@ -67,6 +66,12 @@ def lab_spec():
         "'user': spec.cluster.service_user, 'model': spec.cluster.model.name, "
         "'router_metrics': [f'http://{router_address(h)}:{h.router.prometheus_port}/metrics' for h in spec.router_hosts]}))"
     )
+    return json_from_child(code)
+
+
+def json_from_child(code: str) -> dict:
+    """The JSON object that CODE prints, run in a child Python: the lab tests read the spec and
+    plan there because importing pyinfra's CLI (pdkit.loader does) gevent-patches the importer."""
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120, check=True)
     return json.loads(out.stdout)
 

@@ -21,7 +21,7 @@ import pytest
 
 from pdkit.health import http_request, router_worker_health
 from tests.conftest import REPO
-from tests.lab.test_deploy import INVENTORY, failed_hosts, lab_spec, run_pyinfra, wait_circuits_closed
+from tests.lab.test_deploy import INVENTORY, failed_hosts, json_from_child, lab_spec, run_pyinfra, wait_circuits_closed
 
 pytestmark = pytest.mark.lab
 
@@ -80,8 +80,7 @@ def lab_layout() -> dict:
         f"spec = load({INVENTORY!r}); "
         "print(json.dumps({'gpu': [h.name for h in spec.gpu_hosts], 'routers': router_urls(spec)}))"
     )
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120, check=True)
-    return json.loads(out.stdout)
+    return json_from_child(code)
 
 
 def wait_router_settled(layout: dict, timeout: float = 90) -> None:

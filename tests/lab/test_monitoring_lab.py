@@ -7,10 +7,8 @@ no-op when the cluster is already deployed).
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
-import sys
 import threading
 import time
 
@@ -18,7 +16,7 @@ import pytest
 import requests
 
 from tests.conftest import REPO
-from tests.lab.test_deploy import INVENTORY, failed_hosts, run_pyinfra, ssh
+from tests.lab.test_deploy import INVENTORY, failed_hosts, json_from_child, run_pyinfra, ssh
 
 pytestmark = pytest.mark.lab
 
@@ -33,8 +31,7 @@ def _monitoring_facts():
         "'router': f'http://{router.address}:{router.router.port}', 'model': spec.cluster.model.name, "
         "'engine_down_for': m.ENGINE_DOWN_FOR, 'gpu': [h.name for h in spec.gpu_hosts]}))"
     )
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120, check=True)
-    return json.loads(out.stdout)
+    return json_from_child(code)
 
 
 @pytest.fixture(scope="module")

@@ -18,6 +18,7 @@ import requests
 from pdkit import lab as pdlab
 from pdkit.lab.model import LabConfig
 from tests.conftest import REPO
+from tests.lab.test_deploy import json_from_child
 
 pytestmark = pytest.mark.lab
 
@@ -56,8 +57,7 @@ def plan_of(inventory: str | Path) -> dict:
         "'gpu': [h.name for h in spec.gpu_hosts], 'addr': {h.name: h.address for h in spec.hosts}, "
         "'router': spec.router_hosts[0].name, 'model': spec.cluster.model.name}))"
     )
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120, check=True)
-    return json.loads(out.stdout)
+    return json_from_child(code)
 
 
 def pdkit(*args: str, timeout: int = 1200) -> subprocess.CompletedProcess:
