@@ -52,14 +52,20 @@ def services() -> None:
     # Engines and HTTP daemons (pdkit-exporter, Prometheus) (re)start together, so their
     # start-ups overlap, and their gates wait together. The router comes after: its gate needs
     # its workers up.
-    _start_and_restart([s for s in start if s.kind != "router"], [s for s in restart if s.kind != "router"], "engines and daemons")
-    gated = [s for s in (*start, *restart) if s.kind != "router"]
-    if gated:
+    start_first, start_router = _router_last(start)
+    restart_first, restart_router = _router_last(restart)
+    _start_and_restart(start_first, restart_first, "engines and daemons")
+    if start_first or restart_first:
+        gated = [*start_first, *restart_first]
         server.shell(name="Health gates: " + ", ".join(s.unit for s in gated), commands=[gates_command(venv_python, gated)])
-    routers = [s for s in (*start, *restart) if s.kind == "router"]
-    _start_and_restart([s for s in start if s.kind == "router"], [s for s in restart if s.kind == "router"], "router")
-    for service in routers:
+    _start_and_restart(start_router, restart_router, "router")
+    for service in (*start_router, *restart_router):
         server.shell(name=f"Health gate {service.unit}", commands=[router_gate_command(venv_python, service)])
+
+
+def _router_last(services: list[Service]) -> tuple[list[Service], list[Service]]:
+    """(engines and daemons, routers): a router's gate needs its workers up, so it goes after."""
+    return [s for s in services if s.kind != "router"], [s for s in services if s.kind == "router"]
 
 
 def _start_and_restart(start: list[Service], restart: list[Service], what: str) -> None:
