@@ -152,6 +152,34 @@ def engine_env_path(spec: ClusterSpec, engine: Engine) -> str:
     return f"{spec.cluster.config_dir}/engines/{engine.name}.env"
 
 
+def engines_not_started_reason(spec: ClusterSpec, host: HostSpec) -> str | None:
+    """Why the deploy lays down this node's engines but does not start them, or None.
+
+    Real SGLang on a `gpu: none` host (the lab rehearsing an engine install) cannot start: it
+    would crash-loop looking for a GPU. Its venv, units and env files are still laid down, and
+    its argv can be checked by SGLang's own parser in that venv.
+    """
+    if spec.cluster.engine == "sglang" and host.node is not None and host.node.gpu == "none" and host.node.engines:
+        return "engine sglang on a gpu: none host (preflight: no GPU): the venv, units and env files are laid down, the engines are not started"
+    return None
+
+
+def services_not_started(spec: ClusterSpec, host: HostSpec, services: list[Service]) -> dict[str, str]:
+    """{unit: why} for the planned services the deploy must not start on HOST: the engines of
+    `engines_not_started_reason`, and a router whose workers include such an engine (its health
+    gate waits for every worker)."""
+    held = {}
+    reason = engines_not_started_reason(spec, host)
+    for service in services:
+        if service.kind == "engine" and reason:
+            held[service.unit] = reason
+        elif service.kind == "router" and host.router is not None:
+            idle = sorted({h.name for h, _ in spec.router_workers(host) if engines_not_started_reason(spec, h)})
+            if idle:
+                held[service.unit] = f"its workers on {', '.join(idle)} are not started ({engines_not_started_reason(spec, spec.host(idle[0]))})"
+    return held
+
+
 def staging_dir(spec: ClusterSpec) -> str:
     """Where the deploy uploads changed files before moving them into place (root only; beside
     the config so that the move is a rename on the same filesystem)."""

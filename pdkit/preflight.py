@@ -13,6 +13,7 @@ from typing import Literal
 
 from pdkit import flags
 from pdkit.node import UnsupportedNode, node_stack
+from pdkit.plan import engines_not_started_reason
 from pdkit.spec import ClusterSpec, HostSpec, engine_numa_node
 from pdkit.versions import NVIDIA_DRIVER_BRANCH, NVIDIA_DRIVER_MIN_VERSION
 
@@ -88,6 +89,9 @@ def check_host(spec: ClusterSpec, host: HostSpec, facts: dict) -> list[Finding]:
         return found
     if node.gpu == "none":
         add("gpu", "note", "GPU checks skipped: the node declares gpu: none (a virtual GPU layout, e.g. the lab)")
+        not_started = engines_not_started_reason(spec, host)
+        if not_started:
+            add("engines", "note", not_started)
         _check_reboot_marker(facts, add)
         return found
 

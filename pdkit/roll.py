@@ -885,7 +885,7 @@ def read_node_state(roller: Roller, hosts: list[str]) -> tuple[dict[str, HostDif
         with ctx_host.use(host):
             facts = roles.facts.host_state()
             try:
-                new_venv = roles.base.node_venv_will_change()
+                new_venv = not roles.base._installed(*roles.base._node_bundle())
             except Exception:  # noqa: BLE001 - no wheelhouse for this python here: say so in the plan
                 new_venv = False
         diffs[name] = host_diff(roller.plans[name], facts, new_venv=new_venv)

@@ -244,6 +244,9 @@ class Cluster(Frozen):
     ready_timeout_s: int = Field(default=600, ge=1)
     # secrets, written only to mode-0600 env files (see the secrets table)
     secrets: Secrets = Secrets()
+    # how nodes get their wheel bundles: http (fetched from the deploying machine, hash-checked),
+    # sftp (uploaded over the SSH connection), auto (http where the node can reach us, else sftp)
+    wheelhouse_transfer: Literal["auto", "http", "sftp"] = "auto"
 
 
 class GpuLayout(Frozen):

@@ -1,11 +1,17 @@
-"""The wheelhouse: every Python package a node installs, built on the control machine.
+"""The wheelhouse: every Python package a node installs, fetched on the control machine.
 
 Nodes never reach a package index (air-gapped GPU clusters need exactly this): the control
-machine downloads exact pins for the nodes' Python and architecture, builds pdkit's own
-wheel, and packs each venv's set into one deterministic tarball. A node gets one file per
-venv; the deploy unpacks and installs it only when its content hash changed.
+machine downloads exact pins for the nodes' Python and platform, builds pdkit's own wheel, and
+gives each venv's set to the node as one bundle, installed with `pip --no-index --no-deps
+--require-hashes` from a requirements file that lists every package with its hash. The engine
+venv (sglang, torch and its CUDA wheels, nixl: ~4 GB) is installed only from a committed lock
+(pdkit/enginelock.py), never from a fresh resolution.
 
-    python -m pdkit.wheelhouse --python 3.11 [--engine sglang --sglang-version 0.5.23]
+    python -m pdkit.wheelhouse --platform debian12 [--engine sglang --sglang-version 0.5.23] [--offline]
+    python -m pdkit.wheelhouse --python 3.12 --engine sglang --sglang-version 0.5.23   # ubuntu2404's glibc
+
+Downloads are cached under ${PDKIT_CACHE:-~/.cache/pdkit}/wheelhouse (one pool per Python and
+platform); `--offline` (or PDKIT_OFFLINE=1) never contacts an index and names what is missing.
 """
 
 from __future__ import annotations
@@ -15,38 +21,84 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from pdkit.versions import NIXL_PACKAGE
+from packaging.tags import Tag, compatible_tags, cpython_tags
+from packaging.utils import parse_wheel_filename
+
+from pdkit import enginelock
+from pdkit.enginelock import LockError, canonical
+from pdkit.platforms import KNOWN_PLATFORMS, NodePlatform, parse_glibc, platform_for
 
 REPO = Path(__file__).resolve().parent.parent
 LOCKS = Path(__file__).resolve().parent / "locks"
-# manylinux tags a Debian 12 / Ubuntu 24.04 x86_64 node accepts (glibc 2.36 / 2.39)
-PLATFORMS = ("manylinux_2_34_x86_64", "manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "linux_x86_64")
+# what a node with no stated platform is taken to be (the lab's hosts are Debian 12)
+DEFAULT_PLATFORM = KNOWN_PLATFORMS["debian12"]
+
+
+class WheelhouseError(Exception):
+    """A bundle cannot be built: the message names the package and what would fix it."""
 
 
 def cache_root() -> Path:
     return Path(os.environ.get("PDKIT_CACHE", Path.home() / ".cache" / "pdkit")) / "wheelhouse"
 
 
+def offline() -> bool:
+    return os.environ.get("PDKIT_OFFLINE", "") not in ("", "0")
+
+
 @dataclass(frozen=True)
 class Bundle:
-    """One venv's packages as a single tarball, and the pins pip installs from it."""
+    """One venv's packages: the wheel files and the requirements file pip installs them by."""
 
     name: str  # "node" | "router"
-    tarball: Path
-    requirements: tuple[str, ...]  # exact pins, installed with --no-index
-    digest: str  # sha256 of the tarball: the install marker
+    wheels: tuple[Path, ...]
+    # requirements.txt: every package pinned with its sha256 (pip --require-hashes --no-deps)
+    requirements: str
+    digest: str  # over the requirements and every wheel's name and sha256: the install marker
+    platform: NodePlatform = field(default=DEFAULT_PLATFORM, compare=False)
 
     @property
     def remote_name(self) -> str:
         return f"{self.name}-wheels.tar"
+
+    @property
+    def size(self) -> int:
+        return sum(w.stat().st_size for w in self.wheels)
+
+    def tarball(self) -> Path:
+        """The bundle as one deterministic tar (for an upload over SFTP), packed on first use."""
+        out = cache_root() / "bundles" / f"{self.name}-{self.digest[:16]}.tar"
+        if not out.exists():
+            out.parent.mkdir(parents=True, exist_ok=True)
+            tmp = out.with_suffix(".tmp")
+            _pack_tar(tmp, self.requirements, self.wheels)
+            tmp.rename(out)
+        return out
+
+
+def _pack_tar(dest: Path, requirements: str, wheels: tuple[Path, ...]) -> None:
+    """Stable bytes: fixed mtimes, owners and modes, sorted names; wheels streamed, not read whole."""
+
+    def normalise(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        info.mtime, info.mode, info.uid, info.gid, info.uname, info.gname = 0, 0o644, 0, 0, "", ""
+        return info
+
+    with tarfile.open(dest, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        req = requirements.encode()
+        info = normalise(tarfile.TarInfo("requirements.txt"))
+        info.size = len(req)
+        tar.addfile(info, io.BytesIO(req))
+        for wheel in sorted(wheels, key=lambda p: p.name):
+            tar.add(str(wheel), arcname=wheel.name, filter=normalise)
 
 
 def lock_pins(lock: str) -> list[str]:
@@ -87,146 +139,244 @@ def pdkit_wheel() -> Path:
             env=env, timeout=600, capture_output=True, text=True,
         )
         if proc.returncode != 0:
-            raise SystemExit(f"wheelhouse: building pdkit's wheel failed:\n{proc.stderr.strip()[-2000:]}")
+            raise WheelhouseError(f"building pdkit's wheel failed:\n{proc.stderr.strip()[-2000:]}")
         out.mkdir(parents=True, exist_ok=True)
         wheel = next((Path(tmp) / "out").glob("pdkit-*.whl"))
         shutil.copy2(wheel, out / wheel.name)
     return out / wheel.name
 
 
-def download(pins: list[str], python: str, *, resolve_deps: bool = False) -> list[Path]:
-    """Binary wheels for exact pins, for the nodes' Python and platform (cached across runs)."""
-    key = hashlib.sha256("\n".join(sorted(pins)).encode()).hexdigest()[:16]
-    # exact, complete pin sets share one pool; a resolved set gets a directory of its own, so
-    # that what it lists is exactly what pip chose for it
-    pool = cache_root() / "pool" / f"cp{python.replace('.', '')}" / (f"resolved-{key}" if resolve_deps else "")
-    pool.mkdir(parents=True, exist_ok=True)
-    marker = pool / f".done-{key}"
-    listing = pool / (marker.name + ".files")
-    if marker.exists():
-        return [pool / name for name in listing.read_text().split()]
-    _log(f"downloading {len(pins)} pinned packages for Python {python}")
-    cmd = [
-        sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check",
-        "--only-binary=:all:", "--python-version", python, "--implementation", "cp", "-d", str(pool),
-    ]
-    for platform in PLATFORMS:
-        cmd += ["--platform", platform]
-    if not resolve_deps:
-        cmd.append("--no-deps")
-    with tempfile.NamedTemporaryFile("w", suffix=".txt") as req:
-        req.write("\n".join(pins) + "\n")
-        req.flush()
-        proc = subprocess.run([*cmd, "-r", req.name], capture_output=True, text=True, timeout=1800)
-    if proc.returncode != 0:
-        raise SystemExit(f"wheelhouse: pip download failed for Python {python}:\n{proc.stderr.strip()[-2000:]}")
-    files = sorted(pool.glob("*.whl")) if resolve_deps else _files_for(pins, pool)
-    listing.write_text("\n".join(sorted(p.name for p in files)) + "\n")
-    marker.touch()
-    return files
+# ------------------------------------------------------------------------------ which files fit
 
 
-def _canonical(name: str) -> str:
-    return name.lower().replace("-", "_").replace(".", "_")
+def supported_tags(platform: NodePlatform) -> list[Tag]:
+    """The wheel tags the node's pip accepts, best first (packaging.tags, as pip computes them)."""
+    version = tuple(int(x) for x in platform.python.split("."))
+    return [*cpython_tags(version, platforms=platform.tags), *compatible_tags(version, platforms=platform.tags)]
 
 
-def _files_for(pins: list[str], pool: Path) -> list[Path]:
-    wanted = {(_canonical(p.split("==")[0]), p.split("==")[1]) for p in pins}
-    found = []
+def _pool(platform: NodePlatform) -> Path:
+    # per Python and newest tag: pip's pick for one platform may not install on an older glibc
+    return cache_root() / "pool" / f"cp{platform.python.replace('.', '')}-{platform.tags[0]}"
+
+
+def wheels_for(pins: dict[str, str], pool: Path, platform: NodePlatform) -> tuple[dict[str, Path], list[str]]:
+    """({canonical name: the wheel pip would pick}, [pins with no fitting wheel in POOL])."""
+    rank = {tag: i for i, tag in enumerate(supported_tags(platform))}
+    best: dict[str, tuple[int, Path]] = {}
     for wheel in pool.glob("*.whl"):
-        name, version = wheel.name.split("-")[:2]
-        if (_canonical(name), version) in wanted:
-            found.append(wheel)
-    missing = wanted - {(_canonical(w.name.split("-")[0]), w.name.split("-")[1]) for w in found}
-    if missing:
-        raise RuntimeError(f"no wheel downloaded for {sorted(missing)}")
-    return sorted(found)
+        try:
+            name, version, _, tags = parse_wheel_filename(wheel.name)
+        except ValueError:
+            continue
+        key = canonical(str(name))
+        if pins.get(key) != str(version):
+            continue
+        fit = min((rank[t] for t in tags if t in rank), default=None)
+        if fit is not None and (key not in best or fit < best[key][0]):
+            best[key] = (fit, wheel)
+    missing = [f"{n}=={v}" for n, v in sorted(pins.items()) if n not in best]
+    return {n: p for n, (_, p) in best.items()}, missing
 
 
-def pack(name: str, wheels: list[Path], requirements: list[str]) -> Bundle:
-    """A tarball whose bytes depend only on the wheels' names and contents (stable mtimes, owners, order).
-
-    Packing reads every wheel (~0.25 s for the router's), and every deploy asks for the bundles
-    to compare their digest with the node's: the digest is kept beside the tarball under a key
-    made of the inputs' names, sizes and mtimes, so an unchanged set is not read again.
-    """
-    entries = sorted({w.name: w for w in wheels}.items())
-    stats = [(n, st.st_size, st.st_mtime_ns) for n, st in ((n, p.stat()) for n, p in entries)]
-    key = hashlib.sha256(json.dumps([name, list(requirements), stats]).encode()).hexdigest()[:32]
-    index = cache_root() / "bundles" / f"{name}-inputs-{key}.json"
-    try:
-        known = json.loads(index.read_text())
-        tarball = Path(known["tarball"])
-        if tarball.is_file():
-            return Bundle(name=name, tarball=tarball, requirements=tuple(requirements), digest=known["digest"])
-    except (OSError, ValueError, KeyError):
-        pass
-    bundle = _pack(name, entries, requirements)
-    index.write_text(json.dumps({"digest": bundle.digest, "tarball": str(bundle.tarball)}))
-    return bundle
+def _pins_of(requirement_lines: list[str]) -> dict[str, str]:
+    pins = {}
+    for line in requirement_lines:
+        m = re.match(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s\\;]+)", line.strip())
+        if m:
+            pins[canonical(m.group(1))] = m.group(2)
+    return pins
 
 
-def _pack(name: str, entries: list[tuple[str, Path]], requirements: list[str]) -> Bundle:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        req_text = ("\n".join(requirements) + "\n").encode()
-        for arcname, data in [("requirements.txt", req_text)] + [(n, p.read_bytes()) for n, p in entries]:
-            info = tarfile.TarInfo(arcname)
-            info.size, info.mtime, info.mode, info.uid, info.gid = len(data), 0, 0o644, 0, 0
-            tar.addfile(info, io.BytesIO(data))
-    data = buf.getvalue()
-    digest = hashlib.sha256(data).hexdigest()
-    out = cache_root() / "bundles" / f"{name}-{digest[:16]}.tar"
-    if not out.exists():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_suffix(".tmp")
-        tmp.write_bytes(data)
-        tmp.rename(out)
-    return Bundle(name=name, tarball=out, requirements=tuple(requirements), digest=digest)
+# ------------------------------------------------------------------------------------- download
+
+
+def _pip_failure(stderr: str) -> str:
+    """pip's error in one line: the package it could not get, or why the index was out of reach."""
+    lines = [ln for ln in stderr.splitlines() if ln.strip() and "is ignored: it is neither a file nor a directory" not in ln]
+    for pattern in (r"No matching distribution found for (\S+)", r"satisfies the requirement (\S+)"):
+        for ln in lines:
+            m = re.search(pattern, ln)
+            if m:
+                return f"no wheel of {m.group(1)} for this Python and platform on the index"
+    text = "\n".join(lines)
+    if "DO NOT MATCH THE HASHES" in text:
+        bad = re.findall(r"^\s+(\S+==\S+) from ", text, flags=re.M)
+        return f"downloaded file(s) do not match the lock's hashes: {', '.join(bad) or 'see pip output'}"
+    if re.search(r"Failed to establish a new connection|Temporary failure in name resolution|Network is unreachable|ConnectTimeout|Max retries exceeded", text):
+        return "the package index could not be reached"
+    errors = [ln for ln in lines if ln.startswith("ERROR")]
+    return (errors or lines or ["pip failed without a message"])[-1].removeprefix("ERROR: ")
+
+
+def download(requirements: str, pins: dict[str, str], platform: NodePlatform, *, label: str, hashed: bool) -> dict[str, Path]:
+    """Wheels for every pin (cached per Python and platform), or WheelhouseError naming what is missing."""
+    pool = _pool(platform)
+    pool.mkdir(parents=True, exist_ok=True)
+    found, missing = wheels_for(pins, pool, platform)
+    if not missing:
+        return found
+    where = f"Python {platform.python}, glibc {platform.glibc_text} ({platform.tags[0]})"
+    if offline():
+        raise WheelhouseError(
+            f"{label}: offline (PDKIT_OFFLINE) and {len(missing)} wheel(s) are not in the cache {pool}: "
+            f"{', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}. Fix: run `python -m pdkit.wheelhouse` with the same "
+            f"--platform/--engine on a machine that reaches the index and copy its {cache_root()} here (PDKIT_CACHE)"
+        )
+    _log(f"{label}: downloading {len(missing)} of {len(pins)} packages for {where} into {pool}")
+    cmd = [
+        sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--progress-bar", "off",
+        "--no-deps", "--only-binary=:all:", "--python-version", platform.python, "--implementation", "cp", "-d", str(pool),
+    ]
+    for tag in platform.tags:
+        cmd += ["--platform", tag]
+    if hashed:
+        cmd.append("--require-hashes")
+    # a machine-wide pip constraint (PIP_CONSTRAINT, pip.conf) must not bend an exact, complete set
+    env = {**os.environ, "PIP_CONSTRAINT": os.devnull}
+    with tempfile.NamedTemporaryFile("w", suffix=".txt") as req:
+        req.write(requirements)
+        req.flush()
+        proc = subprocess.run([*cmd, "-r", req.name], capture_output=True, text=True, timeout=3600, env=env)
+    found, missing = wheels_for(pins, pool, platform)
+    if proc.returncode != 0 or missing:
+        reason = _pip_failure(proc.stderr) if proc.returncode != 0 else "pip finished but chose no fitting wheel"
+        raise WheelhouseError(
+            f"{label}: could not fetch {len(missing)} package(s) for {where}: {', '.join(missing[:8])}"
+            f"{' ...' if len(missing) > 8 else ''}: {reason}"
+        )
+    return found
+
+
+# --------------------------------------------------------------------------------------- bundles
+
+
+def _hashes_index() -> Path:
+    return cache_root() / "sha256.json"
+
+
+def file_sha256(path: Path, _memo: dict = {}) -> str:  # noqa: B006 - process-wide memo on purpose
+    """sha256 of a wheel, kept by (path, size, mtime) so 4 GB of engine wheels are read once."""
+    st = path.stat()
+    key = f"{path}:{st.st_size}:{st.st_mtime_ns}"
+    if not _memo:
+        try:
+            _memo.update(json.loads(_hashes_index().read_text()))
+        except (OSError, ValueError):
+            _memo["_"] = ""
+    if key not in _memo:
+        digest = hashlib.sha256()
+        with path.open("rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(chunk)
+        _memo[key] = digest.hexdigest()
+        _hashes_index().parent.mkdir(parents=True, exist_ok=True)
+        tmp = _hashes_index().with_suffix(".tmp")
+        tmp.write_text(json.dumps(_memo))
+        tmp.replace(_hashes_index())
+    return _memo[key]
+
+
+def hashed_requirement(name: str, version: str, wheel: Path) -> str:
+    return f"{name}=={version} --hash=sha256:{file_sha256(wheel)}"
+
+
+def make_bundle(name: str, wheels: list[Path], requirements: str, platform: NodePlatform = DEFAULT_PLATFORM) -> Bundle:
+    entries = sorted({w.name: w for w in wheels}.values(), key=lambda p: p.name)
+    digest = hashlib.sha256(requirements.encode())
+    for wheel in entries:
+        digest.update(b"\0" + wheel.name.encode() + b"\0" + file_sha256(wheel).encode())
+    return Bundle(name=name, wheels=tuple(entries), requirements=requirements, digest=digest.hexdigest(), platform=platform)
+
+
+def _own_requirement(own: Path) -> str:
+    name, version, _, _ = parse_wheel_filename(own.name)
+    return hashed_requirement(str(name), str(version), own)
 
 
 _BUILT: dict[tuple, Bundle] = {}
 
 
-def node_bundle(python: str, engine: str = "sim", sglang_version: str | None = None) -> Bundle:
-    """pdkit (sim engine, health gate, exporter) plus, for engine sglang, sglang and nixl."""
-    key = ("node", python, engine, sglang_version)
-    if key not in _BUILT:
+def node_bundle(platform: NodePlatform, engine: str = "sim", sglang_version: str | None = None) -> Bundle:
+    """pdkit (sim engine, health gate, exporter) and, for engine sglang, the locked engine closure."""
+    key = ("node", platform, engine, sglang_version)
+    if key in _BUILT:
+        return _BUILT[key]
+    own = pdkit_wheel()
+    if engine == "sglang":
+        if not sglang_version:
+            raise WheelhouseError("engine sglang needs an SGLang version (pdkit_cluster.sglang_version)")
+        try:
+            lock = enginelock.select_lock("sglang", sglang_version, platform.python, platform.glibc, platform.arch)
+        except LockError as exc:
+            raise WheelhouseError(str(exc)) from None
+        wheels = download(lock.text, lock.pins, platform, label=f"engine lock {lock.path.name}", hashed=True)
+        # the lock already holds pdkit's node pins (it is resolved from node.txt)
+        requirements = lock.text.rstrip("\n") + "\n" + _own_requirement(own) + "\n"
+    else:
         pins = lock_pins("node.txt")
-        wheels = download(pins, python)
-        requirements = list(pins)
-        if engine == "sglang":
-            # plan-tested on the lab; the GPU tier carries its own trimmed payload
-            extra = [f"sglang=={sglang_version}", f"{NIXL_PACKAGE[0]}=={NIXL_PACKAGE[1]}"]
-            wheels += download(extra, python, resolve_deps=True)
-            requirements += extra
-        own = pdkit_wheel()
-        # pdkit itself is installed from its wheel with --force-reinstall (its version does not
-        # change with every commit); requirements.txt holds the exact pins of everything else
-        _BUILT[key] = pack("node", [*wheels, own], requirements)
+        pinned = _pins_of(pins)
+        wheels = download("\n".join(pins) + "\n", pinned, platform, label="node pins (pdkit/locks/node.txt)", hashed=False)
+        requirements = "".join(hashed_requirement(n, v, wheels[n]) + "\n" for n, v in sorted(pinned.items())) + _own_requirement(own) + "\n"
+    _BUILT[key] = make_bundle("node", [*wheels.values(), own], requirements, platform)
     return _BUILT[key]
 
 
-def router_bundle(python: str, package: str, version: str) -> Bundle:
-    key = ("router", python, package, version)
+def router_bundle(platform: NodePlatform, package: str, version: str) -> Bundle:
+    key = ("router", platform, package, version)
     if key not in _BUILT:
-        pins = lock_pins(f"router-{package}-{version}.txt")
-        _BUILT[key] = pack("router", download(pins, python), pins)
+        lock = f"router-{package}-{version}.txt"
+        pins = lock_pins(lock)
+        pinned = _pins_of(pins)
+        wheels = download("\n".join(pins) + "\n", pinned, platform, label=f"router pins (pdkit/locks/{lock})", hashed=False)
+        requirements = "".join(hashed_requirement(n, v, wheels[n]) + "\n" for n, v in sorted(pinned.items()))
+        _BUILT[key] = make_bundle("router", list(wheels.values()), requirements, platform)
     return _BUILT[key]
+
+
+def resolve_platform(name: str | None, python: str | None, glibc: str | None) -> NodePlatform:
+    """--platform NAME, or --python [--glibc]: a Python alone means the known OS that ships it."""
+    if name:
+        return KNOWN_PLATFORMS[name]
+    if python and glibc:
+        return platform_for(python, parse_glibc(glibc))
+    if python:
+        for known in KNOWN_PLATFORMS.values():
+            if known.python == python:
+                return known
+        raise WheelhouseError(f"no known node OS ships Python {python} ({', '.join(f'{k}: {p.python}' for k, p in KNOWN_PLATFORMS.items())}): give --glibc too")
+    return DEFAULT_PLATFORM
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Build the wheelhouse bundles for nodes.")
-    parser.add_argument("--python", default="3.11", help="the nodes' Python, e.g. 3.11 (Debian 12) or 3.12 (Ubuntu 24.04)")
+    parser = argparse.ArgumentParser(description="Fetch and bundle the wheels a node installs (the deploy does this itself; this warms the cache).")
+    parser.add_argument("--platform", choices=sorted(KNOWN_PLATFORMS), help=f"the nodes' OS (default {DEFAULT_PLATFORM.name})")
+    parser.add_argument("--python", help="the nodes' Python, e.g. 3.12; alone it picks the known OS that ships it")
+    parser.add_argument("--glibc", help="the nodes' glibc, e.g. 2.39 (with --python, for an OS not in the table)")
     parser.add_argument("--engine", choices=["sim", "sglang"], default="sim")
     parser.add_argument("--sglang-version", default=None)
     parser.add_argument("--router", default="smg==1.13.0")
+    parser.add_argument("--offline", action="store_true", help="never contact an index: fail naming what the cache lacks")
+    parser.add_argument("--tarball", action="store_true", help="also pack each bundle as the tar an SFTP upload sends")
     args = parser.parse_args(argv)
-    node = node_bundle(args.python, args.engine, args.sglang_version)
-    package, version = args.router.split("==")
-    router = router_bundle(args.python, package, version)
-    for bundle in (node, router):
-        print(f"{bundle.name}: {bundle.tarball} ({bundle.tarball.stat().st_size / 1e6:.1f} MB, sha256 {bundle.digest[:16]})")
+    if args.offline:
+        os.environ["PDKIT_OFFLINE"] = "1"
+    try:
+        platform = resolve_platform(args.platform, args.python, args.glibc)
+        if args.engine == "sglang" and not args.sglang_version:
+            from pdkit.versions import DEFAULT_SGLANG_VERSION
+
+            args.sglang_version = DEFAULT_SGLANG_VERSION
+        node = node_bundle(platform, args.engine, args.sglang_version)
+        package, version = args.router.split("==")
+        router = router_bundle(platform, package, version)
+        for bundle in (node, router):
+            extra = f", tar {bundle.tarball()}" if args.tarball else ""
+            print(f"{bundle.name}: {len(bundle.wheels)} wheels, {bundle.size / 1e6:.1f} MB for {platform.name} "
+                  f"(Python {platform.python}, glibc {platform.glibc_text}), digest {bundle.digest[:16]}{extra}")
+    except WheelhouseError as exc:
+        print(f"wheelhouse: error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -3,18 +3,35 @@
 from __future__ import annotations
 
 import shlex
+from typing import NoReturn
+from urllib.parse import urlsplit
 
 from pyinfra.api import deploy
 from pyinfra.operations import files, server
 
 from pdkit import flags, wheelhouse
 from pdkit.deploy import current_host, current_plan, current_spec
+from pdkit.platforms import NodePlatform, parse_glibc, platform_for
+from pdkit.wheelhouse import WheelhouseError
+from roles import transfer
 from roles.facts import host_state, path_matches
 
 
-def node_python() -> str:
-    """The host's python3 as MAJOR.MINOR (the wheelhouse is built for it)."""
-    return host_state()["python"]
+def node_platform() -> NodePlatform:
+    """The host's Python and glibc as the wheelhouse needs them (read in the one host-state fact)."""
+    state = host_state()
+    try:
+        glibc = parse_glibc(state.get("glibc", ""))
+    except ValueError:
+        raise WheelhouseError(f"could not read the node's glibc version (got {state.get('glibc')!r}): pdkit needs a glibc Linux node") from None
+    return platform_for(state["python"], glibc, state.get("arch") or "x86_64")
+
+
+def _fail_prepare(exc: Exception) -> NoReturn:
+    """Stop the whole run at prepare time: no host has been changed yet."""
+    from pyinfra import host
+
+    raise SystemExit(f"pdkit: {host.name}: {exc}. No host was changed.") from None
 
 
 @deploy("pdkit base: service user and directories")
@@ -38,7 +55,7 @@ def service_user_and_dirs() -> None:
 
 def _node_bundle() -> tuple[wheelhouse.Bundle, str]:
     spec = current_spec()
-    return wheelhouse.node_bundle(node_python(), spec.cluster.engine, spec.cluster.sglang_version), flags.venv_dir(spec)
+    return wheelhouse.node_bundle(node_platform(), spec.cluster.engine, spec.cluster.sglang_version), flags.venv_dir(spec)
 
 
 def _installed(bundle: wheelhouse.Bundle, venv: str) -> bool:
@@ -49,40 +66,57 @@ def _installed(bundle: wheelhouse.Bundle, venv: str) -> bool:
 
 def node_venv_will_change() -> bool:
     """True when this run installs a new node venv: the engines must then restart onto it."""
-    return not _installed(*_node_bundle())
+    try:
+        return not _installed(*_node_bundle())
+    except WheelhouseError as exc:
+        _fail_prepare(exc)
 
 
-def _install_bundle(bundle: wheelhouse.Bundle, venv: str, *, with_pdkit: bool) -> None:
+def _install_bundle(bundle: wheelhouse.Bundle, venv: str) -> None:
     """Install BUNDLE into a new venv beside the old one, then swap the VENV link atomically.
 
     Running services keep their old venv until they restart (no window where imports break),
-    and the previous venvs stay on disk for a rollback.
+    and the previous venvs stay on disk for a rollback. pip installs exactly the bundle's
+    requirements file: every package pinned with its hash, no resolver, no index.
     """
     spec = current_spec()
     if _installed(bundle, venv):
         return
-    wheels = f"{spec.cluster.install_dir}/wheelhouse"
-    real = f"{spec.cluster.install_dir}/venvs/{bundle.name}-{bundle.digest[:16]}"
-    tarball = f"{wheels}/{bundle.remote_name}"
-    unpacked = f"{wheels}/{bundle.name}"
-    files.put(name=f"Upload {bundle.name} wheels ({bundle.tarball.stat().st_size // 1_000_000} MB)", src=str(bundle.tarball), dest=tarball, mode="0644")
+    install = spec.cluster.install_dir
+    real = f"{install}/venvs/{bundle.name}-{bundle.digest[:16]}"
     q = shlex.quote
-    pip = f"{q(real)}/bin/pip install --quiet --disable-pip-version-check --no-index"
+    url = transfer.bundle_url(bundle, spec.cluster.wheelhouse_transfer)
+    tmp = f"{install}/wheelhouse/tmp"
+    # pip unpacks in TMPDIR (/tmp may be a small tmpfs) and would keep a second copy in its cache
+    pip = f"TMPDIR={q(tmp)} {q(real)}/bin/pip install --quiet --disable-pip-version-check --no-cache-dir --no-index --no-deps --require-hashes --progress-bar off"
+    size = f"{bundle.size / 1e6:.0f} MB"
+    if url:
+        # the node fetches every file itself from this machine (pdkit/bundleserver.py); pip checks each hash
+        # plain HTTP is trusted for transport only: pip still refuses any file whose hash differs
+        fetch, source = [], f"--trusted-host {q(urlsplit(url).hostname or '')} --find-links {q(url)} -r {q(url + 'requirements.txt')}"
+        how = f"fetched over HTTP from this machine ({size})"
+    else:
+        wheels = f"{install}/wheelhouse"
+        tarball, unpacked = f"{wheels}/{bundle.remote_name}", f"{wheels}/{bundle.name}"
+        files.put(name=f"Upload {bundle.name} wheels over SFTP ({size})", src=str(bundle.tarball()), dest=tarball, mode="0644")
+        fetch = [f"rm -rf {q(unpacked)} && mkdir -p {q(unpacked)} && tar -xf {q(tarball)} -C {q(unpacked)}"]
+        source = f"--find-links {q(unpacked)} -r {q(unpacked)}/requirements.txt"
+        how = f"from the uploaded wheels ({size})"
     commands = [
-        f"rm -rf {q(unpacked)} && mkdir -p {q(unpacked)} && tar -xf {q(tarball)} -C {q(unpacked)}",
-        f"rm -rf {q(real)} && mkdir -p {q(spec.cluster.install_dir)}/venvs && python3 -m venv {q(real)}",
-        f"{pip} --find-links {q(unpacked)} -r {q(unpacked)}/requirements.txt",
-    ]
-    if with_pdkit:
-        commands.append(f"{pip} --no-deps {q(unpacked)}/pdkit-*.whl")
-    commands += [
+        *fetch,
+        f"rm -rf {q(real)} {q(tmp)} && mkdir -p {q(install)}/venvs {q(tmp)} && python3 -m venv {q(real)}",
+        f"{pip} {source}",
+        f"rm -rf {q(tmp)}",
         f"touch {q(real)}/.pdkit-bundle-{bundle.digest[:16]}",
         # atomic switch: rename a new link over the old one
         f"ln -sfn {q(real)} {q(venv)}.new && mv -T {q(venv)}.new {q(venv)}",
         # keep the three newest venvs of this kind (the live one among them) for rollbacks
-        f"ls -1dt {q(spec.cluster.install_dir)}/venvs/{bundle.name}-* | tail -n +4 | xargs -r rm -rf",
+        f"ls -1dt {q(install)}/venvs/{bundle.name}-* | tail -n +4 | xargs -r rm -rf",
     ]
-    server.shell(name=f"Install {bundle.name} venv from the wheelhouse (offline) and switch {venv} to it", commands=commands)
+    server.shell(
+        name=f"Install {bundle.name} venv ({len(bundle.wheels)} wheels, offline, hash-checked) {how}; switch {venv} to it",
+        commands=commands, _timeout=transfer.INSTALL_TIMEOUT_S,
+    )
 
 
 @deploy("pdkit base: venvs from the wheelhouse")
@@ -90,7 +124,15 @@ def venvs() -> None:
     spec = current_spec()
     this = current_host()
     # every host gets the node venv: the engine (sim or sglang) on GPU nodes, the health gates everywhere
-    _install_bundle(*_node_bundle(), with_pdkit=True)
+    try:
+        node_bundle = _node_bundle()
+    except WheelhouseError as exc:
+        _fail_prepare(exc)
+    _install_bundle(*node_bundle)
     if this.router is not None:
         package, version = spec.router_release(this)
-        _install_bundle(wheelhouse.router_bundle(node_python(), package, version), flags.router_venv_dir(spec), with_pdkit=False)
+        try:
+            router = wheelhouse.router_bundle(node_platform(), package, version)
+        except WheelhouseError as exc:
+            _fail_prepare(exc)
+        _install_bundle(router, flags.router_venv_dir(spec))

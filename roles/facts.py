@@ -60,12 +60,13 @@ def release(d):
         return {"id": cur, "hash": meta["hash"], "venvs": meta.get("venvs", {})}
     except (OSError, ValueError, KeyError, TypeError):
         return {}
-print(json.dumps({"release": release(releases) if releases else {}, "packages": installed(packages), "python": "%d.%d" % sys.version_info[:2], "paths": {p: stat(p) for p in paths}, "units": unit_states(units), "user": has_user(user), "venvs": {v: markers(v) for v in venvs}}))
+import platform
+print(json.dumps({"release": release(releases) if releases else {}, "packages": installed(packages), "python": "%d.%d" % sys.version_info[:2], "glibc": os.confstr("CS_GNU_LIBC_VERSION") or "", "arch": platform.machine(), "paths": {p: stat(p) for p in paths}, "units": unit_states(units), "user": has_user(user), "venvs": {v: markers(v) for v in venvs}}))
 """
 
 
 class PdkitHostState(FactBase):
-    """Python version, every planned path (kind, mode, owner, group, sha256), unit states, service
+    """Python version, glibc and machine, every planned path (kind, mode, owner, group, sha256), unit states, service
     user, venvs' bundle markers, installed packages, and the release the node runs (pdkit/releases.py)."""
 
     def command(self, paths: tuple[str, ...], units: tuple[str, ...], user: str, venvs: tuple[str, ...], packages: tuple[str, ...] = (), releases: str = "") -> str:

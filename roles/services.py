@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import shlex
+import sys
 
+from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import server
 
 from pdkit import flags
-from pdkit.deploy import current_plan, current_spec
-from pdkit.plan import Service, staging_dir
+from pdkit.deploy import current_host, current_plan, current_spec
+from pdkit.plan import Service, services_not_started, staging_dir
 from roles import base
 from roles.facts import host_state, path_matches, unit_active_enabled
 from roles.install_files import install_files
@@ -47,7 +49,15 @@ def services() -> None:
             files=changed, staging=staging_dir(spec),
             daemon_reload=any(is_unit_file(f.path) for f in changed),
         )
-    start, restart = restart_plan(list(plan.services), state, {f.path for f in changed}, base.node_venv_will_change())
+    held = services_not_started(spec, current_host(), list(plan.services))
+    for unit, why in held.items():
+        print(f"pdkit: {host.name}: not starting {unit}: {why}", file=sys.stderr, flush=True)
+    running_held = [u for u in held if unit_active_enabled(state, u)[1] or unit_active_enabled(state, u)[2]]
+    if running_held:
+        units = " ".join(shlex.quote(u) for u in running_held)
+        # it cannot run the configuration just laid down: leave it stopped rather than on old code
+        server.shell(name="Stop and disable (cannot start here, see above): " + ", ".join(running_held), commands=[f"systemctl disable --now {units}"])
+    start, restart = restart_plan([s for s in plan.services if s.unit not in held], state, {f.path for f in changed}, base.node_venv_will_change())
     venv_python = f"{flags.venv_dir(spec)}/bin/python"
     # Engines and HTTP daemons (pdkit-exporter, Prometheus) (re)start together, so their
     # start-ups overlap, and their gates wait together. The router comes after: its gate needs

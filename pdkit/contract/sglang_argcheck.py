@@ -176,6 +176,10 @@ def define_torchvision_schemas() -> bool:
         return False
     import torch
 
+    if torch.version.cuda is not None:
+        # an engine venv (CUDA torch and its matching torchvision, e.g. on a node): torchvision's
+        # own extension defines these, and defining them first would abort the process
+        return False
     lib = torch.library.Library("torchvision", "DEF")
     lib.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
     lib.define("qnms(Tensor qdets, Tensor scores, float iou_threshold) -> Tensor")

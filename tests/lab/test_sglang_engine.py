@@ -1,0 +1,138 @@
+"""The real engine install on a lab host: `engine: sglang` from the locked wheelhouse, offline.
+
+`pyinfra <inventory> deploy/pd.py` with `engine: sglang` on a `gpu: none` lab host (lab-mon:
+no other test runs engines there, and this cluster lives in its own install and config
+directories, so the shared lab's cluster is not touched). The host has no package index: the
+node fetches the ~4 GB of locked wheels over HTTP from this machine (pip --no-index
+--require-hashes), or gets them over SFTP. Then, inside that exact venv on the host:
+`python -m sglang.launch_server --help` exits 0, and the argv pdkit rendered for each engine
+(release.json on the host) passes SGLang's own parser (pdkit.contract.sglang_argcheck, the
+node-side half of the contract test). The engines and the router are laid down but not
+started (no GPU), and the deploy output says why. A second run changes nothing.
+
+One release per test, 0.5.23 and 0.5.17 (both locks resolve); each cleans up after itself.
+"""
+
+from __future__ import annotations
+
+import json
+import pprint
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pdkit import lab as pdlab
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.lab
+
+PYINFRA = str(Path(sys.executable).parent / "pyinfra")
+INSTALL_DIR = "/opt/pdkit-engine"
+CONFIG_DIR = "/etc/pdkit-engine"
+UNITS = ("pdkit-engine-prefill.service", "pdkit-engine-decode.service", "pdkit-router.service", "pdkit-exporter.service")
+NOT_STARTED = "engine sglang on a gpu: none host (preflight: no GPU)"
+
+
+def write_inventory(directory: Path, lab, version: str) -> Path:
+    host = lab.monitoring_host
+    data = {
+        **lab.pyinfra_data(host),
+        "ssh_strict_host_key_checking": "yes",
+        "pdkit_node": {
+            "gpu": "none",
+            "gpus": {"model": "NVIDIA H200 (lab)", "count": 2, "memory_gib": 141, "compute_capability": "9.0", "numa": [0, 0]},
+            "nccl_profile": "nvlink",
+            "engines": [
+                {"name": "prefill", "role": "prefill", "gpus": [0], "port": 31000, "bootstrap_port": 8999, "pd_group": "pair"},
+                {"name": "decode", "role": "decode", "gpus": [1], "port": 31001, "pd_group": "pair"},
+            ],
+        },
+        "pdkit_router": {"port": 8100, "prometheus_port": 29100},
+    }
+    cluster = {
+        "name": "labengine", "engine": "sglang", "sglang_version": version,
+        "model": {"path": "/models/Qwen3-8B", "served_name": "qwen3-8b"},
+        "install_dir": INSTALL_DIR, "config_dir": CONFIG_DIR,
+        "tuning": {"all": {"context_length": 8192}, "decode": {"cuda_graph": True, "cuda_graph_max_bs": 64}},
+    }
+    path = directory / f"engine_{version.replace('.', '_')}.py"
+    path.write_text(f"nodes = {pprint.pformat([(host.name, data)])}\nall = ({[host.name]!r}, {pprint.pformat({'pdkit_cluster': cluster})})\n")
+    return path
+
+
+def deploy(inventory: Path, timeout: int = 3000) -> tuple[int, dict, str]:
+    proc = subprocess.run([PYINFRA, str(inventory), "deploy/pd.py", "-y", "--json"], cwd=REPO, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    try:
+        out = json.loads(proc.stdout) if proc.stdout.strip() else {}
+    except json.JSONDecodeError:
+        out = {}
+    return proc.returncode, out, proc.stderr
+
+
+def changed(results: dict) -> list[str]:
+    return [op["name"] for op in results.get("results", {}).get("operations", []) if op.get("success")]
+
+
+def on_host(lab, command: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    return pdlab.ssh_run(lab, lab.monitoring_host, command, timeout=timeout)
+
+
+def remove_engine_cluster(lab) -> None:
+    units = " ".join(UNITS)
+    paths = " ".join(f"/etc/systemd/system/{u}" for u in UNITS)
+    on_host(lab, f"systemctl disable --now {units} 2>/dev/null; rm -f {paths}; rm -rf {INSTALL_DIR} {CONFIG_DIR}; systemctl daemon-reload", timeout=300)
+
+
+@pytest.fixture
+def clean_engine_host(lab):
+    remove_engine_cluster(lab)
+    yield
+    remove_engine_cluster(lab)
+
+
+@pytest.mark.parametrize("version", ["0.5.23", "0.5.17"])
+def test_sglang_installs_offline_from_the_lock_and_its_parser_accepts_the_rendered_argv(lab, tmp_path, clean_engine_host, version):
+    inventory = write_inventory(tmp_path, lab, version)
+    # the host cannot reach a package index: whatever it installs came from this machine
+    assert on_host(lab, "python3 -c \"import urllib.request; urllib.request.urlopen('https://pypi.org/simple/', timeout=5)\"", timeout=60).returncode != 0
+
+    rc, results, err = deploy(inventory)
+    assert rc == 0, f"deploy failed (rc {rc}):\n{err[-5000:]}"
+    install_ops = [name for name in changed(results) if "| Install node venv" in name]
+    assert install_ops and "hash-checked" in install_ops[0], changed(results)
+    assert "fetched over HTTP from this machine" in install_ops[0], f"expected the HTTP path on the lab: {install_ops}\n{err[-2000:]}"
+    for unit in ("pdkit-engine-prefill.service", "pdkit-engine-decode.service"):
+        assert f"not starting {unit}: {NOT_STARTED}" in err, err[-3000:]
+    assert "not starting pdkit-router.service" in err
+
+    venv = f"{INSTALL_DIR}/venv"
+    pins = on_host(lab, f"{venv}/bin/python -c 'import importlib.metadata as m; print(m.version(\"sglang\"), m.version(\"nixl-cu13\"), m.version(\"torch\"))'")
+    assert pins.returncode == 0 and pins.stdout.split()[:2] == [version, "1.5.1"], pins.stdout + pins.stderr
+
+    helped = on_host(lab, f"HF_HUB_OFFLINE=1 {venv}/bin/python -m sglang.launch_server --help")
+    assert helped.returncode == 0, f"launch_server --help failed in the host's venv:\n{helped.stderr[-3000:]}"
+    assert "--model-path" in helped.stdout
+
+    release = json.loads(on_host(lab, f"cat {CONFIG_DIR}/release.json").stdout)
+    argvs = {name: e["argv"] for name, e in release["engines"].items()}
+    assert set(argvs) == {"prefill", "decode"}
+    request = json.dumps({"argvs": [argvs["prefill"], argvs["decode"], [*argvs["decode"], "--cuda-graph-max-bs-decod", "x"]]})
+    # the checker file from the pdkit wheel installed in that venv, run by that venv's Python
+    checker = f"$({venv}/bin/python -c 'import os, pdkit; print(os.path.dirname(pdkit.__file__))')/contract/sglang_argcheck.py"
+    checked = on_host(lab, f"echo {shlex.quote(request)} | HF_HUB_OFFLINE=1 {venv}/bin/python {checker}")
+    assert checked.returncode == 0, checked.stderr[-3000:]
+    reply = json.loads(checked.stdout)
+    assert reply["version"] == version
+    prefill, decode, broken = reply["results"]
+    assert prefill["ok"] and decode["ok"], reply["results"]
+    assert not broken["ok"]  # the same parser on the host does refuse a bad flag
+
+    states = on_host(lab, "systemctl is-active pdkit-engine-prefill pdkit-engine-decode pdkit-router; systemctl is-enabled pdkit-engine-prefill pdkit-engine-decode pdkit-router")
+    assert re.findall(r"^(inactive|disabled)$", states.stdout, flags=re.M) == ["inactive"] * 3 + ["disabled"] * 3, states.stdout
+
+    rc, again, err = deploy(inventory, timeout=600)
+    assert rc == 0 and not changed(again), f"a second run changed {changed(again)}:\n{err[-2000:]}"
