@@ -146,9 +146,9 @@ def spec_from_host_data(
         inventory=inventory,
     )
     problems.extend(cross_checks(spec))
-    from pdkit.flags import extra_args_problems
+    from pdkit import argvcheck
 
-    problems.extend(extra_args_problems(spec))
+    problems.extend(argvcheck.problems(spec))
     if any(p.severity == "error" for p in problems):
         return None, problems
     return spec, problems

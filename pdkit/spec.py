@@ -23,6 +23,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from pdkit.parsertable import all_speculative_algorithms
 from pdkit.versions import DEFAULT_SGLANG_VERSION, ROUTER_RELEASES, SGLANG_RELEASES
 
 # A systemd unit name fragment and a Prometheus label value at once.
@@ -52,7 +53,7 @@ class Speculative(Frozen):
     @field_validator("algorithm")
     @classmethod
     def _known_algorithm(cls, value: str) -> str:
-        known = sorted({a for r in SGLANG_RELEASES.values() for a in r.speculative_algorithms})
+        known = all_speculative_algorithms()
         if value.upper() == "MTP":
             raise ValueError(
                 "'MTP' is not an SGLang algorithm name: multi-token prediction is 'NEXTN'"
@@ -725,9 +726,6 @@ def cross_checks(spec: ClusterSpec) -> list[Problem]:
             add(Problem(host.name, "pdkit_router.decode_policy", f"power_of_two needs at least 2 decode workers (the router refuses to start); this router has {len(decodes)}: use round_robin, or leave it unset"))
         if roles and roles <= {"prefill", "decode"} and roles != {"prefill", "decode"}:
             add(Problem(host.name, "pdkit_router.workers", f"the router fronts only {sorted(roles)} engines; PD mode needs at least one prefill and one decode"))
-        for i, arg in enumerate(router.extra_args):
-            if arg.startswith("--api-key"):
-                add(Problem(host.name, f"pdkit_router.extra_args[{i}]", "an API key on the command line is visible in ps and the journal: set pdkit_cluster.secrets.router_api_key instead"))
 
     names = {h.name for h in spec.hosts}
     for host in spec.monitoring_hosts:
@@ -747,17 +745,7 @@ def _check_engine_tuning(spec: ClusterSpec, host: HostSpec, engine: Engine, at: 
     tuning = spec.engine_tuning(engine)
     release = SGLANG_RELEASES[spec.engine_version(engine)]
     assert host.node is not None
-    if tuning.speculative is not None and tuning.speculative.algorithm not in release.speculative_algorithms:
-        add(Problem(host.name, f"{at}.tuning.speculative.algorithm", f"SGLang {release.version} has no algorithm {tuning.speculative.algorithm!r}; valid: {', '.join(release.speculative_algorithms)}"))
-    for name, choices in (
-        ("attention_backend", release.attention_backends),
-        ("moe_runner_backend", release.moe_runner_backends),
-        ("quantization", release.quantizations),
-        ("kv_cache_dtype", release.kv_cache_dtypes),
-    ):
-        value = getattr(tuning, name)
-        if value is not None and value not in choices:
-            add(Problem(host.name, f"{at}.tuning.{name}", f"SGLang {release.version} has no {name} {value!r}; valid: {', '.join(choices)}"))
+    # choices (backends, dtypes, algorithm names) are the release parser's: pdkit.argvcheck
     if tuning.max_queued_requests is not None and engine.role != "unified":
         add(Problem(host.name, f"{at}.tuning.max_queued_requests", "SGLang ignores --max-queued-requests in disaggregation mode", "warning"))
     page = tuning.page_size or 1
@@ -793,11 +781,7 @@ def _check_pd_groups(spec: ClusterSpec, add) -> None:
         for missing in ("prefill", "decode"):
             if missing not in roles:
                 add(Problem(first_host.name, f"pdkit_node.engines[{first_host.node.engines.index(first)}].pd_group", f"PD group {group!r} has no {missing} engine; each PD group needs at least one prefill and one decode"))
-        for host, engine in members[1:]:
-            at = f"pdkit_node.engines[{host.node.engines.index(engine)}]"
-            for what, get in (("model", lambda e: spec.engine_model(e).path), ("sglang_version", spec.engine_version)):
-                if get(engine) != get(first):
-                    add(Problem(host.name, f"{at}.{what}", f"PD group {group!r} mixes {what} {get(engine)!r} with {get(first)!r} on {first_host.name}/{first.name}; a prefill and a decode must match (the NIXL handshake fails or output is corrupted)"))
+        # what a pair must agree on (model, release, page size, ...) is pdkit.argvcheck's
         hosts = {h.name for h, _ in members}
         if len(hosts) > 1 and spec.cluster.transfer_backend == "nixl":
             for host in sorted({h.name: h for h, _ in members}.values(), key=lambda h: h.name):
