@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pdkit import flags
 from pdkit.parsertable import Parsed, Parser, router_parser, sglang_parser, speculative_algorithms
-from pdkit.spec import ClusterSpec, Engine, HostSpec, Problem
+from pdkit.spec import ClusterSpec, Engine, HostSpec, Problem, pairing_sets
 
 SECRETS_POINTER = (
     "on the command line it is visible in ps, the unit file and the journal; credentials reach hosts only "
@@ -130,22 +130,6 @@ def _check_extra_args(parser: Parser, host: str, field: str, generated: list[Par
         seen[option.dest] = p.index
         kept.append(p)
     return kept
-
-
-def pairing_sets(spec: ClusterSpec) -> list[tuple[str, list[tuple[HostSpec, Engine]]]]:
-    """Every set of engines among which the router may pair any prefill with any decode:
-    each router's PD workers, and each pd_group."""
-    sets: list[tuple[str, list[tuple[HostSpec, Engine]]]] = []
-    for host in spec.router_hosts:
-        workers = [(h, e) for h, e in spec.router_workers(host) if e.role != "unified"]
-        if workers:
-            sets.append((f"the router on {host.name}", workers))
-    groups: dict[str, list[tuple[HostSpec, Engine]]] = {}
-    for host, engine in spec.engines():
-        if engine.role != "unified":
-            groups.setdefault(engine.pd_group, []).append((host, engine))
-    sets += [(f"PD group {name!r}", members) for name, members in groups.items()]
-    return sets
 
 
 def _check_pairs(spec: ClusterSpec, engine_args: dict[tuple[str, str], dict[str, tuple[str, ...]]], add) -> None:
