@@ -112,7 +112,7 @@ def read_inventory_and_drops(path: str, cwd: str) -> tuple[list[tuple[str, tuple
     except SystemExit as exc:
         raise InventoryLoadError(_user_frame(path, exc.__traceback__), f"the inventory calls sys.exit({exc.code!r}); an inventory must define its groups, not exit") from None
     except SyntaxError as exc:
-        raise InventoryLoadError(f"{exc.filename or path}:{exc.lineno}", f"SyntaxError: {exc.msg}") from None
+        raise InventoryLoadError(f"{exc.filename or path}:{exc.lineno}", f"SyntaxError: {exc.msg} (the file must run as plain Python: try `python3 {exc.filename or path}`)") from None
     except Exception as exc:  # the user's Python file: one line, never a traceback
         raise InventoryLoadError(*_describe_load_error(path, exc)) from None
     finally:
@@ -126,7 +126,7 @@ def _describe_load_error(path: str, exc: BaseException) -> tuple[str, str]:
     if isinstance(inner, BaseException):
         filename = getattr(exc, "filename", path)
         tb = getattr(inner, "_traceback", None) or inner.__traceback__
-        return _user_frame(filename, tb), f"{type(inner).__name__}: {inner}"
+        return _user_frame(filename, tb), f"{type(inner).__name__}: {inner} (the file must run as plain Python: try `python3 {filename}`)"
     text = str(getattr(exc, "message", "") or exc) or type(exc).__name__
     return _user_frame(path, exc.__traceback__), f"pyinfra could not load it: {type(exc).__name__}: {text}"
 

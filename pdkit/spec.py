@@ -1009,7 +1009,8 @@ def cross_checks(spec: ClusterSpec) -> list[Problem]:
 
     if cluster.secrets.router_api_key is not None and any(spec.router_release(h)[0] == "sglang-router" for h in spec.router_hosts):
         add(Problem(spec.router_hosts[0].name, "pdkit_cluster.secrets.router_api_key", "sglang-router 0.3.2 only takes its API key on the command line, which would leak it; use package smg or drop the key"))
-    return problems
+    # a cluster-wide setting reached through several engines of one host is one problem
+    return list(dict.fromkeys(problems))
 
 
 def _check_engine_tuning(spec: ClusterSpec, host: HostSpec, engine: Engine, at: str, add) -> None:
@@ -1062,6 +1063,8 @@ def ignored_settings(spec: ClusterSpec, engine: Engine) -> list[tuple[str, str]]
     role_layer = getattr(cluster_tuning, engine.role)
     explicit = {**{f: f"pdkit_cluster.tuning.{engine.role}.{f}" for f in role_layer.model_fields_set},
                 **{f: f"tuning.{f}" for f in engine.tuning.model_fields_set}}
+    # where a setting that applies to every role comes from (the engine's own layer wins)
+    anywhere = {**{f: f"pdkit_cluster.tuning.all.{f}" for f in cluster_tuning.all.model_fields_set}, **explicit}
     tuning = spec.engine_tuning(engine)
     out: list[tuple[str, str]] = []
     unused = DECODE_ONLY if engine.role == "prefill" else PREFILL_ONLY if engine.role == "decode" else ()
@@ -1071,12 +1074,12 @@ def ignored_settings(spec: ClusterSpec, engine: Engine) -> list[tuple[str, str]]
     if engine.role != "prefill" and tuning.value("cuda_graph") is False:
         for name in ("cuda_graph_bs", "cuda_graph_max_bs"):
             if getattr(tuning, name) is not None:
-                where = explicit.get(name, f"tuning.{name}")
+                where = anywhere.get(name, f"tuning.{name}")
                 out.append((where, f"ignored: decode CUDA graphs are off (cuda_graph false), so {name} captures nothing; remove it or turn cuda_graph on"))
     if tuning.value("allow_longer_context") and tuning.context_length is None:
-        out.append((explicit.get("allow_longer_context", "tuning.allow_longer_context"), "ignored: allow_longer_context only matters with a context_length above the model's; set context_length or remove it"))
+        out.append((anywhere.get("allow_longer_context", "tuning.allow_longer_context"), "ignored: allow_longer_context only matters with a context_length above the model's; set context_length or remove it"))
     if tuning.speculative is not None and tuning.speculative.algorithm == "NGRAM" and tuning.speculative.eagle_topk is not None:
-        out.append((explicit.get("speculative", "tuning.speculative") + ".eagle_topk", "ignored: NGRAM has no EAGLE tree; remove eagle_topk"))
+        out.append((anywhere.get("speculative", "tuning.speculative") + ".eagle_topk", "ignored: NGRAM has no EAGLE tree; remove eagle_topk"))
     return out
 
 
