@@ -234,7 +234,8 @@ def table_entry(options: list[dict]) -> list[dict]:
             "flags": o["flags"],
             "dest": o["dest"],
             "takes": _takes(o),
-            "choices": [str(c) for c in o["choices"]] if o["choices"] is not None else None,
+            # sorted: some choices are sets in SGLang (their order changes from run to run)
+            "choices": sorted(str(c) for c in o["choices"]) if o["choices"] is not None else None,
             "secret": bool(_SECRET_DEST.search(o["dest"])),
             "both_roles": bool(o["help"] and _BOTH_ROLES_HELP.search(o["help"])),
             # a deprecated spelling names its replacement ("--cuda-graph-backend-prefill=disabled")

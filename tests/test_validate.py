@@ -66,7 +66,7 @@ BAD_CASES = [
     ("router-api-key-on-argv", lambda c, h: h["gpu01"]["pdkit_router"].update(extra_args=["--api-key", "k"]), "gpu01", "pdkit_router.extra_args[0]", "secrets.router_api_key"),
     ("power-of-two-with-one-decode", lambda c, h: h["gpu01"]["pdkit_router"].update(decode_policy="power_of_two"), "gpu01", "pdkit_router.decode_policy", "at least 2 decode workers"),
     ("unpinned-router-release", lambda c, h: h["gpu01"]["pdkit_router"].update(package="smg", version="1.2.0"), "gpu01", "pdkit_router", "not a pinned router"),
-    ("attention-backend-typo", lambda c, h: _engine(h, "gpu01", 1).update(tuning={"attention_backend": "flashinfr"}), "gpu01", "pdkit_node.engines[1].tuning.attention_backend", "valid: triton"),
+    ("attention-backend-typo", lambda c, h: _engine(h, "gpu01", 1).update(tuning={"attention_backend": "flashinfr"}), "gpu01", "pdkit_node.engines[1].tuning.attention_backend", "valid: aiter, ascend, compressed"),
     ("kv-dtype-gone-in-0523", lambda c, h: _engine(h, "gpu02", 1).update(tuning={"kv_cache_dtype": "fp4_e2m1"}), "gpu02", "pdkit_node.engines[1].tuning.kv_cache_dtype", "0.5.23"),
     ("uno-needs-0523", lambda c, h: c.update(sglang_version="0.5.17") or _engine(h, "gpu01", 1).update(tuning={"speculative": {"algorithm": "UNO"}}), "gpu01", "pdkit_node.engines[1].tuning.speculative.algorithm", "SGLang 0.5.17 has no algorithm"),
     ("transfer-backend-typo", lambda c, h: c.update(transfer_backend="nixel"), "gpu01", "pdkit_cluster.transfer_backend", "'nixl'"),
@@ -104,11 +104,11 @@ LOADER_CASES = [  # 1. unknown keys wherever they sit (the file-level cases are 
 ]
 CHOICE_CASES = [  # 2. choices from the pinned parsers' generated table
     ("sampling-backend-typo", lambda c, h: _engine(h, "gpu01", 0).update(tuning={"sampling_backend": "flashinfr"}), "gpu01", "pdkit_node.engines[0].tuning.sampling_backend", "SGLang 0.5.23 has no sampling_backend 'flashinfr'; valid: "),
-    ("moe-runner-typo", lambda c, h: _engine(h, "gpu02", 1).update(tuning={"moe_runner_backend": "deepgemm"}), "gpu02", "pdkit_node.engines[1].tuning.moe_runner_backend", "valid: auto, deep_gemm"),
-    ("quantization-gone-in-0523", lambda c, h: _engine(h, "gpu01", 1).update(tuning={"quantization": "marlin"}), "gpu01", "pdkit_node.engines[1].tuning.quantization", "SGLang 0.5.23 has no quantization 'marlin'; valid: awq, fp8"),
-    ("load-format-typo", lambda c, h: c["model"].update(load_format="safetensor"), "gpu01", "pdkit_cluster.model.load_format", "valid: auto, pt, safetensors"),
-    ("router-prefill-policy-typo", lambda c, h: _router(h).update(prefill_policy="cache-aware"), "gpu01", "pdkit_router.prefill_policy", "smg 1.13.0 has no prefill-policy 'cache-aware'; valid: random, round_robin"),
-    ("policy-that-only-smg-has", lambda c, h: _router(h).update(package="sglang-router", decode_policy="least_load"), "gpu01", "pdkit_router.decode_policy", "sglang-router 0.3.2 has no decode-policy 'least_load'; valid: random, round_robin, cache_aware"),
+    ("moe-runner-typo", lambda c, h: _engine(h, "gpu02", 1).update(tuning={"moe_runner_backend": "deepgemm"}), "gpu02", "pdkit_node.engines[1].tuning.moe_runner_backend", "valid: aiter, auto, cutlass, deep_gemm"),
+    ("quantization-gone-in-0523", lambda c, h: _engine(h, "gpu01", 1).update(tuning={"quantization": "marlin"}), "gpu01", "pdkit_node.engines[1].tuning.quantization", "SGLang 0.5.23 has no quantization 'marlin'; valid: auto-round"),
+    ("load-format-typo", lambda c, h: c["model"].update(load_format="safetensor"), "gpu01", "pdkit_cluster.model.load_format", "valid: auto, bitsandbytes, dummy"),
+    ("router-prefill-policy-typo", lambda c, h: _router(h).update(prefill_policy="cache-aware"), "gpu01", "pdkit_router.prefill_policy", "smg 1.13.0 has no prefill-policy 'cache-aware'; valid: bucket, cache_aware"),
+    ("policy-that-only-smg-has", lambda c, h: _router(h).update(package="sglang-router", decode_policy="least_load"), "gpu01", "pdkit_router.decode_policy", "sglang-router 0.3.2 has no decode-policy 'least_load'; valid: cache_aware, manual, power_of_two, random, round_robin"),
     ("lowercase-algorithm", lambda c, h: _engine(h, "gpu01", 1).update(tuning={"speculative": {"algorithm": "nextn"}}), "gpu01", "pdkit_node.engines[1].tuning.speculative.algorithm", "valid: DFLASH"),
 ]
 EXTRA_ARGS_CASES = [  # 3. extra_args read as SGLang's / the router's argparse reads them
@@ -116,7 +116,7 @@ EXTRA_ARGS_CASES = [  # 3. extra_args read as SGLang's / the router's argparse r
     ("alias-of-a-generated-flag", lambda c, h: _engine(h, "gpu02", 0).update(extra_args=["--tensor-parallel-size", "2"]), "gpu02", "pdkit_node.engines[0].extra_args[0]", "clashes with --tp-size"),
     ("unknown-flag", lambda c, h: _engine(h, "gpu01", 0).update(extra_args=["--enable-p2p-chek"]), "gpu01", "pdkit_node.engines[0].extra_args[0]", "did you mean --enable-p2p-check?"),
     ("ambiguous-prefix", lambda c, h: _engine(h, "gpu01", 0).update(extra_args=["--context", "4096"]), "gpu01", "pdkit_node.engines[0].extra_args[0]", "write the full flag"),
-    ("bad-choice-in-extra-args", lambda c, h: _engine(h, "gpu02", 1).update(extra_args=["--grammar-backend", "xgrammer"]), "gpu02", "pdkit_node.engines[1].extra_args[0]", "valid: xgrammar, outlines, llguidance, none"),
+    ("bad-choice-in-extra-args", lambda c, h: _engine(h, "gpu02", 1).update(extra_args=["--grammar-backend", "xgrammer"]), "gpu02", "pdkit_node.engines[1].extra_args[0]", "valid: llguidance, none, outlines, xgrammar"),
     ("value-without-a-flag", lambda c, h: _engine(h, "gpu02", 1).update(extra_args=["--enable-p2p-check", "true"]), "gpu02", "pdkit_node.engines[1].extra_args[1]", "value without a flag"),
     ("engine-api-key", lambda c, h: _engine(h, "gpu01", 1).update(extra_args=["--api-key", "s3cret"]), "gpu01", "pdkit_node.engines[1].extra_args[0]", "pdkit_cluster.secrets (README: the secrets table"),
     ("engine-admin-api-key-with-equals", lambda c, h: _engine(h, "gpu01", 0).update(extra_args=["--admin-api-key=s3cret"]), "gpu01", "pdkit_node.engines[0].extra_args[0]", "the secrets table"),
