@@ -133,6 +133,7 @@ def _check_extra_args(parser: Parser, host: str, field: str, generated: list[Par
 
 
 def _check_pairs(spec: ClusterSpec, engine_args: dict[tuple[str, str], dict[str, tuple[str, ...]]], add) -> None:
+    reported: set[tuple[str, str]] = set()  # an engine in a router's set and a pd_group: one problem per field
     for label, members in pairing_sets(spec):
         if not {e.role for _, e in members} >= {"prefill", "decode"}:
             continue  # spec.cross_checks reports a set without both roles
@@ -142,7 +143,9 @@ def _check_pairs(spec: ClusterSpec, engine_args: dict[tuple[str, str], dict[str,
             facts = _pair_facts(spec, engine, engine_args[(host.name, engine.name)])
             for key, (field, value) in facts.items():
                 want = reference.get(key, (field, None))[1]
-                if value != want:
+                at = (host.name, f"{engine_path(host, engine)}.{field}")
+                if value != want and at not in reported:
+                    reported.add(at)
                     shown = "unset" if value is None else repr(value)
                     add(Problem(host.name, f"{engine_path(host, engine)}.{field}", f"{label} mixes {key} {shown} with {want if want is None else repr(want)} on {first_host.name}/{first.name}; every prefill/decode pair the router can make must match (the KV transfer fails or output is corrupted)"))
 
