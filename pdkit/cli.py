@@ -11,12 +11,16 @@ EXIT_INVALID = 2
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    """Exit 0: valid (warnings printed); 2: invalid, every problem listed; anything else is a bug."""
     from pdkit.loader import load_with_problems
     from pdkit.summary import summary
 
     spec, problems = load_with_problems(args.inventory)
     errors = [p for p in problems if p.severity == "error"]
     warnings = [p for p in problems if p.severity == "warning"]
+    if args.strict:
+        # --strict: a setting that would be ignored fails the check like any error
+        errors, warnings = errors + warnings, []
     if errors or spec is None:
         print(f"{args.inventory}: {len(errors)} error(s); nothing was contacted.", file=sys.stderr)
         for p in errors:
@@ -126,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("validate", help="check an inventory without contacting any host")
     p.add_argument("inventory", help="pyinfra inventory file, e.g. inventories/cluster.py")
+    p.add_argument("--strict", action="store_true", help="treat warnings (settings that would be ignored, unknown host keys) as errors")
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("render", help="write every file pdkit would put on each host")

@@ -278,33 +278,3 @@ def router_command(spec: ClusterSpec, host: HostSpec) -> list[str]:
         return [f"{bin_dir}/python", router_launcher_path(spec), *release.launcher[1:], *router_args(spec, host)]
     launcher = [f"{bin_dir}/{release.launcher[0]}", *release.launcher[1:]]
     return [*launcher, *router_args(spec, host)]
-
-
-def extra_args_problems(spec: ClusterSpec) -> list[Problem]:
-    """extra_args may add flags, never restate or abbreviate one pdkit generates."""
-    problems: list[Problem] = []
-    for host, engine in spec.engines():
-        i = host.node.engines.index(engine)  # type: ignore[union-attr]
-        generated_all = sglang_args(spec, host, engine)
-        generated = generated_all[: len(generated_all) - len(engine.extra_args)]
-        problems += _clashes(host.name, f"pdkit_node.engines[{i}].extra_args", generated, engine.extra_args)
-    for host in spec.router_hosts:
-        assert host.router is not None
-        generated_all = router_args(spec, host)
-        generated = generated_all[: len(generated_all) - len(host.router.extra_args)]
-        problems += _clashes(host.name, "pdkit_router.extra_args", generated, host.router.extra_args)
-    return problems
-
-
-def _clashes(host: str, field: str, generated: list[str], extra: tuple[str, ...]) -> list[Problem]:
-    flags = {a for a in generated if a.startswith("--")}
-    problems = []
-    for j, arg in enumerate(extra):
-        if not arg.startswith("--"):
-            continue
-        name = arg.split("=", 1)[0]
-        # argparse accepts unambiguous prefixes, so "--context" would also override a flag
-        hit = sorted(f for f in flags if f == name or f.startswith(name))
-        if hit:
-            problems.append(Problem(host, f"{field}[{j}]", f"{name} clashes with {hit[0]}, which pdkit generates from the spec; set the matching spec field instead"))
-    return problems

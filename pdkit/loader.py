@@ -26,6 +26,7 @@ from pdkit.spec import (
     Problem,
     Router,
     SpecError,
+    address_problem,
     cross_checks,
 )
 
@@ -54,29 +55,149 @@ def load_with_problems(
     if not path.is_file():
         return None, [Problem("<inventory>", str(inventory), "no such inventory file; give a pyinfra inventory .py file, e.g. inventories/cluster.py")]
     try:
-        hosts = read_inventory(str(path), cwd or os.getcwd())
-    except Exception as exc:  # the user's Python file: report, never a traceback
-        return None, [Problem("<inventory>", str(inventory), f"pyinfra could not load it: {type(exc).__name__}: {exc}")]
-    return spec_from_host_data(hosts, inventory=str(inventory))
+        hosts, dropped = read_inventory_and_drops(str(path), cwd or os.getcwd())
+    except InventoryLoadError as exc:
+        return None, [Problem("<inventory>", exc.where, exc.message)]
+    spec, problems = spec_from_host_data(hosts, inventory=str(inventory))
+    if dropped:
+        return None, dropped + problems
+    return spec, problems
+
+
+class InventoryLoadError(Exception):
+    """The inventory (or a group_data file) could not be executed: where, and why, in one line."""
+
+    def __init__(self, where: str, message: str):
+        self.where = where
+        self.message = message
+        super().__init__(f"{where}: {message}")
 
 
 def read_inventory(path: str, cwd: str) -> list[tuple[str, tuple[str, ...], dict[str, Any]]]:
     """(host name, groups, resolved data) for every host, via pyinfra's CLI loader."""
+    return read_inventory_and_drops(path, cwd)[0]
+
+
+def read_inventory_and_drops(path: str, cwd: str) -> tuple[list[tuple[str, tuple[str, ...], dict[str, Any]]], list[Problem]]:
+    """(host name, groups, resolved data) for every host, via pyinfra's CLI loader, and the
+    hosts or sections pyinfra's loader would drop without a word.
+
+    Raises InventoryLoadError, never the user's own exception (pyinfra wraps it in a
+    click exception whose formatting itself fails outside pyinfra's CLI)."""
     import warnings
 
     # importing pyinfra_cli gevent-patches the process; when requests/urllib3 were imported first
     # gevent warns about ssl, which is harmless for inventory loading (no connection is made)
     warnings.filterwarnings("ignore", message="Monkey-patching ssl after ssl has already been imported")
+    import pyinfra_cli.inventory as cli_inventory
     from pyinfra.api import State
     from pyinfra.context import ctx_state
-    from pyinfra_cli.inventory import make_inventory
 
     # pyinfra's loader executes the inventory with a State in context, as its CLI does
     state = State(check_for_changes=False)
     state.cwd = cwd
-    with _quiet_pyinfra(), ctx_state.use(state):
-        inventory = make_inventory(path, cwd=cwd)
-    return inventory_host_data(inventory)
+    module_attrs: dict[str, Any] = {}
+    original = cli_inventory._get_groups_from_filename
+
+    def groups_keeping_attrs(filename: str):
+        # the same as pyinfra's, keeping the module's variables to see what it leaves out
+        attrs = cli_inventory.exec_file(filename, return_locals=True)
+        module_attrs.update(attrs)
+        return {key: value for key, value in attrs.items() if cli_inventory._is_inventory_group(key, value)}
+
+    cli_inventory._get_groups_from_filename = groups_keeping_attrs
+    try:
+        with _quiet_pyinfra(), ctx_state.use(state):
+            inventory = cli_inventory.make_inventory(path, cwd=cwd)
+    except SystemExit as exc:
+        raise InventoryLoadError(_user_frame(path, exc.__traceback__), f"the inventory calls sys.exit({exc.code!r}); an inventory must define its groups, not exit") from None
+    except SyntaxError as exc:
+        raise InventoryLoadError(f"{exc.filename or path}:{exc.lineno}", f"SyntaxError: {exc.msg} (the file must run as plain Python: try `python3 {exc.filename or path}`)") from None
+    except Exception as exc:  # the user's Python file: one line, never a traceback
+        raise InventoryLoadError(*_describe_load_error(path, exc)) from None
+    finally:
+        cli_inventory._get_groups_from_filename = original
+    return inventory_host_data(inventory), dropped_by_pyinfra(module_attrs)
+
+
+def _describe_load_error(path: str, exc: BaseException) -> tuple[str, str]:
+    """(file:line, "ExcType: message") for an exception raised while pyinfra ran the inventory."""
+    inner = getattr(exc, "exception", None)  # pyinfra_cli's UnexpectedExternalError(e, filename)
+    if isinstance(inner, BaseException):
+        filename = getattr(exc, "filename", path)
+        tb = getattr(inner, "_traceback", None) or inner.__traceback__
+        return _user_frame(filename, tb), f"{type(inner).__name__}: {inner} (the file must run as plain Python: try `python3 {filename}`)"
+    text = str(getattr(exc, "message", "") or exc) or type(exc).__name__
+    return _user_frame(path, exc.__traceback__), f"pyinfra could not load it: {type(exc).__name__}: {text}"
+
+
+def _user_frame(filename: str, tb) -> str:
+    """"file:line" of the innermost traceback frame inside `filename` (else the file alone)."""
+    import traceback
+
+    wanted = os.path.abspath(filename)
+    line = None
+    for frame in traceback.extract_tb(tb) if tb is not None else ():
+        if os.path.abspath(frame.filename) == wanted:
+            line = frame.lineno
+    return f"{filename}:{line}" if line is not None else filename
+
+
+def dropped_by_pyinfra(attrs: dict[str, Any]) -> list[Problem]:
+    """Hosts and pdkit sections that pyinfra's loader leaves out silently.
+
+    pyinfra builds the inventory from the `all` group when the file defines one (a host only
+    in another group is gone), skips variables whose name starts with '_' or whose items are
+    not all host names / (name, data) tuples, and merges a host's data from several groups key
+    by key, so a section given twice keeps only the last one (pyinfra_cli/inventory.py,
+    pyinfra/api/inventory.py make_hosts_and_groups, pyinfra 3.10)."""
+    problems: list[Problem] = []
+    groups: dict[str, list] = {}
+    ignored: dict[str, list] = {}
+    for key, value in attrs.items():
+        if not isinstance(key, str) or key.startswith("__") or not isinstance(value, (list, tuple)):
+            continue
+        members = value[0] if isinstance(value, tuple) and value and isinstance(value[0], (list, tuple)) else value
+        if not isinstance(members, (list, tuple)):
+            continue
+        valid = not key.startswith("_") and all(isinstance(m, (str, tuple)) for m in members)
+        (groups if valid else ignored)[key] = list(members)
+
+    def entries(members):
+        for m in members:
+            if isinstance(m, str):
+                yield m, {}
+            elif isinstance(m, tuple) and len(m) == 2 and isinstance(m[0], str) and isinstance(m[1], dict):
+                yield m
+            elif isinstance(m, tuple) and m and isinstance(m[0], str):
+                yield m[0], {}
+
+    listed = {name for members in groups.values() for name, _ in entries(members)}
+    if "all" in groups:
+        in_all = {name for name, _ in entries(groups["all"])}
+        for group, members in groups.items():
+            for name, data in entries(members):
+                if name not in in_all:
+                    problems.append(Problem(name, group, f"host is in group {group!r} but not in the `all` group, so pyinfra leaves it (and its pdkit sections) out: add {name!r} to all"))
+                    in_all.add(name)  # once per host
+    for group, members in ignored.items():
+        why = "its name starts with '_'" if group.startswith("_") else "pyinfra groups hold only host names and (name, data) tuples"
+        for member in members:
+            if isinstance(member, tuple) and len(member) == 2 and isinstance(member[0], str) and isinstance(member[1], dict):
+                name, data = member
+                if name not in listed and any(str(k).startswith("pdkit") for k in data):
+                    problems.append(Problem(name, group, f"pyinfra ignores the variable {group!r} ({why}), so this host and its pdkit sections are dropped: put it in a group without a leading '_'"))
+    seen: dict[tuple[str, str], tuple[str, Any]] = {}
+    for group, members in groups.items():
+        for name, data in entries(members):
+            for key, value in data.items():
+                if not str(key).startswith("pdkit_"):
+                    continue
+                earlier = seen.get((name, key))
+                if earlier is not None and earlier[1] != value:
+                    problems.append(Problem(name, key, f"given in group {earlier[0]!r} and again in group {group!r}: pyinfra keeps only the {group!r} one (host data merges key by key, not field by field); give {key} once"))
+                seen[(name, key)] = (group, value)
+    return problems
 
 
 def inventory_host_data(inventory) -> list[tuple[str, tuple[str, ...], dict[str, Any]]]:
@@ -110,8 +231,7 @@ def spec_from_host_data(
     host_specs: list[dict[str, Any]] = []
 
     for name, groups, data in hosts:
-        for key in sorted(k for k in data if k.startswith("pdkit_") and k not in SECTIONS):
-            problems.append(Problem(name, key, f"unknown pdkit section; valid: {', '.join(SECTIONS)}"))
+        problems.extend(unknown_host_keys(name, data))
         raw_cluster = data.get("pdkit_cluster")
         if raw_cluster is not None:
             if cluster_raw is None:
@@ -123,6 +243,14 @@ def spec_from_host_data(
             "groups": groups,
             "address": str(data.get("ssh_hostname") or name),
         }
+        ssh_port = data.get("ssh_port")
+        if ssh_port is not None:
+            if isinstance(ssh_port, int) and not isinstance(ssh_port, bool) and 1 <= ssh_port <= 65535:
+                entry["ssh_port"] = ssh_port
+            else:
+                problems.append(Problem(name, "ssh_port", f"{ssh_port!r} is not a port: give an integer from 1 to 65535"))
+        if not entry["address"].startswith("@") and (why := address_problem(entry["address"])):
+            problems.append(Problem(name, "ssh_hostname" if data.get("ssh_hostname") else "<host name>", f"{why} (pyinfra connects to the host name when ssh_hostname is unset)"))
         for key, model in SECTIONS.items():
             if key == "pdkit_cluster" or data.get(key) is None:
                 continue
@@ -146,12 +274,55 @@ def spec_from_host_data(
         inventory=inventory,
     )
     problems.extend(cross_checks(spec))
-    from pdkit.flags import extra_args_problems
+    from pdkit import argvcheck
 
-    problems.extend(extra_args_problems(spec))
+    problems.extend(argvcheck.problems(spec))
     if any(p.severity == "error" for p in problems):
         return None, problems
     return spec, problems
+
+
+def pyinfra_host_keys() -> frozenset[str]:
+    """Host data keys pyinfra itself reads: every connector's data keys and the global arguments."""
+    global _PYINFRA_KEYS
+    if _PYINFRA_KEYS is None:
+        from pyinfra.api.arguments import all_global_arguments
+        from pyinfra.api.connectors import get_all_connectors
+
+        keys = {name for name, _ in all_global_arguments()}
+        for connector in get_all_connectors().values():
+            keys.update(getattr(connector, "data_meta", None) or {})
+        _PYINFRA_KEYS = frozenset(keys)
+    return _PYINFRA_KEYS
+
+
+_PYINFRA_KEYS: frozenset[str] | None = None
+
+
+def unknown_host_keys(host: str, data: dict[str, Any]) -> list[Problem]:
+    """Host-level keys that are neither a pdkit section nor pyinfra's: an error when it looks
+    meant for pdkit (a misspelt section, a field outside its section), else a warning."""
+    import difflib
+
+    from pdkit.fieldtable import SECTIONS as FIELD_SECTIONS
+
+    problems = []
+    known = pyinfra_host_keys()
+    for key in data:
+        if not isinstance(key, str) or key in SECTIONS or key in known or key.startswith("_"):
+            continue
+        normalised = key.lower().replace("-", "_").strip()
+        close = difflib.get_close_matches(normalised, list(SECTIONS), n=1, cutoff=0.75)
+        if normalised in SECTIONS or close or normalised.startswith("pdkit"):
+            hint = f"did you mean {(close or [normalised])[0]}? " if (close or normalised in SECTIONS) else ""
+            problems.append(Problem(host, key, f"unknown pdkit section; {hint}valid: {', '.join(SECTIONS)}"))
+            continue
+        owners = [heading for heading, model in FIELD_SECTIONS if key in model.model_fields]
+        if owners:
+            problems.append(Problem(host, key, f"{key!r} is a field of {owners[0]}, not a host-level key: pdkit never reads it here; move it inside that section"))
+        else:
+            problems.append(Problem(host, key, f"not a pdkit section ({', '.join(SECTIONS)}) nor a pyinfra connector setting or global argument: pdkit ignores it", "warning"))
+    return problems
 
 
 def _validated(model: type[BaseModel], raw: Any, host: str, section: str, problems: list[Problem]):

@@ -21,8 +21,9 @@ import re
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from pdkit.parsertable import all_speculative_algorithms
 from pdkit.versions import DEFAULT_SGLANG_VERSION, ROUTER_RELEASES, SGLANG_RELEASES
 
 # A systemd unit name fragment and a Prometheus label value at once.
@@ -31,8 +32,94 @@ Port = Annotated[int, Field(ge=1, le=65535)]
 SglangVersion = Literal["0.5.17", "0.5.23"]
 
 
+# Bounds that catch unit mistakes (a MiB figure where GiB is asked, milliseconds for seconds):
+# each is far above any real setting and is named in the error.
+MAX_GPU_MEMORY_GIB = 320  # the largest GPUs shipping (B300, MI355X: 288 GB = 268 GiB)
+MAX_NUMA_NODES = 64
+MAX_CONTEXT_LENGTH = 16 * 1024 * 1024  # 16M tokens; the longest released contexts are 10M
+MAX_BATCH = 65536
+MAX_TIMEOUT_S = 86400  # a day
+MAX_INTERVAL_S = 3600
+
+
+def at_most(limit: int | float, what: str, too_big_hint: str = ""):
+    """An AfterValidator: the value must be <= limit; the message names the bound."""
+
+    def check(value):
+        if value is not None and value > limit:
+            hint = f" ({too_big_hint})" if too_big_hint else ""
+            raise ValueError(f"{value} is above {limit}, the most a {what} can sensibly be{hint}")
+        return value
+
+    return AfterValidator(check)
+
+
+Seconds = Annotated[int, Field(ge=1), at_most(MAX_TIMEOUT_S, "timeout in seconds", "does it look like milliseconds? give seconds")]
+IntervalSeconds = Annotated[int, Field(ge=1), at_most(MAX_INTERVAL_S, "interval in seconds", "does it look like milliseconds? give seconds")]
+BatchSize = Annotated[int, Field(ge=1), at_most(MAX_BATCH, "batch size or request count")]
+
+# Accounts Debian and Ubuntu create for the system itself (base-passwd's passwd.master, plus
+# the daemons pdkit installs beside its services): a service must never run as one of them.
+SYSTEM_ACCOUNTS = frozenset({
+    "root", "daemon", "bin", "sys", "sync", "games", "man", "lp", "mail", "news", "uucp", "proxy",
+    "www-data", "backup", "list", "irc", "gnats", "nobody", "_apt", "messagebus", "sshd", "syslog",
+    "systemd-network", "systemd-resolve", "systemd-timesync", "systemd-coredump", "polkitd",
+    "prometheus", "grafana", "node-exp", "nvidia-persistenced", "ubuntu", "debian",
+})
+# Directories pdkit must not take over as its install or config dir.
+SYSTEM_DIRS = frozenset({"/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/opt", "/proc", "/root", "/run",
+                         "/sbin", "/srv", "/sys", "/tmp", "/usr", "/usr/local", "/var"})
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def model_location_problem(value: str) -> str | None:
+    """Why a model/tokenizer/draft location is unusable, or None: an absolute path on the GPU
+    nodes, or a Hugging Face hub id ("org/name", downloaded by nodes that may reach the hub)."""
+    if value.startswith("/"):
+        if "/../" in value + "/" or re.search(r"\s", value):
+            return f"{value!r} is not a plain absolute path: no '..' components or spaces"
+        return None
+    if _HUB_ID.match(value) and ".." not in value:
+        return None
+    return (f"{value!r} is neither an absolute path nor a hub id: give the directory on the GPU nodes "
+            "(e.g. /models/Llama-3.1-8B-Instruct) or a Hugging Face id 'org/name' (e.g. meta-llama/Llama-3.1-8B-Instruct); "
+            "a relative path would resolve against the service's working directory")
+
+
+def _model_location(value: str | None) -> str | None:
+    if value is not None:
+        problem = model_location_problem(value)
+        if problem:
+            raise ValueError(problem)
+    return value
+
+
+def _system_dir(value: str) -> str:
+    if "/../" in value + "/" or value.endswith("/.."):
+        raise ValueError(f"{value!r} has a '..' component: give a plain absolute path such as /opt/pdkit")
+    if value.rstrip("/") in SYSTEM_DIRS or value == "/":
+        raise ValueError(f"{value!r} is a system directory: give one of pdkit's own, such as /opt/pdkit or /etc/pdkit")
+    return value
+
+
 class Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
+
+
+# How SGLang's speculative hook treats a missing --speculative-draft-model-path
+# (sglang/srt/arg_groups/speculative_hook.py of 0.5.17 and 0.5.23: _handle_dflash raises,
+# _handle_uno refuses a draft; EAGLE-family algorithms load the draft from the path and only
+# default it to the target for a model with a built-in MTP head, which SGLang names NEXTN).
+DRAFT_REQUIRED = {
+    "EAGLE": "for a model's own multi-token-prediction head use algorithm NEXTN instead",
+    "EAGLE3": "an EAGLE3 draft is always a separate checkpoint",
+    "STANDALONE": "STANDALONE runs a separate small draft model",
+    "DFLASH": "SGLang: 'DFLASH speculative decoding requires setting --speculative-draft-model-path'",
+}
+DRAFT_REFUSED = {
+    "UNO": "SGLang: 'UNO reuses the target model and does not accept --speculative-draft-model-path'",
+    "NGRAM": "NGRAM drafts from an n-gram cache of the prompt; SGLang never loads a draft for it",
+}
 
 
 class Speculative(Frozen):
@@ -52,7 +139,7 @@ class Speculative(Frozen):
     @field_validator("algorithm")
     @classmethod
     def _known_algorithm(cls, value: str) -> str:
-        known = sorted({a for r in SGLANG_RELEASES.values() for a in r.speculative_algorithms})
+        known = all_speculative_algorithms()
         if value.upper() == "MTP":
             raise ValueError(
                 "'MTP' is not an SGLang algorithm name: multi-token prediction is 'NEXTN'"
@@ -60,6 +147,17 @@ class Speculative(Frozen):
         if value not in known:
             raise ValueError(f"unknown algorithm {value!r}; valid: {', '.join(known)}")
         return value
+
+    _draft_location = field_validator("draft_model_path")(classmethod(lambda cls, v: _model_location(v)))
+
+    @model_validator(mode="after")
+    def _draft_model(self) -> Speculative:
+        need = DRAFT_REQUIRED.get(self.algorithm)
+        if need and self.draft_model_path is None:
+            raise ValueError(f"{self.algorithm} needs a draft model: set draft_model_path ({need})")
+        if self.algorithm in DRAFT_REFUSED and self.draft_model_path is not None:
+            raise ValueError(f"{self.algorithm} takes no draft model ({DRAFT_REFUSED[self.algorithm]}): remove draft_model_path")
+        return self
 
     @model_validator(mode="after")
     def _consistent_counts(self) -> Speculative:
@@ -91,25 +189,25 @@ class Tuning(Frozen):
     # prefill-phase (piecewise) CUDA graphs; False -> --cuda-graph-backend-prefill disabled
     prefill_cuda_graph: bool | None = None
     # --cuda-graph-max-bs-decode: largest decode batch captured; must cover the target concurrency
-    cuda_graph_max_bs: int | None = Field(default=None, ge=1)
+    cuda_graph_max_bs: BatchSize | None = None
     # --cuda-graph-bs-decode: explicit capture buckets (finer buckets cut padding waste)
     cuda_graph_bs: tuple[int, ...] | None = None
     # --num-continuous-decode-steps
-    num_continuous_decode_steps: int | None = Field(default=None, ge=1)
+    num_continuous_decode_steps: Annotated[int, Field(ge=1), at_most(1024, "number of decode steps")] | None = None
     # --context-length: cap it (an uncapped 1M context made the indexer scan 1M tokens a step)
-    context_length: int | None = Field(default=None, ge=1)
+    context_length: Annotated[int, Field(ge=1), at_most(MAX_CONTEXT_LENGTH, "context length in tokens")] | None = None
     # SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1: needed for a context above the model's maximum
     allow_longer_context: bool | None = None
     # --mem-fraction-static
     mem_fraction_static: float | None = Field(default=None, gt=0, lt=1)
     # --max-running-requests
-    max_running_requests: int | None = Field(default=None, ge=1)
+    max_running_requests: BatchSize | None = None
     # --max-queued-requests
-    max_queued_requests: int | None = Field(default=None, ge=1)
+    max_queued_requests: Annotated[int, Field(ge=1), at_most(10_000_000, "queue length")] | None = None
     # --chunked-prefill-size (a multiple of page_size)
-    chunked_prefill_size: int | None = Field(default=None, ge=1)
+    chunked_prefill_size: Annotated[int, Field(ge=1), at_most(MAX_CONTEXT_LENGTH, "prefill chunk in tokens")] | None = None
     # --page-size (KV page size; a PD transfer lever)
-    page_size: int | None = Field(default=None, ge=1)
+    page_size: Annotated[int, Field(ge=1), at_most(4096, "KV page size in tokens")] | None = None
     # False -> --disable-overlap-schedule
     overlap_schedule: bool | None = None
     # True -> --enable-torch-compile
@@ -131,7 +229,7 @@ class Tuning(Frozen):
     # SGLANG_ENABLE_PCIE_IPC_ALLREDUCE=1 (SGLang >= 0.5.23, TP 2/4/8, bf16, needs working P2P)
     pcie_ipc_allreduce: bool | None = None
     # --watchdog-timeout seconds
-    watchdog_timeout: int | None = Field(default=None, ge=1)
+    watchdog_timeout: Seconds | None = None
     # --enable-metrics (pdkit's monitoring needs it; on unless turned off)
     enable_metrics: bool | None = None
     # --decode-log-interval
@@ -145,6 +243,8 @@ class Tuning(Frozen):
         if value is not None:
             if not value or any(b < 1 for b in value):
                 raise ValueError("give a non-empty list of positive batch sizes, e.g. [1, 2, 4, 8, 16]")
+            if max(value) > MAX_BATCH:
+                raise ValueError(f"{max(value)} is above {MAX_BATCH}, the most a batch size can sensibly be")
             if list(value) != sorted(set(value)):
                 raise ValueError("batch sizes must be strictly increasing, e.g. [1, 2, 4, 8, 16]")
         return value
@@ -196,6 +296,8 @@ class Model(Frozen):
     # --load-format (e.g. dummy = random weights from config.json, for rehearsals)
     load_format: str | None = None
 
+    _locations = field_validator("path", "tokenizer_path")(classmethod(lambda cls, v: _model_location(v)))
+
     @field_validator("served_name")
     @classmethod
     def _no_colon(cls, value: str | None) -> str | None:
@@ -231,7 +333,7 @@ class Cluster(Frozen):
     # --disaggregation-transfer-backend for PD engines
     transfer_backend: Literal["nixl", "mooncake", "fake"] = "nixl"
     # the concurrency the cluster is tuned for; decode CUDA graphs must cover it
-    target_concurrency: int | None = Field(default=None, ge=1)
+    target_concurrency: BatchSize | None = None
     # tuning layers: `all`, then the engine's role (prefill/decode/unified), then the engine's own
     tuning: RoleTuning = RoleTuning()
     # the unprivileged user every service runs as
@@ -241,12 +343,21 @@ class Cluster(Frozen):
     # env files and configuration live here on every host
     config_dir: str = Field(default="/etc/pdkit", pattern=r"^/[A-Za-z0-9_./-]+$")
     # how long a restarted engine may take to become ready (a real engine: 1-2 minutes)
-    ready_timeout_s: int = Field(default=600, ge=1)
+    ready_timeout_s: Seconds = 600
     # secrets, written only to mode-0600 env files (see the secrets table)
     secrets: Secrets = Secrets()
     # how nodes get their wheel bundles: http (fetched from the deploying machine, hash-checked),
     # sftp (uploaded over the SSH connection), auto (http where the node can reach us, else sftp)
     wheelhouse_transfer: Literal["auto", "http", "sftp"] = "auto"
+
+    @field_validator("service_user")
+    @classmethod
+    def _unprivileged_user(cls, value: str) -> str:
+        if value in SYSTEM_ACCOUNTS or value.startswith("systemd-"):
+            raise ValueError(f"{value!r} is a system account: services run as a user of their own, e.g. 'pdkit' (the default)")
+        return value
+
+    _dirs = field_validator("install_dir", "config_dir")(classmethod(lambda cls, v: _system_dir(v)))
 
 
 class GpuLayout(Frozen):
@@ -262,6 +373,22 @@ class GpuLayout(Frozen):
     compute_capability: str = Field(pattern=r"^\d+\.\d+$")
     # NUMA node of each GPU, by index (length = count); e.g. [0,0,0,0,1,1,1,1]
     numa: tuple[int, ...] | None = None
+
+    @field_validator("memory_gib")
+    @classmethod
+    def _gib_not_mib(cls, value: int) -> int:
+        if value >= 1024:
+            raise ValueError(f"{value} looks like MiB ({value} MiB = {value / 1024:.0f} GiB): give memory_gib in GiB, at most {MAX_GPU_MEMORY_GIB}")
+        if value > MAX_GPU_MEMORY_GIB:
+            raise ValueError(f"{value} GiB is more than any GPU has: give memory_gib in GiB, at most {MAX_GPU_MEMORY_GIB}")
+        return value
+
+    @field_validator("numa")
+    @classmethod
+    def _numa_ids(cls, value: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        if value is not None and any(n < 0 or n >= MAX_NUMA_NODES for n in value):
+            raise ValueError(f"NUMA node ids run from 0 to {MAX_NUMA_NODES - 1} (as numactl --hardware lists them), got {list(value)}")
+        return value
 
     @model_validator(mode="after")
     def _numa_per_gpu(self) -> GpuLayout:
@@ -296,7 +423,7 @@ class Engine(Frozen):
     # engines of one group pair up behind the router
     pd_group: str = Field(default="default", pattern=NAME_PATTERN)
     # NUMA node to bind CPU and memory to; defaults to the NUMA node of all its GPUs
-    numa_node: int | None = Field(default=None, ge=0)
+    numa_node: int | None = Field(default=None, ge=0, lt=MAX_NUMA_NODES)
     # per-engine overrides of the cluster's model / version / transfer backend
     model: Model | None = None
     # per-engine SGLang version (a PD group must agree; rolled pairwise)
@@ -371,6 +498,8 @@ class Node(Frozen):
     nic: str | None = None
     # UCX_NET_DEVICES, needed when a PD pair spans nodes (e.g. "mlx5_0:1")
     ucx_net_devices: str | None = None
+    # NUMA nodes the machine has (numactl --hardware); every NUMA id of the node must be below it
+    numa_nodes: int | None = Field(default=None, ge=1, le=MAX_NUMA_NODES)
     # the SGLang servers on this node (see the engines table)
     engines: tuple[Engine, ...] = ()
     # port of pdkit-exporter on this node
@@ -409,11 +538,11 @@ class Router(Frozen):
     # PD decode worker selection; unset: power_of_two with 2+ decode workers, else round_robin
     decode_policy: str | None = None
     # seconds between worker health checks
-    health_check_interval_secs: int = Field(default=10, ge=1)
+    health_check_interval_secs: IntervalSeconds = 10
     # failed checks before a worker counts as unhealthy
     health_failure_threshold: int = Field(default=3, ge=1)
     # seconds between the router's checks on a worker that is not up yet (its default, 30, delays readiness)
-    worker_startup_check_interval_secs: int = Field(default=5, ge=1)
+    worker_startup_check_interval_secs: IntervalSeconds = 5
     # engines it fronts, as "host/engine"; unset: every engine in the cluster
     workers: tuple[str, ...] | None = None
     # escape hatch: extra router flags
@@ -438,11 +567,11 @@ class Monitoring(Frozen):
     # Grafana's port
     grafana_port: Port = 3000
     # seconds between scrapes
-    scrape_interval_s: int = Field(default=15, ge=1)
+    scrape_interval_s: IntervalSeconds = 15
     # hosts to scrape; unset: every host in the inventory
     scrape_hosts: tuple[str, ...] | None = None
     # TTFT p99 SLO for the alert rule, seconds
-    ttft_p99_slo_s: float = Field(default=2.0, gt=0)
+    ttft_p99_slo_s: Annotated[float, Field(gt=0), at_most(600, "TTFT objective in seconds", "does it look like milliseconds? give seconds")] = 2.0
     # Grafana from its apt repository (off where that repository cannot be reached, e.g. the lab)
     grafana: bool = True
 
@@ -478,6 +607,8 @@ class HostSpec(Frozen):
     name: str
     # the address pdkit and other hosts reach this host on
     address: str
+    # pyinfra's ssh_port (None: the connector's default, 22; or not an SSH host)
+    ssh_port: int | None = None
     groups: tuple[str, ...] = ()
     node: Node | None = None
     router: Router | None = None
@@ -643,6 +774,127 @@ def host_ports(spec: ClusterSpec, host: HostSpec) -> list[tuple[int, str]]:
     return ports
 
 
+def pairing_sets(spec: ClusterSpec) -> list[tuple[str, list[tuple[HostSpec, Engine]]]]:
+    """Every set of engines among which any prefill may be paired with any decode: each
+    router's PD workers (the router picks both at random or by policy), and each pd_group."""
+    sets: list[tuple[str, list[tuple[HostSpec, Engine]]]] = []
+    for host in spec.router_hosts:
+        workers = [(h, e) for h, e in spec.router_workers(host) if e.role != "unified"]
+        if workers:
+            sets.append((f"the router on {host.name}", workers))
+    groups: dict[str, list[tuple[HostSpec, Engine]]] = {}
+    for host, engine in spec.engines():
+        if engine.role != "unified":
+            groups.setdefault(engine.pd_group, []).append((host, engine))
+    sets += [(f"PD group {name!r}", members) for name, members in groups.items()]
+    return sets
+
+
+_HOSTNAME_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
+
+
+def address_problem(address: str) -> str | None:
+    """Why `address` is neither an IP address nor a DNS host name (RFC 1123), or None."""
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(address)
+        return None
+    except ValueError:
+        pass
+    labels = address.rstrip(".").split(".")
+    if len(address) <= 253 and all(_HOSTNAME_LABEL.match(label) for label in labels) and not labels[-1].isdigit():
+        return None
+    return f"{address!r} is neither an IP address nor a host name: give e.g. 10.0.0.12 or gpu01.example.net"
+
+
+def local_only(address: str) -> str | None:
+    """What `address` is when no other host can reach a service on it (else None): the
+    wildcard 0.0.0.0 / ::, loopback, or a pyinfra connector name such as @local."""
+    import ipaddress
+
+    if address.startswith("@"):
+        return f"the pyinfra connector {address}"
+    if address.lower() in ("localhost", "localhost.localdomain"):
+        return "loopback"
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return None
+    if ip.is_unspecified:
+        return "the wildcard address"
+    if ip.is_loopback:
+        return "loopback"
+    return None
+
+
+def _address_field(host: HostSpec, kind: str) -> str:
+    """The field that sets the address a service of `host` is reached on."""
+    if kind == "engine" and host.node is not None and host.node.address is not None:
+        return "pdkit_node.address"
+    if kind == "router" and host.router is not None and host.router.address is not None:
+        return "pdkit_router.address"
+    return "ssh_hostname"
+
+
+def _check_addresses(spec: ClusterSpec, add) -> None:
+    """Valid addresses; no loopback or wildcard where another host must connect; one SSH
+    target per host; ports unique per address (two hosts on one address are one machine)."""
+    for host in spec.hosts:
+        for field, value in (("pdkit_node.address", host.node.address if host.node else None),
+                             ("pdkit_router.address", host.router.address if host.router else None)):
+            if value is not None and (problem := address_problem(value)):
+                add(Problem(host.name, field, problem))
+
+    def refuse(host: HostSpec, kind: str, address: str, why: str) -> None:
+        what = local_only(address)
+        if what:
+            add(Problem(host.name, _address_field(host, kind), f"{address} is {what}, but {why}: give an address the other host can reach (its LAN IP or DNS name)"))
+
+    for router_host in spec.router_hosts:
+        for h in {h.name: h for h, _ in spec.router_workers(router_host)}.values():
+            if h.name != router_host.name:
+                refuse(h, "engine", spec.engine_address(h), f"the router on {router_host.name} connects to this node's engines")
+    refused: set[str] = set()
+    for label, members in pairing_sets(spec):
+        hosts = {h.name: h for h, _ in members}
+        for h in hosts.values():
+            others = sorted(set(hosts) - {h.name})
+            if others and h.name not in refused:
+                refused.add(h.name)
+                refuse(h, "engine", spec.engine_address(h), f"{label} pairs its PD engines with engines on {', '.join(others[:3])}, which reach it for the KV transfer")
+    for mon in spec.monitoring_hosts:
+        assert mon.monitoring is not None
+        scraped = mon.monitoring.scrape_hosts or tuple(h.name for h in spec.hosts)
+        for name in scraped:
+            h = next((x for x in spec.hosts if x.name == name), None)
+            if h is not None and h.name != mon.name:
+                refuse(h, "host", h.address, f"Prometheus on {mon.name} scrapes it there")
+
+    targets: dict[tuple[str, int], str] = {}
+    for host in spec.hosts:
+        if host.address.startswith("@"):
+            continue
+        target = (host.address, host.ssh_port or 22)
+        if target in targets:
+            add(Problem(host.name, "ssh_hostname", f"{target[0]} port {target[1]} is already the SSH target of {targets[target]}: pyinfra would deploy both hosts onto one machine; give each host its own ssh_hostname (or ssh_port)"))
+        else:
+            targets[target] = host.name
+
+    on_address: dict[tuple[str, int], tuple[str, str]] = {}
+    for host in spec.hosts:
+        addresses = {host.address}
+        if host.node is not None:
+            addresses.add(spec.engine_address(host))
+        for port, field in host_ports(spec, host):
+            for address in sorted(addresses):
+                if local_only(address):
+                    continue  # loopback is per machine: the per-host check covers it
+                owner = on_address.setdefault((address, port), (host.name, field))
+                if owner[0] != host.name:
+                    add(Problem(host.name, field, f"port {port} on {address} is already used by {owner[0]}'s {owner[1]} ({host.name} and {owner[0]} share the address {address}); ports must be unique per address"))
+
+
 def cross_checks(spec: ClusterSpec) -> list[Problem]:
     """Rules across sections and hosts. Returns every problem, errors and warnings."""
     problems: list[Problem] = []
@@ -651,6 +903,8 @@ def cross_checks(spec: ClusterSpec) -> list[Problem]:
 
     if not spec.gpu_hosts:
         add(Problem("<inventory>", "pdkit_node", "no host declares pdkit_node: a cluster needs at least one GPU node"))
+    if spec.gpu_hosts and not spec.engines():
+        add(Problem("<inventory>", "pdkit_node.engines", "no GPU node declares an engine: give at least one pdkit_node.engines entry (e.g. a prefill and a decode)"))
     if not spec.router_hosts and spec.gpu_hosts:
         add(Problem("<inventory>", "pdkit_router", "no host declares pdkit_router: name the host that runs the router"))
 
@@ -684,6 +938,13 @@ def cross_checks(spec: ClusterSpec) -> list[Problem]:
                 add(Problem(host.name, f"{at}.gpus", f"GPUs {list(engine.gpus)} span NUMA nodes {sorted({numa[g] for g in engine.gpus})}: the engine is not NUMA-bound (cross-NUMA TP runs over the inter-socket link)", "warning"))
             _check_engine_tuning(spec, host, engine, at, add)
 
+        if node.numa_nodes is not None:
+            for i, n in enumerate(node.gpus.numa or ()):
+                if n >= node.numa_nodes:
+                    add(Problem(host.name, f"pdkit_node.gpus.numa[{i}]", f"NUMA node {n} does not exist: the node declares numa_nodes {node.numa_nodes} (valid ids 0-{node.numa_nodes - 1})"))
+            for i, engine in enumerate(node.engines):
+                if engine.numa_node is not None and engine.numa_node >= node.numa_nodes:
+                    add(Problem(host.name, f"pdkit_node.engines[{i}].numa_node", f"NUMA node {engine.numa_node} does not exist: the node declares numa_nodes {node.numa_nodes} (valid ids 0-{node.numa_nodes - 1})"))
         if node.nccl_p2p_level is not None and node.nccl_profile != "pcie":
             add(Problem(host.name, "pdkit_node.nccl_p2p_level", f"nccl_p2p_level is only used by the 'pcie' NCCL profile; this node's profile is {node.nccl_profile!r} (remove nccl_p2p_level or set nccl_profile: pcie)"))
         if node.nccl_profile == "pcie-p2p-off":
@@ -696,12 +957,15 @@ def cross_checks(spec: ClusterSpec) -> list[Problem]:
     for host in spec.hosts:
         seen: dict[int, str] = {}
         for port, field in host_ports(spec, host):
+            if port < 1024:
+                add(Problem(host.name, field, f"port {port} is privileged: pdkit's services run as {cluster.service_user} and no unit grants CAP_NET_BIND_SERVICE; use a port from 1024 to 65535"))
             if port in seen:
                 add(Problem(host.name, field, f"port {port} is already used by {seen[port]}; every port on a host must be unique"))
             else:
                 seen[port] = field
 
     _check_pd_groups(spec, add)
+    _check_addresses(spec, add)
 
     declared = {f"{h.name}/{e.name}" for h, e in spec.engines()}
     for host in spec.router_hosts:
@@ -711,8 +975,16 @@ def cross_checks(spec: ClusterSpec) -> list[Problem]:
             if ref not in declared:
                 valid = ", ".join(sorted(declared)) or "none declared"
                 add(Problem(host.name, f"pdkit_router.workers[{i}]", f"{ref!r} is not a declared engine; valid: {valid}"))
+        if router.workers is not None and not router.workers:
+            add(Problem(host.name, "pdkit_router.workers", "the router lists no engine: name its engines as 'host/engine', or leave workers unset for every engine of the cluster"))
         workers = spec.router_workers(host)
         roles = {e.role for _, e in workers}
+        pd_mode = any(e.role != "unified" for _, e in workers)
+        ignored = ("prefill_policy", "decode_policy") if not pd_mode else ("policy",)
+        for field in ignored:
+            if field in router.model_fields_set and workers:
+                mode, used = ("PD", "prefill_policy and decode_policy") if pd_mode else ("plain (non-PD)", "policy")
+                add(Problem(host.name, f"pdkit_router.{field}", f"ignored: this router runs in {mode} mode, where only {used} apply; remove {field}", "warning"))
         if "unified" in roles and roles - {"unified"}:
             add(Problem(host.name, "pdkit_router.workers", "the router mixes unified and prefill/decode engines; a router runs either in PD mode or not"))
         pd_hosts = sorted({h.name: h for h, e in workers if e.role != "unified"}.values(), key=lambda h: h.name)
@@ -728,9 +1000,6 @@ def cross_checks(spec: ClusterSpec) -> list[Problem]:
             add(Problem(host.name, "pdkit_router.decode_policy", f"power_of_two needs at least 2 decode workers (the router refuses to start); this router has {len(decodes)}: use round_robin, or leave it unset"))
         if roles and roles <= {"prefill", "decode"} and roles != {"prefill", "decode"}:
             add(Problem(host.name, "pdkit_router.workers", f"the router fronts only {sorted(roles)} engines; PD mode needs at least one prefill and one decode"))
-        for i, arg in enumerate(router.extra_args):
-            if arg.startswith("--api-key"):
-                add(Problem(host.name, f"pdkit_router.extra_args[{i}]", "an API key on the command line is visible in ps and the journal: set pdkit_cluster.secrets.router_api_key instead"))
 
     names = {h.name for h in spec.hosts}
     for host in spec.monitoring_hosts:
@@ -743,24 +1012,22 @@ def cross_checks(spec: ClusterSpec) -> list[Problem]:
 
     if cluster.secrets.router_api_key is not None and any(spec.router_release(h)[0] == "sglang-router" for h in spec.router_hosts):
         add(Problem(spec.router_hosts[0].name, "pdkit_cluster.secrets.router_api_key", "sglang-router 0.3.2 only takes its API key on the command line, which would leak it; use package smg or drop the key"))
-    return problems
+    # a cluster-wide setting reached through several engines of one host is one problem
+    return list(dict.fromkeys(problems))
 
 
 def _check_engine_tuning(spec: ClusterSpec, host: HostSpec, engine: Engine, at: str, add) -> None:
     tuning = spec.engine_tuning(engine)
     release = SGLANG_RELEASES[spec.engine_version(engine)]
     assert host.node is not None
-    if tuning.speculative is not None and tuning.speculative.algorithm not in release.speculative_algorithms:
-        add(Problem(host.name, f"{at}.tuning.speculative.algorithm", f"SGLang {release.version} has no algorithm {tuning.speculative.algorithm!r}; valid: {', '.join(release.speculative_algorithms)}"))
-    for name, choices in (
-        ("attention_backend", release.attention_backends),
-        ("moe_runner_backend", release.moe_runner_backends),
-        ("quantization", release.quantizations),
-        ("kv_cache_dtype", release.kv_cache_dtypes),
-    ):
-        value = getattr(tuning, name)
-        if value is not None and value not in choices:
-            add(Problem(host.name, f"{at}.tuning.{name}", f"SGLang {release.version} has no {name} {value!r}; valid: {', '.join(choices)}"))
+    # choices (backends, dtypes, algorithm names) are the release parser's: pdkit.argvcheck
+    speculative = tuning.speculative
+    if speculative is not None and speculative.algorithm == "UNO" and not any(a.split("=", 1)[0] == "--uno-lora-path" for a in engine.extra_args):
+        add(Problem(host.name, f"{at}.extra_args", "speculative algorithm UNO needs --uno-lora-path (SGLang: 'UNO requires --uno-lora-path'): add ['--uno-lora-path', '/path/to/lora'] to extra_args"))
+    if speculative is not None and speculative.algorithm == "DSPARK" and speculative.draft_model_path is None:
+        add(Problem(host.name, f"{at}.tuning.speculative.draft_model_path", "DSPARK without draft_model_path works only when the target checkpoint bundles the DSpark draft (SGLang otherwise refuses to start): set draft_model_path unless it does", "warning"))
+    for field, why in ignored_settings(spec, engine):
+        add(Problem(host.name, field if field.startswith("pdkit_cluster") else f"{at}.{field}", why, "warning"))
     if tuning.max_queued_requests is not None and engine.role != "unified":
         add(Problem(host.name, f"{at}.tuning.max_queued_requests", "SGLang ignores --max-queued-requests in disaggregation mode", "warning"))
     page = tuning.page_size or 1
@@ -785,6 +1052,40 @@ def _check_engine_tuning(spec: ClusterSpec, host: HostSpec, engine: Engine, at: 
         add(Problem(host.name, f"{at}.tuning.cuda_graph_max_bs", f"{explicit} is above max_running_requests {tuning.max_running_requests}: SGLang clamps it, so graphs above {tuning.max_running_requests} are never captured", "warning"))
 
 
+# Settings a role never uses: SGLang's prefill server runs no decode loop (no decode CUDA
+# graph, no continuous decode steps) and pdkit renders none of them for it; a decode server
+# runs no prefill-phase graph.
+DECODE_ONLY = ("cuda_graph", "cuda_graph_bs", "cuda_graph_max_bs", "num_continuous_decode_steps")
+PREFILL_ONLY = ("prefill_cuda_graph",)
+
+
+def ignored_settings(spec: ClusterSpec, engine: Engine) -> list[tuple[str, str]]:
+    """(field, why) for each setting the engine's combination ignores. A knob set on the `all`
+    layer is meant for every role and is only reported when nothing could use it."""
+    cluster_tuning = spec.cluster.tuning
+    role_layer = getattr(cluster_tuning, engine.role)
+    explicit = {**{f: f"pdkit_cluster.tuning.{engine.role}.{f}" for f in role_layer.model_fields_set},
+                **{f: f"tuning.{f}" for f in engine.tuning.model_fields_set}}
+    # where a setting that applies to every role comes from (the engine's own layer wins)
+    anywhere = {**{f: f"pdkit_cluster.tuning.all.{f}" for f in cluster_tuning.all.model_fields_set}, **explicit}
+    tuning = spec.engine_tuning(engine)
+    out: list[tuple[str, str]] = []
+    unused = DECODE_ONLY if engine.role == "prefill" else PREFILL_ONLY if engine.role == "decode" else ()
+    for name in unused:
+        if name in explicit and getattr(tuning, name) is not None:
+            out.append((explicit[name], f"ignored: a {engine.role} engine never uses {name} (pdkit renders no flag for it); set it on the {'decode' if engine.role == 'prefill' else 'prefill'} role instead"))
+    if engine.role != "prefill" and tuning.value("cuda_graph") is False:
+        for name in ("cuda_graph_bs", "cuda_graph_max_bs"):
+            if getattr(tuning, name) is not None:
+                where = anywhere.get(name, f"tuning.{name}")
+                out.append((where, f"ignored: decode CUDA graphs are off (cuda_graph false), so {name} captures nothing; remove it or turn cuda_graph on"))
+    if tuning.value("allow_longer_context") and tuning.context_length is None:
+        out.append((anywhere.get("allow_longer_context", "tuning.allow_longer_context"), "ignored: allow_longer_context only matters with a context_length above the model's; set context_length or remove it"))
+    if tuning.speculative is not None and tuning.speculative.algorithm == "NGRAM" and tuning.speculative.eagle_topk is not None:
+        out.append((anywhere.get("speculative", "tuning.speculative") + ".eagle_topk", "ignored: NGRAM has no EAGLE tree; remove eagle_topk"))
+    return out
+
+
 def _check_pd_groups(spec: ClusterSpec, add) -> None:
     groups: dict[str, list[tuple[HostSpec, Engine]]] = {}
     for host, engine in spec.engines():
@@ -796,11 +1097,7 @@ def _check_pd_groups(spec: ClusterSpec, add) -> None:
         for missing in ("prefill", "decode"):
             if missing not in roles:
                 add(Problem(first_host.name, f"pdkit_node.engines[{first_host.node.engines.index(first)}].pd_group", f"PD group {group!r} has no {missing} engine; each PD group needs at least one prefill and one decode"))
-        for host, engine in members[1:]:
-            at = f"pdkit_node.engines[{host.node.engines.index(engine)}]"
-            for what, get in (("model", lambda e: spec.engine_model(e).path), ("sglang_version", spec.engine_version)):
-                if get(engine) != get(first):
-                    add(Problem(host.name, f"{at}.{what}", f"PD group {group!r} mixes {what} {get(engine)!r} with {get(first)!r} on {first_host.name}/{first.name}; a prefill and a decode must match (the NIXL handshake fails or output is corrupted)"))
+        # what a pair must agree on (model, release, page size, ...) is pdkit.argvcheck's
         hosts = {h.name for h, _ in members}
         if len(hosts) > 1 and spec.cluster.transfer_backend == "nixl":
             for host in sorted({h.name: h for h, _ in members}.values(), key=lambda h: h.name):

@@ -21,13 +21,6 @@ class SglangRelease:
     per_phase_cuda_graph_flags: bool
     # SGLANG_ENABLE_PCIE_IPC_ALLREDUCE (FlashInfer PCIe IPC all-reduce) appeared in 0.5.23.
     has_pcie_ipc_allreduce: bool
-    speculative_algorithms: tuple[str, ...]
-    disaggregation_transfer_backends: tuple[str, ...]
-    # argparse choices of the tuning flags, so `pdkit validate` rejects a typo before any host is touched
-    attention_backends: tuple[str, ...]
-    moe_runner_backends: tuple[str, ...]
-    quantizations: tuple[str, ...]
-    kv_cache_dtypes: tuple[str, ...]
     # The router package that pairs with this release on a GPU node's Python.
     default_router: tuple[str, str]
     # sglang:num_bootstrap_failed_reqs_total / num_transfer_failed_reqs_total exist (0.5.23); 0.5.17
@@ -36,45 +29,13 @@ class SglangRelease:
     pd_failure_counters: bool = True
 
 
-# Read from each release's own parser (pdkit.contract describe mode); argparse leaves the
-# speculative algorithm unchecked, SGLang rejects unknown names only at start-up.
-_SPECULATIVE_0517 = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "DFLASH", "DSPARK")
-_TRANSFER = ("mooncake", "nixl", "ascend", "fake", "mori", "mooncake_tcp")
-_ATTENTION_0517 = (
-    "triton", "torch_native", "flex_attention", "dsa", "nsa", "dsv4", "compressed", "cutlass_mla", "fa3", "fa4",
-    "flashinfer", "flashmla", "trtllm_mla", "cutedsl_mla", "tokenspeed_mla", "trtllm_mha", "dual_chunk_flash_attn",
-    "hpc_ops", "aiter", "wave", "intel_amx", "ascend", "intel_xpu",
-)
-_ATTENTION_0523 = tuple(b for b in _ATTENTION_0517 if b not in ("cutlass_mla", "dual_chunk_flash_attn")) + (
-    "qsa", "llada2_cfg_flashinfer", "minicpm_flashattn", "minicpm_flashinfer",
-)
-_MOE_0517 = (
-    "auto", "deep_gemm", "triton", "triton_kernel", "flashinfer_trtllm", "experimental_sgl_trtllm",
-    "flashinfer_trtllm_routed", "flashinfer_cutlass", "flashinfer_mxfp4", "flashinfer_cutedsl", "cutlass", "aiter",
-    "marlin", "humming", "experimental_sgl_marlin", "hpc_ops",
-)
-_MOE_0523 = _MOE_0517 + ("flashinfer_megamoe", "lora_cutedsl", "lora_triton", "lora_marlin", "megamoe", "intel_xpu")
-_QUANT_0517 = (
-    "awq", "fp8", "mxfp8", "gptq", "marlin", "gptq_marlin", "awq_marlin", "bitsandbytes", "gguf", "modelopt",
-    "modelopt_fp8", "modelopt_fp4", "nvfp4_online", "modelopt_mixed", "petit_nvfp4", "w8a8_int8", "w8a8_fp8",
-    "moe_wna16", "w4afp8", "mxfp4", "auto-round", "auto-round-int8", "compressed-tensors", "modelslim", "mxfp_w4a8",
-    "quark", "quark_int4fp8_moe", "quark_mxfp4", "mlx_q4", "mlx_q8", "unquant", "humming",
-)
-_QUANT_0523 = tuple(q for q in _QUANT_0517 if q != "marlin")
-_KV_0517 = ("auto", "fp8_e5m2", "fp8_e4m3", "mxfp8", "bf16", "bfloat16", "nvfp4", "fp4_mx_block16", "fp4_e2m1")
-_KV_0523 = tuple(k for k in _KV_0517 if k != "fp4_e2m1")
-
+# Every flag, alias and choice of a release's parser (and the speculative algorithm names) is
+# generated from the wheel itself into pdkit/parser_table.json: see pdkit.parsertable.
 SGLANG_RELEASES: dict[str, SglangRelease] = {
     "0.5.17": SglangRelease(
         version="0.5.17",
         per_phase_cuda_graph_flags=True,
         has_pcie_ipc_allreduce=False,
-        speculative_algorithms=_SPECULATIVE_0517,
-        disaggregation_transfer_backends=_TRANSFER,
-        attention_backends=_ATTENTION_0517,
-        moe_runner_backends=_MOE_0517,
-        quantizations=_QUANT_0517,
-        kv_cache_dtypes=_KV_0517,
         default_router=("sglang-router", "0.3.2"),
         pd_failure_counters=False,
     ),
@@ -82,12 +43,6 @@ SGLANG_RELEASES: dict[str, SglangRelease] = {
         version="0.5.23",
         per_phase_cuda_graph_flags=True,
         has_pcie_ipc_allreduce=True,
-        speculative_algorithms=_SPECULATIVE_0517 + ("UNO",),
-        disaggregation_transfer_backends=_TRANSFER,
-        attention_backends=_ATTENTION_0523,
-        moe_runner_backends=_MOE_0523,
-        quantizations=_QUANT_0523,
-        kv_cache_dtypes=_KV_0523,
         default_router=("smg", "1.13.0"),
     ),
 }

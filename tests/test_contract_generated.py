@@ -27,12 +27,14 @@ def _levers_inventory(tmp_path, base):
     """The base cluster with every lever set somewhere, so each generated flag meets the parser."""
     cluster, hosts = base
     cluster["model"].update(trust_remote_code=True, load_format="dummy", tokenizer_path="/models/tok")
+    # kv_cache_dtype on every role: a prefill/decode pair must agree on it (pdkit.argvcheck)
     cluster["tuning"]["all"] = {"context_length": 8192, "mem_fraction_static": 0.88, "watchdog_timeout": 600,
-                                "decode_log_interval": 10, "log_level": "info", "allow_longer_context": True}
+                                "decode_log_interval": 10, "log_level": "info", "allow_longer_context": True,
+                                "kv_cache_dtype": "fp8_e4m3"}
     cluster["tuning"]["prefill"] = {"chunked_prefill_size": 4096, "page_size": 16, "prefill_cuda_graph": False}
     cluster["tuning"]["decode"] = {"cuda_graph_bs": [1, 2, 4, 8, 16, 24, 32], "num_continuous_decode_steps": 4,
                                    "max_running_requests": 32, "max_queued_requests": 256, "overlap_schedule": False,
-                                   "attention_backend": "triton", "sampling_backend": "pytorch", "kv_cache_dtype": "fp8_e4m3",
+                                   "attention_backend": "triton", "sampling_backend": "pytorch",
                                    "custom_all_reduce": "off", "page_size": 16}
     g2 = hosts["gpu02"]["pdkit_node"]["engines"]
     g2[0]["tuning"] = {"quantization": "fp8", "moe_runner_backend": "triton", "torch_compile": True}

@@ -39,7 +39,7 @@ BAD_CASES = [
     ("pd-group-mixed-models", lambda c, h: _engine(h, "gpu01", 1).update(model={"path": "/models/other"}), "gpu01", "pdkit_node.engines[1].model", "must match"),
     ("mtp-is-not-an-algorithm", lambda c, h: c["tuning"].update(all={"speculative": {"algorithm": "MTP", "num_steps": 3}}), "gpu01", "pdkit_cluster.tuning.all.speculative.algorithm", "NEXTN"),
     ("topk1-draft-tokens", lambda c, h: _engine(h, "gpu01", 1).update(tuning={"speculative": {"algorithm": "NEXTN", "num_steps": 3, "eagle_topk": 1, "num_draft_tokens": 3}}), "gpu01", "pdkit_node.engines[1].tuning.speculative", "num_steps + 1"),
-    ("topk-without-steps", lambda c, h: _engine(h, "gpu01", 1).update(tuning={"speculative": {"algorithm": "EAGLE", "eagle_topk": 2}}), "gpu01", "pdkit_node.engines[1].tuning.speculative", "num_steps is unset"),
+    ("topk-without-steps", lambda c, h: _engine(h, "gpu01", 1).update(tuning={"speculative": {"algorithm": "EAGLE", "eagle_topk": 2, "draft_model_path": "/models/draft"}}), "gpu01", "pdkit_node.engines[1].tuning.speculative", "num_steps is unset"),
     ("chunked-prefill-not-page-multiple", lambda c, h: _engine(h, "gpu01", 0).update(tuning={"page_size": 64, "chunked_prefill_size": 1000}), "gpu01", "pdkit_node.engines[0].tuning.chunked_prefill_size", "multiple of page_size"),
     ("served-name-with-colon", lambda c, h: c["model"].update(served_name="org:model"), "gpu01", "pdkit_cluster.model.served_name", "':'"),
     ("graph-max-bs-below-target", lambda c, h: c["tuning"]["decode"].update(cuda_graph_max_bs=8), "gpu01", "pdkit_node.engines[1].tuning.cuda_graph_max_bs", "target_concurrency"),
@@ -66,7 +66,7 @@ BAD_CASES = [
     ("router-api-key-on-argv", lambda c, h: h["gpu01"]["pdkit_router"].update(extra_args=["--api-key", "k"]), "gpu01", "pdkit_router.extra_args[0]", "secrets.router_api_key"),
     ("power-of-two-with-one-decode", lambda c, h: h["gpu01"]["pdkit_router"].update(decode_policy="power_of_two"), "gpu01", "pdkit_router.decode_policy", "at least 2 decode workers"),
     ("unpinned-router-release", lambda c, h: h["gpu01"]["pdkit_router"].update(package="smg", version="1.2.0"), "gpu01", "pdkit_router", "not a pinned router"),
-    ("attention-backend-typo", lambda c, h: _engine(h, "gpu01", 1).update(tuning={"attention_backend": "flashinfr"}), "gpu01", "pdkit_node.engines[1].tuning.attention_backend", "valid: triton"),
+    ("attention-backend-typo", lambda c, h: _engine(h, "gpu01", 1).update(tuning={"attention_backend": "flashinfr"}), "gpu01", "pdkit_node.engines[1].tuning.attention_backend", "valid: aiter, ascend, compressed"),
     ("kv-dtype-gone-in-0523", lambda c, h: _engine(h, "gpu02", 1).update(tuning={"kv_cache_dtype": "fp4_e2m1"}), "gpu02", "pdkit_node.engines[1].tuning.kv_cache_dtype", "0.5.23"),
     ("uno-needs-0523", lambda c, h: c.update(sglang_version="0.5.17") or _engine(h, "gpu01", 1).update(tuning={"speculative": {"algorithm": "UNO"}}), "gpu01", "pdkit_node.engines[1].tuning.speculative.algorithm", "SGLang 0.5.17 has no algorithm"),
     ("transfer-backend-typo", lambda c, h: c.update(transfer_backend="nixel"), "gpu01", "pdkit_cluster.transfer_backend", "'nixl'"),
@@ -75,6 +75,113 @@ BAD_CASES = [
     ("duplicate-engine-name", lambda c, h: _engine(h, "gpu02", 1).update(name="prefill"), "gpu02", "pdkit_node.engines[1].name", "unique"),
     ("unified-and-pd-behind-one-router", lambda c, h: _engine(h, "gpu02", 0).update(role="unified", pd_group="default") or _engine(h, "gpu02", 1).update(role="unified", pd_group="default") or h["gpu01"]["pdkit_router"].update(workers=["gpu01/prefill", "gpu01/decode", "gpu02/prefill"]), "gpu01", "pdkit_router.workers", "either in PD mode"),
     ("two-monitoring-hosts", lambda c, h: h["gpu02"].update(pdkit_monitoring={"prometheus_port": 9091}), "mon01", "pdkit_monitoring", "only one monitoring host"),
+]
+
+
+def _router(h):
+    return h["gpu01"]["pdkit_router"]
+
+
+def _cross_host(h):
+    """gpu01's router over both nodes, with the UCX devices cross-node NIXL needs."""
+    _router(h).update(workers=None)
+    for name in ("gpu01", "gpu02"):
+        h[name]["pdkit_node"]["ucx_net_devices"] = "mlx5_0:1"
+
+
+def _rename(h, old, new):
+    h[new] = h.pop(old)
+
+
+# Issue 17: one list per class of mistake; each case names the host, the field path and
+# (the last item) the part of the message that says what would be valid.
+LOADER_CASES = [  # 1. unknown keys wherever they sit (the file-level cases are in test_loader_*)
+    ("engines-at-host-level", lambda c, h: h["gpu01"].update(engines=[{"name": "x"}]), "gpu01", "engines", "move it inside that section"),
+    ("section-with-a-hyphen", lambda c, h: h["mon01"].update({"pdkit-monitoring": {}}), "mon01", "pdkit-monitoring", "did you mean pdkit_monitoring?"),
+    ("misspelt-section", lambda c, h: h["gpu02"].update(pdkit_rooter={}), "gpu02", "pdkit_rooter", "did you mean pdkit_router?"),
+    ("unknown-key-in-tuning", lambda c, h: c["tuning"]["decode"].update(cuda_graph_maxbs=8), "gpu01", "pdkit_cluster.tuning.decode.cuda_graph_maxbs", "valid fields: cuda_graph,"),
+    ("unknown-key-in-gpus", lambda c, h: h["gpu02"]["pdkit_node"]["gpus"].update(memory_mib=80), "gpu02", "pdkit_node.gpus.memory_mib", "valid fields: model, count, memory_gib"),
+]
+CHOICE_CASES = [  # 2. choices from the pinned parsers' generated table
+    ("sampling-backend-typo", lambda c, h: _engine(h, "gpu01", 0).update(tuning={"sampling_backend": "flashinfr"}), "gpu01", "pdkit_node.engines[0].tuning.sampling_backend", "SGLang 0.5.23 has no sampling_backend 'flashinfr'; valid: "),
+    ("moe-runner-typo", lambda c, h: _engine(h, "gpu02", 1).update(tuning={"moe_runner_backend": "deepgemm"}), "gpu02", "pdkit_node.engines[1].tuning.moe_runner_backend", "valid: aiter, auto, cutlass, deep_gemm"),
+    ("quantization-gone-in-0523", lambda c, h: _engine(h, "gpu01", 1).update(tuning={"quantization": "marlin"}), "gpu01", "pdkit_node.engines[1].tuning.quantization", "SGLang 0.5.23 has no quantization 'marlin'; valid: auto-round"),
+    ("load-format-typo", lambda c, h: c["model"].update(load_format="safetensor"), "gpu01", "pdkit_cluster.model.load_format", "valid: auto, bitsandbytes, dummy"),
+    ("router-prefill-policy-typo", lambda c, h: _router(h).update(prefill_policy="cache-aware"), "gpu01", "pdkit_router.prefill_policy", "smg 1.13.0 has no prefill-policy 'cache-aware'; valid: bucket, cache_aware"),
+    ("policy-that-only-smg-has", lambda c, h: _router(h).update(package="sglang-router", decode_policy="least_load"), "gpu01", "pdkit_router.decode_policy", "sglang-router 0.3.2 has no decode-policy 'least_load'; valid: cache_aware, manual, power_of_two, random, round_robin"),
+    ("lowercase-algorithm", lambda c, h: _engine(h, "gpu01", 1).update(tuning={"speculative": {"algorithm": "nextn"}}), "gpu01", "pdkit_node.engines[1].tuning.speculative.algorithm", "valid: DFLASH"),
+]
+EXTRA_ARGS_CASES = [  # 3. extra_args read as SGLang's / the router's argparse reads them
+    ("several-flags-in-one-string", lambda c, h: _engine(h, "gpu01", 1).update(extra_args=["--enable-p2p-check --disable-radix-cache"]), "gpu01", "pdkit_node.engines[1].extra_args[0]", "['--enable-p2p-check', '--disable-radix-cache']"),
+    ("alias-of-a-generated-flag", lambda c, h: _engine(h, "gpu02", 0).update(extra_args=["--tensor-parallel-size", "2"]), "gpu02", "pdkit_node.engines[0].extra_args[0]", "clashes with --tp-size"),
+    ("unknown-flag", lambda c, h: _engine(h, "gpu01", 0).update(extra_args=["--enable-p2p-chek"]), "gpu01", "pdkit_node.engines[0].extra_args[0]", "did you mean --enable-p2p-check?"),
+    ("ambiguous-prefix", lambda c, h: _engine(h, "gpu01", 0).update(extra_args=["--context", "4096"]), "gpu01", "pdkit_node.engines[0].extra_args[0]", "write the full flag"),
+    ("bad-choice-in-extra-args", lambda c, h: _engine(h, "gpu02", 1).update(extra_args=["--grammar-backend", "xgrammer"]), "gpu02", "pdkit_node.engines[1].extra_args[0]", "valid: llguidance, none, outlines, xgrammar"),
+    ("value-without-a-flag", lambda c, h: _engine(h, "gpu02", 1).update(extra_args=["--enable-p2p-check", "true"]), "gpu02", "pdkit_node.engines[1].extra_args[1]", "value without a flag"),
+    ("engine-api-key", lambda c, h: _engine(h, "gpu01", 1).update(extra_args=["--api-key", "s3cret"]), "gpu01", "pdkit_node.engines[1].extra_args[0]", "pdkit_cluster.secrets (README: the secrets table"),
+    ("engine-admin-api-key-with-equals", lambda c, h: _engine(h, "gpu01", 0).update(extra_args=["--admin-api-key=s3cret"]), "gpu01", "pdkit_node.engines[0].extra_args[0]", "the secrets table"),
+    ("router-flag-restated", lambda c, h: _router(h).update(extra_args=["--prefill-policy", "random"]), "gpu01", "pdkit_router.extra_args[0]", "set the matching spec field instead"),
+    ("router-unknown-flag", lambda c, h: _router(h).update(extra_args=["--max-paylod-size", "1"]), "gpu01", "pdkit_router.extra_args[0]", "did you mean --max-payload-size?"),
+]
+PATH_CASES = [  # 4. paths, accounts, privileged ports
+    ("relative-model-path", lambda c, h: c["model"].update(path="models/llama/8b"), "gpu01", "pdkit_cluster.model.path", "e.g. /models/Llama-3.1-8B-Instruct"),
+    ("home-relative-tokenizer", lambda c, h: c["model"].update(tokenizer_path="~/tok"), "gpu01", "pdkit_cluster.model.tokenizer_path", "or a Hugging Face id 'org/name'"),
+    ("relative-draft-model", lambda c, h: _engine(h, "gpu01", 1).update(tuning={"speculative": {"algorithm": "EAGLE3", "draft_model_path": "./draft"}}), "gpu01", "pdkit_node.engines[1].tuning.speculative.draft_model_path", "give the directory on the GPU nodes"),
+    ("install-dir-is-a-system-dir", lambda c, h: c.update(install_dir="/usr"), "gpu01", "pdkit_cluster.install_dir", "such as /opt/pdkit"),
+    ("config-dir-relative", lambda c, h: c.update(config_dir="etc/pdkit"), "gpu01", "pdkit_cluster.config_dir", "an absolute path"),
+    ("service-user-root", lambda c, h: c.update(service_user="root"), "gpu01", "pdkit_cluster.service_user", "e.g. 'pdkit'"),
+    ("service-user-www-data", lambda c, h: c.update(service_user="www-data"), "gpu01", "pdkit_cluster.service_user", "a user of their own"),
+    ("router-on-port-80", lambda c, h: _router(h).update(port=80), "gpu01", "pdkit_router.port", "use a port from 1024 to 65535"),
+    ("grafana-on-443", lambda c, h: h["mon01"]["pdkit_monitoring"].update(grafana_port=443), "mon01", "pdkit_monitoring.grafana_port", "from 1024 to 65535"),
+]
+ADDRESS_CASES = [  # 5. addresses and host identity
+    ("node-address-not-an-ip", lambda c, h: h["gpu01"]["pdkit_node"].update(address="10.9.0.300"), "gpu01", "pdkit_node.address", "give e.g. 10.0.0.12"),
+    ("router-address-garbage", lambda c, h: _router(h).update(address="router_01!"), "gpu01", "pdkit_router.address", "or gpu01.example.net"),
+    ("ssh-hostname-garbage", lambda c, h: h["mon01"].update(ssh_hostname="mon 01"), "mon01", "ssh_hostname", "give e.g. 10.0.0.12"),
+    ("loopback-engine-behind-a-remote-router", lambda c, h: _router(h).update(workers=["gpu02/prefill", "gpu02/decode"]) or h["gpu02"]["pdkit_node"].update(address="127.0.0.1"), "gpu02", "pdkit_node.address", "the router on gpu01 connects"),
+    ("loopback-host-scraped-by-prometheus", lambda c, h: h["gpu02"].update(ssh_hostname="127.0.0.1"), "gpu02", "ssh_hostname", "its LAN IP or DNS name"),
+    ("wildcard-address-in-a-cross-host-pair", lambda c, h: _cross_host(h) or h["gpu02"]["pdkit_node"].update(address="0.0.0.0"), "gpu02", "pdkit_node.address", "is the wildcard address"),
+    ("at-local-host-scraped-from-elsewhere", lambda c, h: _rename(h, "gpu02", "@local") or h["@local"].pop("ssh_hostname"), "@local", "ssh_hostname", "the pyinfra connector @local"),
+    ("two-hosts-one-ssh-target", lambda c, h: h["mon01"].update(ssh_hostname="10.9.0.1"), "mon01", "ssh_hostname", "give each host its own ssh_hostname"),
+    ("same-port-on-a-shared-address", lambda c, h: h["gpu02"]["pdkit_node"].update(address="10.9.0.1"), "gpu02", "pdkit_node.engines[0].port", "ports must be unique per address"),
+]
+RANGE_CASES = [  # 6. bounds that catch unit mistakes
+    ("gpu-memory-in-mib", lambda c, h: h["gpu01"]["pdkit_node"]["gpus"].update(memory_gib=143771), "gpu01", "pdkit_node.gpus.memory_gib", "looks like MiB"),
+    ("gpu-memory-too-large", lambda c, h: h["gpu02"]["pdkit_node"]["gpus"].update(memory_gib=800), "gpu02", "pdkit_node.gpus.memory_gib", "at most 320"),
+    ("negative-numa-id", lambda c, h: h["gpu01"]["pdkit_node"]["gpus"].update(numa=[0, 0, -1, -1]), "gpu01", "pdkit_node.gpus.numa", "from 0 to 63"),
+    ("numa-id-beyond-numa-nodes", lambda c, h: h["gpu02"]["pdkit_node"].update(numa_nodes=1), "gpu02", "pdkit_node.gpus.numa[2]", "valid ids 0-0"),
+    ("engine-numa-beyond-numa-nodes", lambda c, h: h["gpu01"]["pdkit_node"].update(numa_nodes=2, gpus={**h["gpu01"]["pdkit_node"]["gpus"], "numa": None}) or _engine(h, "gpu01", 0).update(numa_node=3), "gpu01", "pdkit_node.engines[0].numa_node", "valid ids 0-1"),
+    ("context-length-absurd", lambda c, h: c["tuning"].update(all={"context_length": 1_000_000_000}), "gpu01", "pdkit_cluster.tuning.all.context_length", "above 16777216"),
+    ("watchdog-in-milliseconds", lambda c, h: _engine(h, "gpu02", 0).update(tuning={"watchdog_timeout": 300000}), "gpu02", "pdkit_node.engines[0].tuning.watchdog_timeout", "look like milliseconds? give seconds"),
+    ("ready-timeout-in-milliseconds", lambda c, h: c.update(ready_timeout_s=600000), "gpu01", "pdkit_cluster.ready_timeout_s", "above 86400"),
+    ("max-running-requests-absurd", lambda c, h: _engine(h, "gpu01", 1).update(tuning={"max_running_requests": 10_000_000}), "gpu01", "pdkit_node.engines[1].tuning.max_running_requests", "above 65536"),
+    ("scrape-interval-in-ms", lambda c, h: h["mon01"]["pdkit_monitoring"].update(scrape_interval_s=15000), "mon01", "pdkit_monitoring.scrape_interval_s", "give seconds"),
+]
+PAIR_CASES = [  # 7. pairs and groups
+    ("page-size-differs-across-a-pair", lambda c, h: _engine(h, "gpu01", 0).update(tuning={"page_size": 16}) or _engine(h, "gpu01", 1).update(tuning={"page_size": 32}), "gpu01", "pdkit_node.engines[1].tuning.page_size", "must match"),
+    ("kv-dtype-differs-across-a-pair", lambda c, h: _engine(h, "gpu02", 1).update(tuning={"kv_cache_dtype": "fp8_e4m3"}), "gpu02", "pdkit_node.engines[1].tuning.kv_cache_dtype", "mixes kv_cache_dtype 'fp8_e4m3' with None"),
+    ("both-roles-flag-on-one-role", lambda c, h: _engine(h, "gpu01", 0).update(extra_args=["--disaggregation-decode-allocation-policy", "prefill_complete"]), "gpu01", "pdkit_node.engines[1].extra_args", "every prefill/decode pair the router can make must match"),
+    ("router-pairs-different-models-across-groups", lambda c, h: _cross_host(h) or _engine(h, "gpu02", 1).update(model={"path": "/models/other"}), "gpu02", "pdkit_node.engines[1].model", "the router on gpu01 mixes model"),
+    ("router-with-no-workers", lambda c, h: _router(h).update(workers=[]), "gpu01", "pdkit_router.workers", "leave workers unset for every engine"),
+    ("cluster-without-engines", lambda c, h: h["gpu01"]["pdkit_node"].update(engines=[]) or h["gpu02"]["pdkit_node"].update(engines=[]) or h["gpu01"].pop("pdkit_router"), "<inventory>", "pdkit_node.engines", "give at least one pdkit_node.engines entry"),
+    ("eagle3-without-draft", lambda c, h: _engine(h, "gpu01", 1).update(tuning={"speculative": {"algorithm": "EAGLE3"}}), "gpu01", "pdkit_node.engines[1].tuning.speculative", "set draft_model_path"),
+    ("eagle-without-draft", lambda c, h: _engine(h, "gpu02", 1).update(tuning={"speculative": {"algorithm": "EAGLE"}}), "gpu02", "pdkit_node.engines[1].tuning.speculative", "use algorithm NEXTN instead"),
+    ("standalone-without-draft", lambda c, h: c["tuning"].update(all={"speculative": {"algorithm": "STANDALONE"}}), "gpu01", "pdkit_cluster.tuning.all.speculative", "set draft_model_path"),
+    ("uno-with-a-draft", lambda c, h: _engine(h, "gpu01", 1).update(tuning={"speculative": {"algorithm": "UNO", "draft_model_path": "/models/d"}}), "gpu01", "pdkit_node.engines[1].tuning.speculative", "remove draft_model_path"),
+    ("uno-without-lora", lambda c, h: _engine(h, "gpu01", 1).update(tuning={"speculative": {"algorithm": "UNO"}}), "gpu01", "pdkit_node.engines[1].extra_args", "add ['--uno-lora-path'"),
+]
+BAD_CASES += LOADER_CASES + CHOICE_CASES + EXTRA_ARGS_CASES + PATH_CASES + ADDRESS_CASES + RANGE_CASES + PAIR_CASES
+
+# 8. settings the combination ignores: a warning (exit 0), an error under --strict
+IGNORED_CASES = [
+    ("bucket-list-with-decode-graphs-off", lambda c, h: _engine(h, "gpu01", 1).update(tuning={"cuda_graph": False, "cuda_graph_bs": [1, 2, 4, 8, 16, 32]}), "gpu01", "pdkit_node.engines[1].tuning.cuda_graph_bs", "remove it or turn cuda_graph on"),
+    ("decode-knob-on-a-prefill-engine", lambda c, h: _engine(h, "gpu02", 0).update(tuning={"num_continuous_decode_steps": 4}), "gpu02", "pdkit_node.engines[0].tuning.num_continuous_decode_steps", "set it on the decode role instead"),
+    ("decode-knob-on-the-prefill-layer", lambda c, h: c["tuning"].update(prefill={"cuda_graph_max_bs": 64}), "gpu01", "pdkit_cluster.tuning.prefill.cuda_graph_max_bs", "set it on the decode role instead"),
+    ("prefill-graph-knob-on-a-decode-engine", lambda c, h: _engine(h, "gpu01", 1).update(tuning={"prefill_cuda_graph": False}), "gpu01", "pdkit_node.engines[1].tuning.prefill_cuda_graph", "set it on the prefill role instead"),
+    ("plain-policy-on-a-pd-router", lambda c, h: _router(h).update(policy="random"), "gpu01", "pdkit_router.policy", "only prefill_policy and decode_policy apply"),
+    ("allow-longer-context-without-a-context", lambda c, h: c["tuning"].update(all={"allow_longer_context": True}), "gpu01", "pdkit_cluster.tuning.all.allow_longer_context", "set context_length or remove it"),
+    ("unknown-host-key", lambda c, h: h["gpu02"].update(gpu_count=4), "gpu02", "gpu_count", "pdkit ignores it"),
+    ("dspark-without-draft", lambda c, h: _engine(h, "gpu01", 1).update(tuning={"speculative": {"algorithm": "DSPARK"}}), "gpu01", "pdkit_node.engines[1].tuning.speculative.draft_model_path", "set draft_model_path unless it does"),
 ]
 
 
@@ -102,6 +209,29 @@ def test_bad_inventory_names_host_and_field(case, base, tmp_path, capsys):
     matching = [line for line in err.splitlines() if line.strip().startswith("error") and f"{host}: {field}" in line]
     assert matching, f"no error names {host}: {field}; got:\n{err}"
     assert any(phrase in line for line in matching), f"expected {phrase!r} in:\n" + "\n".join(matching)
+
+
+@pytest.mark.parametrize("case", IGNORED_CASES, ids=[c[0] for c in IGNORED_CASES])
+def test_ignored_setting_warns_and_fails_under_strict(case, base, tmp_path, capsys):
+    _, mutate, host, field, phrase = case
+    cluster, hosts = base
+    mutate(cluster, hosts)
+    inv = write_inventory(tmp_path, hosts, cluster)
+
+    assert main(["validate", str(inv)]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    warned = [line for line in out.splitlines() if line.startswith(f"warning {host}: {field}")]
+    assert warned and any(phrase in line for line in warned), f"no warning {host}: {field} with {phrase!r}; got:\n{out}"
+
+    assert main(["validate", "--strict", str(inv)]) == 2
+    err = capsys.readouterr().err
+    assert any(line.strip().startswith(f"error   {host}: {field}") and phrase in line for line in err.splitlines()), err
+
+
+@pytest.mark.parametrize("cases", [LOADER_CASES, CHOICE_CASES, EXTRA_ARGS_CASES, PATH_CASES, ADDRESS_CASES, RANGE_CASES, PAIR_CASES, IGNORED_CASES],
+                         ids=["loader", "choices", "extra_args", "paths", "addresses", "ranges", "pairs", "ignored"])
+def test_each_class_of_issue_17_has_three_cases(cases):
+    assert len({c[0] for c in cases}) >= 3 and all(c[4] for c in cases)
 
 
 def test_there_are_at_least_25_distinct_bad_cases():
@@ -133,12 +263,57 @@ def test_graph_max_bs_above_max_running_is_a_warning_not_an_error(base, tmp_path
     assert "clamps" in out
 
 
-def test_broken_python_in_inventory_is_reported_without_traceback(tmp_path, capsys):
-    inv = tmp_path / "broken.py"
-    inv.write_text("gpu_nodes = [('a', {})\n")
+# 1. the loader: the inventory file itself (name -> file text, line the message must name, phrase)
+LOADER_FILE_CASES = [
+    ("syntax-error", "gpu_nodes = [('a', {})\n", 1, "SyntaxError"),
+    ("name-error", "gpu_nodes = [('a', {})]\nx = undefined_name\n", 2, "NameError: name 'undefined_name' is not defined"),
+    ("attribute-error", "import os\n\ngpu_nodes = [(os.no_such_attr, {})]\n", 3, "AttributeError"),
+    ("key-error", "d = {}\ngpu_nodes = [('a', {})]\nport = d['port']\n", 3, "KeyError: 'port'"),
+    ("sys-exit", "import sys\nsys.exit('no cluster today')\n", 2, "calls sys.exit('no cluster today')"),
+]
+
+
+@pytest.mark.parametrize("case", LOADER_FILE_CASES, ids=[c[0] for c in LOADER_FILE_CASES])
+def test_loader_reports_an_inventory_that_raises_as_one_line(case, tmp_path, capsys):
+    name, text, line, phrase = case
+    inv = tmp_path / f"{name}.py"
+    inv.write_text(text)
     assert main(["validate", str(inv)]) == 2
     err = capsys.readouterr().err
-    assert "pyinfra could not load it" in err and "Traceback" not in err
+    assert "Traceback" not in err
+    errors = [x for x in err.splitlines() if x.strip().startswith("error")]
+    assert len(errors) == 1, err
+    assert f"<inventory>: {inv}:{line}: " in errors[0] and phrase in errors[0], errors[0]
+    if name != "sys-exit":
+        assert f"python3 {inv}" in errors[0]  # what would make it valid: it must run as plain Python
+
+
+def _inventory_text(tmp_path, text):
+    inv = tmp_path / "inv_text.py"
+    cluster = {"name": "t", "model": {"path": "/models/m"}}
+    inv.write_text(text + f"\n_cluster = {cluster!r}\n")
+    return inv
+
+
+def test_loader_reports_a_host_missing_from_the_all_group(tmp_path, capsys):
+    inv = _inventory_text(tmp_path, "gpu = [('g1', {'pdkit_node': {}}), ('g2', {'pdkit_node': {}})]\nall = (['g1'], {})")
+    assert main(["validate", str(inv)]) == 2
+    err = capsys.readouterr().err
+    assert "error   g2: gpu: host is in group 'gpu' but not in the `all` group" in err and "add 'g2' to all" in err, err
+
+
+def test_loader_reports_a_host_in_a_group_pyinfra_ignores(tmp_path, capsys):
+    inv = _inventory_text(tmp_path, "_gpu = [('g1', {'pdkit_node': {}})]\nrouters = [('r1', {'pdkit_router': {}})]")
+    assert main(["validate", str(inv)]) == 2
+    err = capsys.readouterr().err
+    assert "error   g1: _gpu: pyinfra ignores the variable '_gpu'" in err and "without a leading '_'" in err, err
+
+
+def test_loader_reports_a_section_given_in_two_groups(tmp_path, capsys):
+    inv = _inventory_text(tmp_path, "a = [('g1', {'pdkit_router': {'port': 8000}})]\nb = [('g1', {'pdkit_router': {'port': 8100}})]")
+    assert main(["validate", str(inv)]) == 2
+    err = capsys.readouterr().err
+    assert "error   g1: pdkit_router: given in group 'a' and again in group 'b'" in err and "give pdkit_router once" in err, err
 
 
 def test_missing_inventory_file(tmp_path, capsys):

@@ -293,6 +293,19 @@ def describe_server_args(server_args_mod) -> list[dict]:
     return describe(parser)
 
 
+def speculative_algorithm_names() -> list[str]:
+    """The names `SpeculativeAlgorithm.from_string` accepts (argparse leaves the flag unchecked):
+    the enum's members but NONE, plus the reserved aliases (NEXTN, 0.5.2x's spec_registry)."""
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    names = [m.name for m in SpeculativeAlgorithm if m.name != "NONE"]
+    try:
+        from sglang.srt.speculative.spec_registry import _RESERVED_ALIASES
+    except ImportError:  # 0.5.17 maps NEXTN to EAGLE in the speculative hook instead
+        _RESERVED_ALIASES = frozenset({"NEXTN"})
+    return names + sorted(a for a in _RESERVED_ALIASES if a not in names)
+
+
 def main() -> int:
     request = json.load(sys.stdin)
     if isinstance(request, list):
@@ -338,6 +351,7 @@ def main() -> int:
     reply["results"] = [check_one(server_args_mod, list(argv), full_post_init) for argv in argvs]
     if request.get("describe"):
         reply["options"] = describe_server_args(server_args_mod)
+        reply["speculative_algorithms"] = speculative_algorithm_names()
     real_stdout.write(json.dumps(reply) + "\n")
     real_stdout.flush()
     return 0

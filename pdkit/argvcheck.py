@@ -1,0 +1,163 @@
+"""Rules decided on the command lines pdkit renders, read through the pinned parsers' table.
+
+Each engine's and router's argv (`pdkit.flags`) is read the way its own argparse reads it
+(`pdkit.parsertable`, generated from the real wheels), which decides:
+
+- spec fields SGLang or the router accept only from a fixed set: the valid values are
+  that release's own choices;
+- `extra_args`: split, resolved through aliases and prefixes, unknown flags, bad choices,
+  clashes with a generated flag, credentials;
+- what every prefill/decode pair the router can make must agree on.
+"""
+
+from __future__ import annotations
+
+from pdkit import flags
+from pdkit.parsertable import Parsed, Parser, router_parser, sglang_parser, speculative_algorithms
+from pdkit.spec import ClusterSpec, Engine, HostSpec, Problem, pairing_sets
+
+SECRETS_POINTER = (
+    "on the command line it is visible in ps, the unit file and the journal; credentials reach hosts only "
+    "through pdkit_cluster.secrets (README: the secrets table"
+)
+# tuning field -> the spec field to name when an extra flag restates it
+_FIELD_OF_FLAG = {flag: f"tuning.{name}" for name, flag in flags._VALUE_FLAGS}
+# SGLang fields that must agree across a pair besides the ones its help marks `both_roles`
+# (docs/tuning.md: NIXL/mooncake move KV pages as laid out by page size and dtype)
+_PAIR_DESTS = {"page_size": "tuning.page_size", "kv_cache_dtype": "tuning.kv_cache_dtype"}
+
+
+def problems(spec: ClusterSpec) -> list[Problem]:
+    """Every problem the pinned parsers' table finds, in inventory order."""
+    found: dict[tuple[str, str, str], Problem] = {}
+
+    def add(problem: Problem) -> None:
+        found.setdefault((problem.host, problem.field, problem.message), problem)
+
+    engine_args: dict[tuple[str, str], dict[str, tuple[str, ...]]] = {}
+    for host, engine in spec.engines():
+        engine_args[(host.name, engine.name)] = _check_engine(spec, host, engine, add)
+    for host in spec.router_hosts:
+        _check_router(spec, host, add)
+    _check_pairs(spec, engine_args, add)
+    return list(found.values())
+
+
+def engine_path(host: HostSpec, engine: Engine) -> str:
+    assert host.node is not None
+    return f"pdkit_node.engines[{host.node.engines.index(engine)}]"
+
+
+def _check_engine(spec: ClusterSpec, host: HostSpec, engine: Engine, add) -> dict[str, tuple[str, ...]]:
+    """Choices of the engine's spec fields and its extra_args; returns its argv as dest -> values."""
+    version = spec.engine_version(engine)
+    parser = sglang_parser(version)
+    at = engine_path(host, engine)
+    tuning = spec.engine_tuning(engine)
+    for name, flag in flags._VALUE_FLAGS:
+        value = getattr(tuning, name)
+        choices = parser.choices(flag)
+        if value is not None and choices is not None and str(value) not in choices:
+            add(Problem(host.name, f"{at}.tuning.{name}", f"SGLang {version} has no {name} {value!r}; valid: {', '.join(choices)}"))
+    model = spec.engine_model(engine)
+    model_at = f"{at}.model" if engine.model is not None else "pdkit_cluster.model"
+    load_formats = parser.choices("--load-format")
+    if model.load_format is not None and load_formats is not None and model.load_format not in load_formats:
+        add(Problem(host.name, f"{model_at}.load_format", f"SGLang {version} has no load format {model.load_format!r}; valid: {', '.join(load_formats)}"))
+    transfer = parser.choices("--disaggregation-transfer-backend") or ()
+    if engine.role != "unified" and spec.cluster.transfer_backend not in transfer:
+        add(Problem(host.name, "pdkit_cluster.transfer_backend", f"SGLang {version} has no transfer backend {spec.cluster.transfer_backend!r}; valid: {', '.join(transfer)}"))
+    if tuning.speculative is not None and tuning.speculative.algorithm not in speculative_algorithms(version):
+        add(Problem(host.name, f"{at}.tuning.speculative.algorithm", f"SGLang {version} has no algorithm {tuning.speculative.algorithm!r}; valid: {', '.join(speculative_algorithms(version))}"))
+
+    argv = flags.sglang_args(spec, host, engine)
+    generated = argv[: len(argv) - len(engine.extra_args)]
+    gen_parsed, _ = parser.parse(generated)  # pdkit's own flags: tests/test_contract_generated.py holds them to SGLang
+    extra_parsed = _check_extra_args(parser, host.name, f"{at}.extra_args", gen_parsed, engine.extra_args, add, "the engine")
+    values: dict[str, tuple[str, ...]] = {}
+    for p in [*gen_parsed, *extra_parsed]:
+        values[p.option.dest] = p.values or ("(set)",)
+    return values
+
+
+def _check_router(spec: ClusterSpec, host: HostSpec, add) -> None:
+    router = host.router
+    assert router is not None
+    package, version = spec.router_release(host)
+    parser = router_parser(package, version)
+    for field, flag in (("policy", "--policy"), ("prefill_policy", "--prefill-policy"), ("decode_policy", "--decode-policy")):
+        value = getattr(router, field)
+        choices = parser.choices(flag)
+        if value is not None and choices is not None and value not in choices:
+            add(Problem(host.name, f"pdkit_router.{field}", f"{package} {version} has no {flag.removeprefix('--')} {value!r}; valid: {', '.join(choices)}"))
+    argv = flags.router_args(spec, host)
+    generated = argv[: len(argv) - len(router.extra_args)]
+    gen_parsed, _ = parser.parse(generated)
+    _check_extra_args(parser, host.name, "pdkit_router.extra_args", gen_parsed, router.extra_args, add, "the router")
+
+
+def _check_extra_args(parser: Parser, host: str, field: str, generated: list[Parsed], extra: tuple[str, ...], add, owner: str) -> list[Parsed]:
+    """extra_args may add flags, never restate one pdkit generates, and never carry a credential."""
+    parsed, argv_problems = parser.parse(extra)
+    for problem in argv_problems:
+        add(Problem(host, f"{field}[{problem.index}]", problem.message))
+    generated_by_dest = {p.option.dest: p.option.name for p in generated}
+    seen: dict[str, int] = {}
+    kept: list[Parsed] = []
+    for p in parsed:
+        at = f"{field}[{p.index}]"
+        option = p.option
+        if option.secret:
+            key_field = "pdkit_cluster.secrets.router_api_key" if owner == "the router" and option.dest == "api_key" else "pdkit_cluster.secrets"
+            add(Problem(host, at, f"{option.name} is a credential: {SECRETS_POINTER}); use {key_field}"))
+            continue
+        dests = {option.dest}
+        if option.replaced_by:
+            replacement, _ = parser.resolve(option.replaced_by)
+            if replacement is not None:
+                dests.add(replacement.dest)
+        clash = sorted(generated_by_dest[d] for d in dests if d in generated_by_dest)
+        if clash:
+            spelled = p.written.split("=", 1)[0]
+            alias = "" if spelled == clash[0] else f" (argparse reads {spelled} as {clash[0]})"
+            instead = _FIELD_OF_FLAG.get(clash[0])
+            hint = f"set {instead} instead" if instead else "set the matching spec field instead"
+            add(Problem(host, at, f"{spelled} clashes with {clash[0]}, which pdkit generates from the spec{alias}; {hint}"))
+            continue
+        if option.dest in seen:
+            add(Problem(host, at, f"{option.name} is already given at {field}[{seen[option.dest]}]; argparse keeps only the last one: give it once"))
+            continue
+        seen[option.dest] = p.index
+        kept.append(p)
+    return kept
+
+
+def _check_pairs(spec: ClusterSpec, engine_args: dict[tuple[str, str], dict[str, tuple[str, ...]]], add) -> None:
+    reported: set[tuple[str, str]] = set()  # an engine in a router's set and a pd_group: one problem per field
+    for label, members in pairing_sets(spec):
+        if not {e.role for _, e in members} >= {"prefill", "decode"}:
+            continue  # spec.cross_checks reports a set without both roles
+        first_host, first = members[0]
+        reference = _pair_facts(spec, first, engine_args[(first_host.name, first.name)])
+        for host, engine in members[1:]:
+            facts = _pair_facts(spec, engine, engine_args[(host.name, engine.name)])
+            for key, (field, value) in facts.items():
+                want = reference.get(key, (field, None))[1]
+                at = (host.name, f"{engine_path(host, engine)}.{field}")
+                if value != want and at not in reported:
+                    reported.add(at)
+                    shown = "unset" if value is None else repr(value)
+                    add(Problem(host.name, f"{engine_path(host, engine)}.{field}", f"{label} mixes {key} {shown} with {want if want is None else repr(want)} on {first_host.name}/{first.name}; every prefill/decode pair the router can make must match (the KV transfer fails or output is corrupted)"))
+
+
+def _pair_facts(spec: ClusterSpec, engine: Engine, args: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, object]]:
+    """What must agree across a PD pair: key -> (the field that sets it, its value)."""
+    facts: dict[str, tuple[str, object]] = {
+        "model": ("model", spec.engine_model(engine).path),
+        "sglang_version": ("sglang_version", spec.engine_version(engine)),
+    }
+    for dest, field in _PAIR_DESTS.items():
+        facts[dest] = (field, " ".join(args[dest]) if dest in args else None)
+    for option in sglang_parser(spec.engine_version(engine)).both_roles:
+        facts[option.name] = ("extra_args", " ".join(args[option.dest]) if option.dest in args else None)
+    return facts
