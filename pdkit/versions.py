@@ -30,10 +30,6 @@ class SglangRelease:
     kv_cache_dtypes: tuple[str, ...]
     # The router package that pairs with this release on a GPU node's Python.
     default_router: tuple[str, str]
-    # sglang:num_bootstrap_failed_reqs_total / num_transfer_failed_reqs_total exist (0.5.23); 0.5.17
-    # exports neither (seen on the GPU tier), so monitoring falls back to the router's per-worker
-    # circuit-breaker failures for its engines.
-    pd_failure_counters: bool = True
 
 
 # Read from each release's own parser (pdkit.contract describe mode); argparse leaves the
@@ -76,7 +72,6 @@ SGLANG_RELEASES: dict[str, SglangRelease] = {
         quantizations=_QUANT_0517,
         kv_cache_dtypes=_KV_0517,
         default_router=("sglang-router", "0.3.2"),
-        pd_failure_counters=False,
     ),
     "0.5.23": SglangRelease(
         version="0.5.23",
