@@ -5,7 +5,9 @@
 #   ${PDKIT_CONTRACT_HOME:-$HOME/.cache/pdkit/contract}/
 #     sglang-0.5.17/  sglang-0.5.23/    Python 3.11, CPU torch 2.13.0 (local wheel),
 #                                       sglang --no-deps + only what
-#                                       sglang.srt.server_args needs to import
+#                                       sglang.srt.server_args needs to import,
+#                                       and prometheus-client for the metric
+#                                       collectors (pdkit/contract/sglang_metrics.py)
 #     smg-1.13.0/  sglang-router-0.3.2/ the router packages (they cannot share an env:
 #                                       both install an `smg` command)
 #
@@ -89,6 +91,7 @@ parso==0.8.7
 partial-json-parser==0.2.1.1.post7
 pexpect==4.9.0
 pillow==13.0.0
+prometheus-client==0.26.0
 prompt_toolkit==3.0.53
 propcache==0.5.4
 psutil==7.2.2
@@ -157,6 +160,7 @@ packaging==26.4
 parso==0.8.7
 pexpect==4.9.0
 pillow==13.0.0
+prometheus-client==0.26.0
 prompt_toolkit==3.0.53
 propcache==0.5.4
 psutil==7.2.2
@@ -258,6 +262,17 @@ sys.exit(0 if ok else 1)
         die "$name: smoke check gave an unexpected answer: ${reply:0:800}"
     fi
     rm -f "$HOME_DIR/$name.smoke.log"
+    case "$name" in
+    sglang-router-* | smg-*) ;;
+    sglang-*) # the metric catalogue's generator must construct SGLang's collectors here
+        if ! HF_HUB_OFFLINE=1 "$py" "$REPO_ROOT/pdkit/contract/sglang_metrics.py" >"$HOME_DIR/$name.metrics.json" \
+            2>"$HOME_DIR/$name.smoke.log"; then
+            tail -n 30 "$HOME_DIR/$name.smoke.log" >&2
+            die "$name: sglang_metrics.py failed"
+        fi
+        rm -f "$HOME_DIR/$name.smoke.log" "$HOME_DIR/$name.metrics.json"
+        ;;
+    esac
 }
 
 find_python() {

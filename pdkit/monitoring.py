@@ -18,8 +18,9 @@ What is scraped (one job each; every target carries `cluster` and `node`, engine
 
 `pdkit_monitoring.scrape_hosts` (unset: every host) limits all jobs to those hosts.
 
-Every metric name the rules and panels use is in the tables below (`SGLANG`, `ROUTER`,
-`EXPORTER`, `NODE`, `DCGM`), so a renamed metric is a one-line change.
+Every metric name the rules and panels use comes from pdkit.metricnames (`SGLANG`, `ROUTER`,
+`EXPORTER`, `NODE`, `DCGM`); tests/test_metric_queries.py checks each query against the metric
+catalogue generated from the pinned SGLang releases and routers (pdkit/catalogue.py).
 """
 
 from __future__ import annotations
@@ -29,8 +30,10 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import yaml
+
 from pdkit import flags
-from pdkit.versions import SGLANG_RELEASES
+from pdkit.metricnames import DCGM, EXPORTER, NODE, ROUTER, SGLANG
 from pdkit.spec import DCGM_EXPORTER_PORT, NODE_EXPORTER_PORT, ClusterSpec, HostSpec, Monitoring, dcgm_enabled
 
 # ---------------------------------------------------------------------------
@@ -69,70 +72,7 @@ JOB_DCGM = "dcgm"
 JOB_PROMETHEUS = "prometheus"
 
 # ---------------------------------------------------------------------------
-# Metric names, in one place
-
-# SGLang's native /metrics (FIELD_NOTES.md; the sim exposes the same names)
-SGLANG = {
-    "running": "sglang:num_running_reqs",
-    "waiting": "sglang:num_queue_reqs",
-    "token_usage": "sglang:token_usage",
-    "cache_hit_rate": "sglang:cache_hit_rate",
-    # SGLang renamed the prefill bootstrap queue "prealloc": every query takes either name
-    "prefill_bootstrap_queue": ("sglang:num_prefill_bootstrap_queue_reqs", "sglang:num_prefill_prealloc_queue_reqs"),
-    "prefill_inflight_queue": "sglang:num_prefill_inflight_queue_reqs",
-    "decode_prealloc_queue": "sglang:num_decode_prealloc_queue_reqs",
-    "decode_transfer_queue": "sglang:num_decode_transfer_queue_reqs",
-    "kv_transfer_speed": "sglang:kv_transfer_speed_gb_s",
-    "kv_transfer_latency": "sglang:kv_transfer_latency_ms",
-    "bootstrap_failed": "sglang:num_bootstrap_failed_reqs_total",
-    "transfer_failed": "sglang:num_transfer_failed_reqs_total",
-    "cuda_graph_passes": "sglang:cuda_graph_passes_total",
-    "prompt_tokens": "sglang:prompt_tokens_total",
-    "generation_tokens": "sglang:generation_tokens_total",
-    "requests": "sglang:num_requests_total",
-    "ttft_bucket": "sglang:time_to_first_token_seconds_bucket",
-    "itl_bucket": "sglang:inter_token_latency_seconds_bucket",
-    "e2e_bucket": "sglang:e2e_request_latency_seconds_bucket",
-}
-
-# The router: smg 1.13.0 and sglang-router 0.3.2 both expose these smg_* names (seen on both
-# binaries); per-worker series carry worker="<engine URL>"
-ROUTER = {
-    "worker_health": "smg_worker_health",
-    "worker_active": "smg_worker_requests_active",
-    "requests": "smg_router_requests_total",
-    "responses": "smg_http_responses_total",
-    # circuit-breaker outcomes per worker (outcome="success"|"failure"), on smg 1.13.0 and
-    # sglang-router 0.3.2 alike: the failure signal for engines without their own PD counters
-    "worker_outcomes": "smg_worker_cb_outcomes_total",
-}
-
-# pdkit-exporter: per-engine series with labels node, engine, role (the exporter's own)
-EXPORTER = {
-    "up": "pdkit_engine_up",
-    "info": "pdkit_engine_info",  # labels release, sglang_version
-    "flags_drift": "pdkit_engine_flags_drift",  # 0/1
-    "env_present": "pdkit_engine_env_present",  # 0/1: NCCL/UCX env really in /proc/PID/environ
-    "cuda_graph_ratio": "pdkit_decode_cuda_graph_ratio",
-    # the last "Decode batch" log line's figures (journal)
-    "log_gen_throughput": "pdkit_decode_batch_gen_throughput_tokens_per_second",
-    "log_running": "pdkit_decode_batch_running_requests",
-}
-
-NODE = {
-    "cpu": "node_cpu_seconds_total",
-    "mem_available": "node_memory_MemAvailable_bytes",
-    "mem_total": "node_memory_MemTotal_bytes",
-    "net_rx": "node_network_receive_bytes_total",
-    "net_tx": "node_network_transmit_bytes_total",
-    "load1": "node_load1",
-}
-
-DCGM = {
-    "gpu_util": "DCGM_FI_DEV_GPU_UTIL",  # percent
-    "fb_used": "DCGM_FI_DEV_FB_USED",  # MiB
-    "power": "DCGM_FI_DEV_POWER_USAGE",  # W
-}
+# Metric names: pdkit.metricnames (one module for the whole kit, checked against the catalogue)
 
 # ---------------------------------------------------------------------------
 # Alert thresholds and windows
@@ -144,6 +84,8 @@ WORKER_UNHEALTHY_FOR = "1m"
 QUEUE_GROWING_FOR = "10m"
 QUEUE_MIN_DEPTH = 1
 FAILURES_FOR = "1m"
+# an engine holding requests (running or queued) that generates no token for this long is wedged
+WEDGED_FOR = "1m"
 CUDA_GRAPH_RATIO_MIN = 0.9
 CUDA_GRAPH_RATIO_FOR = "10m"
 TTFT_FOR = "5m"
@@ -205,12 +147,6 @@ def scraped_hosts(spec: ClusterSpec) -> list[HostSpec]:
     """The hosts Prometheus scrapes: `scrape_hosts`, else every host, in inventory order."""
     wanted = _monitoring(spec).scrape_hosts
     return [h for h in spec.hosts if wanted is None or h.name in wanted]
-
-
-def counted_instances(spec: ClusterSpec) -> set[str]:
-    """Engine instances whose SGLang version exports PD bootstrap/transfer failure counters."""
-    return {engine_instance(h, e.name) for h, e in spec.engines()
-            if SGLANG_RELEASES[spec.engine_version(e)].pd_failure_counters}
 
 
 def engine_instance(host: HostSpec, engine_name: str) -> str:
@@ -330,6 +266,11 @@ class Alert:
     eval_time: str = "20m"
     # series that must NOT alert even when "bad" (present in the non-firing case)
     decoys: tuple[dict[str, str], ...] = ()
+    # lazily created families whose absence is this alert's healthy answer (no request yet: no TTFT
+    # over the SLO); any other lazy family must be handled in `expr` (tests/test_catalogue.py)
+    absent_ok: tuple[str, ...] = ()
+    # more promtool tests of this alert: subjects -> [test dict] (shapes one case per subject cannot say)
+    extra_tests: Callable[[tuple[dict[str, str], ...]], list[dict]] | None = field(default=None, compare=False)
 
 
 def _by(labels: tuple[str, ...]) -> str:
@@ -392,6 +333,77 @@ def regex_literal(text: str) -> str:
 def promql_regex(values: list[str]) -> str:
     """An alternation matching exactly these values, ready to sit inside a PromQL "..." string."""
     return "|".join(regex_literal(v) for v in values).replace("\\", "\\\\")
+
+
+def _engine_labels(s: dict[str, str], **extra: str) -> dict[str, str]:
+    """An engine series' labels as Prometheus stores them: the target's and SGLang's scheduler labels."""
+    return {"job": JOB_ENGINE, **_pick(s, ENGINE_BY), "engine_type": s["role"], "model_name": s["model_name"],
+            "tp_rank": "0", "pp_rank": "0", "moe_ep_rank": "0", **extra}
+
+
+def _alert_test(name: str, alert: str, series: list[tuple[str, str]], eval_time: str,
+                exp: list[dict[str, str]]) -> dict:
+    return {"name": name, "interval": "1m", "input_series": [{"series": s, "values": v} for s, v in series],
+            "alert_rule_test": [{"eval_time": eval_time, "alertname": alert,
+                                 "exp_alerts": [{"exp_labels": dict(sorted(e.items()))} for e in exp]}]}
+
+
+def _more_failures_test(alert: str, metric: str, subjects: tuple[dict[str, str], ...]) -> list[dict]:
+    """Failures that go on (increase() sees them) on the first subject, an old count that does not move
+    on every other (quiet)."""
+    if not subjects:
+        return []
+    first, rest = subjects[0], subjects[1:]
+    series = [(_series(metric, _engine_labels(first)), "3+1x20")]
+    series += [(_series(metric, _engine_labels(s)), "2x20") for s in rest]
+    exp = [{**_pick(first, ENGINE_BY), "severity": "warning"}]
+    return [_alert_test(f"{alert} fires on failures that go on, not on an old count", alert, series, "15m", exp)]
+
+
+def _graph_none_only_tests(subjects: tuple[dict[str, str], ...], passes: str) -> list[dict]:
+    """The seeds' worst case: the decode never runs a graph, so only mode="decode_none" exists."""
+    out = []
+    for s in subjects[:1]:
+        series = [(_series(passes, _engine_labels(s, mode="decode_none")), "0+10x30")]
+        out.append(_alert_test(f"PdkitDecodeCudaGraphRatioLow fires for {s['instance']} when only decode_none exists",
+                               "PdkitDecodeCudaGraphRatioLow", series, "20m",
+                               [{**_pick(s, ENGINE_BY), "severity": "warning"}]))
+        series = [(_series(passes, _engine_labels(s, mode="decode_cuda_graph")), "0+10x30")]
+        out.append(_alert_test(f"PdkitDecodeCudaGraphRatioLow stays quiet for {s['instance']} when only "
+                               "decode_cuda_graph exists", "PdkitDecodeCudaGraphRatioLow", series, "20m", []))
+    return out
+
+
+def _wedge_window(spec: ClusterSpec) -> str:
+    """Rate window of the wedge alert: 2m, or 4 scrapes when scrapes are slower than 30 s (it must fire
+    well before SGLang's own 300 s scheduler watchdog would end a wedged process)."""
+    return _seconds(max(120, 4 * _monitoring(spec).scrape_interval_s))
+
+
+def _wedge_case(s: dict[str, str], bad: bool) -> list[tuple[str, str]]:
+    labels = _engine_labels(s)
+    running = [(_series(SGLANG["running"], labels), "2x30"), (_series(SGLANG["waiting"], labels), "1x30")]
+    tokens = _series(SGLANG["realtime_tokens"], {**labels, "mode": "decode" if s["role"] != "prefill" else
+                                                 "prefill_compute"})
+    # bad: tokens stop at minute 5 while requests stay; healthy: tokens keep coming
+    return running + [(tokens, "0+100x5 500x25" if bad else "0+100x30")]
+
+
+def _wedge_extra_tests(subjects: tuple[dict[str, str], ...]) -> list[dict]:
+    out = []
+    for s in subjects[:1]:
+        labels = _engine_labels(s)
+        # wedged before its first step: requests held, no token series at all
+        series = [(_series(SGLANG["running"], labels), "0x3 2x27"), (_series(SGLANG["waiting"], labels), "0x30")]
+        out.append(_alert_test(f"PdkitEngineWedged fires for {s['instance']} wedged before its first step",
+                               "PdkitEngineWedged", series, "10m", [{**_pick(s, ENGINE_BY), "severity": "critical"}]))
+        # idle: nothing held, no tokens
+        tokens = _series(SGLANG["realtime_tokens"], {**labels, "mode": "decode"})
+        series = [(_series(SGLANG["running"], labels), "0x30"), (_series(SGLANG["waiting"], labels), "0x30"),
+                  (tokens, "500x30")]
+        out.append(_alert_test(f"PdkitEngineWedged stays quiet for {s['instance']} while idle",
+                               "PdkitEngineWedged", series, "20m", []))
+    return out
 
 
 def alerts(spec: ClusterSpec) -> list[Alert]:
@@ -544,13 +556,12 @@ def alerts(spec: ClusterSpec) -> list[Alert]:
         eval_time="20m",
     ))
 
-    # -- KV transfer / bootstrap failures
-    pd_all = [t for t in engines if t.labels["role"] in ("prefill", "decode")]
-    # per SGLang version: engines whose release has no PD failure counters are watched through the router
-    counted = counted_instances(spec)
-    pd_engines = [t for t in pd_all if t.labels["instance"] in counted]
-    uncounted = [t.labels["instance"] for t in pd_all if t.labels["instance"] not in counted]
-    only = f'{{instance=~"{promql_regex([t.labels["instance"] for t in pd_engines])}"}}' if uncounted else ""
+    # -- KV transfer / bootstrap failures. The counters exist in every pinned release but are
+    # created by their first increment (the catalogue's `lazy`): a healthy engine has no series,
+    # and increase() over a series that appears at 1 is 0. So each alert also fires on a series
+    # that is new within the window (present now, absent `w` ago).
+    pd_engines = [t for t in engines if t.labels["role"] in ("prefill", "decode")]
+    pd_up = f'up{{job="{JOB_ENGINE}", role=~"prefill|decode"}}'
     for name, key, what, todo in (
         ("PdkitKvTransferFailures", "transfer_failed", "KV transfers",
          "KV cache transfers between prefill and decode fail: the requests error out.\n"
@@ -571,42 +582,20 @@ def alerts(spec: ClusterSpec) -> list[Alert]:
         metric = SGLANG[key]
         out.append(Alert(
             name=name,
-            expr=f"sum by ({by}) (increase({metric}{only}[{w}])) > 0",
-            value=f"sum by ({by}) (increase({metric}{only}[{w}]))",
+            expr=(f"(sum by ({by}) (increase({metric}[{w}])) > 0)\nor\n"
+                  f"(sum by ({by}) ({metric}) unless sum by ({by}) ({metric} offset {w}))"),
+            value=f"sum by ({by}) (increase({metric}[{w}]))\nor\nsum by ({by}) ({pd_up}) * 0",
             for_=FAILURES_FOR, severity="warning",
             summary=f"{what} fail on {{{{ $labels.instance }}}}",
             description=f"{todo}",
             subjects=tuple({**t.labels, "model_name": model_of[t.labels["instance"]]} for t in pd_engines),
+            # bad: the engine's first failure (the series appears at 1 and stays); healthy: no series at all
             case=lambda s, bad, metric=metric: [(_series(metric, {
                 "job": JOB_ENGINE, **_pick(s, ENGINE_BY), "engine_type": s["role"], "model_name": s["model_name"],
-                "tp_rank": "0", "pp_rank": "0", "moe_ep_rank": "0"}), "0+1x20" if bad else "0x20")],
+                "tp_rank": "0", "pp_rank": "0", "moe_ep_rank": "0"}), "_x5 1x15")] if bad else [],
             exp_labels=lambda s: _pick(s, ENGINE_BY),
-            eval_time="10m",
-        ))
-
-    # the same failures, seen by the router, for engines whose SGLang version has no counters of its own
-    uncounted_workers = [s for s in worker_subjects if s["worker_instance"] in uncounted]
-    if uncounted_workers:
-        watched = [s["worker_instance"] for s in uncounted_workers]
-        failures = f'{ROUTER["worker_outcomes"]}{{outcome="failure", worker_instance=~"{promql_regex(watched)}"}}'
-        out.append(Alert(
-            name="PdkitPdRequestFailures",
-            expr=f"sum by ({_by(WORKER_BY)}) (increase({failures}[{w}])) > 0",
-            value=f"sum by ({_by(WORKER_BY)}) (increase({failures}[{w}]))",
-            for_=FAILURES_FOR, severity="warning",
-            summary="Requests to {{ $labels.worker_instance }} fail (seen by the router on {{ $labels.node }})",
-            description=(
-                "The router on {{ $labels.node }} recorded failed requests to {{ $labels.worker_instance }} "
-                "({{ $labels.worker_role }}). This engine's SGLang version exports no KV-transfer or bootstrap "
-                "failure counters, so the router's circuit-breaker outcomes stand in for them: a failure here is a "
-                "bootstrap, KV-transfer or engine error on that request.\n"
-                "What to do: read the engine's journal and its PD partner's around the failures (NIXL/UCX errors, "
-                "bootstrap timeouts); then follow PdkitKvTransferFailures / PdkitBootstrapFailures."),
-            subjects=tuple(uncounted_workers),
-            case=lambda s, bad: [(_series(ROUTER["worker_outcomes"], {**s, "outcome": "failure"}),
-                                  "0+1x20" if bad else "0x20")],
-            exp_labels=lambda s: _pick(s, WORKER_BY),
-            eval_time="10m",
+            eval_time="8m",
+            extra_tests=lambda subjects, metric=metric, name=name: _more_failures_test(name, metric, subjects),
         ))
 
     # -- decode CUDA-graph ratio (only engines whose spec turns decode graphs on)
@@ -614,7 +603,10 @@ def alerts(spec: ClusterSpec) -> list[Alert]:
     if expected:
         passes = SGLANG["cuda_graph_passes"]
         inst = promql_regex(expected)
-        ratio = (f'sum by ({by}) (rate({passes}{{mode="decode_cuda_graph", instance=~"{inst}"}}[{w}]))\n'
+        # each mode's child is created by its first pass: an engine whose decode never runs a graph has
+        # only mode="decode_none", so the numerator falls back to 0 for it
+        ratio = (f'(\n  sum by ({by}) (rate({passes}{{mode="decode_cuda_graph", instance=~"{inst}"}}[{w}]))\n'
+                 f'  or\n  sum by ({by}) (rate({passes}{{mode="decode_none", instance=~"{inst}"}}[{w}])) * 0\n)\n'
                  f'/\nsum by ({by}) (rate({passes}{{mode=~"decode_cuda_graph|decode_none", instance=~"{inst}"}}[{w}]))')
 
         def graph_case(s: dict[str, str], bad: bool) -> list[tuple[str, str]]:
@@ -647,19 +639,49 @@ def alerts(spec: ClusterSpec) -> list[Alert]:
             case=graph_case,
             exp_labels=lambda s: _pick(s, ENGINE_BY),
             eval_time="20m",
+            extra_tests=lambda subjects: _graph_none_only_tests(subjects, passes),
         ))
+
+    # -- wedged engine: holds requests (running or queued) and generates no token. Tokens are
+    # counted per scheduler step by sglang:realtime_tokens_total{mode} (lazy: created by the
+    # first step), so an engine that wedged before its first step has no series at all.
+    tokens = SGLANG["realtime_tokens"]
+    ww = _wedge_window(spec)
+    held = f'sum by ({by}) ({SGLANG["running"]}) + sum by ({by}) ({SGLANG["waiting"]})'
+    stepping = f"sum by ({by}) (rate({tokens}[{ww}])) > 0"
+    out.append(Alert(
+        name="PdkitEngineWedged",
+        expr=f"({held}) > 0\nunless on ({by})\n({stepping})",
+        value=f"{held}",
+        for_=WEDGED_FOR, severity="critical",
+        summary="Engine {{ $labels.instance }} holds requests and generates no tokens",
+        description=(
+            "Engine {{ $labels.instance }} ({{ $labels.role }}) has had requests running or queued for "
+            f"{WEDGED_FOR} while its scheduler generated no token over the last {ww} "
+            "(sglang:realtime_tokens_total did not move): its HTTP server answers, the scheduler does not step. "
+            "Clients wait until their timeout; the router keeps routing to it while /health answers.\n"
+            "What to do: `journalctl -u pdkit-engine-{{ $labels.engine }} -n 300` on {{ $labels.node }} (the "
+            "last Prefill/Decode batch line, NCCL or NIXL errors); `py-spy dump --pid <scheduler pid>` shows "
+            "where it hangs. Restart the engine (`systemctl restart pdkit-engine-{{ $labels.engine }}`, or the "
+            "deploy). The seeds hit this with the overlap schedule: consider --disable-overlap-schedule."),
+        subjects=tuple({**t.labels, "model_name": model_of[t.labels["instance"]]} for t in engines),
+        case=lambda s, bad: _wedge_case(s, bad),
+        exp_labels=lambda s: _pick(s, ENGINE_BY),
+        eval_time="20m",
+        extra_tests=lambda subjects: _wedge_extra_tests(subjects),
+    ))
 
     # -- TTFT p99 over the SLO (user-facing TTFT: decode and unified engines)
     slo = mon.ttft_p99_slo_s
     ttft = (f'histogram_quantile(0.99, sum by ({by}, le) '
-            f'(rate({SGLANG["ttft_bucket"]}{{role=~"decode|unified"}}[{w}])))')
+            f'(rate({SGLANG["ttft"]}_bucket{{role=~"decode|unified"}}[{w}])))')
     ttft_engines = [t for t in engines if t.labels["role"] in ("decode", "unified")]
 
     def ttft_case(s: dict[str, str], bad: bool) -> list[tuple[str, str]]:
         base = {"job": JOB_ENGINE, **_pick(s, ENGINE_BY), "engine_type": s["role"], "model_name": s["model_name"]}
         # all observations in (slo, 2 slo] -> p99 ~ 1.99 slo; in (slo/2, slo] -> p99 ~ 0.995 slo
         counts = {slo / 2: "0x30", slo: "0x30" if bad else "0+10x30", slo * 2: "0+10x30", "+Inf": "0+10x30"}
-        return [(_series(SGLANG["ttft_bucket"], {**base, "le": le if isinstance(le, str) else _num(le)}), v)
+        return [(_series(SGLANG["ttft"] + "_bucket", {**base, "le": le if isinstance(le, str) else _num(le)}), v)
                 for le, v in counts.items()]
 
     if ttft_engines:
@@ -683,6 +705,7 @@ def alerts(spec: ClusterSpec) -> list[Alert]:
             eval_time="20m",
             decoys=tuple({**t.labels, "model_name": model_of[t.labels["instance"]]}
                          for t in engines if t.labels["role"] == "prefill"),
+            absent_ok=(SGLANG["ttft"],),
         ))
 
     # -- exporter: flags drift and NCCL/UCX env
@@ -753,40 +776,47 @@ def _expand(text: str, labels: dict[str, str]) -> str:
 
 
 def rule_tests(spec: ClusterSpec, rules_file: str = "pdkit.yml") -> str:
-    """A `promtool test rules` file: for every alert, one firing case per subject (each engine,
-    worker or target the spec declares) and one case where every subject is healthy."""
+    """A `promtool test rules` file. Per alert, three tests over every subject (each engine, worker
+    or target the spec declares), so the file grows linearly with the cluster: every subject bad
+    at once (each fires, with its own labels and annotations); only the first bad (it alone
+    fires: no cross-talk through an aggregation); every subject healthy (nothing fires, decoys
+    included). Then the alert's own extra tests (shapes one case per subject cannot say)."""
     tests = []
     for a in alerts(spec):
         assert a.case is not None and a.exp_labels is not None
         if not a.subjects:
             continue
-        for i, bad in enumerate(a.subjects):
+
+        def expected(s: dict[str, str], a: Alert = a) -> dict:
+            exp = {**a.exp_labels(s), "severity": a.severity}
+            return {"exp_labels": dict(sorted(exp.items())),
+                    "exp_annotations": {"summary": _expand(a.summary, exp), "description": _expand(a.description, exp)}}
+
+        def case_test(name: str, bad: list[dict[str, str]], decoys: bool, a: Alert = a) -> dict:
             series = []
             for s in a.subjects:
-                series += a.case(s, s is bad)
-            exp = {**a.exp_labels(bad), "severity": a.severity}
-            ann = {"summary": _expand(a.summary, exp), "description": _expand(a.description, exp)}
-            tests.append({
-                "name": f"{a.name} fires for {_subject_name(bad)}",
-                "interval": "1m",
-                "input_series": [{"series": s, "values": v} for s, v in series],
-                "alert_rule_test": [
-                    {"eval_time": a.eval_time, "alertname": a.name,
-                     "exp_alerts": [{"exp_labels": dict(sorted(exp.items())), "exp_annotations": ann}]},
-                ],
-            })
-        series = []
-        for s in a.subjects:
-            series += a.case(s, False)
-        for d in a.decoys:
-            series += a.case(d, True)
-        tests.append({
-            "name": f"{a.name} stays quiet while every subject is healthy"
-                    + (" (and ignores the prefill side)" if a.decoys else ""),
-            "interval": "1m",
-            "input_series": [{"series": s, "values": v} for s, v in series],
-            "alert_rule_test": [{"eval_time": a.eval_time, "alertname": a.name, "exp_alerts": []}],
-        })
+                series += a.case(s, any(s is b for b in bad))
+            if decoys:
+                for d in a.decoys:
+                    series += a.case(d, True)
+            return {"name": name, "interval": "1m",
+                    "input_series": [{"series": s, "values": v} for s, v in series],
+                    "alert_rule_test": [{"eval_time": a.eval_time, "alertname": a.name,
+                                         "exp_alerts": [expected(b) for b in bad]}]}
+
+        first = a.subjects[0]
+        if len(a.subjects) > 1:
+            tests.append(case_test(f"{a.name} fires for every subject at once", list(a.subjects), False))
+        tests.append(case_test(f"{a.name} fires for {_subject_name(first)} alone", [first], False))
+        tests.append(case_test(f"{a.name} stays quiet while every subject is healthy"
+                               + (" (and ignores the prefill side)" if a.decoys else ""), [], True))
+        if a.extra_tests is not None:
+            for t in a.extra_tests(a.subjects):
+                for check in t["alert_rule_test"]:
+                    for e in check["exp_alerts"]:
+                        e["exp_annotations"] = {"summary": _expand(a.summary, e["exp_labels"]),
+                                                "description": _expand(a.description, e["exp_labels"])}
+                tests.append(t)
     doc = {"rule_files": [rules_file], "evaluation_interval": "1m", "tests": tests}
     return "# Generated by pdkit: `promtool test rules` cases for every alert.\n" + to_yaml(doc)
 
@@ -995,6 +1025,12 @@ def _q(quantile: float, bucket: str, roles: str) -> str:
     return (f'histogram_quantile({quantile}, sum by (le) (rate({bucket}{{role=~"{roles}", {F}}}[{RATE}])))')
 
 
+def _hist_mean(name: str, matchers: str) -> str:
+    """Mean observation of a histogram per engine over the rate interval."""
+    return (f'sum by (instance) (rate({name}_sum{{{matchers}}}[{RATE}])) / '
+            f'sum by (instance) (rate({name}_count{{{matchers}}}[{RATE}]))')
+
+
 def _overview(spec: ClusterSpec) -> dict:
     slo = _monitoring(spec).ttft_p99_slo_s
     S = SGLANG
@@ -1026,18 +1062,18 @@ def _overview(spec: ClusterSpec) -> dict:
            description="HTTP responses of the router by status code (5xx: no worker, or a worker failed)."),
         _row("Latency"),
         _P("TTFT p50 / p99", [
-            _Q(_q(0.5, S["ttft_bucket"], "decode|unified"), "p50"),
-            _Q(_q(0.99, S["ttft_bucket"], "decode|unified"), "p99")], unit="s", threshold=slo,
+            _Q(_q(0.5, S["ttft"] + "_bucket", "decode|unified"), "p50"),
+            _Q(_q(0.99, S["ttft"] + "_bucket", "decode|unified"), "p99")], unit="s", threshold=slo,
            description=f"Time to first token as the client sees it (decode side; includes prefill and KV "
                        f"transfer in PD mode). The red line is the SLO, pdkit_monitoring.ttft_p99_slo_s = "
                        f"{_fmt(slo)} s."),
         _P("ITL p50 / p99", [
-            _Q(_q(0.5, S["itl_bucket"], "decode|unified"), "p50"),
-            _Q(_q(0.99, S["itl_bucket"], "decode|unified"), "p99")], unit="s",
+            _Q(_q(0.5, S["itl"] + "_bucket", "decode|unified"), "p50"),
+            _Q(_q(0.99, S["itl"] + "_bucket", "decode|unified"), "p99")], unit="s",
            description="Inter-token latency on decode engines."),
         _P("End-to-end latency p50 / p99", [
-            _Q(_q(0.5, S["e2e_bucket"], "decode|unified"), "p50"),
-            _Q(_q(0.99, S["e2e_bucket"], "decode|unified"), "p99")], unit="s"),
+            _Q(_q(0.5, S["e2e"] + "_bucket", "decode|unified"), "p50"),
+            _Q(_q(0.99, S["e2e"] + "_bucket", "decode|unified"), "p99")], unit="s"),
         _row("Load"),
         _P("Waiting requests per role", [_Q(f'sum by (role) ({S["waiting"]}{{{F}}})', "{{role}}")],
            description="Requests queued inside the engines (alert PdkitQueueGrowing)."),
@@ -1052,22 +1088,20 @@ def _overview(spec: ClusterSpec) -> dict:
                       dashboard_variables(spec), "Throughput, latency and load of the whole cluster.")
 
 
-def _failure_queries(spec: ClusterSpec, matchers: str) -> list[_Q]:
-    """Engine-side failure counters where the SGLang version has them, the router's view elsewhere."""
+def _lazy0(agg: str, by: str, matchers: str) -> str:
+    """`agg` (a sum by (by) over a lazily created series), or 0 for every engine that has none yet."""
+    return f'{agg} or sum by ({by}) (up{{job="{JOB_ENGINE}", {matchers}}}) * 0'
+
+
+def _failure_queries(matchers: str) -> list[_Q]:
+    """The engines' own failure counters (lazy: 0 until an engine's first failure)."""
     S = SGLANG
-    counted = counted_instances(spec)
-    pd = [engine_instance(h, e.name) for h, e in spec.engines() if e.role in ("prefill", "decode")]
-    queries = []
-    if any(i in counted for i in pd):
-        queries += [
-            _Q(f'sum by (instance) (increase({S["transfer_failed"]}{{{matchers}}}[{RATE}]))', "{{instance}} transfer"),
-            _Q(f'sum by (instance) (increase({S["bootstrap_failed"]}{{{matchers}}}[{RATE}]))', "{{instance}} bootstrap"),
-        ]
-    uncounted = [i for i in pd if i not in counted]
-    if uncounted:
-        queries.append(_Q(f'sum by (worker_instance) (increase({ROUTER["worker_outcomes"]}{{outcome="failure", '
-                          f'worker_instance=~"{promql_regex(uncounted)}"}}[{RATE}]))', "{{worker_instance}} (router)"))
-    return queries
+    return [
+        _Q(_lazy0(f'sum by (instance) (increase({S["transfer_failed"]}{{{matchers}}}[{RATE}]))', "instance", matchers),
+           "{{instance}} transfer"),
+        _Q(_lazy0(f'sum by (instance) (increase({S["bootstrap_failed"]}{{{matchers}}}[{RATE}]))', "instance", matchers),
+           "{{instance}} bootstrap"),
+    ]
 
 
 def _pd(spec: ClusterSpec) -> dict:
@@ -1088,15 +1122,22 @@ def _pd(spec: ClusterSpec) -> dict:
         _P("Decode transfer queue", [_Q(f'sum by (instance) ({S["decode_transfer_queue"]}{{{dc}}})', "{{instance}}")],
            description="Requests whose KV is arriving from prefill."),
         _row("KV transfer"),
-        _P("KV transfer speed", [_Q(f'max by (instance) ({S["kv_transfer_speed"]}{{{pdm}}})', "{{instance}}")],
-           unit="GBs", description="Per-request KV transfer speed as SGLang reports it (page size 1 splits a "
-                                   "transfer into many small pieces: a PD lever)."),
-        _P("KV transfer latency", [_Q(f'max by (instance) ({S["kv_transfer_latency"]}{{{pdm}}})', "{{instance}}")],
-           unit="ms"),
-        _P("Transfer and bootstrap failures", _failure_queries(spec, pdm),
-           threshold=1, description="Failed requests per interval (alerts PdkitKvTransferFailures, "
-                                    "PdkitBootstrapFailures; PdkitPdRequestFailures for engines whose SGLang "
-                                    "version has no failure counters, as the router sees them)."),
+        # histograms observed per transfer by the prefill side; no data until its first transfer
+        _P("KV transfer speed (mean per transfer)", [
+            _Q(_hist_mean(S["kv_transfer_speed"], pdm), "{{instance}}")],
+           unit="GBs", description="Mean KV transfer speed per transfer over the interval, from SGLang's "
+                                   "sglang:kv_transfer_speed_gb_s histogram (rate of _sum / rate of _count; page "
+                                   "size 1 splits a transfer into many small pieces: a PD lever)."),
+        _P("KV transfer latency mean / p99", [
+            _Q(_hist_mean(S["kv_transfer_latency"], pdm), "{{instance}} mean"),
+            _Q(f'histogram_quantile(0.99, sum by (instance, le) (rate({S["kv_transfer_latency"]}_bucket{{{pdm}}}'
+               f'[{RATE}])))', "{{instance}} p99")], unit="ms"),
+        _P("KV transferred per request (mean)", [_Q(_hist_mean(S["kv_transfer_total"], pdm), "{{instance}}")],
+           unit="decmbytes"),
+        _P("Transfer and bootstrap failures", _failure_queries(pdm),
+           threshold=1, description="Failed requests per interval, from the engines' own counters (created by "
+                                    "an engine's first failure: 0 until then; alerts PdkitKvTransferFailures, "
+                                    "PdkitBootstrapFailures)."),
         _row("Router"),
         _P("Router worker health", [_Q(ROUTER["worker_health"], "{{worker_instance}} ({{worker_role}})")],
            min=0, max=1, description="1 healthy, 0 unhealthy (alert PdkitRouterWorkerUnhealthy)."),
@@ -1240,79 +1281,22 @@ def all_promql(spec: ClusterSpec) -> list[tuple[str, str]]:
 
 
 # ---------------------------------------------------------------------------
-# A small deterministic YAML writer (block style; strings double-quoted as JSON, which YAML
-# reads the same, or as literal blocks when they span lines)
+# YAML: PyYAML's safe dumper (block style, keys in the order given; strings that span lines as
+# literal blocks so the rules read like hand-written ones)
 
-_PLAIN_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    if "\n" in value:
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|")
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value)
+
+
+_Dumper.add_representer(str, _str)
 
 
 def to_yaml(obj: object) -> str:
-    lines: list[str] = []
-    _emit(obj, 0, lines)
-    return "\n".join(lines) + "\n"
-
-
-def _key(k: str) -> str:
-    return k if _PLAIN_KEY.match(k) and k not in ("true", "false", "null", "yes", "no", "on", "off") else json.dumps(k)
-
-
-def _block_ok(s: str) -> bool:
-    return ("\n" in s and not s.endswith("\n") and not s.startswith((" ", "\n")) and "\r" not in s
-            and "\t" not in s and all(line == line.rstrip() for line in s.split("\n")))
-
-
-def _scalar(v: object) -> str:
-    if v is None:
-        return "null"
-    if v is True:
-        return "true"
-    if v is False:
-        return "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, str):
-        if '"' in v and "'" not in v and v.isprintable():
-            return "'" + v + "'"  # PromQL reads better without escaped quotes
-        return json.dumps(v, ensure_ascii=False)
-    raise TypeError(f"cannot write {type(v).__name__} as YAML")
-
-
-def _emit(obj: object, indent: int, lines: list[str]) -> None:
-    pad = " " * indent
-    if isinstance(obj, dict):
-        if not obj:
-            lines.append(pad + "{}")
-        for k, v in obj.items():
-            _emit_entry(pad + _key(str(k)) + ":", v, indent, lines)
-    elif isinstance(obj, list):
-        if not obj:
-            lines.append(pad + "[]")
-        for item in obj:
-            if isinstance(item, dict) and item:
-                sub: list[str] = []
-                _emit(item, indent + 2, sub)
-                sub[0] = pad + "- " + sub[0][indent + 2:]
-                lines.extend(sub)
-            elif isinstance(item, list) and item:
-                lines.append(pad + "-")
-                _emit(item, indent + 2, lines)
-            else:
-                _emit_entry(pad + "-", item, indent, lines)
-    else:
-        lines.append(pad + _scalar(obj))
-
-
-def _emit_entry(head: str, v: object, indent: int, lines: list[str]) -> None:
-    if isinstance(v, (dict, list)) and v:
-        lines.append(head)
-        _emit(v, indent + 2, lines)
-    elif isinstance(v, dict):
-        lines.append(head + " {}")
-    elif isinstance(v, list):
-        lines.append(head + " []")
-    elif isinstance(v, str) and _block_ok(v):
-        lines.append(head + " |-")
-        inner = " " * (indent + 2)
-        lines.extend((inner + line) if line else "" for line in v.split("\n"))
-    else:
-        lines.append(head + " " + _scalar(v))
+    return yaml.dump(obj, Dumper=_Dumper, sort_keys=False, default_flow_style=False, allow_unicode=True, width=4096)

@@ -29,6 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+# DRAIN_GAUGES: engine gauges that must all read 0 before an engine may restart (running requests, PD queues)
+from pdkit.metricnames import DRAIN_GAUGES, FAILURE_COUNTERS, ROUTER
+
 if TYPE_CHECKING:
     from pdkit.plan import HostPlan
     from pdkit.spec import ClusterSpec
@@ -38,17 +41,6 @@ DEPLOY_FILE = "deploy/pd.py"
 EXIT_FAILED = 1
 CONNECT_ATTEMPTS = 3
 EXIT_INVALID = 2
-# engine gauges that must all read 0 before an engine may restart (running requests and PD queues)
-DRAIN_GAUGES = (
-    "sglang:num_running_reqs",
-    "sglang:num_queue_reqs",
-    "sglang:num_prefill_bootstrap_queue_reqs",
-    "sglang:num_prefill_prealloc_queue_reqs",
-    "sglang:num_prefill_inflight_queue_reqs",
-    "sglang:num_decode_prealloc_queue_reqs",
-    "sglang:num_decode_transfer_queue_reqs",
-)
-FAILURE_COUNTERS = ("sglang:num_transfer_failed_reqs_total", "sglang:num_bootstrap_failed_reqs_total")
 # a smoke completion's length: 2 tokens take the whole PD path (prefill, KV transfer, one decode step)
 SMOKE_MAX_TOKENS = 2
 # How long a router keeps a worker `draining` after the roll removes it. 0: the roll drains by
@@ -598,7 +590,7 @@ class Roller:
         out = {}
         for family in text_string_to_metric_families(body):
             for sample in family.samples:
-                if sample.name == "smg_worker_cb_state" and "worker" in sample.labels:
+                if sample.name == ROUTER["worker_cb_state"] and "worker" in sample.labels:
                     out[sample.labels["worker"].rstrip("/")] = sample.value
         return out
 

@@ -23,10 +23,6 @@ class SglangRelease:
     has_pcie_ipc_allreduce: bool
     # The router package that pairs with this release on a GPU node's Python.
     default_router: tuple[str, str]
-    # sglang:num_bootstrap_failed_reqs_total / num_transfer_failed_reqs_total exist (0.5.23); 0.5.17
-    # exports neither (seen on the GPU tier), so monitoring falls back to the router's per-worker
-    # circuit-breaker failures for its engines.
-    pd_failure_counters: bool = True
 
 
 # Every flag, alias and choice of a release's parser (and the speculative algorithm names) is
@@ -37,7 +33,6 @@ SGLANG_RELEASES: dict[str, SglangRelease] = {
         per_phase_cuda_graph_flags=True,
         has_pcie_ipc_allreduce=False,
         default_router=("sglang-router", "0.3.2"),
-        pd_failure_counters=False,
     ),
     "0.5.23": SglangRelease(
         version="0.5.23",

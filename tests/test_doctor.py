@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -282,29 +283,52 @@ def test_kv_transfers_fail_on_failures_in_the_window_and_warn_on_old_ones():
     assert_verdict(check_kv_transfers(obs), WARN, "2 KV hand-off failure(s) since the engine started")
 
 
-def test_kv_transfers_warn_not_measurable_without_the_counters():
-    obs = observe("lab_base", "decode")
-    for n, sample in ((1, obs.first), (2, obs.second)):
-        sample.figures = parse_metrics(_without_failure_counters((DATA / "lab_base" / f"decode.metrics{n}.txt").read_text()))
-    obs.server_info["version"] = "0.5.17"
-    assert_verdict(check_kv_transfers(obs), WARN, "not measurable on this version", "SGLang 0.5.17", "smg_worker_cb_outcomes_total")
+REAL = Path(__file__).parent / "fixtures" / "sglang-0.5.17-h200-pd-one-gpu"
 
 
-def test_kv_transfers_on_old_versions_take_the_router_s_failed_requests():
-    obs = observe("lab_base", "decode")
-    for n, sample in ((1, obs.first), (2, obs.second)):
-        sample.figures = parse_metrics(_without_failure_counters((DATA / "lab_base" / f"decode.metrics{n}.txt").read_text()))
+def observe_real(before: str, after: str, engine: str = "decode") -> EngineObservation:
+    """An observation from two pages of a real SGLang 0.5.17 engine (recorded on an H200)."""
+    obs = observe("lab_base", engine)
     obs.server_info["version"] = "0.5.17"
-    seen = router_outcomes((DATA / "lab_base" / "router_metrics.txt").read_text())
-    routers = [RouterObservation("lab-gpu1", "http://10.223.0.11:8000", (), outcomes_first=seen, outcomes_second=seen)]
-    outcomes = worker_outcomes(routers, obs.plan.url + "/")
-    assert outcomes is not None and outcomes.second["success"] > 0 and outcomes.second.get("failure", 0) == 0
-    assert_verdict(check_kv_transfers(obs, outcomes), WARN, "not measurable on this version",
-                   f"recorded 0 failed and {outcomes.second['success']:.0f} successful requests")
-    failing = WorkerOutcomes("lab-gpu1", outcomes.first, {**outcomes.second, "failure": 3.0})
-    assert_verdict(check_kv_transfers(obs, failing), FAIL, "recorded 3 failed request(s) to this worker in the last 3 s", "journals")
-    # the engine's own counters, where they exist, win over the router's
-    assert check_kv_transfers(observe("lab_base", "decode"), failing).status == PASS
+    obs.first = Sample(0.0, parse_metrics(before))
+    obs.second = Sample(WINDOW_S, parse_metrics(after))
+    return obs
+
+
+def test_kv_transfers_pass_on_a_healthy_real_engine_without_failure_counters():
+    """Real 0.5.17 pages: the failure counters do not exist until the first failure; that is zero failures."""
+    before = (REAL / "metrics-base-before-decode.txt").read_text()
+    after = (REAL / "metrics-base-after-decode.txt").read_text()
+    assert "num_transfer_failed_reqs_total" not in after
+    assert_verdict(check_kv_transfers(observe_real(before, after)), PASS, "no failures")
+
+
+def test_kv_transfers_fail_on_the_first_failure_of_a_real_engine():
+    before = (REAL / "metrics-base-before-decode.txt").read_text()
+    after = (REAL / "metrics-base-after-decode.txt").read_text() + (
+        'sglang:num_transfer_failed_reqs_total{engine_type="decode",model_name="pdkit-llama-0.9b",moe_ep_rank="0",'
+        'pp_rank="0",tp_rank="0"} 1.0\n')
+    assert_verdict(check_kv_transfers(observe_real(before, after)), FAIL, "1 transfer")
+
+
+def _wedged(text: str) -> str:
+    """A real page with requests held (the scheduler stopped stepping with 3 running, 2 queued)."""
+    return re.sub(r"^(sglang:num_running_reqs\{[^}]*\}) .*$", r"\1 3.0",
+                  re.sub(r"^(sglang:num_queue_reqs\{[^}]*\}) .*$", r"\1 2.0", text, flags=re.M), flags=re.M)
+
+
+def test_queues_fail_a_wedged_real_engine():
+    """The same real page twice (nothing moved) with requests held: wedged. Before/after load: PASS."""
+    page = _wedged((REAL / "metrics-base-after-decode.txt").read_text())
+    obs = observe_real(page, page)
+    assert_verdict(check_queues(obs), FAIL, "wedged", "systemctl restart pdkit-engine-decode", "PdkitEngineWedged")
+    healthy = observe_real((REAL / "metrics-base-before-decode.txt").read_text(),
+                           (REAL / "metrics-base-after-decode.txt").read_text())
+    assert check_queues(healthy).status == PASS
+    moving = observe_real(page, _wedged((REAL / "metrics-base-after-decode.txt").read_text().replace(
+        'mode="decode_cuda_graph",model_name="pdkit-llama-0.9b",moe_ep_rank="0",pp_rank="0",tp_rank="0"} 7765.0',
+        'mode="decode_cuda_graph",model_name="pdkit-llama-0.9b",moe_ep_rank="0",pp_rank="0",tp_rank="0"} 7800.0')))
+    assert check_queues(moving).status == PASS
 
 
 def test_kv_transfers_warn_without_any_hand_off():

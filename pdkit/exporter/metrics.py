@@ -19,27 +19,28 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from pdkit.metricnames import SGLANG
+
 # Labels whose values name a replica of the same figure (collapsed with max, never summed).
 REPLICA_LABELS = frozenset({"tp_rank", "pp_rank", "moe_ep_rank", "attn_tp_rank", "attn_dp_rank", "attn_cp_rank"})
 
-# sample name -> (section, key). Section None: a top-level figure.
+# sample name -> (section, key). Section None: a top-level figure. Names: pdkit.metricnames.
 _SAMPLES: dict[str, tuple[str | None, str]] = {
-    "sglang:num_running_reqs": (None, "running_requests"),
-    "sglang:num_queue_reqs": (None, "queued_requests"),
-    "sglang:token_usage": (None, "token_usage"),
-    "sglang:gen_throughput": (None, "gen_throughput"),
-    "sglang:prompt_tokens_total": (None, "prompt_tokens"),
-    "sglang:generation_tokens_total": (None, "generation_tokens"),
-    "sglang:num_prefill_bootstrap_queue_reqs": ("pd_queues", "bootstrap"),
-    # newer SGLang names the prefill bootstrap queue "prealloc"; used only when the old name is absent
-    "sglang:num_prefill_prealloc_queue_reqs": ("pd_queues", "_bootstrap_new_name"),
-    "sglang:num_prefill_inflight_queue_reqs": ("pd_queues", "inflight"),
-    "sglang:num_decode_prealloc_queue_reqs": ("pd_queues", "prealloc"),
-    "sglang:num_decode_transfer_queue_reqs": ("pd_queues", "transfer"),
-    "sglang:num_bootstrap_failed_reqs_total": ("kv_transfer_failures", "bootstrap"),
-    "sglang:num_transfer_failed_reqs_total": ("kv_transfer_failures", "transfer"),
+    SGLANG["running"]: (None, "running_requests"),
+    SGLANG["waiting"]: (None, "queued_requests"),
+    SGLANG["token_usage"]: (None, "token_usage"),
+    SGLANG["gen_throughput"]: (None, "gen_throughput"),
+    SGLANG["prompt_tokens"]: (None, "prompt_tokens"),
+    SGLANG["generation_tokens"]: (None, "generation_tokens"),
+    SGLANG["prefill_bootstrap_queue"]: ("pd_queues", "bootstrap"),
+    SGLANG["prefill_inflight_queue"]: ("pd_queues", "inflight"),
+    SGLANG["decode_prealloc_queue"]: ("pd_queues", "prealloc"),
+    SGLANG["decode_transfer_queue"]: ("pd_queues", "transfer"),
+    # absent until the engine's first failure (both releases): no key in the section then
+    SGLANG["bootstrap_failed"]: ("kv_transfer_failures", "bootstrap"),
+    SGLANG["transfer_failed"]: ("kv_transfer_failures", "transfer"),
     # key taken from the `mode` label: decode_cuda_graph | decode_none | prefill_cuda_graph | prefill_none
-    "sglang:cuda_graph_passes_total": ("cuda_graph_passes", ""),
+    SGLANG["cuda_graph_passes"]: ("cuda_graph_passes", ""),
 }
 SECTIONS = ("pd_queues", "kv_transfer_failures", "cuda_graph_passes")
 _PREFIXES = tuple(sorted(_SAMPLES))
@@ -87,10 +88,6 @@ def parse_metrics(text: str) -> dict[str, Any]:
     for (section, key, _), value in collapsed.items():
         holder = out if section is None else out[section]
         holder[key] = holder.get(key, 0.0) + value
-    queues = out["pd_queues"]
-    new_name = queues.pop("_bootstrap_new_name", None)
-    if "bootstrap" not in queues and new_name is not None:
-        queues["bootstrap"] = new_name
     return out
 
 

@@ -57,6 +57,7 @@ EXPOSED_NAMES = (
     "sglang:num_bootstrap_failed_reqs_total",
     "sglang:num_transfer_failed_reqs_total",
     "sglang:cuda_graph_passes_total",
+    "sglang:realtime_tokens_total",
     "sglang:queue_time_seconds",
     "sglang:prompt_tokens_total",
     "sglang:generation_tokens_total",
@@ -121,6 +122,13 @@ class SimMetrics:
             for mode in CUDA_GRAPH_MODES
         }
 
+        # SGLang's per-step token counter (SchedulerMetricsCollector.increment_realtime_tokens): one child
+        # per mode, created on the first step that computes such tokens (lazy, as in the catalogue)
+        self._realtime_tokens = Counter("sglang:realtime_tokens", "Total number of tokens processed (updated on "
+                                        "each log interval).", SCHEDULER_LABELS + ("mode",), registry=r)
+        self._rank0 = rank0
+        self._realtime_children: dict[str, Counter] = {}
+
         self.prompt_tokens = Counter("sglang:prompt_tokens", "Number of prefill tokens processed.",
                                      REQUEST_LABELS, registry=r).labels(**req)
         self.generation_tokens = Counter("sglang:generation_tokens", "Number of generation tokens processed.",
@@ -142,6 +150,14 @@ class SimMetrics:
     def count_pass(self, mode: str, passes: int = 1) -> None:
         for child in self.cuda_graph_passes[mode]:
             child.inc(passes)
+
+    def count_tokens(self, mode: str, tokens: int) -> None:
+        if tokens <= 0:
+            return
+        child = self._realtime_children.get(mode)
+        if child is None:
+            child = self._realtime_children[mode] = self._realtime_tokens.labels(**self._rank0, mode=mode)
+        child.inc(tokens)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

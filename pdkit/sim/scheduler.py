@@ -189,6 +189,7 @@ class Scheduler:
         graph = prefill_uses_cuda_graph(self.plan, new_tokens)
         passes = prefill_passes(new_tokens, self.args.chunked_prefill_size)
         self.metrics.count_pass("prefill_cuda_graph" if graph else "prefill_none", passes)
+        self.metrics.count_tokens("prefill_compute", new_tokens)
         self._log_prefill(batch, new_tokens, graph)
         await asyncio.sleep(prefill_step_seconds(self.knobs, new_tokens))
         now = time.perf_counter()
@@ -218,6 +219,7 @@ class Scheduler:
         await asyncio.sleep(decode_step_seconds(self.knobs, batch, graph))
         now = time.perf_counter()
         self.metrics.count_pass("decode_cuda_graph" if graph else "decode_none")
+        self.metrics.count_tokens("decode", batch)
         self.metrics.is_cuda_graph.set(1 if graph else 0)
         observe_itl = self.metrics.inter_token_latency.observe
         still_running = []

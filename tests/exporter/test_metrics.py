@@ -93,17 +93,18 @@ sglang:time_to_first_token_seconds_sum{model_name="m"} 0.3
 def test_replicas_collapse_and_dp_ranks_add():
     got = parse_metrics(SGLANG_TP4_DP2)
     assert got["running_requests"] == 3 + 5
-    assert got["pd_queues"] == {"bootstrap": 8}  # new name used when the old one is absent
+    # no pinned release exports a "prealloc" name for the prefill bootstrap queue (the catalogue): ignored
+    assert got["pd_queues"] == {}
     assert got["kv_transfer_failures"] == {"transfer": 2}  # NaN skipped
     assert got["cuda_graph_passes"] == {"prefill_cuda_graph": 90, "prefill_none": 10}
     assert decode_cuda_graph_ratio(got["cuda_graph_passes"]) is None
     assert "queued_requests" not in got and "prompt_tokens" not in got
 
 
-def test_old_bootstrap_name_wins_over_the_new_one():
+def test_the_bootstrap_queue_is_read_under_sglangs_name():
     text = (
         'sglang:num_prefill_bootstrap_queue_reqs{tp_rank="0"} 4\n'
-        'sglang:num_prefill_prealloc_queue_reqs{tp_rank="0"} 4\n'
+        'sglang:num_prefill_prealloc_queue_reqs{tp_rank="0"} 9\n'
     )
     assert parse_metrics(text)["pd_queues"] == {"bootstrap": 4}
 

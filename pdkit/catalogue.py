@@ -1,0 +1,220 @@
+"""The metric catalogue: what each pinned SGLang release and router really export.
+
+Generated, never written by hand (`python -m pdkit.catalogue` rewrites it; CI reruns the
+generator and fails on any difference, tests/test_catalogue.py):
+
+- SGLang: `pdkit/contract/sglang_metrics.py`, run in each release's contract virtualenv
+  (.ci/contract-env.sh), constructs the release's own SchedulerMetricsCollector and
+  TokenizerMetricsCollector (sglang/srt/observability/metrics_collector.py) with the labels
+  SGLang builds for them and reads prometheus_client's registry: per family its type, label
+  names, buckets, and whether its child exists once the engine has logged its stats
+  (`eager`) or only after the first event that touches it (`lazy`: failure counters,
+  cuda_graph_passes_total per mode, the request counters and histograms).
+- Routers: the real binary of smg 1.13.0 (its contract virtualenv) started on loopback in PD mode in front of two sim engines;
+  its /metrics is read once its workers are registered (before any request) and again after
+  requests went through it. A family seen before is `eager`, one that appears only after is
+  `lazy`. Rust's metrics crate creates a series on its first record, so this is the only
+  source for a router's families: its definitions are spread over the binary. sglang-router
+  0.3.2 from the real pages recorded from its binary (RECORDED_ROUTER_PAGES).
+
+The catalogue is data (pdkit/data/metric_catalogue.json); pdkit.metricnames holds the names
+the kit reads and tests/test_metric_queries.py checks every query against this file.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+CATALOGUE_PATH = Path(__file__).parent / "data" / "metric_catalogue.json"
+SGLANG_VERSIONS = ("0.5.17", "0.5.23")
+ROUTERS = (("smg", "1.13.0"), ("sglang-router", "0.3.2"))
+
+# prometheus_client's multiprocess collector (SGLang runs with PROMETHEUS_MULTIPROC_DIR) keeps a
+# `pid` label on gauges whose multiprocess_mode keeps one series per process
+PID_GAUGE_MODES = ("all", "liveall")
+
+
+@functools.cache
+def catalogue() -> dict[str, Any]:
+    return json.loads(CATALOGUE_PATH.read_text())
+
+
+def sglang_families(version: str) -> dict[str, dict]:
+    """{family name as on /metrics (counters with _total): {type, labels, eager, ...}}."""
+    return catalogue()["sglang"][version]["families"]
+
+
+def router_families(package: str, version: str) -> dict[str, dict]:
+    return catalogue()["routers"][f"{package}-{version}"]["families"]
+
+
+def log_formats(version: str) -> dict[str, str]:
+    return catalogue()["sglang"][version]["log_formats"]
+
+
+def series_names(name: str, kind: str) -> tuple[str, ...]:
+    """The sample names one family puts on /metrics."""
+    if kind == "histogram":
+        return (f"{name}_bucket", f"{name}_sum", f"{name}_count")
+    if kind == "summary":
+        return (name, f"{name}_sum", f"{name}_count")
+    return (name,)
+
+
+# ---------------------------------------------------------------------------------- generator
+
+
+def _sglang(version: str) -> dict:
+    from pdkit.contract import env_python
+
+    py = env_python(f"sglang-{version}")
+    script = Path(__file__).parent / "contract" / "sglang_metrics.py"
+    out = subprocess.run([str(py), str(script)], capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    if out.returncode != 0:
+        raise RuntimeError(f"sglang_metrics.py in sglang-{version} failed:\n{out.stderr[-3000:]}")
+    reply = json.loads(out.stdout)
+    if reply["version"] != version:
+        raise RuntimeError(f"the sglang-{version} env holds sglang {reply['version']}")
+    families = {}
+    for name, f in reply["families"].items():
+        labels = list(f["labels"])
+        if f["type"] == "gauge" and f.get("multiprocess_mode") in PID_GAUGE_MODES:
+            labels = sorted(labels + ["pid"])
+        families[name] = {"type": f["type"], "labels": labels, "eager": f["eager"],
+                          "collector": f["collector"], **({"buckets": f["buckets"]} if "buckets" in f else {})}
+    return {"source": "sglang/srt/observability/metrics_collector.py (SchedulerMetricsCollector, "
+                      "TokenizerMetricsCollector) of the sglang wheel, constructed in its contract env",
+            "scheduler_labels": reply["scheduler_labels"], "tokenizer_labels": reply["tokenizer_labels"],
+            "families": families, "log_formats": reply["log_formats"]}
+
+
+def _page_families(text: str) -> dict[str, dict]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        name = fam.name + ("_total" if fam.type == "counter" else "")
+        labels: set[str] = set()
+        for s in fam.samples:
+            labels |= set(s.labels) - {"le", "quantile"}
+        if fam.samples:
+            out[name] = {"type": fam.type, "labels": sorted(labels)}
+    return out
+
+
+def _router_command(package: str, version: str, ports: dict[str, int]) -> list[str]:
+    from pdkit.contract import env_python
+
+    py = env_python(f"{package}-{version}")
+    head = [str(py.parent / "smg"), "launch"] if package == "smg" else [str(py), "-m", "sglang_router.launch_router"]
+    return head + [
+        "--pd-disaggregation",
+        "--prefill", f"http://127.0.0.1:{ports['prefill']}", str(ports["bootstrap"]),
+        "--decode", f"http://127.0.0.1:{ports['decode']}",
+        "--host", "127.0.0.1", "--port", str(ports["router"]),
+        "--prometheus-host", "127.0.0.1", "--prometheus-port", str(ports["metrics"]),
+        "--worker-startup-check-interval", "1", "--health-check-interval-secs", "1",
+        "--log-level", "warn",
+    ]
+
+
+def _router(package: str, version: str) -> dict:
+    import requests
+
+    from pdkit.sim.localstack import (LocalProcess, free_ports, router_serves, router_workers_ready, sim_command,
+                                      wait_for)
+
+    names = ("prefill", "bootstrap", "decode", "router", "metrics")
+    ports = dict(zip(names, free_ports(len(names))))
+    procs: list[LocalProcess] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            for role in ("prefill", "decode"):
+                argv = sim_command(role, ports[role], ports["bootstrap"] if role == "prefill" else None)
+                procs.append(LocalProcess(role, argv, Path(tmp) / f"{role}.log").start())
+            for role in ("prefill", "decode"):
+                wait_for(lambda p=ports[role]: requests.get(f"http://127.0.0.1:{p}/health", timeout=2).ok,
+                         60, f"sim {role}", procs)
+            procs.append(LocalProcess("router", _router_command(package, version, ports),
+                                      Path(tmp) / "router.log").start())
+            url = f"http://127.0.0.1:{ports['router']}"
+            metrics = f"http://127.0.0.1:{ports['metrics']}/metrics"
+            wait_for(lambda: router_workers_ready(url), 180, f"{package} {version} workers", procs, interval=0.5)
+            time.sleep(2)  # a few health-check rounds
+            before = _page_families(requests.get(metrics, timeout=5).text)
+            for _ in range(3):
+                if not router_serves(url):
+                    raise RuntimeError(f"{package} {version}: a request through the router failed")
+            after = _page_families(requests.get(metrics, timeout=5).text)
+        finally:
+            for p in reversed(procs):
+                p.stop()
+    families = {name: {**f, "eager": name in before} for name, f in sorted(after.items())}
+    return {"source": f"live /metrics of the {package} {version} binary (contract env) in PD mode before and "
+                      "after requests", "families": families}
+
+
+# sglang-router 0.3.2 serves no /workers list before its workers are up and did not come up in front
+# of the sim on loopback; its families are read from the real pages recorded from the kit's
+# sglang-router 0.3.2 unit on an H200 (tests/fixtures/sglang-0.5.17-h200-pd-one-gpu, before and after
+# load), the same binary's own /metrics.
+RECORDED_ROUTER_PAGES = {
+    ("sglang-router", "0.3.2"): Path(__file__).resolve().parent.parent / "tests" / "fixtures"
+    / "sglang-0.5.17-h200-pd-one-gpu",
+}
+
+
+def _router_recorded(package: str, version: str) -> dict:
+    d = RECORDED_ROUTER_PAGES[(package, version)]
+    before: dict[str, dict] = {}
+    after: dict[str, dict] = {}
+    for phase in ("base", "nograph"):
+        before.update(_page_families((d / f"metrics-{phase}-before-router.txt").read_text()))
+        after.update(_page_families((d / f"metrics-{phase}-after-router.txt").read_text()))
+    first = _page_families((d / "metrics-base-before-router.txt").read_text())
+    merged = {**before, **after}
+    families = {name: {**f, "eager": name in first} for name, f in sorted(merged.items())}
+    return {"source": f"recorded /metrics of the {package} {version} binary (the kit's router unit on an H200, "
+                      "tests/fixtures/sglang-0.5.17-h200-pd-one-gpu)", "families": families}
+
+
+def generate() -> dict:
+    routers = {}
+    for p, v in ROUTERS:
+        routers[f"{p}-{v}"] = _router_recorded(p, v) if (p, v) in RECORDED_ROUTER_PAGES else _router(p, v)
+    return {
+        "generated_by": "python -m pdkit.catalogue",
+        "sglang": {v: _sglang(v) for v in SGLANG_VERSIONS},
+        "routers": routers,
+    }
+
+
+def render(doc: dict) -> str:
+    return json.dumps(doc, indent=1, sort_keys=True) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    text = render(generate())
+    if args and args[0] == "--check":
+        if CATALOGUE_PATH.read_text() != text:
+            print(f"{CATALOGUE_PATH} differs from the generator's output: run python -m pdkit.catalogue")
+            return 1
+        return 0
+    CATALOGUE_PATH.parent.mkdir(parents=True, exist_ok=True)
+    CATALOGUE_PATH.write_text(text)
+    print(f"wrote {CATALOGUE_PATH}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

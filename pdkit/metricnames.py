@@ -1,0 +1,90 @@
+"""Every metric name the kit reads, in one place.
+
+monitoring (rules, dashboards), doctor, roll's gates, bench and pdkit-exporter import their
+names from here; tests/test_metric_queries.py checks each SGLang and router name against the
+catalogue generated from the pinned releases (pdkit/catalogue.py, pdkit/data/metric_catalogue.json):
+its type, its labels, and whether it is created lazily (then every reader must handle its
+absence). A renamed metric is a one-line change here, and the catalogue test says where.
+"""
+
+from __future__ import annotations
+
+# SGLang's engine /metrics (SchedulerMetricsCollector / TokenizerMetricsCollector in
+# sglang/srt/observability/metrics_collector.py, 0.5.17 and 0.5.23 alike)
+SGLANG = {
+    "running": "sglang:num_running_reqs",
+    "waiting": "sglang:num_queue_reqs",
+    "token_usage": "sglang:token_usage",
+    "gen_throughput": "sglang:gen_throughput",
+    "cache_hit_rate": "sglang:cache_hit_rate",
+    "prefill_bootstrap_queue": "sglang:num_prefill_bootstrap_queue_reqs",
+    "prefill_inflight_queue": "sglang:num_prefill_inflight_queue_reqs",
+    "decode_prealloc_queue": "sglang:num_decode_prealloc_queue_reqs",
+    "decode_transfer_queue": "sglang:num_decode_transfer_queue_reqs",
+    # histograms, observed by the prefill side per KV transfer (lazy: no child until the first one)
+    "kv_transfer_speed": "sglang:kv_transfer_speed_gb_s",
+    "kv_transfer_latency": "sglang:kv_transfer_latency_ms",
+    "kv_transfer_total": "sglang:kv_transfer_total_mb",
+    # lazy counters: created by their first increment
+    "bootstrap_failed": "sglang:num_bootstrap_failed_reqs_total",
+    "transfer_failed": "sglang:num_transfer_failed_reqs_total",
+    "aborted": "sglang:num_aborted_requests_total",
+    # lazy, one child per mode on its first pass (an engine without decode graphs has only decode_none)
+    "cuda_graph_passes": "sglang:cuda_graph_passes_total",
+    # lazy, one child per mode (prefill_compute, prefill_cache, decode) on the first step that
+    # computes such tokens: the per-step token counter (the wedge alert)
+    "realtime_tokens": "sglang:realtime_tokens_total",
+    # lazy: created by the first finished request
+    "prompt_tokens": "sglang:prompt_tokens_total",
+    "generation_tokens": "sglang:generation_tokens_total",
+    "requests": "sglang:num_requests_total",
+    "ttft": "sglang:time_to_first_token_seconds",
+    "itl": "sglang:inter_token_latency_seconds",
+    "e2e": "sglang:e2e_request_latency_seconds",
+}
+
+# The gauges that say an engine still holds work (roll's drain gate, doctor's idle checks)
+DRAIN_GAUGES = tuple(SGLANG[k] for k in ("running", "waiting", "prefill_bootstrap_queue", "prefill_inflight_queue",
+                                         "decode_prealloc_queue", "decode_transfer_queue"))
+# The PD failure counters (roll's no-new-failures gate, doctor's kv_transfer check)
+FAILURE_COUNTERS = (SGLANG["transfer_failed"], SGLANG["bootstrap_failed"])
+
+# The router (smg 1.13.0 and sglang-router 0.3.2 both serve smg_*); per-worker series carry
+# worker="<engine URL>"
+ROUTER = {
+    "worker_health": "smg_worker_health",
+    "worker_active": "smg_worker_requests_active",
+    "requests": "smg_router_requests_total",
+    "responses": "smg_http_responses_total",
+    # circuit-breaker outcomes per worker (outcome="success"|"failure")
+    "worker_outcomes": "smg_worker_cb_outcomes_total",
+    # circuit-breaker state per worker (0 closed, 1 open, 2 half-open): roll's gate
+    "worker_cb_state": "smg_worker_cb_state",
+}
+
+# pdkit-exporter: per-engine series with labels node, engine, role (the exporter's own)
+EXPORTER = {
+    "up": "pdkit_engine_up",
+    "info": "pdkit_engine_info",  # labels release, sglang_version
+    "flags_drift": "pdkit_engine_flags_drift",  # 0/1
+    "env_present": "pdkit_engine_env_present",  # 0/1: NCCL/UCX env really in /proc/PID/environ
+    "cuda_graph_ratio": "pdkit_decode_cuda_graph_ratio",
+    # the last "Decode batch" log line's figures (journal)
+    "log_gen_throughput": "pdkit_decode_batch_gen_throughput_tokens_per_second",
+    "log_running": "pdkit_decode_batch_running_requests",
+}
+
+NODE = {
+    "cpu": "node_cpu_seconds_total",
+    "mem_available": "node_memory_MemAvailable_bytes",
+    "mem_total": "node_memory_MemTotal_bytes",
+    "net_rx": "node_network_receive_bytes_total",
+    "net_tx": "node_network_transmit_bytes_total",
+    "load1": "node_load1",
+}
+
+DCGM = {
+    "gpu_util": "DCGM_FI_DEV_GPU_UTIL",  # percent
+    "fb_used": "DCGM_FI_DEV_FB_USED",  # MiB
+    "power": "DCGM_FI_DEV_POWER_USAGE",  # W
+}

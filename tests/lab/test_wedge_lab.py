@@ -1,0 +1,83 @@
+"""A wedged sim engine in the lab: its scheduler stops stepping while its HTTP server answers
+(PDKIT_SIM_STALL_FILE, pdkit/sim/knobs.py), requests sit in it, and the lab's real Prometheus
+fires PdkitEngineWedged for it while `pdkit doctor` FAILs its queues check.
+
+The stall file is switched on through a systemd drop-in on the node (the rendered unit has no sim
+knobs); the drop-in is removed and the cluster re-converged afterwards. The alert must fire before
+the engine's own scheduler watchdog (SGLang's 300 s default, which the sim models) ends the process.
+Runs after test_deploy.py in the same session.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import requests
+
+from tests.lab.test_deploy import failed_hosts, run_pyinfra, ssh
+from tests.lab.test_doctor_lab import INVENTORY, doctor, failures
+from tests.lab.test_monitoring_lab import _monitoring_facts, _wait
+
+pytestmark = pytest.mark.lab
+
+STALL = "/run/pdkit-sim-stall"
+DROPIN_DIR = "/etc/systemd/system/pdkit-engine-decode.service.d"
+DROPIN = f"{DROPIN_DIR}/zz-pdkit-wedge-test.conf"
+
+
+@pytest.fixture(scope="module")
+def facts(lab):
+    rc, results, err = run_pyinfra()
+    assert rc == 0 and not failed_hosts(results), err[-3000:]
+    return _monitoring_facts()
+
+
+def test_a_wedged_engine_fires_the_wedge_alert_and_fails_doctor(lab, facts):
+    host = facts["gpu"][-1]
+    setup = (f"mkdir -p {DROPIN_DIR} && printf '[Service]\\nEnvironment=PDKIT_SIM_STALL_FILE={STALL}\\n' > {DROPIN} "
+             f"&& rm -f {STALL} && systemctl daemon-reload && systemctl restart pdkit-engine-decode.service")
+    assert ssh(lab, host, setup).returncode == 0
+    stop = threading.Event()
+
+    def load():  # requests that reach the wedged decode sit in it until the test ends
+        while not stop.is_set():
+            try:
+                requests.post(f"{facts['router']}/v1/completions",
+                              json={"model": facts["model"], "prompt": "stuck", "max_tokens": 64}, timeout=20)
+            except requests.RequestException:
+                pass
+
+    threads = [threading.Thread(target=load, daemon=True) for _ in range(4)]
+    try:
+        time.sleep(20)  # the engine is back up and in the router's list
+        for t in threads:
+            t.start()
+        time.sleep(5)  # requests running in the decode: its gauges keep saying so once it wedges
+        assert ssh(lab, host, f"touch {STALL}").returncode == 0
+
+        def firing():
+            alerts = requests.get(f"{facts['prom']}/api/v1/alerts", timeout=10).json()["data"]["alerts"]
+            hit = [a for a in alerts if a["labels"].get("alertname") == "PdkitEngineWedged"
+                   and a["state"] == "firing" and a["labels"].get("node") == host
+                   and a["labels"].get("engine") == "decode"]
+            return bool(hit), [(a["labels"].get("alertname"), a["state"], a["labels"].get("instance")) for a in alerts]
+
+        # the rate window (2m at the lab's 15 s scrapes) + `for` (1m) + scrape and evaluation slack,
+        # inside the 300 s scheduler watchdog
+        _wait(firing, 270, f"PdkitEngineWedged firing for {host}/decode", interval=5)
+        rc, report = doctor(INVENTORY)
+        assert rc != 0
+        assert (host, "decode", "queues") in failures(report), report
+        reason = next(c["reason"] for c in report["checks"]
+                      if (c["host"], c["target"], c["check"]) == (host, "decode", "queues"))
+        assert "wedged" in reason
+    finally:
+        stop.set()
+        ssh(lab, host, f"rm -f {STALL} {DROPIN}; systemctl daemon-reload; systemctl restart pdkit-engine-decode.service")
+        for t in threads:
+            if t.is_alive():
+                t.join(timeout=30)
+    rc, results, err = run_pyinfra()
+    assert rc == 0 and not failed_hosts(results), err[-2000:]
