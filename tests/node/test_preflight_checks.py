@@ -102,8 +102,18 @@ def test_lab_host_skips_gpu_checks_and_says_so(tmp_path):
     node = {**copy.deepcopy(NODE), "gpu": "none"}
     spec, host = spec_host(tmp_path, node)
     findings = check_host(spec, host, {"os": {"id": "debian", "version_id": "12"}, "arch": "x86_64", "kernel": "6.1.0-28-amd64"})
-    assert [(f.severity, f.check) for f in findings] == [("note", "gpu")]
+    assert [(f.severity, f.check) for f in findings] == [("note", "gpu"), ("note", "engines")]
     assert "skipped" in findings[0].message
+    # real SGLang cannot start without a GPU: the report says the engines are laid down only
+    assert spec.cluster.engine == "sglang" and "not started" in findings[1].message and "no GPU" in findings[1].message
+
+
+def test_a_lab_host_running_the_sim_gets_no_engines_note(tmp_path):
+    node = {**copy.deepcopy(NODE), "gpu": "none"}
+    spec, host = spec_host(tmp_path, node)
+    spec = spec.model_copy(update={"cluster": spec.cluster.model_copy(update={"engine": "sim"})})
+    findings = check_host(spec, host, {"os": {"id": "debian", "version_id": "12"}, "arch": "x86_64", "kernel": "6.1.0-28-amd64"})
+    assert [(f.severity, f.check) for f in findings] == [("note", "gpu")]
 
 
 def test_nvlink_profile_on_pcie_gpus_is_an_error_with_a_suggestion(tmp_path):
