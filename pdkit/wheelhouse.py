@@ -209,6 +209,16 @@ def _pip_failure(stderr: str) -> str:
     return (errors or lines or ["pip failed without a message"])[-1].removeprefix("ERROR: ")
 
 
+# named first when wheels are missing: the packages a reader recognises the lock by
+_KEY_PACKAGES = ("sglang", "torch", "nixl-cu13", "smg", "sglang-router")
+
+
+def _missing_text(missing: list[str], total: int) -> str:
+    ordered = sorted(missing, key=lambda pin: (pin.split("==")[0] not in _KEY_PACKAGES, _KEY_PACKAGES.index(pin.split("==")[0]) if pin.split("==")[0] in _KEY_PACKAGES else 0, pin))
+    shown = ", ".join(ordered[:8]) + (f" and {len(ordered) - 8} more" if len(ordered) > 8 else "")
+    return f"{'all' if len(missing) == total else len(missing)} of {total} wheels: {shown}"
+
+
 def download(requirements: str, pins: dict[str, str], platform: NodePlatform, *, label: str, hashed: bool) -> dict[str, Path]:
     """Wheels for every pin (cached per Python and platform), or WheelhouseError naming what is missing."""
     pool = _pool(platform)
@@ -219,8 +229,7 @@ def download(requirements: str, pins: dict[str, str], platform: NodePlatform, *,
     where = f"Python {platform.python}, glibc {platform.glibc_text} ({platform.tags[0]})"
     if offline():
         raise WheelhouseError(
-            f"{label}: offline (PDKIT_OFFLINE) and {len(missing)} wheel(s) are not in the cache {pool}: "
-            f"{', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}. Fix: run `python -m pdkit.wheelhouse` with the same "
+            f"{label}: offline (PDKIT_OFFLINE) and the cache {pool} lacks {_missing_text(missing, len(pins))}. Fix: run `python -m pdkit.wheelhouse` with the same "
             f"--platform/--engine on a machine that reaches the index and copy its {cache_root()} here (PDKIT_CACHE)"
         )
     _log(f"{label}: downloading {len(missing)} of {len(pins)} packages for {where} into {pool}")
@@ -242,8 +251,7 @@ def download(requirements: str, pins: dict[str, str], platform: NodePlatform, *,
     if proc.returncode != 0 or missing:
         reason = _pip_failure(proc.stderr) if proc.returncode != 0 else "pip finished but chose no fitting wheel"
         raise WheelhouseError(
-            f"{label}: could not fetch {len(missing)} package(s) for {where}: {', '.join(missing[:8])}"
-            f"{' ...' if len(missing) > 8 else ''}: {reason}"
+            f"{label}: could not fetch {_missing_text(missing, len(pins))} for {where}: {reason}"
         )
     return found
 

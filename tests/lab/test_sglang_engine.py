@@ -16,6 +16,7 @@ One release per test, 0.5.23 and 0.5.17 (both locks resolve); each cleans up aft
 from __future__ import annotations
 
 import json
+import os
 import pprint
 import re
 import shlex
@@ -136,3 +137,15 @@ def test_sglang_installs_offline_from_the_lock_and_its_parser_accepts_the_render
 
     rc, again, err = deploy(inventory, timeout=600)
     assert rc == 0 and not changed(again), f"a second run changed {changed(again)}:\n{err[-2000:]}"
+
+
+def test_a_wheel_missing_from_the_cache_offline_fails_before_any_host_changes(lab, tmp_path, clean_engine_host):
+    inventory = write_inventory(tmp_path, lab, "0.5.23")
+    env = {**os.environ, "PDKIT_OFFLINE": "1", "PDKIT_CACHE": str(tmp_path / "empty-cache")}
+    proc = subprocess.run([PYINFRA, str(inventory), "deploy/pd.py", "-y"], cwd=REPO, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL, env=env)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    # the node, the package, the cause and the fix, in one message; no traceback
+    assert "lab-mon" in out and "offline (PDKIT_OFFLINE)" in out and "sglang==0.5.23" in out and "python -m pdkit.wheelhouse" in out, out[-3000:]
+    assert "No host was changed" in out and "Traceback" not in out, out[-3000:]
+    assert on_host(lab, f"test -e {INSTALL_DIR} || test -e {CONFIG_DIR}").returncode != 0, "the host was changed"
