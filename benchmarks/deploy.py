@@ -88,7 +88,7 @@ def remove_engine_cluster(lab, hosts) -> None:
     units = " ".join(ENGINE_UNITS)
     paths = " ".join(f"/etc/systemd/system/{u}" for u in ENGINE_UNITS)
     for host in hosts:
-        pdlab.ssh_run(lab, host, f"systemctl disable --now {units} 2>/dev/null; rm -f {paths}; rm -rf {ENGINE_INSTALL_DIR} {ENGINE_CONFIG_DIR} /tmp/pdkit-bench.tar; systemctl daemon-reload", timeout=300)
+        pdlab.ssh_run(lab, host, f"systemctl disable --now {units} 2>/dev/null; rm -f {paths}; rm -rf {ENGINE_INSTALL_DIR} {ENGINE_CONFIG_DIR} /opt/pdkit-bench.tar; systemctl daemon-reload", timeout=300)
 
 
 def raw_transfers(lab, host, bundle) -> None:
@@ -106,11 +106,11 @@ def raw_transfers(lab, host, bundle) -> None:
     client.connect(host.address, port=host.ssh_port, username=host.ssh_user, key_filename=str(lab.ssh_key), allow_agent=False, look_for_keys=False)
     try:
         start = time.perf_counter()
-        client.open_sftp().put(str(tarball), "/tmp/pdkit-bench.tar")
+        client.open_sftp().put(str(tarball), "/opt/pdkit-bench.tar")  # on disk: /tmp is a small tmpfs
         sftp_s = time.perf_counter() - start
     finally:
         client.close()
-    pdlab.ssh_run(lab, host, "rm -f /tmp/pdkit-bench.tar")
+        pdlab.ssh_run(lab, host, "rm -f /opt/pdkit-bench.tar")
     print(f"raw SFTP upload to {host.name} (paramiko): {size_mb:.0f} MB in {sftp_s:.1f} s = {size_mb / sftp_s:.0f} MB/s")
 
     url = bundleserver.serve(bundle, lab.bridge_address)
@@ -150,7 +150,8 @@ def engine_venv_phase(args) -> None:
     raw_transfers(lab, hosts[0], bundle)
     runs = [("http", hosts[:1]), ("http", hosts)]
     if args.sftp:
-        runs += [("sftp", hosts[:1]), ("sftp", hosts)]
+        # one host only: SFTP unpacks a 4.4 GB tarball beside the 11 GB venv on each host
+        runs += [("sftp", hosts[:1])]
     for transfer, subset in runs:
         inventory = engine_inventory(lab, subset, args.sglang_version, transfer)
         seconds, proc = timed([str(BIN / "pyinfra"), str(inventory), "deploy/pd.py", "-y"], timeout=7200)
@@ -159,6 +160,10 @@ def engine_venv_phase(args) -> None:
             sys.exit(f"engine-venv deploy ({transfer}, {len(subset)} hosts) failed:\n{proc.stderr[-3000:]}{proc.stdout[-3000:]}")
         total_mb = bundle.size / 1e6 * len(subset)
         print(f"engine-venv first converge, {transfer}, {len(subset)} host(s): {seconds:.1f} s ({total_mb:.0f} MB moved, {total_mb / seconds:.0f} MB/s aggregate incl. pip install)")
+    if args.keep:
+        # the engine cluster reused the lab's router/exporter unit names on lab-gpu1..N: put the lab back
+        seconds, proc = timed([str(BIN / "pyinfra"), "inventories/lab.py", "deploy/pd.py", "-y"], timeout=1800)
+        print(f"lab cluster re-converged after the engine runs: {seconds:.1f} s (rc {proc.returncode})")
 
 
 def main() -> int:

@@ -86,9 +86,10 @@ def _install_bundle(bundle: wheelhouse.Bundle, venv: str) -> None:
     real = f"{install}/venvs/{bundle.name}-{bundle.digest[:16]}"
     q = shlex.quote
     url = transfer.bundle_url(bundle, spec.cluster.wheelhouse_transfer)
-    tmp = f"{install}/wheelhouse/tmp"
+    pip_tmp = f"{install}/wheelhouse/tmp"
+    scratch = [pip_tmp]
     # pip unpacks in TMPDIR (/tmp may be a small tmpfs) and would keep a second copy in its cache
-    pip = f"TMPDIR={q(tmp)} {q(real)}/bin/pip install --quiet --disable-pip-version-check --no-cache-dir --no-index --no-deps --require-hashes --progress-bar off"
+    pip = f"TMPDIR={q(pip_tmp)} {q(real)}/bin/pip install --quiet --disable-pip-version-check --no-cache-dir --no-index --no-deps --require-hashes --progress-bar off"
     size = f"{bundle.size / 1e6:.0f} MB"
     if url:
         # the node fetches every file itself from this machine (pdkit/bundleserver.py); pip checks each hash
@@ -99,14 +100,16 @@ def _install_bundle(bundle: wheelhouse.Bundle, venv: str) -> None:
         wheels = f"{install}/wheelhouse"
         tarball, unpacked = f"{wheels}/{bundle.remote_name}", f"{wheels}/{bundle.name}"
         files.put(name=f"Upload {bundle.name} wheels over SFTP ({size})", src=str(bundle.tarball()), dest=tarball, mode="0644")
-        fetch = [f"rm -rf {q(unpacked)} && mkdir -p {q(unpacked)} && tar -xf {q(tarball)} -C {q(unpacked)}"]
+        # unpacked, then gone: an engine bundle is ~4 GB beside its ~11 GB venv
+        fetch = [f"rm -rf {q(unpacked)} && mkdir -p {q(unpacked)} && tar -xf {q(tarball)} -C {q(unpacked)} && rm -f {q(tarball)}"]
         source = f"--find-links {q(unpacked)} -r {q(unpacked)}/requirements.txt"
         how = f"from the uploaded wheels ({size})"
+        scratch.append(unpacked)
     commands = [
         *fetch,
-        f"rm -rf {q(real)} {q(tmp)} && mkdir -p {q(install)}/venvs {q(tmp)} && python3 -m venv {q(real)}",
+        f"rm -rf {q(real)} {q(pip_tmp)} && mkdir -p {q(install)}/venvs {q(pip_tmp)} && python3 -m venv {q(real)}",
         f"{pip} {source}",
-        f"rm -rf {q(tmp)}",
+        f"rm -rf {' '.join(q(p) for p in scratch)}",
         f"touch {q(real)}/.pdkit-bundle-{bundle.digest[:16]}",
         # atomic switch: rename a new link over the old one
         f"ln -sfn {q(real)} {q(venv)}.new && mv -T {q(venv)}.new {q(venv)}",
