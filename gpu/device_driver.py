@@ -300,6 +300,20 @@ class Service:
         self.proc = None
 
 
+def start_waves(engines: list[dict], files: dict[str, str]) -> list[list[dict]]:
+    """ENGINES in start order: each wave after the engines its units name in After= are ready."""
+    units = {e["unit"] for e in engines}
+    after = {e["unit"]: set(unit_values(files[e["unit_path"]], "After")) & units for e in engines}
+    waves, done = [], set()
+    while len(done) < len(engines):
+        wave = [e for e in engines if e["unit"] not in done and after[e["unit"]] <= done]
+        if not wave:
+            raise RuntimeError(f"engine units order each other in a cycle: {after}")
+        waves.append(wave)
+        done |= {e["unit"] for e in wave}
+    return waves
+
+
 def wait_engine(svc: Service, timeout: float) -> dict:
     """pdkit's engine gate: the readiness line in THIS run's log, then /health 200."""
     start = svc.started_at
@@ -496,6 +510,12 @@ class Driver:
                     changed_engines.append(spec)
                 else:
                     router_changed = True
+        # PartOf= (engines sharing a GPU): restarting the earlier engine restarts the later one too
+        for spec in specs:
+            if spec["kind"] == "engine" and spec not in changed_engines:
+                part_of = set(unit_values(files[spec["unit_path"]], "PartOf"))
+                if part_of & {c["unit"] for c in changed_engines}:
+                    changed_engines.append(spec)
         info: dict = {"restarted": [s["unit"] for s in changed_engines] + (["router"] if router_changed else [])}
         # stop what changes first (GPU memory must be free before the new engine starts)
         for spec in changed_engines:
@@ -504,18 +524,23 @@ class Driver:
         if router_changed and "pdkit-router.service" in self.services:
             self.services["pdkit-router.service"].stop()
         t_start = time.monotonic()
-        for spec in changed_engines:
-            svc = Service(spec, self)
-            self.services[spec["unit"]] = svc
-            svc.start(files, name)
         timeout = min(self.plan["ready_timeout_s"], max(30.0, self.left() - 60))
         engines_ok = True
-        for spec in changed_engines:
-            gate = wait_engine(self.services[spec["unit"]], timeout - (time.monotonic() - t_start))
-            info[f"ready_{spec['engine']}"] = gate
-            if not gate["ready"]:
-                engines_ok = False
-                self.fail(f"{name}: engine {spec['engine']} not ready", **gate)
+        # as systemd would: an engine whose unit says After=<an engine started here> (and waits for
+        # its /health in ExecStartPre) starts once that one is ready; the others start together
+        for wave in start_waves(changed_engines, files):
+            for spec in wave:
+                svc = Service(spec, self)
+                self.services[spec["unit"]] = svc
+                svc.start(files, name)
+            for spec in wave:
+                gate = wait_engine(self.services[spec["unit"]], timeout - (time.monotonic() - t_start))
+                info[f"ready_{spec['engine']}"] = gate
+                if not gate["ready"]:
+                    engines_ok = False
+                    self.fail(f"{name}: engine {spec['engine']} not ready", **gate)
+            if not engines_ok:
+                break
         info["engines_ready_s"] = round(time.monotonic() - t_start, 1)
         if not engines_ok:
             return info

@@ -13,6 +13,7 @@ from pdkit.spec import (
     HostSpec,
     Problem,
     custom_all_reduce_enabled,
+    shared_gpu_mem_fraction,
 )
 from pdkit.versions import ROUTER_RELEASES, SGLANG_RELEASES
 
@@ -55,8 +56,9 @@ def sglang_args(spec: ClusterSpec, host: HostSpec, engine: Engine) -> list[str]:
             args += ["--disaggregation-bootstrap-port", str(engine.effective_bootstrap_port)]
 
     args += _cuda_graph_args(spec, engine)
+    shared_fraction = shared_gpu_mem_fraction(host, engine)
     for name, flag in _VALUE_FLAGS:
-        value = getattr(tuning, name)
+        value = shared_fraction if name == "mem_fraction_static" and shared_fraction is not None else getattr(tuning, name)
         if value is not None:
             args += [flag, str(value)]
     if tuning.value("overlap_schedule") is False:

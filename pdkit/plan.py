@@ -17,7 +17,7 @@ from pathlib import Path
 import jinja2
 
 from pdkit import flags
-from pdkit.spec import DCGM_EXPORTER_PORT, ClusterSpec, Engine, HostSpec, dcgm_enabled, engine_numa_node
+from pdkit.spec import DCGM_EXPORTER_PORT, ClusterSpec, Engine, HostSpec, dcgm_enabled, engine_numa_node, shared_gpu_predecessor
 
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
 SYSTEMD_DIR = "/etc/systemd/system"
@@ -152,6 +152,21 @@ def engine_env_path(spec: ClusterSpec, engine: Engine) -> str:
     return f"{spec.cluster.config_dir}/engines/{engine.name}.env"
 
 
+def shared_gpu_start(spec: ClusterSpec, host: HostSpec, engine: Engine) -> dict:
+    """Unit settings that start an engine on shared GPUs only once the engine before it serves.
+
+    Its --mem-fraction-static assumes the earlier engines already hold their shares
+    (spec.shared_gpu_mem_fraction): `After=` orders the starts, `PartOf=` restarts it whenever
+    the earlier one restarts (whose pool would otherwise not fit beside it), and ExecStartPre
+    waits for the earlier one's /health, since a Type=simple unit counts as started at once.
+    """
+    before = shared_gpu_predecessor(host, engine)
+    if before is None:
+        return {"start_after": None, "exec_start_pre": None, "timeout_start_s": None}
+    wait = [f"{flags.venv_dir(spec)}/bin/python", "-m", "pdkit.health", "gates", "--http", f"{flags.engine_url(spec, host, before)}/health", str(spec.cluster.ready_timeout_s)]
+    return {"start_after": before.unit_name, "exec_start_pre": exec_start(wait), "timeout_start_s": spec.cluster.ready_timeout_s + 60}
+
+
 def engines_not_started_reason(spec: ClusterSpec, host: HostSpec) -> str | None:
     """Why the deploy lays down this node's engines but does not start them, or None.
 
@@ -226,6 +241,7 @@ def plan_host(spec: ClusterSpec, host: HostSpec) -> HostPlan:
                 env_files=env_files,
                 exec_start=exec_start(flags.engine_command(spec, host, engine)),
                 numa_node=numa,
+                **shared_gpu_start(spec, host, engine),
             )
             unit_path = f"{SYSTEMD_DIR}/{engine.unit_name}"
             files.append(PlannedFile(unit_path, unit_text, "0644"))

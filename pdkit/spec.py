@@ -424,6 +424,9 @@ class Engine(Frozen):
     pd_group: str = Field(default="default", pattern=NAME_PATTERN)
     # NUMA node to bind CPU and memory to; defaults to the NUMA node of all its GPUs
     numa_node: int | None = Field(default=None, ge=0, lt=MAX_NUMA_NODES)
+    # share of each of its GPUs' memory, for engines that share GPUs (e.g. a PD pair on one GPU):
+    # they start one after another in declaration order and pdkit derives --mem-fraction-static
+    gpu_share: float | None = Field(default=None, gt=0, lt=1)
     # per-engine overrides of the cluster's model / version / transfer backend
     model: Model | None = None
     # per-engine SGLang version (a PD group must agree; rolled pairwise)
@@ -515,6 +518,9 @@ class Node(Frozen):
     # never: a driver change only marks the node "reboot required"; when-drained: reboot it too,
     # but only in a run that declares the node drained (pdkit roll sets node_drained)
     reboot: Literal["never", "when-drained"] = "never"
+
+    def engine(self, name: str) -> Engine:
+        return next(e for e in self.engines if e.name == name)
 
 
 class Router(Frozen):
@@ -720,6 +726,39 @@ def effective_decode_graph_max_bs(spec: ClusterSpec, host: HostSpec, engine: Eng
     return max_bs
 
 
+# what the engines sharing a GPU may take together: the rest is CUDA contexts, graphs, activations
+MAX_SHARED_GPU_FRACTION = 0.9
+
+
+def gpu_share_group(host: HostSpec, engine: Engine) -> list[Engine]:
+    """The engines of HOST that share ENGINE's GPUs, in declaration (= start) order; [] if none."""
+    assert host.node is not None
+    group = [e for e in host.node.engines if e.gpu_share is not None and e.gpus == engine.gpus]
+    return group if engine.gpu_share is not None and len(group) > 1 else []
+
+
+def shared_gpu_mem_fraction(host: HostSpec, engine: Engine) -> float | None:
+    """--mem-fraction-static for an engine on shared GPUs, or None.
+
+    SGLang sizes its static pool against the memory free when it starts (0.5.x
+    `ModelRunner.profile_max_num_token`: free - total x (1 - fraction)). Engines sharing a GPU
+    start one after another, so engine k, started with the earlier ones holding their shares,
+    gets total x (share_0 + ... + share_k) - (what the earlier ones hold) = total x share_k.
+    """
+    group = gpu_share_group(host, engine)
+    if not group:
+        return None
+    index = [e.name for e in group].index(engine.name)
+    return round(sum(e.gpu_share for e in group[: index + 1]), 4)  # type: ignore[misc]
+
+
+def shared_gpu_predecessor(host: HostSpec, engine: Engine) -> Engine | None:
+    """The engine that must be serving before ENGINE starts (the one before it on its shared GPUs)."""
+    group = gpu_share_group(host, engine)
+    index = [e.name for e in group].index(engine.name) if group else 0
+    return group[index - 1] if index > 0 else None
+
+
 def engine_numa_node(host: HostSpec, engine: Engine) -> int | None:
     """The NUMA node an engine is bound to: explicit, else the one all of its GPUs share."""
     if engine.numa_node is not None:
@@ -921,10 +960,21 @@ def cross_checks(spec: ClusterSpec) -> list[Problem]:
             for gpu in engine.gpus:
                 if gpu >= node.gpus.count:
                     add(Problem(host.name, f"{at}.gpus", f"GPU {gpu} does not exist: the node declares {node.gpus.count} GPUs (valid indices 0-{node.gpus.count - 1})"))
-                elif gpu in used_gpus:
-                    add(Problem(host.name, f"{at}.gpus", f"GPU {gpu} is already used by engine {used_gpus[gpu]!r}; engines may not share a GPU"))
+                elif gpu in used_gpus and (engine.gpu_share is None or node.engine(used_gpus[gpu]).gpu_share is None):
+                    add(Problem(host.name, f"{at}.gpus", f"GPU {gpu} is already used by engine {used_gpus[gpu]!r}; engines may share a GPU only when each sets gpu_share (its share of the GPU's memory, e.g. 0.4 and 0.45)"))
+                elif gpu in used_gpus and node.engine(used_gpus[gpu]).gpus != engine.gpus:
+                    add(Problem(host.name, f"{at}.gpus", f"shares GPU {gpu} with engine {used_gpus[gpu]!r} but their GPU lists differ ({list(engine.gpus)} vs {list(node.engine(used_gpus[gpu]).gpus)}); engines that share GPUs must list the same GPUs"))
                 else:
-                    used_gpus[gpu] = engine.name
+                    used_gpus.setdefault(gpu, engine.name)
+            if engine.gpu_share is not None:
+                group = gpu_share_group(host, engine)
+                if not group:
+                    add(Problem(host.name, f"{at}.gpu_share", f"gpu_share is for engines that share their GPUs, but no other engine on {host.name} lists GPUs {list(engine.gpus)} with a gpu_share; remove it (use tuning.mem_fraction_static for an engine alone on its GPUs)"))
+                elif spec.engine_tuning(engine).mem_fraction_static is not None:
+                    add(Problem(host.name, f"{at}.tuning.mem_fraction_static", "an engine on shared GPUs gets --mem-fraction-static from the gpu_share of the engines started before it (pdkit.spec.shared_gpu_mem_fraction); remove mem_fraction_static from its tuning layers (all / role / engine)"))
+                elif group[-1].name == engine.name and sum(e.gpu_share for e in group) > MAX_SHARED_GPU_FRACTION:  # type: ignore[misc]
+                    total = sum(e.gpu_share for e in group)  # type: ignore[misc]
+                    add(Problem(host.name, f"{at}.gpu_share", f"the engines sharing GPUs {list(engine.gpus)} ({', '.join(e.name for e in group)}) take {total:.2f} of their memory together; at most {MAX_SHARED_GPU_FRACTION} leaves room for CUDA contexts, graphs and activations"))
             if engine.tp_size * engine.dp != len(engine.gpus):
                 add(Problem(host.name, f"{at}.tp", f"tp {engine.tp_size} x dp {engine.dp} = {engine.tp_size * engine.dp} but the engine has {len(engine.gpus)} GPUs {list(engine.gpus)}; tp x dp must equal the GPU count"))
             if engine.bootstrap_port is not None and engine.role != "prefill":

@@ -53,6 +53,8 @@ def _specs(tmp_path, base, monkeypatch):
         # what a CPU can check of it is that SGLang's own parser takes its argv
         "h200": load("inventories/h200.py"),
         "h200x8": load("inventories/h200x8.py"),
+        # the one-GPU tier: a PD pair sharing GPU 0 (derived --mem-fraction-static per engine)
+        "h200-1gpu": load("inventories/h200-1gpu.py"),
         "levers": _levers_inventory(tmp_path, base),
     }
 
