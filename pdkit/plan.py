@@ -61,6 +61,16 @@ class Service:
     engine: str | None = None
     role: str | None = None
     port: int | None = None
+    # the venv link ExecStart runs from (a new venv there restarts it: pdkit/changes.py); None: none of pdkit's
+    venv: str | None = None
+
+
+def services_meta(services: "tuple[Service, ...] | list[Service]") -> dict[str, dict]:
+    """What a release keeps of each service, and what the restart rule reads (pdkit/changes.py): no secrets."""
+    return {
+        s.unit: {"kind": s.kind, "files": list(s.files), "health_url": s.health_url, "ready_timeout_s": s.ready_timeout_s, "venv": s.venv}
+        for s in services
+    }
 
 
 @dataclass(frozen=True)
@@ -240,6 +250,7 @@ def plan_host(spec: ClusterSpec, host: HostSpec) -> HostPlan:
                     engine=engine.name,
                     role=engine.role,
                     port=engine.port,
+                    venv=flags.venv_dir(spec),
                 )
             )
 
@@ -257,6 +268,8 @@ def plan_host(spec: ClusterSpec, host: HostSpec) -> HostPlan:
                 health_url=f"http://{spec.engine_address(host)}:{host.node.exporter_port}/metrics",
                 ready_timeout_s=60,
                 port=host.node.exporter_port,
+                # it runs `python -m pdkit.exporter` from the node venv: a new pdkit wheel must restart it
+                venv=flags.venv_dir(spec),
             )
         )
 
@@ -304,6 +317,7 @@ def plan_host(spec: ClusterSpec, host: HostSpec) -> HostPlan:
                 env_files=tuple(env_files),
                 model=spec.cluster.model.name,
                 port=host.router.port,
+                venv=flags.router_venv_dir(spec),
             )
         )
 

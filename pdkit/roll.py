@@ -198,27 +198,36 @@ class HostDiff:
     files: tuple[str, ...]  # paths whose bytes, mode or owner differ (or that are missing)
     restarts: tuple[str, ...]  # units that would (re)start
     new_venv: bool = False
+    removes: tuple[str, ...] = ()  # files the node's release has and the plan no longer does
 
 
-def host_diff(plan: HostPlan, state: dict, *, new_venv: bool = False) -> HostDiff:
-    """Pure: the files that differ from the plan and the services that would restart (roles/services.py's rules)."""
-    files = tuple(
-        f.path for f in plan.files if state.get("paths", {}).get(f.path) != ["file", f.mode, f.owner, f.group, f.sha256]
-    )
-    restarts = []
+def host_diff(plan: HostPlan, state: dict, *, new_venv: bool = False, new_venvs: Iterable[str] = ()) -> HostDiff:
+    """Pure: the files that differ from the plan (or that it no longer has) and the services that
+    would (re)start, by the deploy's own rule (pdkit/changes.py). NEW_VENV: the node venv is
+    replaced (its link is the engines' `venv`); NEW_VENVS: any other replaced venv links."""
+    from pdkit import changes
+    from pdkit.plan import services_meta
+
+    paths = state.get("paths", {})
+    files = tuple(f.path for f in plan.files if paths.get(f.path) != ["file", f.mode, f.owner, f.group, f.sha256])
+    recorded = state.get("release", {}) or {}
+    present = [p for p, st in paths.items() if st and st[0] == "file"]
+    removed = tuple(changes.removals(recorded.get("files", []), [f.path for f in plan.files], present))
+    venvs = set(new_venvs)
+    if new_venv:
+        venvs |= {s.venv for s in plan.services if s.kind == "engine" and s.venv}
+    running = {}
     for service in plan.services:
         unit_state = state.get("units", {}).get(service.unit) or []
-        active = len(unit_state) > 1 and unit_state[1] in ("active", "activating", "reloading")
-        enabled = len(unit_state) > 2 and unit_state[2] == "enabled"
-        changed = any(p in files for p in service.files) or (new_venv and service.kind == "engine")
-        if changed or not (active and enabled):
-            restarts.append(service.unit)
-    return HostDiff(plan.host, files, tuple(restarts), new_venv)
+        running[service.unit] = len(unit_state) > 2 and unit_state[1] in ("active", "activating", "reloading") and unit_state[2] == "enabled"
+    decision = changes.decide(services_meta(plan.services), {*files, *removed}, venvs, running, recorded.get("services"))
+    restarts = tuple(s.unit for s in plan.services if s.unit in {*decision.start, *decision.restart})
+    return HostDiff(plan.host, files, restarts, new_venv, removed)
 
 
 def unchanged_hosts(diffs: dict[str, HostDiff]) -> set[str]:
     """Hosts already as planned (no file, no restart, no new venv): the roll leaves them serving."""
-    return {h for h, d in diffs.items() if not (d.files or d.restarts or d.new_venv)}
+    return {h for h, d in diffs.items() if not (d.files or d.restarts or d.new_venv or d.removes)}
 
 
 def format_dry_plan(batches: list[list[str]], diffs: dict[str, HostDiff], explanations: list[str], secret_paths: set[str]) -> str:
@@ -237,12 +246,14 @@ def format_dry_plan(batches: list[list[str]], diffs: dict[str, HostDiff], explan
             if d is None:
                 lines.append(f"  {step}. {host}: state not read")
                 continue
-            if not d.files and not d.restarts:
+            if not d.files and not d.restarts and not d.removes:
                 lines.append(f"  {step}. {host}: no change")
                 continue
             lines.append(f"  {step}. {host}: {len(d.files)} file(s) differ from the plan, {len(d.restarts)} service(s) would restart" + (" (new node venv)" if d.new_venv else ""))
             for path in d.files:
                 lines.append(f"       file     {path}" + ("  (secret: content not shown)" if path in secret_paths else ""))
+            for path in d.removes:
+                lines.append(f"       remove   {path}  (no longer planned)")
             for unit in d.restarts:
                 lines.append(f"       restart  {unit}")
     return "\n".join(lines)

@@ -72,6 +72,16 @@ def node_venv_will_change() -> bool:
         _fail_prepare(exc)
 
 
+def router_venv_will_change() -> bool:
+    """True when this run installs a new router venv: the router must then restart onto it."""
+    spec = current_spec()
+    package, version = spec.router_release(current_host())
+    try:
+        return not _installed(wheelhouse.router_bundle(node_platform(), package, version), flags.router_venv_dir(spec))
+    except WheelhouseError as exc:
+        _fail_prepare(exc)
+
+
 def _install_bundle(bundle: wheelhouse.Bundle, venv: str) -> None:
     """Install BUNDLE into a new venv beside the old one, then swap the VENV link atomically.
 

@@ -57,11 +57,16 @@ def release(d):
     try:
         cur = open(os.path.join(d, "CURRENT")).read().strip()
         meta = json.load(open(os.path.join(d, cur, "meta.json")))
-        return {"id": cur, "hash": meta["hash"], "venvs": meta.get("venvs", {})}
+        # files and services too: what the current release laid down that a new plan may drop (pdkit/changes.py)
+        return {"id": cur, "hash": meta["hash"], "venvs": meta.get("venvs", {}), "files": sorted(meta.get("files", {})), "services": meta.get("services", {})}
     except (OSError, ValueError, KeyError, TypeError):
         return {}
 import platform
-print(json.dumps({"release": release(releases) if releases else {}, "packages": installed(packages), "python": "%d.%d" % sys.version_info[:2], "glibc": os.confstr("CS_GNU_LIBC_VERSION") or "", "arch": platform.machine(), "paths": {p: stat(p) for p in paths}, "units": unit_states(units), "user": has_user(user), "venvs": {v: markers(v) for v in venvs}}))
+rel = release(releases) if releases else {}
+# the current release's files and units are read too: the deploy removes the ones the plan dropped
+paths = sorted(set(paths) | set(rel.get("files", [])))
+units = list(units) + [u for u in sorted(rel.get("services", {})) if u not in units]
+print(json.dumps({"release": rel, "packages": installed(packages), "python": "%d.%d" % sys.version_info[:2], "glibc": os.confstr("CS_GNU_LIBC_VERSION") or "", "arch": platform.machine(), "paths": {p: stat(p) for p in paths}, "units": unit_states(units), "user": has_user(user), "venvs": {v: markers(v) for v in venvs}}))
 """
 
 

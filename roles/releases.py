@@ -56,11 +56,10 @@ def applied_by() -> str:
 
 
 def services_meta() -> dict[str, dict]:
-    """What a restore needs to know about each planned service (no secrets: units, files, URLs)."""
-    return {
-        s.unit: {"kind": s.kind, "files": list(s.files), "health_url": s.health_url, "ready_timeout_s": s.ready_timeout_s}
-        for s in current_plan().services
-    }
+    """What a restore needs to know about each planned service (no secrets: units, files, URLs, venv)."""
+    from pdkit.plan import services_meta as meta
+
+    return meta(current_plan().services)
 
 
 @deploy("pdkit releases: keep the applied configuration as a release")
