@@ -215,16 +215,27 @@ def secrets_env(spec: ClusterSpec) -> dict[str, str]:
     return env
 
 
-def router_secrets_env(spec: ClusterSpec) -> dict[str, str]:
+def router_api_key_text(spec: ClusterSpec) -> str | None:
+    """The router's API key file (mode 0600 root; systemd hands it to the router as a credential), or None."""
     secrets = spec.cluster.secrets
     if secrets.router_api_key is None:
-        return {}
-    return {ROUTER_API_KEY_ENV: secrets.router_api_key.get_secret_value()}
+        return None
+    return secrets.router_api_key.get_secret_value() + "\n"
 
 
-# smg has no variable for its API key: pdkit's launcher (router_launcher_path) reads this one
-# and hands the key to smg in-process, so it never reaches argv
-ROUTER_API_KEY_ENV = "PDKIT_ROUTER_API_KEY"
+# the credential name the router unit loads the key file as (LoadCredential=); the launcher
+# reads $CREDENTIALS_DIRECTORY/<this> and hands the key to smg in-process, so it never reaches
+# argv or the environment (smg has no variable for it)
+ROUTER_API_KEY_CREDENTIAL = "router-api-key"
+
+
+def router_api_key_path(spec: ClusterSpec) -> str:
+    return f"{spec.cluster.config_dir}/router-api-key"
+
+
+def router_user(spec: ClusterSpec) -> str:
+    """The router's own user: an engine (the service user) cannot read the router's process or key."""
+    return f"{spec.cluster.service_user}-router"
 
 
 def router_launcher_path(spec: ClusterSpec) -> str:

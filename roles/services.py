@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import atexit
 import shlex
 import sys
+from weakref import WeakKeyDictionary
 
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.operations import server
+from pyinfra.operations import python, server
 
 from pdkit import flags
 from pdkit.deploy import current_host, current_plan, current_spec
-from pdkit import changes
+from pdkit import changes, limitwarn, routersync
 from pdkit.plan import Service, services_meta, services_not_started, staging_dir
 from roles import base
 from roles.facts import host_state, path_matches, unit_active_enabled
@@ -87,9 +89,51 @@ def services() -> None:
     if start_first or restart_first:
         gated = [*start_first, *restart_first]
         server.shell(name="Health gates: " + ", ".join(s.unit for s in gated), commands=[gates_command(venv_python, gated)])
+    engines_moved = [s for s in (*start_first, *restart_first) if s.kind == "engine"]
+    _note_for_limit(spec, [s.health_url.removesuffix("/health") for s in engines_moved])
+    if engines_moved and host.data.get("node_drained") is not True:
+        # routers on other hosts learn about this host's (re)started engines now, whatever order
+        # --serial takes (pdkit/routersync.py); a roll re-adds its drained workers itself
+        for router_host, mine, others in routersync.routers_for_host(spec, host.name):
+            python.call(
+                name="Routers on other hosts list this host's engines, healthy",
+                function=_sync_router, spec=spec, router_host=router_host, mine=mine, others=others,
+                host_address=spec.engine_address(current_host()),
+            )
     _start_and_restart(start_router, restart_router, "router")
     for service in (*start_router, *restart_router):
         server.shell(name=f"Health gate {service.unit}", commands=[router_gate_command(venv_python, service)])
+
+
+# per pyinfra State: host -> worker URLs it (re)starts; printed once at exit (pdkit/limitwarn.py)
+_MOVED: WeakKeyDictionary = WeakKeyDictionary()
+
+
+def _note_for_limit(spec, urls: list[str]) -> None:
+    from pyinfra import state
+
+    if not urls or not state.limit_hosts or host.data.get("node_drained") is True:
+        return  # no --limit (or a roll, which limits itself to its batch and re-adds workers)
+    first = state not in _MOVED
+    moved = _MOVED.setdefault(state, {})
+    moved[host.name] = urls
+    if first:
+        limited = {h.name for h in state.limit_hosts}
+        excluded = [h.name for h in spec.hosts if h.name not in limited]
+        routers = {r.name: [(h.name, flags.engine_url(spec, h, e)) for h, e in spec.router_workers(r)] for r in spec.router_hosts}
+        inventory = next((a for a in sys.argv[1:] if a.endswith(".py") and not a.startswith("-")), "INVENTORY")
+
+        def report() -> None:
+            for line in limitwarn.limit_warnings(routers, moved, excluded, inventory):
+                print(line, file=sys.stderr, flush=True)
+
+        atexit.register(report)
+
+
+def _sync_router(spec, router_host, mine, others, host_address) -> None:
+    """Runs on the deploying machine (python.call): the router's worker API, with the key from the spec."""
+    message = routersync.sync_router(routersync.client_for(spec, router_host), mine, host_address, others, timeout=120.0)
+    host.log(message)
 
 
 def _router_last(services: list[Service]) -> tuple[list[Service], list[Service]]:
@@ -133,9 +177,11 @@ def gates_command(python: str, services: list[Service]) -> str:
 def router_gate_command(python: str, service: Service) -> str:
     q = shlex.quote
     base_url = service.health_url.removesuffix("/health")
-    workers = " ".join(f"--worker {q(w)}" for w in service.expected_workers)
+    workers = " ".join(
+        f"--remote-worker {q(w)}" if w in service.remote_workers else f"--worker {q(w)}" for w in service.expected_workers
+    )
     gate = f"{q(python)} -m pdkit.health router --url {q(base_url)} {workers} --model {q(service.model)} --timeout {service.ready_timeout_s}"
-    if service.env_files:
-        # the router's API key stays in its 0600 file: exported for this command only
-        return "set -a && " + " && ".join(f". {q(p)}" for p in service.env_files) + f" && set +a && {gate}"
+    if service.api_key_file:
+        # the router's API key stays in its 0600 file: the gate reads it there (never argv or environment)
+        gate += f" --api-key-file {q(service.api_key_file)}"
     return gate
