@@ -277,8 +277,23 @@ def router_args(spec: ClusterSpec, host: HostSpec) -> list[str]:
     args += ["--health-failure-threshold", str(router.health_failure_threshold)]
     args += ["--worker-startup-check-interval", str(router.worker_startup_check_interval_secs)]
     # no --remove-unhealthy-workers: smg 1.13 never takes a removed worker back on the same address
+    args += router_breaker_args()
     args += list(router.extra_args)
     return args
+
+
+# The routers' circuit breaker (smg 1.13.0 and sglang-router 0.3.2 take the same flags, defaults
+# failure 10, success 3, timeout 60 s, window 120 s: smg/router_args.py, sglang_router/router_args.py).
+# With a 60 s timeout a worker that was killed and came back in 7 s sat idle until ~62 s while
+# /workers called it healthy (issue #18 item 6): its breaker stays open for the whole timeout.
+# A 3 s timeout lets the breaker try the worker again (half-open) 3 s after it opened, and two
+# successful requests close it, so a recovered worker gets traffic a few seconds after it is healthy;
+# a worker still down fails its trial request and the breaker opens again for another 3 s.
+ROUTER_BREAKER = {"cb-failure-threshold": 10, "cb-success-threshold": 2, "cb-timeout-duration-secs": 3, "cb-window-duration-secs": 60}
+
+
+def router_breaker_args() -> list[str]:
+    return [a for name, value in ROUTER_BREAKER.items() for a in (f"--{name}", str(value))]
 
 
 def router_command(spec: ClusterSpec, host: HostSpec) -> list[str]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import time
@@ -41,9 +42,52 @@ def http_request(url: str, payload: dict | None = None, timeout: float = 5.0, he
 
 def _unit_state(unit: str) -> tuple[str, str]:
     """(ActiveState, InvocationID) of UNIT, in one systemctl call."""
-    out = subprocess.run(["systemctl", "show", "-p", "ActiveState", "-p", "InvocationID", unit], capture_output=True, text=True, timeout=10).stdout
+    snap = _unit_snapshot(unit)
+    return snap["ActiveState"], snap["InvocationID"]
+
+
+def _unit_snapshot(unit: str) -> dict[str, str]:
+    """ActiveState, SubState, InvocationID, NRestarts of UNIT, in one systemctl call."""
+    out = subprocess.run(["systemctl", "show", "-p", "ActiveState", "-p", "SubState", "-p", "InvocationID", "-p", "NRestarts", unit],
+                         capture_output=True, text=True, timeout=10).stdout
     props = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
-    return props.get("ActiveState", ""), props.get("InvocationID", "")
+    return {k: props.get(k, "") for k in ("ActiveState", "SubState", "InvocationID", "NRestarts")}
+
+
+def start_failed(first: dict[str, str], now: dict[str, str]) -> bool:
+    """Pure: the start the gate is watching has failed, at its FIRST failure: the unit failed, is
+    waiting to be restarted (Restart=on-failure), or systemd already started it again (a new
+    invocation or a higher restart count). Waiting for systemd's start limit instead took 27 s
+    (five starts) to call a broken canary broken (issue #18 item 7)."""
+    if now.get("ActiveState") == "failed" or now.get("SubState") == "auto-restart":
+        return True
+    if first.get("InvocationID") and now.get("InvocationID") and now["InvocationID"] != first["InvocationID"]:
+        return True
+    try:
+        return int(now.get("NRestarts") or 0) > int(first.get("NRestarts") or 0)
+    except ValueError:
+        return False
+
+
+_ARGPARSE_ERROR = re.compile(r"^\S+: error: .+")
+_EXCEPTION = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit|Interrupt)\b:?.*")
+
+
+def error_line(log: str) -> str:
+    """Pure: the engine's own error, one line, from its journal: argparse's `prog: error: ...`
+    (not its usage fragments), else a Python exception's last line, else the last line that says
+    error, else the last line."""
+    lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
+    for ln in lines:
+        if _ARGPARSE_ERROR.match(ln):
+            return ln
+    for ln in reversed(lines):
+        if _EXCEPTION.match(ln):
+            return ln
+    for ln in reversed(lines):
+        if "error" in ln.lower():
+            return ln
+    return lines[-1] if lines else "(it logged nothing)"
 
 
 def unit_log(unit: str, invocation: str, lines: int | None = None) -> str:
@@ -57,21 +101,26 @@ def wait_engine(unit: str, url: str, timeout: float, interval: float = 1.0, poll
     """Ready = the unit's current invocation logged the readiness line and URL answers 200.
 
     URL is polled every POLL seconds (an HTTP GET costs a few milliseconds); the journal is read
-    only once it answers 200, and the unit's state every INTERVAL to catch a failed start. Not
-    `journalctl --follow`: journald batches its change notifications (~250 ms), and a follower
-    sees the line that much late.
+    only once it answers 200, and the unit's state every INTERVAL (0.2 s while not active) to
+    catch a failed start at once (start_failed): the message is then the engine's own error
+    line (error_line). Not `journalctl --follow`: journald batches its change notifications
+    (~250 ms), and a follower sees the line that much late.
     """
     deadline = time.monotonic() + timeout
     reason = "not checked yet"
     next_state_check = 0.0
+    first: dict[str, str] = {}
     state, invocation = "", ""
     while time.monotonic() < deadline:
         now = time.monotonic()
         if now >= next_state_check:
-            state, invocation = _unit_state(unit)
+            snap = _unit_snapshot(unit)
+            state, invocation = snap["ActiveState"], snap["InvocationID"]
+            if not first and invocation:
+                first = snap
             next_state_check = now + (interval if state == "active" else min(interval, 0.2))
-            if state == "failed":
-                return False, f"{unit} failed: " + " | ".join(unit_log(unit, invocation, 5).strip().splitlines()[-5:])
+            if first and start_failed(first, snap):
+                return False, f"{unit} failed at its first start: " + error_line(unit_log(unit, first["InvocationID"]))
         if state == "active" and invocation:
             status, body = http_request(url, timeout=min(5.0, max(deadline - now, 0.1)))
             if status == 200:

@@ -55,6 +55,19 @@ class RollError(RuntimeError):
     def __init__(self, host: str, gate: str, message: str) -> None:
         super().__init__(f"{host}: gate '{gate}' failed: {message}")
         self.host, self.gate, self.message = host, gate, message
+        # set by roll_batch: whether the batch was put back on its previous release (an apply was
+        # attempted), so the final line never claims a restore when nothing was changed
+        self.restored: bool | None = None
+
+
+def stop_summary(exc: RollError, untouched: list[str]) -> str:
+    """Pure: the roll's last line after a failed gate: what state the failed node is in."""
+    rest = f"not touched: {', '.join(untouched) or 'none'}"
+    if exc.restored:
+        return f"pdkit roll: {exc.host} is back on its previous release where one was recorded; {rest}"
+    if exc.gate == "connect":
+        return f"pdkit roll: {exc.host} could not be reached: nothing was changed on it; {rest}"
+    return f"pdkit roll: {exc.host}: nothing was applied (gate '{exc.gate}' failed before the deploy); its engines are back in the router; {rest}"
 
 
 # ================================================================ pure planning
@@ -223,6 +236,11 @@ def host_diff(plan: HostPlan, state: dict, *, new_venv: bool = False, new_venvs:
     decision = changes.decide(services_meta(plan.services), {*files, *removed}, venvs, running, recorded.get("services"))
     restarts = tuple(s.unit for s in plan.services if s.unit in {*decision.start, *decision.restart})
     return HostDiff(plan.host, files, restarts, new_venv, removed)
+
+
+def open_breakers(states: dict[str, float], urls: Iterable[str]) -> list[str]:
+    """Pure: the URLs among URLS whose breaker the router reports open (smg_worker_cb_state 1)."""
+    return sorted(u.rstrip("/") for u in urls if states.get(u.rstrip("/")) == 1)
 
 
 def unchanged_hosts(diffs: dict[str, HostDiff]) -> set[str]:
@@ -477,7 +495,8 @@ class Pyinfra:
                 return {h: f"the deploy stopped: {exc}" for h in hosts}
             except Exception as exc:  # noqa: BLE001 - pyinfra raises its own errors for a failed host
                 failed = {h.name for h in state.failed_hosts} or set(hosts)
-                return {h: f"{type(exc).__name__}: {exc}; " + (_why(log.lines, h) or "") for h in failed}
+                # pyinfra's own "No hosts remaining!" says nothing a user can act on: the gate's line does
+                return {h: _why(log.lines, h) or f"{type(exc).__name__}: {exc}" for h in failed}
         connected = {h.name for h in state.activated_hosts}
         failed = {h.name for h in state.failed_hosts} | (set(hosts) - connected)
         return {h: _why(log.lines, h) or failed_note for h in failed}
@@ -496,7 +515,12 @@ def roll_inventory(path: str) -> Any:
 
 
 def _why(lines: list[str], host: str) -> str:
+    """Why HOST failed, from pyinfra's log lines: a health gate's own FAILED line (it carries the
+    engine's journal error) when there is one, else the host's last lines."""
     mine = [ln.strip() for ln in lines if host in ln or not ln.lstrip().startswith("[")]
+    gates = [ln.split("FAILED", 1)[1].strip() for ln in mine if "FAILED " in ln]
+    if gates:
+        return " | ".join(dict.fromkeys(gates))[-1500:]
     return " | ".join(mine[-6:])[-1500:]
 
 
@@ -654,7 +678,18 @@ class Roller:
             by_client.setdefault(id(client), (client, []))[1].append(url)
         for client, urls in by_client.values():
             client.wait_healthy(urls, timeout=self.router_timeout_s)
-        return f"{len(workers)} worker(s) back in the router and healthy"
+        # a re-added worker must also be routable: no circuit breaker left open on it (smg's gauge;
+        # sglang-router 0.3.2 has none, so /workers alone decides there)
+        for router_host, client in self.routers():
+            urls = by_client.get(id(client), (client, []))[1]
+            if not urls:
+                continue
+            deadline = time.monotonic() + self.router_timeout_s
+            while still := open_breakers(self.circuit_states(router_host), urls):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"circuit breaker still open on {', '.join(still)} at {client.base_url} {self.router_timeout_s:.0f} s after the re-add")
+                time.sleep(0.25)
+        return f"{len(workers)} worker(s) back in the router, healthy, circuit breakers closed"
 
     def ready(self, hosts: list[str]) -> str:
         from pdkit.health import http_request
@@ -796,6 +831,7 @@ class Roller:
             gate("smoke", self.smoke)
         except RollError as exc:
             p(exc.host, "FAILED", f"gate '{exc.gate}': {exc.message}")
+            exc.restored = done_drain
             if done_drain:
                 self._recover(batch, hosts, before)
             else:
@@ -940,7 +976,7 @@ def cmd_roll(args: argparse.Namespace) -> int:
         except RollError as exc:
             untouched = [h for b in batches[batches.index(batch) + 1:] for h in b]
             print(f"pdkit roll: stopped: {exc}", file=sys.stderr)
-            print(f"pdkit roll: {exc.host} is back on its previous release where one was recorded; not touched: {', '.join(untouched) or 'none'}", file=sys.stderr)
+            print(stop_summary(exc, untouched), file=sys.stderr)
             return EXIT_FAILED
     if args.report:
         Path(args.report).write_text(json.dumps(report(roller.timings), indent=2) + "\n")
