@@ -70,7 +70,11 @@ def record_release() -> None:
     plan = current_plan()
     where = releases_dir(spec.cluster.install_dir)
     current = host_state()["release"]
-    needed = current.get("hash") != plan.release_hash or base.node_venv_will_change()
+    from pdkit.deploy import current_host
+
+    # a new venv of either kind is a new release too: a rollback must switch that link back
+    needed = current.get("hash") != plan.release_hash or base.node_venv_will_change() or (
+        current_host().router is not None and base.router_venv_will_change())
     q = shlex.quote
     python = f"{flags.venv_dir(spec)}/bin/python"
     venvs = " ".join(f"--venv {q(v)}" for v in (flags.venv_dir(spec), flags.router_venv_dir(spec)))

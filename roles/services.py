@@ -11,9 +11,8 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import python, server
 
-from pdkit import flags
+from pdkit import changes, flags, limitwarn, routersync
 from pdkit.deploy import current_host, current_plan, current_spec
-from pdkit import changes, limitwarn, routersync
 from pdkit.plan import Service, services_meta, services_not_started, staging_dir
 from roles import base
 from roles.facts import host_state, path_matches, unit_active_enabled
