@@ -103,7 +103,7 @@ def host_state() -> dict:
     units = tuple(s.unit for s in plan.services)
     venvs = (flags.venv_dir(spec), flags.router_venv_dir(spec))
     state = host.get_fact(
-        PdkitHostState, paths=paths, units=units, user=list(plan.users) or spec.cluster.service_user, venvs=venvs, packages=tuple(plan.packages),
+        PdkitHostState, paths=paths, units=units, user=list(plan.users or (spec.cluster.service_user,)), venvs=venvs, packages=tuple(plan.packages),
         releases=releases_dir(spec.cluster.install_dir),
     )
     read[host.name] = state
