@@ -125,3 +125,20 @@ def test_a_new_node_venv_restarts_the_exporter_in_deploy_roll_and_rollback(gpu01
               "services": services_meta(plan.services), "venvs": {NODE_VENV: "/opt/pdkit/venvs/new"}}
     restore = releases.plan_restore(target, dict(target["files"]), {NODE_VENV: "/opt/pdkit/venvs/old"}, {u: True for u in target["services"]}, list(target["services"]))
     assert sorted(restore.restart) == on_venv
+
+
+def test_a_node_whose_engines_left_the_spec_stops_and_removes_them(tmp_path):
+    """Item 1, units: the engines, their env files and the exporter of a node with no engines left."""
+    import copy
+
+    hosts = copy.deepcopy(BASE_HOSTS)
+    before = plan_cluster(load(str(write_inventory(tmp_path, hosts, BASE_CLUSTER))))["gpu02"]
+    hosts["gpu02"]["pdkit_node"]["engines"] = []
+    after = plan_cluster(load(str(write_inventory(tmp_path, hosts, BASE_CLUSTER))))["gpu02"]
+    state = _node_on(before)
+    assert not any(s.kind == "engine" or s.unit == "pdkit-exporter.service" for s in after.services)
+    units = {u: True for u in state["release"]["services"]}
+    assert changes.units_to_stop(state["release"]["services"], [s.unit for s in after.services], units) == sorted(
+        ["pdkit-engine-decode.service", "pdkit-engine-prefill.service", "pdkit-exporter.service"])
+    removed = host_diff(after, state).removes
+    assert {"/etc/systemd/system/pdkit-engine-decode.service", "/etc/pdkit/engines/decode.env", "/etc/pdkit/exporter.json"} <= set(removed)

@@ -84,6 +84,33 @@ def test_dropping_secrets_removes_their_files_restarts_their_users_and_a_second_
     wait_circuits_closed(spec)
 
 
+def test_engines_removed_from_the_spec_are_stopped_disabled_deleted_and_out_of_the_router(lab, converged, tmp_path):
+    """Item 1, units: before, the removed engines' units kept running with their files, and the next run reported 0 changes."""
+    spec = converged
+    host = spec["gpu"][-1]
+    assert host != spec["router"]
+    emptied = derived_inventory(tmp_path, "lab_no_engines", f"[d for n, d in gpu_nodes if n == {host!r}][0]['pdkit_node']['engines'] = []")
+    units = [*ENGINES, "pdkit-exporter.service"]
+    try:
+        rc, results, err = run_pyinfra(str(emptied))
+        assert rc == 0 and not failed_hosts(results), err[-4000:]
+        for unit in units:
+            state = ssh(lab, host, f"systemctl show -p LoadState -p ActiveState --value {unit}").stdout.split()
+            assert state == ["not-found", "inactive"], f"{host}: {unit} is {state} after its engine left the spec"
+            assert not exists(lab, host, f"/etc/systemd/system/{unit}")
+            assert not exists(lab, host, f"/etc/systemd/system/multi-user.target.wants/{unit}"), f"{host}: {unit} still enabled"
+        for path in ("/etc/pdkit/engines/prefill.env", "/etc/pdkit/engines/decode.env", "/etc/pdkit/exporter.json"):
+            assert not exists(lab, host, path), f"{host}: {path} is still there"
+        listed = [u for u in router_workers(spec) if f"//{spec['addr'][host]}:" in u]
+        assert listed == [], f"the router still lists {host}'s removed engines: {listed}"
+        rc, results, err = run_pyinfra(str(emptied))
+        assert rc == 0 and changed_hosts(results) == {}, f"the run after the removal changed: {changed_hosts(results)}"
+    finally:
+        back_to_base(spec)
+    workers = router_workers(spec)
+    assert all(workers.get(f"http://{spec['addr'][host]}:{p}") for p in (30000, 30001)), workers
+
+
 def test_serial_converges_a_port_change_and_an_added_node_whatever_the_host_order(lab, converged, tmp_path):
     """Item 2: with the router host first, its gate waited 120 s for a worker whose host was not deployed yet, and the rest never ran."""
     spec = converged
