@@ -538,6 +538,55 @@ def check_throughput(host: str, recorded: BenchPoint | None, measured: BenchPoin
     return CheckResult(host, "cluster", name, PASS, f"{text} (tolerance {tolerance:.0%})")
 
 
+def histogram_mean(text: str, name: str) -> tuple[float, float] | None:
+    """Pure: (sum, count) of histogram NAME summed over its children in one /metrics page, None when absent."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    total, count, seen = 0.0, 0.0, False
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == f"{name}_sum":
+                total += sample.value
+                seen = True
+            elif sample.name == f"{name}_count":
+                count += sample.value
+    return (total, count) if seen else None
+
+
+def check_decode_speed(itl: dict[tuple[str, str], float | None], tolerance: float = DEFAULT_TOLERANCE) -> list[CheckResult]:
+    """Per decode engine: its decode speed during doctor's own C=16 bench (1 / mean inter-token
+    latency, tokens per second per running request, from the engine's own histogram) against the
+    median of its peers measured in the same bench.
+
+    Why per engine (issue #18 item 10): the router spreads load, so one slow engine of three
+    barely moves the cluster's tok/s (630 against 638 recorded with one engine's graphs off);
+    each engine's own latency shows it at once. ITL: (host, engine) -> mean ITL in seconds during
+    the bench, None when the engine served no token in it.
+    """
+    name = "decode_speed_c16"
+    speeds = {k: 1.0 / v for k, v in itl.items() if v}
+    out = []
+    for (host, engine), value in sorted(itl.items()):
+        peers = sorted(sp for k, sp in speeds.items() if k != (host, engine))
+        if not value:
+            out.append(CheckResult(host, engine, name, WARN, "served no decode token during the bench",
+                                   "the router sent it nothing: see router_workers and its circuit breaker"))
+            continue
+        speed = 1.0 / value
+        if not peers:
+            out.append(CheckResult(host, engine, name, PASS, f"{speed:.0f} tok/s per request during the bench (no peer to compare)"))
+            continue
+        median = peers[len(peers) // 2] if len(peers) % 2 else (peers[len(peers) // 2 - 1] + peers[len(peers) // 2]) / 2
+        ratio = speed / median
+        text = f"{speed:.0f} tok/s per request vs its peers' median {median:.0f}: {ratio - 1:+.0%}"
+        if ratio < 1 - tolerance:
+            out.append(CheckResult(host, engine, name, FAIL, text,
+                                   "this engine decodes slower than its peers: see its decode_cuda_graph, flags and queues rows"))
+        else:
+            out.append(CheckResult(host, engine, name, PASS, f"{text} (tolerance {tolerance:.0%})"))
+    return out
+
+
 ENGINE_CHECKS: tuple[tuple[Callable[..., CheckResult], frozenset[str]], ...] = (
     (check_reachable, frozenset({"prefill", "decode", "unified"})),
     (check_flags, frozenset({"prefill", "decode", "unified"})),
@@ -898,9 +947,35 @@ def run_doctor(spec, *, window_s: float = 3.0, probe_requests: int = 8, timeout_
     """Collect from the live cluster and run every check."""
     collected = collect(spec, window_s=window_s, probe_requests=probe_requests, timeout_s=timeout_s, progress=progress)
     recorded = recorded_bench(spec, runs_path)
-    measured = fresh_bench(spec, recorded, progress, show_bar) if bench and recorded is not None else None
+    measured, speed = None, []
+    if bench and recorded is not None:
+        decode = [o.plan for o in collected.engines if o.plan.role in ("decode", "unified")]
+        before = _itl_sums(decode, timeout_s)
+        measured = fresh_bench(spec, recorded, progress, show_bar)
+        after = _itl_sums(decode, timeout_s)
+        speed = check_decode_speed({k: _mean_between(before.get(k), after.get(k)) for k in after}, tolerance)
     cluster_host = spec.router_hosts[0].name if spec.router_hosts else ""
-    return evaluate(collected.engines, collected.routers, recorded, measured, tolerance, cluster_host, collected.reboots)
+    return evaluate(collected.engines, collected.routers, recorded, measured, tolerance, cluster_host, collected.reboots) + speed
+
+
+def _itl_sums(plans: Sequence[EnginePlan], timeout_s: float) -> dict[tuple[str, str], tuple[float, float] | None]:
+    """(host, engine) -> (sum, count) of each engine's inter-token latency histogram now."""
+    from pdkit.metricnames import SGLANG
+
+    out = {}
+    for p in plans:
+        body, _ = _get(f"{p.url}/metrics", timeout_s)
+        out[(p.host, p.engine)] = histogram_mean(body, SGLANG["itl"]) if body is not None else None
+    return out
+
+
+def _mean_between(before: tuple[float, float] | None, after: tuple[float, float] | None) -> float | None:
+    """Mean of the observations between two (sum, count) readings, None when none were made."""
+    if after is None:
+        return None
+    s0, c0 = before or (0.0, 0.0)
+    count = after[1] - c0
+    return (after[0] - s0) / count if count > 0 else None
 
 
 def render_table(results: Sequence[CheckResult]) -> str:
@@ -968,5 +1043,6 @@ __all__ = [
     "BenchPoint", "CheckResult", "EngineObservation", "EnginePlan", "ExporterView", "RouterObservation", "Sample",
     "add_parser", "check_context_length", "check_decode_cuda_graphs", "check_env", "check_flags", "check_graph_buckets",
     "check_kv_transfers", "check_queues", "check_reachable", "check_router_workers", "check_throughput", "check_versions",
+    "check_decode_speed", "histogram_mean",
     "collect", "evaluate", "exit_code", "exporter_views", "render_table", "run_doctor",
 ]

@@ -217,16 +217,27 @@ def secrets_env(spec: ClusterSpec) -> dict[str, str]:
     return env
 
 
-def router_secrets_env(spec: ClusterSpec) -> dict[str, str]:
+def router_api_key_text(spec: ClusterSpec) -> str | None:
+    """The router's API key file (mode 0600 root; systemd hands it to the router as a credential), or None."""
     secrets = spec.cluster.secrets
     if secrets.router_api_key is None:
-        return {}
-    return {ROUTER_API_KEY_ENV: secrets.router_api_key.get_secret_value()}
+        return None
+    return secrets.router_api_key.get_secret_value() + "\n"
 
 
-# smg has no variable for its API key: pdkit's launcher (router_launcher_path) reads this one
-# and hands the key to smg in-process, so it never reaches argv
-ROUTER_API_KEY_ENV = "PDKIT_ROUTER_API_KEY"
+# the credential name the router unit loads the key file as (LoadCredential=); the launcher
+# reads $CREDENTIALS_DIRECTORY/<this> and hands the key to smg in-process, so it never reaches
+# argv or the environment (smg has no variable for it)
+ROUTER_API_KEY_CREDENTIAL = "router-api-key"
+
+
+def router_api_key_path(spec: ClusterSpec) -> str:
+    return f"{spec.cluster.config_dir}/router-api-key"
+
+
+def router_user(spec: ClusterSpec) -> str:
+    """The router's own user: an engine (the service user) cannot read the router's process or key."""
+    return f"{spec.cluster.service_user}-router"
 
 
 def router_launcher_path(spec: ClusterSpec) -> str:
@@ -268,8 +279,23 @@ def router_args(spec: ClusterSpec, host: HostSpec) -> list[str]:
     args += ["--health-failure-threshold", str(router.health_failure_threshold)]
     args += ["--worker-startup-check-interval", str(router.worker_startup_check_interval_secs)]
     # no --remove-unhealthy-workers: smg 1.13 never takes a removed worker back on the same address
+    args += router_breaker_args()
     args += list(router.extra_args)
     return args
+
+
+# The routers' circuit breaker (smg 1.13.0 and sglang-router 0.3.2 take the same flags, defaults
+# failure 10, success 3, timeout 60 s, window 120 s: smg/router_args.py, sglang_router/router_args.py).
+# With a 60 s timeout a worker that was killed and came back in 7 s sat idle until ~62 s while
+# /workers called it healthy (issue #18 item 6): its breaker stays open for the whole timeout.
+# A 3 s timeout lets the breaker try the worker again (half-open) 3 s after it opened, and two
+# successful requests close it, so a recovered worker gets traffic a few seconds after it is healthy;
+# a worker still down fails its trial request and the breaker opens again for another 3 s.
+ROUTER_BREAKER = {"cb-failure-threshold": 10, "cb-success-threshold": 2, "cb-timeout-duration-secs": 3, "cb-window-duration-secs": 60}
+
+
+def router_breaker_args() -> list[str]:
+    return [a for name, value in ROUTER_BREAKER.items() for a in (f"--{name}", str(value))]
 
 
 def router_command(spec: ClusterSpec, host: HostSpec) -> list[str]:

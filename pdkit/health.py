@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import time
@@ -41,9 +42,52 @@ def http_request(url: str, payload: dict | None = None, timeout: float = 5.0, he
 
 def _unit_state(unit: str) -> tuple[str, str]:
     """(ActiveState, InvocationID) of UNIT, in one systemctl call."""
-    out = subprocess.run(["systemctl", "show", "-p", "ActiveState", "-p", "InvocationID", unit], capture_output=True, text=True, timeout=10).stdout
+    snap = _unit_snapshot(unit)
+    return snap["ActiveState"], snap["InvocationID"]
+
+
+def _unit_snapshot(unit: str) -> dict[str, str]:
+    """ActiveState, SubState, InvocationID, NRestarts of UNIT, in one systemctl call."""
+    out = subprocess.run(["systemctl", "show", "-p", "ActiveState", "-p", "SubState", "-p", "InvocationID", "-p", "NRestarts", unit],
+                         capture_output=True, text=True, timeout=10).stdout
     props = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
-    return props.get("ActiveState", ""), props.get("InvocationID", "")
+    return {k: props.get(k, "") for k in ("ActiveState", "SubState", "InvocationID", "NRestarts")}
+
+
+def start_failed(first: dict[str, str], now: dict[str, str]) -> bool:
+    """Pure: the start the gate is watching has failed, at its FIRST failure: the unit failed, is
+    waiting to be restarted (Restart=on-failure), or systemd already started it again (a new
+    invocation or a higher restart count). Waiting for systemd's start limit instead took 27 s
+    (five starts) to call a broken canary broken (issue #18 item 7)."""
+    if now.get("ActiveState") == "failed" or now.get("SubState") == "auto-restart":
+        return True
+    if first.get("InvocationID") and now.get("InvocationID") and now["InvocationID"] != first["InvocationID"]:
+        return True
+    try:
+        return int(now.get("NRestarts") or 0) > int(first.get("NRestarts") or 0)
+    except ValueError:
+        return False
+
+
+_ARGPARSE_ERROR = re.compile(r"^\S+: error: .+")
+_EXCEPTION = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit|Interrupt)\b:?.*")
+
+
+def error_line(log: str) -> str:
+    """Pure: the engine's own error, one line, from its journal: argparse's `prog: error: ...`
+    (not its usage fragments), else a Python exception's last line, else the last line that says
+    error, else the last line."""
+    lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
+    for ln in lines:
+        if _ARGPARSE_ERROR.match(ln):
+            return ln
+    for ln in reversed(lines):
+        if _EXCEPTION.match(ln):
+            return ln
+    for ln in reversed(lines):
+        if "error" in ln.lower():
+            return ln
+    return lines[-1] if lines else "(it logged nothing)"
 
 
 def unit_log(unit: str, invocation: str, lines: int | None = None) -> str:
@@ -57,21 +101,26 @@ def wait_engine(unit: str, url: str, timeout: float, interval: float = 1.0, poll
     """Ready = the unit's current invocation logged the readiness line and URL answers 200.
 
     URL is polled every POLL seconds (an HTTP GET costs a few milliseconds); the journal is read
-    only once it answers 200, and the unit's state every INTERVAL to catch a failed start. Not
-    `journalctl --follow`: journald batches its change notifications (~250 ms), and a follower
-    sees the line that much late.
+    only once it answers 200, and the unit's state every INTERVAL (0.2 s while not active) to
+    catch a failed start at once (start_failed): the message is then the engine's own error
+    line (error_line). Not `journalctl --follow`: journald batches its change notifications
+    (~250 ms), and a follower sees the line that much late.
     """
     deadline = time.monotonic() + timeout
     reason = "not checked yet"
     next_state_check = 0.0
+    first: dict[str, str] = {}
     state, invocation = "", ""
     while time.monotonic() < deadline:
         now = time.monotonic()
         if now >= next_state_check:
-            state, invocation = _unit_state(unit)
+            snap = _unit_snapshot(unit)
+            state, invocation = snap["ActiveState"], snap["InvocationID"]
+            if not first and invocation:
+                first = snap
             next_state_check = now + (interval if state == "active" else min(interval, 0.2))
-            if state == "failed":
-                return False, f"{unit} failed: " + " | ".join(unit_log(unit, invocation, 5).strip().splitlines()[-5:])
+            if first and start_failed(first, snap):
+                return False, f"{unit} failed at its first start: " + error_line(unit_log(unit, first["InvocationID"]))
         if state == "active" and invocation:
             status, body = http_request(url, timeout=min(5.0, max(deadline - now, 0.1)))
             if status == 200:
@@ -103,14 +152,36 @@ def router_worker_health(body: str) -> dict[str, bool]:
     return health
 
 
+def router_verdict(wanted: set[str], remote: set[str], listed: dict[str, bool], answering: set[str]) -> tuple[str, list[str], list[str], list[str]]:
+    """Pure: ("ready" | "pending" | "waiting", missing, unhealthy, pending) for a router gate.
+
+    WANTED: every planned worker; REMOTE: those on other hosts; LISTED: url -> healthy in the
+    router's /workers; ANSWERING: remote workers whose own /health answers 200 now. A remote
+    worker that does not answer is pending: its host has not been deployed yet in this run (a
+    `--serial` run may reach the router host first), and that host's deploy registers it in
+    this router and gates it there (pdkit/routersync.py). Every other planned worker must be
+    listed healthy.
+    """
+    pending = sorted(w for w in remote if w not in answering and not listed.get(w, False))
+    required = wanted - set(pending)
+    missing = sorted(required - set(listed))
+    unhealthy = sorted(w for w in required & set(listed) if not listed[w])
+    if missing or unhealthy:
+        return "waiting", missing, unhealthy, pending
+    return ("pending" if pending else "ready"), missing, unhealthy, pending
+
+
 def wait_router(
-    url: str, workers: list[str], timeout: float, interval: float = 1.0, api_key: str | None = None, model: str | None = None
+    url: str, workers: list[str], timeout: float, interval: float = 1.0, api_key: str | None = None, model: str | None = None,
+    remote: list[str] | None = None,
 ) -> tuple[bool, str]:
-    """Ready = every planned worker registered and healthy, then (with MODEL) one real completion succeeds."""
+    """Ready = every planned worker registered and healthy, then (with MODEL) one real completion
+    succeeds; workers on other hosts (REMOTE) that do not answer yet are pending (router_verdict)."""
     deadline = time.monotonic() + timeout
     reason = "not checked yet"
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    wanted = {w.rstrip("/") for w in workers}
+    others = {w.rstrip("/") for w in remote or []}
+    wanted = {w.rstrip("/") for w in workers} | others
     base = url.rstrip("/")
     while time.monotonic() < deadline:
         status, body = http_request(f"{base}/workers", headers=headers)
@@ -119,9 +190,12 @@ def wait_router(
                 health = router_worker_health(body)
             except (ValueError, AttributeError) as exc:
                 return False, f"{url}/workers answered something unreadable: {exc}"
-            missing = sorted(wanted - set(health))
-            unhealthy = sorted(w for w in wanted & set(health) if not health[w])
-            if not missing and not unhealthy:
+            answering = {w for w in others if http_request(f"{w}/health", timeout=2)[0] == 200}
+            verdict, missing, unhealthy, pending = router_verdict(wanted, others, health, answering)
+            if verdict == "pending":
+                return True, (f"router up: the {len(wanted) - len(pending)} workers that are up are registered and healthy; "
+                              f"pending {pending} (their hosts are not deployed yet: their own deploy registers and gates them here)")
+            if verdict == "ready":
                 if model is None:
                     return True, f"router ready: all {len(wanted)} planned workers registered and healthy"
                 # healthy in /workers is not yet routable (circuit breakers, PD pairing): prove it
@@ -176,9 +250,11 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--timeout", type=float, default=600)
     r = sub.add_parser("router")
     r.add_argument("--url", required=True, help="the router's base URL")
-    r.add_argument("--worker", action="append", default=[], help="a planned worker URL (repeat)")
+    r.add_argument("--worker", action="append", default=[], help="a planned worker URL on this host (repeat)")
+    r.add_argument("--remote-worker", action="append", default=[], help="a planned worker URL on another host: pending while it does not answer (repeat)")
     r.add_argument("--timeout", type=float, default=120)
     r.add_argument("--model", help="served model name: send one real completion once the workers are healthy")
+    r.add_argument("--api-key-file", help="a root-only file holding the router's API key (never on the command line)")
     h = sub.add_parser("http")
     h.add_argument("--url", required=True, help="a URL that answers 200 when the service is ready")
     h.add_argument("--timeout", type=float, default=120)
@@ -202,10 +278,15 @@ def main(argv: list[str] | None = None) -> int:
     elif args.kind == "http":
         ok, message = wait_http(args.url, args.timeout)
     else:
-        import os
-
-        # the deploy sources the router's mode-0600 env file for this one command
-        ok, message = wait_router(args.url, args.worker, args.timeout, api_key=os.environ.get("PDKIT_ROUTER_API_KEY"), model=args.model)
+        api_key = None
+        if args.api_key_file:
+            try:
+                with open(args.api_key_file) as fh:
+                    api_key = fh.read().strip()
+            except OSError as exc:
+                print(f"cannot read the router's API key from {args.api_key_file}: {exc}", file=sys.stderr)
+                return 1
+        ok, message = wait_router(args.url, args.worker, args.timeout, api_key=api_key, model=args.model, remote=args.remote_worker)
     print(f"{message} ({time.monotonic() - start:.1f} s)", file=sys.stdout if ok else sys.stderr)
     return 0 if ok else 1
 

@@ -54,13 +54,25 @@ class Service:
     # engines: the log line that marks readiness; router: the worker URLs it must list healthy
     ready_log_line: str | None = None
     expected_workers: tuple[str, ...] = ()
-    # env files the health gate must read too (the router's API key)
-    env_files: tuple[str, ...] = ()
+    # router: those of expected_workers on other hosts (its gate lets them be pending: pdkit/health.py router_verdict)
+    remote_workers: tuple[str, ...] = ()
+    # the root-only file the router's health gate reads its API key from
+    api_key_file: str | None = None
     # served model name, for the router gate's real completion
     model: str | None = None
     engine: str | None = None
     role: str | None = None
     port: int | None = None
+    # the venv link ExecStart runs from (a new venv there restarts it: pdkit/changes.py); None: none of pdkit's
+    venv: str | None = None
+
+
+def services_meta(services: "tuple[Service, ...] | list[Service]") -> dict[str, dict]:
+    """What a release keeps of each service, and what the restart rule reads (pdkit/changes.py): no secrets."""
+    return {
+        s.unit: {"kind": s.kind, "files": list(s.files), "health_url": s.health_url, "ready_timeout_s": s.ready_timeout_s, "venv": s.venv}
+        for s in services
+    }
 
 
 @dataclass(frozen=True)
@@ -72,6 +84,8 @@ class HostPlan:
     directories: tuple[tuple[str, str, str, str], ...] = field(default_factory=tuple)
     # Debian packages this host needs (from the nodes' own apt sources)
     packages: tuple[str, ...] = ()
+    # unprivileged system users (no login) the services run as: the engines' (and exporter's), the router's
+    users: tuple[str, ...] = ()
 
     def file(self, path: str) -> PlannedFile:
         for f in self.files:
@@ -143,7 +157,6 @@ def config_paths(spec: ClusterSpec) -> dict[str, str]:
         "nccl": f"{base}/nccl.env",
         "ucx": f"{base}/ucx.env",
         "secrets": f"{base}/secrets.env",
-        "router_env": f"{base}/router.env",
         "release": f"{base}/release.json",
     }
 
@@ -256,6 +269,7 @@ def plan_host(spec: ClusterSpec, host: HostSpec) -> HostPlan:
                     engine=engine.name,
                     role=engine.role,
                     port=engine.port,
+                    venv=flags.venv_dir(spec),
                 )
             )
 
@@ -273,6 +287,8 @@ def plan_host(spec: ClusterSpec, host: HostSpec) -> HostPlan:
                 health_url=f"http://{spec.engine_address(host)}:{host.node.exporter_port}/metrics",
                 ready_timeout_s=60,
                 port=host.node.exporter_port,
+                # it runs `python -m pdkit.exporter` from the node venv: a new pdkit wheel must restart it
+                venv=flags.venv_dir(spec),
             )
         )
 
@@ -292,19 +308,20 @@ def plan_host(spec: ClusterSpec, host: HostSpec) -> HostPlan:
         )
 
     if host.router is not None:
-        router_secrets = flags.router_secrets_env(spec)
-        env_files = []
-        if router_secrets:
-            files.append(config_file(paths["router_env"], env_file_text("router secrets (mode 0600, root only)", router_secrets), secret=True))
-            env_files.append(paths["router_env"])
-            files.append(PlannedFile(flags.router_launcher_path(spec), render_template("router-launch.py.j2", env_name=flags.ROUTER_API_KEY_ENV), "0755"))
+        key_text = flags.router_api_key_text(spec)
+        key_path = flags.router_api_key_path(spec)
+        if key_text is not None:
+            # root-only: systemd reads it for the router (LoadCredential=), no engine or other user can
+            files.append(PlannedFile(key_path, key_text, "0600", "root", "root", secret=True))
+            files.append(PlannedFile(flags.router_launcher_path(spec), render_template("router-launch.py.j2", credential=flags.ROUTER_API_KEY_CREDENTIAL), "0755"))
         package, version = spec.router_release(host)
         unit_text = render_template(
             "systemd/router.service.j2",
-            **common,
+            **{**common, "user": flags.router_user(spec)},
             package=package,
             version=version,
-            env_files=env_files,
+            api_key_file=key_path if key_text is not None else None,
+            credential=flags.ROUTER_API_KEY_CREDENTIAL,
             exec_start=exec_start(flags.router_command(spec, host)),
         )
         unit_path = f"{SYSTEMD_DIR}/pdkit-router.service"
@@ -313,13 +330,15 @@ def plan_host(spec: ClusterSpec, host: HostSpec) -> HostPlan:
             Service(
                 unit="pdkit-router.service",
                 kind="router",
-                files=tuple(sorted([unit_path, *env_files])),
+                files=tuple(sorted([unit_path, *([key_path, flags.router_launcher_path(spec)] if key_text is not None else [])])),
                 health_url=f"http://{flags.router_address(host)}:{host.router.port}/health",
                 ready_timeout_s=120,
                 expected_workers=tuple(flags.engine_url(spec, h, e) for h, e in spec.router_workers(host)),
-                env_files=tuple(env_files),
+                remote_workers=tuple(flags.engine_url(spec, h, e) for h, e in spec.router_workers(host) if h.name != host.name),
+                api_key_file=key_path if key_text is not None else None,
                 model=spec.cluster.model.name,
                 port=host.router.port,
+                venv=flags.router_venv_dir(spec),
             )
         )
 
@@ -330,6 +349,7 @@ def plan_host(spec: ClusterSpec, host: HostSpec) -> HostPlan:
     files.append(PlannedFile(paths["release"], _release_manifest(spec, host, files, services), "0644"))
     return HostPlan(
         packages=tuple(host_packages(spec, host)),
+        users=(user, *([flags.router_user(spec)] if host.router is not None else [])),
         host=host.name,
         files=tuple(sorted(files, key=lambda f: f.path)),
         services=tuple(services),

@@ -34,6 +34,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pdkit import changes
+
 KEEP = 10
 CURRENT = "CURRENT"
 META = "meta.json"
@@ -87,31 +89,28 @@ class RestorePlan:
 
 
 def plan_restore(
-    target: dict, current_files: dict[str, dict | None], current_venvs: dict[str, str], unit_active: dict[str, bool], current_units: list[str]
+    target: dict, current_files: dict[str, dict | None], current_venvs: dict[str, str], unit_active: dict[str, bool], current_units: list[str],
+    previous: dict[str, dict] | None = None,
 ) -> RestorePlan:
     """Pure: the steps that put a node back on TARGET (a release's meta) from its current state.
 
     current_files: path -> {mode, owner, group, sha256} or None (missing), for every path the
-    release has AND every path of the current configuration.
+    release has AND every path of the current configuration. previous: the services of the
+    release the node runs now (a file a unit read there counts as its file).
     """
     plan = RestorePlan()
     for path, want in sorted(target["files"].items()):
         have = current_files.get(path)
         if have is None or any(have.get(k) != want[k] for k in ("mode", "owner", "group", "sha256")):
             plan.write.append(path)
-    plan.remove = sorted(p for p, have in current_files.items() if have is not None and p not in target["files"])
+    # the one rule the deploy uses too (pdkit/changes.py): files, units and venvs
+    plan.remove = changes.removals([p for p, have in current_files.items() if have is not None], target["files"], [p for p, have in current_files.items() if have is not None])
     plan.venv_switch = {link: dest for link, dest in sorted(target.get("venvs", {}).items()) if current_venvs.get(link) != dest}
     services: dict[str, dict] = target.get("services", {})
-    changed = set(plan.write) | set(plan.remove)
-    restart = []
-    for unit, svc in services.items():
-        files_changed = bool(changed & set(svc.get("files", [])))
-        venv_changed = bool(plan.venv_switch) and svc.get("kind") in ("engine", "http")
-        if files_changed or venv_changed or not unit_active.get(unit, False):
-            restart.append(unit)
-    # engines first: the router's gate needs its workers (the deploy's order)
-    plan.restart = sorted(restart, key=lambda u: (services[u].get("kind") != "engine", u))
-    plan.stop = sorted(u for u in current_units if u not in services)
+    decision = changes.decide(services, set(plan.write) | set(plan.remove), set(plan.venv_switch), unit_active, previous)
+    plan.restart = [*decision.start, *decision.restart]
+    plan.restart = sorted(plan.restart, key=lambda u: (services[u].get("kind") == "router", services[u].get("kind") != "engine", u))
+    plan.stop = changes.units_to_stop(current_units, services, {u: True for u in current_units})
     return plan
 
 
@@ -310,7 +309,10 @@ def restore(
     cur_venvs = {link: ("/" + os.path.relpath(os.path.realpath(host_path(root, link)), root) if root != Path("/") else os.path.realpath(link)) for link in target.get("venvs", {})}
     units = current_units(root, release_json)
     active = {u: unit_active(u) for u in set(target.get("services", {})) | set(units)}
-    plan = plan_restore(target, cur_files, cur_venvs, active, units)
+    previous = None
+    if current and (releases / current / META).is_file():
+        previous = json.loads((releases / current / META).read_text()).get("services")
+    plan = plan_restore(target, cur_files, cur_venvs, active, units, previous)
     log(f"restoring {rid}: {len(plan.write)} file(s) to write, {len(plan.remove)} to remove, venv switch {sorted(plan.venv_switch) or 'none'}, restart {plan.restart or 'none'}")
     for unit in plan.stop:
         systemctl(["disable", "--now", unit])

@@ -55,6 +55,19 @@ class RollError(RuntimeError):
     def __init__(self, host: str, gate: str, message: str) -> None:
         super().__init__(f"{host}: gate '{gate}' failed: {message}")
         self.host, self.gate, self.message = host, gate, message
+        # set by roll_batch: whether the batch was put back on its previous release (an apply was
+        # attempted), so the final line never claims a restore when nothing was changed
+        self.restored: bool | None = None
+
+
+def stop_summary(exc: RollError, untouched: list[str]) -> str:
+    """Pure: the roll's last line after a failed gate: what state the failed node is in."""
+    rest = f"not touched: {', '.join(untouched) or 'none'}"
+    if exc.restored:
+        return f"pdkit roll: {exc.host} is back on its previous release where one was recorded; {rest}"
+    if exc.gate == "connect":
+        return f"pdkit roll: {exc.host} could not be reached: nothing was changed on it; {rest}"
+    return f"pdkit roll: {exc.host}: nothing was applied (gate '{exc.gate}' failed before the deploy); its engines are back in the router; {rest}"
 
 
 # ================================================================ pure planning
@@ -198,27 +211,41 @@ class HostDiff:
     files: tuple[str, ...]  # paths whose bytes, mode or owner differ (or that are missing)
     restarts: tuple[str, ...]  # units that would (re)start
     new_venv: bool = False
+    removes: tuple[str, ...] = ()  # files the node's release has and the plan no longer does
 
 
-def host_diff(plan: HostPlan, state: dict, *, new_venv: bool = False) -> HostDiff:
-    """Pure: the files that differ from the plan and the services that would restart (roles/services.py's rules)."""
-    files = tuple(
-        f.path for f in plan.files if state.get("paths", {}).get(f.path) != ["file", f.mode, f.owner, f.group, f.sha256]
-    )
-    restarts = []
+def host_diff(plan: HostPlan, state: dict, *, new_venv: bool = False, new_venvs: Iterable[str] = ()) -> HostDiff:
+    """Pure: the files that differ from the plan (or that it no longer has) and the services that
+    would (re)start, by the deploy's own rule (pdkit/changes.py). NEW_VENV: the node venv is
+    replaced (its link is the engines' `venv`); NEW_VENVS: any other replaced venv links."""
+    from pdkit import changes
+    from pdkit.plan import services_meta
+
+    paths = state.get("paths", {})
+    files = tuple(f.path for f in plan.files if paths.get(f.path) != ["file", f.mode, f.owner, f.group, f.sha256])
+    recorded = state.get("release", {}) or {}
+    present = [p for p, st in paths.items() if st and st[0] == "file"]
+    removed = tuple(changes.removals(recorded.get("files", []), [f.path for f in plan.files], present))
+    venvs = set(new_venvs)
+    if new_venv:
+        venvs |= {s.venv for s in plan.services if s.kind == "engine" and s.venv}
+    running = {}
     for service in plan.services:
         unit_state = state.get("units", {}).get(service.unit) or []
-        active = len(unit_state) > 1 and unit_state[1] in ("active", "activating", "reloading")
-        enabled = len(unit_state) > 2 and unit_state[2] == "enabled"
-        changed = any(p in files for p in service.files) or (new_venv and service.kind == "engine")
-        if changed or not (active and enabled):
-            restarts.append(service.unit)
-    return HostDiff(plan.host, files, tuple(restarts), new_venv)
+        running[service.unit] = len(unit_state) > 2 and unit_state[1] in ("active", "activating", "reloading") and unit_state[2] == "enabled"
+    decision = changes.decide(services_meta(plan.services), {*files, *removed}, venvs, running, recorded.get("services"))
+    restarts = tuple(s.unit for s in plan.services if s.unit in {*decision.start, *decision.restart})
+    return HostDiff(plan.host, files, restarts, new_venv, removed)
+
+
+def open_breakers(states: dict[str, float], urls: Iterable[str]) -> list[str]:
+    """Pure: the URLs among URLS whose breaker the router reports open (smg_worker_cb_state 1)."""
+    return sorted(u.rstrip("/") for u in urls if states.get(u.rstrip("/")) == 1)
 
 
 def unchanged_hosts(diffs: dict[str, HostDiff]) -> set[str]:
     """Hosts already as planned (no file, no restart, no new venv): the roll leaves them serving."""
-    return {h for h, d in diffs.items() if not (d.files or d.restarts or d.new_venv)}
+    return {h for h, d in diffs.items() if not (d.files or d.restarts or d.new_venv or d.removes)}
 
 
 def format_dry_plan(batches: list[list[str]], diffs: dict[str, HostDiff], explanations: list[str], secret_paths: set[str]) -> str:
@@ -237,12 +264,14 @@ def format_dry_plan(batches: list[list[str]], diffs: dict[str, HostDiff], explan
             if d is None:
                 lines.append(f"  {step}. {host}: state not read")
                 continue
-            if not d.files and not d.restarts:
+            if not d.files and not d.restarts and not d.removes:
                 lines.append(f"  {step}. {host}: no change")
                 continue
             lines.append(f"  {step}. {host}: {len(d.files)} file(s) differ from the plan, {len(d.restarts)} service(s) would restart" + (" (new node venv)" if d.new_venv else ""))
             for path in d.files:
                 lines.append(f"       file     {path}" + ("  (secret: content not shown)" if path in secret_paths else ""))
+            for path in d.removes:
+                lines.append(f"       remove   {path}  (no longer planned)")
             for unit in d.restarts:
                 lines.append(f"       restart  {unit}")
     return "\n".join(lines)
@@ -466,7 +495,8 @@ class Pyinfra:
                 return {h: f"the deploy stopped: {exc}" for h in hosts}
             except Exception as exc:  # noqa: BLE001 - pyinfra raises its own errors for a failed host
                 failed = {h.name for h in state.failed_hosts} or set(hosts)
-                return {h: f"{type(exc).__name__}: {exc}; " + (_why(log.lines, h) or "") for h in failed}
+                # pyinfra's own "No hosts remaining!" says nothing a user can act on: the gate's line does
+                return {h: _why(log.lines, h) or f"{type(exc).__name__}: {exc}" for h in failed}
         connected = {h.name for h in state.activated_hosts}
         failed = {h.name for h in state.failed_hosts} | (set(hosts) - connected)
         return {h: _why(log.lines, h) or failed_note for h in failed}
@@ -485,7 +515,12 @@ def roll_inventory(path: str) -> Any:
 
 
 def _why(lines: list[str], host: str) -> str:
+    """Why HOST failed, from pyinfra's log lines: a health gate's own FAILED line (it carries the
+    engine's journal error) when there is one, else the host's last lines."""
     mine = [ln.strip() for ln in lines if host in ln or not ln.lstrip().startswith("[")]
+    gates = [ln.split("FAILED", 1)[1].strip() for ln in mine if "FAILED " in ln]
+    if gates:
+        return " | ".join(dict.fromkeys(gates))[-1500:]
     return " | ".join(mine[-6:])[-1500:]
 
 
@@ -643,7 +678,18 @@ class Roller:
             by_client.setdefault(id(client), (client, []))[1].append(url)
         for client, urls in by_client.values():
             client.wait_healthy(urls, timeout=self.router_timeout_s)
-        return f"{len(workers)} worker(s) back in the router and healthy"
+        # a re-added worker must also be routable: no circuit breaker left open on it (smg's gauge;
+        # sglang-router 0.3.2 has none, so /workers alone decides there)
+        for router_host, client in self.routers():
+            urls = by_client.get(id(client), (client, []))[1]
+            if not urls:
+                continue
+            deadline = time.monotonic() + self.router_timeout_s
+            while still := open_breakers(self.circuit_states(router_host), urls):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"circuit breaker still open on {', '.join(still)} at {client.base_url} {self.router_timeout_s:.0f} s after the re-add")
+                time.sleep(0.25)
+        return f"{len(workers)} worker(s) back in the router, healthy, circuit breakers closed"
 
     def ready(self, hosts: list[str]) -> str:
         from pdkit.health import http_request
@@ -785,6 +831,7 @@ class Roller:
             gate("smoke", self.smoke)
         except RollError as exc:
             p(exc.host, "FAILED", f"gate '{exc.gate}': {exc.message}")
+            exc.restored = done_drain
             if done_drain:
                 self._recover(batch, hosts, before)
             else:
@@ -929,7 +976,7 @@ def cmd_roll(args: argparse.Namespace) -> int:
         except RollError as exc:
             untouched = [h for b in batches[batches.index(batch) + 1:] for h in b]
             print(f"pdkit roll: stopped: {exc}", file=sys.stderr)
-            print(f"pdkit roll: {exc.host} is back on its previous release where one was recorded; not touched: {', '.join(untouched) or 'none'}", file=sys.stderr)
+            print(stop_summary(exc, untouched), file=sys.stderr)
             return EXIT_FAILED
     if args.report:
         Path(args.report).write_text(json.dumps(report(roller.timings), indent=2) + "\n")

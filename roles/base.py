@@ -38,14 +38,15 @@ def _fail_prepare(exc: Exception) -> NoReturn:
 def service_user_and_dirs() -> None:
     spec = current_spec()
     state = host_state()
-    user = spec.cluster.service_user
-    if not state["user"]:
-        server.group(name=f"Group {user}", group=user, system=True)
-        server.user(
-            name=f"User {user} (unprivileged, no login)",
-            user=user, group=user, system=True, home=f"/var/lib/{user}", shell="/usr/sbin/nologin",
-            ensure_home=False,
-        )
+    # one user per trust domain (docs/security.md): the engines', the router's
+    for user in current_plan().users or (spec.cluster.service_user,):
+        if not state.get("users", {}).get(user, state["user"]):
+            server.group(name=f"Group {user}", group=user, system=True)
+            server.user(
+                name=f"User {user} (unprivileged, no login)",
+                user=user, group=user, system=True, home=f"/var/lib/{user}", shell="/usr/sbin/nologin",
+                ensure_home=False,
+            )
     install = spec.cluster.install_dir
     wanted = [*current_plan().directories, (install, "0755", "root", "root"), (f"{install}/wheelhouse", "0755", "root", "root")]
     for path, mode, owner, group in wanted:
@@ -68,6 +69,16 @@ def node_venv_will_change() -> bool:
     """True when this run installs a new node venv: the engines must then restart onto it."""
     try:
         return not _installed(*_node_bundle())
+    except WheelhouseError as exc:
+        _fail_prepare(exc)
+
+
+def router_venv_will_change() -> bool:
+    """True when this run installs a new router venv: the router must then restart onto it."""
+    spec = current_spec()
+    package, version = spec.router_release(current_host())
+    try:
+        return not _installed(wheelhouse.router_bundle(node_platform(), package, version), flags.router_venv_dir(spec))
     except WheelhouseError as exc:
         _fail_prepare(exc)
 

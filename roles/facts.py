@@ -57,11 +57,16 @@ def release(d):
     try:
         cur = open(os.path.join(d, "CURRENT")).read().strip()
         meta = json.load(open(os.path.join(d, cur, "meta.json")))
-        return {"id": cur, "hash": meta["hash"], "venvs": meta.get("venvs", {})}
+        # files and services too: what the current release laid down that a new plan may drop (pdkit/changes.py)
+        return {"id": cur, "hash": meta["hash"], "venvs": meta.get("venvs", {}), "files": sorted(meta.get("files", {})), "services": meta.get("services", {})}
     except (OSError, ValueError, KeyError, TypeError):
         return {}
 import platform
-print(json.dumps({"release": release(releases) if releases else {}, "packages": installed(packages), "python": "%d.%d" % sys.version_info[:2], "glibc": os.confstr("CS_GNU_LIBC_VERSION") or "", "arch": platform.machine(), "paths": {p: stat(p) for p in paths}, "units": unit_states(units), "user": has_user(user), "venvs": {v: markers(v) for v in venvs}}))
+rel = release(releases) if releases else {}
+# the current release's files and units are read too: the deploy removes the ones the plan dropped
+paths = sorted(set(paths) | set(rel.get("files", [])))
+units = list(units) + [u for u in sorted(rel.get("services", {})) if u not in units]
+print(json.dumps({"release": rel, "packages": installed(packages), "python": "%d.%d" % sys.version_info[:2], "glibc": os.confstr("CS_GNU_LIBC_VERSION") or "", "arch": platform.machine(), "paths": {p: stat(p) for p in paths}, "units": unit_states(units), "user": all(has_user(u) for u in (user if isinstance(user, list) else [user])), "users": {u: has_user(u) for u in (user if isinstance(user, list) else [user])}, "venvs": {v: markers(v) for v in venvs}}))
 """
 
 
@@ -69,7 +74,7 @@ class PdkitHostState(FactBase):
     """Python version, glibc and machine, every planned path (kind, mode, owner, group, sha256), unit states, service
     user, venvs' bundle markers, installed packages, and the release the node runs (pdkit/releases.py)."""
 
-    def command(self, paths: tuple[str, ...], units: tuple[str, ...], user: str, venvs: tuple[str, ...], packages: tuple[str, ...] = (), releases: str = "") -> str:
+    def command(self, paths: tuple[str, ...], units: tuple[str, ...], user: str | list[str], venvs: tuple[str, ...], packages: tuple[str, ...] = (), releases: str = "") -> str:
         return f"python3 -c {shlex.quote(_PROBE)} {shlex.quote(json.dumps([list(paths), list(units), user, list(venvs), list(packages), releases]))}"
 
     def process(self, output):
@@ -98,7 +103,7 @@ def host_state() -> dict:
     units = tuple(s.unit for s in plan.services)
     venvs = (flags.venv_dir(spec), flags.router_venv_dir(spec))
     state = host.get_fact(
-        PdkitHostState, paths=paths, units=units, user=spec.cluster.service_user, venvs=venvs, packages=tuple(plan.packages),
+        PdkitHostState, paths=paths, units=units, user=list(plan.users or (spec.cluster.service_user,)), venvs=venvs, packages=tuple(plan.packages),
         releases=releases_dir(spec.cluster.install_dir),
     )
     read[host.name] = state

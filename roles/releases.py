@@ -56,11 +56,10 @@ def applied_by() -> str:
 
 
 def services_meta() -> dict[str, dict]:
-    """What a restore needs to know about each planned service (no secrets: units, files, URLs)."""
-    return {
-        s.unit: {"kind": s.kind, "files": list(s.files), "health_url": s.health_url, "ready_timeout_s": s.ready_timeout_s}
-        for s in current_plan().services
-    }
+    """What a restore needs to know about each planned service (no secrets: units, files, URLs, venv)."""
+    from pdkit.plan import services_meta as meta
+
+    return meta(current_plan().services)
 
 
 @deploy("pdkit releases: keep the applied configuration as a release")
@@ -71,7 +70,11 @@ def record_release() -> None:
     plan = current_plan()
     where = releases_dir(spec.cluster.install_dir)
     current = host_state()["release"]
-    needed = current.get("hash") != plan.release_hash or base.node_venv_will_change()
+    from pdkit.deploy import current_host
+
+    # a new venv of either kind is a new release too: a rollback must switch that link back
+    needed = current.get("hash") != plan.release_hash or base.node_venv_will_change() or (
+        current_host().router is not None and base.router_venv_will_change())
     q = shlex.quote
     python = f"{flags.venv_dir(spec)}/bin/python"
     venvs = " ".join(f"--venv {q(v)}" for v in (flags.venv_dir(spec), flags.router_venv_dir(spec)))

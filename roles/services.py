@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import atexit
 import shlex
 import sys
+from weakref import WeakKeyDictionary
 
 from pyinfra import host
 from pyinfra.api import deploy
-from pyinfra.operations import server
+from pyinfra.operations import python, server
 
-from pdkit import flags
+from pdkit import changes, flags, limitwarn, routersync
 from pdkit.deploy import current_host, current_plan, current_spec
-from pdkit.plan import Service, services_not_started, staging_dir
+from pdkit.plan import Service, services_meta, services_not_started, staging_dir
 from roles import base
 from roles.facts import host_state, path_matches, unit_active_enabled
 from roles.install_files import install_files
@@ -22,18 +24,25 @@ def is_unit_file(path: str) -> bool:
     return path.endswith(".service") or ".service.d/" in path
 
 
-def restart_plan(services: list[Service], state: dict, changed_paths: set[str], new_venv: bool) -> tuple[list[Service], list[Service]]:
-    """(services to start, services to restart): a unit not running (or not enabled) is started;
-    a running one restarts when one of its files changes, or, for an engine, when a new node
-    venv is installed (it must restart onto it)."""
-    start, restart = [], []
-    for service in services:
-        _, active, enabled = unit_active_enabled(state, service.unit)
-        if not (active and enabled):
-            start.append(service)
-        elif (new_venv and service.kind == "engine") or changed_paths.intersection(service.files):
-            restart.append(service)
-    return start, restart
+def restart_plan(services: list[Service], state: dict, changed_paths: set[str], changed_venvs: set[str]) -> tuple[list[Service], list[Service]]:
+    """(services to start, services to restart), by the one restart rule (pdkit/changes.py) that
+    roll and rollback use too: a unit not running (or not enabled) is started; a running one
+    restarts when one of its files (or one it read in the current release) was written or
+    removed, or the venv it runs from was replaced."""
+    running = {s.unit: all(unit_active_enabled(state, s.unit)[1:]) for s in services}
+    decision = changes.decide(services_meta(services), changed_paths, changed_venvs, running, state.get("release", {}).get("services"))
+    by_unit = {s.unit: s for s in services}
+    return [by_unit[u] for u in decision.start], [by_unit[u] for u in decision.restart]
+
+
+def changed_venvs(spec) -> set[str]:
+    """The venv links this run points at a new venv (roles/base.py decides)."""
+    out = set()
+    if base.node_venv_will_change():
+        out.add(flags.venv_dir(spec))
+    if current_host().router is not None and base.router_venv_will_change():
+        out.add(flags.router_venv_dir(spec))
+    return out
 
 
 @deploy("pdkit services: files, units, restarts, health gates")
@@ -43,11 +52,22 @@ def services() -> None:
     state = host_state()
     # only files that differ from the plan are written (one fact read them all), in one operation
     changed = [f for f in plan.files if not path_matches(state, f.path, "file", f.mode, f.owner, f.group, f.sha256)]
-    if changed:
+    # files and units the node's current release has and the plan no longer does (pdkit/changes.py)
+    recorded = state.get("release", {})
+    present = [p for p, st in state["paths"].items() if st and st[0] == "file"]
+    removed = changes.removals(recorded.get("files", []), [f.path for f in plan.files], present)
+    unit_on = {u: any(unit_active_enabled(state, u)[1:]) for u in recorded.get("services", {})}
+    gone_units = changes.units_to_stop(recorded.get("services", {}), [s.unit for s in plan.services], unit_on)
+    if gone_units:
+        units = " ".join(shlex.quote(u) for u in gone_units)
+        # before their files go: a unit whose file vanished under it can no longer be stopped cleanly
+        server.shell(name="Stop and disable units no longer planned", commands=[f"systemctl disable --now {units}"])
+    if changed or removed:
         install_files(
-            name=f"Install {len(changed)} changed file(s): " + ", ".join(f.path + (" (secret)" if f.secret else "") for f in changed),
-            files=changed, staging=staging_dir(spec),
-            daemon_reload=any(is_unit_file(f.path) for f in changed),
+            # pyinfra shares an operation's name across hosts: keep it generic, the per-host list is the op's output
+            name="Install changed files and remove those no longer planned",
+            files=changed, staging=staging_dir(spec), remove=removed,
+            daemon_reload=any(is_unit_file(p) for p in [*(f.path for f in changed), *removed]),
         )
     held = services_not_started(spec, current_host(), list(plan.services))
     for unit, why in held.items():
@@ -57,7 +77,7 @@ def services() -> None:
         units = " ".join(shlex.quote(u) for u in running_held)
         # it cannot run the configuration just laid down: leave it stopped rather than on old code
         server.shell(name="Stop and disable (cannot start here, see above): " + ", ".join(running_held), commands=[f"systemctl disable --now {units}"])
-    start, restart = restart_plan([s for s in plan.services if s.unit not in held], state, {f.path for f in changed}, base.node_venv_will_change())
+    start, restart = restart_plan([s for s in plan.services if s.unit not in held], state, {f.path for f in changed} | set(removed), changed_venvs(spec))
     venv_python = f"{flags.venv_dir(spec)}/bin/python"
     # Engines and HTTP daemons (pdkit-exporter, Prometheus) (re)start together, so their
     # start-ups overlap, and their gates wait together. The router comes after: its gate needs
@@ -68,9 +88,51 @@ def services() -> None:
     if start_first or restart_first:
         gated = [*start_first, *restart_first]
         server.shell(name="Health gates: " + ", ".join(s.unit for s in gated), commands=[gates_command(venv_python, gated)])
+    engines_moved = [s for s in (*start_first, *restart_first) if s.kind == "engine"]
+    _note_for_limit(spec, [s.health_url.removesuffix("/health") for s in engines_moved])
+    if engines_moved and host.data.get("node_drained") is not True:
+        # routers on other hosts learn about this host's (re)started engines now, whatever order
+        # --serial takes (pdkit/routersync.py); a roll re-adds its drained workers itself
+        for router_host, mine, others in routersync.routers_for_host(spec, host.name):
+            python.call(
+                name="Routers on other hosts list this host's engines, healthy",
+                function=_sync_router, spec=spec, router_host=router_host, mine=mine, others=others,
+                host_address=spec.engine_address(current_host()),
+            )
     _start_and_restart(start_router, restart_router, "router")
     for service in (*start_router, *restart_router):
         server.shell(name=f"Health gate {service.unit}", commands=[router_gate_command(venv_python, service)])
+
+
+# per pyinfra State: host -> worker URLs it (re)starts; printed once at exit (pdkit/limitwarn.py)
+_MOVED: WeakKeyDictionary = WeakKeyDictionary()
+
+
+def _note_for_limit(spec, urls: list[str]) -> None:
+    from pyinfra import state
+
+    if not urls or not state.limit_hosts or host.data.get("node_drained") is True:
+        return  # no --limit (or a roll, which limits itself to its batch and re-adds workers)
+    first = state not in _MOVED
+    moved = _MOVED.setdefault(state, {})
+    moved[host.name] = urls
+    if first:
+        limited = {h.name for h in state.limit_hosts}
+        excluded = [h.name for h in spec.hosts if h.name not in limited]
+        routers = {r.name: [(h.name, flags.engine_url(spec, h, e)) for h, e in spec.router_workers(r)] for r in spec.router_hosts}
+        inventory = next((a for a in sys.argv[1:] if a.endswith(".py") and not a.startswith("-")), "INVENTORY")
+
+        def report() -> None:
+            for line in limitwarn.limit_warnings(routers, moved, excluded, inventory):
+                print(line, file=sys.stderr, flush=True)
+
+        atexit.register(report)
+
+
+def _sync_router(spec, router_host, mine, others, host_address) -> None:
+    """Runs on the deploying machine (python.call): the router's worker API, with the key from the spec."""
+    message = routersync.sync_router(routersync.client_for(spec, router_host), mine, host_address, others, timeout=120.0)
+    host.log(message)
 
 
 def _router_last(services: list[Service]) -> tuple[list[Service], list[Service]]:
@@ -114,9 +176,11 @@ def gates_command(python: str, services: list[Service]) -> str:
 def router_gate_command(python: str, service: Service) -> str:
     q = shlex.quote
     base_url = service.health_url.removesuffix("/health")
-    workers = " ".join(f"--worker {q(w)}" for w in service.expected_workers)
+    workers = " ".join(
+        f"--remote-worker {q(w)}" if w in service.remote_workers else f"--worker {q(w)}" for w in service.expected_workers
+    )
     gate = f"{q(python)} -m pdkit.health router --url {q(base_url)} {workers} --model {q(service.model)} --timeout {service.ready_timeout_s}"
-    if service.env_files:
-        # the router's API key stays in its 0600 file: exported for this command only
-        return "set -a && " + " && ".join(f". {q(p)}" for p in service.env_files) + f" && set +a && {gate}"
+    if service.api_key_file:
+        # the router's API key stays in its 0600 file: the gate reads it there (never argv or environment)
+        gate += f" --api-key-file {q(service.api_key_file)}"
     return gate

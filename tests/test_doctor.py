@@ -504,3 +504,44 @@ def test_evaluate_reports_the_reboot_per_node():
     results = evaluate([], [], cluster_host="lab-gpu1", reboots={"lab-gpu1": (1.0, None), "lab-gpu2": (0.0, None)})
     rows = {(r.host, r.check): r.status for r in results}
     assert rows[("lab-gpu1", "reboot_required")] == "WARN" and rows[("lab-gpu2", "reboot_required")] == "PASS"
+
+
+# ---- issue #18 item 10: doctor's bench measures each decode engine, not only the cluster
+
+ITL_PAGE = """# HELP sglang:inter_token_latency_seconds Histogram of inter-token latency in seconds.
+# TYPE sglang:inter_token_latency_seconds histogram
+sglang:inter_token_latency_seconds_bucket{model_name="m",le="0.01"} 10.0
+sglang:inter_token_latency_seconds_bucket{model_name="m",le="+Inf"} 40.0
+sglang:inter_token_latency_seconds_sum{model_name="m"} 0.8
+sglang:inter_token_latency_seconds_count{model_name="m"} 40.0
+"""
+
+
+def test_histogram_mean_reads_sum_and_count():
+    from pdkit.doctor import histogram_mean
+
+    assert histogram_mean(ITL_PAGE, "sglang:inter_token_latency_seconds") == (0.8, 40.0)
+    assert histogram_mean("# nothing\n", "sglang:inter_token_latency_seconds") is None
+
+
+@pytest.mark.parametrize(("itl", "failed"), [
+    # three decode engines at ~20 ms per token; one with graphs off at 3x (the sim's factor)
+    ({("g1", "decode"): 0.060, ("g2", "decode"): 0.020, ("g3", "decode"): 0.021}, {("g1", "decode")}),
+    # all alike (noise within tolerance): nothing fails, whatever the cluster figure does
+    ({("g1", "decode"): 0.021, ("g2", "decode"): 0.020, ("g3", "decode"): 0.0205}, set()),
+])
+def test_decode_speed_names_the_slow_engine(itl, failed):
+    from pdkit.doctor import check_decode_speed
+
+    results = check_decode_speed(itl, tolerance=0.10)
+    assert {(r.host, r.target) for r in results if r.status == "FAIL"} == failed
+    assert all(r.check == "decode_speed_c16" for r in results) and len(results) == 3
+
+
+def test_decode_speed_without_tokens_or_peers():
+    from pdkit.doctor import check_decode_speed
+
+    (idle,) = [r for r in check_decode_speed({("g1", "decode"): None, ("g2", "decode"): 0.02}) if r.host == "g1"]
+    assert idle.status == "WARN" and "no decode token" in idle.reason
+    (alone,) = check_decode_speed({("g1", "decode"): 0.02})
+    assert alone.status == "PASS" and "no peer" in alone.reason

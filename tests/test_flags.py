@@ -232,3 +232,36 @@ def test_local_model_paths_keep_engines_off_the_hub(base, tmp_path):
     spec = _spec(tmp_path, cluster, hosts)
     h = spec.host("gpu01")
     assert "HF_HUB_OFFLINE" not in flags.engine_env(spec, h, h.node.engines[0])
+
+
+ROUTER_MODULES = {"smg": "smg.launch_router", "sglang-router": "sglang_router.launch_router"}
+
+
+@pytest.mark.parametrize(("package", "version"), [("smg", "1.13.0"), ("sglang-router", "0.3.2")])
+def test_router_breaker_settings_take_effect_in_each_routers_own_parser(base, tmp_path, package, version):
+    """Issue #18 item 6: with the routers' default 60 s breaker timeout a recovered worker sat idle
+    ~55 s. The rendered argv, parsed by the router's own parse_router_args, must carry pdkit's values."""
+    import json as _json
+    import subprocess
+
+    from pdkit.contract import router_python
+    from tests.conftest import require
+
+    python = router_python(package, version)
+    require(python is not None, f"contract env {package}-{version} not built (.ci/contract-env.sh)")
+    cluster, hosts = base
+    if package == "sglang-router":
+        cluster.update(sglang_version="0.5.17")
+    spec = _spec(tmp_path, cluster, hosts)
+    args = flags.router_args(spec, spec.host("gpu01"))
+    code = (
+        "import json, sys; from importlib import import_module; "
+        f"a = import_module({ROUTER_MODULES[package]!r}).parse_router_args(json.loads(sys.argv[1])); "
+        "print(json.dumps({k: getattr(a, k) for k in ('cb_failure_threshold', 'cb_success_threshold', 'cb_timeout_duration_secs', 'cb_window_duration_secs')}))"
+    )
+    out = subprocess.run([str(python), "-c", code, _json.dumps(args)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    parsed = _json.loads(out.stdout.strip().splitlines()[-1])
+    assert parsed == {k.replace("-", "_"): v for k, v in flags.ROUTER_BREAKER.items()}
+    # a breaker opened by a restart is tried again within a few seconds
+    assert parsed["cb_timeout_duration_secs"] <= 5

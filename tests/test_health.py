@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from pdkit.health import router_worker_health, wait_router
+from tests.conftest import REPO
 
 
 def test_worker_health_reads_smgs_worker_list():
@@ -138,3 +140,66 @@ def test_tune_connection_turns_nagle_off_on_a_tcp_ssh_socket_only():
         a.close()
         b.close()
     assert tune_connection(SimpleNamespace(connector=SimpleNamespace())) is False  # @local, @docker: no SSH client
+
+
+# ---- issue #18 item 7: a broken start is caught at its first failure, with the engine's own error line
+
+JOURNAL = REPO / "tests" / "fixtures" / "journal"
+
+
+@pytest.mark.parametrize(("fixture", "expected"), [
+    ("argparse_bad_flag.txt", "launch_server.py: error: argument --disaggregation-mode: invalid choice: 'decod' (choose from 'null', 'prefill', 'decode')"),
+    ("traceback_oom.txt", "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. Current value: self.server_args.mem_fraction_static=0.2"),
+    ("knob_error.txt", "pdkit.sim.knobs.KnobError: PDKIT_SIM_TRANSFER_FAIL_RATE must be within [0, 1]"),
+])
+def test_error_line_is_the_engines_own_error_not_usage_fragments(fixture, expected):
+    from pdkit.health import error_line
+
+    assert error_line((JOURNAL / fixture).read_text()) == expected
+
+
+def test_error_line_without_an_error():
+    from pdkit.health import error_line
+
+    assert error_line("starting\nloading weights\n") == "loading weights"
+    assert error_line("") == "(it logged nothing)"
+
+
+def _snap(active="activating", sub="start", inv="a", n="0"):
+    return {"ActiveState": active, "SubState": sub, "InvocationID": inv, "NRestarts": n}
+
+
+@pytest.mark.parametrize(("now", "failed"), [
+    (_snap(), False),
+    (_snap("active", "running"), False),
+    (_snap("failed", "failed"), True),
+    (_snap("activating", "auto-restart"), True),  # Restart=on-failure: waiting to start again
+    (_snap("activating", "start", inv="b"), True),  # systemd already started it again
+    (_snap("activating", "start", n="1"), True),
+])
+def test_start_failed_at_the_first_failure(now, failed):
+    from pdkit.health import start_failed
+
+    assert start_failed(_snap(), now) is failed
+
+
+def test_wait_engine_fails_at_the_first_failed_start_with_the_journal_error(monkeypatch):
+    """Recorded states of a crash-looping unit: the gate must stop at the first auto-restart, not at systemd's start limit."""
+    from pdkit import health
+
+    states = iter([_snap("activating", "start", "inv1"), _snap("activating", "auto-restart", "inv1")])
+    last = {}
+
+    def snapshot(unit):
+        last["s"] = next(states, last.get("s"))
+        return last["s"]
+
+    logs = {"inv1": (JOURNAL / "argparse_bad_flag.txt").read_text()}
+    monkeypatch.setattr(health, "_unit_snapshot", snapshot)
+    monkeypatch.setattr(health, "unit_log", lambda unit, inv, lines=None: logs.get(inv, ""))
+    start = time.monotonic()
+    ok, message = health.wait_engine("pdkit-engine-decode.service", "http://127.0.0.1:9/health", timeout=30, interval=0.01, poll=0.01)
+    assert not ok
+    assert time.monotonic() - start < 5
+    assert message == ("pdkit-engine-decode.service failed at its first start: launch_server.py: error: argument --disaggregation-mode: "
+                       "invalid choice: 'decod' (choose from 'null', 'prefill', 'decode')")

@@ -72,11 +72,15 @@ def test_secrets_only_reach_a_root_only_env_file(base, tmp_path):
             if "hf_SeCrEt123" in f.content or "rk_SeCrEt456" in f.content:
                 holders.append((host, f.path))
                 assert f.mode == "0600" and f.owner == "root" and f.secret, f.path
-                assert f.path.endswith(".env")
+                assert f.path.endswith(".env") or f.path == "/etc/pdkit/router-api-key"
             if f.path.endswith(".service"):
                 assert "SeCrEt" not in f.content
     assert ("gpu01", "/etc/pdkit/secrets.env") in holders
-    assert ("gpu01", "/etc/pdkit/router.env") in holders
+    assert ("gpu01", "/etc/pdkit/router-api-key") in holders
+    # the router loads its key as a systemd credential: never an environment variable (/proc/<pid>/environ)
+    router_unit = plans["gpu01"].file("/etc/systemd/system/pdkit-router.service").content
+    assert "LoadCredential=router-api-key:/etc/pdkit/router-api-key" in router_unit and "EnvironmentFile" not in router_unit
+    assert "User=pdkit-router" in router_unit
     # the units point at the secret files rather than carrying the values
     unit = plans["gpu01"].file("/etc/systemd/system/pdkit-engine-prefill.service").content
     assert "EnvironmentFile=/etc/pdkit/secrets.env" in unit

@@ -138,8 +138,8 @@ def test_dry_diff_lists_files_that_differ_and_services_that_restart(tmp_path, th
     assert set(d.files) == {decode_unit, "/etc/pdkit/nccl.env"}
     # nccl.env feeds both engines; the exporter is down
     assert set(d.restarts) == {"pdkit-engine-prefill.service", "pdkit-engine-decode.service", "pdkit-exporter.service"}
-    # a new node venv restarts every engine even when no file changed
-    assert set(host_diff(plan, on_node, new_venv=True).restarts) == {"pdkit-engine-prefill.service", "pdkit-engine-decode.service"}
+    # a new node venv restarts every engine and pdkit-exporter (it runs from that venv) even when no file changed
+    assert set(host_diff(plan, on_node, new_venv=True).restarts) == {"pdkit-engine-prefill.service", "pdkit-engine-decode.service", "pdkit-exporter.service"}
 
     # only a host with nothing to do is left alone by the roll (a new venv is something to do)
     assert unchanged_hosts({"a": same, "b": d, "c": host_diff(plan, on_node, new_venv=True)}) == {"a"}
@@ -241,3 +241,41 @@ def test_engines_restarting_together_count_once():
     # one after the other, with a gap: both counted, the gap not
     assert covered_seconds([(0, 1_000_000), (3_000_000, 4_500_000)]) == 2.5
     assert covered_seconds([(0, 5_000_000), (1_000_000, 2_000_000)]) == 5.0
+
+
+def test_open_breakers_names_only_readded_workers_with_an_open_circuit():
+    from pdkit.roll import open_breakers
+
+    states = {"http://a:1": 0.0, "http://b:1": 1.0, "http://c:1": 2.0, "http://d:1": 1.0}
+    assert open_breakers(states, ["http://a:1/", "http://b:1", "http://c:1"]) == ["http://b:1"]
+    assert open_breakers({}, ["http://a:1"]) == []  # no gauge (sglang-router 0.3.2): /workers decides
+
+
+def test_the_last_line_never_claims_a_restore_when_nothing_was_changed():
+    from pdkit.roll import RollError, stop_summary
+
+    cut = RollError("lab-gpu3", "connect", "cannot reach it over SSH (timed out); nothing was changed on it")
+    cut.restored = False
+    line = stop_summary(cut, ["lab-gpu1"])
+    assert "back on its previous release" not in line
+    assert line == "pdkit roll: lab-gpu3 could not be reached: nothing was changed on it; not touched: lab-gpu1"
+    applied = RollError("lab-gpu2", "apply", "x")
+    applied.restored = True
+    assert "lab-gpu2 is back on its previous release" in stop_summary(applied, [])
+    drained = RollError("lab-gpu2", "drain", "would leave no usable decode worker")
+    drained.restored = False
+    assert "nothing was applied" in stop_summary(drained, [])
+
+
+def test_why_prefers_the_gates_own_line_over_pyinfras_noise():
+    from pdkit.roll import _why
+
+    lines = [
+        "[lab-gpu2] Error: executed 1 commands",
+        "[lab-gpu2] usage: launch_server.py [-h] --model-path MODEL_PATH",
+        "[lab-gpu2] FAILED pdkit-engine-decode.service failed at its first start: launch_server.py: error: argument --port: invalid int value: 'x' (0.4 s)",
+        "[lab-gpu2] ok     pdkit-engine-prefill.service ready",
+        "No hosts remaining!",
+    ]
+    assert _why(lines, "lab-gpu2") == "pdkit-engine-decode.service failed at its first start: launch_server.py: error: argument --port: invalid int value: 'x' (0.4 s)"
+    assert _why(["[lab-gpu1] something else"], "lab-gpu1") == "[lab-gpu1] something else"

@@ -35,26 +35,30 @@ def test_unit_files_and_drop_ins_need_a_daemon_reload():
     assert not is_unit_file("/etc/pdkit/exporter.json")
 
 
-def _service(unit: str, kind: str, files: tuple[str, ...]) -> Service:
-    return Service(unit=unit, kind=kind, files=files, health_url=f"http://10.0.0.1/{unit}", ready_timeout_s=60)
+def _service(unit: str, kind: str, files: tuple[str, ...], venv: str | None = None) -> Service:
+    return Service(unit=unit, kind=kind, files=files, health_url=f"http://10.0.0.1/{unit}", ready_timeout_s=60, venv=venv)
 
 
 def test_restart_plan_starts_what_is_down_and_restarts_what_changed():
-    engine = _service("e.service", "engine", ("/etc/e.service", "/etc/e.env"))
-    other = _service("o.service", "engine", ("/etc/o.service",))
-    exporter = _service("x.service", "http", ("/etc/x.json",))
+    venv = "/opt/pdkit/venv"
+    engine = _service("e.service", "engine", ("/etc/e.service", "/etc/e.env"), venv)
+    other = _service("o.service", "engine", ("/etc/o.service",), venv)
+    exporter = _service("x.service", "http", ("/etc/x.json",), venv)
     down = _service("d.service", "http", ("/etc/d.json",))
     units = {"e.service": ["loaded", "active", "enabled"], "o.service": ["loaded", "active", "enabled"],
              "x.service": ["loaded", "active", "enabled"], "d.service": ["loaded", "inactive", "enabled"]}
     state = {"units": units}
-    start, restart = restart_plan([engine, other, exporter, down], state, {"/etc/e.env", "/etc/x.json"}, new_venv=False)
+    start, restart = restart_plan([engine, other, exporter, down], state, {"/etc/e.env", "/etc/x.json"}, set())
     assert [s.unit for s in start] == ["d.service"]
     assert [s.unit for s in restart] == ["e.service", "x.service"]
-    # a new node venv: every engine restarts onto it, daemons only when their files changed
-    start, restart = restart_plan([engine, other, exporter, down], state, set(), new_venv=True)
-    assert [s.unit for s in restart] == ["e.service", "o.service"]
+    # a new node venv: every unit that runs from it restarts onto it (engines and the exporter), packaged daemons not
+    start, restart = restart_plan([engine, other, exporter, down], state, set(), {venv})
+    assert [s.unit for s in restart] == ["e.service", "o.service", "x.service"]
     # nothing changed, everything up: nothing to do
-    assert restart_plan([engine, exporter], state, set(), new_venv=False) == ([], [])
+    assert restart_plan([engine, exporter], state, set(), set()) == ([], [])
+    # a file the current release gave the unit (a secrets file the plan drops) restarts it when removed
+    state_prev = {"units": units, "release": {"services": {"o.service": {"files": ["/etc/secrets.env"]}}}}
+    assert [s.unit for s in restart_plan([other], state_prev, {"/etc/secrets.env"}, set())[1]] == ["o.service"]
 
 
 def test_one_gate_command_waits_for_every_engine_and_daemon():

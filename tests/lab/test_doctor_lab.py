@@ -11,6 +11,7 @@ that one engine's `tuning.cuda_graph` set to false. The base is put back by a fu
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -162,8 +163,19 @@ def test_graphs_off_on_one_engine_fails_exactly_that_check_and_the_bench_shows_t
     # doctor's own C=16 bench (--bench) against the graphs-on record fails its throughput check too
     baseline = tmp_path / "graphs_on.jsonl"
     baseline.write_text(json.dumps(recorded[0]) + "\n")
+    # doctor's own C=16 bench (--bench): the slow engine is named by its own decode speed (its
+    # inter-token latency against its peers'). The cluster's tok/s through the router is not a
+    # per-engine signal: the router spreads load, so one slow engine of three moved it 638 -> 630
+    # in a fresh-clone run (issue #18 item 10); that row only has to agree with its own figures.
     rc, report = doctor(derived, "--runs", str(baseline), "--bench")
-    print(next(c for c in report["checks"] if c["check"] == "throughput_c16"))
+    cluster = next(c for c in report["checks"] if c["check"] == "throughput_c16")
+    print(cluster)
     assert rc == 1
-    assert set(failures(report)) == {(host, ENGINE, "decode_cuda_graph"), (base_deployed["routers"][0][0], "cluster", "throughput_c16")}, \
-        report["checks"]
+    speed = {(c["host"], c["target"]): c for c in report["checks"] if c["check"] == "decode_speed_c16"}
+    assert speed[(host, ENGINE)]["status"] == "FAIL", speed
+    assert all(c["status"] == "PASS" for k, c in speed.items() if k != (host, ENGINE)), speed
+    expected = {(host, ENGINE, "decode_cuda_graph"), (host, ENGINE, "decode_speed_c16")}
+    router_row = (base_deployed["routers"][0][0], "cluster", "throughput_c16")
+    assert expected <= set(failures(report)) <= expected | {router_row}, report["checks"]
+    # measured this time, against the graphs-on record
+    assert cluster["status"] in ("PASS", "FAIL") and re.search(r"C=16 \d+ tok/s vs \d+ recorded", cluster["reason"]), cluster

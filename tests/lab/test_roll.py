@@ -234,6 +234,42 @@ def test_a_broken_canary_is_restored_byte_for_byte_and_the_roll_stops(lab, base_
         back_to_base(lab, base_plan)
 
 
+def _stamped(out: str) -> list[tuple[float, str, str, str]]:
+    """(seconds, host, step, message) from the roll's `[  12.3s] HOST  STEP  MESSAGE` lines."""
+    found = []
+    for line in out.splitlines():
+        m = re.match(r"^\[\s*([\d.]+)s\]\s+(\S+)\s+(\S+)\s+(.*)$", line)
+        if m:
+            found.append((float(m.group(1)), m.group(2), m.group(3), m.group(4)))
+    return found
+
+
+def test_a_canary_that_cannot_start_is_caught_at_its_first_failed_start_with_its_own_error(lab, base_plan, tmp_path):
+    """Issue #18 item 7: a crashing canary took 27 s (systemd's start limit) and the message was
+    `PyinfraError: No hosts remaining!` with argparse usage fragments."""
+    canary = base_plan["gpu"][1]
+    broken = derived_inventory(
+        tmp_path, "lab_crash",
+        f"[d for n, d in gpu_nodes if n == {canary!r}][0]['pdkit_node']['engines'][1]['env'] = {{'PDKIT_SIM_TRANSFER_FAIL_RATE': '2'}}",
+    )
+    before = current_release(lab, canary)
+    try:
+        proc = pdkit("roll", str(broken), "--canary", canary)
+        out = proc.stdout + proc.stderr
+        assert proc.returncode != 0, out[-3000:]
+        assert "failed at its first start: pdkit.sim: error: PDKIT_SIM_TRANSFER_FAIL_RATE must be within [0, 1]" in proc.stderr, out[-3000:]
+        assert "No hosts remaining" not in proc.stderr and "usage:" not in proc.stderr, proc.stderr[-3000:]
+        stamped = _stamped(proc.stdout)
+        drained = next(t for t, h, step, _ in stamped if step == "drain")
+        failed = next(t for t, h, step, _ in stamped if step == "FAILED")
+        # the apply (upload, restart, gate) failed within seconds, not after five starts (27 s)
+        assert failed - drained < 15, f"the broken start was caught {failed - drained:.1f} s after the drain:\n{proc.stdout}"
+        assert current_release(lab, canary) == before
+        assert f"{canary} is back on its previous release" in proc.stderr
+    finally:
+        back_to_base(lab, base_plan)
+
+
 def test_a_node_cut_off_mid_roll_stops_the_roll_and_a_later_roll_completes(lab, base_plan, tmp_path):
     changed = derived_inventory(tmp_path, "lab_ctx", "_cluster['tuning']['all']['context_length'] = 4096")
     new = plan_of(changed)
@@ -258,6 +294,8 @@ def test_a_node_cut_off_mid_roll_stops_the_roll_and_a_later_roll_completes(lab, 
         assert rc != 0, out
         assert f"stopped: {victim}: gate 'connect' failed: cannot reach it over SSH" in err, out + err
         assert f"not touched: {base_plan['router']}" in err, err
+        # nothing was changed on it: the roll must not say it was put back (issue #18 item 7)
+        assert f"{victim} could not be reached: nothing was changed on it" in err and f"{victim} is back on" not in err, err
         assert current_release(lab, canary).endswith(new["release"][canary][:12])
     finally:
         subprocess.run(["ip", "link", "set", "dev", veth, "up"], check=False, timeout=20)

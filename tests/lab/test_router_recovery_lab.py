@@ -1,0 +1,77 @@
+"""Issue #18 item 6: after `kill -9` of a decode engine under load, systemd brings it back in
+seconds; the router must send it traffic again within a few seconds of it being healthy.
+
+Before: healthy at 7 s, idle until ~62 s (smg's default 60 s circuit-breaker timeout, while
+/workers called it healthy). Leaves the lab converged, every breaker closed.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.lab.test_deploy import circuit_states, failed_hosts, lab_spec, run_pyinfra, ssh, wait_circuits_closed
+from tests.lab.test_roll import Load
+
+pytestmark = pytest.mark.lab
+
+# "a few seconds": the breaker is tried again 3 s after it opened (pdkit/flags.py ROUTER_BREAKER)
+SERVES_WITHIN_S = 8.0
+
+
+@pytest.fixture(scope="module")
+def converged(lab):
+    rc, results, err = run_pyinfra()
+    assert rc == 0 and not failed_hosts(results), f"converging the lab failed (rc {rc}):\n{err[-4000:]}"
+    return lab_spec()
+
+
+def generated(url: str) -> float | None:
+    try:
+        text = requests.get(f"{url}/metrics", timeout=2).text
+    except requests.RequestException:
+        return None
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == "sglang:generation_tokens_total")
+
+
+def test_a_killed_decode_gets_traffic_within_seconds_of_being_healthy(lab, converged, tmp_path):
+    spec = converged
+    host = spec["gpu"][1]
+    url = f"http://{spec['addr'][host]}:30001"
+    plan = {"addr": spec["addr"], "router": spec["router"], "model": spec["model"]}
+    wait_circuits_closed(spec)
+    load = Load(tmp_path, plan, concurrency=16)
+    try:
+        load.wait_flowing()
+        assert ssh(lab, host, "systemctl kill -s KILL pdkit-engine-decode.service").returncode == 0
+        killed = time.monotonic()
+        healthy = serving = None
+        while time.monotonic() - killed < 120:
+            now = time.monotonic()
+            if healthy is None:
+                try:
+                    if requests.get(f"{url}/health", timeout=1).status_code == 200:
+                        healthy = now
+                        base = generated(url) or 0.0
+                except requests.RequestException:
+                    pass
+            elif (generated(url) or 0.0) > base:
+                serving = now
+                break
+            time.sleep(0.1)
+        assert healthy is not None, "the killed decode never became healthy again"
+        assert serving is not None, f"the decode was healthy {healthy - killed:.1f} s after the kill but got no traffic for 120 s"
+        print(f"healthy {healthy - killed:.1f} s after the kill, serving {serving - killed:.1f} s after ({serving - healthy:.1f} s idle)")
+        assert serving - healthy <= SERVES_WITHIN_S, f"healthy at {healthy - killed:.1f} s, first token only at {serving - killed:.1f} s"
+        # and its breaker is closed again, under the same load
+        deadline = time.monotonic() + 30
+        while circuit_states(spec["router_metrics"][0]).get(url) != 0:
+            assert time.monotonic() < deadline, circuit_states(spec["router_metrics"][0])
+            time.sleep(0.5)
+    finally:
+        counts = load.stop()
+        print(counts)
+    wait_circuits_closed(spec)
