@@ -47,6 +47,10 @@ class Knobs:
     wedge_when: str = ""
     # the wedge strikes once this many requests decode together (a desync under load)
     wedge_min_batch: int = 8
+    # seconds the wedge holds before the engine steps again; 0: until the process restarts, as a
+    # real wedge. smg does not cancel a decode's request when its client hangs up, so only a hold
+    # lets the requests the wedge caught finish (the lab's zero-failed-requests campaign uses one)
+    wedge_hold_s: float = 0.0
     # How often a decode retries a prefill bootstrap server it cannot reach.
     bootstrap_retry_s: float = 0.5
     # SGLang's own PD variables (same names, same defaults as SGLang 0.5.23).
@@ -75,6 +79,7 @@ ENV_NAMES = {
     "corrupt_when": "PDKIT_SIM_CORRUPT_WHEN",
     "wedge_when": "PDKIT_SIM_WEDGE_WHEN",
     "wedge_min_batch": "PDKIT_SIM_WEDGE_MIN_BATCH",
+    "wedge_hold_s": "PDKIT_SIM_WEDGE_HOLD_S",
     "bootstrap_retry_s": "PDKIT_SIM_BOOTSTRAP_RETRY_S",
     "waiting_timeout_s": "SGLANG_DISAGGREGATION_WAITING_TIMEOUT",
     "bootstrap_timeout_s": "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT",
@@ -112,7 +117,7 @@ def _check(k: Knobs) -> None:
     if k.no_cuda_graph_factor < 1.0:
         raise KnobError(f"{ENV_NAMES['no_cuda_graph_factor']} must be >= 1 (graphs never slow decode down)")
     for name in ("startup_delay_s", "decode_base_ms", "decode_per_req_ms", "prefill_base_ms",
-                 "prefill_ms_per_1k_tokens", "bootstrap_retry_s", "schedule_ms", "indexer_ms_per_1m_ctx"):
+                 "prefill_ms_per_1k_tokens", "bootstrap_retry_s", "schedule_ms", "indexer_ms_per_1m_ctx", "wedge_hold_s"):
         if getattr(k, name) < 0:
             raise KnobError(f"{ENV_NAMES[name]} must be >= 0")
     for name in ("kv_transfer_gb_s", "waiting_timeout_s", "bootstrap_timeout_s", "heartbeat_interval_s"):

@@ -110,6 +110,7 @@ class Scheduler:
         # lever faults (knobs PDKIT_SIM_CORRUPT_WHEN / PDKIT_SIM_WEDGE_WHEN), decided from the argv
         self.corrupt = argv_matches(knobs.corrupt_when, args.argv)
         self.wedge_armed = argv_matches(knobs.wedge_when, args.argv)
+        self.wedged_at: float | None = None
 
     # ---- called by the engine -------------------------------------------------------------
 
@@ -143,10 +144,21 @@ class Scheduler:
         path = self.knobs.stall_file
         if path and os.path.exists(path):
             return True
-        # the wedge lever: no step while this many requests decode together (a PD/TP desync under
-        # load); requests whose client went away no longer count, so the engine resumes when the
-        # load that wedged it is gone
-        return self.wedge_armed and sum(not r.aborted for r in self.running) >= self.knobs.wedge_min_batch
+        # the wedge lever: once this many requests decode together (a PD/TP desync under load) the
+        # scheduler stops stepping, until the process restarts or, with a hold, for that long
+        if not self.wedge_armed:
+            return False
+        now = time.monotonic()
+        if self.wedged_at is None:
+            if sum(not r.aborted for r in self.running) < self.knobs.wedge_min_batch:
+                return False
+            self.wedged_at = now
+            self.log.warning(f"pdkit.sim: wedged (lever fault PDKIT_SIM_WEDGE_WHEN, {len(self.running)} running requests)")
+        if self.knobs.wedge_hold_s and now - self.wedged_at >= self.knobs.wedge_hold_s:
+            self.wedge_armed = False  # let go for good: the requests it held finish
+            self.log.warning(f"pdkit.sim: the wedge let go after {self.knobs.wedge_hold_s:g} s (PDKIT_SIM_WEDGE_HOLD_S)")
+            return False
+        return True
 
     @property
     def used_tokens(self) -> int:
