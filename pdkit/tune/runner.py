@@ -150,7 +150,7 @@ def dry_text(prep: Prepared, records: list[dict[str, Any]], todo: list[Candidate
     for cand in prep.candidates:
         mark = " (recorded)" if cand.name in done else ""
         overlay = ", ".join(f"{k}={v!r}" for k, v in cand.overlay.items())
-        lines.append(f"  {cand.name}{mark}: {overlay}; restarts {prep.restarts[cand.name]} host(s); "
+        lines.append(f"  {cand.name}{mark}: {overlay}; restarts {prep.restarts[cand.name]} host(s) after the one before it; "
                      f"correctness {'exact' if cand.exact else f'match rate >= {cand.min_match_rate:g}'}")
         for line in flag_diff(prep.base_spec, prep.specs[cand.name]) or ["no engine flag changes (environment or node settings only)"]:
             lines.append(f"      {line}")
