@@ -359,3 +359,17 @@ def test_cli_dry_prints_candidates_flag_diffs_and_estimate(tmp_path):
     assert "steps-1:" in out and "`--num-continuous-decode-steps 4` -> `--num-continuous-decode-steps 1`" in out
     assert "steps-8:" in out and "estimate:" in out and "assumed, not yet measured" in out
     assert not (tmp_path / "out").exists(), "--dry writes nothing"
+
+
+def test_the_docs_example_and_the_gpu_campaign_validate(tmp_path):
+    import re
+
+    block = re.search(r"```yaml\n(.*?)```", (REPO / "docs" / "tune.md").read_text(), re.S).group(1)
+    path = tmp_path / "docs.yaml"
+    path.write_text(block + f"out_dir: {tmp_path / 'out'}\n")
+    done = _tune(str(REPO / "inventories" / "cluster.py"), str(path), "--dry")
+    assert done.returncode == 0, done.stderr
+    assert "mtp-3:" in done.stdout and "graph-max-bs-128:" in done.stdout
+    gpu = _tune("inventories/h200.py", "gpu/tune_h200.yaml", "--dry")
+    assert gpu.returncode == 0, gpu.stderr
+    assert "h200/decode: added `--cuda-graph-backend-decode disabled`" in gpu.stdout

@@ -182,6 +182,7 @@ class Session:
         self.progress = Progress()
         self.stop_requested = False
         self.paths = paths(prep.campaign)
+        self.gate = "roll"  # the gate in progress: an unexpected error is that gate's failure
 
     def say(self, step: str, message: str, took: float | None = None) -> None:
         self.progress("tune", step, message, took)
@@ -212,13 +213,13 @@ class Session:
             raise RollError(h, "connect", f"cannot reach it over SSH ({why})")
         return roller.current_releases(state, connected)[0]
 
-    def roll(self, roller, rolled: list[str]) -> int:
-        """Roll the target hosts as pdkit roll does (order, pairing, batches of one after the canary).
-        Appends each host to ROLLED once its batch passed; returns how many hosts changed."""
+    def roll(self, roller, rolled: list[str], hosts: list[str] | None = None) -> int:
+        """Roll HOSTS (default: the targets) as pdkit roll does (order, pairing, batches of one after
+        the canary). Appends each host to ROLLED once its batch passed; returns how many hosts changed."""
         from pdkit.roll import RollError, make_batches, pairing_units, read_node_state, rollout_order, unchanged_hosts, version_changes
 
         spec = roller.spec
-        order = rollout_order(spec, limit=self.prep.targets)
+        order = rollout_order(spec, limit=hosts or self.prep.targets)
         diffs, versions, unreachable = read_node_state(roller, order)
         if unreachable:
             h, why = next(iter(unreachable.items()))
@@ -285,6 +286,7 @@ class Session:
         c = self.prep.campaign
         t = record["timings"]
         start = time.monotonic()
+        self.gate = "correctness"
         if baseline_answers is None:
             # the baseline against itself: an engine that is not deterministic at temperature 0 here
             # makes every candidate's match rate meaningless, so it is measured first
@@ -306,6 +308,7 @@ class Session:
             raise GateFailed("correctness", why)
 
         start = time.monotonic()
+        self.gate = "soak"
         url, headers = self.router()
         soak_c = c.soak.concurrency or self.prep.target_concurrency
         ok, why, figures = gates.soak(url, headers, self.engine_urls(spec), c.soak.seconds, soak_c,
@@ -318,6 +321,7 @@ class Session:
             raise GateFailed("soak", why)
 
         start = time.monotonic()
+        self.gate = "doctor"
         results = run_doctor(spec, window_s=c.doctor.window_s, probe_requests=c.doctor.probe_requests)
         # throughput_c16 compares with docs/bench's last run: the campaign's own bench replaces it
         failed = [r for r in results if r.status == FAIL and r.check != "throughput_c16"]
@@ -333,6 +337,7 @@ class Session:
         self.say("doctor", why, t["doctor_s"])
 
         start = time.monotonic()
+        self.gate = "bench"
         w = c.workload
         bench = run_bench(spec, concurrency=list(w.concurrency), input_len=w.input_len, output_len=w.output_len,
                           requests=w.requests, warmup=w.warmup, label=f"tune {c.name} {name}", progress=False)
@@ -367,24 +372,35 @@ class Session:
         rolled: list[str] = []
         before: dict[str, str | None] = {}
         start = time.monotonic()
+        self.gate = "roll"
+        # the baseline is the whole inventory: every host is rolled onto it (those already on it
+        # stay serving); a candidate differs from it only on the targets
+        hosts = [h.name for h in spec.hosts] if cand is None else prep.targets
         try:
-            before = self.releases(roller, prep.targets)
+            before = self.releases(roller, hosts)
             record["releases_before"] = before
-            restarts = self.roll(roller, rolled)
+            restarts = self.roll(roller, rolled, hosts)
             record["timings"].update(roll_s=round(time.monotonic() - start, 2), restarts=restarts)
             record["gates"]["roll"] = {"ok": True, "detail": f"{restarts} host(s) changed and passed drain, apply, ready, router, smoke"}
             self.run_gates(name, spec, record, baseline_answers, cand)
             record.update(verdict="pass", failed_gate=None, reason="")
-        except (RollError, GateFailed) as exc:
-            gate = "roll" if isinstance(exc, RollError) else exc.gate
-            why = str(exc) if isinstance(exc, RollError) else exc.why
+        except Exception as exc:  # noqa: BLE001 - any failure fails the candidate at its gate and is rolled back
+            if isinstance(exc, GateFailed):
+                gate, why = exc.gate, exc.why
+            elif isinstance(exc, RollError):
+                gate, why = "roll", str(exc)
+            else:
+                gate, why = self.gate, f"{type(exc).__name__}: {exc}"
             record["gates"].setdefault(gate, {"ok": False, "detail": why})
             record.update(verdict="fail", failed_gate=gate, reason=why)
             self.say("FAILED", f"{name}: gate {gate}: {why}")
             # the batch whose roll gate failed was put back by the roll itself; the hosts rolled
             # before it (and every host, when a later gate failed) go back here
             record["rollback"] = self.put_back(roller, rolled, before) if rolled else ["the roll put the failed node back on its release"]
-        record["releases_after"] = self.releases(roller, prep.targets)
+        try:
+            record["releases_after"] = self.releases(roller, prep.targets)
+        except RollError as exc:
+            record["releases_after"] = {"error": str(exc)}
         record["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
         return record
 
