@@ -245,6 +245,8 @@ class SimArgs:
     access_log_exclude_prefixes: tuple[str, ...]
     cuda_graphs: CudaGraphPlan
     extra: dict[str, Any] = field(default_factory=dict)
+    # the argv as given (the lever-fault knobs match conditions on it: pdkit/sim/knobs.py)
+    argv: tuple[str, ...] = ()
 
     def server_info(self) -> dict[str, Any]:
         """Resolved arguments in SGLang's /server_info shape (flat, flag names with underscores)."""
@@ -308,11 +310,14 @@ def resolve(ns: argparse.Namespace, ignored: Sequence[str] = ()) -> SimArgs:
 def parse_args(argv: Sequence[str] | None = None) -> SimArgs:
     """Parse an SGLang argv. Exits with status 2 and a usage message on a malformed value."""
     parser = build_parser()
+    import dataclasses
+    import sys
+
     ns, extras = parser.parse_known_args(argv)
     problem = leftover_error(extras)
     if problem:
         parser.error(problem)
-    return resolve(ns, extras)
+    return dataclasses.replace(resolve(ns, extras), argv=tuple(sys.argv[1:] if argv is None else argv))
 
 
 def check_argv(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:

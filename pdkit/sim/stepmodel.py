@@ -27,11 +27,22 @@ def prefill_uses_cuda_graph(plan: CudaGraphPlan, new_tokens: int) -> bool:
     return plan.prefill_enabled and new_tokens <= plan.prefill_max_tokens
 
 
-def decode_step_seconds(knobs: Knobs, batch_size: int, cuda_graph: bool) -> float:
+def decode_step_seconds(knobs: Knobs, batch_size: int, cuda_graph: bool, context_length: int = 0) -> float:
+    """One decode forward pass. The indexer charge scales with the configured context length, not
+    the tokens in use: the seeds' indexer scored ~1M positions per step until --context-length
+    capped it (17.9x at C=64)."""
     step_ms = knobs.decode_base_ms + knobs.decode_per_req_ms * batch_size
+    step_ms += knobs.indexer_ms_per_1m_ctx * batch_size * context_length / 1e6
     if not cuda_graph:
         step_ms *= knobs.no_cuda_graph_factor
     return step_ms / 1000.0
+
+
+def decode_iteration_seconds(knobs: Knobs, batch_size: int, cuda_graph: bool, steps: int,
+                             context_length: int = 0) -> float:
+    """A scheduler iteration of STEPS continuous decode steps: the scheduling overhead is paid
+    once per iteration (SGLang's --num-continuous-decode-steps), so per token it shrinks as 1/steps."""
+    return knobs.schedule_ms / 1000.0 + steps * decode_step_seconds(knobs, batch_size, cuda_graph, context_length)
 
 
 def prefill_step_seconds(knobs: Knobs, new_tokens: int) -> float:

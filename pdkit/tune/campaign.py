@@ -1,0 +1,440 @@
+"""The campaign file and every candidate's derived spec, decided before any host is touched.
+
+A campaign (YAML, or a Python file defining CAMPAIGN = {...}) names candidates, each an overlay
+of spec fields. An overlay key is `SCOPE.FIELD[.SUBFIELD]`:
+
+- SCOPE `all`, `prefill`, `decode` or `unified`: a tuning field (pdkit_cluster.tuning's fields)
+  set on every engine of that role (`all`: every engine) on the target hosts, as the engine's
+  own `tuning` (it wins over the cluster's role tuning: ClusterSpec.engine_tuning);
+- SCOPE `node`: a pdkit_node field (nccl_profile, ...) of the target hosts.
+
+A list value sweeps: `decode.cuda_graph_max_bs: [32, 64, 96]` is three candidates (several swept
+keys: their product). For a field that is itself a list (cuda_graph_bs) a sweep is a list of
+lists. Each derived spec goes through pdkit's loader and validator (spec_from_host_data), so an
+invalid candidate fails the campaign with the usual host/field message.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import itertools
+import json
+import re
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from pdkit.spec import Problem, Tuning
+
+ENGINE_SCOPES = ("all", "prefill", "decode", "unified")
+NODE_SCOPE = "node"
+# pdkit_node fields a candidate may change: the rest (GPU layout, engines, addresses) are the
+# cluster's shape, not a lever
+NODE_LEVERS = ("nccl_profile", "ucx_net_devices", "nic")
+NAME = r"^[a-z0-9]([a-z0-9._-]{0,62}[a-z0-9])?$"
+BASELINE = "baseline"
+
+
+class CampaignError(ValueError):
+    """The campaign file is wrong: every problem, each naming the campaign field."""
+
+    def __init__(self, path: str, problems: list[str]) -> None:
+        self.path, self.problems = path, problems
+        super().__init__(f"{path}: " + "; ".join(problems))
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Workload(_Strict):
+    input_len: int = Field(default=256, ge=1)
+    output_len: int = Field(default=64, ge=1)
+    concurrency: tuple[int, ...] = Field(default=(16,), min_length=1)
+    requests: int = Field(default=64, ge=1)
+    warmup: int = Field(default=4, ge=0)
+
+    @field_validator("concurrency")
+    @classmethod
+    def _positive(cls, v: tuple[int, ...]) -> tuple[int, ...]:
+        if any(c < 1 for c in v):
+            raise ValueError("every concurrency level must be at least 1")
+        return tuple(sorted(set(v)))
+
+
+class Objective(_Strict):
+    # the bench figure at the target concurrency that ranks candidates (higher is better)
+    metric: Literal["output_tok_s", "requests_s"] = "output_tok_s"
+    # a candidate whose TPOT p99 at the target concurrency is above this ranks after every one within it
+    tpot_p99_slo_ms: float | None = Field(default=None, gt=0)
+
+
+class Correctness(_Strict):
+    prompts: int = Field(default=16, ge=1, le=1024)
+    max_new_tokens: int = Field(default=32, ge=1)
+    # share of the baseline's tokens a candidate reproduces before its first divergence, over all prompts
+    min_match_rate: float = Field(default=0.9, ge=0, le=1)
+    # every prompt must match the baseline token for token
+    exact: bool = False
+    concurrency: int = Field(default=4, ge=1)
+
+
+class Soak(_Strict):
+    seconds: float = Field(default=10, ge=0)
+    # default: the target concurrency
+    concurrency: int | None = Field(default=None, ge=1)
+    max_new_tokens: int = Field(default=32, ge=1)
+    # requests running and no token produced for this long: wedged
+    wedge_window_s: float = Field(default=3, gt=0)
+
+
+class Doctor(_Strict):
+    window_s: float = Field(default=3, gt=0)
+    probe_requests: int = Field(default=4, ge=0)
+
+
+class CandidateSpec(_Strict):
+    name: str = Field(pattern=NAME)
+    set: dict[str, Any] = Field(min_length=1)
+    exact: bool | None = None
+    min_match_rate: float | None = Field(default=None, ge=0, le=1)
+    note: str = ""
+
+
+class Campaign(_Strict):
+    name: str = Field(pattern=NAME)
+    inventory: str | None = None
+    target: Literal["canary", "all"] | tuple[str, ...] = "canary"
+    workload: Workload = Workload()
+    target_concurrency: int | None = Field(default=None, ge=1)
+    objective: Objective = Objective()
+    correctness: Correctness = Correctness()
+    soak: Soak = Soak()
+    doctor: Doctor = Doctor()
+    keep: str = "best"
+    out_dir: str = "docs/tune"
+    state_dir: str = ".pdkit-tune"
+    candidates: tuple[CandidateSpec, ...] = Field(min_length=1)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One expanded candidate: its name, its overlay (no lists left to sweep), its gate settings."""
+
+    name: str
+    overlay: dict[str, Any]
+    exact: bool
+    min_match_rate: float
+    origin: str  # the campaign entry it came from (a sweep gives several candidates one origin)
+    note: str = ""
+
+    @property
+    def overlay_hash(self) -> str:
+        return overlay_hash(self.overlay)
+
+
+def overlay_hash(overlay: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(overlay, sort_keys=True).encode()).hexdigest()[:16]
+
+
+# ------------------------------------------------------------------ reading the file
+
+
+def read_campaign_file(path: str | Path) -> dict[str, Any]:
+    """The raw campaign: YAML (.yaml/.yml) or Python (.py defining CAMPAIGN)."""
+    p = Path(path)
+    if not p.is_file():
+        raise CampaignError(str(path), ["no such campaign file (give a .yaml, .yml or .py file)"])
+    if p.suffix == ".py":
+        import runpy
+
+        try:
+            scope = runpy.run_path(str(p))
+        except Exception as exc:  # noqa: BLE001 - the user's file: one line
+            raise CampaignError(str(path), [f"the file does not run: {type(exc).__name__}: {exc}"]) from None
+        raw = scope.get("CAMPAIGN")
+        if not isinstance(raw, dict):
+            raise CampaignError(str(path), ["a Python campaign defines CAMPAIGN = {...} (a dict)"])
+        return raw
+    if p.suffix not in (".yaml", ".yml"):
+        raise CampaignError(str(path), [f"unknown campaign format {p.suffix!r}: give .yaml, .yml or .py"])
+    import yaml
+
+    try:
+        raw = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as exc:
+        raise CampaignError(str(path), [f"not valid YAML: {exc}"]) from None
+    if not isinstance(raw, dict):
+        raise CampaignError(str(path), ["the top level must be a mapping (name, candidates, ...)"])
+    return raw
+
+
+def parse_campaign(raw: dict[str, Any], path: str = "campaign") -> Campaign:
+    try:
+        return Campaign.model_validate(raw)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            where = "campaign." + ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in err["loc"]).replace(".[", "[")
+            msg = err["msg"].removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden":
+                msg = "unknown field"
+            problems.append(f"{where}: {msg}")
+        raise CampaignError(path, problems) from None
+
+
+def load_campaign(path: str | Path) -> Campaign:
+    return parse_campaign(read_campaign_file(path), str(path))
+
+
+# ------------------------------------------------------------------ sweeps
+
+
+def _is_list_field(key: str) -> bool:
+    """True when the overlay key's own field holds a list (a flat list is then one value, not a sweep)."""
+    scope, _, rest = key.partition(".")
+    name = rest.split(".", 1)[0]
+    if scope in ENGINE_SCOPES and name in Tuning.model_fields:
+        annotation = Tuning.model_fields[name].annotation
+        return "tuple" in str(annotation) or any(typing.get_origin(a) is tuple for a in typing.get_args(annotation))
+    return False
+
+
+def sweep_values(key: str, value: Any) -> list[Any]:
+    """The values one overlay key takes: a list sweeps, except a flat list for a list-valued field."""
+    if not isinstance(value, list):
+        return [value]
+    if _is_list_field(key):
+        return [list(v) for v in value] if value and all(isinstance(v, list) for v in value) else [value]
+    return list(value)
+
+
+def _value_text(value: Any) -> str:
+    if isinstance(value, list):
+        return "-".join(str(v) for v in value)
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def expand(campaign: Campaign) -> list[Candidate]:
+    """Every candidate in campaign order; a sweep expands in the order its values are listed."""
+    out: list[Candidate] = []
+    for entry in campaign.candidates:
+        keys = list(entry.set)
+        choices = [sweep_values(k, entry.set[k]) for k in keys]
+        swept = [k for k, c in zip(keys, choices) if len(c) > 1 or isinstance(entry.set[k], list) and not _is_list_field(k)]
+        for combo in itertools.product(*choices):
+            overlay = dict(zip(keys, combo))
+            # one swept key: name-VALUE; several: name-FIELDVALUE-FIELDVALUE
+            suffix = "".join(f"-{'' if len(swept) == 1 else k.rsplit('.', 1)[-1]}{_value_text(overlay[k])}" for k in swept)
+            name = re.sub(r"[^a-z0-9._-]+", "-", f"{entry.name}{suffix}".lower()).strip("-")
+            out.append(Candidate(
+                name=name, overlay=overlay,
+                exact=campaign.correctness.exact if entry.exact is None else entry.exact,
+                min_match_rate=campaign.correctness.min_match_rate if entry.min_match_rate is None else entry.min_match_rate,
+                origin=entry.name, note=entry.note,
+            ))
+    return out
+
+
+def campaign_problems(campaign: Campaign, candidates: list[Candidate]) -> list[str]:
+    """What is wrong with the campaign itself (names, keys, keep, levels), before any spec is derived."""
+    problems = []
+    seen: dict[str, str] = {}
+    for c in candidates:
+        if c.name == BASELINE:
+            problems.append(f"campaign.candidates: {c.origin!r} expands to the name 'baseline', which is the campaign's reference: rename it")
+        if c.name in seen:
+            problems.append(f"campaign.candidates: two candidates are named {c.name!r} (from {seen[c.name]!r} and {c.origin!r}): names must be unique")
+        seen.setdefault(c.name, c.origin)
+    for entry in campaign.candidates:
+        for key in entry.set:
+            why = key_problem(key)
+            if why:
+                problems.append(f"campaign.candidates[{entry.name}].set.{key}: {why}")
+    names = {c.name for c in candidates} | {c.origin for c in candidates}
+    if campaign.keep not in ("best", BASELINE) and campaign.keep not in names:
+        problems.append(f"campaign.keep: {campaign.keep!r} is not 'best', 'baseline' or a candidate name ({', '.join(c.name for c in candidates)})")
+    target_c = campaign.target_concurrency
+    if target_c is not None and target_c not in campaign.workload.concurrency:
+        problems.append(f"campaign.target_concurrency: {target_c} is not one of campaign.workload.concurrency {list(campaign.workload.concurrency)}: the objective is read at that level")
+    return problems
+
+
+def key_problem(key: str) -> str | None:
+    scope, dot, rest = key.partition(".")
+    if not dot or not rest:
+        return f"an overlay key is SCOPE.FIELD with SCOPE one of {', '.join((*ENGINE_SCOPES, NODE_SCOPE))}"
+    name = rest.split(".", 1)[0]
+    if scope in ENGINE_SCOPES:
+        if name not in Tuning.model_fields:
+            return f"{name!r} is not a tuning field; valid: {', '.join(Tuning.model_fields)}"
+        return None
+    if scope == NODE_SCOPE:
+        if "." in rest or name not in NODE_LEVERS:
+            return f"node levers are {', '.join(NODE_LEVERS)} (the GPU layout and engines are the cluster's shape, not a lever)"
+        return None
+    return f"unknown scope {scope!r}; valid: {', '.join((*ENGINE_SCOPES, NODE_SCOPE))}"
+
+
+# ------------------------------------------------------------------ derived host data
+
+
+HostData = list[tuple[str, tuple[str, ...], dict[str, Any]]]
+
+
+def _set_path(target: dict[str, Any], path: list[str], value: Any) -> None:
+    for part in path[:-1]:
+        nxt = target.get(part)
+        if not isinstance(nxt, dict):
+            nxt = {}
+            target[part] = nxt
+        target = nxt
+    target[path[-1]] = copy.deepcopy(value)
+
+
+@dataclass
+class Applied:
+    """Derived host data and where each overlay key landed (host, inventory path)."""
+
+    hosts: HostData
+    landed: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
+
+
+def apply_overlay(hosts: HostData, overlay: dict[str, Any], targets: list[str]) -> Applied:
+    """Pure: the inventory's resolved host data with OVERLAY set on the TARGETS' engines / nodes."""
+    out: HostData = []
+    landed: dict[str, list[tuple[str, str]]] = {k: [] for k in overlay}
+    for name, groups, data in hosts:
+        data = copy.deepcopy(data)
+        node = data.get("pdkit_node")
+        if name in targets and isinstance(node, dict):
+            for key, value in overlay.items():
+                scope, _, rest = key.partition(".")
+                path = rest.split(".")
+                if scope == NODE_SCOPE:
+                    _set_path(node, path, value)
+                    landed[key].append((name, f"pdkit_node.{rest}"))
+                    continue
+                for engine in node.get("engines") or []:
+                    if isinstance(engine, dict) and (scope == "all" or engine.get("role") == scope):
+                        tuning = engine.setdefault("tuning", {})
+                        if not isinstance(tuning, dict):
+                            continue  # the validator names it
+                        _set_path(tuning, path, value)
+                        landed[key].append((name, f"pdkit_node.engines[{engine.get('name')}].tuning.{rest}"))
+        out.append((name, groups, data))
+    return Applied(out, landed)
+
+
+def derive(hosts: HostData, candidate: Candidate, targets: list[str], inventory: str):
+    """(derived ClusterSpec or None, problems, Applied) for one candidate: the loader's own checks."""
+    from pdkit.loader import spec_from_host_data
+
+    applied = apply_overlay(hosts, candidate.overlay, targets)
+    spec, problems = spec_from_host_data(applied.hosts, inventory=inventory)
+    for key, where in applied.landed.items():
+        if not where:
+            problems.append(Problem("<campaign>", f"candidates[{candidate.name}].set.{key}",
+                                    f"matches no engine or node on the target hosts ({', '.join(targets)}): it would change nothing"))
+    if any(p.severity == "error" for p in problems):
+        spec = None
+    return spec, problems, applied
+
+
+def resolve_targets(campaign: Campaign, spec) -> list[str]:
+    """Host names the candidates are applied to: the roll's canary, every engine host, or a list."""
+    from pdkit.roll import rollout_order
+
+    engine_hosts = [h.name for h in spec.gpu_hosts if h.node is not None and h.node.engines]
+    if campaign.target == "canary":
+        order = rollout_order(spec, limit=engine_hosts)
+        return order[:1]
+    if campaign.target == "all":
+        return engine_hosts
+    unknown = [h for h in campaign.target if h not in engine_hosts]
+    if unknown:
+        raise CampaignError("campaign", [f"campaign.target: {unknown} are not hosts with engines in the inventory ({', '.join(engine_hosts)})"])
+    return list(campaign.target)
+
+
+def render_inventory(applied: HostData, source: str, candidate: str) -> str:
+    """A pyinfra inventory file holding the derived, already-resolved host data (groups kept).
+
+    Resolved data already carries what group_data contributed, so the file needs no group_data
+    beside it. It holds secrets when the inventory does: the runner writes it mode 0600.
+    """
+    import ast
+    import pprint
+
+    groups: dict[str, list[str]] = {}
+    for name, host_groups, _ in applied:
+        for g in host_groups:
+            if g != "all" and g.isidentifier() and not g.startswith("_"):
+                groups.setdefault(g, []).append(name)
+    entries = []
+    for name, _, data in applied:
+        text = repr(data)
+        try:
+            same = ast.literal_eval(text) == data
+        except (ValueError, SyntaxError):
+            same = False
+        if not same:
+            raise CampaignError(source, [f"{name}: its inventory data holds values that cannot be written as plain Python literals; pdkit tune cannot derive an inventory from it"])
+        entries.append((name, data))
+    lines = [
+        f'"""Derived by `pdkit tune` from {source} for candidate {candidate!r}: do not edit (regenerated each run)."""',
+        "",
+    ]
+    for g, members in sorted(groups.items()):
+        lines.append(f"{g} = {members!r}")
+    lines.append("all = " + pprint.pformat(entries, width=120, sort_dicts=True))  # noqa: A001
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------ diffs
+
+
+def spec_diff(base, derived) -> dict[str, dict[str, list[Any]]]:
+    """Per host/engine (and host/node): {field: [baseline value, candidate value]} of what differs."""
+    out: dict[str, dict[str, list[Any]]] = {}
+    for (h, e), (h2, e2) in zip(base.engines(), derived.engines()):
+        a = base.engine_tuning(e).model_dump(mode="json")
+        b = derived.engine_tuning(e2).model_dump(mode="json")
+        changed = {k: [a[k], b[k]] for k in a if a[k] != b[k]}
+        if changed:
+            out[f"{h.name}/{e.name}"] = changed
+    for h, h2 in zip(base.hosts, derived.hosts):
+        if h.node is None or h2.node is None:
+            continue
+        a, b = h.node.model_dump(mode="json", exclude={"engines"}), h2.node.model_dump(mode="json", exclude={"engines"})
+        changed = {k: [a[k], b[k]] for k in a if a[k] != b[k]}
+        if changed:
+            out[f"{h.name}/node"] = changed
+    return out
+
+
+def flag_diff(base, derived) -> list[str]:
+    """Engine argv differences, in `pdkit compare`'s words (pdkit.bench.flag_changes on the rendered flags)."""
+    from pdkit.bench import engine_flags, flag_changes
+
+    return flag_changes({"env": {"engine_flags": engine_flags(base)}}, {"env": {"engine_flags": engine_flags(derived)}})
+
+
+def keep_lines(candidate: Candidate, applied: Applied, all_engine_hosts: list[str]) -> list[str]:
+    """The inventory fields to set to keep CANDIDATE: per host and engine; cluster-wide when it
+    covered every engine host (then one pdkit_cluster.tuning line replaces the per-engine ones)."""
+    lines = []
+    for key, value in candidate.overlay.items():
+        scope, _, rest = key.partition(".")
+        hosts = sorted({h for h, _ in applied.landed.get(key, [])})
+        shown = json.dumps(value)
+        if scope in ENGINE_SCOPES and hosts == sorted(all_engine_hosts):
+            lines.append(f"pdkit_cluster.tuning.{scope}.{rest}: {shown}")
+            continue
+        for host, path in applied.landed.get(key, []):
+            lines.append(f"{host}: {path}: {shown}")
+    return lines

@@ -1,0 +1,254 @@
+"""Campaign results, written as they come in: records, ranking, the report, the plot, resume.
+
+Pure functions over record dicts (one JSONL line per candidate, appended the moment it
+finishes); the runner calls `write_report` after every record.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pdkit.tune.campaign import BASELINE, Campaign, Candidate
+
+SCHEMA = 1
+# gate order of one candidate; a record's failed_gate is one of these
+GATES = ("roll", "correctness", "soak", "doctor", "bench")
+# What an unmeasured restart or bench is assumed to take in an estimate (seconds), until records
+# of this campaign measured them; the estimate says which figures were assumed.
+ASSUMED_ROLL_S = 60.0
+ASSUMED_REQUEST_S = 0.5
+
+
+class ResumeError(ValueError):
+    pass
+
+
+def paths(campaign: Campaign) -> dict[str, Path]:
+    out = Path(campaign.out_dir)
+    return {"records": out / f"{campaign.name}.jsonl", "markdown": out / f"{campaign.name}.md",
+            "plot": out / f"{campaign.name}.png", "state": Path(campaign.state_dir) / campaign.name}
+
+
+def load_records(path: str | Path) -> list[dict[str, Any]]:
+    p = Path(path)
+    if not p.is_file():
+        return []
+    out = []
+    for i, line in enumerate(p.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            # a line cut by an interruption mid-write: everything before it stands
+            raise ResumeError(f"{p}:{i}: not a JSON record (cut short?): remove that line and run again with --resume") from None
+    return out
+
+
+def append_record(path: str | Path, record: dict[str, Any]) -> None:
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    with p.open("a") as fh:
+        fh.write(json.dumps(record, sort_keys=True) + "\n")
+        fh.flush()
+
+
+def resume_plan(candidates: Sequence[Candidate], records: Sequence[dict[str, Any]], resume: bool,
+                campaign: str) -> tuple[dict[str, dict[str, Any]], list[Candidate]]:
+    """(finished records by candidate name, baseline included; candidates still to run).
+
+    Without --resume, existing records stop the run (results are never mixed silently); with it,
+    a record whose overlay no longer matches the campaign's candidate stops it too.
+    """
+    mine = [r for r in records if r.get("campaign") == campaign]
+    if mine and not resume:
+        raise ResumeError(f"campaign {campaign!r} already has {len(mine)} record(s): pass --resume to continue it, "
+                          "or move its records file away to start again")
+    done: dict[str, dict[str, Any]] = {}
+    by_name = {c.name: c for c in candidates}
+    for r in mine:
+        if r.get("kind") not in ("baseline", "candidate"):
+            continue  # the end-of-campaign record: what was left applied last time
+        name = r["candidate"]
+        if name != BASELINE:
+            c = by_name.get(name)
+            if c is None:
+                raise ResumeError(f"the records hold candidate {name!r}, which the campaign no longer defines: "
+                                  "restore it in the campaign or start a new campaign (another name)")
+            if r.get("overlay_hash") != c.overlay_hash:
+                raise ResumeError(f"candidate {name!r} changed since it was recorded ({r.get('overlay')} -> {c.overlay}): "
+                                  "give the changed candidate a new name")
+        done[name] = r
+    if done and BASELINE not in done:
+        raise ResumeError("the records have candidates but no baseline: the campaign cannot compare them; start a new campaign")
+    return done, [c for c in candidates if c.name not in done]
+
+
+def level(record: dict[str, Any], concurrency: int) -> dict[str, Any] | None:
+    bench = record.get("bench") or {}
+    return next((lv for lv in bench.get("levels") or [] if lv.get("concurrency") == concurrency), None)
+
+
+def objective_value(record: dict[str, Any], concurrency: int, metric: str) -> float | None:
+    lv = level(record, concurrency)
+    value = lv.get(metric) if lv else None
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def tpot_p99(record: dict[str, Any], concurrency: int) -> float | None:
+    lv = level(record, concurrency)
+    value = (lv or {}).get("tpot_ms", {}).get("p99")
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def rank(records: Sequence[dict[str, Any]], concurrency: int, metric: str,
+         slo_ms: float | None = None) -> list[dict[str, Any]]:
+    """Passed records best first: within the TPOT p99 SLO (when set) before those over it, then
+    by the objective (higher first). Rows carry value, ratio to baseline and the SLO verdict."""
+    base = next((r for r in records if r["candidate"] == BASELINE and r["verdict"] == "pass"), None)
+    base_value = objective_value(base, concurrency, metric) if base else None
+    rows = []
+    for r in records:
+        if r.get("kind") not in ("baseline", "candidate") or r["verdict"] != "pass":
+            continue
+        value = objective_value(r, concurrency, metric)
+        p99 = tpot_p99(r, concurrency)
+        within = slo_ms is None or (p99 is not None and p99 <= slo_ms)
+        rows.append({"candidate": r["candidate"], "value": value, "tpot_p99_ms": p99, "within_slo": within,
+                     "ratio": (value / base_value) if value is not None and base_value else None, "record": r})
+    rows.sort(key=lambda row: (not row["within_slo"], -(row["value"] if row["value"] is not None else float("-inf"))))
+    return rows
+
+
+def choose_kept(keep: str, ranked: Sequence[dict[str, Any]], records: Sequence[dict[str, Any]]) -> tuple[str, str]:
+    """(candidate to leave applied, why). `best`: the top of the ranking (the baseline when nothing
+    beat it); a named candidate that failed falls back to the baseline, and says so."""
+    if keep == "best":
+        if not ranked:
+            return BASELINE, "no candidate passed every gate: the baseline is restored"
+        top = ranked[0]
+        return top["candidate"], f"best by the objective ({top['value']} at the target concurrency)"
+    if keep == BASELINE:
+        return BASELINE, "keep: baseline"
+    named = [r for r in records if r.get("kind") == "candidate" and (r["candidate"] == keep or r.get("origin") == keep)]
+    passed = [r for r in named if r["verdict"] == "pass"]
+    if passed:
+        best = [row for row in ranked if row["candidate"] in {r["candidate"] for r in passed}]
+        return best[0]["candidate"], f"keep: {keep}"
+    return BASELINE, f"keep: {keep}, but it did not pass every gate: the baseline is restored"
+
+
+def estimate(n_candidates: int, restarts_per_candidate: int, campaign: Campaign,
+             records: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+    """Seconds the campaign should take: restarts x measured ready time + bench, soak, correctness.
+
+    Measured figures come from this campaign's records (a resumed or repeated campaign); without
+    them the roll and per-request times are assumptions and the estimate says so."""
+    rolls = [r["timings"]["roll_s"] / max(1, r["timings"].get("restarts", 1))
+             for r in records if (r.get("timings") or {}).get("roll_s") and (r.get("timings") or {}).get("restarts")]
+    benches = [r["timings"]["bench_s"] for r in records if (r.get("timings") or {}).get("bench_s")]
+    roll_s = sum(rolls) / len(rolls) if rolls else ASSUMED_ROLL_S
+    w = campaign.workload
+    bench_s = (sum(benches) / len(benches)) if benches else ASSUMED_REQUEST_S * (w.requests * len(w.concurrency) + w.warmup)
+    per = {
+        "roll_s": restarts_per_candidate * roll_s,
+        "correctness_s": 2 * campaign.correctness.prompts / campaign.correctness.concurrency * ASSUMED_REQUEST_S,
+        "soak_s": campaign.soak.seconds,
+        "doctor_s": campaign.doctor.window_s,
+        "bench_s": bench_s,
+    }
+    each = sum(per.values())
+    return {"total_s": round(each * n_candidates, 1), "per_candidate": {k: round(v, 1) for k, v in per.items()},
+            "measured": {"roll": bool(rolls), "bench": bool(benches)}, "candidates": n_candidates}
+
+
+def _fmt(value: Any, digits: int = 1) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+def _overlay_text(overlay: dict[str, Any]) -> str:
+    return ", ".join(f"`{k}: {json.dumps(v)}`" for k, v in overlay.items()) or "(the inventory as it is)"
+
+
+def render_markdown(campaign: Campaign, records: Sequence[dict[str, Any]], concurrency: int,
+                    plot_name: str | None, pending: Sequence[str] = ()) -> str:
+    """docs/tune/<campaign>.md: the ranking, the failed candidates with their reasons, the diffs."""
+    metric = campaign.objective.metric
+    slo = campaign.objective.tpot_p99_slo_ms
+    ranked = rank(records, concurrency, metric, slo)
+    first = records[0] if records else {}
+    engine = (((first.get("bench") or {}).get("env")) or {}).get("engine", first.get("engine", "?"))
+    w = campaign.workload
+    lines = [
+        f"# pdkit tune: {campaign.name}",
+        "",
+        f"Inventory `{first.get('inventory', campaign.inventory or '?')}`, target {', '.join(first.get('target') or []) or campaign.target}; "
+        f"workload input {w.input_len} / output {w.output_len} tokens, {w.requests} requests per level at C={', '.join(map(str, w.concurrency))}; "
+        f"objective `{metric}` at C={concurrency}" + (f" with TPOT p99 <= {slo:g} ms" if slo else "") + ".",
+        "",
+    ]
+    if engine == "sim":
+        lines += ["**Engine `sim`: a rehearsal. These figures describe the sim's step formula, never SGLang, a GPU or a model.**", ""]
+    lines += [f"| rank | candidate | overlay | {metric} @C={concurrency} | x baseline | TPOT p99 ms | match rate | verdict |",
+              "|---:|---|---|---:|---:|---:|---:|---|"]
+    for i, row in enumerate(ranked, 1):
+        r = row["record"]
+        verdict = "pass" + ("" if row["within_slo"] else " (over the TPOT SLO)")
+        lines.append(f"| {i} | {r['candidate']} | {_overlay_text(r.get('overlay') or {})} | {_fmt(row['value'])} | "
+                     f"{_fmt(row['ratio'], 3)} | {_fmt(row['tpot_p99_ms'])} | {_fmt((r.get('correctness') or {}).get('match_rate'), 3)} | {verdict} |")
+    failed = [r for r in records if r.get("kind") in ("baseline", "candidate") and r["verdict"] != "pass"]
+    if failed:
+        lines += ["", "## Failed (rolled back to the release before them)", "",
+                  "| candidate | overlay | gate | reason |", "|---|---|---|---|"]
+        for r in failed:
+            reason = str(r.get("reason", "")).replace("|", "\\|").replace("\n", " ")[:400]
+            lines.append(f"| {r['candidate']} | {_overlay_text(r.get('overlay') or {})} | {r.get('failed_gate')} | {reason} |")
+    if pending:
+        lines += ["", "Not run yet: " + ", ".join(pending) + " (`pdkit tune ... --resume` continues)."]
+    if plot_name and any(r.get("bench") for r in records):
+        lines += ["", f"![output tok/s and TPOT against concurrency per candidate]({plot_name})"]
+    lines += ["", "## Flags against the baseline", ""]
+    for r in records:
+        if r.get("kind") != "candidate":
+            continue
+        diff = r.get("flag_diff") or []
+        lines.append(f"- **{r['candidate']}**: " + ("; ".join(diff) if diff else "no engine flag changes (environment or node settings only)"))
+    kept = next((r for r in reversed(records) if r.get("kind") == "end"), None)
+    if kept:
+        lines += ["", f"## Left applied: {kept['candidate']}", "", kept.get("reason", ""), ""]
+        lines += [f"    {line}" for line in kept.get("keep_fields") or ["(the inventory as it is: nothing to change)"]]
+    return "\n".join(lines) + "\n"
+
+
+def bench_records_for_plot(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The candidates' bench records labelled with their names, for pdkit.bench.render_plot."""
+    out = []
+    for r in records:
+        bench = r.get("bench")
+        if r.get("kind") in ("baseline", "candidate") and bench and bench.get("levels"):
+            out.append({**bench, "label": r["candidate"]})
+    return out
+
+
+def write_report(campaign: Campaign, records: Sequence[dict[str, Any]], concurrency: int,
+                 pending: Sequence[str] = ()) -> list[Path]:
+    """Regenerate the markdown (and the PNG when there is a bench to plot)."""
+    p = paths(campaign)
+    p["markdown"].parent.mkdir(parents=True, exist_ok=True)
+    plotted = bench_records_for_plot(records)
+    written = []
+    if plotted:
+        from pdkit.bench import render_plot
+
+        render_plot(plotted, p["plot"])
+        written.append(p["plot"])
+    p["markdown"].write_text(render_markdown(campaign, records, concurrency, p["plot"].name if plotted else None, pending))
+    written.insert(0, p["markdown"])
+    return written

@@ -1,0 +1,515 @@
+"""`pdkit tune INVENTORY CAMPAIGN [--dry] [--resume]`: the campaign on a live cluster.
+
+Order: validate everything (campaign, every candidate's derived spec, workloads) before any
+host is touched; then the baseline (rolled as the inventory says, its answers recorded), then
+each candidate: roll (pdkit.roll's Roller: drain, apply, ready, router, smoke; a failed gate
+puts the node back on its release), correctness, soak, doctor, bench. A candidate that fails
+after its roll is put back, byte for byte, on the releases its nodes ran before it (the same
+drain/restore/ready/router/smoke steps as `pdkit rollback`). One record is appended per
+candidate the moment it finishes and the report is regenerated. At the end the chosen
+configuration is rolled on and the inventory fields to keep it are printed; the inventory file
+itself is never written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pdkit.tune import gates
+from pdkit.tune.campaign import (
+    BASELINE,
+    Applied,
+    Campaign,
+    CampaignError,
+    Candidate,
+    apply_overlay,
+    campaign_problems,
+    derive,
+    expand,
+    flag_diff,
+    keep_lines,
+    load_campaign,
+    render_inventory,
+    resolve_targets,
+    spec_diff,
+)
+from pdkit.tune.results import (
+    SCHEMA,
+    ResumeError,
+    append_record,
+    choose_kept,
+    estimate,
+    load_records,
+    paths,
+    rank,
+    resume_plan,
+    write_report,
+)
+
+EXIT_FAILED = 1
+EXIT_INVALID = 2
+EXIT_INTERRUPTED = 130
+
+
+@dataclass
+class Prepared:
+    """Everything decided before a host is touched."""
+
+    campaign: Campaign
+    inventory: str  # absolute path of the user's inventory (read, never written)
+    base_spec: Any
+    host_data: list
+    targets: list[str]
+    candidates: list[Candidate]
+    specs: dict[str, Any]  # candidate name -> derived ClusterSpec (BASELINE: the inventory's)
+    applied: dict[str, Applied]
+    target_concurrency: int
+    restarts: dict[str, int] = field(default_factory=dict)  # hosts each candidate restarts, in campaign order
+
+
+def candidate_inventory(campaign: Campaign, name: str) -> Path:
+    return paths(campaign)["state"] / f"{name}.py"
+
+
+def target_concurrency(campaign: Campaign, spec) -> int:
+    """The objective's level: the campaign's, else the inventory's target_concurrency when it is a
+    bench level, else the largest level."""
+    levels = campaign.workload.concurrency
+    if campaign.target_concurrency is not None:
+        return campaign.target_concurrency
+    if spec.cluster.target_concurrency in levels:
+        return spec.cluster.target_concurrency
+    return max(levels)
+
+
+def prepare(inventory: str, campaign_path: str) -> Prepared:
+    """Load and validate everything. Raises CampaignError with every problem found."""
+    from pdkit.bench import _check_workload
+    from pdkit.loader import load_with_problems, read_inventory
+    from pdkit.plan import plan_cluster
+
+    campaign = load_campaign(campaign_path)
+    inv = os.path.abspath(inventory)
+    problems: list[str] = []
+    if campaign.inventory is not None and os.path.abspath(campaign.inventory) != inv:
+        problems.append(f"campaign.inventory: the campaign starts from {campaign.inventory}, not {inventory}: give that inventory")
+    base, base_problems = load_with_problems(inv)
+    errors = [p for p in base_problems if p.severity == "error"]
+    if errors or base is None:
+        raise CampaignError(inventory, [f"the inventory itself: {p}" for p in errors])
+    hosts = read_inventory(inv, os.getcwd())
+    candidates = expand(campaign)
+    problems += campaign_problems(campaign, candidates)
+    targets = resolve_targets(campaign, base)
+    specs: dict[str, Any] = {BASELINE: base}
+    applied: dict[str, Applied] = {BASELINE: apply_overlay(hosts, {}, targets)}
+    for c in candidates:
+        spec, found, app = derive(hosts, c, targets, str(candidate_inventory(campaign, c.name).resolve()))
+        for p in found:
+            if p.severity == "error":
+                problems.append(f"candidate {c.name}: {p}")
+        if spec is not None:
+            specs[c.name], applied[c.name] = spec, app
+    w = campaign.workload
+    for name, spec in specs.items():
+        for what, (inp, out, req, warm) in (("workload", (w.input_len, w.output_len, w.requests, w.warmup)),
+                                             ("correctness", (64, campaign.correctness.max_new_tokens, 1, 0))):
+            try:
+                _check_workload(spec, inp, out, req, warm)
+            except ValueError as exc:
+                problems.append(f"candidate {name}: campaign.{what}: {exc}")
+    if not base.router_hosts:
+        problems.append("the inventory declares no router: the gates and the bench go through the router")
+    if problems:
+        raise CampaignError(campaign_path, problems)
+    # hosts whose rendered release changes from one candidate to the next (the previous one passed)
+    restarts = {}
+    previous = plan_cluster(base)
+    for c in candidates:
+        plans = plan_cluster(specs[c.name])
+        restarts[c.name] = sum(plans[h].release_hash != previous[h].release_hash for h in targets)
+        previous = plans
+    return Prepared(campaign, inv, base, hosts, targets, candidates, specs, applied, target_concurrency(campaign, base), restarts)
+
+
+def dry_text(prep: Prepared, records: list[dict[str, Any]], todo: list[Candidate]) -> str:
+    c = prep.campaign
+    lines = [f"pdkit tune --dry: campaign {c.name!r} on {prep.inventory}: nothing will be changed", "",
+             f"target: {', '.join(prep.targets)}; objective {c.objective.metric} at C={prep.target_concurrency}"
+             + (f", TPOT p99 <= {c.objective.tpot_p99_slo_ms:g} ms" if c.objective.tpot_p99_slo_ms else ""), ""]
+    done = {r["candidate"] for r in records if r.get("kind") in ("baseline", "candidate")}
+    lines.append(f"  baseline: the inventory as it is" + (" (recorded)" if BASELINE in done else ""))
+    for cand in prep.candidates:
+        mark = " (recorded)" if cand.name in done else ""
+        overlay = ", ".join(f"{k}={v!r}" for k, v in cand.overlay.items())
+        lines.append(f"  {cand.name}{mark}: {overlay}; restarts {prep.restarts[cand.name]} host(s) after the one before it; "
+                     f"correctness {'exact' if cand.exact else f'match rate >= {cand.min_match_rate:g}'}")
+        for line in flag_diff(prep.base_spec, prep.specs[cand.name]) or ["no engine flag changes (environment or node settings only)"]:
+            lines.append(f"      {line}")
+    n = len(todo) + (BASELINE not in done)
+    restarts = round(sum(prep.restarts[t.name] for t in todo) / max(1, len(todo))) if todo else 0
+    est = estimate(n, restarts, c, records)
+    per = ", ".join(f"{k.removesuffix('_s')} {v:.0f} s" for k, v in est["per_candidate"].items())
+    assumed = [k for k, v in est["measured"].items() if not v]
+    lines += ["", f"estimate: {est['total_s'] / 60:.1f} min for {n} run(s) to go ({per} each)"
+              + (f"; assumed, not yet measured: {', '.join(assumed)} time" if assumed else "; from this campaign's records")]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------ talking to the cluster
+
+
+class Interrupted(Exception):
+    pass
+
+
+class Session:
+    """One campaign run: the records so far, the progress printer, the stop flag."""
+
+    def __init__(self, prep: Prepared, records: list[dict[str, Any]]) -> None:
+        from pdkit.roll import Progress
+
+        self.prep = prep
+        self.records = records
+        self.progress = Progress()
+        self.stop_requested = False
+        self.paths = paths(prep.campaign)
+        self.gate = "roll"  # the gate in progress: an unexpected error is that gate's failure
+
+    def say(self, step: str, message: str, took: float | None = None) -> None:
+        self.progress("tune", step, message, took)
+
+    # ---- rolls
+    def roller(self, name: str):
+        from pdkit.roll import Roller
+
+        inv = self.prep.inventory if name == BASELINE else str(self.write_inventory(name))
+        return Roller(inv, self.prep.specs[name], self.progress)
+
+    def write_inventory(self, name: str) -> Path:
+        path = candidate_inventory(self.prep.campaign, name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.chmod(path.parent, 0o700)
+        text = render_inventory(self.prep.applied[name].hosts, self.prep.inventory, name)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # it may hold the inventory's secrets
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        return path.resolve()
+
+    def releases(self, roller, hosts: list[str]) -> dict[str, str | None]:
+        state, connected, unreachable = roller.pyinfra.connect(hosts)
+        if unreachable:
+            h, why = next(iter(unreachable.items()))
+            from pdkit.roll import RollError
+
+            raise RollError(h, "connect", f"cannot reach it over SSH ({why})")
+        return roller.current_releases(state, connected)[0]
+
+    def roll(self, roller, rolled: list[str], hosts: list[str] | None = None) -> int:
+        """Roll HOSTS (default: the targets) as pdkit roll does (order, pairing, batches of one after
+        the canary). Appends each host to ROLLED once its batch passed; returns how many hosts changed."""
+        from pdkit.roll import RollError, make_batches, pairing_units, read_node_state, rollout_order, unchanged_hosts, version_changes
+
+        spec = roller.spec
+        order = rollout_order(spec, limit=hosts or self.prep.targets)
+        diffs, versions, unreachable = read_node_state(roller, order)
+        if unreachable:
+            h, why = next(iter(unreachable.items()))
+            raise RollError(h, "connect", f"cannot reach it over SSH ({why}); nothing was changed")
+        units, _ = pairing_units(spec, version_changes(spec, versions))
+        roller.unchanged = unchanged_hosts(diffs)
+        for batch in make_batches(order, 1, units):
+            roller.roll_batch(batch)
+            rolled.extend(batch)
+        return sum(h not in roller.unchanged for h in order)
+
+    def put_back(self, roller, hosts: list[str], before: dict[str, str | None]) -> list[str]:
+        """Each host back on the release it ran before the candidate (`pdkit rollback`'s steps);
+        the lines say what happened to each."""
+        out = []
+        for h in reversed(hosts):
+            if not before.get(h):
+                out.append(f"{h}: no earlier release recorded: left as it is")
+                continue
+            steps = []
+            try:
+                _, connected, unreachable = roller.pyinfra.connect([h])
+                if unreachable:
+                    raise RuntimeError(f"cannot reach it over SSH: {unreachable[h]}")
+                for step, fn in (("drain", roller.drain), ("restore", lambda b: roller.restore(h, connected[h], before[h])),
+                                 ("ready", roller.ready), ("router", roller.readd), ("smoke", roller.smoke)):
+                    start = time.monotonic()
+                    message = fn([h])
+                    steps.append(step)
+                    self.progress(h, step, message, time.monotonic() - start)
+                out.append(f"{h}: back on release {before[h]}")
+            except Exception as exc:  # noqa: BLE001 - say it and go on with the other hosts
+                out.append(f"{h}: rollback FAILED after {', '.join(steps) or 'nothing'}: {exc}")
+                self.progress(h, "FAILED", f"rollback: {exc}")
+                if "drain" in steps and "router" not in steps:
+                    try:
+                        roller.readd([h])
+                    except Exception:  # noqa: BLE001
+                        pass
+        return out
+
+    # ---- gates
+    def router(self) -> tuple[str, dict[str, str]]:
+        from pdkit.bench import router_target
+
+        return router_target(self.prep.base_spec)
+
+    def engine_urls(self, spec) -> dict[str, str]:
+        from pdkit import flags
+
+        return {f"{h.name}/{e.name}": flags.engine_url(spec, h, e) for h, e in spec.engines()}
+
+    def ask(self) -> list[dict[str, Any]]:
+        c = self.prep.campaign.correctness
+        url, headers = self.router()
+        return gates.ask(url, headers, gates.prompts(c.prompts), c.max_new_tokens, c.concurrency)
+
+    def run_gates(self, name: str, spec, record: dict[str, Any], baseline_answers: list[dict[str, Any]] | None,
+                  cand: Candidate | None) -> None:
+        """correctness, soak, doctor, bench, in that order; raises GateFailed at the first that fails."""
+        from pdkit.bench import run_bench
+        from pdkit.doctor import FAIL, run_doctor
+
+        c = self.prep.campaign
+        t = record["timings"]
+        start = time.monotonic()
+        self.gate = "correctness"
+        if baseline_answers is None:
+            # the baseline against itself: an engine that is not deterministic at temperature 0 here
+            # makes every candidate's match rate meaningless, so it is measured first
+            first = self.ask()
+            errors = [a["error"] for a in first if "error" in a]
+            if errors:
+                raise GateFailed("correctness", f"{len(errors)} baseline prompts failed: {errors[:2]}")
+            record["answers"] = first
+            baseline_answers, exact, threshold = first, False, c.correctness.min_match_rate
+        else:
+            exact, threshold = cand.exact, cand.min_match_rate
+        comparison = gates.compare(baseline_answers, self.ask())
+        ok, why = gates.correctness_verdict(comparison, threshold, exact)
+        record["correctness"] = {**comparison, "threshold": threshold, "exact": exact, "verdict": why}
+        t["correctness_s"] = round(time.monotonic() - start, 2)
+        self.say("correct", why, t["correctness_s"])
+        record["gates"]["correctness"] = {"ok": ok, "detail": why}
+        if not ok:
+            raise GateFailed("correctness", why)
+
+        start = time.monotonic()
+        self.gate = "soak"
+        url, headers = self.router()
+        soak_c = c.soak.concurrency or self.prep.target_concurrency
+        ok, why, figures = gates.soak(url, headers, self.engine_urls(spec), c.soak.seconds, soak_c,
+                                      c.workload.input_len, c.soak.max_new_tokens, c.soak.wedge_window_s)
+        t["soak_s"] = round(time.monotonic() - start, 2)
+        record["soak"] = figures
+        record["gates"]["soak"] = {"ok": ok, "detail": why}
+        self.say("soak", why, t["soak_s"])
+        if not ok:
+            raise GateFailed("soak", why)
+
+        start = time.monotonic()
+        self.gate = "doctor"
+        results = run_doctor(spec, window_s=c.doctor.window_s, probe_requests=c.doctor.probe_requests)
+        # throughput_c16 compares with docs/bench's last run: the campaign's own bench replaces it
+        failed = [r for r in results if r.status == FAIL and r.check != "throughput_c16"]
+        t["doctor_s"] = round(time.monotonic() - start, 2)
+        record["doctor"] = [r.to_dict() for r in results if r.status != "PASS"]
+        if failed:
+            why = "; ".join(f"{r.host}/{r.target} {r.check}: {r.reason}" for r in failed[:4])
+            record["gates"]["doctor"] = {"ok": False, "detail": why}
+            self.say("doctor", f"FAIL: {why}", t["doctor_s"])
+            raise GateFailed("doctor", why)
+        why = f"{sum(r.status == 'PASS' for r in results)} checks pass, no FAIL"
+        record["gates"]["doctor"] = {"ok": True, "detail": why}
+        self.say("doctor", why, t["doctor_s"])
+
+        start = time.monotonic()
+        self.gate = "bench"
+        w = c.workload
+        bench = run_bench(spec, concurrency=list(w.concurrency), input_len=w.input_len, output_len=w.output_len,
+                          requests=w.requests, warmup=w.warmup, label=f"tune {c.name} {name}", progress=False)
+        t["bench_s"] = round(time.monotonic() - start, 2)
+        record["bench"] = bench
+        errors = {lv["concurrency"]: lv["errors"] for lv in bench["levels"] if lv["errors"]}
+        if errors:
+            why = f"requests failed at C={errors} ({[s for lv in bench['levels'] for s in lv['error_samples']][:2]})"
+            record["gates"]["bench"] = {"ok": False, "detail": why}
+            raise GateFailed("bench", why)
+        figures = ", ".join(f"C={lv['concurrency']} {lv['output_tok_s']:.0f} tok/s" for lv in bench["levels"])
+        record["gates"]["bench"] = {"ok": True, "detail": figures}
+        self.say("bench", figures, t["bench_s"])
+
+    def run_one(self, name: str, cand: Candidate | None, baseline_answers: list[dict[str, Any]] | None) -> dict[str, Any]:
+        from pdkit.roll import RollError
+
+        prep = self.prep
+        spec = prep.specs[name]
+        record: dict[str, Any] = {
+            "schema": SCHEMA, "campaign": prep.campaign.name, "candidate": name,
+            "kind": BASELINE if cand is None else "candidate", "origin": cand.origin if cand else BASELINE,
+            "overlay": cand.overlay if cand else {}, "overlay_hash": cand.overlay_hash if cand else None,
+            "inventory": prep.inventory, "target": prep.targets, "engine": spec.cluster.engine,
+            "started": datetime.now(UTC).isoformat(timespec="seconds"),
+            "spec_diff": spec_diff(prep.base_spec, spec) if cand else {},
+            "flag_diff": flag_diff(prep.base_spec, spec) if cand else [],
+            "gates": {}, "timings": {},
+        }
+        self.say("start", f"{name}: " + (", ".join(f"{k}={v!r}" for k, v in cand.overlay.items()) if cand else "the inventory as it is"))
+        roller = self.roller(name)
+        rolled: list[str] = []
+        before: dict[str, str | None] = {}
+        start = time.monotonic()
+        self.gate = "roll"
+        # the baseline is the whole inventory: every host is rolled onto it (those already on it
+        # stay serving); a candidate differs from it only on the targets
+        hosts = [h.name for h in spec.hosts] if cand is None else prep.targets
+        try:
+            before = self.releases(roller, hosts)
+            record["releases_before"] = before
+            restarts = self.roll(roller, rolled, hosts)
+            record["timings"].update(roll_s=round(time.monotonic() - start, 2), restarts=restarts)
+            record["gates"]["roll"] = {"ok": True, "detail": f"{restarts} host(s) changed and passed drain, apply, ready, router, smoke"}
+            self.run_gates(name, spec, record, baseline_answers, cand)
+            record.update(verdict="pass", failed_gate=None, reason="")
+        except Exception as exc:  # noqa: BLE001 - any failure fails the candidate at its gate and is rolled back
+            if isinstance(exc, GateFailed):
+                gate, why = exc.gate, exc.why
+            elif isinstance(exc, RollError):
+                gate, why = "roll", str(exc)
+            else:
+                gate, why = self.gate, f"{type(exc).__name__}: {exc}"
+            record["gates"].setdefault(gate, {"ok": False, "detail": why})
+            record.update(verdict="fail", failed_gate=gate, reason=why)
+            self.say("FAILED", f"{name}: gate {gate}: {why}")
+            # the batch whose roll gate failed was put back by the roll itself; the hosts rolled
+            # before it (and every host, when a later gate failed) go back here
+            record["rollback"] = self.put_back(roller, rolled, before) if rolled else ["the roll put the failed node back on its release"]
+        try:
+            record["releases_after"] = self.releases(roller, prep.targets)
+        except RollError as exc:
+            record["releases_after"] = {"error": str(exc)}
+        record["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
+        return record
+
+    def finish(self, record: dict[str, Any]) -> None:
+        append_record(self.paths["records"], record)
+        self.records.append(record)
+        pending = [c.name for c in self.prep.candidates if c.name not in {r["candidate"] for r in self.records}]
+        write_report(self.prep.campaign, self.records, self.prep.target_concurrency, pending)
+
+
+class GateFailed(Exception):
+    def __init__(self, gate: str, why: str) -> None:
+        super().__init__(f"{gate}: {why}")
+        self.gate, self.why = gate, why
+
+
+def run_campaign(prep: Prepared, records: list[dict[str, Any]], todo: list[Candidate], done: dict[str, dict[str, Any]]) -> int:
+    session = Session(prep, records)
+
+    def on_signal(signum, _frame) -> None:
+        if session.stop_requested:
+            raise KeyboardInterrupt
+        session.stop_requested = True
+        session.say("signal", f"{signal.Signals(signum).name}: stopping after the current candidate "
+                    "(again to stop at once); `--resume` continues")
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        base = done.get(BASELINE)
+        if base is None:
+            base = session.run_one(BASELINE, None, None)
+            session.finish(base)
+            if base["verdict"] != "pass":
+                session.say("stop", f"the baseline failed gate {base['failed_gate']}: nothing to compare candidates with")
+                return EXIT_FAILED
+        elif base["verdict"] != "pass":
+            session.say("stop", "the recorded baseline failed: start a new campaign once the cluster is fixed")
+            return EXIT_FAILED
+        answers = base["answers"]
+        for cand in todo:
+            if session.stop_requested:
+                session.say("stop", f"interrupted before {cand.name}; records and report are up to date; run again with --resume")
+                return EXIT_INTERRUPTED
+            session.finish(session.run_one(cand.name, cand, answers))
+        return end(session)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def end(session: Session) -> int:
+    prep = session.prep
+    c = prep.campaign
+    ranked = rank(session.records, prep.target_concurrency, c.objective.metric, c.objective.tpot_p99_slo_ms)
+    kept, why = choose_kept(c.keep, ranked, session.records)
+    session.say("keep", f"{kept}: {why}")
+    roller = session.roller(kept)
+    rolled: list[str] = []
+    from pdkit.roll import RollError
+
+    try:
+        session.roll(roller, rolled)
+    except RollError as exc:
+        session.say("FAILED", f"leaving {kept} applied: {exc}")
+        return EXIT_FAILED
+    engine_hosts = [h.name for h in prep.base_spec.gpu_hosts if h.node is not None and h.node.engines]
+    cand = next((x for x in prep.candidates if x.name == kept), None)
+    fields = keep_lines(cand, prep.applied[kept], engine_hosts) if cand else []
+    record = {"schema": SCHEMA, "campaign": c.name, "kind": "end", "candidate": kept, "reason": why, "keep_fields": fields,
+              "releases_after": session.releases(roller, prep.targets), "finished": datetime.now(UTC).isoformat(timespec="seconds")}
+    session.finish(record)
+    print(f"\npdkit tune: {c.name}: left applied: {kept} ({why})")
+    if fields:
+        print(f"to keep it, set in {prep.inventory} (pdkit tune never edits it):")
+        for line in fields:
+            print(f"  {line}")
+    else:
+        print("the inventory already describes it: nothing to change")
+    print(f"report: {session.paths['markdown']}  records: {session.paths['records']}")
+    return 0
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from pdkit.roll import _patch_gevent
+
+    _patch_gevent()
+    try:
+        prep = prepare(args.inventory, args.campaign)
+    except CampaignError as exc:
+        print(f"pdkit tune: {exc.path}: {len(exc.problems)} problem(s); no host was contacted:", file=sys.stderr)
+        for p in exc.problems:
+            print(f"  error   {p}", file=sys.stderr)
+        return EXIT_INVALID
+    try:
+        records = load_records(paths(prep.campaign)["records"])
+        done, todo = resume_plan(prep.candidates, records, args.resume or args.dry, prep.campaign.name)
+    except ResumeError as exc:
+        print(f"pdkit tune: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    if args.dry:
+        print(dry_text(prep, records, todo))
+        return 0
+    return run_campaign(prep, records, todo, done)
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("tune", help="run a lever campaign: per candidate roll, correctness, soak, doctor, bench; keep the best")
+    p.add_argument("inventory")
+    p.add_argument("campaign", help="campaign file (.yaml or .py; docs/tune.md)")
+    p.add_argument("--dry", action="store_true", help="print the candidates, their flag diffs and a time estimate; change nothing")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted campaign from its records")
+    p.set_defaults(func=cmd_tune)
