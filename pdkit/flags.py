@@ -112,11 +112,10 @@ def parallel_args(spec: ClusterSpec, host: HostSpec, engine: Engine, rank: int =
 
 
 def expert_args(spec: ClusterSpec, engine: Engine) -> list[str]:
-    """The expert-parallel all-to-all backend and EPLB (same spelling in 0.5.17 and 0.5.23)."""
+    """EPLB (same spelling in 0.5.17 and 0.5.23; --moe-a2a-backend is a _VALUE_FLAGS lever, its
+    choices checked against the release's parser by pdkit.argvcheck)."""
     tuning = spec.engine_tuning(engine)
     args: list[str] = []
-    if tuning.moe_a2a_backend is not None:
-        args += ["--moe-a2a-backend", tuning.moe_a2a_backend]
     if tuning.enable_eplb:
         args.append("--enable-eplb")
     if tuning.ep_num_redundant_experts is not None:
@@ -136,6 +135,7 @@ _VALUE_FLAGS: tuple[tuple[str, str], ...] = (
     ("attention_backend", "--attention-backend"),
     ("sampling_backend", "--sampling-backend"),
     ("moe_runner_backend", "--moe-runner-backend"),
+    ("moe_a2a_backend", "--moe-a2a-backend"),
     ("quantization", "--quantization"),
     ("kv_cache_dtype", "--kv-cache-dtype"),
     ("watchdog_timeout", "--watchdog-timeout"),

@@ -1296,6 +1296,14 @@ def _check_spanning(spec: ClusterSpec, add) -> None:
                 add(Problem(name, "pdkit_node.nccl_net", f"runs a rank of {host.name}/{engine.name}, which spans {len(nodes)} nodes: set nccl_net, how NCCL crosses nodes: 'ib' (InfiniBand/RoCE, with nccl_ib_hca) or 'socket' (TCP over nic)"))
             else:
                 nets[name] = node.nccl_net
+        address = spec.engine_address(host)
+        if (what := local_only(address)) is not None:
+            add(Problem(host.name, _address_field(host, "engine"), f"{address} is {what}, but the other ranks of {engine.name} ({', '.join(nodes[1:])}) connect to rank 0 there (--dist-init-addr): give an address they can reach (its LAN IP or DNS name)"))
+        if engine.role != "unified" and spec.cluster.transfer_backend == "nixl":
+            for name in nodes:
+                other = names.get(name)
+                if other is not None and other.node is not None and not other.node.ucx_net_devices:
+                    add(Problem(name, "pdkit_node.ucx_net_devices", f"runs a rank of the {engine.role} {host.name}/{engine.name}, which spans {len(nodes)} nodes, so KV crosses nodes: set ucx_net_devices (e.g. 'mlx5_0:1'), without it cross-node NIXL transfers hang until the 300 s timeout"))
         if len(set(nets.values())) > 1:
             add(Problem(host.name, f"{at}.nodes", f"the nodes of {engine.name} disagree on nccl_net ({', '.join(f'{k}: {v}' for k, v in sorted(nets.items()))}): every rank must reach the others the same way"))
     for host in spec.gpu_hosts:
