@@ -58,7 +58,9 @@ def applied_by() -> str:
 def services_meta() -> dict[str, dict]:
     """What a restore needs to know about each planned service (no secrets: units, files, URLs)."""
     return {
-        s.unit: {"kind": s.kind, "files": list(s.files), "health_url": s.health_url, "ready_timeout_s": s.ready_timeout_s}
+        s.unit: {"kind": s.kind, "files": list(s.files), "health_url": s.health_url, "ready_timeout_s": s.ready_timeout_s,
+                 # a rank above 0 of an engine spanning nodes is gated through rank 0 (pdkit.health.wait_rank)
+                 **({"rank": s.rank} if s.rank else {})}
         for s in current_plan().services
     }
 
