@@ -29,8 +29,9 @@ def router_venv_dir(spec: ClusterSpec) -> str:
     return f"{spec.cluster.install_dir}/router-venv"
 
 
-def sglang_args(spec: ClusterSpec, host: HostSpec, engine: Engine) -> list[str]:
-    """The flags after `python -m sglang.launch_server` for one engine."""
+def sglang_args(spec: ClusterSpec, host: HostSpec, engine: Engine, rank: int = 0) -> list[str]:
+    """The flags after `python -m sglang.launch_server` for one engine (HOST declares it); for
+    an engine spanning nodes, of its rank RANK: every rank's argv is the same but --node-rank."""
     model = spec.engine_model(engine)
     tuning = spec.engine_tuning(engine)
     args: list[str] = ["--model-path", model.path]
@@ -46,6 +47,7 @@ def sglang_args(spec: ClusterSpec, host: HostSpec, engine: Engine) -> list[str]:
     args += ["--tp-size", str(engine.tp_size)]
     if engine.dp != 1:
         args += ["--dp-size", str(engine.dp)]
+    args += parallel_args(spec, host, engine, rank)
     # all GPUs stay visible to every engine (cgroup/device isolation breaks CUDA IPC for NIXL)
     args += ["--base-gpu-id", str(engine.gpus[0]), "--gpu-id-step", str(engine.gpu_step)]
 
@@ -80,7 +82,46 @@ def sglang_args(spec: ClusterSpec, host: HostSpec, engine: Engine) -> list[str]:
             args += ["--speculative-num-draft-tokens", str(spec_dec.num_draft_tokens)]
     if tuning.value("enable_metrics"):
         args.append("--enable-metrics")
+    args += expert_args(spec, engine)
     args += list(engine.extra_args)
+    return args
+
+
+def dist_init_addr(spec: ClusterSpec, host: HostSpec, engine: Engine) -> str:
+    """host:port where the ranks of an engine spanning nodes meet: rank 0's address (HOST)."""
+    address = spec.engine_address(host)
+    return f"[{address}]:{engine.dist_init_port}" if ":" in address else f"{address}:{engine.dist_init_port}"
+
+
+def parallel_args(spec: ClusterSpec, host: HostSpec, engine: Engine, rank: int = 0) -> list[str]:
+    """Pipeline, expert and attention-DP sizes, and the multi-node rendezvous, per release."""
+    release = SGLANG_RELEASES[spec.engine_version(engine)]
+    args: list[str] = []
+    if engine.pp != 1:
+        args += ["--pp-size", str(engine.pp)]
+    if engine.ep is not None:
+        args += ["--ep-size", str(engine.ep)]
+    attn_dp = engine.attn_dp or 1
+    if attn_dp > 1:
+        if release.attn_dp_size_flag:
+            args += ["--attn-dp-size", str(attn_dp)]
+        else:
+            args += ["--dp-size", str(attn_dp), "--enable-dp-attention"]
+    if engine.spans_nodes:
+        args += ["--nnodes", str(engine.nnodes), "--node-rank", str(rank),
+                 "--dist-init-addr", dist_init_addr(spec, host, engine)]
+    return args
+
+
+def expert_args(spec: ClusterSpec, engine: Engine) -> list[str]:
+    """EPLB (same spelling in 0.5.17 and 0.5.23; --moe-a2a-backend is a _VALUE_FLAGS lever, its
+    choices checked against the release's parser by pdkit.argvcheck)."""
+    tuning = spec.engine_tuning(engine)
+    args: list[str] = []
+    if tuning.enable_eplb:
+        args.append("--enable-eplb")
+    if tuning.ep_num_redundant_experts is not None:
+        args += ["--ep-num-redundant-experts", str(tuning.ep_num_redundant_experts)]
     return args
 
 
@@ -96,6 +137,7 @@ _VALUE_FLAGS: tuple[tuple[str, str], ...] = (
     ("attention_backend", "--attention-backend"),
     ("sampling_backend", "--sampling-backend"),
     ("moe_runner_backend", "--moe-runner-backend"),
+    ("moe_a2a_backend", "--moe-a2a-backend"),
     ("quantization", "--quantization"),
     ("kv_cache_dtype", "--kv-cache-dtype"),
     ("watchdog_timeout", "--watchdog-timeout"),
@@ -123,14 +165,16 @@ def _cuda_graph_args(spec: ClusterSpec, engine: Engine) -> list[str]:
     return args
 
 
-def engine_command(spec: ClusterSpec, host: HostSpec, engine: Engine) -> list[str]:
-    """The full ExecStart argv of an engine: the venv's python, the engine module, the flags."""
+def engine_command(spec: ClusterSpec, host: HostSpec, engine: Engine, rank: int = 0) -> list[str]:
+    """The full ExecStart argv of an engine (of its rank RANK): the venv's python, the engine module, the flags."""
     module = ENGINE_MODULES[spec.cluster.engine]
-    return [f"{venv_dir(spec)}/bin/python", "-m", module, *sglang_args(spec, host, engine)]
+    return [f"{venv_dir(spec)}/bin/python", "-m", module, *sglang_args(spec, host, engine, rank)]
 
 
-def engine_env(spec: ClusterSpec, host: HostSpec, engine: Engine) -> dict[str, str]:
-    """The engine's own environment (NCCL and UCX live in the node's env files)."""
+def engine_env(spec: ClusterSpec, host: HostSpec, engine: Engine, node: HostSpec | None = None) -> dict[str, str]:
+    """The engine's own environment (NCCL and UCX live in the node's env files); NODE is where
+    this rank runs (default HOST, which declares the engine)."""
+    node = node or host
     tuning = spec.engine_tuning(engine)
     model = spec.engine_model(engine)
     env = {
@@ -140,7 +184,8 @@ def engine_env(spec: ClusterSpec, host: HostSpec, engine: Engine) -> dict[str, s
         "PYTHONUNBUFFERED": "1",
     }
     if engine.role != "unified":
-        env["SGLANG_HOST_IP"] = spec.engine_address(host)
+        # each rank's own address: its KV transfer endpoints are registered there
+        env["SGLANG_HOST_IP"] = spec.engine_address(node)
         if spec.cluster.transfer_backend == "nixl":
             env["SGLANG_DISAGGREGATION_NIXL_BACKEND"] = "UCX"
     if model.path.startswith("/"):
@@ -171,7 +216,10 @@ def nccl_env(spec: ClusterSpec, host: HostSpec) -> dict[str, str]:
         # IOMMU/ACS on: init completes, then the first all-reduce spins forever (nccl#1999)
         env["NCCL_P2P_DISABLE"] = "1"
         env["NCCL_PROTO"] = "LL,Simple"
-    if node.nccl_profile in ("pcie", "pcie-p2p-off") and not has_ib:
+    if node.nccl_net == "ib":
+        # across nodes over InfiniBand/RoCE: only the HCAs named
+        env["NCCL_IB_HCA"] = node.nccl_ib_hca or ""
+    elif node.nccl_net == "socket" or (node.nccl_profile in ("pcie", "pcie-p2p-off") and not has_ib):
         env["NCCL_IB_DISABLE"] = "1"
     if node.nic:
         env["NCCL_SOCKET_IFNAME"] = node.nic
@@ -196,7 +244,7 @@ def ucx_env(spec: ClusterSpec, host: HostSpec) -> dict[str, str]:
     """UCX settings for NIXL KV transfer on a node that runs PD engines."""
     node = host.node
     assert node is not None
-    if spec.cluster.transfer_backend != "nixl" or all(e.role == "unified" for e in node.engines):
+    if spec.cluster.transfer_backend != "nixl" or all(p.engine.role == "unified" for p in spec.placements(host)):
         return {}
     env: dict[str, str] = {}
     if node.ucx_net_devices:
@@ -280,6 +328,9 @@ def router_args(spec: ClusterSpec, host: HostSpec) -> list[str]:
     args += ["--worker-startup-check-interval", str(router.worker_startup_check_interval_secs)]
     # no --remove-unhealthy-workers: smg 1.13 never takes a removed worker back on the same address
     args += router_breaker_args()
+    if ROUTER_RELEASES[spec.router_release(host)].dp_aware and any((e.attn_dp or 1) > 1 for _, e in workers):
+        # attention-DP workers: route each request to one DP rank of the worker
+        args.append("--dp-aware")
     args += list(router.extra_args)
     return args
 

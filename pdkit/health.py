@@ -137,6 +137,33 @@ def wait_engine(unit: str, url: str, timeout: float, interval: float = 1.0, poll
     return False, f"not ready after {timeout:.0f} s: {reason}"
 
 
+def wait_rank(unit: str, url: str, timeout: float, interval: float = 0.5) -> tuple[bool, str]:
+    """A rank above 0 of an engine spanning nodes serves no HTTP and logs no readiness line
+    (SGLang runs the HTTP server on rank 0 only): it is ready when its unit is active, and
+    still the same invocation, once rank 0's URL answers 200 (rank 0 is ready only when every
+    rank joined)."""
+    deadline = time.monotonic() + timeout
+    reason = "not checked yet"
+    first = ""
+    while time.monotonic() < deadline:
+        state, invocation = _unit_state(unit)
+        if state == "failed":
+            return False, f"{unit} failed: " + " | ".join(unit_log(unit, invocation, 5).strip().splitlines()[-5:])
+        if state == "active" and invocation:
+            first = first or invocation
+            status, body = http_request(url, timeout=min(5.0, max(deadline - time.monotonic(), 0.1)))
+            if status == 200:
+                state, now = _unit_state(unit)
+                if state == "active" and now == invocation:
+                    restarted = "" if now == first else " (after a restart)"
+                    return True, f"{unit} ready: active{restarted} and rank 0's {url} answered 200"
+            reason = f"{unit} is active; rank 0's {url} answered {status or 'nothing'}: {body.strip()[:200]}"
+        else:
+            reason = f"{unit} is {state or 'unknown'}"
+        time.sleep(interval)
+    return False, f"not ready after {timeout:.0f} s: {reason}"
+
+
 def router_worker_health(body: str) -> dict[str, bool]:
     """url -> healthy, from the router's GET /workers (smg: {"workers": [{"url", "is_healthy"...}]})."""
     data = json.loads(body)
@@ -223,7 +250,8 @@ def wait_http(url: str, timeout: float, interval: float = 0.1) -> tuple[bool, st
     return False, f"not ready after {timeout:.0f} s: {reason}"
 
 
-def wait_all(engines: list[tuple[str, str, float]], urls: list[tuple[str, float]]) -> list[tuple[bool, str, float]]:
+def wait_all(engines: list[tuple[str, str, float]], urls: list[tuple[str, float]],
+             ranks: list[tuple[str, str, float]] = ()) -> list[tuple[bool, str, float]]:
     """Every engine (unit, url, timeout) and HTTP service (url, timeout) at once: a node's
     services restart together, so their gates wait together rather than one after another.
     (ok, message, seconds until that gate finished) for each, engines first."""
@@ -235,9 +263,10 @@ def wait_all(engines: list[tuple[str, str, float]], urls: list[tuple[str, float]
         ok, message = fn(*args)
         return ok, message, time.monotonic() - start
 
-    with ThreadPoolExecutor(max_workers=max(len(engines) + len(urls), 1)) as pool:
+    with ThreadPoolExecutor(max_workers=max(len(engines) + len(urls) + len(ranks), 1)) as pool:
         futures = [pool.submit(timed, wait_engine, u, url, t) for u, url, t in engines]
         futures += [pool.submit(timed, wait_http, url, t) for url, t in urls]
+        futures += [pool.submit(timed, wait_rank, u, url, t) for u, url, t in ranks]
         return [f.result() for f in futures]
 
 
@@ -261,15 +290,18 @@ def main(argv: list[str] | None = None) -> int:
     g = sub.add_parser("gates", help="several engine and HTTP gates at once (exit 1 when any fails)")
     g.add_argument("--engine", nargs=3, action="append", default=[], metavar=("UNIT", "URL", "TIMEOUT"), help="an engine gate (repeat)")
     g.add_argument("--http", nargs=2, action="append", default=[], metavar=("URL", "TIMEOUT"), help="an HTTP gate (repeat)")
+    g.add_argument("--rank", nargs=3, action="append", default=[], metavar=("UNIT", "URL", "TIMEOUT"),
+                   help="a rank above 0 of an engine spanning nodes: its unit, rank 0's /health URL (repeat)")
     args = parser.parse_args(argv)
     start = time.monotonic()
     if args.kind == "gates":
         try:
             engines = [(u, url, float(t)) for u, url, t in args.engine]
             urls = [(url, float(t)) for url, t in args.http]
+            ranks = [(u, url, float(t)) for u, url, t in args.rank]
         except ValueError as exc:
             parser.error(f"TIMEOUT must be a number of seconds: {exc}")
-        results = wait_all(engines, urls)
+        results = wait_all(engines, urls, ranks)
         for ok, message, took in results:
             print(f"{'ok    ' if ok else 'FAILED'} {message} ({took:.1f} s)", file=sys.stdout if ok else sys.stderr)
         return 0 if all(ok for ok, _, _ in results) else 1

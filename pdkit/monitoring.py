@@ -709,9 +709,10 @@ def alerts(spec: ClusterSpec) -> list[Alert]:
         ))
 
     # -- exporter: flags drift and NCCL/UCX env
+    scraped_names = {h.name for h in scraped_hosts(spec)}  # once, by name: not a model comparison per engine
     exp_subjects = tuple({"job": JOB_EXPORTER, "cluster": spec.cluster.name, "instance": h.name, "node": h.name,
                           "engine": e.name, "role": e.role}
-                         for h, e in spec.engines() if h in scraped_hosts(spec))
+                         for h, e in spec.engines() if h.name in scraped_names)
     out.append(Alert(
         name="PdkitConfigDrift",
         expr=f'max by ({_by(EXPORTER_BY)}) ({EXPORTER["flags_drift"]}) > 0',
@@ -1010,7 +1011,8 @@ def _custom_var(name: str, label: str, values: list[str]) -> dict:
 def dashboard_variables(spec: ClusterSpec, engines: bool = True) -> list[dict]:
     """node / engine / role variables, their values listed from the spec."""
     hosts = scraped_hosts(spec)
-    pairs = [(h, e) for h, e in spec.engines() if h in hosts]
+    names = {h.name for h in hosts}  # by name: `h in hosts` compares pydantic models, O(N^2) at 512 nodes
+    pairs = [(h, e) for h, e in spec.engines() if h.name in names]
     if engines:
         out = [_custom_var("node", "Node", [h.name for h in hosts if h.node is not None and h.node.engines])]
     else:
@@ -1285,7 +1287,7 @@ def all_promql(spec: ClusterSpec) -> list[tuple[str, str]]:
 # literal blocks so the rules read like hand-written ones)
 
 
-class _Dumper(yaml.SafeDumper):
+class _Dumper(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):  # libyaml: 10x faster on 512 nodes, same text
     pass
 
 

@@ -65,12 +65,20 @@ class Service:
     port: int | None = None
     # the venv link ExecStart runs from (a new venv there restarts it: pdkit/changes.py); None: none of pdkit's
     venv: str | None = None
+    # an engine spanning nodes: this unit's rank, the host of rank 0, and every host it runs on
+    # in rank order (one unit of rollout; only rank 0 serves HTTP, so a rank above 0 is gated
+    # on its unit staying up while rank 0 becomes healthy)
+    rank: int = 0
+    head: str | None = None
+    span: tuple[str, ...] = ()
 
 
 def services_meta(services: "tuple[Service, ...] | list[Service]") -> dict[str, dict]:
     """What a release keeps of each service, and what the restart rule reads (pdkit/changes.py): no secrets."""
     return {
-        s.unit: {"kind": s.kind, "files": list(s.files), "health_url": s.health_url, "ready_timeout_s": s.ready_timeout_s, "venv": s.venv}
+        s.unit: {"kind": s.kind, "files": list(s.files), "health_url": s.health_url, "ready_timeout_s": s.ready_timeout_s, "venv": s.venv,
+                 # a rank above 0 of an engine spanning nodes is gated through rank 0 (pdkit.health.wait_rank)
+                 **({"rank": s.rank} if s.rank else {})}
         for s in services
     }
 
@@ -187,7 +195,7 @@ def engines_not_started_reason(spec: ClusterSpec, host: HostSpec) -> str | None:
     would crash-loop looking for a GPU. Its venv, units and env files are still laid down, and
     its argv can be checked by SGLang's own parser in that venv.
     """
-    if spec.cluster.engine == "sglang" and host.node is not None and host.node.gpu == "none" and host.node.engines:
+    if spec.cluster.engine == "sglang" and host.node is not None and host.node.gpu == "none" and spec.placements(host):
         return "engine sglang on a gpu: none host (preflight: no GPU): the venv, units and env files are laid down, the engines are not started"
     return None
 
@@ -240,9 +248,10 @@ def plan_host(spec: ClusterSpec, host: HostSpec) -> HostPlan:
         files.append(config_file(paths["ucx"], env_file_text("UCX settings for NIXL KV transfer (docs/tuning.md)", flags.ucx_env(spec, host))))
         if secret_env:
             files.append(config_file(paths["secrets"], env_file_text("secrets (mode 0600, root only)", secret_env), secret=True))
-        for engine in host.node.engines:
+        for placement in spec.placements(host):
+            engine, head, rank = placement.engine, placement.head, placement.rank
             env_path = engine_env_path(spec, engine)
-            files.append(config_file(env_path, env_file_text(f"environment of engine {engine.name}", flags.engine_env(spec, host, engine))))
+            files.append(config_file(env_path, env_file_text(f"environment of engine {engine.name}", flags.engine_env(spec, head, engine, host))))
             env_files = [paths["nccl"], paths["ucx"], env_path] + ([paths["secrets"]] if secret_env else [])
             numa = engine_numa_node(host, engine) if host.node.gpu == "nvidia" else None
             unit_text = render_template(
@@ -250,9 +259,9 @@ def plan_host(spec: ClusterSpec, host: HostSpec) -> HostPlan:
                 **common,
                 engine_kind="SGLang" if spec.cluster.engine == "sglang" else "sim (rehearsal)",
                 role=engine.role,
-                name=engine.name,
+                name=engine.name + (f" (rank {rank} of {engine.nnodes}, rank 0 on {head.name})" if engine.spans_nodes else ""),
                 env_files=env_files,
-                exec_start=exec_start(flags.engine_command(spec, host, engine)),
+                exec_start=exec_start(flags.engine_command(spec, head, engine, rank)),
                 numa_node=numa,
                 **shared_gpu_start(spec, host, engine),
             )
@@ -263,17 +272,22 @@ def plan_host(spec: ClusterSpec, host: HostSpec) -> HostPlan:
                     unit=engine.unit_name,
                     kind="engine",
                     files=tuple(sorted([unit_path, *env_files])),
-                    health_url=f"{flags.engine_url(spec, host, engine)}/health",
+                    # every rank's gate and drain go through rank 0, the one HTTP server
+                    health_url=f"{flags.engine_url(spec, head, engine)}/health",
                     ready_timeout_s=spec.cluster.ready_timeout_s,
-                    ready_log_line=READY_LOG_LINE,
+                    # SGLang prints it on rank 0 only
+                    ready_log_line=READY_LOG_LINE if rank == 0 else None,
                     engine=engine.name,
                     role=engine.role,
-                    port=engine.port,
+                    port=engine.port if rank == 0 else None,
                     venv=flags.venv_dir(spec),
+                    rank=rank,
+                    head=head.name if engine.spans_nodes else None,
+                    span=tuple(h.name for h in spec.engine_hosts(head, engine)) if engine.spans_nodes else (),
                 )
             )
 
-    if host.node is not None and host.node.engines:
+    if host.node is not None and spec.placements(host):
         exporter_config = f"{spec.cluster.config_dir}/exporter.json"
         files.append(config_file(exporter_config, exporter_config_text(spec, host)))
         unit_path = f"{SYSTEMD_DIR}/pdkit-exporter.service"
@@ -370,16 +384,19 @@ def exporter_config_text(spec: ClusterSpec, host: HostSpec) -> str:
         "release_file": config_paths(spec)["release"],
         "engines": [
             {
-                "name": e.name,
-                "role": e.role,
-                "url": flags.engine_url(spec, host, e),
-                "unit": e.unit_name,
-                "sglang_version": spec.engine_version(e),
-                "argv": flags.sglang_args(spec, host, e),
+                "name": p.engine.name,
+                "role": p.engine.role,
+                "url": flags.engine_url(spec, p.head, p.engine),
+                "unit": p.engine.unit_name,
+                "sglang_version": spec.engine_version(p.engine),
+                "argv": flags.sglang_args(spec, p.head, p.engine, p.rank),
                 # secrets are checked for presence only: their values never leave the 0600 file
-                "env": {**node_env, **flags.engine_env(spec, host, e), **{k: None for k in secret_names}},
+                "env": {**node_env, **flags.engine_env(spec, p.head, p.engine, host), **{k: None for k in secret_names}},
+                # an engine spanning nodes: which rank this exporter watches (only rank 0 serves
+                # HTTP; a rank above 0 is checked by its process' argv and environment)
+                **({"rank": p.rank, "nnodes": p.engine.nnodes, "head": p.head.name} if p.engine.spans_nodes else {}),
             }
-            for e in host.node.engines
+            for p in spec.placements(host)
         ],
     }
     return json.dumps(config, indent=2, sort_keys=True) + "\n"
@@ -393,12 +410,13 @@ def _release_manifest(spec: ClusterSpec, host: HostSpec, files: list[PlannedFile
         "engine": spec.cluster.engine,
         "files": {f.path: {"sha256": f.sha256, "mode": f.mode} for f in sorted(files, key=lambda f: f.path)},
         "engines": {
-            e.name: {
-                "role": e.role,
-                "sglang_version": spec.engine_version(e),
-                "argv": flags.sglang_args(spec, host, e),
+            p.engine.name: {
+                "role": p.engine.role,
+                "sglang_version": spec.engine_version(p.engine),
+                "argv": flags.sglang_args(spec, p.head, p.engine, p.rank),
+                **({"rank": p.rank, "nodes": list(p.engine.nodes or ())} if p.engine.spans_nodes else {}),
             }
-            for e in (host.node.engines if host.node else ())
+            for p in spec.placements(host)
         },
         "services": [s.unit for s in services],
     }

@@ -251,6 +251,8 @@ def _wait_service(unit: str, svc: dict) -> tuple[bool, str]:
     from pdkit import health
 
     timeout = float(svc.get("ready_timeout_s", 600))
+    if svc.get("kind") == "engine" and svc.get("rank", 0) > 0:
+        return health.wait_rank(unit, svc["health_url"], timeout)
     if svc.get("kind") == "engine":
         return health.wait_engine(unit, svc["health_url"], timeout)
     return health.wait_http(svc["health_url"], timeout)

@@ -90,7 +90,7 @@ def rollout_order(spec: ClusterSpec, *, limit: Iterable[str] | None = None, cana
 
     def rank(name: str) -> int:
         host = spec.host(name)
-        if host.node is not None and host.node.engines and host.router is None:
+        if host.node is not None and spec.placements(host) and host.router is None:
             return 0
         if host.router is not None:
             return 1
@@ -169,6 +169,34 @@ def pairing_units(spec: ClusterSpec, changed: set[tuple[str, str]]) -> tuple[lis
         if extra:
             explanations[explanations.index(line)] = "; ".join([line, *extra])
     return multi, explanations
+
+
+def spanning_units(spec: ClusterSpec) -> tuple[list[set[str]], list[str]]:
+    """Every engine spanning nodes is one unit of rollout: its hosts go in one batch, so rank 0
+    is drained from the router once, every rank restarts together (one deploy over the batch),
+    the gates wait on rank 0's readiness and a real request, and a failure rolls every rank back.
+    Returns (units, one explanation line per engine)."""
+    units, lines = [], []
+    for host, engine in spec.engines():
+        if engine.spans_nodes:
+            hosts = [h.name for h in spec.engine_hosts(host, engine)]
+            units.append(set(hosts))
+            lines.append(f"engine {host.name}/{engine.name} spans {', '.join(hosts)}: one step (rank 0 on {host.name} drained from "
+                         f"the router, every rank restarted together, gated on rank 0 and a real request, every rank rolled back on failure)")
+    return units, lines
+
+
+def merge_units(*results: tuple[list[set[str]], list[str]]) -> tuple[list[set[str]], list[str]]:
+    """Units from several rules (pairing_units, spanning_units): overlapping ones become one."""
+    merged: list[set[str]] = []
+    for units, _ in results:
+        for unit in units:
+            touching = [m for m in merged if m & unit]
+            for m in touching:
+                merged.remove(m)
+                unit = unit | m
+            merged.append(set(unit))
+    return merged, [line for _, lines in results for line in lines]
 
 
 def make_batches(order: list[str], batch_size: int, units: list[set[str]] | None = None) -> list[list[str]]:
@@ -251,7 +279,7 @@ def unchanged_hosts(diffs: dict[str, HostDiff]) -> set[str]:
 def format_dry_plan(batches: list[list[str]], diffs: dict[str, HostDiff], explanations: list[str], secret_paths: set[str]) -> str:
     lines = ["pdkit roll --dry: nothing will be changed", ""]
     for line in explanations:
-        lines.append(f"version pairing: {line}")
+        lines.append(f"{'spans nodes' if line.startswith('engine ') else 'version pairing'}: {line}")
     if explanations:
         lines.append("")
     step = 0
@@ -864,11 +892,12 @@ class Roller:
     def _recover(self, batch: list[str], hosts: dict[str, Any], before: dict[str, str | None]) -> None:
         """Put every node of the batch back on the release it ran before, then back in the router."""
         p = self.progress
-        for h in batch:
+
+        def one(h: str) -> None:
             start = time.monotonic()
             if before.get(h) is None:
                 p(h, "restore", "no earlier release recorded on this node: left as it is (roll it with a fixed inventory)")
-                continue
+                return
             try:
                 # a fresh connection: the failed deploy's State is done
                 _, fresh, unreachable = self.pyinfra.connect([h])
@@ -877,6 +906,12 @@ class Roller:
                 p(h, "restore", self.restore(h, fresh[h], before[h]), time.monotonic() - start)
             except Exception as exc:  # noqa: BLE001 - report and go on to the router
                 p(h, "restore", f"FAILED: {exc}")
+
+        # the nodes of the batch restore together: the ranks of an engine spanning nodes must
+        # restart together (rank 0 is ready only once every rank joined it), one after the
+        # other each restore would wait on a rank still running the failed release
+        with ThreadPoolExecutor(max_workers=max(1, len(batch)), thread_name_prefix="pdkit-roll-restore") as pool:
+            list(pool.map(one, batch))
         try:
             p(",".join(batch), "router", self.readd(batch))
         except Exception as exc:  # noqa: BLE001
@@ -954,7 +989,7 @@ def cmd_roll(args: argparse.Namespace) -> int:
     if unreachable and args.dry:
         for h, why in unreachable.items():
             print(f"pdkit roll --dry: {h}: cannot reach it over SSH ({why})", file=sys.stderr)
-    units, explanations = pairing_units(spec, version_changes(spec, versions))
+    units, explanations = merge_units(pairing_units(spec, version_changes(spec, versions)), spanning_units(spec))
     roller.unchanged = unchanged_hosts(diffs)
     try:
         batches = make_batches(order, args.batch, units)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
@@ -236,6 +237,12 @@ class Tuning(Frozen):
     decode_log_interval: int | None = Field(default=None, ge=1)
     # --log-level
     log_level: Literal["debug", "info", "warning", "error", "critical"] | None = None
+    # --moe-a2a-backend (expert-parallel all-to-all: deepep, mooncake, ...; choices from the release's parser)
+    moe_a2a_backend: str | None = None
+    # True -> --enable-eplb (expert-parallel load balancer; needs an engine with ep > 1)
+    enable_eplb: bool | None = None
+    # --ep-num-redundant-experts (extra expert replicas EPLB may place; needs ep > 1)
+    ep_num_redundant_experts: Annotated[int, Field(ge=0), at_most(4096, "number of redundant experts")] | None = None
 
     @field_validator("cuda_graph_bs")
     @classmethod
@@ -414,8 +421,20 @@ class Engine(Frozen):
     gpus: tuple[int, ...] = Field(min_length=1)
     # --tp-size; defaults to the GPU count / dp
     tp: int | None = Field(default=None, ge=1)
-    # --dp-size
+    # --dp-size: data-parallel replicas (not across nodes: SGLang refuses that; use attn_dp)
     dp: int = Field(default=1, ge=1)
+    # --pp-size: pipeline stages
+    pp: int = Field(default=1, ge=1)
+    # --ep-size: expert parallelism for MoE models; unset: SGLang's default (1)
+    ep: int | None = Field(default=None, ge=1)
+    # attention data parallelism (MoE models): --attn-dp-size N on 0.5.23,
+    # --dp-size N --enable-dp-attention on 0.5.17 (pdkit.versions); must divide tp
+    attn_dp: int | None = Field(default=None, ge=1)
+    # the hosts this engine spans, in rank order; the first is the host that declares it (rank 0,
+    # the only one serving HTTP); each runs the same GPU indices (`gpus`) -> --nnodes/--node-rank
+    nodes: tuple[str, ...] | None = None
+    # the port on rank 0's host where the ranks meet (--dist-init-addr); required with nodes
+    dist_init_port: Port | None = None
     # --port: the engine's HTTP port (serves /metrics too)
     port: Port
     # --disaggregation-bootstrap-port (prefill only; 8998 when unset)
@@ -468,8 +487,21 @@ class Engine(Frozen):
         return env
 
     @property
+    def nnodes(self) -> int:
+        return len(self.nodes) if self.nodes else 1
+
+    @property
+    def spans_nodes(self) -> bool:
+        return self.nnodes > 1
+
+    @property
+    def total_gpus(self) -> int:
+        """GPUs of every rank: the per-node `gpus` times the nodes it spans."""
+        return len(self.gpus) * self.nnodes
+
+    @property
     def tp_size(self) -> int:
-        return self.tp if self.tp is not None else max(1, len(self.gpus) // self.dp)
+        return self.tp if self.tp is not None else max(1, self.total_gpus // (self.dp * self.pp))
 
     @property
     def gpu_step(self) -> int:
@@ -497,8 +529,13 @@ class Node(Frozen):
     address: str | None = None
     # pcie: NCCL tuned for PCIe; pcie-p2p-off: IOMMU/ACS workaround; nvlink / default: NCCL's own choice
     nccl_profile: Literal["pcie", "pcie-p2p-off", "nvlink", "default"] = "default"
-    # NCCL_SOCKET_IFNAME
+    # NCCL_SOCKET_IFNAME (required on every node of an engine that spans nodes)
     nic: str | None = None
+    # how NCCL crosses nodes, for engines spanning nodes: ib (InfiniBand/RoCE through nccl_ib_hca)
+    # or socket (TCP over `nic`, NCCL_IB_DISABLE=1); required on every node of such an engine
+    nccl_net: Literal["ib", "socket"] | None = None
+    # NCCL_IB_HCA: the HCAs NCCL may use, e.g. "mlx5_0,mlx5_1" or "=mlx5_0:1" (nccl_net ib)
+    nccl_ib_hca: str | None = Field(default=None, pattern=r"^[\^=]?[A-Za-z0-9_]+(:[0-9]+)?(,[A-Za-z0-9_]+(:[0-9]+)?)*$")
     # UCX_NET_DEVICES, needed when a PD pair spans nodes (e.g. "mlx5_0:1")
     ucx_net_devices: str | None = None
     # NUMA nodes the machine has (numactl --hardware); every NUMA id of the node must be below it
@@ -621,6 +658,16 @@ class HostSpec(Frozen):
     monitoring: Monitoring | None = None
 
 
+@dataclass(frozen=True)
+class Placement:
+    """One engine process: ENGINE's rank RANK, running on HOST; HEAD declares it (rank 0)."""
+
+    host: HostSpec
+    engine: Engine
+    rank: int
+    head: HostSpec
+
+
 class ClusterSpec(Frozen):
     """The whole validated cluster. Everything else in pdkit reads this."""
 
@@ -647,7 +694,35 @@ class ClusterSpec(Frozen):
         return [h for h in self.hosts if h.monitoring is not None]
 
     def engines(self) -> list[tuple[HostSpec, Engine]]:
+        """Every engine with the host that declares it (rank 0 of an engine spanning nodes: the
+        one router worker, health, bench and scrape target of the engine)."""
         return [(h, e) for h in self.gpu_hosts for e in h.node.engines]  # type: ignore[union-attr]
+
+    @cached_property
+    def _placements(self) -> dict[str, list[Placement]]:
+        # one pass over the engines: a host's ranks are looked up, never searched for (512 nodes)
+        out: dict[str, list[Placement]] = {h.name: [] for h in self.hosts}
+        names = {h.name: h for h in self.hosts}
+        for head, engine in self.engines():
+            for rank, name in enumerate(engine.nodes or (head.name,)):
+                node = names.get(name)
+                if rank == 0:
+                    out[head.name].append(Placement(head, engine, 0, head))
+                elif node is not None and node.node is not None and name != head.name:
+                    out[name].append(Placement(node, engine, rank, head))
+        return out
+
+    def placements(self, host: HostSpec) -> list[Placement]:
+        """Every engine process HOST runs: its own engines (rank 0) first, then the ranks it
+        serves of engines declared on other hosts."""
+        return self._placements.get(host.name, [])
+
+    def engine_hosts(self, host: HostSpec, engine: Engine) -> list[HostSpec]:
+        """The hosts an engine declared on HOST runs on, in rank order ([host] if it spans none)."""
+        if not engine.nodes:
+            return [host]
+        names = {h.name: h for h in self.hosts}
+        return [names[n] for n in engine.nodes if n in names]
 
     def engine_tuning(self, engine: Engine) -> Tuning:
         """Cluster `all`, then the role's, then the engine's own settings."""
@@ -804,6 +879,8 @@ def host_ports(spec: ClusterSpec, host: HostSpec) -> list[tuple[int, str]]:
             ports.append((engine.port, f"pdkit_node.engines[{i}].port"))
             if engine.effective_bootstrap_port is not None:
                 ports.append((engine.effective_bootstrap_port, f"pdkit_node.engines[{i}].bootstrap_port"))
+            for port in dist_init_ports(engine):
+                ports.append((port, f"pdkit_node.engines[{i}].dist_init_port" + ("" if port == engine.dist_init_port else f" (+{port - engine.dist_init_port}: SGLang's attention-DP ports)")))
     if host.router is not None:
         ports.append((host.router.port, "pdkit_router.port"))
         ports.append((host.router.prometheus_port, "pdkit_router.prometheus_port"))
@@ -975,8 +1052,10 @@ def cross_checks(spec: ClusterSpec) -> list[Problem]:
                 elif group[-1].name == engine.name and sum(e.gpu_share for e in group) > MAX_SHARED_GPU_FRACTION:  # type: ignore[misc]
                     total = sum(e.gpu_share for e in group)  # type: ignore[misc]
                     add(Problem(host.name, f"{at}.gpu_share", f"the engines sharing GPUs {list(engine.gpus)} ({', '.join(e.name for e in group)}) take {total:.2f} of their memory together; at most {MAX_SHARED_GPU_FRACTION} leaves room for CUDA contexts, graphs and activations"))
-            if engine.tp_size * engine.dp != len(engine.gpus):
+            if engine.pp == 1 and not engine.spans_nodes and engine.tp_size * engine.dp != len(engine.gpus):
                 add(Problem(host.name, f"{at}.tp", f"tp {engine.tp_size} x dp {engine.dp} = {engine.tp_size * engine.dp} but the engine has {len(engine.gpus)} GPUs {list(engine.gpus)}; tp x dp must equal the GPU count"))
+            for field, why in parallel_problems(spec, engine):
+                add(Problem(host.name, f"{at}.{field}", why))
             if engine.bootstrap_port is not None and engine.role != "prefill":
                 add(Problem(host.name, f"{at}.bootstrap_port", f"only prefill engines serve a bootstrap port; this engine's role is {engine.role!r} (remove bootstrap_port)"))
             numa = node.gpus.numa
@@ -1014,6 +1093,7 @@ def cross_checks(spec: ClusterSpec) -> list[Problem]:
             else:
                 seen[port] = field
 
+    _check_spanning(spec, add)
     _check_pd_groups(spec, add)
     _check_addresses(spec, add)
 
@@ -1153,3 +1233,133 @@ def _check_pd_groups(spec: ClusterSpec, add) -> None:
             for host in sorted({h.name: h for h, _ in members}.values(), key=lambda h: h.name):
                 if host.node is not None and not host.node.ucx_net_devices:
                     add(Problem(host.name, "pdkit_node.ucx_net_devices", f"PD group {group!r} spans hosts {sorted(hosts)}: set ucx_net_devices (e.g. 'mlx5_0:1'), without it cross-node NIXL transfers hang until the 300 s timeout"))
+
+
+# ---------------------------------------------------------------------------
+# Engines that span nodes, and their parallel layout (issue 20)
+
+# With attention DP SGLang binds its ZMQ ports at dist-init port + 1 .. + 6 on rank 0
+# (sglang/srt/server_args.py PortArgs.init_new of 0.5.17 and 0.5.23: port_base = dist_init_port
+# + 1, then port_base + 1 .. + 5; 6 + one per DP rank with SGLANG_RUST_SERVER).
+ATTN_DP_DERIVED_PORTS = 6
+
+
+def dist_init_ports(engine: Engine) -> list[int]:
+    """The ports an engine spanning nodes takes on rank 0's host: the dist-init port (torch's
+    TCP store, where the ranks meet) and, with attention DP, the ones SGLang derives from it."""
+    if not engine.spans_nodes or engine.dist_init_port is None:
+        return []
+    extra = ATTN_DP_DERIVED_PORTS if (engine.attn_dp or 1) > 1 else 0
+    return [engine.dist_init_port + k for k in range(extra + 1) if engine.dist_init_port + k <= 65535]
+
+
+def parallel_problems(spec: ClusterSpec, engine: Engine) -> list[tuple[str, str]]:
+    """(field, why) for a parallel layout SGLang refuses, checked as its server args check it
+    (0.5.23 sglang/srt/arg_groups/validation_hook.py check_server_args and parallel_hook.py
+    handle_data_parallelism / handle_eplb_and_dispatch; 0.5.17 server_args.py check_server_args)."""
+    out: list[tuple[str, str]] = []
+    total = engine.total_gpus
+    where = f"{len(engine.gpus)} GPUs x {engine.nnodes} nodes" if engine.spans_nodes else f"{len(engine.gpus)} GPUs {list(engine.gpus)}"
+    tp, pp, dp = engine.tp_size, engine.pp, engine.dp
+    if (pp != 1 or engine.spans_nodes) and tp * pp * dp != total:
+        out.append(("tp", f"tp {tp} x pp {pp} x dp {dp} = {tp * pp * dp} but the engine has {total} GPUs ({where}); tp x pp x dp must equal the GPU count"))
+    if engine.spans_nodes and (tp * pp) % engine.nnodes:
+        out.append(("tp", f"tp {tp} x pp {pp} = {tp * pp} is not divisible by the {engine.nnodes} nodes the engine spans (SGLang: 'tp_size must be divisible by number of nodes')"))
+    if engine.spans_nodes and dp > 1:
+        out.append(("dp", f"dp {dp} across {engine.nnodes} nodes: SGLang refuses data-parallel replicas that span nodes ('multi-node data-parallel replicas are not supported'); use attn_dp (attention data parallelism) or one engine per node"))
+    attn_dp = engine.attn_dp or 1
+    if attn_dp > 1 and dp > 1:
+        out.append(("attn_dp", f"attn_dp {attn_dp} with dp {dp}: SGLang refuses data-parallel replicas combined with attention data parallelism; set one of the two"))
+    if attn_dp > 1 and tp % attn_dp:
+        out.append(("attn_dp", f"attn_dp {attn_dp} does not divide tp {tp} (SGLang asserts tp_size % attn_dp_size == 0); valid: a divisor of {tp}, e.g. {tp}"))
+    if engine.ep is not None and engine.ep > 1 and tp % engine.ep:
+        out.append(("ep", f"ep {engine.ep} does not divide tp {tp}: SGLang splits each expert-parallel group out of the tensor-parallel ranks (moe tp = tp / ep); valid: a divisor of {tp}"))
+    tuning = spec.engine_tuning(engine)
+    if pp > 1 and tuning.speculative is not None:
+        out.append(("pp", f"pp {pp} with speculative decoding: SGLang refuses pipeline parallelism with a speculative algorithm; set pp 1 or drop tuning.speculative"))
+    if (tuning.enable_eplb or tuning.ep_num_redundant_experts) and (engine.ep or 1) <= 1:
+        knob = "enable_eplb" if tuning.enable_eplb else "ep_num_redundant_experts"
+        out.append(("ep", f"tuning.{knob} needs expert parallelism (SGLang asserts ep_size > 1 with EPLB): set ep (e.g. ep {tp}) or drop {knob}"))
+    if engine.spans_nodes and engine.dist_init_port is None:
+        out.append(("dist_init_port", f"an engine spanning {engine.nnodes} nodes needs dist_init_port: the TCP port on rank 0's host where its ranks meet (--dist-init-addr), e.g. 25000"))
+    if not engine.spans_nodes and engine.dist_init_port is not None:
+        out.append(("dist_init_port", "dist_init_port is only used by an engine spanning nodes (nodes lists 2 or more hosts): remove it, or list the nodes"))
+    return out
+
+
+def _check_spanning(spec: ClusterSpec, add) -> None:
+    """Engines spanning nodes: their nodes exist, are alike, are free where the ranks run, and
+    have cross-node NCCL settings."""
+    names = {h.name: h for h in spec.hosts}
+    units: dict[tuple[str, str], str] = {}  # (host, engine name) -> who runs it there
+    gpus_taken: dict[tuple[str, int], str] = {}
+    for host, engine in spec.engines():
+        for g in engine.gpus:
+            gpus_taken.setdefault((host.name, g), f"{host.name}/{engine.name}")
+        units.setdefault((host.name, engine.name), f"{host.name}/{engine.name}")
+    for host, engine in spec.engines():
+        if engine.nodes is None:
+            continue
+        assert host.node is not None
+        at = f"pdkit_node.engines[{host.node.engines.index(engine)}]"
+        nodes = list(engine.nodes)
+        if not nodes or nodes[0] != host.name:
+            add(Problem(host.name, f"{at}.nodes", f"nodes must start with {host.name!r}, the host that declares the engine (rank 0, the one serving HTTP), got {nodes}"))
+            continue
+        if len(nodes) < 2:
+            add(Problem(host.name, f"{at}.nodes", f"nodes lists only {host.name!r}: an engine spanning nodes lists 2 or more hosts; remove nodes for an engine on one node"))
+            continue
+        if len(set(nodes)) != len(nodes):
+            add(Problem(host.name, f"{at}.nodes", f"nodes {nodes} repeats a host: each rank runs on a host of its own"))
+            continue
+        gpu_hosts = sorted(h.name for h in spec.gpu_hosts)
+        for rank, name in enumerate(nodes[1:], start=1):
+            other = names.get(name)
+            if other is None or other.node is None:
+                what = "not a host in this inventory" if other is None else "a host without pdkit_node"
+                add(Problem(host.name, f"{at}.nodes[{rank}]", f"{name!r} is {what}; valid: {', '.join(gpu_hosts)}"))
+                continue
+            if other.node.gpus.model != host.node.gpus.model or other.node.gpus.memory_gib != host.node.gpus.memory_gib:
+                add(Problem(name, "pdkit_node.gpus", f"runs rank {rank} of {host.name}/{engine.name} but has {other.node.gpus.model} ({other.node.gpus.memory_gib} GiB) where rank 0 has {host.node.gpus.model} ({host.node.gpus.memory_gib} GiB): every node of an engine needs the same GPU model"))
+            if other.node.gpu != host.node.gpu:
+                add(Problem(name, "pdkit_node.gpu", f"runs rank {rank} of {host.name}/{engine.name} but is gpu {other.node.gpu!r} where rank 0 is {host.node.gpu!r}"))
+            for g in engine.gpus:
+                if g >= other.node.gpus.count:
+                    add(Problem(name, "pdkit_node.gpus.count", f"runs rank {rank} of {host.name}/{engine.name} on GPUs {list(engine.gpus)}, but GPU {g} does not exist here (valid indices 0-{other.node.gpus.count - 1})"))
+                    break
+                owner = gpus_taken.setdefault((name, g), f"{host.name}/{engine.name} rank {rank}")
+                if owner != f"{host.name}/{engine.name} rank {rank}":
+                    add(Problem(name, "pdkit_node.engines", f"GPU {g} runs rank {rank} of {host.name}/{engine.name} but is already used by {owner}; engines may not share a GPU"))
+                    break
+            owner = units.setdefault((name, engine.name), f"{host.name}/{engine.name} rank {rank}")
+            if owner != f"{host.name}/{engine.name} rank {rank}":
+                add(Problem(host.name, f"{at}.name", f"{name} runs rank {rank} of this engine as unit {engine.unit_name}, which {owner} already uses there: give the engine a name unused on {name}"))
+        nets = {}
+        for name in nodes:
+            other = names.get(name)
+            if other is None or other.node is None:
+                continue
+            node = other.node
+            if node.nic is None:
+                add(Problem(name, "pdkit_node.nic", f"runs a rank of {host.name}/{engine.name}, which spans {len(nodes)} nodes: set nic (NCCL_SOCKET_IFNAME, the interface the ranks reach each other on, e.g. 'eth0'), without it NCCL may bootstrap over docker0 or lo and hang"))
+            if node.nccl_net is None:
+                add(Problem(name, "pdkit_node.nccl_net", f"runs a rank of {host.name}/{engine.name}, which spans {len(nodes)} nodes: set nccl_net, how NCCL crosses nodes: 'ib' (InfiniBand/RoCE, with nccl_ib_hca) or 'socket' (TCP over nic)"))
+            else:
+                nets[name] = node.nccl_net
+        address = spec.engine_address(host)
+        if (what := local_only(address)) is not None:
+            add(Problem(host.name, _address_field(host, "engine"), f"{address} is {what}, but the other ranks of {engine.name} ({', '.join(nodes[1:])}) connect to rank 0 there (--dist-init-addr): give an address they can reach (its LAN IP or DNS name)"))
+        if engine.role != "unified" and spec.cluster.transfer_backend == "nixl":
+            for name in nodes:
+                other = names.get(name)
+                if other is not None and other.node is not None and not other.node.ucx_net_devices:
+                    add(Problem(name, "pdkit_node.ucx_net_devices", f"runs a rank of the {engine.role} {host.name}/{engine.name}, which spans {len(nodes)} nodes, so KV crosses nodes: set ucx_net_devices (e.g. 'mlx5_0:1'), without it cross-node NIXL transfers hang until the 300 s timeout"))
+        if len(set(nets.values())) > 1:
+            add(Problem(host.name, f"{at}.nodes", f"the nodes of {engine.name} disagree on nccl_net ({', '.join(f'{k}: {v}' for k, v in sorted(nets.items()))}): every rank must reach the others the same way"))
+    for host in spec.gpu_hosts:
+        node = host.node
+        assert node is not None
+        if node.nccl_net == "ib" and not node.nccl_ib_hca:
+            add(Problem(host.name, "pdkit_node.nccl_ib_hca", "nccl_net 'ib' needs nccl_ib_hca (NCCL_IB_HCA), the HCAs NCCL may use, e.g. 'mlx5_0,mlx5_1' (ibv_devices lists them); or use nccl_net 'socket'"))
+        if node.nccl_ib_hca and node.nccl_net != "ib":
+            add(Problem(host.name, "pdkit_node.nccl_ib_hca", f"nccl_ib_hca is only used with nccl_net 'ib'; this node's nccl_net is {node.nccl_net!r} (remove nccl_ib_hca or set nccl_net: ib)"))

@@ -26,7 +26,8 @@ def summary(spec: ClusterSpec) -> str:
             tuning = spec.engine_tuning(e)
             bits = [
                 f"GPUs {','.join(map(str, e.gpus))}",
-                f"TP{e.tp_size}" + (f" DP{e.dp}" if e.dp > 1 else ""),
+                f"TP{e.tp_size}" + (f" DP{e.dp}" if e.dp > 1 else "") + (f" PP{e.pp}" if e.pp > 1 else "")
+                + (f" EP{e.ep}" if e.ep else "") + (f" attn-DP{e.attn_dp}" if (e.attn_dp or 1) > 1 else ""),
                 f"NUMA {numa if numa is not None else '-'}",
                 f"port {e.port}",
             ]
@@ -36,7 +37,12 @@ def summary(spec: ClusterSpec) -> str:
                 bits.append("decode graphs " + (f"<= bs {graphs}" if graphs else ("off" if not tuning.value("cuda_graph") else "on (SGLang default)")))
             if tuning.context_length:
                 bits.append(f"ctx {tuning.context_length}")
+            if e.spans_nodes:
+                bits.append(f"rank 0 of {e.nnodes} nodes ({', '.join(e.nodes or ())}), dist-init :{e.dist_init_port}")
             lines.append(f"    {e.name:<10} {e.role:<8} " + ", ".join(bits))
+        for p in spec.placements(host):
+            if p.rank > 0:
+                lines.append(f"    {p.engine.name:<10} {p.engine.role:<8} rank {p.rank} of {p.head.name}/{p.engine.name}, GPUs {','.join(map(str, p.engine.gpus))}")
     lines += ["", "router:"]
     for host in spec.router_hosts:
         package, version = spec.router_release(host)

@@ -23,6 +23,11 @@ class SglangRelease:
     has_pcie_ipc_allreduce: bool
     # The router package that pairs with this release on a GPU node's Python.
     default_router: tuple[str, str]
+    # How attention data parallelism is spelled: 0.5.23 has --attn-dp-size N and deprecates
+    # `--dp-size N --enable-dp-attention` (parallel_hook.py handle_deprecated_dp_attention turns
+    # it into attn_dp_size); 0.5.17 has only the old pair, where --dp-size counts the
+    # attention-DP groups. Checked against both parsers by tests/test_flags.py.
+    attn_dp_size_flag: bool = False
 
 
 # Every flag, alias and choice of a release's parser (and the speculative algorithm names) is
@@ -39,6 +44,7 @@ SGLANG_RELEASES: dict[str, SglangRelease] = {
         per_phase_cuda_graph_flags=True,
         has_pcie_ipc_allreduce=True,
         default_router=("smg", "1.13.0"),
+        attn_dp_size_flag=True,
     ),
 }
 
@@ -60,6 +66,9 @@ class RouterRelease:
     # binary; its launcher has no flag for it). pdkit drains by the engines' own gauges, so a roll
     # sets 0 where the router lets it and otherwise waits the router's settle time out.
     per_worker_drain_settle: bool = False
+    # --dp-aware: the router asks each worker its DP size and routes to one attention-DP rank
+    # (both pinned routers' parsers have it: pdkit/parser_table.json, tests/test_flags.py)
+    dp_aware: bool = True
 
 
 ROUTER_RELEASES: dict[tuple[str, str], RouterRelease] = {

@@ -166,7 +166,10 @@ def gates_command(python: str, services: list[Service]) -> str:
     q = shlex.quote
     args = []
     for s in services:
-        if s.kind == "engine":
+        if s.kind == "engine" and s.rank > 0:
+            # a rank above 0 of an engine spanning nodes: no HTTP of its own, gated through rank 0
+            args.append(f"--rank {q(s.unit)} {q(s.health_url)} {s.ready_timeout_s}")
+        elif s.kind == "engine":
             args.append(f"--engine {q(s.unit)} {q(s.health_url)} {s.ready_timeout_s}")
         else:
             args.append(f"--http {q(s.health_url)} {s.ready_timeout_s}")

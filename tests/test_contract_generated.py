@@ -7,6 +7,8 @@ choice or a typo in pdkit's generation fails here, not on a GPU node.
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from pdkit import flags
@@ -44,6 +46,29 @@ def _levers_inventory(tmp_path, base):
     return load(write_inventory(tmp_path, hosts, cluster))
 
 
+def spanning_inventory(tmp_path, base, *, version="0.5.23", layout=None, hosts_spanned=("gpu01", "gpu02")):
+    """The base cluster with its gpu01 decode spanning gpu01 and gpu02 (TP4 as 2 x 2 GPUs),
+    attention DP, expert parallelism and EPLB set: the multi-node flags meet the parsers."""
+    cluster, hosts = base
+    cluster["sglang_version"] = version
+    cluster["tuning"]["decode"].update(enable_eplb=True, ep_num_redundant_experts=8, moe_a2a_backend="deepep")
+    hosts["gpu02"]["pdkit_node"]["engines"] = [e for e in hosts["gpu02"]["pdkit_node"]["engines"] if e["name"] != "decode"]
+    hosts["gpu02"]["pdkit_node"]["engines"][0]["pd_group"] = "default"
+    decode = hosts["gpu01"]["pdkit_node"]["engines"][1]
+    decode.update(nodes=list(hosts_spanned), dist_init_port=25000, tp=4, ep=4, attn_dp=2, **(layout or {}))
+    for name in hosts_spanned:
+        hosts[name]["pdkit_node"].update(nic="eth0", nccl_net="socket", ucx_net_devices="eth0")
+    hosts["gpu01"]["pdkit_router"]["workers"] = None
+    return write_inventory(tmp_path, hosts, cluster)
+
+
+def every_rank_argv(spec):
+    """(name, argv) of every engine process: each rank of an engine spanning nodes."""
+    for host in spec.gpu_hosts:
+        for p in spec.placements(host):
+            yield f"{host.name}/{p.engine.name}#{p.rank}", flags.sglang_args(spec, p.head, p.engine, p.rank)
+
+
 def _specs(tmp_path, base, monkeypatch):
     monkeypatch.chdir(REPO)
     return {
@@ -56,6 +81,9 @@ def _specs(tmp_path, base, monkeypatch):
         # the one-GPU tier: a PD pair sharing GPU 0 (derived --mem-fraction-static per engine)
         "h200-1gpu": load("inventories/h200-1gpu.py"),
         "levers": _levers_inventory(tmp_path, base),
+        # issue 20: two 8-GPU nodes serving one TP16 decode, and a base-derived spanning engine
+        "multinode": load("inventories/multinode.py"),
+        "spanning": load(spanning_inventory(tmp_path, copy.deepcopy(base))),
     }
 
 
@@ -65,10 +93,11 @@ def test_every_generated_engine_argv_parses_with_sglangs_own_parser(version, tmp
     argvs, names = [], []
     for name, spec in _specs(tmp_path, base, monkeypatch).items():
         spec = _with_version(spec, version)
-        for host, engine in spec.engines():
-            argvs.append(flags.sglang_args(spec, host, engine))
-            names.append(f"{name}:{host.name}/{engine.name}")
+        for rank_name, argv in every_rank_argv(spec):
+            argvs.append(argv)
+            names.append(f"{name}:{rank_name}")
     assert len(argvs) >= 7
+    assert any("--node-rank" in a for a in argvs) and any("--enable-eplb" in a for a in argvs)
     results = contract.check_sglang_argvs(version, argvs)
     failures = {n: r for n, r in zip(names, results) if r is not None}
     assert not failures, f"SGLang {version} rejected pdkit's argv: {failures}"
@@ -97,3 +126,38 @@ def test_every_generated_router_argv_parses_with_the_routers_own_parser(package,
     results = contract.check_router_argvs(package, version, argvs)
     failures = {n: r for n, r in zip(names, results) if r is not None}
     assert not failures, f"{package} {version} rejected pdkit's argv: {failures}"
+
+
+@pytest.mark.parametrize("version", sorted(SGLANG_RELEASES))
+def test_multinode_flags_parse_to_the_layout_without_deprecated_spellings(version, monkeypatch):
+    """Attention DP is spelled per release (0.5.23: --attn-dp-size; 0.5.17: --dp-size N
+    --enable-dp-attention): the parser takes it without a deprecation warning, and every rank
+    differs from rank 0 only in --node-rank."""
+    require(contract.sglang_python(version) is not None, f"no SGLang {version} parser venv: run `bash .ci/contract-env.sh`")
+    monkeypatch.chdir(REPO)
+    spec = _with_version(load("inventories/multinode.py"), version)
+    head = spec.host("gpu-d0")
+    decode = next(e for e in head.node.engines if e.name == "decode")
+    ranks = [flags.sglang_args(spec, head, decode, r) for r in range(decode.nnodes)]
+    assert ranks[0] != ranks[1]
+    assert [i for i, (a, b) in enumerate(zip(ranks[0], ranks[1])) if a != b] == [ranks[0].index("--node-rank") + 1]
+    assert ranks[0][ranks[0].index("--dist-init-addr") + 1] == "10.0.1.20:25000"
+    reply = contract.run_sglang_check(version, ranks)
+    for result in reply["results"]:
+        assert result["ok"], result["error"]
+        assert not [w for w in result["warnings"] if "deprecated" in w.lower()], result["warnings"]
+    assert ("--attn-dp-size" in ranks[0]) == (version == "0.5.23")
+    assert ("--enable-dp-attention" in ranks[0]) == (version == "0.5.17")
+
+
+@pytest.mark.parametrize("package,version", sorted(ROUTER_RELEASES))
+def test_dp_aware_router_flag_parses(package, version, monkeypatch):
+    """A router fronting an attention-DP worker gets --dp-aware, which both pinned routers take."""
+    require(contract.router_python(package, version) is not None, f"no {package} {version} parser venv: run `bash .ci/contract-env.sh`")
+    monkeypatch.chdir(REPO)
+    spec = load("inventories/multinode.py")
+    argv = flags.router_args(spec, spec.host("router01"))
+    assert "--dp-aware" in argv
+    release = ROUTER_RELEASES[(package, version)]
+    [result] = contract.check_router_argvs(package, version, [list(release.launcher[1:]) + argv if package == "smg" else argv])
+    assert result is None, result

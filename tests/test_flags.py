@@ -265,3 +265,153 @@ def test_router_breaker_settings_take_effect_in_each_routers_own_parser(base, tm
     assert parsed == {k.replace("-", "_"): v for k, v in flags.ROUTER_BREAKER.items()}
     # a breaker opened by a restart is tried again within a few seconds
     assert parsed["cb_timeout_duration_secs"] <= 5
+
+
+# ---------------------------------------------------------------- issue 20: engines spanning nodes
+
+
+def _spanning(tmp_path, base, version="0.5.23", **decode):
+    """gpu01's decode over gpu01 + gpu02 (TP4 as 2 x 2 GPUs), as tests/test_validate.py's _span."""
+    from tests.test_validate import _span
+
+    cluster, hosts = base
+    cluster["sglang_version"] = version
+    _span(hosts, **decode)
+    return _spec(tmp_path, cluster, hosts)
+
+
+def _ranks(spec, host="gpu01", name="decode"):
+    h = spec.host(host)
+    e = next(e for e in h.node.engines if e.name == name)
+    return [flags.sglang_args(spec, h, e, r) for r in range(e.nnodes)]
+
+
+def test_every_rank_has_the_same_argv_but_node_rank(base, tmp_path):
+    spec = _spanning(tmp_path, base)
+    rank0, rank1 = _ranks(spec)
+    assert _value(rank0, "--nnodes") == "2" and _value(rank0, "--node-rank") == "0" and _value(rank1, "--node-rank") == "1"
+    assert _value(rank0, "--dist-init-addr") == "10.9.0.1:25000" == _value(rank1, "--dist-init-addr")
+    assert [a for a in rank0 if a not in ("0", "1")] == [a for a in rank1 if a not in ("0", "1")]
+    differ = [i for i, (a, b) in enumerate(zip(rank0, rank1)) if a != b]
+    assert differ == [rank0.index("--node-rank") + 1]
+    # --host and --port stay rank 0's: only rank 0 runs the HTTP server
+    assert _value(rank1, "--host") == "10.9.0.1" and _value(rank1, "--tp-size") == "4"
+
+
+def test_an_engine_on_one_node_gets_no_multinode_flags(base, tmp_path):
+    cluster, hosts = base
+    args = _engine_args(_spec(tmp_path, cluster, hosts))
+    assert not {"--nnodes", "--node-rank", "--dist-init-addr", "--pp-size", "--ep-size", "--attn-dp-size", "--enable-dp-attention"} & set(args)
+
+
+@pytest.mark.parametrize("version,expected", [
+    # 0.5.23: --attn-dp-size N replaces the deprecated `--dp-size N --enable-dp-attention`
+    ("0.5.23", ["--attn-dp-size", "2"]),
+    # 0.5.17 has no --attn-dp-size: the attention-DP width is --dp-size with --enable-dp-attention
+    ("0.5.17", ["--dp-size", "2", "--enable-dp-attention"]),
+])
+def test_attention_dp_is_spelled_per_release(version, expected, base, tmp_path):
+    spec = _spanning(tmp_path, base, version, attn_dp=2, ep=4, pp=1)
+    args = _ranks(spec)[0]
+    i = args.index(expected[0])
+    assert args[i:i + len(expected)] == expected
+    assert _value(args, "--ep-size") == "4"
+    assert "--pp-size" not in args
+
+
+def test_every_multinode_flag_is_in_the_release_parser_table():
+    """The spellings pdkit renders exist in each pinned parser (pdkit/parser_table.json, generated
+    from the wheels), and the deprecated 0.5.23 spelling is recorded as replaced by --attn-dp-size."""
+    from pdkit.parsertable import router_parser, sglang_parser
+    from pdkit.versions import ROUTER_RELEASES, SGLANG_RELEASES
+
+    common = ["--nnodes", "--node-rank", "--dist-init-addr", "--pp-size", "--ep-size", "--moe-a2a-backend",
+              "--enable-eplb", "--ep-num-redundant-experts"]
+    for version, release in SGLANG_RELEASES.items():
+        parser = sglang_parser(version)
+        attn = ["--attn-dp-size"] if release.attn_dp_size_flag else ["--dp-size", "--enable-dp-attention"]
+        for flag in common + attn:
+            assert parser.resolve(flag)[0] is not None, f"{flag} not in SGLang {version}'s parser"
+        if not release.attn_dp_size_flag:
+            assert parser.resolve("--attn-dp-size")[0] is None
+    assert "--attn-dp-size" in (sglang_parser("0.5.23").option("--enable-dp-attention").replaced_by or "")
+    for (package, version), router in ROUTER_RELEASES.items():
+        assert (router_parser(package, version).resolve("--dp-aware")[0] is not None) == router.dp_aware
+
+
+def test_eplb_and_a2a_knobs(base, tmp_path):
+    cluster, hosts = base
+    cluster["tuning"]["decode"].update(enable_eplb=True, ep_num_redundant_experts=8, moe_a2a_backend="deepep")
+    spec = _spanning(tmp_path, (cluster, hosts), ep=4)
+    args = _ranks(spec)[1]
+    assert "--enable-eplb" in args and _value(args, "--ep-num-redundant-experts") == "8" and _value(args, "--moe-a2a-backend") == "deepep"
+
+
+def test_a2a_backend_choice_comes_from_the_parser(base, tmp_path):
+    from pdkit.loader import load_with_problems
+
+    cluster, hosts = base
+    cluster["tuning"]["decode"].update(moe_a2a_backend="deep-ep")
+    _, problems = load_with_problems(write_inventory(tmp_path, hosts, cluster))
+    assert any(p.field.endswith("tuning.moe_a2a_backend") and "valid:" in p.message and "deepep" in p.message for p in problems), problems
+
+
+def test_router_is_dp_aware_only_with_attention_dp_workers(base, tmp_path):
+    import copy
+
+    plain = _spanning(tmp_path, copy.deepcopy(base))
+    assert "--dp-aware" not in flags.router_args(plain, plain.host("gpu01"))
+    dp = _spanning(tmp_path, copy.deepcopy(base), attn_dp=2)
+    assert "--dp-aware" in flags.router_args(dp, dp.host("gpu01"))
+
+
+def test_cross_node_nccl_env(base, tmp_path):
+    cluster, hosts = base
+    spec = _spanning(tmp_path, (cluster, hosts))
+    for name in ("gpu01", "gpu02"):
+        env = flags.nccl_env(spec, spec.host(name))
+        assert env["NCCL_SOCKET_IFNAME"] == "eth0" and env["NCCL_IB_DISABLE"] == "1" and "NCCL_IB_HCA" not in env
+    hosts["gpu01"]["pdkit_node"].update(nccl_net="ib", nccl_ib_hca="mlx5_0,mlx5_1")
+    hosts["gpu02"]["pdkit_node"].update(nccl_net="ib", nccl_ib_hca="=mlx5_0:1")
+    spec = _spec(tmp_path, cluster, hosts)
+    assert flags.nccl_env(spec, spec.host("gpu01"))["NCCL_IB_HCA"] == "mlx5_0,mlx5_1"
+    assert flags.nccl_env(spec, spec.host("gpu02"))["NCCL_IB_HCA"] == "=mlx5_0:1"
+    assert "NCCL_IB_DISABLE" not in flags.nccl_env(spec, spec.host("gpu02"))
+
+
+def test_each_rank_registers_kv_endpoints_on_its_own_address(base, tmp_path):
+    spec = _spanning(tmp_path, base)
+    head = spec.host("gpu01")
+    decode = next(e for e in head.node.engines if e.name == "decode")
+    assert flags.engine_env(spec, head, decode)["SGLANG_HOST_IP"] == "10.9.0.1"
+    assert flags.engine_env(spec, head, decode, spec.host("gpu02"))["SGLANG_HOST_IP"] == "10.9.0.2"
+
+
+def test_plan_one_unit_per_rank_only_rank_0_is_a_target(base, tmp_path):
+    """One unit per node; only rank 0 is a router worker, a scrape and bench target; the rank
+    above 0 is gated through rank 0's /health; both exporters know which rank they watch and
+    check each rank's environment (its NCCL settings included)."""
+    import json
+
+    from pdkit.bench import engine_flags
+    from pdkit.plan import plan_cluster
+    from roles.services import gates_command
+
+    spec = _spanning(tmp_path, base)
+    plans = plan_cluster(spec)
+    [s0] = [s for s in plans["gpu01"].services if s.unit == "pdkit-engine-decode.service"]
+    [s1] = [s for s in plans["gpu02"].services if s.unit == "pdkit-engine-decode.service"]
+    assert (s0.rank, s1.rank) == (0, 1) and s0.span == s1.span == ("gpu01", "gpu02") and s1.head == "gpu01"
+    assert s1.health_url == s0.health_url == "http://10.9.0.1:30001/health"
+    assert s0.ready_log_line and s1.ready_log_line is None
+    assert "--rank pdkit-engine-decode.service http://10.9.0.1:30001/health" in gates_command("py", [s1])
+    assert "--engine pdkit-engine-decode.service" in gates_command("py", [s0])
+    assert [w for w in flags.router_args(spec, spec.host("gpu01")) if "30001" in w] == ["http://10.9.0.1:30001"]
+    assert list(engine_flags(spec)) == ["gpu01/prefill", "gpu01/decode"]
+    exp = json.loads(plans["gpu02"].file("/etc/pdkit/exporter.json").content)
+    [entry] = exp["engines"]
+    assert (entry["rank"], entry["nnodes"], entry["head"]) == (1, 2, "gpu01")
+    assert entry["env"]["NCCL_SOCKET_IFNAME"] == "eth0" and entry["env"]["SGLANG_HOST_IP"] == "10.9.0.2"
+    assert entry["argv"][entry["argv"].index("--node-rank") + 1] == "1"
+    release = json.loads(plans["gpu02"].file("/etc/pdkit/release.json").content)
+    assert release["engines"]["decode"]["rank"] == 1

@@ -14,7 +14,7 @@ from pdkit.plan import plan_cluster
 from tests.conftest import REPO, write_inventory
 
 GOLDEN = REPO / "tests" / "golden"
-EXAMPLES = ["cluster", "a6000"]
+EXAMPLES = ["cluster", "a6000", "multinode"]
 
 
 def _tree(root: Path) -> dict[str, bytes]:
@@ -111,6 +111,8 @@ def test_every_rendered_exporter_config_is_accepted_by_the_exporter(name, monkey
             if f.path.endswith("/exporter.json"):
                 config = parse_config(json.loads(f.content))
                 assert config.node == host
-                assert {e.name for e in config.engines} == {e.name for e in spec.host(host).node.engines}
+                # every engine process of the host: its own engines and the ranks it runs of others'
+                placements = spec.placements(spec.host(host))
+                assert [(e.name, e.rank) for e in config.engines] == [(p.engine.name, p.rank) for p in placements]
                 seen += 1
-    assert seen == len([h for h in spec.gpu_hosts if h.node.engines])
+    assert seen == len([h for h in spec.gpu_hosts if spec.placements(h)])

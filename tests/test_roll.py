@@ -279,3 +279,123 @@ def test_why_prefers_the_gates_own_line_over_pyinfras_noise():
     ]
     assert _why(lines, "lab-gpu2") == "pdkit-engine-decode.service failed at its first start: launch_server.py: error: argument --port: invalid int value: 'x' (0.4 s)"
     assert _why(["[lab-gpu1] something else"], "lab-gpu1") == "[lab-gpu1] something else"
+
+
+# ---------------------------------------------------------------- issue 20: engines spanning nodes
+
+
+def _spanning_decode(tmp_path, three_nodes):
+    """gpu02's decode spans gpu02 and gpu03 (gpu03 runs rank 1 on its GPUs 2-3 and its own prefill)."""
+    cluster, hosts = three_nodes
+    hosts["gpu03"]["pdkit_node"]["engines"] = [hosts["gpu03"]["pdkit_node"]["engines"][0]]
+    hosts["gpu03"]["pdkit_node"]["engines"][0]["pd_group"] = "g2"
+    hosts["gpu02"]["pdkit_node"]["engines"][1].update(nodes=["gpu02", "gpu03"], dist_init_port=25000, tp=4)
+    for h in ("gpu02", "gpu03"):
+        hosts[h]["pdkit_node"].update(nic="eth0", nccl_net="socket", ucx_net_devices="eth0")
+    return _spec(tmp_path, hosts, cluster)
+
+
+def test_a_spanning_engine_is_one_unit_of_rollout(tmp_path, three_nodes):
+    from pdkit.roll import merge_units, spanning_units
+
+    spec = _spanning_decode(tmp_path, three_nodes)
+    units, lines = spanning_units(spec)
+    assert units == [{"gpu02", "gpu03"}]
+    assert lines == ["engine gpu02/decode spans gpu02, gpu03: one step (rank 0 on gpu02 drained from the router, every rank "
+                     "restarted together, gated on rank 0 and a real request, every rank rolled back on failure)"]
+    order = rollout_order(spec)
+    assert order[0] == "gpu02"
+    # --batch 1: the canary batch still holds every rank; gpu03 never rolls on its own
+    batches = make_batches(order, 1, units)
+    assert batches[0] == ["gpu02", "gpu03"] and all("gpu03" not in b for b in batches[1:])
+    assert make_batches(rollout_order(spec, canary="gpu03"), 1, units)[0] == ["gpu03", "gpu02"]
+    # overlapping units (a version pairing touching one rank's host) merge into one
+    merged, _ = merge_units(([{"gpu03", "gpu01"}], ["x"]), (units, lines))
+    assert merged == [{"gpu01", "gpu02", "gpu03"}]
+
+
+def test_dry_plan_shows_a_spanning_engine_as_one_step_over_its_nodes(tmp_path, three_nodes):
+    from pdkit.roll import spanning_units
+
+    spec = _spanning_decode(tmp_path, three_nodes)
+    units, lines = spanning_units(spec)
+    plans = plan_cluster(spec)
+    diffs = {h: host_diff(p, {}) for h, p in plans.items()}
+    text = format_dry_plan(make_batches(rollout_order(spec), 1, units), diffs, lines, set())
+    assert "spans nodes: engine gpu02/decode spans gpu02, gpu03: one step" in text
+    assert "canary: gpu02, gpu03" in text
+    assert "restart  pdkit-engine-decode.service" in text.split("canary: gpu02, gpu03")[1].split("batch 1")[0]
+
+
+class _FakePyinfra:
+    """Stands in for the SSH side: records every call; CONNECT_FAILS hosts are unreachable."""
+
+    def __init__(self, unreachable=()):
+        self.unreachable = set(unreachable)
+        self.calls = []
+        self.phases, self.operations = {}, {}
+
+    def connect(self, hosts):
+        self.calls.append(("connect", tuple(hosts)))
+        bad = {h: "timed out" for h in hosts if h in self.unreachable}
+        return object(), {h: object() for h in hosts if h not in bad}, bad
+
+    def prepare(self, hosts, state):
+        self.calls.append(("prepare", tuple(hosts)))
+        return {}
+
+    def execute(self, hosts, state):
+        self.calls.append(("execute", tuple(hosts)))
+        return {}
+
+
+def test_an_unreachable_rank_node_stops_the_roll_before_any_rank_changes(tmp_path, three_nodes):
+    import io
+
+    from pdkit.roll import Progress, RollError, Roller, spanning_units
+
+    spec = _spanning_decode(tmp_path, three_nodes)
+    out = io.StringIO()
+    roller = Roller("inv.py", spec, Progress(out))
+    roller.pyinfra = _FakePyinfra(unreachable={"gpu03"})
+    drained = []
+    roller.drain = lambda hosts: drained.append(hosts) or "drained"
+    units, _ = spanning_units(spec)
+    [batch, *_] = make_batches(rollout_order(spec), 1, units)
+    with pytest.raises(RollError) as exc:
+        roller.roll_batch(batch)
+    assert exc.value.host == "gpu03" and exc.value.gate == "connect" and "nothing was changed" in exc.value.message
+    # no rank was touched: not drained, nothing prepared or executed on gpu02 (rank 0) or gpu03
+    assert roller.pyinfra.calls == [("connect", ("gpu02", "gpu03"))] and drained == []
+
+
+def test_a_failed_spanning_batch_restores_every_rank_together(tmp_path, three_nodes):
+    """A gate failing after the apply: every rank's node goes back byte for byte, at the same
+    time (rank 0 is ready only when every rank joined, so one-by-one restores would wait on a
+    rank still on the failed release)."""
+    import io
+    import threading
+
+    from pdkit.roll import Progress, RollError, Roller, spanning_units
+
+    spec = _spanning_decode(tmp_path, three_nodes)
+    roller = Roller("inv.py", spec, Progress(io.StringIO()))
+    roller.pyinfra = _FakePyinfra()
+    roller.current_releases = lambda state, hosts: ({h: f"rel-{h}" for h in hosts}, {h: None for h in hosts})
+    roller.drain = lambda hosts: "drained"
+    roller.ready = lambda hosts: (_ for _ in ()).throw(TimeoutError("rank 0 not healthy"))
+    roller.readd = lambda hosts: "back"
+    both_in = threading.Barrier(2, timeout=5)
+    restored = []
+
+    def restore(host_name, host, to):
+        both_in.wait()  # each restore waits for the other rank's: they must run together
+        restored.append((host_name, to))
+        return f"back on {to}"
+
+    roller.restore = restore
+    units, _ = spanning_units(spec)
+    with pytest.raises(RollError) as exc:
+        roller.roll_batch(["gpu02", "gpu03"])
+    assert exc.value.gate == "ready"
+    assert sorted(restored) == [("gpu02", "rel-gpu02"), ("gpu03", "rel-gpu03")]

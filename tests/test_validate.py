@@ -170,6 +170,63 @@ PAIR_CASES = [  # 7. pairs and groups
     ("uno-with-a-draft", lambda c, h: _engine(h, "gpu01", 1).update(tuning={"speculative": {"algorithm": "UNO", "draft_model_path": "/models/d"}}), "gpu01", "pdkit_node.engines[1].tuning.speculative", "remove draft_model_path"),
     ("uno-without-lora", lambda c, h: _engine(h, "gpu01", 1).update(tuning={"speculative": {"algorithm": "UNO"}}), "gpu01", "pdkit_node.engines[1].extra_args", "add ['--uno-lora-path'"),
 ]
+
+
+def _span(h, **decode):
+    """gpu01's decode spans gpu01 and gpu02 (TP4 as 2 x 2 GPUs; gpu02 runs rank 1 on GPUs 2-3),
+    with the cross-node NCCL and UCX settings that needs; DECODE overrides engine fields."""
+    h["gpu02"]["pdkit_node"]["engines"] = []
+    _engine(h, "gpu01", 1).update({"nodes": ["gpu01", "gpu02"], "dist_init_port": 25000, "tp": 4, **decode})
+    for name in ("gpu01", "gpu02"):
+        h[name]["pdkit_node"].update(nic="eth0", nccl_net="socket", ucx_net_devices="eth0")
+
+
+# Issue 20: engines spanning nodes and their parallel layout, checked as SGLang's server args check them
+SPAN_CASES = [
+    ("span-nodes-not-from-the-declaring-host", lambda c, h: _span(h, nodes=["gpu02", "gpu01"]), "gpu01", "pdkit_node.engines[1].nodes", "must start with 'gpu01'"),
+    ("span-nodes-one-host", lambda c, h: _span(h, nodes=["gpu01"]), "gpu01", "pdkit_node.engines[1].nodes", "lists 2 or more hosts"),
+    ("span-unknown-host", lambda c, h: _span(h, nodes=["gpu01", "gpu09"]), "gpu01", "pdkit_node.engines[1].nodes[1]", "not a host in this inventory; valid: gpu01, gpu02"),
+    ("span-host-without-pdkit-node", lambda c, h: _span(h, nodes=["gpu01", "mon01"]), "gpu01", "pdkit_node.engines[1].nodes[1]", "a host without pdkit_node"),
+    ("span-without-dist-init-port", lambda c, h: _span(h) or _engine(h, "gpu01", 1).pop("dist_init_port"), "gpu01", "pdkit_node.engines[1].dist_init_port", "e.g. 25000"),
+    ("dist-init-port-on-one-node", lambda c, h: _engine(h, "gpu02", 1).update(dist_init_port=25000), "gpu02", "pdkit_node.engines[1].dist_init_port", "only used by an engine spanning nodes"),
+    ("span-tp-not-the-total-gpus", lambda c, h: _span(h, tp=2), "gpu01", "pdkit_node.engines[1].tp", "tp x pp x dp must equal the GPU count"),
+    ("span-dp-replicas", lambda c, h: _span(h, tp=2, dp=2), "gpu01", "pdkit_node.engines[1].dp", "use attn_dp"),
+    ("span-tp-not-divisible-by-nodes", lambda c, h: _span(h, tp=3), "gpu01", "pdkit_node.engines[1].tp", "not divisible by the 2 nodes"),
+    ("attn-dp-not-dividing-tp", lambda c, h: _span(h, attn_dp=3), "gpu01", "pdkit_node.engines[1].attn_dp", "does not divide tp 4"),
+    ("attn-dp-with-dp-replicas", lambda c, h: _engine(h, "gpu02", 1).update(tp=1, dp=2, attn_dp=2), "gpu02", "pdkit_node.engines[1].attn_dp", "combined with attention data parallelism"),
+    ("ep-not-dividing-tp", lambda c, h: _span(h, ep=3), "gpu01", "pdkit_node.engines[1].ep", "does not divide tp 4"),
+    ("eplb-without-ep", lambda c, h: _span(h) or _engine(h, "gpu01", 1).update(tuning={"enable_eplb": True}), "gpu01", "pdkit_node.engines[1].ep", "needs expert parallelism"),
+    ("pp-with-speculative", lambda c, h: _span(h, tp=2, pp=2, tuning={"speculative": {"algorithm": "NEXTN"}}), "gpu01", "pdkit_node.engines[1].pp", "speculative"),
+    ("span-node-without-nic", lambda c, h: _span(h) or h["gpu02"]["pdkit_node"].pop("nic"), "gpu02", "pdkit_node.nic", "NCCL_SOCKET_IFNAME"),
+    ("span-node-without-nccl-net", lambda c, h: _span(h) or h["gpu02"]["pdkit_node"].pop("nccl_net"), "gpu02", "pdkit_node.nccl_net", "'ib' (InfiniBand/RoCE, with nccl_ib_hca) or 'socket'"),
+    ("nccl-ib-without-hca", lambda c, h: _span(h) or h["gpu01"]["pdkit_node"].update(nccl_net="ib"), "gpu01", "pdkit_node.nccl_ib_hca", "e.g. 'mlx5_0,mlx5_1'"),
+    ("nccl-hca-with-socket", lambda c, h: h["gpu02"]["pdkit_node"].update(nccl_net="socket", nccl_ib_hca="mlx5_0"), "gpu02", "pdkit_node.nccl_ib_hca", "only used with nccl_net 'ib'"),
+    ("nccl-hca-garbage", lambda c, h: h["gpu02"]["pdkit_node"].update(nccl_net="ib", nccl_ib_hca="mlx5 0"), "gpu02", "pdkit_node.nccl_ib_hca", "must match"),
+    ("span-nodes-disagree-on-nccl-net", lambda c, h: _span(h) or h["gpu01"]["pdkit_node"].update(nccl_net="ib", nccl_ib_hca="mlx5_0"), "gpu01", "pdkit_node.engines[1].nodes", "disagree on nccl_net"),
+    ("span-gpu-model-differs", lambda c, h: _span(h) or h["gpu02"]["pdkit_node"].update(gpus={**h["gpu02"]["pdkit_node"]["gpus"], "model": "NVIDIA H100"}), "gpu02", "pdkit_node.gpus", "the same GPU model"),
+    ("span-rank-gpu-taken", lambda c, h: _span(h) or h["gpu02"]["pdkit_node"].update(engines=[{"name": "other", "role": "unified", "gpus": [2, 3], "port": 31000}]), "gpu02", "pdkit_node.engines", "already used by gpu02/other"),
+    ("span-rank-unit-name-taken", lambda c, h: _span(h) or h["gpu02"]["pdkit_node"].update(engines=[{"name": "decode", "role": "unified", "gpus": [0, 1], "port": 31000}]), "gpu01", "pdkit_node.engines[1].name", "give the engine a name unused on gpu02"),
+    ("span-rank-gpu-missing", lambda c, h: _span(h) or h["gpu02"]["pdkit_node"].update(gpus={**h["gpu02"]["pdkit_node"]["gpus"], "count": 2, "numa": [0, 0]}), "gpu02", "pdkit_node.gpus.count", "GPU 2 does not exist here"),
+    ("dist-init-port-clash", lambda c, h: _span(h, dist_init_port=30000), "gpu01", "pdkit_node.engines[1].dist_init_port", "already used"),
+    ("attn-dp-derived-port-clash", lambda c, h: _span(h, dist_init_port=29996, attn_dp=2), "gpu01", "pdkit_node.engines[1].dist_init_port (+5: SGLang's attention-DP ports)", "already used"),
+    ("span-rank-0-on-loopback", lambda c, h: _span(h) or h["gpu01"]["pdkit_node"].update(address="127.0.0.1"), "gpu01", "pdkit_node.address", "connect to rank 0 there"),
+    ("span-pd-rank-without-ucx-devices", lambda c, h: _span(h) or h["gpu02"]["pdkit_node"].pop("ucx_net_devices"), "gpu02", "pdkit_node.ucx_net_devices", "KV crosses nodes"),
+]
+BAD_CASES += SPAN_CASES
+
+
+def test_a_spanning_engine_is_valid(base, tmp_path, capsys):
+    """The SPAN_CASES base: one decode over two nodes passes, and rank 1 shows on gpu02."""
+    cluster, hosts = base
+    _span(hosts, ep=4, attn_dp=2)
+    inv = write_inventory(tmp_path, hosts, cluster)
+    assert main(["validate", str(inv)]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "warning" not in out
+    assert "rank 0 of 2 nodes (gpu01, gpu02), dist-init :25000" in out
+    assert "rank 1 of gpu01/decode" in out
+
+
 BAD_CASES += LOADER_CASES + CHOICE_CASES + EXTRA_ARGS_CASES + PATH_CASES + ADDRESS_CASES + RANGE_CASES + PAIR_CASES
 
 # 8. settings the combination ignores: a warning (exit 0), an error under --strict

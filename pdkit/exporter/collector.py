@@ -82,6 +82,10 @@ def _short(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[:160]}"
 
 
+# what a rank above 0 answers instead of an HTTP fetch: it runs no HTTP server
+NO_HTTP = Fetch(error="a rank above 0 of an engine spanning nodes serves no HTTP (rank 0 does)")
+
+
 def http_get(session: requests.Session, url: str | requests.PreparedRequest, timeout_s: float,
              max_bytes: int = MAX_BODY_BYTES) -> Fetch:
     """GET once, within `timeout_s` in total (connect, headers and a body that trickles in).
@@ -281,7 +285,8 @@ class PdkitCollector(Collector):
         # stragglers, which the in-flight guards then keep from piling up
         budget = max(self.config.timeout_s, self.config.journal.timeout_s) + 0.25
         engines = self.config.engines
-        metrics_jobs = {e.name: self._submit(e, "metrics") for e in engines}
+        # a rank above 0 of an engine spanning nodes serves no HTTP: only its process is checked
+        metrics_jobs = {e.name: self._submit(e, "metrics") if e.rank == 0 else NO_HTTP for e in engines}
         journal_future: cf.Future | None = None
         journal_busy = False
         if self.journal is not None:
@@ -308,7 +313,7 @@ class PdkitCollector(Collector):
         for engine, check in zip(engines, checks):
             state = self.state[engine.name]
             key = (check.view.pid, check.view.start_time) if check is not None and check.view is not None else None
-            if server_info_due(state.info is not None, state.info_key, key, now - state.info_at,
+            if engine.rank == 0 and server_info_due(state.info is not None, state.info_key, key, now - state.info_at,
                                self.config.server_info_max_age_s, state.info_stale):
                 info_jobs[engine.name] = self._submit(engine, "server_info")
 
@@ -334,9 +339,13 @@ class PdkitCollector(Collector):
                         if check is not None and check.view is not None else None
                 else:
                     state.info = None
+            elif engine.rank > 0:
+                info = NO_HTTP
             else:
                 info = Fetch(value=state.info)
-            if metrics.error is not None:
+            if engine.rank > 0:
+                pass
+            elif metrics.error is not None:
                 state.info_stale = True
             else:
                 totals = cumulative_total(metrics.value)
@@ -470,11 +479,22 @@ class PdkitCollector(Collector):
             },
         }
 
+        rank_up = gauge("pdkit_engine_rank_up", "An engine spanning nodes: 1 when the unit of the rank this node runs "
+                        "has a running process. Rank 0 also serves HTTP (pdkit_engine_up); a rank above 0 serves none.",
+                        ("rank", "nnodes", "head"))
         for snap in snapshots:
             e = snap.engine
             state = self.state[e.name]
             labels = [node, e.name, e.role]
             m, si = snap.metrics, snap.server_info
+            if e.nnodes > 1:
+                alive = snap.process is not None and snap.process.view is not None
+                rank_up.add_metric([*labels, str(e.rank), str(e.nnodes), e.head or ""], 1.0 if alive else 0.0)
+            if e.rank > 0:
+                # no HTTP on this rank: its flags (argv) and environment (NCCL included) only
+                self._flags(snap, labels, drift, drift_info, unverified)
+                self._env(snap, labels, env_present, env_error, env_info)
+                continue
             up.add_metric(labels, 1.0 if m.error is None and si.error is None else 0.0)
             for endpoint, result in (("metrics", m), ("server_info", si)):
                 scrape_error.add_metric([*labels, endpoint], 0.0 if result.error is None else 1.0)
@@ -527,7 +547,7 @@ class PdkitCollector(Collector):
                     elif key in figures:
                         fam.add_metric(labels, float(figures[key]))
 
-        out: list[Metric] = [up, scrape_error, info, drift, drift_info, unverified, env_present, env_error, env_info,
+        out: list[Metric] = [up, rank_up, scrape_error, info, drift, drift_info, unverified, env_present, env_error, env_info,
                              running, queued, usage, gen_tp, pd_queues, prompt, generation, kv_fail, passes, ratio]
         for fams in batch.values():
             out.extend(fams.values())

@@ -52,6 +52,12 @@ class EngineConfig:
     sglang_version: str = ""
     env: tuple[tuple[str, str | None], ...] = ()
     drift_ignore: tuple[str, ...] = ()
+    # an engine spanning nodes: the rank this exporter watches, of how many, and rank 0's host.
+    # A rank above 0 serves no HTTP (SGLang runs the HTTP server on rank 0 only): its process
+    # argv and environment are checked, its serving figures come from rank 0's exporter.
+    rank: int = 0
+    nnodes: int = 1
+    head: str | None = None
 
     @property
     def env_dict(self) -> dict[str, str | None]:
@@ -108,7 +114,8 @@ def _engine(i: int, data: Any) -> EngineConfig:
     where = f"engines[{i}]"
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: expected an object")
-    _check_keys(where, data, {"name", "role", "url", "unit", "sglang_version", "argv", "env", "drift_ignore"},
+    _check_keys(where, data, {"name", "role", "url", "unit", "sglang_version", "argv", "env", "drift_ignore",
+                              "rank", "nnodes", "head"},
                 {"name", "role", "url", "argv"})
     role = _str(f"{where}.role", data["role"])
     if role not in ROLES:
@@ -135,6 +142,9 @@ def _engine(i: int, data: Any) -> EngineConfig:
         sglang_version=_str(f"{where}.sglang_version", data.get("sglang_version", ""), allow_empty=True),
         env=tuple(sorted(env.items())),
         drift_ignore=tuple(ignore),
+        nnodes=(nnodes := int(_number(f"{where}.nnodes", data.get("nnodes", 1), 1, 4096, integer=True))),
+        rank=int(_number(f"{where}.rank", data.get("rank", 0), 0, nnodes - 1, integer=True)),
+        head=_str(f"{where}.head", data.get("head"), allow_none=True),
     )
 
 

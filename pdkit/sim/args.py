@@ -74,11 +74,14 @@ def build_parser() -> argparse.ArgumentParser:
     add("--tp-size", "--tensor-parallel-size", "--tp", dest="tp_size", type=int, default=1)
     add("--dp-size", "--data-parallel-size", "--dp", dest="dp_size", type=int, default=1)
     add("--pp-size", "--pipeline-parallel-size", dest="pp_size", type=int, default=1)
+    # an engine spanning nodes (SGLang's names and defaults): the ranks meet at --dist-init-addr
+    add("--nnodes", type=int, default=1)
+    add("--node-rank", type=int, default=0)
+    add("--dist-init-addr", "--nccl-init-addr", dest="dist_init_addr", type=str, default=None)
+    add("--dist-timeout", type=int, default=None)
     add("--ep-size", "--expert-parallel-size", "--ep", dest="ep_size", type=int, default=1)
     add("--base-gpu-id", type=int, default=0)
     add("--gpu-id-step", type=int, default=1)
-    add("--nnodes", type=int, default=1)
-    add("--node-rank", type=int, default=0)
 
     # Scheduling limits
     add("--context-length", type=int, default=None)
@@ -247,6 +250,10 @@ class SimArgs:
     extra: dict[str, Any] = field(default_factory=dict)
     # the argv as given (the lever-fault knobs match conditions on it: pdkit/sim/knobs.py)
     argv: tuple[str, ...] = ()
+    nnodes: int = 1
+    node_rank: int = 0
+    dist_init_addr: str | None = None
+    dist_timeout: int | None = None
 
     def server_info(self) -> dict[str, Any]:
         """Resolved arguments in SGLang's /server_info shape (flat, flag names with underscores)."""
@@ -304,6 +311,10 @@ def resolve(ns: argparse.Namespace, ignored: Sequence[str] = ()) -> SimArgs:
         enable_metrics=ns.enable_metrics,
         access_log_exclude_prefixes=tuple(ns.uvicorn_access_log_exclude_prefixes or ()),
         cuda_graphs=resolve_cuda_graphs(ns),
+        nnodes=ns.nnodes,
+        node_rank=ns.node_rank,
+        dist_init_addr=ns.dist_init_addr,
+        dist_timeout=ns.dist_timeout,
     )
 
 

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from aiohttp import web
 
+from pdkit.sim import rendezvous
 from pdkit.sim.args import SimArgs, parse_args
 from pdkit.sim.bootstrap import build_bootstrap_app
 from pdkit.sim.engine import Engine
@@ -57,6 +58,17 @@ async def serve(args: SimArgs, knobs: Knobs) -> int:
     if args.ignored:
         log.info(f"pdkit.sim does not model these SGLang arguments and ignores them: {' '.join(args.ignored)}")
     log.warning("pdkit.sim is a rehearsal engine: its timings and throughput are not performance measurements.")
+    if args.nnodes > 1:
+        try:
+            dist = rendezvous.parse_addr(args.dist_init_addr or "")
+            loss_s = rendezvous.loss_timeout_s()
+        except ValueError as exc:
+            log.error(f"{exc} (an engine spanning nodes needs --dist-init-addr HOST:PORT, rank 0's)")
+            return 2
+        if args.node_rank > 0:
+            return await serve_follower(args, dist, loss_s, log)
+    else:
+        dist, loss_s = None, 0.0
 
     stop = asyncio.Event()
     exit_code = 0
@@ -86,8 +98,18 @@ async def serve(args: SimArgs, knobs: Knobs) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
 
+    async def ranks_lost(links) -> None:
+        why = await rendezvous.watch_all(links)
+        sched_log.error(rendezvous.nccl_timeout_line(0, why, loss_s))
+        fatal()
+
     async def become_ready() -> None:
         sched_log.info("Load weight begin. (sim: no weights)")
+        if dist is not None:
+            # rank 0: ready only when every rank has joined at --dist-init-addr (torch's TCP store)
+            links = await rendezvous.host_rendezvous(dist[0], dist[1], args.nnodes, sched_log, loss_s)
+            sched_log.info(f"dist init: all {args.nnodes} ranks joined")
+            tasks.append(asyncio.create_task(ranks_lost(links)))
         await asyncio.sleep(knobs.startup_delay_s)
         plan = args.cuda_graphs
         sched_log.info(f"KV Cache is allocated. #tokens: {args.max_total_tokens}")
@@ -115,3 +137,34 @@ async def serve(args: SimArgs, knobs: Knobs) -> int:
         await runner.cleanup()
     await engine.stop()
     return exit_code
+
+
+async def serve_follower(args: SimArgs, dist: tuple[str, int], loss_s: float, log) -> int:
+    """A rank above 0: no HTTP server (SGLang serves HTTP on rank 0 only); join rank 0, then
+    live until a rank is lost (exit 1, as NCCL's watchdog ends the process) or SIGTERM (exit 0)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    timeout = float(args.dist_timeout) if args.dist_timeout else rendezvous.DEFAULT_DIST_TIMEOUT_S
+    join = asyncio.create_task(rendezvous.join_rendezvous(dist[0], dist[1], args.node_rank, args.nnodes, log, loss_s, timeout))
+    stopper = asyncio.create_task(stop.wait())
+    done, _ = await asyncio.wait({join, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    if stopper in done:
+        join.cancel()
+        return 0
+    try:
+        link = join.result()
+    except TimeoutError as exc:
+        log.error(f"dist init: {exc}")
+        return 1
+    log.info(f"dist init: all {args.nnodes} ranks joined; rank {args.node_rank} runs no HTTP server")
+    started = time.monotonic()
+    watch = asyncio.create_task(link.watch())
+    done, _ = await asyncio.wait({watch, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    link.close()
+    if stopper in done:
+        watch.cancel()
+        return 0
+    log.error(rendezvous.nccl_timeout_line(args.node_rank, watch.result(), min(time.monotonic() - started, loss_s)))
+    return 1

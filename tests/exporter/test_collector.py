@@ -415,3 +415,26 @@ def test_promtool_finds_no_naming_problems(stack):
     assert "pdkit_engine_flag_drift_info{" in text and "pdkit_engine_env_mismatch_info{" in text
     done = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=30)
     assert done.returncode == 0 and not done.stdout.strip() and not done.stderr.strip(), done.stdout + done.stderr
+
+
+def test_a_rank_above_0_is_checked_by_its_process_only(stack):
+    """Issue 20: an exporter watching rank 1 of an engine spanning nodes sends it no HTTP (SGLang
+    serves HTTP on rank 0 only), says which rank it watches, and still checks the process'
+    argv and environment — NCCL settings included — for that rank."""
+    config = engines_config(stack)
+    rank1 = config["engines"][1]
+    # a URL nothing listens on: any HTTP fetch would show as a scrape error
+    rank1.update(url=f"http://127.0.0.1:{free_ports(1)[0]}", rank=1, nnodes=2, head="gpu00")
+    rank1["env"] = {**rank1["env"], "NCCL_SOCKET_IFNAME": "eth9"}
+    collector = make_collector(stack, config)
+    try:
+        found = samples(exposition(collector))
+    finally:
+        collector.close()
+    assert value(found, "pdkit_engine_rank_up", engine="decode", rank="1", nnodes="2", head="gpu00") == 1
+    assert {s["engine"] for s in label_sets(found, "pdkit_engine_up")} == {"prefill"}
+    assert {s["engine"] for s in label_sets(found, "pdkit_engine_scrape_error")} == {"prefill"}
+    assert value(found, "pdkit_engine_flags_drift", engine="decode") == 0
+    assert value(found, "pdkit_engine_env_present", engine="decode") == 0
+    assert [(s["var"], s["problem"]) for s in label_sets(found, "pdkit_engine_env_mismatch_info") if s["engine"] == "decode"] == [
+        ("NCCL_SOCKET_IFNAME", "missing")]
