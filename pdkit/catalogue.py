@@ -90,7 +90,8 @@ def _sglang(version: str) -> dict:
         if f["type"] == "gauge" and f.get("multiprocess_mode") in PID_GAUGE_MODES:
             labels = sorted(labels + ["pid"])
         families[name] = {"type": f["type"], "labels": labels, "eager": f["eager"],
-                          "collector": f["collector"], **({"buckets": f["buckets"]} if "buckets" in f else {})}
+                          "collector": f["collector"], **({"buckets": f["buckets"]} if "buckets" in f else {}),
+                          **({"eager_children": f["eager_children"]} if f.get("eager_children") else {})}
     return {"source": "sglang/srt/observability/metrics_collector.py (SchedulerMetricsCollector, "
                       "TokenizerMetricsCollector) of the sglang wheel, constructed in its contract env",
             "scheduler_labels": reply["scheduler_labels"], "tokenizer_labels": reply["tokenizer_labels"],

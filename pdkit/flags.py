@@ -149,6 +149,9 @@ def engine_env(spec: ClusterSpec, host: HostSpec, engine: Engine) -> dict[str, s
         env["SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"] = "1"
     if tuning.value("pcie_ipc_allreduce"):
         env["SGLANG_ENABLE_PCIE_IPC_ALLREDUCE"] = "1"
+    if spec.cluster.engine == "sim":
+        # the sim exports the metric families of the release the engine plans (pdkit.sim.metrics)
+        env["PDKIT_SIM_SGLANG_VERSION"] = spec.engine_version(engine)
     env.update(engine.env)
     return dict(sorted(env.items()))
 
@@ -265,9 +268,22 @@ def router_args(spec: ClusterSpec, host: HostSpec) -> list[str]:
     args += ["--health-check-interval-secs", str(router.health_check_interval_secs)]
     args += ["--health-failure-threshold", str(router.health_failure_threshold)]
     args += ["--worker-startup-check-interval", str(router.worker_startup_check_interval_secs)]
+    # smg and sglang-router drain in-flight requests this long on SIGTERM (both parsers: pdkit/parser_table.json)
+    args += ["--shutdown-grace-period-secs", str(router.shutdown_grace_period_secs)]
     # no --remove-unhealthy-workers: smg 1.13 never takes a removed worker back on the same address
     args += list(router.extra_args)
     return args
+
+
+# seconds systemd waits beyond the router's drain before SIGKILL: the process' own exit after the drain
+ROUTER_STOP_MARGIN_S = 30
+
+
+def router_stop_timeout_s(host: HostSpec) -> int:
+    """The router unit's TimeoutStopSec: above --shutdown-grace-period-secs, so that systemd never
+    SIGKILLs a router that is still draining."""
+    assert host.router is not None
+    return host.router.shutdown_grace_period_secs + ROUTER_STOP_MARGIN_S
 
 
 def router_command(spec: ClusterSpec, host: HostSpec) -> list[str]:

@@ -290,6 +290,7 @@ def plan_host(spec: ClusterSpec, host: HostSpec) -> HostPlan:
             version=version,
             env_files=env_files,
             exec_start=exec_start(flags.router_command(spec, host)),
+            stop_timeout_s=flags.router_stop_timeout_s(host),
         )
         unit_path = f"{SYSTEMD_DIR}/pdkit-router.service"
         files.append(PlannedFile(unit_path, unit_text, "0644"))

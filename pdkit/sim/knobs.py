@@ -34,6 +34,9 @@ class Knobs:
     transfer_fail_rate: float = 0.0
     health_fail_file: str = ""
     stall_file: str = ""
+    # The SGLang release whose metrics the sim exports (its families from the metric catalogue);
+    # empty: the newest catalogued release. pdkit renders the engine's planned sglang_version here.
+    sglang_version: str = ""
     # How often a decode retries a prefill bootstrap server it cannot reach.
     bootstrap_retry_s: float = 0.5
     # SGLang's own PD variables (same names, same defaults as SGLang 0.5.23).
@@ -58,6 +61,7 @@ ENV_NAMES = {
     "health_fail_file": "PDKIT_SIM_HEALTH_FAIL_FILE",
     "stall_file": "PDKIT_SIM_STALL_FILE",
     "bootstrap_retry_s": "PDKIT_SIM_BOOTSTRAP_RETRY_S",
+    "sglang_version": "PDKIT_SIM_SGLANG_VERSION",
     "waiting_timeout_s": "SGLANG_DISAGGREGATION_WAITING_TIMEOUT",
     "bootstrap_timeout_s": "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT",
     "heartbeat_interval_s": "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL",
@@ -89,6 +93,11 @@ def load_knobs(environ: Mapping[str, str] | None = None) -> Knobs:
 
 
 def _check(k: Knobs) -> None:
+    from pdkit.catalogue import SGLANG_VERSIONS
+
+    if k.sglang_version and k.sglang_version not in SGLANG_VERSIONS:
+        raise KnobError(f"{ENV_NAMES['sglang_version']}={k.sglang_version} has no metric catalogue "
+                        f"(catalogued: {', '.join(SGLANG_VERSIONS)})")
     if not 0.0 <= k.transfer_fail_rate <= 1.0:
         raise KnobError(f"{ENV_NAMES['transfer_fail_rate']} must be within [0, 1]")
     if k.no_cuda_graph_factor < 1.0:

@@ -39,6 +39,17 @@ from pdkit.sim.stepmodel import (
 from pdkit.sim.textgen import TokenStream
 
 
+# eager gauges the scheduler loop keeps up to date (every other eager one stays at its idle 0)
+_SCHEDULER_GAUGES = ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:num_used_tokens",
+                     "sglang:kv_used_tokens", "sglang:kv_available_tokens", "sglang:token_usage",
+                     "sglang:full_token_usage", "sglang:utilization")
+
+
+class _NoSeries:
+    def set(self, value: float) -> None:
+        pass
+
+
 class QueueFull(Exception):
     """--max-queued-requests reached."""
 
@@ -49,7 +60,7 @@ class SimRequest:
     __slots__ = (
         "rid", "prompt_tokens", "max_new_tokens", "limit_finish", "tokens", "output_ids", "event",
         "done", "aborted", "finish_type", "arrival", "queued_at", "first_token_at", "last_token_at",
-        "counted",
+        "counted", "streaming",
     )
 
     def __init__(self, rid: str, prompt_ids: list[int], max_new_tokens: int, seed: int,
@@ -73,6 +84,8 @@ class SimRequest:
         self.last_token_at = 0.0
         # Health-check generations run through the loop but stay out of the request metrics.
         self.counted = True
+        # SGLang's is_streaming label on the request series
+        self.streaming = False
 
     @property
     def kv_tokens(self) -> int:
@@ -102,7 +115,10 @@ class Scheduler:
         self._last_decode_log = time.perf_counter()
         self._last_prefill_log = time.perf_counter()
         self.last_gen_throughput = 0.0
-        self.metrics.max_total_num_tokens.set(args.max_total_tokens)
+        # the eager scheduler gauges this loop computes, as children (a stand-in for any the release lacks)
+        self._gauges = {n: metrics.child(n) or _NoSeries() for n in _SCHEDULER_GAUGES}
+        # set once at startup by a real engine too (lazy in the catalogue: not an idle stats log)
+        self.metrics.set("sglang:max_total_num_tokens", args.max_total_tokens)
 
     # ---- called by the engine -------------------------------------------------------------
 
@@ -125,7 +141,7 @@ class Scheduler:
         except ValueError:
             pass  # running: the next step filters it out
         if req.counted:
-            self.metrics.num_aborted_requests.inc()
+            self.metrics.inc("sglang:num_aborted_requests_total")
         self._wake.set()
 
     def release_kv(self, tokens: int) -> None:
@@ -181,7 +197,7 @@ class Scheduler:
         admitted = [self.waiting.popleft() for _ in range(n)]
         now = time.perf_counter()
         for req in admitted:
-            self.metrics.queue_time.observe(now - req.queued_at)
+            self.metrics.observe("sglang:queue_time_seconds", now - req.queued_at)
         return admitted
 
     async def _prefill(self, batch: list[SimRequest]) -> None:
@@ -220,15 +236,17 @@ class Scheduler:
         now = time.perf_counter()
         self.metrics.count_pass("decode_cuda_graph" if graph else "decode_none")
         self.metrics.count_tokens("decode", batch)
-        self.metrics.is_cuda_graph.set(1 if graph else 0)
-        observe_itl = self.metrics.inter_token_latency.observe
+        self.metrics.set("sglang:is_cuda_graph", 1 if graph else 0)
+        itl = None  # lazy: created by the first counted token, then kept for the step
         still_running = []
         produced = 0
         for req in self.running:
             if req.aborted:
                 continue
             if req.counted:
-                observe_itl(now - req.last_token_at)
+                if itl is None:
+                    itl = self.metrics.child("sglang:inter_token_latency_seconds")
+                itl.observe(now - req.last_token_at)
             req.output_ids.append(req.tokens.next_id())
             req.last_token_at = now
             produced += 1
@@ -248,8 +266,10 @@ class Scheduler:
         req.output_ids.append(req.tokens.next_id())
         req.first_token_at = now
         req.last_token_at = now
-        if req.counted:
-            self.metrics.time_to_first_token.observe(now - req.arrival)
+        # a PD prefill's first token is not the client's: SGLang's prefill records no TTFT (real pages)
+        if req.counted and self.mode != "prefill":
+            self.metrics.observe("sglang:time_to_first_token_seconds", now - req.arrival,
+                                 is_streaming="true" if req.streaming else "false")
         req.event.set()
 
     def _finish(self, req: SimRequest, now: float, finish_type: str) -> None:
@@ -258,22 +278,22 @@ class Scheduler:
         req.event.set()
         if not req.counted:
             return
-        m = self.metrics
-        m.num_requests.inc()
-        m.prompt_tokens.inc(req.prompt_tokens)
-        m.generation_tokens.inc(len(req.output_ids))
-        m.e2e_request_latency.observe(now - req.arrival)
+        self.metrics.request_finished(req.streaming, req.prompt_tokens, len(req.output_ids), now - req.arrival)
 
     # ---- reporting --------------------------------------------------------------------------
 
     def _update_gauges(self) -> None:
-        m = self.metrics
+        g = self._gauges
         used = self.used_tokens
-        m.num_running_reqs.set(len(self.running))
-        m.num_queue_reqs.set(len(self.waiting))
-        m.num_used_tokens.set(used)
-        m.token_usage.set(used / self.args.max_total_tokens)
-        m.utilization.set(min(1.0, len(self.running) / self.args.max_running_requests))
+        total = self.args.max_total_tokens
+        g["sglang:num_running_reqs"].set(len(self.running))
+        g["sglang:num_queue_reqs"].set(len(self.waiting))
+        g["sglang:num_used_tokens"].set(used)
+        g["sglang:kv_used_tokens"].set(used)
+        g["sglang:kv_available_tokens"].set(total - used)
+        g["sglang:token_usage"].set(used / total)
+        g["sglang:full_token_usage"].set(used / total)
+        g["sglang:utilization"].set(min(1.0, len(self.running) / self.args.max_running_requests))
 
     def _log_prefill(self, batch: list[SimRequest], new_tokens: int, graph: bool) -> None:
         now = time.perf_counter()
@@ -288,7 +308,7 @@ class Scheduler:
         now = time.perf_counter()
         gap = max(now - self._last_decode_log, 1e-6)
         self.last_gen_throughput = self._tokens_since_log / gap
-        self.metrics.gen_throughput.set(self.last_gen_throughput)
+        self.metrics.set("sglang:gen_throughput", self.last_gen_throughput)
         self._tokens_since_log = 0
         self._last_decode_log = now
         pd = self.pd_queues() if (self.pd_queues and self.mode == "decode") else None
