@@ -949,8 +949,10 @@ def _dashboard(spec: ClusterSpec, uid: str, title: str, panels: list[_P], variab
         "timepicker": {},
         "timezone": "",
         "fiscalYearStartMonth": 0,
+        # every field Grafana's DashboardLink requires (@grafana/schema; tests/test_grafana_schema.py)
         "links": [{"type": "dashboards", "tags": ["pdkit"], "asDropdown": True, "title": "pdkit",
-                   "includeVars": True, "keepTime": True}],
+                   "includeVars": True, "keepTime": True, "icon": "external link", "targetBlank": False,
+                   "tooltip": "", "url": ""}],
         "annotations": {"list": [{
             "builtIn": 1, "datasource": {"type": "grafana", "uid": "-- Grafana --"}, "enable": True,
             "hide": True, "iconColor": "rgba(0, 211, 255, 1)", "name": "Annotations & Alerts", "type": "dashboard",
