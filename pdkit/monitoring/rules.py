@@ -1,13 +1,15 @@
-"""Alert rules as data: each alert declared once (`alerts(spec)`), its condition, the value the lab's
-live query check runs, severity, annotations and its promtool cases beside it; the rules file, the
-`promtool test rules` file and the table of docs/monitoring.md are generated from it
-(`python -m pdkit.monitoring.alerttable --write docs/monitoring.md`)."""
+"""Alert rules as data: ALERT_TABLE, one builder per alert (or pair of alerts), each declaring its
+alerts once: condition, the value the lab's live query check runs, severity, annotations, the line
+of docs/monitoring.md's table, and its promtool cases beside them. The rules file, the
+`promtool test rules` file and the doc's table (`python -m pdkit.monitoring.alerttable --write
+docs/monitoring.md`) are generated from it."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 from pdkit import flags
 from pdkit.metricnames import EXPORTER, ROUTER, SGLANG
@@ -16,8 +18,8 @@ from pdkit.monitoring.common import (
     QUEUE_ROLES, WORKER_BY, _alt, _by, _fmt, _monitoring, _num, _pick, _seconds, _series, _window, engine_instance,
     promql_regex, scraped_hosts, to_yaml,
 )
-from pdkit.monitoring.scrape import targets
-from pdkit.spec import ClusterSpec
+from pdkit.monitoring.scrape import Target, targets
+from pdkit.spec import ClusterSpec, Monitoring
 
 
 ENGINE_DOWN_FOR = "2m"  # a real SGLang restart takes ~60-106 s: a 1m window would fire on every roll
@@ -143,22 +145,49 @@ def _wedge_extra_tests(subjects: tuple[dict[str, str], ...]) -> list[dict]:
                                "PdkitEngineWedged", series, "20m", []))
     return out
 
+class _Context(NamedTuple):
+    """What every alert builder reads from the spec, computed once per alerts() call."""
 
-def alerts(spec: ClusterSpec) -> list[Alert]:
-    """Every alert rule for this spec, with its promtool cases."""
-    mon = _monitoring(spec)
-    w = _window(spec)
+    spec: ClusterSpec
+    mon: Monitoring
+    w: str  # the rate window
+    tgt: list[Target]
+    engines: list[Target]
+    routers: list[Target]
+    model_of: dict[str, str]  # engine instance -> served model name
+    by: str  # the engine labels, for `by (...)`
+
+
+def _context(spec: ClusterSpec) -> _Context:
     tgt = targets(spec)
-    engines = [t for t in tgt if t.job == JOB_ENGINE]
-    model_of = {engine_instance(h, e.name): spec.engine_model(e).name for h, e in spec.engines()}
-    by = _by(ENGINE_BY)
+    return _Context(spec, _monitoring(spec), _window(spec), tgt, [t for t in tgt if t.job == JOB_ENGINE],
+                    [t for t in tgt if t.job == JOB_ROUTER],
+                    {engine_instance(h, e.name): spec.engine_model(e).name for h, e in spec.engines()}, _by(ENGINE_BY))
+
+
+# The alert table: (the alerts a builder declares, in rule order; the builder). Each builder declares its
+# alerts once, with their promtool cases beside them; a spec may leave some out (no router, no PD pair, no
+# decode graphs planned). docs/monitoring.md's alert table lists every one (pdkit.monitoring.alerttable).
+ALERT_TABLE: list[tuple[tuple[str, ...], Callable[[_Context], list[Alert]]]] = []
+
+
+def _declares(*names: str):
+    def register(build: Callable[[_Context], list[Alert]]) -> Callable[[_Context], list[Alert]]:
+        ALERT_TABLE.append((names, build))
+        return build
+    return register
+
+
+def _up_case(subject: dict[str, str], bad: bool) -> list[tuple[str, str]]:
+    # healthy still has a one-scrape blip: shorter than `for`, it must not alert
+    return [(_series("up", subject), "1x3 0x20" if bad else "1x3 0 1x19")]
+
+
+# engine down
+@_declares("PdkitEngineDown")
+def _engine_down(c: _Context) -> list[Alert]:
+    engines = c.engines
     out: list[Alert] = []
-
-    # -- engine down
-    def up_case(subject: dict[str, str], bad: bool) -> list[tuple[str, str]]:
-        # healthy still has a one-scrape blip: shorter than `for`, it must not alert
-        return [(_series("up", subject), "1x3 0x20" if bad else "1x3 0 1x19")]
-
     out.append(Alert(
         name="PdkitEngineDown",
         expr=f'up{{job="{JOB_ENGINE}"}} == 0',
@@ -175,14 +204,19 @@ def alerts(spec: ClusterSpec) -> list[Alert]:
             "checks fail. Fix the cause, then re-run the deploy (`pyinfra INVENTORY deploy/pd.py`: it restarts "
             "the engine behind the health gate)."),
         subjects=tuple({"job": JOB_ENGINE, **t.labels} for t in engines),
-        case=up_case,
+        case=_up_case,
         exp_labels=lambda s: dict(s),
         eval_time="10m",
         fires_when=f"`up{{job=\"{JOB_ENGINE}\"}} == 0`",
     ))
+    return out
 
-    # -- router down
-    routers = [t for t in tgt if t.job == JOB_ROUTER]
+
+# router down
+@_declares("PdkitRouterDown")
+def _router_down(c: _Context) -> list[Alert]:
+    routers = c.routers
+    out: list[Alert] = []
     if routers:
         out.append(Alert(
             name="PdkitRouterDown",
@@ -196,13 +230,19 @@ def alerts(spec: ClusterSpec) -> list[Alert]:
                 "`journalctl -u pdkit-router -n 200` on {{ $labels.node }}; restart it with the deploy. "
                 "The engines keep running; nothing else needs a restart."),
             subjects=tuple({"job": JOB_ROUTER, **t.labels} for t in routers),
-            case=up_case,
+            case=_up_case,
             exp_labels=lambda s: dict(s),
             eval_time="10m",
             fires_when=f"`up{{job=\"{JOB_ROUTER}\"}} == 0`",
         ))
+    return out
 
-    # -- other scrape targets down (monitoring blind spots)
+
+# other scrape targets down (monitoring blind spots)
+@_declares("PdkitScrapeTargetDown")
+def _scrape_target_down(c: _Context) -> list[Alert]:
+    tgt = c.tgt
+    out: list[Alert] = []
     others = [t for t in tgt if t.job in (JOB_EXPORTER, JOB_NODE, JOB_DCGM, JOB_PROMETHEUS)]
     other_jobs = "|".join((JOB_EXPORTER, JOB_NODE, JOB_DCGM, JOB_PROMETHEUS))
     out.append(Alert(
@@ -218,13 +258,19 @@ def alerts(spec: ClusterSpec) -> list[Alert]:
             "dcgm-exporter or prometheus) with systemctl status / journalctl, and that its port is reachable "
             "from the monitoring host. Serving is not affected."),
         subjects=tuple({"job": t.job, **t.labels} for t in others),
-        case=up_case,
+        case=_up_case,
         exp_labels=lambda s: dict(s),
         eval_time="10m",
         fires_when="an exporter, node_exporter, DCGM or Prometheus target is down",
     ))
+    return out
 
-    # -- router worker unhealthy
+
+# router worker unhealthy
+@_declares("PdkitRouterWorkerUnhealthy")
+def _router_worker_unhealthy(c: _Context) -> list[Alert]:
+    spec, routers = c.spec, c.routers
+    out: list[Alert] = []
     worker_subjects = []
     for rt in routers:
         host = spec.host(rt.host)
@@ -252,8 +298,14 @@ def alerts(spec: ClusterSpec) -> list[Alert]:
             eval_time="10m",
             fires_when=f"`{ROUTER['worker_health']} == 0` for a worker",
         ))
+    return out
 
-    # -- queue growing (waiting queue and the PD queues)
+
+# queue growing (waiting queue and the PD queues)
+@_declares("PdkitQueueGrowing")
+def _queue_growing(c: _Context) -> list[Alert]:
+    w, engines, model_of, by = c.w, c.engines, c.model_of, c.by
+    out: list[Alert] = []
     def queue_clause(queue: str, key: str, fn: str) -> str:
         if fn == "deriv":
             growing = _alt(f"sum by ({by}) (deriv({{m}}[{w}]))", key)
@@ -298,11 +350,17 @@ def alerts(spec: ClusterSpec) -> list[Alert]:
         eval_time="20m",
         fires_when=f"a waiting or PD queue keeps growing (`deriv > 0` and depth >= {QUEUE_MIN_DEPTH})",
     ))
+    return out
 
-    # -- KV transfer / bootstrap failures. The counters exist in every pinned release but are
-    # created by their first increment (the catalogue's `lazy`): a healthy engine has no series,
-    # and increase() over a series that appears at 1 is 0. So each alert also fires on a series
-    # that is new within the window (present now, absent `w` ago).
+
+# KV transfer / bootstrap failures. The counters exist in every pinned release but are
+# created by their first increment (the catalogue's `lazy`): a healthy engine has no series,
+# and increase() over a series that appears at 1 is 0. So each alert also fires on a series
+# that is new within the window (present now, absent `w` ago).
+@_declares("PdkitKvTransferFailures", "PdkitBootstrapFailures")
+def _pd_failures(c: _Context) -> list[Alert]:
+    w, engines, model_of, by = c.w, c.engines, c.model_of, c.by
+    out: list[Alert] = []
     pd_engines = [t for t in engines if t.labels["role"] in ("prefill", "decode")]
     pd_up = f'up{{job="{JOB_ENGINE}", role=~"prefill|decode"}}'
     for name, key, what, todo in (
@@ -341,8 +399,14 @@ def alerts(spec: ClusterSpec) -> list[Alert]:
             extra_tests=lambda subjects, metric=metric, name=name: _more_failures_test(name, metric, subjects),
             fires_when=f"`increase({metric}[{w}]) > 0`, or the series is new (first failure)",
         ))
+    return out
 
-    # -- decode CUDA-graph ratio (only engines whose spec turns decode graphs on)
+
+# decode CUDA-graph ratio (only engines whose spec turns decode graphs on)
+@_declares("PdkitDecodeCudaGraphRatioLow")
+def _decode_graph_ratio(c: _Context) -> list[Alert]:
+    spec, w, engines, model_of, by = c.spec, c.w, c.engines, c.model_of, c.by
+    out: list[Alert] = []
     expected = graph_expected_instances(spec)
     if expected:
         passes = SGLANG["cuda_graph_passes"]
@@ -387,10 +451,16 @@ def alerts(spec: ClusterSpec) -> list[Alert]:
             fires_when=(f"decode passes in a CUDA graph < {CUDA_GRAPH_RATIO_MIN:.0%} on an engine whose spec turns "
                         "graphs on (also when only `mode=\"decode_none\"` exists)"),
         ))
+    return out
 
-    # -- wedged engine: holds requests (running or queued) and generates no token. Tokens are
-    # counted per scheduler step by sglang:realtime_tokens_total{mode} (lazy: created by the
-    # first step), so an engine that wedged before its first step has no series at all.
+
+# wedged engine: holds requests (running or queued) and generates no token. Tokens are
+# counted per scheduler step by sglang:realtime_tokens_total{mode} (lazy: created by the
+# first step), so an engine that wedged before its first step has no series at all.
+@_declares("PdkitEngineWedged")
+def _engine_wedged(c: _Context) -> list[Alert]:
+    spec, engines, model_of, by = c.spec, c.engines, c.model_of, c.by
+    out: list[Alert] = []
     tokens = SGLANG["realtime_tokens"]
     ww = _wedge_window(spec)
     held = f'sum by ({by}) ({SGLANG["running"]}) + sum by ({by}) ({SGLANG["waiting"]})'
@@ -417,8 +487,14 @@ def alerts(spec: ClusterSpec) -> list[Alert]:
         extra_tests=lambda subjects: _wedge_extra_tests(subjects),
         fires_when=f"requests running or queued and no token computed (`{tokens}`) over {ww}",
     ))
+    return out
 
-    # -- TTFT p99 over the SLO (user-facing TTFT: decode and unified engines)
+
+# TTFT p99 over the SLO (user-facing TTFT: decode and unified engines)
+@_declares("PdkitTtftP99OverSlo")
+def _ttft_over_slo(c: _Context) -> list[Alert]:
+    mon, w, engines, model_of, by = c.mon, c.w, c.engines, c.model_of, c.by
+    out: list[Alert] = []
     slo = mon.ttft_p99_slo_s
     ttft = (f'histogram_quantile(0.99, sum by ({by}, le) '
             f'(rate({SGLANG["ttft"]}_bucket{{role=~"decode|unified"}}[{w}])))')
@@ -455,8 +531,14 @@ def alerts(spec: ClusterSpec) -> list[Alert]:
             absent_ok=(SGLANG["ttft"],),
             fires_when=f"decode-side TTFT p99 > `pdkit_monitoring.ttft_p99_slo_s` ({_fmt(slo)} s)",
         ))
+    return out
 
-    # -- exporter: flags drift and NCCL/UCX env
+
+# exporter: flags drift and NCCL/UCX env
+@_declares("PdkitConfigDrift", "PdkitNcclEnvMissing")
+def _exporter(c: _Context) -> list[Alert]:
+    spec = c.spec
+    out: list[Alert] = []
     exp_subjects = tuple({"job": JOB_EXPORTER, "cluster": spec.cluster.name, "instance": h.name, "node": h.name,
                           "engine": e.name, "role": e.role}
                          for h, e in spec.engines() if h in scraped_hosts(spec))
@@ -501,13 +583,19 @@ def alerts(spec: ClusterSpec) -> list[Alert]:
     return out
 
 
-# Every alert alerts() can declare, in rule order (a spec yields a subset: no router, no PD pair, no
-# decode graphs planned, ... leave some out); docs/monitoring.md's table lists each (alerttable).
-ALERT_NAMES = (
-    "PdkitEngineDown", "PdkitRouterDown", "PdkitScrapeTargetDown", "PdkitRouterWorkerUnhealthy", "PdkitQueueGrowing",
-    "PdkitKvTransferFailures", "PdkitBootstrapFailures", "PdkitDecodeCudaGraphRatioLow", "PdkitEngineWedged",
-    "PdkitTtftP99OverSlo", "PdkitConfigDrift", "PdkitNcclEnvMissing",
-)
+def alerts(spec: ClusterSpec) -> list[Alert]:
+    """Every alert rule for this spec, with its promtool cases: ALERT_TABLE's builders in order."""
+    c = _context(spec)
+    out: list[Alert] = []
+    for names, build in ALERT_TABLE:
+        made = build(c)
+        assert {a.name for a in made} <= set(names), f"{build.__name__} declares {[a.name for a in made]}, not {names}"
+        out += made
+    return out
+
+
+# every alert the table can declare, in rule order
+ALERT_NAMES = tuple(n for names, _ in ALERT_TABLE for n in names)
 
 
 def alert_rules(spec: ClusterSpec) -> str:
