@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: lab test venv contract-env lab-prereqs monitoring-prereqs render clean
+.PHONY: lab test venv contract-env lab-prereqs monitoring-prereqs grafana-schema render clean
 
 # Command 1: the main job on local test hosts, no GPU needed: lab up, deploy, one chat completion.
 lab: $(STAMP) lab-prereqs
@@ -16,7 +16,7 @@ lab: $(STAMP) lab-prereqs
 	$(VENV)/bin/pdkit chat inventories/lab.py
 
 # Command 2: every test: units, SGLang's and smg's own parsers, the sim behind the real router, the lab.
-test: $(STAMP) contract-env lab-prereqs monitoring-prereqs
+test: $(STAMP) contract-env lab-prereqs monitoring-prereqs grafana-schema
 	$(VENV)/bin/python -m pytest
 
 # Render every file pdkit would write for the example 8-GPU cluster into build/ (no host contacted).
@@ -40,6 +40,11 @@ lab-prereqs:
 # promtool (Debian's prometheus package) for the rule and config checks; its daemon stays off
 monitoring-prereqs:
 	bash .ci/monitoring-prereqs.sh
+
+# Grafana's dashboard schema (@grafana/schema from npm, as JSON Schema) and ajv, pinned by
+# .ci/grafana-schema/package-lock.json, for the dashboard check
+grafana-schema:
+	bash .ci/grafana-schema.sh
 
 clean:
 	rm -rf build $(VENV)

@@ -90,7 +90,8 @@ def _sglang(version: str) -> dict:
         if f["type"] == "gauge" and f.get("multiprocess_mode") in PID_GAUGE_MODES:
             labels = sorted(labels + ["pid"])
         families[name] = {"type": f["type"], "labels": labels, "eager": f["eager"],
-                          "collector": f["collector"], **({"buckets": f["buckets"]} if "buckets" in f else {})}
+                          "collector": f["collector"], **({"buckets": f["buckets"]} if "buckets" in f else {}),
+                          **({"eager_children": f["eager_children"]} if f.get("eager_children") else {})}
     return {"source": "sglang/srt/observability/metrics_collector.py (SchedulerMetricsCollector, "
                       "TokenizerMetricsCollector) of the sglang wheel, constructed in its contract env",
             "scheduler_labels": reply["scheduler_labels"], "tokenizer_labels": reply["tokenizer_labels"],
@@ -158,9 +159,37 @@ def _router(package: str, version: str) -> dict:
         finally:
             for p in reversed(procs):
                 p.stop()
-    families = {name: {**f, "eager": name in before} for name, f in sorted(after.items())}
+    families = {name: {**f, "eager": name in before} for name, f in after.items()}
+    for name, f in ON_RUNTIME_EVENTS.get((package, version), {}).items():
+        seen = families.get(name)
+        if seen is not None and (seen["type"], seen["labels"]) != (f["type"], f["labels"]):
+            raise RuntimeError(f"{package} {version}: {name} is a {seen['type']} {seen['labels']} on its page, "
+                               f"ON_RUNTIME_EVENTS says {f['type']} {f['labels']}")
+        if name.encode() not in _router_library(package, version).read_bytes():
+            raise RuntimeError(f"{package} {version}: its library defines no {name} (ON_RUNTIME_EVENTS is stale)")
+        families[name] = {**f, "eager": False}
     return {"source": f"live /metrics of the {package} {version} binary (contract env) in PD mode before and "
-                      "after requests", "families": families}
+                      "after requests", "families": dict(sorted(families.items()))}
+
+
+# Families a router creates on a runtime event no request can force: smg's tokio runtime monitor
+# counts event-loop stalls, and the counter's first stall creates it, so a run on a loaded
+# machine sees it and one on an idle machine does not. Listed so the catalogue does not depend
+# on the machine's load: always lazy; when a run sees it, its type and labels must be these, and
+# the name must be in the router's own library (smg/smg_rs.abi3.so).
+ON_RUNTIME_EVENTS = {
+    ("smg", "1.13.0"): {"smg_tokio_event_loop_stalls_total": {"type": "counter", "labels": []}},
+}
+
+
+def _router_library(package: str, version: str) -> Path:
+    from pdkit.contract import env_python
+
+    site = env_python(f"{package}-{version}").parent.parent / "lib"
+    found = sorted(site.glob("python3*/site-packages/smg/smg_rs*.so"))
+    if not found:
+        raise RuntimeError(f"{package} {version}: no smg_rs library under {site}")
+    return found[0]
 
 
 # sglang-router 0.3.2 serves no /workers list before its workers are up and did not come up in front

@@ -88,3 +88,60 @@ DCGM = {
     "fb_used": "DCGM_FI_DEV_FB_USED",  # MiB
     "power": "DCGM_FI_DEV_POWER_USAGE",  # W
 }
+
+
+# ---------------------------------------------------------------------------------------------
+# Every metric read outside the PromQL (rules, dashboards): who reads it, as what type, through which
+# labels, and what an absent family means to that reader. tests/test_metric_readers.py checks each
+# against the catalogue for every engine version a spec runs (type, labels; a lazily created family
+# needs an `absent` meaning) and runs the readers on real SGLang pages where the lazy ones are absent.
+# bench reads no engine or router metric: it times its own requests (pdkit/bench.py, benchstats.py).
+
+class Read(tuple):
+    """(reader, metric, kind, labels, absent): `kind` the type the reader treats it as, `labels` the
+    labels it selects or groups by, `absent` what a missing family means ("" = the reader needs it)."""
+
+    __slots__ = ()
+
+    def __new__(cls, reader: str, metric: str, kind: str, labels: tuple[str, ...] = (), absent: str = ""):
+        return super().__new__(cls, (reader, metric, kind, labels, absent))
+
+    reader = property(lambda self: self[0])
+    metric = property(lambda self: self[1])
+    kind = property(lambda self: self[2])
+    labels = property(lambda self: self[3])
+    absent = property(lambda self: self[4])
+
+
+_EXPORTER = "pdkit-exporter (pdkit/exporter/metrics.py parse_metrics)"
+_DOCTOR = "doctor (pdkit/doctor.py, through parse_metrics)"
+_ROLL = "roll (pdkit/roll.py)"
+READS: tuple[Read, ...] = (
+    # the exporter's figures: a key is simply left out when its family is absent
+    *(Read(_EXPORTER, SGLANG[k], "gauge", absent="figure left out")
+      for k in ("running", "waiting", "token_usage", "gen_throughput", "prefill_bootstrap_queue",
+                "prefill_inflight_queue", "decode_prealloc_queue", "decode_transfer_queue")),
+    *(Read(_EXPORTER, SGLANG[k], "counter", absent="figure left out (no request finished yet)")
+      for k in ("prompt_tokens", "generation_tokens")),
+    *(Read(_EXPORTER, SGLANG[k], "counter", absent="0: none failed yet (collector.KV_FAILURE_STAGES)")
+      for k in ("bootstrap_failed", "transfer_failed")),
+    Read(_EXPORTER, SGLANG["cuda_graph_passes"], "counter", ("mode",),
+         absent="that mode has not run: ratio absent until a decode pass"),
+    # doctor's engine checks
+    *(Read(_DOCTOR + " check_kv_transfers", n, "counter", absent="not seen yet: no failure") for n in FAILURE_COUNTERS),
+    *(Read(_DOCTOR + " check_kv_transfers", SGLANG[k], "counter", absent="0: no hand-off yet (WARN)")
+      for k in ("prompt_tokens", "generation_tokens")),
+    Read(_DOCTOR + " check_decode_cuda_graph", SGLANG["cuda_graph_passes"], "counter", ("mode",),
+         absent="no decode pass seen yet (WARN), or the exporter's log-line figures"),
+    *(Read(_DOCTOR + " check_queues", SGLANG[k], "gauge", absent="0")
+      for k in ("waiting", "prefill_bootstrap_queue", "prefill_inflight_queue", "decode_prealloc_queue",
+                "decode_transfer_queue")),
+    Read(_DOCTOR + " router_outcomes", ROUTER["worker_outcomes"], "counter", ("worker", "outcome"),
+         absent="no outcome recorded for that worker yet"),
+    # roll's gates
+    *(Read(_ROLL + " drain gate (metric_sums)", n, "gauge", absent="0") for n in DRAIN_GAUGES),
+    *(Read(_ROLL + " no-new-failures gate (metric_sums)", n, "counter", absent="0: none failed yet")
+      for n in FAILURE_COUNTERS),
+    Read(_ROLL + " circuit_states", ROUTER["worker_cb_state"], "gauge", ("worker",),
+         absent="judge by /workers alone"),
+)

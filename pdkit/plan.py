@@ -337,6 +337,7 @@ def plan_host(spec: ClusterSpec, host: HostSpec) -> HostPlan:
             api_key_file=key_path if key_text is not None else None,
             credential=flags.ROUTER_API_KEY_CREDENTIAL,
             exec_start=exec_start(flags.router_command(spec, host)),
+            stop_timeout_s=flags.router_stop_timeout_s(host),
         )
         unit_path = f"{SYSTEMD_DIR}/pdkit-router.service"
         files.append(PlannedFile(unit_path, unit_text, "0644"))

@@ -586,6 +586,9 @@ class Router(Frozen):
     health_failure_threshold: int = Field(default=3, ge=1)
     # seconds between the router's checks on a worker that is not up yet (its default, 30, delays readiness)
     worker_startup_check_interval_secs: IntervalSeconds = 5
+    # seconds the router drains in-flight requests on stop (--shutdown-grace-period-secs; the routers'
+    # own default, 180, is longer than a unit stop should take); the unit's TimeoutStopSec is set above it
+    shutdown_grace_period_secs: IntervalSeconds = 60
     # engines it fronts, as "host/engine"; unset: every engine in the cluster
     workers: tuple[str, ...] | None = None
     # escape hatch: extra router flags

@@ -249,3 +249,28 @@ def test_missing_env_names_the_script(tmp_path, monkeypatch) -> None:
         run_sglang_check("0.5.23", [["--model-path", "/m"]])
     with pytest.raises(ContractEnvMissing, match="smg-1.13.0"):
         check_router_argvs("smg", "1.13.0", [["launch"]])
+
+
+@pytest.mark.parametrize("package,version", list(ROUTER_CASES))
+def test_rendered_router_argv_with_its_drain_flag_is_accepted_by_the_routers_parser(package, version, base, tmp_path):
+    """pdkit.flags.router_args (with --shutdown-grace-period-secs from the spec) through the pinned
+    router's own parser; the flag's spelling is the parser's (pdkit/parser_table.json, generated from it)."""
+    from pdkit import flags, parsertable
+    from pdkit.loader import load
+    from tests.conftest import require, write_inventory
+
+    cluster, hosts = base
+    hosts["gpu01"]["pdkit_router"].update(package=package, version=version, shutdown_grace_period_secs=45)
+    spec = load(write_inventory(tmp_path, hosts, cluster))
+    host = spec.host("gpu01")
+    argv = flags.router_args(spec, host)
+    assert argv[argv.index("--shutdown-grace-period-secs") + 1] == "45"
+    options = {f for o in parsertable.table()["router"][f"{package} {version}"]["options"] for f in o["flags"]}
+    assert "--shutdown-grace-period-secs" in options
+    assert flags.router_stop_timeout_s(host) > 45
+    try:
+        verdicts = check_router_argvs(package, version, [(["launch"] if package == "smg" else []) + argv])
+    except ContractEnvMissing as exc:
+        require(False, str(exc))
+        return
+    assert verdicts == [None], verdicts

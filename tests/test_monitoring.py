@@ -558,3 +558,26 @@ def test_failure_alerts_are_one_form_for_every_release(base, tmp_path):
 
 def test_a_0523_cluster_keeps_the_engine_counters(example):
     assert "PdkitPdRequestFailures" not in _failure_alerts(example)
+
+
+def test_the_docs_alert_table_is_generated_from_the_alerts():
+    """docs/monitoring.md carries exactly the table pdkit.monitoring.alerttable writes, and it names every
+    alert the rules can declare (ALERT_NAMES, which the example cluster declares in full)."""
+    from pdkit.monitoring import alerttable
+
+    doc = (REPO / "docs" / "monitoring.md").read_text()
+    table = alerttable.markdown()
+    assert table in doc, "docs/monitoring.md's alert table is stale: python -m pdkit.monitoring.alerttable --write docs/monitoring.md"
+    for name in mon.ALERT_NAMES:
+        assert f"| `{name}` |" in table, name
+    assert [a.name for a in mon.alerts(_load_example("cluster"))] == list(mon.ALERT_NAMES)
+
+
+def test_the_alert_table_check_can_fail():
+    from pdkit.monitoring import alerttable
+
+    lab = _load_example("lab")
+    assert "PdkitEngineWedged" in alerttable.markdown(lab)
+    a6000 = _load_example("a6000")  # no PD pair: no failure alerts, so not the whole table
+    with pytest.raises(ValueError, match="PdkitKvTransferFailures"):
+        alerttable.markdown(a6000)

@@ -114,12 +114,16 @@ def _log_formats() -> dict[str, str]:
     return out
 
 
-def _families(registry) -> dict[str, dict]:
-    """name as on /metrics -> {type, labels, samples?} from a registry's collect()."""
+def _families(registry, base: set[str]) -> dict[str, dict]:
+    """name as on /metrics -> {type, has_child, children} from a registry's collect(); `children`
+    are the values of the labels beyond the collector's own (`base`) of each child present."""
     out = {}
     for fam in registry.collect():
         name = fam.name + ("_total" if fam.type == "counter" else "")
-        out[name] = {"type": fam.type, "has_child": bool(fam.samples)}
+        children = {tuple(sorted((k, v) for k, v in s.labels.items() if k not in base and k not in ("le", "quantile")))
+                    for s in fam.samples}
+        out[name] = {"type": fam.type, "has_child": bool(fam.samples),
+                     "children": [dict(c) for c in sorted(children) if c]}
     return out
 
 
@@ -194,7 +198,7 @@ def main() -> int:
             bucket_e2e_request_latency=server_args.bucket_e2e_request_latency,
             bucket_inter_token_latency=server_args.bucket_inter_token_latency)
         sched.log_stats(mc.SchedulerStats())
-        present = _families(REGISTRY)
+        present = _families(REGISTRY, set(sched_keys) | set(tok_keys) | {"pid"})
         for collector_name, collector in (("scheduler", sched), ("tokenizer", tok)):
             for name, metric in _metric_objects(collector).items():
                 if name not in present:
@@ -206,6 +210,9 @@ def main() -> int:
                     "eager": {},
                 })
                 entry["eager"][role] = present[name]["has_child"]
+                if present[name]["children"]:
+                    # the children an idle engine already has, by their extra labels (the sim creates the same)
+                    entry["eager_children"] = present[name]["children"]
                 mode = getattr(metric, "_multiprocess_mode", None)
                 if mode:
                     entry["multiprocess_mode"] = mode

@@ -177,6 +177,10 @@ def cumulative_total(figures: dict[str, Any]) -> float:
             + sum(figures["cuda_graph_passes"].values()))
 
 
+# the stages of pdkit_engine_kv_transfer_failures_total (pdkit.exporter.metrics' kv_transfer_failures keys)
+KV_FAILURE_STAGES = ("bootstrap", "transfer")
+
+
 class PdkitCollector(Collector):
     # the node's reboot-required marker (tests point it elsewhere)
     reboot_marker_path: str = REBOOT_MARKER_PATH
@@ -527,8 +531,11 @@ class PdkitCollector(Collector):
                         fam.add_metric(labels, figures[key])
                 for queue, value in sorted(figures["pd_queues"].items()):
                     pd_queues.add_metric([*labels, queue], value)
-                for stage, value in sorted(figures["kv_transfer_failures"].items()):
-                    kv_fail.add_metric([*labels, stage], value)
+                # SGLang creates both failure counters on their first increment (metric catalogue: lazy), so an
+                # engine page without them means "none failed yet": 0, which lets increase() see the first one
+                failures = figures["kv_transfer_failures"]
+                for stage in KV_FAILURE_STAGES:
+                    kv_fail.add_metric([*labels, stage], failures.get(stage, 0.0))
                 for mode, value in sorted(figures["cuda_graph_passes"].items()):
                     phase, _, kind = mode.partition("_")
                     passes.add_metric([*labels, phase, "true" if kind == "cuda_graph" else "false"], value)

@@ -11,7 +11,8 @@ Entry points for other code:
 - `pdkit.sim.main.main(argv)`  the process entry;
 - `pdkit.sim.localstack.LocalPDStack`  a sim prefill + decode behind smg on loopback, with the
   router readiness gate (worker list healthy, then a real request);
-- `pdkit.sim.metrics.EXPOSED_NAMES`  every metric family /metrics carries.
+- `pdkit.sim.metrics.exposed_names(version)`  every metric family /metrics can carry (the
+  catalogue's families of that SGLang release).
 """
 
 from pdkit.sim.args import build_parser, check_argv, parse_args

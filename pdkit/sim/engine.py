@@ -32,7 +32,7 @@ from pdkit.sim.bootstrap import (
     wait_for_kv,
 )
 from pdkit.sim.knobs import Knobs
-from pdkit.sim.metrics import SimMetrics
+from pdkit.sim.metrics import PD_QUEUE_GAUGES, SimMetrics
 from pdkit.sim.protocol import GenSpec
 from pdkit.sim.scheduler import QueueFull, Scheduler, SimRequest
 from pdkit.sim.stepmodel import kv_transfer_bytes, kv_transfer_seconds
@@ -81,11 +81,10 @@ class Engine:
 
     def _pd_gauges(self) -> None:
         m = self.metrics
-        m.num_prefill_bootstrap_queue_reqs.set(self.prefill_bootstrap_q)
-        m.num_prefill_prealloc_queue_reqs.set(self.prefill_bootstrap_q)
-        m.num_prefill_inflight_queue_reqs.set(self.prefill_inflight_q)
-        m.num_decode_prealloc_queue_reqs.set(self.decode_prealloc_q)
-        m.num_decode_transfer_queue_reqs.set(self.decode_transfer_q)
+        m.set(PD_QUEUE_GAUGES["prefill_bootstrap"], self.prefill_bootstrap_q)
+        m.set(PD_QUEUE_GAUGES["prefill_inflight"], self.prefill_inflight_q)
+        m.set(PD_QUEUE_GAUGES["decode_prealloc"], self.decode_prealloc_q)
+        m.set(PD_QUEUE_GAUGES["decode_transfer"], self.decode_transfer_q)
 
     async def start(self, on_fatal: Callable[[], None] = lambda: None) -> None:
         """Start the scheduler loop (and the room sweeper on a prefill).
@@ -143,6 +142,7 @@ class Engine:
 
         max_new = 1 if self.mode == "prefill" else spec.max_new_tokens
         req = SimRequest(spec.rid, spec.prompt_ids, max_new, spec.seed, spec.limit_finish, arrival=outcome.started)
+        req.streaming = spec.stream
         if local:
             req.counted = False
         try:
@@ -195,11 +195,14 @@ class Engine:
                        f"Request {room_id} timed out after {waited:.1f}s in KVPoll.Bootstrapping")
             self.log.error(message)
             room.end({"status": "failed", "error": "Prefill gave up waiting for the decode handshake"})
-            self.metrics.num_bootstrap_failed_reqs.inc()
+            self.metrics.inc("sglang:num_bootstrap_failed_reqs_total")
             raise EngineError(500, message) from None
         finally:
             self.prefill_bootstrap_q -= 1
             self._pd_gauges()
+        # both sides observe their bootstrap and KV allocation times (the real pages have them on both)
+        self.metrics.observe("sglang:kv_transfer_bootstrap_ms", (time.monotonic() - started) * 1000.0)
+        self.metrics.observe("sglang:kv_transfer_alloc_ms", 0.0)
         return room
 
     async def _transfer(self, spec: GenSpec, room: Room) -> None:
@@ -223,16 +226,18 @@ class Engine:
                        "failed (injected by PDKIT_SIM_TRANSFER_FAIL_RATE)")
             self.log.error(message)
             room.end({"status": "failed", "error": PREFILL_MIGHT_BE_DEAD})
-            self.metrics.num_transfer_failed_reqs.inc()
+            self.metrics.inc("sglang:num_transfer_failed_reqs_total")
             raise EngineError(500, message)
         self._record_transfer(nbytes, seconds)
         room.end({"status": "transferred", "kv_bytes": nbytes, "transfer_s": seconds})
 
     def _record_transfer(self, nbytes: int, seconds: float) -> None:
+        """The prefill side observes each finished KV send (as SGLang's prefill does: the real
+        pages have kv_transfer_{speed,latency,total} on the prefill only)."""
         m = self.metrics
-        m.kv_transfer_total_mb.set(nbytes / 1e6)
-        m.kv_transfer_latency_ms.set(seconds * 1000.0)
-        m.kv_transfer_speed_gb_s.set(nbytes / seconds / 1e9 if seconds > 0 else 0.0)
+        m.observe("sglang:kv_transfer_total_mb", nbytes / 1e6)
+        m.observe("sglang:kv_transfer_latency_ms", seconds * 1000.0)
+        m.observe("sglang:kv_transfer_speed_gb_s", nbytes / seconds / 1e9 if seconds > 0 else 0.0)
 
     async def _await_kv(self, spec: GenSpec) -> None:
         assert spec.bootstrap is not None and self.session is not None
@@ -256,13 +261,13 @@ class Engine:
             message = (f"Decode handshake failed for request rank=0 decode_req.req.rid='{spec.rid}' "
                        f"decode_req.req.bootstrap_room={room_id} with exception {exc}")
             self.log.error(message)
-            self.metrics.num_bootstrap_failed_reqs.inc()
+            self.metrics.inc("sglang:num_bootstrap_failed_reqs_total")
             raise EngineError(500, message) from None
         except KVTransferError as exc:
             message = (f"Decode transfer failed for request rank=0 decode_req.req.rid='{spec.rid}' "
                        f"decode_req.req.bootstrap_room={room_id} with exception {exc}")
             self.log.error(message)
-            self.metrics.num_transfer_failed_reqs.inc()
+            self.metrics.inc("sglang:num_transfer_failed_reqs_total")
             raise EngineError(500, message) from None
         finally:
             if handshaken:
@@ -270,7 +275,9 @@ class Engine:
             else:
                 self.decode_prealloc_q -= 1
             self._pd_gauges()
-        self._record_transfer(int(report.get("kv_bytes", 0)), float(report.get("transfer_s", 0.0)))
+        # the decode side observes its bootstrap (handshake) and KV allocation times, as SGLang's decode does
+        self.metrics.observe("sglang:kv_transfer_bootstrap_ms", (handshake_at - started) * 1000.0)
+        self.metrics.observe("sglang:kv_transfer_alloc_ms", 0.0)
         if self.log.isEnabledFor(logging.DEBUG):
             self.log.debug(f"PD decode rid={spec.rid} room={room_id}: handshake {(handshake_at - started) * 1e3:.1f}ms, "
                            f"KV wait {(time.perf_counter() - handshake_at) * 1e3:.1f}ms")

@@ -9,6 +9,7 @@ the same shapes to stdout, one flushed line each, as journald expects.
 from __future__ import annotations
 
 import logging
+import re
 import sys
 from http import HTTPStatus
 
@@ -61,10 +62,11 @@ def format_prefill_batch(
 ) -> str:
     pd = ""
     if pd_prefill_queues is not None:
-        pd = f"#prealloc-req: {pd_prefill_queues[0]}, #inflight-req: {pd_prefill_queues[1]}, "
+        # a PD prefill's queues, as SGLang 0.5.17's prefill writes them (tests/fixtures/.../*-prefill.log)
+        pd = f"#bootstrap-req: {pd_prefill_queues[0]}, #inflight-req: {pd_prefill_queues[1]}, #optimistic-req: 0, "
     return (
         f"Prefill batch, #new-seq: {new_seq}, #new-token: {new_token}, #cached-token: 0, "
-        f"token usage: {token_usage:.2f}, #running-req: {running}, #queue-req: {queued}, {pd}"
+        f"token usage: {token_usage:.2f}, #running-req: {running}, #queue-req: {queued}, #pending-token: 0, {pd}"
         f"cuda graph: {cuda_graph}, input throughput (token/s): {input_throughput:.2f}"
     )
 
@@ -88,3 +90,21 @@ def format_decode_batch(
         f"Decode batch, #running-req: {running}, #token: {tokens}, token usage: {token_usage:.2f}, {pd}"
         f"cuda graph: {cuda_graph}, gen throughput (token/s): {gen_throughput:.2f}, #queue-req: {queued}"
     )
+
+
+_KEY = re.compile(r"(#[a-z][a-z-]*|[a-z][a-z ()/-]*[a-z)]): ")
+
+
+def line_keys(line: str) -> list[str]:
+    """The `key: ` labels of a batch log line, in order (`#new-seq`, `token usage`, ...)."""
+    body = line.split(" batch", 1)[-1]
+    return [k.strip() for k in _KEY.findall(body)]
+
+
+def format_keys(source: str) -> list[str]:
+    """The literal `#key: ` labels of SGLang's batch-line f-string source (the metric catalogue's
+    log_formats, read from the wheel by pdkit/contract/sglang_metrics.py), in order. The parts
+    SGLang builds elsewhere (`{token_usage_msg}`, `{iter_msg}`) are not in the source: only the
+    labels written there are returned."""
+    literal = re.sub(r"\{[^{}]*\}", " ", source.split(":", 2)[-1])
+    return re.findall(r"#[a-z][a-z-]*(?=: )", literal)

@@ -17,7 +17,7 @@ from pdkit.sim.bootstrap import build_bootstrap_app
 from pdkit.sim.engine import Engine
 from pdkit.sim.knobs import KnobError, Knobs, load_knobs
 from pdkit.sim.logs import setup_logging
-from pdkit.sim.metrics import SimMetrics
+from pdkit.sim.metrics import DEFAULT_SGLANG_VERSION, SimMetrics
 from pdkit.sim.server import SGLangAccessLogger, SimServer
 
 READY_LINE = "The server is fired up and ready to roll!"
@@ -78,7 +78,8 @@ async def serve(args: SimArgs, knobs: Knobs) -> int:
         exit_code = 1
         stop.set()
 
-    metrics = SimMetrics(args.served_model_name, args.engine_type, args.tp_size)
+    metrics = SimMetrics(args.served_model_name, args.engine_type, args.tp_size,
+                         knobs.sglang_version or DEFAULT_SGLANG_VERSION)
     engine = Engine(args, knobs, metrics, sched_log)
     await engine.start(on_fatal=fatal)
     runners = []

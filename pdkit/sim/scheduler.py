@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Callable
 
 from pdkit.sim.args import SimArgs
-from pdkit.sim.knobs import Knobs, argv_matches
+from pdkit.sim.knobs import Knobs
 from pdkit.sim.logs import format_decode_batch, format_prefill_batch
 from pdkit.sim.metrics import SimMetrics
 from pdkit.sim.stepmodel import (
@@ -36,9 +36,18 @@ from pdkit.sim.stepmodel import (
     prefill_step_seconds,
     prefill_uses_cuda_graph,
 )
-from pdkit.sim.textgen import VOCAB, TokenStream
+from pdkit.sim.textgen import TokenStream
 
-VOCAB_SIZE = len(VOCAB)
+
+# eager gauges the scheduler loop keeps up to date (every other eager one stays at its idle 0)
+_SCHEDULER_GAUGES = ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:num_used_tokens",
+                     "sglang:kv_used_tokens", "sglang:kv_available_tokens", "sglang:token_usage",
+                     "sglang:full_token_usage", "sglang:utilization")
+
+
+class _NoSeries:
+    def set(self, value: float) -> None:
+        pass
 
 
 class QueueFull(Exception):
@@ -51,7 +60,7 @@ class SimRequest:
     __slots__ = (
         "rid", "prompt_tokens", "max_new_tokens", "limit_finish", "tokens", "output_ids", "event",
         "done", "aborted", "finish_type", "arrival", "queued_at", "first_token_at", "last_token_at",
-        "counted",
+        "counted", "streaming",
     )
 
     def __init__(self, rid: str, prompt_ids: list[int], max_new_tokens: int, seed: int,
@@ -75,6 +84,8 @@ class SimRequest:
         self.last_token_at = 0.0
         # Health-check generations run through the loop but stay out of the request metrics.
         self.counted = True
+        # SGLang's is_streaming label on the request series
+        self.streaming = False
 
     @property
     def kv_tokens(self) -> int:
@@ -104,13 +115,10 @@ class Scheduler:
         self._last_decode_log = time.perf_counter()
         self._last_prefill_log = time.perf_counter()
         self.last_gen_throughput = 0.0
-        self.metrics.max_total_num_tokens.set(args.max_total_tokens)
-        # --num-continuous-decode-steps: decode steps run back to back per scheduling iteration
-        self.continuous_steps = max(1, int(args.server.get("num_continuous_decode_steps") or 1))
-        # lever faults (knobs PDKIT_SIM_CORRUPT_WHEN / PDKIT_SIM_WEDGE_WHEN), decided from the argv
-        self.corrupt = argv_matches(knobs.corrupt_when, args.argv)
-        self.wedge_armed = argv_matches(knobs.wedge_when, args.argv)
-        self.wedged_at: float | None = None
+        # the eager scheduler gauges this loop computes, as children (a stand-in for any the release lacks)
+        self._gauges = {n: metrics.child(n) or _NoSeries() for n in _SCHEDULER_GAUGES}
+        # set once at startup by a real engine too (lazy in the catalogue: not an idle stats log)
+        self.metrics.set("sglang:max_total_num_tokens", args.max_total_tokens)
 
     # ---- called by the engine -------------------------------------------------------------
 
@@ -133,7 +141,7 @@ class Scheduler:
         except ValueError:
             pass  # running: the next step filters it out
         if req.counted:
-            self.metrics.num_aborted_requests.inc()
+            self.metrics.inc("sglang:num_aborted_requests_total")
         self._wake.set()
 
     def release_kv(self, tokens: int) -> None:
@@ -142,23 +150,7 @@ class Scheduler:
 
     def stalled(self) -> bool:
         path = self.knobs.stall_file
-        if path and os.path.exists(path):
-            return True
-        # the wedge lever: once this many requests decode together (a PD/TP desync under load) the
-        # scheduler stops stepping, until the process restarts or, with a hold, for that long
-        if not self.wedge_armed:
-            return False
-        now = time.monotonic()
-        if self.wedged_at is None:
-            if sum(not r.aborted for r in self.running) < self.knobs.wedge_min_batch:
-                return False
-            self.wedged_at = now
-            self.log.warning(f"pdkit.sim: wedged (lever fault PDKIT_SIM_WEDGE_WHEN, {len(self.running)} running requests)")
-        if self.knobs.wedge_hold_s and now - self.wedged_at >= self.knobs.wedge_hold_s:
-            self.wedge_armed = False  # let go for good: the requests it held finish
-            self.log.warning(f"pdkit.sim: the wedge let go after {self.knobs.wedge_hold_s:g} s (PDKIT_SIM_WEDGE_HOLD_S)")
-            return False
-        return True
+        return bool(path) and os.path.exists(path)
 
     @property
     def used_tokens(self) -> int:
@@ -187,13 +179,7 @@ class Scheduler:
                     self.last_progress = time.monotonic()
                     continue  # like SGLang, a new prefill batch goes before the next decode step
             if self.running and self.mode != "prefill":
-                # one scheduling overhead, then up to --num-continuous-decode-steps steps with no
-                # admission in between (SGLang's trade: cheaper per token, later joins)
-                await asyncio.sleep(self.knobs.schedule_ms / 1000.0)
-                for _ in range(self.continuous_steps):
-                    if not self.running or self.stalled():
-                        break
-                    await self._decode_step()
+                await self._decode_step()
                 self.last_progress = time.monotonic()
             elif not admitted:
                 # Queued work that does not fit and nothing running here: wait for room.
@@ -211,7 +197,7 @@ class Scheduler:
         admitted = [self.waiting.popleft() for _ in range(n)]
         now = time.perf_counter()
         for req in admitted:
-            self.metrics.queue_time.observe(now - req.queued_at)
+            self.metrics.observe("sglang:queue_time_seconds", now - req.queued_at)
         return admitted
 
     async def _prefill(self, batch: list[SimRequest]) -> None:
@@ -246,25 +232,22 @@ class Scheduler:
     async def _decode_step(self) -> None:
         batch = len(self.running)
         graph = decode_uses_cuda_graph(self.plan, batch)
-        await asyncio.sleep(decode_step_seconds(self.knobs, batch, graph, self.args.context_length))
+        await asyncio.sleep(decode_step_seconds(self.knobs, batch, graph))
         now = time.perf_counter()
         self.metrics.count_pass("decode_cuda_graph" if graph else "decode_none")
         self.metrics.count_tokens("decode", batch)
-        self.metrics.is_cuda_graph.set(1 if graph else 0)
-        observe_itl = self.metrics.inter_token_latency.observe
+        self.metrics.set("sglang:is_cuda_graph", 1 if graph else 0)
+        itl = None  # lazy: created by the first counted token, then kept for the step
         still_running = []
         produced = 0
         for req in self.running:
             if req.aborted:
                 continue
             if req.counted:
-                observe_itl(now - req.last_token_at)
-            token = req.tokens.next_id()
-            if self.corrupt:
-                # the corrupting lever: every decoded token is off by one in the vocabulary (the
-                # prefill's first token stays right, as a broken decode kernel would leave it)
-                token = (token + 1) % VOCAB_SIZE
-            req.output_ids.append(token)
+                if itl is None:
+                    itl = self.metrics.child("sglang:inter_token_latency_seconds")
+                itl.observe(now - req.last_token_at)
+            req.output_ids.append(req.tokens.next_id())
             req.last_token_at = now
             produced += 1
             if len(req.output_ids) >= req.max_new_tokens:
@@ -283,8 +266,10 @@ class Scheduler:
         req.output_ids.append(req.tokens.next_id())
         req.first_token_at = now
         req.last_token_at = now
-        if req.counted:
-            self.metrics.time_to_first_token.observe(now - req.arrival)
+        # a PD prefill's first token is not the client's: SGLang's prefill records no TTFT (real pages)
+        if req.counted and self.mode != "prefill":
+            self.metrics.observe("sglang:time_to_first_token_seconds", now - req.arrival,
+                                 is_streaming="true" if req.streaming else "false")
         req.event.set()
 
     def _finish(self, req: SimRequest, now: float, finish_type: str) -> None:
@@ -293,22 +278,22 @@ class Scheduler:
         req.event.set()
         if not req.counted:
             return
-        m = self.metrics
-        m.num_requests.inc()
-        m.prompt_tokens.inc(req.prompt_tokens)
-        m.generation_tokens.inc(len(req.output_ids))
-        m.e2e_request_latency.observe(now - req.arrival)
+        self.metrics.request_finished(req.streaming, req.prompt_tokens, len(req.output_ids), now - req.arrival)
 
     # ---- reporting --------------------------------------------------------------------------
 
     def _update_gauges(self) -> None:
-        m = self.metrics
+        g = self._gauges
         used = self.used_tokens
-        m.num_running_reqs.set(len(self.running))
-        m.num_queue_reqs.set(len(self.waiting))
-        m.num_used_tokens.set(used)
-        m.token_usage.set(used / self.args.max_total_tokens)
-        m.utilization.set(min(1.0, len(self.running) / self.args.max_running_requests))
+        total = self.args.max_total_tokens
+        g["sglang:num_running_reqs"].set(len(self.running))
+        g["sglang:num_queue_reqs"].set(len(self.waiting))
+        g["sglang:num_used_tokens"].set(used)
+        g["sglang:kv_used_tokens"].set(used)
+        g["sglang:kv_available_tokens"].set(total - used)
+        g["sglang:token_usage"].set(used / total)
+        g["sglang:full_token_usage"].set(used / total)
+        g["sglang:utilization"].set(min(1.0, len(self.running) / self.args.max_running_requests))
 
     def _log_prefill(self, batch: list[SimRequest], new_tokens: int, graph: bool) -> None:
         now = time.perf_counter()
@@ -323,7 +308,7 @@ class Scheduler:
         now = time.perf_counter()
         gap = max(now - self._last_decode_log, 1e-6)
         self.last_gen_throughput = self._tokens_since_log / gap
-        self.metrics.gen_throughput.set(self.last_gen_throughput)
+        self.metrics.set("sglang:gen_throughput", self.last_gen_throughput)
         self._tokens_since_log = 0
         self._last_decode_log = now
         pd = self.pd_queues() if (self.pd_queues and self.mode == "decode") else None

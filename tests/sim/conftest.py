@@ -42,12 +42,13 @@ class PDStack:
     bootstrap_port: int
 
 
-def start_pd_stack(group: Processes, prefill_env: dict[str, str] | None = None) -> PDStack:
+def start_pd_stack(group: Processes, prefill_env: dict[str, str] | None = None,
+                   decode_env: dict[str, str] | None = None) -> PDStack:
     """A sim prefill, a sim decode and the real smg router in PD mode, all on loopback."""
     prefill_port, bootstrap_port, decode_port = free_ports(3)
     # Both engines start together; the router only once both are ready (its first check is slow).
     prefill = launch_sim(group, "prefill", "prefill", prefill_port, bootstrap_port, env=prefill_env)
-    decode = launch_sim(group, "decode", "decode", decode_port)
+    decode = launch_sim(group, "decode", "decode", decode_port, env=decode_env)
     wait_ready(group, prefill, prefill_port)
     wait_ready(group, decode, decode_port)
     router, router_url, metrics_url = start_router(group, prefill_port, bootstrap_port, decode_port)

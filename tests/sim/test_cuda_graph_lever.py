@@ -60,8 +60,10 @@ def test_cuda_graph_lever_changes_throughput_by_the_configured_factor(procs):
         assert 0.8 * FACTOR <= ratio <= 1.2 * FACTOR, f"{slow}: on/off throughput ratio {ratio:.2f}, rates {rate}"
 
     on, off, small = (passes(urls[n]) for n in ("graphs-on", "graphs-off", "graphs-too-small"))
-    assert on["decode_cuda_graph"] > 0 and on["decode_none"] == 0
-    assert off["decode_none"] > 0 and off["decode_cuda_graph"] == 0
+    # a mode's child exists only once a pass of that mode ran (as on SGLang's own pages: with decode
+    # graphs off only decode_none is there)
+    assert on["decode_cuda_graph"] > 0 and "decode_none" not in on
+    assert off["decode_none"] > 0 and "decode_cuda_graph" not in off
     assert small["decode_none"] > 0
     decode_graph_flags = set(re.findall(r"Decode batch, .*cuda graph: (True|False)", started["graphs-off"].log_text()))
     assert decode_graph_flags == {"False"}

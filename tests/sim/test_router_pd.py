@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from pdkit import metricnames
 from pdkit.sim.textgen import chat_prompt, expected_output, tokenize
 
 from .support import MODEL, get, post, sse_events, wait_until
@@ -22,17 +24,20 @@ DECODE_LINE = re.compile(
     re.M)
 READY_LINE = re.compile(r"^\[\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}\] The server is fired up and ready to roll!$", re.M)
 
-# Every metric the issue lists (sample names as exposed; counters with _total).
-REQUIRED_METRICS = [
-    "sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage", "sglang:gen_throughput",
-    "sglang:num_prefill_bootstrap_queue_reqs", "sglang:num_prefill_inflight_queue_reqs",
-    "sglang:num_decode_prealloc_queue_reqs", "sglang:num_decode_transfer_queue_reqs",
-    "sglang:kv_transfer_speed_gb_s", "sglang:kv_transfer_latency_ms",
-    "sglang:num_bootstrap_failed_reqs_total", "sglang:num_transfer_failed_reqs_total",
-    "sglang:cuda_graph_passes_total", "sglang:prompt_tokens_total", "sglang:generation_tokens_total",
-    "sglang:time_to_first_token_seconds_bucket", "sglang:inter_token_latency_seconds_bucket",
-    "sglang:e2e_request_latency_seconds_bucket",
-]
+# The families the kit reads (pdkit.metricnames) that SGLang 0.5.17's own prefill / decode put on their
+# pages after load (tests/fixtures/sglang-0.5.17-h200-pd-one-gpu): the sim's pages must have them too,
+# and nothing the real pages lack (failure counters while nothing failed, graph modes that never ran).
+REAL = Path(__file__).resolve().parent.parent / "fixtures" / "sglang-0.5.17-h200-pd-one-gpu"
+
+
+def real_families(role: str) -> set[str]:
+    text = (REAL / f"metrics-base-after-{role}.txt").read_text()
+    return {f.name + ("_total" if f.type == "counter" else "") for f in text_string_to_metric_families(text)
+            if f.samples}
+
+
+def kit_read(role: str) -> set[str]:
+    return set(metricnames.SGLANG.values()) & real_families(role)
 
 
 def samples(url: str) -> list:
@@ -88,25 +93,31 @@ def test_metrics_parse_and_carry_sglang_names(pd_stack):
     post(f"{pd_stack.router_url}/v1/completions", {"model": MODEL, "prompt": "metrics please", "max_tokens": 8})
     for url, engine_type in ((pd_stack.prefill_url, "prefill"), (pd_stack.decode_url, "decode")):
         found = samples(url)
-        names = {s.name for s in found}
-        missing = [n for n in REQUIRED_METRICS if n not in names]
-        assert not missing, f"{engine_type} /metrics lacks {missing}"
+        families = {f.name + ("_total" if f.type == "counter" else "")
+                    for f in text_string_to_metric_families(get(f"{url}/metrics").text) if f.samples}
+        missing = sorted(kit_read(engine_type) - families)
+        assert not missing, f"{engine_type} /metrics lacks {missing}, which SGLang 0.5.17's {engine_type} has"
+        extra = sorted(n for n in set(metricnames.SGLANG.values()) & families if n not in real_families(engine_type))
+        assert not extra, f"{engine_type} /metrics has {extra}, which SGLang 0.5.17's {engine_type} lacks after load"
         running = [s for s in found if s.name == "sglang:num_running_reqs"]
         assert running and running[0].labels["engine_type"] == engine_type
         assert running[0].labels["model_name"] == MODEL and running[0].labels["tp_rank"] == "0"
-        modes = {s.labels["mode"] for s in found if s.name == "sglang:cuda_graph_passes_total"}
-        assert modes == {"decode_cuda_graph", "decode_none", "prefill_cuda_graph", "prefill_none"}
 
-    def passes(url: str, mode: str) -> float:
-        return sum(s.value for s in samples(url) if s.name == "sglang:cuda_graph_passes_total" and s.labels["mode"] == mode)
+    def passes(url: str) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for s in samples(url):
+            if s.name == "sglang:cuda_graph_passes_total":
+                out[s.labels["mode"]] = out.get(s.labels["mode"], 0) + s.value
+        return out
 
-    # The decode ran decode steps under graphs, the prefill only prefill passes.
-    assert passes(pd_stack.decode_url, "decode_cuda_graph") > 0
-    assert passes(pd_stack.decode_url, "prefill_cuda_graph") + passes(pd_stack.decode_url, "prefill_none") == 0
-    assert passes(pd_stack.prefill_url, "prefill_cuda_graph") + passes(pd_stack.prefill_url, "prefill_none") > 0
-    assert passes(pd_stack.prefill_url, "decode_cuda_graph") + passes(pd_stack.prefill_url, "decode_none") == 0
-    transfer = [s for s in samples(pd_stack.decode_url) if s.name == "sglang:kv_transfer_speed_gb_s"]
+    # The decode ran decode steps under graphs, the prefill only prefill passes; a mode's child exists
+    # only once a pass of that mode ran.
+    decode, prefill = passes(pd_stack.decode_url), passes(pd_stack.prefill_url)
+    assert set(decode) == {"decode_cuda_graph"} and decode["decode_cuda_graph"] > 0
+    assert set(prefill) <= {"prefill_cuda_graph", "prefill_none"} and sum(prefill.values()) > 0
+    transfer = [s for s in samples(pd_stack.prefill_url) if s.name == "sglang:kv_transfer_speed_gb_s_sum"]
     assert transfer and transfer[0].value > 0
+
 
 
 def test_log_lines_match_sglang_format(pd_stack):

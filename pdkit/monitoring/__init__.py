@@ -1,0 +1,69 @@
+"""Spec -> Prometheus configuration, alert rules, promtool rule tests, Grafana provisioning and dashboards.
+
+A package along its jobs, each module a set of pure functions:
+
+| module | job |
+|---|---|
+| `pdkit.monitoring.common` | paths on the monitoring host, job names, engine label sets, PromQL helpers, YAML |
+| `pdkit.monitoring.scrape` | scrape targets and prometheus.yml |
+| `pdkit.monitoring.rules` | the alerts as data (each with its promtool cases), the rules and rule-test files |
+| `pdkit.monitoring.dashboards` | the Grafana dashboards and every query they run |
+| `pdkit.monitoring.grafana` | Grafana provisioning (datasource, dashboard provider) |
+| `pdkit.monitoring.alerttable` | docs/monitoring.md's alert table, generated from `rules` |
+
+This module re-exports their public names (`pdkit.monitoring.alerts`, `.prometheus_config`, ...)
+and `monitoring_files`, the monitoring host's files.
+
+Pure functions: a `ClusterSpec` in, text (or dashboard dicts) out, byte-identical for the same
+spec. The roles lay these files down on the monitoring host (`MONITORING_PATHS`); nothing here
+touches a host.
+
+What is scraped (one job each; every target carries `cluster` and `node`, engine targets also
+`engine`, `role`, `pd_group`, and `instance` is a readable name, not an address):
+
+| job              | target                                    | from the spec                              |
+|------------------|-------------------------------------------|--------------------------------------------|
+| `sglang`         | each engine's own /metrics (`sglang:*`)    | `engine_address(host):engine.port`         |
+| `router`         | the router's Prometheus port (`smg_*`)     | `router_address(host):router.prometheus_port` |
+| `pdkit-exporter` | pdkit-exporter on each GPU node           | `engine_address(host):node.exporter_port`  |
+| `node`           | node_exporter on every scraped host       | `host.address:NODE_EXPORTER_PORT`          |
+| `dcgm`           | DCGM exporter on GPU nodes where enabled  | `engine_address(host):DCGM_EXPORTER_PORT`  |
+| `prometheus`     | Prometheus itself                         | `mon.address:monitoring.prometheus_port`   |
+
+`pdkit_monitoring.scrape_hosts` (unset: every host) limits all jobs to those hosts.
+
+Every metric name the rules and panels use comes from pdkit.metricnames (`SGLANG`, `ROUTER`,
+`EXPORTER`, `NODE`, `DCGM`); tests/test_metric_queries.py checks each query against the metric
+catalogue generated from the pinned SGLang releases and routers (pdkit/catalogue.py).
+"""
+
+from __future__ import annotations
+
+# the public names of every module, as before the split (pdkit.monitoring.X)
+from pdkit.monitoring.common import *  # noqa: F401,F403
+from pdkit.monitoring.dashboards import *  # noqa: F401,F403
+from pdkit.monitoring.grafana import *  # noqa: F401,F403
+from pdkit.monitoring.rules import *  # noqa: F401,F403
+from pdkit.monitoring.scrape import *  # noqa: F401,F403
+from pdkit.monitoring.common import PROMETHEUS_CONFIG_PATH, RULES_PATH, RULE_TESTS_PATH, _monitoring
+from pdkit.monitoring.dashboards import dashboard_files
+from pdkit.monitoring.grafana import grafana_provisioning
+from pdkit.monitoring.rules import HOST_RULE_TEST_SUBJECTS, alert_rules, rule_tests
+from pdkit.monitoring.scrape import prometheus_config
+from pdkit.spec import ClusterSpec
+
+
+def monitoring_files(spec: ClusterSpec) -> dict[str, str]:
+    """Every file of the monitoring host: {absolute path: text} (Grafana's only when it is enabled)."""
+    files = {
+        PROMETHEUS_CONFIG_PATH: prometheus_config(spec),
+        RULES_PATH: alert_rules(spec),
+        # the operator's `promtool test rules` beside the rules: every alert's shape, a bounded number of
+        # subjects (the full per-subject file costs ~1 s of YAML at 512 GPUs on every plan; the test
+        # suite runs it, tests/test_monitoring.py)
+        RULE_TESTS_PATH: rule_tests(spec, max_subjects=HOST_RULE_TEST_SUBJECTS),
+    }
+    if _monitoring(spec).grafana:
+        files.update(grafana_provisioning(spec))
+        files.update(dashboard_files(spec))
+    return files

@@ -1,0 +1,163 @@
+"""What the monitoring modules share: file paths on the monitoring host, scrape job names, the
+label sets that name an engine, the spec accessors, PromQL helpers, and the YAML writer."""
+
+from __future__ import annotations
+
+import yaml
+
+from pdkit.metricnames import SGLANG
+from pdkit.spec import ClusterSpec, HostSpec, Monitoring
+
+
+PROMETHEUS_CONFIG_PATH = "/etc/prometheus/prometheus.yml"
+# prometheus.yml names it relative to its own directory (Prometheus resolves rule_files
+# against the config file's directory), so the same text checks in a temp dir too
+RULES_RELATIVE_PATH = "rules/pdkit.yml"
+RULES_PATH = "/etc/prometheus/rules/pdkit.yml"
+# promtool unit tests for the rules; beside the rules, naming them relative to itself
+RULE_TESTS_PATH = "/etc/prometheus/rules/pdkit.test.yml"
+GRAFANA_DATASOURCE_PATH = "/etc/grafana/provisioning/datasources/pdkit.yaml"
+GRAFANA_PROVIDER_PATH = "/etc/grafana/provisioning/dashboards/pdkit.yaml"
+GRAFANA_DASHBOARDS_DIR = "/var/lib/grafana/dashboards/pdkit"
+
+MONITORING_PATHS = {
+    "prometheus_config": PROMETHEUS_CONFIG_PATH,
+    "rules": RULES_PATH,
+    "rule_tests": RULE_TESTS_PATH,
+    "grafana_datasource": GRAFANA_DATASOURCE_PATH,
+    "grafana_provider": GRAFANA_PROVIDER_PATH,
+    "grafana_dashboards_dir": GRAFANA_DASHBOARDS_DIR,
+}
+
+
+DATASOURCE_UID = "pdkit-prometheus"
+DATASOURCE = {"type": "prometheus", "uid": DATASOURCE_UID}
+
+# Job names (the `job` label)
+JOB_ENGINE = "sglang"
+JOB_ROUTER = "router"
+JOB_EXPORTER = "pdkit-exporter"
+JOB_NODE = "node"
+JOB_DCGM = "dcgm"
+JOB_PROMETHEUS = "prometheus"
+
+# labels that name one engine, after aggregation
+ENGINE_BY = ("cluster", "node", "instance", "engine", "role", "pd_group")
+# the exporter's per-engine series (its `instance` is the node)
+EXPORTER_BY = ("cluster", "node", "engine", "role")
+WORKER_BY = ("cluster", "node", "instance", "role", "worker", "worker_instance", "worker_role")
+
+# the PD and waiting queues the queue-growing alert watches: (queue label, metric key)
+QUEUES = (
+    ("waiting", "waiting"),
+    ("prefill_bootstrap", "prefill_bootstrap_queue"),
+    ("prefill_inflight", "prefill_inflight_queue"),
+    ("decode_prealloc", "decode_prealloc_queue"),
+    ("decode_transfer", "decode_transfer_queue"),
+)
+# which roles run each queue (rule tests and docs; the alert itself watches every engine)
+QUEUE_ROLES = {
+    "waiting": ("prefill", "decode", "unified"),
+    "prefill_bootstrap": ("prefill",),
+    "prefill_inflight": ("prefill",),
+    "decode_prealloc": ("decode",),
+    "decode_transfer": ("decode",),
+}
+
+
+def monitoring_host(spec: ClusterSpec) -> HostSpec:
+    hosts = spec.monitoring_hosts
+    if not hosts:
+        raise ValueError("no host declares pdkit_monitoring: monitoring files need a monitoring host")
+    return hosts[0]
+
+
+def _monitoring(spec: ClusterSpec) -> Monitoring:
+    mon = monitoring_host(spec).monitoring
+    assert mon is not None
+    return mon
+
+
+def scraped_hosts(spec: ClusterSpec) -> list[HostSpec]:
+    """The hosts Prometheus scrapes: `scrape_hosts`, else every host, in inventory order."""
+    wanted = _monitoring(spec).scrape_hosts
+    return [h for h in spec.hosts if wanted is None or h.name in wanted]
+
+
+def engine_instance(host: HostSpec, engine_name: str) -> str:
+    """The `instance` label of an engine's series: `<host>/<engine>`."""
+    return f"{host.name}/{engine_name}"
+
+
+def _seconds(s: int) -> str:
+    return f"{s // 60}m" if s % 60 == 0 else f"{s}s"
+
+
+def _by(labels: tuple[str, ...]) -> str:
+    return ", ".join(labels)
+
+
+def _sel(name: str, matchers: str = "") -> str:
+    return f"{name}{{{matchers}}}" if matchers else name
+
+
+def _alt(template: str, key: str, table: dict = SGLANG) -> str:
+    """`template` applied to a metric that may have two names, joined with `or`."""
+    names = table[key]
+    if isinstance(names, str):
+        return template.format(m=names)
+    return " or ".join(f"({template.format(m=n)})" for n in names)
+
+
+def _window(spec: ClusterSpec) -> str:
+    """Rate window for alerts: 5m, or 4 scrapes when scrapes are slower than 75 s."""
+    return _seconds(max(300, 4 * _monitoring(spec).scrape_interval_s))
+
+
+def _series(name: str, labels: dict[str, str]) -> str:
+    inner = ", ".join(f'{k}="{v}"' for k, v in labels.items())
+    return f"{name}{{{inner}}}"
+
+
+def _pick(labels: dict[str, str], keys: tuple[str, ...]) -> dict[str, str]:
+    return {k: labels[k] for k in keys if k in labels}
+
+
+def _fmt(x: float) -> str:
+    """A number for people (annotations, panel text)."""
+    return f"{x:g}"
+
+
+def _num(x: float) -> str:
+    """A number for PromQL / promtool: exact."""
+    return str(int(x)) if float(x).is_integer() else repr(float(x))
+
+
+_RE_SPECIAL = set(".^$*+?()[]{}|\\")
+
+
+def regex_literal(text: str) -> str:
+    """`text` as an RE2 regex that matches exactly it (for relabel configs)."""
+    return "".join("\\" + c if c in _RE_SPECIAL else c for c in text)
+
+
+def promql_regex(values: list[str]) -> str:
+    """An alternation matching exactly these values, ready to sit inside a PromQL "..." string."""
+    return "|".join(regex_literal(v) for v in values).replace("\\", "\\\\")
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    if "\n" in value:
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|")
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value)
+
+
+_Dumper.add_representer(str, _str)
+
+
+def to_yaml(obj: object) -> str:
+    return yaml.dump(obj, Dumper=_Dumper, sort_keys=False, default_flow_style=False, allow_unicode=True, width=4096)

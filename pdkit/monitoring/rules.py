@@ -1,0 +1,693 @@
+"""Alert rules as data: ALERT_TABLE, one builder per alert (or pair of alerts), each declaring its
+alerts once: condition, the value the lab's live query check runs, severity, annotations, the line
+of docs/monitoring.md's table, and its promtool cases beside them. The rules file, the
+`promtool test rules` file and the doc's table (`python -m pdkit.monitoring.alerttable --write
+docs/monitoring.md`) are generated from it."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import NamedTuple
+
+from pdkit import flags
+from pdkit.metricnames import EXPORTER, ROUTER, SGLANG
+from pdkit.monitoring.common import (
+    ENGINE_BY, EXPORTER_BY, JOB_DCGM, JOB_ENGINE, JOB_EXPORTER, JOB_NODE, JOB_PROMETHEUS, JOB_ROUTER, QUEUES,
+    QUEUE_ROLES, WORKER_BY, _alt, _by, _fmt, _monitoring, _num, _pick, _seconds, _series, _window, engine_instance,
+    promql_regex, scraped_hosts, to_yaml,
+)
+from pdkit.monitoring.scrape import Target, targets
+from pdkit.spec import ClusterSpec, Monitoring
+
+
+ENGINE_DOWN_FOR = "2m"  # a real SGLang restart takes ~60-106 s: a 1m window would fire on every roll
+ROUTER_DOWN_FOR = "1m"
+TARGET_DOWN_FOR = "5m"
+WORKER_UNHEALTHY_FOR = "1m"
+QUEUE_GROWING_FOR = "10m"
+QUEUE_MIN_DEPTH = 1
+FAILURES_FOR = "1m"
+# an engine holding requests (running or queued) that generates no token for this long is wedged
+WEDGED_FOR = "1m"
+CUDA_GRAPH_RATIO_MIN = 0.9
+CUDA_GRAPH_RATIO_FOR = "10m"
+TTFT_FOR = "5m"
+DRIFT_FOR = "5m"
+ENV_MISSING_FOR = "5m"
+
+
+@dataclass(frozen=True)
+class Alert:
+    name: str
+    # the full alert condition
+    expr: str
+    # the quantity the condition tests, without the threshold: returns series on a healthy,
+    # loaded cluster (the lab's live query check runs this one)
+    value: str
+    for_: str
+    severity: str
+    summary: str
+    description: str
+    # promtool cases: each subject is one thing that can alert on its own
+    subjects: tuple[dict[str, str], ...] = ()
+    case: Callable[[dict[str, str], bool], list[tuple[str, str]]] | None = field(default=None, compare=False)
+    exp_labels: Callable[[dict[str, str]], dict[str, str]] | None = field(default=None, compare=False)
+    eval_time: str = "20m"
+    # series that must NOT alert even when "bad" (present in the non-firing case)
+    decoys: tuple[dict[str, str], ...] = ()
+    # lazily created families whose absence is this alert's healthy answer (no request yet: no TTFT
+    # over the SLO); any other lazy family must be handled in `expr` (tests/test_catalogue.py)
+    absent_ok: tuple[str, ...] = ()
+    # more promtool tests of this alert: subjects -> [test dict] (shapes one case per subject cannot say)
+    extra_tests: Callable[[tuple[dict[str, str], ...]], list[dict]] | None = field(default=None, compare=False)
+    # one line for docs/monitoring.md's alert table (pdkit.monitoring.alerttable): when it fires
+    fires_when: str = ""
+
+
+def graph_expected_instances(spec: ClusterSpec) -> list[str]:
+    """Engines that must run decode steps in CUDA graphs: decode/unified with graphs on."""
+    out = []
+    for host, engine in spec.engines():
+        if engine.role != "prefill" and spec.engine_tuning(engine).value("cuda_graph"):
+            out.append(engine_instance(host, engine.name))
+    return out
+
+
+def _engine_labels(s: dict[str, str], **extra: str) -> dict[str, str]:
+    """An engine series' labels as Prometheus stores them: the target's and SGLang's scheduler labels."""
+    return {"job": JOB_ENGINE, **_pick(s, ENGINE_BY), "engine_type": s["role"], "model_name": s["model_name"],
+            "tp_rank": "0", "pp_rank": "0", "moe_ep_rank": "0", **extra}
+
+
+def _alert_test(name: str, alert: str, series: list[tuple[str, str]], eval_time: str,
+                exp: list[dict[str, str]]) -> dict:
+    return {"name": name, "interval": "1m", "input_series": [{"series": s, "values": v} for s, v in series],
+            "alert_rule_test": [{"eval_time": eval_time, "alertname": alert,
+                                 "exp_alerts": [{"exp_labels": dict(sorted(e.items()))} for e in exp]}]}
+
+
+def _more_failures_test(alert: str, metric: str, subjects: tuple[dict[str, str], ...]) -> list[dict]:
+    """Failures that go on (increase() sees them) on the first subject, an old count that does not move
+    on every other (quiet)."""
+    if not subjects:
+        return []
+    first, rest = subjects[0], subjects[1:]
+    series = [(_series(metric, _engine_labels(first)), "3+1x20")]
+    series += [(_series(metric, _engine_labels(s)), "2x20") for s in rest]
+    exp = [{**_pick(first, ENGINE_BY), "severity": "warning"}]
+    return [_alert_test(f"{alert} fires on failures that go on, not on an old count", alert, series, "15m", exp)]
+
+
+def _graph_none_only_tests(subjects: tuple[dict[str, str], ...], passes: str) -> list[dict]:
+    """The seeds' worst case: the decode never runs a graph, so only mode="decode_none" exists."""
+    out = []
+    for s in subjects[:1]:
+        series = [(_series(passes, _engine_labels(s, mode="decode_none")), "0+10x30")]
+        out.append(_alert_test(f"PdkitDecodeCudaGraphRatioLow fires for {s['instance']} when only decode_none exists",
+                               "PdkitDecodeCudaGraphRatioLow", series, "20m",
+                               [{**_pick(s, ENGINE_BY), "severity": "warning"}]))
+        series = [(_series(passes, _engine_labels(s, mode="decode_cuda_graph")), "0+10x30")]
+        out.append(_alert_test(f"PdkitDecodeCudaGraphRatioLow stays quiet for {s['instance']} when only "
+                               "decode_cuda_graph exists", "PdkitDecodeCudaGraphRatioLow", series, "20m", []))
+    return out
+
+
+def _wedge_window(spec: ClusterSpec) -> str:
+    """Rate window of the wedge alert: 2m, or 4 scrapes when scrapes are slower than 30 s (it must fire
+    well before SGLang's own 300 s scheduler watchdog would end a wedged process)."""
+    return _seconds(max(120, 4 * _monitoring(spec).scrape_interval_s))
+
+
+def _wedge_case(s: dict[str, str], bad: bool) -> list[tuple[str, str]]:
+    labels = _engine_labels(s)
+    running = [(_series(SGLANG["running"], labels), "2x30"), (_series(SGLANG["waiting"], labels), "1x30")]
+    tokens = _series(SGLANG["realtime_tokens"], {**labels, "mode": "decode" if s["role"] != "prefill" else
+                                                 "prefill_compute"})
+    # bad: tokens stop at minute 5 while requests stay; healthy: tokens keep coming
+    return running + [(tokens, "0+100x5 500x25" if bad else "0+100x30")]
+
+
+def _wedge_extra_tests(subjects: tuple[dict[str, str], ...]) -> list[dict]:
+    out = []
+    for s in subjects[:1]:
+        labels = _engine_labels(s)
+        # wedged before its first step: requests held, no token series at all
+        series = [(_series(SGLANG["running"], labels), "0x3 2x27"), (_series(SGLANG["waiting"], labels), "0x30")]
+        out.append(_alert_test(f"PdkitEngineWedged fires for {s['instance']} wedged before its first step",
+                               "PdkitEngineWedged", series, "10m", [{**_pick(s, ENGINE_BY), "severity": "critical"}]))
+        # idle: nothing held, no tokens
+        tokens = _series(SGLANG["realtime_tokens"], {**labels, "mode": "decode"})
+        series = [(_series(SGLANG["running"], labels), "0x30"), (_series(SGLANG["waiting"], labels), "0x30"),
+                  (tokens, "500x30")]
+        out.append(_alert_test(f"PdkitEngineWedged stays quiet for {s['instance']} while idle",
+                               "PdkitEngineWedged", series, "20m", []))
+    return out
+
+class _Context(NamedTuple):
+    """What every alert builder reads from the spec, computed once per alerts() call."""
+
+    spec: ClusterSpec
+    mon: Monitoring
+    w: str  # the rate window
+    tgt: list[Target]
+    engines: list[Target]
+    routers: list[Target]
+    model_of: dict[str, str]  # engine instance -> served model name
+    by: str  # the engine labels, for `by (...)`
+
+
+def _context(spec: ClusterSpec) -> _Context:
+    tgt = targets(spec)
+    return _Context(spec, _monitoring(spec), _window(spec), tgt, [t for t in tgt if t.job == JOB_ENGINE],
+                    [t for t in tgt if t.job == JOB_ROUTER],
+                    {engine_instance(h, e.name): spec.engine_model(e).name for h, e in spec.engines()}, _by(ENGINE_BY))
+
+
+# The alert table: (the alerts a builder declares, in rule order; the builder). Each builder declares its
+# alerts once, with their promtool cases beside them; a spec may leave some out (no router, no PD pair, no
+# decode graphs planned). docs/monitoring.md's alert table lists every one (pdkit.monitoring.alerttable).
+ALERT_TABLE: list[tuple[tuple[str, ...], Callable[[_Context], list[Alert]]]] = []
+
+
+def _declares(*names: str):
+    def register(build: Callable[[_Context], list[Alert]]) -> Callable[[_Context], list[Alert]]:
+        ALERT_TABLE.append((names, build))
+        return build
+    return register
+
+
+def _up_case(subject: dict[str, str], bad: bool) -> list[tuple[str, str]]:
+    # healthy still has a one-scrape blip: shorter than `for`, it must not alert
+    return [(_series("up", subject), "1x3 0x20" if bad else "1x3 0 1x19")]
+
+
+# engine down
+@_declares("PdkitEngineDown")
+def _engine_down(c: _Context) -> list[Alert]:
+    engines = c.engines
+    out: list[Alert] = []
+    out.append(Alert(
+        name="PdkitEngineDown",
+        expr=f'up{{job="{JOB_ENGINE}"}} == 0',
+        value=f'up{{job="{JOB_ENGINE}"}}',
+        for_=ENGINE_DOWN_FOR, severity="critical",
+        summary="SGLang engine {{ $labels.instance }} ({{ $labels.role }}) is down",
+        description=(
+            "Prometheus cannot scrape /metrics of engine {{ $labels.engine }} on {{ $labels.node }} "
+            f"for {ENGINE_DOWN_FOR}: the process is stopped, crashed, or hung.\n"
+            "What to do: on {{ $labels.node }} run `systemctl status pdkit-engine-{{ $labels.engine }}` and "
+            "`journalctl -u pdkit-engine-{{ $labels.engine }} -n 200` (look for CUDA out of memory, NCCL errors, "
+            "the watchdog timeout, a Python traceback); check `nvidia-smi` and `dmesg` for Xid errors. "
+            "A PD pair stalls while either side is down: the router keeps sending it requests until its health "
+            "checks fail. Fix the cause, then re-run the deploy (`pyinfra INVENTORY deploy/pd.py`: it restarts "
+            "the engine behind the health gate)."),
+        subjects=tuple({"job": JOB_ENGINE, **t.labels} for t in engines),
+        case=_up_case,
+        exp_labels=lambda s: dict(s),
+        eval_time="10m",
+        fires_when=f"`up{{job=\"{JOB_ENGINE}\"}} == 0`",
+    ))
+    return out
+
+
+# router down
+@_declares("PdkitRouterDown")
+def _router_down(c: _Context) -> list[Alert]:
+    routers = c.routers
+    out: list[Alert] = []
+    if routers:
+        out.append(Alert(
+            name="PdkitRouterDown",
+            expr=f'up{{job="{JOB_ROUTER}"}} == 0',
+            value=f'up{{job="{JOB_ROUTER}"}}',
+            for_=ROUTER_DOWN_FOR, severity="critical",
+            summary="Router on {{ $labels.node }} is down",
+            description=(
+                "Prometheus cannot scrape the router's metrics port on {{ $labels.node }}: clients get "
+                "connection errors.\nWhat to do: `systemctl status pdkit-router` and "
+                "`journalctl -u pdkit-router -n 200` on {{ $labels.node }}; restart it with the deploy. "
+                "The engines keep running; nothing else needs a restart."),
+            subjects=tuple({"job": JOB_ROUTER, **t.labels} for t in routers),
+            case=_up_case,
+            exp_labels=lambda s: dict(s),
+            eval_time="10m",
+            fires_when=f"`up{{job=\"{JOB_ROUTER}\"}} == 0`",
+        ))
+    return out
+
+
+# other scrape targets down (monitoring blind spots)
+@_declares("PdkitScrapeTargetDown")
+def _scrape_target_down(c: _Context) -> list[Alert]:
+    tgt = c.tgt
+    out: list[Alert] = []
+    others = [t for t in tgt if t.job in (JOB_EXPORTER, JOB_NODE, JOB_DCGM, JOB_PROMETHEUS)]
+    other_jobs = "|".join((JOB_EXPORTER, JOB_NODE, JOB_DCGM, JOB_PROMETHEUS))
+    out.append(Alert(
+        name="PdkitScrapeTargetDown",
+        expr=f'up{{job=~"{other_jobs}"}} == 0',
+        value=f'up{{job=~"{other_jobs}"}}',
+        for_=TARGET_DOWN_FOR, severity="warning",
+        summary="{{ $labels.job }} on {{ $labels.node }} cannot be scraped",
+        description=(
+            "The {{ $labels.job }} target on {{ $labels.node }} has been down for " + TARGET_DOWN_FOR + ": "
+            "its dashboards and the alerts built on it (drift, NCCL env, node and GPU figures) are blind.\n"
+            "What to do: on {{ $labels.node }} check the service (pdkit-exporter, prometheus-node-exporter, "
+            "dcgm-exporter or prometheus) with systemctl status / journalctl, and that its port is reachable "
+            "from the monitoring host. Serving is not affected."),
+        subjects=tuple({"job": t.job, **t.labels} for t in others),
+        case=_up_case,
+        exp_labels=lambda s: dict(s),
+        eval_time="10m",
+        fires_when="an exporter, node_exporter, DCGM or Prometheus target is down",
+    ))
+    return out
+
+
+# router worker unhealthy
+@_declares("PdkitRouterWorkerUnhealthy")
+def _router_worker_unhealthy(c: _Context) -> list[Alert]:
+    spec, routers = c.spec, c.routers
+    out: list[Alert] = []
+    worker_subjects = []
+    for rt in routers:
+        host = spec.host(rt.host)
+        for h, e in spec.router_workers(host):
+            worker_subjects.append({"job": JOB_ROUTER, **rt.labels, "worker": flags.engine_url(spec, h, e),
+                                    "worker_instance": engine_instance(h, e.name), "worker_role": e.role})
+    if worker_subjects:
+        out.append(Alert(
+            name="PdkitRouterWorkerUnhealthy",
+            expr=f'min by ({_by(WORKER_BY)}) ({ROUTER["worker_health"]}) == 0',
+            value=f'min by ({_by(WORKER_BY)}) ({ROUTER["worker_health"]})',
+            for_=WORKER_UNHEALTHY_FOR, severity="critical",
+            summary="Router on {{ $labels.node }} marks worker {{ $labels.worker_instance }} unhealthy",
+            description=(
+                "The router on {{ $labels.node }} counts {{ $labels.worker }} ({{ $labels.worker_instance }}, "
+                "{{ $labels.worker_role }}) unhealthy: it failed the router's health checks and gets no new "
+                "requests; in PD mode its partner side loses capacity.\n"
+                "What to do: check PdkitEngineDown for the same engine; if the engine is up, "
+                "`curl <worker>/health` from the router host (a firewall, a wrong --host, or an engine stuck in "
+                "a long generate shows here), and read the engine's journal. The router takes the worker back "
+                "on its own once health checks pass again (pdkit runs it without --remove-unhealthy-workers)."),
+            subjects=tuple(worker_subjects),
+            case=lambda s, bad: [(_series(ROUTER["worker_health"], s), "1x3 0x20" if bad else "1x25")],
+            exp_labels=lambda s: _pick(s, WORKER_BY),
+            eval_time="10m",
+            fires_when=f"`{ROUTER['worker_health']} == 0` for a worker",
+        ))
+    return out
+
+
+# queue growing (waiting queue and the PD queues)
+@_declares("PdkitQueueGrowing")
+def _queue_growing(c: _Context) -> list[Alert]:
+    w, engines, model_of, by = c.w, c.engines, c.model_of, c.by
+    out: list[Alert] = []
+    def queue_clause(queue: str, key: str, fn: str) -> str:
+        if fn == "deriv":
+            growing = _alt(f"sum by ({by}) (deriv({{m}}[{w}]))", key)
+            depth = _alt(f"sum by ({by}) ({{m}})", key)
+            inner = f"({growing}) > 0 and ({depth}) >= {QUEUE_MIN_DEPTH}"
+        else:
+            inner = _alt(f"sum by ({by}) ({{m}})", key)
+        return f'label_replace({inner}, "queue", "{queue}", "", "")'
+
+    queue_subjects = []
+    for t in engines:
+        for queue, _ in QUEUES:
+            if t.labels["role"] in QUEUE_ROLES[queue]:
+                queue_subjects.append({**t.labels, "queue": queue, "model_name": model_of[t.labels["instance"]]})
+
+    def queue_case(s: dict[str, str], bad: bool) -> list[tuple[str, str]]:
+        key = dict(QUEUES)[s["queue"]]
+        names = SGLANG[key]
+        name = names if isinstance(names, str) else names[0]
+        labels = {"job": JOB_ENGINE, **_pick(s, ENGINE_BY), "engine_type": s["role"], "model_name": s["model_name"],
+                  "tp_rank": "0", "pp_rank": "0", "moe_ep_rank": "0"}
+        return [(_series(name, labels), "0+1x30" if bad else "3x30")]
+
+    out.append(Alert(
+        name="PdkitQueueGrowing",
+        expr="\nor\n".join(queue_clause(q, k, "deriv") for q, k in QUEUES),
+        value="\nor\n".join(queue_clause(q, k, "value") for q, k in QUEUES),
+        for_=QUEUE_GROWING_FOR, severity="warning",
+        summary="The {{ $labels.queue }} queue of {{ $labels.instance }} has grown for " + QUEUE_GROWING_FOR,
+        description=(
+            "The {{ $labels.queue }} queue of {{ $labels.instance }} ({{ $labels.role }}) has kept growing for "
+            + QUEUE_GROWING_FOR + ": requests arrive faster than this engine drains them.\n"
+            "What to do, by queue: waiting - the engine is at capacity (check KV cache usage and the "
+            "decode CUDA-graph ratio on the tuning dashboard; add engines or lower the load); "
+            "prefill_bootstrap - prefill waits for its decode partner's handshake (is the decode up? same "
+            "model and SGLang version?); prefill_inflight / decode_transfer - KV transfers are slow or stuck "
+            "(UCX lane, UCX_NET_DEVICES across nodes, transfer failures on the PD dashboard); "
+            "decode_prealloc - decode has no KV memory free for new requests (decode is the bottleneck)."),
+        subjects=tuple(queue_subjects),
+        case=queue_case,
+        exp_labels=lambda s: {**_pick(s, ENGINE_BY), "queue": s["queue"]},
+        eval_time="20m",
+        fires_when=f"a waiting or PD queue keeps growing (`deriv > 0` and depth >= {QUEUE_MIN_DEPTH})",
+    ))
+    return out
+
+
+# KV transfer / bootstrap failures. The counters exist in every pinned release but are
+# created by their first increment (the catalogue's `lazy`): a healthy engine has no series,
+# and increase() over a series that appears at 1 is 0. So each alert also fires on a series
+# that is new within the window (present now, absent `w` ago).
+@_declares("PdkitKvTransferFailures", "PdkitBootstrapFailures")
+def _pd_failures(c: _Context) -> list[Alert]:
+    w, engines, model_of, by = c.w, c.engines, c.model_of, c.by
+    out: list[Alert] = []
+    pd_engines = [t for t in engines if t.labels["role"] in ("prefill", "decode")]
+    pd_up = f'up{{job="{JOB_ENGINE}", role=~"prefill|decode"}}'
+    for name, key, what, todo in (
+        ("PdkitKvTransferFailures", "transfer_failed", "KV transfers",
+         "KV cache transfers between prefill and decode fail: the requests error out.\n"
+         "What to do: read both engines' journals around the failures (NIXL/UCX errors, timeouts after 300 s); "
+         "across nodes set pdkit_node.ucx_net_devices (without it cross-node transfers hang); on one node "
+         "UCX must keep cuda_ipc (UCX_TLS); check that the pair runs the same model and SGLang version. "
+         "UCX_PROTO_INFO=y in the engine's environment logs the lane UCX picked."),
+        ("PdkitBootstrapFailures", "bootstrap_failed", "PD bootstrap handshakes",
+         "Decode could not bootstrap requests with their prefill (the handshake on the prefill's bootstrap "
+         "port): requests fail before any KV moves.\n"
+         "What to do: check that the prefill is up and its bootstrap port (pdkit_node.engines[].bootstrap_port, "
+         "default 8998) is reachable from the decode node, that the router passes that port "
+         "(`--prefill URL PORT`), and that a prefill replaced behind the same address did not leave the decode "
+         "waiting (restart the decode)."),
+    ):
+        if not pd_engines:
+            continue
+        metric = SGLANG[key]
+        out.append(Alert(
+            name=name,
+            expr=(f"(sum by ({by}) (increase({metric}[{w}])) > 0)\nor\n"
+                  f"(sum by ({by}) ({metric}) unless sum by ({by}) ({metric} offset {w}))"),
+            value=f"sum by ({by}) (increase({metric}[{w}]))\nor\nsum by ({by}) ({pd_up}) * 0",
+            for_=FAILURES_FOR, severity="warning",
+            summary=f"{what} fail on {{{{ $labels.instance }}}}",
+            description=f"{todo}",
+            subjects=tuple({**t.labels, "model_name": model_of[t.labels["instance"]]} for t in pd_engines),
+            # bad: the engine's first failure (the series appears at 1 and stays); healthy: no series at all
+            case=lambda s, bad, metric=metric: [(_series(metric, {
+                "job": JOB_ENGINE, **_pick(s, ENGINE_BY), "engine_type": s["role"], "model_name": s["model_name"],
+                "tp_rank": "0", "pp_rank": "0", "moe_ep_rank": "0"}), "_x5 1x15")] if bad else [],
+            exp_labels=lambda s: _pick(s, ENGINE_BY),
+            eval_time="8m",
+            extra_tests=lambda subjects, metric=metric, name=name: _more_failures_test(name, metric, subjects),
+            fires_when=f"`increase({metric}[{w}]) > 0`, or the series is new (first failure)",
+        ))
+    return out
+
+
+# decode CUDA-graph ratio (only engines whose spec turns decode graphs on)
+@_declares("PdkitDecodeCudaGraphRatioLow")
+def _decode_graph_ratio(c: _Context) -> list[Alert]:
+    spec, w, engines, model_of, by = c.spec, c.w, c.engines, c.model_of, c.by
+    out: list[Alert] = []
+    expected = graph_expected_instances(spec)
+    if expected:
+        passes = SGLANG["cuda_graph_passes"]
+        inst = promql_regex(expected)
+        # each mode's child is created by its first pass: an engine whose decode never runs a graph has
+        # only mode="decode_none", so the numerator falls back to 0 for it
+        ratio = (f'(\n  sum by ({by}) (rate({passes}{{mode="decode_cuda_graph", instance=~"{inst}"}}[{w}]))\n'
+                 f'  or\n  sum by ({by}) (rate({passes}{{mode="decode_none", instance=~"{inst}"}}[{w}])) * 0\n)\n'
+                 f'/\nsum by ({by}) (rate({passes}{{mode=~"decode_cuda_graph|decode_none", instance=~"{inst}"}}[{w}]))')
+
+        def graph_case(s: dict[str, str], bad: bool) -> list[tuple[str, str]]:
+            base = {"job": JOB_ENGINE, **_pick(s, ENGINE_BY), "engine_type": s["role"], "model_name": s["model_name"],
+                    "pp_rank": "0", "moe_ep_rank": "0"}
+            rows = []
+            for tp in ("0", "1"):
+                rows.append((_series(passes, {**base, "tp_rank": tp, "mode": "decode_cuda_graph"}), "0+10x30"))
+                rows.append((_series(passes, {**base, "tp_rank": tp, "mode": "decode_none"}),
+                             "0+10x30" if bad else "0x30"))
+            return rows
+
+        subjects = tuple({**t.labels, "model_name": model_of[t.labels["instance"]]}
+                         for t in engines if t.labels["instance"] in expected)
+        out.append(Alert(
+            name="PdkitDecodeCudaGraphRatioLow",
+            expr=f"(\n{ratio}\n) < {_num(CUDA_GRAPH_RATIO_MIN)}",
+            value=ratio,
+            for_=CUDA_GRAPH_RATIO_FOR, severity="warning",
+            summary="{{ $labels.instance }} runs decode steps without CUDA graphs",
+            description=(
+                f"Fewer than {CUDA_GRAPH_RATIO_MIN:.0%} of the decode passes of {{{{ $labels.instance }}}} ran in a "
+                f"CUDA graph over the last {w} although its spec turns decode graphs on. Without graphs a decode "
+                "step is CPU-launch bound (the seeds measured 3-5x less throughput).\n"
+                "What to do: the usual cause is decode batches larger than the largest captured graph: compare "
+                "#running-req in the decode log lines with cuda_graph_max_bs (set it >= the target concurrency, "
+                "`pdkit validate` warns); also check the engine's log for a graph capture failure and that "
+                "--cuda-graph-backend-decode is not disabled (flags drift alert)."),
+            subjects=subjects,
+            case=graph_case,
+            exp_labels=lambda s: _pick(s, ENGINE_BY),
+            eval_time="20m",
+            extra_tests=lambda subjects: _graph_none_only_tests(subjects, passes),
+            fires_when=(f"decode passes in a CUDA graph < {CUDA_GRAPH_RATIO_MIN:.0%} on an engine whose spec turns "
+                        "graphs on (also when only `mode=\"decode_none\"` exists)"),
+        ))
+    return out
+
+
+# wedged engine: holds requests (running or queued) and generates no token. Tokens are
+# counted per scheduler step by sglang:realtime_tokens_total{mode} (lazy: created by the
+# first step), so an engine that wedged before its first step has no series at all.
+@_declares("PdkitEngineWedged")
+def _engine_wedged(c: _Context) -> list[Alert]:
+    spec, engines, model_of, by = c.spec, c.engines, c.model_of, c.by
+    out: list[Alert] = []
+    tokens = SGLANG["realtime_tokens"]
+    ww = _wedge_window(spec)
+    held = f'sum by ({by}) ({SGLANG["running"]}) + sum by ({by}) ({SGLANG["waiting"]})'
+    stepping = f"sum by ({by}) (rate({tokens}[{ww}])) > 0"
+    out.append(Alert(
+        name="PdkitEngineWedged",
+        expr=f"({held}) > 0\nunless on ({by})\n({stepping})",
+        value=f"{held}",
+        for_=WEDGED_FOR, severity="critical",
+        summary="Engine {{ $labels.instance }} holds requests and generates no tokens",
+        description=(
+            "Engine {{ $labels.instance }} ({{ $labels.role }}) has had requests running or queued for "
+            f"{WEDGED_FOR} while its scheduler generated no token over the last {ww} "
+            "(sglang:realtime_tokens_total did not move): its HTTP server answers, the scheduler does not step. "
+            "Clients wait until their timeout; the router keeps routing to it while /health answers.\n"
+            "What to do: `journalctl -u pdkit-engine-{{ $labels.engine }} -n 300` on {{ $labels.node }} (the "
+            "last Prefill/Decode batch line, NCCL or NIXL errors); `py-spy dump --pid <scheduler pid>` shows "
+            "where it hangs. Restart the engine (`systemctl restart pdkit-engine-{{ $labels.engine }}`, or the "
+            "deploy). The seeds hit this with the overlap schedule: consider --disable-overlap-schedule."),
+        subjects=tuple({**t.labels, "model_name": model_of[t.labels["instance"]]} for t in engines),
+        case=lambda s, bad: _wedge_case(s, bad),
+        exp_labels=lambda s: _pick(s, ENGINE_BY),
+        eval_time="20m",
+        extra_tests=lambda subjects: _wedge_extra_tests(subjects),
+        fires_when=f"requests running or queued and no token computed (`{tokens}`) over {ww}",
+    ))
+    return out
+
+
+# TTFT p99 over the SLO (user-facing TTFT: decode and unified engines)
+@_declares("PdkitTtftP99OverSlo")
+def _ttft_over_slo(c: _Context) -> list[Alert]:
+    mon, w, engines, model_of, by = c.mon, c.w, c.engines, c.model_of, c.by
+    out: list[Alert] = []
+    slo = mon.ttft_p99_slo_s
+    ttft = (f'histogram_quantile(0.99, sum by ({by}, le) '
+            f'(rate({SGLANG["ttft"]}_bucket{{role=~"decode|unified"}}[{w}])))')
+    ttft_engines = [t for t in engines if t.labels["role"] in ("decode", "unified")]
+
+    def ttft_case(s: dict[str, str], bad: bool) -> list[tuple[str, str]]:
+        base = {"job": JOB_ENGINE, **_pick(s, ENGINE_BY), "engine_type": s["role"], "model_name": s["model_name"]}
+        # all observations in (slo, 2 slo] -> p99 ~ 1.99 slo; in (slo/2, slo] -> p99 ~ 0.995 slo
+        counts = {slo / 2: "0x30", slo: "0x30" if bad else "0+10x30", slo * 2: "0+10x30", "+Inf": "0+10x30"}
+        return [(_series(SGLANG["ttft"] + "_bucket", {**base, "le": le if isinstance(le, str) else _num(le)}), v)
+                for le, v in counts.items()]
+
+    if ttft_engines:
+        out.append(Alert(
+            name="PdkitTtftP99OverSlo",
+            expr=f"{ttft} > {_num(slo)}",
+            value=ttft,
+            for_=TTFT_FOR, severity="warning",
+            summary=f"TTFT p99 of {{{{ $labels.instance }}}} is over the {_fmt(slo)} s SLO",
+            description=(
+                f"The 99th percentile time to first token measured by {{{{ $labels.instance }}}} over the last {w} "
+                f"is above pdkit_monitoring.ttft_p99_slo_s = {_fmt(slo)} s. In PD mode this decode-side TTFT "
+                "includes the prefill and the KV transfer.\n"
+                "What to do: on the PD dashboard find where the time goes: a growing prefill waiting queue "
+                "(prefill capacity: chunked_prefill_size, more prefill engines), bootstrap/inflight queues (the "
+                "handshake), transfer latency (the UCX lane, page_size), or decode prealloc (decode KV memory "
+                "full). Compare with the load: the SLO may simply be exceeded by more traffic than planned."),
+            subjects=tuple({**t.labels, "model_name": model_of[t.labels["instance"]]} for t in ttft_engines),
+            case=ttft_case,
+            exp_labels=lambda s: _pick(s, ENGINE_BY),
+            eval_time="20m",
+            decoys=tuple({**t.labels, "model_name": model_of[t.labels["instance"]]}
+                         for t in engines if t.labels["role"] == "prefill"),
+            absent_ok=(SGLANG["ttft"],),
+            fires_when=f"decode-side TTFT p99 > `pdkit_monitoring.ttft_p99_slo_s` ({_fmt(slo)} s)",
+        ))
+    return out
+
+
+# exporter: flags drift and NCCL/UCX env
+@_declares("PdkitConfigDrift", "PdkitNcclEnvMissing")
+def _exporter(c: _Context) -> list[Alert]:
+    spec = c.spec
+    out: list[Alert] = []
+    exp_subjects = tuple({"job": JOB_EXPORTER, "cluster": spec.cluster.name, "instance": h.name, "node": h.name,
+                          "engine": e.name, "role": e.role}
+                         for h, e in spec.engines() if h in scraped_hosts(spec))
+    out.append(Alert(
+        name="PdkitConfigDrift",
+        expr=f'max by ({_by(EXPORTER_BY)}) ({EXPORTER["flags_drift"]}) > 0',
+        value=f'max by ({_by(EXPORTER_BY)}) ({EXPORTER["flags_drift"]})',
+        for_=DRIFT_FOR, severity="warning",
+        summary="{{ $labels.node }}/{{ $labels.engine }} runs flags that differ from the plan",
+        description=(
+            "pdkit-exporter found that the flags engine {{ $labels.engine }} on {{ $labels.node }} really runs "
+            "with (/server_info and its command line) differ from what the spec renders: someone changed the "
+            "unit by hand, a deploy did not restart the engine, or the release on the node is not the planned "
+            "one.\nWhat to do: compare `systemctl cat pdkit-engine-{{ $labels.engine }}` on the node with "
+            "`pdkit render INVENTORY --out DIR`; re-run the deploy (it rewrites the unit and restarts the engine "
+            "behind the health gate). Never fix a node by hand: the next deploy undoes it."),
+        subjects=exp_subjects,
+        case=lambda s, bad: [(_series(EXPORTER["flags_drift"], s), "0x3 1x20" if bad else "0x25")],
+        exp_labels=lambda s: _pick(s, EXPORTER_BY),
+        eval_time="15m",
+        fires_when=f"`{EXPORTER['flags_drift']} > 0`",
+    ))
+    out.append(Alert(
+        name="PdkitNcclEnvMissing",
+        expr=f'min by ({_by(EXPORTER_BY)}) ({EXPORTER["env_present"]}) == 0',
+        value=f'min by ({_by(EXPORTER_BY)}) ({EXPORTER["env_present"]})',
+        for_=ENV_MISSING_FOR, severity="warning",
+        summary="NCCL/UCX environment missing in {{ $labels.node }}/{{ $labels.engine }}",
+        description=(
+            "The running process of engine {{ $labels.engine }} on {{ $labels.node }} lacks NCCL/UCX variables the "
+            "plan sets (read from /proc/<pid>/environ): untuned NCCL on PCIe falls back to host memory, and a "
+            "cross-node NIXL transfer without UCX_NET_DEVICES hangs until its 300 s timeout.\n"
+            "What to do: check that the unit's EnvironmentFile= lines point at the node's nccl.env / ucx.env "
+            "(`systemctl cat pdkit-engine-{{ $labels.engine }}`) and that the engine was restarted after they "
+            "changed; re-run the deploy."),
+        subjects=exp_subjects,
+        case=lambda s, bad: [(_series(EXPORTER["env_present"], s), "1x3 0x20" if bad else "1x25")],
+        exp_labels=lambda s: _pick(s, EXPORTER_BY),
+        eval_time="15m",
+        fires_when=f"`{EXPORTER['env_present']} == 0`",
+    ))
+    return out
+
+
+def alerts(spec: ClusterSpec) -> list[Alert]:
+    """Every alert rule for this spec, with its promtool cases: ALERT_TABLE's builders in order."""
+    c = _context(spec)
+    out: list[Alert] = []
+    for names, build in ALERT_TABLE:
+        made = build(c)
+        assert {a.name for a in made} <= set(names), f"{build.__name__} declares {[a.name for a in made]}, not {names}"
+        out += made
+    return out
+
+
+# every alert the table can declare, in rule order
+ALERT_NAMES = tuple(n for names, _ in ALERT_TABLE for n in names)
+
+
+def alert_rules(spec: ClusterSpec) -> str:
+    """The rules file (RULES_PATH), one group."""
+    rules = []
+    for a in alerts(spec):
+        rules.append({
+            "alert": a.name,
+            "expr": a.expr,
+            "for": a.for_,
+            "labels": {"severity": a.severity},
+            "annotations": {"summary": a.summary, "description": a.description},
+        })
+    doc = {"groups": [{"name": "pdkit", "rules": rules}]}
+    head = f"# Generated by pdkit (cluster {spec.cluster.name}); see docs/monitoring.md for each alert.\n"
+    return head + to_yaml(doc)
+
+
+_TEMPLATE = re.compile(r"\{\{\s*\$labels\.(\w+)\s*\}\}")
+
+
+def _expand(text: str, labels: dict[str, str]) -> str:
+    """Expand the only template form the annotations use; a typo'd label is an error here."""
+    return _TEMPLATE.sub(lambda m: labels[m.group(1)], text)
+
+
+# subjects per alert in the rule tests laid on the monitoring host: the alert's shape with a
+# neighbour (cross-talk), whatever the cluster's size. The test suite runs every subject.
+HOST_RULE_TEST_SUBJECTS = 2
+
+
+def rule_tests(spec: ClusterSpec, rules_file: str = "pdkit.yml", max_subjects: int | None = None) -> str:
+    """A `promtool test rules` file. Per alert, three tests over every subject (each engine, worker
+    or target the spec declares; the first `max_subjects` of them when given), so the file grows
+    linearly with the cluster: every subject bad at once (each fires, with its own labels and
+    annotations); only the first bad (it alone fires: no cross-talk through an aggregation);
+    every subject healthy (nothing fires, decoys included). Then the alert's own extra tests
+    (shapes one case per subject cannot say)."""
+    tests = []
+    for a in alerts(spec):
+        assert a.case is not None and a.exp_labels is not None
+        if not a.subjects:
+            continue
+        if max_subjects is not None:
+            a = replace(a, subjects=a.subjects[:max_subjects])
+
+        def expected(s: dict[str, str], a: Alert = a) -> dict:
+            exp = {**a.exp_labels(s), "severity": a.severity}
+            return {"exp_labels": dict(sorted(exp.items())),
+                    "exp_annotations": {"summary": _expand(a.summary, exp), "description": _expand(a.description, exp)}}
+
+        def case_test(name: str, bad: list[dict[str, str]], decoys: bool, a: Alert = a) -> dict:
+            series = []
+            for s in a.subjects:
+                series += a.case(s, any(s is b for b in bad))
+            if decoys:
+                for d in a.decoys:
+                    series += a.case(d, True)
+            return {"name": name, "interval": "1m",
+                    "input_series": [{"series": s, "values": v} for s, v in series],
+                    "alert_rule_test": [{"eval_time": a.eval_time, "alertname": a.name,
+                                         "exp_alerts": [expected(b) for b in bad]}]}
+
+        first = a.subjects[0]
+        if len(a.subjects) > 1:
+            tests.append(case_test(f"{a.name} fires for every subject at once", list(a.subjects), False))
+        tests.append(case_test(f"{a.name} fires for {_subject_name(first)} alone", [first], False))
+        tests.append(case_test(f"{a.name} stays quiet while every subject is healthy"
+                               + (" (and ignores the prefill side)" if a.decoys else ""), [], True))
+        if a.extra_tests is not None:
+            for t in a.extra_tests(a.subjects):
+                for check in t["alert_rule_test"]:
+                    for e in check["exp_alerts"]:
+                        e["exp_annotations"] = {"summary": _expand(a.summary, e["exp_labels"]),
+                                                "description": _expand(a.description, e["exp_labels"])}
+                tests.append(t)
+    doc = {"rule_files": [rules_file], "evaluation_interval": "1m", "tests": tests}
+    return "# Generated by pdkit: `promtool test rules` cases for every alert.\n" + to_yaml(doc)
+
+
+def _subject_name(s: dict[str, str]) -> str:
+    if "worker_instance" in s:
+        return f"the router on {s['node']} and worker {s['worker_instance']}"
+    if "queue" in s:
+        return f"{s['instance']} queue {s['queue']}"
+    if s.get("job") == JOB_EXPORTER and "engine" in s:
+        return f"{s['node']}/{s['engine']}"
+    if s.get("job") in (JOB_NODE, JOB_DCGM, JOB_PROMETHEUS, JOB_EXPORTER):
+        return f"{s['job']} on {s['node']}"
+    return s["instance"]
+
+
+def alert_conditions(spec: ClusterSpec) -> list[tuple[str, str]]:
+    """(where, full alert expression): parse-check these; they return nothing while all is well."""
+    return [(f"alert {a.name}", a.expr) for a in alerts(spec)]
