@@ -13,6 +13,7 @@ from pdkit.spec import (
     HostSpec,
     Problem,
     custom_all_reduce_enabled,
+    shared_gpu_mem_fraction,
 )
 from pdkit.versions import ROUTER_RELEASES, SGLANG_RELEASES
 
@@ -28,8 +29,9 @@ def router_venv_dir(spec: ClusterSpec) -> str:
     return f"{spec.cluster.install_dir}/router-venv"
 
 
-def sglang_args(spec: ClusterSpec, host: HostSpec, engine: Engine) -> list[str]:
-    """The flags after `python -m sglang.launch_server` for one engine."""
+def sglang_args(spec: ClusterSpec, host: HostSpec, engine: Engine, rank: int = 0) -> list[str]:
+    """The flags after `python -m sglang.launch_server` for one engine (HOST declares it); for
+    an engine spanning nodes, of its rank RANK: every rank's argv is the same but --node-rank."""
     model = spec.engine_model(engine)
     tuning = spec.engine_tuning(engine)
     args: list[str] = ["--model-path", model.path]
@@ -45,6 +47,7 @@ def sglang_args(spec: ClusterSpec, host: HostSpec, engine: Engine) -> list[str]:
     args += ["--tp-size", str(engine.tp_size)]
     if engine.dp != 1:
         args += ["--dp-size", str(engine.dp)]
+    args += parallel_args(spec, host, engine, rank)
     # all GPUs stay visible to every engine (cgroup/device isolation breaks CUDA IPC for NIXL)
     args += ["--base-gpu-id", str(engine.gpus[0]), "--gpu-id-step", str(engine.gpu_step)]
 
@@ -55,8 +58,9 @@ def sglang_args(spec: ClusterSpec, host: HostSpec, engine: Engine) -> list[str]:
             args += ["--disaggregation-bootstrap-port", str(engine.effective_bootstrap_port)]
 
     args += _cuda_graph_args(spec, engine)
+    shared_fraction = shared_gpu_mem_fraction(host, engine)
     for name, flag in _VALUE_FLAGS:
-        value = getattr(tuning, name)
+        value = shared_fraction if name == "mem_fraction_static" and shared_fraction is not None else getattr(tuning, name)
         if value is not None:
             args += [flag, str(value)]
     if tuning.value("overlap_schedule") is False:
@@ -78,7 +82,46 @@ def sglang_args(spec: ClusterSpec, host: HostSpec, engine: Engine) -> list[str]:
             args += ["--speculative-num-draft-tokens", str(spec_dec.num_draft_tokens)]
     if tuning.value("enable_metrics"):
         args.append("--enable-metrics")
+    args += expert_args(spec, engine)
     args += list(engine.extra_args)
+    return args
+
+
+def dist_init_addr(spec: ClusterSpec, host: HostSpec, engine: Engine) -> str:
+    """host:port where the ranks of an engine spanning nodes meet: rank 0's address (HOST)."""
+    address = spec.engine_address(host)
+    return f"[{address}]:{engine.dist_init_port}" if ":" in address else f"{address}:{engine.dist_init_port}"
+
+
+def parallel_args(spec: ClusterSpec, host: HostSpec, engine: Engine, rank: int = 0) -> list[str]:
+    """Pipeline, expert and attention-DP sizes, and the multi-node rendezvous, per release."""
+    release = SGLANG_RELEASES[spec.engine_version(engine)]
+    args: list[str] = []
+    if engine.pp != 1:
+        args += ["--pp-size", str(engine.pp)]
+    if engine.ep is not None:
+        args += ["--ep-size", str(engine.ep)]
+    attn_dp = engine.attn_dp or 1
+    if attn_dp > 1:
+        if release.attn_dp_size_flag:
+            args += ["--attn-dp-size", str(attn_dp)]
+        else:
+            args += ["--dp-size", str(attn_dp), "--enable-dp-attention"]
+    if engine.spans_nodes:
+        args += ["--nnodes", str(engine.nnodes), "--node-rank", str(rank),
+                 "--dist-init-addr", dist_init_addr(spec, host, engine)]
+    return args
+
+
+def expert_args(spec: ClusterSpec, engine: Engine) -> list[str]:
+    """EPLB (same spelling in 0.5.17 and 0.5.23; --moe-a2a-backend is a _VALUE_FLAGS lever, its
+    choices checked against the release's parser by pdkit.argvcheck)."""
+    tuning = spec.engine_tuning(engine)
+    args: list[str] = []
+    if tuning.enable_eplb:
+        args.append("--enable-eplb")
+    if tuning.ep_num_redundant_experts is not None:
+        args += ["--ep-num-redundant-experts", str(tuning.ep_num_redundant_experts)]
     return args
 
 
@@ -94,6 +137,7 @@ _VALUE_FLAGS: tuple[tuple[str, str], ...] = (
     ("attention_backend", "--attention-backend"),
     ("sampling_backend", "--sampling-backend"),
     ("moe_runner_backend", "--moe-runner-backend"),
+    ("moe_a2a_backend", "--moe-a2a-backend"),
     ("quantization", "--quantization"),
     ("kv_cache_dtype", "--kv-cache-dtype"),
     ("watchdog_timeout", "--watchdog-timeout"),
@@ -121,14 +165,16 @@ def _cuda_graph_args(spec: ClusterSpec, engine: Engine) -> list[str]:
     return args
 
 
-def engine_command(spec: ClusterSpec, host: HostSpec, engine: Engine) -> list[str]:
-    """The full ExecStart argv of an engine: the venv's python, the engine module, the flags."""
+def engine_command(spec: ClusterSpec, host: HostSpec, engine: Engine, rank: int = 0) -> list[str]:
+    """The full ExecStart argv of an engine (of its rank RANK): the venv's python, the engine module, the flags."""
     module = ENGINE_MODULES[spec.cluster.engine]
-    return [f"{venv_dir(spec)}/bin/python", "-m", module, *sglang_args(spec, host, engine)]
+    return [f"{venv_dir(spec)}/bin/python", "-m", module, *sglang_args(spec, host, engine, rank)]
 
 
-def engine_env(spec: ClusterSpec, host: HostSpec, engine: Engine) -> dict[str, str]:
-    """The engine's own environment (NCCL and UCX live in the node's env files)."""
+def engine_env(spec: ClusterSpec, host: HostSpec, engine: Engine, node: HostSpec | None = None) -> dict[str, str]:
+    """The engine's own environment (NCCL and UCX live in the node's env files); NODE is where
+    this rank runs (default HOST, which declares the engine)."""
+    node = node or host
     tuning = spec.engine_tuning(engine)
     model = spec.engine_model(engine)
     env = {
@@ -138,7 +184,8 @@ def engine_env(spec: ClusterSpec, host: HostSpec, engine: Engine) -> dict[str, s
         "PYTHONUNBUFFERED": "1",
     }
     if engine.role != "unified":
-        env["SGLANG_HOST_IP"] = spec.engine_address(host)
+        # each rank's own address: its KV transfer endpoints are registered there
+        env["SGLANG_HOST_IP"] = spec.engine_address(node)
         if spec.cluster.transfer_backend == "nixl":
             env["SGLANG_DISAGGREGATION_NIXL_BACKEND"] = "UCX"
     if model.path.startswith("/"):
@@ -172,7 +219,10 @@ def nccl_env(spec: ClusterSpec, host: HostSpec) -> dict[str, str]:
         # IOMMU/ACS on: init completes, then the first all-reduce spins forever (nccl#1999)
         env["NCCL_P2P_DISABLE"] = "1"
         env["NCCL_PROTO"] = "LL,Simple"
-    if node.nccl_profile in ("pcie", "pcie-p2p-off") and not has_ib:
+    if node.nccl_net == "ib":
+        # across nodes over InfiniBand/RoCE: only the HCAs named
+        env["NCCL_IB_HCA"] = node.nccl_ib_hca or ""
+    elif node.nccl_net == "socket" or (node.nccl_profile in ("pcie", "pcie-p2p-off") and not has_ib):
         env["NCCL_IB_DISABLE"] = "1"
     if node.nic:
         env["NCCL_SOCKET_IFNAME"] = node.nic
@@ -197,7 +247,7 @@ def ucx_env(spec: ClusterSpec, host: HostSpec) -> dict[str, str]:
     """UCX settings for NIXL KV transfer on a node that runs PD engines."""
     node = host.node
     assert node is not None
-    if spec.cluster.transfer_backend != "nixl" or all(e.role == "unified" for e in node.engines):
+    if spec.cluster.transfer_backend != "nixl" or all(p.engine.role == "unified" for p in spec.placements(host)):
         return {}
     env: dict[str, str] = {}
     if node.ucx_net_devices:
@@ -218,16 +268,27 @@ def secrets_env(spec: ClusterSpec) -> dict[str, str]:
     return env
 
 
-def router_secrets_env(spec: ClusterSpec) -> dict[str, str]:
+def router_api_key_text(spec: ClusterSpec) -> str | None:
+    """The router's API key file (mode 0600 root; systemd hands it to the router as a credential), or None."""
     secrets = spec.cluster.secrets
     if secrets.router_api_key is None:
-        return {}
-    return {ROUTER_API_KEY_ENV: secrets.router_api_key.get_secret_value()}
+        return None
+    return secrets.router_api_key.get_secret_value() + "\n"
 
 
-# smg has no variable for its API key: pdkit's launcher (router_launcher_path) reads this one
-# and hands the key to smg in-process, so it never reaches argv
-ROUTER_API_KEY_ENV = "PDKIT_ROUTER_API_KEY"
+# the credential name the router unit loads the key file as (LoadCredential=); the launcher
+# reads $CREDENTIALS_DIRECTORY/<this> and hands the key to smg in-process, so it never reaches
+# argv or the environment (smg has no variable for it)
+ROUTER_API_KEY_CREDENTIAL = "router-api-key"
+
+
+def router_api_key_path(spec: ClusterSpec) -> str:
+    return f"{spec.cluster.config_dir}/router-api-key"
+
+
+def router_user(spec: ClusterSpec) -> str:
+    """The router's own user: an engine (the service user) cannot read the router's process or key."""
+    return f"{spec.cluster.service_user}-router"
 
 
 def router_launcher_path(spec: ClusterSpec) -> str:
@@ -271,8 +332,26 @@ def router_args(spec: ClusterSpec, host: HostSpec) -> list[str]:
     # smg and sglang-router drain in-flight requests this long on SIGTERM (both parsers: pdkit/parser_table.json)
     args += ["--shutdown-grace-period-secs", str(router.shutdown_grace_period_secs)]
     # no --remove-unhealthy-workers: smg 1.13 never takes a removed worker back on the same address
+    args += router_breaker_args()
+    if ROUTER_RELEASES[spec.router_release(host)].dp_aware and any((e.attn_dp or 1) > 1 for _, e in workers):
+        # attention-DP workers: route each request to one DP rank of the worker
+        args.append("--dp-aware")
     args += list(router.extra_args)
     return args
+
+
+# The routers' circuit breaker (smg 1.13.0 and sglang-router 0.3.2 take the same flags, defaults
+# failure 10, success 3, timeout 60 s, window 120 s: smg/router_args.py, sglang_router/router_args.py).
+# With a 60 s timeout a worker that was killed and came back in 7 s sat idle until ~62 s while
+# /workers called it healthy (issue #18 item 6): its breaker stays open for the whole timeout.
+# A 3 s timeout lets the breaker try the worker again (half-open) 3 s after it opened, and two
+# successful requests close it, so a recovered worker gets traffic a few seconds after it is healthy;
+# a worker still down fails its trial request and the breaker opens again for another 3 s.
+ROUTER_BREAKER = {"cb-failure-threshold": 10, "cb-success-threshold": 2, "cb-timeout-duration-secs": 3, "cb-window-duration-secs": 60}
+
+
+def router_breaker_args() -> list[str]:
+    return [a for name, value in ROUTER_BREAKER.items() for a in (f"--{name}", str(value))]
 
 
 # seconds systemd waits beyond the router's drain before SIGKILL: the process' own exit after the drain

@@ -30,10 +30,27 @@ class Knobs:
     kv_transfer_gb_s: float = 1.2
     # Output length when a request sets no limit (chat without max_tokens): ends as if by EOS.
     default_max_tokens: int = 128
+    # Scheduler overhead per scheduling iteration (batch building, bookkeeping), paid once per
+    # `--num-continuous-decode-steps` decode steps, as SGLang amortises it.
+    schedule_ms: float = 2.0
+    # A sparse-attention indexer (the seeds' DeepSeek-V4) scores every position up to the
+    # *configured* context length each decode step: ms per request per step per 1M tokens of
+    # --context-length. 0: a model without such an indexer.
+    indexer_ms_per_1m_ctx: float = 0.0
     # Failure injection.
     transfer_fail_rate: float = 0.0
     health_fail_file: str = ""
     stall_file: str = ""
+    # Lever faults (docs/sim.md): conditions on the engine's own argv, e.g. "--enable-torch-compile"
+    # or "!--disable-overlap-schedule"; when every one holds, output is corrupted / the scheduler wedges.
+    corrupt_when: str = ""
+    wedge_when: str = ""
+    # the wedge strikes once this many requests decode together (a desync under load)
+    wedge_min_batch: int = 8
+    # seconds the wedge holds before the engine steps again; 0: until the process restarts, as a
+    # real wedge. smg does not cancel a decode's request when its client hangs up, so only a hold
+    # lets the requests the wedge caught finish (the lab's zero-failed-requests campaign uses one)
+    wedge_hold_s: float = 0.0
     # The SGLang release whose metrics the sim exports (its families from the metric catalogue);
     # empty: the newest catalogued release. pdkit renders the engine's planned sglang_version here.
     sglang_version: str = ""
@@ -60,6 +77,12 @@ ENV_NAMES = {
     "transfer_fail_rate": "PDKIT_SIM_TRANSFER_FAIL_RATE",
     "health_fail_file": "PDKIT_SIM_HEALTH_FAIL_FILE",
     "stall_file": "PDKIT_SIM_STALL_FILE",
+    "schedule_ms": "PDKIT_SIM_SCHEDULE_MS",
+    "indexer_ms_per_1m_ctx": "PDKIT_SIM_INDEXER_MS_PER_1M_CTX",
+    "corrupt_when": "PDKIT_SIM_CORRUPT_WHEN",
+    "wedge_when": "PDKIT_SIM_WEDGE_WHEN",
+    "wedge_min_batch": "PDKIT_SIM_WEDGE_MIN_BATCH",
+    "wedge_hold_s": "PDKIT_SIM_WEDGE_HOLD_S",
     "bootstrap_retry_s": "PDKIT_SIM_BOOTSTRAP_RETRY_S",
     "sglang_version": "PDKIT_SIM_SGLANG_VERSION",
     "waiting_timeout_s": "SGLANG_DISAGGREGATION_WAITING_TIMEOUT",
@@ -103,11 +126,54 @@ def _check(k: Knobs) -> None:
     if k.no_cuda_graph_factor < 1.0:
         raise KnobError(f"{ENV_NAMES['no_cuda_graph_factor']} must be >= 1 (graphs never slow decode down)")
     for name in ("startup_delay_s", "decode_base_ms", "decode_per_req_ms", "prefill_base_ms",
-                 "prefill_ms_per_1k_tokens", "bootstrap_retry_s"):
+                 "prefill_ms_per_1k_tokens", "bootstrap_retry_s", "schedule_ms", "indexer_ms_per_1m_ctx", "wedge_hold_s"):
         if getattr(k, name) < 0:
             raise KnobError(f"{ENV_NAMES[name]} must be >= 0")
     for name in ("kv_transfer_gb_s", "waiting_timeout_s", "bootstrap_timeout_s", "heartbeat_interval_s"):
         if getattr(k, name) <= 0:
             raise KnobError(f"{ENV_NAMES[name]} must be > 0")
+    if k.wedge_min_batch < 1:
+        raise KnobError(f"{ENV_NAMES['wedge_min_batch']} must be >= 1")
+    for name in ("corrupt_when", "wedge_when"):
+        for cond in conditions(getattr(k, name)):
+            if not cond.lstrip("!").startswith("--"):
+                raise KnobError(f"{ENV_NAMES[name]}: {cond!r} is not a condition: give --flag, --flag=value or !--flag, comma-separated")
     if k.default_max_tokens < 1 or k.heartbeat_max_failure < 1:
         raise KnobError("PDKIT_SIM_DEFAULT_MAX_TOKENS and SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE must be >= 1")
+
+
+def conditions(text: str) -> list[str]:
+    return [c.strip() for c in text.split(",") if c.strip()]
+
+
+def argv_matches(text: str, argv: list[str] | tuple[str, ...]) -> bool:
+    """True when TEXT names at least one condition and every one holds for ARGV.
+
+    `--flag`: the argv has it; `--flag=value`: the argv has it followed by exactly that value
+    (a multi-value flag: its values joined by spaces); `!--flag`: the argv lacks it.
+    """
+    conds = conditions(text)
+    if not conds:
+        return False
+    argv = list(argv)
+
+    def values(flag: str) -> str | None:
+        if flag not in argv:
+            return None
+        i = argv.index(flag) + 1
+        out = []
+        while i < len(argv) and not argv[i].startswith("--"):
+            out.append(argv[i])
+            i += 1
+        return " ".join(out)
+
+    for cond in conds:
+        if cond.startswith("!"):
+            if values(cond[1:]) is not None:
+                return False
+            continue
+        flag, _, want = cond.partition("=")
+        got = values(flag)
+        if got is None or ("=" in cond and got != want):
+            return False
+    return True

@@ -24,7 +24,7 @@ from collections import deque
 from collections.abc import Callable
 
 from pdkit.sim.args import SimArgs
-from pdkit.sim.knobs import Knobs
+from pdkit.sim.knobs import Knobs, argv_matches
 from pdkit.sim.logs import format_decode_batch, format_prefill_batch
 from pdkit.sim.metrics import SimMetrics
 from pdkit.sim.stepmodel import (
@@ -36,7 +36,9 @@ from pdkit.sim.stepmodel import (
     prefill_step_seconds,
     prefill_uses_cuda_graph,
 )
-from pdkit.sim.textgen import TokenStream
+from pdkit.sim.textgen import VOCAB, TokenStream
+
+VOCAB_SIZE = len(VOCAB)
 
 
 # eager gauges the scheduler loop keeps up to date (every other eager one stays at its idle 0)
@@ -115,6 +117,12 @@ class Scheduler:
         self._last_decode_log = time.perf_counter()
         self._last_prefill_log = time.perf_counter()
         self.last_gen_throughput = 0.0
+        # --num-continuous-decode-steps: decode steps run back to back per scheduling iteration
+        self.continuous_steps = max(1, int(args.server.get("num_continuous_decode_steps") or 1))
+        # lever faults (knobs PDKIT_SIM_CORRUPT_WHEN / PDKIT_SIM_WEDGE_WHEN), decided from the argv
+        self.corrupt = argv_matches(knobs.corrupt_when, args.argv)
+        self.wedge_armed = argv_matches(knobs.wedge_when, args.argv)
+        self.wedged_at: float | None = None
         # the eager scheduler gauges this loop computes, as children (a stand-in for any the release lacks)
         self._gauges = {n: metrics.child(n) or _NoSeries() for n in _SCHEDULER_GAUGES}
         # set once at startup by a real engine too (lazy in the catalogue: not an idle stats log)
@@ -150,7 +158,23 @@ class Scheduler:
 
     def stalled(self) -> bool:
         path = self.knobs.stall_file
-        return bool(path) and os.path.exists(path)
+        if path and os.path.exists(path):
+            return True
+        # the wedge lever: once this many requests decode together (a PD/TP desync under load) the
+        # scheduler stops stepping, until the process restarts or, with a hold, for that long
+        if not self.wedge_armed:
+            return False
+        now = time.monotonic()
+        if self.wedged_at is None:
+            if sum(not r.aborted for r in self.running) < self.knobs.wedge_min_batch:
+                return False
+            self.wedged_at = now
+            self.log.warning(f"pdkit.sim: wedged (lever fault PDKIT_SIM_WEDGE_WHEN, {len(self.running)} running requests)")
+        if self.knobs.wedge_hold_s and now - self.wedged_at >= self.knobs.wedge_hold_s:
+            self.wedge_armed = False  # let go for good: the requests it held finish
+            self.log.warning(f"pdkit.sim: the wedge let go after {self.knobs.wedge_hold_s:g} s (PDKIT_SIM_WEDGE_HOLD_S)")
+            return False
+        return True
 
     @property
     def used_tokens(self) -> int:
@@ -179,7 +203,13 @@ class Scheduler:
                     self.last_progress = time.monotonic()
                     continue  # like SGLang, a new prefill batch goes before the next decode step
             if self.running and self.mode != "prefill":
-                await self._decode_step()
+                # one scheduling overhead, then up to --num-continuous-decode-steps steps with no
+                # admission in between (SGLang's trade: cheaper per token, later joins)
+                await asyncio.sleep(self.knobs.schedule_ms / 1000.0)
+                for _ in range(self.continuous_steps):
+                    if not self.running or self.stalled():
+                        break
+                    await self._decode_step()
                 self.last_progress = time.monotonic()
             elif not admitted:
                 # Queued work that does not fit and nothing running here: wait for room.
@@ -232,7 +262,7 @@ class Scheduler:
     async def _decode_step(self) -> None:
         batch = len(self.running)
         graph = decode_uses_cuda_graph(self.plan, batch)
-        await asyncio.sleep(decode_step_seconds(self.knobs, batch, graph))
+        await asyncio.sleep(decode_step_seconds(self.knobs, batch, graph, self.args.context_length))
         now = time.perf_counter()
         self.metrics.count_pass("decode_cuda_graph" if graph else "decode_none")
         self.metrics.count_tokens("decode", batch)
@@ -247,7 +277,12 @@ class Scheduler:
                 if itl is None:
                     itl = self.metrics.child("sglang:inter_token_latency_seconds")
                 itl.observe(now - req.last_token_at)
-            req.output_ids.append(req.tokens.next_id())
+            token = req.tokens.next_id()
+            if self.corrupt:
+                # the corrupting lever: every decoded token is off by one in the vocabulary (the
+                # prefill's first token stays right, as a broken decode kernel would leave it)
+                token = (token + 1) % VOCAB_SIZE
+            req.output_ids.append(token)
             req.last_token_at = now
             produced += 1
             if len(req.output_ids) >= req.max_new_tokens:
