@@ -291,11 +291,20 @@ class Service:
                     break
                 except subprocess.TimeoutExpired:
                     continue
-        # SGLang's scheduler/detokenizer children share the session: make sure none survive
+        # SGLang's scheduler/detokenizer children share the session: make sure none survive, and,
+        # as systemd does for a unit's cgroup, wait until they are gone: their GPU memory is only
+        # free then (a decode restarted at once found 14 of 140 GB free and sized its KV pool to it)
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(self.proc.pid, 0)
+            except (ProcessLookupError, PermissionError):
+                break
+            time.sleep(0.2)
         log(f"stopped {self.unit} (exit {self.proc.poll()})")
         self.proc = None
 

@@ -5,8 +5,9 @@ pool against the memory free when it starts, so two engines started together on 
 (one died with "no GPU memory for the KV cache" at 0.4 + 0.4) and their split changed from
 restart to restart. Here each engine declares its share of the GPU (`gpu_share`); pdkit starts
 the decode only once the prefill serves (`After=`, `PartOf=`, an ExecStartPre waiting for the
-prefill's /health) and derives each one's --mem-fraction-static from the shares of the engines
-started before it (pdkit.spec.shared_gpu_mem_fraction): prefill 0.40, decode 0.40 + 0.45.
+prefill's /health) and derives each one's --mem-fraction-static from its share and the shares of
+the engines started before it, since SGLang counts the fraction against the memory free at its
+start (pdkit.spec.shared_gpu_mem_fraction): prefill 0.40, decode 0.45 / (1 - 0.40) = 0.75.
 
     pdkit validate inventories/h200-1gpu.py
     python gpu/run_gpu_tier.py --single-gpu --dry

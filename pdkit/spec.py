@@ -818,16 +818,19 @@ def gpu_share_group(host: HostSpec, engine: Engine) -> list[Engine]:
 def shared_gpu_mem_fraction(host: HostSpec, engine: Engine) -> float | None:
     """--mem-fraction-static for an engine on shared GPUs, or None.
 
-    SGLang sizes its static pool against the memory free when it starts (0.5.x
-    `ModelRunner.profile_max_num_token`: free - total x (1 - fraction)). Engines sharing a GPU
-    start one after another, so engine k, started with the earlier ones holding their shares,
-    gets total x (share_0 + ... + share_k) - (what the earlier ones hold) = total x share_k.
+    SGLang counts the fraction against the memory free when the engine starts, not the GPU's
+    total: its KV budget is the free memory minus `pre_model_load_memory * (1 - fraction)`
+    (sglang/srt/mem_cache/kv_cache_configurator.py `_profile_available_bytes`, 0.5.17 and
+    0.5.23). Engines sharing a GPU start one after another, so engine k finds about
+    total x (1 - share_0 - ... - share_k-1) free, and share_k of the total is
+    share_k / (1 - the earlier shares) of that. Measured on one H200 (docs/gpu.md).
     """
     group = gpu_share_group(host, engine)
     if not group:
         return None
     index = [e.name for e in group].index(engine.name)
-    return round(sum(e.gpu_share for e in group[: index + 1]), 4)  # type: ignore[misc]
+    earlier = sum(e.gpu_share for e in group[:index])  # type: ignore[misc]
+    return round(engine.gpu_share / (1 - earlier), 4)  # type: ignore[operator]
 
 
 def shared_gpu_predecessor(host: HostSpec, engine: Engine) -> Engine | None:
