@@ -24,7 +24,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -63,6 +63,9 @@ class CheckResult:
     status: Status
     reason: str
     hint: str = ""
+    # the FAIL reports what the spec itself plans (e.g. decode graphs off by tuning): the engine
+    # runs as written, the spec is what to change; `pdkit tune` counts such a lever as in effect
+    as_planned: bool = False
 
     def to_dict(self) -> dict[str, str]:
         return asdict(self)
@@ -286,7 +289,7 @@ def check_decode_cuda_graphs(obs: EngineObservation) -> CheckResult:
     if enabled is False:
         seen = f"; {passes[0]:.0f} of {passes[0] + passes[1]:.0f} decode passes ran as a graph {passes[2]}" if passes else ""
         if not plan.cuda_graph:
-            return _result(plan, name, FAIL, f"decode CUDA graphs are off (cuda_graph_backend_decode=disabled), as the spec plans{seen}", spec_hint)
+            return replace(_result(plan, name, FAIL, f"decode CUDA graphs are off (cuda_graph_backend_decode=disabled), as the spec plans{seen}", spec_hint), as_planned=True)
         return _result(plan, name, FAIL, f"decode CUDA graphs are off in the running engine although the plan has them on{seen}",
                        f"the engine does not run the plan: re-apply it to {plan.host} (pyinfra INVENTORY deploy/pd.py --limit {plan.host}); see the flags check")
     if passes is None:
@@ -311,7 +314,7 @@ def check_decode_cuda_graphs(obs: EngineObservation) -> CheckResult:
                        "send a request through the router (pdkit chat INVENTORY) and re-run; doctor's probe requests did not reach this engine")
     ratio = graph / total
     if not plan.cuda_graph and ratio == 0:
-        return _result(plan, name, FAIL, f"decode CUDA graphs unused, as the spec plans: {total_text}", spec_hint)
+        return replace(_result(plan, name, FAIL, f"decode CUDA graphs unused, as the spec plans: {total_text}", spec_hint), as_planned=True)
     if ratio == 0:
         return _result(plan, name, FAIL, f"decode CUDA graphs enabled but unused: {total_text}",
                        f"graph capture failed or every batch is above the captured size ({largest_decode_bucket(info or {}) or '?'}): "

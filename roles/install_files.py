@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import io
+import sys
 import shlex
 from collections.abc import Sequence
 from weakref import WeakKeyDictionary
@@ -95,9 +96,15 @@ def install_files(files: Sequence[PlannedFile], staging: str, daemon_reload: boo
     from pyinfra.facts.files import FileContents
 
     logged = _LOGGED.setdefault(state, set())
+
+    def say(line: str) -> None:
+        # stderr, under the host's name as pyinfra prints it: host.log is not shown by default,
+        # and --json keeps stdout for pyinfra's results
+        print(f"    [{host.name}] {line}", file=sys.stderr, flush=True)
+
     if host.name not in logged:
         logged.add(host.name)
-        host.log(change_summary(files, remove))
+        say(change_summary(files, remove))
         if state.config.DIFF:
             for planned in files:
                 current = None
@@ -107,9 +114,9 @@ def install_files(files: Sequence[PlannedFile], staging: str, daemon_reload: boo
                 elif host_has(planned.path):
                     current = ""
                 for line in diff_lines(planned, current):
-                    host.log("  " + line)
+                    say("  " + line)
             for path in remove:
-                host.log(f"  Will remove {path}")
+                say(f"  Will remove {path}")
     for step in install_commands(files, staging, daemon_reload=daemon_reload, remove=remove):
         if isinstance(step, str):
             yield StringCommand(step)

@@ -324,7 +324,8 @@ class Session:
         self.gate = "doctor"
         results = run_doctor(spec, window_s=c.doctor.window_s, probe_requests=c.doctor.probe_requests)
         # throughput_c16 compares with docs/bench's last run: the campaign's own bench replaces it
-        failed = [r for r in results if r.status == FAIL and r.check != "throughput_c16"]
+        # a FAIL that reports the candidate's own plan (graphs off by its overlay) is the lever in effect
+        failed = [r for r in results if r.status == FAIL and r.check != "throughput_c16" and not r.as_planned]
         t["doctor_s"] = round(time.monotonic() - start, 2)
         record["doctor"] = [r.to_dict() for r in results if r.status != "PASS"]
         if failed:
