@@ -73,25 +73,9 @@ def install_commands(files: Sequence[PlannedFile], staging: str, *, daemon_reloa
     return [*staged, " && ".join(moves)]
 
 
-@operation()
-def install_files(files: Sequence[PlannedFile], staging: str, daemon_reload: bool = False, remove: Sequence[str] = ()):
-    """
-    Write FILES (content, mode, owner, group) through a root-only staging directory and delete REMOVE.
-
-    + files: the planned files to write (all of them are written: pass only those that differ)
-    + staging: a root-only (0700) directory that only this operation writes to
-    + daemon_reload: run `systemctl daemon-reload` afterwards (a unit or drop-in is among FILES)
-    + remove: paths to delete (files no longer planned)
-
-    Each host prints its own list; with `--diff` (pyinfra's flag) a unified diff of each text
-    file, secrets only named.
-
-    **Example:**
-
-    .. code:: python
-
-        install_files(name="Install 2 changed file(s)", files=changed, staging="/etc/pdkit/.staging")
-    """
+def announce(files: Sequence[PlannedFile], remove: Sequence[str] = ()) -> None:
+    """Print this host's own list of files to write and remove (and, with --diff, their diffs) at
+    prepare time, so `--dry` shows it too: pyinfra runs an operation's body only when it executes."""
     from pyinfra import host, state
     from pyinfra.facts.files import FileContents
 
@@ -117,6 +101,27 @@ def install_files(files: Sequence[PlannedFile], staging: str, daemon_reload: boo
                     say("  " + line)
             for path in remove:
                 say(f"  Will remove {path}")
+
+
+@operation()
+def install_files(files: Sequence[PlannedFile], staging: str, daemon_reload: bool = False, remove: Sequence[str] = ()):
+    """
+    Write FILES (content, mode, owner, group) through a root-only staging directory and delete REMOVE.
+
+    + files: the planned files to write (all of them are written: pass only those that differ)
+    + staging: a root-only (0700) directory that only this operation writes to
+    + daemon_reload: run `systemctl daemon-reload` afterwards (a unit or drop-in is among FILES)
+    + remove: paths to delete (files no longer planned)
+
+    Call `announce` first (prepare time): each host prints its own list; with `--diff`
+    (pyinfra's flag) a unified diff of each text file, secrets only named.
+
+    **Example:**
+
+    .. code:: python
+
+        install_files(name="Install 2 changed file(s)", files=changed, staging="/etc/pdkit/.staging")
+    """
     for step in install_commands(files, staging, daemon_reload=daemon_reload, remove=remove):
         if isinstance(step, str):
             yield StringCommand(step)

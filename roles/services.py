@@ -16,7 +16,7 @@ from pdkit.deploy import current_host, current_plan, current_spec
 from pdkit.plan import Service, services_meta, services_not_started, staging_dir
 from roles import base
 from roles.facts import host_state, path_matches, unit_active_enabled
-from roles.install_files import install_files
+from roles.install_files import announce, install_files
 
 
 def is_unit_file(path: str) -> bool:
@@ -63,6 +63,7 @@ def services() -> None:
         # before their files go: a unit whose file vanished under it can no longer be stopped cleanly
         server.shell(name="Stop and disable units no longer planned", commands=[f"systemctl disable --now {units}"])
     if changed or removed:
+        announce(changed, removed)
         install_files(
             # pyinfra shares an operation's name across hosts: keep it generic, the per-host list is the op's output
             name="Install changed files and remove those no longer planned",
