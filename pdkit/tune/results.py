@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+# the same number formatting as pdkit bench's tables
+from pdkit.bench import _fmt
 from pdkit.tune.campaign import BASELINE, Campaign, Candidate
 
 SCHEMA = 1
@@ -163,14 +165,6 @@ def estimate(n_candidates: int, restarts_per_candidate: int, campaign: Campaign,
     each = sum(per.values())
     return {"total_s": round(each * n_candidates, 1), "per_candidate": {k: round(v, 1) for k, v in per.items()},
             "measured": {"roll": bool(rolls), "bench": bool(benches)}, "candidates": n_candidates}
-
-
-def _fmt(value: Any, digits: int = 1) -> str:
-    if value is None:
-        return "–"
-    if isinstance(value, float):
-        return f"{value:,.{digits}f}"
-    return str(value)
 
 
 def _overlay_text(overlay: dict[str, Any]) -> str:
