@@ -21,7 +21,7 @@ repo). What it does, in order:
    environment, in the unit's WorkingDirectory;
 3. gates: an engine is ready when its log holds SGLang's readiness line and /health answers
    200; the router when pdkit.health.wait_router says so (every planned worker listed healthy
-   in GET /workers, then a real completion) -- its /health alone proves nothing (FIELD_NOTES);
+   in GET /workers, then a real completion) -- its /health alone proves nothing (see pdkit/health.py);
 4. per phase (base, decode CUDA graphs off, larger KV page, base again warm): a completion and
    a streaming chat completion through the router, SGLang's own bench (sglang.benchmark.serving,
    random-ids + --tokenize-prompt, fixed lengths) at each concurrency through the router, both

@@ -4,8 +4,8 @@
     pdkit releases INVENTORY HOST
     pdkit rollback INVENTORY HOST [--to RELEASE]
 
-pyinfra has no gate between hosts and does not keep host order under --serial (FIELD_NOTES,
-pyinfra 3.10.0), so the rollout is driven here through pyinfra's API: gevent patched first,
+pyinfra has no gate between hosts and does not keep host order under --serial (pyinfra
+3.10.0: State.active_hosts is a set, pyinfra/api/state.py), so the rollout is driven here through pyinfra's API: gevent patched first,
 one State per batch (connect, load deploy/pd.py, run_ops). Per batch: connect, drain its
 engines out of the router, apply, check readiness, add them back, smoke requests through the
 router with the engines' KV failure counters unchanged. A failed gate puts the batch back on
@@ -426,7 +426,7 @@ def _op_timer():
 
 
 class Pyinfra:
-    """pyinfra's API for one inventory: one State per batch (FIELD_NOTES: gevent patched first)."""
+    """pyinfra's API for one inventory: one State per batch (gevent patched first, as pyinfra_cli/__init__.py does)."""
 
     def __init__(self, inventory: str) -> None:
         self.inventory = inventory
@@ -935,7 +935,7 @@ def _load(inventory: str):
 
 
 def _patch_gevent() -> None:
-    # pyinfra's API needs gevent, patched before anything opens a socket (FIELD_NOTES)
+    # pyinfra's API needs gevent, patched before anything opens a socket (pyinfra 3.10.0's pyinfra_cli/__init__.py does the same)
     from gevent import monkey
 
     if not monkey.is_module_patched("socket"):
