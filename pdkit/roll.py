@@ -245,7 +245,8 @@ class HostDiff:
 def host_diff(plan: HostPlan, state: dict, *, new_venv: bool = False, new_venvs: Iterable[str] = ()) -> HostDiff:
     """Pure: the files that differ from the plan (or that it no longer has) and the services that
     would (re)start, by the deploy's own rule (pdkit/changes.py). NEW_VENV: the node venv is
-    replaced (its link is the engines' `venv`); NEW_VENVS: any other replaced venv links."""
+    replaced (its link is the `venv` of the engines and pdkit-exporter; engines on a node with
+    its own engine environment have none); NEW_VENVS: any other replaced venv links."""
     from pdkit import changes
     from pdkit.plan import services_meta
 
@@ -256,7 +257,8 @@ def host_diff(plan: HostPlan, state: dict, *, new_venv: bool = False, new_venvs:
     removed = tuple(changes.removals(recorded.get("files", []), [f.path for f in plan.files], present))
     venvs = set(new_venvs)
     if new_venv:
-        venvs |= {s.venv for s in plan.services if s.kind == "engine" and s.venv}
+        # every venv link but the router's is the node venv (pdkit/plan.py Service.venv)
+        venvs |= {s.venv for s in plan.services if s.kind != "router" and s.venv}
     running = {}
     for service in plan.services:
         unit_state = state.get("units", {}).get(service.unit) or []
