@@ -355,6 +355,8 @@ def test_cli_dry_prints_candidates_flag_diffs_and_estimate(tmp_path):
     assert done.returncode == 0, done.stderr
     out = done.stdout
     assert "target: lab-gpu2; objective output_tok_s at C=64" in out
+    assert ("correctness, soak and bench: measured on the target's own engines, each request to one PD pair in turn, "
+            "not through the router: lab-gpu2/prefill+lab-gpu2/decode") in out
     assert "lab-gpu2/decode: added `--cuda-graph-backend-decode disabled`" in out
     assert "steps-1:" in out and "`--num-continuous-decode-steps 4` -> `--num-continuous-decode-steps 1`" in out
     assert "steps-8:" in out and "estimate:" in out and "assumed, not yet measured" in out
@@ -450,14 +452,14 @@ def _smg(procs, pairs, port, metrics_port):
 @pytest.fixture(scope="module")
 def two_pairs(tmp_path_factory):
     """Two sim PD pairs (a: as the baseline; b: a decode whose lever corrupts every token and wedges
-    at 6 running requests for 3 s) and a unified sim, behind the real smg router (a and b)."""
+    for 3 s once it holds 6 requests) and a unified sim, behind the real smg router (a and b)."""
     import requests
 
     from tests.sim.support import Processes, free_ports, launch_sim, wait_ready, wait_until
 
     procs = Processes(tmp_path_factory.mktemp("two_pairs"))
     lever = "--enable-torch-compile"
-    b_env = {"PDKIT_SIM_CORRUPT_WHEN": lever, "PDKIT_SIM_WEDGE_WHEN": lever, "PDKIT_SIM_WEDGE_MIN_BATCH": "6", "PDKIT_SIM_WEDGE_HOLD_S": "3"}
+    b_env = {"PDKIT_SIM_CORRUPT_WHEN": lever, "PDKIT_SIM_WEDGE_WHEN": lever, "PDKIT_SIM_WEDGE_MIN_HELD": "6", "PDKIT_SIM_WEDGE_HOLD_S": "3"}
     ports = dict(zip(("ap", "ab", "ad", "bp", "bb", "bd", "u", "router", "metrics"), free_ports(9)))
     try:
         started = [
@@ -561,7 +563,8 @@ def test_soak_and_bench_on_the_target_pair_wedge_deterministically_and_record_th
     ok, why, figures = gates.soak(a, {}, watched, 2, 8, 16, 16, wedge_window_s=1.5)
     assert ok, (why, figures)
     assert figures["via"] == "engines" and "to a/prefill+a/decode" in why and figures["failed"] == 0
-    # all of the soak's load on b's decode: 8 running > the lever's 6, so it wedges every time
+    # all of the soak's C=8 on b's pair: its decode holds 8 requests >= the lever's 6 (the correctness
+    # gate's 4 never reach it), so it wedges every time, however the steps batch them
     started = time.monotonic()
     ok, why, figures = gates.soak(b, {}, watched, 20, 8, 16, 16, wedge_window_s=1.5)
     assert not ok and why.startswith("wedged: b/decode held running requests"), (why, figures)
@@ -585,3 +588,62 @@ def test_soak_and_bench_on_the_target_pair_wedge_deterministically_and_record_th
     assert record["env"]["spec_hash"] and record["env"]["engine_flags"]
     with pytest.raises(ValueError, match="together"):
         run_bench(spec, send=a.stream, probe_drivers=False)
+
+
+def test_the_runner_sends_gates_and_bench_to_what_prepare_chose_and_records_it(tmp_path, monkeypatch):
+    """The wiring (no cluster): correctness, soak and bench all go to prep.measured (the canary's own
+    pair on the lab inventory); resume refuses records measured on something else."""
+    import pdkit.bench
+    import pdkit.doctor
+    from pdkit.tune import runner
+
+    path = tmp_path / "c.yaml"
+    path.write_text(json.dumps({"name": "t", "out_dir": str(tmp_path / "out"), "state_dir": str(tmp_path / "state"),
+                                "workload": {"concurrency": [4, 64]}, "correctness": {"prompts": 2},
+                                "candidates": [{"name": "off", "set": {"decode.cuda_graph": False}}]}))
+    prep = runner.prepare(LAB, str(path))
+    assert prep.measured.via == "engines" and [r.label for r in prep.measured.routes] == ["lab-gpu2/prefill+lab-gpu2/decode"]
+    seen = {}
+
+    def ask(target, headers, prompt_set, max_new_tokens, concurrency, timeout_s=120.0):
+        seen.setdefault("ask", []).append(target)
+        return [{"tokens": [1, 2, 3]} for _ in prompt_set]
+
+    def soak(target, headers, engine_urls, *args, **kwargs):
+        seen["soak"], seen["watched"] = target, sorted(engine_urls)
+        return True, "fine", {"via": target.via}
+
+    def bench(spec, **kwargs):
+        seen["bench"] = kwargs
+        return {"levels": [{"concurrency": 64, "errors": 0, "output_tok_s": 1.0}], "env": {"measured": kwargs["measured"]}}
+
+    monkeypatch.setattr(gates, "ask", ask)
+    monkeypatch.setattr(gates, "soak", soak)
+    monkeypatch.setattr(pdkit.bench, "run_bench", bench)
+    monkeypatch.setattr(pdkit.doctor, "run_doctor", lambda spec, **kw: [])
+    record = {"gates": {}, "timings": {}}
+    runner.Session(prep, []).run_gates("baseline", prep.base_spec, record, None, None)
+    assert seen["ask"] == [prep.measured, prep.measured] and seen["soak"] is prep.measured
+    # every engine is watched during the soak, not only the target's
+    assert seen["watched"] == sorted(f"lab-gpu{i}/{e}" for i in (1, 2, 3) for e in ("prefill", "decode"))
+    assert seen["bench"]["send"] == prep.measured.stream and seen["bench"]["measured"] == prep.measured.describe()
+    assert all(g["ok"] for g in record["gates"].values()), record["gates"]
+
+    # resume: a baseline measured on the same engines continues; one measured otherwise (or unrecorded) does not
+    base = {"campaign": "t", "kind": "baseline", "candidate": "baseline", "measured": prep.measured.describe()}
+    assert runner.measured_problem(prep.measured, [base]) is None
+    assert runner.measured_problem(prep.measured, []) is None
+    assert "start a new campaign" in runner.measured_problem(prep.measured, [{**base, "measured": {"via": "router"}}])
+    assert "not recorded" in runner.measured_problem(prep.measured, [{k: v for k, v in base.items() if k != "measured"}])
+    # the report says what was measured
+    text = render_markdown(prep.campaign, [{**rec("baseline", tok=1), "measured": prep.measured.describe()}], 64, None)
+    assert "Correctness, soak and bench measured the engines directly, PD pairs lab-gpu2/prefill+lab-gpu2/decode." in text
+
+
+def test_the_sims_held_requests_wedge_knob_is_checked():
+    from pdkit.sim.knobs import KnobError, load_knobs
+
+    assert load_knobs({"PDKIT_SIM_WEDGE_MIN_HELD": "10"}).wedge_min_held == 10
+    assert load_knobs({}).wedge_min_held == 0  # off: the decode batch decides (PDKIT_SIM_WEDGE_MIN_BATCH)
+    with pytest.raises(KnobError, match="PDKIT_SIM_WEDGE_MIN_HELD must be >= 0"):
+        load_knobs({"PDKIT_SIM_WEDGE_MIN_HELD": "-1"})

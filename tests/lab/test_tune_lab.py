@@ -15,8 +15,8 @@ The sim's lever knobs (docs/sim.md) are set through the engines' env in a derive
 the scheduling overhead is large so that continuous decode steps show, graphs off is
 expensive, `--enable-torch-compile` corrupts every decoded token (each answer diverges at token 1,
 after the prefill's right first token: a match rate of exactly 1/16), and re-enabling the overlap
-schedule wedges a decode once 10 requests run together (as the seeds' PD desync did): the soak's 32
-reach it, the correctness gate's 4 (plus the background load's 2 at most) never do. The wedge holds
+schedule wedges a decode once it holds 10 requests (as the seeds' PD desync did under load): the
+soak's 32 always reach it, the correctness gate's 4 (plus the background load's 2 at most) never do. The wedge holds
 8 s: smg does not cancel a decode's requests when their client hangs up, so only a hold lets the
 requests it caught (the background load's included) finish. Sim figures are never performance
 claims; only the order the formula implies is asserted. The lab ends on inventories/lab.py.
@@ -52,7 +52,9 @@ SIM_ENV = {
     "PDKIT_SIM_NO_CUDA_GRAPH_FACTOR": "6",
     "PDKIT_SIM_CORRUPT_WHEN": "--enable-torch-compile",
     "PDKIT_SIM_WEDGE_WHEN": "!--disable-overlap-schedule",
-    "PDKIT_SIM_WEDGE_MIN_BATCH": "10",
+    # held, not batched: the decode holds every request sent to its pair, so the soak's C=32 always
+    # reaches 10 however the steps happen to batch them (PDKIT_SIM_WEDGE_MIN_BATCH counts a batch)
+    "PDKIT_SIM_WEDGE_MIN_HELD": "10",
     "PDKIT_SIM_WEDGE_HOLD_S": "8",
 }
 BODY = (
