@@ -20,8 +20,9 @@ Pairs: per PD group, the target's prefills and decodes zipped round robin (every
 a target that has only one side of a group is paired with that group's engines on other hosts
 (they run the baseline), in spec order. The router is kept out of this on purpose: draining the
 other nodes would put every user's request on the candidate, which `pdkit roll` never allows, and
-smg 1.13 has no per-request worker choice in PD mode. The router's own path is still exercised
-by the roll's smoke and doctor's probes, and by any background load.
+smg's per-request worker choice (`X-SMG-Target-Worker`) needs its `manual` policy for everyone's
+requests (docs/tune.md). The router's own path is still exercised by the roll's smoke and
+doctor's probes, and by any background load.
 """
 
 from __future__ import annotations
