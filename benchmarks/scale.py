@@ -210,6 +210,286 @@ def _write(path: Path, text: str) -> Path:
     return path
 
 
+# ---------------------------------------------------------------------------
+# --lab: the steps at each size, behind an interface (`LabSteps`) the tests replace with fakes
+
+
+def lab_inventory_text(n: int, *, max_bs: int | None = None, repo: Path = REPO) -> str:
+    """inventories/lab.py run against the lab of N GPU hosts: the running lab when it has N GPU
+    hosts (lab.py reads lab.json), the hosts `pdkit lab up --hosts N` creates when the lab is
+    down (lab.py falls back to the planned lab, of N hosts here), an error naming the fix when
+    a lab of another size runs. MAX_BS: the decode cuda_graph_max_bs of the rolled change."""
+    lines = [
+        f'"""inventories/lab.py on a lab of {n} GPU host(s) (benchmarks/scale.py --lab)."""',
+        "import copy, runpy",
+        "import pdkit.lab as _pdlab",
+        f"_N = {n}",
+        "_running = _pdlab.load_lab()",
+        "if _running is not None and len(_running.gpu_hosts) != _N:",
+        "    raise RuntimeError(f'the running lab has {len(_running.gpu_hosts)} GPU hosts, this inventory is for {_N}: "
+        "pdkit lab down && pdkit lab up --hosts {_N}')",
+        "# lab.py takes the running lab, else the planned one: the planned lab of N hosts",
+        "_planned = _pdlab.planned_lab",
+        "_pdlab.planned_lab = lambda n_gpu=_N: _planned(n_gpu)",
+        "try:",
+        f"    _base = runpy.run_path({str(repo / LAB_BASE)!r})",
+        "finally:",
+        "    _pdlab.planned_lab = _planned",
+        "gpu_nodes = copy.deepcopy(_base['gpu_nodes'])",
+        "monitoring = _base['monitoring']",
+        "_hosts, _data = _base['all']",
+        "_cluster = copy.deepcopy(_data['pdkit_cluster'])",
+    ]
+    if max_bs is not None:
+        lines.append(f"_cluster['tuning']['decode']['cuda_graph_max_bs'] = {max_bs}")
+    lines.append("all = (_hosts, {'pdkit_cluster': _cluster})  # noqa: A001 - pyinfra's group name")
+    return "\n".join(lines) + "\n"
+
+
+@dataclass
+class LabRow:
+    """One lab size: each step's wall time (None: not reached), and the first failure."""
+
+    gpu_hosts: int
+    batch: int
+    lab_up_s: float | None = None
+    converge_s: float | None = None
+    noop_s: float | None = None
+    noop_changed: int | None = None  # operations the no-op re-run changed (0 expected)
+    roll_s: float | None = None
+    scrape_median_s: float | None = None
+    scrape_max_s: float | None = None
+    scrape_targets: int | None = None
+    targets_up: int | None = None
+    scrape_by_job: dict[str, float] = field(default_factory=dict)  # job -> max scrape_duration_seconds
+    memory_mib: float | None = None  # PSS of every lab container after the converge
+    failed: str = ""  # "step: what went wrong"; the steps after it were not run
+
+
+class StepFailed(Exception):
+    """A step of one lab size failed; the message is what the table shows."""
+
+
+class LabSteps:
+    """The steps of one size, run for real (root, docs/lab.md)."""
+
+    def __init__(self, repo: Path = REPO, python: str = sys.executable):
+        self.repo = repo
+        self.bin = Path(python).parent
+
+    def _run(self, argv: list[str], timeout: float) -> subprocess.CompletedProcess:
+        try:
+            proc = subprocess.run(argv, cwd=self.repo, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            raise StepFailed(f"{' '.join(argv[:3])} ... did not finish in {timeout:.0f} s") from None
+        if proc.returncode != 0:
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+            raise StepFailed(f"{Path(argv[0]).name} {' '.join(argv[1:3])} exited {proc.returncode}: {' / '.join(tail)}")
+        return proc
+
+    def lab_up(self, n: int) -> float:
+        from pdkit.lab import load_lab
+
+        if load_lab() is not None:
+            self._run([str(self.bin / "pdkit"), "lab", "down"], 600)
+        t0 = time.monotonic()
+        self._run([str(self.bin / "pdkit"), "lab", "up", "--hosts", str(n)], 1200)
+        return time.monotonic() - t0
+
+    def deploy(self, inventory: Path) -> tuple[float, int]:
+        """`pyinfra -y INV deploy/pd.py`: (seconds, operations that changed something)."""
+        t0 = time.monotonic()
+        proc = self._run([str(self.bin / "pyinfra"), "-y", str(inventory), "deploy/pd.py", "--json"], 3600)
+        return time.monotonic() - t0, changed_operations(proc.stdout)
+
+    def roll(self, inventory: Path, batch: int) -> float:
+        t0 = time.monotonic()
+        self._run([str(self.bin / "pdkit"), "roll", str(inventory), "--batch", str(batch)], 3600)
+        return time.monotonic() - t0
+
+    def memory_mib(self) -> float | None:
+        from pdkit.lab import status
+
+        pss = [h.memory_pss for h in status(probe_ssh=False).hosts]
+        return sum(pss) / 2**20 if pss and all(p is not None for p in pss) else None  # type: ignore[misc]
+
+    def scrape(self, timeout: float = 180) -> list[tuple[str, str, float, bool]]:
+        """(job, instance, scrape_duration_seconds, up) of every target of the lab's Prometheus, once
+        every target is up after the roll (or the timeout) and one more scrape interval went by."""
+        import requests
+
+        from pdkit.lab import load_lab
+
+        lab = load_lab()
+        if lab is None:
+            raise StepFailed("the lab is down")
+        url = f"http://{lab.monitoring_host.address}:9090/api/v1/query"
+
+        def query(q: str) -> dict[tuple[str, str], float]:
+            body = requests.get(url, params={"query": q}, timeout=10).json()
+            return {(r["metric"].get("job", ""), r["metric"].get("instance", "")): float(r["value"][1]) for r in body["data"]["result"]}
+
+        deadline = time.monotonic() + timeout
+        while True:
+            up = query("up")
+            if up and all(v == 1 for v in up.values()) or time.monotonic() > deadline:
+                break
+            time.sleep(5)
+        time.sleep(16)  # a full 15 s interval: every target scraped since the roll settled
+        up, durations = query("up"), query("scrape_duration_seconds")
+        if not durations:
+            raise StepFailed("Prometheus has no scrape_duration_seconds")
+        return [(job, inst, d, up.get((job, inst)) == 1) for (job, inst), d in sorted(durations.items())]
+
+
+def changed_operations(pyinfra_json: str) -> int:
+    """Operations that changed something on some host, from `pyinfra --json` output."""
+    try:
+        results = json.loads(pyinfra_json) if pyinfra_json.strip() else {}
+    except json.JSONDecodeError:
+        return -1
+    return sum(1 for op in results.get("results", {}).get("operations", []) if op.get("success"))
+
+
+def run_lab(sizes: Sequence[int], batch: int, steps, workdir: Path, on_row: Callable[[list[LabRow]], None] | None = None) -> list[LabRow]:
+    """Every size in turn; a failed step is recorded on its row and the next size runs."""
+    rows: list[LabRow] = []
+    for n in sizes:
+        row = LabRow(n, batch=max(1, min(batch, n - 1)))
+        rows.append(row)
+        base = _write(workdir / f"lab{n}.py", lab_inventory_text(n))
+        changed = _write(workdir / f"lab{n}_rolled.py", lab_inventory_text(n, max_bs=ROLL_TO))
+        step = "lab up"
+        try:
+            row.lab_up_s = steps.lab_up(n)
+            step = "first converge"
+            row.converge_s, _ = steps.deploy(base)
+            step = "memory"
+            row.memory_mib = steps.memory_mib()
+            step = "no-op re-run"
+            row.noop_s, row.noop_changed = steps.deploy(base)
+            step = f"roll --batch {row.batch}"
+            row.roll_s = steps.roll(changed, row.batch)
+            step = "scrape durations"
+            scraped = steps.scrape()
+            durations = [d for _, _, d, _ in scraped]
+            row.scrape_targets = len(scraped)
+            row.targets_up = sum(1 for *_, ok in scraped if ok)
+            row.scrape_median_s = statistics.median(durations)
+            row.scrape_max_s = max(durations)
+            for job, _, d, _ in scraped:
+                row.scrape_by_job[job] = max(row.scrape_by_job.get(job, 0.0), d)
+        except Exception as exc:  # noqa: BLE001 - one size's failure is a result, not the end of the run
+            row.failed = f"{step}: {exc}"
+        if on_row is not None:
+            on_row(rows)
+    return rows
+
+
+def _s(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f} s"
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v * 1000:.0f} ms"
+
+
+def lab_table(rows: Sequence[LabRow]) -> str:
+    head = ("| GPU hosts | `lab up` | first converge | no-op re-run (ops changed) | one-field roll | "
+            "scrape duration median / max (targets up) | lab memory (PSS) | result |\n"
+            "|---|---|---|---|---|---|---|---|\n")
+    body = ""
+    for r in rows:
+        noop = "-" if r.noop_s is None else f"{r.noop_s:.1f} s ({r.noop_changed})"
+        roll = "-" if r.roll_s is None else f"{r.roll_s:.1f} s (`--batch {r.batch}`)"
+        scrape = "-" if r.scrape_median_s is None else f"{_ms(r.scrape_median_s)} / {_ms(r.scrape_max_s)} ({r.targets_up}/{r.scrape_targets})"
+        mem = "-" if r.memory_mib is None else f"{r.memory_mib / 1024:.1f} GiB"
+        result = f"FAILED at {r.failed}".replace("|", "/") if r.failed else "ok"
+        body += f"| {r.gpu_hosts} | {_s(r.lab_up_s)} | {_s(r.converge_s)} | {noop} | {roll} | {scrape} | {mem} | {result} |\n"
+    return head + body
+
+
+def write_plot(rows: Sequence[LabRow], path: Path) -> Path:
+    """Time of each step against the number of GPU hosts; scrape durations on their own axes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (steps_ax, scrape_ax) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for attr, label in (("lab_up_s", "pdkit lab up"), ("converge_s", "first converge"),
+                        ("noop_s", "no-op re-run"), ("roll_s", "one-field pdkit roll")):
+        pts = [(r.gpu_hosts, getattr(r, attr)) for r in rows if getattr(r, attr) is not None]
+        if pts:
+            steps_ax.plot(*zip(*pts), marker="o", label=label)
+    failed = [r for r in rows if r.failed]
+    for r in failed:
+        steps_ax.axvline(r.gpu_hosts, color="red", alpha=0.3, linestyle=":")
+        steps_ax.annotate(f"failed: {r.failed.split(':')[0]}", (r.gpu_hosts, 0), rotation=90, fontsize=7, color="red",
+                          xytext=(3, 5), textcoords="offset points")
+    steps_ax.set_xlabel("GPU hosts (lab)")
+    steps_ax.set_ylabel("seconds")
+    steps_ax.set_title("lab steps against cluster size")
+    steps_ax.grid(alpha=0.3)
+    if steps_ax.get_legend_handles_labels()[0]:
+        steps_ax.legend(fontsize=8)
+    for attr, label in (("scrape_median_s", "median"), ("scrape_max_s", "max")):
+        pts = [(r.gpu_hosts, getattr(r, attr) * 1000) for r in rows if getattr(r, attr) is not None]
+        if pts:
+            scrape_ax.plot(*zip(*pts), marker="o", label=label)
+    scrape_ax.set_xlabel("GPU hosts (lab)")
+    scrape_ax.set_ylabel("ms")
+    scrape_ax.set_title("Prometheus scrape_duration_seconds")
+    scrape_ax.grid(alpha=0.3)
+    if scrape_ax.get_legend_handles_labels()[0]:
+        scrape_ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_lab_results(rows: Sequence[LabRow], out: Path, when: str | None = None) -> dict[str, Path]:
+    """scale-lab.md (table), scale-lab.json (rows), scale-lab.png (plot) under OUT."""
+    out.mkdir(parents=True, exist_ok=True)
+    when = when or time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    md = out / "scale-lab.md"
+    md.write_text(
+        f"# The lab against cluster size ({when})\n\n"
+        f"`benchmarks/scale.py --lab`: per size, `pdkit lab up --hosts N`, the first converge, the no-op re-run, "
+        f"{ROLL_FIELD} {ROLL_FROM} -> {ROLL_TO} rolled with `pdkit roll --batch K`, and Prometheus' own "
+        f"scrape_duration_seconds over every target. Control machine: {os.cpu_count()} CPUs.\n\n"
+        + lab_table(rows) + "\n![time against N](scale-lab.png)\n"
+    )
+    js = out / "scale-lab.json"
+    js.write_text(json.dumps({"when": when, "cpus": os.cpu_count(), "rows": [asdict(r) for r in rows]}, indent=2) + "\n")
+    png = write_plot(rows, out / "scale-lab.png")
+    return {"md": md, "json": js, "png": png}
+
+
+def main_lab(args: argparse.Namespace) -> int:
+    if os.geteuid() != 0:
+        print("--lab needs root (the lab is systemd-nspawn containers): sudo .venv/bin/python benchmarks/scale.py --lab", file=sys.stderr)
+        return 2
+    sizes = [int(s) for s in args.hosts.split(",")]
+    out = Path(args.out)
+    with tempfile.TemporaryDirectory(prefix="pdkit-scale-lab-") as tmp:
+        def progress(rows: list[LabRow]) -> None:
+            r = rows[-1]
+            print(f"{r.gpu_hosts} GPU host(s): {'FAILED at ' + r.failed if r.failed else 'ok'}", flush=True)
+            write_lab_results(rows, out)
+
+        rows = run_lab(sizes, args.batch, LabSteps(), Path(tmp), on_row=progress)
+    print(lab_table(rows))
+    print(f"written: {out}/scale-lab.md, scale-lab.json, scale-lab.png")
+    if args.down_after:
+        subprocess.run([str(Path(sys.executable).parent / "pdkit"), "lab", "down"], cwd=REPO, check=False)
+    else:
+        print(f"the lab is left up with {sizes[-1]} GPU host(s) on the rolled change; `pdkit lab down` removes it")
+    return 1 if any(r.failed for r in rows) else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     mode = parser.add_mutually_exclusive_group(required=True)
@@ -218,10 +498,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default=",".join(map(str, RENDER_SIZES)), help="--render-only: GPU node counts")
     parser.add_argument("--repeat", type=int, default=3, help="--render-only: runs per size (the median is shown)")
     parser.add_argument("--profile", type=int, metavar="N", help="--render-only: cProfile one validate + render at N nodes")
+    parser.add_argument("--hosts", default=",".join(map(str, LAB_SIZES)), help="--lab: GPU host counts (the lab allows 1-40)")
+    parser.add_argument("--batch", type=int, default=4, metavar="K", help="--lab: pdkit roll --batch K (at most N - 1)")
+    parser.add_argument("--out", default=str(REPO / "docs" / "bench" / "scale"), help="--lab: where the table, JSON and PNG go")
+    parser.add_argument("--down-after", action="store_true", help="--lab: take the lab down at the end")
     args = parser.parse_args(argv)
     if args.render_only:
         return main_render(args)
-    raise SystemExit("--lab: not written yet")
+    return main_lab(args)
 
 
 if __name__ == "__main__":
