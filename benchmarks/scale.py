@@ -132,6 +132,7 @@ def render_bench(sizes: Sequence[int], repeat: int, tmp: Path) -> list[RenderRow
     rows = []
     for n in sizes:
         row = RenderRow(n)
+        outs: list[Path] = []
         for i in range(repeat):
             # a new file name each round: pyinfra caches compiled inventory files by path
             inv = tmp / f"scale{n}_{i}.py"
@@ -147,7 +148,10 @@ def render_bench(sizes: Sequence[int], repeat: int, tmp: Path) -> list[RenderRow
                 row.files = sum(1 for p in out.rglob("*") if p.is_file())
                 row.hosts = sum(1 for p in out.iterdir() if p.is_dir())
                 row.engines = 2 * n
-            shutil.rmtree(out)
+            outs.append(out)
+        # removed after the size's rounds, not between them: a removal's journal work would land in the next round
+        for out in outs:
+            shutil.rmtree(out, ignore_errors=True)
         rows.append(row)
     return rows
 
@@ -179,17 +183,35 @@ def profile_once(n: int, tmp: Path, top: int = 25) -> str:
     return buf.getvalue()
 
 
+def filesystem_of(path: Path) -> str:
+    """The filesystem type PATH lives on (/proc/mounts' longest matching mount point)."""
+    best, kind = "", "unknown"
+    try:
+        mounts = Path("/proc/mounts").read_text().splitlines()
+    except OSError:
+        return kind
+    target = str(path.resolve())
+    for line in mounts:
+        parts = line.split()
+        if len(parts) >= 3 and (target == parts[1] or target.startswith(parts[1].rstrip("/") + "/")) and len(parts[1]) >= len(best):
+            best, kind = parts[1], f"{parts[2]} on {parts[1]}"
+    return kind
+
+
 def main_render(args: argparse.Namespace) -> int:
     sizes = [int(s) for s in args.sizes.split(",")]
-    with tempfile.TemporaryDirectory(prefix="pdkit-scale-") as tmp_name:
+    with tempfile.TemporaryDirectory(prefix="pdkit-scale-", dir=args.out_dir) as tmp_name:
         tmp = Path(tmp_name)
         # imports (pyinfra's CLI pulls in gevent, pydantic, jinja2) once, outside the figures
         time_validate_render(_write(tmp / "warm.py", synthetic_inventory_text(1)), tmp / "warm-out")
         rows = render_bench(sizes, args.repeat, tmp)
         if args.profile:
             print(profile_once(args.profile, tmp))
+        where = filesystem_of(tmp)
+    load = " ".join(Path("/proc/loadavg").read_text().split()[:3]) if Path("/proc/loadavg").exists() else "?"
     print(f"validate + render against cluster size: median of {args.repeat} run(s), in-process "
-          f"(`pdkit.cli.main`), {os.cpu_count()} CPUs, Python {sys.version.split()[0]}")
+          f"(`pdkit.cli.main`), {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
+          f"rendered into {where}, load average {load}")
     print(render_table(rows))
     verdict = target_verdict(rows)
     print(verdict)
@@ -498,6 +520,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default=",".join(map(str, RENDER_SIZES)), help="--render-only: GPU node counts")
     parser.add_argument("--repeat", type=int, default=3, help="--render-only: runs per size (the median is shown)")
     parser.add_argument("--profile", type=int, metavar="N", help="--render-only: cProfile one validate + render at N nodes")
+    parser.add_argument("--out-dir", help="--render-only: render under this directory (default $TMPDIR; e.g. /dev/shm to leave the disk out)")
     parser.add_argument("--hosts", default=",".join(map(str, LAB_SIZES)), help="--lab: GPU host counts (the lab allows 1-40)")
     parser.add_argument("--batch", type=int, default=4, metavar="K", help="--lab: pdkit roll --batch K (at most N - 1)")
     parser.add_argument("--out", default=str(REPO / "docs" / "bench" / "scale"), help="--lab: where the table, JSON and PNG go")
