@@ -43,15 +43,19 @@ def cmd_render(args: argparse.Namespace) -> int:
         return EXIT_INVALID
     out = Path(args.out)
     written = 0
+    made: set[Path] = set()  # directories made (or found) already: one mkdir per directory, not per file
     for host, plan in plan_cluster(spec).items():
         for planned in plan.files:
             target = out / host / planned.path.lstrip("/")
-            target.parent.mkdir(parents=True, exist_ok=True)
+            if target.parent not in made:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                made.add(target.parent)
             # write-then-chmod would expose a secret for a moment: create with the final mode
             fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, int(planned.mode, 8))
             with os.fdopen(fd, "w") as fh:
+                # the mode again past the umask (an existing file keeps its old mode on open)
+                os.fchmod(fh.fileno(), int(planned.mode, 8))
                 fh.write(planned.content)
-            os.chmod(target, int(planned.mode, 8))
             written += 1
     print(f"rendered {written} files for {len(spec.hosts)} hosts into {out}/<host>/")
     return 0

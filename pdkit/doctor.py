@@ -92,6 +92,18 @@ class EnginePlan:
     graph_max_bs: int | None  # spec.effective_decode_graph_max_bs
     required_bs: int | None  # ceil(target_concurrency / dp), None without a target
     env_names: tuple[str, ...] = ()  # planned NCCL/UCX/SGLANG variables of the process
+    # an engine spanning nodes: the rank this plan is (on `host`), of how many nodes, and rank 0's
+    # host. Only rank 0 serves HTTP (`url` is rank 0's); a rank above 0 is read through its own
+    # host's pdkit-exporter (the process' argv and environment) and never counts as down for
+    # lacking HTTP.
+    rank: int = 0
+    nnodes: int = 1
+    head: str = ""
+
+    @property
+    def target(self) -> str:
+        """The engine as the table names it: `decode`, or `decode rank 1` for a rank above 0."""
+        return self.engine if self.rank == 0 else f"{self.engine} rank {self.rank}"
 
 
 @dataclass
@@ -115,6 +127,8 @@ class ExporterView:
     decode_graph_ratio: float | None = None
     decode_batch_cuda_graph: float | None = None  # the last `Decode batch` log line
     sglang_version: str | None = None
+    rank_up: float | None = None  # pdkit_engine_rank_up: an engine spanning nodes, the rank this node runs
+    rank: int | None = None  # which rank that is
 
 
 @dataclass
@@ -165,7 +179,7 @@ class BenchPoint:
 
 
 def _result(plan: EnginePlan, check: str, status: Status, reason: str, hint: str = "") -> CheckResult:
-    return CheckResult(plan.host, plan.engine, check, status, reason, hint if status != PASS else "")
+    return CheckResult(plan.host, plan.target, check, status, reason, hint if status != PASS else "")
 
 
 def _not_measured(plan: EnginePlan, check: str, why: str) -> CheckResult:
@@ -174,11 +188,17 @@ def _not_measured(plan: EnginePlan, check: str, why: str) -> CheckResult:
 
 
 def _down(obs: EngineObservation) -> bool:
-    """Neither /server_info nor /metrics answered: every check of this engine follows from `reachable`."""
+    """Neither /server_info nor /metrics answered (a rank above 0, which serves no HTTP: its host's
+    exporter finds no process for it): every check of this engine follows from `reachable`
+    (`rank_process`)."""
+    if obs.plan.rank > 0:
+        return obs.exporter is not None and obs.exporter.rank_up == 0
     return obs.server_info is None and obs.second.figures is None
 
 
 def _unreachable(plan: EnginePlan, check: str) -> CheckResult:
+    if plan.rank > 0:
+        return _result(plan, check, WARN, "not measured: the rank has no running process (see rank_process)", "follows from rank_process")
     return _result(plan, check, WARN, "not measured: the engine did not answer (see reachable)", "follows from reachable")
 
 
@@ -248,11 +268,38 @@ def check_reachable(obs: EngineObservation) -> CheckResult:
                    "/metrics needs tuning.enable_metrics (on by default); re-run if the engine was restarting")
 
 
+def check_rank_process(obs: EngineObservation) -> CheckResult:
+    """A rank above 0 of an engine spanning nodes runs: its unit has a process (pdkit-exporter on its
+    host, `pdkit_engine_rank_up`). It serves no HTTP (SGLang runs the HTTP server on rank 0), so
+    this, not `reachable`, says whether it is up."""
+    plan = obs.plan
+    name = "rank_process"
+    of = f"rank {plan.rank} of {plan.head}/{plan.engine} ({plan.nnodes} nodes)"
+    unit = f"pdkit-engine-{plan.engine}"
+    ex = obs.exporter
+    if ex is None:
+        return _result(plan, name, WARN, f"not measurable: pdkit-exporter on {plan.host} unreadable ({obs.exporter_error})",
+                       f"on {plan.host}: systemctl status pdkit-exporter (it watches {of})")
+    if ex.rank_up is None:
+        return _result(plan, name, WARN, f"pdkit-exporter on {plan.host} does not report {of} (no pdkit_engine_rank_up)",
+                       f"re-apply the plan to {plan.host}: its /etc/pdkit/exporter.json names the rank it watches")
+    if ex.rank is not None and ex.rank != plan.rank:
+        return _result(plan, name, FAIL, f"pdkit-exporter on {plan.host} watches rank {ex.rank} of {plan.engine}, the plan puts rank {plan.rank} there",
+                       f"re-apply the plan to {plan.host} (pyinfra INVENTORY deploy/pd.py --limit {plan.host}, or pdkit roll)")
+    if ex.rank_up == 0:
+        return _result(plan, name, FAIL, f"{of} has no running process on {plan.host}: the engine cannot serve (rank 0 waits for every rank)",
+                       f"on {plan.host}: systemctl status {unit}; journalctl -u {unit} -n 50 (a lost rank makes the others exit "
+                       "like an NCCL timeout; systemd restarts them and the ranks meet again)")
+    return _result(plan, name, PASS, f"{of} runs on {plan.host} (no HTTP on this rank: rank 0 on {plan.head} serves it)")
+
+
 def check_flags(obs: EngineObservation) -> CheckResult:
     """Running flags equal the plan: /server_info (pdkit.exporter.drift) and the exporter's argv check."""
     plan = obs.plan
     if _down(obs):
         return _unreachable(plan, "flags")
+    if plan.rank > 0:
+        return _rank_flags(obs)
     drifted: dict[str, str] = {}
     unverified: tuple[str, ...] = ()
     if obs.server_info is not None:
@@ -273,6 +320,24 @@ def check_flags(obs: EngineObservation) -> CheckResult:
     checked = len({flag_key(a) for a in plan.argv if a.startswith("--")}) - len(unverified)
     note = f", {len(unverified)} not reported by /server_info ({', '.join(unverified[:3])})" if unverified else ""
     return _result(plan, "flags", PASS, f"{checked} planned flags match the running engine{note}")
+
+
+def _rank_flags(obs: EngineObservation) -> CheckResult:
+    """A rank above 0 has no /server_info: its process argv against its planned argv (pdkit-exporter)."""
+    plan = obs.plan
+    ex = obs.exporter
+    if ex is None or ex.flags_drift is None:
+        why = obs.exporter_error if ex is None else "it reports no pdkit_engine_flags_drift"
+        return _result(plan, "flags", WARN, f"not measurable: rank {plan.rank} serves no /server_info and pdkit-exporter on {plan.host} "
+                       f"does not report its process argv ({why})", f"on {plan.host}: systemctl status pdkit-exporter")
+    if ex.drift_flags or ex.flags_drift:
+        shown = ", ".join(sorted(ex.drift_flags)[:3]) or "see pdkit_engine_flag_drift_info"
+        return _result(plan, "flags", FAIL, f"the process argv of rank {plan.rank} differs from the deployed plan (pdkit-exporter): {shown}",
+                       f"re-apply the plan to {plan.host} (pyinfra INVENTORY deploy/pd.py --limit {plan.host}, or pdkit roll; "
+                       f"the engine's nodes roll together); every rank must run the same argv but --node-rank")
+    checked = len({flag_key(a) for a in plan.argv if a.startswith("--")})
+    return _result(plan, "flags", PASS, f"{checked} planned flags match the process argv of rank {plan.rank} (pdkit-exporter; "
+                   "this rank serves no /server_info)")
 
 
 def check_decode_cuda_graphs(obs: EngineObservation) -> CheckResult:
@@ -600,6 +665,8 @@ ENGINE_CHECKS: tuple[tuple[Callable[..., CheckResult], frozenset[str]], ...] = (
     (check_kv_transfers, frozenset({"prefill", "decode"})),
     (check_queues, frozenset({"prefill", "decode", "unified"})),
 )
+# a rank above 0 of an engine spanning nodes: no HTTP, its process only (through its host's exporter)
+RANK_CHECKS: tuple[Callable[[EngineObservation], CheckResult], ...] = (check_rank_process, check_flags, check_env)
 
 
 def evaluate(engines: Sequence[EngineObservation], routers: Sequence[RouterObservation],
@@ -611,12 +678,17 @@ def evaluate(engines: Sequence[EngineObservation], routers: Sequence[RouterObser
     versions: dict[int, CheckResult] = {}
     groups: dict[str, list[EngineObservation]] = {}
     for obs in engines:
+        if obs.plan.rank > 0:
+            continue  # no /server_info: rank 0 says the engine's version
         key = obs.plan.pd_group or f"{obs.plan.host}/{obs.plan.engine}"
         groups.setdefault(key, []).append(obs)
     for members in groups.values():
         for obs, result in zip(members, check_versions(members)):
             versions[id(obs)] = result
     for obs in engines:
+        if obs.plan.rank > 0:
+            results += [check(obs) for check in RANK_CHECKS]
+            continue
         for check, roles in ENGINE_CHECKS:
             if obs.plan.role in roles:
                 results.append(check(obs, worker_outcomes(routers, obs.plan.url)) if check is check_kv_transfers else check(obs))
@@ -708,6 +780,10 @@ def exporter_views(text: str) -> dict[str, ExporterView]:
                 view.decode_batch_cuda_graph = s.value
             elif s.name == "pdkit_engine_info":
                 view.sglang_version = s.labels.get("sglang_version") or None
+            elif s.name == "pdkit_engine_rank_up":
+                view.rank_up = s.value
+                rank = s.labels.get("rank", "")
+                view.rank = int(rank) if rank.isdigit() else None
     return views
 
 
@@ -724,23 +800,27 @@ def engine_plans(spec) -> list[EnginePlan]:
     out = []
     for host, engine in spec.engines():
         tuning = spec.engine_tuning(engine)
-        env = {**flags.nccl_env(spec, host), **flags.ucx_env(spec, host), **flags.engine_env(spec, host, engine)}
-        planned_env = sorted(k for k in env if k.startswith(("NCCL_", "UCX_", "SGLANG_")))
-        out.append(EnginePlan(
-            host=host.name,
-            engine=engine.name,
-            role=engine.role,
-            url=flags.engine_url(spec, host, engine),
-            pd_group=engine.pd_group if engine.role != "unified" else None,
-            argv=tuple(flags.sglang_args(spec, host, engine)),
-            sglang_version=spec.engine_version(engine),
-            engine_kind=spec.cluster.engine,
-            context_length=tuning.context_length,
-            cuda_graph=engine.role != "prefill" and bool(tuning.value("cuda_graph")),
-            graph_max_bs=effective_decode_graph_max_bs(spec, host, engine),
-            required_bs=math.ceil(target / engine.dp) if target is not None and engine.role != "prefill" else None,
-            env_names=tuple(planned_env),
-        ))
+        # every rank of an engine spanning nodes, rank 0 first: each on its own host, with that
+        # host's NCCL/UCX environment and its own argv (--node-rank)
+        for rank, node in enumerate(spec.engine_hosts(host, engine)):
+            env = {**flags.nccl_env(spec, node), **flags.ucx_env(spec, node), **flags.engine_env(spec, host, engine, node)}
+            planned_env = sorted(k for k in env if k.startswith(("NCCL_", "UCX_", "SGLANG_")))
+            out.append(EnginePlan(
+                host=node.name,
+                engine=engine.name,
+                role=engine.role,
+                url=flags.engine_url(spec, host, engine),
+                pd_group=engine.pd_group if engine.role != "unified" else None,
+                argv=tuple(flags.sglang_args(spec, host, engine, rank)),
+                sglang_version=spec.engine_version(engine),
+                engine_kind=spec.cluster.engine,
+                context_length=tuning.context_length,
+                cuda_graph=engine.role != "prefill" and bool(tuning.value("cuda_graph")),
+                graph_max_bs=effective_decode_graph_max_bs(spec, host, engine),
+                required_bs=math.ceil(target / engine.dp) if target is not None and engine.role != "prefill" else None,
+                env_names=tuple(planned_env),
+                **({"rank": rank, "nnodes": engine.nnodes, "head": host.name} if engine.spans_nodes else {}),
+            ))
     return out
 
 
@@ -820,6 +900,8 @@ def collect(spec, *, window_s: float = 3.0, probe_requests: int = 8, timeout_s: 
 
     plans = engine_plans(spec)
     obs = [EngineObservation(plan=p) for p in plans]
+    # HTTP only to rank 0 of each engine: a rank above 0 serves none (its exporter says the rest)
+    served = [o for o in obs if o.plan.rank == 0]
     headers = {}
     if spec.cluster.secrets.router_api_key is not None:
         headers["Authorization"] = f"Bearer {spec.cluster.secrets.router_api_key.get_secret_value()}"
@@ -827,7 +909,7 @@ def collect(spec, *, window_s: float = 3.0, probe_requests: int = 8, timeout_s: 
     router_metrics = [f"http://{router_address(h)}:{h.router.prometheus_port}/metrics" for h in spec.router_hosts]
     exporters = {h.name: f"http://{spec.engine_address(h)}:{h.node.exporter_port}" for h in spec.gpu_hosts}
 
-    with ThreadPoolExecutor(max(4, 2 * len(obs) + len(routers) + len(exporters))) as pool:
+    with ThreadPoolExecutor(max(4, 2 * len(served) + len(routers) + len(exporters))) as pool:
         def read_engine(o: EngineObservation) -> None:
             body, error = _get(f"{o.plan.url}/server_info", timeout_s)
             if body is not None:
@@ -841,8 +923,8 @@ def collect(spec, *, window_s: float = 3.0, probe_requests: int = 8, timeout_s: 
                 o.server_info_error = error
             o.first = _sample(o.plan.url, timeout_s)
 
-        progress(f"reading {len(obs)} engines")
-        list(pool.map(read_engine, obs))
+        progress(f"reading {len(served)} engines")
+        list(pool.map(read_engine, served))
         for r, outcomes in zip(routers, pool.map(lambda u: _router_outcomes(u, timeout_s), router_metrics)):
             r.outcomes_first = outcomes
         started = time.monotonic()
@@ -852,12 +934,12 @@ def collect(spec, *, window_s: float = 3.0, probe_requests: int = 8, timeout_s: 
             statuses += _probe(r.url, spec.cluster.model.name, probe_requests, max(timeout_s, 30.0), headers)
         time.sleep(max(0.0, window_s - (time.monotonic() - started)))
         progress(f"second look at the engines after {time.monotonic() - started:.1f} s; exporters and routers")
-        seconds = pool.map(lambda o: _sample(o.plan.url, timeout_s), obs)
+        seconds = pool.map(lambda o: _sample(o.plan.url, timeout_s), served)
         exporter_pages = dict(zip(exporters, pool.map(lambda u: _get(f"{u}/metrics", timeout_s), exporters.values())))
         router_pages = list(pool.map(lambda r: _get(f"{r.url}/workers", timeout_s, headers), routers))
         for r, outcomes in zip(routers, pool.map(lambda u: _router_outcomes(u, timeout_s), router_metrics)):
             r.outcomes_second = outcomes
-        for o, s in zip(obs, seconds):
+        for o, s in zip(served, seconds):
             o.second = s
 
     views: dict[str, dict[str, ExporterView]] = {}
@@ -972,7 +1054,7 @@ def run_doctor(spec, *, window_s: float = 3.0, probe_requests: int = 8, timeout_
     recorded = recorded_bench(spec, runs_path)
     measured, speed = None, []
     if bench and recorded is not None:
-        decode = [o.plan for o in collected.engines if o.plan.role in ("decode", "unified")]
+        decode = [o.plan for o in collected.engines if o.plan.role in ("decode", "unified") and o.plan.rank == 0]
         measured = fresh_bench(spec, recorded, progress, show_bar)
         before = _itl_sums(decode, timeout_s)
         per_engine_bench(spec, recorded, progress, show_bar)

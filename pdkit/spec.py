@@ -707,11 +707,31 @@ class ClusterSpec(Frozen):
     hosts: tuple[HostSpec, ...]
     inventory: str = ""
 
+    def _memo(self, name: str, source: object, build):
+        """A lookup table built once per spec from SOURCE (one of its fields), built again when
+        that field is another object (model_copy(update=...) copies the instance's __dict__)."""
+        hit = self.__dict__.get(name)
+        if hit is None or hit[0] is not source:
+            hit = (source, build())
+            self.__dict__[name] = hit
+        return hit[1]
+
+    @property
+    def _by_name(self) -> dict[str, HostSpec]:
+        def build() -> dict[str, HostSpec]:
+            # the first host of each name, as the search it replaces found it (loader names are unique)
+            out: dict[str, HostSpec] = {}
+            for h in self.hosts:
+                out.setdefault(h.name, h)
+            return out
+
+        return self._memo("_by_name_memo", self.hosts, build)
+
     def host(self, name: str) -> HostSpec:
-        for h in self.hosts:
-            if h.name == name:
-                return h
-        raise KeyError(name)
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise KeyError(name) from None
 
     @property
     def gpu_hosts(self) -> list[HostSpec]:
@@ -753,13 +773,21 @@ class ClusterSpec(Frozen):
         """The hosts an engine declared on HOST runs on, in rank order ([host] if it spans none)."""
         if not engine.nodes:
             return [host]
-        names = {h.name: h for h in self.hosts}
+        names = self._by_name
         return [names[n] for n in engine.nodes if n in names]
 
     def engine_tuning(self, engine: Engine) -> Tuning:
         """Cluster `all`, then the role's, then the engine's own settings."""
+        # merged once per engine (~17 lookups per engine in validate + render; the spec and its
+        # engines are frozen): keyed by identity, the engine kept so that its id cannot be reused
+        merged_for: dict[int, tuple[Engine, Tuning]] = self._memo("_tuning_memo", self.cluster, dict)
+        hit = merged_for.get(id(engine))
+        if hit is not None and hit[0] is engine:
+            return hit[1]
         tuning = self.cluster.tuning
-        return tuning.all.merged(getattr(tuning, engine.role)).merged(engine.tuning)
+        merged = tuning.all.merged(getattr(tuning, engine.role)).merged(engine.tuning)
+        merged_for[id(engine)] = (engine, merged)
+        return merged
 
     def engine_model(self, engine: Engine) -> Model:
         return engine.model or self.cluster.model
@@ -1009,16 +1037,21 @@ def _check_addresses(spec: ClusterSpec, add) -> None:
     refused: set[str] = set()
     for label, members in pairing_sets(spec):
         hosts = {h.name: h for h, _ in members}
+        if len(hosts) < 2:
+            continue  # no other host reaches these engines
+        # the first 3 other hosts by name, from one sort of the set (not one per host: 512 nodes)
+        first = sorted(hosts)[:4]
         for h in hosts.values():
-            others = sorted(set(hosts) - {h.name})
-            if others and h.name not in refused:
+            if h.name not in refused:
                 refused.add(h.name)
-                refuse(h, "engine", spec.engine_address(h), f"{label} pairs its PD engines with engines on {', '.join(others[:3])}, which reach it for the KV transfer")
+                others = [n for n in first if n != h.name][:3]
+                refuse(h, "engine", spec.engine_address(h), f"{label} pairs its PD engines with engines on {', '.join(others)}, which reach it for the KV transfer")
+    by_name = {x.name: x for x in spec.hosts}
     for mon in spec.monitoring_hosts:
         assert mon.monitoring is not None
         scraped = mon.monitoring.scrape_hosts or tuple(h.name for h in spec.hosts)
         for name in scraped:
-            h = next((x for x in spec.hosts if x.name == name), None)
+            h = by_name.get(name)
             if h is not None and h.name != mon.name:
                 refuse(h, "host", h.address, f"Prometheus on {mon.name} scrapes it there")
 
@@ -1375,11 +1408,11 @@ def _check_spanning(spec: ClusterSpec, add) -> None:
         if len(set(nodes)) != len(nodes):
             add(Problem(host.name, f"{at}.nodes", f"nodes {nodes} repeats a host: each rank runs on a host of its own"))
             continue
-        gpu_hosts = sorted(h.name for h in spec.gpu_hosts)
         for rank, name in enumerate(nodes[1:], start=1):
             other = names.get(name)
             if other is None or other.node is None:
                 what = "not a host in this inventory" if other is None else "a host without pdkit_node"
+                gpu_hosts = sorted(h.name for h in spec.gpu_hosts)
                 add(Problem(host.name, f"{at}.nodes[{rank}]", f"{name!r} is {what}; valid: {', '.join(gpu_hosts)}"))
                 continue
             if other.node.gpus.model != host.node.gpus.model or other.node.gpus.memory_gib != host.node.gpus.memory_gib:

@@ -567,3 +567,156 @@ def test_per_engine_bench_gives_every_decode_engine_its_own_share(monkeypatch):
     assert sorted(routed) == decodes, (routed, decodes)  # each decode once: round robin gives equal shares
     assert seen["measured"]["via"] == "engines" and callable(seen["send"])
     assert (seen["concurrency"], seen["requests"], seen["input_len"], seen["output_len"]) == ([16], 48, 256, 64)
+
+
+# ---- engines spanning nodes (issue 20): only rank 0 serves HTTP; every rank's process is checked
+
+
+def _rank_page(node: str, engine: str, *, rank: int = 1, nnodes: int = 2, head: str = "lab-gpu1", up: float = 1.0,
+               drift: tuple[str, ...] = (), missing: tuple[str, ...] = (), env_error: float = 0.0) -> str:
+    """What pdkit-exporter on a rank's host says about a rank above 0, in its own families (the
+    rank > 0 branch of pdkit/exporter/collector.py: rank_up, the argv and environment checks, no
+    HTTP series). tests/exporter/test_collector.py reads the real exporter's page the same way."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
+
+    labels = ["node", "engine", "role"]
+    values = [node, engine, "decode"]
+
+    class Page:
+        def collect(self):
+            fam = GaugeMetricFamily("pdkit_engine_rank_up", "rank up", labels=[*labels, "rank", "nnodes", "head"])
+            fam.add_metric([*values, str(rank), str(nnodes), head], up)
+            yield fam
+            fam = GaugeMetricFamily("pdkit_engine_flags_drift", "drift", labels=labels)
+            fam.add_metric(values, 1.0 if drift else 0.0)
+            yield fam
+            fam = InfoMetricFamily("pdkit_engine_flag_drift", "drifted flag", labels=[*labels, "flag"])
+            for flag in drift:
+                fam.add_metric([*values, flag], {})
+            yield fam
+            if up:
+                fam = GaugeMetricFamily("pdkit_engine_env_present", "env", labels=labels)
+                fam.add_metric(values, 0.0 if missing else 1.0)
+                yield fam
+            fam = GaugeMetricFamily("pdkit_engine_env_check_error", "env error", labels=labels)
+            fam.add_metric(values, 0.0 if up else 1.0)
+            yield fam
+            fam = InfoMetricFamily("pdkit_engine_env_mismatch", "env mismatch", labels=[*labels, "var", "problem"])
+            for var in missing:
+                fam.add_metric([*values, var, "missing"], {})
+            yield fam
+
+    registry = CollectorRegistry()
+    registry.register(Page())
+    return generate_latest(registry).decode()
+
+
+def _rank1(**page) -> EngineObservation:
+    """Rank 1 of lab-gpu1/decode on lab-gpu2, as `collect` builds it: no HTTP, its host's exporter."""
+    plan = replace(plans("lab_base")["decode"], host="lab-gpu2", rank=1, nnodes=2, head="lab-gpu1",
+                   env_names=("NCCL_IB_DISABLE", "NCCL_SOCKET_IFNAME", "SGLANG_HOST_IP"))
+    return EngineObservation(plan=plan, exporter=exporter_views(_rank_page("lab-gpu2", "decode", **page))["decode"])
+
+
+def _rank0() -> EngineObservation:
+    obs = observe("lab_base", "decode")
+    obs.plan = replace(obs.plan, nnodes=2, head="lab-gpu1")
+    return obs
+
+
+def test_a_rank_above_0_is_not_down_for_lacking_http():
+    results = evaluate([_rank0(), _rank1()], [], cluster_host="lab-gpu1")
+    rank = [r for r in results if r.target == "decode rank 1"]
+    assert [r.check for r in rank] == ["rank_process", "flags", "process_env"]
+    assert all(r.host == "lab-gpu2" for r in rank)
+    for r in rank:
+        assert_verdict(r, PASS)
+    assert "no HTTP on this rank" in rank[0].reason and "serves no /server_info" in rank[1].reason
+    # rank 0 keeps every check of an engine, under the engine's own name
+    head = {r.check: r for r in results if r.target == "decode"}
+    assert {"reachable", "flags", "decode_cuda_graph", "process_env", "version"} <= set(head)
+    assert head["reachable"].status == PASS and head["reachable"].host == "lab-gpu1"
+
+
+def test_a_dead_rank_fails_rank_process_and_its_other_checks_follow_from_it():
+    rank = {r.check: r for r in evaluate([_rank1(up=0.0)], []) if r.target == "decode rank 1"}
+    assert_verdict(rank["rank_process"], FAIL, "rank 1 of lab-gpu1/decode (2 nodes) has no running process on lab-gpu2",
+                   "journalctl -u pdkit-engine-decode", "the ranks meet again")
+    for check in ("flags", "process_env"):
+        assert_verdict(rank[check], WARN, "follows from rank_process")
+    assert "reachable" not in rank
+
+
+def test_the_nccl_environment_of_every_rank_is_checked():
+    """Rank 0's environment can be right while rank 1's host lacks NCCL_SOCKET_IFNAME: the row names rank 1's host."""
+    results = evaluate([_rank0(), _rank1(missing=("NCCL_SOCKET_IFNAME",))], [], cluster_host="lab-gpu1")
+    env = {(r.host, r.target): r for r in results if r.check == "process_env"}
+    assert env[("lab-gpu1", "decode")].status == PASS
+    assert_verdict(env[("lab-gpu2", "decode rank 1")], FAIL, "NCCL_SOCKET_IFNAME missing", "re-apply the plan to lab-gpu2")
+
+
+def test_a_rank_whose_argv_drifted_fails_flags():
+    result = check_flags(_rank1(drift=("--tp-size",)))
+    assert_verdict(result, FAIL, "rank 1", "--tp-size", "re-apply the plan to lab-gpu2")
+
+
+def test_a_rank_without_an_exporter_or_with_the_wrong_rank():
+    from pdkit.doctor import check_rank_process
+
+    lost = _rank1()
+    lost.exporter, lost.exporter_error = None, "http://10.223.0.12:9400/metrics: Connection refused"
+    assert_verdict(check_rank_process(lost), WARN, "not measurable", "Connection refused", "systemctl status pdkit-exporter")
+    assert_verdict(check_flags(lost), WARN, "not measurable", "rank 1 serves no /server_info")
+    assert_verdict(check_env(lost), WARN, "not measurable")
+    other = _rank1(rank=2, nnodes=3)
+    assert_verdict(check_rank_process(other), FAIL, "watches rank 2", "re-apply the plan to lab-gpu2")
+    silent = _rank1()
+    silent.exporter = replace(silent.exporter, rank_up=None, rank=None)
+    assert_verdict(check_rank_process(silent), WARN, "no pdkit_engine_rank_up", "exporter.json")
+
+
+def test_every_rank_is_planned_with_its_own_host_argv_and_environment():
+    from pdkit.doctor import engine_plans
+    from pdkit.loader import load
+    from tests.conftest import REPO
+
+    spec = load(REPO / "inventories" / "multinode.py")
+    decode = [p for p in engine_plans(spec) if p.engine == "decode"]
+    assert [(p.host, p.rank, p.nnodes, p.head, p.target) for p in decode] == [
+        ("gpu-d0", 0, 2, "gpu-d0", "decode"), ("gpu-d1", 1, 2, "gpu-d0", "decode rank 1")]
+    assert decode[0].url == decode[1].url == "http://10.0.1.20:30001"  # rank 0 serves HTTP for both
+    differ = [i for i, (a, b) in enumerate(zip(decode[0].argv, decode[1].argv)) if a != b]
+    assert [decode[0].argv[i - 1] for i in differ] == ["--node-rank"] and len(decode[0].argv) == len(decode[1].argv)
+    for p in decode:
+        assert {"NCCL_SOCKET_IFNAME", "NCCL_IB_HCA", "SGLANG_HOST_IP"} <= set(p.env_names), p.env_names
+    (prefill,) = [p for p in engine_plans(spec) if p.engine == "prefill"]
+    assert (prefill.rank, prefill.nnodes, prefill.head, prefill.target) == (0, 1, "", "prefill")
+
+
+def test_collect_sends_no_http_to_a_rank_above_0_and_reads_its_hosts_exporter(monkeypatch):
+    from pdkit import doctor
+    from pdkit.loader import load
+    from tests.conftest import REPO
+
+    spec = load(REPO / "inventories" / "multinode.py")
+    asked: list[str] = []
+
+    def refused(url, timeout_s, headers=None):
+        asked.append(url)
+        return None, "Connection refused"
+
+    monkeypatch.setattr(doctor, "_get", refused)
+    collected = doctor.collect(spec, window_s=0, probe_requests=0, timeout_s=0.1)
+    engine_gets = sorted(u for u in asked if u.endswith(("/server_info", "/metrics")) and ":300" in u)
+    # two engines (prefill on gpu-p0, decode rank 0 on gpu-d0), each /server_info once and /metrics twice
+    assert engine_gets == sorted(["http://10.0.1.10:30000/server_info", "http://10.0.1.10:30000/metrics", "http://10.0.1.10:30000/metrics",
+                                  "http://10.0.1.20:30001/server_info", "http://10.0.1.20:30001/metrics", "http://10.0.1.20:30001/metrics"])
+    assert "http://10.0.1.21:9400/metrics" in asked  # rank 1's host: its exporter
+    (rank1,) = [o for o in collected.engines if o.plan.rank == 1]
+    assert rank1.plan.host == "gpu-d1" and rank1.server_info_error is None and rank1.first.error is None
+    assert "10.0.1.21:9400" in rank1.exporter_error
+    results = doctor.evaluate(collected.engines, [])
+    rank_rows = [r for r in results if r.target == "decode rank 1"]
+    assert {r.check: r.status for r in rank_rows} == {"rank_process": WARN, "flags": WARN, "process_env": WARN}
+    assert not any(r.check == "reachable" and r.target == "decode rank 1" for r in results)

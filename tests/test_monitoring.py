@@ -523,6 +523,40 @@ def test_yaml_writer_round_trips(value):
     assert yaml.safe_load(mon.to_yaml(doc)) == doc
 
 
+_EMITTER_EDGES = [
+    "plain", 'quo"te', "it's", "multi\nline", "trailing space \nx", "ends with newline\n", "", " ", "true", "123",
+    "a: b", "- dash", "#hash", "{{ $labels.node }}", "tab\there", "ünïcode", "emoji \U0001F680", "x\x85y", "\n",
+    "x\n\ny", "\nlead", "cr\r\nlf", "k" * 100, "k" * 127, "k" * 128, "w " * 3000,
+] + [f"a{chr(i)}b" for i in range(128)] + [chr(i) for i in range(128)]
+
+
+@pytest.mark.parametrize("value", _EMITTER_EDGES)
+def test_libyaml_writes_what_the_python_emitter_writes(value):
+    """to_yaml takes libyaml's emitter only where both write the same bytes (inputs outside that
+    go through the Python emitter, as every plan did before)."""
+    from pdkit.monitoring import common
+
+    for doc in ({"k": value, "list": [value, {"inner": value}], "n": 1.5, "b": False, "none": None},
+                {value: 1, "shared": [{"a": value}] * 2}):
+        assert mon.to_yaml(doc) == common.to_yaml(doc, dumper=common._Dumper)
+
+
+@pytest.mark.parametrize("name", ["lab", "cluster", "multinode"])
+def test_monitoring_files_are_the_python_emitters_bytes_and_take_libyaml(name, monkeypatch):
+    from pdkit.monitoring import common
+
+    spec = _load_example(name)
+    fast = mon.monitoring_files(spec)
+    fast_tests = mon.rule_tests(spec)
+    monkeypatch.setattr(common, "_FAST_DUMPER", None)
+    assert mon.monitoring_files(spec) == fast
+    assert mon.rule_tests(spec) == fast_tests
+    if yaml.__with_libyaml__:
+        # the speed is real: the documents pdkit writes are inside what libyaml may write
+        prometheus = yaml.safe_load(fast[mon.PROMETHEUS_CONFIG_PATH])
+        assert common._libyaml_agrees(prometheus) and common._libyaml_agrees(yaml.safe_load(fast_tests))
+
+
 # ---------------------------------------------------------------------------
 # PD failure alerts per SGLang version (0.5.17 exports no failure counters: the router's view stands in)
 

@@ -151,7 +151,8 @@ def _custom_var(name: str, label: str, values: list[str]) -> dict:
 def dashboard_variables(spec: ClusterSpec, engines: bool = True) -> list[dict]:
     """node / engine / role variables, their values listed from the spec."""
     hosts = scraped_hosts(spec)
-    pairs = [(h, e) for h, e in spec.engines() if h in hosts]
+    names = {h.name for h in hosts}  # by name: comparing HostSpecs compares every field
+    pairs = [(h, e) for h, e in spec.engines() if h.name in names]
     if engines:
         out = [_custom_var("node", "Node", [h.name for h in hosts if h.node is not None and h.node.engines])]
     else:

@@ -539,9 +539,10 @@ def _ttft_over_slo(c: _Context) -> list[Alert]:
 def _exporter(c: _Context) -> list[Alert]:
     spec = c.spec
     out: list[Alert] = []
+    scraped = {h.name for h in scraped_hosts(spec)}
     exp_subjects = tuple({"job": JOB_EXPORTER, "cluster": spec.cluster.name, "instance": h.name, "node": h.name,
                           "engine": e.name, "role": e.role}
-                         for h, e in spec.engines() if h in scraped_hosts(spec))
+                         for h, e in spec.engines() if h.name in scraped)
     out.append(Alert(
         name="PdkitConfigDrift",
         expr=f'max by ({_by(EXPORTER_BY)}) ({EXPORTER["flags_drift"]}) > 0',

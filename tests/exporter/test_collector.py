@@ -439,3 +439,33 @@ def test_a_rank_above_0_is_checked_by_its_process_only(stack):
     assert value(found, "pdkit_engine_env_present", engine="decode") == 0
     assert [(s["var"], s["problem"]) for s in label_sets(found, "pdkit_engine_env_mismatch_info") if s["engine"] == "decode"] == [
         ("NCCL_SOCKET_IFNAME", "missing")]
+
+
+
+def test_doctor_reads_a_rank_above_0_from_the_real_exporter_page(stack):
+    """pdkit doctor on what the exporter really says about rank 1: up (no HTTP asked of it), its
+    argv as planned, its environment lacking the NCCL setting the plan gives that host."""
+    from dataclasses import replace
+
+    from pdkit.doctor import EngineObservation, EnginePlan, check_env, check_flags, check_rank_process, exporter_views
+
+    config = engines_config(stack)
+    rank1 = config["engines"][1]
+    rank1.update(url=f"http://127.0.0.1:{free_ports(1)[0]}", rank=1, nnodes=2, head="gpu00")
+    rank1["env"] = {**rank1["env"], "NCCL_SOCKET_IFNAME": "eth9"}
+    collector = make_collector(stack, config)
+    try:
+        text = exposition(collector)
+    finally:
+        collector.close()
+    view = exporter_views(text)["decode"]
+    assert (view.rank_up, view.rank) == (1.0, 1)
+    plan = EnginePlan(host="gpu01", engine="decode", role="decode", url=rank1["url"], pd_group="g", argv=tuple(rank1["argv"]),
+                      sglang_version="sim", engine_kind="sim", context_length=None, cuda_graph=True, graph_max_bs=None,
+                      required_bs=None, env_names=tuple(sorted(rank1["env"])), rank=1, nnodes=2, head="gpu00")
+    obs = EngineObservation(plan=plan, exporter=view)
+    assert check_rank_process(obs).status == "PASS"
+    assert check_flags(obs).status == "PASS"
+    env = check_env(obs)
+    assert env.status == "FAIL" and "NCCL_SOCKET_IFNAME missing" in env.reason and env.target == "decode rank 1"
+    assert check_rank_process(replace(obs, exporter=replace(view, rank_up=0.0))).status == "FAIL"
