@@ -1,7 +1,12 @@
 """pdkit tune without a cluster: campaign parsing, sweeps, derived specs and their validation,
 the derived inventory, flag diffs, ranking, records, resume, the estimate, the report and plot,
 the correctness comparison and the wedge watch. The CLI runs in a child process (pdkit tune
-gevent-patches the process it runs in)."""
+gevent-patches the process it runs in).
+
+What the gates and the bench measure (pdkit.tune.measure) is tested on the lab inventory (which
+pairs, which form) and against two sim PD pairs behind the real smg router: the target's pair
+alone gets the correctness prompts, the soak and the bench, so the corrupting and the wedging
+lever strike on every run, and the bench record names the engines it measured."""
 
 from __future__ import annotations
 
@@ -452,14 +457,16 @@ def _smg(procs, pairs, port, metrics_port):
 @pytest.fixture(scope="module")
 def two_pairs(tmp_path_factory):
     """Two sim PD pairs (a: as the baseline; b: a decode whose lever corrupts every token and wedges
-    for 3 s once it holds 6 requests) and a unified sim, behind the real smg router (a and b)."""
+    for 6 s once it holds 6 requests) and a unified sim, behind the real smg router (a and b).
+    The hold is well above the soak's wedge window plus its sampling (a shared, loaded machine
+    samples slowly): a wedge that lets go before the watch's window passes is not seen."""
     import requests
 
     from tests.sim.support import Processes, free_ports, launch_sim, wait_ready, wait_until
 
     procs = Processes(tmp_path_factory.mktemp("two_pairs"))
     lever = "--enable-torch-compile"
-    b_env = {"PDKIT_SIM_CORRUPT_WHEN": lever, "PDKIT_SIM_WEDGE_WHEN": lever, "PDKIT_SIM_WEDGE_MIN_HELD": "6", "PDKIT_SIM_WEDGE_HOLD_S": "3"}
+    b_env = {"PDKIT_SIM_CORRUPT_WHEN": lever, "PDKIT_SIM_WEDGE_WHEN": lever, "PDKIT_SIM_WEDGE_MIN_HELD": "6", "PDKIT_SIM_WEDGE_HOLD_S": "6"}
     ports = dict(zip(("ap", "ab", "ad", "bp", "bb", "bd", "u", "router", "metrics"), free_ports(9)))
     try:
         started = [
@@ -566,7 +573,7 @@ def test_soak_and_bench_on_the_target_pair_wedge_deterministically_and_record_th
     # all of the soak's C=8 on b's pair: its decode holds 8 requests >= the lever's 6 (the correctness
     # gate's 4 never reach it), so it wedges every time, however the steps batch them
     started = time.monotonic()
-    ok, why, figures = gates.soak(b, {}, watched, 20, 8, 16, 16, wedge_window_s=1.5)
+    ok, why, figures = gates.soak(b, {}, watched, 20, 8, 16, 16, wedge_window_s=1.0)
     assert not ok and why.startswith("wedged: b/decode held running requests"), (why, figures)
     assert time.monotonic() - started < 12
     # the soak hung up on what the wedge held (a client of the engines, unlike smg, cancels): b empties
@@ -647,3 +654,24 @@ def test_the_sims_held_requests_wedge_knob_is_checked():
     assert load_knobs({}).wedge_min_held == 0  # off: the decode batch decides (PDKIT_SIM_WEDGE_MIN_BATCH)
     with pytest.raises(KnobError, match="PDKIT_SIM_WEDGE_MIN_HELD must be >= 0"):
         load_knobs({"PDKIT_SIM_WEDGE_MIN_HELD": "-1"})
+
+
+def test_bench_records_say_what_they_measured_and_compare_names_a_difference(lab_hosts):
+    from pdkit.bench import describe_measured, render_compare, router_measured
+    from pdkit.tune.measure import measured_for
+
+    _, spec = lab_hosts
+    router = router_measured(spec, "http://r:8000")  # what a plain `pdkit bench` records
+    assert router == {"via": "router", "router_url": "http://r:8000",
+                      "engines": sorted(f"lab-gpu{i}/{e}" for i in (1, 2, 3) for e in ("prefill", "decode"))}
+    assert describe_measured(router).startswith("through the router http://r:8000 over lab-gpu1/decode, ")
+    canary = measured_for(spec, ["lab-gpu2"]).describe()
+    assert describe_measured(canary) == "the engines directly, PD pairs lab-gpu2/prefill+lab-gpu2/decode"
+    level = {"concurrency": 4, "output_tok_s": 1.0, "requests_s": 1.0, "errors": 0,
+             **{k: {"p50": 1.0, "p99": 1.0} for k in ("ttft_ms", "tpot_ms", "itl_ms")}}
+    env = {"spec_hash": "x" * 64, "engine": "sim", "sglang_versions": [], "router": "smg", "gpus": [], "engine_flags": {}}
+    a = {"id": "a", "levels": [level], "env": {**env, "measured": router}}
+    b = {"id": "b", "levels": [level], "env": {**env, "measured": canary}}
+    assert "- measured engines differs" in render_compare(a, b)
+    old = {"id": "old", "levels": [level], "env": env}  # a record from before env.measured: not a difference
+    assert "measured engines" not in render_compare(old, b)
