@@ -11,7 +11,8 @@ repo). What it does, in order:
 
 1. unpacks the carried payload (SGLang and its deps, NIXL, sglang-router) under /opt/pdkit, puts
    the model directory where the inventory says, and places an interpreter at the rendered
-   argv[0] (/opt/pdkit/venv/bin/python, /opt/pdkit/router-venv/bin/python): a two-line shell
+   argv[0] (pdkit.flags.engine_python: /opt/pdkit/venv/bin/python, or <engine_venv>/bin/python on a
+   node with its own engine environment; /opt/pdkit/router-venv/bin/python): a two-line shell
    script that execs the image's python3 with the payload first on PYTHONPATH. So the argv run
    is the rendered one byte for byte, argv[0] included;
 2. writes every rendered file (units, env files, release.json) to its absolute path, then for
@@ -21,7 +22,7 @@ repo). What it does, in order:
    environment, in the unit's WorkingDirectory;
 3. gates: an engine is ready when its log holds SGLang's readiness line and /health answers
    200; the router when pdkit.health.wait_router says so (every planned worker listed healthy
-   in GET /workers, then a real completion) -- its /health alone proves nothing (FIELD_NOTES);
+   in GET /workers, then a real completion) -- its /health alone proves nothing (see pdkit/health.py);
 4. per phase (base, decode CUDA graphs off, larger KV page, base again warm): a completion and
    a streaming chat completion through the router, SGLang's own bench (sglang.benchmark.serving,
    random-ids + --tokenize-prompt, fixed lengths) at each concurrency through the router, both

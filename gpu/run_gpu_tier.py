@@ -397,7 +397,8 @@ def build_plan(single_gpu: bool) -> dict:
         "model_dir": spec.cluster.model.path,
         "site_dir": SITE_DIR,
         "router_site_dir": ROUTER_SITE_DIR,
-        "engine_python": f"{flags.venv_dir(spec)}/bin/python",
+        # the rendered engines' argv[0] (pdkit.flags.engine_python), where the driver places its interpreter
+        "engine_python": flags.engine_python(spec, host),
         "router_python": f"{flags.router_venv_dir(spec)}/bin/python",
         "state_dirs": [f"/var/lib/{spec.cluster.service_user}", f"/var/cache/{spec.cluster.service_user}"],
         "ready_timeout_s": spec.cluster.ready_timeout_s,

@@ -43,6 +43,10 @@ Record schema (version 1):
                         SSH `nvidia-smi` per GPU node (strict host keys), "n/a" on `gpu: none`
                         hosts, "unknown: <why>" when it could not be read, "not probed" with --no-ssh
         engine_flags    {"<host>/<engine>": the sglang argv pdkit plans (pdkit.flags.sglang_args)}
+        measured        what the requests went to: {"via": "router", "router_url", "engines": the
+                        router's workers} for `pdkit bench`; `pdkit tune` on part of the cluster
+                        benches the target's own engines: {"via": "engines", "hosts", "engines",
+                        "routes": ["<prefill>+<decode>" PD pairs or unified engines]} (docs/tune.md)
 
 Public helpers (used by `pdkit doctor`): load_runs(path), run_bench(spec, ...), fingerprint(spec).
 """
@@ -60,7 +64,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -297,13 +301,37 @@ async def stream_one(session, url: str, headers: dict[str, str], body: dict[str,
                          prompt_tokens=prompt, chunk_times=tuple(chunk_times))
 
 
+# Sends one request of a level: (aiohttp session, request index, body, output_len, timeout_s) -> result.
+# The default streams it to the router's /generate; `pdkit tune` gives one that sends it to chosen
+# engines (pdkit.tune.measure: the target's own PD pairs).
+Sender = Callable[[Any, int, dict[str, Any], int, float], Awaitable[RequestResult]]
+
+
+def router_sender(url: str, headers: dict[str, str]) -> Sender:
+    """The Sender that streams every request to URL (the router's /generate)."""
+    async def send(session, _index: int, body: dict[str, Any], output_len: int, timeout_s: float) -> RequestResult:
+        return await stream_one(session, url, headers, body, output_len, timeout_s)
+
+    return send
+
+
+def router_measured(spec: ClusterSpec, router_url: str) -> dict[str, Any]:
+    """What a bench through the router measures: the engines it fronts (env.measured of a record)."""
+    router = spec.router_hosts[0]
+    return {"via": "router", "router_url": router_url,
+            "engines": sorted(f"{h.name}/{e.name}" for h, e in spec.router_workers(router))}
+
+
 async def run_level(url: str, headers: dict[str, str], concurrency: int, requests: int, input_len: int,
-                    output_len: int, timeout_s: float, seed: int, progress: Progress | None = None
-                    ) -> tuple[list[RequestResult], float]:
-    """`requests` requests, `concurrency` in flight at any time; returns the results and the wall time."""
+                    output_len: int, timeout_s: float, seed: int, progress: Progress | None = None,
+                    send: Sender | None = None) -> tuple[list[RequestResult], float]:
+    """`requests` requests, `concurrency` in flight at any time; returns the results and the wall time.
+    SEND: how each request goes out (default: streamed to URL)."""
     import asyncio
 
     import aiohttp
+
+    send = send or router_sender(url, headers)
 
     queue: asyncio.Queue[int] = asyncio.Queue()
     for i in range(requests):
@@ -316,13 +344,14 @@ async def run_level(url: str, headers: dict[str, str], concurrency: int, request
                 i = queue.get_nowait()
             except asyncio.QueueEmpty:
                 return
-            result = await stream_one(session, url, headers, generate_body(seed + i, input_len, output_len),
-                                      output_len, timeout_s)
+            result = await send(session, i, generate_body(seed + i, input_len, output_len), output_len, timeout_s)
             results.append(result)
             if progress is not None:
                 progress.step(result.ok)
 
-    connector = aiohttp.TCPConnector(limit=concurrency, force_close=False)
+    # two connections per request: a sender that talks to a PD pair itself holds a prefill's and a
+    # decode's at once (with one per request, C decodes could wait for prefills that never get one)
+    connector = aiohttp.TCPConnector(limit=2 * concurrency, force_close=False)
     async with aiohttp.ClientSession(connector=connector) as session:
         start = time.perf_counter()
         await asyncio.gather(*(worker(session) for _ in range(min(concurrency, requests))))
@@ -336,8 +365,10 @@ def run_id(started: datetime, label: str) -> str:
 
 
 def _record_head(spec: ClusterSpec, tool: str, label: str, input_len: int, output_len: int, requests: int,
-                 warmup: int, probe_drivers: bool, router_url: str) -> dict[str, Any]:
+                 warmup: int, probe_drivers: bool, router_url: str, measured: dict[str, Any] | None = None) -> dict[str, Any]:
     started = datetime.now(UTC)
+    env = fingerprint(spec, probe_drivers=probe_drivers)
+    env["measured"] = measured or router_measured(spec, router_url)
     return {
         "schema": SCHEMA_VERSION,
         "id": run_id(started, label),
@@ -353,32 +384,39 @@ def _record_head(spec: ClusterSpec, tool: str, label: str, input_len: int, outpu
         "requests": requests,
         "warmup": warmup,
         "levels": [],
-        "env": fingerprint(spec, probe_drivers=probe_drivers),
+        "env": env,
     }
 
 
 def run_bench(spec: ClusterSpec, concurrency: Sequence[int] = (16,), input_len: int = 512, output_len: int = 128,
               requests: int = 64, warmup: int = 4, label: str = "", timeout_s: float = 300.0,
-              probe_drivers: bool = True, progress: bool = True, seed: int = 0) -> dict[str, Any]:
-    """Run the pdkit client through the spec's router at each concurrency; return the record."""
+              probe_drivers: bool = True, progress: bool = True, seed: int = 0,
+              send: Sender | None = None, measured: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run the pdkit client through the spec's router at each concurrency; return the record.
+
+    SEND and MEASURED (together) bench chosen engines instead: SEND sends each request, MEASURED
+    says what it measures (env.measured; default: the router and the engines it fronts)."""
     import asyncio
 
+    if (send is None) != (measured is None):
+        raise ValueError("run_bench: give send and measured together (what is sent, and what that measures)")
     _check_workload(spec, input_len, output_len, requests, warmup)
     router_url, headers = router_target(spec)
-    record = _record_head(spec, "pdkit", label, input_len, output_len, requests, warmup, probe_drivers, router_url)
+    record = _record_head(spec, "pdkit", label, input_len, output_len, requests, warmup, probe_drivers, router_url, measured)
     url = f"{router_url}/generate"
     if warmup:
         bar = Progress("warm-up", warmup, progress)
         results, _ = asyncio.run(run_level(url, headers, max(concurrency), warmup, input_len, output_len,
-                                           timeout_s, seed + 1_000_000, bar))
+                                           timeout_s, seed + 1_000_000, bar, send))
         bar.close()
         failed = [r for r in results if not r.ok]
         if len(failed) == len(results):
-            raise RuntimeError(f"every warm-up request through {router_url} failed: {failed[0].error}")
+            where = router_url if measured is None else ", ".join(measured.get("routes") or measured.get("engines") or [])
+            raise RuntimeError(f"every warm-up request through {where} failed: {failed[0].error}")
     for level_index, c in enumerate(concurrency):
         bar = Progress(f"C={c:<4}", requests, progress)
         results, duration = asyncio.run(run_level(url, headers, c, requests, input_len, output_len, timeout_s,
-                                                  seed + level_index * requests, bar))
+                                                  seed + level_index * requests, bar, send))
         bar.close()
         record["levels"].append(summarize_level(results, duration, c))
     return record
@@ -552,7 +590,14 @@ def describe_env(record: dict[str, Any]) -> list[str]:
         f"- engine: {env['engine']}, sglang {', '.join(env['sglang_versions']) or 'n/a'}, router {env['router']}",
         f"- GPUs: {gpus}",
         f"- spec hash: `{env['spec_hash'][:16]}`",
-    ]
+    ] + ([f"- measured: {describe_measured(env['measured'])}"] if env.get("measured") else [])
+
+
+def describe_measured(measured: dict[str, Any]) -> str:
+    """env.measured in words: the router and its engines, or the engines sent to directly."""
+    if measured.get("via") == "router":
+        return f"through the router {measured.get('router_url', '')} over {', '.join(measured.get('engines') or [])}"
+    return f"the engines directly, PD pairs {', '.join(measured.get('routes') or [])}"
 
 
 def render_markdown(record: dict[str, Any]) -> str:
@@ -716,8 +761,10 @@ def render_compare(a: dict[str, Any], b: dict[str, Any]) -> str:
 
     lines = [f"# pdkit compare: A = {name(a)}, B = {name(b)}", ""]
     for key, label in (("spec_hash", "spec hash"), ("engine", "engine"), ("sglang_versions", "sglang"),
-                       ("router", "router"), ("gpus", "GPUs")):
+                       ("router", "router"), ("gpus", "GPUs"), ("measured", "measured engines")):
         va, vb = a["env"].get(key), b["env"].get(key)
+        if key == "measured" and (va is None or vb is None):
+            continue  # a record from before env.measured: unknown, not different
         if va != vb:
             if key == "spec_hash":
                 va, vb = va[:16], vb[:16]

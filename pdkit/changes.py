@@ -10,7 +10,9 @@ A service is described as releases keep it (meta.json "services"):
 
 `venv` is the venv link the unit's ExecStart runs from: engines and pdkit-exporter run from
 the node venv, the router from the router venv, packaged daemons (Prometheus, Grafana, DCGM)
-from none. A release recorded before `venv` was kept has no such key: such a service
+from none, and so do engines on a node that provides its own engine environment
+(`pdkit_node.engine_venv`: pdkit never changes it, so a new node venv restarts only
+pdkit-exporter there; a changed engine_venv path changes the unit file, which restarts them). A release recorded before `venv` was kept has no such key: such a service
 restarts on any venv change (the cautious reading of what it ran from).
 """
 

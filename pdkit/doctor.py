@@ -1022,6 +1022,26 @@ def fresh_bench(spec, like: BenchPoint, progress: Callable[[str], None], show_ba
     return BenchPoint(value, "now", like.input_len, like.output_len, requests) if value is not None else None
 
 
+def per_engine_bench(spec, like: BenchPoint, progress: Callable[[str], None], show_bar: bool) -> dict:
+    """The same C=16 load sent to every decode (and unified) engine in turn, each request to one
+    PD pair directly in the router's form (pdkit.tune.measure), so each engine serves an equal
+    share and its own inter-token latency is measured (decode_speed_c16). Through the router the
+    share is the router's choice: one slow engine of three got no request at all in a lab run
+    (issue #18 item 10)."""
+    from pdkit import bench
+    from pdkit.tune.measure import Measured, target_routes
+
+    url, headers = bench.router_target(spec)
+    routes = tuple(target_routes(spec, [h.name for h in spec.hosts]))
+    if not routes:
+        return {}
+    measured = Measured(tuple(h.name for h in spec.hosts), url, headers, routes)
+    progress(f"running the same C=16 load on each engine in turn ({like.requests} requests over {len(routes)} route(s): {', '.join(r.label for r in routes)})")
+    return bench.run_bench(spec, concurrency=[BENCH_CONCURRENCY], input_len=like.input_len, output_len=like.output_len,
+                           requests=like.requests, label="pdkit doctor per engine", probe_drivers=False, progress=show_bar,
+                           send=measured.stream, measured=measured.describe())
+
+
 # ------------------------------------------------------------------------------------------------
 # Entry points
 
@@ -1035,8 +1055,9 @@ def run_doctor(spec, *, window_s: float = 3.0, probe_requests: int = 8, timeout_
     measured, speed = None, []
     if bench and recorded is not None:
         decode = [o.plan for o in collected.engines if o.plan.role in ("decode", "unified") and o.plan.rank == 0]
-        before = _itl_sums(decode, timeout_s)
         measured = fresh_bench(spec, recorded, progress, show_bar)
+        before = _itl_sums(decode, timeout_s)
+        per_engine_bench(spec, recorded, progress, show_bar)
         after = _itl_sums(decode, timeout_s)
         speed = check_decode_speed({k: _mean_between(before.get(k), after.get(k)) for k in after}, tolerance)
     cluster_host = spec.router_hosts[0].name if spec.router_hosts else ""

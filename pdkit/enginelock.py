@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pdkit.platforms import KNOWN_PLATFORMS, NodePlatform
-from pdkit.versions import NIXL_PACKAGE, SGLANG_RELEASES
+from pdkit.versions import NIXL_EXCLUDED, NIXL_META_PACKAGE, NIXL_PACKAGE, SGLANG_RELEASES
 
 LOCKS = Path(__file__).resolve().parent / "locks"
 ENGINE_LOCKS = LOCKS / "engine"
@@ -143,7 +143,13 @@ def lock_inputs(package: str, version: str) -> list[str]:
         raise LockError(f"unknown engine package {package!r}: only sglang is locked")
     from pdkit.wheelhouse import lock_pins
 
-    return [f"sglang=={version}", f"{NIXL_PACKAGE[0]}=={NIXL_PACKAGE[1]}", *lock_pins("node.txt")]
+    return [f"sglang=={version}", f"{NIXL_PACKAGE[0]}=={NIXL_PACKAGE[1]}", f"{NIXL_META_PACKAGE[0]}=={NIXL_META_PACKAGE[1]}", *lock_pins("node.txt")]
+
+
+def lock_overrides() -> list[str]:
+    """uv overrides: packages a dependency asks for that an engine venv must not get (a marker
+    that is never true removes a requirement: nixl's meta package asks for nixl-cu12 too)."""
+    return [f"{name} ; sys_platform == 'never'" for name in NIXL_EXCLUDED]
 
 
 def _uv() -> str:
@@ -165,11 +171,13 @@ def generate(package: str, version: str, platform: NodePlatform, *, directory: P
     with tempfile.TemporaryDirectory() as tmp:
         req = Path(tmp) / "inputs.in"
         req.write_text("\n".join(inputs) + "\n")
+        overrides = Path(tmp) / "overrides.txt"
+        overrides.write_text("\n".join(lock_overrides()) + "\n")
         resolved = Path(tmp) / "lock.txt"
         cmd = [
             _uv(), "pip", "compile", str(req), "--quiet", "--no-header", "--no-annotate", "--generate-hashes",
             "--python-version", platform.python, "--python-platform", _uv_target(platform),
-            "--index-url", PYPI, "--no-config", "-o", str(resolved),
+            "--override", str(overrides), "--index-url", PYPI, "--no-config", "-o", str(resolved),
         ]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
         if proc.returncode != 0:
@@ -182,7 +190,7 @@ def generate(package: str, version: str, platform: NodePlatform, *, directory: P
         f"# python: {platform.python}",
         f"# platform: {tag}",
         f"# resolver: uv {UV_VERSION}",
-        f"# inputs: {' '.join(inputs[:2])} + pdkit/locks/node.txt",
+        f"# inputs: {' '.join(inputs[:3])} + pdkit/locks/node.txt; without: {' '.join(NIXL_EXCLUDED)}",
     ])
     out.write_text(header + "\n" + body)
     return out

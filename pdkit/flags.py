@@ -24,6 +24,36 @@ def venv_dir(spec: ClusterSpec) -> str:
     return f"{spec.cluster.install_dir}/venv"
 
 
+def engine_python(spec: ClusterSpec, node: HostSpec) -> str:
+    """argv[0] of every engine process on NODE (the host it runs on, for a rank of an engine
+    spanning nodes too): `<engine_venv>/bin/python` where the node provides its own engine
+    environment (pdkit_node.engine_venv), else the node venv's python. The units, the GPU tier
+    and the tests take it from here; pdkit's own services (health gates, pdkit-exporter,
+    releases) always run from the node venv."""
+    if node.node is not None and node.node.engine_venv:
+        return f"{node.node.engine_venv}/bin/python"
+    return f"{venv_dir(spec)}/bin/python"
+
+
+def engine_service_venv(spec: ClusterSpec, node: HostSpec) -> str | None:
+    """The venv link of pdkit's that NODE's engines run from, so a new venv there restarts
+    them (pdkit/changes.py): the node venv, or None where the node provides its own engine
+    environment (pdkit never changes it; a new node venv then restarts only pdkit-exporter)."""
+    if node.node is not None and node.node.engine_venv:
+        return None
+    return venv_dir(spec)
+
+
+def node_venv_engine(spec: ClusterSpec, host: HostSpec) -> str:
+    """What HOST's node venv (<install_dir>/venv) is built from (pdkit.wheelhouse.node_bundle):
+    'sglang' (pdkit plus the locked engine closure) for engine sglang, 'sim' (pdkit alone: the
+    rehearsal engine, health gates, pdkit-exporter) for engine sim and on a node that provides
+    its own engine environment."""
+    if host.node is not None and host.node.engine_venv:
+        return "sim"
+    return spec.cluster.engine
+
+
 def router_venv_dir(spec: ClusterSpec) -> str:
     # smg and sglang-router both install an `smg` command: the router gets its own venv
     return f"{spec.cluster.install_dir}/router-venv"
@@ -165,10 +195,11 @@ def _cuda_graph_args(spec: ClusterSpec, engine: Engine) -> list[str]:
     return args
 
 
-def engine_command(spec: ClusterSpec, host: HostSpec, engine: Engine, rank: int = 0) -> list[str]:
-    """The full ExecStart argv of an engine (of its rank RANK): the venv's python, the engine module, the flags."""
+def engine_command(spec: ClusterSpec, host: HostSpec, engine: Engine, rank: int = 0, node: HostSpec | None = None) -> list[str]:
+    """The full ExecStart argv of an engine HOST declares (of its rank RANK, running on NODE,
+    default HOST): the engine's python (`engine_python`), the engine module, the flags."""
     module = ENGINE_MODULES[spec.cluster.engine]
-    return [f"{venv_dir(spec)}/bin/python", "-m", module, *sglang_args(spec, host, engine, rank)]
+    return [engine_python(spec, node or host), "-m", module, *sglang_args(spec, host, engine, rank)]
 
 
 def engine_env(spec: ClusterSpec, host: HostSpec, engine: Engine, node: HostSpec | None = None) -> dict[str, str]:

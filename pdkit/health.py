@@ -7,7 +7,7 @@
 An engine is ready when the CURRENT run of its unit (this systemd invocation, not an old
 one) has logged SGLang's readiness line and /health answers 200. A router is ready when its
 worker list holds every planned worker as healthy: its own /health answers 200 before any
-worker has registered (FIELD_NOTES), so that alone proves nothing. Exit 0 when ready, 1 with
+worker has registered (it reports the router process, not its workers), so that alone proves nothing. Exit 0 when ready, 1 with
 a one-line reason (and the unit's last log lines) when not.
 """
 

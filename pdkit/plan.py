@@ -63,7 +63,8 @@ class Service:
     engine: str | None = None
     role: str | None = None
     port: int | None = None
-    # the venv link ExecStart runs from (a new venv there restarts it: pdkit/changes.py); None: none of pdkit's
+    # the venv link ExecStart runs from (a new venv there restarts it: pdkit/changes.py); None: none of
+    # pdkit's (packaged daemons, and engines on a node with its own engine environment, pdkit_node.engine_venv)
     venv: str | None = None
     # an engine spanning nodes: this unit's rank, the host of rank 0, and every host it runs on
     # in rank order (one unit of rollout; only rank 0 serves HTTP, so a rank above 0 is gated
@@ -257,11 +258,11 @@ def plan_host(spec: ClusterSpec, host: HostSpec) -> HostPlan:
             unit_text = render_template(
                 "systemd/engine.service.j2",
                 **common,
-                engine_kind="SGLang" if spec.cluster.engine == "sglang" else "sim (rehearsal)",
+                engine_kind=("SGLang (the node's own environment)" if host.node.engine_venv else "SGLang") if spec.cluster.engine == "sglang" else "sim (rehearsal)",
                 role=engine.role,
                 name=engine.name + (f" (rank {rank} of {engine.nnodes}, rank 0 on {head.name})" if engine.spans_nodes else ""),
                 env_files=env_files,
-                exec_start=exec_start(flags.engine_command(spec, head, engine, rank)),
+                exec_start=exec_start(flags.engine_command(spec, head, engine, rank, node=host)),
                 numa_node=numa,
                 **shared_gpu_start(spec, host, engine),
             )
@@ -280,7 +281,8 @@ def plan_host(spec: ClusterSpec, host: HostSpec) -> HostPlan:
                     engine=engine.name,
                     role=engine.role,
                     port=engine.port if rank == 0 else None,
-                    venv=flags.venv_dir(spec),
+                    # None on a node that provides its own engine environment: a new node venv leaves it running
+                    venv=flags.engine_service_venv(spec, host),
                     rank=rank,
                     head=head.name if engine.spans_nodes else None,
                     span=tuple(h.name for h in spec.engine_hosts(head, engine)) if engine.spans_nodes else (),

@@ -15,7 +15,7 @@ from pdkit import flags
 from pdkit.node import UnsupportedNode, node_stack
 from pdkit.plan import engines_not_started_reason
 from pdkit.spec import ClusterSpec, HostSpec, engine_numa_node
-from pdkit.versions import NVIDIA_DRIVER_BRANCH, NVIDIA_DRIVER_MIN_VERSION
+from pdkit.versions import NIXL_IMPORT, NVIDIA_DRIVER_BRANCH, NVIDIA_DRIVER_MIN_VERSION
 
 Severity = Literal["error", "warning", "note"]
 
@@ -87,13 +87,14 @@ def check_host(spec: ClusterSpec, host: HostSpec, facts: dict) -> list[Finding]:
     os_release = facts.get("os") or {}
     if node is None:
         return found
+    _check_engine_env(spec, host, facts, add)
     if node.gpu == "none":
         add("gpu", "note", "GPU checks skipped: the node declares gpu: none (a virtual GPU layout, e.g. the lab)")
         not_started = engines_not_started_reason(spec, host)
         if not_started:
             add("engines", "note", not_started)
         _check_reboot_marker(facts, add)
-        return found
+        return found  # the engine-env errors, if any, came first
 
     try:
         node_stack(os_id=os_release.get("id", ""), version_id=os_release.get("version_id", ""), machine=facts.get("arch") or "", kernel=facts.get("kernel") or "", modules=node.driver_modules)
@@ -140,6 +141,70 @@ def check_host(spec: ClusterSpec, host: HostSpec, facts: dict) -> list[Finding]:
     _check_reboot_marker(facts, add)
     order = {"error": 0, "warning": 1, "note": 2}
     return sorted(found, key=lambda f: order[f.severity])
+
+
+def engine_env_wants(spec: ClusterSpec, host: HostSpec) -> tuple[list[str], bool]:
+    """What HOST's own engine environment must provide: the SGLang releases its engine processes
+    are rendered for (the cluster's, or an engine's own sglang_version; validation allows one per
+    node), and whether they need NIXL (prefill/decode engines with transfer_backend nixl)."""
+    placements = spec.placements(host)
+    versions = sorted({spec.engine_version(p.engine) for p in placements})
+    nixl = spec.cluster.transfer_backend == "nixl" and any(p.engine.role != "unified" for p in placements)
+    return versions, nixl
+
+
+def same_release(found: str, want: str) -> bool:
+    """SGLang FOUND is the release WANT: equal, or equal but for a local build label
+    ('0.5.23+cu130' is 0.5.23 rebuilt; '0.5.23.post1' or '0.5.23rc0' is another release)."""
+    return found == want or found.split("+", 1)[0] == want
+
+
+def engine_env_problems(host_name: str, venv: str, probe: dict | None, versions: list[str], nixl: bool) -> list[str]:
+    """Pure: PROBE (roles.node_facts.EngineEnv's output for pdkit_node.engine_venv VENV) -> every
+    problem, each naming the host, the field, the path, what was found and what would be valid."""
+    want = " or ".join(versions) or "(no engine)"
+    valid = (f"valid: a Python environment whose bin/python imports sglang {want}"
+             + (f" and NIXL as SGLang imports it (`{NIXL_IMPORT}`: the nixl package beside nixl-cu13)" if nixl else "")
+             + ", or no engine_venv (pdkit then installs SGLang from its lock)")
+    at = f"{host_name}: pdkit_node.engine_venv {venv}"
+    probe = probe or {"error": "the probe did not run"}
+    path = probe.get("path") or f"{venv}/bin/python"
+    if probe.get("exists") is False:
+        if probe.get("link"):
+            found = f"{path} is a link to {probe['link']}, which does not exist"
+        elif probe.get("venv_exists") is False:
+            found = f"{path} does not exist (nor does {venv})"
+        else:
+            found = f"{path} does not exist"
+        return [f"{at}: {found}; {valid}"]
+    if probe.get("executable") is False:
+        return [f"{at}: {path} is not executable (mode {probe.get('mode', '?')}); {valid}"]
+    if probe.get("error"):
+        return [f"{at}: {path} did not run: {probe['error']}; {valid}"]
+    problems = []
+    if probe.get("sglang_error"):
+        installed = f" (the sglang {probe['sglang_dist']} distribution is installed but does not import)" if probe.get("sglang_dist") else ""
+        problems.append(f"{at}: `import sglang` failed: {probe['sglang_error']}{installed}; {valid}")
+    else:
+        version = probe.get("sglang") or probe.get("sglang_dist")
+        if not version:
+            problems.append(f"{at}: sglang imports but reports no version (sglang.__version__, no distribution metadata); {valid}")
+        elif not any(same_release(version, v) for v in versions):
+            problems.append(f"{at}: sglang {version}, the spec wants {want} (pdkit_cluster.sglang_version, or the engines' own sglang_version); {valid}")
+    if nixl and not probe.get("nixl"):
+        why = probe.get("nixl_error") or "not checked"
+        problems.append(f"{at}: `{NIXL_IMPORT}` failed: {why} (its prefill/decode engines transfer KV over NIXL, pdkit_cluster.transfer_backend nixl); {valid}")
+    return problems
+
+
+def _check_engine_env(spec: ClusterSpec, host: HostSpec, facts: dict, add) -> None:
+    node = host.node
+    assert node is not None
+    if not node.engine_venv:
+        return
+    versions, nixl = engine_env_wants(spec, host)
+    for problem in engine_env_problems(host.name, node.engine_venv, facts.get("engine_env"), versions, nixl):
+        add("engine-env", "error", problem)
 
 
 def _check_driver_version(driver: str, module: dict, blackwell: bool, add) -> None:
@@ -263,7 +328,20 @@ def facts_summary(facts: dict) -> list[str]:
     if links:
         pairs = sorted({(min(int(a), int(b)), max(int(a), int(b)), v) for a, row in links.items() for b, v in row.items()})
         lines.append("topology " + ", ".join(f"{a}-{b} {v}" for a, b, v in pairs))
+    env = facts.get("engine_env")
+    if env is not None:
+        lines.append(f"engine env {env_summary(env)}")
     return lines
+
+
+def env_summary(probe: dict) -> str:
+    """The node's own engine environment in one line, for the report."""
+    path = probe.get("path", "?")
+    if probe.get("exists") is False or probe.get("executable") is False or probe.get("error"):
+        return f"{path}: unusable (see the error below)"
+    sglang = probe.get("sglang") or (f"does not import ({probe['sglang_error']})" if probe.get("sglang_error") else "no version")
+    nixl = "yes" if probe.get("nixl") else "no"
+    return f"{path}: python {probe.get('python', '?')}, sglang {sglang}, nixl {nixl}"
 
 
 def format_report(host_name: str, findings: list[Finding], facts: dict) -> str:

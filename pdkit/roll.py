@@ -4,8 +4,8 @@
     pdkit releases INVENTORY HOST
     pdkit rollback INVENTORY HOST [--to RELEASE]
 
-pyinfra has no gate between hosts and does not keep host order under --serial (FIELD_NOTES,
-pyinfra 3.10.0), so the rollout is driven here through pyinfra's API: gevent patched first,
+pyinfra has no gate between hosts and does not keep host order under --serial (pyinfra
+3.10.0: State.active_hosts is a set, pyinfra/api/state.py), so the rollout is driven here through pyinfra's API: gevent patched first,
 one State per batch (connect, load deploy/pd.py, run_ops). Per batch: connect, drain its
 engines out of the router, apply, check readiness, add them back, smoke requests through the
 router with the engines' KV failure counters unchanged. A failed gate puts the batch back on
@@ -245,7 +245,8 @@ class HostDiff:
 def host_diff(plan: HostPlan, state: dict, *, new_venv: bool = False, new_venvs: Iterable[str] = ()) -> HostDiff:
     """Pure: the files that differ from the plan (or that it no longer has) and the services that
     would (re)start, by the deploy's own rule (pdkit/changes.py). NEW_VENV: the node venv is
-    replaced (its link is the engines' `venv`); NEW_VENVS: any other replaced venv links."""
+    replaced (its link is the `venv` of the engines and pdkit-exporter; engines on a node with
+    its own engine environment have none); NEW_VENVS: any other replaced venv links."""
     from pdkit import changes
     from pdkit.plan import services_meta
 
@@ -256,7 +257,8 @@ def host_diff(plan: HostPlan, state: dict, *, new_venv: bool = False, new_venvs:
     removed = tuple(changes.removals(recorded.get("files", []), [f.path for f in plan.files], present))
     venvs = set(new_venvs)
     if new_venv:
-        venvs |= {s.venv for s in plan.services if s.kind == "engine" and s.venv}
+        # every venv link but the router's is the node venv (pdkit/plan.py Service.venv)
+        venvs |= {s.venv for s in plan.services if s.kind != "router" and s.venv}
     running = {}
     for service in plan.services:
         unit_state = state.get("units", {}).get(service.unit) or []
@@ -426,7 +428,7 @@ def _op_timer():
 
 
 class Pyinfra:
-    """pyinfra's API for one inventory: one State per batch (FIELD_NOTES: gevent patched first)."""
+    """pyinfra's API for one inventory: one State per batch (gevent patched first, as pyinfra_cli/__init__.py does)."""
 
     def __init__(self, inventory: str) -> None:
         self.inventory = inventory
@@ -935,7 +937,7 @@ def _load(inventory: str):
 
 
 def _patch_gevent() -> None:
-    # pyinfra's API needs gevent, patched before anything opens a socket (FIELD_NOTES)
+    # pyinfra's API needs gevent, patched before anything opens a socket (pyinfra 3.10.0's pyinfra_cli/__init__.py does the same)
     from gevent import monkey
 
     if not monkey.is_module_patched("socket"):

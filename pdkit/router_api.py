@@ -168,6 +168,19 @@ class RouterClient:
                 raise RouterError(f"{url} is still being removed from {self.base_url} after {timeout:.0f} s; cannot add it back")
             time.sleep(0.2)
 
+    def wait_gone(self, urls: list[str], *, timeout: float = 60.0) -> None:
+        """Until no URL is listed any more (a removed worker stays listed, draining, for the
+        router's settle time: a caller that reports the list as final waits that out)."""
+        unwanted = {u.rstrip("/") for u in urls}
+        deadline = time.monotonic() + timeout
+        while unwanted:
+            still = sorted(unwanted & {w.url for w in self.workers()})
+            if not still:
+                return
+            if time.monotonic() > deadline:
+                raise RouterError(f"router {self.base_url}: {still} still listed {timeout:.0f} s after their removal was accepted")
+            time.sleep(0.1)
+
     def wait_healthy(self, urls: list[str], *, timeout: float = 60.0) -> None:
         """Until every URL is listed ready and healthy."""
         wanted = {u.rstrip("/") for u in urls}

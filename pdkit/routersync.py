@@ -54,6 +54,8 @@ def sync_router(client: RouterClient, planned: list[PlannedWorker], host_address
     for worker in add:
         client.add(worker.url, worker.worker_type, worker.bootstrap_port, timeout=timeout)
     client.wait_healthy([p.url for p in planned], timeout=timeout)
+    # a removed worker stays listed (draining) for the router's settle time: done means gone
+    client.wait_gone(remove, timeout=timeout)
     done = [f"registered {', '.join(w.url for w in add)}"] if add else []
     done += [f"took out {', '.join(remove)} (no longer planned)"] if remove else []
     return f"{client.base_url}: {'; '.join(done + ['all ' + str(len(planned)) + ' worker(s) of this host healthy'])}"
@@ -85,3 +87,14 @@ def client_for(spec, router_host) -> RouterClient:
 
     key = spec.cluster.secrets.router_api_key
     return RouterClient(f"http://{flags.router_address(router_host)}:{router_host.router.port}", api_key=key.get_secret_value() if key else None)
+
+
+def remote_worker_note(unit: str, remote: Iterable[str], listed: dict[str, bool]) -> str:
+    """Pure: what a router host's deploy says about its workers on other hosts once its gate
+    passed (LISTED: url -> healthy in its /workers)."""
+    remote = sorted(u.rstrip("/") for u in remote)
+    pending = [u for u in remote if not listed.get(u, False)]
+    if not pending:
+        return f"{unit}: all {len(remote)} worker(s) on other hosts registered and healthy"
+    return (f"{unit}: pending {', '.join(pending)} ({len(pending)} of {len(remote)} worker(s) on other hosts not up yet: "
+            f"each host's own deploy registers its engines here and waits until they are healthy)")

@@ -103,6 +103,31 @@ def _system_dir(value: str) -> str:
     return value
 
 
+def _engine_venv_dir(value: str | None) -> str | None:
+    """pdkit_node.engine_venv: the directory of a Python environment (its bin/python), never a system directory."""
+    if value is None:
+        return None
+    if "/../" in value + "/" or value.endswith("/.."):
+        raise ValueError(f"{value!r} has a '..' component: give the environment's plain absolute path, e.g. /opt/sglang-env")
+    if value.rstrip("/") in SYSTEM_DIRS or value == "/":
+        raise ValueError(
+            f"{value!r} is a system directory, not a Python environment: give the directory whose bin/python runs the engines, "
+            "e.g. /opt/sglang-env (for an SGLang installed into the system Python, make one that sees it: "
+            "python3 -m venv --system-site-packages /opt/sglang-env)"
+        )
+    hidden = next((d for d in _HIDDEN_FROM_ENGINES if (value.rstrip("/") + "/").startswith(d + "/")), None)
+    if hidden:
+        raise ValueError(
+            f"{value!r} is under {hidden}, which the engine units cannot see (ProtectHome=yes / PrivateTmp=yes, docs/security.md): "
+            "put the environment elsewhere, e.g. /opt/sglang-env"
+        )
+    return value.rstrip("/")
+
+
+# directories the engine units' sandbox hides (templates/systemd/engine.service.j2: ProtectHome=yes, PrivateTmp=yes)
+_HIDDEN_FROM_ENGINES = ("/home", "/root", "/run/user", "/tmp", "/var/tmp")
+
+
 class Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
 
@@ -555,6 +580,10 @@ class Node(Frozen):
     # never: a driver change only marks the node "reboot required"; when-drained: reboot it too,
     # but only in a run that declares the node drained (pdkit roll sets node_drained)
     reboot: Literal["never", "when-drained"] = "never"
+    # the node's own SGLang environment (e.g. a vendor image's venv): its bin/python runs the engines, pdkit installs no engine here and preflight checks its sglang (and nixl); unset: SGLang from pdkit's lock
+    engine_venv: str | None = Field(default=None, pattern=r"^/[A-Za-z0-9_./-]+$")
+
+    _engine_venv = field_validator("engine_venv")(classmethod(lambda cls, v: _engine_venv_dir(v)))
 
     def engine(self, name: str) -> Engine:
         return next(e for e in self.engines if e.name == name)
@@ -1121,6 +1150,8 @@ def cross_checks(spec: ClusterSpec) -> list[Problem]:
                     add(Problem(host.name, f"pdkit_node.engines[{i}].tuning.custom_all_reduce", "custom all-reduce needs GPU peer-to-peer, but the 'pcie-p2p-off' profile disables it (NCCL_P2P_DISABLE=1): use 'auto' or 'off'"))
         if node.gpu == "nvidia" and node.gpus.sm_major >= 10 and node.nccl_profile == "default" and node.gpus.count > 1:
             add(Problem(host.name, "pdkit_node.nccl_profile", "Blackwell node with the default NCCL profile: on PCIe-only nodes choose 'pcie' (NCCL's default P2P level falls back to host memory across root complexes)", "warning"))
+        if node.engine_venv is not None:
+            _check_engine_venv(spec, host, add)
 
     for host in spec.hosts:
         seen: dict[int, str] = {}
@@ -1183,6 +1214,32 @@ def cross_checks(spec: ClusterSpec) -> list[Problem]:
         add(Problem(spec.router_hosts[0].name, "pdkit_cluster.secrets.router_api_key", "sglang-router 0.3.2 only takes its API key on the command line, which would leak it; use package smg or drop the key"))
     # a cluster-wide setting reached through several engines of one host is one problem
     return list(dict.fromkeys(problems))
+
+
+def _check_engine_venv(spec: ClusterSpec, host: HostSpec, add) -> None:
+    """pdkit_node.engine_venv: a real engine's environment, outside pdkit's own venvs, one SGLang
+    release for every engine process it runs (the preflight checks the environment itself)."""
+    node = host.node
+    assert node is not None and node.engine_venv is not None
+    venv, field = node.engine_venv, "pdkit_node.engine_venv"
+    if spec.cluster.engine != "sglang":
+        add(Problem(host.name, field, f"engine_venv {venv} is the node's own SGLang environment, but pdkit_cluster.engine is "
+                    f"{spec.cluster.engine!r} (the rehearsal engine runs from pdkit's node venv): remove engine_venv, or set pdkit_cluster.engine: sglang"))
+        return
+    install = spec.cluster.install_dir.rstrip("/")
+    if venv == install or venv.startswith(install + "/"):
+        add(Problem(host.name, field, f"engine_venv {venv} is inside pdkit_cluster.install_dir ({install}), whose venvs pdkit replaces: "
+                    "give the engine's own environment outside it, e.g. /opt/sglang-env (or remove engine_venv and let pdkit install the engine)"))
+    placements = spec.placements(host)
+    if not placements:
+        add(Problem(host.name, field, f"ignored: engine_venv {venv} is set but {host.name} runs no engine; remove it", "warning"))
+    versions: dict[str, list[str]] = {}
+    for p in placements:
+        versions.setdefault(spec.engine_version(p.engine), []).append(p.engine.name)
+    if len(versions) > 1:
+        shown = "; ".join(f"{v} for {', '.join(names)}" for v, names in sorted(versions.items()))
+        add(Problem(host.name, field, f"the engines on {host.name} want different SGLang releases ({shown}) but all run from the one engine_venv {venv}: "
+                    "give them one sglang_version, or remove engine_venv"))
 
 
 def _check_engine_tuning(spec: ClusterSpec, host: HostSpec, engine: Engine, at: str, add) -> None:

@@ -20,6 +20,8 @@ def summary(spec: ClusterSpec) -> str:
         g = node.gpus
         gpu_kind = "virtual " if node.gpu == "none" else ""
         lines.append(f"  {host.name} ({host.address}): {g.count}x {gpu_kind}{g.model} {g.memory_gib} GiB sm_{g.compute_capability.replace('.', '')}, NCCL profile {node.nccl_profile}")
+        if node.engine_venv:
+            lines.append(f"    engines run from the node's own environment {flags.engine_python(spec, host)} (pdkit installs no engine here)")
         for e in node.engines:
             numa = engine_numa_node(host, e)
             graphs = effective_decode_graph_max_bs(spec, host, e)

@@ -81,6 +81,16 @@ ROUTER_RELEASES: dict[tuple[str, str], RouterRelease] = {
 
 # Versions of the other pinned Python packages that go into a node's wheelhouse.
 NIXL_PACKAGE = ("nixl-cu13", "1.5.1")
+# The `nixl` meta package (the module SGLang imports, NIXL_IMPORT below) at the same release. It
+# requires both nixl-cu12 and nixl-cu13; pdkit's engines run CUDA 13 (the locks' torch is a cu13
+# build, which nixl's detect_cuda_major reads), so the locks drop nixl-cu12 (NIXL_EXCLUDED).
+NIXL_META_PACKAGE = ("nixl", "1.5.1")
+NIXL_EXCLUDED = ("nixl-cu12",)
+# What SGLang itself imports for NIXL KV transfer (sglang/srt/disaggregation/nixl/conn.py in 0.5.17
+# and 0.5.23): the module `nixl` comes from the `nixl` meta package, which loads nixl-cu13's (or
+# -cu12's) `nixl_cu13`; the nixl-cu13 wheel alone has no module `nixl`. The preflight runs this in a
+# node's own engine environment (pdkit_node.engine_venv).
+NIXL_IMPORT = "from nixl._api import nixl_agent"
 
 
 # ---------------------------------------------------------------------------------------- node

@@ -56,7 +56,9 @@ def service_user_and_dirs() -> None:
 
 def _node_bundle() -> tuple[wheelhouse.Bundle, str]:
     spec = current_spec()
-    return wheelhouse.node_bundle(node_platform(), spec.cluster.engine, spec.cluster.sglang_version), flags.venv_dir(spec)
+    # pdkit alone on a node that provides its own engine environment (pdkit_node.engine_venv)
+    engine = flags.node_venv_engine(spec, current_host())
+    return wheelhouse.node_bundle(node_platform(), engine, spec.cluster.sglang_version if engine == "sglang" else None), flags.venv_dir(spec)
 
 
 def _installed(bundle: wheelhouse.Bundle, venv: str) -> bool:
@@ -66,7 +68,8 @@ def _installed(bundle: wheelhouse.Bundle, venv: str) -> bool:
 
 
 def node_venv_will_change() -> bool:
-    """True when this run installs a new node venv: the engines must then restart onto it."""
+    """True when this run installs a new node venv: the services running from it (pdkit-exporter, and the
+    engines unless the node provides its own engine environment) must then restart onto it."""
     try:
         return not _installed(*_node_bundle())
     except WheelhouseError as exc:
@@ -137,7 +140,8 @@ def _install_bundle(bundle: wheelhouse.Bundle, venv: str) -> None:
 def venvs() -> None:
     spec = current_spec()
     this = current_host()
-    # every host gets the node venv: the engine (sim or sglang) on GPU nodes, the health gates everywhere
+    # every host gets the node venv: the engine (sim or sglang) on GPU nodes, the health gates
+    # everywhere; pdkit alone where the node provides its own engine environment
     try:
         node_bundle = _node_bundle()
     except WheelhouseError as exc:

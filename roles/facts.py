@@ -4,7 +4,7 @@ pyinfra gathers facts one command at a time and does not cache them; a per-file 
 costs two round trips per file. Reading every planned path's mode, owner and hash, the
 units' states, the service user and the Python version at once keeps a no-op run fast. The
 values read cannot change during the run except through pdkit's own operations, so deciding
-on them at prepare time is sound (FIELD_NOTES, pyinfra 3.10.0).
+on them at prepare time is sound (pyinfra 3.10.0 runs every deploy file to completion, collecting operations, before it executes any: pyinfra_cli/main.py).
 """
 
 from __future__ import annotations

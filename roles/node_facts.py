@@ -9,11 +9,14 @@ so the preflight can report them with everything else. Cases: tests/node/facts/<
 
 from __future__ import annotations
 
+import json
 import re
+import shlex
 
 from pyinfra.api import FactBase
 
 from pdkit.node import REBOOT_MARKER_PATH
+from pdkit.versions import NIXL_IMPORT
 
 # marks the line pdkit appends when nvidia-smi ran and failed (its own message comes before it)
 NVIDIA_SMI_FAILED = "pdkit: nvidia-smi failed, exit code"
@@ -254,6 +257,93 @@ class RebootRequired(FactBase):
         return " ".join(line.strip() for line in output if line.strip()) or None
 
 
+# the one line of EngineEnv's output that carries its result
+ENGINE_ENV_MARK = "pdkit-engine-env: "
+
+# Runs under the node's python3 (any 3.x): checks the file, then runs the provided python once
+# (-B: it writes no bytecode into an environment pdkit does not own) with _ENGINE_ENV_INNER.
+_ENGINE_ENV_OUTER = r"""
+import json, os, stat, subprocess, sys
+venv, inner = sys.argv[1], sys.argv[2]
+p = os.path.join(venv, "bin", "python")
+out = {"path": p}
+if not os.path.lexists(p):
+    out["exists"] = False
+    out["venv_exists"] = os.path.isdir(venv)
+elif not os.path.exists(p):
+    out.update(exists=False, link=os.readlink(p))
+elif os.path.isdir(p) or not os.access(p, os.X_OK):
+    out.update(exists=True, executable=False, mode="%04o" % stat.S_IMODE(os.stat(p).st_mode))
+else:
+    out.update(exists=True, executable=True)
+    try:
+        proc = subprocess.run([p, "-B", "-c", inner], stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, timeout=300,
+                              universal_newlines=True, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+        found = [l for l in proc.stdout.splitlines() if l.startswith("pdkit-engine-env-probe: ")]
+        if found:
+            out.update(json.loads(found[-1].split(": ", 1)[1]))
+        else:
+            lines = [l.strip() for l in (proc.stderr + proc.stdout).splitlines() if l.strip()]
+            out["error"] = "exit %d: %s" % (proc.returncode, lines[-1] if lines else "no output")
+    except subprocess.TimeoutExpired:
+        out["error"] = "did not finish in 300 s"
+    except OSError as e:
+        out["error"] = str(e)
+print("pdkit-engine-env: " + json.dumps(out, sort_keys=True))
+"""
+# Runs under the provided python: its version, sglang (distribution and import), NIXL as SGLang
+# imports it (pdkit.versions.NIXL_IMPORT).
+_ENGINE_ENV_INNER = r"""
+import json, sys
+out = {"python": "%d.%d.%d" % tuple(sys.version_info[:3])}
+def error(e):
+    text = str(e).strip().splitlines()
+    return type(e).__name__ + (": " + text[0] if text else "")
+try:
+    from importlib import metadata
+    try:
+        out["sglang_dist"] = metadata.version("sglang")
+    except Exception:
+        out["sglang_dist"] = None
+except Exception:
+    pass
+try:
+    import sglang
+    out["sglang"] = getattr(sglang, "__version__", None)
+except BaseException as e:
+    out["sglang_error"] = error(e)
+try:
+    __NIXL_IMPORT__
+    out["nixl"] = True
+except BaseException as e:
+    out["nixl"] = False
+    out["nixl_error"] = error(e)
+print("pdkit-engine-env-probe: " + json.dumps(out, sort_keys=True))
+""".replace("__NIXL_IMPORT__", NIXL_IMPORT)
+
+
+class EngineEnv(FactBase):
+    """A node's own engine environment (pdkit_node.engine_venv) as the preflight checks it, in one
+    command: does VENV/bin/python exist and run, which sglang it has (`import sglang;
+    sglang.__version__`, or the error), and whether NIXL imports the way SGLang imports it.
+    The decision is pdkit.preflight.engine_env_problems (pure)."""
+
+    def command(self, venv: str) -> str:
+        # always exits 0: a missing or broken environment is a finding, not a failed fact
+        return f"python3 -c {shlex.quote(_ENGINE_ENV_OUTER)} {shlex.quote(venv)} {shlex.quote(_ENGINE_ENV_INNER)} || true"
+
+    @staticmethod
+    def default() -> dict:
+        return {"error": "the probe printed nothing (is python3 installed on the node?)"}
+
+    def process(self, output: list[str]) -> dict:
+        for line in reversed(output):
+            if line.startswith(ENGINE_ENV_MARK):
+                return json.loads(line[len(ENGINE_ENV_MARK):])
+        lines = [line.strip() for line in output if line.strip()]
+        return {"error": f"the probe failed: {lines[-1] if lines else 'no output'}"}
+
+
 # name -> fact class, in the order the preflight reads them
 NODE_FACTS: dict[str, type[FactBase]] = {
     "os": NodeOsRelease,
@@ -279,12 +369,17 @@ class NodeFacts(FactBase):
 
     Eleven facts one after another are eleven SSH round trips in every deploy and every node
     of a roll; run together they are one. Each part is parsed by its own fact's `process()`
-    (its `default()` when it printed nothing), exactly as when read alone.
+    (its `default()` when it printed nothing), exactly as when read alone. ENGINE_VENV (a node's
+    pdkit_node.engine_venv) adds EngineEnv's probe of it to the same round trip, as "engine_env".
     """
 
-    def command(self, names: tuple[str, ...]) -> str:
+    def command(self, names: tuple[str, ...], engine_venv: str | None = None) -> str:
         # `&&`: a fact command that fails fails this one, as it would alone
-        return " && ".join(f"echo '{NODE_FACTS_MARK}{name}' && {{ {NODE_FACTS[name]().command()} ; }}" for name in names)
+        parts = [f"echo '{NODE_FACTS_MARK}{name}' && {{ {NODE_FACTS[name]().command()} ; }}" for name in names]
+        if engine_venv:
+            # the node's own engine environment, in the same round trip (value under "engine_env")
+            parts.append(f"echo '{NODE_FACTS_MARK}engine_env' && {{ {EngineEnv().command(engine_venv)} ; }}")
+        return " && ".join(parts)
 
     @staticmethod
     def default() -> dict:
@@ -300,6 +395,6 @@ class NodeFacts(FactBase):
                 current.append(line)
         values = {}
         for name, lines in parts.items():
-            fact = NODE_FACTS[name]()
+            fact = EngineEnv() if name == "engine_env" else NODE_FACTS[name]()
             values[name] = fact.process(lines) if lines else fact.default()
         return values

@@ -1,5 +1,9 @@
 """Preflight: read what a GPU node really is, check it against the spec, report every finding at once.
 
+On a node that provides its own engine environment (pdkit_node.engine_venv) it also checks that
+environment: its python runs, imports the spec's sglang release and, for PD engines over NIXL,
+NIXL (roles/node_facts.py EngineEnv; pdkit.preflight.engine_env_problems decides).
+
 Runs first in deploy/pd.py and alone in deploy/preflight.py. The facts are read at prepare time
 (pdkit's own operations never change them during the run, except the driver, whose change marks
 the node "reboot required" instead). The report goes to stderr as one block per host; a host with
@@ -42,7 +46,9 @@ def node_facts() -> dict:
     if host.name not in facts:
         this = current_host()
         names = _HOST_ONLY if this.node is None or this.node.gpu == "none" else tuple(NODE_FACTS)
-        facts[host.name] = host.get_fact(NodeFacts, names=names)  # one round trip for all of them
+        # a node's own engine environment (pdkit_node.engine_venv) is probed in the same round trip, gpu: none too
+        engine_venv = this.node.engine_venv if this.node is not None else None
+        facts[host.name] = host.get_fact(NodeFacts, names=names, engine_venv=engine_venv)  # one round trip for all of them
     return facts[host.name]
 
 

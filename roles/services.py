@@ -13,6 +13,7 @@ from pyinfra.operations import python, server
 
 from pdkit import changes, flags, limitwarn, routersync
 from pdkit.deploy import current_host, current_plan, current_spec
+from pdkit.router_api import RouterError
 from pdkit.plan import Service, services_meta, services_not_started, staging_dir
 from roles import base
 from roles.facts import host_state, path_matches, unit_active_enabled
@@ -103,6 +104,9 @@ def services() -> None:
     _start_and_restart(start_router, restart_router, "router")
     for service in (*start_router, *restart_router):
         server.shell(name=f"Health gate {service.unit}", commands=[router_gate_command(venv_python, service)])
+        if service.remote_workers:
+            # the gate's verdict is not shown by pyinfra (below -vvv): say which workers are pending
+            python.call(name=f"Workers of {service.unit} on other hosts", function=_report_remote_workers, spec=spec, router_host=current_host(), service=service)
 
 
 # per pyinfra State: host -> worker URLs it (re)starts; printed once at exit (pdkit/limitwarn.py)
@@ -133,7 +137,20 @@ def _note_for_limit(spec, urls: list[str]) -> None:
 def _sync_router(spec, router_host, mine, others, host_address) -> None:
     """Runs on the deploying machine (python.call): the router's worker API, with the key from the spec."""
     message = routersync.sync_router(routersync.client_for(spec, router_host), mine, host_address, others, timeout=120.0)
-    host.log(message)
+    # pyinfra does not show host.log at the default verbosity: this is the line that says what changed
+    print(f"pdkit: {host.name}: {message}", file=sys.stderr, flush=True)
+
+
+def _report_remote_workers(spec, router_host, service: Service) -> None:
+    """Runs on the deploying machine after the router's gate passed: which of its workers on
+    other hosts are not listed healthy yet (pending: their host's deploy registers them)."""
+    client = routersync.client_for(spec, router_host)
+    try:
+        listed = {w.url: w.healthy for w in client.workers()}
+    except RouterError as exc:
+        print(f"pdkit: {host.name}: {service.unit} passed its gate; its worker list is not readable from here ({exc})", file=sys.stderr, flush=True)
+        return
+    print(f"pdkit: {host.name}: {routersync.remote_worker_note(service.unit, service.remote_workers, listed)}", file=sys.stderr, flush=True)
 
 
 def _router_last(services: list[Service]) -> tuple[list[Service], list[Service]]:

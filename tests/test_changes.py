@@ -41,6 +41,28 @@ def test_the_restart_rule(what, files, venvs, down, start, restart):
     assert (decision.start, decision.restart) == (start, restart), what
 
 
+# A node that provides its own engine environment (pdkit_node.engine_venv): its engines run from
+# none of pdkit's venvs (pdkit/plan.py Service.venv None), pdkit-exporter still from the node venv
+PROVIDED = {
+    "engine.service": {"kind": "engine", "files": ["/u/engine.service", "/etc/engine.env", "/etc/nccl.env"], "venv": None},
+    "exporter.service": {"kind": "http", "files": ["/u/exporter.service", "/etc/exporter.json"], "venv": NODE_VENV},
+    "router.service": {"kind": "router", "files": ["/u/router.service"], "venv": ROUTER_VENV},
+}
+PROVIDED_CASES = [
+    ("provided env, the node venv: only the exporter, the engines keep running", set(), {NODE_VENV}, set(), [], ["exporter.service"]),
+    ("provided env, both venvs: the exporter and the router", set(), {NODE_VENV, ROUTER_VENV}, set(), [], ["exporter.service", "router.service"]),
+    ("provided env, engine_venv moved (its unit file changed): the engine", {"/u/engine.service"}, set(), set(), [], ["engine.service"]),
+    ("provided env, an engine env file and the node venv: both", {"/etc/engine.env"}, {NODE_VENV}, set(), [], ["engine.service", "exporter.service"]),
+    ("provided env, an engine down: started whatever the venvs", set(), {NODE_VENV}, {"engine.service"}, ["engine.service"], ["exporter.service"]),
+]
+
+
+@pytest.mark.parametrize(("what", "files", "venvs", "down", "start", "restart"), PROVIDED_CASES, ids=[c[0] for c in PROVIDED_CASES])
+def test_the_restart_rule_on_a_node_with_its_own_engine_env(what, files, venvs, down, start, restart):
+    decision = changes.decide(PROVIDED, files, venvs, {u: u not in down for u in PROVIDED})
+    assert (decision.start, decision.restart) == (start, restart), what
+
+
 def test_a_file_only_the_current_release_gave_a_unit_restarts_it_when_removed():
     previous = {"engine.service": {"files": ["/etc/secrets.env"]}}
     assert changes.decide(SERVICES, {"/etc/secrets.env"}, set(), UP, previous).restart == ["engine.service"]
@@ -142,3 +164,24 @@ def test_a_node_whose_engines_left_the_spec_stops_and_removes_them(tmp_path):
         ["pdkit-engine-decode.service", "pdkit-engine-prefill.service", "pdkit-exporter.service"])
     removed = host_diff(after, state).removes
     assert {"/etc/systemd/system/pdkit-engine-decode.service", "/etc/pdkit/engines/decode.env", "/etc/pdkit/exporter.json"} <= set(removed)
+
+
+def test_a_new_node_venv_on_a_provided_env_node_restarts_only_the_exporter_in_deploy_roll_and_rollback(tmp_path):
+    """Issue 22 item 1: gpu01's engines run from its own environment, so the deploy, `pdkit roll
+    --dry` and a rollback agree that a new node venv restarts pdkit-exporter alone there, while
+    gpu02 (engines from pdkit's node venv) restarts its engines too."""
+    import copy
+
+    hosts = copy.deepcopy(BASE_HOSTS)
+    hosts["gpu01"]["pdkit_node"]["engine_venv"] = "/opt/sglang-env"
+    plans = plan_cluster(load(str(write_inventory(tmp_path, hosts, BASE_CLUSTER))))
+    for name, expected in (("gpu01", ["pdkit-exporter.service"]),
+                           ("gpu02", ["pdkit-engine-decode.service", "pdkit-engine-prefill.service", "pdkit-exporter.service"])):
+        plan = plans[name]
+        state = _node_on(plan)
+        assert sorted(host_diff(plan, state, new_venv=True).restarts) == expected, name
+        assert sorted(s.unit for s in restart_plan(list(plan.services), state, set(), {NODE_VENV})[1]) == expected, name
+        target = {"files": {p: dict(zip(("mode", "owner", "group", "sha256"), v[1:], strict=True)) for p, v in state["paths"].items()},
+                  "services": services_meta(plan.services), "venvs": {NODE_VENV: "/opt/pdkit/venvs/new"}}
+        restore = releases.plan_restore(target, dict(target["files"]), {NODE_VENV: "/opt/pdkit/venvs/old"}, {u: True for u in target["services"]}, list(target["services"]))
+        assert sorted(restore.restart) == expected, name

@@ -63,10 +63,14 @@ def spanning_inventory(tmp_path, base, *, version="0.5.23", layout=None, hosts_s
 
 
 def every_rank_argv(spec):
-    """(name, argv) of every engine process: each rank of an engine spanning nodes."""
+    """(name, argv) of every engine process: each rank of an engine spanning nodes; the argv after
+    `<engine python> -m sglang.launch_server` in its unit's ExecStart (flags.engine_command)."""
     for host in spec.gpu_hosts:
         for p in spec.placements(host):
-            yield f"{host.name}/{p.engine.name}#{p.rank}", flags.sglang_args(spec, p.head, p.engine, p.rank)
+            command = flags.engine_command(spec, p.head, p.engine, p.rank, node=host)
+            assert command[0] == flags.engine_python(spec, host) and command[1:3] == ["-m", "sglang.launch_server"], command[:3]
+            assert command[3:] == flags.sglang_args(spec, p.head, p.engine, p.rank)
+            yield f"{host.name}/{p.engine.name}#{p.rank}", command[3:]
 
 
 def _specs(tmp_path, base, monkeypatch):
@@ -84,6 +88,8 @@ def _specs(tmp_path, base, monkeypatch):
         # issue 20: two 8-GPU nodes serving one TP16 decode, and a base-derived spanning engine
         "multinode": load("inventories/multinode.py"),
         "spanning": load(spanning_inventory(tmp_path, copy.deepcopy(base))),
+        # issue 22 item 1: engines run from the node's own environment (pdkit_node.engine_venv)
+        "provided-env": load("inventories/provided-env.py"),
     }
 
 
@@ -98,6 +104,8 @@ def test_every_generated_engine_argv_parses_with_sglangs_own_parser(version, tmp
             names.append(f"{name}:{rank_name}")
     assert len(argvs) >= 7
     assert any("--node-rank" in a for a in argvs) and any("--enable-eplb" in a for a in argvs)
+    # the provided-env node's engines are in the set (their ExecStart runs /opt/vendor/sglang-env/bin/python)
+    assert {n for n in names if n.startswith("provided-env:")} == {"provided-env:gpu01/prefill#0", "provided-env:gpu01/decode#0"}
     results = contract.check_sglang_argvs(version, argvs)
     failures = {n: r for n, r in zip(names, results) if r is not None}
     assert not failures, f"SGLang {version} rejected pdkit's argv: {failures}"

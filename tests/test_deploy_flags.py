@@ -105,3 +105,20 @@ def test_install_commands_remove_dropped_files_before_the_reload():
     shell = steps[-1]
     assert "rm -f /etc/systemd/system/pdkit-engine-old.service /etc/pdkit/secrets.env" in shell
     assert shell.index("rm -f") < shell.index("systemctl daemon-reload")
+
+
+NOTES = [
+    ("every remote worker healthy", {P2: True, D2: True}, "all 2 worker(s) on other hosts registered and healthy", []),
+    ("one host not deployed yet", {P2: False}, "pending", [P2, D2]),
+    ("listed but unhealthy is pending too", {P2: True, D2: False}, "pending", [D2]),
+]
+
+
+@pytest.mark.parametrize(("what", "listed", "says", "pending"), NOTES, ids=[n[0] for n in NOTES])
+def test_router_host_says_which_remote_workers_are_pending(what, listed, says, pending):
+    from pdkit.routersync import remote_worker_note
+
+    note = remote_worker_note("pdkit-router.service", [D2 + "/", P2], listed)
+    assert note.startswith("pdkit-router.service: ") and says in note, note
+    for url in (P2, D2):
+        assert (url in note) == (url in pending), (what, note)

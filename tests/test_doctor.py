@@ -547,6 +547,28 @@ def test_decode_speed_without_tokens_or_peers():
     assert alone.status == "PASS" and "no peer" in alone.reason
 
 
+def test_per_engine_bench_gives_every_decode_engine_its_own_share(monkeypatch):
+    """Issue #18 item 10: through the router one slow decode of three got no request in a lab run,
+    so decode_speed_c16 had nothing to measure; doctor's speed bench asks each PD pair directly, in turn."""
+    from pdkit import bench, doctor
+    from pdkit.loader import load
+
+    spec = load(str(Path(__file__).resolve().parents[1] / "inventories" / "cluster.py"))
+    seen = {}
+
+    def fake_run_bench(spec_, **kw):
+        seen.update(kw)
+        return {"levels": []}
+
+    monkeypatch.setattr(bench, "run_bench", fake_run_bench)
+    doctor.per_engine_bench(spec, doctor.BenchPoint(1000.0, "r", 256, 64, 48), lambda _m: None, False)
+    decodes = sorted(f"{h.name}/{e.name}" for h, e in spec.engines() if e.role in ("decode", "unified"))
+    routed = [r.split("+")[-1] for r in seen["measured"]["routes"]]
+    assert sorted(routed) == decodes, (routed, decodes)  # each decode once: round robin gives equal shares
+    assert seen["measured"]["via"] == "engines" and callable(seen["send"])
+    assert (seen["concurrency"], seen["requests"], seen["input_len"], seen["output_len"]) == ([16], 48, 256, 64)
+
+
 # ---- engines spanning nodes (issue 20): only rank 0 serves HTTP; every rank's process is checked
 
 

@@ -10,7 +10,7 @@ import pytest
 from pdkit import enginelock
 from pdkit.enginelock import LockError, all_locks, canonical, select_lock
 from pdkit.platforms import KNOWN_PLATFORMS
-from pdkit.versions import NIXL_PACKAGE, SGLANG_RELEASES
+from pdkit.versions import NIXL_EXCLUDED, NIXL_META_PACKAGE, NIXL_PACKAGE, SGLANG_RELEASES
 from pdkit.wheelhouse import lock_pins
 from tests.conftest import require
 
@@ -23,6 +23,10 @@ def test_every_lock_header_agrees_with_its_body_and_versions_py():
         assert lock.version in SGLANG_RELEASES, f"{lock.path.name}: sglang {lock.version} is not a release pdkit/versions.py pins"
         assert lock.pins.get("sglang") == lock.version, f"{lock.path.name}: header says {lock.version}, body pins {lock.pins.get('sglang')}"
         assert lock.pins.get(canonical(NIXL_PACKAGE[0])) == NIXL_PACKAGE[1], f"{lock.path.name}: nixl is not {NIXL_PACKAGE}"
+        # SGLang imports the module `nixl`, which only the meta package has (issue 22: a pdkit venv
+        # without it failed `from nixl._api import nixl_agent`); its cu12 half stays out
+        assert lock.pins.get(canonical(NIXL_META_PACKAGE[0])) == NIXL_META_PACKAGE[1], f"{lock.path.name}: no {NIXL_META_PACKAGE}"
+        assert not any(canonical(x) in lock.pins for x in NIXL_EXCLUDED), f"{lock.path.name}: holds {NIXL_EXCLUDED}"
         assert lock.resolver == f"uv {enginelock.UV_VERSION}"
         assert lock.path.name == enginelock.lock_filename(lock.package, lock.version, lock.python, lock.platform_tag)
 

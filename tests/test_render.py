@@ -14,7 +14,8 @@ from pdkit.plan import plan_cluster
 from tests.conftest import REPO, write_inventory
 
 GOLDEN = REPO / "tests" / "golden"
-EXAMPLES = ["cluster", "a6000", "multinode"]
+# provided-env: a node whose own SGLang environment runs the engines (pdkit_node.engine_venv)
+EXAMPLES = ["cluster", "a6000", "multinode", "provided-env"]
 
 
 def _tree(root: Path) -> dict[str, bytes]:
@@ -116,3 +117,44 @@ def test_every_rendered_exporter_config_is_accepted_by_the_exporter(name, monkey
                 assert [(e.name, e.rank) for e in config.engines] == [(p.engine.name, p.rank) for p in placements]
                 seen += 1
     assert seen == len([h for h in spec.gpu_hosts if spec.placements(h)])
+
+
+def test_a_provided_engine_env_runs_only_the_engines_from_it(monkeypatch):
+    """Issue 22 item 1: the engines' ExecStart starts with <engine_venv>/bin/python, every pdkit
+    service (exporter, health gates) stays on the node venv, and the engines' flags are the ones
+    pdkit renders anywhere (release.json, the exporter's drift check)."""
+    import json
+    import shlex
+
+    from pdkit import flags
+
+    monkeypatch.chdir(REPO)
+    spec = load("inventories/provided-env.py")
+    host = spec.host("gpu01")
+    plan = plan_cluster(spec)["gpu01"]
+    release = json.loads(plan.file("/etc/pdkit/release.json").content)
+    exporter = json.loads(plan.file("/etc/pdkit/exporter.json").content)
+    for engine in host.node.engines:
+        unit = plan.file(f"/etc/systemd/system/{engine.unit_name}").content
+        line = unit.split("ExecStart=", 1)[1].split("\nRestart=", 1)[0]
+        argv = shlex.split(line.replace("\\\n", " "))
+        assert argv == flags.engine_command(spec, host, engine)
+        assert argv[:3] == ["/opt/vendor/sglang-env/bin/python", "-m", "sglang.launch_server"] == [flags.engine_python(spec, host), "-m", "sglang.launch_server"]
+        assert argv[3:] == release["engines"][engine.name]["argv"] == next(e["argv"] for e in exporter["engines"] if e["name"] == engine.name)
+    exporter_unit = plan.file("/etc/systemd/system/pdkit-exporter.service").content
+    assert "ExecStart=/opt/pdkit/venv/bin/python -m pdkit.exporter" in exporter_unit
+    venvs = {s.unit: s.venv for s in plan.services}
+    assert venvs == {"pdkit-engine-prefill.service": None, "pdkit-engine-decode.service": None, "pdkit-exporter.service": "/opt/pdkit/venv",
+                     "nvidia-dcgm-exporter.service": None, "pdkit-router.service": "/opt/pdkit/router-venv"}
+    # the same layout without engine_venv differs in argv[0] and the unit's description only
+    node = host.node.model_copy(update={"engine_venv": None})
+    plain = spec.model_copy(update={"hosts": tuple(h.model_copy(update={"node": node}) if h.name == "gpu01" else h for h in spec.hosts)})
+    plain_plan = plan_cluster(plain)["gpu01"]
+    for engine in host.node.engines:
+        a = plan.file(f"/etc/systemd/system/{engine.unit_name}").content.splitlines()
+        b = plain_plan.file(f"/etc/systemd/system/{engine.unit_name}").content.splitlines()
+        assert [(x, y) for x, y in zip(a, b) if x != y] == [
+            (f"Description=pdkit SGLang (the node's own environment) {engine.role} engine {engine.name} (cluster provided)",
+             f"Description=pdkit SGLang {engine.role} engine {engine.name} (cluster provided)"),
+            ("ExecStart=/opt/vendor/sglang-env/bin/python -m sglang.launch_server \\", "ExecStart=/opt/pdkit/venv/bin/python -m sglang.launch_server \\"),
+        ]

@@ -54,7 +54,7 @@ def _assert_clean(results):
         assert proc.returncode == 0 and not proc.stderr.strip() and not proc.stdout.strip(), f"{path}:\n{proc.stderr}{proc.stdout}"
 
 
-@pytest.mark.parametrize("name", ["cluster", "a6000", "h200-1gpu"])
+@pytest.mark.parametrize("name", ["cluster", "a6000", "h200-1gpu", "provided-env"])
 def test_every_rendered_unit_verifies(name, tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)
     plans = plan_cluster(load(f"inventories/{name}.py"))

@@ -355,6 +355,8 @@ def test_cli_dry_prints_candidates_flag_diffs_and_estimate(tmp_path):
     assert done.returncode == 0, done.stderr
     out = done.stdout
     assert "target: lab-gpu2; objective output_tok_s at C=64" in out
+    assert ("correctness, soak and bench: measured on the target's own engines, each request to one PD pair in turn, "
+            "not through the router: lab-gpu2/prefill+lab-gpu2/decode") in out
     assert "lab-gpu2/decode: added `--cuda-graph-backend-decode disabled`" in out
     assert "steps-1:" in out and "`--num-continuous-decode-steps 4` -> `--num-continuous-decode-steps 1`" in out
     assert "steps-8:" in out and "estimate:" in out and "assumed, not yet measured" in out
@@ -373,3 +375,275 @@ def test_the_docs_example_and_the_gpu_campaign_validate(tmp_path):
     gpu = _tune("inventories/h200.py", "gpu/tune_h200.yaml", "--dry")
     assert gpu.returncode == 0, gpu.stderr
     assert "h200/decode: added `--cuda-graph-backend-decode disabled`" in gpu.stdout
+
+
+# ---------------------------------------------------------------- what the gates and the bench measure
+
+
+def test_a_canary_or_a_node_list_is_measured_on_its_own_pd_pairs_the_whole_cluster_through_the_router(lab_hosts):
+    from pdkit.tune.measure import measured_for
+
+    _, base = lab_hosts
+    canary = measured_for(base, ["lab-gpu2"])
+    assert canary.via == "engines"
+    assert [r.label for r in canary.routes] == ["lab-gpu2/prefill+lab-gpu2/decode"]
+    route = canary.routes[0]
+    gpu2 = next(h for h in base.hosts if h.name == "lab-gpu2")
+    assert route.prefill.bootstrap == (base.engine_address(gpu2), 8998)
+    assert route.engine.url.endswith(":30001") and route.prefill.url.endswith(":30000")
+    body = route.pd_body({"text": "x"})
+    assert body["bootstrap_host"] == base.engine_address(gpu2) and body["bootstrap_port"] == 8998
+    assert 0 <= body["bootstrap_room"] < 2**63 and body["bootstrap_room"] != route.pd_body({"text": "x"})["bootstrap_room"]
+    assert canary.describe() == {"via": "engines", "hosts": ["lab-gpu2"], "engines": ["lab-gpu2/prefill", "lab-gpu2/decode"],
+                                 "routes": ["lab-gpu2/prefill+lab-gpu2/decode"]}
+    two = measured_for(base, ["lab-gpu1", "lab-gpu3"])
+    assert [r.label for r in two.routes] == ["lab-gpu1/prefill+lab-gpu1/decode", "lab-gpu3/prefill+lab-gpu3/decode"]
+    assert [two.route(i).label for i in range(4)] == [two.routes[0].label, two.routes[1].label] * 2  # in turn
+    whole = measured_for(base, ["lab-gpu1", "lab-gpu2", "lab-gpu3"])
+    assert whole.via == "router" and whole.routes == ()
+    assert whole.describe()["engines"] == sorted(f"lab-gpu{i}/{e}" for i in (1, 2, 3) for e in ("prefill", "decode"))
+
+
+def test_a_target_with_one_side_of_a_pd_group_is_paired_with_the_groups_other_engines(tmp_path):
+    from pdkit.loader import load
+    from pdkit.tune.measure import measured_for
+    from tests.conftest import write_inventory
+
+    gpus = {"model": "virtual", "count": 4, "memory_gib": 80, "compute_capability": "9.0"}
+    def node(addr, engines):
+        return {"ssh_hostname": addr, "pdkit_node": {"gpu": "none", "gpus": gpus, "ucx_net_devices": "mlx5_0:1", "engines": engines}}
+    hosts = {
+        # p1: two prefills; d1: one decode and a unified engine; all one PD group
+        "p1": {**node("10.0.0.1", [{"name": "pa", "role": "prefill", "gpus": [0], "port": 30000, "bootstrap_port": 8998},
+                                   {"name": "pb", "role": "prefill", "gpus": [1], "port": 30002, "bootstrap_port": 8999}]),
+               "pdkit_router": {"port": 8000, "prometheus_port": 29000, "workers": ["p1/pa", "p1/pb", "d1/d"]}},
+        "d1": node("10.0.0.2", [{"name": "d", "role": "decode", "gpus": [0], "port": 30001},
+                                {"name": "u", "role": "unified", "gpus": [1], "port": 30003}]),
+    }
+    cluster = {"name": "t", "engine": "sim", "model": {"path": "/models/sim", "served_name": "sim"}}
+    spec = load(write_inventory(tmp_path, hosts, cluster))
+    decode_only = measured_for(spec, ["d1"])
+    assert [r.label for r in decode_only.routes] == ["d1/u", "p1/pa+d1/d"]
+    prefill_only = measured_for(spec, ["p1"])
+    assert [r.label for r in prefill_only.routes] == ["p1/pa+d1/d", "p1/pb+d1/d"]
+    assert prefill_only.routes[1].prefill.bootstrap == ("10.0.0.1", 8999)
+    # the whole cluster, but the router does not front the unified engine: the engines are asked directly
+    both = measured_for(spec, ["p1", "d1"])
+    assert both.via == "engines" and [r.label for r in both.routes] == ["d1/u", "p1/pa+d1/d", "p1/pb+d1/d"]
+    hosts["d1"]["pdkit_node"]["engines"].pop()
+    assert measured_for(load(write_inventory(tmp_path, hosts, cluster)), ["p1", "d1"]).via == "router"
+
+
+def _smg(procs, pairs, port, metrics_port):
+    """smg in PD mode over several sim PD pairs (prefill port, bootstrap port, decode port)."""
+    from pdkit.sim.localstack import smg_binary
+
+    argv = [smg_binary(), "launch", "--pd-disaggregation"]
+    for prefill, bootstrap, _ in pairs:
+        argv += ["--prefill", f"http://127.0.0.1:{prefill}", str(bootstrap)]
+    for _, _, decode in pairs:
+        argv += ["--decode", f"http://127.0.0.1:{decode}"]
+    argv += ["--host", "127.0.0.1", "--port", str(port), "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
+             "--worker-startup-check-interval", "1", "--health-check-interval-secs", "1", "--health-failure-threshold", "2",
+             "--health-success-threshold", "1", "--shutdown-grace-period-secs", "1", "--log-level", "warn"]
+    return procs.start("router", argv)
+
+
+@pytest.fixture(scope="module")
+def two_pairs(tmp_path_factory):
+    """Two sim PD pairs (a: as the baseline; b: a decode whose lever corrupts every token and wedges
+    for 3 s once it holds 6 requests) and a unified sim, behind the real smg router (a and b)."""
+    import requests
+
+    from tests.sim.support import Processes, free_ports, launch_sim, wait_ready, wait_until
+
+    procs = Processes(tmp_path_factory.mktemp("two_pairs"))
+    lever = "--enable-torch-compile"
+    b_env = {"PDKIT_SIM_CORRUPT_WHEN": lever, "PDKIT_SIM_WEDGE_WHEN": lever, "PDKIT_SIM_WEDGE_MIN_HELD": "6", "PDKIT_SIM_WEDGE_HOLD_S": "3"}
+    ports = dict(zip(("ap", "ab", "ad", "bp", "bb", "bd", "u", "router", "metrics"), free_ports(9)))
+    try:
+        started = [
+            (launch_sim(procs, "a-prefill", "prefill", ports["ap"], ports["ab"]), ports["ap"]),
+            (launch_sim(procs, "a-decode", "decode", ports["ad"]), ports["ad"]),
+            (launch_sim(procs, "b-prefill", "prefill", ports["bp"], ports["bb"]), ports["bp"]),
+            (launch_sim(procs, "b-decode", "decode", ports["bd"], extra=[lever], env=b_env), ports["bd"]),
+            (launch_sim(procs, "unified", "null", ports["u"]), ports["u"]),
+        ]
+        for proc, port in started:
+            wait_ready(procs, proc, port, timeout=60)
+        router = _smg(procs, [(ports["ap"], ports["ab"], ports["ad"]), (ports["bp"], ports["bb"], ports["bd"])],
+                      ports["router"], ports["metrics"])
+        url = f"http://127.0.0.1:{ports['router']}"
+
+        def ready():
+            assert router.alive(), router.log_tail()
+            workers = requests.get(f"{url}/workers", timeout=2).json().get("workers", [])
+            return sum(bool(w.get("is_healthy")) and w.get("status") == "ready" for w in workers) == 4
+        wait_until(ready, 60, "smg to list four healthy workers", interval=0.2, context=procs.logs)
+        yield ports, url
+    finally:
+        procs.stop_all()
+
+
+def _pair(ports, side):
+    from pdkit.tune.measure import EngineRef, Route
+
+    return Route(EngineRef(f"{side}/decode", f"http://127.0.0.1:{ports[side + 'd']}"),
+                 EngineRef(f"{side}/prefill", f"http://127.0.0.1:{ports[side + 'p']}", ("127.0.0.1", ports[side + "b"])))
+
+
+def _requests_seen(ports):
+    """Finished requests per engine (a prefill counts its half of a PD request too)."""
+    import requests
+
+    from pdkit.metricnames import SGLANG
+    from pdkit.roll import metric_sums
+
+    out = {}
+    for k in ("ap", "ad", "bp", "bd", "u"):
+        page = requests.get(f"http://127.0.0.1:{ports[k]}/metrics", timeout=5).text
+        out[k] = metric_sums(page, [SGLANG["requests"]])[SGLANG["requests"]]
+    return out
+
+
+def test_the_target_pair_alone_gets_the_gate_so_a_corrupting_lever_always_fails_it(two_pairs):
+    from pdkit.tune.measure import EngineRef, Measured, Route
+
+    ports, router_url = two_pairs
+    a = Measured(("a",), router_url, {}, (_pair(ports, "a"),))
+    b = Measured(("b",), router_url, {}, (_pair(ports, "b"),))
+    prompt_set = gates.prompts(8)
+    baseline = gates.ask(a, {}, prompt_set, 16, 4)
+    assert all(len(x.get("tokens", [])) == 16 for x in baseline), baseline
+    before = _requests_seen(ports)
+    candidate = gates.ask(b, {}, prompt_set, 16, 4)
+    after = _requests_seen(ports)
+    # every prompt went to b's pair and to nothing else
+    assert {k: after[k] - before[k] for k in after} == {"ap": 0, "ad": 0, "bp": 8, "bd": 8, "u": 0}
+    comparison = gates.compare(baseline, candidate)
+    # every answer diverges right after the prefill's (right) first token: the same verdict every run
+    assert {p["first_divergence"] for p in comparison["prompts"]} == {1}
+    assert comparison["match_rate"] == pytest.approx(1 / 16)
+    ok, why = gates.correctness_verdict(comparison, 0.9, exact=False)
+    assert not ok and "below the threshold 0.9" in why, why
+    # the same engines through the router: also served (the router path still works for everyone)
+    assert all("tokens" in x for x in gates.ask(router_url, {}, prompt_set[:2], 4, 2))
+    # a unified engine is asked as it is
+    unified = Measured(("u",), router_url, {}, (Route(EngineRef("u/unified", f"http://127.0.0.1:{ports['u']}")),))
+    assert gates.compare(baseline, gates.ask(unified, {}, prompt_set, 16, 4))["match_rate"] == 1.0
+
+
+def test_a_dead_prefill_fails_the_request_at_once_and_hangs_up_on_the_decode(two_pairs):
+    import time
+
+    from pdkit.sim.localstack import free_ports
+    from pdkit.tune.measure import EngineRef, Measured, Route
+
+    ports, router_url = two_pairs
+    dead = free_ports(1)[0]
+    route = Route(EngineRef("a/decode", f"http://127.0.0.1:{ports['ad']}"),
+                  EngineRef("dead/prefill", f"http://127.0.0.1:{dead}", ("127.0.0.1", ports["ab"])))
+    started = time.monotonic()
+    out = gates.ask(Measured(("dead",), router_url, {}, (route,)), {}, gates.prompts(2), 8, 2)
+    assert time.monotonic() - started < 5
+    assert all(x.get("error", "").startswith("HTTP no answer: prefill dead/prefill") for x in out), out
+
+
+def test_soak_and_bench_on_the_target_pair_wedge_deterministically_and_record_the_engines_measured(two_pairs, lab_hosts):
+    import time
+
+    from pdkit.bench import run_bench
+    from pdkit.tune.measure import Measured
+
+    ports, router_url = two_pairs
+    a = Measured(("a",), router_url, {}, (_pair(ports, "a"),))
+    b = Measured(("b",), router_url, {}, (_pair(ports, "b"),))
+    watched = {"a/prefill": f"http://127.0.0.1:{ports['ap']}", "a/decode": f"http://127.0.0.1:{ports['ad']}",
+               "b/prefill": f"http://127.0.0.1:{ports['bp']}", "b/decode": f"http://127.0.0.1:{ports['bd']}"}
+    ok, why, figures = gates.soak(a, {}, watched, 2, 8, 16, 16, wedge_window_s=1.5)
+    assert ok, (why, figures)
+    assert figures["via"] == "engines" and "to a/prefill+a/decode" in why and figures["failed"] == 0
+    # all of the soak's C=8 on b's pair: its decode holds 8 requests >= the lever's 6 (the correctness
+    # gate's 4 never reach it), so it wedges every time, however the steps batch them
+    started = time.monotonic()
+    ok, why, figures = gates.soak(b, {}, watched, 20, 8, 16, 16, wedge_window_s=1.5)
+    assert not ok and why.startswith("wedged: b/decode held running requests"), (why, figures)
+    assert time.monotonic() - started < 12
+    # the soak hung up on what the wedge held (a client of the engines, unlike smg, cancels): b empties
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and gates.engine_sample({"d": watched["b/decode"]})["d"]["sglang:num_running_reqs"]:
+        time.sleep(0.2)
+    assert gates.engine_sample({"d": watched["b/decode"]})["d"]["sglang:num_running_reqs"] == 0
+
+    # the bench on a's pair only, saying so in its fingerprint (the spec only names the cluster here)
+    _, spec = lab_hosts
+    before = _requests_seen(ports)
+    record = run_bench(spec, concurrency=[2, 4], input_len=8, output_len=4, requests=6, warmup=2, progress=False,
+                       probe_drivers=False, send=a.stream, measured=a.describe())
+    after = _requests_seen(ports)
+    assert [lv["errors"] for lv in record["levels"]] == [0, 0], record["levels"]
+    assert {k: after[k] - before[k] for k in after} == {"ap": 14, "ad": 14, "bp": 0, "bd": 0, "u": 0}
+    assert record["env"]["measured"] == {"via": "engines", "hosts": ["a"], "engines": ["a/prefill", "a/decode"],
+                                         "routes": ["a/prefill+a/decode"]}
+    assert record["env"]["spec_hash"] and record["env"]["engine_flags"]
+    with pytest.raises(ValueError, match="together"):
+        run_bench(spec, send=a.stream, probe_drivers=False)
+
+
+def test_the_runner_sends_gates_and_bench_to_what_prepare_chose_and_records_it(tmp_path, monkeypatch):
+    """The wiring (no cluster): correctness, soak and bench all go to prep.measured (the canary's own
+    pair on the lab inventory); resume refuses records measured on something else."""
+    import pdkit.bench
+    import pdkit.doctor
+    from pdkit.tune import runner
+
+    path = tmp_path / "c.yaml"
+    path.write_text(json.dumps({"name": "t", "out_dir": str(tmp_path / "out"), "state_dir": str(tmp_path / "state"),
+                                "workload": {"concurrency": [4, 64]}, "correctness": {"prompts": 2},
+                                "candidates": [{"name": "off", "set": {"decode.cuda_graph": False}}]}))
+    prep = runner.prepare(LAB, str(path))
+    assert prep.measured.via == "engines" and [r.label for r in prep.measured.routes] == ["lab-gpu2/prefill+lab-gpu2/decode"]
+    seen = {}
+
+    def ask(target, headers, prompt_set, max_new_tokens, concurrency, timeout_s=120.0):
+        seen.setdefault("ask", []).append(target)
+        return [{"tokens": [1, 2, 3]} for _ in prompt_set]
+
+    def soak(target, headers, engine_urls, *args, **kwargs):
+        seen["soak"], seen["watched"] = target, sorted(engine_urls)
+        return True, "fine", {"via": target.via}
+
+    def bench(spec, **kwargs):
+        seen["bench"] = kwargs
+        return {"levels": [{"concurrency": 64, "errors": 0, "output_tok_s": 1.0}], "env": {"measured": kwargs["measured"]}}
+
+    monkeypatch.setattr(gates, "ask", ask)
+    monkeypatch.setattr(gates, "soak", soak)
+    monkeypatch.setattr(pdkit.bench, "run_bench", bench)
+    monkeypatch.setattr(pdkit.doctor, "run_doctor", lambda spec, **kw: [])
+    record = {"gates": {}, "timings": {}}
+    runner.Session(prep, []).run_gates("baseline", prep.base_spec, record, None, None)
+    assert seen["ask"] == [prep.measured, prep.measured] and seen["soak"] is prep.measured
+    # every engine is watched during the soak, not only the target's
+    assert seen["watched"] == sorted(f"lab-gpu{i}/{e}" for i in (1, 2, 3) for e in ("prefill", "decode"))
+    assert seen["bench"]["send"] == prep.measured.stream and seen["bench"]["measured"] == prep.measured.describe()
+    assert all(g["ok"] for g in record["gates"].values()), record["gates"]
+
+    # resume: a baseline measured on the same engines continues; one measured otherwise (or unrecorded) does not
+    base = {"campaign": "t", "kind": "baseline", "candidate": "baseline", "measured": prep.measured.describe()}
+    assert runner.measured_problem(prep.measured, [base]) is None
+    assert runner.measured_problem(prep.measured, []) is None
+    assert "start a new campaign" in runner.measured_problem(prep.measured, [{**base, "measured": {"via": "router"}}])
+    assert "not recorded" in runner.measured_problem(prep.measured, [{k: v for k, v in base.items() if k != "measured"}])
+    # the report says what was measured
+    text = render_markdown(prep.campaign, [{**rec("baseline", tok=1), "measured": prep.measured.describe()}], 64, None)
+    assert "Correctness, soak and bench measured the engines directly, PD pairs lab-gpu2/prefill+lab-gpu2/decode." in text
+
+
+def test_the_sims_held_requests_wedge_knob_is_checked():
+    from pdkit.sim.knobs import KnobError, load_knobs
+
+    assert load_knobs({"PDKIT_SIM_WEDGE_MIN_HELD": "10"}).wedge_min_held == 10
+    assert load_knobs({}).wedge_min_held == 0  # off: the decode batch decides (PDKIT_SIM_WEDGE_MIN_BATCH)
+    with pytest.raises(KnobError, match="PDKIT_SIM_WEDGE_MIN_HELD must be >= 0"):
+        load_knobs({"PDKIT_SIM_WEDGE_MIN_HELD": "-1"})

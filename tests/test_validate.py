@@ -215,6 +215,51 @@ SPAN_CASES = [
 BAD_CASES += SPAN_CASES
 
 
+def _provided(h, host="gpu01", venv="/opt/sglang-env"):
+    """HOST's engines run from the node's own SGLang environment (issue 22 item 1)."""
+    h[host]["pdkit_node"]["engine_venv"] = venv
+
+
+def _third_engine_on_another_release(h):
+    """gpu02 gets two more GPUs and a unified engine on SGLang 0.5.17 beside its 0.5.23 PD pair."""
+    h["gpu02"]["pdkit_node"]["gpus"] = {**h["gpu02"]["pdkit_node"]["gpus"], "count": 6, "numa": [0, 0, 1, 1, 1, 1]}
+    h["gpu02"]["pdkit_node"]["engines"].append({"name": "solo", "role": "unified", "gpus": [4, 5], "port": 30005, "sglang_version": "0.5.17"})
+
+
+# Issue 22 item 1: a node's own engine environment (pdkit_node.engine_venv)
+PROVIDED_ENV_CASES = [
+    ("engine-venv-relative", lambda c, h: _provided(h, venv="opt/sglang-env"), "gpu01", "pdkit_node.engine_venv", "an absolute path"),
+    ("engine-venv-system-dir", lambda c, h: _provided(h, venv="/usr"), "gpu01", "pdkit_node.engine_venv", "python3 -m venv --system-site-packages /opt/sglang-env"),
+    ("engine-venv-dotdot", lambda c, h: _provided(h, venv="/opt/x/../sglang"), "gpu01", "pdkit_node.engine_venv", "'..' component"),
+    ("engine-venv-hidden-from-engines", lambda c, h: _provided(h, "gpu02", venv="/home/ml/sglang-env"), "gpu02", "pdkit_node.engine_venv", "ProtectHome=yes"),
+    ("engine-venv-with-engine-sim", lambda c, h: c.update(engine="sim") or _provided(h), "gpu01", "pdkit_node.engine_venv", "remove engine_venv, or set pdkit_cluster.engine: sglang"),
+    ("engine-venv-inside-install-dir", lambda c, h: _provided(h, venv="/opt/pdkit/venv"), "gpu01", "pdkit_node.engine_venv", "inside pdkit_cluster.install_dir (/opt/pdkit)"),
+    ("engine-venv-two-releases-on-one-node", lambda c, h: _third_engine_on_another_release(h) or _provided(h, "gpu02"), "gpu02", "pdkit_node.engine_venv", "0.5.17 for solo; 0.5.23 for prefill, decode"),
+]
+BAD_CASES += PROVIDED_ENV_CASES
+
+
+def test_a_provided_engine_env_is_valid(base, tmp_path, capsys):
+    """The PROVIDED_ENV_CASES base: gpu01 runs its engines from /opt/sglang-env, gpu02 from pdkit's lock."""
+    cluster, hosts = base
+    _provided(hosts, venv="/opt/sglang-env/")
+    inv = write_inventory(tmp_path, hosts, cluster)
+    assert main(["validate", "--strict", str(inv)]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "gpu01 (10.9.0.1)" in out and "engines run from the node's own environment /opt/sglang-env/bin/python" in out
+    assert out.count("the node's own environment") == 1
+    spec, _ = load_with_problems(str(inv))
+    assert spec.host("gpu01").node.engine_venv == "/opt/sglang-env"  # the trailing slash is dropped
+    assert spec.host("gpu02").node.engine_venv is None
+
+
+def test_the_third_engine_alone_is_valid(base, tmp_path, capsys):
+    """engine-venv-two-releases-on-one-node's layout is valid without engine_venv: only the one environment makes it wrong."""
+    cluster, hosts = base
+    _third_engine_on_another_release(hosts)
+    assert main(["validate", str(write_inventory(tmp_path, hosts, cluster))]) == 0, capsys.readouterr().err
+
+
 def test_a_spanning_engine_is_valid(base, tmp_path, capsys):
     """The SPAN_CASES base: one decode over two nodes passes, and rank 1 shows on gpu02."""
     cluster, hosts = base
@@ -238,6 +283,7 @@ IGNORED_CASES = [
     ("plain-policy-on-a-pd-router", lambda c, h: _router(h).update(policy="random"), "gpu01", "pdkit_router.policy", "only prefill_policy and decode_policy apply"),
     ("allow-longer-context-without-a-context", lambda c, h: c["tuning"].update(all={"allow_longer_context": True}), "gpu01", "pdkit_cluster.tuning.all.allow_longer_context", "set context_length or remove it"),
     ("unknown-host-key", lambda c, h: h["gpu02"].update(gpu_count=4), "gpu02", "gpu_count", "pdkit ignores it"),
+    ("engine-venv-on-a-node-without-engines", lambda c, h: h["gpu02"]["pdkit_node"].update(engines=[], engine_venv="/opt/sglang-env"), "gpu02", "pdkit_node.engine_venv", "runs no engine; remove it"),
     ("dspark-without-draft", lambda c, h: _engine(h, "gpu01", 1).update(tuning={"speculative": {"algorithm": "DSPARK"}}), "gpu01", "pdkit_node.engines[1].tuning.speculative.draft_model_path", "set draft_model_path unless it does"),
 ]
 

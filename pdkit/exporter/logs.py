@@ -1,7 +1,7 @@
 """SGLang's per-batch log lines -> figures. Pure functions.
 
 The scheduler writes, every `--decode-log-interval` decode steps and for every prefill batch
-(SGLang's metrics_reporter.py; FIELD_NOTES "Per-batch log lines"):
+(SGLang's metrics_reporter.py in the pinned wheels; the formats are in pdkit/data/metric_catalogue.json):
 
     [2026-11-29 18:58:35 TP0] Decode batch, #running-req: 8, #token: 361, token usage: 0.00,
         cuda graph: True, gen throughput (token/s): 110.70, #queue-req: 0

@@ -47,6 +47,13 @@ class Knobs:
     wedge_when: str = ""
     # the wedge strikes once this many requests decode together (a desync under load)
     wedge_min_batch: int = 8
+    # instead (when > 0): once the engine holds this many requests at once, queued, in the PD
+    # hand-off (a decode's prealloc/transfer queues, a prefill's bootstrap/inflight) or running,
+    # one of them at least running.
+    # A PD decode holds every request of its pair from the moment it is sent, so a client keeping C
+    # in flight makes it hold C whatever the step timing: the strike is decided by the load, not by
+    # how many happen to be in one decode batch (pdkit tune's lab campaign uses it)
+    wedge_min_held: int = 0
     # seconds the wedge holds before the engine steps again; 0: until the process restarts, as a
     # real wedge. smg does not cancel a decode's request when its client hangs up, so only a hold
     # lets the requests the wedge caught finish (the lab's zero-failed-requests campaign uses one)
@@ -82,6 +89,7 @@ ENV_NAMES = {
     "corrupt_when": "PDKIT_SIM_CORRUPT_WHEN",
     "wedge_when": "PDKIT_SIM_WEDGE_WHEN",
     "wedge_min_batch": "PDKIT_SIM_WEDGE_MIN_BATCH",
+    "wedge_min_held": "PDKIT_SIM_WEDGE_MIN_HELD",
     "wedge_hold_s": "PDKIT_SIM_WEDGE_HOLD_S",
     "bootstrap_retry_s": "PDKIT_SIM_BOOTSTRAP_RETRY_S",
     "sglang_version": "PDKIT_SIM_SGLANG_VERSION",
@@ -134,6 +142,8 @@ def _check(k: Knobs) -> None:
             raise KnobError(f"{ENV_NAMES[name]} must be > 0")
     if k.wedge_min_batch < 1:
         raise KnobError(f"{ENV_NAMES['wedge_min_batch']} must be >= 1")
+    if k.wedge_min_held < 0:
+        raise KnobError(f"{ENV_NAMES['wedge_min_held']} must be >= 0 (0: the wedge counts the decode batch, PDKIT_SIM_WEDGE_MIN_BATCH)")
     for name in ("corrupt_when", "wedge_when"):
         for cond in conditions(getattr(k, name)):
             if not cond.lstrip("!").startswith("--"):

@@ -166,10 +166,23 @@ class Scheduler:
             return False
         now = time.monotonic()
         if self.wedged_at is None:
-            if sum(not r.aborted for r in self.running) < self.knobs.wedge_min_batch:
-                return False
+            running = sum(not r.aborted for r in self.running)
+            if self.knobs.wedge_min_held:
+                # every request the engine holds: queued here, in the PD hand-off, or running
+                held = running + len(self.waiting) + (sum(self.pd_queues()) if self.pd_queues else 0)
+                # and one of them running: what a wedge is (doctor's and the soak's condition), not a queue
+                if held < self.knobs.wedge_min_held or running == 0:
+                    return False
+                what = f"{held} requests held, {running} running"
+            else:
+                if running < self.knobs.wedge_min_batch:
+                    return False
+                what = f"{running} running requests"
             self.wedged_at = now
-            self.log.warning(f"pdkit.sim: wedged (lever fault PDKIT_SIM_WEDGE_WHEN, {len(self.running)} running requests)")
+            self.log.warning(f"pdkit.sim: wedged (lever fault PDKIT_SIM_WEDGE_WHEN, {what})")
+            # the gauges show what it holds from now on (a batch admitted this iteration included):
+            # the wedge condition is running requests and no progress
+            self._update_gauges()
         if self.knobs.wedge_hold_s and now - self.wedged_at >= self.knobs.wedge_hold_s:
             self.wedge_armed = False  # let go for good: the requests it held finish
             self.log.warning(f"pdkit.sim: the wedge let go after {self.knobs.wedge_hold_s:g} s (PDKIT_SIM_WEDGE_HOLD_S)")

@@ -1,6 +1,7 @@
 """The two gates of a candidate that are pure HTTP: correctness, then the soak.
 
-Correctness: a fixed prompt set at temperature 0 through the router, each answer's tokens
+Correctness: a fixed prompt set at temperature 0 (through the router, or to the target's own PD
+pairs: pdkit.tune.measure), each answer's tokens
 compared with the baseline's answer to the same prompt, recorded on the same target at the
 campaign's start. Soak: load at the target concurrency for a while, watching the engines'
 failure counters, the failures the router hands back, and the wedge condition (requests
@@ -15,11 +16,11 @@ import json
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from pdkit.metricnames import FAILURE_COUNTERS, SGLANG
+from pdkit.tune.measure import Measured
 
 # words the fixed prompts are built from: plain text, so any tokenizer takes them
 _WORDS = ("river", "copper", "signal", "lantern", "orbit", "meadow", "cipher", "harbor", "quartz", "ember",
@@ -46,23 +47,28 @@ def answer_tokens(body: dict[str, Any]) -> list[Any]:
     return list(str(body.get("text", "")))
 
 
-def ask(router_url: str, headers: dict[str, str], prompt_set: Sequence[str], max_new_tokens: int,
+def _measured(target: str | Measured, headers: dict[str, str]) -> Measured:
+    """A router URL means the router (its engines unnamed); a Measured is used as it is."""
+    return target if isinstance(target, Measured) else Measured((), target, headers)
+
+
+def ask(target: str | Measured, headers: dict[str, str], prompt_set: Sequence[str], max_new_tokens: int,
         concurrency: int, timeout_s: float = 120.0) -> list[dict[str, Any]]:
-    """Every prompt at temperature 0 through the router: [{"tokens"} or {"error"}] in prompt order."""
-    from pdkit.health import http_request
-
-    def one(prompt: str) -> dict[str, Any]:
-        payload = {"text": prompt, "sampling_params": {"temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": True}}
-        status, body = http_request(f"{router_url}/generate", payload, timeout=timeout_s, headers=headers)
+    """Every prompt at temperature 0 through the router (TARGET a URL, or a Measured via the router)
+    or to the target's own PD pairs in turn (a Measured via engines): [{"tokens"} or {"error"}] in
+    prompt order."""
+    payloads = [{"text": p, "sampling_params": {"temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": True}}
+                for p in prompt_set]
+    out = []
+    for status, body in _measured(target, headers).ask(payloads, concurrency, timeout_s):
         if status != 200:
-            return {"error": f"HTTP {status or 'no answer'}: {body.strip()[:200]}"}
+            out.append({"error": f"HTTP {status or 'no answer'}: {body.strip()[:200]}"})
+            continue
         try:
-            return {"tokens": answer_tokens(json.loads(body))}
+            out.append({"tokens": answer_tokens(json.loads(body))})
         except ValueError:
-            return {"error": f"not JSON: {body[:200]}"}
-
-    with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-        return list(pool.map(one, prompt_set))
+            out.append({"error": f"not JSON: {body[:200]}"})
+    return out
 
 
 def first_divergence(base: Sequence[Any], got: Sequence[Any]) -> int | None:
@@ -166,11 +172,12 @@ def counter_moves(before: dict[str, dict[str, float] | None], after: dict[str, d
 
 
 class LoadThread:
-    """CONCURRENCY streaming /generate requests through the router until stopped (pdkit.bench's client)."""
+    """CONCURRENCY streaming /generate requests until stopped (pdkit.bench's client), through the
+    router or to the target's own PD pairs in turn (TARGET: a router URL or a Measured)."""
 
-    def __init__(self, url: str, headers: dict[str, str], concurrency: int, input_len: int, output_len: int,
+    def __init__(self, target: str | Measured, headers: dict[str, str], concurrency: int, input_len: int, output_len: int,
                  timeout_s: float = 120.0, seed: int = 7_000_000) -> None:
-        self.url, self.headers, self.concurrency = f"{url}/generate", headers, concurrency
+        self.measured, self.concurrency = _measured(target, headers), concurrency
         self.input_len, self.output_len, self.timeout_s, self.seed = input_len, output_len, timeout_s, seed
         self.ok = 0
         self.failed: list[str] = []
@@ -190,7 +197,7 @@ class LoadThread:
     async def _main(self) -> None:
         import aiohttp
 
-        from pdkit.bench import generate_body, stream_one
+        from pdkit.bench import generate_body
 
         self._loop = asyncio.get_running_loop()
         counter = iter(range(10**9))
@@ -198,8 +205,8 @@ class LoadThread:
         async def worker(session) -> None:
             while not self._stop.is_set():
                 n = next(counter)
-                result = await stream_one(session, self.url, self.headers, generate_body(self.seed + n, self.input_len, self.output_len),
-                                          self.output_len, self.timeout_s)
+                result = await self.measured.stream(session, n, generate_body(self.seed + n, self.input_len, self.output_len),
+                                                    self.output_len, self.timeout_s)
                 if self._cancelled and not result.ok:
                     return  # hung up by stop(cancel=True): not a failure of the engine
                 if result.ok:
@@ -207,7 +214,8 @@ class LoadThread:
                 else:
                     self.failed.append(result.error or "failed")
 
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=self.concurrency)) as session:
+        # two connections per request: one to a PD pair's prefill and one to its decode at once
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=2 * self.concurrency)) as session:
             self._tasks = [asyncio.ensure_future(worker(session)) for _ in range(self.concurrency)]
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
@@ -221,16 +229,19 @@ class LoadThread:
         self.thread.join(timeout=self.timeout_s + 10)
 
 
-def soak(router_url: str, headers: dict[str, str], engine_urls: dict[str, str], seconds: float, concurrency: int,
+def soak(target: str | Measured, headers: dict[str, str], engine_urls: dict[str, str], seconds: float, concurrency: int,
          input_len: int, output_len: int, wedge_window_s: float, interval_s: float = 0.5,
          progress: Callable[[str], None] = lambda _m: None) -> tuple[bool, str, dict[str, Any]]:
-    """(ok, why, figures): load for SECONDS; fails at once on a wedge, at the end on failures."""
+    """(ok, why, figures): load for SECONDS (TARGET: the router's URL, or a Measured: the router or
+    the target's own PD pairs) while ENGINE_URLS are watched; fails at once on a wedge, at the end
+    on failures."""
     watch = WedgeWatch(wedge_window_s)
     before = engine_sample(engine_urls)
     unreadable = [k for k, v in before.items() if v is None]
     if unreadable:
         return False, f"/metrics unreadable before the soak on {', '.join(unreadable)}", {}
-    load = LoadThread(router_url, headers, concurrency, input_len, output_len).start()
+    measured = _measured(target, headers)
+    load = LoadThread(measured, headers, concurrency, input_len, output_len).start()
     started = time.monotonic()
     wedged: list[str] = []
     try:
@@ -245,7 +256,8 @@ def soak(router_url: str, headers: dict[str, str], engine_urls: dict[str, str], 
         load.stop(cancel=bool(wedged))
     after = engine_sample(engine_urls)
     figures = {"seconds": round(time.monotonic() - started, 1), "ok": load.ok, "failed": len(load.failed),
-               "errors": load.failed[:5], "concurrency": concurrency}
+               "errors": load.failed[:5], "concurrency": concurrency, "via": measured.via}
+    where = "through the router" if measured.via == "router" else f"to {', '.join(r.label for r in measured.routes)}"
     if wedged:
         figures["wedged"] = wedged
         return False, (f"wedged: {', '.join(wedged)} held running requests and produced no token for {wedge_window_s:g} s "
@@ -255,7 +267,8 @@ def soak(router_url: str, headers: dict[str, str], engine_urls: dict[str, str], 
         figures["failure_counters"] = moved
         return False, f"engine failure counters moved during the soak: {moved}", figures
     if load.failed:
-        return False, f"{len(load.failed)} of {load.ok + len(load.failed)} soak requests failed through the router: {load.failed[:3]}", figures
+        return False, f"{len(load.failed)} of {load.ok + len(load.failed)} soak requests failed {where}: {load.failed[:3]}", figures
     if load.ok == 0 and seconds > 0:
         return False, f"no soak request finished in {figures['seconds']:.0f} s at C={concurrency}", figures
-    return True, f"{load.ok} requests at C={concurrency} over {figures['seconds']:.0f} s: no failure, no failure counter moved, no wedge", figures
+    return True, (f"{load.ok} requests at C={concurrency} {where} over {figures['seconds']:.0f} s: no failure, "
+                  "no failure counter moved, no wedge"), figures

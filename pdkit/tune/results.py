@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 # the same number formatting as pdkit bench's tables
-from pdkit.bench import _fmt
+from pdkit.bench import _fmt, describe_measured
 from pdkit.tune.campaign import BASELINE, Campaign, Candidate
 
 SCHEMA = 1
@@ -188,6 +188,8 @@ def render_markdown(campaign: Campaign, records: Sequence[dict[str, Any]], concu
         f"objective `{metric}` at C={concurrency}" + (f" with TPOT p99 <= {slo:g} ms" if slo else "") + ".",
         "",
     ]
+    if first.get("measured"):
+        lines += [f"Correctness, soak and bench measured {describe_measured(first['measured'])}.", ""]
     if engine == "sim":
         lines += ["**Engine `sim`: a rehearsal. These figures describe the sim's step formula, never SGLang, a GPU or a model.**", ""]
     lines += [f"| rank | candidate | overlay | {metric} @C={concurrency} | x baseline | TPOT p99 ms | match rate | verdict |",

@@ -14,6 +14,7 @@ itself is never written.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -41,6 +42,7 @@ from pdkit.tune.campaign import (
     resolve_targets,
     spec_diff,
 )
+from pdkit.tune.measure import Measured, measured_for
 from pdkit.tune.results import (
     SCHEMA,
     ResumeError,
@@ -73,6 +75,9 @@ class Prepared:
     applied: dict[str, Applied]
     target_concurrency: int
     restarts: dict[str, int] = field(default_factory=dict)  # hosts each candidate restarts, in campaign order
+    # what the correctness gate, the soak and the bench send to: the router for the whole cluster,
+    # else the target's own PD pairs (pdkit.tune.measure); the same for the baseline and every candidate
+    measured: Measured | None = None
 
 
 def candidate_inventory(campaign: Campaign, name: str) -> Path:
@@ -126,8 +131,14 @@ def prepare(inventory: str, campaign_path: str) -> Prepared:
                 _check_workload(spec, inp, out, req, warm)
             except ValueError as exc:
                 problems.append(f"candidate {name}: campaign.{what}: {exc}")
+    measured = None
     if not base.router_hosts:
-        problems.append("the inventory declares no router: the gates and the bench go through the router")
+        problems.append("the inventory declares no router: the rolls drain and re-add engines through the router")
+    else:
+        try:
+            measured = measured_for(base, targets)
+        except ValueError as exc:
+            problems.append(f"campaign.target: {exc}")
     if problems:
         raise CampaignError(campaign_path, problems)
     # hosts whose rendered release changes from one candidate to the next (the previous one passed)
@@ -137,14 +148,36 @@ def prepare(inventory: str, campaign_path: str) -> Prepared:
         plans = plan_cluster(specs[c.name])
         restarts[c.name] = sum(plans[h].release_hash != previous[h].release_hash for h in targets)
         previous = plans
-    return Prepared(campaign, inv, base, hosts, targets, candidates, specs, applied, target_concurrency(campaign, base), restarts)
+    return Prepared(campaign, inv, base, hosts, targets, candidates, specs, applied, target_concurrency(campaign, base), restarts, measured)
+
+
+def measured_text(measured: Measured) -> str:
+    """One line: what the gates and the bench send their requests to."""
+    if measured.via == "router":
+        return f"measured through the router ({measured.router_url}): the target is every engine it fronts"
+    return (f"measured on the target's own engines, each request to one PD pair in turn, not through the router: "
+            f"{', '.join(r.label for r in measured.routes)}")
+
+
+def measured_problem(measured: Measured, records: list[dict[str, Any]]) -> str | None:
+    """Why recorded results cannot be continued with this measurement (another target or engines)."""
+    base = next((r for r in records if r.get("kind") == BASELINE), None)
+    if base is None:
+        return None
+    recorded = base.get("measured")
+    if recorded != measured.describe():
+        was = "not recorded (a campaign from before pdkit tune measured the target's own engines)" if recorded is None else json.dumps(recorded)
+        return (f"the recorded baseline was measured on {was}, this run would measure {json.dumps(measured.describe())}: "
+                "results would not compare; start a new campaign (another name)")
+    return None
 
 
 def dry_text(prep: Prepared, records: list[dict[str, Any]], todo: list[Candidate]) -> str:
     c = prep.campaign
     lines = [f"pdkit tune --dry: campaign {c.name!r} on {prep.inventory}: nothing will be changed", "",
              f"target: {', '.join(prep.targets)}; objective {c.objective.metric} at C={prep.target_concurrency}"
-             + (f", TPOT p99 <= {c.objective.tpot_p99_slo_ms:g} ms" if c.objective.tpot_p99_slo_ms else ""), ""]
+             + (f", TPOT p99 <= {c.objective.tpot_p99_slo_ms:g} ms" if c.objective.tpot_p99_slo_ms else ""),
+             f"correctness, soak and bench: {measured_text(prep.measured)}", ""]
     done = {r["candidate"] for r in records if r.get("kind") in ("baseline", "candidate")}
     lines.append(f"  baseline: the inventory as it is" + (" (recorded)" if BASELINE in done else ""))
     for cand in prep.candidates:
@@ -262,11 +295,6 @@ class Session:
         return out
 
     # ---- gates
-    def router(self) -> tuple[str, dict[str, str]]:
-        from pdkit.bench import router_target
-
-        return router_target(self.prep.base_spec)
-
     def engine_urls(self, spec) -> dict[str, str]:
         from pdkit import flags
 
@@ -274,8 +302,7 @@ class Session:
 
     def ask(self) -> list[dict[str, Any]]:
         c = self.prep.campaign.correctness
-        url, headers = self.router()
-        return gates.ask(url, headers, gates.prompts(c.prompts), c.max_new_tokens, c.concurrency)
+        return gates.ask(self.prep.measured, {}, gates.prompts(c.prompts), c.max_new_tokens, c.concurrency)
 
     def run_gates(self, name: str, spec, record: dict[str, Any], baseline_answers: list[dict[str, Any]] | None,
                   cand: Candidate | None) -> None:
@@ -309,9 +336,10 @@ class Session:
 
         start = time.monotonic()
         self.gate = "soak"
-        url, headers = self.router()
         soak_c = c.soak.concurrency or self.prep.target_concurrency
-        ok, why, figures = gates.soak(url, headers, self.engine_urls(spec), c.soak.seconds, soak_c,
+        # the load goes to the target (prep.measured); every engine is watched: a lever on the target
+        # may hurt the engines it pairs with
+        ok, why, figures = gates.soak(self.prep.measured, {}, self.engine_urls(spec), c.soak.seconds, soak_c,
                                       c.workload.input_len, c.soak.max_new_tokens, c.soak.wedge_window_s)
         t["soak_s"] = round(time.monotonic() - start, 2)
         record["soak"] = figures
@@ -340,8 +368,10 @@ class Session:
         start = time.monotonic()
         self.gate = "bench"
         w = c.workload
+        measured = self.prep.measured
         bench = run_bench(spec, concurrency=list(w.concurrency), input_len=w.input_len, output_len=w.output_len,
-                          requests=w.requests, warmup=w.warmup, label=f"tune {c.name} {name}", progress=False)
+                          requests=w.requests, warmup=w.warmup, label=f"tune {c.name} {name}", progress=False,
+                          send=measured.stream, measured=measured.describe())
         t["bench_s"] = round(time.monotonic() - start, 2)
         record["bench"] = bench
         errors = {lv["concurrency"]: lv["errors"] for lv in bench["levels"] if lv["errors"]}
@@ -363,6 +393,7 @@ class Session:
             "kind": BASELINE if cand is None else "candidate", "origin": cand.origin if cand else BASELINE,
             "overlay": cand.overlay if cand else {}, "overlay_hash": cand.overlay_hash if cand else None,
             "inventory": prep.inventory, "target": prep.targets, "engine": spec.cluster.engine,
+            "measured": prep.measured.describe(),
             "started": datetime.now(UTC).isoformat(timespec="seconds"),
             "spec_diff": spec_diff(prep.base_spec, spec) if cand else {},
             "flag_diff": flag_diff(prep.base_spec, spec) if cand else [],
@@ -498,6 +529,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     try:
         records = load_records(paths(prep.campaign)["records"])
         done, todo = resume_plan(prep.candidates, records, args.resume or args.dry, prep.campaign.name)
+        why = measured_problem(prep.measured, [r for r in records if r.get("campaign") == prep.campaign.name])
+        if why:
+            raise ResumeError(why)
     except ResumeError as exc:
         print(f"pdkit tune: {exc}", file=sys.stderr)
         return EXIT_INVALID

@@ -43,6 +43,16 @@ CONFIGURED = merge(
     {"systemd.SystemdEnabled": {"nvidia-persistenced.service": True}, "systemd.SystemdStatus": {"nvidia-persistenced.service": True}},
 )
 
+DEBIAN12_HOST = {k: v for k, v in DEBIAN12.items() if k != "server.Which"}
+PROVIDED_NODE = {"gpu": "none", "engine_venv": "/opt/vendor/sglang-env"}
+
+
+def provided_probe(sglang: str) -> dict:
+    """roles.node_facts.EngineEnv's output for an environment with SGLang SGLANG and NIXL."""
+    return {"path": "/opt/vendor/sglang-env/bin/python", "exists": True, "executable": True, "python": "3.12.3",
+            "sglang": sglang, "sglang_dist": sglang, "nixl": True}
+
+
 CASES = {
     "nvidia_repo/ubuntu2404-fresh": {"deploy": "roles.nvidia_repo.nvidia_repo", "facts": UBUNTU},
     "nvidia_repo/debian12-fresh": {"deploy": "roles.nvidia_repo.nvidia_repo", "facts": DEBIAN12},
@@ -63,6 +73,11 @@ CASES = {
     "node/ubuntu2404-fresh": {"deploy": "roles.node.node", "facts": UBUNTU},
     "node/lab-host-gpu-none": {"deploy": "roles.node.node", "facts": DEBIAN12, "node": {"gpu": "none"}},
     "preflight/debian12-no-gpu-declared-nvidia": {"deploy": "roles.preflight.preflight", "facts": DEBIAN12},
+    # issue 22 item 1: a node's own engine environment, probed in the preflight's one round trip
+    "preflight/lab-host-provided-env-good": {"deploy": "roles.preflight.preflight", "node": PROVIDED_NODE,
+                                             "facts": {**DEBIAN12_HOST, "node_facts.EngineEnv": {"venv=/opt/vendor/sglang-env": provided_probe("0.5.23")}}},
+    "preflight/lab-host-provided-env-wrong-sglang": {"deploy": "roles.preflight.preflight", "node": PROVIDED_NODE,
+                                                     "facts": {**DEBIAN12_HOST, "node_facts.EngineEnv": {"venv=/opt/vendor/sglang-env": provided_probe("0.5.17")}}},
 }
 
 

@@ -53,11 +53,15 @@ def fact_key(cls: type) -> str:
 
 
 def _answer(facts: dict, cls: type, kwargs: dict) -> Any:
-    from roles.node_facts import NODE_FACTS, NodeFacts
+    from roles.node_facts import NODE_FACTS, EngineEnv, NodeFacts
 
     if cls is NodeFacts:
         # the bundle answers with each named fact's own answer (cases give them one by one)
-        return {name: _answer(facts, NODE_FACTS[name], {}) for name in kwargs["names"]}
+        values = {name: _answer(facts, NODE_FACTS[name], {}) for name in kwargs["names"]}
+        if kwargs.get("engine_venv"):
+            # a node's own engine environment: "node_facts.EngineEnv" -> {"venv=<path>": probe}
+            values["engine_env"] = _answer(facts, EngineEnv, {"venv": kwargs["engine_venv"]})
+        return values
     key = fact_key(cls)
     if key not in facts:
         return cls.default() if hasattr(cls, "default") else None

@@ -12,7 +12,7 @@ from pdkit.sim.textgen import chat_prompt, expected_output, tokenize
 
 from .support import MODEL, get, post, sse_events, wait_until
 
-# SGLang's log shapes (FIELD_NOTES.md), with the `[YYYY-MM-DD HH:MM:SS TPn]` prefix.
+# SGLang's log shapes (read from the pinned wheels into pdkit/data/metric_catalogue.json), with the `[YYYY-MM-DD HH:MM:SS TPn]` prefix.
 PREFIX = r"^\[\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2} TP\d+\] "
 PREFILL_LINE = re.compile(
     PREFIX + r"Prefill batch[.,] #new-seq: \d+, #new-token: \d+, #cached-token: \d+, token usage: \d+\.\d+, "

@@ -58,3 +58,25 @@ def test_a_zero_settle_removal_is_immediate_and_the_default_one_is_not(procs):
     # requests still flow through the router after all this
     status, body = plain.completion(MODEL, "after the removals", max_tokens=2)
     assert status == 200, body
+
+
+def test_sync_router_moves_a_worker_and_returns_only_once_the_old_url_is_gone(procs):
+    """Issue #18 item 5: after a host's decode moved port, routersync left the old URL listed
+    (draining, unhealthy) beside the new one; done now means the router lists exactly the plan."""
+    from pdkit.routersync import PlannedWorker, sync_router
+
+    from .support import free_ports, start_sim
+
+    stack = start_pd_stack(procs)
+    (moved_port,) = free_ports(1)
+    start_sim(procs, "decode-moved", "decode", moved_port)
+    moved_url = f"http://127.0.0.1:{moved_port}"
+    planned = [PlannedWorker(stack.prefill_url, "prefill", stack.bootstrap_port), PlannedWorker(moved_url, "decode")]
+    # the router's own settle time (5 s): the case that showed the old URL after the deploy ended
+    message = sync_router(RouterClient(stack.router_url), planned, "127.0.0.1", [], timeout=60)
+    listed = {w.url: w for w in RouterClient(stack.router_url).workers()}
+    assert set(listed) == {stack.prefill_url, moved_url}, (message, listed)
+    assert listed[moved_url].healthy, listed
+    assert f"took out {stack.decode_url}" in message and f"registered {moved_url}" in message, message
+    status, body = RouterClient(stack.router_url).completion(MODEL, "after the move", max_tokens=2)
+    assert status == 200, body
