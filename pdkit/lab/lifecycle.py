@@ -50,7 +50,10 @@ from pdkit.lab.system import (
     which,
 )
 
-BOOT_TIMEOUT = 120  # per host, from nspawn start to `systemctl is-system-running --wait`
+BOOT_TIMEOUT = 120  # from nspawn start to `systemctl is-system-running --wait`, for a few hosts
+# more per host: every host boots at once on the control machine's few cores (32 hosts on 2
+# cores missed the flat 120 s: benchmarks/scale.py --lab, docs/benchmarks.md)
+BOOT_TIMEOUT_PER_HOST = 6
 STOP_TIMEOUT = 20  # orderly poweroff before SIGKILL
 
 
@@ -377,6 +380,42 @@ def up(
             raise
 
 
+# What one booted host's systemd and services take of the kernel's per-user inotify limits (the
+# guests' root is this machine's root): systemd, journald, logind, udev-less units' path watches.
+# A 32-host lab hit the default 128 instances: "Failed to create inotify object: Too many open
+# files" in the guests' consoles, and sshd never started (benchmarks/scale.py --lab).
+INOTIFY_INSTANCES_PER_HOST = 16
+INOTIFY_WATCHES_PER_HOST = 8192
+INOTIFY_SYSCTL = Path("/proc/sys/fs/inotify")
+
+
+def inotify_limits_needed(n_hosts: int, current: dict[str, int]) -> dict[str, int]:
+    """Pure: the sysctls to raise (name -> value) for N_HOSTS booted hosts, given the CURRENT ones;
+    never lowers one. 128 instances are left for this machine's own processes."""
+    want = {"max_user_instances": 128 + INOTIFY_INSTANCES_PER_HOST * n_hosts,
+            "max_user_watches": 65536 + INOTIFY_WATCHES_PER_HOST * n_hosts}
+    return {k: v for k, v in want.items() if current.get(k, 0) < v}
+
+
+def raise_inotify_limits(n_hosts: int, root: Path = INOTIFY_SYSCTL) -> list[str]:
+    """Raise fs.inotify limits the hosts would exhaust; the lines say what changed (or why not)."""
+    current = {}
+    for name in ("max_user_instances", "max_user_watches"):
+        try:
+            current[name] = int((root / name).read_text())
+        except (OSError, ValueError):
+            return [f"note: could not read fs.inotify.{name}; {n_hosts} hosts may exhaust it (guests then fail to start units)"]
+    out = []
+    for name, value in inotify_limits_needed(n_hosts, current).items():
+        try:
+            (root / name).write_text(f"{value}\n")
+            out.append(f"fs.inotify.{name}: {current[name]} -> {value} ({n_hosts} hosts; each host's systemd needs its own)")
+        except OSError as exc:
+            out.append(f"WARNING fs.inotify.{name} is {current[name]}, {n_hosts} hosts need {value} and it could not be raised ({exc}): "
+                       f"sysctl -w fs.inotify.{name}={value}")
+    return out
+
+
 def _up_locked(cfg: LabConfig, n_gpu: int, progress: Progress, rebuild_rootfs: bool) -> LabInfo:
     t0 = time.monotonic()
     hosts = cfg.hosts(n_gpu)
@@ -397,6 +436,8 @@ def _up_locked(cfg: LabConfig, n_gpu: int, progress: Progress, rebuild_rootfs: b
             "note: root here has no CAP_SYS_RESOURCE, so the hosts keep this machine's RLIMIT_MEMLOCK"
             " (LimitMEMLOCK=infinity in a unit will not take effect)"
         )
+    for line in raise_inotify_limits(len(hosts)):
+        progress(line)
     progress(f"network: bridge {cfg.bridge} {cfg.bridge_address}/24")
     net.ensure_bridge(cfg)
     rt["cgroup_roots"] = [str(m / ours.lstrip("/") / cfg.cgroup_name) for m, ours in cgroup_hierarchies()]
@@ -432,7 +473,7 @@ def _up_locked(cfg: LabConfig, n_gpu: int, progress: Progress, rebuild_rootfs: b
         rt["hosts"][host.name] = _start_machine(cfg, host)
         _write_json(cfg.runtime_json, rt)
 
-    deadline = time.monotonic() + BOOT_TIMEOUT
+    deadline = time.monotonic() + BOOT_TIMEOUT + BOOT_TIMEOUT_PER_HOST * len(hosts)
     degraded = []
     for host in hosts:
         state = _wait_ready(info, host, rt["hosts"][host.name], deadline)

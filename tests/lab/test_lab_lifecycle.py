@@ -326,3 +326,18 @@ def test_down_leaves_nothing_behind(tmp_path):
     assert pdlab.load_lab(cfg.state_dir) is None
     assert cli("status").returncode == 3
     print(f"lab down took {took:.1f}s")
+
+
+def test_inotify_limits_grow_with_the_lab_and_are_never_lowered(tmp_path):
+    """A 32-host lab exhausted the default 128 inotify instances: guests' units failed and sshd never started."""
+    from pdkit.lab.lifecycle import inotify_limits_needed, raise_inotify_limits
+
+    assert inotify_limits_needed(4, {"max_user_instances": 128, "max_user_watches": 192536}) == {"max_user_instances": 192}
+    assert inotify_limits_needed(32, {"max_user_instances": 128, "max_user_watches": 192536}) == {
+        "max_user_instances": 640, "max_user_watches": 327680}
+    assert inotify_limits_needed(32, {"max_user_instances": 10_000, "max_user_watches": 10**7}) == {}
+    (tmp_path / "max_user_instances").write_text("128\n")
+    (tmp_path / "max_user_watches").write_text("8192\n")
+    lines = raise_inotify_limits(32, tmp_path)
+    assert (tmp_path / "max_user_instances").read_text() == "640\n" and "128 -> 640" in lines[0], lines
+    assert raise_inotify_limits(32, tmp_path) == []
