@@ -15,9 +15,10 @@ the device. Output, git-ignored, one carry per directory:
         No keys: host.py makes the host key and the client key on the device at each unpack.
     gpu-payload-nspawn/wheels/wheels.tar.xz
         control/   wheels + hashed requirements for the device's own venv (CPython 3.12,
-                   manylinux_2_39): pdkit (built from this tree), pyinfra 3.10.0 and the exact
-                   versions installed in this machine's pdkit venv, pip, setuptools and wheel
-                   (so that pdkit can rebuild its own wheel offline if the tree differs there);
+                   manylinux_2_39): pdkit's dependencies at the exact versions installed in this
+                   machine's pdkit venv (pyinfra 3.10.0, ...), pip, setuptools and wheel (pdkit
+                   itself is the carried repository, installed editable there, and setuptools
+                   lets pdkit rebuild its own wheel offline if that tree differs from this one);
         cache/     ${PDKIT_CACHE}/wheelhouse as pdkit/wheelhouse.py lays it out, for the
                    container's platform (debian13: CPython 3.13, glibc 2.41): the node pins
                    (pdkit/locks/node.txt: the pdkit-only node venv), the router pins of
@@ -399,7 +400,8 @@ def build_wheels(args: argparse.Namespace) -> dict:
     remove_tree(stage)
     cache = wheelhouse.cache_root()
     entries: dict[str, Path] = {}
-    for wheel in [*control.values(), own]:
+    # pdkit itself is not among them: the device installs its carried repository editable
+    for wheel in control.values():
         entries[f"control/{wheel.name}"] = wheel
     for wheel in sorted({*node.wheels, *router_bundle.wheels}):
         entries[f"cache/wheelhouse/{wheel.relative_to(cache)}"] = wheel

@@ -323,12 +323,20 @@ def cmd_control_venv(args: argparse.Namespace) -> int:
                 "--no-cache-dir", "--find-links", str(stage / "control"), "-r", str(stage / "control/requirements.txt")]
     if made.returncode == 0:
         run_checked([str(venv / "bin/python"), f"{pip_wheel}/pip", *pip_args])
-        how = "venv"
+        # pdkit itself is this repository, installed editable (as on the machine that built the
+        # wheels): the deploy's roles, its wheel digest and the CLI all read these very sources
+        editable = subprocess.run([str(venv / "bin/python"), "-m", "pip", "--isolated", "install", "--quiet", "--no-index",
+                                   "--no-deps", "--no-build-isolation", "--disable-pip-version-check", "-e", str(REPO)],
+                                  capture_output=True, text=True)
+        if editable.returncode != 0:
+            raise Fail(f"pip install -e {REPO}: {editable.stderr.strip()[-800:]}")
+        how = "venv, pdkit editable from this repository"
     else:
         # no venv module at all: a --target tree, with the two entry points as scripts
         log(f"`{python} -m venv` failed ({made.stderr.strip().splitlines()[-1:]}); falling back to pip --target")
         site = venv / "site"
         run_checked([python, f"{pip_wheel}/pip", *pip_args, "--target", str(site)])
+        site = f"{site}:{REPO}"  # pdkit itself: this repository
         (venv / "bin").mkdir(parents=True, exist_ok=True)
         for name, module in (("python", None), ("pyinfra", "pyinfra"), ("pdkit", "pdkit.cli")):
             run_line = f'exec "{python}" "$@"' if module is None else f'exec "{python}" -m {module} "$@"'
@@ -342,8 +350,7 @@ def cmd_control_venv(args: argparse.Namespace) -> int:
         shutil.copy2(src, dest)
     # pdkit's own wheel is keyed on this tree's sources: if they differ from the build's, pdkit
     # rebuilds it here, offline, with the venv's setuptools (no build isolation, no index)
-    env = {**os.environ, "PDKIT_OFFLINE": "1", "PIP_NO_INDEX": "1", "PIP_NO_BUILD_ISOLATION": "0",
-           "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PDKIT_OFFLINE": "1", "PIP_NO_INDEX": "1", "PIP_NO_BUILD_ISOLATION": "0"}
     check = subprocess.run([str(venv / "bin/python"), "-m", "pdkit.wheelhouse", "--platform", "debian13", "--engine", "sim",
                             "--router", "sglang-router==0.3.2", "--offline"], env=env, capture_output=True, text=True, cwd=REPO)
     remove_tree(stage)
