@@ -82,9 +82,11 @@ PACKAGES = (
     # installed, so the deploy finds nothing missing and never needs a package source
     "prometheus-node-exporter",
 )
-# ... and on the monitoring host. Prometheus (85 MB) does not fit beside the rest in one carry:
-# it is a second tarball, only what installing it adds to the base tree, unpacked over it.
-MONITORING_PACKAGES = ("prometheus",)
+# Layers: each a tarball of only what installing its packages adds to the base tree (unpacked
+# over it by host.py), so that no carry exceeds the limit. monitoring: what the deploy would
+# apt-install on the monitoring host (Prometheus, 85 MB). cxx: SGLang's JIT kernels (tvm_ffi ->
+# nvcc from the image's CUDA toolkit, bound in) need a host C++ compiler.
+LAYERS = {"monitoring": ("prometheus",), "cxx": ("g++",)}
 
 # Removed after debootstrap: nothing on a serving host reads them, and the carry is 64 MiB.
 TRIM = (
@@ -123,6 +125,9 @@ TRIM_GLOBS = (
     "usr/lib/x86_64-linux-gnu/libcrypt.a",
     "usr/lib/x86_64-linux-gnu/libresolv.a",
     "usr/lib/gcc/x86_64-linux-gnu/14/lib*san*",
+    # static C++ runtimes (g++ -static-libstdc++): JIT kernels link the shared one
+    "usr/lib/gcc/x86_64-linux-gnu/14/libstdc++*.a",
+    "usr/lib/gcc/x86_64-linux-gnu/14/libsupc++.a",
     "usr/bin/gp-*",
     "usr/bin/gprofng*",
     "usr/bin/x86_64-linux-gnu-gp-*",
@@ -304,7 +309,7 @@ def build_rootfs(args: argparse.Namespace) -> dict:
     from pdkit.lab.rootfs import remove_tree
 
     build = WORK / "build"
-    base, full = build / "rootfs", build / "rootfs-monitoring"
+    base = build / "rootfs"
     debootstrap(base, PACKAGES, args)
     versions = package_versions(base, PACKAGES)
     customise(base)
@@ -316,19 +321,25 @@ def build_rootfs(args: argparse.Namespace) -> dict:
     pack(base, dest, args)
     entry = {"file": str(dest.relative_to(REPO)), "bytes": dest.stat().st_size, "sha256": sha256(dest),
              "unpacked_bytes": unpacked, "suite": SUITE, "packages": versions, **host_side, "recipe": RECIPE_VERSION}
-    if not args.no_monitoring:
-        debootstrap(full, PACKAGES + MONITORING_PACKAGES, args)
-        monitoring_versions = package_versions(full, MONITORING_PACKAGES)
+    entry["layers"] = {}
+    for name, packages in LAYERS.items():
+        if name in args.skip_layer:
+            continue
+        full = build / f"rootfs-{name}"
+        debootstrap(full, PACKAGES + packages, args)
+        layer_versions = package_versions(full, packages)
         customise(full)
-        names = build / "monitoring.list"
+        names = build / f"{name}.list"
         paths = added_paths(base, full)
         names.write_text("\n".join(paths) + "\n")
-        mdest = OUT / "monitoring" / f"rootfs-{SUITE}-monitoring.tar.xz"
-        log(f"rootfs: monitoring: {len(paths)} paths that installing {', '.join(MONITORING_PACKAGES)} adds or changes")
-        pack(full, mdest, args, names)
-        entry["monitoring"] = {"file": str(mdest.relative_to(REPO)), "bytes": mdest.stat().st_size, "sha256": sha256(mdest),
-                               "paths": len(paths), "packages": monitoring_versions,
-                               "changed_base_files": [p for p in paths if (base / p).exists() and not (base / p).is_dir()]}
+        dest = OUT / name / f"rootfs-{SUITE}-{name}.tar.xz"
+        log(f"rootfs: layer {name}: {len(paths)} paths that installing {', '.join(packages)} adds or changes")
+        pack(full, dest, args, names)
+        entry["layers"][name] = {"file": str(dest.relative_to(REPO)), "bytes": dest.stat().st_size, "sha256": sha256(dest),
+                                 "paths": len(paths), "packages": layer_versions,
+                                 "changed_base_files": [p for p in paths if (base / p).exists() and not (base / p).is_dir()]}
+        if not args.keep:
+            remove_tree(full)
     if not args.keep:
         remove_tree(build)
     return entry
@@ -439,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", choices=["rootfs", "wheels"], help="build one artefact (the manifest keeps the other's entry)")
     ap.add_argument("--mirror", default=MIRROR)
     ap.add_argument("--threads", type=int, default=1, help="xz threads (1: the best ratio)")
-    ap.add_argument("--no-monitoring", action="store_true", help="skip the Prometheus tarball")
+    ap.add_argument("--skip-layer", action="append", default=[], choices=sorted(LAYERS), help="do not build this layer")
     ap.add_argument("--keep", action="store_true", help=f"keep the trees under {WORK}/build")
     args = ap.parse_args(argv)
     if os.geteuid() != 0:
@@ -452,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
         manifest["wheels"] = build_wheels(args)
     manifest["built_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     manifest_path.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
-    entries = [manifest.get("rootfs"), (manifest.get("rootfs") or {}).get("monitoring"), manifest.get("wheels")]
+    entries = [manifest.get("rootfs"), *((manifest.get("rootfs") or {}).get("layers") or {}).values(), manifest.get("wheels")]
     for entry in filter(None, entries):
         flag = "" if entry["bytes"] <= CARRY_AIM else f"  OVER the {mib(CARRY_AIM)} aim"
         print(f"{entry['file']}: {mib(entry['bytes'])}{flag}")

@@ -60,9 +60,10 @@ REPO = Path(__file__).resolve().parents[2]
 MACHINE = "pdkit-h200"
 STATE = Path(os.environ.get("PDKIT_NSPAWN_DIR", "/var/lib/pdkit-nspawn"))
 MACHINES = Path(os.environ.get("PDKIT_NSPAWN_MACHINES", "/var/lib/machines"))
-ARTEFACT_DIRS = [REPO / "gpu-payload-nspawn" / d for d in ("rootfs", "monitoring", "wheels")] + [Path("/root/stash")]
+ARTEFACT_DIRS = [REPO / "gpu-payload-nspawn" / d for d in ("rootfs", "monitoring", "cxx", "wheels")] + [Path("/root/stash")]
 ROOTFS_NAME = "rootfs-trixie.tar.xz"
-MONITORING_NAME = "rootfs-trixie-monitoring.tar.xz"
+# layers unpacked over it (build.py LAYERS): Prometheus, the C++ compiler
+LAYER_NAMES = {"monitoring": "rootfs-trixie-monitoring.tar.xz", "cxx": "rootfs-trixie-cxx.tar.xz"}
 WHEELS_NAME = "wheels.tar.xz"
 SSH_ADDRESS = "127.0.0.1"
 SSH_PORT = 2222
@@ -279,22 +280,24 @@ def cmd_unpack(args: argparse.Namespace) -> int:
     base = find_artefact(ROOTFS_NAME, dirs)
     if base is None:
         raise Fail(f"no {ROOTFS_NAME} in {', '.join(map(str, dirs))}")
-    extra = find_artefact(MONITORING_NAME, dirs)
+    layers_found = {name: find_artefact(f, dirs) for name, f in LAYER_NAMES.items()}
     t = time.monotonic()
     remove_tree(root)
     root.mkdir(parents=True)
     root.chmod(0o755)
     extract(base, root)
     layers = [file_digest(base)]
-    if extra:
-        extract(extra, root)  # Prometheus: only what installing it adds, over the base tree
-        layers.append(file_digest(extra))
+    for name, tarball in layers_found.items():
+        if tarball:
+            extract(tarball, root)  # only what installing the layer's packages adds, over the base tree
+            layers.append(file_digest(tarball))
     write(root / ".pdkit-nspawn-layers", "\n".join(layers) + "\n")
     seconds = round(time.monotonic() - t, 1)
     timings = read_json(state_file("timings.json"))
     timings["unpack_s"] = seconds
     write_json(state_file("timings.json"), timings)
-    log(f"unpacked {' + '.join(layers)} into {root} in {seconds}s" + ("" if extra else f" (no {MONITORING_NAME}: no Prometheus)"))
+    missing = [f"{name} ({LAYER_NAMES[name]})" for name, t in layers_found.items() if t is None]
+    log(f"unpacked {' + '.join(layers)} into {root} in {seconds}s" + (f"; WITHOUT the layers {', '.join(missing)}" if missing else ""))
     return 0
 
 
@@ -391,6 +394,7 @@ def personalise(root: Path, machine: str, address: str, port: int) -> str:
     if not (root / "etc/machine-id").read_text().strip():
         write(root / "etc/machine-id", hashlib.sha256(os.urandom(32)).hexdigest()[:32] + "\n", 0o444)
     write(root / "etc/hosts", f"127.0.0.1\tlocalhost {machine}\n::1\tlocalhost ip6-localhost ip6-loopback\n")
+    write(root / "etc/default/locale", "LANG=C.UTF-8\n")  # pam_env reads it at every SSH login
     pub = " ".join((root / "etc/ssh/ssh_host_ed25519_key.pub").read_text().split()[:2])
     name = address if port == 22 else f"[{address}]:{port}"
     line = f"{name} {pub}\n"
@@ -430,12 +434,23 @@ def driver_binds(root: Path) -> tuple[list[str], list[str]]:
             link.parent.mkdir(parents=True, exist_ok=True)
             if link.is_symlink() or link.exists():
                 link.unlink()
-            link.symlink_to(os.path.relpath(real, os.path.dirname(path)))
+            link.symlink_to(real)  # absolute: /lib is itself a link in the tree (merged /usr)
     if extra_dirs:
         write(root / "etc/ld.so.conf.d/pdkit-nvidia.conf", "\n".join(sorted(extra_dirs)) + "\n")
+    # the image's CUDA toolkit: SGLang's JIT kernels (tvm_ffi) run its nvcc (CUDA_HOME or /usr/local/cuda)
+    cuda = os.environ.get("CUDA_HOME") or "/usr/local/cuda"
+    if os.path.isdir(cuda):
+        real = os.path.realpath(cuda)
+        for dest in dict.fromkeys([real, "/usr/local/cuda"]):
+            flags.append(f"--bind-ro={real}:{dest}")
+        notes.append(f"CUDA toolkit {real} at {', '.join(dict.fromkeys([real, '/usr/local/cuda']))}")
+    else:
+        notes.append(f"WARNING no CUDA toolkit at {cuda}: SGLang's JIT kernels will not build")
     smi = shutil.which("nvidia-smi")
     if smi:
-        flags.append(f"--bind-ro={os.path.realpath(smi)}:{smi}")
+        # at its own path and on the container's PATH (SGLang runs `nvidia-smi` by name)
+        for dest in dict.fromkeys([smi, "/usr/bin/nvidia-smi"]):
+            flags.append(f"--bind-ro={os.path.realpath(smi)}:{dest}")
     notes.append(f"driver libraries: {len(set(libs.values()))} files ({', '.join(sorted({os.path.basename(r) for r in libs.values()})[:6])}...); nvidia-smi: {smi or 'not found'}")
     return flags, notes
 
@@ -449,7 +464,7 @@ if multiarch:
     inc.append(os.path.join(sys.base_prefix, "include", multiarch, "python%d.%d" % sys.version_info[:2]))
 torch = importlib.util.find_spec("torch")
 print(json.dumps({
-    "executable": os.path.realpath(sys.executable), "version": sys.version.split()[0],
+    "executable": sys.executable, "real_executable": os.path.realpath(sys.executable), "version": sys.version.split()[0],
     "prefix": sys.prefix, "base_prefix": sys.base_prefix,
     "stdlib": [paths["stdlib"], paths["platstdlib"]],
     "sys_path": [p for p in sys.path if p and os.path.isdir(p)], "include": [p for p in inc if p],
@@ -474,7 +489,8 @@ def image_binds(root: Path, info: dict) -> tuple[list[str], list[str], list[str]
         sources.append(info["base_prefix"])
     if info["prefix"] != info["base_prefix"]:
         sources.append(info["prefix"])
-    sources += [info["executable"], *info["stdlib"], *info["include"], *info["sys_path"]]
+    # a venv's python (the image's: /opt/torch/.venv/bin/python3) is a link to its base interpreter
+    sources += [info["real_executable"], *info["stdlib"], *info["include"], *info["sys_path"]]
     done: list[str] = []
     for src in sources:
         if not os.path.exists(src) or any(src == d or src.startswith(d.rstrip("/") + "/") for d in done):
@@ -536,6 +552,8 @@ def engine_env(root: Path, payload: Path | None, model_dir: str, info: dict | No
               "# pdkit nspawn host (gpu/nspawn/host.py): the lent machine's own Python, bound read-only at its own\n"
               "# paths, with the carried SGLang payload first on its path: the provided engine environment\n"
               f'export PYTHONPATH="{path}${{PYTHONPATH:+:$PYTHONPATH}}"\n{ld}'
+              "# the lent machine's rule: NVLink multicast off in NCCL, PyTorch and NVSHMEM, whatever the unit sets\n"
+              "export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1\n"
               f'exec "{info["executable"]}" "$@"\n', 0o755)
         for alias in ("python3", f"python{'.'.join(info['version'].split('.')[:2])}"):
             link = env / "bin" / alias
@@ -616,6 +634,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     if netns and not Path(f"/run/netns/{netns}").exists():
         run_checked([*rootfs_cmd(root, "usr/sbin/ip"), "netns", "add", netns])
         run_checked([*rootfs_cmd(root, "usr/sbin/ip"), "-n", netns, "link", "set", "lo", "up"])
+    inotify_warning()
     cgroups = make_cgroups(f"pdkit-nspawn-{args.machine}")
     argv = [
         *rootfs_cmd(root, "usr/bin/systemd-nspawn"),
@@ -662,6 +681,25 @@ def cmd_up(args: argparse.Namespace) -> int:
         probe(host, rt, info is not None)
     log(f"up: {json.dumps(timings)}; ssh -i {state_file('id_ed25519')} -o UserKnownHostsFile={state_file('known_hosts')} -p {args.ssh_port} root@{SSH_ADDRESS}")
     return 0
+
+
+def inotify_warning() -> None:
+    """systemd in the container needs inotify instances of the machine's shared per-user budget."""
+    try:
+        limit = int(Path("/proc/sys/fs/inotify/max_user_instances").read_text())
+    except (OSError, ValueError):
+        return
+    used = sum(1 for fd in glob.glob("/proc/[0-9]*/fd/*") if _readlink(fd) == "anon_inode:inotify")
+    if used > limit * 0.6:
+        log(f"WARNING {used} inotify instances in use of fs.inotify.max_user_instances={limit}: systemd units in the "
+            f"container may fail with 'Too many open files' (sysctl -w fs.inotify.max_user_instances=1024)")
+
+
+def _readlink(path: str) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return ""
 
 
 def default_model_dir() -> str:
@@ -836,6 +874,22 @@ rm -rf "$d"
 """
 
 
+# what SGLang's JIT kernels do (tvm_ffi: the image's nvcc, the container's g++ as host compiler), in small
+NVCC_BUILD = r"""
+set -e
+d=$(mktemp -d)
+cat > "$d/k.cu" <<'CU'
+#include <cstdio>
+__global__ void k(int *x) { x[threadIdx.x] = threadIdx.x; }
+int main() { int *x; cudaMalloc(&x, 32 * sizeof(int)); k<<<1, 32>>>(x); int h[32]; cudaMemcpy(h, x, sizeof h, cudaMemcpyDeviceToHost); printf("nvcc ok: %d\n", h[31]); return h[31] != 31; }
+CU
+/usr/local/cuda/bin/nvcc --version | tail -1
+/usr/local/cuda/bin/nvcc -std=c++17 -arch=sm_90 -o "$d/k" "$d/k.cu"
+"$d/k"
+rm -rf "$d"
+"""
+
+
 def probe(host: Host, rt: dict, engine_env_made: bool) -> dict:
     t = time.monotonic()
     res: dict = {}
@@ -857,9 +911,13 @@ def probe(host: Host, rt: dict, engine_env_made: bool) -> dict:
             # the engine units' own device policy and hardening (templates/systemd/engine.service.j2)
             props = ["DevicePolicy=closed", "DeviceAllow=char-nvidia* rw", "NoNewPrivileges=yes", "ProtectSystem=strict",
                      "ProtectHome=yes", "PrivateTmp=yes", "User=nobody", "Environment=HOME=/tmp", "LimitMEMLOCK=infinity"]
-            cmd = "systemd-run --quiet --wait --pipe --collect " + " ".join(f"-p {shlex.quote(p)}" for p in props) + f" {py} -"
-            r = host.run(cmd, input=PROBE_GPU, timeout=300)
+            # Triton reads a kernel's source file: the probe is a file, not stdin
+            host.run("cat > /var/lib/pdkit-nspawn-probe.py && chmod 644 /var/lib/pdkit-nspawn-probe.py", input=PROBE_GPU, timeout=30)
+            cmd = "systemd-run --quiet --wait --pipe --collect " + " ".join(f"-p {shlex.quote(p)}" for p in props) + f" {py} /var/lib/pdkit-nspawn-probe.py"
+            r = host.run(cmd, timeout=300)
             res["gpu_under_engine_policy"] = parse_json(r)
+            r = host.run("sh -s", input=NVCC_BUILD, timeout=300)
+            res["nvcc_host_cxx"] = (r.stdout + r.stderr).strip()[-600:]
     res["seconds"] = round(time.monotonic() - t, 1)
     write_json(state_file("probe.json"), res)
     for key, value in res.items():
