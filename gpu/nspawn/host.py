@@ -289,7 +289,12 @@ def cmd_unpack(args: argparse.Namespace) -> int:
     layers = [file_digest(base)]
     for name, tarball in layers_found.items():
         if tarball:
-            extract(tarball, root)  # only what installing the layer's packages adds, over the base tree
+            # only what installing the layer's packages adds, over the base tree; each layer holds the
+            # base's dpkg database plus its own packages: merge, so every layer's packages stay known
+            before = {f: (root / f).read_text() for f in DPKG_DB if (root / f).exists()}
+            extract(tarball, root)
+            for f, text in before.items():
+                write(root / f, merge_dpkg(text, (root / f).read_text()))
             layers.append(file_digest(tarball))
     write(root / ".pdkit-nspawn-layers", "\n".join(layers) + "\n")
     seconds = round(time.monotonic() - t, 1)
@@ -299,6 +304,23 @@ def cmd_unpack(args: argparse.Namespace) -> int:
     missing = [f"{name} ({LAYER_NAMES[name]})" for name, t in layers_found.items() if t is None]
     log(f"unpacked {' + '.join(layers)} into {root} in {seconds}s" + (f"; WITHOUT the layers {', '.join(missing)}" if missing else ""))
     return 0
+
+
+DPKG_DB = ("var/lib/dpkg/status", "var/lib/dpkg/available")
+
+
+def merge_dpkg(old: str, new: str) -> str:
+    """Union of two dpkg status files by package (NEW's stanza wins)."""
+    def stanzas(text: str) -> dict[str, str]:
+        out = {}
+        for block in text.strip().split("\n\n"):
+            m = re.search(r"^Package: (\S+)", block, re.M)
+            if m:
+                arch = re.search(r"^Architecture: (\S+)", block, re.M)
+                out[(m.group(1), arch.group(1) if arch else "")] = block.strip()
+        return out
+    merged = {**stanzas(old), **stanzas(new)}
+    return "\n\n".join(merged[k] for k in sorted(merged)) + "\n"
 
 
 # ----------------------------------------------------------------------------- control venv
@@ -554,6 +576,8 @@ def engine_env(root: Path, payload: Path | None, model_dir: str, info: dict | No
               f'export PYTHONPATH="{path}${{PYTHONPATH:+:$PYTHONPATH}}"\n{ld}'
               "# the lent machine's rule: NVLink multicast off in NCCL, PyTorch and NVSHMEM, whatever the unit sets\n"
               "export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1\n"
+              "# the image's own tools last on PATH (ninja: SGLang's JIT kernels build with it)\n"
+              f'export PATH="${{PATH:-/usr/bin:/bin}}:{os.path.dirname(info["executable"])}"\n'
               f'exec "{info["executable"]}" "$@"\n', 0o755)
         for alias in ("python3", f"python{'.'.join(info['version'].split('.')[:2])}"):
             link = env / "bin" / alias
