@@ -10,9 +10,12 @@ the device. Output, git-ignored, one carry per directory:
         systemd, sshd, python3 (3.13), systemd-container (its systemd-nspawn is what boots the
         container on the device: run through the rootfs' own ld.so), gcc + libc6-dev (Triton
         compiles its CUDA launchers with the C compiler at run time), prometheus-node-exporter
-        and prometheus (the deploy would apt-install them; the container has no route out).
-        Trimmed: docs, man pages, translations, apt lists, caches, LTO and sanitizer runtimes.
+        (the deploy would apt-install it; the container has no route out). Trimmed: docs, man
+        pages, translations, apt lists, caches, LTO, sanitizer runtimes, static libraries.
         No keys: host.py makes the host key and the client key on the device at each unpack.
+    gpu-payload-nspawn/monitoring/rootfs-trixie-monitoring.tar.xz, gpu-payload-nspawn/cxx/rootfs-trixie-cxx.tar.xz
+        layers (LAYERS): only what installing Prometheus, resp. g++ (SGLang's JIT kernels: nvcc
+        needs a host C++ compiler), adds to the base tree; host.py unpacks them over it.
     gpu-payload-nspawn/wheels/wheels.tar.xz
         control/   wheels + hashed requirements for the device's own venv (CPython 3.12,
                    manylinux_2_39): pdkit's dependencies at the exact versions installed in this
@@ -29,7 +32,7 @@ the device. Output, git-ignored, one carry per directory:
         to about half.
     gpu-payload-nspawn/manifest.json  sizes, sha256, package versions, pdkit's source digest.
 
-    sudo PYTHONPATH=. .venv/bin/python gpu/nspawn/build.py            # ~3 min cold, cached debs
+    sudo PYTHONPATH=. .venv/bin/python gpu/nspawn/build.py            # ~12 min (3 debootstraps, xz -9e), debs cached
     sudo PYTHONPATH=. .venv/bin/python gpu/nspawn/build.py --only wheels
 
 docs/gpu.md ("A systemd host on the lent machine") has the device call sequence.

@@ -5,7 +5,7 @@ builds a Debian trixie tree that carries its own systemd-nspawn; this script boo
 real deploy (`pyinfra inventories/h200-nspawn.py deploy/pd.py`, real SSH, strict host keys) runs
 from the machine's shell against a real systemd host that sees the GPU:
 
-    python3 gpu/nspawn/host.py unpack        # rootfs (+ monitoring) tarballs -> /var/lib/machines/pdkit-h200
+    python3 gpu/nspawn/host.py unpack        # rootfs + its layers (monitoring, cxx) -> /var/lib/machines/pdkit-h200
     python3 gpu/nspawn/host.py control-venv  # wheels.tar.xz -> /root/pdkit-venv (pyinfra, pdkit) + the deploy's wheel cache
     python3 gpu/nspawn/host.py up --engine-payload gpu-payload     # keys, binds, boot, wait, checks
     python3 gpu/nspawn/host.py status | probe | down [--purge]
@@ -15,8 +15,8 @@ written from the tree before boot (no trust on first use); sshd on 127.0.0.1:222
 container shares the machine's network: engines, router and monitoring all listen inside the
 one host; --netns NAME puts it in a network namespace of its own instead, for a rehearsal);
 binds: /dev/nvidia* and /dev/nvidia-caps, the driver's user-space libraries (libcuda*,
-libnvidia-*, libcudadebugger*: found with the machine's `ldconfig -p`) and nvidia-smi,
-read-only at the same paths; the image's Python (executable, standard library, site
+libnvidia-*, libcudadebugger*: found with the machine's `ldconfig -p`), nvidia-smi and the
+CUDA toolkit (/usr/local/cuda: SGLang's JIT kernels run its nvcc), read-only at the same paths; the image's Python (executable, standard library, site
 directories with torch, headers for Triton's launcher builds) read-only at the same paths; the
 SGLang payload (gpu-payload/site.tar.xz + nixl.tar.xz, as gpu/device_driver.py unpacks them)
 unpacked into /opt/engine-venv/site inside the tree, and /opt/engine-venv/bin/python: the
