@@ -49,7 +49,6 @@ import runpy
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tarfile
@@ -655,7 +654,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         log(n)
     # the container's own network namespace, for a rehearsal beside other listeners
     netns = args.netns
-    if netns and not Path(f"/run/netns/{netns}").exists():
+    made_netns = bool(netns) and not Path(f"/run/netns/{netns}").exists()
+    if made_netns:
         run_checked([*rootfs_cmd(root, "usr/sbin/ip"), "netns", "add", netns])
         run_checked([*rootfs_cmd(root, "usr/sbin/ip"), "-n", netns, "link", "set", "lo", "up"])
     inotify_warning()
@@ -681,7 +681,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     timings["setup_s"] = round(time.monotonic() - t_setup, 1)
     t_boot = time.monotonic()
     rt = {"machine": args.machine, "pid": proc.pid, "start": proc_start(proc.pid), "root": str(root), "netns": netns,
-          "netns_created": bool(netns), "cgroups": [str(c) for c in cgroups], "ssh_address": SSH_ADDRESS,
+          "netns_created": made_netns, "cgroups": [str(c) for c in cgroups], "ssh_address": SSH_ADDRESS,
           "ssh_port": args.ssh_port, "argv": argv, "gpu": bool(binds and have_gpu)}
     write_json(state_file("runtime.json"), rt)
     host = Host(root, rt)
