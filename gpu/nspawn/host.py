@@ -1,0 +1,1064 @@
+"""A GPU host with systemd as PID 1 on the lent machine: unpack, boot, reach over SSH (stdlib only).
+
+The lent machine has no systemd, no sshd, no systemd-nspawn and no network. gpu/nspawn/build.py
+builds a Debian trixie tree that carries its own systemd-nspawn; this script boots it, so pdkit's
+real deploy (`pyinfra inventories/h200-nspawn.py deploy/pd.py`, real SSH, strict host keys) runs
+from the machine's shell against a real systemd host that sees the GPU:
+
+    python3 gpu/nspawn/host.py unpack        # rootfs + its layers (monitoring, cxx) -> /var/lib/machines/pdkit-h200
+    python3 gpu/nspawn/host.py control-venv  # wheels.tar.xz -> /root/pdkit-venv (pyinfra, pdkit) + the deploy's wheel cache
+    python3 gpu/nspawn/host.py up --engine-payload gpu-payload     # keys, binds, boot, wait, checks
+    python3 gpu/nspawn/host.py status | probe | down [--purge]
+
+`up`: a fresh ed25519 host key (in the tree) and client key (in the state dir), known_hosts
+written from the tree before boot (no trust on first use); sshd on 127.0.0.1:2222 (the
+container shares the machine's network: engines, router and monitoring all listen inside the
+one host; --netns NAME puts it in a network namespace of its own instead, for a rehearsal);
+binds: /dev/nvidia* and /dev/nvidia-caps, the driver's user-space libraries (libcuda*,
+libnvidia-*, libcudadebugger*: found with the machine's `ldconfig -p`), nvidia-smi and the
+CUDA toolkit (/usr/local/cuda: SGLang's JIT kernels run its nvcc), read-only at the same paths; the image's Python (executable, standard library, site
+directories with torch, headers for Triton's launcher builds) read-only at the same paths; the
+SGLang payload (gpu-payload/site.tar.xz + nixl.tar.xz, as gpu/device_driver.py unpacks them)
+unpacked into /opt/engine-venv/site inside the tree, and /opt/engine-venv/bin/python: the
+image's python3 with that payload first on its path -- the provided engine environment; the
+model directory at the path inventories/h200.py names. systemd-nspawn runs through the
+tree's own ld.so (`<root>/lib64/ld-linux-x86-64.so.2 --library-path <root libs>`), with the
+flags the lab uses on a host whose PID 1 is not systemd (--register=no --keep-unit, from a shell
+that first moved itself into a cgroup of its own). Ready when `systemctl is-system-running
+--wait` over SSH says so; then ldconfig inside, a check that every shared library of the engine
+environment resolves inside the container (missing non-glibc libraries are copied from the
+image into /opt/engine-venv/lib), and a probe (GPU, imports, a Triton kernel under the engine
+units' device policy). Timings and the probe go to the state directory.
+
+State: $PDKIT_NSPAWN_DIR (default /var/lib/pdkit-nspawn): id_ed25519, known_hosts, host.json
+(what inventories/h200-nspawn.py reads), runtime.json, console.log, probe.json. The tree:
+$PDKIT_NSPAWN_MACHINES/<machine> (default /var/lib/machines/pdkit-h200).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import glob
+import hashlib
+import json
+import lzma
+import os
+import re
+import runpy
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+MACHINE = "pdkit-h200"
+STATE = Path(os.environ.get("PDKIT_NSPAWN_DIR", "/var/lib/pdkit-nspawn"))
+MACHINES = Path(os.environ.get("PDKIT_NSPAWN_MACHINES", "/var/lib/machines"))
+ARTEFACT_DIRS = [REPO / "gpu-payload-nspawn" / d for d in ("rootfs", "monitoring", "cxx", "wheels")] + [Path("/root/stash")]
+ROOTFS_NAME = "rootfs-trixie.tar.xz"
+# layers unpacked over it (build.py LAYERS): Prometheus, the C++ compiler
+LAYER_NAMES = {"monitoring": "rootfs-trixie-monitoring.tar.xz", "cxx": "rootfs-trixie-cxx.tar.xz"}
+WHEELS_NAME = "wheels.tar.xz"
+SSH_ADDRESS = "127.0.0.1"
+SSH_PORT = 2222
+LIB_DIRS = ("usr/lib/x86_64-linux-gnu", "usr/lib/x86_64-linux-gnu/systemd", "lib/x86_64-linux-gnu")
+ENGINE_ENV = "/opt/engine-venv"  # the provided engine environment inside the container
+IMAGE_RELOCATED = "/opt/pdkit-image"  # image paths the container itself uses are bound here instead
+BOOT_TIMEOUT = 180
+STOP_TIMEOUT = 25
+# the driver's user-space, as the machine's linker cache names it
+DRIVER_LIB = re.compile(r"^(libcuda\.so|libnvidia-[\w.-]+\.so|libcudadebugger\.so|libnvcuvid\.so)")
+# glibc's own libraries are always the container's (2.41): never copied from the image
+GLIBC = re.compile(r"^(libc|libm|libmvec|libpthread|libdl|librt|libresolv|libutil|libanl|libBrokenLocale|libc_malloc_debug|ld-linux[\w-]*|libnss_\w+|libthread_db|libmemusage|libpcprofile)\.so")
+CAPABILITIES = "CAP_SYS_RESOURCE,CAP_IPC_LOCK,CAP_NET_ADMIN"
+T0 = time.monotonic()
+
+
+def log(msg: str) -> None:
+    print(f"[{time.monotonic() - T0:6.1f}s] {msg}", file=sys.stderr, flush=True)
+
+
+class Fail(SystemExit):
+    def __init__(self, msg: str):
+        super().__init__(f"host.py: error: {msg}")
+
+
+# ----------------------------------------------------------------------------- small helpers
+
+
+def machine_root(machine: str) -> Path:
+    return MACHINES / machine
+
+
+def state_file(name: str) -> Path:
+    return STATE / name
+
+
+def read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def write_json(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def write(path: Path, text: str, mode: int = 0o644) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_symlink():
+        path.unlink()
+    path.write_text(text)
+    path.chmod(mode)
+
+
+def file_digest(path: Path) -> str:
+    st = path.stat()
+    return f"{path.name}:{st.st_size}:{int(st.st_mtime)}"
+
+
+def find_artefact(name: str, dirs: list[Path]) -> Path | None:
+    for d in dirs:
+        if (d / name).is_file():
+            return d / name
+    return None
+
+
+def rootfs_cmd(root: Path, binary: str) -> list[str]:
+    """Run a binary of the tree on the machine itself: the tree's ld.so, the tree's libraries."""
+    libpath = ":".join(str(root / d) for d in LIB_DIRS)
+    return [str(root / "lib64/ld-linux-x86-64.so.2"), "--library-path", libpath, str(root / binary.lstrip("/"))]
+
+
+def setns_net(path: str):
+    """preexec_fn: join the network namespace at PATH (Python 3.11 has no os.setns)."""
+    def enter() -> None:
+        fd = os.open(path, os.O_RDONLY)
+        if ctypes.CDLL(None, use_errno=True).setns(fd, 0x40000000) != 0:  # CLONE_NEWNET
+            raise OSError(ctypes.get_errno(), f"setns {path}")
+        os.close(fd)
+    return enter
+
+
+def proc_start(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(")") + 2:].split()[19])
+
+
+def alive(pid: int | None, start: int | None) -> bool:
+    if not pid or proc_start(pid) is None or (start is not None and proc_start(pid) != start):
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def remove_tree(path: Path) -> None:
+    """rm -rf that never crosses into a mount."""
+    if not (path.exists() or path.is_symlink()):
+        return
+    for mp in sorted(mounts_under(path), key=len, reverse=True):
+        subprocess.run(["umount", "-l", mp], check=False)
+    subprocess.run(["rm", "-rf", "--one-file-system", str(path)], check=True)
+
+
+def mounts_under(path: Path) -> list[str]:
+    prefix = str(path).rstrip("/") + "/"
+    out = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        mp = line.split()[4].replace("\\040", " ")
+        if mp.startswith(prefix) or mp == prefix.rstrip("/"):
+            out.append(mp)
+    return out
+
+
+def extract(tarball: Path, root: Path) -> None:
+    """xz in Python (the image may lack xz), tar if the machine has one (fast, exact), else tarfile."""
+    tar = shutil.which("tar")
+    if tar:
+        proc = subprocess.Popen([tar, "--numeric-owner", "-xpf", "-", "-C", str(root)], stdin=subprocess.PIPE)
+        assert proc.stdin is not None
+        with lzma.open(tarball) as src:
+            shutil.copyfileobj(src, proc.stdin, 1 << 20)
+        proc.stdin.close()
+        if proc.wait() != 0:
+            raise Fail(f"tar failed unpacking {tarball}")
+        return
+    with tarfile.open(tarball, "r:xz") as t:
+        kw = {"filter": "fully_trusted"} if hasattr(tarfile, "fully_trusted_filter") else {}
+        t.extractall(root, numeric_owner=True, **kw)  # our own artefact: setuid bits, absolute links kept
+
+
+# ----------------------------------------------------------------------------- cgroups
+
+
+def cgroup_hierarchies() -> list[tuple[Path, str]]:
+    """(mount point, this process's path in it) for every mounted hierarchy (v1, v2, hybrid)."""
+    ours: dict[str, str] = {}
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        hid, controllers, path = line.split(":", 2)
+        ours["" if hid == "0" else controllers] = path
+    found, seen = [], set()
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        left, right = line.split(" - ", 1)
+        fields = left.split()
+        fstype, _src, opts = right.split()[:3]
+        if fields[3] != "/":
+            continue
+        key = None
+        if fstype == "cgroup2":
+            key = ""
+        elif fstype == "cgroup":
+            key = next((k for k in ours if k and set(k.split(",")) <= set(opts.split(","))), None)
+        if key is None or key in seen or key not in ours:
+            continue
+        seen.add(key)
+        found.append((Path(fields[4]), ours[key]))
+    return found
+
+
+def make_cgroups(name: str) -> list[Path]:
+    made = []
+    for mount, ours in cgroup_hierarchies():
+        parent = mount / ours.lstrip("/")
+        d = parent / name
+        d.mkdir(exist_ok=True)
+        for knob in ("cpuset.cpus", "cpuset.mems"):  # v1 cpuset groups start empty
+            if (d / knob).exists() and not (d / knob).read_text().strip():
+                (d / knob).write_text((parent / knob).read_text().strip() or "\n")
+        made.append(d)
+    return made
+
+
+def cgroup_pids(d: Path) -> set[int]:
+    pids: set[int] = set()
+    for procs in [d / "cgroup.procs", *d.rglob("cgroup.procs")]:
+        try:
+            pids |= {int(x) for x in procs.read_text().split()}
+        except OSError:
+            pass
+    return pids
+
+
+def remove_cgroup(d: Path) -> list[str]:
+    problems = []
+    if not d.is_dir():
+        return problems
+    for sub in [*sorted((p for p in d.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True), d]:
+        for attempt in range(50):
+            try:
+                sub.rmdir()
+                break
+            except FileNotFoundError:
+                break
+            except OSError as exc:
+                if attempt == 49:
+                    problems.append(f"{sub}: {exc.strerror}")
+                time.sleep(0.1)
+    return problems
+
+
+# ----------------------------------------------------------------------------- unpack
+
+
+def cmd_unpack(args: argparse.Namespace) -> int:
+    root = machine_root(args.machine)
+    if running(args.machine):
+        raise Fail(f"{args.machine} is running: `host.py down` first")
+    dirs = [Path(d) for d in args.artefacts] if args.artefacts else ARTEFACT_DIRS
+    base = find_artefact(ROOTFS_NAME, dirs)
+    if base is None:
+        raise Fail(f"no {ROOTFS_NAME} in {', '.join(map(str, dirs))}")
+    layers_found = {name: find_artefact(f, dirs) for name, f in LAYER_NAMES.items()}
+    t = time.monotonic()
+    remove_tree(root)
+    root.mkdir(parents=True)
+    root.chmod(0o755)
+    extract(base, root)
+    layers = [file_digest(base)]
+    for name, tarball in layers_found.items():
+        if tarball:
+            # only what installing the layer's packages adds, over the base tree; each layer holds the
+            # base's dpkg database plus its own packages: merge, so every layer's packages stay known
+            before = {f: (root / f).read_text() for f in DPKG_DB if (root / f).exists()}
+            extract(tarball, root)
+            for f, text in before.items():
+                write(root / f, merge_dpkg(text, (root / f).read_text()))
+            layers.append(file_digest(tarball))
+    write(root / ".pdkit-nspawn-layers", "\n".join(layers) + "\n")
+    seconds = round(time.monotonic() - t, 1)
+    timings = read_json(state_file("timings.json"))
+    timings["unpack_s"] = seconds
+    write_json(state_file("timings.json"), timings)
+    missing = [f"{name} ({LAYER_NAMES[name]})" for name, t in layers_found.items() if t is None]
+    log(f"unpacked {' + '.join(layers)} into {root} in {seconds}s" + (f"; WITHOUT the layers {', '.join(missing)}" if missing else ""))
+    return 0
+
+
+DPKG_DB = ("var/lib/dpkg/status", "var/lib/dpkg/available")
+
+
+def merge_dpkg(old: str, new: str) -> str:
+    """Union of two dpkg status files by package (NEW's stanza wins)."""
+    def stanzas(text: str) -> dict[str, str]:
+        out = {}
+        for block in text.strip().split("\n\n"):
+            m = re.search(r"^Package: (\S+)", block, re.M)
+            if m:
+                arch = re.search(r"^Architecture: (\S+)", block, re.M)
+                out[(m.group(1), arch.group(1) if arch else "")] = block.strip()
+        return out
+    merged = {**stanzas(old), **stanzas(new)}
+    return "\n\n".join(merged[k] for k in sorted(merged)) + "\n"
+
+
+# ----------------------------------------------------------------------------- control venv
+
+
+def cmd_control_venv(args: argparse.Namespace) -> int:
+    """The machine's own venv for pyinfra + pdkit, from the wheelhouse; the deploy's wheel cache."""
+    wheels = Path(args.wheels) if args.wheels else find_artefact(WHEELS_NAME, ARTEFACT_DIRS)
+    if wheels is None or not wheels.is_file():
+        raise Fail(f"no {WHEELS_NAME} (give --wheels)")
+    t = time.monotonic()
+    stage = STATE / "wheels"
+    remove_tree(stage)
+    stage.mkdir(parents=True)
+    extract(wheels, stage)
+    venv = Path(args.venv)
+    python = args.python or sys.executable
+    pip_wheel = next((stage / "control").glob("pip-*.whl"))
+    remove_tree(venv)
+    # --without-pip: Ubuntu's python3 has no ensurepip unless python3-venv is installed; pip then
+    # runs from its own wheel (a wheel is importable as a zip) and installs itself too
+    made = subprocess.run([python, "-m", "venv", "--without-pip", str(venv)], capture_output=True, text=True)
+    # --isolated: no pip.conf or PIP_* of this machine bends it; only these files, each hash-checked
+    pip_args = ["--isolated", "install", "--quiet", "--disable-pip-version-check", "--no-index", "--no-deps", "--require-hashes",
+                "--no-cache-dir", "--find-links", str(stage / "control"), "-r", str(stage / "control/requirements.txt")]
+    if made.returncode == 0:
+        run_checked([str(venv / "bin/python"), f"{pip_wheel}/pip", *pip_args])
+        # pdkit itself is this repository, installed editable (as on the machine that built the
+        # wheels): the deploy's roles, its wheel digest and the CLI all read these very sources
+        editable = subprocess.run([str(venv / "bin/python"), "-m", "pip", "--isolated", "install", "--quiet", "--no-index",
+                                   "--no-deps", "--no-build-isolation", "--disable-pip-version-check", "-e", str(REPO)],
+                                  capture_output=True, text=True)
+        if editable.returncode != 0:
+            raise Fail(f"pip install -e {REPO}: {editable.stderr.strip()[-800:]}")
+        how = "venv, pdkit editable from this repository"
+    else:
+        # no venv module at all: a --target tree, with the two entry points as scripts
+        log(f"`{python} -m venv` failed ({made.stderr.strip().splitlines()[-1:]}); falling back to pip --target")
+        site = venv / "site"
+        run_checked([python, f"{pip_wheel}/pip", *pip_args, "--target", str(site)])
+        site = f"{site}:{REPO}"  # pdkit itself: this repository
+        (venv / "bin").mkdir(parents=True, exist_ok=True)
+        for name, module in (("python", None), ("pyinfra", "pyinfra"), ("pdkit", "pdkit.cli")):
+            run_line = f'exec "{python}" "$@"' if module is None else f'exec "{python}" -m {module} "$@"'
+            write(venv / "bin" / name, f'#!/bin/sh\nexport PYTHONPATH="{site}${{PYTHONPATH:+:$PYTHONPATH}}"\n{run_line}\n', 0o755)
+        how = "pip --target"
+    # the deploy's wheel cache (pdkit/wheelhouse.py's layout): merged into $PDKIT_CACHE/wheelhouse
+    cache = Path(os.environ.get("PDKIT_CACHE", Path.home() / ".cache" / "pdkit")) / "wheelhouse"
+    for src in (stage / "cache/wheelhouse").rglob("*.whl"):
+        dest = cache / src.relative_to(stage / "cache/wheelhouse")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dest)
+    # pdkit's own wheel is keyed on this tree's sources: if they differ from the build's, pdkit
+    # rebuilds it here, offline, with the venv's setuptools (no build isolation, no index)
+    env = {**os.environ, "PDKIT_OFFLINE": "1", "PIP_NO_INDEX": "1", "PIP_NO_BUILD_ISOLATION": "0"}
+    check = subprocess.run([str(venv / "bin/python"), "-m", "pdkit.wheelhouse", "--platform", "debian13", "--engine", "sim",
+                            "--router", "sglang-router==0.3.2", "--offline"], env=env, capture_output=True, text=True, cwd=REPO)
+    remove_tree(stage)
+    if check.returncode != 0:
+        raise Fail(f"the wheel cache does not cover the deploy: {check.stderr.strip()[-800:]}")
+    log(f"control venv {venv} ({how}, {python}) and wheel cache {cache} in {time.monotonic() - t:.1f}s")
+    for line in check.stdout.splitlines():
+        log(f"  {line}")
+    log(f"deploy with: PDKIT_OFFLINE=1 PIP_NO_INDEX=1 PIP_NO_BUILD_ISOLATION=0 {venv}/bin/pyinfra -y inventories/h200-nspawn.py deploy/pd.py")
+    return 0
+
+
+def run_checked(cmd: list[str], **kw) -> None:
+    proc = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    if proc.returncode != 0:
+        raise Fail(f"{' '.join(cmd[:4])}...: {(proc.stderr or proc.stdout).strip()[-1500:]}")
+
+
+# ----------------------------------------------------------------------------- personalise
+
+
+def personalise(root: Path, machine: str, address: str, port: int) -> str:
+    """Host key, client key, authorized_keys, sshd's listen address; returns the known_hosts line."""
+    STATE.mkdir(parents=True, exist_ok=True)
+    client = state_file("id_ed25519")
+    if not client.exists():
+        run_checked([*rootfs_cmd(root, "usr/bin/ssh-keygen"), "-q", "-t", "ed25519", "-N", "", "-C", "pdkit-nspawn-control", "-f", str(client)])
+    client.chmod(0o600)
+    host_key = root / "etc/ssh/ssh_host_ed25519_key"
+    if not host_key.exists():  # a fresh tree has none: build.py bakes no key
+        run_checked([*rootfs_cmd(root, "usr/bin/ssh-keygen"), "-q", "-t", "ed25519", "-N", "", "-C", f"root@{machine}", "-f", str(host_key)])
+    ssh_dir = root / "root/.ssh"
+    ssh_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    write(ssh_dir / "authorized_keys", client.with_suffix(".pub").read_text().strip() + "\n", 0o600)
+    write(root / "etc/ssh/sshd_config.d/pdkit-nspawn-listen.conf",
+          f"# pdkit nspawn host (gpu/nspawn/host.py): the container shares the machine's network\nPort {port}\nListenAddress {address}\n")
+    write(root / "etc/hostname", machine + "\n")
+    if not (root / "etc/machine-id").read_text().strip():
+        write(root / "etc/machine-id", hashlib.sha256(os.urandom(32)).hexdigest()[:32] + "\n", 0o444)
+    write(root / "etc/hosts", f"127.0.0.1\tlocalhost {machine}\n::1\tlocalhost ip6-localhost ip6-loopback\n")
+    write(root / "etc/default/locale", "LANG=C.UTF-8\n")  # pam_env reads it at every SSH login
+    pub = " ".join((root / "etc/ssh/ssh_host_ed25519_key.pub").read_text().split()[:2])
+    name = address if port == 22 else f"[{address}]:{port}"
+    line = f"{name} {pub}\n"
+    write(state_file("known_hosts"), line)
+    return line
+
+
+# ----------------------------------------------------------------------------- binds
+
+
+def driver_binds(root: Path) -> tuple[list[str], list[str]]:
+    """--bind flags for the NVIDIA device nodes and the driver's user space; notes for the log."""
+    flags, notes = [], []
+    nodes = sorted(p for p in glob.glob("/dev/nvidia*") if Path(p).exists())
+    for node in nodes:
+        flags.append(f"--bind={node}")
+    notes.append(f"devices: {', '.join(nodes)}")
+    ldconfig = shutil.which("ldconfig") or "/sbin/ldconfig"
+    out = subprocess.run([ldconfig, "-p"], capture_output=True, text=True).stdout
+    libs: dict[str, str] = {}
+    for line in out.splitlines():
+        m = re.match(r"\s*(\S+) \(([^)]*)\) => (\S+)", line)
+        if m and DRIVER_LIB.match(m.group(1)) and "x86-64" in m.group(2):
+            libs[m.group(3)] = os.path.realpath(m.group(3))
+    if not libs:
+        raise Fail("`ldconfig -p` lists no libcuda/libnvidia-*: is the driver's user space installed?")
+    extra_dirs = set()
+    for real in sorted(set(libs.values())):
+        flags.append(f"--bind-ro={real}")
+        d = os.path.dirname(real).lstrip("/")
+        if d not in LIB_DIRS and d != "lib64":
+            extra_dirs.add("/" + d)
+    # the names ldconfig knows them by (libcuda.so.1 -> libcuda.so.580...): links in the tree
+    for path, real in libs.items():
+        if path != real:
+            link = root / path.lstrip("/")
+            link.parent.mkdir(parents=True, exist_ok=True)
+            if link.is_symlink() or link.exists():
+                link.unlink()
+            link.symlink_to(real)  # absolute: /lib is itself a link in the tree (merged /usr)
+    if extra_dirs:
+        write(root / "etc/ld.so.conf.d/pdkit-nvidia.conf", "\n".join(sorted(extra_dirs)) + "\n")
+    # the image's CUDA toolkit: SGLang's JIT kernels (tvm_ffi) run its nvcc (CUDA_HOME or /usr/local/cuda)
+    cuda = os.environ.get("CUDA_HOME") or "/usr/local/cuda"
+    if os.path.isdir(cuda):
+        real = os.path.realpath(cuda)
+        for dest in dict.fromkeys([real, "/usr/local/cuda"]):
+            flags.append(f"--bind-ro={real}:{dest}")
+        notes.append(f"CUDA toolkit {real} at {', '.join(dict.fromkeys([real, '/usr/local/cuda']))}")
+    else:
+        notes.append(f"WARNING no CUDA toolkit at {cuda}: SGLang's JIT kernels will not build")
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        # at its own path and on the container's PATH (SGLang runs `nvidia-smi` by name)
+        for dest in dict.fromkeys([smi, "/usr/bin/nvidia-smi"]):
+            flags.append(f"--bind-ro={os.path.realpath(smi)}:{dest}")
+    notes.append(f"driver libraries: {len(set(libs.values()))} files ({', '.join(sorted({os.path.basename(r) for r in libs.values()})[:6])}...); nvidia-smi: {smi or 'not found'}")
+    return flags, notes
+
+
+IMAGE_QUERY = r"""
+import importlib.util, json, os, sys, sysconfig
+paths = sysconfig.get_paths()
+multiarch = sysconfig.get_config_var("MULTIARCH") or ""
+inc = [paths.get("include"), paths.get("platinclude")]
+if multiarch:
+    inc.append(os.path.join(sys.base_prefix, "include", multiarch, "python%d.%d" % sys.version_info[:2]))
+torch = importlib.util.find_spec("torch")
+print(json.dumps({
+    "executable": sys.executable, "real_executable": os.path.realpath(sys.executable), "version": sys.version.split()[0],
+    "prefix": sys.prefix, "base_prefix": sys.base_prefix,
+    "stdlib": [paths["stdlib"], paths["platstdlib"]],
+    "sys_path": [p for p in sys.path if p and os.path.isdir(p)], "include": [p for p in inc if p],
+    "torch": os.path.dirname(torch.origin) if torch else None,
+}))
+"""
+
+
+def image_python(python: str) -> dict:
+    proc = subprocess.run([python, "-I", "-c", IMAGE_QUERY], capture_output=True, text=True, timeout=120)
+    if proc.returncode != 0:
+        raise Fail(f"{python}: {proc.stderr.strip()[-500:]}")
+    return json.loads(proc.stdout)
+
+
+def image_binds(root: Path, info: dict) -> tuple[list[str], list[str], list[str]]:
+    """--bind-ro flags for the image's Python, the dirs to put on PYTHONPATH, notes."""
+    flags, pythonpath, notes = [], [], []
+    sources: list[str] = []
+    system = info["base_prefix"] in ("/usr", "/usr/local")
+    if not system:  # a self-contained install (python-build-standalone, conda, a custom prefix): the whole prefix
+        sources.append(info["base_prefix"])
+    if info["prefix"] != info["base_prefix"]:
+        sources.append(info["prefix"])
+    # a venv's python (the image's: /opt/torch/.venv/bin/python3) is a link to its base interpreter
+    sources += [info["real_executable"], *info["stdlib"], *info["include"], *info["sys_path"]]
+    done: list[str] = []
+    for src in sources:
+        if not os.path.exists(src) or any(src == d or src.startswith(d.rstrip("/") + "/") for d in done):
+            continue
+        done.append(src)
+        twin = root / src.lstrip("/")
+        in_use = twin.is_file() or (twin.is_dir() and any(twin.iterdir()))
+        if not in_use:
+            flags.append(f"--bind-ro={src}")
+            continue
+        if src in info["sys_path"]:
+            dest = IMAGE_RELOCATED + src
+            flags.append(f"--bind-ro={src}:{dest}")
+            pythonpath.append(dest)
+            pth = sorted(os.path.basename(p) for p in glob.glob(os.path.join(src, "*.pth")))
+            notes.append(f"{src} is the container's own too: bound at {dest}, on PYTHONPATH" + (f" (its .pth files are not run: {', '.join(pth)})" if pth else ""))
+        else:
+            raise Fail(f"the image's {src} is also a path the container uses; cannot bind it there")
+    for src in done:
+        if src.startswith(("/root/", "/home/")):
+            notes.append(f"WARNING {src} is under /root or /home: the engine units' ProtectHome=yes hides it")
+    notes.append(f"image python {info['executable']} {info['version']}; torch at {info['torch'] or 'NOT FOUND'}; {len(done)} paths bound read-only")
+    return flags, pythonpath, notes
+
+
+def engine_env(root: Path, payload: Path | None, model_dir: str, info: dict | None, pythonpath: list[str]) -> list[str]:
+    """/opt/engine-venv inside the tree: the SGLang payload and bin/python (the image's, payload first)."""
+    notes = []
+    env = root / ENGINE_ENV.lstrip("/")
+    site = env / "site"
+    if payload is not None:
+        marker = env / ".payload"
+        layers = [file_digest(payload / n) for n in ("site.tar.xz", "nixl.tar.xz") if (payload / n).exists()]
+        if not layers:
+            raise Fail(f"{payload}: no site.tar.xz / nixl.tar.xz (the GPU tier's payload: gpu/run_gpu_tier.py --dry)")
+        if not marker.exists() or marker.read_text().split() != layers:
+            t = time.monotonic()
+            remove_tree(site)
+            site.mkdir(parents=True)
+            for name in ("site.tar.xz", "nixl.tar.xz"):
+                if (payload / name).exists():
+                    with tarfile.open(payload / name, "r:xz") as tar:  # as gpu/device_driver.py does
+                        kw = {"filter": "tar"} if hasattr(tarfile, "tar_filter") else {}
+                        tar.extractall(site, **kw)
+            write(marker, "\n".join(layers) + "\n")
+            notes.append(f"engine payload {', '.join(layers)} -> {ENGINE_ENV}/site in {time.monotonic() - t:.1f}s")
+        model_src = payload / "model"
+        if model_src.is_dir():
+            dest = root / model_dir.lstrip("/")
+            remove_tree(dest)
+            shutil.copytree(model_src, dest)
+            notes.append(f"model {model_dir}")
+    if info is not None:
+        path = ":".join([f"{ENGINE_ENV}/site", *pythonpath])
+        lib = env / "lib"
+        ld = f'export LD_LIBRARY_PATH="{ENGINE_ENV}/lib${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}"\n' if lib.is_dir() and any(lib.iterdir()) else ""
+        write(env / "bin/python",
+              "#!/bin/sh\n"
+              "# pdkit nspawn host (gpu/nspawn/host.py): the lent machine's own Python, bound read-only at its own\n"
+              "# paths, with the carried SGLang payload first on its path: the provided engine environment\n"
+              f'export PYTHONPATH="{path}${{PYTHONPATH:+:$PYTHONPATH}}"\n{ld}'
+              "# the lent machine's rule: NVLink multicast off in NCCL, PyTorch and NVSHMEM, whatever the unit sets\n"
+              "export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1\n"
+              "# the image's own tools last on PATH (ninja: SGLang's JIT kernels build with it)\n"
+              f'export PATH="${{PATH:-/usr/bin:/bin}}:{os.path.dirname(info["executable"])}"\n'
+              f'exec "{info["executable"]}" "$@"\n', 0o755)
+        for alias in ("python3", f"python{'.'.join(info['version'].split('.')[:2])}"):
+            link = env / "bin" / alias
+            if link.is_symlink() or link.exists():
+                link.unlink()
+            link.symlink_to("python")
+        notes.append(f"{ENGINE_ENV}/bin/python -> {info['executable']} with {path} first")
+    return notes
+
+
+# ----------------------------------------------------------------------------- ssh
+
+
+class Host:
+    def __init__(self, root: Path, rt: dict):
+        self.root, self.rt = root, rt
+
+    def argv(self, command: str, timeout: int = 5) -> list[str]:
+        return [*rootfs_cmd(self.root, "usr/bin/ssh"), "-F", "/dev/null", "-i", str(state_file("id_ed25519")),
+                "-p", str(self.rt["ssh_port"]), "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
+                "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={state_file('known_hosts')}",
+                "-o", "GlobalKnownHostsFile=/dev/null", "-o", "UpdateHostKeys=no", "-o", f"ConnectTimeout={timeout}",
+                "-o", "LogLevel=ERROR", f"root@{self.rt['ssh_address']}", "--", command]
+
+    def run(self, command: str, timeout: float = 60, input: str | None = None) -> subprocess.CompletedProcess:
+        netns = self.rt.get("netns")
+        try:
+            return subprocess.run(self.argv(command), capture_output=True, text=True, timeout=timeout, input=input,
+                                  stdin=None if input is not None else subprocess.DEVNULL,
+                                  preexec_fn=setns_net(f"/run/netns/{netns}") if netns else None)
+        except subprocess.TimeoutExpired:
+            return subprocess.CompletedProcess([], 124, "", f"timed out after {timeout:.0f}s")
+
+
+# ----------------------------------------------------------------------------- up
+
+
+def running(machine: str) -> bool:
+    rt = read_json(state_file("runtime.json"))
+    return rt.get("machine") == machine and alive(rt.get("pid"), rt.get("start"))
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    root = machine_root(args.machine)
+    if running(args.machine):
+        log(f"{args.machine} is already up (host.py down first to restart it)")
+        return 0
+    if not (root / "usr/bin/systemd-nspawn").exists():
+        cmd_unpack(args)
+    timings = read_json(state_file("timings.json"))
+    t_setup = time.monotonic()
+    personalise(root, args.machine, SSH_ADDRESS, args.ssh_port)
+    binds: list[str] = []
+    notes: list[str] = []
+    have_gpu = bool(glob.glob("/dev/nvidia[0-9]*"))
+    if args.no_gpu or not have_gpu:
+        notes.append("GPU binds skipped: " + ("--no-gpu" if args.no_gpu else "no /dev/nvidia[0-9]* on this machine") + " (nothing NVIDIA is bound in)")
+    else:
+        flags, n = driver_binds(root)
+        binds += flags
+        notes += n
+    info = None
+    pythonpath: list[str] = []
+    python = args.image_python or ("python3" if have_gpu and not args.no_gpu else None)
+    if python:
+        info = image_python(python)
+        flags, pythonpath, n = image_binds(root, info)
+        binds += flags
+        notes += n
+    else:
+        notes.append("engine environment: no --image-python (and no GPU): /opt/engine-venv/bin/python not made")
+    payload = Path(args.engine_payload) if args.engine_payload else None
+    notes += engine_env(root, payload, args.model_dir or default_model_dir(), info, pythonpath)
+    for n in notes:
+        log(n)
+    # the container's own network namespace, for a rehearsal beside other listeners
+    netns = args.netns
+    made_netns = bool(netns) and not Path(f"/run/netns/{netns}").exists()
+    if made_netns:
+        run_checked([*rootfs_cmd(root, "usr/sbin/ip"), "netns", "add", netns])
+        run_checked([*rootfs_cmd(root, "usr/sbin/ip"), "-n", netns, "link", "set", "lo", "up"])
+    inotify_warning()
+    cgroups = make_cgroups(f"pdkit-nspawn-{args.machine}")
+    argv = [
+        *rootfs_cmd(root, "usr/bin/systemd-nspawn"),
+        "--quiet", "--boot", f"--directory={root}", f"--machine={args.machine}", f"--hostname={args.machine}",
+        # PID 1 of this machine is not systemd: no machined to register with, no unit to make
+        "--register=no", "--keep-unit", "--settings=no",
+        "--resolv-conf=off", "--timezone=off", "--link-journal=no", "--console=read-only",
+        f"--capability={CAPABILITIES}", "--rlimit=RLIMIT_MEMLOCK=infinity",
+        *([f"--network-namespace-path=/run/netns/{netns}"] if netns else []),
+        *binds,
+    ]
+    procs = " ".join(shlex.quote(str(c / "cgroup.procs")) for c in cgroups)
+    console = state_file("console.log")
+    # systemd 257 in the container wants the unified hierarchy; on a cgroup-v2 machine it is what
+    # nspawn picks anyway, on a hybrid one (this rehearsal machine) it makes nspawn mount cgroup2
+    env = {**os.environ, "SYSTEMD_NSPAWN_UNIFIED_HIERARCHY": "1", "LC_ALL": "C"}
+    with open(console, "w") as out:
+        proc = subprocess.Popen(["sh", "-c", f'for f in {procs}; do echo $$ > "$f"; done; exec "$@"', "sh", *argv],
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    timings["setup_s"] = round(time.monotonic() - t_setup, 1)
+    t_boot = time.monotonic()
+    rt = {"machine": args.machine, "pid": proc.pid, "start": proc_start(proc.pid), "root": str(root), "netns": netns,
+          "netns_created": made_netns, "cgroups": [str(c) for c in cgroups], "ssh_address": SSH_ADDRESS,
+          "ssh_port": args.ssh_port, "argv": argv, "gpu": bool(binds and have_gpu)}
+    write_json(state_file("runtime.json"), rt)
+    host = Host(root, rt)
+    state = wait_ready(host, proc, console, t_boot)
+    timings["boot_to_ssh_s"] = round(rt.pop("_ssh_s"), 1)
+    timings["boot_to_running_s"] = round(time.monotonic() - t_boot, 1)
+    write_json(state_file("runtime.json"), rt)
+    log(f"{args.machine}: ssh answered {timings['boot_to_ssh_s']}s after start, systemd '{state}' at {timings['boot_to_running_s']}s")
+    if state != "running":
+        failed = host.run("systemctl --failed --no-legend --plain", timeout=20).stdout.strip()
+        log(f"WARNING systemd is {state}: {failed or 'no failed units'}")
+    host.run("ldconfig", timeout=60)
+    if info is not None:
+        fix_libraries(host, root, info)
+    write_json(state_file("host.json"), {
+        "machine": args.machine, "ssh_hostname": SSH_ADDRESS, "ssh_port": args.ssh_port, "ssh_user": "root",
+        "ssh_key": str(state_file("id_ed25519")), "ssh_known_hosts_file": str(state_file("known_hosts")),
+        "engine_venv": ENGINE_ENV if info is not None else None, "gpu": rt["gpu"], "netns": netns})
+    write_json(state_file("timings.json"), timings)
+    if not args.no_probe:
+        probe(host, rt, info is not None)
+    log(f"up: {json.dumps(timings)}; ssh -i {state_file('id_ed25519')} -o UserKnownHostsFile={state_file('known_hosts')} -p {args.ssh_port} root@{SSH_ADDRESS}")
+    return 0
+
+
+def inotify_warning() -> None:
+    """systemd in the container needs inotify instances of the machine's shared per-user budget."""
+    try:
+        limit = int(Path("/proc/sys/fs/inotify/max_user_instances").read_text())
+    except (OSError, ValueError):
+        return
+    used = sum(1 for fd in glob.glob("/proc/[0-9]*/fd/*") if _readlink(fd) == "anon_inode:inotify")
+    if used > limit * 0.6:
+        log(f"WARNING {used} inotify instances in use of fs.inotify.max_user_instances={limit}: systemd units in the "
+            f"container may fail with 'Too many open files' (sysctl -w fs.inotify.max_user_instances=1024)")
+
+
+def _readlink(path: str) -> str:
+    try:
+        return os.readlink(path)
+    except OSError:
+        return ""
+
+
+def default_model_dir() -> str:
+    return runpy.run_path(str(REPO / "inventories" / "h200.py"))["MODEL_DIR"]
+
+
+def wait_ready(host: Host, proc: subprocess.Popen, console: Path, t_boot: float) -> str:
+    deadline = t_boot + BOOT_TIMEOUT
+    while True:
+        if proc.poll() is not None:
+            tail = console.read_text(errors="replace").strip().splitlines()[-5:]
+            raise Fail(f"systemd-nspawn exited ({proc.returncode}) during boot: {' | '.join(tail)} (see {console})")
+        r = host.run("true", timeout=10)
+        if r.returncode == 0:
+            host.rt["_ssh_s"] = time.monotonic() - t_boot
+            break
+        if time.monotonic() > deadline:
+            raise Fail(f"no SSH on {host.rt['ssh_address']}:{host.rt['ssh_port']} after {BOOT_TIMEOUT}s: {r.stderr.strip()} (see {console})")
+        time.sleep(0.3)
+    left = max(5, int(deadline - time.monotonic()))
+    r = host.run(f"timeout {left} systemctl is-system-running --wait", timeout=left + 10)
+    return r.stdout.strip() or f"unknown ({r.stderr.strip()})"
+
+
+# files whose shared-library dependencies must resolve inside the container: the image's Python
+# and its extension modules, torch's libraries, every extension of the payload
+LIB_CHECK = r"""
+set -u
+ld=/lib64/ld-linux-x86-64.so.2
+[ -d /opt/engine-venv/lib ] && export LD_LIBRARY_PATH=/opt/engine-venv/lib
+exe=$1; shift
+for f in "$exe" $(find "$@" \( -name '*.so' -o -name '*.so.*' \) -type f 2>/dev/null); do
+  "$ld" --verify "$f" >/dev/null 2>&1; case $? in 0|2) ;; *) continue;; esac
+  # as ldd does it: every dependency listed, the missing ones as "=> not found"
+  LD_TRACE_LOADED_OBJECTS=1 "$ld" "$f" 2>&1 | sed -n "s|^[[:space:]]*\([^ ]*\) => not found|MISSING \1 $f|p"
+done
+"""
+
+
+def fix_libraries(host: Host, root: Path, info: dict) -> None:
+    """Libraries the image's Python needs that trixie lacks: copied from the image to /opt/engine-venv/lib.
+
+    Only the interpreter and the standard library's extension modules are fixed that way. torch,
+    triton, NVIDIA's wheels and the payload are checked and reported only: their libraries find
+    each other through RUNPATHs and through what torch has loaded already (a copy from the image's
+    linker cache, e.g. a system CUDA runtime, would shadow the one torch was built with).
+    """
+    t = time.monotonic()
+    dynload = sorted({os.path.join(d, "lib-dynload") for d in info["stdlib"]})
+    beside = [os.path.join(os.path.dirname(info["torch"]), n) for n in ("torch", "triton", "nvidia")] if info["torch"] else []
+    packages = [*beside, f"{ENGINE_ENV}/site"]
+    known = image_libraries()
+    copied, unresolved = [], set()
+    lib = root / ENGINE_ENV.lstrip("/") / "lib"
+
+    def scan(paths: list[str]) -> list[str]:
+        r = host.run("sh -s -- " + " ".join(shlex.quote(d) for d in paths), timeout=900, input=LIB_CHECK)
+        return [line for line in r.stdout.splitlines() if line.startswith("MISSING ")]
+
+    for _round in range(4):
+        lines = scan([info["executable"], *dynload])
+        todo = sorted({line.split()[1] for line in lines} - unresolved - set(copied))
+        for soname in todo:
+            if GLIBC.match(soname) or soname not in known:
+                unresolved.add(soname)
+                continue
+            lib.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(os.path.realpath(known[soname]), lib / soname)
+            copied.append(soname)
+        if copied and "LD_LIBRARY_PATH" not in (root / ENGINE_ENV.lstrip("/") / "bin/python").read_text():
+            engine_env(root, None, "", info, read_pythonpath(root))
+        if not set(todo) - unresolved:
+            break
+    # packages: a miss is fine when a library of that name ships in one of these trees (loaded
+    # first, e.g. libtorch.so for sgl_kernel) or is the driver's (bound in on a GPU machine)
+    lines = scan(["/dev/null", *packages])
+    listing = host.run("find " + " ".join(shlex.quote(p) for p in packages) + " -name '*.so*' -printf '%f\\n' 2>/dev/null", timeout=300)
+    shipped = set(listing.stdout.split())
+    later = sorted({line.split()[1] for line in lines} - shipped - set(copied))
+    driver = [m for m in later if DRIVER_LIB.match(m)]
+    packages_missing = sorted(set(later) - set(driver))
+    result = {"copied_from_image": copied, "interpreter_unresolved": sorted(unresolved), "packages_unresolved": packages_missing,
+              "driver_libraries_needed": driver, "seconds": round(time.monotonic() - t, 1),
+              "examples": [line for line in lines if line.split()[1] in packages_missing][:20]}
+    write_json(state_file("libraries.json"), result)
+    log(f"libraries: {len(copied)} copied from the image into {ENGINE_ENV}/lib ({', '.join(copied) or 'none needed'}); "
+        f"unresolved for the interpreter: {', '.join(sorted(unresolved)) or 'none'}; packages: "
+        f"{', '.join(packages_missing) or 'all resolve'} (driver: {', '.join(driver) or 'none'}; {result['seconds']}s)")
+
+
+def read_pythonpath(root: Path) -> list[str]:
+    text = (root / ENGINE_ENV.lstrip("/") / "bin/python").read_text()
+    m = re.search(r'export PYTHONPATH="([^"$]*)', text)
+    return [p for p in (m.group(1).split(":") if m else []) if p != f"{ENGINE_ENV}/site"]
+
+
+def image_libraries() -> dict[str, str]:
+    ldconfig = shutil.which("ldconfig") or "/sbin/ldconfig"
+    out = subprocess.run([ldconfig, "-p"], capture_output=True, text=True).stdout
+    libs = {}
+    for line in out.splitlines():
+        m = re.match(r"\s*(\S+) \(([^)]*)\) => (\S+)", line)
+        if m and "x86-64" in m.group(2):
+            libs.setdefault(m.group(1), m.group(3))
+    return libs
+
+
+# ----------------------------------------------------------------------------- probe
+
+
+PROBE_GPU = r"""
+import json, os, sys, time
+out = {"python": sys.version.split()[0], "executable": sys.executable}
+t = time.monotonic()
+import torch
+out["torch"] = torch.__version__
+out["cuda_available"] = torch.cuda.is_available()
+out["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+x = torch.arange(1 << 20, device="cuda", dtype=torch.float32)
+out["cuda_sum_ok"] = float(x.sum().item()) == float((1 << 20) * ((1 << 20) - 1) / 2)
+import triton, triton.language as tl
+@triton.jit
+def add(a, b, c, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = i < n
+    tl.store(c + i, tl.load(a + i, mask=m) + tl.load(b + i, mask=m), mask=m)
+y = torch.empty_like(x)
+add[(triton.cdiv(x.numel(), 1024),)](x, x, y, x.numel(), BLOCK=1024)
+torch.cuda.synchronize()
+out["triton"] = triton.__version__
+out["triton_kernel_ok"] = bool(torch.equal(y, x * 2))
+out["seconds"] = round(time.monotonic() - t, 1)
+print(json.dumps(out))
+"""
+
+PROBE_IMPORTS = r"""
+import importlib, json, sys
+out = {}
+for m in sys.argv[1:]:
+    try:
+        mod = importlib.import_module(m)
+        out[m] = getattr(mod, "__version__", "ok")
+    except Exception as e:
+        out[m] = "IMPORT FAILED: %s: %s" % (type(e).__name__, str(e)[:300])
+print(json.dumps(out))
+"""
+
+# what gpu/device_driver.py imports to report versions (the router is pdkit's own venv here)
+ENGINE_MODULES = ("torch", "triton", "sglang", "sgl_kernel", "flashinfer", "transformers", "tokenizers", "xgrammar", "nixl_cu13")
+STDLIB_MODULES = ("ssl", "ctypes", "sqlite3", "lzma", "bz2", "decimal", "zlib", "json", "uuid")
+
+# A C extension built the way Triton builds its launchers (runtime/build.py: `gcc src -O3 -shared
+# -fPIC -o X.so -I<python include>` + -lcuda when there is a driver), then imported
+C_BUILD = r"""
+set -e
+d=$(mktemp -d)
+cat > "$d/pdkit_probe.c" <<'EOF'
+#include <Python.h>
+static PyObject *answer(PyObject *self, PyObject *args) { return PyLong_FromLong(42); }
+static PyMethodDef M[] = {{"answer", answer, METH_NOARGS, ""}, {NULL, NULL, 0, NULL}};
+static struct PyModuleDef D = {PyModuleDef_HEAD_INIT, "pdkit_probe", NULL, -1, M};
+PyMODINIT_FUNC PyInit_pdkit_probe(void) { return PyModule_Create(&D); }
+EOF
+py=/opt/engine-venv/bin/python
+inc=$($py -c 'import sysconfig; s = sysconfig.get_default_scheme(); s = "posix_prefix" if s == "posix_local" else s; print(sysconfig.get_paths(scheme=s)["include"])')
+suffix=$($py -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
+extra=""
+if /sbin/ldconfig -p | grep -q 'libcuda.so '; then extra="-lcuda"; fi
+gcc "$d/pdkit_probe.c" -O3 -shared -fPIC -o "$d/pdkit_probe$suffix" -I"$inc" $extra
+cd "$d" && $py -c 'import pdkit_probe; assert pdkit_probe.answer() == 42; print("c-extension ok")'
+rm -rf "$d"
+"""
+
+
+# what SGLang's JIT kernels do (tvm_ffi: the image's nvcc, the container's g++ as host compiler), in small
+NVCC_BUILD = r"""
+set -e
+d=$(mktemp -d)
+cat > "$d/k.cu" <<'CU'
+#include <cstdio>
+__global__ void k(int *x) { x[threadIdx.x] = threadIdx.x; }
+int main() { int *x; cudaMalloc(&x, 32 * sizeof(int)); k<<<1, 32>>>(x); int h[32]; cudaMemcpy(h, x, sizeof h, cudaMemcpyDeviceToHost); printf("nvcc ok: %d\n", h[31]); return h[31] != 31; }
+CU
+/usr/local/cuda/bin/nvcc --version | tail -1
+/usr/local/cuda/bin/nvcc -std=c++17 -arch=sm_90 -o "$d/k" "$d/k.cu"
+"$d/k"
+rm -rf "$d"
+"""
+
+
+def probe(host: Host, rt: dict, engine_env_made: bool) -> dict:
+    t = time.monotonic()
+    res: dict = {}
+    r = host.run("python3 -c 'import sys; print(sys.version.split()[0])'", timeout=60)
+    res["container_python3"] = {"rc": r.returncode, "version": r.stdout.strip(), "stderr": r.stderr.strip()[-300:]}
+    r = host.run("systemd-nspawn --version | head -1; gcc --version | head -1; systemctl --version | head -1", timeout=30)
+    res["container_tools"] = r.stdout.strip().splitlines()
+    if engine_env_made:
+        py = f"{ENGINE_ENV}/bin/python"
+        r = host.run(f"{py} - {' '.join(STDLIB_MODULES)}", input=PROBE_IMPORTS, timeout=120)
+        res["image_stdlib"] = parse_json(r)
+        r = host.run("sh -s", input=C_BUILD, timeout=120)
+        res["c_extension"] = (r.stdout + r.stderr).strip()[-600:]
+        if rt.get("gpu"):
+            r = host.run("nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader", timeout=60)
+            res["nvidia_smi"] = (r.stdout + r.stderr).strip()
+            r = host.run(f"{py} - {' '.join(ENGINE_MODULES)}", input=PROBE_IMPORTS, timeout=300)
+            res["engine_imports"] = parse_json(r)
+            # the engine units' own device policy and hardening (templates/systemd/engine.service.j2)
+            props = ["DevicePolicy=closed", "DeviceAllow=char-nvidia* rw", "NoNewPrivileges=yes", "ProtectSystem=strict",
+                     "ProtectHome=yes", "PrivateTmp=yes", "User=nobody", "Environment=HOME=/tmp", "LimitMEMLOCK=infinity"]
+            # Triton reads a kernel's source file: the probe is a file, not stdin
+            host.run("cat > /var/lib/pdkit-nspawn-probe.py && chmod 644 /var/lib/pdkit-nspawn-probe.py", input=PROBE_GPU, timeout=30)
+            cmd = "systemd-run --quiet --wait --pipe --collect " + " ".join(f"-p {shlex.quote(p)}" for p in props) + f" {py} /var/lib/pdkit-nspawn-probe.py"
+            r = host.run(cmd, timeout=300)
+            res["gpu_under_engine_policy"] = parse_json(r)
+            r = host.run("sh -s", input=NVCC_BUILD, timeout=300)
+            res["nvcc_host_cxx"] = (r.stdout + r.stderr).strip()[-600:]
+    res["seconds"] = round(time.monotonic() - t, 1)
+    write_json(state_file("probe.json"), res)
+    for key, value in res.items():
+        log(f"probe {key}: {json.dumps(value)[:400]}")
+    return res
+
+
+def parse_json(r: subprocess.CompletedProcess) -> dict:
+    try:
+        return json.loads(r.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {"rc": r.returncode, "error": (r.stdout + r.stderr).strip()[-1500:]}
+
+
+def cmd_probe(args: argparse.Namespace) -> int:
+    rt = read_json(state_file("runtime.json"))
+    if not alive(rt.get("pid"), rt.get("start")):
+        raise Fail("not running")
+    probe(Host(Path(rt["root"]), rt), rt, (Path(rt["root"]) / ENGINE_ENV.lstrip("/") / "bin/python").exists())
+    return 0
+
+
+# ----------------------------------------------------------------------------- status / down
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    rt = read_json(state_file("runtime.json"))
+    if not rt:
+        print(f"{args.machine}: down (no {state_file('runtime.json')})")
+        return 3
+    up = alive(rt.get("pid"), rt.get("start"))
+    line = f"{rt['machine']}: nspawn pid {rt['pid']} {'alive' if up else 'DEAD'}; root {rt['root']}; ssh {rt['ssh_address']}:{rt['ssh_port']}"
+    if up:
+        r = Host(Path(rt["root"]), rt).run("systemctl is-system-running", timeout=20)
+        line += f"; systemd {r.stdout.strip() or r.stderr.strip()}"
+    print(line)
+    return 0 if up else 1
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    rt = read_json(state_file("runtime.json"))
+    problems: list[str] = []
+    pid, start = rt.get("pid"), rt.get("start")
+    if alive(pid, start):
+        # SIGTERM: nspawn asks the guest's systemd to power off (a guest early in its boot drops it: repeat)
+        deadline = time.monotonic() + STOP_TIMEOUT
+        while alive(pid, start) and time.monotonic() < deadline:
+            os.kill(pid, signal.SIGTERM)
+            for _ in range(20):
+                if not alive(pid, start):
+                    break
+                time.sleep(0.1)
+        if alive(pid, start):
+            log(f"nspawn {pid} did not stop in {STOP_TIMEOUT}s: SIGKILL")
+            os.kill(pid, signal.SIGKILL)
+        log(f"{rt.get('machine')} powered off")
+    for cg in rt.get("cgroups", []):
+        left = cgroup_pids(Path(cg)) - {os.getpid()}
+        for p in left:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.5 if left else 0)
+        problems += remove_cgroup(Path(cg))
+    if rt.get("netns") and rt.get("netns_created") and Path(f"/run/netns/{rt['netns']}").exists():
+        root = Path(rt["root"])
+        subprocess.run([*rootfs_cmd(root, "usr/sbin/ip"), "netns", "delete", rt["netns"]], check=False)
+    for d in ("propagate", "unix-export"):  # nspawn leaves them where /run is not a tmpfs
+        remove_tree(Path("/run/systemd/nspawn") / d / (rt.get("machine") or args.machine))
+    for p in ("runtime.json", "host.json"):
+        state_file(p).unlink(missing_ok=True)
+    if args.purge:
+        remove_tree(machine_root(args.machine))
+        remove_tree(STATE)
+    root = machine_root(args.machine)
+    left = mounts_under(root) if root.exists() else []
+    problems += [f"mount {m}" for m in left]
+    if problems:
+        log("down: left behind: " + "; ".join(problems))
+        return 1
+    log("down: clean" + (" (tree and state removed)" if args.purge else ""))
+    return 0
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--machine", default=MACHINE)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("unpack", help="the rootfs (+ monitoring) tarballs into the machine's tree")
+    p.add_argument("--artefacts", nargs="*", help=f"where to look (default: {', '.join(map(str, ARTEFACT_DIRS))})")
+    p = sub.add_parser("control-venv", help="pyinfra + pdkit venv and the deploy's wheel cache, from wheels.tar.xz")
+    p.add_argument("--wheels", help=f"default: {WHEELS_NAME} in {', '.join(map(str, ARTEFACT_DIRS))}")
+    p.add_argument("--venv", default="/root/pdkit-venv")
+    p.add_argument("--python", help="the Python 3.12 to make it with (default: this one)")
+    p = sub.add_parser("up", help="personalise, bind, boot, wait, check")
+    p.add_argument("--artefacts", nargs="*", help="for an unpack first, when the tree is missing")
+    p.add_argument("--engine-payload", help="the GPU tier's payload dir (site.tar.xz, nixl.tar.xz, model/)")
+    p.add_argument("--image-python", help="the Python the engines run on (default on a GPU machine: python3)")
+    p.add_argument("--model-dir", help="where the model goes inside (default: inventories/h200.py's MODEL_DIR)")
+    p.add_argument("--no-gpu", action="store_true", help="bind nothing NVIDIA (a rehearsal without a GPU)")
+    p.add_argument("--ssh-port", type=int, default=SSH_PORT)
+    p.add_argument("--netns", help="boot in this network namespace (made if missing) instead of the machine's")
+    p.add_argument("--no-probe", action="store_true")
+    sub.add_parser("probe", help="the checks `up` ends with, again")
+    sub.add_parser("status")
+    p = sub.add_parser("down")
+    p.add_argument("--purge", action="store_true", help="also remove the tree and the state directory")
+    args = ap.parse_args(argv)
+    if os.geteuid() != 0:
+        raise Fail("needs root")
+    return {"unpack": cmd_unpack, "control-venv": cmd_control_venv, "up": cmd_up, "probe": cmd_probe,
+            "status": cmd_status, "down": cmd_down}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
