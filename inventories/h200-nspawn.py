@@ -20,7 +20,6 @@ import runpy
 from pathlib import Path
 
 from pdkit.lab.model import LabHost, pyinfra_host_data
-from pdkit.spec import Node
 
 NAME = "pdkit-h200"
 # gpu/nspawn/host.py's state directory and what `up` writes there
@@ -50,10 +49,10 @@ _data.update(ssh_data())
 _node = _data["pdkit_node"]
 # DCGM comes from NVIDIA's apt repository, which the container cannot reach
 _node["dcgm_exporter"] = False
-# >>> engine_venv: the provided engine environment (pdkit_node.engine_venv, another change); set
-# >>> once the field exists, so this file validates before and after it lands
-if "engine_venv" in Node.model_fields:
-    _node["engine_venv"] = ENGINE_VENV
+# the provided engine environment gpu/nspawn/host.py assembles (pdkit_node.engine_venv)
+_node["engine_venv"] = ENGINE_VENV
+# the driver, CUDA and NCCL come from the lent machine (bound in): nothing NVIDIA to install
+_node["nvidia_stack"] = "provided"
 # Prometheus on the same host (the container has it preinstalled: no package source there);
 # Grafana's apt repository cannot be reached either
 _data["pdkit_monitoring"] = {"grafana": False}

@@ -574,6 +574,10 @@ class Node(Frozen):
     # NCCL_P2P_LEVEL for the pcie profile; unset: PHB, or SYS when an engine spans NUMA nodes
     # (the preflight reads `nvidia-smi topo -m` and names the level the topology needs)
     nccl_p2p_level: Literal["PIX", "PXB", "PHB", "SYS"] | None = None
+    # install: pdkit lays down NVIDIA's repository, driver R580, CUDA 13.0 and NCCL (gpu nvidia);
+    # provided: the machine brings them (a container bound to its host's driver, a vendor image):
+    # pdkit installs none, and the preflight still checks the driver, the GPUs and the topology
+    nvidia_stack: Literal["install", "provided"] = "install"
     # kernel modules: nvidia-dkms (NVIDIA's nvidia-open, built by DKMS) or ubuntu-prebuilt
     # (Ubuntu's signed linux-modules-nvidia-580-open-<flavour>, Secure Boot friendly; Ubuntu only)
     driver_modules: Literal["nvidia-dkms", "ubuntu-prebuilt"] = "nvidia-dkms"

@@ -473,3 +473,28 @@ def test_every_model_field_has_a_one_line_comment():
 
     missing = [f"{model.__name__}.{name}" for _, model in SECTIONS for name in model.model_fields if not field_comments(model).get(name)]
     assert not missing, f"fields without a comment above them: {missing}"
+
+
+def test_nvidia_stack_provided_skips_the_node_layer_and_nothing_else(base, tmp_path):
+    """Issue 22: a container bound to its host's driver (gpu/nspawn) cannot apt-install R580/CUDA/NCCL."""
+    import copy
+
+    from pdkit.loader import load
+    from roles.node import installs_nvidia_stack
+    from tests.conftest import write_inventory
+
+    cluster, hosts = base
+    tmp = tmp_path
+    spec = load(str(write_inventory(tmp, hosts, cluster)))
+    nvidia = [h for h in spec.hosts if h.node is not None and h.node.gpu == "nvidia"]
+    assert nvidia and all(installs_nvidia_stack(h.node) for h in nvidia)
+    provided = copy.deepcopy(hosts)
+    for data in provided.values():
+        if "pdkit_node" in data:
+            data["pdkit_node"]["nvidia_stack"] = "provided"
+    spec2 = load(str(write_inventory(tmp, provided, cluster, name="provided")))
+    assert not any(installs_nvidia_stack(h.node) for h in spec2.hosts)
+    bad = copy.deepcopy(hosts)
+    next(d for d in bad.values() if "pdkit_node" in d)["pdkit_node"]["nvidia_stack"] = "bring-your-own"
+    with pytest.raises(Exception, match="nvidia_stack"):
+        load(str(write_inventory(tmp, bad, cluster, name="bad")))
