@@ -131,6 +131,9 @@ def probe_driver(host_data: dict[str, Any], run: Callable[..., subprocess.Comple
     try:
         done = run(ssh_command(host_data, NVIDIA_SMI_DRIVER), capture_output=True, text=True,
                    timeout=SSH_TIMEOUT_S + 10)
+    except FileNotFoundError:
+        # seen on the lent GPU machine, whose image has no OpenSSH client (pyinfra uses paramiko)
+        return "unknown: no `ssh` client on this machine (install openssh-client, or pass --no-ssh)"
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"unknown: {type(exc).__name__}"
     if done.returncode != 0:

@@ -206,3 +206,14 @@ def test_render_markdown_lists_errors():
     record["levels"][0]["error_samples"] = ["HTTP 503: busy"]
     text = render_markdown(record)
     assert "Errors (samples): HTTP 503: busy" in text
+
+
+def test_driver_probe_says_when_there_is_no_ssh_client():
+    """The lent GPU machine's image has no OpenSSH client: the fingerprint said only 'FileNotFoundError'."""
+    from pdkit.bench import probe_driver
+
+    def no_ssh(*_a, **_k):
+        raise FileNotFoundError(2, "No such file or directory", "ssh")
+
+    got = probe_driver({"name": "n1", "ssh_hostname": "127.0.0.1"}, run=no_ssh)
+    assert got.startswith("unknown: no `ssh` client") and "--no-ssh" in got, got
