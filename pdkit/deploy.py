@@ -63,15 +63,4 @@ def current_host() -> HostSpec:
 
 
 def current_plan() -> HostPlan:
-    # the roles ask for the host's plan seven times at prepare time: plan it once per host (the
-    # no-op re-run at 32 lab hosts spent ~0.25 s re-planning, docs/benchmarks.md "Scale").
-    # Keyed by the spec's identity, not its hash (hashing a frozen spec walks every field).
-    spec = current_spec()
-    key = (id(spec), current_host().name)
-    plan = _PLANS.get(key)
-    if plan is None or plan[0] is not spec:
-        plan = _PLANS[key] = (spec, plan_host(spec, current_host()))
-    return plan[1]
-
-
-_PLANS: dict[tuple[int, str], tuple[ClusterSpec, HostPlan]] = {}
+    return plan_host(current_spec(), current_host())
