@@ -54,8 +54,13 @@ def test_a_wedged_engine_fires_the_wedge_alert_and_fails_doctor(lab, facts):
         time.sleep(20)  # the engine is back up and in the router's list
         for t in threads:
             t.start()
-        time.sleep(5)  # requests running in the decode: its gauges keep saying so once it wedges
-        assert ssh(lab, host, f"touch {STALL}").returncode == 0
+        # wedge it while requests are running in it (a wedged scheduler's gauges keep what they last
+        # said, so a stall between two requests would show an idle engine, and no alert): on the
+        # host, touch the stall file the moment its own /metrics says a request is running
+        # (a fixed sleep missed that once in a fresh-clone run: the router had sent it nothing yet)
+        when_running = (f"for i in $(seq 600); do curl -s http://$(hostname -I | awk '{{print $1}}'):30001/metrics "
+                        f"| grep -Eq '^sglang:num_running_reqs(\\{{[^}}]*\\}})? [1-9]' && touch {STALL} && exit 0; sleep 0.05; done; exit 1")
+        assert ssh(lab, host, when_running).returncode == 0, "the decode never ran a request in 30 s"
 
         def firing():
             alerts = requests.get(f"{facts['prom']}/api/v1/alerts", timeout=10).json()["data"]["alerts"]
