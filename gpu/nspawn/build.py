@@ -174,19 +174,14 @@ def mib(n: int) -> str:
 
 def customise(root: Path) -> None:
     """The lab image's customisation (its sshd, journald, resolv.conf and masked units), for trixie."""
-    from pdkit.lab.rootfs import JOURNALD_CONF, MASKED_UNITS, RESOLV_CONF, SSHD_CONFIG, _write, remove_tree
+    from pdkit.lab.rootfs import JOURNALD_CONF, RESOLV_CONF, SSHD_CONFIG, _write, mask_units, remove_tree
 
     for key in (root / "etc/ssh").glob("ssh_host_*"):
         key.unlink()
     _write(root / "etc/ssh/sshd_config.d/pdkit-lab.conf", SSHD_CONFIG)
     _write(root / "etc/systemd/journald.conf.d/pdkit-lab.conf", JOURNALD_CONF)
     (root / "var/log/journal").mkdir(parents=True, exist_ok=True)
-    for unit in MASKED_UNITS:
-        link = root / "etc/systemd/system" / unit
-        if link.exists() or link.is_symlink():
-            link.unlink()
-        link.parent.mkdir(parents=True, exist_ok=True)
-        link.symlink_to("/dev/null")
+    mask_units(root)
     # nothing to fetch from on the device: no sources at all, so apt says so at once
     _write(root / "etc/apt/sources.list", "# pdkit nspawn host: no package source (the device reaches nothing)\n")
     for extra in (root / "etc/apt/sources.list.d").glob("*"):
