@@ -41,6 +41,7 @@ import argparse
 import ctypes
 import glob
 import hashlib
+import ipaddress
 import json
 import lzma
 import os
@@ -95,8 +96,22 @@ def machine_root(machine: str) -> Path:
     return MACHINES / machine
 
 
+# the machine this run works on (main() sets it from --machine): its own state directory
+CURRENT = {"machine": MACHINE}
+
+
+def machine_state() -> Path:
+    return STATE / CURRENT["machine"]
+
+
 def state_file(name: str) -> Path:
-    return STATE / name
+    """A file of this machine's state (STATE/<machine>/NAME)."""
+    return machine_state() / name
+
+
+def client_key() -> Path:
+    """The control side's SSH key: one for every machine this launcher boots."""
+    return STATE / "id_ed25519"
 
 
 def read_json(path: Path) -> dict:
@@ -398,8 +413,8 @@ def run_checked(cmd: list[str], **kw) -> None:
 
 def personalise(root: Path, machine: str, address: str, port: int) -> str:
     """Host key, client key, authorized_keys, sshd's listen address; returns the known_hosts line."""
-    STATE.mkdir(parents=True, exist_ok=True)
-    client = state_file("id_ed25519")
+    machine_state().mkdir(parents=True, exist_ok=True)
+    client = client_key()
     if not client.exists():
         run_checked([*rootfs_cmd(root, "usr/bin/ssh-keygen"), "-q", "-t", "ed25519", "-N", "", "-C", "pdkit-nspawn-control", "-f", str(client)])
     client.chmod(0o600)
@@ -410,11 +425,12 @@ def personalise(root: Path, machine: str, address: str, port: int) -> str:
     ssh_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     write(ssh_dir / "authorized_keys", client.with_suffix(".pub").read_text().strip() + "\n", 0o600)
     write(root / "etc/ssh/sshd_config.d/pdkit-nspawn-listen.conf",
-          f"# pdkit nspawn host (gpu/nspawn/host.py): the container shares the machine's network\nPort {port}\nListenAddress {address}\n")
+          f"# pdkit nspawn host (gpu/nspawn/host.py): sshd on the container's address only\nPort {port}\nListenAddress {address}\n")
     write(root / "etc/hostname", machine + "\n")
     if not (root / "etc/machine-id").read_text().strip():
         write(root / "etc/machine-id", hashlib.sha256(os.urandom(32)).hexdigest()[:32] + "\n", 0o444)
-    write(root / "etc/hosts", f"127.0.0.1\tlocalhost {machine}\n::1\tlocalhost ip6-localhost ip6-loopback\n")
+    named = "" if address.startswith("127.") else f"{address}\t{machine}\n"
+    write(root / "etc/hosts", f"127.0.0.1\tlocalhost{'' if named else ' ' + machine}\n{named}::1\tlocalhost ip6-localhost ip6-loopback\n")
     write(root / "etc/default/locale", "LANG=C.UTF-8\n")  # pam_env reads it at every SSH login
     pub = " ".join((root / "etc/ssh/ssh_host_ed25519_key.pub").read_text().split()[:2])
     name = address if port == 22 else f"[{address}]:{port}"
@@ -587,6 +603,108 @@ def engine_env(root: Path, payload: Path | None, model_dir: str, info: dict | No
     return notes
 
 
+
+# ----------------------------------------------------------------------------- network
+
+
+# the link the machines booted with --address share: a bridge in the lent machine's namespace
+BRIDGE = "pdkn-br0"
+GUEST_IFACE = "host0"  # the name nspawn's own --network-veth gives the container's end
+
+
+def ip_cmd(root: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    """`ip` from the tree (the lent machine has no iproute2 of its own)."""
+    r = subprocess.run([*rootfs_cmd(root, "usr/sbin/ip"), *args], capture_output=True, text=True, timeout=30)
+    if check and r.returncode != 0:
+        raise Fail(f"ip {' '.join(args)}: {(r.stderr or r.stdout).strip()}")
+    return r
+
+
+def ensure_bridge(root: Path, gateway: ipaddress.IPv4Interface) -> bool:
+    """The bridge with the network's first address; False where the kernel has no bridges."""
+    if ip_cmd(root, "link", "show", "dev", BRIDGE, check=False).returncode == 0:
+        return True
+    if ip_cmd(root, "link", "add", BRIDGE, "type", "bridge", check=False).returncode != 0:
+        return False
+    ip_cmd(root, "addr", "add", str(gateway), "dev", BRIDGE)
+    ip_cmd(root, "link", "set", "dev", BRIDGE, "up")
+    return True
+
+
+def gateway_of(iface: ipaddress.IPv4Interface) -> ipaddress.IPv4Interface:
+    """The lent machine's own end of IFACE's network: its first address."""
+    gateway = ipaddress.IPv4Interface(f"{next(iface.network.hosts())}/{iface.network.prefixlen}")
+    if iface.ip == gateway.ip:
+        raise Fail(f"--address {iface}: {gateway.ip} is the lent machine's own end of {iface.network}; use another address")
+    return gateway
+
+
+def host_veth(machine: str, mode: str) -> str:
+    """The lent machine's end of the veth nspawn makes (its own naming: vb-/ve- + the machine, 15 bytes)."""
+    return (("vb-" if mode == "bridge" else "ve-") + machine)[:15]
+
+
+def network_flags(root: Path, iface: ipaddress.IPv4Interface, mode: str) -> tuple[list[str], str]:
+    """nspawn's own private network for a container on IFACE: a veth to the bridge or, where the
+    kernel has no bridges, a veth routed through the machine's namespace. nspawn's own veth, not a
+    named netns: only with a private network does nspawn mount the container's /sys from the
+    container's namespace, and UCX finds its network devices there (/sys/class/net)."""
+    if mode == "bridge" and not ensure_bridge(root, gateway_of(iface)):
+        log("no bridge in this kernel: the containers' traffic is routed through the machine's namespace instead")
+        mode = "routed"
+    return ([f"--network-bridge={BRIDGE}"] if mode == "bridge" else ["--network-veth"]), mode
+
+
+def guest_network(root: Path, iface: ipaddress.IPv4Interface, mode: str) -> None:
+    """A unit in the tree that gives host0 its address before sshd starts (no networkd inside)."""
+    gateway = gateway_of(iface)
+    if mode == "bridge":
+        steps = [f"addr replace {iface} dev {GUEST_IFACE}", f"link set dev {GUEST_IFACE} up"]
+    else:
+        steps = [f"addr replace {iface.ip}/32 dev {GUEST_IFACE}", f"link set dev {GUEST_IFACE} up",
+                 f"route replace {gateway.ip}/32 dev {GUEST_IFACE}", f"route replace {iface.network} via {gateway.ip}"]
+    # a default route, as on any host: code that asks the kernel for its outgoing address finds one
+    steps.append(f"route replace default via {gateway.ip}")
+    write(root / "etc/systemd/system/pdkit-nspawn-net.service",
+          "# pdkit nspawn host (gpu/nspawn/host.py up --address): the container's own address\n"
+          "[Unit]\nDescription=pdkit nspawn host address\nDefaultDependencies=no\nBefore=network.target ssh.service sshd.service\n\n"
+          "[Service]\nType=oneshot\nRemainAfterExit=yes\nExecStart=/usr/sbin/ip link set dev lo up\n"
+          + "".join(f"ExecStart=/usr/sbin/ip {step}\n" for step in steps)
+          + "\n[Install]\nWantedBy=multi-user.target\n")
+    wants = root / "etc/systemd/system/multi-user.target.wants/pdkit-nspawn-net.service"
+    if wants.is_symlink() or wants.exists():
+        wants.unlink()
+    wants.parent.mkdir(parents=True, exist_ok=True)
+    wants.symlink_to("/etc/systemd/system/pdkit-nspawn-net.service")
+    write(root / "etc/systemd/system/ssh.service.d/pdkit-nspawn-net.conf",
+          "# sshd listens on the address pdkit-nspawn-net.service gives host0\n[Unit]\nWants=pdkit-nspawn-net.service\nAfter=pdkit-nspawn-net.service\n")
+
+
+def host_side_routed(root: Path, machine: str, iface: ipaddress.IPv4Interface, proc: subprocess.Popen) -> None:
+    """Routed mode: the machine's end of nspawn's veth holds the gateway's /32 and a route to the container."""
+    veth = host_veth(machine, "routed")
+    deadline = time.monotonic() + 30
+    while ip_cmd(root, "link", "show", "dev", veth, check=False).returncode != 0:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise Fail(f"nspawn made no {veth} (exited: {proc.poll()})")
+        time.sleep(0.05)
+    ip_cmd(root, "addr", "replace", f"{gateway_of(iface).ip}/32", "dev", veth)
+    ip_cmd(root, "link", "set", "dev", veth, "up")
+    ip_cmd(root, "route", "replace", f"{iface.ip}/32", "dev", veth)
+    Path("/proc/sys/net/ipv4/ip_forward").write_text("1\n")
+
+
+def unlink_netns(root: Path, rt: dict) -> None:
+    """The netns (and with it the veth) when `up` made it; the bridge once no veth is on it."""
+    netns = rt.get("netns")
+    if netns and rt.get("netns_created") and Path(f"/run/netns/{netns}").exists():
+        ip_cmd(root, "netns", "delete", netns, check=False)
+    if rt.get("link") == "bridge":
+        r = ip_cmd(root, "-j", "link", "show", "master", BRIDGE, check=False)
+        if r.returncode == 0 and not json.loads(r.stdout or "[]"):
+            ip_cmd(root, "link", "delete", "dev", BRIDGE, check=False)
+
+
 # ----------------------------------------------------------------------------- ssh
 
 
@@ -595,14 +713,15 @@ class Host:
         self.root, self.rt = root, rt
 
     def argv(self, command: str, timeout: int = 5) -> list[str]:
-        return [*rootfs_cmd(self.root, "usr/bin/ssh"), "-F", "/dev/null", "-i", str(state_file("id_ed25519")),
+        return [*rootfs_cmd(self.root, "usr/bin/ssh"), "-F", "/dev/null", "-i", str(client_key()),
                 "-p", str(self.rt["ssh_port"]), "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
-                "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={state_file('known_hosts')}",
+                "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={STATE / self.rt['machine'] / 'known_hosts'}",
                 "-o", "GlobalKnownHostsFile=/dev/null", "-o", "UpdateHostKeys=no", "-o", f"ConnectTimeout={timeout}",
                 "-o", "LogLevel=ERROR", f"root@{self.rt['ssh_address']}", "--", command]
 
     def run(self, command: str, timeout: float = 60, input: str | None = None) -> subprocess.CompletedProcess:
-        netns = self.rt.get("netns")
+        # a container on its own address is reached from here; one in a bare netns only from inside it
+        netns = None if self.rt.get("address") else self.rt.get("netns")
         try:
             return subprocess.run(self.argv(command), capture_output=True, text=True, timeout=timeout, input=input,
                                   stdin=None if input is not None else subprocess.DEVNULL,
@@ -628,7 +747,12 @@ def cmd_up(args: argparse.Namespace) -> int:
         cmd_unpack(args)
     timings = read_json(state_file("timings.json"))
     t_setup = time.monotonic()
-    personalise(root, args.machine, SSH_ADDRESS, args.ssh_port)
+    address = ipaddress.IPv4Interface(args.address) if args.address else None
+    if address is not None and address.network.prefixlen == 32:
+        raise Fail(f"--address {args.address}: give the network too, e.g. 10.214.0.2/24")
+    ssh_address = str(address.ip) if address else SSH_ADDRESS
+    ssh_port = args.ssh_port or (22 if address else SSH_PORT)
+    personalise(root, args.machine, ssh_address, ssh_port)
     binds: list[str] = []
     notes: list[str] = []
     have_gpu = bool(glob.glob("/dev/nvidia[0-9]*"))
@@ -653,11 +777,23 @@ def cmd_up(args: argparse.Namespace) -> int:
     for n in notes:
         log(n)
     # the container's own network namespace, for a rehearsal beside other listeners
+    if address and args.netns:
+        raise Fail("--address gives the container a network of its own: leave out --netns")
     netns = args.netns
     made_netns = bool(netns) and not Path(f"/run/netns/{netns}").exists()
     if made_netns:
-        run_checked([*rootfs_cmd(root, "usr/sbin/ip"), "netns", "add", netns])
-        run_checked([*rootfs_cmd(root, "usr/sbin/ip"), "-n", netns, "link", "set", "lo", "up"])
+        ip_cmd(root, "netns", "add", netns)
+        ip_cmd(root, "-n", netns, "link", "set", "lo", "up")
+    net_flags: list[str] = []
+    link = None
+    if address:
+        net_flags, link = network_flags(root, address, args.link)
+        guest_network(root, address, link)
+        log(f"network: {address} on {GUEST_IFACE} ({link}: {host_veth(args.machine, link)} on the machine, at {gateway_of(address).ip})")
+    else:
+        for stale in ("etc/systemd/system/pdkit-nspawn-net.service", "etc/systemd/system/multi-user.target.wants/pdkit-nspawn-net.service",
+                      "etc/systemd/system/ssh.service.d/pdkit-nspawn-net.conf"):
+            (root / stale).unlink(missing_ok=True)
     inotify_warning()
     cgroups = make_cgroups(f"pdkit-nspawn-{args.machine}")
     argv = [
@@ -667,7 +803,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         "--register=no", "--keep-unit", "--settings=no",
         "--resolv-conf=off", "--timezone=off", "--link-journal=no", "--console=read-only",
         f"--capability={CAPABILITIES}", "--rlimit=RLIMIT_MEMLOCK=infinity",
-        *([f"--network-namespace-path=/run/netns/{netns}"] if netns else []),
+        *([f"--network-namespace-path=/run/netns/{netns}"] if netns else []), *net_flags,
         *binds,
     ]
     procs = " ".join(shlex.quote(str(c / "cgroup.procs")) for c in cgroups)
@@ -678,11 +814,13 @@ def cmd_up(args: argparse.Namespace) -> int:
     with open(console, "w") as out:
         proc = subprocess.Popen(["sh", "-c", f'for f in {procs}; do echo $$ > "$f"; done; exec "$@"', "sh", *argv],
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    if link == "routed":
+        host_side_routed(root, args.machine, address, proc)
     timings["setup_s"] = round(time.monotonic() - t_setup, 1)
     t_boot = time.monotonic()
     rt = {"machine": args.machine, "pid": proc.pid, "start": proc_start(proc.pid), "root": str(root), "netns": netns,
-          "netns_created": made_netns, "cgroups": [str(c) for c in cgroups], "ssh_address": SSH_ADDRESS,
-          "ssh_port": args.ssh_port, "argv": argv, "gpu": bool(binds and have_gpu)}
+          "netns_created": made_netns, "cgroups": [str(c) for c in cgroups], "ssh_address": ssh_address,
+          "ssh_port": ssh_port, "link": link, "address": str(address.ip) if address else None, "argv": argv, "gpu": bool(binds and have_gpu)}
     write_json(state_file("runtime.json"), rt)
     host = Host(root, rt)
     state = wait_ready(host, proc, console, t_boot)
@@ -697,13 +835,13 @@ def cmd_up(args: argparse.Namespace) -> int:
     if info is not None:
         fix_libraries(host, root, info)
     write_json(state_file("host.json"), {
-        "machine": args.machine, "ssh_hostname": SSH_ADDRESS, "ssh_port": args.ssh_port, "ssh_user": "root",
-        "ssh_key": str(state_file("id_ed25519")), "ssh_known_hosts_file": str(state_file("known_hosts")),
+        "machine": args.machine, "ssh_hostname": ssh_address, "ssh_port": ssh_port, "ssh_user": "root", "address": rt["address"],
+        "ssh_key": str(client_key()), "ssh_known_hosts_file": str(state_file("known_hosts")),
         "engine_venv": ENGINE_ENV if info is not None else None, "gpu": rt["gpu"], "netns": netns})
     write_json(state_file("timings.json"), timings)
     if not args.no_probe:
         probe(host, rt, info is not None)
-    log(f"up: {json.dumps(timings)}; ssh -i {state_file('id_ed25519')} -o UserKnownHostsFile={state_file('known_hosts')} -p {args.ssh_port} root@{SSH_ADDRESS}")
+    log(f"up: {json.dumps(timings)}; ssh -i {client_key()} -o UserKnownHostsFile={state_file('known_hosts')} -p {rt['ssh_port']} root@{rt['ssh_address']}")
     return 0
 
 
@@ -964,6 +1102,81 @@ def cmd_probe(args: argparse.Namespace) -> int:
     return 0
 
 
+
+# ----------------------------------------------------------------------------- xfer-probe
+
+
+XFER_PROBE = REPO / "gpu" / "nspawn" / "xfer_probe.py"
+XFER_IN_TREE = "/var/lib/pdkit-nspawn-xfer_probe.py"
+XFER_MARK = "PDKIT-XFER "
+# what to try, in order: CUDA IPC between the containers (one GPU, but another PID and IPC
+# namespace: unproven), then TCP with CUDA copies staged through host memory (slower, works wherever
+# the containers reach each other)
+XFER_TLS = ("cuda_ipc,cuda_copy,tcp,self", "tcp,cuda_copy,self")
+
+
+def machine_host(machine: str) -> Host:
+    rt = read_json(STATE / machine / "runtime.json")
+    if not alive(rt.get("pid"), rt.get("start")):
+        raise Fail(f"{machine} is not running (host.py --machine {machine} up)")
+    return Host(Path(rt["root"]), rt)
+
+
+def one_xfer(src: Host, dst: Host, env: str, python: str, dram: bool) -> dict:
+    """DST's target, then SRC's initiator WRITEs into it; both verdicts."""
+    flag = " --dram" if dram else ""
+    target = subprocess.Popen(dst.argv(f"{env} timeout 120 {python} {XFER_IN_TREE} target{flag}", timeout=10),
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        offer = next((line for line in target.stdout if line.startswith(XFER_MARK)), None)  # type: ignore[union-attr]
+        if offer is None:
+            _, err = target.communicate(timeout=30)
+            return {"ok": False, "why": f"target on {dst.rt['machine']} gave no descriptor: {err.strip()[-600:]}"}
+        r = src.run(f"{env} timeout 90 {python} {XFER_IN_TREE} initiator{flag}", timeout=120, input=offer)
+        verdict = next((json.loads(l[len(XFER_MARK):]) for l in r.stdout.splitlines() if l.startswith(XFER_MARK)), None)
+        out, _ = target.communicate("done\n", timeout=60)
+        landed = next((json.loads(l[len(XFER_MARK):]) for l in out.splitlines() if l.startswith(XFER_MARK)), {})
+        ok = bool(verdict and verdict.get("state") == "DONE" and landed.get("target_ok"))
+        res = {"ok": ok, "initiator": verdict, "target_ok": landed.get("target_ok")}
+        if not ok:
+            res["why"] = (r.stderr or r.stdout).strip()[-800:]
+        return res
+    finally:
+        if target.poll() is None:
+            target.kill()
+
+
+def cmd_xfer_probe(args: argparse.Namespace) -> int:
+    """A NIXL WRITE each way between this machine and --peer, per UCX_TLS candidate; the first that
+    works both ways goes to STATE/ucx_tls.json (inventories/h200-nspawn-pair.py reads it)."""
+    hosts = [machine_host(args.machine), machine_host(args.peer)]
+    for h in hosts:
+        write(h.root / XFER_IN_TREE.lstrip("/"), XFER_PROBE.read_text(), 0o644)
+    python = args.python or f"{ENGINE_ENV}/bin/python"
+    results, chosen = [], None
+    for tls in args.tls or XFER_TLS:
+        env = f"UCX_TLS={shlex.quote(tls)} UCX_NET_DEVICES={GUEST_IFACE}"
+        ok = True
+        for src, dst in (hosts, hosts[::-1]):
+            t = time.monotonic()
+            res = one_xfer(src, dst, env, python, args.dram)
+            res.update(tls=tls, src=src.rt["machine"], dst=dst.rt["machine"], seconds=round(time.monotonic() - t, 1))
+            results.append(res)
+            log(f"xfer {res['src']} -> {res['dst']} UCX_TLS={tls}: {'ok' if res['ok'] else 'FAILED'} "
+                f"{json.dumps(res.get('initiator'))} {res.get('why', '')[-300:]}")
+            if not res["ok"]:
+                ok = False
+                break
+        if ok:
+            chosen = tls
+            break
+    write_json(STATE / "ucx_tls.json", {"chosen": chosen, "results": results, "machines": [h.rt["machine"] for h in hosts]})
+    if chosen is None:
+        log("xfer-probe: no UCX_TLS candidate moved memory between the two machines")
+        return 1
+    log(f"xfer-probe: UCX_TLS={chosen} (in {STATE / 'ucx_tls.json'})")
+    return 0
+
 # ----------------------------------------------------------------------------- status / down
 
 
@@ -1007,16 +1220,15 @@ def cmd_down(args: argparse.Namespace) -> int:
                 pass
         time.sleep(0.5 if left else 0)
         problems += remove_cgroup(Path(cg))
-    if rt.get("netns") and rt.get("netns_created") and Path(f"/run/netns/{rt['netns']}").exists():
-        root = Path(rt["root"])
-        subprocess.run([*rootfs_cmd(root, "usr/sbin/ip"), "netns", "delete", rt["netns"]], check=False)
+    if rt.get("root"):
+        unlink_netns(Path(rt["root"]), rt)
     for d in ("propagate", "unix-export"):  # nspawn leaves them where /run is not a tmpfs
         remove_tree(Path("/run/systemd/nspawn") / d / (rt.get("machine") or args.machine))
     for p in ("runtime.json", "host.json"):
         state_file(p).unlink(missing_ok=True)
     if args.purge:
         remove_tree(machine_root(args.machine))
-        remove_tree(STATE)
+        remove_tree(machine_state())
     root = machine_root(args.machine)
     left = mounts_under(root) if root.exists() else []
     problems += [f"mount {m}" for m in left]
@@ -1046,18 +1258,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--image-python", help="the Python the engines run on (default on a GPU machine: python3)")
     p.add_argument("--model-dir", help="where the model goes inside (default: inventories/h200.py's MODEL_DIR)")
     p.add_argument("--no-gpu", action="store_true", help="bind nothing NVIDIA (a rehearsal without a GPU)")
-    p.add_argument("--ssh-port", type=int, default=SSH_PORT)
+    p.add_argument("--ssh-port", type=int, help=f"sshd's port (default: 22 with --address, else {SSH_PORT})")
     p.add_argument("--netns", help="boot in this network namespace (made if missing) instead of the machine's")
+    p.add_argument("--address", help="the container's own address and network, e.g. 10.214.0.2/24: a netns of its "
+                   f"own (pdkn-MACHINE) with a veth on {BRIDGE}, which the machine holds the network's first address of; "
+                   "sshd and every service listen there (several container hosts on one machine)")
+    p.add_argument("--link", choices=("bridge", "routed"), default="bridge",
+                   help="how containers booted with --address reach each other: a bridge (default; routed where the "
+                   "kernel has no bridges) or routed through the machine's namespace")
     p.add_argument("--no-probe", action="store_true")
     sub.add_parser("probe", help="the checks `up` ends with, again")
+    p = sub.add_parser("xfer-probe", help="a NIXL WRITE each way between this machine and --peer, per UCX_TLS candidate")
+    p.add_argument("--peer", required=True, help="the other running machine")
+    p.add_argument("--tls", action="append", help=f"a UCX_TLS value to try (repeatable; default: {', '.join(XFER_TLS)})")
+    p.add_argument("--python", help=f"the Python with nixl inside the machines (default: {ENGINE_ENV}/bin/python)")
+    p.add_argument("--dram", action="store_true", help="host memory instead of the GPU's (a rehearsal without a GPU)")
     sub.add_parser("status")
     p = sub.add_parser("down")
     p.add_argument("--purge", action="store_true", help="also remove the tree and the state directory")
     args = ap.parse_args(argv)
+    CURRENT["machine"] = args.machine
     if os.geteuid() != 0:
         raise Fail("needs root")
     return {"unpack": cmd_unpack, "control-venv": cmd_control_venv, "up": cmd_up, "probe": cmd_probe,
-            "status": cmd_status, "down": cmd_down}[args.cmd](args)
+            "status": cmd_status, "down": cmd_down, "xfer-probe": cmd_xfer_probe}[args.cmd](args)
 
 
 if __name__ == "__main__":
