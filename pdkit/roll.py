@@ -671,7 +671,7 @@ class Roller:
             breakers = self.circuit_states(router_host)
             for kind in sorted({w.worker_type for w in listed if w.url in mine}):
                 others = [w for w in listed if w.worker_type == kind and w.url not in mine]
-                usable = [w for w in others if w.healthy and w.status == "ready" and breakers.get(w.url, 0) != 1]
+                usable = [w for w in others if w.routable and breakers.get(w.url, 0) != 1]
                 if not usable:
                     state = ", ".join(f"{w.url} ({'circuit open' if breakers.get(w.url) == 1 else w.status or 'unhealthy'})" for w in others) or "none"
                     return f"taking {', '.join(hosts)} out of {client.base_url} would leave no usable {kind} worker (others: {state})"

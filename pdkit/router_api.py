@@ -4,6 +4,8 @@ What smg 1.13.0 really does (checked against the binary on loopback, see docs/ro
 
 - GET /workers -> {"workers": [{"id", "url", "worker_type": "prefill"|"decode"|"regular",
   "bootstrap_port", "is_healthy", "status": "ready"|"draining"|...}], "total", "stats"}.
+  sglang-router 0.3.2 (the router pdkit pairs with SGLang 0.5.17) answers the same without
+  "status", and DELETE takes the worker off the list at once (no draining entry).
 - DELETE /workers/{id} -> 202 "removal queued": the worker turns `draining` at once
   (is_healthy false, no new requests are routed to it; requests already on it finish), and
   disappears from the list after the router's drain settle time (~5 s by default).
@@ -37,7 +39,14 @@ class Worker:
     worker_type: str
     bootstrap_port: int | None
     healthy: bool
+    # smg 1.13.0: "ready", "draining", ...; sglang-router 0.3.2 lists no status ("") and drops a
+    # removed worker from the list at once
     status: str
+
+    @property
+    def routable(self) -> bool:
+        """The router may send this worker new requests: healthy and not draining."""
+        return self.healthy and self.status in ("ready", "")
 
 
 def parse_workers(body: str) -> list[Worker]:
@@ -140,7 +149,7 @@ class RouterClient:
             raise RouterError(f"DELETE {self.base_url}/workers/{worker.id} ({url}) answered {status or 'nothing'}: {body.strip()[:200]}")
         # the removal is queued: until it shows, the router may still pick this worker
         deadline = time.monotonic() + timeout
-        while (listed := self.find(url)) is not None and listed.status == "ready":
+        while (listed := self.find(url)) is not None and listed.routable:
             if time.monotonic() > deadline:
                 raise RouterError(f"{url} is still listed ready by {self.base_url} {timeout:.0f} s after its removal was accepted")
             time.sleep(0.05)
@@ -188,7 +197,7 @@ class RouterClient:
         while True:
             listed = {w.url: w for w in self.workers()}
             missing = sorted(u for u in wanted if u not in listed)
-            unhealthy = sorted(u for u in wanted if u in listed and not (listed[u].healthy and listed[u].status in ("ready", "")))
+            unhealthy = sorted(u for u in wanted if u in listed and not listed[u].routable)
             if not missing and not unhealthy:
                 return
             if time.monotonic() > deadline:

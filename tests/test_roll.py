@@ -209,6 +209,14 @@ def test_a_node_is_not_taken_out_when_no_other_worker_of_its_kind_could_serve(tm
     # a half-open circuit may take a trial request: usable
     roller.circuit_states = lambda _host: {"http://10.9.0.4:30000": 2.0}
     assert roller.others_can_serve(["gpu02"]) is None
+    # sglang-router 0.3.2 (SGLang 0.5.17's router) lists no status: its healthy workers serve
+    roller.circuit_states = lambda _host: {}
+    router.listed = [worker(f"10.9.0.{i}", p, k, status="") for i in (1, 2, 4) for p, k in ((30000, "prefill"), (30001, "decode"))]
+    assert roller.others_can_serve(["gpu02"]) is None
+    router.listed = [w if w.url != "http://10.9.0.1:30001" else worker("10.9.0.1", 30001, "decode", healthy=False, status="") for w in router.listed]
+    router.listed = [w for w in router.listed if w.url != "http://10.9.0.4:30001"]
+    why = roller.others_can_serve(["gpu02"])
+    assert why and "no usable decode worker (others: http://10.9.0.1:30001 (unhealthy))" in why
 
 
 def test_a_rolled_batch_runs_with_node_drained_and_a_plain_deploy_does_not(tmp_path, three_nodes):

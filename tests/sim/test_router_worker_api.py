@@ -80,3 +80,43 @@ def test_sync_router_moves_a_worker_and_returns_only_once_the_old_url_is_gone(pr
     assert f"took out {stack.decode_url}" in message and f"registered {moved_url}" in message, message
     status, body = RouterClient(stack.router_url).completion(MODEL, "after the move", max_tokens=2)
     assert status == 200, body
+
+
+def test_sglang_router_0_3_2_lists_no_status_and_removes_a_worker_at_once(procs):
+    """SGLang 0.5.17's router (sglang-router 0.3.2, the GPU tier's) answers /workers without
+    "status" and drops a removed worker from the list at once. pdkit once required status
+    "ready", so its drain gate found no usable worker behind 0.3.2 and refused every roll
+    (rehearsal of inventories/h200-nspawn-pair.py, docs/gpu.md)."""
+    import os
+    from pathlib import Path
+
+    from tests.conftest import require
+
+    from .support import completion_ok, free_ports, launch_sim, wait_ready, wait_until
+
+    home = Path(os.environ.get("PDKIT_CONTRACT_HOME", Path.home() / ".cache/pdkit/contract"))
+    python = home / "sglang-router-0.3.2" / "bin" / "python"
+    require(python.exists(), f"no sglang-router 0.3.2 contract env at {python} (make contract-env)")
+    prefill_port, bootstrap_port, decode_port, other_port, port, metrics_port = free_ports(6)
+    engines = [(launch_sim(procs, "prefill", "prefill", prefill_port, bootstrap_port), prefill_port),
+               (launch_sim(procs, "decode", "decode", decode_port), decode_port),
+               (launch_sim(procs, "decode2", "decode", other_port), other_port)]
+    for proc, p in engines:
+        wait_ready(procs, proc, p)
+    procs.start("router", [str(python), "-m", "sglang_router.launch_router", "--pd-disaggregation",
+                           "--prefill", f"http://127.0.0.1:{prefill_port}", str(bootstrap_port),
+                           "--decode", f"http://127.0.0.1:{decode_port}", "--decode", f"http://127.0.0.1:{other_port}",
+                           "--decode-policy", "round_robin", "--host", "127.0.0.1", "--port", str(port),
+                           "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port), "--log-level", "warn"])
+    client = RouterClient(f"http://127.0.0.1:{port}")
+    wait_until(lambda: len([w for w in client.workers() if w.healthy]) == 3, 60, "0.3.2 lists 3 healthy workers", interval=0.5)
+    listed = client.workers()
+    assert {w.status for w in listed} == {""}, listed  # the release really has no status field
+    assert all(w.routable for w in listed)
+    other = f"http://127.0.0.1:{other_port}"
+    removed = client.remove(other)
+    assert removed is not None and removed.worker_type == "decode"
+    assert client.find(other) is None  # gone at once: remove() returned only once it was not routable
+    client.add(other, "decode", timeout=30)
+    client.wait_healthy([other], timeout=30)
+    assert completion_ok(f"http://127.0.0.1:{port}")
