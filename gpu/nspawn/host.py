@@ -1177,6 +1177,17 @@ def cmd_xfer_probe(args: argparse.Namespace) -> int:
     log(f"xfer-probe: UCX_TLS={chosen} (in {STATE / 'ucx_tls.json'})")
     return 0
 
+
+def cmd_exec(args: argparse.Namespace) -> int:
+    """A shell command on the machine over its SSH (the lent machine has no ssh client of its own)."""
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        raise Fail("exec: give a command, e.g. host.py --machine pdkit-b exec -- sha256sum /etc/systemd/system/pdkit-*.service")
+    r = machine_host(args.machine).run(" ".join(command), timeout=args.timeout)
+    sys.stdout.write(r.stdout)
+    sys.stderr.write(r.stderr)
+    return r.returncode
+
 # ----------------------------------------------------------------------------- status / down
 
 
@@ -1273,6 +1284,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tls", action="append", help=f"a UCX_TLS value to try (repeatable; default: {', '.join(XFER_TLS)})")
     p.add_argument("--python", help=f"the Python with nixl inside the machines (default: {ENGINE_ENV}/bin/python)")
     p.add_argument("--dram", action="store_true", help="host memory instead of the GPU's (a rehearsal without a GPU)")
+    p = sub.add_parser("exec", help="run a shell command on the machine over SSH: exec -- CMD...")
+    p.add_argument("--timeout", type=float, default=120)
+    p.add_argument("command", nargs=argparse.REMAINDER)
     sub.add_parser("status")
     p = sub.add_parser("down")
     p.add_argument("--purge", action="store_true", help="also remove the tree and the state directory")
@@ -1281,7 +1295,8 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         raise Fail("needs root")
     return {"unpack": cmd_unpack, "control-venv": cmd_control_venv, "up": cmd_up, "probe": cmd_probe,
-            "status": cmd_status, "down": cmd_down, "xfer-probe": cmd_xfer_probe}[args.cmd](args)
+            "status": cmd_status, "down": cmd_down, "xfer-probe": cmd_xfer_probe,
+            "exec": cmd_exec}[args.cmd](args)
 
 
 if __name__ == "__main__":
