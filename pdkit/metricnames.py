@@ -73,6 +73,11 @@ EXPORTER = {
     "log_gen_throughput": "pdkit_decode_batch_gen_throughput_tokens_per_second",
     "log_running": "pdkit_decode_batch_running_requests",
 }
+# pdkit-exporter, an engine spanning nodes: 1 while the unit of the rank this node runs has a running
+# process, per rank (labels node, engine, role and rank, nnodes, head: rank 0's host). Read by the
+# PdkitEngineRankDown alert and doctor's rank_process check; not in EXPORTER (the families the tuning
+# dashboard draws for every engine).
+EXPORTER_RANK_UP = "pdkit_engine_rank_up"
 
 NODE = {
     "cpu": "node_cpu_seconds_total",

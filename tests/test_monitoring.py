@@ -7,6 +7,7 @@ The promtool tests run Debian's `promtool` (package `prometheus`, installed by
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import os
 import re
@@ -47,9 +48,15 @@ def cluster_spec():
     return _load_example("cluster")
 
 
-@pytest.fixture(params=["lab", "cluster"])
-def example(request, lab_spec, cluster_spec):
-    return {"lab": lab_spec, "cluster": cluster_spec}[request.param]
+@pytest.fixture(scope="module")
+def multinode_spec():
+    return _load_example("multinode")
+
+
+# multinode: a decode spanning two nodes (the rank alert)
+@pytest.fixture(params=["lab", "cluster", "multinode"])
+def example(request, lab_spec, cluster_spec, multinode_spec):
+    return {"lab": lab_spec, "cluster": cluster_spec, "multinode": multinode_spec}[request.param]
 
 
 def _spec(tmp_path, cluster, hosts):
@@ -596,7 +603,8 @@ def test_a_0523_cluster_keeps_the_engine_counters(example):
 
 def test_the_docs_alert_table_is_generated_from_the_alerts():
     """docs/monitoring.md carries exactly the table pdkit.monitoring.alerttable writes, and it names every
-    alert the rules can declare (ALERT_NAMES, which the example cluster declares in full)."""
+    alert the rules can declare (ALERT_NAMES: the example cluster declares all but the spanning engine's
+    own, which the multinode example adds)."""
     from pdkit.monitoring import alerttable
 
     doc = (REPO / "docs" / "monitoring.md").read_text()
@@ -604,14 +612,119 @@ def test_the_docs_alert_table_is_generated_from_the_alerts():
     assert table in doc, "docs/monitoring.md's alert table is stale: python -m pdkit.monitoring.alerttable --write docs/monitoring.md"
     for name in mon.ALERT_NAMES:
         assert f"| `{name}` |" in table, name
-    assert [a.name for a in mon.alerts(_load_example("cluster"))] == list(mon.ALERT_NAMES)
+    cluster = [a.name for a in mon.alerts(_load_example("cluster"))]
+    multinode = [a.name for a in mon.alerts(_load_example("multinode"))]
+    assert cluster == [n for n in mon.ALERT_NAMES if n != "PdkitEngineRankDown"]
+    assert multinode == list(mon.ALERT_NAMES)
 
 
 def test_the_alert_table_check_can_fail():
     from pdkit.monitoring import alerttable
 
-    lab = _load_example("lab")
-    assert "PdkitEngineWedged" in alerttable.markdown(lab)
+    lab, multinode = _load_example("lab"), _load_example("multinode")
+    assert "PdkitEngineWedged" in alerttable.markdown(lab, multinode)
     a6000 = _load_example("a6000")  # no PD pair: no failure alerts, so not the whole table
     with pytest.raises(ValueError, match="PdkitKvTransferFailures"):
         alerttable.markdown(a6000)
+    # no engine spanning nodes: no rank alert, so not the whole table either
+    with pytest.raises(ValueError, match="PdkitEngineRankDown"):
+        alerttable.markdown(_load_example("cluster"))
+
+
+# ---------------------------------------------------------------------------
+# A rank of an engine spanning nodes down (pdkit-exporter's pdkit_engine_rank_up)
+
+
+def _spanning(base, nodes=("gpu01", "gpu02", "gpu03")):
+    """gpu01's decode spans NODES (2 GPUs each, TP = 2 x nodes); gpu03 is a copy of gpu02; the nodes
+    after the first run no engine of their own."""
+    cluster, hosts = base
+    hosts["gpu03"] = copy.deepcopy(hosts["gpu02"])
+    hosts["gpu03"]["ssh_hostname"] = "10.9.0.4"
+    for name in nodes[1:]:
+        hosts[name]["pdkit_node"]["engines"] = []
+    hosts["gpu01"]["pdkit_node"]["engines"][1].update(nodes=list(nodes), dist_init_port=25000, tp=2 * len(nodes))
+    for name in nodes:
+        hosts[name]["pdkit_node"].update(nic="eth0", nccl_net="socket", ucx_net_devices="eth0")
+    return cluster, hosts
+
+
+def _rank_down(spec):
+    return next((a for a in mon.alerts(spec) if a.name == "PdkitEngineRankDown"), None)
+
+
+def test_rank_down_alert_only_for_an_engine_spanning_nodes(base, tmp_path, cluster_spec, lab_spec):
+    assert _rank_down(_spec(tmp_path, *copy.deepcopy(base))) is None
+    assert _rank_down(cluster_spec) is None and _rank_down(lab_spec) is None
+    spec = _spec(tmp_path, *_spanning(base))
+    alert = _rank_down(spec)
+    assert alert is not None and alert.severity == "critical" and alert.for_ == mon.ENGINE_DOWN_FOR
+    assert 'pdkit_engine_rank_up{rank!="0"}' in alert.expr and alert.expr.endswith("== 0")
+    # every rank above 0, on its own node, named by its engine and rank 0's host; rank 0 is the decoy
+    assert [(s["node"], s["engine"], s["rank"], s["nnodes"], s["head"]) for s in alert.subjects] == [
+        ("gpu02", "decode", "1", "3", "gpu01"), ("gpu03", "decode", "2", "3", "gpu01")]
+    assert [(s["node"], s["rank"]) for s in alert.decoys] == [("gpu01", "0")]
+    rule = next(r for r in yaml.safe_load(mon.alert_rules(spec))["groups"][0]["rules"]
+                if r["alert"] == "PdkitEngineRankDown")
+    assert rule["labels"] == {"severity": "critical"} and rule["for"] == "2m"
+    summary, description = rule["annotations"]["summary"], rule["annotations"]["description"]
+    for label in ("engine", "rank", "node"):
+        assert f"{{{{ $labels.{label} }}}}" in summary, label
+    assert "Rank 0 cannot serve without it" in description and "systemd restarts" in description
+    assert "journalctl -u pdkit-engine-{{ $labels.engine }}" in description and "What to do" in description
+    # a rank's node outside scrape_hosts has no exporter series to read: no subject there
+    hosts = _spanning(base)[1]
+    hosts["mon01"]["pdkit_monitoring"] = {"scrape_hosts": ["gpu01", "gpu02", "mon01"]}
+    limited = _rank_down(_spec(tmp_path, base[0], hosts))
+    assert [s["node"] for s in limited.subjects] == ["gpu02"]
+
+
+def test_rank_down_promtool_cases_pass_and_can_fail(base, tmp_path):
+    """promtool runs the rank alert's generated cases (every rank down at once, one alone, all healthy
+    with a one-scrape restart and rank 0 down as the decoy), and each of them can fail: a healthy firing
+    case, a quiet case that expects an alert, the quiet case with a rank really down, and the rule
+    without its rank 0 exclusion."""
+    spec = _spec(tmp_path, *_spanning(base))
+    d = _write_monitoring_dir(spec, tmp_path / "mon")
+    res = _promtool("test", "rules", "rules/pdkit.test.yml", cwd=d)
+    assert res.returncode == 0, res.stdout + res.stderr
+    doc = yaml.safe_load(mon.rule_tests(spec))
+    mine = [t for t in doc["tests"] if t["alert_rule_test"][0]["alertname"] == "PdkitEngineRankDown"]
+    assert [t["name"] for t in mine] == [
+        "PdkitEngineRankDown fires for every subject at once",
+        "PdkitEngineRankDown fires for gpu02/decode rank 1 alone",
+        "PdkitEngineRankDown stays quiet while every subject is healthy (and ignores rank 0, which PdkitEngineDown "
+        "covers)"]
+    every, alone, quiet = mine
+    assert [e["exp_labels"]["rank"] for e in every["alert_rule_test"][0]["exp_alerts"]] == ["1", "2"]
+    assert {e["exp_labels"]["node"] for e in alone["alert_rule_test"][0]["exp_alerts"]} == {"gpu02"}
+    assert quiet["alert_rule_test"][0]["exp_alerts"] == []
+
+    def run(tests, rules=None):
+        sub = tmp_path / f"case{next(_cases)}"
+        (sub / "rules").mkdir(parents=True)
+        (sub / mon.RULES_RELATIVE_PATH).write_text(rules if rules is not None else mon.alert_rules(spec))
+        (sub / "rules" / "t.yml").write_text(mon.to_yaml({**doc, "tests": tests}))
+        return _promtool("test", "rules", "rules/t.yml", cwd=sub)
+
+    assert run(mine).returncode == 0
+    # the firing case fires for real: with the rank healthy the expected alert is missing
+    healthy = copy.deepcopy(alone)
+    for s in healthy["input_series"]:
+        s["values"] = "1x25"
+    assert run([healthy]).returncode != 0
+    # the quiet case is quiet for real: expecting rank 1's alert there fails
+    expecting = copy.deepcopy(quiet)
+    expecting["alert_rule_test"][0]["exp_alerts"] = copy.deepcopy(alone["alert_rule_test"][0]["exp_alerts"])
+    assert run([expecting]).returncode != 0
+    # ... and a rank above 0 down for good in it fires
+    down = copy.deepcopy(quiet)
+    down["input_series"][0]["values"] = "1x3 0x20"
+    assert run([down]).returncode != 0
+    # the decoy holds the rule to ranks above 0: without `rank!="0"` rank 0's series fires in the quiet case
+    rules = mon.alert_rules(spec)
+    assert rules.count('pdkit_engine_rank_up{rank!="0"}') == 1
+    assert run([quiet], rules.replace('pdkit_engine_rank_up{rank!="0"}', "pdkit_engine_rank_up")).returncode != 0
+
+
+_cases = itertools.count()

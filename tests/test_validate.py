@@ -9,7 +9,7 @@ import pytest
 
 from pdkit.cli import main
 from pdkit.loader import load_with_problems
-from tests.conftest import REPO, write_inventory
+from tests.conftest import BASE_CLUSTER, BASE_HOSTS, REPO, write_inventory
 
 
 def _engine(hosts, host, i):
@@ -354,6 +354,40 @@ def test_every_problem_is_listed_not_just_the_first(base, tmp_path, capsys):
     assert "gpu02: pdkit_node.engines[1].role" in err
     assert "mon01: pdkit_monitoring.grafana_port" in err
     assert "3 error(s)" in err
+
+
+def test_validate_prints_one_line_per_problem_and_the_summary_on_its_own(base, tmp_path, capsys):
+    """The summary line and each problem end with a newline: no problem runs into the summary or into
+    the next problem (an invalid inventory, on stderr; a valid one with warnings, on stdout)."""
+    cluster, hosts = base
+    _engine(hosts, "gpu01", 0).update(port=70000)
+    _engine(hosts, "gpu02", 1).update(role="both")
+    inv = write_inventory(tmp_path, hosts, cluster)
+    assert main(["validate", str(inv)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    err = captured.err
+    assert err.endswith("\n") and "\n\n" not in err
+    lines = err.splitlines()
+    assert lines[0] == f"{inv}: 2 error(s); nothing was contacted."
+    assert len(lines) == 3, err
+    assert lines[1].startswith("  error   gpu01: pdkit_node.engines[0].port: ") and "70000" in lines[1]
+    assert lines[2].startswith("  error   gpu02: pdkit_node.engines[1].role: ")
+    for line in lines[1:]:
+        assert str(inv) not in line and line.count(" error   ") == 1, line
+
+    # valid, with warnings: the summary's last line, then one line per warning
+    cluster, hosts = copy.deepcopy(BASE_CLUSTER), copy.deepcopy(BASE_HOSTS)
+    cluster["tuning"]["decode"].update(max_running_requests=24, cuda_graph_max_bs=32)
+    inv = write_inventory(tmp_path, hosts, cluster)
+    assert main(["validate", str(inv)]) == 0
+    out = capsys.readouterr().out
+    assert out.endswith("\n")
+    lines = out.splitlines()
+    warned = [i for i, line in enumerate(lines) if line.startswith("warning ")]
+    assert len(warned) == 2 and warned == list(range(len(lines) - 2, len(lines))), out
+    assert lines[warned[0] - 1].startswith("OK: ") and lines[warned[0] - 1].endswith("no host was contacted.")
+    assert all(line.count("warning ") == 1 for line in lines[-2:]), out
 
 
 def test_graph_max_bs_above_max_running_is_a_warning_not_an_error(base, tmp_path, capsys):

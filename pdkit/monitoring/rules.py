@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from pdkit import flags
-from pdkit.metricnames import EXPORTER, ROUTER, SGLANG
+from pdkit.metricnames import EXPORTER, EXPORTER_RANK_UP, ROUTER, SGLANG
 from pdkit.monitoring.common import (
     ENGINE_BY, EXPORTER_BY, JOB_DCGM, JOB_ENGINE, JOB_EXPORTER, JOB_NODE, JOB_PROMETHEUS, JOB_ROUTER, QUEUES,
     QUEUE_ROLES, WORKER_BY, _alt, _by, _fmt, _monitoring, _num, _pick, _seconds, _series, _window, engine_instance,
@@ -23,6 +23,10 @@ from pdkit.spec import ClusterSpec, Monitoring
 
 
 ENGINE_DOWN_FOR = "2m"  # a real SGLang restart takes ~60-106 s: a 1m window would fire on every roll
+# a rank's process is gone only between a stop and the next start: systemd restarts a crashed rank after
+# 5 s (RestartSec), a deploy stops every rank of the engine together (up to TimeoutStopSec=60 s each);
+# the same window as a whole engine's so that a roll never pages
+RANK_DOWN_FOR = ENGINE_DOWN_FOR
 ROUTER_DOWN_FOR = "1m"
 TARGET_DOWN_FOR = "5m"
 WORKER_UNHEALTHY_FOR = "1m"
@@ -64,6 +68,8 @@ class Alert:
     extra_tests: Callable[[tuple[dict[str, str], ...]], list[dict]] | None = field(default=None, compare=False)
     # one line for docs/monitoring.md's alert table (pdkit.monitoring.alerttable): when it fires
     fires_when: str = ""
+    # what the decoys are, for the name of the quiet test
+    decoys_are: str = "the prefill side"
 
 
 def graph_expected_instances(spec: ClusterSpec) -> list[str]:
@@ -209,6 +215,58 @@ def _engine_down(c: _Context) -> list[Alert]:
         eval_time="10m",
         fires_when=f"`up{{job=\"{JOB_ENGINE}\"}} == 0`",
     ))
+    return out
+
+
+# a rank above 0 of an engine spanning nodes down (pdkit-exporter on the rank's node: its unit has no
+# running process). Such a rank serves no HTTP, so PdkitEngineDown cannot see it; rank 0 is PdkitEngineDown's
+# (its process gone, its /metrics is too): rank 0's series are the decoys.
+RANK_BY = (*EXPORTER_BY, "rank", "nnodes", "head")
+
+
+@_declares("PdkitEngineRankDown")
+def _engine_rank_down(c: _Context) -> list[Alert]:
+    spec = c.spec
+    out: list[Alert] = []
+    scraped = {h.name for h in scraped_hosts(spec)}
+    ranks = []
+    for head, e in spec.engines():
+        if not e.spans_nodes:
+            continue
+        for rank, node in enumerate(spec.engine_hosts(head, e)):
+            if node.name in scraped:
+                ranks.append({"job": JOB_EXPORTER, "cluster": spec.cluster.name, "instance": node.name,
+                              "node": node.name, "engine": e.name, "role": e.role, "rank": str(rank),
+                              "nnodes": str(e.nnodes), "head": head.name})
+    if ranks:
+        up = f'{EXPORTER_RANK_UP}{{rank!="0"}}'
+        out.append(Alert(
+            name="PdkitEngineRankDown",
+            expr=f"min by ({_by(RANK_BY)}) ({up}) == 0",
+            value=f"min by ({_by(RANK_BY)}) ({up})",
+            for_=RANK_DOWN_FOR, severity="critical",
+            summary="Rank {{ $labels.rank }} of engine {{ $labels.engine }} on {{ $labels.node }} is down",
+            description=(
+                "pdkit-exporter on {{ $labels.node }} finds no running process of rank {{ $labels.rank }} "
+                "(of {{ $labels.nnodes }}) of engine {{ $labels.engine }} ({{ $labels.role }}, rank 0 on "
+                f"{{{{ $labels.head }}}}) for {RANK_DOWN_FOR}. Rank 0 cannot serve without it: "
+                "{{ $labels.head }}/{{ $labels.engine }} stalls or exits like an NCCL timeout, and "
+                "PdkitEngineDown follows for it.\n"
+                "What to do: systemd restarts the unit on its own (Restart=on-failure), so a rank down this long "
+                "keeps failing or was stopped: on {{ $labels.node }} run `systemctl status "
+                "pdkit-engine-{{ $labels.engine }}` and `journalctl -u pdkit-engine-{{ $labels.engine }} -n 200` "
+                "(NCCL errors, CUDA out of memory, a rank that cannot reach rank 0's --dist-init-addr on "
+                "{{ $labels.head }}, a Python traceback); check `nvidia-smi` and `dmesg` for Xid errors. "
+                "Fix the cause, then re-run the deploy over every node of the engine (it restarts the ranks "
+                "together behind rank 0's health gate)."),
+            subjects=tuple(s for s in ranks if s["rank"] != "0"),
+            case=lambda s, bad: [(_series(EXPORTER_RANK_UP, s), "1x3 0x20" if bad else "1x3 0 1x19")],
+            exp_labels=lambda s: _pick(s, RANK_BY),
+            eval_time="10m",
+            decoys=tuple(s for s in ranks if s["rank"] == "0"),
+            decoys_are="rank 0, which PdkitEngineDown covers",
+            fires_when=f"`{EXPORTER_RANK_UP} == 0` for a rank above 0 of an engine spanning nodes",
+        ))
     return out
 
 
@@ -665,7 +723,7 @@ def rule_tests(spec: ClusterSpec, rules_file: str = "pdkit.yml", max_subjects: i
             tests.append(case_test(f"{a.name} fires for every subject at once", list(a.subjects), False))
         tests.append(case_test(f"{a.name} fires for {_subject_name(first)} alone", [first], False))
         tests.append(case_test(f"{a.name} stays quiet while every subject is healthy"
-                               + (" (and ignores the prefill side)" if a.decoys else ""), [], True))
+                               + (f" (and ignores {a.decoys_are})" if a.decoys else ""), [], True))
         if a.extra_tests is not None:
             for t in a.extra_tests(a.subjects):
                 for check in t["alert_rule_test"]:
@@ -678,6 +736,8 @@ def rule_tests(spec: ClusterSpec, rules_file: str = "pdkit.yml", max_subjects: i
 
 
 def _subject_name(s: dict[str, str]) -> str:
+    if "rank" in s:
+        return f"{s['node']}/{s['engine']} rank {s['rank']}"
     if "worker_instance" in s:
         return f"the router on {s['node']} and worker {s['worker_instance']}"
     if "queue" in s:
