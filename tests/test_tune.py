@@ -282,6 +282,19 @@ def test_report_ranks_lists_failures_and_draws_the_plot(tmp_path):
     assert (tmp_path / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_report_without_matplotlib_writes_the_table_and_says_the_plot_is_missing(tmp_path, monkeypatch, capsys):
+    """The GPU tier's control venv has no matplotlib: `pdkit tune` crashed there after its baseline."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    c = campaign(out_dir=str(tmp_path))
+    written = write_report(c, [rec("baseline", tok=100), rec("a", tok=150)], 64)
+    assert [p.name for p in written] == ["t.md"] and not (tmp_path / "t.png").exists()
+    assert "| 1 | a |" in (tmp_path / "t.md").read_text() and "![" not in (tmp_path / "t.md").read_text()
+    assert "no matplotlib here" in capsys.readouterr().err
+
+
 # ---------------------------------------------------------------- gates (pure parts)
 
 

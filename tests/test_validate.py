@@ -458,7 +458,7 @@ def test_missing_inventory_file(tmp_path, capsys):
     assert "no such inventory file" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("inventory", ["inventories/cluster.py", "inventories/a6000.py"])
+@pytest.mark.parametrize("inventory", ["inventories/cluster.py", "inventories/a6000.py", "inventories/h200-nspawn-pair.py", "inventories/nspawn-pair-rehearsal.py"])
 def test_example_inventories_validate_without_opening_a_connection(inventory, monkeypatch, capsys):
     def refuse(*args, **kwargs):
         raise AssertionError(f"validate opened a network connection: {args}")

@@ -76,7 +76,7 @@ sums() {  # sums HOST: sha256 of every file pdkit's plan lays down there (units,
 phase_up() {
     local i=2
     for m in pdkit-a pdkit-b; do
-        [ -x /var/lib/machines/$m/usr/bin/systemd-nspawn ] || step unpack-$m 120 $HOSTPY --machine $m unpack --artefacts "$STASH" gpu-payload-nspawn/cxx || return 1
+        [ -x /var/lib/machines/$m/usr/bin/systemd-nspawn ] || step unpack-$m 120 $HOSTPY --machine $m unpack --artefacts "$STASH" gpu-payload-nspawn/rootfs gpu-payload-nspawn/monitoring gpu-payload-nspawn/cxx || return 1
         step up-$m 180 $HOSTPY --machine $m up --address 10.214.0.$i/24 --no-probe "${UP_FLAGS[@]}" || { tail -30 "$OUT/up-$m.log"; return 1; }
         i=3
     done

@@ -534,7 +534,8 @@ def image_binds(root: Path, info: dict) -> tuple[list[str], list[str], list[str]
             continue
         done.append(src)
         twin = root / src.lstrip("/")
-        in_use = twin.is_file() or (twin.is_dir() and any(twin.iterdir()))
+        # an empty file is the mount point nspawn left from an earlier boot (a real binary is not empty)
+        in_use = (twin.is_file() and twin.stat().st_size > 0) or (twin.is_dir() and any(twin.iterdir()))
         if not in_use:
             flags.append(f"--bind-ro={src}")
             continue
@@ -649,6 +650,12 @@ def network_flags(root: Path, iface: ipaddress.IPv4Interface, mode: str) -> tupl
     kernel has no bridges, a veth routed through the machine's namespace. nspawn's own veth, not a
     named netns: only with a private network does nspawn mount the container's /sys from the
     container's namespace, and UCX finds its network devices there (/sys/class/net)."""
+    machine_id = Path("/etc/machine-id")
+    if not (machine_id.exists() and machine_id.read_text().strip()):
+        # nspawn derives the veth's MAC addresses from the machine id; the lent machine has none
+        # ("Failed to generate predictable MAC address for container side: No medium found")
+        write(machine_id, hashlib.sha256(os.urandom(32)).hexdigest()[:32] + "\n", 0o444)
+        log(f"{machine_id} was empty: wrote one (nspawn's veth MAC addresses derive from it)")
     if mode == "bridge" and not ensure_bridge(root, gateway_of(iface)):
         log("no bridge in this kernel: the containers' traffic is routed through the machine's namespace instead")
         mode = "routed"

@@ -56,8 +56,10 @@ def main(argv: list[str]) -> int:
     from nixl._api import nixl_agent, nixl_agent_config
 
     role, dram = argv[0], "--dram" in argv
-    agent = nixl_agent(f"pdkit-probe-{role}", nixl_agent_config(backends=["UCX"]))
+    # CUDA first, the agent second, as in an engine (torch long before SGLang's NIXL agent): on the
+    # H200 an agent made before CUDA was initialised failed to register VRAM (NIXL_ERR_BACKEND)
     keep, addr, dev, mem, check = buffers(dram, fill=role == "initiator")
+    agent = nixl_agent(f"pdkit-probe-{role}", nixl_agent_config(backends=["UCX"]))
     agent.register_memory([(addr, SIZE, dev, "")], mem)
     if role == "target":
         say({"meta": base64.b64encode(agent.get_agent_metadata()).decode(), "addr": addr, "len": SIZE, "dev": dev, "mem": mem})

@@ -6,6 +6,9 @@ finishes); the runner calls `write_report` after every record.
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -240,6 +243,10 @@ def write_report(campaign: Campaign, records: Sequence[dict[str, Any]], concurre
     p["markdown"].parent.mkdir(parents=True, exist_ok=True)
     plotted = bench_records_for_plot(records)
     written = []
+    if plotted and importlib.util.find_spec("matplotlib") is None:
+        # a control machine without matplotlib (the GPU tier's venv) still gets its records and table
+        print(f"pdkit tune: no matplotlib here: {p['plot']} not drawn (pip install matplotlib, then --resume redraws it)", file=sys.stderr)
+        plotted = []
     if plotted:
         from pdkit.bench import render_plot
 
