@@ -15,16 +15,42 @@ from weakref import WeakKeyDictionary
 
 from pyinfra.api import FactBase
 
+# Run on every host of every deploy, so kept cheap on the node's CPU (on the lab, the deploying
+# machine's): only the modules it needs, its two commands spawned directly, python3 -I -S (below).
+# Importing subprocess, pathlib and platform was a quarter of its CPU: 35 ms per host, 25 ms now
+# (Debian 12's python3; docs/benchmarks.md "No-op re-run: where the per-host time goes").
 _PROBE = r"""
-import grp, hashlib, json, os, pwd, pathlib, subprocess, sys
+import grp, hashlib, json, os, pwd, sys
 paths, units, user, venvs, packages, releases = json.loads(sys.argv[1])
+def run(argv):
+    # argv's stdout (its stderr dropped, its exit status ignored), as subprocess.run would give it
+    r, w = os.pipe()
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        pid = os.posix_spawnp(argv[0], argv, os.environ, file_actions=[(os.POSIX_SPAWN_DUP2, w, 1), (os.POSIX_SPAWN_DUP2, null, 2)])
+    finally:
+        os.close(w)
+        os.close(null)
+    chunks = []
+    while True:
+        chunk = os.read(r, 65536)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(r)
+    os.waitpid(pid, 0)
+    return b"".join(chunks).decode()
 def stat(p):
     try:
         st = os.stat(p)
     except OSError:
         return None
     kind = "dir" if os.path.isdir(p) else "file"
-    digest = hashlib.sha256(pathlib.Path(p).read_bytes()).hexdigest() if kind == "file" else None
+    if kind == "file":
+        with open(p, "rb") as f:
+            digest = hashlib.sha256(f.read()).hexdigest()
+    else:
+        digest = None
     try:
         owner, group = pwd.getpwuid(st.st_uid).pw_name, grp.getgrgid(st.st_gid).gr_name
     except KeyError:
@@ -34,7 +60,7 @@ def unit_states(names):
     # one systemctl call for every unit: blocks of key=value lines, one block per unit, in order
     if not names:
         return {}
-    out = subprocess.run(["systemctl", "show", "-p", "LoadState,ActiveState,UnitFileState", *names], capture_output=True, text=True).stdout
+    out = run(["systemctl", "show", "-p", "LoadState,ActiveState,UnitFileState", *names])
     blocks = [dict(l.split("=", 1) for l in b.splitlines() if "=" in l) for b in out.strip("\n").split("\n\n")]
     return {u: [v for v in (b.get("LoadState"), b.get("ActiveState"), b.get("UnitFileState")) if v] for u, b in zip(names, blocks)}
 def has_user(name):
@@ -50,7 +76,7 @@ def markers(v):
 def installed(pkgs):
     if not pkgs:
         return []
-    out = subprocess.run(["dpkg-query", "-W", "-f", "${Package} ${Status}\n", *pkgs], capture_output=True, text=True).stdout
+    out = run(["dpkg-query", "-W", "-f", "${Package} ${Status}\n", *pkgs])
     return sorted(line.split()[0] for line in out.splitlines() if line.endswith(" installed"))
 def release(d):
     # the release the node runs now (pdkit/releases.py): CURRENT names it, its meta.json holds the hash
@@ -61,12 +87,11 @@ def release(d):
         return {"id": cur, "hash": meta["hash"], "venvs": meta.get("venvs", {}), "files": sorted(meta.get("files", {})), "services": meta.get("services", {})}
     except (OSError, ValueError, KeyError, TypeError):
         return {}
-import platform
 rel = release(releases) if releases else {}
 # the current release's files and units are read too: the deploy removes the ones the plan dropped
 paths = sorted(set(paths) | set(rel.get("files", [])))
 units = list(units) + [u for u in sorted(rel.get("services", {})) if u not in units]
-print(json.dumps({"release": rel, "packages": installed(packages), "python": "%d.%d" % sys.version_info[:2], "glibc": os.confstr("CS_GNU_LIBC_VERSION") or "", "arch": platform.machine(), "paths": {p: stat(p) for p in paths}, "units": unit_states(units), "user": all(has_user(u) for u in (user if isinstance(user, list) else [user])), "users": {u: has_user(u) for u in (user if isinstance(user, list) else [user])}, "venvs": {v: markers(v) for v in venvs}}))
+print(json.dumps({"release": rel, "packages": installed(packages), "python": "%d.%d" % sys.version_info[:2], "glibc": os.confstr("CS_GNU_LIBC_VERSION") or "", "arch": os.uname().machine, "paths": {p: stat(p) for p in paths}, "units": unit_states(units), "user": all(has_user(u) for u in (user if isinstance(user, list) else [user])), "users": {u: has_user(u) for u in (user if isinstance(user, list) else [user])}, "venvs": {v: markers(v) for v in venvs}}))
 """
 
 
@@ -75,7 +100,8 @@ class PdkitHostState(FactBase):
     user, venvs' bundle markers, installed packages, and the release the node runs (pdkit/releases.py)."""
 
     def command(self, paths: tuple[str, ...], units: tuple[str, ...], user: str | list[str], venvs: tuple[str, ...], packages: tuple[str, ...] = (), releases: str = "") -> str:
-        return f"python3 -c {shlex.quote(_PROBE)} {shlex.quote(json.dumps([list(paths), list(units), user, list(venvs), list(packages), releases]))}"
+        # -I: no PYTHONPATH, user site or working directory on its path; -S: no site-packages
+        return f"python3 -I -S -c {shlex.quote(_PROBE)} {shlex.quote(json.dumps([list(paths), list(units), user, list(venvs), list(packages), releases]))}"
 
     def process(self, output):
         return json.loads("\n".join(output))
