@@ -2,9 +2,9 @@
 
 pyinfra gathers facts one command at a time and does not cache them; a per-file `files.put`
 costs two round trips per file. Reading every planned path's mode, owner and hash, the
-units' states, the service user and the Python version at once keeps a no-op run fast. The
-values read cannot change during the run except through pdkit's own operations, so deciding
-on them at prepare time is sound (pyinfra 3.10.0 runs every deploy file to completion, collecting operations, before it executes any: pyinfra_cli/main.py).
+units' states, the service user and the Python version at once keeps a no-op run fast; on a GPU
+node the preflight's facts come in the same round trip (WithHostState). The values read cannot
+change during the run except through pdkit's own operations, so deciding on them at prepare time is sound (pyinfra 3.10.0 runs every deploy file to completion, collecting operations, before it executes any: pyinfra_cli/main.py).
 """
 
 from __future__ import annotations
@@ -107,33 +107,92 @@ class PdkitHostState(FactBase):
         return json.loads("\n".join(output))
 
 
+# marks the end of one part of WithHostState's output: the part's exit status follows it
+_PART_END = "--- pdkit part exit status: "
+
+
+class WithHostState(FactBase):
+    """Another fact (FACT, read with KWARGS) and PdkitHostState (read with STATE) in one command,
+    one round trip instead of two: (FACT's value, the host state).
+
+    Each part is run and parsed as when read alone (its `default()` when it printed nothing). A
+    part whose command fails is None here, the other kept: the caller reads that part again
+    alone, so that it fails exactly as it would have (pyinfra's error, the host marked failed).
+    """
+
+    def command(self, fact: type[FactBase], kwargs: dict, state: dict) -> str:
+        parts = [fact().command(**kwargs), PdkitHostState().command(**state)]
+        # each part in a subshell (an `exit` in it ends only that part), `;` after it: this command
+        # succeeds, and each part's exit status is on the line after the part's output
+        return " ; ".join(f"( {part} ) ; echo \"{_PART_END}$?\"" for part in parts)
+
+    def process(self, output):
+        # FACT's class is not in the output: the caller parses its part (read_with_host_state)
+        parts: list[tuple[list[str], int]] = []
+        lines: list[str] = []
+        for line in output:
+            head, mark, status = line.rpartition(_PART_END)
+            if mark and status.isdigit():
+                if head:
+                    lines.append(head)  # the part's last line had no newline
+                parts.append((lines, int(status)))
+                lines = []
+            else:
+                lines.append(line)
+        if len(parts) != 2:
+            return None, None  # cut short: each part is read alone again
+        (fact_lines, fact_status), (state_lines, state_status) = parts
+        state = (PdkitHostState().process(state_lines) if state_lines else PdkitHostState.default()) if state_status == 0 else None
+        return (fact_lines if fact_status == 0 else None), state
+
+
 # per pyinfra State, then host name: `pdkit roll` runs one State per batch in one process, and a
 # new State must read the hosts again (a State that is gone takes its entries with it)
 _STATE: WeakKeyDictionary = WeakKeyDictionary()
+
+
+def _state_kwargs() -> dict:
+    """What PdkitHostState reads on the current host: every path, unit, user, venv and package of its plan."""
+    from pdkit import flags
+    from pdkit.deploy import current_plan, current_spec
+    from roles.releases import releases_dir
+
+    spec = current_spec()
+    plan = current_plan()
+    paths = tuple(sorted({f.path for f in plan.files} | {d[0] for d in plan.directories} | {spec.cluster.install_dir, f"{spec.cluster.install_dir}/wheelhouse"}))
+    return {
+        "paths": paths, "units": tuple(s.unit for s in plan.services), "user": list(plan.users or (spec.cluster.service_user,)),
+        "venvs": (flags.venv_dir(spec), flags.router_venv_dir(spec)), "packages": tuple(plan.packages),
+        "releases": releases_dir(spec.cluster.install_dir),
+    }
 
 
 def host_state() -> dict:
     """The current host's state for everything pdkit plans on it (one round trip, read once per run)."""
     from pyinfra import host
 
-    from pdkit import flags
-    from pdkit.deploy import current_plan, current_spec
-    from roles.releases import releases_dir
+    read = _STATE.setdefault(host.state, {})
+    if host.name not in read:
+        read[host.name] = host.get_fact(PdkitHostState, **_state_kwargs())
+    return read[host.name]
+
+
+def read_with_host_state(fact: type[FactBase], kwargs: dict):
+    """FACT's value (read with KWARGS) and, in the same round trip, the current host's state,
+    kept for host_state(). None when FACT's command failed (read it alone then). The deploy reads
+    the preflight's facts this way (roles/preflight.py): one round trip per host, not two."""
+    from pyinfra import host
 
     read = _STATE.setdefault(host.state, {})
     if host.name in read:
-        return read[host.name]
-    spec = current_spec()
-    plan = current_plan()
-    paths = tuple(sorted({f.path for f in plan.files} | {d[0] for d in plan.directories} | {spec.cluster.install_dir, f"{spec.cluster.install_dir}/wheelhouse"}))
-    units = tuple(s.unit for s in plan.services)
-    venvs = (flags.venv_dir(spec), flags.router_venv_dir(spec))
-    state = host.get_fact(
-        PdkitHostState, paths=paths, units=units, user=list(plan.users or (spec.cluster.service_user,)), venvs=venvs, packages=tuple(plan.packages),
-        releases=releases_dir(spec.cluster.install_dir),
-    )
-    read[host.name] = state
-    return state
+        return host.get_fact(fact, **kwargs)
+    # None: the command itself failed (pyinfra has said so): each part is read alone again
+    lines, state = host.get_fact(WithHostState, fact=fact, kwargs=kwargs, state=_state_kwargs()) or (None, None)
+    if state is not None:
+        read[host.name] = state
+    if lines is None:
+        return None
+    return fact().process(lines) if lines else fact.default()
 
 
 def path_matches(state: dict, path: str, kind: str, mode: str, owner: str, group: str, sha256: str | None = None) -> bool:

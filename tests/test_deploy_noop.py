@@ -1,6 +1,6 @@
 """deploy/pd.py's prepare on a converged lab, no host contacted (benchmarks/noop_cost.py's harness:
 pyinfra's own loader, every fact answered as a converged host answers it): a no-op re-run plans
-each host once and would run nothing."""
+each host once, reads each host in one round trip, and would run nothing."""
 
 from __future__ import annotations
 
@@ -36,11 +36,13 @@ def lab_checkout(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "argv", list(noop.ARGV))
 
 
-def test_a_converged_no_op_plans_each_host_once_and_runs_nothing(lab_checkout, tmp_path):
+def test_a_converged_no_op_plans_each_host_once_reads_it_once_and_runs_nothing(lab_checkout, tmp_path):
     row = noop._prepare_once(REPO, 4, tmp_path)
     assert row["hosts"] == 5  # 4 GPU hosts (the router on the first) and lab-mon
     # the roles ask for a host's plan seven times: it is computed once per host
     assert row["plans"] == 5
+    # the preflight's facts and the host state in one round trip on each GPU host; lab-mon has no preflight
+    assert row["facts"] == {"WithHostState": 4, "PdkitHostState": 1}
     # one operation per host, the release record, and it would not run: nothing changes
     assert (row["ops"], row["would_run"]) == (5, 0)
 

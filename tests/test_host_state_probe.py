@@ -1,5 +1,6 @@
 """The host-state probe (roles/facts.py) run for real: the command the fact sends, through sh, on
-this machine, with stand-ins for systemctl and dpkg-query."""
+this machine, with stand-ins for systemctl and dpkg-query; and the fact that reads it together
+with another fact in one round trip."""
 
 from __future__ import annotations
 
@@ -8,13 +9,15 @@ import hashlib
 import json
 import os
 import pwd
+import shlex
 import stat
 import subprocess
 import sys
 
 import pytest
+from pyinfra.api import FactBase
 
-from roles.facts import PdkitHostState
+from roles.facts import PdkitHostState, WithHostState
 
 SYSTEMCTL = """#!/bin/sh
 # systemctl show -p LoadState,ActiveState,UnitFileState UNIT...: one block per unit
@@ -138,3 +141,46 @@ def test_the_probe_ignores_the_nodes_python_environment(node, tmp_path):
     env = {**node["env"], "PYTHONPATH": str(tmp_path)}
     state = PdkitHostState().process(_run(f"cd {tmp_path} && " + PdkitHostState().command(**_probe(node["root"])), env))
     assert state["users"]["root"] is True
+
+
+class Echo(FactBase):
+    """Prints TEXT as it is."""
+
+    def command(self, text: str) -> str:
+        return f"printf %s {shlex.quote(text)}"
+
+    def process(self, output):
+        return output
+
+
+class Fails(FactBase):
+    def command(self) -> str:
+        return "echo partial; exit 3"
+
+
+def test_another_fact_and_the_host_state_in_one_command(node):
+    kwargs = _probe(node["root"])
+    alone = PdkitHostState().process(_run(PdkitHostState().command(**kwargs), node["env"]))
+    fact = WithHostState()
+
+    def both(text):
+        return fact.process(_run(fact.command(Echo, {"text": text}, kwargs), node["env"]))
+
+    # each part exactly as read alone: an empty line kept, nothing added
+    assert both("a\n\nb\n") == (["a", "", "b"], alone)
+    # output without a final newline keeps its last line
+    assert both("a\nb")[0] == ["a", "b"]
+    # no output: no lines (read_with_host_state gives the fact's default then, as pyinfra does)
+    assert both("") == ([], alone)
+
+
+def test_a_part_that_fails_is_none_and_the_other_is_kept(node):
+    kwargs = _probe(node["root"])
+    fact = WithHostState()
+    value, state = fact.process(_run(fact.command(Fails, {}, kwargs), node["env"]))
+    assert value is None and state["users"]["root"] is True
+    # no python3 on the node: the probe fails, the other fact is kept
+    value, state = fact.process(_run(fact.command(Echo, {"text": "x\n"}, kwargs), {**node["env"], "PATH": "/nonexistent"}))
+    assert (value, state) == (["x"], None)
+    # output cut short (no part's end seen): neither part is kept
+    assert fact.process(["x"]) == (None, None)
