@@ -18,8 +18,9 @@ unpacked with `dpkg -x`): a throwaway sshd on 127.0.0.1 (its own host key, clien
 known_hosts, run in a private mount namespace over a copy of /etc/passwd that has sshd's
 privilege-separation user and gives root a home with Debian's default dot files, as a lab guest
 has), and `pyinfra -y INV DEPLOY` against the same N-host lab inventory whose SSH goes to it (an
-ssh_config maps the lab's addresses to 127.0.0.1), for two deploys: `connect` (none: connect,
-disconnect) and `facts` (the facts deploy/pd.py reads, through the tree's own roles). Measured:
+ssh_config maps the lab's addresses to 127.0.0.1), for the deploys of --deploys: `connect` (none:
+connect, disconnect), `true` (one trivial fact per host: a round trip's own cost) and `facts`
+(the facts deploy/pd.py reads, through the tree's own roles). Measured:
 wall, the pyinfra process's CPU, and the CPU of what sshd ran for it (its reaped children:
 sessions, shells, the probes). On the lab the guests run on the deploying machine's CPU too.
 Not the lab: no systemd, D-Bus or PAM session in the guests, no idle lab load beside it.
@@ -277,7 +278,17 @@ if current_host().node is not None:
 host_state()
 '''
 
-DEPLOYS = {"connect": '"""Nothing: pyinfra connects to every host and disconnects."""\n', "facts": FACTS_DEPLOY}
+ONE_COMMAND_DEPLOY = '''"""One trivial fact per host: what an SSH round trip itself costs (a session, the login shell, sh)."""
+from pyinfra import host
+from pyinfra.facts.server import Command
+
+from pdkit.deploy import tune_connection
+
+tune_connection()
+host.get_fact(Command, command="true")
+'''
+
+DEPLOYS = {"connect": '"""Nothing: pyinfra connects to every host and disconnects."""\n', "true": ONE_COMMAND_DEPLOY, "facts": FACTS_DEPLOY}
 
 
 class Sshd:
@@ -361,16 +372,16 @@ def _pyinfra() -> str:
     return str(local) if local.exists() else "pyinfra"
 
 
-def run_ssh(label: str, tree: Path, sizes: list[int], repeat: int, sshd: Sshd, tmp: Path) -> list[dict]:
+def run_ssh(label: str, tree: Path, sizes: list[int], repeat: int, sshd: Sshd, tmp: Path, names: list[str]) -> list[dict]:
     if str(REPO) not in sys.path:
         sys.path.append(str(REPO))
     from pdkit.lab import planned_lab
 
     rows = []
     deploys = {}
-    for name, text in DEPLOYS.items():
+    for name in names:
         deploys[name] = tmp / f"{name}_deploy.py"
-        deploys[name].write_text(text)
+        deploys[name].write_text(DEPLOYS[name])
     for n in sizes:
         addresses = sorted({h.address for h in planned_lab(n).hosts})
         (sshd.work / "ssh_config").write_text(f"Host {' '.join(addresses)}\n  HostName 127.0.0.1\n  Port {sshd.port}\n")
@@ -419,6 +430,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ssh", action="store_true", help="also the connection and fact cost against a local sshd (root)")
     parser.add_argument("--sshd", default="/usr/sbin/sshd", help="the sshd binary (default /usr/sbin/sshd)")
     parser.add_argument("--port", type=int, default=2222)
+    parser.add_argument("--deploys", default="connect,facts", help=f"--ssh: which of {', '.join(DEPLOYS)} (default connect,facts)")
     parser.add_argument("--json", type=Path, help="write every row here")
     parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -452,7 +464,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 for label, rev in trees:
                     with tree_at(rev) as tree:
-                        ssh_rows[label] = run_ssh(label, tree, sizes, repeat, sshd, Path(tmp))
+                        ssh_rows[label] = run_ssh(label, tree, sizes, repeat, sshd, Path(tmp), args.deploys.split(","))
             finally:
                 sshd.stop()
         print(f"\npyinfra -y against the lab inventory, every host's SSH to one local sshd; median of {repeat}")
