@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 from functools import lru_cache
+from weakref import WeakKeyDictionary
 
 from pdkit.loader import inventory_host_data, spec_from_host_data
 from pdkit.plan import HostPlan, plan_host
@@ -62,5 +63,24 @@ def current_host() -> HostSpec:
     return current_spec().host(host.name)
 
 
+# per pyinfra State, then host name (as roles/facts.py): `pdkit roll` runs one State per batch in
+# one process, and a State that is gone takes its plans with it
+_PLANS: WeakKeyDictionary = WeakKeyDictionary()
+
+
 def current_plan() -> HostPlan:
-    return plan_host(current_spec(), current_host())
+    """This host's plan, computed once per run.
+
+    The roles ask for it seven times per host at prepare time, and the monitoring host's plan
+    renders a Prometheus configuration listing every host: re-planning took 210 ms of the 340 ms
+    prepare of a 32-host lab no-op (benchmarks/noop_cost.py). A plan is a pure function of the
+    spec, one object per run (current_spec): kept with the spec it was made from, made again for another.
+    """
+    from pyinfra import host
+
+    spec = current_spec()
+    plans = _PLANS.setdefault(host.state, {})
+    hit = plans.get(host.name)
+    if hit is None or hit[0] is not spec:
+        hit = plans[host.name] = (spec, plan_host(spec, spec.host(host.name)))
+    return hit[1]

@@ -2,9 +2,9 @@
 
 pyinfra gathers facts one command at a time and does not cache them; a per-file `files.put`
 costs two round trips per file. Reading every planned path's mode, owner and hash, the
-units' states, the service user and the Python version at once keeps a no-op run fast. The
-values read cannot change during the run except through pdkit's own operations, so deciding
-on them at prepare time is sound (pyinfra 3.10.0 runs every deploy file to completion, collecting operations, before it executes any: pyinfra_cli/main.py).
+units' states, the service user and the Python version at once keeps a no-op run fast; on a GPU
+node the preflight's facts come in the same round trip (WithHostState). The values read cannot
+change during the run except through pdkit's own operations, so deciding on them at prepare time is sound (pyinfra 3.10.0 runs every deploy file to completion, collecting operations, before it executes any: pyinfra_cli/main.py).
 """
 
 from __future__ import annotations
@@ -15,16 +15,42 @@ from weakref import WeakKeyDictionary
 
 from pyinfra.api import FactBase
 
+# Run on every host of every deploy, so kept cheap on the node's CPU (on the lab, the deploying
+# machine's): only the modules it needs, its two commands spawned directly, python3 -I -S (below).
+# Importing subprocess, pathlib and platform was a quarter of its CPU: 35 ms per host, 25 ms now
+# (Debian 12's python3; docs/benchmarks.md "No-op re-run: where the per-host time goes").
 _PROBE = r"""
-import grp, hashlib, json, os, pwd, pathlib, subprocess, sys
+import grp, hashlib, json, os, pwd, sys
 paths, units, user, venvs, packages, releases = json.loads(sys.argv[1])
+def run(argv):
+    # argv's stdout (its stderr dropped, its exit status ignored), as subprocess.run would give it
+    r, w = os.pipe()
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        pid = os.posix_spawnp(argv[0], argv, os.environ, file_actions=[(os.POSIX_SPAWN_DUP2, w, 1), (os.POSIX_SPAWN_DUP2, null, 2)])
+    finally:
+        os.close(w)
+        os.close(null)
+    chunks = []
+    while True:
+        chunk = os.read(r, 65536)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(r)
+    os.waitpid(pid, 0)
+    return b"".join(chunks).decode()
 def stat(p):
     try:
         st = os.stat(p)
     except OSError:
         return None
     kind = "dir" if os.path.isdir(p) else "file"
-    digest = hashlib.sha256(pathlib.Path(p).read_bytes()).hexdigest() if kind == "file" else None
+    if kind == "file":
+        with open(p, "rb") as f:
+            digest = hashlib.sha256(f.read()).hexdigest()
+    else:
+        digest = None
     try:
         owner, group = pwd.getpwuid(st.st_uid).pw_name, grp.getgrgid(st.st_gid).gr_name
     except KeyError:
@@ -34,7 +60,7 @@ def unit_states(names):
     # one systemctl call for every unit: blocks of key=value lines, one block per unit, in order
     if not names:
         return {}
-    out = subprocess.run(["systemctl", "show", "-p", "LoadState,ActiveState,UnitFileState", *names], capture_output=True, text=True).stdout
+    out = run(["systemctl", "show", "-p", "LoadState,ActiveState,UnitFileState", *names])
     blocks = [dict(l.split("=", 1) for l in b.splitlines() if "=" in l) for b in out.strip("\n").split("\n\n")]
     return {u: [v for v in (b.get("LoadState"), b.get("ActiveState"), b.get("UnitFileState")) if v] for u, b in zip(names, blocks)}
 def has_user(name):
@@ -50,7 +76,7 @@ def markers(v):
 def installed(pkgs):
     if not pkgs:
         return []
-    out = subprocess.run(["dpkg-query", "-W", "-f", "${Package} ${Status}\n", *pkgs], capture_output=True, text=True).stdout
+    out = run(["dpkg-query", "-W", "-f", "${Package} ${Status}\n", *pkgs])
     return sorted(line.split()[0] for line in out.splitlines() if line.endswith(" installed"))
 def release(d):
     # the release the node runs now (pdkit/releases.py): CURRENT names it, its meta.json holds the hash
@@ -61,12 +87,11 @@ def release(d):
         return {"id": cur, "hash": meta["hash"], "venvs": meta.get("venvs", {}), "files": sorted(meta.get("files", {})), "services": meta.get("services", {})}
     except (OSError, ValueError, KeyError, TypeError):
         return {}
-import platform
 rel = release(releases) if releases else {}
 # the current release's files and units are read too: the deploy removes the ones the plan dropped
 paths = sorted(set(paths) | set(rel.get("files", [])))
 units = list(units) + [u for u in sorted(rel.get("services", {})) if u not in units]
-print(json.dumps({"release": rel, "packages": installed(packages), "python": "%d.%d" % sys.version_info[:2], "glibc": os.confstr("CS_GNU_LIBC_VERSION") or "", "arch": platform.machine(), "paths": {p: stat(p) for p in paths}, "units": unit_states(units), "user": all(has_user(u) for u in (user if isinstance(user, list) else [user])), "users": {u: has_user(u) for u in (user if isinstance(user, list) else [user])}, "venvs": {v: markers(v) for v in venvs}}))
+print(json.dumps({"release": rel, "packages": installed(packages), "python": "%d.%d" % sys.version_info[:2], "glibc": os.confstr("CS_GNU_LIBC_VERSION") or "", "arch": os.uname().machine, "paths": {p: stat(p) for p in paths}, "units": unit_states(units), "user": all(has_user(u) for u in (user if isinstance(user, list) else [user])), "users": {u: has_user(u) for u in (user if isinstance(user, list) else [user])}, "venvs": {v: markers(v) for v in venvs}}))
 """
 
 
@@ -75,10 +100,50 @@ class PdkitHostState(FactBase):
     user, venvs' bundle markers, installed packages, and the release the node runs (pdkit/releases.py)."""
 
     def command(self, paths: tuple[str, ...], units: tuple[str, ...], user: str | list[str], venvs: tuple[str, ...], packages: tuple[str, ...] = (), releases: str = "") -> str:
-        return f"python3 -c {shlex.quote(_PROBE)} {shlex.quote(json.dumps([list(paths), list(units), user, list(venvs), list(packages), releases]))}"
+        # -I: no PYTHONPATH, user site or working directory on its path; -S: no site-packages
+        return f"python3 -I -S -c {shlex.quote(_PROBE)} {shlex.quote(json.dumps([list(paths), list(units), user, list(venvs), list(packages), releases]))}"
 
     def process(self, output):
         return json.loads("\n".join(output))
+
+
+# marks the end of one part of WithHostState's output: the part's exit status follows it
+_PART_END = "--- pdkit part exit status: "
+
+
+class WithHostState(FactBase):
+    """Another fact (FACT, read with KWARGS) and PdkitHostState (read with STATE) in one command,
+    one round trip instead of two: (FACT's value, the host state).
+
+    Each part is run and parsed as when read alone (its `default()` when it printed nothing). A
+    part whose command fails is None here, the other kept: the caller reads that part again
+    alone, so that it fails exactly as it would have (pyinfra's error, the host marked failed).
+    """
+
+    def command(self, fact: type[FactBase], kwargs: dict, state: dict) -> str:
+        parts = [fact().command(**kwargs), PdkitHostState().command(**state)]
+        # each part in a subshell (an `exit` in it ends only that part), `;` after it: this command
+        # succeeds, and each part's exit status is on the line after the part's output
+        return " ; ".join(f"( {part} ) ; echo \"{_PART_END}$?\"" for part in parts)
+
+    def process(self, output):
+        # FACT's class is not in the output: the caller parses its part (read_with_host_state)
+        parts: list[tuple[list[str], int]] = []
+        lines: list[str] = []
+        for line in output:
+            head, mark, status = line.rpartition(_PART_END)
+            if mark and status.isdigit():
+                if head:
+                    lines.append(head)  # the part's last line had no newline
+                parts.append((lines, int(status)))
+                lines = []
+            else:
+                lines.append(line)
+        if len(parts) != 2:
+            return None, None  # cut short: each part is read alone again
+        (fact_lines, fact_status), (state_lines, state_status) = parts
+        state = (PdkitHostState().process(state_lines) if state_lines else PdkitHostState.default()) if state_status == 0 else None
+        return (fact_lines if fact_status == 0 else None), state
 
 
 # per pyinfra State, then host name: `pdkit roll` runs one State per batch in one process, and a
@@ -86,28 +151,48 @@ class PdkitHostState(FactBase):
 _STATE: WeakKeyDictionary = WeakKeyDictionary()
 
 
-def host_state() -> dict:
-    """The current host's state for everything pdkit plans on it (one round trip, read once per run)."""
-    from pyinfra import host
-
+def _state_kwargs() -> dict:
+    """What PdkitHostState reads on the current host: every path, unit, user, venv and package of its plan."""
     from pdkit import flags
     from pdkit.deploy import current_plan, current_spec
     from roles.releases import releases_dir
 
-    read = _STATE.setdefault(host.state, {})
-    if host.name in read:
-        return read[host.name]
     spec = current_spec()
     plan = current_plan()
     paths = tuple(sorted({f.path for f in plan.files} | {d[0] for d in plan.directories} | {spec.cluster.install_dir, f"{spec.cluster.install_dir}/wheelhouse"}))
-    units = tuple(s.unit for s in plan.services)
-    venvs = (flags.venv_dir(spec), flags.router_venv_dir(spec))
-    state = host.get_fact(
-        PdkitHostState, paths=paths, units=units, user=list(plan.users or (spec.cluster.service_user,)), venvs=venvs, packages=tuple(plan.packages),
-        releases=releases_dir(spec.cluster.install_dir),
-    )
-    read[host.name] = state
-    return state
+    return {
+        "paths": paths, "units": tuple(s.unit for s in plan.services), "user": list(plan.users or (spec.cluster.service_user,)),
+        "venvs": (flags.venv_dir(spec), flags.router_venv_dir(spec)), "packages": tuple(plan.packages),
+        "releases": releases_dir(spec.cluster.install_dir),
+    }
+
+
+def host_state() -> dict:
+    """The current host's state for everything pdkit plans on it (one round trip, read once per run)."""
+    from pyinfra import host
+
+    read = _STATE.setdefault(host.state, {})
+    if host.name not in read:
+        read[host.name] = host.get_fact(PdkitHostState, **_state_kwargs())
+    return read[host.name]
+
+
+def read_with_host_state(fact: type[FactBase], kwargs: dict):
+    """FACT's value (read with KWARGS) and, in the same round trip, the current host's state,
+    kept for host_state(). None when FACT's command failed (read it alone then). The deploy reads
+    the preflight's facts this way (roles/preflight.py): one round trip per host, not two."""
+    from pyinfra import host
+
+    read = _STATE.setdefault(host.state, {})
+    if host.name in read:
+        return host.get_fact(fact, **kwargs)
+    # None: the command itself failed (pyinfra has said so): each part is read alone again
+    lines, state = host.get_fact(WithHostState, fact=fact, kwargs=kwargs, state=_state_kwargs()) or (None, None)
+    if state is not None:
+        read[host.name] = state
+    if lines is None:
+        return None
+    return fact().process(lines) if lines else fact.default()
 
 
 def path_matches(state: dict, path: str, kind: str, mode: str, owner: str, group: str, sha256: str | None = None) -> bool:

@@ -25,6 +25,7 @@ from pyinfra.operations import server
 from pdkit.deploy import current_host, current_spec
 from pdkit.node import NodeStack, node_stack
 from pdkit.preflight import check_host, format_report, has_errors
+from roles.facts import read_with_host_state
 from roles.node_facts import NODE_FACTS, NodeFacts
 
 # facts a `gpu: none` host still gets (OS for the report, the reboot marker)
@@ -40,16 +41,30 @@ def _of(cache: WeakKeyDictionary) -> dict:
     return cache.setdefault(host.state, {})
 
 
+def _node_fact_kwargs() -> dict:
+    this = current_host()
+    names = _HOST_ONLY if this.node is None or this.node.gpu == "none" else tuple(NODE_FACTS)
+    # a node's own engine environment (pdkit_node.engine_venv) is probed in the same round trip, gpu: none too
+    return {"names": names, "engine_venv": this.node.engine_venv if this.node is not None else None}
+
+
 def node_facts() -> dict:
     """This host's preflight facts, read once per run."""
     facts = _of(_FACTS)
     if host.name not in facts:
-        this = current_host()
-        names = _HOST_ONLY if this.node is None or this.node.gpu == "none" else tuple(NODE_FACTS)
-        # a node's own engine environment (pdkit_node.engine_venv) is probed in the same round trip, gpu: none too
-        engine_venv = this.node.engine_venv if this.node is not None else None
-        facts[host.name] = host.get_fact(NodeFacts, names=names, engine_venv=engine_venv)  # one round trip for all of them
+        facts[host.name] = host.get_fact(NodeFacts, **_node_fact_kwargs())  # one round trip for all of them
     return facts[host.name]
+
+
+def read_facts_and_host_state() -> None:
+    """Read this node's preflight facts and its host state (roles/facts.py) in one round trip, not
+    two: deploy/pd.py reads both on every GPU node (deploy/preflight.py only the first). A part
+    that could not be read is read alone when asked for, and fails there as it would have."""
+    if current_host().node is None or host.name in _of(_FACTS):
+        return  # no preflight here: the host state is read alone, when the roles first ask
+    value = read_with_host_state(NodeFacts, _node_fact_kwargs())
+    if value is not None:
+        _of(_FACTS)[host.name] = value
 
 
 def current_stack() -> NodeStack:

@@ -1,0 +1,70 @@
+"""deploy/pd.py's prepare on a converged lab, no host contacted (benchmarks/noop_cost.py's harness:
+pyinfra's own loader, every fact answered as a converged host answers it): a no-op re-run plans
+each host once, reads each host in one round trip, and would run nothing."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from types import SimpleNamespace
+
+import pytest
+from pyinfra.context import ctx_host
+
+import pdkit.deploy
+from pdkit.loader import load
+from tests.conftest import BASE_CLUSTER, BASE_HOSTS, REPO, write_inventory
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("pdkit_bench_noop_cost", REPO / "benchmarks" / "noop_cost.py")
+    module = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+noop = _bench()
+
+
+@pytest.fixture()
+def lab_checkout(tmp_path, monkeypatch):
+    """The planned lab (none running), run from the checkout as `pyinfra inventories/lab.py deploy/pd.py`."""
+    monkeypatch.setenv("PDKIT_LAB_DIR", str(tmp_path / "no-lab"))
+    monkeypatch.chdir(REPO)
+    monkeypatch.setattr(sys, "argv", list(noop.ARGV))
+
+
+def test_a_converged_no_op_plans_each_host_once_reads_it_once_and_runs_nothing(lab_checkout, tmp_path):
+    row = noop._prepare_once(REPO, 4, tmp_path)
+    assert row["hosts"] == 5  # 4 GPU hosts (the router on the first) and lab-mon
+    # the roles ask for a host's plan seven times: it is computed once per host
+    assert row["plans"] == 5
+    # the preflight's facts and the host state in one round trip on each GPU host; lab-mon has no preflight
+    assert row["facts"] == {"WithHostState": 4, "PdkitHostState": 1}
+    # one operation per host, the release record, and it would not run: nothing changes
+    assert (row["ops"], row["would_run"]) == (5, 0)
+
+
+class _State:
+    """Stands for a pyinfra State (the plans are kept per State)."""
+
+
+def test_a_plan_is_made_again_for_another_spec_or_another_state(tmp_path, monkeypatch):
+    specs = [load(str(write_inventory(tmp_path, BASE_HOSTS, BASE_CLUSTER))) for _ in range(2)]
+    calls = []
+    monkeypatch.setattr(pdkit.deploy, "plan_host", lambda spec, host: calls.append((spec, host.name)) or object())
+    current = {"spec": specs[0]}
+    monkeypatch.setattr(pdkit.deploy, "current_spec", lambda: current["spec"])
+    first, second = _State(), _State()
+    with ctx_host.use(SimpleNamespace(name="gpu01", state=first)):
+        plan = pdkit.deploy.current_plan()
+        assert pdkit.deploy.current_plan() is plan
+        current["spec"] = specs[1]  # another spec (another inventory): planned again
+        assert pdkit.deploy.current_plan() is not plan
+    with ctx_host.use(SimpleNamespace(name="gpu02", state=first)):
+        pdkit.deploy.current_plan()
+    with ctx_host.use(SimpleNamespace(name="gpu01", state=second)):  # another State (a roll's next batch)
+        pdkit.deploy.current_plan()
+    assert calls == [(specs[0], "gpu01"), (specs[1], "gpu01"), (specs[1], "gpu02"), (specs[1], "gpu01")]

@@ -1,0 +1,186 @@
+"""The host-state probe (roles/facts.py) run for real: the command the fact sends, through sh, on
+this machine, with stand-ins for systemctl and dpkg-query; and the fact that reads it together
+with another fact in one round trip."""
+
+from __future__ import annotations
+
+import grp
+import hashlib
+import json
+import os
+import pwd
+import shlex
+import stat
+import subprocess
+import sys
+
+import pytest
+from pyinfra.api import FactBase
+
+from roles.facts import PdkitHostState, WithHostState
+
+SYSTEMCTL = """#!/bin/sh
+# systemctl show -p LoadState,ActiveState,UnitFileState UNIT...: one block per unit
+shift 3
+first=1
+for u in "$@"; do
+  [ $first = 1 ] || echo
+  first=0
+  case "$u" in
+    up.service) printf 'LoadState=loaded\\nActiveState=active\\nUnitFileState=enabled\\n' ;;
+    *) printf 'LoadState=not-found\\nActiveState=inactive\\n' ;;
+  esac
+done
+echo "systemctl: noise on stderr" >&2
+"""
+
+DPKG_QUERY = """#!/bin/sh
+# dpkg-query -W -f FORMAT PKG...
+shift 3
+for p in "$@"; do
+  case "$p" in
+    here) echo "here install ok installed" ;;
+    half) echo "half deinstall ok config-files" ;;
+    *) echo "dpkg-query: no packages found matching $p" >&2 ;;
+  esac
+done
+exit 1
+"""
+
+
+@pytest.fixture()
+def node(tmp_path):
+    """A directory tree standing for a node, and a PATH whose python3 is this interpreter."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").symlink_to(sys.executable)
+    for name, text in (("systemctl", SYSTEMCTL), ("dpkg-query", DPKG_QUERY)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    root = tmp_path / "root"
+    (root / "etc").mkdir(parents=True)
+    (root / "etc/a.conf").write_text("a\n")
+    (root / "etc/a.conf").chmod(0o640)
+    (root / "etc/secret").write_bytes(b"\x00\xffbinary")
+    (root / "etc/secret").chmod(0o600)
+    (root / "dir").mkdir()
+    (root / "dir").chmod(0o2750)
+    venv = root / "venv"
+    venv.mkdir()
+    (venv / ".pdkit-bundle-bbbb").touch()
+    (venv / ".pdkit-bundle-aaaa").touch()
+    (venv / "bin").mkdir()
+    releases = root / "releases"
+    (releases / "r2").mkdir(parents=True)
+    (releases / "CURRENT").write_text("r2\n")
+    meta = {"hash": "h2", "venvs": {"node": "x"}, "files": {str(root / "old.conf"): "s", str(root / "etc/a.conf"): "t"}, "services": {"gone.service": {}}}
+    (releases / "r2/meta.json").write_text(json.dumps(meta))
+    return {"root": root, "env": {"PATH": f"{bin_dir}:/usr/bin:/bin", "LC_ALL": "C"}}
+
+
+def _run(command: str, env: dict) -> list[str]:
+    done = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    # pyinfra hands a fact its stdout as lines, newlines stripped
+    return done.stdout.splitlines()
+
+
+def _probe(root, releases: str = "", user=None) -> dict:
+    return {
+        "paths": (str(root / "etc/a.conf"), str(root / "etc/secret"), str(root / "dir"), str(root / "missing")),
+        "units": ("up.service", "down.service"),
+        "user": user or ["root", "nosuchuser-pdkit"],
+        "venvs": (str(root / "venv"), str(root / "novenv")),
+        "packages": ("here", "half", "gone"),
+        "releases": releases,
+    }
+
+
+def _stat(path, kind):
+    st = os.stat(path)
+    digest = hashlib.sha256(path.read_bytes()).hexdigest() if kind == "file" else None
+    return [kind, f"{stat.S_IMODE(st.st_mode):04o}", pwd.getpwuid(st.st_uid).pw_name, grp.getgrgid(st.st_gid).gr_name, digest]
+
+
+def test_the_probe_reads_paths_units_users_venvs_packages_and_the_current_release(node):
+    root = node["root"]
+    kwargs = _probe(root, releases=str(root / "releases"))
+    state = PdkitHostState().process(_run(PdkitHostState().command(**kwargs), node["env"]))
+    assert state["release"] == {"id": "r2", "hash": "h2", "venvs": {"node": "x"}, "files": sorted([str(root / "old.conf"), str(root / "etc/a.conf")]),
+                                "services": {"gone.service": {}}}
+    assert state["paths"] == {
+        str(root / "etc/a.conf"): _stat(root / "etc/a.conf", "file"),
+        str(root / "etc/secret"): _stat(root / "etc/secret", "file"),
+        str(root / "dir"): _stat(root / "dir", "dir"),
+        str(root / "missing"): None,
+        # a file of the current release the plan no longer has is read too (the deploy removes it)
+        str(root / "old.conf"): None,
+    }
+    assert state["paths"][str(root / "dir")][1] == "2750"
+    # the current release's units come after the planned ones
+    assert state["units"] == {"up.service": ["loaded", "active", "enabled"], "down.service": ["not-found", "inactive"], "gone.service": ["not-found", "inactive"]}
+    assert (state["user"], state["users"]) == (False, {"root": True, "nosuchuser-pdkit": False})
+    assert state["venvs"] == {str(root / "venv"): [".pdkit-bundle-aaaa", ".pdkit-bundle-bbbb"], str(root / "novenv"): []}
+    assert state["packages"] == ["here"]
+    assert state["python"] == "%d.%d" % sys.version_info[:2]
+    assert state["glibc"] == os.confstr("CS_GNU_LIBC_VERSION")
+    assert state["arch"] == os.uname().machine
+
+
+def test_no_release_no_units_no_packages(node):
+    root = node["root"]
+    kwargs = {**_probe(root, user="root"), "units": (), "packages": ()}
+    state = PdkitHostState().process(_run(PdkitHostState().command(**kwargs), node["env"]))
+    assert (state["release"], state["units"], state["packages"], state["user"], state["users"]) == ({}, {}, [], True, {"root": True})
+    assert sorted(state["paths"]) == sorted(kwargs["paths"])
+
+
+def test_the_probe_ignores_the_nodes_python_environment(node, tmp_path):
+    # a PYTHONPATH on the node (or a stray module in the working directory) cannot change what the probe reads
+    (tmp_path / "json.py").write_text("raise SystemExit('a stray json.py was imported')\n")
+    env = {**node["env"], "PYTHONPATH": str(tmp_path)}
+    state = PdkitHostState().process(_run(f"cd {tmp_path} && " + PdkitHostState().command(**_probe(node["root"])), env))
+    assert state["users"]["root"] is True
+
+
+class Echo(FactBase):
+    """Prints TEXT as it is."""
+
+    def command(self, text: str) -> str:
+        return f"printf %s {shlex.quote(text)}"
+
+    def process(self, output):
+        return output
+
+
+class Fails(FactBase):
+    def command(self) -> str:
+        return "echo partial; exit 3"
+
+
+def test_another_fact_and_the_host_state_in_one_command(node):
+    kwargs = _probe(node["root"])
+    alone = PdkitHostState().process(_run(PdkitHostState().command(**kwargs), node["env"]))
+    fact = WithHostState()
+
+    def both(text):
+        return fact.process(_run(fact.command(Echo, {"text": text}, kwargs), node["env"]))
+
+    # each part exactly as read alone: an empty line kept, nothing added
+    assert both("a\n\nb\n") == (["a", "", "b"], alone)
+    # output without a final newline keeps its last line
+    assert both("a\nb")[0] == ["a", "b"]
+    # no output: no lines (read_with_host_state gives the fact's default then, as pyinfra does)
+    assert both("") == ([], alone)
+
+
+def test_a_part_that_fails_is_none_and_the_other_is_kept(node):
+    kwargs = _probe(node["root"])
+    fact = WithHostState()
+    value, state = fact.process(_run(fact.command(Fails, {}, kwargs), node["env"]))
+    assert value is None and state["users"]["root"] is True
+    # no python3 on the node: the probe fails, the other fact is kept
+    value, state = fact.process(_run(fact.command(Echo, {"text": "x\n"}, kwargs), {**node["env"], "PATH": "/nonexistent"}))
+    assert (value, state) == (["x"], None)
+    # output cut short (no part's end seen): neither part is kept
+    assert fact.process(["x"]) == (None, None)
