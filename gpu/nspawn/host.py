@@ -10,6 +10,12 @@ from the machine's shell against a real systemd host that sees the GPU:
     python3 gpu/nspawn/host.py up --engine-payload gpu-payload     # keys, binds, boot, wait, checks
     python3 gpu/nspawn/host.py status | probe | down [--purge]
 
+Several hosts on one machine (inventories/h200-nspawn-pair.py): `--machine NAME` (state in
+STATE/NAME/) and `up --address 10.214.0.2/24`: nspawn's own veth on a bridge (routed through
+the machine's namespace where the kernel has no bridges), the machine at the network's first
+address, sshd on port 22 of the container's own; `xfer-probe --peer OTHER` moves GPU memory each
+way with NIXL per UCX_TLS candidate; `exec -- CMD` runs a command in one over SSH.
+
 `up`: a fresh ed25519 host key (in the tree) and client key (in the state dir), known_hosts
 written from the tree before boot (no trust on first use); sshd on 127.0.0.1:2222 (the
 container shares the machine's network: engines, router and monitoring all listen inside the
