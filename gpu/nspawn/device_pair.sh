@@ -31,14 +31,7 @@ fi
 ROUTER=http://10.214.0.2:8000
 CANARY=pdkit-b
 
-step() {  # step NAME LIMIT_S CMD...: time one step, its output in $OUT/NAME.log
-    local name=$1 limit=$2; shift 2
-    local t0; t0=$(date +%s.%N)
-    timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
-    local rc=$?
-    echo "$name rc=$rc $(python3 -c "import sys;print(f'{float(sys.argv[2])-float(sys.argv[1]):.1f}')" "$t0" "$(date +%s.%N)") s" | tee -a "$OUT/steps.txt"
-    return $rc
-}
+. "$(dirname "${BASH_SOURCE[0]}")/step.sh"  # step NAME LIMIT_S CMD...
 
 derived() {  # derived NAME BODY: inventories/.pair-NAME.py = INV with BODY run on the canary's data (_d)
     local path=inventories/.pair-$1.py

@@ -9,14 +9,7 @@ mkdir -p "$OUT"
 P=/root/pdkit-venv/bin
 INV=inventories/h200-nspawn.py
 export PDKIT_OFFLINE=1 PIP_NO_INDEX=1 PYTHONUNBUFFERED=1
-step() {  # step NAME LIMIT_S CMD...: time one step, its output in $OUT/NAME.log
-    local name=$1 limit=$2; shift 2
-    local t0; t0=$(date +%s.%N)
-    timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
-    local rc=$?
-    echo "$name rc=$rc $(python3 -c "import sys;print(f'{float(sys.argv[2])-float(sys.argv[1]):.1f}')" "$t0" "$(date +%s.%N)") s" | tee -a "$OUT/steps.txt"
-    return $rc
-}
+. "$(dirname "${BASH_SOURCE[0]}")/step.sh"  # step NAME LIMIT_S CMD...
 cp gpu-payload-nspawn/cxx/*.tar.xz /root/stash/ 2>/dev/null
 step host 120 sh -c "python3 gpu/nspawn/host.py unpack --artefacts /root/stash && python3 gpu/nspawn/host.py up --engine-payload gpu-payload" || { tail -40 "$OUT/host.log"; exit 1; }
 step deploy1 330 "$P/pyinfra" -y "$INV" deploy/pd.py
