@@ -94,7 +94,7 @@ RESOLV_CONF = """\
 options timeout:1 attempts:1
 """
 
-RECIPE_VERSION = 4  # bump when the image customisation below changes
+RECIPE_VERSION = 5  # bump when the image customisation below changes
 
 
 def recipe_hash() -> str:
@@ -211,6 +211,11 @@ def _customise(root: Path, cfg: LabConfig) -> None:
     _write(root / "etc/systemd/journald.conf.d/pdkit-lab.conf", JOURNALD_CONF)
     (root / "var/log/journal").mkdir(parents=True, exist_ok=True)
     mask_units(root)
+    # root lingers: its user manager (user@0.service) starts once at boot and stays. Without it
+    # every guest started one at pyinfra's first SSH login and stopped it 10 s after the last, so
+    # each no-op run of the deploy made every guest boot a systemd --user on the control
+    # machine's own cores; on a real cluster that runs on each node's CPUs (docs/benchmarks.md)
+    _write(root / "var/lib/systemd/linger/root", "")
     # per-host files are written at unpack time
     _write(root / "etc/machine-id", "")
     dbus_id = root / "var/lib/dbus/machine-id"

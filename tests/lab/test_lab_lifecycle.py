@@ -133,6 +133,19 @@ def test_every_host_boots_systemd_as_pid1_and_answers_ssh(lab):
 
 
 @pytest.mark.lab
+def test_roots_user_manager_outlives_an_ssh_session(lab):
+    """Root lingers in the lab image: without it each guest started a systemd --user at pyinfra's
+    first login and stopped it 10 s after the last, on the control machine's cores, in every
+    no-op run (docs/benchmarks.md)."""
+    host = lab.hosts[0]
+    first = _ssh(lab, host, "systemctl show -p ActiveEnterTimestampMonotonic --value user@0.service; ls /var/lib/systemd/linger", timeout=30)
+    assert first.returncode == 0 and first.stdout.split()[1:] == ["root"], first.stdout + first.stderr
+    time.sleep(11)  # logind's UserStopDelaySec (10 s) after the last session ended
+    again = _ssh(lab, host, "systemctl is-active user@0.service; systemctl show -p ActiveEnterTimestampMonotonic --value user@0.service", timeout=30)
+    assert again.stdout.split() == ["active", first.stdout.split()[0]], (first.stdout, again.stdout)
+
+
+@pytest.mark.lab
 def test_ssh_is_strict_about_host_keys(lab, tmp_path):
     a, b = lab.hosts[0], lab.hosts[1]
     lines = lab.known_hosts.read_text().splitlines()
