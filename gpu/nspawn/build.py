@@ -174,7 +174,7 @@ def mib(n: int) -> str:
 
 def customise(root: Path) -> None:
     """The lab image's customisation (its sshd, journald, resolv.conf and masked units), for trixie."""
-    from pdkit.lab.rootfs import JOURNALD_CONF, RESOLV_CONF, SSHD_CONFIG, _write, mask_units, remove_tree
+    from pdkit.lab.rootfs import JOURNALD_CONF, SSHD_CONFIG, _write, clear_identity, mask_units, remove_tree
 
     for key in (root / "etc/ssh").glob("ssh_host_*"):
         key.unlink()
@@ -186,15 +186,7 @@ def customise(root: Path) -> None:
     _write(root / "etc/apt/sources.list", "# pdkit nspawn host: no package source (the device reaches nothing)\n")
     for extra in (root / "etc/apt/sources.list.d").glob("*"):
         extra.unlink()
-    _write(root / "etc/machine-id", "")
-    dbus_id = root / "var/lib/dbus/machine-id"
-    if dbus_id.is_symlink() or dbus_id.exists():
-        dbus_id.unlink()
-    _write(root / "etc/hostname", "")
-    resolv = root / "etc/resolv.conf"
-    if resolv.is_symlink() or resolv.exists():
-        resolv.unlink()
-    _write(resolv, RESOLV_CONF)
+    clear_identity(root)
     for rel in TRIM:
         p = root / rel
         if p.is_dir() and not p.is_symlink():

@@ -202,6 +202,20 @@ def _write(path: Path, text: str, mode: int = 0o644) -> None:
     path.chmod(mode)
 
 
+def clear_identity(root: Path) -> None:
+    """Empty machine id and hostname (each host gets its own at unpack/boot), no D-Bus id, and
+    RESOLV_CONF in place of whatever resolv.conf debootstrap left: for every image built here."""
+    _write(root / "etc/machine-id", "")
+    dbus_id = root / "var/lib/dbus/machine-id"
+    if dbus_id.is_symlink() or dbus_id.exists():
+        dbus_id.unlink()
+    _write(root / "etc/hostname", "")
+    resolv = root / "etc/resolv.conf"
+    if resolv.is_symlink() or resolv.exists():
+        resolv.unlink()
+    _write(resolv, RESOLV_CONF)
+
+
 def _customise(root: Path, cfg: LabConfig) -> None:
     """Turn the debootstrapped tree into the lab image (host-independent parts)."""
     for key in (root / "etc/ssh").glob("ssh_host_*"):
@@ -217,15 +231,7 @@ def _customise(root: Path, cfg: LabConfig) -> None:
     # machine's own cores; on a real cluster that runs on each node's CPUs (docs/benchmarks.md)
     _write(root / "var/lib/systemd/linger/root", "")
     # per-host files are written at unpack time
-    _write(root / "etc/machine-id", "")
-    dbus_id = root / "var/lib/dbus/machine-id"
-    if dbus_id.is_symlink() or dbus_id.exists():
-        dbus_id.unlink()
-    _write(root / "etc/hostname", "")
-    resolv = root / "etc/resolv.conf"
-    if resolv.is_symlink() or resolv.exists():
-        resolv.unlink()
-    _write(resolv, RESOLV_CONF)
+    clear_identity(root)
     # keep the image small: package lists and downloaded debs come back through the cache
     for d in ("var/lib/apt/lists", "var/cache/apt/archives"):
         for p in (root / d).glob("*"):
