@@ -18,10 +18,53 @@ from pyinfra.api import FactBase
 # Run on every host of every deploy, so kept cheap on the node's CPU (on the lab, the deploying
 # machine's): only the modules it needs, its two commands spawned directly, python3 -I -S (below).
 # Importing subprocess, pathlib and platform was a quarter of its CPU: 35 ms per host, 25 ms now
-# (Debian 12's python3; docs/benchmarks.md "No-op re-run: where the per-host time goes").
+# (Debian 12's python3; docs/benchmarks.md "No-op re-run: where the per-host time goes"). JSON
+# and SHA-256 come from the C modules behind json and hashlib: `import json` pulls in re (15 ms
+# of CPU on a lab guest), hashlib loads OpenSSL (6 ms), a quarter of the probe's own CPU; the
+# plain modules stay the fallback (docs/benchmarks.md "No-op re-run on the lab: a CPU profile").
 _PROBE = r"""
-import grp, hashlib, json, os, pwd, sys
-paths, units, user, venvs, packages, releases = json.loads(sys.argv[1])
+import grp, os, pwd, sys
+try:
+    import _json
+    class _Decoding:
+        strict, object_hook, object_pairs_hook, parse_float, parse_int, parse_constant, memo = True, None, None, float, int, float, {}
+    _scan = _json.make_scanner(_Decoding())
+    def loads(text):
+        text = text.strip()
+        try:
+            value, end = _scan(text, 0)
+        except StopIteration:
+            raise ValueError("not JSON") from None
+        if end != len(text):
+            raise ValueError("extra data after the JSON value")
+        return value
+    quote = _json.encode_basestring_ascii
+except (ImportError, AttributeError, TypeError):
+    from json import loads
+    from json.encoder import encode_basestring_ascii as quote
+def dumps(v):
+    # what json.dumps(v) gives for JSON's values (str, int, float, bool, None, lists and str-keyed dicts)
+    if isinstance(v, str):
+        return quote(v)
+    if v is None or isinstance(v, bool):
+        return {None: "null", True: "true", False: "false"}[v]
+    if isinstance(v, int):
+        return int.__repr__(v)
+    if isinstance(v, float):
+        return float.__repr__(v) if v == v and v not in (float("inf"), float("-inf")) else {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}[repr(v)]
+    if isinstance(v, dict):
+        return "{" + ", ".join(quote(k) + ": " + dumps(x) for k, x in v.items()) + "}"
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(dumps(x) for x in v) + "]"
+    raise TypeError("not a probe value: %r" % (v,))
+try:
+    from _sha2 import sha256  # Python 3.12+
+except ImportError:
+    try:
+        from _sha256 import sha256  # 3.11 and older
+    except ImportError:
+        from hashlib import sha256
+paths, units, user, venvs, packages, releases = loads(sys.argv[1])
 def run(argv):
     # argv's stdout (its stderr dropped, its exit status ignored), as subprocess.run would give it
     r, w = os.pipe()
@@ -48,7 +91,7 @@ def stat(p):
     kind = "dir" if os.path.isdir(p) else "file"
     if kind == "file":
         with open(p, "rb") as f:
-            digest = hashlib.sha256(f.read()).hexdigest()
+            digest = sha256(f.read()).hexdigest()
     else:
         digest = None
     try:
@@ -82,7 +125,8 @@ def release(d):
     # the release the node runs now (pdkit/releases.py): CURRENT names it, its meta.json holds the hash
     try:
         cur = open(os.path.join(d, "CURRENT")).read().strip()
-        meta = json.load(open(os.path.join(d, cur, "meta.json")))
+        with open(os.path.join(d, cur, "meta.json")) as f:
+            meta = loads(f.read())
         # files and services too: what the current release laid down that a new plan may drop (pdkit/changes.py)
         return {"id": cur, "hash": meta["hash"], "venvs": meta.get("venvs", {}), "files": sorted(meta.get("files", {})), "services": meta.get("services", {})}
     except (OSError, ValueError, KeyError, TypeError):
@@ -91,7 +135,7 @@ rel = release(releases) if releases else {}
 # the current release's files and units are read too: the deploy removes the ones the plan dropped
 paths = sorted(set(paths) | set(rel.get("files", [])))
 units = list(units) + [u for u in sorted(rel.get("services", {})) if u not in units]
-print(json.dumps({"release": rel, "packages": installed(packages), "python": "%d.%d" % sys.version_info[:2], "glibc": os.confstr("CS_GNU_LIBC_VERSION") or "", "arch": os.uname().machine, "paths": {p: stat(p) for p in paths}, "units": unit_states(units), "user": all(has_user(u) for u in (user if isinstance(user, list) else [user])), "users": {u: has_user(u) for u in (user if isinstance(user, list) else [user])}, "venvs": {v: markers(v) for v in venvs}}))
+print(dumps({"release": rel, "packages": installed(packages), "python": "%d.%d" % sys.version_info[:2], "glibc": os.confstr("CS_GNU_LIBC_VERSION") or "", "arch": os.uname().machine, "paths": {p: stat(p) for p in paths}, "units": unit_states(units), "user": all(has_user(u) for u in (user if isinstance(user, list) else [user])), "users": {u: has_user(u) for u in (user if isinstance(user, list) else [user])}, "venvs": {v: markers(v) for v in venvs}}))
 """
 
 

@@ -75,6 +75,11 @@ def record_release() -> None:
     # a new venv of either kind is a new release too: a rollback must switch that link back
     needed = current.get("hash") != plan.release_hash or base.node_venv_will_change() or (
         current_host().router is not None and base.router_venv_will_change())
+    if not needed:
+        # nothing to keep: a no-op declares no operation on this host at all, where a gated one
+        # cost every host an operation's bookkeeping (~16 ms of the deploying machine's CPU per
+        # host on the lab; docs/benchmarks.md "No-op re-run on the lab: a CPU profile")
+        return
     q = shlex.quote
     python = f"{flags.venv_dir(spec)}/bin/python"
     venvs = " ".join(f"--venv {q(v)}" for v in (flags.venv_dir(spec), flags.router_venv_dir(spec)))
@@ -83,5 +88,4 @@ def record_release() -> None:
         f"record --command {q(applied_by())} --services-json {q(json.dumps(services_meta(), sort_keys=True))} {venvs} "
         f"--expect-hash {q(plan.release_hash)}"
     )
-    # declared on every host (gated) so that all hosts share one operation order
-    server.shell(name="Record the applied configuration as a release", commands=[command], _if=lambda: needed)
+    server.shell(name="Record the applied configuration as a release", commands=[command])

@@ -43,8 +43,23 @@ def test_a_converged_no_op_plans_each_host_once_reads_it_once_and_runs_nothing(l
     assert row["plans"] == 5
     # the preflight's facts and the host state in one round trip on each GPU host; lab-mon has no preflight
     assert row["facts"] == {"WithHostState": 4, "PdkitHostState": 1}
-    # one operation per host, the release record, and it would not run: nothing changes
-    assert (row["ops"], row["would_run"]) == (5, 0)
+    # no operation at all: nothing changes, so not even the release record is declared
+    assert (row["ops"], row["would_run"]) == (0, 0)
+
+
+def test_a_host_on_another_release_records_one_and_only_it(lab_checkout, tmp_path, monkeypatch):
+    converged = noop._converged
+
+    def one_host_behind(spec, plan, kwargs, digest):
+        state = converged(spec, plan, kwargs, digest)
+        if plan.host == "lab-gpu2":
+            state["release"] = dict(state["release"], hash="an-older-release")
+        return state
+
+    monkeypatch.setattr(noop, "_converged", one_host_behind)
+    row = noop._prepare_once(REPO, 4, tmp_path)
+    # the release record, on lab-gpu2 alone, and it runs
+    assert (row["ops"], row["would_run"]) == (1, 1)
 
 
 class _State:

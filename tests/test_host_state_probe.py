@@ -184,3 +184,50 @@ def test_a_part_that_fails_is_none_and_the_other_is_kept(node):
     assert (value, state) == (["x"], None)
     # output cut short (no part's end seen): neither part is kept
     assert fact.process(["x"]) == (None, None)
+
+
+# the probe's JSON and SHA-256 (its prelude, up to where it reads its arguments), in this process
+_PRELUDE = __import__("roles.facts", fromlist=["_PROBE"])._PROBE.split("paths, units, user, venvs, packages, releases =")[0]
+_VALUES = [
+    {"release": {"id": "r2", "hash": "h", "files": ["/etc/é", "/x \"y\" \\z", "/tab\there", "/nl\nx", "/emoji-\U0001f600"]},
+     "n": [0, -1, 2**70, 1.5, -0.0, 1e300], "flags": [True, False, None], "empty": [{}, [], ""]},
+    "\x00\x1f\x7f\u2028", [], {},
+]
+
+
+def _codec(block: tuple[str, ...] = ()):
+    saved = {name: sys.modules.get(name) for name in block}
+    try:
+        for name in block:
+            sys.modules[name] = None  # an import of it fails, as on a Python without it
+        namespace: dict = {}
+        exec(_PRELUDE, namespace)
+    finally:
+        for name, module in saved.items():
+            if module is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module
+    return namespace
+
+
+@pytest.mark.parametrize("block", [(), ("_json", "_sha2", "_sha256")], ids=["c-modules", "fallback"])
+def test_the_probes_json_and_sha256_are_json_and_hashlibs(block):
+    ns = _codec(block)
+    if block:
+        assert ns["sha256"] is hashlib.sha256 and ns["loads"] is json.loads  # the fallback did run
+    else:
+        assert ns["sha256"] is not hashlib.sha256 and ns["loads"] is not json.loads  # json and hashlib not imported
+    for value in _VALUES:
+        text = ns["dumps"](value)
+        assert text == json.dumps(value)
+        assert ns["loads"](text) == json.loads(text)
+    assert ns["dumps"]([float("nan"), float("inf"), float("-inf")]) == json.dumps([float("nan"), float("inf"), float("-inf")])
+    assert ns["loads"]('  {"a": [1, 2.5, "\\u00e9", null, true]}\n') == {"a": [1, 2.5, "é", None, True]}
+    for bad in ("", "{", '{"a": 1} x', "[1,]"):
+        with pytest.raises(ValueError):
+            ns["loads"](bad)
+    with pytest.raises(TypeError):
+        ns["dumps"]({"a": object()})
+    data = os.urandom(4096)
+    assert ns["sha256"](data).hexdigest() == hashlib.sha256(data).hexdigest()
