@@ -2,7 +2,7 @@
 
     python -m pdkit.health engine --unit pdkit-engine-decode.service --url http://H:30001/health --timeout 600
     python -m pdkit.health router --url http://H:8000 --worker http://H:30000 --worker http://H:30001 --timeout 120
-    python -m pdkit.health gates --engine pdkit-engine-decode.service http://H:30001/health 600 --http http://H:9400/metrics 60
+    python -m pdkit.health gates --engine pdkit-engine-decode.service http://H:30001/health 600 --service pdkit-exporter.service http://H:9400/metrics 180
 
 An engine is ready when the CURRENT run of its unit (this systemd invocation, not an old
 one) has logged SGLang's readiness line and /health answers 200. A router is ready when its
@@ -250,11 +250,37 @@ def wait_http(url: str, timeout: float, interval: float = 0.1) -> tuple[bool, st
     return False, f"not ready after {timeout:.0f} s: {reason}"
 
 
+def wait_service(unit: str, url: str, timeout: float, interval: float = 0.5, poll: float = 0.1) -> tuple[bool, str]:
+    """Ready = URL answers 200. UNIT's state is read every INTERVAL: a failed start ends the wait
+    at once with the unit's own error line (start_failed), so the timeout can allow for a node
+    whose cores are busy starting everything else without a crashed service waiting it out."""
+    deadline = time.monotonic() + timeout
+    reason = "not checked yet"
+    next_state_check = 0.0
+    first: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        now = time.monotonic()
+        if now >= next_state_check:
+            snap = _unit_snapshot(unit)
+            if not first and snap["InvocationID"]:
+                first = snap
+            if first and start_failed(first, snap):
+                return False, f"{unit} failed at its first start: " + error_line(unit_log(unit, first["InvocationID"]))
+            next_state_check = now + interval
+        status, body = http_request(url, timeout=min(5.0, max(deadline - now, 0.1)))
+        if status == 200:
+            return True, f"{unit} ready: {url} answered 200"
+        reason = f"{url} answered {status or 'nothing'}: {body.strip()[:200]}"
+        time.sleep(poll)
+    return False, f"not ready after {timeout:.0f} s: {reason}"
+
+
 def wait_all(engines: list[tuple[str, str, float]], urls: list[tuple[str, float]],
-             ranks: list[tuple[str, str, float]] = ()) -> list[tuple[bool, str, float]]:
-    """Every engine (unit, url, timeout) and HTTP service (url, timeout) at once: a node's
-    services restart together, so their gates wait together rather than one after another.
-    (ok, message, seconds until that gate finished) for each, engines first."""
+             ranks: list[tuple[str, str, float]] = (), services: list[tuple[str, str, float]] = ()) -> list[tuple[bool, str, float]]:
+    """Every engine (unit, url, timeout), HTTP URL (url, timeout), rank above 0 (unit, url,
+    timeout) and HTTP service (unit, url, timeout) at once: a node's services restart together,
+    so their gates wait together rather than one after another.
+    (ok, message, seconds until that gate finished) for each, in that order."""
     from concurrent.futures import ThreadPoolExecutor
 
     start = time.monotonic()
@@ -263,10 +289,11 @@ def wait_all(engines: list[tuple[str, str, float]], urls: list[tuple[str, float]
         ok, message = fn(*args)
         return ok, message, time.monotonic() - start
 
-    with ThreadPoolExecutor(max_workers=max(len(engines) + len(urls) + len(ranks), 1)) as pool:
+    with ThreadPoolExecutor(max_workers=max(len(engines) + len(urls) + len(ranks) + len(services), 1)) as pool:
         futures = [pool.submit(timed, wait_engine, u, url, t) for u, url, t in engines]
         futures += [pool.submit(timed, wait_http, url, t) for url, t in urls]
         futures += [pool.submit(timed, wait_rank, u, url, t) for u, url, t in ranks]
+        futures += [pool.submit(timed, wait_service, u, url, t) for u, url, t in services]
         return [f.result() for f in futures]
 
 
@@ -292,6 +319,8 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--http", nargs=2, action="append", default=[], metavar=("URL", "TIMEOUT"), help="an HTTP gate (repeat)")
     g.add_argument("--rank", nargs=3, action="append", default=[], metavar=("UNIT", "URL", "TIMEOUT"),
                    help="a rank above 0 of an engine spanning nodes: its unit, rank 0's /health URL (repeat)")
+    g.add_argument("--service", nargs=3, action="append", default=[], metavar=("UNIT", "URL", "TIMEOUT"),
+                   help="an HTTP service: ready when URL answers 200, failed at once when UNIT's start fails (repeat)")
     args = parser.parse_args(argv)
     start = time.monotonic()
     if args.kind == "gates":
@@ -299,9 +328,10 @@ def main(argv: list[str] | None = None) -> int:
             engines = [(u, url, float(t)) for u, url, t in args.engine]
             urls = [(url, float(t)) for url, t in args.http]
             ranks = [(u, url, float(t)) for u, url, t in args.rank]
+            services = [(u, url, float(t)) for u, url, t in args.service]
         except ValueError as exc:
             parser.error(f"TIMEOUT must be a number of seconds: {exc}")
-        results = wait_all(engines, urls, ranks)
+        results = wait_all(engines, urls, ranks, services)
         for ok, message, took in results:
             print(f"{'ok    ' if ok else 'FAILED'} {message} ({took:.1f} s)", file=sys.stdout if ok else sys.stderr)
         return 0 if all(ok for ok, _, _ in results) else 1

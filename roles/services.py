@@ -190,7 +190,8 @@ def gates_command(python: str, services: list[Service]) -> str:
         elif s.kind == "engine":
             args.append(f"--engine {q(s.unit)} {q(s.health_url)} {s.ready_timeout_s}")
         else:
-            args.append(f"--http {q(s.health_url)} {s.ready_timeout_s}")
+            # its unit too: a crashed exporter or Prometheus fails the gate at once
+            args.append(f"--service {q(s.unit)} {q(s.health_url)} {s.ready_timeout_s}")
     return f"{q(python)} -m pdkit.health gates " + " ".join(args)
 
 

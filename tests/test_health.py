@@ -203,3 +203,58 @@ def test_wait_engine_fails_at_the_first_failed_start_with_the_journal_error(monk
     assert time.monotonic() - start < 5
     assert message == ("pdkit-engine-decode.service failed at its first start: launch_server.py: error: argument --disaggregation-mode: "
                        "invalid choice: 'decod' (choose from 'null', 'prefill', 'decode')")
+
+
+def _answering(path_ok: str = "/ok"):
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            self.send_response(200 if self.path == path_ok else 503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+def test_a_service_gate_fails_at_once_when_its_unit_fails_to_start(monkeypatch):
+    """A crashed exporter must not wait out its (long) timeout: the gate reads its unit and stops at the first failure."""
+    from pdkit import health
+
+    states = iter([_snap("activating", "start", "inv1"), _snap("failed", "failed", "inv1")])
+    last = {}
+
+    def snapshot(unit):
+        last["s"] = next(states, last.get("s"))
+        return last["s"]
+
+    monkeypatch.setattr(health, "_unit_snapshot", snapshot)
+    monkeypatch.setattr(health, "unit_log", lambda unit, inv, lines=None: "Traceback (most recent call last):\nModuleNotFoundError: No module named 'prometheus_client'\n")
+    server, base = _answering()
+    try:
+        start = time.monotonic()
+        ok, message = health.wait_service("pdkit-exporter.service", f"{base}/down", timeout=60, interval=0.01, poll=0.01)
+    finally:
+        server.shutdown()
+    assert not ok
+    assert time.monotonic() - start < 5
+    assert message == "pdkit-exporter.service failed at its first start: ModuleNotFoundError: No module named 'prometheus_client'"
+
+
+def test_a_service_gate_passes_when_its_url_answers_and_times_out_when_it_never_does(monkeypatch, capsys):
+    from pdkit import health
+
+    monkeypatch.setattr(health, "_unit_snapshot", lambda unit: _snap("active", "running", "inv1"))
+    server, base = _answering()
+    try:
+        assert health.main(["gates", "--service", "pdkit-exporter.service", f"{base}/ok", "5",
+                            "--service", "prometheus.service", f"{base}/ok", "5"]) == 0
+        assert health.main(["gates", "--service", "pdkit-exporter.service", f"{base}/down", "0.5"]) == 1
+    finally:
+        server.shutdown()
+    out = capsys.readouterr()
+    assert f"ok     pdkit-exporter.service ready: {base}/ok answered 200" in out.out
+    assert f"FAILED not ready after 0 s: {base}/down answered 503" in out.err

@@ -67,7 +67,7 @@ def test_one_gate_command_waits_for_every_engine_and_daemon():
     argv = shlex.split(gates_command("/opt/pdkit/venv/bin/python", [engine, exporter]))
     assert argv == ["/opt/pdkit/venv/bin/python", "-m", "pdkit.health", "gates",
                     "--engine", "pdkit-engine-decode.service", "http://10.0.0.1/pdkit-engine-decode.service", "60",
-                    "--http", "http://10.0.0.1/pdkit-exporter.service", "60"]
+                    "--service", "pdkit-exporter.service", "http://10.0.0.1/pdkit-exporter.service", "60"]
     from pdkit.health import main
 
     # the same words parse with the on-host CLI (an unreachable URL fails fast, not a usage error)
