@@ -953,7 +953,8 @@ def host_ports(spec: ClusterSpec, host: HostSpec) -> list[tuple[int, str]]:
         ports.append((host.router.prometheus_port, "pdkit_router.prometheus_port"))
     if host.monitoring is not None:
         ports.append((host.monitoring.prometheus_port, "pdkit_monitoring.prometheus_port"))
-        ports.append((host.monitoring.grafana_port, "pdkit_monitoring.grafana_port"))
+        if host.monitoring.grafana:  # off: nothing listens there, so it cannot clash
+            ports.append((host.monitoring.grafana_port, "pdkit_monitoring.grafana_port"))
     return ports
 
 

@@ -57,6 +57,7 @@ def summary(spec: ClusterSpec) -> str:
     for host in spec.monitoring_hosts:
         m = host.monitoring
         assert m is not None
-        lines.append(f"  {host.name}: Prometheus :{m.prometheus_port} every {m.scrape_interval_s}s, Grafana :{m.grafana_port}")
+        grafana = f"Grafana :{m.grafana_port}" if m.grafana else "no Grafana (pdkit_monitoring.grafana: false)"
+        lines.append(f"  {host.name}: Prometheus :{m.prometheus_port} every {m.scrape_interval_s}s, {grafana}")
     lines += ["", f"OK: {len(spec.hosts)} hosts, {len(spec.engines())} engines; no host was contacted."]
     return "\n".join(lines)

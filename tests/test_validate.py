@@ -480,6 +480,30 @@ def test_cluster_summary_shows_the_seed_layout(monkeypatch, capsys):
     assert "smg 1.13.0" in out
 
 
+def test_the_summary_and_the_port_check_know_when_grafana_is_off(monkeypatch, capsys):
+    monkeypatch.chdir(REPO)
+    assert main(["validate", "inventories/cluster.py"]) == 0
+    assert "every 15s, Grafana :3000" in capsys.readouterr().out
+    # the lab's monitoring host runs no Grafana
+    monkeypatch.setenv("PDKIT_LAB_DIR", str(REPO / "build" / "no-lab-here"))
+    assert main(["validate", "inventories/lab.py"]) == 0
+    out = capsys.readouterr().out
+    assert "every 15s, no Grafana (pdkit_monitoring.grafana: false)" in out and "Grafana :3000" not in out
+
+
+def test_grafanas_port_is_free_for_another_service_when_grafana_is_off(monkeypatch):
+    from pdkit.loader import load
+    from pdkit.spec import host_ports
+
+    monkeypatch.chdir(REPO)
+    spec = load("inventories/cluster.py")
+    mon = next(h for h in spec.hosts if h.monitoring is not None)
+    assert mon.monitoring.grafana
+    assert (mon.monitoring.grafana_port, "pdkit_monitoring.grafana_port") in host_ports(spec, mon)
+    off = mon.model_copy(update={"monitoring": mon.monitoring.model_copy(update={"grafana": False})})
+    assert all(field != "pdkit_monitoring.grafana_port" for _, field in host_ports(spec, off))
+
+
 def test_group_data_precedence_is_pyinfras(tmp_path, base):
     """Host data beats group data beats `all` — as pyinfra itself resolves it."""
     cluster, hosts = base
