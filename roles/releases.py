@@ -64,8 +64,6 @@ def services_meta() -> dict[str, dict]:
 
 @deploy("pdkit releases: keep the applied configuration as a release")
 def record_release() -> None:
-    from pyinfra import host
-
     spec = current_spec()
     plan = current_plan()
     where = releases_dir(spec.cluster.install_dir)

@@ -12,6 +12,20 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
+
+def load_script(relative: str, name: str):
+    """A script of the repo that is not a package module (benchmarks/, gpu/) imported as NAME,
+    registered in sys.modules (its dataclasses look their module up there)."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location(name, REPO / relative)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
 # A small but complete PD cluster: two GPU nodes, a router, a monitoring host.
 BASE_CLUSTER = {
     "name": "test",

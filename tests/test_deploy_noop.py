@@ -4,7 +4,6 @@ each host once, reads each host in one round trip, and would run nothing."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from types import SimpleNamespace
 
@@ -13,19 +12,12 @@ from pyinfra.context import ctx_host
 
 import pdkit.deploy
 from pdkit.loader import load
-from tests.conftest import BASE_CLUSTER, BASE_HOSTS, REPO, write_inventory
+from tests.conftest import BASE_CLUSTER, BASE_HOSTS, REPO, write_inventory, load_script
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("pdkit_bench_noop_cost", REPO / "benchmarks" / "noop_cost.py")
-    module = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
-noop = _bench()
+noop = load_script("benchmarks/noop_cost.py", "pdkit_bench_noop_cost")
 
 
 @pytest.fixture()

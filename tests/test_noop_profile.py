@@ -3,22 +3,13 @@ laid out in a temporary directory as a lab guest's systemd lays it out in the v2
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 
-from tests.conftest import REPO
+from tests.conftest import load_script
 
 
-def _profiler():
-    spec = importlib.util.spec_from_file_location("pdkit_bench_noop_profile", REPO / "benchmarks" / "noop_profile.py")
-    module = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
-prof = _profiler()
+prof = load_script("benchmarks/noop_profile.py", "pdkit_bench_noop_profile")
 
 
 def _cg(root, rel, usec):

@@ -6,23 +6,17 @@ The whole launcher ran on the H200 (docs/gpu.md, "Two hosts on one GPU") and in 
 
 from __future__ import annotations
 
-import importlib.util
 import ipaddress
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, load_script
 
 
 @pytest.fixture(scope="module")
 def host():
-    spec = importlib.util.spec_from_file_location("pdkit_nspawn_host", REPO / "gpu" / "nspawn" / "host.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["pdkit_nspawn_host"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("gpu/nspawn/host.py", "pdkit_nspawn_host")
 
 
 def test_the_veth_nspawn_makes_is_named_as_nspawn_names_it(host):

@@ -3,28 +3,19 @@ is recorded and the next size runs), its table, JSON and plot, with fake timings
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 
 import pytest
 
 from pdkit.lab import planned_lab
 from pdkit.loader import load
 from pdkit.plan import plan_cluster
-from tests.conftest import REPO
+from tests.conftest import REPO, load_script
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("pdkit_bench_scale", REPO / "benchmarks" / "scale.py")
-    module = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    sys.modules[spec.name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
 
 
-scale = _bench()
+scale = load_script("benchmarks/scale.py", "pdkit_bench_scale")
 
 
 @pytest.fixture()
