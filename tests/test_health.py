@@ -169,6 +169,18 @@ def _snap(active="activating", sub="start", inv="a", n="0"):
     return {"ActiveState": active, "SubState": sub, "InvocationID": inv, "NRestarts": n}
 
 
+def _scripted(*snapshots):
+    """A stand-in for health._unit_snapshot: the recorded SNAPSHOTS in turn, then the last one for good."""
+    states = iter(snapshots)
+    last = {}
+
+    def snapshot(unit):
+        last["s"] = next(states, last.get("s"))
+        return last["s"]
+
+    return snapshot
+
+
 @pytest.mark.parametrize(("now", "failed"), [
     (_snap(), False),
     (_snap("active", "running"), False),
@@ -187,15 +199,8 @@ def test_wait_engine_fails_at_the_first_failed_start_with_the_journal_error(monk
     """Recorded states of a crash-looping unit: the gate must stop at the first auto-restart, not at systemd's start limit."""
     from pdkit import health
 
-    states = iter([_snap("activating", "start", "inv1"), _snap("activating", "auto-restart", "inv1")])
-    last = {}
-
-    def snapshot(unit):
-        last["s"] = next(states, last.get("s"))
-        return last["s"]
-
     logs = {"inv1": (JOURNAL / "argparse_bad_flag.txt").read_text()}
-    monkeypatch.setattr(health, "_unit_snapshot", snapshot)
+    monkeypatch.setattr(health, "_unit_snapshot", _scripted(_snap("activating", "start", "inv1"), _snap("activating", "auto-restart", "inv1")))
     monkeypatch.setattr(health, "unit_log", lambda unit, inv, lines=None: logs.get(inv, ""))
     start = time.monotonic()
     ok, message = health.wait_engine("pdkit-engine-decode.service", "http://127.0.0.1:9/health", timeout=30, interval=0.01, poll=0.01)
@@ -224,14 +229,7 @@ def test_a_service_gate_fails_at_once_when_its_unit_fails_to_start(monkeypatch):
     """A crashed exporter must not wait out its (long) timeout: the gate reads its unit and stops at the first failure."""
     from pdkit import health
 
-    states = iter([_snap("activating", "start", "inv1"), _snap("failed", "failed", "inv1")])
-    last = {}
-
-    def snapshot(unit):
-        last["s"] = next(states, last.get("s"))
-        return last["s"]
-
-    monkeypatch.setattr(health, "_unit_snapshot", snapshot)
+    monkeypatch.setattr(health, "_unit_snapshot", _scripted(_snap("activating", "start", "inv1"), _snap("failed", "failed", "inv1")))
     monkeypatch.setattr(health, "unit_log", lambda unit, inv, lines=None: "Traceback (most recent call last):\nModuleNotFoundError: No module named 'prometheus_client'\n")
     server, base = _answering()
     try:
