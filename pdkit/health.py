@@ -97,31 +97,50 @@ def unit_log(unit: str, invocation: str, lines: int | None = None) -> str:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=20).stdout
 
 
+class _StartWatch:
+    """Watches UNIT's start for a gate: its state read at most every INTERVAL (every STARTING
+    seconds while it is not active), the first invocation seen kept as the start being watched.
+    `check()` returns the unit's own error line at that start's first failure (start_failed),
+    else None; `state` and `invocation` are those of the last read."""
+
+    def __init__(self, unit: str, interval: float, starting: float | None = None):
+        self.unit, self.interval = unit, interval
+        self.starting = interval if starting is None else min(interval, starting)
+        self.first: dict[str, str] = {}
+        self.state, self.invocation = "", ""
+        self._next = 0.0
+
+    def check(self, now: float) -> str | None:
+        if now < self._next:
+            return None
+        snap = _unit_snapshot(self.unit)
+        self.state, self.invocation = snap["ActiveState"], snap["InvocationID"]
+        if not self.first and self.invocation:
+            self.first = snap
+        self._next = now + (self.interval if self.state == "active" else self.starting)
+        if self.first and start_failed(self.first, snap):
+            return f"{self.unit} failed at its first start: " + error_line(unit_log(self.unit, self.first["InvocationID"]))
+        return None
+
+
 def wait_engine(unit: str, url: str, timeout: float, interval: float = 1.0, poll: float = 0.05) -> tuple[bool, str]:
     """Ready = the unit's current invocation logged the readiness line and URL answers 200.
 
     URL is polled every POLL seconds (an HTTP GET costs a few milliseconds); the journal is read
     only once it answers 200, and the unit's state every INTERVAL (0.2 s while not active) to
-    catch a failed start at once (start_failed): the message is then the engine's own error
+    catch a failed start at once (_StartWatch): the message is then the engine's own error
     line (error_line). Not `journalctl --follow`: journald batches its change notifications
     (~250 ms), and a follower sees the line that much late.
     """
     deadline = time.monotonic() + timeout
     reason = "not checked yet"
-    next_state_check = 0.0
-    first: dict[str, str] = {}
-    state, invocation = "", ""
+    watch = _StartWatch(unit, interval, starting=0.2)
     while time.monotonic() < deadline:
         now = time.monotonic()
-        if now >= next_state_check:
-            snap = _unit_snapshot(unit)
-            state, invocation = snap["ActiveState"], snap["InvocationID"]
-            if not first and invocation:
-                first = snap
-            next_state_check = now + (interval if state == "active" else min(interval, 0.2))
-            if first and start_failed(first, snap):
-                return False, f"{unit} failed at its first start: " + error_line(unit_log(unit, first["InvocationID"]))
-        if state == "active" and invocation:
+        failed = watch.check(now)
+        if failed:
+            return False, failed
+        if watch.state == "active" and watch.invocation:
             status, body = http_request(url, timeout=min(5.0, max(deadline - now, 0.1)))
             if status == 200:
                 # the invocation may have changed since it was read (a restart in between): read it again
@@ -132,7 +151,7 @@ def wait_engine(unit: str, url: str, timeout: float, interval: float = 1.0, poll
             else:
                 reason = f"{unit} is starting: {url} answered {status or 'nothing'}: {body.strip()[:200]}"
         else:
-            reason = f"{unit} is {state or 'unknown'}"
+            reason = f"{unit} is {watch.state or 'unknown'}"
         time.sleep(poll)
     return False, f"not ready after {timeout:.0f} s: {reason}"
 
@@ -252,21 +271,16 @@ def wait_http(url: str, timeout: float, interval: float = 0.1) -> tuple[bool, st
 
 def wait_service(unit: str, url: str, timeout: float, interval: float = 0.5, poll: float = 0.1) -> tuple[bool, str]:
     """Ready = URL answers 200. UNIT's state is read every INTERVAL: a failed start ends the wait
-    at once with the unit's own error line (start_failed), so the timeout can allow for a node
+    at once with the unit's own error line (_StartWatch), so the timeout can allow for a node
     whose cores are busy starting everything else without a crashed service waiting it out."""
     deadline = time.monotonic() + timeout
     reason = "not checked yet"
-    next_state_check = 0.0
-    first: dict[str, str] = {}
+    watch = _StartWatch(unit, interval)
     while time.monotonic() < deadline:
         now = time.monotonic()
-        if now >= next_state_check:
-            snap = _unit_snapshot(unit)
-            if not first and snap["InvocationID"]:
-                first = snap
-            if first and start_failed(first, snap):
-                return False, f"{unit} failed at its first start: " + error_line(unit_log(unit, first["InvocationID"]))
-            next_state_check = now + interval
+        failed = watch.check(now)
+        if failed:
+            return False, failed
         status, body = http_request(url, timeout=min(5.0, max(deadline - now, 0.1)))
         if status == 200:
             return True, f"{unit} ready: {url} answered 200"
