@@ -103,6 +103,8 @@ def _converged(spec, plan, kwargs: dict, bundle_digest: dict[str, str]) -> dict:
         "units": {u: ["loaded", "active", "enabled"] for u in [*kwargs["units"], *sorted(release["services"])]},
         "user": True, "users": {u: True for u in users},
         "venvs": {v: [f".pdkit-bundle-{bundle_digest[name][:16]}"] for v, name in zip(kwargs["venvs"], ("node", "router"))},
+        # the preflight's facts the probe reads itself (roles/node_facts.py PROBE_TEXTS); an absent file is None
+        "texts": {name: "".join(line + "\n" for line in NODE_ANSWERS[name]) or None for name, _kind, _source in kwargs.get("texts", ())},
     }
 
 

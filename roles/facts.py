@@ -64,7 +64,7 @@ except ImportError:
         from _sha256 import sha256  # 3.11 and older
     except ImportError:
         from hashlib import sha256
-paths, units, user, venvs, packages, releases = loads(sys.argv[1])
+paths, units, user, venvs, packages, releases, texts = loads(sys.argv[1])
 def run(argv):
     # argv's stdout (its stderr dropped, its exit status ignored), as subprocess.run would give it
     r, w = os.pipe()
@@ -131,21 +131,33 @@ def release(d):
         return {"id": cur, "hash": meta["hash"], "venvs": meta.get("venvs", {}), "files": sorted(meta.get("files", {})), "services": meta.get("services", {})}
     except (OSError, ValueError, KeyError, TypeError):
         return {}
+def text(kind, arg):
+    # ("file", path): its text as `cat` prints it, None when it cannot be read; ("uname", field): as `uname -m`/`-r` print it
+    if kind == "uname":
+        return getattr(os.uname(), arg) + "\n"
+    try:
+        with open(arg, "rb") as f:
+            return f.read().decode()
+    except (OSError, UnicodeDecodeError):
+        return None
 rel = release(releases) if releases else {}
 # the current release's files and units are read too: the deploy removes the ones the plan dropped
 paths = sorted(set(paths) | set(rel.get("files", [])))
 units = list(units) + [u for u in sorted(rel.get("services", {})) if u not in units]
-print(dumps({"release": rel, "packages": installed(packages), "python": "%d.%d" % sys.version_info[:2], "glibc": os.confstr("CS_GNU_LIBC_VERSION") or "", "arch": os.uname().machine, "paths": {p: stat(p) for p in paths}, "units": unit_states(units), "user": all(has_user(u) for u in (user if isinstance(user, list) else [user])), "users": {u: has_user(u) for u in (user if isinstance(user, list) else [user])}, "venvs": {v: markers(v) for v in venvs}}))
+print(dumps({"release": rel, "packages": installed(packages), "python": "%d.%d" % sys.version_info[:2], "glibc": os.confstr("CS_GNU_LIBC_VERSION") or "", "arch": os.uname().machine, "paths": {p: stat(p) for p in paths}, "units": unit_states(units), "user": all(has_user(u) for u in (user if isinstance(user, list) else [user])), "users": {u: has_user(u) for u in (user if isinstance(user, list) else [user])}, "venvs": {v: markers(v) for v in venvs}, "texts": {name: text(kind, arg) for name, kind, arg in texts}}))
 """
 
 
 class PdkitHostState(FactBase):
     """Python version, glibc and machine, every planned path (kind, mode, owner, group, sha256), unit states, service
-    user, venvs' bundle markers, installed packages, and the release the node runs (pdkit/releases.py)."""
+    user, venvs' bundle markers, installed packages, the release the node runs (pdkit/releases.py), and TEXTS:
+    (name, "file", path) or (name, "uname", field) read as `cat` and `uname` would print them (None: unreadable)."""
 
-    def command(self, paths: tuple[str, ...], units: tuple[str, ...], user: str | list[str], venvs: tuple[str, ...], packages: tuple[str, ...] = (), releases: str = "") -> str:
+    def command(self, paths: tuple[str, ...], units: tuple[str, ...], user: str | list[str], venvs: tuple[str, ...], packages: tuple[str, ...] = (), releases: str = "",
+                texts: tuple[tuple[str, str, str], ...] = ()) -> str:
         # -I: no PYTHONPATH, user site or working directory on its path; -S: no site-packages
-        return f"python3 -I -S -c {shlex.quote(_PROBE)} {shlex.quote(json.dumps([list(paths), list(units), user, list(venvs), list(packages), releases]))}"
+        args = [list(paths), list(units), user, list(venvs), list(packages), releases, [list(t) for t in texts]]
+        return f"python3 -I -S -c {shlex.quote(_PROBE)} {shlex.quote(json.dumps(args))}"
 
     def process(self, output):
         return json.loads("\n".join(output))
@@ -237,6 +249,20 @@ def read_with_host_state(fact: type[FactBase], kwargs: dict):
     if lines is None:
         return None
     return fact().process(lines) if lines else fact.default()
+
+
+def read_texts_with_host_state(texts: tuple[tuple[str, str, str], ...]) -> dict[str, str | None] | None:
+    """TEXTS (PdkitHostState's) read by the current host's host-state probe, in its own round trip,
+    the host state kept for host_state(): name -> text (None: unreadable). None when the host state
+    was already read (read them some other way then)."""
+    from pyinfra import host
+
+    read = _STATE.setdefault(host.state, {})
+    if host.name in read:
+        return None
+    state = host.get_fact(PdkitHostState, **_state_kwargs(), texts=texts)
+    read[host.name] = state
+    return state["texts"]
 
 
 def path_matches(state: dict, path: str, kind: str, mode: str, owner: str, group: str, sha256: str | None = None) -> bool:

@@ -33,11 +33,15 @@ def _smi_error(lines: list[str]) -> str | None:
     return None
 
 
+# where the OS says what it is (os-release(5))
+OS_RELEASE_PATH = "/etc/os-release"
+
+
 class NodeOsRelease(FactBase):
     """/etc/os-release: ID, VERSION_ID, VERSION_CODENAME, PRETTY_NAME."""
 
     def command(self) -> str:
-        return "cat /etc/os-release"
+        return f"cat {OS_RELEASE_PATH}"
 
     @staticmethod
     def default() -> dict:
@@ -358,6 +362,40 @@ NODE_FACTS: dict[str, type[FactBase]] = {
     "topology": NvidiaTopology,
     "reboot_required": RebootRequired,
 }
+
+
+# Facts a node's python3 can answer as their commands would, without a shell command of their
+# own: the host-state probe (roles/facts.py) reads them in its round trip. A `gpu: none` host's
+# four shell facts cost its CPU ~9 ms per deploy (docs/benchmarks.md, "No-op re-run on the lab:
+# a CPU profile"). name -> (what the probe reads: PdkitHostState's texts, whether an unreadable
+# source fails the fact: `cat /etc/os-release` fails, the marker's command never does).
+PROBE_TEXTS: dict[str, tuple[tuple[str, str], bool]] = {
+    "os": (("file", OS_RELEASE_PATH), True),
+    "arch": (("uname", "machine"), True),
+    "kernel": (("uname", "release"), True),
+    "reboot_required": (("file", REBOOT_MARKER_PATH), False),
+}
+
+
+def output_lines(text: str) -> list[str]:
+    """TEXT as pyinfra hands a command's stdout to a fact: split at newlines, without the last empty piece."""
+    lines = text.split("\n")
+    return lines[:-1] if lines[-1] == "" else lines
+
+
+def facts_from_texts(names: tuple[str, ...], texts: dict[str, str | None]) -> dict | None:
+    """NodeFacts' value for NAMES (all in PROBE_TEXTS) from the probe's TEXTS, each parsed by its own
+    fact as when read alone; None when a source whose command would fail could not be read (the
+    caller reads NodeFacts itself then, and it fails as it would have)."""
+    values = {}
+    for name in names:
+        (_, required), text = PROBE_TEXTS[name], texts.get(name)
+        if text is None and required:
+            return None
+        lines = output_lines(text or "")
+        fact = NODE_FACTS[name]()
+        values[name] = fact.process(lines) if lines else fact.default()
+    return values
 
 
 # a line no fact's own output can start with: it opens the next fact's part of NodeFacts' output

@@ -25,8 +25,8 @@ from pyinfra.operations import server
 from pdkit.deploy import current_host, current_spec
 from pdkit.node import NodeStack, node_stack
 from pdkit.preflight import check_host, format_report, has_errors
-from roles.facts import read_with_host_state
-from roles.node_facts import NODE_FACTS, NodeFacts
+from roles.facts import read_texts_with_host_state, read_with_host_state
+from roles.node_facts import NODE_FACTS, PROBE_TEXTS, NodeFacts, facts_from_texts
 
 # facts a `gpu: none` host still gets (OS for the report, the reboot marker)
 _HOST_ONLY = ("os", "arch", "kernel", "reboot_required")
@@ -62,7 +62,13 @@ def read_facts_and_host_state() -> None:
     that could not be read is read alone when asked for, and fails there as it would have."""
     if current_host().node is None or host.name in _of(_FACTS):
         return  # no preflight here: the host state is read alone, when the roles first ask
-    value = read_with_host_state(NodeFacts, _node_fact_kwargs())
+    kwargs = _node_fact_kwargs()
+    if not kwargs["engine_venv"] and all(name in PROBE_TEXTS for name in kwargs["names"]):
+        # a `gpu: none` host: the probe reads its four facts itself, no shell command for them
+        texts = read_texts_with_host_state(tuple((name, *PROBE_TEXTS[name][0]) for name in kwargs["names"]))
+        value = facts_from_texts(kwargs["names"], texts) if texts is not None else None
+    else:
+        value = read_with_host_state(NodeFacts, kwargs)
     if value is not None:
         _of(_FACTS)[host.name] = value
 

@@ -33,8 +33,9 @@ def test_a_converged_no_op_plans_each_host_once_reads_it_once_and_runs_nothing(l
     assert row["hosts"] == 5  # 4 GPU hosts (the router on the first) and lab-mon
     # the roles ask for a host's plan seven times: it is computed once per host
     assert row["plans"] == 5
-    # the preflight's facts and the host state in one round trip on each GPU host; lab-mon has no preflight
-    assert row["facts"] == {"WithHostState": 4, "PdkitHostState": 1}
+    # one round trip per host: on a `gpu: none` host the host-state probe reads the preflight's
+    # facts itself (roles/node_facts.py PROBE_TEXTS); lab-mon has no preflight
+    assert row["facts"] == {"PdkitHostState": 5}
     # no operation at all: nothing changes, so not even the release record is declared
     assert (row["ops"], row["would_run"]) == (0, 0)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import grp
 import hashlib
+import io
 import json
 import os
 import pwd
@@ -17,7 +18,9 @@ import sys
 import pytest
 from pyinfra.api import FactBase
 
+from roles import node_facts
 from roles.facts import PdkitHostState, WithHostState
+from roles.node_facts import PROBE_TEXTS, NodeFacts, facts_from_texts, output_lines
 
 SYSTEMCTL = """#!/bin/sh
 # systemctl show -p LoadState,ActiveState,UnitFileState UNIT...: one block per unit
@@ -94,6 +97,17 @@ def _probe(root, releases: str = "", user=None) -> dict:
         "packages": ("here", "half", "gone"),
         "releases": releases,
     }
+
+
+def _pyinfra_lines(stdout: str) -> list[str]:
+    """STDOUT as pyinfra hands it to a fact (its own reader, pyinfra.connectors.util.read_buffer)."""
+    from queue import Queue
+
+    from pyinfra.connectors.util import read_buffer
+
+    queue: Queue = Queue()
+    read_buffer("stdout", io.StringIO(stdout), queue)
+    return [queue.get().line for _ in range(queue.qsize())]
 
 
 def _stat(path, kind):
@@ -187,7 +201,7 @@ def test_a_part_that_fails_is_none_and_the_other_is_kept(node):
 
 
 # the probe's JSON and SHA-256 (its prelude, up to where it reads its arguments), in this process
-_PRELUDE = __import__("roles.facts", fromlist=["_PROBE"])._PROBE.split("paths, units, user, venvs, packages, releases =")[0]
+_PRELUDE = __import__("roles.facts", fromlist=["_PROBE"])._PROBE.split("paths, units, user, venvs, packages, releases, texts =")[0]
 _VALUES = [
     {"release": {"id": "r2", "hash": "h", "files": ["/etc/é", "/x \"y\" \\z", "/tab\there", "/nl\nx", "/emoji-\U0001f600"]},
      "n": [0, -1, 2**70, 1.5, -0.0, 1e300], "flags": [True, False, None], "empty": [{}, [], ""]},
@@ -231,3 +245,38 @@ def test_the_probes_json_and_sha256_are_json_and_hashlibs(block):
         ns["dumps"]({"a": object()})
     data = os.urandom(4096)
     assert ns["sha256"](data).hexdigest() == hashlib.sha256(data).hexdigest()
+
+
+@pytest.mark.parametrize("marker", [None, "NVIDIA driver packages changed by pdkit\n  second line\n", "no final newline"], ids=["no-marker", "marker", "marker-no-newline"])
+def test_the_probes_texts_give_the_facts_their_commands_give(node, tmp_path, monkeypatch, marker):
+    # a `gpu: none` host's preflight facts read by the probe (roles/preflight.py) equal NodeFacts'
+    # own shell commands run on the same machine (this one's os-release and uname, a marker file)
+    path = tmp_path / "reboot-required"
+    if marker is not None:
+        path.write_text(marker)
+    monkeypatch.setattr(node_facts, "REBOOT_MARKER_PATH", str(path))
+    names = tuple(PROBE_TEXTS)
+    texts = tuple((name, *PROBE_TEXTS[name][0]) for name in names)
+    texts = tuple((n, k, str(path) if n == "reboot_required" else a) for n, k, a in texts)
+    state = PdkitHostState().process(_run(PdkitHostState().command(**_probe(node["root"]), texts=texts), node["env"]))
+    shell = subprocess.run(["/bin/sh", "-c", NodeFacts().command(names)], capture_output=True, text=True, env=node["env"], timeout=60)
+    assert shell.returncode == 0, shell.stderr
+    expected = NodeFacts().process(_pyinfra_lines(shell.stdout))
+    assert facts_from_texts(names, state["texts"]) == expected
+    assert expected["arch"] == os.uname().machine and expected["os"]["id"]  # the comparison saw real values
+    assert expected["reboot_required"] == (None if marker is None else " ".join(x.strip() for x in marker.splitlines() if x.strip()))
+
+
+def test_an_unreadable_os_release_is_left_to_its_own_command(node, tmp_path):
+    # `cat /etc/os-release` would fail the fact: no value from the texts, NodeFacts is read alone
+    texts = (("os", "file", str(tmp_path / "absent")), ("arch", "uname", "machine"), ("reboot_required", "file", str(tmp_path / "absent")))
+    state = PdkitHostState().process(_run(PdkitHostState().command(**_probe(node["root"]), texts=texts), node["env"]))
+    assert state["texts"] == {"os": None, "arch": os.uname().machine + "\n", "reboot_required": None}
+    assert facts_from_texts(("os", "arch", "reboot_required"), state["texts"]) is None
+    # an absent marker is no marker, as `cat MARKER 2>/dev/null || true` says
+    assert facts_from_texts(("arch", "reboot_required"), state["texts"]) == {"arch": os.uname().machine, "reboot_required": None}
+
+
+@pytest.mark.parametrize("text", ["", "a", "a\n", "a\n\nb\n", "\n", "a\r\nb"])
+def test_output_lines_split_as_pyinfra_splits(text):
+    assert output_lines(text) == _pyinfra_lines(text)
