@@ -12,6 +12,13 @@ ones a no-op runs (sshd's per-connection children, shells, the host-state probe,
 are counted, which sampling tools miss. The control process's CPU is its rusage (wait4, its
 children included); the machine's busy CPU comes from /proc/stat.
 
+--freeze HOST:UNIT (repeatable) freezes UNIT on lab host HOST (the cgroup v2 freezer, from this
+machine: the unit stays active, so the deploy still sees it running) for the idle and deploy windows
+of every run, thawed after each: e.g. `--freeze lab-mon:prometheus.service` stops every scrape, and
+with it the load the scrapes cause on every guest (node_exporter, pdkit-exporter, the engines'
+/metrics), to tell that load apart from the deploy's own. Only for a no-op: a deploy that gates on a
+frozen service would wait for it.
+
 --tree DIR runs the deploy of another checkout (e.g. `git worktree add DIR REV`: a before/after on
 one running lab): pyinfra starts in DIR, with DIR first on PYTHONPATH.
 
@@ -117,6 +124,40 @@ def role_of(guest: str, roles: dict[str, str]) -> str:
     return roles.get(guest, "gpu" if "gpu" in guest else "other")
 
 
+def idle_cores(idle: dict[tuple[str, str], int], window_s: float, roles: dict[str, str]) -> dict[str, dict[str, float]]:
+    """{role: {group: cores the idle window used, over all guests of the role}}: the lab's own background."""
+    out: dict[str, dict[str, float]] = {}
+    for (guest, group), usec in idle.items():
+        role = role_of(guest, roles)
+        out.setdefault(role, {}).setdefault(group, 0.0)
+        out[role][group] += usec / 1e6 / window_s
+    return out
+
+
+def parse_freeze(value: str) -> tuple[str, str]:
+    """`HOST:UNIT` -> (HOST, UNIT)."""
+    host, sep, unit = value.partition(":")
+    if not (sep and host and unit):
+        raise argparse.ArgumentTypeError(f"{value!r}: expected HOST:UNIT, e.g. lab-mon:prometheus.service")
+    return host, unit
+
+
+def freeze(lab_root: Path, units: list[tuple[str, str]], frozen: bool, timeout_s: float = 10.0) -> None:
+    """Freeze (or thaw) each (HOST, UNIT) through its cgroup's cgroup.freeze, from this machine: the
+    guest's systemd cannot freeze a unit itself ("does not support freezing" in a systemd-nspawn
+    guest), and does not notice this: the unit stays active. Waits until the kernel says it is."""
+    for host, unit in units:
+        cg = lab_root / host / "payload" / "system.slice" / unit
+        if not (cg / "cgroup.freeze").exists():
+            sys.exit(f"noop_profile: {host} has no cgroup for {unit} ({cg}): is it running there?")
+        (cg / "cgroup.freeze").write_text("1" if frozen else "0")
+        deadline = time.monotonic() + timeout_s
+        while f"frozen {int(frozen)}" not in (cg / "cgroup.events").read_text().split("\n"):
+            if time.monotonic() > deadline:
+                sys.exit(f"noop_profile: {unit} on {host} did not {'freeze' if frozen else 'thaw'} in {timeout_s:.0f} s")
+            time.sleep(0.05)
+
+
 def summarize(deploy: dict[tuple[str, str], int], idle: dict[tuple[str, str], int],
               roles: dict[str, str]) -> dict[str, dict[str, float]]:
     """{role: {group: ms over all guests of the role, deploy minus idle}} plus `hosts` per role."""
@@ -168,6 +209,8 @@ def main() -> int:
     ap.add_argument("--deploy", default="deploy/pd.py")
     ap.add_argument("--tree", type=Path, default=REPO, help="the checkout whose deploy runs (default: this one)")
     ap.add_argument("--out", type=Path, help="write every run's figures as JSON here")
+    ap.add_argument("--freeze", type=parse_freeze, action="append", default=[], metavar="HOST:UNIT",
+                    help="freeze UNIT on lab host HOST during each run's windows (e.g. lab-mon:prometheus.service)")
     ap.add_argument("extra", nargs="*", help="more pyinfra arguments (after --)")
     args = ap.parse_args()
 
@@ -178,18 +221,26 @@ def main() -> int:
     runs = []
     window = 15.0
     for i in range(args.runs):
-        idle0 = Snapshot.take(root)
-        time.sleep(window)
-        idle1 = Snapshot.take(root)
-        dep0 = Snapshot.take(root)
-        wall, control_cpu, _ = run_pyinfra(argv, args.tree.resolve())
-        dep1 = Snapshot.take(root)
+        freeze(root, args.freeze, True)
+        try:
+            time.sleep(1.0 if args.freeze else 0.0)  # a scrape in flight when frozen is held, not finished
+            idle0 = Snapshot.take(root)
+            time.sleep(window)
+            idle1 = Snapshot.take(root)
+            dep0 = Snapshot.take(root)
+            wall, control_cpu, _ = run_pyinfra(argv, args.tree.resolve())
+            dep1 = Snapshot.take(root)
+        finally:
+            freeze(root, args.freeze, False)
+        idle_delta = delta(idle0, idle1)
         scale = wall / window  # the idle window's usage, stretched to the deploy's length
-        idle = {k: int(v * scale) for k, v in delta(idle0, idle1).items()}
+        idle = {k: int(v * scale) for k, v in idle_delta.items()}
         summary = summarize(delta(dep0, dep1), idle, roles)
         busy = (dep1.busy_ticks - dep0.busy_ticks) / hz
+        idle_busy = (idle1.busy_ticks - idle0.busy_ticks) / hz / window
         runs.append({"wall_s": wall, "control_cpu_s": control_cpu, "machine_busy_cpu_s": busy,
-                     "idle_window_s": window, "groups_ms": summary})
+                     "idle_window_s": window, "idle_machine_cores": idle_busy, "groups_ms": summary,
+                     "idle_cores": idle_cores(idle_delta, window, roles)})
         print(f"run {i + 1}: wall {wall:.2f} s, control process {control_cpu:.2f} s CPU, machine busy "
               f"{busy:.2f} s CPU ({busy / wall:.2f} of {os.cpu_count()} cores)", flush=True)
         window = max(15.0, wall)  # at least one Prometheus scrape interval of the lab (15 s)
@@ -199,6 +250,10 @@ def main() -> int:
 
     print(f"\nmedian of {len(runs)} runs: wall {med(lambda r: r['wall_s']):.2f} s, control process "
           f"{med(lambda r: r['control_cpu_s']):.2f} s CPU, machine busy {med(lambda r: r['machine_busy_cpu_s']):.2f} s CPU")
+    print(f"idle window: machine busy {med(lambda r: r['idle_machine_cores']):.2f} cores" + (f" (frozen: {', '.join(h + ':' + u for h, u in args.freeze)})" if args.freeze else ""))
+    for role in sorted(runs[0]["idle_cores"]):
+        busiest = sorted(((g, med(lambda r: r["idle_cores"][role].get(g, 0.0))) for g in runs[0]["idle_cores"][role] if g != "*total"), key=lambda x: -x[1])
+        print(f"  {role}: {med(lambda r: r['idle_cores'][role].get('*total', 0.0)):.3f} cores; " + ", ".join(f"{g} {c:.3f}" for g, c in busiest[:6]))
     for role in sorted(runs[0]["groups_ms"]):
         hosts = int(runs[0]["groups_ms"][role]["hosts"])
         groups = sorted((g for g in runs[0]["groups_ms"][role] if g != "hosts"),
@@ -211,7 +266,7 @@ def main() -> int:
                 continue
             print(f"  {g:40s} {total:9.1f} {total / hosts:9.1f}")
     if args.out:
-        args.out.write_text(json.dumps({"argv": argv[1:], "tree": str(args.tree), "runs": runs}, indent=1, default=str) + "\n")
+        args.out.write_text(json.dumps({"argv": argv[1:], "tree": str(args.tree), "frozen": [f"{h}:{u}" for h, u in args.freeze], "runs": runs}, indent=1, default=str) + "\n")
     return 0
 
 

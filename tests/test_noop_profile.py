@@ -70,3 +70,43 @@ def test_a_cgroup_created_inside_the_window_counts_its_whole_usage(tmp_path):
     _cg(tmp_path, "lab-gpu1/payload/system.slice/fresh.service", 700)
     after = prof.Snapshot.take(tmp_path)
     assert prof.delta(before, after)[("lab-gpu1", "fresh.service")] == 700
+
+
+def test_the_idle_windows_load_in_cores_per_role_and_group():
+    idle = {("lab-gpu1", "prometheus-node-exporter.service"): 300_000, ("lab-gpu2", "prometheus-node-exporter.service"): 100_000,
+            ("lab-mon", "prometheus.service"): 150_000, ("lab-gpu1", "*total"): 500_000}
+    cores = prof.idle_cores(idle, 10.0, {"lab-gpu1": "gpu", "lab-gpu2": "gpu", "lab-mon": "monitoring"})
+    assert cores["gpu"]["prometheus-node-exporter.service"] == 0.04  # 0.4 s of CPU over 10 s
+    assert cores["gpu"]["*total"] == 0.05
+    assert cores["monitoring"] == {"prometheus.service": 0.015}
+
+
+def test_freeze_takes_host_colon_unit_and_names_the_form_otherwise():
+    import argparse
+
+    import pytest
+
+    assert prof.parse_freeze("lab-mon:prometheus.service") == ("lab-mon", "prometheus.service")
+    for bad in ("prometheus.service", "lab-mon:", ":x"):
+        with pytest.raises(argparse.ArgumentTypeError, match="expected HOST:UNIT"):
+            prof.parse_freeze(bad)
+
+
+def test_freeze_writes_the_units_cgroup_freeze_and_waits_for_the_kernel(tmp_path):
+    import threading
+
+    cg = tmp_path / "lab-mon/payload/system.slice/prometheus.service"
+    cg.mkdir(parents=True)
+    (cg / "cgroup.freeze").write_text("0\n")
+    (cg / "cgroup.events").write_text("populated 1\nfrozen 0\n")
+    # the kernel reports the new state a little later
+    threading.Timer(0.2, lambda: (cg / "cgroup.events").write_text("populated 1\nfrozen 1\n")).start()
+    prof.freeze(tmp_path, [("lab-mon", "prometheus.service")], True)
+    assert (cg / "cgroup.freeze").read_text() == "1"
+    (cg / "cgroup.events").write_text("populated 1\nfrozen 1\n")  # never thaws
+    import pytest
+
+    with pytest.raises(SystemExit, match="did not thaw"):
+        prof.freeze(tmp_path, [("lab-mon", "prometheus.service")], False, timeout_s=0.2)
+    with pytest.raises(SystemExit, match="no cgroup for grafana-server.service"):
+        prof.freeze(tmp_path, [("lab-mon", "grafana-server.service")], True)
