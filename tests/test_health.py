@@ -118,7 +118,7 @@ def test_tune_connection_turns_nagle_off_on_a_tcp_ssh_socket_only():
     import socket
     from types import SimpleNamespace
 
-    from pdkit.deploy import tune_connection
+    from pdkit.deploy import SSH_CLOSE_CHECK_S, tune_connection
 
     def host_with(sock):
         transport = SimpleNamespace(sock=sock)
@@ -128,14 +128,18 @@ def test_tune_connection_turns_nagle_off_on_a_tcp_ssh_socket_only():
     tcp = socket.create_connection(listener.getsockname())
     try:
         assert tcp.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 0
+        tcp.settimeout(0.1)  # what paramiko's Transport sets
         assert tune_connection(host_with(tcp)) is True
         assert tcp.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+        assert tcp.gettimeout() == SSH_CLOSE_CHECK_S
     finally:
         tcp.close()
         listener.close()
     a, b = socket.socketpair()  # a proxied channel or a local pipe: not TCP, left alone
     try:
+        a.settimeout(0.1)
         assert tune_connection(host_with(a)) is False
+        assert a.gettimeout() == 0.1
     finally:
         a.close()
         b.close()
@@ -256,3 +260,40 @@ def test_a_service_gate_passes_when_its_url_answers_and_times_out_when_it_never_
     out = capsys.readouterr()
     assert f"ok     pdkit-exporter.service ready: {base}/ok answered 200" in out.out
     assert f"FAILED not ready after 0 s: {base}/down answered 503" in out.err
+
+
+def test_paramikos_reader_on_a_tuned_socket_still_ends_soon_after_a_close():
+    # without gevent (a thread blocked in recv is not woken by close()): paramiko's own read loop
+    # on the tuned socket notices the closed packetizer within SSH_CLOSE_CHECK_S
+    import socket
+    import threading
+
+    from paramiko.packet import Packetizer
+
+    from pdkit.deploy import SSH_CLOSE_CHECK_S
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    tcp = socket.create_connection(listener.getsockname())
+    peer, _ = listener.accept()
+    tcp.settimeout(SSH_CLOSE_CHECK_S)
+    packetizer = Packetizer(tcp)
+    ended: list[str] = []
+
+    def read():
+        try:
+            packetizer.read_all(4)
+        except EOFError:
+            ended.append("EOF")
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        time.sleep(0.3)
+        assert reader.is_alive() and not ended  # idle: still waiting for data
+        closed_at = time.monotonic()
+        packetizer.close()
+        reader.join(SSH_CLOSE_CHECK_S + 1.0)
+        assert ended == ["EOF"] and time.monotonic() - closed_at <= SSH_CLOSE_CHECK_S + 1.0
+    finally:
+        for s in (tcp, peer, listener):
+            s.close()
