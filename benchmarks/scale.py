@@ -283,6 +283,7 @@ class LabRow:
     scrape_max_s: float | None = None
     scrape_targets: int | None = None
     targets_up: int | None = None
+    targets_down: list[str] = field(default_factory=list)  # "job instance" of each target not up at the end
     scrape_by_job: dict[str, float] = field(default_factory=dict)  # job -> max scrape_duration_seconds
     memory_mib: float | None = None  # PSS of every lab container after the converge
     failed: str = ""  # "step: what went wrong"; the steps after it were not run
@@ -397,6 +398,7 @@ def run_lab(sizes: Sequence[int], batch: int, steps, workdir: Path, on_row: Call
             durations = [d for _, _, d, _ in scraped]
             row.scrape_targets = len(scraped)
             row.targets_up = sum(1 for *_, ok in scraped if ok)
+            row.targets_down = [f"{job} {inst}" for job, inst, _, ok in scraped if not ok]
             row.scrape_median_s = statistics.median(durations)
             row.scrape_max_s = max(durations)
             for job, _, d, _ in scraped:
@@ -424,7 +426,8 @@ def lab_table(rows: Sequence[LabRow]) -> str:
     for r in rows:
         noop = "-" if r.noop_s is None else f"{r.noop_s:.1f} s ({r.noop_changed})"
         roll = "-" if r.roll_s is None else f"{r.roll_s:.1f} s (`--batch {r.batch}`)"
-        scrape = "-" if r.scrape_median_s is None else f"{_ms(r.scrape_median_s)} / {_ms(r.scrape_max_s)} ({r.targets_up}/{r.scrape_targets})"
+        down = f"; down: {', '.join(r.targets_down)}" if r.targets_down else ""
+        scrape = "-" if r.scrape_median_s is None else f"{_ms(r.scrape_median_s)} / {_ms(r.scrape_max_s)} ({r.targets_up}/{r.scrape_targets}{down})"
         mem = "-" if r.memory_mib is None else f"{r.memory_mib / 1024:.1f} GiB"
         result = f"FAILED at {r.failed}".replace("|", "/") if r.failed else "ok"
         body += f"| {r.gpu_hosts} | {_s(r.lab_up_s)} | {_s(r.converge_s)} | {noop} | {roll} | {scrape} | {mem} | {result} |\n"

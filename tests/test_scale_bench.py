@@ -153,7 +153,7 @@ def test_run_lab_records_a_failure_and_goes_on(tmp_path):
     assert four.converge_s is None and four.noop_s is None and four.roll_s is None
     assert sixteen.failed == "roll --batch 4: roll broke at 16" and sixteen.noop_s == pytest.approx(1.66) and sixteen.scrape_max_s is None
     assert thirty_two.failed == "" and thirty_two.roll_s == pytest.approx(24.0) and thirty_two.memory_mib == 6400.0
-    assert thirty_two.scrape_targets == 4 and thirty_two.targets_up == 3
+    assert thirty_two.scrape_targets == 4 and thirty_two.targets_up == 3 and thirty_two.targets_down == ["pdkit-exporter a"]
     assert thirty_two.scrape_median_s == pytest.approx(0.013) and thirty_two.scrape_max_s == pytest.approx(0.030)
     assert thirty_two.scrape_by_job == {"sglang": 0.006, "node": 0.020, "pdkit-exporter": 0.030}
     # every size had its own lab, and the roll ran on the rolled inventory of that size
@@ -165,7 +165,7 @@ def test_lab_results_table_json_and_plot(tmp_path):
     rows = scale.run_lab([1, 4, 16], batch=4, steps=FakeSteps(fail={4: "scrape"}), workdir=tmp_path)
     written = scale.write_lab_results(rows, tmp_path / "out", when="2026-12-01 12:00 UTC")
     md = written["md"].read_text()
-    assert "| 1 | 1.1 s | 10.0 s | 1.5 s (0) | 3.0 s (`--batch 1`) | 13 ms / 30 ms (3/4) | 0.2 GiB | ok |" in md
+    assert "| 1 | 1.1 s | 10.0 s | 1.5 s (0) | 3.0 s (`--batch 1`) | 13 ms / 30 ms (3/4; down: pdkit-exporter a) | 0.2 GiB | ok |" in md
     assert "| 4 | 1.4 s | 40.0 s | 1.5 s (0) | 4.0 s (`--batch 3`) | - | 0.8 GiB | FAILED at scrape durations: scrape broke at 4 |" in md
     assert "![time against N](scale-lab.png)" in md and "2026-12-01 12:00 UTC" in md
     data = json.loads(written["json"].read_text())
