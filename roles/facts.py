@@ -223,13 +223,14 @@ def _state_kwargs() -> dict:
     }
 
 
-def host_state() -> dict:
-    """The current host's state for everything pdkit plans on it (one round trip, read once per run)."""
+def host_state(texts: tuple[tuple[str, str, str], ...] = ()) -> dict:
+    """The current host's state for everything pdkit plans on it (one round trip, read once per run);
+    TEXTS (PdkitHostState's) are read too when this is the first read."""
     from pyinfra import host
 
     read = _STATE.setdefault(host.state, {})
     if host.name not in read:
-        read[host.name] = host.get_fact(PdkitHostState, **_state_kwargs())
+        read[host.name] = host.get_fact(PdkitHostState, **_state_kwargs(), texts=texts)
     return read[host.name]
 
 
@@ -257,12 +258,9 @@ def read_texts_with_host_state(texts: tuple[tuple[str, str, str], ...]) -> dict[
     was already read (read them some other way then)."""
     from pyinfra import host
 
-    read = _STATE.setdefault(host.state, {})
-    if host.name in read:
+    if host.name in _STATE.setdefault(host.state, {}):
         return None
-    state = host.get_fact(PdkitHostState, **_state_kwargs(), texts=texts)
-    read[host.name] = state
-    return state["texts"]
+    return host_state(texts)["texts"]
 
 
 def path_matches(state: dict, path: str, kind: str, mode: str, owner: str, group: str, sha256: str | None = None) -> bool:

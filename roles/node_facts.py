@@ -377,6 +377,11 @@ PROBE_TEXTS: dict[str, tuple[tuple[str, str], bool]] = {
 }
 
 
+def probe_texts(names: tuple[str, ...]) -> tuple[tuple[str, str, str], ...]:
+    """PdkitHostState's `texts` argument for NAMES (all in PROBE_TEXTS): (name, kind, source) each."""
+    return tuple((name, *PROBE_TEXTS[name][0]) for name in names)
+
+
 def output_lines(text: str) -> list[str]:
     """TEXT as pyinfra hands a command's stdout to a fact: split at newlines, without the last empty piece."""
     lines = text.split("\n")

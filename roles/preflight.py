@@ -26,7 +26,7 @@ from pdkit.deploy import current_host, current_spec
 from pdkit.node import NodeStack, node_stack
 from pdkit.preflight import check_host, format_report, has_errors
 from roles.facts import read_texts_with_host_state, read_with_host_state
-from roles.node_facts import NODE_FACTS, PROBE_TEXTS, NodeFacts, facts_from_texts
+from roles.node_facts import NODE_FACTS, PROBE_TEXTS, NodeFacts, facts_from_texts, probe_texts
 
 # facts a `gpu: none` host still gets (OS for the report, the reboot marker)
 _HOST_ONLY = ("os", "arch", "kernel", "reboot_required")
@@ -65,7 +65,7 @@ def read_facts_and_host_state() -> None:
     kwargs = _node_fact_kwargs()
     if not kwargs["engine_venv"] and all(name in PROBE_TEXTS for name in kwargs["names"]):
         # a `gpu: none` host: the probe reads its four facts itself, no shell command for them
-        texts = read_texts_with_host_state(tuple((name, *PROBE_TEXTS[name][0]) for name in kwargs["names"]))
+        texts = read_texts_with_host_state(probe_texts(kwargs["names"]))
         value = facts_from_texts(kwargs["names"], texts) if texts is not None else None
     else:
         value = read_with_host_state(NodeFacts, kwargs)

@@ -20,7 +20,7 @@ from pyinfra.api import FactBase
 
 from roles import node_facts
 from roles.facts import PdkitHostState, WithHostState
-from roles.node_facts import PROBE_TEXTS, NodeFacts, facts_from_texts, output_lines
+from roles.node_facts import PROBE_TEXTS, NodeFacts, facts_from_texts, output_lines, probe_texts
 
 SYSTEMCTL = """#!/bin/sh
 # systemctl show -p LoadState,ActiveState,UnitFileState UNIT...: one block per unit
@@ -256,8 +256,7 @@ def test_the_probes_texts_give_the_facts_their_commands_give(node, tmp_path, mon
         path.write_text(marker)
     monkeypatch.setattr(node_facts, "REBOOT_MARKER_PATH", str(path))
     names = tuple(PROBE_TEXTS)
-    texts = tuple((name, *PROBE_TEXTS[name][0]) for name in names)
-    texts = tuple((n, k, str(path) if n == "reboot_required" else a) for n, k, a in texts)
+    texts = tuple((n, k, str(path) if n == "reboot_required" else a) for n, k, a in probe_texts(names))
     state = PdkitHostState().process(_run(PdkitHostState().command(**_probe(node["root"]), texts=texts), node["env"]))
     shell = subprocess.run(["/bin/sh", "-c", NodeFacts().command(names)], capture_output=True, text=True, env=node["env"], timeout=60)
     assert shell.returncode == 0, shell.stderr
