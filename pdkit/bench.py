@@ -13,6 +13,13 @@ exactly max_new_tokens). Every streamed chunk carries `meta_info.completion_toke
 tokens are counted by the server, not guessed from text. A request that ends with another
 number of output tokens than asked for counts as an error.
 
+`--limit HOST` (repeatable) benches only those hosts' own engines: each request goes to one of
+their PD pairs directly, in the form the router gives it (pdkit.tune.measure), the pairs in turn.
+Through the router, smg's load-aware decode policy (power_of_two) moves load off a slow engine, so
+a change on one node of several barely moves the cluster's figure; a limited bench measures that
+node's pairs alone. Its record says so (env.measured.via "engines") and `pdkit doctor` never takes
+it as the cluster's baseline.
+
 `--engine-bench sglang` runs SGLang's own `python -m sglang.benchmark.serving` (random dataset,
 `--random-range-ratio 1` for fixed lengths, one run per concurrency) against the router and
 reads its `--output-file` JSONL into the same record.
@@ -44,8 +51,8 @@ Record schema (version 1):
                         hosts, "unknown: <why>" when it could not be read, "not probed" with --no-ssh
         engine_flags    {"<host>/<engine>": the sglang argv pdkit plans (pdkit.flags.sglang_args)}
         measured        what the requests went to: {"via": "router", "router_url", "engines": the
-                        router's workers} for `pdkit bench`; `pdkit tune` on part of the cluster
-                        benches the target's own engines: {"via": "engines", "hosts", "engines",
+                        router's workers} for `pdkit bench`; `pdkit bench --limit` and `pdkit tune`
+                        on part of the cluster bench those hosts' own engines: {"via": "engines", "hosts", "engines",
                         "routes": ["<prefill>+<decode>" PD pairs or unified engines]} (docs/tune.md)
 
 Public helpers (used by `pdkit doctor`): load_runs(path), run_bench(spec, ...), fingerprint(spec).
@@ -603,13 +610,20 @@ def describe_measured(measured: dict[str, Any]) -> str:
     return f"the engines directly, PD pairs {', '.join(measured.get('routes') or [])}"
 
 
+def _sent_to(record: dict[str, Any]) -> str:
+    measured = (record.get("env") or {}).get("measured") or {}
+    if measured.get("via", "router") == "router":
+        return f"through {record['router_url']}"
+    return f"to {', '.join(measured.get('routes') or measured.get('engines') or [])} directly (not through the router)"
+
+
 def render_markdown(record: dict[str, Any]) -> str:
     """A bench record as a markdown section: what was run, then one table row per concurrency."""
     label = f" — {record['label']}" if record.get("label") else ""
     lines = [
         f"## {record['id']}{label}",
         "",
-        f"{record['time']}, `{record['tool']}` through {record['router_url']}, cluster `{record['cluster']}`, "
+        f"{record['time']}, `{record['tool']}` {_sent_to(record)}, cluster `{record['cluster']}`, "
         f"model `{record['model']}`: input {record['input_len']} tokens, output {record['output_len']} tokens, "
         f"{record['requests']} requests per level after {record['warmup']} warm-up requests.",
         "",
@@ -802,6 +816,26 @@ def parse_concurrency(text: str) -> list[int]:
     return levels
 
 
+def limited_measure(spec: ClusterSpec, hosts: Sequence[str], engine_bench: str = "pdkit"):
+    """What `--limit HOST` benches: those hosts' own PD pairs / unified engines, sent to directly
+    (pdkit.tune.measure), or the router when they hold every engine it fronts. Refuses a name the
+    inventory lacks or a host without engines, before any request."""
+    from pdkit.tune.measure import measured_for
+
+    engine_hosts = [h.name for h, _ in spec.engines()]
+    names = [h.name for h in spec.hosts]
+    unknown = [h for h in hosts if h not in names]
+    if unknown:
+        raise ValueError(f"--limit names unknown host(s) {unknown}; the inventory has {names}")
+    idle = [h for h in hosts if h not in engine_hosts]
+    if idle:
+        raise ValueError(f"--limit: host(s) {idle} run no engine; hosts with engines: {sorted(set(engine_hosts))}")
+    if engine_bench != "pdkit":
+        raise ValueError("--limit needs pdkit's client (--engine-bench pdkit): SGLang's bench sends to one URL, "
+                         "and a PD pair needs each request sent to its prefill and decode at once")
+    return measured_for(spec, list(dict.fromkeys(hosts)))
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from pdkit.loader import load_or_report
 
@@ -811,12 +845,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
     common = dict(concurrency=args.concurrency, input_len=args.input_len, output_len=args.output_len,
                   requests=args.requests, warmup=args.warmup, label=args.label, probe_drivers=not args.no_ssh)
     try:
+        measured = limited_measure(spec, args.limit, args.engine_bench) if args.limit else None
         router_url, _ = router_target(spec)
-        print(f"bench through {router_url} (model {served_model(spec)}, engine {spec.cluster.engine}): "
+        where = f"through {router_url}" if measured is None else describe_measured(measured.describe())
+        print(f"bench {where} (model {served_model(spec)}, engine {spec.cluster.engine}): "
               f"C={','.join(map(str, args.concurrency))}, in {args.input_len} / out {args.output_len} tokens, "
               f"{args.requests} requests per level", file=sys.stderr)
         if args.engine_bench == "sglang":
             record = run_sglang_bench(spec, python=args.sglang_python, tokenizer=args.tokenizer, **common)
+        elif measured is not None:
+            record = run_bench(spec, timeout_s=args.timeout, progress=not args.quiet, send=measured.stream,
+                               measured=measured.describe(), **common)
         else:
             record = run_bench(spec, timeout_s=args.timeout, progress=not args.quiet, **common)
     except (ValueError, RuntimeError) as exc:
@@ -865,6 +904,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--sglang-python", default=sys.executable,
                    help="python that has sglang installed, for --engine-bench sglang (default: this one)")
     p.add_argument("--tokenizer", default=None, help="tokenizer path for --engine-bench sglang (default: the model name)")
+    p.add_argument("--limit", action="append", default=[], metavar="HOST",
+                   help="bench only these hosts' own engines (repeat): each request goes to one of their PD pairs "
+                        "directly, in the router's PD form, in turn, so each pair serves an equal share. Through the "
+                        "router a load-aware policy moves load off a slow engine, and one changed node of several "
+                        "barely shows; the record says what it measured (env.measured)")
     p.add_argument("--no-ssh", action="store_true", help="do not SSH to GPU nodes for the driver version")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -985,10 +985,15 @@ def c16_throughput(record: dict[str, Any]) -> float | None:
 
 
 def last_recorded(runs: Iterable[dict[str, Any]], cluster: str, engine: str) -> BenchPoint | None:
-    """The newest clean C=16 level recorded for this cluster and engine kind (sim and sglang never compare)."""
+    """The newest clean C=16 level recorded through the router for this cluster and engine kind (sim
+    and sglang never compare; a bench of chosen hosts' engines, env.measured.via "engines", is not
+    the cluster's figure)."""
     best = None
     for record in runs:
-        if record.get("cluster") != cluster or (record.get("env") or {}).get("engine", engine) != engine:
+        env = record.get("env") or {}
+        if record.get("cluster") != cluster or env.get("engine", engine) != engine:
+            continue
+        if (env.get("measured") or {}).get("via", "router") != "router":
             continue
         value = c16_throughput(record)
         if value is not None:

@@ -217,3 +217,43 @@ def test_driver_probe_says_when_there_is_no_ssh_client():
 
     got = probe_driver({"name": "n1", "ssh_hostname": "127.0.0.1"}, run=no_ssh)
     assert got.startswith("unknown: no `ssh` client") and "--no-ssh" in got, got
+
+
+def test_limit_benches_the_hosts_own_pairs_and_refuses_what_it_cannot_bench(base, tmp_path):
+    from pdkit.bench import describe_measured, limited_measure
+
+    cluster, hosts = base
+    spec = load(write_inventory(tmp_path, hosts, cluster))
+    one = limited_measure(spec, ["gpu02"]).describe()
+    assert one == {"via": "engines", "hosts": ["gpu02"], "engines": ["gpu02/prefill", "gpu02/decode"],
+                   "routes": ["gpu02/prefill+gpu02/decode"]}, one
+    assert describe_measured(one) == "the engines directly, PD pairs gpu02/prefill+gpu02/decode"
+    # a repeated name is one target, not two shares
+    assert limited_measure(spec, ["gpu01", "gpu01"]).describe()["hosts"] == ["gpu01"]
+    with pytest.raises(ValueError, match=r"--limit names unknown host\(s\) \['gpu9'\]; the inventory has \['gpu01', 'gpu02', 'mon01'\]"):
+        limited_measure(spec, ["gpu01", "gpu9"])
+    with pytest.raises(ValueError, match=r"host\(s\) \['mon01'\] run no engine; hosts with engines: \['gpu01', 'gpu02'\]"):
+        limited_measure(spec, ["mon01"])
+    with pytest.raises(ValueError, match="--limit needs pdkit's client"):
+        limited_measure(spec, ["gpu01"], "sglang")
+
+
+def test_bench_cli_limit_error_names_the_host_before_any_request(base, tmp_path, capsys):
+    from pdkit.cli import main
+
+    cluster, hosts = base
+    inventory = write_inventory(tmp_path, hosts, cluster)
+    # the engines at 10.9.0.x are never contacted: the name is refused first
+    rc = main(["bench", str(inventory), "--limit", "gpu9", "--no-ssh", "--out", str(tmp_path / "out")])
+    assert rc == 1
+    assert "--limit names unknown host(s) ['gpu9']" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_render_markdown_says_where_the_requests_went():
+    record = _record("r1", "x", 1.0, [])
+    assert f"through {record['router_url']}," in render_markdown(record)
+    record["env"]["measured"] = {"via": "engines", "hosts": ["h1"], "engines": ["h1/p", "h1/d"], "routes": ["h1/p+h1/d"]}
+    text = render_markdown(record)
+    assert "to h1/p+h1/d directly (not through the router)," in text and "through http" not in text
+    assert "- measured: the engines directly, PD pairs h1/p+h1/d" in text

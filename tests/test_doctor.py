@@ -387,6 +387,11 @@ def test_last_recorded_takes_the_newest_run_of_this_cluster_and_engine():
     point = last_recorded(runs, "lab", "sim")
     assert point == BenchPoint(1000.0, "b", 128, 32, 48)
     assert last_recorded(runs, "other", "sim") is None
+    # a bench of one host's own pairs (pdkit bench --limit) is not the cluster's figure; through the router it is
+    limited = {**_record("lab", "sim", 200.0, "f"), "env": {"engine": "sim", "measured": {"via": "engines", "hosts": ["lab-gpu1"]}}}
+    assert last_recorded([*runs, limited], "lab", "sim") == point
+    routed = {**_record("lab", "sim", 950.0, "g"), "env": {"engine": "sim", "measured": {"via": "router"}}}
+    assert last_recorded([*runs, limited, routed], "lab", "sim") == BenchPoint(950.0, "g", 128, 32, 48)
     assert c16_throughput({**_record("lab", "sim", 1.0, "x"), "levels": [{"concurrency": 16, "output_tok_s": 9.0, "errors": 3}]}) is None
 
 
