@@ -846,6 +846,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
                   requests=args.requests, warmup=args.warmup, label=args.label, probe_drivers=not args.no_ssh)
     try:
         measured = limited_measure(spec, args.limit, args.engine_bench) if args.limit else None
+    except ValueError as exc:
+        print(f"bench: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    try:
         router_url, _ = router_target(spec)
         where = f"through {router_url}" if measured is None else describe_measured(measured.describe())
         print(f"bench {where} (model {served_model(spec)}, engine {spec.cluster.engine}): "

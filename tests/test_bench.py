@@ -245,7 +245,7 @@ def test_bench_cli_limit_error_names_the_host_before_any_request(base, tmp_path,
     inventory = write_inventory(tmp_path, hosts, cluster)
     # the engines at 10.9.0.x are never contacted: the name is refused first
     rc = main(["bench", str(inventory), "--limit", "gpu9", "--no-ssh", "--out", str(tmp_path / "out")])
-    assert rc == 1
+    assert rc == 2  # a usage error, as pdkit roll --limit gives one
     assert "--limit names unknown host(s) ['gpu9']" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
