@@ -80,11 +80,9 @@ def rollout_order(spec: ClusterSpec, *, limit: Iterable[str] | None = None, cana
     takes the router down with it). Router hosts go after the other GPU nodes so that a
     router restart, if any, comes once every engine runs the new configuration.
     """
+    spec.check_limit(limit or ())
     names = [h.name for h in spec.hosts]
     wanted = list(names) if not limit else [n for n in names if n in set(limit)]
-    unknown = sorted(set(limit or ()) - set(names))
-    if unknown:
-        raise ValueError(f"--limit names unknown host(s) {unknown}; the inventory has {names}")
     if canary is not None and canary not in wanted:
         raise ValueError(f"--canary {canary} is not among the hosts being rolled ({', '.join(wanted)})")
 

@@ -737,6 +737,13 @@ class ClusterSpec(Frozen):
         except KeyError:
             raise KeyError(name) from None
 
+    def check_limit(self, names) -> None:
+        """Refuse a `--limit` that names a host the inventory lacks (pdkit roll, pdkit bench)."""
+        known = [h.name for h in self.hosts]
+        unknown = sorted(set(names) - set(known))
+        if unknown:
+            raise ValueError(f"--limit names unknown host(s) {unknown}; the inventory has {known}")
+
     @property
     def gpu_hosts(self) -> list[HostSpec]:
         return [h for h in self.hosts if h.node is not None]
