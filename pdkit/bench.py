@@ -610,10 +610,11 @@ def describe_measured(measured: dict[str, Any]) -> str:
     return f"the engines directly, PD pairs {', '.join(measured.get('routes') or [])}"
 
 
-def _sent_to(record: dict[str, Any]) -> str:
-    measured = (record.get("env") or {}).get("measured") or {}
+def sent_to(router_url: str, measured: dict[str, Any] | None) -> str:
+    """Where a bench's requests went, for its first line: through the router, or to the pairs directly."""
+    measured = measured or {}
     if measured.get("via", "router") == "router":
-        return f"through {record['router_url']}"
+        return f"through {router_url}"
     return f"to {', '.join(measured.get('routes') or measured.get('engines') or [])} directly (not through the router)"
 
 
@@ -623,7 +624,7 @@ def render_markdown(record: dict[str, Any]) -> str:
     lines = [
         f"## {record['id']}{label}",
         "",
-        f"{record['time']}, `{record['tool']}` {_sent_to(record)}, cluster `{record['cluster']}`, "
+        f"{record['time']}, `{record['tool']}` {sent_to(record['router_url'], (record.get('env') or {}).get('measured'))}, cluster `{record['cluster']}`, "
         f"model `{record['model']}`: input {record['input_len']} tokens, output {record['output_len']} tokens, "
         f"{record['requests']} requests per level after {record['warmup']} warm-up requests.",
         "",
@@ -848,8 +849,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return EXIT_INVALID
     try:
         router_url, _ = router_target(spec)
-        where = f"through {router_url}" if measured is None else describe_measured(measured.describe())
-        print(f"bench {where} (model {served_model(spec)}, engine {spec.cluster.engine}): "
+        print(f"bench {sent_to(router_url, measured.describe() if measured else None)} (model {served_model(spec)}, engine {spec.cluster.engine}): "
               f"C={','.join(map(str, args.concurrency))}, in {args.input_len} / out {args.output_len} tokens, "
               f"{args.requests} requests per level", file=sys.stderr)
         if args.engine_bench == "sglang":
