@@ -48,6 +48,10 @@ SMOKE_MAX_TOKENS = 2
 # the engine's own gauges above, so the router's settle (smg: 5 s by default) would only keep the
 # node out of the router longer, and a re-add is refused (409) until it has passed.
 ROUTER_DRAIN_SETTLE_S = 0
+# Decodes leave the router first and come back last: with no decode both routers answer new
+# requests 503 at once while the prefills' requests in flight finish, and serving resumes only
+# once a prefill is there to pair with (tests/sim/test_router_no_workers.py)
+REMOVAL_ORDER = {"decode": 0, "regular": 1, "prefill": 2}
 
 
 class RollError(RuntimeError):
@@ -796,7 +800,7 @@ class Roller:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{why}; nothing was removed")
             time.sleep(1)
-        workers = self.workers_of(hosts)
+        workers = sorted(self.workers_of(hosts), key=lambda w: REMOVAL_ORDER[worker_type(w[1].role)])
         if outages:
             self.outage_since = time.monotonic()
         for client, _, url in workers:
@@ -813,7 +817,7 @@ class Roller:
             time.sleep(0.25)
 
     def readd(self, hosts: list[str]) -> str:
-        workers = self.workers_of(hosts)
+        workers = sorted(self.workers_of(hosts), key=lambda w: -REMOVAL_ORDER[worker_type(w[1].role)])
         for client, engine, url in workers:
             client.add(url, worker_type(engine.role), engine.effective_bootstrap_port if engine.role == "prefill" else None, timeout=self.router_timeout_s)
         by_client: dict[int, tuple[Any, list[str]]] = {}

@@ -537,3 +537,21 @@ def test_an_accepted_outage_drains_readds_unified_engines_as_regular_and_times_t
     assert [c[0] for c in fake.calls] == ["remove", "add", "wait_healthy"]
     assert fake.calls[1][2] == "regular" and fake.calls[1][3] is None
     assert "outage" in message and roller.last_outage_s is not None and roller.outage_since is None
+
+
+def test_decodes_leave_the_router_first_and_come_back_last(monkeypatch):
+    spec = load(str(REPO / "inventories" / "cluster.py"))
+    roller = Roller("inventories/cluster.py", spec, Progress(), allow_downtime=True)
+    fake = _FakeRouter()
+    roller._routers = [(spec.host("gpu01"), fake)]
+    monkeypatch.setattr(roller, "scrape", lambda urls, names: {k: {n: 0.0 for n in names} for k in urls})
+    monkeypatch.setattr(roller, "circuit_states", lambda host: {})
+    roller.drain(["gpu01"])
+    roller.readd(["gpu01"])
+    urls = {e.role: f":{e.port}" for _, e in spec.engines()}
+    removed = [c[1] for c in fake.calls if c[0] == "remove"]
+    added = [(c[1], c[2]) for c in fake.calls if c[0] == "add"]
+    assert [u.endswith(urls["decode"]) for u in removed] == [True, False], removed
+    assert [kind for _, kind in added] == ["prefill", "decode"], added
+    prefill = next(e for _, e in spec.engines() if e.role == "prefill")
+    assert next(c[3] for c in fake.calls if c[0] == "add" and c[2] == "prefill") == prefill.effective_bootstrap_port
