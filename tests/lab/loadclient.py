@@ -5,9 +5,13 @@
 
 Runs in its own process (stdlib threads and urllib: no gevent from pyinfra's import), keeps
 CONCURRENCY streaming chat completions in flight until STOP exists (or MAX_SECONDS pass),
-then writes {"ok", "failed", "errors", "seconds"} to OUT. A request fails when the answer is
-not 200, the connection breaks, an error event arrives, or the stream ends without [DONE] or
-without any content. Progress (ok/failed so far) is rewritten to OUT every second.
+then writes {"ok", "failed", "errors", "seconds", "failures", "slowest_failure_s", "slowest_ok_s"}
+to OUT. A request fails when the answer is not 200, the connection breaks, an error event arrives,
+or the stream ends without [DONE] or without any content. `failures` counts the failures by kind
+(`status 503`, `timeout`, ...) and `slowest_failure_s` is the longest a failed request took to
+fail: an outage clients see as quick error statuses, not hangs. --pause-after-failure S makes a
+worker wait S before its next request after a failure (a client backing off, not a tight loop
+against a router that answers 503 at once). Progress is rewritten to OUT every second.
 """
 
 from __future__ import annotations
@@ -21,26 +25,43 @@ import urllib.request
 from pathlib import Path
 
 
+def failure_kind(why: str) -> str:
+    """`status 503` for an HTTP error status, `timeout` for a client timeout, else the error's type."""
+    if why.startswith("status "):
+        return why.split(":", 1)[0]
+    if "timed out" in why.lower():
+        return "timeout"
+    return why.split(":", 1)[0][:60]
+
+
 class Counts:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.ok = 0
         self.failed = 0
         self.errors: list[str] = []
+        self.failures: dict[str, int] = {}
+        self.slowest_failure_s = 0.0
+        self.slowest_ok_s = 0.0
 
-    def success(self) -> None:
+    def success(self, took: float = 0.0) -> None:
         with self.lock:
             self.ok += 1
+            self.slowest_ok_s = max(self.slowest_ok_s, took)
 
-    def failure(self, why: str) -> None:
+    def failure(self, why: str, took: float = 0.0) -> None:
         with self.lock:
             self.failed += 1
+            kind = failure_kind(why)
+            self.failures[kind] = self.failures.get(kind, 0) + 1
+            self.slowest_failure_s = max(self.slowest_failure_s, took)
             if len(self.errors) < 50:
-                self.errors.append(f"{time.strftime('%H:%M:%S')} {why}")
+                self.errors.append(f"{time.strftime('%H:%M:%S')} {why} (after {took:.2f} s)")
 
     def snapshot(self, started: float) -> dict:
         with self.lock:
-            return {"ok": self.ok, "failed": self.failed, "errors": list(self.errors), "seconds": round(time.monotonic() - started, 1)}
+            return {"ok": self.ok, "failed": self.failed, "errors": list(self.errors), "seconds": round(time.monotonic() - started, 1),
+                    "failures": dict(self.failures), "slowest_failure_s": round(self.slowest_failure_s, 3), "slowest_ok_s": round(self.slowest_ok_s, 3)}
 
 
 def one_request(url: str, model: str, n: int, max_tokens: int, timeout: float) -> str | None:
@@ -80,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--stop-file", required=True)
     parser.add_argument("--max-seconds", type=float, default=900)
+    parser.add_argument("--pause-after-failure", type=float, default=0.0, metavar="S")
     args = parser.parse_args(argv)
     counts = Counts()
     started = time.monotonic()
@@ -91,11 +113,13 @@ def main(argv: list[str] | None = None) -> int:
         while not stop.is_set():
             with number_lock:
                 n = next(numbers)
+            start = time.monotonic()
             why = one_request(args.url, args.model, n, args.max_tokens, args.timeout)
             if why is None:
-                counts.success()
+                counts.success(time.monotonic() - start)
             else:
-                counts.failure(why)
+                counts.failure(why, time.monotonic() - start)
+                stop.wait(args.pause_after_failure)
 
     threads = [threading.Thread(target=worker, daemon=True) for _ in range(args.concurrency)]
     for t in threads:
