@@ -1144,8 +1144,14 @@ def cmd_roll(args: argparse.Namespace) -> int:
             accepted = "accepted by --allow-downtime" if args.allow_downtime else "the roll refuses it without --allow-downtime"
             print("", f"downtime ({accepted}):", *(f"  {line}" for line in downtime), sep="\n")
         return EXIT_FAILED if unreachable else 0
+    def write_report(result: str, **extra: Any) -> None:
+        # on every exit once the roll is planned: a failed roll is when the report is wanted most
+        if args.report:
+            Path(args.report).write_text(json.dumps({"result": result, **report(roller.timings), "downtime": downtime, **extra}, indent=2) + "\n")
+
     if downtime and not args.allow_downtime:
         print(refusal_text("roll", rerun_with_downtime(args), downtime), file=sys.stderr)
+        write_report("refused", reason="downtime not accepted (--allow-downtime)")
         return EXIT_INVALID
     roller.allow_downtime = args.allow_downtime
     for line in downtime:
@@ -1162,9 +1168,14 @@ def cmd_roll(args: argparse.Namespace) -> int:
             untouched = [h for b in batches[batches.index(batch) + 1:] for h in b]
             print(f"pdkit roll: stopped: {exc}", file=sys.stderr)
             print(stop_summary(exc, untouched), file=sys.stderr)
+            write_report("stopped", failed={"host": exc.host, "gate": exc.gate, "message": exc.message, "restored": exc.restored,
+                                            "outage_s": None if roller.last_outage_s is None else round(roller.last_outage_s, 2)},
+                         untouched=untouched)
             return EXIT_FAILED
-    if args.report:
-        Path(args.report).write_text(json.dumps(report(roller.timings), indent=2) + "\n")
+        except BaseException as exc:
+            write_report("error", error=f"{type(exc).__name__}: {exc}")
+            raise
+    write_report("ok")
     if roller.timings:
         worst = max(roller.timings, key=lambda t: t.overhead_s)
         progress("-", "done", f"{len(order)} host(s) rolled; largest kit overhead {worst.overhead_s:.1f} s on {worst.host}")

@@ -106,8 +106,11 @@ def test_a_roll_or_rollback_that_would_leave_the_router_without_workers_is_refus
     host = box["router"]
     changed = one_node_inventory(tmp_path, "bs96", "_cluster['tuning']['decode']['cuda_graph_max_bs'] = 96")
     before = (current_release(lab, host), invocation(lab, host))
-    proc = pdkit("roll", str(changed))
+    refused = tmp_path / "refused.json"
+    proc = pdkit("roll", str(changed), "--report", str(refused))
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    written = json.loads(refused.read_text())
+    assert written["result"] == "refused" and written["nodes"] == [] and "has no decode or prefill worker" in written["downtime"][0], written
     err = proc.stderr
     print(err)
     assert err.startswith("pdkit roll: refused, nothing was changed"), err
@@ -161,6 +164,7 @@ def test_with_allow_downtime_a_change_rolls_under_load_with_quick_errors_only_an
     for step in ("connect", "drain", "apply", "ready", "router", "smoke", "done"):
         assert step in names, f"no {step} line:\n{proc.stdout}"
     assert any(s == "downtime" for _, s, _ in seen), proc.stdout
+    assert json.loads(report.read_text())["result"] == "ok"
     node = json.loads(report.read_text())["nodes"][0]
     assert node["host"] == host and 0 < node["outage_s"] < 120, node
     assert f"service outage {node['outage_s']:.1f} s" in proc.stdout, proc.stdout
@@ -180,9 +184,15 @@ def test_a_change_the_box_cannot_start_is_restored_byte_for_byte_and_it_serves_a
     host = box["router"]
     broken = one_node_inventory(tmp_path, "crash", "_node['pdkit_node']['engines'][1]['env'] = {'PDKIT_SIM_TRANSFER_FAIL_RATE': '2'}")
     before = current_release(lab, host)
-    proc = pdkit("roll", str(broken), "--allow-downtime")
+    report = tmp_path / "report.json"
+    proc = pdkit("roll", str(broken), "--allow-downtime", "--report", str(report))
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out[-3000:]
+    # the report is written when the roll fails too: the failed gate, the restore, the outage it cost
+    written = json.loads(report.read_text())
+    assert written["result"] == "stopped", written
+    assert (written["failed"]["host"], written["failed"]["gate"], written["failed"]["restored"]) == (host, "apply", True), written
+    assert 0 < written["failed"]["outage_s"] < 120, written
     assert f"stopped: {host}: gate 'apply' failed" in proc.stderr and "PDKIT_SIM_TRANSFER_FAIL_RATE must be within [0, 1]" in proc.stderr, out[-3000:]
     assert f"{host} is back on its previous release" in proc.stderr, proc.stderr
     assert current_release(lab, host) == before
