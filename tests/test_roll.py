@@ -555,3 +555,12 @@ def test_decodes_leave_the_router_first_and_come_back_last(monkeypatch):
     assert [kind for _, kind in added] == ["prefill", "decode"], added
     prefill = next(e for _, e in spec.engines() if e.role == "prefill")
     assert next(c[3] for c in fake.calls if c[0] == "add" and c[2] == "prefill") == prefill.effective_bootstrap_port
+
+
+def test_validate_summary_says_which_node_is_an_outage_to_change():
+    from pdkit.summary import summary
+
+    one_box = summary(load(str(REPO / "inventories" / "cluster.py")))
+    assert "    every decode and prefill worker is on gpu01: a change there is an outage (pdkit roll --allow-downtime" in one_box, one_box
+    assert "every regular worker is on ct129" in summary(load(str(REPO / "inventories" / "a6000.py")))
+    assert "a change there is an outage" not in summary(load(str(REPO / "inventories" / "lab.py")))
