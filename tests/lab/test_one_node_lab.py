@@ -284,8 +284,11 @@ def test_one_unified_box_rolls_in_downtime_mode_with_quick_errors_only(lab, box,
             load.proc.kill()
     assert proc.returncode == 0, f"roll failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-3000:]}"
     print(f"one-node unified downtime roll under C=4: {json.dumps({k: v for k, v in counts.items() if k != 'errors'})}")
-    # smg in regular mode: 503 while the worker drains, then 404 model_not_found (docs/rolling.md)
-    assert counts["failed"] > 0 and set(counts["failures"]) <= {"status 503", "status 404"}, counts
+    # smg in regular mode answers 404 model_not_found once no worker is listed: the roll holds the
+    # worker draining (503 + Retry-After) until the engine is back; a request that meets the moment
+    # between its leaving the list and the re-add may get 404, one per client thread at most
+    assert counts["failures"].get("status 503", 0) > 0 and set(counts["failures"]) <= {"status 503", "status 404"}, counts
+    assert counts["failures"].get("status 404", 0) <= 4, counts
     assert counts["slowest_failure_s"] < QUICK_FAILURE_S and counts["slowest_ok_s"] < QUICK_FAILURE_S, counts
     assert "service outage" in proc.stdout, proc.stdout
     workers = router_workers(plan)
