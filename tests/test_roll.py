@@ -524,13 +524,19 @@ class _FakeRouter:
         self.calls.append(("wait_healthy", tuple(urls)))
 
 
-def test_an_accepted_outage_drains_readds_unified_engines_as_regular_and_times_the_outage(monkeypatch):
-    spec = load(str(REPO / "inventories" / "a6000.py"))
-    roller = Roller("inventories/a6000.py", spec, Progress(), allow_downtime=True)
+def _downtime_roller(monkeypatch, inventory: str, router_host: str):
+    """A Roller told to accept downtime, talking to a _FakeRouter; engines idle, breakers closed."""
+    spec = load(str(REPO / "inventories" / inventory))
+    roller = Roller(f"inventories/{inventory}", spec, Progress(), allow_downtime=True)
     fake = _FakeRouter()
-    roller._routers = [(spec.host("ct129"), fake)]
+    roller._routers = [(spec.host(router_host), fake)]
     monkeypatch.setattr(roller, "scrape", lambda urls, names: {k: {n: 0.0 for n in names} for k in urls})
     monkeypatch.setattr(roller, "circuit_states", lambda host: {})
+    return spec, roller, fake
+
+
+def test_an_accepted_outage_drains_readds_unified_engines_as_regular_and_times_the_outage(monkeypatch):
+    spec, roller, fake = _downtime_roller(monkeypatch, "a6000.py", "ct129")
     roller.restart_s = {"ct129": 20.0}
     assert "1 worker(s) out of the router" in roller.drain(["ct129"])
     assert roller.outage_since is not None
@@ -544,12 +550,7 @@ def test_an_accepted_outage_drains_readds_unified_engines_as_regular_and_times_t
 
 
 def test_decodes_leave_the_router_first_and_come_back_last(monkeypatch):
-    spec = load(str(REPO / "inventories" / "cluster.py"))
-    roller = Roller("inventories/cluster.py", spec, Progress(), allow_downtime=True)
-    fake = _FakeRouter()
-    roller._routers = [(spec.host("gpu01"), fake)]
-    monkeypatch.setattr(roller, "scrape", lambda urls, names: {k: {n: 0.0 for n in names} for k in urls})
-    monkeypatch.setattr(roller, "circuit_states", lambda host: {})
+    spec, roller, fake = _downtime_roller(monkeypatch, "cluster.py", "gpu01")
     roller.drain(["gpu01"])
     roller.readd(["gpu01"])
     urls = {e.role: f":{e.port}" for _, e in spec.engines()}

@@ -90,6 +90,25 @@ def box(lab):
         wait_router_steady(base)
 
 
+def roll_under_load(tmp_path: Path, plan: dict, concurrency: int, *roll_args: str) -> tuple[subprocess.CompletedProcess, dict]:
+    """`pdkit roll ROLL_ARGS` under a streaming load of CONCURRENCY through the router, kept on until
+    the box has served 2 x CONCURRENCY more requests after the roll: (the roll, the load's counts)."""
+    wait_router_steady(plan)
+    load = Load(tmp_path, plan, concurrency=concurrency, extra=LOAD_ARGS)
+    try:
+        load.wait_flowing(at_least=2 * concurrency)
+        proc = pdkit("roll", *roll_args)
+        served = load.counts()["ok"]
+        deadline = time.monotonic() + 60
+        while load.counts()["ok"] < served + 2 * concurrency:
+            assert time.monotonic() < deadline, f"the load did not recover after the roll: {load.counts()}\n{proc.stdout[-3000:]}"
+            time.sleep(0.5)
+        return proc, load.stop()
+    finally:
+        if load.proc.poll() is None:
+            load.proc.kill()
+
+
 def serves(plan: dict) -> None:
     """The box answers a completion through its router, with both engines registered and healthy."""
     host = plan["router"]
@@ -137,20 +156,7 @@ def test_with_allow_downtime_a_change_rolls_under_load_with_quick_errors_only_an
     new = plan_of(changed)
     release_before = current_release(lab, host)
     report = tmp_path / "report.json"
-    wait_router_steady(box)
-    load = Load(tmp_path, box, concurrency=8, extra=LOAD_ARGS)
-    try:
-        load.wait_flowing(at_least=16)
-        proc = pdkit("roll", str(changed), "--allow-downtime", "--report", str(report))
-        served = load.counts()["ok"]
-        deadline = time.monotonic() + 60
-        while load.counts()["ok"] < served + 16:  # the box serves the load again
-            assert time.monotonic() < deadline, f"the load did not recover after the roll: {load.counts()}"
-            time.sleep(0.5)
-        counts = load.stop()
-    finally:
-        if load.proc.poll() is None:
-            load.proc.kill()
+    proc, counts = roll_under_load(tmp_path, box, 8, str(changed), "--allow-downtime", "--report", str(report))
     assert proc.returncode == 0, f"roll failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-3000:]}"
     print(f"one-node downtime roll under C=8: {json.dumps({k: v for k, v in counts.items() if k != 'errors'})}")
     # the outage was there and clients saw it as smg's 503 (the box's decode out first), at once:
@@ -269,20 +275,7 @@ def test_one_unified_box_rolls_in_downtime_mode_with_quick_errors_only_and_resto
     assert {w["worker_type"] for w in workers.values()} == {"regular"} and f"http://{addr}:30000" in workers, workers
     refused = pdkit("roll", str(changed))
     assert refused.returncode == 2 and "has no regular worker" in refused.stderr, refused.stderr
-    wait_router_steady(plan)
-    load = Load(tmp_path, plan, concurrency=4, extra=LOAD_ARGS)
-    try:
-        load.wait_flowing(at_least=8)
-        proc = pdkit("roll", str(changed), "--allow-downtime")
-        served = load.counts()["ok"]
-        deadline = time.monotonic() + 60
-        while load.counts()["ok"] < served + 8:
-            assert time.monotonic() < deadline, f"the load did not recover after the roll: {load.counts()}"
-            time.sleep(0.5)
-        counts = load.stop()
-    finally:
-        if load.proc.poll() is None:
-            load.proc.kill()
+    proc, counts = roll_under_load(tmp_path, plan, 4, str(changed), "--allow-downtime")
     assert proc.returncode == 0, f"roll failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-3000:]}"
     print(f"one-node unified downtime roll under C=4: {json.dumps({k: v for k, v in counts.items() if k != 'errors'})}")
     # smg in regular mode answers 404 model_not_found once no worker is listed: the roll holds the
