@@ -1178,6 +1178,7 @@ def cmd_roll(args: argparse.Namespace) -> int:
             accepted = "accepted by --allow-downtime" if args.allow_downtime else "the roll refuses it without --allow-downtime"
             print("", f"downtime ({accepted}):", *(f"  {line}" for line in downtime), sep="\n")
         return EXIT_FAILED if unreachable else 0
+
     def write_report(result: str, **extra: Any) -> None:
         # on every exit once the roll is planned: a failed roll is when the report is wanted most
         if args.report:
