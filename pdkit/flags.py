@@ -15,6 +15,7 @@ from pdkit.spec import (
     custom_all_reduce_enabled,
     shared_gpu_mem_fraction,
 )
+from pdkit.router_api import REGULAR, worker_type
 from pdkit.versions import ROUTER_RELEASES, SGLANG_RELEASES
 
 ENGINE_MODULES = {"sglang": "sglang.launch_server", "sim": "pdkit.sim"}
@@ -341,7 +342,7 @@ def router_args(spec: ClusterSpec, host: HostSpec) -> list[str]:
     assert router is not None
     workers = spec.router_workers(host)
     args: list[str] = []
-    if any(e.role != "unified" for _, e in workers):
+    if any(worker_type(e.role) != REGULAR for _, e in workers):
         args.append("--pd-disaggregation")
         for h, e in workers:
             if e.role == "prefill":

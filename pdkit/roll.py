@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 # DRAIN_GAUGES: engine gauges that must all read 0 before an engine may restart (running requests, PD queues)
 from pdkit.metricnames import DRAIN_GAUGES, FAILURE_COUNTERS, ROUTER
+from pdkit.router_api import worker_type
 
 if TYPE_CHECKING:
     from pdkit.plan import HostPlan
@@ -47,6 +48,10 @@ SMOKE_MAX_TOKENS = 2
 # the engine's own gauges above, so the router's settle (smg: 5 s by default) would only keep the
 # node out of the router longer, and a re-add is refused (409) until it has passed.
 ROUTER_DRAIN_SETTLE_S = 0
+# Decodes leave the router first and come back last: with no decode both routers answer new
+# requests 503 at once while the prefills' requests in flight finish, and serving resumes only
+# once a prefill is there to pair with (tests/sim/test_router_no_workers.py)
+REMOVAL_ORDER = {"decode": 0, "regular": 1, "prefill": 2}
 
 
 class RollError(RuntimeError):
@@ -197,6 +202,79 @@ def merge_units(*results: tuple[list[set[str]], list[str]]) -> tuple[list[set[st
     return merged, [line for _, lines in results for line in lines]
 
 
+@dataclass(frozen=True)
+class Outage:
+    """A router left without any worker of some kinds while a batch is out of it: clients of
+    that router get errors until the batch is back (a one-node cluster has one on every roll)."""
+
+    router: str  # the router's host
+    url: str  # the router's base URL, as clients reach it
+    kinds: tuple[str, ...]  # the router's worker types (prefill, decode, regular) it loses every worker of
+
+
+def batch_outages(spec: ClusterSpec, batch: Iterable[str]) -> list[Outage]:
+    """Pure: per router, the worker types whose every planned worker runs on BATCH's hosts."""
+    from pdkit import flags
+
+    leaving = set(batch)
+    out = []
+    for router_host in spec.router_hosts:
+        hosts_of: dict[str, set[str]] = {}
+        for h, e in spec.router_workers(router_host):
+            hosts_of.setdefault(worker_type(e.role), set()).add(h.name)
+        lost = tuple(sorted(kind for kind, hosts in hosts_of.items() if hosts <= leaving))
+        if lost:
+            out.append(Outage(router_host.name, f"http://{flags.router_address(router_host)}:{router_host.router.port}", lost))
+    return out
+
+
+def expected_outage(restart_s: dict[str, float | None], batch: list[str], ready_timeout_s: float) -> tuple[float, str]:
+    """Pure: (seconds, where the figure comes from) a batch's engines are expected to be out: the
+    longest restart-to-ready last measured on its nodes, else the spec's ready timeout."""
+    measured = {h: restart_s[h] for h in batch if restart_s.get(h)}
+    if measured:
+        host = max(measured, key=lambda h: measured[h] or 0.0)
+        return float(measured[host] or 0.0), f"the engines' restart-to-ready as last measured on {host}"
+    return float(ready_timeout_s), "the spec's ready_timeout_s: no engine restart measured on the node yet"
+
+
+def outage_lines(batches: list[list[str]], outages: dict[int, list[Outage]], restart_s: dict[str, float | None], ready_timeout_s: float) -> list[str]:
+    """Pure: one line per batch that takes a router's last workers of a kind out, saying what it costs."""
+    lines = []
+    for i, found in sorted(outages.items()):
+        label = "canary" if i == 0 else f"batch {i}"
+        seconds, source = expected_outage(restart_s, batches[i], ready_timeout_s)
+        lost = "; ".join(f"the router on {o.router} ({o.url}) has no {' or '.join(o.kinds)} worker" for o in found)
+        lines.append(f"{label} {', '.join(batches[i])}: {lost} while it is out: expected outage ~{seconds:.0f} s "
+                     f"({source}), plus draining the requests in flight and the router's re-add")
+    return lines
+
+
+def refusal_text(command: str, rerun: str, lines: list[str]) -> str:
+    """Pure: why a roll (or rollback) without --allow-downtime stops before any change, and what to run."""
+    return "\n".join([
+        f"pdkit {command}: refused, nothing was changed: this takes the last workers of a kind out of a router, "
+        "and its clients get an error until they are back:",
+        *(f"  {line}" for line in lines),
+        "To accept the outage (the requests in flight drain first; new ones get the router's error status at once), run:",
+        f"  {rerun}",
+        "(docs/rolling.md, 'Downtime mode')",
+    ])
+
+
+def rerun_with_downtime(args: argparse.Namespace) -> str:
+    """Pure: the command line that was given, with --allow-downtime added."""
+    parts = ["pdkit", args.command, args.inventory]
+    if args.command == "rollback":
+        parts += [args.host] + (["--to", args.to] if args.to else [])
+    else:
+        for host in args.limit or []:
+            parts += ["--limit", host]
+        parts += ["--canary", args.canary] if args.canary else []
+        parts += ["--batch", str(args.batch)] if args.batch != 1 else []
+    return shlex.join([*parts, "--allow-downtime"])
+
+
 def make_batches(order: list[str], batch_size: int, units: list[set[str]] | None = None) -> list[list[str]]:
     """Batches in ORDER: the canary (with its pairing unit) alone first, then up to BATCH_SIZE hosts.
 
@@ -318,6 +396,26 @@ def covered_seconds(intervals: Iterable[tuple[int, int]]) -> float:
     return total / 1e6
 
 
+# a start this soon after the unit went inactive belongs to the same restart (µs)
+RESTART_GAP_US = 5_000_000
+
+
+def restart_to_ready(units: dict[str, list]) -> float | None:
+    """Pure: from _TIMING_PROBE's [left active, ready, went inactive, started] per unit (µs), the
+    longest time a running engine took from its last stop to its readiness line: the stop itself
+    (left active -> inactive) when it belongs to this start, plus start -> ready. None: no ready line."""
+    took = []
+    for values in units.values():
+        exit_us, ready_us, inactive_us, started_us = (list(values) + [0, 0, 0, 0])[:4]
+        if not ready_us or not started_us or ready_us <= started_us:
+            continue
+        # the stop is this restart's when the start followed it at once (systemctl restart), not
+        # when the unit sat stopped for a while before it was started again
+        stopping = inactive_us - exit_us if 0 < exit_us <= inactive_us <= started_us <= inactive_us + RESTART_GAP_US else 0
+        took.append((stopping + ready_us - started_us) / 1e6)
+    return max(took) if took else None
+
+
 def metric_sums(text: str, names: Iterable[str]) -> dict[str, float]:
     """Sum of every sample of each named metric in a Prometheus text page (absent: 0)."""
     from prometheus_client.parser import text_string_to_metric_families
@@ -354,6 +452,8 @@ class NodeTiming:
     engines: int = 0
     engines_restart_to_ready_s: float = 0.0
     steps: dict[str, float] = field(default_factory=dict)
+    # --allow-downtime: seconds a router had no worker of a kind, from the drain to the re-add
+    outage_s: float | None = None
     # the deploy's own time: "prepare" (facts, deploy code; it runs beside the drain) and each
     # operation that ran on the node (inside `apply`)
     apply_detail: dict[str, float] = field(default_factory=dict)
@@ -567,10 +667,12 @@ import json, subprocess, sys
 units, since = json.loads(sys.argv[1]), float(sys.argv[2])
 out = {}
 for u in units:
-    show = dict(l.split("=", 1) for l in subprocess.run(["systemctl", "show", "-p", "ActiveExitTimestampMonotonic,InvocationID", u], capture_output=True, text=True).stdout.splitlines() if "=" in l)
+    show = dict(l.split("=", 1) for l in subprocess.run(["systemctl", "show", "-p", "ActiveExitTimestampMonotonic,InactiveEnterTimestampMonotonic,InactiveExitTimestampMonotonic,InvocationID", u], capture_output=True, text=True).stdout.splitlines() if "=" in l)
     log = subprocess.run(["journalctl", "--no-pager", "-o", "json", "_SYSTEMD_INVOCATION_ID=" + show.get("InvocationID", ""), "--grep", "fired up and ready to roll"], capture_output=True, text=True).stdout.splitlines()
     ready = json.loads(log[0])["__MONOTONIC_TIMESTAMP"] if log else None
-    out[u] = [int(show.get("ActiveExitTimestampMonotonic") or 0), int(ready) if ready else None]
+    # [left active, ready line of this invocation, went inactive, started this invocation] (µs, node clock)
+    out[u] = [int(show.get("ActiveExitTimestampMonotonic") or 0), int(ready) if ready else None,
+              int(show.get("InactiveEnterTimestampMonotonic") or 0), int(show.get("InactiveExitTimestampMonotonic") or 0)]
 print(json.dumps(out))
 """
 
@@ -588,6 +690,12 @@ class Roller:
     timings: list[NodeTiming] = field(default_factory=list)
     # hosts whose state, read before the roll, already matches the plan (no file, no restart)
     unchanged: set[str] = field(default_factory=set)
+    # --allow-downtime: a batch may take a router's last workers of a kind out (batch_outages)
+    allow_downtime: bool = False
+    # when the last drain took a router's last workers of a kind out (monotonic), until the re-add
+    outage_since: float | None = None
+    # the last outage's length, drain to re-add (seconds), for the report
+    last_outage_s: float | None = None
 
     def __post_init__(self) -> None:
         from pdkit.plan import plan_cluster
@@ -657,9 +765,10 @@ class Roller:
                     out[sample.labels["worker"].rstrip("/")] = sample.value
         return out
 
-    def others_can_serve(self, hosts: list[str]) -> str | None:
+    def others_can_serve(self, hosts: list[str], accepted: frozenset[tuple[str, str]] = frozenset()) -> str | None:
         """None when, for every worker type the batch takes out of a router, another worker of that
-        type stays registered, ready, healthy and with a closed (or half-open) circuit; else why not."""
+        type stays registered, ready, healthy and with a closed (or half-open) circuit; else why not.
+        ACCEPTED: (router host, worker type) outages the roll was told to accept (--allow-downtime)."""
         leaving = self.workers_of(hosts)
         for router_host, client in self.routers():
             mine = {url for c, _, url in leaving if c is client}
@@ -668,6 +777,8 @@ class Roller:
             listed = client.workers()
             breakers = self.circuit_states(router_host)
             for kind in sorted({w.worker_type for w in listed if w.url in mine}):
+                if (router_host.name, kind) in accepted:
+                    continue
                 others = [w for w in listed if w.worker_type == kind and w.url not in mine]
                 usable = [w for w in others if w.routable and breakers.get(w.url, 0) != 1]
                 if not usable:
@@ -677,13 +788,21 @@ class Roller:
 
     # ---- steps
     def drain(self, hosts: list[str]) -> str:
-        # never take out the last usable worker of a kind: wait (bounded) for the others to be usable
+        outages = batch_outages(self.spec, hosts)
+        if outages and not self.allow_downtime:
+            lost = "; ".join(f"{o.url} would have no {' or '.join(o.kinds)} worker" for o in outages)
+            raise RuntimeError(f"{lost}; nothing was removed (--allow-downtime accepts the outage)")
+        accepted = frozenset((o.router, kind) for o in outages for kind in o.kinds)
+        # never take out the last usable worker of a kind (unless that outage is accepted): wait
+        # (bounded) for the others to be usable
         deadline = time.monotonic() + self.drain_timeout_s
-        while (why := self.others_can_serve(hosts)) is not None:
+        while (why := self.others_can_serve(hosts, accepted)) is not None:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{why}; nothing was removed")
             time.sleep(1)
-        workers = self.workers_of(hosts)
+        workers = sorted(self.workers_of(hosts), key=lambda w: REMOVAL_ORDER[worker_type(w[1].role)])
+        if outages:
+            self.outage_since = time.monotonic()
         for client, _, url in workers:
             client.remove(url)
         urls = self.engine_urls(hosts)
@@ -698,9 +817,9 @@ class Roller:
             time.sleep(0.25)
 
     def readd(self, hosts: list[str]) -> str:
-        workers = self.workers_of(hosts)
+        workers = sorted(self.workers_of(hosts), key=lambda w: -REMOVAL_ORDER[worker_type(w[1].role)])
         for client, engine, url in workers:
-            client.add(url, engine.role, engine.effective_bootstrap_port if engine.role == "prefill" else None, timeout=self.router_timeout_s)
+            client.add(url, worker_type(engine.role), engine.effective_bootstrap_port if engine.role == "prefill" else None, timeout=self.router_timeout_s)
         by_client: dict[int, tuple[Any, list[str]]] = {}
         for client, _, url in workers:
             by_client.setdefault(id(client), (client, []))[1].append(url)
@@ -717,7 +836,12 @@ class Roller:
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"circuit breaker still open on {', '.join(still)} at {client.base_url} {self.router_timeout_s:.0f} s after the re-add")
                 time.sleep(0.25)
-        return f"{len(workers)} worker(s) back in the router, healthy, circuit breakers closed"
+        served = f"{len(workers)} worker(s) back in the router, healthy, circuit breakers closed"
+        if self.outage_since is not None:
+            self.last_outage_s = time.monotonic() - self.outage_since
+            self.outage_since = None
+            served += f"; the router served again after a {self.last_outage_s:.1f} s outage"
+        return served
 
     def ready(self, hosts: list[str]) -> str:
         from pdkit.health import http_request
@@ -795,10 +919,19 @@ class Roller:
         if not ok:
             return 0.0
         intervals = [
-            (exit_us, ready_us) for exit_us, ready_us in json.loads(stdout).values()
+            (exit_us, ready_us) for exit_us, ready_us, *_ in json.loads(stdout).values()
             if ready_us and exit_us and (since_monotonic_us is None or exit_us >= since_monotonic_us) and ready_us > exit_us
         ]
         return covered_seconds(intervals)
+
+    def last_restart_to_ready(self, host: Any, host_name: str) -> float | None:
+        """Seconds the node's running engines took from their last stop (or their start, after a
+        boot) to SGLang's readiness line, the slowest of them; None when no engine logged one."""
+        units = [s.unit for s in self.plans[host_name].services if s.kind == "engine"]
+        if not units:
+            return None
+        ok, stdout, _ = run_remote(host, f"python3 -c {shlex.quote(_TIMING_PROBE)} {shlex.quote(json.dumps(units))} 0", timeout=60)
+        return restart_to_ready(json.loads(stdout)) if ok else None
 
     # ---- one batch
     def roll_batch(self, batch: list[str]) -> None:
@@ -820,6 +953,10 @@ class Roller:
             return
         timings = {h: NodeTiming(h, engines=sum(s.kind == "engine" for s in self.plans[h].services)) for h in batch}
         done_drain = False
+        self.last_outage_s = None
+        for outage in batch_outages(self.spec, batch):
+            p(",".join(batch), "downtime", f"accepted: the router on {outage.router} ({outage.url}) has no {' or '.join(outage.kinds)} worker "
+                                            "from the drain until the re-add; new requests get its error status meanwhile")
 
         def gate(name: str, fn: Callable[[list[str]], str], started: float | None = None) -> None:
             start = time.monotonic() if started is None else started
@@ -873,8 +1010,10 @@ class Roller:
             timings[h].total_s = time.monotonic() - t0
             timings[h].apply_detail = {"prepare": self.pyinfra.phases.get("prepare", 0.0), **self.pyinfra.operations.get(h, {})}
             timings[h].engines_restart_to_ready_s = self.engines_restart_to_ready(hosts[h], h, clocks[h])
+            timings[h].outage_s = self.last_outage_s
             t = timings[h]
-            p(h, "done", f"total {t.total_s:.1f} s, engines restart-to-ready {t.engines_restart_to_ready_s:.1f} s, kit overhead {t.overhead_s:.1f} s")
+            outage = f", service outage {t.outage_s:.1f} s" if t.outage_s is not None else ""
+            p(h, "done", f"total {t.total_s:.1f} s, engines restart-to-ready {t.engines_restart_to_ready_s:.1f} s, kit overhead {t.overhead_s:.1f} s{outage}")
             self.timings.append(t)
 
     def bake(self, batch: list[str], seconds: float) -> None:
@@ -997,9 +1136,20 @@ def cmd_roll(args: argparse.Namespace) -> int:
         print(f"pdkit roll: {exc}", file=sys.stderr)
         return EXIT_INVALID
     secret = {f.path for plan in roller.plans.values() for f in plan.files if f.secret}
+    outages = {i: found for i, b in enumerate(batches) if not all(h in roller.unchanged for h in b) and (found := batch_outages(spec, b))}
+    downtime = outage_lines(batches, outages, measure_restarts(roller, sorted({h for i in outages for h in batches[i]})), spec.cluster.ready_timeout_s)
     if args.dry:
         print(format_dry_plan(batches, diffs, explanations, secret))
+        if downtime:
+            accepted = "accepted by --allow-downtime" if args.allow_downtime else "the roll refuses it without --allow-downtime"
+            print("", f"downtime ({accepted}):", *(f"  {line}" for line in downtime), sep="\n")
         return EXIT_FAILED if unreachable else 0
+    if downtime and not args.allow_downtime:
+        print(refusal_text("roll", rerun_with_downtime(args), downtime), file=sys.stderr)
+        return EXIT_INVALID
+    roller.allow_downtime = args.allow_downtime
+    for line in downtime:
+        progress("-", "downtime", line)
     for line in explanations:
         progress("-", "pairing", line)
     progress("-", "plan", "order: " + " | ".join(", ".join(b) for b in batches))
@@ -1021,12 +1171,22 @@ def cmd_roll(args: argparse.Namespace) -> int:
     return 0
 
 
+def measure_restarts(roller: Roller, hosts: list[str]) -> dict[str, float | None]:
+    """Each host's last engine restart-to-ready (Roller.last_restart_to_ready), read over SSH; an
+    unreachable host has none (the connect gate will name it)."""
+    if not hosts:
+        return {}
+    _, connected, _ = roller.pyinfra.connect(hosts)
+    return {name: roller.last_restart_to_ready(host, name) for name, host in connected.items()}
+
+
 def report(timings: list[NodeTiming]) -> dict:
     """Per node: total, engines' restart-to-ready, the kit's own overhead, each step (seconds)."""
     return {
         "nodes": [
             {"host": t.host, "total_s": round(t.total_s, 2), "engines": t.engines, "engines_restart_to_ready_s": round(t.engines_restart_to_ready_s, 2),
-             "overhead_s": round(t.overhead_s, 2), "steps": {k: round(v, 2) for k, v in t.steps.items()},
+             "overhead_s": round(t.overhead_s, 2), "outage_s": None if t.outage_s is None else round(t.outage_s, 2),
+             "steps": {k: round(v, 2) for k, v in t.steps.items()},
              "apply_detail": {k: round(v, 2) for k, v in t.apply_detail.items()}}
             for t in timings
         ]
@@ -1076,13 +1236,21 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     if args.host not in {h.name for h in spec.hosts}:
         print(f"pdkit rollback: {args.host} is not in {args.inventory}", file=sys.stderr)
         return EXIT_INVALID
-    roller = Roller(args.inventory, spec, Progress(), drain_timeout_s=args.drain_timeout)
+    roller = Roller(args.inventory, spec, Progress(), drain_timeout_s=args.drain_timeout, allow_downtime=args.allow_downtime)
     p = roller.progress
     batch = [args.host]
     _, hosts, unreachable = roller.pyinfra.connect(batch)
     if unreachable:
         print(f"pdkit rollback: {args.host}: cannot reach it over SSH ({unreachable[args.host]})", file=sys.stderr)
         return EXIT_FAILED
+    outages = batch_outages(spec, batch)
+    if outages:
+        downtime = outage_lines([batch], {0: outages}, {args.host: roller.last_restart_to_ready(hosts[args.host], args.host)}, spec.cluster.ready_timeout_s)
+        if not args.allow_downtime:
+            print(refusal_text("rollback", rerun_with_downtime(args), downtime), file=sys.stderr)
+            return EXIT_INVALID
+        for line in downtime:
+            p("-", "downtime", line)
     try:
         for name, fn in (("drain", roller.drain), ("restore", lambda b: roller.restore(args.host, hosts[args.host], args.to)),
                          ("ready", roller.ready), ("router", roller.readd), ("smoke", roller.smoke)):
@@ -1109,7 +1277,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--bake", type=float, default=0.0, metavar="S", help="after the canary, let it serve S seconds and check it again before going on")
     p.add_argument("--drain-timeout", type=float, default=300.0, metavar="S", help="longest wait for an engine's running requests and PD queues to empty")
     p.add_argument("--smoke-requests", type=int, default=4, metavar="N", help="completions sent through each router after a node rejoins")
-    p.add_argument("--report", metavar="FILE", help="write per-node timings (total, engines' restart-to-ready, kit overhead, steps) as JSON")
+    p.add_argument("--report", metavar="FILE", help="write per-node timings (total, engines' restart-to-ready, kit overhead, outage, steps) as JSON")
+    p.add_argument("--allow-downtime", action="store_true",
+                   help="accept an outage where a batch holds a router's last workers of a kind (a one-node cluster); refused without it")
     p.set_defaults(func=cmd_roll)
 
     p = subparsers.add_parser("releases", help="list the releases kept on a node")
@@ -1123,4 +1293,5 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("host")
     p.add_argument("--to", metavar="RELEASE", help="release id or unique prefix (see `pdkit releases`)")
     p.add_argument("--drain-timeout", type=float, default=300.0, metavar="S")
+    p.add_argument("--allow-downtime", action="store_true", help="accept an outage where the node holds a router's last workers of a kind")
     p.set_defaults(func=cmd_rollback)

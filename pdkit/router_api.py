@@ -28,6 +28,20 @@ from dataclasses import dataclass
 from pdkit.health import http_request
 
 
+# what smg and sglang-router call an engine that is neither a prefill nor a decode (a unified
+# engine): their worker API answers 400 to "unified" (smg 1.13.0)
+REGULAR = "regular"
+
+
+def worker_type(role: str) -> str:
+    """The router's worker type for an engine of ROLE: the one rule for the deploy, routersync and roll.
+
+    >>> worker_type("prefill"), worker_type("unified")
+    ('prefill', 'regular')
+    """
+    return role if role in ("prefill", "decode") else REGULAR
+
+
 class RouterError(RuntimeError):
     """The router answered something unexpected (or nothing)."""
 
@@ -61,7 +75,7 @@ def parse_workers(body: str) -> list[Worker]:
             Worker(
                 id=str(w.get("id", "")),
                 url=str(w["url"]).rstrip("/"),
-                worker_type=str(w.get("worker_type", "regular")),
+                worker_type=str(w.get("worker_type", REGULAR)),
                 bootstrap_port=w.get("bootstrap_port"),
                 healthy=bool(w.get("is_healthy", False)),
                 status=str(w.get("status", "")),

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from pdkit.router_api import RouterClient, RouterError, Worker
+from pdkit.router_api import RouterClient, RouterError, Worker, worker_type
 
 
 @dataclass(frozen=True)
@@ -73,8 +73,7 @@ def routers_for_host(spec, host_name: str) -> list[tuple[object, list[PlannedWor
         for h, e in spec.router_workers(router_host):
             url = flags.engine_url(spec, h, e)
             if h.name == host_name:
-                kind = e.role if e.role in ("prefill", "decode") else "regular"
-                mine.append(PlannedWorker(url, kind, e.effective_bootstrap_port if e.role == "prefill" else None))
+                mine.append(PlannedWorker(url, worker_type(e.role), e.effective_bootstrap_port if e.role == "prefill" else None))
             else:
                 others.append(url)
         if mine:

@@ -407,3 +407,151 @@ def test_a_failed_spanning_batch_restores_every_rank_together(tmp_path, three_no
         roller.roll_batch(["gpu02", "gpu03"])
     assert exc.value.gate == "ready"
     assert sorted(restored) == [("gpu02", "rel-gpu02"), ("gpu03", "rel-gpu03")]
+
+
+# ---------------------------------------------------------------- downtime mode (--allow-downtime)
+
+from pdkit.roll import (  # noqa: E402 - grouped with the tests that use them
+    Outage,
+    Progress,
+    Roller,
+    batch_outages,
+    expected_outage,
+    outage_lines,
+    refusal_text,
+    rerun_with_downtime,
+    restart_to_ready,
+)
+from pdkit.router_api import worker_type  # noqa: E402
+
+
+def test_the_users_one_box_loses_both_kinds_on_every_roll_and_the_monitoring_host_none():
+    spec = load(str(REPO / "inventories" / "cluster.py"))
+    [outage] = batch_outages(spec, ["gpu01"])
+    assert outage.router == "gpu01" and outage.kinds == ("decode", "prefill")
+    assert outage.url.startswith("http://") and outage.url.endswith(f":{spec.host('gpu01').router.port}")
+    assert batch_outages(spec, [h.name for h in spec.hosts if h.name != "gpu01"]) == []
+
+
+def test_a_unified_box_loses_its_regular_workers():
+    spec = load(str(REPO / "inventories" / "a6000.py"))
+    assert [o.kinds for o in batch_outages(spec, ["ct129"])] == [("regular",)]
+
+
+def test_one_router_over_three_nodes_loses_nothing_per_node_and_everything_at_once(tmp_path, three_nodes):
+    spec = _one_router_over_every_engine(tmp_path, three_nodes)
+    for host in ("gpu01", "gpu02", "gpu03"):
+        assert batch_outages(spec, [host]) == [], host
+    [outage] = batch_outages(spec, ["gpu01", "gpu02", "gpu03"])
+    assert outage.kinds == ("decode", "prefill")
+    # two of three: the third node's workers still serve
+    assert batch_outages(spec, ["gpu01", "gpu02"]) == []
+
+
+def test_a_router_fronting_only_its_own_node_is_an_outage_for_that_node_only(tmp_path, three_nodes):
+    spec = _spec(tmp_path, three_nodes[1], three_nodes[0])
+    assert [(o.router, o.kinds) for o in batch_outages(spec, ["gpu01"])] == [("gpu01", ("decode", "prefill"))]
+    assert batch_outages(spec, ["gpu02"]) == [] and batch_outages(spec, ["gpu03"]) == []
+
+
+def test_expected_outage_is_the_slowest_measured_restart_else_the_ready_timeout():
+    seconds, source = expected_outage({"a": 41.5, "b": 73.0, "c": None}, ["a", "b", "c"], 600)
+    assert seconds == 73.0 and "last measured on b" in source
+    seconds, source = expected_outage({"a": None}, ["a"], 600)
+    assert seconds == 600 and "ready_timeout_s" in source
+    assert expected_outage({}, ["z"], 120)[0] == 120
+
+
+def test_outage_lines_and_refusal_name_the_batch_router_kinds_figure_and_the_command(tmp_path):
+    outages = {0: [Outage("gpu01", "http://10.0.0.1:8000", ("decode", "prefill"))]}
+    [line] = outage_lines([["gpu01"], ["mon01"]], outages, {"gpu01": 74.4}, 600)
+    for part in ("canary gpu01", "router on gpu01", "http://10.0.0.1:8000", "no decode or prefill worker", "~74 s", "last measured on gpu01"):
+        assert part in line, (part, line)
+    import argparse
+
+    args = argparse.Namespace(command="roll", inventory="inventories/cluster.py", limit=["gpu01"], canary=None, batch=1)
+    rerun = rerun_with_downtime(args)
+    assert rerun == "pdkit roll inventories/cluster.py --limit gpu01 --allow-downtime"
+    text = refusal_text("roll", rerun, [line])
+    assert text.startswith("pdkit roll: refused, nothing was changed") and line in text and rerun in text
+    back = argparse.Namespace(command="rollback", inventory="inv.py", host="gpu01", to="2026")
+    assert rerun_with_downtime(back) == "pdkit rollback inv.py gpu01 --to 2026 --allow-downtime"
+
+
+def test_restart_to_ready_counts_the_stop_of_this_restart_and_the_start_to_the_ready_line():
+    s = 1_000_000
+    # restarted: left active at 10 s, inactive at 12 s, started at 12 s, ready at 50 s -> 40 s
+    # first start after boot: no stop, started at 5 s, ready at 25 s -> 20 s
+    # a stop long before a later start is not part of this start: started 200 s, ready 230 s -> 30 s
+    units = {"a": [10 * s, 50 * s, 12 * s, 12 * s], "b": [0, 25 * s, 0, 5 * s], "c": [10 * s, 230 * s, 11 * s, 200 * s], "d": [0, None, 0, 3 * s]}
+    assert restart_to_ready(units) == 40.0
+    assert restart_to_ready({"c": units["c"]}) == 30.0
+    assert restart_to_ready({"d": units["d"]}) is None
+    # the older probe's two-value rows are still read (no start known: skipped)
+    assert restart_to_ready({"e": [1, 2]}) is None
+
+
+def test_worker_type_is_the_routers_vocabulary():
+    assert [worker_type(r) for r in ("prefill", "decode", "unified")] == ["prefill", "decode", "regular"]
+
+
+def test_the_drain_refuses_an_outage_it_was_not_told_to_accept_before_touching_a_router():
+    spec = load(str(REPO / "inventories" / "cluster.py"))
+    roller = Roller("inventories/cluster.py", spec, Progress())
+    roller._routers = []  # any router call would fail the test: none may be made
+    with pytest.raises(RuntimeError, match=r"would have no decode or prefill worker; nothing was removed \(--allow-downtime"):
+        roller.drain(["gpu01"])
+
+
+class _FakeRouter:
+    """Records the worker API calls a Roller makes; every worker healthy at once."""
+
+    base_url = "http://fake:8000"
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def workers(self):
+        return []
+
+    def remove(self, url):
+        self.calls.append(("remove", url))
+
+    def add(self, url, kind, bootstrap_port=None, timeout=60):
+        self.calls.append(("add", url, kind, bootstrap_port))
+
+    def wait_healthy(self, urls, timeout=60):
+        self.calls.append(("wait_healthy", tuple(urls)))
+
+
+def test_an_accepted_outage_drains_readds_unified_engines_as_regular_and_times_the_outage(monkeypatch):
+    spec = load(str(REPO / "inventories" / "a6000.py"))
+    roller = Roller("inventories/a6000.py", spec, Progress(), allow_downtime=True)
+    fake = _FakeRouter()
+    roller._routers = [(spec.host("ct129"), fake)]
+    monkeypatch.setattr(roller, "scrape", lambda urls, names: {k: {n: 0.0 for n in names} for k in urls})
+    monkeypatch.setattr(roller, "circuit_states", lambda host: {})
+    assert "1 worker(s) out of the router" in roller.drain(["ct129"])
+    assert roller.outage_since is not None
+    message = roller.readd(["ct129"])
+    assert [c[0] for c in fake.calls] == ["remove", "add", "wait_healthy"]
+    assert fake.calls[1][2] == "regular" and fake.calls[1][3] is None
+    assert "outage" in message and roller.last_outage_s is not None and roller.outage_since is None
+
+
+def test_decodes_leave_the_router_first_and_come_back_last(monkeypatch):
+    spec = load(str(REPO / "inventories" / "cluster.py"))
+    roller = Roller("inventories/cluster.py", spec, Progress(), allow_downtime=True)
+    fake = _FakeRouter()
+    roller._routers = [(spec.host("gpu01"), fake)]
+    monkeypatch.setattr(roller, "scrape", lambda urls, names: {k: {n: 0.0 for n in names} for k in urls})
+    monkeypatch.setattr(roller, "circuit_states", lambda host: {})
+    roller.drain(["gpu01"])
+    roller.readd(["gpu01"])
+    urls = {e.role: f":{e.port}" for _, e in spec.engines()}
+    removed = [c[1] for c in fake.calls if c[0] == "remove"]
+    added = [(c[1], c[2]) for c in fake.calls if c[0] == "add"]
+    assert [u.endswith(urls["decode"]) for u in removed] == [True, False], removed
+    assert [kind for _, kind in added] == ["prefill", "decode"], added
+    prefill = next(e for _, e in spec.engines() if e.role == "prefill")
+    assert next(c[3] for c in fake.calls if c[0] == "add" and c[2] == "prefill") == prefill.effective_bootstrap_port

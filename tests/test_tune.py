@@ -381,20 +381,81 @@ def test_cli_dry_prints_candidates_flag_diffs_and_estimate(tmp_path):
     assert not (tmp_path / "out").exists(), "--dry writes nothing"
 
 
-def test_the_docs_example_and_the_gpu_campaign_validate(tmp_path):
+def docs_campaigns() -> list[tuple[str, str]]:
+    """Every campaign in docs/: (where, its YAML text): the campaign files and the YAML blocks of the pages."""
     import re
 
-    block = re.search(r"```yaml\n(.*?)```", (REPO / "docs" / "tune.md").read_text(), re.S).group(1)
-    path = tmp_path / "docs.yaml"
-    path.write_text(block + f"out_dir: {tmp_path / 'out'}\n")
-    done = _tune(str(REPO / "inventories" / "cluster.py"), str(path), "--dry")
-    assert done.returncode == 0, done.stderr
-    assert "mtp-3:" in done.stdout and "graph-max-bs-128:" in done.stdout
-    # the campaign that ran on the H200 (docs/tune/h200.md): its records are beside it, all done
+    found = [(str(p.relative_to(REPO)), p.read_text()) for p in sorted((REPO / "docs").rglob("*.yaml")) if "candidates:" in p.read_text()]
+    for page in sorted((REPO / "docs").rglob("*.md")):
+        for i, block in enumerate(re.findall(r"```yaml\n(.*?)```", page.read_text(), re.S)):
+            if "candidates:" in block:
+                found.append((f"{page.relative_to(REPO)}#yaml{i + 1}", block))
+    return found
+
+
+def test_docs_hold_the_lab_the_one_node_and_the_gpu_campaigns():
+    where = {w for w, _ in docs_campaigns()}
+    assert {"docs/tune/lab.yaml", "docs/tune/lab-one-node.yaml", "docs/tune/h200.yaml", "docs/tune.md#yaml1"} <= where, where
+
+
+@pytest.mark.parametrize("where,text", docs_campaigns(), ids=[w for w, _ in docs_campaigns()])
+def test_every_campaign_in_the_docs_dry_runs_as_written_with_its_own_inventory(tmp_path, where, text):
+    import yaml
+
+    raw = yaml.safe_load(text)
+    assert raw.get("inventory"), f"{where}: a campaign in the docs names the inventory it is for (campaign.inventory)"
+    path = tmp_path / "campaign.yaml"
+    # records (docs/tune/h200.jsonl) are read where the campaign keeps them; a page's example writes nowhere
+    path.write_text(text if where.endswith(".yaml") else text + f"out_dir: {tmp_path / 'out'}\n")
+    done = _tune(raw["inventory"], str(path), "--dry")
+    assert done.returncode == 0, f"{where}: pdkit tune {raw['inventory']} --dry failed:\n{done.stderr}"
+    assert done.stdout.startswith(f"pdkit tune --dry: campaign {raw['name']!r}"), done.stdout[:300]
+    for cand in raw["candidates"]:
+        assert f"  {cand['name']}" in done.stdout, (where, cand["name"])
+    # a campaign that accepts downtime says what it costs; one that needs none mentions none
+    assert ("downtime accepted (campaign.downtime)" in done.stdout) == bool(raw.get("downtime")), done.stdout
+
+
+def test_the_docs_example_and_the_gpu_campaign_say_what_they_change():
+    docs = next(text for where, text in docs_campaigns() if where == "docs/tune.md#yaml1")
+    import yaml
+
+    assert yaml.safe_load(docs)["downtime"] is True  # written for the users' one box
     gpu = _tune("inventories/h200-nspawn-pair.py", "docs/tune/h200.yaml", "--dry")
     assert gpu.returncode == 0, gpu.stderr
     assert "pdkit-b/decode: added `--cuda-graph-backend-decode disabled`" in gpu.stdout
     assert "baseline: the inventory as it is (recorded)" in gpu.stdout, gpu.stdout
+
+
+def test_a_one_node_campaign_is_refused_without_downtime_and_dry_runs_with_it(tmp_path):
+    text = (REPO / "docs" / "tune" / "lab-one-node.yaml").read_text()
+    refused = tmp_path / "refused.yaml"
+    refused.write_text(text.replace("downtime: true\n", ""))
+    done = _tune("inventories/lab-one-node.py", str(refused), "--dry")
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "campaign.downtime: rolling a candidate onto lab-gpu1 is a service outage" in done.stderr, done.stderr
+    assert "has no decode or prefill worker" in done.stderr and "set `downtime: true`" in done.stderr
+    accepted = _tune("inventories/lab-one-node.py", "docs/tune/lab-one-node.yaml", "--dry")
+    assert accepted.returncode == 0, accepted.stderr
+    assert "downtime accepted (campaign.downtime): each roll onto lab-gpu1" in accepted.stdout
+    # steps-1, steps-8, page-64, ctx-4096: each restarts the box
+    assert accepted.stdout.count("downtime: ~60 s with the cluster serving nothing (assumed") == 4, accepted.stdout
+    # the three-node lab keeps serving while its canary rolls: no downtime, none to accept
+    lab = _tune("inventories/lab.py", "docs/tune/lab.yaml", "--dry")
+    assert lab.returncode == 0 and "downtime" not in lab.stdout, lab.stdout + lab.stderr
+
+
+def test_expected_downtime_comes_from_the_records_once_there_are_some(lab_hosts):
+    from types import SimpleNamespace
+
+    from pdkit.tune.runner import expected_downtime
+
+    prep = SimpleNamespace(outages={"lab-gpu1": ["..."]}, targets=["lab-gpu1"])
+    assert expected_downtime(prep, [])[0] == 60.0
+    records = [{"timings": {"outage_s": 20.0, "restarts": 1}}, {"timings": {"outage_s": 30.0, "restarts": 2}}, {"timings": {}}]
+    seconds, source = expected_downtime(prep, records)
+    assert seconds == pytest.approx(17.5) and "records (2)" in source
+    assert expected_downtime(SimpleNamespace(outages={}, targets=["lab-gpu2"]), records) == (None, "")
 
 
 # ---------------------------------------------------------------- what the gates and the bench measure

@@ -116,6 +116,9 @@ class Campaign(_Strict):
     soak: Soak = Soak()
     doctor: Doctor = Doctor()
     keep: str = "best"
+    # true: a candidate may take a router's last workers of a kind out while it rolls (a one-node
+    # cluster: `pdkit roll --allow-downtime`); without it such a campaign is refused before any change
+    downtime: bool = False
     out_dir: str = "docs/tune"
     state_dir: str = ".pdkit-tune"
     candidates: tuple[CandidateSpec, ...] = Field(min_length=1)

@@ -44,6 +44,7 @@ from pdkit.tune.campaign import (
 )
 from pdkit.tune.measure import Measured, measured_for
 from pdkit.tune.results import (
+    ASSUMED_ROLL_S,
     SCHEMA,
     ResumeError,
     append_record,
@@ -78,6 +79,8 @@ class Prepared:
     # what the correctness gate, the soak and the bench send to: the router for the whole cluster,
     # else the target's own PD pairs (pdkit.tune.measure); the same for the baseline and every candidate
     measured: Measured | None = None
+    # hosts whose roll takes a router's last workers of a kind out -> the routers and kinds (pdkit.roll.batch_outages)
+    outages: dict[str, list] = field(default_factory=dict)
 
 
 def candidate_inventory(campaign: Campaign, name: str) -> Path:
@@ -100,6 +103,7 @@ def prepare(inventory: str, campaign_path: str) -> Prepared:
     from pdkit.bench import _check_workload
     from pdkit.loader import load_with_problems, read_inventory
     from pdkit.plan import plan_cluster
+    from pdkit.roll import batch_outages
 
     campaign = load_campaign(campaign_path)
     inv = os.path.abspath(inventory)
@@ -131,6 +135,13 @@ def prepare(inventory: str, campaign_path: str) -> Prepared:
                 _check_workload(spec, inp, out, req, warm)
             except ValueError as exc:
                 problems.append(f"candidate {name}: campaign.{what}: {exc}")
+    outages = {h.name: found for h in base.hosts if (found := batch_outages(base, [h.name]))}
+    if outages and not campaign.downtime:
+        for host, found in outages.items():
+            lost = "; ".join(f"the router on {o.router} ({o.url}) has no {' or '.join(o.kinds)} worker" for o in found)
+            problems.append(f"campaign.downtime: rolling a candidate onto {host} is a service outage ({lost} while its engines restart): "
+                            "set `downtime: true` to accept it (the cluster serves nothing during each roll), or give every kind "
+                            "of worker a second node")
     measured = None
     if not base.router_hosts:
         problems.append("the inventory declares no router: the rolls drain and re-add engines through the router")
@@ -148,7 +159,7 @@ def prepare(inventory: str, campaign_path: str) -> Prepared:
         plans = plan_cluster(specs[c.name])
         restarts[c.name] = sum(plans[h].release_hash != previous[h].release_hash for h in targets)
         previous = plans
-    return Prepared(campaign, inv, base, hosts, targets, candidates, specs, applied, target_concurrency(campaign, base), restarts, measured)
+    return Prepared(campaign, inv, base, hosts, targets, candidates, specs, applied, target_concurrency(campaign, base), restarts, measured, outages)
 
 
 def measured_text(measured: Measured) -> str:
@@ -172,6 +183,18 @@ def measured_problem(measured: Measured, records: list[dict[str, Any]]) -> str |
     return None
 
 
+def expected_downtime(prep: Prepared, records: list[dict[str, Any]]) -> tuple[float | None, str]:
+    """(seconds the cluster serves nothing per restarted host, where the figure comes from), or
+    (None, "") when no roll of the campaign is an outage: the mean outage in this campaign's records,
+    else the roll time the estimate assumes."""
+    if not (prep.outages and set(prep.outages) & set(prep.targets)):
+        return None, ""
+    seen = [r["timings"]["outage_s"] / max(1, r["timings"].get("restarts") or 1) for r in records if (r.get("timings") or {}).get("outage_s")]
+    if seen:
+        return sum(seen) / len(seen), f"the mean outage per restart in this campaign's records ({len(seen)})"
+    return ASSUMED_ROLL_S, "assumed, not yet measured: the estimate's roll time per restart"
+
+
 def dry_text(prep: Prepared, records: list[dict[str, Any]], todo: list[Candidate]) -> str:
     c = prep.campaign
     lines = [f"pdkit tune --dry: campaign {c.name!r} on {prep.inventory}: nothing will be changed", "",
@@ -179,12 +202,19 @@ def dry_text(prep: Prepared, records: list[dict[str, Any]], todo: list[Candidate
              + (f", TPOT p99 <= {c.objective.tpot_p99_slo_ms:g} ms" if c.objective.tpot_p99_slo_ms else ""),
              f"correctness, soak and bench: {measured_text(prep.measured)}", ""]
     done = {r["candidate"] for r in records if r.get("kind") in ("baseline", "candidate")}
+    down_s, down_source = expected_downtime(prep, records)
+    if down_s is not None:
+        hosts = ", ".join(sorted(prep.outages))
+        lines.append(f"downtime accepted (campaign.downtime): each roll onto {hosts} takes the router's last workers of a kind out")
     lines.append(f"  baseline: the inventory as it is" + (" (recorded)" if BASELINE in done else ""))
     for cand in prep.candidates:
         mark = " (recorded)" if cand.name in done else ""
         overlay = ", ".join(f"{k}={v!r}" for k, v in cand.overlay.items())
         lines.append(f"  {cand.name}{mark}: {overlay}; restarts {prep.restarts[cand.name]} host(s) after the one before it; "
                      f"correctness {'exact' if cand.exact else f'match rate >= {cand.min_match_rate:g}'}")
+        if down_s is not None and prep.restarts[cand.name]:
+            lines.append(f"      downtime: ~{down_s:.0f} s with the cluster serving nothing ({down_source}); "
+                         f"~{down_s:.0f} s more if it fails and is put back")
         for line in flag_diff(prep.base_spec, prep.specs[cand.name]) or ["no engine flag changes (environment or node settings only)"]:
             lines.append(f"      {line}")
     n = len(todo) + (BASELINE not in done)
@@ -225,7 +255,7 @@ class Session:
         from pdkit.roll import Roller
 
         inv = self.prep.inventory if name == BASELINE else str(self.write_inventory(name))
-        return Roller(inv, self.prep.specs[name], self.progress)
+        return Roller(inv, self.prep.specs[name], self.progress, allow_downtime=self.prep.campaign.downtime)
 
     def write_inventory(self, name: str) -> Path:
         path = candidate_inventory(self.prep.campaign, name)
@@ -413,6 +443,9 @@ class Session:
             record["releases_before"] = before
             restarts = self.roll(roller, rolled, hosts)
             record["timings"].update(roll_s=round(time.monotonic() - start, 2), restarts=restarts)
+            outages = [t.outage_s for t in roller.timings if t.outage_s is not None]
+            if outages:
+                record["timings"]["outage_s"] = round(sum(outages), 2)
             record["gates"]["roll"] = {"ok": True, "detail": f"{restarts} host(s) changed and passed drain, apply, ready, router, smoke"}
             self.run_gates(name, spec, record, baseline_answers, cand)
             record.update(verdict="pass", failed_gate=None, reason="")
@@ -428,7 +461,12 @@ class Session:
             self.say("FAILED", f"{name}: gate {gate}: {why}")
             # the batch whose roll gate failed was put back by the roll itself; the hosts rolled
             # before it (and every host, when a later gate failed) go back here
+            if roller.last_outage_s is not None:  # a failed roll's own restore ended an outage too
+                record["timings"].setdefault("outage_s", round(roller.last_outage_s, 2))
+            roller.last_outage_s = None
             record["rollback"] = self.put_back(roller, rolled, before) if rolled else ["the roll put the failed node back on its release"]
+            if roller.last_outage_s is not None:
+                record["timings"]["rollback_outage_s"] = round(roller.last_outage_s, 2)
         try:
             record["releases_after"] = self.releases(roller, prep.targets)
         except RollError as exc:

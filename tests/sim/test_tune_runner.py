@@ -77,7 +77,7 @@ def test_runner_gates_pass_the_baseline_and_doctor_fails_a_lever_not_in_effect(t
     inventory = write_inventory(tmp_path, hosts, cluster)
     campaign = tmp_path / "c.yaml"
     campaign.write_text(json.dumps({
-        "name": "local", "out_dir": str(tmp_path / "out"), "state_dir": str(tmp_path / "state"),
+        "name": "local", "out_dir": str(tmp_path / "out"), "state_dir": str(tmp_path / "state"), "downtime": True,  # one node
         "workload": {"input_len": 16, "output_len": 8, "concurrency": [2, 8], "requests": 8, "warmup": 1},
         "correctness": {"prompts": 8, "max_new_tokens": 8},
         "soak": {"seconds": 2, "max_new_tokens": 8}, "doctor": {"window_s": 1, "probe_requests": 2},
