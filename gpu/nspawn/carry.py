@@ -4,7 +4,7 @@ The device tool sends the session's own checkout (plus the paths a call names in
 in all per call): a helper's worktree does not travel, and the artefacts (rootfs 55 MiB, wheels
 39 MiB, the engine payload 43 MiB, the layers 28 MiB) do not fit one call beside the ~8.5 MiB
 tree. So this makes one uncompressed tar of everything (the members are xz already): this
-branch's tree as `git archive` (wt.tar), gpu-payload-nspawn/{rootfs,monitoring,cxx,wheels}/*.tar.xz
+branch's tree as `git archive` (wt.tar.xz), gpu-payload-nspawn/{rootfs,monitoring,cxx,wheels}/*.tar.xz
 and the engine payload gpu-payload/{site.tar.xz,nixl.tar.xz,model/} (not router.tar.xz: the
 router comes from the wheelhouse), and splits it into N chunks under DEST/cK/ (DEST inside the
 session's checkout, git-ignored there). Each call copies its chunk to /root/stash (kept while the
@@ -36,10 +36,13 @@ MEMBERS = [
     "gpu-payload/model",
 ]
 
-# what the last call runs first: join the chunks, lay the tree and the artefacts out in /root/wt
-UNBUNDLE = ("set -e; mkdir -p /root/b /root/wt; cat /root/stash/bundle.part-* | tar -x -C /root/b; "
-            "sha256sum -c /root/b/SHA256SUMS --quiet; tar -x -C /root/wt -f /root/b/wt.tar; "
-            "cp -r /root/b/gpu-payload-nspawn /root/b/gpu-payload /root/wt/; rm -rf /root/b /root/stash/bundle.part-*")
+
+
+def unbundle(stash: str = "/root/stash", work: str = "/root/b", wt: str = "/root/wt") -> str:
+    """What the last call runs first: join the chunks, check them, lay the tree and the artefacts out in WT."""
+    return (f"mkdir -p {work} {wt} && cat {stash}/bundle.part-* | tar -x -C {work} && (cd {work} && sha256sum -c SHA256SUMS --quiet) "
+            f"&& tar -xJ -C {wt} -f {work}/wt.tar.xz && cp -r {work}/gpu-payload-nspawn {work}/gpu-payload {wt}/ "
+            f"&& rm -rf {work} {stash}/bundle.part-*")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,18 +56,19 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         raise SystemExit(f"missing: {', '.join(missing)} (gpu/nspawn/build.py; gpu/run_gpu_tier.py --dry --single-gpu)")
     wt = subprocess.run(["git", "archive", "--format=tar", args.ref], cwd=REPO, capture_output=True, check=True).stdout
+    wt = subprocess.run(["xz", "-6", "-T1"], input=wt, capture_output=True, check=True).stdout
     buf = io.BytesIO()
     sums = []
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        info = tarfile.TarInfo("wt.tar")
+        info = tarfile.TarInfo("wt.tar.xz")
         info.size, info.mode = len(wt), 0o644
         tar.addfile(info, io.BytesIO(wt))
-        sums.append(f"{hashlib.sha256(wt).hexdigest()}  /root/b/wt.tar")
+        sums.append(f"{hashlib.sha256(wt).hexdigest()}  wt.tar.xz")
         for m in MEMBERS:
             tar.add(REPO / m, arcname=m)
             for f in sorted(p for p in [(REPO / m), *(REPO / m).rglob("*")] if p.is_file()):
                 rel = f.relative_to(REPO)
-                sums.append(f"{hashlib.sha256(f.read_bytes()).hexdigest()}  /root/b/{rel}")
+                sums.append(f"{hashlib.sha256(f.read_bytes()).hexdigest()}  {rel}")
         text = ("\n".join(sums) + "\n").encode()
         info = tarfile.TarInfo("SHA256SUMS")
         info.size, info.mode = len(text), 0o644
@@ -81,12 +85,12 @@ def main(argv: list[str] | None = None) -> int:
         d = args.dest / f"c{k + 1}"
         d.mkdir(parents=True, exist_ok=True)
         (d / f"bundle.part-{k + 1:02d}").write_bytes(data[k * size:(k + 1) * size])
-    print(f"{len(data) / 2**20:.1f} MiB (wt.tar {len(wt) / 2**20:.1f} MiB at {args.ref}) in {args.parts} chunks of "
+    print(f"{len(data) / 2**20:.1f} MiB (wt.tar.xz {len(wt) / 2**20:.1f} MiB at {args.ref}) in {args.parts} chunks of "
           f"{size / 2**20:.1f} MiB, {room / 2**20 - size / 2**20:.1f} MiB to spare per call, under {args.dest}")
     for k in range(args.parts):
-        step = f"mkdir -p /root/stash && cp .gpu1/c{k + 1}/bundle.part-* /root/stash/ && ls -la /root/stash"
+        step = f"mkdir -p /root/stash && cp {args.dest.name}/c{k + 1}/bundle.part-* /root/stash/ && ls -la /root/stash"
         if k == args.parts - 1:
-            step += f" && {UNBUNDLE}"
+            step += f" && {unbundle()}"
         print(f"call {k + 1}: carry [\"{args.dest.name}/c{k + 1}\"]: {step}")
     return 0
 
