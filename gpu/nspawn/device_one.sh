@@ -34,6 +34,9 @@ if [ "${PDKIT_NSPAWN_REHEARSAL:-0}" = 1 ]; then
 else
     INV=inventories/h200-nspawn.py
     UP_FLAGS=(--engine-payload "${PDKIT_ENGINE_PAYLOAD:-gpu-payload}")
+    # the probe (GPU, imports, a Triton kernel under the engine units' policy) passed on 2026-12-01;
+    # 30 s of device time: PDKIT_NSPAWN_PROBE=1 runs it again
+    [ "${PDKIT_NSPAWN_PROBE:-0}" = 1 ] || UP_FLAGS+=(--no-probe)
     RUN=()
     # FlashAttention 3 is trimmed from the carried sgl_kernel: the decode fails at its first start
     BROKEN_BODY='_node["engines"][1].setdefault("tuning", {})["attention_backend"] = "fa3"'
@@ -171,6 +174,11 @@ phase_tune() {
     # after the candidate in progress (records and report up to date)
     step tune ${TUNE_LIMIT_S:-540} "${RUN[@]}" "$P/pdkit" tune "$INV" "$CAMPAIGN" ${TUNE_FLAGS:-}
     tail -40 "$OUT/tune.log"
+    # the records and the table, wherever the campaign keeps them (out_dir)
+    local out_dir
+    out_dir=$("$P/python" -c "import sys, yaml; print(yaml.safe_load(open(sys.argv[1])).get('out_dir') or 'docs/tune')" "$CAMPAIGN")
+    mkdir -p "$OUT/tune-out"
+    cp "$out_dir"/*.md "$out_dir"/*.jsonl "$out_dir"/*.png "$OUT/tune-out/" 2>/dev/null
 }
 
 phase_down() {
