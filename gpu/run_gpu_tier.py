@@ -482,7 +482,9 @@ def payload_size() -> int:
 
 
 def ensure_ignored() -> None:
-    exclude = REPO / ".git" / "info" / "exclude"
+    # a worktree's .git is a file: ask git where its exclude file is (the main checkout's)
+    found = subprocess.run(["git", "rev-parse", "--git-path", "info/exclude"], cwd=REPO, capture_output=True, text=True)
+    exclude = REPO / found.stdout.strip() if found.returncode == 0 and found.stdout.strip() else REPO / ".git" / "info" / "exclude"
     exclude.parent.mkdir(parents=True, exist_ok=True)
     text = exclude.read_text() if exclude.exists() else ""
     if "/gpu-payload/" not in text.splitlines():

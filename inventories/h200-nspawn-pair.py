@@ -34,10 +34,10 @@ import os
 import runpy
 from pathlib import Path
 
-from pdkit.lab.model import pyinfra_host_data, LabHost
-
-# gpu/nspawn/host.py's state directory: STATE/<machine>/host.json per machine, STATE/ucx_tls.json
-STATE = Path(os.environ.get("PDKIT_NSPAWN_DIR", "/var/lib/pdkit-nspawn"))
+_BASE = runpy.run_path(str(Path(__file__).with_name("h200-nspawn.py")))
+# gpu/nspawn/machine_state.py, through the one-host inventory: <PDKIT_NSPAWN_DIR>/<machine>/host.json
+# per machine, <PDKIT_NSPAWN_DIR>/ucx_tls.json (the rule host.py writes by)
+MS = _BASE["MS"]
 # the machines and the addresses `host.py up --address` gives them
 ADDRESSES = {"pdkit-a": "10.214.0.2", "pdkit-b": "10.214.0.3"}
 # the containers' end of nspawn's veth: what UCX's TCP transport uses across them
@@ -49,22 +49,17 @@ DEFAULT_UCX_TLS = "tcp,cuda_copy,self"
 def ucx_tls() -> str:
     """The UCX_TLS `host.py xfer-probe` found to move GPU memory both ways (or the default)."""
     try:
-        chosen = json.loads((STATE / "ucx_tls.json").read_text()).get("chosen")
+        chosen = json.loads(MS.ucx_tls_file().read_text()).get("chosen")
     except (OSError, ValueError):
         chosen = None
     return os.environ.get("PDKIT_NSPAWN_UCX_TLS") or chosen or DEFAULT_UCX_TLS
 
 
 def ssh_data(name: str) -> dict:
-    try:
-        up = json.loads((STATE / name / "host.json").read_text())
-    except (OSError, ValueError):
-        up = {}
-    host = LabHost(name=name, address=up.get("ssh_hostname", ADDRESSES[name]), role="gpu", ssh_port=up.get("ssh_port", 22))
-    return pyinfra_host_data(host, up.get("ssh_key", STATE / "id_ed25519"), up.get("ssh_known_hosts_file", STATE / name / "known_hosts"))
+    """host.py up --address gives each machine sshd on port 22 of its own address."""
+    return _BASE["ssh_data"](name, ADDRESSES[name], 22)
 
 
-_BASE = runpy.run_path(str(Path(__file__).with_name("h200-nspawn.py")))
 MODEL_DIR = _BASE["MODEL_DIR"]
 
 _CLUSTER = copy.deepcopy(_BASE["_CLUSTER"])

@@ -11,31 +11,47 @@ lent machine") has the device calls.
     PDKIT_OFFLINE=1 /root/pdkit-venv/bin/pyinfra -y inventories/h200-nspawn.py deploy/pd.py
 
 Without a running container it still validates (the launcher's fixed address, port and paths).
+Where the machine's state lives (host.json, known_hosts, the client key) is
+gpu/nspawn/machine_state.py's rule, the one host.py writes by: `$PDKIT_NSPAWN_DIR/pdkit-h200/`.
+inventories/nspawn-rehearsal.py is the same host on a machine without a GPU (the sim engine);
+gpu/nspawn/device_one.sh runs the whole one-node sequence (deploy, roll with downtime, tune).
 """
 
 import copy
-import json
-import os
+import importlib.util
 import runpy
+import sys
 from pathlib import Path
 
 from pdkit.lab.model import LabHost, pyinfra_host_data
 
 NAME = "pdkit-h200"
-# gpu/nspawn/host.py's state directory and what `up` writes there
-STATE = Path(os.environ.get("PDKIT_NSPAWN_DIR", "/var/lib/pdkit-nspawn"))
+# what `host.py up` gives a host sharing the lent machine's network: sshd on 127.0.0.1:2222
+SSH_ADDRESS, SSH_PORT = "127.0.0.1", 2222
+
+
+def _machine_state():
+    """gpu/nspawn/machine_state.py: where host.py keeps each machine's state."""
+    name = "pdkit_nspawn_machine_state"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / "gpu" / "nspawn" / "machine_state.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+MS = _machine_state()
 # the provided engine environment host.py assembles inside the container: the image's python3.12
 # with the carried SGLang payload first on its path
 ENGINE_VENV = "/opt/engine-venv"
 
 
-def ssh_data():
-    try:
-        up = json.loads((STATE / "host.json").read_text())
-    except (OSError, ValueError):
-        up = {}
-    host = LabHost(name=NAME, address=up.get("ssh_hostname", "127.0.0.1"), role="gpu", ssh_port=up.get("ssh_port", 2222))
-    return pyinfra_host_data(host, up.get("ssh_key", STATE / "id_ed25519"), up.get("ssh_known_hosts_file", STATE / "known_hosts"))
+def ssh_data(name: str = NAME, address: str = SSH_ADDRESS, port: int = SSH_PORT) -> dict:
+    """pyinfra's SSH settings for machine NAME, from what `host.py --machine NAME up` wrote."""
+    ssh = MS.ssh_settings(name, address, port)
+    host = LabHost(name=name, address=ssh["ssh_hostname"], role="gpu", ssh_port=ssh["ssh_port"])
+    return pyinfra_host_data(host, ssh["ssh_key"], ssh["ssh_known_hosts_file"])
 
 
 _BASE = runpy.run_path(str(Path(__file__).with_name("h200-1gpu.py")))

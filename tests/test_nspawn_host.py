@@ -88,3 +88,107 @@ def test_the_pair_inventory_takes_the_probed_ucx_tls_or_tcp(tmp_path, monkeypatc
     nodes = dict(runpy.run_path(inv)["gpu_nodes"])
     assert "pdkit_router" in nodes["pdkit-a"] and "pdkit_router" not in nodes["pdkit-b"]
     assert nodes["pdkit-b"]["ssh_known_hosts_file"] == str(Path(tmp_path) / "pdkit-b" / "known_hosts")
+
+
+# --------------------------------------------------------------------------- where a machine's state lives
+# On 2026-12-02 a fresh clone's first one-host deploy failed ("No host key for [127.0.0.1]:2222 found
+# in known_hosts"): host.py wrote <dir>/pdkit-h200/{host.json,known_hosts}, inventories/h200-nspawn.py
+# read <dir>/host.json and fell back to <dir>/known_hosts. With PDKIT_NSPAWN_DIR pointed at
+# <dir>/pdkit-h200 to work around it, host.py looked for the running machine in
+# <dir>/pdkit-h200/pdkit-h200/, did not find it, and `unpack` replaced the running machine's tree.
+
+ONE_HOST = ("inventories/h200-nspawn.py", "inventories/nspawn-rehearsal.py")
+
+
+def _inventory_hosts(relative: str) -> dict:
+    import runpy
+
+    return dict(runpy.run_path(str(REPO / relative))["gpu_nodes"])
+
+
+def _up_record(host, machine: str, address: str, port: int) -> None:
+    """What `host.py --machine MACHINE up` writes last: host.json, through host.py's own code."""
+    host.CURRENT["machine"] = machine
+    try:
+        host.write_host_record({"machine": machine, "ssh_address": address, "ssh_port": port, "address": None, "gpu": False}, None)
+    finally:
+        host.CURRENT["machine"] = host.MACHINE
+
+
+@pytest.mark.parametrize("inventory", ONE_HOST)
+def test_the_one_host_inventory_reads_the_state_host_py_writes(host, tmp_path, monkeypatch, inventory):
+    monkeypatch.setenv("PDKIT_NSPAWN_DIR", str(tmp_path))
+    # before `up`: the fallbacks are the very paths `up` will write
+    data = _inventory_hosts(inventory)["pdkit-h200"]
+    assert data["ssh_known_hosts_file"] == str(host.machine_state("pdkit-h200") / "known_hosts") == str(tmp_path / "pdkit-h200" / "known_hosts")
+    assert data["ssh_key"] == str(host.client_key()) == str(tmp_path / "id_ed25519")
+    assert (data["ssh_hostname"], data["ssh_port"]) == (host.SSH_ADDRESS, host.SSH_PORT)
+    # after `up` (another port, so the answer can only have come from host.json)
+    _up_record(host, "pdkit-h200", "127.0.0.1", 2299)
+    assert (tmp_path / "pdkit-h200" / "host.json").is_file() and not (tmp_path / "host.json").exists()
+    data = _inventory_hosts(inventory)["pdkit-h200"]
+    assert data["ssh_port"] == 2299
+    assert data["ssh_known_hosts_file"] == str(tmp_path / "pdkit-h200" / "known_hosts")
+    assert data["ssh_strict_host_key_checking"] == "yes"
+
+
+def test_the_pair_inventory_reads_each_machines_own_state(host, tmp_path, monkeypatch):
+    monkeypatch.setenv("PDKIT_NSPAWN_DIR", str(tmp_path))
+    monkeypatch.delenv("PDKIT_NSPAWN_UCX_TLS", raising=False)
+    _up_record(host, "pdkit-a", "10.214.0.2", 22)
+    _up_record(host, "pdkit-b", "10.214.0.3", 2201)
+    for inventory in ("inventories/h200-nspawn-pair.py", "inventories/nspawn-pair-rehearsal.py"):
+        nodes = _inventory_hosts(inventory)
+        assert {n: (d["ssh_hostname"], d["ssh_port"]) for n, d in nodes.items()} == {"pdkit-a": ("10.214.0.2", 22), "pdkit-b": ("10.214.0.3", 2201)}
+        for name, data in nodes.items():
+            assert data["ssh_known_hosts_file"] == str(host.machine_state(name) / "known_hosts")
+            assert data["ssh_key"] == str(tmp_path / "id_ed25519")
+
+
+def test_a_state_dir_that_is_one_machines_own_is_refused_by_host_py_and_the_inventories(host, tmp_path, monkeypatch):
+    """The 2026-12-02 workaround (PDKIT_NSPAWN_DIR=<dir>/pdkit-h200) fails loudly, on both sides."""
+    monkeypatch.setenv("PDKIT_NSPAWN_DIR", str(tmp_path))
+    _up_record(host, "pdkit-h200", "127.0.0.1", 2222)
+    monkeypatch.setenv("PDKIT_NSPAWN_DIR", str(tmp_path / "pdkit-h200"))
+    with pytest.raises(SystemExit, match="is a machine's own state directory .* set PDKIT_NSPAWN_DIR to the directory above it"):
+        host.machine_state("pdkit-h200")
+    for inventory in ONE_HOST:
+        with pytest.raises(ValueError, match="is a machine's own state directory"):
+            _inventory_hosts(inventory)
+
+
+def test_a_machine_booted_under_another_state_dir_is_still_running(host, tmp_path, monkeypatch):
+    """`unpack`, `up` and `down --purge` look for a systemd-nspawn booting the tree itself, not only
+    at runtime.json: a state directory other than `up`'s must not make a running machine look stopped."""
+    import argparse
+
+    machines = tmp_path / "machines"
+    root = machines / "pdkit-h200"
+    (root / "usr/bin").mkdir(parents=True)
+    (root / "usr/bin/systemd-nspawn").write_text("")
+    (root / "etc/keep").parent.mkdir(parents=True)
+    (root / "etc/keep").write_text("the running machine's file\n")
+    proc = tmp_path / "proc"
+    argv = [f"{root}/lib64/ld-linux-x86-64.so.2", "--library-path", f"{root}/usr/lib", f"{root}/usr/bin/systemd-nspawn",
+            "--quiet", "--boot", f"--directory={root}", "--machine=pdkit-h200"]
+    (proc / "4242").mkdir(parents=True)
+    (proc / "4242" / "cmdline").write_bytes(b"\0".join(a.encode() for a in argv) + b"\0")
+    (proc / "4243").mkdir()  # another machine's nspawn, and a process that only mentions the path
+    (proc / "4243" / "cmdline").write_bytes(b"systemd-nspawn\0--boot\0--directory=" + str(machines / "pdkit-a").encode() + b"\0")
+    (proc / "4244").mkdir()
+    (proc / "4244" / "cmdline").write_bytes(b"ls\0--directory=" + str(root).encode() + b"\0")
+    (proc / "self").mkdir()
+    assert host.nspawn_pids(root, proc) == [4242]
+    assert host.nspawn_pids(machines / "pdkit-b", proc) == []
+
+    real = host.nspawn_pids
+    monkeypatch.setattr(host, "MACHINES", machines)
+    monkeypatch.setattr(host, "nspawn_pids", lambda r, p=proc: real(r, p))
+    monkeypatch.setenv("PDKIT_NSPAWN_DIR", str(tmp_path / "another-state-dir"))  # no runtime.json there
+    assert host.running("pdkit-h200")
+    with pytest.raises(SystemExit, match=r"pdkit-h200 is running \(systemd-nspawn pid 4242 .*started with another PDKIT_NSPAWN_DIR"):
+        host.cmd_unpack(argparse.Namespace(machine="pdkit-h200", artefacts=[str(tmp_path)]))
+    assert (root / "etc/keep").read_text() == "the running machine's file\n"
+    with pytest.raises(SystemExit, match="before booting it again"):
+        host.cmd_up(argparse.Namespace(machine="pdkit-h200"))
+    assert not host.running("pdkit-b")

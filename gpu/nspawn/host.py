@@ -36,15 +36,21 @@ environment resolves inside the container (missing non-glibc libraries are copie
 image into /opt/engine-venv/lib), and a probe (GPU, imports, a Triton kernel under the engine
 units' device policy). Timings and the probe go to the state directory.
 
-State: $PDKIT_NSPAWN_DIR (default /var/lib/pdkit-nspawn): id_ed25519, known_hosts, host.json
-(what inventories/h200-nspawn.py reads), runtime.json, console.log, probe.json. The tree:
-$PDKIT_NSPAWN_MACHINES/<machine> (default /var/lib/machines/pdkit-h200).
+State: gpu/nspawn/machine_state.py is the one rule for where it lives, shared with the
+inventories: $PDKIT_NSPAWN_DIR (default /var/lib/pdkit-nspawn) holds the control side's key
+(id_ed25519) and xfer-probe's ucx_tls.json; <that>/<machine>/ holds one machine's known_hosts,
+host.json (what inventories/h200-nspawn.py and h200-nspawn-pair.py read), runtime.json,
+timings.json, console.log, probe.json. Point PDKIT_NSPAWN_DIR at the base, never at a machine's
+own directory (refused). The tree: $PDKIT_NSPAWN_MACHINES/<machine> (default
+/var/lib/machines/pdkit-h200); `unpack` and `up` refuse a tree a running systemd-nspawn boots,
+whatever the state directory says.
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
+import importlib.util
 import glob
 import hashlib
 import ipaddress
@@ -63,8 +69,21 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def _load_machine_state():
+    """gpu/nspawn/machine_state.py (beside this file): where a machine's state lives."""
+    name = "pdkit_nspawn_machine_state"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().with_name("machine_state.py"))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return sys.modules[name]
+
+
+MS = _load_machine_state()
 MACHINE = "pdkit-h200"
-STATE = Path(os.environ.get("PDKIT_NSPAWN_DIR", "/var/lib/pdkit-nspawn"))
 MACHINES = Path(os.environ.get("PDKIT_NSPAWN_MACHINES", "/var/lib/machines"))
 ARTEFACT_DIRS = [REPO / "gpu-payload-nspawn" / d for d in ("rootfs", "monitoring", "cxx", "wheels")] + [Path("/root/stash")]
 ROOTFS_NAME = "rootfs-trixie.tar.xz"
@@ -106,8 +125,17 @@ def machine_root(machine: str) -> Path:
 CURRENT = {"machine": MACHINE}
 
 
-def machine_state() -> Path:
-    return STATE / CURRENT["machine"]
+def state_base() -> Path:
+    """$PDKIT_NSPAWN_DIR (read at each call: the tests set it)."""
+    return MS.base_dir()
+
+
+def machine_state(machine: str | None = None) -> Path:
+    """STATE/<machine>: machine_state.py's rule, the one the inventories read through."""
+    try:
+        return MS.machine_dir(machine or CURRENT["machine"])
+    except MS.StateDirError as exc:
+        raise Fail(str(exc)) from None
 
 
 def state_file(name: str) -> Path:
@@ -117,7 +145,7 @@ def state_file(name: str) -> Path:
 
 def client_key() -> Path:
     """The control side's SSH key: one for every machine this launcher boots."""
-    return STATE / "id_ed25519"
+    return MS.client_key()
 
 
 def read_json(path: Path) -> dict:
@@ -295,6 +323,7 @@ def remove_cgroup(d: Path) -> list[str]:
 def cmd_unpack(args: argparse.Namespace) -> int:
     root = machine_root(args.machine)
     if running(args.machine):
+        refuse_if_booted(args.machine, "unpacking over its tree")
         raise Fail(f"{args.machine} is running: `host.py down` first")
     dirs = [Path(d) for d in args.artefacts] if args.artefacts else ARTEFACT_DIRS
     base = find_artefact(ROOTFS_NAME, dirs)
@@ -352,7 +381,7 @@ def cmd_control_venv(args: argparse.Namespace) -> int:
     if wheels is None or not wheels.is_file():
         raise Fail(f"no {WHEELS_NAME} (give --wheels)")
     t = time.monotonic()
-    stage = STATE / "wheels"
+    stage = state_base() / "wheels"
     remove_tree(stage)
     stage.mkdir(parents=True)
     extract(wheels, stage)
@@ -728,7 +757,7 @@ class Host:
     def argv(self, command: str, timeout: int = 5) -> list[str]:
         return [*rootfs_cmd(self.root, "usr/bin/ssh"), "-F", "/dev/null", "-i", str(client_key()),
                 "-p", str(self.rt["ssh_port"]), "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
-                "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={STATE / self.rt['machine'] / 'known_hosts'}",
+                "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={machine_state(self.rt['machine']) / 'known_hosts'}",
                 "-o", "GlobalKnownHostsFile=/dev/null", "-o", "UpdateHostKeys=no", "-o", f"ConnectTimeout={timeout}",
                 "-o", "LogLevel=ERROR", f"root@{self.rt['ssh_address']}", "--", command]
 
@@ -747,15 +776,52 @@ class Host:
 
 
 def running(machine: str) -> bool:
-    rt = read_json(state_file("runtime.json"))
-    return rt.get("machine") == machine and alive(rt.get("pid"), rt.get("start"))
+    """MACHINE is up by its state (runtime.json), or a systemd-nspawn boots its tree anyway."""
+    rt = read_json(machine_state(machine) / "runtime.json")
+    return (rt.get("machine") == machine and alive(rt.get("pid"), rt.get("start"))) or bool(nspawn_pids(machine_root(machine)))
+
+
+def nspawn_pids(root: Path, proc: Path = Path("/proc")) -> list[int]:
+    """The systemd-nspawn processes booting ROOT, found by their argv (`--directory=ROOT`), not by
+    any state directory: a state directory other than the one `up` wrote must not make a running
+    machine look stopped (its tree would be unpacked over, as happened on 2026-12-02)."""
+    want = f"--directory={root}"
+    pids = []
+    try:
+        entries = list(proc.iterdir())
+    except OSError:
+        return pids
+    for d in entries:
+        if not d.name.isdigit():
+            continue
+        try:
+            args = [a.decode(errors="replace") for a in (d / "cmdline").read_bytes().split(b"\0") if a]
+        except OSError:
+            continue
+        if want in args and any(a.endswith("/systemd-nspawn") or a == "systemd-nspawn" for a in args):
+            pids.append(int(d.name))
+    return sorted(pids)
+
+
+def refuse_if_booted(machine: str, what: str) -> None:
+    """Fail when a systemd-nspawn boots MACHINE's tree (whatever the state directory says)."""
+    pids = nspawn_pids(machine_root(machine))
+    if pids:
+        rt = read_json(machine_state(machine) / "runtime.json")
+        known = rt.get("pid") in pids
+        raise Fail(f"{machine} is running (systemd-nspawn pid {', '.join(map(str, pids))} boots {machine_root(machine)}): "
+                   f"`host.py --machine {machine} down` before {what}"
+                   + ("" if known else f"; its state is not in {machine_state(machine)}: was it started with another "
+                      f"{MS.ENV}? (now {state_base()})"))
 
 
 def cmd_up(args: argparse.Namespace) -> int:
     root = machine_root(args.machine)
-    if running(args.machine):
+    rt_now = read_json(state_file("runtime.json"))
+    if rt_now.get("machine") == args.machine and alive(rt_now.get("pid"), rt_now.get("start")):
         log(f"{args.machine} is already up (host.py down first to restart it)")
         return 0
+    refuse_if_booted(args.machine, "booting it again")
     if not (root / "usr/bin/systemd-nspawn").exists():
         cmd_unpack(args)
     timings = read_json(state_file("timings.json"))
@@ -847,15 +913,24 @@ def cmd_up(args: argparse.Namespace) -> int:
     host.run("ldconfig", timeout=60)
     if info is not None:
         fix_libraries(host, root, info)
-    write_json(state_file("host.json"), {
-        "machine": args.machine, "ssh_hostname": ssh_address, "ssh_port": ssh_port, "ssh_user": "root", "address": rt["address"],
-        "ssh_key": str(client_key()), "ssh_known_hosts_file": str(state_file("known_hosts")),
-        "engine_venv": ENGINE_ENV if info is not None else None, "gpu": rt["gpu"], "netns": netns})
+    write_host_record(rt, ENGINE_ENV if info is not None else None)
     write_json(state_file("timings.json"), timings)
     if not args.no_probe:
         probe(host, rt, info is not None)
     log(f"up: {json.dumps(timings)}; ssh -i {client_key()} -o UserKnownHostsFile={state_file('known_hosts')} -p {rt['ssh_port']} root@{rt['ssh_address']}")
     return 0
+
+
+def write_host_record(rt: dict, engine_venv: str | None) -> Path:
+    """STATE/<machine>/host.json: how the inventories reach the machine `up` booted (they read it
+    through machine_state.ssh_settings, the same rule)."""
+    path = machine_state(rt["machine"]) / "host.json"
+    write_json(path, {
+        "machine": rt["machine"], "ssh_hostname": rt["ssh_address"], "ssh_port": rt["ssh_port"], "ssh_user": "root",
+        "address": rt.get("address"), "ssh_key": str(client_key()),
+        "ssh_known_hosts_file": str(machine_state(rt["machine"]) / "known_hosts"),
+        "engine_venv": engine_venv, "gpu": rt.get("gpu"), "netns": rt.get("netns")})
+    return path
 
 
 def inotify_warning() -> None:
@@ -1129,7 +1204,7 @@ XFER_TLS = ("cuda_ipc,cuda_copy,tcp,self", "tcp,cuda_copy,self")
 
 
 def machine_host(machine: str) -> Host:
-    rt = read_json(STATE / machine / "runtime.json")
+    rt = read_json(machine_state(machine) / "runtime.json")
     if not alive(rt.get("pid"), rt.get("start")):
         raise Fail(f"{machine} is not running (host.py --machine {machine} up)")
     return Host(Path(rt["root"]), rt)
@@ -1161,7 +1236,7 @@ def one_xfer(src: Host, dst: Host, env: str, python: str, dram: bool) -> dict:
 
 def cmd_xfer_probe(args: argparse.Namespace) -> int:
     """A NIXL WRITE each way between this machine and --peer, per UCX_TLS candidate; the first that
-    works both ways goes to STATE/ucx_tls.json (inventories/h200-nspawn-pair.py reads it)."""
+    works both ways goes to STATE/ucx_tls.json (machine_state.ucx_tls_file) (inventories/h200-nspawn-pair.py reads it)."""
     hosts = [machine_host(args.machine), machine_host(args.peer)]
     for h in hosts:
         write(h.root / XFER_IN_TREE.lstrip("/"), XFER_PROBE.read_text(), 0o644)
@@ -1183,11 +1258,11 @@ def cmd_xfer_probe(args: argparse.Namespace) -> int:
         if ok:
             chosen = tls
             break
-    write_json(STATE / "ucx_tls.json", {"chosen": chosen, "results": results, "machines": [h.rt["machine"] for h in hosts]})
+    write_json(MS.ucx_tls_file(), {"chosen": chosen, "results": results, "machines": [h.rt["machine"] for h in hosts]})
     if chosen is None:
         log("xfer-probe: no UCX_TLS candidate moved memory between the two machines")
         return 1
-    log(f"xfer-probe: UCX_TLS={chosen} (in {STATE / 'ucx_tls.json'})")
+    log(f"xfer-probe: UCX_TLS={chosen} (in {MS.ucx_tls_file()})")
     return 0
 
 
@@ -1251,6 +1326,7 @@ def cmd_down(args: argparse.Namespace) -> int:
     for p in ("runtime.json", "host.json"):
         state_file(p).unlink(missing_ok=True)
     if args.purge:
+        refuse_if_booted(args.machine, "purging its tree")
         remove_tree(machine_root(args.machine))
         remove_tree(machine_state())
     root = machine_root(args.machine)
