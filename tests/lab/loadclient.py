@@ -8,7 +8,7 @@ CONCURRENCY streaming chat completions in flight until STOP exists (or MAX_SECON
 then writes {"ok", "failed", "errors", "seconds", "failures", "slowest_failure_s", "slowest_ok_s"}
 to OUT. A request fails when the answer is not 200, the connection breaks, an error event arrives,
 or the stream ends without [DONE] or without any content. `failures` counts the failures by kind
-(`status 503`, `timeout`, ...) and `slowest_failure_s` is the longest a failed request took to
+(`status 503`, `hang`: not done within --timeout, ...) and `slowest_failure_s` is the longest a failed request took to
 fail: an outage clients see as quick error statuses, not hangs. --pause-after-failure S makes a
 worker wait S before its next request after a failure (a client backing off, not a tight loop
 against a router that answers 503 at once). Progress is rewritten to OUT every second.
@@ -24,13 +24,16 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+# a request not finished within --timeout: a hang, counted apart from a quick error
+HANG = "hang"
+
 
 def failure_kind(why: str) -> str:
-    """`status 503` for an HTTP error status, `timeout` for a client timeout, else the error's type."""
+    """`status 503` for an HTTP error status, `hang` for a request cut at the client's timeout, else the error's type."""
     if why.startswith("status "):
         return why.split(":", 1)[0]
-    if "timed out" in why.lower():
-        return "timeout"
+    if why.startswith(HANG):
+        return HANG
     return why.split(":", 1)[0][:60]
 
 
@@ -69,11 +72,14 @@ def one_request(url: str, model: str, n: int, max_tokens: int, timeout: float) -
     body = {"model": model, "messages": [{"role": "user", "content": f"load request {n}"}], "max_tokens": max_tokens, "stream": True}
     request = urllib.request.Request(f"{url}/v1/chat/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
     chunks = 0
+    deadline = time.monotonic() + timeout
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             if response.status != 200:
                 return f"status {response.status}"
             for raw in response:
+                if time.monotonic() > deadline:
+                    return f"{HANG}: still streaming after {timeout:.0f} s"
                 line = raw.decode(errors="replace").strip()
                 if not line.startswith("data: "):
                     continue
@@ -81,13 +87,18 @@ def one_request(url: str, model: str, n: int, max_tokens: int, timeout: float) -
                     return None if chunks else "stream ended without content"
                 event = json.loads(line[6:])
                 if "error" in event:
-                    return f"error event: {str(event['error'])[:200]}"
+                    return f"error event: {str(event['error'])[:160]}"
                 if event.get("choices") and event["choices"][0].get("delta", {}).get("content"):
                     chunks += 1
     except urllib.error.HTTPError as exc:
-        return f"status {exc.code}: {exc.read().decode(errors='replace')[:200]}"
+        return f"status {exc.code}: {exc.read().decode(errors='replace')[:160]}"
+    except TimeoutError as exc:
+        return f"{HANG}: {exc or 'timed out'} after {timeout:.0f} s"
     except (urllib.error.URLError, OSError, ValueError) as exc:
-        return f"{type(exc).__name__}: {exc}"
+        reason = getattr(exc, "reason", None)
+        if isinstance(reason, TimeoutError) or "timed out" in str(exc):
+            return f"{HANG}: {exc} after {timeout:.0f} s"
+        return f"{type(exc).__name__}: {exc}"[:200]
     return f"stream ended without [DONE] after {chunks} chunks"
 
 
