@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shlex
 import sys
 import time
@@ -48,6 +49,11 @@ SMOKE_MAX_TOKENS = 2
 # the engine's own gauges above, so the router's settle (smg: 5 s by default) would only keep the
 # node out of the router longer, and a re-add is refused (409) until it has passed.
 ROUTER_DRAIN_SETTLE_S = 0
+# How long a downtime roll keeps a router's last regular worker listed `draining` (smg answers
+# 404 once none is listed, 503 + Retry-After while one drains): the slowest measured
+# restart-to-ready x HOLD_FACTOR + HOLD_MARGIN_S (drain, apply, re-add), at most HOLD_MAX_S;
+# HOLD_UNMEASURED_S when the node's engines never logged a restart
+HOLD_FACTOR, HOLD_MARGIN_S, HOLD_MAX_S, HOLD_UNMEASURED_S = 1.5, 10, 600, 60
 # Decodes leave the router first and come back last: with no decode both routers answer new
 # requests 503 at once while the prefills' requests in flight finish, and serving resumes only
 # once a prefill is there to pair with (tests/sim/test_router_no_workers.py)
@@ -696,6 +702,10 @@ class Roller:
     outage_since: float | None = None
     # the last outage's length, drain to re-add (seconds), for the report
     last_outage_s: float | None = None
+    # each host's engines' last restart-to-ready (last_restart_to_ready), read once per roll
+    restart_s: dict[str, float | None] = field(default_factory=dict)
+    # the settle time the last drain held a regular worker draining for (hold_settle_s), or 0
+    held_s: int = 0
 
     def __post_init__(self) -> None:
         from pdkit.plan import plan_cluster
@@ -787,6 +797,19 @@ class Roller:
         return None
 
     # ---- steps
+    def hold_settle_s(self, hosts: list[str]) -> int:
+        """Seconds to keep a router's last regular worker listed `draining` through a downtime."""
+        known = [s for h in hosts if (s := self.restart_s.get(h))]
+        return min(HOLD_MAX_S, math.ceil(HOLD_FACTOR * max(known) + HOLD_MARGIN_S)) if known else HOLD_UNMEASURED_S
+
+    def held_kinds(self, outages: list[Outage]) -> set[tuple[str, str]]:
+        """(router host, kind) of the outages whose router answers 404 with no regular worker listed."""
+        from pdkit.router_api import REGULAR
+        from pdkit.versions import ROUTER_RELEASES
+
+        return {(o.router, REGULAR) for o in outages if REGULAR in o.kinds
+                and ROUTER_RELEASES[self.spec.router_release(self.spec.host(o.router))].empty_regular_is_404}
+
     def drain(self, hosts: list[str]) -> str:
         outages = batch_outages(self.spec, hosts)
         if outages and not self.allow_downtime:
@@ -801,10 +824,13 @@ class Roller:
                 raise RuntimeError(f"{why}; nothing was removed")
             time.sleep(1)
         workers = sorted(self.workers_of(hosts), key=lambda w: REMOVAL_ORDER[worker_type(w[1].role)])
+        router_of = {id(client): h.name for h, client in self.routers()}
+        held = self.held_kinds(outages)
+        self.held_s = self.hold_settle_s(hosts) if held else 0
         if outages:
             self.outage_since = time.monotonic()
-        for client, _, url in workers:
-            client.remove(url)
+        for client, engine, url in workers:
+            client.remove(url, settle_s=self.held_s if (router_of[id(client)], worker_type(engine.role)) in held else None)
         urls = self.engine_urls(hosts)
         deadline = time.monotonic() + self.drain_timeout_s
         while True:
@@ -819,7 +845,9 @@ class Roller:
     def readd(self, hosts: list[str]) -> str:
         workers = sorted(self.workers_of(hosts), key=lambda w: -REMOVAL_ORDER[worker_type(w[1].role)])
         for client, engine, url in workers:
-            client.add(url, worker_type(engine.role), engine.effective_bootstrap_port if engine.role == "prefill" else None, timeout=self.router_timeout_s)
+            # a held worker leaves the router's list when its settle time is up: wait that out too
+            client.add(url, worker_type(engine.role), engine.effective_bootstrap_port if engine.role == "prefill" else None,
+                       timeout=self.router_timeout_s + self.held_s)
         by_client: dict[int, tuple[Any, list[str]]] = {}
         for client, _, url in workers:
             by_client.setdefault(id(client), (client, []))[1].append(url)
@@ -836,6 +864,7 @@ class Roller:
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"circuit breaker still open on {', '.join(still)} at {client.base_url} {self.router_timeout_s:.0f} s after the re-add")
                 time.sleep(0.25)
+        self.held_s = 0
         served = f"{len(workers)} worker(s) back in the router, healthy, circuit breakers closed"
         if self.outage_since is not None:
             self.last_outage_s = time.monotonic() - self.outage_since
@@ -954,6 +983,10 @@ class Roller:
         timings = {h: NodeTiming(h, engines=sum(s.kind == "engine" for s in self.plans[h].services)) for h in batch}
         done_drain = False
         self.last_outage_s = None
+        if self.held_kinds(batch_outages(self.spec, batch)):
+            for h in batch:
+                if h not in self.restart_s:
+                    self.restart_s[h] = self.last_restart_to_ready(hosts[h], h)
         for outage in batch_outages(self.spec, batch):
             p(",".join(batch), "downtime", f"accepted: the router on {outage.router} ({outage.url}) has no {' or '.join(outage.kinds)} worker "
                                             "from the drain until the re-add; new requests get its error status meanwhile")
@@ -1137,15 +1170,23 @@ def cmd_roll(args: argparse.Namespace) -> int:
         return EXIT_INVALID
     secret = {f.path for plan in roller.plans.values() for f in plan.files if f.secret}
     outages = {i: found for i, b in enumerate(batches) if not all(h in roller.unchanged for h in b) and (found := batch_outages(spec, b))}
-    downtime = outage_lines(batches, outages, measure_restarts(roller, sorted({h for i in outages for h in batches[i]})), spec.cluster.ready_timeout_s)
+    roller.restart_s = measure_restarts(roller, sorted({h for i in outages for h in batches[i]}))
+    downtime = outage_lines(batches, outages, roller.restart_s, spec.cluster.ready_timeout_s)
     if args.dry:
         print(format_dry_plan(batches, diffs, explanations, secret))
         if downtime:
             accepted = "accepted by --allow-downtime" if args.allow_downtime else "the roll refuses it without --allow-downtime"
             print("", f"downtime ({accepted}):", *(f"  {line}" for line in downtime), sep="\n")
         return EXIT_FAILED if unreachable else 0
+
+    def write_report(result: str, **extra: Any) -> None:
+        # on every exit once the roll is planned: a failed roll is when the report is wanted most
+        if args.report:
+            Path(args.report).write_text(json.dumps({"result": result, **report(roller.timings), "downtime": downtime, **extra}, indent=2) + "\n")
+
     if downtime and not args.allow_downtime:
         print(refusal_text("roll", rerun_with_downtime(args), downtime), file=sys.stderr)
+        write_report("refused", reason="downtime not accepted (--allow-downtime)")
         return EXIT_INVALID
     roller.allow_downtime = args.allow_downtime
     for line in downtime:
@@ -1162,9 +1203,14 @@ def cmd_roll(args: argparse.Namespace) -> int:
             untouched = [h for b in batches[batches.index(batch) + 1:] for h in b]
             print(f"pdkit roll: stopped: {exc}", file=sys.stderr)
             print(stop_summary(exc, untouched), file=sys.stderr)
+            write_report("stopped", failed={"host": exc.host, "gate": exc.gate, "message": exc.message, "restored": exc.restored,
+                                            "outage_s": None if roller.last_outage_s is None else round(roller.last_outage_s, 2)},
+                         untouched=untouched)
             return EXIT_FAILED
-    if args.report:
-        Path(args.report).write_text(json.dumps(report(roller.timings), indent=2) + "\n")
+        except BaseException as exc:
+            write_report("error", error=f"{type(exc).__name__}: {exc}")
+            raise
+    write_report("ok")
     if roller.timings:
         worst = max(roller.timings, key=lambda t: t.overhead_s)
         progress("-", "done", f"{len(order)} host(s) rolled; largest kit overhead {worst.overhead_s:.1f} s on {worst.host}")
@@ -1245,7 +1291,8 @@ def cmd_rollback(args: argparse.Namespace) -> int:
         return EXIT_FAILED
     outages = batch_outages(spec, batch)
     if outages:
-        downtime = outage_lines([batch], {0: outages}, {args.host: roller.last_restart_to_ready(hosts[args.host], args.host)}, spec.cluster.ready_timeout_s)
+        roller.restart_s[args.host] = roller.last_restart_to_ready(hosts[args.host], args.host)
+        downtime = outage_lines([batch], {0: outages}, roller.restart_s, spec.cluster.ready_timeout_s)
         if not args.allow_downtime:
             print(refusal_text("rollback", rerun_with_downtime(args), downtime), file=sys.stderr)
             return EXIT_INVALID

@@ -126,18 +126,19 @@ class RouterClient:
         except ValueError as exc:
             raise RouterError(f"GET {self.base_url}/workers/{worker_id} answered something unreadable: {exc}") from exc
 
-    def set_drain_settle(self, worker: Worker, *, timeout: float = 10.0) -> bool:
-        """Give WORKER this client's settle time and wait until the router shows it; False when it
-        did not take (the removal then settles for the router's own time: slower, not wrong)."""
-        if self.drain_settle_s is None:
+    def set_drain_settle(self, worker: Worker, *, timeout: float = 10.0, settle_s: int | None = None) -> bool:
+        """Give WORKER this client's settle time (or SETTLE_S) and wait until the router shows it; False
+        when it did not take (the removal then settles for the router's own time: slower, not wrong)."""
+        settle = self.drain_settle_s if settle_s is None else settle_s
+        if self.drain_settle_s is None or settle is None:
             return False
 
         def shown() -> bool:
-            return self.detail(worker.id).get("health", {}).get("drain_settle_secs") == self.drain_settle_s
+            return self.detail(worker.id).get("health", {}).get("drain_settle_secs") == settle
 
         if shown():
             return True
-        payload: dict = {"url": worker.url, "worker_type": worker.worker_type, "health": {"drain_settle_secs": self.drain_settle_s}}
+        payload: dict = {"url": worker.url, "worker_type": worker.worker_type, "health": {"drain_settle_secs": settle}}
         if worker.bootstrap_port is not None:
             payload["bootstrap_port"] = worker.bootstrap_port
         status, _ = self._call("PUT", f"/workers/{urllib.parse.quote(worker.id, safe='')}", payload)
@@ -150,14 +151,16 @@ class RouterClient:
             time.sleep(0.05)
         return False
 
-    def remove(self, url: str, *, timeout: float = 30.0) -> Worker | None:
+    def remove(self, url: str, *, timeout: float = 30.0, settle_s: int | None = None) -> Worker | None:
         """Take the worker at URL out of routing (no new requests; those on it finish) and wait
-        until the router lists it draining or gone; None when it was not registered."""
+        until the router lists it draining or gone; None when it was not registered. SETTLE_S: how
+        long the router keeps it listed `draining` (routers that take it per worker; default this
+        client's)."""
         worker = self.find(url)
         if worker is None:
             return None
         if worker.status == "ready":
-            self.set_drain_settle(worker)
+            self.set_drain_settle(worker, settle_s=settle_s)
         status, body = self._call("DELETE", f"/workers/{urllib.parse.quote(worker.id, safe='')}")
         if status not in (200, 202, 204, 404):
             raise RouterError(f"DELETE {self.base_url}/workers/{worker.id} ({url}) answered {status or 'nothing'}: {body.strip()[:200]}")
@@ -189,7 +192,8 @@ class RouterClient:
                     raise RouterError(f"POST {self.base_url}/workers ({url}) answered {status or 'nothing'}: {body.strip()[:200]}")
             if time.monotonic() > deadline:
                 raise RouterError(f"{url} is still being removed from {self.base_url} after {timeout:.0f} s; cannot add it back")
-            time.sleep(0.2)
+            # short: a downtime roll's held worker (pdkit.roll) is added back the moment it is gone
+            time.sleep(0.05)
 
     def wait_gone(self, urls: list[str], *, timeout: float = 60.0) -> None:
         """Until no URL is listed any more (a removed worker stays listed, draining, for the

@@ -653,6 +653,8 @@ class Monitoring(Frozen):
     ttft_p99_slo_s: Annotated[float, Field(gt=0), at_most(600, "TTFT objective in seconds", "does it look like milliseconds? give seconds")] = 2.0
     # Grafana from its apt repository (off where that repository cannot be reached, e.g. the lab)
     grafana: bool = True
+    # lab only (every node `gpu: none`): the alert rules' clock runs this many times faster (1-6: a minute divides evenly), every `for` and rate window divided by it, so the lab sees an alert fire in seconds; 1: the real windows
+    lab_alert_speedup: Annotated[int, Field(ge=1, le=6)] = 1
 
 
 # Every host runs node_exporter on this port.
@@ -1219,6 +1221,9 @@ def cross_checks(spec: ClusterSpec) -> list[Problem]:
         for i, target in enumerate(host.monitoring.scrape_hosts or ()):
             if target not in names:
                 add(Problem(host.name, f"pdkit_monitoring.scrape_hosts[{i}]", f"{target!r} is not a host in this inventory; valid: {', '.join(sorted(names))}"))
+        real = [h.name for h in spec.gpu_hosts if h.node is not None and h.node.gpu != "none"]
+        if host.monitoring.lab_alert_speedup > 1 and real:
+            add(Problem(host.name, "pdkit_monitoring.lab_alert_speedup", f"{host.monitoring.lab_alert_speedup} shortens every alert window for the lab, but {', '.join(real)} {'is a real node' if len(real) == 1 else 'are real nodes'} (gpu: nvidia): an alert would page on a normal engine restart; valid: 1 (the real windows), or more only where every node is gpu: none"))
     if len(spec.monitoring_hosts) > 1:
         add(Problem(spec.monitoring_hosts[1].name, "pdkit_monitoring", f"only one monitoring host is supported; {spec.monitoring_hosts[0].name} already declares pdkit_monitoring"))
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pdkit import flags
+from pdkit.roll import batch_outages
 from pdkit.spec import ClusterSpec, effective_decode_graph_max_bs, engine_numa_node
 
 
@@ -51,6 +52,11 @@ def summary(spec: ClusterSpec) -> str:
         assert host.router is not None
         workers = spec.router_workers(host)
         lines.append(f"  {host.name}: {package} {version} on {flags.router_address(host)}:{host.router.port} (metrics :{host.router.prometheus_port}), {len(workers)} workers: " + ", ".join(f"{h.name}/{e.name}" for h, e in workers))
+        for node in sorted({h.name for h, _ in workers}):
+            for outage in batch_outages(spec, [node]):
+                if outage.router == host.name:
+                    lines.append(f"    every {' and '.join(outage.kinds)} worker is on {node}: a change there is an outage "
+                                 "(pdkit roll --allow-downtime, docs/rolling.md 'Downtime mode')")
     lines += ["", "monitoring:"]
     if not spec.monitoring_hosts:
         lines.append("  none declared")

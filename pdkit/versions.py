@@ -66,13 +66,18 @@ class RouterRelease:
     # binary; its launcher has no flag for it). pdkit drains by the engines' own gauges, so a roll
     # sets 0 where the router lets it and otherwise waits the router's settle time out.
     per_worker_drain_settle: bool = False
+    # In regular (unified) mode, with no worker listed for the model, it answers 404 model_not_found
+    # (a client error clients do not retry); a removed worker still listed `draining` gets 503 with
+    # Retry-After: 1 (smg 1.13.0, tests/sim/test_router_no_workers.py). So a downtime roll keeps the
+    # last regular worker draining through the outage (Roller.hold_settle_s) rather than gone.
+    empty_regular_is_404: bool = False
     # --dp-aware: the router asks each worker its DP size and routes to one attention-DP rank
     # (both pinned routers' parsers have it: pdkit/parser_table.json, tests/test_flags.py)
     dp_aware: bool = True
 
 
 ROUTER_RELEASES: dict[tuple[str, str], RouterRelease] = {
-    ("smg", "1.13.0"): RouterRelease("smg", "1.13.0", ("smg", "launch"), "smg_", per_worker_drain_settle=True),
+    ("smg", "1.13.0"): RouterRelease("smg", "1.13.0", ("smg", "launch"), "smg_", per_worker_drain_settle=True, empty_regular_is_404=True),
     ("sglang-router", "0.3.2"): RouterRelease(
         # 0.3.2 already serves smg_* (checked on the GPU tier), not the older sgl_router_*
         "sglang-router", "0.3.2", ("python", "-m", "sglang_router.launch_router"), "smg_"

@@ -20,6 +20,7 @@ import yaml
 
 from pdkit import flags
 from pdkit import monitoring as mon
+from pdkit.monitoring.common import _duration_s, _scaled
 from pdkit.loader import load
 from pdkit.spec import NODE_EXPORTER_PORT
 from tests.conftest import REPO, require, write_inventory
@@ -186,8 +187,9 @@ def _targets(job_config):
 
 def test_targets_come_from_the_spec(lab_spec):
     doc, jobs = _configs(lab_spec)
-    assert doc["global"]["scrape_interval"] == "15s"
-    assert doc["global"]["evaluation_interval"] == "15s"
+    # the lab inventory's own interval (inventories/lab.py; the default is 15 s)
+    assert doc["global"]["scrape_interval"] == "10s"
+    assert doc["global"]["evaluation_interval"] == "10s"
     assert doc["rule_files"] == [mon.RULES_RELATIVE_PATH]
     assert mon.PROMETHEUS_CONFIG_PATH.rsplit("/", 1)[0] + "/" + mon.RULES_RELATIVE_PATH == mon.RULES_PATH
 
@@ -728,3 +730,69 @@ def test_rank_down_promtool_cases_pass_and_can_fail(base, tmp_path):
 
 
 _cases = itertools.count()
+
+
+# ---------------------------------------------------------------------------
+# the lab's faster alert clock (pdkit_monitoring.lab_alert_speedup): the real windows are
+# covered above by the example clusters (cluster, multinode); the lab's are those / the speedup
+
+def _lab_clock(base, speedup):
+    cluster, hosts = copy.deepcopy(base)
+    for data in hosts.values():
+        if "pdkit_node" in data:
+            data["pdkit_node"]["gpu"] = "none"
+    # scrapes often enough that no window is held up by its floor of 4 scrapes
+    hosts["mon01"]["pdkit_monitoring"] = {"lab_alert_speedup": speedup, "scrape_interval_s": 5}
+    return cluster, hosts
+
+
+def _rescaled(text: str, speedup: int) -> str:
+    """TEXT with every PromQL range and offset divided by SPEEDUP."""
+    return re.sub(r"(\[|offset )(\d+[sm])", lambda m: m.group(1) + _scaled(m.group(2), speedup), text)
+
+
+def test_the_lab_alert_clock_divides_every_window_and_keeps_every_case(base, tmp_path):
+    real = _spec(tmp_path, *_lab_clock(base, 1))
+    fast = _spec(tmp_path, *_lab_clock(base, 4))
+    r, f = mon.alerts(real), mon.alerts(fast)
+    assert [a.name for a in r] == [a.name for a in f] and len(r) >= 10
+    for a, b in zip(r, f):
+        assert _duration_s(a.for_) == 4 * _duration_s(b.for_), (a.name, a.for_, b.for_)
+        assert _rescaled(a.expr, 4) == b.expr, a.name  # the same condition, only its windows shorter
+        assert (a.subjects, a.decoys, a.severity) == (b.subjects, b.decoys, b.severity)
+    assert [mon.wedge_window(s) for s in (real, fast)] == ["2m", "30s"]
+    assert _configs(real)[0]["global"] == _configs(fast)[0]["global"]  # scrapes and evaluation: own settings
+
+    # the promtool cases: the same series and expectations on a time axis divided by the speedup
+    rt, ft = yaml.safe_load(mon.rule_tests(real)), yaml.safe_load(mon.rule_tests(fast))
+    assert (rt["evaluation_interval"], ft["evaluation_interval"]) == ("1m", "15s")
+    assert len(rt["tests"]) == len(ft["tests"]) > 20
+    for x, y in zip(rt["tests"], ft["tests"]):
+        assert (x["name"], x["input_series"]) == (y["name"], y["input_series"])
+        assert _duration_s(x["interval"]) == 4 * _duration_s(y["interval"])
+        for cx, cy in zip(x["alert_rule_test"], y["alert_rule_test"], strict=True):
+            assert _duration_s(cx["eval_time"]) == 4 * _duration_s(cy["eval_time"])
+            assert [e["exp_labels"] for e in cx["exp_alerts"]] == [e["exp_labels"] for e in cy["exp_alerts"]]
+    # and promtool runs them against the fast rules
+    d = _write_monitoring_dir(fast, tmp_path / "fast")
+    res = _promtool("test", "rules", f"rules/{Path(mon.RULE_TESTS_PATH).name}", cwd=d)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_the_lab_alert_clock_is_refused_on_real_nodes_and_bounded(base, tmp_path):
+    from pdkit.loader import load_with_problems
+
+    cluster, hosts = _lab_clock(base, 4)
+    hosts["gpu02"]["pdkit_node"]["gpu"] = "nvidia"
+    _, problems = load_with_problems(str(write_inventory(tmp_path, hosts, cluster)))
+    found = [p for p in problems if p.field == "pdkit_monitoring.lab_alert_speedup"]
+    assert len(found) == 1 and found[0].host == "mon01" and found[0].severity == "error", problems
+    assert "gpu02 is a real node" in found[0].message and "valid: 1" in found[0].message
+    cluster, hosts = _lab_clock(base, 7)
+    _, problems = load_with_problems(str(write_inventory(tmp_path, hosts, cluster)))
+    assert [p.field for p in problems if p.severity == "error"] == ["pdkit_monitoring.lab_alert_speedup"], problems
+    # the real windows anywhere
+    cluster, hosts = copy.deepcopy(base)
+    hosts["mon01"]["pdkit_monitoring"] = {"lab_alert_speedup": 1}
+    spec, problems = load_with_problems(str(write_inventory(tmp_path, hosts, cluster)))
+    assert spec is not None and not [p for p in problems if p.severity == "error"], problems

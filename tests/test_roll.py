@@ -514,44 +514,72 @@ class _FakeRouter:
     def workers(self):
         return []
 
-    def remove(self, url):
-        self.calls.append(("remove", url))
+    def remove(self, url, settle_s=None):
+        self.calls.append(("remove", url, settle_s))
 
     def add(self, url, kind, bootstrap_port=None, timeout=60):
-        self.calls.append(("add", url, kind, bootstrap_port))
+        self.calls.append(("add", url, kind, bootstrap_port, timeout))
 
     def wait_healthy(self, urls, timeout=60):
         self.calls.append(("wait_healthy", tuple(urls)))
 
 
-def test_an_accepted_outage_drains_readds_unified_engines_as_regular_and_times_the_outage(monkeypatch):
-    spec = load(str(REPO / "inventories" / "a6000.py"))
-    roller = Roller("inventories/a6000.py", spec, Progress(), allow_downtime=True)
+def _downtime_roller(monkeypatch, inventory: str, router_host: str):
+    """A Roller told to accept downtime, talking to a _FakeRouter; engines idle, breakers closed."""
+    spec = load(str(REPO / "inventories" / inventory))
+    roller = Roller(f"inventories/{inventory}", spec, Progress(), allow_downtime=True)
     fake = _FakeRouter()
-    roller._routers = [(spec.host("ct129"), fake)]
+    roller._routers = [(spec.host(router_host), fake)]
     monkeypatch.setattr(roller, "scrape", lambda urls, names: {k: {n: 0.0 for n in names} for k in urls})
     monkeypatch.setattr(roller, "circuit_states", lambda host: {})
+    return spec, roller, fake
+
+
+def test_an_accepted_outage_drains_readds_unified_engines_as_regular_and_times_the_outage(monkeypatch):
+    spec, roller, fake = _downtime_roller(monkeypatch, "a6000.py", "ct129")
+    roller.restart_s = {"ct129": 20.0}
     assert "1 worker(s) out of the router" in roller.drain(["ct129"])
     assert roller.outage_since is not None
     message = roller.readd(["ct129"])
     assert [c[0] for c in fake.calls] == ["remove", "add", "wait_healthy"]
-    assert fake.calls[1][2] == "regular" and fake.calls[1][3] is None
+    # smg answers 404 with no regular worker listed: the last one is held draining (503 +
+    # Retry-After) for 1.5 x the measured 20 s restart + 10 s, and the re-add waits that out too
+    assert fake.calls[0][2] == 40 and fake.calls[1][4] == roller.router_timeout_s + 40
+    assert fake.calls[1][2] == "regular" and fake.calls[1][3] is None and roller.held_s == 0
     assert "outage" in message and roller.last_outage_s is not None and roller.outage_since is None
 
 
 def test_decodes_leave_the_router_first_and_come_back_last(monkeypatch):
-    spec = load(str(REPO / "inventories" / "cluster.py"))
-    roller = Roller("inventories/cluster.py", spec, Progress(), allow_downtime=True)
-    fake = _FakeRouter()
-    roller._routers = [(spec.host("gpu01"), fake)]
-    monkeypatch.setattr(roller, "scrape", lambda urls, names: {k: {n: 0.0 for n in names} for k in urls})
-    monkeypatch.setattr(roller, "circuit_states", lambda host: {})
+    spec, roller, fake = _downtime_roller(monkeypatch, "cluster.py", "gpu01")
     roller.drain(["gpu01"])
     roller.readd(["gpu01"])
     urls = {e.role: f":{e.port}" for _, e in spec.engines()}
     removed = [c[1] for c in fake.calls if c[0] == "remove"]
+    assert [c[2] for c in fake.calls if c[0] == "remove"] == [None, None]  # PD: nothing held, smg's 503 needs none
     added = [(c[1], c[2]) for c in fake.calls if c[0] == "add"]
     assert [u.endswith(urls["decode"]) for u in removed] == [True, False], removed
     assert [kind for _, kind in added] == ["prefill", "decode"], added
     prefill = next(e for _, e in spec.engines() if e.role == "prefill")
     assert next(c[3] for c in fake.calls if c[0] == "add" and c[2] == "prefill") == prefill.effective_bootstrap_port
+
+
+def test_validate_summary_says_which_node_is_an_outage_to_change():
+    from pdkit.summary import summary
+
+    one_box = summary(load(str(REPO / "inventories" / "cluster.py")))
+    assert "    every decode and prefill worker is on gpu01: a change there is an outage (pdkit roll --allow-downtime" in one_box, one_box
+    assert "every regular worker is on ct129" in summary(load(str(REPO / "inventories" / "a6000.py")))
+    assert "a change there is an outage" not in summary(load(str(REPO / "inventories" / "lab.py")))
+
+
+def test_the_hold_follows_the_measured_restart_and_has_bounds():
+    spec = load(str(REPO / "inventories" / "a6000.py"))
+    roller = Roller("inventories/a6000.py", spec, Progress())
+    assert roller.hold_settle_s(["ct129"]) == 60  # nothing measured
+    roller.restart_s = {"ct129": 3.2}
+    assert roller.hold_settle_s(["ct129"]) == 15
+    roller.restart_s = {"ct129": 900.0}
+    assert roller.hold_settle_s(["ct129"]) == 600
+    assert roller.held_kinds(batch_outages(spec, ["ct129"])) == {("ct129", "regular")}
+    one_box = load(str(REPO / "inventories" / "cluster.py"))
+    assert Roller("inventories/cluster.py", one_box, Progress()).held_kinds(batch_outages(one_box, ["gpu01"])) == set()

@@ -433,7 +433,7 @@ def test_a_one_node_campaign_is_refused_without_downtime_and_dry_runs_with_it(tm
     refused.write_text(text.replace("downtime: true\n", ""))
     done = _tune("inventories/lab-one-node.py", str(refused), "--dry")
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
-    assert "campaign.downtime: rolling a candidate onto lab-gpu1 is a service outage" in done.stderr, done.stderr
+    assert "campaign.downtime: rolling a candidate onto lab-gpu1, a service outage" in done.stderr, done.stderr
     assert "has no decode or prefill worker" in done.stderr and "set `downtime: true`" in done.stderr
     accepted = _tune("inventories/lab-one-node.py", "docs/tune/lab-one-node.yaml", "--dry")
     assert accepted.returncode == 0, accepted.stderr
@@ -751,3 +751,20 @@ def test_bench_records_say_what_they_measured_and_compare_names_a_difference(lab
     assert "- measured engines differs" in render_compare(a, b)
     old = {"id": "old", "levels": [level], "env": env}  # a record from before env.measured: not a difference
     assert "measured engines" not in render_compare(old, b)
+
+
+def test_a_router_fronting_only_its_own_node_makes_the_baseline_an_outage_even_for_another_target(tmp_path):
+    """gpu01's router fronts gpu01's engines only: a campaign on gpu02 still rolls gpu01 at its
+    baseline (every host goes onto the inventory), and says that is what needs `downtime: true`."""
+    from tests.conftest import BASE_CLUSTER, BASE_HOSTS, write_inventory
+
+    hosts = copy.deepcopy(BASE_HOSTS)
+    hosts["gpu01"]["pdkit_router"] = {"workers": ["gpu01/prefill", "gpu01/decode"]}
+    inventory = write_inventory(tmp_path, hosts, copy.deepcopy(BASE_CLUSTER))
+    path = tmp_path / "c.yaml"
+    path.write_text(json.dumps({"name": "t", "target": ["gpu02"], "out_dir": str(tmp_path / "out"),
+                                "candidates": [{"name": "a", "set": {"decode.cuda_graph": False}}]}))
+    done = _tune(str(inventory), str(path), "--dry")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "campaign.downtime: the baseline's roll of every host reaches gpu01, a service outage" in done.stderr, done.stderr
+    assert "onto gpu02" not in done.stderr

@@ -488,7 +488,7 @@ def test_the_summary_and_the_port_check_know_when_grafana_is_off(monkeypatch, ca
     monkeypatch.setenv("PDKIT_LAB_DIR", str(REPO / "build" / "no-lab-here"))
     assert main(["validate", "inventories/lab.py"]) == 0
     out = capsys.readouterr().out
-    assert "every 15s, no Grafana (pdkit_monitoring.grafana: false)" in out and "Grafana :3000" not in out
+    assert "every 10s, no Grafana (pdkit_monitoring.grafana: false)" in out and "Grafana :3000" not in out
 
 
 def test_grafanas_port_is_free_for_another_service_when_grafana_is_off(monkeypatch):

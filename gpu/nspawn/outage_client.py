@@ -30,48 +30,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
-HANG = "hang"
-
-
-def one_request(url: str, model: str, n: int, max_tokens: int, timeout: float) -> str | None:
-    """None on success, else why it failed."""
-    body = {"model": model, "messages": [{"role": "user", "content": f"outage probe {n}"}], "max_tokens": max_tokens, "stream": True}
-    request = urllib.request.Request(f"{url}/v1/chat/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    chunks = 0
-    deadline = time.monotonic() + timeout
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            if response.status != 200:
-                return f"status {response.status}"
-            for raw in response:
-                if time.monotonic() > deadline:
-                    return f"{HANG}: still streaming after {timeout:.0f} s"
-                line = raw.decode(errors="replace").strip()
-                if not line.startswith("data: "):
-                    continue
-                if line == "data: [DONE]":
-                    return None if chunks else "stream ended without content"
-                event = json.loads(line[6:])
-                if "error" in event:
-                    return f"error event: {str(event['error'])[:160]}"
-                if event.get("choices") and event["choices"][0].get("delta", {}).get("content"):
-                    chunks += 1
-    except urllib.error.HTTPError as exc:
-        return f"status {exc.code}: {exc.read().decode(errors='replace')[:160]}"
-    except TimeoutError as exc:
-        return f"{HANG}: {exc or 'timed out'} after {timeout:.0f} s"
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", None)
-        if isinstance(reason, TimeoutError) or "timed out" in str(exc):
-            return f"{HANG}: {exc} after {timeout:.0f} s"
-        return f"{type(exc).__name__}: {exc}"[:200]
-    return f"stream ended without [DONE] after {chunks} chunks"
+# one streaming request and its verdict, as the lab's load client makes it (run from the repo root)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from tests.lab.loadclient import HANG, one_request  # noqa: E402
 
 
 def _pct(values: list[float], q: float) -> float | None:

@@ -114,9 +114,31 @@ def _alt(template: str, key: str, table: dict = SGLANG) -> str:
     return " or ".join(f"({template.format(m=n)})" for n in names)
 
 
+def _speedup(spec: ClusterSpec) -> int:
+    """`pdkit_monitoring.lab_alert_speedup`: 1, or how many times faster the lab's alert clock runs."""
+    return _monitoring(spec).lab_alert_speedup
+
+
+def _duration_s(duration: str) -> int:
+    """A duration as _seconds writes it ("2m", "75s") in seconds."""
+    m = re.fullmatch(r"(\d+)([sm])", duration)
+    assert m is not None, f"not a duration pdkit writes: {duration!r}"
+    return int(m.group(1)) * (60 if m.group(2) == "m" else 1)
+
+
+def _scaled(duration: str, speedup: int) -> str:
+    """DURATION divided by SPEEDUP (the lab's faster alert clock); itself at 1."""
+    if speedup == 1:
+        return duration
+    s = _duration_s(duration)
+    assert s % speedup == 0, f"{duration} is not a whole number of seconds divided by {speedup}"
+    return _seconds(s // speedup)
+
+
 def _window(spec: ClusterSpec) -> str:
-    """Rate window for alerts: 5m, or 4 scrapes when scrapes are slower than 75 s."""
-    return _seconds(max(300, 4 * _monitoring(spec).scrape_interval_s))
+    """Rate window for alerts: 5m, or 4 scrapes when scrapes are slower than 75 s (the lab: 5m / its
+    lab_alert_speedup, still at least 4 scrapes)."""
+    return _seconds(max(300 // _speedup(spec), 4 * _monitoring(spec).scrape_interval_s))
 
 
 def _series(name: str, labels: dict[str, str]) -> str:

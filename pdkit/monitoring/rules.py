@@ -15,7 +15,8 @@ from pdkit import flags
 from pdkit.metricnames import EXPORTER, EXPORTER_RANK_UP, ROUTER, SGLANG
 from pdkit.monitoring.common import (
     ENGINE_BY, EXPORTER_BY, JOB_DCGM, JOB_ENGINE, JOB_EXPORTER, JOB_NODE, JOB_PROMETHEUS, JOB_ROUTER, QUEUES,
-    QUEUE_ROLES, WORKER_BY, _alt, _by, _fmt, _monitoring, _num, _pick, _seconds, _series, _window, engine_instance,
+    QUEUE_ROLES, WORKER_BY, _alt, _by, _fmt, _monitoring, _num, _pick, _scaled, _seconds, _series, _speedup, _window,
+    engine_instance,
     promql_regex, scraped_hosts, to_yaml,
 )
 from pdkit.monitoring.scrape import Target, targets
@@ -120,10 +121,11 @@ def _graph_none_only_tests(subjects: tuple[dict[str, str], ...], passes: str) ->
     return out
 
 
-def _wedge_window(spec: ClusterSpec) -> str:
+def wedge_window(spec: ClusterSpec) -> str:
     """Rate window of the wedge alert: 2m, or 4 scrapes when scrapes are slower than 30 s (it must fire
-    well before SGLang's own 300 s scheduler watchdog would end a wedged process)."""
-    return _seconds(max(120, 4 * _monitoring(spec).scrape_interval_s))
+    well before SGLang's own 300 s scheduler watchdog would end a wedged process); the lab: 2m / its
+    lab_alert_speedup, still at least 4 scrapes."""
+    return _seconds(max(120 // _speedup(spec), 4 * _monitoring(spec).scrape_interval_s))
 
 
 def _wedge_case(s: dict[str, str], bad: bool) -> list[tuple[str, str]]:
@@ -162,13 +164,19 @@ class _Context(NamedTuple):
     routers: list[Target]
     model_of: dict[str, str]  # engine instance -> served model name
     by: str  # the engine labels, for `by (...)`
+    speedup: int  # pdkit_monitoring.lab_alert_speedup (1 but in the lab)
+
+    def for_(self, duration: str) -> str:
+        """An alert's `for` as the rules say it: DURATION, divided by the lab's speedup."""
+        return _scaled(duration, self.speedup)
 
 
 def _context(spec: ClusterSpec) -> _Context:
     tgt = targets(spec)
     return _Context(spec, _monitoring(spec), _window(spec), tgt, [t for t in tgt if t.job == JOB_ENGINE],
                     [t for t in tgt if t.job == JOB_ROUTER],
-                    {engine_instance(h, e.name): spec.engine_model(e).name for h, e in spec.engines()}, _by(ENGINE_BY))
+                    {engine_instance(h, e.name): spec.engine_model(e).name for h, e in spec.engines()}, _by(ENGINE_BY),
+                    _speedup(spec))
 
 
 # The alert table: (the alerts a builder declares, in rule order; the builder). Each builder declares its
@@ -198,11 +206,11 @@ def _engine_down(c: _Context) -> list[Alert]:
         name="PdkitEngineDown",
         expr=f'up{{job="{JOB_ENGINE}"}} == 0',
         value=f'up{{job="{JOB_ENGINE}"}}',
-        for_=ENGINE_DOWN_FOR, severity="critical",
+        for_=c.for_(ENGINE_DOWN_FOR), severity="critical",
         summary="SGLang engine {{ $labels.instance }} ({{ $labels.role }}) is down",
         description=(
             "Prometheus cannot scrape /metrics of engine {{ $labels.engine }} on {{ $labels.node }} "
-            f"for {ENGINE_DOWN_FOR}: the process is stopped, crashed, or hung.\n"
+            f"for {c.for_(ENGINE_DOWN_FOR)}: the process is stopped, crashed, or hung.\n"
             "What to do: on {{ $labels.node }} run `systemctl status pdkit-engine-{{ $labels.engine }}` and "
             "`journalctl -u pdkit-engine-{{ $labels.engine }} -n 200` (look for CUDA out of memory, NCCL errors, "
             "the watchdog timeout, a Python traceback); check `nvidia-smi` and `dmesg` for Xid errors. "
@@ -244,12 +252,12 @@ def _engine_rank_down(c: _Context) -> list[Alert]:
             name="PdkitEngineRankDown",
             expr=f"min by ({_by(RANK_BY)}) ({up}) == 0",
             value=f"min by ({_by(RANK_BY)}) ({up})",
-            for_=RANK_DOWN_FOR, severity="critical",
+            for_=c.for_(RANK_DOWN_FOR), severity="critical",
             summary="Rank {{ $labels.rank }} of engine {{ $labels.engine }} on {{ $labels.node }} is down",
             description=(
                 "pdkit-exporter on {{ $labels.node }} finds no running process of rank {{ $labels.rank }} "
                 "(of {{ $labels.nnodes }}) of engine {{ $labels.engine }} ({{ $labels.role }}, rank 0 on "
-                f"{{{{ $labels.head }}}}) for {RANK_DOWN_FOR}. Rank 0 cannot serve without it: "
+                f"{{{{ $labels.head }}}}) for {c.for_(RANK_DOWN_FOR)}. Rank 0 cannot serve without it: "
                 "{{ $labels.head }}/{{ $labels.engine }} stalls or exits like an NCCL timeout, and "
                 "PdkitEngineDown follows for it.\n"
                 "What to do: systemd restarts the unit on its own (Restart=on-failure), so a rank down this long "
@@ -280,7 +288,7 @@ def _router_down(c: _Context) -> list[Alert]:
             name="PdkitRouterDown",
             expr=f'up{{job="{JOB_ROUTER}"}} == 0',
             value=f'up{{job="{JOB_ROUTER}"}}',
-            for_=ROUTER_DOWN_FOR, severity="critical",
+            for_=c.for_(ROUTER_DOWN_FOR), severity="critical",
             summary="Router on {{ $labels.node }} is down",
             description=(
                 "Prometheus cannot scrape the router's metrics port on {{ $labels.node }}: clients get "
@@ -307,10 +315,10 @@ def _scrape_target_down(c: _Context) -> list[Alert]:
         name="PdkitScrapeTargetDown",
         expr=f'up{{job=~"{other_jobs}"}} == 0',
         value=f'up{{job=~"{other_jobs}"}}',
-        for_=TARGET_DOWN_FOR, severity="warning",
+        for_=c.for_(TARGET_DOWN_FOR), severity="warning",
         summary="{{ $labels.job }} on {{ $labels.node }} cannot be scraped",
         description=(
-            "The {{ $labels.job }} target on {{ $labels.node }} has been down for " + TARGET_DOWN_FOR + ": "
+            "The {{ $labels.job }} target on {{ $labels.node }} has been down for " + c.for_(TARGET_DOWN_FOR) + ": "
             "its dashboards and the alerts built on it (drift, NCCL env, node and GPU figures) are blind.\n"
             "What to do: on {{ $labels.node }} check the service (pdkit-exporter, prometheus-node-exporter, "
             "dcgm-exporter or prometheus) with systemctl status / journalctl, and that its port is reachable "
@@ -340,7 +348,7 @@ def _router_worker_unhealthy(c: _Context) -> list[Alert]:
             name="PdkitRouterWorkerUnhealthy",
             expr=f'min by ({_by(WORKER_BY)}) ({ROUTER["worker_health"]}) == 0',
             value=f'min by ({_by(WORKER_BY)}) ({ROUTER["worker_health"]})',
-            for_=WORKER_UNHEALTHY_FOR, severity="critical",
+            for_=c.for_(WORKER_UNHEALTHY_FOR), severity="critical",
             summary="Router on {{ $labels.node }} marks worker {{ $labels.worker_instance }} unhealthy",
             description=(
                 "The router on {{ $labels.node }} counts {{ $labels.worker }} ({{ $labels.worker_instance }}, "
@@ -391,11 +399,11 @@ def _queue_growing(c: _Context) -> list[Alert]:
         name="PdkitQueueGrowing",
         expr="\nor\n".join(queue_clause(q, k, "deriv") for q, k in QUEUES),
         value="\nor\n".join(queue_clause(q, k, "value") for q, k in QUEUES),
-        for_=QUEUE_GROWING_FOR, severity="warning",
-        summary="The {{ $labels.queue }} queue of {{ $labels.instance }} has grown for " + QUEUE_GROWING_FOR,
+        for_=c.for_(QUEUE_GROWING_FOR), severity="warning",
+        summary="The {{ $labels.queue }} queue of {{ $labels.instance }} has grown for " + c.for_(QUEUE_GROWING_FOR),
         description=(
             "The {{ $labels.queue }} queue of {{ $labels.instance }} ({{ $labels.role }}) has kept growing for "
-            + QUEUE_GROWING_FOR + ": requests arrive faster than this engine drains them.\n"
+            + c.for_(QUEUE_GROWING_FOR) + ": requests arrive faster than this engine drains them.\n"
             "What to do, by queue: waiting - the engine is at capacity (check KV cache usage and the "
             "decode CUDA-graph ratio on the tuning dashboard; add engines or lower the load); "
             "prefill_bootstrap - prefill waits for its decode partner's handshake (is the decode up? same "
@@ -444,7 +452,7 @@ def _pd_failures(c: _Context) -> list[Alert]:
             expr=(f"(sum by ({by}) (increase({metric}[{w}])) > 0)\nor\n"
                   f"(sum by ({by}) ({metric}) unless sum by ({by}) ({metric} offset {w}))"),
             value=f"sum by ({by}) (increase({metric}[{w}]))\nor\nsum by ({by}) ({pd_up}) * 0",
-            for_=FAILURES_FOR, severity="warning",
+            for_=c.for_(FAILURES_FOR), severity="warning",
             summary=f"{what} fail on {{{{ $labels.instance }}}}",
             description=f"{todo}",
             subjects=tuple({**t.labels, "model_name": model_of[t.labels["instance"]]} for t in pd_engines),
@@ -491,7 +499,7 @@ def _decode_graph_ratio(c: _Context) -> list[Alert]:
             name="PdkitDecodeCudaGraphRatioLow",
             expr=f"(\n{ratio}\n) < {_num(CUDA_GRAPH_RATIO_MIN)}",
             value=ratio,
-            for_=CUDA_GRAPH_RATIO_FOR, severity="warning",
+            for_=c.for_(CUDA_GRAPH_RATIO_FOR), severity="warning",
             summary="{{ $labels.instance }} runs decode steps without CUDA graphs",
             description=(
                 f"Fewer than {CUDA_GRAPH_RATIO_MIN:.0%} of the decode passes of {{{{ $labels.instance }}}} ran in a "
@@ -520,18 +528,18 @@ def _engine_wedged(c: _Context) -> list[Alert]:
     spec, engines, model_of, by = c.spec, c.engines, c.model_of, c.by
     out: list[Alert] = []
     tokens = SGLANG["realtime_tokens"]
-    ww = _wedge_window(spec)
+    ww = wedge_window(spec)
     held = f'sum by ({by}) ({SGLANG["running"]}) + sum by ({by}) ({SGLANG["waiting"]})'
     stepping = f"sum by ({by}) (rate({tokens}[{ww}])) > 0"
     out.append(Alert(
         name="PdkitEngineWedged",
         expr=f"({held}) > 0\nunless on ({by})\n({stepping})",
         value=f"{held}",
-        for_=WEDGED_FOR, severity="critical",
+        for_=c.for_(WEDGED_FOR), severity="critical",
         summary="Engine {{ $labels.instance }} holds requests and generates no tokens",
         description=(
             "Engine {{ $labels.instance }} ({{ $labels.role }}) has had requests running or queued for "
-            f"{WEDGED_FOR} while its scheduler generated no token over the last {ww} "
+            f"{c.for_(WEDGED_FOR)} while its scheduler generated no token over the last {ww} "
             "(sglang:realtime_tokens_total did not move): its HTTP server answers, the scheduler does not step. "
             "Clients wait until their timeout; the router keeps routing to it while /health answers.\n"
             "What to do: `journalctl -u pdkit-engine-{{ $labels.engine }} -n 300` on {{ $labels.node }} (the "
@@ -570,7 +578,7 @@ def _ttft_over_slo(c: _Context) -> list[Alert]:
             name="PdkitTtftP99OverSlo",
             expr=f"{ttft} > {_num(slo)}",
             value=ttft,
-            for_=TTFT_FOR, severity="warning",
+            for_=c.for_(TTFT_FOR), severity="warning",
             summary=f"TTFT p99 of {{{{ $labels.instance }}}} is over the {_fmt(slo)} s SLO",
             description=(
                 f"The 99th percentile time to first token measured by {{{{ $labels.instance }}}} over the last {w} "
@@ -605,7 +613,7 @@ def _exporter(c: _Context) -> list[Alert]:
         name="PdkitConfigDrift",
         expr=f'max by ({_by(EXPORTER_BY)}) ({EXPORTER["flags_drift"]}) > 0',
         value=f'max by ({_by(EXPORTER_BY)}) ({EXPORTER["flags_drift"]})',
-        for_=DRIFT_FOR, severity="warning",
+        for_=c.for_(DRIFT_FOR), severity="warning",
         summary="{{ $labels.node }}/{{ $labels.engine }} runs flags that differ from the plan",
         description=(
             "pdkit-exporter found that the flags engine {{ $labels.engine }} on {{ $labels.node }} really runs "
@@ -624,7 +632,7 @@ def _exporter(c: _Context) -> list[Alert]:
         name="PdkitNcclEnvMissing",
         expr=f'min by ({_by(EXPORTER_BY)}) ({EXPORTER["env_present"]}) == 0',
         value=f'min by ({_by(EXPORTER_BY)}) ({EXPORTER["env_present"]})',
-        for_=ENV_MISSING_FOR, severity="warning",
+        for_=c.for_(ENV_MISSING_FOR), severity="warning",
         summary="NCCL/UCX environment missing in {{ $labels.node }}/{{ $labels.engine }}",
         description=(
             "The running process of engine {{ $labels.engine }} on {{ $labels.node }} lacks NCCL/UCX variables the "
@@ -731,7 +739,15 @@ def rule_tests(spec: ClusterSpec, rules_file: str = "pdkit.yml", max_subjects: i
                         e["exp_annotations"] = {"summary": _expand(a.summary, e["exp_labels"]),
                                                 "description": _expand(a.description, e["exp_labels"])}
                 tests.append(t)
-    doc = {"rule_files": [rules_file], "evaluation_interval": "1m", "tests": tests}
+    k = _speedup(spec)
+    if k > 1:
+        # the lab's faster alert clock: every case on the same time axis divided by the speedup, so each
+        # case says exactly what it says at the real windows (tests/test_monitoring.py runs both)
+        for t in tests:
+            t["interval"] = _scaled(t["interval"], k)
+            for check in t["alert_rule_test"]:
+                check["eval_time"] = _scaled(check["eval_time"], k)
+    doc = {"rule_files": [rules_file], "evaluation_interval": _scaled("1m", k), "tests": tests}
     return "# Generated by pdkit: `promtool test rules` cases for every alert.\n" + to_yaml(doc)
 
 

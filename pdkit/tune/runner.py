@@ -135,12 +135,14 @@ def prepare(inventory: str, campaign_path: str) -> Prepared:
                 _check_workload(spec, inp, out, req, warm)
             except ValueError as exc:
                 problems.append(f"candidate {name}: campaign.{what}: {exc}")
+    # the baseline rolls every host (those already on the inventory stay serving), a candidate its targets
     outages = {h.name: found for h in base.hosts if (found := batch_outages(base, [h.name]))}
     if outages and not campaign.downtime:
         for host, found in outages.items():
             lost = "; ".join(f"the router on {o.router} ({o.url}) has no {' or '.join(o.kinds)} worker" for o in found)
-            problems.append(f"campaign.downtime: rolling a candidate onto {host} is a service outage ({lost} while its engines restart): "
-                            "set `downtime: true` to accept it (the cluster serves nothing during each roll), or give every kind "
+            what = "rolling a candidate onto" if host in targets else "the baseline's roll of every host reaches"
+            problems.append(f"campaign.downtime: {what} {host}, a service outage ({lost} while its engines restart): "
+                            "set `downtime: true` to accept it (the router serves nothing during that roll), or give every kind "
                             "of worker a second node")
     measured = None
     if not base.router_hosts:

@@ -5,9 +5,13 @@
 
 Runs in its own process (stdlib threads and urllib: no gevent from pyinfra's import), keeps
 CONCURRENCY streaming chat completions in flight until STOP exists (or MAX_SECONDS pass),
-then writes {"ok", "failed", "errors", "seconds"} to OUT. A request fails when the answer is
-not 200, the connection breaks, an error event arrives, or the stream ends without [DONE] or
-without any content. Progress (ok/failed so far) is rewritten to OUT every second.
+then writes {"ok", "failed", "errors", "seconds", "failures", "slowest_failure_s", "slowest_ok_s"}
+to OUT. A request fails when the answer is not 200, the connection breaks, an error event arrives,
+or the stream ends without [DONE] or without any content. `failures` counts the failures by kind
+(`status 503`, `hang`: not done within --timeout, ...) and `slowest_failure_s` is the longest a failed request took to
+fail: an outage clients see as quick error statuses, not hangs. --pause-after-failure S makes a
+worker wait S before its next request after a failure (a client backing off, not a tight loop
+against a router that answers 503 at once). Progress is rewritten to OUT every second.
 """
 
 from __future__ import annotations
@@ -20,6 +24,18 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+# a request not finished within --timeout: a hang, counted apart from a quick error
+HANG = "hang"
+
+
+def failure_kind(why: str) -> str:
+    """`status 503` for an HTTP error status, `hang` for a request cut at the client's timeout, else the error's type."""
+    if why.startswith("status "):
+        return why.split(":", 1)[0]
+    if why.startswith(HANG):
+        return HANG
+    return why.split(":", 1)[0][:60]
+
 
 class Counts:
     def __init__(self) -> None:
@@ -27,20 +43,28 @@ class Counts:
         self.ok = 0
         self.failed = 0
         self.errors: list[str] = []
+        self.failures: dict[str, int] = {}
+        self.slowest_failure_s = 0.0
+        self.slowest_ok_s = 0.0
 
-    def success(self) -> None:
+    def success(self, took: float = 0.0) -> None:
         with self.lock:
             self.ok += 1
+            self.slowest_ok_s = max(self.slowest_ok_s, took)
 
-    def failure(self, why: str) -> None:
+    def failure(self, why: str, took: float = 0.0) -> None:
         with self.lock:
             self.failed += 1
+            kind = failure_kind(why)
+            self.failures[kind] = self.failures.get(kind, 0) + 1
+            self.slowest_failure_s = max(self.slowest_failure_s, took)
             if len(self.errors) < 50:
-                self.errors.append(f"{time.strftime('%H:%M:%S')} {why}")
+                self.errors.append(f"{time.strftime('%H:%M:%S')} {why} (after {took:.2f} s)")
 
     def snapshot(self, started: float) -> dict:
         with self.lock:
-            return {"ok": self.ok, "failed": self.failed, "errors": list(self.errors), "seconds": round(time.monotonic() - started, 1)}
+            return {"ok": self.ok, "failed": self.failed, "errors": list(self.errors), "seconds": round(time.monotonic() - started, 1),
+                    "failures": dict(self.failures), "slowest_failure_s": round(self.slowest_failure_s, 3), "slowest_ok_s": round(self.slowest_ok_s, 3)}
 
 
 def one_request(url: str, model: str, n: int, max_tokens: int, timeout: float) -> str | None:
@@ -48,11 +72,14 @@ def one_request(url: str, model: str, n: int, max_tokens: int, timeout: float) -
     body = {"model": model, "messages": [{"role": "user", "content": f"load request {n}"}], "max_tokens": max_tokens, "stream": True}
     request = urllib.request.Request(f"{url}/v1/chat/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
     chunks = 0
+    deadline = time.monotonic() + timeout
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             if response.status != 200:
                 return f"status {response.status}"
             for raw in response:
+                if time.monotonic() > deadline:
+                    return f"{HANG}: still streaming after {timeout:.0f} s"
                 line = raw.decode(errors="replace").strip()
                 if not line.startswith("data: "):
                     continue
@@ -60,13 +87,18 @@ def one_request(url: str, model: str, n: int, max_tokens: int, timeout: float) -
                     return None if chunks else "stream ended without content"
                 event = json.loads(line[6:])
                 if "error" in event:
-                    return f"error event: {str(event['error'])[:200]}"
+                    return f"error event: {str(event['error'])[:160]}"
                 if event.get("choices") and event["choices"][0].get("delta", {}).get("content"):
                     chunks += 1
     except urllib.error.HTTPError as exc:
-        return f"status {exc.code}: {exc.read().decode(errors='replace')[:200]}"
+        return f"status {exc.code}: {exc.read().decode(errors='replace')[:160]}"
+    except TimeoutError as exc:
+        return f"{HANG}: {exc or 'timed out'} after {timeout:.0f} s"
     except (urllib.error.URLError, OSError, ValueError) as exc:
-        return f"{type(exc).__name__}: {exc}"
+        reason = getattr(exc, "reason", None)
+        if isinstance(reason, TimeoutError) or "timed out" in str(exc):
+            return f"{HANG}: {exc} after {timeout:.0f} s"
+        return f"{type(exc).__name__}: {exc}"[:200]
     return f"stream ended without [DONE] after {chunks} chunks"
 
 
@@ -80,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--stop-file", required=True)
     parser.add_argument("--max-seconds", type=float, default=900)
+    parser.add_argument("--pause-after-failure", type=float, default=0.0, metavar="S")
     args = parser.parse_args(argv)
     counts = Counts()
     started = time.monotonic()
@@ -91,11 +124,13 @@ def main(argv: list[str] | None = None) -> int:
         while not stop.is_set():
             with number_lock:
                 n = next(numbers)
+            start = time.monotonic()
             why = one_request(args.url, args.model, n, args.max_tokens, args.timeout)
             if why is None:
-                counts.success()
+                counts.success(time.monotonic() - start)
             else:
-                counts.failure(why)
+                counts.failure(why, time.monotonic() - start)
+                stop.wait(args.pause_after_failure)
 
     threads = [threading.Thread(target=worker, daemon=True) for _ in range(args.concurrency)]
     for t in threads:

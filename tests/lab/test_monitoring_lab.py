@@ -25,11 +25,14 @@ def _monitoring_facts():
     # pdkit.loader imports pyinfra's CLI, which gevent-patches its importer: use a child process
     code = (
         "import json; from pdkit.loader import load; from pdkit import monitoring as m; "
+        "from pdkit.monitoring.common import _duration_s; "
         f"spec = load({INVENTORY!r}); mon = spec.monitoring_hosts[0]; router = spec.router_hosts[0]; "
         "print(json.dumps({'prom': f'http://{mon.address}:{mon.monitoring.prometheus_port}', "
         "'targets': [[t.job, t.address] for t in m.targets(spec)], 'promql': m.all_promql(spec), "
         "'router': f'http://{router.address}:{router.router.port}', 'model': spec.cluster.model.name, "
-        "'engine_down_for': m.ENGINE_DOWN_FOR, 'gpu': [h.name for h in spec.gpu_hosts]}))"
+        "'gpu': [h.name for h in spec.gpu_hosts], 'scrape_s': mon.monitoring.scrape_interval_s, "
+        # the lab's own windows (inventories/lab.py: lab_alert_speedup), as its rules file says them
+        "'for_s': {a.name: _duration_s(a.for_) for a in m.alerts(spec)}, 'wedge_window_s': _duration_s(m.wedge_window(spec))}))"
     )
     return json_from_child(code)
 
@@ -113,9 +116,9 @@ def test_a_stopped_engine_fires_the_engine_down_alert(lab, monitored):
             hit = [a for a in alerts if a["labels"].get("alertname") == "PdkitEngineDown" and a["state"] == "firing" and a["labels"].get("node") == host]
             return bool(hit), [(a["labels"].get("alertname"), a["state"], a["labels"].get("node")) for a in alerts]
 
-        # the rule's `for:` plus a scrape and an evaluation interval
-        window = int(monitored["engine_down_for"].rstrip("m")) * 60 + 60
-        _wait(firing, window, f"PdkitEngineDown firing for {host}", interval=5)
+        # the rule's `for:` (the lab's: 30 s) plus a scrape and an evaluation interval, and slack
+        window = monitored["for_s"]["PdkitEngineDown"] + 60
+        _wait(firing, window, f"PdkitEngineDown firing for {host}", interval=2)
     finally:
         assert ssh(lab, host, "systemctl start pdkit-engine-decode.service").returncode == 0
     rc, results, err = run_pyinfra()

@@ -129,13 +129,13 @@ def wait_router_steady(plan: dict, timeout: float = 300) -> None:
 class Load:
     """tests/lab/loadclient.py in its own process: constant concurrency, streaming, through the router."""
 
-    def __init__(self, tmp_path: Path, plan: dict, concurrency: int = 16) -> None:
+    def __init__(self, tmp_path: Path, plan: dict, concurrency: int = 16, extra: tuple[str, ...] = ()) -> None:
         self.out = tmp_path / "load.json"
         self.stop_file = tmp_path / "load.stop"
         url = f"http://{plan['addr'][plan['router']]}:8000"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tests.lab.loadclient", "--url", url, "--model", plan["model"], "--concurrency", str(concurrency),
-             "--out", str(self.out), "--stop-file", str(self.stop_file), "--max-seconds", "1500"],
+             "--out", str(self.out), "--stop-file", str(self.stop_file), "--max-seconds", "1500", *extra],
             cwd=REPO,
         )
 

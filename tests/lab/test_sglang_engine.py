@@ -10,7 +10,10 @@ node fetches the ~4 GB of locked wheels over HTTP from this machine (pip --no-in
 node-side half of the contract test). The engines and the router are laid down but not
 started (no GPU), and the deploy output says why. A second run changes nothing.
 
-One release per test, 0.5.23 and 0.5.17 (both locks resolve); each cleans up after itself.
+One release per test, 0.5.17 and then 0.5.23 (both locks resolve); each cleans up after itself,
+except that 0.5.23's venv, once every check of it passed, is handed over to
+tests/lab/test_sglang_provided_env_lab.py when that module runs later in the session
+(tests/lab/engine_handover.py): one real install instead of two.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import pytest
 
 from pdkit import lab as pdlab
 from tests.conftest import REPO
+from tests.lab import engine_handover as handover
 
 pytestmark = pytest.mark.lab
 
@@ -95,8 +99,30 @@ def clean_engine_host(lab):
     remove_engine_cluster(lab)
 
 
-@pytest.mark.parametrize("version", ["0.5.23", "0.5.17"])
-def test_sglang_installs_offline_from_the_lock_and_its_parser_accepts_the_rendered_argv(lab, tmp_path, clean_engine_host, version):
+def test_a_wheel_missing_from_the_cache_offline_fails_before_any_host_changes(lab, tmp_path, clean_engine_host):
+    inventory = write_inventory(tmp_path, lab, "0.5.23")
+    env = {**os.environ, "PDKIT_OFFLINE": "1", "PDKIT_CACHE": str(tmp_path / "empty-cache")}
+    proc = subprocess.run([PYINFRA, str(inventory), "deploy/pd.py", "-y"], cwd=REPO, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL, env=env)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    # the node, the package, the cause and the fix, in one message; no traceback
+    assert "lab-mon" in out and "offline (PDKIT_OFFLINE)" in out and "sglang==0.5.23" in out and "python -m pdkit.wheelhouse" in out, out[-3000:]
+    assert "No host was changed" in out and "Traceback" not in out, out[-3000:]
+    assert on_host(lab, f"test -e {INSTALL_DIR} || test -e {CONFIG_DIR}").returncode != 0, "the host was changed"
+
+
+@pytest.fixture
+def engine_host(lab, version):
+    """A clean host before; after, clean again, unless the test handed its venv over (engine_handover)."""
+    remove_engine_cluster(lab)
+    yield
+    if not (version == handover.VERSION and handover.kept(version)):
+        remove_engine_cluster(lab)
+
+
+# 0.5.23 last: its venv is handed over to test_sglang_provided_env_lab.py (tests/lab/engine_handover.py)
+@pytest.mark.parametrize("version", ["0.5.17", "0.5.23"])
+def test_sglang_installs_offline_from_the_lock_and_its_parser_accepts_the_rendered_argv(lab, tmp_path, engine_host, version, request):
     inventory = write_inventory(tmp_path, lab, version)
     # the host cannot reach a package index: whatever it installs came from this machine
     assert on_host(lab, "python3 -c \"import urllib.request; urllib.request.urlopen('https://pypi.org/simple/', timeout=5)\"", timeout=60).returncode != 0
@@ -121,10 +147,10 @@ def test_sglang_installs_offline_from_the_lock_and_its_parser_accepts_the_render
     release = json.loads(on_host(lab, f"cat {CONFIG_DIR}/release.json").stdout)
     argvs = {name: e["argv"] for name, e in release["engines"].items()}
     assert set(argvs) == {"prefill", "decode"}
-    request = json.dumps({"argvs": [argvs["prefill"], argvs["decode"], [*argvs["decode"], "--cuda-graph-max-bs-decod", "x"]]})
+    argcheck_request = json.dumps({"argvs": [argvs["prefill"], argvs["decode"], [*argvs["decode"], "--cuda-graph-max-bs-decod", "x"]]})
     # the checker file from the pdkit wheel installed in that venv, run by that venv's Python
     checker = f"$({venv}/bin/python -c 'import os, pdkit; print(os.path.dirname(pdkit.__file__))')/contract/sglang_argcheck.py"
-    checked = on_host(lab, f"echo {shlex.quote(request)} | HF_HUB_OFFLINE=1 {venv}/bin/python {checker}")
+    checked = on_host(lab, f"echo {shlex.quote(argcheck_request)} | HF_HUB_OFFLINE=1 {venv}/bin/python {checker}")
     assert checked.returncode == 0, checked.stderr[-3000:]
     reply = json.loads(checked.stdout)
     assert reply["version"] == version
@@ -138,14 +164,8 @@ def test_sglang_installs_offline_from_the_lock_and_its_parser_accepts_the_render
     rc, again, err = deploy(inventory, timeout=600)
     assert rc == 0 and not changed(again), f"a second run changed {changed(again)}:\n{err[-2000:]}"
 
-
-def test_a_wheel_missing_from_the_cache_offline_fails_before_any_host_changes(lab, tmp_path, clean_engine_host):
-    inventory = write_inventory(tmp_path, lab, "0.5.23")
-    env = {**os.environ, "PDKIT_OFFLINE": "1", "PDKIT_CACHE": str(tmp_path / "empty-cache")}
-    proc = subprocess.run([PYINFRA, str(inventory), "deploy/pd.py", "-y"], cwd=REPO, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL, env=env)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode != 0
-    # the node, the package, the cause and the fix, in one message; no traceback
-    assert "lab-mon" in out and "offline (PDKIT_OFFLINE)" in out and "sglang==0.5.23" in out and "python -m pdkit.wheelhouse" in out, out[-3000:]
-    assert "No host was changed" in out and "Traceback" not in out, out[-3000:]
-    assert on_host(lab, f"test -e {INSTALL_DIR} || test -e {CONFIG_DIR}").returncode != 0, "the host was changed"
+    # every check passed: the provided-environment tests later in this session use this venv
+    if version == handover.VERSION and handover.wanted(request.session):
+        real = on_host(lab, f"readlink -f {venv}").stdout.strip()
+        assert real.startswith(f"{INSTALL_DIR}/venvs/node-"), real
+        handover.keep(version, real)

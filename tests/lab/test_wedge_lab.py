@@ -11,7 +11,6 @@ Runs after test_deploy.py in the same session.
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 import requests
@@ -50,17 +49,21 @@ def test_a_wedged_engine_fires_the_wedge_alert_and_fails_doctor(lab, facts):
                 pass
 
     threads = [threading.Thread(target=load, daemon=True) for _ in range(4)]
+    addr = "$(hostname -I | awk '{print $1}')"
     try:
-        time.sleep(20)  # the engine is back up and in the router's list
+        # the engine is back up (it answers /health); the router takes requests to it again as soon as it
+        # is back in its list, which the wait below for a running request covers (this was a fixed 20 s)
+        back = f"for i in $(seq 300); do curl -sf http://{addr}:30001/health >/dev/null && exit 0; sleep 0.1; done; exit 1"
+        assert ssh(lab, host, back).returncode == 0, "the decode did not answer /health within 30 s of its restart"
         for t in threads:
             t.start()
         # wedge it while requests are running in it (a wedged scheduler's gauges keep what they last
         # said, so a stall between two requests would show an idle engine, and no alert): on the
         # host, touch the stall file the moment its own /metrics says a request is running
         # (a fixed sleep missed that once in a fresh-clone run: the router had sent it nothing yet)
-        when_running = (f"for i in $(seq 600); do curl -s http://$(hostname -I | awk '{{print $1}}'):30001/metrics "
+        when_running = (f"for i in $(seq 1200); do curl -s http://{addr}:30001/metrics "
                         f"| grep -Eq '^sglang:num_running_reqs(\\{{[^}}]*\\}})? [1-9]' && touch {STALL} && exit 0; sleep 0.05; done; exit 1")
-        assert ssh(lab, host, when_running).returncode == 0, "the decode never ran a request in 30 s"
+        assert ssh(lab, host, when_running).returncode == 0, "the decode never ran a request in 60 s"
 
         def firing():
             alerts = requests.get(f"{facts['prom']}/api/v1/alerts", timeout=10).json()["data"]["alerts"]
@@ -69,9 +72,11 @@ def test_a_wedged_engine_fires_the_wedge_alert_and_fails_doctor(lab, facts):
                    and a["labels"].get("engine") == "decode"]
             return bool(hit), [(a["labels"].get("alertname"), a["state"], a["labels"].get("instance")) for a in alerts]
 
-        # the rate window (2m at the lab's 15 s scrapes) + `for` (1m) + scrape and evaluation slack,
-        # inside the 300 s scheduler watchdog
-        _wait(firing, 270, f"PdkitEngineWedged firing for {host}/decode", interval=5)
+        # the rate window + `for` + scrape and evaluation slack (the lab's: 40 s + 15 s + 90 s; at the
+        # real windows 2m + 1m + 90 s), inside the 300 s scheduler watchdog
+        timeout = facts["wedge_window_s"] + facts["for_s"]["PdkitEngineWedged"] + 90
+        assert timeout <= 270, f"the wedge alert could not fire before the 300 s watchdog: {timeout} s"
+        _wait(firing, timeout, f"PdkitEngineWedged firing for {host}/decode", interval=2)
         rc, report = doctor(INVENTORY)
         assert rc != 0
         assert (host, "decode", "queues") in failures(report), report

@@ -2,13 +2,15 @@
 
 What it needs: the lab (root, `.ci/lab-prereqs.sh`) and what tests/lab/test_sglang_engine.py needs
 for SGLang 0.5.23 (its lock's ~4.4 GB of wheels, cached in ${PDKIT_CACHE:-~/.cache/pdkit}/wheelhouse
-or fetched once from PyPI on this machine). Cost: one real engine install on lab-mon (that
-module's own deploy, ~4 GB over HTTP from this machine) shared by every test here, then small
-deploys (the pdkit-only node venv, the router venv).
+or fetched once from PyPI on this machine). Cost: one real engine install on lab-mon shared by every
+test here, then small deploys (the pdkit-only node venv, the router venv). That install is the one
+test_sglang_engine.py's 0.5.23 test made and checked earlier in the session (this module sorts after
+it; tests/lab/engine_handover.py), else this module's own (run alone: that module's deploy, ~4 GB
+over HTTP from this machine).
 
-1. The module fixture installs real SGLang 0.5.23 on lab-mon with test_sglang_engine's inventory
-   and deploy, then removes that cluster's units and config but keeps its venv: that venv is
-   the "provided" environment (a vendor image's, as far as pdkit can tell).
+1. The module fixture takes real SGLang 0.5.23 on lab-mon, installed with test_sglang_engine's
+   inventory and deploy, then removes that cluster's units and config but keeps its venv: that
+   venv is the "provided" environment (a vendor image's, as far as pdkit can tell).
 2. A derived cluster in its own install and config directories points lab-mon's `engine_venv`
    at it (a unified engine: no KV transfer): the preflight passes and reports the environment,
    the engine unit's ExecStart runs `<that venv>/bin/python -m sglang.launch_server`, pdkit's
@@ -42,6 +44,7 @@ from tests.lab.test_sglang_engine import (
     remove_engine_cluster,
 )
 from tests.lab.test_sglang_engine import write_inventory as engine_inventory
+from tests.lab import engine_handover as handover
 
 pytestmark = pytest.mark.lab
 
@@ -98,12 +101,17 @@ def nothing_changed(lab) -> bool:
 @pytest.fixture(scope="module")
 def engine_venv(lab, tmp_path_factory):
     """The real SGLang 0.5.23 venv test_sglang_engine's deploy installs on lab-mon, with that
-    cluster's units and config removed (their unit names are this module's too)."""
-    remove_engine_cluster(lab)
+    cluster's units and config removed (their unit names are this module's too): the one that
+    test handed over after its checks passed (tests/lab/engine_handover.py), else a fresh install
+    with that test's inventory and deploy."""
     remove_provided_cluster(lab)
-    rc, _, err = deploy(engine_inventory(tmp_path_factory.mktemp("engine"), lab, "0.5.23"))
-    assert rc == 0, f"installing the engine venv failed (rc {rc}):\n{err[-5000:]}"
-    real = on_host(lab, f"readlink -f {ENGINE_INSTALL_DIR}/venv").stdout.strip()
+    handed = handover.take(handover.VERSION)
+    real = on_host(lab, f"readlink -f {ENGINE_INSTALL_DIR}/venv").stdout.strip() if handed else None
+    if handed is None or real != handed:
+        remove_engine_cluster(lab)
+        rc, _, err = deploy(engine_inventory(tmp_path_factory.mktemp("engine"), lab, handover.VERSION))
+        assert rc == 0, f"installing the engine venv failed (rc {rc}):\n{err[-5000:]}"
+        real = on_host(lab, f"readlink -f {ENGINE_INSTALL_DIR}/venv").stdout.strip()
     assert real.startswith(f"{ENGINE_INSTALL_DIR}/venvs/node-"), real
     units = " ".join(UNITS)
     paths = " ".join(f"/etc/systemd/system/{u}" for u in UNITS)

@@ -1,0 +1,336 @@
+"""The users' own shape on the lab: ONE box (inventories/lab-one-node.py: the first GPU host with its
+TP4 prefill, TP4 decode and the router, plus the monitoring host). Every change takes the router's
+last prefill and decode out, so:
+
+1. `pdkit roll` and `pdkit rollback` refuse without --allow-downtime, before any change, naming the
+   router, the kinds it loses and the expected outage; `--dry` shows the same;
+2. with it, a change rolls under a streaming load: every request either succeeds or gets an error
+   status within seconds (none hangs), the outage is measured and reported, the box serves again;
+   `pdkit rollback --allow-downtime` puts the previous release back the same way;
+3. a change the decode cannot start with is restored byte for byte and the box serves again;
+4. `pdkit tune` with `downtime: true` runs a campaign of three candidates on the box, one of which
+   corrupts every answer (the sim's knob) and fails the correctness gate and is put back.
+
+Runs on the shared lab (its first GPU host and the monitoring host; the other GPU hosts are left
+alone) and ends with the lab back on inventories/lab.py.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests.conftest import REPO
+from tests.lab.test_roll import (
+    BASE,
+    PDKIT,
+    PYINFRA,
+    Load,
+    current_release,
+    file_sums,
+    invocation,
+    pdkit,
+    plan_of,
+    router_workers,
+    steps,
+    wait_router_steady,
+)
+
+pytestmark = pytest.mark.lab
+
+ONE = "inventories/lab-one-node.py"
+# a client that backs off half a second after an error, as one honouring the router's answer would
+LOAD_ARGS = ("--pause-after-failure", "0.5", "--timeout", "60")
+# the longest a request may take to fail while the box is out: an error status, never a hang
+QUICK_FAILURE_S = 5.0
+
+
+def one_node_inventory(tmp_path: Path, name: str, body: str) -> Path:
+    """An inventory that takes inventories/lab-one-node.py's data and changes it with BODY
+    (`_cluster`: the cluster data, `_node`: the box's host data)."""
+    path = tmp_path / f"{name}.py"
+    path.write_text(
+        "import copy, runpy\n"
+        f"_base = runpy.run_path({str(REPO / ONE)!r})\n"
+        "gpu_nodes = copy.deepcopy(_base['gpu_nodes'])\n"
+        "monitoring = _base['monitoring']\n"
+        "_hosts, _data = _base['all']\n"
+        "_cluster = copy.deepcopy(_data['pdkit_cluster'])\n"
+        "_node = gpu_nodes[0][1]\n"
+        f"{body}\n"
+        "all = (_hosts, {'pdkit_cluster': _cluster})\n"
+    )
+    return path
+
+
+def deploy(inventory: str) -> None:
+    proc = subprocess.run([PYINFRA, inventory, "deploy/pd.py", "-y"], cwd=REPO, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, f"deploying {inventory} failed:\n{proc.stderr[-4000:]}"
+
+
+@pytest.fixture(scope="module")
+def box(lab):
+    deploy(ONE)
+    plan = plan_of(ONE)
+    assert plan["gpu"] == [plan["router"]], plan["gpu"]
+    try:
+        yield plan
+    finally:
+        # the lab back on inventories/lab.py for the modules after this one
+        deploy(BASE)
+        base = plan_of(BASE)
+        for host, release in base["release"].items():
+            assert current_release(lab, host).endswith(release[:12]), f"{host} is not back on {BASE}"
+        wait_router_steady(base)
+
+
+def roll_under_load(tmp_path: Path, plan: dict, concurrency: int, *roll_args: str) -> tuple[subprocess.CompletedProcess, dict]:
+    """`pdkit roll ROLL_ARGS` under a streaming load of CONCURRENCY through the router, kept on until
+    the box has served 2 x CONCURRENCY more requests after the roll: (the roll, the load's counts)."""
+    wait_router_steady(plan)
+    load = Load(tmp_path, plan, concurrency=concurrency, extra=LOAD_ARGS)
+    try:
+        load.wait_flowing(at_least=2 * concurrency)
+        proc = pdkit("roll", *roll_args)
+        served = load.counts()["ok"]
+        deadline = time.monotonic() + 60
+        while load.counts()["ok"] < served + 2 * concurrency:
+            assert time.monotonic() < deadline, f"the load did not recover after the roll: {load.counts()}\n{proc.stdout[-3000:]}"
+            time.sleep(0.5)
+        return proc, load.stop()
+    finally:
+        if load.proc.poll() is None:
+            load.proc.kill()
+
+
+def serves(plan: dict) -> None:
+    """The box answers a completion through its router, with both engines registered and healthy."""
+    host = plan["router"]
+    addr = plan["addr"][host]
+    workers = router_workers(plan)
+    for port in (30000, 30001):
+        w = workers.get(f"http://{addr}:{port}")
+        assert w and w["is_healthy"], f"{host}:{port} is not in the router: {workers}"
+    r = requests.post(f"http://{addr}:8000/v1/completions", json={"model": plan["model"], "prompt": "one box", "max_tokens": 4}, timeout=60)
+    assert r.status_code == 200, r.text
+
+
+def test_a_roll_or_rollback_that_would_leave_the_router_without_workers_is_refused_naming_the_outage(lab, box, tmp_path):
+    host = box["router"]
+    changed = one_node_inventory(tmp_path, "bs96", "_cluster['tuning']['decode']['cuda_graph_max_bs'] = 96")
+    before = (current_release(lab, host), invocation(lab, host))
+    refused = tmp_path / "refused.json"
+    proc = pdkit("roll", str(changed), "--report", str(refused))
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    written = json.loads(refused.read_text())
+    assert written["result"] == "refused" and written["nodes"] == [] and "has no decode or prefill worker" in written["downtime"][0], written
+    err = proc.stderr
+    print(err)
+    assert err.startswith("pdkit roll: refused, nothing was changed"), err
+    assert f"canary {host}: the router on {host} (http://{box['addr'][host]}:8000) has no decode or prefill worker" in err, err
+    # the deploy's own start of the engines is the figure: measured on the node, not assumed
+    assert re.search(rf"expected outage ~\d+ s \(the engines' restart-to-ready as last measured on {host}\)", err), err
+    assert f"pdkit roll {changed} --allow-downtime" in err, err
+    assert (current_release(lab, host), invocation(lab, host)) == before, "a refused roll touched the node"
+
+    dry = pdkit("roll", str(changed), "--dry")
+    assert dry.returncode == 0, dry.stderr
+    assert "downtime (the roll refuses it without --allow-downtime):" in dry.stdout and "has no decode or prefill worker" in dry.stdout, dry.stdout
+
+    back = pdkit("rollback", ONE, host)
+    assert back.returncode == 2 and back.stderr.startswith("pdkit rollback: refused, nothing was changed"), back.stderr
+    assert f"pdkit rollback {ONE} {host} --allow-downtime" in back.stderr, back.stderr
+    assert (current_release(lab, host), invocation(lab, host)) == before
+    serves(box)
+
+
+def test_with_allow_downtime_a_change_rolls_under_load_with_quick_errors_only_and_rolls_back(lab, box, tmp_path):
+    host = box["router"]
+    changed = one_node_inventory(tmp_path, "bs96", "_cluster['tuning']['decode']['cuda_graph_max_bs'] = 96")
+    new = plan_of(changed)
+    release_before = current_release(lab, host)
+    report = tmp_path / "report.json"
+    proc, counts = roll_under_load(tmp_path, box, 8, str(changed), "--allow-downtime", "--report", str(report))
+    assert proc.returncode == 0, f"roll failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-3000:]}"
+    print(f"one-node downtime roll under C=8: {json.dumps({k: v for k, v in counts.items() if k != 'errors'})}")
+    # the outage was there and clients saw it as smg's 503 (the box's decode out first), at once:
+    # nothing hung, nothing broke mid-stream, and no request was held through the outage
+    assert set(counts["failures"]) == {"status 503"}, counts
+    assert counts["slowest_failure_s"] < QUICK_FAILURE_S, counts
+    assert counts["slowest_ok_s"] < QUICK_FAILURE_S, counts
+    assert counts["ok"] >= 32, counts
+    seen = steps(proc.stdout)
+    names = [s for h, s, _ in seen if h == host]
+    for step in ("connect", "drain", "apply", "ready", "router", "smoke", "done"):
+        assert step in names, f"no {step} line:\n{proc.stdout}"
+    assert any(s == "downtime" for _, s, _ in seen), proc.stdout
+    assert json.loads(report.read_text())["result"] == "ok"
+    node = json.loads(report.read_text())["nodes"][0]
+    assert node["host"] == host and 0 < node["outage_s"] < 120, node
+    printed = re.search(r"service outage ([\d.]+) s", proc.stdout)
+    assert printed and abs(float(printed.group(1)) - node["outage_s"]) < 0.1, proc.stdout
+    assert current_release(lab, host).endswith(new["release"][host][:12])
+    assert file_sums(lab, host, ["/etc/systemd/system/pdkit-engine-decode.service"]) == {
+        "/etc/systemd/system/pdkit-engine-decode.service": new["files"][host]["/etc/systemd/system/pdkit-engine-decode.service"]}
+    serves(box)
+
+    back = pdkit("rollback", ONE, host, "--allow-downtime")
+    assert back.returncode == 0, back.stdout[-3000:] + back.stderr[-3000:]
+    assert current_release(lab, host) == release_before
+    assert file_sums(lab, host, sorted(box["files"][host])) == box["files"][host]
+    serves(box)
+
+
+def test_a_change_the_box_cannot_start_is_restored_byte_for_byte_and_it_serves_again(lab, box, tmp_path):
+    host = box["router"]
+    broken = one_node_inventory(tmp_path, "crash", "_node['pdkit_node']['engines'][1]['env'] = {'PDKIT_SIM_TRANSFER_FAIL_RATE': '2'}")
+    before = current_release(lab, host)
+    report = tmp_path / "report.json"
+    proc = pdkit("roll", str(broken), "--allow-downtime", "--report", str(report))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-3000:]
+    # the report is written when the roll fails too: the failed gate, the restore, the outage it cost
+    written = json.loads(report.read_text())
+    assert written["result"] == "stopped", written
+    assert (written["failed"]["host"], written["failed"]["gate"], written["failed"]["restored"]) == (host, "apply", True), written
+    assert 0 < written["failed"]["outage_s"] < 120, written
+    assert f"stopped: {host}: gate 'apply' failed" in proc.stderr and "PDKIT_SIM_TRANSFER_FAIL_RATE must be within [0, 1]" in proc.stderr, out[-3000:]
+    assert f"{host} is back on its previous release" in proc.stderr, proc.stderr
+    assert current_release(lab, host) == before
+    assert file_sums(lab, host, sorted(box["files"][host])) == box["files"][host]
+    serves(box)
+
+
+SIM_ENV = {"PDKIT_SIM_CORRUPT_WHEN": "--enable-torch-compile"}
+
+
+def test_a_one_node_campaign_rolls_each_candidate_with_downtime_and_puts_a_failed_one_back(lab, box, tmp_path):
+    import yaml
+
+    host = box["router"]
+    inventory = one_node_inventory(tmp_path, "tune", "".join(f"_node['pdkit_node']['engines'][{i}]['env'] = {SIM_ENV!r}\n" for i in (0, 1)))
+    shipped = yaml.safe_load((REPO / "docs" / "tune" / "lab-one-node.yaml").read_text())
+    assert shipped["downtime"] is True
+    campaign = {
+        **shipped, "inventory": str(inventory), "out_dir": str(tmp_path / "tune"), "state_dir": str(tmp_path / "state"), "keep": "baseline",
+        "workload": {"input_len": 32, "output_len": 16, "concurrency": [8], "requests": 24, "warmup": 2},
+        "target_concurrency": 8,
+        "correctness": {"prompts": 8, "max_new_tokens": 16, "min_match_rate": 0.9, "concurrency": 4},
+        "soak": {"seconds": 3, "concurrency": 8, "max_new_tokens": 16, "wedge_window_s": 2},
+        "doctor": {"window_s": 2, "probe_requests": 2},
+        "candidates": [
+            {"name": "steps", "set": {"decode.num_continuous_decode_steps": 8}},
+            next(c for c in shipped["candidates"] if c["name"] == "page-64"),
+            {"name": "torch-compile", "set": {"decode.torch_compile": True}, "note": "the sim corrupts every decoded token"},
+        ],
+    }
+    path = tmp_path / "campaign.yaml"
+    path.write_text(json.dumps(campaign))
+    done = subprocess.run([PDKIT, "tune", str(inventory), str(path)], cwd=REPO, capture_output=True, text=True, timeout=1500)
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
+    records = [json.loads(line) for line in (tmp_path / "tune" / "lab-one-node.jsonl").read_text().splitlines() if line.strip()]
+    by = {r["candidate"]: r for r in records if r["kind"] != "end"}
+    assert list(by) == ["baseline", "steps", "page-64", "torch-compile"], list(by)
+    assert by["baseline"]["measured"]["via"] == "router", by["baseline"]["measured"]
+    for name in ("baseline", "steps", "page-64"):
+        assert by[name]["verdict"] == "pass", (name, by[name].get("failed_gate"), by[name].get("reason"))
+    for name in ("steps", "page-64", "torch-compile"):
+        # each candidate restarted the box with the router emptied: the outage was measured
+        assert 0 < by[name]["timings"]["outage_s"] < 120, (name, by[name]["timings"])
+    assert by["page-64"]["flag_diff"] == [f"{host}/decode: added `--page-size 64`", f"{host}/prefill: added `--page-size 64`"], by["page-64"]["flag_diff"]
+    failed = by["torch-compile"]
+    assert (failed["verdict"], failed["failed_gate"]) == ("fail", "correctness"), failed.get("reason")
+    assert failed["releases_after"][host] == failed["releases_before"][host], failed
+    assert any("back on release" in line for line in failed["rollback"]), failed["rollback"]
+    assert 0 < failed["timings"]["rollback_outage_s"] < 120, failed["timings"]
+    end = records[-1]
+    assert end["kind"] == "end" and end["candidate"] == "baseline", end
+    assert current_release(lab, host) == end["releases_after"][host]
+    assert "downtime" in done.stdout
+    serves(box)
+
+
+# ---------------------------------------------------------------- unified engines behind the router
+
+UNIFIED_ENGINES = "[{'name': 'main', 'role': 'unified', 'gpus': [0, 1, 2, 3], 'port': 30000}]"
+
+
+def test_one_unified_box_rolls_in_downtime_mode_with_quick_errors_only_and_restores_a_broken_change(lab, box, tmp_path):
+    """The 2-GPU box's shape (inventories/a6000.py): one unified engine behind the router. The
+    router's worker is re-added as `regular` (smg answers 400 to `unified`)."""
+    host = box["router"]
+    unified = one_node_inventory(tmp_path, "unified", f"_node['pdkit_node']['engines'] = {UNIFIED_ENGINES}")
+    changed = one_node_inventory(tmp_path, "unified_ctx", f"_node['pdkit_node']['engines'] = {UNIFIED_ENGINES}\n"
+                                                          "_cluster['tuning']['all']['context_length'] = 4096")
+    deploy(str(unified))
+    plan = plan_of(unified)
+    addr = plan["addr"][host]
+    workers = router_workers(plan)
+    assert {w["worker_type"] for w in workers.values()} == {"regular"} and f"http://{addr}:30000" in workers, workers
+    refused = pdkit("roll", str(changed))
+    assert refused.returncode == 2 and "has no regular worker" in refused.stderr, refused.stderr
+    proc, counts = roll_under_load(tmp_path, plan, 4, str(changed), "--allow-downtime")
+    assert proc.returncode == 0, f"roll failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-3000:]}"
+    print(f"one-node unified downtime roll under C=4: {json.dumps({k: v for k, v in counts.items() if k != 'errors'})}")
+    # smg in regular mode answers 404 model_not_found once no worker is listed: the roll holds the
+    # worker draining (503 + Retry-After) until the engine is back; a request that meets the moment
+    # between its leaving the list and the re-add may get 404, one per client thread at most
+    assert counts["failures"].get("status 503", 0) > 0 and set(counts["failures"]) <= {"status 503", "status 404"}, counts
+    assert counts["failures"].get("status 404", 0) <= 4, counts
+    assert counts["slowest_failure_s"] < QUICK_FAILURE_S and counts["slowest_ok_s"] < QUICK_FAILURE_S, counts
+    assert "service outage" in proc.stdout, proc.stdout
+    workers = router_workers(plan)
+    assert workers[f"http://{addr}:30000"]["worker_type"] == "regular" and workers[f"http://{addr}:30000"]["is_healthy"], workers
+    info = requests.get(f"http://{addr}:30000/server_info", timeout=10).json()
+    assert info["context_length"] == 4096, info.get("context_length")
+
+    # a fault: a change the unified engine cannot start with is restored byte for byte
+    rolled = plan_of(changed)
+    before = current_release(lab, host)
+    broken = one_node_inventory(tmp_path, "unified_crash", f"_node['pdkit_node']['engines'] = {UNIFIED_ENGINES}\n"
+                                                           "_cluster['tuning']['all']['context_length'] = 4096\n"
+                                                           "_node['pdkit_node']['engines'][0]['env'] = {'PDKIT_SIM_TRANSFER_FAIL_RATE': '2'}")
+    proc = pdkit("roll", str(broken), "--allow-downtime")
+    assert proc.returncode == 1 and f"stopped: {host}: gate 'apply' failed" in proc.stderr, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert current_release(lab, host) == before
+    assert file_sums(lab, host, sorted(rolled["files"][host])) == rolled["files"][host]
+    workers = router_workers(plan)
+    assert workers[f"http://{addr}:30000"]["worker_type"] == "regular" and workers[f"http://{addr}:30000"]["is_healthy"], workers
+    r = requests.post(f"http://{addr}:8000/v1/completions", json={"model": plan["model"], "prompt": "unified again", "max_tokens": 4}, timeout=60)
+    assert r.status_code == 200, r.text
+
+
+def test_unified_engines_on_every_node_roll_one_at_a_time_without_a_failed_request(lab, box, tmp_path):
+    """Several nodes of unified engines behind one router in regular mode: no downtime needed."""
+    from tests.lab.test_roll import derived_inventory
+
+    engines = UNIFIED_ENGINES
+    body = f"for _n, _d in gpu_nodes:\n    _d['pdkit_node']['engines'] = {engines}\n"
+    unified = derived_inventory(tmp_path, "lab_unified", body)
+    changed = derived_inventory(tmp_path, "lab_unified_steps", body + "_cluster['tuning']['all']['context_length'] = 4096\n")
+    deploy(str(unified))
+    plan = plan_of(unified)
+    workers = router_workers(plan)
+    assert len(workers) == len(plan["gpu"]) and {w["worker_type"] for w in workers.values()} == {"regular"}, workers
+    wait_router_steady(plan)
+    load = Load(tmp_path, plan, concurrency=8)
+    try:
+        load.wait_flowing(at_least=16)
+        proc = pdkit("roll", str(changed))
+        counts = load.stop()
+    finally:
+        if load.proc.poll() is None:
+            load.proc.kill()
+    assert proc.returncode == 0, f"roll failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-3000:]}"
+    assert "downtime" not in proc.stdout, proc.stdout
+    assert counts["failed"] == 0, counts
+    new = plan_of(changed)
+    for host in plan["gpu"]:
+        assert current_release(lab, host).endswith(new["release"][host][:12]), host
+    assert all(w["is_healthy"] and w["worker_type"] == "regular" for w in router_workers(plan).values())
