@@ -6,6 +6,12 @@ exact command line), as the lab does. docs/gpu.md ("A systemd host on the lent m
 
     python3 gpu/nspawn/host.py up --no-gpu --netns pdkn-h200 ...
     nsenter --net=/run/netns/pdkn-h200 env PDKIT_OFFLINE=1 pyinfra -y inventories/nspawn-rehearsal.py deploy/pd.py
+
+The whole one-node sequence of the device (deploy, doctor, bench, rolls with --allow-downtime under
+load, a broken change, rollback, the campaign) on this host, under the lab's lock:
+
+    flock /tmp/pdkit-lab.lock env PDKIT_NSPAWN_REHEARSAL=1 PDKIT_CONTROL_VENV=.venv \
+        bash gpu/nspawn/device_one.sh up converge check roll tune down
 """
 
 import copy

@@ -14,6 +14,12 @@
 # (gpu-payload). PDKIT_NSPAWN_REHEARSAL=1: the same on a machine without a GPU
 # (inventories/nspawn-rehearsal.py, the sim engine; the container and every client command in
 # the network namespace pdkn-h200, as on the device they share the machine's network).
+#
+# MIRROR=DIR (on the device: MIRROR=$OUT): every 20 s, and at the end, $OUT and the campaign's
+# records are packed into DIR/one-<first phase>.tar.xz, so a call cut at its time limit still
+# brings back what it did (on 2026-12-02 the tune call was cut and only a later call recovered it).
+# After each phase the engines' own log lines (KV pool size, free memory at start, readiness,
+# errors) are kept in $OUT/engines-PHASE.log.
 set -u
 OUT=${OUT:-/tmp/pdkit-one-out}
 mkdir -p "$OUT"
@@ -183,12 +189,35 @@ phase_tune() {
     cp "$out_dir"/*.md "$out_dir"/*.jsonl "$out_dir"/*.png "$OUT/tune-out/" 2>/dev/null
 }
 
+engines_log() {  # engines_log NAME: the engines' journal lines that say how they started (or why not)
+    $HOSTPY --machine "$MACHINE" exec --timeout 60 -- "journalctl -u 'pdkit-engine-*' --no-pager -o short-iso -n 20000 | grep -E 'KV Cache is allocated|max_total_num_tokens|avail mem|Load weight end|Capture cuda graph|fired up and ready|Error|error|Traceback|Killed|out of memory|Started|Stopped|Failed'" \
+        > "$OUT/engines-$1.log" 2>&1
+    $HOSTPY --machine "$MACHINE" exec --timeout 30 -- "nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader; nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader" \
+        >> "$OUT/engines-$1.log" 2>&1
+}
+
+mirror() {  # pack $OUT and the campaign's records into $MIRROR (one file per call)
+    [ -n "${MIRROR:-}" ] || return 0
+    local out_dir="docs/tune"
+    tar -cJf "$MIRROR/.one-$TAG.tmp" -C "$OUT" . $(ls "$out_dir"/h200-one-node.* 2>/dev/null | sed "s|^|-C $PWD |") 2>/dev/null \
+        && mv "$MIRROR/.one-$TAG.tmp" "$MIRROR/one-$TAG.tar.xz"
+}
+
 phase_down() {
     step down 60 $HOSTPY --machine $MACHINE down
 }
 
+TAG=${1:-none}
+if [ -n "${MIRROR:-}" ]; then
+    ( while sleep 20; do mirror; done ) &
+    MIRROR_PID=$!
+    trap 'kill $MIRROR_PID 2>/dev/null; mirror' EXIT
+fi
 for phase in "$@"; do
     echo "== phase $phase ($(date -u +%H:%M:%S))" | tee -a "$OUT/steps.txt"
-    "phase_$phase" || { echo "phase $phase FAILED" | tee -a "$OUT/steps.txt"; cat "$OUT/steps.txt"; exit 1; }
+    "phase_$phase"
+    rc=$?
+    [ "$phase" = down ] || engines_log "$phase"
+    [ $rc = 0 ] || { echo "phase $phase FAILED" | tee -a "$OUT/steps.txt"; cat "$OUT/steps.txt"; exit 1; }
 done
 cat "$OUT/steps.txt"
