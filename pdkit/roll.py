@@ -217,6 +217,10 @@ class Outage:
     url: str  # the router's base URL, as clients reach it
     kinds: tuple[str, ...]  # the router's worker types (prefill, decode, regular) it loses every worker of
 
+    def lost(self) -> str:
+        """What clients of the router lose, in the words of every message about it."""
+        return f"the router on {self.router} ({self.url}) has no {' or '.join(self.kinds)} worker"
+
 
 def batch_outages(spec: ClusterSpec, batch: Iterable[str]) -> list[Outage]:
     """Pure: per router, the worker types whose every planned worker runs on BATCH's hosts."""
@@ -250,7 +254,7 @@ def outage_lines(batches: list[list[str]], outages: dict[int, list[Outage]], res
     for i, found in sorted(outages.items()):
         label = "canary" if i == 0 else f"batch {i}"
         seconds, source = expected_outage(restart_s, batches[i], ready_timeout_s)
-        lost = "; ".join(f"the router on {o.router} ({o.url}) has no {' or '.join(o.kinds)} worker" for o in found)
+        lost = "; ".join(o.lost() for o in found)
         lines.append(f"{label} {', '.join(batches[i])}: {lost} while it is out: expected outage ~{seconds:.0f} s "
                      f"({source}), plus draining the requests in flight and the router's re-add")
     return lines
@@ -983,13 +987,13 @@ class Roller:
         timings = {h: NodeTiming(h, engines=sum(s.kind == "engine" for s in self.plans[h].services)) for h in batch}
         done_drain = False
         self.last_outage_s = None
-        if self.held_kinds(batch_outages(self.spec, batch)):
+        outages = batch_outages(self.spec, batch)
+        if self.held_kinds(outages):
             for h in batch:
                 if h not in self.restart_s:
                     self.restart_s[h] = self.last_restart_to_ready(hosts[h], h)
-        for outage in batch_outages(self.spec, batch):
-            p(",".join(batch), "downtime", f"accepted: the router on {outage.router} ({outage.url}) has no {' or '.join(outage.kinds)} worker "
-                                            "from the drain until the re-add; new requests get its error status meanwhile")
+        for outage in outages:
+            p(",".join(batch), "downtime", f"accepted: {outage.lost()} from the drain until the re-add; new requests get its error status meanwhile")
 
         def gate(name: str, fn: Callable[[list[str]], str], started: float | None = None) -> None:
             start = time.monotonic() if started is None else started

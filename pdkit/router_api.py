@@ -129,9 +129,9 @@ class RouterClient:
     def set_drain_settle(self, worker: Worker, *, timeout: float = 10.0, settle_s: int | None = None) -> bool:
         """Give WORKER this client's settle time (or SETTLE_S) and wait until the router shows it; False
         when it did not take (the removal then settles for the router's own time: slower, not wrong)."""
-        settle = self.drain_settle_s if settle_s is None else settle_s
-        if self.drain_settle_s is None or settle is None:
+        if self.drain_settle_s is None:
             return False
+        settle = self.drain_settle_s if settle_s is None else settle_s
 
         def shown() -> bool:
             return self.detail(worker.id).get("health", {}).get("drain_settle_secs") == settle

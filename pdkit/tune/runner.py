@@ -139,7 +139,7 @@ def prepare(inventory: str, campaign_path: str) -> Prepared:
     outages = {h.name: found for h in base.hosts if (found := batch_outages(base, [h.name]))}
     if outages and not campaign.downtime:
         for host, found in outages.items():
-            lost = "; ".join(f"the router on {o.router} ({o.url}) has no {' or '.join(o.kinds)} worker" for o in found)
+            lost = "; ".join(o.lost() for o in found)
             what = "rolling a candidate onto" if host in targets else "the baseline's roll of every host reaches"
             problems.append(f"campaign.downtime: {what} {host}, a service outage ({lost} while its engines restart): "
                             "set `downtime: true` to accept it (the router serves nothing during that roll), or give every kind "
