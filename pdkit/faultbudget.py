@@ -30,26 +30,15 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from pdkit.parsertable import router_has_flag
 
-# SGLang's own floors (sglang/srt/disaggregation/common/conn.py, CommonKVManager.__init__, 0.5.17
-# and 0.5.23): `max(HEARTBEAT_INTERVAL, 2.0)` and `max(HEARTBEAT_MAX_FAILURE, 1)`.
-SGLANG_MIN_HEARTBEAT_INTERVAL_S = 2.0
-# The decode's heartbeat GET to a prefill's bootstrap server: `timeout=(2, 3)` (connect, read).
-SGLANG_HEARTBEAT_CONNECT_TIMEOUT_S = 2.0
-SGLANG_HEARTBEAT_READ_TIMEOUT_S = 3.0
-# A decode that cannot reach a prefill's bootstrap server before the handshake retries every
-# second, 15 times, then aborts the requests for it (decode.py: `_max_ensure_retries = 15`,
-# `_ensure_retry_interval = 1.0`; each try is `requests.get(..., timeout=5)`). Not configurable.
-SGLANG_ENSURE_ATTEMPTS = 15
-SGLANG_ENSURE_INTERVAL_S = 1.0
-SGLANG_ENSURE_TRY_TIMEOUT_S = 5.0
+# what SGLang's code does, in a module the node venv (and so the sim) can import without pydantic
+from pdkit.sglang_pd import (
+    ENGINE_VARIABLES,
+    SGLANG_ENSURE_ATTEMPTS,
+    SGLANG_ENSURE_INTERVAL_S,
+    SGLANG_HEARTBEAT_CONNECT_TIMEOUT_S,
+    SGLANG_MIN_HEARTBEAT_INTERVAL_S,
+)
 
-# The SGLang variable behind each field (the names the sim reads too: pdkit/sim/knobs.py).
-ENGINE_VARIABLES = {
-    "heartbeat_interval_s": "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL",
-    "heartbeat_max_failures": "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE",
-    "waiting_timeout_s": "SGLANG_DISAGGREGATION_WAITING_TIMEOUT",
-    "bootstrap_timeout_s": "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT",
-}
 # The router flag behind each field, and the router packages whose parser has it (pdkit/parser_table.json).
 ROUTER_FLAGS = {
     "router_request_timeout_s": "--request-timeout-secs",

@@ -25,7 +25,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from pdkit.faultbudget import (
+from pdkit.sglang_pd import (
     SGLANG_ENSURE_ATTEMPTS,
     SGLANG_ENSURE_TRY_TIMEOUT_S,
     SGLANG_HEARTBEAT_CONNECT_TIMEOUT_S,
@@ -142,7 +142,7 @@ async def wait_for_kv(
 ) -> dict[str, Any]:
     """Decode side: handshake with the prefill and wait until it has sent this room's KV, bounded
     the way SGLang's decode bounds it (sglang/srt/disaggregation/decode.py and common/conn.py of
-    0.5.17 and 0.5.23; the constants in pdkit/faultbudget.py):
+    0.5.17 and 0.5.23; the constants in pdkit/sglang_pd.py):
 
     - Before the handshake the decode asks the prefill's bootstrap server for its parallel info:
       SGLANG_ENSURE_ATTEMPTS tries, `bootstrap_retry_s` (SGLang: 1 s) apart, each up to

@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
-from pdkit.faultbudget import ENGINE_VARIABLES, SGLANG_ENSURE_INTERVAL_S, SGLANG_MIN_HEARTBEAT_INTERVAL_S
+from pdkit.sglang_pd import ENGINE_VARIABLES, SGLANG_ENSURE_INTERVAL_S, SGLANG_MIN_HEARTBEAT_INTERVAL_S
 
 # the knobs that are SGLang's own PD variables: knob -> pdkit.faultbudget.FaultBudget field
 SGLANG_KNOBS = {
@@ -72,7 +72,7 @@ class Knobs:
     # empty: the newest catalogued release. pdkit renders the engine's planned sglang_version here.
     sglang_version: str = ""
     # How often a decode retries a prefill bootstrap server it cannot reach before the handshake;
-    # SGLang's decode: 1 s, 15 tries (pdkit.faultbudget.SGLANG_ENSURE_*). A knob for unit tests only.
+    # SGLang's decode: 1 s, 15 tries (pdkit.sglang_pd.SGLANG_ENSURE_*). A knob for unit tests only.
     bootstrap_retry_s: float = SGLANG_ENSURE_INTERVAL_S
     # SGLang's own PD variables (same names; unset: the default of the release the sim imitates,
     # from pdkit/parser_table.json, read in load_knobs)
@@ -110,7 +110,7 @@ ENV_NAMES = {
     "wedge_hold_s": "PDKIT_SIM_WEDGE_HOLD_S",
     "bootstrap_retry_s": "PDKIT_SIM_BOOTSTRAP_RETRY_S",
     "sglang_version": "PDKIT_SIM_SGLANG_VERSION",
-    # SGLang's names, as pdkit renders them (one table: pdkit.faultbudget.ENGINE_VARIABLES)
+    # SGLang's names, as pdkit renders them (one table: pdkit.sglang_pd.ENGINE_VARIABLES)
     **{knob: ENGINE_VARIABLES[field] for knob, field in SGLANG_KNOBS.items()},
 }
 
