@@ -106,13 +106,13 @@ def engine_venv(lab, tmp_path_factory):
     with that test's inventory and deploy."""
     remove_provided_cluster(lab)
     handed = handover.take(handover.VERSION)
-    real = on_host(lab, f"readlink -f {ENGINE_INSTALL_DIR}/venv").stdout.strip() if handed else None
+    real = on_host(lab, f"readlink -f {ENGINE_INSTALL_DIR}/engine-venv").stdout.strip() if handed else None
     if handed is None or real != handed:
         remove_engine_cluster(lab)
         rc, _, err = deploy(engine_inventory(tmp_path_factory.mktemp("engine"), lab, handover.VERSION))
         assert rc == 0, f"installing the engine venv failed (rc {rc}):\n{err[-5000:]}"
-        real = on_host(lab, f"readlink -f {ENGINE_INSTALL_DIR}/venv").stdout.strip()
-    assert real.startswith(f"{ENGINE_INSTALL_DIR}/venvs/node-"), real
+        real = on_host(lab, f"readlink -f {ENGINE_INSTALL_DIR}/engine-venv").stdout.strip()
+    assert real.startswith(f"{ENGINE_INSTALL_DIR}/venvs/engine-"), real
     units = " ".join(UNITS)
     paths = " ".join(f"/etc/systemd/system/{u}" for u in UNITS)
     on_host(lab, f"systemctl disable --now {units} 2>/dev/null; rm -f {paths}; rm -rf {ENGINE_CONFIG_DIR}; systemctl daemon-reload", timeout=300)
