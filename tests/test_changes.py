@@ -195,3 +195,30 @@ def test_a_new_node_venv_on_a_provided_env_node_restarts_only_the_exporter_in_de
         restore = releases.plan_restore(target, dict(target["files"]), {NODE_VENV: "/opt/pdkit/venvs/node-old", ENGINE_VENV: "/opt/pdkit/venvs/engine-old"},
                                         {u: True for u in target["services"]}, list(target["services"]))
         assert sorted(restore.restart) == expected, name
+
+
+def test_a_node_of_the_previous_layout_migrates_with_one_engine_restart_then_pdkit_changes_leave_engines(tmp_path, monkeypatch):
+    """Issue 30 item 3, migration: a node deployed when the engines ran from the node venv
+    (ExecStart=/opt/pdkit/venv/bin/python, `venv` /opt/pdkit/venv in its release) gets, on its
+    first deploy with the engine environment, its engine unit files rewritten and two new venv
+    links; every engine and pdkit-exporter restart in that one deploy (deploy, roll --dry and
+    rollback agree), and from then on a new node venv restarts pdkit-exporter alone."""
+    from pdkit import flags
+
+    spec = load(str(write_inventory(tmp_path, BASE_HOSTS, BASE_CLUSTER)))
+    new = plan_cluster(spec)["gpu01"]
+    # the previous layout, as that pdkit rendered it: engines on the node venv's python
+    with monkeypatch.context() as m:
+        m.setattr(flags, "engine_python", lambda spec, node: f"{flags.venv_dir(spec)}/bin/python")
+        m.setattr(flags, "engine_service_venv", lambda spec, node: flags.venv_dir(spec))
+        old = plan_cluster(spec)["gpu01"]
+    engines = sorted(s.unit for s in new.services if s.kind == "engine")
+    assert engines and all(s.venv == NODE_VENV for s in old.services if s.kind == "engine")
+    state = _node_on(old)
+    first = host_diff(new, state, new_venvs={NODE_VENV, ENGINE_VENV})
+    assert {f"/etc/systemd/system/{u}" for u in engines} <= set(first.files)
+    assert sorted(first.restarts) == [*engines, "pdkit-exporter.service"]
+    start, restart = restart_plan(list(new.services), state, set(first.files), {NODE_VENV, ENGINE_VENV})
+    assert start == [] and sorted(s.unit for s in restart) == sorted(first.restarts)
+    # migrated: the next pdkit-only change restarts pdkit-exporter and no engine
+    assert host_diff(new, _node_on(new), new_venvs={NODE_VENV}).restarts == ("pdkit-exporter.service",)
