@@ -425,7 +425,7 @@ def sim_wheel(root: Path = REPO) -> Path:
     """The sim engine's wheel, written here byte for byte from its sources (no build backend: a
     setuptools upgrade on the control machine must not give the engines a new environment).
     Stored entries, fixed times and modes, sorted names: the same sources give the same sha256
-    on any control machine. Its version carries the sources' hash (`0+s<hash>`), so
+    on any control machine. Its version carries the sources' hash (`0.<hash as a number>`), so
     `importlib.metadata.version("pdkit-sim")` on a node says which sim it runs."""
     sources = sim_sources(root)
     digest = hashlib.sha256()
@@ -433,7 +433,9 @@ def sim_wheel(root: Path = REPO) -> Path:
     for rel in sources:
         contents[rel] = (root / rel).read_bytes()
         digest.update(rel.encode() + b"\0" + contents[rel] + b"\0")
-    version = f"0+s{digest.hexdigest()[:16]}"
+    # a public version (no `+local`: pip asks for `%2B` in the URL, which the bundle server does
+    # not decode): the sources' hash as a number
+    version = f"0.{int(digest.hexdigest()[:15], 16)}"
     name = SIM_DIST.replace("-", "_")
     out = cache_root() / "sim" / f"{name}-{version}-py3-none-any.whl"
     if out.exists():
