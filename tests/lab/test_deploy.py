@@ -164,6 +164,7 @@ def test_a_pdkit_change_no_engine_runs_restarts_only_pdkit_exporter(lab, deploye
         engines = {u: v for u, v in units.items() if u.startswith("pdkit-engine-")}
         assert engines and all(v.split()[1:] and all("/venvs/engine-" in d for d in v.split()[1:]) for v in engines.values()), (host, engines)
     tree = tmp_path / "tree"
+    tree.mkdir()
     for name in ("config.py", "pyproject.toml", "README.md", "deploy", "roles", "pdkit", "templates", "inventories"):
         src = REPO / name
         if src.is_dir():
