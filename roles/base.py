@@ -101,16 +101,6 @@ def changed_venv_links() -> set[str]:
     return {venv for bundle, venv in _bundles() if not _installed(bundle, venv)}
 
 
-def node_venv_will_change() -> bool:
-    """True when this run installs a new node venv (pdkit-exporter must restart onto it)."""
-    return flags.venv_dir(current_spec()) in changed_venv_links()
-
-
-def router_venv_will_change() -> bool:
-    """True when this run installs a new router venv: the router must then restart onto it."""
-    return flags.router_venv_dir(current_spec()) in changed_venv_links()
-
-
 def _install_bundle(bundle: wheelhouse.Bundle, venv: str) -> None:
     """Install BUNDLE into a new venv beside the old one, then swap the VENV link atomically.
 
