@@ -149,6 +149,9 @@ def test_a_provided_environment_passes_preflight_and_runs_the_engine(lab, tmp_pa
     assert install_ops, changed(results)
     wheels = int(re.search(r"Install node venv \((\d+) wheels", install_ops[0]).group(1))
     assert wheels < 40, install_ops[0]
+    # and no engine environment of its own: the node provides it
+    assert not any("Install engine venv" in n for n in changed(results)), changed(results)
+    assert on_host(lab, f"test -e {INSTALL_DIR}/engine-venv").returncode != 0
     check = "import importlib.util as u; print(u.find_spec('sglang') is None, u.find_spec('pdkit') is not None)"
     assert on_host(lab, f"{INSTALL_DIR}/venv/bin/python -c {shlex.quote(check)}").stdout.split() == ["True", "True"]
 
