@@ -367,9 +367,6 @@ def engine_bundle(platform: NodePlatform, engine: str, sglang_version: str | Non
 # runs (sim_sources), so an edit to any other pdkit module builds the same wheel, byte for byte
 SIM_DIST = "pdkit-sim"
 SIM_PACKAGE = "pdkit.sim"
-# files the sim's closure reads that are not modules: pdkit.catalogue's metric catalogue (the
-# families the sim exports per SGLang release, pdkit/sim/metrics.py)
-SIM_DATA = ("pdkit/data/metric_catalogue.json",)
 
 
 def _module_file(root: Path, dotted: str) -> Path | None:
@@ -397,7 +394,10 @@ def _pdkit_imports(path: Path, root: Path) -> set[str]:
 def sim_sources(root: Path = REPO) -> list[str]:
     """The files the sim engine runs (paths relative to ROOT, sorted): every module of pdkit/sim/,
     each pdkit module they import (followed to the end), the packages' __init__.py above them,
-    and SIM_DATA. tests/test_wheelhouse.py runs the sim from exactly these files."""
+    and every data file of pdkit's (not a module) whose name one of those modules spells out
+    (pdkit.catalogue's `metric_catalogue.json`, pdkit.parsertable's `parser_table.json`: they
+    open them by name beside their own file). tests/test_wheelhouse.py runs the sim from
+    exactly these files, so a file read some other way fails there."""
     sim_dir = root.joinpath(*SIM_PACKAGE.split("."))
     todo = [p for p in sorted(sim_dir.rglob("*.py")) if "__pycache__" not in p.parts]
     seen: set[Path] = set()
@@ -414,7 +414,10 @@ def sim_sources(root: Path = REPO) -> list[str]:
             found = _module_file(root, name)
             if found is not None:
                 todo.append(found)
-    return sorted({str(p.relative_to(root)) for p in seen} | set(SIM_DATA))
+    texts = "\n".join(p.read_text() for p in seen)
+    data = {p for p in root.joinpath("pdkit").rglob("*")
+            if p.is_file() and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts and (f'"{p.name}"' in texts or f"'{p.name}'" in texts)}
+    return sorted(str(p.relative_to(root)) for p in seen | data)
 
 
 def _record_hash(data: bytes) -> str:
