@@ -24,6 +24,7 @@ each rule: docs/benchmarks.md "How a failed request is classified".
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -69,6 +70,9 @@ EMPTY = "empty"
 # x-request-id, the router's own id (not the rid SGLang logs: that is the body's `id`).
 WORKER_HEADER = "x-smg-routed-worker-id"
 REQUEST_ID_HEADER = "x-request-id"
+# SGLang's PD abort messages name the request (decode.py: "... decode_req.req.rid='<rid>' ..."):
+# the error chunk has no `id`, so the rid is read from there
+_RID_IN_MESSAGE = re.compile(r"\brid='([^']+)'")
 
 
 def empty_kind(finish_reason: str | None) -> str:
@@ -102,6 +106,9 @@ class StreamEnd:
             return
         if "error" in event:
             self.error = event["error"]
+            message = self.error.get("message") if isinstance(self.error, dict) else self.error
+            found = _RID_IN_MESSAGE.search(str(message or ""))
+            self.rid = self.rid or (found.group(1) if found else None)
             return
         meta = event.get("meta_info")
         if isinstance(meta, dict):  # native /generate

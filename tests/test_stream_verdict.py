@@ -98,7 +98,7 @@ CHAT_CASES = {
     "chat-ok-length": (None, None, None),
     "chat-empty-stop": ("empty (stop)", "stop", RID),
     "chat-abort-no-status": ("aborted", "abort", RID),
-    "chat-abort-transfer-failed": ("aborted", "error 500", None),  # the error chunk has no id
+    "chat-abort-transfer-failed": ("aborted", "error 500", RID),  # no id: the rid from decode.py's message
     "chat-abort-after-output": ("aborted", "error 503", RID),
 }
 

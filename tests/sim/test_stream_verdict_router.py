@@ -25,6 +25,7 @@ def test_transfer_failures_through_smg_are_aborted_with_the_decode_named(procs):
         assert (o.kind, o.finish_reason) == ("aborted", "error 500"), o
         assert "failed for request" in o.why and "KVTransferError" in o.why, o.why
         assert o.worker == stack.decode_url, (o.worker, stack.decode_url)
+        assert o.rid and o.rid in o.raw, o  # the engine's rid, from its message: grep its log for it
         assert o.request_id, o  # the router's own id, on every answer
     counts = loadclient.Counts()
     for o in failed:
