@@ -18,7 +18,7 @@ How a streamed request failed is decided here once, for `pdkit bench` and the lo
 (tests/lab/loadclient.py, gpu/nspawn/outage_client.py): `StreamEnd` gathers what a stream said
 (any of SGLang's three APIs), `stream_failure` names the failure's kind, `failure_kind` reads the
 kind back from the text every failure starts with. What SGLang 0.5.17 and 0.5.23 send, and why
-each rule: docs/benchmarks.md "How a failed request is classified".
+each rule: docs/bench/README.md "How a failed request is classified".
 """
 
 from __future__ import annotations
