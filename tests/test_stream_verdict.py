@@ -229,3 +229,12 @@ def test_bench_markdown_shows_the_counts_and_reads_records_without_them():
     old = _record("r0", "x", 1.0, [])
     old["levels"][0]["errors"] = 1  # a record from before the counts: no line, no error
     assert "failures by kind" not in render_markdown(old)
+
+
+@pytest.mark.parametrize("argv", [["-m", "tests.lab.loadclient", "--help"], ["gpu/nspawn/outage_client.py", "--help"]])
+def test_the_load_clients_run_on_a_bare_python(argv):
+    """The lent machine runs them with its own python3 (no site-packages): the rule they import
+    from pdkit.benchstats must need only the standard library."""
+    repo = Path(__file__).resolve().parents[1]
+    done = subprocess.run(["python3", "-S", *argv], cwd=repo, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
