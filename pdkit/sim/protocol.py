@@ -12,6 +12,7 @@ import json
 import time
 import uuid
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Any
 
 from pdkit.sim.bootstrap import BootstrapTarget
@@ -283,6 +284,11 @@ def error_body(api: str, status: int, message: str) -> dict[str, Any]:
 
 
 def stream_error(api: str, status: int, message: str) -> bytes:
+    """An abort with an HTTP status inside a 200 stream, as SGLang 0.5.17 / 0.5.23 write it
+    (tests/fixtures/sse/: serving_chat.py's create_streaming_error_response, whose `type` is the
+    HTTPStatus name; natively a normal event whose finish_reason is the abort), then [DONE]."""
     if api == "generate":
-        return sse({"error": {"message": message, "code": status}}) + SSE_DONE
-    return sse({"error": error_body(api, status, message)}) + SSE_DONE
+        reason = {"type": "abort", "message": message, "status_code": status, "err_type": None}
+        return sse({"text": "", "output_ids": [], "meta_info": {"finish_reason": reason, "completion_tokens": 0}}) + SSE_DONE
+    body = {"object": "error", "message": message, "type": HTTPStatus(status).name, "param": None, "code": status}
+    return sse({"error": body}) + SSE_DONE
