@@ -12,6 +12,12 @@ or the stream ends without [DONE] or without any content. `failures` counts the 
 fail: an outage clients see as quick error statuses, not hangs. --pause-after-failure S makes a
 worker wait S before its next request after a failure (a client backing off, not a tight loop
 against a router that answers 503 at once). Progress is rewritten to OUT every second.
+
+--keys-file F (a JSON list of API keys, null for none) is a client across a router key change:
+each worker sends the key the router last accepted and, on a 401, tries the others in order at
+once (`key_switches` counts those; a request fails only when every key is refused).
+`failure_times` holds when each failure ended (time.monotonic(): CLOCK_MONOTONIC, the clock of
+systemd's *TimestampMonotonic on the lab's hosts, which share this kernel).
 """
 
 from __future__ import annotations
@@ -46,6 +52,8 @@ class Counts:
         self.failures: dict[str, int] = {}
         self.slowest_failure_s = 0.0
         self.slowest_ok_s = 0.0
+        self.key_switches = 0
+        self.failure_times: list[float] = []
 
     def success(self, took: float = 0.0) -> None:
         with self.lock:
@@ -58,19 +66,23 @@ class Counts:
             kind = failure_kind(why)
             self.failures[kind] = self.failures.get(kind, 0) + 1
             self.slowest_failure_s = max(self.slowest_failure_s, took)
+            if len(self.failure_times) < 5000:
+                self.failure_times.append(round(time.monotonic(), 3))
             if len(self.errors) < 50:
                 self.errors.append(f"{time.strftime('%H:%M:%S')} {why} (after {took:.2f} s)")
 
     def snapshot(self, started: float) -> dict:
         with self.lock:
             return {"ok": self.ok, "failed": self.failed, "errors": list(self.errors), "seconds": round(time.monotonic() - started, 1),
-                    "failures": dict(self.failures), "slowest_failure_s": round(self.slowest_failure_s, 3), "slowest_ok_s": round(self.slowest_ok_s, 3)}
+                    "failures": dict(self.failures), "slowest_failure_s": round(self.slowest_failure_s, 3), "slowest_ok_s": round(self.slowest_ok_s, 3),
+                    "key_switches": self.key_switches, "failure_times": list(self.failure_times)}
 
 
-def one_request(url: str, model: str, n: int, max_tokens: int, timeout: float) -> str | None:
+def one_request(url: str, model: str, n: int, max_tokens: int, timeout: float, key: str | None = None) -> str | None:
     """None on success, else why it failed."""
     body = {"model": model, "messages": [{"role": "user", "content": f"load request {n}"}], "max_tokens": max_tokens, "stream": True}
-    request = urllib.request.Request(f"{url}/v1/chat/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    request = urllib.request.Request(f"{url}/v1/chat/completions", data=json.dumps(body).encode(), headers=headers)
     chunks = 0
     deadline = time.monotonic() + timeout
     try:
@@ -113,7 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stop-file", required=True)
     parser.add_argument("--max-seconds", type=float, default=900)
     parser.add_argument("--pause-after-failure", type=float, default=0.0, metavar="S")
+    parser.add_argument("--keys-file", help="a JSON list of API keys (null: none), tried in order on a 401")
     args = parser.parse_args(argv)
+    keys = json.loads(Path(args.keys_file).read_text()) if args.keys_file else [None]
     counts = Counts()
     started = time.monotonic()
     stop = threading.Event()
@@ -121,11 +135,21 @@ def main(argv: list[str] | None = None) -> int:
     number_lock = threading.Lock()
 
     def worker() -> None:
+        key = keys[0]
         while not stop.is_set():
             with number_lock:
                 n = next(numbers)
             start = time.monotonic()
-            why = one_request(args.url, args.model, n, args.max_tokens, args.timeout)
+            why = one_request(args.url, args.model, n, args.max_tokens, args.timeout, key)
+            if why is not None and why.startswith("status 401"):
+                # the router restarted on another key: the others, in order, at once
+                for other in [k for k in keys if k != key]:
+                    again = one_request(args.url, args.model, n, args.max_tokens, args.timeout, other)
+                    if again is None or not again.startswith("status 401"):
+                        key, why = other, again
+                        with counts.lock:
+                            counts.key_switches += 1
+                        break
             if why is None:
                 counts.success(time.monotonic() - start)
             else:
