@@ -773,6 +773,8 @@ class Roller:
     running_keys: dict[str, Key] = field(default_factory=dict)
     # the worker URLs the last drain took out of a router: a failed gate re-adds only those
     removed: list[str] = field(default_factory=list)
+    # name -> connected pyinfra Host of the current batch (its gates run over these)
+    connected: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         from pdkit.plan import plan_cluster
@@ -955,24 +957,55 @@ class Roller:
                 time.sleep(0.25)
         self.held_s = 0
         served = f"{len(workers)} worker(s) back in the router, healthy, circuit breakers closed"
+        # a router on the batch's hosts: its own gate from the table (every planned worker listed
+        # healthy and one completion), now that the batch's workers are back in it
+        routers, _ = self.run_gates(hosts, 1)
+        if routers:
+            served += f"; {routers} router gate(s) passed"
         if self.outage_since is not None:
             self.last_outage_s = time.monotonic() - self.outage_since
             self.outage_since = None
             served += f"; the router served again after a {self.last_outage_s:.1f} s outage"
         return served
 
-    def ready(self, hosts: list[str]) -> str:
-        from pdkit.health import http_request
+    def gates_of(self, host: str, phase: int) -> list:
+        """The gates (pdkit/gates.py, the deploy's own) of HOST's planned services that run there:
+        phase 0 the engines and daemons, phase 1 its router."""
+        from pdkit import gates
+        from pdkit.plan import services_not_started
 
-        urls = self.engine_urls(hosts)
-        deadline = time.monotonic() + self.spec.cluster.ready_timeout_s
-        while True:
-            bad = {k: s for k, u in urls.items() if (s := http_request(f"{u}/health", timeout=10)[0]) != 200}
-            if not bad:
-                return f"{len(urls)} engine(s) answer /health 200"
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"not healthy after {self.spec.cluster.ready_timeout_s} s: {bad}")
-            time.sleep(0.5)
+        services = list(self.plans[host].services)
+        held = services_not_started(self.spec, self.spec.host(host), services)
+        return gates.phases(gates.gate_for(s) for s in services if s.unit not in held)[phase]
+
+    def run_gates(self, hosts: list[str], phase: int) -> tuple[int, list[str]]:
+        """Run the gate table's gates of PHASE for HOSTS on each host, as the deploy runs them:
+        (gates passed, hosts that have none). A failed gate raises with its own line."""
+        from pdkit import flags, gates
+
+        python = f"{flags.venv_dir(self.spec)}/bin/python"
+        wanted = {h: g for h in hosts if (g := self.gates_of(h, phase))}
+        missing = [h for h in wanted if h not in self.connected]
+        if missing:
+            _, fresh, unreachable = self.pyinfra.connect(missing)
+            if unreachable:
+                h, why = next(iter(unreachable.items()))
+                raise RuntimeError(f"{h}: cannot reach it over SSH to run its gates ({why})")
+            self.connected.update(fresh)
+        for h, found in wanted.items():
+            timeout = int(max(g.timeout for g in found)) + 60
+            ok, stdout, stderr = run_remote(self.connected[h], gates.command(python, found), timeout=timeout)
+            if not ok:
+                lines = [ln.removeprefix("FAILED").strip() for ln in (stderr or stdout).strip().splitlines() if ln.strip()]
+                raise RuntimeError(f"{h}: " + (" | ".join(ln for ln in lines if not ln.startswith("ok ")) or "its gates failed"))
+        return sum(len(g) for g in wanted.values()), [h for h in hosts if h not in wanted]
+
+    def ready(self, hosts: list[str]) -> str:
+        """The batch's engines and daemons by the deploy's own gates (pdkit/gates.py: an engine's
+        current invocation logged its readiness line and /health answers 200; a daemon's URL 200),
+        run on each host; a router is gated by the router step, once its workers are back."""
+        passed, _ = self.run_gates(hosts, 0)
+        return f"{passed} engine and daemon gate(s) passed (pdkit/gates.py, run on the node)"
 
     def smoke(self, hosts: list[str]) -> str:
         urls = self.engine_urls(hosts)
@@ -1061,6 +1094,7 @@ class Roller:
             name, why = next(iter(unreachable.items()))
             p(name, "FAILED", f"gate 'connect': cannot reach it over SSH ({why})")
             raise RollError(name, "connect", f"cannot reach it over SSH ({why}); nothing was changed on it")
+        self.connected = dict(hosts)
         before, clocks = self.current_releases(state, hosts)
         for h in batch:
             p(h, "connect", f"on release {before[h] or '(none recorded)'}", time.monotonic() - step)
@@ -1170,6 +1204,7 @@ class Roller:
                 _, fresh, unreachable = self.pyinfra.connect([h])
                 if unreachable:
                     raise RuntimeError(f"cannot reach it over SSH: {unreachable[h]}")
+                self.connected[h] = fresh[h]
                 p(h, "restore", self.restore(h, fresh[h], before[h]), time.monotonic() - start)
             except Exception as exc:  # noqa: BLE001 - report and go on to the router
                 p(h, "restore", f"FAILED: {exc}")
@@ -1394,6 +1429,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     if unreachable:
         print(f"pdkit rollback: {args.host}: cannot reach it over SSH ({unreachable[args.host]})", file=sys.stderr)
         return EXIT_FAILED
+    roller.connected = dict(hosts)
     outages = batch_outages(spec, batch)
     if outages:
         roller.restart_s[args.host] = roller.last_restart_to_ready(hosts[args.host], args.host)

@@ -11,7 +11,7 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import python, server
 
-from pdkit import changes, flags, limitwarn, routersync
+from pdkit import changes, flags, gates, limitwarn, routersync
 from pdkit.deploy import current_host, current_plan, current_spec
 from pdkit.router_api import RouterError
 from pdkit.plan import Service, services_meta, services_not_started, staging_dir
@@ -180,29 +180,11 @@ def _start_and_restart(start: list[Service], restart: list[Service], what: str) 
 
 
 def gates_command(python: str, services: list[Service]) -> str:
-    """One on-host command that waits for every engine and HTTP service of SERVICES at once."""
-    q = shlex.quote
-    args = []
-    for s in services:
-        if s.kind == "engine" and s.rank > 0:
-            # a rank above 0 of an engine spanning nodes: no HTTP of its own, gated through rank 0
-            args.append(f"--rank {q(s.unit)} {q(s.health_url)} {s.ready_timeout_s}")
-        elif s.kind == "engine":
-            args.append(f"--engine {q(s.unit)} {q(s.health_url)} {s.ready_timeout_s}")
-        else:
-            # its unit too: a crashed exporter or Prometheus fails the gate at once
-            args.append(f"--service {q(s.unit)} {q(s.health_url)} {s.ready_timeout_s}")
-    return f"{q(python)} -m pdkit.health gates " + " ".join(args)
+    """One on-host command that waits for every engine and HTTP service of SERVICES at once,
+    each by its kind's gate in the one gate table (pdkit/gates.py)."""
+    return gates.command(python, [gates.gate_for(s) for s in services])
 
 
 def router_gate_command(python: str, service: Service) -> str:
-    q = shlex.quote
-    base_url = service.health_url.removesuffix("/health")
-    workers = " ".join(
-        f"--remote-worker {q(w)}" if w in service.remote_workers else f"--worker {q(w)}" for w in service.expected_workers
-    )
-    gate = f"{q(python)} -m pdkit.health router --url {q(base_url)} {workers} --model {q(service.model)} --timeout {service.ready_timeout_s}"
-    if service.api_key_file:
-        # the router's API key stays in its 0600 file: the gate reads it there (never argv or environment)
-        gate += f" --api-key-file {q(service.api_key_file)}"
-    return gate
+    """The router's gate (pdkit/gates.py): its planned workers listed healthy and one completion."""
+    return gates.command(python, [gates.gate_for(service)])

@@ -81,7 +81,7 @@ class Systemd:
         return True, f"{unit} ready"
 
     def restarted(self) -> list[str]:
-        return [c[1] for c in self.calls if c[0] == "restart"]
+        return [u for c in self.calls if c[0] == "restart" for u in c[1:]]
 
 
 def _restore(root, systemd: Systemd, **kw):

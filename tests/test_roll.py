@@ -532,6 +532,8 @@ def _downtime_roller(monkeypatch, inventory: str, router_host: str):
     roller._routers = [(spec.host(router_host), fake)]
     monkeypatch.setattr(roller, "scrape", lambda urls, names: {k: {n: 0.0 for n in names} for k in urls})
     monkeypatch.setattr(roller, "circuit_states", lambda host: {})
+    # the router step's own gate runs on the node (pdkit/gates.py): recorded here
+    monkeypatch.setattr(roller, "run_gates", lambda hosts, phase: (fake.calls.append(("gates", tuple(hosts), phase)), (0, []))[1])
     return spec, roller, fake
 
 
@@ -541,7 +543,7 @@ def test_an_accepted_outage_drains_readds_unified_engines_as_regular_and_times_t
     assert "1 worker(s) out of the router" in roller.drain(["ct129"])
     assert roller.outage_since is not None
     message = roller.readd(["ct129"])
-    assert [c[0] for c in fake.calls] == ["remove", "add", "wait_healthy"]
+    assert [c[0] for c in fake.calls] == ["remove", "add", "wait_healthy", "gates"] and fake.calls[-1] == ("gates", ("ct129",), 1)
     # smg answers 404 with no regular worker listed: the last one is held draining (503 +
     # Retry-After) for 1.5 x the measured 20 s restart + 10 s, and the re-add waits that out too
     assert fake.calls[0][2] == 40 and fake.calls[1][4] == roller.router_timeout_s + 40
