@@ -66,7 +66,7 @@ class Counts:
             kind = failure_kind(why)
             self.failures[kind] = self.failures.get(kind, 0) + 1
             self.slowest_failure_s = max(self.slowest_failure_s, took)
-            if len(self.failure_times) < 5000:
+            if len(self.failure_times) < 50000:
                 self.failure_times.append(round(time.monotonic(), 3))
             if len(self.errors) < 50:
                 self.errors.append(f"{time.strftime('%H:%M:%S')} {why} (after {took:.2f} s)")
