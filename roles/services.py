@@ -13,6 +13,7 @@ from pyinfra.operations import python, server
 
 from pdkit import changes, flags, gates, limitwarn, routersync
 from pdkit.deploy import current_host, current_plan, current_spec
+from pdkit.monitoring.common import scraped_hosts
 from pdkit.router_api import RouterError
 from pdkit.plan import Service, services_meta, services_not_started, staging_dir
 from roles import base
@@ -91,7 +92,9 @@ def services() -> None:
         gated = [*start_first, *restart_first]
         server.shell(name="Health gates: " + ", ".join(s.unit for s in gated), commands=[gates_command(venv_python, gated)])
     engines_moved = [s for s in (*start_first, *restart_first) if s.kind == "engine"]
-    _note_for_limit(spec, [s.health_url.removesuffix("/health") for s in engines_moved])
+    _note_for_limit(spec, [s.health_url.removesuffix("/health") for s in engines_moved],
+                    limitwarn.retargeted(state.get("release", {}).get("services") or {},
+                                         {s.unit: s.health_url for s in plan.services if s.kind in ("engine", "http") and s.unit not in held}))
     if engines_moved and host.data.get("node_drained") is not True:
         # routers on other hosts learn about this host's (re)started engines now, whatever order
         # --serial takes (pdkit/routersync.py); a roll re-adds its drained workers itself
@@ -109,26 +112,29 @@ def services() -> None:
             python.call(name=f"Workers of {service.unit} on other hosts", function=_report_remote_workers, spec=spec, router_host=current_host(), service=service)
 
 
-# per pyinfra State: host -> worker URLs it (re)starts; printed once at exit (pdkit/limitwarn.py)
+# per pyinfra State: (host -> worker URLs it (re)starts, host -> scrape targets it moves);
+# printed once at exit (pdkit/limitwarn.py)
 _MOVED: WeakKeyDictionary = WeakKeyDictionary()
 
 
-def _note_for_limit(spec, urls: list[str]) -> None:
+def _note_for_limit(spec, urls: list[str], retargeted: list[str]) -> None:
     from pyinfra import state
 
-    if not urls or not state.limit_hosts or host.data.get("node_drained") is True:
+    if not (urls or retargeted) or not state.limit_hosts or host.data.get("node_drained") is True:
         return  # no --limit (or a roll, which limits itself to its batch and re-adds workers)
     first = state not in _MOVED
-    moved = _MOVED.setdefault(state, {})
+    moved, changed = _MOVED.setdefault(state, ({}, {}))
     moved[host.name] = urls
+    changed[host.name] = retargeted
     if first:
         limited = {h.name for h in state.limit_hosts}
         excluded = [h.name for h in spec.hosts if h.name not in limited]
         routers = {r.name: [(h.name, flags.engine_url(spec, h, e)) for h, e in spec.router_workers(r)] for r in spec.router_hosts}
+        scrapers = {m.name: [h.name for h in scraped_hosts(spec)] for m in spec.monitoring_hosts}
         inventory = next((a for a in sys.argv[1:] if a.endswith(".py") and not a.startswith("-")), "INVENTORY")
 
         def report() -> None:
-            for line in limitwarn.limit_warnings(routers, moved, excluded, inventory):
+            for line in limitwarn.limit_warnings(routers, moved, excluded, inventory, scrapers, changed):
                 print(line, file=sys.stderr, flush=True)
 
         atexit.register(report)
