@@ -771,7 +771,7 @@ class Roller:
     # router host -> the API key its running router was started with (read_router_keys); a host
     # missing here was not read: its client tries the inventory's key, then none
     running_keys: dict[str, Key] = field(default_factory=dict)
-    # the worker URLs the last drain took out of a router: a failed gate re-adds only those
+    # the worker URLs the last drain took out of a router: none after a failed drain means there is nothing to put back
     removed: list[str] = field(default_factory=list)
     # name -> connected pyinfra Host of the current batch (its gates run over these)
     connected: dict[str, Any] = field(default_factory=dict)
@@ -814,7 +814,9 @@ class Roller:
         for name, host in connected.items():
             ok, stdout, _ = run_remote(host, RUNNING_KEY_PROBE, timeout=60)
             key = parse_running_key(stdout) if ok else None
-            if key is None:
+            if not ok:
+                notes.append(f"{name}: cannot read the key its router runs with (the probe failed); trying the inventory's key, then none")
+            elif key is None:
                 notes.append(f"{name}: its router is not running; trying the inventory's key, then none")
             else:
                 self.running_keys[name] = key
