@@ -22,6 +22,7 @@ SECTIONS: list[tuple[str, type[BaseModel]]] = [
     ("pdkit_cluster", spec.Cluster),
     ("pdkit_cluster.model / engine model", spec.Model),
     ("pdkit_cluster.secrets", spec.Secrets),
+    ("pdkit_cluster.fault_budget", spec.FaultBudget),
     ("pdkit_cluster.tuning.{all,prefill,decode,unified} / engine tuning", spec.Tuning),
     ("tuning.speculative", spec.Speculative),
     ("pdkit_node", spec.Node),

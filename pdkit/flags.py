@@ -7,6 +7,7 @@ tests all call these; nothing else derives a flag.
 
 from __future__ import annotations
 
+from pdkit import faultbudget
 from pdkit.spec import (
     ClusterSpec,
     Engine,
@@ -220,6 +221,8 @@ def engine_env(spec: ClusterSpec, host: HostSpec, engine: Engine, node: HostSpec
         env["SGLANG_HOST_IP"] = spec.engine_address(node)
         if spec.cluster.transfer_backend == "nixl":
             env["SGLANG_DISAGGREGATION_NIXL_BACKEND"] = "UCX"
+        # the PD waits and heartbeats of the fault budget (pdkit/faultbudget.py)
+        env.update(faultbudget.engine_env(spec.cluster.fault_budget))
     if model.path.startswith("/"):
         # weights and tokenizer are on local disk: never wait on hub lookups (air-gapped nodes
         # stalled ~25 s per lookup on the GPU tier)
@@ -365,6 +368,8 @@ def router_args(spec: ClusterSpec, host: HostSpec) -> list[str]:
     args += ["--shutdown-grace-period-secs", str(router.shutdown_grace_period_secs)]
     # no --remove-unhealthy-workers: smg 1.13 never takes a removed worker back on the same address
     args += router_breaker_args()
+    # request timeout, retries, health-check timeout, PD admission wait: the fault budget (pdkit/faultbudget.py)
+    args += faultbudget.router_args(spec.cluster.fault_budget, *spec.router_release(host), pd="--pd-disaggregation" in args)
     if ROUTER_RELEASES[spec.router_release(host)].dp_aware and any((e.attn_dp or 1) > 1 for _, e in workers):
         # attention-DP workers: route each request to one DP rank of the worker
         args.append("--dp-aware")

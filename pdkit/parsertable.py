@@ -29,6 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 TABLE_PATH = Path(__file__).with_name("parser_table.json")
+# SGLang environment variables whose defaults the table keeps (sglang/srt/environ.py): the PD
+# waits and heartbeats pdkit.faultbudget renders, and the sim reads by the same names
+ENVIRONMENT_PREFIXES = ("SGLANG_DISAGGREGATION_",)
 
 # Options whose value is a credential: they would show in `ps`, the unit file and the journal.
 # Decided here, on the dest, so every release's table marks the same kind of option.
@@ -199,6 +202,24 @@ def router_parser(package: str, version: str) -> Parser:
     return Parser(f"{package} {version}", table()["router"][f"{package} {version}"]["options"])
 
 
+def sglang_environment(version: str) -> dict[str, dict]:
+    """{variable: {"type": "EnvInt", "default": 300}} of SGLang VERSION (ENVIRONMENT_PREFIXES only)."""
+    return table()["sglang"][version]["environment"]
+
+
+def router_default(package: str, version: str, flag: str):
+    """The router parser's default for FLAG (e.g. '--request-timeout-secs')."""
+    release = table()["router"][f"{package} {version}"]
+    for option in release["options"]:
+        if flag in option["flags"]:
+            return option["default"]
+    raise KeyError(f"{package} {version} has no option {flag}")
+
+
+def router_has_flag(package: str, version: str, flag: str) -> bool:
+    return any(flag in option["flags"] for option in table()["router"][f"{package} {version}"]["options"])
+
+
 def speculative_algorithms(version: str) -> tuple[str, ...]:
     return tuple(table()["sglang"][version]["speculative_algorithms"])
 
@@ -224,13 +245,16 @@ def _takes(option: dict) -> int | str:
     return "*"  # argparse.REMAINDER and the like: everything that follows
 
 
-def table_entry(options: list[dict]) -> list[dict]:
-    """The table's record of each option from a checker's describe reply (help text dropped)."""
+def table_entry(options: list[dict], with_defaults: bool = False) -> list[dict]:
+    """The table's record of each option from a checker's describe reply (help text dropped;
+    WITH_DEFAULTS: the parser's default kept, for the routers, whose defaults pdkit reasons about)."""
     out = []
     for o in options:
         if o["action"] == "_HelpAction":
             continue
+        extra = {"default": o["default"]} if with_defaults else {}
         out.append({
+            **extra,
             "flags": o["flags"],
             "dest": o["dest"],
             "takes": _takes(o),
@@ -251,16 +275,17 @@ def generate() -> dict:
 
     out: dict = {"generated_by": "python -m pdkit.parsertable --write (from the contract virtualenvs)", "sglang": {}, "router": {}}
     for version in sorted(SGLANG_RELEASES):
-        reply = contract.run_sglang_check(version, [], describe=True)
+        reply = contract.run_sglang_check(version, [], describe=True, environment_prefixes=ENVIRONMENT_PREFIXES)
         out["sglang"][version] = {
-            "source": f"sglang=={version}: sglang/srt/server_args.py ServerArgs.add_cli_args, sglang/srt/speculative/spec_info.py SpeculativeAlgorithm",
+            "source": f"sglang=={version}: sglang/srt/server_args.py ServerArgs.add_cli_args, sglang/srt/speculative/spec_info.py SpeculativeAlgorithm, sglang/srt/environ.py Envs",
             "speculative_algorithms": reply["speculative_algorithms"],
+            "environment": reply["environment"],
             "options": table_entry(reply["options"]),
         }
     for package, version in sorted(ROUTER_RELEASES):
         reply = contract.run_router_check(package, version, [], describe=True)
         source = "smg/launch_router.py parse_router_args (smg launch)" if package == "smg" else "sglang_router/launch_router.py"
-        out["router"][f"{package} {version}"] = {"source": f"{package}=={version}: {source}", "options": table_entry(reply["options"])}
+        out["router"][f"{package} {version}"] = {"source": f"{package}=={version}: {source}", "options": table_entry(reply["options"], with_defaults=True)}
     return out
 
 
@@ -272,9 +297,9 @@ def dumps(data: dict) -> str:
         releases = list(data[kind].items())
         for r, (key, release) in enumerate(releases):
             lines.append(f"    {json.dumps(key)}: {{")
-            for field in ("source", "speculative_algorithms"):
+            for field in ("source", "speculative_algorithms", "environment"):
                 if field in release:
-                    lines.append(f"      {json.dumps(field)}: {json.dumps(release[field])},")
+                    lines.append(f"      {json.dumps(field)}: {json.dumps(release[field], sort_keys=True)},")
             lines.append('      "options": [')
             opts = release["options"]
             lines += [f"        {json.dumps(o, sort_keys=True)}{',' if j < len(opts) - 1 else ''}" for j, o in enumerate(opts)]

@@ -24,6 +24,10 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from pdkit.faultbudget import FaultBudget
+from pdkit.faultbudget import ROUTER_FLAGS as ROUTER_BUDGET_FLAGS
+from pdkit.faultbudget import problems as fault_budget_problems
+from pdkit.faultbudget import router_flags
 from pdkit.parsertable import all_speculative_algorithms
 from pdkit.versions import DEFAULT_SGLANG_VERSION, ROUTER_RELEASES, SGLANG_RELEASES
 
@@ -378,6 +382,9 @@ class Cluster(Frozen):
     ready_timeout_s: Seconds = 600
     # secrets, written only to mode-0600 env files (see the secrets table)
     secrets: Secrets = Secrets()
+    # how long a request may wait on a failed engine or node, and the PD and router waits that
+    # bound it (pdkit/faultbudget.py; docs/rolling.md, "The fault budget")
+    fault_budget: FaultBudget = FaultBudget()
     # how nodes get their wheel bundles: http (fetched from the deploying machine, hash-checked),
     # sftp (uploaded over the SSH connection), auto (http where the node can reach us, else sftp)
     wheelhouse_transfer: Literal["auto", "http", "sftp"] = "auto"
@@ -613,10 +620,11 @@ class Router(Frozen):
     prefill_policy: str = "cache_aware"
     # PD decode worker selection; unset: power_of_two with 2+ decode workers, else round_robin
     decode_policy: str | None = None
-    # seconds between worker health checks
-    health_check_interval_secs: IntervalSeconds = 10
+    # seconds between worker health checks (with the threshold and fault_budget.router_health_check_timeout_s:
+    # how long new requests keep going to a dead worker; pdkit/faultbudget.py)
+    health_check_interval_secs: IntervalSeconds = 5
     # failed checks before a worker counts as unhealthy
-    health_failure_threshold: int = Field(default=3, ge=1)
+    health_failure_threshold: int = Field(default=2, ge=1)
     # seconds between the router's checks on a worker that is not up yet (its default, 30, delays readiness)
     worker_startup_check_interval_secs: IntervalSeconds = 5
     # seconds the router drains in-flight requests on stop (--shutdown-grace-period-secs; the routers'
@@ -1229,6 +1237,17 @@ def cross_checks(spec: ClusterSpec) -> list[Problem]:
 
     if cluster.secrets.router_api_key is not None and any(spec.router_release(h)[0] == "sglang-router" for h in spec.router_hosts):
         add(Problem(spec.router_hosts[0].name, "pdkit_cluster.secrets.router_api_key", "sglang-router 0.3.2 only takes its API key on the command line, which would leak it; use package smg or drop the key"))
+    budget = cluster.fault_budget
+    for host in spec.router_hosts:
+        router = host.router
+        assert router is not None
+        for field, message in fault_budget_problems(budget, router.health_check_interval_secs, router.health_failure_threshold, spec.is_pd()):
+            add(Problem(host.name, field, message))
+        for field in budget.model_fields_set - set(router_flags(*spec.router_release(host))):
+            if field.startswith("router_"):
+                flag = ROUTER_BUDGET_FLAGS[field]
+                add(Problem(host.name, f"pdkit_cluster.fault_budget.{field}",
+                            f"ignored: {' '.join(spec.router_release(host))} has no {flag} (pdkit/parser_table.json); remove it, or use a router that has it (smg)", "warning"))
     # a cluster-wide setting reached through several engines of one host is one problem
     return list(dict.fromkeys(problems))
 

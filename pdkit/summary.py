@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pdkit import flags
+from pdkit import faultbudget, flags
 from pdkit.roll import batch_outages
 from pdkit.spec import ClusterSpec, effective_decode_graph_max_bs, engine_numa_node
 
@@ -57,6 +57,8 @@ def summary(spec: ClusterSpec) -> str:
                 if outage.router == host.name:
                     lines.append(f"    every {' and '.join(outage.kinds)} worker is on {node}: a change there is an outage "
                                  "(pdkit roll --allow-downtime, docs/rolling.md 'Downtime mode')")
+        lines += ["    " + line for line in faultbudget.summary_lines(
+                c.fault_budget, host.router.health_check_interval_secs, host.router.health_failure_threshold, pd=spec.is_pd())]
     lines += ["", "monitoring:"]
     if not spec.monitoring_hosts:
         lines.append("  none declared")

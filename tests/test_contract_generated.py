@@ -21,6 +21,13 @@ pytestmark = pytest.mark.contract
 contract = pytest.importorskip("pdkit.contract")
 
 
+def _with_router(spec, package, version):
+    """SPEC with every router host running PACKAGE VERSION (the argv is rendered for that parser)."""
+    hosts = tuple(h.model_copy(update={"router": h.router.model_copy(update={"package": package, "version": version})})
+                  if h.router is not None else h for h in spec.hosts)
+    return spec.model_copy(update={"hosts": hosts})
+
+
 def _with_version(spec, version):
     return spec.model_copy(update={"cluster": spec.cluster.model_copy(update={"sglang_version": version})})
 
@@ -126,6 +133,7 @@ def test_every_generated_router_argv_parses_with_the_routers_own_parser(package,
     require(contract.router_python(package, version) is not None, f"no {package} {version} parser venv: run `bash .ci/contract-env.sh`")
     argvs, names = [], []
     for name, spec in _specs(tmp_path, base, monkeypatch).items():
+        spec = _with_router(spec, package, version)
         for host in spec.router_hosts:
             release = ROUTER_RELEASES[(package, version)]
             # the arguments after the executable, as the console script sees them
@@ -163,7 +171,7 @@ def test_dp_aware_router_flag_parses(package, version, monkeypatch):
     """A router fronting an attention-DP worker gets --dp-aware, which both pinned routers take."""
     require(contract.router_python(package, version) is not None, f"no {package} {version} parser venv: run `bash .ci/contract-env.sh`")
     monkeypatch.chdir(REPO)
-    spec = load("inventories/multinode.py")
+    spec = _with_router(load("inventories/multinode.py"), package, version)
     argv = flags.router_args(spec, spec.host("router01"))
     assert "--dp-aware" in argv
     release = ROUTER_RELEASES[(package, version)]

@@ -146,16 +146,20 @@ def _normalise(argvs: list[list[str]]) -> list[list[str]]:
     return out
 
 
-def run_sglang_check(version: str, argvs: list[list[str]], *, describe: bool = False, timeout: float = 300) -> dict:
+def run_sglang_check(version: str, argvs: list[list[str]], *, describe: bool = False, timeout: float = 300,
+                     environment_prefixes: tuple[str, ...] = ()) -> dict:
     """The full reply of sglang_argcheck.py under sglang `version`.
 
     reply["results"][i] = {"ok": bool, "error": str | None, "warnings": [str, ...]}
     (warnings: what SGLang logged while parsing, e.g. deprecated spellings);
     reply["options"] with describe=True: every option of the parser (flags, choices,
-    default, nargs, help, the replacement a deprecated flag names).
+    default, nargs, help, the replacement a deprecated flag names), and reply["environment"]: the
+    type and default of every `sglang.srt.environ.Envs` variable named with one of
+    ENVIRONMENT_PREFIXES.
     """
     env_name = f"sglang-{version}"
-    reply = _run_checker(env_name, _SGLANG_CHECKER, {"argvs": _normalise(argvs), "describe": describe}, timeout)
+    request = {"argvs": _normalise(argvs), "describe": describe, "environment_prefixes": list(environment_prefixes)}
+    reply = _run_checker(env_name, _SGLANG_CHECKER, request, timeout)
     if reply.get("version") != version:
         raise ContractCheckError(f"{env_name} holds sglang {reply.get('version')!r}, not {version}")
     return reply

@@ -293,6 +293,19 @@ def describe_server_args(server_args_mod) -> list[dict]:
     return describe(parser)
 
 
+def environment_defaults(prefixes: list[str]) -> dict[str, dict]:
+    """Every variable of `sglang.srt.environ.Envs` whose name starts with one of PREFIXES:
+    its type (EnvInt, EnvFloat, ...) and its default, as SGLang reads them when unset."""
+    from sglang.srt.environ import Envs, EnvField
+
+    out: dict[str, dict] = {}
+    for name, field in sorted(vars(Envs).items()):
+        if isinstance(field, EnvField) and any(name.startswith(p) for p in prefixes):
+            default = field.default
+            out[name] = {"type": type(field).__name__, "default": None if callable(default) else default}
+    return out
+
+
 def speculative_algorithm_names() -> list[str]:
     """The names `SpeculativeAlgorithm.from_string` accepts (argparse leaves the flag unchecked):
     the enum's members but NONE, plus the reserved aliases (NEXTN, 0.5.2x's spec_registry)."""
@@ -352,6 +365,7 @@ def main() -> int:
     if request.get("describe"):
         reply["options"] = describe_server_args(server_args_mod)
         reply["speculative_algorithms"] = speculative_algorithm_names()
+        reply["environment"] = environment_defaults(list(request.get("environment_prefixes") or []))
     real_stdout.write(json.dumps(reply) + "\n")
     real_stdout.flush()
     return 0

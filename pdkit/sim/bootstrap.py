@@ -25,6 +25,12 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from pdkit.sglang_pd import (
+    SGLANG_ENSURE_ATTEMPTS,
+    SGLANG_ENSURE_TRY_TIMEOUT_S,
+    SGLANG_HEARTBEAT_CONNECT_TIMEOUT_S,
+    SGLANG_HEARTBEAT_READ_TIMEOUT_S,
+)
 from pdkit.sim.knobs import Knobs
 
 # Longest single long-poll; the decode polls again until its own deadline.
@@ -134,58 +140,110 @@ async def wait_for_kv(
     knobs: Knobs,
     on_handshake: Callable[[], None],
 ) -> dict[str, Any]:
-    """Decode side: handshake with the prefill and wait until it has sent this room's KV.
+    """Decode side: handshake with the prefill and wait until it has sent this room's KV, bounded
+    the way SGLang's decode bounds it (sglang/srt/disaggregation/decode.py and common/conn.py of
+    0.5.17 and 0.5.23; the constants in pdkit/sglang_pd.py):
 
-    Returns the prefill's transfer report. Raises BootstrapFailed when the prefill's bootstrap
-    server could not be reached before SGLANG_DISAGGREGATION_WAITING_TIMEOUT, KVTransferError
-    when the room timed out after the handshake, when the prefill reported it failed, or when the
-    prefill stopped answering for HEARTBEAT_MAX_FAILURE heartbeats (SGLang's "might be dead").
+    - Before the handshake the decode asks the prefill's bootstrap server for its parallel info:
+      SGLANG_ENSURE_ATTEMPTS tries, `bootstrap_retry_s` (SGLang: 1 s) apart, each up to
+      SGLANG_ENSURE_TRY_TIMEOUT_S, then BootstrapFailed. The waiting timeout plays no part.
+    - After it, the decode waits for the KV up to SGLANG_DISAGGREGATION_WAITING_TIMEOUT
+      (KVTransferError "... in KVPoll.WaitingForInput"). Meanwhile a heartbeat asks the prefill's
+      bootstrap server every max(HEARTBEAT_INTERVAL, 2) s (connect timeout 2 s, read 3 s);
+      HEARTBEAT_MAX_FAILURE misses in a row fail the room ("Lost connection with prefill
+      instance"), and an answer resets the count. So a prefill restarted on the same port before the
+      misses add up (its bootstrap server answers long before its model is loaded, as SGLang's
+      tokenizer manager starts it first) leaves the room waiting for the waiting timeout, as in SGLang.
     """
     loop = asyncio.get_running_loop()
     start = loop.time()
-    deadline = start + knobs.waiting_timeout_s
-    url = f"http://{target.host}:{target.port}/sim/kv/{target.room}"
-    reached = False
-    misses = 0
+    addr = f"{target.host}:{target.port}"
+    url = f"http://{addr}/sim/kv/{target.room}"
+
+    # 1. the handshake (SGLang: try_ensure_parallel_info, then the receiver's init)
     last_error = ""
-    while True:
-        remaining = deadline - loop.time()
-        if remaining <= 0:
-            waited = loop.time() - start
-            if not reached:
-                raise BootstrapFailed(
-                    target.room,
-                    f"Could not fetch prefill parallel info from bootstrap_addr: {target.host}:{target.port} "
-                    f"(gave up after {waited:.1f}s: {last_error or 'no answer'})",
-                )
-            raise KVTransferError(target.room,
-                                  f"Request {target.room} timed out after {waited:.1f}s in KVPoll.WaitingForInput")
-        # The first call returns at once so that the handshake is known to have happened; after
-        # that a dropped connection means a prefill that died, not one never reached.
-        wait = min(remaining, MAX_POLL_WAIT_S) if reached else 0.0
+    for attempt in range(1, SGLANG_ENSURE_ATTEMPTS + 1):
         try:
-            async with session.post(url, params={"wait": f"{wait:.3f}"},
-                                    timeout=aiohttp.ClientTimeout(total=wait + 5.0)) as resp:
+            async with session.post(url, params={"wait": "0"},
+                                    timeout=aiohttp.ClientTimeout(total=SGLANG_ENSURE_TRY_TIMEOUT_S)) as resp:
                 if resp.status != 200:
-                    raise aiohttp.ClientResponseError(resp.request_info, (), status=resp.status,
-                                                      message=resp.reason or "")
+                    raise aiohttp.ClientResponseError(resp.request_info, (), status=resp.status, message=resp.reason or "")
                 report = await resp.json()
+            break
         except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
             last_error = f"{type(exc).__name__}: {exc}".strip()
-            if reached:
-                misses += 1
-                if misses >= knobs.heartbeat_max_failure:
-                    raise KVTransferError(target.room, PREFILL_MIGHT_BE_DEAD) from None
-                await asyncio.sleep(min(knobs.heartbeat_interval_s, max(0.0, deadline - loop.time())))
-            else:
-                await asyncio.sleep(min(knobs.bootstrap_retry_s, max(0.0, deadline - loop.time())))
-            continue
-        if not reached:
-            reached = True
-            on_handshake()
+            if attempt == SGLANG_ENSURE_ATTEMPTS:
+                raise BootstrapFailed(
+                    target.room,
+                    f"Could not fetch prefill parallel info from {addr} after {attempt} attempts "
+                    f"({loop.time() - start:.1f}s; last: {last_error})",
+                ) from None
+            await asyncio.sleep(knobs.bootstrap_retry_s)
+    on_handshake()
+    waiting_since = loop.time()
+    deadline = waiting_since + knobs.waiting_timeout_s
+
+    # 2. the KV wait, watched by the heartbeat
+    lost = asyncio.Event()
+
+    async def heartbeat() -> None:
         misses = 0
-        status = report.get("status")
-        if status == "transferred":
-            return report
-        if status == "failed":
-            raise KVTransferError(target.room, report.get("error") or PREFILL_MIGHT_BE_DEAD)
+        health = f"http://{addr}/health"
+        timeout = aiohttp.ClientTimeout(sock_connect=SGLANG_HEARTBEAT_CONNECT_TIMEOUT_S,
+                                        sock_read=SGLANG_HEARTBEAT_READ_TIMEOUT_S)
+        while True:
+            await asyncio.sleep(knobs.effective_heartbeat_interval_s)
+            try:
+                async with session.get(health, timeout=timeout) as resp:
+                    ok = resp.status == 200
+            except (TimeoutError, aiohttp.ClientError):
+                ok = False
+            misses = 0 if ok else misses + 1
+            if misses >= knobs.heartbeat_max_failure:
+                lost.set()
+                return
+
+    watcher = asyncio.create_task(heartbeat())
+    try:
+        while True:
+            if lost.is_set():
+                raise KVTransferError(target.room, f"Lost connection with prefill instance (bootstrap_addr: {addr})")
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise KVTransferError(target.room, f"Request {target.room} timed out after "
+                                                   f"{loop.time() - waiting_since:.1f}s in KVPoll.WaitingForInput")
+            status = report.get("status")
+            if status == "transferred":
+                return report
+            if status == "failed":
+                raise KVTransferError(target.room, report.get("error") or PREFILL_MIGHT_BE_DEAD)
+            # long-poll the room, racing the heartbeat's verdict; a dropped poll is no verdict
+            # (SGLang's decode learns of a dead prefill from its heartbeat only)
+            poll = asyncio.create_task(_poll(session, url, min(remaining, MAX_POLL_WAIT_S)))
+            verdict = asyncio.create_task(lost.wait())
+            await asyncio.wait({poll, verdict}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+            verdict.cancel()
+            if not poll.done():
+                poll.cancel()
+                continue
+            report = poll.result()
+            if report is None:
+                # the prefill did not answer: wait for the heartbeat (or the deadline) before asking again
+                try:
+                    await asyncio.wait_for(lost.wait(), min(knobs.effective_heartbeat_interval_s, max(0.0, deadline - loop.time())))
+                except TimeoutError:
+                    pass
+                report = {"status": "pending"}
+    finally:
+        watcher.cancel()
+
+
+async def _poll(session: aiohttp.ClientSession, url: str, wait: float) -> dict[str, Any] | None:
+    """One long-poll of a room at the prefill's bootstrap server; None when it did not answer."""
+    try:
+        async with session.post(url, params={"wait": f"{wait:.3f}"}, timeout=aiohttp.ClientTimeout(total=wait + 5.0)) as resp:
+            if resp.status != 200:
+                return None
+            return await resp.json()
+    except (TimeoutError, aiohttp.ClientError, ValueError):
+        return None

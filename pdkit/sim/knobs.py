@@ -13,6 +13,16 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
+from pdkit.sglang_pd import ENGINE_VARIABLES, SGLANG_ENSURE_INTERVAL_S, SGLANG_MIN_HEARTBEAT_INTERVAL_S
+
+# the knobs that are SGLang's own PD variables: knob -> pdkit.faultbudget.FaultBudget field
+SGLANG_KNOBS = {
+    "waiting_timeout_s": "waiting_timeout_s",
+    "bootstrap_timeout_s": "bootstrap_timeout_s",
+    "heartbeat_interval_s": "heartbeat_interval_s",
+    "heartbeat_max_failure": "heartbeat_max_failures",
+}
+
 
 @dataclass(frozen=True)
 class Knobs:
@@ -61,13 +71,20 @@ class Knobs:
     # The SGLang release whose metrics the sim exports (its families from the metric catalogue);
     # empty: the newest catalogued release. pdkit renders the engine's planned sglang_version here.
     sglang_version: str = ""
-    # How often a decode retries a prefill bootstrap server it cannot reach.
-    bootstrap_retry_s: float = 0.5
-    # SGLang's own PD variables (same names, same defaults as SGLang 0.5.23).
+    # How often a decode retries a prefill bootstrap server it cannot reach before the handshake;
+    # SGLang's decode: 1 s, 15 tries (pdkit.sglang_pd.SGLANG_ENSURE_*). A knob for unit tests only.
+    bootstrap_retry_s: float = SGLANG_ENSURE_INTERVAL_S
+    # SGLang's own PD variables (same names; unset: the default of the release the sim imitates,
+    # from pdkit/parser_table.json, read in load_knobs)
     waiting_timeout_s: float = 300.0
     bootstrap_timeout_s: float = 300.0
     heartbeat_interval_s: float = 5.0
     heartbeat_max_failure: int = 2
+
+    @property
+    def effective_heartbeat_interval_s(self) -> float:
+        """What SGLang's decode uses: `max(SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL, 2.0)`."""
+        return max(self.heartbeat_interval_s, SGLANG_MIN_HEARTBEAT_INTERVAL_S)
 
 
 # Environment variable for each field. SGLang's names are kept verbatim.
@@ -93,10 +110,8 @@ ENV_NAMES = {
     "wedge_hold_s": "PDKIT_SIM_WEDGE_HOLD_S",
     "bootstrap_retry_s": "PDKIT_SIM_BOOTSTRAP_RETRY_S",
     "sglang_version": "PDKIT_SIM_SGLANG_VERSION",
-    "waiting_timeout_s": "SGLANG_DISAGGREGATION_WAITING_TIMEOUT",
-    "bootstrap_timeout_s": "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT",
-    "heartbeat_interval_s": "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL",
-    "heartbeat_max_failure": "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE",
+    # SGLang's names, as pdkit renders them (one table: pdkit.sglang_pd.ENGINE_VARIABLES)
+    **{knob: ENGINE_VARIABLES[field] for knob, field in SGLANG_KNOBS.items()},
 }
 
 
@@ -107,7 +122,7 @@ class KnobError(ValueError):
 def load_knobs(environ: Mapping[str, str] | None = None) -> Knobs:
     """Read every knob from `environ` (default os.environ); unset ones keep their defaults."""
     env = os.environ if environ is None else environ
-    values: dict[str, object] = {}
+    values: dict[str, object] = _release_defaults(env.get(ENV_NAMES["sglang_version"]) or "")
     for f in fields(Knobs):
         name = ENV_NAMES[f.name]
         raw = env.get(name)
@@ -121,6 +136,22 @@ def load_knobs(environ: Mapping[str, str] | None = None) -> Knobs:
     knobs = Knobs(**values)  # type: ignore[arg-type]
     _check(knobs)
     return knobs
+
+
+def _release_defaults(version: str) -> dict[str, object]:
+    """SGLang's own defaults for its PD variables in release VERSION (default: the newest pinned),
+    from pdkit/parser_table.json (generated from the wheels: sglang/srt/environ.py)."""
+    from pdkit.parsertable import sglang_environment, table
+
+    releases = sorted(table()["sglang"], key=lambda v: tuple(int(x) for x in v.split(".")))
+    if version not in releases:
+        version = releases[-1]
+    environment = sglang_environment(version)
+    out: dict[str, object] = {}
+    for knob, field in SGLANG_KNOBS.items():
+        default = environment[ENGINE_VARIABLES[field]]["default"]
+        out[knob] = type(getattr(Knobs, knob))(default)
+    return out
 
 
 def _check(k: Knobs) -> None:

@@ -33,13 +33,15 @@ PYTHON = sys.executable
 MODEL_PATH = "/models/sim-test"
 MODEL = "sim-test"
 
-# Short PD timeouts so that failure paths finish within a test's budget.
+# Short PD timeouts so that failure paths finish within a test's budget. The heartbeat is SGLang's
+# floor (2 s: the sim applies it as SGLang does), so a dead prefill is noticed in ~4 s, before the
+# waiting timeout; the pre-handshake retries are 0.1 s apart (SGLang: 1 s) so 15 of them take 1.5 s.
 SIM_TEST_ENV = {
     "PDKIT_SIM_STARTUP_DELAY_S": "0.2",
     "PDKIT_SIM_BOOTSTRAP_RETRY_S": "0.1",
-    "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "2",
+    "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "8",
     "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": "2",
-    "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL": "0.3",
+    "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL": "2",
     "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE": "2",
 }
 

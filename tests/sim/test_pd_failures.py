@@ -17,11 +17,15 @@ from .support import (
     get,
     post,
     sse_events,
+    launch_sim,
     start_sim,
     wait_until,
 )
 
 WAITING_TIMEOUT_S = float(SIM_TEST_ENV["SGLANG_DISAGGREGATION_WAITING_TIMEOUT"])
+HEARTBEAT_S = max(float(SIM_TEST_ENV["SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL"]), 2.0)  # SGLang's floor
+MISSES = int(SIM_TEST_ENV["SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE"])
+ENSURE_S = 15 * float(SIM_TEST_ENV["PDKIT_SIM_BOOTSTRAP_RETRY_S"])  # SGLang's decode: 15 tries
 
 
 def metric(url: str, name: str) -> float:
@@ -44,10 +48,13 @@ def test_dead_prefill_fails_decode_requests_clearly_then_recovers(procs, tmp_pat
         stack.prefill.kill()
         killed_at = time.monotonic()
         events = inflight.result(timeout=WAITING_TIMEOUT_S + 10)
+    waited = time.monotonic() - killed_at
     errors = [e["error"] for e in events if "error" in e]
     assert errors, events
-    assert "Failed to get kvcache from prefill instance, it might be dead" in errors[0]["message"]
-    assert time.monotonic() - killed_at < WAITING_TIMEOUT_S + 1
+    # SGLang's decode learns of the dead prefill from its heartbeat: MISSES missed checks HEARTBEAT_S
+    # apart, well before the waiting timeout (common/conn.py _handle_node_failure's words)
+    assert "Lost connection with prefill instance" in errors[0]["message"], errors
+    assert HEARTBEAT_S * (MISSES - 1) <= waited <= HEARTBEAT_S * MISSES + 1.5, waited
     assert metric(stack.decode_url, "sglang:num_transfer_failed_reqs_total") == 1
 
     # 2. New requests through the router fail at once with an error that names the prefill: its
@@ -59,8 +66,9 @@ def test_dead_prefill_fails_decode_requests_clearly_then_recovers(procs, tmp_pat
     assert stack.prefill_url in resp.text or "prefill workers" in resp.text, resp.text
     assert time.monotonic() - started < WAITING_TIMEOUT_S
 
-    # 3. A decode asked directly (router-style bootstrap fields) waits for the dead prefill for the
-    #    waiting timeout, then fails with SGLang's handshake error and counts a bootstrap failure.
+    # 3. A decode asked directly (router-style bootstrap fields) tries the dead prefill's bootstrap
+    #    server 15 times (SGLang's decode.py: 1 s apart; the test's knob: 0.1 s), not for the waiting
+    #    timeout, then fails with SGLang's handshake error and counts a bootstrap failure.
     started = time.monotonic()
     resp = post(f"{stack.decode_url}/v1/completions",
                 {"model": MODEL, "prompt": "x", "max_tokens": 4, "bootstrap_host": "127.0.0.1",
@@ -69,7 +77,8 @@ def test_dead_prefill_fails_decode_requests_clearly_then_recovers(procs, tmp_pat
     assert resp.status_code == 500
     assert "Decode handshake failed" in resp.json()["message"]
     assert "Could not fetch prefill parallel info" in resp.json()["message"]
-    assert WAITING_TIMEOUT_S - 0.2 <= waited < WAITING_TIMEOUT_S + 2
+    assert "after 15 attempts" in resp.json()["message"]
+    assert ENSURE_S - 0.2 <= waited < ENSURE_S + 2, waited
     assert metric(stack.decode_url, "sglang:num_bootstrap_failed_reqs_total") == 1
 
     # 4. The prefill comes back on the same ports: the router routes to it again.
@@ -101,3 +110,32 @@ def test_transfer_and_bootstrap_failures_move_counters(procs):
     resp = post(f"{prefill}/v1/completions", {**body, "bootstrap_room": 100})
     assert resp.status_code == 500 and "Prefill bootstrap failed" in resp.json()["message"]
     assert metric(prefill, "sglang:num_bootstrap_failed_reqs_total") == 1
+
+
+def test_prefill_restarted_before_the_heartbeat_misses_add_up_leaves_the_decode_waiting(procs, tmp_path):
+    """SGLang's heartbeat asks the bootstrap server's /health, which a restarted prefill answers long
+    before its model is loaded (the tokenizer manager starts it first: entrypoints/engine.py). A
+    prefill back within MISSES checks resets the count, and the decode's request waits for the
+    waiting timeout: the one PD wait only SGLANG_DISAGGREGATION_WAITING_TIMEOUT bounds, which is
+    why pdkit.faultbudget renders it (docs/rolling.md, "The fault budget")."""
+    stall = tmp_path / "prefill-stalled"
+    stack = start_pd_stack(procs, prefill_env={"PDKIT_SIM_STALL_FILE": str(stall)})
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8, "stream": True}
+    stall.touch()
+    with ThreadPoolExecutor(1) as pool:
+        inflight = pool.submit(lambda: sse_events(post(f"{stack.router_url}/v1/chat/completions", chat, stream=True)))
+        wait_until(lambda: metric(stack.decode_url, "sglang:num_decode_transfer_queue_reqs") == 1, 5,
+                   "the decode to hold the request in its transfer queue", context=procs.logs)
+        handed_at = time.monotonic()
+        stack.prefill.kill()
+        # back on the same ports at once, still loading (a long start-up delay): its bootstrap server answers
+        start_sim_process = launch_sim(procs, "prefill-back", "prefill", stack.prefill_port, stack.bootstrap_port,
+                                       env={"PDKIT_SIM_STARTUP_DELAY_S": "30"})
+        events = inflight.result(timeout=WAITING_TIMEOUT_S + 10)
+    waited = time.monotonic() - handed_at
+    errors = [e["error"] for e in events if "error" in e]
+    assert errors, events
+    assert "in KVPoll.WaitingForInput" in errors[0]["message"], errors
+    assert waited >= WAITING_TIMEOUT_S - 1.0, waited  # no heartbeat verdict: the waiting timeout ended it
+    assert waited < WAITING_TIMEOUT_S + 3.0, waited
+    start_sim_process.kill()

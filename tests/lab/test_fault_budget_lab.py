@@ -1,0 +1,118 @@
+"""Issue 30: with a prefill killed, a decode killed, or a node cut off under streaming load, no
+request waits longer than the fault budget (pdkit_cluster.fault_budget.budget_s, checked by
+`pdkit validate` against each fault's worst wait: pdkit/faultbudget.py), and every failure is an
+error the client can see and retry, never a hang.
+
+The engines are the sim, which waits the way SGLang's decode waits (pdkit/sim/bootstrap.py:
+heartbeat, pre-handshake tries, waiting timeout; the same variables, rendered by the kit), behind
+the real smg router. Each test leaves the lab converged.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+import pytest
+import requests
+
+from pdkit.lab import LabConfig
+from tests.lab.test_deploy import failed_hosts, json_from_child, lab_spec, run_pyinfra, ssh, wait_circuits_closed
+from tests.lab.test_roll import Load
+
+pytestmark = pytest.mark.lab
+
+# a client that would wait far past the budget, so that a hang shows as one
+CLIENT_TIMEOUT_S = 90
+
+
+@pytest.fixture(scope="module")
+def converged(lab):
+    rc, results, err = run_pyinfra()
+    assert rc == 0 and not failed_hosts(results), f"converging the lab failed (rc {rc}):\n{err[-4000:]}"
+    spec = lab_spec()
+    spec["budget_s"] = json_from_child(
+        "import json; from pdkit.loader import load; "
+        "print(json.dumps(load('inventories/lab.py').cluster.fault_budget.budget_s))")
+    return spec
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return requests.get(f"{url}/health", timeout=2).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def _under_load(tmp_path, spec, fault, undo, back_url: str, hold_s: float = 0.0) -> dict:
+    """Run FAULT under C=16 streaming load, wait until BACK_URL answers /health again (after UNDO),
+    keep the load 10 s more, and return the load client's counts."""
+    plan = {"addr": spec["addr"], "router": spec["router"], "model": spec["model"]}
+    wait_circuits_closed(spec)
+    load = Load(tmp_path, plan, concurrency=16, extra=("--timeout", str(CLIENT_TIMEOUT_S)))
+    try:
+        load.wait_flowing()
+        fault()
+        if hold_s:
+            time.sleep(hold_s)
+        undo()
+        deadline = time.monotonic() + 180
+        while not _healthy(back_url):
+            assert time.monotonic() < deadline, f"{back_url} never became healthy again"
+            time.sleep(0.5)
+        time.sleep(10)
+    finally:
+        counts = load.stop()
+    print(counts)
+    return counts
+
+
+def _assert_within_budget(counts: dict, budget_s: float, what: str) -> None:
+    assert counts["ok"] >= 50, counts
+    assert "hang" not in counts["failures"], f"{what}: requests hung: {counts['errors'][:10]}"
+    assert counts["slowest_failure_s"] <= budget_s, (
+        f"{what}: a request failed only after {counts['slowest_failure_s']} s, over the {budget_s} s budget: {counts['errors'][:10]}")
+    for kind in counts["failures"]:
+        # an error status or an error event: something the client sees and can retry
+        assert kind.startswith("status 5") or kind.startswith("error event"), f"{what}: failure {kind!r}: {counts['errors'][:10]}"
+
+
+@pytest.mark.parametrize("engine,port", [("prefill", 30000), ("decode", 30001)])
+def test_a_killed_engine_fails_requests_within_the_budget(lab, converged, tmp_path, engine, port):
+    spec = converged
+    host = spec["gpu"][1]
+    assert host != spec["router"]
+    unit = f"pdkit-engine-{engine}.service"
+    counts = _under_load(
+        tmp_path, spec,
+        fault=lambda: ssh(lab, host, f"systemctl kill -s KILL {unit}").check_returncode(),
+        undo=lambda: None,
+        back_url=f"http://{spec['addr'][host]}:{port}",
+    )
+    _assert_within_budget(counts, spec["budget_s"], f"{engine} killed on {host}")
+    wait_circuits_closed(spec)
+
+
+def test_a_node_cut_off_fails_requests_within_the_budget(lab, converged, tmp_path):
+    spec = converged
+    host = spec["gpu"][2]
+    assert host != spec["router"]
+    veth = LabConfig.from_env().veth(host)
+    try:
+        counts = _under_load(
+            tmp_path, spec,
+            fault=lambda: subprocess.run(["ip", "link", "set", "dev", veth, "down"], check=True, timeout=20),
+            undo=lambda: subprocess.run(["ip", "link", "set", "dev", veth, "up"], check=True, timeout=20),
+            back_url=f"http://{spec['addr'][host]}:30001",
+            hold_s=30,
+        )
+    finally:
+        subprocess.run(["ip", "link", "set", "dev", veth, "up"], check=False, timeout=20)
+    _assert_within_budget(counts, spec["budget_s"], f"{host} cut off")
+    # Streams already flowing from the cut-off node's decode neither fail nor end: the router gets no
+    # error from a silent peer (smg has no upstream idle timeout; only --request-timeout-secs ends
+    # them) and they resume when the link is back. Bounded here by the cut itself, not the budget
+    # (docs/rolling.md "The fault budget": clients need an idle timeout between tokens).
+    assert counts["slowest_ok_s"] < 30 + CLIENT_TIMEOUT_S, counts
+    print(f"{host} cut off for 30 s: slowest failure {counts['slowest_failure_s']} s, slowest success {counts['slowest_ok_s']} s")
+    wait_circuits_closed(spec)

@@ -1,0 +1,77 @@
+"""What runs on a node imports only what the node venv installs (pdkit/locks/node.txt).
+
+The node venv has no pydantic, pyinfra or jinja2: a module of the sim engine, the health gates or
+pdkit-exporter that reaches one of them fails at the engine's first start on every node (it did:
+the sim importing pdkit.faultbudget, which needs pydantic). Each entry point is imported in a child
+Python whose import system refuses every top-level module that is neither the standard library,
+pdkit, nor a package of the node lock.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+# import names of the node lock's distributions (pdkit/locks/node.txt), where they differ
+IMPORT_NAMES = {"attrs": ["attr", "attrs"], "charset-normalizer": ["charset_normalizer"], "typing_extensions": ["typing_extensions"]}
+# what a node runs from the node venv: the units' ExecStart / ExecStartPre modules and what they import lazily
+ENTRY_POINTS = ["pdkit.sim.main", "pdkit.sim.bootstrap", "pdkit.sim.knobs", "pdkit.health", "pdkit.exporter", "pdkit.releases"]
+
+
+def node_lock_imports() -> set[str]:
+    names: set[str] = set()
+    for line in (REPO / "pdkit" / "locks" / "node.txt").read_text().splitlines():
+        m = re.match(r"^([A-Za-z0-9_.-]+)==", line)
+        if m:
+            dist = m.group(1)
+            names.update(IMPORT_NAMES.get(dist, [dist.lower().replace("-", "_")]))
+    return names
+
+
+CHILD = r"""
+import sys
+sys.path[:0] = [sys.argv[2], sys.argv[3]]
+import importlib
+importlib.import_module(sys.argv[1])
+"""
+
+
+@pytest.fixture(scope="module")
+def node_site(tmp_path_factory):
+    """A site directory holding only the node lock's packages (links into this venv's site-packages)."""
+    import site as site_mod
+
+    site_dir = tmp_path_factory.mktemp("node-site")
+    sources = [Path(p) for p in site_mod.getsitepackages()]
+    for name in node_lock_imports():
+        for src in sources:
+            found = [src / name] + list(src.glob(f"{name}.py")) + list(src.glob(f"{name}.*.so"))
+            found = [f for f in found if f.exists()]
+            if found:
+                for f in found:
+                    (site_dir / f.name).symlink_to(f)
+                break
+    return site_dir
+
+
+def _import(module: str, site_dir: Path) -> subprocess.CompletedProcess:
+    # -I -S: no user site, no PYTHONPATH, no site-packages: the standard library, the node lock, pdkit
+    return subprocess.run([sys.executable, "-I", "-S", "-c", CHILD, module, str(site_dir), str(REPO)],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("module", ENTRY_POINTS)
+def test_node_side_module_imports_with_only_the_node_lock(module, node_site):
+    proc = _import(module, node_site)
+    assert proc.returncode == 0, f"{module} needs a package the node venv lacks:\n{proc.stderr[-2000:]}"
+
+
+def test_the_guard_can_fail(node_site):
+    proc = _import("pdkit.faultbudget", node_site)
+    assert proc.returncode != 0 and "pydantic" in proc.stderr
