@@ -25,7 +25,7 @@ pytestmark = pytest.mark.lab
 
 ROUTER_UNIT = "pdkit-router.service"
 # a failure may come this long after the router's new process started (smg binds its port and
-# checks its workers before it routes): measured 0.17-0.24 s on the lab (docs/rolling.md
+# checks its workers before it routes): measured 0.17-0.51 s on the lab (docs/rolling.md
 # "Router key changes"); 5 s leaves room for a busy 2-core machine
 START_TO_SERVING_S = 5.0
 
