@@ -143,7 +143,7 @@ def engine_venv_phase(args) -> None:
     if lab is None:
         sys.exit("the lab is not up: `pdkit lab up` (or run without --keep)")
     start = time.perf_counter()
-    bundle = wheelhouse.node_bundle(KNOWN_PLATFORMS["debian12"], "sglang", args.sglang_version)
+    bundle = wheelhouse.engine_bundle(KNOWN_PLATFORMS["debian12"], "sglang", args.sglang_version)
     print(f"engine bundle sglang {args.sglang_version} for debian12: {len(bundle.wheels)} wheels, {bundle.size / 1e6:.0f} MB ({time.perf_counter() - start:.1f} s, cache warm or not)")
     hosts = lab.gpu_hosts
     remove_engine_cluster(lab, hosts)

@@ -102,7 +102,7 @@ def _converged(spec, plan, kwargs: dict, bundle_digest: dict[str, str]) -> dict:
         "paths": {p: have.get(p) for p in sorted(set(kwargs["paths"]) | set(release["files"]))},
         "units": {u: ["loaded", "active", "enabled"] for u in [*kwargs["units"], *sorted(release["services"])]},
         "user": True, "users": {u: True for u in users},
-        "venvs": {v: [f".pdkit-bundle-{bundle_digest[name][:16]}"] for v, name in zip(kwargs["venvs"], ("node", "router"))},
+        "venvs": {v: [f".pdkit-bundle-{bundle_digest[name][:16]}"] for v, name in zip(kwargs["venvs"], ("node", "engine", "router"), strict=True)},
         # the preflight's facts the probe reads itself (roles/node_facts.py PROBE_TEXTS); an absent file is None
         "texts": {name: "".join(line + "\n" for line in NODE_ANSWERS[name]) or None for name, _kind, _source in kwargs.get("texts", ())},
     }
@@ -125,7 +125,7 @@ def _prepare_once(tree: Path, n: int, tmp: Path, profile: bool = False) -> dict:
     inv.write_text(_scale().lab_inventory_text(n, repo=tree))
     spec = load(str(inv))
     plans = plan_cluster(spec)
-    digest = {name: name.ljust(64, "0") for name in ("node", "router")}
+    digest = {name: name.ljust(64, "0") for name in ("node", "engine", "router")}
     bundle = {name: wheelhouse.Bundle(name=name, wheels=(), requirements="", digest=digest[name]) for name in digest}
 
     facts: dict[str, int] = {}
@@ -149,7 +149,8 @@ def _prepare_once(tree: Path, n: int, tmp: Path, profile: bool = False) -> dict:
         return real_plan_host(*a, **k)
 
     patched = [(Host, "get_fact", get_fact), (pdkit.deploy, "plan_host", counting_plan_host),
-               (wheelhouse, "node_bundle", lambda *a, **k: bundle["node"]), (wheelhouse, "router_bundle", lambda *a, **k: bundle["router"])]
+               (wheelhouse, "node_bundle", lambda *a, **k: bundle["node"]), (wheelhouse, "engine_bundle", lambda *a, **k: bundle["engine"]),
+               (wheelhouse, "router_bundle", lambda *a, **k: bundle["router"])]
     saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patched]
     state = State()
     config = Config()

@@ -11,7 +11,7 @@ repo). What it does, in order:
 
 1. unpacks the carried payload (SGLang and its deps, NIXL, sglang-router) under /opt/pdkit, puts
    the model directory where the inventory says, and places an interpreter at the rendered
-   argv[0] (pdkit.flags.engine_python: /opt/pdkit/venv/bin/python, or <engine_venv>/bin/python on a
+   argv[0] (pdkit.flags.engine_python: /opt/pdkit/engine-venv/bin/python, or <engine_venv>/bin/python on a
    node with its own engine environment; /opt/pdkit/router-venv/bin/python): a two-line shell
    script that execs the image's python3 with the payload first on PYTHONPATH. So the argv run
    is the rendered one byte for byte, argv[0] included;

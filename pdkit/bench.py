@@ -38,6 +38,11 @@ Record schema (version 1):
     input_len, output_len, requests (per level), warmup (requests before the first level)
     levels[]      one per concurrency, in the order run:
         concurrency, requests, completed, errors, error_samples (up to 3 messages),
+        failures {kind: n} (pdkit.benchstats.failure_kind: "status 503", "hang", "aborted",
+        "empty (stop)", "short (length)", ...), failed_finish_reasons {finish reason the failed
+        streams named, "error 500" for an error event: n}, failed_workers {the router's
+        x-smg-routed-worker-id, "unknown" where it sends none: n}. Records written before these
+        three keys have none of them: readers treat them as unknown, not as zero
         duration_s (wall time of the level), input_tokens, output_tokens,
         output_tok_s, requests_s,
         ttft_ms, tpot_ms, itl_ms, e2e_ms: {"mean", "p50", "p99"} in ms (null when no data)
@@ -76,7 +81,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pdkit.benchstats import RequestResult, ratio, summarize_level
+from pdkit.benchstats import (
+    WORKER_HEADER,
+    RequestResult,
+    StreamEnd,
+    failure_kind,
+    ratio,
+    stream_failure,
+    summarize_level,
+)
 
 if TYPE_CHECKING:
     from pdkit.spec import ClusterSpec, HostSpec
@@ -262,53 +275,64 @@ class Progress:
             self.stream.flush()
 
 
-async def sse_events(content: Any) -> Any:
-    """The JSON events of a server-sent-event stream (aiohttp's response.content), up to `[DONE]`."""
+async def sse_lines(content: Any) -> Any:
+    """The `data:` payloads of a server-sent-event stream (aiohttp's response.content), `[DONE]` included."""
     async for raw in content:
         line = raw.strip()
-        if not line.startswith(b"data:"):
-            continue
-        payload = line[5:].strip()
-        if payload == b"[DONE]":
-            return
-        yield json.loads(payload)
+        if line.startswith(b"data:"):
+            yield line[5:].strip()
 
 
 async def stream_one(session, url: str, headers: dict[str, str], body: dict[str, Any], output_len: int,
                      timeout_s: float) -> RequestResult:
-    """Send one streaming /generate request and time its chunks."""
+    """Send one streaming /generate request and time its chunks. A failed stream is judged by the
+    rule the load clients share (pdkit.benchstats.stream_failure: aborted, no [DONE], empty), then
+    by its length: with ignore_eos every answer must have exactly output_len tokens."""
     import aiohttp
 
     start = time.perf_counter()
     chunk_times: list[float] = []
     tokens = prompt = 0
-    finish: Any = None
+    end = StreamEnd()
+    worker = None
+
+    def failed(why: str, finish: str | None = None) -> RequestResult:
+        return RequestResult(ok=False, error=why, kind=failure_kind(why), finish_reason=finish, worker=worker,
+                             rid=end.rid)
+
     try:
         async with session.post(url, json=body, headers=headers,
                                 timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+            worker = resp.headers.get(WORKER_HEADER)
             if resp.status != 200:
                 text = (await resp.text())[:200].strip()
-                return RequestResult(ok=False, error=f"HTTP {resp.status}: {text}")
-            async for event in sse_events(resp.content):
-                if "error" in event:
-                    return RequestResult(ok=False, error=f"stream error: {json.dumps(event['error'])[:200]}")
+                return failed(f"status {resp.status}: {text}")
+            async for payload in sse_lines(resp.content):
+                if payload == b"[DONE]":
+                    end.done = True
+                    break
+                event = json.loads(payload)
+                end.see(event)
                 meta = event.get("meta_info") or {}
                 count = int(meta.get("completion_tokens") or 0)
                 prompt = int(meta.get("prompt_tokens") or prompt)
                 if count > tokens:
                     chunk_times.append(time.perf_counter() - start)
                     tokens = count
-                finish = meta.get("finish_reason") or finish
     except TimeoutError:
-        return RequestResult(ok=False, error=f"timed out after {timeout_s:.0f} s")
+        return failed(f"hang: timed out after {timeout_s:.0f} s")
     except (aiohttp.ClientError, ValueError) as exc:
-        return RequestResult(ok=False, error=f"{type(exc).__name__}: {str(exc)[:200]}")
+        return failed(f"{type(exc).__name__}: {str(exc)[:200]}")
     latency = time.perf_counter() - start
+    why = stream_failure(end)
+    if why is not None:
+        return failed(why, end.shown_finish())
     if tokens != output_len:
-        return RequestResult(ok=False, error=f"got {tokens} output tokens, asked for {output_len} "
-                                             f"(finish reason {json.dumps(finish)})")
+        return failed(f"{'short' if tokens < output_len else 'long'} ({end.shown_finish()}): got {tokens} output tokens, "
+                      f"asked for {output_len}", end.shown_finish())
     return RequestResult(ok=True, ttft=chunk_times[0], latency=latency, output_tokens=tokens,
-                         prompt_tokens=prompt, chunk_times=tuple(chunk_times))
+                         prompt_tokens=prompt, chunk_times=tuple(chunk_times), finish_reason=end.finish_reason,
+                         worker=worker, rid=end.rid)
 
 
 # Sends one request of a level: (aiohttp session, request index, body, output_len, timeout_s) -> result.
@@ -618,6 +642,10 @@ def sent_to(router_url: str, measured: dict[str, Any] | None) -> str:
     return f"to {', '.join(measured.get('routes') or measured.get('engines') or [])} directly (not through the router)"
 
 
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in counts.items()) or "–"
+
+
 def render_markdown(record: dict[str, Any]) -> str:
     """A bench record as a markdown section: what was run, then one table row per concurrency."""
     label = f" — {record['label']}" if record.get("label") else ""
@@ -638,6 +666,10 @@ def render_markdown(record: dict[str, Any]) -> str:
     samples = [s for lv in record["levels"] for s in lv.get("error_samples", [])]
     if samples:
         lines += ["", "Errors (samples): " + "; ".join(dict.fromkeys(samples))]
+    for level in record["levels"]:
+        if level.get("errors") and level.get("failures"):  # absent from records before the counts
+            lines.append(f"- C={level['concurrency']} failures by kind {_counts(level['failures'])}; by finish reason "
+                         f"{_counts(level.get('failed_finish_reasons') or {})}; by worker {_counts(level.get('failed_workers') or {})}")
     return "\n".join(lines) + "\n"
 
 

@@ -13,13 +13,21 @@ Definitions, the same as SGLang's own `sglang.benchmark.serving` (0.5.23 `calcul
 - output tok/s: output tokens of the completed requests / wall time of the level;
   requests/s: completed requests / wall time of the level. Failed requests count as errors
   and add no tokens.
+
+How a streamed request failed is decided here once, for `pdkit bench` and the load clients
+(tests/lab/loadclient.py, gpu/nspawn/outage_client.py): `StreamEnd` gathers what a stream said
+(any of SGLang's three APIs), `stream_failure` names the failure's kind, `failure_kind` reads the
+kind back from the text every failure starts with. What SGLang 0.5.17 and 0.5.23 send, and why
+each rule: docs/bench/README.md "How a failed request is classified".
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 # The percentiles reported per metric (besides the mean).
 REPORTED_PERCENTILES = (50, 99)
@@ -36,6 +44,127 @@ class RequestResult:
     prompt_tokens: int = 0
     chunk_times: tuple[float, ...] = field(default_factory=tuple)
     error: str | None = None
+    # a failure's kind (failure_kind), the finish reason its stream named, the worker that served
+    # it (the router's header, when it sends one) and SGLang's request id (the rid its logs name)
+    kind: str | None = None
+    finish_reason: str | None = None
+    worker: str | None = None
+    rid: str | None = None
+
+
+# ---- how a streamed request ended ------------------------------------------------------------
+
+# The engine aborted the request: an error event in the stream (SGLang sends one for an abort
+# that carries an HTTP status: a PD transfer or handshake failure is a 500), or finish_reason
+# "abort" (an abort without a status: /abort_request, a grammar failure).
+ABORTED = "aborted"
+# The connection ended before `data: [DONE]` (an engine or router gone mid-stream).
+NO_DONE = "no [DONE]"
+# `empty (<finish reason>)`: [DONE] came but no output did. With finish_reason "stop" the model
+# ended at once (a random-weight model can sample EOS first); "length" with max_tokens >= 1 and no
+# text is a detokenizer oddity; "none": the stream never named a finish reason.
+EMPTY = "empty"
+
+# Headers that name who served a request. smg 1.13.0 answers with x-smg-routed-worker-id (in PD
+# mode the decode worker's URL); sglang-router 0.3.2 sends no such header. Both send
+# x-request-id, the router's own id (not the rid SGLang logs: that is the body's `id`).
+WORKER_HEADER = "x-smg-routed-worker-id"
+REQUEST_ID_HEADER = "x-request-id"
+# SGLang's PD abort messages name the request (decode.py: "... decode_req.req.rid='<rid>' ..."):
+# the error chunk has no `id`, so the rid is read from there
+_RID_IN_MESSAGE = re.compile(r"\brid='([^']+)'")
+
+
+def empty_kind(finish_reason: str | None) -> str:
+    return f"{EMPTY} ({finish_reason or 'none'})"
+
+
+def failure_kind(why: str) -> str:
+    """The kind a failure's text starts with: `status 503`, `hang`, `aborted`, `empty (stop)`,
+    `no [DONE]`, or an exception's type. Every client writes a failure as "<kind>: <detail>"."""
+    return why.split(":", 1)[0].strip()[:60]
+
+
+@dataclass
+class StreamEnd:
+    """What a stream said about how it ended, gathered event by event (`see`).
+
+    content: output seen: chat/completions chunks that carried text (or reasoning text), or the
+    native API's meta_info.completion_tokens. finish_reason: the last one named (the chunk's
+    choices[0].finish_reason, or meta_info.finish_reason.type). error: the error event's body.
+    rid: SGLang's request id (`id`, or meta_info.id). abort: an abort's message and status."""
+
+    done: bool = False
+    content: int = 0
+    finish_reason: str | None = None
+    error: Any = None
+    rid: str | None = None
+    abort: dict[str, Any] | None = None
+
+    def see(self, event: Any) -> None:
+        if not isinstance(event, dict):
+            return
+        if "error" in event:
+            self.error = event["error"]
+            message = self.error.get("message") if isinstance(self.error, dict) else self.error
+            found = _RID_IN_MESSAGE.search(str(message or ""))
+            self.rid = self.rid or (found.group(1) if found else None)
+            return
+        meta = event.get("meta_info")
+        if isinstance(meta, dict):  # native /generate
+            self.rid = meta.get("id") or self.rid
+            self.content = max(self.content, int(meta.get("completion_tokens") or 0))
+            reason = meta.get("finish_reason")
+            if isinstance(reason, dict):
+                self.finish_reason = reason.get("type")
+                if reason.get("type") == "abort":
+                    self.abort = reason
+            return
+        self.rid = event.get("id") or self.rid
+        for choice in event.get("choices") or []:
+            delta = choice.get("delta") or {}
+            if delta.get("content") or delta.get("reasoning_content") or choice.get("text"):
+                self.content += 1
+            if choice.get("finish_reason"):
+                self.finish_reason = choice["finish_reason"]
+
+    def error_code(self) -> str | None:
+        """The error event's code (SGLang: the abort's HTTP status), or None."""
+        if isinstance(self.error, dict) and self.error.get("code") is not None:
+            return str(self.error["code"])
+        return None
+
+    def shown_finish(self) -> str:
+        """The finish reason to count a failure under: as streamed, `error <code>` for an error
+        event (SGLang's abort with a status sends no finish_reason, only the error), else `none`."""
+        if self.error is not None:
+            return f"error {self.error_code() or '?'}"
+        return self.finish_reason or "none"
+
+
+def stream_failure(end: StreamEnd) -> str | None:
+    """None when the stream answered, else "<kind>: <detail>" (kinds: ABORTED, NO_DONE, EMPTY)."""
+    if end.error is not None:
+        error = end.error if isinstance(end.error, dict) else {"message": str(end.error)}
+        label = " ".join(["error event", *(str(error[k]) for k in ("code", "type") if error.get(k) is not None)])
+        return f"{ABORTED}: {label}: {str(error.get('message', ''))[:200]}"
+    if end.finish_reason == "abort":
+        message = (end.abort or {}).get("message")
+        return f"{ABORTED}: finish_reason abort after {end.content} output" + (f": {str(message)[:200]}" if message else "")
+    if not end.done:
+        return f"{NO_DONE}: the stream ended without [DONE] after {end.content} output, finish_reason {end.finish_reason}"
+    if not end.content:
+        return f"{empty_kind(end.finish_reason)}: [DONE] without any output"
+    return None
+
+
+def count(values: Sequence[str | None], missing: str = "none") -> dict[str, int]:
+    """{value: how many}, most frequent first."""
+    out: dict[str, int] = {}
+    for v in values:
+        key = v if v is not None else missing
+        out[key] = out.get(key, 0) + 1
+    return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -94,12 +223,17 @@ def summarize_level(results: Sequence[RequestResult], duration_s: float, concurr
     for r in failed:
         if r.error and r.error not in samples and len(samples) < 3:
             samples.append(r.error)
+    kinds = [r.kind or failure_kind(r.error or "unknown") for r in failed]
     return {
         "concurrency": concurrency,
         "requests": len(results),
         "completed": len(done),
         "errors": len(failed),
         "error_samples": samples,
+        # the failures by kind, by the finish reason their stream named, by the worker that served them
+        "failures": count(kinds),
+        "failed_finish_reasons": count([r.finish_reason for r in failed if r.finish_reason]),
+        "failed_workers": count([r.worker for r in failed], missing="unknown"),
         "duration_s": _round(duration_s, 4),
         "input_tokens": input_tokens,
         "output_tokens": output_tokens,

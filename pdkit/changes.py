@@ -8,11 +8,13 @@ A service is described as releases keep it (meta.json "services"):
 
     {unit: {"kind": "engine"|"router"|"http", "files": [paths], "venv": "/opt/pdkit/venv" | None}}
 
-`venv` is the venv link the unit's ExecStart runs from: engines and pdkit-exporter run from
-the node venv, the router from the router venv, packaged daemons (Prometheus, Grafana, DCGM)
-from none, and so do engines on a node that provides its own engine environment
-(`pdkit_node.engine_venv`: pdkit never changes it, so a new node venv restarts only
-pdkit-exporter there; a changed engine_venv path changes the unit file, which restarts them). A release recorded before `venv` was kept has no such key: such a service
+`venv` is the venv link the unit's ExecStart runs from: pdkit-exporter from the node venv
+(pdkit's own wheel: a pdkit upgrade restarts it and nothing else), engines from the engine
+environment (`<install_dir>/engine-venv`: SGLang's lock, or the sim's own sources; issue 30
+item 3), the router from the router venv, packaged daemons (Prometheus, Grafana, DCGM) from
+none, and so do engines on a node that provides its own engine environment
+(`pdkit_node.engine_venv`: pdkit never changes it; a changed engine_venv path changes the
+unit file, which restarts them). A release recorded before `venv` was kept has no such key: such a service
 restarts on any venv change (the cautious reading of what it ran from).
 """
 

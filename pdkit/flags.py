@@ -23,37 +23,60 @@ ENGINE_MODULES = {"sglang": "sglang.launch_server", "sim": "pdkit.sim"}
 
 
 def venv_dir(spec: ClusterSpec) -> str:
+    """pdkit's own node venv (pdkit and its ~15 runtime pins): health gates, pdkit-exporter,
+    releases. No engine runs from it, so a pdkit upgrade restarts only pdkit's own daemons."""
     return f"{spec.cluster.install_dir}/venv"
+
+
+def engine_venv_dir(spec: ClusterSpec) -> str:
+    """The kit-managed engine environment's link (`<install_dir>/engine-venv` -> venvs/engine-<hash>):
+    SGLang from its lock, or the sim from its own sources (`pdkit.wheelhouse.engine_bundle`). Only
+    what the engine runs identifies it, so an edit elsewhere in pdkit leaves it, and the engines
+    running from it, alone."""
+    return f"{spec.cluster.install_dir}/engine-venv"
+
+
+def managed_engine_env(spec: ClusterSpec, host: HostSpec) -> tuple[str, str | None] | None:
+    """What HOST's kit-managed engine environment is built from: ("sglang", release) or
+    ("sim", None); None where HOST runs no engine process, or provides its own engine
+    environment (pdkit_node.engine_venv: pdkit installs no engine there).
+
+    The release is the one the node's engine processes are rendered for (an engine's own
+    sglang_version, else the cluster's); a node whose engines want different releases gets the
+    cluster's (one engine environment per node)."""
+    if host.node is None or host.node.engine_venv or not spec.placements(host):
+        return None
+    if spec.cluster.engine != "sglang":
+        return (spec.cluster.engine, None)
+    releases = {spec.engine_version(p.engine) for p in spec.placements(host)}
+    return ("sglang", releases.pop() if len(releases) == 1 else spec.cluster.sglang_version)
 
 
 def engine_python(spec: ClusterSpec, node: HostSpec) -> str:
     """argv[0] of every engine process on NODE (the host it runs on, for a rank of an engine
     spanning nodes too): `<engine_venv>/bin/python` where the node provides its own engine
-    environment (pdkit_node.engine_venv), else the node venv's python. The units, the GPU tier
-    and the tests take it from here; pdkit's own services (health gates, pdkit-exporter,
-    releases) always run from the node venv."""
+    environment (pdkit_node.engine_venv), else the kit-managed engine environment's python
+    (`engine_venv_dir`). The units, the GPU tier and the tests take it from here; pdkit's own
+    services (health gates, pdkit-exporter, releases) always run from the node venv."""
     if node.node is not None and node.node.engine_venv:
         return f"{node.node.engine_venv}/bin/python"
-    return f"{venv_dir(spec)}/bin/python"
+    return f"{engine_venv_dir(spec)}/bin/python"
 
 
 def engine_service_venv(spec: ClusterSpec, node: HostSpec) -> str | None:
-    """The venv link of pdkit's that NODE's engines run from, so a new venv there restarts
-    them (pdkit/changes.py): the node venv, or None where the node provides its own engine
-    environment (pdkit never changes it; a new node venv then restarts only pdkit-exporter)."""
+    """The venv link of pdkit's that NODE's engines run from, so that a new venv there restarts
+    them (pdkit/changes.py): the engine environment's link, or None where the node provides its
+    own engine environment (pdkit never changes it). Never the node venv: a new node venv
+    restarts only pdkit-exporter."""
     if node.node is not None and node.node.engine_venv:
         return None
-    return venv_dir(spec)
+    return engine_venv_dir(spec)
 
 
-def node_venv_engine(spec: ClusterSpec, host: HostSpec) -> str:
-    """What HOST's node venv (<install_dir>/venv) is built from (pdkit.wheelhouse.node_bundle):
-    'sglang' (pdkit plus the locked engine closure) for engine sglang, 'sim' (pdkit alone: the
-    rehearsal engine, health gates, pdkit-exporter) for engine sim and on a node that provides
-    its own engine environment."""
-    if host.node is not None and host.node.engine_venv:
-        return "sim"
-    return spec.cluster.engine
+def venv_links(spec: ClusterSpec) -> tuple[str, ...]:
+    """Every venv link pdkit switches on a host (a release keeps their targets for a rollback;
+    the host-state fact reads their bundle markers): node, engine, router."""
+    return (venv_dir(spec), engine_venv_dir(spec), router_venv_dir(spec))
 
 
 def router_venv_dir(spec: ClusterSpec) -> str:

@@ -63,8 +63,9 @@ class Service:
     engine: str | None = None
     role: str | None = None
     port: int | None = None
-    # the venv link ExecStart runs from (a new venv there restarts it: pdkit/changes.py); None: none of
-    # pdkit's (packaged daemons, and engines on a node with its own engine environment, pdkit_node.engine_venv)
+    # the venv link ExecStart runs from (a new venv there restarts it: pdkit/changes.py): the node venv
+    # (pdkit-exporter), the engine environment (engines), the router venv; None: none of pdkit's
+    # (packaged daemons, and engines on a node with its own engine environment, pdkit_node.engine_venv)
     venv: str | None = None
     # an engine spanning nodes: this unit's rank, the host of rank 0, and every host it runs on
     # in rank order (one unit of rollout; only rank 0 serves HTTP, so a rank above 0 is gated
@@ -283,7 +284,8 @@ def plan_host(spec: ClusterSpec, host: HostSpec) -> HostPlan:
                     engine=engine.name,
                     role=engine.role,
                     port=engine.port if rank == 0 else None,
-                    # None on a node that provides its own engine environment: a new node venv leaves it running
+                    # the engine environment's link (a new lock restarts it; a new node venv never does),
+                    # None on a node that provides its own engine environment
                     venv=flags.engine_service_venv(spec, host),
                     rank=rank,
                     head=head.name if engine.spans_nodes else None,

@@ -340,11 +340,11 @@ class HostDiff:
     removes: tuple[str, ...] = ()  # files the node's release has and the plan no longer does
 
 
-def host_diff(plan: HostPlan, state: dict, *, new_venv: bool = False, new_venvs: Iterable[str] = ()) -> HostDiff:
+def host_diff(plan: HostPlan, state: dict, *, new_venvs: Iterable[str] = ()) -> HostDiff:
     """Pure: the files that differ from the plan (or that it no longer has) and the services that
-    would (re)start, by the deploy's own rule (pdkit/changes.py). NEW_VENV: the node venv is
-    replaced (its link is the `venv` of the engines and pdkit-exporter; engines on a node with
-    its own engine environment have none); NEW_VENVS: any other replaced venv links."""
+    would (re)start, by the deploy's own rule (pdkit/changes.py). NEW_VENVS: the venv links the
+    deploy would point at a new venv (roles.base.changed_venv_links: the node venv restarts
+    pdkit-exporter, the engine environment the engines, the router venv the router)."""
     from pdkit import changes
     from pdkit.plan import services_meta
 
@@ -354,16 +354,13 @@ def host_diff(plan: HostPlan, state: dict, *, new_venv: bool = False, new_venvs:
     present = [p for p, st in paths.items() if st and st[0] == "file"]
     removed = tuple(changes.removals(recorded.get("files", []), [f.path for f in plan.files], present))
     venvs = set(new_venvs)
-    if new_venv:
-        # every venv link but the router's is the node venv (pdkit/plan.py Service.venv)
-        venvs |= {s.venv for s in plan.services if s.kind != "router" and s.venv}
     running = {}
     for service in plan.services:
         unit_state = state.get("units", {}).get(service.unit) or []
         running[service.unit] = len(unit_state) > 2 and unit_state[1] in ("active", "activating", "reloading") and unit_state[2] == "enabled"
     decision = changes.decide(services_meta(plan.services), {*files, *removed}, venvs, running, recorded.get("services"))
     restarts = tuple(s.unit for s in plan.services if s.unit in {*decision.start, *decision.restart})
-    return HostDiff(plan.host, files, restarts, new_venv, removed)
+    return HostDiff(plan.host, files, restarts, bool(venvs), removed)
 
 
 def open_breakers(states: dict[str, float], urls: Iterable[str]) -> list[str]:
@@ -395,7 +392,7 @@ def format_dry_plan(batches: list[list[str]], diffs: dict[str, HostDiff], explan
             if not d.files and not d.restarts and not d.removes:
                 lines.append(f"  {step}. {host}: no change")
                 continue
-            lines.append(f"  {step}. {host}: {len(d.files)} file(s) differ from the plan, {len(d.restarts)} service(s) would restart" + (" (new node venv)" if d.new_venv else ""))
+            lines.append(f"  {step}. {host}: {len(d.files)} file(s) differ from the plan, {len(d.restarts)} service(s) would restart" + (" (new venv)" if d.new_venv else ""))
             for path in d.files:
                 lines.append(f"       file     {path}" + ("  (secret: content not shown)" if path in secret_paths else ""))
             for path in d.removes:
@@ -1265,10 +1262,10 @@ def read_node_state(roller: Roller, hosts: list[str]) -> tuple[dict[str, HostDif
         with ctx_host.use(host):
             facts = roles.facts.host_state()
             try:
-                new_venv = not roles.base._installed(*roles.base._node_bundle())
-            except Exception:  # noqa: BLE001 - no wheelhouse for this python here: say so in the plan
-                new_venv = False
-        diffs[name] = host_diff(roller.plans[name], facts, new_venv=new_venv)
+                new_venvs = roles.base.changed_venv_links()
+            except (Exception, SystemExit):  # noqa: BLE001 - no wheelhouse for this python here: say so in the plan
+                new_venvs = set()
+        diffs[name] = host_diff(roller.plans[name], facts, new_venvs=new_venvs)
         ok, stdout, _ = run_remote(host, f"cat {shlex.quote(release_json)} 2>/dev/null || true", timeout=60)
         try:
             engines = json.loads(stdout).get("engines", {}) if stdout.strip() else {}

@@ -1260,7 +1260,7 @@ def _check_engine_venv(spec: ClusterSpec, host: HostSpec, add) -> None:
     venv, field = node.engine_venv, "pdkit_node.engine_venv"
     if spec.cluster.engine != "sglang":
         add(Problem(host.name, field, f"engine_venv {venv} is the node's own SGLang environment, but pdkit_cluster.engine is "
-                    f"{spec.cluster.engine!r} (the rehearsal engine runs from pdkit's node venv): remove engine_venv, or set pdkit_cluster.engine: sglang"))
+                    f"{spec.cluster.engine!r} (the rehearsal engine runs from the engine environment pdkit builds for it: <install_dir>/engine-venv): remove engine_venv, or set pdkit_cluster.engine: sglang"))
         return
     install = spec.cluster.install_dir.rstrip("/")
     if venv == install or venv.startswith(install + "/"):

@@ -3,9 +3,12 @@
 Nodes never reach a package index (air-gapped GPU clusters need exactly this): the control
 machine downloads exact pins for the nodes' Python and platform, builds pdkit's own wheel, and
 gives each venv's set to the node as one bundle, installed with `pip --no-index --no-deps
---require-hashes` from a requirements file that lists every package with its hash. The engine
-venv (sglang, torch and its CUDA wheels, nixl: ~4 GB) is installed only from a committed lock
-(pdkit/enginelock.py), never from a fresh resolution.
+--require-hashes` from a requirements file that lists every package with its hash.
+
+Three venvs, each identified only by what runs from it (issue 30 item 3): the node venv (pdkit:
+health gates, pdkit-exporter, releases), the engine environment (`engine_bundle`: sglang, torch
+and its CUDA wheels, nixl, ~4 GB, installed only from a committed lock, pdkit/enginelock.py,
+never from a fresh resolution; or the sim's own sources) and the router venv.
 
     python -m pdkit.wheelhouse --platform debian12 [--engine sglang --sglang-version 0.5.23] [--offline]
     python -m pdkit.wheelhouse --python 3.12 --engine sglang --sglang-version 0.5.23   # ubuntu2404's glibc
@@ -17,6 +20,8 @@ platform); `--offline` (or PDKIT_OFFLINE=1) never contacts an index and names wh
 from __future__ import annotations
 
 import argparse
+import ast
+import base64
 import hashlib
 import io
 import json
@@ -27,6 +32,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,7 +65,7 @@ def offline() -> bool:
 class Bundle:
     """One venv's packages: the wheel files and the requirements file pip installs them by."""
 
-    name: str  # "node" | "router"
+    name: str  # "node" | "engine" | "router"
     wheels: tuple[Path, ...]
     # requirements.txt: every package pinned with its sha256 (pip --require-hashes --no-deps)
     requirements: str
@@ -305,12 +311,36 @@ def _own_requirement(own: Path) -> str:
 _BUILT: dict[tuple, Bundle] = {}
 
 
-def node_bundle(platform: NodePlatform, engine: str = "sim", sglang_version: str | None = None) -> Bundle:
-    """pdkit (sim engine, health gate, exporter) and, for engine sglang, the locked engine closure."""
-    key = ("node", platform, engine, sglang_version)
+def _node_pins(platform: NodePlatform) -> tuple[dict[str, Path], str]:
+    """pdkit/locks/node.txt's wheels and their hashed requirement lines (pdkit's runtime pins)."""
+    pins = lock_pins("node.txt")
+    pinned = _pins_of(pins)
+    wheels = download("\n".join(pins) + "\n", pinned, platform, label="node pins (pdkit/locks/node.txt)", hashed=False)
+    return wheels, "".join(hashed_requirement(n, v, wheels[n]) + "\n" for n, v in sorted(pinned.items()))
+
+
+def node_bundle(platform: NodePlatform) -> Bundle:
+    """pdkit's own node venv: pdkit (health gates, pdkit-exporter, releases) and its runtime pins.
+    No engine runs from it (`engine_bundle`): a new pdkit wheel restarts pdkit's daemons only."""
+    key = ("node", platform)
+    if key not in _BUILT:
+        own = pdkit_wheel()
+        wheels, requirements = _node_pins(platform)
+        _BUILT[key] = make_bundle("node", [*wheels.values(), own], requirements + _own_requirement(own) + "\n", platform)
+    return _BUILT[key]
+
+
+def engine_bundle(platform: NodePlatform, engine: str, sglang_version: str | None = None) -> Bundle:
+    """The kit-managed engine environment (flags.engine_venv_dir), identified only by what the
+    engine runs, so that no other change to pdkit replaces it (and restarts the engines):
+
+    - sglang: exactly the committed lock (pdkit/enginelock.py): sglang, torch, nixl, ... and no
+      pdkit wheel (`python -m sglang.launch_server` imports none of pdkit).
+    - sim: pdkit's runtime pins plus `sim_wheel()`, the sim's own sources and what they import.
+    """
+    key = ("engine", platform, engine, sglang_version)
     if key in _BUILT:
         return _BUILT[key]
-    own = pdkit_wheel()
     if engine == "sglang":
         if not sglang_version:
             raise WheelhouseError("engine sglang needs an SGLang version (pdkit_cluster.sglang_version)")
@@ -319,15 +349,115 @@ def node_bundle(platform: NodePlatform, engine: str = "sim", sglang_version: str
         except LockError as exc:
             raise WheelhouseError(str(exc)) from None
         wheels = download(lock.text, lock.pins, platform, label=f"engine lock {lock.path.name}", hashed=True)
-        # the lock already holds pdkit's node pins (it is resolved from node.txt)
-        requirements = lock.text.rstrip("\n") + "\n" + _own_requirement(own) + "\n"
+        bundle = make_bundle("engine", list(wheels.values()), lock.text, platform)
+    elif engine == "sim":
+        pins, requirements = _node_pins(platform)
+        sim = sim_wheel()
+        version = parse_wheel_filename(sim.name)[1]
+        bundle = make_bundle("engine", [*pins.values(), sim], requirements + hashed_requirement(SIM_DIST, str(version), sim) + "\n", platform)
     else:
-        pins = lock_pins("node.txt")
-        pinned = _pins_of(pins)
-        wheels = download("\n".join(pins) + "\n", pinned, platform, label="node pins (pdkit/locks/node.txt)", hashed=False)
-        requirements = "".join(hashed_requirement(n, v, wheels[n]) + "\n" for n, v in sorted(pinned.items())) + _own_requirement(own) + "\n"
-    _BUILT[key] = make_bundle("node", [*wheels.values(), own], requirements, platform)
-    return _BUILT[key]
+        raise WheelhouseError(f"unknown engine {engine!r}: valid: sglang, sim")
+    _BUILT[key] = bundle
+    return bundle
+
+
+# ------------------------------------------------------------------------- the sim engine's wheel
+
+# the sim engine's environment holds this distribution: package `pdkit` with only the files the sim
+# runs (sim_sources), so an edit to any other pdkit module builds the same wheel, byte for byte
+SIM_DIST = "pdkit-sim"
+SIM_PACKAGE = "pdkit.sim"
+
+
+def _module_file(root: Path, dotted: str) -> Path | None:
+    base = root.joinpath(*dotted.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None  # a name imported from a module (`from pdkit.sim.args import parse_args`), or not pdkit's
+
+
+def _pdkit_imports(path: Path, root: Path) -> set[str]:
+    """Every pdkit module PATH may import: module level and inside functions (a lazy import runs too)."""
+    package = path.relative_to(root).with_suffix("").parts[:-1]
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            module = ".".join([*package[:len(package) - node.level + 1], *([node.module] if node.module else [])]) if node.level else (node.module or "")
+            # `from pdkit import catalogue` imports the module pdkit.catalogue
+            names |= {module, *(f"{module}.{alias.name}" for alias in node.names)}
+    return {n for n in names if n == "pdkit" or n.startswith("pdkit.")}
+
+
+def sim_sources(root: Path = REPO) -> list[str]:
+    """The files the sim engine runs (paths relative to ROOT, sorted): every module of pdkit/sim/,
+    each pdkit module they import (followed to the end), the packages' __init__.py above them,
+    and every data file of pdkit's (not a module) whose name one of those modules spells out
+    (pdkit.catalogue's `metric_catalogue.json`, pdkit.parsertable's `parser_table.json`: they
+    open them by name beside their own file). tests/test_wheelhouse.py runs the sim from
+    exactly these files, so a file read some other way fails there."""
+    sim_dir = root.joinpath(*SIM_PACKAGE.split("."))
+    todo = [p for p in sorted(sim_dir.rglob("*.py")) if "__pycache__" not in p.parts]
+    seen: set[Path] = set()
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        parent = path.parent
+        while parent != root:  # a module's packages run their __init__.py first
+            todo.append(parent / "__init__.py")
+            parent = parent.parent
+        for name in _pdkit_imports(path, root):
+            found = _module_file(root, name)
+            if found is not None:
+                todo.append(found)
+    texts = "\n".join(p.read_text() for p in seen)
+    data = {p for p in root.joinpath("pdkit").rglob("*")
+            if p.is_file() and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts and (f'"{p.name}"' in texts or f"'{p.name}'" in texts)}
+    return sorted(str(p.relative_to(root)) for p in seen | data)
+
+
+def _record_hash(data: bytes) -> str:
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def sim_wheel(root: Path = REPO) -> Path:
+    """The sim engine's wheel, written here byte for byte from its sources (no build backend: a
+    setuptools upgrade on the control machine must not give the engines a new environment).
+    Stored entries, fixed times and modes, sorted names: the same sources give the same sha256
+    on any control machine. Its version carries the sources' hash (`0.<hash as a number>`), so
+    `importlib.metadata.version("pdkit-sim")` on a node says which sim it runs."""
+    sources = sim_sources(root)
+    digest = hashlib.sha256()
+    contents = {}
+    for rel in sources:
+        contents[rel] = (root / rel).read_bytes()
+        digest.update(rel.encode() + b"\0" + contents[rel] + b"\0")
+    # a public version (no `+local`: pip asks for `%2B` in the URL, which the bundle server does
+    # not decode): the sources' hash as a number
+    version = f"0.{int(digest.hexdigest()[:15], 16)}"
+    name = SIM_DIST.replace("-", "_")
+    out = cache_root() / "sim" / f"{name}-{version}-py3-none-any.whl"
+    if out.exists():
+        return out
+    info = f"{name}-{version}.dist-info"
+    contents[f"{info}/METADATA"] = f"Metadata-Version: 2.1\nName: {SIM_DIST}\nVersion: {version}\nSummary: the pdkit sim engine's files (pdkit.wheelhouse.sim_sources)\n".encode()
+    contents[f"{info}/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: pdkit.wheelhouse\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    record = "".join(f"{rel},{_record_hash(data)},{len(data)}\n" for rel, data in sorted(contents.items())) + f"{info}/RECORD,,\n"
+    contents[f"{info}/RECORD"] = record.encode()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED) as zf:
+        # RECORD last, as wheel tools write it
+        for rel in [*sorted(r for r in contents if not r.endswith("/RECORD")), f"{info}/RECORD"]:
+            entry = zipfile.ZipInfo(rel, date_time=(1980, 1, 1, 0, 0, 0))
+            entry.external_attr = 0o644 << 16
+            zf.writestr(entry, contents[rel])
+    tmp.replace(out)
+    return out
 
 
 def router_bundle(platform: NodePlatform, package: str, version: str) -> Bundle:
@@ -375,10 +505,11 @@ def main(argv: list[str] | None = None) -> int:
             from pdkit.versions import DEFAULT_SGLANG_VERSION
 
             args.sglang_version = DEFAULT_SGLANG_VERSION
-        node = node_bundle(platform, args.engine, args.sglang_version)
+        node = node_bundle(platform)
+        engine = engine_bundle(platform, args.engine, args.sglang_version if args.engine == "sglang" else None)
         package, version = args.router.split("==")
         router = router_bundle(platform, package, version)
-        for bundle in (node, router):
+        for bundle in (node, engine, router):
             extra = f", tar {bundle.tarball()}" if args.tarball else ""
             print(f"{bundle.name}: {len(bundle.wheels)} wheels, {bundle.size / 1e6:.1f} MB for {platform.name} "
                   f"(Python {platform.python}, glibc {platform.glibc_text}), digest {bundle.digest[:16]}{extra}")

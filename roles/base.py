@@ -55,10 +55,35 @@ def service_user_and_dirs() -> None:
 
 
 def _node_bundle() -> tuple[wheelhouse.Bundle, str]:
+    # pdkit alone, on every host: no engine runs from it (flags.venv_dir)
+    return wheelhouse.node_bundle(node_platform()), flags.venv_dir(current_spec())
+
+
+def _engine_bundle() -> tuple[wheelhouse.Bundle, str] | None:
+    """The kit-managed engine environment's bundle and link, or None (no engine process here, or
+    the node provides its own engine environment): flags.managed_engine_env decides."""
     spec = current_spec()
-    # pdkit alone on a node that provides its own engine environment (pdkit_node.engine_venv)
-    engine = flags.node_venv_engine(spec, current_host())
-    return wheelhouse.node_bundle(node_platform(), engine, spec.cluster.sglang_version if engine == "sglang" else None), flags.venv_dir(spec)
+    wanted = flags.managed_engine_env(spec, current_host())
+    if wanted is None:
+        return None
+    return wheelhouse.engine_bundle(node_platform(), *wanted), flags.engine_venv_dir(spec)
+
+
+def _router_bundle() -> tuple[wheelhouse.Bundle, str] | None:
+    spec = current_spec()
+    if current_host().router is None:
+        return None
+    package, version = spec.router_release(current_host())
+    return wheelhouse.router_bundle(node_platform(), package, version), flags.router_venv_dir(spec)
+
+
+def _bundles() -> list[tuple[wheelhouse.Bundle, str]]:
+    """Every venv this host gets, as (bundle, link): node, engine, router; a wheelhouse error
+    stops the whole run at prepare time."""
+    try:
+        return [b for b in (_node_bundle(), _engine_bundle(), _router_bundle()) if b is not None]
+    except WheelhouseError as exc:
+        _fail_prepare(exc)
 
 
 def _installed(bundle: wheelhouse.Bundle, venv: str) -> bool:
@@ -67,23 +92,13 @@ def _installed(bundle: wheelhouse.Bundle, venv: str) -> bool:
     return f".pdkit-bundle-{bundle.digest[:16]}" in host_state()["venvs"].get(venv, [])
 
 
-def node_venv_will_change() -> bool:
-    """True when this run installs a new node venv: the services running from it (pdkit-exporter, and the
-    engines unless the node provides its own engine environment) must then restart onto it."""
-    try:
-        return not _installed(*_node_bundle())
-    except WheelhouseError as exc:
-        _fail_prepare(exc)
-
-
-def router_venv_will_change() -> bool:
-    """True when this run installs a new router venv: the router must then restart onto it."""
-    spec = current_spec()
-    package, version = spec.router_release(current_host())
-    try:
-        return not _installed(wheelhouse.router_bundle(node_platform(), package, version), flags.router_venv_dir(spec))
-    except WheelhouseError as exc:
-        _fail_prepare(exc)
+def changed_venv_links() -> set[str]:
+    """The venv links this run points at a new venv. The one answer the deploy's restarts
+    (roles/services.py), the release record (roles/releases.py) and `pdkit roll --dry` use: a
+    service restarts when the link it runs from (pdkit/plan.py Service.venv) is among them, so
+    a new pdkit wheel (node venv) restarts pdkit-exporter, a new engine environment the engines,
+    a new router venv the router."""
+    return {venv for bundle, venv in _bundles() if not _installed(bundle, venv)}
 
 
 def _install_bundle(bundle: wheelhouse.Bundle, venv: str) -> None:
@@ -138,19 +153,8 @@ def _install_bundle(bundle: wheelhouse.Bundle, venv: str) -> None:
 
 @deploy("pdkit base: venvs from the wheelhouse")
 def venvs() -> None:
-    spec = current_spec()
-    this = current_host()
-    # every host gets the node venv: the engine (sim or sglang) on GPU nodes, the health gates
-    # everywhere; pdkit alone where the node provides its own engine environment
-    try:
-        node_bundle = _node_bundle()
-    except WheelhouseError as exc:
-        _fail_prepare(exc)
-    _install_bundle(*node_bundle)
-    if this.router is not None:
-        package, version = spec.router_release(this)
-        try:
-            router = wheelhouse.router_bundle(node_platform(), package, version)
-        except WheelhouseError as exc:
-            _fail_prepare(exc)
-        _install_bundle(router, flags.router_venv_dir(spec))
+    # every host gets the node venv (pdkit: health gates everywhere, pdkit-exporter on GPU nodes);
+    # a host running engine processes the engine environment, unless it provides its own; router
+    # hosts the router venv
+    for bundle, venv in _bundles():
+        _install_bundle(bundle, venv)

@@ -218,7 +218,7 @@ def _state_kwargs() -> dict:
     paths = tuple(sorted({f.path for f in plan.files} | {d[0] for d in plan.directories} | {spec.cluster.install_dir, f"{spec.cluster.install_dir}/wheelhouse"}))
     return {
         "paths": paths, "units": tuple(s.unit for s in plan.services), "user": list(plan.users or (spec.cluster.service_user,)),
-        "venvs": (flags.venv_dir(spec), flags.router_venv_dir(spec)), "packages": tuple(plan.packages),
+        "venvs": flags.venv_links(spec), "packages": tuple(plan.packages),
         "releases": releases_dir(spec.cluster.install_dir),
     }
 

@@ -68,11 +68,8 @@ def record_release() -> None:
     plan = current_plan()
     where = releases_dir(spec.cluster.install_dir)
     current = host_state()["release"]
-    from pdkit.deploy import current_host
-
-    # a new venv of either kind is a new release too: a rollback must switch that link back
-    needed = current.get("hash") != plan.release_hash or base.node_venv_will_change() or (
-        current_host().router is not None and base.router_venv_will_change())
+    # a new venv of any kind (node, engine, router) is a new release too: a rollback must switch that link back
+    needed = current.get("hash") != plan.release_hash or bool(base.changed_venv_links())
     if not needed:
         # nothing to keep: a no-op declares no operation on this host at all, where a gated one
         # cost every host an operation's bookkeeping (~16 ms of the deploying machine's CPU per
@@ -80,7 +77,7 @@ def record_release() -> None:
         return
     q = shlex.quote
     python = f"{flags.venv_dir(spec)}/bin/python"
-    venvs = " ".join(f"--venv {q(v)}" for v in (flags.venv_dir(spec), flags.router_venv_dir(spec)))
+    venvs = " ".join(f"--venv {q(v)}" for v in flags.venv_links(spec))
     command = (
         f"{q(python)} -m pdkit.releases --releases-dir {q(where)} --release-json {q(f'{spec.cluster.config_dir}/release.json')} "
         f"record --command {q(applied_by())} --services-json {q(json.dumps(services_meta(), sort_keys=True))} {venvs} "

@@ -38,13 +38,8 @@ def restart_plan(services: list[Service], state: dict, changed_paths: set[str], 
 
 
 def changed_venvs(spec) -> set[str]:
-    """The venv links this run points at a new venv (roles/base.py decides)."""
-    out = set()
-    if base.node_venv_will_change():
-        out.add(flags.venv_dir(spec))
-    if current_host().router is not None and base.router_venv_will_change():
-        out.add(flags.router_venv_dir(spec))
-    return out
+    """The venv links this run points at a new venv (roles/base.py decides: node, engine, router)."""
+    return base.changed_venv_links()
 
 
 @deploy("pdkit services: files, units, restarts, health gates")

@@ -12,9 +12,10 @@ from roles.services import restart_plan
 from tests.conftest import BASE_CLUSTER, BASE_HOSTS, write_inventory
 
 NODE_VENV = "/opt/pdkit/venv"
+ENGINE_VENV = "/opt/pdkit/engine-venv"
 ROUTER_VENV = "/opt/pdkit/router-venv"
 SERVICES = {
-    "engine.service": {"kind": "engine", "files": ["/u/engine.service", "/etc/engine.env", "/etc/nccl.env"], "venv": NODE_VENV},
+    "engine.service": {"kind": "engine", "files": ["/u/engine.service", "/etc/engine.env", "/etc/nccl.env"], "venv": ENGINE_VENV},
     "exporter.service": {"kind": "http", "files": ["/u/exporter.service", "/etc/exporter.json"], "venv": NODE_VENV},
     "router.service": {"kind": "router", "files": ["/u/router.service", "/etc/router-api-key"], "venv": ROUTER_VENV},
     "prometheus.service": {"kind": "http", "files": ["/etc/prometheus/prometheus.yml"], "venv": None},
@@ -25,9 +26,10 @@ UP = {u: True for u in SERVICES}
 CASES = [
     ("nothing", set(), set(), set(), [], []),
     ("an engine env file", {"/etc/engine.env"}, set(), set(), [], ["engine.service"]),
-    ("the node venv: engines and the exporter run from it", set(), {NODE_VENV}, set(), [], ["engine.service", "exporter.service"]),
+    ("the node venv (a pdkit upgrade): only the exporter runs from it", set(), {NODE_VENV}, set(), [], ["exporter.service"]),
+    ("the engine environment (a new lock): only the engines", set(), {ENGINE_VENV}, set(), [], ["engine.service"]),
     ("the router venv: only the router", set(), {ROUTER_VENV}, set(), [], ["router.service"]),
-    ("both venvs", set(), {NODE_VENV, ROUTER_VENV}, set(), [], ["engine.service", "exporter.service", "router.service"]),
+    ("every venv", set(), {NODE_VENV, ENGINE_VENV, ROUTER_VENV}, set(), [], ["engine.service", "exporter.service", "router.service"]),
     ("a Prometheus file", {"/etc/prometheus/prometheus.yml"}, set(), set(), [], ["prometheus.service"]),
     ("the router key", {"/etc/router-api-key"}, set(), set(), [], ["router.service"]),
     ("a unit is down: started, not restarted", {"/etc/engine.env"}, set(), {"engine.service"}, ["engine.service"], []),
@@ -136,17 +138,22 @@ def test_dropping_secrets_removes_the_file_and_deploy_roll_and_rollback_agree_on
     assert {u for u in diff.restarts if "engine" in u} == {s.unit for s in without.services if s.kind == "engine"}
 
 
-def test_a_new_node_venv_restarts_the_exporter_in_deploy_roll_and_rollback(gpu01_plans):
+@pytest.mark.parametrize(("link", "expected"), [
+    # a pdkit upgrade: pdkit-exporter alone, the engines keep serving (issue 30 item 3)
+    (NODE_VENV, ["pdkit-exporter.service"]),
+    # a new engine lock (or sim sources): the engines alone
+    (ENGINE_VENV, ["pdkit-engine-decode.service", "pdkit-engine-prefill.service"]),
+], ids=["node venv", "engine environment"])
+def test_a_new_venv_restarts_what_runs_from_it_in_deploy_roll_and_rollback(gpu01_plans, link, expected):
     plan = gpu01_plans[1]
     state = _node_on(plan)
-    on_venv = sorted(s.unit for s in plan.services if s.venv == NODE_VENV)
-    assert "pdkit-exporter.service" in on_venv
-    assert sorted(host_diff(plan, state, new_venv=True).restarts) == on_venv
-    assert sorted(s.unit for s in restart_plan(list(plan.services), state, set(), {NODE_VENV})[1]) == on_venv
+    assert sorted(s.unit for s in plan.services if s.venv == link) == expected
+    assert sorted(host_diff(plan, state, new_venvs={link}).restarts) == expected
+    assert sorted(s.unit for s in restart_plan(list(plan.services), state, set(), {link})[1]) == expected
     target = {"files": {p: dict(zip(("mode", "owner", "group", "sha256"), v[1:], strict=True)) for p, v in state["paths"].items()},
-              "services": services_meta(plan.services), "venvs": {NODE_VENV: "/opt/pdkit/venvs/new"}}
-    restore = releases.plan_restore(target, dict(target["files"]), {NODE_VENV: "/opt/pdkit/venvs/old"}, {u: True for u in target["services"]}, list(target["services"]))
-    assert sorted(restore.restart) == on_venv
+              "services": services_meta(plan.services), "venvs": {link: "/opt/pdkit/venvs/new"}}
+    restore = releases.plan_restore(target, dict(target["files"]), {link: "/opt/pdkit/venvs/old"}, {u: True for u in target["services"]}, list(target["services"]))
+    assert sorted(restore.restart) == expected
 
 
 def test_a_node_whose_engines_left_the_spec_stops_and_removes_them(tmp_path):
@@ -169,7 +176,8 @@ def test_a_node_whose_engines_left_the_spec_stops_and_removes_them(tmp_path):
 def test_a_new_node_venv_on_a_provided_env_node_restarts_only_the_exporter_in_deploy_roll_and_rollback(tmp_path):
     """Issue 22 item 1: gpu01's engines run from its own environment, so the deploy, `pdkit roll
     --dry` and a rollback agree that a new node venv restarts pdkit-exporter alone there, while
-    gpu02 (engines from pdkit's node venv) restarts its engines too."""
+    gpu02 (engines from the kit-managed engine environment) restarts its engines only on a new
+    engine environment."""
     import copy
 
     hosts = copy.deepcopy(BASE_HOSTS)
@@ -179,9 +187,38 @@ def test_a_new_node_venv_on_a_provided_env_node_restarts_only_the_exporter_in_de
                            ("gpu02", ["pdkit-engine-decode.service", "pdkit-engine-prefill.service", "pdkit-exporter.service"])):
         plan = plans[name]
         state = _node_on(plan)
-        assert sorted(host_diff(plan, state, new_venv=True).restarts) == expected, name
-        assert sorted(s.unit for s in restart_plan(list(plan.services), state, set(), {NODE_VENV})[1]) == expected, name
+        # every venv pdkit has replaced at once: the provided environment's engines still stay up
+        assert sorted(host_diff(plan, state, new_venvs={NODE_VENV, ENGINE_VENV}).restarts) == expected, name
+        assert sorted(s.unit for s in restart_plan(list(plan.services), state, set(), {NODE_VENV, ENGINE_VENV})[1]) == expected, name
         target = {"files": {p: dict(zip(("mode", "owner", "group", "sha256"), v[1:], strict=True)) for p, v in state["paths"].items()},
-                  "services": services_meta(plan.services), "venvs": {NODE_VENV: "/opt/pdkit/venvs/new"}}
-        restore = releases.plan_restore(target, dict(target["files"]), {NODE_VENV: "/opt/pdkit/venvs/old"}, {u: True for u in target["services"]}, list(target["services"]))
+                  "services": services_meta(plan.services), "venvs": {NODE_VENV: "/opt/pdkit/venvs/node-new", ENGINE_VENV: "/opt/pdkit/venvs/engine-new"}}
+        restore = releases.plan_restore(target, dict(target["files"]), {NODE_VENV: "/opt/pdkit/venvs/node-old", ENGINE_VENV: "/opt/pdkit/venvs/engine-old"},
+                                        {u: True for u in target["services"]}, list(target["services"]))
         assert sorted(restore.restart) == expected, name
+
+
+def test_a_node_of_the_previous_layout_migrates_with_one_engine_restart_then_pdkit_changes_leave_engines(tmp_path, monkeypatch):
+    """Issue 30 item 3, migration: a node deployed when the engines ran from the node venv
+    (ExecStart=/opt/pdkit/venv/bin/python, `venv` /opt/pdkit/venv in its release) gets, on its
+    first deploy with the engine environment, its engine unit files rewritten and two new venv
+    links; every engine and pdkit-exporter restart in that one deploy (deploy, roll --dry and
+    rollback agree), and from then on a new node venv restarts pdkit-exporter alone."""
+    from pdkit import flags
+
+    spec = load(str(write_inventory(tmp_path, BASE_HOSTS, BASE_CLUSTER)))
+    new = plan_cluster(spec)["gpu01"]
+    # the previous layout, as that pdkit rendered it: engines on the node venv's python
+    with monkeypatch.context() as m:
+        m.setattr(flags, "engine_python", lambda spec, node: f"{flags.venv_dir(spec)}/bin/python")
+        m.setattr(flags, "engine_service_venv", lambda spec, node: flags.venv_dir(spec))
+        old = plan_cluster(spec)["gpu01"]
+    engines = sorted(s.unit for s in new.services if s.kind == "engine")
+    assert engines and all(s.venv == NODE_VENV for s in old.services if s.kind == "engine")
+    state = _node_on(old)
+    first = host_diff(new, state, new_venvs={NODE_VENV, ENGINE_VENV})
+    assert {f"/etc/systemd/system/{u}" for u in engines} <= set(first.files)
+    assert sorted(first.restarts) == [*engines, "pdkit-exporter.service"]
+    start, restart = restart_plan(list(new.services), state, set(first.files), {NODE_VENV, ENGINE_VENV})
+    assert start == [] and sorted(s.unit for s in restart) == sorted(first.restarts)
+    # migrated: the next pdkit-only change restarts pdkit-exporter and no engine
+    assert host_diff(new, _node_on(new), new_venvs={NODE_VENV}).restarts == ("pdkit-exporter.service",)

@@ -422,23 +422,26 @@ def test_plan_one_unit_per_rank_only_rank_0_is_a_target(base, tmp_path):
 
 def test_engine_python_is_the_nodes_own_environment_where_it_has_one(base, tmp_path):
     """argv[0] of an engine is decided in one place (flags.engine_python): <engine_venv>/bin/python
-    on a node that provides its environment, the node venv's python elsewhere; the flags after it
-    are the same either way, and pdkit's own node venv holds pdkit alone there."""
+    on a node that provides its environment, the kit-managed engine environment's python elsewhere
+    (never pdkit's node venv: issue 30 item 3); the flags after it are the same either way."""
     cluster, hosts = base
     plain = _spec(tmp_path, cluster, hosts)
     hosts["gpu01"]["pdkit_node"]["engine_venv"] = "/opt/sglang-env"
     spec = _spec(tmp_path, cluster, hosts)
     g1, g2 = spec.host("gpu01"), spec.host("gpu02")
     assert flags.engine_python(spec, g1) == "/opt/sglang-env/bin/python"
-    assert flags.engine_python(spec, g2) == flags.engine_python(plain, plain.host("gpu01")) == "/opt/pdkit/venv/bin/python"
+    assert flags.engine_python(spec, g2) == flags.engine_python(plain, plain.host("gpu01")) == "/opt/pdkit/engine-venv/bin/python"
     for engine in g1.node.engines:
         command = flags.engine_command(spec, g1, engine)
         assert command[:3] == ["/opt/sglang-env/bin/python", "-m", "sglang.launch_server"]
         assert command[3:] == flags.engine_command(plain, plain.host("gpu01"), engine)[3:]
-    assert (flags.engine_service_venv(spec, g1), flags.engine_service_venv(spec, g2)) == (None, "/opt/pdkit/venv")
-    assert (flags.node_venv_engine(spec, g1), flags.node_venv_engine(spec, g2), flags.node_venv_engine(spec, spec.host("mon01"))) == ("sim", "sglang", "sglang")
+    assert (flags.engine_service_venv(spec, g1), flags.engine_service_venv(spec, g2)) == (None, "/opt/pdkit/engine-venv")
+    # the kit installs an engine environment only where engine processes run from one of its own
+    managed = [flags.managed_engine_env(spec, spec.host(h)) for h in ("gpu01", "gpu02", "mon01")]
+    assert managed == [None, ("sglang", spec.cluster.sglang_version), None]
     # pdkit's own services never leave the node venv
     assert flags.venv_dir(spec) == "/opt/pdkit/venv"
+    assert flags.venv_links(spec) == ("/opt/pdkit/venv", "/opt/pdkit/engine-venv", "/opt/pdkit/router-venv")
 
 
 def test_a_rank_runs_from_the_environment_of_its_own_node(base, tmp_path):
@@ -451,7 +454,7 @@ def test_a_rank_runs_from_the_environment_of_its_own_node(base, tmp_path):
     spec = _spec(tmp_path, cluster, hosts)
     head, rank1 = spec.host("gpu01"), spec.host("gpu02")
     decode = next(e for e in head.node.engines if e.name == "decode")
-    assert flags.engine_command(spec, head, decode, 0)[0] == "/opt/pdkit/venv/bin/python"
+    assert flags.engine_command(spec, head, decode, 0)[0] == "/opt/pdkit/engine-venv/bin/python"
     assert flags.engine_command(spec, head, decode, 1, node=rank1)[0] == "/opt/sglang-env/bin/python"
     from pdkit.plan import plan_cluster
 

@@ -80,11 +80,11 @@ def test_the_client_counts_answers_errors_and_hangs_against_a_real_server(oc, tm
     serving.start()
     url = f"http://127.0.0.1:{server.server_address[1]}"
     try:
-        assert oc.one_request(url, "m", 1, 4, 5) is None
+        assert oc.request(url, "m", 1, 4, 5).ok
         mode["now"] = "down"
-        assert oc.one_request(url, "m", 2, 4, 5).startswith("status 503")
+        assert oc.request(url, "m", 2, 4, 5).why.startswith("status 503")
         mode["now"] = "hang"
-        assert oc.one_request(url, "m", 3, 4, 1).startswith("hang")
+        assert oc.request(url, "m", 3, 4, 1).kind == "hang"
     finally:
         server.shutdown()
         server.server_close()

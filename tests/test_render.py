@@ -156,5 +156,5 @@ def test_a_provided_engine_env_runs_only_the_engines_from_it(monkeypatch):
         assert [(x, y) for x, y in zip(a, b) if x != y] == [
             (f"Description=pdkit SGLang (the node's own environment) {engine.role} engine {engine.name} (cluster provided)",
              f"Description=pdkit SGLang {engine.role} engine {engine.name} (cluster provided)"),
-            ("ExecStart=/opt/vendor/sglang-env/bin/python -m sglang.launch_server \\", "ExecStart=/opt/pdkit/venv/bin/python -m sglang.launch_server \\"),
+            ("ExecStart=/opt/vendor/sglang-env/bin/python -m sglang.launch_server \\", "ExecStart=/opt/pdkit/engine-venv/bin/python -m sglang.launch_server \\"),
         ]

@@ -40,9 +40,9 @@ def _service(unit: str, kind: str, files: tuple[str, ...], venv: str | None = No
 
 
 def test_restart_plan_starts_what_is_down_and_restarts_what_changed():
-    venv = "/opt/pdkit/venv"
-    engine = _service("e.service", "engine", ("/etc/e.service", "/etc/e.env"), venv)
-    other = _service("o.service", "engine", ("/etc/o.service",), venv)
+    venv, engine_venv = "/opt/pdkit/venv", "/opt/pdkit/engine-venv"
+    engine = _service("e.service", "engine", ("/etc/e.service", "/etc/e.env"), engine_venv)
+    other = _service("o.service", "engine", ("/etc/o.service",), engine_venv)
     exporter = _service("x.service", "http", ("/etc/x.json",), venv)
     down = _service("d.service", "http", ("/etc/d.json",))
     units = {"e.service": ["loaded", "active", "enabled"], "o.service": ["loaded", "active", "enabled"],
@@ -51,9 +51,12 @@ def test_restart_plan_starts_what_is_down_and_restarts_what_changed():
     start, restart = restart_plan([engine, other, exporter, down], state, {"/etc/e.env", "/etc/x.json"}, set())
     assert [s.unit for s in start] == ["d.service"]
     assert [s.unit for s in restart] == ["e.service", "x.service"]
-    # a new node venv: every unit that runs from it restarts onto it (engines and the exporter), packaged daemons not
+    # a new node venv (a pdkit upgrade): only what runs from it (the exporter); engines and packaged daemons not
     start, restart = restart_plan([engine, other, exporter, down], state, set(), {venv})
-    assert [s.unit for s in restart] == ["e.service", "o.service", "x.service"]
+    assert [s.unit for s in restart] == ["x.service"]
+    # a new engine environment: the engines
+    start, restart = restart_plan([engine, other, exporter, down], state, set(), {engine_venv})
+    assert [s.unit for s in restart] == ["e.service", "o.service"]
     # nothing changed, everything up: nothing to do
     assert restart_plan([engine, exporter], state, set(), set()) == ([], [])
     # a file the current release gave the unit (a secrets file the plan drops) restarts it when removed

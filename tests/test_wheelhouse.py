@@ -4,14 +4,17 @@ real pip installing one from pdkit's HTTP bundle server."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import tarfile
+import time
 import zipfile
 from pathlib import Path
 
 import pytest
 import requests
+from packaging.utils import parse_wheel_filename
 
 from pdkit import bundleserver, wheelhouse
 from pdkit.platforms import KNOWN_PLATFORMS
@@ -137,3 +140,88 @@ def test_real_pip_installs_a_bundle_from_the_bundle_server_and_checks_every_hash
         assert again.returncode != 0 and "HASHES" in again.stderr
     finally:
         bundleserver.stop_all()
+
+
+# ------------------------------------------------------- issue 30 item 3: the engine environment
+
+
+def _tree_copy(tmp_path: Path) -> Path:
+    """A copy of the source pdkit's wheels are built from (pyproject and pdkit/), to edit."""
+    import shutil
+
+    root = tmp_path / "src"
+    shutil.copytree(wheelhouse.REPO / "pdkit", root / "pdkit", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy2(wheelhouse.REPO / "pyproject.toml", root / "pyproject.toml")
+    return root
+
+
+def test_the_sim_engine_wheel_changes_with_the_sims_sources_only(tmp_path, cache):
+    """The sim engine's environment is identified by what the sim runs: an edit to pdkit/bench.py
+    (a module no engine runs) builds the same wheel byte for byte, so the engine bundle and the
+    engines stay; an edit to pdkit/sim/, or to a module the sim imports, builds a new one."""
+    root = _tree_copy(tmp_path)
+    sources = wheelhouse.sim_sources(root)
+    assert "pdkit/sim/engine.py" in sources and "pdkit/catalogue.py" in sources and "pdkit/data/metric_catalogue.json" in sources
+    assert not {"pdkit/bench.py", "pdkit/exporter/__init__.py", "pdkit/health.py", "pdkit/spec.py"} & set(sources)
+    first = wheelhouse.sim_wheel(root)
+    digest = wheelhouse.file_sha256(first)
+
+    (root / "pdkit" / "bench.py").write_text((root / "pdkit" / "bench.py").read_text() + "\n# a pdkit-only change\n")
+    assert wheelhouse.sim_wheel(root) == first
+    # built afresh (another control machine, an empty cache): the same bytes
+    first.unlink()
+    assert wheelhouse.file_sha256(wheelhouse.sim_wheel(root)) == digest
+
+    for edited in ("pdkit/sim/engine.py", "pdkit/catalogue.py"):
+        path = root / edited
+        before = path.read_text()
+        path.write_text(before + "\n# a change the sim runs\n")
+        assert wheelhouse.sim_wheel(root) != first, edited
+        path.write_text(before)
+    assert wheelhouse.sim_wheel(root) == first
+
+
+def test_the_sim_runs_from_its_wheel_alone(tmp_path, cache):
+    """The closure is complete: pip installs the sim's wheel (hash-checked, as a node does) and
+    `python -m pdkit.sim` serves /health and its /metrics from it, with none of pdkit's other
+    modules there (the site-packages beside it give only aiohttp and prometheus_client, the node pins)."""
+    wheel = wheelhouse.sim_wheel()
+    name, version, _, _ = parse_wheel_filename(wheel.name)
+    req = tmp_path / "requirements.txt"
+    req.write_text(wheelhouse.hashed_requirement(str(name), str(version), wheel) + "\n")
+    target = tmp_path / "site"
+    pip = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-index", "--no-deps", "--require-hashes",
+           "--target", str(target), "--find-links", str(wheel.parent), "-r", str(req)]
+    proc = subprocess.run(pip, capture_output=True, text=True, env={**os.environ, "PIP_CONFIG_FILE": os.devnull}, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    import aiohttp
+
+    # -S: no .pth files, so the test venv's editable pdkit cannot lend its modules; its
+    # site-packages (after the target) give the third-party pins only. cwd away from the
+    # repository: `python -m` puts the current directory first on sys.path
+    env = {**os.environ, "PYTHONPATH": f"{target}:{Path(aiohttp.__file__).parent.parent}"}
+    python = [sys.executable, "-S"]
+    alone = subprocess.run([*python, "-c", "import pdkit, importlib.util as u; print(pdkit.__file__); print(u.find_spec('pdkit.bench'))"],
+                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=60)
+    assert alone.stdout.split() == [str(target / "pdkit" / "__init__.py"), "None"], alone.stdout + alone.stderr
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    sim = subprocess.Popen([*python, "-m", "pdkit.sim", "--model-path", "m", "--port", str(port), "--enable-metrics"],
+                           env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if requests.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            assert sim.poll() is None, sim.stderr.read()[-3000:]
+            time.sleep(0.1)
+        else:
+            pytest.fail("the sim from its wheel never became healthy")
+        assert "sglang:num_running_reqs" in requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    finally:
+        sim.terminate()
+        sim.wait(timeout=30)

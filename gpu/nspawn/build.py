@@ -392,8 +392,8 @@ def build_wheels(args: argparse.Namespace) -> dict:
     log(f"wheels: control venv: pdkit + {len(pins)} packages for CPython {control_platform.python}, glibc {control_platform.glibc_text}")
     control = wheelhouse.download("".join(f"{n}=={v}\n" for n, v in sorted(pins.items())), pins, control_platform,
                                   label="control venv", hashed=False)
-    log(f"wheels: container ({node_platform.name}): node bundle (engine sim = the pdkit-only node venv) and {router[0]} {router[1]}")
-    node = wheelhouse.node_bundle(node_platform, "sim")
+    log(f"wheels: container ({node_platform.name}): node bundle (the pdkit-only node venv) and {router[0]} {router[1]}")
+    node = wheelhouse.node_bundle(node_platform)
     router_bundle = wheelhouse.router_bundle(node_platform, *router)
     stage = WORK / "wheels-stage"
     from pdkit.lab.rootfs import remove_tree

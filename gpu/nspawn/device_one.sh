@@ -84,6 +84,15 @@ load_stop() {  # load_stop NAME: stop it and print its figures
     touch "$OUT/load-$1.stop"
     wait "$(cat "$OUT/load-$1.pid")" 2>/dev/null
     python3 "$HERE/outage_client.py" --summary "$OUT/load-$1.json" | tee -a "$OUT/steps.txt"
+    failed_journal "$1"
+}
+
+failed_journal() {  # failed_journal NAME: the engines' journal lines naming a failed stream's rid (not the 503s: no rid)
+    local rids
+    rids=$(python3 -c "import json,sys; print('|'.join(sorted({r[4]['rid'] for r in json.load(open(sys.argv[1]))['requests'] if len(r) > 4 and r[4].get('rid')})[:50]))" "$OUT/load-$1.json")
+    [ -n "$rids" ] || return 0
+    $HOSTPY --machine "$MACHINE" exec --timeout 60 -- "journalctl -u 'pdkit-engine-*' --no-pager -o short-iso | grep -E '$rids'" \
+        > "$OUT/load-$1.failed-journal.log" 2>&1
 }
 
 sums() {  # sums: sha256 of every file pdkit's plan lays down on the node (units, env files, release.json)

@@ -49,7 +49,8 @@ model() { "$P/python" -c "from pdkit.loader import load; print(load('$INV').clus
 load_start() {  # load_start NAME: C=$LOAD_CONCURRENCY (8) streaming chats through the router until load_stop
     rm -f "$OUT/load-$1.stop"
     python3 -m tests.lab.loadclient --url "$ROUTER" --model "$(model)" --concurrency ${LOAD_CONCURRENCY:-8} --max-tokens 32 \
-        --out "$OUT/load-$1.json" --stop-file "$OUT/load-$1.stop" --max-seconds 1200 > "$OUT/load-$1.log" 2>&1 &
+        --out "$OUT/load-$1.json" --stop-file "$OUT/load-$1.stop" --max-seconds 1200 \
+        --failure-log "$OUT/load-$1.failures.jsonl" > "$OUT/load-$1.log" 2>&1 &
     echo $! > "$OUT/load-$1.pid"
     sleep 5
 }
@@ -57,7 +58,20 @@ load_start() {  # load_start NAME: C=$LOAD_CONCURRENCY (8) streaming chats throu
 load_stop() {  # load_stop NAME: stop it and print its counts
     touch "$OUT/load-$1.stop"
     wait "$(cat "$OUT/load-$1.pid")" 2>/dev/null
-    python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(f\"load-$1: ok={d['ok']} failed={d['failed']} in {d['seconds']} s\", d['errors'][:5])" "$OUT/load-$1.json" | tee -a "$OUT/steps.txt"
+    python3 -m tests.lab.loadclient --summary "$OUT/load-$1.json" | tee -a "$OUT/steps.txt"
+    failed_journal "$1"
+}
+
+failed_journal() {  # failed_journal NAME: every engine journal line, on both hosts, naming a failed request's rid
+    local rids m
+    [ -s "$OUT/load-$1.failures.jsonl" ] || return 0
+    # rids are hex (or chatcmpl-hex on the sim): safe inside the quoted grep pattern
+    rids=$(python3 -c "import json,sys; print('|'.join(sorted({r['rid'] for r in map(json.loads, open(sys.argv[1])) if r.get('rid')})[:50]))" "$OUT/load-$1.failures.jsonl")
+    [ -n "$rids" ] || return 0
+    for m in pdkit-a "$CANARY"; do
+        $HOSTPY --machine "$m" exec --timeout 60 -- "journalctl -u 'pdkit-engine-*' --no-pager -o short-iso | grep -E '$rids'" \
+            > "$OUT/load-$1.failed-$m.log" 2>&1
+    done
 }
 
 sums() {  # sums HOST: sha256 of every file pdkit's plan lays down there (units, env files, release.json)

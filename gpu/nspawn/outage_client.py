@@ -10,8 +10,10 @@ how long, and how: every request either answers or gets an error quickly, none h
 (stdlib only: it runs on the lent machine's own Python) keeps CONCURRENCY streaming chat
 completions in flight until STOP exists and records each one: start and end (Unix time, so the
 figures line up with `pdkit roll --report`), the outcome, and why it failed. A request fails on a
-non-200 answer, a broken connection, an error event, a stream without content or [DONE]; one not
-finished after --timeout seconds is a **hang** (counted apart). After a failure the worker waits
+non-200 answer, a broken connection, or a stream that is not a complete answer, judged by the
+rule every client shares (pdkit.benchstats stream_failure: `aborted`, `no [DONE]`,
+`empty (<finish reason>)`, see tests/lab/loadclient.py); one not finished after --timeout
+seconds is a **hang** (counted apart). After a failure the worker waits
 --backoff seconds (default 0.25) before its next request, as a client would, so a down router is
 not hammered by a tight loop; the failed-request count therefore measures the outage's length,
 not the router's speed at saying no.
@@ -23,7 +25,12 @@ OUT (rewritten every second, then once more at the end) holds the counts and a s
 - `failure_span_s`: first failed request's start to last failed request's end;
 - `failed_latency_s`: how long failed requests took to fail (max, p50): "quickly" is this;
 - `hangs`: requests cut at --timeout; `max_request_s`: the longest request of all;
-- `requests`: every request as [start, end, ok, why] (why empty on success), start/end rounded to ms.
+- `why`: the failures by kind; `finish_reasons`: by the finish reason their streams named
+  (`error 500` for an error event); `workers`: by the worker that served them (smg's
+  x-smg-routed-worker-id; `unknown` where the router names none);
+- `requests`: every request as [start, end, ok, why] (why empty on success), start/end rounded to ms;
+  a failure adds a fifth element {kind, finish_reason, worker, rid, request_id, raw}: SGLang's rid
+  (grep the engines' journals for it), the router's x-request-id, a failed stream's last 2 KB.
 """
 
 from __future__ import annotations
@@ -37,7 +44,8 @@ from pathlib import Path
 
 # one streaming request and its verdict, as the lab's load client makes it (run from the repo root)
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tests.lab.loadclient import HANG, one_request  # noqa: E402
+from pdkit.benchstats import count, failure_kind  # noqa: E402
+from tests.lab.loadclient import HANG, request  # noqa: E402
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -64,11 +72,12 @@ def summarise(requests: list[list], started: float, ended: float) -> dict:
         latencies = [r[1] - r[0] for r in failed]
         out["failed_latency_s"] = {"max": round(max(latencies), 3), "p50": round(_pct(latencies, 0.5) or 0.0, 3)}
         out["failure_span_s"] = round(max(r[1] for r in failed) - min(r[0] for r in failed), 3)
-        why: dict[str, int] = {}
-        for r in failed:
-            key = str(r[3]).split(":")[0][:60]
-            why[key] = why.get(key, 0) + 1
-        out["why"] = dict(sorted(why.items(), key=lambda kv: -kv[1]))
+        out["why"] = count([failure_kind(str(r[3])) for r in failed])
+        # older files have no fifth element: their finish reasons and workers are not known
+        details = [r[4] for r in failed if len(r) > 4 and isinstance(r[4], dict)]
+        if details:
+            out["finish_reasons"] = count([d.get("finish_reason") for d in details if d.get("finish_reason")])
+            out["workers"] = count([d.get("worker") for d in details], missing="unknown")
         # the longest stretch without a successful answer that holds a failure: between consecutive
         # successful ends (the load's start and end close the first and last stretch)
         marks = [started, *ok_ends, ended]
@@ -86,7 +95,9 @@ def line(summary: dict, name: str = "load") -> str:
     f = summary["failed_latency_s"]
     return (f"{name}: {summary['ok']} ok, {summary['failed']} failed, {summary['hangs']} hung in {summary['seconds']} s; "
             f"outage {summary['outage_s']} s (no successful answer), failures spanning {summary['failure_span_s']} s, "
-            f"each failed in max {f['max']} s / p50 {f['p50']} s; longest request {summary['max_request_s']} s; why {summary['why']}")
+            f"each failed in max {f['max']} s / p50 {f['p50']} s; longest request {summary['max_request_s']} s; why {summary['why']}"
+            + (f"; by finish reason {summary['finish_reasons']}, by worker {summary.get('workers', {})}"
+               if "finish_reasons" in summary else ""))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,10 +130,14 @@ def main(argv: list[str] | None = None) -> int:
             with lock:
                 n = next(numbers)
             t0 = time.time()
-            why = one_request(args.url, args.model, n, args.max_tokens, args.timeout)
+            outcome = request(args.url, args.model, n, args.max_tokens, args.timeout)
+            entry = [round(t0, 3), round(time.time(), 3), outcome.ok, outcome.why or ""]
+            if not outcome.ok:
+                entry.append({"kind": outcome.kind, "finish_reason": outcome.finish_reason, "worker": outcome.worker,
+                              "rid": outcome.rid, "request_id": outcome.request_id, "raw": outcome.raw})
             with lock:
-                requests.append([round(t0, 3), round(time.time(), 3), why is None, why or ""])
-            if why is not None:
+                requests.append(entry)
+            if not outcome.ok:
                 stop.wait(args.backoff)
 
     out = Path(args.out)

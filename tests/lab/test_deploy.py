@@ -9,7 +9,9 @@ first test: later tests change the cluster and put it back.
 from __future__ import annotations
 
 import json
+import os
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -132,6 +134,72 @@ def test_a_second_run_changes_nothing(deployed):
     # converged: no operation is declared on any host, not even the release record (roles/releases.py)
     assert [op["name"] for op in run["operations"]] == [] and run["failed_hosts"] == []
     assert run["totals"] == {"hosts": 0, "success": 0, "error": 0, "no_change": 0}
+
+
+def _engine_and_exporter_processes(lab, spec) -> dict[str, dict[str, str]]:
+    """host -> unit -> "MainPID real-venv-dirs", for every engine and pdkit-exporter: the venv
+    directories its process mapped (its C extensions, aiohttp's and prometheus' among them)."""
+    out = {}
+    for host in spec["gpu"]:
+        units = [u for u in spec["units"][host] if u.startswith("pdkit-engine-") or u == "pdkit-exporter.service"]
+        script = "; ".join(
+            f"pid=$(systemctl show -p MainPID --value {u}); echo {u} $pid "
+            f"$(grep -o '/opt/pdkit/venvs/[a-z]*-[0-9a-f]*' /proc/$pid/maps | sort -u | tr '\\n' ' ')" for u in units)
+        lines = ssh(lab, host, script).stdout.splitlines()
+        out[host] = {line.split()[0]: " ".join(line.split()[1:]) for line in lines}
+    return out
+
+
+def test_a_pdkit_change_no_engine_runs_restarts_only_pdkit_exporter(lab, deployed, tmp_path):
+    """Issue 30 item 3: the engines run from their own environment (<install_dir>/engine-venv),
+    identified by what they run (the sim's own sources here, the lock for SGLang). A deploy from
+    a source tree whose only change is in pdkit/bench.py installs a new node venv and restarts
+    pdkit-exporter onto it, and leaves every engine's process alone; deploying the real tree
+    again puts the node venv back, the engines still untouched."""
+    import shutil
+    import uuid
+
+    before = _engine_and_exporter_processes(lab, deployed)
+    for host, units in before.items():
+        engines = {u: v for u, v in units.items() if u.startswith("pdkit-engine-")}
+        assert engines and all(v.split()[1:] and all("/venvs/engine-" in d for d in v.split()[1:]) for v in engines.values()), (host, engines)
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    for name in ("config.py", "pyproject.toml", "README.md", "deploy", "roles", "pdkit", "templates", "inventories"):
+        src = REPO / name
+        if src.is_dir():
+            shutil.copytree(src, tree / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(src, tree / name)
+    mark = f"LAB_MARK = {uuid.uuid4().hex!r}"
+    bench = tree / "pdkit" / "bench.py"
+    bench.write_text(bench.read_text() + f"\n# a change no engine runs (tests/lab/test_deploy.py)\n{mark}\n")
+    proc = subprocess.run([PYINFRA, INVENTORY, "deploy/pd.py", "-y", "--json"], cwd=tree, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "PYTHONPATH": str(tree)})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    ops = [op["name"] for op in operations(json.loads(proc.stdout))]
+    assert any("| Install node venv" in n for n in ops) and not any("Install engine venv" in n for n in ops), ops
+    after = _engine_and_exporter_processes(lab, deployed)
+    for host, units in before.items():
+        for unit, seen in units.items():
+            pid = seen.split()[0]
+            now = after[host][unit]
+            if unit == "pdkit-exporter.service":
+                assert now.split()[0] != pid, f"{host}: pdkit-exporter was not restarted onto the new node venv"
+            else:
+                assert now == seen, f"{host}: {unit} was restarted or changed environment by a pdkit-only change: {seen} -> {now}"
+        # the exporter started after the node venv link was switched to the venv whose pdkit has the mark
+        # (python resolves its venv through the link at start), and the engine environment is a venv of its own
+        check = ssh(lab, host, f"grep -c {shlex.quote(mark)} /opt/pdkit/venv/lib/python3*/site-packages/pdkit/bench.py; "
+                               "stat -c %Y /opt/pdkit/venv; date -d \"$(systemctl show -p ExecMainStartTimestamp --value pdkit-exporter)\" +%s; "
+                               "readlink /opt/pdkit/engine-venv")
+        count, switched, started, engine_env = check.stdout.split()
+        assert count == "1" and int(started) >= int(switched) and "/venvs/engine-" in engine_env, check.stdout + check.stderr
+    rc, results, err = run_pyinfra()
+    assert rc == 0 and not failed_hosts(results), err[-3000:]
+    back = _engine_and_exporter_processes(lab, deployed)
+    for host, units in before.items():
+        assert {u: v for u, v in back[host].items() if u != "pdkit-exporter.service"} == {u: v for u, v in units.items() if u != "pdkit-exporter.service"}
 
 
 def test_units_are_active_and_enabled(lab, deployed):

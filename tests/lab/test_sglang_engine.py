@@ -30,6 +30,8 @@ from pathlib import Path
 import pytest
 
 from pdkit import lab as pdlab
+from pdkit import wheelhouse
+from pdkit.platforms import KNOWN_PLATFORMS
 from tests.conftest import REPO
 from tests.lab import engine_handover as handover
 
@@ -129,14 +131,25 @@ def test_sglang_installs_offline_from_the_lock_and_its_parser_accepts_the_render
 
     rc, results, err = deploy(inventory)
     assert rc == 0, f"deploy failed (rc {rc}):\n{err[-5000:]}"
-    install_ops = [name for name in changed(results) if "| Install node venv" in name]
+    install_ops = [name for name in changed(results) if "| Install engine venv" in name]
     assert install_ops and "hash-checked" in install_ops[0], changed(results)
     assert "fetched over HTTP from this machine" in install_ops[0], f"expected the HTTP path on the lab: {install_ops}\n{err[-2000:]}"
     for unit in ("pdkit-engine-prefill.service", "pdkit-engine-decode.service"):
         assert f"not starting {unit}: {NOT_STARTED}" in err, err[-3000:]
     assert "not starting pdkit-router.service" in err
 
-    venv = f"{INSTALL_DIR}/venv"
+    # the engines run from the engine environment (issue 30 item 3), identified by the lock alone: its
+    # bundle marker is the lock's bundle digest; pdkit's node venv holds pdkit and no SGLang, and the
+    # engine environment no pdkit
+    venv = f"{INSTALL_DIR}/engine-venv"
+    platform = KNOWN_PLATFORMS["debian12"]
+    digest = wheelhouse.engine_bundle(platform, "sglang", version).digest
+    assert on_host(lab, f"ls -A {venv}/").stdout.split().count(f".pdkit-bundle-{digest[:16]}") == 1
+    unit = on_host(lab, "cat /etc/systemd/system/pdkit-engine-decode.service").stdout
+    assert f"ExecStart={venv}/bin/python -m sglang.launch_server \\" in unit, unit
+    split = on_host(lab, f"{INSTALL_DIR}/venv/bin/python -c 'import importlib.util as u; print(u.find_spec(\"sglang\") is None)';"
+                         f" {venv}/bin/python -c 'import importlib.util as u; print(u.find_spec(\"pdkit\") is None)'")
+    assert split.stdout.split() == ["True", "True"], split.stdout + split.stderr
     pins = on_host(lab, f"{venv}/bin/python -c 'import importlib.metadata as m; print(m.version(\"sglang\"), m.version(\"nixl-cu13\"), m.version(\"torch\"))'")
     assert pins.returncode == 0 and pins.stdout.split()[:2] == [version, "1.5.1"], pins.stdout + pins.stderr
 
@@ -148,8 +161,8 @@ def test_sglang_installs_offline_from_the_lock_and_its_parser_accepts_the_render
     argvs = {name: e["argv"] for name, e in release["engines"].items()}
     assert set(argvs) == {"prefill", "decode"}
     argcheck_request = json.dumps({"argvs": [argvs["prefill"], argvs["decode"], [*argvs["decode"], "--cuda-graph-max-bs-decod", "x"]]})
-    # the checker file from the pdkit wheel installed in that venv, run by that venv's Python
-    checker = f"$({venv}/bin/python -c 'import os, pdkit; print(os.path.dirname(pdkit.__file__))')/contract/sglang_argcheck.py"
+    # the checker file (stdlib only) from the pdkit wheel in the node venv, run by the engine venv's Python
+    checker = f"$({INSTALL_DIR}/venv/bin/python -c 'import os, pdkit; print(os.path.dirname(pdkit.__file__))')/contract/sglang_argcheck.py"
     checked = on_host(lab, f"echo {shlex.quote(argcheck_request)} | HF_HUB_OFFLINE=1 {venv}/bin/python {checker}")
     assert checked.returncode == 0, checked.stderr[-3000:]
     reply = json.loads(checked.stdout)
@@ -167,5 +180,5 @@ def test_sglang_installs_offline_from_the_lock_and_its_parser_accepts_the_render
     # every check passed: the provided-environment tests later in this session use this venv
     if version == handover.VERSION and handover.wanted(request.session):
         real = on_host(lab, f"readlink -f {venv}").stdout.strip()
-        assert real.startswith(f"{INSTALL_DIR}/venvs/node-"), real
+        assert real.startswith(f"{INSTALL_DIR}/venvs/engine-"), real
         handover.keep(version, real)

@@ -106,13 +106,13 @@ def engine_venv(lab, tmp_path_factory):
     with that test's inventory and deploy."""
     remove_provided_cluster(lab)
     handed = handover.take(handover.VERSION)
-    real = on_host(lab, f"readlink -f {ENGINE_INSTALL_DIR}/venv").stdout.strip() if handed else None
+    real = on_host(lab, f"readlink -f {ENGINE_INSTALL_DIR}/engine-venv").stdout.strip() if handed else None
     if handed is None or real != handed:
         remove_engine_cluster(lab)
         rc, _, err = deploy(engine_inventory(tmp_path_factory.mktemp("engine"), lab, handover.VERSION))
         assert rc == 0, f"installing the engine venv failed (rc {rc}):\n{err[-5000:]}"
-        real = on_host(lab, f"readlink -f {ENGINE_INSTALL_DIR}/venv").stdout.strip()
-    assert real.startswith(f"{ENGINE_INSTALL_DIR}/venvs/node-"), real
+        real = on_host(lab, f"readlink -f {ENGINE_INSTALL_DIR}/engine-venv").stdout.strip()
+    assert real.startswith(f"{ENGINE_INSTALL_DIR}/venvs/engine-"), real
     units = " ".join(UNITS)
     paths = " ".join(f"/etc/systemd/system/{u}" for u in UNITS)
     on_host(lab, f"systemctl disable --now {units} 2>/dev/null; rm -f {paths}; rm -rf {ENGINE_CONFIG_DIR}; systemctl daemon-reload", timeout=300)
@@ -149,6 +149,9 @@ def test_a_provided_environment_passes_preflight_and_runs_the_engine(lab, tmp_pa
     assert install_ops, changed(results)
     wheels = int(re.search(r"Install node venv \((\d+) wheels", install_ops[0]).group(1))
     assert wheels < 40, install_ops[0]
+    # and no engine environment of its own: the node provides it
+    assert not any("Install engine venv" in n for n in changed(results)), changed(results)
+    assert on_host(lab, f"test -e {INSTALL_DIR}/engine-venv").returncode != 0
     check = "import importlib.util as u; print(u.find_spec('sglang') is None, u.find_spec('pdkit') is not None)"
     assert on_host(lab, f"{INSTALL_DIR}/venv/bin/python -c {shlex.quote(check)}").stdout.split() == ["True", "True"]
 

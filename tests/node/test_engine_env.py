@@ -231,9 +231,11 @@ def test_the_probe_rides_in_the_node_facts_round_trip(tmp_path):
     assert "did not run" in engine_env_problems("gpu01", VENV, EngineEnv.default(), ["0.5.23"], False)[0]
 
 
-def test_a_provided_env_node_gets_the_pdkit_only_node_bundle(tmp_path, monkeypatch):
-    """roles.base installs the node venv from the pdkit-only bundle there (pdkit, its runtime
-    pins: health gates, pdkit-exporter), the locked engine closure everywhere else."""
+def test_each_host_gets_pdkit_alone_in_its_node_venv_and_an_engine_environment_only_where_engines_run_from_one_of_pdkits(tmp_path, monkeypatch):
+    """roles.base: the node venv is the pdkit-only bundle on every host (health gates,
+    pdkit-exporter; issue 30 item 3: no engine runs from it); the locked engine closure goes to
+    <install_dir>/engine-venv on a host whose engines run from the kit's environment, nowhere on
+    a node that provides its own (gpu01) or a host with no engine (mon01)."""
     import roles.base as base
     from pdkit import wheelhouse
 
@@ -243,10 +245,14 @@ def test_a_provided_env_node_gets_the_pdkit_only_node_bundle(tmp_path, monkeypat
     asked = []
     monkeypatch.setattr(base, "current_spec", lambda: spec)
     monkeypatch.setattr(base, "node_platform", lambda: wheelhouse.DEFAULT_PLATFORM)
-    monkeypatch.setattr(wheelhouse, "node_bundle", lambda platform, engine, version: asked.append((engine, version)) or "bundle")
+    monkeypatch.setattr(wheelhouse, "node_bundle", lambda platform: "node bundle")
+    monkeypatch.setattr(wheelhouse, "engine_bundle", lambda platform, engine, version: asked.append((engine, version)) or "engine bundle")
+    got = {}
     for name in ("gpu01", "gpu02", "mon01"):
         monkeypatch.setattr(base, "current_host", lambda name=name: spec.host(name))
-        assert base._node_bundle() == ("bundle", "/opt/pdkit/venv")
-    assert asked == [("sim", None), ("sglang", "0.5.23"), ("sglang", "0.5.23")]
+        assert base._node_bundle() == ("node bundle", "/opt/pdkit/venv")
+        got[name] = base._engine_bundle()
+    assert got == {"gpu01": None, "gpu02": ("engine bundle", "/opt/pdkit/engine-venv"), "mon01": None}
+    assert asked == [("sglang", "0.5.23")]
     sim = json.dumps(wheelhouse.lock_pins("node.txt"))
     assert "sglang" not in sim and "torch" not in sim  # the pdkit-only bundle's pins
