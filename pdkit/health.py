@@ -219,10 +219,12 @@ def router_verdict(wanted: set[str], remote: set[str], listed: dict[str, bool], 
 
 def wait_router(
     url: str, workers: list[str], timeout: float, interval: float = 1.0, api_key: str | None = None, model: str | None = None,
-    remote: list[str] | None = None,
+    remote: list[str] | None = None, any_workers: bool = False,
 ) -> tuple[bool, str]:
     """Ready = every planned worker registered and healthy, then (with MODEL) one real completion
-    succeeds; workers on other hosts (REMOTE) that do not answer yet are pending (router_verdict)."""
+    succeeds; workers on other hosts (REMOTE) that do not answer yet are pending (router_verdict).
+    ANY_WORKERS: no planned list is known (a release recorded before routers' gates kept one):
+    every worker it lists, at least one, healthy."""
     deadline = time.monotonic() + timeout
     reason = "not checked yet"
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -237,6 +239,8 @@ def wait_router(
             except (ValueError, AttributeError) as exc:
                 return False, f"{url}/workers answered something unreadable: {exc}"
             answering = {w for w in others if http_request(f"{w}/health", timeout=2)[0] == 200}
+            if any_workers:
+                wanted = set(health) or {"(no worker listed yet)"}
             verdict, missing, unhealthy, pending = router_verdict(wanted, others, health, answering)
             if verdict == "pending":
                 return True, (f"router up: the {len(wanted) - len(pending)} workers that are up are registered and healthy; "
@@ -325,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--timeout", type=float, default=120)
     r.add_argument("--model", help="served model name: send one real completion once the workers are healthy")
     r.add_argument("--api-key-file", help="a root-only file holding the router's API key (never on the command line)")
+    r.add_argument("--any-workers", action="store_true", help="no planned worker list: every listed worker (at least one) healthy")
     h = sub.add_parser("http")
     h.add_argument("--url", required=True, help="a URL that answers 200 when the service is ready")
     h.add_argument("--timeout", type=float, default=120)
@@ -362,7 +367,8 @@ def main(argv: list[str] | None = None) -> int:
             except OSError as exc:
                 print(f"cannot read the router's API key from {args.api_key_file}: {exc}", file=sys.stderr)
                 return 1
-        ok, message = wait_router(args.url, args.worker, args.timeout, api_key=api_key, model=args.model, remote=args.remote_worker)
+        ok, message = wait_router(args.url, args.worker, args.timeout, api_key=api_key, model=args.model, remote=args.remote_worker,
+                                  any_workers=args.any_workers)
     print(f"{message} ({time.monotonic() - start:.1f} s)", file=sys.stdout if ok else sys.stderr)
     return 0 if ok else 1
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import jinja2
 
-from pdkit import flags
+from pdkit import flags, gates
 from pdkit.spec import DCGM_EXPORTER_PORT, ClusterSpec, Engine, HostSpec, dcgm_enabled, engine_numa_node, shared_gpu_predecessor
 
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
@@ -80,7 +80,9 @@ def services_meta(services: "tuple[Service, ...] | list[Service]") -> dict[str, 
     return {
         s.unit: {"kind": s.kind, "files": list(s.files), "health_url": s.health_url, "ready_timeout_s": s.ready_timeout_s, "venv": s.venv,
                  # a rank above 0 of an engine spanning nodes is gated through rank 0 (pdkit.health.wait_rank)
-                 **({"rank": s.rank} if s.rank else {})}
+                 **({"rank": s.rank} if s.rank else {}),
+                 # a router's gate (pdkit/gates.py): a restore gates it as the deploy does
+                 **gates.meta(s)}
         for s in services
     }
 

@@ -248,14 +248,10 @@ def _unit_active(unit: str) -> bool:
 
 
 def _wait_service(unit: str, svc: dict) -> tuple[bool, str]:
-    from pdkit import health
+    """UNIT's gate from the one gate table (pdkit/gates.py), read from the release's record of it."""
+    from pdkit import gates
 
-    timeout = float(svc.get("ready_timeout_s", 600))
-    if svc.get("kind") == "engine" and svc.get("rank", 0) > 0:
-        return health.wait_rank(unit, svc["health_url"], timeout)
-    if svc.get("kind") == "engine":
-        return health.wait_engine(unit, svc["health_url"], timeout)
-    return health.wait_http(svc["health_url"], timeout)
+    return gates.wait(gates.gate_for(svc, unit))
 
 
 def _install_file(src: Path, dest: Path, entry: dict) -> None:
@@ -329,17 +325,28 @@ def restore(
     for link, dest in plan.venv_switch.items():
         _switch_link(host_path(root, link), dest, root)
     systemctl(["daemon-reload"])
-    for unit in plan.restart:
-        systemctl(["reset-failed", unit])
-        systemctl(["enable", unit])
-        systemctl(["restart", unit])
     _set_current(releases, rid)
+    # as the deploy does (roles/services.py, the phases of pdkit/gates.py): the engines and daemons
+    # restart together (one systemctl call: their start-ups overlap) and their gates wait together;
+    # the routers after, once their workers passed theirs
+    from concurrent.futures import ThreadPoolExecutor
+
+    services = target["services"]
+    first = [u for u in plan.restart if services[u].get("kind") != "router"]
+    routers = [u for u in plan.restart if services[u].get("kind") == "router"]
     failures = []
-    for unit in plan.restart:
-        ok, message = wait(unit, target["services"][unit])
-        log(message)
-        if not ok:
-            failures.append(f"{unit}: {message}")
+    for units in (first, routers):
+        if not units or failures:
+            continue
+        systemctl(["reset-failed", *units])
+        systemctl(["enable", *units])
+        systemctl(["restart", *units])
+        with ThreadPoolExecutor(max_workers=len(units)) as pool:
+            results = list(pool.map(lambda u: wait(u, services[u]), units))
+        for unit, (ok, message) in zip(units, results):
+            log(message)
+            if not ok:
+                failures.append(f"{unit}: {message}")
     if failures:
         raise ReleaseError(f"restored the files of {rid} but not every service became ready: {'; '.join(failures)}")
     return {"id": rid, "written": plan.write, "removed": plan.remove, "venvs": plan.venv_switch, "restarted": plan.restart}

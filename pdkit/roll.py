@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 # DRAIN_GAUGES: engine gauges that must all read 0 before an engine may restart (running requests, PD queues)
 from pdkit.metricnames import DRAIN_GAUGES, FAILURE_COUNTERS, ROUTER
-from pdkit.router_api import worker_type
+from pdkit.router_api import Key, worker_type
 
 if TYPE_CHECKING:
     from pdkit.plan import HostPlan
@@ -69,16 +69,28 @@ class RollError(RuntimeError):
         # set by roll_batch: whether the batch was put back on its previous release (an apply was
         # attempted), so the final line never claims a restore when nothing was changed
         self.restored: bool | None = None
+        # set by roll_batch: whether the batch's engines are back in the router (None: none was
+        # taken out), so the final line never claims they are when the re-add failed
+        self.readded: bool | None = None
+
+
+def router_state_words(readded: bool | None) -> str:
+    """Pure: where the batch's engines stand with the router after a failed gate, for the last line."""
+    if readded is None:
+        return "nothing was taken out of the router"
+    if readded:
+        return "its engines are back in the router"
+    return "its engines are NOT back in the router (the re-add failed: see 'could not add' above)"
 
 
 def stop_summary(exc: RollError, untouched: list[str]) -> str:
     """Pure: the roll's last line after a failed gate: what state the failed node is in."""
     rest = f"not touched: {', '.join(untouched) or 'none'}"
     if exc.restored:
-        return f"pdkit roll: {exc.host} is back on its previous release where one was recorded; {rest}"
+        return f"pdkit roll: {exc.host} is back on its previous release where one was recorded; {router_state_words(exc.readded)}; {rest}"
     if exc.gate == "connect":
         return f"pdkit roll: {exc.host} could not be reached: nothing was changed on it; {rest}"
-    return f"pdkit roll: {exc.host}: nothing was applied (gate '{exc.gate}' failed before the deploy); its engines are back in the router; {rest}"
+    return f"pdkit roll: {exc.host}: nothing was applied (gate '{exc.gate}' failed before the deploy); {router_state_words(exc.readded)}; {rest}"
 
 
 # ================================================================ pure planning
@@ -436,6 +448,52 @@ def metric_sums(text: str, names: Iterable[str]) -> dict[str, float]:
     return sums
 
 
+# The key the running router was started with: systemd's copy of its credential
+# (LoadCredential=, /run/credentials/<unit>/), which stays what the router read at its start
+# while a deploy rewrites the key file. First line: "key" (the key follows), "none" (running
+# without one) or "inactive". Read by root over SSH; never printed.
+RUNNING_KEY_PROBE = (
+    "u=pdkit-router.service; c=/run/credentials/$u/router-api-key; "
+    "if [ \"$(systemctl is-active $u)\" != active ]; then echo inactive; "
+    "elif [ -r \"$c\" ]; then echo key; cat \"$c\"; else echo none; fi"
+)
+
+
+def parse_running_key(stdout: str) -> Key | None:
+    """Pure: RUNNING_KEY_PROBE's answer as a Key (value None: the router runs without one); None
+    when the router is not running (or the answer is unreadable).
+
+    >>> parse_running_key("none\n").value is None, parse_running_key("inactive") is None
+    (True, True)
+    """
+    lines = stdout.strip().splitlines()
+    if not lines:
+        return None
+    if lines[0] == "none":
+        return Key(None, "the running router (started without a key)")
+    if lines[0] == "key" and len(lines) > 1 and lines[1].strip():
+        return Key(lines[1].strip(), "the key the running router was started with")
+    return None
+
+
+def router_keys(spec: ClusterSpec, running: Key | None) -> list[Key]:
+    """Pure: the keys a roll's client tries on a router, in order: the one its router runs with
+    now (until it restarts on the inventory's), the inventory's, none. Across a key change the
+    router accepts the first until its host's batch restarts it, then the second."""
+    from pdkit.router_api import key_order
+
+    configured = spec.cluster.secrets.router_api_key
+    planned = Key(configured.get_secret_value() if configured else None, "pdkit_cluster.secrets.router_api_key")
+    return key_order(*([running] if running else []), planned, Key(None, "no key"))
+
+
+def key_fix(inventory: str, router_host: str) -> str:
+    """Pure: what to run when a router refuses every key the roll has."""
+    return (f"Set pdkit_cluster.secrets.router_api_key in {inventory} to the key the router on {router_host} runs with, "
+            f"or restart it on the inventory's key: pyinfra {inventory} deploy/pd.py --limit {router_host} "
+            f"(its clients get errors while it restarts)")
+
+
 # ================================================================ talking to hosts
 
 
@@ -707,6 +765,13 @@ class Roller:
     restart_s: dict[str, float | None] = field(default_factory=dict)
     # the settle time the last drain held a regular worker draining for (hold_settle_s), or 0
     held_s: int = 0
+    # router host -> the API key its running router was started with (read_router_keys); a host
+    # missing here was not read: its client tries the inventory's key, then none
+    running_keys: dict[str, Key] = field(default_factory=dict)
+    # the worker URLs the last drain took out of a router: none after a failed drain means there is nothing to put back
+    removed: list[str] = field(default_factory=list)
+    # name -> connected pyinfra Host of the current batch (its gates run over these)
+    connected: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         from pdkit.plan import plan_cluster
@@ -722,15 +787,37 @@ class Roller:
         from pdkit.versions import ROUTER_RELEASES
 
         if not hasattr(self, "_routers"):
-            key = self.spec.cluster.secrets.router_api_key
             self._routers = [
                 (h, RouterClient(
-                    f"http://{flags.router_address(h)}:{h.router.port}", api_key=key.get_secret_value() if key else None,
+                    f"http://{flags.router_address(h)}:{h.router.port}", keys=router_keys(self.spec, self.running_keys.get(h.name)),
+                    key_fix=key_fix(self.inventory, h.name),
                     drain_settle_s=ROUTER_DRAIN_SETTLE_S if ROUTER_RELEASES[self.spec.router_release(h)].per_worker_drain_settle else None,
                 ))
                 for h in self.spec.router_hosts
             ]
         return self._routers
+
+    def read_router_keys(self) -> list[str]:
+        """Read, on each router host, the key its running router was started with (its systemd
+        credential: the exact key, whatever the key file says now) into running_keys; one line
+        per host that could not be read (its client then tries the inventory's key, then none)."""
+        notes = []
+        names = [h.name for h in self.spec.router_hosts]
+        if not names:
+            return notes
+        _, connected, unreachable = self.pyinfra.connect(names)
+        for name, why in unreachable.items():
+            notes.append(f"{name}: cannot read the key its router runs with ({why}); trying the inventory's key, then none")
+        for name, host in connected.items():
+            ok, stdout, _ = run_remote(host, RUNNING_KEY_PROBE, timeout=60)
+            key = parse_running_key(stdout) if ok else None
+            if not ok:
+                notes.append(f"{name}: cannot read the key its router runs with (the probe failed); trying the inventory's key, then none")
+            elif key is None:
+                notes.append(f"{name}: its router is not running; trying the inventory's key, then none")
+            else:
+                self.running_keys[name] = key
+        return notes
 
     def workers_of(self, hosts: list[str]) -> list[tuple[Any, Any, str]]:
         """(router client, engine, url) for every engine of HOSTS that a router fronts."""
@@ -826,12 +913,14 @@ class Roller:
             time.sleep(1)
         workers = sorted(self.workers_of(hosts), key=lambda w: REMOVAL_ORDER[worker_type(w[1].role)])
         router_of = {id(client): h.name for h, client in self.routers()}
+        self.removed = []
         held = self.held_kinds(outages)
         self.held_s = self.hold_settle_s(hosts) if held else 0
         if outages:
             self.outage_since = time.monotonic()
         for client, engine, url in workers:
             client.remove(url, settle_s=self.held_s if (router_of[id(client)], worker_type(engine.role)) in held else None)
+            self.removed.append(url)
         urls = self.engine_urls(hosts)
         deadline = time.monotonic() + self.drain_timeout_s
         while True:
@@ -867,24 +956,55 @@ class Roller:
                 time.sleep(0.25)
         self.held_s = 0
         served = f"{len(workers)} worker(s) back in the router, healthy, circuit breakers closed"
+        # a router on the batch's hosts: its own gate from the table (every planned worker listed
+        # healthy and one completion), now that the batch's workers are back in it
+        routers, _ = self.run_gates(hosts, 1)
+        if routers:
+            served += f"; {routers} router gate(s) passed"
         if self.outage_since is not None:
             self.last_outage_s = time.monotonic() - self.outage_since
             self.outage_since = None
             served += f"; the router served again after a {self.last_outage_s:.1f} s outage"
         return served
 
-    def ready(self, hosts: list[str]) -> str:
-        from pdkit.health import http_request
+    def gates_of(self, host: str, phase: int) -> list:
+        """The gates (pdkit/gates.py, the deploy's own) of HOST's planned services that run there:
+        phase 0 the engines and daemons, phase 1 its router."""
+        from pdkit import gates
+        from pdkit.plan import services_not_started
 
-        urls = self.engine_urls(hosts)
-        deadline = time.monotonic() + self.spec.cluster.ready_timeout_s
-        while True:
-            bad = {k: s for k, u in urls.items() if (s := http_request(f"{u}/health", timeout=10)[0]) != 200}
-            if not bad:
-                return f"{len(urls)} engine(s) answer /health 200"
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"not healthy after {self.spec.cluster.ready_timeout_s} s: {bad}")
-            time.sleep(0.5)
+        services = list(self.plans[host].services)
+        held = services_not_started(self.spec, self.spec.host(host), services)
+        return gates.phases(gates.gate_for(s) for s in services if s.unit not in held)[phase]
+
+    def run_gates(self, hosts: list[str], phase: int) -> tuple[int, list[str]]:
+        """Run the gate table's gates of PHASE for HOSTS on each host, as the deploy runs them:
+        (gates passed, hosts that have none). A failed gate raises with its own line."""
+        from pdkit import flags, gates
+
+        python = f"{flags.venv_dir(self.spec)}/bin/python"
+        wanted = {h: g for h in hosts if (g := self.gates_of(h, phase))}
+        missing = [h for h in wanted if h not in self.connected]
+        if missing:
+            _, fresh, unreachable = self.pyinfra.connect(missing)
+            if unreachable:
+                h, why = next(iter(unreachable.items()))
+                raise RuntimeError(f"{h}: cannot reach it over SSH to run its gates ({why})")
+            self.connected.update(fresh)
+        for h, found in wanted.items():
+            timeout = int(max(g.timeout for g in found)) + 60
+            ok, stdout, stderr = run_remote(self.connected[h], gates.command(python, found), timeout=timeout)
+            if not ok:
+                lines = [ln.removeprefix("FAILED").strip() for ln in (stderr or stdout).strip().splitlines() if ln.strip()]
+                raise RuntimeError(f"{h}: " + (" | ".join(ln for ln in lines if not ln.startswith("ok ")) or "its gates failed"))
+        return sum(len(g) for g in wanted.values()), [h for h in hosts if h not in wanted]
+
+    def ready(self, hosts: list[str]) -> str:
+        """The batch's engines and daemons by the deploy's own gates (pdkit/gates.py: an engine's
+        current invocation logged its readiness line and /health answers 200; a daemon's URL 200),
+        run on each host; a router is gated by the router step, once its workers are back."""
+        passed, _ = self.run_gates(hosts, 0)
+        return f"{passed} engine and daemon gate(s) passed (pdkit/gates.py, run on the node)"
 
     def smoke(self, hosts: list[str]) -> str:
         urls = self.engine_urls(hosts)
@@ -973,6 +1093,7 @@ class Roller:
             name, why = next(iter(unreachable.items()))
             p(name, "FAILED", f"gate 'connect': cannot reach it over SSH ({why})")
             raise RollError(name, "connect", f"cannot reach it over SSH ({why}); nothing was changed on it")
+        self.connected = dict(hosts)
         before, clocks = self.current_releases(state, hosts)
         for h in batch:
             p(h, "connect", f"on release {before[h] or '(none recorded)'}", time.monotonic() - step)
@@ -1032,13 +1153,18 @@ class Roller:
             p(exc.host, "FAILED", f"gate '{exc.gate}': {exc.message}")
             exc.restored = done_drain
             if done_drain:
-                self._recover(batch, hosts, before)
+                exc.readded = self._recover(batch, hosts, before)
+            elif not self.removed:
+                # the drain failed before it took anything out (a router that refuses the key): nothing to put back
+                exc.readded = None
             else:
                 # nothing was applied: only put back whatever the drain took out of the router
                 try:
                     p(",".join(batch), "router", self.readd(batch))
+                    exc.readded = True
                 except Exception as readd_exc:  # noqa: BLE001
                     p(",".join(batch), "router", f"could not add the engines back: {readd_exc}")
+                    exc.readded = False
             raise
         for h in batch:
             timings[h].total_s = time.monotonic() - t0
@@ -1062,8 +1188,9 @@ class Roller:
             raise RollError(",".join(batch), "bake", str(exc)) from exc
         p(",".join(batch), "bake", message, time.monotonic() - start)
 
-    def _recover(self, batch: list[str], hosts: dict[str, Any], before: dict[str, str | None]) -> None:
-        """Put every node of the batch back on the release it ran before, then back in the router."""
+    def _recover(self, batch: list[str], hosts: dict[str, Any], before: dict[str, str | None]) -> bool:
+        """Put every node of the batch back on the release it ran before, then back in the router;
+        whether the re-add succeeded."""
         p = self.progress
 
         def one(h: str) -> None:
@@ -1076,6 +1203,7 @@ class Roller:
                 _, fresh, unreachable = self.pyinfra.connect([h])
                 if unreachable:
                     raise RuntimeError(f"cannot reach it over SSH: {unreachable[h]}")
+                self.connected[h] = fresh[h]
                 p(h, "restore", self.restore(h, fresh[h], before[h]), time.monotonic() - start)
             except Exception as exc:  # noqa: BLE001 - report and go on to the router
                 p(h, "restore", f"FAILED: {exc}")
@@ -1087,8 +1215,10 @@ class Roller:
             list(pool.map(one, batch))
         try:
             p(",".join(batch), "router", self.readd(batch))
+            return True
         except Exception as exc:  # noqa: BLE001
             p(",".join(batch), "router", f"could not add the restored engines back: {exc}")
+            return False
 
 
 # ================================================================ commands
@@ -1190,6 +1320,12 @@ def cmd_roll(args: argparse.Namespace) -> int:
         write_report("refused", reason="downtime not accepted (--allow-downtime)")
         return EXIT_INVALID
     roller.allow_downtime = args.allow_downtime
+    try:
+        for note in roller.read_router_keys():
+            progress("-", "key", note)
+    except BaseException as exc:
+        write_report("error", error=f"{type(exc).__name__}: {exc}")
+        raise
     for line in downtime:
         progress("-", "downtime", line)
     for line in explanations:
@@ -1286,10 +1422,13 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     roller = Roller(args.inventory, spec, Progress(), drain_timeout_s=args.drain_timeout, allow_downtime=args.allow_downtime)
     p = roller.progress
     batch = [args.host]
+    for note in roller.read_router_keys():
+        p("-", "key", note)
     _, hosts, unreachable = roller.pyinfra.connect(batch)
     if unreachable:
         print(f"pdkit rollback: {args.host}: cannot reach it over SSH ({unreachable[args.host]})", file=sys.stderr)
         return EXIT_FAILED
+    roller.connected = dict(hosts)
     outages = batch_outages(spec, batch)
     if outages:
         roller.restart_s[args.host] = roller.last_restart_to_ready(hosts[args.host], args.host)

@@ -46,6 +46,57 @@ class RouterError(RuntimeError):
     """The router answered something unexpected (or nothing)."""
 
 
+class RouterKeyError(RouterError):
+    """The router refused every API key this client has (401): missing or wrong. The message
+    names the router, which keys were tried (by where they came from, never their value) and
+    what to run."""
+
+
+@dataclass(frozen=True)
+class Key:
+    """One API key a client may try: its value (None: no key) and where it came from, for
+    messages (the value is never printed)."""
+
+    value: str | None
+    source: str
+
+    @property
+    def label(self) -> str:
+        return self.source if self.value is not None or self.source.startswith("no key") else f"no key ({self.source})"
+
+
+def key_order(*candidates: Key) -> list[Key]:
+    """Pure: CANDIDATES in order, each value once (the first source that named it wins).
+
+    >>> [k.source for k in key_order(Key("a", "running"), Key("a", "inventory"), Key(None, "none"))]
+    ['running', 'none']
+    """
+    seen: set[str | None] = set()
+    out = []
+    for key in candidates:
+        if key.value in seen:
+            continue
+        seen.add(key.value)
+        out.append(key)
+    return out
+
+
+def key_refused_message(base_url: str, body: str, tried: list[Key], fix: str = "") -> str:
+    """Pure: what a router that refused every key (401) means, in one message: a key missing or
+    wrong, the router's own words (smg 1.13.0: "Missing API key: ..." to a request without one,
+    "Invalid API key" to a wrong one), which keys were tried (where they came from, never their
+    value) and FIX, what to run."""
+    said = body.strip()
+    try:
+        said = json.loads(said).get("error", {}).get("message", said)
+    except (ValueError, AttributeError):
+        pass
+    what = ("requires an API key and pdkit has none for it" if not any(k.value for k in tried)
+            else "refuses every API key pdkit has for it: it runs with another key")
+    tried_s = ", ".join(k.label for k in tried) or "none"
+    return f"router {base_url} {what} (it answered 401: {said[:120]}; tried: {tried_s})" + (f". {fix}" if fix else "")
+
+
 @dataclass(frozen=True)
 class Worker:
     id: str
@@ -92,14 +143,38 @@ class RouterClient:
     router's own (smg: 5 s, during which the worker cannot be added back).
     """
 
-    def __init__(self, base_url: str, *, api_key: str | None = None, timeout: float = 10.0, drain_settle_s: int | None = None) -> None:
+    def __init__(self, base_url: str, *, api_key: str | None = None, timeout: float = 10.0, drain_settle_s: int | None = None,
+                 keys: list[Key] | None = None, key_fix: str = "") -> None:
         self.base_url = base_url.rstrip("/")
-        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        # the keys to try, in order (a roll across a key change: the key the running router was
+        # started with, then the inventory's, then none); the one the router last accepted is used
+        # until it answers 401, then the others are tried (the router restarted on another key)
+        self.keys = key_order(*keys) if keys else [Key(api_key, "the given key")]
+        self.key = self.keys[0]
+        # what to run when every key is refused (RouterKeyError's message)
+        self.key_fix = key_fix
         self.timeout = timeout
         self.drain_settle_s = drain_settle_s
 
-    def _call(self, method: str, path: str, payload: dict | None = None) -> tuple[int, str]:
-        return http_request(f"{self.base_url}{path}", payload, timeout=self.timeout, headers=self.headers, method=method)
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.key.value}"} if self.key.value else {}
+
+    def _call(self, method: str, path: str, payload: dict | None = None, timeout: float | None = None) -> tuple[int, str]:
+        """One request with the key the router last accepted; on a 401 the other keys, in order,
+        and the first one it accepts is kept. Every key refused: RouterKeyError."""
+        url = f"{self.base_url}{path}"
+        timeout = self.timeout if timeout is None else timeout
+        status, body = http_request(url, payload, timeout=timeout, headers=self.headers, method=method)
+        if status != 401:
+            return status, body
+        for key in [k for k in self.keys if k is not self.key]:
+            headers = {"Authorization": f"Bearer {key.value}"} if key.value else {}
+            status2, body2 = http_request(url, payload, timeout=timeout, headers=headers, method=method)
+            if status2 != 401:
+                self.key = key
+                return status2, body2
+        raise RouterKeyError(key_refused_message(self.base_url, body, self.keys, self.key_fix))
 
     def workers(self) -> list[Worker]:
         status, body = self._call("GET", "/workers")
@@ -224,4 +299,4 @@ class RouterClient:
 
     def completion(self, model: str, prompt: str, max_tokens: int = 4, timeout: float = 60.0) -> tuple[int, str]:
         """One non-streaming completion through the router: (status, body)."""
-        return http_request(f"{self.base_url}/v1/completions", {"model": model, "prompt": prompt, "max_tokens": max_tokens}, timeout=timeout, headers=self.headers)
+        return self._call("POST", "/v1/completions", {"model": model, "prompt": prompt, "max_tokens": max_tokens}, timeout=timeout)

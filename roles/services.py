@@ -11,8 +11,9 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import python, server
 
-from pdkit import changes, flags, limitwarn, routersync
+from pdkit import changes, flags, gates, limitwarn, routersync
 from pdkit.deploy import current_host, current_plan, current_spec
+from pdkit.monitoring.common import scraped_hosts
 from pdkit.router_api import RouterError
 from pdkit.plan import Service, services_meta, services_not_started, staging_dir
 from roles import base
@@ -86,7 +87,9 @@ def services() -> None:
         gated = [*start_first, *restart_first]
         server.shell(name="Health gates: " + ", ".join(s.unit for s in gated), commands=[gates_command(venv_python, gated)])
     engines_moved = [s for s in (*start_first, *restart_first) if s.kind == "engine"]
-    _note_for_limit(spec, [s.health_url.removesuffix("/health") for s in engines_moved])
+    _note_for_limit(spec, [s.health_url.removesuffix("/health") for s in engines_moved],
+                    limitwarn.retargeted(state.get("release", {}).get("services") or {},
+                                         {s.unit: s.health_url for s in plan.services if s.kind in ("engine", "http") and s.unit not in held}))
     if engines_moved and host.data.get("node_drained") is not True:
         # routers on other hosts learn about this host's (re)started engines now, whatever order
         # --serial takes (pdkit/routersync.py); a roll re-adds its drained workers itself
@@ -104,26 +107,29 @@ def services() -> None:
             python.call(name=f"Workers of {service.unit} on other hosts", function=_report_remote_workers, spec=spec, router_host=current_host(), service=service)
 
 
-# per pyinfra State: host -> worker URLs it (re)starts; printed once at exit (pdkit/limitwarn.py)
+# per pyinfra State: (host -> worker URLs it (re)starts, host -> scrape targets it moves);
+# printed once at exit (pdkit/limitwarn.py)
 _MOVED: WeakKeyDictionary = WeakKeyDictionary()
 
 
-def _note_for_limit(spec, urls: list[str]) -> None:
+def _note_for_limit(spec, urls: list[str], retargeted: list[str]) -> None:
     from pyinfra import state
 
-    if not urls or not state.limit_hosts or host.data.get("node_drained") is True:
+    if not (urls or retargeted) or not state.limit_hosts or host.data.get("node_drained") is True:
         return  # no --limit (or a roll, which limits itself to its batch and re-adds workers)
     first = state not in _MOVED
-    moved = _MOVED.setdefault(state, {})
+    moved, changed = _MOVED.setdefault(state, ({}, {}))
     moved[host.name] = urls
+    changed[host.name] = retargeted
     if first:
         limited = {h.name for h in state.limit_hosts}
         excluded = [h.name for h in spec.hosts if h.name not in limited]
         routers = {r.name: [(h.name, flags.engine_url(spec, h, e)) for h, e in spec.router_workers(r)] for r in spec.router_hosts}
+        scrapers = {m.name: [h.name for h in scraped_hosts(spec)] for m in spec.monitoring_hosts}
         inventory = next((a for a in sys.argv[1:] if a.endswith(".py") and not a.startswith("-")), "INVENTORY")
 
         def report() -> None:
-            for line in limitwarn.limit_warnings(routers, moved, excluded, inventory):
+            for line in limitwarn.limit_warnings(routers, moved, excluded, inventory, scrapers, changed):
                 print(line, file=sys.stderr, flush=True)
 
         atexit.register(report)
@@ -175,29 +181,11 @@ def _start_and_restart(start: list[Service], restart: list[Service], what: str) 
 
 
 def gates_command(python: str, services: list[Service]) -> str:
-    """One on-host command that waits for every engine and HTTP service of SERVICES at once."""
-    q = shlex.quote
-    args = []
-    for s in services:
-        if s.kind == "engine" and s.rank > 0:
-            # a rank above 0 of an engine spanning nodes: no HTTP of its own, gated through rank 0
-            args.append(f"--rank {q(s.unit)} {q(s.health_url)} {s.ready_timeout_s}")
-        elif s.kind == "engine":
-            args.append(f"--engine {q(s.unit)} {q(s.health_url)} {s.ready_timeout_s}")
-        else:
-            # its unit too: a crashed exporter or Prometheus fails the gate at once
-            args.append(f"--service {q(s.unit)} {q(s.health_url)} {s.ready_timeout_s}")
-    return f"{q(python)} -m pdkit.health gates " + " ".join(args)
+    """One on-host command that waits for every engine and HTTP service of SERVICES at once,
+    each by its kind's gate in the one gate table (pdkit/gates.py)."""
+    return gates.command(python, [gates.gate_for(s) for s in services])
 
 
 def router_gate_command(python: str, service: Service) -> str:
-    q = shlex.quote
-    base_url = service.health_url.removesuffix("/health")
-    workers = " ".join(
-        f"--remote-worker {q(w)}" if w in service.remote_workers else f"--worker {q(w)}" for w in service.expected_workers
-    )
-    gate = f"{q(python)} -m pdkit.health router --url {q(base_url)} {workers} --model {q(service.model)} --timeout {service.ready_timeout_s}"
-    if service.api_key_file:
-        # the router's API key stays in its 0600 file: the gate reads it there (never argv or environment)
-        gate += f" --api-key-file {q(service.api_key_file)}"
-    return gate
+    """The router's gate (pdkit/gates.py): its planned workers listed healthy and one completion."""
+    return gates.command(python, [gates.gate_for(service)])

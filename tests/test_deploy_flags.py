@@ -80,6 +80,34 @@ def test_limit_warns_about_a_left_out_router_that_fronts_restarted_workers():
     assert limit_warnings(routers, {"gpu03": ["http://h3:1"]}, excluded=["gpu01"], inventory="i.py") == []
 
 
+def test_limit_names_the_monitoring_host_whose_scrape_targets_it_moved_and_one_command_for_all():
+    """Issue 30 item 6: Prometheus kept scraping a moved engine's old port; the warning named only the router."""
+    from pdkit.limitwarn import retargeted
+
+    recorded = {"pdkit-engine-decode.service": {"kind": "engine", "health_url": "http://h2:30001/health"},
+                "pdkit-engine-prefill.service": {"kind": "engine", "health_url": "http://h2:30000/health"},
+                "pdkit-exporter.service": {"kind": "http", "health_url": "http://h2:9400/metrics"},
+                "pdkit-router.service": {"kind": "router", "health_url": "http://h2:8000/health"}}
+    planned = {"pdkit-engine-decode.service": "http://h2:30011/health", "pdkit-engine-prefill.service": "http://h2:30000/health",
+               "pdkit-exporter.service": "http://h2:9400/metrics"}
+    moved = retargeted(recorded, planned)
+    assert moved == ["pdkit-engine-decode.service: h2:30001 -> h2:30011"]
+    # a restart on the same addresses moves nothing: Prometheus is not stale
+    assert retargeted(recorded, {**planned, "pdkit-engine-decode.service": "http://h2:30001/health"}) == []
+    assert retargeted({}, {"pdkit-exporter.service": "http://h2:9400/metrics"}) == ["pdkit-exporter.service: new at h2:9400"]
+    routers = {"gpu01": [("gpu01", P1), ("gpu02", P2), ("gpu02", "http://h2:30011")]}
+    lines = limit_warnings(routers, {"gpu02": ["http://h2:30011"]}, excluded=["gpu01", "mon01"], inventory="inventories/lab.py",
+                           scrapers={"mon01": ["gpu01", "gpu02", "mon01"]}, changed={"gpu02": moved})
+    assert len(lines) == 3, lines
+    assert "router host gpu01" in lines[0]
+    assert "monitoring host mon01" in lines[1] and "gpu02: pdkit-engine-decode.service: h2:30001 -> h2:30011" in lines[1]
+    assert "pyinfra inventories/lab.py deploy/pd.py --limit mon01" in lines[1]
+    assert lines[2] == "pdkit: to bring every host left stale in line at once: pyinfra inventories/lab.py deploy/pd.py --limit gpu01 --limit mon01"
+    # the monitoring host inside the limit, or no address moved: no warning about it
+    assert not any("monitoring" in ln for ln in limit_warnings(routers, {}, ["gpu01"], "i.py", {"mon01": ["gpu02"]}, {"gpu02": moved}))
+    assert limit_warnings({}, {"gpu02": [D2]}, ["mon01"], "i.py", {"mon01": ["gpu02"]}, {"gpu02": []}) == []
+
+
 def test_each_host_names_its_own_files_and_secrets_are_only_named():
     a = [PlannedFile("/etc/pdkit/engines/decode.env", "X=1\n"), PlannedFile("/etc/pdkit/secrets.env", "HF_TOKEN=hf_s3cret\n", "0600", secret=True)]
     assert change_summary(a) == "2 file(s) to write: /etc/pdkit/engines/decode.env, /etc/pdkit/secrets.env (secret)"

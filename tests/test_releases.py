@@ -81,7 +81,7 @@ class Systemd:
         return True, f"{unit} ready"
 
     def restarted(self) -> list[str]:
-        return [c[1] for c in self.calls if c[0] == "restart"]
+        return [u for c in self.calls if c[0] == "restart" for u in c[1:]]
 
 
 def _restore(root, systemd: Systemd, **kw):
@@ -224,3 +224,30 @@ def test_the_recorded_command_never_keeps_a_password():
 
     argv = ["pyinfra", "inv.py", "deploy/pd.py", "--ssh-password", "hunter2", "--sudo-password=s3cret", "--data", "x=1", "-y"]
     assert redacted(argv) == ["pyinfra", "inv.py", "deploy/pd.py", "--ssh-password", "***", "--sudo-password=***", "--data", "***", "-y"]
+
+
+def test_a_restore_restarts_engines_and_daemons_together_and_the_router_after_their_gates(tmp_path):
+    """As the deploy does (issue 30 item 7): not one unit after another, and the router once its workers are up."""
+    router_unit = "/etc/systemd/system/pdkit-router.service"
+    services = {**SERVICES, "pdkit-router.service": {"kind": "router", "files": [router_unit], "health_url": "http://h:8000/health", "ready_timeout_s": 5,
+                                                      "expected_workers": ["http://h:30001"], "remote_workers": [], "model": "m", "api_key_file": None}}
+    names = sorted(services)
+
+    def config(n: int) -> None:
+        _config(tmp_path, f"A={n}\n", f"{{\"n\": {n}}}\n", extra={router_unit: f"[Service]\nExecStart=/x {n}\n"}, services=names)
+
+    def record(n: int):
+        return releases.record(root=tmp_path, releases_dir=RELEASES, release_json=RELEASE_JSON, command=f"t {n}", services=services, venv_links=[], now=_t(n))
+
+    config(1)
+    first = record(1)
+    config(2)
+    record(2)
+    events: list = []
+    releases.restore(root=tmp_path, releases_dir=RELEASES, release_json=RELEASE_JSON, to=first["id"], systemctl=lambda a: events.append(tuple(a)),
+                     unit_active=lambda u: True, wait=lambda u, s: events.append(("wait", u)) or (True, "ok"))
+    restarts = [e for e in events if e[0] == "restart"]
+    assert restarts == [("restart", "pdkit-engine-decode.service", "pdkit-exporter.service"), ("restart", "pdkit-router.service")]
+    router_restart = events.index(("restart", "pdkit-router.service"))
+    assert {e for e in events[:router_restart] if e[0] == "wait"} == {("wait", "pdkit-engine-decode.service"), ("wait", "pdkit-exporter.service")}
+    assert events[-1] == ("wait", "pdkit-router.service")

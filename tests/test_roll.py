@@ -534,6 +534,8 @@ def _downtime_roller(monkeypatch, inventory: str, router_host: str):
     roller._routers = [(spec.host(router_host), fake)]
     monkeypatch.setattr(roller, "scrape", lambda urls, names: {k: {n: 0.0 for n in names} for k in urls})
     monkeypatch.setattr(roller, "circuit_states", lambda host: {})
+    # the router step's own gate runs on the node (pdkit/gates.py): recorded here
+    monkeypatch.setattr(roller, "run_gates", lambda hosts, phase: (fake.calls.append(("gates", tuple(hosts), phase)), (0, []))[1])
     return spec, roller, fake
 
 
@@ -543,7 +545,7 @@ def test_an_accepted_outage_drains_readds_unified_engines_as_regular_and_times_t
     assert "1 worker(s) out of the router" in roller.drain(["ct129"])
     assert roller.outage_since is not None
     message = roller.readd(["ct129"])
-    assert [c[0] for c in fake.calls] == ["remove", "add", "wait_healthy"]
+    assert [c[0] for c in fake.calls] == ["remove", "add", "wait_healthy", "gates"] and fake.calls[-1] == ("gates", ("ct129",), 1)
     # smg answers 404 with no regular worker listed: the last one is held draining (503 +
     # Retry-After) for 1.5 x the measured 20 s restart + 10 s, and the re-add waits that out too
     assert fake.calls[0][2] == 40 and fake.calls[1][4] == roller.router_timeout_s + 40
@@ -585,3 +587,51 @@ def test_the_hold_follows_the_measured_restart_and_has_bounds():
     assert roller.held_kinds(batch_outages(spec, ["ct129"])) == {("ct129", "regular")}
     one_box = load(str(REPO / "inventories" / "cluster.py"))
     assert Roller("inventories/cluster.py", one_box, Progress()).held_kinds(batch_outages(one_box, ["gpu01"])) == set()
+
+
+def test_the_last_line_says_whether_the_engines_are_back_in_the_router():
+    """Issue 30 item 4: after 'could not add the engines back' the last line claimed they were back."""
+    from pdkit.roll import RollError, stop_summary
+
+    failed = RollError("lab-gpu1", "drain", "router refuses every API key")
+    failed.restored, failed.readded = False, None
+    assert "nothing was taken out of the router" in stop_summary(failed, []) and "back in the router" not in stop_summary(failed, [])
+    failed.readded = False
+    assert "its engines are NOT back in the router" in stop_summary(failed, [])
+    failed.readded = True
+    assert "its engines are back in the router" in stop_summary(failed, [])
+    applied = RollError("lab-gpu2", "apply", "x")
+    applied.restored, applied.readded = True, False
+    assert "back on its previous release" in stop_summary(applied, []) and "NOT back in the router" in stop_summary(applied, [])
+
+
+def test_a_roll_tries_the_running_routers_key_then_the_inventorys_then_none(tmp_path):
+    from pdkit.roll import key_fix, parse_running_key, router_keys
+    from pdkit.router_api import Key
+
+    def spec_with(key):
+        body = "" if key is None else f"_cluster['secrets'] = {{'router_api_key': {key!r}}}"
+        path = tmp_path / f"inv_{key}.py"
+        path.write_text(
+            "import copy, runpy\n"
+            f"_base = runpy.run_path({str(REPO / 'inventories' / 'cluster.py')!r})\n"
+            "gpu_nodes = _base['gpu_nodes']\nmonitoring = _base.get('monitoring', [])\n"
+            "_hosts, _data = _base['all']\n_cluster = copy.deepcopy(_data['pdkit_cluster'])\n"
+            f"{body}\nall = (_hosts, {{'pdkit_cluster': _cluster}})\n"
+        )
+        return load(str(path))
+
+    rotated = router_keys(spec_with("new-key"), parse_running_key("key\nold-key\n"))
+    assert [(k.value, k.source) for k in rotated] == [
+        ("old-key", "the key the running router was started with"), ("new-key", "pdkit_cluster.secrets.router_api_key"), (None, "no key")]
+    added = router_keys(spec_with("new-key"), parse_running_key("none\n"))
+    assert [k.value for k in added] == [None, "new-key"]
+    removed = router_keys(spec_with(None), parse_running_key("key\nold-key"))
+    assert [k.value for k in removed] == ["old-key", None]
+    # not read (router down, host unreachable): the inventory's key, then none
+    assert [k.value for k in router_keys(spec_with("new-key"), None)] == ["new-key", None]
+    assert parse_running_key("inactive\n") is None and parse_running_key("") is None and parse_running_key("key\n") is None
+    labels = " ".join(k.label for k in rotated)
+    assert Key("s3cr3t", "x").label == "x" and "old-key" not in labels and "new-key" not in labels and labels.endswith("no key")
+    fix = key_fix("inventories/lab.py", "lab-gpu1")
+    assert "pyinfra inventories/lab.py deploy/pd.py --limit lab-gpu1" in fix and "pdkit_cluster.secrets.router_api_key" in fix

@@ -23,6 +23,12 @@ failure so, one JSON line each. `slowest_failure_s` is the longest a failed requ
 fail: an outage clients see as quick error statuses, not hangs. --pause-after-failure S makes a
 worker wait S before its next request after a failure (a client backing off, not a tight loop
 against a router that answers 503 at once). Progress is rewritten to OUT every second.
+
+--keys-file F (a JSON list of API keys, null for none) is a client across a router key change:
+each worker sends the key the router last accepted and, on a 401, tries the others in order at
+once (`key_switches` counts those; a request fails only when every key is refused).
+`failure_times` holds when each failure ended (time.monotonic(): CLOCK_MONOTONIC, the clock of
+systemd's *TimestampMonotonic on the lab's hosts, which share this kernel).
 """
 
 from __future__ import annotations
@@ -95,6 +101,8 @@ class Counts:
         self.failure_log = failure_log
         self.slowest_failure_s = 0.0
         self.slowest_ok_s = 0.0
+        self.key_switches = 0
+        self.failure_times: list[float] = []
 
     def success(self, took: float = 0.0) -> None:
         with self.lock:
@@ -113,6 +121,8 @@ class Counts:
                 self.finish_reasons.append(outcome.finish_reason)
             self.workers.append(outcome.worker)
             self.slowest_failure_s = max(self.slowest_failure_s, took)
+            if len(self.failure_times) < 50000:
+                self.failure_times.append(round(time.monotonic(), 3))
             if len(self.errors) < 50:
                 who = f" [worker {outcome.worker or 'unknown'}, rid {outcome.rid or '?'}]" if outcome.finish_reason else ""
                 self.errors.append(f"{time.strftime('%H:%M:%S')} {outcome.why}{who} (after {took:.2f} s)")
@@ -128,7 +138,8 @@ class Counts:
                     "failures": dict(sorted(self.failures.items(), key=lambda kv: (-kv[1], kv[0]))),
                     "finish_reasons": count(self.finish_reasons), "workers": count(self.workers, missing="unknown"),
                     "failure_records": list(self.records),
-                    "slowest_failure_s": round(self.slowest_failure_s, 3), "slowest_ok_s": round(self.slowest_ok_s, 3)}
+                    "slowest_failure_s": round(self.slowest_failure_s, 3), "slowest_ok_s": round(self.slowest_ok_s, 3),
+                    "key_switches": self.key_switches, "failure_times": list(self.failure_times)}
 
 
 def summary_line(counts: dict, name: str = "load") -> str:
@@ -142,10 +153,11 @@ def summary_line(counts: dict, name: str = "load") -> str:
     return line
 
 
-def request(url: str, model: str, n: int, max_tokens: int, timeout: float) -> Outcome:
+def request(url: str, model: str, n: int, max_tokens: int, timeout: float, key: str | None = None) -> Outcome:
     """One streaming chat completion; its Outcome (why is None on success)."""
     body = {"model": model, "messages": [{"role": "user", "content": f"load request {n}"}], "max_tokens": max_tokens, "stream": True}
-    req = urllib.request.Request(f"{url}/v1/chat/completions", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    req = urllib.request.Request(f"{url}/v1/chat/completions", data=json.dumps(body).encode(), headers=headers)
     out = Outcome()
     end = StreamEnd()
     tail = bytearray()
@@ -213,7 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--failure-log", metavar="FILE", help="append every failed request to FILE, one JSON line each "
                         "(time, kind, finish reason, worker, rid, x-request-id, the stream's last 2 KB)")
     parser.add_argument("--summary", metavar="OUT", help="print the summary line of an OUT file and exit")
+    parser.add_argument("--keys-file", help="a JSON list of API keys (null: none), tried in order on a 401")
     args = parser.parse_args(argv)
+    keys = json.loads(Path(args.keys_file).read_text()) if args.keys_file else [None]
     if args.summary:
         print(summary_line(json.loads(Path(args.summary).read_text()), Path(args.summary).stem))
         return 0
@@ -226,11 +240,21 @@ def main(argv: list[str] | None = None) -> int:
     number_lock = threading.Lock()
 
     def worker() -> None:
+        key = keys[0]
         while not stop.is_set():
             with number_lock:
                 n = next(numbers)
             start = time.monotonic()
-            outcome = request(args.url, args.model, n, args.max_tokens, args.timeout)
+            outcome = request(args.url, args.model, n, args.max_tokens, args.timeout, key)
+            if not outcome.ok and (outcome.why or "").startswith("status 401"):
+                # the router restarted on another key: the others, in order, at once
+                for other in [k for k in keys if k != key]:
+                    again = request(args.url, args.model, n, args.max_tokens, args.timeout, other)
+                    if again.ok or not (again.why or "").startswith("status 401"):
+                        key, outcome = other, again
+                        with counts.lock:
+                            counts.key_switches += 1
+                        break
             if outcome.ok:
                 counts.success(time.monotonic() - start)
             else:

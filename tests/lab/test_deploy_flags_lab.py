@@ -42,6 +42,16 @@ def router_workers(spec) -> dict[str, bool]:
     return {w["url"]: w["is_healthy"] for w in body["workers"]}
 
 
+def scrape_targets(spec, mon: str) -> set[str]:
+    """The engine targets the monitoring host's Prometheus scrapes (host:port), from its own API."""
+    body = requests.get(f"http://{spec['addr'][mon]}:9090/api/v1/targets", timeout=10).json()
+    from urllib.parse import urlsplit
+
+    from pdkit.monitoring.common import JOB_ENGINE
+
+    return {urlsplit(t["scrapeUrl"]).netloc for t in body["data"]["activeTargets"] if t["labels"].get("job") == JOB_ENGINE}
+
+
 def exists(lab, host: str, path: str) -> bool:
     return ssh(lab, host, f"test -e {path}").returncode == 0
 
@@ -195,6 +205,17 @@ def test_limit_warns_about_the_router_it_left_out_and_what_to_run(lab, converged
         # meanwhile the running router serves the moved worker (worker API), not the dead port
         workers = router_workers(spec)
         assert workers.get(new_url) is True and old_url not in workers, workers
+        # issue 30 item 6: Prometheus on the monitoring host (left out too) still scrapes the old port: named, with the command
+        mon = next(h for h in spec["addr"] if h not in spec["gpu"])
+        old_target, new_target = old_url.removeprefix("http://"), new_url.removeprefix("http://")
+        assert f"--limit left out monitoring host {mon}" in err and f"{old_target} -> {new_target}" in err, err[-3000:]
+        assert old_target in scrape_targets(spec, mon) and new_target not in scrape_targets(spec, mon)
+        combined = f"pyinfra {moved} deploy/pd.py --limit {router} --limit {mon}"
+        assert combined in err, err[-3000:]
+        # the command it names brings both in line
+        rc, results, err = run_pyinfra(str(moved), "--limit", router, "--limit", mon)
+        assert rc == 0, err[-4000:]
+        assert new_target in scrape_targets(spec, mon) and old_target not in scrape_targets(spec, mon)
     finally:
         back_to_base(spec)
     workers = router_workers(spec)
