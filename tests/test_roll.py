@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import copy
+import json
+import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -635,3 +639,31 @@ def test_a_roll_tries_the_running_routers_key_then_the_inventorys_then_none(tmp_
     assert Key("s3cr3t", "x").label == "x" and "old-key" not in labels and "new-key" not in labels and labels.endswith("no key")
     fix = key_fix("inventories/lab.py", "lab-gpu1")
     assert "pyinfra inventories/lab.py deploy/pd.py --limit lab-gpu1" in fix and "pdkit_cluster.secrets.router_api_key" in fix
+
+
+def test_the_connect_gate_tries_an_unreachable_host_three_times(tmp_path):
+    """CONNECT_ATTEMPTS SSH connections to a host that refuses them, not more (the roll made 5:
+    connect_all on every round plus a retry between). In a child: pyinfra's API gevent-patches."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed once the block ends: connections are refused at once
+    inv = tmp_path / "inv.py"
+    inv.write_text(f"hosts = [('dead', {{'ssh_hostname': '127.0.0.1', 'ssh_port': {port}}})]\n")
+    code = (
+        "import json, sys\n"
+        "from pyinfra.connectors.ssh import SSHConnector\n"
+        "calls = []\n"
+        "real = SSHConnector.connect\n"
+        "def counting(self, *a, **k):\n"
+        "    calls.append(1)\n"
+        "    return real(self, *a, **k)\n"
+        "SSHConnector.connect = counting\n"
+        "from pdkit.roll import CONNECT_ATTEMPTS, Pyinfra\n"
+        f"_, connected, failed = Pyinfra({str(inv)!r}).connect(['dead'])\n"
+        "print(json.dumps({'calls': len(calls), 'attempts': CONNECT_ATTEMPTS, 'failed': sorted(failed)}))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["failed"] == ["dead"]
+    assert result["calls"] == result["attempts"] == 3, result
