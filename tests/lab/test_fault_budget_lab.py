@@ -96,25 +96,42 @@ def test_a_killed_engine_fails_requests_within_the_budget(lab, converged, tmp_pa
 
 
 def test_a_node_cut_off_fails_requests_within_the_budget(lab, converged, tmp_path):
+    """Requests served elsewhere fail within the budget (a decode whose prefill is on the cut node:
+    its heartbeat). Requests served by the cut node's own decode cannot: its answer, error or not,
+    reaches the router only when the link is back (CI 2026-12-02: a "Lost connection" error the
+    decode wrote at ~8 s arrived after 31 s), and no router or engine setting bounds a silent peer
+    (docs/rolling.md, "The fault budget"). Those are held to the cut's length plus the budget."""
     spec = converged
     host = spec["gpu"][2]
     assert host != spec["router"]
     veth = LabConfig.from_env().veth(host)
+    cut_s = 30.0
     try:
         counts = _under_load(
             tmp_path, spec,
             fault=lambda: subprocess.run(["ip", "link", "set", "dev", veth, "down"], check=True, timeout=20),
             undo=lambda: subprocess.run(["ip", "link", "set", "dev", veth, "up"], check=True, timeout=20),
             back_url=f"http://{spec['addr'][host]}:30001",
-            hold_s=30,
+            hold_s=cut_s,
         )
     finally:
         subprocess.run(["ip", "link", "set", "dev", veth, "up"], check=False, timeout=20)
-    _assert_within_budget(counts, spec["budget_s"], f"{host} cut off")
-    # Streams already flowing from the cut-off node's decode neither fail nor end: the router gets no
-    # error from a silent peer (smg has no upstream idle timeout; only --request-timeout-secs ends
-    # them) and they resume when the link is back. Bounded here by the cut itself, not the budget
-    # (docs/rolling.md "The fault budget": clients need an idle timeout between tokens).
-    assert counts["slowest_ok_s"] < 30 + CLIENT_TIMEOUT_S, counts
-    print(f"{host} cut off for 30 s: slowest failure {counts['slowest_failure_s']} s, slowest success {counts['slowest_ok_s']} s")
+    budget = spec["budget_s"]
+    cut_address = spec["addr"][host]
+    assert counts["ok"] >= 50, counts
+    assert "hang" not in counts["failures"], counts["errors"][:10]
+    for kind in counts["failures"]:
+        assert kind.startswith("status 5") or kind == ABORTED, f"failure {kind!r}: {counts['errors'][:10]}"
+    records = counts["failure_records"]
+    assert len(records) == min(counts["failed"], 200), "the load client kept fewer failure records than failures"
+    for record in records:
+        on_cut_node = f"//{cut_address}:" in (record.get("worker") or "")
+        limit = cut_s + budget if on_cut_node else budget
+        assert record["took_s"] <= limit, (
+            f"a request served by {record.get('worker')} failed after {record['took_s']} s, over {limit} s "
+            f"({'the cut plus the budget' if on_cut_node else 'the budget'}): {record['why'][:300]}")
+    # stalled streams of the cut node resume when it is back: the slowest success is bounded by the cut
+    assert counts["slowest_ok_s"] <= cut_s + budget, counts
+    print(f"{host} cut off for {cut_s:g} s: failures {[(r.get('worker'), r['took_s']) for r in records]}, "
+          f"slowest success {counts['slowest_ok_s']} s")
     wait_circuits_closed(spec)
