@@ -386,6 +386,7 @@ def router_args(spec: ClusterSpec, host: HostSpec) -> list[str]:
     args += ["--prometheus-host", address, "--prometheus-port", str(router.prometheus_port)]
     args += ["--health-check-interval-secs", str(router.health_check_interval_secs)]
     args += ["--health-failure-threshold", str(router.health_failure_threshold)]
+    args += ["--health-success-threshold", str(router.health_success_threshold)]
     args += ["--worker-startup-check-interval", str(router.worker_startup_check_interval_secs)]
     # smg and sglang-router drain in-flight requests this long on SIGTERM (both parsers: pdkit/parser_table.json)
     args += ["--shutdown-grace-period-secs", str(router.shutdown_grace_period_secs)]

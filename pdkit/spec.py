@@ -625,6 +625,9 @@ class Router(Frozen):
     health_check_interval_secs: IntervalSeconds = 5
     # failed checks before a worker counts as unhealthy
     health_failure_threshold: int = Field(default=2, ge=1)
+    # passed checks before an unhealthy worker gets traffic again (the routers' default, 2, keeps a
+    # restarted engine idle for a whole extra interval after it is healthy)
+    health_success_threshold: int = Field(default=1, ge=1)
     # seconds between the router's checks on a worker that is not up yet (its default, 30, delays readiness)
     worker_startup_check_interval_secs: IntervalSeconds = 5
     # seconds the router drains in-flight requests on stop (--shutdown-grace-period-secs; the routers'
