@@ -1,0 +1,148 @@
+"""A prefill killed under load: the counters, the time to be back, and every request's outcome.
+
+    python3 gpu/nspawn/fault.py metrics URL...                   # the failure counters of each /metrics
+    python3 gpu/nspawn/fault.py wait-health URL --since T --limit S  # waits for URL to answer 200, prints when
+    python3 gpu/nspawn/fault.py report LOAD.json --kill T [--back T] [--budget-s 20]
+
+`gpu/nspawn/device_pair.sh fault` runs these on the lent machine around a `systemctl kill -s KILL`
+of one prefill (docs/gpu.md, "Prefill kill with the fault budget"); stdlib only (the image's
+python3). LOAD.json is gpu/nspawn/outage_client.py's record: [start, end, ok, why] per request.
+
+What the fault budget promises (docs/rolling.md, "The fault budget"): no request waits longer than
+`budget_s`, and every failure is an error the client sees (an error status or an error event), not
+a hang. `report` sorts each request into one outcome (`outcome`, the one rule) and says which
+failures broke it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+# the counters that say which bounded wait failed a request (engines: SGLang 0.5.17's names with
+# and without the `sglang:` prefix; router: sglang-router 0.3.2 / smg's breaker, retries, errors)
+WATCHED = re.compile(r"bootstrap_failed|transfer_failed|aborted_requests|num_requests_total|cb_|circuit|retr|error|fail")
+
+OUTCOMES = ("ok", "error status", "error event", "hang", "empty stream", "broken stream")
+
+
+def outcome(ok: bool, why: str) -> str:
+    """One request's outcome from outage_client's verdict (tests/lab/loadclient.py one_request's texts).
+
+    `hang`: cut at the client's timeout; `empty stream`: a 200 whose [DONE] came without content;
+    `broken stream`: anything else that ended without [DONE] (connection reset, EOF).
+    """
+    if ok:
+        return "ok"
+    if why.startswith("status "):
+        return "error status"
+    if why.startswith("error event"):
+        return "error event"
+    if why.startswith("hang"):
+        return "hang"
+    if why.startswith("stream ended without content"):
+        return "empty stream"
+    return "broken stream"
+
+
+def report(requests: list[list], kill: float, back: float | None, budget_s: float) -> dict:
+    """Pure: the figures of one kill from [start, end, ok, why] per request (Unix seconds)."""
+    by: dict[str, int] = {k: 0 for k in OUTCOMES}
+    failures = []
+    for start, end, ok, why in requests:
+        kind = outcome(ok, why)
+        by[kind] += 1
+        if kind != "ok":
+            failures.append({"start_after_kill_s": round(start - kill, 3), "took_s": round(end - start, 3),
+                             "outcome": kind, "why": why})
+    failures.sort(key=lambda f: f["start_after_kill_s"])
+    latencies = sorted(end - start for start, end, *_ in requests)
+    # requests that overlap the kill or start after it: the ones the fault could reach
+    reached = [r for r in requests if r[1] >= kill]
+    slow_ok = [round(r[1] - r[0], 3) for r in reached if r[2] and r[1] - r[0] > budget_s]
+    slowest = max(failures, key=lambda f: f["took_s"], default=None)
+    return {
+        "requests": len(requests), "outcomes": by, "failed": len(failures),
+        "slowest_failure_s": slowest and slowest["took_s"],
+        "over_budget": [f for f in failures if f["took_s"] > budget_s], "ok_over_budget_s": sorted(slow_ok, reverse=True),
+        "longest_request_s": round(latencies[-1], 3) if latencies else None,
+        "back_after_s": None if back is None else round(back - kill, 1),
+        "budget_s": budget_s, "failures": failures,
+    }
+
+
+def _get(url: str, timeout: float) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read().decode(errors="replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, ""
+    except (urllib.error.URLError, OSError) as exc:
+        return 0, str(exc)
+
+
+def cmd_metrics(args: argparse.Namespace) -> int:
+    for url in args.urls:
+        status, text = _get(url, 5)
+        print(f"## {url} {status} {time.time():.3f}")
+        for line in text.splitlines():
+            if line and not line.startswith("#") and WATCHED.search(line.split(" ")[0]):
+                print(line)
+    return 0
+
+
+def cmd_wait_health(args: argparse.Namespace) -> int:
+    """Print the Unix time URL first answered 200 (and how long after --since); 1 if not within --limit."""
+    while time.time() - args.since < args.limit:
+        status, _ = _get(args.url, 2)
+        if status == 200:
+            now = time.time()
+            print(f"{now:.3f} {args.url} 200 after {now - args.since:.1f} s")
+            return 0
+        time.sleep(0.5)
+    print(f"{args.url} not 200 within {args.limit:.0f} s")
+    return 1
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    data = json.loads(Path(args.load).read_text())
+    out = report(data["requests"], args.kill, args.back, args.budget_s)
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
+    o = out["outcomes"]
+    print(f"{Path(args.load).stem}: {out['requests']} requests, {out['failed']} failed "
+          f"({', '.join(f'{k} {v}' for k, v in o.items() if v and k != 'ok')}); slowest failure {out['slowest_failure_s']} s; "
+          f"{len(out['over_budget'])} failures and {len(out['ok_over_budget_s'])} successes over {args.budget_s:.0f} s; "
+          f"longest request {out['longest_request_s']} s; prefill back after {out['back_after_s']} s")
+    for f in out["failures"]:
+        print(f"  +{f['start_after_kill_s']:7.2f} s  took {f['took_s']:7.3f} s  {f['outcome']:<13}  {f['why'][:160]}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("metrics")
+    p.add_argument("urls", nargs="+")
+    p = sub.add_parser("wait-health")
+    p.add_argument("url")
+    p.add_argument("--since", type=float, default=time.time())
+    p.add_argument("--limit", type=float, default=240)
+    p = sub.add_parser("report")
+    p.add_argument("load")
+    p.add_argument("--kill", type=float, required=True)
+    p.add_argument("--back", type=float)
+    p.add_argument("--budget-s", type=float, default=20)
+    p.add_argument("--json", help="also write the figures here")
+    args = ap.parse_args(argv)
+    return {"metrics": cmd_metrics, "wait-health": cmd_wait_health, "report": cmd_report}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
