@@ -153,8 +153,8 @@ phase_tune() {
 declare -A ADDR=([pdkit-a]=10.214.0.2 [pdkit-b]=10.214.0.3)  # inventories/h200-nspawn-pair.py's ADDRESSES
 FAULT=(python3 gpu/nspawn/fault.py)
 
-fault_metrics() {  # fault_metrics FILE: every engine's failure counters and the router's breaker lines
-    "${FAULT[@]}" metrics http://${ADDR[pdkit-a]}:30000/metrics http://${ADDR[pdkit-a]}:30001/metrics \
+fault_metrics() {  # fault_metrics FILE: every engine's failure counters and the router's breaker lines (whole texts: FILE-N.prom)
+    "${FAULT[@]}" metrics --raw "${1%.txt}" http://${ADDR[pdkit-a]}:30000/metrics http://${ADDR[pdkit-a]}:30001/metrics \
         http://${ADDR[pdkit-b]}:30000/metrics http://${ADDR[pdkit-b]}:30001/metrics http://${ADDR[pdkit-a]}:29000/metrics > "$1" 2>&1
 }
 

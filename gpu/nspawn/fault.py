@@ -1,6 +1,6 @@
 """A prefill killed under load: the counters, the time to be back, and every request's outcome.
 
-    python3 gpu/nspawn/fault.py metrics URL...                   # the failure counters of each /metrics
+    python3 gpu/nspawn/fault.py metrics URL... [--raw PREFIX]    # the failure counters of each /metrics
     python3 gpu/nspawn/fault.py wait-health URL --since T --limit S  # waits for URL to answer 200, prints when
     python3 gpu/nspawn/fault.py report LOAD.json --kill T [--back T] [--budget-s 20]
 
@@ -88,9 +88,11 @@ def _get(url: str, timeout: float) -> tuple[int, str]:
 
 
 def cmd_metrics(args: argparse.Namespace) -> int:
-    for url in args.urls:
+    for i, url in enumerate(args.urls):
         status, text = _get(url, 5)
         print(f"## {url} {status} {time.time():.3f}")
+        if args.raw:  # the whole text too, one file per URL in the order given
+            Path(f"{args.raw}-{i}.prom").write_text(f"# {url}\n{text}")
         for line in text.splitlines():
             if line and not line.startswith("#") and WATCHED.search(line.split(" ")[0]):
                 print(line)
@@ -130,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("metrics")
     p.add_argument("urls", nargs="+")
+    p.add_argument("--raw", metavar="PREFIX", help="also write each whole /metrics to PREFIX-N.prom")
     p = sub.add_parser("wait-health")
     p.add_argument("url")
     p.add_argument("--since", type=float, default=time.time())
