@@ -41,10 +41,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         if mode == "ok":
             self.wfile.write((CHUNK + "data: [DONE]\n\n").encode())
+        elif mode == "abort":
+            self.wfile.write((CHUNK + 'data: {"choices": [{"delta": {}, "finish_reason": "abort"}]}\n\ndata: [DONE]\n\n').encode())
         elif mode == "error event":
             self.wfile.write((CHUNK + 'data: {"error": {"message": "Lost connection with prefill instance"}}\n\n').encode())
         elif mode == "empty":
-            self.wfile.write(b'data: {"choices": [{"delta": {}, "finish_reason": "abort"}]}\n\ndata: [DONE]\n\n')
+            self.wfile.write(b'data: {"choices": [{"delta": {}, "finish_reason": "stop"}]}\n\ndata: [DONE]\n\n')
         elif mode == "stall":
             self.wfile.write(CHUNK.encode())
             self.wfile.flush()
@@ -62,7 +64,7 @@ def server():
     srv.shutdown()
 
 
-@pytest.mark.parametrize("mode,want", [("ok", "ok"), ("503", "error status"), ("error event", "error event"),
+@pytest.mark.parametrize("mode,want", [("ok", "ok"), ("503", "error status"), ("error event", "error event"), ("abort", "abort"),
                                         ("empty", "empty stream"), ("stall", "hang"), ("cut", "broken stream")])
 def test_outcome_of_each_answer(server, mode, want):
     server.mode = mode
@@ -74,14 +76,16 @@ def test_report_of_a_kill():
     kill = 1000.0
     requests = [
         [990.0, 991.0, True, ""],                                 # before the kill
-        [999.0, 1003.5, False, "error event: Lost connection"],   # in flight: failed 4.5 s later
+        [999.0, 1003.5, False, "aborted: error event 500: Lost connection", {"finish_reason": "error 500", "rid": "r1"}],
         [999.5, 1119.5, False, "hang: timed out after 120 s"],    # the trap: waited the client out
         [1001.0, 1001.2, False, "status 503: no prefill"],
         [1002.0, 1030.0, True, ""],                               # answered, but over the budget
         [1040.0, 1041.0, True, ""],
     ]
     r = fault.report(requests, kill, back=1082.0, budget_s=20)
-    assert r["outcomes"] == {"ok": 3, "error status": 1, "error event": 1, "hang": 1, "empty stream": 0, "broken stream": 0}
+    assert r["outcomes"] == {"ok": 3, "error status": 1, "error event": 1, "abort": 0, "hang": 1, "empty stream": 0,
+                             "broken stream": 0}
+    assert r["failures"][0]["finish_reason"] == "error 500" and r["failures"][0]["rid"] == "r1"
     assert r["failed"] == 3 and r["slowest_failure_s"] == 120.0
     assert [f["outcome"] for f in r["over_budget"]] == ["hang"]
     assert r["ok_over_budget_s"] == [28.0]

@@ -25,44 +25,55 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+# the verdict's kinds, one rule for every client (stdlib only; run from the repository root)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from pdkit.benchstats import ABORTED, EMPTY, failure_kind  # noqa: E402
+from tests.lab.loadclient import HANG  # noqa: E402
+
 # the counters that say which bounded wait failed a request (engines: SGLang 0.5.17's names with
 # and without the `sglang:` prefix; router: sglang-router 0.3.2 / smg's breaker, retries, errors)
 WATCHED = re.compile(r"bootstrap_failed|transfer_failed|aborted_requests|num_requests_total|cb_|circuit|retr|error|fail")
 
-OUTCOMES = ("ok", "error status", "error event", "hang", "empty stream", "broken stream")
+OUTCOMES = ("ok", "error status", "error event", "abort", "hang", "empty stream", "broken stream")
 
 
 def outcome(ok: bool, why: str) -> str:
-    """One request's outcome from outage_client's verdict (tests/lab/loadclient.py one_request's texts).
+    """One request's outcome from its verdict (tests/lab/loadclient.py, pdkit.benchstats' kinds).
 
-    `hang`: cut at the client's timeout; `empty stream`: a 200 whose [DONE] came without content;
-    `broken stream`: anything else that ended without [DONE] (connection reset, EOF).
+    `error status`: a non-200; `error event`: the stream's error event; `abort`: a stream that
+    ended with finish_reason "abort"; `hang`: cut at the client's timeout; `empty stream`: [DONE]
+    without output (issue 30 item 8); `broken stream`: anything else that did not end with [DONE]
+    (connection reset, EOF).
     """
     if ok:
         return "ok"
-    if why.startswith("status "):
+    kind = failure_kind(why)
+    if kind.startswith("status "):
         return "error status"
-    if why.startswith("error event"):
-        return "error event"
-    if why.startswith("hang"):
+    if kind == ABORTED:
+        return "error event" if why.split(":", 2)[1].strip().startswith("error event") else "abort"
+    if kind == HANG:
         return "hang"
-    if why.startswith("stream ended without content"):
+    if kind.startswith(EMPTY):
         return "empty stream"
     return "broken stream"
 
 
 def report(requests: list[list], kill: float, back: float | None, budget_s: float) -> dict:
-    """Pure: the figures of one kill from [start, end, ok, why] per request (Unix seconds)."""
+    """Pure: the figures of one kill from outage_client's [start, end, ok, why, {detail}] per request (Unix seconds)."""
     by: dict[str, int] = {k: 0 for k in OUTCOMES}
     failures = []
-    for start, end, ok, why in requests:
+    for r in requests:
+        start, end, ok, why = r[:4]
+        detail = r[4] if len(r) > 4 and isinstance(r[4], dict) else {}
         kind = outcome(ok, why)
         by[kind] += 1
         if kind != "ok":
             failures.append({"start_after_kill_s": round(start - kill, 3), "took_s": round(end - start, 3),
-                             "outcome": kind, "why": why})
+                             "outcome": kind, "why": why, "finish_reason": detail.get("finish_reason"),
+                             "rid": detail.get("rid"), "raw": detail.get("raw", "")})
     failures.sort(key=lambda f: f["start_after_kill_s"])
-    latencies = sorted(end - start for start, end, *_ in requests)
+    latencies = sorted(r[1] - r[0] for r in requests)
     # requests that overlap the kill or start after it: the ones the fault could reach
     reached = [r for r in requests if r[1] >= kill]
     slow_ok = [round(r[1] - r[0], 3) for r in reached if r[2] and r[1] - r[0] > budget_s]
@@ -123,7 +134,8 @@ def cmd_report(args: argparse.Namespace) -> int:
           f"{len(out['over_budget'])} failures and {len(out['ok_over_budget_s'])} successes over {args.budget_s:.0f} s; "
           f"longest request {out['longest_request_s']} s; prefill back after {out['back_after_s']} s")
     for f in out["failures"]:
-        print(f"  +{f['start_after_kill_s']:7.2f} s  took {f['took_s']:7.3f} s  {f['outcome']:<13}  {f['why'][:160]}")
+        print(f"  +{f['start_after_kill_s']:7.2f} s  took {f['took_s']:7.3f} s  {f['outcome']:<13}  "
+              f"finish {f['finish_reason']}  rid {f['rid']}  {f['why'][:160]}")
     return 0
 
 
