@@ -3,7 +3,13 @@
 # roll under load, a broken canary restored byte for byte, doctor, bench and a tune campaign, all
 # from the lent machine's shell over real SSH. docs/gpu.md ("Two hosts on one GPU") has the calls.
 #
-#   bash gpu/nspawn/device_pair.sh PHASE...      phases, in order: up converge check roll tune down
+#   bash gpu/nspawn/device_pair.sh PHASE...      phases, in order: up converge check roll tune fault down
+#
+# fault: each prefill of $FAULT_VICTIMS (pdkit-b) killed with SIGKILL under C=8 streaming load
+# (gpu/nspawn/outage_client.py, --timeout 120: a hang), the engines' failure counters and the
+# router's before and after, the time to /health 200, the journals from 30 s before the kill
+# (gpu/nspawn/fault.py; docs/gpu.md, "Prefill kill with the fault budget").
+# PDKIT_NSPAWN_XFER_PROBE=0 skips up's xfer-probe (the engines then use TCP with CUDA copies).
 #
 # Each phase's steps are timed into $OUT/steps.txt, their output in $OUT/<step>.log. Run after
 # calls 1 and 2 (host.py unpack's tarballs stashed in /root/stash, control venv in /root/pdkit-venv).
@@ -87,7 +93,7 @@ phase_up() {
         step up-$m 180 $HOSTPY --machine $m up --address 10.214.0.$i/24 --no-probe "${UP_FLAGS[@]}" || { tail -30 "$OUT/up-$m.log"; return 1; }
         i=3
     done
-    if [ "${PDKIT_NSPAWN_REHEARSAL:-0}" != 1 ]; then
+    if [ "${PDKIT_NSPAWN_REHEARSAL:-0}" != 1 ] && [ "${PDKIT_NSPAWN_XFER_PROBE:-1}" = 1 ]; then
         step xfer-probe 240 $HOSTPY --machine pdkit-a xfer-probe --peer pdkit-b
         cp /var/lib/pdkit-nspawn/ucx_tls.json "$OUT/" 2>/dev/null
         grep "xfer" "$OUT/xfer-probe.log" | cut -c1-400
@@ -142,6 +148,53 @@ phase_tune() {
     step tune 560 "$P/pdkit" tune "$INV" "$CAMPAIGN" ${TUNE_FLAGS:-}
     tail -40 "$OUT/tune.log"
     cp -r docs/tune "$OUT/tune-out" 2>/dev/null
+}
+
+declare -A ADDR=([pdkit-a]=10.214.0.2 [pdkit-b]=10.214.0.3)  # inventories/h200-nspawn-pair.py's ADDRESSES
+FAULT=(python3 gpu/nspawn/fault.py)
+
+fault_metrics() {  # fault_metrics FILE: every engine's failure counters and the router's breaker lines (whole texts: FILE-N.prom)
+    "${FAULT[@]}" metrics --raw "${1%.txt}" http://${ADDR[pdkit-a]}:30000/metrics http://${ADDR[pdkit-a]}:30001/metrics \
+        http://${ADDR[pdkit-b]}:30000/metrics http://${ADDR[pdkit-b]}:30001/metrics http://${ADDR[pdkit-a]}:29000/metrics > "$1" 2>&1
+}
+
+fault_one() {  # fault_one MACHINE: kill its prefill under load; the outcomes, counters and journals
+    local m=$1 tag=fault-$1 t_kill t_back since
+    fault_metrics "$OUT/$tag-metrics-before.txt"
+    rm -f "$OUT/load-$tag.stop"
+    python3 gpu/nspawn/outage_client.py --url "$ROUTER" --model "$(model)" --concurrency ${LOAD_CONCURRENCY:-8} --max-tokens 32 \
+        --timeout ${FAULT_CLIENT_TIMEOUT_S:-120} --out "$OUT/load-$tag.json" --stop-file "$OUT/load-$tag.stop" --max-seconds 900 > "$OUT/load-$tag.log" 2>&1 &
+    local pid=$!
+    sleep ${FAULT_LEAD_S:-20}
+    t_kill=$(date +%s.%N)
+    step kill-$m 30 $HOSTPY --machine "$m" exec -- systemctl kill -s KILL pdkit-engine-prefill.service
+    step back-$m ${FAULT_BACK_LIMIT_S:-240} "${FAULT[@]}" wait-health "http://${ADDR[$m]}:30000/health" --since "$t_kill" --limit ${FAULT_BACK_LIMIT_S:-240}
+    t_back=$(awk '/ 200 after /{print $1}' "$OUT/back-$m.log")
+    cat "$OUT/back-$m.log" | tee -a "$OUT/steps.txt"
+    sleep ${FAULT_TAIL_S:-20}  # the router's health checks take the prefill back (2 x 5 s), then answers through it
+    touch "$OUT/load-$tag.stop"
+    wait $pid
+    fault_metrics "$OUT/$tag-metrics-after.txt"
+    since=$(( ${t_kill%.*} - 30 ))
+    for h in pdkit-a pdkit-b; do
+        $HOSTPY --machine $h exec --timeout 60 -- "journalctl -u pdkit-engine-decode -u pdkit-engine-prefill -u pdkit-router --since @$since --no-pager -o short-iso-precise" \
+            > "$OUT/$tag-journal-$h.log" 2>&1
+        grep -E "Lost connection|timed out|Timeout|timeout|Abort|abort|Failed|failed|Error|error|Traceback|Started|Stopped|fired up" "$OUT/$tag-journal-$h.log" \
+            | grep -vE "Decode batch|Prefill batch" > "$OUT/$tag-journal-$h.grep" 2>&1
+    done
+    "${FAULT[@]}" report "$OUT/load-$tag.json" --kill "$t_kill" ${t_back:+--back "$t_back"} --budget-s 20 --json "$OUT/$tag-report.json" \
+        > "$OUT/$tag-report.txt"
+    head -1 "$OUT/$tag-report.txt" | tee -a "$OUT/steps.txt"
+    [ -n "$t_back" ]
+}
+
+phase_fault() {
+    local m ok=0
+    for h in pdkit-a pdkit-b; do  # what the fault budget rendered
+        $HOSTPY --machine $h exec -- "grep -H SGLANG_DISAGG /etc/pdkit/engines/*.env; systemctl show -p ExecStart pdkit-router.service 2>/dev/null | tr ' ' '\n' | grep -A1 -E 'timeout|retry|health'"
+    done > "$OUT/fault-rendered.txt" 2>&1
+    for m in ${FAULT_VICTIMS:-pdkit-b}; do fault_one "$m" || ok=1; done
+    return $ok
 }
 
 phase_down() {
