@@ -240,8 +240,10 @@ def test_a_rolled_change_restarts_every_rank_together_gated_on_rank_0(lab, spann
         proc = subprocess.run([PDKIT, "roll", str(spanning["rolled"]), "--report", str(report)], capture_output=True, text=True, timeout=900)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
-    # one batch over both ranks' hosts, its readiness gate on rank 0 only (the one engine with HTTP)
-    batch = next(m.group(1) for line in out.splitlines() if (m := re.search(r"\]\s+(\S+)\s+ready\s+1 engine\(s\) answer /health 200", line)))
+    # one batch over both ranks' hosts, gated by the deploy's own gate table (pdkit/gates.py: rank 0's
+    # /health, the other rank's unit staying up while rank 0 is ready)
+    batch = next(m.group(1) for line in out.splitlines()
+                 if (m := re.search(r"\]\s+(\S+)\s+ready\s+\d+ engine and daemon gate\(s\) passed", line)))
     assert set(batch.split(",")) == {head, rank1}, out[-3000:]
     nodes = {n["host"]: n for n in json.loads(report.read_text())["nodes"]}
     assert set(nodes) == {head, rank1}, f"expected only the spanning engine's hosts to roll: {sorted(nodes)}"
