@@ -78,12 +78,20 @@ def _router_bundle() -> tuple[wheelhouse.Bundle, str] | None:
 
 
 def _bundles() -> list[tuple[wheelhouse.Bundle, str]]:
-    """Every venv this host gets, as (bundle, link): node, engine, router; a wheelhouse error
-    stops the whole run at prepare time."""
-    try:
-        return [b for b in (_node_bundle(), _engine_bundle(), _router_bundle()) if b is not None]
-    except WheelhouseError as exc:
-        _fail_prepare(exc)
+    """Every venv this host gets, as (bundle, link): node, engine, router. Wheelhouse errors stop
+    the whole run at prepare time, every bundle's at once (the fix for one should not hide the next)."""
+    bundles, errors = [], []
+    for make in (_node_bundle, _engine_bundle, _router_bundle):
+        try:
+            found = make()
+        except WheelhouseError as exc:
+            errors.append(str(exc))
+            continue
+        if found is not None:
+            bundles.append(found)
+    if errors:
+        _fail_prepare(WheelhouseError("; and ".join(errors)))
+    return bundles
 
 
 def _installed(bundle: wheelhouse.Bundle, venv: str) -> bool:

@@ -64,6 +64,10 @@ class Served:
 
         class Server(ThreadingHTTPServer):
             daemon_threads = False  # server_close() joins every handler
+            # the load client opens a connection per request, as fast as failures come back: with
+            # socketserver's backlog of 5 a full accept queue left one connection unanswered until
+            # the client's 120 s timeout (CI 2026-12-02: this test took 126 s)
+            request_queue_size = 256
 
         self.server = Server(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
@@ -172,7 +176,8 @@ def test_the_load_client_prints_its_counts_at_the_end(served, tmp_path, capsys):
     stop = tmp_path / "stop"
     threading.Timer(1.0, stop.touch).start()
     assert loadclient.main(["--url", url, "--model", "m", "--concurrency", "2", "--out", str(tmp_path / "load.json"),
-                            "--stop-file", str(stop), "--failure-log", str(tmp_path / "f.jsonl")]) == 0
+                            "--stop-file", str(stop), "--failure-log", str(tmp_path / "f.jsonl"),
+                            "--pause-after-failure", "0.01", "--timeout", "30"]) == 0
     data = json.loads((tmp_path / "load.json").read_text())
     assert data["ok"] == 0 and data["failed"] > 0 and set(data["failures"]) == {"empty (stop)"}
     assert data["finish_reasons"] == {"stop": data["failed"]} and data["workers"] == {WORKER: data["failed"]}
