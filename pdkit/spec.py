@@ -656,6 +656,8 @@ class Monitoring(Frozen):
     prometheus_port: Port = 9090
     # Grafana's port
     grafana_port: Port = 3000
+    # Alertmanager's port (on this host, beside Prometheus)
+    alertmanager_port: Port = 9093
     # seconds between scrapes
     scrape_interval_s: IntervalSeconds = 15
     # hosts to scrape; unset: every host in the inventory

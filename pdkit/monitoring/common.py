@@ -80,6 +80,12 @@ def _monitoring(spec: ClusterSpec) -> Monitoring:
     return mon
 
 
+def alertmanager_urls(spec: ClusterSpec) -> list[str]:
+    """Each monitoring host's Alertmanager (beside its Prometheus), as pdkit's own clients reach it:
+    the one place its URL is decided (Prometheus' `alerting:`, silences, tests)."""
+    return [f"http://{h.address}:{h.monitoring.alertmanager_port}" for h in spec.monitoring_hosts if h.monitoring is not None]
+
+
 def scraped_hosts(spec: ClusterSpec) -> list[HostSpec]:
     """The hosts Prometheus scrapes: `scrape_hosts`, else every host, in inventory order."""
     wanted = _monitoring(spec).scrape_hosts
