@@ -658,6 +658,9 @@ class Monitoring(Frozen):
     grafana_port: Port = 3000
     # Alertmanager's port (on this host, beside Prometheus)
     alertmanager_port: Port = 9093
+    # where each alert's `runbook_url` points: this page (your hosted copy of the repository's
+    # docs/monitoring.md) plus `#<alert name, lower case>`; the default is the repository-relative path
+    runbook_base_url: str = Field(default="docs/monitoring.md", pattern=r"^(https?://\S+|[A-Za-z0-9_./-]+\.md)$")
     # seconds between scrapes
     scrape_interval_s: IntervalSeconds = 15
     # hosts to scrape; unset: every host in the inventory

@@ -37,6 +37,17 @@ def generated(url: str) -> float | None:
     return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == "sglang:generation_tokens_total")
 
 
+def router_view(metrics_url: str, worker: str) -> tuple[float | None, float | None]:
+    """(smg_worker_health, smg_worker_cb_state) of one worker, as the router sees it."""
+    try:
+        text = requests.get(metrics_url, timeout=2).text
+    except requests.RequestException:
+        return None, None
+    wanted = "\n".join(l for l in text.splitlines() if l.startswith(("smg_worker_health ", "smg_worker_health{", "smg_worker_cb_state"))) + "\n"
+    found = {s.name: s.value for f in text_string_to_metric_families(wanted) for s in f.samples if s.labels.get("worker") == worker}
+    return found.get("smg_worker_health"), found.get("smg_worker_cb_state")
+
+
 def test_a_killed_decode_gets_traffic_within_seconds_of_being_healthy(lab, converged, tmp_path):
     spec = converged
     host = spec["gpu"][1]
@@ -49,8 +60,13 @@ def test_a_killed_decode_gets_traffic_within_seconds_of_being_healthy(lab, conve
         assert ssh(lab, host, "systemctl kill -s KILL pdkit-engine-decode.service").returncode == 0
         killed = time.monotonic()
         healthy = serving = None
+        # the router's view over time (health, breaker), so a slow recovery says which one held it
+        timeline: list[tuple[float, tuple]] = []
         while time.monotonic() - killed < 120:
             now = time.monotonic()
+            view = router_view(spec["router_metrics"][0], url)
+            if not timeline or timeline[-1][1] != view:
+                timeline.append((now - killed, view))
             if healthy is None:
                 try:
                     if requests.get(f"{url}/health", timeout=1).status_code == 200:
@@ -64,6 +80,8 @@ def test_a_killed_decode_gets_traffic_within_seconds_of_being_healthy(lab, conve
             time.sleep(0.1)
         assert healthy is not None, "the killed decode never became healthy again"
         assert serving is not None, f"the decode was healthy {healthy - killed:.1f} s after the kill but got no traffic for 120 s"
+        print("router's view of the decode (s after the kill: health, breaker):",
+              ", ".join(f"{t:.1f}: {v}" for t, v in timeline))
         print(f"healthy {healthy - killed:.1f} s after the kill, serving {serving - killed:.1f} s after ({serving - healthy:.1f} s idle)")
         assert serving - healthy <= SERVES_WITHIN_S, f"healthy at {healthy - killed:.1f} s, first token only at {serving - killed:.1f} s"
         # and its breaker is closed again, under the same load
