@@ -420,7 +420,7 @@ def readmission_bound_s(router, health_check_timeout_s: float) -> float:
     check timeout. And its breaker, opened by the requests the kill failed, lets one trial through
     per cb-timeout; a trial that fails (one that lands in the engine's start-up window answers 503:
     seen in smg's journal, tests/lab/test_router_recovery_lab.py) opens it again. Allowed: one check
-    missed beyond the threshold and two failed trials. Measured on the lab: 0.3-5.6 s idle in 14
+    missed beyond the threshold and two failed trials. Measured on the lab: 0.3-5.6 s idle in 18
     kills; once 14.6 s in CI (cause not captured; the test now prints the router's view over time).
     """
     checks = (router.health_success_threshold + 1) * router.health_check_interval_secs + health_check_timeout_s
