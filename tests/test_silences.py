@@ -349,3 +349,80 @@ def test_a_deploy_silences_a_host_whose_engines_restart_and_expires_after_its_ga
         wait_state(am, s["id"], "expired")
     assert "the deploy failed on it" in printed.getvalue()
     deploy_end_all("nothing left")  # the exit handler: nothing open any more
+
+
+# The commands themselves, in a child process (pyinfra's API gevent-patches the process), with the
+# SSH side and the node steps stood in for and the spec's Alertmanager moved to the test's.
+_COMMAND = """
+import json, sys
+import pdkit.monitoring.common as common
+common.alertmanager_urls = lambda spec: [{am!r}]
+import pdkit.roll as roll
+from tests.test_roll import _FakePyinfra
+roll.Pyinfra = lambda inventory: _FakePyinfra()
+roll.Roller.read_router_keys = lambda self: []
+roll.read_node_state = lambda roller, hosts: ({{h: roll.HostDiff(h, ("/etc/pdkit/x",), ("pdkit-engine-decode.service",)) for h in hosts}}, {{}}, {{}})
+roll.measure_restarts = lambda roller, hosts: {{}}
+roll.Roller.current_releases = lambda self, state, hosts: ({{h: "rel-" + h for h in hosts}}, {{h: None for h in hosts}})
+roll.Roller.last_restart_to_ready = lambda self, host, name: None
+roll.Roller.engines_restart_to_ready = lambda self, host, name, since: 0.0
+roll.Roller.drain = lambda self, hosts: "drained"
+roll.Roller.restore = lambda self, name, host, to: "back on " + str(to)
+roll.Roller.readd = lambda self, hosts: "back"
+roll.Roller.smoke = lambda self, hosts: "smoked"
+def ready(self, hosts):
+    if {broken!r} in hosts:
+        raise TimeoutError("decode not healthy")
+    return "ready"
+roll.Roller.ready = ready
+from pdkit.cli import main
+sys.exit(main({argv!r}))
+"""
+
+
+def _command(alertmanager: str, argv: list[str], broken: str | None = None) -> subprocess.CompletedProcess:
+    import sys
+
+    from tests.conftest import REPO
+
+    code = _COMMAND.format(am=alertmanager, argv=argv, broken=broken)
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+
+
+def test_the_roll_report_records_each_silence_and_a_stopped_roll_leaves_none_active(alertmanager, spec, tmp_path):
+    report = tmp_path / "roll.json"
+    proc = _command(alertmanager, ["roll", spec.inventory, "--report", str(report)], broken="gpu01")
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads(report.read_text())
+    assert data["result"] == "stopped" and data["failed"]["host"] == "gpu01"
+    # the canary gpu02 rolled under its silence; gpu01 stopped the roll: expired after its restore; mon01 untouched
+    assert [s["hosts"] for s in data["silences"]] == [["gpu02"], ["gpu01"]]
+    rolled, stopped = data["silences"]
+    assert rolled["outcome"] == "rolled, ready and back in the router" and stopped["outcome"].startswith("the roll stopped on it")
+    am = Alertmanager(alertmanager)
+    for record in data["silences"]:
+        assert record["comment"].startswith("pdkit roll by ") and record["starts_at"] < record["expired_at"] < record["ends_at"]
+        for s, matchers in zip(record["silences"], record["matchers"]):
+            got = am.get(s["id"])
+            assert got["status"]["state"] == "expired"
+            assert sorted(got["matchers"], key=lambda m: m["name"]) == sorted(matchers, key=lambda m: m["name"])
+    assert [m["value"] for m in stopped["matchers"][0]] == ["test", "gpu01"]
+    out = proc.stdout
+    assert out.index("back on rel-gpu01") < out.rindex("silence expired")
+
+
+def test_a_rollback_is_silenced_and_expired(alertmanager, spec):
+    before = {s["id"] for s in Alertmanager(alertmanager).silences()}
+    proc = _command(alertmanager, ["rollback", spec.inventory, "gpu02"])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    made = [s for s in Alertmanager(alertmanager).silences() if s["id"] not in before]
+    assert len(made) == 2 and all(s["comment"].startswith("pdkit rollback by ") for s in made)
+    assert all(s["status"]["state"] == "expired" for s in made)
+    assert "silence expired" in proc.stdout and "back on the release, ready and in the router" in proc.stdout
+    # a failed rollback: expired too, and said so
+    before |= {s["id"] for s in made}
+    proc = _command(alertmanager, ["rollback", spec.inventory, "gpu02"], broken="gpu02")
+    assert proc.returncode == 1
+    made = [s for s in Alertmanager(alertmanager).silences() if s["id"] not in before]
+    assert len(made) == 2 and all(s["status"]["state"] == "expired" for s in made)
+    assert "the rollback stopped on it" in proc.stdout
