@@ -426,3 +426,39 @@ def test_a_rollback_is_silenced_and_expired(alertmanager, spec):
     made = [s for s in Alertmanager(alertmanager).silences() if s["id"] not in before]
     assert len(made) == 2 and all(s["status"]["state"] == "expired" for s in made)
     assert "the rollback stopped on it" in proc.stdout
+
+
+def test_tunes_rolls_and_put_backs_are_silenced_as_pdkit_tune(alertmanager, tmp_path):
+    """pdkit tune rolls through the Roller (the roll's silences, named `pdkit tune`) and puts a
+    failed candidate's hosts back with rollback's steps: silenced, then expired either way."""
+    from pdkit.tune import runner
+    from tests.conftest import REPO
+    from tests.test_roll import _FakePyinfra
+
+    path = tmp_path / "c.yaml"
+    path.write_text(json.dumps({"name": "t", "out_dir": str(tmp_path / "out"), "state_dir": str(tmp_path / "state"),
+                                "workload": {"concurrency": [4]}, "candidates": [{"name": "off", "set": {"decode.cuda_graph": False}}]}))
+    prep = runner.prepare(str(REPO / "inventories" / "lab.py"), str(path))
+    out = io.StringIO()
+    session = runner.Session(prep, [])
+    session.progress.stream = out
+    roller = session.roller(runner.BASELINE)
+    assert roller.silencer.command == "pdkit tune"
+    roller.silencer = Silencer([alertmanager], roller.silencer.command, roller.silencer.say, user="alice@ctl")
+    roller.pyinfra = _FakePyinfra()
+    roller.drain = lambda hosts: "drained"
+    roller.restore = lambda name, host, to: f"back on {to}"
+    roller.readd = lambda hosts: "back"
+    roller.smoke = lambda hosts: "smoked"
+    roller.ready = lambda hosts: "ready"
+    assert session.put_back(roller, ["lab-gpu2"], {"lab-gpu2": "rel-1"}) == ["lab-gpu2: back on release rel-1"]
+    roller.ready = lambda hosts: (_ for _ in ()).throw(TimeoutError("decode not healthy"))
+    assert "rollback FAILED" in session.put_back(roller, ["lab-gpu3"], {"lab-gpu3": "rel-1"})[0]
+    am = Alertmanager(alertmanager)
+    put_back, failed = roller.silencer.made
+    assert put_back.hosts == ("lab-gpu2",) and failed.hosts == ("lab-gpu3",)
+    assert put_back.comment.startswith("pdkit tune by alice@ctl: put back on its release")
+    assert put_back.outcome == "back on its release, ready and in the router" and failed.outcome.startswith("its put-back failed")
+    for silence in (put_back, failed):
+        for _, sid in silence.ids:
+            assert am.get(sid)["status"]["state"] == "expired"
