@@ -312,6 +312,7 @@ ROUTER_SYNC_S = 120
 _deploy_open: dict[str, tuple[Silencer, Silence]] = {}
 _deploy_watched: weakref.WeakSet = weakref.WeakSet()
 _deploy_exit_registered: list[bool] = []
+_deploy_silencers: dict[tuple[str, ...], Silencer] = {}
 
 
 def deploy_window_s(gate_timeouts: list[float], router_gate_timeouts: list[float], router_syncs: int) -> float:
@@ -347,7 +348,13 @@ def deploy_start(state, host, spec: ClusterSpec, window_s: float, units: list[st
     """python.call (pyinfra passes STATE and HOST): silence HOST for its restarts of UNITS."""
     import atexit
 
-    silencer = Silencer.for_spec(spec, "pyinfra deploy", _deploy_say)
+    from pdkit.monitoring.common import alertmanager_urls
+
+    # one Silencer for the whole deploy: an Alertmanager that does not answer is one warning, not one per host
+    urls = tuple(alertmanager_urls(spec))
+    if urls not in _deploy_silencers:
+        _deploy_silencers[urls] = Silencer(list(urls), "pyinfra deploy", _deploy_say)
+    silencer = _deploy_silencers[urls]
     silence = silencer.start(host.name, [host.name], host_matchers(spec, [host.name]), window_s,
                              f"restarting {', '.join(units)} on {host.name}")
     if silence is None:

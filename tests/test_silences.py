@@ -350,6 +350,16 @@ def test_a_deploy_silences_a_host_whose_engines_restart_and_expires_after_its_ga
     assert "the deploy failed on it" in printed.getvalue()
     deploy_end_all("nothing left")  # the exit handler: nothing open any more
 
+    # an Alertmanager that does not answer: one warning for the whole deploy, not one per host
+    monkeypatch.setattr("pdkit.monitoring.common.alertmanager_urls", lambda spec: [DOWN])
+    for name in ("gpu01", "gpu02"):
+        Host.name = name
+        deploy_start(state, Host(), spec, window, units)
+    assert printed.getvalue().count("warning: ") == 1
+
+
+DOWN = f"http://127.0.0.1:{_free_port()}"
+
 
 # The commands themselves, in a child process (pyinfra's API gevent-patches the process), with the
 # SSH side and the node steps stood in for and the spec's Alertmanager moved to the test's.
