@@ -58,6 +58,10 @@ HOLD_FACTOR, HOLD_MARGIN_S, HOLD_MAX_S, HOLD_UNMEASURED_S = 1.5, 10, 600, 60
 # requests 503 at once while the prefills' requests in flight finish, and serving resumes only
 # once a prefill is there to pair with (tests/sim/test_router_no_workers.py)
 REMOVAL_ORDER = {"decode": 0, "regular": 1, "prefill": 2}
+# What a step's Alertmanager silence must outlast (silence_window_s): a new engine environment
+# installed inside the apply (real SGLang 0.5.23 installs took 227-236 s: docs/benchmarks.md),
+# and a restore's command on the node (run_remote's timeout)
+APPLY_INSTALL_S, RESTORE_S = 900, 900
 
 
 class RollError(RuntimeError):
@@ -494,6 +498,21 @@ def key_fix(inventory: str, router_host: str) -> str:
             f"(its clients get errors while it restarts)")
 
 
+def silence_window_s(drain_timeout_s: float, gate_s: float, router_timeout_s: float, held_s: float = 0) -> float:
+    """Pure: the upper bound of one roll (or rollback) step by the roll's own timeouts, failure
+    path included: the endsAt of its silence, so a pdkit that dies mid-step leaves no silence
+    behind for longer than the step could have taken. The silence is expired as soon as the
+    step ends; this bound only matters when pdkit cannot expire it. GATE_S: the slowest gate of
+    the batch's services (their ready_timeout_s)."""
+    drain = 2 * drain_timeout_s  # the other workers usable, then the engines idle
+    apply = APPLY_INSTALL_S + gate_s  # the deploy: installs, restarts, its own gates
+    ready = gate_s + 60  # Roller.run_gates: the gates' timeout + 60
+    router = 3 * router_timeout_s + held_s + gate_s + 60  # add, healthy, breakers closed, the router's gate
+    smoke = router_timeout_s
+    recover = RESTORE_S + 3 * router_timeout_s + held_s  # a failed gate: restore, re-add
+    return drain + apply + ready + router + smoke + recover
+
+
 # ================================================================ talking to hosts
 
 
@@ -775,12 +794,27 @@ class Roller:
     removed: list[str] = field(default_factory=list)
     # name -> connected pyinfra Host of the current batch (its gates run over these)
     connected: dict[str, Any] = field(default_factory=dict)
+    # the command this Roller runs for (roll, rollback, tune): its silences' comments name it
+    command: str = "roll"
 
     def __post_init__(self) -> None:
         from pdkit.plan import plan_cluster
+        from pdkit.silences import Silencer
 
         self.plans = plan_cluster(self.spec)
         self.pyinfra = Pyinfra(self.inventory)
+        self.silencer = Silencer.for_spec(self.spec, f"pdkit {self.command}", lambda who, text: self.progress(who, "silence", text))
+
+    def silenced(self, hosts: list[str], what: str, done: str, failed: str):
+        """A context: HOSTS' alerts silenced in Alertmanager (pdkit/silences.py) from here until it
+        ends, however it ends; the bound is silence_window_s of this Roller's timeouts."""
+        from pdkit.silences import host_matchers
+
+        gate_s = max((s.ready_timeout_s for h in hosts for s in self.plans[h].services), default=self.spec.cluster.ready_timeout_s)
+        held = self.hold_settle_s(hosts) if self.held_kinds(batch_outages(self.spec, hosts)) else 0
+        window = silence_window_s(self.drain_timeout_s, gate_s, self.router_timeout_s, held)
+        return self.silencer.silenced(",".join(hosts), hosts, host_matchers(self.spec, hosts), window,
+                                      f"{what} on {', '.join(hosts)}", done=done, failed=failed)
 
     # ---- routers and engines
     def routers(self):
@@ -1129,46 +1163,51 @@ class Roller:
                 timings[h].steps[name] = took
             p(",".join(batch), name, message, took)
 
-        try:
-            # The deploy's prepare only reads the nodes (facts) and decides the operations, so it
-            # runs while the drain (HTTP to routers and engines only) waits for the engines to go idle.
-            drain_started = time.monotonic()
-            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="pdkit-roll-drain") as pool:
-                drained = pool.submit(self.drain, batch)
-                prepare_errors = self.pyinfra.prepare(batch, state)
-            gate("drain", lambda _: drained.result(), started=drain_started)
-            done_drain = True
+        # the batch's alerts do not page while it is drained, restarted and gated; the silence ends
+        # with the step: after the re-add and smoke, or after the restore when a gate failed (a node
+        # left broken then pages)
+        with self.silenced(batch, "drain, apply, gates, re-add, smoke", done="rolled, ready and back in the router",
+                           failed="the roll stopped on it: expired after the restore, so whatever is still wrong pages"):
+            try:
+                # The deploy's prepare only reads the nodes (facts) and decides the operations, so it
+                # runs while the drain (HTTP to routers and engines only) waits for the engines to go idle.
+                drain_started = time.monotonic()
+                with ThreadPoolExecutor(max_workers=1, thread_name_prefix="pdkit-roll-drain") as pool:
+                    drained = pool.submit(self.drain, batch)
+                    prepare_errors = self.pyinfra.prepare(batch, state)
+                gate("drain", lambda _: drained.result(), started=drain_started)
+                done_drain = True
 
-            def apply(b: list[str]) -> str:
-                errors = prepare_errors or self.pyinfra.execute(b, state)  # the batch's State: connected once
-                if errors:
-                    h, why = next(iter(sorted(errors.items())))
-                    raise RollError(h, "apply", why)
-                phases = self.pyinfra.phases
-                return (f"deploy/pd.py applied; changed services restarted and passed their health gates "
-                        f"(prepared while draining: {phases.get('prepare', 0):.1f} s; execute {phases.get('execute', 0):.1f} s)")
+                def apply(b: list[str]) -> str:
+                    errors = prepare_errors or self.pyinfra.execute(b, state)  # the batch's State: connected once
+                    if errors:
+                        h, why = next(iter(sorted(errors.items())))
+                        raise RollError(h, "apply", why)
+                    phases = self.pyinfra.phases
+                    return (f"deploy/pd.py applied; changed services restarted and passed their health gates "
+                            f"(prepared while draining: {phases.get('prepare', 0):.1f} s; execute {phases.get('execute', 0):.1f} s)")
 
-            gate("apply", apply)
-            gate("ready", self.ready)
-            gate("router", self.readd)
-            gate("smoke", self.smoke)
-        except RollError as exc:
-            p(exc.host, "FAILED", f"gate '{exc.gate}': {exc.message}")
-            exc.restored = done_drain
-            if done_drain:
-                exc.readded = self._recover(batch, hosts, before)
-            elif not self.removed:
-                # the drain failed before it took anything out (a router that refuses the key): nothing to put back
-                exc.readded = None
-            else:
-                # nothing was applied: only put back whatever the drain took out of the router
-                try:
-                    p(",".join(batch), "router", self.readd(batch))
-                    exc.readded = True
-                except Exception as readd_exc:  # noqa: BLE001
-                    p(",".join(batch), "router", f"could not add the engines back: {readd_exc}")
-                    exc.readded = False
-            raise
+                gate("apply", apply)
+                gate("ready", self.ready)
+                gate("router", self.readd)
+                gate("smoke", self.smoke)
+            except RollError as exc:
+                p(exc.host, "FAILED", f"gate '{exc.gate}': {exc.message}")
+                exc.restored = done_drain
+                if done_drain:
+                    exc.readded = self._recover(batch, hosts, before)
+                elif not self.removed:
+                    # the drain failed before it took anything out (a router that refuses the key): nothing to put back
+                    exc.readded = None
+                else:
+                    # nothing was applied: only put back whatever the drain took out of the router
+                    try:
+                        p(",".join(batch), "router", self.readd(batch))
+                        exc.readded = True
+                    except Exception as readd_exc:  # noqa: BLE001
+                        p(",".join(batch), "router", f"could not add the engines back: {readd_exc}")
+                        exc.readded = False
+                raise
         for h in batch:
             timings[h].total_s = time.monotonic() - t0
             timings[h].apply_detail = {"prepare": self.pyinfra.phases.get("prepare", 0.0), **self.pyinfra.operations.get(h, {})}
@@ -1316,7 +1355,8 @@ def cmd_roll(args: argparse.Namespace) -> int:
     def write_report(result: str, **extra: Any) -> None:
         # on every exit once the roll is planned: a failed roll is when the report is wanted most
         if args.report:
-            Path(args.report).write_text(json.dumps({"result": result, **report(roller.timings), "downtime": downtime, **extra}, indent=2) + "\n")
+            Path(args.report).write_text(json.dumps({"result": result, **report(roller.timings), "downtime": downtime,
+                                                     "silences": roller.silencer.records, **extra}, indent=2) + "\n")
 
     if downtime and not args.allow_downtime:
         print(refusal_text("roll", rerun_with_downtime(args), downtime), file=sys.stderr)
@@ -1422,7 +1462,7 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     if args.host not in {h.name for h in spec.hosts}:
         print(f"pdkit rollback: {args.host} is not in {args.inventory}", file=sys.stderr)
         return EXIT_INVALID
-    roller = Roller(args.inventory, spec, Progress(), drain_timeout_s=args.drain_timeout, allow_downtime=args.allow_downtime)
+    roller = Roller(args.inventory, spec, Progress(), drain_timeout_s=args.drain_timeout, allow_downtime=args.allow_downtime, command="rollback")
     p = roller.progress
     batch = [args.host]
     for note in roller.read_router_keys():
@@ -1441,20 +1481,25 @@ def cmd_rollback(args: argparse.Namespace) -> int:
             return EXIT_INVALID
         for line in downtime:
             p("-", "downtime", line)
-    try:
-        for name, fn in (("drain", roller.drain), ("restore", lambda b: roller.restore(args.host, hosts[args.host], args.to)),
-                         ("ready", roller.ready), ("router", roller.readd), ("smoke", roller.smoke)):
-            start = time.monotonic()
-            p(args.host, name, fn(batch), time.monotonic() - start)
-    except Exception as exc:  # noqa: BLE001
-        print(f"pdkit rollback: {args.host}: gate '{name}' failed: {exc}", file=sys.stderr)
-        if name == "restore":
-            try:
-                roller.readd(batch)
-            except Exception:  # noqa: BLE001
-                pass
-        return EXIT_FAILED
-    return 0
+    name = "drain"
+    # the node's alerts do not page from the drain to the smoke; a failed step expires the silence
+    # once the engines are put back in the router, so a node left broken pages
+    with roller.silenced(batch, "drain, restore, gates, re-add, smoke", done="back on the release, ready and in the router",
+                         failed="the rollback stopped on it: expired, so whatever is still wrong pages") as step:
+        try:
+            for name, fn in (("drain", roller.drain), ("restore", lambda b: roller.restore(args.host, hosts[args.host], args.to)),
+                             ("ready", roller.ready), ("router", roller.readd), ("smoke", roller.smoke)):
+                start = time.monotonic()
+                p(args.host, name, fn(batch), time.monotonic() - start)
+        except Exception as exc:  # noqa: BLE001
+            print(f"pdkit rollback: {args.host}: gate '{name}' failed: {exc}", file=sys.stderr)
+            if name == "restore":
+                try:
+                    roller.readd(batch)
+                except Exception:  # noqa: BLE001
+                    pass
+            step.failed = True
+    return EXIT_FAILED if step.failed else 0
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -1467,7 +1512,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--bake", type=float, default=0.0, metavar="S", help="after the canary, let it serve S seconds and check it again before going on")
     p.add_argument("--drain-timeout", type=float, default=300.0, metavar="S", help="longest wait for an engine's running requests and PD queues to empty")
     p.add_argument("--smoke-requests", type=int, default=4, metavar="N", help="completions sent through each router after a node rejoins")
-    p.add_argument("--report", metavar="FILE", help="write per-node timings (total, engines' restart-to-ready, kit overhead, outage, steps) as JSON")
+    p.add_argument("--report", metavar="FILE", help="write per-node timings (total, engines' restart-to-ready, kit overhead, outage, steps) and the Alertmanager silences made (ids, matchers, window) as JSON")
     p.add_argument("--allow-downtime", action="store_true",
                    help="accept an outage where a batch holds a router's last workers of a kind (a one-node cluster); refused without it")
     p.set_defaults(func=cmd_roll)

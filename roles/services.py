@@ -11,7 +11,7 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import python, server
 
-from pdkit import changes, flags, gates, limitwarn, routersync
+from pdkit import changes, flags, gates, limitwarn, routersync, silences
 from pdkit.deploy import current_host, current_plan, current_spec
 from pdkit.monitoring.common import scraped_hosts
 from pdkit.router_api import RouterError
@@ -82,6 +82,12 @@ def services() -> None:
     # its workers up.
     start_first, start_router = _router_last(start)
     restart_first, restart_router = _router_last(restart)
+    # engines or a router (re)starting outside a roll (which silences its own batch): the host's
+    # alerts are silenced in Alertmanager from here to the end of its gates (pdkit/silences.py)
+    silence = silences.deploy_silence(spec, host.name, [*start, *restart], host.data.get("node_drained") is True)
+    if silence:
+        python.call(name="Silence this host's alerts for its restarts", function=silences.deploy_start, spec=spec,
+                    window_s=silence[0], units=silence[1])
     _start_and_restart(start_first, restart_first, "engines and daemons")
     if start_first or restart_first:
         gated = [*start_first, *restart_first]
@@ -105,6 +111,8 @@ def services() -> None:
         if service.remote_workers:
             # the gate's verdict is not shown by pyinfra (below -vvv): say which workers are pending
             python.call(name=f"Workers of {service.unit} on other hosts", function=_report_remote_workers, spec=spec, router_host=current_host(), service=service)
+    if silence:
+        python.call(name="Expire this host's silence: its restarts passed their gates", function=silences.deploy_end)
 
 
 # per pyinfra State: (host -> worker URLs it (re)starts, host -> scrape targets it moves);

@@ -257,7 +257,7 @@ class Session:
         from pdkit.roll import Roller
 
         inv = self.prep.inventory if name == BASELINE else str(self.write_inventory(name))
-        return Roller(inv, self.prep.specs[name], self.progress, allow_downtime=self.prep.campaign.downtime)
+        return Roller(inv, self.prep.specs[name], self.progress, allow_downtime=self.prep.campaign.downtime, command="tune")
 
     def write_inventory(self, name: str) -> Path:
         path = candidate_inventory(self.prep.campaign, name)
@@ -305,25 +305,31 @@ class Session:
                 out.append(f"{h}: no earlier release recorded: left as it is")
                 continue
             steps = []
-            try:
-                _, connected, unreachable = roller.pyinfra.connect([h])
-                if unreachable:
-                    raise RuntimeError(f"cannot reach it over SSH: {unreachable[h]}")
-                for step, fn in (("drain", roller.drain), ("restore", lambda b: roller.restore(h, connected[h], before[h])),
-                                 ("ready", roller.ready), ("router", roller.readd), ("smoke", roller.smoke)):
-                    start = time.monotonic()
-                    message = fn([h])
-                    steps.append(step)
-                    self.progress(h, step, message, time.monotonic() - start)
-                out.append(f"{h}: back on release {before[h]}")
-            except Exception as exc:  # noqa: BLE001 - say it and go on with the other hosts
-                out.append(f"{h}: rollback FAILED after {', '.join(steps) or 'nothing'}: {exc}")
-                self.progress(h, "FAILED", f"rollback: {exc}")
-                if "drain" in steps and "router" not in steps:
-                    try:
-                        roller.readd([h])
-                    except Exception:  # noqa: BLE001
-                        pass
+            # silenced like `pdkit rollback`: from the drain to the smoke, expired either way (a
+            # host the put-back left broken pages)
+            with roller.silenced([h], "put back on its release before the candidate (drain, restore, gates, re-add, smoke)",
+                                 done="back on its release, ready and in the router",
+                                 failed="its put-back failed: expired, so whatever is still wrong pages") as silenced:
+                try:
+                    _, connected, unreachable = roller.pyinfra.connect([h])
+                    if unreachable:
+                        raise RuntimeError(f"cannot reach it over SSH: {unreachable[h]}")
+                    for step, fn in (("drain", roller.drain), ("restore", lambda b: roller.restore(h, connected[h], before[h])),
+                                     ("ready", roller.ready), ("router", roller.readd), ("smoke", roller.smoke)):
+                        start = time.monotonic()
+                        message = fn([h])
+                        steps.append(step)
+                        self.progress(h, step, message, time.monotonic() - start)
+                    out.append(f"{h}: back on release {before[h]}")
+                except Exception as exc:  # noqa: BLE001 - say it and go on with the other hosts
+                    silenced.failed = True
+                    out.append(f"{h}: rollback FAILED after {', '.join(steps) or 'nothing'}: {exc}")
+                    self.progress(h, "FAILED", f"rollback: {exc}")
+                    if "drain" in steps and "router" not in steps:
+                        try:
+                            roller.readd([h])
+                        except Exception:  # noqa: BLE001
+                            pass
         return out
 
     # ---- gates
@@ -473,6 +479,8 @@ class Session:
             record["releases_after"] = self.releases(roller, prep.targets)
         except RollError as exc:
             record["releases_after"] = {"error": str(exc)}
+        # the Alertmanager silences of this candidate's rolls and put-backs (pdkit/silences.py)
+        record["silences"] = roller.silencer.records
         record["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
         return record
 
@@ -542,7 +550,8 @@ def end(session: Session) -> int:
     cand = next((x for x in prep.candidates if x.name == kept), None)
     fields = keep_lines(cand, prep.applied[kept], engine_hosts) if cand else []
     record = {"schema": SCHEMA, "campaign": c.name, "kind": "end", "candidate": kept, "reason": why, "keep_fields": fields,
-              "releases_after": session.releases(roller, prep.targets), "finished": datetime.now(UTC).isoformat(timespec="seconds")}
+              "releases_after": session.releases(roller, prep.targets), "silences": roller.silencer.records,
+              "finished": datetime.now(UTC).isoformat(timespec="seconds")}
     session.finish(record)
     print(f"\npdkit tune: {c.name}: left applied: {kept} ({why})")
     if fields:
