@@ -74,6 +74,17 @@ def test_every_alert_has_exactly_one_runbook_with_something_to_run():
         assert any("`" in step for step in rb.run), name
 
 
+def _bare_tags(markdown: str) -> list[str]:
+    """`<word>` outside code spans and HTML comments: markdown renders it as an (unknown, dropped) HTML tag."""
+    text = re.sub(r"<!--.*?-->", "", re.sub(r"`[^`\n]*`", "", markdown))
+    return re.findall(r"</?[A-Za-z][^>\n]*>", text)
+
+
+def test_the_runbooks_render_every_placeholder():
+    assert _bare_tags(alerttable.table() + alerttable.runbooks()) == []
+    assert _bare_tags("on <node> run `journalctl -u pdkit-engine-<engine>`") == ["<node>"]
+
+
 def test_the_doc_refuses_an_alert_without_a_runbook(monkeypatch):
     runbooks = dict(mon.RUNBOOKS)
     del runbooks["PdkitEngineWedged"]

@@ -83,8 +83,8 @@ def table(*specs) -> str:
 def runbooks(*specs) -> str:
     """One `### <alert>` entry per alert: what it means, the likely causes, what to run."""
     out = [RUNBOOKS_BEGIN, "",
-           "INVENTORY is the cluster's inventory file (e.g. `inventories/cluster.py`); `<node>`, `<engine>`, "
-           "`<worker>` and the like are the alert's labels of those names.", ""]
+           "INVENTORY is the cluster's inventory file (e.g. `inventories/cluster.py`); {node}, {engine}, "
+           "{worker} and the like are the alert's labels of those names.", ""]
     for a in _declared(specs):
         rb = RUNBOOKS[a.name]
         out += [f"### {a.name}", "",

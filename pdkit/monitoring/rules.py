@@ -866,7 +866,7 @@ def _exporter(c: _Context) -> list[Alert]:
 # ---------------------------------------------------------------------------------------------
 # Runbooks: one entry per alert, spec-independent text (docs/monitoring.md's "Runbooks" section is generated
 # from it by pdkit.monitoring.alerttable; each rule's `runbook_url` annotation links to its entry).
-# INVENTORY stands for the cluster's inventory file (inventories/<cluster>.py); <node>, <engine> for the
+# INVENTORY stands for the cluster's inventory file (inventories/<cluster>.py); {node}, {engine} for the
 # alert's labels of those names.
 
 @dataclass(frozen=True)
@@ -879,25 +879,25 @@ class Runbook:
     run: tuple[str, ...]
 
 
-_JOURNAL = "`journalctl -u pdkit-engine-<engine> -n 300` on <node>"
-_REDEPLOY = ("re-apply the plan to the node: `pdkit roll INVENTORY --limit <node>` (drains it, applies, restarts "
+_JOURNAL = "`journalctl -u pdkit-engine-{engine} -n 300` on {node}"
+_REDEPLOY = ("re-apply the plan to the node: `pdkit roll INVENTORY --limit {node}` (drains it, applies, restarts "
              "behind the health gate, re-adds it; a failed node is rolled back), or "
-             "`pyinfra INVENTORY deploy/pd.py --limit <node>` where the node serves nothing")
+             "`pyinfra INVENTORY deploy/pd.py --limit {node}` where the node serves nothing")
 
 RUNBOOKS: dict[str, Runbook] = {
     "PdkitEngineDown": Runbook(
         means="Prometheus cannot scrape an engine's /metrics: the process is stopped, crashed or hung. A PD pair "
               "stalls while either side is down; the router keeps sending the engine requests until its health "
-              "checks fail (then PdkitRouterWorkerUnhealthy).",
+              "checks fail (then PdkitRouterWorkerUnhealthy). The 2m `for` is longer than a real SGLang restart "
+              "(~60-106 s): a roll does not page.",
         causes=("the engine crashed: CUDA out of memory, an NCCL error, SGLang's 300 s scheduler watchdog, a "
                 "Python traceback", "a GPU fault (Xid in dmesg), the node rebooted",
                 "someone stopped the unit by hand, or a deploy's restart failed its health gate"),
         run=("`pdkit doctor INVENTORY`: the engine's `reachable` row (and `rank_process` for an engine spanning "
              "nodes)",
-             "`systemctl status pdkit-engine-<engine>` and " + _JOURNAL,
-             "`nvidia-smi` and `dmesg -T | grep -i xid` on <node>",
-             "fix the cause, then " + _REDEPLOY,
-             "the 2m `for` is longer than a real SGLang restart (~60-106 s): a roll does not page")),
+             "`systemctl status pdkit-engine-{engine}` and " + _JOURNAL,
+             "`nvidia-smi` and `dmesg -T | grep -i xid` on {node}",
+             "fix the cause, then " + _REDEPLOY)),
     "PdkitEngineRankDown": Runbook(
         means="pdkit-exporter on a rank's node finds no running process for a rank above 0 of an engine spanning "
               "nodes (`pdkit_engine_rank_up{rank!=\"0\"} == 0`). Such a rank serves no HTTP, so "
@@ -906,22 +906,22 @@ RUNBOOKS: dict[str, Runbook] = {
               "`role`, `rank`, `nnodes`, `head` (rank 0's host).",
         causes=("the rank keeps crashing: systemd restarts it after 5 s (`Restart=on-failure`), so one down for 2m "
                 "keeps failing or was stopped",
-                "it cannot reach rank 0's `--dist-init-addr` on <head> (firewall, NCCL_SOCKET_IFNAME)",
-                "CUDA out of memory, an NCCL error, a GPU fault on <node>"),
-        run=("`pdkit doctor INVENTORY`: the `rank_process` row of `<engine> rank <rank>`",
-             "`systemctl status pdkit-engine-<engine>` and " + _JOURNAL,
-             "`nvidia-smi`, `dmesg -T | grep -i xid` on <node>",
-             "fix it and re-run the deploy over every node of the engine: `pdkit roll INVENTORY --limit <head> "
-             "--limit <node>` (the ranks restart together behind rank 0's health gate)")),
+                "it cannot reach rank 0's `--dist-init-addr` on {head} (firewall, NCCL_SOCKET_IFNAME)",
+                "CUDA out of memory, an NCCL error, a GPU fault on {node}"),
+        run=("`pdkit doctor INVENTORY`: the `rank_process` row of `{engine} rank {rank}`",
+             "`systemctl status pdkit-engine-{engine}` and " + _JOURNAL,
+             "`nvidia-smi`, `dmesg -T | grep -i xid` on {node}",
+             "fix it and re-run the deploy over every node of the engine: `pdkit roll INVENTORY --limit {head} "
+             "--limit {node}` (the ranks restart together behind rank 0's health gate)")),
     "PdkitRouterDown": Runbook(
         means="Prometheus cannot scrape the router's metrics port: clients get connection errors. The engines "
               "keep running; every worker alert of this router is inhibited while it is down.",
         causes=("the router crashed or was stopped", "a bad router flag after a change (it exits at start)",
                 "the metrics port is firewalled from the monitoring host (then clients may still be served)"),
-        run=("`systemctl status pdkit-router` and `journalctl -u pdkit-router -n 200` on <node>",
-             "`curl -s http://<node>:<router port>/health` from a client host",
+        run=("`systemctl status pdkit-router` and `journalctl -u pdkit-router -n 200` on {node}",
+             "`curl -s http://{node}:<router port>/health` from a client host",
              "`pdkit doctor INVENTORY`: the `router_workers` row",
-             "restart it with the deploy: `pyinfra INVENTORY deploy/pd.py --limit <node>`; nothing else needs a "
+             "restart it with the deploy: `pyinfra INVENTORY deploy/pd.py --limit {node}`; nothing else needs a "
              "restart")),
     "PdkitScrapeTargetDown": Runbook(
         means="pdkit-exporter, node_exporter, the DCGM exporter or Prometheus itself cannot be scraped for 5m: "
@@ -929,10 +929,10 @@ RUNBOOKS: dict[str, Runbook] = {
               "Serving is not affected.",
         causes=("the exporter service stopped or crashed", "its port is not reachable from the monitoring host",
                 "the node is down (then its engines' alerts fire too)"),
-        run=("on <node>: `systemctl status pdkit-exporter` (or prometheus-node-exporter, dcgm-exporter, "
+        run=("on {node}: `systemctl status pdkit-exporter` (or prometheus-node-exporter, dcgm-exporter, "
              "prometheus) and `journalctl -u <that unit> -n 100`",
-             "from the monitoring host: `curl -s http://<node>:<port>/metrics | head`",
-             "re-apply the node: `pyinfra INVENTORY deploy/pd.py --limit <node>` (it serves nothing new: no roll "
+             "from the monitoring host: `curl -s http://{node}:<port>/metrics | head`",
+             "re-apply the node: `pyinfra INVENTORY deploy/pd.py --limit {node}` (it serves nothing new: no roll "
              "needed)")),
     "PdkitRouterWorkerUnhealthy": Runbook(
         means="The router failed a worker's health checks and sends it no new requests; in PD mode its partner "
@@ -942,8 +942,8 @@ RUNBOOKS: dict[str, Runbook] = {
                 "the engine is up but /health does not answer the router: a firewall, a wrong --host, an engine "
                 "stuck in a long generate or wedged (PdkitEngineWedged)"),
         run=("`pdkit doctor INVENTORY`: the `router_workers` row and the engine's `reachable` and `queues` rows",
-             "`curl -s <worker>/health` from the router host <node>",
-             "the engine's journal: `journalctl -u pdkit-engine-<engine> -n 300` on the worker's node",
+             "`curl -s {worker}/health` from the router host {node}",
+             "the engine's journal: `journalctl -u pdkit-engine-{engine} -n 300` on the worker's node",
              "fix the engine (restart it, or " + _REDEPLOY + ")")),
     "PdkitRouterCircuitOpen": Runbook(
         means="The router keeps opening its circuit breaker for one worker: requests sent to it keep failing "
@@ -957,8 +957,8 @@ RUNBOOKS: dict[str, Runbook] = {
                 "a request timeout shorter than the worker needs (pdkit_cluster.fault_budget)"),
         run=("`pdkit doctor INVENTORY`: the worker's `kv_transfer` row (it counts the router's failed requests "
              "per worker) and `router_workers`",
-             "`journalctl -u pdkit-engine-<engine> -n 300` on the worker's node and `journalctl -u pdkit-router "
-             "-n 300 | grep <worker>` on <node>",
+             "`journalctl -u pdkit-engine-{engine} -n 300` on the worker's node and `journalctl -u pdkit-router "
+             "-n 300 | grep {worker}` on {node}",
              "restart the engine if it does not recover: `pdkit roll INVENTORY --limit <worker's node>`")),
     "PdkitRouterRetriesExhausted": Runbook(
         means="The router gave up on requests after every retry (`smg_worker_retries_exhausted_total` moved): "
@@ -967,9 +967,9 @@ RUNBOOKS: dict[str, Runbook] = {
                 "alerts name which)", "every worker of that type is overloaded or draining at once",
                 "request timeouts shorter than a long generate (pdkit_cluster.fault_budget)"),
         run=("`pdkit doctor INVENTORY` (its `router_workers`, `kv_transfer` and `queues` rows)",
-             "`journalctl -u pdkit-router -n 300` on <node>: each failed attempt names its worker and error",
+             "`journalctl -u pdkit-router -n 300` on {node}: each failed attempt names its worker and error",
              "fix the failing worker (its own alert's runbook); a timeout: raise the fault budget in the "
-             "inventory and `pdkit roll INVENTORY --limit <node>`")),
+             "inventory and `pdkit roll INVENTORY --limit {node}`")),
     "PdkitRouterWorkersOverloaded": Runbook(
         means="For 10m the router found every worker it could use overloaded (waiting queue at "
               "--worker-overload-waiting-requests, default 8, or KV usage at --worker-overload-token-usage, "
@@ -992,9 +992,9 @@ RUNBOOKS: dict[str, Runbook] = {
                 "a limit set lower than the engines can hold (pdkit_router.extra_args)",
                 "slow engines hold their permits longer (the overload and queue alerts)"),
         run=("`pdkit doctor INVENTORY` and the router dashboard's request rate",
-             "`journalctl -u pdkit-router -n 200` on <node>",
+             "`journalctl -u pdkit-router -n 200` on {node}",
              "raise the limit in pdkit_router.extra_args and roll the router host "
-             "(`pdkit roll INVENTORY --limit <node>`), or add engines, or lower the load")),
+             "(`pdkit roll INVENTORY --limit {node}`), or add engines, or lower the load")),
     "PdkitQueueGrowing": Runbook(
         means="One of an engine's queues (label `queue`) has kept growing for 10m: requests arrive faster than "
               "the engine drains them. A queue that is stuck but not growing does not fire this; the TTFT, "
@@ -1018,7 +1018,7 @@ RUNBOOKS: dict[str, Runbook] = {
         run=("`pdkit doctor INVENTORY`: the `kv_transfer` and `version` rows of both engines",
              "both engines' journals: " + _JOURNAL + " (NIXL/UCX errors, 300 s timeouts); `UCX_PROTO_INFO=y` "
              "in the engine's environment logs the lane UCX picked",
-             "set the missing node fields in the inventory and `pdkit roll INVENTORY --limit <node>`")),
+             "set the missing node fields in the inventory and `pdkit roll INVENTORY --limit {node}`")),
     "PdkitBootstrapFailures": Runbook(
         means="Decode could not complete the bootstrap handshake with its prefill (the prefill's bootstrap "
               "port): requests fail before any KV moves. A new series (the first failure) fires too.",
@@ -1029,7 +1029,7 @@ RUNBOOKS: dict[str, Runbook] = {
         run=("`pdkit doctor INVENTORY`: the `kv_transfer` rows of the pair",
              "from the decode node: `nc -vz <prefill node> <bootstrap port>`",
              "the decode's journal: " + _JOURNAL,
-             "restart the decode (`pdkit roll INVENTORY --limit <node>`) if the prefill was replaced")),
+             "restart the decode (`pdkit roll INVENTORY --limit {node}`) if the prefill was replaced")),
     "PdkitDecodeCudaGraphRatioLow": Runbook(
         means="Fewer than 90% of an engine's decode passes ran in a CUDA graph although its spec turns decode "
               "graphs on: decode is CPU-launch bound (the seeds measured 3-5x less throughput). Only engines "
@@ -1040,7 +1040,7 @@ RUNBOOKS: dict[str, Runbook] = {
         run=("`pdkit doctor INVENTORY`: the engine's `decode_cuda_graph` and `graph_buckets` rows",
              "`#running-req` in the decode log lines (tuning dashboard) against `cuda_graph_max_bs`",
              "set `tuning.cuda_graph_max_bs` to at least the target concurrency and `pdkit roll INVENTORY --limit "
-             "<node>`")),
+             "{node}`")),
     "PdkitEngineWedged": Runbook(
         means="An engine holds requests (running or queued) and its scheduler computed no token over the wedge "
               "window (2m): its HTTP server answers and /health may pass, clients wait. It fires well inside "
@@ -1049,8 +1049,8 @@ RUNBOOKS: dict[str, Runbook] = {
                 "an NCCL or NIXL call that never returns", "a GPU fault"),
         run=("`pdkit doctor INVENTORY`: the engine's `queues` row says \"wedged\"",
              _JOURNAL + " (the last Prefill/Decode batch line, NCCL or NIXL errors)",
-             "`py-spy dump --pid <scheduler pid>` on <node> shows where it hangs",
-             "`systemctl restart pdkit-engine-<engine>` on <node> (or `pdkit roll INVENTORY --limit <node>`); "
+             "`py-spy dump --pid <scheduler pid>` on {node} shows where it hangs",
+             "`systemctl restart pdkit-engine-{engine}` on {node} (or `pdkit roll INVENTORY --limit {node}`); "
              "if it recurs, consider `--disable-overlap-schedule`")),
     "PdkitTtftP99OverSlo": Runbook(
         means="The p99 time to first token measured by decode (and unified) engines over the rate window is "
@@ -1066,16 +1066,16 @@ RUNBOOKS: dict[str, Runbook] = {
         causes=("someone changed the unit by hand", "a deploy did not restart the engine",
                 "the release on the node is not the planned one"),
         run=("`pdkit doctor INVENTORY`: the engine's `flags` row names each drifted flag",
-             "compare `systemctl cat pdkit-engine-<engine>` on <node> with `pdkit render INVENTORY --out DIR`",
+             "compare `systemctl cat pdkit-engine-{engine}` on {node} with `pdkit render INVENTORY --out DIR`",
              _REDEPLOY + "; never fix a node by hand: the next deploy undoes it")),
     "PdkitNcclEnvMissing": Runbook(
         means="The engine's running process lacks NCCL/UCX variables the plan sets (read from "
-              "/proc/<pid>/environ): untuned NCCL on PCIe falls back to host memory, and cross-node NIXL "
+              "`/proc/<pid>/environ`): untuned NCCL on PCIe falls back to host memory, and cross-node NIXL "
               "without UCX_NET_DEVICES hangs for 300 s.",
         causes=("the engine was not restarted after its env files changed",
                 "the unit's EnvironmentFile= lines do not point at the node's nccl.env / ucx.env"),
         run=("`pdkit doctor INVENTORY`: the engine's `process_env` row names the variable",
-             "`systemctl cat pdkit-engine-<engine>` on <node>",
+             "`systemctl cat pdkit-engine-{engine}` on {node}",
              _REDEPLOY + " (an env file only takes effect on restart)")),
 }
 
