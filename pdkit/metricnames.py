@@ -60,6 +60,23 @@ ROUTER = {
     "worker_outcomes": "smg_worker_cb_outcomes_total",
     # circuit-breaker state per worker (0 closed, 1 open, 2 half-open): roll's gate
     "worker_cb_state": "smg_worker_cb_state",
+    # The PD and overload signals below are smg 1.13.0's only (sglang-router 0.3.2 has none of them:
+    # the catalogue per release); the alerts that read them are declared only for a router whose
+    # release exports them (pdkit/monitoring/rules.py, _routers_exporting).
+    # circuit-breaker transitions per worker (labels worker, from, to: closed|open|half_open)
+    "worker_cb_transitions": "smg_worker_cb_transitions_total",
+    # requests that failed on every retry: the client got the error (labels worker_type, endpoint)
+    "retries_exhausted": "smg_worker_retries_exhausted_total",
+    # retry attempts (most succeed: no alert on these alone)
+    "retries": "smg_worker_retries_total",
+    # every worker for the model overloaded (waiting >= --worker-overload-waiting-requests or KV usage >=
+    # --worker-overload-token-usage): shed with a 503 (--worker-overload-shed) or, shedding off (pdkit's
+    # default), routed to the least-loaded one anyway (labels stage)
+    "overload_shed": "smg_worker_overload_shed_total",
+    "overload_fallback": "smg_worker_overload_fallback_total",
+    # admission decisions (result="allowed"|"rejected": past --max-concurrent-requests and its queue: a 429);
+    # lazy: the family appears with the first request, the rejected child with the first rejection
+    "admission": "smg_http_rate_limit_total",
 }
 
 # pdkit-exporter: per-engine series with labels node, engine, role (the exporter's own)

@@ -610,10 +610,12 @@ def test_the_docs_alert_table_is_generated_from_the_alerts():
     from pdkit.monitoring import alerttable
 
     doc = (REPO / "docs" / "monitoring.md").read_text()
-    table = alerttable.markdown()
+    table = alerttable.table()
     assert table in doc, "docs/monitoring.md's alert table is stale: python -m pdkit.monitoring.alerttable --write docs/monitoring.md"
+    assert alerttable.runbooks() in doc, "docs/monitoring.md's runbooks are stale: python -m pdkit.monitoring.alerttable --write docs/monitoring.md"
     for name in mon.ALERT_NAMES:
-        assert f"| `{name}` |" in table, name
+        assert f"| [`{name}`](#{name.lower()}) |" in table, name
+        assert f"\n### {name}\n" in doc, name
     cluster = [a.name for a in mon.alerts(_load_example("cluster"))]
     multinode = [a.name for a in mon.alerts(_load_example("multinode"))]
     assert cluster == [n for n in mon.ALERT_NAMES if n != "PdkitEngineRankDown"]

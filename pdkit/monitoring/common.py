@@ -47,6 +47,8 @@ JOB_PROMETHEUS = "prometheus"
 ENGINE_BY = ("cluster", "node", "instance", "engine", "role", "pd_group")
 # the exporter's per-engine series (its `instance` is the node)
 EXPORTER_BY = ("cluster", "node", "engine", "role")
+# a router's own series (its target's labels): the router alerts that are not per worker
+ROUTER_BY = ("cluster", "node", "instance", "role")
 WORKER_BY = ("cluster", "node", "instance", "role", "worker", "worker_instance", "worker_role")
 
 # the PD and waiting queues the queue-growing alert watches: (queue label, metric key)

@@ -12,11 +12,12 @@ from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from pdkit import flags
+from pdkit.catalogue import router_families
 from pdkit.metricnames import EXPORTER, EXPORTER_RANK_UP, ROUTER, SGLANG
 from pdkit.monitoring.common import (
     ENGINE_BY, EXPORTER_BY, JOB_DCGM, JOB_ENGINE, JOB_EXPORTER, JOB_NODE, JOB_PROMETHEUS, JOB_ROUTER, QUEUES,
-    QUEUE_ROLES, WORKER_BY, _alt, _by, _fmt, _monitoring, _num, _pick, _scaled, _seconds, _series, _speedup, _window,
-    engine_instance,
+    QUEUE_ROLES, ROUTER_BY, WORKER_BY, _alt, _by, _fmt, _monitoring, _num, _pick, _scaled, _seconds, _series, _speedup, _window,
+    _duration_s, engine_instance,
     promql_regex, scraped_hosts, to_yaml,
 )
 from pdkit.monitoring.scrape import Target, targets
@@ -41,6 +42,15 @@ CUDA_GRAPH_RATIO_FOR = "10m"
 TTFT_FOR = "5m"
 DRIFT_FOR = "5m"
 ENV_MISSING_FOR = "5m"
+# a worker whose breaker keeps opening: opened again within every CB_WINDOW for this long. A single trip
+# (an engine restart; pdkit's 3 s breaker timeout, pdkit/flags.py ROUTER_BREAKER) holds the condition for
+# one window only, shorter than this `for`, so it never pages; a worker that keeps failing requests re-opens
+# its breaker within seconds of each half-open trial while traffic comes.
+CB_OPEN_FOR = "5m"
+CB_WINDOW = "2m"
+ROUTER_FAILURES_FOR = FAILURES_FOR
+# every worker overloaded: a capacity problem, as long as a queue must grow before PdkitQueueGrowing
+OVERLOAD_FOR = QUEUE_GROWING_FOR
 
 
 @dataclass(frozen=True)
@@ -335,14 +345,9 @@ def _scrape_target_down(c: _Context) -> list[Alert]:
 # router worker unhealthy
 @_declares("PdkitRouterWorkerUnhealthy")
 def _router_worker_unhealthy(c: _Context) -> list[Alert]:
-    spec, routers = c.spec, c.routers
+    routers = c.routers
     out: list[Alert] = []
-    worker_subjects = []
-    for rt in routers:
-        host = spec.host(rt.host)
-        for h, e in spec.router_workers(host):
-            worker_subjects.append({"job": JOB_ROUTER, **rt.labels, "worker": flags.engine_url(spec, h, e),
-                                    "worker_instance": engine_instance(h, e.name), "worker_role": e.role})
+    worker_subjects = _worker_subjects(c, routers)
     if worker_subjects:
         out.append(Alert(
             name="PdkitRouterWorkerUnhealthy",
@@ -365,6 +370,214 @@ def _router_worker_unhealthy(c: _Context) -> list[Alert]:
             fires_when=f"`{ROUTER['worker_health']} == 0` for a worker",
         ))
     return out
+
+
+def _routers_exporting(c: _Context, *families: str) -> list[Target]:
+    """The routers whose pinned release exports every one of FAMILIES (pdkit/data/metric_catalogue.json, per
+    release): an alert on a family that another release lacks (sglang-router 0.3.2 has none of smg 1.13.0's
+    overload and breaker-transition counters) is declared for these routers only, so that it never sits in
+    the rules unable to fire; a spec whose routers all lack one has no such alert (docs/monitoring.md)."""
+    out = []
+    for t in c.routers:
+        exported = router_families(*c.spec.router_release(c.spec.host(t.host)))
+        if all(f in exported for f in families):
+            out.append(t)
+    return out
+
+
+def _worker_subjects(c: _Context, routers: list[Target]) -> list[dict[str, str]]:
+    """One subject per (router, worker): the router's target labels and the worker labels the router's scrape
+    relabelling adds (WORKER_BY)."""
+    out = []
+    for rt in routers:
+        host = c.spec.host(rt.host)
+        for h, e in c.spec.router_workers(host):
+            out.append({"job": JOB_ROUTER, **rt.labels, "worker": flags.engine_url(c.spec, h, e),
+                        "worker_instance": engine_instance(h, e.name), "worker_role": e.role})
+    return out
+
+
+# a worker's circuit breaker keeps opening (smg 1.13.0): its requests fail although health checks may pass
+@_declares("PdkitRouterCircuitOpen")
+def _router_circuit_open(c: _Context) -> list[Alert]:
+    metric = ROUTER["worker_cb_transitions"]
+    subjects = _worker_subjects(c, _routers_exporting(c, metric))
+    if not subjects:
+        return []
+    # at least 4 scrapes, like every rate window (a slow scrape interval or the lab's faster clock)
+    w = _seconds(max(_duration_s(CB_WINDOW) // c.speedup, 4 * c.mon.scrape_interval_s))
+    opened = f'sum by ({_by(WORKER_BY)}) (increase({metric}{{to="open"}}[{w}]))'
+
+    def case(s: dict[str, str], bad: bool) -> list[tuple[str, str]]:
+        opens = _series(metric, {**s, "from": "half_open", "to": "open"})
+        closes = _series(metric, {**s, "from": "half_open", "to": "closed"})
+        if bad:  # re-opens every minute after each half-open trial: the worker keeps failing
+            return [(opens, "0x3 1+1x20"), (closes, "0x25")]
+        # tripped twice long ago and recovered (closed since): nothing to do now
+        return [(opens, "0 1 2x23"), (closes, "0 0 1x23")]
+
+    def one_trip_test(subjects: tuple[dict[str, str], ...]) -> list[dict]:
+        out = []
+        for s in subjects[:1]:
+            series = [(_series(metric, {**s, "from": "closed", "to": "open"}), "0x5 1x20"),
+                      (_series(metric, {**s, "from": "half_open", "to": "closed"}), "0x6 1x19")]
+            out.append(_alert_test(f"PdkitRouterCircuitOpen stays quiet for {s['worker_instance']} after one trip "
+                                   "(a restart) that recovered", "PdkitRouterCircuitOpen", series, "12m", []))
+        return out
+
+    return [Alert(
+        name="PdkitRouterCircuitOpen",
+        expr=f"{opened} > 0",
+        value=opened,
+        for_=c.for_(CB_OPEN_FOR), severity="critical",
+        summary="Router on {{ $labels.node }} keeps opening the circuit breaker of {{ $labels.worker_instance }}",
+        description=(
+            "The router on {{ $labels.node }} opened its circuit breaker for {{ $labels.worker }} "
+            "({{ $labels.worker_instance }}, {{ $labels.worker_role }}) again and again for "
+            f"{c.for_(CB_OPEN_FOR)}: requests sent to it keep failing (each trip is "
+            f"{flags.ROUTER_BREAKER['cb-failure-threshold']} failures), so the router keeps pulling it out of "
+            "routing, and its health checks may still pass (then PdkitRouterWorkerUnhealthy stays quiet).\n"
+            "What to do: `pdkit doctor INVENTORY` (its kv_transfer and router_workers rows for the worker); "
+            "on the worker's node `journalctl -u pdkit-engine-<engine> -n 300` (NIXL/UCX errors, CUDA out of "
+            "memory, a traceback per request); PdkitKvTransferFailures / PdkitBootstrapFailures / "
+            "PdkitEngineWedged on the same engine name the cause. Restart the engine if it does not recover."),
+        subjects=tuple(subjects),
+        case=case,
+        exp_labels=lambda s: _pick(s, WORKER_BY),
+        eval_time="15m",
+        extra_tests=one_trip_test,
+        fires_when=(f"`increase({metric}{{to=\"open\"}}[{w}]) > 0` for a worker, for {c.for_(CB_OPEN_FOR)} "
+                    "(smg 1.13.0)"),
+    )]
+
+
+# requests that failed on every retry (smg 1.13.0): the client got the error
+@_declares("PdkitRouterRetriesExhausted")
+def _router_retries_exhausted(c: _Context) -> list[Alert]:
+    metric = ROUTER["retries_exhausted"]
+    routers = _routers_exporting(c, metric)
+    if not routers:
+        return []
+    by = _by((*ROUTER_BY, "worker_type"))
+    failed = f"sum by ({by}) (increase({metric}[{c.w}]))"
+    subjects = tuple({"job": JOB_ROUTER, **t.labels, "worker_type": kind}
+                     for t in routers for kind in _router_worker_types(c, t))
+    return [Alert(
+        name="PdkitRouterRetriesExhausted",
+        expr=f"{failed} > 0",
+        value=failed,
+        for_=c.for_(ROUTER_FAILURES_FOR), severity="warning",
+        summary="Requests through the router on {{ $labels.node }} fail after every retry ({{ $labels.worker_type }})",
+        description=(
+            "The router on {{ $labels.node }} gave up on requests to its {{ $labels.worker_type }} workers after "
+            f"every retry in the last {c.w}: those clients got an error.\n"
+            "What to do: see which worker fails: PdkitRouterCircuitOpen, PdkitRouterWorkerUnhealthy, "
+            "PdkitEngineDown, PdkitKvTransferFailures for the same role; `pdkit doctor INVENTORY`; "
+            "`journalctl -u pdkit-router -n 300` on {{ $labels.node }} names the worker and the error of each "
+            "failed attempt (a timeout: the fault budget, pdkit_cluster.fault_budget, may be shorter than a "
+            "long generate)."),
+        subjects=subjects,
+        # bad: exhausted retries go on; healthy: an old count, and retries that keep succeeding
+        case=lambda s, bad: [(_series(metric, {**s, "endpoint": "chat"}), "0x3 1+1x20" if bad else "4x25"),
+                             (_series(ROUTER["retries"], {**s, "endpoint": "chat"}), "0+3x25")],
+        exp_labels=lambda s: _pick(s, (*ROUTER_BY, "worker_type")),
+        eval_time="10m",
+        fires_when=f"`increase({metric}[{c.w}]) > 0` (smg 1.13.0)",
+    )]
+
+
+def _router_worker_types(c: _Context, router: Target) -> list[str]:
+    """The worker_type values the router labels its workers with: prefill and decode in PD mode, else
+    regular."""
+    roles = {e.role for _, e in c.spec.router_workers(c.spec.host(router.host))}
+    return sorted(roles & {"prefill", "decode"}) or ["regular"]
+
+
+# every worker overloaded (smg 1.13.0): shed (503) or routed to an overloaded one anyway
+@_declares("PdkitRouterWorkersOverloaded")
+def _router_workers_overloaded(c: _Context) -> list[Alert]:
+    shed, fallback = ROUTER["overload_shed"], ROUTER["overload_fallback"]
+    routers = _routers_exporting(c, shed, fallback)
+    if not routers:
+        return []
+    by = _by(ROUTER_BY)
+    overloaded = (f"sum by ({by}) (increase({shed}[{c.w}]))\n+\n"
+                  f"sum by ({by}) (increase({fallback}[{c.w}]))")
+
+    def case(s: dict[str, str], bad: bool) -> list[tuple[str, str]]:
+        rows = [(_series(shed, {**s, "stage": stage}), "0x30") for stage in ("selection", "dispatch")]
+        return rows + [(_series(fallback, {**s, "stage": "selection"}), "0+5x30" if bad else "40x30")]
+
+    return [Alert(
+        name="PdkitRouterWorkersOverloaded",
+        expr=f"(\n{overloaded}\n) > 0",
+        value=overloaded,
+        for_=c.for_(OVERLOAD_FOR), severity="warning",
+        summary="Every worker behind the router on {{ $labels.node }} has been overloaded for "
+                + c.for_(OVERLOAD_FOR),
+        description=(
+            "For " + c.for_(OVERLOAD_FOR) + " the router on {{ $labels.node }} found every worker it could use "
+            "overloaded (a waiting queue at --worker-overload-waiting-requests, default 8, or KV usage at "
+            "--worker-overload-token-usage, default 0.8): it routed requests to the least-loaded one anyway "
+            "(or shed them with a 503 under --worker-overload-shed). The cluster is past its capacity: TTFT "
+            "grows and queues build.\n"
+            "What to do: compare the offered load with the capacity measured by `pdkit bench` (docs/bench/); "
+            "on the PD dashboard see which side saturates (prefill waiting queue, decode KV usage); add engines "
+            "(and `pdkit roll` them in), or lower the load. PdkitQueueGrowing and PdkitTtftP99OverSlo name the "
+            "engine."),
+        subjects=tuple({"job": JOB_ROUTER, **t.labels} for t in routers),
+        case=case,
+        exp_labels=lambda s: _pick(s, ROUTER_BY),
+        eval_time="20m",
+        fires_when=f"`{shed}` or `{fallback}` grows for {c.for_(OVERLOAD_FOR)} (smg 1.13.0)",
+    )]
+
+
+# admission rejections (smg 1.13.0): past --max-concurrent-requests and its queue, clients get a 429
+@_declares("PdkitRouterAdmissionRejected")
+def _router_admission_rejected(c: _Context) -> list[Alert]:
+    metric = ROUTER["admission"]
+    routers = _routers_exporting(c, metric)
+    if not routers:
+        return []
+    by, w = _by(ROUTER_BY), c.w
+    rejected = f'{metric}{{result="rejected"}}'
+    return [Alert(
+        name="PdkitRouterAdmissionRejected",
+        # the rejected child is created by the first rejection: a new series counts as one too
+        expr=(f"(sum by ({by}) (increase({rejected}[{w}])) > 0)\nor\n"
+              f"(sum by ({by}) ({rejected}) unless sum by ({by}) ({rejected} offset {w}))"),
+        value=f"sum by ({by}) (increase({rejected}[{w}]))\nor\nsum by ({by}) (up{{job=\"{JOB_ROUTER}\"}}) * 0",
+        for_=c.for_(ROUTER_FAILURES_FOR), severity="warning",
+        summary="The router on {{ $labels.node }} rejects requests (admission limit)",
+        description=(
+            "The router on {{ $labels.node }} refused requests at admission in the last " + w + ": more than "
+            "--max-concurrent-requests were in flight and its queue (--queue-size) was full or timed out, so "
+            "clients got a 429.\n"
+            "What to do: compare the offered load with the cluster's capacity (`pdkit bench`); if the limit is "
+            "lower than the engines can hold, raise it (pdkit_router.extra_args) and roll the router host; "
+            "else add engines or lower the load."),
+        subjects=tuple({"job": JOB_ROUTER, **t.labels} for t in routers),
+        # bad: the first rejection (the child appears at 1 and stays); healthy: only allowed requests
+        case=lambda s, bad: ([(_series(metric, {**s, "result": "rejected"}), "_x5 1x15")] if bad else [])
+        + [(_series(metric, {**s, "result": "allowed"}), "0+50x20")],
+        exp_labels=lambda s: _pick(s, ROUTER_BY),
+        eval_time="8m",
+        extra_tests=lambda subjects: _more_router_rejections_test(metric, subjects),
+        fires_when=f"`increase({rejected}[{w}]) > 0`, or the series is new (first rejection; smg 1.13.0)",
+    )]
+
+
+def _more_router_rejections_test(metric: str, subjects: tuple[dict[str, str], ...]) -> list[dict]:
+    """Rejections that go on fire; an old count of rejections that does not move does not."""
+    if not subjects:
+        return []
+    first, rest = subjects[0], subjects[1:]
+    series = [(_series(metric, {**first, "result": "rejected"}), "3+1x20")]
+    series += [(_series(metric, {**s, "result": "rejected"}), "2x20") for s in rest]
+    exp = [{**_pick(first, ROUTER_BY), "severity": "warning"}]
+    return [_alert_test("PdkitRouterAdmissionRejected fires on rejections that go on, not on an old count",
+                        "PdkitRouterAdmissionRejected", series, "15m", exp)]
 
 
 # queue growing (waiting queue and the PD queues)
@@ -650,6 +863,236 @@ def _exporter(c: _Context) -> list[Alert]:
     return out
 
 
+# ---------------------------------------------------------------------------------------------
+# Runbooks: one entry per alert, spec-independent text (docs/monitoring.md's "Runbooks" section is generated
+# from it by pdkit.monitoring.alerttable; each rule's `runbook_url` annotation links to its entry).
+# INVENTORY stands for the cluster's inventory file (inventories/<cluster>.py); {node}, {engine} for the
+# alert's labels of those names.
+
+@dataclass(frozen=True)
+class Runbook:
+    # what the alert says is wrong, and what it does to serving
+    means: str
+    # the usual causes, most likely first
+    causes: tuple[str, ...]
+    # in order: the doctor check, what to read on the node, the fix
+    run: tuple[str, ...]
+
+
+_JOURNAL = "`journalctl -u pdkit-engine-{engine} -n 300` on {node}"
+_REDEPLOY = ("re-apply the plan to the node: `pdkit roll INVENTORY --limit {node}` (drains it, applies, restarts "
+             "behind the health gate, re-adds it; a failed node is rolled back), or "
+             "`pyinfra INVENTORY deploy/pd.py --limit {node}` where the node serves nothing")
+
+RUNBOOKS: dict[str, Runbook] = {
+    "PdkitEngineDown": Runbook(
+        means="Prometheus cannot scrape an engine's /metrics: the process is stopped, crashed or hung. A PD pair "
+              "stalls while either side is down; the router keeps sending the engine requests until its health "
+              "checks fail (then PdkitRouterWorkerUnhealthy). The 2m `for` is longer than a real SGLang restart "
+              "(~60-106 s): a roll does not page.",
+        causes=("the engine crashed: CUDA out of memory, an NCCL error, SGLang's 300 s scheduler watchdog, a "
+                "Python traceback", "a GPU fault (Xid in dmesg), the node rebooted",
+                "someone stopped the unit by hand, or a deploy's restart failed its health gate"),
+        run=("`pdkit doctor INVENTORY`: the engine's `reachable` row (and `rank_process` for an engine spanning "
+             "nodes)",
+             "`systemctl status pdkit-engine-{engine}` and " + _JOURNAL,
+             "`nvidia-smi` and `dmesg -T | grep -i xid` on {node}",
+             "fix the cause, then " + _REDEPLOY)),
+    "PdkitEngineRankDown": Runbook(
+        means="pdkit-exporter on a rank's node finds no running process for a rank above 0 of an engine spanning "
+              "nodes (`pdkit_engine_rank_up{rank!=\"0\"} == 0`). Such a rank serves no HTTP, so "
+              "PdkitEngineDown cannot see it; rank 0 cannot serve without it (it stalls, or exits like an NCCL "
+              "timeout, and then PdkitEngineDown fires for it). Labels: `node` (the rank's host), `engine`, "
+              "`role`, `rank`, `nnodes`, `head` (rank 0's host).",
+        causes=("the rank keeps crashing: systemd restarts it after 5 s (`Restart=on-failure`), so one down for 2m "
+                "keeps failing or was stopped",
+                "it cannot reach rank 0's `--dist-init-addr` on {head} (firewall, NCCL_SOCKET_IFNAME)",
+                "CUDA out of memory, an NCCL error, a GPU fault on {node}"),
+        run=("`pdkit doctor INVENTORY`: the `rank_process` row of `{engine} rank {rank}`",
+             "`systemctl status pdkit-engine-{engine}` and " + _JOURNAL,
+             "`nvidia-smi`, `dmesg -T | grep -i xid` on {node}",
+             "fix it and re-run the deploy over every node of the engine: `pdkit roll INVENTORY --limit {head} "
+             "--limit {node}` (the ranks restart together behind rank 0's health gate)")),
+    "PdkitRouterDown": Runbook(
+        means="Prometheus cannot scrape the router's metrics port: clients get connection errors. The engines "
+              "keep running; every worker alert of this router is inhibited while it is down.",
+        causes=("the router crashed or was stopped", "a bad router flag after a change (it exits at start)",
+                "the metrics port is firewalled from the monitoring host (then clients may still be served)"),
+        run=("`systemctl status pdkit-router` and `journalctl -u pdkit-router -n 200` on {node}",
+             "`curl -s http://{node}:<router port>/health` from a client host",
+             "`pdkit doctor INVENTORY`: the `router_workers` row",
+             "restart it with the deploy: `pyinfra INVENTORY deploy/pd.py --limit {node}`; nothing else needs a "
+             "restart")),
+    "PdkitScrapeTargetDown": Runbook(
+        means="pdkit-exporter, node_exporter, the DCGM exporter or Prometheus itself cannot be scraped for 5m: "
+              "the dashboards and the alerts built on it (drift, NCCL env, node and GPU figures) are blind. "
+              "Serving is not affected.",
+        causes=("the exporter service stopped or crashed", "its port is not reachable from the monitoring host",
+                "the node is down (then its engines' alerts fire too)"),
+        run=("on {node}: `systemctl status pdkit-exporter` (or prometheus-node-exporter, dcgm-exporter, "
+             "prometheus) and `journalctl -u <that unit> -n 100`",
+             "from the monitoring host: `curl -s http://{node}:<port>/metrics | head`",
+             "re-apply the node: `pyinfra INVENTORY deploy/pd.py --limit {node}` (it serves nothing new: no roll "
+             "needed)")),
+    "PdkitRouterWorkerUnhealthy": Runbook(
+        means="The router failed a worker's health checks and sends it no new requests; in PD mode its partner "
+              "side loses capacity. The router takes it back on its own once health checks pass (pdkit runs it "
+              "without --remove-unhealthy-workers).",
+        causes=("the engine is down (PdkitEngineDown for the same engine)",
+                "the engine is up but /health does not answer the router: a firewall, a wrong --host, an engine "
+                "stuck in a long generate or wedged (PdkitEngineWedged)"),
+        run=("`pdkit doctor INVENTORY`: the `router_workers` row and the engine's `reachable` and `queues` rows",
+             "`curl -s {worker}/health` from the router host {node}",
+             "the engine's journal: `journalctl -u pdkit-engine-{engine} -n 300` on the worker's node",
+             "fix the engine (restart it, or " + _REDEPLOY + ")")),
+    "PdkitRouterCircuitOpen": Runbook(
+        means="The router keeps opening its circuit breaker for one worker: requests sent to it keep failing "
+              "(each trip is 10 failures, pdkit/flags.py ROUTER_BREAKER), and it is pulled out of routing every "
+              "few seconds, while its health checks may still pass (then PdkitRouterWorkerUnhealthy stays "
+              "quiet). One trip that recovers (a restart) does not fire: the breaker must open again within "
+              "every 2m for 5m. smg 1.13.0 only (sglang-router 0.3.2 exports no breaker transitions).",
+        causes=("the worker's requests fail: KV transfers or the PD bootstrap (PdkitKvTransferFailures, "
+                "PdkitBootstrapFailures), CUDA out of memory per request, a traceback per request",
+                "the worker is wedged and requests time out (PdkitEngineWedged)",
+                "a request timeout shorter than the worker needs (pdkit_cluster.fault_budget)"),
+        run=("`pdkit doctor INVENTORY`: the worker's `kv_transfer` row (it counts the router's failed requests "
+             "per worker) and `router_workers`",
+             "`journalctl -u pdkit-engine-{engine} -n 300` on the worker's node and `journalctl -u pdkit-router "
+             "-n 300 | grep {worker}` on {node}",
+             "restart the engine if it does not recover: `pdkit roll INVENTORY --limit <worker's node>`")),
+    "PdkitRouterRetriesExhausted": Runbook(
+        means="The router gave up on requests after every retry (`smg_worker_retries_exhausted_total` moved): "
+              "those clients got an error. smg 1.13.0 only.",
+        causes=("workers of that type are down, unhealthy or failing requests (the engine and router worker "
+                "alerts name which)", "every worker of that type is overloaded or draining at once",
+                "request timeouts shorter than a long generate (pdkit_cluster.fault_budget)"),
+        run=("`pdkit doctor INVENTORY` (its `router_workers`, `kv_transfer` and `queues` rows)",
+             "`journalctl -u pdkit-router -n 300` on {node}: each failed attempt names its worker and error",
+             "fix the failing worker (its own alert's runbook); a timeout: raise the fault budget in the "
+             "inventory and `pdkit roll INVENTORY --limit {node}`")),
+    "PdkitRouterWorkersOverloaded": Runbook(
+        means="For 10m the router found every worker it could use overloaded (waiting queue at "
+              "--worker-overload-waiting-requests, default 8, or KV usage at --worker-overload-token-usage, "
+              "default 0.8) and routed requests to the least-loaded one anyway (or shed them with a 503 under "
+              "--worker-overload-shed). The cluster is past its capacity: TTFT grows, queues build. smg 1.13.0 "
+              "only.",
+        causes=("more traffic than the cluster was sized for",
+                "lost capacity: an engine down or pulled out of routing (its own alerts)",
+                "an engine slower than planned: decode without CUDA graphs, drifted flags "
+                "(PdkitDecodeCudaGraphRatioLow, PdkitConfigDrift)"),
+        run=("`pdkit doctor INVENTORY --bench`: throughput against the last recorded run, and which engine is "
+             "slow (`decode_speed_c16`)",
+             "the PD dashboard: which side saturates (prefill waiting queue, decode KV usage)",
+             "add engines to the inventory and `pdkit roll INVENTORY`, or lower the load")),
+    "PdkitRouterAdmissionRejected": Runbook(
+        means="The router refused requests at admission: more than --max-concurrent-requests were in flight and "
+              "its queue (--queue-size) was full or timed out, so clients got a 429. The rejected series is "
+              "created by the first rejection, so a new series fires too. smg 1.13.0 only.",
+        causes=("a load spike past the admission limit (default 1024 per core, at least 4096)",
+                "a limit set lower than the engines can hold (pdkit_router.extra_args)",
+                "slow engines hold their permits longer (the overload and queue alerts)"),
+        run=("`pdkit doctor INVENTORY` and the router dashboard's request rate",
+             "`journalctl -u pdkit-router -n 200` on {node}",
+             "raise the limit in pdkit_router.extra_args and roll the router host "
+             "(`pdkit roll INVENTORY --limit {node}`), or add engines, or lower the load")),
+    "PdkitQueueGrowing": Runbook(
+        means="One of an engine's queues (label `queue`) has kept growing for 10m: requests arrive faster than "
+              "the engine drains them. A queue that is stuck but not growing does not fire this; the TTFT, "
+              "wedge and failure alerts catch it.",
+        causes=("`waiting`: the engine is at capacity (KV cache usage, decode without CUDA graphs)",
+                "`prefill_bootstrap`: prefill waits for the handshake with its decode (decode down, another "
+                "model or SGLang version)",
+                "`prefill_inflight` / `decode_transfer`: KV transfers are slow or stuck (the UCX lane, "
+                "`ucx_net_devices` across nodes)",
+                "`decode_prealloc`: decode has no KV memory for new requests (decode is the bottleneck)"),
+        run=("`pdkit doctor INVENTORY`: the engine's `queues` row (growing while producing tokens: capacity; "
+             "with no token: stuck) and `decode_cuda_graph`",
+             "the tuning and PD dashboards for the queue's engine",
+             "capacity: add engines and `pdkit roll INVENTORY`; stuck transfers: the KV failure runbooks below")),
+    "PdkitKvTransferFailures": Runbook(
+        means="KV transfers between prefill and decode fail and their requests error out. The counter is created "
+              "by its first failure, so the alert also fires on a new series (the first failure).",
+        causes=("cross-node transfers without `pdkit_node.ucx_net_devices` (they hang until the 300 s timeout)",
+                "on one node, `UCX_TLS` without `cuda_ipc`",
+                "the pair runs different models or SGLang versions", "a NIXL/UCX error on either side"),
+        run=("`pdkit doctor INVENTORY`: the `kv_transfer` and `version` rows of both engines",
+             "both engines' journals: " + _JOURNAL + " (NIXL/UCX errors, 300 s timeouts); `UCX_PROTO_INFO=y` "
+             "in the engine's environment logs the lane UCX picked",
+             "set the missing node fields in the inventory and `pdkit roll INVENTORY --limit {node}`")),
+    "PdkitBootstrapFailures": Runbook(
+        means="Decode could not complete the bootstrap handshake with its prefill (the prefill's bootstrap "
+              "port): requests fail before any KV moves. A new series (the first failure) fires too.",
+        causes=("the prefill is down or restarting", "the bootstrap port (pdkit_node.engines[].bootstrap_port, "
+                "default 8998) is not reachable from the decode node",
+                "the router does not pass the port (`--prefill URL PORT`)",
+                "a prefill replaced behind the same address left the decode waiting"),
+        run=("`pdkit doctor INVENTORY`: the `kv_transfer` rows of the pair",
+             "from the decode node: `nc -vz <prefill node> <bootstrap port>`",
+             "the decode's journal: " + _JOURNAL,
+             "restart the decode (`pdkit roll INVENTORY --limit {node}`) if the prefill was replaced")),
+    "PdkitDecodeCudaGraphRatioLow": Runbook(
+        means="Fewer than 90% of an engine's decode passes ran in a CUDA graph although its spec turns decode "
+              "graphs on: decode is CPU-launch bound (the seeds measured 3-5x less throughput). Only engines "
+              "with graphs on are watched; an idle engine does not fire.",
+        causes=("decode batches larger than the largest captured graph (`cuda_graph_max_bs` below the target "
+                "concurrency)", "a graph capture failure at start (the journal)",
+                "the running engine has graphs off although planned on (PdkitConfigDrift)"),
+        run=("`pdkit doctor INVENTORY`: the engine's `decode_cuda_graph` and `graph_buckets` rows",
+             "`#running-req` in the decode log lines (tuning dashboard) against `cuda_graph_max_bs`",
+             "set `tuning.cuda_graph_max_bs` to at least the target concurrency and `pdkit roll INVENTORY --limit "
+             "{node}`")),
+    "PdkitEngineWedged": Runbook(
+        means="An engine holds requests (running or queued) and its scheduler computed no token over the wedge "
+              "window (2m): its HTTP server answers and /health may pass, clients wait. It fires well inside "
+              "SGLang's 300 s scheduler watchdog.",
+        causes=("a scheduler hang with the overlap schedule (the seeds hit it)",
+                "an NCCL or NIXL call that never returns", "a GPU fault"),
+        run=("`pdkit doctor INVENTORY`: the engine's `queues` row says \"wedged\"",
+             _JOURNAL + " (the last Prefill/Decode batch line, NCCL or NIXL errors)",
+             "`py-spy dump --pid <scheduler pid>` on {node} shows where it hangs",
+             "`systemctl restart pdkit-engine-{engine}` on {node} (or `pdkit roll INVENTORY --limit {node}`); "
+             "if it recurs, consider `--disable-overlap-schedule`")),
+    "PdkitTtftP99OverSlo": Runbook(
+        means="The p99 time to first token measured by decode (and unified) engines over the rate window is "
+              "above `pdkit_monitoring.ttft_p99_slo_s`. In PD mode it includes the prefill and the KV transfer.",
+        causes=("more traffic than planned", "prefill capacity (a growing prefill waiting queue)",
+                "slow handshakes or transfers (bootstrap/inflight queues, the UCX lane)",
+                "decode KV memory full (decode prealloc queue)"),
+        run=("`pdkit doctor INVENTORY --bench` (throughput against the recorded run)",
+             "the PD dashboard: where the time goes (queues, transfer latency)",
+             "`pdkit tune` the levers (docs/tune.md), or add capacity and `pdkit roll INVENTORY`")),
+    "PdkitConfigDrift": Runbook(
+        means="pdkit-exporter finds that an engine runs flags that differ from what the spec renders.",
+        causes=("someone changed the unit by hand", "a deploy did not restart the engine",
+                "the release on the node is not the planned one"),
+        run=("`pdkit doctor INVENTORY`: the engine's `flags` row names each drifted flag",
+             "compare `systemctl cat pdkit-engine-{engine}` on {node} with `pdkit render INVENTORY --out DIR`",
+             _REDEPLOY + "; never fix a node by hand: the next deploy undoes it")),
+    "PdkitNcclEnvMissing": Runbook(
+        means="The engine's running process lacks NCCL/UCX variables the plan sets (read from "
+              "`/proc/<pid>/environ`): untuned NCCL on PCIe falls back to host memory, and cross-node NIXL "
+              "without UCX_NET_DEVICES hangs for 300 s.",
+        causes=("the engine was not restarted after its env files changed",
+                "the unit's EnvironmentFile= lines do not point at the node's nccl.env / ucx.env"),
+        run=("`pdkit doctor INVENTORY`: the engine's `process_env` row names the variable",
+             "`systemctl cat pdkit-engine-{engine}` on {node}",
+             _REDEPLOY + " (an env file only takes effect on restart)")),
+}
+
+
+def runbook_url(spec: ClusterSpec, name: str) -> str:
+    """An alert's `runbook_url` annotation: pdkit_monitoring.runbook_base_url plus the anchor of the alert's
+    heading in docs/monitoring.md's runbooks (`### <name>`: GitHub's anchor is the name lower-cased)."""
+    return f"{_monitoring(spec).runbook_base_url}#{name.lower()}"
+
+
+def alert_annotations(spec: ClusterSpec, a: Alert, labels: dict[str, str] | None = None) -> dict[str, str]:
+    """An alert's annotations: as in the rules file (templates), or expanded for LABELS (promtool's
+    exp_annotations)."""
+    out = {"summary": a.summary, "description": a.description, "runbook_url": runbook_url(spec, a.name)}
+    return out if labels is None else {k: _expand(v, labels) for k, v in out.items()}
+
+
 def alerts(spec: ClusterSpec) -> list[Alert]:
     """Every alert rule for this spec, with its promtool cases: ALERT_TABLE's builders in order."""
     c = _context(spec)
@@ -674,7 +1117,7 @@ def alert_rules(spec: ClusterSpec) -> str:
             "expr": a.expr,
             "for": a.for_,
             "labels": {"severity": a.severity},
-            "annotations": {"summary": a.summary, "description": a.description},
+            "annotations": alert_annotations(spec, a),
         })
     doc = {"groups": [{"name": "pdkit", "rules": rules}]}
     head = f"# Generated by pdkit (cluster {spec.cluster.name}); see docs/monitoring.md for each alert.\n"
@@ -711,8 +1154,7 @@ def rule_tests(spec: ClusterSpec, rules_file: str = "pdkit.yml", max_subjects: i
 
         def expected(s: dict[str, str], a: Alert = a) -> dict:
             exp = {**a.exp_labels(s), "severity": a.severity}
-            return {"exp_labels": dict(sorted(exp.items())),
-                    "exp_annotations": {"summary": _expand(a.summary, exp), "description": _expand(a.description, exp)}}
+            return {"exp_labels": dict(sorted(exp.items())), "exp_annotations": alert_annotations(spec, a, exp)}
 
         def case_test(name: str, bad: list[dict[str, str]], decoys: bool, a: Alert = a) -> dict:
             series = []
@@ -736,8 +1178,7 @@ def rule_tests(spec: ClusterSpec, rules_file: str = "pdkit.yml", max_subjects: i
             for t in a.extra_tests(a.subjects):
                 for check in t["alert_rule_test"]:
                     for e in check["exp_alerts"]:
-                        e["exp_annotations"] = {"summary": _expand(a.summary, e["exp_labels"]),
-                                                "description": _expand(a.description, e["exp_labels"])}
+                        e["exp_annotations"] = alert_annotations(spec, a, e["exp_labels"])
                 tests.append(t)
     k = _speedup(spec)
     if k > 1:
