@@ -31,6 +31,10 @@ ENGINE_DOWN_FOR = "2m"  # a real SGLang restart takes ~60-106 s: a 1m window wou
 RANK_DOWN_FOR = ENGINE_DOWN_FOR
 ROUTER_DOWN_FOR = "1m"
 TARGET_DOWN_FOR = "5m"
+# a host's node_exporter unreachable: the whole node is down or cut off. Shorter than ENGINE_DOWN_FOR on
+# purpose: the node's page must be firing before its engines' would, so that Alertmanager's inhibition
+# (pdkit/monitoring/alertmanager.py) holds theirs back and the node pages once
+NODE_DOWN_FOR = "1m"
 WORKER_UNHEALTHY_FOR = "1m"
 QUEUE_GROWING_FOR = "10m"
 QUEUE_MIN_DEPTH = 1
@@ -314,13 +318,38 @@ def _router_down(c: _Context) -> list[Alert]:
     return out
 
 
-# other scrape targets down (monitoring blind spots)
+# a whole host down: its node_exporter cannot be scraped
+@_declares("PdkitNodeDown")
+def _node_down(c: _Context) -> list[Alert]:
+    nodes = [t for t in c.tgt if t.job == JOB_NODE]
+    if not nodes:
+        return []
+    return [Alert(
+        name="PdkitNodeDown",
+        expr=f'up{{job="{JOB_NODE}"}} == 0',
+        value=f'up{{job="{JOB_NODE}"}}',
+        for_=c.for_(NODE_DOWN_FOR), severity="critical",
+        summary="Host {{ $labels.node }} is down or cut off",
+        description=(
+            "Prometheus cannot scrape node_exporter on {{ $labels.node }} for " + c.for_(NODE_DOWN_FOR) + ": the host "
+            "is down, cut off the network, or its node_exporter stopped. Its engines' alerts are held back while "
+            "this fires (one page for the node).\n"
+            "What to do: reach the host (ssh, its BMC console); `systemctl status prometheus-node-exporter` on it."),
+        subjects=tuple({"job": JOB_NODE, **t.labels} for t in nodes),
+        case=_up_case,
+        exp_labels=lambda s: dict(s),
+        eval_time="10m",
+        fires_when=f"`up{{job=\"{JOB_NODE}\"}} == 0`",
+    )]
+
+
+# other scrape targets down (monitoring blind spots; node_exporter has PdkitNodeDown)
 @_declares("PdkitScrapeTargetDown")
 def _scrape_target_down(c: _Context) -> list[Alert]:
     tgt = c.tgt
     out: list[Alert] = []
-    others = [t for t in tgt if t.job in (JOB_EXPORTER, JOB_NODE, JOB_DCGM, JOB_PROMETHEUS)]
-    other_jobs = "|".join((JOB_EXPORTER, JOB_NODE, JOB_DCGM, JOB_PROMETHEUS))
+    others = [t for t in tgt if t.job in (JOB_EXPORTER, JOB_DCGM, JOB_PROMETHEUS)]
+    other_jobs = "|".join((JOB_EXPORTER, JOB_DCGM, JOB_PROMETHEUS))
     out.append(Alert(
         name="PdkitScrapeTargetDown",
         expr=f'up{{job=~"{other_jobs}"}} == 0',
@@ -330,14 +359,14 @@ def _scrape_target_down(c: _Context) -> list[Alert]:
         description=(
             "The {{ $labels.job }} target on {{ $labels.node }} has been down for " + c.for_(TARGET_DOWN_FOR) + ": "
             "its dashboards and the alerts built on it (drift, NCCL env, node and GPU figures) are blind.\n"
-            "What to do: on {{ $labels.node }} check the service (pdkit-exporter, prometheus-node-exporter, "
-            "dcgm-exporter or prometheus) with systemctl status / journalctl, and that its port is reachable "
+            "What to do: on {{ $labels.node }} check the service (pdkit-exporter, dcgm-exporter or prometheus) "
+            "with systemctl status / journalctl, and that its port is reachable "
             "from the monitoring host. Serving is not affected."),
         subjects=tuple({"job": t.job, **t.labels} for t in others),
         case=_up_case,
         exp_labels=lambda s: dict(s),
         eval_time="10m",
-        fires_when="an exporter, node_exporter, DCGM or Prometheus target is down",
+        fires_when="pdkit-exporter, DCGM or Prometheus itself is down (node_exporter: `PdkitNodeDown`)",
     ))
     return out
 
@@ -923,14 +952,24 @@ RUNBOOKS: dict[str, Runbook] = {
              "`pdkit doctor INVENTORY`: the `router_workers` row",
              "restart it with the deploy: `pyinfra INVENTORY deploy/pd.py --limit {node}`; nothing else needs a "
              "restart")),
+    "PdkitNodeDown": Runbook(
+        means="Prometheus cannot reach node_exporter on the host for 1m: the host is down, cut off the network, or "
+              "only its node_exporter stopped. While it fires, Alertmanager holds back the alerts of the host's "
+              "engines and exporters (inhibition), so a dead node pages once.",
+        causes=("the host crashed, rebooted or lost power", "a network cut between it and the monitoring host (its "
+                "engines may still serve clients on another path)", "prometheus-node-exporter stopped"),
+        run=("reach the host: `ssh {node}` (or its BMC console); `uptime`, `journalctl -b -1 -n 100` after a reboot",
+             "on it: `systemctl status prometheus-node-exporter`",
+             "`pdkit doctor INVENTORY`: the host's rows say whether its engines still serve",
+             "once it is back: `pyinfra INVENTORY deploy/pd.py --limit {node}` re-applies it; the router takes its "
+             "engines back on its own")),
     "PdkitScrapeTargetDown": Runbook(
-        means="pdkit-exporter, node_exporter, the DCGM exporter or Prometheus itself cannot be scraped for 5m: "
-              "the dashboards and the alerts built on it (drift, NCCL env, node and GPU figures) are blind. "
-              "Serving is not affected.",
-        causes=("the exporter service stopped or crashed", "its port is not reachable from the monitoring host",
-                "the node is down (then its engines' alerts fire too)"),
-        run=("on {node}: `systemctl status pdkit-exporter` (or prometheus-node-exporter, dcgm-exporter, "
-             "prometheus) and `journalctl -u <that unit> -n 100`",
+        means="pdkit-exporter, the DCGM exporter or Prometheus itself cannot be scraped for 5m: "
+              "the dashboards and the alerts built on it (drift, NCCL env, GPU figures) are blind. "
+              "Serving is not affected. (node_exporter down is `PdkitNodeDown`.)",
+        causes=("the exporter service stopped or crashed", "its port is not reachable from the monitoring host"),
+        run=("on {node}: `systemctl status pdkit-exporter` (or dcgm-exporter, prometheus) and "
+             "`journalctl -u <that unit> -n 100`",
              "from the monitoring host: `curl -s http://{node}:<port>/metrics | head`",
              "re-apply the node: `pyinfra INVENTORY deploy/pd.py --limit {node}` (it serves nothing new: no roll "
              "needed)")),
