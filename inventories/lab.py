@@ -48,8 +48,19 @@ gpu_nodes[0][1]["pdkit_router"] = {"port": 8000, "prometheus_port": 29000}
 # Grafana's apt repository cannot be reached from the lab (docs/monitoring.md): Prometheus only.
 # The lab's alert clock runs 4x faster (every `for` and rate window / 4; scrapes and rule evaluation
 # every 10 s): its tests see an alert fire in about a minute instead of three (docs/monitoring.md)
+# Alertmanager sends everything to `lab-sink`, an HTTP sink the lab's alert tests run on lab-mon itself
+# (port 9095, beside Alertmanager's 9093); it groups and re-sends on the lab's faster clock too, so a
+# test sees a notification seconds after the alert fires (real defaults: 30 s, 5 m)
+_LAB_SINK_PORT = 9095
 monitoring = [(_LAB.monitoring_host.name, {**_LAB.pyinfra_data(_LAB.monitoring_host),
-                                           "pdkit_monitoring": {"grafana": False, "scrape_interval_s": 10, "lab_alert_speedup": 4}})]
+                                           "pdkit_monitoring": {
+                                               "grafana": False, "scrape_interval_s": 10, "lab_alert_speedup": 4,
+                                               "alerting": {
+                                                   "receivers": [{"name": "lab-sink", "kind": "webhook",
+                                                                  "url": f"http://{_LAB.monitoring_host.address}:{_LAB_SINK_PORT}/"}],
+                                                   "group_wait_s": 5, "group_interval_s": 10, "repeat_interval_s": 3600,
+                                               },
+                                           }})]
 
 all = (  # noqa: A001 - pyinfra's group name
     [h.name for h in _LAB.hosts],

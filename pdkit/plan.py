@@ -468,33 +468,50 @@ def monitoring_host_files(spec: ClusterSpec, host: HostSpec) -> list[PlannedFile
     assert host.monitoring is not None
     out = []
     for path, text in sorted(monitoring.monitoring_files(spec).items()):
+        if path == monitoring.ALERTMANAGER_CONFIG_PATH:
+            # no secret in it (receivers name their credential files), but routes and addresses: its user's group only
+            out.append(PlannedFile(path, text, "0640", "root", monitoring.ALERTMANAGER_USER))
+            continue
         group = "grafana" if path.startswith(("/etc/grafana", "/var/lib/grafana")) else "root"
         out.append(PlannedFile(path, text, "0644" if group == "root" else "0640", "root", group))
-    # Debian's unit reads ARGS from here: listen on the planned address and port only
+    # each receiver's credential: the one place a secret of the monitoring host is written, readable by
+    # Alertmanager's user alone (Debian's unit runs it as `prometheus`)
+    for path, secret in sorted(monitoring.credential_files(spec).items()):
+        out.append(PlannedFile(path, secret, "0600", monitoring.ALERTMANAGER_USER, monitoring.ALERTMANAGER_USER, secret=True))
+    # Debian's units read ARGS from here: listen on the planned address and port only
     listen = f"{host.address}:{host.monitoring.prometheus_port}"
     out.append(PlannedFile(PROMETHEUS_DEFAULTS_PATH, f'# Rendered by pdkit\nARGS="--web.listen-address={listen}"\n', "0644"))
+    out.append(PlannedFile(monitoring.ALERTMANAGER_DEFAULTS_PATH, monitoring.alertmanager_defaults(spec, host), "0644"))
     if host.monitoring.grafana:
         out.append(PlannedFile(GRAFANA_SOURCES_PATH, render_template("apt/grafana.sources.j2", keyring=GRAFANA_KEYRING_PATH), "0644"))
     return out
 
 
 def monitoring_host_services(spec: ClusterSpec, host: HostSpec, files: list[PlannedFile]) -> list[Service]:
+    from pdkit import monitoring
+
     assert host.monitoring is not None
-    prom_files = tuple(sorted(f.path for f in files if f.path.startswith("/etc/prometheus") or f.path == PROMETHEUS_DEFAULTS_PATH))
+    am_files = tuple(sorted(f.path for f in files if f.path in (monitoring.ALERTMANAGER_CONFIG_PATH, monitoring.ALERTMANAGER_DEFAULTS_PATH)
+                            or f.path.startswith(monitoring.ALERTMANAGER_CREDENTIALS_DIR + "/")))
+    prom_files = tuple(sorted(f.path for f in files if (f.path.startswith("/etc/prometheus") or f.path == PROMETHEUS_DEFAULTS_PATH) and f.path not in am_files))
     services = [Service(unit="prometheus.service", kind="http", files=prom_files, health_url=f"http://{host.address}:{host.monitoring.prometheus_port}/-/ready", ready_timeout_s=120)]
+    # a config change restarts it (its silences and notification log persist in --storage.path)
+    services.append(Service(unit=monitoring.ALERTMANAGER_UNIT, kind="http", files=am_files,
+                            health_url=f"{monitoring.alertmanager_url(spec, host)}/-/ready", ready_timeout_s=120))
     if host.monitoring.grafana:
-        grafana_files = tuple(sorted(f.path for f in files if f.path.startswith(("/etc/grafana", "/var/lib/grafana"))))
+        grafana_files = tuple(sorted(f.path for f in files if f.path.startswith(("/etc/grafana", "/var/lib/grafana")) or f.path == monitoring.GRAFANA_DROPIN_PATH))
         services.append(Service(unit="grafana-server.service", kind="http", files=grafana_files, health_url=f"http://{host.address}:{host.monitoring.grafana_port}/api/health", ready_timeout_s=120))
     return services
 
 
 def host_packages(spec: ClusterSpec, host: HostSpec) -> list[str]:
-    """Packages: node_exporter everywhere, DCGM on GPU nodes that run it, Prometheus (and Grafana) on the monitoring host."""
+    """Packages: node_exporter everywhere, DCGM on GPU nodes that run it, Prometheus, Alertmanager (and Grafana)
+    on the monitoring host. Names only: roles/packages.py installs a pinned one (versions.APT_PINS) at its version."""
     packages = ["prometheus-node-exporter"]
     if dcgm_enabled(host):
         packages += DCGM_PACKAGES
     if host.monitoring is not None:
-        packages.append("prometheus")
+        packages += ["prometheus", "prometheus-alertmanager"]
         if host.monitoring.grafana:
             packages.append("grafana")
     return packages

@@ -110,3 +110,12 @@ CUDA_KEYRING_VERSION = "1.1-1"
 CUDA_TOOLKIT_PACKAGE = "cuda-toolkit-13-0"
 # libnccl2 / libnccl-dev, exact apt version: NCCL 2.28.9 built for CUDA 13.0
 NCCL_APT_VERSION = "2.28.9-1+cuda13.0"
+
+
+# ---------------------------------------------------------------------------------------- apt pins
+# Debian packages installed at an exact version (roles/packages.py: `name=version`), from the
+# distribution the hosts run (Debian 12 bookworm). Alertmanager 0.25 decides which receiver
+# kinds can keep their credential in a file (pdkit.spec.RECEIVER_KINDS), so it moves only with that table.
+APT_PINS: dict[str, str] = {
+    "prometheus-alertmanager": "0.25.0-1+b4",
+}

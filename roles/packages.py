@@ -1,4 +1,5 @@
-"""Packages a host needs (node_exporter, DCGM, Prometheus, Grafana), installed only when missing."""
+"""Packages a host needs (node_exporter, DCGM, Prometheus, Alertmanager, Grafana), installed only when missing;
+a pinned one (pdkit.versions.APT_PINS) at its exact version."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pyinfra.api import deploy
 from pyinfra.operations import apt, files
 
 from pdkit.deploy import current_plan
+from pdkit.versions import APT_PINS
 from pdkit.plan import DCGM_PACKAGES, GRAFANA_KEY_URL, GRAFANA_KEYRING_PATH, GRAFANA_SOURCES_PATH
 from roles.facts import host_state
 
@@ -30,4 +32,10 @@ def packages() -> None:
 
         nvidia_repo()
     if missing:
-        apt.packages(name=f"Install {', '.join(missing)}", packages=missing, update=True, no_recommends=True, _timeout=APT_TIMEOUT_S)
+        wanted = [install_spec(p) for p in missing]
+        apt.packages(name=f"Install {', '.join(wanted)}", packages=wanted, update=True, no_recommends=True, _timeout=APT_TIMEOUT_S)
+
+
+def install_spec(package: str) -> str:
+    """What apt is asked for: `name=version` for a pinned package, else the name."""
+    return f"{package}={APT_PINS[package]}" if package in APT_PINS else package

@@ -59,7 +59,8 @@ BASE_HOSTS = {
             ],
         },
     },
-    "mon01": {"ssh_hostname": "10.9.0.3", "pdkit_monitoring": {}},
+    # a receiver, so that alerts reach someone (without one, validate warns)
+    "mon01": {"ssh_hostname": "10.9.0.3", "pdkit_monitoring": {"alerting": {"receivers": [{"name": "oncall", "kind": "webhook", "url": "http://10.9.0.3:9095/"}]}}},
 }
 
 

@@ -8,7 +8,8 @@ A package along its jobs, each module a set of pure functions:
 | `pdkit.monitoring.scrape` | scrape targets and prometheus.yml |
 | `pdkit.monitoring.rules` | the alerts as data (each with its promtool cases), the rules and rule-test files |
 | `pdkit.monitoring.dashboards` | the Grafana dashboards and every query they run |
-| `pdkit.monitoring.grafana` | Grafana provisioning (datasource, dashboard provider) |
+| `pdkit.monitoring.grafana` | Grafana provisioning (datasource, dashboard provider; its own alerting off) |
+| `pdkit.monitoring.alertmanager` | alertmanager.yml (routes, inhibitions, receivers), credential files, the daemon's arguments |
 | `pdkit.monitoring.alerttable` | docs/monitoring.md's alert table, generated from `rules` |
 
 This module re-exports their public names (`pdkit.monitoring.alerts`, `.prometheus_config`, ...)
@@ -40,23 +41,27 @@ catalogue generated from the pinned SGLang releases and routers (pdkit/catalogue
 from __future__ import annotations
 
 # the public names of every module, as before the split (pdkit.monitoring.X)
+from pdkit.monitoring.alertmanager import *  # noqa: F401,F403
 from pdkit.monitoring.common import *  # noqa: F401,F403
 from pdkit.monitoring.dashboards import *  # noqa: F401,F403
 from pdkit.monitoring.grafana import *  # noqa: F401,F403
 from pdkit.monitoring.rules import *  # noqa: F401,F403
 from pdkit.monitoring.scrape import *  # noqa: F401,F403
+from pdkit.monitoring.alertmanager import ALERTMANAGER_CONFIG_PATH, alertmanager_config
 from pdkit.monitoring.common import PROMETHEUS_CONFIG_PATH, RULES_PATH, RULE_TESTS_PATH, _monitoring
 from pdkit.monitoring.dashboards import dashboard_files
-from pdkit.monitoring.grafana import grafana_provisioning
+from pdkit.monitoring.grafana import GRAFANA_DROPIN_PATH, grafana_dropin, grafana_provisioning
 from pdkit.monitoring.rules import HOST_RULE_TEST_SUBJECTS, alert_rules, rule_tests
 from pdkit.monitoring.scrape import prometheus_config
 from pdkit.spec import ClusterSpec
 
 
 def monitoring_files(spec: ClusterSpec) -> dict[str, str]:
-    """Every file of the monitoring host: {absolute path: text} (Grafana's only when it is enabled)."""
+    """Every file of the monitoring host: {absolute path: text} (Grafana's only when it is enabled).
+    Not the receivers' credential files: pdkit.plan lays those down (mode 0600, Alertmanager's user)."""
     files = {
         PROMETHEUS_CONFIG_PATH: prometheus_config(spec),
+        ALERTMANAGER_CONFIG_PATH: alertmanager_config(spec),
         RULES_PATH: alert_rules(spec),
         # the operator's `promtool test rules` beside the rules: every alert's shape, a bounded number of
         # subjects (the full per-subject file costs ~1 s of YAML at 512 GPUs on every plan; the test
@@ -65,5 +70,6 @@ def monitoring_files(spec: ClusterSpec) -> dict[str, str]:
     }
     if _monitoring(spec).grafana:
         files.update(grafana_provisioning(spec))
+        files[GRAFANA_DROPIN_PATH] = grafana_dropin()
         files.update(dashboard_files(spec))
     return files

@@ -1,4 +1,5 @@
-"""Grafana provisioning: the Prometheus datasource and the dashboards-from-files provider."""
+"""Grafana provisioning: the Prometheus datasource and the dashboards-from-files provider; its own
+alerting off (one place decides who gets paged: Alertmanager, pdkit.monitoring.alertmanager)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,19 @@ from pdkit.monitoring.common import (
     monitoring_host, to_yaml,
 )
 from pdkit.spec import ClusterSpec
+
+# A drop-in for Debian's grafana-server.service (Grafana's own apt package): environment overrides
+# of grafana.ini that leave the package's file alone
+GRAFANA_DROPIN_PATH = "/etc/systemd/system/grafana-server.service.d/pdkit.conf"
+# Grafana's unified alerting would evaluate its own rules and page through its own contact points:
+# off, so the alert rules (Prometheus) and who gets paged (Alertmanager) are each decided in one place
+GRAFANA_ENVIRONMENT = {"GF_UNIFIED_ALERTING_ENABLED": "false"}
+
+
+def grafana_dropin() -> str:
+    lines = ["# Rendered by pdkit: Grafana's own alerting off; Prometheus alerts, Alertmanager pages (docs/monitoring.md)",
+             "[Service]", *(f"Environment={k}={v}" for k, v in GRAFANA_ENVIRONMENT.items())]
+    return "\n".join(lines) + "\n"
 
 
 def grafana_provisioning(spec: ClusterSpec) -> dict[str, str]:

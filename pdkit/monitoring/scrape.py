@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pdkit import flags
+from pdkit.monitoring.alertmanager import alertmanager_targets
 from pdkit.monitoring.common import (
     JOB_DCGM, JOB_ENGINE, JOB_EXPORTER, JOB_NODE, JOB_PROMETHEUS, JOB_ROUTER, RULES_RELATIVE_PATH, _monitoring,
     _seconds, engine_instance, monitoring_host, regex_literal, scraped_hosts, to_yaml,
@@ -99,6 +100,8 @@ def prometheus_config(spec: ClusterSpec) -> str:
             "evaluation_interval": _seconds(interval),
             "external_labels": {"cluster": spec.cluster.name},
         },
+        # the Alertmanager beside Prometheus (pdkit.monitoring.common.alertmanager_urls decides its address)
+        "alerting": {"alertmanagers": [{"api_version": "v2", "static_configs": [{"targets": alertmanager_targets(spec)}]}]},
         "rule_files": [RULES_RELATIVE_PATH],
         "scrape_configs": scrape_configs,
     }
