@@ -271,6 +271,14 @@ def test_monitoring_host_gets_alertmanager_pinned(tmp_path, base):
     assert "prometheus-alertmanager" not in host_packages(spec, spec.host("gpu01"))
 
 
+def test_ci_installs_the_pinned_alertmanager():
+    script = (REPO / ".ci" / "monitoring-prereqs.sh").read_text()
+    assert f"ALERTMANAGER_VERSION={APT_PINS['prometheus-alertmanager']}\n" in script
+    if ALERTMANAGER is not None:  # what this machine runs the tests with
+        version = subprocess.run(["dpkg-query", "-W", "-f=${Version}", "prometheus-alertmanager"], capture_output=True, text=True)
+        assert version.stdout == APT_PINS["prometheus-alertmanager"], version
+
+
 def test_plan_files_service_and_daemon_args(tmp_path, base):
     spec = _spec(tmp_path, base, {"receivers": [EVERY_KIND[3]]}, SECRETS_FOR([EVERY_KIND[3]]))
     plan = plan_host(spec, spec.host("mon01"))
@@ -333,7 +341,7 @@ def _free_port() -> int:
 class _Sink:
     """A webhook receiver: records each notification's body."""
 
-    def __init__(self):
+    def __init__(self, port: int = 0):
         self.bodies: list[dict] = []
         sink = self
 
@@ -347,7 +355,7 @@ class _Sink:
             def log_message(self, *args):
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
@@ -366,11 +374,14 @@ def _post(url: str, data) -> None:
 def running(tmp_path, base):
     """A real prometheus-alertmanager on 127.0.0.1 with the config pdkit renders (credentials in temp files)."""
     require(ALERTMANAGER is not None, AM_REASON)
-    sink = _Sink()
-    receivers = [{"name": "sink", "kind": "webhook", "url": sink.url}, EVERY_KIND[3]]
+    # the spec first: pdkit.loader imports pyinfra's CLI, whose gevent-patched importer must not
+    # meet the sink's thread
+    sink_port = _free_port()
+    receivers = [{"name": "sink", "kind": "webhook", "url": f"http://127.0.0.1:{sink_port}/"}, EVERY_KIND[3]]
     spec = _spec(tmp_path, base, {"receivers": receivers, "warning_receiver": "sink", "critical_receiver": "sink",
                                   "group_wait_s": 1, "group_interval_s": 2, "repeat_interval_s": 3600},
                  {"sink": "bearer-b7c1", "pager": SECRETS["pager"]})
+    sink = _Sink(sink_port)
     creds = tmp_path / "creds"
     creds.mkdir()
     for path, secret in credential_files(spec, credentials_dir=str(creds)).items():
@@ -456,3 +467,16 @@ def test_each_inhibition_mutes_its_targets_and_nothing_else(running, rule):
     assert status(target)["state"] == "suppressed" and status(target)["inhibitedBy"], got
     assert status(elsewhere)["state"] == "active", got
     assert status(source)["state"] == "active", got
+
+
+def test_a_down_engine_mutes_only_its_own_symptoms(running):
+    """PdkitEngineDown of gpu01/decode mutes its own wedge, not the wedge of gpu01/prefill beside it
+    (the rule's scope is the engine, not the node: a node-wide `equal` would hide a second incident)."""
+    url, _, _ = running
+    down = _alert("PdkitEngineDown", node="gpu01", instance="gpu01/decode", job="sglang")
+    own = _alert("PdkitEngineWedged", node="gpu01", instance="gpu01/decode")
+    beside = _alert("PdkitEngineWedged", node="gpu01", instance="gpu01/prefill")
+    _post(f"{url}/api/v2/alerts", [down, own, beside])
+    got = {frozenset(a["labels"].items()): a["status"]["state"] for a in _get(f"{url}/api/v2/alerts")}
+    assert got[frozenset(own["labels"].items())] == "suppressed", got
+    assert got[frozenset(beside["labels"].items())] == "active", got

@@ -27,7 +27,7 @@ def _monitoring_facts():
         "import json; from pdkit.loader import load; from pdkit import monitoring as m; "
         "from pdkit.monitoring.common import _duration_s; "
         f"spec = load({INVENTORY!r}); mon = spec.monitoring_hosts[0]; router = spec.router_hosts[0]; "
-        "print(json.dumps({'prom': f'http://{mon.address}:{mon.monitoring.prometheus_port}', "
+        "print(json.dumps({'prom': f'http://{mon.address}:{mon.monitoring.prometheus_port}', 'alertmanagers': m.alertmanager_urls(spec), "
         "'targets': [[t.job, t.address] for t in m.targets(spec)], 'promql': m.all_promql(spec), "
         "'router': f'http://{router.address}:{router.router.port}', 'model': spec.cluster.model.name, "
         "'gpu': [h.name for h in spec.gpu_hosts], 'scrape_s': mon.monitoring.scrape_interval_s, "
@@ -74,6 +74,21 @@ def test_prometheus_scrapes_every_generated_target_and_all_are_up(monitored):
 
     _wait(all_up, 90, "every planned target scraped and up")
     assert len(planned) >= 3 * 2 + 1 + 4  # 6 engines, the router, a node_exporter per host
+
+
+def test_prometheus_sends_to_the_alertmanager_beside_it(monitored):
+    """issue 31: Alertmanager runs on lab-mon with the rendered config, and Prometheus lists it as active."""
+    (url,) = monitored["alertmanagers"]
+
+    def active():
+        body = requests.get(f"{monitored['prom']}/api/v1/alertmanagers", timeout=10).json()["data"]
+        urls = [a["url"] for a in body["activeAlertmanagers"]]
+        return any(u.startswith(url + "/") for u in urls), body
+
+    _wait(active, 60, f"Prometheus listing {url} as an active Alertmanager")
+    status = requests.get(f"{url}/api/v2/status", timeout=10).json()
+    assert status["cluster"]["status"] == "disabled"  # one Alertmanager: no gossip
+    assert "lab-sink" in status["config"]["original"] and "inhibit_rules" in status["config"]["original"]
 
 
 def test_every_dashboard_and_alert_query_returns_live_data_under_load(monitored):
@@ -148,7 +163,9 @@ def test_grafana_role_is_planned_by_a_dry_run(lab, monitored, tmp_path):
     planned = [line for line in out.splitlines() if f"1 ({mon})" in line or (f"[{mon}]" in line and "to write:" in line)]
     for op in ("Grafana's apt key", "Grafana's apt source", "Install grafana",
                "/etc/grafana/provisioning/datasources/pdkit.yaml", "/etc/grafana/provisioning/dashboards/pdkit.yaml",
-               "/var/lib/grafana/dashboards/pdkit/pdkit-overview.json"):
+               "/var/lib/grafana/dashboards/pdkit/pdkit-overview.json",
+               # Grafana's own alerting off: Alertmanager alone decides who gets paged
+               "/etc/systemd/system/grafana-server.service.d/pdkit.conf"):
         assert any(op in line for line in planned), f"{op!r} not planned on {mon}:\n" + "\n".join(planned)
     assert ssh(lab, mon, "test ! -e /etc/apt/sources.list.d/grafana.sources && ! dpkg -s grafana >/dev/null 2>&1").returncode == 0, "a --dry run changed the host"
 
