@@ -74,6 +74,9 @@ all = (  # noqa: A001 - pyinfra's group name
             # a sim engine is ready in seconds, but a cold first converge starts every host's engines at once
             # on this machine's cores: at 32 hosts on 2 cores some took over 120 s (docs/benchmarks.md)
             "ready_timeout_s": _READY_TIMEOUT_S,
+            # lab-sink's bearer token (a lab value, not a secret): exercises the credential file a real
+            # receiver reads, mode 0600 for Alertmanager's user alone (docs/monitoring.md)
+            "secrets": {"alert_receivers": {"lab-sink": "lab-sink-bearer"}},
             "tuning": {
                 "all": {"context_length": 8192, "mem_fraction_static": 0.88},
                 "decode": {"cuda_graph": True, "cuda_graph_max_bs": 64, "num_continuous_decode_steps": 4},

@@ -27,7 +27,7 @@ def _monitoring_facts():
         "import json; from pdkit.loader import load; from pdkit import monitoring as m; "
         "from pdkit.monitoring.common import _duration_s; "
         f"spec = load({INVENTORY!r}); mon = spec.monitoring_hosts[0]; router = spec.router_hosts[0]; "
-        "print(json.dumps({'prom': f'http://{mon.address}:{mon.monitoring.prometheus_port}', 'alertmanagers': m.alertmanager_urls(spec), "
+        "print(json.dumps({'prom': f'http://{mon.address}:{mon.monitoring.prometheus_port}', 'alertmanagers': m.alertmanager_urls(spec), 'mon': mon.name, "
         "'targets': [[t.job, t.address] for t in m.targets(spec)], 'promql': m.all_promql(spec), "
         "'router': f'http://{router.address}:{router.router.port}', 'model': spec.cluster.model.name, "
         "'gpu': [h.name for h in spec.gpu_hosts], 'scrape_s': mon.monitoring.scrape_interval_s, "
@@ -76,7 +76,7 @@ def test_prometheus_scrapes_every_generated_target_and_all_are_up(monitored):
     assert len(planned) >= 3 * 2 + 1 + 4  # 6 engines, the router, a node_exporter per host
 
 
-def test_prometheus_sends_to_the_alertmanager_beside_it(monitored):
+def test_prometheus_sends_to_the_alertmanager_beside_it(lab, monitored):
     """issue 31: Alertmanager runs on lab-mon with the rendered config, and Prometheus lists it as active."""
     (url,) = monitored["alertmanagers"]
 
@@ -89,6 +89,13 @@ def test_prometheus_sends_to_the_alertmanager_beside_it(monitored):
     status = requests.get(f"{url}/api/v2/status", timeout=10).json()
     assert status["cluster"]["status"] == "disabled"  # one Alertmanager: no gossip
     assert "lab-sink" in status["config"]["original"] and "inhibit_rules" in status["config"]["original"]
+    # the receiver's credential: only in its file, 0600 for the user Debian's unit runs Alertmanager as
+    assert "lab-sink-bearer" not in status["config"]["original"]
+    cred = "/etc/prometheus/alertmanager-credentials/lab-sink"
+    check = ssh(lab, monitored["mon"], f"stat -c '%a %U' {cred} && runuser -u prometheus -- cat {cred} && echo && "
+                                       f"! runuser -u nobody -- cat {cred} 2>/dev/null && "
+                                       "systemctl show -p User --value prometheus-alertmanager.service")
+    assert check.returncode == 0 and check.stdout.split() == ["600", "prometheus", "lab-sink-bearer", "prometheus"], check
 
 
 def test_every_dashboard_and_alert_query_returns_live_data_under_load(monitored):
