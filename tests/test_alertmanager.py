@@ -455,17 +455,24 @@ def test_each_inhibition_mutes_its_targets_and_nothing_else(running, rule):
 
     same = {"node": "gpu01", "instance": "gpu01/decode"}
     source = _alert(rule.source, **same, **labels(rule.source_match))
-    target = _alert(rule.targets[0], **same, **labels(rule.target_match))
-    # the same target elsewhere: an `equal` label differs
-    elsewhere = _alert(rule.targets[0], **{**same, rule.equal[-1]: "elsewhere"}, **labels(rule.target_match))
-    _post(f"{url}/api/v2/alerts", [source, target, elsewhere])
+    # every target, and each again elsewhere: its `equal` labels differ (and its instance, so that no
+    # two of them name one engine, where one's inhibition would reach the other)
+    targets = [_alert(t, **same, **labels(rule.target_match)) for t in rule.targets if t != rule.source]
+
+    def away(t: str) -> dict[str, str]:
+        return {**same, "instance": f"elsewhere/{t}", **{k: f"elsewhere-{t}" for k in rule.equal if k != "cluster"}}
+
+    elsewhere = [_alert(t, **away(t), **labels(rule.target_match)) for t in rule.targets]
+    _post(f"{url}/api/v2/alerts", [source, *targets, *elsewhere])
     got = {frozenset(a["labels"].items()): a["status"] for a in _get(f"{url}/api/v2/alerts")}
 
     def status(alert: dict) -> dict:
         return got[frozenset(alert["labels"].items())]
 
-    assert status(target)["state"] == "suppressed" and status(target)["inhibitedBy"], got
-    assert status(elsewhere)["state"] == "active", got
+    for target in targets:
+        assert status(target)["state"] == "suppressed" and status(target)["inhibitedBy"], (target, got)
+    for other in elsewhere:
+        assert status(other)["state"] == "active", (other, got)
     assert status(source)["state"] == "active", got
 
 

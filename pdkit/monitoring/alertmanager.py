@@ -45,25 +45,24 @@ class Inhibition:
 # Alerts that describe one engine (they carry its `instance`, pdkit.monitoring.common.ENGINE_BY)
 ENGINE_SYMPTOMS = ("PdkitEngineWedged", "PdkitQueueGrowing", "PdkitKvTransferFailures", "PdkitBootstrapFailures",
                    "PdkitTtftP99OverSlo", "PdkitDecodeCudaGraphRatioLow")
-# Everything about the engines of one node (they carry its `node`)
-NODE_ENGINE_ALERTS = ("PdkitEngineDown", "PdkitEngineRankDown", *ENGINE_SYMPTOMS, "PdkitConfigDrift", "PdkitNcclEnvMissing")
+# What a router says about its workers (they carry the router's `node`)
+ROUTER_WORKER_ALERTS = ("PdkitRouterWorkerUnhealthy", "PdkitRouterCircuitOpen", "PdkitRouterRetriesExhausted",
+                        "PdkitRouterWorkersOverloaded", "PdkitRouterAdmissionRejected")
+# Everything else that can fire about one host (they carry its `node`)
+NODE_ALERTS = ("PdkitEngineDown", "PdkitEngineRankDown", *ENGINE_SYMPTOMS, "PdkitConfigDrift", "PdkitNcclEnvMissing",
+               "PdkitScrapeTargetDown", "PdkitRouterDown", *ROUTER_WORKER_ALERTS)
 
 # The inhibition table (docs/monitoring.md "Inhibitions"); tests/test_alertmanager.py checks every name
-# is in pdkit.monitoring.rules.ALERT_NAMES and proves each rule on a running Alertmanager.
+# is in pdkit.monitoring.rules.ALERT_NAMES, carries the `equal` labels, and proves each rule on a
+# running Alertmanager.
 INHIBITIONS: tuple[Inhibition, ...] = (
     Inhibition(
-        "PdkitScrapeTargetDown", NODE_ENGINE_ALERTS, ("cluster", "node"),
-        "the host itself is down or cut off (its node_exporter cannot be scraped): its engines' alerts are the "
-        "same incident, one page for the node",
-        source_match=('job="node"',),
+        "PdkitNodeDown", NODE_ALERTS, ("cluster", "node"),
+        "the host is down or cut off (its node_exporter cannot be scraped; it fires before its engines' "
+        "PdkitEngineDown): its engines', exporters' and router's alerts are the same incident, one page for the node",
     ),
     Inhibition(
-        "PdkitScrapeTargetDown", ("PdkitScrapeTargetDown",), ("cluster", "node"),
-        "the same: the host's other exporters (pdkit-exporter, DCGM) are down with it",
-        source_match=('job="node"',), target_match=('job!="node"',),
-    ),
-    Inhibition(
-        "PdkitRouterDown", ("PdkitRouterWorkerUnhealthy",), ("cluster", "node"),
+        "PdkitRouterDown", ROUTER_WORKER_ALERTS, ("cluster", "node"),
         "a router that is down says nothing true about its workers; the router page is the incident",
     ),
     Inhibition(
