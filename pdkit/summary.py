@@ -67,5 +67,7 @@ def summary(spec: ClusterSpec) -> str:
         assert m is not None
         grafana = f"Grafana :{m.grafana_port}" if m.grafana else "no Grafana (pdkit_monitoring.grafana: false)"
         lines.append(f"  {host.name}: Prometheus :{m.prometheus_port} every {m.scrape_interval_s}s, {grafana}")
+        receivers = ", ".join(f"{r.name} ({r.kind})" for r in m.alerting.receivers) or "none: alerts reach no one"
+        lines.append(f"    Alertmanager :{m.alertmanager_port}, receivers: {receivers}")
     lines += ["", f"OK: {len(spec.hosts)} hosts, {len(spec.engines())} engines; no host was contacted."]
     return "\n".join(lines)

@@ -483,12 +483,16 @@ def test_cluster_summary_shows_the_seed_layout(monkeypatch, capsys):
 def test_the_summary_and_the_port_check_know_when_grafana_is_off(monkeypatch, capsys):
     monkeypatch.chdir(REPO)
     assert main(["validate", "inventories/cluster.py"]) == 0
-    assert "every 15s, Grafana :3000" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "every 15s, Grafana :3000" in out
+    # the example declares no receiver: the summary says where alerts go, i.e. nowhere
+    assert "Alertmanager :9093, receivers: none: alerts reach no one" in out
     # the lab's monitoring host runs no Grafana
     monkeypatch.setenv("PDKIT_LAB_DIR", str(REPO / "build" / "no-lab-here"))
     assert main(["validate", "inventories/lab.py"]) == 0
     out = capsys.readouterr().out
     assert "every 10s, no Grafana (pdkit_monitoring.grafana: false)" in out and "Grafana :3000" not in out
+    assert "Alertmanager :9093, receivers: lab-sink (webhook)" in out
 
 
 def test_grafanas_port_is_free_for_another_service_when_grafana_is_off(monkeypatch):
