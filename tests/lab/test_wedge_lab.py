@@ -1,6 +1,8 @@
 """A wedged sim engine in the lab: its scheduler stops stepping while its HTTP server answers
 (PDKIT_SIM_STALL_FILE, pdkit/sim/knobs.py), requests sit in it, and the lab's real Prometheus
-fires PdkitEngineWedged for it while `pdkit doctor` FAILs its queues check.
+fires PdkitEngineWedged for it while `pdkit doctor` FAILs its queues check. The lab's Alertmanager
+sends it to the lab's webhook receiver (tests/lab/alertsink.py) once, within the rule's `for` plus
+an evaluation plus group_wait, and sends it resolved once the engine is back (issue 31).
 
 The stall file is switched on through a systemd drop-in on the node (the rendered unit has no sim
 knobs); the drop-in is removed and the cluster re-converged afterwards. The alert must fire before
@@ -15,6 +17,7 @@ import threading
 import pytest
 import requests
 
+from tests.lab.alertsink import Sink, alerting_facts
 from tests.lab.test_deploy import failed_hosts, run_pyinfra, ssh
 from tests.lab.test_doctor_lab import INVENTORY, doctor, failures
 from tests.lab.test_monitoring_lab import _monitoring_facts, _wait
@@ -30,7 +33,9 @@ DROPIN = f"{DROPIN_DIR}/zz-pdkit-wedge-test.conf"
 def facts(lab):
     rc, results, err = run_pyinfra()
     assert rc == 0 and not failed_hosts(results), err[-3000:]
-    return _monitoring_facts()
+    out = _monitoring_facts()
+    out.update(alerting_facts())
+    return out
 
 
 def test_a_wedged_engine_fires_the_wedge_alert_and_fails_doctor(lab, facts):
@@ -38,6 +43,8 @@ def test_a_wedged_engine_fires_the_wedge_alert_and_fails_doctor(lab, facts):
     setup = (f"mkdir -p {DROPIN_DIR} && printf '[Service]\\nEnvironment=PDKIT_SIM_STALL_FILE={STALL}\\n' > {DROPIN} "
              f"&& rm -f {STALL} && systemctl daemon-reload && systemctl restart pdkit-engine-decode.service")
     assert ssh(lab, host, setup).returncode == 0
+    sink = Sink(lab, facts["mon"])
+    sink.start()
     stop = threading.Event()
 
     def load():  # requests that reach the wedged decode sit in it until the test ends
@@ -77,6 +84,10 @@ def test_a_wedged_engine_fires_the_wedge_alert_and_fails_doctor(lab, facts):
         timeout = facts["wedge_window_s"] + facts["for_s"]["PdkitEngineWedged"] + 90
         assert timeout <= 270, f"the wedge alert could not fire before the 300 s watchdog: {timeout} s"
         _wait(firing, timeout, f"PdkitEngineWedged firing for {host}/decode", interval=2)
+        # a person hears of it: the webhook gets it after Alertmanager's group_wait (plus an evaluation)
+        heard = sink.wait_for("PdkitEngineWedged", "firing", facts["group_wait_s"] + 2 * facts["scrape_s"] + 15,
+                              node=host, engine="decode")
+        print(f"PdkitEngineWedged reached the webhook {heard:.1f} s after Prometheus showed it firing")
         rc, report = doctor(INVENTORY)
         assert rc != 0
         assert (host, "decode", "queues") in failures(report), report
@@ -89,5 +100,16 @@ def test_a_wedged_engine_fires_the_wedge_alert_and_fails_doctor(lab, facts):
         for t in threads:
             if t.is_alive():
                 t.join(timeout=30)
+    try:
+        # and hears that it is over: resolved within the window, an evaluation and a group_interval
+        sink.wait_for("PdkitEngineWedged", "resolved", facts["wedge_window_s"] + 2 * facts["scrape_s"] + facts["group_interval_s"] + 30,
+                      node=host, engine="decode")
+        # once: one group (cluster, alertname, node), sent once when it fired; repeat_interval is an hour
+        fired = sink.alerts("PdkitEngineWedged", "firing", node=host, engine="decode")
+        assert len(fired) == 1, f"PdkitEngineWedged was sent {len(fired)} times: {[n['groupKey'] for n, _ in fired]}"
+        assert fired[0][0]["_bearer"], "Alertmanager sent the lab receiver's notification without its bearer credential"
+        assert fired[0][1]["annotations"].get("runbook_url", "").endswith("#pdkitenginewedged"), fired[0][1]["annotations"]
+    finally:
+        sink.stop()
     rc, results, err = run_pyinfra()
     assert rc == 0 and not failed_hosts(results), err[-2000:]
