@@ -155,7 +155,9 @@ def test_a_pdkit_change_no_engine_runs_restarts_only_pdkit_exporter(lab, deploye
     identified by what they run (the sim's own sources here, the lock for SGLang). A deploy from
     a source tree whose only change is in pdkit/bench.py installs a new node venv and restarts
     pdkit-exporter onto it, and leaves every engine's process alone; deploying the real tree
-    again puts the node venv back, the engines still untouched."""
+    again puts the node venv back, the engines still untouched. (It also covers issue #18 item 8,
+    once test_deploy_flags_lab.py's own: the exporter restarts onto a new pdkit wheel, started
+    after the venv it runs was complete and linked.)"""
     import shutil
     import uuid
 

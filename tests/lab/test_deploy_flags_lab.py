@@ -1,7 +1,8 @@
 """Issue #18 on the lab, with pyinfra's own flags: files the plan dropped are removed (item 1),
 `--serial` converges whatever the host order (2), `--dry` names each host's own files (3),
 `--diff` shows unified diffs and never a secret (4), `--limit` warns about the router it left
-out (5), a new pdkit wheel restarts pdkit-exporter (8).
+out (5). Item 8 (a new pdkit wheel restarts pdkit-exporter onto it) is checked by
+tests/lab/test_deploy.py's pdkit-only change, which also shows that no engine restarts.
 
 Every test leaves the shared lab converged on inventories/lab.py, as it found it.
 """
@@ -221,23 +222,3 @@ def test_limit_warns_about_the_router_it_left_out_and_what_to_run(lab, converged
     workers = router_workers(spec)
     assert workers.get(old_url) is True and new_url not in workers, workers
 
-
-def test_a_new_pdkit_wheel_restarts_the_exporter_onto_it(lab, converged):
-    """Item 8: pdkit-exporter runs from the node venv; a new pdkit wheel restarted only the engines."""
-    spec = converged
-    marker = REPO / "pdkit" / "data" / "lab_issue18_wheel_marker.json"
-    before = {h: invocations(lab, h, ["pdkit-exporter.service"]) for h in spec["gpu"]}
-    try:
-        marker.write_text(f"{{\"a new pdkit wheel for the lab\": {time.time()}}}\n")  # pdkit's wheel digest covers every file under pdkit/
-        rc, results, err = run_pyinfra()
-        assert rc == 0 and not failed_hosts(results), err[-4000:]
-        for host in spec["gpu"]:
-            assert invocations(lab, host, ["pdkit-exporter.service"]) != before[host], f"{host}: pdkit-exporter still runs the old venv"
-            # it started after the new venv was complete (its marker is written last, before the link switch)
-            started = ssh(lab, host, 'date -d "$(systemctl show -p ExecMainStartTimestamp --value pdkit-exporter.service)" +%s').stdout.strip()
-            complete = ssh(lab, host, 'stat -c %Y "$(ls -d "$(readlink -f /opt/pdkit/venv)"/.pdkit-bundle-* | head -1)"').stdout.strip()
-            assert started and complete and int(started) >= int(complete), f"{host}: the exporter started at {started}, before its venv was complete ({complete})"
-            assert ssh(lab, host, 'test -e "$(readlink -f /opt/pdkit/venv)"/lib/python3*/site-packages/pdkit/data/lab_issue18_wheel_marker.json').returncode == 0
-    finally:
-        marker.unlink(missing_ok=True)
-        back_to_base(spec)
