@@ -209,8 +209,8 @@ def test_units_are_active_and_enabled(lab, deployed):
         for unit in units:
             proc = ssh(lab, host, f"systemctl is-active {unit} && systemctl is-enabled {unit}")
             assert proc.stdout.split() == ["active", "enabled"], f"{host} {unit}: {proc.stdout} {proc.stderr}"
-    # two engines and an exporter per GPU node, the router, Prometheus on the monitoring host
-    assert sum(len(u) for u in deployed["units"].values()) == 3 * len(deployed["gpu"]) + 2
+    # two engines and an exporter per GPU node, the router, Prometheus and Alertmanager on the monitoring host
+    assert sum(len(u) for u in deployed["units"].values()) == 3 * len(deployed["gpu"]) + 3, deployed["units"]
 
 
 def test_files_and_modes_are_as_planned(lab, deployed):
