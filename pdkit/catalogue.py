@@ -196,11 +196,12 @@ def _router(package: str, version: str) -> dict:
 #
 # Not here, and why (each tried against the 1.13.0 binary in front of the sims, 2026-12-03):
 # - smg_worker_stalled, smg_worker_stall_transitions_total (the liveness veto, --worker-stall-secs /
-#   --worker-wedge-secs): neither a stalled sim decode (PDKIT_SIM_STALL_FILE; 6 and 10 streamed
-#   requests in flight for 12 s, /health kept cheap), a SIGSTOPped decode (10 s), nor a killed decode
-#   answered with transport errors (health-failure threshold raised so that the worker stayed routable)
-#   set the veto; the binary's help ties it to a worker's load feed (/v1/loads, which the sim does not
-#   serve: smg falls back to scraping /metrics). Not reproducible here, so no alert reads them.
+#   --worker-wedge-secs): none of these set the veto: a stalled sim decode (PDKIT_SIM_STALL_FILE, /health
+#   kept cheap) with 6 or 10 streamed requests in flight for 12 s; 6 long streams decoding (the load
+#   feed reporting 6 running) then the decode stalled, no token for 60 s and a new request routed to it;
+#   a SIGSTOPped decode (10 s); a killed decode answered with transport errors (health-failure
+#   threshold raised so that it stayed routable). smg_worker_liveness_fallback_total stayed 0 as well.
+#   What sets it in PD mode over HTTP is not in any public source; not reproducible here, no alert.
 # - smg_workers_overloaded: set from the engines' reported waiting queue / KV usage; a stalled sim
 #   does not update its gauges and a PD sim decode reports its queue in the PD queues, so its
 #   waiting count stays 0 (measured): not deterministic here. PdkitRouterWorkersOverloaded reads the
