@@ -616,7 +616,9 @@ def _router_pd_legs(c: _Context, router: Target) -> list[str]:
     return [t for t in _router_worker_types(c, router) if t in ("prefill", "decode")]
 
 
-# a PD leg the router cannot rendezvous with (smg 1.13.0): its pair cannot hand the KV cache off
+# a PD leg the router cannot rendezvous with (smg 1.13.0): its pair cannot hand the KV cache off. A roll does
+# not fire it: smg probes at registration, after the worker's health passes, and a healthy SGLang prefill
+# already serves its bootstrap port (started in TokenizerManager's constructor, before HTTP answers)
 @_declares("PdkitRouterPdRendezvousFailed")
 def _router_pd_rendezvous_failed(c: _Context) -> list[Alert]:
     metric = ROUTER["pd_rendezvous_failures"]
