@@ -13,7 +13,9 @@ generator and fails on any difference, tests/test_catalogue.py):
 - Routers: the real binary of smg 1.13.0 (its contract virtualenv) started on loopback in PD mode in front of two sim engines;
   its /metrics is read once its workers are registered (before any request) and again after
   requests went through it. A family seen before is `eager`, one that appears only after is
-  `lazy`. Rust's metrics crate creates a series on its first record, so this is the only
+  `lazy`. Then a fault phase (smg only, FAULT_FAMILIES) registers a prefill whose bootstrap port
+  refuses, and reads the PD fault family that creates (lazy); the module's FAULT_FAMILIES comment
+  says which of smg's other fault families cannot be made to appear here, and why. Rust's metrics crate creates a series on its first record, so this is the only
   source for a router's families: its definitions are spread over the binary. sglang-router
   0.3.2 from the real pages recorded from its binary (RECORDED_ROUTER_PAGES).
 
@@ -156,10 +158,15 @@ def _router(package: str, version: str) -> dict:
                 if not router_serves(url):
                     raise RuntimeError(f"{package} {version}: a request through the router failed")
             after = _page_families(requests.get(metrics, timeout=5).text)
+            faults = _fault_phase(package, version, url, metrics, ports, procs)
         finally:
             for p in reversed(procs):
                 p.stop()
     families = {name: {**f, "eager": name in before} for name, f in after.items()}
+    for name, f in faults.items():
+        if name in families:
+            raise RuntimeError(f"{package} {version}: {name} was on the page before the fault phase made it")
+        families[name] = {**f, "eager": False}
     for name, f in ON_RUNTIME_EVENTS.get((package, version), {}).items():
         seen = families.get(name)
         if seen is not None and (seen["type"], seen["labels"]) != (f["type"], f["labels"]):
@@ -170,6 +177,75 @@ def _router(package: str, version: str) -> dict:
         families[name] = {**f, "eager": False}
     return {"source": f"live /metrics of the {package} {version} binary (contract env) in PD mode before and "
                       "after requests", "families": dict(sorted(families.items()))}
+
+
+# The fault phase (smg only): families a router creates only on its first PD fault, made to appear on
+# purpose after the requests, and only those named here are taken from the page (other families the
+# fault brings, e.g. a third worker's series, are not this phase's business). Each is a live fact of
+# the 1.13.0 binary, checked by running it; what increments them is from the binary's own help text
+# (its HELP lines and log lines), since smg's public repository (github.com/lightseekorg/smg, v1.9.0
+# at the newest) has none of these families.
+#
+# - smg_pd_rendezvous_failures_total{leg, phase}: smg probes a prefill's bootstrap port when it
+#   registers the worker; a port that refuses counts {leg="prefill", phase="probe"} (log: "Bootstrap
+#   port did not accept a connection at registration: the leg is registered, but its disaggregated
+#   partners cannot rendezvous there"). The phase registers the running sim prefill a second time
+#   (POST /workers, as http://localhost:PORT: the router keys workers by URL) with a bootstrap port
+#   nothing listens on: the counter appears within a second, every run. Its other phases (bootstrap,
+#   transfer) are the gRPC path's, which pdkit does not deploy.
+#
+# Not here, and why (each tried against the 1.13.0 binary in front of the sims, 2026-12-03):
+# - smg_worker_stalled, smg_worker_stall_transitions_total (the liveness veto, --worker-stall-secs /
+#   --worker-wedge-secs): none of these set the veto: a stalled sim decode (PDKIT_SIM_STALL_FILE, /health
+#   kept cheap) with 6 or 10 streamed requests in flight for 12 s; 6 long streams decoding (the load
+#   feed reporting 6 running) then the decode stalled, no token for 60 s and a new request routed to it;
+#   a SIGSTOPped decode (10 s); a killed decode answered with transport errors (health-failure
+#   threshold raised so that it stayed routable). smg_worker_liveness_fallback_total stayed 0 as well.
+#   What sets it in PD mode over HTTP is not in any public source; not reproducible here, no alert.
+# - smg_workers_overloaded: set from the engines' reported waiting queue / KV usage; a stalled sim
+#   does not update its gauges and a PD sim decode reports its queue in the PD queues, so its
+#   waiting count stays 0 (measured): not deterministic here. PdkitRouterWorkersOverloaded reads the
+#   eager smg_worker_overload_{shed,fallback}_total instead.
+# - smg_pd_bootstrap_failures_total: counted when the router cannot add bootstrap fields to a
+#   request that is not a JSON object (smg's pd_router.rs, inject_bootstrap_into_value, in every
+#   public release): a typed HTTP request always is one, so no client can cause it.
+# - smg_admission_queue_rejected_total, smg_pd_prefill_admission_rejections_total: need an admission
+#   limit (--max-concurrent-requests with --queue-size, --prefill-max-inflight-requests-per-worker)
+#   that pdkit does not set and that would change what this router's other families look like;
+#   PdkitRouterAdmissionRejected reads smg_http_rate_limit_total{result="rejected"}.
+FAULT_FAMILIES = {
+    ("smg", "1.13.0"): ("smg_pd_rendezvous_failures_total",),
+}
+# how long the fault phase waits for its families (they appear within a second on a 2-core machine)
+FAULT_WAIT_S = 30.0
+
+
+def _fault_phase(package: str, version: str, url: str, metrics: str, ports: dict[str, int],
+                 procs: list) -> dict[str, dict]:
+    """Make the router count a PD rendezvous failure and read the families FAULT_FAMILIES names."""
+    import requests
+
+    from pdkit.sim.localstack import free_ports, wait_for
+
+    wanted = FAULT_FAMILIES.get((package, version), ())
+    if not wanted:
+        return {}
+    # a bootstrap port nothing listens on: the registration probe is refused
+    (closed,) = free_ports(1)
+    resp = requests.post(f"{url}/workers", timeout=10, json={
+        "url": f"http://localhost:{ports['prefill']}", "worker_type": "prefill", "bootstrap_port": closed})
+    if resp.status_code >= 300:
+        raise RuntimeError(f"{package} {version}: POST /workers for the fault phase: {resp.status_code} {resp.text}")
+    seen: dict[str, dict] = {}
+
+    def all_seen() -> bool:
+        seen.clear()
+        seen.update(_page_families(requests.get(metrics, timeout=5).text))
+        return all(name in seen for name in wanted)
+
+    wait_for(all_seen, FAULT_WAIT_S, f"{package} {version}: {', '.join(wanted)} after a refused bootstrap probe",
+             procs, interval=0.5)
+    return {name: seen[name] for name in wanted}
 
 
 # Families a router creates on a runtime event no request can force: smg's tokio runtime monitor

@@ -77,6 +77,11 @@ ROUTER = {
     # admission decisions (result="allowed"|"rejected": past --max-concurrent-requests and its queue: a 429);
     # lazy: the family appears with the first request, the rejected child with the first rejection
     "admission": "smg_http_rate_limit_total",
+    # PD rendezvous failures by leg (prefill|decode) and phase: over HTTP only `probe`, a bootstrap port that
+    # refused the router's connection when it registered the worker (counted once, then the pair cannot hand
+    # off); `bootstrap`/`transfer` are the gRPC path's. Lazy: the first failure creates it (pdkit/catalogue.py
+    # FAULT_FAMILIES makes one to catalogue it)
+    "pd_rendezvous_failures": "smg_pd_rendezvous_failures_total",
 }
 
 # pdkit-exporter: per-engine series with labels node, engine, role (the exporter's own)

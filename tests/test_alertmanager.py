@@ -245,6 +245,21 @@ def test_inhibition_equal_labels_are_on_source_and_targets(cluster_spec_alerts):
                 assert label in cluster_spec_alerts[name], f"{name} has no {label} label: {rule}"
 
 
+@pytest.mark.parametrize("example", ["cluster", "multinode"])
+def test_router_down_mutes_every_alert_about_its_workers(example):
+    """Every alert whose subjects are all a router's (its scrape job: the labels of its host) but the down alert
+    itself is one of PdkitRouterDown's targets: a router alert added later without joining the table fails here."""
+    from pdkit.monitoring.alertmanager import ROUTER_WORKER_ALERTS
+    from pdkit.monitoring.common import JOB_ROUTER
+
+    per_router = {a.name for a in mon.alerts(_load_example(example))
+                  if a.subjects and all(s.get("job") == JOB_ROUTER for s in a.subjects)}
+    assert "PdkitRouterPdRendezvousFailed" in per_router  # the check sees the router's PD alerts
+    down = next(r for r in INHIBITIONS if r.source == "PdkitRouterDown")
+    assert down.targets == ROUTER_WORKER_ALERTS
+    assert per_router - {"PdkitRouterDown"} <= set(down.targets), per_router - set(down.targets)
+
+
 @pytest.fixture(scope="module")
 def cluster_spec_alerts():
     """{alert name: the labels of its first promtool firing case} over the multinode example."""

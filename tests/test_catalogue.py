@@ -77,6 +77,48 @@ def test_router_catalogue_agrees_with_the_recorded_router_pages():
         assert families[name]["type"] == kind and set(families[name]["labels"]) == labels, name
 
 
+# smg 1.13.0's PD and overload fault families (issue 31 item 4): the names are in its library, and the router
+# creates each series only on its first event
+SMG_FAULT_FAMILIES = ("smg_pd_rendezvous_failures_total", "smg_pd_bootstrap_failures_total", "smg_worker_stalled",
+                      "smg_worker_stall_transitions_total", "smg_workers_overloaded",
+                      "smg_admission_queue_rejected_total", "smg_pd_prefill_admission_rejections_total")
+
+
+def test_the_fault_phase_catalogues_the_pd_rendezvous_counter():
+    """The generator's fault phase (a prefill registered with a bootstrap port that refuses) recorded smg's
+    rendezvous counter from the live page: lazy, by leg and phase; so the rendezvous alert may read it."""
+    smg = cat.router_families("smg", "1.13.0")
+    assert smg["smg_pd_rendezvous_failures_total"] == {"type": "counter", "labels": ["leg", "phase"], "eager": False}
+    for name in cat.FAULT_FAMILIES[("smg", "1.13.0")]:
+        assert name in SMG_FAULT_FAMILIES and smg[name]["eager"] is False, name
+    assert "smg_pd_rendezvous_failures_total" not in cat.router_families("sglang-router", "0.3.2")
+
+
+def test_every_smg_fault_family_is_catalogued_or_explained():
+    """Each fault family is either made by the fault phase, or the generator's comment says why not; none is
+    catalogued by another route (it would have been seen on a healthy page)."""
+    source = Path(cat.__file__).read_text()
+    why_not = source[source.index("# Not here, and why"):source.index("FAULT_FAMILIES = {")]
+    made = set(cat.FAULT_FAMILIES[("smg", "1.13.0")])
+    smg = cat.router_families("smg", "1.13.0")
+    for name in SMG_FAULT_FAMILIES:
+        if name in made:
+            assert name in smg and name not in why_not, name
+        else:
+            assert name not in smg, f"{name} is catalogued but not by the fault phase"
+            assert re.search(rf"\b{name}\b", why_not), f"{name}: neither made by the fault phase nor explained"
+
+
+@pytest.mark.contract
+def test_the_fault_families_are_in_the_smg_library():
+    try:
+        library = cat._router_library("smg", "1.13.0").read_bytes()
+    except ContractEnvMissing as exc:
+        require(False, str(exc))
+    for name in SMG_FAULT_FAMILIES:
+        assert name.encode() in library, name
+
+
 _NAME = re.compile(r"(?<![A-Za-z0-9_:\"$.])((?:sglang:|smg_)[A-Za-z0-9_:]+)(\{[^}]*\})?")
 _MATCHER = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\s*(?:=~|!~|!=|=)")
 

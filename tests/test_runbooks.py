@@ -31,6 +31,7 @@ ROUTER_ALERTS = {
     "PdkitRouterRetriesExhausted": ((ROUTER["retries_exhausted"],), (*ROUTER_BY, "worker_type")),
     "PdkitRouterWorkersOverloaded": ((ROUTER["overload_shed"], ROUTER["overload_fallback"]), ROUTER_BY),
     "PdkitRouterAdmissionRejected": ((ROUTER["admission"],), ROUTER_BY),
+    "PdkitRouterPdRendezvousFailed": ((ROUTER["pd_rendezvous_failures"],), (*ROUTER_BY, "leg")),
 }
 _dirs = itertools.count()
 

@@ -47,7 +47,7 @@ ENGINE_SYMPTOMS = ("PdkitEngineWedged", "PdkitQueueGrowing", "PdkitKvTransferFai
                    "PdkitTtftP99OverSlo", "PdkitDecodeCudaGraphRatioLow")
 # What a router says about its workers (they carry the router's `node`)
 ROUTER_WORKER_ALERTS = ("PdkitRouterWorkerUnhealthy", "PdkitRouterCircuitOpen", "PdkitRouterRetriesExhausted",
-                        "PdkitRouterWorkersOverloaded", "PdkitRouterAdmissionRejected")
+                        "PdkitRouterWorkersOverloaded", "PdkitRouterAdmissionRejected", "PdkitRouterPdRendezvousFailed")
 # Everything else that can fire about one host (they carry its `node`)
 NODE_ALERTS = ("PdkitEngineDown", "PdkitEngineRankDown", *ENGINE_SYMPTOMS, "PdkitConfigDrift", "PdkitNcclEnvMissing",
                "PdkitScrapeTargetDown", "PdkitRouterDown", *ROUTER_WORKER_ALERTS)

@@ -592,21 +592,75 @@ def _router_admission_rejected(c: _Context) -> list[Alert]:
         + [(_series(metric, {**s, "result": "allowed"}), "0+50x20")],
         exp_labels=lambda s: _pick(s, ROUTER_BY),
         eval_time="8m",
-        extra_tests=lambda subjects: _more_router_rejections_test(metric, subjects),
+        extra_tests=lambda subjects: _counting_on_test("PdkitRouterAdmissionRejected", "rejections", "warning",
+                                                       ROUTER_BY, subjects,
+                                                       lambda s: _series(metric, {**s, "result": "rejected"})),
         fires_when=f"`increase({rejected}[{w}]) > 0`, or the series is new (first rejection; smg 1.13.0)",
     )]
 
 
-def _more_router_rejections_test(metric: str, subjects: tuple[dict[str, str], ...]) -> list[dict]:
-    """Rejections that go on fire; an old count of rejections that does not move does not."""
+def _counting_on_test(alert: str, what: str, severity: str, by: tuple[str, ...], subjects: tuple[dict[str, str], ...],
+                      series_of: Callable[[dict[str, str]], str]) -> list[dict]:
+    """A counter alert that also fires on a new series: counts that go on fire for the first subject; an old
+    count that does not move (the other subjects) does not."""
     if not subjects:
         return []
     first, rest = subjects[0], subjects[1:]
-    series = [(_series(metric, {**first, "result": "rejected"}), "3+1x20")]
-    series += [(_series(metric, {**s, "result": "rejected"}), "2x20") for s in rest]
-    exp = [{**_pick(first, ROUTER_BY), "severity": "warning"}]
-    return [_alert_test("PdkitRouterAdmissionRejected fires on rejections that go on, not on an old count",
-                        "PdkitRouterAdmissionRejected", series, "15m", exp)]
+    series = [(series_of(first), "3+1x20")] + [(series_of(s), "2x20") for s in rest]
+    exp = [{**_pick(first, by), "severity": severity}]
+    return [_alert_test(f"{alert} fires on {what} that go on, not on an old count", alert, series, "15m", exp)]
+
+
+def _router_pd_legs(c: _Context, router: Target) -> list[str]:
+    """The PD legs (worker types) behind a router: none for a router of regular workers."""
+    return [t for t in _router_worker_types(c, router) if t in ("prefill", "decode")]
+
+
+# a PD leg the router cannot rendezvous with (smg 1.13.0): its pair cannot hand the KV cache off. A roll does
+# not fire it: smg probes at registration, after the worker's health passes, and a healthy SGLang prefill
+# already serves its bootstrap port (started in TokenizerManager's constructor, before HTTP answers)
+@_declares("PdkitRouterPdRendezvousFailed")
+def _router_pd_rendezvous_failed(c: _Context) -> list[Alert]:
+    metric = ROUTER["pd_rendezvous_failures"]
+    routers = [t for t in _routers_exporting(c, metric) if _router_pd_legs(c, t)]
+    if not routers:
+        return []
+    labels = (*ROUTER_BY, "leg")
+    by, w = _by(labels), c.w
+    # summed over `phase`: the HTTP path counts only `probe` (a refused bootstrap port at registration), the
+    # gRPC path `bootstrap` and `transfer`; any of them is a pair that cannot hand off
+    failed = f"sum by ({by}) (increase({metric}[{w}]))"
+    seen = f"sum by ({by}) ({metric})"
+    return [Alert(
+        name="PdkitRouterPdRendezvousFailed",
+        # smg counts a refused probe once, when it registers the worker: the child it creates is a failure too
+        expr=f"({failed} > 0)\nor\n({seen} unless sum by ({by}) ({metric} offset {w}))",
+        value=f"{failed}\nor\nsum by ({_by(ROUTER_BY)}) (up{{job=\"{JOB_ROUTER}\"}}) * 0",
+        for_=c.for_(ROUTER_FAILURES_FOR), severity="critical",
+        summary="The router on {{ $labels.node }} cannot rendezvous with a PD {{ $labels.leg }} worker",
+        description=(
+            "The router on {{ $labels.node }} counted PD rendezvous failures on its {{ $labels.leg }} leg in the "
+            f"last {w}: over HTTP that is a {{{{ $labels.leg }}}} worker registered with a bootstrap port that "
+            "refused the router's probe, so the engines of the other leg cannot reach it for the KV hand-off and "
+            "the requests routed to that pair fail or stall until the handshake times out. smg counts the probe "
+            "once, at registration: the alert resolves by itself after " + w + ", the worker stays broken until "
+            "it is registered again with a bootstrap port that answers.\n"
+            "What to do: `pdkit doctor INVENTORY` (its router_workers and kv_transfer rows); `journalctl -u "
+            "pdkit-router -n 300 | grep -i bootstrap` on {{ $labels.node }} names the worker and its port; on "
+            "the worker's node check that the engine serves its --disaggregation-bootstrap-port (`ss -ltnp`) and "
+            "that the firewall lets the router and the decode engines reach it; then roll the worker's node "
+            "(`pdkit roll INVENTORY --limit <node>`), which re-registers it."),
+        subjects=tuple({"job": JOB_ROUTER, **t.labels, "leg": leg} for t in routers for leg in _router_pd_legs(c, t)),
+        # bad: the first refused probe (the child appears at 1 and stays); healthy: an old count from long ago
+        case=lambda s, bad: [(_series(metric, {**s, "phase": "probe"}), "_x5 1x15" if bad else "1x20")],
+        exp_labels=lambda s: _pick(s, labels),
+        eval_time="8m",
+        extra_tests=lambda subjects: _counting_on_test("PdkitRouterPdRendezvousFailed", "failed probes", "critical",
+                                                       labels, subjects,
+                                                       lambda s: _series(metric, {**s, "phase": "probe"})),
+        fires_when=f"`increase({metric}[{w}]) > 0` for a leg, or the series is new (a refused bootstrap probe at "
+                   "registration; smg 1.13.0)",
+    )]
 
 
 # queue growing (waiting queue and the PD queues)
@@ -1034,6 +1088,24 @@ RUNBOOKS: dict[str, Runbook] = {
              "`journalctl -u pdkit-router -n 200` on {node}",
              "raise the limit in pdkit_router.extra_args and roll the router host "
              "(`pdkit roll INVENTORY --limit {node}`), or add engines, or lower the load")),
+    "PdkitRouterPdRendezvousFailed": Runbook(
+        means="The router counted a PD rendezvous failure on one leg (label `leg`, the worker type that failed; "
+              "`smg_pd_rendezvous_failures_total`). Over HTTP, pdkit's path, that is a worker whose bootstrap "
+              "port refused the router's probe when the router registered it: the worker is in routing, but the "
+              "engines of the other leg cannot reach it for the KV hand-off, so the requests sent to that pair "
+              "fail or wait for the PD handshake timeout (then PdkitBootstrapFailures, PdkitRouterCircuitOpen). "
+              "smg counts the probe once, at registration: the alert resolves by itself after its window while "
+              "the worker stays broken until it is registered again. smg 1.13.0 only.",
+        causes=("the engine's --disaggregation-bootstrap-port is not the port the router was given (a "
+                "hand-edited unit or router argument: PdkitConfigDrift)",
+                "a firewall between the router host (and the other leg's engines) and the worker's bootstrap port",
+                "the engine's bootstrap server was not up yet, or died, when the router registered it"),
+        run=("`pdkit doctor INVENTORY` (its `router_workers` and `kv_transfer` rows)",
+             "`journalctl -u pdkit-router -n 300 | grep -i bootstrap` on {node}: the worker and the port it probed",
+             "on the worker's node: `ss -ltnp | grep <bootstrap port>` and the engine's journal; from {node}: "
+             "`nc -zv <worker host> <bootstrap port>`",
+             "fix the port or the firewall, then `pdkit roll INVENTORY --limit <worker's node>`, which "
+             "re-registers the worker")),
     "PdkitQueueGrowing": Runbook(
         means="One of an engine's queues (label `queue`) has kept growing for 10m: requests arrive faster than "
               "the engine drains them. A queue that is stuck but not growing does not fire this; the TTFT, "
