@@ -69,7 +69,7 @@ def test_dropping_secrets_removes_their_files_restarts_their_users_and_a_second_
     spec = converged
     with_secrets = derived_inventory(
         tmp_path, "lab_secrets",
-        "_cluster['secrets'] = {'hf_token': 'hf_issue18_recognisable', 'router_api_key': 'rk_issue18_recognisable'}",
+        "_cluster['secrets'] = {**_cluster.get('secrets', {}), 'hf_token': 'hf_issue18_recognisable', 'router_api_key': 'rk_issue18_recognisable'}",
     )
     try:
         rc, results, err = run_pyinfra(str(with_secrets))
@@ -170,7 +170,7 @@ def test_dry_names_each_hosts_own_files_and_diff_shows_them_without_secrets(lab,
         tmp_path, "lab_drydiff",
         f"[d for n, d in gpu_nodes if n == {a!r}][0]['pdkit_node']['engines'][1]['env'] = {{'PDKIT_SIM_DECODE_BASE_MS': '7'}}\n"
         f"[d for n, d in gpu_nodes if n == {b!r}][0]['pdkit_node']['engines'][0]['env'] = {{'PDKIT_SIM_PREFILL_BASE_MS': '9'}}\n"
-        "_cluster['secrets'] = {'hf_token': 'hf_issue18_drydiff'}",
+        "_cluster['secrets'] = {**_cluster.get('secrets', {}), 'hf_token': 'hf_issue18_drydiff'}",
     )
     sums = {h: ssh(lab, h, "sha256sum /etc/pdkit/engines/*.env").stdout for h in (a, b)}
     proc = subprocess.run([PYINFRA, str(changed), "deploy/pd.py", "-y", "--dry", "--diff"], cwd=REPO, capture_output=True, text=True, timeout=900)

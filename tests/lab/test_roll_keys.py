@@ -47,8 +47,8 @@ def workers_status(plan: dict, key: str | None) -> int:
 def test_a_router_key_is_added_rotated_and_removed_by_roll_with_no_failure_beyond_the_router_restart(lab, base_plan, tmp_path):
     first, second = secrets.token_hex(24), secrets.token_hex(24)
     steps_ = [
-        ("add", derived_inventory(tmp_path, "lab_key1", f"_cluster['secrets'] = {{'router_api_key': {first!r}}}"), first, None),
-        ("rotate", derived_inventory(tmp_path, "lab_key2", f"_cluster['secrets'] = {{'router_api_key': {second!r}}}"), second, first),
+        ("add", derived_inventory(tmp_path, "lab_key1", f"_cluster['secrets'] = {{**_cluster.get('secrets', {{}}), 'router_api_key': {first!r}}}"), first, None),
+        ("rotate", derived_inventory(tmp_path, "lab_key2", f"_cluster['secrets'] = {{**_cluster.get('secrets', {{}}), 'router_api_key': {second!r}}}"), second, first),
         ("remove", REPO / BASE, None, second),
     ]
     keys_file = tmp_path / "keys.json"

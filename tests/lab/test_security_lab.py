@@ -49,7 +49,7 @@ def test_every_pdkit_unit_is_at_or_below_its_exposure_target_on_the_hosts(lab, c
 def test_the_router_key_is_a_credential_no_engine_can_read(lab, converged, tmp_path):
     spec = converged
     router = spec["router"]
-    keyed = derived_inventory(tmp_path, "lab_router_key", f"_cluster['secrets'] = {{'router_api_key': {KEY!r}}}")
+    keyed = derived_inventory(tmp_path, "lab_router_key", f"_cluster['secrets'] = {{**_cluster.get('secrets', {{}}), 'router_api_key': {KEY!r}}}")
     url = f"http://{spec['addr'][router]}:8000/v1/completions"
     body = {"model": spec["model"], "prompt": "key check", "max_tokens": 2}
     try:
