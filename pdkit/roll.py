@@ -541,10 +541,21 @@ class NodeTiming:
     # the deploy's own time: "prepare" (facts, deploy code; it runs beside the drain) and each
     # operation that ran on the node (inside `apply`)
     apply_detail: dict[str, float] = field(default_factory=dict)
+    # time spent waiting for requests rather than doing the kit's work: the drain's own wait for
+    # the engines' requests to finish, and the smoke requests' answers through the routers (a slow
+    # or unreachable node elsewhere makes those slow, not the kit)
+    waited: dict[str, float] = field(default_factory=dict)
 
     @property
     def overhead_s(self) -> float:
-        return self.total_s - self.engines_restart_to_ready_s
+        return max(0.0, self.total_s - self.engines_restart_to_ready_s - sum(self.waited.values()))
+
+    def summary(self) -> str:
+        """The `done` line: where the node's time went."""
+        waits = ", ".join(f"{k} {v:.1f} s" for k, v in self.waited.items())
+        outage = f", service outage {self.outage_s:.1f} s" if self.outage_s is not None else ""
+        return (f"total {self.total_s:.1f} s, engines restart-to-ready {self.engines_restart_to_ready_s:.1f} s, "
+                f"waited on requests {sum(self.waited.values()):.1f} s ({waits or 'none'}), kit overhead {self.overhead_s:.1f} s{outage}")
 
 
 class _LogCollector:
@@ -1172,8 +1183,16 @@ class Roller:
                 # The deploy's prepare only reads the nodes (facts) and decides the operations, so it
                 # runs while the drain (HTTP to routers and engines only) waits for the engines to go idle.
                 drain_started = time.monotonic()
+                drain_own: list[float] = []
+
+                def timed_drain(b: list[str]) -> str:
+                    try:
+                        return self.drain(b)
+                    finally:
+                        drain_own.append(time.monotonic() - drain_started)
+
                 with ThreadPoolExecutor(max_workers=1, thread_name_prefix="pdkit-roll-drain") as pool:
-                    drained = pool.submit(self.drain, batch)
+                    drained = pool.submit(timed_drain, batch)
                     prepare_errors = self.pyinfra.prepare(batch, state)
                 gate("drain", lambda _: drained.result(), started=drain_started)
                 done_drain = True
@@ -1213,9 +1232,9 @@ class Roller:
             timings[h].apply_detail = {"prepare": self.pyinfra.phases.get("prepare", 0.0), **self.pyinfra.operations.get(h, {})}
             timings[h].engines_restart_to_ready_s = self.engines_restart_to_ready(hosts[h], h, clocks[h])
             timings[h].outage_s = self.last_outage_s
+            timings[h].waited = {"drain": drain_own[0] if drain_own else 0.0, "smoke": timings[h].steps.get("smoke", 0.0)}
             t = timings[h]
-            outage = f", service outage {t.outage_s:.1f} s" if t.outage_s is not None else ""
-            p(h, "done", f"total {t.total_s:.1f} s, engines restart-to-ready {t.engines_restart_to_ready_s:.1f} s, kit overhead {t.overhead_s:.1f} s{outage}")
+            p(h, "done", t.summary())
             self.timings.append(t)
 
     def bake(self, batch: list[str], seconds: float) -> None:
@@ -1411,7 +1430,8 @@ def report(timings: list[NodeTiming]) -> dict:
     return {
         "nodes": [
             {"host": t.host, "total_s": round(t.total_s, 2), "engines": t.engines, "engines_restart_to_ready_s": round(t.engines_restart_to_ready_s, 2),
-             "overhead_s": round(t.overhead_s, 2), "outage_s": None if t.outage_s is None else round(t.outage_s, 2),
+             "overhead_s": round(t.overhead_s, 2), "waited_s": {k: round(v, 2) for k, v in t.waited.items()},
+             "outage_s": None if t.outage_s is None else round(t.outage_s, 2),
              "steps": {k: round(v, 2) for k, v in t.steps.items()},
              "apply_detail": {k: round(v, 2) for k, v in t.apply_detail.items()}}
             for t in timings

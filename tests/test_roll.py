@@ -667,3 +667,19 @@ def test_the_connect_gate_tries_an_unreachable_host_three_times(tmp_path):
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["failed"] == ["dead"]
     assert result["calls"] == result["attempts"] == 3, result
+
+
+def test_waiting_on_requests_is_not_booked_as_kit_overhead():
+    """Issue 30 item 2: a smoke step that waited 20 s on a node cut off elsewhere was reported as
+    the kit's own overhead. The drain's wait for requests and the smoke answers are booked apart."""
+    from pdkit.roll import NodeTiming, report
+
+    t = NodeTiming("gpu01", total_s=60.0, engines=2, engines_restart_to_ready_s=30.0,
+                   steps={"drain": 6.0, "smoke": 20.5}, waited={"drain": 5.0, "smoke": 20.5})
+    assert t.overhead_s == pytest.approx(4.5)
+    line = t.summary()
+    assert "waited on requests 25.5 s (drain 5.0 s, smoke 20.5 s)" in line and line.endswith("kit overhead 4.5 s")
+    node = report([t])["nodes"][0]
+    assert node["overhead_s"] == 4.5 and node["waited_s"] == {"drain": 5.0, "smoke": 20.5}
+    # a clock skew between the node's journal and the roll never yields a negative overhead
+    assert NodeTiming("gpu01", total_s=10.0, engines_restart_to_ready_s=9.0, waited={"smoke": 3.0}).overhead_s == 0.0

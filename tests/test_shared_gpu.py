@@ -43,6 +43,10 @@ def test_the_one_gpu_tier_inventory_validates_with_cumulative_fractions(monkeypa
     assert re.search(r"ExecStartPre=.*pdkit\.health gates \\\n\s+--http http://127\.0\.0\.1:30000/health 420", decode)
     assert "TimeoutStartSec=480" in decode
     assert "ExecStartPre" not in prefill and "PartOf" not in prefill
+    # the prefill's crash restart stops this decode (PartOf=): SIGTERM to its server process only,
+    # so that SGLang drains instead of losing its schedulers at once (what hung requests on the H200)
+    for unit in (prefill, decode):
+        assert re.search(r"^KillMode=mixed$", unit, re.M) and re.search(r"^TimeoutStopSec=60$", unit, re.M)
 
 
 def test_shares_follow_declaration_order(tmp_path, base):

@@ -18,6 +18,7 @@ import logging
 import random
 import time
 from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
 from dataclasses import dataclass
 
 import aiohttp
@@ -63,6 +64,12 @@ class Engine:
         self.log = log
         self.mode = args.mode
         self.ready = False
+        # SGLang's tokenizer_manager: rid_to_state (requests from receipt to finish, health
+        # probes included there but not here), gracefully_exit (SIGTERM seen) and the UnHealthy
+        # status a timed-out /health_generate sets, which makes a SIGTERM exit without draining
+        self.in_flight = 0
+        self.draining = False
+        self.unhealthy = False
         self.scheduler = Scheduler(args, knobs, metrics, log, pd_queues=self.pd_queue_sizes)
         self.rooms = RoomTable(max(knobs.bootstrap_timeout_s, knobs.waiting_timeout_s))
         self.session: aiohttp.ClientSession | None = None
@@ -122,6 +129,18 @@ class Engine:
     # ---- generation ---------------------------------------------------------------------------
 
     async def generate(self, spec: GenSpec, outcome: Outcome, local: bool = False) -> AsyncIterator[list[int]]:
+        """`_generate`, counted in `in_flight` from receipt to finish (what a SIGTERM drain waits for)."""
+        if not local:
+            self.in_flight += 1
+        try:
+            async with aclosing(self._generate(spec, outcome, local)) as gen:
+                async for ids in gen:
+                    yield ids
+        finally:
+            if not local:
+                self.in_flight -= 1
+
+    async def _generate(self, spec: GenSpec, outcome: Outcome, local: bool = False) -> AsyncIterator[list[int]]:
         """Yield the new output token ids as they are produced; raise EngineError on failure.
 
         `local` skips the PD handshake (SGLang does the same for its own health checks, with a

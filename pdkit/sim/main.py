@@ -21,6 +21,8 @@ from pdkit.sim.metrics import DEFAULT_SGLANG_VERSION, SimMetrics
 from pdkit.sim.server import SGLangAccessLogger, SimServer
 
 READY_LINE = "The server is fired up and ready to roll!"
+# SGLang's tokenizer_manager.sigterm_watchdog re-checks the requests still in flight every 5 s
+DRAIN_TICK_S = 5.0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -96,8 +98,16 @@ async def serve(args: SimArgs, knobs: Knobs) -> int:
     log.info(f"INFO:     Uvicorn running on http://{args.host}:{args.port} (Press CTRL+C to quit)")
 
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    drains: list[asyncio.Task] = []
+
+    def sigterm() -> None:
+        if not engine.draining:
+            log.warning("SIGTERM received. signum=15 frame=None. Draining requests and shutting down...")
+            engine.draining = True
+            drains.append(asyncio.create_task(drain(engine, log, stop)))
+
+    loop.add_signal_handler(signal.SIGTERM, sigterm)
+    loop.add_signal_handler(signal.SIGINT, stop.set)
 
     async def ranks_lost(links) -> None:
         why = await rendezvous.watch_all(links)
@@ -132,12 +142,30 @@ async def serve(args: SimArgs, knobs: Knobs) -> int:
 
     tasks = [asyncio.create_task(become_ready()), asyncio.create_task(watchdog())]
     await stop.wait()
-    for task in tasks:
+    for task in tasks + drains:
         task.cancel()
     for runner in reversed(runners):
         await runner.cleanup()
     await engine.stop()
     return exit_code
+
+
+async def drain(engine: Engine, log, stop: asyncio.Event) -> None:
+    """SGLang's SIGTERM (tokenizer_manager.SignalHandler and sigterm_watchdog, 0.5.17 and 0.5.23):
+    /health answers 503 from now on, every request is still served, new ones too, and the process
+    exits once none remains, re-checked every DRAIN_TICK_S; an engine a timed-out health probe
+    marked UnHealthy exits at once. One difference: idle at SIGTERM, SGLang exits at its
+    watchdog's next 5 s tick, the sim at once (docs/sim.md)."""
+    while True:
+        if engine.unhealthy:
+            log.error("Signal SIGTERM received while health check failed. Force exiting.")
+            break
+        remain = engine.in_flight
+        if remain == 0:
+            break
+        log.info(f"Gracefully exiting... Remaining number of requests {remain}.")
+        await asyncio.sleep(DRAIN_TICK_S)
+    stop.set()
 
 
 async def serve_follower(args: SimArgs, dist: tuple[str, int], loss_s: float, log) -> int:

@@ -133,8 +133,21 @@ class SimServer:
             return False
         return True
 
+    def _shutting_down(self) -> bool:
+        if self.engine.draining:
+            self.log.info("Health check request received during shutdown. Returning 503.")
+        return self.engine.draining
+
+    async def _probe(self) -> bool:
+        """A one-token generation; a timeout marks the engine UnHealthy for good, as SGLang's
+        http_server.health_generate does (a SIGTERM then exits without draining)."""
+        ok = await self._one_token()
+        if not ok:
+            self.engine.unhealthy = True
+        return ok
+
     async def health(self, request: web.Request) -> web.Response:
-        if self._health_injected_failure():
+        if self._shutting_down() or self._health_injected_failure():
             return web.Response(status=503)
         if not self.health_generation_enabled:
             return web.Response(status=200)
@@ -142,14 +155,17 @@ class SimServer:
         sched = self.engine.scheduler
         if sched.running and not sched.stalled() and time.monotonic() - sched.last_progress < 1.0:
             return web.Response(status=200)
-        return web.Response(status=200 if await self._one_token() else 503)
+        return web.Response(status=200 if await self._probe() else 503)
 
     async def health_generate(self, request: web.Request) -> web.Response:
-        if self._health_injected_failure():
+        if self._shutting_down() or self._health_injected_failure():
             return web.Response(status=503)
-        return web.Response(status=200 if await self._one_token() else 503)
+        return web.Response(status=200 if await self._probe() else 503)
 
     async def ready(self, request: web.Request) -> web.Response:
+        # SGLang 0.5.23's /ready: 503 once a SIGTERM started the drain
+        if self.engine.draining:
+            return web.Response(status=503)
         return web.Response(status=200, text="ready")
 
     # ---- info ---------------------------------------------------------------------------------

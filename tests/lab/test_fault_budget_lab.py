@@ -95,6 +95,28 @@ def test_a_killed_engine_fails_requests_within_the_budget(lab, converged, tmp_pa
     wait_circuits_closed(spec)
 
 
+def test_a_decode_stopped_by_systemd_drains_and_fails_nothing_silently(lab, converged, tmp_path):
+    """What a shared GPU's `PartOf=` does to the decode when its prefill crash-restarts, and any
+    `systemctl restart` without the roll's drain: SIGTERM while the router still sends it requests.
+    The engine drains as SGLang does (the unit's KillMode=mixed keeps its schedulers alive): its
+    streams finish, /health answers 503 until the router stops choosing it, and nothing hangs or
+    is cut. On the H200 the default KillMode cut 2 streams and left 8 requests unanswered
+    (docs/gpu.md, "Prefill kill with the fault budget")."""
+    spec = converged
+    host = spec["gpu"][1]
+    assert host != spec["router"]
+    counts = _under_load(
+        tmp_path, spec,
+        fault=lambda: ssh(lab, host, "systemctl restart pdkit-engine-decode.service").check_returncode(),
+        undo=lambda: None,
+        back_url=f"http://{spec['addr'][host]}:30001",
+    )
+    _assert_within_budget(counts, spec["budget_s"], f"decode restarted on {host}")
+    journal = ssh(lab, host, "journalctl -u pdkit-engine-decode.service --since=-5min --no-pager -o cat")
+    assert "Draining requests and shutting down" in journal.stdout, journal.stdout[-2000:]
+    wait_circuits_closed(spec)
+
+
 def test_a_node_cut_off_fails_requests_within_the_budget(lab, converged, tmp_path):
     """Requests served elsewhere fail within the budget (a decode whose prefill is on the cut node:
     its heartbeat). Requests served by the cut node's own decode cannot: its answer, error or not,
