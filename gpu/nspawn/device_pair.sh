@@ -179,7 +179,7 @@ fault_one() {  # fault_one MACHINE: kill its prefill under load; the outcomes, c
     for h in pdkit-a pdkit-b; do
         $HOSTPY --machine $h exec --timeout 60 -- "journalctl -u pdkit-engine-decode -u pdkit-engine-prefill -u pdkit-router --since @$since --no-pager -o short-iso-precise" \
             > "$OUT/$tag-journal-$h.log" 2>&1
-        grep -E "Lost connection|timed out|Timeout|timeout|Abort|abort|Failed|failed|Error|error|Traceback|Started|Stopped|fired up" "$OUT/$tag-journal-$h.log" \
+        grep -E "SIGTERM|Draining|Gracefully exiting|Lost connection|timed out|Timeout|timeout|Abort|abort|Failed|failed|Error|error|Traceback|Started|Stopped|fired up" "$OUT/$tag-journal-$h.log" \
             | grep -vE "Decode batch|Prefill batch" > "$OUT/$tag-journal-$h.grep" 2>&1
     done
     "${FAULT[@]}" report "$OUT/load-$tag.json" --kill "$t_kill" ${t_back:+--back "$t_back"} --budget-s 20 --json "$OUT/$tag-report.json" \
@@ -191,7 +191,7 @@ fault_one() {  # fault_one MACHINE: kill its prefill under load; the outcomes, c
 phase_fault() {
     local m ok=0
     for h in pdkit-a pdkit-b; do  # what the fault budget rendered
-        $HOSTPY --machine $h exec -- "grep -H SGLANG_DISAGG /etc/pdkit/engines/*.env; systemctl show -p ExecStart pdkit-router.service 2>/dev/null | tr ' ' '\n' | grep -A1 -E 'timeout|retry|health'"
+        $HOSTPY --machine $h exec -- "grep -H SGLANG_DISAGG /etc/pdkit/engines/*.env; systemctl show -p ExecStart pdkit-router.service 2>/dev/null | tr ' ' '\n' | grep -A1 -E 'timeout|retry|health'; systemctl show -p Id -p KillMode -p TimeoutStopUSec -p PartOf pdkit-engine-prefill.service pdkit-engine-decode.service"
     done > "$OUT/fault-rendered.txt" 2>&1
     for m in ${FAULT_VICTIMS:-pdkit-b}; do fault_one "$m" || ok=1; done
     return $ok
