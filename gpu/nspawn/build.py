@@ -87,9 +87,9 @@ PACKAGES = (
 )
 # Layers: each a tarball of only what installing its packages adds to the base tree (unpacked
 # over it by host.py), so that no carry exceeds the limit. monitoring: what the deploy would
-# apt-install on the monitoring host (Prometheus, 85 MB). cxx: SGLang's JIT kernels (tvm_ffi ->
+# apt-install on the monitoring host (Prometheus, 85 MB, and Alertmanager). cxx: SGLang's JIT kernels (tvm_ffi ->
 # nvcc from the image's CUDA toolkit, bound in) need a host C++ compiler.
-LAYERS = {"monitoring": ("prometheus",), "cxx": ("g++",)}
+LAYERS = {"monitoring": ("prometheus", "prometheus-alertmanager"), "cxx": ("g++",)}
 
 # Removed after debootstrap: nothing on a serving host reads them, and the carry is 64 MiB.
 TRIM = (
