@@ -102,7 +102,7 @@ async def serve(args: SimArgs, knobs: Knobs) -> int:
 
     def sigterm() -> None:
         if not engine.draining:
-            log.warning("SIGTERM received. signum=15 frame=None. Draining requests and shutting down...")
+            log.warning("SIGTERM received. signum=None frame=None. Draining requests and shutting down...")
             engine.draining = True
             drains.append(asyncio.create_task(drain(engine, log, stop)))
 
