@@ -218,7 +218,7 @@ class Tuning(Frozen):
     cuda_graph: bool | None = None
     # prefill-phase (piecewise) CUDA graphs; False -> --cuda-graph-backend-prefill disabled
     prefill_cuda_graph: bool | None = None
-    # --cuda-graph-max-bs-decode: largest decode batch captured; must cover the target concurrency
+    # --cuda-graph-max-bs-decode: largest decode batch captured; must cover the target concurrency per DP rank (ceil(target / dp or attn_dp))
     cuda_graph_max_bs: BatchSize | None = None
     # --cuda-graph-bs-decode: explicit capture buckets (finer buckets cut padding waste)
     cuda_graph_bs: tuple[int, ...] | None = None
@@ -370,7 +370,7 @@ class Cluster(Frozen):
     model: Model
     # --disaggregation-transfer-backend for PD engines
     transfer_backend: Literal["nixl", "mooncake", "fake"] = "nixl"
-    # the concurrency the cluster is tuned for; decode CUDA graphs must cover it
+    # the concurrency the cluster is tuned for; each decode DP rank's CUDA graphs must cover its share, ceil(target / DP ranks)
     target_concurrency: BatchSize | None = None
     # tuning layers: `all`, then the engine's role (prefill/decode/unified), then the engine's own
     tuning: RoleTuning = RoleTuning()
@@ -1031,6 +1031,27 @@ def sglang_decode_graph_default_max_bs(gpus: GpuLayout, tp: int) -> int | None:
     return None
 
 
+def decode_graph_required_bs(engine: Engine, target: int | None) -> int | None:
+    """The batch one decode CUDA graph must cover for ENGINE to run TARGET concurrent requests
+    inside graphs: ceil(target / DP ranks), where the DP ranks are the data-parallel replicas
+    (dp) or the attention-DP ranks (attn_dp); None for a prefill engine or without a target.
+    `pdkit validate` (cuda_graph_max_bs) and `pdkit doctor` (graph_buckets) both use it.
+
+    Why per rank: each DP rank is a scheduler of its own and the data-parallel controller deals
+    requests out among them (sglang/srt/managers/data_parallel_controller.py of 0.5.17 and 0.5.23:
+    launch_dp_schedulers / launch_dp_attention_schedulers, round_robin_scheduler), and the decode
+    graph runner compares the rank's own batch with its captured max_bs: the local batch_size, or
+    with attention DP (require_mlp_tp_gather) the largest per-rank request count of the round
+    (sglang/srt/model_executor/runner/decode_cuda_graph_runner.py can_run_graph: 0.5.17 line 526,
+    `max(forward_batch.original_global_num_tokens_cpu)`; 0.5.23 line 845, `_max_dp_batch_size`),
+    never the engine's total. Round robin deals TARGET requests ceil(target / ranks) at most to a rank.
+    """
+    if engine.role == "prefill" or target is None:
+        return None
+    ranks = max(engine.dp, engine.attn_dp or 1)
+    return -(-target // ranks)
+
+
 def effective_decode_graph_max_bs(spec: ClusterSpec, host: HostSpec, engine: Engine) -> int | None:
     """The largest decode batch that will run inside a CUDA graph, or None if graphs are off/unknown."""
     tuning = spec.engine_tuning(engine)
@@ -1509,8 +1530,11 @@ def _check_engine_tuning(spec: ClusterSpec, host: HostSpec, engine: Engine, at: 
         return
     max_bs = effective_decode_graph_max_bs(spec, host, engine)
     target = spec.cluster.target_concurrency
-    if tuning.value("cuda_graph") and max_bs is not None and target is not None and max_bs < target:
-        add(Problem(host.name, f"{at}.tuning.cuda_graph_max_bs", f"decode CUDA graphs cover batches up to {max_bs} but target_concurrency is {target}: larger batches run without graphs (the seeds' 40x gap); set cuda_graph_max_bs >= {target}"))
+    required = decode_graph_required_bs(engine, target)
+    if tuning.value("cuda_graph") and max_bs is not None and required is not None and max_bs < required:
+        ranks = max(engine.dp, engine.attn_dp or 1)
+        per_rank = f" over {ranks} DP ranks: {required} per rank" if ranks > 1 else ""
+        add(Problem(host.name, f"{at}.tuning.cuda_graph_max_bs", f"decode CUDA graphs cover batches up to {max_bs} but target_concurrency is {target}{per_rank}: larger batches run without graphs (the seeds' 40x gap); set cuda_graph_max_bs >= {required}"))
     explicit = max(tuning.cuda_graph_bs) if tuning.cuda_graph_bs else tuning.cuda_graph_max_bs
     if explicit is not None and tuning.max_running_requests is not None and explicit > tuning.max_running_requests:
         add(Problem(host.name, f"{at}.tuning.cuda_graph_max_bs", f"{explicit} is above max_running_requests {tuning.max_running_requests}: SGLang clamps it, so graphs above {tuning.max_running_requests} are never captured", "warning"))

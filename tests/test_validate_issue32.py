@@ -1,0 +1,107 @@
+"""Issue 32, second pass of `pdkit validate`: secrets that cannot work (class 3), model paths the
+engines cannot read (class 5), one rule for what a decode's CUDA graphs must cover (class 6)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pdkit.cli import main
+from pdkit.loader import load_with_problems
+from tests.conftest import write_inventory
+from tests.test_validate import _engine
+
+
+def _errors(base_mutate, base, tmp_path, capsys):
+    cluster, hosts = base
+    base_mutate(cluster, hosts)
+    inv = write_inventory(tmp_path, hosts, cluster)
+    rc = main(["validate", str(inv)])
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return rc, err, inv
+
+
+def _assert_case(case, base, tmp_path, capsys):
+    _, mutate, host, field, phrase = case
+    rc, err, _ = _errors(mutate, base, tmp_path, capsys)
+    assert rc == 2, err
+    matching = [line for line in err.splitlines() if line.strip().startswith("error") and f"{host}: {field}" in line]
+    assert matching, f"no error names {host}: {field}; got:\n{err}"
+    assert any(phrase in line for line in matching), f"expected {phrase!r} in:\n" + "\n".join(matching)
+
+
+# ---------------------------------------------------------------------------------------------
+# 6. one rule for what a decode's CUDA graphs must cover: validate and doctor agree
+
+def _decode_shape(tp: int, dp: int = 1, attn_dp: int | None = None, max_bs: int = 32, target: int = 128):
+    """gpu02's decode becomes TP tp x DP dp (or attention DP attn_dp) on GPUs 2.., capturing up to max_bs."""
+    def mutate(c, h):
+        c["target_concurrency"] = target
+        node = h["gpu02"]["pdkit_node"]
+        node["gpus"] = {**node["gpus"], "count": 8, "numa": [0, 0, 0, 0, 1, 1, 1, 1]}
+        decode = _engine(h, "gpu02", 1)
+        decode.update(gpus=list(range(2, 2 + tp * dp)), tp=tp, dp=dp, tuning={"cuda_graph_max_bs": max_bs})
+        if attn_dp is not None:
+            decode["attn_dp"] = attn_dp
+        # gpu01's decode covers any target here: only gpu02's shape is under test
+        _engine(h, "gpu01", 1)["tuning"] = {"cuda_graph_max_bs": target}
+    return mutate
+
+
+GRAPH_CASES = [
+    ("graph-tp2-dp2-below-per-rank", _decode_shape(2, dp=2, max_bs=63), "gpu02", "pdkit_node.engines[1].tuning.cuda_graph_max_bs", "over 2 DP ranks: 64 per rank"),
+    ("graph-tp4-attn-dp4-below-per-rank", _decode_shape(4, attn_dp=4, max_bs=24, target=100), "gpu02", "pdkit_node.engines[1].tuning.cuda_graph_max_bs", "set cuda_graph_max_bs >= 25"),
+    ("graph-tp2-no-dp-below-target", _decode_shape(2, max_bs=64), "gpu02", "pdkit_node.engines[1].tuning.cuda_graph_max_bs", "set cuda_graph_max_bs >= 128"),
+    ("graph-tp1-dp3-rounds-up", _decode_shape(1, dp=3, max_bs=33, target=100), "gpu02", "pdkit_node.engines[1].tuning.cuda_graph_max_bs", "set cuda_graph_max_bs >= 34"),
+]
+
+
+@pytest.mark.parametrize("case", GRAPH_CASES, ids=[c[0] for c in GRAPH_CASES])
+def test_graph_cover_below_the_per_rank_target_is_an_error(case, base, tmp_path, capsys):
+    _assert_case(case, base, tmp_path, capsys)
+
+
+# (tp, dp, attn_dp, target, what one graph must cover)
+SHAPES = [(2, 2, None, 128, 64), (4, 1, 4, 100, 25), (2, 1, None, 128, 128), (1, 3, None, 100, 34), (4, 1, 2, 9, 5)]
+
+
+@pytest.mark.parametrize("tp,dp,attn_dp,target,required", SHAPES)
+def test_validate_and_doctor_use_one_rule(tp, dp, attn_dp, target, required, base, tmp_path, capsys):
+    """At exactly the per-rank size validate passes and doctor plans the same size; one below,
+    validate refuses and doctor's graph_buckets fails on an engine that captured it."""
+    from dataclasses import replace
+
+    from pdkit.doctor import FAIL, PASS, check_graph_buckets, engine_plans
+    from pdkit.spec import decode_graph_required_bs
+    from tests.test_doctor import observe
+
+    cluster, hosts = base
+    _decode_shape(tp, dp=dp, attn_dp=attn_dp, max_bs=required, target=target)(cluster, hosts)
+    spec, problems = load_with_problems(write_inventory(tmp_path, hosts, cluster))
+    assert spec is not None, problems
+    assert not [p for p in problems if p.field.endswith("cuda_graph_max_bs")], problems
+    (plan,) = [p for p in engine_plans(spec) if p.host == "gpu02" and p.engine == "decode"]
+    (_, decode), = [(h, e) for h, e in spec.engines() if h.name == "gpu02" and e.role == "decode"]
+    assert plan.required_bs == decode_graph_required_bs(decode, target) == required
+    assert plan.graph_max_bs == required
+
+    # the same figure is the doctor's verdict on an engine that captured `required` (or one less)
+    obs = observe("lab_base", "decode")  # captured up to 64
+    obs.plan = replace(obs.plan, required_bs=plan.required_bs, graph_max_bs=plan.graph_max_bs)
+    verdict = check_graph_buckets(obs)
+    assert (verdict.status == PASS) == (64 >= required), verdict
+
+    # one below the per-rank size: validate refuses, naming the size doctor would ask for
+    rc, err, _ = _errors(_decode_shape(tp, dp=dp, attn_dp=attn_dp, max_bs=required - 1, target=target), (cluster, hosts), tmp_path, capsys)
+    assert rc == 2 and f"set cuda_graph_max_bs >= {required}" in err, err
+
+
+def test_required_bs_is_none_for_prefill_and_without_a_target():
+    from pdkit.spec import Engine, decode_graph_required_bs
+
+    prefill = Engine(name="p", role="prefill", gpus=(0, 1), tp=1, dp=2, port=30000)
+    decode = Engine(name="d", role="decode", gpus=(0, 1), tp=1, dp=2, port=30001)
+    assert decode_graph_required_bs(prefill, 128) is None
+    assert decode_graph_required_bs(decode, None) is None
+    assert decode_graph_required_bs(decode, 128) == 64
+    assert decode_graph_required_bs(decode, 127) == 64
