@@ -1323,6 +1323,70 @@ def alerting_problems(host: HostSpec, secrets: Secrets) -> list[Problem]:
     return out
 
 
+# What each secret can hold, from what reads it (issue 32 class 3). Measured against the pinned
+# programs (never printing a value back: a Problem names the secret, never its value):
+# - smg 1.13.0 (the router): an empty --api-key stops it at start ("an empty credential would
+#   switch authentication on with a key nothing can present"), and pdkit's router launcher
+#   (templates/router-launch.py.j2) exits on an empty key; a key with leading or trailing
+#   whitespace is answered 401 however a client sends it (the launcher strips the key file, HTTP
+#   trims the header), as is a key with a line break or any non-ASCII character (sent as UTF-8 or
+#   Latin-1); spaces and tabs inside the key work. pdkit's own clients (Python's http.client)
+#   refuse a header value with a line break ("Invalid header value").
+# - Alertmanager 0.25 (receiver credentials, read from *_file): strips the file's surrounding
+#   whitespace, so an empty or blank credential is sent as nothing ("Authorization: Bearer"), and
+#   a line break inside fails every notification ("net/http: invalid header field value").
+# - HF_TOKEN: an empty token is no token; requests (the engines' HTTP client) refuses a header
+#   value with a line break ("InvalidHeader").
+def _blank(value: str) -> bool:
+    return not value.strip()
+
+
+def _control_chars(value: str) -> list[str]:
+    """The control characters in VALUE, named (never the value itself); a tab is allowed."""
+    names = {"\n": "a line break (\\n)", "\r": "a carriage return (\\r)", "\x00": "a NUL byte"}
+    return sorted({names.get(c, f"control character U+{ord(c):04X}") for c in value if (ord(c) < 0x20 and c != "\t") or ord(c) == 0x7F})
+
+
+def secret_problems(spec: ClusterSpec) -> list[Problem]:
+    """Secrets whose value cannot work where pdkit hands it: blank ones, and ones the reader
+    (the chosen router package, Alertmanager, the engines' hub client) cannot take."""
+    out: list[Problem] = []
+    secrets = spec.cluster.secrets
+    at = "pdkit_cluster.secrets"
+    blank_hint = "an empty value usually means the environment variable the inventory reads it from is unset"
+    fallback = spec.hosts[0].name if spec.hosts else "<inventory>"
+    if secrets.hf_token is not None:
+        host = spec.gpu_hosts[0].name if spec.gpu_hosts else fallback
+        value = secrets.hf_token.get_secret_value()
+        if _blank(value):
+            out.append(Problem(host, f"{at}.hf_token", f"is empty or only whitespace, so the engines would reach the hub without a token ({blank_hint}): set the token (hf_...), or remove hf_token"))
+        elif bad := _control_chars(value):
+            out.append(Problem(host, f"{at}.hf_token", f"contains {', '.join(bad)}: the token goes into an HTTP header, which cannot carry it (requests refuses it); give the token alone on one line, e.g. hf_AbC123..."))
+    if secrets.router_api_key is not None:
+        hosts = spec.router_hosts
+        smg = [h for h in hosts if spec.router_release(h)[0] == "smg"]
+        host = (smg or hosts)[0].name if hosts else fallback
+        value = secrets.router_api_key.get_secret_value()
+        valid = "valid: printable ASCII without surrounding whitespace, e.g. the output of `openssl rand -hex 32`"
+        if _blank(value):
+            out.append(Problem(host, f"{at}.router_api_key", f"is empty or only whitespace: the router refuses to start with it (smg: 'an empty credential would switch authentication on with a key nothing can present'; pdkit's launcher: 'credential ... is empty') ({blank_hint}); set a key, or remove router_api_key; {valid}"))
+        elif bad := _control_chars(value):
+            out.append(Problem(host, f"{at}.router_api_key", f"contains {', '.join(bad)}: no client can present it (an HTTP header cannot carry it, and smg answers 401); {valid}"))
+        elif value != value.strip():
+            out.append(Problem(host, f"{at}.router_api_key", f"has leading or trailing whitespace: smg answers 401 to such a key however a client sends it (HTTP trims the header; pdkit's launcher strips the key file): remove the whitespace; {valid}"))
+        elif not value.isascii():
+            out.append(Problem(host, f"{at}.router_api_key", f"contains non-ASCII characters: smg never matches such a key (401 whether it is sent as UTF-8 or Latin-1) and pdkit's clients cannot send most of them; {valid}"))
+    mon = spec.monitoring_hosts[0].name if spec.monitoring_hosts else fallback
+    for name, secret in secrets.alert_receivers.items():
+        value = secret.get_secret_value()
+        field = f"{at}.alert_receivers.{name}"
+        if _blank(value):
+            out.append(Problem(mon, field, f"is empty or only whitespace: Alertmanager would send receiver {name!r} no credential and the service would refuse every notification ({blank_hint}); set the credential, or remove it"))
+        elif bad := _control_chars(value.strip()):
+            out.append(Problem(mon, field, f"contains {', '.join(bad)} inside the value: Alertmanager fails every notification with it ('invalid header field value'); give the credential alone on one line"))
+    return out
+
+
 def cross_checks(spec: ClusterSpec) -> list[Problem]:
     """Rules across sections and hosts. Returns every problem, errors and warnings."""
     problems: list[Problem] = []
@@ -1460,6 +1524,7 @@ def cross_checks(spec: ClusterSpec) -> list[Problem]:
 
     if cluster.secrets.router_api_key is not None and any(spec.router_release(h)[0] == "sglang-router" for h in spec.router_hosts):
         add(Problem(spec.router_hosts[0].name, "pdkit_cluster.secrets.router_api_key", "sglang-router 0.3.2 only takes its API key on the command line, which would leak it; use package smg or drop the key"))
+    problems += secret_problems(spec)
     budget = cluster.fault_budget
     for host in spec.router_hosts:
         router = host.router

@@ -105,3 +105,54 @@ def test_required_bs_is_none_for_prefill_and_without_a_target():
     assert decode_graph_required_bs(decode, None) is None
     assert decode_graph_required_bs(decode, 128) == 64
     assert decode_graph_required_bs(decode, 127) == 64
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. secrets that cannot work: every entry of the secrets table, blank or unusable by its reader
+
+def _secret(**values):
+    def mutate(c, h):
+        c.setdefault("secrets", {}).update(values)
+    return mutate
+
+
+SECRET_CASES = [
+    ("hf-token-empty", _secret(hf_token=""), "gpu01", "pdkit_cluster.secrets.hf_token", "environment variable the inventory reads it from is unset"),
+    ("hf-token-whitespace", _secret(hf_token="  \n"), "gpu01", "pdkit_cluster.secrets.hf_token", "set the token (hf_...), or remove hf_token"),
+    ("hf-token-two-lines", _secret(hf_token="hf_abc\nhf_def"), "gpu01", "pdkit_cluster.secrets.hf_token", "alone on one line"),
+    ("router-key-empty", _secret(router_api_key=""), "gpu01", "pdkit_cluster.secrets.router_api_key", "the router refuses to start with it"),
+    ("router-key-blank", _secret(router_api_key="   "), "gpu01", "pdkit_cluster.secrets.router_api_key", "openssl rand -hex 32"),
+    ("router-key-trailing-newline", _secret(router_api_key="k3y\n"), "gpu01", "pdkit_cluster.secrets.router_api_key", "a line break (\\n)"),
+    ("router-key-leading-space", _secret(router_api_key=" k3y"), "gpu01", "pdkit_cluster.secrets.router_api_key", "remove the whitespace"),
+    ("router-key-non-ascii", _secret(router_api_key="schlüssel"), "gpu01", "pdkit_cluster.secrets.router_api_key", "printable ASCII"),
+    ("router-key-on-sglang-router", lambda c, h: _secret(router_api_key="k3y")(c, h) or h["gpu01"]["pdkit_router"].update(package="sglang-router"), "gpu01", "pdkit_cluster.secrets.router_api_key", "use package smg"),
+    ("receiver-credential-empty", _secret(alert_receivers={"oncall": ""}), "mon01", "pdkit_cluster.secrets.alert_receivers.oncall", "set the credential, or remove it"),
+    ("receiver-credential-blank", _secret(alert_receivers={"oncall": " \n"}), "mon01", "pdkit_cluster.secrets.alert_receivers.oncall", "environment variable"),
+    ("receiver-credential-two-lines", _secret(alert_receivers={"oncall": "tok\nen"}), "mon01", "pdkit_cluster.secrets.alert_receivers.oncall", "alone on one line"),
+]
+
+
+@pytest.mark.parametrize("case", SECRET_CASES, ids=[c[0] for c in SECRET_CASES])
+def test_a_secret_that_cannot_work_is_an_error_naming_it(case, base, tmp_path, capsys):
+    _assert_case(case, base, tmp_path, capsys)
+
+
+
+
+def test_secret_problems_never_print_the_value(base, tmp_path, capsys):
+    cluster, hosts = base
+    cluster["secrets"] = {"hf_token": "hf_sEcReTvAlUe\n", "router_api_key": " sEcReTvAlUe", "alert_receivers": {"oncall": "sEcReTvAlUe\nx"}}
+    rc, err, _ = _errors(lambda c, h: None, (cluster, hosts), tmp_path, capsys)
+    assert rc == 2
+    assert "sEcReTvAlUe" not in err
+    assert {f for f in ("hf_token", "router_api_key", "alert_receivers.oncall") if f"pdkit_cluster.secrets.{f}" in err} == {"hf_token", "router_api_key", "alert_receivers.oncall"}, err
+
+
+@pytest.mark.parametrize("values", [
+    {"hf_token": "hf_AbC123"},
+    {"router_api_key": "a key with inner spaces\tand a tab"},  # smg 1.13.0 matches it (measured)
+    {"alert_receivers": {"oncall": " tok \n"}},  # Alertmanager 0.25 strips a credential file's surrounding whitespace (measured)
+], ids=["hf-token", "router-key-inner-space", "receiver-credential-trailing-newline"])
+def test_secrets_their_readers_take_are_valid(values, base, tmp_path, capsys):
+    rc, err, _ = _errors(_secret(**values), base, tmp_path, capsys)
+    assert rc == 0 and "secrets" not in err, err
