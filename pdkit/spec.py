@@ -119,7 +119,7 @@ def _engine_venv_dir(value: str | None) -> str | None:
             "e.g. /opt/sglang-env (for an SGLang installed into the system Python, make one that sees it: "
             "python3 -m venv --system-site-packages /opt/sglang-env)"
         )
-    hidden = next((d for d in _HIDDEN_FROM_ENGINES if (value.rstrip("/") + "/").startswith(d + "/")), None)
+    hidden = hidden_from_engines(value)
     if hidden:
         raise ValueError(
             f"{value!r} is under {hidden}, which the engine units cannot see (ProtectHome=yes / PrivateTmp=yes, docs/security.md): "
@@ -128,8 +128,16 @@ def _engine_venv_dir(value: str | None) -> str | None:
     return value.rstrip("/")
 
 
-# directories the engine units' sandbox hides (templates/systemd/engine.service.j2: ProtectHome=yes, PrivateTmp=yes)
+# directories the engine units' sandbox hides (templates/systemd/engine.service.j2: ProtectHome=yes
+# makes /home, /root and /run/user empty and inaccessible; PrivateTmp=yes gives the unit its own
+# empty /tmp and /var/tmp). The one list for every path an engine reads: engine_venv, the model,
+# its tokenizer and a speculative draft (validate), and the preflight's model checks.
 _HIDDEN_FROM_ENGINES = ("/home", "/root", "/run/user", "/tmp", "/var/tmp")
+
+
+def hidden_from_engines(path: str) -> str | None:
+    """The directory of _HIDDEN_FROM_ENGINES that PATH is in (the engine units cannot see it), or None."""
+    return next((d for d in _HIDDEN_FROM_ENGINES if (path.rstrip("/") + "/").startswith(d + "/")), None)
 
 
 class Frozen(BaseModel):
@@ -1472,6 +1480,7 @@ def cross_checks(spec: ClusterSpec) -> list[Problem]:
                 seen[port] = field
 
     _check_spanning(spec, add)
+    _check_model_visibility(spec, add)
     _check_pd_groups(spec, add)
     _check_addresses(spec, add)
 
@@ -1538,6 +1547,40 @@ def cross_checks(spec: ClusterSpec) -> list[Problem]:
                             f"ignored: {' '.join(spec.router_release(host))} has no {flag} (pdkit/parser_table.json); remove it, or use a router that has it (smg)", "warning"))
     # a cluster-wide setting reached through several engines of one host is one problem
     return list(dict.fromkeys(problems))
+
+
+def engine_model_paths(spec: ClusterSpec, host: HostSpec, engine: Engine) -> list[tuple[str, str, str]]:
+    """(what, field path, location) for each model location ENGINE reads: its model, tokenizer
+    and speculative draft, where set; the field path is where the inventory sets it."""
+    assert host.node is not None
+    at = f"pdkit_node.engines[{host.node.engines.index(engine)}]"
+    model = spec.engine_model(engine)
+    where = f"{at}.model" if engine.model is not None else "pdkit_cluster.model"
+    out = [("model", f"{where}.path", model.path)]
+    if model.tokenizer_path is not None:
+        out.append(("tokenizer", f"{where}.tokenizer_path", model.tokenizer_path))
+    speculative = spec.engine_tuning(engine).speculative
+    if speculative is not None and speculative.draft_model_path is not None:
+        layers = [(engine.tuning, f"{at}.tuning"), (getattr(spec.cluster.tuning, engine.role), f"pdkit_cluster.tuning.{engine.role}"),
+                  (spec.cluster.tuning.all, "pdkit_cluster.tuning.all")]
+        tuning_at = next((f for t, f in layers if t.speculative is not None), f"{at}.tuning")
+        out.append(("draft model", f"{tuning_at}.speculative.draft_model_path", speculative.draft_model_path))
+    return out
+
+
+def _check_model_visibility(spec: ClusterSpec, add) -> None:
+    """A model, tokenizer or draft directory the engine units' sandbox hides (ProtectHome=yes,
+    PrivateTmp=yes): SGLang would not find it. The rest (exists, config.json, weights, readable by
+    the service user) is the preflight's, on each node (pdkit.preflight.model_dir_problems)."""
+    if spec.cluster.engine != "sglang":
+        return  # the sim never reads the model directory
+    for host, engine in spec.engines():
+        for what, field, path in engine_model_paths(spec, host, engine):
+            hidden = hidden_from_engines(path) if path.startswith("/") else None
+            if hidden:
+                add(Problem(host.name, field, f"{path} is under {hidden}, which the engine units cannot see (ProtectHome=yes / PrivateTmp=yes, "
+                            f"templates/systemd/engine.service.j2, docs/security.md): SGLang would not find the {what}; "
+                            f"move it outside {', '.join(_HIDDEN_FROM_ENGINES)}, e.g. /models/{path.rstrip('/').rsplit('/', 1)[-1]}"))
 
 
 def _check_engine_venv(spec: ClusterSpec, host: HostSpec, add) -> None:

@@ -156,3 +156,32 @@ def test_secret_problems_never_print_the_value(base, tmp_path, capsys):
 def test_secrets_their_readers_take_are_valid(values, base, tmp_path, capsys):
     rc, err, _ = _errors(_secret(**values), base, tmp_path, capsys)
     assert rc == 0 and "secrets" not in err, err
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. model paths the engines cannot read: the paths the unit's sandbox hides (validate)
+
+MODEL_PATH_CASES = [
+    ("model-under-home", lambda c, h: c["model"].update(path="/home/ml/models/Qwen3-8B"), "gpu01", "pdkit_cluster.model.path", "e.g. /models/Qwen3-8B"),
+    ("model-under-root", lambda c, h: c["model"].update(path="/root/llama"), "gpu02", "pdkit_cluster.model.path", "ProtectHome=yes"),
+    ("engine-model-in-tmp", lambda c, h: _engine(h, "gpu02", 0).update(model={"path": "/tmp/m"}) or _engine(h, "gpu02", 1).update(model={"path": "/tmp/m"}), "gpu02", "pdkit_node.engines[1].model.path", "is under /tmp"),
+    ("tokenizer-under-home", lambda c, h: c["model"].update(tokenizer_path="/home/ml/tok"), "gpu01", "pdkit_cluster.model.tokenizer_path", "SGLang would not find the tokenizer"),
+    ("draft-in-var-tmp", lambda c, h: _engine(h, "gpu01", 1).update(tuning={"speculative": {"algorithm": "EAGLE3", "draft_model_path": "/var/tmp/draft"}}), "gpu01", "pdkit_node.engines[1].tuning.speculative.draft_model_path", "move it outside /home, /root, /run/user, /tmp, /var/tmp"),
+    ("draft-on-the-decode-layer-under-run-user", lambda c, h: c["tuning"]["decode"].update(speculative={"algorithm": "EAGLE3", "draft_model_path": "/run/user/1000/draft"}), "gpu01", "pdkit_cluster.tuning.decode.speculative.draft_model_path", "is under /run/user"),
+]
+
+
+@pytest.mark.parametrize("case", MODEL_PATH_CASES, ids=[c[0] for c in MODEL_PATH_CASES])
+def test_a_model_path_the_engine_sandbox_hides_is_an_error(case, base, tmp_path, capsys):
+    _assert_case(case, base, tmp_path, capsys)
+
+
+@pytest.mark.parametrize("path", ["/models/m", "/opt/models/m", "/srv/home/m", "/homework/m", "meta-llama/Llama-3.1-8B-Instruct"])
+def test_model_paths_the_engines_see_are_valid(path, base, tmp_path, capsys):
+    rc, err, _ = _errors(lambda c, h: c["model"].update(path=path), base, tmp_path, capsys)
+    assert rc == 0, err
+
+
+def test_the_sim_engine_never_reads_the_model_so_a_home_path_is_valid(base, tmp_path, capsys):
+    rc, err, _ = _errors(lambda c, h: c.update(engine="sim") or c["model"].update(path="/home/ml/m"), base, tmp_path, capsys)
+    assert rc == 0, err
