@@ -420,7 +420,8 @@ for path in paths:
                 targets.append((os.path.join(path, "config.json"), False))
             first = (info["indexes"] + info["weights"])[:1]
             targets += [(os.path.join(path, n), False) for n in first]
-            info["unreadable"] = [p for p, d in targets if not readable(p, d)]
+            # a directory the user cannot enter hides its files too: name the directory alone then
+            info["unreadable"] = [path] if not readable(path, True) else [p for p, d in targets[1:] if not readable(p, d)]
     except Exception as e:
         info["error"] = "%s: %s" % (type(e).__name__, e)
     out["paths"][path] = info
