@@ -329,7 +329,7 @@ class RoleTuning(Frozen):
 class Model(Frozen):
     """The model every engine serves unless an engine names its own."""
 
-    # --model-path: a directory on the GPU nodes (or a hub id on nodes that may download)
+    # --model-path: a directory on the GPU nodes, outside /home, /root, /tmp (the engine sandbox hides them; the preflight checks it is there and readable), or a hub id on nodes that may download
     path: str = Field(min_length=1)
     # --served-model-name (no ':' — SGLang rejects it); defaults to the path's last component
     served_name: str | None = None
