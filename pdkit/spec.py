@@ -1343,8 +1343,8 @@ def alerting_problems(host: HostSpec, secrets: Secrets) -> list[Problem]:
 # - Alertmanager 0.25 (receiver credentials, read from *_file): strips the file's surrounding
 #   whitespace, so an empty or blank credential is sent as nothing ("Authorization: Bearer"), and
 #   a line break inside fails every notification ("net/http: invalid header field value").
-# - HF_TOKEN: an empty token is no token; requests (the engines' HTTP client) refuses a header
-#   value with a line break ("InvalidHeader").
+# - HF_TOKEN: an empty one authenticates nothing; requests (in the engines' environment) refuses a
+#   header value with a line break ("InvalidHeader").
 def _blank(value: str) -> bool:
     return not value.strip()
 
@@ -1389,7 +1389,7 @@ def secret_problems(spec: ClusterSpec) -> list[Problem]:
         value = secret.get_secret_value()
         field = f"{at}.alert_receivers.{name}"
         if _blank(value):
-            out.append(Problem(mon, field, f"is empty or only whitespace: Alertmanager would send receiver {name!r} no credential and the service would refuse every notification ({blank_hint}); set the credential, or remove it"))
+            out.append(Problem(mon, field, f"is empty or only whitespace: Alertmanager would send receiver {name!r} no credential (a service that needs one refuses every notification) ({blank_hint}); set the credential, or remove it"))
         elif bad := _control_chars(value.strip()):
             out.append(Problem(mon, field, f"contains {', '.join(bad)} inside the value: Alertmanager fails every notification with it ('invalid header field value'); give the credential alone on one line"))
     return out

@@ -14,7 +14,7 @@ import tempfile
 import pytest
 
 from pdkit.preflight import ModelDir, check_host, model_dir_problems, model_dirs_fact_args, model_dirs_wanted
-from roles.node_facts import MODEL_DIRS_MARK, NODE_FACTS_MARK, ModelDirs, NodeFacts
+from roles.node_facts import MODEL_DIRS_MARK, ModelDirs, NodeFacts
 from tests.node.runner import NODE
 from tests.node.test_preflight_checks import errors, rtx_facts, spec_host
 
@@ -96,7 +96,7 @@ def test_the_probe_rides_in_the_node_facts_round_trip(models):
     assert NodeFacts().command(("arch",)) == NodeFacts().command(("arch",), model_dirs=None)
     assert "model_dirs" not in NodeFacts().command(("arch",))
     assert ModelDirs().process(["garbage"]) == {"error": "the probe failed: garbage"}
-    assert MODEL_DIRS_MARK.strip() and NODE_FACTS_MARK.strip()
+    assert ModelDirs().process([MODEL_DIRS_MARK + '{"user": "u", "paths": {}}']) == {"user": "u", "paths": {}}
 
 
 # ---- the verdicts
