@@ -185,3 +185,8 @@ def test_model_paths_the_engines_see_are_valid(path, base, tmp_path, capsys):
 def test_the_sim_engine_never_reads_the_model_so_a_home_path_is_valid(base, tmp_path, capsys):
     rc, err, _ = _errors(lambda c, h: c.update(engine="sim") or c["model"].update(path="/home/ml/m"), base, tmp_path, capsys)
     assert rc == 0, err
+
+
+@pytest.mark.parametrize("cases", [SECRET_CASES, MODEL_PATH_CASES, GRAPH_CASES], ids=["secrets", "model-paths", "graph-cover"])
+def test_each_class_of_issue_32_has_three_cases(cases):
+    assert len({c[0] for c in cases}) >= 3 and all(c[2] and c[3] and c[4] for c in cases)
