@@ -90,7 +90,7 @@ class EnginePlan:
     context_length: int | None
     cuda_graph: bool  # decode CUDA graphs planned on (False for prefill engines)
     graph_max_bs: int | None  # spec.effective_decode_graph_max_bs
-    required_bs: int | None  # ceil(target_concurrency / dp), None without a target
+    required_bs: int | None  # pdkit.spec.decode_graph_required_bs: ceil(target_concurrency / DP ranks), None without a target
     env_names: tuple[str, ...] = ()  # planned NCCL/UCX/SGLANG variables of the process
     # an engine spanning nodes: the rank this plan is (on `host`), of how many nodes, and rank 0's
     # host. Only rank 0 serves HTTP (`url` is rank 0's); a rank above 0 is read through its own
@@ -794,7 +794,7 @@ def exporter_views(text: str) -> dict[str, ExporterView]:
 def engine_plans(spec) -> list[EnginePlan]:
     """What each engine of the spec should be running."""
     from pdkit import flags
-    from pdkit.spec import effective_decode_graph_max_bs
+    from pdkit.spec import decode_graph_required_bs, effective_decode_graph_max_bs
 
     target = spec.cluster.target_concurrency
     out = []
@@ -817,7 +817,7 @@ def engine_plans(spec) -> list[EnginePlan]:
                 context_length=tuning.context_length,
                 cuda_graph=engine.role != "prefill" and bool(tuning.value("cuda_graph")),
                 graph_max_bs=effective_decode_graph_max_bs(spec, host, engine),
-                required_bs=math.ceil(target / engine.dp) if target is not None and engine.role != "prefill" else None,
+                required_bs=decode_graph_required_bs(engine, target),
                 env_names=tuple(planned_env),
                 **({"rank": rank, "nnodes": engine.nnodes, "head": host.name} if engine.spans_nodes else {}),
             ))

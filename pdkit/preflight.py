@@ -14,7 +14,7 @@ from typing import Literal
 from pdkit import flags
 from pdkit.node import UnsupportedNode, node_stack
 from pdkit.plan import engines_not_started_reason
-from pdkit.spec import ClusterSpec, HostSpec, engine_numa_node
+from pdkit.spec import ClusterSpec, HostSpec, engine_model_paths, engine_numa_node
 from pdkit.versions import NIXL_IMPORT, NVIDIA_DRIVER_BRANCH, NVIDIA_DRIVER_MIN_VERSION
 
 Severity = Literal["error", "warning", "note"]
@@ -136,6 +136,7 @@ def check_host(spec: ClusterSpec, host: HostSpec, facts: dict) -> list[Finding]:
             _check_driver_version(driver, module, blackwell, add)
         _check_topology(spec, host, facts, add)
 
+    _check_model_dirs(spec, host, facts, add)
     _check_numa(host, facts, add)
     _check_nics(spec, host, facts, add)
     _check_reboot_marker(facts, add)
@@ -205,6 +206,107 @@ def _check_engine_env(spec: ClusterSpec, host: HostSpec, facts: dict, add) -> No
     versions, nixl = engine_env_wants(spec, host)
     for problem in engine_env_problems(host.name, node.engine_venv, facts.get("engine_env"), versions, nixl):
         add("engine-env", "error", problem)
+
+
+@dataclass(frozen=True)
+class ModelDir:
+    """One model location an engine process on a node reads, as the preflight checks it."""
+
+    engine: str
+    what: str  # model | tokenizer | draft model
+    field: str  # where the inventory sets it
+    path: str
+    need_config: bool  # a model or draft: SGLang reads its architecture from config.json
+    need_weights: bool  # ... and its weights, unless load_format dummy
+
+
+def model_dirs_wanted(spec: ClusterSpec, host: HostSpec) -> tuple[list[ModelDir], list[str]]:
+    """The model directories HOST's engine processes read (every rank it runs), and a note for
+    each location not checked here and why: hub ids, the sim (it never reads the model), engines
+    that are not started on this host."""
+    notes: list[str] = []
+    if spec.cluster.engine != "sglang":
+        return [], []  # the sim never reads the model directory
+    if engines_not_started_reason(spec, host):
+        return [], []  # real SGLang on a gpu: none host: laid down, never started
+    wanted: list[ModelDir] = []
+    for p in spec.placements(host):
+        dummy = spec.engine_model(p.engine).load_format == "dummy"
+        for what, field, location in engine_model_paths(spec, p.head, p.engine):
+            if not location.startswith("/"):
+                notes.append(f"engine {p.engine.name!r} {what} {location}: a Hugging Face hub id, not a directory on the node: not checked "
+                             "(the engine downloads it at start; a gated model needs pdkit_cluster.secrets.hf_token)")
+                continue
+            config = what != "tokenizer"
+            wanted.append(ModelDir(p.engine.name, what, field, location.rstrip("/") or "/", config, config and not dummy))
+    return wanted, list(dict.fromkeys(notes))
+
+
+def model_dirs_fact_args(spec: ClusterSpec, host: HostSpec) -> tuple[str, tuple[str, ...]] | None:
+    """NodeFacts' model_dirs argument for HOST: (service user, directories), or None for none."""
+    wanted, _ = model_dirs_wanted(spec, host)
+    paths = tuple(dict.fromkeys(d.path for d in wanted))
+    return (spec.cluster.service_user, paths) if paths else None
+
+
+def model_dir_problems(host_name: str, user: str, wanted: ModelDir, probe: dict | None) -> list[str]:
+    """Pure: PROBE (roles.node_facts.ModelDirs' output for WANTED.path) -> every problem, each
+    naming the host, the engine, the path, what was found and what would be valid."""
+    at = f"{host_name}: engine {wanted.engine!r} {wanted.what} {wanted.path} ({wanted.field})"
+    if probe is None:
+        return [f"{at}: not probed (the preflight's model check did not run for it)"]
+    if probe.get("error"):
+        return [f"{at}: could not be checked: {probe['error']}"]
+    if probe.get("exists") is False:
+        return [f"{at}: does not exist on {host_name} (the nearest existing directory is {probe.get('existing_parent', '?')}): "
+                f"put the model there (e.g. `huggingface-cli download ORG/NAME --local-dir {wanted.path}`), or set {wanted.field} to where it is"]
+    if probe.get("is_dir") is False:
+        return [f"{at}: is not a directory; valid: the model's directory (config.json, tokenizer files, weights)"]
+    problems = []
+    if wanted.need_config and not probe.get("config"):
+        problems.append(f"{at}: has no config.json (SGLang reads the architecture from it): give the directory of a Hugging Face checkpoint, "
+                        "the one that holds config.json")
+    if wanted.need_weights:
+        if not probe.get("indexes") and not probe.get("weights") and not probe.get("safetensors"):
+            problems.append(f"{at}: has no weights (no *.safetensors.index.json, model.safetensors, pytorch_model.bin(.index.json) or *.safetensors): "
+                            "finish the download, or set load_format: dummy for a rehearsal with random weights")
+        if probe.get("index_error"):
+            problems.append(f"{at}: its weight index {probe['indexes'][0]} does not read: {probe['index_error']}: download it again")
+        if probe.get("missing_count"):
+            shown = ", ".join(probe.get("missing_shards") or [])
+            more = f" and {probe['missing_count'] - len(probe.get('missing_shards') or [])} more" if probe["missing_count"] > len(probe.get("missing_shards") or []) else ""
+            problems.append(f"{at}: {probe['indexes'][0]} names {probe['missing_count']} weight file(s) the directory lacks ({shown}{more}): finish the download")
+    unreadable = probe.get("unreadable") or []
+    if unreadable:
+        how = probe.get("_how", "mode bits")
+        who = (f"{user} (checked with runuser)" if how == "runuser" else
+               f"{user} (checked by the mode bits along the path)" if probe.get("_user_exists") else
+               f"{user}, who does not exist yet (the deploy creates it; checked as a user outside the files' owner and group)")
+        problems.append(f"{at}: the engines run as {who} and cannot read {', '.join(unreadable)}: "
+                        f"e.g. `chmod -R o+rX {wanted.path}` (and o+x on every directory above it), or group-readable with {user} in the group")
+    return problems
+
+
+def _check_model_dirs(spec: ClusterSpec, host: HostSpec, facts: dict, add) -> None:
+    wanted, notes = model_dirs_wanted(spec, host)
+    for note in notes:
+        add("model", "note", note)
+    if not wanted:
+        return
+    fact = facts.get("model_dirs")
+    if fact is None:
+        add("model", "warning", f"the engines' model directories were not probed ({', '.join(sorted({d.path for d in wanted}))})")
+        return
+    if fact.get("error"):
+        for d in wanted:
+            add("model", "error", f"{host.name}: engine {d.engine!r} {d.what} {d.path}: could not be checked: {fact['error']}")
+        return
+    user = fact.get("user") or spec.cluster.service_user
+    context = {"_how": fact.get("how"), "_user_exists": fact.get("user_exists")}
+    for d in wanted:
+        probe = (fact.get("paths") or {}).get(d.path)
+        for problem in model_dir_problems(host.name, user, d, None if probe is None else {**probe, **context}):
+            add("model", "error", problem)
 
 
 def _check_driver_version(driver: str, module: dict, blackwell: bool, add) -> None:

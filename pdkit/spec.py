@@ -119,7 +119,7 @@ def _engine_venv_dir(value: str | None) -> str | None:
             "e.g. /opt/sglang-env (for an SGLang installed into the system Python, make one that sees it: "
             "python3 -m venv --system-site-packages /opt/sglang-env)"
         )
-    hidden = next((d for d in _HIDDEN_FROM_ENGINES if (value.rstrip("/") + "/").startswith(d + "/")), None)
+    hidden = hidden_from_engines(value)
     if hidden:
         raise ValueError(
             f"{value!r} is under {hidden}, which the engine units cannot see (ProtectHome=yes / PrivateTmp=yes, docs/security.md): "
@@ -128,8 +128,16 @@ def _engine_venv_dir(value: str | None) -> str | None:
     return value.rstrip("/")
 
 
-# directories the engine units' sandbox hides (templates/systemd/engine.service.j2: ProtectHome=yes, PrivateTmp=yes)
+# directories the engine units' sandbox hides (templates/systemd/engine.service.j2: ProtectHome=yes
+# makes /home, /root and /run/user empty and inaccessible; PrivateTmp=yes gives the unit its own
+# empty /tmp and /var/tmp). The one list for every path an engine reads: engine_venv, the model,
+# its tokenizer and a speculative draft (validate), and the preflight's model checks.
 _HIDDEN_FROM_ENGINES = ("/home", "/root", "/run/user", "/tmp", "/var/tmp")
+
+
+def hidden_from_engines(path: str) -> str | None:
+    """The directory of _HIDDEN_FROM_ENGINES that PATH is in (the engine units cannot see it), or None."""
+    return next((d for d in _HIDDEN_FROM_ENGINES if (path.rstrip("/") + "/").startswith(d + "/")), None)
 
 
 class Frozen(BaseModel):
@@ -218,7 +226,7 @@ class Tuning(Frozen):
     cuda_graph: bool | None = None
     # prefill-phase (piecewise) CUDA graphs; False -> --cuda-graph-backend-prefill disabled
     prefill_cuda_graph: bool | None = None
-    # --cuda-graph-max-bs-decode: largest decode batch captured; must cover the target concurrency
+    # --cuda-graph-max-bs-decode: largest decode batch captured; must cover the target concurrency per DP rank (ceil(target / dp or attn_dp))
     cuda_graph_max_bs: BatchSize | None = None
     # --cuda-graph-bs-decode: explicit capture buckets (finer buckets cut padding waste)
     cuda_graph_bs: tuple[int, ...] | None = None
@@ -321,7 +329,7 @@ class RoleTuning(Frozen):
 class Model(Frozen):
     """The model every engine serves unless an engine names its own."""
 
-    # --model-path: a directory on the GPU nodes (or a hub id on nodes that may download)
+    # --model-path: a directory on the GPU nodes, outside /home, /root, /tmp (the engine sandbox hides them; the preflight checks it is there and readable), or a hub id on nodes that may download
     path: str = Field(min_length=1)
     # --served-model-name (no ':' — SGLang rejects it); defaults to the path's last component
     served_name: str | None = None
@@ -370,7 +378,7 @@ class Cluster(Frozen):
     model: Model
     # --disaggregation-transfer-backend for PD engines
     transfer_backend: Literal["nixl", "mooncake", "fake"] = "nixl"
-    # the concurrency the cluster is tuned for; decode CUDA graphs must cover it
+    # the concurrency the cluster is tuned for; each decode DP rank's CUDA graphs must cover its share, ceil(target / DP ranks)
     target_concurrency: BatchSize | None = None
     # tuning layers: `all`, then the engine's role (prefill/decode/unified), then the engine's own
     tuning: RoleTuning = RoleTuning()
@@ -1031,6 +1039,27 @@ def sglang_decode_graph_default_max_bs(gpus: GpuLayout, tp: int) -> int | None:
     return None
 
 
+def decode_graph_required_bs(engine: Engine, target: int | None) -> int | None:
+    """The batch one decode CUDA graph must cover for ENGINE to run TARGET concurrent requests
+    inside graphs: ceil(target / DP ranks), where the DP ranks are the data-parallel replicas
+    (dp) or the attention-DP ranks (attn_dp); None for a prefill engine or without a target.
+    `pdkit validate` (cuda_graph_max_bs) and `pdkit doctor` (graph_buckets) both use it.
+
+    Why per rank: each DP rank is a scheduler of its own and the data-parallel controller deals
+    requests out among them (sglang/srt/managers/data_parallel_controller.py of 0.5.17 and 0.5.23:
+    launch_dp_schedulers / launch_dp_attention_schedulers, round_robin_scheduler), and the decode
+    graph runner compares the rank's own batch with its captured max_bs: the local batch_size, or
+    with attention DP (require_mlp_tp_gather) the largest per-rank request count of the round
+    (sglang/srt/model_executor/runner/decode_cuda_graph_runner.py can_run_graph: 0.5.17 line 526,
+    `max(forward_batch.original_global_num_tokens_cpu)`; 0.5.23 line 845, `_max_dp_batch_size`),
+    never the engine's total. Round robin deals TARGET requests ceil(target / ranks) at most to a rank.
+    """
+    if engine.role == "prefill" or target is None:
+        return None
+    ranks = max(engine.dp, engine.attn_dp or 1)
+    return -(-target // ranks)
+
+
 def effective_decode_graph_max_bs(spec: ClusterSpec, host: HostSpec, engine: Engine) -> int | None:
     """The largest decode batch that will run inside a CUDA graph, or None if graphs are off/unknown."""
     tuning = spec.engine_tuning(engine)
@@ -1302,6 +1331,70 @@ def alerting_problems(host: HostSpec, secrets: Secrets) -> list[Problem]:
     return out
 
 
+# What each secret can hold, from what reads it (issue 32 class 3). Measured against the pinned
+# programs (never printing a value back: a Problem names the secret, never its value):
+# - smg 1.13.0 (the router): an empty --api-key stops it at start ("an empty credential would
+#   switch authentication on with a key nothing can present"), and pdkit's router launcher
+#   (templates/router-launch.py.j2) exits on an empty key; a key with leading or trailing
+#   whitespace is answered 401 however a client sends it (the launcher strips the key file, HTTP
+#   trims the header), as is a key with a line break or any non-ASCII character (sent as UTF-8 or
+#   Latin-1); spaces and tabs inside the key work. pdkit's own clients (Python's http.client)
+#   refuse a header value with a line break ("Invalid header value").
+# - Alertmanager 0.25 (receiver credentials, read from *_file): strips the file's surrounding
+#   whitespace, so an empty or blank credential is sent as nothing ("Authorization: Bearer"), and
+#   a line break inside fails every notification ("net/http: invalid header field value").
+# - HF_TOKEN: an empty one authenticates nothing; requests (in the engines' environment) refuses a
+#   header value with a line break ("InvalidHeader").
+def _blank(value: str) -> bool:
+    return not value.strip()
+
+
+def _control_chars(value: str) -> list[str]:
+    """The control characters in VALUE, named (never the value itself); a tab is allowed."""
+    names = {"\n": "a line break (\\n)", "\r": "a carriage return (\\r)", "\x00": "a NUL byte"}
+    return sorted({names.get(c, f"control character U+{ord(c):04X}") for c in value if (ord(c) < 0x20 and c != "\t") or ord(c) == 0x7F})
+
+
+def secret_problems(spec: ClusterSpec) -> list[Problem]:
+    """Secrets whose value cannot work where pdkit hands it: blank ones, and ones the reader
+    (the chosen router package, Alertmanager, the engines' hub client) cannot take."""
+    out: list[Problem] = []
+    secrets = spec.cluster.secrets
+    at = "pdkit_cluster.secrets"
+    blank_hint = "an empty value usually means the environment variable the inventory reads it from is unset"
+    fallback = spec.hosts[0].name if spec.hosts else "<inventory>"
+    if secrets.hf_token is not None:
+        host = spec.gpu_hosts[0].name if spec.gpu_hosts else fallback
+        value = secrets.hf_token.get_secret_value()
+        if _blank(value):
+            out.append(Problem(host, f"{at}.hf_token", f"is empty or only whitespace, so the engines would reach the hub without a token ({blank_hint}): set the token (hf_...), or remove hf_token"))
+        elif bad := _control_chars(value):
+            out.append(Problem(host, f"{at}.hf_token", f"contains {', '.join(bad)}: the token goes into an HTTP header, which cannot carry it (requests refuses it); give the token alone on one line, e.g. hf_AbC123..."))
+    if secrets.router_api_key is not None:
+        hosts = spec.router_hosts
+        smg = [h for h in hosts if spec.router_release(h)[0] == "smg"]
+        host = (smg or hosts)[0].name if hosts else fallback
+        value = secrets.router_api_key.get_secret_value()
+        valid = "valid: printable ASCII without surrounding whitespace, e.g. the output of `openssl rand -hex 32`"
+        if _blank(value):
+            out.append(Problem(host, f"{at}.router_api_key", f"is empty or only whitespace: the router refuses to start with it (smg: 'an empty credential would switch authentication on with a key nothing can present'; pdkit's launcher: 'credential ... is empty') ({blank_hint}); set a key, or remove router_api_key; {valid}"))
+        elif bad := _control_chars(value):
+            out.append(Problem(host, f"{at}.router_api_key", f"contains {', '.join(bad)}: no client can present it (an HTTP header cannot carry it, and smg answers 401); {valid}"))
+        elif value != value.strip():
+            out.append(Problem(host, f"{at}.router_api_key", f"has leading or trailing whitespace: smg answers 401 to such a key however a client sends it (HTTP trims the header; pdkit's launcher strips the key file): remove the whitespace; {valid}"))
+        elif not value.isascii():
+            out.append(Problem(host, f"{at}.router_api_key", f"contains non-ASCII characters: smg never matches such a key (401 whether it is sent as UTF-8 or Latin-1) and pdkit's clients cannot send most of them; {valid}"))
+    mon = spec.monitoring_hosts[0].name if spec.monitoring_hosts else fallback
+    for name, secret in secrets.alert_receivers.items():
+        value = secret.get_secret_value()
+        field = f"{at}.alert_receivers.{name}"
+        if _blank(value):
+            out.append(Problem(mon, field, f"is empty or only whitespace: Alertmanager would send receiver {name!r} no credential (a service that needs one refuses every notification) ({blank_hint}); set the credential, or remove it"))
+        elif bad := _control_chars(value.strip()):
+            out.append(Problem(mon, field, f"contains {', '.join(bad)} inside the value: Alertmanager fails every notification with it ('invalid header field value'); give the credential alone on one line"))
+    return out
+
+
 def cross_checks(spec: ClusterSpec) -> list[Problem]:
     """Rules across sections and hosts. Returns every problem, errors and warnings."""
     problems: list[Problem] = []
@@ -1387,6 +1480,7 @@ def cross_checks(spec: ClusterSpec) -> list[Problem]:
                 seen[port] = field
 
     _check_spanning(spec, add)
+    _check_model_visibility(spec, add)
     _check_pd_groups(spec, add)
     _check_addresses(spec, add)
 
@@ -1439,6 +1533,7 @@ def cross_checks(spec: ClusterSpec) -> list[Problem]:
 
     if cluster.secrets.router_api_key is not None and any(spec.router_release(h)[0] == "sglang-router" for h in spec.router_hosts):
         add(Problem(spec.router_hosts[0].name, "pdkit_cluster.secrets.router_api_key", "sglang-router 0.3.2 only takes its API key on the command line, which would leak it; use package smg or drop the key"))
+    problems += secret_problems(spec)
     budget = cluster.fault_budget
     for host in spec.router_hosts:
         router = host.router
@@ -1452,6 +1547,40 @@ def cross_checks(spec: ClusterSpec) -> list[Problem]:
                             f"ignored: {' '.join(spec.router_release(host))} has no {flag} (pdkit/parser_table.json); remove it, or use a router that has it (smg)", "warning"))
     # a cluster-wide setting reached through several engines of one host is one problem
     return list(dict.fromkeys(problems))
+
+
+def engine_model_paths(spec: ClusterSpec, host: HostSpec, engine: Engine) -> list[tuple[str, str, str]]:
+    """(what, field path, location) for each model location ENGINE reads: its model, tokenizer
+    and speculative draft, where set; the field path is where the inventory sets it."""
+    assert host.node is not None
+    at = f"pdkit_node.engines[{host.node.engines.index(engine)}]"
+    model = spec.engine_model(engine)
+    where = f"{at}.model" if engine.model is not None else "pdkit_cluster.model"
+    out = [("model", f"{where}.path", model.path)]
+    if model.tokenizer_path is not None:
+        out.append(("tokenizer", f"{where}.tokenizer_path", model.tokenizer_path))
+    speculative = spec.engine_tuning(engine).speculative
+    if speculative is not None and speculative.draft_model_path is not None:
+        layers = [(engine.tuning, f"{at}.tuning"), (getattr(spec.cluster.tuning, engine.role), f"pdkit_cluster.tuning.{engine.role}"),
+                  (spec.cluster.tuning.all, "pdkit_cluster.tuning.all")]
+        tuning_at = next((f for t, f in layers if t.speculative is not None), f"{at}.tuning")
+        out.append(("draft model", f"{tuning_at}.speculative.draft_model_path", speculative.draft_model_path))
+    return out
+
+
+def _check_model_visibility(spec: ClusterSpec, add) -> None:
+    """A model, tokenizer or draft directory the engine units' sandbox hides (ProtectHome=yes,
+    PrivateTmp=yes): SGLang would not find it. The rest (exists, config.json, weights, readable by
+    the service user) is the preflight's, on each node (pdkit.preflight.model_dir_problems)."""
+    if spec.cluster.engine != "sglang":
+        return  # the sim never reads the model directory
+    for host, engine in spec.engines():
+        for what, field, path in engine_model_paths(spec, host, engine):
+            hidden = hidden_from_engines(path) if path.startswith("/") else None
+            if hidden:
+                add(Problem(host.name, field, f"{path} is under {hidden}, which the engine units cannot see (ProtectHome=yes / PrivateTmp=yes, "
+                            f"templates/systemd/engine.service.j2, docs/security.md): SGLang would not find the {what}; "
+                            f"move it outside {', '.join(_HIDDEN_FROM_ENGINES)}, e.g. /models/{path.rstrip('/').rsplit('/', 1)[-1]}"))
 
 
 def _check_engine_venv(spec: ClusterSpec, host: HostSpec, add) -> None:
@@ -1509,8 +1638,11 @@ def _check_engine_tuning(spec: ClusterSpec, host: HostSpec, engine: Engine, at: 
         return
     max_bs = effective_decode_graph_max_bs(spec, host, engine)
     target = spec.cluster.target_concurrency
-    if tuning.value("cuda_graph") and max_bs is not None and target is not None and max_bs < target:
-        add(Problem(host.name, f"{at}.tuning.cuda_graph_max_bs", f"decode CUDA graphs cover batches up to {max_bs} but target_concurrency is {target}: larger batches run without graphs (the seeds' 40x gap); set cuda_graph_max_bs >= {target}"))
+    required = decode_graph_required_bs(engine, target)
+    if tuning.value("cuda_graph") and max_bs is not None and required is not None and max_bs < required:
+        ranks = max(engine.dp, engine.attn_dp or 1)
+        per_rank = f" over {ranks} DP ranks: {required} per rank" if ranks > 1 else ""
+        add(Problem(host.name, f"{at}.tuning.cuda_graph_max_bs", f"decode CUDA graphs cover batches up to {max_bs} but target_concurrency is {target}{per_rank}: larger batches run without graphs (the seeds' 40x gap); set cuda_graph_max_bs >= {required}"))
     explicit = max(tuning.cuda_graph_bs) if tuning.cuda_graph_bs else tuning.cuda_graph_max_bs
     if explicit is not None and tuning.max_running_requests is not None and explicit > tuning.max_running_requests:
         add(Problem(host.name, f"{at}.tuning.cuda_graph_max_bs", f"{explicit} is above max_running_requests {tuning.max_running_requests}: SGLang clamps it, so graphs above {tuning.max_running_requests} are never captured", "warning"))

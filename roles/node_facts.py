@@ -348,6 +348,109 @@ class EngineEnv(FactBase):
         return {"error": f"the probe failed: {lines[-1] if lines else 'no output'}"}
 
 
+# the one line of ModelDirs' output that carries its result
+MODEL_DIRS_MARK = "pdkit-model-dirs: "
+
+# Runs under the node's python3 (any 3.x), as root in a deploy: for each directory, what is there
+# (config.json, weight indexes and files, the shards an index names that are missing) and what the
+# service user cannot read of it. Readability: `runuser -u USER -- test ...` where the probe is
+# root and the user exists (ACLs included); else the mode bits along the path, as that user, or,
+# before the deploy has created the user, as a user outside every file's owner and group.
+_MODEL_DIRS_PROBE = r"""
+import grp, json, os, pwd, shutil, subprocess, sys
+user, paths = sys.argv[1], sys.argv[2:]
+out = {"user": user, "paths": {}}
+try:
+    pw = pwd.getpwnam(user)
+    uid, gids = pw.pw_uid, set([pw.pw_gid] + [g.gr_gid for g in grp.getgrall() if user in g.gr_mem])
+    out["user_exists"] = True
+except KeyError:
+    uid, gids = None, set()
+    out["user_exists"] = False
+runuser = shutil.which("runuser") if out["user_exists"] and os.geteuid() == 0 else None
+out["how"] = "runuser" if runuser else "mode bits"
+def grants(st, bit):
+    # bit: 4 read, 1 search; the owner's, group's or others' bits as the kernel picks them
+    if uid is not None and st.st_uid == uid:
+        return bool(st.st_mode & (bit << 6))
+    if st.st_gid in gids:
+        return bool(st.st_mode & (bit << 3))
+    return bool(st.st_mode & bit)
+def readable(path, is_dir):
+    if runuser:
+        return all(subprocess.call([runuser, "-u", user, "--", "test", flag, path], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) == 0
+                   for flag in (("-r", "-x") if is_dir else ("-r",)))
+    real = os.path.realpath(path)
+    parts = real.split("/")
+    for i in range(1, len(parts) - 1):
+        if not grants(os.stat("/" + "/".join(parts[1:i + 1])), 1):
+            return False
+    st = os.stat(real)
+    return grants(st, 4) and (not is_dir or grants(st, 1))
+for path in paths:
+    info = {}
+    try:
+        if not os.path.exists(path):
+            info["exists"] = False
+            parent = os.path.dirname(path.rstrip("/"))
+            while parent not in ("", "/") and not os.path.exists(parent):
+                parent = os.path.dirname(parent)
+            info["existing_parent"] = parent or "/"
+        elif not os.path.isdir(path):
+            info.update(exists=True, is_dir=False)
+        else:
+            names = sorted(os.listdir(path))
+            info.update(exists=True, is_dir=True)
+            info["config"] = os.path.isfile(os.path.join(path, "config.json"))
+            info["indexes"] = [n for n in names if n.endswith(".safetensors.index.json") or n == "pytorch_model.bin.index.json"]
+            info["weights"] = [n for n in names if n in ("model.safetensors", "pytorch_model.bin")]
+            info["safetensors"] = len([n for n in names if n.endswith(".safetensors")])
+            missing = []
+            for index in info["indexes"][:1]:
+                try:
+                    with open(os.path.join(path, index)) as fh:
+                        shards = sorted(set((json.load(fh).get("weight_map") or {}).values()))
+                    missing = [f for f in shards if not os.path.exists(os.path.join(path, f))]
+                except Exception as e:
+                    info["index_error"] = "%s: %s" % (type(e).__name__, e)
+            info["missing_shards"] = missing[:3]
+            info["missing_count"] = len(missing)
+            targets = [(path, True)]
+            if info["config"]:
+                targets.append((os.path.join(path, "config.json"), False))
+            first = (info["indexes"] + info["weights"])[:1]
+            targets += [(os.path.join(path, n), False) for n in first]
+            # a directory the user cannot enter hides its files too: name the directory alone then
+            info["unreadable"] = [path] if not readable(path, True) else [p for p, d in targets[1:] if not readable(p, d)]
+    except Exception as e:
+        info["error"] = "%s: %s" % (type(e).__name__, e)
+    out["paths"][path] = info
+print("pdkit-model-dirs: " + json.dumps(out, sort_keys=True))
+"""
+
+
+class ModelDirs(FactBase):
+    """The model directories a node's engines read (pdkit.preflight.model_dirs_wanted), as the
+    preflight checks them, in one command: each one's existence, config.json, weight index or
+    files, shards its index names but lacks, and what of it the service user USER cannot read.
+    The decision is pdkit.preflight.model_dir_problems (pure)."""
+
+    def command(self, user: str, paths: tuple[str, ...]) -> str:
+        # always exits 0: a missing or unreadable directory is a finding, not a failed fact
+        return f"python3 -c {shlex.quote(_MODEL_DIRS_PROBE)} {shlex.quote(user)} {' '.join(shlex.quote(p) for p in paths)} || true"
+
+    @staticmethod
+    def default() -> dict:
+        return {"error": "the probe printed nothing (is python3 installed on the node?)"}
+
+    def process(self, output: list[str]) -> dict:
+        for line in reversed(output):
+            if line.startswith(MODEL_DIRS_MARK):
+                return json.loads(line[len(MODEL_DIRS_MARK):])
+        lines = [line.strip() for line in output if line.strip()]
+        return {"error": f"the probe failed: {lines[-1] if lines else 'no output'}"}
+
+
 # name -> fact class, in the order the preflight reads them
 NODE_FACTS: dict[str, type[FactBase]] = {
     "os": NodeOsRelease,
@@ -413,15 +516,21 @@ class NodeFacts(FactBase):
     Eleven facts one after another are eleven SSH round trips in every deploy and every node
     of a roll; run together they are one. Each part is parsed by its own fact's `process()`
     (its `default()` when it printed nothing), exactly as when read alone. ENGINE_VENV (a node's
-    pdkit_node.engine_venv) adds EngineEnv's probe of it to the same round trip, as "engine_env".
+    pdkit_node.engine_venv) adds EngineEnv's probe of it to the same round trip, as "engine_env";
+    MODEL_DIRS (the service user and the engines' model directories) adds ModelDirs', as "model_dirs".
     """
 
-    def command(self, names: tuple[str, ...], engine_venv: str | None = None) -> str:
+    def command(self, names: tuple[str, ...], engine_venv: str | None = None,
+                model_dirs: tuple[str, tuple[str, ...]] | None = None) -> str:
         # `&&`: a fact command that fails fails this one, as it would alone
         parts = [f"echo '{NODE_FACTS_MARK}{name}' && {{ {NODE_FACTS[name]().command()} ; }}" for name in names]
         if engine_venv:
             # the node's own engine environment, in the same round trip (value under "engine_env")
             parts.append(f"echo '{NODE_FACTS_MARK}engine_env' && {{ {EngineEnv().command(engine_venv)} ; }}")
+        if model_dirs:
+            # the engines' model directories as the service user sees them (value under "model_dirs")
+            user, paths = model_dirs
+            parts.append(f"echo '{NODE_FACTS_MARK}model_dirs' && {{ {ModelDirs().command(user, tuple(paths))} ; }}")
         return " && ".join(parts)
 
     @staticmethod
@@ -438,6 +547,6 @@ class NodeFacts(FactBase):
                 current.append(line)
         values = {}
         for name, lines in parts.items():
-            fact = EngineEnv() if name == "engine_env" else NODE_FACTS[name]()
+            fact = EngineEnv() if name == "engine_env" else ModelDirs() if name == "model_dirs" else NODE_FACTS[name]()
             values[name] = fact.process(lines) if lines else fact.default()
         return values

@@ -2,7 +2,10 @@
 
 On a node that provides its own engine environment (pdkit_node.engine_venv) it also checks that
 environment: its python runs, imports the spec's sglang release and, for PD engines over NIXL,
-NIXL (roles/node_facts.py EngineEnv; pdkit.preflight.engine_env_problems decides).
+NIXL (roles/node_facts.py EngineEnv; pdkit.preflight.engine_env_problems decides). On a GPU node
+whose engines read a model directory it checks each one: it exists, holds config.json and (unless
+load_format dummy) weights, and the service user can read it (roles/node_facts.py ModelDirs;
+pdkit.preflight.model_dir_problems decides).
 
 Runs first in deploy/pd.py and alone in deploy/preflight.py. The facts are read at prepare time
 (pdkit's own operations never change them during the run, except the driver, whose change marks
@@ -24,7 +27,7 @@ from pyinfra.operations import server
 
 from pdkit.deploy import current_host, current_spec
 from pdkit.node import NodeStack, node_stack
-from pdkit.preflight import check_host, format_report, has_errors
+from pdkit.preflight import check_host, format_report, has_errors, model_dirs_fact_args
 from roles.facts import read_texts_with_host_state, read_with_host_state
 from roles.node_facts import NODE_FACTS, PROBE_TEXTS, NodeFacts, facts_from_texts, probe_texts
 
@@ -43,9 +46,17 @@ def _of(cache: WeakKeyDictionary) -> dict:
 
 def _node_fact_kwargs() -> dict:
     this = current_host()
-    names = _HOST_ONLY if this.node is None or this.node.gpu == "none" else tuple(NODE_FACTS)
+    gpu_node = this.node is not None and this.node.gpu != "none"
+    names = tuple(NODE_FACTS) if gpu_node else _HOST_ONLY
     # a node's own engine environment (pdkit_node.engine_venv) is probed in the same round trip, gpu: none too
-    return {"names": names, "engine_venv": this.node.engine_venv if this.node is not None else None}
+    kwargs = {"names": names, "engine_venv": this.node.engine_venv if this.node is not None else None}
+    # the engines' model directories as the service user sees them (a GPU node's engines only:
+    # elsewhere they are the sim's, or not started); only when there are some, so that the command
+    # of a node without any stays the same
+    model_dirs = model_dirs_fact_args(current_spec(), this) if gpu_node else None
+    if model_dirs:
+        kwargs["model_dirs"] = model_dirs
+    return kwargs
 
 
 def node_facts() -> dict:
@@ -63,7 +74,7 @@ def read_facts_and_host_state() -> None:
     if current_host().node is None or host.name in _of(_FACTS):
         return  # no preflight here: the host state is read alone, when the roles first ask
     kwargs = _node_fact_kwargs()
-    if not kwargs["engine_venv"] and all(name in PROBE_TEXTS for name in kwargs["names"]):
+    if not kwargs["engine_venv"] and not kwargs.get("model_dirs") and all(name in PROBE_TEXTS for name in kwargs["names"]):
         # a `gpu: none` host: the probe reads its four facts itself, no shell command for them
         texts = read_texts_with_host_state(probe_texts(kwargs["names"]))
         value = facts_from_texts(kwargs["names"], texts) if texts is not None else None

@@ -53,7 +53,7 @@ def fact_key(cls: type) -> str:
 
 
 def _answer(facts: dict, cls: type, kwargs: dict) -> Any:
-    from roles.node_facts import NODE_FACTS, EngineEnv, NodeFacts
+    from roles.node_facts import NODE_FACTS, EngineEnv, ModelDirs, NodeFacts
 
     if cls is NodeFacts:
         # the bundle answers with each named fact's own answer (cases give them one by one)
@@ -61,6 +61,14 @@ def _answer(facts: dict, cls: type, kwargs: dict) -> Any:
         if kwargs.get("engine_venv"):
             # a node's own engine environment: "node_facts.EngineEnv" -> {"venv=<path>": probe}
             values["engine_env"] = _answer(facts, EngineEnv, {"venv": kwargs["engine_venv"]})
+        if kwargs.get("model_dirs"):
+            # the engines' model directories: "node_facts.ModelDirs" -> the probe's answer
+            # (a case that gives none: every directory is a complete, readable checkpoint)
+            user, paths = kwargs["model_dirs"]
+            fine = {"exists": True, "is_dir": True, "config": True, "indexes": ["model.safetensors.index.json"], "weights": [],
+                    "safetensors": 1, "missing_shards": [], "missing_count": 0, "unreadable": []}
+            values["model_dirs"] = (_answer(facts, ModelDirs, {}) if fact_key(ModelDirs) in facts
+                                    else {"user": user, "user_exists": True, "how": "runuser", "paths": {p: fine for p in paths}})
         return values
     key = fact_key(cls)
     if key not in facts:

@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from roles.node_facts import NODE_FACTS, NODE_FACTS_MARK
+from roles.node_facts import MODEL_DIRS_MARK, NODE_FACTS, NODE_FACTS_MARK
 from tests.conftest import REPO
 from tests.node.runner import CLUSTER, NODE
 
@@ -39,6 +39,10 @@ def test_fresh_ubuntu2404_blackwell_node_plan(tmp_path):
     }
     # ... and so what the preflight's one bundled command prints (its first marker picks it out)
     bundled = [line for name in NODE_FACTS for line in (NODE_FACTS_MARK + name, *printed.get(name, []))]
+    # ... and the model check's part: the engines' one directory, a complete checkpoint the service user can read
+    fine = {"exists": True, "is_dir": True, "config": True, "indexes": ["model.safetensors.index.json"], "weights": [],
+            "safetensors": 2, "missing_shards": [], "missing_count": 0, "unreadable": []}
+    bundled += [NODE_FACTS_MARK + "model_dirs", MODEL_DIRS_MARK + json.dumps({"user": "pdkit", "user_exists": False, "how": "mode bits", "paths": {"/models/m": fine}})]
     responses = {NODE_FACTS_MARK + next(iter(NODE_FACTS)): bundled}
     data = {"fake_responses": responses, "fake_delay": 0, "fake_delay_jitter": 0, "pdkit_node": NODE, "pdkit_router": {}}
     inventory = tmp_path / "fresh_ubuntu.py"
