@@ -17,6 +17,7 @@ more than one section to decide.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from functools import cached_property
@@ -1345,8 +1346,8 @@ def cross_checks(spec: ClusterSpec) -> list[Problem]:
                     add(Problem(host.name, f"{at}.gpu_share", f"the engines sharing GPUs {list(engine.gpus)} ({', '.join(e.name for e in group)}) take {total:.2f} of their memory together; at most {MAX_SHARED_GPU_FRACTION} leaves room for CUDA contexts, graphs and activations"))
             if engine.pp == 1 and not engine.spans_nodes and engine.tp_size * engine.dp != len(engine.gpus):
                 add(Problem(host.name, f"{at}.tp", f"tp {engine.tp_size} x dp {engine.dp} = {engine.tp_size * engine.dp} but the engine has {len(engine.gpus)} GPUs {list(engine.gpus)}; tp x dp must equal the GPU count"))
-            for field, why in parallel_problems(spec, engine):
-                add(Problem(host.name, f"{at}.{field}", why))
+            for field, why in parallel_problems(spec, engine) + startup_check_problems(spec, engine):
+                add(Problem(host.name, field if field.startswith("pdkit_cluster") else f"{at}.{field}", why))
             if engine.bootstrap_port is not None and engine.role != "prefill":
                 add(Problem(host.name, f"{at}.bootstrap_port", f"only prefill engines serve a bootstrap port; this engine's role is {engine.role!r} (remove bootstrap_port)"))
             numa = node.gpus.numa
@@ -1609,8 +1610,6 @@ def parallel_problems(spec: ClusterSpec, engine: Engine) -> list[tuple[str, str]
     if engine.ep is not None and engine.ep > 1 and tp % engine.ep:
         out.append(("ep", f"ep {engine.ep} does not divide tp {tp}: SGLang splits each expert-parallel group out of the tensor-parallel ranks (moe tp = tp / ep); valid: a divisor of {tp}"))
     tuning = spec.engine_tuning(engine)
-    if pp > 1 and tuning.speculative is not None:
-        out.append(("pp", f"pp {pp} with speculative decoding: SGLang refuses pipeline parallelism with a speculative algorithm; set pp 1 or drop tuning.speculative"))
     if (tuning.enable_eplb or tuning.ep_num_redundant_experts) and (engine.ep or 1) <= 1:
         knob = "enable_eplb" if tuning.enable_eplb else "ep_num_redundant_experts"
         out.append(("ep", f"tuning.{knob} needs expert parallelism (SGLang asserts ep_size > 1 with EPLB): set ep (e.g. ep {tp}) or drop {knob}"))
@@ -1618,6 +1617,86 @@ def parallel_problems(spec: ClusterSpec, engine: Engine) -> list[tuple[str, str]
         out.append(("dist_init_port", f"an engine spanning {engine.nnodes} nodes needs dist_init_port: the TCP port on rank 0's host where its ranks meet (--dist-init-addr), e.g. 25000"))
     if not engine.spans_nodes and engine.dist_init_port is not None:
         out.append(("dist_init_port", "dist_init_port is only used by an engine spanning nodes (nodes lists 2 or more hosts): remove it, or list the nodes"))
+    return out
+
+
+# ---------------------------------------------------------------------------
+# What SGLang checks on its server arguments at start (issue 32). pdkit/data/startup_checks.json
+# lists every such check of the pinned releases (python -m pdkit.startchecks); the rules below are
+# the ones pdkit/data/startup_check_coverage.json names for the flags pdkit renders.
+
+# SGLang's EnvBool reads these as true (sglang/srt/environ.py, 0.5.17 and 0.5.23)
+_ENV_TRUE = ("true", "1", "yes", "y")
+# what 0.5.23's check_pipeline_parallel_compat accepts with pp > 1 (NEXTN is EAGLE there:
+# speculative_hook._resolve_speculative_algorithm_alias)
+PP_SPECULATIVE = ("EAGLE", "NEXTN")
+# moe runners whose expert-parallel size must be 1 or tp (server_args.py / moe_hook handle_moe_kernel_config)
+EP_ONE_OR_TP_RUNNERS = ("flashinfer_cutlass", "flashinfer_cutedsl")
+CUTEDSL_A2A = ("none", "deepep", "flashinfer")
+
+
+def tuning_origin(spec: ClusterSpec, engine: Engine, at: str, name: str) -> str:
+    """The field path a tuning setting of ENGINE comes from (its own layer, its role's, `all`)."""
+    if name in engine.tuning.model_fields_set:
+        return f"tuning.{name}"
+    layers = spec.cluster.tuning
+    for layer in (engine.role, "all"):
+        if name in getattr(layers, layer).model_fields_set:
+            return f"pdkit_cluster.tuning.{layer}.{name}"
+    return f"tuning.{name}"
+
+
+def startup_check_problems(spec: ClusterSpec, engine: Engine) -> list[tuple[str, str]]:
+    """(field, why) for what the engine's SGLang release refuses at start (its ServerArgs checks),
+    for combinations of the flags pdkit renders. Field paths are the engine's unless they start
+    with pdkit_cluster."""
+    out: list[tuple[str, str]] = []
+    version = spec.engine_version(engine)
+    tuning = spec.engine_tuning(engine)
+    spec_cfg = tuning.speculative
+    algorithm = spec_cfg.algorithm if spec_cfg is not None else None
+    origin = functools.partial(tuning_origin, spec, engine, "")
+    env_on = lambda name: str(engine.env.get(name, "")).lower() in _ENV_TRUE  # noqa: E731
+    pp = engine.pp
+    if pp > 1 and tuning.value("overlap_schedule") is not False:
+        out.append((origin("overlap_schedule"), f"pp {pp} with the overlap schedule: SGLang {version} refuses it at start ('Pipeline parallelism is not compatible with overlap schedule'); "
+                                               "valid: overlap_schedule false (--disable-overlap-schedule), or pp 1"))
+    if pp > 1 and algorithm is not None:
+        if version == "0.5.17":
+            out.append(("pp", f"pp {pp} with speculative decoding ({algorithm}): SGLang 0.5.17 refuses it at start ('Pipeline parallelism is not compatible with overlap schedule, speculative decoding'); "
+                              "valid: pp 1, no tuning.speculative, or sglang_version 0.5.23 on a prefill engine with EAGLE/NEXTN or DSPARK"))
+        elif algorithm == "DSPARK":
+            if engine.role != "prefill":
+                out.append(("pp", f"pp {pp} with speculative algorithm DSPARK on a {engine.role} engine: SGLang {version} refuses it at start ('Pipeline parallel DSPARK requires disaggregation-mode=prefill'); "
+                                  "valid: pp 1, or DSPARK with pp only on a prefill engine"))
+            if env_on("SGLANG_ENABLE_PP_SPEC"):
+                out.append(("env.SGLANG_ENABLE_PP_SPEC", f"SGLANG_ENABLE_PP_SPEC with DSPARK and pp {pp}: SGLang {version} refuses it at start ('SGLANG_ENABLE_PP_SPEC does not support DSPARK PD prefill'); valid: remove it"))
+        else:
+            if algorithm not in PP_SPECULATIVE:
+                out.append((origin("speculative") + ".algorithm", f"pp {pp} with speculative algorithm {algorithm}: SGLang {version} refuses it at start ('Pipeline parallelism currently only supports EAGLE (non-multi-layer) speculative decoding'); "
+                                                                f"valid with pp > 1: {', '.join(PP_SPECULATIVE)} or DSPARK (prefill engines), or pp 1"))
+            if env_on("SGLANG_ENABLE_PP_SPEC"):
+                if engine.role != "unified":
+                    out.append(("env.SGLANG_ENABLE_PP_SPEC", f"SGLANG_ENABLE_PP_SPEC on a {engine.role} engine: SGLang {version} refuses it with PD disaggregation ('SGLANG_ENABLE_PP_SPEC is not compatible with --disaggregation-mode'); "
+                                                             "valid: remove it (PP + speculative decoding then runs on prefill engines only), or a unified engine"))
+                if (engine.attn_dp or 1) > 1:
+                    out.append(("attn_dp", f"attn_dp {engine.attn_dp} with SGLANG_ENABLE_PP_SPEC, pp {pp} and speculative decoding: SGLang {version} refuses it at start ('SGLANG_ENABLE_PP_SPEC is not compatible with attention DP'); "
+                                           "valid: attn_dp 1, or remove SGLANG_ENABLE_PP_SPEC"))
+            elif engine.role != "prefill":
+                out.append(("pp", f"pp {pp} with speculative decoding ({algorithm}) on a {engine.role} engine: SGLang {version} refuses it at start ('PP + speculative decoding (MTP) is only supported on prefill nodes'); "
+                                  "valid: pp 1 on this engine, speculative decoding without pp, or pp with speculative decoding only on prefill engines"))
+    if algorithm is not None and tuning.attention_backend == "flex_attention":
+        out.append((origin("attention_backend"), f"attention_backend flex_attention with speculative decoding ({algorithm}): SGLang {version} refuses it at start ('Speculative decoding is currently not supported with Flex Attention backend'); "
+                                                 "valid: another attention_backend (e.g. fa3, flashinfer, triton), or no tuning.speculative"))
+    if engine.role == "prefill" and spec.cluster.transfer_backend == "fake" and spec.cluster.engine == "sglang":
+        out.append(("pdkit_cluster.transfer_backend", f"transfer_backend 'fake' with a prefill engine ({engine.name}): SGLang {version} refuses it at start (\"Prefill server does not support 'fake' as the transfer backend\"); "
+                                                       "valid: nixl or mooncake (fake only discards KV on decode engines, for benchmarks)"))
+    runner = tuning.moe_runner_backend
+    tp = engine.tp_size
+    if runner in EP_ONE_OR_TP_RUNNERS and engine.ep is not None and engine.ep not in (1, tp):
+        out.append(("ep", f"ep {engine.ep} with moe_runner_backend {runner}: SGLang {version} refuses it at start ('The expert parallel size must be 1 or the same as the tensor parallel size'); valid: ep 1 or ep {tp}"))
+    if runner == "flashinfer_cutedsl" and tuning.moe_a2a_backend is not None and tuning.moe_a2a_backend not in CUTEDSL_A2A:
+        out.append((origin("moe_a2a_backend"), f"moe_a2a_backend {tuning.moe_a2a_backend} with moe_runner_backend flashinfer_cutedsl: SGLang {version} refuses it at start; valid: {', '.join(CUTEDSL_A2A)}"))
     return out
 
 

@@ -1,0 +1,383 @@
+"""The checks the pinned SGLang releases run on their server arguments at start, as data.
+
+SGLang refuses some combinations of its own flags only when the engine starts
+(`ServerArgs.__post_init__` in 0.5.17; `ServerArgs.resolve_once` and the hooks of
+`sglang/srt/arg_groups/pipeline.py` in 0.5.23): a `raise` or a failed `assert` there costs a
+failed engine start after the deploy. `pdkit/data/startup_checks.json` lists every one of
+them, read from the wheels' sources in the contract virtualenvs with `ast` (nothing is
+imported): for each, the release(s), the function, the conditions guarding it (the enclosing
+`if` tests, negated on `else` branches, and the negated assert test), SGLang's message (the
+message expression's source, f-strings kept) and the server-argument fields it reads.
+
+    python -m pdkit.startchecks --write   # regenerate pdkit/data/startup_checks.json
+    python -m pdkit.startchecks --check   # exit 1 when the committed table is stale
+
+`pdkit/data/startup_check_coverage.json` says, for each row id, either which `pdkit validate`
+rule catches it before the deploy ({"rule": ..., "test": ...}) or why it cannot or need not
+be checked before start ({"why": ...}). tests/test_startchecks.py regenerates the table in CI
+and fails on a row the coverage file does not cover, so a pin bump that brings a new check
+cannot pass unnoticed.
+
+The walk: from the entry points, every function or method it calls (`self.m(...)`, a
+module-level function, a name imported from another `sglang.srt` module, also when passed as
+an argument, as `run_hook(handle_x, server_args)` does), transitively, within
+FOLLOWED_MODULES. A row's id hashes the function name, conditions and message but not the
+release or line, so an unchanged check keeps its id across releases.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+import json
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DATA_DIR = Path(__file__).with_name("data")
+TABLE_PATH = DATA_DIR / "startup_checks.json"
+COVERAGE_PATH = DATA_DIR / "startup_check_coverage.json"
+
+# Where a release starts checking its arguments (class ServerArgs in sglang/srt/server_args.py).
+# (check_server_args: engine.py calls it right after, before any model loads.)
+ENTRY_METHODS = ("__post_init__", "resolve_once", "check_server_args")
+# Modules whose functions the walk follows (the server-argument code). Others (model config
+# loading, platform probes) are runtime, not argument checks: calls into them are not followed.
+FOLLOWED_MODULES = ("sglang.srt.server_args", "sglang.srt.arg_groups")
+# Names of the ServerArgs record in the followed code (self in 0.5.17; the hooks take
+# server_args and read it through cfg = resolving_view(server_args) in 0.5.23).
+_RECORD_NAMES = {"self", "server_args", "cfg", "args", "sa", "view", "raw"}
+
+
+def sglang_root(version: str) -> Path | None:
+    """The installed `sglang` package of the version's contract virtualenv, or None."""
+    from pdkit import contract
+
+    python = contract.sglang_python(version)
+    if python is None:
+        return None
+    venv = python.parent.parent
+    for candidate in sorted(venv.glob("lib/python*/site-packages/sglang")):
+        if (candidate / "srt" / "server_args.py").is_file():
+            return candidate
+    return None
+
+
+@dataclass
+class _Function:
+    module: str
+    qualname: str
+    node: ast.FunctionDef | ast.AsyncFunctionDef
+    cls: str | None = None
+
+
+@dataclass
+class _Module:
+    name: str
+    path: Path
+    tree: ast.Module
+    # top-level functions and classes
+    functions: dict[str, ast.AST] = field(default_factory=dict)
+    classes: dict[str, ast.ClassDef] = field(default_factory=dict)
+    # name -> (module, name) for `from sglang.srt.x import y` at module level
+    imports: dict[str, tuple[str, str]] = field(default_factory=dict)
+
+
+def _imports_in(body, package_of: str) -> dict[str, tuple[str, str]]:
+    out: dict[str, tuple[str, str]] = {}
+    for node in body:
+        if isinstance(node, ast.ImportFrom) and node.module is not None:
+            module = node.module
+            if node.level:
+                base = package_of.split(".")
+                module = ".".join(base[: len(base) - node.level + 1] + [module])
+            for alias in node.names:
+                out[alias.asname or alias.name] = (module, alias.name)
+    return out
+
+
+class _Walker:
+    def __init__(self, root: Path):
+        self.root = root  # .../site-packages/sglang
+        self.modules: dict[str, _Module | None] = {}
+
+    def module(self, name: str) -> _Module | None:
+        if name in self.modules:
+            return self.modules[name]
+        parts = name.split(".")
+        mod = None
+        if parts[0] == "sglang":
+            base = self.root.joinpath(*parts[1:])
+            for path in (base.with_suffix(".py"), base / "__init__.py"):
+                if path.is_file():
+                    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+                    mod = _Module(name, path, tree)
+                    for node in tree.body:  # the last definition wins
+                        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                            mod.functions[node.name] = node
+                        elif isinstance(node, ast.ClassDef):
+                            mod.classes[node.name] = node
+                    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+                    mod.imports = _imports_in(tree.body, package)
+                    break
+        self.modules[name] = mod
+        return mod
+
+    @staticmethod
+    def followed(module: str) -> bool:
+        return any(module == m or module.startswith(m + ".") for m in FOLLOWED_MODULES)
+
+    def resolve(self, module: str, name: str, local_imports: dict[str, tuple[str, str]], depth: int = 0) -> _Function | None:
+        """The function NAME means in MODULE (a def there, or an import of a followed module)."""
+        if depth > 5:
+            return None
+        target = local_imports.get(name)
+        mod = self.module(module)
+        if target is None and mod is not None:
+            if name in mod.functions:
+                return _Function(module, name, mod.functions[name])  # type: ignore[arg-type]
+            target = mod.imports.get(name)
+        if target is None or not self.followed(target[0]):
+            return None
+        other = self.module(target[0])
+        if other is None:
+            return None
+        if target[1] in other.functions:
+            return _Function(target[0], target[1], other.functions[target[1]])  # type: ignore[arg-type]
+        return self.resolve(target[0], target[1], {}, depth + 1)  # re-exported
+
+    def method(self, module: str, cls: str, name: str) -> _Function | None:
+        mod = self.module(module)
+        if mod is None or cls not in mod.classes:
+            return None
+        found = None
+        for node in mod.classes[cls].body:  # the last definition wins, as in Python
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == name:
+                found = _Function(module, f"{cls}.{name}", node, cls)
+        return found
+
+
+def _negate(test: ast.expr) -> str:
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        return ast.unparse(test.operand)
+    return f"not ({ast.unparse(test)})"
+
+
+def _fields_in(nodes: list[ast.AST], known: set[str]) -> list[str]:
+    found: set[str] = set()
+    for node in nodes:
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name) and sub.value.id in _RECORD_NAMES and sub.attr in known:
+                found.add(sub.attr)
+            elif isinstance(sub, ast.Call) and isinstance(sub.func, ast.Name) and sub.func.id == "getattr" and len(sub.args) >= 2 \
+                    and isinstance(sub.args[1], ast.Constant) and sub.args[1].value in known:
+                found.add(sub.args[1].value)
+    return sorted(found)
+
+
+def _checks_in(fn: _Function, known: set[str]) -> list[dict]:
+    """Every raise and assert in FN's body with the conditions that lead to it."""
+    out: list[dict] = []
+
+    def visit(stmts: list[ast.stmt], guards: list[tuple[str, ast.expr]]):
+        guards = list(guards)
+        for stmt in stmts:
+            if isinstance(stmt, ast.If):
+                visit(stmt.body, guards + [(ast.unparse(stmt.test), stmt.test)])
+                if stmt.orelse:
+                    visit(stmt.orelse, guards + [(_negate(stmt.test), stmt.test)])
+                elif stmt.body and isinstance(stmt.body[-1], ast.Return):
+                    # `if not cfg.enable_x: return` guards everything after it
+                    guards.append((_negate(stmt.test), stmt.test))
+            elif isinstance(stmt, (ast.For, ast.AsyncFor)):
+                loop = (f"for {ast.unparse(stmt.target)} in {ast.unparse(stmt.iter)}", stmt.iter)
+                visit(stmt.body, guards + [loop])
+                visit(stmt.orelse, guards)
+            elif isinstance(stmt, ast.While):
+                visit(stmt.body, guards + [(f"while {ast.unparse(stmt.test)}", stmt.test)])
+            elif isinstance(stmt, (ast.With, ast.AsyncWith)):
+                visit(stmt.body, guards)
+            elif isinstance(stmt, ast.Try):
+                visit(stmt.body, guards)
+                for handler in stmt.handlers:
+                    visit(handler.body, guards + [(f"except {ast.unparse(handler.type) if handler.type else ''}".strip(), handler)])
+                visit(stmt.orelse, guards)
+                visit(stmt.finalbody, guards)
+            elif isinstance(stmt, ast.Match):
+                for case in stmt.cases:
+                    visit(case.body, guards + [(f"match {ast.unparse(stmt.subject)}: case {ast.unparse(case.pattern)}", stmt.subject)])
+            elif isinstance(stmt, ast.Raise) and stmt.exc is not None:
+                exc = stmt.exc
+                if isinstance(exc, ast.Call):
+                    kind = ast.unparse(exc.func)
+                    message = ast.unparse(exc.args[0]) if exc.args else ""
+                else:
+                    kind, message = ast.unparse(exc), ""
+                out.append(_row(fn, stmt, "raise", kind, [g for g, _ in guards], message, [n for _, n in guards] + [exc], known))
+            elif isinstance(stmt, ast.Assert):
+                conditions = [g for g, _ in guards] + [_negate(stmt.test)]
+                message = ast.unparse(stmt.msg) if stmt.msg is not None else ""
+                out.append(_row(fn, stmt, "assert", "AssertionError", conditions, message, [n for _, n in guards] + [stmt.test, stmt.msg or stmt.test], known))
+
+    visit(fn.node.body, [])
+    return out
+
+
+def _row(fn: _Function, stmt: ast.stmt, kind: str, exception: str, conditions: list[str], message: str, nodes, known: set[str]) -> dict:
+    return {
+        "function": fn.qualname,
+        "module": fn.module,
+        "line": stmt.lineno,
+        "kind": kind,
+        "exception": exception,
+        "conditions": conditions,
+        "message": message,
+        "fields": _fields_in(nodes, known),
+    }
+
+
+def _calls_in(walker: _Walker, fn: _Function) -> list[_Function]:
+    """The functions FN calls (or hands to run_hook and the like) that the walk follows."""
+    local_imports = _imports_in([n for n in ast.walk(fn.node) if isinstance(n, ast.ImportFrom)], fn.module.rsplit(".", 1)[0])
+    out: list[_Function] = []
+    for node in ast.walk(fn.node):
+        target = None
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self" and fn.cls:
+            target = walker.method(fn.module, fn.cls, node.attr)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+            target = walker.resolve(fn.module, node.id, local_imports)
+        if target is not None:
+            out.append(target)
+    return out
+
+
+def extract(root: Path, version: str, known_fields: set[str]) -> tuple[list[str], list[dict]]:
+    """(functions walked, check rows) of the sglang package at ROOT."""
+    walker = _Walker(root)
+    queue = [f for f in (walker.method("sglang.srt.server_args", "ServerArgs", m) for m in ENTRY_METHODS) if f is not None]
+    if not queue:
+        raise RuntimeError(f"{root}/srt/server_args.py has no ServerArgs.{' or '.join(ENTRY_METHODS)}")
+    seen: dict[tuple[str, str], _Function] = {}
+    via: dict[tuple[str, str], str] = {}
+    pending = [(f, "") for f in queue]
+    while pending:
+        fn, caller = pending.pop(0)
+        key = (fn.module, fn.qualname)
+        if key in seen:
+            continue
+        seen[key], via[key] = fn, caller
+        pending.extend((callee, fn.qualname) for callee in _calls_in(walker, fn))
+    rows: list[dict] = []
+    for key, fn in seen.items():
+        for row in _checks_in(fn, known_fields):
+            # the caller that first reached it: its conditions on the call are in that caller
+            row["via"] = via[key]
+            rows.append(row)
+    walked = sorted(f"{m}:{q}" for m, q in seen)
+    return walked, rows
+
+
+_RECORD_PREFIX = re.compile(r"\b(?:%s)\." % "|".join(sorted(_RECORD_NAMES)))
+
+
+def row_id(row: dict) -> str:
+    """Release-independent: 0.5.17's `ServerArgs._handle_x` reading `self.f` and 0.5.23's hook
+    `handle_x` reading `server_args.f` / `cfg.f` hash alike when the check is the same."""
+    function = row["function"].split(".")[-1].lstrip("_")
+    norm = [_RECORD_PREFIX.sub("args.", c) for c in row["conditions"]]
+    text = json.dumps([function, row["kind"], norm, _RECORD_PREFIX.sub("args.", row["message"])])
+    return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+
+def generate(roots: dict[str, Path] | None = None) -> dict:
+    """The table, read from the pinned wheels' sources (the contract virtualenvs; no import)."""
+    from pdkit import parsertable
+    from pdkit.versions import SGLANG_RELEASES
+
+    releases: dict[str, dict] = {}
+    merged: dict[str, dict] = {}
+    for version in sorted(SGLANG_RELEASES):
+        root = (roots or {}).get(version) or sglang_root(version)
+        if root is None:
+            raise RuntimeError(f"no contract virtualenv for sglang {version}: run `bash .ci/contract-env.sh`")
+        known = {o["dest"] for o in parsertable.table()["sglang"][version]["options"]}
+        walked, rows = extract(root, version, known)
+        releases[version] = {
+            "source": f"sglang=={version}: sglang/srt/server_args.py ServerArgs.{' / '.join(ENTRY_METHODS)} and what they call in {', '.join(FOLLOWED_MODULES)}",
+            "functions_walked": len(walked),
+            "checks": len(rows),
+        }
+        counts: dict[str, int] = {}
+        for row in rows:
+            base = row_id(row)
+            counts[base] = counts.get(base, 0) + 1
+            rid = base if counts[base] == 1 else f"{base}-{counts[base]}"
+            entry = merged.setdefault(rid, {"id": rid, **{k: row[k] for k in ("function", "kind", "exception", "conditions", "message", "fields")},
+                                            "releases": [], "where": {}, "via": {}})
+            entry["releases"].append(version)
+            entry["where"][version] = f"{row['module'].replace('.', '/')}.py:{row['line']}"
+            entry["via"][version] = row["via"]
+    checks = sorted(merged.values(), key=lambda r: (r["function"], r["id"]))
+    return {
+        "generated_by": "python -m pdkit.startchecks --write (from the contract virtualenvs' sources)",
+        "releases": releases,
+        "checks": checks,
+    }
+
+
+def dumps(data: dict) -> str:
+    lines = ["{", f'  "generated_by": {json.dumps(data["generated_by"])},', f'  "releases": {json.dumps(data["releases"], sort_keys=True)},', '  "checks": [']
+    checks = data["checks"]
+    lines += [f"    {json.dumps(c, sort_keys=True)}{',' if i < len(checks) - 1 else ''}" for i, c in enumerate(checks)]
+    lines += ["  ]", "}"]
+    return "\n".join(lines) + "\n"
+
+
+@functools.cache
+def table() -> dict:
+    with TABLE_PATH.open(encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+@functools.cache
+def coverage() -> dict[str, dict]:
+    with COVERAGE_PATH.open(encoding="utf-8") as fh:
+        return json.load(fh)["coverage"]
+
+
+def uncovered(data: dict | None = None) -> list[dict]:
+    """The table's rows the coverage file says nothing about."""
+    cov = coverage()
+    return [row for row in (data or table())["checks"] if row["id"] not in cov]
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m pdkit.startchecks", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--write", action="store_true", help=f"write {TABLE_PATH.name}")
+    parser.add_argument("--check", action="store_true", help="exit 1 when the committed table differs or a row is uncovered")
+    args = parser.parse_args(argv)
+    data = generate()
+    text = dumps(data)
+    if args.write:
+        TABLE_PATH.write_text(text, encoding="utf-8")
+        print(f"wrote {TABLE_PATH}")
+        return 0
+    if args.check:
+        rc = 0
+        if not TABLE_PATH.exists() or TABLE_PATH.read_text(encoding="utf-8") != text:
+            print(f"{TABLE_PATH} is stale: run `python -m pdkit.startchecks --write`", file=sys.stderr)
+            rc = 1
+        for row in uncovered(data):
+            print(f"{row['id']} ({', '.join(row['releases'])} {row['function']}): {row['message']} — not in {COVERAGE_PATH.name}", file=sys.stderr)
+            rc = 1
+        return rc
+    sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
