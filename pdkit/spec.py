@@ -1633,6 +1633,36 @@ PP_SPECULATIVE = ("EAGLE", "NEXTN")
 # moe runners whose expert-parallel size must be 1 or tp (server_args.py / moe_hook handle_moe_kernel_config)
 EP_ONE_OR_TP_RUNNERS = ("flashinfer_cutlass", "flashinfer_cutedsl")
 CUTEDSL_A2A = ("none", "deepep", "flashinfer")
+# an explicit --quantization each flashinfer MoE runner takes (handle_moe_kernel_config; unset
+# means bf16 or the checkpoint's own quantization_config, which SGLang reads at start)
+RUNNER_QUANTIZATION: dict[str, dict[str, tuple[str, ...]]] = {
+    "0.5.17": {
+        "flashinfer_cutlass": ("modelopt_fp4", "modelopt_fp8", "modelopt_mixed"),
+        "flashinfer_trtllm": ("modelopt_fp4", "nvfp4_online", "fp8", "mxfp8", "modelopt_fp8", "modelopt_mixed", "compressed-tensors"),
+        "experimental_sgl_trtllm": ("modelopt_fp4", "nvfp4_online", "fp8", "mxfp8", "modelopt_fp8", "modelopt_mixed", "compressed-tensors"),
+        "flashinfer_trtllm_routed": ("fp8", "mxfp8", "modelopt_fp4", "modelopt_mixed", "nvfp4_online"),
+    },
+    "0.5.23": {
+        "flashinfer_cutlass": ("modelopt_fp4", "modelopt_fp8", "modelopt_mixed"),
+        "flashinfer_trtllm": ("modelopt_fp4", "nvfp4_online", "fp8", "mxfp8", "modelopt_fp8", "modelopt_mixed", "compressed-tensors"),
+        "experimental_sgl_trtllm": ("modelopt_fp4", "nvfp4_online", "fp8", "mxfp8", "modelopt_fp8", "modelopt_mixed", "compressed-tensors"),
+        "flashinfer_trtllm_routed": ("fp8", "mxfp8", "modelopt_fp4", "modelopt_mixed", "nvfp4_online", "minimax_m3_nvfp4"),
+    },
+}
+# the runners --quantization nvfp4_online takes (moe_hook _moe_runner_backend_quant_constraints)
+NVFP4_ONLINE_RUNNERS = {"0.5.17": ("flashinfer_trtllm", "flashinfer_trtllm_routed"),
+                        "0.5.23": ("flashinfer_trtllm", "flashinfer_trtllm_routed", "flashinfer_cutedsl", "flashinfer_megamoe")}
+# the runners an all-to-all backend takes (handle_a2a_moe); "auto" is always accepted
+A2A_RUNNERS: dict[str, dict[str, tuple[str, ...]]] = {
+    "0.5.17": {"flashinfer": ("flashinfer_cutlass", "flashinfer_cutedsl", "flashinfer_trtllm_routed"), "pplx": ("deep_gemm",)},
+    "0.5.23": {"flashinfer": ("flashinfer_cutlass", "flashinfer_cutedsl", "flashinfer_trtllm", "flashinfer_trtllm_routed", "deep_gemm"),
+               "pplx": ("deep_gemm",), "flashinfer_megamoe": ("flashinfer_megamoe",), "deepep_v2": ("deep_gemm",)},
+}
+# all-to-all backends that need attention DP: "tp" (as many attention-DP groups as TP ranks) or a minimum
+A2A_ATTN_DP: dict[str, dict[str, object]] = {
+    "0.5.17": {"flashinfer": "tp", "pplx": 2},
+    "0.5.23": {"flashinfer_megamoe": "tp", "pplx": 2},
+}
 
 
 def tuning_origin(spec: ClusterSpec, engine: Engine, at: str, name: str) -> str:
@@ -1697,6 +1727,25 @@ def startup_check_problems(spec: ClusterSpec, engine: Engine) -> list[tuple[str,
         out.append(("ep", f"ep {engine.ep} with moe_runner_backend {runner}: SGLang {version} refuses it at start ('The expert parallel size must be 1 or the same as the tensor parallel size'); valid: ep 1 or ep {tp}"))
     if runner == "flashinfer_cutedsl" and tuning.moe_a2a_backend is not None and tuning.moe_a2a_backend not in CUTEDSL_A2A:
         out.append((origin("moe_a2a_backend"), f"moe_a2a_backend {tuning.moe_a2a_backend} with moe_runner_backend flashinfer_cutedsl: SGLang {version} refuses it at start; valid: {', '.join(CUTEDSL_A2A)}"))
+    quant = tuning.quantization
+    allowed = RUNNER_QUANTIZATION.get(version, {}).get(runner or "")
+    if quant is not None and allowed is not None and quant not in allowed:
+        out.append((origin("quantization"), f"quantization {quant} with moe_runner_backend {runner}: SGLang {version} refuses it at start (\"Invalid quantization '{quant}'\"); "
+                                            f"valid: {', '.join(allowed)}, or leave quantization unset (bf16 / the checkpoint's own)"))
+    if quant == "nvfp4_online" and runner not in (None, "auto") and runner not in NVFP4_ONLINE_RUNNERS.get(version, ()):
+        out.append((origin("moe_runner_backend"), f"moe_runner_backend {runner} with quantization nvfp4_online: SGLang {version} refuses it at start; valid: {', '.join(NVFP4_ONLINE_RUNNERS[version])} or auto"))
+    if runner == "cutlass" and quant in ("fp8", "mxfp8") and (engine.ep or 1) > 1:
+        out.append(("ep", f"ep {engine.ep} with moe_runner_backend cutlass and quantization {quant}: SGLang {version} refuses it at start ('FP8/MXFP8 Cutlass MoE is only supported with ep_size == 1'); valid: ep 1, or another moe_runner_backend"))
+    a2a = tuning.moe_a2a_backend
+    runners = A2A_RUNNERS.get(version, {}).get(a2a or "")
+    if runners is not None and runner not in (None, "auto") and runner not in runners:
+        out.append((origin("moe_runner_backend"), f"moe_runner_backend {runner} with moe_a2a_backend {a2a}: SGLang {version} refuses it at start; valid: {', '.join(runners)} or auto"))
+    need = A2A_ATTN_DP.get(version, {}).get(a2a or "")
+    attn_dp = engine.attn_dp or 1
+    if need == "tp" and attn_dp != tp:
+        out.append(("attn_dp", f"moe_a2a_backend {a2a} needs attention DP over every TP rank: SGLang {version} refuses attn_dp {attn_dp} with tp {tp} at start; valid: attn_dp {tp}"))
+    elif isinstance(need, int) and attn_dp < need:
+        out.append(("attn_dp", f"moe_a2a_backend {a2a} needs attention DP with at least {need} groups: SGLang {version} refuses attn_dp {attn_dp} at start; valid: attn_dp >= {need} dividing tp {tp}"))
     return out
 
 

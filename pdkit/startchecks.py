@@ -177,9 +177,44 @@ def _fields_in(nodes: list[ast.AST], known: set[str]) -> list[str]:
     return sorted(found)
 
 
+def _local_fields(fn: _Function, known: set[str]) -> dict[str, set[str]]:
+    """Local names of FN assigned from server-argument fields (`transport = cfg.mm_feature_transport`),
+    to a fixed point, so a condition on the local counts the field."""
+    assigns: list[tuple[list[str], ast.AST]] = []
+    for node in ast.walk(fn.node):
+        if isinstance(node, ast.Assign):
+            targets = [t.id for t in node.targets if isinstance(t, ast.Name)]
+            if targets:
+                assigns.append((targets, node.value))
+        elif isinstance(node, (ast.AnnAssign, ast.NamedExpr)) and isinstance(node.target, ast.Name) and node.value is not None:
+            assigns.append(([node.target.id], node.value))
+    local: dict[str, set[str]] = {}
+    for _ in range(4):
+        changed = False
+        for targets, value in assigns:
+            found = set(_fields_in([value], known))
+            for sub in ast.walk(value):
+                if isinstance(sub, ast.Name) and sub.id in local:
+                    found |= local[sub.id]
+            for t in targets:
+                if not found <= local.get(t, set()):
+                    local[t] = local.get(t, set()) | found
+                    changed = True
+        if not changed:
+            break
+    return local
+
+
 def _checks_in(fn: _Function, known: set[str]) -> list[dict]:
     """Every raise and assert in FN's body with the conditions that lead to it."""
     out: list[dict] = []
+    local = _local_fields(fn, known)
+
+    def _row(fn, stmt, kind, exception, conditions, message, nodes, known):
+        row = _make_row(fn, stmt, kind, exception, conditions, message, nodes, known)
+        extra = {f for node in nodes for sub in ast.walk(node) if isinstance(sub, ast.Name) and sub.id in local for f in local[sub.id]}
+        row["fields"] = sorted(set(row["fields"]) | extra)
+        return row
 
     def visit(stmts: list[ast.stmt], guards: list[tuple[str, ast.expr]]):
         guards = list(guards)
@@ -225,7 +260,7 @@ def _checks_in(fn: _Function, known: set[str]) -> list[dict]:
     return out
 
 
-def _row(fn: _Function, stmt: ast.stmt, kind: str, exception: str, conditions: list[str], message: str, nodes, known: set[str]) -> dict:
+def _make_row(fn: _Function, stmt: ast.stmt, kind: str, exception: str, conditions: list[str], message: str, nodes, known: set[str]) -> dict:
     return {
         "function": fn.qualname,
         "module": fn.module,
@@ -353,13 +388,97 @@ def uncovered(data: dict | None = None) -> list[dict]:
     return [row for row in (data or table())["checks"] if row["id"] not in cov]
 
 
+# ------------------------------------------------------------------------------ coverage drafts
+# `--draft-coverage` proposes a reason for each uncovered row by family, for a maintainer to read
+# and commit into startup_check_coverage.json (or to replace by a rule): nothing is covered until
+# it is written there.
+
+_HARDWARE = re.compile(r"\b(is_cuda|is_hip|is_npu|is_xpu|is_mps|is_cpu|is_musa|is_sm\d+\w*|is_blackwell\w*|is_hopper\w*|get_platform|current_platform|"
+                       r"get_device\w*|torch\.cuda|get_bool_env_var\(.SGLANG_USE_AITER|use_mlx|is_flashinfer_available|is_fa3_default_architecture|"
+                       r"get_device_capability|device\b|_is_\w+|cuda_version|importlib|find_spec|is_\w*_available|platform)\b")
+_MODEL = re.compile(r"\b(model_config\w*|hf_config|hf_text_config|model_arch|architectures|get_model_config|model_type|is_deepseek\w*|mambaish\w*|"
+                    r"quant_config|text_config|num_nextn_predict_layers|is_hybrid\w*|hf_\w+|_mc\b|checkpoint|model_label|config\.json|nvfp4_moe_meta|"
+                    r"is_gemma4_draft|parse_connector_type|is_runai_obj_uri)")
+_ENV = re.compile(r"envs\.(\w+)|[\"'](SGLANG_\w+)[\"']")
+
+
+def rendered_dests(version: str) -> set[str]:
+    """The server-argument fields pdkit's command line sets (the flags written in pdkit/flags.py,
+    resolved by the release's parser table)."""
+    from pdkit import parsertable
+
+    source = Path(__file__).with_name("flags.py").read_text(encoding="utf-8")
+    parser = parsertable.sglang_parser(version)
+    out = {parser.by_flag[f].dest for f in re.findall(r"[\"'](--[a-z0-9-]+)", source) if f in parser.by_flag}
+    if "--attn-dp-size" in source:
+        out.add("attn_dp_size")
+    return out
+
+
+# Functions SGLang runs only for a feature pdkit never turns on (the caller's gate is in its
+# source, `via`), for a model family, for a platform, or on its own bookkeeping.
+FUNCTION_FAMILIES: tuple[tuple[str, str], ...] = (
+    (r"layernorm_sp|muse", "runs only with --enable-layernorm-sp / Muse Spark MegaMoE (handle_layernorm_sp returns early without them), which pdkit never renders"),
+    (r"buckets_rule", "validates the --*-buckets rule flags (metrics histogram buckets), which pdkit never renders"),
+    (r"ib_devices", "validates --elastic-ep-devices / --mooncake-ib-device style InfiniBand device lists against the node's sysfs; pdkit renders neither flag and the sysfs is the node's"),
+    (r"mamba", "runs only for SSM/mamba hybrid checkpoints (decided from the model's config.json at start) with their --mamba-* cache strategy flags, which pdkit never renders"),
+    (r"mps", "runs only on Apple MPS (--device mps / macOS), never on pdkit's NVIDIA nodes"),
+    (r"hisparse", "runs only with --enable-hisparse, which pdkit never renders"),
+    (r"kv_shard|kv_cache_sharding", "runs only with --enable-kv-cache-sharding, which pdkit never renders"),
+    (r"unified_memory|spec_verify_backends", "runs only with --enable-unified-memory, which pdkit never renders"),
+    (r"fallbacks_of|declare_resolution|validate_declarations|run_post_process_pass|resolve_once|_invoke_provider|with_fallback",
+     "an invariant of SGLang's own resolution code (its records, declarations and passes), not a property of the arguments: no command line reaches it"),
+    (r"swa|prefix_tails", "needs --swa-full-tokens-ratio / --swa-prefix-tails (sliding-window models), which pdkit never renders"),
+    (r"deepep_v2|flashinfer_a2a_token_budget|mega_moe|megamoe|flydsl|pplx|mori",
+     "a token budget or runner pairing of an expert-parallel all-to-all backend, sized from SGLANG_* dispatch-capacity variables and the checkpoint's MoE shape at start"),
+)
+
+
+def draft_reason(row: dict, rendered: set[str]) -> str:
+    """A proposed `why` for ROW by family (flags pdkit never renders, the checkpoint, the
+    hardware, SGLang environment variables), or "" when none fits and a person must decide."""
+    text = " ".join(row["conditions"] + [row["message"]])
+    others = sorted(set(row["fields"]) - rendered)
+    if others:
+        shown = ", ".join("--" + f.replace("_", "-") for f in others)
+        return (f"needs {shown}, which pdkit never renders: they stay at SGLang's defaults unless given in extra_args, "
+                "which validate checks against the release's parser only (tests/test_contract_parsers.py), not its start checks")
+    if _MODEL.search(text):
+        return ("depends on the checkpoint (its config.json: architecture, quantization, layers), which SGLang reads at start "
+                "and pdkit never opens")
+    if _HARDWARE.search(text):
+        return "depends on the platform the engine starts on (CUDA/ROCm/NPU/XPU/MPS, the GPU's SM generation, installed kernels), known only on the node"
+    env = sorted({a or b for a, b in _ENV.findall(text)})
+    where = " ".join([row["function"], *row["via"].values()])
+    for pattern, why in FUNCTION_FAMILIES:
+        if re.search(pattern, where, re.I):
+            return why
+    if env:
+        return (f"depends on SGLang environment variable(s) {', '.join(env)}, which pdkit does not set "
+                "(an engine's env passes them through unchecked)")
+    return ""
+
+
+def draft_coverage(data: dict | None = None) -> dict[str, dict]:
+    data = data or table()
+    cov = coverage() if COVERAGE_PATH.exists() else {}
+    rendered: set[str] = set()
+    for version in data["releases"]:
+        rendered |= rendered_dests(version)
+    return {row["id"]: {"why": draft_reason(row, rendered)} for row in data["checks"] if row["id"] not in cov}
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m pdkit.startchecks", description=__doc__.split("\n\n")[0])
     parser.add_argument("--write", action="store_true", help=f"write {TABLE_PATH.name}")
     parser.add_argument("--check", action="store_true", help="exit 1 when the committed table differs or a row is uncovered")
+    parser.add_argument("--draft-coverage", action="store_true", help="print proposed reasons for the rows the coverage file lacks (review before committing them)")
     args = parser.parse_args(argv)
+    if args.draft_coverage:
+        print(json.dumps(draft_coverage(generate()), indent=1, sort_keys=True))
+        return 0
     data = generate()
     text = dumps(data)
     if args.write:

@@ -85,7 +85,28 @@ MOE_CASES = [
      "gpu01", "pdkit_node.engines[0].tuning.moe_a2a_backend", "valid: none, deepep, flashinfer"),
 ]
 
-STARTUP_CASES = SPECULATIVE_PARALLEL_CASES + TRANSFER_BACKEND_CASES + MOE_CASES
+# MoE all-to-all backends and quantization against the runner and attention DP (handle_a2a_moe,
+# handle_moe_kernel_config), and attention DP's own range (handle_data_parallelism)
+A2A_QUANT_CASES = [
+    ("pplx-without-attention-dp", lambda c, h: _engine(h, "gpu01", 0).update(tuning={"moe_a2a_backend": "pplx"}),
+     "gpu01", "pdkit_node.engines[0].attn_dp", "valid: attn_dp >= 2"),
+    ("flashinfer-megamoe-attn-dp-below-tp", lambda c, h: _engine(h, "gpu02", 1).update(tuning={"moe_a2a_backend": "flashinfer_megamoe"}),
+     "gpu02", "pdkit_node.engines[1].attn_dp", "valid: attn_dp 2"),
+    ("flashinfer-a2a-0517-needs-dp-attention", lambda c, h: c.update(sglang_version="0.5.17") or _engine(h, "gpu01", 1).update(tuning={"moe_a2a_backend": "flashinfer"}),
+     "gpu01", "pdkit_node.engines[1].attn_dp", "valid: attn_dp 2"),
+    ("flashinfer-a2a-0517-with-triton-runner", lambda c, h: c.update(sglang_version="0.5.17") or _engine(h, "gpu01", 1).update(attn_dp=2, tuning={"moe_a2a_backend": "flashinfer", "moe_runner_backend": "triton"}),
+     "gpu01", "pdkit_node.engines[1].tuning.moe_runner_backend", "valid: flashinfer_cutlass, flashinfer_cutedsl, flashinfer_trtllm_routed or auto"),
+    ("trtllm-routed-runner-with-awq", lambda c, h: c["tuning"].update(all={"moe_runner_backend": "flashinfer_trtllm_routed", "quantization": "awq"}),
+     "gpu02", "pdkit_cluster.tuning.all.quantization", "valid: fp8, mxfp8"),
+    ("nvfp4-online-with-triton-runner", lambda c, h: _engine(h, "gpu02", 0).update(tuning={"quantization": "nvfp4_online", "moe_runner_backend": "triton"}),
+     "gpu02", "pdkit_node.engines[0].tuning.moe_runner_backend", "valid: flashinfer_trtllm"),
+    ("cutlass-fp8-with-ep", lambda c, h: _engine(h, "gpu01", 0).update(ep=2, tuning={"quantization": "fp8", "moe_runner_backend": "cutlass"}),
+     "gpu01", "pdkit_node.engines[0].ep", "valid: ep 1"),
+    ("attn-dp-zero", lambda c, h: _engine(h, "gpu01", 1).update(attn_dp=0),
+     "gpu01", "pdkit_node.engines[1].attn_dp", "greater than or equal to 1"),
+]
+
+STARTUP_CASES = SPECULATIVE_PARALLEL_CASES + TRANSFER_BACKEND_CASES + MOE_CASES + A2A_QUANT_CASES
 
 
 @pytest.mark.parametrize("case", STARTUP_CASES, ids=[c[0] for c in STARTUP_CASES])
@@ -102,7 +123,7 @@ def test_a_combination_sglang_refuses_at_start_fails_validate(case, base, tmp_pa
     assert any(phrase in line for line in matching), f"expected {phrase!r} in:\n" + "\n".join(matching)
 
 
-@pytest.mark.parametrize("cases", [SPECULATIVE_PARALLEL_CASES, TRANSFER_BACKEND_CASES, MOE_CASES], ids=["speculative-parallel", "transfer-backend", "moe"])
+@pytest.mark.parametrize("cases", [SPECULATIVE_PARALLEL_CASES, TRANSFER_BACKEND_CASES, MOE_CASES, A2A_QUANT_CASES], ids=["speculative-parallel", "transfer-backend", "moe", "a2a-quantization"])
 def test_each_class_has_three_cases(cases):
     assert len({c[0] for c in cases}) >= 3 and all(c[4] for c in cases)
 
