@@ -1676,6 +1676,53 @@ def tuning_origin(spec: ClusterSpec, engine: Engine, at: str, name: str) -> str:
     return f"tuning.{name}"
 
 
+# attention backends that take an EAGLE tree (topk > 1) over pages > 1 (speculative_hook._handle_eagle_family)
+PAGE_TREE_SPEC_BACKENDS = ("flashinfer", "fa3", "triton")
+# moe_a2a_backend DSPARK takes with attention DP (speculative_hook._handle_dspark)
+DSPARK_ATTN_DP_A2A = {"0.5.17": ("none",), "0.5.23": ("none", "megamoe", "mori")}
+
+
+def _speculative_layout_problems(engine: Engine, tuning: Tuning, version: str, algorithm: str, origin) -> list[tuple[str, str]]:
+    """Speculative decoding against attention DP, TP/PP and the attention backend, as each
+    algorithm's handler checks it (speculative_hook._handle_dflash / _dspark / _eagle_family /
+    _ngram / _uno of 0.5.17 and 0.5.23)."""
+    out: list[tuple[str, str]] = []
+    spec_at = origin("speculative")
+    attn_dp = engine.attn_dp or 1
+    extra = {a.split("=", 1)[0] for a in engine.extra_args}
+    topk = tuning.speculative.eagle_topk if tuning.speculative is not None else None
+    refuses_attn_dp = {"NGRAM": "ngram", "STANDALONE": "standalone"}
+    if version == "0.5.17":
+        refuses_attn_dp["DFLASH"] = "DFLASH"
+    if algorithm in ("UNO",):
+        refuses_attn_dp["UNO"] = "UNO"
+    if attn_dp > 1 and algorithm in refuses_attn_dp:
+        out.append(("attn_dp", f"attn_dp {attn_dp} with speculative algorithm {algorithm}: SGLang {version} refuses it at start ('Currently {refuses_attn_dp[algorithm]} speculative decoding does not support dp attention'); "
+                               f"valid: attn_dp 1 for this engine, or an algorithm that runs with attention DP (EAGLE, EAGLE3, NEXTN{', DFLASH' if version != '0.5.17' else ''}, DSPARK)"))
+    if attn_dp > 1 and algorithm in ("DFLASH", "DSPARK") and "--enable-dp-lm-head" not in extra and not (algorithm == "DFLASH" and version == "0.5.17"):
+        out.append(("extra_args", f"attn_dp {attn_dp} with speculative algorithm {algorithm}: SGLang {version} requires --enable-dp-lm-head at start ('{'DSpark' if algorithm == 'DSPARK' else 'DFLASH'} with dp attention requires --enable-dp-lm-head'); "
+                                  "valid: add '--enable-dp-lm-head' to extra_args, or attn_dp 1"))
+    if attn_dp > 1 and algorithm == "DSPARK" and tuning.moe_a2a_backend is not None and tuning.moe_a2a_backend not in DSPARK_ATTN_DP_A2A[version]:
+        out.append((origin("moe_a2a_backend"), f"moe_a2a_backend {tuning.moe_a2a_backend} with DSPARK and attn_dp {attn_dp}: SGLang {version} refuses it at start; valid: {', '.join(DSPARK_ATTN_DP_A2A[version])}"))
+    if algorithm == "DFLASH" and engine.pp != 1:
+        out.append(("pp", f"pp {engine.pp} with speculative algorithm DFLASH: SGLang {version} refuses it at start ('Currently DFLASH speculative decoding only supports pp_size == 1'); valid: pp 1"))
+    if algorithm == "UNO" and (engine.tp_size, engine.pp) != (1, 1):
+        out.append(("tp" if engine.tp_size != 1 else "pp", f"tp {engine.tp_size} / pp {engine.pp} with speculative algorithm UNO: SGLang {version} refuses it at start ('UNO requires TP=PP=1'); valid: tp 1 and pp 1 (one GPU per engine)"))
+    if algorithm == "UNO" and tuning.attention_backend not in (None, "fa3"):
+        out.append((origin("attention_backend"), f"attention_backend {tuning.attention_backend} with speculative algorithm UNO: SGLang {version} refuses it at start ('UNO requires FA3 for both prefill and decode attention'); valid: fa3, or leave it unset"))
+    if algorithm == "DSPARK" and tuning.speculative is not None and tuning.speculative.num_draft_tokens is not None and tuning.speculative.num_draft_tokens < 2:
+        out.append((spec_at + ".num_draft_tokens", f"num_draft_tokens {tuning.speculative.num_draft_tokens} with DSPARK: SGLang {version} refuses it at start ('DSpark speculative_num_draft_tokens must be >= 2 (= gamma + 1)'); valid: 2 or more"))
+    if topk is not None and topk > 1 and tuning.attention_backend == "trtllm_mha":
+        out.append((spec_at + ".eagle_topk", f"eagle_topk {topk} with attention_backend trtllm_mha: SGLang {version} refuses it at start ('trtllm_mha backend only supports topk = 1 for speculative decoding'); valid: eagle_topk 1, or another attention_backend"))
+    page = tuning.page_size or 1
+    if topk is not None and topk > 1 and page > 1 and tuning.attention_backend is not None:
+        allowed = ("flashinfer",) if algorithm == "NGRAM" else PAGE_TREE_SPEC_BACKENDS
+        if tuning.attention_backend not in allowed:
+            out.append((spec_at + ".eagle_topk", f"eagle_topk {topk} with page_size {page} and attention_backend {tuning.attention_backend}: SGLang {version} refuses it at start; "
+                                                 f"valid: eagle_topk 1, page_size 1, or attention_backend {' / '.join(allowed)}"))
+    return out
+
+
 def startup_check_problems(spec: ClusterSpec, engine: Engine) -> list[tuple[str, str]]:
     """(field, why) for what the engine's SGLang release refuses at start (its ServerArgs checks),
     for combinations of the flags pdkit renders. Field paths are the engine's unless they start
@@ -1715,6 +1762,8 @@ def startup_check_problems(spec: ClusterSpec, engine: Engine) -> list[tuple[str,
             elif engine.role != "prefill":
                 out.append(("pp", f"pp {pp} with speculative decoding ({algorithm}) on a {engine.role} engine: SGLang {version} refuses it at start ('PP + speculative decoding (MTP) is only supported on prefill nodes'); "
                                   "valid: pp 1 on this engine, speculative decoding without pp, or pp with speculative decoding only on prefill engines"))
+    if algorithm is not None:
+        out += _speculative_layout_problems(engine, tuning, version, algorithm, origin)
     if algorithm is not None and tuning.attention_backend == "flex_attention":
         out.append((origin("attention_backend"), f"attention_backend flex_attention with speculative decoding ({algorithm}): SGLang {version} refuses it at start ('Speculative decoding is currently not supported with Flex Attention backend'); "
                                                  "valid: another attention_backend (e.g. fa3, flashinfer, triton), or no tuning.speculative"))

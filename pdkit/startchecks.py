@@ -45,7 +45,7 @@ COVERAGE_PATH = DATA_DIR / "startup_check_coverage.json"
 ENTRY_METHODS = ("__post_init__", "resolve_once", "check_server_args")
 # Modules whose functions the walk follows (the server-argument code). Others (model config
 # loading, platform probes) are runtime, not argument checks: calls into them are not followed.
-FOLLOWED_MODULES = ("sglang.srt.server_args", "sglang.srt.arg_groups")
+FOLLOWED_MODULES = ("sglang.srt.server_args", "sglang.srt.arg_groups", "sglang.srt.speculative.spec_info")
 # Names of the ServerArgs record in the followed code (self in 0.5.17; the hooks take
 # server_args and read it through cfg = resolving_view(server_args) in 0.5.23).
 _RECORD_NAMES = {"self", "server_args", "cfg", "args", "sa", "view", "raw"}
@@ -277,10 +277,23 @@ def _calls_in(walker: _Walker, fn: _Function) -> list[_Function]:
     """The functions FN calls (or hands to run_hook and the like) that the walk follows."""
     local_imports = _imports_in([n for n in ast.walk(fn.node) if isinstance(n, ast.ImportFrom)], fn.module.rsplit(".", 1)[0])
     out: list[_Function] = []
+    # classes of followed modules this function imports (SpeculativeAlgorithm): `algo.m(...)` on
+    # one of their objects is followed to the class's method m (handle_server_args)
+    classes: list[tuple[str, str]] = []
+    for name, (module, real) in local_imports.items():
+        mod = walker.module(module) if walker.followed(module) else None
+        if mod is not None and real in mod.classes:
+            classes.append((module, real))
     for node in ast.walk(fn.node):
         target = None
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self" and fn.cls:
             target = walker.method(fn.module, fn.cls, node.attr)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load) and classes:
+            for module, cls in classes:
+                target = walker.method(module, cls, node.attr)
+                if target is not None:
+                    out.append(target)
+            target = None
         elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
             target = walker.resolve(fn.module, node.id, local_imports)
         if target is not None:
@@ -402,6 +415,9 @@ _MODEL = re.compile(r"\b(model_config\w*|hf_config|hf_text_config|model_arch|arc
 _ENV = re.compile(r"envs\.(\w+)|[\"'](SGLANG_\w+)[\"']")
 
 
+PLATFORM_FIELDS = {"device"}
+
+
 def rendered_dests(version: str) -> set[str]:
     """The server-argument fields pdkit's command line sets (the flags written in pdkit/flags.py,
     resolved by the release's parser table)."""
@@ -438,7 +454,8 @@ def draft_reason(row: dict, rendered: set[str]) -> str:
     """A proposed `why` for ROW by family (flags pdkit never renders, the checkpoint, the
     hardware, SGLang environment variables), or "" when none fits and a person must decide."""
     text = " ".join(row["conditions"] + [row["message"]])
-    others = sorted(set(row["fields"]) - rendered)
+    # --device is left unset by pdkit and resolves to the node's platform: a hardware condition
+    others = sorted(set(row["fields"]) - rendered - PLATFORM_FIELDS)
     if others:
         shown = ", ".join("--" + f.replace("_", "-") for f in others)
         return (f"needs {shown}, which pdkit never renders: they stay at SGLang's defaults unless given in extra_args, "

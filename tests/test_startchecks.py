@@ -106,7 +106,30 @@ A2A_QUANT_CASES = [
      "gpu01", "pdkit_node.engines[1].attn_dp", "greater than or equal to 1"),
 ]
 
-STARTUP_CASES = SPECULATIVE_PARALLEL_CASES + TRANSFER_BACKEND_CASES + MOE_CASES + A2A_QUANT_CASES
+DRAFT = {"draft_model_path": "/models/d"}
+
+# each speculative algorithm's handler against attention DP, TP/PP and the attention backend
+# (speculative_hook._handle_dflash / _dspark / _eagle_family / _ngram / _uno)
+SPECULATIVE_LAYOUT_CASES = [
+    ("ngram-with-attention-dp", lambda c, h: _engine(h, "gpu02", 1).update(attn_dp=2, tuning={"speculative": {"algorithm": "NGRAM"}}),
+     "gpu02", "pdkit_node.engines[1].attn_dp", "valid: attn_dp 1 for this engine"),
+    ("standalone-with-attention-dp", lambda c, h: _engine(h, "gpu01", 1).update(attn_dp=2, tuning={"speculative": {"algorithm": "STANDALONE", **DRAFT}}),
+     "gpu01", "pdkit_node.engines[1].attn_dp", "an algorithm that runs with attention DP"),
+    ("dflash-with-attention-dp-on-0517", lambda c, h: c.update(sglang_version="0.5.17") or _engine(h, "gpu01", 1).update(attn_dp=2, tuning={"speculative": {"algorithm": "DFLASH", **DRAFT}}),
+     "gpu01", "pdkit_node.engines[1].attn_dp", "valid: attn_dp 1"),
+    ("dspark-attention-dp-without-dp-lm-head", lambda c, h: _engine(h, "gpu02", 1).update(attn_dp=2, tuning={"speculative": {"algorithm": "DSPARK", **DRAFT}}),
+     "gpu02", "pdkit_node.engines[1].extra_args", "valid: add '--enable-dp-lm-head' to extra_args"),
+    ("dflash-with-pp", lambda c, h: _pp(h, "gpu01", 0, tuning={**NO_OVERLAP, "speculative": {"algorithm": "DFLASH", **DRAFT}}),
+     "gpu01", "pdkit_node.engines[0].pp", "valid: pp 1"),
+    ("uno-with-tp-2", lambda c, h: _engine(h, "gpu01", 1).update(extra_args=["--uno-lora-path", "/models/lora"], tuning={"speculative": {"algorithm": "UNO"}}),
+     "gpu01", "pdkit_node.engines[1].tp", "valid: tp 1 and pp 1"),
+    ("eagle-tree-on-trtllm-mha", lambda c, h: _engine(h, "gpu01", 1).update(tuning={"attention_backend": "trtllm_mha", "speculative": {"algorithm": "EAGLE", "num_steps": 3, "eagle_topk": 4, "num_draft_tokens": 8, **DRAFT}}),
+     "gpu01", "pdkit_node.engines[1].tuning.speculative.eagle_topk", "valid: eagle_topk 1"),
+    ("dflash-without-draft", lambda c, h: _engine(h, "gpu02", 1).update(tuning={"speculative": {"algorithm": "DFLASH"}}),
+     "gpu02", "pdkit_node.engines[1].tuning.speculative", "set draft_model_path"),
+]
+
+STARTUP_CASES = SPECULATIVE_PARALLEL_CASES + TRANSFER_BACKEND_CASES + MOE_CASES + A2A_QUANT_CASES + SPECULATIVE_LAYOUT_CASES
 
 
 @pytest.mark.parametrize("case", STARTUP_CASES, ids=[c[0] for c in STARTUP_CASES])
@@ -123,7 +146,8 @@ def test_a_combination_sglang_refuses_at_start_fails_validate(case, base, tmp_pa
     assert any(phrase in line for line in matching), f"expected {phrase!r} in:\n" + "\n".join(matching)
 
 
-@pytest.mark.parametrize("cases", [SPECULATIVE_PARALLEL_CASES, TRANSFER_BACKEND_CASES, MOE_CASES, A2A_QUANT_CASES], ids=["speculative-parallel", "transfer-backend", "moe", "a2a-quantization"])
+@pytest.mark.parametrize("cases", [SPECULATIVE_PARALLEL_CASES, TRANSFER_BACKEND_CASES, MOE_CASES, A2A_QUANT_CASES, SPECULATIVE_LAYOUT_CASES],
+                         ids=["speculative-parallel", "transfer-backend", "moe", "a2a-quantization", "speculative-layout"])
 def test_each_class_has_three_cases(cases):
     assert len({c[0] for c in cases}) >= 3 and all(c[4] for c in cases)
 
