@@ -1678,6 +1678,12 @@ def tuning_origin(spec: ClusterSpec, engine: Engine, at: str, name: str) -> str:
 
 # attention backends that take an EAGLE tree (topk > 1) over pages > 1 (speculative_hook._handle_eagle_family)
 PAGE_TREE_SPEC_BACKENDS = ("flashinfer", "fa3", "triton")
+# the KV cache dtypes an MLA attention backend takes (attention_hook._mla_kv_cache_dtype_checks,
+# _cutedsl_prefill_backend_fill of 0.5.17 and 0.5.23)
+MLA_BACKEND_KV_DTYPES: dict[str, dict[str, tuple[str, ...]]] = {
+    "0.5.17": {"trtllm_mla": ("fp8_e4m3", "fp4_e2m1", "bf16", "auto"), "tokenspeed_mla": ("fp8_e4m3",), "cutedsl_mla": ("fp8_e4m3", "bf16", "bfloat16", "auto")},
+    "0.5.23": {"trtllm_mla": ("fp8_e4m3", "bf16", "auto"), "cutedsl_mla": ("fp8_e4m3", "bf16", "bfloat16", "auto")},
+}
 # moe_a2a_backend DSPARK takes with attention DP (speculative_hook._handle_dspark)
 DSPARK_ATTN_DP_A2A = {"0.5.17": ("none",), "0.5.23": ("none", "megamoe", "mori")}
 
@@ -1770,6 +1776,9 @@ def startup_check_problems(spec: ClusterSpec, engine: Engine) -> list[tuple[str,
     if engine.role == "prefill" and spec.cluster.transfer_backend == "fake" and spec.cluster.engine == "sglang":
         out.append(("pdkit_cluster.transfer_backend", f"transfer_backend 'fake' with a prefill engine ({engine.name}): SGLang {version} refuses it at start (\"Prefill server does not support 'fake' as the transfer backend\"); "
                                                        "valid: nixl or mooncake (fake only discards KV on decode engines, for benchmarks)"))
+    kv_dtypes = MLA_BACKEND_KV_DTYPES.get(version, {}).get(tuning.attention_backend or "")
+    if kv_dtypes is not None and tuning.kv_cache_dtype is not None and tuning.kv_cache_dtype not in kv_dtypes:
+        out.append((origin("kv_cache_dtype"), f"kv_cache_dtype {tuning.kv_cache_dtype} with attention_backend {tuning.attention_backend}: SGLang {version} refuses it at start; valid: {', '.join(kv_dtypes)}"))
     runner = tuning.moe_runner_backend
     tp = engine.tp_size
     if runner in EP_ONE_OR_TP_RUNNERS and engine.ep is not None and engine.ep not in (1, tp):

@@ -171,9 +171,11 @@ def _fields_in(nodes: list[ast.AST], known: set[str]) -> list[str]:
         for sub in ast.walk(node):
             if isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name) and sub.value.id in _RECORD_NAMES and sub.attr in known:
                 found.add(sub.attr)
-            elif isinstance(sub, ast.Call) and isinstance(sub.func, ast.Name) and sub.func.id == "getattr" and len(sub.args) >= 2 \
-                    and isinstance(sub.args[1], ast.Constant) and sub.args[1].value in known:
-                found.add(sub.args[1].value)
+            elif isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Call) and sub.attr in known:
+                found.add(sub.attr)  # resolved_view(server_args).x, self._resolved().x
+            elif isinstance(sub, ast.Call) and any(isinstance(a, ast.Constant) and a.value in known for a in sub.args[1:]):
+                # getattr(cfg, "x"), resolution_result(server_args, "x")
+                found.update(a.value for a in sub.args[1:] if isinstance(a, ast.Constant) and a.value in known)
     return sorted(found)
 
 
@@ -444,6 +446,14 @@ FUNCTION_FAMILIES: tuple[tuple[str, str], ...] = (
     (r"unified_memory|spec_verify_backends", "runs only with --enable-unified-memory, which pdkit never renders"),
     (r"fallbacks_of|declare_resolution|validate_declarations|run_post_process_pass|resolve_once|_invoke_provider|with_fallback",
      "an invariant of SGLang's own resolution code (its records, declarations and passes), not a property of the arguments: no command line reaches it"),
+    (r"deepseek_v4", "runs only for DeepSeek V4 / V4.1 checkpoints (apply_deepseek_v4_defaults and its validators, decided from config.json at start)"),
+    (r"dsa", "runs only for DSA (DeepSeek sparse attention) checkpoints, decided from config.json at start, with their --dsa-* backends and the GPU's SM generation"),
+    (r"xpu", "runs only on Intel XPU (decode context parallelism there), never on pdkit's NVIDIA nodes"),
+    (r"lora", "runs only with LoRA serving (--enable-lora / --lora-paths; check_lora_server_args returns early without them), which pdkit never renders"),
+    (r"load_publish", "runs only with --load-publish-endpoint / --kv-events-config, which pdkit never renders"),
+    (r"max_context_size|prefill_max_context", "needs --cuda-graph-prefill-max-context, which pdkit never renders, against the checkpoint's context length"),
+    (r"prefill_complete", "needs --disaggregation-decode-allocation-policy prefill_complete, which pdkit never renders"),
+    (r"dispatch_type", "needs --flashinfer-a2a-dispatch-type (with SGLANG_MOE_NVFP4_DISPATCH), which pdkit never renders"),
     (r"swa|prefix_tails", "needs --swa-full-tokens-ratio / --swa-prefix-tails (sliding-window models), which pdkit never renders"),
     (r"deepep_v2|flashinfer_a2a_token_budget|mega_moe|megamoe|flydsl|pplx|mori",
      "a token budget or runner pairing of an expert-parallel all-to-all backend, sized from SGLANG_* dispatch-capacity variables and the checkpoint's MoE shape at start"),
@@ -451,25 +461,32 @@ FUNCTION_FAMILIES: tuple[tuple[str, str], ...] = (
 
 
 def draft_reason(row: dict, rendered: set[str]) -> str:
-    """A proposed `why` for ROW by family (flags pdkit never renders, the checkpoint, the
-    hardware, SGLang environment variables), or "" when none fits and a person must decide."""
+    """A proposed `why` for ROW by family, or "" when none fits and a person must decide: a
+    feature pdkit never turns on (FUNCTION_FAMILIES, by the function and its caller), flags pdkit
+    never renders, the checkpoint, the platform, SGLang environment variables. A rendered setting
+    that needs a never-rendered flag away from its default (DFLASH/DSPARK with attention DP need
+    --enable-dp-lm-head) is a rule, not this: read each drafted row before committing it."""
     text = " ".join(row["conditions"] + [row["message"]])
+    where = " ".join([row["function"], *row["via"].values()])
+    for pattern, why in FUNCTION_FAMILIES:
+        if re.search(pattern, where, re.I):
+            return why
+    # a check on the checkpoint's kind (its guards read config.json) is the checkpoint's first
+    if _MODEL.search(" ".join(row["conditions"])):
+        return ("depends on the checkpoint (its config.json: architecture, quantization, layers), which SGLang reads at start "
+                "and pdkit never opens")
     # --device is left unset by pdkit and resolves to the node's platform: a hardware condition
-    others = sorted(set(row["fields"]) - rendered - PLATFORM_FIELDS)
-    if others:
-        shown = ", ".join("--" + f.replace("_", "-") for f in others)
-        return (f"needs {shown}, which pdkit never renders: they stay at SGLang's defaults unless given in extra_args, "
-                "which validate checks against the release's parser only (tests/test_contract_parsers.py), not its start checks")
+    never = sorted(set(row["fields"]) - rendered - PLATFORM_FIELDS)
+    if never:
+        shown = ", ".join("--" + f.replace("_", "-") for f in never)
+        return (f"fires only with {shown} away from SGLang's default: pdkit never renders {'it' if len(never) == 1 else 'them'}, "
+                "and extra_args that set them are checked against the release's parser only (tests/test_contract_parsers.py), not its start checks")
     if _MODEL.search(text):
         return ("depends on the checkpoint (its config.json: architecture, quantization, layers), which SGLang reads at start "
                 "and pdkit never opens")
     if _HARDWARE.search(text):
         return "depends on the platform the engine starts on (CUDA/ROCm/NPU/XPU/MPS, the GPU's SM generation, installed kernels), known only on the node"
     env = sorted({a or b for a, b in _ENV.findall(text)})
-    where = " ".join([row["function"], *row["via"].values()])
-    for pattern, why in FUNCTION_FAMILIES:
-        if re.search(pattern, where, re.I):
-            return why
     if env:
         return (f"depends on SGLang environment variable(s) {', '.join(env)}, which pdkit does not set "
                 "(an engine's env passes them through unchecked)")
