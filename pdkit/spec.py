@@ -1346,7 +1346,7 @@ def cross_checks(spec: ClusterSpec) -> list[Problem]:
                     add(Problem(host.name, f"{at}.gpu_share", f"the engines sharing GPUs {list(engine.gpus)} ({', '.join(e.name for e in group)}) take {total:.2f} of their memory together; at most {MAX_SHARED_GPU_FRACTION} leaves room for CUDA contexts, graphs and activations"))
             if engine.pp == 1 and not engine.spans_nodes and engine.tp_size * engine.dp != len(engine.gpus):
                 add(Problem(host.name, f"{at}.tp", f"tp {engine.tp_size} x dp {engine.dp} = {engine.tp_size * engine.dp} but the engine has {len(engine.gpus)} GPUs {list(engine.gpus)}; tp x dp must equal the GPU count"))
-            for field, why in parallel_problems(spec, engine) + startup_check_problems(spec, engine):
+            for field, why in parallel_problems(spec, engine) + startup_check_problems(spec, engine, node):
                 add(Problem(host.name, field if field.startswith("pdkit_cluster") else f"{at}.{field}", why))
             if engine.bootstrap_port is not None and engine.role != "prefill":
                 add(Problem(host.name, f"{at}.bootstrap_port", f"only prefill engines serve a bootstrap port; this engine's role is {engine.role!r} (remove bootstrap_port)"))
@@ -1729,10 +1729,25 @@ def _speculative_layout_problems(engine: Engine, tuning: Tuning, version: str, a
     return out
 
 
-def startup_check_problems(spec: ClusterSpec, engine: Engine) -> list[tuple[str, str]]:
+# settings SGLang accepts only on some GPU generations (by the compute capability's major):
+# (tuning field, value, majors, what SGLang says) from attention_hook / kv_cache_hook / moe_hook
+# (_handle_kv4_compatibility, _handle_mxfp8_kv_cache_compatibility, _moe_runner_backend_quant_constraints,
+# handle_a2a_moe, _mla_kv_cache_dtype_checks, _cutedsl_prefill_backend_fill) of 0.5.17 and 0.5.23
+GPU_GENERATION_SETTINGS: tuple[tuple[str, str, tuple[int, ...], str], ...] = (
+    ("kv_cache_dtype", "nvfp4", (10, 12), "--kv-cache-dtype=nvfp4 requires Blackwell SM100 or SM120"),
+    ("kv_cache_dtype", "mxfp8", (10, 11, 12), "--kv-cache-dtype mxfp8 requires an SM100+ (Blackwell) GPU"),
+    ("quantization", "nvfp4_online", (10,), "--quantization nvfp4_online is supported only on NVIDIA Blackwell SM100/SM103 GPUs"),
+    ("moe_a2a_backend", "flashinfer_megamoe", (10,), "FlashInfer MegaMOE currently requires an SM100-family CUDA device"),
+    ("attention_backend", "trtllm_mla", (10, 12), "TRTLLM MLA backend is only supported on Blackwell GPUs (SM100/SM12x)"),
+    ("attention_backend", "tokenspeed_mla", (10, 12), "tokenspeed_mla backend is only supported on Blackwell GPUs (SM100/SM12x)"),
+    ("attention_backend", "cutedsl_mla", (10,), "CuteDSL MLA backend is only supported on Blackwell GPUs (SM100)"),
+)
+
+
+def startup_check_problems(spec: ClusterSpec, engine: Engine, node: Node | None = None) -> list[tuple[str, str]]:
     """(field, why) for what the engine's SGLang release refuses at start (its ServerArgs checks),
-    for combinations of the flags pdkit renders. Field paths are the engine's unless they start
-    with pdkit_cluster."""
+    for combinations of the flags pdkit renders and the GPUs NODE declares. Field paths are the
+    engine's unless they start with pdkit_cluster."""
     out: list[tuple[str, str]] = []
     version = spec.engine_version(engine)
     tuning = spec.engine_tuning(engine)
@@ -1776,6 +1791,15 @@ def startup_check_problems(spec: ClusterSpec, engine: Engine) -> list[tuple[str,
     if engine.role == "prefill" and spec.cluster.transfer_backend == "fake" and spec.cluster.engine == "sglang":
         out.append(("pdkit_cluster.transfer_backend", f"transfer_backend 'fake' with a prefill engine ({engine.name}): SGLang {version} refuses it at start (\"Prefill server does not support 'fake' as the transfer backend\"); "
                                                        "valid: nixl or mooncake (fake only discards KV on decode engines, for benchmarks)"))
+    if node is not None and node.gpu == "nvidia" and spec.cluster.engine == "sglang":
+        major = node.gpus.sm_major
+        for name, value, majors, says in GPU_GENERATION_SETTINGS:
+            if getattr(tuning, name) == value and major not in majors:
+                out.append((origin(name), f"{name} {value} on {node.gpus.model} (compute capability {node.gpus.compute_capability}): SGLang {version} refuses it at start ('{says}'); "
+                                          f"valid on this GPU: another {name}, or an engine on a node with compute capability {' / '.join(f'{m}.x' for m in majors)}"))
+    if engine.role != "unified" and spec.cluster.transfer_backend not in ("mooncake", "nixl") and env_on("SGLANG_DISAGG_STAGING_BUFFER"):
+        out.append(("env.SGLANG_DISAGG_STAGING_BUFFER", f"SGLANG_DISAGG_STAGING_BUFFER with transfer_backend {spec.cluster.transfer_backend!r}: SGLang {version} refuses it at start; "
+                                                       "valid: remove it, or pdkit_cluster.transfer_backend nixl or mooncake"))
     kv_dtypes = MLA_BACKEND_KV_DTYPES.get(version, {}).get(tuning.attention_backend or "")
     if kv_dtypes is not None and tuning.kv_cache_dtype is not None and tuning.kv_cache_dtype not in kv_dtypes:
         out.append((origin("kv_cache_dtype"), f"kv_cache_dtype {tuning.kv_cache_dtype} with attention_backend {tuning.attention_backend}: SGLang {version} refuses it at start; valid: {', '.join(kv_dtypes)}"))

@@ -131,7 +131,28 @@ SPECULATIVE_LAYOUT_CASES = [
      "gpu02", "pdkit_node.engines[1].tuning.speculative", "set draft_model_path"),
 ]
 
-STARTUP_CASES = SPECULATIVE_PARALLEL_CASES + TRANSFER_BACKEND_CASES + MOE_CASES + A2A_QUANT_CASES + SPECULATIVE_LAYOUT_CASES
+# settings SGLang takes only on some GPU generations, against the node's declared compute
+# capability (the base nodes are H200s, 9.0), and SGLang variables against the transfer backend
+GPU_GENERATION_CASES = [
+    ("nvfp4-kv-cache-on-hopper", lambda c, h: _engine(h, "gpu01", 1).update(tuning={"kv_cache_dtype": "nvfp4"}),
+     "gpu01", "pdkit_node.engines[1].tuning.kv_cache_dtype", "compute capability 10.x / 12.x"),
+    ("mxfp8-kv-cache-on-hopper", lambda c, h: c["tuning"].update(decode={"kv_cache_dtype": "mxfp8"}),
+     "gpu02", "pdkit_cluster.tuning.decode.kv_cache_dtype", "valid on this GPU: another kv_cache_dtype"),
+    ("nvfp4-online-quantization-on-hopper", lambda c, h: _engine(h, "gpu02", 0).update(tuning={"quantization": "nvfp4_online"}),
+     "gpu02", "pdkit_node.engines[0].tuning.quantization", "compute capability 10.x"),
+    ("trtllm-mla-on-hopper", lambda c, h: _engine(h, "gpu01", 0).update(tuning={"attention_backend": "trtllm_mla"}),
+     "gpu01", "pdkit_node.engines[0].tuning.attention_backend", "NVIDIA H200 (compute capability 9.0)"),
+    ("flashinfer-megamoe-on-hopper", lambda c, h: _engine(h, "gpu01", 1).update(attn_dp=2, tuning={"moe_a2a_backend": "flashinfer_megamoe"}),
+     "gpu01", "pdkit_node.engines[1].tuning.moe_a2a_backend", "FlashInfer MegaMOE currently requires an SM100-family CUDA device"),
+    ("staging-buffer-with-fake-backend", lambda c, h: c.update(transfer_backend="fake") or _engine(h, "gpu01", 1).update(env={"SGLANG_DISAGG_STAGING_BUFFER": "1"}),
+     "gpu01", "pdkit_node.engines[1].env.SGLANG_DISAGG_STAGING_BUFFER", "valid: remove it, or pdkit_cluster.transfer_backend nixl or mooncake"),
+    ("pp-speculative-env-with-attention-dp", lambda c, h: _engine(h, "gpu02", 1).update(role="unified", pp=2, tp=1, attn_dp=2, env={"SGLANG_ENABLE_PP_SPEC": "true"}, tuning={**NO_OVERLAP, **NEXTN}),
+     "gpu02", "pdkit_node.engines[1].attn_dp", "valid: attn_dp 1, or remove SGLANG_ENABLE_PP_SPEC"),
+    ("pp-dspark-with-pp-spec-env", lambda c, h: _pp(h, "gpu01", 0, env={"SGLANG_ENABLE_PP_SPEC": "yes"}, tuning={**NO_OVERLAP, "speculative": {"algorithm": "DSPARK", **DRAFT}}),
+     "gpu01", "pdkit_node.engines[0].env.SGLANG_ENABLE_PP_SPEC", "SGLANG_ENABLE_PP_SPEC does not support DSPARK PD prefill"),
+]
+
+STARTUP_CASES = GPU_GENERATION_CASES + SPECULATIVE_PARALLEL_CASES + TRANSFER_BACKEND_CASES + MOE_CASES + A2A_QUANT_CASES + SPECULATIVE_LAYOUT_CASES
 
 
 @pytest.mark.parametrize("case", STARTUP_CASES, ids=[c[0] for c in STARTUP_CASES])
@@ -148,8 +169,8 @@ def test_a_combination_sglang_refuses_at_start_fails_validate(case, base, tmp_pa
     assert any(phrase in line for line in matching), f"expected {phrase!r} in:\n" + "\n".join(matching)
 
 
-@pytest.mark.parametrize("cases", [SPECULATIVE_PARALLEL_CASES, TRANSFER_BACKEND_CASES, MOE_CASES, A2A_QUANT_CASES, SPECULATIVE_LAYOUT_CASES],
-                         ids=["speculative-parallel", "transfer-backend", "moe", "a2a-quantization", "speculative-layout"])
+@pytest.mark.parametrize("cases", [SPECULATIVE_PARALLEL_CASES, TRANSFER_BACKEND_CASES, MOE_CASES, A2A_QUANT_CASES, SPECULATIVE_LAYOUT_CASES, GPU_GENERATION_CASES],
+                         ids=["speculative-parallel", "transfer-backend", "moe", "a2a-quantization", "speculative-layout", "gpu-generation"])
 def test_each_class_has_three_cases(cases):
     assert len({c[0] for c in cases}) >= 3 and all(c[4] for c in cases)
 
