@@ -275,10 +275,28 @@ def _make_row(fn: _Function, stmt: ast.stmt, kind: str, exception: str, conditio
     }
 
 
-def _calls_in(walker: _Walker, fn: _Function) -> list[_Function]:
-    """The functions FN calls (or hands to run_hook and the like) that the walk follows."""
+def _call_guards(fn: _Function, node: ast.AST, parents: dict[ast.AST, ast.AST]) -> list[str]:
+    """The `if` tests (negated on the else branch) around NODE inside FN, outermost first."""
+    guards: list[str] = []
+    child, parent = node, parents.get(node)
+    while parent is not None and parent is not fn.node:
+        if isinstance(parent, ast.If) and child is not parent.test:
+            guards.append(ast.unparse(parent.test) if child in parent.body else _negate(parent.test))
+        child, parent = parent, parents.get(parent)
+    return guards[::-1]
+
+
+def _calls_in(walker: _Walker, fn: _Function) -> list[tuple[_Function, list[str]]]:
+    """The functions FN calls (or hands to run_hook and the like) that the walk follows, each
+    with the `if` tests around the call (check_server_args: `if cfg.pp_size > 1:`)."""
+    parents = {child: parent for parent in ast.walk(fn.node) for child in ast.iter_child_nodes(parent)}
+    found = _callees(walker, fn)
+    return [(target, _call_guards(fn, node, parents)) for node, target in found]
+
+
+def _callees(walker: _Walker, fn: _Function) -> list[tuple[ast.AST, _Function]]:
     local_imports = _imports_in([n for n in ast.walk(fn.node) if isinstance(n, ast.ImportFrom)], fn.module.rsplit(".", 1)[0])
-    out: list[_Function] = []
+    out: list[tuple[ast.AST, _Function]] = []
     # classes of followed modules this function imports (SpeculativeAlgorithm): `algo.m(...)` on
     # one of their objects is followed to the class's method m (handle_server_args)
     classes: list[tuple[str, str]] = []
@@ -294,12 +312,12 @@ def _calls_in(walker: _Walker, fn: _Function) -> list[_Function]:
             for module, cls in classes:
                 target = walker.method(module, cls, node.attr)
                 if target is not None:
-                    out.append(target)
+                    out.append((node, target))
             target = None
         elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
             target = walker.resolve(fn.module, node.id, local_imports)
         if target is not None:
-            out.append(target)
+            out.append((node, target))
     return out
 
 
@@ -310,20 +328,20 @@ def extract(root: Path, version: str, known_fields: set[str]) -> tuple[list[str]
     if not queue:
         raise RuntimeError(f"{root}/srt/server_args.py has no ServerArgs.{' or '.join(ENTRY_METHODS)}")
     seen: dict[tuple[str, str], _Function] = {}
-    via: dict[tuple[str, str], str] = {}
-    pending = [(f, "") for f in queue]
+    via: dict[tuple[str, str], tuple[str, list[str]]] = {}
+    pending: list[tuple[_Function, str, list[str]]] = [(f, "", []) for f in queue]
     while pending:
-        fn, caller = pending.pop(0)
+        fn, caller, guards = pending.pop(0)
         key = (fn.module, fn.qualname)
         if key in seen:
             continue
-        seen[key], via[key] = fn, caller
-        pending.extend((callee, fn.qualname) for callee in _calls_in(walker, fn))
+        seen[key], via[key] = fn, (caller, guards)
+        pending.extend((callee, fn.qualname, call_guards) for callee, call_guards in _calls_in(walker, fn))
     rows: list[dict] = []
     for key, fn in seen.items():
         for row in _checks_in(fn, known_fields):
-            # the caller that first reached it: its conditions on the call are in that caller
-            row["via"] = via[key]
+            # the caller that first reached it (breadth first) and the `if` tests around that call
+            row["via"], row["via_conditions"] = via[key]
             rows.append(row)
     walked = sorted(f"{m}:{q}" for m, q in seen)
     return walked, rows
@@ -365,10 +383,11 @@ def generate(roots: dict[str, Path] | None = None) -> dict:
             counts[base] = counts.get(base, 0) + 1
             rid = base if counts[base] == 1 else f"{base}-{counts[base]}"
             entry = merged.setdefault(rid, {"id": rid, **{k: row[k] for k in ("function", "kind", "exception", "conditions", "message", "fields")},
-                                            "releases": [], "where": {}, "via": {}})
+                                            "releases": [], "where": {}, "via": {}, "via_conditions": {}})
             entry["releases"].append(version)
             entry["where"][version] = f"{row['module'].replace('.', '/')}.py:{row['line']}"
             entry["via"][version] = row["via"]
+            entry["via_conditions"][version] = row["via_conditions"]
     checks = sorted(merged.values(), key=lambda r: (r["function"], r["id"]))
     return {
         "generated_by": "python -m pdkit.startchecks --write (from the contract virtualenvs' sources)",
