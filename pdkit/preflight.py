@@ -96,10 +96,12 @@ def check_host(spec: ClusterSpec, host: HostSpec, facts: dict) -> list[Finding]:
         _check_reboot_marker(facts, add)
         return found  # the engine-env errors, if any, came first
 
-    try:
-        node_stack(os_id=os_release.get("id", ""), version_id=os_release.get("version_id", ""), machine=facts.get("arch") or "", kernel=facts.get("kernel") or "", modules=node.driver_modules)
-    except UnsupportedNode as exc:
-        add("os", "error", f"{exc} (pdkit_node.driver_modules: {node.driver_modules})")
+    if node.nvidia_stack == "install":
+        # which NVIDIA repository and driver modules fit the OS: only a node whose stack pdkit installs
+        try:
+            node_stack(os_id=os_release.get("id", ""), version_id=os_release.get("version_id", ""), machine=facts.get("arch") or "", kernel=facts.get("kernel") or "", modules=node.driver_modules)
+        except UnsupportedNode as exc:
+            add("os", "error", f"{exc} (pdkit_node.driver_modules: {node.driver_modules})")
 
     layout = node.gpus
     pci = facts.get("pci_gpus") or []

@@ -134,3 +134,13 @@ def test_unsupported_os_is_an_error(tmp_path):
     spec, host = spec_host(tmp_path)
     facts = {**rtx_facts(), "os": {"id": "ubuntu", "version_id": "22.04"}}
     assert any("ubuntu 22.04 has no supported NVIDIA repository" in f for f in errors(check_host(spec, host, facts)))
+
+
+def test_a_provided_stack_is_not_held_to_the_driver_install_os_rules(tmp_path):
+    """nvidia_stack: provided: pdkit installs no NVIDIA repository or modules, so an OS without one
+    (here Ubuntu 22.04) is no preflight error; the same OS with the stack installed is."""
+    node = copy.deepcopy(NODE)
+    node["nvidia_stack"] = "provided"
+    spec, host = spec_host(tmp_path, node)
+    facts = {**rtx_facts(), "os": {"id": "ubuntu", "version_id": "22.04"}}
+    assert not any(f.startswith("os:") for f in errors(check_host(spec, host, facts)))
