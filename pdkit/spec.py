@@ -1321,6 +1321,7 @@ CROSS_HOST_SERVICES: tuple[CrossHostService, ...] = (
     CrossHostService("DCGM exporter", "engine", _scrape_clients(lambda h: dcgm_enabled(h))),
     CrossHostService("router metrics (prometheus_port)", "router", _scrape_clients(lambda h: h.router is not None)),
     CrossHostService("node_exporter", "host", _scrape_clients(lambda h: True)),
+    # one monitoring host today (loader refuses a second), so no other host reaches it yet
     CrossHostService("Alertmanager", "host", _alertmanager_clients),
 )
 

@@ -116,8 +116,10 @@ def test_the_test_cluster_is_covered(base, tmp_path):
 
 
 def test_the_issue_router_on_loopback_is_what_prometheus_yml_points_at(base, tmp_path):
-    """Before the table the router's own address was not checked, and prometheus.yml pointed
-    mon01 at 127.0.0.1:29000, itself. The rendered target is the one the rule now refuses."""
+    """The issue's case: before the table, pdkit_router.address 127.0.0.1 was accepted and
+    prometheus.yml's router target (flags.router_address) pointed mon01 at itself. Now an error
+    that names the field; test_the_test_cluster_is_covered checks the router job's address is
+    one the table covers."""
     cluster, hosts = base
     hosts["gpu01"]["pdkit_router"]["address"] = "127.0.0.1"
     spec, problems = load_with_problems(write_inventory(tmp_path, hosts, cluster))
