@@ -23,5 +23,6 @@ for _name, _data in gpu_nodes:
     _node = _data["pdkit_node"]
     _node["gpu"] = "none"  # a virtual layout: nothing NVIDIA is installed or checked
     _node.pop("engine_venv", None)  # the sim runs from the node venv
+    _node.pop("nvidia_stack", None)  # gpu: none installs no NVIDIA stack (pdkit.spec.IGNORED_BY_MODE)
 
 all = ([name for name, _ in gpu_nodes], {"pdkit_cluster": _CLUSTER})  # noqa: A001 - pyinfra's group name

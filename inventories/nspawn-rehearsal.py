@@ -28,6 +28,7 @@ _data = copy.deepcopy(_NSPAWN["gpu_nodes"][0][1])
 _node = _data["pdkit_node"]
 _node["gpu"] = "none"  # a virtual layout: nothing NVIDIA is installed or checked
 _node.pop("engine_venv", None)  # the sim runs from the node venv
+_node.pop("nvidia_stack", None)  # gpu: none installs no NVIDIA stack (pdkit.spec.IGNORED_BY_MODE)
 
 gpu_nodes = [(NAME, _data)]
 

@@ -1235,6 +1235,195 @@ def _address_field(host: HostSpec, kind: str) -> str:
     return "ssh_hostname"
 
 
+def _router_address(host: HostSpec) -> str:
+    """pdkit.flags.router_address without importing flags (it imports this module)."""
+    assert host.router is not None
+    return host.router.address or host.address
+
+
+# Which address a service listens on: an engine's (pdkit_node.address, else ssh_hostname), the
+# router's (pdkit_router.address, else ssh_hostname) or the host's own (ssh_hostname).
+SERVICE_ADDRESS = {
+    "engine": lambda spec, host: spec.engine_address(host),
+    "router": lambda spec, host: _router_address(host),
+    "host": lambda spec, host: host.address,
+}
+
+
+def _router_clients(spec: ClusterSpec):
+    for router_host in spec.router_hosts:
+        for h in {h.name: h for h, _ in spec.router_workers(router_host)}.values():
+            yield h, router_host.name, f"the router on {router_host.name} connects to this node's engines"
+
+
+def _pd_peer_clients(spec: ClusterSpec):
+    for label, members in pairing_sets(spec):
+        hosts = {h.name: h for h, e in members}
+        if len(hosts) < 2:
+            continue  # no other host reaches these engines
+        # the first 3 other hosts by name, from one sort of the set (not one per host: 512 nodes)
+        first = sorted(hosts)[:4]
+        for h in hosts.values():
+            others = [n for n in first if n != h.name][:3]
+            yield h, others[0], f"{label} pairs its PD engines with engines on {', '.join(others)}, which reach it for the KV transfer (bootstrap port, NIXL/Mooncake)"
+
+
+def _dist_init_clients(spec: ClusterSpec):
+    for host, engine in spec.engines():
+        nodes = list(engine.nodes or ())
+        if len(set(nodes)) >= 2 and nodes[0] == host.name:
+            yield host, nodes[1], f"the other ranks of {engine.name} ({', '.join(nodes[1:])}) connect to rank 0 there (--dist-init-addr)"
+
+
+def _scrape_clients(has_service):
+    """Prometheus on each monitoring host scrapes the service on every scraped host that has it."""
+    def clients(spec: ClusterSpec):
+        by_name = {x.name: x for x in spec.hosts}
+        for mon in spec.monitoring_hosts:
+            assert mon.monitoring is not None
+            for name in mon.monitoring.scrape_hosts or tuple(by_name):
+                h = by_name.get(name)
+                if h is not None and has_service(h):
+                    yield h, mon.name, f"Prometheus on {mon.name} scrapes it there"
+    return clients
+
+
+def _alertmanager_clients(spec: ClusterSpec):
+    for am in spec.monitoring_hosts:
+        for mon in spec.monitoring_hosts:
+            yield am, mon.name, f"Prometheus on {mon.name} sends its alerts to this host's Alertmanager"
+
+
+@dataclass(frozen=True)
+class CrossHostService:
+    """One service of a host that another host connects to: the rule (README, "Errors") refuses
+    loopback, the wildcard and pyinfra connectors (@local) as its address when a client is
+    another host."""
+
+    service: str
+    # which address it listens on: a key of SERVICE_ADDRESS
+    address: Literal["engine", "router", "host"]
+    # who connects: (the service's host, a client host's name, why) for each connection
+    clients: object
+
+
+# Every address one host of the cluster uses to reach another. A new service another host
+# connects to belongs here; tests/test_validate_addresses.py fails when a rendered cross-host
+# target (prometheus.yml, the router's workers, --dist-init-addr, Alertmanager) is not covered.
+# Not here: the router's HTTP port (clients are outside the cluster), Prometheus and Grafana
+# (only the monitoring host itself reaches them).
+CROSS_HOST_SERVICES: tuple[CrossHostService, ...] = (
+    CrossHostService("engine HTTP (router worker)", "engine", _router_clients),
+    CrossHostService("engine bootstrap port and KV transfer", "engine", _pd_peer_clients),
+    CrossHostService("dist-init (rank 0 of an engine spanning nodes)", "engine", _dist_init_clients),
+    CrossHostService("engine /metrics", "engine", _scrape_clients(lambda h: h.node is not None and bool(h.node.engines))),
+    CrossHostService("pdkit-exporter", "engine", _scrape_clients(lambda h: h.node is not None)),
+    CrossHostService("DCGM exporter", "engine", _scrape_clients(lambda h: dcgm_enabled(h))),
+    CrossHostService("router metrics (prometheus_port)", "router", _scrape_clients(lambda h: h.router is not None)),
+    CrossHostService("node_exporter", "host", _scrape_clients(lambda h: True)),
+    # one monitoring host today (loader refuses a second), so no other host reaches it yet
+    CrossHostService("Alertmanager", "host", _alertmanager_clients),
+)
+
+
+def cross_host_connections(spec: ClusterSpec) -> list[tuple[HostSpec, str, str, str, str]]:
+    """(host, address, field, client, why) for each service of CROSS_HOST_SERVICES a host other
+    than its own connects to."""
+    out = []
+    for service in CROSS_HOST_SERVICES:
+        for host, client, why in service.clients(spec):  # type: ignore[operator]
+            if client != host.name:
+                out.append((host, SERVICE_ADDRESS[service.address](spec, host), _address_field(host, service.address), client, why))
+    return out
+
+
+
+@dataclass(frozen=True)
+class IgnoredByMode:
+    """Fields the kit ignores in one mode: set anyway, they warn (errors under --strict)."""
+
+    mode: str
+    # whether the mode holds: called (spec, host) per GPU host for pdkit_node fields, (spec, None) once for pdkit_cluster fields
+    applies: object
+    # paths of fields ("pdkit_node.<field>" or "pdkit_cluster.<field>[.<field>]"), ignored in that mode
+    fields: tuple[str, ...]
+    # why, in one line, with where the code skips them
+    why: str
+
+
+# Per mode, every field the kit then ignores (issue 32, class 4). A field counts as set when the
+# inventory gives it, even at its default value. Modes with nothing listed here:
+# - a node's own engine environment (pdkit_node.engine_venv): flags, env files and the preflight
+#   still read every node field (engine_venv without engines: _check_engine_venv warns);
+# - spanning: dist_init_port on an engine that spans no nodes is already an error
+#   (parallel_problems); nccl_net / nccl_ib_hca / nic on a node without a spanning engine are
+#   rendered into nccl.env (pdkit/flags.py nccl_env, tests/golden/multinode/gpu-p0) and read by
+#   NCCL at init, so the kit does not ignore them;
+# - the router's policies in or out of PD mode and role-only tuning: ignored_settings and the
+#   router checks in cross_checks warn about them already.
+# Under the sim the NCCL/UCX settings a spanning engine or a cross-host PD pair needs are still
+# required (the rehearsal renders the same files as the real cluster), so only what no check
+# requires is listed for it.
+IGNORED_BY_MODE: tuple[IgnoredByMode, ...] = (
+    IgnoredByMode(
+        "nvidia_stack: provided",
+        lambda spec, host: host.node.gpu == "nvidia" and host.node.nvidia_stack == "provided",
+        ("pdkit_node.driver_modules", "pdkit_node.reboot"),
+        "the machine brings the NVIDIA stack: the node layer installs no driver and reboots nothing (roles/node.py installs_nvidia_stack; only roles/nvidia_driver.py acts on them)"),
+    IgnoredByMode(
+        "gpu: none",
+        lambda spec, host: host.node.gpu == "none",
+        ("pdkit_node.nvidia_stack", "pdkit_node.driver_modules", "pdkit_node.reboot"),
+        "a host without NVIDIA GPUs gets no NVIDIA stack and no driver checks (roles/node.py installs_nvidia_stack; pdkit/preflight.py returns before the driver checks)"),
+    IgnoredByMode(
+        "pdkit_cluster.engine: sim",
+        lambda spec, host: spec.cluster.engine == "sim",
+        ("pdkit_node.nccl_p2p_level",),
+        "the sim runs no NCCL: NCCL_P2P_LEVEL is rendered but nothing reads it (pdkit/sim/ reads no NCCL variable)"),
+    IgnoredByMode(
+        "pdkit_cluster.engine: sim",
+        lambda spec, host: spec.cluster.engine == "sim",
+        ("pdkit_cluster.model.trust_remote_code",),
+        "the sim parses --trust-remote-code and loads no model code (pdkit/sim/args.py)"),
+    IgnoredByMode(
+        "no PD engine on the node, or a transfer backend other than nixl",
+        lambda spec, host: spec.cluster.transfer_backend != "nixl" or all(p.engine.role == "unified" for p in spec.placements(host)),
+        ("pdkit_node.ucx_net_devices",),
+        "UCX_NET_DEVICES is rendered only for NIXL KV transfer on a node that runs prefill or decode engines (pdkit/flags.py ucx_env)"),
+    IgnoredByMode(
+        "unified only: no PD engine in the cluster",
+        lambda spec, host: bool(spec.engines()) and all(e.role == "unified" for _, e in spec.engines()),
+        ("pdkit_cluster.transfer_backend",),
+        "--disaggregation-transfer-backend is given only to prefill and decode engines (pdkit/flags.py engine_args)"),
+)
+
+
+def _field_is_set(spec: ClusterSpec, host: HostSpec | None, path: str) -> bool:
+    section, *names = path.split(".")
+    model: object = spec.cluster if section == "pdkit_cluster" else (host.node if host is not None else None)
+    for name in names:
+        if not isinstance(model, BaseModel) or name not in model.model_fields_set:
+            return False
+        model = getattr(model, name)
+    return True
+
+
+def ignored_by_mode_problems(spec: ClusterSpec) -> list[Problem]:
+    """A warning for each field IGNORED_BY_MODE says the mode at hand ignores, where it is set."""
+    out: list[Problem] = []
+    seen: set[tuple[str, str]] = set()
+    for row in IGNORED_BY_MODE:
+        for path in row.fields:
+            scopes = [None] if path.startswith("pdkit_cluster.") else spec.gpu_hosts
+            for host in scopes:
+                name = "<inventory>" if host is None else host.name
+                if (name, path) in seen or not _field_is_set(spec, host, path) or not row.applies(spec, host):  # type: ignore[operator]
+                    continue
+                seen.add((name, path))
+                out.append(Problem(name, path, f"ignored ({row.mode}): {row.why}; remove {path.rsplit('.', 1)[1]}", "warning"))
+    return out
+
+
 def _check_addresses(spec: ClusterSpec, add) -> None:
     """Valid addresses; no loopback or wildcard where another host must connect; one SSH
     target per host; ports unique per address (two hosts on one address are one machine)."""
@@ -1244,35 +1433,12 @@ def _check_addresses(spec: ClusterSpec, add) -> None:
             if value is not None and (problem := address_problem(value)):
                 add(Problem(host.name, field, problem))
 
-    def refuse(host: HostSpec, kind: str, address: str, why: str) -> None:
+    refused: set[tuple[str, str]] = set()
+    for host, address, field, _client, why in cross_host_connections(spec):
         what = local_only(address)
-        if what:
-            add(Problem(host.name, _address_field(host, kind), f"{address} is {what}, but {why}: give an address the other host can reach (its LAN IP or DNS name)"))
-
-    for router_host in spec.router_hosts:
-        for h in {h.name: h for h, _ in spec.router_workers(router_host)}.values():
-            if h.name != router_host.name:
-                refuse(h, "engine", spec.engine_address(h), f"the router on {router_host.name} connects to this node's engines")
-    refused: set[str] = set()
-    for label, members in pairing_sets(spec):
-        hosts = {h.name: h for h, _ in members}
-        if len(hosts) < 2:
-            continue  # no other host reaches these engines
-        # the first 3 other hosts by name, from one sort of the set (not one per host: 512 nodes)
-        first = sorted(hosts)[:4]
-        for h in hosts.values():
-            if h.name not in refused:
-                refused.add(h.name)
-                others = [n for n in first if n != h.name][:3]
-                refuse(h, "engine", spec.engine_address(h), f"{label} pairs its PD engines with engines on {', '.join(others)}, which reach it for the KV transfer")
-    by_name = {x.name: x for x in spec.hosts}
-    for mon in spec.monitoring_hosts:
-        assert mon.monitoring is not None
-        scraped = mon.monitoring.scrape_hosts or tuple(h.name for h in spec.hosts)
-        for name in scraped:
-            h = by_name.get(name)
-            if h is not None and h.name != mon.name:
-                refuse(h, "host", h.address, f"Prometheus on {mon.name} scrapes it there")
+        if what and (host.name, field) not in refused:
+            refused.add((host.name, field))
+            add(Problem(host.name, field, f"{address} is {what}, but {why}: give an address the other host can reach (its LAN IP or DNS name)"))
 
     targets: dict[tuple[str, int], str] = {}
     for host in spec.hosts:
@@ -1484,6 +1650,7 @@ def cross_checks(spec: ClusterSpec) -> list[Problem]:
     _check_model_visibility(spec, add)
     _check_pd_groups(spec, add)
     _check_addresses(spec, add)
+    problems += ignored_by_mode_problems(spec)
 
     declared = {f"{h.name}/{e.name}" for h, e in spec.engines()}
     for host in spec.router_hosts:
@@ -2022,9 +2189,7 @@ def _check_spanning(spec: ClusterSpec, add) -> None:
                 add(Problem(name, "pdkit_node.nccl_net", f"runs a rank of {host.name}/{engine.name}, which spans {len(nodes)} nodes: set nccl_net, how NCCL crosses nodes: 'ib' (InfiniBand/RoCE, with nccl_ib_hca) or 'socket' (TCP over nic)"))
             else:
                 nets[name] = node.nccl_net
-        address = spec.engine_address(host)
-        if (what := local_only(address)) is not None:
-            add(Problem(host.name, _address_field(host, "engine"), f"{address} is {what}, but the other ranks of {engine.name} ({', '.join(nodes[1:])}) connect to rank 0 there (--dist-init-addr): give an address they can reach (its LAN IP or DNS name)"))
+        # rank 0's address: CROSS_HOST_SERVICES (dist-init), checked by _check_addresses
         if engine.role != "unified" and spec.cluster.transfer_backend == "nixl":
             for name in nodes:
                 other = names.get(name)
