@@ -19,6 +19,7 @@ from pdkit import startchecks
 from pdkit.cli import main
 from pdkit.versions import SGLANG_RELEASES
 from tests.conftest import REPO, require, write_inventory
+from tests.test_validate import assert_validate_refuses
 
 contract = pytest.importorskip("pdkit.contract")
 
@@ -157,16 +158,7 @@ STARTUP_CASES = GPU_GENERATION_CASES + SPECULATIVE_PARALLEL_CASES + TRANSFER_BAC
 
 @pytest.mark.parametrize("case", STARTUP_CASES, ids=[c[0] for c in STARTUP_CASES])
 def test_a_combination_sglang_refuses_at_start_fails_validate(case, base, tmp_path, capsys):
-    _, mutate, host, field, phrase = case
-    cluster, hosts = base
-    mutate(cluster, hosts)
-    inv = write_inventory(tmp_path, hosts, cluster)
-    assert main(["validate", str(inv)]) == 2
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    matching = [line for line in err.splitlines() if line.strip().startswith("error") and f"{host}: {field}" in line]
-    assert matching, f"no error names {host}: {field}; got:\n{err}"
-    assert any(phrase in line for line in matching), f"expected {phrase!r} in:\n" + "\n".join(matching)
+    assert_validate_refuses(case, base, tmp_path, capsys)
 
 
 @pytest.mark.parametrize("cases", [SPECULATIVE_PARALLEL_CASES, TRANSFER_BACKEND_CASES, MOE_CASES, A2A_QUANT_CASES, SPECULATIVE_LAYOUT_CASES, GPU_GENERATION_CASES],

@@ -8,7 +8,7 @@ import pytest
 from pdkit.cli import main
 from pdkit.loader import load_with_problems
 from tests.conftest import write_inventory
-from tests.test_validate import _engine
+from tests.test_validate import _engine, assert_validate_refuses
 
 
 def _errors(base_mutate, base, tmp_path, capsys):
@@ -19,15 +19,6 @@ def _errors(base_mutate, base, tmp_path, capsys):
     err = capsys.readouterr().err
     assert "Traceback" not in err
     return rc, err, inv
-
-
-def _assert_case(case, base, tmp_path, capsys):
-    _, mutate, host, field, phrase = case
-    rc, err, _ = _errors(mutate, base, tmp_path, capsys)
-    assert rc == 2, err
-    matching = [line for line in err.splitlines() if line.strip().startswith("error") and f"{host}: {field}" in line]
-    assert matching, f"no error names {host}: {field}; got:\n{err}"
-    assert any(phrase in line for line in matching), f"expected {phrase!r} in:\n" + "\n".join(matching)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -58,7 +49,7 @@ GRAPH_CASES = [
 
 @pytest.mark.parametrize("case", GRAPH_CASES, ids=[c[0] for c in GRAPH_CASES])
 def test_graph_cover_below_the_per_rank_target_is_an_error(case, base, tmp_path, capsys):
-    _assert_case(case, base, tmp_path, capsys)
+    assert_validate_refuses(case, base, tmp_path, capsys)
 
 
 # (tp, dp, attn_dp, target, what one graph must cover)
@@ -134,7 +125,7 @@ SECRET_CASES = [
 
 @pytest.mark.parametrize("case", SECRET_CASES, ids=[c[0] for c in SECRET_CASES])
 def test_a_secret_that_cannot_work_is_an_error_naming_it(case, base, tmp_path, capsys):
-    _assert_case(case, base, tmp_path, capsys)
+    assert_validate_refuses(case, base, tmp_path, capsys)
 
 
 
@@ -173,7 +164,7 @@ MODEL_PATH_CASES = [
 
 @pytest.mark.parametrize("case", MODEL_PATH_CASES, ids=[c[0] for c in MODEL_PATH_CASES])
 def test_a_model_path_the_engine_sandbox_hides_is_an_error(case, base, tmp_path, capsys):
-    _assert_case(case, base, tmp_path, capsys)
+    assert_validate_refuses(case, base, tmp_path, capsys)
 
 
 @pytest.mark.parametrize("path", ["/models/m", "/opt/models/m", "/srv/home/m", "/homework/m", "meta-llama/Llama-3.1-8B-Instruct"])
