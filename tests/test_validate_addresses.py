@@ -14,8 +14,7 @@ from pdkit.monitoring.common import alertmanager_urls, monitoring_host
 from pdkit.monitoring.scrape import targets
 from pdkit.spec import cross_host_connections, local_only
 from tests.conftest import write_inventory
-from tests.test_validate import _span
-from tests.test_validate_issue32 import _assert_case
+from tests.test_validate import _span, assert_validate_refuses
 
 
 def _router_host_on_ipv6_loopback(c, h):
@@ -42,7 +41,7 @@ ADDRESS_CASES = [
 
 @pytest.mark.parametrize("case", ADDRESS_CASES, ids=[c[0] for c in ADDRESS_CASES])
 def test_an_address_another_host_connects_to_is_refused(case, base, tmp_path, capsys):
-    _assert_case(case, base, tmp_path, capsys)
+    assert_validate_refuses(case, base, tmp_path, capsys)
 
 
 def test_loopback_router_with_prometheus_beside_it_is_accepted(base, tmp_path):
