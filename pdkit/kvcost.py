@@ -1,0 +1,203 @@
+"""What a PD KV hand-off costs, from the prefill's own histograms; and which path it takes.
+
+One home for the KV figures that `pdkit bench`, `pdkit doctor`, `pdkit tune` and the alert
+rules report (issue 33), so "effective GB/s" means the same thing everywhere.
+
+Where the numbers come from (sglang 0.5.17 and 0.5.23 alike): the prefill observes, per finished
+request, `sglang:kv_transfer_latency_ms` (from its sender's first send to the poll that saw the
+transfer done: queueing in the sender included), `sglang:kv_transfer_total_mb` (bytes / 2**20) and
+`sglang:kv_transfer_speed_gb_s` = (MiB / 1024) / latency_s, all histograms on the prefill side
+(`sglang/srt/observability/req_time_stats.py` `compute_and_observe_kv_transfer_metrics`,
+`sglang/srt/disaggregation/prefill.py`). SGLang's speed histogram is a mean of per-request ratios:
+a few fast transfers make it look healthy while queued ones wait seconds (measured on the H200,
+docs/gpu.md: ~10 GB/s "speed" beside 8-10 s mean latency). The figure the kit reports is the
+ratio of sums instead: bytes moved / time spent moving them, in SGLang's unit (GiB/s, written GB/s).
+
+Example:
+
+    before = kv_histograms(page_before)       # one prefill's /metrics text
+    after = kv_histograms(page_after)
+    figures = kv_figures(before, after, ttft_mean_ms=240.0)
+    figures.effective_gb_s, figures.ttft_share
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass
+from typing import Any, Iterable, Mapping
+
+from pdkit.metricnames import SGLANG
+
+# The three histograms, by the short names used below
+KV_HISTOGRAMS = {
+    "latency_ms": SGLANG["kv_transfer_latency"],
+    "total_mb": SGLANG["kv_transfer_total"],
+    "speed_gb_s": SGLANG["kv_transfer_speed"],
+}
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """One histogram summed over its children (TP ranks, label sets): sum, count, cumulative buckets."""
+
+    sum: float
+    count: float
+    buckets: tuple[tuple[float, float], ...]  # (upper bound, cumulative count), +Inf last
+
+    def minus(self, earlier: "Histogram | None") -> "Histogram":
+        """The observations made since `earlier` (a restarted engine, whose counts fell, starts from zero)."""
+        if earlier is None or self.count < earlier.count:
+            return self
+        before = dict(earlier.buckets)
+        return Histogram(self.sum - earlier.sum, self.count - earlier.count,
+                         tuple((le, n - before.get(le, 0.0)) for le, n in self.buckets))
+
+
+def kv_histograms(text: str) -> dict[str, Histogram]:
+    """Pure: the KV histograms of one /metrics page, keyed like KV_HISTOGRAMS; absent ones left out
+    (SGLang creates them on the first transfer: pdkit/data/metric_catalogue.json, eager false)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    wanted = {name: key for key, name in KV_HISTOGRAMS.items()}
+    sums: dict[str, float] = {}
+    counts: dict[str, float] = {}
+    buckets: dict[str, dict[float, float]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            base, _, suffix = sample.name.rpartition("_")
+            key = wanted.get(base)
+            if key is None:
+                continue
+            if suffix == "sum":
+                sums[key] = sums.get(key, 0.0) + sample.value
+            elif suffix == "count":
+                counts[key] = counts.get(key, 0.0) + sample.value
+            elif suffix == "bucket":
+                le = float(sample.labels["le"])
+                slot = buckets.setdefault(key, {})
+                slot[le] = slot.get(le, 0.0) + sample.value
+    return {key: Histogram(sums[key], counts.get(key, 0.0), tuple(sorted(buckets.get(key, {}).items())))
+            for key in sums}
+
+
+def quantile(h: Histogram, q: float) -> tuple[float | None, bool]:
+    """(value, above_top_bucket): Prometheus' histogram_quantile on one histogram. When the rank
+    falls in the +Inf bucket the value is the highest finite bound and the flag says it is a floor:
+    SGLang's latency buckets stop at 5,000 ms, below what a queued cross-host hand-off takes."""
+    if h.count <= 0 or not h.buckets:
+        return None, False
+    rank = q * h.count
+    lower_bound, lower_count = 0.0, 0.0
+    finite = [b for b in h.buckets if not math.isinf(b[0])]
+    for le, n in h.buckets:
+        if n >= rank:
+            if math.isinf(le):
+                return (finite[-1][0] if finite else None), True
+            if n == lower_count:
+                return le, False
+            return lower_bound + (le - lower_bound) * (rank - lower_count) / (n - lower_count), False
+        lower_bound, lower_count = le, n
+    return (finite[-1][0] if finite else None), True
+
+
+@dataclass(frozen=True)
+class KvFigures:
+    """The KV cost of the hand-offs one or more prefills made over a window."""
+
+    transfers: int
+    mb_per_request: float | None
+    latency_mean_ms: float | None
+    latency_p99_ms: float | None
+    latency_p99_above_buckets: bool  # p99 is past SGLang's top bucket: the value is a floor
+    effective_gb_s: float | None  # sum of MiB / 1024 / sum of seconds (ratio of sums)
+    sglang_speed_mean_gb_s: float | None  # SGLang's own histogram mean (mean of per-request ratios)
+    ttft_share: float | None  # latency mean / TTFT mean (TTFT from the client or the engine)
+
+    def as_record(self) -> dict[str, Any]:
+        return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in asdict(self).items()}
+
+
+def kv_figures(before: Mapping[str, Histogram], after: Mapping[str, Histogram], ttft_mean_ms: float | None = None) -> KvFigures:
+    """Pure: the hand-offs between two samples of the same prefill(s), keyed like KV_HISTOGRAMS."""
+    delta = {key: h.minus(before.get(key)) for key, h in after.items()}
+    latency, total, speed = delta.get("latency_ms"), delta.get("total_mb"), delta.get("speed_gb_s")
+    n = int(round(latency.count)) if latency else 0
+    if n <= 0:
+        return KvFigures(0, None, None, None, False, None, None, None)
+    mean_ms = latency.sum / latency.count
+    p99, above = quantile(latency, 0.99)
+    mb = total.sum / total.count if total and total.count > 0 else None
+    effective = (total.sum / 1024) / (latency.sum / 1000) if total and latency.sum > 0 else None
+    sglang_speed = speed.sum / speed.count if speed and speed.count > 0 else None
+    share = mean_ms / ttft_mean_ms if ttft_mean_ms else None
+    return KvFigures(n, mb, mean_ms, p99, above, effective, sglang_speed, share)
+
+
+def combine(pages: Iterable[Mapping[str, Histogram]]) -> dict[str, Histogram]:
+    """Pure: several prefills' histograms as one (sums of sums, counts and buckets)."""
+    out: dict[str, Histogram] = {}
+    for page in pages:
+        for key, h in page.items():
+            prev = out.get(key)
+            if prev is None:
+                out[key] = h
+                continue
+            merged = dict(prev.buckets)
+            for le, n in h.buckets:
+                merged[le] = merged.get(le, 0.0) + n
+            out[key] = Histogram(prev.sum + h.sum, prev.count + h.count, tuple(sorted(merged.items())))
+    return out
+
+
+# ---------------------------------------------------------------- which path a hand-off takes
+
+# An RDMA (verbs) device as UCX names it: mlx5_0:1, ibp3s0:1, bnxt_re0:1, rxe0:1, irdma0:1, efa0
+_RDMA_DEVICE = re.compile(r"^(mlx\d+_\d+|mlx5_bond_\d+|ib\w*|bnxt_re\d+|rxe\w*|irdma\d+|hfi\d+_\d+|qedr\d+|efa\d+|erdma\d+)(:\d+)?$")
+
+
+@dataclass(frozen=True)
+class KvPath:
+    """One class of KV path, and the effective rate below which the kit calls it slow."""
+
+    name: str
+    transport: str  # what UCX can use on it
+    floor_gb_s: float  # effective GB/s (ratio of sums) below which doctor warns and the alert fires
+    why: str
+
+
+# Floors are for the pair's effective rate over a window, queueing included. Decided once here:
+# doctor's kv_path row, the PdkitKvHandoffSlow alert and docs/monitoring.md read them.
+KV_PATHS = {
+    # same host: prefill writes decode's GPU memory over cuda_ipc (pdkit.flags.ucx_env); the H200
+    # one-host pair measured 35.6 GB/s by SGLang's speed and 4.9 GB/s effective at C=1 (docs/gpu.md)
+    "same-host": KvPath("same-host", "cuda_ipc", 10.0, "prefill writes the decode's GPU memory directly (cuda_ipc)"),
+    # across hosts over InfiniBand/RoCE: GPUDirect RDMA, one NIC at 200-400 Gb/s is 25-50 GB/s
+    "cross-host-rdma": KvPath("cross-host-rdma", "rc/ud verbs (GPUDirect RDMA)", 5.0,
+                              "across hosts over RDMA (ucx_net_devices names a verbs device)"),
+    # across hosts over TCP: GPU memory staged through host memory (cuda_copy) and sockets
+    "cross-host-tcp": KvPath("cross-host-tcp", "tcp + cuda_copy staging", 1.0,
+                             "across hosts over TCP sockets: every byte is copied GPU -> host -> socket -> host -> GPU"),
+}
+
+
+# KV hand-off latency over mean TTFT above which doctor warns: past half, TTFT is mostly the
+# hand-off and the prefill's compute is no longer what a user waits for
+KV_TTFT_SHARE_WARN = 0.5
+
+
+def net_devices_are_rdma(ucx_net_devices: str | None) -> bool:
+    """Whether a UCX_NET_DEVICES value names only RDMA (verbs) devices; None or a netdev is TCP."""
+    if not ucx_net_devices:
+        return False
+    devices = [d.strip() for d in ucx_net_devices.split(",") if d.strip()]
+    return bool(devices) and all(_RDMA_DEVICE.match(d) for d in devices)
+
+
+def kv_path(prefill_host: str, decode_host: str, ucx_net_devices: str | None) -> KvPath:
+    """The path a hand-off from a prefill on `prefill_host` to a decode on `decode_host` takes,
+    given the prefill node's ucx_net_devices (pdkit_node.ucx_net_devices)."""
+    if prefill_host == decode_host:
+        return KV_PATHS["same-host"]
+    return KV_PATHS["cross-host-rdma" if net_devices_are_rdma(ucx_net_devices) else "cross-host-tcp"]
