@@ -471,3 +471,41 @@ def test_the_claims_check_can_fail(why, flag, renderable):
 def test_the_claims_check_passes_a_flag_pdkit_never_renders(renderable):
     assert never_rendered_claims("runs only with --enable-lora / --lora-paths, which pdkit never renders") == ["--enable-lora", "--lora-paths"]
     assert not _rendered("--enable-lora", *renderable) and not _rendered("--mamba-*", *renderable)
+
+
+# ------------------------------------------------------------------------------ extra_args a start check reads
+# (case id, mutate, host, field path, phrase): an engine's extra_args setting a field that a start
+# check reads and no validate rule covers warns (an error under --strict), quoting SGLang's message
+EXTRA_ARGS_START_CHECK_CASES = [
+    ("two-batch-overlap-in-extra-args", lambda c, h: _engine(h, "gpu01", 1).update(extra_args=["--enable-two-batch-overlap"]),
+     "gpu01", "pdkit_node.engines[1].extra_args", "--enable-two-batch-overlap is read by a check SGLang 0.5.23 runs at start ("),
+    ("attn-cp-size-in-extra-args", lambda c, h: _engine(h, "gpu02", 0).update(extra_args=["--attn-cp-size", "2"]),
+     "gpu02", "pdkit_node.engines[0].extra_args", "--attn-cp-size is read by a check SGLang 0.5.23 runs at start ("),
+    ("enable-lora-in-extra-args-on-0517", lambda c, h: c.update(sglang_version="0.5.17") or _engine(h, "gpu02", 1).update(extra_args=["--enable-lora"]),
+     "gpu02", "pdkit_node.engines[1].extra_args", "--enable-lora is read by a check SGLang 0.5.17 runs at start ("),
+]
+
+
+@pytest.mark.parametrize("case", EXTRA_ARGS_START_CHECK_CASES, ids=[c[0] for c in EXTRA_ARGS_START_CHECK_CASES])
+def test_extra_args_a_start_check_reads_warn(case, base, tmp_path, capsys):
+    from tests.test_validate import test_ignored_setting_warns_and_fails_under_strict
+
+    test_ignored_setting_warns_and_fails_under_strict(case, base, tmp_path, capsys)
+    # the message quotes one of SGLang's own for that field, from the table and coverage files
+    _, _, _, _, phrase = case
+    flag = phrase.split(" ", 1)[0]
+    version = phrase.split("SGLang ", 1)[1].split(" ", 1)[0]
+    from pdkit.parsertable import sglang_parser
+
+    dest = sglang_parser(version).by_flag[flag].dest
+    rows = [r for r in startchecks.table()["checks"] if version in r["releases"] and dest in r["fields"] and "why" in startchecks.coverage()[r["id"]]]
+    assert rows and startchecks.unchecked_fields(version)[dest] in {r["message"] for r in rows}
+
+
+def test_extra_args_no_start_check_reads_do_not_warn(base, tmp_path, capsys):
+    """A flag no start check reads (--enable-dp-lm-head with DSPARK is a rule's, --uno-lora-path none) passes quietly."""
+    cluster, hosts = base
+    _engine(hosts, "gpu01", 1).update(extra_args=["--skip-server-warmup"])
+    inv = write_inventory(tmp_path, hosts, cluster)
+    assert "skip_server_warmup" not in startchecks.unchecked_fields("0.5.23")
+    assert main(["validate", "--strict", str(inv)]) == 0, capsys.readouterr().err
