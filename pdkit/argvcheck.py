@@ -12,7 +12,7 @@ Each engine's and router's argv (`pdkit.flags`) is read the way its own argparse
 
 from __future__ import annotations
 
-from pdkit import flags
+from pdkit import flags, startchecks
 from pdkit.parsertable import Parsed, Parser, router_parser, sglang_parser, speculative_algorithms
 from pdkit.spec import ClusterSpec, Engine, HostSpec, Problem, pairing_sets
 
@@ -74,6 +74,13 @@ def _check_engine(spec: ClusterSpec, host: HostSpec, engine: Engine, add) -> dic
     generated = argv[: len(argv) - len(engine.extra_args)]
     gen_parsed, _ = parser.parse(generated)  # pdkit's own flags: tests/test_contract_generated.py holds them to SGLang
     extra_parsed = _check_extra_args(parser, host.name, f"{at}.extra_args", gen_parsed, engine.extra_args, add, "the engine")
+    unchecked = startchecks.unchecked_fields(version)
+    for p in extra_parsed:
+        says = unchecked.get(p.option.dest)
+        if says is not None:
+            shown = says if len(says) <= 160 else says[:157] + "..."
+            add(Problem(host.name, f"{at}.extra_args", f"{p.written.split('=', 1)[0]} is read by a check SGLang {version} runs at start ({shown}), which pdkit cannot check before start: "
+                                                      "validate holds extra_args to the parser only, so a bad combination fails the engine's start (pdkit/data/startup_checks.json)", "warning"))
     values: dict[str, tuple[str, ...]] = {}
     for p in [*gen_parsed, *extra_parsed]:
         values[p.option.dest] = p.values or ("(set)",)

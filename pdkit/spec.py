@@ -1960,8 +1960,11 @@ A2A_RUNNERS: dict[str, dict[str, tuple[str, ...]]] = {
 # all-to-all backends that need attention DP: "tp" (as many attention-DP groups as TP ranks) or a minimum
 A2A_ATTN_DP: dict[str, dict[str, object]] = {
     "0.5.17": {"flashinfer": "tp", "pplx": 2},
-    "0.5.23": {"flashinfer_megamoe": "tp", "pplx": 2},
+    "0.5.23": {"flashinfer_megamoe": "tp", "pplx": 2, "flashinfer": "tp"},
 }
+# the attention backends a --kv-cache-dtype nvfp4 prefill runs on (0.5.23 kv_cache_hook
+# handle_nvfp4_prefill_kv_dequant_dtype: flashinfer with an FP8 workspace, trtllm_mha natively)
+NVFP4_PREFILL_BACKENDS = {"0.5.23": ("flashinfer", "trtllm_mha")}
 
 
 def tuning_origin(spec: ClusterSpec, engine: Engine, at: str, name: str) -> str:
@@ -2123,10 +2126,22 @@ def startup_check_problems(spec: ClusterSpec, engine: Engine, node: Node | None 
         out.append((origin("moe_runner_backend"), f"moe_runner_backend {runner} with moe_a2a_backend {a2a}: SGLang {version} refuses it at start; valid: {', '.join(runners)} or auto"))
     need = A2A_ATTN_DP.get(version, {}).get(a2a or "")
     attn_dp = engine.attn_dp or 1
+    extra = {a.split("=", 1)[0] for a in engine.extra_args}
+    if a2a == "flashinfer" and "--enable-layernorm-sp" in extra:
+        need = None  # 0.5.23's Muse Spark prefill sequence parallelism: its own topology rule (on the checkpoint)
     if need == "tp" and attn_dp != tp:
         out.append(("attn_dp", f"moe_a2a_backend {a2a} needs attention DP over every TP rank: SGLang {version} refuses attn_dp {attn_dp} with tp {tp} at start; valid: attn_dp {tp}"))
     elif isinstance(need, int) and attn_dp < need:
         out.append(("attn_dp", f"moe_a2a_backend {a2a} needs attention DP with at least {need} groups: SGLang {version} refuses attn_dp {attn_dp} at start; valid: attn_dp >= {need} dividing tp {tp}"))
+    if a2a == "deepep_v2" and engine.spans_nodes and "--deepep-v2-mode" not in extra:
+        out.append((origin("moe_a2a_backend"), f"moe_a2a_backend deepep_v2 on an engine spanning {engine.nnodes} nodes: SGLang {version} refuses it at start with its default --deepep-v2-mode direct "
+                                               "('--deepep-v2-mode direct is NVLink-only and cannot run across nodes'); valid: add ['--deepep-v2-mode', 'hybrid'] to extra_args, or an engine on one node"))
+    backend = tuning.attention_backend
+    if tuning.kv_cache_dtype == "nvfp4" and version in NVFP4_PREFILL_BACKENDS and backend is not None and backend not in NVFP4_PREFILL_BACKENDS[version] \
+            and "--prefill-attention-backend" not in extra:
+        out.append((origin("attention_backend"), f"attention_backend {backend} with kv_cache_dtype nvfp4: SGLang {version} refuses it at start "
+                                                 f"(\"NVFP4 prefill supports an FP8 E4M3 workspace or native NVFP4, but backend '{backend}' provides neither.\"); "
+                                                 f"valid: {' or '.join(NVFP4_PREFILL_BACKENDS[version])}, or leave attention_backend unset"))
     return out
 
 

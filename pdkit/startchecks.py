@@ -422,6 +422,20 @@ def uncovered(data: dict | None = None) -> list[dict]:
     return [row for row in (data or table())["checks"] if row["id"] not in cov]
 
 
+@functools.cache
+def unchecked_fields(version: str) -> dict[str, str]:
+    """Server-argument field -> one message of a check SGLang VERSION runs at start on it that no
+    validate rule covers (its coverage entry is a `why`): an engine's extra_args that set such a
+    field get a warning (pdkit.argvcheck), since validate holds extra_args to the parser only."""
+    cov = coverage()
+    out: dict[str, str] = {}
+    for row in sorted(table()["checks"], key=lambda r: r["id"]):
+        if version in row["releases"] and "why" in cov.get(row["id"], {}) and row["message"]:
+            for name in row["fields"]:
+                out.setdefault(name, row["message"])
+    return out
+
+
 # ------------------------------------------------------------------------------ coverage drafts
 # `--draft-coverage` proposes a reason for each uncovered row by family, for a maintainer to read
 # and commit into startup_check_coverage.json (or to replace by a rule): nothing is covered until

@@ -19,7 +19,7 @@ from pdkit import startchecks
 from pdkit.cli import main
 from pdkit.versions import SGLANG_RELEASES
 from tests.conftest import REPO, require, write_inventory
-from tests.test_validate import assert_validate_refuses
+from tests.test_validate import _span, assert_validate_refuses
 
 contract = pytest.importorskip("pdkit.contract")
 
@@ -39,6 +39,12 @@ def _four_gpu_prefill(hosts, **extra):
     node["gpus"] = {**node["gpus"], "count": 8, "numa": [0] * 8}
     _engine(hosts, "gpu02", 0).update(gpus=[0, 1, 2, 3], **extra)
     _engine(hosts, "gpu02", 1).update(gpus=[4, 5])
+
+
+def _blackwell(hosts, host):
+    """HOST's GPUs as B200s (compute capability 10.0)."""
+    node = hosts[host]["pdkit_node"]
+    node["gpus"] = {**node["gpus"], "model": "NVIDIA B200", "memory_gib": 180, "compute_capability": "10.0"}
 
 
 NO_OVERLAP = {"overlap_schedule": False}
@@ -107,6 +113,13 @@ A2A_QUANT_CASES = [
      "gpu01", "pdkit_node.engines[1].tuning.kv_cache_dtype", "valid: fp8_e4m3, bf16, auto"),
     ("attn-dp-zero", lambda c, h: _engine(h, "gpu01", 1).update(attn_dp=0),
      "gpu01", "pdkit_node.engines[1].attn_dp", "greater than or equal to 1"),
+    # found by test_the_never_renders_claims_... review: rows once covered by "fires only with a flag pdkit never renders"
+    ("flashinfer-a2a-0523-attn-dp-below-tp", lambda c, h: _engine(h, "gpu02", 1).update(tuning={"moe_a2a_backend": "flashinfer"}),
+     "gpu02", "pdkit_node.engines[1].attn_dp", "valid: attn_dp 2"),
+    ("deepep-v2-across-nodes", lambda c, h: _span(h, tuning={"moe_a2a_backend": "deepep_v2", "moe_runner_backend": "deep_gemm"}),
+     "gpu01", "pdkit_node.engines[1].tuning.moe_a2a_backend", "add ['--deepep-v2-mode', 'hybrid'] to extra_args"),
+    ("nvfp4-kv-with-fa3-on-blackwell", lambda c, h: _blackwell(h, "gpu01") or _engine(h, "gpu01", 0).update(tuning={"kv_cache_dtype": "nvfp4", "attention_backend": "fa3"}),
+     "gpu01", "pdkit_node.engines[0].tuning.attention_backend", "valid: flashinfer or trtllm_mha"),
 ]
 
 DRAFT = {"draft_model_path": "/models/d"}
@@ -246,3 +259,253 @@ def test_the_issues_two_examples_are_covered_by_rules():
                     "\"Prefill server does not support 'fake' as the transfer backend\""):
         assert by_message.get(message), message
         assert all("rule" in coverage[rid] for rid in by_message[message]), message
+
+
+# ------------------------------------------------------------------------------ the "why" claims
+# A `why` that says pdkit never renders a flag is a claim about pdkit/flags.py: checked here
+# against every flag pdkit CAN put on an engine's command line, not only the flags the example
+# inventories happen to render.
+
+# a value for every Tuning field that makes pdkit render what the field maps to (a new field
+# fails test_every_tuning_field_has_a_probe until it gets one here)
+TUNING_PROBES: dict[str, list] = {
+    "cuda_graph": [False, True], "prefill_cuda_graph": [False], "cuda_graph_max_bs": [8], "cuda_graph_bs": [[1, 2, 4, 8]],
+    "num_continuous_decode_steps": [2], "context_length": [4096], "allow_longer_context": [True], "mem_fraction_static": [0.5],
+    "max_running_requests": [8], "max_queued_requests": [8], "chunked_prefill_size": [512], "page_size": [16],
+    "overlap_schedule": [False], "torch_compile": [True], "attention_backend": ["fa3"], "sampling_backend": ["pytorch"],
+    "moe_runner_backend": ["triton"], "quantization": ["fp8"], "kv_cache_dtype": ["fp8_e4m3"],
+    "speculative": [{"algorithm": "EAGLE", "draft_model_path": "/models/d", "num_steps": 3, "eagle_topk": 1, "num_draft_tokens": 4}],
+    "custom_all_reduce": ["off"], "pcie_ipc_allreduce": [True], "watchdog_timeout": [60], "enable_metrics": [False, True],
+    "decode_log_interval": [10], "log_level": ["info"], "moe_a2a_backend": ["deepep"], "enable_eplb": [True],
+    "ep_num_redundant_experts": [4],
+}
+# Tuning fields that reach the engine's environment, not its argv (pdkit.flags.engine_env)
+ENV_ONLY_TUNING = {"allow_longer_context", "pcie_ipc_allreduce"}
+# engine and model fields, each with a value that makes pdkit render its flag
+ENGINE_PROBES: list[dict] = [
+    {"dp": 2, "tp": 1}, {"pp": 2, "tp": 1}, {"ep": 2}, {"attn_dp": 2}, {"bootstrap_port": 9000}, {"role": "unified"},
+    {"model": {"path": "/models/o", "served_name": "o", "tokenizer_path": "/models/t", "trust_remote_code": True, "load_format": "dummy"}},
+]
+# fields SGLang resolves from flags pdkit renders: a check on them is reachable from pdkit's argv
+# even though pdkit never writes their own flag (0.5.17 server_args.py / 0.5.23 cuda_graph_hook.py
+# parse_cuda_graph_config builds cuda_graph_config from --cuda-graph-backend-decode/-prefill,
+# --cuda-graph-bs-decode, --cuda-graph-max-bs-decode; 0.5.23 server_args.py derives
+# enable_dp_attention from --attn-dp-size)
+DERIVED_FROM_RENDERED = {"cuda_graph_config", "enable_dp_attention", "dp_size"}
+
+
+def _engine_flag_literals() -> set[str]:
+    """Every '--flag' string constant in the pdkit/flags.py code that builds an engine's argv."""
+    import ast
+
+    from pdkit import flags
+
+    tree = ast.parse(open(flags.__file__, encoding="utf-8").read())
+    engine_code = {"sglang_args", "parallel_args", "expert_args", "_cuda_graph_args", "_VALUE_FLAGS"}
+    out: set[str] = set()
+    for node in tree.body:
+        name = getattr(node, "name", None) or next((t.id for t in getattr(node, "targets", [getattr(node, "target", None)]) if isinstance(t, ast.Name)), None)
+        if name in engine_code:
+            for sub in ast.walk(node):
+                if isinstance(sub, ast.Constant) and isinstance(sub.value, str) and sub.value.startswith("--"):
+                    out.add(sub.value)
+                assert not (isinstance(sub, ast.JoinedStr) and ast.unparse(sub).startswith(("f'--", 'f"--'))), f"{name} builds a flag name at run time: list it here"
+    assert len(engine_code) == len({n for n in engine_code if any(getattr(x, "name", None) == n or n in ast.unparse(x)[:40] for x in tree.body)})
+    return out
+
+
+def _argv_flags(spec) -> set[str]:
+    from pdkit import flags
+
+    out: set[str] = set()
+    for host in spec.gpu_hosts:
+        for p in spec.placements(host):
+            argv = flags.engine_command(spec, p.head, p.engine, p.rank, node=host)
+            out |= {a.split("=", 1)[0] for a in argv if a.startswith("--")}
+    return out
+
+
+def _base_spec(tmp_path, version):
+    from pdkit.loader import load
+    from tests.conftest import BASE_CLUSTER, BASE_HOSTS
+
+    return load(write_inventory(tmp_path, copy.deepcopy(BASE_HOSTS), {**copy.deepcopy(BASE_CLUSTER), "sglang_version": version, "tuning": {}}))
+
+
+def _probe_specs(tmp_path):
+    """(label, tuning field or None, spec): the base inventory with each tuning, engine and model
+    probe, per release. Built with model_copy (each field validated by its model, the whole not
+    by validate): what pdkit renders for a setting, whatever else validate would say of it."""
+    from pdkit.spec import Engine, RoleTuning, Tuning
+
+    for version in sorted(SGLANG_RELEASES):
+        base = _base_spec(tmp_path, version)
+        for name, values in TUNING_PROBES.items():
+            for value in values:
+                tuning = RoleTuning(all=Tuning(**{name: value}))
+                yield f"{version} tuning.{name}={value!r}", name, base.model_copy(update={"cluster": base.cluster.model_copy(update={"tuning": tuning})})
+        for probe in ENGINE_PROBES:
+            hosts = []
+            for host in base.hosts:
+                if host.node is not None:
+                    engines = tuple(Engine(**{**e.model_dump(exclude_unset=True), **probe}) for e in host.node.engines)
+                    host = host.model_copy(update={"node": host.node.model_copy(update={"engines": engines})})
+                hosts.append(host)
+            yield f"{version} engine {probe}", None, base.model_copy(update={"hosts": tuple(hosts)})
+
+
+def _example_specs():
+    from pdkit.loader import load_with_problems
+
+    for path in sorted((REPO / "inventories").glob("*.py")):
+        spec, problems = load_with_problems(path, cwd=str(REPO))
+        assert spec is not None, f"{path.name}: {[str(p) for p in problems if p.severity == 'error']}"
+        yield path.name, spec
+
+
+@pytest.fixture(scope="module")
+def renderable(tmp_path_factory):
+    """(flags, dests): every flag pdkit can render on an engine's argv (the example inventories
+    at every pinned release, every flag literal of pdkit/flags.py's engine code, and the base
+    inventory with each probe) and the server-argument fields they and DERIVED_FROM_RENDERED set."""
+    from pdkit.parsertable import sglang_parser
+
+    tmp = tmp_path_factory.mktemp("probes")
+    found = set(_engine_flag_literals())
+    for _, spec in _example_specs():
+        for version in SGLANG_RELEASES:
+            found |= _argv_flags(spec.model_copy(update={"cluster": spec.cluster.model_copy(update={"sglang_version": version})}))
+    for _, _, spec in _probe_specs(tmp):
+        found |= _argv_flags(spec)
+    dests = set(DERIVED_FROM_RENDERED)
+    for version in SGLANG_RELEASES:
+        parser = sglang_parser(version)
+        dests |= {parser.by_flag[f].dest for f in found if f in parser.by_flag}
+    return frozenset(found), frozenset(dests)
+
+
+def test_every_tuning_field_has_a_probe_that_renders_it(tmp_path):
+    """A tuning field added without a probe, or one whose probe changes nothing, fails here: the
+    claims test must see every flag a tuning field can render."""
+    from pdkit.spec import Tuning
+
+    assert set(TUNING_PROBES) == set(Tuning.model_fields), "give every Tuning field a probe in TUNING_PROBES"
+    from pdkit import flags
+
+    def argvs(spec):
+        return [flags.sglang_args(spec, h, e) for h, e in spec.engines()]
+
+    baseline = {v: argvs(_base_spec(tmp_path, v)) for v in SGLANG_RELEASES}
+    changed: dict[str, bool] = {}
+    for label, name, spec in _probe_specs(tmp_path):
+        if name is not None:
+            changed[name] = changed.get(name, False) or argvs(spec) != baseline[label.split(" ", 1)[0]]
+    silent = sorted(n for n, c in changed.items() if not c and n not in ENV_ONLY_TUNING)
+    assert not silent, f"these tuning probes render no flag: give them a value that does, or list them in ENV_ONLY_TUNING: {silent}"
+
+
+# "--flag" or a "--prefix-*" glob named in a why
+_FLAG_IN_WHY = re.compile(r"--[a-z0-9][a-z0-9*-]*")
+
+
+def never_rendered_claims(why: str) -> list[str]:
+    """The flags a `why` says pdkit never renders ([] when it claims no such thing)."""
+    if not re.search(r"pdkit (?:never renders|renders neither)", why):
+        return []
+    fires = re.match(r"fires only with (.*?) away from SGLang's default", why)
+    claimed = fires.group(1) if fires else why.split("pdkit never renders")[0].split("pdkit renders neither")[0]
+    return sorted(set(_FLAG_IN_WHY.findall(claimed)))
+
+
+def _rendered(flag: str, flags_: frozenset[str], dests: frozenset[str]) -> list[str]:
+    """What of pdkit's renderable set FLAG (a name or a --prefix-* glob) matches."""
+    import fnmatch
+
+    from pdkit.parsertable import sglang_parser
+
+    hits = [f for f in flags_ if fnmatch.fnmatchcase(f, flag)]
+    for version in SGLANG_RELEASES:
+        parser = sglang_parser(version)
+        for name, option in parser.by_flag.items():
+            if fnmatch.fnmatchcase(name, flag) and option.dest in dests:
+                hits.append(f"{name} (sets {option.dest}, which pdkit's argv sets, SGLang {version})")
+        if "*" not in flag and flag not in parser.by_flag and flag[2:].replace("-", "_") in dests:
+            hits.append(f"{flag} (field {flag[2:].replace('-', '_')})")
+    return sorted(set(hits))
+
+
+def test_the_never_renders_claims_name_flags_pdkit_cannot_render(renderable):
+    flags_, dests = renderable
+    rows = {r["id"]: r for r in startchecks.table()["checks"]}
+    wrong, checked = [], 0
+    for rid, entry in startchecks.coverage().items():
+        claims = never_rendered_claims(entry.get("why", ""))
+        checked += bool(claims)
+        for flag in claims:
+            hits = _rendered(flag, flags_, dests)
+            if hits:
+                wrong.append(f"{rid} ({rows[rid]['function']}): says pdkit never renders {flag}, but it renders {', '.join(hits)}")
+        fires = re.match(r"fires only with (.*?) away from SGLang's default", entry.get("why", ""))
+        if fires:
+            # the drafted family names the row's own fields: a why that drifted from its row fails
+            own = {"--" + f.replace("_", "-") for f in rows[rid]["fields"]}
+            stray = sorted(set(_FLAG_IN_WHY.findall(fires.group(1))) - own)
+            assert not stray, f"{rid}: the why names {stray}, which the row's check does not read ({rows[rid]['fields']})"
+    assert checked > 400, checked  # the claims are read: the regexes still match the text
+    assert not wrong, "coverage whys that claim pdkit never renders a flag it can render (write a validate rule, or correct the why):\n" + "\n".join(wrong)
+
+
+@pytest.mark.parametrize("why,flag", [
+    ("fires only with --page-size away from SGLang's default: pdkit never renders it, and extra_args ...", "--page-size"),
+    ("runs only with --enable-dp-attention, which pdkit never renders", "--enable-dp-attention"),
+    ("fires only with --cuda-graph-config away from SGLang's default: pdkit never renders it", "--cuda-graph-config"),
+    ("validates --enable-eplb / --mooncake-ib-device lists; pdkit renders neither flag", "--enable-eplb"),
+])
+def test_the_claims_check_can_fail(why, flag, renderable):
+    """A why pointed at a flag pdkit does render (a tuning lever, one only 0.5.17's attention-DP
+    spelling renders, a field SGLang builds from pdkit's per-phase graph flags) is caught."""
+    assert flag in never_rendered_claims(why)
+    assert _rendered(flag, *renderable)
+
+
+def test_the_claims_check_passes_a_flag_pdkit_never_renders(renderable):
+    assert never_rendered_claims("runs only with --enable-lora / --lora-paths, which pdkit never renders") == ["--enable-lora", "--lora-paths"]
+    assert not _rendered("--enable-lora", *renderable) and not _rendered("--mamba-*", *renderable)
+
+
+# ------------------------------------------------------------------------------ extra_args a start check reads
+# (case id, mutate, host, field path, phrase): an engine's extra_args setting a field that a start
+# check reads and no validate rule covers warns (an error under --strict), quoting SGLang's message
+EXTRA_ARGS_START_CHECK_CASES = [
+    ("two-batch-overlap-in-extra-args", lambda c, h: _engine(h, "gpu01", 1).update(extra_args=["--enable-two-batch-overlap"]),
+     "gpu01", "pdkit_node.engines[1].extra_args", "--enable-two-batch-overlap is read by a check SGLang 0.5.23 runs at start ("),
+    ("attn-cp-size-in-extra-args", lambda c, h: _engine(h, "gpu02", 0).update(extra_args=["--attn-cp-size", "2"]),
+     "gpu02", "pdkit_node.engines[0].extra_args", "--attn-cp-size is read by a check SGLang 0.5.23 runs at start ("),
+    ("enable-lora-in-extra-args-on-0517", lambda c, h: c.update(sglang_version="0.5.17") or _engine(h, "gpu02", 1).update(extra_args=["--enable-lora"]),
+     "gpu02", "pdkit_node.engines[1].extra_args", "--enable-lora is read by a check SGLang 0.5.17 runs at start ("),
+]
+
+
+@pytest.mark.parametrize("case", EXTRA_ARGS_START_CHECK_CASES, ids=[c[0] for c in EXTRA_ARGS_START_CHECK_CASES])
+def test_extra_args_a_start_check_reads_warn(case, base, tmp_path, capsys):
+    from tests.test_validate import test_ignored_setting_warns_and_fails_under_strict
+
+    test_ignored_setting_warns_and_fails_under_strict(case, base, tmp_path, capsys)
+    # the message quotes one of SGLang's own for that field, from the table and coverage files
+    _, _, _, _, phrase = case
+    flag = phrase.split(" ", 1)[0]
+    version = phrase.split("SGLang ", 1)[1].split(" ", 1)[0]
+    from pdkit.parsertable import sglang_parser
+
+    dest = sglang_parser(version).by_flag[flag].dest
+    rows = [r for r in startchecks.table()["checks"] if version in r["releases"] and dest in r["fields"] and "why" in startchecks.coverage()[r["id"]]]
+    assert rows and startchecks.unchecked_fields(version)[dest] in {r["message"] for r in rows}
+
+
+def test_extra_args_no_start_check_reads_do_not_warn(base, tmp_path, capsys):
+    """A flag no start check reads (--enable-dp-lm-head with DSPARK is a rule's, --uno-lora-path none) passes quietly."""
+    cluster, hosts = base
+    _engine(hosts, "gpu01", 1).update(extra_args=["--skip-server-warmup"])
+    inv = write_inventory(tmp_path, hosts, cluster)
+    assert "skip_server_warmup" not in startchecks.unchecked_fields("0.5.23")
+    assert main(["validate", "--strict", str(inv)]) == 0, capsys.readouterr().err
