@@ -422,6 +422,12 @@ def uncovered(data: dict | None = None) -> list[dict]:
     return [row for row in (data or table())["checks"] if row["id"] not in cov]
 
 
+# Fields whose flags validate's own hints tell a user to add to extra_args (pdkit/spec.py: "add
+# '--enable-dp-lm-head' to extra_args"): warning about them would contradict the hint that asked
+# for them (tests/test_startchecks.py holds this set to the hints)
+RECOMMENDED_BY_VALIDATE = frozenset({"enable_dp_lm_head", "uno_lora_path", "deepep_v2_mode"})
+
+
 @functools.cache
 def unchecked_fields(version: str) -> dict[str, str]:
     """Server-argument field -> one message of a check SGLang VERSION runs at start on it that no
@@ -432,7 +438,8 @@ def unchecked_fields(version: str) -> dict[str, str]:
     for row in sorted(table()["checks"], key=lambda r: r["id"]):
         if version in row["releases"] and "why" in cov.get(row["id"], {}) and row["message"]:
             for name in row["fields"]:
-                out.setdefault(name, row["message"])
+                if name not in RECOMMENDED_BY_VALIDATE:
+                    out.setdefault(name, row["message"])
     return out
 
 

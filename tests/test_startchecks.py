@@ -509,3 +509,20 @@ def test_extra_args_no_start_check_reads_do_not_warn(base, tmp_path, capsys):
     inv = write_inventory(tmp_path, hosts, cluster)
     assert "skip_server_warmup" not in startchecks.unchecked_fields("0.5.23")
     assert main(["validate", "--strict", str(inv)]) == 0, capsys.readouterr().err
+
+
+def test_flags_validates_hints_ask_for_do_not_warn():
+    """validate tells users to add some flags to extra_args; the extra_args warning must not then
+    warn about them: the exempt set is exactly the flags the hints in pdkit/spec.py name."""
+    import re
+    from pathlib import Path
+
+    from pdkit.parsertable import sglang_parser
+
+    source = Path(startchecks.__file__).with_name("spec.py").read_text(encoding="utf-8")
+    hinted = set(re.findall(r"add \[?'(--[a-z0-9-]+)'[^\n]*?to extra_args", source))
+    assert {"--enable-dp-lm-head", "--uno-lora-path"} <= hinted
+    parser = sglang_parser("0.5.23")
+    assert {parser.by_flag[f].dest for f in hinted} == startchecks.RECOMMENDED_BY_VALIDATE
+    for version in ("0.5.17", "0.5.23"):
+        assert not startchecks.RECOMMENDED_BY_VALIDATE & set(startchecks.unchecked_fields(version))
