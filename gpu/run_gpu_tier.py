@@ -306,6 +306,9 @@ def build_component(name: str, pins: dict[str, str], trim) -> Path:
 
 # ---------------------------------------------------------------------------------------- rendering
 
+# engine env for every engine of the inventory's (first) GPU node
+_KV_ENV = 'for _e in gpu_nodes[0][1]["pdkit_node"]["engines"]:\n    _e["env"] = {{**_e.get("env", {{}}), **{env}}}\n'
+
 VARIANTS = {
     # name: (description, python statements run on the inventory's _CLUSTER / data after the base file)
     "base": ("inventories/h200.py as written", ""),
@@ -313,6 +316,16 @@ VARIANTS = {
                 '_CLUSTER["tuning"]["decode"] = {"cuda_graph": False}\n'),
     "page64": ("KV page size 64 through the spec: tuning.all.page_size = 64",
                '_CLUSTER["tuning"]["all"]["page_size"] = 64\n'),
+    # issue 33: the KV hand-off at long prompts. UCX_PROTO_INFO=y makes UCX print the protocol it
+    # picks for each transfer shape (logging only); UCX_TLS without cuda_ipc is what a pair on two
+    # hosts without RDMA gets (GPU memory staged through host memory and sockets)
+    "ucxinfo": ("the base units, UCX printing its protocol choices: engines' env UCX_PROTO_INFO=y",
+                _KV_ENV.format(env='{"UCX_PROTO_INFO": "y"}')),
+    "tcp": ("KV over TCP as across hosts without RDMA: engines' env UCX_TLS=tcp,cuda_copy,self, UCX_PROTO_INFO=y",
+            _KV_ENV.format(env='{"UCX_TLS": "tcp,cuda_copy,self", "UCX_PROTO_INFO": "y"}')),
+    "tcp_page64": ("KV over TCP (as `tcp`) with KV page size 64: tuning.all.page_size = 64",
+                   _KV_ENV.format(env='{"UCX_TLS": "tcp,cuda_copy,self", "UCX_PROTO_INFO": "y"}')
+                   + '_CLUSTER["tuning"]["all"]["page_size"] = 64\n'),
 }
 # nvidia-h200 (one GPU): the same PD pair sharing GPU 0, as the spec declares it (gpu_share)
 SINGLE_GPU_INVENTORY = REPO / "inventories" / "h200-1gpu.py"
@@ -428,6 +441,11 @@ def build_plan(single_gpu: bool) -> dict:
                  "--record", "--bench", "1:16,16:128,64:256", "--sglang-bench", "16:128", "--doctor", "--doctor-bench"]}},
             {"name": "tools_nograph", "variant": "nograph", "smoke": True, "need_s": 150, "runs": [],
              "tools": {"spec": "spec-base.json", "args": ["--bench", "1:8,16:128,64:256", "--doctor", "--doctor-bench"]}},
+            # issue 33: 3072-token prompts, 64 output tokens (the seeds' agentic shape), C=1 and C=16
+            *({"name": f"kv_{v}", "variant": v, "smoke": True, "need_s": 120,
+               "runs": [{"concurrency": 1, "prompts": 6, "input_len": 3072, "output_len": 64},
+                        {"concurrency": 16, "prompts": 48, "input_len": 3072, "output_len": 64}]}
+              for v in ("tcp", "tcp_page64", "ucxinfo")),
         ],
     }
     # an unmeasured pass first, so JIT compiles and first-touch allocations stay out of the figures
