@@ -29,6 +29,7 @@ from pdkit.faultbudget import FaultBudget
 from pdkit.faultbudget import ROUTER_FLAGS as ROUTER_BUDGET_FLAGS
 from pdkit.faultbudget import problems as fault_budget_problems
 from pdkit.faultbudget import router_flags
+from pdkit.kvcost import kv_path
 from pdkit.parsertable import all_speculative_algorithms
 from pdkit.versions import DEFAULT_SGLANG_VERSION, ROUTER_RELEASES, SGLANG_RELEASES
 
@@ -1649,6 +1650,7 @@ def cross_checks(spec: ClusterSpec) -> list[Problem]:
     _check_spanning(spec, add)
     _check_model_visibility(spec, add)
     _check_pd_groups(spec, add)
+    _check_kv_over_tcp(spec, add)
     _check_addresses(spec, add)
     problems += ignored_by_mode_problems(spec)
 
@@ -1867,6 +1869,31 @@ def _check_pd_groups(spec: ClusterSpec, add) -> None:
             for host in sorted({h.name: h for h, _ in members}.values(), key=lambda h: h.name):
                 if host.node is not None and not host.node.ucx_net_devices:
                     add(Problem(host.name, "pdkit_node.ucx_net_devices", f"PD group {group!r} spans hosts {sorted(hosts)}: set ucx_net_devices (e.g. 'mlx5_0:1'), without it cross-node NIXL transfers hang until the 300 s timeout"))
+
+
+def _check_kv_over_tcp(spec: ClusterSpec, add) -> None:
+    """Warn where PD pairs cross hosts and the node's ucx_net_devices is not an RDMA device: UCX
+    then moves GPU KV as emulated puts over TCP sockets (pdkit.kvcost.kv_path; docs/gpu.md,
+    "KV hand-off across hosts")."""
+    if spec.cluster.transfer_backend != "nixl":
+        return
+    warned: set[str] = set()
+    for label, members in pairing_sets(spec):
+        hosts = sorted({h.name: h for h, _ in members}.values(), key=lambda h: h.name)
+        if len(hosts) < 2:
+            continue
+        for host in hosts:
+            node = host.node
+            if node is None or node.gpu != "nvidia" or not node.ucx_net_devices or host.name in warned:
+                continue
+            path = kv_path(host.name, hosts[0].name if hosts[0] is not host else hosts[1].name, node.ucx_net_devices)
+            if path.name == "cross-host-tcp":
+                warned.add(host.name)
+                add(Problem(host.name, "pdkit_node.ucx_net_devices",
+                            f"{label} pairs prefill and decode across hosts, and {node.ucx_net_devices!r} is not an RDMA device: "
+                            f"KV moves over TCP ({path.why}); expect KV hand-offs far slower than on one host (docs/gpu.md, "
+                            "\"KV hand-off across hosts\"). Valid: an RDMA device such as 'mlx5_0:1', or prefill and decode on one host "
+                            "(a router per node, pdkit_router.workers)", "warning"))
 
 
 # ---------------------------------------------------------------------------

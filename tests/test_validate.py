@@ -568,3 +568,37 @@ def test_nvidia_stack_provided_skips_the_node_layer_and_nothing_else(base, tmp_p
     next(d for d in bad.values() if "pdkit_node" in d)["pdkit_node"]["nvidia_stack"] = "bring-your-own"
     with pytest.raises(Exception, match="nvidia_stack"):
         load(str(write_inventory(tmp, bad, cluster, name="bad")))
+
+
+def _cross_host_over(devices):
+    """gpu01's router pairs both nodes' engines, each node's UCX devices set to DEVICES."""
+    def mutate(c, h):
+        _cross_host(h)
+        for name, dev in zip(("gpu01", "gpu02"), devices):
+            h[name]["pdkit_node"]["ucx_net_devices"] = dev
+    return mutate
+
+
+# Issue 33: PD pairs across hosts whose UCX devices are not RDMA move KV over TCP sockets: a warning
+KV_OVER_TCP_CASES = [
+    ("router-pairs-across-hosts-over-ethernet", _cross_host_over(("eth0", "eth0")), "gpu02", "pdkit_node.ucx_net_devices",
+     "'eth0' is not an RDMA device: KV moves over TCP"),
+    ("one-node-over-ethernet-the-other-rdma", _cross_host_over(("mlx5_0:1", "ens1f0np0")), "gpu02", "pdkit_node.ucx_net_devices",
+     "Valid: an RDMA device such as 'mlx5_0:1', or prefill and decode on one host"),
+    ("pd-group-across-hosts-over-a-veth", lambda c, h: [_engine(h, "gpu02", i).update(pd_group="default") for i in (0, 1)] and
+     h["gpu01"]["pdkit_node"].update(ucx_net_devices="host0") or h["gpu02"]["pdkit_node"].update(ucx_net_devices="host0"),
+     "gpu01", "pdkit_node.ucx_net_devices", "PD group 'default' pairs prefill and decode across hosts"),
+]
+
+
+@pytest.mark.parametrize("case", KV_OVER_TCP_CASES, ids=[c[0] for c in KV_OVER_TCP_CASES])
+def test_kv_across_hosts_over_tcp_warns(case, base, tmp_path, capsys):
+    test_ignored_setting_warns_and_fails_under_strict(case, base, tmp_path, capsys)
+
+
+def test_kv_across_hosts_over_rdma_does_not_warn(base, tmp_path, capsys):
+    cluster, hosts = base
+    _cross_host(hosts)
+    inv = write_inventory(tmp_path, hosts, cluster)
+    assert main(["validate", "--strict", str(inv)]) == 0, capsys.readouterr().err
+    assert "KV moves over TCP" not in capsys.readouterr().out
