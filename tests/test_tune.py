@@ -662,9 +662,13 @@ def test_soak_and_bench_on_the_target_pair_wedge_deterministically_and_record_th
     _, spec = lab_hosts
     before = _requests_seen(ports)
     record = run_bench(spec, concurrency=[2, 4], input_len=8, output_len=4, requests=6, warmup=2, progress=False,
-                       probe_drivers=False, send=a.stream, measured=a.describe())
+                       probe_drivers=False, send=a.stream, measured=a.describe(),
+                       prefills={"a/prefill": f"http://127.0.0.1:{ports['ap']}"})
     after = _requests_seen(ports)
     assert [lv["errors"] for lv in record["levels"]] == [0, 0], record["levels"]
+    # each level's KV hand-offs, read from a's prefill: one per request of the level
+    assert [(lv["kv"]["prefills"], lv["kv"]["transfers"]) for lv in record["levels"]] == [(["a/prefill"], 6)] * 2
+    assert record["levels"][0]["kv"]["mb_per_request"] == pytest.approx(8 * 65536 / 2**20)
     assert {k: after[k] - before[k] for k in after} == {"ap": 14, "ad": 14, "bp": 0, "bd": 0, "u": 0}
     assert record["env"]["measured"] == {"via": "engines", "hosts": ["a"], "engines": ["a/prefill", "a/decode"],
                                          "routes": ["a/prefill+a/decode"]}
