@@ -300,6 +300,9 @@ def test_the_report_ranks_by_the_campaigns_objective(tmp_path):
     assert "objective `ttft_p99_ms` at C=64 (lower is better)." in text
     assert "| rank | candidate | overlay | ttft_p99_ms @C=64 |" in text
     assert text.index("| 1 | baseline |") < text.index("| 2 | a |")
+    assert "| TPOT p99 ms | KV share of TTFT |" in text and "| 10.0 | – |" in text
+    records[0]["bench"]["levels"][0]["kv"] = {"ttft_share": 0.4}
+    assert "| 10.0 | 40% |" in render_markdown(c, records, 64, None)
     kept, _ = choose_kept("best", rank(records, 64, "ttft_p99_ms"), records)
     assert kept == "baseline"
 

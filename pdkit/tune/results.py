@@ -216,13 +216,16 @@ def render_markdown(campaign: Campaign, records: Sequence[dict[str, Any]], concu
         lines += [f"Correctness, soak and bench measured {describe_measured(first['measured'])}.", ""]
     if engine == "sim":
         lines += ["**Engine `sim`: a rehearsal. These figures describe the sim's step formula, never SGLang, a GPU or a model.**", ""]
-    lines += [f"| rank | candidate | overlay | {metric} @C={concurrency} | x baseline | TPOT p99 ms | match rate | verdict |",
-              "|---:|---|---|---:|---:|---:|---:|---|"]
+    lines += [f"| rank | candidate | overlay | {metric} @C={concurrency} | x baseline | TPOT p99 ms | KV share of TTFT | match rate | verdict |",
+              "|---:|---|---|---:|---:|---:|---:|---:|---|"]
     for i, row in enumerate(ranked, 1):
         r = row["record"]
         verdict = "pass" + ("" if row["within_slo"] else " (over the TPOT SLO)")
+        # the level's KV hand-off latency mean / its TTFT mean (pdkit bench's kv block; – without one)
+        share = ((level(r, concurrency) or {}).get("kv") or {}).get("ttft_share")
         lines.append(f"| {i} | {r['candidate']} | {_overlay_text(r.get('overlay') or {})} | {_fmt(row['value'])} | "
-                     f"{_fmt(row['ratio'], 3)} | {_fmt(row['tpot_p99_ms'])} | {_fmt((r.get('correctness') or {}).get('match_rate'), 3)} | {verdict} |")
+                     f"{_fmt(row['ratio'], 3)} | {_fmt(row['tpot_p99_ms'])} | {'–' if share is None else f'{share:.0%}'} | "
+                     f"{_fmt((r.get('correctness') or {}).get('match_rate'), 3)} | {verdict} |")
     failed = [r for r in records if r.get("kind") in ("baseline", "candidate") and r["verdict"] != "pass"]
     if failed:
         lines += ["", "## Failed (rolled back to the release before them)", "",
