@@ -46,6 +46,20 @@ Record schema (version 1):
         duration_s (wall time of the level), input_tokens, output_tokens,
         output_tok_s, requests_s,
         ttft_ms, tpot_ms, itl_ms, e2e_ms: {"mean", "p50", "p99"} in ms (null when no data)
+        kv              (PD clusters) the level's KV hand-offs, from every measured prefill's
+                        /metrics read just before and just after the level: pdkit.kvcost.KvFigures
+                        .as_record() (transfers, mb_per_request (MiB), latency_mean_ms,
+                        latency_p99_ms + latency_p99_above_buckets (past SGLang's 5,000 ms top
+                        bucket: a floor, shown ">5000"), effective_gb_s (ratio of sums),
+                        sglang_speed_mean_gb_s, ttft_share (KV latency mean / the level's TTFT
+                        mean)) plus "prefills" (those read both times) and "unread" {prefill: why}
+                        when some /metrics could not be read (none read: no figure keys).
+                        --engine-bench sglang adds "warmup_included": its run's warm-up requests
+                        fall inside the window. Absent on unified engines and older records
+        goodput         only when SLOs were given (`pdkit tune`'s goodput objective):
+                        {"requests_s", "good", "attainment", "slo_ms"} (pdkit.benchstats.goodput)
+    kv_prefills   the prefills whose /metrics give the levels' kv ([]: unified engines, no PD
+                  hand-off); absent from records written before the KV figures
     env           environment fingerprint:
         spec_hash       sha256 over every host's planned release hash (pdkit.plan)
         engine          "sim" | "sglang" (cluster.engine)
@@ -356,6 +370,93 @@ def router_measured(spec: ClusterSpec, router_url: str) -> dict[str, Any]:
             "engines": sorted(f"{h.name}/{e.name}" for h, e in spec.router_workers(router))}
 
 
+# ---- the KV hand-off of each level (PD clusters) -------------------------------------------
+
+KV_SCRAPE_TIMEOUT_S = 5.0
+NO_PD_HANDOFF = "no PD hand-off: the measured engines are unified (no prefill hands KV to a decode)"
+
+
+def kv_prefills(spec: ClusterSpec, measured: dict[str, Any]) -> dict[str, str | None]:
+    """The prefills whose KV hand-offs a bench's requests cause: {host/engine: engine URL}, in the
+    measured engines' order. Through the router: every prefill it fronts; to the engines directly:
+    the prefill of each PD route. None for a label the spec does not name (its /metrics cannot be
+    found); {} when nothing measured is a PD pair (unified engines: no hand-off)."""
+    from pdkit.flags import engine_url
+
+    urls = {f"{h.name}/{e.name}": engine_url(spec, h, e) for h, e in spec.engines() if e.role == "prefill"}
+    if measured.get("via", "router") == "router":
+        labels = [e for e in measured.get("engines") or [] if e in urls]
+    else:
+        labels = [route.split("+", 1)[0] for route in measured.get("routes") or [] if "+" in route]
+    return {label: urls.get(label) for label in dict.fromkeys(labels)}
+
+
+# One sample of every prefill: (histograms by prefill, why by prefill whose /metrics could not be read)
+KvSample = tuple[dict[str, Any], dict[str, str]]
+
+
+def scrape_kv(prefills: dict[str, str | None], timeout_s: float = KV_SCRAPE_TIMEOUT_S) -> KvSample:
+    """GET every prefill's /metrics at once and read its KV histograms (pdkit.kvcost). Engines
+    take no API key in pdkit (only the router has one), so no header is sent."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pdkit.health import http_request
+    from pdkit.kvcost import kv_histograms
+
+    def one(item: tuple[str, str | None]) -> tuple[str, Any, str | None]:
+        label, url = item
+        if url is None:
+            return label, None, "not an engine of the inventory: its /metrics address is unknown"
+        status, body = http_request(f"{url}/metrics", timeout=timeout_s)
+        if status != 200:
+            why = f"HTTP {status}: {body.strip()[:120]}" if status else (body.strip()[:160] or "no answer")
+            return label, None, f"{url}/metrics: {why}"
+        try:
+            return label, kv_histograms(body), None
+        except ValueError as exc:
+            return label, None, f"{url}/metrics: unreadable: {str(exc)[:120]}"
+
+    pages: dict[str, Any] = {}
+    errors: dict[str, str] = {}
+    if not prefills:
+        return pages, errors
+    with ThreadPoolExecutor(max_workers=min(16, len(prefills))) as pool:
+        for label, page, why in pool.map(one, prefills.items()):
+            if why is None:
+                pages[label] = page
+            else:
+                errors[label] = why
+    return pages, errors
+
+
+def level_kv(before: KvSample, after: KvSample, ttft_mean_ms: float | None) -> dict[str, Any]:
+    """Pure: a level's `kv` block from the prefills' samples before and after it.
+
+    Each prefill's window is its own difference (a restarted one counts from zero), the prefills'
+    windows are combined, and pdkit.kvcost.kv_figures gives the figures, with the level's
+    client-side TTFT mean for the KV share. `prefills`: those read both times; `unread`: why the
+    others gave nothing (the figures then cover the read ones only; none read: no figures)."""
+    from pdkit.kvcost import combine, kv_figures
+
+    unread = {**after[1], **before[1]}
+    read = [label for label in after[0] if label in before[0] and label not in unread]
+    out: dict[str, Any] = {"prefills": read}
+    if read:
+        windows = [{key: h.minus(before[0][label].get(key)) for key, h in after[0][label].items()} for label in read]
+        out.update(kv_figures({}, combine(windows), ttft_mean_ms).as_record())
+    if unread:
+        out["unread"] = dict(sorted(unread.items()))
+    return out
+
+
+def say_kv_unread(concurrency: int, kv: dict[str, Any]) -> None:
+    """One stderr line when a level's prefills could not all be read (the record keeps why)."""
+    if kv.get("unread"):
+        which = "; ".join(f"{label}: {why}" for label, why in kv["unread"].items())
+        scope = "no KV figures" if not kv.get("prefills") else f"KV figures from {', '.join(kv['prefills'])} only"
+        print(f"bench: C={concurrency}: {scope}: /metrics not read on {which}", file=sys.stderr)
+
+
 async def run_level(url: str, headers: dict[str, str], concurrency: int, requests: int, input_len: int,
                     output_len: int, timeout_s: float, seed: int, progress: Progress | None = None,
                     send: Sender | None = None) -> tuple[list[RequestResult], float]:
@@ -425,11 +526,16 @@ def _record_head(spec: ClusterSpec, tool: str, label: str, input_len: int, outpu
 def run_bench(spec: ClusterSpec, concurrency: Sequence[int] = (16,), input_len: int = 512, output_len: int = 128,
               requests: int = 64, warmup: int = 4, label: str = "", timeout_s: float = 300.0,
               probe_drivers: bool = True, progress: bool = True, seed: int = 0,
-              send: Sender | None = None, measured: dict[str, Any] | None = None) -> dict[str, Any]:
+              send: Sender | None = None, measured: dict[str, Any] | None = None,
+              prefills: dict[str, str | None] | None = None,
+              goodput_slo: dict[str, float] | None = None) -> dict[str, Any]:
     """Run the pdkit client through the spec's router at each concurrency; return the record.
 
     SEND and MEASURED (together) bench chosen engines instead: SEND sends each request, MEASURED
-    says what it measures (env.measured; default: the router and the engines it fronts)."""
+    says what it measures (env.measured; default: the router and the engines it fronts).
+    PREFILLS: {label: engine URL} whose /metrics give each level's KV figures (default: the
+    measured PD pairs' prefills, kv_prefills). GOODPUT_SLO: {"ttft_ms", "tpot_ms"}: each level
+    also records its goodput (pdkit.benchstats.goodput)."""
     import asyncio
 
     if (send is None) != (measured is None):
@@ -437,6 +543,9 @@ def run_bench(spec: ClusterSpec, concurrency: Sequence[int] = (16,), input_len: 
     _check_workload(spec, input_len, output_len, requests, warmup)
     router_url, headers = router_target(spec)
     record = _record_head(spec, "pdkit", label, input_len, output_len, requests, warmup, probe_drivers, router_url, measured)
+    if prefills is None:
+        prefills = kv_prefills(spec, record["env"]["measured"])
+    record["kv_prefills"] = list(prefills)
     url = f"{router_url}/generate"
     if warmup:
         bar = Progress("warm-up", warmup, progress)
@@ -449,10 +558,16 @@ def run_bench(spec: ClusterSpec, concurrency: Sequence[int] = (16,), input_len: 
             raise RuntimeError(f"every warm-up request through {where} failed: {failed[0].error}")
     for level_index, c in enumerate(concurrency):
         bar = Progress(f"C={c:<4}", requests, progress)
+        before = scrape_kv(prefills)
         results, duration = asyncio.run(run_level(url, headers, c, requests, input_len, output_len, timeout_s,
                                                   seed + level_index * requests, bar, send))
+        after = scrape_kv(prefills)
         bar.close()
-        record["levels"].append(summarize_level(results, duration, c))
+        level = summarize_level(results, duration, c, goodput_slo)
+        if prefills:
+            level["kv"] = level_kv(before, after, level["ttft_ms"]["mean"])
+            say_kv_unread(c, level["kv"])
+        record["levels"].append(level)
     return record
 
 
@@ -554,6 +669,8 @@ def run_sglang_bench(spec: ClusterSpec, concurrency: Sequence[int] = (16,), inpu
     router_url, headers = router_target(spec)
     record = _record_head(spec, SGLANG_BENCH_MODULE, label, input_len, output_len, requests, warmup,
                           probe_drivers, router_url)
+    prefills = kv_prefills(spec, record["env"]["measured"])
+    record["kv_prefills"] = list(prefills)
     env = dict(os.environ)
     if "Authorization" in headers:
         # serving.py's get_auth_headers() reads OPENAI_API_KEY: the key stays out of argv
@@ -564,10 +681,17 @@ def run_sglang_bench(spec: ClusterSpec, concurrency: Sequence[int] = (16,), inpu
             argv = sglang_bench_command(python, router_url, served_model(spec), tokenizer, c, requests,
                                         input_len, output_len, warmup, out_file)
             print(f"C={c}: {shlex.join(argv)}", file=sys.stderr)
+            before = scrape_kv(prefills)
             done = subprocess.run(argv, env=env, timeout=timeout_s)
+            after = scrape_kv(prefills)
             if done.returncode != 0 or not Path(out_file).is_file():
                 raise RuntimeError(f"{SGLANG_BENCH_MODULE} failed at concurrency {c} (exit {done.returncode})")
-            record["levels"].extend(read_sglang_results(out_file, requests))
+            levels = read_sglang_results(out_file, requests)
+            if prefills and len(levels) == 1:
+                # the window holds the run's own --warmup-requests too (serving.py sends them first)
+                levels[0]["kv"] = {**level_kv(before, after, levels[0]["ttft_ms"]["mean"]), "warmup_included": warmup}
+                say_kv_unread(c, levels[0]["kv"])
+            record["levels"].extend(levels)
     return record
 
 
@@ -614,6 +738,75 @@ LEVEL_COLUMNS = (
     ERRORS,
     *METRICS,
 )
+
+
+# The KV hand-off figures of a level (its `kv` block: pdkit.kvcost.KvFigures), as the run table and
+# `pdkit compare` show them: (column, key in the block)
+KV_COLUMNS = (
+    ("KV transfers", "transfers"),
+    ("KV MB/request", "mb_per_request"),
+    ("KV latency mean ms", "latency_mean_ms"),
+    ("KV latency p99 ms", "latency_p99_ms"),
+    ("KV effective GB/s", "effective_gb_s"),
+    ("SGLang speed mean GB/s", "sglang_speed_mean_gb_s"),
+    ("KV share of TTFT", "ttft_share"),
+)
+
+
+def kv_text(kv: dict[str, Any], key: str) -> str:
+    """One KV figure as shown: p99 past SGLang's top bucket as ">5000" (a floor), the share in %."""
+    value = kv.get(key)
+    if key == "latency_p99_ms" and value is not None and kv.get("latency_p99_above_buckets"):
+        return f">{value:g}"
+    if key == "ttft_share" and value is not None:
+        return f"{value:.0%}"
+    return _fmt(value, 2 if key.endswith("gb_s") else 1)
+
+
+def kv_has_figures(level: dict[str, Any]) -> bool:
+    return "transfers" in (level.get("kv") or {})
+
+
+def render_kv(record: dict[str, Any]) -> list[str]:
+    """The run's KV hand-off section: a table per level from the prefills' histograms; "no PD
+    hand-off" for unified engines; nothing for a record from before KV figures."""
+    if "kv_prefills" not in record:
+        return []
+    if not record["kv_prefills"]:
+        return ["", f"KV hand-off: none to measure ({NO_PD_HANDOFF})."]
+    lines = ["", f"KV hand-off per level, from the prefills' own histograms ({', '.join(record['kv_prefills'])}): "
+                 "effective GB/s = MiB moved / 1024 / seconds spent moving them (a ratio of sums, queueing "
+                 "included); SGLang's speed mean is its histogram's mean of per-request ratios; MB is MiB; "
+                 "share of TTFT = KV latency mean / the level's client-side TTFT mean.", "",
+             "| C | " + " | ".join(name for name, _ in KV_COLUMNS) + " |",
+             "|---:|" + "|".join("---:" for _ in KV_COLUMNS) + "|"]
+    notes = []
+    for level in record["levels"]:
+        kv = level.get("kv") or {}
+        if kv_has_figures(level):
+            cells = [kv_text(kv, key) for _, key in KV_COLUMNS]
+        else:
+            cells = ["not read"] + ["–"] * (len(KV_COLUMNS) - 1)
+        lines.append(f"| {level['concurrency']} | " + " | ".join(cells) + " |")
+        if kv.get("unread"):
+            scope = f"figures from {', '.join(kv['prefills'])} only" if kv.get("prefills") else "no figures"
+            notes.append(f"- C={level['concurrency']}: /metrics not read ({scope}): "
+                         + "; ".join(f"{label}: {why}" for label, why in kv["unread"].items()))
+        if kv.get("warmup_included"):
+            notes.append(f"- C={level['concurrency']}: the window includes the run's {kv['warmup_included']} warm-up request(s)")
+    return lines + ([""] + notes if notes else [])
+
+
+def render_goodput(record: dict[str, Any]) -> list[str]:
+    """One line per level that recorded goodput (pdkit.benchstats.goodput)."""
+    lines = []
+    for level in record["levels"]:
+        g = level.get("goodput")
+        if g:
+            slo = ", ".join(f"{k.removesuffix('_ms').upper()} <= {v:g} ms" for k, v in g["slo_ms"].items())
+            lines.append(f"- C={level['concurrency']} goodput: {_fmt(g['requests_s'], 2)} req/s met {slo} "
+                         f"({g['good']} of {level['requests']} requests)")
+    return [""] + lines if lines else []
 
 
 def describe_env(record: dict[str, Any]) -> list[str]:
@@ -663,6 +856,8 @@ def render_markdown(record: dict[str, Any]) -> str:
     ]
     for level in record["levels"]:
         lines.append("| " + " | ".join(_fmt(get(level)) for _, get in LEVEL_COLUMNS) + " |")
+    lines += render_goodput(record)
+    lines += render_kv(record)
     samples = [s for lv in record["levels"] for s in lv.get("error_samples", [])]
     if samples:
         lines += ["", "Errors (samples): " + "; ".join(dict.fromkeys(samples))]
@@ -759,7 +954,26 @@ def compare_levels(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]
             va, vb = get(level_a), get(level_b)
             rows.append({"concurrency": level_a["concurrency"], "metric": name, "a": va, "b": vb,
                          "ratio": ratio(vb, va)})
+        if kv_has_figures(level_a) or kv_has_figures(level_b):
+            kv_a, kv_b = level_a.get("kv") or {}, level_b.get("kv") or {}
+            for name, key in KV_COLUMNS:
+                va, vb = kv_a.get(key), kv_b.get(key)
+                # a p99 past the top bucket is a floor: no ratio of floors
+                floor = key == "latency_p99_ms" and (kv_a.get("latency_p99_above_buckets") or kv_b.get("latency_p99_above_buckets"))
+                rows.append({"concurrency": level_a["concurrency"], "metric": name, "a": va, "b": vb,
+                             "ratio": None if floor else ratio(vb, va),
+                             "a_text": kv_text(kv_a, key) if kv_has_figures(level_a) else _kv_missing(a, level_a),
+                             "b_text": kv_text(kv_b, key) if kv_has_figures(level_b) else _kv_missing(b, level_b)})
     return rows
+
+
+def _kv_missing(record: dict[str, Any], level: dict[str, Any]) -> str:
+    """Why a level has no KV figures, in a compare cell."""
+    if "kv_prefills" not in record:
+        return "not recorded"
+    if not record["kv_prefills"]:
+        return "no PD hand-off"
+    return "not read"
 
 
 def argv_options(argv: Sequence[str]) -> dict[str, str]:
@@ -829,8 +1043,8 @@ def render_compare(a: dict[str, Any], b: dict[str, Any]) -> str:
     rows = compare_levels(a, b)
     lines += ["", "| C | metric | A | B | B/A |", "|---:|---|---:|---:|---:|"]
     for row in rows:
-        lines.append(f"| {row['concurrency']} | {row['metric']} | {_fmt(row['a'])} | {_fmt(row['b'])} | "
-                     f"{_fmt(row['ratio'], 2)} |")
+        lines.append(f"| {row['concurrency']} | {row['metric']} | {row.get('a_text') or _fmt(row['a'])} | "
+                     f"{row.get('b_text') or _fmt(row['b'])} | {_fmt(row['ratio'], 2)} |")
     if not rows:
         lines.append("| – | no concurrency level in common | | | |")
     return "\n".join(lines) + "\n"

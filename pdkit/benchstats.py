@@ -13,6 +13,9 @@ Definitions, the same as SGLang's own `sglang.benchmark.serving` (0.5.23 `calcul
 - output tok/s: output tokens of the completed requests / wall time of the level;
   requests/s: completed requests / wall time of the level. Failed requests count as errors
   and add no tokens.
+- goodput (when SLOs are given: `pdkit tune`'s goodput objective): completed requests whose TTFT
+  and own TPOT are both within their SLOs, per second of the level's wall time (SGLang 0.5.23's
+  `--goodput ttft:X tpot:Y`, sglang/benchmark/goodput.py).
 
 How a streamed request failed is decided here once, for `pdkit bench` and the load clients
 (tests/lab/loadclient.py, gpu/nspawn/outage_client.py): `StreamEnd` gathers what a stream said
@@ -211,8 +214,32 @@ def throughput(count: float, duration_s: float) -> float:
     return count / duration_s if duration_s > 0 else 0.0
 
 
-def summarize_level(results: Sequence[RequestResult], duration_s: float, concurrency: int) -> dict:
-    """One concurrency level's figures (the `levels[]` entry of a bench record)."""
+# The SLOs goodput is judged by (ms), as `pdkit tune`'s objective names them
+GOODPUT_SLOS = ("ttft_ms", "tpot_ms")
+
+
+def goodput(results: Sequence[RequestResult], duration_s: float, slo: dict[str, float]) -> dict:
+    """Requests/s that met every SLO, SGLang's definition (0.5.23 sglang/benchmark/goodput.py
+    `calculate_goodput`): a request is good when it completed, its TTFT <= slo["ttft_ms"] and its
+    own TPOT ((latency - TTFT) / (output tokens - 1); 0 for a one-token answer) <= slo["tpot_ms"];
+    goodput = good requests / the level's wall time; attainment = good requests / requests sent."""
+    unknown = set(slo) - set(GOODPUT_SLOS)
+    if unknown:
+        raise ValueError(f"goodput SLOs are {', '.join(GOODPUT_SLOS)}; got {sorted(unknown)}")
+    good = 0
+    for r in results:
+        if not r.ok or r.ttft is None:
+            continue
+        observed = {"ttft_ms": r.ttft * 1000.0, "tpot_ms": (tpot(r) or 0.0) * 1000.0}
+        good += all(observed[name] <= limit for name, limit in slo.items())
+    return {"requests_s": _round(throughput(good, duration_s), 4), "good": good,
+            "attainment": _round(good / len(results), 4) if results else None, "slo_ms": dict(slo)}
+
+
+def summarize_level(results: Sequence[RequestResult], duration_s: float, concurrency: int,
+                    goodput_slo: dict[str, float] | None = None) -> dict:
+    """One concurrency level's figures (the `levels[]` entry of a bench record); with GOODPUT_SLO
+    also `goodput` (goodput())."""
     done = [r for r in results if r.ok]
     failed = [r for r in results if not r.ok]
     output_tokens = sum(r.output_tokens for r in done)
@@ -224,7 +251,7 @@ def summarize_level(results: Sequence[RequestResult], duration_s: float, concurr
         if r.error and r.error not in samples and len(samples) < 3:
             samples.append(r.error)
     kinds = [r.kind or failure_kind(r.error or "unknown") for r in failed]
-    return {
+    out = {
         "concurrency": concurrency,
         "requests": len(results),
         "completed": len(done),
@@ -244,6 +271,9 @@ def summarize_level(results: Sequence[RequestResult], duration_s: float, concurr
         "itl_ms": distribution_ms(gaps),
         "e2e_ms": distribution_ms([r.latency for r in done if r.latency is not None]),
     }
+    if goodput_slo:
+        out["goodput"] = goodput(results, duration_s, goodput_slo)
+    return out
 
 
 def ratio(after: float | None, before: float | None) -> float | None:

@@ -133,6 +133,28 @@ def test_parse_errors_name_the_campaign_field(raw, fragment):
     assert any(p.startswith(fragment) for p in info.value.problems), info.value.problems
 
 
+@pytest.mark.parametrize("objective, problem", [
+    ({"metric": "ttft_mean_ms"}, "campaign.objective.metric: Input should be 'output_tok_s', 'requests_s', 'goodput', 'ttft_p50_ms' or 'ttft_p99_ms'"),
+    ({"metric": "goodput"}, "campaign.objective: metric goodput counts the requests within a TTFT and a TPOT SLO: set ttft_slo_ms and tpot_slo_ms"),
+    ({"metric": "goodput", "ttft_slo_ms": 500}, "campaign.objective: metric goodput counts the requests within a TTFT and a TPOT SLO: set tpot_slo_ms ("),
+    ({"metric": "ttft_p99_ms", "ttft_slo_ms": 500}, "campaign.objective: ttft_slo_ms are goodput's SLOs and metric 'ttft_p99_ms' would ignore them"),
+    ({"metric": "goodput", "ttft_slo_ms": 0, "tpot_slo_ms": 50}, "campaign.objective.ttft_slo_ms: Input should be greater than 0"),
+    ({"metrics": "goodput"}, "campaign.objective.metrics: unknown field"),
+])
+def test_a_bad_objective_names_the_field_and_the_valid_values(objective, problem):
+    with pytest.raises(CampaignError) as info:
+        campaign(objective=objective)
+    assert any(p.startswith(problem) for p in info.value.problems), info.value.problems
+
+
+def test_the_objectives_say_what_they_count_and_which_way_is_better():
+    assert campaign().objective.describe() == "(higher is better)"
+    assert campaign(objective={"metric": "ttft_p99_ms", "tpot_p99_slo_ms": 80}).objective.describe() == "(lower is better), TPOT p99 <= 80 ms"
+    goodput = campaign(objective={"metric": "goodput", "ttft_slo_ms": 2000, "tpot_slo_ms": 60}).objective
+    assert goodput.describe() == "(requests/s whose TTFT <= 2000 ms and TPOT <= 60 ms, higher is better)"
+    assert goodput.goodput_slo == {"ttft_ms": 2000, "tpot_ms": 60} and campaign().objective.goodput_slo is None
+
+
 # ---------------------------------------------------------------- derived specs
 
 
@@ -224,6 +246,84 @@ def test_rank(records, slo, order):
     by = {r["candidate"]: r for r in rows}
     assert by["baseline"]["ratio"] == pytest.approx(1.0)
     assert by[order[0]]["ratio"] == pytest.approx(by[order[0]]["value"] / by["baseline"]["value"])
+
+
+SLO = {"ttft_ms": 2000.0, "tpot_ms": 60.0}
+
+
+def with_figures(record, ttft_p50=None, ttft_p99=None, goodput=None, slo=SLO):
+    """REC's level with TTFT percentiles and goodput (as pdkit.benchstats writes them)."""
+    lv = record["bench"]["levels"][0]
+    lv["ttft_ms"] = {"mean": ttft_p50, "p50": ttft_p50, "p99": ttft_p99}
+    if goodput is not None:
+        lv["goodput"] = {"requests_s": goodput, "good": 1, "attainment": 1.0, "slo_ms": dict(slo)}
+    return record
+
+
+@pytest.mark.parametrize("metric, goodput_slo, order, values", [
+    # higher is better
+    ("output_tok_s", None, ["b", "baseline", "a"], [300, 100, 50]),
+    ("requests_s", None, ["b", "baseline", "a"], [30, 10, 5]),
+    # the fastest first token first: a ranks first on p50, baseline on p99
+    ("ttft_p50_ms", None, ["a", "b", "baseline"], [200, 400, 500]),
+    ("ttft_p99_ms", None, ["baseline", "b", "a"], [900, 1000, 3000]),
+    # goodput: requests/s within both SLOs, higher is better; a goodput judged by other SLOs is no figure
+    ("goodput", SLO, ["b", "baseline", "a"], [4.0, 2.0, None]),
+])
+def test_rank_by_each_objective(metric, goodput_slo, order, values):
+    records = [
+        with_figures(rec("baseline", tok=100), ttft_p50=500, ttft_p99=900, goodput=2.0),
+        with_figures(rec("a", tok=50), ttft_p50=200, ttft_p99=3000, goodput=9.0, slo={"ttft_ms": 5000, "tpot_ms": 60}),
+        with_figures(rec("b", tok=300), ttft_p50=400, ttft_p99=1000, goodput=4.0),
+        rec("c", "fail"),
+    ]
+    rows = rank(records, 64, metric, None, goodput_slo)
+    assert [r["candidate"] for r in rows] == order
+    assert [r["value"] for r in rows] == values
+    by = {r["candidate"]: r for r in rows}
+    assert by["baseline"]["ratio"] == pytest.approx(1.0)
+
+
+def test_rank_by_ttft_keeps_the_tpot_slo_first_and_puts_no_figure_last():
+    records = [with_figures(rec("baseline", tok=100, p99=20), ttft_p99=900), with_figures(rec("a", tok=100, p99=40), ttft_p99=100),
+               rec("b", tok=100, p99=20)]  # b's level has no TTFT figure
+    rows = rank(records, 64, "ttft_p99_ms", 30)
+    assert [(r["candidate"], r["within_slo"]) for r in rows] == [("baseline", True), ("b", True), ("a", False)]
+    rows = rank(records, 64, "ttft_p99_ms")
+    assert [r["candidate"] for r in rows] == ["a", "baseline", "b"]
+
+
+def test_the_report_ranks_by_the_campaigns_objective(tmp_path):
+    c = campaign(workload={"concurrency": [64]}, objective={"metric": "ttft_p99_ms"})
+    records = [with_figures(rec("baseline", tok=100), ttft_p99=900), with_figures(rec("a", tok=300), ttft_p99=1500)]
+    text = render_markdown(c, records, 64, None)
+    assert "objective `ttft_p99_ms` at C=64 (lower is better)." in text
+    assert "| rank | candidate | overlay | ttft_p99_ms @C=64 |" in text
+    assert text.index("| 1 | baseline |") < text.index("| 2 | a |")
+    assert "| TPOT p99 ms | KV share of TTFT |" in text and "| 10.0 | – |" in text
+    records[0]["bench"]["levels"][0]["kv"] = {"ttft_share": 0.4}
+    assert "| 10.0 | 40% |" in render_markdown(c, records, 64, None)
+    kept, _ = choose_kept("best", rank(records, 64, "ttft_p99_ms"), records)
+    assert kept == "baseline"
+
+
+def test_the_bench_gate_line_gives_ttft_goodput_and_the_kv_share():
+    from pdkit.tune.runner import bench_figures
+
+    lv = {"concurrency": 16, "output_tok_s": 640.4, "ttft_ms": {"p99": 812.2},
+          "goodput": {"requests_s": 5.123}, "kv": {"ttft_share": 0.42}}
+    assert bench_figures(lv) == "C=16 640 tok/s TTFT p99 812 ms goodput 5.12 req/s KV 42% of TTFT"
+    assert bench_figures({"concurrency": 1, "output_tok_s": 10.0}) == "C=1 10 tok/s"
+
+
+def test_the_long_prompt_campaign_is_3072_in_64_out_at_c1_and_c16():
+    import yaml
+
+    raw = yaml.safe_load((REPO / "docs" / "tune" / "lab-long-prompt.yaml").read_text())
+    c = parse_campaign(raw)
+    assert (c.workload.input_len, c.workload.output_len, c.workload.concurrency) == (3072, 64, (1, 16))
+    assert c.objective.metric == "goodput" and c.target_concurrency == 16
+    assert campaign_problems(c, expand(c)) == []
 
 
 @pytest.mark.parametrize("keep, records, expected", [
@@ -662,9 +762,13 @@ def test_soak_and_bench_on_the_target_pair_wedge_deterministically_and_record_th
     _, spec = lab_hosts
     before = _requests_seen(ports)
     record = run_bench(spec, concurrency=[2, 4], input_len=8, output_len=4, requests=6, warmup=2, progress=False,
-                       probe_drivers=False, send=a.stream, measured=a.describe())
+                       probe_drivers=False, send=a.stream, measured=a.describe(),
+                       prefills={"a/prefill": f"http://127.0.0.1:{ports['ap']}"})
     after = _requests_seen(ports)
     assert [lv["errors"] for lv in record["levels"]] == [0, 0], record["levels"]
+    # each level's KV hand-offs, read from a's prefill: one per request of the level
+    assert [(lv["kv"]["prefills"], lv["kv"]["transfers"]) for lv in record["levels"]] == [(["a/prefill"], 6)] * 2
+    assert record["levels"][0]["kv"]["mb_per_request"] == pytest.approx(8 * 65536 / 2**20)
     assert {k: after[k] - before[k] for k in after} == {"ap": 14, "ad": 14, "bp": 0, "bd": 0, "u": 0}
     assert record["env"]["measured"] == {"via": "engines", "hosts": ["a"], "engines": ["a/prefill", "a/decode"],
                                          "routes": ["a/prefill+a/decode"]}
@@ -710,6 +814,7 @@ def test_the_runner_sends_gates_and_bench_to_what_prepare_chose_and_records_it(t
     # every engine is watched during the soak, not only the target's
     assert seen["watched"] == sorted(f"lab-gpu{i}/{e}" for i in (1, 2, 3) for e in ("prefill", "decode"))
     assert seen["bench"]["send"] == prep.measured.stream and seen["bench"]["measured"] == prep.measured.describe()
+    assert seen["bench"]["goodput_slo"] is None  # judged only for a goodput objective
     assert all(g["ok"] for g in record["gates"].values()), record["gates"]
 
     # resume: a baseline measured on the same engines continues; one measured otherwise (or unrecorded) does not

@@ -252,11 +252,19 @@ class Engine:
 
     def _record_transfer(self, nbytes: int, seconds: float) -> None:
         """The prefill side observes each finished KV send (as SGLang's prefill does: the real
-        pages have kv_transfer_{speed,latency,total} on the prefill only)."""
+        pages have kv_transfer_{speed,latency,total} on the prefill only), in SGLang's units
+        (sglang/srt/observability/req_time_stats.py compute_and_observe_kv_transfer_metrics):
+        total "MB" is MiB (bytes / 2**20), speed "GB/s" is (MiB / 1024) / seconds, and a transfer
+        of no measurable latency is not observed at all."""
+        from pdkit.sim.stepmodel import sglang_kv_units
+
+        if seconds <= 0:
+            return
+        total_mb, speed_gb_s = sglang_kv_units(nbytes, seconds)
         m = self.metrics
-        m.observe("sglang:kv_transfer_total_mb", nbytes / 1e6)
+        m.observe("sglang:kv_transfer_total_mb", total_mb)
         m.observe("sglang:kv_transfer_latency_ms", seconds * 1000.0)
-        m.observe("sglang:kv_transfer_speed_gb_s", nbytes / seconds / 1e9 if seconds > 0 else 0.0)
+        m.observe("sglang:kv_transfer_speed_gb_s", speed_gb_s)
 
     async def _await_kv(self, spec: GenSpec) -> None:
         assert spec.bootstrap is not None and self.session is not None

@@ -62,6 +62,14 @@ def kv_transfer_seconds(knobs: Knobs, prompt_tokens: int) -> float:
     return kv_transfer_bytes(knobs, prompt_tokens) / (knobs.kv_transfer_gb_s * 1e9)
 
 
+def sglang_kv_units(nbytes: int, seconds: float) -> tuple[float, float]:
+    """(kv_transfer_total_mb, kv_transfer_speed_gb_s) as SGLang observes a transfer: MiB
+    (bytes / 2**20) and (MiB / 1024) / seconds. The knob PDKIT_SIM_KV_TRANSFER_GB_S is a link
+    rate in decimal GB/s: 1.2 reads as 1.2e9 / 2**30 = 1.118 on SGLang's speed histogram."""
+    total_mb = nbytes / 2**20
+    return total_mb, (total_mb / 1024) / seconds
+
+
 @dataclass(frozen=True)
 class Limits:
     max_running_requests: int

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pdkit.spec import Problem, Tuning
 
@@ -66,11 +66,52 @@ class Workload(_Strict):
         return tuple(sorted(set(v)))
 
 
+# The bench figures at the target concurrency that can rank candidates: {metric: higher is better}.
+# goodput: requests per second whose TTFT <= ttft_slo_ms and whose own TPOT <= tpot_slo_ms
+# (SGLang's definition: pdkit.benchstats.goodput); the TTFT ones are the client's, lower is better.
+OBJECTIVE_METRICS = {"output_tok_s": True, "requests_s": True, "goodput": True, "ttft_p50_ms": False, "ttft_p99_ms": False}
+GOODPUT = "goodput"
+
+
 class Objective(_Strict):
-    # the bench figure at the target concurrency that ranks candidates (higher is better)
-    metric: Literal["output_tok_s", "requests_s"] = "output_tok_s"
+    # the bench figure at the target concurrency that ranks candidates (OBJECTIVE_METRICS)
+    metric: Literal["output_tok_s", "requests_s", "goodput", "ttft_p50_ms", "ttft_p99_ms"] = "output_tok_s"
     # a candidate whose TPOT p99 at the target concurrency is above this ranks after every one within it
     tpot_p99_slo_ms: float | None = Field(default=None, gt=0)
+    # goodput's SLOs, per request (both needed by metric goodput, and read by nothing else)
+    ttft_slo_ms: float | None = Field(default=None, gt=0)
+    tpot_slo_ms: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _goodput_slos(self) -> "Objective":
+        missing = [f for f in ("ttft_slo_ms", "tpot_slo_ms") if getattr(self, f) is None]
+        if self.metric == GOODPUT and missing:
+            raise ValueError(f"metric goodput counts the requests within a TTFT and a TPOT SLO: set {' and '.join(missing)} "
+                             "(milliseconds, e.g. ttft_slo_ms: 2000, tpot_slo_ms: 50)")
+        given = [f for f in ("ttft_slo_ms", "tpot_slo_ms") if getattr(self, f) is not None]
+        if self.metric != GOODPUT and given:
+            raise ValueError(f"{' and '.join(given)} are goodput's SLOs and metric {self.metric!r} would ignore them: "
+                             "set metric: goodput, or remove them")
+        return self
+
+    @property
+    def higher_is_better(self) -> bool:
+        return OBJECTIVE_METRICS[self.metric]
+
+    @property
+    def goodput_slo(self) -> dict[str, float] | None:
+        """The SLOs the bench judges goodput by (pdkit.benchstats.goodput), None for other metrics."""
+        if self.metric != GOODPUT:
+            return None
+        assert self.ttft_slo_ms is not None and self.tpot_slo_ms is not None
+        return {"ttft_ms": self.ttft_slo_ms, "tpot_ms": self.tpot_slo_ms}
+
+    def describe(self) -> str:
+        """What the metric counts and which way is better, then the TPOT p99 SLO (the metric's name not repeated)."""
+        text = f"{'higher' if self.higher_is_better else 'lower'} is better"
+        if self.metric == GOODPUT:
+            text = f"requests/s whose TTFT <= {self.ttft_slo_ms:g} ms and TPOT <= {self.tpot_slo_ms:g} ms, " + text
+        return f"({text})" + (f", TPOT p99 <= {self.tpot_p99_slo_ms:g} ms" if self.tpot_p99_slo_ms else "")
 
 
 class Correctness(_Strict):

@@ -16,7 +16,7 @@ from typing import Any
 
 # the same number formatting as pdkit bench's tables
 from pdkit.bench import _fmt, describe_measured
-from pdkit.tune.campaign import BASELINE, Campaign, Candidate
+from pdkit.tune.campaign import BASELINE, GOODPUT, OBJECTIVE_METRICS, Campaign, Candidate, Objective
 
 SCHEMA = 1
 # gate order of one candidate; a record's failed_gate is one of these
@@ -97,9 +97,23 @@ def level(record: dict[str, Any], concurrency: int) -> dict[str, Any] | None:
     return next((lv for lv in bench.get("levels") or [] if lv.get("concurrency") == concurrency), None)
 
 
-def objective_value(record: dict[str, Any], concurrency: int, metric: str) -> float | None:
+def _level_figure(lv: dict[str, Any], metric: str, goodput_slo: dict[str, float] | None) -> Any:
+    """The objective's figure of one bench level (campaign.OBJECTIVE_METRICS)."""
+    if metric in ("ttft_p50_ms", "ttft_p99_ms"):
+        return (lv.get("ttft_ms") or {}).get(metric.removeprefix("ttft_").removesuffix("_ms"))
+    if metric == GOODPUT:
+        g = lv.get("goodput") or {}
+        # goodput judged by other SLOs (a resumed campaign whose SLOs changed) is not this objective's
+        if goodput_slo is not None and g.get("slo_ms") != goodput_slo:
+            return None
+        return g.get("requests_s")
+    return lv.get(metric)
+
+
+def objective_value(record: dict[str, Any], concurrency: int, metric: str,
+                    goodput_slo: dict[str, float] | None = None) -> float | None:
     lv = level(record, concurrency)
-    value = lv.get(metric) if lv else None
+    value = _level_figure(lv, metric, goodput_slo) if lv else None
     return float(value) if isinstance(value, (int, float)) else None
 
 
@@ -110,22 +124,30 @@ def tpot_p99(record: dict[str, Any], concurrency: int) -> float | None:
 
 
 def rank(records: Sequence[dict[str, Any]], concurrency: int, metric: str,
-         slo_ms: float | None = None) -> list[dict[str, Any]]:
+         slo_ms: float | None = None, goodput_slo: dict[str, float] | None = None) -> list[dict[str, Any]]:
     """Passed records best first: within the TPOT p99 SLO (when set) before those over it, then
-    by the objective (higher first). Rows carry value, ratio to baseline and the SLO verdict."""
+    by the objective (higher first; lower first for TTFT; no figure last). Rows carry value, ratio
+    to baseline and the SLO verdict. GOODPUT_SLO: the SLOs a goodput figure must have been judged by."""
     base = next((r for r in records if r["candidate"] == BASELINE and r["verdict"] == "pass"), None)
-    base_value = objective_value(base, concurrency, metric) if base else None
+    base_value = objective_value(base, concurrency, metric, goodput_slo) if base else None
+    higher = OBJECTIVE_METRICS[metric]
     rows = []
     for r in records:
         if r.get("kind") not in ("baseline", "candidate") or r["verdict"] != "pass":
             continue
-        value = objective_value(r, concurrency, metric)
+        value = objective_value(r, concurrency, metric, goodput_slo)
         p99 = tpot_p99(r, concurrency)
         within = slo_ms is None or (p99 is not None and p99 <= slo_ms)
         rows.append({"candidate": r["candidate"], "value": value, "tpot_p99_ms": p99, "within_slo": within,
                      "ratio": (value / base_value) if value is not None and base_value else None, "record": r})
-    rows.sort(key=lambda row: (not row["within_slo"], -(row["value"] if row["value"] is not None else float("-inf"))))
+    rows.sort(key=lambda row: (not row["within_slo"], row["value"] is None,
+                               0.0 if row["value"] is None else (-row["value"] if higher else row["value"])))
     return rows
+
+
+def rank_by(records: Sequence[dict[str, Any]], concurrency: int, objective: Objective) -> list[dict[str, Any]]:
+    """rank() with a campaign's objective."""
+    return rank(records, concurrency, objective.metric, objective.tpot_p99_slo_ms, objective.goodput_slo)
 
 
 def choose_kept(keep: str, ranked: Sequence[dict[str, Any]], records: Sequence[dict[str, Any]]) -> tuple[str, str]:
@@ -178,8 +200,7 @@ def render_markdown(campaign: Campaign, records: Sequence[dict[str, Any]], concu
                     plot_name: str | None, pending: Sequence[str] = ()) -> str:
     """docs/tune/<campaign>.md: the ranking, the failed candidates with their reasons, the diffs."""
     metric = campaign.objective.metric
-    slo = campaign.objective.tpot_p99_slo_ms
-    ranked = rank(records, concurrency, metric, slo)
+    ranked = rank_by(records, concurrency, campaign.objective)
     first = records[0] if records else {}
     engine = (((first.get("bench") or {}).get("env")) or {}).get("engine", first.get("engine", "?"))
     w = campaign.workload
@@ -188,20 +209,23 @@ def render_markdown(campaign: Campaign, records: Sequence[dict[str, Any]], concu
         "",
         f"Inventory `{first.get('inventory', campaign.inventory or '?')}`, target {', '.join(first.get('target') or []) or campaign.target}; "
         f"workload input {w.input_len} / output {w.output_len} tokens, {w.requests} requests per level at C={', '.join(map(str, w.concurrency))}; "
-        f"objective `{metric}` at C={concurrency}" + (f" with TPOT p99 <= {slo:g} ms" if slo else "") + ".",
+        f"objective `{metric}` at C={concurrency} {campaign.objective.describe()}.",
         "",
     ]
     if first.get("measured"):
         lines += [f"Correctness, soak and bench measured {describe_measured(first['measured'])}.", ""]
     if engine == "sim":
         lines += ["**Engine `sim`: a rehearsal. These figures describe the sim's step formula, never SGLang, a GPU or a model.**", ""]
-    lines += [f"| rank | candidate | overlay | {metric} @C={concurrency} | x baseline | TPOT p99 ms | match rate | verdict |",
-              "|---:|---|---|---:|---:|---:|---:|---|"]
+    lines += [f"| rank | candidate | overlay | {metric} @C={concurrency} | x baseline | TPOT p99 ms | KV share of TTFT | match rate | verdict |",
+              "|---:|---|---|---:|---:|---:|---:|---:|---|"]
     for i, row in enumerate(ranked, 1):
         r = row["record"]
         verdict = "pass" + ("" if row["within_slo"] else " (over the TPOT SLO)")
+        # the level's KV hand-off latency mean / its TTFT mean (pdkit bench's kv block; – without one)
+        share = ((level(r, concurrency) or {}).get("kv") or {}).get("ttft_share")
         lines.append(f"| {i} | {r['candidate']} | {_overlay_text(r.get('overlay') or {})} | {_fmt(row['value'])} | "
-                     f"{_fmt(row['ratio'], 3)} | {_fmt(row['tpot_p99_ms'])} | {_fmt((r.get('correctness') or {}).get('match_rate'), 3)} | {verdict} |")
+                     f"{_fmt(row['ratio'], 3)} | {_fmt(row['tpot_p99_ms'])} | {'–' if share is None else f'{share:.0%}'} | "
+                     f"{_fmt((r.get('correctness') or {}).get('match_rate'), 3)} | {verdict} |")
     failed = [r for r in records if r.get("kind") in ("baseline", "candidate") and r["verdict"] != "pass"]
     if failed:
         lines += ["", "## Failed (rolled back to the release before them)", "",

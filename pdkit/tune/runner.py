@@ -52,7 +52,7 @@ from pdkit.tune.results import (
     estimate,
     load_records,
     paths,
-    rank,
+    rank_by,
     resume_plan,
     write_report,
 )
@@ -200,8 +200,8 @@ def expected_downtime(prep: Prepared, records: list[dict[str, Any]]) -> tuple[fl
 def dry_text(prep: Prepared, records: list[dict[str, Any]], todo: list[Candidate]) -> str:
     c = prep.campaign
     lines = [f"pdkit tune --dry: campaign {c.name!r} on {prep.inventory}: nothing will be changed", "",
-             f"target: {', '.join(prep.targets)}; objective {c.objective.metric} at C={prep.target_concurrency}"
-             + (f", TPOT p99 <= {c.objective.tpot_p99_slo_ms:g} ms" if c.objective.tpot_p99_slo_ms else ""),
+             f"target: {', '.join(prep.targets)}; objective {c.objective.metric} at C={prep.target_concurrency} "
+             f"{c.objective.describe()}",
              f"correctness, soak and bench: {measured_text(prep.measured)}", ""]
     done = {r["candidate"] for r in records if r.get("kind") in ("baseline", "candidate")}
     down_s, down_source = expected_downtime(prep, records)
@@ -227,6 +227,20 @@ def dry_text(prep: Prepared, records: list[dict[str, Any]], todo: list[Candidate
     lines += ["", f"estimate: {est['total_s'] / 60:.1f} min for {n} run(s) to go ({per} each)"
               + (f"; assumed, not yet measured: {', '.join(assumed)} time" if assumed else "; from this campaign's records")]
     return "\n".join(lines)
+
+
+def bench_figures(lv: dict[str, Any]) -> str:
+    """One bench level in a progress line: tok/s, TTFT p99, goodput when judged, the KV share of TTFT."""
+    text = f"C={lv['concurrency']} {lv['output_tok_s']:.0f} tok/s"
+    ttft = (lv.get("ttft_ms") or {}).get("p99")
+    if ttft is not None:
+        text += f" TTFT p99 {ttft:.0f} ms"
+    if lv.get("goodput"):
+        text += f" goodput {lv['goodput']['requests_s']:.2f} req/s"
+    share = (lv.get("kv") or {}).get("ttft_share")
+    if share is not None:
+        text += f" KV {share:.0%} of TTFT"
+    return text
 
 
 # ------------------------------------------------------------------ talking to the cluster
@@ -409,7 +423,7 @@ class Session:
         measured = self.prep.measured
         bench = run_bench(spec, concurrency=list(w.concurrency), input_len=w.input_len, output_len=w.output_len,
                           requests=w.requests, warmup=w.warmup, label=f"tune {c.name} {name}", progress=False,
-                          send=measured.stream, measured=measured.describe())
+                          send=measured.stream, measured=measured.describe(), goodput_slo=c.objective.goodput_slo)
         t["bench_s"] = round(time.monotonic() - start, 2)
         record["bench"] = bench
         errors = {lv["concurrency"]: lv["errors"] for lv in bench["levels"] if lv["errors"]}
@@ -417,7 +431,7 @@ class Session:
             why = f"requests failed at C={errors} ({[s for lv in bench['levels'] for s in lv['error_samples']][:2]})"
             record["gates"]["bench"] = {"ok": False, "detail": why}
             raise GateFailed("bench", why)
-        figures = ", ".join(f"C={lv['concurrency']} {lv['output_tok_s']:.0f} tok/s" for lv in bench["levels"])
+        figures = ", ".join(bench_figures(lv) for lv in bench["levels"])
         record["gates"]["bench"] = {"ok": True, "detail": figures}
         self.say("bench", figures, t["bench_s"])
 
@@ -534,7 +548,7 @@ def run_campaign(prep: Prepared, records: list[dict[str, Any]], todo: list[Candi
 def end(session: Session) -> int:
     prep = session.prep
     c = prep.campaign
-    ranked = rank(session.records, prep.target_concurrency, c.objective.metric, c.objective.tpot_p99_slo_ms)
+    ranked = rank_by(session.records, prep.target_concurrency, c.objective)
     kept, why = choose_kept(c.keep, ranked, session.records)
     session.say("keep", f"{kept}: {why}")
     roller = session.roller(kept)

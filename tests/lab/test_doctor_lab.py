@@ -167,6 +167,16 @@ def test_graphs_off_on_one_engine_fails_exactly_that_check_and_the_bench_shows_t
         assert recorded[label]["env"]["measured"] == {"via": "engines", "hosts": [host], "engines": [f"{host}/prefill", f"{host}/{ENGINE}"],
                                                       "routes": [pair]}, recorded[label]["env"]["measured"]
     assert recorded["graphs-on"]["env"]["measured"]["via"] == "router"
+    # each level's KV hand-offs from the prefills' own /metrics (pdkit.kvcost): through the router
+    # every prefill it fronts, with --limit the pair's; one per request, 128 prompt tokens x the
+    # sim's 65,536 bytes each = 8 MiB (SGLang's "MB")
+    for label, prefills in (("graphs-on", None), ("pair-graphs-on", [f"{host}/prefill"])):
+        kv = recorded[label]["levels"][0]["kv"]
+        assert kv["transfers"] >= 48 and "unread" not in kv, (label, kv)
+        assert prefills is None or kv["prefills"] == prefills, (label, kv)
+        assert kv["mb_per_request"] == pytest.approx(8.0, rel=0.01), (label, kv)
+        assert kv["effective_gb_s"] > 0 and 0 < kv["ttft_share"] < 1, (label, kv)
+    assert "KV effective GB/s" in before.stdout
     on, off = (recorded[label]["levels"][0] for label in ("pair-graphs-on", "pair-graphs-off"))
     # the sim's decode step is 3x slower without graphs (no_cuda_graph_factor): the pair's own
     # TPOT follows it, and its tok/s falls by well over the 10% doctor's tolerance

@@ -98,9 +98,22 @@ def test_bench_record_fields_and_consistent_numbers(two_runs):
         assert lv["duration_s"] * 1000 >= lv["e2e_ms"]["mean"] * REQUESTS / lv["concurrency"] * 0.99
     # more requests in flight: more tokens per second through the same engines
     assert record["levels"][1]["output_tok_s"] > record["levels"][0]["output_tok_s"]
+    # the KV hand-off of each level, from the prefill's /metrics before and after it: one transfer
+    # per request (the warm-up's fall before the first level), in SGLang's units: the sim moves
+    # 65,536 bytes per prompt token (PDKIT_SIM_KV_BYTES_PER_TOKEN) at 1.2e9 bytes/s
+    assert record["kv_prefills"] == ["local/prefill"]
+    mib = INPUT_LEN * 65536 / 2**20
+    for lv in record["levels"]:
+        kv = lv["kv"]
+        assert (kv["prefills"], kv["transfers"], "unread" in kv) == (["local/prefill"], REQUESTS, False), kv
+        assert kv["mb_per_request"] == pytest.approx(mib)
+        assert kv["latency_mean_ms"] == pytest.approx(mib * 2**20 / 1.2e9 * 1000, rel=1e-3)
+        assert kv["effective_gb_s"] == pytest.approx(1.2e9 / 2**30, rel=1e-3) == kv["sglang_speed_mean_gb_s"]
+        assert 0 < kv["ttft_share"] < 1 and kv["ttft_share"] == pytest.approx(kv["latency_mean_ms"] / lv["ttft_ms"]["mean"], rel=1e-3)
 
     md = (out / f"{record['id']}.md").read_text()
     assert f"| 1 | {REQUESTS} | 0 |" in md and f"| 4 | {REQUESTS} | 0 |" in md
+    assert f"| 1 | {REQUESTS} | {mib:,.1f} |" in md  # the KV table
     assert (out / f"{record['id']}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "C=4" in runs[0].stderr  # the progress bar
     assert md.strip() in runs[0].stdout

@@ -11,6 +11,7 @@ from pdkit.sim.stepmodel import (
     admit_count,
     decode_step_seconds,
     decode_uses_cuda_graph,
+    kv_transfer_bytes,
     kv_transfer_seconds,
     prefill_passes,
     prefill_step_seconds,
@@ -77,3 +78,18 @@ def test_text_is_deterministic_per_prompt_and_seed():
     assert expected_output(ids, 0, 5) != expected_output(ids, 1, 5)
     assert expected_output(ids, 0, 8).startswith(expected_output(ids, 0, 3))
     assert chat_prompt([{"role": "user", "content": "hi"}]) == "<|user|> hi\n<|assistant|>"
+
+
+def test_kv_transfer_figures_are_in_sglangs_units():
+    """SGLang observes kv_transfer_total_mb as bytes / 2**20 and kv_transfer_speed_gb_s as
+    (MiB / 1024) / seconds (req_time_stats.py compute_and_observe_kv_transfer_metrics); the sim too."""
+    from pdkit.sim.stepmodel import sglang_kv_units
+
+    total_mb, speed = sglang_kv_units(192 * 2**20, 0.5)
+    assert total_mb == 192.0 and speed == pytest.approx(0.375)
+    knobs = Knobs()
+    seconds = kv_transfer_seconds(knobs, 3072)
+    total_mb, speed = sglang_kv_units(kv_transfer_bytes(knobs, 3072), seconds)
+    assert total_mb == 3072 * 65536 / 2**20 == 192.0
+    # the knob is a link rate in bytes/s / 1e9: SGLang's histogram reads it in GiB/s
+    assert speed == pytest.approx(knobs.kv_transfer_gb_s * 1e9 / 2**30)
