@@ -605,7 +605,8 @@ def check_kv_path(obs: EngineObservation, decodes: Sequence[EngineObservation] =
     samples (TTFT: its decodes' own histogram over the same window, else the prefill's); else, no hand-off
     in the window, the totals since the engine started. FAIL when the rate is below the floor and the
     hand-off is more than KV_TTFT_SHARE_WARN of TTFT; WARN when one of the two, or when KV crosses hosts
-    over TCP at all (named, with its fix); a sim engine's rate is its knob, so the floor is not applied."""
+    over TCP at all (named, with its fix); a sim engine's rate is its knob, so it gets the lowest floor
+    (pdkit.monitoring.common.kv_floor, as the alert)."""
     plan = obs.plan
     if _down(obs):
         return _unreachable(plan, "kv_path")
@@ -645,8 +646,13 @@ def check_kv_path(obs: EngineObservation, decodes: Sequence[EngineObservation] =
                 "one; else a larger tuning.page_size (fewer, larger transfers), or keep PD pairs on one host "
                 "(a pd_group per host and a router per node: pdkit_router.workers)")
     sim = plan.engine_kind == "sim"
-    sim_note = ("; sim engine: its KV rate is its kv_transfer_gb_s knob, not a transport, so the floor is not "
-                "applied") if sim else ""
+    sim_note = ""
+    if sim and floor is not None:
+        from pdkit.monitoring.common import kv_floor
+
+        floor = kv_floor(tuple((d, KV_PATHS[n]) for d, n in plan.kv_paths), sim=True)
+        sim_note = (f"; sim engine: its KV rate is its kv_transfer_gb_s knob, not a transport, so it is judged by "
+                    f"the lowest floor, {floor:g} GB/s")
     if fig.transfers == 0:
         reason = f"no KV hand-off since the engine started: cannot measure the path ({where})"
         hint = "send a request through the router (pdkit chat INVENTORY) and re-run"
@@ -659,7 +665,7 @@ def check_kv_path(obs: EngineObservation, decodes: Sequence[EngineObservation] =
     figures_text = (f"{fig.transfers} hand-offs {over}: {fig.mb_per_request or 0:.1f} MB/request, latency mean "
                     f"{_kv_ms(fig.latency_mean_ms)}, p99 {p99}; effective {_kv_gb_s(fig.effective_gb_s)} "
                     f"(SGLang's speed mean {_kv_gb_s(fig.sglang_speed_mean_gb_s)}); {share}; path {where}{sim_note}")
-    slow = (not sim and floor is not None and fig.effective_gb_s is not None and fig.effective_gb_s < floor)
+    slow = (floor is not None and fig.effective_gb_s is not None and fig.effective_gb_s < floor)
     heavy = fig.ttft_share is not None and fig.ttft_share > KV_TTFT_SHARE_WARN
     problems = []
     if slow:

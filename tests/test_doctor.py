@@ -840,9 +840,10 @@ def test_kv_path_judges_doctor_s_own_bench_when_it_ran_one():
     assert_verdict(check_kv_path(prefill, decodes, idle), PASS, "2 hand-offs in the last 3 s")
 
 
-def test_kv_path_does_not_apply_a_hardware_floor_to_the_sim():
+def test_kv_path_judges_the_sim_by_the_lowest_floor():
     """The sim moves KV at its kv_transfer_gb_s knob (1.2e9 B/s, 64 KiB per token: pdkit/sim/stepmodel.py), which
-    is 1.17 GB/s in SGLang's unit (MB / 1024 per s), below the same-host floor: a sim pair on the lab must not FAIL this row."""
+    is 1.17 GB/s in SGLang's unit (MB / 1024 per s), below the same-host floor: a sim pair on the lab must not FAIL
+    this row, so a sim is judged by the lowest floor (1 GB/s), whatever its path; a sim slowed below it fails."""
     from pdkit.sim.knobs import Knobs
     from pdkit.sim.stepmodel import kv_transfer_bytes, kv_transfer_seconds
 
@@ -850,10 +851,14 @@ def test_kv_path_does_not_apply_a_hardware_floor_to_the_sim():
     mb, ms = kv_transfer_bytes(knobs, 128) / 1e6, kv_transfer_seconds(knobs, 128) * 1000
     prefill, decodes = kv_obs(kv_plan(kind="sim"), [], [ms] * 8, mb, ttft_s=(8 * 0.05, 8))
     result = check_kv_path(prefill, decodes)
-    assert_verdict(result, PASS, "effective 1.17 GB/s", "sim engine", "floor is not applied")
+    assert_verdict(result, PASS, "effective 1.17 GB/s", "sim engine", "judged by the lowest floor, 1 GB/s")
     lab = kv_plan((("lab-gpu1", "same-host"), ("lab-gpu2", "cross-host-tcp")), kind="sim")
     prefill, decodes = kv_obs(lab, [], [ms] * 8, mb, ttft_s=(8 * 0.05, 8))
     assert check_kv_path(prefill, decodes).status == WARN  # named: KV crosses hosts over TCP
+    slowed = replace(knobs, kv_transfer_gb_s=0.1)  # PDKIT_SIM_KV_TRANSFER_GB_S=0.1
+    ms = kv_transfer_seconds(slowed, 128) * 1000
+    prefill, decodes = kv_obs(kv_plan(kind="sim"), [], [ms] * 8, mb, ttft_s=(8 * ms * 1.5 / 1000, 8))
+    assert_verdict(check_kv_path(prefill, decodes), FAIL, "below the path's floor 1 GB/s")
 
 
 def test_kv_path_on_the_real_h200_one_host_pair():

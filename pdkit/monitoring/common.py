@@ -7,7 +7,7 @@ import re
 
 import yaml
 
-from pdkit.kvcost import KvPath, kv_path
+from pdkit.kvcost import KV_PATHS, KvPath, kv_path
 from pdkit.metricnames import SGLANG
 from pdkit.spec import ClusterSpec, HostSpec, Monitoring, pairing_sets
 
@@ -121,10 +121,16 @@ def prefill_kv_paths(spec: ClusterSpec) -> dict[tuple[str, str], tuple[tuple[str
     return {k: tuple(sorted(v.items())) for k, v in out.items()}
 
 
-def kv_floor(paths: tuple[tuple[str, KvPath], ...]) -> float | None:
+def kv_floor(paths: tuple[tuple[str, KvPath], ...], sim: bool = False) -> float | None:
     """The effective GB/s below which a prefill's hand-offs are slow: the lowest floor among its paths (its
-    histograms mix every decode it hands to, so the slowest path it may take sets the bar); None without one."""
-    return min((p.floor_gb_s for _, p in paths), default=None)
+    histograms mix every decode it hands to, so the slowest path it may take sets the bar); None without one.
+    A sim engine moves KV at its kv_transfer_gb_s knob (1.2e9 B/s by default: 1.17 GB/s), not over a
+    transport: the lowest floor of any path (pdkit.kvcost.KV_PATHS) for it, whatever its paths."""
+    if not paths:
+        return None
+    if sim:
+        return min(p.floor_gb_s for p in KV_PATHS.values())
+    return min(p.floor_gb_s for _, p in paths)
 
 
 def _seconds(s: int) -> str:
