@@ -28,7 +28,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from pdkit.metricnames import ROUTER
+from pdkit.kvcost import KV_PATHS, KV_TTFT_SHARE_WARN, Histogram, KvFigures, kv_figures, kv_histograms
+from pdkit.metricnames import ROUTER, SGLANG
 from pdkit.exporter.drift import compare_server_info, describe, flag_key
 from pdkit.exporter.metrics import parse_metrics
 
@@ -99,6 +100,12 @@ class EnginePlan:
     rank: int = 0
     nnodes: int = 1
     head: str = ""
+    # a prefill: the KV path to each host holding a decode it may hand KV to ((decode host, pdkit.kvcost.KV_PATHS
+    # name), pdkit.monitoring.common.prefill_kv_paths), those decodes (`host/engine`, pdkit.spec.pairing_sets)
+    # and its node's ucx_net_devices
+    kv_paths: tuple[tuple[str, str], ...] = ()
+    kv_decodes: tuple[str, ...] = ()
+    ucx_net_devices: str | None = None
 
     @property
     def target(self) -> str:
@@ -113,6 +120,10 @@ class Sample:
     at: float = 0.0
     figures: dict[str, Any] | None = None
     error: str | None = None
+    # the KV hand-off histograms (pdkit.kvcost.kv_histograms: a prefill's; empty before its first hand-off)
+    # and (sum, count) of sglang:time_to_first_token_seconds, None where the page has none
+    kv: dict[str, Histogram] | None = None
+    ttft: tuple[float, float] | None = None
 
 
 @dataclass
@@ -172,6 +183,16 @@ class BenchPoint:
     input_len: int = 512
     output_len: int = 128
     requests: int = 64
+    ttft_mean_ms: float | None = None  # the C=16 level's client-side TTFT mean (a fresh bench)
+
+
+@dataclass(frozen=True)
+class KvBench:
+    """One prefill's KV histograms before and after doctor's own C=16 bench, and the bench's TTFT mean."""
+
+    before: dict[str, Histogram]
+    after: dict[str, Histogram]
+    ttft_mean_ms: float | None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -530,6 +551,145 @@ def check_kv_transfers(obs: EngineObservation, router: WorkerOutcomes | None = N
     return _result(plan, name, PASS, f"no failures; {moved:.0f} {moved_key.replace('_', ' ')} handed through PD since start")
 
 
+
+def _ttft_mean_ms(pairs: Iterable[tuple[tuple[float, float] | None, tuple[float, float] | None]]) -> float | None:
+    """Mean TTFT in ms of the observations between each (before, after) pair of (sum, count) readings of
+    sglang:time_to_first_token_seconds (before None: since the engine started), None when none were made."""
+    total = count = 0.0
+    for before, after in pairs:
+        if after is None:
+            continue
+        s0, c0 = before or (0.0, 0.0)
+        if after[1] < c0:  # restarted between the samples
+            s0, c0 = 0.0, 0.0
+        total += after[0] - s0
+        count += after[1] - c0
+    return total / count * 1000.0 if count > 0 else None
+
+
+def _kv_ms(value: float | None, above: bool = False) -> str:
+    if value is None:
+        return "?"
+    return f">{value:.0f} ms" if above else f"{value:.0f} ms"
+
+
+def _kv_gb_s(value: float | None) -> str:
+    return "?" if value is None else f"{value:.3g} GB/s"
+
+
+def kv_path_text(plan: EnginePlan) -> tuple[str, float | None, list[str]]:
+    """(where the prefill's hand-offs go, in words; the effective-GB/s floor they are judged by, the lowest of
+    their paths' floors; the decode hosts reached across hosts over TCP)."""
+    by_path: dict[str, list[str]] = {}
+    for decode_host, name in plan.kv_paths:
+        by_path.setdefault(name, []).append(decode_host)
+    floor = min((KV_PATHS[name].floor_gb_s for name in by_path), default=None)
+    if not by_path:
+        return "no decode planned to pair with it", None, []
+    if len(by_path) == 1:
+        (name, hosts), = by_path.items()
+        where = f"{name} to {', '.join(hosts)} (floor {floor:g} GB/s)"
+    else:
+        parts = "; ".join(f"{name} to {', '.join(hosts)}" for name, hosts in by_path.items())
+        where = f"{parts} (floor {floor:g} GB/s, the slowest path's: the histograms mix them)"
+    return where, floor, by_path.get("cross-host-tcp", [])
+
+
+def check_kv_path(obs: EngineObservation, decodes: Sequence[EngineObservation] = (),
+                  bench: KvBench | None = None) -> CheckResult:
+    """A prefill's KV hand-offs: effective rate (bytes moved / time spent moving them: pdkit.kvcost, a ratio of
+    sums, not SGLang's mean of per-request ratios) against the floor of the slowest path it may take
+    (pdkit.kvcost.KV_PATHS), and the hand-off's share of TTFT against pdkit.kvcost.KV_TTFT_SHARE_WARN.
+
+    The window: doctor's own C=16 bench when it ran one (TTFT: the bench's mean); else the two /metrics
+    samples (TTFT: its decodes' own histogram over the same window, else the prefill's); else, no hand-off
+    in the window, the totals since the engine started. FAIL when the rate is below the floor and the
+    hand-off is more than KV_TTFT_SHARE_WARN of TTFT; WARN when one of the two, or when KV crosses hosts
+    over TCP at all (named, with its fix); a sim engine's rate is its knob, so it gets the lowest floor
+    (pdkit.monitoring.common.kv_floor, as the alert)."""
+    plan = obs.plan
+    if _down(obs):
+        return _unreachable(plan, "kv_path")
+    name = "kv_path"
+    if obs.second.figures is None:
+        return _not_measured(plan, name, f"/metrics unreadable ({obs.second.error})")
+    where, floor, tcp_hosts = kv_path_text(plan)
+    window = obs.second.at - obs.first.at
+    after = obs.second.kv or {}
+    fig: KvFigures | None = None
+    if bench is not None:
+        ttft_ms = bench.ttft_mean_ms
+        fig = kv_figures(bench.before, bench.after, ttft_ms)
+        over, ttft_from = "during doctor's C=16 bench", "the bench's mean"
+    if fig is None or fig.transfers == 0:
+        partners = [d for d in decodes if f"{d.plan.host}/{d.plan.engine}" in plan.kv_decodes]
+        if obs.first.kv is not None:
+            ttft_ms = _ttft_mean_ms((d.first.ttft, d.second.ttft) for d in partners)
+            ttft_from = "its decodes' TTFT histograms over the same window"
+            if ttft_ms is None:
+                ttft_ms, ttft_from = _ttft_mean_ms([(obs.first.ttft, obs.second.ttft)]), "its own TTFT histogram"
+            fig = kv_figures(obs.first.kv, after, ttft_ms)
+            over = f"in the last {window:.0f} s"
+        if fig is None or fig.transfers == 0:
+            ttft_ms = _ttft_mean_ms((None, d.second.ttft) for d in partners)
+            ttft_from = "its decodes' TTFT histograms since they started"
+            if ttft_ms is None:
+                ttft_ms, ttft_from = _ttft_mean_ms([(None, obs.second.ttft)]), "its own TTFT histogram since start"
+            fig = kv_figures({}, after, ttft_ms)
+            over = (f"since the engine started (none in the last {window:.0f} s)" if obs.first.kv is not None
+                    else "since the engine started")
+    devices = f"ucx_net_devices {plan.ucx_net_devices!r} is not an RDMA device" if plan.ucx_net_devices \
+        else "ucx_net_devices is unset"
+    tcp = (f"KV crosses hosts over TCP ({devices}) to {', '.join(tcp_hosts)}: every byte is staged "
+           "GPU -> host -> socket -> host -> GPU") if tcp_hosts else ""
+    tcp_hint = (f"set pdkit_node.ucx_net_devices on {plan.host} to its RDMA NIC (e.g. 'mlx5_0:1') if the hosts have "
+                "one; else a larger tuning.page_size (fewer, larger transfers), or keep PD pairs on one host "
+                "(a pd_group per host and a router per node: pdkit_router.workers)")
+    sim = plan.engine_kind == "sim"
+    sim_note = ""
+    if sim and floor is not None:
+        from pdkit.monitoring.common import kv_floor
+
+        floor = kv_floor(tuple((d, KV_PATHS[n]) for d, n in plan.kv_paths), sim=True)
+        sim_note = (f"; sim engine: its KV rate is its kv_transfer_gb_s knob, not a transport, so it is judged by "
+                    f"the lowest floor, {floor:g} GB/s")
+    if fig.transfers == 0:
+        reason = f"no KV hand-off since the engine started: cannot measure the path ({where})"
+        hint = "send a request through the router (pdkit chat INVENTORY) and re-run"
+        if tcp:
+            return _result(plan, name, WARN, f"{tcp}; {reason}", f"{tcp_hint}; {hint}")
+        return _result(plan, name, WARN, reason, hint)
+    p99 = _kv_ms(fig.latency_p99_ms, fig.latency_p99_above_buckets)
+    share = (f"{fig.ttft_share:.0%} of TTFT (mean {ttft_ms:.0f} ms, "
+             f"{ttft_from})") if fig.ttft_share is not None else "share of TTFT unknown (no TTFT observed)"
+    figures_text = (f"{fig.transfers} hand-offs {over}: {fig.mb_per_request or 0:.1f} MB/request, latency mean "
+                    f"{_kv_ms(fig.latency_mean_ms)}, p99 {p99}; effective {_kv_gb_s(fig.effective_gb_s)} "
+                    f"(SGLang's speed mean {_kv_gb_s(fig.sglang_speed_mean_gb_s)}); {share}; path {where}{sim_note}")
+    slow = (floor is not None and fig.effective_gb_s is not None and fig.effective_gb_s < floor)
+    heavy = fig.ttft_share is not None and fig.ttft_share > KV_TTFT_SHARE_WARN
+    problems = []
+    if slow:
+        problems.append(f"effective {_kv_gb_s(fig.effective_gb_s)} is below the path's floor {floor:g} GB/s")
+    if heavy:
+        problems.append(f"the hand-off is {fig.ttft_share:.0%} of TTFT (above {KV_TTFT_SHARE_WARN:.0%})")
+    if tcp:
+        problems.insert(0, tcp)
+    if not problems:
+        return _result(plan, name, PASS, figures_text)
+    hints = [tcp_hint] if tcp else []
+    names = {n for _, n in plan.kv_paths}
+    if slow and not tcp and "same-host" in names:
+        hints.append("on one host UCX must keep cuda_ipc (UCX_TLS; UCX_PROTO_INFO=y in the engine's environment "
+                     "logs the lane UCX picked)")
+    if slow and not tcp and "cross-host-rdma" in names:
+        hints.append(f"across hosts check that ucx_net_devices ({plan.ucx_net_devices}) names the NIC nearest the "
+                     "GPUs and that its link is up (ibstat); UCX_PROTO_INFO=y logs the lane UCX picked")
+    if heavy:
+        hints.append("hand-offs queue behind each other (the prefill's inflight queue, PD dashboard): fewer, "
+                     "larger transfers (tuning.page_size) or more prefill/decode pairs")
+    status: Status = FAIL if slow and heavy else WARN
+    return _result(plan, name, status, "; ".join(problems) + ". " + figures_text, "; ".join(hints))
+
 def _queue_depth(figures: dict[str, Any]) -> float:
     return figures.get("queued_requests", 0.0) + sum((figures.get("pd_queues") or {}).values())
 
@@ -663,6 +823,7 @@ ENGINE_CHECKS: tuple[tuple[Callable[..., CheckResult], frozenset[str]], ...] = (
     (check_context_length, frozenset({"prefill", "decode", "unified"})),
     (check_env, frozenset({"prefill", "decode", "unified"})),
     (check_kv_transfers, frozenset({"prefill", "decode"})),
+    (check_kv_path, frozenset({"prefill"})),
     (check_queues, frozenset({"prefill", "decode", "unified"})),
 )
 # a rank above 0 of an engine spanning nodes: no HTTP, its process only (through its host's exporter)
@@ -672,8 +833,10 @@ RANK_CHECKS: tuple[Callable[[EngineObservation], CheckResult], ...] = (check_ran
 def evaluate(engines: Sequence[EngineObservation], routers: Sequence[RouterObservation],
              recorded: BenchPoint | None = None, measured: BenchPoint | None = None,
              tolerance: float = DEFAULT_TOLERANCE, cluster_host: str = "",
-             reboots: dict[str, tuple[float | None, str | None]] | None = None) -> list[CheckResult]:
-    """Every check over the collected observations, in table order (host, engine, check)."""
+             reboots: dict[str, tuple[float | None, str | None]] | None = None,
+             kv_bench: dict[tuple[str, str], KvBench] | None = None) -> list[CheckResult]:
+    """Every check over the collected observations, in table order (host, engine, check). `kv_bench`: each
+    prefill's KV histograms around doctor's own bench ((host, engine) -> KvBench), when it ran one."""
     results: list[CheckResult] = []
     versions: dict[int, CheckResult] = {}
     groups: dict[str, list[EngineObservation]] = {}
@@ -691,7 +854,13 @@ def evaluate(engines: Sequence[EngineObservation], routers: Sequence[RouterObser
             continue
         for check, roles in ENGINE_CHECKS:
             if obs.plan.role in roles:
-                results.append(check(obs, worker_outcomes(routers, obs.plan.url)) if check is check_kv_transfers else check(obs))
+                if check is check_kv_transfers:
+                    results.append(check(obs, worker_outcomes(routers, obs.plan.url)))
+                elif check is check_kv_path:
+                    decodes = [o for o in engines if o.plan.role == "decode" and o.plan.rank == 0]
+                    results.append(check(obs, decodes, (kv_bench or {}).get((obs.plan.host, obs.plan.engine))))
+                else:
+                    results.append(check(obs))
         results.append(versions[id(obs)])
     results += [check_reboot(host, pending, why) for host, (pending, why) in (reboots or {}).items()]
     results += [check_router_workers(r) for r in routers]
@@ -794,12 +963,24 @@ def exporter_views(text: str) -> dict[str, ExporterView]:
 def engine_plans(spec) -> list[EnginePlan]:
     """What each engine of the spec should be running."""
     from pdkit import flags
-    from pdkit.spec import decode_graph_required_bs, effective_decode_graph_max_bs
+    from pdkit.monitoring.common import prefill_kv_paths
+    from pdkit.spec import decode_graph_required_bs, effective_decode_graph_max_bs, pairing_sets
 
     target = spec.cluster.target_concurrency
+    kv_paths = prefill_kv_paths(spec)
+    kv_decodes: dict[tuple[str, str], set[str]] = {}
+    for _label, members in pairing_sets(spec):
+        decodes = {f"{h.name}/{e.name}" for h, e in members if e.role == "decode"}
+        for h, e in members:
+            if e.role == "prefill":
+                kv_decodes.setdefault((h.name, e.name), set()).update(decodes)
     out = []
     for host, engine in spec.engines():
         tuning = spec.engine_tuning(engine)
+        kv = ({"kv_paths": tuple((d, p.name) for d, p in kv_paths.get((host.name, engine.name), ())),
+               "kv_decodes": tuple(sorted(kv_decodes.get((host.name, engine.name), ()))),
+               "ucx_net_devices": host.node.ucx_net_devices if host.node is not None else None}
+              if engine.role == "prefill" else {})
         # every rank of an engine spanning nodes, rank 0 first: each on its own host, with that
         # host's NCCL/UCX environment and its own argv (--node-rank)
         for rank, node in enumerate(spec.engine_hosts(host, engine)):
@@ -819,6 +1000,7 @@ def engine_plans(spec) -> list[EnginePlan]:
                 graph_max_bs=effective_decode_graph_max_bs(spec, host, engine),
                 required_bs=decode_graph_required_bs(engine, target),
                 env_names=tuple(planned_env),
+                **kv,
                 **({"rank": rank, "nnodes": engine.nnodes, "head": host.name} if engine.spans_nodes else {}),
             ))
     return out
@@ -866,7 +1048,7 @@ def _sample(url: str, timeout_s: float) -> Sample:
     if body is None:
         return Sample(at, None, error)
     try:
-        return Sample(at, parse_metrics(body))
+        return Sample(at, parse_metrics(body), kv=kv_histograms(body), ttft=histogram_mean(body, SGLANG["ttft"]))
     except ValueError as exc:
         return Sample(at, None, f"unreadable /metrics: {str(exc)[:120]}")
 
@@ -984,6 +1166,15 @@ def c16_throughput(record: dict[str, Any]) -> float | None:
     return None
 
 
+def c16_ttft_mean_ms(record: dict[str, Any]) -> float | None:
+    """The client-side TTFT mean (ms) of the C=16 level of one pdkit.bench record."""
+    for level in record.get("levels") or []:
+        if level.get("concurrency") == BENCH_CONCURRENCY:
+            mean = (level.get("ttft_ms") or {}).get("mean")
+            return float(mean) if isinstance(mean, (int, float)) else None
+    return None
+
+
 def last_recorded(runs: Iterable[dict[str, Any]], cluster: str, engine: str) -> BenchPoint | None:
     """The newest clean C=16 level recorded through the router for this cluster and engine kind (sim
     and sglang never compare; a bench of chosen hosts' engines, env.measured.via "engines", is not
@@ -1024,7 +1215,9 @@ def fresh_bench(spec, like: BenchPoint, progress: Callable[[str], None], show_ba
     record = bench.run_bench(spec, concurrency=[BENCH_CONCURRENCY], input_len=like.input_len, output_len=like.output_len,
                              requests=requests, label="pdkit doctor", probe_drivers=False, progress=show_bar)
     value = c16_throughput(record)
-    return BenchPoint(value, "now", like.input_len, like.output_len, requests) if value is not None else None
+    if value is None:
+        return None
+    return BenchPoint(value, "now", like.input_len, like.output_len, requests, c16_ttft_mean_ms(record))
 
 
 def per_engine_bench(spec, like: BenchPoint, progress: Callable[[str], None], show_bar: bool) -> dict:
@@ -1057,16 +1250,34 @@ def run_doctor(spec, *, window_s: float = 3.0, probe_requests: int = 8, timeout_
     """Collect from the live cluster and run every check."""
     collected = collect(spec, window_s=window_s, probe_requests=probe_requests, timeout_s=timeout_s, progress=progress)
     recorded = recorded_bench(spec, runs_path)
-    measured, speed = None, []
+    measured, speed, kv_bench = None, [], None
     if bench and recorded is not None:
         decode = [o.plan for o in collected.engines if o.plan.role in ("decode", "unified") and o.plan.rank == 0]
+        prefill = [o.plan for o in collected.engines if o.plan.role == "prefill" and o.plan.rank == 0]
+        kv_before = _kv_pages(prefill, timeout_s)
         measured = fresh_bench(spec, recorded, progress, show_bar)
+        kv_after = _kv_pages(prefill, timeout_s)
+        ttft = measured.ttft_mean_ms if measured is not None else None
+        kv_bench = {k: KvBench(kv_before.get(k) or {}, after, ttft) for k, after in kv_after.items() if after is not None}
         before = _itl_sums(decode, timeout_s)
         per_engine_bench(spec, recorded, progress, show_bar)
         after = _itl_sums(decode, timeout_s)
         speed = check_decode_speed({k: _mean_between(before.get(k), after.get(k)) for k in after}, tolerance)
     cluster_host = spec.router_hosts[0].name if spec.router_hosts else ""
-    return evaluate(collected.engines, collected.routers, recorded, measured, tolerance, cluster_host, collected.reboots) + speed
+    return evaluate(collected.engines, collected.routers, recorded, measured, tolerance, cluster_host, collected.reboots,
+                    kv_bench) + speed
+
+
+def _kv_pages(plans: Sequence[EnginePlan], timeout_s: float) -> dict[tuple[str, str], dict[str, Histogram] | None]:
+    """(host, engine) -> each prefill's KV histograms now (None: its /metrics did not answer)."""
+    out: dict[tuple[str, str], dict[str, Histogram] | None] = {}
+    for p in plans:
+        body, _ = _get(f"{p.url}/metrics", timeout_s)
+        try:
+            out[(p.host, p.engine)] = kv_histograms(body) if body is not None else None
+        except ValueError:
+            out[(p.host, p.engine)] = None
+    return out
 
 
 def _itl_sums(plans: Sequence[EnginePlan], timeout_s: float) -> dict[tuple[str, str], tuple[float, float] | None]:
@@ -1153,7 +1364,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 __all__ = [
     "BenchPoint", "CheckResult", "EngineObservation", "EnginePlan", "ExporterView", "RouterObservation", "Sample",
     "add_parser", "check_context_length", "check_decode_cuda_graphs", "check_env", "check_flags", "check_graph_buckets",
-    "check_kv_transfers", "check_queues", "check_reachable", "check_router_workers", "check_throughput", "check_versions",
+    "check_kv_path", "check_kv_transfers", "check_queues", "check_reachable", "check_router_workers", "check_throughput", "check_versions",
     "check_decode_speed", "histogram_mean",
     "collect", "evaluate", "exit_code", "exporter_views", "render_table", "run_doctor",
 ]

@@ -26,6 +26,7 @@ from pdkit.doctor import (
     BenchPoint,
     EngineObservation,
     EnginePlan,
+    KvBench,
     RouterObservation,
     Sample,
     WorkerOutcomes,
@@ -35,6 +36,7 @@ from pdkit.doctor import (
     check_env,
     check_flags,
     check_graph_buckets,
+    check_kv_path,
     check_kv_transfers,
     check_queues,
     check_reachable,
@@ -44,13 +46,17 @@ from pdkit.doctor import (
     evaluate,
     exit_code,
     exporter_views,
+    histogram_mean,
     last_recorded,
     render_table,
     router_outcomes,
     worker_outcomes,
 )
 from pdkit.exporter.metrics import parse_metrics
+from pdkit.kvcost import kv_histograms
+from pdkit.metricnames import SGLANG
 from pdkit.health import router_worker_health
+from tests.test_kvcost import page
 
 DATA = Path(__file__).resolve().parent / "doctor_data"
 WINDOW_S = 3.0
@@ -68,6 +74,11 @@ def figures(scenario: str, engine: str, n: int) -> dict:
     return parse_metrics((DATA / scenario / f"{engine}.metrics{n}.txt").read_text())
 
 
+def sample(at: float, text: str) -> Sample:
+    """A /metrics sample as `collect` takes it (doctor's _sample) from a page's text."""
+    return Sample(at, parse_metrics(text), kv=kv_histograms(text), ttft=histogram_mean(text, SGLANG["ttft"]))
+
+
 def observe(scenario: str, engine: str, plan_scenario: str | None = None) -> EngineObservation:
     """An observation as `collect` builds it, from one capture (the plan may come from another)."""
     plan = plans(plan_scenario or scenario)[engine]
@@ -75,8 +86,8 @@ def observe(scenario: str, engine: str, plan_scenario: str | None = None) -> Eng
     return EngineObservation(
         plan=plan,
         server_info=json.loads((DATA / scenario / f"{engine}.server_info.json").read_text()),
-        first=Sample(0.0, figures(scenario, engine, 1)),
-        second=Sample(WINDOW_S, figures(scenario, engine, 2)),
+        first=sample(0.0, (DATA / scenario / f"{engine}.metrics1.txt").read_text()),
+        second=sample(WINDOW_S, (DATA / scenario / f"{engine}.metrics2.txt").read_text()),
         exporter=views[engine],
     )
 
@@ -429,7 +440,8 @@ def test_every_engine_gets_its_role_s_checks_once():
     checks = {}
     for r in results:
         checks.setdefault(r.target, []).append(r.check)
-    assert checks["prefill"] == ["reachable", "flags", "context_length", "process_env", "kv_transfer", "queues", "version"]
+    assert checks["prefill"] == ["reachable", "flags", "context_length", "process_env", "kv_transfer", "kv_path", "queues",
+                                 "version"]
     assert checks["decode"] == ["reachable", "flags", "decode_cuda_graph", "graph_buckets", "context_length", "process_env",
                                 "kv_transfer", "queues", "version"]
     assert checks["router"] == ["router_workers"] and checks["cluster"] == ["throughput_c16"]
@@ -725,3 +737,172 @@ def test_collect_sends_no_http_to_a_rank_above_0_and_reads_its_hosts_exporter(mo
     rank_rows = [r for r in results if r.target == "decode rank 1"]
     assert {r.check: r.status for r in rank_rows} == {"rank_process": WARN, "flags": WARN, "process_env": WARN}
     assert not any(r.check == "reachable" and r.target == "decode rank 1" for r in results)
+
+
+# ---- kv_path: the KV hand-off's effective rate and share of TTFT, per prefill, against its path's floor
+
+
+def kv_plan(paths: tuple[tuple[str, str], ...] = (("lab-gpu1", "same-host"),), devices: str | None = None,
+            kind: str = "sglang") -> EnginePlan:
+    decodes = tuple(f"{h}/decode" for h, _ in paths)
+    return replace(plans("lab_base")["prefill"], kv_paths=paths, kv_decodes=decodes, ucx_net_devices=devices,
+                   engine_kind=kind)
+
+
+def kv_obs(plan: EnginePlan, before_ms: list[float], after_ms: list[float], mb: float,
+           ttft_s: tuple[float, float] | None = None) -> tuple[EngineObservation, list[EngineObservation]]:
+    """A prefill whose hand-offs took BEFORE_MS then BEFORE_MS + AFTER_MS (MB each), and its decode on
+    plan.kv_decodes[0] whose TTFT histogram grew by TTFT_S (sum s, count) in the window."""
+    first, second = page(before_ms, mb), page(before_ms + after_ms, mb)
+    prefill = EngineObservation(plan=plan, first=sample(0.0, first), second=sample(WINDOW_S, second))
+    host, engine = plan.kv_decodes[0].split("/")
+    decode_plan = replace(plans("lab_base")["decode"], host=host)
+    decode = EngineObservation(plan=decode_plan, first=Sample(0.0, {}, ttft=(0.0, 0.0)),
+                               second=Sample(WINDOW_S, {}, ttft=ttft_s))
+    return prefill, [decode]
+
+
+def test_kv_path_passes_a_fast_same_host_pair_and_shows_its_figures():
+    prefill, decodes = kv_obs(kv_plan(), [], [10.0] * 8, 192.0, ttft_s=(0.8, 8))  # 18.75 GB/s, 10% of 100 ms
+    result = check_kv_path(prefill, decodes)
+    assert_verdict(result, PASS, "8 hand-offs in the last 3 s", "192.0 MB/request", "latency mean 10 ms", "p99 ",
+                   "effective 18.8 GB/s", "SGLang's speed mean 18.8 GB/s", "10% of TTFT (mean 100 ms",
+                   "same-host to lab-gpu1 (floor 10 GB/s)")
+
+
+def test_kv_path_warns_a_same_host_pair_below_its_floor_that_is_a_small_part_of_ttft():
+    prefill, decodes = kv_obs(kv_plan(), [], [100.0] * 8, 192.0, ttft_s=(8.0, 8))  # 1.9 GB/s, 10% of 1 s
+    assert_verdict(check_kv_path(prefill, decodes), WARN, "below the path's floor 10 GB/s", "cuda_ipc", "UCX_PROTO_INFO")
+
+
+def test_kv_path_fails_the_h200_cross_host_tcp_pair():
+    """The measured case (issue 33): 192 MB hand-offs taking 8-10 s across two hosts over TCP, TTFT 15 s at C=16,
+    while SGLang's speed histogram (a mean of per-request ratios, here one fast hand-off among slow ones) looked
+    healthy."""
+    plan = kv_plan((("pdkit-a", "same-host"), ("pdkit-b", "cross-host-tcp")), devices="host0")
+    prefill, decodes = kv_obs(plan, [], [9000.0] * 7 + [8000.0] * 8 + [3.0], 192.0, ttft_s=(15.0 * 16, 16))
+    result = check_kv_path(prefill, decodes)
+    assert_verdict(result, FAIL, "KV crosses hosts over TCP (ucx_net_devices 'host0' is not an RDMA device) to pdkit-b",
+                   "below the path's floor 1 GB/s", "of TTFT (above 50%)", "p99 >5000 ms", "effective 0.0236 GB/s",
+                   "set pdkit_node.ucx_net_devices on lab-gpu1 to its RDMA NIC", "tuning.page_size",
+                   "keep PD pairs on one host", "floor 1 GB/s, the slowest path's")
+    assert "SGLang's speed mean 3.93 GB/s" in result.reason  # the mean of ratios: over 100x the effective rate
+
+
+def test_kv_path_names_a_tcp_pair_even_when_it_is_fast_enough():
+    plan = kv_plan((("lab-gpu2", "cross-host-tcp"),))
+    prefill, decodes = kv_obs(plan, [], [50.0] * 4, 192.0, ttft_s=(2.0, 4))  # 3.75 GB/s, 10% of 500 ms
+    result = check_kv_path(prefill, decodes)
+    assert_verdict(result, WARN, "KV crosses hosts over TCP (ucx_net_devices is unset)", "effective 3.75 GB/s",
+                   "ucx_net_devices")
+    assert "below" not in result.reason
+
+
+@pytest.mark.parametrize(("latency_ms", "ttft_x", "status"), [(10.0, 5.0, PASS), (1000.0, 1.2, FAIL)])
+def test_kv_path_over_rdma_is_judged_by_the_rdma_floor(latency_ms, ttft_x, status):
+    # 18.75 GB/s at 20% of TTFT; 0.19 GB/s at 83% of TTFT
+    plan = kv_plan((("gpu-d0", "cross-host-rdma"),), devices="mlx5_0:1")
+    prefill, decodes = kv_obs(plan, [], [latency_ms] * 4, 192.0, ttft_s=(4 * ttft_x * latency_ms / 1000, 4))
+    result = check_kv_path(prefill, decodes)
+    assert_verdict(result, status, "cross-host-rdma to gpu-d0 (floor 5 GB/s)")
+    assert "TCP" not in result.reason
+    if status == FAIL:
+        assert "ibstat" in result.hint and "mlx5_0:1" in result.hint
+
+
+def test_kv_path_warns_when_the_hand_off_is_most_of_ttft():
+    prefill, decodes = kv_obs(kv_plan(), [], [15.0] * 4, 192.0, ttft_s=(4 * 0.025, 4))  # 12.5 GB/s, 60% of 25 ms
+    assert_verdict(check_kv_path(prefill, decodes), WARN, "the hand-off is 60% of TTFT (above 50%)", "inflight queue")
+
+
+def test_kv_path_falls_back_to_the_totals_since_start_and_says_so():
+    prefill, decodes = kv_obs(kv_plan(), [10.0] * 5, [], 192.0, ttft_s=None)
+    result = check_kv_path(prefill, decodes)
+    assert_verdict(result, PASS, "5 hand-offs since the engine started (none in the last 3 s)",
+                   "share of TTFT unknown")
+
+
+def test_kv_path_reads_ttft_from_the_prefill_when_its_decodes_have_none():
+    plan = kv_plan()
+    prefill, _ = kv_obs(plan, [], [10.0] * 4, 192.0)
+    prefill.first.ttft, prefill.second.ttft = (0.0, 0.0), (0.4, 4)
+    assert_verdict(check_kv_path(prefill, []), PASS, "10% of TTFT (mean 100 ms, its own TTFT histogram)")
+
+
+def test_kv_path_judges_doctor_s_own_bench_when_it_ran_one():
+    prefill, decodes = kv_obs(kv_plan(), [], [10.0] * 2, 192.0, ttft_s=(0.2, 2))
+    # 16 more hand-offs of 400 ms each during the bench (0.47 GB/s), at 67% of the bench's TTFT
+    bench = KvBench(prefill.second.kv, kv_histograms(page([10.0] * 2 + [400.0] * 16, 192.0)), ttft_mean_ms=600.0)
+    assert_verdict(check_kv_path(prefill, decodes, bench), FAIL, "16 hand-offs during doctor's C=16 bench",
+                   "67% of TTFT (mean 600 ms, the bench's mean)", "below the path's floor 10 GB/s")
+    # a bench that moved nothing through this prefill: the samples' window decides
+    idle = KvBench(prefill.second.kv, prefill.second.kv, ttft_mean_ms=600.0)
+    assert_verdict(check_kv_path(prefill, decodes, idle), PASS, "2 hand-offs in the last 3 s")
+
+
+def test_kv_path_judges_the_sim_by_the_lowest_floor():
+    """The sim moves KV at its kv_transfer_gb_s knob (1.2e9 B/s, 64 KiB per token: pdkit/sim/stepmodel.py), which
+    is 1.17 GB/s in SGLang's unit (MB / 1024 per s), below the same-host floor: a sim pair on the lab must not FAIL
+    this row, so a sim is judged by the lowest floor (1 GB/s), whatever its path; a sim slowed below it fails."""
+    from pdkit.sim.knobs import Knobs
+    from pdkit.sim.stepmodel import kv_transfer_bytes, kv_transfer_seconds
+
+    knobs = Knobs()
+    mb, ms = kv_transfer_bytes(knobs, 128) / 1e6, kv_transfer_seconds(knobs, 128) * 1000
+    prefill, decodes = kv_obs(kv_plan(kind="sim"), [], [ms] * 8, mb, ttft_s=(8 * 0.05, 8))
+    result = check_kv_path(prefill, decodes)
+    assert_verdict(result, PASS, "effective 1.17 GB/s", "sim engine", "judged by the lowest floor, 1 GB/s")
+    lab = kv_plan((("lab-gpu1", "same-host"), ("lab-gpu2", "cross-host-tcp")), kind="sim")
+    prefill, decodes = kv_obs(lab, [], [ms] * 8, mb, ttft_s=(8 * 0.05, 8))
+    assert check_kv_path(prefill, decodes).status == WARN  # named: KV crosses hosts over TCP
+    slowed = replace(knobs, kv_transfer_gb_s=0.1)  # PDKIT_SIM_KV_TRANSFER_GB_S=0.1
+    ms = kv_transfer_seconds(slowed, 128) * 1000
+    prefill, decodes = kv_obs(kv_plan(kind="sim"), [], [ms] * 8, mb, ttft_s=(8 * ms * 1.5 / 1000, 8))
+    assert_verdict(check_kv_path(prefill, decodes), FAIL, "below the path's floor 1 GB/s")
+
+
+def test_kv_path_on_the_real_h200_one_host_pair():
+    """Real SGLang 0.5.17 pages (one H200, prefill and decode on one host): 622 hand-offs of 8 MB in the window,
+    0.23 GB/s effective while SGLang's speed mean says 0.47 GB/s; TTFT from the decode's histogram."""
+    prefill = observe_real((REAL / "metrics-base-before-prefill.txt").read_text(),
+                           (REAL / "metrics-base-after-prefill.txt").read_text(), engine="prefill")
+    prefill.first = sample(0.0, (REAL / "metrics-base-before-prefill.txt").read_text())
+    prefill.second = sample(WINDOW_S, (REAL / "metrics-base-after-prefill.txt").read_text())
+    prefill.plan = kv_plan((("h200", "same-host"),))
+    decode = observe_real((REAL / "metrics-base-before-decode.txt").read_text(),
+                          (REAL / "metrics-base-after-decode.txt").read_text())
+    decode.first = sample(0.0, (REAL / "metrics-base-before-decode.txt").read_text())
+    decode.second = sample(WINDOW_S, (REAL / "metrics-base-after-decode.txt").read_text())
+    decode.plan = replace(decode.plan, host="h200")
+    result = check_kv_path(prefill, [decode])
+    assert result.status == WARN, result  # below the 10 GB/s same-host floor, but 22% of TTFT: not a FAIL
+    for words in ("622 hand-offs", "8.0 MB/request", "effective 0.229 GB/s", "SGLang's speed mean 0.472 GB/s",
+                  "22% of TTFT (mean 153 ms, its decodes' TTFT histograms over the same window)"):
+        assert words in result.reason, (words, result.reason)
+
+
+def test_kv_path_warns_without_any_hand_off():
+    prefill, decodes = kv_obs(kv_plan(), [], [], 192.0)
+    assert_verdict(check_kv_path(prefill, decodes), WARN, "no KV hand-off since the engine started", "pdkit chat")
+
+
+def test_kv_path_plans_come_from_the_pairing_sets():
+    from pdkit.doctor import engine_plans
+    from pdkit.loader import load
+
+    by = {(p.host, p.engine): p for p in engine_plans(load("inventories/h200-nspawn-pair.py"))}
+    a = by[("pdkit-a", "prefill")]
+    assert a.kv_paths == (("pdkit-a", "same-host"), ("pdkit-b", "cross-host-tcp"))
+    assert a.kv_decodes == ("pdkit-a/decode", "pdkit-b/decode")
+    assert by[("pdkit-a", "decode")].kv_paths == ()
+    rdma = {(p.host, p.engine): p for p in engine_plans(load("inventories/multinode.py"))}
+    assert rdma[("gpu-p0", "prefill")].kv_paths == (("gpu-d0", "cross-host-rdma"),)
+
+
+def test_the_doc_lists_every_kv_path_with_its_floor():
+    from pdkit.kvcost import KV_PATHS, KV_TTFT_SHARE_WARN
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "doctor.md").read_text()
+    for path in KV_PATHS.values():
+        assert re.search(rf"^\| `{path.name}` \|.*\| {path.floor_gb_s:g} \|$", doc, re.M), path
+    assert f"({KV_TTFT_SHARE_WARN:.0%})" in doc

@@ -798,3 +798,41 @@ def test_the_lab_alert_clock_is_refused_on_real_nodes_and_bounded(base, tmp_path
     hosts["mon01"]["pdkit_monitoring"] = {"lab_alert_speedup": 1}
     spec, problems = load_with_problems(str(write_inventory(tmp_path, hosts, cluster)))
     assert spec is not None and not [p for p in problems if p.severity == "error"], problems
+
+
+def test_kv_handoff_alert_renders_each_prefill_s_floor_from_its_path(base, tmp_path):
+    """PdkitKvHandoffSlow: gpu01's prefill hands KV only to its own host's decode (same-host floor), gpu02's
+    pd_group also holds a decode on gpu03 reached over TCP (ucx_net_devices a netdev: the TCP floor); promtool runs
+    the generated cases, one of which puts both prefills at a rate between the two floors."""
+    from pdkit.kvcost import KV_PATHS
+
+    cluster, hosts = base
+    hosts["gpu02"]["pdkit_node"]["ucx_net_devices"] = "eth0"
+    hosts["gpu03"] = {"ssh_hostname": "10.9.0.4", "pdkit_node": {
+        "gpus": hosts["gpu02"]["pdkit_node"]["gpus"], "ucx_net_devices": "eth0",
+        "engines": [{"name": "decode", "role": "decode", "gpus": [0, 1], "port": 30001, "pd_group": "g2"}]}}
+    spec = _spec(tmp_path, cluster, hosts)
+    alert = next(a for a in mon.alerts(spec) if a.name == "PdkitKvHandoffSlow")
+    floors = {s["instance"]: s["floor"] for s in alert.subjects}
+    same, tcp = KV_PATHS["same-host"].floor_gb_s, KV_PATHS["cross-host-tcp"].floor_gb_s
+    assert floors == {"gpu01/prefill": f"{same:g}", "gpu02/prefill": f"{tcp:g}"}
+    assert f'instance=~"gpu01/prefill"' in alert.expr and f'instance=~"gpu02/prefill"' in alert.expr
+    assert f'"floor", "{same:g}"' in alert.expr and f'"floor", "{tcp:g}"' in alert.expr
+    names = [t["name"] for t in yaml.safe_load(mon.rule_tests(spec))["tests"]]
+    assert any(n.startswith("PdkitKvHandoffSlow at ") and "fires for gpu01/prefill" in n for n in names), names
+    assert "PdkitKvHandoffSlow stays quiet for gpu01/prefill while it hands nothing off" in names
+    assert "PdkitKvHandoffSlow fires for gpu01/prefill while slow and resolves once fast" in names
+    d = _write_monitoring_dir(spec, tmp_path / "mon")
+    res = _promtool("test", "rules", "rules/pdkit.test.yml", cwd=d)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_kv_handoff_alert_cases_can_fail(lab_spec, tmp_path):
+    """The generated cases really test the floor: the same cases against rules whose floor is 100x lower stop
+    firing, and promtool says so."""
+    d = _write_monitoring_dir(lab_spec, tmp_path / "mon")
+    rules = (d / mon.RULES_RELATIVE_PATH).read_text()
+    assert ") < 1,\n" in rules
+    (d / mon.RULES_RELATIVE_PATH).write_text(rules.replace(") < 1,\n", ") < 0.01,\n"))
+    res = _promtool("test", "rules", "rules/pdkit.test.yml", cwd=d)
+    assert res.returncode != 0 and "PdkitKvHandoffSlow" in res.stdout + res.stderr

@@ -44,7 +44,7 @@ class Inhibition:
 
 # Alerts that describe one engine (they carry its `instance`, pdkit.monitoring.common.ENGINE_BY)
 ENGINE_SYMPTOMS = ("PdkitEngineWedged", "PdkitQueueGrowing", "PdkitKvTransferFailures", "PdkitBootstrapFailures",
-                   "PdkitTtftP99OverSlo", "PdkitDecodeCudaGraphRatioLow")
+                   "PdkitTtftP99OverSlo", "PdkitDecodeCudaGraphRatioLow", "PdkitKvHandoffSlow")
 # What a router says about its workers (they carry the router's `node`)
 ROUTER_WORKER_ALERTS = ("PdkitRouterWorkerUnhealthy", "PdkitRouterCircuitOpen", "PdkitRouterRetriesExhausted",
                         "PdkitRouterWorkersOverloaded", "PdkitRouterAdmissionRejected", "PdkitRouterPdRendezvousFailed")

@@ -173,6 +173,12 @@ def _hist_mean(name: str, matchers: str) -> str:
             f'sum by (instance) (rate({name}_count{{{matchers}}}[{RATE}]))')
 
 
+def _kv_effective(matchers: str) -> str:
+    """Effective KV hand-off rate per engine over the rate interval, GB/s as SGLang writes it (a ratio of sums)."""
+    return (f'(sum by (instance) (rate({SGLANG["kv_transfer_total"]}_sum{{{matchers}}}[{RATE}])) / 1024) / '
+            f'(sum by (instance) (rate({SGLANG["kv_transfer_latency"]}_sum{{{matchers}}}[{RATE}])) / 1000)')
+
+
 def _overview(spec: ClusterSpec) -> dict:
     slo = _monitoring(spec).ttft_p99_slo_s
     S = SGLANG
@@ -265,11 +271,16 @@ def _pd(spec: ClusterSpec) -> dict:
            description="Requests whose KV is arriving from prefill."),
         _row("KV transfer"),
         # histograms observed per transfer by the prefill side; no data until its first transfer
-        _P("KV transfer speed (mean per transfer)", [
-            _Q(_hist_mean(S["kv_transfer_speed"], pdm), "{{instance}}")],
-           unit="GBs", description="Mean KV transfer speed per transfer over the interval, from SGLang's "
-                                   "sglang:kv_transfer_speed_gb_s histogram (rate of _sum / rate of _count; page "
-                                   "size 1 splits a transfer into many small pieces: a PD lever)."),
+        _P("KV transfer rate: effective / SGLang's mean per transfer", [
+            _Q(_kv_effective(pdm), "{{instance}} effective"),
+            _Q(_hist_mean(S["kv_transfer_speed"], pdm), "{{instance}} SGLang mean")],
+           unit="GBs", description="Effective: MiB moved / 1024 over the seconds spent moving them in the "
+                                   "interval (rate of kv_transfer_total_mb_sum / 1024 over rate of "
+                                   "kv_transfer_latency_ms_sum / 1000: a ratio of sums, pdkit.kvcost), the figure "
+                                   "doctor's kv_path row and the PdkitKvHandoffSlow alert judge against the path's "
+                                   "floor. SGLang mean: the mean of sglang:kv_transfer_speed_gb_s, a mean of "
+                                   "per-request speeds that a few fast transfers keep high while queued ones wait "
+                                   "seconds. Page size 1 splits a transfer into many small pieces: a PD lever."),
         _P("KV transfer latency mean / p99", [
             _Q(_hist_mean(S["kv_transfer_latency"], pdm), "{{instance}} mean"),
             _Q(f'histogram_quantile(0.99, sum by (instance, le) (rate({S["kv_transfer_latency"]}_bucket{{{pdm}}}'

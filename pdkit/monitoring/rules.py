@@ -13,11 +13,12 @@ from typing import NamedTuple
 
 from pdkit import flags
 from pdkit.catalogue import router_families
+from pdkit.kvcost import KV_PATHS
 from pdkit.metricnames import EXPORTER, EXPORTER_RANK_UP, ROUTER, SGLANG
 from pdkit.monitoring.common import (
     ENGINE_BY, EXPORTER_BY, JOB_DCGM, JOB_ENGINE, JOB_EXPORTER, JOB_NODE, JOB_PROMETHEUS, JOB_ROUTER, QUEUES,
     QUEUE_ROLES, ROUTER_BY, WORKER_BY, _alt, _by, _fmt, _monitoring, _num, _pick, _scaled, _seconds, _series, _speedup, _window,
-    _duration_s, engine_instance,
+    _duration_s, engine_instance, kv_floor, prefill_kv_paths,
     promql_regex, scraped_hosts, to_yaml,
 )
 from pdkit.monitoring.scrape import Target, targets
@@ -41,6 +42,11 @@ QUEUE_MIN_DEPTH = 1
 FAILURES_FOR = "1m"
 # an engine holding requests (running or queued) that generates no token for this long is wedged
 WEDGED_FOR = "1m"
+# a prefill's KV hand-offs slower than its path's floor (pdkit.kvcost.KV_PATHS) for this long while they happen:
+# longer than a burst that queues hand-offs for a minute or two
+KV_SLOW_FOR = "10m"
+# PdkitKvHandoffSlow's labels: the engine's and the floor it is judged by
+KV_SLOW_BY = (*ENGINE_BY, "floor")
 CUDA_GRAPH_RATIO_MIN = 0.9
 CUDA_GRAPH_RATIO_FOR = "10m"
 TTFT_FOR = "5m"
@@ -764,6 +770,119 @@ def _pd_failures(c: _Context) -> list[Alert]:
     return out
 
 
+def kv_effective_gb_s(by: str, w: str, instances: str | None = None) -> str:
+    """PromQL: a prefill's effective KV hand-off rate over W in SGLang's unit (pdkit.kvcost: a ratio of sums, MiB
+    moved / 1024 over seconds spent moving them), per BY; INSTANCES: an `instance=~` regex, or every prefill."""
+    sel = f'instance=~"{instances}"' if instances is not None else 'role="prefill"'
+    mb, ms = SGLANG["kv_transfer_total"], SGLANG["kv_transfer_latency"]
+    return (f"(sum by ({by}) (rate({mb}_sum{{{sel}}}[{w}])) / 1024)\n"
+            f"/\n(sum by ({by}) (rate({ms}_sum{{{sel}}}[{w}])) / 1000)")
+
+
+def kv_floors_text() -> str:
+    """The floors of pdkit.kvcost.KV_PATHS in words, for the alert's annotations, table line and runbook."""
+    return ", ".join(f"{p.name} {p.floor_gb_s:g}" for p in KV_PATHS.values()) + " GB/s"
+
+
+def _kv_rows(s: dict[str, str], gb_s: float | None, n: int = 25) -> list[tuple[str, str]]:
+    """A prefill's KV histogram series for promtool: 10 hand-offs a minute of 1 s each, with MiB a minute so
+    that the effective rate is GB_S; None: idle (old totals that do not move)."""
+    labels = _engine_labels(s)
+    ms, mb = SGLANG["kv_transfer_latency"], SGLANG["kv_transfer_total"]
+    if gb_s is None:
+        return [(_series(f"{ms}_count", labels), f"100x{n}"), (_series(f"{ms}_sum", labels), f"100000x{n}"),
+                (_series(f"{mb}_sum", labels), f"50000x{n}")]
+    return [(_series(f"{ms}_count", labels), f"0+10x{n}"), (_series(f"{ms}_sum", labels), f"0+10000x{n}"),
+            (_series(f"{mb}_sum", labels), f"0+{_num(gb_s * 1024 * 10)}x{n}")]
+
+
+# a prefill's KV hand-offs slower than the floor of its path (same host, across hosts over RDMA or TCP:
+# pdkit.kvcost.kv_path per pair, the lowest floor among the decodes it may hand to) while hand-offs happen.
+# The floor is rendered per instance from the spec: one clause per distinct floor.
+@_declares("PdkitKvHandoffSlow")
+def _kv_handoff_slow(c: _Context) -> list[Alert]:
+    spec, w, by = c.spec, c.w, c.by
+    sim = spec.cluster.engine == "sim"
+    floors: dict[str, float] = {}
+    for (host, engine), paths in prefill_kv_paths(spec).items():
+        floor = kv_floor(paths, sim=sim)
+        if floor is not None:
+            instance = engine_instance(spec.host(host), engine)
+            floors[instance] = floor
+    subjects = tuple({**t.labels, "model_name": c.model_of[t.labels["instance"]],
+                      "floor": _num(floors[t.labels["instance"]])}
+                     for t in c.engines if t.labels["instance"] in floors)
+    if not subjects:
+        return []
+    ms = SGLANG["kv_transfer_latency"]
+    clauses = []
+    for floor in sorted(set(floors.values()), reverse=True):
+        inst = promql_regex(sorted(i for i, f in floors.items() if f == floor))
+        moving = f'sum by ({by}) (rate({ms}_count{{instance=~"{inst}"}}[{w}])) > 0'
+        slow = f"(\n{kv_effective_gb_s(by, w, inst)}\n) < {_num(floor)}"
+        # the floor as a label: the annotations name it
+        clauses.append(f'label_replace(\n{slow},\n"floor", "{_num(floor)}", "", ""\n)\nand on ({by})\n{moving}')
+    expr = "\nor\n".join(clauses)
+
+    def case(s: dict[str, str], bad: bool) -> list[tuple[str, str]]:
+        # bad: half the instance's floor; healthy: twice it
+        return _kv_rows(s, float(s["floor"]) * (0.5 if bad else 2))
+
+    def extra(subjects: tuple[dict[str, str], ...]) -> list[dict]:
+        out = []
+        for s in subjects[:1]:
+            exp = [{**_pick(s, KV_SLOW_BY), "severity": "warning"}]
+            out.append(_alert_test(f"PdkitKvHandoffSlow stays quiet for {s['instance']} while it hands nothing off",
+                                   "PdkitKvHandoffSlow", _kv_rows(s, None, 30), "25m", []))
+            # half the floor for 20 minutes, then twice it: firing at 18m, resolved by 40m
+            slow, fast = float(s["floor"]) * 0.5 * 10240, float(s["floor"]) * 2 * 10240
+            rows = _kv_rows(s, 1.0, 45)[:2]
+            rows.append((_series(f"{SGLANG['kv_transfer_total']}_sum", _engine_labels(s)),
+                         f"0+{_num(slow)}x20 {_num(slow * 20 + fast)}+{_num(fast)}x24"))
+            test = _alert_test(f"PdkitKvHandoffSlow fires for {s['instance']} while slow and resolves once fast",
+                               "PdkitKvHandoffSlow", rows, "18m", exp)
+            test["alert_rule_test"].append({"eval_time": "40m", "alertname": "PdkitKvHandoffSlow", "exp_alerts": []})
+            out.append(test)
+        # one rate between two instances' floors: it fires for the one with the higher floor only
+        by_floor = {s["floor"]: s for s in subjects}
+        if len(by_floor) > 1:
+            low = by_floor[min(by_floor, key=float)]
+            high = by_floor[max(by_floor, key=float)]
+            between = (float(low["floor"]) + float(high["floor"])) / 2
+            out.append(_alert_test(f"PdkitKvHandoffSlow at {_fmt(between)} GB/s fires for {high['instance']} (floor "
+                                   f"{high['floor']}), not {low['instance']} (floor {low['floor']})",
+                                   "PdkitKvHandoffSlow", _kv_rows(high, between) + _kv_rows(low, between), "20m",
+                                   [{**_pick(high, KV_SLOW_BY), "severity": "warning"}]))
+        return out
+
+    return [Alert(
+        name="PdkitKvHandoffSlow",
+        expr=expr,
+        value=kv_effective_gb_s(by, w),
+        for_=c.for_(KV_SLOW_FOR), severity="warning",
+        summary="KV hand-offs from {{ $labels.instance }} are slower than {{ $labels.floor }} GB/s",
+        description=(
+            "The prefill {{ $labels.instance }} moved KV to its decodes at an effective rate (MiB moved / 1024 over "
+            f"seconds spent moving them, over {w}: a ratio of sums, not SGLang's mean of per-request speeds) below "
+            "{{ $labels.floor }} GB/s, the floor of the slowest path it may take (pdkit.kvcost.KV_PATHS: "
+            + kv_floors_text() + "), for " + c.for_(KV_SLOW_FOR) + " while hand-offs happened. "
+            "Requests wait for their KV: TTFT grows.\n"
+            "What to do: `pdkit doctor INVENTORY` (its `kv_path` row names the path, the rate and the share of "
+            "TTFT); across hosts over TCP set pdkit_node.ucx_net_devices to the RDMA NIC, or a larger page_size, "
+            "or keep PD pairs on one host; on one host UCX_TLS must keep cuda_ipc (UCX_PROTO_INFO=y logs the "
+            "lane UCX picked)."),
+        subjects=subjects,
+        case=case,
+        exp_labels=lambda s: _pick(s, KV_SLOW_BY),
+        eval_time="20m",
+        absent_ok=(SGLANG["kv_transfer_latency"], SGLANG["kv_transfer_total"]),
+        extra_tests=extra,
+        fires_when=("a prefill's effective KV rate (ratio of sums) is below the floor of the slowest path it may "
+                    f"take (`pdkit.kvcost.KV_PATHS`: {kv_floors_text()}; a sim: the lowest) while hand-offs "
+                    f"happen, for {c.for_(KV_SLOW_FOR)}"),
+    )]
+
+
 # decode CUDA-graph ratio (only engines whose spec turns decode graphs on)
 @_declares("PdkitDecodeCudaGraphRatioLow")
 def _decode_graph_ratio(c: _Context) -> list[Alert]:
@@ -1141,6 +1260,28 @@ RUNBOOKS: dict[str, Runbook] = {
              "from the decode node: `nc -vz <prefill node> <bootstrap port>`",
              "the decode's journal: " + _JOURNAL,
              "restart the decode (`pdkit roll INVENTORY --limit {node}`) if the prefill was replaced")),
+    "PdkitKvHandoffSlow": Runbook(
+        means="A prefill's KV hand-offs to its decodes ran below the floor of the slowest path it may take, for "
+              "10m while hand-offs happened. The rate is effective: MiB moved / 1024 over the seconds spent "
+              "moving them (a ratio of sums over the rate window, queueing behind other hand-offs included), not "
+              "SGLang's `kv_transfer_speed_gb_s` mean of per-request speeds, which a few fast hand-offs keep "
+              "looking healthy. The floor (label `floor`) is rendered per prefill from the spec: the lowest of "
+              "the paths to the decodes it may pair with (`pdkit.kvcost.KV_PATHS`: " + kv_floors_text() + "; "
+              "same-host is cuda_ipc, cross-host-tcp is `ucx_net_devices` unset or not an RDMA device); a sim: "
+              "the lowest. Requests wait for their KV: TTFT grows (an H200 pair across two hosts over TCP took "
+              "8-10 s per 192 MB hand-off, TTFT 15 s at C=16).",
+        causes=("KV crosses hosts over TCP: `pdkit_node.ucx_net_devices` unset or a netdev, so UCX stages every "
+                "byte through host memory and sockets",
+                "on one host, `UCX_TLS` without `cuda_ipc` (the lane UCX picked: `UCX_PROTO_INFO=y`)",
+                "hand-offs queue behind each other: long prompts at high concurrency, small pages "
+                "(`tuning.page_size`)",
+                "over RDMA, the NIC named is not the GPUs' nearest, or its link is down"),
+        run=("`pdkit doctor INVENTORY` (or `--bench`): the prefill's `kv_path` row names the path, the effective "
+             "rate beside SGLang's mean, the p99 latency and the hand-off's share of TTFT",
+             "the PD dashboard: KV transfer effective rate and latency, the prefill inflight queue",
+             "across hosts: set `pdkit_node.ucx_net_devices` to the RDMA NIC (e.g. `mlx5_0:1`) if the hosts have "
+             "one, else a larger `tuning.page_size`, or keep PD pairs on one host (a pd_group per host and a "
+             "router per node); then `pdkit roll INVENTORY --limit {node}`")),
     "PdkitDecodeCudaGraphRatioLow": Runbook(
         means="Fewer than 90% of an engine's decode passes ran in a CUDA graph although its spec turns decode "
               "graphs on: decode is CPU-launch bound (the seeds measured 3-5x less throughput). Only engines "
