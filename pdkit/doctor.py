@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from pdkit.kvcost import KV_PATHS, KV_TTFT_SHARE_WARN, Histogram, KvFigures, kv_figures, kv_histograms
+from pdkit.kvcost import KV_PATHS, KV_RATE_MIN_MB, KV_TTFT_SHARE_WARN, Histogram, KvFigures, kv_figures, kv_floor, kv_histograms, rate_judged
 from pdkit.metricnames import ROUTER, SGLANG
 from pdkit.exporter.drift import compare_server_info, describe, flag_key
 from pdkit.exporter.metrics import parse_metrics
@@ -101,7 +101,7 @@ class EnginePlan:
     nnodes: int = 1
     head: str = ""
     # a prefill: the KV path to each host holding a decode it may hand KV to ((decode host, pdkit.kvcost.KV_PATHS
-    # name), pdkit.monitoring.common.prefill_kv_paths), those decodes (`host/engine`, pdkit.spec.pairing_sets)
+    # name), pdkit.spec.prefill_kv_paths), those decodes (`host/engine`, pdkit.spec.pairing_sets)
     # and its node's ucx_net_devices
     kv_paths: tuple[tuple[str, str], ...] = ()
     kv_decodes: tuple[str, ...] = ()
@@ -606,7 +606,7 @@ def check_kv_path(obs: EngineObservation, decodes: Sequence[EngineObservation] =
     in the window, the totals since the engine started. FAIL when the rate is below the floor and the
     hand-off is more than KV_TTFT_SHARE_WARN of TTFT; WARN when one of the two, or when KV crosses hosts
     over TCP at all (named, with its fix); a sim engine's rate is its knob, so it gets the lowest floor
-    (pdkit.monitoring.common.kv_floor, as the alert)."""
+    (pdkit.kvcost.kv_floor, as the alert)."""
     plan = obs.plan
     if _down(obs):
         return _unreachable(plan, "kv_path")
@@ -648,8 +648,6 @@ def check_kv_path(obs: EngineObservation, decodes: Sequence[EngineObservation] =
     sim = plan.engine_kind == "sim"
     sim_note = ""
     if sim and floor is not None:
-        from pdkit.monitoring.common import kv_floor
-
         floor = kv_floor(tuple((d, KV_PATHS[n]) for d, n in plan.kv_paths), sim=True)
         sim_note = (f"; sim engine: its KV rate is its kv_transfer_gb_s knob, not a transport, so it is judged by "
                     f"the lowest floor, {floor:g} GB/s")
@@ -664,8 +662,12 @@ def check_kv_path(obs: EngineObservation, decodes: Sequence[EngineObservation] =
              f"{ttft_from})") if fig.ttft_share is not None else "share of TTFT unknown (no TTFT observed)"
     figures_text = (f"{fig.transfers} hand-offs {over}: {fig.mb_per_request or 0:.1f} MB/request, latency mean "
                     f"{_kv_ms(fig.latency_mean_ms)}, p99 {p99}; effective {_kv_gb_s(fig.effective_gb_s)} "
-                    f"(SGLang's speed mean {_kv_gb_s(fig.sglang_speed_mean_gb_s)}); {share}; path {where}{sim_note}")
-    slow = (floor is not None and fig.effective_gb_s is not None and fig.effective_gb_s < floor)
+                    f"(SGLang's speed mean {_kv_gb_s(fig.sglang_speed_mean_gb_s)}"
+                    f"{'' if rate_judged(fig.mb_per_request) else f'; rate not judged under {KV_RATE_MIN_MB:g} MiB: latency-bound'}"
+                    f"); {share}; path {where}{sim_note}")
+    # small hand-offs are latency-bound: their rate is not judged, their TTFT share is (pdkit.kvcost)
+    slow = (floor is not None and fig.effective_gb_s is not None and fig.effective_gb_s < floor
+            and rate_judged(fig.mb_per_request))
     heavy = fig.ttft_share is not None and fig.ttft_share > KV_TTFT_SHARE_WARN
     problems = []
     if slow:
@@ -963,8 +965,7 @@ def exporter_views(text: str) -> dict[str, ExporterView]:
 def engine_plans(spec) -> list[EnginePlan]:
     """What each engine of the spec should be running."""
     from pdkit import flags
-    from pdkit.monitoring.common import prefill_kv_paths
-    from pdkit.spec import decode_graph_required_bs, effective_decode_graph_max_bs, pairing_sets
+    from pdkit.spec import decode_graph_required_bs, effective_decode_graph_max_bs, pairing_sets, prefill_kv_paths
 
     target = spec.cluster.target_concurrency
     kv_paths = prefill_kv_paths(spec)

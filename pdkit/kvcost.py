@@ -167,24 +167,51 @@ class KvPath:
     why: str
 
 
-# Floors are for the pair's effective rate over a window, queueing included. Decided once here:
-# doctor's kv_path row, the PdkitKvHandoffSlow alert and docs/monitoring.md read them.
+# Floors are for the pair's effective rate over a window, queueing included: well under what a healthy
+# path of that class moves, well over what the next-worse class moves. Decided once here: doctor's
+# kv_path row, the PdkitKvHandoffSlow alert and docs/doctor.md read them.
 KV_PATHS = {
-    # same host: prefill writes decode's GPU memory over cuda_ipc (pdkit.flags.ucx_env); the H200
-    # one-host pair measured 35.6 GB/s by SGLang's speed and 4.9 GB/s effective at C=1 (docs/gpu.md)
-    "same-host": KvPath("same-host", "cuda_ipc", 10.0, "prefill writes the decode's GPU memory directly (cuda_ipc)"),
-    # across hosts over InfiniBand/RoCE: GPUDirect RDMA, one NIC at 200-400 Gb/s is 25-50 GB/s
-    "cross-host-rdma": KvPath("cross-host-rdma", "rc/ud verbs (GPUDirect RDMA)", 5.0,
+    # same host: prefill writes decode's GPU memory over cuda_ipc (pdkit.flags.ucx_env). Measured on
+    # the H200 (docs/gpu.md, "KV hand-off at long prompts"): 4.9 GB/s effective for 192 MiB hand-offs
+    # over cuda_ipc; the same pair with cuda_ipc taken out of UCX_TLS (TCP) 0.35 GB/s: the floor
+    # tells the two apart
+    "same-host": KvPath("same-host", "cuda_ipc", 2.0, "prefill writes the decode's GPU memory directly (cuda_ipc)"),
+    # across hosts over InfiniBand/RoCE: GPUDirect RDMA, one NIC at 200-400 Gb/s is 25-50 GB/s; not
+    # measured here (no RDMA on the lent machine): the same floor as one host
+    "cross-host-rdma": KvPath("cross-host-rdma", "rc/ud verbs (GPUDirect RDMA)", 2.0,
                               "across hosts over RDMA (ucx_net_devices names a verbs device)"),
-    # across hosts over TCP: GPU memory staged through host memory (cuda_copy) and sockets
-    "cross-host-tcp": KvPath("cross-host-tcp", "tcp + cuda_copy staging", 1.0,
+    # across hosts over TCP: UCX emulates the GPU-to-GPU put in software over sockets, 8 KiB fragments
+    # each copied GPU -> host -> socket -> host -> GPU (UCX_PROTO_INFO: "software emulation | tcp");
+    # 0.35 GB/s for one hand-off at a time on the H200, and one prefill thread per decode serialises
+    # them, so 16 concurrent hand-offs wait ~8 s each: the floor catches that queue
+    "cross-host-tcp": KvPath("cross-host-tcp", "tcp (software-emulated put, GPU memory staged through host memory)", 0.2,
                              "across hosts over TCP sockets: every byte is copied GPU -> host -> socket -> host -> GPU"),
 }
 
+# Below this mean hand-off size (MiB) the rate is not judged: small hand-offs are bound by per-transfer
+# latency, not bandwidth (the H200 one-host pair moved 8 MiB hand-offs at 0.23 GB/s effective while
+# healthy, 22% of TTFT); their cost shows in the TTFT share instead
+KV_RATE_MIN_MB = 32.0
 
 # KV hand-off latency over mean TTFT above which doctor warns: past half, TTFT is mostly the
 # hand-off and the prefill's compute is no longer what a user waits for
 KV_TTFT_SHARE_WARN = 0.5
+
+
+def rate_judged(mb_per_request: float | None) -> bool:
+    """Whether hand-offs of this mean size are judged by their rate (KV_RATE_MIN_MB)."""
+    return mb_per_request is not None and mb_per_request >= KV_RATE_MIN_MB
+
+
+def kv_floor(paths: "tuple[tuple[str, KvPath], ...]", sim: bool = False) -> float | None:
+    """The effective GB/s below which a prefill's hand-offs are slow: the lowest floor among its paths (its
+    histograms mix every decode it hands to, so the slowest path it may take sets the bar); None without one.
+    A sim engine moves KV at its kv_transfer_gb_s knob, not over a transport: the lowest floor of any path."""
+    if not paths:
+        return None
+    if sim:
+        return min(p.floor_gb_s for p in KV_PATHS.values())
+    return min(p.floor_gb_s for _, p in paths)
 
 
 def net_devices_are_rdma(ucx_net_devices: str | None) -> bool:

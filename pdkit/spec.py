@@ -29,7 +29,7 @@ from pdkit.faultbudget import FaultBudget
 from pdkit.faultbudget import ROUTER_FLAGS as ROUTER_BUDGET_FLAGS
 from pdkit.faultbudget import problems as fault_budget_problems
 from pdkit.faultbudget import router_flags
-from pdkit.kvcost import kv_path
+from pdkit.kvcost import KvPath, kv_path
 from pdkit.parsertable import all_speculative_algorithms
 from pdkit.versions import DEFAULT_SGLANG_VERSION, ROUTER_RELEASES, SGLANG_RELEASES
 
@@ -1187,6 +1187,24 @@ def pairing_sets(spec: ClusterSpec) -> list[tuple[str, list[tuple[HostSpec, Engi
             groups.setdefault(engine.pd_group, []).append((host, engine))
     sets += [(f"PD group {name!r}", members) for name, members in groups.items()]
     return sets
+
+
+def prefill_kv_paths(spec: ClusterSpec) -> dict[tuple[str, str], tuple[tuple[str, KvPath], ...]]:
+    """(prefill host, prefill engine) -> ((decode host, path), ...): the KV path to every host holding a decode
+    the prefill may hand KV to (any decode of a pairing set it is in: pdkit.spec.pairing_sets), one per decode
+    host, by kv_path with the prefill node's ucx_net_devices. doctor's kv_path row and the
+    PdkitKvHandoffSlow alert read the same paths."""
+    out: dict[tuple[str, str], dict[str, KvPath]] = {}
+    for _label, members in pairing_sets(spec):
+        decode_hosts = [h.name for h, e in members if e.role == "decode"]
+        for host, engine in members:
+            if engine.role != "prefill":
+                continue
+            devices = host.node.ucx_net_devices if host.node is not None else None
+            slot = out.setdefault((host.name, engine.name), {})
+            for d in decode_hosts:
+                slot.setdefault(d, kv_path(host.name, d, devices))
+    return {k: tuple(sorted(v.items())) for k, v in out.items()}
 
 
 _HOSTNAME_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")

@@ -53,7 +53,7 @@ from pdkit.doctor import (
     worker_outcomes,
 )
 from pdkit.exporter.metrics import parse_metrics
-from pdkit.kvcost import kv_histograms
+from pdkit.kvcost import KV_PATHS, KV_RATE_MIN_MB, kv_histograms
 from pdkit.metricnames import SGLANG
 from pdkit.health import router_worker_health
 from tests.test_kvcost import page
@@ -741,6 +741,8 @@ def test_collect_sends_no_http_to_a_rank_above_0_and_reads_its_hosts_exporter(mo
 
 # ---- kv_path: the KV hand-off's effective rate and share of TTFT, per prefill, against its path's floor
 
+SAME_HOST, RDMA, TCP = (KV_PATHS[n].floor_gb_s for n in ("same-host", "cross-host-rdma", "cross-host-tcp"))
+
 
 def kv_plan(paths: tuple[tuple[str, str], ...] = (("lab-gpu1", "same-host"),), devices: str | None = None,
             kind: str = "sglang") -> EnginePlan:
@@ -767,12 +769,12 @@ def test_kv_path_passes_a_fast_same_host_pair_and_shows_its_figures():
     result = check_kv_path(prefill, decodes)
     assert_verdict(result, PASS, "8 hand-offs in the last 3 s", "192.0 MB/request", "latency mean 10 ms", "p99 ",
                    "effective 18.8 GB/s", "SGLang's speed mean 18.8 GB/s", "10% of TTFT (mean 100 ms",
-                   "same-host to lab-gpu1 (floor 10 GB/s)")
+                   f"same-host to lab-gpu1 (floor {SAME_HOST:g} GB/s)")
 
 
 def test_kv_path_warns_a_same_host_pair_below_its_floor_that_is_a_small_part_of_ttft():
     prefill, decodes = kv_obs(kv_plan(), [], [100.0] * 8, 192.0, ttft_s=(8.0, 8))  # 1.9 GB/s, 10% of 1 s
-    assert_verdict(check_kv_path(prefill, decodes), WARN, "below the path's floor 10 GB/s", "cuda_ipc", "UCX_PROTO_INFO")
+    assert_verdict(check_kv_path(prefill, decodes), WARN, f"below the path's floor {SAME_HOST:g} GB/s", "cuda_ipc", "UCX_PROTO_INFO")
 
 
 def test_kv_path_fails_the_h200_cross_host_tcp_pair():
@@ -783,9 +785,9 @@ def test_kv_path_fails_the_h200_cross_host_tcp_pair():
     prefill, decodes = kv_obs(plan, [], [9000.0] * 7 + [8000.0] * 8 + [3.0], 192.0, ttft_s=(15.0 * 16, 16))
     result = check_kv_path(prefill, decodes)
     assert_verdict(result, FAIL, "KV crosses hosts over TCP (ucx_net_devices 'host0' is not an RDMA device) to pdkit-b",
-                   "below the path's floor 1 GB/s", "of TTFT (above 50%)", "p99 >5000 ms", "effective 0.0236 GB/s",
+                   f"below the path's floor {TCP:g} GB/s", "of TTFT (above 50%)", "p99 >5000 ms", "effective 0.0236 GB/s",
                    "set pdkit_node.ucx_net_devices on lab-gpu1 to its RDMA NIC", "tuning.page_size",
-                   "keep PD pairs on one host", "floor 1 GB/s, the slowest path's")
+                   "keep PD pairs on one host", f"floor {TCP:g} GB/s, the slowest path's")
     assert "SGLang's speed mean 3.93 GB/s" in result.reason  # the mean of ratios: over 100x the effective rate
 
 
@@ -804,7 +806,7 @@ def test_kv_path_over_rdma_is_judged_by_the_rdma_floor(latency_ms, ttft_x, statu
     plan = kv_plan((("gpu-d0", "cross-host-rdma"),), devices="mlx5_0:1")
     prefill, decodes = kv_obs(plan, [], [latency_ms] * 4, 192.0, ttft_s=(4 * ttft_x * latency_ms / 1000, 4))
     result = check_kv_path(prefill, decodes)
-    assert_verdict(result, status, "cross-host-rdma to gpu-d0 (floor 5 GB/s)")
+    assert_verdict(result, status, f"cross-host-rdma to gpu-d0 (floor {RDMA:g} GB/s)")
     assert "TCP" not in result.reason
     if status == FAIL:
         assert "ibstat" in result.hint and "mlx5_0:1" in result.hint
@@ -834,7 +836,7 @@ def test_kv_path_judges_doctor_s_own_bench_when_it_ran_one():
     # 16 more hand-offs of 400 ms each during the bench (0.47 GB/s), at 67% of the bench's TTFT
     bench = KvBench(prefill.second.kv, kv_histograms(page([10.0] * 2 + [400.0] * 16, 192.0)), ttft_mean_ms=600.0)
     assert_verdict(check_kv_path(prefill, decodes, bench), FAIL, "16 hand-offs during doctor's C=16 bench",
-                   "67% of TTFT (mean 600 ms, the bench's mean)", "below the path's floor 10 GB/s")
+                   "67% of TTFT (mean 600 ms, the bench's mean)", f"below the path's floor {SAME_HOST:g} GB/s")
     # a bench that moved nothing through this prefill: the samples' window decides
     idle = KvBench(prefill.second.kv, prefill.second.kv, ttft_mean_ms=600.0)
     assert_verdict(check_kv_path(prefill, decodes, idle), PASS, "2 hand-offs in the last 3 s")
@@ -842,23 +844,33 @@ def test_kv_path_judges_doctor_s_own_bench_when_it_ran_one():
 
 def test_kv_path_judges_the_sim_by_the_lowest_floor():
     """The sim moves KV at its kv_transfer_gb_s knob (1.2e9 B/s, 64 KiB per token: pdkit/sim/stepmodel.py), which
-    is 1.17 GB/s in SGLang's unit (MB / 1024 per s), below the same-host floor: a sim pair on the lab must not FAIL
-    this row, so a sim is judged by the lowest floor (1 GB/s), whatever its path; a sim slowed below it fails."""
+    is 1.12 GB/s in SGLang's unit (MiB / 1024 per s), below the same-host floor: a sim pair on the lab must not
+    FAIL this row, so a sim is judged by the lowest floor, whatever its path; a sim slowed below it fails once
+    its hand-offs are large enough for their rate to be judged (pdkit.kvcost.KV_RATE_MIN_MB)."""
     from pdkit.sim.knobs import Knobs
     from pdkit.sim.stepmodel import kv_transfer_bytes, kv_transfer_seconds
 
     knobs = Knobs()
-    mb, ms = kv_transfer_bytes(knobs, 128) / 1e6, kv_transfer_seconds(knobs, 128) * 1000
-    prefill, decodes = kv_obs(kv_plan(kind="sim"), [], [ms] * 8, mb, ttft_s=(8 * 0.05, 8))
+    mb, ms = kv_transfer_bytes(knobs, 1024) / 2**20, kv_transfer_seconds(knobs, 1024) * 1000
+    assert mb >= KV_RATE_MIN_MB
+    prefill, decodes = kv_obs(kv_plan(kind="sim"), [], [ms] * 8, mb, ttft_s=(8 * ms * 3 / 1000, 8))
     result = check_kv_path(prefill, decodes)
-    assert_verdict(result, PASS, "effective 1.17 GB/s", "sim engine", "judged by the lowest floor, 1 GB/s")
+    assert_verdict(result, PASS, "effective 1.12 GB/s", "sim engine", f"judged by the lowest floor, {TCP:g} GB/s")
     lab = kv_plan((("lab-gpu1", "same-host"), ("lab-gpu2", "cross-host-tcp")), kind="sim")
-    prefill, decodes = kv_obs(lab, [], [ms] * 8, mb, ttft_s=(8 * 0.05, 8))
+    prefill, decodes = kv_obs(lab, [], [ms] * 8, mb, ttft_s=(8 * ms * 3 / 1000, 8))
     assert check_kv_path(prefill, decodes).status == WARN  # named: KV crosses hosts over TCP
-    slowed = replace(knobs, kv_transfer_gb_s=0.1)  # PDKIT_SIM_KV_TRANSFER_GB_S=0.1
-    ms = kv_transfer_seconds(slowed, 128) * 1000
+    slowed = replace(knobs, kv_transfer_gb_s=TCP / 2)  # PDKIT_SIM_KV_TRANSFER_GB_S at half the lowest floor
+    ms = kv_transfer_seconds(slowed, 1024) * 1000
     prefill, decodes = kv_obs(kv_plan(kind="sim"), [], [ms] * 8, mb, ttft_s=(8 * ms * 1.5 / 1000, 8))
-    assert_verdict(check_kv_path(prefill, decodes), FAIL, "below the path's floor 1 GB/s")
+    assert_verdict(check_kv_path(prefill, decodes), FAIL, f"below the path's floor {TCP:g} GB/s")
+
+
+def test_kv_path_does_not_judge_the_rate_of_small_hand_offs():
+    """8 MiB hand-offs at 0.2 GB/s are latency-bound: below every floor, yet not slow; their share of TTFT is judged."""
+    prefill, decodes = kv_obs(kv_plan(), [], [40.0] * 8, 8.0, ttft_s=(8 * 0.2, 8))  # 0.2 GB/s, 20% of 200 ms
+    assert_verdict(check_kv_path(prefill, decodes), PASS, f"rate not judged under {KV_RATE_MIN_MB:g} MiB")
+    prefill, decodes = kv_obs(kv_plan(), [], [40.0] * 8, 8.0, ttft_s=(8 * 0.05, 8))  # 80% of 50 ms
+    assert_verdict(check_kv_path(prefill, decodes), WARN, "of TTFT (above 50%)")
 
 
 def test_kv_path_on_the_real_h200_one_host_pair():
@@ -875,8 +887,9 @@ def test_kv_path_on_the_real_h200_one_host_pair():
     decode.second = sample(WINDOW_S, (REAL / "metrics-base-after-decode.txt").read_text())
     decode.plan = replace(decode.plan, host="h200")
     result = check_kv_path(prefill, [decode])
-    assert result.status == WARN, result  # below the 10 GB/s same-host floor, but 22% of TTFT: not a FAIL
-    for words in ("622 hand-offs", "8.0 MB/request", "effective 0.229 GB/s", "SGLang's speed mean 0.472 GB/s",
+    # 8 MiB hand-offs: latency-bound, their rate is not judged (0.229 GB/s is below every floor), 22% of TTFT
+    assert result.status == PASS, result
+    for words in ("622 hand-offs", f"rate not judged under {KV_RATE_MIN_MB:g} MiB", "8.0 MB/request", "effective 0.229 GB/s", "SGLang's speed mean 0.472 GB/s",
                   "22% of TTFT (mean 153 ms, its decodes' TTFT histograms over the same window)"):
         assert words in result.reason, (words, result.reason)
 

@@ -91,3 +91,20 @@ def test_the_path_of_a_pair():
     assert kvcost.kv_path("gpu01", "gpu02", None).name == "cross-host-tcp"
     floors = [p.floor_gb_s for p in kvcost.KV_PATHS.values()]
     assert floors == sorted(floors, reverse=True)
+
+
+def test_small_hand_offs_are_not_judged_by_rate():
+    assert not kvcost.rate_judged(None)
+    assert not kvcost.rate_judged(8.0)  # the H200 one-host pair at 128-token prompts: latency-bound
+    assert kvcost.rate_judged(kvcost.KV_RATE_MIN_MB) and kvcost.rate_judged(192.0)
+
+
+def test_a_prefill_is_judged_by_the_lowest_floor_of_its_paths():
+    same, tcp = kvcost.KV_PATHS["same-host"], kvcost.KV_PATHS["cross-host-tcp"]
+    assert kvcost.kv_floor(()) is None
+    assert kvcost.kv_floor((("gpu01", same),)) == same.floor_gb_s
+    assert kvcost.kv_floor((("gpu01", same), ("gpu02", tcp))) == tcp.floor_gb_s
+    # a sim moves KV at its knob, not over a transport: the lowest floor whatever its paths
+    assert kvcost.kv_floor((("gpu01", same),), sim=True) == min(p.floor_gb_s for p in kvcost.KV_PATHS.values())
+    # the measured H200 figures (docs/gpu.md): cuda_ipc passes the same-host floor, the TCP fallback does not
+    assert 0.35 < same.floor_gb_s < 4.9

@@ -832,7 +832,10 @@ def test_kv_handoff_alert_cases_can_fail(lab_spec, tmp_path):
     firing, and promtool says so."""
     d = _write_monitoring_dir(lab_spec, tmp_path / "mon")
     rules = (d / mon.RULES_RELATIVE_PATH).read_text()
-    assert ") < 1,\n" in rules
-    (d / mon.RULES_RELATIVE_PATH).write_text(rules.replace(") < 1,\n", ") < 0.01,\n"))
+    from pdkit.kvcost import KV_PATHS
+
+    floor = f") < {min(p.floor_gb_s for p in KV_PATHS.values()):g},\n"  # the lab's sim: the lowest floor
+    assert floor in rules
+    (d / mon.RULES_RELATIVE_PATH).write_text(rules.replace(floor, ") < 0.001,\n"))
     res = _promtool("test", "rules", "rules/pdkit.test.yml", cwd=d)
     assert res.returncode != 0 and "PdkitKvHandoffSlow" in res.stdout + res.stderr

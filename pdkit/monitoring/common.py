@@ -7,7 +7,6 @@ import re
 
 import yaml
 
-from pdkit.kvcost import KV_PATHS, KvPath, kv_path
 from pdkit.metricnames import SGLANG
 from pdkit.spec import ClusterSpec, HostSpec, Monitoring, pairing_sets
 
@@ -101,36 +100,6 @@ def scraped_hosts(spec: ClusterSpec) -> list[HostSpec]:
 def engine_instance(host: HostSpec, engine_name: str) -> str:
     """The `instance` label of an engine's series: `<host>/<engine>`."""
     return f"{host.name}/{engine_name}"
-
-
-def prefill_kv_paths(spec: ClusterSpec) -> dict[tuple[str, str], tuple[tuple[str, KvPath], ...]]:
-    """(prefill host, prefill engine) -> ((decode host, path), ...): the KV path to every host holding a decode
-    the prefill may hand KV to (any decode of a pairing set it is in: pdkit.spec.pairing_sets), one per decode
-    host, by pdkit.kvcost.kv_path with the prefill node's ucx_net_devices. doctor's kv_path row and the
-    PdkitKvHandoffSlow alert read the same paths."""
-    out: dict[tuple[str, str], dict[str, KvPath]] = {}
-    for _label, members in pairing_sets(spec):
-        decode_hosts = [h.name for h, e in members if e.role == "decode"]
-        for host, engine in members:
-            if engine.role != "prefill":
-                continue
-            devices = host.node.ucx_net_devices if host.node is not None else None
-            slot = out.setdefault((host.name, engine.name), {})
-            for d in decode_hosts:
-                slot.setdefault(d, kv_path(host.name, d, devices))
-    return {k: tuple(sorted(v.items())) for k, v in out.items()}
-
-
-def kv_floor(paths: tuple[tuple[str, KvPath], ...], sim: bool = False) -> float | None:
-    """The effective GB/s below which a prefill's hand-offs are slow: the lowest floor among its paths (its
-    histograms mix every decode it hands to, so the slowest path it may take sets the bar); None without one.
-    A sim engine moves KV at its kv_transfer_gb_s knob (1.2e9 B/s by default: 1.17 GB/s), not over a
-    transport: the lowest floor of any path (pdkit.kvcost.KV_PATHS) for it, whatever its paths."""
-    if not paths:
-        return None
-    if sim:
-        return min(p.floor_gb_s for p in KV_PATHS.values())
-    return min(p.floor_gb_s for _, p in paths)
 
 
 def _seconds(s: int) -> str:

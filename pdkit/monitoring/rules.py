@@ -13,12 +13,13 @@ from typing import NamedTuple
 
 from pdkit import flags
 from pdkit.catalogue import router_families
-from pdkit.kvcost import KV_PATHS
+from pdkit.kvcost import KV_PATHS, KV_RATE_MIN_MB, kv_floor
+from pdkit.spec import prefill_kv_paths
 from pdkit.metricnames import EXPORTER, EXPORTER_RANK_UP, ROUTER, SGLANG
 from pdkit.monitoring.common import (
     ENGINE_BY, EXPORTER_BY, JOB_DCGM, JOB_ENGINE, JOB_EXPORTER, JOB_NODE, JOB_PROMETHEUS, JOB_ROUTER, QUEUES,
     QUEUE_ROLES, ROUTER_BY, WORKER_BY, _alt, _by, _fmt, _monitoring, _num, _pick, _scaled, _seconds, _series, _speedup, _window,
-    _duration_s, engine_instance, kv_floor, prefill_kv_paths,
+    _duration_s, engine_instance,
     promql_regex, scraped_hosts, to_yaml,
 )
 from pdkit.monitoring.scrape import Target, targets
@@ -791,9 +792,9 @@ def _kv_rows(s: dict[str, str], gb_s: float | None, n: int = 25) -> list[tuple[s
     ms, mb = SGLANG["kv_transfer_latency"], SGLANG["kv_transfer_total"]
     if gb_s is None:
         return [(_series(f"{ms}_count", labels), f"100x{n}"), (_series(f"{ms}_sum", labels), f"100000x{n}"),
-                (_series(f"{mb}_sum", labels), f"50000x{n}")]
+                (_series(f"{mb}_count", labels), f"100x{n}"), (_series(f"{mb}_sum", labels), f"50000x{n}")]
     return [(_series(f"{ms}_count", labels), f"0+10x{n}"), (_series(f"{ms}_sum", labels), f"0+10000x{n}"),
-            (_series(f"{mb}_sum", labels), f"0+{_num(gb_s * 1024 * 10)}x{n}")]
+            (_series(f"{mb}_count", labels), f"0+10x{n}"), (_series(f"{mb}_sum", labels), f"0+{_num(gb_s * 1024 * 10)}x{n}")]
 
 
 # a prefill's KV hand-offs slower than the floor of its path (same host, across hosts over RDMA or TCP:
@@ -819,9 +820,13 @@ def _kv_handoff_slow(c: _Context) -> list[Alert]:
     for floor in sorted(set(floors.values()), reverse=True):
         inst = promql_regex(sorted(i for i, f in floors.items() if f == floor))
         moving = f'sum by ({by}) (rate({ms}_count{{instance=~"{inst}"}}[{w}])) > 0'
+        # small hand-offs are latency-bound: not judged by their rate (pdkit.kvcost.KV_RATE_MIN_MB)
+        mb = SGLANG["kv_transfer_total"]
+        sized = (f'sum by ({by}) (rate({mb}_sum{{instance=~"{inst}"}}[{w}]))\n/\n'
+                 f'sum by ({by}) (rate({mb}_count{{instance=~"{inst}"}}[{w}])) >= {_num(KV_RATE_MIN_MB)}')
         slow = f"(\n{kv_effective_gb_s(by, w, inst)}\n) < {_num(floor)}"
         # the floor as a label: the annotations name it
-        clauses.append(f'label_replace(\n{slow},\n"floor", "{_num(floor)}", "", ""\n)\nand on ({by})\n{moving}')
+        clauses.append(f'label_replace(\n{slow},\n"floor", "{_num(floor)}", "", ""\n)\nand on ({by})\n{moving}\nand on ({by})\n({sized})')
     expr = "\nor\n".join(clauses)
 
     def case(s: dict[str, str], bad: bool) -> list[tuple[str, str]]:
@@ -834,9 +839,14 @@ def _kv_handoff_slow(c: _Context) -> list[Alert]:
             exp = [{**_pick(s, KV_SLOW_BY), "severity": "warning"}]
             out.append(_alert_test(f"PdkitKvHandoffSlow stays quiet for {s['instance']} while it hands nothing off",
                                    "PdkitKvHandoffSlow", _kv_rows(s, None, 30), "25m", []))
+            # far below the floor, but hand-offs of ~10 MiB: latency-bound, not judged by rate
+            small = min(float(s["floor"]) * 0.5, (KV_RATE_MIN_MB / 1024) * 0.3)
+            out.append(_alert_test(f"PdkitKvHandoffSlow stays quiet for {s['instance']} at {_fmt(small)} GB/s with "
+                                   f"hand-offs under {_num(KV_RATE_MIN_MB)} MiB", "PdkitKvHandoffSlow",
+                                   _kv_rows(s, small, 30), "25m", []))
             # half the floor for 20 minutes, then twice it: firing at 18m, resolved by 40m
             slow, fast = float(s["floor"]) * 0.5 * 10240, float(s["floor"]) * 2 * 10240
-            rows = _kv_rows(s, 1.0, 45)[:2]
+            rows = _kv_rows(s, 1.0, 45)[:3]
             rows.append((_series(f"{SGLANG['kv_transfer_total']}_sum", _engine_labels(s)),
                          f"0+{_num(slow)}x20 {_num(slow * 20 + fast)}+{_num(fast)}x24"))
             test = _alert_test(f"PdkitKvHandoffSlow fires for {s['instance']} while slow and resolves once fast",
@@ -879,7 +889,7 @@ def _kv_handoff_slow(c: _Context) -> list[Alert]:
         extra_tests=extra,
         fires_when=("a prefill's effective KV rate (ratio of sums) is below the floor of the slowest path it may "
                     f"take (`pdkit.kvcost.KV_PATHS`: {kv_floors_text()}; a sim: the lowest) while hand-offs "
-                    f"happen, for {c.for_(KV_SLOW_FOR)}"),
+                    f"happen and hand-offs average {_num(KV_RATE_MIN_MB)} MiB or more, for {c.for_(KV_SLOW_FOR)}"),
     )]
 
 
