@@ -122,7 +122,8 @@ DCGM = {
 # labels, and what an absent family means to that reader. tests/test_metric_readers.py checks each
 # against the catalogue for every engine version a spec runs (type, labels; a lazily created family
 # needs an `absent` meaning) and runs the readers on real SGLang pages where the lazy ones are absent.
-# bench reads no engine or router metric: it times its own requests (pdkit/bench.py, benchstats.py).
+# bench times its own requests (pdkit/bench.py, benchstats.py) and reads only the prefills' KV
+# histograms (pdkit/kvcost.py), as doctor's kv_path row does.
 
 class Read(tuple):
     """(reader, metric, kind, labels, absent): `kind` the type the reader treats it as, `labels` the
@@ -143,6 +144,7 @@ class Read(tuple):
 _EXPORTER = "pdkit-exporter (pdkit/exporter/metrics.py parse_metrics)"
 _DOCTOR = "doctor (pdkit/doctor.py, through parse_metrics)"
 _ROLL = "roll (pdkit/roll.py)"
+_KV = "pdkit/kvcost.py kv_histograms (bench's KV figures, doctor check_kv_path)"
 READS: tuple[Read, ...] = (
     # the exporter's figures: a key is simply left out when its family is absent
     *(Read(_EXPORTER, SGLANG[k], "gauge", absent="figure left out")
@@ -163,6 +165,10 @@ READS: tuple[Read, ...] = (
     *(Read(_DOCTOR + " check_queues", SGLANG[k], "gauge", absent="0")
       for k in ("waiting", "prefill_bootstrap_queue", "prefill_inflight_queue", "decode_prealloc_queue",
                 "decode_transfer_queue")),
+    *(Read(_KV, SGLANG[k], "histogram", absent="no hand-off yet: no KV figures (0 transfers)")
+      for k in ("kv_transfer_latency", "kv_transfer_total", "kv_transfer_speed")),
+    Read(_DOCTOR + " check_kv_path", SGLANG["ttft"], "histogram",
+         absent="TTFT unknown: share of TTFT not judged (a 0.5.17 prefill has none; its decodes' is read)"),
     Read(_DOCTOR + " router_outcomes", ROUTER["worker_outcomes"], "counter", ("worker", "outcome"),
          absent="no outcome recorded for that worker yet"),
     # roll's gates
