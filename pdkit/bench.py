@@ -95,15 +95,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pdkit.benchstats import (
-    WORKER_HEADER,
-    RequestResult,
-    StreamEnd,
-    failure_kind,
-    ratio,
-    stream_failure,
-    summarize_level,
-)
+# the client sits in pdkit.benchclient (pdkit.tune.measure sends with it too); its names stay importable from here
+from pdkit.benchclient import router_target, sse_lines, stream_one
+from pdkit.benchstats import RequestResult, ratio, summarize_level
+from pdkit.tune.measure import measured_for
 
 if TYPE_CHECKING:
     from pdkit.spec import ClusterSpec, HostSpec
@@ -214,20 +209,6 @@ def fingerprint(spec: ClusterSpec, probe_drivers: bool = True) -> dict[str, Any]
 
 # ---- the client ------------------------------------------------------------------------------
 
-def router_target(spec: ClusterSpec) -> tuple[str, dict[str, str]]:
-    """(router base URL, auth headers) of the first router host."""
-    from pdkit.flags import router_address
-
-    if not spec.router_hosts:
-        raise ValueError("the inventory declares no router (pdkit_router on a host): bench goes through the router")
-    router = spec.router_hosts[0]
-    assert router.router is not None
-    headers = {}
-    if spec.cluster.secrets.router_api_key is not None:
-        headers["Authorization"] = f"Bearer {spec.cluster.secrets.router_api_key.get_secret_value()}"
-    return f"http://{router_address(router)}:{router.router.port}", headers
-
-
 def served_model(spec: ClusterSpec) -> str:
     model = spec.cluster.model
     return model.served_name or model.path
@@ -287,66 +268,6 @@ class Progress:
         if self.enabled and self.tty:
             self.stream.write("\n")
             self.stream.flush()
-
-
-async def sse_lines(content: Any) -> Any:
-    """The `data:` payloads of a server-sent-event stream (aiohttp's response.content), `[DONE]` included."""
-    async for raw in content:
-        line = raw.strip()
-        if line.startswith(b"data:"):
-            yield line[5:].strip()
-
-
-async def stream_one(session, url: str, headers: dict[str, str], body: dict[str, Any], output_len: int,
-                     timeout_s: float) -> RequestResult:
-    """Send one streaming /generate request and time its chunks. A failed stream is judged by the
-    rule the load clients share (pdkit.benchstats.stream_failure: aborted, no [DONE], empty), then
-    by its length: with ignore_eos every answer must have exactly output_len tokens."""
-    import aiohttp
-
-    start = time.perf_counter()
-    chunk_times: list[float] = []
-    tokens = prompt = 0
-    end = StreamEnd()
-    worker = None
-
-    def failed(why: str, finish: str | None = None) -> RequestResult:
-        return RequestResult(ok=False, error=why, kind=failure_kind(why), finish_reason=finish, worker=worker,
-                             rid=end.rid)
-
-    try:
-        async with session.post(url, json=body, headers=headers,
-                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
-            worker = resp.headers.get(WORKER_HEADER)
-            if resp.status != 200:
-                text = (await resp.text())[:200].strip()
-                return failed(f"status {resp.status}: {text}")
-            async for payload in sse_lines(resp.content):
-                if payload == b"[DONE]":
-                    end.done = True
-                    break
-                event = json.loads(payload)
-                end.see(event)
-                meta = event.get("meta_info") or {}
-                count = int(meta.get("completion_tokens") or 0)
-                prompt = int(meta.get("prompt_tokens") or prompt)
-                if count > tokens:
-                    chunk_times.append(time.perf_counter() - start)
-                    tokens = count
-    except TimeoutError:
-        return failed(f"hang: timed out after {timeout_s:.0f} s")
-    except (aiohttp.ClientError, ValueError) as exc:
-        return failed(f"{type(exc).__name__}: {str(exc)[:200]}")
-    latency = time.perf_counter() - start
-    why = stream_failure(end)
-    if why is not None:
-        return failed(why, end.shown_finish())
-    if tokens != output_len:
-        return failed(f"{'short' if tokens < output_len else 'long'} ({end.shown_finish()}): got {tokens} output tokens, "
-                      f"asked for {output_len}", end.shown_finish())
-    return RequestResult(ok=True, ttft=chunk_times[0], latency=latency, output_tokens=tokens,
-                         prompt_tokens=prompt, chunk_times=tuple(chunk_times), finish_reason=end.finish_reason,
-                         worker=worker, rid=end.rid)
 
 
 # Sends one request of a level: (aiohttp session, request index, body, output_len, timeout_s) -> result.
@@ -1067,8 +988,6 @@ def limited_measure(spec: ClusterSpec, hosts: Sequence[str], engine_bench: str =
     """What `--limit HOST` benches: those hosts' own PD pairs / unified engines, sent to directly
     (pdkit.tune.measure), or the router when they hold every engine it fronts. Refuses a name the
     inventory lacks or a host without engines, before any request."""
-    from pdkit.tune.measure import measured_for
-
     spec.check_limit(hosts)
     engine_hosts = [h.name for h, _ in spec.engines()]
     idle = [h for h in hosts if h not in engine_hosts]
