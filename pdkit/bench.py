@@ -461,7 +461,7 @@ def run_bench(spec: ClusterSpec, concurrency: Sequence[int] = (16,), input_len: 
 
     if (send is None) != (measured is None):
         raise ValueError("run_bench: give send and measured together (what is sent, and what that measures)")
-    _check_workload(spec, input_len, output_len, requests, warmup)
+    check_workload(spec, input_len, output_len, requests, warmup)
     router_url, headers = router_target(spec)
     record = _record_head(spec, "pdkit", label, input_len, output_len, requests, warmup, probe_drivers, router_url, measured)
     if prefills is None:
@@ -492,7 +492,7 @@ def run_bench(spec: ClusterSpec, concurrency: Sequence[int] = (16,), input_len: 
     return record
 
 
-def _check_workload(spec: ClusterSpec, input_len: int, output_len: int, requests: int, warmup: int) -> None:
+def check_workload(spec: ClusterSpec, input_len: int, output_len: int, requests: int, warmup: int) -> None:
     """Refuse a workload that cannot run, before any request is sent."""
     if input_len < 1 or output_len < 1:
         raise ValueError("--input-len and --output-len must be at least 1")
@@ -583,7 +583,7 @@ def run_sglang_bench(spec: ClusterSpec, concurrency: Sequence[int] = (16,), inpu
                      python: str = sys.executable, tokenizer: str | None = None, probe_drivers: bool = True,
                      timeout_s: float = 3600.0) -> dict[str, Any]:
     """SGLang's own serving benchmark through the router, read into a pdkit record."""
-    _check_workload(spec, input_len, output_len, requests, warmup)
+    check_workload(spec, input_len, output_len, requests, warmup)
     if not sglang_bench_available(python):
         raise RuntimeError(f"{python} cannot import {SGLANG_BENCH_MODULE}: install sglang there, or give "
                            "--sglang-python of a virtualenv that has it, or use --engine-bench pdkit")
@@ -633,7 +633,7 @@ def append_run(path: str | Path, record: dict[str, Any]) -> None:
         fh.write(json.dumps(record, sort_keys=True) + "\n")
 
 
-def _fmt(value: Any, digits: int = 1) -> str:
+def fmt_cell(value: Any, digits: int = 1) -> str:
     if value is None:
         return "–"
     if isinstance(value, float):
@@ -681,7 +681,7 @@ def kv_text(kv: dict[str, Any], key: str) -> str:
         return f">{value:g}"
     if key == "ttft_share" and value is not None:
         return f"{value:.0%}"
-    return _fmt(value, 2 if key.endswith("gb_s") else 1)
+    return fmt_cell(value, 2 if key.endswith("gb_s") else 1)
 
 
 def kv_has_figures(level: dict[str, Any]) -> bool:
@@ -725,7 +725,7 @@ def render_goodput(record: dict[str, Any]) -> list[str]:
         g = level.get("goodput")
         if g:
             slo = ", ".join(f"{k.removesuffix('_ms').upper()} <= {v:g} ms" for k, v in g["slo_ms"].items())
-            lines.append(f"- C={level['concurrency']} goodput: {_fmt(g['requests_s'], 2)} req/s met {slo} "
+            lines.append(f"- C={level['concurrency']} goodput: {fmt_cell(g['requests_s'], 2)} req/s met {slo} "
                          f"({g['good']} of {level['requests']} requests)")
     return [""] + lines if lines else []
 
@@ -776,7 +776,7 @@ def render_markdown(record: dict[str, Any]) -> str:
         "|" + "|".join("---:" for _ in LEVEL_COLUMNS) + "|",
     ]
     for level in record["levels"]:
-        lines.append("| " + " | ".join(_fmt(get(level)) for _, get in LEVEL_COLUMNS) + " |")
+        lines.append("| " + " | ".join(fmt_cell(get(level)) for _, get in LEVEL_COLUMNS) + " |")
     lines += render_goodput(record)
     lines += render_kv(record)
     samples = [s for lv in record["levels"] for s in lv.get("error_samples", [])]
@@ -964,8 +964,8 @@ def render_compare(a: dict[str, Any], b: dict[str, Any]) -> str:
     rows = compare_levels(a, b)
     lines += ["", "| C | metric | A | B | B/A |", "|---:|---|---:|---:|---:|"]
     for row in rows:
-        lines.append(f"| {row['concurrency']} | {row['metric']} | {row.get('a_text') or _fmt(row['a'])} | "
-                     f"{row.get('b_text') or _fmt(row['b'])} | {_fmt(row['ratio'], 2)} |")
+        lines.append(f"| {row['concurrency']} | {row['metric']} | {row.get('a_text') or fmt_cell(row['a'])} | "
+                     f"{row.get('b_text') or fmt_cell(row['b'])} | {fmt_cell(row['ratio'], 2)} |")
     if not rows:
         lines.append("| – | no concurrency level in common | | | |")
     return "\n".join(lines) + "\n"

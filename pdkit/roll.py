@@ -1296,7 +1296,7 @@ def _load(inventory: str):
     return spec
 
 
-def _patch_gevent() -> None:
+def patch_gevent() -> None:
     # pyinfra's API needs gevent, patched before anything opens a socket (pyinfra 3.10.0's pyinfra_cli/__init__.py does the same)
     from gevent import monkey
 
@@ -1306,9 +1306,13 @@ def _patch_gevent() -> None:
         sys.path.insert(0, str(REPO))  # deploy/pd.py imports roles/
 
 
+# the old name (tests/sim/test_tune_runner.py patches gevent with it)
+_patch_gevent = patch_gevent
+
+
 def read_node_state(roller: Roller, hosts: list[str]) -> tuple[dict[str, HostDiff], dict[str, dict[str, str]], dict[str, str]]:
     """(diff per host, engine versions each node runs now, unreachable hosts), read over SSH; nothing changes."""
-    # lazy: pyinfra (and pdkit.hoststate, which imports it) load only after _patch_gevent
+    # lazy: pyinfra (and pdkit.hoststate, which imports it) load only after patch_gevent
     from pyinfra.context import ctx_host
 
     from pdkit import hoststate
@@ -1335,7 +1339,7 @@ def read_node_state(roller: Roller, hosts: list[str]) -> tuple[dict[str, HostDif
 
 
 def cmd_roll(args: argparse.Namespace) -> int:
-    _patch_gevent()
+    patch_gevent()
     spec = _load(args.inventory)
     if spec is None:
         return EXIT_INVALID
@@ -1438,7 +1442,7 @@ def report(timings: list[NodeTiming]) -> dict:
 
 
 def cmd_releases(args: argparse.Namespace) -> int:
-    _patch_gevent()
+    patch_gevent()
     spec = _load(args.inventory)
     if spec is None:
         return EXIT_INVALID
@@ -1473,7 +1477,7 @@ def format_releases(host: str, data: dict, planned_hash: str) -> str:
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
-    _patch_gevent()
+    patch_gevent()
     spec = _load(args.inventory)
     if spec is None:
         return EXIT_INVALID
