@@ -95,15 +95,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pdkit.benchstats import (
-    WORKER_HEADER,
-    RequestResult,
-    StreamEnd,
-    failure_kind,
-    ratio,
-    stream_failure,
-    summarize_level,
-)
+# the client sits in pdkit.benchclient (pdkit.tune.measure sends with it too); its names stay importable from here
+from pdkit.benchclient import router_target, sse_lines, stream_one
+from pdkit.benchstats import RequestResult, ratio, summarize_level
+from pdkit.tune.measure import measured_for
 
 if TYPE_CHECKING:
     from pdkit.spec import ClusterSpec, HostSpec
@@ -214,20 +209,6 @@ def fingerprint(spec: ClusterSpec, probe_drivers: bool = True) -> dict[str, Any]
 
 # ---- the client ------------------------------------------------------------------------------
 
-def router_target(spec: ClusterSpec) -> tuple[str, dict[str, str]]:
-    """(router base URL, auth headers) of the first router host."""
-    from pdkit.flags import router_address
-
-    if not spec.router_hosts:
-        raise ValueError("the inventory declares no router (pdkit_router on a host): bench goes through the router")
-    router = spec.router_hosts[0]
-    assert router.router is not None
-    headers = {}
-    if spec.cluster.secrets.router_api_key is not None:
-        headers["Authorization"] = f"Bearer {spec.cluster.secrets.router_api_key.get_secret_value()}"
-    return f"http://{router_address(router)}:{router.router.port}", headers
-
-
 def served_model(spec: ClusterSpec) -> str:
     model = spec.cluster.model
     return model.served_name or model.path
@@ -287,66 +268,6 @@ class Progress:
         if self.enabled and self.tty:
             self.stream.write("\n")
             self.stream.flush()
-
-
-async def sse_lines(content: Any) -> Any:
-    """The `data:` payloads of a server-sent-event stream (aiohttp's response.content), `[DONE]` included."""
-    async for raw in content:
-        line = raw.strip()
-        if line.startswith(b"data:"):
-            yield line[5:].strip()
-
-
-async def stream_one(session, url: str, headers: dict[str, str], body: dict[str, Any], output_len: int,
-                     timeout_s: float) -> RequestResult:
-    """Send one streaming /generate request and time its chunks. A failed stream is judged by the
-    rule the load clients share (pdkit.benchstats.stream_failure: aborted, no [DONE], empty), then
-    by its length: with ignore_eos every answer must have exactly output_len tokens."""
-    import aiohttp
-
-    start = time.perf_counter()
-    chunk_times: list[float] = []
-    tokens = prompt = 0
-    end = StreamEnd()
-    worker = None
-
-    def failed(why: str, finish: str | None = None) -> RequestResult:
-        return RequestResult(ok=False, error=why, kind=failure_kind(why), finish_reason=finish, worker=worker,
-                             rid=end.rid)
-
-    try:
-        async with session.post(url, json=body, headers=headers,
-                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
-            worker = resp.headers.get(WORKER_HEADER)
-            if resp.status != 200:
-                text = (await resp.text())[:200].strip()
-                return failed(f"status {resp.status}: {text}")
-            async for payload in sse_lines(resp.content):
-                if payload == b"[DONE]":
-                    end.done = True
-                    break
-                event = json.loads(payload)
-                end.see(event)
-                meta = event.get("meta_info") or {}
-                count = int(meta.get("completion_tokens") or 0)
-                prompt = int(meta.get("prompt_tokens") or prompt)
-                if count > tokens:
-                    chunk_times.append(time.perf_counter() - start)
-                    tokens = count
-    except TimeoutError:
-        return failed(f"hang: timed out after {timeout_s:.0f} s")
-    except (aiohttp.ClientError, ValueError) as exc:
-        return failed(f"{type(exc).__name__}: {str(exc)[:200]}")
-    latency = time.perf_counter() - start
-    why = stream_failure(end)
-    if why is not None:
-        return failed(why, end.shown_finish())
-    if tokens != output_len:
-        return failed(f"{'short' if tokens < output_len else 'long'} ({end.shown_finish()}): got {tokens} output tokens, "
-                      f"asked for {output_len}", end.shown_finish())
-    return RequestResult(ok=True, ttft=chunk_times[0], latency=latency, output_tokens=tokens,
-                         prompt_tokens=prompt, chunk_times=tuple(chunk_times), finish_reason=end.finish_reason,
-                         worker=worker, rid=end.rid)
 
 
 # Sends one request of a level: (aiohttp session, request index, body, output_len, timeout_s) -> result.
@@ -540,7 +461,7 @@ def run_bench(spec: ClusterSpec, concurrency: Sequence[int] = (16,), input_len: 
 
     if (send is None) != (measured is None):
         raise ValueError("run_bench: give send and measured together (what is sent, and what that measures)")
-    _check_workload(spec, input_len, output_len, requests, warmup)
+    check_workload(spec, input_len, output_len, requests, warmup)
     router_url, headers = router_target(spec)
     record = _record_head(spec, "pdkit", label, input_len, output_len, requests, warmup, probe_drivers, router_url, measured)
     if prefills is None:
@@ -571,7 +492,7 @@ def run_bench(spec: ClusterSpec, concurrency: Sequence[int] = (16,), input_len: 
     return record
 
 
-def _check_workload(spec: ClusterSpec, input_len: int, output_len: int, requests: int, warmup: int) -> None:
+def check_workload(spec: ClusterSpec, input_len: int, output_len: int, requests: int, warmup: int) -> None:
     """Refuse a workload that cannot run, before any request is sent."""
     if input_len < 1 or output_len < 1:
         raise ValueError("--input-len and --output-len must be at least 1")
@@ -662,7 +583,7 @@ def run_sglang_bench(spec: ClusterSpec, concurrency: Sequence[int] = (16,), inpu
                      python: str = sys.executable, tokenizer: str | None = None, probe_drivers: bool = True,
                      timeout_s: float = 3600.0) -> dict[str, Any]:
     """SGLang's own serving benchmark through the router, read into a pdkit record."""
-    _check_workload(spec, input_len, output_len, requests, warmup)
+    check_workload(spec, input_len, output_len, requests, warmup)
     if not sglang_bench_available(python):
         raise RuntimeError(f"{python} cannot import {SGLANG_BENCH_MODULE}: install sglang there, or give "
                            "--sglang-python of a virtualenv that has it, or use --engine-bench pdkit")
@@ -712,7 +633,7 @@ def append_run(path: str | Path, record: dict[str, Any]) -> None:
         fh.write(json.dumps(record, sort_keys=True) + "\n")
 
 
-def _fmt(value: Any, digits: int = 1) -> str:
+def fmt_cell(value: Any, digits: int = 1) -> str:
     if value is None:
         return "–"
     if isinstance(value, float):
@@ -760,7 +681,7 @@ def kv_text(kv: dict[str, Any], key: str) -> str:
         return f">{value:g}"
     if key == "ttft_share" and value is not None:
         return f"{value:.0%}"
-    return _fmt(value, 2 if key.endswith("gb_s") else 1)
+    return fmt_cell(value, 2 if key.endswith("gb_s") else 1)
 
 
 def kv_has_figures(level: dict[str, Any]) -> bool:
@@ -804,7 +725,7 @@ def render_goodput(record: dict[str, Any]) -> list[str]:
         g = level.get("goodput")
         if g:
             slo = ", ".join(f"{k.removesuffix('_ms').upper()} <= {v:g} ms" for k, v in g["slo_ms"].items())
-            lines.append(f"- C={level['concurrency']} goodput: {_fmt(g['requests_s'], 2)} req/s met {slo} "
+            lines.append(f"- C={level['concurrency']} goodput: {fmt_cell(g['requests_s'], 2)} req/s met {slo} "
                          f"({g['good']} of {level['requests']} requests)")
     return [""] + lines if lines else []
 
@@ -855,7 +776,7 @@ def render_markdown(record: dict[str, Any]) -> str:
         "|" + "|".join("---:" for _ in LEVEL_COLUMNS) + "|",
     ]
     for level in record["levels"]:
-        lines.append("| " + " | ".join(_fmt(get(level)) for _, get in LEVEL_COLUMNS) + " |")
+        lines.append("| " + " | ".join(fmt_cell(get(level)) for _, get in LEVEL_COLUMNS) + " |")
     lines += render_goodput(record)
     lines += render_kv(record)
     samples = [s for lv in record["levels"] for s in lv.get("error_samples", [])]
@@ -1043,8 +964,8 @@ def render_compare(a: dict[str, Any], b: dict[str, Any]) -> str:
     rows = compare_levels(a, b)
     lines += ["", "| C | metric | A | B | B/A |", "|---:|---|---:|---:|---:|"]
     for row in rows:
-        lines.append(f"| {row['concurrency']} | {row['metric']} | {row.get('a_text') or _fmt(row['a'])} | "
-                     f"{row.get('b_text') or _fmt(row['b'])} | {_fmt(row['ratio'], 2)} |")
+        lines.append(f"| {row['concurrency']} | {row['metric']} | {row.get('a_text') or fmt_cell(row['a'])} | "
+                     f"{row.get('b_text') or fmt_cell(row['b'])} | {fmt_cell(row['ratio'], 2)} |")
     if not rows:
         lines.append("| – | no concurrency level in common | | | |")
     return "\n".join(lines) + "\n"
@@ -1067,8 +988,6 @@ def limited_measure(spec: ClusterSpec, hosts: Sequence[str], engine_bench: str =
     """What `--limit HOST` benches: those hosts' own PD pairs / unified engines, sent to directly
     (pdkit.tune.measure), or the router when they hold every engine it fronts. Refuses a name the
     inventory lacks or a host without engines, before any request."""
-    from pdkit.tune.measure import measured_for
-
     spec.check_limit(hosts)
     engine_hosts = [h.name for h, _ in spec.engines()]
     idle = [h for h in hosts if h not in engine_hosts]

@@ -137,12 +137,16 @@ def select_lock(package: str, version: str, python: str, glibc: tuple[int, int],
     return max(fitting, key=lambda lk: lk.glibc)
 
 
+def lock_pins(lock: str) -> list[str]:
+    """The pins of pdkit/locks/LOCK (comments and blank lines left out)."""
+    lines = (LOCKS / lock).read_text().splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+
+
 def lock_inputs(package: str, version: str) -> list[str]:
     """What a lock is resolved from: the engine, nixl for PD's KV transfer, and pdkit's own node pins."""
     if package != "sglang":
         raise LockError(f"unknown engine package {package!r}: only sglang is locked")
-    from pdkit.wheelhouse import lock_pins
-
     return [f"sglang=={version}", f"{NIXL_PACKAGE[0]}=={NIXL_PACKAGE[1]}", f"{NIXL_META_PACKAGE[0]}=={NIXL_META_PACKAGE[1]}", *lock_pins("node.txt")]
 
 

@@ -48,6 +48,11 @@ class ReleaseError(RuntimeError):
 # ---------------------------------------------------------------- pure helpers
 
 
+def releases_dir(install_dir: str) -> str:
+    """Where a node keeps its releases (the deploy records into it, `pdkit roll` restores from it)."""
+    return f"{install_dir}/releases"
+
+
 def release_hash(entries: dict[str, dict]) -> str:
     """The release hash of {path: {mode, owner, group, sha256}} (same formula as HostPlan.release_hash)."""
     digest = hashlib.sha256()

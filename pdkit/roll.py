@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 # DRAIN_GAUGES: engine gauges that must all read 0 before an engine may restart (running requests, PD queues)
 from pdkit.metricnames import DRAIN_GAUGES, FAILURE_COUNTERS, ROUTER
+from pdkit.releases import releases_dir
 from pdkit.router_api import Key, worker_type
 
 if TYPE_CHECKING:
@@ -347,7 +348,7 @@ class HostDiff:
 def host_diff(plan: HostPlan, state: dict, *, new_venvs: Iterable[str] = ()) -> HostDiff:
     """Pure: the files that differ from the plan (or that it no longer has) and the services that
     would (re)start, by the deploy's own rule (pdkit/changes.py). NEW_VENVS: the venv links the
-    deploy would point at a new venv (roles.base.changed_venv_links: the node venv restarts
+    deploy would point at a new venv (pdkit.hoststate.changed_venv_links: the node venv restarts
     pdkit-exporter, the engine environment the engines, the router venv the router)."""
     from pdkit import changes
     from pdkit.plan import services_meta
@@ -1077,8 +1078,6 @@ class Roller:
 
     def current_releases(self, state: Any, hosts: dict[str, Any]) -> tuple[dict[str, str | None], dict[str, int | None]]:
         """(the release each node runs now, the node's monotonic clock in µs), one round trip per node."""
-        from roles.releases import releases_dir
-
         current = shlex.quote(f"{releases_dir(self.spec.cluster.install_dir)}/CURRENT")
         releases: dict[str, str | None] = {}
         clocks: dict[str, int | None] = {}
@@ -1091,7 +1090,6 @@ class Roller:
 
     def _releases_cmd(self, host: str, action: str, *extra: str) -> str:
         from pdkit import flags
-        from roles.releases import releases_dir
 
         q = shlex.quote
         python = f"{flags.venv_dir(self.spec)}/bin/python"
@@ -1298,7 +1296,7 @@ def _load(inventory: str):
     return spec
 
 
-def _patch_gevent() -> None:
+def patch_gevent() -> None:
     # pyinfra's API needs gevent, patched before anything opens a socket (pyinfra 3.10.0's pyinfra_cli/__init__.py does the same)
     from gevent import monkey
 
@@ -1308,12 +1306,16 @@ def _patch_gevent() -> None:
         sys.path.insert(0, str(REPO))  # deploy/pd.py imports roles/
 
 
+# the old name (tests/sim/test_tune_runner.py patches gevent with it)
+_patch_gevent = patch_gevent
+
+
 def read_node_state(roller: Roller, hosts: list[str]) -> tuple[dict[str, HostDiff], dict[str, dict[str, str]], dict[str, str]]:
     """(diff per host, engine versions each node runs now, unreachable hosts), read over SSH; nothing changes."""
+    # lazy: pyinfra (and pdkit.hoststate, which imports it) load only after patch_gevent
     from pyinfra.context import ctx_host
 
-    import roles.base
-    import roles.facts
+    from pdkit import hoststate
 
     state, connected, unreachable = roller.pyinfra.connect(hosts)
     diffs: dict[str, HostDiff] = {}
@@ -1321,9 +1323,9 @@ def read_node_state(roller: Roller, hosts: list[str]) -> tuple[dict[str, HostDif
     release_json = f"{roller.spec.cluster.config_dir}/release.json"
     for name, host in connected.items():
         with ctx_host.use(host):
-            facts = roles.facts.host_state()
+            facts = hoststate.host_state()
             try:
-                new_venvs = roles.base.changed_venv_links()
+                new_venvs = hoststate.changed_venv_links()
             except (Exception, SystemExit):  # noqa: BLE001 - no wheelhouse for this python here: say so in the plan
                 new_venvs = set()
         diffs[name] = host_diff(roller.plans[name], facts, new_venvs=new_venvs)
@@ -1337,7 +1339,7 @@ def read_node_state(roller: Roller, hosts: list[str]) -> tuple[dict[str, HostDif
 
 
 def cmd_roll(args: argparse.Namespace) -> int:
-    _patch_gevent()
+    patch_gevent()
     spec = _load(args.inventory)
     if spec is None:
         return EXIT_INVALID
@@ -1440,7 +1442,7 @@ def report(timings: list[NodeTiming]) -> dict:
 
 
 def cmd_releases(args: argparse.Namespace) -> int:
-    _patch_gevent()
+    patch_gevent()
     spec = _load(args.inventory)
     if spec is None:
         return EXIT_INVALID
@@ -1475,7 +1477,7 @@ def format_releases(host: str, data: dict, planned_hash: str) -> str:
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
-    _patch_gevent()
+    patch_gevent()
     spec = _load(args.inventory)
     if spec is None:
         return EXIT_INVALID

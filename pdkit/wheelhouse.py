@@ -40,7 +40,7 @@ from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import parse_wheel_filename
 
 from pdkit import enginelock
-from pdkit.enginelock import LockError, canonical
+from pdkit.enginelock import LockError, canonical, lock_pins
 from pdkit.platforms import KNOWN_PLATFORMS, NodePlatform, parse_glibc, platform_for
 
 REPO = Path(__file__).resolve().parent.parent
@@ -105,11 +105,6 @@ def _pack_tar(dest: Path, requirements: str, wheels: tuple[Path, ...]) -> None:
         tar.addfile(info, io.BytesIO(req))
         for wheel in sorted(wheels, key=lambda p: p.name):
             tar.add(str(wheel), arcname=wheel.name, filter=normalise)
-
-
-def lock_pins(lock: str) -> list[str]:
-    lines = (LOCKS / lock).read_text().splitlines()
-    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
 
 
 def source_digest() -> str:

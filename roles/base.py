@@ -3,35 +3,15 @@
 from __future__ import annotations
 
 import shlex
-from typing import NoReturn
 from urllib.parse import urlsplit
 
 from pyinfra.api import deploy
 from pyinfra.operations import files, server
 
-from pdkit import flags, wheelhouse
+from pdkit import hoststate, wheelhouse
 from pdkit.deploy import current_host, current_plan, current_spec
-from pdkit.platforms import NodePlatform, parse_glibc, platform_for
-from pdkit.wheelhouse import WheelhouseError
+from pdkit.hoststate import Bundled, host_state, installed, node_platform, path_matches
 from roles import transfer
-from roles.facts import host_state, path_matches
-
-
-def node_platform() -> NodePlatform:
-    """The host's Python and glibc as the wheelhouse needs them (read in the one host-state fact)."""
-    state = host_state()
-    try:
-        glibc = parse_glibc(state.get("glibc", ""))
-    except ValueError:
-        raise WheelhouseError(f"could not read the node's glibc version (got {state.get('glibc')!r}): pdkit needs a glibc Linux node") from None
-    return platform_for(state["python"], glibc, state.get("arch") or "x86_64")
-
-
-def _fail_prepare(exc: Exception) -> NoReturn:
-    """Stop the whole run at prepare time: no host has been changed yet."""
-    from pyinfra import host
-
-    raise SystemExit(f"pdkit: {host.name}: {exc}. No host was changed.") from None
 
 
 @deploy("pdkit base: service user and directories")
@@ -54,59 +34,26 @@ def service_user_and_dirs() -> None:
             files.directory(name=f"Directory {path}", path=path, mode=mode, user=owner, group=group)
 
 
-def _node_bundle() -> tuple[wheelhouse.Bundle, str]:
-    # pdkit alone, on every host: no engine runs from it (flags.venv_dir)
-    return wheelhouse.node_bundle(node_platform()), flags.venv_dir(current_spec())
+def _node_bundle() -> Bundled:
+    return hoststate.node_venv_bundle(current_spec(), node_platform)
 
 
-def _engine_bundle() -> tuple[wheelhouse.Bundle, str] | None:
-    """The kit-managed engine environment's bundle and link, or None (no engine process here, or
-    the node provides its own engine environment): flags.managed_engine_env decides."""
-    spec = current_spec()
-    wanted = flags.managed_engine_env(spec, current_host())
-    if wanted is None:
-        return None
-    return wheelhouse.engine_bundle(node_platform(), *wanted), flags.engine_venv_dir(spec)
+def _engine_bundle() -> Bundled | None:
+    return hoststate.engine_venv_bundle(current_spec(), current_host(), node_platform)
 
 
-def _router_bundle() -> tuple[wheelhouse.Bundle, str] | None:
-    spec = current_spec()
-    if current_host().router is None:
-        return None
-    package, version = spec.router_release(current_host())
-    return wheelhouse.router_bundle(node_platform(), package, version), flags.router_venv_dir(spec)
+def _router_bundle() -> Bundled | None:
+    return hoststate.router_venv_bundle(current_spec(), current_host(), node_platform)
 
 
-def _bundles() -> list[tuple[wheelhouse.Bundle, str]]:
-    """Every venv this host gets, as (bundle, link): node, engine, router. Wheelhouse errors stop
-    the whole run at prepare time, every bundle's at once (the fix for one should not hide the next)."""
-    bundles, errors = [], []
-    for make in (_node_bundle, _engine_bundle, _router_bundle):
-        try:
-            found = make()
-        except WheelhouseError as exc:
-            errors.append(str(exc))
-            continue
-        if found is not None:
-            bundles.append(found)
-    if errors:
-        _fail_prepare(WheelhouseError("; and ".join(errors)))
-    return bundles
-
-
-def _installed(bundle: wheelhouse.Bundle, venv: str) -> bool:
-    # the marker sits inside the real venv, seen through the VENV link: present only when the
-    # link points at a complete venv of exactly this bundle (it is written last)
-    return f".pdkit-bundle-{bundle.digest[:16]}" in host_state()["venvs"].get(venv, [])
+def _bundles() -> list[Bundled]:
+    """Every venv this host gets, as (bundle, link): node, engine, router (pdkit.hoststate.collect_bundles)."""
+    return hoststate.collect_bundles((_node_bundle, _engine_bundle, _router_bundle))
 
 
 def changed_venv_links() -> set[str]:
-    """The venv links this run points at a new venv. The one answer the deploy's restarts
-    (roles/services.py), the release record (roles/releases.py) and `pdkit roll --dry` use: a
-    service restarts when the link it runs from (pdkit/plan.py Service.venv) is among them, so
-    a new pdkit wheel (node venv) restarts pdkit-exporter, a new engine environment the engines,
-    a new router venv the router."""
-    return {venv for bundle, venv in _bundles() if not _installed(bundle, venv)}
+    """The venv links this run points at a new venv (pdkit.hoststate.changed_venv_links)."""
+    return hoststate.changed_venv_links(_bundles())
 
 
 def _install_bundle(bundle: wheelhouse.Bundle, venv: str) -> None:
@@ -117,7 +64,7 @@ def _install_bundle(bundle: wheelhouse.Bundle, venv: str) -> None:
     requirements file: every package pinned with its hash, no resolver, no index.
     """
     spec = current_spec()
-    if _installed(bundle, venv):
+    if installed(bundle, venv):
         return
     install = spec.cluster.install_dir
     real = f"{install}/venvs/{bundle.name}-{bundle.digest[:16]}"

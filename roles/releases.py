@@ -19,12 +19,9 @@ from pyinfra.operations import server
 
 from pdkit import flags
 from pdkit.deploy import current_plan, current_spec
+from pdkit.hoststate import host_state
+from pdkit.releases import releases_dir
 from roles import base
-from roles.facts import host_state
-
-
-def releases_dir(install_dir: str) -> str:
-    return f"{install_dir}/releases"
 
 
 # pyinfra options whose value may be a secret: never kept in a release

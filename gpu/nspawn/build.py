@@ -174,16 +174,16 @@ def mib(n: int) -> str:
 
 def customise(root: Path) -> None:
     """The lab image's customisation (its sshd, journald, resolv.conf and masked units), for trixie."""
-    from pdkit.lab.rootfs import JOURNALD_CONF, SSHD_CONFIG, _write, clear_identity, mask_units, remove_tree
+    from pdkit.lab.rootfs import JOURNALD_CONF, SSHD_CONFIG, write_file, clear_identity, mask_units, remove_tree
 
     for key in (root / "etc/ssh").glob("ssh_host_*"):
         key.unlink()
-    _write(root / "etc/ssh/sshd_config.d/pdkit-lab.conf", SSHD_CONFIG)
-    _write(root / "etc/systemd/journald.conf.d/pdkit-lab.conf", JOURNALD_CONF)
+    write_file(root / "etc/ssh/sshd_config.d/pdkit-lab.conf", SSHD_CONFIG)
+    write_file(root / "etc/systemd/journald.conf.d/pdkit-lab.conf", JOURNALD_CONF)
     (root / "var/log/journal").mkdir(parents=True, exist_ok=True)
     mask_units(root)
     # nothing to fetch from on the device: no sources at all, so apt says so at once
-    _write(root / "etc/apt/sources.list", "# pdkit nspawn host: no package source (the device reaches nothing)\n")
+    write_file(root / "etc/apt/sources.list", "# pdkit nspawn host: no package source (the device reaches nothing)\n")
     for extra in (root / "etc/apt/sources.list.d").glob("*"):
         extra.unlink()
     clear_identity(root)

@@ -196,7 +196,7 @@ def ensure_tarball(cfg: LabConfig, progress: Progress, *, rebuild: bool = False)
     return tarball
 
 
-def _write(path: Path, text: str, mode: int = 0o644) -> None:
+def write_file(path: Path, text: str, mode: int = 0o644) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     path.chmod(mode)
@@ -205,31 +205,31 @@ def _write(path: Path, text: str, mode: int = 0o644) -> None:
 def clear_identity(root: Path) -> None:
     """Empty machine id and hostname (each host gets its own at unpack/boot), no D-Bus id, and
     RESOLV_CONF in place of whatever resolv.conf debootstrap left: for every image built here."""
-    _write(root / "etc/machine-id", "")
+    write_file(root / "etc/machine-id", "")
     dbus_id = root / "var/lib/dbus/machine-id"
     if dbus_id.is_symlink() or dbus_id.exists():
         dbus_id.unlink()
-    _write(root / "etc/hostname", "")
+    write_file(root / "etc/hostname", "")
     resolv = root / "etc/resolv.conf"
     if resolv.is_symlink() or resolv.exists():
         resolv.unlink()
-    _write(resolv, RESOLV_CONF)
+    write_file(resolv, RESOLV_CONF)
 
 
 def _customise(root: Path, cfg: LabConfig) -> None:
     """Turn the debootstrapped tree into the lab image (host-independent parts)."""
     for key in (root / "etc/ssh").glob("ssh_host_*"):
         key.unlink()
-    _write(root / "etc/ssh/sshd_config.d/pdkit-lab.conf", SSHD_CONFIG)
-    _write(root / "etc/apt/sources.list", apt_sources(cfg))
-    _write(root / "etc/systemd/journald.conf.d/pdkit-lab.conf", JOURNALD_CONF)
+    write_file(root / "etc/ssh/sshd_config.d/pdkit-lab.conf", SSHD_CONFIG)
+    write_file(root / "etc/apt/sources.list", apt_sources(cfg))
+    write_file(root / "etc/systemd/journald.conf.d/pdkit-lab.conf", JOURNALD_CONF)
     (root / "var/log/journal").mkdir(parents=True, exist_ok=True)
     mask_units(root)
     # root lingers: its user manager (user@0.service) starts once at boot and stays. Without it
     # every guest started one at pyinfra's first SSH login and stopped it 10 s after the last, so
     # each no-op run of the deploy made every guest boot a systemd --user on the control
     # machine's own cores; on a real cluster that runs on each node's CPUs (docs/benchmarks.md)
-    _write(root / "var/lib/systemd/linger/root", "")
+    write_file(root / "var/lib/systemd/linger/root", "")
     # per-host files are written at unpack time
     clear_identity(root)
     # keep the image small: package lists and downloaded debs come back through the cache
@@ -318,18 +318,18 @@ def unpack(tarball: Path, root: Path) -> None:
 
 def personalise(root: Path, host: LabHost, hosts: list[LabHost], cfg: LabConfig, client_pubkey: str) -> str:
     """Write the per-host files into an unpacked rootfs; return the host's public host key."""
-    _write(root / "etc/hostname", host.name + "\n")
-    _write(root / "etc/machine-id", uuid.uuid4().hex + "\n", 0o444)
+    write_file(root / "etc/hostname", host.name + "\n")
+    write_file(root / "etc/machine-id", uuid.uuid4().hex + "\n", 0o444)
     lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback", ""]
     lines.append(f"{cfg.bridge_address}\tlab-control apt-cache")
     lines += [f"{h.address}\t{h.name}" for h in hosts]
-    _write(root / "etc/hosts", "\n".join(lines) + "\n")
-    _write(root / "etc/apt/sources.list", apt_sources(cfg))
-    _write(root / "etc/apt/apt.conf.d/80pdkit-lab", APT_CONF)
+    write_file(root / "etc/hosts", "\n".join(lines) + "\n")
+    write_file(root / "etc/apt/sources.list", apt_sources(cfg))
+    write_file(root / "etc/apt/apt.conf.d/80pdkit-lab", APT_CONF)
     ssh_dir = root / "root/.ssh"
     ssh_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     ssh_dir.chmod(0o700)
-    _write(ssh_dir / "authorized_keys", client_pubkey.strip() + "\n", 0o600)
+    write_file(ssh_dir / "authorized_keys", client_pubkey.strip() + "\n", 0o600)
     key = root / "etc/ssh/ssh_host_ed25519_key"
     for p in (key, key.with_name(key.name + ".pub")):
         if p.exists():

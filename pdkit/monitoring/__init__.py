@@ -48,7 +48,7 @@ from pdkit.monitoring.grafana import *  # noqa: F401,F403
 from pdkit.monitoring.rules import *  # noqa: F401,F403
 from pdkit.monitoring.scrape import *  # noqa: F401,F403
 from pdkit.monitoring.alertmanager import ALERTMANAGER_CONFIG_PATH, alertmanager_config
-from pdkit.monitoring.common import PROMETHEUS_CONFIG_PATH, RULES_PATH, RULE_TESTS_PATH, _monitoring
+from pdkit.monitoring.common import PROMETHEUS_CONFIG_PATH, RULES_PATH, RULE_TESTS_PATH, monitoring_of
 from pdkit.monitoring.dashboards import dashboard_files
 from pdkit.monitoring.grafana import GRAFANA_DROPIN_PATH, grafana_dropin, grafana_provisioning
 from pdkit.monitoring.rules import HOST_RULE_TEST_SUBJECTS, alert_rules, rule_tests
@@ -68,7 +68,7 @@ def monitoring_files(spec: ClusterSpec) -> dict[str, str]:
         # suite runs it, tests/test_monitoring.py)
         RULE_TESTS_PATH: rule_tests(spec, max_subjects=HOST_RULE_TEST_SUBJECTS),
     }
-    if _monitoring(spec).grafana:
+    if monitoring_of(spec).grafana:
         files.update(grafana_provisioning(spec))
         files[GRAFANA_DROPIN_PATH] = grafana_dropin()
         files.update(dashboard_files(spec))

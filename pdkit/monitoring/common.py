@@ -76,7 +76,7 @@ def monitoring_host(spec: ClusterSpec) -> HostSpec:
     return hosts[0]
 
 
-def _monitoring(spec: ClusterSpec) -> Monitoring:
+def monitoring_of(spec: ClusterSpec) -> Monitoring:
     mon = monitoring_host(spec).monitoring
     assert mon is not None
     return mon
@@ -90,7 +90,7 @@ def alertmanager_urls(spec: ClusterSpec) -> list[str]:
 
 def scraped_hosts(spec: ClusterSpec) -> list[HostSpec]:
     """The hosts Prometheus scrapes: `scrape_hosts`, else every host, in inventory order."""
-    wanted = _monitoring(spec).scrape_hosts
+    wanted = monitoring_of(spec).scrape_hosts
     if wanted is None:
         return list(spec.hosts)
     names = set(wanted)
@@ -102,11 +102,11 @@ def engine_instance(host: HostSpec, engine_name: str) -> str:
     return f"{host.name}/{engine_name}"
 
 
-def _seconds(s: int) -> str:
+def fmt_seconds(s: int) -> str:
     return f"{s // 60}m" if s % 60 == 0 else f"{s}s"
 
 
-def _by(labels: tuple[str, ...]) -> str:
+def by_labels(labels: tuple[str, ...]) -> str:
     return ", ".join(labels)
 
 
@@ -114,7 +114,7 @@ def _sel(name: str, matchers: str = "") -> str:
     return f"{name}{{{matchers}}}" if matchers else name
 
 
-def _alt(template: str, key: str, table: dict = SGLANG) -> str:
+def alt_metric(template: str, key: str, table: dict = SGLANG) -> str:
     """`template` applied to a metric that may have two names, joined with `or`."""
     names = table[key]
     if isinstance(names, str):
@@ -122,48 +122,48 @@ def _alt(template: str, key: str, table: dict = SGLANG) -> str:
     return " or ".join(f"({template.format(m=n)})" for n in names)
 
 
-def _speedup(spec: ClusterSpec) -> int:
+def speedup_of(spec: ClusterSpec) -> int:
     """`pdkit_monitoring.lab_alert_speedup`: 1, or how many times faster the lab's alert clock runs."""
-    return _monitoring(spec).lab_alert_speedup
+    return monitoring_of(spec).lab_alert_speedup
 
 
-def _duration_s(duration: str) -> int:
-    """A duration as _seconds writes it ("2m", "75s") in seconds."""
+def duration_seconds(duration: str) -> int:
+    """A duration as fmt_seconds writes it ("2m", "75s") in seconds."""
     m = re.fullmatch(r"(\d+)([sm])", duration)
     assert m is not None, f"not a duration pdkit writes: {duration!r}"
     return int(m.group(1)) * (60 if m.group(2) == "m" else 1)
 
 
-def _scaled(duration: str, speedup: int) -> str:
+def scaled_duration(duration: str, speedup: int) -> str:
     """DURATION divided by SPEEDUP (the lab's faster alert clock); itself at 1."""
     if speedup == 1:
         return duration
-    s = _duration_s(duration)
+    s = duration_seconds(duration)
     assert s % speedup == 0, f"{duration} is not a whole number of seconds divided by {speedup}"
-    return _seconds(s // speedup)
+    return fmt_seconds(s // speedup)
 
 
-def _window(spec: ClusterSpec) -> str:
+def alert_window(spec: ClusterSpec) -> str:
     """Rate window for alerts: 5m, or 4 scrapes when scrapes are slower than 75 s (the lab: 5m / its
     lab_alert_speedup, still at least 4 scrapes)."""
-    return _seconds(max(300 // _speedup(spec), 4 * _monitoring(spec).scrape_interval_s))
+    return fmt_seconds(max(300 // speedup_of(spec), 4 * monitoring_of(spec).scrape_interval_s))
 
 
-def _series(name: str, labels: dict[str, str]) -> str:
+def series_text(name: str, labels: dict[str, str]) -> str:
     inner = ", ".join(f'{k}="{v}"' for k, v in labels.items())
     return f"{name}{{{inner}}}"
 
 
-def _pick(labels: dict[str, str], keys: tuple[str, ...]) -> dict[str, str]:
+def pick_labels(labels: dict[str, str], keys: tuple[str, ...]) -> dict[str, str]:
     return {k: labels[k] for k in keys if k in labels}
 
 
-def _fmt(x: float) -> str:
+def fmt_value(x: float) -> str:
     """A number for people (annotations, panel text)."""
     return f"{x:g}"
 
 
-def _num(x: float) -> str:
+def fmt_num(x: float) -> str:
     """A number for PromQL / promtool: exact."""
     return str(int(x)) if float(x).is_integer() else repr(float(x))
 
@@ -243,3 +243,8 @@ def to_yaml(obj: object, dumper: type | None = None) -> str:
     if dumper is None:
         dumper = _FAST_DUMPER if _FAST_DUMPER is not None and _libyaml_agrees(obj) else _Dumper
     return yaml.dump(obj, Dumper=dumper, sort_keys=False, default_flow_style=False, allow_unicode=True, width=4096)
+
+
+# the old names, kept: tests/test_monitoring.py and the lab's monitoring test import them
+_duration_s = duration_seconds
+_scaled = scaled_duration

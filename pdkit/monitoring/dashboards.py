@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from pdkit.metricnames import DCGM, EXPORTER, NODE, ROUTER, SGLANG
 from pdkit.monitoring.common import (
-    DATASOURCE, GRAFANA_DASHBOARDS_DIR, JOB_ENGINE, _alt, _fmt, _monitoring, _seconds, scraped_hosts,
+    DATASOURCE, GRAFANA_DASHBOARDS_DIR, JOB_ENGINE, alt_metric, fmt_value, monitoring_of, fmt_seconds, scraped_hosts,
 )
 from pdkit.monitoring.rules import CUDA_GRAPH_RATIO_MIN, alerts
 from pdkit.monitoring.scrape import targets
@@ -180,7 +180,7 @@ def _kv_effective(matchers: str) -> str:
 
 
 def _overview(spec: ClusterSpec) -> dict:
-    slo = _monitoring(spec).ttft_p99_slo_s
+    slo = monitoring_of(spec).ttft_p99_slo_s
     S = SGLANG
     panels = [
         _row("Engines"),
@@ -214,7 +214,7 @@ def _overview(spec: ClusterSpec) -> dict:
             _Q(_q(0.99, S["ttft"] + "_bucket", "decode|unified"), "p99")], unit="s", threshold=slo,
            description=f"Time to first token as the client sees it (decode side; includes prefill and KV "
                        f"transfer in PD mode). The red line is the SLO, pdkit_monitoring.ttft_p99_slo_s = "
-                       f"{_fmt(slo)} s."),
+                       f"{fmt_value(slo)} s."),
         _P("ITL p50 / p99", [
             _Q(_q(0.5, S["itl"] + "_bucket", "decode|unified"), "p50"),
             _Q(_q(0.99, S["itl"] + "_bucket", "decode|unified"), "p99")], unit="s",
@@ -259,7 +259,7 @@ def _pd(spec: ClusterSpec) -> dict:
     pdm = f'role=~"prefill|decode", {F}'
     panels = [
         _row("Prefill side"),
-        _P("Prefill bootstrap queue", [_Q(_alt(f"sum by (instance) ({{m}}{{{{{pf}}}}})", "prefill_bootstrap_queue"),
+        _P("Prefill bootstrap queue", [_Q(alt_metric(f"sum by (instance) ({{m}}{{{{{pf}}}}})", "prefill_bootstrap_queue"),
                                           "{{instance}}")],
            description="Requests waiting for the handshake with their decode partner."),
         _P("Prefill inflight queue", [_Q(f'sum by (instance) ({S["prefill_inflight_queue"]}{{{pf}}})', "{{instance}}")],
@@ -394,7 +394,7 @@ _GRAFANA_VARS = re.compile(r"\$(node|engine|role)\b")
 
 def rate_interval(spec: ClusterSpec) -> str:
     """What Grafana's $__rate_interval comes to at the default resolution: 4 scrape intervals."""
-    return _seconds(4 * _monitoring(spec).scrape_interval_s)
+    return fmt_seconds(4 * monitoring_of(spec).scrape_interval_s)
 
 
 def substitute_variables(spec: ClusterSpec, expr: str) -> str:

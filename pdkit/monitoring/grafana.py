@@ -4,7 +4,7 @@ alerting off (one place decides who gets paged: Alertmanager, pdkit.monitoring.a
 from __future__ import annotations
 
 from pdkit.monitoring.common import (
-    DATASOURCE_UID, GRAFANA_DASHBOARDS_DIR, GRAFANA_DATASOURCE_PATH, GRAFANA_PROVIDER_PATH, _monitoring, _seconds,
+    DATASOURCE_UID, GRAFANA_DASHBOARDS_DIR, GRAFANA_DATASOURCE_PATH, GRAFANA_PROVIDER_PATH, monitoring_of, fmt_seconds,
     monitoring_host, to_yaml,
 )
 from pdkit.spec import ClusterSpec
@@ -26,7 +26,7 @@ def grafana_dropin() -> str:
 def grafana_provisioning(spec: ClusterSpec) -> dict[str, str]:
     """{path: text}: the Prometheus datasource and the dashboards-from-files provider."""
     mon_host = monitoring_host(spec)
-    mon = _monitoring(spec)
+    mon = monitoring_of(spec)
     datasource = {
         "apiVersion": 1,
         "datasources": [{
@@ -37,7 +37,7 @@ def grafana_provisioning(spec: ClusterSpec) -> dict[str, str]:
             "url": f"http://{mon_host.address}:{mon.prometheus_port}",
             "isDefault": True,
             "editable": False,
-            "jsonData": {"timeInterval": _seconds(mon.scrape_interval_s), "httpMethod": "POST"},
+            "jsonData": {"timeInterval": fmt_seconds(mon.scrape_interval_s), "httpMethod": "POST"},
         }],
     }
     provider = {

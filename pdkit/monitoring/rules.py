@@ -18,8 +18,8 @@ from pdkit.spec import prefill_kv_paths
 from pdkit.metricnames import EXPORTER, EXPORTER_RANK_UP, ROUTER, SGLANG
 from pdkit.monitoring.common import (
     ENGINE_BY, EXPORTER_BY, JOB_DCGM, JOB_ENGINE, JOB_EXPORTER, JOB_NODE, JOB_PROMETHEUS, JOB_ROUTER, QUEUES,
-    QUEUE_ROLES, ROUTER_BY, WORKER_BY, _alt, _by, _fmt, _monitoring, _num, _pick, _scaled, _seconds, _series, _speedup, _window,
-    _duration_s, engine_instance,
+    QUEUE_ROLES, ROUTER_BY, WORKER_BY, alt_metric, by_labels, fmt_value, monitoring_of, fmt_num, pick_labels, scaled_duration, fmt_seconds, series_text, speedup_of, alert_window,
+    duration_seconds, engine_instance,
     promql_regex, scraped_hosts, to_yaml,
 )
 from pdkit.monitoring.scrape import Target, targets
@@ -105,7 +105,7 @@ def graph_expected_instances(spec: ClusterSpec) -> list[str]:
 
 def _engine_labels(s: dict[str, str], **extra: str) -> dict[str, str]:
     """An engine series' labels as Prometheus stores them: the target's and SGLang's scheduler labels."""
-    return {"job": JOB_ENGINE, **_pick(s, ENGINE_BY), "engine_type": s["role"], "model_name": s["model_name"],
+    return {"job": JOB_ENGINE, **pick_labels(s, ENGINE_BY), "engine_type": s["role"], "model_name": s["model_name"],
             "tp_rank": "0", "pp_rank": "0", "moe_ep_rank": "0", **extra}
 
 
@@ -122,9 +122,9 @@ def _more_failures_test(alert: str, metric: str, subjects: tuple[dict[str, str],
     if not subjects:
         return []
     first, rest = subjects[0], subjects[1:]
-    series = [(_series(metric, _engine_labels(first)), "3+1x20")]
-    series += [(_series(metric, _engine_labels(s)), "2x20") for s in rest]
-    exp = [{**_pick(first, ENGINE_BY), "severity": "warning"}]
+    series = [(series_text(metric, _engine_labels(first)), "3+1x20")]
+    series += [(series_text(metric, _engine_labels(s)), "2x20") for s in rest]
+    exp = [{**pick_labels(first, ENGINE_BY), "severity": "warning"}]
     return [_alert_test(f"{alert} fires on failures that go on, not on an old count", alert, series, "15m", exp)]
 
 
@@ -132,11 +132,11 @@ def _graph_none_only_tests(subjects: tuple[dict[str, str], ...], passes: str) ->
     """The seeds' worst case: the decode never runs a graph, so only mode="decode_none" exists."""
     out = []
     for s in subjects[:1]:
-        series = [(_series(passes, _engine_labels(s, mode="decode_none")), "0+10x30")]
+        series = [(series_text(passes, _engine_labels(s, mode="decode_none")), "0+10x30")]
         out.append(_alert_test(f"PdkitDecodeCudaGraphRatioLow fires for {s['instance']} when only decode_none exists",
                                "PdkitDecodeCudaGraphRatioLow", series, "20m",
-                               [{**_pick(s, ENGINE_BY), "severity": "warning"}]))
-        series = [(_series(passes, _engine_labels(s, mode="decode_cuda_graph")), "0+10x30")]
+                               [{**pick_labels(s, ENGINE_BY), "severity": "warning"}]))
+        series = [(series_text(passes, _engine_labels(s, mode="decode_cuda_graph")), "0+10x30")]
         out.append(_alert_test(f"PdkitDecodeCudaGraphRatioLow stays quiet for {s['instance']} when only "
                                "decode_cuda_graph exists", "PdkitDecodeCudaGraphRatioLow", series, "20m", []))
     return out
@@ -146,13 +146,13 @@ def wedge_window(spec: ClusterSpec) -> str:
     """Rate window of the wedge alert: 2m, or 4 scrapes when scrapes are slower than 30 s (it must fire
     well before SGLang's own 300 s scheduler watchdog would end a wedged process); the lab: 2m / its
     lab_alert_speedup, still at least 4 scrapes."""
-    return _seconds(max(120 // _speedup(spec), 4 * _monitoring(spec).scrape_interval_s))
+    return fmt_seconds(max(120 // speedup_of(spec), 4 * monitoring_of(spec).scrape_interval_s))
 
 
 def _wedge_case(s: dict[str, str], bad: bool) -> list[tuple[str, str]]:
     labels = _engine_labels(s)
-    running = [(_series(SGLANG["running"], labels), "2x30"), (_series(SGLANG["waiting"], labels), "1x30")]
-    tokens = _series(SGLANG["realtime_tokens"], {**labels, "mode": "decode" if s["role"] != "prefill" else
+    running = [(series_text(SGLANG["running"], labels), "2x30"), (series_text(SGLANG["waiting"], labels), "1x30")]
+    tokens = series_text(SGLANG["realtime_tokens"], {**labels, "mode": "decode" if s["role"] != "prefill" else
                                                  "prefill_compute"})
     # bad: tokens stop at minute 5 while requests stay; healthy: tokens keep coming
     return running + [(tokens, "0+100x5 500x25" if bad else "0+100x30")]
@@ -163,12 +163,12 @@ def _wedge_extra_tests(subjects: tuple[dict[str, str], ...]) -> list[dict]:
     for s in subjects[:1]:
         labels = _engine_labels(s)
         # wedged before its first step: requests held, no token series at all
-        series = [(_series(SGLANG["running"], labels), "0x3 2x27"), (_series(SGLANG["waiting"], labels), "0x30")]
+        series = [(series_text(SGLANG["running"], labels), "0x3 2x27"), (series_text(SGLANG["waiting"], labels), "0x30")]
         out.append(_alert_test(f"PdkitEngineWedged fires for {s['instance']} wedged before its first step",
-                               "PdkitEngineWedged", series, "10m", [{**_pick(s, ENGINE_BY), "severity": "critical"}]))
+                               "PdkitEngineWedged", series, "10m", [{**pick_labels(s, ENGINE_BY), "severity": "critical"}]))
         # idle: nothing held, no tokens
-        tokens = _series(SGLANG["realtime_tokens"], {**labels, "mode": "decode"})
-        series = [(_series(SGLANG["running"], labels), "0x30"), (_series(SGLANG["waiting"], labels), "0x30"),
+        tokens = series_text(SGLANG["realtime_tokens"], {**labels, "mode": "decode"})
+        series = [(series_text(SGLANG["running"], labels), "0x30"), (series_text(SGLANG["waiting"], labels), "0x30"),
                   (tokens, "500x30")]
         out.append(_alert_test(f"PdkitEngineWedged stays quiet for {s['instance']} while idle",
                                "PdkitEngineWedged", series, "20m", []))
@@ -189,15 +189,15 @@ class _Context(NamedTuple):
 
     def for_(self, duration: str) -> str:
         """An alert's `for` as the rules say it: DURATION, divided by the lab's speedup."""
-        return _scaled(duration, self.speedup)
+        return scaled_duration(duration, self.speedup)
 
 
 def _context(spec: ClusterSpec) -> _Context:
     tgt = targets(spec)
-    return _Context(spec, _monitoring(spec), _window(spec), tgt, [t for t in tgt if t.job == JOB_ENGINE],
+    return _Context(spec, monitoring_of(spec), alert_window(spec), tgt, [t for t in tgt if t.job == JOB_ENGINE],
                     [t for t in tgt if t.job == JOB_ROUTER],
-                    {engine_instance(h, e.name): spec.engine_model(e).name for h, e in spec.engines()}, _by(ENGINE_BY),
-                    _speedup(spec))
+                    {engine_instance(h, e.name): spec.engine_model(e).name for h, e in spec.engines()}, by_labels(ENGINE_BY),
+                    speedup_of(spec))
 
 
 # The alert table: (the alerts a builder declares, in rule order; the builder). Each builder declares its
@@ -215,7 +215,7 @@ def _declares(*names: str):
 
 def _up_case(subject: dict[str, str], bad: bool) -> list[tuple[str, str]]:
     # healthy still has a one-scrape blip: shorter than `for`, it must not alert
-    return [(_series("up", subject), "1x3 0x20" if bad else "1x3 0 1x19")]
+    return [(series_text("up", subject), "1x3 0x20" if bad else "1x3 0 1x19")]
 
 
 # engine down
@@ -271,8 +271,8 @@ def _engine_rank_down(c: _Context) -> list[Alert]:
         up = f'{EXPORTER_RANK_UP}{{rank!="0"}}'
         out.append(Alert(
             name="PdkitEngineRankDown",
-            expr=f"min by ({_by(RANK_BY)}) ({up}) == 0",
-            value=f"min by ({_by(RANK_BY)}) ({up})",
+            expr=f"min by ({by_labels(RANK_BY)}) ({up}) == 0",
+            value=f"min by ({by_labels(RANK_BY)}) ({up})",
             for_=c.for_(RANK_DOWN_FOR), severity="critical",
             summary="Rank {{ $labels.rank }} of engine {{ $labels.engine }} on {{ $labels.node }} is down",
             description=(
@@ -289,8 +289,8 @@ def _engine_rank_down(c: _Context) -> list[Alert]:
                 "Fix the cause, then re-run the deploy over every node of the engine (it restarts the ranks "
                 "together behind rank 0's health gate)."),
             subjects=tuple(s for s in ranks if s["rank"] != "0"),
-            case=lambda s, bad: [(_series(EXPORTER_RANK_UP, s), "1x3 0x20" if bad else "1x3 0 1x19")],
-            exp_labels=lambda s: _pick(s, RANK_BY),
+            case=lambda s, bad: [(series_text(EXPORTER_RANK_UP, s), "1x3 0x20" if bad else "1x3 0 1x19")],
+            exp_labels=lambda s: pick_labels(s, RANK_BY),
             eval_time="10m",
             decoys=tuple(s for s in ranks if s["rank"] == "0"),
             decoys_are="rank 0, which PdkitEngineDown covers",
@@ -387,8 +387,8 @@ def _router_worker_unhealthy(c: _Context) -> list[Alert]:
     if worker_subjects:
         out.append(Alert(
             name="PdkitRouterWorkerUnhealthy",
-            expr=f'min by ({_by(WORKER_BY)}) ({ROUTER["worker_health"]}) == 0',
-            value=f'min by ({_by(WORKER_BY)}) ({ROUTER["worker_health"]})',
+            expr=f'min by ({by_labels(WORKER_BY)}) ({ROUTER["worker_health"]}) == 0',
+            value=f'min by ({by_labels(WORKER_BY)}) ({ROUTER["worker_health"]})',
             for_=c.for_(WORKER_UNHEALTHY_FOR), severity="critical",
             summary="Router on {{ $labels.node }} marks worker {{ $labels.worker_instance }} unhealthy",
             description=(
@@ -400,8 +400,8 @@ def _router_worker_unhealthy(c: _Context) -> list[Alert]:
                 "a long generate shows here), and read the engine's journal. The router takes the worker back "
                 "on its own once health checks pass again (pdkit runs it without --remove-unhealthy-workers)."),
             subjects=tuple(worker_subjects),
-            case=lambda s, bad: [(_series(ROUTER["worker_health"], s), "1x3 0x20" if bad else "1x25")],
-            exp_labels=lambda s: _pick(s, WORKER_BY),
+            case=lambda s, bad: [(series_text(ROUTER["worker_health"], s), "1x3 0x20" if bad else "1x25")],
+            exp_labels=lambda s: pick_labels(s, WORKER_BY),
             eval_time="10m",
             fires_when=f"`{ROUTER['worker_health']} == 0` for a worker",
         ))
@@ -441,12 +441,12 @@ def _router_circuit_open(c: _Context) -> list[Alert]:
     if not subjects:
         return []
     # at least 4 scrapes, like every rate window (a slow scrape interval or the lab's faster clock)
-    w = _seconds(max(_duration_s(CB_WINDOW) // c.speedup, 4 * c.mon.scrape_interval_s))
-    opened = f'sum by ({_by(WORKER_BY)}) (increase({metric}{{to="open"}}[{w}]))'
+    w = fmt_seconds(max(duration_seconds(CB_WINDOW) // c.speedup, 4 * c.mon.scrape_interval_s))
+    opened = f'sum by ({by_labels(WORKER_BY)}) (increase({metric}{{to="open"}}[{w}]))'
 
     def case(s: dict[str, str], bad: bool) -> list[tuple[str, str]]:
-        opens = _series(metric, {**s, "from": "half_open", "to": "open"})
-        closes = _series(metric, {**s, "from": "half_open", "to": "closed"})
+        opens = series_text(metric, {**s, "from": "half_open", "to": "open"})
+        closes = series_text(metric, {**s, "from": "half_open", "to": "closed"})
         if bad:  # re-opens every minute after each half-open trial: the worker keeps failing
             return [(opens, "0x3 1+1x20"), (closes, "0x25")]
         # tripped twice long ago and recovered (closed since): nothing to do now
@@ -455,8 +455,8 @@ def _router_circuit_open(c: _Context) -> list[Alert]:
     def one_trip_test(subjects: tuple[dict[str, str], ...]) -> list[dict]:
         out = []
         for s in subjects[:1]:
-            series = [(_series(metric, {**s, "from": "closed", "to": "open"}), "0x5 1x20"),
-                      (_series(metric, {**s, "from": "half_open", "to": "closed"}), "0x6 1x19")]
+            series = [(series_text(metric, {**s, "from": "closed", "to": "open"}), "0x5 1x20"),
+                      (series_text(metric, {**s, "from": "half_open", "to": "closed"}), "0x6 1x19")]
             out.append(_alert_test(f"PdkitRouterCircuitOpen stays quiet for {s['worker_instance']} after one trip "
                                    "(a restart) that recovered", "PdkitRouterCircuitOpen", series, "12m", []))
         return out
@@ -479,7 +479,7 @@ def _router_circuit_open(c: _Context) -> list[Alert]:
             "PdkitEngineWedged on the same engine name the cause. Restart the engine if it does not recover."),
         subjects=tuple(subjects),
         case=case,
-        exp_labels=lambda s: _pick(s, WORKER_BY),
+        exp_labels=lambda s: pick_labels(s, WORKER_BY),
         eval_time="15m",
         extra_tests=one_trip_test,
         fires_when=(f"`increase({metric}{{to=\"open\"}}[{w}]) > 0` for a worker, for {c.for_(CB_OPEN_FOR)} "
@@ -494,7 +494,7 @@ def _router_retries_exhausted(c: _Context) -> list[Alert]:
     routers = _routers_exporting(c, metric)
     if not routers:
         return []
-    by = _by((*ROUTER_BY, "worker_type"))
+    by = by_labels((*ROUTER_BY, "worker_type"))
     failed = f"sum by ({by}) (increase({metric}[{c.w}]))"
     subjects = tuple({"job": JOB_ROUTER, **t.labels, "worker_type": kind}
                      for t in routers for kind in _router_worker_types(c, t))
@@ -514,9 +514,9 @@ def _router_retries_exhausted(c: _Context) -> list[Alert]:
             "long generate)."),
         subjects=subjects,
         # bad: exhausted retries go on; healthy: an old count, and retries that keep succeeding
-        case=lambda s, bad: [(_series(metric, {**s, "endpoint": "chat"}), "0x3 1+1x20" if bad else "4x25"),
-                             (_series(ROUTER["retries"], {**s, "endpoint": "chat"}), "0+3x25")],
-        exp_labels=lambda s: _pick(s, (*ROUTER_BY, "worker_type")),
+        case=lambda s, bad: [(series_text(metric, {**s, "endpoint": "chat"}), "0x3 1+1x20" if bad else "4x25"),
+                             (series_text(ROUTER["retries"], {**s, "endpoint": "chat"}), "0+3x25")],
+        exp_labels=lambda s: pick_labels(s, (*ROUTER_BY, "worker_type")),
         eval_time="10m",
         fires_when=f"`increase({metric}[{c.w}]) > 0` (smg 1.13.0)",
     )]
@@ -536,13 +536,13 @@ def _router_workers_overloaded(c: _Context) -> list[Alert]:
     routers = _routers_exporting(c, shed, fallback)
     if not routers:
         return []
-    by = _by(ROUTER_BY)
+    by = by_labels(ROUTER_BY)
     overloaded = (f"sum by ({by}) (increase({shed}[{c.w}]))\n+\n"
                   f"sum by ({by}) (increase({fallback}[{c.w}]))")
 
     def case(s: dict[str, str], bad: bool) -> list[tuple[str, str]]:
-        rows = [(_series(shed, {**s, "stage": stage}), "0x30") for stage in ("selection", "dispatch")]
-        return rows + [(_series(fallback, {**s, "stage": "selection"}), "0+5x30" if bad else "40x30")]
+        rows = [(series_text(shed, {**s, "stage": stage}), "0x30") for stage in ("selection", "dispatch")]
+        return rows + [(series_text(fallback, {**s, "stage": "selection"}), "0+5x30" if bad else "40x30")]
 
     return [Alert(
         name="PdkitRouterWorkersOverloaded",
@@ -563,7 +563,7 @@ def _router_workers_overloaded(c: _Context) -> list[Alert]:
             "engine."),
         subjects=tuple({"job": JOB_ROUTER, **t.labels} for t in routers),
         case=case,
-        exp_labels=lambda s: _pick(s, ROUTER_BY),
+        exp_labels=lambda s: pick_labels(s, ROUTER_BY),
         eval_time="20m",
         fires_when=f"`{shed}` or `{fallback}` grows for {c.for_(OVERLOAD_FOR)} (smg 1.13.0)",
     )]
@@ -576,7 +576,7 @@ def _router_admission_rejected(c: _Context) -> list[Alert]:
     routers = _routers_exporting(c, metric)
     if not routers:
         return []
-    by, w = _by(ROUTER_BY), c.w
+    by, w = by_labels(ROUTER_BY), c.w
     rejected = f'{metric}{{result="rejected"}}'
     return [Alert(
         name="PdkitRouterAdmissionRejected",
@@ -595,13 +595,13 @@ def _router_admission_rejected(c: _Context) -> list[Alert]:
             "else add engines or lower the load."),
         subjects=tuple({"job": JOB_ROUTER, **t.labels} for t in routers),
         # bad: the first rejection (the child appears at 1 and stays); healthy: only allowed requests
-        case=lambda s, bad: ([(_series(metric, {**s, "result": "rejected"}), "_x5 1x15")] if bad else [])
-        + [(_series(metric, {**s, "result": "allowed"}), "0+50x20")],
-        exp_labels=lambda s: _pick(s, ROUTER_BY),
+        case=lambda s, bad: ([(series_text(metric, {**s, "result": "rejected"}), "_x5 1x15")] if bad else [])
+        + [(series_text(metric, {**s, "result": "allowed"}), "0+50x20")],
+        exp_labels=lambda s: pick_labels(s, ROUTER_BY),
         eval_time="8m",
         extra_tests=lambda subjects: _counting_on_test("PdkitRouterAdmissionRejected", "rejections", "warning",
                                                        ROUTER_BY, subjects,
-                                                       lambda s: _series(metric, {**s, "result": "rejected"})),
+                                                       lambda s: series_text(metric, {**s, "result": "rejected"})),
         fires_when=f"`increase({rejected}[{w}]) > 0`, or the series is new (first rejection; smg 1.13.0)",
     )]
 
@@ -614,7 +614,7 @@ def _counting_on_test(alert: str, what: str, severity: str, by: tuple[str, ...],
         return []
     first, rest = subjects[0], subjects[1:]
     series = [(series_of(first), "3+1x20")] + [(series_of(s), "2x20") for s in rest]
-    exp = [{**_pick(first, by), "severity": severity}]
+    exp = [{**pick_labels(first, by), "severity": severity}]
     return [_alert_test(f"{alert} fires on {what} that go on, not on an old count", alert, series, "15m", exp)]
 
 
@@ -633,7 +633,7 @@ def _router_pd_rendezvous_failed(c: _Context) -> list[Alert]:
     if not routers:
         return []
     labels = (*ROUTER_BY, "leg")
-    by, w = _by(labels), c.w
+    by, w = by_labels(labels), c.w
     # summed over `phase`: the HTTP path counts only `probe` (a refused bootstrap port at registration), the
     # gRPC path `bootstrap` and `transfer`; any of them is a pair that cannot hand off
     failed = f"sum by ({by}) (increase({metric}[{w}]))"
@@ -642,7 +642,7 @@ def _router_pd_rendezvous_failed(c: _Context) -> list[Alert]:
         name="PdkitRouterPdRendezvousFailed",
         # smg counts a refused probe once, when it registers the worker: the child it creates is a failure too
         expr=f"({failed} > 0)\nor\n({seen} unless sum by ({by}) ({metric} offset {w}))",
-        value=f"{failed}\nor\nsum by ({_by(ROUTER_BY)}) (up{{job=\"{JOB_ROUTER}\"}}) * 0",
+        value=f"{failed}\nor\nsum by ({by_labels(ROUTER_BY)}) (up{{job=\"{JOB_ROUTER}\"}}) * 0",
         for_=c.for_(ROUTER_FAILURES_FOR), severity="critical",
         summary="The router on {{ $labels.node }} cannot rendezvous with a PD {{ $labels.leg }} worker",
         description=(
@@ -659,12 +659,12 @@ def _router_pd_rendezvous_failed(c: _Context) -> list[Alert]:
             "(`pdkit roll INVENTORY --limit <node>`), which re-registers it."),
         subjects=tuple({"job": JOB_ROUTER, **t.labels, "leg": leg} for t in routers for leg in _router_pd_legs(c, t)),
         # bad: the first refused probe (the child appears at 1 and stays); healthy: an old count from long ago
-        case=lambda s, bad: [(_series(metric, {**s, "phase": "probe"}), "_x5 1x15" if bad else "1x20")],
-        exp_labels=lambda s: _pick(s, labels),
+        case=lambda s, bad: [(series_text(metric, {**s, "phase": "probe"}), "_x5 1x15" if bad else "1x20")],
+        exp_labels=lambda s: pick_labels(s, labels),
         eval_time="8m",
         extra_tests=lambda subjects: _counting_on_test("PdkitRouterPdRendezvousFailed", "failed probes", "critical",
                                                        labels, subjects,
-                                                       lambda s: _series(metric, {**s, "phase": "probe"})),
+                                                       lambda s: series_text(metric, {**s, "phase": "probe"})),
         fires_when=f"`increase({metric}[{w}]) > 0` for a leg, or the series is new (a refused bootstrap probe at "
                    "registration; smg 1.13.0)",
     )]
@@ -677,11 +677,11 @@ def _queue_growing(c: _Context) -> list[Alert]:
     out: list[Alert] = []
     def queue_clause(queue: str, key: str, fn: str) -> str:
         if fn == "deriv":
-            growing = _alt(f"sum by ({by}) (deriv({{m}}[{w}]))", key)
-            depth = _alt(f"sum by ({by}) ({{m}})", key)
+            growing = alt_metric(f"sum by ({by}) (deriv({{m}}[{w}]))", key)
+            depth = alt_metric(f"sum by ({by}) ({{m}})", key)
             inner = f"({growing}) > 0 and ({depth}) >= {QUEUE_MIN_DEPTH}"
         else:
-            inner = _alt(f"sum by ({by}) ({{m}})", key)
+            inner = alt_metric(f"sum by ({by}) ({{m}})", key)
         return f'label_replace({inner}, "queue", "{queue}", "", "")'
 
     queue_subjects = []
@@ -694,9 +694,9 @@ def _queue_growing(c: _Context) -> list[Alert]:
         key = dict(QUEUES)[s["queue"]]
         names = SGLANG[key]
         name = names if isinstance(names, str) else names[0]
-        labels = {"job": JOB_ENGINE, **_pick(s, ENGINE_BY), "engine_type": s["role"], "model_name": s["model_name"],
+        labels = {"job": JOB_ENGINE, **pick_labels(s, ENGINE_BY), "engine_type": s["role"], "model_name": s["model_name"],
                   "tp_rank": "0", "pp_rank": "0", "moe_ep_rank": "0"}
-        return [(_series(name, labels), "0+1x30" if bad else "3x30")]
+        return [(series_text(name, labels), "0+1x30" if bad else "3x30")]
 
     out.append(Alert(
         name="PdkitQueueGrowing",
@@ -715,7 +715,7 @@ def _queue_growing(c: _Context) -> list[Alert]:
             "decode_prealloc - decode has no KV memory free for new requests (decode is the bottleneck)."),
         subjects=tuple(queue_subjects),
         case=queue_case,
-        exp_labels=lambda s: {**_pick(s, ENGINE_BY), "queue": s["queue"]},
+        exp_labels=lambda s: {**pick_labels(s, ENGINE_BY), "queue": s["queue"]},
         eval_time="20m",
         fires_when=f"a waiting or PD queue keeps growing (`deriv > 0` and depth >= {QUEUE_MIN_DEPTH})",
     ))
@@ -760,10 +760,10 @@ def _pd_failures(c: _Context) -> list[Alert]:
             description=f"{todo}",
             subjects=tuple({**t.labels, "model_name": model_of[t.labels["instance"]]} for t in pd_engines),
             # bad: the engine's first failure (the series appears at 1 and stays); healthy: no series at all
-            case=lambda s, bad, metric=metric: [(_series(metric, {
-                "job": JOB_ENGINE, **_pick(s, ENGINE_BY), "engine_type": s["role"], "model_name": s["model_name"],
+            case=lambda s, bad, metric=metric: [(series_text(metric, {
+                "job": JOB_ENGINE, **pick_labels(s, ENGINE_BY), "engine_type": s["role"], "model_name": s["model_name"],
                 "tp_rank": "0", "pp_rank": "0", "moe_ep_rank": "0"}), "_x5 1x15")] if bad else [],
-            exp_labels=lambda s: _pick(s, ENGINE_BY),
+            exp_labels=lambda s: pick_labels(s, ENGINE_BY),
             eval_time="8m",
             extra_tests=lambda subjects, metric=metric, name=name: _more_failures_test(name, metric, subjects),
             fires_when=f"`increase({metric}[{w}]) > 0`, or the series is new (first failure)",
@@ -791,10 +791,10 @@ def _kv_rows(s: dict[str, str], gb_s: float | None, n: int = 25) -> list[tuple[s
     labels = _engine_labels(s)
     ms, mb = SGLANG["kv_transfer_latency"], SGLANG["kv_transfer_total"]
     if gb_s is None:
-        return [(_series(f"{ms}_count", labels), f"100x{n}"), (_series(f"{ms}_sum", labels), f"100000x{n}"),
-                (_series(f"{mb}_count", labels), f"100x{n}"), (_series(f"{mb}_sum", labels), f"50000x{n}")]
-    return [(_series(f"{ms}_count", labels), f"0+10x{n}"), (_series(f"{ms}_sum", labels), f"0+10000x{n}"),
-            (_series(f"{mb}_count", labels), f"0+10x{n}"), (_series(f"{mb}_sum", labels), f"0+{_num(gb_s * 1024 * 10)}x{n}")]
+        return [(series_text(f"{ms}_count", labels), f"100x{n}"), (series_text(f"{ms}_sum", labels), f"100000x{n}"),
+                (series_text(f"{mb}_count", labels), f"100x{n}"), (series_text(f"{mb}_sum", labels), f"50000x{n}")]
+    return [(series_text(f"{ms}_count", labels), f"0+10x{n}"), (series_text(f"{ms}_sum", labels), f"0+10000x{n}"),
+            (series_text(f"{mb}_count", labels), f"0+10x{n}"), (series_text(f"{mb}_sum", labels), f"0+{fmt_num(gb_s * 1024 * 10)}x{n}")]
 
 
 # a prefill's KV hand-offs slower than the floor of its path (same host, across hosts over RDMA or TCP:
@@ -811,7 +811,7 @@ def _kv_handoff_slow(c: _Context) -> list[Alert]:
             instance = engine_instance(spec.host(host), engine)
             floors[instance] = floor
     subjects = tuple({**t.labels, "model_name": c.model_of[t.labels["instance"]],
-                      "floor": _num(floors[t.labels["instance"]])}
+                      "floor": fmt_num(floors[t.labels["instance"]])}
                      for t in c.engines if t.labels["instance"] in floors)
     if not subjects:
         return []
@@ -823,10 +823,10 @@ def _kv_handoff_slow(c: _Context) -> list[Alert]:
         # small hand-offs are latency-bound: not judged by their rate (pdkit.kvcost.KV_RATE_MIN_MB)
         mb = SGLANG["kv_transfer_total"]
         sized = (f'sum by ({by}) (rate({mb}_sum{{instance=~"{inst}"}}[{w}]))\n/\n'
-                 f'sum by ({by}) (rate({mb}_count{{instance=~"{inst}"}}[{w}])) >= {_num(KV_RATE_MIN_MB)}')
-        slow = f"(\n{kv_effective_gb_s(by, w, inst)}\n) < {_num(floor)}"
+                 f'sum by ({by}) (rate({mb}_count{{instance=~"{inst}"}}[{w}])) >= {fmt_num(KV_RATE_MIN_MB)}')
+        slow = f"(\n{kv_effective_gb_s(by, w, inst)}\n) < {fmt_num(floor)}"
         # the floor as a label: the annotations name it
-        clauses.append(f'label_replace(\n{slow},\n"floor", "{_num(floor)}", "", ""\n)\nand on ({by})\n{moving}\nand on ({by})\n({sized})')
+        clauses.append(f'label_replace(\n{slow},\n"floor", "{fmt_num(floor)}", "", ""\n)\nand on ({by})\n{moving}\nand on ({by})\n({sized})')
     expr = "\nor\n".join(clauses)
 
     def case(s: dict[str, str], bad: bool) -> list[tuple[str, str]]:
@@ -836,19 +836,19 @@ def _kv_handoff_slow(c: _Context) -> list[Alert]:
     def extra(subjects: tuple[dict[str, str], ...]) -> list[dict]:
         out = []
         for s in subjects[:1]:
-            exp = [{**_pick(s, KV_SLOW_BY), "severity": "warning"}]
+            exp = [{**pick_labels(s, KV_SLOW_BY), "severity": "warning"}]
             out.append(_alert_test(f"PdkitKvHandoffSlow stays quiet for {s['instance']} while it hands nothing off",
                                    "PdkitKvHandoffSlow", _kv_rows(s, None, 30), "25m", []))
             # far below the floor, but hand-offs of ~10 MiB: latency-bound, not judged by rate
             small = min(float(s["floor"]) * 0.5, (KV_RATE_MIN_MB / 1024) * 0.3)
-            out.append(_alert_test(f"PdkitKvHandoffSlow stays quiet for {s['instance']} at {_fmt(small)} GB/s with "
-                                   f"hand-offs under {_num(KV_RATE_MIN_MB)} MiB", "PdkitKvHandoffSlow",
+            out.append(_alert_test(f"PdkitKvHandoffSlow stays quiet for {s['instance']} at {fmt_value(small)} GB/s with "
+                                   f"hand-offs under {fmt_num(KV_RATE_MIN_MB)} MiB", "PdkitKvHandoffSlow",
                                    _kv_rows(s, small, 30), "25m", []))
             # half the floor for 20 minutes, then twice it: firing at 18m, resolved by 40m
             slow, fast = float(s["floor"]) * 0.5 * 10240, float(s["floor"]) * 2 * 10240
             rows = _kv_rows(s, 1.0, 45)[:3]
-            rows.append((_series(f"{SGLANG['kv_transfer_total']}_sum", _engine_labels(s)),
-                         f"0+{_num(slow)}x20 {_num(slow * 20 + fast)}+{_num(fast)}x24"))
+            rows.append((series_text(f"{SGLANG['kv_transfer_total']}_sum", _engine_labels(s)),
+                         f"0+{fmt_num(slow)}x20 {fmt_num(slow * 20 + fast)}+{fmt_num(fast)}x24"))
             test = _alert_test(f"PdkitKvHandoffSlow fires for {s['instance']} while slow and resolves once fast",
                                "PdkitKvHandoffSlow", rows, "18m", exp)
             test["alert_rule_test"].append({"eval_time": "40m", "alertname": "PdkitKvHandoffSlow", "exp_alerts": []})
@@ -859,10 +859,10 @@ def _kv_handoff_slow(c: _Context) -> list[Alert]:
             low = by_floor[min(by_floor, key=float)]
             high = by_floor[max(by_floor, key=float)]
             between = (float(low["floor"]) + float(high["floor"])) / 2
-            out.append(_alert_test(f"PdkitKvHandoffSlow at {_fmt(between)} GB/s fires for {high['instance']} (floor "
+            out.append(_alert_test(f"PdkitKvHandoffSlow at {fmt_value(between)} GB/s fires for {high['instance']} (floor "
                                    f"{high['floor']}), not {low['instance']} (floor {low['floor']})",
                                    "PdkitKvHandoffSlow", _kv_rows(high, between) + _kv_rows(low, between), "20m",
-                                   [{**_pick(high, KV_SLOW_BY), "severity": "warning"}]))
+                                   [{**pick_labels(high, KV_SLOW_BY), "severity": "warning"}]))
         return out
 
     return [Alert(
@@ -883,13 +883,13 @@ def _kv_handoff_slow(c: _Context) -> list[Alert]:
             "lane UCX picked)."),
         subjects=subjects,
         case=case,
-        exp_labels=lambda s: _pick(s, KV_SLOW_BY),
+        exp_labels=lambda s: pick_labels(s, KV_SLOW_BY),
         eval_time="20m",
         absent_ok=(SGLANG["kv_transfer_latency"], SGLANG["kv_transfer_total"]),
         extra_tests=extra,
         fires_when=("a prefill's effective KV rate (ratio of sums) is below the floor of the slowest path it may "
                     f"take (`pdkit.kvcost.KV_PATHS`: {kv_floors_text()}; a sim: the lowest) while hand-offs "
-                    f"happen and hand-offs average {_num(KV_RATE_MIN_MB)} MiB or more, for {c.for_(KV_SLOW_FOR)}"),
+                    f"happen and hand-offs average {fmt_num(KV_RATE_MIN_MB)} MiB or more, for {c.for_(KV_SLOW_FOR)}"),
     )]
 
 
@@ -909,12 +909,12 @@ def _decode_graph_ratio(c: _Context) -> list[Alert]:
                  f'/\nsum by ({by}) (rate({passes}{{mode=~"decode_cuda_graph|decode_none", instance=~"{inst}"}}[{w}]))')
 
         def graph_case(s: dict[str, str], bad: bool) -> list[tuple[str, str]]:
-            base = {"job": JOB_ENGINE, **_pick(s, ENGINE_BY), "engine_type": s["role"], "model_name": s["model_name"],
+            base = {"job": JOB_ENGINE, **pick_labels(s, ENGINE_BY), "engine_type": s["role"], "model_name": s["model_name"],
                     "pp_rank": "0", "moe_ep_rank": "0"}
             rows = []
             for tp in ("0", "1"):
-                rows.append((_series(passes, {**base, "tp_rank": tp, "mode": "decode_cuda_graph"}), "0+10x30"))
-                rows.append((_series(passes, {**base, "tp_rank": tp, "mode": "decode_none"}),
+                rows.append((series_text(passes, {**base, "tp_rank": tp, "mode": "decode_cuda_graph"}), "0+10x30"))
+                rows.append((series_text(passes, {**base, "tp_rank": tp, "mode": "decode_none"}),
                              "0+10x30" if bad else "0x30"))
             return rows
 
@@ -922,7 +922,7 @@ def _decode_graph_ratio(c: _Context) -> list[Alert]:
                          for t in engines if t.labels["instance"] in expected)
         out.append(Alert(
             name="PdkitDecodeCudaGraphRatioLow",
-            expr=f"(\n{ratio}\n) < {_num(CUDA_GRAPH_RATIO_MIN)}",
+            expr=f"(\n{ratio}\n) < {fmt_num(CUDA_GRAPH_RATIO_MIN)}",
             value=ratio,
             for_=c.for_(CUDA_GRAPH_RATIO_FOR), severity="warning",
             summary="{{ $labels.instance }} runs decode steps without CUDA graphs",
@@ -936,7 +936,7 @@ def _decode_graph_ratio(c: _Context) -> list[Alert]:
                 "--cuda-graph-backend-decode is not disabled (flags drift alert)."),
             subjects=subjects,
             case=graph_case,
-            exp_labels=lambda s: _pick(s, ENGINE_BY),
+            exp_labels=lambda s: pick_labels(s, ENGINE_BY),
             eval_time="20m",
             extra_tests=lambda subjects: _graph_none_only_tests(subjects, passes),
             fires_when=(f"decode passes in a CUDA graph < {CUDA_GRAPH_RATIO_MIN:.0%} on an engine whose spec turns "
@@ -973,7 +973,7 @@ def _engine_wedged(c: _Context) -> list[Alert]:
             "deploy). The seeds hit this with the overlap schedule: consider --disable-overlap-schedule."),
         subjects=tuple({**t.labels, "model_name": model_of[t.labels["instance"]]} for t in engines),
         case=lambda s, bad: _wedge_case(s, bad),
-        exp_labels=lambda s: _pick(s, ENGINE_BY),
+        exp_labels=lambda s: pick_labels(s, ENGINE_BY),
         eval_time="20m",
         extra_tests=lambda subjects: _wedge_extra_tests(subjects),
         fires_when=f"requests running or queued and no token computed (`{tokens}`) over {ww}",
@@ -992,22 +992,22 @@ def _ttft_over_slo(c: _Context) -> list[Alert]:
     ttft_engines = [t for t in engines if t.labels["role"] in ("decode", "unified")]
 
     def ttft_case(s: dict[str, str], bad: bool) -> list[tuple[str, str]]:
-        base = {"job": JOB_ENGINE, **_pick(s, ENGINE_BY), "engine_type": s["role"], "model_name": s["model_name"]}
+        base = {"job": JOB_ENGINE, **pick_labels(s, ENGINE_BY), "engine_type": s["role"], "model_name": s["model_name"]}
         # all observations in (slo, 2 slo] -> p99 ~ 1.99 slo; in (slo/2, slo] -> p99 ~ 0.995 slo
         counts = {slo / 2: "0x30", slo: "0x30" if bad else "0+10x30", slo * 2: "0+10x30", "+Inf": "0+10x30"}
-        return [(_series(SGLANG["ttft"] + "_bucket", {**base, "le": le if isinstance(le, str) else _num(le)}), v)
+        return [(series_text(SGLANG["ttft"] + "_bucket", {**base, "le": le if isinstance(le, str) else fmt_num(le)}), v)
                 for le, v in counts.items()]
 
     if ttft_engines:
         out.append(Alert(
             name="PdkitTtftP99OverSlo",
-            expr=f"{ttft} > {_num(slo)}",
+            expr=f"{ttft} > {fmt_num(slo)}",
             value=ttft,
             for_=c.for_(TTFT_FOR), severity="warning",
-            summary=f"TTFT p99 of {{{{ $labels.instance }}}} is over the {_fmt(slo)} s SLO",
+            summary=f"TTFT p99 of {{{{ $labels.instance }}}} is over the {fmt_value(slo)} s SLO",
             description=(
                 f"The 99th percentile time to first token measured by {{{{ $labels.instance }}}} over the last {w} "
-                f"is above pdkit_monitoring.ttft_p99_slo_s = {_fmt(slo)} s. In PD mode this decode-side TTFT "
+                f"is above pdkit_monitoring.ttft_p99_slo_s = {fmt_value(slo)} s. In PD mode this decode-side TTFT "
                 "includes the prefill and the KV transfer.\n"
                 "What to do: on the PD dashboard find where the time goes: a growing prefill waiting queue "
                 "(prefill capacity: chunked_prefill_size, more prefill engines), bootstrap/inflight queues (the "
@@ -1015,12 +1015,12 @@ def _ttft_over_slo(c: _Context) -> list[Alert]:
                 "full). Compare with the load: the SLO may simply be exceeded by more traffic than planned."),
             subjects=tuple({**t.labels, "model_name": model_of[t.labels["instance"]]} for t in ttft_engines),
             case=ttft_case,
-            exp_labels=lambda s: _pick(s, ENGINE_BY),
+            exp_labels=lambda s: pick_labels(s, ENGINE_BY),
             eval_time="20m",
             decoys=tuple({**t.labels, "model_name": model_of[t.labels["instance"]]}
                          for t in engines if t.labels["role"] == "prefill"),
             absent_ok=(SGLANG["ttft"],),
-            fires_when=f"decode-side TTFT p99 > `pdkit_monitoring.ttft_p99_slo_s` ({_fmt(slo)} s)",
+            fires_when=f"decode-side TTFT p99 > `pdkit_monitoring.ttft_p99_slo_s` ({fmt_value(slo)} s)",
         ))
     return out
 
@@ -1036,8 +1036,8 @@ def _exporter(c: _Context) -> list[Alert]:
                          for h, e in spec.engines() if h.name in scraped)
     out.append(Alert(
         name="PdkitConfigDrift",
-        expr=f'max by ({_by(EXPORTER_BY)}) ({EXPORTER["flags_drift"]}) > 0',
-        value=f'max by ({_by(EXPORTER_BY)}) ({EXPORTER["flags_drift"]})',
+        expr=f'max by ({by_labels(EXPORTER_BY)}) ({EXPORTER["flags_drift"]}) > 0',
+        value=f'max by ({by_labels(EXPORTER_BY)}) ({EXPORTER["flags_drift"]})',
         for_=c.for_(DRIFT_FOR), severity="warning",
         summary="{{ $labels.node }}/{{ $labels.engine }} runs flags that differ from the plan",
         description=(
@@ -1048,15 +1048,15 @@ def _exporter(c: _Context) -> list[Alert]:
             "`pdkit render INVENTORY --out DIR`; re-run the deploy (it rewrites the unit and restarts the engine "
             "behind the health gate). Never fix a node by hand: the next deploy undoes it."),
         subjects=exp_subjects,
-        case=lambda s, bad: [(_series(EXPORTER["flags_drift"], s), "0x3 1x20" if bad else "0x25")],
-        exp_labels=lambda s: _pick(s, EXPORTER_BY),
+        case=lambda s, bad: [(series_text(EXPORTER["flags_drift"], s), "0x3 1x20" if bad else "0x25")],
+        exp_labels=lambda s: pick_labels(s, EXPORTER_BY),
         eval_time="15m",
         fires_when=f"`{EXPORTER['flags_drift']} > 0`",
     ))
     out.append(Alert(
         name="PdkitNcclEnvMissing",
-        expr=f'min by ({_by(EXPORTER_BY)}) ({EXPORTER["env_present"]}) == 0',
-        value=f'min by ({_by(EXPORTER_BY)}) ({EXPORTER["env_present"]})',
+        expr=f'min by ({by_labels(EXPORTER_BY)}) ({EXPORTER["env_present"]}) == 0',
+        value=f'min by ({by_labels(EXPORTER_BY)}) ({EXPORTER["env_present"]})',
         for_=c.for_(ENV_MISSING_FOR), severity="warning",
         summary="NCCL/UCX environment missing in {{ $labels.node }}/{{ $labels.engine }}",
         description=(
@@ -1067,8 +1067,8 @@ def _exporter(c: _Context) -> list[Alert]:
             "(`systemctl cat pdkit-engine-{{ $labels.engine }}`) and that the engine was restarted after they "
             "changed; re-run the deploy."),
         subjects=exp_subjects,
-        case=lambda s, bad: [(_series(EXPORTER["env_present"], s), "1x3 0x20" if bad else "1x25")],
-        exp_labels=lambda s: _pick(s, EXPORTER_BY),
+        case=lambda s, bad: [(series_text(EXPORTER["env_present"], s), "1x3 0x20" if bad else "1x25")],
+        exp_labels=lambda s: pick_labels(s, EXPORTER_BY),
         eval_time="15m",
         fires_when=f"`{EXPORTER['env_present']} == 0`",
     ))
@@ -1345,7 +1345,7 @@ RUNBOOKS: dict[str, Runbook] = {
 def runbook_url(spec: ClusterSpec, name: str) -> str:
     """An alert's `runbook_url` annotation: pdkit_monitoring.runbook_base_url plus the anchor of the alert's
     heading in docs/monitoring.md's runbooks (`### <name>`: GitHub's anchor is the name lower-cased)."""
-    return f"{_monitoring(spec).runbook_base_url}#{name.lower()}"
+    return f"{monitoring_of(spec).runbook_base_url}#{name.lower()}"
 
 
 def alert_annotations(spec: ClusterSpec, a: Alert, labels: dict[str, str] | None = None) -> dict[str, str]:
@@ -1442,15 +1442,15 @@ def rule_tests(spec: ClusterSpec, rules_file: str = "pdkit.yml", max_subjects: i
                     for e in check["exp_alerts"]:
                         e["exp_annotations"] = alert_annotations(spec, a, e["exp_labels"])
                 tests.append(t)
-    k = _speedup(spec)
+    k = speedup_of(spec)
     if k > 1:
         # the lab's faster alert clock: every case on the same time axis divided by the speedup, so each
         # case says exactly what it says at the real windows (tests/test_monitoring.py runs both)
         for t in tests:
-            t["interval"] = _scaled(t["interval"], k)
+            t["interval"] = scaled_duration(t["interval"], k)
             for check in t["alert_rule_test"]:
-                check["eval_time"] = _scaled(check["eval_time"], k)
-    doc = {"rule_files": [rules_file], "evaluation_interval": _scaled("1m", k), "tests": tests}
+                check["eval_time"] = scaled_duration(check["eval_time"], k)
+    doc = {"rule_files": [rules_file], "evaluation_interval": scaled_duration("1m", k), "tests": tests}
     return "# Generated by pdkit: `promtool test rules` cases for every alert.\n" + to_yaml(doc)
 
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from pdkit import flags
 from pdkit.monitoring.alertmanager import alertmanager_targets
 from pdkit.monitoring.common import (
-    JOB_DCGM, JOB_ENGINE, JOB_EXPORTER, JOB_NODE, JOB_PROMETHEUS, JOB_ROUTER, RULES_RELATIVE_PATH, _monitoring,
-    _seconds, engine_instance, monitoring_host, regex_literal, scraped_hosts, to_yaml,
+    JOB_DCGM, JOB_ENGINE, JOB_EXPORTER, JOB_NODE, JOB_PROMETHEUS, JOB_ROUTER, RULES_RELATIVE_PATH, monitoring_of,
+    fmt_seconds, engine_instance, monitoring_host, regex_literal, scraped_hosts, to_yaml,
 )
 from pdkit.spec import ClusterSpec, DCGM_EXPORTER_PORT, HostSpec, NODE_EXPORTER_PORT, dcgm_enabled
 
@@ -53,7 +53,7 @@ def targets(spec: ClusterSpec) -> list[Target]:
             out.append(Target(JOB_DCGM, host.name, f"{spec.engine_address(host)}:{DCGM_EXPORTER_PORT}",
                               {"cluster": cluster, "node": host.name, "instance": host.name}))
     mon = monitoring_host(spec)
-    out.append(Target(JOB_PROMETHEUS, mon.name, f"{mon.address}:{_monitoring(spec).prometheus_port}",
+    out.append(Target(JOB_PROMETHEUS, mon.name, f"{mon.address}:{monitoring_of(spec).prometheus_port}",
                       {"cluster": cluster, "node": mon.name, "instance": mon.name}))
     return out
 
@@ -70,7 +70,7 @@ def _worker_relabels(spec: ClusterSpec, router_host: HostSpec) -> list[dict]:
 
 def prometheus_config(spec: ClusterSpec) -> str:
     """prometheus.yml for the monitoring host (see the module docstring for the jobs)."""
-    mon = _monitoring(spec)
+    mon = monitoring_of(spec)
     interval = mon.scrape_interval_s
     all_targets = targets(spec)
     scrape_configs: list[dict] = []
@@ -95,9 +95,9 @@ def prometheus_config(spec: ClusterSpec) -> str:
         scrape_configs.append(config)
     doc = {
         "global": {
-            "scrape_interval": _seconds(interval),
-            "scrape_timeout": _seconds(min(10, interval)),
-            "evaluation_interval": _seconds(interval),
+            "scrape_interval": fmt_seconds(interval),
+            "scrape_timeout": fmt_seconds(min(10, interval)),
+            "evaluation_interval": fmt_seconds(interval),
             "external_labels": {"cluster": spec.cluster.name},
         },
         # the Alertmanager beside Prometheus (pdkit.monitoring.common.alertmanager_urls decides its address)

@@ -103,7 +103,7 @@ class Measured:
         """One streamed request (a pdkit.bench.Sender): to the router, or to route INDEX (round robin)."""
         from dataclasses import replace
 
-        from pdkit.bench import stream_one
+        from pdkit.benchclient import stream_one
         from pdkit.benchstats import RequestResult
 
         if self.via == "router":
@@ -234,7 +234,7 @@ def target_routes(spec, targets: Sequence[str]) -> list[Route]:
 
 def measured_for(spec, targets: Sequence[str]) -> Measured:
     """The router when it fronts exactly the target's engines (the whole cluster), else the target's routes."""
-    from pdkit.bench import router_target
+    from pdkit.benchclient import router_target
 
     url, headers = router_target(spec)
     router = spec.router_hosts[0]

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 # the same number formatting as pdkit bench's tables
-from pdkit.bench import _fmt, describe_measured
+from pdkit.bench import fmt_cell, describe_measured
 from pdkit.tune.campaign import BASELINE, GOODPUT, OBJECTIVE_METRICS, Campaign, Candidate, Objective
 
 SCHEMA = 1
@@ -223,9 +223,9 @@ def render_markdown(campaign: Campaign, records: Sequence[dict[str, Any]], concu
         verdict = "pass" + ("" if row["within_slo"] else " (over the TPOT SLO)")
         # the level's KV hand-off latency mean / its TTFT mean (pdkit bench's kv block; – without one)
         share = ((level(r, concurrency) or {}).get("kv") or {}).get("ttft_share")
-        lines.append(f"| {i} | {r['candidate']} | {_overlay_text(r.get('overlay') or {})} | {_fmt(row['value'])} | "
-                     f"{_fmt(row['ratio'], 3)} | {_fmt(row['tpot_p99_ms'])} | {'–' if share is None else f'{share:.0%}'} | "
-                     f"{_fmt((r.get('correctness') or {}).get('match_rate'), 3)} | {verdict} |")
+        lines.append(f"| {i} | {r['candidate']} | {_overlay_text(r.get('overlay') or {})} | {fmt_cell(row['value'])} | "
+                     f"{fmt_cell(row['ratio'], 3)} | {fmt_cell(row['tpot_p99_ms'])} | {'–' if share is None else f'{share:.0%}'} | "
+                     f"{fmt_cell((r.get('correctness') or {}).get('match_rate'), 3)} | {verdict} |")
     failed = [r for r in records if r.get("kind") in ("baseline", "candidate") and r["verdict"] != "pass"]
     if failed:
         lines += ["", "## Failed (rolled back to the release before them)", "",

@@ -100,7 +100,7 @@ def target_concurrency(campaign: Campaign, spec) -> int:
 
 def prepare(inventory: str, campaign_path: str) -> Prepared:
     """Load and validate everything. Raises CampaignError with every problem found."""
-    from pdkit.bench import _check_workload
+    from pdkit.bench import check_workload
     from pdkit.loader import load_with_problems, read_inventory
     from pdkit.plan import plan_cluster
     from pdkit.roll import batch_outages
@@ -132,7 +132,7 @@ def prepare(inventory: str, campaign_path: str) -> Prepared:
         for what, (inp, out, req, warm) in (("workload", (w.input_len, w.output_len, w.requests, w.warmup)),
                                              ("correctness", (64, campaign.correctness.max_new_tokens, 1, 0))):
             try:
-                _check_workload(spec, inp, out, req, warm)
+                check_workload(spec, inp, out, req, warm)
             except ValueError as exc:
                 problems.append(f"candidate {name}: campaign.{what}: {exc}")
     # the baseline rolls every host (those already on the inventory stay serving), a candidate its targets
@@ -579,9 +579,9 @@ def end(session: Session) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from pdkit.roll import _patch_gevent
+    from pdkit.roll import patch_gevent
 
-    _patch_gevent()
+    patch_gevent()
     try:
         prep = prepare(args.inventory, args.campaign)
     except CampaignError as exc:
