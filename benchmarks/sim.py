@@ -30,7 +30,7 @@ import aiohttp
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pdkit.bench import sse_events  # noqa: E402
+from pdkit.benchclient import sse_lines  # noqa: E402
 from pdkit.sim.localstack import MODEL, LocalPDStack  # noqa: E402
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -70,7 +70,10 @@ async def one_request(session: aiohttp.ClientSession, url: str, body: dict, tota
         async with session.post(url, json=body) as resp:
             if resp.status != 200:
                 raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:200]}")
-            async for event in sse_events(resp.content):
+            async for data in sse_lines(resp.content):
+                if data == b"[DONE]":
+                    break
+                event = json.loads(data)
                 if "error" in event:
                     raise RuntimeError(str(event["error"])[:200])
                 for choice in event.get("choices", ()):
