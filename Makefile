@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: lab test venv contract-env lab-prereqs monitoring-prereqs grafana-schema render clean
+.PHONY: lab test lint venv contract-env lab-prereqs monitoring-prereqs grafana-schema render clean
 
 # Command 1: the main job on local test hosts, no GPU needed: lab up, deploy, one chat completion.
 lab: $(STAMP) lab-prereqs
@@ -18,6 +18,10 @@ lab: $(STAMP) lab-prereqs
 # Command 2: every test: units, SGLang's and smg's own parsers, the sim behind the real router, the lab.
 test: $(STAMP) contract-env lab-prereqs monitoring-prereqs grafana-schema
 	$(VENV)/bin/python -m pytest
+
+# The linter (ruff, pinned in pyproject's test extras; its rules in [tool.ruff]).
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
 
 # Render every file pdkit would write for the example 8-GPU cluster into build/ (no host contacted).
 render: $(STAMP)

@@ -81,7 +81,7 @@ class Snapshot:
     busy_ticks: int = 0
 
     @staticmethod
-    def take(lab_root: Path) -> "Snapshot":
+    def take(lab_root: Path) -> Snapshot:
         snap = Snapshot(busy_ticks=_busy_ticks())
         for guest_dir in sorted(p for p in lab_root.iterdir() if p.is_dir()):
             total = read_usage_usec(guest_dir)

@@ -19,4 +19,5 @@ packages.packages()
 base.venvs()
 services.services()
 from roles.releases import record_release  # noqa: E402
+
 record_release()  # keep what was applied as a release on the node (docs/rolling.md)

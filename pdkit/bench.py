@@ -96,12 +96,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 # the client sits in pdkit.benchclient (pdkit.tune.measure sends with it too); its names stay importable from here
-from pdkit.benchclient import router_target, sse_lines, stream_one
+from pdkit.benchclient import router_target, stream_one
 from pdkit.benchstats import RequestResult, ratio, summarize_level
 from pdkit.tune.measure import measured_for
 
 if TYPE_CHECKING:
-    from pdkit.spec import ClusterSpec, HostSpec
+    from pdkit.spec import ClusterSpec
 
 SCHEMA_VERSION = 1
 DEFAULT_OUT = "docs/bench"

@@ -24,7 +24,7 @@ from pdkit.wheelhouse import Bundle
 
 _TOKEN = secrets.token_urlsafe(18)
 _LOCK = threading.Lock()
-_SERVERS: dict[str, "_Server"] = {}
+_SERVERS: dict[str, _Server] = {}
 _BUNDLES: dict[str, Bundle] = {}
 
 

@@ -133,8 +133,14 @@ def _router_command(package: str, version: str, ports: dict[str, int]) -> list[s
 def _router(package: str, version: str) -> dict:
     import requests
 
-    from pdkit.sim.localstack import (LocalProcess, free_ports, router_serves, router_workers_ready, sim_command,
-                                      wait_for)
+    from pdkit.sim.localstack import (
+        LocalProcess,
+        free_ports,
+        router_serves,
+        router_workers_ready,
+        sim_command,
+        wait_for,
+    )
 
     names = ("prefill", "bootstrap", "decode", "router", "metrics")
     ports = dict(zip(names, free_ports(len(names))))

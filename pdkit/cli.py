@@ -69,6 +69,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
     # pyinfra's CLI (imported by the loader) gevent-patches ssl: it must come before requests
     from pdkit.loader import load_or_report
 
+    # isort: split
+    # after the loader's gevent patch (above)
     import requests
 
     spec = load_or_report(args.inventory)

@@ -28,10 +28,20 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from pdkit.kvcost import KV_PATHS, KV_RATE_MIN_MB, KV_TTFT_SHARE_WARN, Histogram, KvFigures, kv_figures, kv_floor, kv_histograms, rate_judged
-from pdkit.metricnames import ROUTER, SGLANG
 from pdkit.exporter.drift import compare_server_info, describe, flag_key
 from pdkit.exporter.metrics import parse_metrics
+from pdkit.kvcost import (
+    KV_PATHS,
+    KV_RATE_MIN_MB,
+    KV_TTFT_SHARE_WARN,
+    Histogram,
+    KvFigures,
+    kv_figures,
+    kv_floor,
+    kv_histograms,
+    rate_judged,
+)
+from pdkit.metricnames import ROUTER, SGLANG
 
 Status = Literal["PASS", "WARN", "FAIL"]
 PASS: Status = "PASS"
@@ -455,7 +465,7 @@ def check_context_length(obs: EngineObservation) -> CheckResult:
     if plan.context_length is None:
         if running > UNCAPPED_CONTEXT_WARN:
             return _result(plan, name, WARN, f"not capped by the spec: the engine runs a {running}-token context",
-                           f"set tuning.context_length to the longest prompt you serve (a 1M context made the seeds' indexer scan 1M tokens per step)")
+                           "set tuning.context_length to the longest prompt you serve (a 1M context made the seeds' indexer scan 1M tokens per step)")
         return _result(plan, name, PASS, f"not capped by the spec; the engine's context is {running} tokens")
     if running == plan.context_length:
         return _result(plan, name, PASS, f"capped at {running} tokens as planned")
@@ -722,8 +732,8 @@ def check_queues(obs: EngineObservation) -> CheckResult:
     if after - before >= QUEUE_GROWTH_MIN:
         if _progress(a, b) <= 0:
             return _result(plan, name, FAIL, f"queued requests {before:.0f} -> {after:.0f} in {window:.0f} s with no token produced: stuck",
-                           f"a prefill queue waits for its decode partner (bootstrap) or a decode for KV (transfer): check the pair's "
-                           f"journals; restart the stuck engine (a prefill replaced behind one address stalls its decode)")
+                           "a prefill queue waits for its decode partner (bootstrap) or a decode for KV (transfer): check the pair's "
+                           "journals; restart the stuck engine (a prefill replaced behind one address stalls its decode)")
         return _result(plan, name, WARN, f"queued requests grew {before:.0f} -> {after:.0f} in {window:.0f} s",
                        "requests arrive faster than this engine drains them: add engines or lower the load; see KV usage and graphs")
     return _result(plan, name, PASS, f"queued requests {before:.0f} -> {after:.0f} over {window:.0f} s")

@@ -8,15 +8,14 @@ tests all call these; nothing else derives a flag.
 from __future__ import annotations
 
 from pdkit import faultbudget
+from pdkit.router_api import REGULAR, worker_type
 from pdkit.spec import (
     ClusterSpec,
     Engine,
     HostSpec,
-    Problem,
     custom_all_reduce_enabled,
     shared_gpu_mem_fraction,
 )
-from pdkit.router_api import REGULAR, worker_type
 from pdkit.versions import ROUTER_RELEASES, SGLANG_RELEASES
 
 ENGINE_MODULES = {"sglang": "sglang.launch_server", "sim": "pdkit.sim"}

@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from pdkit.metricnames import SGLANG
 
@@ -46,7 +47,7 @@ class Histogram:
     count: float
     buckets: tuple[tuple[float, float], ...]  # (upper bound, cumulative count), +Inf last
 
-    def minus(self, earlier: "Histogram | None") -> "Histogram":
+    def minus(self, earlier: Histogram | None) -> Histogram:
         """The observations made since `earlier` (a restarted engine, whose counts fell, starts from zero)."""
         if earlier is None or self.count < earlier.count:
             return self
@@ -203,7 +204,7 @@ def rate_judged(mb_per_request: float | None) -> bool:
     return mb_per_request is not None and mb_per_request >= KV_RATE_MIN_MB
 
 
-def kv_floor(paths: "tuple[tuple[str, KvPath], ...]", sim: bool = False) -> float | None:
+def kv_floor(paths: tuple[tuple[str, KvPath], ...], sim: bool = False) -> float | None:
     """The effective GB/s below which a prefill's hand-offs are slow: the lowest floor among its paths (its
     histograms mix every decode it hands to, so the slowest path it may take sets the bar); None without one.
     A sim engine moves KV at its kv_transfer_gb_s knob, not over a transport: the lowest floor of any path."""

@@ -17,7 +17,15 @@ from pathlib import Path
 import jinja2
 
 from pdkit import flags, gates
-from pdkit.spec import DCGM_EXPORTER_PORT, ClusterSpec, Engine, HostSpec, dcgm_enabled, engine_numa_node, shared_gpu_predecessor
+from pdkit.spec import (
+    DCGM_EXPORTER_PORT,
+    ClusterSpec,
+    Engine,
+    HostSpec,
+    dcgm_enabled,
+    engine_numa_node,
+    shared_gpu_predecessor,
+)
 
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
 SYSTEMD_DIR = "/etc/systemd/system"
@@ -75,7 +83,7 @@ class Service:
     span: tuple[str, ...] = ()
 
 
-def services_meta(services: "tuple[Service, ...] | list[Service]") -> dict[str, dict]:
+def services_meta(services: tuple[Service, ...] | list[Service]) -> dict[str, dict]:
     """What a release keeps of each service, and what the restart rule reads (pdkit/changes.py): no secrets."""
     return {
         s.unit: {"kind": s.kind, "files": list(s.files), "health_url": s.health_url, "ready_timeout_s": s.ready_timeout_s, "venv": s.venv,

@@ -63,7 +63,7 @@ def release_hash(entries: dict[str, dict]) -> str:
 
 
 def release_id(when: _dt.datetime, hash_: str) -> str:
-    return when.astimezone(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + hash_[:12]
+    return when.astimezone(_dt.UTC).strftime("%Y%m%dT%H%M%SZ") + "-" + hash_[:12]
 
 
 def to_prune(ids: list[str], keep: int, protect: str | None) -> list[str]:
@@ -203,7 +203,7 @@ def record(
         meta = json.loads((releases / current / META).read_text())
         if meta["hash"] == hash_ and meta.get("venvs") == venvs:
             return meta  # the node already runs exactly this release
-    when = now or _dt.datetime.now(_dt.timezone.utc)
+    when = now or _dt.datetime.now(_dt.UTC)
     rid = release_id(when, hash_)
     releases.mkdir(parents=True, exist_ok=True)
     os.chmod(releases, 0o700)  # secrets are kept here too
@@ -216,7 +216,7 @@ def record(
         shutil.copyfile(host_path(root, path), dest)
         os.chmod(dest, 0o600)
     meta = {
-        "id": rid, "hash": hash_, "time": when.astimezone(_dt.timezone.utc).isoformat(timespec="seconds"), "command": command,
+        "id": rid, "hash": hash_, "time": when.astimezone(_dt.UTC).isoformat(timespec="seconds"), "command": command,
         "files": entries, "venvs": venvs, "services": services,
     }
     _write_private(tmp / META, json.dumps(meta, indent=2, sort_keys=True) + "\n")

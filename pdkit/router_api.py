@@ -27,7 +27,6 @@ from dataclasses import dataclass
 
 from pdkit.health import http_request
 
-
 # what smg and sglang-router call an engine that is neither a prefill nor a decode (a unified
 # engine): their worker API answers 400 to "unified" (smg 1.13.0)
 REGULAR = "regular"

@@ -25,10 +25,9 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from pdkit.faultbudget import FaultBudget
 from pdkit.faultbudget import ROUTER_FLAGS as ROUTER_BUDGET_FLAGS
+from pdkit.faultbudget import FaultBudget, router_flags
 from pdkit.faultbudget import problems as fault_budget_problems
-from pdkit.faultbudget import router_flags
 from pdkit.kvcost import KvPath, kv_path
 from pdkit.parsertable import all_speculative_algorithms
 from pdkit.versions import DEFAULT_SGLANG_VERSION, ROUTER_RELEASES, SGLANG_RELEASES
@@ -741,7 +740,7 @@ class Receiver(Frozen):
         return smarthost
 
     @model_validator(mode="after")
-    def _fields_of_kind(self) -> "Receiver":
+    def _fields_of_kind(self) -> Receiver:
         kind = RECEIVER_KINDS[self.kind]
         missing = [f for f in kind.required if getattr(self, f) is None]
         if missing:
@@ -802,7 +801,7 @@ class Alerting(Frozen):
     repeat_interval_s: Annotated[int, Field(ge=1), at_most(7 * MAX_TIMEOUT_S, "interval in seconds")] = 14400
 
     @model_validator(mode="after")
-    def _repeat_after_group(self) -> "Alerting":
+    def _repeat_after_group(self) -> Alerting:
         if self.repeat_interval_s < self.group_interval_s:
             raise ValueError(f"repeat_interval_s ({self.repeat_interval_s}) is below group_interval_s ({self.group_interval_s}): a group is only re-sent at a group interval; give repeat_interval_s >= group_interval_s")
         return self

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import difflib
 import io
-import sys
 import shlex
+import sys
 from collections.abc import Sequence
 from weakref import WeakKeyDictionary
 

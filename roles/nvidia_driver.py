@@ -17,7 +17,15 @@ from pyinfra.operations import apt, files, server, systemd
 from pyinfra.operations.util import any_changed
 
 from pdkit.deploy import current_host
-from pdkit.node import NODE_STATE_DIR, PERSISTENCED_UNIT, REBOOT_MARKER_PATH, UNATTENDED_PATH, pinning_package, reboot_marker_text, unattended_text
+from pdkit.node import (
+    NODE_STATE_DIR,
+    PERSISTENCED_UNIT,
+    REBOOT_MARKER_PATH,
+    UNATTENDED_PATH,
+    pinning_package,
+    reboot_marker_text,
+    unattended_text,
+)
 from pdkit.versions import NVIDIA_DRIVER_BRANCH
 from roles.nvidia_repo import nvidia_repo
 from roles.preflight import current_stack, node_facts

@@ -9,8 +9,8 @@ from pyinfra.api import deploy
 from pyinfra.operations import apt, files
 
 from pdkit.deploy import current_plan
-from pdkit.versions import APT_PINS
 from pdkit.plan import DCGM_PACKAGES, GRAFANA_KEY_URL, GRAFANA_KEYRING_PATH, GRAFANA_SOURCES_PATH
+from pdkit.versions import APT_PINS
 from roles.facts import host_state
 
 # apt can hang on a flaky mirror or cache: never let one host stall the whole run

@@ -23,7 +23,6 @@ from pdkit.hoststate import host_state
 from pdkit.releases import releases_dir
 from roles import base
 
-
 # pyinfra options whose value may be a secret: never kept in a release
 _SECRET_OPTIONS = ("--password", "--ssh-password", "--sudo-password", "--key-password", "--ssh-key-password", "--data")
 

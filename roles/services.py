@@ -14,8 +14,8 @@ from pyinfra.operations import python, server
 from pdkit import changes, flags, gates, limitwarn, routersync, silences
 from pdkit.deploy import current_host, current_plan, current_spec
 from pdkit.monitoring.common import scraped_hosts
-from pdkit.router_api import RouterError
 from pdkit.plan import Service, services_meta, services_not_started, staging_dir
+from pdkit.router_api import RouterError
 from roles import base
 from roles.facts import host_state, path_matches, unit_active_enabled
 from roles.install_files import announce, install_files

@@ -22,7 +22,6 @@ from pdkit.bench import (
     write_outputs,
 )
 from pdkit.loader import load
-
 from tests.conftest import require, write_inventory
 
 SGLANG_OUTPUT = Path(__file__).parent / "bench_data" / "sglang-0.5.23-serving-output.jsonl"

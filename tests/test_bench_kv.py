@@ -13,7 +13,6 @@ from pdkit.bench import kv_prefills, level_kv, render_compare, render_markdown, 
 from pdkit.benchstats import RequestResult, goodput, summarize_level
 from pdkit.kvcost import kv_histograms
 from pdkit.loader import load
-
 from tests.conftest import write_inventory
 from tests.test_bench import _record
 from tests.test_kvcost import page

@@ -10,9 +10,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from pdkit import catalogue as cat
-from pdkit import metricnames, monitoring as mon
+from pdkit import metricnames
+from pdkit import monitoring as mon
 from pdkit.contract import ContractEnvMissing, env_python
-
 from tests.conftest import require
 from tests.test_monitoring import _load_example
 

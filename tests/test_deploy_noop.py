@@ -12,10 +12,7 @@ from pyinfra.context import ctx_host
 
 import pdkit.deploy
 from pdkit.loader import load
-from tests.conftest import BASE_CLUSTER, BASE_HOSTS, REPO, write_inventory, load_script
-
-
-
+from tests.conftest import BASE_CLUSTER, BASE_HOSTS, REPO, load_script, write_inventory
 
 noop = load_script("benchmarks/noop_cost.py", "pdkit_bench_noop_cost")
 

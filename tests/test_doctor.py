@@ -29,7 +29,6 @@ from pdkit.doctor import (
     KvBench,
     RouterObservation,
     Sample,
-    WorkerOutcomes,
     c16_throughput,
     check_context_length,
     check_decode_cuda_graphs,
@@ -49,13 +48,11 @@ from pdkit.doctor import (
     histogram_mean,
     last_recorded,
     render_table,
-    router_outcomes,
-    worker_outcomes,
 )
 from pdkit.exporter.metrics import parse_metrics
+from pdkit.health import router_worker_health
 from pdkit.kvcost import KV_PATHS, KV_RATE_MIN_MB, kv_histograms
 from pdkit.metricnames import SGLANG
-from pdkit.health import router_worker_health
 from tests.test_kvcost import page
 
 DATA = Path(__file__).resolve().parent / "doctor_data"

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from pdkit import monitoring as mon
-
 from tests.conftest import require
 from tests.test_monitoring import _load_example
 

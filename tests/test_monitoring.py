@@ -20,8 +20,8 @@ import yaml
 
 from pdkit import flags
 from pdkit import monitoring as mon
-from pdkit.monitoring.common import _duration_s, _scaled
 from pdkit.loader import load
+from pdkit.monitoring.common import _duration_s, _scaled
 from pdkit.spec import NODE_EXPORTER_PORT
 from tests.conftest import REPO, require, write_inventory
 
@@ -816,7 +816,7 @@ def test_kv_handoff_alert_renders_each_prefill_s_floor_from_its_path(base, tmp_p
     floors = {s["instance"]: s["floor"] for s in alert.subjects}
     same, tcp = KV_PATHS["same-host"].floor_gb_s, KV_PATHS["cross-host-tcp"].floor_gb_s
     assert floors == {"gpu01/prefill": f"{same:g}", "gpu02/prefill": f"{tcp:g}"}
-    assert f'instance=~"gpu01/prefill"' in alert.expr and f'instance=~"gpu02/prefill"' in alert.expr
+    assert 'instance=~"gpu01/prefill"' in alert.expr and 'instance=~"gpu02/prefill"' in alert.expr
     assert f'"floor", "{same:g}"' in alert.expr and f'"floor", "{tcp:g}"' in alert.expr
     names = [t["name"] for t in yaml.safe_load(mon.rule_tests(spec))["tests"]]
     assert any(n.startswith("PdkitKvHandoffSlow at ") and "fires for gpu01/prefill" in n for n in names), names

@@ -3,11 +3,7 @@ laid out in a temporary directory as a lab guest's systemd lays it out in the v2
 
 from __future__ import annotations
 
-
 from tests.conftest import load_script
-
-
-
 
 prof = load_script("benchmarks/noop_profile.py", "pdkit_bench_noop_profile")
 

@@ -28,7 +28,7 @@ SERVICES = {
 
 
 def _t(second: int) -> dt.datetime:
-    return dt.datetime(2026, 1, 1, 0, 0, second, tzinfo=dt.timezone.utc)
+    return dt.datetime(2026, 1, 1, 0, 0, second, tzinfo=dt.UTC)
 
 
 def _write(root, path: str, text: str, mode: int = 0o640) -> None:

@@ -366,7 +366,7 @@ class _FakePyinfra:
 def test_an_unreachable_rank_node_stops_the_roll_before_any_rank_changes(tmp_path, three_nodes):
     import io
 
-    from pdkit.roll import Progress, RollError, Roller, spanning_units
+    from pdkit.roll import Progress, Roller, RollError, spanning_units
 
     spec = _spanning_decode(tmp_path, three_nodes)
     out = io.StringIO()
@@ -390,7 +390,7 @@ def test_a_failed_spanning_batch_restores_every_rank_together(tmp_path, three_no
     import io
     import threading
 
-    from pdkit.roll import Progress, RollError, Roller, spanning_units
+    from pdkit.roll import Progress, Roller, RollError, spanning_units
 
     spec = _spanning_decode(tmp_path, three_nodes)
     roller = Roller("inv.py", spec, Progress(io.StringIO()))

@@ -12,9 +12,6 @@ from pdkit.loader import load
 from pdkit.plan import plan_cluster
 from tests.conftest import REPO, load_script
 
-
-
-
 scale = load_script("benchmarks/scale.py", "pdkit_bench_scale")
 
 

@@ -10,7 +10,6 @@ checked before start; the cases below are the rules' tests (host, field path, wh
 from __future__ import annotations
 
 import copy
-import json
 import re
 
 import pytest

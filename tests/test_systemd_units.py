@@ -79,7 +79,7 @@ def test_verify_catches_a_broken_unit(base, tmp_path):
     """The check itself must be able to fail: a misspelt directive is reported."""
     cluster, hosts = base
     plan = plan_cluster(load(write_inventory(tmp_path, hosts, cluster)))["gpu01"]
-    results = verify_host_units(plan, tmp_path / "root")
+    verify_host_units(plan, tmp_path / "root")  # lays the units out under root
     unit = tmp_path / "root" / "etc/systemd/system/pdkit-engine-decode.service"
     unit.write_text(unit.read_text().replace("NUMAPolicy=bind", "NUMAPolicy=bogus"))
     proc = subprocess.run([SYSTEMD_ANALYZE, "verify", f"--root={tmp_path / 'root'}", "/etc/systemd/system/pdkit-engine-decode.service"], capture_output=True, text=True, timeout=60)

@@ -12,7 +12,6 @@ from pdkit.cli import main
 from pdkit.loader import load_with_problems
 from pdkit.spec import IGNORED_BY_MODE, Cluster, Node
 from tests.conftest import write_inventory
-from tests.test_validate import _engine
 
 
 def _provided(**fields):

@@ -174,7 +174,7 @@ def mib(n: int) -> str:
 
 def customise(root: Path) -> None:
     """The lab image's customisation (its sshd, journald, resolv.conf and masked units), for trixie."""
-    from pdkit.lab.rootfs import JOURNALD_CONF, SSHD_CONFIG, write_file, clear_identity, mask_units, remove_tree
+    from pdkit.lab.rootfs import JOURNALD_CONF, SSHD_CONFIG, clear_identity, mask_units, remove_tree, write_file
 
     for key in (root / "etc/ssh").glob("ssh_host_*"):
         key.unlink()

@@ -50,9 +50,9 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import importlib.util
 import glob
 import hashlib
+import importlib.util
 import ipaddress
 import json
 import lzma

@@ -296,7 +296,7 @@ def describe_server_args(server_args_mod) -> list[dict]:
 def environment_defaults(prefixes: list[str]) -> dict[str, dict]:
     """Every variable of `sglang.srt.environ.Envs` whose name starts with one of PREFIXES:
     its type (EnvInt, EnvFloat, ...) and its default, as SGLang reads them when unset."""
-    from sglang.srt.environ import Envs, EnvField
+    from sglang.srt.environ import EnvField, Envs
 
     out: dict[str, dict] = {}
     for name, field in sorted(vars(Envs).items()):

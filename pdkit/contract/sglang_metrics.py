@@ -161,11 +161,11 @@ def main() -> int:
     _stand_in("sglang.srt.model_executor.forward_batch_info", "srt/model_executor/forward_batch_info.py",
               "ForwardMode", "from enum import IntEnum, auto")
 
-    import prometheus_client
-    from prometheus_client import REGISTRY
     from importlib.metadata import version as dist_version
 
+    import prometheus_client
     import sglang.srt.observability.metrics_collector as mc
+    from prometheus_client import REGISTRY
     from sglang.srt.server_args import ServerArgs
 
     sched_keys = _label_keys(("srt/observability/metrics_collector.py", "init_new"))

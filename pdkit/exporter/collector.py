@@ -47,13 +47,13 @@ from pdkit.exporter.logs import parse_batch_line
 from pdkit.exporter.metrics import decode_cuda_graph_ratio, parse_metrics
 from pdkit.exporter.system import (
     REBOOT_MARKER_PATH,
-    reboot_required,
     JournalError,
     JournalReader,
     ProcessCheck,
     ProcessInspector,
     ProcessView,
     env_problems,
+    reboot_required,
 )
 
 log = logging.getLogger("pdkit.exporter")

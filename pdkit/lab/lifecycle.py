@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from pdkit.lab import aptcache, net, rootfs
@@ -466,7 +466,7 @@ def _up_locked(cfg: LabConfig, n_gpu: int, progress: Progress, rebuild_rootfs: b
     cfg.known_hosts.write_text("\n".join(kh) + "\n")
     cfg.known_hosts.chmod(0o644)
 
-    info = cfg.info(hosts, created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    info = cfg.info(hosts, created_at=datetime.now(UTC).isoformat(timespec="seconds"))
     progress("hosts: booting (systemd-nspawn, systemd as PID 1)")
     for host in hosts:
         net.add_host(cfg, host)

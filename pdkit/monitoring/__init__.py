@@ -42,16 +42,16 @@ from __future__ import annotations
 
 # the public names of every module, as before the split (pdkit.monitoring.X)
 from pdkit.monitoring.alertmanager import *  # noqa: F401,F403
-from pdkit.monitoring.common import *  # noqa: F401,F403
-from pdkit.monitoring.dashboards import *  # noqa: F401,F403
-from pdkit.monitoring.grafana import *  # noqa: F401,F403
-from pdkit.monitoring.rules import *  # noqa: F401,F403
-from pdkit.monitoring.scrape import *  # noqa: F401,F403
 from pdkit.monitoring.alertmanager import ALERTMANAGER_CONFIG_PATH, alertmanager_config
-from pdkit.monitoring.common import PROMETHEUS_CONFIG_PATH, RULES_PATH, RULE_TESTS_PATH, monitoring_of
+from pdkit.monitoring.common import *  # noqa: F401,F403
+from pdkit.monitoring.common import PROMETHEUS_CONFIG_PATH, RULE_TESTS_PATH, RULES_PATH, monitoring_of
+from pdkit.monitoring.dashboards import *  # noqa: F401,F403
 from pdkit.monitoring.dashboards import dashboard_files
+from pdkit.monitoring.grafana import *  # noqa: F401,F403
 from pdkit.monitoring.grafana import GRAFANA_DROPIN_PATH, grafana_dropin, grafana_provisioning
+from pdkit.monitoring.rules import *  # noqa: F401,F403
 from pdkit.monitoring.rules import HOST_RULE_TEST_SUBJECTS, alert_rules, rule_tests
+from pdkit.monitoring.scrape import *  # noqa: F401,F403
 from pdkit.monitoring.scrape import prometheus_config
 from pdkit.spec import ClusterSpec
 

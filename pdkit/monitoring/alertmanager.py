@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from pdkit.monitoring.common import monitoring_of, alertmanager_urls, to_yaml
+from pdkit.monitoring.common import alertmanager_urls, monitoring_of, to_yaml
 from pdkit.spec import NULL_RECEIVER, RECEIVER_KINDS, ClusterSpec, HostSpec, Receiver, receiver_needs_credential
 
 # Debian's prometheus-alertmanager reads this config by default (`--config.file`); beside prometheus.yml

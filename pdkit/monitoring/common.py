@@ -8,8 +8,7 @@ import re
 import yaml
 
 from pdkit.metricnames import SGLANG
-from pdkit.spec import ClusterSpec, HostSpec, Monitoring, pairing_sets
-
+from pdkit.spec import ClusterSpec, HostSpec, Monitoring
 
 PROMETHEUS_CONFIG_PATH = "/etc/prometheus/prometheus.yml"
 # prometheus.yml names it relative to its own directory (Prometheus resolves rule_files

@@ -8,12 +8,17 @@ from dataclasses import dataclass
 
 from pdkit.metricnames import DCGM, EXPORTER, NODE, ROUTER, SGLANG
 from pdkit.monitoring.common import (
-    DATASOURCE, GRAFANA_DASHBOARDS_DIR, JOB_ENGINE, alt_metric, fmt_value, monitoring_of, fmt_seconds, scraped_hosts,
+    DATASOURCE,
+    GRAFANA_DASHBOARDS_DIR,
+    JOB_ENGINE,
+    alt_metric,
+    fmt_seconds,
+    fmt_value,
+    monitoring_of,
+    scraped_hosts,
 )
 from pdkit.monitoring.rules import CUDA_GRAPH_RATIO_MIN, alerts
-from pdkit.monitoring.scrape import targets
 from pdkit.spec import ClusterSpec, dcgm_enabled
-
 
 SCHEMA_VERSION = 39
 RATE = "$__rate_interval"

@@ -4,8 +4,14 @@ alerting off (one place decides who gets paged: Alertmanager, pdkit.monitoring.a
 from __future__ import annotations
 
 from pdkit.monitoring.common import (
-    DATASOURCE_UID, GRAFANA_DASHBOARDS_DIR, GRAFANA_DATASOURCE_PATH, GRAFANA_PROVIDER_PATH, monitoring_of, fmt_seconds,
-    monitoring_host, to_yaml,
+    DATASOURCE_UID,
+    GRAFANA_DASHBOARDS_DIR,
+    GRAFANA_DATASOURCE_PATH,
+    GRAFANA_PROVIDER_PATH,
+    fmt_seconds,
+    monitoring_host,
+    monitoring_of,
+    to_yaml,
 )
 from pdkit.spec import ClusterSpec
 

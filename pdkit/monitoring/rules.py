@@ -14,17 +14,39 @@ from typing import NamedTuple
 from pdkit import flags
 from pdkit.catalogue import router_families
 from pdkit.kvcost import KV_PATHS, KV_RATE_MIN_MB, kv_floor
-from pdkit.spec import prefill_kv_paths
 from pdkit.metricnames import EXPORTER, EXPORTER_RANK_UP, ROUTER, SGLANG
 from pdkit.monitoring.common import (
-    ENGINE_BY, EXPORTER_BY, JOB_DCGM, JOB_ENGINE, JOB_EXPORTER, JOB_NODE, JOB_PROMETHEUS, JOB_ROUTER, QUEUES,
-    QUEUE_ROLES, ROUTER_BY, WORKER_BY, alt_metric, by_labels, fmt_value, monitoring_of, fmt_num, pick_labels, scaled_duration, fmt_seconds, series_text, speedup_of, alert_window,
-    duration_seconds, engine_instance,
-    promql_regex, scraped_hosts, to_yaml,
+    ENGINE_BY,
+    EXPORTER_BY,
+    JOB_DCGM,
+    JOB_ENGINE,
+    JOB_EXPORTER,
+    JOB_NODE,
+    JOB_PROMETHEUS,
+    JOB_ROUTER,
+    QUEUE_ROLES,
+    QUEUES,
+    ROUTER_BY,
+    WORKER_BY,
+    alert_window,
+    alt_metric,
+    by_labels,
+    duration_seconds,
+    engine_instance,
+    fmt_num,
+    fmt_seconds,
+    fmt_value,
+    monitoring_of,
+    pick_labels,
+    promql_regex,
+    scaled_duration,
+    scraped_hosts,
+    series_text,
+    speedup_of,
+    to_yaml,
 )
 from pdkit.monitoring.scrape import Target, targets
-from pdkit.spec import ClusterSpec, Monitoring
-
+from pdkit.spec import ClusterSpec, Monitoring, prefill_kv_paths
 
 ENGINE_DOWN_FOR = "2m"  # a real SGLang restart takes ~60-106 s: a 1m window would fire on every roll
 # a rank's process is gone only between a stop and the next start: systemd restarts a crashed rank after

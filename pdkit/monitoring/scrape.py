@@ -7,10 +7,22 @@ from dataclasses import dataclass
 from pdkit import flags
 from pdkit.monitoring.alertmanager import alertmanager_targets
 from pdkit.monitoring.common import (
-    JOB_DCGM, JOB_ENGINE, JOB_EXPORTER, JOB_NODE, JOB_PROMETHEUS, JOB_ROUTER, RULES_RELATIVE_PATH, monitoring_of,
-    fmt_seconds, engine_instance, monitoring_host, regex_literal, scraped_hosts, to_yaml,
+    JOB_DCGM,
+    JOB_ENGINE,
+    JOB_EXPORTER,
+    JOB_NODE,
+    JOB_PROMETHEUS,
+    JOB_ROUTER,
+    RULES_RELATIVE_PATH,
+    engine_instance,
+    fmt_seconds,
+    monitoring_host,
+    monitoring_of,
+    regex_literal,
+    scraped_hosts,
+    to_yaml,
 )
-from pdkit.spec import ClusterSpec, DCGM_EXPORTER_PORT, HostSpec, NODE_EXPORTER_PORT, dcgm_enabled
+from pdkit.spec import DCGM_EXPORTER_PORT, NODE_EXPORTER_PORT, ClusterSpec, HostSpec, dcgm_enabled
 
 
 @dataclass(frozen=True)

@@ -283,7 +283,7 @@ class Engine:
         self.decode_prealloc_q += 1
         self._pd_gauges()
         try:
-            report = await wait_for_kv(self.session, spec.bootstrap, self.knobs, on_handshake)
+            await wait_for_kv(self.session, spec.bootstrap, self.knobs, on_handshake)
         except BootstrapFailed as exc:
             message = (f"Decode handshake failed for request rank=0 decode_req.req.rid='{spec.rid}' "
                        f"decode_req.req.bootstrap_room={room_id} with exception {exc}")

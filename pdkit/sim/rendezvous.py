@@ -77,7 +77,7 @@ class Link:
             while True:
                 try:
                     line = await asyncio.wait_for(self.reader.readline(), self.timeout_s)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     return f"{self.peer} silent for {self.timeout_s:g} s"
                 if not line:
                     return f"{self.peer} closed the connection"
@@ -107,7 +107,7 @@ async def host_rendezvous(host: str, port: int, nnodes: int, log: logging.Logger
         try:
             hello = json.loads(await asyncio.wait_for(reader.readline(), 10))
             rank, their_n = int(hello.get("rank", -1)), int(hello.get("nnodes", -1))
-        except (ValueError, asyncio.TimeoutError, ConnectionError, AttributeError):
+        except (TimeoutError, ValueError, ConnectionError, AttributeError):
             writer.close()
             return
         error = None

@@ -83,7 +83,7 @@ class Objective(_Strict):
     tpot_slo_ms: float | None = Field(default=None, gt=0)
 
     @model_validator(mode="after")
-    def _goodput_slos(self) -> "Objective":
+    def _goodput_slos(self) -> Objective:
         missing = [f for f in ("ttft_slo_ms", "tpot_slo_ms") if getattr(self, f) is None]
         if self.metric == GOODPUT and missing:
             raise ValueError(f"metric goodput counts the requests within a TTFT and a TPOT SLO: set {' and '.join(missing)} "

@@ -7,15 +7,14 @@ finishes); the runner calls `write_report` after every record.
 from __future__ import annotations
 
 import importlib.util
-import sys
-
 import json
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 # the same number formatting as pdkit bench's tables
-from pdkit.bench import fmt_cell, describe_measured
+from pdkit.bench import describe_measured, fmt_cell
 from pdkit.tune.campaign import BASELINE, GOODPUT, OBJECTIVE_METRICS, Campaign, Candidate, Objective
 
 SCHEMA = 1

@@ -208,7 +208,7 @@ def dry_text(prep: Prepared, records: list[dict[str, Any]], todo: list[Candidate
     if down_s is not None:
         hosts = ", ".join(sorted(prep.outages))
         lines.append(f"downtime accepted (campaign.downtime): each roll onto {hosts} takes the router's last workers of a kind out")
-    lines.append(f"  baseline: the inventory as it is" + (" (recorded)" if BASELINE in done else ""))
+    lines.append("  baseline: the inventory as it is" + (" (recorded)" if BASELINE in done else ""))
     for cand in prep.candidates:
         mark = " (recorded)" if cand.name in done else ""
         overlay = ", ".join(f"{k}={v!r}" for k, v in cand.overlay.items())
@@ -295,7 +295,15 @@ class Session:
     def roll(self, roller, rolled: list[str], hosts: list[str] | None = None) -> int:
         """Roll HOSTS (default: the targets) as pdkit roll does (order, pairing, batches of one after
         the canary). Appends each host to ROLLED once its batch passed; returns how many hosts changed."""
-        from pdkit.roll import RollError, make_batches, pairing_units, read_node_state, rollout_order, unchanged_hosts, version_changes
+        from pdkit.roll import (
+            RollError,
+            make_batches,
+            pairing_units,
+            read_node_state,
+            rollout_order,
+            unchanged_hosts,
+            version_changes,
+        )
 
         spec = roller.spec
         order = rollout_order(spec, limit=hosts or self.prep.targets)

@@ -18,6 +18,8 @@ from pathlib import Path
 
 from pdkit.loader import load  # before requests-using modules: pyinfra gevent-patches on import
 
+# isort: split
+
 from pdkit.doctor import _probe, engine_plans, router_urls
 from pdkit.health import http_request
 

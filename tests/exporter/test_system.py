@@ -25,7 +25,6 @@ from pdkit.exporter.system import (
     read_process,
     run_command,
 )
-
 from tests.conftest import require
 
 from .support import FakeJournal, FakeSystemctl, data_text

@@ -82,7 +82,7 @@ def facts(lab, base_plan):
 def test_a_roll_pages_nobody_for_its_node_while_a_node_down_elsewhere_pages_once(lab, base_plan, facts, tmp_path):
     canary, other = base_plan["gpu"][1], base_plan["gpu"][2]
     assert base_plan["router"] not in (canary, other)
-    am, prom = facts["am"], facts["prom"]
+    am = facts["am"]
     node_for, engine_for = facts["for_s"]["PdkitNodeDown"], facts["for_s"]["PdkitEngineDown"]
     # the node's page must come first, or its engines page before the inhibition can hold them back
     assert node_for < engine_for, (node_for, engine_for)

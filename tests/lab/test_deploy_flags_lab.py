@@ -17,7 +17,16 @@ import pytest
 import requests
 
 from tests.conftest import REPO
-from tests.lab.test_deploy import INVENTORY, PYINFRA, changed_hosts, failed_hosts, lab_spec, run_pyinfra, ssh, wait_circuits_closed
+from tests.lab.test_deploy import (
+    INVENTORY,
+    PYINFRA,
+    changed_hosts,
+    failed_hosts,
+    lab_spec,
+    run_pyinfra,
+    ssh,
+    wait_circuits_closed,
+)
 from tests.lab.test_roll import derived_inventory
 
 pytestmark = pytest.mark.lab

@@ -19,7 +19,17 @@ import sys
 import pytest
 
 from tests.conftest import REPO
-from tests.lab.test_roll import BASE, base_plan, current_release, derived_inventory, pdkit, plan_of, ssh, steps, wait_router_steady  # noqa: F401
+from tests.lab.test_roll import (  # noqa: F401
+    BASE,
+    base_plan,
+    current_release,
+    derived_inventory,
+    pdkit,
+    plan_of,
+    ssh,
+    steps,
+    wait_router_steady,
+)
 
 pytestmark = pytest.mark.lab
 

@@ -33,9 +33,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.lab import engine_handover as handover
 from tests.lab.test_sglang_engine import (
     CONFIG_DIR as ENGINE_CONFIG_DIR,
+)
+from tests.lab.test_sglang_engine import (
     INSTALL_DIR as ENGINE_INSTALL_DIR,
+)
+from tests.lab.test_sglang_engine import (
     NOT_STARTED,
     UNITS,
     changed,
@@ -44,7 +49,6 @@ from tests.lab.test_sglang_engine import (
     remove_engine_cluster,
 )
 from tests.lab.test_sglang_engine import write_inventory as engine_inventory
-from tests.lab import engine_handover as handover
 
 pytestmark = pytest.mark.lab
 

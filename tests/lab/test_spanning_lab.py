@@ -35,7 +35,14 @@ import pytest
 import requests
 
 from tests.lab.test_deploy import (
-    INVENTORY, changed_hosts, failed_hosts, json_from_child, lab_spec, run_pyinfra, ssh, wait_circuits_closed,
+    INVENTORY,
+    changed_hosts,
+    failed_hosts,
+    json_from_child,
+    lab_spec,
+    run_pyinfra,
+    ssh,
+    wait_circuits_closed,
 )
 from tests.lab.test_roll import PDKIT, derived_inventory
 

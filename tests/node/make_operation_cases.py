@@ -5,7 +5,15 @@ import json
 
 import pytest
 
-from pdkit.node import KEYRING_PATH, NCCL_PIN_PATH, SOURCES_PATH, UNATTENDED_PATH, nccl_pin_text, sources_text, unattended_text
+from pdkit.node import (
+    KEYRING_PATH,
+    NCCL_PIN_PATH,
+    SOURCES_PATH,
+    UNATTENDED_PATH,
+    nccl_pin_text,
+    sources_text,
+    unattended_text,
+)
 from tests.node.runner import HERE, run_operation_case
 
 UBUNTU = {"node_facts.NodeOsRelease": {"id": "ubuntu", "version_id": "24.04", "codename": "noble", "pretty_name": "Ubuntu 24.04.3 LTS"}, "node_facts.NodeArch": "x86_64", "node_facts.NodeKernel": "6.8.0-51-generic", "server.Which": {"command=curl": "/usr/bin/curl"}}

@@ -10,7 +10,8 @@ import pytest
 from pdkit.loader import load
 from pdkit.preflight import check_host, format_report, has_errors, suggest_profile
 from tests.conftest import REPO, write_inventory
-from tests.node.runner import CLUSTER, NODE, load as load_case
+from tests.node.runner import CLUSTER, NODE
+from tests.node.runner import load as load_case
 
 FACTS = Path(__file__).parent / "facts"
 

@@ -7,9 +7,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pdkit.exporter.collector import PdkitCollector
 from pdkit.exporter.config import parse_config
+from pdkit.exporter.system import REBOOT_MARKER_PATH as EXPORTER_MARKER
 from pdkit.exporter.system import ProcessInspector, SystemdPids
 from pdkit.node import REBOOT_MARKER_PATH
-from pdkit.exporter.system import REBOOT_MARKER_PATH as EXPORTER_MARKER
 from tests.exporter.support import FakeSystemctl
 
 

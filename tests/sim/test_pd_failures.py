@@ -15,9 +15,9 @@ from .support import (
     completion_ok,
     free_ports,
     get,
+    launch_sim,
     post,
     sse_events,
-    launch_sim,
     start_sim,
     wait_until,
 )

@@ -24,7 +24,6 @@ import yaml
 from pdkit import flags
 from pdkit import monitoring as mon
 from pdkit.loader import load
-
 from tests.conftest import require, write_inventory
 
 from .conftest import start_pd_stack

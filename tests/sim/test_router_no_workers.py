@@ -37,7 +37,6 @@ from pdkit.flags import router_breaker_args
 from pdkit.router_api import RouterClient
 from pdkit.sim.localstack import smg_binary
 from pdkit.spec import Router
-
 from tests.conftest import require
 
 from .support import MODEL, Processes, completion_ok, free_ports, launch_sim, wait_ready, wait_until
