@@ -16,8 +16,19 @@ lab: $(STAMP) lab-prereqs
 	$(VENV)/bin/pdkit chat inventories/lab.py
 
 # Command 2: every test: units, SGLang's and smg's own parsers, the sim behind the real router, the lab.
+# Two pytest runs: the unit tests in UNIT_WORKERS processes (pytest-xdist; most of them wait on
+# sims, routers and subprocesses), then the lab tests in one process (one lab per session, its
+# tests in file order). The lab runs even when a unit test failed; make fails if either did.
+# UNIT_ARGS / LAB_ARGS: extra pytest arguments for each run (.ci/run: a JUnit report each).
+UNIT_WORKERS ?= 2
+UNIT_ARGS ?=
+LAB_ARGS ?=
 test: $(STAMP) contract-env lab-prereqs monitoring-prereqs grafana-schema
-	$(VENV)/bin/python -m pytest
+	unit=0; lab=0; \
+	$(VENV)/bin/python -m pytest -n $(UNIT_WORKERS) --ignore=tests/lab $(UNIT_ARGS) || unit=$$?; \
+	$(VENV)/bin/python -m pytest tests/lab $(LAB_ARGS) || lab=$$?; \
+	echo "make test: unit tests exit $$unit, lab tests exit $$lab"; \
+	[ $$unit = 0 ] && [ $$lab = 0 ]
 
 # The linter (ruff, pinned in pyproject's test extras; its rules in [tool.ruff]).
 lint: $(STAMP)

@@ -27,6 +27,7 @@ import io
 import json
 import os
 import re
+import secrets
 import shutil
 import subprocess
 import sys
@@ -85,9 +86,9 @@ class Bundle:
         out = cache_root() / "bundles" / f"{self.name}-{self.digest[:16]}.tar"
         if not out.exists():
             out.parent.mkdir(parents=True, exist_ok=True)
-            tmp = out.with_suffix(".tmp")
+            tmp = _unique_tmp(out)
             _pack_tar(tmp, self.requirements, self.wheels)
-            tmp.rename(out)
+            tmp.replace(out)  # the same bytes from every writer: the last one's rename is as good
         return out
 
 
@@ -105,6 +106,12 @@ def _pack_tar(dest: Path, requirements: str, wheels: tuple[Path, ...]) -> None:
         tar.addfile(info, io.BytesIO(req))
         for wheel in sorted(wheels, key=lambda p: p.name):
             tar.add(str(wheel), arcname=wheel.name, filter=normalise)
+
+
+def _unique_tmp(path: Path) -> Path:
+    """A temporary name beside PATH that no other process writes (several test workers, or two
+    deploys on one control machine, fill the same cache at once)."""
+    return path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
 
 
 def source_digest() -> str:
@@ -143,7 +150,17 @@ def pdkit_wheel() -> Path:
             raise WheelhouseError(f"building pdkit's wheel failed:\n{proc.stderr.strip()[-2000:]}")
         out.mkdir(parents=True, exist_ok=True)
         wheel = next((Path(tmp) / "out").glob("pdkit-*.whl"))
-        shutil.copy2(wheel, out / wheel.name)
+        # copied under a name of its own, then linked in: a wheel in OUT is always whole, and one
+        # that another process (a parallel test worker, a second deploy) put there first is kept
+        # (the hashes already taken of it stay right)
+        part = _unique_tmp(out / wheel.name)
+        shutil.copy2(wheel, part)
+        try:
+            os.link(part, out / wheel.name)
+        except FileExistsError:
+            pass
+        finally:
+            part.unlink()
     return out / wheel.name
 
 
@@ -280,7 +297,7 @@ def file_sha256(path: Path, _memo: dict = {}) -> str:  # noqa: B006 - process-wi
                 digest.update(chunk)
         _memo[key] = digest.hexdigest()
         _hashes_index().parent.mkdir(parents=True, exist_ok=True)
-        tmp = _hashes_index().with_suffix(".tmp")
+        tmp = _unique_tmp(_hashes_index())
         tmp.write_text(json.dumps(_memo))
         tmp.replace(_hashes_index())
     return _memo[key]
@@ -444,7 +461,7 @@ def sim_wheel(root: Path = REPO) -> Path:
     record = "".join(f"{rel},{_record_hash(data)},{len(data)}\n" for rel, data in sorted(contents.items())) + f"{info}/RECORD,,\n"
     contents[f"{info}/RECORD"] = record.encode()
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
+    tmp = _unique_tmp(out)
     with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED) as zf:
         # RECORD last, as wheel tools write it
         for rel in [*sorted(r for r in contents if not r.endswith("/RECORD")), f"{info}/RECORD"]:

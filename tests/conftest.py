@@ -97,3 +97,40 @@ def require(available: bool, reason: str) -> None:
 def base():
     """Deep copies of the base cluster and hosts, to mutate in a test."""
     return copy.deepcopy(BASE_CLUSTER), copy.deepcopy(BASE_HOSTS)
+
+
+class _PollingEvent:
+    """An Event whose wait() with no timeout waits in short slices (see pytest_configure)."""
+
+    def __init__(self, event) -> None:
+        self._event = event
+
+    def set(self) -> None:
+        self._event.set()
+
+    def clear(self) -> None:
+        self._event.clear()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._event.wait(0.05 if timeout is None else timeout)
+
+
+def pytest_configure(config) -> None:
+    """Under pytest-xdist (`make test` runs the unit tests with -n 2): keep a worker alive once
+    gevent has patched it. Loading any inventory imports pyinfra_cli, which gevent-patches the
+    whole process (threading included); the worker then waits for its next tests on an Event that
+    execnet's I/O thread, a real thread started before the patch, sets. A wait with no timeout
+    on gevent's lock, with nothing else scheduled on gevent's hub, ends in gevent's LoopExit
+    ("This operation would block forever") and the worker dies. Waiting in slices keeps a timer
+    on the hub; the worker's queue (xdist/remote.py TestQueue.get) already loops until it has an
+    item, so nothing else changes."""
+    if not hasattr(config, "workerinput"):
+        return
+    queues = [p.torun for p in config.pluginmanager.get_plugins() if hasattr(getattr(p, "torun", None), "_has_items_event")]
+    assert queues, "pytest-xdist's worker queue (WorkerInteractor.torun._has_items_event) not found: has pytest-xdist changed? (pyproject.toml pins it)"
+    for queue in queues:
+        if not isinstance(queue._has_items_event, _PollingEvent):
+            queue._has_items_event = _PollingEvent(queue._has_items_event)
