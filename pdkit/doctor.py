@@ -593,7 +593,7 @@ def kv_path_text(plan: EnginePlan) -> tuple[str, float | None, list[str]]:
     by_path: dict[str, list[str]] = {}
     for decode_host, name in plan.kv_paths:
         by_path.setdefault(name, []).append(decode_host)
-    floor = min((KV_PATHS[name].floor_gb_s for name in by_path), default=None)
+    floor = kv_floor(tuple((d, KV_PATHS[n]) for d, n in plan.kv_paths))
     if not by_path:
         return "no decode planned to pair with it", None, []
     if len(by_path) == 1:

@@ -28,7 +28,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, fi
 from pdkit.faultbudget import ROUTER_FLAGS as ROUTER_BUDGET_FLAGS
 from pdkit.faultbudget import FaultBudget, router_flags
 from pdkit.faultbudget import problems as fault_budget_problems
-from pdkit.kvcost import KvPath, kv_path
+from pdkit.kvcost import KV_PATHS, KvPath, kv_path, net_devices_are_rdma
 from pdkit.parsertable import all_speculative_algorithms
 from pdkit.versions import DEFAULT_SGLANG_VERSION, ROUTER_RELEASES, SGLANG_RELEASES
 
@@ -1891,7 +1891,7 @@ def _check_pd_groups(spec: ClusterSpec, add) -> None:
 def _check_kv_over_tcp(spec: ClusterSpec, add) -> None:
     """Warn where PD pairs cross hosts and the node's ucx_net_devices is not an RDMA device: UCX
     then moves GPU KV as emulated puts over TCP sockets (pdkit.kvcost.kv_path; docs/gpu.md,
-    "KV hand-off across hosts")."""
+    "KV hand-off at long prompts")."""
     if spec.cluster.transfer_backend != "nixl":
         return
     warned: set[str] = set()
@@ -1903,13 +1903,14 @@ def _check_kv_over_tcp(spec: ClusterSpec, add) -> None:
             node = host.node
             if node is None or node.gpu != "nvidia" or not node.ucx_net_devices or host.name in warned:
                 continue
-            path = kv_path(host.name, hosts[0].name if hosts[0] is not host else hosts[1].name, node.ucx_net_devices)
-            if path.name == "cross-host-tcp":
+            # the set spans hosts, so the host's pairs cross hosts: RDMA devices or TCP (pdkit.kvcost.kv_path)
+            if not net_devices_are_rdma(node.ucx_net_devices):
+                path = KV_PATHS["cross-host-tcp"]
                 warned.add(host.name)
                 add(Problem(host.name, "pdkit_node.ucx_net_devices",
                             f"{label} pairs prefill and decode across hosts, and {node.ucx_net_devices!r} is not an RDMA device: "
                             f"KV moves over TCP ({path.why}); expect KV hand-offs far slower than on one host (docs/gpu.md, "
-                            "\"KV hand-off across hosts\"). Valid: an RDMA device such as 'mlx5_0:1', or prefill and decode on one host "
+                            "\"KV hand-off at long prompts\"). Valid: an RDMA device such as 'mlx5_0:1', or prefill and decode on one host "
                             "(a router per node, pdkit_router.workers)", "warning"))
 
 
