@@ -25,7 +25,6 @@ from typing import Any
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 
-from pdkit.health import bearer_headers
 from pdkit.sim.args import SimArgs
 from pdkit.sim.engine import Engine, EngineError, Outcome
 from pdkit.sim.knobs import Knobs
@@ -108,7 +107,7 @@ class SimServer:
         if not self.engine.ready and path not in _ALWAYS_OPEN:
             return web.Response(status=503, text="Server is starting up")
         key = self.args.api_key
-        if key and path not in _NO_AUTH and request.headers.get("Authorization") != bearer_headers(key)["Authorization"]:
+        if key and path not in _NO_AUTH and request.headers.get("Authorization") != f"Bearer {key}":
             return web.json_response({"error": "Unauthorized"}, status=401)
         return await handler(request)
 
