@@ -358,6 +358,7 @@ def variant_inventory(name: str, code: str, single_gpu: bool) -> Path:
 def render_variant(name: str, single_gpu: bool) -> dict:
     from pdkit import flags
     from pdkit.loader import load_with_problems
+    from pdkit.paths import router_metrics_url, router_url
     from pdkit.plan import plan_host
 
     inv = variant_inventory(name, VARIANTS[name][1], single_gpu)
@@ -382,9 +383,9 @@ def render_variant(name: str, single_gpu: bool) -> dict:
         else:
             argv = flags.router_command(spec, host)
             module = "sglang_router.launch_router"
-            extra = {"base_url": f"http://{flags.router_address(host)}:{host.router.port}",
+            extra = {"base_url": router_url(host),
                      "expected_workers": list(svc.expected_workers), "model": svc.model,
-                     "metrics_url": f"http://{flags.router_address(host)}:{host.router.prometheus_port}/metrics"}
+                     "metrics_url": router_metrics_url(host)}
         services.append({"unit": svc.unit, "kind": svc.kind, "unit_path": unit_path, "argv": argv, "module": module,
                          "files": list(svc.files), "health_url": svc.health_url, **extra})
     # engines first, the router last (the deploy's order too)

@@ -11,6 +11,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from pdkit.benchstats import WORKER_HEADER, RequestResult, StreamEnd, failure_kind, stream_failure
+from pdkit.paths import router_auth_headers, router_url
 
 if TYPE_CHECKING:
     from pdkit.spec import ClusterSpec
@@ -18,16 +19,11 @@ if TYPE_CHECKING:
 
 def router_target(spec: ClusterSpec) -> tuple[str, dict[str, str]]:
     """(router base URL, auth headers) of the first router host."""
-    from pdkit.flags import router_address
-
     if not spec.router_hosts:
         raise ValueError("the inventory declares no router (pdkit_router on a host): bench goes through the router")
     router = spec.router_hosts[0]
     assert router.router is not None
-    headers = {}
-    if spec.cluster.secrets.router_api_key is not None:
-        headers["Authorization"] = f"Bearer {spec.cluster.secrets.router_api_key.get_secret_value()}"
-    return f"http://{router_address(router)}:{router.router.port}", headers
+    return router_url(router), router_auth_headers(spec)
 
 
 async def sse_lines(content: Any) -> Any:

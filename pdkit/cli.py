@@ -79,13 +79,12 @@ def cmd_chat(args: argparse.Namespace) -> int:
     if not spec.router_hosts:
         print("the inventory declares no router", file=sys.stderr)
         return EXIT_INVALID
-    from pdkit.flags import router_address
+    # lazy: the CLI imports a command's modules only when it runs
+    from pdkit.paths import router_auth_headers, router_url
 
     router = spec.router_hosts[0]
-    url = f"http://{router_address(router)}:{router.router.port}/v1/chat/completions"
-    headers = {}
-    if spec.cluster.secrets.router_api_key is not None:
-        headers["Authorization"] = f"Bearer {spec.cluster.secrets.router_api_key.get_secret_value()}"
+    url = router_url(router) + "/v1/chat/completions"
+    headers = router_auth_headers(spec)
     body = {"model": spec.cluster.model.name, "messages": [{"role": "user", "content": args.prompt}], "max_tokens": args.max_tokens, "stream": True}
     print(f"POST {url} (model {spec.cluster.model.name}, streaming)", file=sys.stderr)
     start = time.perf_counter()

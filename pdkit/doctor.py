@@ -1019,13 +1019,13 @@ def engine_plans(spec) -> list[EnginePlan]:
 
 def router_urls(spec) -> list[tuple[str, str, tuple[str, ...]]]:
     """(host, router base URL, planned worker URLs) per router, from the plan's router service."""
-    from pdkit import flags
+    from pdkit.paths import router_url  # lazy, as pdkit.flags here
     from pdkit.plan import plan_host
 
     out = []
     for host in spec.router_hosts:
         service = next(s for s in plan_host(spec, host).services if s.kind == "router")
-        out.append((host.name, f"http://{flags.router_address(host)}:{host.router.port}", service.expected_workers))
+        out.append((host.name, router_url(host), service.expected_workers))
     return out
 
 
@@ -1088,18 +1088,19 @@ class Collected:
 def collect(spec, *, window_s: float = 3.0, probe_requests: int = 8, timeout_s: float = 5.0,
             progress: Callable[[str], None] = lambda _m: None) -> Collected:
     """Read every engine, exporter and router of the spec (two /metrics samples `window_s` apart)."""
-    from pdkit.flags import router_address
     from pdkit.health import router_worker_health
+    from pdkit.paths import (  # lazy, as pdkit.flags here: doctor's module stays light
+        router_auth_headers,
+        router_metrics_url,
+    )
 
     plans = engine_plans(spec)
     obs = [EngineObservation(plan=p) for p in plans]
     # HTTP only to rank 0 of each engine: a rank above 0 serves none (its exporter says the rest)
     served = [o for o in obs if o.plan.rank == 0]
-    headers = {}
-    if spec.cluster.secrets.router_api_key is not None:
-        headers["Authorization"] = f"Bearer {spec.cluster.secrets.router_api_key.get_secret_value()}"
+    headers = router_auth_headers(spec)
     routers = [RouterObservation(h, url, workers) for h, url, workers in router_urls(spec)]
-    router_metrics = [f"http://{router_address(h)}:{h.router.prometheus_port}/metrics" for h in spec.router_hosts]
+    router_metrics = [router_metrics_url(h) for h in spec.router_hosts]
     exporters = {h.name: f"http://{spec.engine_address(h)}:{h.node.exporter_port}" for h in spec.gpu_hosts}
 
     with ThreadPoolExecutor(max(4, 2 * len(served) + len(routers) + len(exporters))) as pool:

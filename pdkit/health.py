@@ -25,6 +25,11 @@ import urllib.request
 READY_LOG_LINE = "The server is fired up and ready to roll!"
 
 
+
+def bearer_headers(api_key: str | None) -> dict[str, str]:
+    """The HTTP header that carries an API key (the router's, an engine's), or none without a key."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
 def http_request(url: str, payload: dict | None = None, timeout: float = 5.0, headers: dict[str, str] | None = None,
                  method: str | None = None) -> tuple[int, str]:
     """GET (or POST a JSON payload; or METHOD); (status, body), status 0 when nothing answered."""
@@ -227,7 +232,7 @@ def wait_router(
     every worker it lists, at least one, healthy."""
     deadline = time.monotonic() + timeout
     reason = "not checked yet"
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    headers = bearer_headers(api_key)
     others = {w.rstrip("/") for w in remote or []}
     wanted = {w.rstrip("/") for w in workers} | others
     base = url.rstrip("/")

@@ -17,6 +17,7 @@ from pathlib import Path
 import jinja2
 
 from pdkit import flags, gates
+from pdkit.paths import router_url
 from pdkit.spec import (
     DCGM_EXPORTER_PORT,
     ClusterSpec,
@@ -363,7 +364,7 @@ def plan_host(spec: ClusterSpec, host: HostSpec) -> HostPlan:
                 unit="pdkit-router.service",
                 kind="router",
                 files=tuple(sorted([unit_path, *([key_path, flags.router_launcher_path(spec)] if key_text is not None else [])])),
-                health_url=f"http://{flags.router_address(host)}:{host.router.port}/health",
+                health_url=router_url(host) + "/health",
                 ready_timeout_s=120,
                 expected_workers=tuple(flags.engine_url(spec, h, e) for h, e in spec.router_workers(host)),
                 remote_workers=tuple(flags.engine_url(spec, h, e) for h, e in spec.router_workers(host) if h.name != host.name),

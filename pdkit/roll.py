@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 # DRAIN_GAUGES: engine gauges that must all read 0 before an engine may restart (running requests, PD queues)
 from pdkit.metricnames import DRAIN_GAUGES, FAILURE_COUNTERS, ROUTER
+from pdkit.paths import router_metrics_url, router_url
 from pdkit.releases import releases_dir
 from pdkit.router_api import Key, worker_type
 
@@ -241,7 +242,6 @@ class Outage:
 
 def batch_outages(spec: ClusterSpec, batch: Iterable[str]) -> list[Outage]:
     """Pure: per router, the worker types whose every planned worker runs on BATCH's hosts."""
-    from pdkit import flags
 
     leaving = set(batch)
     out = []
@@ -251,7 +251,7 @@ def batch_outages(spec: ClusterSpec, batch: Iterable[str]) -> list[Outage]:
             hosts_of.setdefault(worker_type(e.role), set()).add(h.name)
         lost = tuple(sorted(kind for kind, hosts in hosts_of.items() if hosts <= leaving))
         if lost:
-            out.append(Outage(router_host.name, f"http://{flags.router_address(router_host)}:{router_host.router.port}", lost))
+            out.append(Outage(router_host.name, router_url(router_host), lost))
     return out
 
 
@@ -831,14 +831,13 @@ class Roller:
     # ---- routers and engines
     def routers(self):
         """(router host, client) per router; the same client objects on every call."""
-        from pdkit import flags
         from pdkit.router_api import RouterClient
         from pdkit.versions import ROUTER_RELEASES
 
         if not hasattr(self, "_routers"):
             self._routers = [
                 (h, RouterClient(
-                    f"http://{flags.router_address(h)}:{h.router.port}", keys=router_keys(self.spec, self.running_keys.get(h.name)),
+                    router_url(h), keys=router_keys(self.spec, self.running_keys.get(h.name)),
                     key_fix=key_fix(self.inventory, h.name),
                     drain_settle_s=ROUTER_DRAIN_SETTLE_S if ROUTER_RELEASES[self.spec.router_release(h)].per_worker_drain_settle else None,
                 ))
@@ -899,10 +898,9 @@ class Roller:
         """worker URL -> smg_worker_cb_state (0 closed, 1 open, 2 half-open) from the router's metrics."""
         from prometheus_client.parser import text_string_to_metric_families
 
-        from pdkit import flags
         from pdkit.health import http_request
 
-        status, body = http_request(f"http://{flags.router_address(router_host)}:{router_host.router.prometheus_port}/metrics", timeout=10)
+        status, body = http_request(router_metrics_url(router_host), timeout=10)
         if status != 200:
             return {}  # sglang-router 0.3.2 has no breaker gauge: judge by /workers alone
         out = {}

@@ -25,7 +25,7 @@ import time
 import urllib.parse
 from dataclasses import dataclass
 
-from pdkit.health import http_request
+from pdkit.health import bearer_headers, http_request
 
 # what smg and sglang-router call an engine that is neither a prefill nor a decode (a unified
 # engine): their worker API answers 400 to "unified" (smg 1.13.0)
@@ -157,7 +157,7 @@ class RouterClient:
 
     @property
     def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.key.value}"} if self.key.value else {}
+        return bearer_headers(self.key.value)
 
     def _call(self, method: str, path: str, payload: dict | None = None, timeout: float | None = None) -> tuple[int, str]:
         """One request with the key the router last accepted; on a 401 the other keys, in order,
@@ -168,7 +168,7 @@ class RouterClient:
         if status != 401:
             return status, body
         for key in [k for k in self.keys if k is not self.key]:
-            headers = {"Authorization": f"Bearer {key.value}"} if key.value else {}
+            headers = bearer_headers(key.value)
             status2, body2 = http_request(url, payload, timeout=timeout, headers=headers, method=method)
             if status2 != 401:
                 self.key = key

@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from pdkit.paths import router_url
 from pdkit.router_api import RouterClient, RouterError, Worker, worker_type
 
 
@@ -82,10 +83,9 @@ def routers_for_host(spec, host_name: str) -> list[tuple[object, list[PlannedWor
 
 
 def client_for(spec, router_host) -> RouterClient:
-    from pdkit import flags
 
     key = spec.cluster.secrets.router_api_key
-    return RouterClient(f"http://{flags.router_address(router_host)}:{router_host.router.port}", api_key=key.get_secret_value() if key else None)
+    return RouterClient(router_url(router_host), api_key=key.get_secret_value() if key else None)
 
 
 def remote_worker_note(unit: str, remote: Iterable[str], listed: dict[str, bool]) -> str:

@@ -265,14 +265,14 @@ def test_no_module_imports_another_modules_private_name():
 # or moves to module level (the cycle rule above says whether that is safe).
 UNEXPLAINED_BEFORE_ISSUE_34 = {
     "pdkit/bench.py": 14,
-    "pdkit/benchclient.py": 2,
+    "pdkit/benchclient.py": 1,
     "pdkit/catalogue.py": 8,
-    "pdkit/cli.py": 8,
+    "pdkit/cli.py": 7,
     "pdkit/contract/router_argcheck.py": 6,
     "pdkit/contract/sglang_argcheck.py": 10,
     "pdkit/contract/sglang_metrics.py": 7,
     "pdkit/deploy.py": 6,
-    "pdkit/doctor.py": 18,
+    "pdkit/doctor.py": 15,
     "pdkit/enginelock.py": 1,
     "pdkit/gates.py": 2,
     "pdkit/health.py": 1,
@@ -285,8 +285,8 @@ UNEXPLAINED_BEFORE_ISSUE_34 = {
     "pdkit/parsertable.py": 3,
     "pdkit/plan.py": 2,
     "pdkit/releases.py": 1,
-    "pdkit/roll.py": 39,
-    "pdkit/routersync.py": 2,
+    "pdkit/roll.py": 36,
+    "pdkit/routersync.py": 1,
     "pdkit/silences.py": 8,
     "pdkit/sim/args.py": 2,
     "pdkit/sim/engine.py": 1,
@@ -399,3 +399,22 @@ def test_a_function_level_import_without_a_reason_is_found(tmp_path):
         "        import sys\n"
     ), "pdkit/b.py": ""})
     assert [p.split(":")[1] for p in check(root)["e"]] == ["12", "14", "16"]
+
+
+def test_router_urls_and_the_auth_header_are_built_in_one_place():
+    """Issue 34 item 2: `http://{router_address(...)}:{...port}` and `Bearer {...}` are built only in
+    pdkit/paths.py and pdkit/health.py (bearer_headers); elsewhere a rule written twice drifts."""
+    import re
+
+    router_url = re.compile(r"http://\{[^}]*router_address\(")
+    bearer = re.compile(r"f\"Bearer \{")
+    found = []
+    for path in sorted((REPO / "pdkit").rglob("*.py")) + sorted((REPO / "gpu").rglob("*.py")):
+        rel = path.relative_to(REPO).as_posix()
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if router_url.search(line) and rel != "pdkit/paths.py":
+                found.append(f"{rel}:{n}: a router URL: use pdkit.paths.router_url / router_metrics_url")
+            # the sim checks the header SGLang's way, inside its own wheel (sim sources only: tests/test_wheelhouse.py)
+            if bearer.search(line) and rel not in ("pdkit/health.py", "pdkit/sim/server.py"):
+                found.append(f"{rel}:{n}: a bearer header: use pdkit.health.bearer_headers / pdkit.paths.router_auth_headers")
+    assert found == []

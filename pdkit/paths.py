@@ -1,0 +1,44 @@
+"""How the control machine reaches the cluster's services: one function per URL and header.
+
+Example:
+
+    url = router_url(host) + "/v1/chat/completions"
+    requests.post(url, headers=router_auth_headers(spec), json=body)
+
+Every router URL and the router's auth header are built here, so a change of scheme, address rule
+or header is one edit (issue 34 item 2). On-node modules (pdkit.health, the sim) keep to the
+stdlib and share only `pdkit.health.bearer_headers`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pdkit.flags import router_address
+from pdkit.health import bearer_headers
+
+if TYPE_CHECKING:
+    from pdkit.spec import ClusterSpec, HostSpec
+
+
+def router_url(host: HostSpec) -> str:
+    """Base URL of the router on HOST (its API: /health, /workers, /v1/...)."""
+    assert host.router is not None
+    return f"http://{router_address(host)}:{host.router.port}"
+
+
+def router_metrics_url(host: HostSpec) -> str:
+    """The router's Prometheus page on HOST."""
+    assert host.router is not None
+    return f"http://{router_address(host)}:{host.router.prometheus_port}/metrics"
+
+
+def router_api_key(spec: ClusterSpec) -> str | None:
+    """The router's API key from the secrets table, or None when the cluster sets none."""
+    key = spec.cluster.secrets.router_api_key
+    return key.get_secret_value() if key is not None else None
+
+
+def router_auth_headers(spec: ClusterSpec) -> dict[str, str]:
+    """The header every request to the router carries (none without a key)."""
+    return bearer_headers(router_api_key(spec))
