@@ -201,6 +201,12 @@ METRIC_PATTERN = re.compile(
 )
 
 
+def run_tag(phase: str, run: dict, bench: dict) -> str:
+    """A bench run's name: phase, concurrency and, where it is not the plan's default, the prompt length."""
+    length = run.get("input_len", bench["input_len"])
+    return f"{phase}-c{run['concurrency']}" + ("" if length == bench["input_len"] else f"-in{length}")
+
+
 def scrape(url: str) -> tuple[str, dict[str, float]]:
     status, body = http_get(url, timeout=10)
     picked: dict[str, float] = {}
@@ -360,6 +366,7 @@ class Driver:
         self.logs.mkdir(parents=True, exist_ok=True)
         self.deadline = T0 + args.budget_s
         self.services: dict[str, Service] = {}
+        self.current_metrics_urls: dict[str, str] | None = None
         self.results: dict = {
             "mode": args.mode,
             "plan_digest": self.plan["digest"],
@@ -508,8 +515,12 @@ class Driver:
         force_engines restarts the engines even when nothing changed (a warm restart, measured).
         """
         files = variant["files"]
-        self.write_files(files)
         specs = variant["services"]
+        # a variant with other units (the unified reference after a PD pair): stop what it lacks first,
+        # so its engines find the GPU memory free
+        for unit in [u for u in self.services if u not in {s["unit"] for s in specs}]:
+            self.services.pop(unit).stop()
+        self.write_files(files)
         changed_engines, router_changed = [], False
         for spec in specs:
             svc = self.services.get(spec["unit"])
@@ -617,9 +628,10 @@ class Driver:
             self.fail("smoke requests through the router failed", completion=completion, chat=chat)
         return {"ok": bool(ok), "completion": completion, "chat_stream": chat}
 
-    def metrics(self, tag: str) -> dict:
+    def metrics(self, tag: str, variant: dict | None = None) -> dict:
         picked: dict = {}
-        for name, url in self.plan["metrics_urls"].items():
+        urls = (variant or {}).get("metrics_urls") or self.plan["metrics_urls"]
+        for name, url in urls.items():
             body, values = scrape(url)
             (self.logs / f"metrics-{tag}-{name}.txt").write_text(body)
             picked[name] = values
@@ -640,10 +652,13 @@ class Driver:
                 "--random-range-ratio", "1", "--num-prompts", str(run["prompts"]),
                 "--max-concurrency", str(run["concurrency"]), "--request-rate", "inf",
                 "--seed", "1", "--warmup-requests", "1", "--ready-check-timeout-sec", "0",
-                "--output-file", str(jsonl), "--tag", f"{tag}-c{run['concurrency']}",
+                "--output-file", str(jsonl), "--tag", run_tag(tag, run, spec),
             ])
         runs_file = self.work / f"bench-{tag}.json"
-        runs_file.write_text(json.dumps(argvs))
+        # every engine's /metrics before and after each run, so KV figures are per run (issue 33)
+        urls = {k: v for k, v in (self.current_metrics_urls or {}).items() if k != "router"}
+        runs_file.write_text(json.dumps({"argvs": argvs, "tags": [run_tag(tag, r, spec) for r in runs],
+                                         "scrape": urls, "scrape_dir": str(self.logs)}))
         python = self.host_path(self.plan["engine_python"])
         before = len(jsonl.read_text().splitlines()) if jsonl.exists() else 0
         timeout = max(30.0, self.left() - 20)
@@ -727,7 +742,8 @@ class Driver:
         if smoke:
             res["smoke"] = self.smoke(variant["services"][-1])
             self.save()
-        res["metrics_before"] = self.metrics(f"{name}-before")
+        self.current_metrics_urls = variant.get("metrics_urls") or self.plan["metrics_urls"]
+        res["metrics_before"] = self.metrics(f"{name}-before", variant)
         if runs:
             warm = variant.get("warmup")
             if warm:
@@ -735,7 +751,7 @@ class Driver:
             res["bench"] = self.bench(name, runs)
         if tools:
             res["pdkit"] = self.tools(name, tools)
-        res["metrics_after"] = self.metrics(f"{name}-after")
+        res["metrics_after"] = self.metrics(f"{name}-after", variant)
         self.save()
 
     def run(self) -> int:
@@ -805,9 +821,20 @@ def bench_loop(runs_file: str) -> int:
     warnings.filterwarnings("ignore", category=FutureWarning)
     from sglang.benchmark import serving
 
-    argvs = json.loads(Path(runs_file).read_text())
+    plan = json.loads(Path(runs_file).read_text())
+    argvs = plan["argvs"] if isinstance(plan, dict) else plan
+    tags = plan.get("tags", []) if isinstance(plan, dict) else []
+    scrape_urls = plan.get("scrape", {}) if isinstance(plan, dict) else {}
+
+    def scrape_all(tag: str, when: str) -> None:
+        for engine, url in scrape_urls.items():
+            body = http_get(url, timeout=10)[1]
+            (Path(plan["scrape_dir"]) / f"run-{tag}-{engine}-{when}.txt").write_text(body)
+
     rc = 0
-    for argv in argvs:
+    for i, argv in enumerate(argvs):
+        tag = tags[i] if i < len(tags) else str(i)
+        scrape_all(tag, "before")
         print("=== python -m sglang.benchmark.serving " + " ".join(argv), flush=True)
         sys.argv = ["sglang.benchmark.serving", *argv]
         try:
@@ -817,6 +844,7 @@ def bench_loop(runs_file: str) -> int:
         except Exception:  # noqa: BLE001 - report and go on with the next concurrency
             traceback.print_exc()
             rc = 1
+        scrape_all(tag, "after")
         sys.stdout.flush()
     return rc
 

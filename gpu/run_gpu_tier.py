@@ -311,6 +311,11 @@ _KV_ENV = 'for _e in gpu_nodes[0][1]["pdkit_node"]["engines"]:\n    _e["env"] = 
 
 _TCP = '{"UCX_TLS": "tcp,cuda_copy,self", "UCX_PROTO_INFO": "y", "UCX_LOG_LEVEL": "info"}'
 _TCP_SEG = '{"UCX_TLS": "tcp,cuda_copy,self", "UCX_PROTO_INFO": "y", "UCX_LOG_LEVEL": "info", "UCX_TCP_TX_SEG_SIZE": "512k", "UCX_TCP_RX_SEG_SIZE": "512k"}'
+_TCP_PPLN = '{"UCX_TLS": "tcp,cuda_copy,self", "UCX_PROTO_INFO": "y", "UCX_LOG_LEVEL": "info", "UCX_RMA_PPLN_ENABLE": "y"}'
+_UNIFIED = (
+    '_CLUSTER["tuning"] = {"all": {**_CLUSTER["tuning"]["all"], "mem_fraction_static": 0.85}}\n'
+    'gpu_nodes[0][1]["pdkit_node"]["engines"] = [{"name": "unified", "role": "unified", "gpus": [0], "port": 30000}]\n'
+)
 
 VARIANTS = {
     # name: (description, python statements run on the inventory's _CLUSTER / data after the base file)
@@ -331,6 +336,13 @@ VARIANTS = {
                 _KV_ENV.format(env=_TCP_SEG)),
     "tcp_seg_page64": ("KV over TCP with 512 KiB fragments (as `tcp_seg`) and KV page size 64: tuning.all.page_size = 64",
                        _KV_ENV.format(env=_TCP_SEG) + '_CLUSTER["tuning"]["all"]["page_size"] = 64\n'),
+    # UCX 1.23's experimental pipelined RMA: large puts staged through host fragments asynchronously
+    "tcp_ppln": ("KV over TCP (as `tcp`) with UCX's pipelined RMA: UCX_RMA_PPLN_ENABLE=y",
+                 _KV_ENV.format(env=_TCP_PPLN)),
+    "ipc_page64": ("the base units (cuda_ipc) with KV page size 64 and UCX's protocol lines: tuning.all.page_size = 64",
+                   _KV_ENV.format(env='{"UCX_PROTO_INFO": "y"}') + '_CLUSTER["tuning"]["all"]["page_size"] = 64\n'),
+    # the reference: the same model as one unified engine on the GPU, behind the router in regular mode
+    "unified": ("one unified engine on GPU 0 (the reference for the PD pair)", _UNIFIED),
 }
 # nvidia-h200 (one GPU): the same PD pair sharing GPU 0, as the spec declares it (gpu_share)
 SINGLE_GPU_INVENTORY = REPO / "inventories" / "h200-1gpu.py"
@@ -390,8 +402,18 @@ def render_variant(name: str, single_gpu: bool) -> dict:
                          "files": list(svc.files), "health_url": svc.health_url, **extra})
     # engines first, the router last (the deploy's order too)
     services.sort(key=lambda s: s["kind"] == "router")
+    metrics_urls = {s["engine"]: s["metrics_url"] for s in services if s["kind"] == "engine"}
+    metrics_urls["router"] = next(s["metrics_url"] for s in services if s["kind"] == "router")
     return {"description": VARIANTS[name][0], "inventory": str(inv.relative_to(REPO)), "files": files,
-            "services": services, "spec": spec, "host": host, "warnings": [str(p) for p in problems]}
+            "services": services, "metrics_urls": metrics_urls, "spec": spec, "host": host,
+            "warnings": [str(p) for p in problems]}
+
+
+# issue 33's shape: 3072-token prompts and 64 output tokens at C=1 and C=16, then shorter prompts at C=16
+KV_RUNS = [{"concurrency": 1, "prompts": 4, "input_len": 3072, "output_len": 64},
+           {"concurrency": 16, "prompts": 32, "input_len": 3072, "output_len": 64},
+           {"concurrency": 16, "prompts": 32, "input_len": 1024, "output_len": 64},
+           {"concurrency": 16, "prompts": 32, "input_len": 128, "output_len": 64}]
 
 
 def build_plan(single_gpu: bool) -> dict:
@@ -424,7 +446,8 @@ def build_plan(single_gpu: bool) -> dict:
         "router_ready_timeout_s": 120,
         "metrics_urls": {**{e["engine"]: e["metrics_url"] for e in engines}, "router": router["metrics_url"]},
         "bench": {"base_url": router["base_url"], "model": model_name, "input_len": 128, "output_len": 256},
-        "variants": {n: {k: v[k] for k in ("description", "inventory", "files", "services", "warnings", "argv_changes")}
+        "variants": {n: {k: v[k] for k in ("description", "inventory", "files", "services", "metrics_urls", "warnings",
+                                             "argv_changes")}
                      for n, v in variants.items()},
         "phases": [
             {"name": "base", "variant": "base", "smoke": True, "need_s": 0,
@@ -448,10 +471,10 @@ def build_plan(single_gpu: bool) -> dict:
             {"name": "tools_nograph", "variant": "nograph", "smoke": True, "need_s": 150, "runs": [],
              "tools": {"spec": "spec-base.json", "args": ["--bench", "1:8,16:128,64:256", "--doctor", "--doctor-bench"]}},
             # issue 33: 3072-token prompts, 64 output tokens (the seeds' agentic shape), C=1 and C=16
-            *({"name": f"kv_{v}", "variant": v, "smoke": True, "need_s": 120,
-               "runs": [{"concurrency": 1, "prompts": 4, "input_len": 3072, "output_len": 64},
-                        {"concurrency": 16, "prompts": 32, "input_len": 3072, "output_len": 64}]}
-              for v in ("tcp", "tcp_seg", "tcp_seg_page64", "ucxinfo")),
+            # (and 1024 / 128 at C=16), in the order the device session runs them: the TCP lane (what
+            # two hosts without RDMA get) and its levers first, then cuda_ipc (one host), then the reference
+            *({"name": f"kv_{v}", "variant": v, "smoke": True, "need_s": 200, "runs": KV_RUNS}
+              for v in ("tcp_seg", "tcp", "tcp_seg_page64", "ucxinfo", "ipc_page64", "unified", "tcp_ppln")),
         ],
     }
     # an unmeasured pass first, so JIT compiles and first-touch allocations stay out of the figures
@@ -499,6 +522,13 @@ def check_plan(plan: dict) -> None:
             for path in drv.unit_values(unit, "EnvironmentFile"):
                 assert path.lstrip("-") in variant["files"], f"{name}/{svc['unit']}: {path} not rendered"
     print(f"checked: every unit's ExecStart parses back to pdkit.flags' argv ({len(plan['variants'])} variants)")
+
+
+def repo_size() -> int:
+    """What the device call copies besides `carry`: tracked files and untracked ones git does not ignore."""
+    names = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                           capture_output=True, check=True).stdout.split(b"\0")
+    return sum((REPO / n.decode()).stat().st_size for n in names if n and (REPO / n.decode()).is_file())
 
 
 def payload_size() -> int:
@@ -579,8 +609,44 @@ def report(results_dir: Path) -> None:
                 failures = "not exported"
             kv = (f"{n:.0f} | {mb / n:.1f} | {lat / n:.1f} | {spd / n:.2f}" if n else "- | - | - | -")
             print(f"| {name} | {engine} | {kv} | {failures} | {passes} |")
+    kv_report(results_dir, res)
     for f in res["failures"]:
         print("FAILURE:", f["what"])
+
+
+def kv_report(results_dir: Path, res: dict) -> None:
+    """Issue 33's table: per bench run, SGLang's TTFT beside the prefill's KV figures over that run
+    (pdkit.kvcost on the /metrics pages the bench loop saved before and after each run)."""
+    import tarfile
+
+    from pdkit.kvcost import kv_figures, kv_histograms
+
+    logs = results_dir / "logs.tar.xz"
+    if not logs.exists():
+        return
+    with tarfile.open(logs) as tar:
+        pages = {Path(m.name).name: tar.extractfile(m).read().decode(errors="replace")
+                 for m in tar.getmembers() if Path(m.name).name.startswith("run-") and m.isfile()}
+    print()
+    print("| phase | C | input | TTFT p50 / p99 (ms) | output tok/s | hand-offs | MiB each | KV mean / p99 (ms) "
+          "| effective GB/s | SGLang speed mean | KV share of TTFT (mean) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for name, ph in res["phases"].items():
+        for r in ph.get("bench", []) or []:
+            tag = r["tag"]
+            before = pages.get(f"run-{tag}-prefill-before.txt")
+            after = pages.get(f"run-{tag}-prefill-after.txt")
+            kv = (kv_figures(kv_histograms(before), kv_histograms(after), r.get("mean_ttft_ms"))
+                  if before is not None and after is not None else None)
+            input_len = r["total_input_tokens"] // max(1, r["completed"] or 1)
+            ttft = f"{r['median_ttft_ms']:.1f} / {r['p99_ttft_ms']:.1f}"
+            if kv is None or not kv.transfers:
+                figures = "- | - | - | - | - | -"
+            else:
+                p99 = f"{'>' if kv.latency_p99_above_buckets else ''}{kv.latency_p99_ms:.0f}"
+                figures = (f"{kv.transfers} | {kv.mb_per_request:.0f} | {kv.latency_mean_ms:.1f} / {p99} | "
+                           f"{kv.effective_gb_s:.2f} | {kv.sglang_speed_mean_gb_s:.2f} | {100 * (kv.ttft_share or 0):.0f}%")
+            print(f"| {name} | {r['max_concurrency']} | {input_len} | {ttft} | {r['output_throughput']:.0f} | {figures} |")
 
 
 def metric_deltas(phase: dict, engine: str) -> dict[str, float]:
@@ -642,9 +708,14 @@ def main(argv: list[str] | None = None) -> int:
     size = payload_size()
     for f in sorted(PAYLOAD.glob("*.tar.xz")):
         print(f"  {f.name:16} {f.stat().st_size / 2**20:6.1f} MiB")
-    print(f"payload {PAYLOAD}: {size / 2**20:.1f} MiB of the {CARRY_LIMIT / 2**20:.0f} MiB carry limit (repo included)")
+    tracked = repo_size()
+    print(f"payload {PAYLOAD}: {size / 2**20:.1f} MiB + the working tree {tracked / 2**20:.1f} MiB = "
+          f"{(size + tracked) / 2**20:.1f} MiB, against the {CARRY_LIMIT / 2**20:.0f} MiB one call carries")
     if size > CARRY_LIMIT - 2 * 2**20:
         raise SystemExit("payload too large for one carry")
+    if size + tracked > CARRY_LIMIT:
+        print("  over one call's limit: carry gpu-payload/site.tar.xz in a first call (copied to /root/stash),\n"
+              "  then the other paths of gpu-payload/, and `cp /root/stash/site.tar.xz gpu-payload/` first (docs/gpu.md)")
     if args.rehearse:
         out = Path(tempfile.mkdtemp(prefix="pdkit-rehearsal-out-"))
         cmd = [args.rehearsal_python, str(PAYLOAD / "device_driver.py"), "rehearse", "--out", str(out),
