@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import inspect
 import json
+import re
 
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
@@ -71,8 +72,9 @@ def _default(field) -> str:
 
 
 def _type(field) -> str:
-    text = str(field.annotation)
-    for noise in ("typing.", "pdkit.spec.", "<class '", "'>", "NoneType", "Annotated[", ", FieldInfo"):
+    # the models live in pdkit.spec's modules (pdkit.spec.models.Engine): drop the module path
+    text = re.sub(r"pdkit\.spec\.(\w+\.)?", "", str(field.annotation))
+    for noise in ("typing.", "<class '", "'>", "NoneType", "Annotated[", ", FieldInfo"):
         text = text.replace(noise, "")
     text = text.replace("| None", "").replace(" | ", " \\| ").strip()
     return text

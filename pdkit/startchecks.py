@@ -422,7 +422,7 @@ def uncovered(data: dict | None = None) -> list[dict]:
     return [row for row in (data or table())["checks"] if row["id"] not in cov]
 
 
-# Fields whose flags validate's own hints tell a user to add to extra_args (pdkit/spec.py: "add
+# Fields whose flags validate's own hints tell a user to add to extra_args (pdkit/spec/: "add
 # '--enable-dp-lm-head' to extra_args"): warning about them would contradict the hint that asked
 # for them (tests/test_startchecks.py holds this set to the hints)
 RECOMMENDED_BY_VALIDATE = frozenset({"enable_dp_lm_head", "uno_lora_path", "deepep_v2_mode"})

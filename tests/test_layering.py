@@ -291,7 +291,6 @@ UNEXPLAINED_BEFORE_ISSUE_34 = {
     "pdkit/sim/args.py": 2,
     "pdkit/sim/engine.py": 1,
     "pdkit/sim/knobs.py": 2,
-    "pdkit/spec.py": 2,
     "pdkit/startchecks.py": 5,
     "pdkit/tune/campaign.py": 7,
     "pdkit/tune/gates.py": 4,

@@ -512,13 +512,13 @@ def test_extra_args_no_start_check_reads_do_not_warn(base, tmp_path, capsys):
 
 def test_flags_validates_hints_ask_for_do_not_warn():
     """validate tells users to add some flags to extra_args; the extra_args warning must not then
-    warn about them: the exempt set is exactly the flags the hints in pdkit/spec.py name."""
+    warn about them: the exempt set is exactly the flags the hints in pdkit/spec/ name."""
     import re
     from pathlib import Path
 
     from pdkit.parsertable import sglang_parser
 
-    source = Path(startchecks.__file__).with_name("spec.py").read_text(encoding="utf-8")
+    source = "".join(p.read_text(encoding="utf-8") for p in sorted(Path(startchecks.__file__).with_name("spec").glob("*.py")))
     hinted = set(re.findall(r"add \[?'(--[a-z0-9-]+)'[^\n]*?to extra_args", source))
     assert {"--enable-dp-lm-head", "--uno-lora-path"} <= hinted
     parser = sglang_parser("0.5.23")
