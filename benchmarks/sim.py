@@ -30,7 +30,7 @@ import aiohttp
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pdkit.benchclient import sse_lines  # noqa: E402
+from pdkit.bench.client import sse_lines  # noqa: E402
 from pdkit.sim.localstack import MODEL, LocalPDStack  # noqa: E402
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")

@@ -113,7 +113,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 # Subcommands that live in their own modules: each module has add_parser(subparsers).
-COMMAND_MODULES = ("pdkit.lab.cli", "pdkit.roll", "pdkit.bench", "pdkit.doctor", "pdkit.tune.runner")
+COMMAND_MODULES = ("pdkit.lab.cli", "pdkit.roll", "pdkit.bench.cli", "pdkit.doctor", "pdkit.tune.runner")
 
 
 def _register(sub: argparse._SubParsersAction, module_name: str) -> None:

@@ -1234,12 +1234,14 @@ def fresh_bench(spec, like: BenchPoint, progress: Callable[[str], None], show_ba
 
 def per_engine_bench(spec, like: BenchPoint, progress: Callable[[str], None], show_bar: bool) -> dict:
     """The same C=16 load sent to every decode (and unified) engine in turn, each request to one
-    PD pair directly in the router's form (pdkit.tune.measure), so each engine serves an equal
+    PD pair directly in the router's form (pdkit.bench.measure), so each engine serves an equal
     share and its own inter-token latency is measured (decode_speed_c16). Through the router the
     share is the router's choice: one slow engine of three got no request at all in a lab run
     (issue #18 item 10)."""
+    # lazy: only --bench sends load; the client and its routes load pydantic (the spec), which doctor's import avoids
     from pdkit import bench
-    from pdkit.tune.measure import Measured, target_routes
+    from pdkit.bench.measure import Measured
+    from pdkit.bench.routes import target_routes
 
     url, headers = bench.router_target(spec)
     routes = tuple(target_routes(spec, [h.name for h in spec.hosts]))

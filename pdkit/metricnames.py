@@ -122,7 +122,7 @@ DCGM = {
 # labels, and what an absent family means to that reader. tests/test_metric_readers.py checks each
 # against the catalogue for every engine version a spec runs (type, labels; a lazily created family
 # needs an `absent` meaning) and runs the readers on real SGLang pages where the lazy ones are absent.
-# bench times its own requests (pdkit/bench.py, benchstats.py) and reads only the prefills' KV
+# bench times its own requests (pdkit/bench/) and reads only the prefills' KV
 # histograms (pdkit/kvcost.py), as doctor's kv_path row does.
 
 class Read(tuple):

@@ -1,6 +1,6 @@
 """`pdkit bench`'s KV hand-off figures per level, without a cluster: which prefills are read, the
 level's `kv` block from canned /metrics pages (pdkit.kvcost does the maths), what an unreadable
-/metrics records, the run table and `pdkit compare`; and goodput (pdkit.benchstats.goodput)."""
+/metrics records, the run table and `pdkit compare`; and goodput (pdkit.bench.stats.goodput)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from pdkit import bench
 from pdkit.bench import kv_prefills, level_kv, render_compare, render_markdown, scrape_kv
-from pdkit.benchstats import RequestResult, goodput, summarize_level
+from pdkit.bench.stats import RequestResult, goodput, summarize_level
 from pdkit.kvcost import kv_histograms
 from pdkit.loader import load
 from tests.conftest import write_inventory

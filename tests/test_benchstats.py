@@ -1,10 +1,10 @@
-"""pdkit.benchstats against hand-computed cases."""
+"""pdkit.bench.stats against hand-computed cases."""
 
 from __future__ import annotations
 
 import pytest
 
-from pdkit.benchstats import RequestResult, itls, percentile, ratio, summarize_level, throughput, tpot
+from pdkit.bench.stats import RequestResult, itls, percentile, ratio, summarize_level, throughput, tpot
 
 
 def test_percentile_linear_interpolation():

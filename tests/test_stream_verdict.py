@@ -1,4 +1,4 @@
-"""How a failed streamed request is classified (pdkit.benchstats.stream_failure), over the bytes
+"""How a failed streamed request is classified (pdkit.bench.stats.stream_failure), over the bytes
 SGLang really sends (tests/fixtures/sse/README.md says where each stream comes from).
 
 Before this rule the load clients called an EOS-first answer, an abort without a status and a
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from pdkit.bench import render_markdown, stream_one
-from pdkit.benchstats import RequestResult, StreamEnd, failure_kind, stream_failure, summarize_level
+from pdkit.bench.stats import RequestResult, StreamEnd, failure_kind, stream_failure, summarize_level
 from tests.conftest import load_script, require
 from tests.lab import loadclient
 
@@ -239,7 +239,7 @@ def test_bench_markdown_shows_the_counts_and_reads_records_without_them():
 @pytest.mark.parametrize("argv", [["-m", "tests.lab.loadclient", "--help"], ["gpu/nspawn/outage_client.py", "--help"]])
 def test_the_load_clients_run_on_a_bare_python(argv):
     """The lent machine runs them with its own python3 (no site-packages): the rule they import
-    from pdkit.benchstats must need only the standard library."""
+    from pdkit.bench.stats must need only the standard library."""
     repo = Path(__file__).resolve().parents[1]
     done = subprocess.run(["python3", "-S", *argv], cwd=repo, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr

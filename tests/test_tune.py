@@ -3,7 +3,7 @@ the derived inventory, flag diffs, ranking, records, resume, the estimate, the r
 the correctness comparison and the wedge watch. The CLI runs in a child process (pdkit tune
 gevent-patches the process it runs in).
 
-What the gates and the bench measure (pdkit.tune.measure) is tested on the lab inventory (which
+What the gates and the bench measure (pdkit.bench.measure) is tested on the lab inventory (which
 pairs, which form) and against two sim PD pairs behind the real smg router: the target's pair
 alone gets the correctness prompts, the soak and the bench, so the corrupting and the wedging
 lever strike on every run, and the bench record names the engines it measured."""
@@ -252,7 +252,7 @@ SLO = {"ttft_ms": 2000.0, "tpot_ms": 60.0}
 
 
 def with_figures(record, ttft_p50=None, ttft_p99=None, goodput=None, slo=SLO):
-    """REC's level with TTFT percentiles and goodput (as pdkit.benchstats writes them)."""
+    """REC's level with TTFT percentiles and goodput (as pdkit.bench.stats writes them)."""
     lv = record["bench"]["levels"][0]
     lv["ttft_ms"] = {"mean": ttft_p50, "p50": ttft_p50, "p99": ttft_p99}
     if goodput is not None:
@@ -562,7 +562,7 @@ def test_expected_downtime_comes_from_the_records_once_there_are_some(lab_hosts)
 
 
 def test_a_canary_or_a_node_list_is_measured_on_its_own_pd_pairs_the_whole_cluster_through_the_router(lab_hosts):
-    from pdkit.tune.measure import measured_for
+    from pdkit.bench.measure import measured_for
 
     _, base = lab_hosts
     canary = measured_for(base, ["lab-gpu2"])
@@ -586,8 +586,8 @@ def test_a_canary_or_a_node_list_is_measured_on_its_own_pd_pairs_the_whole_clust
 
 
 def test_a_target_with_one_side_of_a_pd_group_is_paired_with_the_groups_other_engines(tmp_path):
+    from pdkit.bench.measure import measured_for
     from pdkit.loader import load
-    from pdkit.tune.measure import measured_for
     from tests.conftest import write_inventory
 
     gpus = {"model": "virtual", "count": 4, "memory_gib": 80, "compute_capability": "9.0"}
@@ -669,7 +669,7 @@ def two_pairs(tmp_path_factory):
 
 
 def _pair(ports, side):
-    from pdkit.tune.measure import EngineRef, Route
+    from pdkit.bench.routes import EngineRef, Route
 
     return Route(EngineRef(f"{side}/decode", f"http://127.0.0.1:{ports[side + 'd']}"),
                  EngineRef(f"{side}/prefill", f"http://127.0.0.1:{ports[side + 'p']}", ("127.0.0.1", ports[side + "b"])))
@@ -690,7 +690,8 @@ def _requests_seen(ports):
 
 
 def test_the_target_pair_alone_gets_the_gate_so_a_corrupting_lever_always_fails_it(two_pairs):
-    from pdkit.tune.measure import EngineRef, Measured, Route
+    from pdkit.bench.measure import Measured
+    from pdkit.bench.routes import EngineRef, Route
 
     ports, router_url = two_pairs
     a = Measured(("a",), router_url, {}, (_pair(ports, "a"),))
@@ -719,8 +720,9 @@ def test_the_target_pair_alone_gets_the_gate_so_a_corrupting_lever_always_fails_
 def test_a_dead_prefill_fails_the_request_at_once_and_hangs_up_on_the_decode(two_pairs):
     import time
 
+    from pdkit.bench.measure import Measured
+    from pdkit.bench.routes import EngineRef, Route
     from pdkit.sim.localstack import free_ports
-    from pdkit.tune.measure import EngineRef, Measured, Route
 
     ports, router_url = two_pairs
     dead = free_ports(1)[0]
@@ -736,7 +738,7 @@ def test_soak_and_bench_on_the_target_pair_wedge_deterministically_and_record_th
     import time
 
     from pdkit.bench import run_bench
-    from pdkit.tune.measure import Measured
+    from pdkit.bench.measure import Measured
 
     ports, router_url = two_pairs
     a = Measured(("a",), router_url, {}, (_pair(ports, "a"),))
@@ -839,7 +841,7 @@ def test_the_sims_held_requests_wedge_knob_is_checked():
 
 def test_bench_records_say_what_they_measured_and_compare_names_a_difference(lab_hosts):
     from pdkit.bench import describe_measured, render_compare, router_measured
-    from pdkit.tune.measure import measured_for
+    from pdkit.bench.measure import measured_for
 
     _, spec = lab_hosts
     router = router_measured(spec, "http://r:8000")  # what a plain `pdkit bench` records

@@ -156,7 +156,7 @@ def _tree_copy(tmp_path: Path) -> Path:
 
 
 def test_the_sim_engine_wheel_changes_with_the_sims_sources_only(tmp_path, cache):
-    """The sim engine's environment is identified by what the sim runs: an edit to pdkit/bench.py
+    """The sim engine's environment is identified by what the sim runs: an edit to pdkit/bench/record.py
     (a module no engine runs) builds the same wheel byte for byte, so the engine bundle and the
     engines stay; an edit to pdkit/sim/, or to a module the sim imports, builds a new one."""
     root = _tree_copy(tmp_path)
@@ -166,7 +166,7 @@ def test_the_sim_engine_wheel_changes_with_the_sims_sources_only(tmp_path, cache
     first = wheelhouse.sim_wheel(root)
     digest = wheelhouse.file_sha256(first)
 
-    (root / "pdkit" / "bench.py").write_text((root / "pdkit" / "bench.py").read_text() + "\n# a pdkit-only change\n")
+    (root / "pdkit" / "bench" / "record.py").write_text((root / "pdkit" / "bench" / "record.py").read_text() + "\n# a pdkit-only change\n")
     assert wheelhouse.sim_wheel(root) == first
     # built afresh (another control machine, an empty cache): the same bytes
     first.unlink()

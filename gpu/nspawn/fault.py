@@ -27,7 +27,7 @@ from pathlib import Path
 
 # the verdict's kinds, one rule for every client (stdlib only; run from the repository root)
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from pdkit.benchstats import ABORTED, EMPTY, failure_kind  # noqa: E402
+from pdkit.bench.stats import ABORTED, EMPTY, failure_kind  # noqa: E402
 from tests.lab.loadclient import HANG  # noqa: E402
 
 # the counters that say which bounded wait failed a request (engines: SGLang 0.5.17's names with
@@ -38,7 +38,7 @@ OUTCOMES = ("ok", "error status", "error event", "abort", "hang", "empty stream"
 
 
 def outcome(ok: bool, why: str) -> str:
-    """One request's outcome from its verdict (tests/lab/loadclient.py, pdkit.benchstats' kinds).
+    """One request's outcome from its verdict (tests/lab/loadclient.py, pdkit.bench.stats' kinds).
 
     `error status`: a non-200; `error event`: the stream's error event; `abort`: a stream that
     ended with finish_reason "abort"; `hang`: cut at the client's timeout; `empty stream`: [DONE]

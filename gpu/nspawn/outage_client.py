@@ -11,7 +11,7 @@ how long, and how: every request either answers or gets an error quickly, none h
 completions in flight until STOP exists and records each one: start and end (Unix time, so the
 figures line up with `pdkit roll --report`), the outcome, and why it failed. A request fails on a
 non-200 answer, a broken connection, or a stream that is not a complete answer, judged by the
-rule every client shares (pdkit.benchstats stream_failure: `aborted`, `no [DONE]`,
+rule every client shares (pdkit.bench.stats stream_failure: `aborted`, `no [DONE]`,
 `empty (<finish reason>)`, see tests/lab/loadclient.py); one not finished after --timeout
 seconds is a **hang** (counted apart). After a failure the worker waits
 --backoff seconds (default 0.25) before its next request, as a client would, so a down router is
@@ -44,7 +44,7 @@ from pathlib import Path
 
 # one streaming request and its verdict, as the lab's load client makes it (run from the repo root)
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from pdkit.benchstats import count, failure_kind  # noqa: E402
+from pdkit.bench.stats import count, failure_kind  # noqa: E402
 from tests.lab.loadclient import HANG, request  # noqa: E402
 
 

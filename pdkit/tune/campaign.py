@@ -68,7 +68,7 @@ class Workload(_Strict):
 
 # The bench figures at the target concurrency that can rank candidates: {metric: higher is better}.
 # goodput: requests per second whose TTFT <= ttft_slo_ms and whose own TPOT <= tpot_slo_ms
-# (SGLang's definition: pdkit.benchstats.goodput); the TTFT ones are the client's, lower is better.
+# (SGLang's definition: pdkit.bench.stats.goodput); the TTFT ones are the client's, lower is better.
 OBJECTIVE_METRICS = {"output_tok_s": True, "requests_s": True, "goodput": True, "ttft_p50_ms": False, "ttft_p99_ms": False}
 GOODPUT = "goodput"
 
@@ -100,7 +100,7 @@ class Objective(_Strict):
 
     @property
     def goodput_slo(self) -> dict[str, float] | None:
-        """The SLOs the bench judges goodput by (pdkit.benchstats.goodput), None for other metrics."""
+        """The SLOs the bench judges goodput by (pdkit.bench.stats.goodput), None for other metrics."""
         if self.metric != GOODPUT:
             return None
         assert self.ttft_slo_ms is not None and self.tpot_slo_ms is not None

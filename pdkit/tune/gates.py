@@ -1,7 +1,7 @@
 """The two gates of a candidate that are pure HTTP: correctness, then the soak.
 
 Correctness: a fixed prompt set at temperature 0 (through the router, or to the target's own PD
-pairs: pdkit.tune.measure), each answer's tokens
+pairs: pdkit.bench.measure), each answer's tokens
 compared with the baseline's answer to the same prompt, recorded on the same target at the
 campaign's start. Soak: load at the target concurrency for a while, watching the engines'
 failure counters, the failures the router hands back, and the wedge condition (requests
@@ -19,8 +19,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pdkit.bench.measure import Measured
 from pdkit.metricnames import FAILURE_COUNTERS, SGLANG
-from pdkit.tune.measure import Measured
 
 # words the fixed prompts are built from: plain text, so any tokenizer takes them
 _WORDS = ("river", "copper", "signal", "lantern", "orbit", "meadow", "cipher", "harbor", "quartz", "ember",

@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from pdkit.bench.measure import Measured, measured_for
 from pdkit.tune import gates
 from pdkit.tune.campaign import (
     BASELINE,
@@ -42,7 +43,6 @@ from pdkit.tune.campaign import (
     resolve_targets,
     spec_diff,
 )
-from pdkit.tune.measure import Measured, measured_for
 from pdkit.tune.results import (
     ASSUMED_ROLL_S,
     SCHEMA,
@@ -77,7 +77,7 @@ class Prepared:
     target_concurrency: int
     restarts: dict[str, int] = field(default_factory=dict)  # hosts each candidate restarts, in campaign order
     # what the correctness gate, the soak and the bench send to: the router for the whole cluster,
-    # else the target's own PD pairs (pdkit.tune.measure); the same for the baseline and every candidate
+    # else the target's own PD pairs (pdkit.bench.measure); the same for the baseline and every candidate
     measured: Measured | None = None
     # hosts whose roll takes a router's last workers of a kind out -> the routers and kinds (pdkit.roll.batch_outages)
     outages: dict[str, list] = field(default_factory=dict)

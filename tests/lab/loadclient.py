@@ -9,7 +9,7 @@ CONCURRENCY streaming chat completions in flight until STOP exists (or MAX_SECON
 then writes {"ok", "failed", "errors", "seconds", "failures", "finish_reasons", "workers",
 "failure_records", "slowest_failure_s", "slowest_ok_s"} to OUT and prints the summary line.
 A request fails when the answer is not 200, the connection breaks, or the stream is not a
-complete answer; how a stream is judged is one rule for every client (pdkit.benchstats
+complete answer; how a stream is judged is one rule for every client (pdkit.bench.stats
 stream_failure): `aborted` (an error event, or finish_reason "abort"), `no [DONE]`, or
 `empty (<finish reason>)` ([DONE] without any output: `empty (stop)` is a model that ended at
 once, counted, never a silent success). `failures` counts the failures by kind (`status 503`,
@@ -45,7 +45,7 @@ from pathlib import Path
 
 # the one rule for a stream's verdict, shared with pdkit bench (stdlib only: runs on any python3)
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from pdkit.benchstats import (  # noqa: E402
+from pdkit.bench.stats import (  # noqa: E402
     REQUEST_ID_HEADER,
     WORKER_HEADER,
     StreamEnd,

@@ -153,7 +153,7 @@ def _engine_and_exporter_processes(lab, spec) -> dict[str, dict[str, str]]:
 def test_a_pdkit_change_no_engine_runs_restarts_only_pdkit_exporter(lab, deployed, tmp_path):
     """Issue 30 item 3: the engines run from their own environment (<install_dir>/engine-venv),
     identified by what they run (the sim's own sources here, the lock for SGLang). A deploy from
-    a source tree whose only change is in pdkit/bench.py installs a new node venv and restarts
+    a source tree whose only change is in pdkit/bench/record.py installs a new node venv and restarts
     pdkit-exporter onto it, and leaves every engine's process alone; deploying the real tree
     again puts the node venv back, the engines still untouched. (It also covers issue #18 item 8,
     once test_deploy_flags_lab.py's own: the exporter restarts onto a new pdkit wheel, started
@@ -174,7 +174,7 @@ def test_a_pdkit_change_no_engine_runs_restarts_only_pdkit_exporter(lab, deploye
         else:
             shutil.copy2(src, tree / name)
     mark = f"LAB_MARK = {uuid.uuid4().hex!r}"
-    bench = tree / "pdkit" / "bench.py"
+    bench = tree / "pdkit" / "bench" / "record.py"
     bench.write_text(bench.read_text() + f"\n# a change no engine runs (tests/lab/test_deploy.py)\n{mark}\n")
     proc = subprocess.run([PYINFRA, INVENTORY, "deploy/pd.py", "-y", "--json"], cwd=tree, capture_output=True, text=True, timeout=900,
                           env={**os.environ, "PYTHONPATH": str(tree)})
@@ -192,7 +192,7 @@ def test_a_pdkit_change_no_engine_runs_restarts_only_pdkit_exporter(lab, deploye
                 assert now == seen, f"{host}: {unit} was restarted or changed environment by a pdkit-only change: {seen} -> {now}"
         # the exporter started after the node venv link was switched to the venv whose pdkit has the mark
         # (python resolves its venv through the link at start), and the engine environment is a venv of its own
-        check = ssh(lab, host, f"grep -c {shlex.quote(mark)} /opt/pdkit/venv/lib/python3*/site-packages/pdkit/bench.py; "
+        check = ssh(lab, host, f"grep -c {shlex.quote(mark)} /opt/pdkit/venv/lib/python3*/site-packages/pdkit/bench/record.py; "
                                "stat -c %Y /opt/pdkit/venv; date -d \"$(systemctl show -p ExecMainStartTimestamp --value pdkit-exporter)\" +%s; "
                                "readlink /opt/pdkit/engine-venv")
         count, switched, started, engine_env = check.stdout.split()

@@ -16,7 +16,7 @@ import time
 import pytest
 import requests
 
-from pdkit.benchstats import ABORTED
+from pdkit.bench.stats import ABORTED
 from pdkit.lab import LabConfig
 from tests.lab.test_deploy import failed_hosts, json_from_child, lab_spec, run_pyinfra, ssh, wait_circuits_closed
 from tests.lab.test_roll import Load
@@ -74,7 +74,7 @@ def _assert_within_budget(counts: dict, budget_s: float, what: str) -> None:
     assert counts["slowest_failure_s"] <= budget_s, (
         f"{what}: a request failed only after {counts['slowest_failure_s']} s, over the {budget_s} s budget: {counts['errors'][:10]}")
     for kind in counts["failures"]:
-        # an error status, or an abort the stream says (pdkit.benchstats): something the client sees
+        # an error status, or an abort the stream says (pdkit.bench.stats): something the client sees
         # and can retry; never a hang, a stream cut without [DONE] or an empty answer
         assert kind.startswith("status 5") or kind == ABORTED, f"{what}: failure {kind!r}: {counts['errors'][:10]}"
 

@@ -5,7 +5,7 @@ ranking the sim's step model implies, the records, the report and its plot, the 
 the best candidate's release, and zero failed requests from the background load during all of it.
 
 The correctness gate, the soak and the bench go to the canary's own PD pair directly (the
-router's PD form: pdkit.tune.measure), not through the router over all three nodes: every prompt
+router's PD form: pdkit.bench.measure), not through the router over all three nodes: every prompt
 meets the corrupting lever, all of the soak's C=32 meets the wedging one, and the bench measures
 the engines the candidate changed. So the verdicts and the order do not depend on where the router
 sends requests (issue 19: through the router the campaign passed 1 of 2 runs). Everything below

@@ -1,4 +1,5 @@
-"""What the correctness gate, the soak and the bench of a campaign send their requests to.
+"""What the correctness gate, the soak and the bench of a `pdkit tune` campaign send their requests
+to (Measured: the router, or the target's own routes), and the sending itself.
 
 A candidate is rolled onto the campaign's target only. Through the router over the whole cluster
 a lever on the target gets a share of the load that the router's policy and chance decide (the
@@ -16,54 +17,22 @@ the engines the candidate did not touch. So:
   this). Requests take the pairs in turn, so each pair gets its share and every target engine is
   measured. A target unified engine is asked directly, as it is.
 
-Pairs: per PD group, the target's prefills and decodes zipped round robin (every one in a pair);
-a target that has only one side of a group is paired with that group's engines on other hosts
-(they run the baseline), in spec order. The router is kept out of this on purpose: draining the
-other nodes would put every user's request on the candidate, which `pdkit roll` never allows, and
-smg's per-request worker choice (`X-SMG-Target-Worker`) needs its `manual` policy for everyone's
-requests (docs/tune.md). The router's own path is still exercised by the roll's smoke and
-doctor's probes, and by any background load.
+Which routes: pdkit.bench.routes. `pdkit bench --limit HOST` and doctor's per-engine bench send
+the same way.
 """
 
 from __future__ import annotations
 
 import asyncio
-import random
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-# bootstrap_room: SGLang reads it as a non-negative int64 (the router draws it the same way)
-_ROOM_LIMIT = 2**63
-_rooms = random.SystemRandom()
-
-
-@dataclass(frozen=True)
-class EngineRef:
-    label: str  # host/engine
-    url: str
-    bootstrap: tuple[str, int] | None = None  # a prefill's (bootstrap_host, bootstrap_port)
-
-
-@dataclass(frozen=True)
-class Route:
-    """One way a request is served: a PD pair (prefill + decode), or a unified engine alone."""
-
-    engine: EngineRef  # the decode, or the unified engine
-    prefill: EngineRef | None = None
-
-    @property
-    def label(self) -> str:
-        return f"{self.prefill.label}+{self.engine.label}" if self.prefill else self.engine.label
-
-    def pd_body(self, body: dict[str, Any]) -> dict[str, Any]:
-        """BODY as the router sends it to a PD pair: bootstrap fields added, a fresh room."""
-        if self.prefill is None:
-            return body
-        assert self.prefill.bootstrap is not None
-        host, port = self.prefill.bootstrap
-        return {**body, "bootstrap_host": host, "bootstrap_port": port, "bootstrap_room": _rooms.randrange(_ROOM_LIMIT)}
+from pdkit import health
+from pdkit.bench.client import router_target, stream_one
+from pdkit.bench.routes import Route, fronted_engines, target_routes
+from pdkit.bench.stats import RequestResult
 
 
 @dataclass(frozen=True)
@@ -100,12 +69,7 @@ class Measured:
 
     # ---- sending
     async def stream(self, session, index: int, body: dict[str, Any], output_len: int, timeout_s: float):
-        """One streamed request (a pdkit.bench.Sender): to the router, or to route INDEX (round robin)."""
-        from dataclasses import replace
-
-        from pdkit.benchclient import stream_one
-        from pdkit.benchstats import RequestResult
-
+        """One streamed request (a pdkit.bench.client.Sender): to the router, or to route INDEX (round robin)."""
         if self.via == "router":
             return await stream_one(session, f"{self.router_url}/generate", self.headers, body, output_len, timeout_s)
         route = self.route(index)
@@ -120,17 +84,15 @@ class Measured:
 
     def ask(self, payloads: Sequence[dict[str, Any]], concurrency: int, timeout_s: float) -> list[tuple[int, str]]:
         """(status, body) of each non-streaming /generate PAYLOAD, CONCURRENCY at a time, in order."""
-        from pdkit.health import http_request
-
         if self.via == "router":
             with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-                return list(pool.map(lambda p: http_request(f"{self.router_url}/generate", p, timeout=timeout_s, headers=self.headers),
+                return list(pool.map(lambda p: health.http_request(f"{self.router_url}/generate", p, timeout=timeout_s, headers=self.headers),
                                      payloads))
         # one event loop for all of them (pdkit tune runs gevent-patched: no loop per thread)
         return asyncio.run(self._ask_engines(payloads, concurrency, timeout_s))
 
     async def _ask_engines(self, payloads: Sequence[dict[str, Any]], concurrency: int, timeout_s: float) -> list[tuple[int, str]]:
-        import aiohttp
+        import aiohttp  # lazy: aiohttp takes ~0.3 s to import, and only a run that sends needs it
 
         gate = asyncio.Semaphore(max(1, concurrency))
 
@@ -152,7 +114,7 @@ class Measured:
 
 async def _post(session, url: str, body: dict[str, Any], timeout_s: float) -> tuple[int, str]:
     """POST BODY, read the whole answer: (status, text); status 0 when nothing answered."""
-    import aiohttp
+    import aiohttp  # lazy: aiohttp takes ~0.3 s to import, and only a run that sends needs it
 
     try:
         async with session.post(url, json=body, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
@@ -197,48 +159,10 @@ async def _pd(session, route: Route, body: dict[str, Any], decode_call, ok, time
 # ------------------------------------------------------------------ choosing what to measure
 
 
-def _ref(spec, host, engine) -> EngineRef:
-    from pdkit import flags
-
-    bootstrap = (spec.engine_address(host), engine.effective_bootstrap_port) if engine.role == "prefill" else None
-    return EngineRef(f"{host.name}/{engine.name}", flags.engine_url(spec, host, engine), bootstrap)
-
-
-def target_routes(spec, targets: Sequence[str]) -> list[Route]:
-    """The target's own routes: its unified engines, and per PD group its prefills and decodes
-    zipped round robin (a side the target lacks comes from that group's other hosts)."""
-    wanted = set(targets)
-    routes: list[Route] = []
-    groups: dict[str, dict[str, list[tuple[Any, Any]]]] = {}
-    for host, engine in spec.engines():
-        if engine.role == "unified":
-            if host.name in wanted:
-                routes.append(Route(_ref(spec, host, engine)))
-            continue
-        side = "target" if host.name in wanted else "other"
-        groups.setdefault(engine.pd_group, {}).setdefault(f"{side}-{engine.role}", []).append((host, engine))
-    for members in groups.values():
-        prefills, decodes = members.get("target-prefill", []), members.get("target-decode", [])
-        if not prefills and not decodes:
-            continue
-        prefills = prefills or members.get("other-prefill", [])
-        decodes = decodes or members.get("other-decode", [])
-        if not prefills or not decodes:
-            continue  # the validator refuses a PD group without both roles
-        n = max(len(members.get("target-prefill", [])), len(members.get("target-decode", [])))
-        for i in range(n):
-            p, d = prefills[i % len(prefills)], decodes[i % len(decodes)]
-            routes.append(Route(_ref(spec, *d), _ref(spec, *p)))
-    return routes
-
-
 def measured_for(spec, targets: Sequence[str]) -> Measured:
     """The router when it fronts exactly the target's engines (the whole cluster), else the target's routes."""
-    from pdkit.benchclient import router_target
-
     url, headers = router_target(spec)
-    router = spec.router_hosts[0]
-    fronted = tuple(f"{h.name}/{e.name}" for h, e in spec.router_workers(router))
+    fronted = fronted_engines(spec)
     on_target = {f"{h.name}/{e.name}" for h, e in spec.engines() if h.name in set(targets)}
     if set(fronted) == on_target:
         return Measured(tuple(targets), url, headers, (), fronted)

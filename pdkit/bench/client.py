@@ -1,0 +1,206 @@
+"""pdkit's load client: streamed /generate requests timed chunk by chunk, the body they carry, and
+one concurrency level's loop; `pdkit bench`, doctor's bench and `pdkit tune`'s measurements
+(pdkit.bench.measure) all send with it, so it sits below them.
+
+Requests go to SGLang's native `/generate` with `input_ids` (exactly N input tokens; the router
+refuses token ids on /v1/completions) and `sampling_params` `max_new_tokens` = output length with
+`ignore_eos: true` (SGLang keeps generating past EOS; the sim always produces exactly
+max_new_tokens). Every streamed chunk carries `meta_info.completion_tokens`, so output tokens are
+counted by the server, not guessed from text. A request that ends with another number of output
+tokens than asked for counts as an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from pdkit.bench.stats import WORKER_HEADER, RequestResult, StreamEnd, failure_kind, stream_failure
+from pdkit.paths import router_auth_headers, router_url
+
+if TYPE_CHECKING:
+    from pdkit.spec import ClusterSpec
+
+# Prompt token ids are drawn from this range: inside every real vocabulary (and the sim's 32000),
+# clear of the low special-token ids.
+PROMPT_TOKEN_RANGE = (1000, 30000)
+
+
+def router_target(spec: ClusterSpec) -> tuple[str, dict[str, str]]:
+    """(router base URL, auth headers) of the first router host."""
+    if not spec.router_hosts:
+        raise ValueError("the inventory declares no router (pdkit_router on a host): bench goes through the router")
+    router = spec.router_hosts[0]
+    assert router.router is not None
+    return router_url(router), router_auth_headers(spec)
+
+
+async def sse_lines(content: Any) -> Any:
+    """The `data:` payloads of a server-sent-event stream (aiohttp's response.content), `[DONE]` included."""
+    async for raw in content:
+        line = raw.strip()
+        if line.startswith(b"data:"):
+            yield line[5:].strip()
+
+
+async def stream_one(session, url: str, headers: dict[str, str], body: dict[str, Any], output_len: int,
+                     timeout_s: float) -> RequestResult:
+    """Send one streaming /generate request and time its chunks. A failed stream is judged by the
+    rule the load clients share (pdkit.bench.stats.stream_failure: aborted, no [DONE], empty), then
+    by its length: with ignore_eos every answer must have exactly output_len tokens."""
+    import aiohttp  # lazy: aiohttp takes ~0.3 s to import, and only a run that sends needs it
+
+    start = time.perf_counter()
+    chunk_times: list[float] = []
+    tokens = prompt = 0
+    end = StreamEnd()
+    worker = None
+
+    def failed(why: str, finish: str | None = None) -> RequestResult:
+        return RequestResult(ok=False, error=why, kind=failure_kind(why), finish_reason=finish, worker=worker,
+                             rid=end.rid)
+
+    try:
+        async with session.post(url, json=body, headers=headers,
+                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+            worker = resp.headers.get(WORKER_HEADER)
+            if resp.status != 200:
+                text = (await resp.text())[:200].strip()
+                return failed(f"status {resp.status}: {text}")
+            async for payload in sse_lines(resp.content):
+                if payload == b"[DONE]":
+                    end.done = True
+                    break
+                event = json.loads(payload)
+                end.see(event)
+                meta = event.get("meta_info") or {}
+                count = int(meta.get("completion_tokens") or 0)
+                prompt = int(meta.get("prompt_tokens") or prompt)
+                if count > tokens:
+                    chunk_times.append(time.perf_counter() - start)
+                    tokens = count
+    except TimeoutError:
+        return failed(f"hang: timed out after {timeout_s:.0f} s")
+    except (aiohttp.ClientError, ValueError) as exc:
+        return failed(f"{type(exc).__name__}: {str(exc)[:200]}")
+    latency = time.perf_counter() - start
+    why = stream_failure(end)
+    if why is not None:
+        return failed(why, end.shown_finish())
+    if tokens != output_len:
+        return failed(f"{'short' if tokens < output_len else 'long'} ({end.shown_finish()}): got {tokens} output tokens, "
+                      f"asked for {output_len}", end.shown_finish())
+    return RequestResult(ok=True, ttft=chunk_times[0], latency=latency, output_tokens=tokens,
+                         prompt_tokens=prompt, chunk_times=tuple(chunk_times), finish_reason=end.finish_reason,
+                         worker=worker, rid=end.rid)
+
+
+def prompt_ids(seed: int, input_len: int) -> list[int]:
+    """A deterministic prompt of exactly input_len token ids (distinct per seed: no prefix-cache hits)."""
+    rng = random.Random(seed)
+    return [rng.randrange(*PROMPT_TOKEN_RANGE) for _ in range(input_len)]
+
+
+def generate_body(seed: int, input_len: int, output_len: int) -> dict[str, Any]:
+    """A native /generate request with fixed input and output lengths."""
+    return {
+        "input_ids": prompt_ids(seed, input_len),
+        "sampling_params": {"max_new_tokens": output_len, "ignore_eos": True, "temperature": 0.0},
+        "stream": True,
+    }
+
+
+class Progress:
+    """A one-line progress bar on stderr (a line per quarter when stderr is not a terminal)."""
+
+    def __init__(self, title: str, total: int, enabled: bool = True, stream=None) -> None:
+        self.title, self.total, self.enabled = title, total, enabled
+        self.stream = stream or sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.done = self.errors = 0
+        self._last_draw = 0.0
+        self._last_quarter = 0
+
+    def step(self, ok: bool) -> None:
+        self.done += 1
+        self.errors += 0 if ok else 1
+        if not self.enabled:
+            return
+        if self.tty:
+            now = time.monotonic()
+            if now - self._last_draw > 0.1 or self.done == self.total:
+                self._last_draw = now
+                self.stream.write("\r" + self.line())
+                self.stream.flush()
+        else:
+            quarter = self.done * 4 // max(self.total, 1)
+            if quarter > self._last_quarter:
+                self._last_quarter = quarter
+                self.stream.write(self.line() + "\n")
+                self.stream.flush()
+
+    def line(self) -> str:
+        width = 30
+        filled = width * self.done // max(self.total, 1)
+        return (f"{self.title} [{'#' * filled}{'-' * (width - filled)}] {self.done}/{self.total}"
+                f"  errors {self.errors}")
+
+    def close(self) -> None:
+        if self.enabled and self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+# Sends one request of a level: (aiohttp session, request index, body, output_len, timeout_s) -> result.
+# The default streams it to the router's /generate; `pdkit tune` gives one that sends it to chosen
+# engines (pdkit.bench.measure: the target's own PD pairs).
+Sender = Callable[[Any, int, dict[str, Any], int, float], Awaitable[RequestResult]]
+
+
+def router_sender(url: str, headers: dict[str, str]) -> Sender:
+    """The Sender that streams every request to URL (the router's /generate)."""
+    async def send(session, _index: int, body: dict[str, Any], output_len: int, timeout_s: float) -> RequestResult:
+        return await stream_one(session, url, headers, body, output_len, timeout_s)
+
+    return send
+
+
+async def run_level(url: str, headers: dict[str, str], concurrency: int, requests: int, input_len: int,
+                    output_len: int, timeout_s: float, seed: int, progress: Progress | None = None,
+                    send: Sender | None = None) -> tuple[list[RequestResult], float]:
+    """`requests` requests, `concurrency` in flight at any time; returns the results and the wall time.
+    SEND: how each request goes out (default: streamed to URL)."""
+    import aiohttp  # lazy: aiohttp takes ~0.3 s to import, and only a run that sends needs it
+
+    send = send or router_sender(url, headers)
+
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(requests):
+        queue.put_nowait(i)
+    results: list[RequestResult] = []
+
+    async def worker(session) -> None:
+        while True:
+            try:
+                i = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            result = await send(session, i, generate_body(seed + i, input_len, output_len), output_len, timeout_s)
+            results.append(result)
+            if progress is not None:
+                progress.step(result.ok)
+
+    # two connections per request: a sender that talks to a PD pair itself holds a prefill's and a
+    # decode's at once (with one per request, C decodes could wait for prefills that never get one)
+    connector = aiohttp.TCPConnector(limit=2 * concurrency, force_close=False)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        start = time.perf_counter()
+        await asyncio.gather(*(worker(session) for _ in range(min(concurrency, requests))))
+        duration = time.perf_counter() - start
+    return results, duration
+

@@ -1,0 +1,332 @@
+"""A bench record shown: its markdown table (with the KV hand-off and goodput lines), its PNG, the
+files a run writes, and `pdkit compare`'s A / B / ratio table of two records."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pdkit.bench.record import NO_PD_HANDOFF, RUNS_FILE, append_run
+from pdkit.bench.stats import ratio
+
+# ---- one run ---------------------------------------------------------------------------------
+
+def fmt_cell(value: Any, digits: int = 1) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+# the per-level figures, as the run table and `pdkit compare` show them
+METRICS = (
+    ("output tok/s", lambda lv: lv["output_tok_s"]),
+    ("req/s", lambda lv: lv["requests_s"]),
+    ("TTFT p50 ms", lambda lv: lv["ttft_ms"]["p50"]),
+    ("TTFT p99 ms", lambda lv: lv["ttft_ms"]["p99"]),
+    ("TPOT p50 ms", lambda lv: lv["tpot_ms"]["p50"]),
+    ("TPOT p99 ms", lambda lv: lv["tpot_ms"]["p99"]),
+    ("ITL p50 ms", lambda lv: lv["itl_ms"]["p50"]),
+    ("ITL p99 ms", lambda lv: lv["itl_ms"]["p99"]),
+)
+ERRORS = ("errors", lambda lv: lv["errors"])
+LEVEL_COLUMNS = (
+    ("C", lambda lv: lv["concurrency"]),
+    ("requests", lambda lv: lv["requests"]),
+    ERRORS,
+    *METRICS,
+)
+
+
+# The KV hand-off figures of a level (its `kv` block: pdkit.kvcost.KvFigures), as the run table and
+# `pdkit compare` show them: (column, key in the block)
+KV_COLUMNS = (
+    ("KV transfers", "transfers"),
+    ("KV MB/request", "mb_per_request"),
+    ("KV latency mean ms", "latency_mean_ms"),
+    ("KV latency p99 ms", "latency_p99_ms"),
+    ("KV effective GB/s", "effective_gb_s"),
+    ("SGLang speed mean GB/s", "sglang_speed_mean_gb_s"),
+    ("KV share of TTFT", "ttft_share"),
+)
+
+
+def kv_text(kv: dict[str, Any], key: str) -> str:
+    """One KV figure as shown: p99 past SGLang's top bucket as ">5000" (a floor), the share in %."""
+    value = kv.get(key)
+    if key == "latency_p99_ms" and value is not None and kv.get("latency_p99_above_buckets"):
+        return f">{value:g}"
+    if key == "ttft_share" and value is not None:
+        return f"{value:.0%}"
+    return fmt_cell(value, 2 if key.endswith("gb_s") else 1)
+
+
+def kv_has_figures(level: dict[str, Any]) -> bool:
+    return "transfers" in (level.get("kv") or {})
+
+
+def render_kv(record: dict[str, Any]) -> list[str]:
+    """The run's KV hand-off section: a table per level from the prefills' histograms; "no PD
+    hand-off" for unified engines; nothing for a record from before KV figures."""
+    if "kv_prefills" not in record:
+        return []
+    if not record["kv_prefills"]:
+        return ["", f"KV hand-off: none to measure ({NO_PD_HANDOFF})."]
+    lines = ["", f"KV hand-off per level, from the prefills' own histograms ({', '.join(record['kv_prefills'])}): "
+                 "effective GB/s = MiB moved / 1024 / seconds spent moving them (a ratio of sums, queueing "
+                 "included); SGLang's speed mean is its histogram's mean of per-request ratios; MB is MiB; "
+                 "share of TTFT = KV latency mean / the level's client-side TTFT mean.", "",
+             "| C | " + " | ".join(name for name, _ in KV_COLUMNS) + " |",
+             "|---:|" + "|".join("---:" for _ in KV_COLUMNS) + "|"]
+    notes = []
+    for level in record["levels"]:
+        kv = level.get("kv") or {}
+        if kv_has_figures(level):
+            cells = [kv_text(kv, key) for _, key in KV_COLUMNS]
+        else:
+            cells = ["not read"] + ["–"] * (len(KV_COLUMNS) - 1)
+        lines.append(f"| {level['concurrency']} | " + " | ".join(cells) + " |")
+        if kv.get("unread"):
+            scope = f"figures from {', '.join(kv['prefills'])} only" if kv.get("prefills") else "no figures"
+            notes.append(f"- C={level['concurrency']}: /metrics not read ({scope}): "
+                         + "; ".join(f"{label}: {why}" for label, why in kv["unread"].items()))
+        if kv.get("warmup_included"):
+            notes.append(f"- C={level['concurrency']}: the window includes the run's {kv['warmup_included']} warm-up request(s)")
+    return lines + ([""] + notes if notes else [])
+
+
+def render_goodput(record: dict[str, Any]) -> list[str]:
+    """One line per level that recorded goodput (pdkit.bench.stats.goodput)."""
+    lines = []
+    for level in record["levels"]:
+        g = level.get("goodput")
+        if g:
+            slo = ", ".join(f"{k.removesuffix('_ms').upper()} <= {v:g} ms" for k, v in g["slo_ms"].items())
+            lines.append(f"- C={level['concurrency']} goodput: {fmt_cell(g['requests_s'], 2)} req/s met {slo} "
+                         f"({g['good']} of {level['requests']} requests)")
+    return [""] + lines if lines else []
+
+
+def describe_env(record: dict[str, Any]) -> list[str]:
+    env = record["env"]
+    gpus = "; ".join(f"{g['host']}: {g['count']}x {g['model']} (gpu: {g['gpu']}, driver {g['driver']})"
+                     for g in env["gpus"]) or "none"
+    return [
+        f"- engine: {env['engine']}, sglang {', '.join(env['sglang_versions']) or 'n/a'}, router {env['router']}",
+        f"- GPUs: {gpus}",
+        f"- spec hash: `{env['spec_hash'][:16]}`",
+    ] + ([f"- measured: {describe_measured(env['measured'])}"] if env.get("measured") else [])
+
+
+def describe_measured(measured: dict[str, Any]) -> str:
+    """env.measured in words: the router and its engines, or the engines sent to directly."""
+    if measured.get("via") == "router":
+        return f"through the router {measured.get('router_url', '')} over {', '.join(measured.get('engines') or [])}"
+    return f"the engines directly, PD pairs {', '.join(measured.get('routes') or [])}"
+
+
+def sent_to(router_url: str, measured: dict[str, Any] | None) -> str:
+    """Where a bench's requests went, for its first line: through the router, or to the pairs directly."""
+    measured = measured or {}
+    if measured.get("via", "router") == "router":
+        return f"through {router_url}"
+    return f"to {', '.join(measured.get('routes') or measured.get('engines') or [])} directly (not through the router)"
+
+
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in counts.items()) or "–"
+
+
+def render_markdown(record: dict[str, Any]) -> str:
+    """A bench record as a markdown section: what was run, then one table row per concurrency."""
+    label = f" — {record['label']}" if record.get("label") else ""
+    lines = [
+        f"## {record['id']}{label}",
+        "",
+        f"{record['time']}, `{record['tool']}` {sent_to(record['router_url'], (record.get('env') or {}).get('measured'))}, cluster `{record['cluster']}`, "
+        f"model `{record['model']}`: input {record['input_len']} tokens, output {record['output_len']} tokens, "
+        f"{record['requests']} requests per level after {record['warmup']} warm-up requests.",
+        "",
+        *describe_env(record),
+        "",
+        "| " + " | ".join(name for name, _ in LEVEL_COLUMNS) + " |",
+        "|" + "|".join("---:" for _ in LEVEL_COLUMNS) + "|",
+    ]
+    for level in record["levels"]:
+        lines.append("| " + " | ".join(fmt_cell(get(level)) for _, get in LEVEL_COLUMNS) + " |")
+    lines += render_goodput(record)
+    lines += render_kv(record)
+    samples = [s for lv in record["levels"] for s in lv.get("error_samples", [])]
+    if samples:
+        lines += ["", "Errors (samples): " + "; ".join(dict.fromkeys(samples))]
+    for level in record["levels"]:
+        if level.get("errors") and level.get("failures"):  # absent from records before the counts
+            lines.append(f"- C={level['concurrency']} failures by kind {_counts(level['failures'])}; by finish reason "
+                         f"{_counts(level.get('failed_finish_reasons') or {})}; by worker {_counts(level.get('failed_workers') or {})}")
+    return "\n".join(lines) + "\n"
+
+
+def render_plot(records: Sequence[dict[str, Any]], path: str | Path) -> None:
+    """PNG: output tok/s and TPOT (p50, p99) against concurrency, one line per record."""
+    # lazy: matplotlib is the optional [bench] extra (pyproject) and takes ~0.5 s to import
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # lazy: after matplotlib.use("Agg"), so no display is needed
+
+    fig, (ax_tput, ax_tpot) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for record in records:
+        levels = sorted(record["levels"], key=lambda lv: lv["concurrency"])
+        xs = [lv["concurrency"] for lv in levels]
+        name = record.get("label") or record["id"]
+        (line,) = ax_tput.plot(xs, [lv["output_tok_s"] for lv in levels], marker="o", label=name)
+        color = line.get_color()  # one colour per run on both charts
+        ax_tpot.plot(xs, [lv["tpot_ms"]["p50"] for lv in levels], marker="o", color=color, label=f"{name} p50")
+        ax_tpot.plot(xs, [lv["tpot_ms"]["p99"] for lv in levels], marker="x", linestyle="--", color=color,
+                     label=f"{name} p99")
+    ticks = sorted({lv["concurrency"] for record in records for lv in record["levels"]})
+    for ax, title, unit in ((ax_tput, "Output throughput", "output tok/s"), (ax_tpot, "TPOT", "ms per token")):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ticks, [str(t) for t in ticks])
+        ax.set_ylim(bottom=0)
+        ax.set_xlabel("concurrency")
+        ax.set_ylabel(unit)
+        ax.set_title(title)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize="small")
+    first = records[0]
+    fig.suptitle(f"{first['cluster']} ({first['env']['engine']}): in {first['input_len']} / "
+                 f"out {first['output_len']} tokens", fontsize="medium")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_outputs(record: dict[str, Any], out_dir: str | Path, plot: bool = True) -> list[Path]:
+    """Append the record to OUT/runs.jsonl and write OUT/<id>.md (and OUT/<id>.png)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    append_run(out / RUNS_FILE, record)
+    written = [out / RUNS_FILE, out / f"{record['id']}.md"]
+    written[1].write_text(render_markdown(record))
+    if plot:
+        written.append(out / f"{record['id']}.png")
+        render_plot([record], written[-1])
+    return written
+
+
+# ---- compare ---------------------------------------------------------------------------------
+
+COMPARED_METRICS = (*METRICS, ERRORS)
+
+
+def compare_levels(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per concurrency present in both runs and per metric: A, B and B/A."""
+    b_levels = {lv["concurrency"]: lv for lv in b["levels"]}
+    rows = []
+    for level_a in sorted(a["levels"], key=lambda lv: lv["concurrency"]):
+        level_b = b_levels.get(level_a["concurrency"])
+        if level_b is None:
+            continue
+        for name, get in COMPARED_METRICS:
+            va, vb = get(level_a), get(level_b)
+            rows.append({"concurrency": level_a["concurrency"], "metric": name, "a": va, "b": vb,
+                         "ratio": ratio(vb, va)})
+        if kv_has_figures(level_a) or kv_has_figures(level_b):
+            kv_a, kv_b = level_a.get("kv") or {}, level_b.get("kv") or {}
+            for name, key in KV_COLUMNS:
+                va, vb = kv_a.get(key), kv_b.get(key)
+                # a p99 past the top bucket is a floor: no ratio of floors
+                floor = key == "latency_p99_ms" and (kv_a.get("latency_p99_above_buckets") or kv_b.get("latency_p99_above_buckets"))
+                rows.append({"concurrency": level_a["concurrency"], "metric": name, "a": va, "b": vb,
+                             "ratio": None if floor else ratio(vb, va),
+                             "a_text": kv_text(kv_a, key) if kv_has_figures(level_a) else _kv_missing(a, level_a),
+                             "b_text": kv_text(kv_b, key) if kv_has_figures(level_b) else _kv_missing(b, level_b)})
+    return rows
+
+
+def _kv_missing(record: dict[str, Any], level: dict[str, Any]) -> str:
+    """Why a level has no KV figures, in a compare cell."""
+    if "kv_prefills" not in record:
+        return "not recorded"
+    if not record["kv_prefills"]:
+        return "no PD hand-off"
+    return "not read"
+
+
+def argv_options(argv: Sequence[str]) -> dict[str, str]:
+    """An argv as {"--flag": "its values"} (a flag takes the tokens up to the next --flag)."""
+    options: dict[str, list[str]] = {}
+    current = ""
+    for token in argv:
+        if token.startswith("--"):
+            current = token
+            options.setdefault(current, [])
+        else:
+            options.setdefault(current, []).append(token)
+    return {flag: " ".join(values) for flag, values in options.items()}
+
+
+def _option_text(flag: str, value: str) -> str:
+    return f"`{flag} {value}`" if value else f"`{flag}`"
+
+
+def flag_changes(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """Engines whose planned argv differs between the runs: options removed, added and changed."""
+    flags_a, flags_b = a["env"]["engine_flags"], b["env"]["engine_flags"]
+    out = []
+    for engine in sorted(set(flags_a) | set(flags_b)):
+        before, after = flags_a.get(engine), flags_b.get(engine)
+        if before == after:
+            continue
+        if before is None or after is None:
+            out.append(f"{engine}: engine {'added' if before is None else 'removed'}")
+            continue
+        opts_a, opts_b = argv_options(before), argv_options(after)
+        parts = []
+        for flag in sorted(set(opts_a) | set(opts_b)):
+            shown_a, shown_b = _option_text(flag, opts_a.get(flag, "")), _option_text(flag, opts_b.get(flag, ""))
+            if flag not in opts_b:
+                parts.append(f"removed {shown_a}")
+            elif flag not in opts_a:
+                parts.append(f"added {shown_b}")
+            elif opts_a[flag] != opts_b[flag]:
+                parts.append(f"{shown_a} -> {shown_b}")
+        out.append(f"{engine}: " + ("; ".join(parts) or "same options, another order"))
+    return out
+
+
+def render_compare(a: dict[str, Any], b: dict[str, Any]) -> str:
+    """Markdown: the two runs, what differs in their environment, then A, B and B/A per level and metric."""
+    def name(r: dict[str, Any]) -> str:
+        return f"`{r['id']}`" + (f" ({r['label']})" if r.get("label") else "")
+
+    lines = [f"# pdkit compare: A = {name(a)}, B = {name(b)}", ""]
+    for key, label in (("spec_hash", "spec hash"), ("engine", "engine"), ("sglang_versions", "sglang"),
+                       ("router", "router"), ("gpus", "GPUs"), ("measured", "measured engines")):
+        va, vb = a["env"].get(key), b["env"].get(key)
+        if key == "measured" and (va is None or vb is None):
+            continue  # a record from before env.measured: unknown, not different
+        if va != vb:
+            if key == "spec_hash":
+                va, vb = va[:16], vb[:16]
+            lines.append(f"- {label} differs: A {json.dumps(va)} / B {json.dumps(vb)}")
+    changes = flag_changes(a, b)
+    lines += [f"- flags {c}" for c in changes]
+    for key in ("input_len", "output_len", "requests", "tool"):
+        if a.get(key) != b.get(key):
+            lines.append(f"- {key} differs: A {a.get(key)} / B {b.get(key)} (not like for like)")
+    if len(lines) == 2:
+        lines.append("- same spec hash, flags and workload")
+    rows = compare_levels(a, b)
+    lines += ["", "| C | metric | A | B | B/A |", "|---:|---|---:|---:|---:|"]
+    for row in rows:
+        lines.append(f"| {row['concurrency']} | {row['metric']} | {row.get('a_text') or fmt_cell(row['a'])} | "
+                     f"{row.get('b_text') or fmt_cell(row['b'])} | {fmt_cell(row['ratio'], 2)} |")
+    if not rows:
+        lines.append("| – | no concurrency level in common | | | |")
+    return "\n".join(lines) + "\n"
+
