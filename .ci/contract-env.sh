@@ -318,6 +318,24 @@ build_env() {
     log "$name ready ($((SECONDS - start)) s)"
 }
 
+# The nixl-cu13 wheel the engines' locks pin (pdkit/versions.py NIXL_PACKAGE), not installed: the
+# UCX it bundles is read by pdkit/contract/ucx_config.py (tests/test_contract_ucx.py). 56 MiB, once.
+NIXL_WHEEL_DIR=nixl-cu13-1.5.1
+fetch_nixl_wheel() {
+    local dir="$HOME_DIR/$NIXL_WHEEL_DIR" start=$SECONDS
+    if compgen -G "$dir/nixl_cu13-1.5.1-*.whl" >/dev/null; then
+        log "$NIXL_WHEEL_DIR wheel present"
+        return 0
+    fi
+    log "downloading the nixl-cu13 1.5.1 wheel ..."
+    mkdir -p "$dir.tmp"
+    "$PY" -m pip download --no-deps --only-binary=:all: --disable-pip-version-check --quiet \
+        --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 \
+        -d "$dir.tmp" nixl-cu13==1.5.1 || die "pip download nixl-cu13==1.5.1 failed"
+    rm -rf "$dir" && mv "$dir.tmp" "$dir"
+    log "$NIXL_WHEEL_DIR wheel ready ($((SECONDS - start)) s)"
+}
+
 main() {
     local start=$SECONDS name want all_hash
     mkdir -p "$HOME_DIR"
@@ -326,6 +344,7 @@ main() {
 
     PY=$(find_python) || die "no Python 3.11 with venv and ensurepip found: set PDKIT_CONTRACT_PYTHON"
     PY_ID="$PY $("$PY" -c 'import platform; print(platform.python_version())')"
+    fetch_nixl_wheel
 
     all_hash=$(for name in "${ENVS[@]}"; do spec_hash "$name"; done | sha256sum | cut -c1-16)
     if [[ -f "$HOME_DIR/.complete" && "$(cat "$HOME_DIR/.complete")" == "$all_hash" ]]; then

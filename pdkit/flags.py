@@ -8,12 +8,14 @@ tests all call these; nothing else derives a flag.
 from __future__ import annotations
 
 from pdkit import faultbudget
+from pdkit.kvcost import KvPath
 from pdkit.router_api import REGULAR, worker_type
 from pdkit.spec import (
     ClusterSpec,
     Engine,
     HostSpec,
     custom_all_reduce_enabled,
+    prefill_kv_paths,
     shared_gpu_mem_fraction,
 )
 from pdkit.versions import ROUTER_RELEASES, SGLANG_RELEASES
@@ -313,7 +315,20 @@ def ucx_env(spec: ClusterSpec, host: HostSpec) -> dict[str, str]:
     else:
         # same-node PD: prefill writes into decode memory over cuda_ipc (PUT works without NVLink)
         env["UCX_TLS"] = "cuda_ipc,cuda_copy,sm,self,tcp"
+    # the profile of every KV path a hand-off from or to this host's engines takes (both ends need it)
+    for path in kv_paths_touching(spec, host.name):
+        env.update(path.ucx_env)
     return dict(sorted(env.items()))
+
+
+def kv_paths_touching(spec: ClusterSpec, host_name: str) -> list[KvPath]:
+    """The KV paths (pdkit.kvcost.KV_PATHS) of the hand-offs a prefill or a decode on HOST_NAME takes part in."""
+    found: dict[str, KvPath] = {}
+    for (prefill_host, _engine), paths in prefill_kv_paths(spec).items():
+        for decode_host, path in paths:
+            if host_name in (prefill_host, decode_host):
+                found[path.name] = path
+    return [found[name] for name in sorted(found)]
 
 
 def secrets_env(spec: ClusterSpec) -> dict[str, str]:

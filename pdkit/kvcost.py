@@ -166,27 +166,37 @@ class KvPath:
     transport: str  # what UCX can use on it
     floor_gb_s: float  # effective GB/s (ratio of sums) below which doctor warns and the alert fires
     why: str
+    # UCX settings the engines at both ends get when one of their hand-offs takes this path
+    # (pdkit.flags.ucx_env); names and defaults checked against the pinned UCX (pdkit/data/ucx_config.json)
+    ucx_env: tuple[tuple[str, str], ...] = ()
 
 
 # Floors are for the pair's effective rate over a window, queueing included: well under what a healthy
-# path of that class moves, well over what the next-worse class moves. Decided once here: doctor's
-# kv_path row, the PdkitKvHandoffSlow alert and docs/doctor.md read them.
+# path of that class moves under load, well over what the next-worse class moves. Decided once here:
+# doctor's kv_path row, the PdkitKvHandoffSlow alert and docs/doctor.md read them. Measured on the
+# H200 (docs/gpu.md, "KV hand-off levers"), effective GB/s over a run, 64-192 MiB hand-offs:
+# one host (cuda_ipc) 24-34 at C=1 and 0.81-2.96 at C=16, where SGLang's one transfer thread per
+# decode queues the hand-offs; the TCP lane 0.02-0.36 with UCX's 8 KiB fragments at any load, and
+# 0.15-0.32 at C=16 with the kit's 512 KiB fragments
 KV_PATHS = {
-    # same host: prefill writes decode's GPU memory over cuda_ipc (pdkit.flags.ucx_env). Measured on
-    # the H200 (docs/gpu.md, "KV hand-off at long prompts"): 4.9 GB/s effective for 192 MiB hand-offs
-    # over cuda_ipc; the same pair with cuda_ipc taken out of UCX_TLS (TCP) 0.35 GB/s: the floor
-    # tells the two apart
-    "same-host": KvPath("same-host", "cuda_ipc", 2.0, "prefill writes the decode's GPU memory directly (cuda_ipc)"),
+    # same host: prefill writes decode's GPU memory over cuda_ipc (pdkit.flags.ucx_env)
+    "same-host": KvPath("same-host", "cuda_ipc", 0.5, "prefill writes the decode's GPU memory directly (cuda_ipc)"),
     # across hosts over InfiniBand/RoCE: GPUDirect RDMA, one NIC at 200-400 Gb/s is 25-50 GB/s; not
     # measured here (no RDMA on the lent machine): the same floor as one host
-    "cross-host-rdma": KvPath("cross-host-rdma", "rc/ud verbs (GPUDirect RDMA)", 2.0,
+    "cross-host-rdma": KvPath("cross-host-rdma", "rc/ud verbs (GPUDirect RDMA)", 0.5,
                               "across hosts over RDMA (ucx_net_devices names a verbs device)"),
     # across hosts over TCP: UCX emulates the GPU-to-GPU put in software over sockets, 8 KiB fragments
     # each copied GPU -> host -> socket -> host -> GPU (UCX_PROTO_INFO: "software emulation | tcp");
     # 0.35 GB/s for one hand-off at a time on the H200, and one prefill thread per decode serialises
     # them, so 16 concurrent hand-offs wait ~8 s each: the floor catches that queue
+    #
+    # UCX fragments that put at UCX_TCP_TX_SEG_SIZE (8K by default), each with its own synchronous
+    # copies and acknowledgement; 512 KiB fragments on both ends (the receiver's RX size caps what the
+    # sender may send, and TX must not exceed RX) cut a 3072-token hand-off on the H200's TCP lane
+    # from 521 to 87 ms, and TTFT p50 at C=16 from 6.8 s to 1.1 s (docs/gpu.md, "KV hand-off levers")
     "cross-host-tcp": KvPath("cross-host-tcp", "tcp (software-emulated put, GPU memory staged through host memory)", 0.2,
-                             "across hosts over TCP sockets: every byte is copied GPU -> host -> socket -> host -> GPU"),
+                             "across hosts over TCP sockets: every byte is copied GPU -> host -> socket -> host -> GPU",
+                             ucx_env=(("UCX_TCP_RX_SEG_SIZE", "512k"), ("UCX_TCP_TX_SEG_SIZE", "512k"))),
 }
 
 # Below this mean hand-off size (MiB) the rate is not judged: small hand-offs are bound by per-transfer

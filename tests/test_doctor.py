@@ -770,7 +770,7 @@ def test_kv_path_passes_a_fast_same_host_pair_and_shows_its_figures():
 
 
 def test_kv_path_warns_a_same_host_pair_below_its_floor_that_is_a_small_part_of_ttft():
-    prefill, decodes = kv_obs(kv_plan(), [], [100.0] * 8, 192.0, ttft_s=(8.0, 8))  # 1.9 GB/s, 10% of 1 s
+    prefill, decodes = kv_obs(kv_plan(), [], [400.0] * 8, 192.0, ttft_s=(8.0, 8))  # 0.47 GB/s, 40% of 1 s
     assert_verdict(check_kv_path(prefill, decodes), WARN, f"below the path's floor {SAME_HOST:g} GB/s", "cuda_ipc", "UCX_PROTO_INFO")
 
 

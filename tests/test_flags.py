@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from pdkit import flags
 from pdkit.loader import load
-from tests.conftest import write_inventory
+from tests.conftest import BASE_CLUSTER, BASE_HOSTS, write_inventory
 
 
 def _spec(tmp_path, cluster, hosts):
@@ -460,3 +462,31 @@ def test_a_rank_runs_from_the_environment_of_its_own_node(base, tmp_path):
 
     unit = plan_cluster(spec)["gpu02"].file("/etc/systemd/system/pdkit-engine-decode.service").content
     assert "ExecStart=/opt/sglang-env/bin/python -m sglang.launch_server" in unit
+
+
+def _cross_host_pair(hosts: dict, net_devices: str) -> None:
+    """gpu01's prefill hands KV to gpu02's decode (one router over both), each node sending over NET_DEVICES."""
+    hosts["gpu01"]["pdkit_node"]["engines"] = [{"name": "prefill", "role": "prefill", "gpus": [0, 1], "port": 30000}]
+    hosts["gpu02"]["pdkit_node"]["engines"] = [{"name": "decode", "role": "decode", "gpus": [0, 1], "port": 30001}]
+    hosts["gpu01"]["pdkit_router"]["workers"] = ["gpu01/prefill", "gpu02/decode"]
+    for h in ("gpu01", "gpu02"):
+        hosts[h]["pdkit_node"]["ucx_net_devices"] = net_devices
+
+
+def test_ucx_env_gives_both_ends_of_a_tcp_kv_path_its_profile(base, tmp_path):
+    """Issue 33: a pair across hosts over TCP gets 512 KiB UCX TCP fragments at both ends (the
+    receiver's RX size caps the sender's); over RDMA, and on one host, nothing of the TCP profile."""
+    cluster, hosts = base
+    _cross_host_pair(hosts, "eth0")
+    spec = _spec(tmp_path, cluster, hosts)
+    for h in ("gpu01", "gpu02"):
+        env = flags.ucx_env(spec, spec.host(h))
+        assert env == {"UCX_NET_DEVICES": "eth0", "UCX_TCP_RX_SEG_SIZE": "512k", "UCX_TCP_TX_SEG_SIZE": "512k"}, h
+        assert [p.name for p in flags.kv_paths_touching(spec, h)] == ["cross-host-tcp"]
+    cluster, hosts = copy.deepcopy(BASE_CLUSTER), copy.deepcopy(BASE_HOSTS)
+    _cross_host_pair(hosts, "mlx5_0:1")
+    spec = _spec(tmp_path, cluster, hosts)
+    for h in ("gpu01", "gpu02"):
+        assert flags.ucx_env(spec, spec.host(h)) == {"UCX_NET_DEVICES": "mlx5_0:1"}, h
+    spec = _spec(tmp_path, copy.deepcopy(BASE_CLUSTER), copy.deepcopy(BASE_HOSTS))  # pairs on one host each
+    assert not any(k.startswith("UCX_TCP_") for h in ("gpu01", "gpu02") for k in flags.ucx_env(spec, spec.host(h)))
