@@ -1,6 +1,6 @@
 """The one rule for what a change on a node means: which files go, which units stop, start or restart.
 
-Deploy (roles/services.py), `pdkit roll --dry` (pdkit/roll.py host_diff) and rollback
+Deploy (roles/services.py), `pdkit roll --dry` (pdkit/roll/planning.py host_diff) and rollback
 (pdkit/releases.py plan_restore) all call these functions, so the three cannot disagree
 (issue #18 item 8). Stdlib only: releases.py runs it ON the node from the node venv.
 

@@ -5,7 +5,7 @@ services it restarted with it). Three paths read it, and nothing else decides a 
 
 - the deploy (roles/services.py): after its restarts, `command()` for the engines and daemons
   together, then for the router once its workers passed theirs;
-- the roll's ready step (pdkit/roll.py Roller.ready, and the router step for routers): the
+- the roll's ready step (pdkit/roll/roller.py Roller.ready, and the router step for routers): the
   same commands, over SSH, for the services of the batch's hosts;
 - a restore (pdkit/releases.py, also the roll's rollback of a failed batch): `wait_all()` from
   the release's service records (`meta()` is what a release keeps of a service's gate).

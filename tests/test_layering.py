@@ -283,7 +283,6 @@ UNEXPLAINED_BEFORE_ISSUE_34 = {
     "pdkit/parsertable.py": 3,
     "pdkit/plan.py": 2,
     "pdkit/releases.py": 1,
-    "pdkit/roll.py": 36,
     "pdkit/routersync.py": 1,
     "pdkit/silences.py": 8,
     "pdkit/sim/args.py": 2,

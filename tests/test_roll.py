@@ -282,7 +282,7 @@ def test_the_last_line_never_claims_a_restore_when_nothing_was_changed():
 
 
 def test_why_prefers_the_gates_own_line_over_pyinfras_noise():
-    from pdkit.roll import _why
+    from pdkit.roll.pyinfra_api import _why
 
     lines = [
         "[lab-gpu2] Error: executed 1 commands",
@@ -683,3 +683,18 @@ def test_waiting_on_requests_is_not_booked_as_kit_overhead():
     assert node["overhead_s"] == 4.5 and node["waited_s"] == {"drain": 5.0, "smoke": 20.5}
     # a clock skew between the node's journal and the roll never yields a negative overhead
     assert NodeTiming("gpu01", total_s=10.0, engines_restart_to_ready_s=9.0, waited={"smoke": 3.0}).overhead_s == 0.0
+
+
+def test_the_names_tests_patch_are_looked_up_where_they_patch_them():
+    """tests/test_gates.py and tests/test_silences.py patch run_remote, Pyinfra, read_node_state and
+    measure_restarts on the module of pdkit/roll/ whose code calls them: a patch on the package
+    (pdkit.roll.run_remote) would not reach that code, and the test would silently stop testing."""
+    import ast
+
+    from pdkit.roll import commands, roller
+
+    for module, names in ((roller, ("run_remote", "Pyinfra")), (commands, ("read_node_state", "measure_restarts"))):
+        tree = ast.parse(open(module.__file__, encoding="utf-8").read())
+        called = {n.func.id for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+        for name in names:
+            assert name in vars(module) and name in called, (module.__name__, name)

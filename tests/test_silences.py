@@ -369,10 +369,10 @@ import pdkit.monitoring.common as common
 common.alertmanager_urls = lambda spec: [{am!r}]
 import pdkit.roll as roll
 from tests.test_roll import _FakePyinfra
-roll.Pyinfra = lambda inventory: _FakePyinfra()
+roll.roller.Pyinfra = lambda inventory: _FakePyinfra()
 roll.Roller.read_router_keys = lambda self: []
-roll.read_node_state = lambda roller, hosts: ({{h: roll.HostDiff(h, ("/etc/pdkit/x",), ("pdkit-engine-decode.service",)) for h in hosts}}, {{}}, {{}})
-roll.measure_restarts = lambda roller, hosts: {{}}
+roll.commands.read_node_state = lambda roller, hosts: ({{h: roll.HostDiff(h, ("/etc/pdkit/x",), ("pdkit-engine-decode.service",)) for h in hosts}}, {{}}, {{}})
+roll.commands.measure_restarts = lambda roller, hosts: {{}}
 roll.Roller.current_releases = lambda self, state, hosts: ({{h: "rel-" + h for h in hosts}}, {{h: None for h in hosts}})
 roll.Roller.last_restart_to_ready = lambda self, host, name: None
 roll.Roller.engines_restart_to_ready = lambda self, host, name, since: 0.0

@@ -1,0 +1,601 @@
+"""The roller: one roll (or rollback) of an inventory, batch by batch: drain out of the routers,
+apply (deploy/pd.py through pdkit.roll.pyinfra_api), the nodes' own gates, re-add, smoke requests,
+and the restore of the release a batch ran before when a gate fails; its progress lines and
+per-node timings.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from pdkit import flags, gates
+from pdkit.health import http_request
+
+# DRAIN_GAUGES: engine gauges that must all read 0 before an engine may restart (running requests, PD queues)
+from pdkit.metricnames import DRAIN_GAUGES, FAILURE_COUNTERS, ROUTER
+from pdkit.paths import router_metrics_url, router_url
+from pdkit.releases import releases_dir
+from pdkit.roll.planning import (
+    RUNNING_KEY_PROBE,
+    Outage,
+    RollError,
+    batch_outages,
+    covered_seconds,
+    downtime_hold_s,
+    key_fix,
+    metric_sums,
+    open_breakers,
+    parse_running_key,
+    restart_to_ready,
+    router_keys,
+    silence_window_s,
+)
+from pdkit.roll.pyinfra_api import Pyinfra, run_remote
+from pdkit.router_api import REGULAR, Key, RouterClient, worker_type
+from pdkit.versions import ROUTER_RELEASES
+
+if TYPE_CHECKING:
+    from pdkit.spec import ClusterSpec
+
+# a smoke completion's length: 2 tokens take the whole PD path (prefill, KV transfer, one decode step)
+SMOKE_MAX_TOKENS = 2
+# How long a router keeps a worker `draining` after the roll removes it. 0: the roll drains by
+# the engine's own gauges above, so the router's settle (smg: 5 s by default) would only keep the
+# node out of the router longer, and a re-add is refused (409) until it has passed.
+ROUTER_DRAIN_SETTLE_S = 0
+# Decodes leave the router first and come back last: with no decode both routers answer new
+# requests 503 at once while the prefills' requests in flight finish, and serving resumes only
+# once a prefill is there to pair with (tests/sim/test_router_no_workers.py)
+REMOVAL_ORDER = {"decode": 0, "regular": 1, "prefill": 2}
+
+
+class Progress:
+    """One line per node and step, with the time since the roll started and the step's own time."""
+
+    def __init__(self, stream=None) -> None:
+        self.start = time.monotonic()
+        self.stream = stream or sys.stdout
+
+    def __call__(self, host: str, step: str, message: str, took: float | None = None) -> None:
+        took_s = f" ({took:.1f} s)" if took is not None else ""
+        print(f"[{time.monotonic() - self.start:7.1f}s] {host:<12} {step:<8} {message}{took_s}", file=self.stream, flush=True)
+
+
+@dataclass
+class NodeTiming:
+    host: str
+    total_s: float = 0.0
+    # engine units planned on the node, and the wall time during which they restarted
+    engines: int = 0
+    engines_restart_to_ready_s: float = 0.0
+    steps: dict[str, float] = field(default_factory=dict)
+    # --allow-downtime: seconds a router had no worker of a kind, from the drain to the re-add
+    outage_s: float | None = None
+    # the deploy's own time: "prepare" (facts, deploy code; it runs beside the drain) and each
+    # operation that ran on the node (inside `apply`)
+    apply_detail: dict[str, float] = field(default_factory=dict)
+    # time spent waiting for requests rather than doing the kit's work: the drain's own wait for
+    # the engines' requests to finish, and the smoke requests' answers through the routers (a slow
+    # or unreachable node elsewhere makes those slow, not the kit)
+    waited: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def overhead_s(self) -> float:
+        return max(0.0, self.total_s - self.engines_restart_to_ready_s - sum(self.waited.values()))
+
+    def summary(self) -> str:
+        """The `done` line: where the node's time went."""
+        waits = ", ".join(f"{k} {v:.1f} s" for k, v in self.waited.items())
+        outage = f", service outage {self.outage_s:.1f} s" if self.outage_s is not None else ""
+        return (f"total {self.total_s:.1f} s, engines restart-to-ready {self.engines_restart_to_ready_s:.1f} s, "
+                f"waited on requests {sum(self.waited.values()):.1f} s ({waits or 'none'}), kit overhead {self.overhead_s:.1f} s{outage}")
+
+
+
+_TIMING_PROBE = r"""
+import json, subprocess, sys
+units, since = json.loads(sys.argv[1]), float(sys.argv[2])
+out = {}
+for u in units:
+    show = dict(l.split("=", 1) for l in subprocess.run(["systemctl", "show", "-p", "ActiveExitTimestampMonotonic,InactiveEnterTimestampMonotonic,InactiveExitTimestampMonotonic,InvocationID", u], capture_output=True, text=True).stdout.splitlines() if "=" in l)
+    log = subprocess.run(["journalctl", "--no-pager", "-o", "json", "_SYSTEMD_INVOCATION_ID=" + show.get("InvocationID", ""), "--grep", "fired up and ready to roll"], capture_output=True, text=True).stdout.splitlines()
+    ready = json.loads(log[0])["__MONOTONIC_TIMESTAMP"] if log else None
+    # [left active, ready line of this invocation, went inactive, started this invocation] (µs, node clock)
+    out[u] = [int(show.get("ActiveExitTimestampMonotonic") or 0), int(ready) if ready else None,
+              int(show.get("InactiveEnterTimestampMonotonic") or 0), int(show.get("InactiveExitTimestampMonotonic") or 0)]
+print(json.dumps(out))
+"""
+
+
+@dataclass
+class Roller:
+    """Drives one roll (or rollback) of an inventory."""
+
+    inventory: str
+    spec: ClusterSpec
+    progress: Progress
+    drain_timeout_s: float = 300.0
+    smoke_requests: int = 4
+    router_timeout_s: float = 120.0
+    timings: list[NodeTiming] = field(default_factory=list)
+    # hosts whose state, read before the roll, already matches the plan (no file, no restart)
+    unchanged: set[str] = field(default_factory=set)
+    # --allow-downtime: a batch may take a router's last workers of a kind out (batch_outages)
+    allow_downtime: bool = False
+    # when the last drain took a router's last workers of a kind out (monotonic), until the re-add
+    outage_since: float | None = None
+    # the last outage's length, drain to re-add (seconds), for the report
+    last_outage_s: float | None = None
+    # each host's engines' last restart-to-ready (last_restart_to_ready), read once per roll
+    restart_s: dict[str, float | None] = field(default_factory=dict)
+    # the settle time the last drain held a regular worker draining for (hold_settle_s), or 0
+    held_s: int = 0
+    # router host -> the API key its running router was started with (read_router_keys); a host
+    # missing here was not read: its client tries the inventory's key, then none
+    running_keys: dict[str, Key] = field(default_factory=dict)
+    # the worker URLs the last drain took out of a router: none after a failed drain means there is nothing to put back
+    removed: list[str] = field(default_factory=list)
+    # name -> connected pyinfra Host of the current batch (its gates run over these)
+    connected: dict[str, Any] = field(default_factory=dict)
+    # the command this Roller runs for (roll, rollback, tune): its silences' comments name it
+    command: str = "roll"
+
+    def __post_init__(self) -> None:
+        # lazy: pdkit.plan loads jinja2 (~40 ms), pdkit.silences costs ~10 ms more;
+        # the CLI imports pdkit.roll for every command, and only a Roller needs them
+        from pdkit.plan import plan_cluster
+        from pdkit.silences import Silencer
+
+        self.plans = plan_cluster(self.spec)
+        self.pyinfra = Pyinfra(self.inventory)
+        self.silencer = Silencer.for_spec(self.spec, f"pdkit {self.command}", lambda who, text: self.progress(who, "silence", text))
+
+    def silenced(self, hosts: list[str], what: str, done: str, failed: str):
+        """A context: HOSTS' alerts silenced in Alertmanager (pdkit/silences.py) from here until it
+        ends, however it ends; the bound is silence_window_s of this Roller's timeouts."""
+        # lazy: pdkit.silences costs ~10 ms at import; the CLI imports pdkit.roll for every command
+        from pdkit.silences import host_matchers
+
+        gate_s = max((s.ready_timeout_s for h in hosts for s in self.plans[h].services), default=self.spec.cluster.ready_timeout_s)
+        held = self.hold_settle_s(hosts) if self.held_kinds(batch_outages(self.spec, hosts)) else 0
+        window = silence_window_s(self.drain_timeout_s, gate_s, self.router_timeout_s, held)
+        return self.silencer.silenced(",".join(hosts), hosts, host_matchers(self.spec, hosts), window,
+                                      f"{what} on {', '.join(hosts)}", done=done, failed=failed)
+
+    # ---- routers and engines
+    def routers(self):
+        """(router host, client) per router; the same client objects on every call."""
+        if not hasattr(self, "_routers"):
+            self._routers = [
+                (h, RouterClient(
+                    router_url(h), keys=router_keys(self.spec, self.running_keys.get(h.name)),
+                    key_fix=key_fix(self.inventory, h.name),
+                    drain_settle_s=ROUTER_DRAIN_SETTLE_S if ROUTER_RELEASES[self.spec.router_release(h)].per_worker_drain_settle else None,
+                ))
+                for h in self.spec.router_hosts
+            ]
+        return self._routers
+
+    def read_router_keys(self) -> list[str]:
+        """Read, on each router host, the key its running router was started with (its systemd
+        credential: the exact key, whatever the key file says now) into running_keys; one line
+        per host that could not be read (its client then tries the inventory's key, then none)."""
+        notes = []
+        names = [h.name for h in self.spec.router_hosts]
+        if not names:
+            return notes
+        _, connected, unreachable = self.pyinfra.connect(names)
+        for name, why in unreachable.items():
+            notes.append(f"{name}: cannot read the key its router runs with ({why}); trying the inventory's key, then none")
+        for name, host in connected.items():
+            ok, stdout, _ = run_remote(host, RUNNING_KEY_PROBE, timeout=60)
+            key = parse_running_key(stdout) if ok else None
+            if not ok:
+                notes.append(f"{name}: cannot read the key its router runs with (the probe failed); trying the inventory's key, then none")
+            elif key is None:
+                notes.append(f"{name}: its router is not running; trying the inventory's key, then none")
+            else:
+                self.running_keys[name] = key
+        return notes
+
+    def workers_of(self, hosts: list[str]) -> list[tuple[Any, Any, str]]:
+        """(router client, engine, url) for every engine of HOSTS that a router fronts."""
+        out = []
+        for router_host, client in self.routers():
+            for h, e in self.spec.router_workers(router_host):
+                if h.name in hosts:
+                    out.append((client, e, flags.engine_url(self.spec, h, e)))
+        return out
+
+    def engine_urls(self, hosts: list[str]) -> dict[str, str]:
+        return {f"{h.name}/{e.name}": flags.engine_url(self.spec, h, e) for h, e in self.spec.engines() if h.name in hosts}
+
+    def scrape(self, urls: dict[str, str], names: Iterable[str]) -> dict[str, dict[str, float]]:
+        out = {}
+        for label, url in urls.items():
+            status, body = http_request(f"{url}/metrics", timeout=10)
+            if status != 200:
+                raise RuntimeError(f"{label}: {url}/metrics answered {status or 'nothing'}: {body.strip()[:160]}")
+            out[label] = metric_sums(body, names)
+        return out
+
+    def circuit_states(self, router_host: Any) -> dict[str, float]:
+        """worker URL -> smg_worker_cb_state (0 closed, 1 open, 2 half-open) from the router's metrics."""
+        status, body = http_request(router_metrics_url(router_host), timeout=10)
+        if status != 200:
+            return {}  # sglang-router 0.3.2 has no breaker gauge: judge by /workers alone
+        out = {}
+        for family in text_string_to_metric_families(body):
+            for sample in family.samples:
+                if sample.name == ROUTER["worker_cb_state"] and "worker" in sample.labels:
+                    out[sample.labels["worker"].rstrip("/")] = sample.value
+        return out
+
+    def others_can_serve(self, hosts: list[str], accepted: frozenset[tuple[str, str]] = frozenset()) -> str | None:
+        """None when, for every worker type the batch takes out of a router, another worker of that
+        type stays registered, ready, healthy and with a closed (or half-open) circuit; else why not.
+        ACCEPTED: (router host, worker type) outages the roll was told to accept (--allow-downtime)."""
+        leaving = self.workers_of(hosts)
+        for router_host, client in self.routers():
+            mine = {url for c, _, url in leaving if c is client}
+            if not mine:
+                continue
+            listed = client.workers()
+            breakers = self.circuit_states(router_host)
+            for kind in sorted({w.worker_type for w in listed if w.url in mine}):
+                if (router_host.name, kind) in accepted:
+                    continue
+                others = [w for w in listed if w.worker_type == kind and w.url not in mine]
+                usable = [w for w in others if w.routable and breakers.get(w.url, 0) != 1]
+                if not usable:
+                    state = ", ".join(f"{w.url} ({'circuit open' if breakers.get(w.url) == 1 else w.status or 'unhealthy'})" for w in others) or "none"
+                    return f"taking {', '.join(hosts)} out of {client.base_url} would leave no usable {kind} worker (others: {state})"
+        return None
+
+    # ---- steps
+    def hold_settle_s(self, hosts: list[str]) -> int:
+        """Seconds to keep a router's last regular worker listed `draining` through a downtime."""
+        return downtime_hold_s(self.restart_s, hosts)
+
+    def held_kinds(self, outages: list[Outage]) -> set[tuple[str, str]]:
+        """(router host, kind) of the outages whose router answers 404 with no regular worker listed."""
+        return {(o.router, REGULAR) for o in outages if REGULAR in o.kinds
+                and ROUTER_RELEASES[self.spec.router_release(self.spec.host(o.router))].empty_regular_is_404}
+
+    def drain(self, hosts: list[str]) -> str:
+        outages = batch_outages(self.spec, hosts)
+        if outages and not self.allow_downtime:
+            lost = "; ".join(f"{o.url} would have no {' or '.join(o.kinds)} worker" for o in outages)
+            raise RuntimeError(f"{lost}; nothing was removed (--allow-downtime accepts the outage)")
+        accepted = frozenset((o.router, kind) for o in outages for kind in o.kinds)
+        # never take out the last usable worker of a kind (unless that outage is accepted): wait
+        # (bounded) for the others to be usable
+        deadline = time.monotonic() + self.drain_timeout_s
+        while (why := self.others_can_serve(hosts, accepted)) is not None:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{why}; nothing was removed")
+            time.sleep(1)
+        workers = sorted(self.workers_of(hosts), key=lambda w: REMOVAL_ORDER[worker_type(w[1].role)])
+        router_of = {id(client): h.name for h, client in self.routers()}
+        self.removed = []
+        held = self.held_kinds(outages)
+        self.held_s = self.hold_settle_s(hosts) if held else 0
+        if outages:
+            self.outage_since = time.monotonic()
+        for client, engine, url in workers:
+            client.remove(url, settle_s=self.held_s if (router_of[id(client)], worker_type(engine.role)) in held else None)
+            self.removed.append(url)
+        urls = self.engine_urls(hosts)
+        deadline = time.monotonic() + self.drain_timeout_s
+        while True:
+            busy = {k: {n: v for n, v in m.items() if v} for k, m in self.scrape(urls, DRAIN_GAUGES).items()}
+            busy = {k: v for k, v in busy.items() if v}
+            if not busy:
+                return f"{len(workers)} worker(s) out of the router, {len(urls)} engine(s) idle"
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"engines still busy after {self.drain_timeout_s:.0f} s: {busy}")
+            time.sleep(0.25)
+
+    def readd(self, hosts: list[str]) -> str:
+        workers = sorted(self.workers_of(hosts), key=lambda w: -REMOVAL_ORDER[worker_type(w[1].role)])
+        for client, engine, url in workers:
+            # a held worker leaves the router's list when its settle time is up: wait that out too
+            client.add(url, worker_type(engine.role), engine.effective_bootstrap_port if engine.role == "prefill" else None,
+                       timeout=self.router_timeout_s + self.held_s)
+        by_client: dict[int, tuple[Any, list[str]]] = {}
+        for client, _, url in workers:
+            by_client.setdefault(id(client), (client, []))[1].append(url)
+        for client, urls in by_client.values():
+            client.wait_healthy(urls, timeout=self.router_timeout_s)
+        # a re-added worker must also be routable: no circuit breaker left open on it (smg's gauge;
+        # sglang-router 0.3.2 has none, so /workers alone decides there)
+        for router_host, client in self.routers():
+            urls = by_client.get(id(client), (client, []))[1]
+            if not urls:
+                continue
+            deadline = time.monotonic() + self.router_timeout_s
+            while still := open_breakers(self.circuit_states(router_host), urls):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"circuit breaker still open on {', '.join(still)} at {client.base_url} {self.router_timeout_s:.0f} s after the re-add")
+                time.sleep(0.25)
+        self.held_s = 0
+        served = f"{len(workers)} worker(s) back in the router, healthy, circuit breakers closed"
+        # a router on the batch's hosts: its own gate from the table (every planned worker listed
+        # healthy and one completion), now that the batch's workers are back in it
+        routers, _ = self.run_gates(hosts, 1)
+        if routers:
+            served += f"; {routers} router gate(s) passed"
+        if self.outage_since is not None:
+            self.last_outage_s = time.monotonic() - self.outage_since
+            self.outage_since = None
+            served += f"; the router served again after a {self.last_outage_s:.1f} s outage"
+        return served
+
+    def gates_of(self, host: str, phase: int) -> list:
+        """The gates (pdkit/gates.py, the deploy's own) of HOST's planned services that run there:
+        phase 0 the engines and daemons, phase 1 its router."""
+        # lazy: pdkit.plan loads jinja2 (~40 ms); the CLI imports pdkit.roll for every command
+        from pdkit.plan import services_not_started
+
+        services = list(self.plans[host].services)
+        held = services_not_started(self.spec, self.spec.host(host), services)
+        return gates.phases(gates.gate_for(s) for s in services if s.unit not in held)[phase]
+
+    def run_gates(self, hosts: list[str], phase: int) -> tuple[int, list[str]]:
+        """Run the gate table's gates of PHASE for HOSTS on each host, as the deploy runs them:
+        (gates passed, hosts that have none). A failed gate raises with its own line."""
+        python = f"{flags.venv_dir(self.spec)}/bin/python"
+        wanted = {h: g for h in hosts if (g := self.gates_of(h, phase))}
+        missing = [h for h in wanted if h not in self.connected]
+        if missing:
+            _, fresh, unreachable = self.pyinfra.connect(missing)
+            if unreachable:
+                h, why = next(iter(unreachable.items()))
+                raise RuntimeError(f"{h}: cannot reach it over SSH to run its gates ({why})")
+            self.connected.update(fresh)
+        for h, found in wanted.items():
+            timeout = int(max(g.timeout for g in found)) + 60
+            ok, stdout, stderr = run_remote(self.connected[h], gates.command(python, found), timeout=timeout)
+            if not ok:
+                lines = [ln.removeprefix("FAILED").strip() for ln in (stderr or stdout).strip().splitlines() if ln.strip()]
+                raise RuntimeError(f"{h}: " + (" | ".join(ln for ln in lines if not ln.startswith("ok ")) or "its gates failed"))
+        return sum(len(g) for g in wanted.values()), [h for h in hosts if h not in wanted]
+
+    def ready(self, hosts: list[str]) -> str:
+        """The batch's engines and daemons by the deploy's own gates (pdkit/gates.py: an engine's
+        current invocation logged its readiness line and /health answers 200; a daemon's URL 200),
+        run on each host; a router is gated by the router step, once its workers are back."""
+        passed, _ = self.run_gates(hosts, 0)
+        return f"{passed} engine and daemon gate(s) passed (pdkit/gates.py, run on the node)"
+
+    def smoke(self, hosts: list[str]) -> str:
+        urls = self.engine_urls(hosts)
+        if not urls or not self.spec.router_hosts:
+            return "no engines behind a router here"
+        before = self.scrape(urls, FAILURE_COUNTERS)
+        model = self.spec.cluster.model.name
+        jobs = [(client, i) for _, client in self.routers() for i in range(self.smoke_requests)]
+        # concurrently (greenlets under pyinfra's gevent): a few requests cost one request's time
+        with ThreadPoolExecutor(max_workers=max(1, len(jobs))) as pool:
+            answers = list(pool.map(lambda job: job[0].completion(model, f"pdkit roll smoke {hosts[0]} {job[1]}", max_tokens=SMOKE_MAX_TOKENS), jobs))
+        for (client, i), (status, body) in zip(jobs, answers):
+            if status != 200:
+                raise RuntimeError(f"smoke request {i + 1} through {client.base_url} answered {status or 'nothing'}: {body.strip()[:200]}")
+        sent = len(jobs)
+        after = self.scrape(urls, FAILURE_COUNTERS)
+        moved = {k: {n: after[k][n] - before[k][n] for n in FAILURE_COUNTERS if after[k][n] != before[k][n]} for k in urls}
+        moved = {k: v for k, v in moved.items() if v}
+        if moved:
+            raise RuntimeError(f"KV transfer / bootstrap failure counters moved during the smoke requests: {moved}")
+        return f"{sent} request(s) through the router succeeded; transfer and bootstrap failure counters unchanged"
+
+    def current_releases(self, state: Any, hosts: dict[str, Any]) -> tuple[dict[str, str | None], dict[str, int | None]]:
+        """(the release each node runs now, the node's monotonic clock in µs), one round trip per node."""
+        current = shlex.quote(f"{releases_dir(self.spec.cluster.install_dir)}/CURRENT")
+        releases: dict[str, str | None] = {}
+        clocks: dict[str, int | None] = {}
+        for name, host in hosts.items():
+            ok, stdout, _ = run_remote(host, f"cut -d' ' -f1 /proc/uptime; cat {current} 2>/dev/null || true", timeout=60)
+            lines = stdout.split()
+            clocks[name] = int(float(lines[0]) * 1e6) if ok and lines else None
+            releases[name] = lines[1] if ok and len(lines) > 1 else None
+        return releases, clocks
+
+    def releases_command(self, host: str, action: str, *extra: str) -> str:
+        q = shlex.quote
+        python = f"{flags.venv_dir(self.spec)}/bin/python"
+        release_json = f"{self.spec.cluster.config_dir}/release.json"
+        head = f"{q(python)} -m pdkit.releases --releases-dir {q(releases_dir(self.spec.cluster.install_dir))} --release-json {q(release_json)}"
+        return f"{head} {action} " + " ".join(q(x) for x in extra)
+
+    def restore(self, host_name: str, host: Any, to: str | None) -> str:
+        ok, stdout, stderr = run_remote(host, self.releases_command(host_name, "restore", *(["--to", to] if to else [])))
+        if not ok:
+            raise RuntimeError((stderr.strip().splitlines() or ["restore failed"])[-1])
+        result = json.loads(stdout.strip().splitlines()[-1])
+        return f"back on release {result['id']} ({len(result['written'])} file(s) rewritten, restarted {', '.join(result['restarted']) or 'nothing'})"
+
+    def engines_restart_to_ready(self, host: Any, host_name: str, since_monotonic_us: int | None) -> float:
+        """Wall time during which at least one of the node's engines restarted in this step was
+        between its restart and its readiness line (node clock): engines that restart together
+        count once, so overlapping restarts never hide the kit's own time."""
+        units = [s.unit for s in self.plans[host_name].services if s.kind == "engine"]
+        if not units:
+            return 0.0
+        ok, stdout, _ = run_remote(host, f"python3 -c {shlex.quote(_TIMING_PROBE)} {shlex.quote(json.dumps(units))} 0", timeout=60)
+        if not ok:
+            return 0.0
+        intervals = [
+            (exit_us, ready_us) for exit_us, ready_us, *_ in json.loads(stdout).values()
+            if ready_us and exit_us and (since_monotonic_us is None or exit_us >= since_monotonic_us) and ready_us > exit_us
+        ]
+        return covered_seconds(intervals)
+
+    def last_restart_to_ready(self, host: Any, host_name: str) -> float | None:
+        """Seconds the node's running engines took from their last stop (or their start, after a
+        boot) to SGLang's readiness line, the slowest of them; None when no engine logged one."""
+        units = [s.unit for s in self.plans[host_name].services if s.kind == "engine"]
+        if not units:
+            return None
+        ok, stdout, _ = run_remote(host, f"python3 -c {shlex.quote(_TIMING_PROBE)} {shlex.quote(json.dumps(units))} 0", timeout=60)
+        return restart_to_ready(json.loads(stdout)) if ok else None
+
+    # ---- one batch
+    def roll_batch(self, batch: list[str]) -> None:
+        p = self.progress
+        t0 = time.monotonic()
+        step = time.monotonic()
+        state, hosts, unreachable = self.pyinfra.connect(batch)
+        if unreachable:
+            name, why = next(iter(unreachable.items()))
+            p(name, "FAILED", f"gate 'connect': cannot reach it over SSH ({why})")
+            raise RollError(name, "connect", f"cannot reach it over SSH ({why}); nothing was changed on it")
+        self.connected = dict(hosts)
+        before, clocks = self.current_releases(state, hosts)
+        for h in batch:
+            p(h, "connect", f"on release {before[h] or '(none recorded)'}", time.monotonic() - step)
+        if all(h in self.unchanged for h in batch):
+            # the plan read before the roll found nothing to change: leave it serving, in the router
+            for h in batch:
+                p(h, "done", "no change: files and services already as planned; left in the router")
+            return
+        timings = {h: NodeTiming(h, engines=sum(s.kind == "engine" for s in self.plans[h].services)) for h in batch}
+        done_drain = False
+        self.last_outage_s = None
+        outages = batch_outages(self.spec, batch)
+        if self.held_kinds(outages):
+            for h in batch:
+                if h not in self.restart_s:
+                    self.restart_s[h] = self.last_restart_to_ready(hosts[h], h)
+        for outage in outages:
+            p(",".join(batch), "downtime", f"accepted: {outage.lost()} from the drain until the re-add; new requests get its error status meanwhile")
+
+        def gate(name: str, fn: Callable[[list[str]], str], started: float | None = None) -> None:
+            start = time.monotonic() if started is None else started
+            try:
+                message = fn(batch)
+            except RollError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - every failure of a gate is reported the same way
+                raise RollError(",".join(batch), name, str(exc)) from exc
+            took = time.monotonic() - start
+            for h in batch:
+                timings[h].steps[name] = took
+            p(",".join(batch), name, message, took)
+
+        # the batch's alerts do not page while it is drained, restarted and gated; the silence ends
+        # with the step: after the re-add and smoke, or after the restore when a gate failed (a node
+        # left broken then pages)
+        with self.silenced(batch, "drain, apply, gates, re-add, smoke", done="rolled, ready and back in the router",
+                           failed="the roll stopped on it: expired after the restore, so whatever is still wrong pages"):
+            try:
+                # The deploy's prepare only reads the nodes (facts) and decides the operations, so it
+                # runs while the drain (HTTP to routers and engines only) waits for the engines to go idle.
+                drain_started = time.monotonic()
+                drain_own: list[float] = []
+
+                def timed_drain(b: list[str]) -> str:
+                    try:
+                        return self.drain(b)
+                    finally:
+                        drain_own.append(time.monotonic() - drain_started)
+
+                with ThreadPoolExecutor(max_workers=1, thread_name_prefix="pdkit-roll-drain") as pool:
+                    drained = pool.submit(timed_drain, batch)
+                    prepare_errors = self.pyinfra.prepare(batch, state)
+                gate("drain", lambda _: drained.result(), started=drain_started)
+                done_drain = True
+
+                def apply(b: list[str]) -> str:
+                    errors = prepare_errors or self.pyinfra.execute(b, state)  # the batch's State: connected once
+                    if errors:
+                        h, why = next(iter(sorted(errors.items())))
+                        raise RollError(h, "apply", why)
+                    phases = self.pyinfra.phases
+                    return (f"deploy/pd.py applied; changed services restarted and passed their health gates "
+                            f"(prepared while draining: {phases.get('prepare', 0):.1f} s; execute {phases.get('execute', 0):.1f} s)")
+
+                gate("apply", apply)
+                gate("ready", self.ready)
+                gate("router", self.readd)
+                gate("smoke", self.smoke)
+            except RollError as exc:
+                p(exc.host, "FAILED", f"gate '{exc.gate}': {exc.message}")
+                exc.restored = done_drain
+                if done_drain:
+                    exc.readded = self._recover(batch, hosts, before)
+                elif not self.removed:
+                    # the drain failed before it took anything out (a router that refuses the key): nothing to put back
+                    exc.readded = None
+                else:
+                    # nothing was applied: only put back whatever the drain took out of the router
+                    try:
+                        p(",".join(batch), "router", self.readd(batch))
+                        exc.readded = True
+                    except Exception as readd_exc:  # noqa: BLE001
+                        p(",".join(batch), "router", f"could not add the engines back: {readd_exc}")
+                        exc.readded = False
+                raise
+        for h in batch:
+            timings[h].total_s = time.monotonic() - t0
+            timings[h].apply_detail = {"prepare": self.pyinfra.phases.get("prepare", 0.0), **self.pyinfra.operations.get(h, {})}
+            timings[h].engines_restart_to_ready_s = self.engines_restart_to_ready(hosts[h], h, clocks[h])
+            timings[h].outage_s = self.last_outage_s
+            timings[h].waited = {"drain": drain_own[0] if drain_own else 0.0, "smoke": timings[h].steps.get("smoke", 0.0)}
+            t = timings[h]
+            p(h, "done", t.summary())
+            self.timings.append(t)
+
+    def bake(self, batch: list[str], seconds: float) -> None:
+        """Let the canary serve for SECONDS, then check it again before any other node is touched."""
+        p = self.progress
+        p(",".join(batch), "bake", f"canary serves for {seconds:.0f} s before the next node")
+        time.sleep(seconds)
+        start = time.monotonic()
+        try:
+            message = self.ready(batch) + "; " + self.smoke(batch)
+        except Exception as exc:  # noqa: BLE001
+            raise RollError(",".join(batch), "bake", str(exc)) from exc
+        p(",".join(batch), "bake", message, time.monotonic() - start)
+
+    def _recover(self, batch: list[str], hosts: dict[str, Any], before: dict[str, str | None]) -> bool:
+        """Put every node of the batch back on the release it ran before, then back in the router;
+        whether the re-add succeeded."""
+        p = self.progress
+
+        def one(h: str) -> None:
+            start = time.monotonic()
+            if before.get(h) is None:
+                p(h, "restore", "no earlier release recorded on this node: left as it is (roll it with a fixed inventory)")
+                return
+            try:
+                # a fresh connection: the failed deploy's State is done
+                _, fresh, unreachable = self.pyinfra.connect([h])
+                if unreachable:
+                    raise RuntimeError(f"cannot reach it over SSH: {unreachable[h]}")
+                self.connected[h] = fresh[h]
+                p(h, "restore", self.restore(h, fresh[h], before[h]), time.monotonic() - start)
+            except Exception as exc:  # noqa: BLE001 - report and go on to the router
+                p(h, "restore", f"FAILED: {exc}")
+
+        # the nodes of the batch restore together: the ranks of an engine spanning nodes must
+        # restart together (rank 0 is ready only once every rank joined it), one after the
+        # other each restore would wait on a rank still running the failed release
+        with ThreadPoolExecutor(max_workers=max(1, len(batch)), thread_name_prefix="pdkit-roll-restore") as pool:
+            list(pool.map(one, batch))
+        try:
+            p(",".join(batch), "router", self.readd(batch))
+            return True
+        except Exception as exc:  # noqa: BLE001
+            p(",".join(batch), "router", f"could not add the restored engines back: {exc}")
+            return False
+
