@@ -142,7 +142,7 @@ class Read(tuple):
 
 
 _EXPORTER = "pdkit-exporter (pdkit/exporter/metrics.py parse_metrics)"
-_DOCTOR = "doctor (pdkit/doctor.py, through parse_metrics)"
+_DOCTOR = "doctor (pdkit/doctor/, through parse_metrics)"
 _ROLL = "roll (pdkit/roll/)"
 _KV = "pdkit/kvcost.py kv_histograms (bench's KV figures, doctor check_kv_path)"
 READS: tuple[Read, ...] = (

@@ -720,7 +720,7 @@ def test_collect_sends_no_http_to_a_rank_above_0_and_reads_its_hosts_exporter(mo
         asked.append(url)
         return None, "Connection refused"
 
-    monkeypatch.setattr(doctor, "_get", refused)
+    monkeypatch.setattr(doctor.observe, "http_get", refused)  # every GET of collect goes through it
     collected = doctor.collect(spec, window_s=0, probe_requests=0, timeout_s=0.1)
     engine_gets = sorted(u for u in asked if u.endswith(("/server_info", "/metrics")) and ":300" in u)
     # two engines (prefill on gpu-p0, decode rank 0 on gpu-d0), each /server_info once and /metrics twice

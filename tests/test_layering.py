@@ -270,7 +270,6 @@ UNEXPLAINED_BEFORE_ISSUE_34 = {
     "pdkit/contract/sglang_argcheck.py": 10,
     "pdkit/contract/sglang_metrics.py": 7,
     "pdkit/deploy.py": 6,
-    "pdkit/doctor.py": 13,
     "pdkit/enginelock.py": 1,
     "pdkit/gates.py": 2,
     "pdkit/health.py": 1,

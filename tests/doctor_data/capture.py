@@ -20,7 +20,7 @@ from pdkit.loader import load  # before requests-using modules: pyinfra gevent-p
 
 # isort: split
 
-from pdkit.doctor import _probe, engine_plans, router_urls
+from pdkit.doctor import engine_plans, probe, router_urls
 from pdkit.health import http_request
 
 DATA = Path(__file__).resolve().parent
@@ -44,7 +44,7 @@ def main(argv: list[str]) -> int:
         (out / f"{p.engine}.server_info.json").write_text(json.dumps(json.loads(get(f"{p.url}/server_info")), indent=1, sort_keys=True) + "\n")
         (out / f"{p.engine}.metrics1.txt").write_text(get(f"{p.url}/metrics"))
     router_host, router_url, _ = router_urls(spec)[0]
-    statuses = _probe(router_url, spec.cluster.model.name, 8, 30.0, {})
+    statuses = probe(router_url, spec.cluster.model.name, 8, 30.0, {})
     time.sleep(3)
     for p in plans:
         (out / f"{p.engine}.metrics2.txt").write_text(get(f"{p.url}/metrics"))

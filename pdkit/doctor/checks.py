@@ -1,55 +1,36 @@
-"""`pdkit doctor INVENTORY [--json]`: is the running cluster the cluster the spec plans, and do its
-levers really work?
-
-Live checks per engine (and per router), each PASS / WARN / FAIL with a one-line reason and a fix
-hint (docs/doctor.md). Two halves, kept apart so the checks can be tested on captured pages:
-
-- collection (`collect`): HTTP GETs with timeouts from the control machine: each engine's
-  /server_info and /metrics (twice, `window_s` apart, with a few probe requests through the
-  router in between so that decode passes and KV hand-offs happen inside the window), each GPU
-  node's pdkit-exporter /metrics (environment of the engine process, argv drift, log-line
-  CUDA-graph flags), each router's GET /workers; optionally a short C=16 bench (pdkit.bench).
-- checks: small pure functions, observations in, `CheckResult` out.
-
-A WARN says "could not prove it" (not measurable on this version, no traffic yet, exporter down);
-a FAIL says "it is wrong"; the exit code is 1 when anything FAILs.
-"""
+"""Doctor's checks: pure functions, observations (pdkit.doctor.model) in, `CheckResult` rows out; no I/O.
+`evaluate` runs every check that applies to each engine, router and the cluster, in table order."""
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import sys
-import time
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
-from typing import Any, Literal
+from dataclasses import replace
+from typing import Any
 
+from pdkit.doctor.model import (
+    FAIL,
+    PASS,
+    WARN,
+    BenchPoint,
+    CheckResult,
+    EngineObservation,
+    EnginePlan,
+    KvBench,
+    RouterObservation,
+    Status,
+    WorkerOutcomes,
+)
 from pdkit.exporter.drift import compare_server_info, describe, flag_key
-from pdkit.exporter.metrics import parse_metrics
 from pdkit.kvcost import (
     KV_PATHS,
     KV_RATE_MIN_MB,
     KV_TTFT_SHARE_WARN,
-    Histogram,
     KvFigures,
     kv_figures,
     kv_floor,
-    kv_histograms,
     rate_judged,
 )
-from pdkit.metricnames import ROUTER, SGLANG
-
-Status = Literal["PASS", "WARN", "FAIL"]
-PASS: Status = "PASS"
-WARN: Status = "WARN"
-FAIL: Status = "FAIL"
-
-EXIT_FAIL = 1
-EXIT_INVALID = 2
 
 # Share of decode passes that must run as a CUDA graph before "graphs are used" is a PASS. SGLang
 # runs a batch above the largest captured size without a graph, so a few such passes are normal.
@@ -60,149 +41,6 @@ UNCAPPED_CONTEXT_WARN = 131072
 # A queue must grow by at least this many requests within the window to count as growing.
 QUEUE_GROWTH_MIN = 4
 DEFAULT_TOLERANCE = 0.10
-BENCH_CONCURRENCY = 16
-DEFAULT_RUNS_PATH = Path("docs/bench/runs.jsonl")
-
-
-@dataclass(frozen=True)
-class CheckResult:
-    """One verdict: which host and target (an engine, `router` or `cluster`), which check, why, how to fix."""
-
-    host: str
-    target: str
-    check: str
-    status: Status
-    reason: str
-    hint: str = ""
-    # the FAIL reports what the spec itself plans (e.g. decode graphs off by tuning): the engine
-    # runs as written, the spec is what to change; `pdkit tune` counts such a lever as in effect
-    as_planned: bool = False
-
-    def to_dict(self) -> dict[str, str]:
-        return asdict(self)
-
-
-# ------------------------------------------------------------------------------------------------
-# Observations (what collection hands to the checks)
-
-
-@dataclass(frozen=True)
-class EnginePlan:
-    """What the spec says one engine should be running."""
-
-    host: str
-    engine: str
-    role: str
-    url: str
-    pd_group: str | None  # None for unified engines
-    argv: tuple[str, ...]
-    sglang_version: str
-    engine_kind: str  # sglang | sim
-    context_length: int | None
-    cuda_graph: bool  # decode CUDA graphs planned on (False for prefill engines)
-    graph_max_bs: int | None  # spec.effective_decode_graph_max_bs
-    required_bs: int | None  # pdkit.spec.decode_graph_required_bs: ceil(target_concurrency / DP ranks), None without a target
-    env_names: tuple[str, ...] = ()  # planned NCCL/UCX/SGLANG variables of the process
-    # an engine spanning nodes: the rank this plan is (on `host`), of how many nodes, and rank 0's
-    # host. Only rank 0 serves HTTP (`url` is rank 0's); a rank above 0 is read through its own
-    # host's pdkit-exporter (the process' argv and environment) and never counts as down for
-    # lacking HTTP.
-    rank: int = 0
-    nnodes: int = 1
-    head: str = ""
-    # a prefill: the KV path to each host holding a decode it may hand KV to ((decode host, pdkit.kvcost.KV_PATHS
-    # name), pdkit.spec.prefill_kv_paths), those decodes (`host/engine`, pdkit.spec.pairing_sets)
-    # and its node's ucx_net_devices
-    kv_paths: tuple[tuple[str, str], ...] = ()
-    kv_decodes: tuple[str, ...] = ()
-    ucx_net_devices: str | None = None
-
-    @property
-    def target(self) -> str:
-        """The engine as the table names it: `decode`, or `decode rank 1` for a rank above 0."""
-        return self.engine if self.rank == 0 else f"{self.engine} rank {self.rank}"
-
-
-@dataclass
-class Sample:
-    """One GET of an engine's /metrics: parse_metrics' figures, or why there are none."""
-
-    at: float = 0.0
-    figures: dict[str, Any] | None = None
-    error: str | None = None
-    # the KV hand-off histograms (pdkit.kvcost.kv_histograms: a prefill's; empty before its first hand-off)
-    # and (sum, count) of sglang:time_to_first_token_seconds, None where the page has none
-    kv: dict[str, Histogram] | None = None
-    ttft: tuple[float, float] | None = None
-
-
-@dataclass
-class ExporterView:
-    """What the node's pdkit-exporter said about one engine (None fields: series absent)."""
-
-    env_present: float | None = None
-    env_check_error: float | None = None
-    env_mismatch: dict[str, str] = field(default_factory=dict)  # var -> problem
-    flags_drift: float | None = None
-    drift_flags: tuple[str, ...] = ()
-    decode_graph_ratio: float | None = None
-    decode_batch_cuda_graph: float | None = None  # the last `Decode batch` log line
-    sglang_version: str | None = None
-    rank_up: float | None = None  # pdkit_engine_rank_up: an engine spanning nodes, the rank this node runs
-    rank: int | None = None  # which rank that is
-
-
-@dataclass
-class EngineObservation:
-    plan: EnginePlan
-    server_info: dict[str, Any] | None = None
-    server_info_error: str | None = None
-    first: Sample = field(default_factory=Sample)
-    second: Sample = field(default_factory=Sample)
-    exporter: ExporterView | None = None
-    exporter_error: str | None = None  # why the exporter page could not be read
-
-
-@dataclass
-class RouterObservation:
-    host: str
-    url: str
-    expected_workers: tuple[str, ...]
-    workers: dict[str, bool] | None = None  # url -> healthy
-    error: str | None = None
-    # smg_worker_cb_outcomes_total at both samples: worker url -> {"success": n, "failure": n}
-    outcomes_first: dict[str, dict[str, float]] | None = None
-    outcomes_second: dict[str, dict[str, float]] | None = None
-
-
-@dataclass(frozen=True)
-class WorkerOutcomes:
-    """What one router recorded for one worker's requests (its circuit breaker), at both samples."""
-
-    router: str
-    first: dict[str, float]
-    second: dict[str, float]
-
-
-@dataclass(frozen=True)
-class BenchPoint:
-    """Output tokens per second at C=16, and the run it comes from (a fresh bench repeats its lengths)."""
-
-    output_tok_s: float
-    label: str  # the run's id, or "now"
-    input_len: int = 512
-    output_len: int = 128
-    requests: int = 64
-    ttft_mean_ms: float | None = None  # the C=16 level's client-side TTFT mean (a fresh bench)
-
-
-@dataclass(frozen=True)
-class KvBench:
-    """One prefill's KV histograms before and after doctor's own C=16 bench, and the bench's TTFT mean."""
-
-    before: dict[str, Histogram]
-    after: dict[str, Histogram]
-    ttft_mean_ms: float | None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -561,7 +399,6 @@ def check_kv_transfers(obs: EngineObservation, router: WorkerOutcomes | None = N
     return _result(plan, name, PASS, f"no failures; {moved:.0f} {moved_key.replace('_', ' ')} handed through PD since start")
 
 
-
 def _ttft_mean_ms(pairs: Iterable[tuple[tuple[float, float] | None, tuple[float, float] | None]]) -> float | None:
     """Mean TTFT in ms of the observations between each (before, after) pair of (sum, count) readings of
     sglang:time_to_first_token_seconds (before None: since the engine started), None when none were made."""
@@ -702,6 +539,7 @@ def check_kv_path(obs: EngineObservation, decodes: Sequence[EngineObservation] =
     status: Status = FAIL if slow and heavy else WARN
     return _result(plan, name, status, "; ".join(problems) + ". " + figures_text, "; ".join(hints))
 
+
 def _queue_depth(figures: dict[str, Any]) -> float:
     return figures.get("queued_requests", 0.0) + sum((figures.get("pd_queues") or {}).values())
 
@@ -760,6 +598,21 @@ def check_router_workers(router: RouterObservation) -> CheckResult:
                        "remove the unplanned worker (DELETE /workers/{id}) or add it to the inventory" if extra else "")
 
 
+def check_reboot(host: str, pending: float | None, exporter_error: str | None = None) -> CheckResult:
+    """A driver installed or changed since the node booted (the driver role's marker, via pdkit-exporter)."""
+    name = "reboot_required"
+    if pending is None:
+        why = exporter_error or "pdkit-exporter does not report pdkit_node_reboot_required"
+        return CheckResult(host, "node", name, WARN, f"not measurable: {why}",
+                           f"on {host}: systemctl status pdkit-exporter")
+    if pending > 0:
+        return CheckResult(host, "node", name, WARN,
+                           "the NVIDIA driver changed since boot: the loaded kernel module is the old one until a reboot",
+                           f"reboot {host} drained: set pdkit_node.reboot: when-drained and `pdkit roll --limit {host}` "
+                           "(the kit never reboots a serving node on its own; docs/tuning.md)")
+    return CheckResult(host, "node", name, PASS, "no driver change waiting for a reboot")
+
+
 def check_throughput(host: str, recorded: BenchPoint | None, measured: BenchPoint | None,
                      tolerance: float = DEFAULT_TOLERANCE) -> CheckResult:
     """C=16 output throughput within `tolerance` of the last recorded bench."""
@@ -778,19 +631,15 @@ def check_throughput(host: str, recorded: BenchPoint | None, measured: BenchPoin
     return CheckResult(host, "cluster", name, PASS, f"{text} (tolerance {tolerance:.0%})")
 
 
-def histogram_mean(text: str, name: str) -> tuple[float, float] | None:
-    """Pure: (sum, count) of histogram NAME summed over its children in one /metrics page, None when absent."""
-    from prometheus_client.parser import text_string_to_metric_families
 
-    total, count, seen = 0.0, 0.0, False
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == f"{name}_sum":
-                total += sample.value
-                seen = True
-            elif sample.name == f"{name}_count":
-                count += sample.value
-    return (total, count) if seen else None
+
+def mean_between(before: tuple[float, float] | None, after: tuple[float, float] | None) -> float | None:
+    """Mean of the observations between two (sum, count) readings, None when none were made."""
+    if after is None:
+        return None
+    s0, c0 = before or (0.0, 0.0)
+    count = after[1] - c0
+    return (after[0] - s0) / count if count > 0 else None
 
 
 def check_decode_speed(itl: dict[tuple[str, str], float | None], tolerance: float = DEFAULT_TOLERANCE) -> list[CheckResult]:
@@ -887,498 +736,3 @@ def worker_outcomes(routers: Sequence[RouterObservation], url: str) -> WorkerOut
         if r.outcomes_second is not None and key in r.outcomes_second:
             return WorkerOutcomes(r.host, (r.outcomes_first or {}).get(key, {}), r.outcomes_second[key])
     return None
-
-
-# ------------------------------------------------------------------------------------------------
-# Exporter and router pages
-
-
-def router_outcomes(text: str) -> dict[str, dict[str, float]]:
-    """A router's /metrics text -> {worker url: {outcome: requests}} (smg_worker_cb_outcomes_total)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    wanted = "\n".join(line for line in text.splitlines() if line.startswith(ROUTER["worker_outcomes"])) + "\n"
-    out: dict[str, dict[str, float]] = {}
-    for family in text_string_to_metric_families(wanted):
-        for s in family.samples:
-            worker, outcome = s.labels.get("worker"), s.labels.get("outcome")
-            if worker and outcome:
-                slot = out.setdefault(worker.rstrip("/"), {})
-                slot[outcome] = slot.get(outcome, 0.0) + s.value
-    return out
-
-
-def reboot_pending(text: str) -> float | None:
-    """pdkit_node_reboot_required from a pdkit-exporter page (None: the exporter does not report it)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    wanted = "\n".join(l for l in text.splitlines() if l.startswith(("pdkit_node_reboot_required", "# TYPE pdkit_node_reboot_required"))) + "\n"
-    for family in text_string_to_metric_families(wanted):
-        for s in family.samples:
-            return s.value
-    return None
-
-
-def check_reboot(host: str, pending: float | None, exporter_error: str | None = None) -> CheckResult:
-    """A driver installed or changed since the node booted (the driver role's marker, via pdkit-exporter)."""
-    name = "reboot_required"
-    if pending is None:
-        why = exporter_error or "pdkit-exporter does not report pdkit_node_reboot_required"
-        return CheckResult(host, "node", name, WARN, f"not measurable: {why}",
-                           f"on {host}: systemctl status pdkit-exporter")
-    if pending > 0:
-        return CheckResult(host, "node", name, WARN,
-                           "the NVIDIA driver changed since boot: the loaded kernel module is the old one until a reboot",
-                           f"reboot {host} drained: set pdkit_node.reboot: when-drained and `pdkit roll --limit {host}` "
-                           "(the kit never reboots a serving node on its own; docs/tuning.md)")
-    return CheckResult(host, "node", name, PASS, "no driver change waiting for a reboot")
-
-
-def exporter_views(text: str) -> dict[str, ExporterView]:
-    """pdkit-exporter's /metrics text -> {engine name: ExporterView}."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    views: dict[str, ExporterView] = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            engine = s.labels.get("engine")
-            if engine is None:
-                continue
-            view = views.setdefault(engine, ExporterView())
-            if s.name == "pdkit_engine_env_present":
-                view.env_present = s.value
-            elif s.name == "pdkit_engine_env_check_error":
-                view.env_check_error = s.value
-            elif s.name == "pdkit_engine_env_mismatch_info":
-                view.env_mismatch[s.labels.get("var", "?")] = s.labels.get("problem", "?")
-            elif s.name == "pdkit_engine_flags_drift":
-                view.flags_drift = s.value
-            elif s.name == "pdkit_engine_flag_drift_info":
-                view.drift_flags = (*view.drift_flags, s.labels.get("flag", "?"))
-            elif s.name == "pdkit_decode_cuda_graph_ratio":
-                view.decode_graph_ratio = s.value
-            elif s.name == "pdkit_decode_batch_cuda_graph":
-                view.decode_batch_cuda_graph = s.value
-            elif s.name == "pdkit_engine_info":
-                view.sglang_version = s.labels.get("sglang_version") or None
-            elif s.name == "pdkit_engine_rank_up":
-                view.rank_up = s.value
-                rank = s.labels.get("rank", "")
-                view.rank = int(rank) if rank.isdigit() else None
-    return views
-
-
-# ------------------------------------------------------------------------------------------------
-# Collection (HTTP, from the control machine)
-
-
-def engine_plans(spec) -> list[EnginePlan]:
-    """What each engine of the spec should be running."""
-    from pdkit import flags
-    from pdkit.spec import decode_graph_required_bs, effective_decode_graph_max_bs, pairing_sets, prefill_kv_paths
-
-    target = spec.cluster.target_concurrency
-    kv_paths = prefill_kv_paths(spec)
-    kv_decodes: dict[tuple[str, str], set[str]] = {}
-    for _label, members in pairing_sets(spec):
-        decodes = {f"{h.name}/{e.name}" for h, e in members if e.role == "decode"}
-        for h, e in members:
-            if e.role == "prefill":
-                kv_decodes.setdefault((h.name, e.name), set()).update(decodes)
-    out = []
-    for host, engine in spec.engines():
-        tuning = spec.engine_tuning(engine)
-        kv = ({"kv_paths": tuple((d, p.name) for d, p in kv_paths.get((host.name, engine.name), ())),
-               "kv_decodes": tuple(sorted(kv_decodes.get((host.name, engine.name), ()))),
-               "ucx_net_devices": host.node.ucx_net_devices if host.node is not None else None}
-              if engine.role == "prefill" else {})
-        # every rank of an engine spanning nodes, rank 0 first: each on its own host, with that
-        # host's NCCL/UCX environment and its own argv (--node-rank)
-        for rank, node in enumerate(spec.engine_hosts(host, engine)):
-            env = {**flags.nccl_env(spec, node), **flags.ucx_env(spec, node), **flags.engine_env(spec, host, engine, node)}
-            planned_env = sorted(k for k in env if k.startswith(("NCCL_", "UCX_", "SGLANG_")))
-            out.append(EnginePlan(
-                host=node.name,
-                engine=engine.name,
-                role=engine.role,
-                url=flags.engine_url(spec, host, engine),
-                pd_group=engine.pd_group if engine.role != "unified" else None,
-                argv=tuple(flags.sglang_args(spec, host, engine, rank)),
-                sglang_version=spec.engine_version(engine),
-                engine_kind=spec.cluster.engine,
-                context_length=tuning.context_length,
-                cuda_graph=engine.role != "prefill" and bool(tuning.value("cuda_graph")),
-                graph_max_bs=effective_decode_graph_max_bs(spec, host, engine),
-                required_bs=decode_graph_required_bs(engine, target),
-                env_names=tuple(planned_env),
-                **kv,
-                **({"rank": rank, "nnodes": engine.nnodes, "head": host.name} if engine.spans_nodes else {}),
-            ))
-    return out
-
-
-def router_urls(spec) -> list[tuple[str, str, tuple[str, ...]]]:
-    """(host, router base URL, planned worker URLs) per router, from the plan's router service."""
-    from pdkit.paths import router_url  # lazy, as pdkit.flags here
-    from pdkit.plan import plan_host
-
-    out = []
-    for host in spec.router_hosts:
-        service = next(s for s in plan_host(spec, host).services if s.kind == "router")
-        out.append((host.name, router_url(host), service.expected_workers))
-    return out
-
-
-def _router_outcomes(url: str, timeout_s: float) -> dict[str, dict[str, float]] | None:
-    body, _error = _get(url, timeout_s)
-    if body is None:
-        return None
-    try:
-        return router_outcomes(body)
-    except ValueError:
-        return None
-
-
-def _get(url: str, timeout_s: float, headers: dict[str, str] | None = None) -> tuple[str | None, str | None]:
-    """(body, None) on a 200, else (None, why)."""
-    from pdkit.health import http_request
-
-    status, body = http_request(url, timeout=timeout_s, headers=headers)
-    if status == 200:
-        return body, None
-    if status:
-        return None, f"HTTP {status}: {body.strip()[:120]}"
-    # urllib says "<urlopen error [Errno 111] Connection refused>": keep the reason
-    reason = body.strip().removeprefix("<urlopen error ").removesuffix(">")
-    return None, reason[:160] or "no answer"
-
-
-def _sample(url: str, timeout_s: float) -> Sample:
-    at = time.monotonic()
-    body, error = _get(f"{url}/metrics", timeout_s)
-    if body is None:
-        return Sample(at, None, error)
-    try:
-        return Sample(at, parse_metrics(body), kv=kv_histograms(body), ttft=histogram_mean(body, SGLANG["ttft"]))
-    except ValueError as exc:
-        return Sample(at, None, f"unreadable /metrics: {str(exc)[:120]}")
-
-
-def _probe(router_url: str, model: str, requests_n: int, timeout_s: float, headers: dict[str, str]) -> list[int]:
-    """A few short completions through the router, concurrently: decode passes and KV hand-offs to observe."""
-    from pdkit.health import http_request
-
-    def one(i: int) -> int:
-        payload = {"model": model, "prompt": f"pdkit doctor probe {i} {time.time_ns()}", "max_tokens": 16}
-        return http_request(f"{router_url}/v1/completions", payload, timeout=timeout_s, headers=headers)[0]
-
-    with ThreadPoolExecutor(max(1, requests_n)) as pool:
-        return list(pool.map(one, range(requests_n)))
-
-
-@dataclass
-class Collected:
-    engines: list[EngineObservation]
-    routers: list[RouterObservation]
-    probe_statuses: list[int] = field(default_factory=list)
-    # GPU node -> (pdkit_node_reboot_required or None, why the exporter could not say)
-    reboots: dict[str, tuple[float | None, str | None]] = field(default_factory=dict)
-
-
-def collect(spec, *, window_s: float = 3.0, probe_requests: int = 8, timeout_s: float = 5.0,
-            progress: Callable[[str], None] = lambda _m: None) -> Collected:
-    """Read every engine, exporter and router of the spec (two /metrics samples `window_s` apart)."""
-    from pdkit.health import router_worker_health
-    from pdkit.paths import (  # lazy, as pdkit.flags here: doctor's module stays light
-        router_auth_headers,
-        router_metrics_url,
-    )
-
-    plans = engine_plans(spec)
-    obs = [EngineObservation(plan=p) for p in plans]
-    # HTTP only to rank 0 of each engine: a rank above 0 serves none (its exporter says the rest)
-    served = [o for o in obs if o.plan.rank == 0]
-    headers = router_auth_headers(spec)
-    routers = [RouterObservation(h, url, workers) for h, url, workers in router_urls(spec)]
-    router_metrics = [router_metrics_url(h) for h in spec.router_hosts]
-    exporters = {h.name: f"http://{spec.engine_address(h)}:{h.node.exporter_port}" for h in spec.gpu_hosts}
-
-    with ThreadPoolExecutor(max(4, 2 * len(served) + len(routers) + len(exporters))) as pool:
-        def read_engine(o: EngineObservation) -> None:
-            body, error = _get(f"{o.plan.url}/server_info", timeout_s)
-            if body is not None:
-                try:
-                    info = json.loads(body)
-                    o.server_info = info if isinstance(info, dict) else None
-                    o.server_info_error = None if isinstance(info, dict) else "not a JSON object"
-                except ValueError as exc:
-                    o.server_info_error = f"unreadable: {exc}"
-            else:
-                o.server_info_error = error
-            o.first = _sample(o.plan.url, timeout_s)
-
-        progress(f"reading {len(served)} engines")
-        list(pool.map(read_engine, served))
-        for r, outcomes in zip(routers, pool.map(lambda u: _router_outcomes(u, timeout_s), router_metrics)):
-            r.outcomes_first = outcomes
-        started = time.monotonic()
-        statuses: list[int] = []
-        for r in routers if probe_requests > 0 else []:
-            progress(f"sending {probe_requests} probe requests through {r.url}")
-            statuses += _probe(r.url, spec.cluster.model.name, probe_requests, max(timeout_s, 30.0), headers)
-        time.sleep(max(0.0, window_s - (time.monotonic() - started)))
-        progress(f"second look at the engines after {time.monotonic() - started:.1f} s; exporters and routers")
-        seconds = pool.map(lambda o: _sample(o.plan.url, timeout_s), served)
-        exporter_pages = dict(zip(exporters, pool.map(lambda u: _get(f"{u}/metrics", timeout_s), exporters.values())))
-        router_pages = list(pool.map(lambda r: _get(f"{r.url}/workers", timeout_s, headers), routers))
-        for r, outcomes in zip(routers, pool.map(lambda u: _router_outcomes(u, timeout_s), router_metrics)):
-            r.outcomes_second = outcomes
-        for o, s in zip(served, seconds):
-            o.second = s
-
-    views: dict[str, dict[str, ExporterView]] = {}
-    errors: dict[str, str] = {}
-    for host, (body, error) in exporter_pages.items():
-        if body is None:
-            errors[host] = f"{exporters[host]}/metrics: {error}"
-            continue
-        try:
-            views[host] = exporter_views(body)
-        except ValueError as exc:
-            errors[host] = f"unreadable exporter page: {str(exc)[:120]}"
-    for o in obs:
-        view = views.get(o.plan.host, {}).get(o.plan.engine)
-        o.exporter = view
-        if view is None:
-            o.exporter_error = errors.get(o.plan.host, f"no series for engine {o.plan.engine}")
-    for r, (body, error) in zip(routers, router_pages):
-        if body is None:
-            r.error = error
-            continue
-        try:
-            r.workers = router_worker_health(body)
-        except (ValueError, AttributeError) as exc:
-            r.error = f"unreadable /workers: {exc}"
-    reboots = {}
-    for host, (body, _error) in exporter_pages.items():
-        reboots[host] = (reboot_pending(body), None) if body is not None else (None, errors.get(host))
-    return Collected(obs, routers, statuses, reboots)
-
-
-# ------------------------------------------------------------------------------------------------
-# The last recorded bench and a fresh one (pdkit.bench, when it exists)
-
-
-def c16_throughput(record: dict[str, Any]) -> float | None:
-    """Output tok/s of the C=16 level of one pdkit.bench record (None without such a level)."""
-    for level in record.get("levels") or []:
-        if level.get("concurrency") == BENCH_CONCURRENCY and isinstance(level.get("output_tok_s"), (int, float)):
-            if level.get("completed", 1) and not level.get("errors"):
-                return float(level["output_tok_s"])
-    return None
-
-
-def c16_ttft_mean_ms(record: dict[str, Any]) -> float | None:
-    """The client-side TTFT mean (ms) of the C=16 level of one pdkit.bench record."""
-    for level in record.get("levels") or []:
-        if level.get("concurrency") == BENCH_CONCURRENCY:
-            mean = (level.get("ttft_ms") or {}).get("mean")
-            return float(mean) if isinstance(mean, (int, float)) else None
-    return None
-
-
-def last_recorded(runs: Iterable[dict[str, Any]], cluster: str, engine: str) -> BenchPoint | None:
-    """The newest clean C=16 level recorded through the router for this cluster and engine kind (sim
-    and sglang never compare; a bench of chosen hosts' engines, env.measured.via "engines", is not
-    the cluster's figure)."""
-    best = None
-    for record in runs:
-        env = record.get("env") or {}
-        if record.get("cluster") != cluster or env.get("engine", engine) != engine:
-            continue
-        if (env.get("measured") or {}).get("via", "router") != "router":
-            continue
-        value = c16_throughput(record)
-        if value is not None:
-            best = BenchPoint(value, str(record.get("id") or record.get("time") or "last run"),
-                              int(record.get("input_len") or 512), int(record.get("output_len") or 128),
-                              int(record.get("requests") or 64))
-    return best
-
-
-def recorded_bench(spec, runs_path: Path) -> BenchPoint | None:
-    """The last recorded C=16 figure from runs.jsonl, None when pdkit.bench is absent or nothing is recorded."""
-    try:
-        from pdkit import bench
-    except ModuleNotFoundError as exc:
-        if exc.name != "pdkit.bench":
-            raise
-        return None
-    return last_recorded(bench.load_runs(runs_path), spec.cluster.name, spec.cluster.engine)
-
-
-def fresh_bench(spec, like: BenchPoint, progress: Callable[[str], None], show_bar: bool) -> BenchPoint | None:
-    """A short C=16 bench through the router with the recorded run's lengths (pdkit.bench.run_bench)."""
-    from pdkit import bench
-
-    # the recorded run's lengths and request count: a shorter run ramps up and down differently
-    requests = like.requests
-    progress(f"running a C=16 bench through the router ({requests} requests, {like.input_len} in / {like.output_len} out)")
-    record = bench.run_bench(spec, concurrency=[BENCH_CONCURRENCY], input_len=like.input_len, output_len=like.output_len,
-                             requests=requests, label="pdkit doctor", probe_drivers=False, progress=show_bar)
-    value = c16_throughput(record)
-    if value is None:
-        return None
-    return BenchPoint(value, "now", like.input_len, like.output_len, requests, c16_ttft_mean_ms(record))
-
-
-def per_engine_bench(spec, like: BenchPoint, progress: Callable[[str], None], show_bar: bool) -> dict:
-    """The same C=16 load sent to every decode (and unified) engine in turn, each request to one
-    PD pair directly in the router's form (pdkit.bench.measure), so each engine serves an equal
-    share and its own inter-token latency is measured (decode_speed_c16). Through the router the
-    share is the router's choice: one slow engine of three got no request at all in a lab run
-    (issue #18 item 10)."""
-    # lazy: only --bench sends load; the client and its routes load pydantic (the spec), which doctor's import avoids
-    from pdkit import bench
-    from pdkit.bench.measure import Measured
-    from pdkit.bench.routes import target_routes
-
-    url, headers = bench.router_target(spec)
-    routes = tuple(target_routes(spec, [h.name for h in spec.hosts]))
-    if not routes:
-        return {}
-    measured = Measured(tuple(h.name for h in spec.hosts), url, headers, routes)
-    progress(f"running the same C=16 load on each engine in turn ({like.requests} requests over {len(routes)} route(s): {', '.join(r.label for r in routes)})")
-    return bench.run_bench(spec, concurrency=[BENCH_CONCURRENCY], input_len=like.input_len, output_len=like.output_len,
-                           requests=like.requests, label="pdkit doctor per engine", probe_drivers=False, progress=show_bar,
-                           send=measured.stream, measured=measured.describe())
-
-
-# ------------------------------------------------------------------------------------------------
-# Entry points
-
-
-def run_doctor(spec, *, window_s: float = 3.0, probe_requests: int = 8, timeout_s: float = 5.0,
-               bench: bool = False, tolerance: float = DEFAULT_TOLERANCE, runs_path: Path = DEFAULT_RUNS_PATH,
-               progress: Callable[[str], None] = lambda _m: None, show_bar: bool = False) -> list[CheckResult]:
-    """Collect from the live cluster and run every check."""
-    collected = collect(spec, window_s=window_s, probe_requests=probe_requests, timeout_s=timeout_s, progress=progress)
-    recorded = recorded_bench(spec, runs_path)
-    measured, speed, kv_bench = None, [], None
-    if bench and recorded is not None:
-        decode = [o.plan for o in collected.engines if o.plan.role in ("decode", "unified") and o.plan.rank == 0]
-        prefill = [o.plan for o in collected.engines if o.plan.role == "prefill" and o.plan.rank == 0]
-        kv_before = _kv_pages(prefill, timeout_s)
-        measured = fresh_bench(spec, recorded, progress, show_bar)
-        kv_after = _kv_pages(prefill, timeout_s)
-        ttft = measured.ttft_mean_ms if measured is not None else None
-        kv_bench = {k: KvBench(kv_before.get(k) or {}, after, ttft) for k, after in kv_after.items() if after is not None}
-        before = _itl_sums(decode, timeout_s)
-        per_engine_bench(spec, recorded, progress, show_bar)
-        after = _itl_sums(decode, timeout_s)
-        speed = check_decode_speed({k: _mean_between(before.get(k), after.get(k)) for k in after}, tolerance)
-    cluster_host = spec.router_hosts[0].name if spec.router_hosts else ""
-    return evaluate(collected.engines, collected.routers, recorded, measured, tolerance, cluster_host, collected.reboots,
-                    kv_bench) + speed
-
-
-def _kv_pages(plans: Sequence[EnginePlan], timeout_s: float) -> dict[tuple[str, str], dict[str, Histogram] | None]:
-    """(host, engine) -> each prefill's KV histograms now (None: its /metrics did not answer)."""
-    out: dict[tuple[str, str], dict[str, Histogram] | None] = {}
-    for p in plans:
-        body, _ = _get(f"{p.url}/metrics", timeout_s)
-        try:
-            out[(p.host, p.engine)] = kv_histograms(body) if body is not None else None
-        except ValueError:
-            out[(p.host, p.engine)] = None
-    return out
-
-
-def _itl_sums(plans: Sequence[EnginePlan], timeout_s: float) -> dict[tuple[str, str], tuple[float, float] | None]:
-    """(host, engine) -> (sum, count) of each engine's inter-token latency histogram now."""
-    from pdkit.metricnames import SGLANG
-
-    out = {}
-    for p in plans:
-        body, _ = _get(f"{p.url}/metrics", timeout_s)
-        out[(p.host, p.engine)] = histogram_mean(body, SGLANG["itl"]) if body is not None else None
-    return out
-
-
-def _mean_between(before: tuple[float, float] | None, after: tuple[float, float] | None) -> float | None:
-    """Mean of the observations between two (sum, count) readings, None when none were made."""
-    if after is None:
-        return None
-    s0, c0 = before or (0.0, 0.0)
-    count = after[1] - c0
-    return (after[0] - s0) / count if count > 0 else None
-
-
-def render_table(results: Sequence[CheckResult]) -> str:
-    """Human output: one block per host/target, a row per check, the hint under WARN/FAIL rows."""
-    lines: list[str] = []
-    width = max((len(r.check) for r in results), default=10)
-    current = None
-    for r in results:
-        if (r.host, r.target) != current:
-            current = (r.host, r.target)
-            lines.append("" if lines else "")
-            lines.append(f"{r.host}/{r.target}" if r.host else r.target)
-        lines.append(f"  {r.check:<{width}}  {r.status}  {r.reason}")
-        if r.hint:
-            lines.append(f"  {'':<{width}}        fix: {r.hint}")
-    counts = {s: sum(1 for r in results if r.status == s) for s in (PASS, WARN, FAIL)}
-    lines.append("")
-    lines.append(f"{counts[PASS]} PASS, {counts[WARN]} WARN, {counts[FAIL]} FAIL")
-    return "\n".join(lines[1:] if lines and lines[0] == "" else lines)
-
-
-def exit_code(results: Sequence[CheckResult]) -> int:
-    return EXIT_FAIL if any(r.status == FAIL for r in results) else 0
-
-
-def cmd_doctor(args: argparse.Namespace) -> int:
-    from pdkit.loader import load_or_report
-
-    spec = load_or_report(args.inventory)
-    if spec is None:
-        return EXIT_INVALID
-    quiet = args.json
-
-    def progress(message: str) -> None:
-        if not quiet:
-            print(f"doctor: {message}", file=sys.stderr, flush=True)
-
-    results = run_doctor(spec, window_s=args.window, probe_requests=args.probe_requests, timeout_s=args.timeout,
-                         bench=args.bench, tolerance=args.tolerance, runs_path=Path(args.runs), progress=progress,
-                         show_bar=not quiet)
-    if args.json:
-        counts = {s: sum(1 for r in results if r.status == s) for s in (PASS, WARN, FAIL)}
-        print(json.dumps({"inventory": str(args.inventory), "cluster": spec.cluster.name, "ok": exit_code(results) == 0,
-                          "counts": counts, "checks": [r.to_dict() for r in results]}, indent=2))
-    else:
-        print(render_table(results))
-    return exit_code(results)
-
-
-def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("doctor", help="live checks: does the running cluster match the plan and do its levers work?")
-    p.add_argument("inventory", help="pyinfra inventory file, e.g. inventories/cluster.py")
-    p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
-    p.add_argument("--window", type=float, default=3.0, help="seconds between the two /metrics samples (default 3)")
-    p.add_argument("--probe-requests", type=int, default=8,
-                   help="short completions sent through each router inside the window (default 8; 0: none)")
-    p.add_argument("--timeout", type=float, default=5.0, help="seconds per HTTP request (default 5)")
-    p.add_argument("--bench", action="store_true", help="run a short C=16 bench (pdkit bench) and compare with the last recorded one")
-    p.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE, help="allowed C=16 throughput drop (default 0.10)")
-    p.add_argument("--runs", default=str(DEFAULT_RUNS_PATH), help="recorded bench runs (default docs/bench/runs.jsonl)")
-    p.set_defaults(func=cmd_doctor)
-
-
-__all__ = [
-    "BenchPoint", "CheckResult", "EngineObservation", "EnginePlan", "ExporterView", "RouterObservation", "Sample",
-    "add_parser", "check_context_length", "check_decode_cuda_graphs", "check_env", "check_flags", "check_graph_buckets",
-    "check_kv_path", "check_kv_transfers", "check_queues", "check_reachable", "check_router_workers", "check_throughput", "check_versions",
-    "check_decode_speed", "histogram_mean",
-    "collect", "evaluate", "exit_code", "exporter_views", "render_table", "run_doctor",
-]

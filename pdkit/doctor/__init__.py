@@ -1,0 +1,175 @@
+"""`pdkit doctor INVENTORY [--json]`: is the running cluster the cluster the spec plans, and do its
+levers really work?
+
+Live checks per engine (and per router), each PASS / WARN / FAIL with a one-line reason and a fix
+hint (docs/doctor.md). Two halves, kept apart so the checks can be tested on captured pages:
+
+- collection (`collect`): HTTP GETs with timeouts from the control machine: each engine's
+  /server_info and /metrics (twice, `window_s` apart, with a few probe requests through the
+  router in between so that decode passes and KV hand-offs happen inside the window), each GPU
+  node's pdkit-exporter /metrics (environment of the engine process, argv drift, log-line
+  CUDA-graph flags), each router's GET /workers; optionally a short C=16 bench (pdkit.bench).
+- checks: small pure functions, observations in, `CheckResult` out.
+
+Where each part lives: model.py (the observations and `CheckResult`), observe.py (reading one engine,
+exporter or router page), collection.py (every host's observations, with progress lines), checks.py
+(the pure checks and `evaluate`), baseline.py (the recorded C=16 bench and doctor's own), report.py
+(table, JSON, exit code); here the command itself. Every public name stays importable from
+`pdkit.doctor`.
+
+A WARN says "could not prove it" (not measurable on this version, no traffic yet, exporter down);
+a FAIL says "it is wrong"; the exit code is 1 when anything FAILs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from pdkit.doctor.baseline import (
+    BENCH_CONCURRENCY,
+    DEFAULT_RUNS_PATH,
+    c16_throughput,
+    c16_ttft_mean_ms,
+    fresh_bench,
+    last_recorded,
+    per_engine_bench,
+    recorded_bench,
+)
+from pdkit.doctor.checks import (
+    DEFAULT_TOLERANCE,
+    ENGINE_CHECKS,
+    GRAPH_RATIO_PASS,
+    QUEUE_GROWTH_MIN,
+    RANK_CHECKS,
+    UNCAPPED_CONTEXT_WARN,
+    check_context_length,
+    check_decode_cuda_graphs,
+    check_decode_speed,
+    check_env,
+    check_flags,
+    check_graph_buckets,
+    check_kv_path,
+    check_kv_transfers,
+    check_queues,
+    check_rank_process,
+    check_reachable,
+    check_reboot,
+    check_router_workers,
+    check_throughput,
+    check_versions,
+    counter_delta,
+    decode_graphs_enabled,
+    decode_passes,
+    evaluate,
+    kv_path_text,
+    largest_decode_bucket,
+    mean_between,
+    worker_outcomes,
+)
+from pdkit.doctor.collection import Collected, collect, engine_plans, router_urls
+from pdkit.doctor.model import (
+    FAIL,
+    PASS,
+    WARN,
+    BenchPoint,
+    CheckResult,
+    EngineObservation,
+    EnginePlan,
+    ExporterView,
+    KvBench,
+    RouterObservation,
+    Sample,
+    Status,
+    WorkerOutcomes,
+)
+from pdkit.doctor.observe import (
+    exporter_views,
+    histogram_mean,
+    http_get,
+    itl_sums,
+    kv_pages,
+    probe,
+    reboot_pending,
+    router_outcomes,
+)
+from pdkit.doctor.report import EXIT_FAIL, EXIT_INVALID, exit_code, json_report, render_table, status_counts
+from pdkit.loader import load_or_report
+
+
+def run_doctor(spec, *, window_s: float = 3.0, probe_requests: int = 8, timeout_s: float = 5.0,
+               bench: bool = False, tolerance: float = DEFAULT_TOLERANCE, runs_path: Path = DEFAULT_RUNS_PATH,
+               progress: Callable[[str], None] = lambda _m: None, show_bar: bool = False) -> list[CheckResult]:
+    """Collect from the live cluster and run every check."""
+    collected = collect(spec, window_s=window_s, probe_requests=probe_requests, timeout_s=timeout_s, progress=progress)
+    recorded = recorded_bench(spec, runs_path)
+    measured, speed, kv_bench = None, [], None
+    if bench and recorded is not None:
+        decode = [o.plan for o in collected.engines if o.plan.role in ("decode", "unified") and o.plan.rank == 0]
+        prefill = [o.plan for o in collected.engines if o.plan.role == "prefill" and o.plan.rank == 0]
+        kv_before = kv_pages(prefill, timeout_s)
+        measured = fresh_bench(spec, recorded, progress, show_bar)
+        kv_after = kv_pages(prefill, timeout_s)
+        ttft = measured.ttft_mean_ms if measured is not None else None
+        kv_bench = {k: KvBench(kv_before.get(k) or {}, after, ttft) for k, after in kv_after.items() if after is not None}
+        before = itl_sums(decode, timeout_s)
+        per_engine_bench(spec, recorded, progress, show_bar)
+        after = itl_sums(decode, timeout_s)
+        speed = check_decode_speed({k: mean_between(before.get(k), after.get(k)) for k in after}, tolerance)
+    cluster_host = spec.router_hosts[0].name if spec.router_hosts else ""
+    return evaluate(collected.engines, collected.routers, recorded, measured, tolerance, cluster_host, collected.reboots,
+                    kv_bench) + speed
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    spec = load_or_report(args.inventory)
+    if spec is None:
+        return EXIT_INVALID
+    quiet = args.json
+
+    def progress(message: str) -> None:
+        if not quiet:
+            print(f"doctor: {message}", file=sys.stderr, flush=True)
+
+    results = run_doctor(spec, window_s=args.window, probe_requests=args.probe_requests, timeout_s=args.timeout,
+                         bench=args.bench, tolerance=args.tolerance, runs_path=Path(args.runs), progress=progress,
+                         show_bar=not quiet)
+    if args.json:
+        print(json.dumps(json_report(str(args.inventory), spec.cluster.name, results), indent=2))
+    else:
+        print(render_table(results))
+    return exit_code(results)
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("doctor", help="live checks: does the running cluster match the plan and do its levers work?")
+    p.add_argument("inventory", help="pyinfra inventory file, e.g. inventories/cluster.py")
+    p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
+    p.add_argument("--window", type=float, default=3.0, help="seconds between the two /metrics samples (default 3)")
+    p.add_argument("--probe-requests", type=int, default=8,
+                   help="short completions sent through each router inside the window (default 8; 0: none)")
+    p.add_argument("--timeout", type=float, default=5.0, help="seconds per HTTP request (default 5)")
+    p.add_argument("--bench", action="store_true", help="run a short C=16 bench (pdkit bench) and compare with the last recorded one")
+    p.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE, help="allowed C=16 throughput drop (default 0.10)")
+    p.add_argument("--runs", default=str(DEFAULT_RUNS_PATH), help="recorded bench runs (default docs/bench/runs.jsonl)")
+    p.set_defaults(func=cmd_doctor)
+
+
+# every public name of the old single module pdkit/doctor.py, importable from here as before
+__all__ = [
+    "BENCH_CONCURRENCY", "DEFAULT_RUNS_PATH", "DEFAULT_TOLERANCE", "ENGINE_CHECKS", "EXIT_FAIL", "EXIT_INVALID", "FAIL",
+    "GRAPH_RATIO_PASS", "PASS", "QUEUE_GROWTH_MIN", "RANK_CHECKS", "UNCAPPED_CONTEXT_WARN", "WARN",
+    "BenchPoint", "CheckResult", "Collected", "EngineObservation", "EnginePlan", "ExporterView", "KvBench",
+    "RouterObservation", "Sample", "Status", "WorkerOutcomes",
+    "add_parser", "c16_throughput", "c16_ttft_mean_ms", "check_context_length", "check_decode_cuda_graphs",
+    "check_decode_speed", "check_env", "check_flags", "check_graph_buckets", "check_kv_path", "check_kv_transfers",
+    "check_queues", "check_rank_process", "check_reachable", "check_reboot", "check_router_workers",
+    "check_throughput", "check_versions", "cmd_doctor", "collect", "counter_delta", "decode_graphs_enabled",
+    "decode_passes", "engine_plans", "evaluate", "exit_code", "exporter_views", "fresh_bench", "histogram_mean",
+    "http_get", "itl_sums", "json_report", "kv_pages", "kv_path_text", "largest_decode_bucket", "last_recorded",
+    "mean_between", "per_engine_bench", "probe", "reboot_pending", "recorded_bench", "render_table", "router_outcomes",
+    "router_urls", "run_doctor", "status_counts", "worker_outcomes",
+]

@@ -1,0 +1,156 @@
+"""What doctor's halves hand each other: the observations collection gathers for the checks (the plan
+of each engine, its pages, its exporter's view, each router's), and the `CheckResult` rows the checks return."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from pdkit.kvcost import Histogram
+
+Status = Literal["PASS", "WARN", "FAIL"]
+PASS: Status = "PASS"
+WARN: Status = "WARN"
+FAIL: Status = "FAIL"
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One verdict: which host and target (an engine, `router` or `cluster`), which check, why, how to fix."""
+
+    host: str
+    target: str
+    check: str
+    status: Status
+    reason: str
+    hint: str = ""
+    # the FAIL reports what the spec itself plans (e.g. decode graphs off by tuning): the engine
+    # runs as written, the spec is what to change; `pdkit tune` counts such a lever as in effect
+    as_planned: bool = False
+
+    def to_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+# ------------------------------------------------------------------------------------------------
+# Observations (what collection hands to the checks)
+
+
+@dataclass(frozen=True)
+class EnginePlan:
+    """What the spec says one engine should be running."""
+
+    host: str
+    engine: str
+    role: str
+    url: str
+    pd_group: str | None  # None for unified engines
+    argv: tuple[str, ...]
+    sglang_version: str
+    engine_kind: str  # sglang | sim
+    context_length: int | None
+    cuda_graph: bool  # decode CUDA graphs planned on (False for prefill engines)
+    graph_max_bs: int | None  # spec.effective_decode_graph_max_bs
+    required_bs: int | None  # pdkit.spec.decode_graph_required_bs: ceil(target_concurrency / DP ranks), None without a target
+    env_names: tuple[str, ...] = ()  # planned NCCL/UCX/SGLANG variables of the process
+    # an engine spanning nodes: the rank this plan is (on `host`), of how many nodes, and rank 0's
+    # host. Only rank 0 serves HTTP (`url` is rank 0's); a rank above 0 is read through its own
+    # host's pdkit-exporter (the process' argv and environment) and never counts as down for
+    # lacking HTTP.
+    rank: int = 0
+    nnodes: int = 1
+    head: str = ""
+    # a prefill: the KV path to each host holding a decode it may hand KV to ((decode host, pdkit.kvcost.KV_PATHS
+    # name), pdkit.spec.prefill_kv_paths), those decodes (`host/engine`, pdkit.spec.pairing_sets)
+    # and its node's ucx_net_devices
+    kv_paths: tuple[tuple[str, str], ...] = ()
+    kv_decodes: tuple[str, ...] = ()
+    ucx_net_devices: str | None = None
+
+    @property
+    def target(self) -> str:
+        """The engine as the table names it: `decode`, or `decode rank 1` for a rank above 0."""
+        return self.engine if self.rank == 0 else f"{self.engine} rank {self.rank}"
+
+
+@dataclass
+class Sample:
+    """One GET of an engine's /metrics: parse_metrics' figures, or why there are none."""
+
+    at: float = 0.0
+    figures: dict[str, Any] | None = None
+    error: str | None = None
+    # the KV hand-off histograms (pdkit.kvcost.kv_histograms: a prefill's; empty before its first hand-off)
+    # and (sum, count) of sglang:time_to_first_token_seconds, None where the page has none
+    kv: dict[str, Histogram] | None = None
+    ttft: tuple[float, float] | None = None
+
+
+@dataclass
+class ExporterView:
+    """What the node's pdkit-exporter said about one engine (None fields: series absent)."""
+
+    env_present: float | None = None
+    env_check_error: float | None = None
+    env_mismatch: dict[str, str] = field(default_factory=dict)  # var -> problem
+    flags_drift: float | None = None
+    drift_flags: tuple[str, ...] = ()
+    decode_graph_ratio: float | None = None
+    decode_batch_cuda_graph: float | None = None  # the last `Decode batch` log line
+    sglang_version: str | None = None
+    rank_up: float | None = None  # pdkit_engine_rank_up: an engine spanning nodes, the rank this node runs
+    rank: int | None = None  # which rank that is
+
+
+@dataclass
+class EngineObservation:
+    plan: EnginePlan
+    server_info: dict[str, Any] | None = None
+    server_info_error: str | None = None
+    first: Sample = field(default_factory=Sample)
+    second: Sample = field(default_factory=Sample)
+    exporter: ExporterView | None = None
+    exporter_error: str | None = None  # why the exporter page could not be read
+
+
+@dataclass
+class RouterObservation:
+    host: str
+    url: str
+    expected_workers: tuple[str, ...]
+    workers: dict[str, bool] | None = None  # url -> healthy
+    error: str | None = None
+    # smg_worker_cb_outcomes_total at both samples: worker url -> {"success": n, "failure": n}
+    outcomes_first: dict[str, dict[str, float]] | None = None
+    outcomes_second: dict[str, dict[str, float]] | None = None
+
+
+@dataclass(frozen=True)
+class WorkerOutcomes:
+    """What one router recorded for one worker's requests (its circuit breaker), at both samples."""
+
+    router: str
+    first: dict[str, float]
+    second: dict[str, float]
+
+
+@dataclass(frozen=True)
+class BenchPoint:
+    """Output tokens per second at C=16, and the run it comes from (a fresh bench repeats its lengths)."""
+
+    output_tok_s: float
+    label: str  # the run's id, or "now"
+    input_len: int = 512
+    output_len: int = 128
+    requests: int = 64
+    ttft_mean_ms: float | None = None  # the C=16 level's client-side TTFT mean (a fresh bench)
+
+
+@dataclass(frozen=True)
+class KvBench:
+    """One prefill's KV histograms before and after doctor's own C=16 bench, and the bench's TTFT mean."""
+
+    before: dict[str, Histogram]
+    after: dict[str, Histogram]
+    ttft_mean_ms: float | None
+
