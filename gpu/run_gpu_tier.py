@@ -440,7 +440,7 @@ def build_plan(single_gpu: bool) -> dict:
         "router_site_dir": ROUTER_SITE_DIR,
         # the rendered engines' argv[0] (pdkit.flags.engine_python), where the driver places its interpreter
         "engine_python": flags.engine_python(spec, host),
-        "router_python": f"{flags.router_venv_dir(spec)}/bin/python",
+        "router_python": flags.venv_python(flags.router_venv_dir(spec)),
         "state_dirs": [f"/var/lib/{spec.cluster.service_user}", f"/var/cache/{spec.cluster.service_user}"],
         "ready_timeout_s": spec.cluster.ready_timeout_s,
         "router_ready_timeout_s": 120,

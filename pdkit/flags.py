@@ -29,6 +29,16 @@ def venv_dir(spec: ClusterSpec) -> str:
     return f"{spec.cluster.install_dir}/venv"
 
 
+def venv_python(venv: str) -> str:
+    """The interpreter of the Python environment at VENV (pdkit's venvs and a node's own engine_venv)."""
+    return f"{venv}/bin/python"
+
+
+def node_python(spec: ClusterSpec) -> str:
+    """argv[0] of pdkit's own commands on a node (health gates, pdkit-exporter, releases): the node venv's python."""
+    return venv_python(venv_dir(spec))
+
+
 def engine_venv_dir(spec: ClusterSpec) -> str:
     """The kit-managed engine environment's link (`<install_dir>/engine-venv` -> venvs/engine-<hash>):
     SGLang from its lock, or the sim from its own sources (`pdkit.wheelhouse.engine_bundle`). Only
@@ -60,8 +70,8 @@ def engine_python(spec: ClusterSpec, node: HostSpec) -> str:
     (`engine_venv_dir`). The units, the GPU tier and the tests take it from here; pdkit's own
     services (health gates, pdkit-exporter, releases) always run from the node venv."""
     if node.node is not None and node.node.engine_venv:
-        return f"{node.node.engine_venv}/bin/python"
-    return f"{engine_venv_dir(spec)}/bin/python"
+        return venv_python(node.node.engine_venv)
+    return venv_python(engine_venv_dir(spec))
 
 
 def engine_service_venv(spec: ClusterSpec, node: HostSpec) -> str | None:

@@ -18,6 +18,7 @@ import jinja2
 
 from pdkit import flags, gates
 from pdkit.paths import router_url
+from pdkit.releases import release_json_path
 from pdkit.spec import (
     DCGM_EXPORTER_PORT,
     ClusterSpec,
@@ -178,7 +179,7 @@ def config_paths(spec: ClusterSpec) -> dict[str, str]:
         "nccl": f"{base}/nccl.env",
         "ucx": f"{base}/ucx.env",
         "secrets": f"{base}/secrets.env",
-        "release": f"{base}/release.json",
+        "release": release_json_path(base),
     }
 
 
@@ -197,7 +198,7 @@ def shared_gpu_start(spec: ClusterSpec, host: HostSpec, engine: Engine) -> dict:
     before = shared_gpu_predecessor(host, engine)
     if before is None:
         return {"start_after": None, "exec_start_pre": None, "timeout_start_s": None}
-    wait = [f"{flags.venv_dir(spec)}/bin/python", "-m", "pdkit.health", "gates", "--http", f"{flags.engine_url(spec, host, before)}/health", str(spec.cluster.ready_timeout_s)]
+    wait = [flags.node_python(spec), "-m", "pdkit.health", "gates", "--http", f"{flags.engine_url(spec, host, before)}/health", str(spec.cluster.ready_timeout_s)]
     return {"start_after": before.unit_name, "exec_start_pre": exec_start(wait), "timeout_start_s": spec.cluster.ready_timeout_s + 60}
 
 
@@ -306,7 +307,7 @@ def plan_host(spec: ClusterSpec, host: HostSpec) -> HostPlan:
         exporter_config = f"{spec.cluster.config_dir}/exporter.json"
         files.append(config_file(exporter_config, exporter_config_text(spec, host)))
         unit_path = f"{SYSTEMD_DIR}/pdkit-exporter.service"
-        argv = [f"{flags.venv_dir(spec)}/bin/python", "-m", "pdkit.exporter", "--config", exporter_config]
+        argv = [flags.node_python(spec), "-m", "pdkit.exporter", "--config", exporter_config]
         files.append(PlannedFile(unit_path, render_template("systemd/exporter.service.j2", **common, exec_start=exec_start(argv)), "0644"))
         services.append(
             Service(

@@ -171,7 +171,7 @@ def engine_env_problems(host_name: str, venv: str, probe: dict | None, versions:
              + ", or no engine_venv (pdkit then installs SGLang from its lock)")
     at = f"{host_name}: pdkit_node.engine_venv {venv}"
     probe = probe or {"error": "the probe did not run"}
-    path = probe.get("path") or f"{venv}/bin/python"
+    path = probe.get("path") or flags.venv_python(venv)
     if probe.get("exists") is False:
         if probe.get("link"):
             found = f"{path} is a link to {probe['link']}, which does not exist"

@@ -53,6 +53,12 @@ def releases_dir(install_dir: str) -> str:
     return f"{install_dir}/releases"
 
 
+def release_json_path(config_dir: str) -> str:
+    """The node's release.json (what it should be running: the deploy writes it, drift checks,
+    rollbacks and `pdkit roll` read it); here, on-node, so this module's own default uses it too."""
+    return f"{config_dir}/release.json"
+
+
 def release_hash(entries: dict[str, dict]) -> str:
     """The release hash of {path: {mode, owner, group, sha256}} (same formula as HostPlan.release_hash)."""
     digest = hashlib.sha256()
@@ -362,8 +368,8 @@ def restore(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pdkit.releases", description="Record, list and restore this node's releases.")
-    parser.add_argument("--releases-dir", default="/opt/pdkit/releases")
-    parser.add_argument("--release-json", default="/etc/pdkit/release.json")
+    parser.add_argument("--releases-dir", default=releases_dir("/opt/pdkit"))
+    parser.add_argument("--release-json", default=release_json_path("/etc/pdkit"))
     parser.add_argument("--root", default="/", help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="action", required=True)
     r = sub.add_parser("record", help="keep the files now on the node as a release and make it current")

@@ -20,7 +20,7 @@ from pyinfra.operations import server
 from pdkit import flags
 from pdkit.deploy import current_plan, current_spec
 from pdkit.hoststate import host_state
-from pdkit.releases import releases_dir
+from pdkit.releases import release_json_path, releases_dir
 from roles import base
 
 # pyinfra options whose value may be a secret: never kept in a release
@@ -72,10 +72,10 @@ def record_release() -> None:
         # host on the lab; docs/benchmarks.md "No-op re-run on the lab: a CPU profile")
         return
     q = shlex.quote
-    python = f"{flags.venv_dir(spec)}/bin/python"
+    python = flags.node_python(spec)
     venvs = " ".join(f"--venv {q(v)}" for v in flags.venv_links(spec))
     command = (
-        f"{q(python)} -m pdkit.releases --releases-dir {q(where)} --release-json {q(f'{spec.cluster.config_dir}/release.json')} "
+        f"{q(python)} -m pdkit.releases --releases-dir {q(where)} --release-json {q(release_json_path(spec.cluster.config_dir))} "
         f"record --command {q(applied_by())} --services-json {q(json.dumps(services_meta(), sort_keys=True))} {venvs} "
         f"--expect-hash {q(plan.release_hash)}"
     )

@@ -76,7 +76,7 @@ def services() -> None:
         # it cannot run the configuration just laid down: leave it stopped rather than on old code
         server.shell(name="Stop and disable (cannot start here, see above): " + ", ".join(running_held), commands=[f"systemctl disable --now {units}"])
     start, restart = restart_plan([s for s in plan.services if s.unit not in held], state, {f.path for f in changed} | set(removed), changed_venvs(spec))
-    venv_python = f"{flags.venv_dir(spec)}/bin/python"
+    venv_python = flags.node_python(spec)
     # Engines and HTTP daemons (pdkit-exporter, Prometheus) (re)start together, so their
     # start-ups overlap, and their gates wait together. The router comes after: its gate needs
     # its workers up.

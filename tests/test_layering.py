@@ -412,3 +412,29 @@ def test_router_urls_and_the_auth_header_are_built_in_one_place():
             if bearer.search(line) and rel not in ("pdkit/health.py", "pdkit/sim/server.py"):
                 found.append(f"{rel}:{n}: a bearer header: use pdkit.health.bearer_headers / pdkit.paths.router_auth_headers")
     assert found == []
+
+
+def _second_spellings(pattern: str, home: tuple[str, ...], tops: tuple[str, ...] = ("pdkit", "roles", "deploy")) -> list[str]:
+    """Lines of TOPS' .py files (gpu/: its top-level files) outside HOME that match PATTERN."""
+    import re
+
+    rule = re.compile(pattern)
+    paths = [p for top in tops for p in sorted((REPO / top).rglob("*.py"))] + sorted((REPO / "gpu").glob("*.py"))
+    found = []
+    for path in paths:
+        rel = path.relative_to(REPO).as_posix()
+        if rel in home:
+            continue
+        found += [f"{rel}:{n}" for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if rule.search(line)]
+    return found
+
+
+def test_a_venvs_python_is_spelled_in_one_place():
+    """Issue 34 item 2: `<venv>/bin/python` is built only by pdkit.flags.venv_python (node_python:
+    the node venv's; engine_python: an engine's)."""
+    assert _second_spellings(r"\}/bin/python", ("pdkit/flags.py",)) == []
+
+
+def test_the_nodes_release_json_path_is_spelled_in_one_place():
+    """Issue 34 item 2: a node's release.json path is built only by pdkit.releases.release_json_path."""
+    assert _second_spellings(r"\}/release\.json", ("pdkit/releases.py",)) == []

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from pdkit.loader import load_with_problems
+from pdkit.releases import release_json_path
 from pdkit.roll.planning import (
     HostDiff,
     RollError,
@@ -61,7 +62,7 @@ def read_node_state(roller: Roller, hosts: list[str]) -> tuple[dict[str, HostDif
     state, connected, unreachable = roller.pyinfra.connect(hosts)
     diffs: dict[str, HostDiff] = {}
     versions: dict[str, dict[str, str]] = {}
-    release_json = f"{roller.spec.cluster.config_dir}/release.json"
+    release_json = release_json_path(roller.spec.cluster.config_dir)
     for name, host in connected.items():
         with ctx_host.use(host):
             facts = hoststate.host_state()

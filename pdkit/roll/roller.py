@@ -23,7 +23,7 @@ from pdkit.health import http_request
 # DRAIN_GAUGES: engine gauges that must all read 0 before an engine may restart (running requests, PD queues)
 from pdkit.metricnames import DRAIN_GAUGES, FAILURE_COUNTERS, ROUTER
 from pdkit.paths import router_metrics_url, router_url
-from pdkit.releases import releases_dir
+from pdkit.releases import release_json_path, releases_dir
 from pdkit.roll.planning import (
     RUNNING_KEY_PROBE,
     Outage,
@@ -353,7 +353,7 @@ class Roller:
     def run_gates(self, hosts: list[str], phase: int) -> tuple[int, list[str]]:
         """Run the gate table's gates of PHASE for HOSTS on each host, as the deploy runs them:
         (gates passed, hosts that have none). A failed gate raises with its own line."""
-        python = f"{flags.venv_dir(self.spec)}/bin/python"
+        python = flags.node_python(self.spec)
         wanted = {h: g for h in hosts if (g := self.gates_of(h, phase))}
         missing = [h for h in wanted if h not in self.connected]
         if missing:
@@ -412,8 +412,8 @@ class Roller:
 
     def releases_command(self, host: str, action: str, *extra: str) -> str:
         q = shlex.quote
-        python = f"{flags.venv_dir(self.spec)}/bin/python"
-        release_json = f"{self.spec.cluster.config_dir}/release.json"
+        python = flags.node_python(self.spec)
+        release_json = release_json_path(self.spec.cluster.config_dir)
         head = f"{q(python)} -m pdkit.releases --releases-dir {q(releases_dir(self.spec.cluster.install_dir))} --release-json {q(release_json)}"
         return f"{head} {action} " + " ".join(q(x) for x in extra)
 
