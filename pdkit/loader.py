@@ -18,24 +18,17 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from pdkit.spec import (
+    HOST_SECTIONS,
     Cluster,
     ClusterSpec,
     HostSpec,
-    Monitoring,
-    Node,
     Problem,
-    Router,
     SpecError,
     address_problem,
     cross_checks,
 )
 
-SECTIONS: dict[str, type[BaseModel]] = {
-    "pdkit_cluster": Cluster,
-    "pdkit_node": Node,
-    "pdkit_router": Router,
-    "pdkit_monitoring": Monitoring,
-}
+SECTIONS: dict[str, type[BaseModel]] = HOST_SECTIONS
 
 
 def load(inventory: str | os.PathLike[str], cwd: str | None = None) -> ClusterSpec:

@@ -438,3 +438,10 @@ def test_a_venvs_python_is_spelled_in_one_place():
 def test_the_nodes_release_json_path_is_spelled_in_one_place():
     """Issue 34 item 2: a node's release.json path is built only by pdkit.releases.release_json_path."""
     assert _second_spellings(r"\}/release\.json", ("pdkit/releases.py",)) == []
+
+
+def test_the_host_sections_models_are_listed_in_one_place():
+    """Issue 34 item 2: section key -> model (`"pdkit_node": Node`) is written only in
+    pdkit.spec.HOST_SECTIONS; the loader and the README's field table take it from there."""
+    section_to_model = r"[\"']pdkit_(cluster|node|router|monitoring)[\"']\s*[:,]\s*(spec\.)?[A-Z]\w*\b"
+    assert _second_spellings(section_to_model, ("pdkit/spec/models.py",)) == []

@@ -30,7 +30,7 @@ from pdkit.spec.tuning import RoleTuning, Tuning
 from pdkit.versions import DEFAULT_SGLANG_VERSION, ROUTER_RELEASES
 
 __all__ = [
-    "Cluster", "Engine", "GpuLayout", "Model", "Monitoring", "Node", "Router", "Secrets",
+    "HOST_SECTIONS", "Cluster", "Engine", "GpuLayout", "Model", "Monitoring", "Node", "Router", "Secrets",
 ]
 
 
@@ -420,3 +420,13 @@ class Monitoring(Frozen):
     alerting: Alerting = Alerting()
     # lab only (every node `gpu: none`): the alert rules' clock runs this many times faster (1-6: a minute divides evenly), every `for` and rate window divided by it, so the lab sees an alert fire in seconds; 1: the real windows
     lab_alert_speedup: Annotated[int, Field(ge=1, le=6)] = 1
+
+
+# a host's data key -> its section's model, in the README's order: the loader validates these
+# keys, the README's field table (pdkit.fieldtable) lists them
+HOST_SECTIONS: dict[str, type[Frozen]] = {
+    "pdkit_cluster": Cluster,
+    "pdkit_node": Node,
+    "pdkit_router": Router,
+    "pdkit_monitoring": Monitoring,
+}
