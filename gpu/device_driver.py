@@ -332,6 +332,7 @@ def start_waves(engines: list[dict], files: dict[str, str]) -> list[list[dict]]:
 
 def wait_engine(svc: Service, timeout: float) -> dict:
     """pdkit's engine gate: the readiness line in THIS run's log, then /health 200."""
+    # not pdkit.health.wait_engine on purpose: the device runs engines as plain processes, no systemd unit or journal to read
     start = svc.started_at
     deadline = start + timeout
     seen_line = None

@@ -17,6 +17,7 @@ from pathlib import Path
 import jinja2
 
 from pdkit import flags, gates
+from pdkit.health import READY_LOG_LINE  # the engine gate's line (plan.READY_LOG_LINE stays importable)
 from pdkit.paths import router_url
 from pdkit.releases import release_json_path
 from pdkit.spec import (
@@ -31,8 +32,6 @@ from pdkit.spec import (
 
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"
 SYSTEMD_DIR = "/etc/systemd/system"
-# the line SGLang (and the sim) print when a server is ready
-READY_LOG_LINE = "The server is fired up and ready to roll!"
 
 
 @dataclass(frozen=True)

@@ -445,3 +445,10 @@ def test_the_host_sections_models_are_listed_in_one_place():
     pdkit.spec.HOST_SECTIONS; the loader and the README's field table take it from there."""
     section_to_model = r"[\"']pdkit_(cluster|node|router|monitoring)[\"']\s*[:,]\s*(spec\.)?[A-Z]\w*\b"
     assert _second_spellings(section_to_model, ("pdkit/spec/models.py",)) == []
+
+
+def test_sglangs_readiness_line_is_spelled_in_one_place():
+    """Issue 34 item 2: the engine gate's readiness line is pdkit.health.READY_LOG_LINE (the plan,
+    the roll's timing probe and the GPU tier take it from there); the sim keeps its own copy
+    (pdkit/sim/main.py says why)."""
+    assert _second_spellings(r"ready to roll", ("pdkit/health.py", "pdkit/sim/main.py")) == []

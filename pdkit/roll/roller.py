@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from pdkit import flags, gates
-from pdkit.health import http_request
+from pdkit.health import READY_LOG_LINE, http_request
 
 # DRAIN_GAUGES: engine gauges that must all read 0 before an engine may restart (running requests, PD queues)
 from pdkit.metricnames import DRAIN_GAUGES, FAILURE_COUNTERS, ROUTER
@@ -102,18 +102,25 @@ class NodeTiming:
 
 
 _TIMING_PROBE = r"""
-import json, subprocess, sys
+import json, re, subprocess, sys
 units, since = json.loads(sys.argv[1]), float(sys.argv[2])
 out = {}
 for u in units:
     show = dict(l.split("=", 1) for l in subprocess.run(["systemctl", "show", "-p", "ActiveExitTimestampMonotonic,InactiveEnterTimestampMonotonic,InactiveExitTimestampMonotonic,InvocationID", u], capture_output=True, text=True).stdout.splitlines() if "=" in l)
-    log = subprocess.run(["journalctl", "--no-pager", "-o", "json", "_SYSTEMD_INVOCATION_ID=" + show.get("InvocationID", ""), "--grep", "fired up and ready to roll"], capture_output=True, text=True).stdout.splitlines()
+    log = subprocess.run(["journalctl", "--no-pager", "-o", "json", "_SYSTEMD_INVOCATION_ID=" + show.get("InvocationID", ""), "--grep", re.escape(sys.argv[3])], capture_output=True, text=True).stdout.splitlines()
     ready = json.loads(log[0])["__MONOTONIC_TIMESTAMP"] if log else None
     # [left active, ready line of this invocation, went inactive, started this invocation] (µs, node clock)
     out[u] = [int(show.get("ActiveExitTimestampMonotonic") or 0), int(ready) if ready else None,
               int(show.get("InactiveEnterTimestampMonotonic") or 0), int(show.get("InactiveExitTimestampMonotonic") or 0)]
 print(json.dumps(out))
 """
+
+
+def timing_probe_command(units: list[str]) -> str:
+    """The shell command reading UNITS' restart and readiness times on a node (_TIMING_PROBE, stdlib
+    only). The readiness line is the engine gate's own (pdkit.health.READY_LOG_LINE), passed in."""
+    q = shlex.quote
+    return f"python3 -c {q(_TIMING_PROBE)} {q(json.dumps(units))} 0 {q(READY_LOG_LINE)}"
 
 
 @dataclass
@@ -431,7 +438,7 @@ class Roller:
         units = [s.unit for s in self.plans[host_name].services if s.kind == "engine"]
         if not units:
             return 0.0
-        ok, stdout, _ = run_remote(host, f"python3 -c {shlex.quote(_TIMING_PROBE)} {shlex.quote(json.dumps(units))} 0", timeout=60)
+        ok, stdout, _ = run_remote(host, timing_probe_command(units), timeout=60)
         if not ok:
             return 0.0
         intervals = [
@@ -446,7 +453,7 @@ class Roller:
         units = [s.unit for s in self.plans[host_name].services if s.kind == "engine"]
         if not units:
             return None
-        ok, stdout, _ = run_remote(host, f"python3 -c {shlex.quote(_TIMING_PROBE)} {shlex.quote(json.dumps(units))} 0", timeout=60)
+        ok, stdout, _ = run_remote(host, timing_probe_command(units), timeout=60)
         return restart_to_ready(json.loads(stdout)) if ok else None
 
     # ---- one batch
