@@ -452,3 +452,30 @@ def test_sglangs_readiness_line_is_spelled_in_one_place():
     the roll's timing probe and the GPU tier take it from there); the sim keeps its own copy
     (pdkit/sim/main.py says why)."""
     assert _second_spellings(r"ready to roll", ("pdkit/health.py", "pdkit/sim/main.py")) == []
+
+
+def _tuning_value_flags() -> list[tuple[str, str]]:
+    """pdkit/flags.py's _VALUE_FLAGS (tuning field -> SGLang flag), read without importing it."""
+    tree = ast.parse((REPO / "pdkit/flags.py").read_text(encoding="utf-8"))
+    table = next(n for n in tree.body if isinstance(n, ast.AnnAssign) and getattr(n.target, "id", None) == "_VALUE_FLAGS")
+    return list(ast.literal_eval(table.value))
+
+
+def test_the_tuning_field_to_sglang_flag_table_is_written_once():
+    """Issue 34 item 2: tuning field -> SGLang flag is pdkit.flags._VALUE_FLAGS; argvcheck and
+    startchecks derive from it. No other module pairs one of its fields with its flag again."""
+    pairs = [rf"[\"']{name}[\"']\s*[:,]\s*[\"']{re.escape(flag)}[\"']|[\"']{re.escape(flag)}[\"']\s*:\s*[\"']{name}[\"']"
+             for name, flag in _tuning_value_flags()]
+    assert _second_spellings("|".join(pairs), ("pdkit/flags.py",)) == []
+
+
+def test_each_tuning_fields_comment_names_the_flag_pdkit_renders():
+    """The README's field table (pdkit.fieldtable, from pdkit/spec/tuning.py's comments) names each
+    value lever's flag: it must be the one pdkit.flags._VALUE_FLAGS renders."""
+    source = (REPO / "pdkit/spec/tuning.py").read_text(encoding="utf-8").splitlines()
+    wrong = []
+    for name, flag in _tuning_value_flags():
+        at = next(i for i, line in enumerate(source) if re.match(rf"\s+{name}:", line))
+        if not re.match(rf"\s*# {re.escape(flag)}\b(?!-)", source[at - 1]):
+            wrong.append(f"{name}: {source[at - 1].strip()!r} should name {flag}")
+    assert wrong == []
