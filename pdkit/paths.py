@@ -8,14 +8,21 @@ Example:
 Every router URL and the router's auth header are built here, so a change of scheme, address rule
 or header is one edit (issue 34 item 2). On-node modules (pdkit.health, the sim) keep to the
 stdlib and share only `pdkit.health.bearer_headers`.
+
+The other "where" rules live with what owns them, each written once (tests/test_layering.py):
+a venv's python and the node venv's in pdkit.flags (venv_python, node_python, beside the venv
+directories), a node's release.json and releases directory in pdkit.releases (release_json_path,
+releases_dir: on-node, its own CLI defaults use them), the readiness line in pdkit.health.
 """
 
 from __future__ import annotations
 
+import shlex
 from typing import TYPE_CHECKING
 
-from pdkit.flags import router_address
+from pdkit.flags import node_python, router_address
 from pdkit.health import bearer_headers
+from pdkit.releases import release_json_path, releases_dir
 
 if TYPE_CHECKING:
     from pdkit.spec import ClusterSpec, HostSpec
@@ -42,3 +49,11 @@ def router_api_key(spec: ClusterSpec) -> str | None:
 def router_auth_headers(spec: ClusterSpec) -> dict[str, str]:
     """The header every request to the router carries (none without a key)."""
     return bearer_headers(router_api_key(spec))
+
+
+def releases_command(spec: ClusterSpec) -> str:
+    """The shell command of pdkit.releases on a node, up to its action (record, list, restore): the
+    deploy records with it, `pdkit roll` lists and restores with it."""
+    q = shlex.quote
+    return (f"{q(node_python(spec))} -m pdkit.releases --releases-dir {q(releases_dir(spec.cluster.install_dir))} "
+            f"--release-json {q(release_json_path(spec.cluster.config_dir))}")

@@ -20,7 +20,7 @@ from pyinfra.operations import server
 from pdkit import flags
 from pdkit.deploy import current_plan, current_spec
 from pdkit.hoststate import host_state
-from pdkit.releases import release_json_path, releases_dir
+from pdkit.paths import releases_command
 from roles import base
 
 # pyinfra options whose value may be a secret: never kept in a release
@@ -62,7 +62,6 @@ def services_meta() -> dict[str, dict]:
 def record_release() -> None:
     spec = current_spec()
     plan = current_plan()
-    where = releases_dir(spec.cluster.install_dir)
     current = host_state()["release"]
     # a new venv of any kind (node, engine, router) is a new release too: a rollback must switch that link back
     needed = current.get("hash") != plan.release_hash or bool(base.changed_venv_links())
@@ -72,10 +71,9 @@ def record_release() -> None:
         # host on the lab; docs/benchmarks.md "No-op re-run on the lab: a CPU profile")
         return
     q = shlex.quote
-    python = flags.node_python(spec)
     venvs = " ".join(f"--venv {q(v)}" for v in flags.venv_links(spec))
     command = (
-        f"{q(python)} -m pdkit.releases --releases-dir {q(where)} --release-json {q(release_json_path(spec.cluster.config_dir))} "
+        f"{releases_command(spec)} "
         f"record --command {q(applied_by())} --services-json {q(json.dumps(services_meta(), sort_keys=True))} {venvs} "
         f"--expect-hash {q(plan.release_hash)}"
     )

@@ -479,3 +479,9 @@ def test_each_tuning_fields_comment_names_the_flag_pdkit_renders():
         if not re.match(rf"\s*# {re.escape(flag)}\b(?!-)", source[at - 1]):
             wrong.append(f"{name}: {source[at - 1].strip()!r} should name {flag}")
     assert wrong == []
+
+
+def test_the_releases_command_is_built_in_one_place():
+    """Issue 34 item 2: the node's `python -m pdkit.releases --releases-dir ... --release-json ...`
+    is pdkit.paths.releases_command (the deploy records with it, the roll lists and restores)."""
+    assert _second_spellings(r"-m pdkit\.releases --releases-dir", ("pdkit/paths.py",)) == []

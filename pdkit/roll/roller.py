@@ -22,8 +22,8 @@ from pdkit.health import READY_LOG_LINE, http_request
 
 # DRAIN_GAUGES: engine gauges that must all read 0 before an engine may restart (running requests, PD queues)
 from pdkit.metricnames import DRAIN_GAUGES, FAILURE_COUNTERS, ROUTER
-from pdkit.paths import router_metrics_url, router_url
-from pdkit.releases import release_json_path, releases_dir
+from pdkit.paths import releases_command, router_metrics_url, router_url
+from pdkit.releases import releases_dir
 from pdkit.roll.planning import (
     RUNNING_KEY_PROBE,
     Outage,
@@ -418,11 +418,7 @@ class Roller:
         return releases, clocks
 
     def releases_command(self, host: str, action: str, *extra: str) -> str:
-        q = shlex.quote
-        python = flags.node_python(self.spec)
-        release_json = release_json_path(self.spec.cluster.config_dir)
-        head = f"{q(python)} -m pdkit.releases --releases-dir {q(releases_dir(self.spec.cluster.install_dir))} --release-json {q(release_json)}"
-        return f"{head} {action} " + " ".join(q(x) for x in extra)
+        return f"{releases_command(self.spec)} {action} " + " ".join(shlex.quote(x) for x in extra)
 
     def restore(self, host_name: str, host: Any, to: str | None) -> str:
         ok, stdout, stderr = run_remote(host, self.releases_command(host_name, "restore", *(["--to", to] if to else [])))
