@@ -18,7 +18,8 @@ server arguments apart from its `*_hook.py` checks:
 - fields       field types, bounds and value rules the models share (Frozen, Port, at_most, paths)
 - tuning       the tuning layers and speculative decoding (Tuning, RoleTuning, TUNING_DEFAULTS)
 - alerting     Alertmanager receivers, routes and the alerting section (RECEIVER_KINDS)
-- models       the sections: Cluster, Model, Secrets, Node, GpuLayout, Engine, Router, Monitoring
+- models       the sections: Cluster, Model, Secrets, Node, GpuLayout, Engine, Router, Monitoring;
+               HOST_SECTIONS (host data key -> section model: the loader and the README table)
 - cluster      ClusterSpec and HostSpec with their lookups; Problem and SpecError
 - facts        what flags, plan, doctor and validation derive alike (decode graphs, shared GPUs, ...)
 - spanning     engines spanning nodes and their parallel layout (parallel_problems)
