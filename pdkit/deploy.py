@@ -6,6 +6,7 @@ Deploy files call `current_spec()` at prepare time; it validates the inventory p
 
 from __future__ import annotations
 
+import socket
 import sys
 from functools import lru_cache
 from weakref import WeakKeyDictionary
@@ -17,6 +18,7 @@ from pdkit.spec import ClusterSpec, HostSpec
 
 @lru_cache(maxsize=1)
 def _spec_for(inventory_id: int) -> ClusterSpec:
+    # lazy: pyinfra (it loads gevent, ~240 ms) must load after the roll's patch_gevent, and pdkit.hoststate imports this module
     from pyinfra import state
 
     spec, problems = spec_from_host_data(inventory_host_data(state.inventory), inventory=str(getattr(state, "inventory_filename", "") or "inventory"))
@@ -30,6 +32,7 @@ def _spec_for(inventory_id: int) -> ClusterSpec:
 
 
 def current_spec() -> ClusterSpec:
+    # lazy: pyinfra (it loads gevent, ~240 ms) must load after the roll's patch_gevent, and pdkit.hoststate imports this module
     from pyinfra import state
 
     return _spec_for(id(state.inventory))
@@ -58,9 +61,9 @@ def tune_connection(host=None) -> bool:
     False when the host is not reached over a plain TCP socket (local, docker, a proxied SSH
     channel): left as it is.
     """
-    import socket
 
     if host is None:
+        # lazy: pyinfra (it loads gevent, ~240 ms) must load after the roll's patch_gevent, and pdkit.hoststate imports this module
         from pyinfra import host
     client = getattr(host.connector, "client", None)
     transport = client.get_transport() if client is not None and hasattr(client, "get_transport") else None
@@ -73,6 +76,7 @@ def tune_connection(host=None) -> bool:
 
 
 def current_host() -> HostSpec:
+    # lazy: pyinfra (it loads gevent, ~240 ms) must load after the roll's patch_gevent, and pdkit.hoststate imports this module
     from pyinfra import host
 
     return current_spec().host(host.name)
@@ -91,6 +95,7 @@ def current_plan() -> HostPlan:
     prepare of a 32-host lab no-op (benchmarks/noop_cost.py). A plan is a pure function of the
     spec, one object per run (current_spec): kept with the spec it was made from, made again for another.
     """
+    # lazy: pyinfra (it loads gevent, ~240 ms) must load after the roll's patch_gevent, and pdkit.hoststate imports this module
     from pyinfra import host
 
     spec = current_spec()

@@ -18,8 +18,11 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
+
+from pdkit import health
 
 # kind -> what ready means; the gate of each kind is one function of pdkit/health.py (WAITERS)
 READY: dict[str, str] = {
@@ -118,7 +121,6 @@ def command(python: str, gates: Iterable[Gate]) -> str:
 
 def wait(gate: Gate) -> tuple[bool, str]:
     """Run GATE here (on the host): (ready, message)."""
-    from pdkit import health
 
     if gate.kind == "router":
         key = None
@@ -140,7 +142,6 @@ def wait(gate: Gate) -> tuple[bool, str]:
 def wait_all(gates: Iterable[Gate], waiter=None) -> list[tuple[Gate, bool, str]]:
     """GATES of one phase at once (a node's services restart together, so their gates wait
     together rather than one after another); (gate, ready, message) each, in order."""
-    from concurrent.futures import ThreadPoolExecutor
 
     gates = list(gates)
     waiter = waiter or wait

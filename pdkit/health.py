@@ -21,6 +21,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 READY_LOG_LINE = "The server is fired up and ready to roll!"
 
@@ -304,7 +305,6 @@ def wait_all(engines: list[tuple[str, str, float]], urls: list[tuple[str, float]
     timeout) and HTTP service (unit, url, timeout) at once: a node's services restart together,
     so their gates wait together rather than one after another.
     (ok, message, seconds until that gate finished) for each, in that order."""
-    from concurrent.futures import ThreadPoolExecutor
 
     start = time.monotonic()
 

@@ -8,15 +8,21 @@ fixes an inventory in one pass.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import io
 import logging
 import os
 import sys
+import traceback
+import typing
+import warnings
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from pdkit import argvcheck
+from pdkit.fieldtable import SECTIONS as FIELD_SECTIONS
 from pdkit.spec import (
     HOST_SECTIONS,
     Cluster,
@@ -77,11 +83,11 @@ def read_inventory_and_drops(path: str, cwd: str) -> tuple[list[tuple[str, tuple
 
     Raises InventoryLoadError, never the user's own exception (pyinfra wraps it in a
     click exception whose formatting itself fails outside pyinfra's CLI)."""
-    import warnings
 
     # importing pyinfra_cli gevent-patches the process; when requests/urllib3 were imported first
     # gevent warns about ssl, which is harmless for inventory loading (no connection is made)
     warnings.filterwarnings("ignore", message="Monkey-patching ssl after ssl has already been imported")
+    # lazy: pyinfra_cli gevent-patches the whole process and takes ~480 ms; only reading an inventory needs it
     import pyinfra_cli.inventory as cli_inventory
     from pyinfra.api import State
     from pyinfra.context import ctx_state
@@ -126,7 +132,6 @@ def _describe_load_error(path: str, exc: BaseException) -> tuple[str, str]:
 
 def _user_frame(filename: str, tb) -> str:
     """"file:line" of the innermost traceback frame inside `filename` (else the file alone)."""
-    import traceback
 
     wanted = os.path.abspath(filename)
     line = None
@@ -267,7 +272,6 @@ def spec_from_host_data(
         inventory=inventory,
     )
     problems.extend(cross_checks(spec))
-    from pdkit import argvcheck
 
     problems.extend(argvcheck.problems(spec))
     if any(p.severity == "error" for p in problems):
@@ -279,6 +283,7 @@ def pyinfra_host_keys() -> frozenset[str]:
     """Host data keys pyinfra itself reads: every connector's data keys and the global arguments."""
     global _PYINFRA_KEYS
     if _PYINFRA_KEYS is None:
+        # lazy: pyinfra's API loads gevent and paramiko (~250 ms); only a loaded inventory needs it
         from pyinfra.api.arguments import all_global_arguments
         from pyinfra.api.connectors import get_all_connectors
 
@@ -295,9 +300,7 @@ _PYINFRA_KEYS: frozenset[str] | None = None
 def unknown_host_keys(host: str, data: dict[str, Any]) -> list[Problem]:
     """Host-level keys that are neither a pdkit section nor pyinfra's: an error when it looks
     meant for pdkit (a misspelt section, a field outside its section), else a warning."""
-    import difflib
 
-    from pdkit.fieldtable import SECTIONS as FIELD_SECTIONS
 
     problems = []
     known = pyinfra_host_keys()
@@ -367,7 +370,6 @@ _PATTERN_HINTS = {
 
 def _model_at(model: type[BaseModel], loc: tuple) -> type[BaseModel] | None:
     """The pydantic model a validation error location points into (for listing valid fields)."""
-    import typing
 
     current: Any = model
     for part in loc:

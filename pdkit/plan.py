@@ -472,6 +472,7 @@ GRAFANA_KEY_URL = "https://apt.grafana.com/gpg.key"
 
 def monitoring_host_files(spec: ClusterSpec, host: HostSpec) -> list[PlannedFile]:
     """Prometheus config, rules and its listen address; Grafana's source, provisioning and dashboards."""
+    # lazy: pdkit.monitoring (rules, dashboards: ~45 ms) is needed only to plan a monitoring host
     from pdkit import monitoring
 
     assert host.monitoring is not None
@@ -497,6 +498,7 @@ def monitoring_host_files(spec: ClusterSpec, host: HostSpec) -> list[PlannedFile
 
 
 def monitoring_host_services(spec: ClusterSpec, host: HostSpec, files: list[PlannedFile]) -> list[Service]:
+    # lazy: pdkit.monitoring (rules, dashboards: ~45 ms) is needed only to plan a monitoring host
     from pdkit import monitoring
 
     assert host.monitoring is not None

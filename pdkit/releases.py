@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pdkit import changes
+from pdkit import changes, gates
 
 KEEP = 10
 CURRENT = "CURRENT"
@@ -260,7 +260,6 @@ def _unit_active(unit: str) -> bool:
 
 def _wait_service(unit: str, svc: dict) -> tuple[bool, str]:
     """UNIT's gate from the one gate table (pdkit/gates.py), read from the release's record of it."""
-    from pdkit import gates
 
     return gates.wait(gates.gate_for(svc, unit))
 

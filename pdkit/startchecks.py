@@ -27,6 +27,7 @@ release or line, so an unchanged check keeps its id across releases.
 
 from __future__ import annotations
 
+import argparse
 import ast
 import functools
 import hashlib
@@ -35,6 +36,9 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from pdkit import contract, parsertable
+from pdkit.versions import SGLANG_RELEASES
 
 DATA_DIR = Path(__file__).with_name("data")
 TABLE_PATH = DATA_DIR / "startup_checks.json"
@@ -53,7 +57,6 @@ _RECORD_NAMES = {"self", "server_args", "cfg", "args", "sa", "view", "raw"}
 
 def sglang_root(version: str) -> Path | None:
     """The installed `sglang` package of the version's contract virtualenv, or None."""
-    from pdkit import contract
 
     python = contract.sglang_python(version)
     if python is None:
@@ -361,8 +364,6 @@ def row_id(row: dict) -> str:
 
 def generate(roots: dict[str, Path] | None = None) -> dict:
     """The table, read from the pinned wheels' sources (the contract virtualenvs; no import)."""
-    from pdkit import parsertable
-    from pdkit.versions import SGLANG_RELEASES
 
     releases: dict[str, dict] = {}
     merged: dict[str, dict] = {}
@@ -463,7 +464,6 @@ PLATFORM_FIELDS = {"device"}
 def rendered_dests(version: str) -> set[str]:
     """The server-argument fields pdkit's command line sets (the flags written in pdkit/flags.py,
     resolved by the release's parser table)."""
-    from pdkit import parsertable
 
     source = Path(__file__).with_name("flags.py").read_text(encoding="utf-8")
     parser = parsertable.sglang_parser(version)
@@ -543,7 +543,6 @@ def draft_coverage(data: dict | None = None) -> dict[str, dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
 
     parser = argparse.ArgumentParser(prog="python -m pdkit.startchecks", description=__doc__.split("\n\n")[0])
     parser.add_argument("--write", action="store_true", help=f"write {TABLE_PATH.name}")

@@ -16,9 +16,12 @@ import sys
 from collections.abc import Sequence
 from weakref import WeakKeyDictionary
 
+from pyinfra import host, state
 from pyinfra.api import FileUploadCommand, StringCommand, operation
+from pyinfra.facts.files import FileContents
 
 from pdkit.plan import PlannedFile
+from roles.facts import host_state
 
 
 def change_summary(files: Sequence[PlannedFile], remove: Sequence[str] = ()) -> str:
@@ -76,8 +79,6 @@ def install_commands(files: Sequence[PlannedFile], staging: str, *, daemon_reloa
 def announce(files: Sequence[PlannedFile], remove: Sequence[str] = ()) -> None:
     """Print this host's own list of files to write and remove (and, with --diff, their diffs) at
     prepare time, so `--dry` shows it too: pyinfra runs an operation's body only when it executes."""
-    from pyinfra import host, state
-    from pyinfra.facts.files import FileContents
 
     logged = _LOGGED.setdefault(state, set())
 
@@ -132,6 +133,5 @@ def install_files(files: Sequence[PlannedFile], staging: str, daemon_reload: boo
 
 def host_has(path: str) -> bool:
     """Whether PATH exists on the current host (from the one host-state fact: no extra round trip)."""
-    from roles.facts import host_state
 
     return bool(host_state()["paths"].get(path))

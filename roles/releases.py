@@ -21,6 +21,7 @@ from pdkit import flags
 from pdkit.deploy import current_plan, current_spec
 from pdkit.hoststate import host_state
 from pdkit.paths import releases_command
+from pdkit.plan import services_meta as meta
 from roles import base
 
 # pyinfra options whose value may be a secret: never kept in a release
@@ -53,7 +54,6 @@ def applied_by() -> str:
 
 def services_meta() -> dict[str, dict]:
     """What a restore needs to know about each planned service (no secrets: units, files, URLs, venv)."""
-    from pdkit.plan import services_meta as meta
 
     return meta(current_plan().services)
 

@@ -7,7 +7,7 @@ import shlex
 import sys
 from weakref import WeakKeyDictionary
 
-from pyinfra import host
+from pyinfra import host, state
 from pyinfra.api import deploy
 from pyinfra.operations import python, server
 
@@ -121,7 +121,6 @@ _MOVED: WeakKeyDictionary = WeakKeyDictionary()
 
 
 def _note_for_limit(spec, urls: list[str], retargeted: list[str]) -> None:
-    from pyinfra import state
 
     if not (urls or retargeted) or not state.limit_hosts or host.data.get("node_drained") is True:
         return  # no --limit (or a roll, which limits itself to its batch and re-adds workers)
