@@ -266,9 +266,6 @@ def test_no_module_imports_another_modules_private_name():
 UNEXPLAINED_BEFORE_ISSUE_34 = {
     "pdkit/catalogue.py": 8,
     "pdkit/cli.py": 7,
-    "pdkit/contract/router_argcheck.py": 6,
-    "pdkit/contract/sglang_argcheck.py": 10,
-    "pdkit/contract/sglang_metrics.py": 7,
     "pdkit/deploy.py": 6,
     "pdkit/enginelock.py": 1,
     "pdkit/gates.py": 2,
