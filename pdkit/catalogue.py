@@ -35,6 +35,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
+from pdkit.contract import env_python
+
 CATALOGUE_PATH = Path(__file__).parent / "data" / "metric_catalogue.json"
 SGLANG_VERSIONS = ("0.5.17", "0.5.23")
 ROUTERS = (("smg", "1.13.0"), ("sglang-router", "0.3.2"))
@@ -75,8 +79,6 @@ def series_names(name: str, kind: str) -> tuple[str, ...]:
 
 
 def _sglang(version: str) -> dict:
-    from pdkit.contract import env_python
-
     py = env_python(f"sglang-{version}")
     script = Path(__file__).parent / "contract" / "sglang_metrics.py"
     out = subprocess.run([str(py), str(script)], capture_output=True, text=True, timeout=600,
@@ -101,8 +103,6 @@ def _sglang(version: str) -> dict:
 
 
 def _page_families(text: str) -> dict[str, dict]:
-    from prometheus_client.parser import text_string_to_metric_families
-
     out = {}
     for fam in text_string_to_metric_families(text):
         name = fam.name + ("_total" if fam.type == "counter" else "")
@@ -115,8 +115,6 @@ def _page_families(text: str) -> dict[str, dict]:
 
 
 def _router_command(package: str, version: str, ports: dict[str, int]) -> list[str]:
-    from pdkit.contract import env_python
-
     py = env_python(f"{package}-{version}")
     head = [str(py.parent / "smg"), "launch"] if package == "smg" else [str(py), "-m", "sglang_router.launch_router"]
     return head + [
@@ -131,6 +129,8 @@ def _router_command(package: str, version: str, ports: dict[str, int]) -> list[s
 
 
 def _router(package: str, version: str) -> dict:
+    # lazy: requests (and localstack, which imports it) cost ~200 ms on top of the sim, which
+    # imports this module for its data; only the generator (control machine) starts routers
     import requests
 
     from pdkit.sim.localstack import (
@@ -229,6 +229,7 @@ FAULT_WAIT_S = 30.0
 def _fault_phase(package: str, version: str, url: str, metrics: str, ports: dict[str, int],
                  procs: list) -> dict[str, dict]:
     """Make the router count a PD rendezvous failure and read the families FAULT_FAMILIES names."""
+    # lazy: as in _router (requests: ~200 ms the sim would pay for nothing)
     import requests
 
     from pdkit.sim.localstack import free_ports, wait_for
@@ -265,8 +266,6 @@ ON_RUNTIME_EVENTS = {
 
 
 def _router_library(package: str, version: str) -> Path:
-    from pdkit.contract import env_python
-
     site = env_python(f"{package}-{version}").parent.parent / "lib"
     found = sorted(site.glob("python3*/site-packages/smg/smg_rs*.so"))
     if not found:

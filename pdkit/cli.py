@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import argparse
+import importlib
+import json
 import os
 import sys
+import time
 from pathlib import Path
+
+from pdkit.loader import load_or_report, load_with_problems
+from pdkit.plan import plan_cluster
+from pdkit.summary import summary
 
 EXIT_INVALID = 2
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
     """Exit 0: valid (warnings printed); 2: invalid, every problem listed; anything else is a bug."""
-    from pdkit.loader import load_with_problems
-    from pdkit.summary import summary
-
     spec, problems = load_with_problems(args.inventory)
     errors = [p for p in problems if p.severity == "error"]
     warnings = [p for p in problems if p.severity == "warning"]
@@ -35,9 +39,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    from pdkit.loader import load_or_report
-    from pdkit.plan import plan_cluster
-
     spec = load_or_report(args.inventory)
     if spec is None:
         return EXIT_INVALID
@@ -63,19 +64,12 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 def cmd_chat(args: argparse.Namespace) -> int:
     """Send one streaming chat completion through the cluster's router and print it as it arrives."""
-    import json
-    import time
-
-    # pyinfra's CLI (imported by the loader) gevent-patches ssl: it must come before requests
-    from pdkit.loader import load_or_report
-
-    # isort: split
-    # after the loader's gevent patch (above)
-    import requests
-
     spec = load_or_report(args.inventory)
     if spec is None:
         return EXIT_INVALID
+    # lazy: only after load_or_report: pyinfra's CLI, which it imports, gevent-patches ssl first
+    import requests
+
     if not spec.router_hosts:
         print("the inventory declares no router", file=sys.stderr)
         return EXIT_INVALID
@@ -117,8 +111,6 @@ COMMAND_MODULES = ("pdkit.lab.cli", "pdkit.roll", "pdkit.bench.cli", "pdkit.doct
 
 
 def _register(sub: argparse._SubParsersAction, module_name: str) -> None:
-    import importlib
-
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:

@@ -26,7 +26,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from pdkit.platforms import KNOWN_PLATFORMS, NodePlatform
+from pdkit.platforms import KNOWN_PLATFORMS, NodePlatform, parse_glibc, platform_for
 from pdkit.versions import NIXL_EXCLUDED, NIXL_META_PACKAGE, NIXL_PACKAGE, SGLANG_RELEASES
 
 LOCKS = Path(__file__).resolve().parent / "locks"
@@ -210,8 +210,6 @@ def main(argv: list[str] | None = None) -> int:
     if bool(args.python) != bool(args.glibc):
         parser.error("--python and --glibc go together")
     if args.python:
-        from pdkit.platforms import parse_glibc, platform_for
-
         platforms = [platform_for(args.python, parse_glibc(args.glibc))]
     else:
         platforms = [KNOWN_PLATFORMS[p] for p in (args.platform or sorted(KNOWN_PLATFORMS))]

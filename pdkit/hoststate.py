@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import NoReturn
 from weakref import WeakKeyDictionary
 
+from pyinfra import host
 from pyinfra.api import FactBase
 
 from pdkit import flags, wheelhouse
@@ -233,8 +234,6 @@ def state_kwargs() -> dict:
 def host_state(texts: tuple[tuple[str, str, str], ...] = ()) -> dict:
     """The current host's state for everything pdkit plans on it (one round trip, read once per run);
     TEXTS (PdkitHostState's) are read too when this is the first read."""
-    from pyinfra import host
-
     read = _STATE.setdefault(host.state, {})
     if host.name not in read:
         read[host.name] = host.get_fact(PdkitHostState, **state_kwargs(), texts=texts)
@@ -245,8 +244,6 @@ def read_with_host_state(fact: type[FactBase], kwargs: dict):
     """FACT's value (read with KWARGS) and, in the same round trip, the current host's state,
     kept for host_state(). None when FACT's command failed (read it alone then). The deploy reads
     the preflight's facts this way (roles/preflight.py): one round trip per host, not two."""
-    from pyinfra import host
-
     read = _STATE.setdefault(host.state, {})
     if host.name in read:
         return host.get_fact(fact, **kwargs)
@@ -263,8 +260,6 @@ def read_texts_with_host_state(texts: tuple[tuple[str, str, str], ...]) -> dict[
     """TEXTS (PdkitHostState's) read by the current host's host-state probe, in its own round trip,
     the host state kept for host_state(): name -> text (None: unreadable). None when the host state
     was already read (read them some other way then)."""
-    from pyinfra import host
-
     if host.name in _STATE.setdefault(host.state, {}):
         return None
     return host_state(texts)["texts"]
@@ -298,8 +293,6 @@ def node_platform() -> NodePlatform:
 
 def fail_prepare(exc: Exception) -> NoReturn:
     """Stop the whole run at prepare time: no host has been changed yet."""
-    from pyinfra import host
-
     raise SystemExit(f"pdkit: {host.name}: {exc}. No host was changed.") from None
 
 

@@ -29,6 +29,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from pdkit.metricnames import SGLANG
 
 # The three histograms, by the short names used below
@@ -59,8 +61,6 @@ class Histogram:
 def kv_histograms(text: str) -> dict[str, Histogram]:
     """Pure: the KV histograms of one /metrics page, keyed like KV_HISTOGRAMS; absent ones left out
     (SGLang creates them on the first transfer: pdkit/data/metric_catalogue.json, eager false)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
     wanted = {name: key for key, name in KV_HISTOGRAMS.items()}
     sums: dict[str, float] = {}
     counts: dict[str, float] = {}

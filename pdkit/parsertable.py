@@ -19,6 +19,7 @@ then unambiguous prefixes of long options (SGLang's parser keeps `allow_abbrev`)
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import functools
 import json
@@ -27,6 +28,9 @@ import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from pdkit import contract
+from pdkit.versions import ROUTER_RELEASES, SGLANG_RELEASES
 
 TABLE_PATH = Path(__file__).with_name("parser_table.json")
 # SGLang environment variables whose defaults the table keeps (sglang/srt/environ.py): the PD
@@ -270,9 +274,6 @@ def table_entry(options: list[dict], with_defaults: bool = False) -> list[dict]:
 
 def generate() -> dict:
     """The table, read from the pinned parsers in the contract virtualenvs (minutes: imports sglang)."""
-    from pdkit import contract
-    from pdkit.versions import ROUTER_RELEASES, SGLANG_RELEASES
-
     out: dict = {"generated_by": "python -m pdkit.parsertable --write (from the contract virtualenvs)", "sglang": {}, "router": {}}
     for version in sorted(SGLANG_RELEASES):
         reply = contract.run_sglang_check(version, [], describe=True, environment_prefixes=ENVIRONMENT_PREFIXES)
@@ -311,8 +312,6 @@ def dumps(data: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
     parser = argparse.ArgumentParser(prog="python -m pdkit.parsertable", description=__doc__.split("\n\n")[0])
     parser.add_argument("--write", action="store_true", help=f"write {TABLE_PATH.name}")
     parser.add_argument("--check", action="store_true", help="exit 1 when the committed table differs")

@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from pdkit import flags
 from pdkit.paths import router_url
 from pdkit.router_api import RouterClient, RouterError, Worker, worker_type
 
@@ -64,8 +65,6 @@ def sync_router(client: RouterClient, planned: list[PlannedWorker], host_address
 
 def routers_for_host(spec, host_name: str) -> list[tuple[object, list[PlannedWorker], list[str]]]:
     """(router host, this host's planned workers there, that router's other planned worker URLs) for every router on another host."""
-    from pdkit import flags
-
     out = []
     for router_host in spec.router_hosts:
         if router_host.name == host_name:

@@ -20,10 +20,12 @@ Alertmanager ANDs the matchers of one silence, so those are two silences, both s
 
 from __future__ import annotations
 
+import atexit
 import getpass
 import json
 import os
 import socket
+import sys
 import time
 import urllib.parse
 import weakref
@@ -33,6 +35,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
+from pdkit import routersync
 from pdkit.health import http_request
 
 if TYPE_CHECKING:
@@ -64,6 +67,8 @@ class Matcher:
 
 def _one_of(name: str, values: list[str]) -> Matcher:
     """NAME equal to the one value, or an anchored regex matching exactly these values."""
+    # lazy: importing pdkit.monitoring.common runs the package's __init__, every generator: ~70 ms
+    # more than pdkit.roll (which imports this module) already loads
     from pdkit.monitoring.common import regex_literal
 
     if len(values) == 1:
@@ -74,6 +79,7 @@ def _one_of(name: str, values: list[str]) -> Matcher:
 def host_matchers(spec: ClusterSpec, hosts: list[str]) -> list[tuple[Matcher, ...]]:
     """The matcher sets (one silence each) that cover every alert about HOSTS: the targets on them
     (node) and the routers' view of their engines (worker_instance), both within the cluster."""
+    # lazy: pdkit.monitoring's __init__ loads every generator (~70 ms; see _one_of)
     from pdkit.monitoring.common import engine_instance
 
     cluster = Matcher("cluster", spec.cluster.name)
@@ -206,6 +212,7 @@ class Silencer:
     @classmethod
     def for_spec(cls, spec: ClusterSpec, command: str, say: Callable[[str, str], None], **kw) -> Silencer:
         """The spec's Alertmanagers (pdkit.monitoring.common.alertmanager_urls): none without a monitoring host."""
+        # lazy: pdkit.monitoring's __init__ loads every generator (~70 ms; see _one_of)
         from pdkit.monitoring.common import alertmanager_urls
 
         return cls(alertmanager_urls(spec), command, say, **kw)
@@ -327,8 +334,6 @@ def deploy_silence(spec: ClusterSpec, host_name: str, moving: list, node_drained
     """Pure: whether a deploy silences HOST_NAME around its restarts, as (window, units), else None:
     when an engine or router (re)starts (MOVING: pdkit.plan.Service), the spec has a monitoring
     host, and the deploy is not a roll's (node_drained: the roll silences its batch itself)."""
-    from pdkit import routersync
-
     units = [s for s in moving if s.kind in ("engine", "router")]
     if not units or not spec.monitoring_hosts or node_drained:
         return None
@@ -339,15 +344,12 @@ def deploy_silence(spec: ClusterSpec, host_name: str, moving: list, node_drained
 
 
 def _deploy_say(who: str, text: str) -> None:
-    import sys
-
     print(f"pdkit: {who}: {text}", file=sys.stderr, flush=True)
 
 
 def deploy_start(state, host, spec: ClusterSpec, window_s: float, units: list[str]) -> None:
     """python.call (pyinfra passes STATE and HOST): silence HOST for its restarts of UNITS."""
-    import atexit
-
+    # lazy: pdkit.monitoring's __init__ loads every generator (~70 ms; see _one_of)
     from pdkit.monitoring.common import alertmanager_urls
 
     # one Silencer for the whole deploy: an Alertmanager that does not answer is one warning, not one per host
@@ -382,6 +384,7 @@ def deploy_end_all(outcome: str) -> None:
 
 
 def _failure_watch():
+    # lazy: pyinfra's API loads gevent (~200 ms measured); only a deploy, already inside pyinfra, calls this
     from pyinfra.api.state import BaseStateCallback
 
     class FailureWatch(BaseStateCallback):

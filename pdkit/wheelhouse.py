@@ -43,6 +43,7 @@ from packaging.utils import parse_wheel_filename
 from pdkit import enginelock
 from pdkit.enginelock import LockError, canonical, lock_pins
 from pdkit.platforms import KNOWN_PLATFORMS, NodePlatform, parse_glibc, platform_for
+from pdkit.versions import DEFAULT_SGLANG_VERSION
 
 REPO = Path(__file__).resolve().parent.parent
 LOCKS = Path(__file__).resolve().parent / "locks"
@@ -514,8 +515,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         platform = resolve_platform(args.platform, args.python, args.glibc)
         if args.engine == "sglang" and not args.sglang_version:
-            from pdkit.versions import DEFAULT_SGLANG_VERSION
-
             args.sglang_version = DEFAULT_SGLANG_VERSION
         node = node_bundle(platform)
         engine = engine_bundle(platform, args.engine, args.sglang_version if args.engine == "sglang" else None)

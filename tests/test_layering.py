@@ -260,33 +260,9 @@ def test_no_module_imports_another_modules_private_name():
 
 
 # Function-level imports not yet given their reason when the rule came in (issue 34: 213 of them),
-# per file. A file may not gain one; a file that loses some must lower its count here (to 0: drop
-# the entry), so this only shrinks. Each one either gets its `# lazy: ...` / `# breaks ...` line
-# or moves to module level (the cycle rule above says whether that is safe).
-UNEXPLAINED_BEFORE_ISSUE_34 = {
-    "pdkit/catalogue.py": 8,
-    "pdkit/cli.py": 7,
-    "pdkit/contract/router_argcheck.py": 6,
-    "pdkit/contract/sglang_argcheck.py": 10,
-    "pdkit/contract/sglang_metrics.py": 7,
-    "pdkit/enginelock.py": 1,
-    "pdkit/hoststate.py": 4,
-    "pdkit/kvcost.py": 1,
-    "pdkit/lab/cli.py": 4,
-    "pdkit/lab/system.py": 2,
-    "pdkit/monitoring/alerttable.py": 1,
-    "pdkit/parsertable.py": 3,
-    "pdkit/routersync.py": 1,
-    "pdkit/silences.py": 8,
-    "pdkit/sim/args.py": 2,
-    "pdkit/sim/engine.py": 1,
-    "pdkit/sim/knobs.py": 2,
-    "pdkit/tune/campaign.py": 7,
-    "pdkit/tune/gates.py": 4,
-    "pdkit/tune/results.py": 1,
-    "pdkit/tune/runner.py": 14,
-    "pdkit/wheelhouse.py": 1,
-}
+# per file; all have one now (or moved to module level), so none may come back without one. Kept as
+# the place a file's legacy count would go, and it may only shrink: it is empty.
+UNEXPLAINED_BEFORE_ISSUE_34: dict[str, int] = {}
 
 
 def test_every_function_level_import_says_why():

@@ -42,6 +42,7 @@ import os
 import re
 import sys
 import traceback
+from importlib.metadata import version as dist_version
 
 from argcheck_common import ANSI, Records, describe  # a sibling file: these scripts run outside pdkit
 
@@ -105,6 +106,7 @@ def _run_one(invoke, argv: list[str]) -> dict:
 
 
 def _smg():
+    # lazy: a contract venv holds smg or sglang-router, not both; the missing one becomes the fatal reply
     import smg.cli
     import smg.launch_router as lr
     from smg.router_args import RouterArgs
@@ -130,6 +132,7 @@ def _smg():
 
 
 def _sglang_router():
+    # lazy: a contract venv holds smg or sglang-router, not both; the missing one becomes the fatal reply
     import sglang_router.launch_router as lr
     from sglang_router.router_args import RouterArgs
 
@@ -172,8 +175,6 @@ def main() -> int:
             invoke, make_parser, dist, entry = _sglang_router()
         else:
             raise ValueError(f"unknown router package {package!r}: expected 'smg' or 'sglang-router'")
-        from importlib.metadata import version as dist_version
-
         reply["version"] = dist_version(dist)
         reply["entry"] = entry
     except BaseException:  # noqa: BLE001

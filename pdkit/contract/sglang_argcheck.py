@@ -50,6 +50,7 @@ import logging
 import os
 import sys
 import traceback
+from importlib.metadata import version as dist_version
 
 from argcheck_common import ANSI, Records, describe  # a sibling file: these scripts run outside pdkit
 
@@ -174,6 +175,7 @@ def define_torchvision_schemas() -> bool:
     """Define torchvision::nms/qnms before torchvision registers fake kernels for them."""
     if importlib.util.find_spec("torchvision") is None:
         return False
+    # lazy: CPU torch is slow to import and only needed when torchvision is installed
     import torch
 
     if torch.version.cuda is not None:
@@ -210,8 +212,10 @@ def check_one(server_args_mod, argv: list[str], full_post_init: bool) -> dict:
             try:
                 if "--config" in argv:
                     try:
+                        # lazy: sglang imports only after main() installed the triton stub and torchvision schemas
                         from sglang.srt.utils.server_args_config_parser import ConfigArgumentMerger
                     except ImportError:
+                        # lazy: same, at its older path
                         from sglang.srt.server_args_config_parser import ConfigArgumentMerger
                     argv = ConfigArgumentMerger(parser).merge_config_with_args(argv)
                 namespace = parser.parse_args(argv)
@@ -266,9 +270,11 @@ def check_one(server_args_mod, argv: list[str], full_post_init: bool) -> dict:
             name = getattr(namespace, "speculative_algorithm", None)
             if name is not None:
                 try:
+                    # lazy: sglang imports only after main() installed the triton stub and torchvision schemas
                     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
                     try:
+                        # lazy: same; some releases lack it (the ImportError below)
                         from sglang.srt.arg_groups.speculative_hook import (
                             _resolve_speculative_algorithm_alias as resolve_alias,
                         )
@@ -296,6 +302,7 @@ def describe_server_args(server_args_mod) -> list[dict]:
 def environment_defaults(prefixes: list[str]) -> dict[str, dict]:
     """Every variable of `sglang.srt.environ.Envs` whose name starts with one of PREFIXES:
     its type (EnvInt, EnvFloat, ...) and its default, as SGLang reads them when unset."""
+    # lazy: sglang imports only after main() installed the triton stub and torchvision schemas
     from sglang.srt.environ import EnvField, Envs
 
     out: dict[str, dict] = {}
@@ -309,10 +316,12 @@ def environment_defaults(prefixes: list[str]) -> dict[str, dict]:
 def speculative_algorithm_names() -> list[str]:
     """The names `SpeculativeAlgorithm.from_string` accepts (argparse leaves the flag unchecked):
     the enum's members but NONE, plus the reserved aliases (NEXTN, 0.5.2x's spec_registry)."""
+    # lazy: sglang imports only after main() installed the triton stub and torchvision schemas
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     names = [m.name for m in SpeculativeAlgorithm if m.name != "NONE"]
     try:
+        # lazy: same; some releases lack it (the ImportError below)
         from sglang.srt.speculative.spec_registry import _RESERVED_ALIASES
     except ImportError:  # 0.5.17 maps NEXTN to EAGLE in the speculative hook instead
         _RESERVED_ALIASES = frozenset({"NEXTN"})
@@ -339,11 +348,10 @@ def main() -> int:
     try:
         reply["triton"] = install_triton_stub()
         reply["torchvision_schemas_defined"] = define_torchvision_schemas()
+        # lazy: sglang only now, after the triton stub and torchvision schemas (a failure: the fatal reply)
         import sglang.srt.server_args as server_args_mod
 
         try:
-            from importlib.metadata import version as dist_version
-
             reply["version"] = dist_version("sglang")
         except Exception:  # noqa: BLE001
             reply["version"] = None

@@ -44,9 +44,16 @@ import json
 import os
 import sys
 import types
+from importlib.metadata import version as dist_version
+
+import prometheus_client
+import prometheus_client.metrics as pm
+from prometheus_client import REGISTRY
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+
+import sglang_argcheck  # noqa: E402  (a sibling file, found through the path entry above)
 
 ROLES = {"prefill": "prefill", "decode": "decode", "unified": "null"}
 
@@ -129,8 +136,6 @@ def _families(registry, base: set[str]) -> dict[str, dict]:
 
 def _metric_objects(collector) -> dict[str, object]:
     """name as on /metrics -> the prometheus_client metric object held by a collector."""
-    import prometheus_client.metrics as pm
-
     out = {}
     for value in vars(collector).values():
         if isinstance(value, pm.MetricWrapperBase):
@@ -152,8 +157,6 @@ def main() -> int:
     os.dup2(2, 1)
     sys.stdout = sys.stderr
 
-    import sglang_argcheck
-
     sglang_argcheck.install_triton_stub()
     sglang_argcheck.define_torchvision_schemas()
     _stand_in("sglang.srt.disaggregation.utils", "srt/disaggregation/utils.py", "DisaggregationMode",
@@ -161,11 +164,8 @@ def main() -> int:
     _stand_in("sglang.srt.model_executor.forward_batch_info", "srt/model_executor/forward_batch_info.py",
               "ForwardMode", "from enum import IntEnum, auto")
 
-    from importlib.metadata import version as dist_version
-
-    import prometheus_client
+    # lazy: sglang only after the triton stub, torchvision schemas and stand-ins above
     import sglang.srt.observability.metrics_collector as mc
-    from prometheus_client import REGISTRY
     from sglang.srt.server_args import ServerArgs
 
     sched_keys = _label_keys(("srt/observability/metrics_collector.py", "init_new"))

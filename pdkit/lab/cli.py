@@ -6,7 +6,9 @@ import argparse
 import signal
 import sys
 
+from pdkit.lab import lifecycle
 from pdkit.lab.model import DEFAULT_GPU_HOSTS, LabError
+from pdkit.lab.system import require_root
 
 EXIT_DOWN = 3  # `lab status` when no lab is up (like `systemctl status` of an inactive unit)
 
@@ -50,8 +52,6 @@ def _on_sigterm(signum, frame):  # a killed `lab up` cleans up like a failed one
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from pdkit.lab import lifecycle
-
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         lifecycle.up(args.hosts, rebuild_rootfs=args.rebuild_rootfs)
@@ -68,9 +68,6 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from pdkit.lab import lifecycle
-    from pdkit.lab.system import require_root
-
     try:
         require_root()
         st = lifecycle.status()
@@ -81,8 +78,6 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    from pdkit.lab import lifecycle
-
     try:
         left = lifecycle.down()
     except LabError as exc:

@@ -6,6 +6,8 @@ import os
 import select
 import shutil
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import time
@@ -463,9 +465,6 @@ def tcp_listening(address: str, port: int) -> bool:
     Read from /proc/net/tcp, not by connecting: on some networks a connection to an
     address that is not local is accepted by a transparent proxy upstream.
     """
-    import socket
-    import struct
-
     wanted = {
         f"{struct.unpack('<I', socket.inet_aton(address))[0]:08X}:{port:04X}",
         f"00000000:{port:04X}",

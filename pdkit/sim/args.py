@@ -20,7 +20,9 @@ the sim must run under either.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -321,9 +323,6 @@ def resolve(ns: argparse.Namespace, ignored: Sequence[str] = ()) -> SimArgs:
 def parse_args(argv: Sequence[str] | None = None) -> SimArgs:
     """Parse an SGLang argv. Exits with status 2 and a usage message on a malformed value."""
     parser = build_parser()
-    import dataclasses
-    import sys
-
     ns, extras = parser.parse_known_args(argv)
     problem = leftover_error(extras)
     if problem:

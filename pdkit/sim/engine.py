@@ -36,7 +36,7 @@ from pdkit.sim.knobs import Knobs
 from pdkit.sim.metrics import PD_QUEUE_GAUGES, SimMetrics
 from pdkit.sim.protocol import GenSpec
 from pdkit.sim.scheduler import QueueFull, Scheduler, SimRequest
-from pdkit.sim.stepmodel import kv_transfer_bytes, kv_transfer_seconds
+from pdkit.sim.stepmodel import kv_transfer_bytes, kv_transfer_seconds, sglang_kv_units
 
 
 class EngineError(Exception):
@@ -256,8 +256,6 @@ class Engine:
         (sglang/srt/observability/req_time_stats.py compute_and_observe_kv_transfer_metrics):
         total "MB" is MiB (bytes / 2**20), speed "GB/s" is (MiB / 1024) / seconds, and a transfer
         of no measurable latency is not observed at all."""
-        from pdkit.sim.stepmodel import sglang_kv_units
-
         if seconds <= 0:
             return
         total_mb, speed_gb_s = sglang_kv_units(nbytes, seconds)

@@ -13,6 +13,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
+from pdkit.catalogue import SGLANG_VERSIONS
+from pdkit.parsertable import sglang_environment, table
 from pdkit.sglang_pd import ENGINE_VARIABLES, SGLANG_ENSURE_INTERVAL_S, SGLANG_MIN_HEARTBEAT_INTERVAL_S
 
 # the knobs that are SGLang's own PD variables: knob -> pdkit.faultbudget.FaultBudget field
@@ -141,8 +143,6 @@ def load_knobs(environ: Mapping[str, str] | None = None) -> Knobs:
 def _release_defaults(version: str) -> dict[str, object]:
     """SGLang's own defaults for its PD variables in release VERSION (default: the newest pinned),
     from pdkit/parser_table.json (generated from the wheels: sglang/srt/environ.py)."""
-    from pdkit.parsertable import sglang_environment, table
-
     releases = sorted(table()["sglang"], key=lambda v: tuple(int(x) for x in v.split(".")))
     if version not in releases:
         version = releases[-1]
@@ -155,8 +155,6 @@ def _release_defaults(version: str) -> dict[str, object]:
 
 
 def _check(k: Knobs) -> None:
-    from pdkit.catalogue import SGLANG_VERSIONS
-
     if k.sglang_version and k.sglang_version not in SGLANG_VERSIONS:
         raise KnobError(f"{ENV_NAMES['sglang_version']}={k.sglang_version} has no metric catalogue "
                         f"(catalogued: {', '.join(SGLANG_VERSIONS)})")

@@ -16,11 +16,14 @@ invalid candidate fails the campaign with the usual host/field message.
 
 from __future__ import annotations
 
+import ast
 import copy
 import hashlib
 import itertools
 import json
+import pprint
 import re
+import runpy
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +31,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from pdkit.bench import engine_flags, flag_changes
+from pdkit.loader import spec_from_host_data
+from pdkit.roll import rollout_order
 from pdkit.spec import Problem, Tuning
 
 ENGINE_SCOPES = ("all", "prefill", "decode", "unified")
@@ -194,8 +200,6 @@ def read_campaign_file(path: str | Path) -> dict[str, Any]:
     if not p.is_file():
         raise CampaignError(str(path), ["no such campaign file (give a .yaml, .yml or .py file)"])
     if p.suffix == ".py":
-        import runpy
-
         try:
             scope = runpy.run_path(str(p))
         except Exception as exc:  # noqa: BLE001 - the user's file: one line
@@ -206,6 +210,7 @@ def read_campaign_file(path: str | Path) -> dict[str, Any]:
         return raw
     if p.suffix not in (".yaml", ".yml"):
         raise CampaignError(str(path), [f"unknown campaign format {p.suffix!r}: give .yaml, .yml or .py"])
+    # lazy: yaml costs ~12-16 ms more than `pdkit --help` (which imports this module) loads; YAML campaigns only
     import yaml
 
     try:
@@ -376,8 +381,6 @@ def apply_overlay(hosts: HostData, overlay: dict[str, Any], targets: list[str]) 
 
 def derive(hosts: HostData, candidate: Candidate, targets: list[str], inventory: str):
     """(derived ClusterSpec or None, problems, Applied) for one candidate: the loader's own checks."""
-    from pdkit.loader import spec_from_host_data
-
     applied = apply_overlay(hosts, candidate.overlay, targets)
     spec, problems = spec_from_host_data(applied.hosts, inventory=inventory)
     for key, where in applied.landed.items():
@@ -391,8 +394,6 @@ def derive(hosts: HostData, candidate: Candidate, targets: list[str], inventory:
 
 def resolve_targets(campaign: Campaign, spec) -> list[str]:
     """Host names the candidates are applied to: the roll's canary, every engine host, or a list."""
-    from pdkit.roll import rollout_order
-
     engine_hosts = [h.name for h in spec.gpu_hosts if h.node is not None and h.node.engines]
     if campaign.target == "canary":
         order = rollout_order(spec, limit=engine_hosts)
@@ -411,9 +412,6 @@ def render_inventory(applied: HostData, source: str, candidate: str) -> str:
     Resolved data already carries what group_data contributed, so the file needs no group_data
     beside it. It holds secrets when the inventory does: the runner writes it mode 0600.
     """
-    import ast
-    import pprint
-
     groups: dict[str, list[str]] = {}
     for name, host_groups, _ in applied:
         for g in host_groups:
@@ -463,8 +461,6 @@ def spec_diff(base, derived) -> dict[str, dict[str, list[Any]]]:
 
 def flag_diff(base, derived) -> list[str]:
     """Engine argv differences, in `pdkit compare`'s words (pdkit.bench.flag_changes on the rendered flags)."""
-    from pdkit.bench import engine_flags, flag_changes
-
     return flag_changes({"env": {"engine_flags": engine_flags(base)}}, {"env": {"engine_flags": engine_flags(derived)}})
 
 

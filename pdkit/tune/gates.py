@@ -19,8 +19,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pdkit.bench import generate_body
 from pdkit.bench.measure import Measured
+from pdkit.health import http_request
 from pdkit.metricnames import FAILURE_COUNTERS, SGLANG
+from pdkit.roll import metric_sums
 
 # words the fixed prompts are built from: plain text, so any tokenizer takes them
 _WORDS = ("river", "copper", "signal", "lantern", "orbit", "meadow", "cipher", "harbor", "quartz", "ember",
@@ -120,9 +123,6 @@ def correctness_verdict(comparison: dict[str, Any], min_match_rate: float, exact
 
 def engine_sample(urls: dict[str, str], timeout_s: float = 5.0) -> dict[str, dict[str, float] | None]:
     """label -> {metric: sum} of the failure, running and progress series (None: /metrics unreadable)."""
-    from pdkit.health import http_request
-    from pdkit.roll import metric_sums
-
     names = (*FAILURE_COUNTERS, SGLANG["running"], *PROGRESS_COUNTERS)
     out: dict[str, dict[str, float] | None] = {}
     for label, url in urls.items():
@@ -195,9 +195,8 @@ class LoadThread:
         asyncio.run(self._main())
 
     async def _main(self) -> None:
+        # lazy: aiohttp costs ~130 ms more than `pdkit --help` (which imports this module) loads; the soak only
         import aiohttp
-
-        from pdkit.bench import generate_body
 
         self._loop = asyncio.get_running_loop()
         counter = iter(range(10**9))

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 # the same number formatting as pdkit bench's tables
-from pdkit.bench import describe_measured, fmt_cell
+from pdkit.bench import describe_measured, fmt_cell, render_plot
 from pdkit.tune.campaign import BASELINE, GOODPUT, OBJECTIVE_METRICS, Campaign, Candidate, Objective
 
 SCHEMA = 1
@@ -271,8 +271,6 @@ def write_report(campaign: Campaign, records: Sequence[dict[str, Any]], concurre
         print(f"pdkit tune: no matplotlib here: {p['plot']} not drawn (pip install matplotlib, then --resume redraws it)", file=sys.stderr)
         plotted = []
     if plotted:
-        from pdkit.bench import render_plot
-
         render_plot(plotted, p["plot"])
         written.append(p["plot"])
     p["markdown"].write_text(render_markdown(campaign, records, concurrency, p["plot"].name if plotted else None, pending))

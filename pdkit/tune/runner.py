@@ -24,7 +24,24 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from pdkit import flags
+from pdkit.bench import check_workload
 from pdkit.bench.measure import Measured, measured_for
+from pdkit.loader import load_with_problems, read_inventory
+from pdkit.plan import plan_cluster
+from pdkit.roll import (
+    Progress,
+    Roller,
+    RollError,
+    batch_outages,
+    make_batches,
+    pairing_units,
+    patch_gevent,
+    read_node_state,
+    rollout_order,
+    unchanged_hosts,
+    version_changes,
+)
 from pdkit.tune import gates
 from pdkit.tune.campaign import (
     BASELINE,
@@ -100,11 +117,6 @@ def target_concurrency(campaign: Campaign, spec) -> int:
 
 def prepare(inventory: str, campaign_path: str) -> Prepared:
     """Load and validate everything. Raises CampaignError with every problem found."""
-    from pdkit.bench import check_workload
-    from pdkit.loader import load_with_problems, read_inventory
-    from pdkit.plan import plan_cluster
-    from pdkit.roll import batch_outages
-
     campaign = load_campaign(campaign_path)
     inv = os.path.abspath(inventory)
     problems: list[str] = []
@@ -254,8 +266,6 @@ class Session:
     """One campaign run: the records so far, the progress printer, the stop flag."""
 
     def __init__(self, prep: Prepared, records: list[dict[str, Any]]) -> None:
-        from pdkit.roll import Progress
-
         self.prep = prep
         self.records = records
         self.progress = Progress()
@@ -268,8 +278,6 @@ class Session:
 
     # ---- rolls
     def roller(self, name: str):
-        from pdkit.roll import Roller
-
         inv = self.prep.inventory if name == BASELINE else str(self.write_inventory(name))
         return Roller(inv, self.prep.specs[name], self.progress, allow_downtime=self.prep.campaign.downtime, command="tune")
 
@@ -287,24 +295,12 @@ class Session:
         state, connected, unreachable = roller.pyinfra.connect(hosts)
         if unreachable:
             h, why = next(iter(unreachable.items()))
-            from pdkit.roll import RollError
-
             raise RollError(h, "connect", f"cannot reach it over SSH ({why})")
         return roller.current_releases(state, connected)[0]
 
     def roll(self, roller, rolled: list[str], hosts: list[str] | None = None) -> int:
         """Roll HOSTS (default: the targets) as pdkit roll does (order, pairing, batches of one after
         the canary). Appends each host to ROLLED once its batch passed; returns how many hosts changed."""
-        from pdkit.roll import (
-            RollError,
-            make_batches,
-            pairing_units,
-            read_node_state,
-            rollout_order,
-            unchanged_hosts,
-            version_changes,
-        )
-
         spec = roller.spec
         order = rollout_order(spec, limit=hosts or self.prep.targets)
         diffs, versions, unreachable = read_node_state(roller, order)
@@ -356,8 +352,6 @@ class Session:
 
     # ---- gates
     def engine_urls(self, spec) -> dict[str, str]:
-        from pdkit import flags
-
         return {f"{h.name}/{e.name}": flags.engine_url(spec, h, e) for h, e in spec.engines()}
 
     def ask(self) -> list[dict[str, Any]]:
@@ -367,6 +361,8 @@ class Session:
     def run_gates(self, name: str, spec, record: dict[str, Any], baseline_answers: list[dict[str, Any]] | None,
                   cand: Candidate | None) -> None:
         """correctness, soak, doctor, bench, in that order; raises GateFailed at the first that fails."""
+        # lazy: looked up per call, so tests/test_tune.py's stand-ins for pdkit.bench.run_bench and
+        # pdkit.doctor.run_doctor (set on those modules) are the ones run
         from pdkit.bench import run_bench
         from pdkit.doctor import FAIL, run_doctor
 
@@ -444,8 +440,6 @@ class Session:
         self.say("bench", figures, t["bench_s"])
 
     def run_one(self, name: str, cand: Candidate | None, baseline_answers: list[dict[str, Any]] | None) -> dict[str, Any]:
-        from pdkit.roll import RollError
-
         prep = self.prep
         spec = prep.specs[name]
         record: dict[str, Any] = {
@@ -561,8 +555,6 @@ def end(session: Session) -> int:
     session.say("keep", f"{kept}: {why}")
     roller = session.roller(kept)
     rolled: list[str] = []
-    from pdkit.roll import RollError
-
     try:
         session.roll(roller, rolled)
     except RollError as exc:
@@ -587,8 +579,6 @@ def end(session: Session) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from pdkit.roll import patch_gevent
-
     patch_gevent()
     try:
         prep = prepare(args.inventory, args.campaign)
