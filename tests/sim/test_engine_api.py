@@ -21,7 +21,8 @@ from .support import (
     wait_until,
 )
 
-STARTUP_DELAY_S = 1.5
+# long beside Python start-up plus the sim's imports: on a busy 2-core machine those took 1.9 s
+STARTUP_DELAY_S = 4.0
 UNKNOWN_FLAGS = ["--mem-fraction-static", "0.88", "--num-continuous-decode-steps", "4", "--enable-torch-compile",
                  "--speculative-algorithm", "NEXTN", "--speculative-num-steps", "3", "--numa-node", "0", "0", "1", "1",
                  "--attention-backend", "flashinfer", "--lora-paths", "a=/x", "b=/y", "--json-model-override-args",
