@@ -430,7 +430,6 @@ def build_plan(single_gpu: bool) -> dict:
     from pdkit import flags
 
     router = next(s for s in base["services"] if s["kind"] == "router")
-    engines = [s for s in base["services"] if s["kind"] == "engine"]
     model_name = spec.cluster.model.name
     plan = {
         "inventory": str((SINGLE_GPU_INVENTORY if single_gpu else INVENTORY).relative_to(REPO)),
@@ -444,7 +443,7 @@ def build_plan(single_gpu: bool) -> dict:
         "state_dirs": [f"/var/lib/{spec.cluster.service_user}", f"/var/cache/{spec.cluster.service_user}"],
         "ready_timeout_s": spec.cluster.ready_timeout_s,
         "router_ready_timeout_s": 120,
-        "metrics_urls": {**{e["engine"]: e["metrics_url"] for e in engines}, "router": router["metrics_url"]},
+        "metrics_urls": base["metrics_urls"],  # the base variant's: what a phase without its own falls back to
         "bench": {"base_url": router["base_url"], "model": model_name, "input_len": 128, "output_len": 256},
         "variants": {n: {k: v[k] for k in ("description", "inventory", "files", "services", "metrics_urls", "warnings",
                                              "argv_changes")}

@@ -453,6 +453,20 @@ def test_one_grouped_webhook_notification_per_node(running):
     assert sorted(a["labels"]["instance"] for a in body["alerts"]) == ["gpu01/decode", "gpu01/prefill"]
 
 
+def _statuses_once_suppressed(url: str, expected: list[dict], timeout_s: float = 10.0) -> dict:
+    """Every alert's status (by its label set), read once EXPECTED are all marked suppressed or after
+    TIMEOUT_S. Alertmanager's inhibitor takes posted alerts from its own subscription, so a read right
+    after the post can show a target not yet marked (seen once on a busy machine); every alert is then
+    judged on that same read."""
+    keys = [frozenset(a["labels"].items()) for a in expected]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = {frozenset(a["labels"].items()): a["status"] for a in _get(f"{url}/api/v2/alerts")}
+        if all(k in got and got[k]["state"] == "suppressed" for k in keys) or time.monotonic() > deadline:
+            return got
+        time.sleep(0.2)
+
+
 @pytest.mark.parametrize("rule", INHIBITIONS, ids=lambda r: f"{r.source}-{r.targets[0]}")
 def test_each_inhibition_mutes_its_targets_and_nothing_else(running, rule):
     url, _, _ = running
@@ -479,22 +493,11 @@ def test_each_inhibition_mutes_its_targets_and_nothing_else(running, rule):
 
     elsewhere = [_alert(t, **away(t), **labels(rule.target_match)) for t in rule.targets]
     _post(f"{url}/api/v2/alerts", [source, *targets, *elsewhere])
-
-    def fetch() -> dict:
-        return {frozenset(a["labels"].items()): a["status"] for a in _get(f"{url}/api/v2/alerts")}
+    got = _statuses_once_suppressed(url, targets)
 
     def status(alert: dict) -> dict:
         return got[frozenset(alert["labels"].items())]
 
-    # Alertmanager's inhibitor takes posted alerts from its own subscription, so a read right after
-    # the post can show a target not yet marked (seen once on a busy machine): wait for the marks,
-    # then judge every alert on the same read
-    deadline = time.monotonic() + 10.0
-    got = fetch()
-    while time.monotonic() < deadline and not all(
-            frozenset(t["labels"].items()) in got and status(t)["state"] == "suppressed" for t in targets):
-        time.sleep(0.2)
-        got = fetch()
     for target in targets:
         assert status(target)["state"] == "suppressed" and status(target)["inhibitedBy"], (target, got)
     for other in elsewhere:
@@ -510,11 +513,6 @@ def test_a_down_engine_mutes_only_its_own_symptoms(running):
     own = _alert("PdkitEngineWedged", node="gpu01", instance="gpu01/decode")
     beside = _alert("PdkitEngineWedged", node="gpu01", instance="gpu01/prefill")
     _post(f"{url}/api/v2/alerts", [down, own, beside])
-    deadline = time.monotonic() + 10.0  # the inhibitor marks posted alerts a moment later (see above)
-    while True:
-        got = {frozenset(a["labels"].items()): a["status"]["state"] for a in _get(f"{url}/api/v2/alerts")}
-        if got.get(frozenset(own["labels"].items())) == "suppressed" or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
+    got = {k: v["state"] for k, v in _statuses_once_suppressed(url, [own]).items()}
     assert got[frozenset(own["labels"].items())] == "suppressed", got
     assert got[frozenset(beside["labels"].items())] == "active", got
