@@ -2,7 +2,7 @@
 
 monitoring (rules, dashboards), doctor, roll's gates, bench and pdkit-exporter import their
 names from here; tests/test_metric_queries.py checks each SGLang and router name against the
-catalogue generated from the pinned releases (pdkit/catalogue.py, pdkit/data/metric_catalogue.json):
+catalogue generated from the pinned releases (pdkit/data/metric_catalogue.json, read by pdkit.catalogue):
 its type, its labels, and whether it is created lazily (then every reader must handle its
 absence). A renamed metric is a one-line change here, and the catalogue test says where.
 """
@@ -79,8 +79,8 @@ ROUTER = {
     "admission": "smg_http_rate_limit_total",
     # PD rendezvous failures by leg (prefill|decode) and phase: over HTTP only `probe`, a bootstrap port that
     # refused the router's connection when it registered the worker (counted once, then the pair cannot hand
-    # off); `bootstrap`/`transfer` are the gRPC path's. Lazy: the first failure creates it (pdkit/catalogue.py
-    # FAULT_FAMILIES makes one to catalogue it)
+    # off); `bootstrap`/`transfer` are the gRPC path's. Lazy: the first failure creates it
+    # (pdkit/contract/catalogue_gen.py FAULT_FAMILIES makes one to catalogue it)
     "pd_rendezvous_failures": "smg_pd_rendezvous_failures_total",
 }
 

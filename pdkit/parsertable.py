@@ -5,12 +5,9 @@ option of its argparse parser (option strings, dest, how many values it takes, i
 choices) and the speculative algorithm names SGLang's `SpeculativeAlgorithm.from_string`
 accepts. It is generated from the real wheels in the contract virtualenvs
 (`bash .ci/contract-env.sh`), so `pdkit validate` checks choices, aliases and prefixes
-exactly as SGLang and the router will, without importing either:
-
-    python -m pdkit.parsertable --write   # regenerate pdkit/parser_table.json
-    python -m pdkit.parsertable --check   # exit 1 when the committed table is stale
-
-tests/test_parser_table.py regenerates it in CI and fails on any difference.
+exactly as SGLang and the router will, without importing either. This module reads it (the
+sim imports it, so it keeps to the node's rules); `python -m pdkit.contract.parsertable_gen`
+writes it, and tests/test_parser_table.py regenerates it in CI and fails on any difference.
 
 The argv reading below follows CPython 3.11's argparse (`_parse_optional`,
 `_get_option_tuples`, `_match_argument`): exact option strings first, then `--flag=value`,
@@ -19,30 +16,15 @@ then unambiguous prefixes of long options (SGLang's parser keeps `allow_abbrev`)
 
 from __future__ import annotations
 
-import argparse
 import difflib
 import functools
 import json
 import re
 import shlex
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from pdkit import contract
-from pdkit.versions import ROUTER_RELEASES, SGLANG_RELEASES
-
 TABLE_PATH = Path(__file__).with_name("parser_table.json")
-# SGLang environment variables whose defaults the table keeps (sglang/srt/environ.py): the PD
-# waits and heartbeats pdkit.faultbudget renders, and the sim reads by the same names
-ENVIRONMENT_PREFIXES = ("SGLANG_DISAGGREGATION_",)
-
-# Options whose value is a credential: they would show in `ps`, the unit file and the journal.
-# Decided here, on the dest, so every release's table marks the same kind of option.
-_SECRET_DEST = re.compile(r"(^|_)(api_keys?|password|secret|token)$")
-# SGLang's help text asks for the same setting on both PD roles (0.5.23:
-# sglang/srt/arg_groups/fields/disagg.py, e.g. "Set the same policy on both roles").
-_BOTH_ROLES_HELP = re.compile(r"on both (roles|prefill and decode)|both prefill and decode (servers|engines)", re.I)
 _NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
 
 
@@ -55,7 +37,7 @@ class Option:
     # how many values follow the flag: 0, 1, "?", "*" or "+" (argparse nargs)
     takes: int | str
     choices: tuple[str, ...] | None
-    # its value is a credential (see _SECRET_DEST)
+    # its value is a credential (decided by the generator, pdkit.contract.parsertable_gen)
     secret: bool
     # SGLang's help says to set it the same on prefill and decode
     both_roles: bool
@@ -133,7 +115,8 @@ class Parser:
                 if re.search(r"\s", token) and shlex_split(token) and _looks_like_flag(shlex_split(token)[0]):
                     problems.append(ArgvProblem(i, _one_string_message(token)))
                 else:
-                    problems.append(ArgvProblem(i, f"{token!r} is a value without a flag before it that takes one (argparse: unrecognized arguments)"))
+                    problems.append(ArgvProblem(i, f"{token!r} is a value without a flag before it that takes one "
+                                                   "(argparse: unrecognized arguments)"))
                 i += 1
                 continue
             name, explicit = token.split("=", 1) if "=" in token else (token, None)
@@ -152,7 +135,8 @@ class Parser:
             i += 1
             if explicit is not None:
                 if option.takes == 0:
-                    problems.append(ArgvProblem(start, f"{option.name} takes no value (got {token!r}); write {option.name} alone"))
+                    problems.append(ArgvProblem(start, f"{option.name} takes no value (got {token!r}); "
+                                                       f"write {option.name} alone"))
                     continue
                 values = [explicit]
             else:
@@ -163,12 +147,14 @@ class Parser:
                     i += 1
                 wanted = option.takes if isinstance(option.takes, int) else 1 if option.takes == "+" else 0
                 if len(values) < wanted:
-                    problems.append(ArgvProblem(start, f"{option.name} expects {wanted} value(s) after it, got {len(values)}"))
+                    problems.append(ArgvProblem(start, f"{option.name} expects {wanted} value(s) after it, "
+                                                       f"got {len(values)}"))
                     continue
             if option.choices is not None:
                 bad = [v for v in values if v not in option.choices]
                 if bad:
-                    problems.append(ArgvProblem(start, f"{bad[0]!r} is not a valid {option.name} in {self.label}; valid: {', '.join(option.choices)}"))
+                    problems.append(ArgvProblem(start, f"{bad[0]!r} is not a valid {option.name} in {self.label}; "
+                                                       f"valid: {', '.join(option.choices)}"))
                     continue
             parsed.append(Parsed(start, token, option, tuple(values)))
         return parsed, problems
@@ -207,7 +193,7 @@ def router_parser(package: str, version: str) -> Parser:
 
 
 def sglang_environment(version: str) -> dict[str, dict]:
-    """{variable: {"type": "EnvInt", "default": 300}} of SGLang VERSION (ENVIRONMENT_PREFIXES only)."""
+    """{variable: {"type": "EnvInt", "default": 300}} of SGLang VERSION (the generator's ENVIRONMENT_PREFIXES only)."""
     return table()["sglang"][version]["environment"]
 
 
@@ -234,101 +220,3 @@ def all_speculative_algorithms() -> tuple[str, ...]:
     for release in table()["sglang"].values():
         seen.update(dict.fromkeys(release["speculative_algorithms"]))
     return tuple(seen)
-
-
-# ------------------------------------------------------------------------------ generation
-
-
-def _takes(option: dict) -> int | str:
-    """argparse's nargs as the table keeps it; describe reports 0 for store_true/const-like actions."""
-    nargs = option["nargs"]
-    if nargs is None:
-        return 1
-    if isinstance(nargs, int) or nargs in ("?", "*", "+"):
-        return nargs
-    return "*"  # argparse.REMAINDER and the like: everything that follows
-
-
-def table_entry(options: list[dict], with_defaults: bool = False) -> list[dict]:
-    """The table's record of each option from a checker's describe reply (help text dropped;
-    WITH_DEFAULTS: the parser's default kept, for the routers, whose defaults pdkit reasons about)."""
-    out = []
-    for o in options:
-        if o["action"] == "_HelpAction":
-            continue
-        extra = {"default": o["default"]} if with_defaults else {}
-        out.append({
-            **extra,
-            "flags": o["flags"],
-            "dest": o["dest"],
-            "takes": _takes(o),
-            # sorted: some choices are sets in SGLang (their order changes from run to run)
-            "choices": sorted(str(c) for c in o["choices"]) if o["choices"] is not None else None,
-            "secret": bool(_SECRET_DEST.search(o["dest"])),
-            "both_roles": bool(o["help"] and _BOTH_ROLES_HELP.search(o["help"])),
-            # a deprecated spelling names its replacement ("--cuda-graph-backend-prefill=disabled")
-            "replaced_by": o["new_flag"].split("=", 1)[0] if o.get("new_flag") else None,
-        })
-    return sorted(out, key=lambda o: o["flags"][0])
-
-
-def generate() -> dict:
-    """The table, read from the pinned parsers in the contract virtualenvs (minutes: imports sglang)."""
-    out: dict = {"generated_by": "python -m pdkit.parsertable --write (from the contract virtualenvs)", "sglang": {}, "router": {}}
-    for version in sorted(SGLANG_RELEASES):
-        reply = contract.run_sglang_check(version, [], describe=True, environment_prefixes=ENVIRONMENT_PREFIXES)
-        out["sglang"][version] = {
-            "source": f"sglang=={version}: sglang/srt/server_args.py ServerArgs.add_cli_args, sglang/srt/speculative/spec_info.py SpeculativeAlgorithm, sglang/srt/environ.py Envs",
-            "speculative_algorithms": reply["speculative_algorithms"],
-            "environment": reply["environment"],
-            "options": table_entry(reply["options"]),
-        }
-    for package, version in sorted(ROUTER_RELEASES):
-        reply = contract.run_router_check(package, version, [], describe=True)
-        source = "smg/launch_router.py parse_router_args (smg launch)" if package == "smg" else "sglang_router/launch_router.py"
-        out["router"][f"{package} {version}"] = {"source": f"{package}=={version}: {source}", "options": table_entry(reply["options"], with_defaults=True)}
-    return out
-
-
-def dumps(data: dict) -> str:
-    # one option per line: a release bump reads as a small diff
-    lines = ["{", f'  "generated_by": {json.dumps(data["generated_by"])},']
-    for kind in ("sglang", "router"):
-        lines.append(f'  "{kind}": {{')
-        releases = list(data[kind].items())
-        for r, (key, release) in enumerate(releases):
-            lines.append(f"    {json.dumps(key)}: {{")
-            for field in ("source", "speculative_algorithms", "environment"):
-                if field in release:
-                    lines.append(f"      {json.dumps(field)}: {json.dumps(release[field], sort_keys=True)},")
-            lines.append('      "options": [')
-            opts = release["options"]
-            lines += [f"        {json.dumps(o, sort_keys=True)}{',' if j < len(opts) - 1 else ''}" for j, o in enumerate(opts)]
-            lines.append("      ]")
-            lines.append("    }" + ("," if r < len(releases) - 1 else ""))
-        lines.append("  }" + ("," if kind == "sglang" else ""))
-    lines.append("}")
-    return "\n".join(lines) + "\n"
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pdkit.parsertable", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--write", action="store_true", help=f"write {TABLE_PATH.name}")
-    parser.add_argument("--check", action="store_true", help="exit 1 when the committed table differs")
-    args = parser.parse_args(argv)
-    text = dumps(generate())
-    if args.write:
-        TABLE_PATH.write_text(text, encoding="utf-8")
-        print(f"wrote {TABLE_PATH}")
-        return 0
-    if args.check:
-        if TABLE_PATH.read_text(encoding="utf-8") != text:
-            print(f"{TABLE_PATH} is stale: run `python -m pdkit.parsertable --write`", file=sys.stderr)
-            return 1
-        return 0
-    sys.stdout.write(text)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

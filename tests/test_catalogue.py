@@ -13,6 +13,7 @@ from pdkit import catalogue as cat
 from pdkit import metricnames
 from pdkit import monitoring as mon
 from pdkit.contract import ContractEnvMissing, env_python
+from pdkit.contract import catalogue_gen as gen
 from tests.conftest import require
 from tests.test_monitoring import _load_example
 
@@ -25,13 +26,13 @@ TARGET_LABELS = {"job", "instance", "cluster", "node", "engine", "role", "pd_gro
 @pytest.mark.contract
 def test_catalogue_is_what_the_generator_writes():
     for name in [f"sglang-{v}" for v in cat.SGLANG_VERSIONS] + [f"{p}-{v}" for p, v in cat.ROUTERS
-                                                               if (p, v) not in cat.RECORDED_ROUTER_PAGES]:
+                                                               if (p, v) not in gen.RECORDED_ROUTER_PAGES]:
         try:
             env_python(name)
         except ContractEnvMissing as exc:
             require(False, str(exc))
-    assert cat.render(cat.generate()) == cat.CATALOGUE_PATH.read_text(), \
-        "the catalogue differs from the pinned releases: run python -m pdkit.catalogue and review the diff"
+    assert gen.render(gen.generate()) == cat.CATALOGUE_PATH.read_text(), \
+        "the catalogue differs from the pinned releases: run python -m pdkit.contract.catalogue_gen and review the diff"
 
 
 def _real_families(glob: str) -> dict[str, tuple[str, set[str]]]:
@@ -89,7 +90,7 @@ def test_the_fault_phase_catalogues_the_pd_rendezvous_counter():
     rendezvous counter from the live page: lazy, by leg and phase; so the rendezvous alert may read it."""
     smg = cat.router_families("smg", "1.13.0")
     assert smg["smg_pd_rendezvous_failures_total"] == {"type": "counter", "labels": ["leg", "phase"], "eager": False}
-    for name in cat.FAULT_FAMILIES[("smg", "1.13.0")]:
+    for name in gen.FAULT_FAMILIES[("smg", "1.13.0")]:
         assert name in SMG_FAULT_FAMILIES and smg[name]["eager"] is False, name
     assert "smg_pd_rendezvous_failures_total" not in cat.router_families("sglang-router", "0.3.2")
 
@@ -97,9 +98,9 @@ def test_the_fault_phase_catalogues_the_pd_rendezvous_counter():
 def test_every_smg_fault_family_is_catalogued_or_explained():
     """Each fault family is either made by the fault phase, or the generator's comment says why not; none is
     catalogued by another route (it would have been seen on a healthy page)."""
-    source = Path(cat.__file__).read_text()
+    source = Path(gen.__file__).read_text()
     why_not = source[source.index("# Not here, and why"):source.index("FAULT_FAMILIES = {")]
-    made = set(cat.FAULT_FAMILIES[("smg", "1.13.0")])
+    made = set(gen.FAULT_FAMILIES[("smg", "1.13.0")])
     smg = cat.router_families("smg", "1.13.0")
     for name in SMG_FAULT_FAMILIES:
         if name in made:
@@ -112,7 +113,7 @@ def test_every_smg_fault_family_is_catalogued_or_explained():
 @pytest.mark.contract
 def test_the_fault_families_are_in_the_smg_library():
     try:
-        library = cat._router_library("smg", "1.13.0").read_bytes()
+        library = gen._router_library("smg", "1.13.0").read_bytes()
     except ContractEnvMissing as exc:
         require(False, str(exc))
     for name in SMG_FAULT_FAMILIES:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from pdkit import parsertable
+from pdkit.contract import parsertable_gen
 from pdkit.versions import ROUTER_RELEASES, SGLANG_RELEASES
 from tests.conftest import require
 
@@ -21,9 +22,10 @@ def test_the_committed_parser_table_is_what_the_pinned_parsers_say():
     missing = [f"sglang-{v}" for v in SGLANG_RELEASES if contract.sglang_python(v) is None]
     missing += [f"{p}-{v}" for p, v in ROUTER_RELEASES if contract.router_python(p, v) is None]
     require(not missing, f"contract virtualenvs missing ({', '.join(missing)}): run `bash .ci/contract-env.sh`")
-    fresh = parsertable.dumps(parsertable.generate())
+    fresh = parsertable_gen.dumps(parsertable_gen.generate())
     committed = parsertable.TABLE_PATH.read_text(encoding="utf-8")
-    assert fresh == committed, "pdkit/parser_table.json is stale: run `python -m pdkit.parsertable --write`"
+    assert fresh == committed, \
+        "pdkit/parser_table.json is stale: run `python -m pdkit.contract.parsertable_gen --write`"
 
 
 def test_the_table_covers_every_pinned_release():
@@ -46,7 +48,8 @@ def test_resolution_follows_argparse(version):
 def test_argv_reading_splits_values_and_rejects_what_argparse_rejects():
     parser = parsertable.sglang_parser("0.5.23")
     parsed, problems = parser.parse(["--tp-size", "2", "--enable-metrics", "--attention-backend=triton", "-1"])
-    assert [(p.option.dest, p.values) for p in parsed] == [("tp_size", ("2",)), ("enable_metrics", ()), ("attention_backend", ("triton",))]
+    assert [(p.option.dest, p.values) for p in parsed] == [("tp_size", ("2",)), ("enable_metrics", ()),
+                                                           ("attention_backend", ("triton",))]
     assert [p.index for p in problems] == [4]  # a stray value
     _, problems = parser.parse(["--tp-size"])
     assert problems and "expects 1 value" in problems[0].message
@@ -59,6 +62,7 @@ def test_validate_imports_no_sglang(tmp_path):
     from tests.conftest import REPO
 
     code = "import sys; from pdkit.cli import main; rc = main(['validate', 'inventories/cluster.py']); " \
-           "assert not [m for m in sys.modules if m.split('.')[0] in ('sglang', 'smg', 'sglang_router', 'torch')], sorted(sys.modules); sys.exit(rc)"
+           "assert not [m for m in sys.modules if m.split('.')[0] in ('sglang', 'smg', 'sglang_router', 'torch')], " \
+           "sorted(sys.modules); sys.exit(rc)"
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]

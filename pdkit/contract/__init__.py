@@ -10,7 +10,10 @@ releases themselves, each installed in its own virtualenv by `bash .ci/contract-
     [None]
 
 Standard library only; the checker scripts next to this file run under the contract
-virtualenvs' Pythons and import nothing from pdkit.
+virtualenvs' Pythons and import nothing from pdkit. The generators of the tables the kit reads
+live here too and run under pdkit's own Python on the control machine: `catalogue_gen`
+(pdkit/data/metric_catalogue.json, read by pdkit.catalogue) and `parsertable_gen`
+(pdkit/parser_table.json, read by pdkit.parsertable).
 """
 
 from __future__ import annotations
@@ -130,10 +133,12 @@ def _run_checker(env_name: str, script: Path, request: dict, timeout: float) -> 
     if reply.get("fatal"):
         raise ContractCheckError(f"{script.name} under {env_name} could not start:\n{reply['fatal']}")
     if proc.returncode != 0:
-        raise ContractCheckError(f"{script.name} under {env_name} exited {proc.returncode}; stderr tail:\n{stderr_tail}")
+        raise ContractCheckError(f"{script.name} under {env_name} exited {proc.returncode}; "
+                                 f"stderr tail:\n{stderr_tail}")
     results = reply.get("results")
     if not isinstance(results, list) or len(results) != len(request["argvs"]):
-        raise ContractCheckError(f"{script.name} under {env_name} answered {len(results or [])} results for {len(request['argvs'])} argvs")
+        raise ContractCheckError(f"{script.name} under {env_name} answered {len(results or [])} results "
+                                 f"for {len(request['argvs'])} argvs")
     return reply
 
 

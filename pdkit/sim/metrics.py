@@ -3,7 +3,7 @@
 The families, their types, label names and histogram buckets are read from the metric
 catalogue (pdkit/data/metric_catalogue.json, generated from each pinned SGLang wheel's own
 SchedulerMetricsCollector / TokenizerMetricsCollector, sglang/srt/observability/
-metrics_collector.py; see pdkit/catalogue.py), never listed here. The release is the
+metrics_collector.py; see pdkit/contract/catalogue_gen.py), never listed here. The release is the
 engine's planned `sglang_version` (PDKIT_SIM_SGLANG_VERSION, rendered by pdkit.flags.engine_env).
 
 What a real engine shows, the sim shows:
