@@ -153,7 +153,8 @@ def stream_failure(end: StreamEnd) -> str | None:
         return f"{ABORTED}: {label}: {str(error.get('message', ''))[:200]}"
     if end.finish_reason == "abort":
         message = (end.abort or {}).get("message")
-        return f"{ABORTED}: finish_reason abort after {end.content} output" + (f": {str(message)[:200]}" if message else "")
+        return f"{ABORTED}: finish_reason abort after {end.content} output" + (
+            f": {str(message)[:200]}" if message else "")
     if not end.done:
         return f"{NO_DONE}: the stream ended without [DONE] after {end.content} output, finish_reason {end.finish_reason}"
     if not end.content:
