@@ -88,8 +88,7 @@ def _check_engine(spec: ClusterSpec, host: HostSpec, engine: Engine, add) -> dic
             shown = says if len(says) <= 160 else says[:157] + "..."
             add(Problem(host.name, f"{at}.extra_args",
                         f"{p.written.split('=', 1)[0]} is read by a check SGLang {version} runs at start ({shown}), "
-                        "which pdkit cannot check before start: "
-                                                      "validate holds extra_args to the parser only, so a bad "
+                        "which pdkit cannot check before start: validate holds extra_args to the parser only, so a bad "
                                                       "combination fails the engine's start "
                                                       "(pdkit/data/startup_checks.json)", "warning"))
     values: dict[str, tuple[str, ...]] = {}

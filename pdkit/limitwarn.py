@@ -69,8 +69,7 @@ def limit_warnings(
                 f"pdkit: --limit left out router host {router}, which fronts workers this run (re)started or changed: "
                 f"{', '.join(hit)}. "
                 "They were registered through its worker API, but its unit still lists its old workers (a restart goes "
-                "back to them). "
-                f"Run: pyinfra {inventory} deploy/pd.py --limit {router}   (or the whole inventory)"
+                f"back to them). Run: pyinfra {inventory} deploy/pd.py --limit {router}   (or the whole inventory)"
             )
     changed = {h: list(c) for h, c in (changed or {}).items() if c}
     for mon in sorted(scrapers or {}):
@@ -83,8 +82,7 @@ def limit_warnings(
                 f"pdkit: --limit left out monitoring host {mon}, whose Prometheus scrapes targets this run moved: "
                 f"{'; '.join(hit)}. "
                 "It keeps scraping the old addresses (PdkitEngineDown fires for them) until its scrape configuration "
-                "is rewritten. "
-                f"Run: pyinfra {inventory} deploy/pd.py --limit {mon}   (or the whole inventory)"
+                f"is rewritten. Run: pyinfra {inventory} deploy/pd.py --limit {mon}   (or the whole inventory)"
             )
     if len(stale) > 1:
         limits = " ".join(f"--limit {h}" for h in sorted(set(stale)))

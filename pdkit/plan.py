@@ -381,8 +381,8 @@ def plan_host(spec: ClusterSpec, host: HostSpec) -> HostPlan:
                 health_url=router_url(host) + "/health",
                 ready_timeout_s=120,
                 expected_workers=tuple(flags.engine_url(spec, h, e) for h, e in spec.router_workers(host)),
-                remote_workers=tuple(flags.engine_url(spec, h, e) for h,
-                                     e in spec.router_workers(host) if h.name != host.name),
+                remote_workers=tuple(flags.engine_url(spec, h, e) for h, e in spec.router_workers(host)
+                                     if h.name != host.name),
                 api_key_file=key_path if key_text is not None else None,
                 model=spec.cluster.model.name,
                 port=host.router.port,

@@ -283,8 +283,7 @@ def model_dir_problems(host_name: str, user: str, wanted: ModelDir, probe: dict 
     problems = []
     if wanted.need_config and not probe.get("config"):
         problems.append(f"{at}: has no config.json (SGLang reads the architecture from it): give the directory of a "
-                        "Hugging Face checkpoint, "
-                        "the one that holds config.json")
+                        "Hugging Face checkpoint, the one that holds config.json")
     if wanted.need_weights:
         if not probe.get("indexes") and not probe.get("weights") and not probe.get("safetensors"):
             problems.append(f"{at}: has no weights (no *.safetensors.index.json, model.safetensors, "
@@ -364,8 +363,8 @@ def _check_topology(spec: ClusterSpec, host: HostSpec, facts: dict, add) -> None
     for i, engine in enumerate(node.engines):
         if len(engine.gpus) < 2:
             continue
-        pairs = [(a, b, (links.get(str(a)) or {}).get(str(b))) for j,
-                 a in enumerate(engine.gpus) for b in engine.gpus[j + 1:]]
+        pairs = [(a, b, (links.get(str(a)) or {}).get(str(b))) for j, a in enumerate(engine.gpus)
+                 for b in engine.gpus[j + 1:]]
         missing = [(a, b) for a, b, link in pairs if link is None]
         if missing:
             add("topology", "error", f"engine {engine.name!r}: nvidia-smi topo -m has no link for GPUs "
@@ -478,8 +477,8 @@ def facts_summary(facts: dict) -> list[str]:
                  f"{', '.join(nics.get('rdma') or []) or 'none'}")
     links = (facts.get("topology") or {}).get("links") or {}
     if links:
-        pairs = sorted({(min(int(a), int(b)), max(int(a), int(b)), v) for a, row in links.items() for b,
-                        v in row.items()})
+        pairs = sorted({(min(int(a), int(b)), max(int(a), int(b)), v) for a, row in links.items()
+                        for b, v in row.items()})
         lines.append("topology " + ", ".join(f"{a}-{b} {v}" for a, b, v in pairs))
     env = facts.get("engine_env")
     if env is not None:

@@ -98,5 +98,4 @@ def remote_worker_note(unit: str, remote: Iterable[str], listed: dict[str, bool]
     if not pending:
         return f"{unit}: all {len(remote)} worker(s) on other hosts registered and healthy"
     return (f"{unit}: pending {', '.join(pending)} ({len(pending)} of {len(remote)} worker(s) on other hosts not up "
-            "yet: "
-            f"each host's own deploy registers its engines here and waits until they are healthy)")
+            "yet: each host's own deploy registers its engines here and waits until they are healthy)")

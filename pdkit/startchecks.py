@@ -546,8 +546,7 @@ def draft_reason(row: dict, rendered: set[str]) -> str:
     # a check on the checkpoint's kind (its guards read config.json) is the checkpoint's first
     if _MODEL.search(" ".join(row["conditions"])):
         return ("depends on the checkpoint (its config.json: architecture, quantization, layers), which SGLang reads "
-                "at start "
-                "and pdkit never opens")
+                "at start and pdkit never opens")
     # --device is left unset by pdkit and resolves to the node's platform: a hardware condition
     never = sorted(set(row["fields"]) - rendered - PLATFORM_FIELDS)
     if never:
@@ -558,8 +557,7 @@ def draft_reason(row: dict, rendered: set[str]) -> str:
                 "(tests/test_contract_parsers.py), not its start checks")
     if _MODEL.search(text):
         return ("depends on the checkpoint (its config.json: architecture, quantization, layers), which SGLang reads "
-                "at start "
-                "and pdkit never opens")
+                "at start and pdkit never opens")
     if _HARDWARE.search(text):
         return "depends on the platform the engine starts on (CUDA/ROCm/NPU/XPU/MPS, the GPU's SM generation, installed kernels), known only on the node"
     env = sorted({a or b for a, b in _ENV.findall(text)})

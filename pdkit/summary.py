@@ -65,8 +65,7 @@ def summary(spec: ClusterSpec) -> str:
             for outage in batch_outages(spec, [node]):
                 if outage.router == host.name:
                     lines.append(f"    every {' and '.join(outage.kinds)} worker is on {node}: a change there is an "
-                                 "outage "
-                                 "(pdkit roll --allow-downtime, docs/rolling.md 'Downtime mode')")
+                                 "outage (pdkit roll --allow-downtime, docs/rolling.md 'Downtime mode')")
         lines += ["    " + line for line in faultbudget.summary_lines(
                 c.fault_budget, host.router.health_check_interval_secs, host.router.health_failure_threshold,
                 pd=spec.is_pd())]

@@ -472,8 +472,8 @@ def sim_wheel(root: Path = REPO) -> Path:
     info = f"{name}-{version}.dist-info"
     contents[f"{info}/METADATA"] = f"Metadata-Version: 2.1\nName: {SIM_DIST}\nVersion: {version}\nSummary: the pdkit sim engine's files (pdkit.wheelhouse.sim_sources)\n".encode()
     contents[f"{info}/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: pdkit.wheelhouse\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
-    record = "".join(f"{rel},{_record_hash(data)},{len(data)}\n" for rel,
-                     data in sorted(contents.items())) + f"{info}/RECORD,,\n"
+    record = "".join(f"{rel},{_record_hash(data)},{len(data)}\n"
+                     for rel, data in sorted(contents.items())) + f"{info}/RECORD,,\n"
     contents[f"{info}/RECORD"] = record.encode()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = _unique_tmp(out)

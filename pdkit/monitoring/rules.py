@@ -870,8 +870,7 @@ def _kv_handoff_slow(c: _Context) -> list[Alert]:
             # far below the floor, but hand-offs of ~10 MiB: latency-bound, not judged by rate
             small = min(float(s["floor"]) * 0.5, (KV_RATE_MIN_MB / 1024) * 0.3)
             out.append(_alert_test(f"PdkitKvHandoffSlow stays quiet for {s['instance']} at {fmt_value(small)} GB/s "
-                                   "with "
-                                   f"hand-offs under {fmt_num(KV_RATE_MIN_MB)} MiB", "PdkitKvHandoffSlow",
+                                   f"with hand-offs under {fmt_num(KV_RATE_MIN_MB)} MiB", "PdkitKvHandoffSlow",
                                    _kv_rows(s, small, 30), "25m", []))
             # half the floor for 20 minutes, then twice it: firing at 18m, resolved by 40m
             slow, fast = float(s["floor"]) * 0.5 * 10240, float(s["floor"]) * 2 * 10240
@@ -889,8 +888,7 @@ def _kv_handoff_slow(c: _Context) -> list[Alert]:
             high = by_floor[max(by_floor, key=float)]
             between = (float(low["floor"]) + float(high["floor"])) / 2
             out.append(_alert_test(f"PdkitKvHandoffSlow at {fmt_value(between)} GB/s fires for {high['instance']} "
-                                   "(floor "
-                                   f"{high['floor']}), not {low['instance']} (floor {low['floor']})",
+                                   f"(floor {high['floor']}), not {low['instance']} (floor {low['floor']})",
                                    "PdkitKvHandoffSlow", _kv_rows(high, between) + _kv_rows(low, between), "20m",
                                    [{**pick_labels(high, KV_SLOW_BY), "severity": "warning"}]))
         return out

@@ -66,8 +66,8 @@ class Receiver(Frozen):
     name: str = Field(pattern=NAME_PATTERN)
     # webhook, email, slack, pagerduty, opsgenie, victorops or webex (see RECEIVER_KINDS)
     kind: Literal["webhook", "email", "slack", "pagerduty", "opsgenie", "victorops", "webex"]
-    # webhook: the URL Alertmanager POSTs to (http or https; Alertmanager 0.25 has no url_file, so no secret in it: use
-    # the credential)
+    # webhook: the URL Alertmanager POSTs to (http or https; Alertmanager 0.25 has no url_file, so no
+    # secret in it: use the credential)
     url: str | None = None
     # email: recipient address(es), comma separated
     to: str | None = None
@@ -148,8 +148,8 @@ class AlertRoute(Frozen):
 class Alerting(Frozen):
     """`pdkit_monitoring.alerting`: where Alertmanager sends alerts (docs/monitoring.md, "Alertmanager")."""
 
-    # where alerts go: each a kind (webhook, email, slack, pagerduty, opsgenie, victorops, webex) and its fields; none:
-    # alerts reach no one
+    # where alerts go: each a kind (webhook, email, slack, pagerduty, opsgenie, victorops, webex) and its
+    # fields; none: alerts reach no one
     receivers: tuple[Receiver, ...] = ()
     # severity=critical alerts (pages) go here; unset: default_receiver
     critical_receiver: str | None = None
@@ -157,8 +157,8 @@ class Alerting(Frozen):
     warning_receiver: str | None = None
     # whatever no other route takes; unset: the first receiver
     default_receiver: str | None = None
-    # routes tried before the severity routes, first match wins (e.g. {"match": {"role": "decode"}, "receiver":
-    # "decode-team"})
+    # routes tried before the severity routes, first match wins (e.g. {"match": {"role":
+    # "decode"}, "receiver": "decode-team"})
     routes: tuple[AlertRoute, ...] = ()
     # one notification per group: per alert per node, so a node's engines wedging together page once
     group_by: tuple[Annotated[str, Field(pattern=LABEL_NAME)], ...] = ("cluster", "alertname", "node")

@@ -267,8 +267,7 @@ def _check_model_visibility(spec: ClusterSpec, add) -> None:
                 add(Problem(host.name, field, f"{path} is under {hidden}, which the engine units cannot see "
                             "(ProtectHome=yes / PrivateTmp=yes, "
                             "templates/systemd/engine.service.j2, docs/security.md): SGLang would not find the "
-                            f"{what}; "
-                            f"move it outside {', '.join(HIDDEN_FROM_ENGINES)}, e.g. "
+                            f"{what}; move it outside {', '.join(HIDDEN_FROM_ENGINES)}, e.g. "
                             f"/models/{path.rstrip('/').rsplit('/', 1)[-1]}"))
 
 
@@ -300,8 +299,7 @@ def _check_engine_venv(spec: ClusterSpec, host: HostSpec, add) -> None:
     if len(versions) > 1:
         shown = "; ".join(f"{v} for {', '.join(names)}" for v, names in sorted(versions.items()))
         add(Problem(host.name, field, f"the engines on {host.name} want different SGLang releases ({shown}) but all "
-                    f"run from the one engine_venv {venv}: "
-                    "give them one sglang_version, or remove engine_venv"))
+                    f"run from the one engine_venv {venv}: give them one sglang_version, or remove engine_venv"))
 
 
 def _check_engine_tuning(spec: ClusterSpec, host: HostSpec, engine: Engine, at: str, add) -> None:
@@ -409,7 +407,7 @@ def _check_kv_over_tcp(spec: ClusterSpec, add) -> None:
                             "RDMA device: "
                             f"KV moves over TCP ({path.why}); pdkit sets UCX's TCP fragments to 512 KiB there, and "
                             "hand-offs are still "
-                            "about 5x slower than on one host at 3072-token prompts (docs/gpu.md, \"KV hand-off "
-                            "levers\"). "
+                            "about 5x slower than on one host at 3072-token prompts (docs/gpu.md, \"KV "
+                            "hand-off levers\"). "
                             "Valid: an RDMA device such as 'mlx5_0:1', or prefill and decode on one host "
                             "(a router per node, pdkit_router.workers)", "warning"))

@@ -73,8 +73,8 @@ def model_location_problem(value: str) -> str | None:
     if _HUB_ID.match(value) and ".." not in value:
         return None
     return (f"{value!r} is neither an absolute path nor a hub id: give the directory on the GPU nodes "
-            "(e.g. /models/Llama-3.1-8B-Instruct) or a Hugging Face id 'org/name' (e.g. "
-            "meta-llama/Llama-3.1-8B-Instruct); "
+            "(e.g. /models/Llama-3.1-8B-Instruct) or a Hugging Face id 'org/name' "
+            "(e.g. meta-llama/Llama-3.1-8B-Instruct); "
             "a relative path would resolve against the service's working directory")
 
 

@@ -21,8 +21,8 @@ class IgnoredByMode:
     """Fields the kit ignores in one mode: set anyway, they warn (errors under --strict)."""
 
     mode: str
-    # whether the mode holds: called (spec, host) per GPU host for pdkit_node fields, (spec, None) once for
-    # pdkit_cluster fields
+    # whether the mode holds: called (spec, host) per GPU host for pdkit_node fields, (spec,
+    # None) once for pdkit_cluster fields
     applies: object
     # paths of fields ("pdkit_node.<field>" or "pdkit_cluster.<field>[.<field>]"), ignored in that mode
     fields: tuple[str, ...]

@@ -52,16 +52,14 @@ def _engine_venv_dir(value: str | None) -> str | None:
     if value.rstrip("/") in SYSTEM_DIRS or value == "/":
         raise ValueError(
             f"{value!r} is a system directory, not a Python environment: give the directory whose bin/python runs the "
-            "engines, "
-            "e.g. /opt/sglang-env (for an SGLang installed into the system Python, make one that sees it: "
+            "engines, e.g. /opt/sglang-env (for an SGLang installed into the system Python, make one that sees it: "
             "python3 -m venv --system-site-packages /opt/sglang-env)"
         )
     hidden = hidden_from_engines(value)
     if hidden:
         raise ValueError(
             f"{value!r} is under {hidden}, which the engine units cannot see (ProtectHome=yes / PrivateTmp=yes, "
-            "docs/security.md): "
-            "put the environment elsewhere, e.g. /opt/sglang-env"
+            "docs/security.md): put the environment elsewhere, e.g. /opt/sglang-env"
         )
     return value.rstrip("/")
 
@@ -120,8 +118,8 @@ class Cluster(Frozen):
     model: Model
     # --disaggregation-transfer-backend for PD engines
     transfer_backend: Literal["nixl", "mooncake", "fake"] = "nixl"
-    # the concurrency the cluster is tuned for; each decode DP rank's CUDA graphs must cover its share, ceil(target / DP
-    # ranks)
+    # the concurrency the cluster is tuned for; each decode DP rank's CUDA graphs must cover its
+    # share, ceil(target / DP ranks)
     target_concurrency: BatchSize | None = None
     # tuning layers: `all`, then the engine's role (prefill/decode/unified), then the engine's own
     tuning: RoleTuning = RoleTuning()

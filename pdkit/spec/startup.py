@@ -215,15 +215,14 @@ def startup_check_problems(spec: ClusterSpec, engine: Engine, node: Node | None 
                 out.append((origin("speculative") + ".algorithm",
                             f"pp {pp} with speculative algorithm {algorithm}: SGLang {version} refuses it at start "
                             "('Pipeline parallelism currently only supports EAGLE (non-multi-layer) speculative "
-                            "decoding'); "
-                                                                f"valid with pp > 1: {', '.join(PP_SPECULATIVE)} or "
+                            f"decoding'); valid with pp > 1: {', '.join(PP_SPECULATIVE)} or "
                                                                 "DSPARK (prefill engines), or pp 1"))
             if env_on("SGLANG_ENABLE_PP_SPEC"):
                 if engine.role != "unified":
                     out.append(("env.SGLANG_ENABLE_PP_SPEC",
                                 f"SGLANG_ENABLE_PP_SPEC on a {engine.role} engine: SGLang {version} refuses it with PD "
-                                "disaggregation ('SGLANG_ENABLE_PP_SPEC is not compatible with "
-                                "--disaggregation-mode'); "
+                                "disaggregation ('SGLANG_ENABLE_PP_SPEC is not compatible "
+                                "with --disaggregation-mode'); "
                                                              "valid: remove it (PP + speculative decoding then runs on "
                                                              "prefill engines only), or a unified engine"))
                 if (engine.attn_dp or 1) > 1:
@@ -264,8 +263,7 @@ def startup_check_problems(spec: ClusterSpec, engine: Engine, node: Node | None 
         and env_on("SGLANG_DISAGG_STAGING_BUFFER")):
         out.append(("env.SGLANG_DISAGG_STAGING_BUFFER",
                     f"SGLANG_DISAGG_STAGING_BUFFER with transfer_backend {spec.cluster.transfer_backend!r}: SGLang "
-                    f"{version} refuses it at start; "
-                                                       "valid: remove it, or pdkit_cluster.transfer_backend nixl or "
+                    f"{version} refuses it at start; valid: remove it, or pdkit_cluster.transfer_backend nixl or "
                                                        "mooncake"))
     kv_dtypes = MLA_BACKEND_KV_DTYPES.get(version, {}).get(tuning.attention_backend or "")
     if kv_dtypes is not None and tuning.kv_cache_dtype is not None and tuning.kv_cache_dtype not in kv_dtypes:

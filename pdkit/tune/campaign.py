@@ -94,8 +94,7 @@ class Objective(_Strict):
         missing = [f for f in ("ttft_slo_ms", "tpot_slo_ms") if getattr(self, f) is None]
         if self.metric == GOODPUT and missing:
             raise ValueError("metric goodput counts the requests within a TTFT and a TPOT SLO: set "
-                             f"{' and '.join(missing)} "
-                             "(milliseconds, e.g. ttft_slo_ms: 2000, tpot_slo_ms: 50)")
+                             f"{' and '.join(missing)} (milliseconds, e.g. ttft_slo_ms: 2000, tpot_slo_ms: 50)")
         given = [f for f in ("ttft_slo_ms", "tpot_slo_ms") if getattr(self, f) is not None]
         if self.metric != GOODPUT and given:
             raise ValueError(f"{' and '.join(given)} are goodput's SLOs and metric {self.metric!r} would ignore them: "

@@ -109,8 +109,7 @@ def correctness_verdict(comparison: dict[str, Any], min_match_rate: float, exact
     where = ", ".join(f"#{p['prompt']} at token {p['first_divergence']}" + (f" ({p['error']})" if "error" in p else "")
                       for p in diverged[:4]) + (f" (+{len(diverged) - 4} more)" if len(diverged) > 4 else "")
     summary = (f"match rate {comparison['match_rate']:.3f} ({comparison['matched']}/{comparison['tokens']} baseline "
-               "tokens before "
-               f"the first divergence), {comparison['identical']}/{n} prompts identical")
+               f"tokens before the first divergence), {comparison['identical']}/{n} prompts identical")
     if comparison["errors"]:
         return False, f"{comparison['errors']} of {n} prompts failed: {where}"
     if exact and diverged:

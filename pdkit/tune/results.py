@@ -85,8 +85,7 @@ def resume_plan(candidates: Sequence[Candidate], records: Sequence[dict[str, Any
                                   "restore it in the campaign or start a new campaign (another name)")
             if r.get("overlay_hash") != c.overlay_hash:
                 raise ResumeError(f"candidate {name!r} changed since it was recorded ({r.get('overlay')} -> "
-                                  f"{c.overlay}): "
-                                  "give the changed candidate a new name")
+                                  f"{c.overlay}): give the changed candidate a new name")
         done[name] = r
     if done and BASELINE not in done:
         raise ResumeError("the records have candidates but no baseline: the campaign cannot compare them; start a new "

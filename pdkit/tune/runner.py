@@ -156,8 +156,7 @@ def prepare(inventory: str, campaign_path: str) -> Prepared:
             what = "rolling a candidate onto" if host in targets else "the baseline's roll of every host reaches"
             problems.append(f"campaign.downtime: {what} {host}, a service outage ({lost} while its engines restart): "
                             "set `downtime: true` to accept it (the router serves nothing during that roll), or give "
-                            "every kind "
-                            "of worker a second node")
+                            "every kind of worker a second node")
     measured = None
     if not base.router_hosts:
         problems.append("the inventory declares no router: the rolls drain and re-add engines through the router")
@@ -196,8 +195,8 @@ def measured_problem(measured: Measured, records: list[dict[str, Any]]) -> str |
     if recorded != measured.describe():
         was = ("not recorded (a campaign from before pdkit tune measured the target's own engines)" if recorded is None
                else json.dumps(recorded))
-        return (f"the recorded baseline was measured on {was}, this run would measure "
-                f"{json.dumps(measured.describe())}: "
+        return (f"the recorded baseline was measured on {was}, this run would "
+                f"measure {json.dumps(measured.describe())}: "
                 "results would not compare; start a new campaign (another name)")
     return None
 
@@ -232,8 +231,7 @@ def dry_text(prep: Prepared, records: list[dict[str, Any]], todo: list[Candidate
         mark = " (recorded)" if cand.name in done else ""
         overlay = ", ".join(f"{k}={v!r}" for k, v in cand.overlay.items())
         lines.append(f"  {cand.name}{mark}: {overlay}; restarts {prep.restarts[cand.name]} host(s) after the one "
-                     "before it; "
-                     f"correctness {'exact' if cand.exact else f'match rate >= {cand.min_match_rate:g}'}")
+                     f"before it; correctness {'exact' if cand.exact else f'match rate >= {cand.min_match_rate:g}'}")
         if down_s is not None and prep.restarts[cand.name]:
             lines.append(f"      downtime: ~{down_s:.0f} s with the cluster serving nothing ({down_source}); "
                          f"~{down_s:.0f} s more if it fails and is put back")
