@@ -1,14 +1,15 @@
-"""Health gates, run ON the host right after a restart (stdlib only: it runs in the node venv).
+r"""Health gates, run ON the host right after a restart (stdlib only: it runs in the node venv).
 
     python -m pdkit.health engine --unit pdkit-engine-decode.service --url http://H:30001/health --timeout 600
     python -m pdkit.health router --url http://H:8000 --worker http://H:30000 --worker http://H:30001 --timeout 120
-    python -m pdkit.health gates --engine pdkit-engine-decode.service http://H:30001/health 600 --service pdkit-exporter.service http://H:9400/metrics 180
+    python -m pdkit.health gates --engine pdkit-engine-decode.service http://H:30001/health 600 \
+        --service pdkit-exporter.service http://H:9400/metrics 180
 
 An engine is ready when the CURRENT run of its unit (this systemd invocation, not an old
 one) has logged SGLang's readiness line and /health answers 200. A router is ready when its
 worker list holds every planned worker as healthy: its own /health answers 200 before any
-worker has registered (it reports the router process, not its workers), so that alone proves nothing. Exit 0 when ready, 1 with
-a one-line reason (and the unit's last log lines) when not.
+worker has registered (it reports the router process, not its workers), so that alone proves
+nothing. Exit 0 when ready, 1 with a one-line reason (and the unit's last log lines) when not.
 """
 
 from __future__ import annotations

@@ -6,7 +6,9 @@ pyinfra gathers facts one command at a time and does not cache them; a per-file 
 costs two round trips per file. Reading every planned path's mode, owner and hash, the
 units' states, the service user and the Python version at once keeps a no-op run fast; on a GPU
 node the preflight's facts come in the same round trip (WithHostState). The values read cannot
-change during the run except through pdkit's own operations, so deciding on them at prepare time is sound (pyinfra 3.10.0 runs every deploy file to completion, collecting operations, before it executes any: pyinfra_cli/main.py).
+change during the run except through pdkit's own operations, so deciding on them at prepare time
+is sound (pyinfra 3.10.0 runs every deploy file to completion, collecting operations, before it
+executes any: pyinfra_cli/main.py).
 """
 
 from __future__ import annotations
@@ -225,10 +227,8 @@ def state_kwargs() -> dict:
     """What PdkitHostState reads on the current host: every path, unit, user, venv and package of its plan."""
     spec = current_spec()
     plan = current_plan()
-    paths = tuple(sorted({f.path for f in plan.files} | {d[0]
-                                                         for d in plan.directories} | {
-                                                             spec.cluster.install_dir,
-                                                             f"{spec.cluster.install_dir}/wheelhouse"}))
+    paths = tuple(sorted({f.path for f in plan.files} | {d[0] for d in plan.directories}
+                         | {spec.cluster.install_dir, f"{spec.cluster.install_dir}/wheelhouse"}))
     return {
         "paths": paths, "units": tuple(s.unit for s in plan.services),
         "user": list(plan.users or (spec.cluster.service_user,)),

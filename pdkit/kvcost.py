@@ -196,8 +196,8 @@ KV_PATHS = {
     # copies and acknowledgement; 512 KiB fragments on both ends (the receiver's RX size caps what the
     # sender may send, and TX must not exceed RX) cut a 3072-token hand-off on the H200's TCP lane
     # from 521 to 87 ms, and TTFT p50 at C=16 from 6.8 s to 1.1 s (docs/gpu.md, "KV hand-off levers")
-    "cross-host-tcp": KvPath("cross-host-tcp", "tcp (software-emulated put, GPU memory staged through host memory)",
-                             0.2,
+    "cross-host-tcp": KvPath("cross-host-tcp",
+                             "tcp (software-emulated put, GPU memory staged through host memory)", 0.2,
                              "across hosts over TCP sockets: every byte is copied GPU -> host -> socket -> host -> GPU",
                              ucx_env=(("UCX_TCP_RX_SEG_SIZE", "512k"), ("UCX_TCP_TX_SEG_SIZE", "512k"))),
 }

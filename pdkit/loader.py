@@ -131,8 +131,8 @@ def _describe_load_error(path: str, exc: BaseException) -> tuple[str, str]:
     if isinstance(inner, BaseException):
         filename = getattr(exc, "filename", path)
         tb = getattr(inner, "_traceback", None) or inner.__traceback__
-        return _user_frame(filename,
-                           tb), f"{type(inner).__name__}: {inner} (the file must run as plain Python: try `python3 {filename}`)"
+        return _user_frame(filename, tb), (f"{type(inner).__name__}: {inner} (the file must run as plain Python: "
+                                           f"try `python3 {filename}`)")
     text = str(getattr(exc, "message", "") or exc) or type(exc).__name__
     return _user_frame(path, exc.__traceback__), f"pyinfra could not load it: {type(exc).__name__}: {text}"
 
@@ -188,8 +188,8 @@ def dropped_by_pyinfra(attrs: dict[str, Any]) -> list[Problem]:
                                             f"it (and its pdkit sections) out: add {name!r} to all"))
                     in_all.add(name)  # once per host
     for group, members in ignored.items():
-        why = ("its name starts with '_'" if group.startswith("_") else "pyinfra groups hold only host names and "
-               "(name, data) tuples")
+        why = ("its name starts with '_'" if group.startswith("_")
+               else "pyinfra groups hold only host names and (name, data) tuples")
         for member in members:
             if (isinstance(member, tuple) and len(member) == 2 and isinstance(member[0], str)
                 and isinstance(member[1], dict)):
@@ -377,7 +377,8 @@ def _message(model: type[BaseModel], err: dict) -> str:
     if kind == "missing":
         return "required field is missing"
     if kind == "string_pattern_mismatch":
-        return f"{err.get('input')!r} is not valid: {_PATTERN_HINTS.get(err['ctx']['pattern'], 'must match ' + err['ctx']['pattern'])}"
+        return (f"{err.get('input')!r} is not valid: "
+                f"{_PATTERN_HINTS.get(err['ctx']['pattern'], 'must match ' + err['ctx']['pattern'])}")
     if msg.startswith("Value error, "):
         msg = msg.removeprefix("Value error, ")
     if "input" in err and kind not in ("model_type", "dict_type"):

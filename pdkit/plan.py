@@ -212,7 +212,8 @@ def engines_not_started_reason(spec: ClusterSpec, host: HostSpec) -> str | None:
     its argv can be checked by SGLang's own parser in that venv.
     """
     if spec.cluster.engine == "sglang" and host.node is not None and host.node.gpu == "none" and spec.placements(host):
-        return "engine sglang on a gpu: none host (preflight: no GPU): the venv, units and env files are laid down, the engines are not started"
+        return ("engine sglang on a gpu: none host (preflight: no GPU): the venv, units and env files are laid down, "
+                "the engines are not started")
     return None
 
 
@@ -228,7 +229,8 @@ def services_not_started(spec: ClusterSpec, host: HostSpec, services: list[Servi
         elif service.kind == "router" and host.router is not None:
             idle = sorted({h.name for h, _ in spec.router_workers(host) if engines_not_started_reason(spec, h)})
             if idle:
-                held[service.unit] = f"its workers on {', '.join(idle)} are not started ({engines_not_started_reason(spec, spec.host(idle[0]))})"
+                held[service.unit] = (f"its workers on {', '.join(idle)} are not started "
+                                      f"({engines_not_started_reason(spec, spec.host(idle[0]))})")
     return held
 
 
@@ -277,8 +279,8 @@ def plan_host(spec: ClusterSpec, host: HostSpec) -> HostPlan:
             unit_text = render_template(
                 "systemd/engine.service.j2",
                 **common,
-                engine_kind=("SGLang (the node's own environment)" if host.node.engine_venv else "SGLang")
-                if spec.cluster.engine == "sglang" else "sim (rehearsal)",
+                engine_kind=(("SGLang (the node's own environment)" if host.node.engine_venv else "SGLang")
+                             if spec.cluster.engine == "sglang" else "sim (rehearsal)"),
                 role=engine.role,
                 name=engine.name + (f" (rank {rank} of {engine.nnodes}, rank 0 on {head.name})" if engine.spans_nodes
                                     else ""),
@@ -376,8 +378,8 @@ def plan_host(spec: ClusterSpec, host: HostSpec) -> HostPlan:
             Service(
                 unit="pdkit-router.service",
                 kind="router",
-                files=tuple(sorted([unit_path, *([key_path, flags.router_launcher_path(spec)] if key_text is not None
-                                                 else [])])),
+                files=tuple(sorted([unit_path,
+                                    *([key_path, flags.router_launcher_path(spec)] if key_text is not None else [])])),
                 health_url=router_url(host) + "/health",
                 ready_timeout_s=120,
                 expected_workers=tuple(flags.engine_url(spec, h, e) for h, e in spec.router_workers(host)),

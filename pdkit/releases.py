@@ -252,8 +252,8 @@ def list_releases(*, root: Path, releases_dir: str) -> dict:
     out = []
     for rid in _ids(releases):
         meta = json.loads((releases / rid / META).read_text())
-        out.append({k: meta.get(k) for k in ("id", "hash", "time", "command",
-                                             "venvs")} | {"files": len(meta.get("files", {}))})
+        out.append({k: meta.get(k) for k in ("id", "hash", "time", "command", "venvs")}
+                   | {"files": len(meta.get("files", {}))})
     return {"current": read_current(releases), "releases": out}
 
 

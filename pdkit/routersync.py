@@ -66,7 +66,8 @@ def sync_router(client: RouterClient, planned: list[PlannedWorker], host_address
 
 
 def routers_for_host(spec, host_name: str) -> list[tuple[object, list[PlannedWorker], list[str]]]:
-    """(router host, this host's planned workers there, that router's other planned worker URLs) for every router on another host."""
+    """(router host, this host's planned workers there, that router's other planned worker URLs) for
+    every router on another host."""
     out = []
     for router_host in spec.router_hosts:
         if router_host.name == host_name:

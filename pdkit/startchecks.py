@@ -247,9 +247,8 @@ def _checks_in(fn: _Function, known: set[str]) -> list[dict]:
             elif isinstance(stmt, ast.Try):
                 visit(stmt.body, guards)
                 for handler in stmt.handlers:
-                    visit(handler.body, guards + [("except "
-                                                   f"{ast.unparse(handler.type) if handler.type else ''}".strip(),
-                                                   handler)])
+                    visit(handler.body,
+                          guards + [(f"except {ast.unparse(handler.type) if handler.type else ''}".strip(), handler)])
                 visit(stmt.orelse, guards)
                 visit(stmt.finalbody, guards)
             elif isinstance(stmt, ast.Match):
@@ -398,9 +397,8 @@ def generate(roots: dict[str, Path] | None = None) -> dict:
             counts[base] = counts.get(base, 0) + 1
             rid = base if counts[base] == 1 else f"{base}-{counts[base]}"
             entry = merged.setdefault(rid, {"id": rid,
-                                            **{k: row[k]
-                                               for k in ("function", "kind", "exception", "conditions", "message",
-                                                         "fields")},
+                                            **{k: row[k] for k in ("function", "kind", "exception", "conditions",
+                                                                   "message", "fields")},
                                             "releases": [], "where": {}, "via": {}, "via_conditions": {}})
             entry["releases"].append(version)
             entry["where"][version] = f"{row['module'].replace('.', '/')}.py:{row['line']}"
@@ -469,12 +467,12 @@ def unchecked_fields(version: str) -> dict[str, str]:
 
 _HARDWARE = re.compile(
     r"\b(is_cuda|is_hip|is_npu|is_xpu|is_mps|is_cpu|is_musa|is_sm\d+\w*|is_blackwell\w*|is_hopper\w*|get_platform|current_platform|"
-                       r"get_device\w*|torch\.cuda|get_bool_env_var\(.SGLANG_USE_AITER|use_mlx|is_flashinfer_available|is_fa3_default_architecture|"
-                       r"get_device_capability|device\b|_is_\w+|cuda_version|importlib|find_spec|is_\w*_available|platform)\b")
+    r"get_device\w*|torch\.cuda|get_bool_env_var\(.SGLANG_USE_AITER|use_mlx|is_flashinfer_available|is_fa3_default_architecture|"
+    r"get_device_capability|device\b|_is_\w+|cuda_version|importlib|find_spec|is_\w*_available|platform)\b")
 _MODEL = re.compile(
     r"\b(model_config\w*|hf_config|hf_text_config|model_arch|architectures|get_model_config|model_type|is_deepseek\w*|mambaish\w*|"
-                    r"quant_config|text_config|num_nextn_predict_layers|is_hybrid\w*|hf_\w+|_mc\b|checkpoint|model_label|config\.json|nvfp4_moe_meta|"
-                    r"is_gemma4_draft|parse_connector_type|is_runai_obj_uri)")
+    r"quant_config|text_config|num_nextn_predict_layers|is_hybrid\w*|hf_\w+|_mc\b|checkpoint|model_label|config\.json|nvfp4_moe_meta|"
+    r"is_gemma4_draft|parse_connector_type|is_runai_obj_uri)")
 _ENV = re.compile(r"envs\.(\w+)|[\"'](SGLANG_\w+)[\"']")
 
 
@@ -559,7 +557,8 @@ def draft_reason(row: dict, rendered: set[str]) -> str:
         return ("depends on the checkpoint (its config.json: architecture, quantization, layers), which SGLang reads "
                 "at start and pdkit never opens")
     if _HARDWARE.search(text):
-        return "depends on the platform the engine starts on (CUDA/ROCm/NPU/XPU/MPS, the GPU's SM generation, installed kernels), known only on the node"
+        return ("depends on the platform the engine starts on (CUDA/ROCm/NPU/XPU/MPS, the GPU's SM generation, "
+                "installed kernels), known only on the node")
     env = sorted({a or b for a, b in _ENV.findall(text)})
     if env:
         return (f"depends on SGLang environment variable(s) {', '.join(env)}, which pdkit does not set "

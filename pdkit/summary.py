@@ -41,9 +41,8 @@ def summary(spec: ClusterSpec) -> str:
             if e.effective_bootstrap_port is not None:
                 bits.append(f"bootstrap {e.effective_bootstrap_port}")
             if e.role != "prefill":
-                bits.append("decode graphs " + (f"<= bs {graphs}" if graphs
-                                                else ("off" if not tuning.value("cuda_graph") else "on (SGLang "
-                                                      "default)")))
+                bits.append("decode graphs " + (f"<= bs {graphs}" if graphs else
+                                                "off" if not tuning.value("cuda_graph") else "on (SGLang default)"))
             if tuning.context_length:
                 bits.append(f"ctx {tuning.context_length}")
             if e.spans_nodes:
@@ -59,8 +58,8 @@ def summary(spec: ClusterSpec) -> str:
         assert host.router is not None
         workers = spec.router_workers(host)
         lines.append(f"  {host.name}: {package} {version} on {flags.router_address(host)}:{host.router.port} (metrics "
-                     f":{host.router.prometheus_port}), {len(workers)} "
-                     "workers: " + ", ".join(f"{h.name}/{e.name}" for h, e in workers))
+                     f":{host.router.prometheus_port}), {len(workers)} workers: "
+                     + ", ".join(f"{h.name}/{e.name}" for h, e in workers))
         for node in sorted({h.name for h, _ in workers}):
             for outage in batch_outages(spec, [node]):
                 if outage.router == host.name:

@@ -213,8 +213,8 @@ def _pins_of(requirement_lines: list[str]) -> dict[str, str]:
 
 def _pip_failure(stderr: str) -> str:
     """pip's error in one line: the package it could not get, or why the index was out of reach."""
-    lines = [ln for ln in stderr.splitlines() if ln.strip() and "is ignored: it is neither a file nor a "
-             "directory" not in ln]
+    lines = [ln for ln in stderr.splitlines()
+             if ln.strip() and "is ignored: it is neither a file nor a directory" not in ln]
     for pattern in (r"No matching distribution found for (\S+)", r"satisfies the requirement (\S+)"):
         for ln in lines:
             m = re.search(pattern, ln)
@@ -470,8 +470,10 @@ def sim_wheel(root: Path = REPO) -> Path:
     if out.exists():
         return out
     info = f"{name}-{version}.dist-info"
-    contents[f"{info}/METADATA"] = f"Metadata-Version: 2.1\nName: {SIM_DIST}\nVersion: {version}\nSummary: the pdkit sim engine's files (pdkit.wheelhouse.sim_sources)\n".encode()
-    contents[f"{info}/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: pdkit.wheelhouse\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    contents[f"{info}/METADATA"] = (f"Metadata-Version: 2.1\nName: {SIM_DIST}\nVersion: {version}\n"
+                                    "Summary: the pdkit sim engine's files (pdkit.wheelhouse.sim_sources)\n").encode()
+    contents[f"{info}/WHEEL"] = (b"Wheel-Version: 1.0\nGenerator: pdkit.wheelhouse\nRoot-Is-Purelib: true\n"
+                                 b"Tag: py3-none-any\n")
     record = "".join(f"{rel},{_record_hash(data)},{len(data)}\n"
                      for rel, data in sorted(contents.items())) + f"{info}/RECORD,,\n"
     contents[f"{info}/RECORD"] = record.encode()

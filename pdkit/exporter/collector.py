@@ -556,8 +556,8 @@ class PdkitCollector(Collector):
                         fam.add_metric(labels, float(figures[key]))
 
         out: list[Metric] = [up, rank_up, scrape_error, info, drift, drift_info, unverified, env_present, env_error,
-                             env_info,
-                             running, queued, usage, gen_tp, pd_queues, prompt, generation, kv_fail, passes, ratio]
+                             env_info, running, queued, usage, gen_tp, pd_queues, prompt, generation, kv_fail, passes,
+                             ratio]
         for fams in batch.values():
             out.extend(fams.values())
         if self.journal is not None:

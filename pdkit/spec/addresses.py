@@ -35,9 +35,9 @@ def host_ports(spec: ClusterSpec, host: HostSpec) -> list[tuple[int, str]]:
             if engine.effective_bootstrap_port is not None:
                 ports.append((engine.effective_bootstrap_port, f"pdkit_node.engines[{i}].bootstrap_port"))
             for port in dist_init_ports(engine):
-                ports.append((port, f"pdkit_node.engines[{i}].dist_init_port" + (
-                    "" if port == engine.dist_init_port else f" (+{port - engine.dist_init_port}: SGLang's "
-                    "attention-DP ports)")))
+                ports.append((port, f"pdkit_node.engines[{i}].dist_init_port"
+                              + ("" if port == engine.dist_init_port
+                                 else f" (+{port - engine.dist_init_port}: SGLang's attention-DP ports)")))
     if host.router is not None:
         ports.append((host.router.port, "pdkit_router.port"))
         ports.append((host.router.prometheus_port, "pdkit_router.prometheus_port"))
@@ -122,14 +122,16 @@ def _pd_peer_clients(spec: ClusterSpec):
         first = sorted(hosts)[:4]
         for h in hosts.values():
             others = [n for n in first if n != h.name][:3]
-            yield h, others[0], f"{label} pairs its PD engines with engines on {', '.join(others)}, which reach it for the KV transfer (bootstrap port, NIXL/Mooncake)"
+            yield h, others[0], (f"{label} pairs its PD engines with engines on {', '.join(others)}, which reach it "
+                                 "for the KV transfer (bootstrap port, NIXL/Mooncake)")
 
 
 def _dist_init_clients(spec: ClusterSpec):
     for host, engine in spec.engines():
         nodes = list(engine.nodes or ())
         if len(set(nodes)) >= 2 and nodes[0] == host.name:
-            yield host, nodes[1], f"the other ranks of {engine.name} ({', '.join(nodes[1:])}) connect to rank 0 there (--dist-init-addr)"
+            yield host, nodes[1], (f"the other ranks of {engine.name} ({', '.join(nodes[1:])}) connect to rank 0 "
+                                   "there (--dist-init-addr)")
 
 
 def _scrape_clients(has_service):

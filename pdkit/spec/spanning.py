@@ -31,8 +31,8 @@ def parallel_problems(spec: ClusterSpec, engine: Engine) -> list[tuple[str, str]
     handle_data_parallelism / handle_eplb_and_dispatch; 0.5.17 server_args.py check_server_args)."""
     out: list[tuple[str, str]] = []
     total = engine.total_gpus
-    where = (f"{len(engine.gpus)} GPUs x {engine.nnodes} nodes" if engine.spans_nodes else f"{len(engine.gpus)} GPUs "
-             f"{list(engine.gpus)}")
+    where = (f"{len(engine.gpus)} GPUs x {engine.nnodes} nodes" if engine.spans_nodes
+             else f"{len(engine.gpus)} GPUs {list(engine.gpus)}")
     tp, pp, dp = engine.tp_size, engine.pp, engine.dp
     if (pp != 1 or engine.spans_nodes) and tp * pp * dp != total:
         out.append(("tp", f"tp {tp} x pp {pp} x dp {dp} = {tp * pp * dp} but the engine has {total} GPUs ({where}); tp "

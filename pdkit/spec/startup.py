@@ -317,8 +317,8 @@ def startup_check_problems(spec: ClusterSpec, engine: Engine, node: Node | None 
                                                "nodes'); valid: add ['--deepep-v2-mode', 'hybrid'] to extra_args, or "
                                                "an engine on one node"))
     backend = tuning.attention_backend
-    if tuning.kv_cache_dtype == "nvfp4" and version in NVFP4_PREFILL_BACKENDS and backend is not None and backend not in NVFP4_PREFILL_BACKENDS[version] \
-            and "--prefill-attention-backend" not in extra:
+    if (tuning.kv_cache_dtype == "nvfp4" and version in NVFP4_PREFILL_BACKENDS and backend is not None
+            and backend not in NVFP4_PREFILL_BACKENDS[version] and "--prefill-attention-backend" not in extra):
         out.append((origin("attention_backend"), f"attention_backend {backend} with kv_cache_dtype nvfp4: SGLang "
                                                  f"{version} refuses it at start "
                                                  "(\"NVFP4 prefill supports an FP8 E4M3 workspace or native NVFP4, but "

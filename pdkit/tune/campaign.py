@@ -333,7 +333,8 @@ def key_problem(key: str) -> str | None:
         return None
     if scope == NODE_SCOPE:
         if "." in rest or name not in NODE_LEVERS:
-            return f"node levers are {', '.join(NODE_LEVERS)} (the GPU layout and engines are the cluster's shape, not a lever)"
+            return (f"node levers are {', '.join(NODE_LEVERS)} (the GPU layout and engines are the cluster's shape, "
+                    "not a lever)")
         return None
     return f"unknown scope {scope!r}; valid: {', '.join((*ENGINE_SCOPES, NODE_SCOPE))}"
 

@@ -272,7 +272,8 @@ def soak(target: str | Measured, headers: dict[str, str], engine_urls: dict[str,
         figures["failure_counters"] = moved
         return False, f"engine failure counters moved during the soak: {moved}", figures
     if load.failed:
-        return False, f"{len(load.failed)} of {load.ok + len(load.failed)} soak requests failed {where}: {load.failed[:3]}", figures
+        return False, (f"{len(load.failed)} of {load.ok + len(load.failed)} soak requests failed {where}: "
+                       f"{load.failed[:3]}"), figures
     if load.ok == 0 and seconds > 0:
         return False, f"no soak request finished in {figures['seconds']:.0f} s at C={concurrency}", figures
     return True, (f"{load.ok} requests at C={concurrency} {where} over {figures['seconds']:.0f} s: no failure, "

@@ -250,8 +250,8 @@ def render_markdown(campaign: Campaign, records: Sequence[dict[str, Any]], concu
         if r.get("kind") != "candidate":
             continue
         diff = r.get("flag_diff") or []
-        lines.append(f"- **{r['candidate']}**: " + ("; ".join(diff) if diff else "no engine flag changes (environment "
-                                                    "or node settings only)"))
+        lines.append(f"- **{r['candidate']}**: " + ("; ".join(diff) if diff
+                                                    else "no engine flag changes (environment or node settings only)"))
     kept = next((r for r in reversed(records) if r.get("kind") == "end"), None)
     if kept:
         lines += ["", f"## Left applied: {kept['candidate']}", "", kept.get("reason", ""), ""]

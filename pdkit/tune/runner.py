@@ -235,8 +235,8 @@ def dry_text(prep: Prepared, records: list[dict[str, Any]], todo: list[Candidate
         if down_s is not None and prep.restarts[cand.name]:
             lines.append(f"      downtime: ~{down_s:.0f} s with the cluster serving nothing ({down_source}); "
                          f"~{down_s:.0f} s more if it fails and is put back")
-        for line in flag_diff(prep.base_spec, prep.specs[cand.name]) or ["no engine flag changes (environment or node "
-                                                                         "settings only)"]:
+        for line in (flag_diff(prep.base_spec, prep.specs[cand.name])
+                     or ["no engine flag changes (environment or node settings only)"]):
             lines.append(f"      {line}")
     n = len(todo) + (BASELINE not in done)
     restarts = round(sum(prep.restarts[t.name] for t in todo) / max(1, len(todo))) if todo else 0
@@ -244,8 +244,8 @@ def dry_text(prep: Prepared, records: list[dict[str, Any]], todo: list[Candidate
     per = ", ".join(f"{k.removesuffix('_s')} {v:.0f} s" for k, v in est["per_candidate"].items())
     assumed = [k for k, v in est["measured"].items() if not v]
     lines += ["", f"estimate: {est['total_s'] / 60:.1f} min for {n} run(s) to go ({per} each)"
-              + (f"; assumed, not yet measured: {', '.join(assumed)} time" if assumed else "; from this campaign's "
-                 "records")]
+              + (f"; assumed, not yet measured: {', '.join(assumed)} time" if assumed
+                 else "; from this campaign's records")]
     return "\n".join(lines)
 
 
@@ -334,8 +334,8 @@ class Session:
             steps = []
             # silenced like `pdkit rollback`: from the drain to the smoke, expired either way (a
             # host the put-back left broken pages)
-            with roller.silenced([h], "put back on its release before the candidate (drain, restore, gates, re-add, "
-                                 "smoke)",
+            with roller.silenced([h],
+                                 "put back on its release before the candidate (drain, restore, gates, re-add, smoke)",
                                  done="back on its release, ready and in the router",
                                  failed="its put-back failed: expired, so whatever is still wrong pages") as silenced:
                 try:
@@ -465,8 +465,8 @@ class Session:
             "flag_diff": flag_diff(prep.base_spec, spec) if cand else [],
             "gates": {}, "timings": {},
         }
-        self.say("start", f"{name}: " + (", ".join(f"{k}={v!r}" for k, v in cand.overlay.items()) if cand else "the "
-                                         "inventory as it is"))
+        self.say("start", f"{name}: " + (", ".join(f"{k}={v!r}" for k, v in cand.overlay.items()) if cand
+                                         else "the inventory as it is"))
         roller = self.roller(name)
         rolled: list[str] = []
         before: dict[str, str | None] = {}
@@ -483,9 +483,8 @@ class Session:
             outages = [t.outage_s for t in roller.timings if t.outage_s is not None]
             if outages:
                 record["timings"]["outage_s"] = round(sum(outages), 2)
-            record["gates"]["roll"] = {"ok": True,
-                                       "detail": f"{restarts} host(s) changed and passed drain, apply, ready, router, "
-                                       "smoke"}
+            record["gates"]["roll"] = {"ok": True, "detail": f"{restarts} host(s) changed and passed drain, apply, "
+                                                             "ready, router, smoke"}
             self.run_gates(name, spec, record, baseline_answers, cand)
             record.update(verdict="pass", failed_gate=None, reason="")
         except Exception as exc:  # noqa: BLE001 - any failure fails the candidate at its gate and is rolled back
