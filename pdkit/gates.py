@@ -30,9 +30,8 @@ READY: dict[str, str] = {
     "rank": ("a rank above 0 of an engine spanning nodes (no HTTP of its own): its unit is active, the same "
              "invocation, once rank 0's /health answers 200 (rank 0 is ready only when every rank joined)"),
     "router": ("its /workers lists every planned worker healthy (workers on another host that do not answer yet are "
-               "pending: "
-               "their host's deploy registers them) and one real completion through it succeeds; its /health alone is "
-               "200 before any worker registered"),
+               "pending: their host's deploy registers them) and one real completion through it succeeds; its /health "
+               "alone is 200 before any worker registered"),
     "http": "its unit has not failed and its URL answers 200 (pdkit-exporter, Prometheus, Grafana, the DCGM exporter)",
 }
 WAITERS: dict[str, str] = {"engine": "wait_engine", "rank": "wait_rank", "router": "wait_router",

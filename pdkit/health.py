@@ -255,9 +255,8 @@ def wait_router(
             verdict, missing, unhealthy, pending = router_verdict(wanted, others, health, answering)
             if verdict == "pending":
                 return True, (f"router up: the {len(wanted) - len(pending)} workers that are up are registered and "
-                              "healthy; "
-                              f"pending {pending} (their hosts are not deployed yet: their own deploy registers and "
-                              "gates them here)")
+                              f"healthy; pending {pending} (their hosts are not deployed yet: their own deploy "
+                              "registers and gates them here)")
             if verdict == "ready":
                 if model is None:
                     return True, f"router ready: all {len(wanted)} planned workers registered and healthy"

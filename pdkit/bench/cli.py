@@ -102,8 +102,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register `bench` and `compare`."""
-    p = subparsers.add_parser("bench", help="measure the cluster through its router (tok/s, TTFT, TPOT, ITL per "
-                              "concurrency)",
+    p = subparsers.add_parser("bench",
+                              help="measure the cluster through its router (tok/s, TTFT, TPOT, ITL per concurrency)",
                               description="Streaming requests with fixed input/output lengths through the router, "
                                           "after a warm-up; one JSON line per run in OUT/runs.jsonl, plus OUT/<id>.md "
                                           "and .png.")

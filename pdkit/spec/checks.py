@@ -404,10 +404,8 @@ def _check_kv_over_tcp(spec: ClusterSpec, add) -> None:
                 warned.add(host.name)
                 add(Problem(host.name, "pdkit_node.ucx_net_devices",
                             f"{label} pairs prefill and decode across hosts, and {node.ucx_net_devices!r} is not an "
-                            "RDMA device: "
-                            f"KV moves over TCP ({path.why}); pdkit sets UCX's TCP fragments to 512 KiB there, and "
-                            "hand-offs are still "
-                            "about 5x slower than on one host at 3072-token prompts (docs/gpu.md, \"KV "
-                            "hand-off levers\"). "
+                            f"RDMA device: KV moves over TCP ({path.why}); pdkit sets UCX's TCP fragments to 512 KiB "
+                            "there, and hand-offs are still about 5x slower than on one host at 3072-token prompts "
+                            "(docs/gpu.md, \"KV hand-off levers\"). "
                             "Valid: an RDMA device such as 'mlx5_0:1', or prefill and decode on one host "
                             "(a router per node, pdkit_router.workers)", "warning"))

@@ -264,9 +264,8 @@ def soak(target: str | Measured, headers: dict[str, str], engine_urls: dict[str,
     if wedged:
         figures["wedged"] = wedged
         return False, (f"wedged: {', '.join(wedged)} held running requests and produced no token for "
-                       f"{wedge_window_s:g} s "
-                       f"(after {figures['seconds']:.0f} s at C={concurrency}); doctor's queues check calls this "
-                       "'wedged'"), figures
+                       f"{wedge_window_s:g} s (after {figures['seconds']:.0f} s at C={concurrency}); doctor's queues "
+                       "check calls this 'wedged'"), figures
     moved = counter_moves(before, after)
     if moved:
         figures["failure_counters"] = moved
