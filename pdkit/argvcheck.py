@@ -58,29 +58,39 @@ def _check_engine(spec: ClusterSpec, host: HostSpec, engine: Engine, add) -> dic
         value = getattr(tuning, name)
         choices = parser.choices(flag)
         if value is not None and choices is not None and str(value) not in choices:
-            add(Problem(host.name, f"{at}.tuning.{name}", f"SGLang {version} has no {name} {value!r}; valid: {', '.join(choices)}"))
+            add(Problem(host.name, f"{at}.tuning.{name}",
+                        f"SGLang {version} has no {name} {value!r}; valid: {', '.join(choices)}"))
     model = spec.engine_model(engine)
     model_at = f"{at}.model" if engine.model is not None else "pdkit_cluster.model"
     load_formats = parser.choices("--load-format")
     if model.load_format is not None and load_formats is not None and model.load_format not in load_formats:
-        add(Problem(host.name, f"{model_at}.load_format", f"SGLang {version} has no load format {model.load_format!r}; valid: {', '.join(load_formats)}"))
+        add(Problem(host.name, f"{model_at}.load_format",
+                    f"SGLang {version} has no load format {model.load_format!r}; valid: {', '.join(load_formats)}"))
     transfer = parser.choices("--disaggregation-transfer-backend") or ()
     if engine.role != "unified" and spec.cluster.transfer_backend not in transfer:
-        add(Problem(host.name, "pdkit_cluster.transfer_backend", f"SGLang {version} has no transfer backend {spec.cluster.transfer_backend!r}; valid: {', '.join(transfer)}"))
+        add(Problem(host.name, "pdkit_cluster.transfer_backend",
+                    f"SGLang {version} has no transfer backend {spec.cluster.transfer_backend!r}; valid: "
+                    f"{', '.join(transfer)}"))
     if tuning.speculative is not None and tuning.speculative.algorithm not in speculative_algorithms(version):
-        add(Problem(host.name, f"{at}.tuning.speculative.algorithm", f"SGLang {version} has no algorithm {tuning.speculative.algorithm!r}; valid: {', '.join(speculative_algorithms(version))}"))
+        add(Problem(host.name, f"{at}.tuning.speculative.algorithm",
+                    f"SGLang {version} has no algorithm {tuning.speculative.algorithm!r}; valid: "
+                    f"{', '.join(speculative_algorithms(version))}"))
 
     argv = flags.sglang_args(spec, host, engine)
     generated = argv[: len(argv) - len(engine.extra_args)]
     gen_parsed, _ = parser.parse(generated)  # pdkit's own flags: tests/test_contract_generated.py holds them to SGLang
-    extra_parsed = _check_extra_args(parser, host.name, f"{at}.extra_args", gen_parsed, engine.extra_args, add, "the engine")
+    extra_parsed = _check_extra_args(parser, host.name, f"{at}.extra_args", gen_parsed, engine.extra_args, add,
+                                     "the engine")
     unchecked = startchecks.unchecked_fields(version)
     for p in extra_parsed:
         says = unchecked.get(p.option.dest)
         if says is not None:
             shown = says if len(says) <= 160 else says[:157] + "..."
-            add(Problem(host.name, f"{at}.extra_args", f"{p.written.split('=', 1)[0]} is read by a check SGLang {version} runs at start ({shown}), which pdkit cannot check before start: "
-                                                      "validate holds extra_args to the parser only, so a bad combination fails the engine's start (pdkit/data/startup_checks.json)", "warning"))
+            add(Problem(host.name, f"{at}.extra_args",
+                        f"{p.written.split('=', 1)[0]} is read by a check SGLang {version} runs at start ({shown}), "
+                        "which pdkit cannot check before start: validate holds extra_args to the parser only, so a bad "
+                                                      "combination fails the engine's start "
+                                                      "(pdkit/data/startup_checks.json)", "warning"))
     values: dict[str, tuple[str, ...]] = {}
     for p in [*gen_parsed, *extra_parsed]:
         values[p.option.dest] = p.values or ("(set)",)
@@ -92,18 +102,21 @@ def _check_router(spec: ClusterSpec, host: HostSpec, add) -> None:
     assert router is not None
     package, version = spec.router_release(host)
     parser = router_parser(package, version)
-    for field, flag in (("policy", "--policy"), ("prefill_policy", "--prefill-policy"), ("decode_policy", "--decode-policy")):
+    for field, flag in (("policy", "--policy"), ("prefill_policy", "--prefill-policy"),
+                        ("decode_policy", "--decode-policy")):
         value = getattr(router, field)
         choices = parser.choices(flag)
         if value is not None and choices is not None and value not in choices:
-            add(Problem(host.name, f"pdkit_router.{field}", f"{package} {version} has no {flag.removeprefix('--')} {value!r}; valid: {', '.join(choices)}"))
+            add(Problem(host.name, f"pdkit_router.{field}",
+                        f"{package} {version} has no {flag.removeprefix('--')} {value!r}; valid: {', '.join(choices)}"))
     argv = flags.router_args(spec, host)
     generated = argv[: len(argv) - len(router.extra_args)]
     gen_parsed, _ = parser.parse(generated)
     _check_extra_args(parser, host.name, "pdkit_router.extra_args", gen_parsed, router.extra_args, add, "the router")
 
 
-def _check_extra_args(parser: Parser, host: str, field: str, generated: list[Parsed], extra: tuple[str, ...], add, owner: str) -> list[Parsed]:
+def _check_extra_args(parser: Parser, host: str, field: str, generated: list[Parsed], extra: tuple[str, ...], add,
+                      owner: str) -> list[Parsed]:
     """extra_args may add flags, never restate one pdkit generates, and never carry a credential."""
     parsed, argv_problems = parser.parse(extra)
     for problem in argv_problems:
@@ -115,7 +128,8 @@ def _check_extra_args(parser: Parser, host: str, field: str, generated: list[Par
         at = f"{field}[{p.index}]"
         option = p.option
         if option.secret:
-            key_field = "pdkit_cluster.secrets.router_api_key" if owner == "the router" and option.dest == "api_key" else "pdkit_cluster.secrets"
+            key_field = ("pdkit_cluster.secrets.router_api_key" if owner == "the router" and option.dest == "api_key"
+                         else "pdkit_cluster.secrets")
             add(Problem(host, at, f"{option.name} is a credential: {SECRETS_POINTER}); use {key_field}"))
             continue
         dests = {option.dest}
@@ -129,10 +143,12 @@ def _check_extra_args(parser: Parser, host: str, field: str, generated: list[Par
             alias = "" if spelled == clash[0] else f" (argparse reads {spelled} as {clash[0]})"
             instead = _FIELD_OF_FLAG.get(clash[0])
             hint = f"set {instead} instead" if instead else "set the matching spec field instead"
-            add(Problem(host, at, f"{spelled} clashes with {clash[0]}, which pdkit generates from the spec{alias}; {hint}"))
+            add(Problem(host, at, f"{spelled} clashes with {clash[0]}, which pdkit generates from the spec{alias}; "
+                        f"{hint}"))
             continue
         if option.dest in seen:
-            add(Problem(host, at, f"{option.name} is already given at {field}[{seen[option.dest]}]; argparse keeps only the last one: give it once"))
+            add(Problem(host, at, f"{option.name} is already given at {field}[{seen[option.dest]}]; argparse keeps "
+                        "only the last one: give it once"))
             continue
         seen[option.dest] = p.index
         kept.append(p)
@@ -154,7 +170,10 @@ def _check_pairs(spec: ClusterSpec, engine_args: dict[tuple[str, str], dict[str,
                 if value != want and at not in reported:
                     reported.add(at)
                     shown = "unset" if value is None else repr(value)
-                    add(Problem(host.name, f"{engine_path(host, engine)}.{field}", f"{label} mixes {key} {shown} with {want if want is None else repr(want)} on {first_host.name}/{first.name}; every prefill/decode pair the router can make must match (the KV transfer fails or output is corrupted)"))
+                    add(Problem(host.name, f"{engine_path(host, engine)}.{field}",
+                                f"{label} mixes {key} {shown} with {want if want is None else repr(want)} on "
+                                f"{first_host.name}/{first.name}; every prefill/decode pair the router can make must "
+                                "match (the KV transfer fails or output is corrupted)"))
 
 
 def _pair_facts(spec: ClusterSpec, engine: Engine, args: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, object]]:

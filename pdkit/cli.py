@@ -79,7 +79,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
     router = spec.router_hosts[0]
     url = router_url(router) + "/v1/chat/completions"
     headers = router_auth_headers(spec)
-    body = {"model": spec.cluster.model.name, "messages": [{"role": "user", "content": args.prompt}], "max_tokens": args.max_tokens, "stream": True}
+    body = {"model": spec.cluster.model.name, "messages": [{"role": "user", "content": args.prompt}],
+            "max_tokens": args.max_tokens, "stream": True}
     print(f"POST {url} (model {spec.cluster.model.name}, streaming)", file=sys.stderr)
     start = time.perf_counter()
     first = None
@@ -102,7 +103,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
         return 1
     elapsed = time.perf_counter() - start
     ttft = f"{(first - start) * 1000:.0f} ms" if first else "n/a"
-    print(f"\n-- {tokens} chunks in {elapsed:.2f} s, first after {ttft} (through {router.name}'s router)", file=sys.stderr)
+    print(f"\n-- {tokens} chunks in {elapsed:.2f} s, first after {ttft} (through {router.name}'s router)",
+          file=sys.stderr)
     return 0 if tokens else 1
 
 
@@ -122,12 +124,14 @@ def _register(sub: argparse._SubParsersAction, module_name: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pdkit", description="SGLang PD serving from one validated spec, laid down by pyinfra.")
+    parser = argparse.ArgumentParser(prog="pdkit",
+                                     description="SGLang PD serving from one validated spec, laid down by pyinfra.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("validate", help="check an inventory without contacting any host")
     p.add_argument("inventory", help="pyinfra inventory file, e.g. inventories/cluster.py")
-    p.add_argument("--strict", action="store_true", help="treat warnings (settings that would be ignored, unknown host keys) as errors")
+    p.add_argument("--strict", action="store_true",
+                   help="treat warnings (settings that would be ignored, unknown host keys) as errors")
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("render", help="write every file pdkit would put on each host")

@@ -18,10 +18,12 @@ from pdkit.spec import ClusterSpec, HostSpec
 
 @lru_cache(maxsize=1)
 def _spec_for(inventory_id: int) -> ClusterSpec:
-    # lazy: pyinfra (it loads gevent, ~240 ms) must load after the roll's patch_gevent, and pdkit.hoststate imports this module
+    # lazy: pyinfra (it loads gevent, ~240 ms) must load after the roll's patch_gevent, and
+    # pdkit.hoststate imports this module
     from pyinfra import state
 
-    spec, problems = spec_from_host_data(inventory_host_data(state.inventory), inventory=str(getattr(state, "inventory_filename", "") or "inventory"))
+    spec, problems = spec_from_host_data(inventory_host_data(state.inventory),
+                                         inventory=str(getattr(state, "inventory_filename", "") or "inventory"))
     errors = [p for p in problems if p.severity == "error"]
     if errors or spec is None:
         # no traceback: the same list `pdkit validate` prints, then stop before any operation
@@ -32,7 +34,8 @@ def _spec_for(inventory_id: int) -> ClusterSpec:
 
 
 def current_spec() -> ClusterSpec:
-    # lazy: pyinfra (it loads gevent, ~240 ms) must load after the roll's patch_gevent, and pdkit.hoststate imports this module
+    # lazy: pyinfra (it loads gevent, ~240 ms) must load after the roll's patch_gevent, and
+    # pdkit.hoststate imports this module
     from pyinfra import state
 
     return _spec_for(id(state.inventory))
@@ -63,7 +66,8 @@ def tune_connection(host=None) -> bool:
     """
 
     if host is None:
-        # lazy: pyinfra (it loads gevent, ~240 ms) must load after the roll's patch_gevent, and pdkit.hoststate imports this module
+        # lazy: pyinfra (it loads gevent, ~240 ms) must load after the roll's patch_gevent, and
+        # pdkit.hoststate imports this module
         from pyinfra import host
     client = getattr(host.connector, "client", None)
     transport = client.get_transport() if client is not None and hasattr(client, "get_transport") else None
@@ -76,7 +80,8 @@ def tune_connection(host=None) -> bool:
 
 
 def current_host() -> HostSpec:
-    # lazy: pyinfra (it loads gevent, ~240 ms) must load after the roll's patch_gevent, and pdkit.hoststate imports this module
+    # lazy: pyinfra (it loads gevent, ~240 ms) must load after the roll's patch_gevent, and
+    # pdkit.hoststate imports this module
     from pyinfra import host
 
     return current_spec().host(host.name)
@@ -95,7 +100,8 @@ def current_plan() -> HostPlan:
     prepare of a 32-host lab no-op (benchmarks/noop_cost.py). A plan is a pure function of the
     spec, one object per run (current_spec): kept with the spec it was made from, made again for another.
     """
-    # lazy: pyinfra (it loads gevent, ~240 ms) must load after the roll's patch_gevent, and pdkit.hoststate imports this module
+    # lazy: pyinfra (it loads gevent, ~240 ms) must load after the roll's patch_gevent, and
+    # pdkit.hoststate imports this module
     from pyinfra import host
 
     spec = current_spec()

@@ -110,13 +110,15 @@ def all_locks(directory: Path = ENGINE_LOCKS) -> list[EngineLock]:
     return [parse_lock(p) for p in sorted(directory.glob("*.txt"))]
 
 
-def select_lock(package: str, version: str, python: str, glibc: tuple[int, int], arch: str = "x86_64", *, directory: Path = ENGINE_LOCKS) -> EngineLock:
+def select_lock(package: str, version: str, python: str, glibc: tuple[int, int], arch: str = "x86_64", *,
+                directory: Path = ENGINE_LOCKS) -> EngineLock:
     """The lock a node of PYTHON / GLIBC installs PACKAGE==VERSION from, or LockError saying why none fits."""
     same_release = [lk for lk in all_locks(directory) if (lk.package, lk.version) == (package, version)]
     if not same_release:
         raise LockError(
             f"no lock for {package}=={version} (pdkit/locks/engine/ has none); generate it with "
-            f"`python -m pdkit.enginelock --sglang-version {version}`, or use a release pdkit pins: {', '.join(SGLANG_RELEASES)}"
+            f"`python -m pdkit.enginelock --sglang-version {version}`, or use a release pdkit pins: "
+            f"{', '.join(SGLANG_RELEASES)}"
         )
     for_python = [lk for lk in same_release if lk.python == python and lk.arch == arch]
     if not for_python:
@@ -147,7 +149,8 @@ def lock_inputs(package: str, version: str) -> list[str]:
     """What a lock is resolved from: the engine, nixl for PD's KV transfer, and pdkit's own node pins."""
     if package != "sglang":
         raise LockError(f"unknown engine package {package!r}: only sglang is locked")
-    return [f"sglang=={version}", f"{NIXL_PACKAGE[0]}=={NIXL_PACKAGE[1]}", f"{NIXL_META_PACKAGE[0]}=={NIXL_META_PACKAGE[1]}", *lock_pins("node.txt")]
+    return [f"sglang=={version}", f"{NIXL_PACKAGE[0]}=={NIXL_PACKAGE[1]}",
+            f"{NIXL_META_PACKAGE[0]}=={NIXL_META_PACKAGE[1]}", *lock_pins("node.txt")]
 
 
 def lock_overrides() -> list[str]:
@@ -185,11 +188,13 @@ def generate(package: str, version: str, platform: NodePlatform, *, directory: P
         ]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
         if proc.returncode != 0:
-            raise LockError(f"uv could not resolve {package}=={version} for Python {platform.python} / {tag}:\n{proc.stderr.strip()[-3000:]}")
+            raise LockError(f"uv could not resolve {package}=={version} for Python {platform.python} / "
+                            f"{tag}:\n{proc.stderr.strip()[-3000:]}")
         body = resolved.read_text()
     header = "\n".join([
         "# pdkit engine lock: every package of the engine venv, exact, with hashes. Do not edit:",
-        f"#   python -m pdkit.enginelock --sglang-version {version} --python {platform.python} --glibc {platform.glibc_text}",
+        f"#   python -m pdkit.enginelock --sglang-version {version} --python {platform.python} --glibc "
+        f"{platform.glibc_text}",
         f"# engine: {package}=={version}",
         f"# python: {platform.python}",
         f"# platform: {tag}",
@@ -202,8 +207,10 @@ def generate(package: str, version: str, platform: NodePlatform, *, directory: P
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Regenerate the engine locks (pdkit/locks/engine/) with uv.")
-    parser.add_argument("--sglang-version", action="append", help=f"default: every pinned release ({', '.join(SGLANG_RELEASES)})")
-    parser.add_argument("--platform", action="append", choices=sorted(KNOWN_PLATFORMS), help="default: every known node OS")
+    parser.add_argument("--sglang-version", action="append",
+                        help=f"default: every pinned release ({', '.join(SGLANG_RELEASES)})")
+    parser.add_argument("--platform", action="append", choices=sorted(KNOWN_PLATFORMS),
+                        help="default: every known node OS")
     parser.add_argument("--python", help="a Python not in the platform table (with --glibc)")
     parser.add_argument("--glibc", help="the node's glibc, e.g. 2.36 (with --python)")
     args = parser.parse_args(argv)

@@ -90,7 +90,8 @@ class FaultBudget(BaseModel):
         # inner setting never does anything (and the client sees a timeout, not the engine's error)
         for inner, outer, why in NESTING:
             if getattr(self, inner) >= getattr(self, outer):
-                raise ValueError(f"{inner} ({getattr(self, inner)}) must be below {outer} ({getattr(self, outer)}): {why}")
+                raise ValueError(f"{inner} ({getattr(self, inner)}) must be below {outer} ({getattr(self, outer)}): "
+                                 f"{why}")
         return self
 
 
@@ -101,7 +102,8 @@ NESTING: tuple[tuple[str, str, str], ...] = (
     ("bootstrap_timeout_s", "router_request_timeout_s",
      "the prefill must give up on a lost decode before the router gives up on the request"),
     ("waiting_timeout_s", "router_request_timeout_s",
-     "the decode must give up on a silent prefill (and answer with its error) before the router gives up on the request"),
+     "the decode must give up on a silent prefill (and answer with its error) before the router gives up on the "
+     "request"),
     ("router_request_timeout_s", "client_timeout_s",
      "the router must end an overlong request with an error before the client hangs up on it"),
 )
@@ -142,37 +144,45 @@ class FaultWait:
     bound_by: str
 
 
-def fault_waits(budget: FaultBudget, health_check_interval_s: int, health_failure_threshold: int, pd: bool = True) -> list[FaultWait]:
+def fault_waits(budget: FaultBudget, health_check_interval_s: int, health_failure_threshold: int,
+                pd: bool = True) -> list[FaultWait]:
     """Each fault's worst wait, from the budget and the router's health checks (its interval and
     failure threshold live on pdkit_router); PD: with the prefill/decode hand-off's own waits. The
     router-side wait is until its health checks mark a dead worker down."""
     hb, misses = budget.heartbeat_interval_s, budget.heartbeat_max_failures
     router_detect = health_failure_threshold * (health_check_interval_s + budget.router_health_check_timeout_s)
     router_wait = FaultWait("engine or node down, new requests through the router", float(router_detect),
-                            f"the router's health checks: {health_failure_threshold} failures, {health_check_interval_s} s apart, "
+                            f"the router's health checks: {health_failure_threshold} failures, "
+                            f"{health_check_interval_s} s apart, "
                             f"each up to router_health_check_timeout_s ({budget.router_health_check_timeout_s} s)")
     if not pd:
         return [router_wait]
     return [
         FaultWait("prefill killed, request already handed to the decode", hb * misses,
-                  f"the decode's heartbeat: {misses} missed checks {hb:g} s apart (heartbeat_interval_s x heartbeat_max_failures)"),
+                  f"the decode's heartbeat: {misses} missed checks {hb:g} s apart (heartbeat_interval_s x "
+                  "heartbeat_max_failures)"),
         FaultWait("prefill's node unreachable, request already handed to the decode",
                   misses * (hb + SGLANG_HEARTBEAT_CONNECT_TIMEOUT_S),
-                  f"the decode's heartbeat: {misses} checks {hb:g} s apart, each giving up after SGLang's {SGLANG_HEARTBEAT_CONNECT_TIMEOUT_S:g} s connect timeout"),
+                  f"the decode's heartbeat: {misses} checks {hb:g} s apart, each giving up after SGLang's "
+                  f"{SGLANG_HEARTBEAT_CONNECT_TIMEOUT_S:g} s connect timeout"),
         FaultWait("prefill killed, new request reaching the decode", SGLANG_ENSURE_ATTEMPTS * SGLANG_ENSURE_INTERVAL_S,
-                  f"SGLang's decode: {SGLANG_ENSURE_ATTEMPTS} tries at the prefill's bootstrap server, {SGLANG_ENSURE_INTERVAL_S:g} s apart (fixed in decode.py)"),
+                  f"SGLang's decode: {SGLANG_ENSURE_ATTEMPTS} tries at the prefill's bootstrap server, "
+                  f"{SGLANG_ENSURE_INTERVAL_S:g} s apart (fixed in decode.py)"),
         router_wait,
     ]
 
 
-def problems(budget: FaultBudget, health_check_interval_s: int, health_failure_threshold: int, pd: bool = True) -> list[tuple[str, str]]:
+def problems(budget: FaultBudget, health_check_interval_s: int, health_failure_threshold: int,
+             pd: bool = True) -> list[tuple[str, str]]:
     """(field, message) for each fault whose worst wait exceeds the budget, and for a heartbeat
     that cannot fire before the waiting timeout. Nesting is checked by the model itself."""
     out: list[tuple[str, str]] = []
     for wait in fault_waits(budget, health_check_interval_s, health_failure_threshold, pd):
         if wait.seconds > budget.budget_s:
-            field = "pdkit_router.health_check_interval_secs" if "router" in wait.bound_by else "pdkit_cluster.fault_budget.heartbeat_interval_s"
-            out.append((field, f"{wait.fault}: can wait {wait.seconds:g} s, over fault_budget.budget_s ({budget.budget_s:g} s); "
+            field = ("pdkit_router.health_check_interval_secs" if "router" in wait.bound_by
+                     else "pdkit_cluster.fault_budget.heartbeat_interval_s")
+            out.append((field, f"{wait.fault}: can wait {wait.seconds:g} s, over fault_budget.budget_s "
+                               f"({budget.budget_s:g} s); "
                                f"bound by {wait.bound_by}: lower those settings or raise budget_s"))
     detect = budget.heartbeat_interval_s * budget.heartbeat_max_failures
     if detect >= budget.waiting_timeout_s:
@@ -182,9 +192,11 @@ def problems(budget: FaultBudget, health_check_interval_s: int, health_failure_t
     return out
 
 
-def summary_lines(budget: FaultBudget, health_check_interval_s: int, health_failure_threshold: int, pd: bool = True) -> list[str]:
+def summary_lines(budget: FaultBudget, health_check_interval_s: int, health_failure_threshold: int,
+                  pd: bool = True) -> list[str]:
     """What `pdkit validate` prints: the budget and each fault's worst wait."""
-    lines = [f"fault budget {budget.budget_s:g} s (pdkit_cluster.fault_budget; clients: timeout {budget.client_timeout_s} s)"]
+    lines = [f"fault budget {budget.budget_s:g} s (pdkit_cluster.fault_budget; clients: timeout "
+             f"{budget.client_timeout_s} s)"]
     for wait in fault_waits(budget, health_check_interval_s, health_failure_threshold, pd):
         lines.append(f"  {wait.fault}: at most {wait.seconds:g} s ({wait.bound_by})")
     return lines

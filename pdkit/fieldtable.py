@@ -88,7 +88,8 @@ def markdown() -> str:
     out = [BEGIN]
     for heading, model in SECTIONS:
         comments = field_comments(model)
-        out += ["", f"**{heading}** — {(model.__doc__ or '').strip().splitlines()[0]}", "", "| field | default | meaning |", "|---|---|---|"]
+        out += ["", f"**{heading}** — {(model.__doc__ or '').strip().splitlines()[0]}", "",
+                "| field | default | meaning |", "|---|---|---|"]
         for name, field in model.model_fields.items():
             meaning = comments.get(name, "").replace("|", "\\|")
             default = _default(field)

@@ -126,7 +126,8 @@ def sglang_args(spec: ClusterSpec, host: HostSpec, engine: Engine, rank: int = 0
     args += _cuda_graph_args(spec, engine)
     shared_fraction = shared_gpu_mem_fraction(host, engine)
     for name, flag in _VALUE_FLAGS:
-        value = shared_fraction if name == "mem_fraction_static" and shared_fraction is not None else getattr(tuning, name)
+        value = (shared_fraction if name == "mem_fraction_static" and shared_fraction is not None
+                 else getattr(tuning, name))
         if value is not None:
             args += [flag, str(value)]
     if tuning.value("overlap_schedule") is False:
@@ -231,7 +232,8 @@ def _cuda_graph_args(spec: ClusterSpec, engine: Engine) -> list[str]:
     return args
 
 
-def engine_command(spec: ClusterSpec, host: HostSpec, engine: Engine, rank: int = 0, node: HostSpec | None = None) -> list[str]:
+def engine_command(spec: ClusterSpec, host: HostSpec, engine: Engine, rank: int = 0,
+                   node: HostSpec | None = None) -> list[str]:
     """The full ExecStart argv of an engine HOST declares (of its rank RANK, running on NODE,
     default HOST): the engine's python (`engine_python`), the engine module, the flags."""
     module = ENGINE_MODULES[spec.cluster.engine]
@@ -417,7 +419,8 @@ def router_args(spec: ClusterSpec, host: HostSpec) -> list[str]:
     # no --remove-unhealthy-workers: smg 1.13 never takes a removed worker back on the same address
     args += router_breaker_args()
     # request timeout, retries, health-check timeout, PD admission wait: the fault budget (pdkit/faultbudget.py)
-    args += faultbudget.router_args(spec.cluster.fault_budget, *spec.router_release(host), pd="--pd-disaggregation" in args)
+    args += faultbudget.router_args(spec.cluster.fault_budget, *spec.router_release(host),
+                                    pd="--pd-disaggregation" in args)
     if ROUTER_RELEASES[spec.router_release(host)].dp_aware and any((e.attn_dp or 1) > 1 for _, e in workers):
         # attention-DP workers: route each request to one DP rank of the worker
         args.append("--dp-aware")
@@ -432,7 +435,8 @@ def router_args(spec: ClusterSpec, host: HostSpec) -> list[str]:
 # A 3 s timeout lets the breaker try the worker again (half-open) 3 s after it opened, and two
 # successful requests close it, so a recovered worker gets traffic seconds after it is healthy (readmission_bound_s);
 # a worker still down fails its trial request and the breaker opens again for another 3 s.
-ROUTER_BREAKER = {"cb-failure-threshold": 10, "cb-success-threshold": 2, "cb-timeout-duration-secs": 3, "cb-window-duration-secs": 60}
+ROUTER_BREAKER = {"cb-failure-threshold": 10, "cb-success-threshold": 2, "cb-timeout-duration-secs": 3,
+                  "cb-window-duration-secs": 60}
 
 
 def readmission_bound_s(router, health_check_timeout_s: float) -> float:

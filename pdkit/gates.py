@@ -27,14 +27,15 @@ from pdkit import health
 # kind -> what ready means; the gate of each kind is one function of pdkit/health.py (WAITERS)
 READY: dict[str, str] = {
     "engine": "the current systemd invocation logged SGLang's readiness line and the engine's /health answers 200",
-    "rank": ("a rank above 0 of an engine spanning nodes (no HTTP of its own): its unit is active, the same invocation, "
-             "once rank 0's /health answers 200 (rank 0 is ready only when every rank joined)"),
-    "router": ("its /workers lists every planned worker healthy (workers on another host that do not answer yet are pending: "
-               "their host's deploy registers them) and one real completion through it succeeds; its /health alone is 200 "
-               "before any worker registered"),
+    "rank": ("a rank above 0 of an engine spanning nodes (no HTTP of its own): its unit is active, the same "
+             "invocation, once rank 0's /health answers 200 (rank 0 is ready only when every rank joined)"),
+    "router": ("its /workers lists every planned worker healthy (workers on another host that do not answer yet are "
+               "pending: their host's deploy registers them) and one real completion through it succeeds; its /health "
+               "alone is 200 before any worker registered"),
     "http": "its unit has not failed and its URL answers 200 (pdkit-exporter, Prometheus, Grafana, the DCGM exporter)",
 }
-WAITERS: dict[str, str] = {"engine": "wait_engine", "rank": "wait_rank", "router": "wait_router", "http": "wait_service"}
+WAITERS: dict[str, str] = {"engine": "wait_engine", "rank": "wait_rank", "router": "wait_router",
+                           "http": "wait_service"}
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,8 @@ def meta(service: Any) -> dict:
     a router's planned workers, model and key file path (never the key)."""
     if _get(service, "kind") != "router":
         return {}
-    return {"expected_workers": list(_get(service, "expected_workers", ())), "remote_workers": list(_get(service, "remote_workers", ())),
+    return {"expected_workers": list(_get(service, "expected_workers", ())),
+            "remote_workers": list(_get(service, "remote_workers", ())),
             "model": _get(service, "model"), "api_key_file": _get(service, "api_key_file")}
 
 
@@ -106,7 +108,8 @@ def command(python: str, gates: Iterable[Gate]) -> str:
         args = " ".join(f"{flag[g.kind]} {q(g.unit)} {q(g.url)} {g.timeout:g}" for g in first)
         parts.append(f"{q(python)} -m pdkit.health gates {args}")
     for g in routers:
-        workers = " ".join([*(f"--worker {q(w)}" for w in g.workers), *(f"--remote-worker {q(w)}" for w in g.remote_workers)])
+        workers = " ".join([*(f"--worker {q(w)}" for w in g.workers),
+                            *(f"--remote-worker {q(w)}" for w in g.remote_workers)])
         gate = f"{q(python)} -m pdkit.health router --url {q(g.url)} {workers}".rstrip() + f" --timeout {g.timeout:g}"
         if not g.workers and not g.remote_workers:
             gate += " --any-workers"
@@ -131,7 +134,8 @@ def wait(gate: Gate) -> tuple[bool, str]:
             except OSError as exc:
                 return False, f"cannot read the router's API key from {gate.api_key_file}: {exc}"
         return health.wait_router(gate.url, list(gate.workers), gate.timeout, api_key=key, model=gate.model,
-                                  remote=list(gate.remote_workers), any_workers=not gate.workers and not gate.remote_workers)
+                                  remote=list(gate.remote_workers),
+                                  any_workers=not gate.workers and not gate.remote_workers)
     if gate.kind == "rank":
         return health.wait_rank(gate.unit, gate.url, gate.timeout)
     if gate.kind == "engine":

@@ -1,14 +1,15 @@
-"""Health gates, run ON the host right after a restart (stdlib only: it runs in the node venv).
+r"""Health gates, run ON the host right after a restart (stdlib only: it runs in the node venv).
 
     python -m pdkit.health engine --unit pdkit-engine-decode.service --url http://H:30001/health --timeout 600
     python -m pdkit.health router --url http://H:8000 --worker http://H:30000 --worker http://H:30001 --timeout 120
-    python -m pdkit.health gates --engine pdkit-engine-decode.service http://H:30001/health 600 --service pdkit-exporter.service http://H:9400/metrics 180
+    python -m pdkit.health gates --engine pdkit-engine-decode.service http://H:30001/health 600 \
+        --service pdkit-exporter.service http://H:9400/metrics 180
 
 An engine is ready when the CURRENT run of its unit (this systemd invocation, not an old
 one) has logged SGLang's readiness line and /health answers 200. A router is ready when its
 worker list holds every planned worker as healthy: its own /health answers 200 before any
-worker has registered (it reports the router process, not its workers), so that alone proves nothing. Exit 0 when ready, 1 with
-a one-line reason (and the unit's last log lines) when not.
+worker has registered (it reports the router process, not its workers), so that alone proves
+nothing. Exit 0 when ready, 1 with a one-line reason (and the unit's last log lines) when not.
 """
 
 from __future__ import annotations
@@ -54,7 +55,8 @@ def _unit_state(unit: str) -> tuple[str, str]:
 
 def _unit_snapshot(unit: str) -> dict[str, str]:
     """ActiveState, SubState, InvocationID, NRestarts of UNIT, in one systemctl call."""
-    out = subprocess.run(["systemctl", "show", "-p", "ActiveState", "-p", "SubState", "-p", "InvocationID", "-p", "NRestarts", unit],
+    out = subprocess.run(["systemctl", "show", "-p", "ActiveState", "-p", "SubState", "-p", "InvocationID", "-p",
+                          "NRestarts", unit],
                          capture_output=True, text=True, timeout=10).stdout
     props = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
     return {k: props.get(k, "") for k in ("ActiveState", "SubState", "InvocationID", "NRestarts")}
@@ -125,7 +127,8 @@ class _StartWatch:
             self.first = snap
         self._next = now + (self.interval if self.state == "active" else self.starting)
         if self.first and start_failed(self.first, snap):
-            return f"{self.unit} failed at its first start: " + error_line(unit_log(self.unit, self.first["InvocationID"]))
+            return f"{self.unit} failed at its first start: " + error_line(
+                unit_log(self.unit, self.first["InvocationID"]))
         return None
 
 
@@ -204,7 +207,8 @@ def router_worker_health(body: str) -> dict[str, bool]:
     return health
 
 
-def router_verdict(wanted: set[str], remote: set[str], listed: dict[str, bool], answering: set[str]) -> tuple[str, list[str], list[str], list[str]]:
+def router_verdict(wanted: set[str], remote: set[str], listed: dict[str, bool],
+                   answering: set[str]) -> tuple[str, list[str], list[str], list[str]]:
     """Pure: ("ready" | "pending" | "waiting", missing, unhealthy, pending) for a router gate.
 
     WANTED: every planned worker; REMOTE: those on other hosts; LISTED: url -> healthy in the
@@ -224,7 +228,8 @@ def router_verdict(wanted: set[str], remote: set[str], listed: dict[str, bool], 
 
 
 def wait_router(
-    url: str, workers: list[str], timeout: float, interval: float = 1.0, api_key: str | None = None, model: str | None = None,
+    url: str, workers: list[str], timeout: float, interval: float = 1.0, api_key: str | None = None,
+    model: str | None = None,
     remote: list[str] | None = None, any_workers: bool = False,
 ) -> tuple[bool, str]:
     """Ready = every planned worker registered and healthy, then (with MODEL) one real completion
@@ -249,13 +254,16 @@ def wait_router(
                 wanted = set(health) or {"(no worker listed yet)"}
             verdict, missing, unhealthy, pending = router_verdict(wanted, others, health, answering)
             if verdict == "pending":
-                return True, (f"router up: the {len(wanted) - len(pending)} workers that are up are registered and healthy; "
-                              f"pending {pending} (their hosts are not deployed yet: their own deploy registers and gates them here)")
+                return True, (f"router up: the {len(wanted) - len(pending)} workers that are up are registered and "
+                              f"healthy; pending {pending} (their hosts are not deployed yet: their own deploy "
+                              "registers and gates them here)")
             if verdict == "ready":
                 if model is None:
                     return True, f"router ready: all {len(wanted)} planned workers registered and healthy"
                 # healthy in /workers is not yet routable (circuit breakers, PD pairing): prove it
-                status, body = http_request(f"{base}/v1/completions", {"model": model, "prompt": "pdkit readiness check", "max_tokens": 1}, timeout=30, headers=headers)
+                status, body = http_request(f"{base}/v1/completions",
+                                            {"model": model, "prompt": "pdkit readiness check", "max_tokens": 1},
+                                            timeout=30, headers=headers)
                 if status == 200:
                     return True, f"router ready: all {len(wanted)} planned workers healthy and a completion succeeded"
                 reason = f"workers healthy but a completion answered {status or 'nothing'}: {body.strip()[:200]}"
@@ -300,7 +308,8 @@ def wait_service(unit: str, url: str, timeout: float, interval: float = 0.5, pol
 
 
 def wait_all(engines: list[tuple[str, str, float]], urls: list[tuple[str, float]],
-             ranks: list[tuple[str, str, float]] = (), services: list[tuple[str, str, float]] = ()) -> list[tuple[bool, str, float]]:
+             ranks: list[tuple[str, str, float]] = (),
+             services: list[tuple[str, str, float]] = ()) -> list[tuple[bool, str, float]]:
     """Every engine (unit, url, timeout), HTTP URL (url, timeout), rank above 0 (unit, url,
     timeout) and HTTP service (unit, url, timeout) at once: a node's services restart together,
     so their gates wait together rather than one after another.
@@ -321,7 +330,8 @@ def wait_all(engines: list[tuple[str, str, float]], urls: list[tuple[str, float]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pdkit.health", description="Wait until a restarted service is really ready.")
+    parser = argparse.ArgumentParser(prog="python -m pdkit.health",
+                                     description="Wait until a restarted service is really ready.")
     sub = parser.add_subparsers(dest="kind", required=True)
     e = sub.add_parser("engine")
     e.add_argument("--unit", required=True)
@@ -330,17 +340,21 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("router")
     r.add_argument("--url", required=True, help="the router's base URL")
     r.add_argument("--worker", action="append", default=[], help="a planned worker URL on this host (repeat)")
-    r.add_argument("--remote-worker", action="append", default=[], help="a planned worker URL on another host: pending while it does not answer (repeat)")
+    r.add_argument("--remote-worker", action="append", default=[],
+                   help="a planned worker URL on another host: pending while it does not answer (repeat)")
     r.add_argument("--timeout", type=float, default=120)
     r.add_argument("--model", help="served model name: send one real completion once the workers are healthy")
     r.add_argument("--api-key-file", help="a root-only file holding the router's API key (never on the command line)")
-    r.add_argument("--any-workers", action="store_true", help="no planned worker list: every listed worker (at least one) healthy")
+    r.add_argument("--any-workers", action="store_true",
+                   help="no planned worker list: every listed worker (at least one) healthy")
     h = sub.add_parser("http")
     h.add_argument("--url", required=True, help="a URL that answers 200 when the service is ready")
     h.add_argument("--timeout", type=float, default=120)
     g = sub.add_parser("gates", help="several engine and HTTP gates at once (exit 1 when any fails)")
-    g.add_argument("--engine", nargs=3, action="append", default=[], metavar=("UNIT", "URL", "TIMEOUT"), help="an engine gate (repeat)")
-    g.add_argument("--http", nargs=2, action="append", default=[], metavar=("URL", "TIMEOUT"), help="an HTTP gate (repeat)")
+    g.add_argument("--engine", nargs=3, action="append", default=[], metavar=("UNIT", "URL", "TIMEOUT"),
+                   help="an engine gate (repeat)")
+    g.add_argument("--http", nargs=2, action="append", default=[], metavar=("URL", "TIMEOUT"),
+                   help="an HTTP gate (repeat)")
     g.add_argument("--rank", nargs=3, action="append", default=[], metavar=("UNIT", "URL", "TIMEOUT"),
                    help="a rank above 0 of an engine spanning nodes: its unit, rank 0's /health URL (repeat)")
     g.add_argument("--service", nargs=3, action="append", default=[], metavar=("UNIT", "URL", "TIMEOUT"),
@@ -372,7 +386,8 @@ def main(argv: list[str] | None = None) -> int:
             except OSError as exc:
                 print(f"cannot read the router's API key from {args.api_key_file}: {exc}", file=sys.stderr)
                 return 1
-        ok, message = wait_router(args.url, args.worker, args.timeout, api_key=api_key, model=args.model, remote=args.remote_worker,
+        ok, message = wait_router(args.url, args.worker, args.timeout, api_key=api_key, model=args.model,
+                                  remote=args.remote_worker,
                                   any_workers=args.any_workers)
     print(f"{message} ({time.monotonic() - start:.1f} s)", file=sys.stdout if ok else sys.stderr)
     return 0 if ok else 1

@@ -6,7 +6,9 @@ pyinfra gathers facts one command at a time and does not cache them; a per-file 
 costs two round trips per file. Reading every planned path's mode, owner and hash, the
 units' states, the service user and the Python version at once keeps a no-op run fast; on a GPU
 node the preflight's facts come in the same round trip (WithHostState). The values read cannot
-change during the run except through pdkit's own operations, so deciding on them at prepare time is sound (pyinfra 3.10.0 runs every deploy file to completion, collecting operations, before it executes any: pyinfra_cli/main.py).
+change during the run except through pdkit's own operations, so deciding on them at prepare time
+is sound (pyinfra 3.10.0 runs every deploy file to completion, collecting operations, before it
+executes any: pyinfra_cli/main.py).
 """
 
 from __future__ import annotations
@@ -165,7 +167,8 @@ class PdkitHostState(FactBase):
     user, venvs' bundle markers, installed packages, the release the node runs (pdkit/releases.py), and TEXTS:
     (name, "file", path) or (name, "uname", field) read as `cat` and `uname` would print them (None: unreadable)."""
 
-    def command(self, paths: tuple[str, ...], units: tuple[str, ...], user: str | list[str], venvs: tuple[str, ...], packages: tuple[str, ...] = (), releases: str = "",
+    def command(self, paths: tuple[str, ...], units: tuple[str, ...], user: str | list[str], venvs: tuple[str, ...],
+                packages: tuple[str, ...] = (), releases: str = "",
                 texts: tuple[tuple[str, str, str], ...] = ()) -> str:
         # -I: no PYTHONPATH, user site or working directory on its path; -S: no site-packages
         args = [list(paths), list(units), user, list(venvs), list(packages), releases, [list(t) for t in texts]]
@@ -210,7 +213,8 @@ class WithHostState(FactBase):
         if len(parts) != 2:
             return None, None  # cut short: each part is read alone again
         (fact_lines, fact_status), (state_lines, state_status) = parts
-        state = (PdkitHostState().process(state_lines) if state_lines else PdkitHostState.default()) if state_status == 0 else None
+        state = ((PdkitHostState().process(state_lines) if state_lines else PdkitHostState.default())
+                 if state_status == 0 else None)
         return (fact_lines if fact_status == 0 else None), state
 
 
@@ -223,9 +227,11 @@ def state_kwargs() -> dict:
     """What PdkitHostState reads on the current host: every path, unit, user, venv and package of its plan."""
     spec = current_spec()
     plan = current_plan()
-    paths = tuple(sorted({f.path for f in plan.files} | {d[0] for d in plan.directories} | {spec.cluster.install_dir, f"{spec.cluster.install_dir}/wheelhouse"}))
+    paths = tuple(sorted({f.path for f in plan.files} | {d[0] for d in plan.directories}
+                         | {spec.cluster.install_dir, f"{spec.cluster.install_dir}/wheelhouse"}))
     return {
-        "paths": paths, "units": tuple(s.unit for s in plan.services), "user": list(plan.users or (spec.cluster.service_user,)),
+        "paths": paths, "units": tuple(s.unit for s in plan.services),
+        "user": list(plan.users or (spec.cluster.service_user,)),
         "venvs": flags.venv_links(spec), "packages": tuple(plan.packages),
         "releases": releases_dir(spec.cluster.install_dir),
     }
@@ -265,7 +271,8 @@ def read_texts_with_host_state(texts: tuple[tuple[str, str, str], ...]) -> dict[
     return host_state(texts)["texts"]
 
 
-def path_matches(state: dict, path: str, kind: str, mode: str, owner: str, group: str, sha256: str | None = None) -> bool:
+def path_matches(state: dict, path: str, kind: str, mode: str, owner: str, group: str,
+                 sha256: str | None = None) -> bool:
     return state["paths"].get(path) == [kind, mode, owner, group, sha256]
 
 
@@ -287,7 +294,8 @@ def node_platform() -> NodePlatform:
     try:
         glibc = parse_glibc(state.get("glibc", ""))
     except ValueError:
-        raise WheelhouseError(f"could not read the node's glibc version (got {state.get('glibc')!r}): pdkit needs a glibc Linux node") from None
+        raise WheelhouseError(f"could not read the node's glibc version (got {state.get('glibc')!r}): pdkit needs a "
+                              "glibc Linux node") from None
     return platform_for(state["python"], glibc, state.get("arch") or "x86_64")
 
 

@@ -120,7 +120,8 @@ class KvFigures:
         return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in asdict(self).items()}
 
 
-def kv_figures(before: Mapping[str, Histogram], after: Mapping[str, Histogram], ttft_mean_ms: float | None = None) -> KvFigures:
+def kv_figures(before: Mapping[str, Histogram], after: Mapping[str, Histogram],
+               ttft_mean_ms: float | None = None) -> KvFigures:
     """Pure: the hand-offs between two samples of the same prefill(s), keyed like KV_HISTOGRAMS."""
     delta = {key: h.minus(before.get(key)) for key, h in after.items()}
     latency, total, speed = delta.get("latency_ms"), delta.get("total_mb"), delta.get("speed_gb_s")
@@ -155,7 +156,8 @@ def combine(pages: Iterable[Mapping[str, Histogram]]) -> dict[str, Histogram]:
 # ---------------------------------------------------------------- which path a hand-off takes
 
 # An RDMA (verbs) device as UCX names it: mlx5_0:1, ibp3s0:1, bnxt_re0:1, rxe0:1, irdma0:1, efa0
-_RDMA_DEVICE = re.compile(r"^(mlx\d+_\d+|mlx5_bond_\d+|ib\w*|bnxt_re\d+|rxe\w*|irdma\d+|hfi\d+_\d+|qedr\d+|efa\d+|erdma\d+)(:\d+)?$")
+_RDMA_DEVICE = re.compile(
+    r"^(mlx\d+_\d+|mlx5_bond_\d+|ib\w*|bnxt_re\d+|rxe\w*|irdma\d+|hfi\d+_\d+|qedr\d+|efa\d+|erdma\d+)(:\d+)?$")
 
 
 @dataclass(frozen=True)
@@ -194,7 +196,8 @@ KV_PATHS = {
     # copies and acknowledgement; 512 KiB fragments on both ends (the receiver's RX size caps what the
     # sender may send, and TX must not exceed RX) cut a 3072-token hand-off on the H200's TCP lane
     # from 521 to 87 ms, and TTFT p50 at C=16 from 6.8 s to 1.1 s (docs/gpu.md, "KV hand-off levers")
-    "cross-host-tcp": KvPath("cross-host-tcp", "tcp (software-emulated put, GPU memory staged through host memory)", 0.2,
+    "cross-host-tcp": KvPath("cross-host-tcp",
+                             "tcp (software-emulated put, GPU memory staged through host memory)", 0.2,
                              "across hosts over TCP sockets: every byte is copied GPU -> host -> socket -> host -> GPU",
                              ucx_env=(("UCX_TCP_RX_SEG_SIZE", "512k"), ("UCX_TCP_TX_SEG_SIZE", "512k"))),
 }

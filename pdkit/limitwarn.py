@@ -32,7 +32,8 @@ def retargeted(recorded: Mapping[str, Mapping], planned: Mapping[str, str]) -> l
     `unit: new at ADDR`). RECORDED: the services of the node's current release (unit -> {kind,
     health_url}); PLANNED: unit -> health URL of the plan's engines and HTTP services (a router's
     scrape port is not its health URL: its own host's deploy restarts it)."""
-    old = {u: _address(m["health_url"]) for u, m in recorded.items() if m.get("kind") in ("engine", "http") and m.get("health_url")}
+    old = {u: _address(m["health_url"]) for u, m in recorded.items() if m.get("kind") in ("engine", "http")
+           and m.get("health_url")}
     new = {u: _address(url) for u, url in planned.items()}
     out = []
     for unit in sorted(set(old) | set(new)):
@@ -46,7 +47,8 @@ def retargeted(recorded: Mapping[str, Mapping], planned: Mapping[str, str]) -> l
 
 
 def limit_warnings(
-    routers: Mapping[str, Iterable[tuple[str, str]]], moved: Mapping[str, Iterable[str]], excluded: Iterable[str], inventory: str,
+    routers: Mapping[str, Iterable[tuple[str, str]]], moved: Mapping[str, Iterable[str]], excluded: Iterable[str],
+    inventory: str,
     scrapers: Mapping[str, Iterable[str]] | None = None, changed: Mapping[str, Iterable[str]] | None = None,
 ) -> list[str]:
     """Pure. ROUTERS: router host -> its planned (worker host, worker URL); MOVED: host -> worker
@@ -64,9 +66,10 @@ def limit_warnings(
         if hit:
             stale.append(router)
             out.append(
-                f"pdkit: --limit left out router host {router}, which fronts workers this run (re)started or changed: {', '.join(hit)}. "
-                f"They were registered through its worker API, but its unit still lists its old workers (a restart goes back to them). "
-                f"Run: pyinfra {inventory} deploy/pd.py --limit {router}   (or the whole inventory)"
+                f"pdkit: --limit left out router host {router}, which fronts workers this run (re)started or changed: "
+                f"{', '.join(hit)}. "
+                "They were registered through its worker API, but its unit still lists its old workers (a restart goes "
+                f"back to them). Run: pyinfra {inventory} deploy/pd.py --limit {router}   (or the whole inventory)"
             )
     changed = {h: list(c) for h, c in (changed or {}).items() if c}
     for mon in sorted(scrapers or {}):
@@ -76,9 +79,10 @@ def limit_warnings(
         if hit:
             stale.append(mon)
             out.append(
-                f"pdkit: --limit left out monitoring host {mon}, whose Prometheus scrapes targets this run moved: {'; '.join(hit)}. "
-                f"It keeps scraping the old addresses (PdkitEngineDown fires for them) until its scrape configuration is rewritten. "
-                f"Run: pyinfra {inventory} deploy/pd.py --limit {mon}   (or the whole inventory)"
+                f"pdkit: --limit left out monitoring host {mon}, whose Prometheus scrapes targets this run moved: "
+                f"{'; '.join(hit)}. "
+                "It keeps scraping the old addresses (PdkitEngineDown fires for them) until its scrape configuration "
+                f"is rewritten. Run: pyinfra {inventory} deploy/pd.py --limit {mon}   (or the whole inventory)"
             )
     if len(stale) > 1:
         limits = " ".join(f"--limit {h}" for h in sorted(set(stale)))

@@ -52,7 +52,8 @@ def load_with_problems(
     """Load an inventory; return the spec (None if any error) and every problem, warnings included."""
     path = Path(inventory)
     if not path.is_file():
-        return None, [Problem("<inventory>", str(inventory), "no such inventory file; give a pyinfra inventory .py file, e.g. inventories/cluster.py")]
+        return None, [Problem("<inventory>", str(inventory),
+                              "no such inventory file; give a pyinfra inventory .py file, e.g. inventories/cluster.py")]
     try:
         hosts, dropped = read_inventory_and_drops(str(path), cwd or os.getcwd())
     except InventoryLoadError as exc:
@@ -77,7 +78,8 @@ def read_inventory(path: str, cwd: str) -> list[tuple[str, tuple[str, ...], dict
     return read_inventory_and_drops(path, cwd)[0]
 
 
-def read_inventory_and_drops(path: str, cwd: str) -> tuple[list[tuple[str, tuple[str, ...], dict[str, Any]]], list[Problem]]:
+def read_inventory_and_drops(path: str, cwd: str) -> tuple[list[tuple[str, tuple[str, ...], dict[str, Any]]],
+                                                           list[Problem]]:
     """(host name, groups, resolved data) for every host, via pyinfra's CLI loader, and the
     hosts or sections pyinfra's loader would drop without a word.
 
@@ -109,9 +111,13 @@ def read_inventory_and_drops(path: str, cwd: str) -> tuple[list[tuple[str, tuple
         with _quiet_pyinfra(), ctx_state.use(state):
             inventory = cli_inventory.make_inventory(path, cwd=cwd)
     except SystemExit as exc:
-        raise InventoryLoadError(_user_frame(path, exc.__traceback__), f"the inventory calls sys.exit({exc.code!r}); an inventory must define its groups, not exit") from None
+        raise InventoryLoadError(_user_frame(path, exc.__traceback__),
+                                 f"the inventory calls sys.exit({exc.code!r}); an inventory must define its groups, "
+                                 "not exit") from None
     except SyntaxError as exc:
-        raise InventoryLoadError(f"{exc.filename or path}:{exc.lineno}", f"SyntaxError: {exc.msg} (the file must run as plain Python: try `python3 {exc.filename or path}`)") from None
+        raise InventoryLoadError(f"{exc.filename or path}:{exc.lineno}",
+                                 f"SyntaxError: {exc.msg} (the file must run as plain Python: try `python3 "
+                                 f"{exc.filename or path}`)") from None
     except Exception as exc:  # the user's Python file: one line, never a traceback
         raise InventoryLoadError(*_describe_load_error(path, exc)) from None
     finally:
@@ -125,7 +131,8 @@ def _describe_load_error(path: str, exc: BaseException) -> tuple[str, str]:
     if isinstance(inner, BaseException):
         filename = getattr(exc, "filename", path)
         tb = getattr(inner, "_traceback", None) or inner.__traceback__
-        return _user_frame(filename, tb), f"{type(inner).__name__}: {inner} (the file must run as plain Python: try `python3 {filename}`)"
+        return _user_frame(filename, tb), (f"{type(inner).__name__}: {inner} (the file must run as plain Python: "
+                                           f"try `python3 {filename}`)")
     text = str(getattr(exc, "message", "") or exc) or type(exc).__name__
     return _user_frame(path, exc.__traceback__), f"pyinfra could not load it: {type(exc).__name__}: {text}"
 
@@ -176,15 +183,21 @@ def dropped_by_pyinfra(attrs: dict[str, Any]) -> list[Problem]:
         for group, members in groups.items():
             for name, data in entries(members):
                 if name not in in_all:
-                    problems.append(Problem(name, group, f"host is in group {group!r} but not in the `all` group, so pyinfra leaves it (and its pdkit sections) out: add {name!r} to all"))
+                    problems.append(Problem(name, group,
+                                            f"host is in group {group!r} but not in the `all` group, so pyinfra leaves "
+                                            f"it (and its pdkit sections) out: add {name!r} to all"))
                     in_all.add(name)  # once per host
     for group, members in ignored.items():
-        why = "its name starts with '_'" if group.startswith("_") else "pyinfra groups hold only host names and (name, data) tuples"
+        why = ("its name starts with '_'" if group.startswith("_")
+               else "pyinfra groups hold only host names and (name, data) tuples")
         for member in members:
-            if isinstance(member, tuple) and len(member) == 2 and isinstance(member[0], str) and isinstance(member[1], dict):
+            if (isinstance(member, tuple) and len(member) == 2 and isinstance(member[0], str)
+                and isinstance(member[1], dict)):
                 name, data = member
                 if name not in listed and any(str(k).startswith("pdkit") for k in data):
-                    problems.append(Problem(name, group, f"pyinfra ignores the variable {group!r} ({why}), so this host and its pdkit sections are dropped: put it in a group without a leading '_'"))
+                    problems.append(Problem(name, group,
+                                            f"pyinfra ignores the variable {group!r} ({why}), so this host and its "
+                                            "pdkit sections are dropped: put it in a group without a leading '_'"))
     seen: dict[tuple[str, str], tuple[str, Any]] = {}
     for group, members in groups.items():
         for name, data in entries(members):
@@ -193,7 +206,10 @@ def dropped_by_pyinfra(attrs: dict[str, Any]) -> list[Problem]:
                     continue
                 earlier = seen.get((name, key))
                 if earlier is not None and earlier[1] != value:
-                    problems.append(Problem(name, key, f"given in group {earlier[0]!r} and again in group {group!r}: pyinfra keeps only the {group!r} one (host data merges key by key, not field by field); give {key} once"))
+                    problems.append(Problem(name, key,
+                                            f"given in group {earlier[0]!r} and again in group {group!r}: pyinfra "
+                                            f"keeps only the {group!r} one (host data merges key by key, not field by "
+                                            f"field); give {key} once"))
                 seen[(name, key)] = (group, value)
     return problems
 
@@ -235,7 +251,9 @@ def spec_from_host_data(
             if cluster_raw is None:
                 cluster_raw, cluster_from = raw_cluster, name
             elif raw_cluster != cluster_raw:
-                problems.append(Problem(name, "pdkit_cluster", f"differs from the pdkit_cluster that {cluster_from} sees; cluster-wide settings must resolve to the same value on every host"))
+                problems.append(Problem(name, "pdkit_cluster",
+                                        f"differs from the pdkit_cluster that {cluster_from} sees; cluster-wide "
+                                        "settings must resolve to the same value on every host"))
         entry: dict[str, Any] = {
             "name": name,
             "groups": groups,
@@ -246,9 +264,11 @@ def spec_from_host_data(
             if isinstance(ssh_port, int) and not isinstance(ssh_port, bool) and 1 <= ssh_port <= 65535:
                 entry["ssh_port"] = ssh_port
             else:
-                problems.append(Problem(name, "ssh_port", f"{ssh_port!r} is not a port: give an integer from 1 to 65535"))
+                problems.append(Problem(name, "ssh_port",
+                                        f"{ssh_port!r} is not a port: give an integer from 1 to 65535"))
         if not entry["address"].startswith("@") and (why := address_problem(entry["address"])):
-            problems.append(Problem(name, "ssh_hostname" if data.get("ssh_hostname") else "<host name>", f"{why} (pyinfra connects to the host name when ssh_hostname is unset)"))
+            problems.append(Problem(name, "ssh_hostname" if data.get("ssh_hostname") else "<host name>",
+                                    f"{why} (pyinfra connects to the host name when ssh_hostname is unset)"))
         for key, model in SECTIONS.items():
             if key == "pdkit_cluster" or data.get(key) is None:
                 continue
@@ -260,7 +280,9 @@ def spec_from_host_data(
         host_specs.append(entry)
 
     if cluster_raw is None:
-        problems.append(Problem("<inventory>", "pdkit_cluster", "no host resolves pdkit_cluster: set it (model, engine, sglang_version, ...) on a group every host belongs to"))
+        problems.append(Problem("<inventory>", "pdkit_cluster",
+                                "no host resolves pdkit_cluster: set it (model, engine, sglang_version, ...) on a "
+                                "group every host belongs to"))
         return None, problems
     cluster = _validated(Cluster, cluster_raw, cluster_from, "pdkit_cluster", problems)
     if cluster is None or any(h.get("invalid") for h in host_specs):
@@ -315,9 +337,11 @@ def unknown_host_keys(host: str, data: dict[str, Any]) -> list[Problem]:
             continue
         owners = [heading for heading, model in FIELD_SECTIONS if key in model.model_fields]
         if owners:
-            problems.append(Problem(host, key, f"{key!r} is a field of {owners[0]}, not a host-level key: pdkit never reads it here; move it inside that section"))
+            problems.append(Problem(host, key, f"{key!r} is a field of {owners[0]}, not a host-level key: pdkit never "
+                                    "reads it here; move it inside that section"))
         else:
-            problems.append(Problem(host, key, f"not a pdkit section ({', '.join(SECTIONS)}) nor a pyinfra connector setting or global argument: pdkit ignores it", "warning"))
+            problems.append(Problem(host, key, f"not a pdkit section ({', '.join(SECTIONS)}) nor a pyinfra connector "
+                                    "setting or global argument: pdkit ignores it", "warning"))
     return problems
 
 
@@ -335,7 +359,8 @@ def _field_path(section: str, loc: tuple) -> str:
     for part in loc:
         if isinstance(part, int):
             path += f"[{part}]"
-        elif part in ("function-after", "function-before") or str(part).startswith(("function-", "literal[", "tagged-union")):
+        elif (part in ("function-after", "function-before")
+              or str(part).startswith(("function-", "literal[", "tagged-union"))):
             continue
         else:
             path += f".{part}"
@@ -352,7 +377,8 @@ def _message(model: type[BaseModel], err: dict) -> str:
     if kind == "missing":
         return "required field is missing"
     if kind == "string_pattern_mismatch":
-        return f"{err.get('input')!r} is not valid: {_PATTERN_HINTS.get(err['ctx']['pattern'], 'must match ' + err['ctx']['pattern'])}"
+        return (f"{err.get('input')!r} is not valid: "
+                f"{_PATTERN_HINTS.get(err['ctx']['pattern'], 'must match ' + err['ctx']['pattern'])}")
     if msg.startswith("Value error, "):
         msg = msg.removeprefix("Value error, ")
     if "input" in err and kind not in ("model_type", "dict_type"):
@@ -361,7 +387,8 @@ def _message(model: type[BaseModel], err: dict) -> str:
 
 
 _PATTERN_HINTS = {
-    r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$": "use lowercase letters, digits and '-', at most 40 characters, not starting or ending with '-' (it becomes a systemd unit name and a metric label)",
+    r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$": "use lowercase letters, digits and '-', at most 40 characters, not "
+    "starting or ending with '-' (it becomes a systemd unit name and a metric label)",
     r"^[a-z_][a-z0-9_-]{0,30}$": "a Unix user name: lowercase letters, digits, '_' and '-'",
     r"^/[A-Za-z0-9_./-]+$": "an absolute path of letters, digits, '_', '.', '/' and '-'",
     r"^\d+\.\d+$": "a compute capability like '12.0' or '9.0'",

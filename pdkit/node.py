@@ -99,7 +99,8 @@ def kernel_flavour(kernel: str) -> str:
     """Ubuntu's kernel flavour from `uname -r`: '6.8.0-51-generic' -> 'generic', '6.8.0-1021-aws' -> 'aws'."""
     parts = kernel.split("-")
     if len(parts) < 3 or not parts[-1].isalpha():
-        raise UnsupportedNode(f"kernel {kernel!r} is not an Ubuntu archive kernel (no flavour suffix): use driver_modules nvidia-dkms")
+        raise UnsupportedNode(f"kernel {kernel!r} is not an Ubuntu archive kernel (no flavour suffix): use "
+                              "driver_modules nvidia-dkms")
     return parts[-1]
 
 
@@ -107,7 +108,8 @@ def driver_packages(distro: str, kernel: str, modules: str) -> list[str]:
     """Driver packages in install order: the branch pin first, then modules and user space."""
     if modules == "ubuntu-prebuilt":
         if not distro.startswith("ubuntu"):
-            raise UnsupportedNode(f"driver_modules ubuntu-prebuilt needs Ubuntu; this host is {distro}: use nvidia-dkms")
+            raise UnsupportedNode(f"driver_modules ubuntu-prebuilt needs Ubuntu; this host is {distro}: use "
+                                  "nvidia-dkms")
         branch = NVIDIA_DRIVER_BRANCH
         # Canonical's signed prebuilt open modules for the running flavour (they follow kernel
         # updates), with the matching user space that does not pull DKMS in
@@ -143,7 +145,8 @@ def nccl_pin_text() -> str:
 
 
 # unattended-upgrades matches these as regular expressions from the start of a package name
-UNATTENDED_BLACKLIST: tuple[str, ...] = ("nvidia-", "libnvidia-", "linux-modules-nvidia-", "cuda-", "libcuda", "libnccl")
+UNATTENDED_BLACKLIST: tuple[str, ...] = ("nvidia-", "libnvidia-", "linux-modules-nvidia-", "cuda-", "libcuda",
+                                         "libnccl")
 
 
 def unattended_text() -> str:

@@ -87,7 +87,8 @@ class Service:
 def services_meta(services: tuple[Service, ...] | list[Service]) -> dict[str, dict]:
     """What a release keeps of each service, and what the restart rule reads (pdkit/changes.py): no secrets."""
     return {
-        s.unit: {"kind": s.kind, "files": list(s.files), "health_url": s.health_url, "ready_timeout_s": s.ready_timeout_s, "venv": s.venv,
+        s.unit: {"kind": s.kind, "files": list(s.files), "health_url": s.health_url,
+                 "ready_timeout_s": s.ready_timeout_s, "venv": s.venv,
                  # a rank above 0 of an engine spanning nodes is gated through rank 0 (pdkit.health.wait_rank)
                  **({"rank": s.rank} if s.rank else {}),
                  # a router's gate (pdkit/gates.py): a restore gates it as the deploy does
@@ -197,8 +198,10 @@ def shared_gpu_start(spec: ClusterSpec, host: HostSpec, engine: Engine) -> dict:
     before = shared_gpu_predecessor(host, engine)
     if before is None:
         return {"start_after": None, "exec_start_pre": None, "timeout_start_s": None}
-    wait = [flags.node_python(spec), "-m", "pdkit.health", "gates", "--http", f"{flags.engine_url(spec, host, before)}/health", str(spec.cluster.ready_timeout_s)]
-    return {"start_after": before.unit_name, "exec_start_pre": exec_start(wait), "timeout_start_s": spec.cluster.ready_timeout_s + 60}
+    wait = [flags.node_python(spec), "-m", "pdkit.health", "gates", "--http",
+            f"{flags.engine_url(spec, host, before)}/health", str(spec.cluster.ready_timeout_s)]
+    return {"start_after": before.unit_name, "exec_start_pre": exec_start(wait),
+            "timeout_start_s": spec.cluster.ready_timeout_s + 60}
 
 
 def engines_not_started_reason(spec: ClusterSpec, host: HostSpec) -> str | None:
@@ -209,7 +212,8 @@ def engines_not_started_reason(spec: ClusterSpec, host: HostSpec) -> str | None:
     its argv can be checked by SGLang's own parser in that venv.
     """
     if spec.cluster.engine == "sglang" and host.node is not None and host.node.gpu == "none" and spec.placements(host):
-        return "engine sglang on a gpu: none host (preflight: no GPU): the venv, units and env files are laid down, the engines are not started"
+        return ("engine sglang on a gpu: none host (preflight: no GPU): the venv, units and env files are laid down, "
+                "the engines are not started")
     return None
 
 
@@ -225,7 +229,8 @@ def services_not_started(spec: ClusterSpec, host: HostSpec, services: list[Servi
         elif service.kind == "router" and host.router is not None:
             idle = sorted({h.name for h, _ in spec.router_workers(host) if engines_not_started_reason(spec, h)})
             if idle:
-                held[service.unit] = f"its workers on {', '.join(idle)} are not started ({engines_not_started_reason(spec, spec.host(idle[0]))})"
+                held[service.unit] = (f"its workers on {', '.join(idle)} are not started "
+                                      f"({engines_not_started_reason(spec, spec.host(idle[0]))})")
     return held
 
 
@@ -257,22 +262,28 @@ def plan_host(spec: ClusterSpec, host: HostSpec) -> HostPlan:
     secret_env = flags.secrets_env(spec)
     if host.node is not None:
         directories.append((f"{spec.cluster.config_dir}/engines", "0755", "root", "root"))
-        files.append(config_file(paths["nccl"], env_file_text("NCCL settings for this node (docs/tuning.md)", flags.nccl_env(spec, host))))
-        files.append(config_file(paths["ucx"], env_file_text("UCX settings for NIXL KV transfer (docs/tuning.md)", flags.ucx_env(spec, host))))
+        files.append(config_file(paths["nccl"], env_file_text("NCCL settings for this node (docs/tuning.md)",
+                                                              flags.nccl_env(spec, host))))
+        files.append(config_file(paths["ucx"], env_file_text("UCX settings for NIXL KV transfer (docs/tuning.md)",
+                                                             flags.ucx_env(spec, host))))
         if secret_env:
-            files.append(config_file(paths["secrets"], env_file_text("secrets (mode 0600, root only)", secret_env), secret=True))
+            files.append(config_file(paths["secrets"], env_file_text("secrets (mode 0600, root only)", secret_env),
+                                     secret=True))
         for placement in spec.placements(host):
             engine, head, rank = placement.engine, placement.head, placement.rank
             env_path = engine_env_path(spec, engine)
-            files.append(config_file(env_path, env_file_text(f"environment of engine {engine.name}", flags.engine_env(spec, head, engine, host))))
+            files.append(config_file(env_path, env_file_text(f"environment of engine {engine.name}",
+                                                             flags.engine_env(spec, head, engine, host))))
             env_files = [paths["nccl"], paths["ucx"], env_path] + ([paths["secrets"]] if secret_env else [])
             numa = engine_numa_node(host, engine) if host.node.gpu == "nvidia" else None
             unit_text = render_template(
                 "systemd/engine.service.j2",
                 **common,
-                engine_kind=("SGLang (the node's own environment)" if host.node.engine_venv else "SGLang") if spec.cluster.engine == "sglang" else "sim (rehearsal)",
+                engine_kind=(("SGLang (the node's own environment)" if host.node.engine_venv else "SGLang")
+                             if spec.cluster.engine == "sglang" else "sim (rehearsal)"),
                 role=engine.role,
-                name=engine.name + (f" (rank {rank} of {engine.nnodes}, rank 0 on {head.name})" if engine.spans_nodes else ""),
+                name=engine.name + (f" (rank {rank} of {engine.nnodes}, rank 0 on {head.name})" if engine.spans_nodes
+                                    else ""),
                 env_files=env_files,
                 exec_start=exec_start(flags.engine_command(spec, head, engine, rank, node=host)),
                 numa_node=numa,
@@ -307,7 +318,8 @@ def plan_host(spec: ClusterSpec, host: HostSpec) -> HostPlan:
         files.append(config_file(exporter_config, exporter_config_text(spec, host)))
         unit_path = f"{SYSTEMD_DIR}/pdkit-exporter.service"
         argv = [flags.node_python(spec), "-m", "pdkit.exporter", "--config", exporter_config]
-        files.append(PlannedFile(unit_path, render_template("systemd/exporter.service.j2", **common, exec_start=exec_start(argv)), "0644"))
+        files.append(PlannedFile(unit_path, render_template("systemd/exporter.service.j2", **common,
+                                                            exec_start=exec_start(argv)), "0644"))
         services.append(
             Service(
                 unit="pdkit-exporter.service",
@@ -326,7 +338,8 @@ def plan_host(spec: ClusterSpec, host: HostSpec) -> HostPlan:
 
     if dcgm_enabled(host):
         directories.append((DCGM_DROPIN_DIR, "0755", "root", "root"))
-        dropin = render_template("systemd/dcgm-exporter.conf.j2", **common, exec_start=exec_start(dcgm_exporter_argv(spec, host)))
+        dropin = render_template("systemd/dcgm-exporter.conf.j2", **common,
+                                 exec_start=exec_start(dcgm_exporter_argv(spec, host)))
         files.append(PlannedFile(DCGM_DROPIN_PATH, dropin, "0644"))
         services.append(
             Service(
@@ -345,7 +358,9 @@ def plan_host(spec: ClusterSpec, host: HostSpec) -> HostPlan:
         if key_text is not None:
             # root-only: systemd reads it for the router (LoadCredential=), no engine or other user can
             files.append(PlannedFile(key_path, key_text, "0600", "root", "root", secret=True))
-            files.append(PlannedFile(flags.router_launcher_path(spec), render_template("router-launch.py.j2", credential=flags.ROUTER_API_KEY_CREDENTIAL), "0755"))
+            files.append(PlannedFile(flags.router_launcher_path(spec),
+                                     render_template("router-launch.py.j2", credential=flags.ROUTER_API_KEY_CREDENTIAL),
+                                     "0755"))
         package, version = spec.router_release(host)
         unit_text = render_template(
             "systemd/router.service.j2",
@@ -363,11 +378,13 @@ def plan_host(spec: ClusterSpec, host: HostSpec) -> HostPlan:
             Service(
                 unit="pdkit-router.service",
                 kind="router",
-                files=tuple(sorted([unit_path, *([key_path, flags.router_launcher_path(spec)] if key_text is not None else [])])),
+                files=tuple(sorted([unit_path,
+                                    *([key_path, flags.router_launcher_path(spec)] if key_text is not None else [])])),
                 health_url=router_url(host) + "/health",
                 ready_timeout_s=120,
                 expected_workers=tuple(flags.engine_url(spec, h, e) for h, e in spec.router_workers(host)),
-                remote_workers=tuple(flags.engine_url(spec, h, e) for h, e in spec.router_workers(host) if h.name != host.name),
+                remote_workers=tuple(flags.engine_url(spec, h, e) for h, e in spec.router_workers(host)
+                                     if h.name != host.name),
                 api_key_file=key_path if key_text is not None else None,
                 model=spec.cluster.model.name,
                 port=host.router.port,
@@ -410,7 +427,8 @@ def exporter_config_text(spec: ClusterSpec, host: HostSpec) -> str:
                 "sglang_version": spec.engine_version(p.engine),
                 "argv": flags.sglang_args(spec, p.head, p.engine, p.rank),
                 # secrets are checked for presence only: their values never leave the 0600 file
-                "env": {**node_env, **flags.engine_env(spec, p.head, p.engine, host), **{k: None for k in secret_names}},
+                "env": {**node_env, **flags.engine_env(spec, p.head, p.engine, host),
+                        **{k: None for k in secret_names}},
                 # an engine spanning nodes: which rank this exporter watches (only rank 0 serves
                 # HTTP; a rank above 0 is checked by its process' argv and environment)
                 **({"rank": p.rank, "nnodes": p.engine.nnodes, "head": p.head.name} if p.engine.spans_nodes else {}),
@@ -487,13 +505,16 @@ def monitoring_host_files(spec: ClusterSpec, host: HostSpec) -> list[PlannedFile
     # each receiver's credential: the one place a secret of the monitoring host is written, readable by
     # Alertmanager's user alone (Debian's unit runs it as `prometheus`)
     for path, secret in sorted(monitoring.credential_files(spec).items()):
-        out.append(PlannedFile(path, secret, "0600", monitoring.ALERTMANAGER_USER, monitoring.ALERTMANAGER_USER, secret=True))
+        out.append(PlannedFile(path, secret, "0600", monitoring.ALERTMANAGER_USER, monitoring.ALERTMANAGER_USER,
+                               secret=True))
     # Debian's units read ARGS from here: listen on the planned address and port only
     listen = f"{host.address}:{host.monitoring.prometheus_port}"
-    out.append(PlannedFile(PROMETHEUS_DEFAULTS_PATH, f'# Rendered by pdkit\nARGS="--web.listen-address={listen}"\n', "0644"))
+    out.append(PlannedFile(PROMETHEUS_DEFAULTS_PATH, f'# Rendered by pdkit\nARGS="--web.listen-address={listen}"\n',
+                           "0644"))
     out.append(PlannedFile(monitoring.ALERTMANAGER_DEFAULTS_PATH, monitoring.alertmanager_defaults(spec, host), "0644"))
     if host.monitoring.grafana:
-        out.append(PlannedFile(GRAFANA_SOURCES_PATH, render_template("apt/grafana.sources.j2", keyring=GRAFANA_KEYRING_PATH), "0644"))
+        out.append(PlannedFile(GRAFANA_SOURCES_PATH,
+                               render_template("apt/grafana.sources.j2", keyring=GRAFANA_KEYRING_PATH), "0644"))
     return out
 
 
@@ -502,16 +523,24 @@ def monitoring_host_services(spec: ClusterSpec, host: HostSpec, files: list[Plan
     from pdkit import monitoring
 
     assert host.monitoring is not None
-    am_files = tuple(sorted(f.path for f in files if f.path in (monitoring.ALERTMANAGER_CONFIG_PATH, monitoring.ALERTMANAGER_DEFAULTS_PATH)
+    am_files = tuple(sorted(f.path for f in files if f.path in (monitoring.ALERTMANAGER_CONFIG_PATH,
+                                                                monitoring.ALERTMANAGER_DEFAULTS_PATH)
                             or f.path.startswith(monitoring.ALERTMANAGER_CREDENTIALS_DIR + "/")))
-    prom_files = tuple(sorted(f.path for f in files if (f.path.startswith("/etc/prometheus") or f.path == PROMETHEUS_DEFAULTS_PATH) and f.path not in am_files))
-    services = [Service(unit="prometheus.service", kind="http", files=prom_files, health_url=f"http://{host.address}:{host.monitoring.prometheus_port}/-/ready", ready_timeout_s=120)]
+    prom_files = tuple(sorted(f.path for f in files
+                              if (f.path.startswith("/etc/prometheus") or f.path == PROMETHEUS_DEFAULTS_PATH)
+                              and f.path not in am_files))
+    services = [Service(unit="prometheus.service", kind="http", files=prom_files,
+                        health_url=f"http://{host.address}:{host.monitoring.prometheus_port}/-/ready",
+                        ready_timeout_s=120)]
     # a config change restarts it (its silences and notification log persist in --storage.path)
     services.append(Service(unit=monitoring.ALERTMANAGER_UNIT, kind="http", files=am_files,
                             health_url=f"{monitoring.alertmanager_url(spec, host)}/-/ready", ready_timeout_s=120))
     if host.monitoring.grafana:
-        grafana_files = tuple(sorted(f.path for f in files if f.path.startswith(("/etc/grafana", "/var/lib/grafana")) or f.path == monitoring.GRAFANA_DROPIN_PATH))
-        services.append(Service(unit="grafana-server.service", kind="http", files=grafana_files, health_url=f"http://{host.address}:{host.monitoring.grafana_port}/api/health", ready_timeout_s=120))
+        grafana_files = tuple(sorted(f.path for f in files if f.path.startswith(("/etc/grafana", "/var/lib/grafana"))
+                                     or f.path == monitoring.GRAFANA_DROPIN_PATH))
+        services.append(Service(unit="grafana-server.service", kind="http", files=grafana_files,
+                                health_url=f"http://{host.address}:{host.monitoring.grafana_port}/api/health",
+                                ready_timeout_s=120))
     return services
 
 

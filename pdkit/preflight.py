@@ -99,38 +99,46 @@ def check_host(spec: ClusterSpec, host: HostSpec, facts: dict) -> list[Finding]:
     if node.nvidia_stack == "install":
         # which NVIDIA repository and driver modules fit the OS: only a node whose stack pdkit installs
         try:
-            node_stack(os_id=os_release.get("id", ""), version_id=os_release.get("version_id", ""), machine=facts.get("arch") or "", kernel=facts.get("kernel") or "", modules=node.driver_modules)
+            node_stack(os_id=os_release.get("id", ""), version_id=os_release.get("version_id", ""),
+                       machine=facts.get("arch") or "", kernel=facts.get("kernel") or "", modules=node.driver_modules)
         except UnsupportedNode as exc:
             add("os", "error", f"{exc} (pdkit_node.driver_modules: {node.driver_modules})")
 
     layout = node.gpus
     pci = facts.get("pci_gpus") or []
     if len(pci) != layout.count:
-        add("gpu-count", "error", f"the spec declares {layout.count} x {layout.model!r} (pdkit_node.gpus.count) but the PCI bus shows {len(pci)} NVIDIA GPU(s)")
+        add("gpu-count", "error", f"the spec declares {layout.count} x {layout.model!r} (pdkit_node.gpus.count) but "
+            f"the PCI bus shows {len(pci)} NVIDIA GPU(s)")
 
     smi = facts.get("gpus") or {}
     driver = facts.get("driver")
     module = facts.get("module") or {}
     blackwell = layout.sm_major in BLACKWELL_SM_MAJORS
     if not smi.get("available"):
-        add("driver", "warning", f"no NVIDIA driver yet (nvidia-smi absent): the nvidia_driver role installs R{NVIDIA_DRIVER_BRANCH} open; model, compute capability and topology are checked after the reboot that follows (re-run the preflight)")
+        add("driver", "warning", "no NVIDIA driver yet (nvidia-smi absent): the nvidia_driver role installs "
+            f"R{NVIDIA_DRIVER_BRANCH} open; model, compute capability and topology are checked after the reboot that "
+            "follows (re-run the preflight)")
     elif smi.get("error"):
         hint = " (on Blackwell this is what the closed kernel module says: install the open one)" if blackwell else ""
         add("driver", "error", f"nvidia-smi fails: {smi['error']}{hint}")
     else:
         gpus = smi.get("gpus") or []
         if len(gpus) != layout.count and len(gpus) != len(pci):  # else the PCI finding already says it
-            add("gpu-count", "error", f"the spec declares {layout.count} GPUs (pdkit_node.gpus.count) but nvidia-smi lists {len(gpus)}")
+            add("gpu-count", "error", f"the spec declares {layout.count} GPUs (pdkit_node.gpus.count) but nvidia-smi "
+                f"lists {len(gpus)}")
         names = sorted({g["name"] for g in gpus})
         if names and names != [layout.model]:
-            add("gpu-model", "error", f"the spec declares {layout.model!r} (pdkit_node.gpus.model) but nvidia-smi reports {', '.join(repr(n) for n in names)}")
+            add("gpu-model", "error", f"the spec declares {layout.model!r} (pdkit_node.gpus.model) but nvidia-smi "
+                f"reports {', '.join(repr(n) for n in names)}")
         caps = sorted({g["compute_cap"] for g in gpus})
         if caps and caps != [layout.compute_capability]:
-            add("gpu-model", "error", f"the spec declares compute capability {layout.compute_capability} (pdkit_node.gpus.compute_capability) but the GPUs report {', '.join(caps)}")
+            add("gpu-model", "error", f"the spec declares compute capability {layout.compute_capability} "
+                f"(pdkit_node.gpus.compute_capability) but the GPUs report {', '.join(caps)}")
         for g in gpus:
             real_gib = g["memory_mib"] / 1024
             if abs(real_gib - layout.memory_gib) > 0.03 * layout.memory_gib:
-                add("gpu-memory", "warning", f"GPU {g['index']} has {real_gib:.1f} GiB; the spec says {layout.memory_gib} GiB (pdkit_node.gpus.memory_gib), which picks SGLang's memory-class defaults")
+                add("gpu-memory", "warning", f"GPU {g['index']} has {real_gib:.1f} GiB; the spec says "
+                    f"{layout.memory_gib} GiB (pdkit_node.gpus.memory_gib), which picks SGLang's memory-class defaults")
                 break
         if driver is None:
             add("driver", "error", "nvidia-smi lists GPUs but reports no driver version")
@@ -186,17 +194,21 @@ def engine_env_problems(host_name: str, venv: str, probe: dict | None, versions:
         return [f"{at}: {path} did not run: {probe['error']}; {valid}"]
     problems = []
     if probe.get("sglang_error"):
-        installed = f" (the sglang {probe['sglang_dist']} distribution is installed but does not import)" if probe.get("sglang_dist") else ""
+        installed = (f" (the sglang {probe['sglang_dist']} distribution is installed but does not import)"
+                     if probe.get("sglang_dist") else "")
         problems.append(f"{at}: `import sglang` failed: {probe['sglang_error']}{installed}; {valid}")
     else:
         version = probe.get("sglang") or probe.get("sglang_dist")
         if not version:
-            problems.append(f"{at}: sglang imports but reports no version (sglang.__version__, no distribution metadata); {valid}")
+            problems.append(f"{at}: sglang imports but reports no version (sglang.__version__, no distribution "
+                            f"metadata); {valid}")
         elif not any(same_release(version, v) for v in versions):
-            problems.append(f"{at}: sglang {version}, the spec wants {want} (pdkit_cluster.sglang_version, or the engines' own sglang_version); {valid}")
+            problems.append(f"{at}: sglang {version}, the spec wants {want} (pdkit_cluster.sglang_version, or the "
+                            f"engines' own sglang_version); {valid}")
     if nixl and not probe.get("nixl"):
         why = probe.get("nixl_error") or "not checked"
-        problems.append(f"{at}: `{NIXL_IMPORT}` failed: {why} (its prefill/decode engines transfer KV over NIXL, pdkit_cluster.transfer_backend nixl); {valid}")
+        problems.append(f"{at}: `{NIXL_IMPORT}` failed: {why} (its prefill/decode engines transfer KV over NIXL, "
+                        f"pdkit_cluster.transfer_backend nixl); {valid}")
     return problems
 
 
@@ -236,11 +248,13 @@ def model_dirs_wanted(spec: ClusterSpec, host: HostSpec) -> tuple[list[ModelDir]
         dummy = spec.engine_model(p.engine).load_format == "dummy"
         for what, field, location in engine_model_paths(spec, p.head, p.engine):
             if not location.startswith("/"):
-                notes.append(f"engine {p.engine.name!r} {what} {location}: a Hugging Face hub id, not a directory on the node: not checked "
+                notes.append(f"engine {p.engine.name!r} {what} {location}: a Hugging Face hub id, not a directory on "
+                             "the node: not checked "
                              "(the engine downloads it at start; a gated model needs pdkit_cluster.secrets.hf_token)")
                 continue
             config = what != "tokenizer"
-            wanted.append(ModelDir(p.engine.name, what, field, location.rstrip("/") or "/", config, config and not dummy))
+            wanted.append(ModelDir(p.engine.name, what, field, location.rstrip("/") or "/", config,
+                                   config and not dummy))
     return wanted, list(dict.fromkeys(notes))
 
 
@@ -260,32 +274,40 @@ def model_dir_problems(host_name: str, user: str, wanted: ModelDir, probe: dict 
     if probe.get("error"):
         return [f"{at}: could not be checked: {probe['error']}"]
     if probe.get("exists") is False:
-        return [f"{at}: does not exist on {host_name} (the nearest existing directory is {probe.get('existing_parent', '?')}): "
-                f"put the model there (e.g. `huggingface-cli download ORG/NAME --local-dir {wanted.path}`), or set {wanted.field} to where it is"]
+        return [f"{at}: does not exist on {host_name} (the nearest existing directory is "
+                f"{probe.get('existing_parent', '?')}): "
+                f"put the model there (e.g. `huggingface-cli download ORG/NAME --local-dir {wanted.path}`), or set "
+                f"{wanted.field} to where it is"]
     if probe.get("is_dir") is False:
         return [f"{at}: is not a directory; valid: the model's directory (config.json, tokenizer files, weights)"]
     problems = []
     if wanted.need_config and not probe.get("config"):
-        problems.append(f"{at}: has no config.json (SGLang reads the architecture from it): give the directory of a Hugging Face checkpoint, "
-                        "the one that holds config.json")
+        problems.append(f"{at}: has no config.json (SGLang reads the architecture from it): give the directory of a "
+                        "Hugging Face checkpoint, the one that holds config.json")
     if wanted.need_weights:
         if not probe.get("indexes") and not probe.get("weights") and not probe.get("safetensors"):
-            problems.append(f"{at}: has no weights (no *.safetensors.index.json, model.safetensors, pytorch_model.bin(.index.json) or *.safetensors): "
+            problems.append(f"{at}: has no weights (no *.safetensors.index.json, model.safetensors, "
+                            "pytorch_model.bin(.index.json) or *.safetensors): "
                             "finish the download, or set load_format: dummy for a rehearsal with random weights")
         if probe.get("index_error"):
-            problems.append(f"{at}: its weight index {probe['indexes'][0]} does not read: {probe['index_error']}: download it again")
+            problems.append(f"{at}: its weight index {probe['indexes'][0]} does not read: {probe['index_error']}: "
+                            "download it again")
         if probe.get("missing_count"):
             shown = ", ".join(probe.get("missing_shards") or [])
-            more = f" and {probe['missing_count'] - len(probe.get('missing_shards') or [])} more" if probe["missing_count"] > len(probe.get("missing_shards") or []) else ""
-            problems.append(f"{at}: {probe['indexes'][0]} names {probe['missing_count']} weight file(s) the directory lacks ({shown}{more}): finish the download")
+            more = (f" and {probe['missing_count'] - len(probe.get('missing_shards') or [])} more"
+                    if probe["missing_count"] > len(probe.get("missing_shards") or []) else "")
+            problems.append(f"{at}: {probe['indexes'][0]} names {probe['missing_count']} weight file(s) the directory "
+                            f"lacks ({shown}{more}): finish the download")
     unreadable = probe.get("unreadable") or []
     if unreadable:
         how = probe.get("_how", "mode bits")
         who = (f"{user} (checked with runuser)" if how == "runuser" else
                f"{user} (checked by the mode bits along the path)" if probe.get("_user_exists") else
-               f"{user}, who does not exist yet (the deploy creates it; checked as a user outside the files' owner and group)")
+               f"{user}, who does not exist yet (the deploy creates it; checked as a user outside the files' owner and "
+               "group)")
         problems.append(f"{at}: the engines run as {who} and cannot read {', '.join(unreadable)}: "
-                        f"e.g. `chmod -R o+rX {wanted.path}` (and o+x on every directory above it), or group-readable with {user} in the group")
+                        f"e.g. `chmod -R o+rX {wanted.path}` (and o+x on every directory above it), or group-readable "
+                        f"with {user} in the group")
     return problems
 
 
@@ -297,11 +319,13 @@ def _check_model_dirs(spec: ClusterSpec, host: HostSpec, facts: dict, add) -> No
         return
     fact = facts.get("model_dirs")
     if fact is None:
-        add("model", "warning", f"the engines' model directories were not probed ({', '.join(sorted({d.path for d in wanted}))})")
+        add("model", "warning", "the engines' model directories were not probed "
+            f"({', '.join(sorted({d.path for d in wanted}))})")
         return
     if fact.get("error"):
         for d in wanted:
-            add("model", "error", f"{host.name}: engine {d.engine!r} {d.what} {d.path}: could not be checked: {fact['error']}")
+            add("model", "error", f"{host.name}: engine {d.engine!r} {d.what} {d.path}: could not be checked: "
+                f"{fact['error']}")
         return
     user = fact.get("user") or spec.cluster.service_user
     context = {"_how": fact.get("how"), "_user_exists": fact.get("user_exists")}
@@ -313,13 +337,18 @@ def _check_model_dirs(spec: ClusterSpec, host: HostSpec, facts: dict, add) -> No
 
 def _check_driver_version(driver: str, module: dict, blackwell: bool, add) -> None:
     if version_tuple(driver) < version_tuple(NVIDIA_DRIVER_MIN_VERSION):
-        add("driver", "error", f"driver {driver} is older than {NVIDIA_DRIVER_MIN_VERSION}, the minimum for CUDA 13.0 user space (SGLang >= 0.5.11); the nvidia_driver role moves it to R{NVIDIA_DRIVER_BRANCH} (reboot required)")
+        add("driver", "error", f"driver {driver} is older than {NVIDIA_DRIVER_MIN_VERSION}, the minimum for CUDA 13.0 "
+            f"user space (SGLang >= 0.5.11); the nvidia_driver role moves it to R{NVIDIA_DRIVER_BRANCH} (reboot "
+            "required)")
     elif driver.split(".")[0] != NVIDIA_DRIVER_BRANCH:
-        add("driver", "warning", f"driver {driver} is not on branch {NVIDIA_DRIVER_BRANCH}: the nvidia_driver role locks the node to R{NVIDIA_DRIVER_BRANCH} (a driver change needs a drained reboot)")
+        add("driver", "warning", f"driver {driver} is not on branch {NVIDIA_DRIVER_BRANCH}: the nvidia_driver role "
+            f"locks the node to R{NVIDIA_DRIVER_BRANCH} (a driver change needs a drained reboot)")
     if blackwell and not module.get("open"):
-        add("driver", "error", "Blackwell needs the open kernel module, but /proc/driver/nvidia/version does not say 'Open Kernel Module': install nvidia-open (driver_modules nvidia-dkms) and reboot")
+        add("driver", "error", "Blackwell needs the open kernel module, but /proc/driver/nvidia/version does not say "
+            "'Open Kernel Module': install nvidia-open (driver_modules nvidia-dkms) and reboot")
     if module.get("version") and module["version"] != driver:
-        add("driver", "error", f"the loaded kernel module is {module['version']} but the user-space driver is {driver} (\"Driver/library version mismatch\"): reboot the drained node")
+        add("driver", "error", f"the loaded kernel module is {module['version']} but the user-space driver is {driver} "
+            "(\"Driver/library version mismatch\"): reboot the drained node")
 
 
 def _check_topology(spec: ClusterSpec, host: HostSpec, facts: dict, add) -> None:
@@ -334,24 +363,33 @@ def _check_topology(spec: ClusterSpec, host: HostSpec, facts: dict, add) -> None
     for i, engine in enumerate(node.engines):
         if len(engine.gpus) < 2:
             continue
-        pairs = [(a, b, (links.get(str(a)) or {}).get(str(b))) for j, a in enumerate(engine.gpus) for b in engine.gpus[j + 1:]]
+        pairs = [(a, b, (links.get(str(a)) or {}).get(str(b))) for j, a in enumerate(engine.gpus)
+                 for b in engine.gpus[j + 1:]]
         missing = [(a, b) for a, b, link in pairs if link is None]
         if missing:
-            add("topology", "error", f"engine {engine.name!r}: nvidia-smi topo -m has no link for GPUs {missing[0][0]}-{missing[0][1]} (pdkit_node.engines[{i}].gpus)")
+            add("topology", "error", f"engine {engine.name!r}: nvidia-smi topo -m has no link for GPUs "
+                f"{missing[0][0]}-{missing[0][1]} (pdkit_node.engines[{i}].gpus)")
             continue
         shown = ", ".join(f"{a}-{b} {link}" for a, b, link in pairs)
         profile, level = suggest_profile([link for _, _, link in pairs])
         where = f"engine {engine.name!r} (GPUs {shown})"
         if node.nccl_profile == "pcie-p2p-off":
-            add("nccl", "note", f"{where}: P2P is off by the 'pcie-p2p-off' profile (IOMMU/ACS workaround; custom all-reduce off); {profile}{' with NCCL_P2P_LEVEL=' + level if level else ''} would fit once ACS is off / iommu=pt")
+            add("nccl", "note", f"{where}: P2P is off by the 'pcie-p2p-off' profile (IOMMU/ACS workaround; custom "
+                f"all-reduce off); {profile}{' with NCCL_P2P_LEVEL=' + level if level else ''} would fit once ACS is "
+                "off / iommu=pt")
         elif node.nccl_profile == "nvlink" and profile != "nvlink":
-            add("nccl", "error", f"{where}: the 'nvlink' profile but the GPUs talk over PCIe: set pdkit_node.nccl_profile: pcie (nccl_p2p_level {level})")
+            add("nccl", "error", f"{where}: the 'nvlink' profile but the GPUs talk over PCIe: set "
+                f"pdkit_node.nccl_profile: pcie (nccl_p2p_level {level})")
         elif node.nccl_profile == "pcie" and profile == "nvlink":
-            add("nccl", "warning", f"{where}: NVLink between the GPUs: the 'nvlink' profile fits better (pcie forbids LL128 and forces a P2P level)")
+            add("nccl", "warning", f"{where}: NVLink between the GPUs: the 'nvlink' profile fits better (pcie forbids "
+                "LL128 and forces a P2P level)")
         elif node.nccl_profile == "pcie" and chosen and level and NCCL_LEVELS.index(level) > NCCL_LEVELS.index(chosen):
-            add("nccl", "error", f"{where}: NCCL_P2P_LEVEL={chosen} does not reach {level}, so NCCL would copy through host memory: set pdkit_node.nccl_p2p_level: {level}")
-        elif node.nccl_profile == "default" and level and NCCL_LEVELS.index(level) > NCCL_LEVELS.index(NCCL_DEFAULT_P2P_LEVEL):
-            add("nccl", "warning", f"{where}: NCCL's default P2P level ({NCCL_DEFAULT_P2P_LEVEL}) does not reach {level}: set pdkit_node.nccl_profile: pcie (nccl_p2p_level {level})")
+            add("nccl", "error", f"{where}: NCCL_P2P_LEVEL={chosen} does not reach {level}, so NCCL would copy through "
+                f"host memory: set pdkit_node.nccl_p2p_level: {level}")
+        elif (node.nccl_profile == "default" and level
+              and NCCL_LEVELS.index(level) > NCCL_LEVELS.index(NCCL_DEFAULT_P2P_LEVEL)):
+            add("nccl", "warning", f"{where}: NCCL's default P2P level ({NCCL_DEFAULT_P2P_LEVEL}) does not reach "
+                f"{level}: set pdkit_node.nccl_profile: pcie (nccl_p2p_level {level})")
 
 
 def _check_numa(host: HostSpec, facts: dict, add) -> None:
@@ -375,14 +413,17 @@ def _check_numa(host: HostSpec, facts: dict, add) -> None:
         if want is None:
             continue
         if numa_cpus and want not in numa_cpus:
-            add("numa", "error", f"engine {engine.name!r} is bound to NUMA node {want} (pdkit_node.engines[{i}]) but the host has NUMA node(s) {sorted(numa_cpus)}")
+            add("numa", "error", f"engine {engine.name!r} is bound to NUMA node {want} (pdkit_node.engines[{i}]) but "
+                f"the host has NUMA node(s) {sorted(numa_cpus)}")
             continue
         for g in engine.gpus:
             have = resolved.get(g)
             if have == -1:
-                add("numa", "warning", f"GPU {g}: sysfs reports no NUMA node (-1) on a host with {len(numa_cpus)} NUMA nodes: engine {engine.name!r}'s binding to node {want} cannot be checked")
+                add("numa", "warning", f"GPU {g}: sysfs reports no NUMA node (-1) on a host with {len(numa_cpus)} NUMA "
+                    f"nodes: engine {engine.name!r}'s binding to node {want} cannot be checked")
             elif have is not None and have != want:
-                add("numa", "error", f"engine {engine.name!r} is bound to NUMA node {want} but its GPU {g} sits on NUMA node {have} (pdkit_node.engines[{i}].numa_node / pdkit_node.gpus.numa)")
+                add("numa", "error", f"engine {engine.name!r} is bound to NUMA node {want} but its GPU {g} sits on "
+                    f"NUMA node {have} (pdkit_node.engines[{i}].numa_node / pdkit_node.gpus.numa)")
 
 
 def _check_nics(spec: ClusterSpec, host: HostSpec, facts: dict, add) -> None:
@@ -391,26 +432,31 @@ def _check_nics(spec: ClusterSpec, host: HostSpec, facts: dict, add) -> None:
     nics = facts.get("nics") or {}
     interfaces, rdma = nics.get("interfaces") or [], nics.get("rdma") or []
     if node.nic and interfaces and node.nic not in interfaces:
-        add("nic", "error", f"pdkit_node.nic {node.nic!r} (NCCL_SOCKET_IFNAME) is not an interface here; valid: {', '.join(interfaces)}")
+        add("nic", "error", f"pdkit_node.nic {node.nic!r} (NCCL_SOCKET_IFNAME) is not an interface here; valid: "
+            f"{', '.join(interfaces)}")
     if node.ucx_net_devices:
         for dev in node.ucx_net_devices.split(","):
             name = dev.split(":")[0]
             if name not in rdma and name not in interfaces:
-                add("nic", "error", f"pdkit_node.ucx_net_devices names {name!r}, which is neither an RDMA device ({', '.join(rdma) or 'none'}) nor an interface here")
+                add("nic", "error", f"pdkit_node.ucx_net_devices names {name!r}, which is neither an RDMA device "
+                    f"({', '.join(rdma) or 'none'}) nor an interface here")
     if rdma and flags.nccl_env(spec, host).get("NCCL_IB_DISABLE") == "1":
-        add("nic", "warning", f"RDMA devices {', '.join(rdma)} exist but the NCCL profile sets NCCL_IB_DISABLE=1 (set ucx_net_devices to an mlx5 device to keep IB on)")
+        add("nic", "warning", f"RDMA devices {', '.join(rdma)} exist but the NCCL profile sets NCCL_IB_DISABLE=1 (set "
+            "ucx_net_devices to an mlx5 device to keep IB on)")
 
 
 def _check_reboot_marker(facts: dict, add) -> None:
     reason = facts.get("reboot_required")
     if reason:
-        add("reboot", "warning", f"reboot required ({reason}): drain the node (pdkit roll does) and reboot it, or set pdkit_node.reboot: when-drained")
+        add("reboot", "warning", f"reboot required ({reason}): drain the node (pdkit roll does) and reboot it, or set "
+            "pdkit_node.reboot: when-drained")
 
 
 def facts_summary(facts: dict) -> list[str]:
     """The facts the checks used, one line each, for the report."""
     os_release = facts.get("os") or {}
-    lines = [f"os {os_release.get('pretty_name') or os_release.get('id', '?')}, {facts.get('arch') or '?'}, kernel {facts.get('kernel') or '?'}"]
+    lines = [f"os {os_release.get('pretty_name') or os_release.get('id', '?')}, {facts.get('arch') or '?'}, kernel "
+             f"{facts.get('kernel') or '?'}"]
     smi = (facts.get("gpus") or {}).get("gpus") or []
     if smi:
         first = smi[0]
@@ -427,10 +473,12 @@ def facts_summary(facts: dict) -> list[str]:
     if cpus:
         lines.append("numa cpus " + ", ".join(f"node{n} {v['cpulist']} ({v['cpus']})" for n, v in sorted(cpus.items())))
     nics = facts.get("nics") or {}
-    lines.append(f"nics {', '.join(nics.get('interfaces') or []) or 'none'}; rdma {', '.join(nics.get('rdma') or []) or 'none'}")
+    lines.append(f"nics {', '.join(nics.get('interfaces') or []) or 'none'}; rdma "
+                 f"{', '.join(nics.get('rdma') or []) or 'none'}")
     links = (facts.get("topology") or {}).get("links") or {}
     if links:
-        pairs = sorted({(min(int(a), int(b)), max(int(a), int(b)), v) for a, row in links.items() for b, v in row.items()})
+        pairs = sorted({(min(int(a), int(b)), max(int(a), int(b)), v) for a, row in links.items()
+                        for b, v in row.items()})
         lines.append("topology " + ", ".join(f"{a}-{b} {v}" for a, b, v in pairs))
     env = facts.get("engine_env")
     if env is not None:
@@ -443,7 +491,8 @@ def env_summary(probe: dict) -> str:
     path = probe.get("path", "?")
     if probe.get("exists") is False or probe.get("executable") is False or probe.get("error"):
         return f"{path}: unusable (see the error below)"
-    sglang = probe.get("sglang") or (f"does not import ({probe['sglang_error']})" if probe.get("sglang_error") else "no version")
+    sglang = (probe.get("sglang") or (f"does not import ({probe['sglang_error']})" if probe.get("sglang_error")
+                                      else "no version"))
     nixl = "yes" if probe.get("nixl") else "no"
     return f"{path}: python {probe.get('python', '?')}, sglang {sglang}, nixl {nixl}"
 
@@ -452,7 +501,8 @@ def format_report(host_name: str, findings: list[Finding], facts: dict) -> str:
     """The one report per host: facts, then every finding; the verdict on the first line."""
     errors = sum(f.severity == "error" for f in findings)
     warnings = sum(f.severity == "warning" for f in findings)
-    verdict = f"FAILED: {errors} error(s), {warnings} warning(s); nothing on this host was changed" if errors else f"passed ({warnings} warning(s))"
+    verdict = (f"FAILED: {errors} error(s), {warnings} warning(s); nothing on this host was changed" if errors
+               else f"passed ({warnings} warning(s))")
     lines = [f"pdkit preflight {host_name}: {verdict}"]
     lines += [f"  fact     {line}" for line in facts_summary(facts)]
     lines += [f"  {f.severity:<8} {f.check}: {f.message}" for f in findings]

@@ -100,7 +100,8 @@ class RestorePlan:
 
 
 def plan_restore(
-    target: dict, current_files: dict[str, dict | None], current_venvs: dict[str, str], unit_active: dict[str, bool], current_units: list[str],
+    target: dict, current_files: dict[str, dict | None], current_venvs: dict[str, str], unit_active: dict[str, bool],
+    current_units: list[str],
     previous: dict[str, dict] | None = None,
 ) -> RestorePlan:
     """Pure: the steps that put a node back on TARGET (a release's meta) from its current state.
@@ -115,12 +116,16 @@ def plan_restore(
         if have is None or any(have.get(k) != want[k] for k in ("mode", "owner", "group", "sha256")):
             plan.write.append(path)
     # the one rule the deploy uses too (pdkit/changes.py): files, units and venvs
-    plan.remove = changes.removals([p for p, have in current_files.items() if have is not None], target["files"], [p for p, have in current_files.items() if have is not None])
-    plan.venv_switch = {link: dest for link, dest in sorted(target.get("venvs", {}).items()) if current_venvs.get(link) != dest}
+    plan.remove = changes.removals([p for p, have in current_files.items() if have is not None], target["files"],
+                                   [p for p, have in current_files.items() if have is not None])
+    plan.venv_switch = {link: dest for link, dest in sorted(target.get("venvs", {}).items())
+                        if current_venvs.get(link) != dest}
     services: dict[str, dict] = target.get("services", {})
-    decision = changes.decide(services, set(plan.write) | set(plan.remove), set(plan.venv_switch), unit_active, previous)
+    decision = changes.decide(services, set(plan.write) | set(plan.remove), set(plan.venv_switch), unit_active,
+                              previous)
     plan.restart = [*decision.start, *decision.restart]
-    plan.restart = sorted(plan.restart, key=lambda u: (services[u].get("kind") == "router", services[u].get("kind") != "engine", u))
+    plan.restart = sorted(plan.restart, key=lambda u: (services[u].get("kind") == "router",
+                                                       services[u].get("kind") != "engine", u))
     plan.stop = changes.units_to_stop(current_units, services, {u: True for u in current_units})
     return plan
 
@@ -147,7 +152,8 @@ def stat_entry(p: Path) -> dict | None:
         group = grp.getgrgid(st.st_gid).gr_name
     except KeyError:
         group = str(st.st_gid)
-    return {"mode": "%04o" % (st.st_mode & 0o7777), "owner": owner, "group": group, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+    return {"mode": "%04o" % (st.st_mode & 0o7777), "owner": owner, "group": group,
+            "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
 
 
 def planned_paths(root: Path, release_json: str) -> list[str]:
@@ -200,7 +206,8 @@ def record(
         entries[path] = entry
     hash_ = release_hash(entries)
     if expect_hash and hash_ != expect_hash:
-        raise ReleaseError(f"the files on the node hash to {hash_[:12]} but the plan's release is {expect_hash[:12]}: a file differs from the plan")
+        raise ReleaseError(f"the files on the node hash to {hash_[:12]} but the plan's release is {expect_hash[:12]}: "
+                           "a file differs from the plan")
     venvs = {link: os.path.realpath(host_path(root, link)) for link in venv_links if host_path(root, link).exists()}
     if root != Path("/"):
         venvs = {link: "/" + os.path.relpath(dest, root) for link, dest in venvs.items()}
@@ -245,7 +252,8 @@ def list_releases(*, root: Path, releases_dir: str) -> dict:
     out = []
     for rid in _ids(releases):
         meta = json.loads((releases / rid / META).read_text())
-        out.append({k: meta.get(k) for k in ("id", "hash", "time", "command", "venvs")} | {"files": len(meta.get("files", {}))})
+        out.append({k: meta.get(k) for k in ("id", "hash", "time", "command", "venvs")}
+                   | {"files": len(meta.get("files", {}))})
     return {"current": read_current(releases), "releases": out}
 
 
@@ -283,7 +291,8 @@ def _install_file(src: Path, dest: Path, entry: dict) -> None:
 def _switch_link(link: Path, dest: str, root: Path) -> None:
     target = host_path(root, dest)
     if not target.is_dir():
-        raise ReleaseError(f"the venv {dest} this release ran with is gone (only the 3 newest are kept); cannot restore {link}")
+        raise ReleaseError(f"the venv {dest} this release ran with is gone (only the 3 newest are kept); cannot "
+                           f"restore {link}")
     tmp = link.with_name(link.name + ".pdkit-restore")
     if tmp.is_symlink() or tmp.exists():
         tmp.unlink()
@@ -305,7 +314,8 @@ def restore(
         raise ReleaseError(f"no release to go back to (kept: {', '.join(ids) or 'none'}; current: {current or 'none'})")
     matches = [i for i in ids if i == rid or i.startswith(rid)]
     if len(matches) != 1:
-        raise ReleaseError(f"release {rid!r} {'is ambiguous' if matches else 'is not kept on this node'}; kept: {', '.join(ids) or 'none'}")
+        raise ReleaseError(f"release {rid!r} {'is ambiguous' if matches else 'is not kept on this node'}; kept: "
+                           f"{', '.join(ids) or 'none'}")
     rid = matches[0]
     target = json.loads((releases / rid / META).read_text())
     paths = set(target["files"])
@@ -314,21 +324,24 @@ def restore(
     except ReleaseError:
         pass  # no readable release.json now: restore the release's files, remove nothing
     cur_files = {p: stat_entry(host_path(root, p)) for p in sorted(paths)}
-    cur_venvs = {link: ("/" + os.path.relpath(os.path.realpath(host_path(root, link)), root) if root != Path("/") else os.path.realpath(link)) for link in target.get("venvs", {})}
+    cur_venvs = {link: ("/" + os.path.relpath(os.path.realpath(host_path(root, link)), root) if root != Path("/")
+                        else os.path.realpath(link)) for link in target.get("venvs", {})}
     units = current_units(root, release_json)
     active = {u: unit_active(u) for u in set(target.get("services", {})) | set(units)}
     previous = None
     if current and (releases / current / META).is_file():
         previous = json.loads((releases / current / META).read_text()).get("services")
     plan = plan_restore(target, cur_files, cur_venvs, active, units, previous)
-    log(f"restoring {rid}: {len(plan.write)} file(s) to write, {len(plan.remove)} to remove, venv switch {sorted(plan.venv_switch) or 'none'}, restart {plan.restart or 'none'}")
+    log(f"restoring {rid}: {len(plan.write)} file(s) to write, {len(plan.remove)} to remove, venv switch "
+        f"{sorted(plan.venv_switch) or 'none'}, restart {plan.restart or 'none'}")
     for unit in plan.stop:
         systemctl(["disable", "--now", unit])
     for path in plan.write:
         # verify the kept copy before it replaces anything
         src = host_path(releases / rid / "files", path)
         if hashlib.sha256(src.read_bytes()).hexdigest() != target["files"][path]["sha256"]:
-            raise ReleaseError(f"the kept copy of {path} in release {rid} is damaged (hash differs); nothing further restored")
+            raise ReleaseError(f"the kept copy of {path} in release {rid} is damaged (hash differs); nothing further "
+                               "restored")
         _install_file(src, host_path(root, path), target["files"][path])
     for path in plan.remove:
         host_path(root, path).unlink(missing_ok=True)
@@ -359,14 +372,16 @@ def restore(
                 failures.append(f"{unit}: {message}")
     if failures:
         raise ReleaseError(f"restored the files of {rid} but not every service became ready: {'; '.join(failures)}")
-    return {"id": rid, "written": plan.write, "removed": plan.remove, "venvs": plan.venv_switch, "restarted": plan.restart}
+    return {"id": rid, "written": plan.write, "removed": plan.remove, "venvs": plan.venv_switch,
+            "restarted": plan.restart}
 
 
 # ---------------------------------------------------------------- on-host entry point
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pdkit.releases", description="Record, list and restore this node's releases.")
+    parser = argparse.ArgumentParser(prog="python -m pdkit.releases",
+                                     description="Record, list and restore this node's releases.")
     parser.add_argument("--releases-dir", default=releases_dir("/opt/pdkit"))
     parser.add_argument("--release-json", default=release_json_path("/etc/pdkit"))
     parser.add_argument("--root", default="/", help=argparse.SUPPRESS)
@@ -386,7 +401,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.action == "record":
             meta = record(
                 root=root, releases_dir=args.releases_dir, release_json=args.release_json, command=args.applied_by,
-                services=json.loads(args.services_json), venv_links=args.venv, expect_hash=args.expect_hash, keep=args.keep,
+                services=json.loads(args.services_json), venv_links=args.venv, expect_hash=args.expect_hash,
+                keep=args.keep,
             )
             print(json.dumps({"id": meta["id"], "hash": meta["hash"]}))
         elif args.action == "list":

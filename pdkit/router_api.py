@@ -142,7 +142,8 @@ class RouterClient:
     router's own (smg: 5 s, during which the worker cannot be added back).
     """
 
-    def __init__(self, base_url: str, *, api_key: str | None = None, timeout: float = 10.0, drain_settle_s: int | None = None,
+    def __init__(self, base_url: str, *, api_key: str | None = None, timeout: float = 10.0,
+                 drain_settle_s: int | None = None,
                  keys: list[Key] | None = None, key_fix: str = "") -> None:
         self.base_url = base_url.rstrip("/")
         # the keys to try, in order (a roll across a key change: the key the running router was
@@ -159,7 +160,8 @@ class RouterClient:
     def headers(self) -> dict[str, str]:
         return bearer_headers(self.key.value)
 
-    def _call(self, method: str, path: str, payload: dict | None = None, timeout: float | None = None) -> tuple[int, str]:
+    def _call(self, method: str, path: str, payload: dict | None = None,
+              timeout: float | None = None) -> tuple[int, str]:
         """One request with the key the router last accepted; on a 401 the other keys, in order,
         and the first one it accepts is kept. Every key refused: RouterKeyError."""
         url = f"{self.base_url}{path}"
@@ -194,7 +196,8 @@ class RouterClient:
         if status == 404:
             return {}
         if status != 200:
-            raise RouterError(f"GET {self.base_url}/workers/{worker_id} answered {status or 'nothing'}: {body.strip()[:200]}")
+            raise RouterError(f"GET {self.base_url}/workers/{worker_id} answered {status or 'nothing'}: "
+                              f"{body.strip()[:200]}")
         try:
             return json.loads(body)
         except ValueError as exc:
@@ -237,12 +240,14 @@ class RouterClient:
             self.set_drain_settle(worker, settle_s=settle_s)
         status, body = self._call("DELETE", f"/workers/{urllib.parse.quote(worker.id, safe='')}")
         if status not in (200, 202, 204, 404):
-            raise RouterError(f"DELETE {self.base_url}/workers/{worker.id} ({url}) answered {status or 'nothing'}: {body.strip()[:200]}")
+            raise RouterError(f"DELETE {self.base_url}/workers/{worker.id} ({url}) answered {status or 'nothing'}: "
+                              f"{body.strip()[:200]}")
         # the removal is queued: until it shows, the router may still pick this worker
         deadline = time.monotonic() + timeout
         while (listed := self.find(url)) is not None and listed.routable:
             if time.monotonic() > deadline:
-                raise RouterError(f"{url} is still listed ready by {self.base_url} {timeout:.0f} s after its removal was accepted")
+                raise RouterError(f"{url} is still listed ready by {self.base_url} {timeout:.0f} s after its removal "
+                                  "was accepted")
             time.sleep(0.05)
         return worker
 
@@ -263,9 +268,11 @@ class RouterClient:
                 if status in (200, 201, 202):
                     return
                 if status != 409:
-                    raise RouterError(f"POST {self.base_url}/workers ({url}) answered {status or 'nothing'}: {body.strip()[:200]}")
+                    raise RouterError(f"POST {self.base_url}/workers ({url}) answered {status or 'nothing'}: "
+                                      f"{body.strip()[:200]}")
             if time.monotonic() > deadline:
-                raise RouterError(f"{url} is still being removed from {self.base_url} after {timeout:.0f} s; cannot add it back")
+                raise RouterError(f"{url} is still being removed from {self.base_url} after {timeout:.0f} s; cannot "
+                                  "add it back")
             # short: a downtime roll's held worker (pdkit.roll) is added back the moment it is gone
             time.sleep(0.05)
 
@@ -279,7 +286,8 @@ class RouterClient:
             if not still:
                 return
             if time.monotonic() > deadline:
-                raise RouterError(f"router {self.base_url}: {still} still listed {timeout:.0f} s after their removal was accepted")
+                raise RouterError(f"router {self.base_url}: {still} still listed {timeout:.0f} s after their removal "
+                                  "was accepted")
             time.sleep(0.1)
 
     def wait_healthy(self, urls: list[str], *, timeout: float = 60.0) -> None:
@@ -293,9 +301,11 @@ class RouterClient:
             if not missing and not unhealthy:
                 return
             if time.monotonic() > deadline:
-                raise RouterError(f"router {self.base_url}: after {timeout:.0f} s workers missing {missing}, unhealthy {unhealthy}")
+                raise RouterError(f"router {self.base_url}: after {timeout:.0f} s workers missing {missing}, unhealthy "
+                                  f"{unhealthy}")
             time.sleep(0.05)
 
     def completion(self, model: str, prompt: str, max_tokens: int = 4, timeout: float = 60.0) -> tuple[int, str]:
         """One non-streaming completion through the router: (status, body)."""
-        return self._call("POST", "/v1/completions", {"model": model, "prompt": prompt, "max_tokens": max_tokens}, timeout=timeout)
+        return self._call("POST", "/v1/completions", {"model": model, "prompt": prompt, "max_tokens": max_tokens},
+                          timeout=timeout)

@@ -30,7 +30,8 @@ class PlannedWorker:
     bootstrap_port: int | None = None
 
 
-def sync_actions(listed: Iterable[Worker], planned: Iterable[PlannedWorker], host_address: str, planned_elsewhere: Iterable[str] = ()) -> tuple[list[PlannedWorker], list[str]]:
+def sync_actions(listed: Iterable[Worker], planned: Iterable[PlannedWorker], host_address: str,
+                 planned_elsewhere: Iterable[str] = ()) -> tuple[list[PlannedWorker], list[str]]:
     """Pure: (workers to register, URLs to take out) so that ROUTER lists exactly this host's
     planned workers. Only URLs on HOST_ADDRESS are ever taken out (other hosts' workers are
     their own deploy's business), and never one the router still plans elsewhere."""
@@ -43,7 +44,8 @@ def sync_actions(listed: Iterable[Worker], planned: Iterable[PlannedWorker], hos
     return add, remove
 
 
-def sync_router(client: RouterClient, planned: list[PlannedWorker], host_address: str, planned_elsewhere: list[str], timeout: float) -> str:
+def sync_router(client: RouterClient, planned: list[PlannedWorker], host_address: str, planned_elsewhere: list[str],
+                timeout: float) -> str:
     """Apply sync_actions on CLIENT's router and wait until this host's workers are healthy there."""
     try:
         listed = client.workers()
@@ -64,7 +66,8 @@ def sync_router(client: RouterClient, planned: list[PlannedWorker], host_address
 
 
 def routers_for_host(spec, host_name: str) -> list[tuple[object, list[PlannedWorker], list[str]]]:
-    """(router host, this host's planned workers there, that router's other planned worker URLs) for every router on another host."""
+    """(router host, this host's planned workers there, that router's other planned worker URLs) for
+    every router on another host."""
     out = []
     for router_host in spec.router_hosts:
         if router_host.name == host_name:
@@ -73,7 +76,8 @@ def routers_for_host(spec, host_name: str) -> list[tuple[object, list[PlannedWor
         for h, e in spec.router_workers(router_host):
             url = flags.engine_url(spec, h, e)
             if h.name == host_name:
-                mine.append(PlannedWorker(url, worker_type(e.role), e.effective_bootstrap_port if e.role == "prefill" else None))
+                mine.append(PlannedWorker(url, worker_type(e.role),
+                                          e.effective_bootstrap_port if e.role == "prefill" else None))
             else:
                 others.append(url)
         if mine:
@@ -94,5 +98,5 @@ def remote_worker_note(unit: str, remote: Iterable[str], listed: dict[str, bool]
     pending = [u for u in remote if not listed.get(u, False)]
     if not pending:
         return f"{unit}: all {len(remote)} worker(s) on other hosts registered and healthy"
-    return (f"{unit}: pending {', '.join(pending)} ({len(pending)} of {len(remote)} worker(s) on other hosts not up yet: "
-            f"each host's own deploy registers its engines here and waits until they are healthy)")
+    return (f"{unit}: pending {', '.join(pending)} ({len(pending)} of {len(remote)} worker(s) on other hosts not up "
+            "yet: each host's own deploy registers its engines here and waits until they are healthy)")

@@ -21,7 +21,8 @@ SGLANG_ENSURE_ATTEMPTS = 15
 SGLANG_ENSURE_INTERVAL_S = 1.0
 SGLANG_ENSURE_TRY_TIMEOUT_S = 5.0
 
-# The SGLang variable behind each pdkit.faultbudget.FaultBudget field (the sim reads the same names: pdkit/sim/knobs.py).
+# The SGLang variable behind each pdkit.faultbudget.FaultBudget field (the sim reads the
+# same names: pdkit/sim/knobs.py).
 ENGINE_VARIABLES = {
     "heartbeat_interval_s": "SGLANG_DISAGGREGATION_HEARTBEAT_INTERVAL",
     "heartbeat_max_failures": "SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE",

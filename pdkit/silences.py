@@ -145,7 +145,8 @@ class Alertmanager:
                    "createdBy": CREATED_BY, "comment": comment}
         status, body = self._call("POST", "/silences", payload)
         if status != 200:
-            raise AlertmanagerError(f"Alertmanager at {_public(self.url)} refused the silence: {status} {body.strip()[:200]}")
+            raise AlertmanagerError(f"Alertmanager at {_public(self.url)} refused the silence: {status} "
+                                    f"{body.strip()[:200]}")
         return json.loads(body)["silenceID"]
 
     def get(self, silence_id: str) -> dict | None:
@@ -153,20 +154,23 @@ class Alertmanager:
         if status == 404 or (status == 500 and "not found" in body):
             return None
         if status != 200:
-            raise AlertmanagerError(f"Alertmanager at {_public(self.url)}: GET silence {silence_id} answered {status} {body.strip()[:200]}")
+            raise AlertmanagerError(f"Alertmanager at {_public(self.url)}: GET silence {silence_id} answered {status} "
+                                    f"{body.strip()[:200]}")
         return json.loads(body)
 
     def silences(self) -> list[dict]:
         status, body = self._call("GET", "/silences")
         if status != 200:
-            raise AlertmanagerError(f"Alertmanager at {_public(self.url)}: GET silences answered {status} {body.strip()[:200]}")
+            raise AlertmanagerError(f"Alertmanager at {_public(self.url)}: GET silences answered {status} "
+                                    f"{body.strip()[:200]}")
         return json.loads(body)
 
     def expire(self, silence_id: str) -> None:
         """Expire the silence now (an already expired one stays expired: 200 from Alertmanager 0.25)."""
         status, body = self._call("DELETE", f"/silence/{urllib.parse.quote(silence_id, safe='')}")
         if status != 200:
-            raise AlertmanagerError(f"Alertmanager at {_public(self.url)} did not expire silence {silence_id}: {status} {body.strip()[:200]}")
+            raise AlertmanagerError(f"Alertmanager at {_public(self.url)} did not expire silence {silence_id}: "
+                                    f"{status} {body.strip()[:200]}")
 
 
 @dataclass
@@ -228,7 +232,8 @@ class Silencer:
         self.say("-", f"warning: {exc}: going on without a silence there (a silence is a courtesy, not a gate); "
                       f"alerts from the hosts this {self.command} touches may page")
 
-    def start(self, label: str, hosts: list[str], matchers: list[tuple[Matcher, ...]], window_s: float, what: str) -> Silence | None:
+    def start(self, label: str, hosts: list[str], matchers: list[tuple[Matcher, ...]], window_s: float,
+              what: str) -> Silence | None:
         """Silence MATCHERS for at most WINDOW_S from now; one line saying what and until when.
         None when there is no Alertmanager, or none took it (warned)."""
         if not self.managers or not matchers:
@@ -239,7 +244,8 @@ class Silencer:
         for am in self.managers:
             for m in matchers:
                 try:
-                    silence.ids.append((am.url, am.create(m, silence.ends_at, comment, now - timedelta(seconds=STARTS_AT_LEAD_S))))
+                    silence.ids.append((am.url, am.create(m, silence.ends_at, comment,
+                                                          now - timedelta(seconds=STARTS_AT_LEAD_S))))
                 except (AlertmanagerError, ValueError, KeyError) as exc:
                     self._warn(am, exc)
                     break
@@ -269,7 +275,8 @@ class Silencer:
             self.say(silence.label, f"warning: could not expire silence {', '.join(failed)}: it ends by itself at "
                                     f"{silence.ends_at:%H:%M:%S} UTC; expire it in Alertmanager's UI or with amtool")
         else:
-            self.say(silence.label, f"silence expired after {held:.1f} s ({outcome}): alerts of {', '.join(silence.hosts)} page again")
+            self.say(silence.label, f"silence expired after {held:.1f} s ({outcome}): alerts of "
+                     f"{', '.join(silence.hosts)} page again")
 
     @contextmanager
     def silenced(self, label: str, hosts: list[str], matchers: list[tuple[Matcher, ...]], window_s: float, what: str,
@@ -302,7 +309,8 @@ def wait_state(am: Alertmanager, silence_id: str, state: str, timeout: float = 5
         if got is not None and got["status"]["state"] == state:
             return got
         if time.monotonic() > deadline:
-            raise AssertionError(f"silence {silence_id} is {got and got['status']['state']}, not {state}, after {timeout} s")
+            raise AssertionError(f"silence {silence_id} is {got and got['status']['state']}, not {state}, after "
+                                 f"{timeout} s")
         time.sleep(0.1)
 
 
@@ -330,7 +338,8 @@ def deploy_window_s(gate_timeouts: list[float], router_gate_timeouts: list[float
     return first + router_syncs * ROUTER_SYNC_S + router + 60
 
 
-def deploy_silence(spec: ClusterSpec, host_name: str, moving: list, node_drained: bool) -> tuple[float, list[str]] | None:
+def deploy_silence(spec: ClusterSpec, host_name: str, moving: list,
+                   node_drained: bool) -> tuple[float, list[str]] | None:
     """Pure: whether a deploy silences HOST_NAME around its restarts, as (window, units), else None:
     when an engine or router (re)starts (MOVING: pdkit.plan.Service), the spec has a monitoring
     host, and the deploy is not a roll's (node_drained: the roll silences its batch itself)."""
@@ -367,7 +376,8 @@ def deploy_start(state, host, spec: ClusterSpec, window_s: float, units: list[st
         state.add_callback_handler(_failure_watch())
     if not _deploy_exit_registered:
         _deploy_exit_registered.append(True)
-        atexit.register(deploy_end_all, "the deploy ended before its gates passed: expired, so whatever is still wrong pages")
+        atexit.register(deploy_end_all, "the deploy ended before its gates passed: expired, so whatever is still wrong "
+                        "pages")
 
 
 def deploy_end(state, host) -> None:

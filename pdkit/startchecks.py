@@ -132,7 +132,8 @@ class _Walker:
     def followed(module: str) -> bool:
         return any(module == m or module.startswith(m + ".") for m in FOLLOWED_MODULES)
 
-    def resolve(self, module: str, name: str, local_imports: dict[str, tuple[str, str]], depth: int = 0) -> _Function | None:
+    def resolve(self, module: str, name: str, local_imports: dict[str, tuple[str, str]],
+                depth: int = 0) -> _Function | None:
         """The function NAME means in MODULE (a def there, or an import of a followed module)."""
         if depth > 5:
             return None
@@ -172,11 +173,13 @@ def _fields_in(nodes: list[ast.AST], known: set[str]) -> list[str]:
     found: set[str] = set()
     for node in nodes:
         for sub in ast.walk(node):
-            if isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name) and sub.value.id in _RECORD_NAMES and sub.attr in known:
+            if (isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name) and sub.value.id in _RECORD_NAMES
+                and sub.attr in known):
                 found.add(sub.attr)
             elif isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Call) and sub.attr in known:
                 found.add(sub.attr)  # resolved_view(server_args).x, self._resolved().x
-            elif isinstance(sub, ast.Call) and any(isinstance(a, ast.Constant) and a.value in known for a in sub.args[1:]):
+            elif (isinstance(sub, ast.Call) and any(isinstance(a, ast.Constant) and a.value in known
+                                                    for a in sub.args[1:])):
                 # getattr(cfg, "x"), resolution_result(server_args, "x")
                 found.update(a.value for a in sub.args[1:] if isinstance(a, ast.Constant) and a.value in known)
     return sorted(found)
@@ -191,7 +194,8 @@ def _local_fields(fn: _Function, known: set[str]) -> dict[str, set[str]]:
             targets = [t.id for t in node.targets if isinstance(t, ast.Name)]
             if targets:
                 assigns.append((targets, node.value))
-        elif isinstance(node, (ast.AnnAssign, ast.NamedExpr)) and isinstance(node.target, ast.Name) and node.value is not None:
+        elif (isinstance(node, (ast.AnnAssign, ast.NamedExpr)) and isinstance(node.target, ast.Name)
+              and node.value is not None):
             assigns.append(([node.target.id], node.value))
     local: dict[str, set[str]] = {}
     for _ in range(4):
@@ -217,7 +221,8 @@ def _checks_in(fn: _Function, known: set[str]) -> list[dict]:
 
     def _row(fn, stmt, kind, exception, conditions, message, nodes, known):
         row = _make_row(fn, stmt, kind, exception, conditions, message, nodes, known)
-        extra = {f for node in nodes for sub in ast.walk(node) if isinstance(sub, ast.Name) and sub.id in local for f in local[sub.id]}
+        extra = {f for node in nodes for sub in ast.walk(node) if isinstance(sub, ast.Name) and sub.id in local
+                 for f in local[sub.id]}
         row["fields"] = sorted(set(row["fields"]) | extra)
         return row
 
@@ -242,12 +247,14 @@ def _checks_in(fn: _Function, known: set[str]) -> list[dict]:
             elif isinstance(stmt, ast.Try):
                 visit(stmt.body, guards)
                 for handler in stmt.handlers:
-                    visit(handler.body, guards + [(f"except {ast.unparse(handler.type) if handler.type else ''}".strip(), handler)])
+                    visit(handler.body,
+                          guards + [(f"except {ast.unparse(handler.type) if handler.type else ''}".strip(), handler)])
                 visit(stmt.orelse, guards)
                 visit(stmt.finalbody, guards)
             elif isinstance(stmt, ast.Match):
                 for case in stmt.cases:
-                    visit(case.body, guards + [(f"match {ast.unparse(stmt.subject)}: case {ast.unparse(case.pattern)}", stmt.subject)])
+                    visit(case.body, guards + [(f"match {ast.unparse(stmt.subject)}: case {ast.unparse(case.pattern)}",
+                                                stmt.subject)])
             elif isinstance(stmt, ast.Raise) and stmt.exc is not None:
                 exc = stmt.exc
                 if isinstance(exc, ast.Call):
@@ -255,17 +262,20 @@ def _checks_in(fn: _Function, known: set[str]) -> list[dict]:
                     message = ast.unparse(exc.args[0]) if exc.args else ""
                 else:
                     kind, message = ast.unparse(exc), ""
-                out.append(_row(fn, stmt, "raise", kind, [g for g, _ in guards], message, [n for _, n in guards] + [exc], known))
+                out.append(_row(fn, stmt, "raise", kind, [g for g, _ in guards], message,
+                                [n for _, n in guards] + [exc], known))
             elif isinstance(stmt, ast.Assert):
                 conditions = [g for g, _ in guards] + [_negate(stmt.test)]
                 message = ast.unparse(stmt.msg) if stmt.msg is not None else ""
-                out.append(_row(fn, stmt, "assert", "AssertionError", conditions, message, [n for _, n in guards] + [stmt.test, stmt.msg or stmt.test], known))
+                out.append(_row(fn, stmt, "assert", "AssertionError", conditions, message,
+                                [n for _, n in guards] + [stmt.test, stmt.msg or stmt.test], known))
 
     visit(fn.node.body, [])
     return out
 
 
-def _make_row(fn: _Function, stmt: ast.stmt, kind: str, exception: str, conditions: list[str], message: str, nodes, known: set[str]) -> dict:
+def _make_row(fn: _Function, stmt: ast.stmt, kind: str, exception: str, conditions: list[str], message: str, nodes,
+              known: set[str]) -> dict:
     return {
         "function": fn.qualname,
         "module": fn.module,
@@ -298,7 +308,8 @@ def _calls_in(walker: _Walker, fn: _Function) -> list[tuple[_Function, list[str]
 
 
 def _callees(walker: _Walker, fn: _Function) -> list[tuple[ast.AST, _Function]]:
-    local_imports = _imports_in([n for n in ast.walk(fn.node) if isinstance(n, ast.ImportFrom)], fn.module.rsplit(".", 1)[0])
+    local_imports = _imports_in([n for n in ast.walk(fn.node) if isinstance(n, ast.ImportFrom)],
+                                fn.module.rsplit(".", 1)[0])
     out: list[tuple[ast.AST, _Function]] = []
     # classes of followed modules this function imports (SpeculativeAlgorithm): `algo.m(...)` on
     # one of their objects is followed to the class's method m (handle_server_args)
@@ -327,7 +338,8 @@ def _callees(walker: _Walker, fn: _Function) -> list[tuple[ast.AST, _Function]]:
 def extract(root: Path, version: str, known_fields: set[str]) -> tuple[list[str], list[dict]]:
     """(functions walked, check rows) of the sglang package at ROOT."""
     walker = _Walker(root)
-    queue = [f for f in (walker.method("sglang.srt.server_args", "ServerArgs", m) for m in ENTRY_METHODS) if f is not None]
+    queue = [f for f in (walker.method("sglang.srt.server_args", "ServerArgs", m) for m in ENTRY_METHODS)
+             if f is not None]
     if not queue:
         raise RuntimeError(f"{root}/srt/server_args.py has no ServerArgs.{' or '.join(ENTRY_METHODS)}")
     seen: dict[tuple[str, str], _Function] = {}
@@ -374,7 +386,8 @@ def generate(roots: dict[str, Path] | None = None) -> dict:
         known = {o["dest"] for o in parsertable.table()["sglang"][version]["options"]}
         walked, rows = extract(root, version, known)
         releases[version] = {
-            "source": f"sglang=={version}: sglang/srt/server_args.py ServerArgs.{' / '.join(ENTRY_METHODS)} and what they call in {', '.join(FOLLOWED_MODULES)}",
+            "source": f"sglang=={version}: sglang/srt/server_args.py ServerArgs.{' / '.join(ENTRY_METHODS)} and what "
+            f"they call in {', '.join(FOLLOWED_MODULES)}",
             "functions_walked": len(walked),
             "checks": len(rows),
         }
@@ -383,7 +396,9 @@ def generate(roots: dict[str, Path] | None = None) -> dict:
             base = row_id(row)
             counts[base] = counts.get(base, 0) + 1
             rid = base if counts[base] == 1 else f"{base}-{counts[base]}"
-            entry = merged.setdefault(rid, {"id": rid, **{k: row[k] for k in ("function", "kind", "exception", "conditions", "message", "fields")},
+            entry = merged.setdefault(rid, {"id": rid,
+                                            **{k: row[k] for k in ("function", "kind", "exception", "conditions",
+                                                                   "message", "fields")},
                                             "releases": [], "where": {}, "via": {}, "via_conditions": {}})
             entry["releases"].append(version)
             entry["where"][version] = f"{row['module'].replace('.', '/')}.py:{row['line']}"
@@ -398,7 +413,8 @@ def generate(roots: dict[str, Path] | None = None) -> dict:
 
 
 def dumps(data: dict) -> str:
-    lines = ["{", f'  "generated_by": {json.dumps(data["generated_by"])},', f'  "releases": {json.dumps(data["releases"], sort_keys=True)},', '  "checks": [']
+    lines = ["{", f'  "generated_by": {json.dumps(data["generated_by"])},',
+             f'  "releases": {json.dumps(data["releases"], sort_keys=True)},', '  "checks": [']
     checks = data["checks"]
     lines += [f"    {json.dumps(c, sort_keys=True)}{',' if i < len(checks) - 1 else ''}" for i, c in enumerate(checks)]
     lines += ["  ]", "}"]
@@ -449,12 +465,14 @@ def unchecked_fields(version: str) -> dict[str, str]:
 # and commit into startup_check_coverage.json (or to replace by a rule): nothing is covered until
 # it is written there.
 
-_HARDWARE = re.compile(r"\b(is_cuda|is_hip|is_npu|is_xpu|is_mps|is_cpu|is_musa|is_sm\d+\w*|is_blackwell\w*|is_hopper\w*|get_platform|current_platform|"
-                       r"get_device\w*|torch\.cuda|get_bool_env_var\(.SGLANG_USE_AITER|use_mlx|is_flashinfer_available|is_fa3_default_architecture|"
-                       r"get_device_capability|device\b|_is_\w+|cuda_version|importlib|find_spec|is_\w*_available|platform)\b")
-_MODEL = re.compile(r"\b(model_config\w*|hf_config|hf_text_config|model_arch|architectures|get_model_config|model_type|is_deepseek\w*|mambaish\w*|"
-                    r"quant_config|text_config|num_nextn_predict_layers|is_hybrid\w*|hf_\w+|_mc\b|checkpoint|model_label|config\.json|nvfp4_moe_meta|"
-                    r"is_gemma4_draft|parse_connector_type|is_runai_obj_uri)")
+_HARDWARE = re.compile(
+    r"\b(is_cuda|is_hip|is_npu|is_xpu|is_mps|is_cpu|is_musa|is_sm\d+\w*|is_blackwell\w*|is_hopper\w*|get_platform|current_platform|"
+    r"get_device\w*|torch\.cuda|get_bool_env_var\(.SGLANG_USE_AITER|use_mlx|is_flashinfer_available|is_fa3_default_architecture|"
+    r"get_device_capability|device\b|_is_\w+|cuda_version|importlib|find_spec|is_\w*_available|platform)\b")
+_MODEL = re.compile(
+    r"\b(model_config\w*|hf_config|hf_text_config|model_arch|architectures|get_model_config|model_type|is_deepseek\w*|mambaish\w*|"
+    r"quant_config|text_config|num_nextn_predict_layers|is_hybrid\w*|hf_\w+|_mc\b|checkpoint|model_label|config\.json|nvfp4_moe_meta|"
+    r"is_gemma4_draft|parse_connector_type|is_runai_obj_uri)")
 _ENV = re.compile(r"envs\.(\w+)|[\"'](SGLANG_\w+)[\"']")
 
 
@@ -476,27 +494,39 @@ def rendered_dests(version: str) -> set[str]:
 # Functions SGLang runs only for a feature pdkit never turns on (the caller's gate is in its
 # source, `via`), for a model family, for a platform, or on its own bookkeeping.
 FUNCTION_FAMILIES: tuple[tuple[str, str], ...] = (
-    (r"layernorm_sp|muse", "runs only with --enable-layernorm-sp / Muse Spark MegaMoE (handle_layernorm_sp returns early without them), which pdkit never renders"),
+    (r"layernorm_sp|muse", "runs only with --enable-layernorm-sp / Muse Spark MegaMoE (handle_layernorm_sp returns "
+     "early without them), which pdkit never renders"),
     (r"buckets_rule", "validates the --*-buckets rule flags (metrics histogram buckets), which pdkit never renders"),
-    (r"ib_devices", "validates --elastic-ep-devices / --mooncake-ib-device style InfiniBand device lists against the node's sysfs; pdkit renders neither flag and the sysfs is the node's"),
-    (r"mamba", "runs only for SSM/mamba hybrid checkpoints (decided from the model's config.json at start) with their --mamba-* cache strategy flags, which pdkit never renders"),
+    (r"ib_devices", "validates --elastic-ep-devices / --mooncake-ib-device style InfiniBand device lists against the "
+     "node's sysfs; pdkit renders neither flag and the sysfs is the node's"),
+    (r"mamba", "runs only for SSM/mamba hybrid checkpoints (decided from the model's config.json at start) with their "
+     "--mamba-* cache strategy flags, which pdkit never renders"),
     (r"mps", "runs only on Apple MPS (--device mps / macOS), never on pdkit's NVIDIA nodes"),
     (r"hisparse", "runs only with --enable-hisparse, which pdkit never renders"),
     (r"kv_shard|kv_cache_sharding", "runs only with --enable-kv-cache-sharding, which pdkit never renders"),
     (r"unified_memory|spec_verify_backends", "runs only with --enable-unified-memory, which pdkit never renders"),
     (r"fallbacks_of|declare_resolution|validate_declarations|run_post_process_pass|resolve_once|_invoke_provider|with_fallback",
-     "an invariant of SGLang's own resolution code (its records, declarations and passes), not a property of the arguments: no command line reaches it"),
-    (r"deepseek_v4", "runs only for DeepSeek V4 / V4.1 checkpoints (apply_deepseek_v4_defaults and its validators, decided from config.json at start)"),
-    (r"dsa", "runs only for DSA (DeepSeek sparse attention) checkpoints, decided from config.json at start, with their --dsa-* backends and the GPU's SM generation"),
+     "an invariant of SGLang's own resolution code (its records, declarations and passes), not a property of the "
+     "arguments: no command line reaches it"),
+    (r"deepseek_v4", "runs only for DeepSeek V4 / V4.1 checkpoints (apply_deepseek_v4_defaults and its validators, "
+     "decided from config.json at start)"),
+    (r"dsa", "runs only for DSA (DeepSeek sparse attention) checkpoints, decided from config.json at start, with their "
+     "--dsa-* backends and the GPU's SM generation"),
     (r"xpu", "runs only on Intel XPU (decode context parallelism there), never on pdkit's NVIDIA nodes"),
-    (r"lora", "runs only with LoRA serving (--enable-lora / --lora-paths; check_lora_server_args returns early without them), which pdkit never renders"),
+    (r"lora", "runs only with LoRA serving (--enable-lora / --lora-paths; check_lora_server_args returns early without "
+     "them), which pdkit never renders"),
     (r"load_publish", "runs only with --load-publish-endpoint / --kv-events-config, which pdkit never renders"),
-    (r"max_context_size|prefill_max_context", "needs --cuda-graph-prefill-max-context, which pdkit never renders, against the checkpoint's context length"),
-    (r"prefill_complete", "needs --disaggregation-decode-allocation-policy prefill_complete, which pdkit never renders"),
-    (r"dispatch_type", "needs --flashinfer-a2a-dispatch-type (with SGLANG_MOE_NVFP4_DISPATCH), which pdkit never renders"),
-    (r"swa|prefix_tails", "needs --swa-full-tokens-ratio / --swa-prefix-tails (sliding-window models), which pdkit never renders"),
+    (r"max_context_size|prefill_max_context", "needs --cuda-graph-prefill-max-context, which pdkit never renders, "
+     "against the checkpoint's context length"),
+    (r"prefill_complete", "needs --disaggregation-decode-allocation-policy prefill_complete, which pdkit never "
+     "renders"),
+    (r"dispatch_type", "needs --flashinfer-a2a-dispatch-type (with SGLANG_MOE_NVFP4_DISPATCH), which pdkit never "
+     "renders"),
+    (r"swa|prefix_tails", "needs --swa-full-tokens-ratio / --swa-prefix-tails (sliding-window models), which pdkit "
+     "never renders"),
     (r"deepep_v2|flashinfer_a2a_token_budget|mega_moe|megamoe|flydsl|pplx|mori",
-     "a token budget or runner pairing of an expert-parallel all-to-all backend, sized from SGLANG_* dispatch-capacity variables and the checkpoint's MoE shape at start"),
+     "a token budget or runner pairing of an expert-parallel all-to-all backend, sized from SGLANG_* dispatch-capacity "
+     "variables and the checkpoint's MoE shape at start"),
 )
 
 
@@ -513,19 +543,22 @@ def draft_reason(row: dict, rendered: set[str]) -> str:
             return why
     # a check on the checkpoint's kind (its guards read config.json) is the checkpoint's first
     if _MODEL.search(" ".join(row["conditions"])):
-        return ("depends on the checkpoint (its config.json: architecture, quantization, layers), which SGLang reads at start "
-                "and pdkit never opens")
+        return ("depends on the checkpoint (its config.json: architecture, quantization, layers), which SGLang reads "
+                "at start and pdkit never opens")
     # --device is left unset by pdkit and resolves to the node's platform: a hardware condition
     never = sorted(set(row["fields"]) - rendered - PLATFORM_FIELDS)
     if never:
         shown = ", ".join("--" + f.replace("_", "-") for f in never)
-        return (f"fires only with {shown} away from SGLang's default: pdkit never renders {'it' if len(never) == 1 else 'them'}, "
-                "and extra_args that set them are checked against the release's parser only (tests/test_contract_parsers.py), not its start checks")
+        return (f"fires only with {shown} away from SGLang's default: pdkit never renders "
+                f"{'it' if len(never) == 1 else 'them'}, "
+                "and extra_args that set them are checked against the release's parser only "
+                "(tests/test_contract_parsers.py), not its start checks")
     if _MODEL.search(text):
-        return ("depends on the checkpoint (its config.json: architecture, quantization, layers), which SGLang reads at start "
-                "and pdkit never opens")
+        return ("depends on the checkpoint (its config.json: architecture, quantization, layers), which SGLang reads "
+                "at start and pdkit never opens")
     if _HARDWARE.search(text):
-        return "depends on the platform the engine starts on (CUDA/ROCm/NPU/XPU/MPS, the GPU's SM generation, installed kernels), known only on the node"
+        return ("depends on the platform the engine starts on (CUDA/ROCm/NPU/XPU/MPS, the GPU's SM generation, "
+                "installed kernels), known only on the node")
     env = sorted({a or b for a, b in _ENV.findall(text)})
     if env:
         return (f"depends on SGLang environment variable(s) {', '.join(env)}, which pdkit does not set "
@@ -546,8 +579,11 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m pdkit.startchecks", description=__doc__.split("\n\n")[0])
     parser.add_argument("--write", action="store_true", help=f"write {TABLE_PATH.name}")
-    parser.add_argument("--check", action="store_true", help="exit 1 when the committed table differs or a row is uncovered")
-    parser.add_argument("--draft-coverage", action="store_true", help="print proposed reasons for the rows the coverage file lacks (review before committing them)")
+    parser.add_argument("--check", action="store_true",
+                        help="exit 1 when the committed table differs or a row is uncovered")
+    parser.add_argument("--draft-coverage", action="store_true",
+                        help="print proposed reasons for the rows the coverage file lacks (review before committing "
+                        "them)")
     args = parser.parse_args(argv)
     if args.draft_coverage:
         print(json.dumps(draft_coverage(generate()), indent=1, sort_keys=True))
@@ -564,7 +600,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{TABLE_PATH} is stale: run `python -m pdkit.startchecks --write`", file=sys.stderr)
             rc = 1
         for row in uncovered(data):
-            print(f"{row['id']} ({', '.join(row['releases'])} {row['function']}): {row['message']} — not in {COVERAGE_PATH.name}", file=sys.stderr)
+            print(f"{row['id']} ({', '.join(row['releases'])} {row['function']}): {row['message']} — not in "
+                  f"{COVERAGE_PATH.name}", file=sys.stderr)
             rc = 1
         return rc
     sys.stdout.write(text)

@@ -10,8 +10,10 @@ from pdkit.spec import ClusterSpec, effective_decode_graph_max_bs, engine_numa_n
 def summary(spec: ClusterSpec) -> str:
     c = spec.cluster
     lines = [
-        f"cluster {c.name}: engine {c.engine}, sglang {c.sglang_version}, model {c.model.path} (served as {c.model.name})",
-        f"  {'PD over ' + c.transfer_backend if spec.is_pd() else 'no PD'}; target concurrency {c.target_concurrency or 'unset'}; service user {c.service_user}",
+        f"cluster {c.name}: engine {c.engine}, sglang {c.sglang_version}, model {c.model.path} (served as "
+        f"{c.model.name})",
+        f"  {'PD over ' + c.transfer_backend if spec.is_pd() else 'no PD'}; target concurrency "
+        f"{c.target_concurrency or 'unset'}; service user {c.service_user}",
         "",
         "nodes:",
     ]
@@ -20,9 +22,11 @@ def summary(spec: ClusterSpec) -> str:
         assert node is not None
         g = node.gpus
         gpu_kind = "virtual " if node.gpu == "none" else ""
-        lines.append(f"  {host.name} ({host.address}): {g.count}x {gpu_kind}{g.model} {g.memory_gib} GiB sm_{g.compute_capability.replace('.', '')}, NCCL profile {node.nccl_profile}")
+        lines.append(f"  {host.name} ({host.address}): {g.count}x {gpu_kind}{g.model} {g.memory_gib} GiB "
+                     f"sm_{g.compute_capability.replace('.', '')}, NCCL profile {node.nccl_profile}")
         if node.engine_venv:
-            lines.append(f"    engines run from the node's own environment {flags.engine_python(spec, host)} (pdkit installs no engine here)")
+            lines.append(f"    engines run from the node's own environment {flags.engine_python(spec, host)} (pdkit "
+                         "installs no engine here)")
         for e in node.engines:
             numa = engine_numa_node(host, e)
             graphs = effective_decode_graph_max_bs(spec, host, e)
@@ -37,7 +41,8 @@ def summary(spec: ClusterSpec) -> str:
             if e.effective_bootstrap_port is not None:
                 bits.append(f"bootstrap {e.effective_bootstrap_port}")
             if e.role != "prefill":
-                bits.append("decode graphs " + (f"<= bs {graphs}" if graphs else ("off" if not tuning.value("cuda_graph") else "on (SGLang default)")))
+                bits.append("decode graphs " + (f"<= bs {graphs}" if graphs else
+                                                "off" if not tuning.value("cuda_graph") else "on (SGLang default)"))
             if tuning.context_length:
                 bits.append(f"ctx {tuning.context_length}")
             if e.spans_nodes:
@@ -45,20 +50,24 @@ def summary(spec: ClusterSpec) -> str:
             lines.append(f"    {e.name:<10} {e.role:<8} " + ", ".join(bits))
         for p in spec.placements(host):
             if p.rank > 0:
-                lines.append(f"    {p.engine.name:<10} {p.engine.role:<8} rank {p.rank} of {p.head.name}/{p.engine.name}, GPUs {','.join(map(str, p.engine.gpus))}")
+                lines.append(f"    {p.engine.name:<10} {p.engine.role:<8} rank {p.rank} of "
+                             f"{p.head.name}/{p.engine.name}, GPUs {','.join(map(str, p.engine.gpus))}")
     lines += ["", "router:"]
     for host in spec.router_hosts:
         package, version = spec.router_release(host)
         assert host.router is not None
         workers = spec.router_workers(host)
-        lines.append(f"  {host.name}: {package} {version} on {flags.router_address(host)}:{host.router.port} (metrics :{host.router.prometheus_port}), {len(workers)} workers: " + ", ".join(f"{h.name}/{e.name}" for h, e in workers))
+        lines.append(f"  {host.name}: {package} {version} on {flags.router_address(host)}:{host.router.port} (metrics "
+                     f":{host.router.prometheus_port}), {len(workers)} workers: "
+                     + ", ".join(f"{h.name}/{e.name}" for h, e in workers))
         for node in sorted({h.name for h, _ in workers}):
             for outage in batch_outages(spec, [node]):
                 if outage.router == host.name:
-                    lines.append(f"    every {' and '.join(outage.kinds)} worker is on {node}: a change there is an outage "
-                                 "(pdkit roll --allow-downtime, docs/rolling.md 'Downtime mode')")
+                    lines.append(f"    every {' and '.join(outage.kinds)} worker is on {node}: a change there is an "
+                                 "outage (pdkit roll --allow-downtime, docs/rolling.md 'Downtime mode')")
         lines += ["    " + line for line in faultbudget.summary_lines(
-                c.fault_budget, host.router.health_check_interval_secs, host.router.health_failure_threshold, pd=spec.is_pd())]
+                c.fault_budget, host.router.health_check_interval_secs, host.router.health_failure_threshold,
+                pd=spec.is_pd())]
     lines += ["", "monitoring:"]
     if not spec.monitoring_hosts:
         lines.append("  none declared")

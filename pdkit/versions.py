@@ -77,7 +77,8 @@ class RouterRelease:
 
 
 ROUTER_RELEASES: dict[tuple[str, str], RouterRelease] = {
-    ("smg", "1.13.0"): RouterRelease("smg", "1.13.0", ("smg", "launch"), "smg_", per_worker_drain_settle=True, empty_regular_is_404=True),
+    ("smg", "1.13.0"): RouterRelease("smg", "1.13.0", ("smg", "launch"), "smg_", per_worker_drain_settle=True,
+                                     empty_regular_is_404=True),
     ("sglang-router", "0.3.2"): RouterRelease(
         # 0.3.2 already serves smg_* (checked on the GPU tier), not the older sgl_router_*
         "sglang-router", "0.3.2", ("python", "-m", "sglang_router.launch_router"), "smg_"

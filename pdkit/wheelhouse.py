@@ -144,7 +144,8 @@ def pdkit_wheel() -> Path:
         for name in ("pyproject.toml", "README.md"):
             shutil.copy2(REPO / name, src / name)
         proc = subprocess.run(
-            [sys.executable, "-m", "pip", "wheel", "--quiet", "--disable-pip-version-check", "--no-deps", "-w", str(Path(tmp) / "out"), str(src)],
+            [sys.executable, "-m", "pip", "wheel", "--quiet", "--disable-pip-version-check", "--no-deps", "-w",
+             str(Path(tmp) / "out"), str(src)],
             env=env, timeout=600, capture_output=True, text=True,
         )
         if proc.returncode != 0:
@@ -212,7 +213,8 @@ def _pins_of(requirement_lines: list[str]) -> dict[str, str]:
 
 def _pip_failure(stderr: str) -> str:
     """pip's error in one line: the package it could not get, or why the index was out of reach."""
-    lines = [ln for ln in stderr.splitlines() if ln.strip() and "is ignored: it is neither a file nor a directory" not in ln]
+    lines = [ln for ln in stderr.splitlines()
+             if ln.strip() and "is ignored: it is neither a file nor a directory" not in ln]
     for pattern in (r"No matching distribution found for (\S+)", r"satisfies the requirement (\S+)"):
         for ln in lines:
             m = re.search(pattern, ln)
@@ -222,7 +224,8 @@ def _pip_failure(stderr: str) -> str:
     if "DO NOT MATCH THE HASHES" in text:
         bad = re.findall(r"^\s+(\S+==\S+) from ", text, flags=re.M)
         return f"downloaded file(s) do not match the lock's hashes: {', '.join(bad) or 'see pip output'}"
-    if re.search(r"Failed to establish a new connection|Temporary failure in name resolution|Network is unreachable|ConnectTimeout|Max retries exceeded", text):
+    if re.search(r"Failed to establish a new connection|Temporary failure in name resolution|Network is "
+                 r"unreachable|ConnectTimeout|Max retries exceeded", text):
         return "the package index could not be reached"
     errors = [ln for ln in lines if ln.startswith("ERROR")]
     return (errors or lines or ["pip failed without a message"])[-1].removeprefix("ERROR: ")
@@ -233,12 +236,15 @@ _KEY_PACKAGES = ("sglang", "torch", "nixl-cu13", "smg", "sglang-router")
 
 
 def _missing_text(missing: list[str], total: int) -> str:
-    ordered = sorted(missing, key=lambda pin: (pin.split("==")[0] not in _KEY_PACKAGES, _KEY_PACKAGES.index(pin.split("==")[0]) if pin.split("==")[0] in _KEY_PACKAGES else 0, pin))
+    ordered = sorted(missing, key=lambda pin: (pin.split("==")[0] not in _KEY_PACKAGES,
+                                               _KEY_PACKAGES.index(pin.split("==")[0])
+                                               if pin.split("==")[0] in _KEY_PACKAGES else 0, pin))
     shown = ", ".join(ordered[:8]) + (f" and {len(ordered) - 8} more" if len(ordered) > 8 else "")
     return f"{'all' if len(missing) == total else len(missing)} of {total} wheels: {shown}"
 
 
-def download(requirements: str, pins: dict[str, str], platform: NodePlatform, *, label: str, hashed: bool) -> dict[str, Path]:
+def download(requirements: str, pins: dict[str, str], platform: NodePlatform, *, label: str,
+             hashed: bool) -> dict[str, Path]:
     """Wheels for every pin (cached per Python and platform), or WheelhouseError naming what is missing."""
     pool = _pool(platform)
     pool.mkdir(parents=True, exist_ok=True)
@@ -248,13 +254,15 @@ def download(requirements: str, pins: dict[str, str], platform: NodePlatform, *,
     where = f"Python {platform.python}, glibc {platform.glibc_text} ({platform.tags[0]})"
     if offline():
         raise WheelhouseError(
-            f"{label}: offline (PDKIT_OFFLINE) and the cache {pool} lacks {_missing_text(missing, len(pins))}. Fix: run `python -m pdkit.wheelhouse` with the same "
+            f"{label}: offline (PDKIT_OFFLINE) and the cache {pool} lacks {_missing_text(missing, len(pins))}. Fix: "
+            "run `python -m pdkit.wheelhouse` with the same "
             f"--platform/--engine on a machine that reaches the index and copy its {cache_root()} here (PDKIT_CACHE)"
         )
     _log(f"{label}: downloading {len(missing)} of {len(pins)} packages for {where} into {pool}")
     cmd = [
         sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--progress-bar", "off",
-        "--no-deps", "--only-binary=:all:", "--python-version", platform.python, "--implementation", "cp", "-d", str(pool),
+        "--no-deps", "--only-binary=:all:", "--python-version", platform.python, "--implementation", "cp", "-d",
+        str(pool),
     ]
     for tag in platform.tags:
         cmd += ["--platform", tag]
@@ -313,7 +321,8 @@ def make_bundle(name: str, wheels: list[Path], requirements: str, platform: Node
     digest = hashlib.sha256(requirements.encode())
     for wheel in entries:
         digest.update(b"\0" + wheel.name.encode() + b"\0" + file_sha256(wheel).encode())
-    return Bundle(name=name, wheels=tuple(entries), requirements=requirements, digest=digest.hexdigest(), platform=platform)
+    return Bundle(name=name, wheels=tuple(entries), requirements=requirements, digest=digest.hexdigest(),
+                  platform=platform)
 
 
 def _own_requirement(own: Path) -> str:
@@ -339,7 +348,8 @@ def node_bundle(platform: NodePlatform) -> Bundle:
     if key not in _BUILT:
         own = pdkit_wheel()
         wheels, requirements = _node_pins(platform)
-        _BUILT[key] = make_bundle("node", [*wheels.values(), own], requirements + _own_requirement(own) + "\n", platform)
+        _BUILT[key] = make_bundle("node", [*wheels.values(), own], requirements + _own_requirement(own) + "\n",
+                                  platform)
     return _BUILT[key]
 
 
@@ -367,7 +377,8 @@ def engine_bundle(platform: NodePlatform, engine: str, sglang_version: str | Non
         pins, requirements = _node_pins(platform)
         sim = sim_wheel()
         version = parse_wheel_filename(sim.name)[1]
-        bundle = make_bundle("engine", [*pins.values(), sim], requirements + hashed_requirement(SIM_DIST, str(version), sim) + "\n", platform)
+        bundle = make_bundle("engine", [*pins.values(), sim],
+                             requirements + hashed_requirement(SIM_DIST, str(version), sim) + "\n", platform)
     else:
         raise WheelhouseError(f"unknown engine {engine!r}: valid: sglang, sim")
     _BUILT[key] = bundle
@@ -398,7 +409,8 @@ def _pdkit_imports(path: Path, root: Path) -> set[str]:
         if isinstance(node, ast.Import):
             names |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
-            module = ".".join([*package[:len(package) - node.level + 1], *([node.module] if node.module else [])]) if node.level else (node.module or "")
+            module = (".".join([*package[:len(package) - node.level + 1], *([node.module] if node.module else [])])
+                      if node.level else (node.module or ""))
             # `from pdkit import catalogue` imports the module pdkit.catalogue
             names |= {module, *(f"{module}.{alias.name}" for alias in node.names)}
     return {n for n in names if n == "pdkit" or n.startswith("pdkit.")}
@@ -429,7 +441,8 @@ def sim_sources(root: Path = REPO) -> list[str]:
                 todo.append(found)
     texts = "\n".join(p.read_text() for p in seen)
     data = {p for p in root.joinpath("pdkit").rglob("*")
-            if p.is_file() and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts and (f'"{p.name}"' in texts or f"'{p.name}'" in texts)}
+            if p.is_file() and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts
+            and (f'"{p.name}"' in texts or f"'{p.name}'" in texts)}
     return sorted(str(p.relative_to(root)) for p in seen | data)
 
 
@@ -457,9 +470,12 @@ def sim_wheel(root: Path = REPO) -> Path:
     if out.exists():
         return out
     info = f"{name}-{version}.dist-info"
-    contents[f"{info}/METADATA"] = f"Metadata-Version: 2.1\nName: {SIM_DIST}\nVersion: {version}\nSummary: the pdkit sim engine's files (pdkit.wheelhouse.sim_sources)\n".encode()
-    contents[f"{info}/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: pdkit.wheelhouse\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
-    record = "".join(f"{rel},{_record_hash(data)},{len(data)}\n" for rel, data in sorted(contents.items())) + f"{info}/RECORD,,\n"
+    contents[f"{info}/METADATA"] = (f"Metadata-Version: 2.1\nName: {SIM_DIST}\nVersion: {version}\n"
+                                    "Summary: the pdkit sim engine's files (pdkit.wheelhouse.sim_sources)\n").encode()
+    contents[f"{info}/WHEEL"] = (b"Wheel-Version: 1.0\nGenerator: pdkit.wheelhouse\nRoot-Is-Purelib: true\n"
+                                 b"Tag: py3-none-any\n")
+    record = "".join(f"{rel},{_record_hash(data)},{len(data)}\n"
+                     for rel, data in sorted(contents.items())) + f"{info}/RECORD,,\n"
     contents[f"{info}/RECORD"] = record.encode()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = _unique_tmp(out)
@@ -479,7 +495,8 @@ def router_bundle(platform: NodePlatform, package: str, version: str) -> Bundle:
         lock = f"router-{package}-{version}.txt"
         pins = lock_pins(lock)
         pinned = _pins_of(pins)
-        wheels = download("\n".join(pins) + "\n", pinned, platform, label=f"router pins (pdkit/locks/{lock})", hashed=False)
+        wheels = download("\n".join(pins) + "\n", pinned, platform, label=f"router pins (pdkit/locks/{lock})",
+                          hashed=False)
         requirements = "".join(hashed_requirement(n, v, wheels[n]) + "\n" for n, v in sorted(pinned.items()))
         _BUILT[key] = make_bundle("router", list(wheels.values()), requirements, platform)
     return _BUILT[key]
@@ -495,19 +512,24 @@ def resolve_platform(name: str | None, python: str | None, glibc: str | None) ->
         for known in KNOWN_PLATFORMS.values():
             if known.python == python:
                 return known
-        raise WheelhouseError(f"no known node OS ships Python {python} ({', '.join(f'{k}: {p.python}' for k, p in KNOWN_PLATFORMS.items())}): give --glibc too")
+        raise WheelhouseError(f"no known node OS ships Python {python} "
+                              f"({', '.join(f'{k}: {p.python}' for k, p in KNOWN_PLATFORMS.items())}): give --glibc "
+                              "too")
     return DEFAULT_PLATFORM
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Fetch and bundle the wheels a node installs (the deploy does this itself; this warms the cache).")
-    parser.add_argument("--platform", choices=sorted(KNOWN_PLATFORMS), help=f"the nodes' OS (default {DEFAULT_PLATFORM.name})")
+    parser = argparse.ArgumentParser(description="Fetch and bundle the wheels a node installs (the deploy does this "
+                                     "itself; this warms the cache).")
+    parser.add_argument("--platform", choices=sorted(KNOWN_PLATFORMS),
+                        help=f"the nodes' OS (default {DEFAULT_PLATFORM.name})")
     parser.add_argument("--python", help="the nodes' Python, e.g. 3.12; alone it picks the known OS that ships it")
     parser.add_argument("--glibc", help="the nodes' glibc, e.g. 2.39 (with --python, for an OS not in the table)")
     parser.add_argument("--engine", choices=["sim", "sglang"], default="sim")
     parser.add_argument("--sglang-version", default=None)
     parser.add_argument("--router", default="smg==1.13.0")
-    parser.add_argument("--offline", action="store_true", help="never contact an index: fail naming what the cache lacks")
+    parser.add_argument("--offline", action="store_true",
+                        help="never contact an index: fail naming what the cache lacks")
     parser.add_argument("--tarball", action="store_true", help="also pack each bundle as the tar an SFTP upload sends")
     args = parser.parse_args(argv)
     if args.offline:

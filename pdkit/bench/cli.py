@@ -27,9 +27,11 @@ def parse_concurrency(text: str) -> list[int]:
     try:
         levels = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--concurrency takes comma-separated positive integers, e.g. 1,16,64; got {text!r}") from None
+        raise argparse.ArgumentTypeError("--concurrency takes comma-separated positive integers, e.g. 1,16,64; got "
+                                         f"{text!r}") from None
     if not levels or any(c < 1 for c in levels):
-        raise argparse.ArgumentTypeError(f"--concurrency takes comma-separated positive integers, e.g. 1,16,64; got {text!r}")
+        raise argparse.ArgumentTypeError("--concurrency takes comma-separated positive integers, e.g. 1,16,64; got "
+                                         f"{text!r}")
     return levels
 
 
@@ -61,7 +63,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return EXIT_INVALID
     try:
         router_url, _ = router_target(spec)
-        print(f"bench {sent_to(router_url, measured.describe() if measured else None)} (model {served_model(spec)}, engine {spec.cluster.engine}): "
+        print(f"bench {sent_to(router_url, measured.describe() if measured else None)} (model {served_model(spec)}, "
+              f"engine {spec.cluster.engine}): "
               f"C={','.join(map(str, args.concurrency))}, in {args.input_len} / out {args.output_len} tokens, "
               f"{args.requests} requests per level", file=sys.stderr)
         if args.engine_bench == "sglang":
@@ -99,24 +102,29 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register `bench` and `compare`."""
-    p = subparsers.add_parser("bench", help="measure the cluster through its router (tok/s, TTFT, TPOT, ITL per concurrency)",
+    p = subparsers.add_parser("bench",
+                              help="measure the cluster through its router (tok/s, TTFT, TPOT, ITL per concurrency)",
                               description="Streaming requests with fixed input/output lengths through the router, "
-                                          "after a warm-up; one JSON line per run in OUT/runs.jsonl, plus OUT/<id>.md and .png.")
+                                          "after a warm-up; one JSON line per run in OUT/runs.jsonl, plus OUT/<id>.md "
+                                          "and .png.")
     p.add_argument("inventory")
     p.add_argument("--concurrency", type=parse_concurrency, default=[1, 16, 64], metavar="C1,C2,...",
                    help="concurrency levels, run in this order (default 1,16,64)")
     p.add_argument("--input-len", type=int, default=512, help="prompt tokens per request (default 512)")
     p.add_argument("--output-len", type=int, default=128, help="output tokens per request, EOS ignored (default 128)")
     p.add_argument("--requests", type=int, default=64, help="requests per concurrency level (default 64)")
-    p.add_argument("--warmup", type=int, default=4, help="warm-up requests before the first level, not counted (default 4)")
+    p.add_argument("--warmup", type=int, default=4,
+                   help="warm-up requests before the first level, not counted (default 4)")
     p.add_argument("--label", default="", help="free text kept with the run, e.g. 'before cuda-graph change'")
-    p.add_argument("--out", default=DEFAULT_OUT, help=f"directory for runs.jsonl, <id>.md and <id>.png (default {DEFAULT_OUT})")
+    p.add_argument("--out", default=DEFAULT_OUT, help="directory for runs.jsonl, <id>.md and <id>.png (default "
+                   f"{DEFAULT_OUT})")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per request (default 300)")
     p.add_argument("--engine-bench", choices=("pdkit", "sglang"), default="pdkit",
                    help=f"pdkit's client (default) or SGLang's own `python -m {SGLANG_BENCH_MODULE}`")
     p.add_argument("--sglang-python", default=sys.executable,
                    help="python that has sglang installed, for --engine-bench sglang (default: this one)")
-    p.add_argument("--tokenizer", default=None, help="tokenizer path for --engine-bench sglang (default: the model name)")
+    p.add_argument("--tokenizer", default=None, help="tokenizer path for --engine-bench sglang (default: the model "
+                   "name)")
     p.add_argument("--limit", action="append", default=[], metavar="HOST",
                    help="bench only these hosts' own engines (repeat): each request goes to one of their PD pairs "
                         "directly, in the router's PD form, in turn, so each pair serves an equal share. Through the "
@@ -128,10 +136,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_bench)
 
     p = subparsers.add_parser("compare", help="two bench runs side by side with ratios (B/A)",
-                              description="A and B: a run id or label from RUNS, or a .json record / .jsonl file (its last run).")
+                              description="A and B: a run id or label from RUNS, or a .json record / .jsonl file (its "
+                              "last run).")
     p.add_argument("a", metavar="A", help="the run before (id, label or file)")
     p.add_argument("b", metavar="B", help="the run after (id, label or file)")
-    p.add_argument("--runs", default=f"{DEFAULT_OUT}/{RUNS_FILE}", help=f"runs file to look ids and labels up in (default {DEFAULT_OUT}/{RUNS_FILE})")
+    p.add_argument("--runs", default=f"{DEFAULT_OUT}/{RUNS_FILE}",
+                   help=f"runs file to look ids and labels up in (default {DEFAULT_OUT}/{RUNS_FILE})")
     p.add_argument("--out", default=None, help="also write the markdown to this file")
     p.add_argument("--plot", default=None, metavar="PNG", help="also draw both runs on one throughput/TPOT chart")
     p.set_defaults(func=cmd_compare)

@@ -93,8 +93,8 @@ async def stream_one(session, url: str, headers: dict[str, str], body: dict[str,
     if why is not None:
         return failed(why, end.shown_finish())
     if tokens != output_len:
-        return failed(f"{'short' if tokens < output_len else 'long'} ({end.shown_finish()}): got {tokens} output tokens, "
-                      f"asked for {output_len}", end.shown_finish())
+        return failed(f"{'short' if tokens < output_len else 'long'} ({end.shown_finish()}): got {tokens} output "
+                      f"tokens, asked for {output_len}", end.shown_finish())
     return RequestResult(ok=True, ttft=chunk_times[0], latency=latency, output_tokens=tokens,
                          prompt_tokens=prompt, chunk_times=tuple(chunk_times), finish_reason=end.finish_reason,
                          worker=worker, rid=end.rid)

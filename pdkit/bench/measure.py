@@ -61,8 +61,10 @@ class Measured:
     def describe(self) -> dict[str, Any]:
         """For records (bench env.measured, the candidate's `measured`)."""
         if self.via == "router":
-            return {"via": "router", "router_url": self.router_url, "hosts": list(self.hosts), "engines": sorted(self.router_engines)}
-        return {"via": "engines", "hosts": list(self.hosts), "engines": self.engines, "routes": [r.label for r in self.routes]}
+            return {"via": "router", "router_url": self.router_url, "hosts": list(self.hosts),
+                    "engines": sorted(self.router_engines)}
+        return {"via": "engines", "hosts": list(self.hosts), "engines": self.engines,
+                "routes": [r.label for r in self.routes]}
 
     def route(self, index: int) -> Route:
         return self.routes[index % len(self.routes)]
@@ -77,7 +79,8 @@ class Measured:
         if route.prefill is None:
             return await stream_one(session, url, {}, body, output_len, timeout_s)
         result, prefill_failed = await _pd(session, route, route.pd_body(body),
-                                           lambda s, b: stream_one(s, url, {}, b, output_len, timeout_s), lambda r: r.ok, timeout_s)
+                                           lambda s, b: stream_one(s, url, {}, b, output_len, timeout_s),
+                                           lambda r: r.ok, timeout_s)
         if prefill_failed:
             return RequestResult(ok=False, error=prefill_failed)
         return result if result.ok else replace(result, error=f"decode {route.engine.label}: {result.error}")
@@ -86,12 +89,14 @@ class Measured:
         """(status, body) of each non-streaming /generate PAYLOAD, CONCURRENCY at a time, in order."""
         if self.via == "router":
             with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-                return list(pool.map(lambda p: health.http_request(f"{self.router_url}/generate", p, timeout=timeout_s, headers=self.headers),
+                return list(pool.map(lambda p: health.http_request(f"{self.router_url}/generate", p, timeout=timeout_s,
+                                                                   headers=self.headers),
                                      payloads))
         # one event loop for all of them (pdkit tune runs gevent-patched: no loop per thread)
         return asyncio.run(self._ask_engines(payloads, concurrency, timeout_s))
 
-    async def _ask_engines(self, payloads: Sequence[dict[str, Any]], concurrency: int, timeout_s: float) -> list[tuple[int, str]]:
+    async def _ask_engines(self, payloads: Sequence[dict[str, Any]], concurrency: int,
+                           timeout_s: float) -> list[tuple[int, str]]:
         import aiohttp  # lazy: aiohttp takes ~0.3 s to import, and only a run that sends needs it
 
         gate = asyncio.Semaphore(max(1, concurrency))
@@ -103,7 +108,8 @@ class Measured:
                 if route.prefill is None:
                     return await _post(session, url, payload, timeout_s)
                 result, prefill_failed = await _pd(session, route, route.pd_body(payload),
-                                                   lambda s, b: _post(s, url, b, timeout_s), lambda r: r[0] == 200, timeout_s)
+                                                   lambda s, b: _post(s, url, b, timeout_s), lambda r: r[0] == 200,
+                                                   timeout_s)
                 if prefill_failed:
                     return 0, prefill_failed
                 return result if result[0] == 200 else (result[0], f"decode {route.engine.label}: {result[1]}")
@@ -137,7 +143,8 @@ async def _pd(session, route: Route, body: dict[str, Any], decode_call, ok, time
 
     def prefill_failed() -> str | None:
         status, text = prefill.result()
-        return None if status == 200 else f"prefill {route.prefill.label}: HTTP {status or 'no answer'}: {text.strip()[:200]}"
+        return (None if status == 200 else f"prefill {route.prefill.label}: HTTP {status or 'no answer'}: "
+                f"{text.strip()[:200]}")
 
     try:
         done, _ = await asyncio.wait({prefill, decode}, return_when=asyncio.FIRST_COMPLETED)

@@ -173,7 +173,8 @@ def run_id(started: datetime, label: str) -> str:
 
 
 def record_head(spec: ClusterSpec, tool: str, label: str, input_len: int, output_len: int, requests: int,
-                warmup: int, probe_drivers: bool, router_url: str, measured: dict[str, Any] | None = None) -> dict[str, Any]:
+                warmup: int, probe_drivers: bool, router_url: str,
+                measured: dict[str, Any] | None = None) -> dict[str, Any]:
     """A record without levels yet: what is run, on what (env), where the requests go (env.measured)."""
     started = datetime.now(UTC)
     env = fingerprint(spec, probe_drivers=probe_drivers)
@@ -214,7 +215,8 @@ def run_bench(spec: ClusterSpec, concurrency: Sequence[int] = (16,), input_len: 
         raise ValueError("run_bench: give send and measured together (what is sent, and what that measures)")
     check_workload(spec, input_len, output_len, requests, warmup)
     router_url, headers = router_target(spec)
-    record = record_head(spec, "pdkit", label, input_len, output_len, requests, warmup, probe_drivers, router_url, measured)
+    record = record_head(spec, "pdkit", label, input_len, output_len, requests, warmup, probe_drivers, router_url,
+                         measured)
     if prefills is None:
         prefills = kv_prefills(spec, record["env"]["measured"])
     record["kv_prefills"] = list(prefills)
@@ -226,7 +228,8 @@ def run_bench(spec: ClusterSpec, concurrency: Sequence[int] = (16,), input_len: 
         bar.close()
         failed = [r for r in results if not r.ok]
         if len(failed) == len(results):
-            where = router_url if measured is None else ", ".join(measured.get("routes") or measured.get("engines") or [])
+            where = (router_url if measured is None
+                     else ", ".join(measured.get("routes") or measured.get("engines") or []))
             raise RuntimeError(f"every warm-up request through {where} failed: {failed[0].error}")
     for level_index, c in enumerate(concurrency):
         bar = Progress(f"C={c:<4}", requests, progress)

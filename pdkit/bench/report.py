@@ -94,7 +94,8 @@ def render_kv(record: dict[str, Any]) -> list[str]:
             notes.append(f"- C={level['concurrency']}: /metrics not read ({scope}): "
                          + "; ".join(f"{label}: {why}" for label, why in kv["unread"].items()))
         if kv.get("warmup_included"):
-            notes.append(f"- C={level['concurrency']}: the window includes the run's {kv['warmup_included']} warm-up request(s)")
+            notes.append(f"- C={level['concurrency']}: the window includes the run's {kv['warmup_included']} warm-up "
+                         "request(s)")
     return lines + ([""] + notes if notes else [])
 
 
@@ -146,7 +147,8 @@ def render_markdown(record: dict[str, Any]) -> str:
     lines = [
         f"## {record['id']}{label}",
         "",
-        f"{record['time']}, `{record['tool']}` {sent_to(record['router_url'], (record.get('env') or {}).get('measured'))}, cluster `{record['cluster']}`, "
+        f"{record['time']}, `{record['tool']}` "
+        f"{sent_to(record['router_url'], (record.get('env') or {}).get('measured'))}, cluster `{record['cluster']}`, "
         f"model `{record['model']}`: input {record['input_len']} tokens, output {record['output_len']} tokens, "
         f"{record['requests']} requests per level after {record['warmup']} warm-up requests.",
         "",
@@ -165,7 +167,8 @@ def render_markdown(record: dict[str, Any]) -> str:
     for level in record["levels"]:
         if level.get("errors") and level.get("failures"):  # absent from records before the counts
             lines.append(f"- C={level['concurrency']} failures by kind {_counts(level['failures'])}; by finish reason "
-                         f"{_counts(level.get('failed_finish_reasons') or {})}; by worker {_counts(level.get('failed_workers') or {})}")
+                         f"{_counts(level.get('failed_finish_reasons') or {})}; by worker "
+                         f"{_counts(level.get('failed_workers') or {})}")
     return "\n".join(lines) + "\n"
 
 
@@ -240,7 +243,8 @@ def compare_levels(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]
             for name, key in KV_COLUMNS:
                 va, vb = kv_a.get(key), kv_b.get(key)
                 # a p99 past the top bucket is a floor: no ratio of floors
-                floor = key == "latency_p99_ms" and (kv_a.get("latency_p99_above_buckets") or kv_b.get("latency_p99_above_buckets"))
+                floor = (key == "latency_p99_ms" and (kv_a.get("latency_p99_above_buckets")
+                                                      or kv_b.get("latency_p99_above_buckets")))
                 rows.append({"concurrency": level_a["concurrency"], "metric": name, "a": va, "b": vb,
                              "ratio": None if floor else ratio(vb, va),
                              "a_text": kv_text(kv_a, key) if kv_has_figures(level_a) else _kv_missing(a, level_a),

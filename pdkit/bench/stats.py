@@ -153,9 +153,11 @@ def stream_failure(end: StreamEnd) -> str | None:
         return f"{ABORTED}: {label}: {str(error.get('message', ''))[:200]}"
     if end.finish_reason == "abort":
         message = (end.abort or {}).get("message")
-        return f"{ABORTED}: finish_reason abort after {end.content} output" + (f": {str(message)[:200]}" if message else "")
+        return f"{ABORTED}: finish_reason abort after {end.content} output" + (
+            f": {str(message)[:200]}" if message else "")
     if not end.done:
-        return f"{NO_DONE}: the stream ended without [DONE] after {end.content} output, finish_reason {end.finish_reason}"
+        return (f"{NO_DONE}: the stream ended without [DONE] after {end.content} output, "
+                f"finish_reason {end.finish_reason}")
     if not end.content:
         return f"{empty_kind(end.finish_reason)}: [DONE] without any output"
     return None

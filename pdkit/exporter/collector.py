@@ -114,7 +114,8 @@ def http_get(session: requests.Session, url: str | requests.PreparedRequest, tim
 
 def prepare_get(url: str) -> requests.PreparedRequest:
     # identity: SGLang's /metrics app gzips when asked, which only costs CPU on the node's own network
-    return requests.Request("GET", url, headers={"Accept-Encoding": "identity", "User-Agent": "pdkit-exporter"}).prepare()
+    return requests.Request("GET", url, headers={"Accept-Encoding": "identity",
+                                                 "User-Agent": "pdkit-exporter"}).prepare()
 
 
 def new_session() -> requests.Session:
@@ -554,8 +555,9 @@ class PdkitCollector(Collector):
                     elif key in figures:
                         fam.add_metric(labels, float(figures[key]))
 
-        out: list[Metric] = [up, rank_up, scrape_error, info, drift, drift_info, unverified, env_present, env_error, env_info,
-                             running, queued, usage, gen_tp, pd_queues, prompt, generation, kv_fail, passes, ratio]
+        out: list[Metric] = [up, rank_up, scrape_error, info, drift, drift_info, unverified, env_present, env_error,
+                             env_info, running, queued, usage, gen_tp, pd_queues, prompt, generation, kv_fail, passes,
+                             ratio]
         for fams in batch.values():
             out.extend(fams.values())
         if self.journal is not None:

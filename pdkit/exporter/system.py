@@ -95,7 +95,8 @@ def read_process(pid: int, proc_root: str = "/proc") -> ProcessView:
         with open(f"{base}/environ", "rb") as f:
             environ = parse_environ(f.read())
     except PermissionError as exc:
-        environ_error = f"permission denied reading {base}/environ ({exc.strerror}): run the exporter as the engines' user"
+        environ_error = (f"permission denied reading {base}/environ ({exc.strerror}): run the exporter as the "
+                         "engines' user")
     except OSError as exc:
         environ_error = f"{base}/environ: {exc}"
     cmdline: list[str] | None

@@ -140,14 +140,16 @@ def route_tree(spec: ClusterSpec) -> dict:
     }
     if not alerting.receivers:
         return root
-    children = [{"receiver": r.receiver, "matchers": [_matcher(k, v) for k, v in sorted(r.match.items())]} for r in alerting.routes]
+    children = [{"receiver": r.receiver, "matchers": [_matcher(k, v) for k, v in sorted(r.match.items())]}
+                for r in alerting.routes]
     for severity, receiver in (("critical", alerting.critical_receiver), ("warning", alerting.warning_receiver)):
         if receiver is not None:
             children.append({"receiver": receiver, "matchers": [_matcher("severity", severity)]})
     # by cluster: every series carries `cluster` (Prometheus' external label); an alert of another
     # cluster (an Alertmanager fed by two) keeps to the default receiver
     if children:
-        root["routes"] = [{"receiver": alerting.effective_default(), "matchers": [_matcher("cluster", spec.cluster.name)], "routes": children}]
+        root["routes"] = [{"receiver": alerting.effective_default(),
+                           "matchers": [_matcher("cluster", spec.cluster.name)], "routes": children}]
     return root
 
 
@@ -204,6 +206,7 @@ def alertmanager_targets(spec: ClusterSpec) -> list[str]:
 
 __all__ = [
     "ALERTMANAGER_CONFIG_PATH", "ALERTMANAGER_CREDENTIALS_DIR", "ALERTMANAGER_DEFAULTS_PATH", "ALERTMANAGER_UNIT",
-    "ALERTMANAGER_USER", "INHIBITIONS", "Inhibition", "alertmanager_args", "alertmanager_config", "alertmanager_defaults",
+    "ALERTMANAGER_USER", "INHIBITIONS", "Inhibition", "alertmanager_args", "alertmanager_config",
+    "alertmanager_defaults",
     "alertmanager_targets", "alertmanager_url", "credential_files", "credential_path", "inhibit_rules", "route_tree",
 ]

@@ -84,7 +84,8 @@ def monitoring_of(spec: ClusterSpec) -> Monitoring:
 def alertmanager_urls(spec: ClusterSpec) -> list[str]:
     """Each monitoring host's Alertmanager (beside its Prometheus), as pdkit's own clients reach it:
     the one place its URL is decided (Prometheus' `alerting:`, silences, tests)."""
-    return [f"http://{h.address}:{h.monitoring.alertmanager_port}" for h in spec.monitoring_hosts if h.monitoring is not None]
+    return [f"http://{h.address}:{h.monitoring.alertmanager_port}" for h in spec.monitoring_hosts
+            if h.monitoring is not None]
 
 
 def scraped_hosts(spec: ClusterSpec) -> list[HostSpec]:

@@ -264,7 +264,8 @@ def _pd(spec: ClusterSpec) -> dict:
     pdm = f'role=~"prefill|decode", {F}'
     panels = [
         _row("Prefill side"),
-        _P("Prefill bootstrap queue", [_Q(alt_metric(f"sum by (instance) ({{m}}{{{{{pf}}}}})", "prefill_bootstrap_queue"),
+        _P("Prefill bootstrap queue", [_Q(alt_metric(f"sum by (instance) ({{m}}{{{{{pf}}}}})",
+                                                     "prefill_bootstrap_queue"),
                                           "{{instance}}")],
            description="Requests waiting for the handshake with their decode partner."),
         _P("Prefill inflight queue", [_Q(f'sum by (instance) ({S["prefill_inflight_queue"]}{{{pf}}})', "{{instance}}")],

@@ -24,7 +24,8 @@ GRAFANA_ENVIRONMENT = {"GF_UNIFIED_ALERTING_ENABLED": "false"}
 
 
 def grafana_dropin() -> str:
-    lines = ["# Rendered by pdkit: Grafana's own alerting off; Prometheus alerts, Alertmanager pages (docs/monitoring.md)",
+    lines = ["# Rendered by pdkit: Grafana's own alerting off; Prometheus alerts, Alertmanager pages "
+             "(docs/monitoring.md)",
              "[Service]", *(f"Environment={k}={v}" for k, v in GRAFANA_ENVIRONMENT.items())]
     return "\n".join(lines) + "\n"
 

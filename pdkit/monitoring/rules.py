@@ -185,9 +185,11 @@ def _wedge_extra_tests(subjects: tuple[dict[str, str], ...]) -> list[dict]:
     for s in subjects[:1]:
         labels = _engine_labels(s)
         # wedged before its first step: requests held, no token series at all
-        series = [(series_text(SGLANG["running"], labels), "0x3 2x27"), (series_text(SGLANG["waiting"], labels), "0x30")]
+        series = [(series_text(SGLANG["running"], labels), "0x3 2x27"),
+                  (series_text(SGLANG["waiting"], labels), "0x30")]
         out.append(_alert_test(f"PdkitEngineWedged fires for {s['instance']} wedged before its first step",
-                               "PdkitEngineWedged", series, "10m", [{**pick_labels(s, ENGINE_BY), "severity": "critical"}]))
+                               "PdkitEngineWedged", series, "10m",
+                               [{**pick_labels(s, ENGINE_BY), "severity": "critical"}]))
         # idle: nothing held, no tokens
         tokens = series_text(SGLANG["realtime_tokens"], {**labels, "mode": "decode"})
         series = [(series_text(SGLANG["running"], labels), "0x30"), (series_text(SGLANG["waiting"], labels), "0x30"),
@@ -218,7 +220,8 @@ def _context(spec: ClusterSpec) -> _Context:
     tgt = targets(spec)
     return _Context(spec, monitoring_of(spec), alert_window(spec), tgt, [t for t in tgt if t.job == JOB_ENGINE],
                     [t for t in tgt if t.job == JOB_ROUTER],
-                    {engine_instance(h, e.name): spec.engine_model(e).name for h, e in spec.engines()}, by_labels(ENGINE_BY),
+                    {engine_instance(h, e.name): spec.engine_model(e).name for h, e in spec.engines()},
+                    by_labels(ENGINE_BY),
                     speedup_of(spec))
 
 
@@ -716,7 +719,8 @@ def _queue_growing(c: _Context) -> list[Alert]:
         key = dict(QUEUES)[s["queue"]]
         names = SGLANG[key]
         name = names if isinstance(names, str) else names[0]
-        labels = {"job": JOB_ENGINE, **pick_labels(s, ENGINE_BY), "engine_type": s["role"], "model_name": s["model_name"],
+        labels = {"job": JOB_ENGINE, **pick_labels(s, ENGINE_BY), "engine_type": s["role"],
+                  "model_name": s["model_name"],
                   "tp_rank": "0", "pp_rank": "0", "moe_ep_rank": "0"}
         return [(series_text(name, labels), "0+1x30" if bad else "3x30")]
 
@@ -816,7 +820,8 @@ def _kv_rows(s: dict[str, str], gb_s: float | None, n: int = 25) -> list[tuple[s
         return [(series_text(f"{ms}_count", labels), f"100x{n}"), (series_text(f"{ms}_sum", labels), f"100000x{n}"),
                 (series_text(f"{mb}_count", labels), f"100x{n}"), (series_text(f"{mb}_sum", labels), f"50000x{n}")]
     return [(series_text(f"{ms}_count", labels), f"0+10x{n}"), (series_text(f"{ms}_sum", labels), f"0+10000x{n}"),
-            (series_text(f"{mb}_count", labels), f"0+10x{n}"), (series_text(f"{mb}_sum", labels), f"0+{fmt_num(gb_s * 1024 * 10)}x{n}")]
+            (series_text(f"{mb}_count", labels), f"0+10x{n}"),
+            (series_text(f"{mb}_sum", labels), f"0+{fmt_num(gb_s * 1024 * 10)}x{n}")]
 
 
 # a prefill's KV hand-offs slower than the floor of its path (same host, across hosts over RDMA or TCP:
@@ -848,7 +853,8 @@ def _kv_handoff_slow(c: _Context) -> list[Alert]:
                  f'sum by ({by}) (rate({mb}_count{{instance=~"{inst}"}}[{w}])) >= {fmt_num(KV_RATE_MIN_MB)}')
         slow = f"(\n{kv_effective_gb_s(by, w, inst)}\n) < {fmt_num(floor)}"
         # the floor as a label: the annotations name it
-        clauses.append(f'label_replace(\n{slow},\n"floor", "{fmt_num(floor)}", "", ""\n)\nand on ({by})\n{moving}\nand on ({by})\n({sized})')
+        clauses.append(f'label_replace(\n{slow},\n"floor", "{fmt_num(floor)}", "", ""\n)\nand on ({by})\n{moving}\nand '
+                       f'on ({by})\n({sized})')
     expr = "\nor\n".join(clauses)
 
     def case(s: dict[str, str], bad: bool) -> list[tuple[str, str]]:
@@ -863,8 +869,8 @@ def _kv_handoff_slow(c: _Context) -> list[Alert]:
                                    "PdkitKvHandoffSlow", _kv_rows(s, None, 30), "25m", []))
             # far below the floor, but hand-offs of ~10 MiB: latency-bound, not judged by rate
             small = min(float(s["floor"]) * 0.5, (KV_RATE_MIN_MB / 1024) * 0.3)
-            out.append(_alert_test(f"PdkitKvHandoffSlow stays quiet for {s['instance']} at {fmt_value(small)} GB/s with "
-                                   f"hand-offs under {fmt_num(KV_RATE_MIN_MB)} MiB", "PdkitKvHandoffSlow",
+            out.append(_alert_test(f"PdkitKvHandoffSlow stays quiet for {s['instance']} at {fmt_value(small)} GB/s "
+                                   f"with hand-offs under {fmt_num(KV_RATE_MIN_MB)} MiB", "PdkitKvHandoffSlow",
                                    _kv_rows(s, small, 30), "25m", []))
             # half the floor for 20 minutes, then twice it: firing at 18m, resolved by 40m
             slow, fast = float(s["floor"]) * 0.5 * 10240, float(s["floor"]) * 2 * 10240
@@ -881,8 +887,8 @@ def _kv_handoff_slow(c: _Context) -> list[Alert]:
             low = by_floor[min(by_floor, key=float)]
             high = by_floor[max(by_floor, key=float)]
             between = (float(low["floor"]) + float(high["floor"])) / 2
-            out.append(_alert_test(f"PdkitKvHandoffSlow at {fmt_value(between)} GB/s fires for {high['instance']} (floor "
-                                   f"{high['floor']}), not {low['instance']} (floor {low['floor']})",
+            out.append(_alert_test(f"PdkitKvHandoffSlow at {fmt_value(between)} GB/s fires for {high['instance']} "
+                                   f"(floor {high['floor']}), not {low['instance']} (floor {low['floor']})",
                                    "PdkitKvHandoffSlow", _kv_rows(high, between) + _kv_rows(low, between), "20m",
                                    [{**pick_labels(high, KV_SLOW_BY), "severity": "warning"}]))
         return out
@@ -931,7 +937,8 @@ def _decode_graph_ratio(c: _Context) -> list[Alert]:
                  f'/\nsum by ({by}) (rate({passes}{{mode=~"decode_cuda_graph|decode_none", instance=~"{inst}"}}[{w}]))')
 
         def graph_case(s: dict[str, str], bad: bool) -> list[tuple[str, str]]:
-            base = {"job": JOB_ENGINE, **pick_labels(s, ENGINE_BY), "engine_type": s["role"], "model_name": s["model_name"],
+            base = {"job": JOB_ENGINE, **pick_labels(s, ENGINE_BY), "engine_type": s["role"],
+                    "model_name": s["model_name"],
                     "pp_rank": "0", "moe_ep_rank": "0"}
             rows = []
             for tp in ("0", "1"):

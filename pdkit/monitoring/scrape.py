@@ -113,7 +113,8 @@ def prometheus_config(spec: ClusterSpec) -> str:
             "external_labels": {"cluster": spec.cluster.name},
         },
         # the Alertmanager beside Prometheus (pdkit.monitoring.common.alertmanager_urls decides its address)
-        "alerting": {"alertmanagers": [{"api_version": "v2", "static_configs": [{"targets": alertmanager_targets(spec)}]}]},
+        "alerting": {"alertmanagers": [{"api_version": "v2",
+                                        "static_configs": [{"targets": alertmanager_targets(spec)}]}]},
         "rule_files": [RULES_RELATIVE_PATH],
         "scrape_configs": scrape_configs,
     }

@@ -11,10 +11,10 @@ Abbreviations are switched off: with unknown flags allowed, a prefix match could
 an unrelated SGLang flag to one of ours. The short spellings people really type (`--tp`, `--dp`,
 `--model`) are declared as explicit aliases instead.
 
-Flag facts follow SGLang 0.5.23 (its server_args.py; the generated pdkit/parser_table.json). Both CUDA-graph spellings are accepted:
-the pre-0.5.20 `--cuda-graph-max-bs` / `--cuda-graph-bs` / `--disable-cuda-graph` and the
-per-phase 0.5.20+ ones, because the kit keys flag generation on the pinned SGLang version and
-the sim must run under either.
+Flag facts follow SGLang 0.5.23 (its server_args.py; the generated pdkit/parser_table.json).
+Both CUDA-graph spellings are accepted: the pre-0.5.20 `--cuda-graph-max-bs` / `--cuda-graph-bs` /
+`--disable-cuda-graph` and the per-phase 0.5.20+ ones, because the kit keys flag generation on the
+pinned SGLang version and the sim must run under either.
 """
 
 from __future__ import annotations

@@ -167,7 +167,8 @@ async def wait_for_kv(
             async with session.post(url, params={"wait": "0"},
                                     timeout=aiohttp.ClientTimeout(total=SGLANG_ENSURE_TRY_TIMEOUT_S)) as resp:
                 if resp.status != 200:
-                    raise aiohttp.ClientResponseError(resp.request_info, (), status=resp.status, message=resp.reason or "")
+                    raise aiohttp.ClientResponseError(resp.request_info, (), status=resp.status,
+                                                      message=resp.reason or "")
                 report = await resp.json()
             break
         except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
@@ -230,7 +231,8 @@ async def wait_for_kv(
             if report is None:
                 # the prefill did not answer: wait for the heartbeat (or the deadline) before asking again
                 try:
-                    await asyncio.wait_for(lost.wait(), min(knobs.effective_heartbeat_interval_s, max(0.0, deadline - loop.time())))
+                    await asyncio.wait_for(lost.wait(),
+                                           min(knobs.effective_heartbeat_interval_s, max(0.0, deadline - loop.time())))
                 except TimeoutError:
                     pass
                 report = {"status": "pending"}
@@ -241,7 +243,8 @@ async def wait_for_kv(
 async def _poll(session: aiohttp.ClientSession, url: str, wait: float) -> dict[str, Any] | None:
     """One long-poll of a room at the prefill's bootstrap server; None when it did not answer."""
     try:
-        async with session.post(url, params={"wait": f"{wait:.3f}"}, timeout=aiohttp.ClientTimeout(total=wait + 5.0)) as resp:
+        async with session.post(url, params={"wait": f"{wait:.3f}"},
+                                timeout=aiohttp.ClientTimeout(total=wait + 5.0)) as resp:
             if resp.status != 200:
                 return None
             return await resp.json()

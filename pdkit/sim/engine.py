@@ -304,5 +304,6 @@ class Engine:
         self.metrics.observe("sglang:kv_transfer_bootstrap_ms", (handshake_at - started) * 1000.0)
         self.metrics.observe("sglang:kv_transfer_alloc_ms", 0.0)
         if self.log.isEnabledFor(logging.DEBUG):
-            self.log.debug(f"PD decode rid={spec.rid} room={room_id}: handshake {(handshake_at - started) * 1e3:.1f}ms, "
+            self.log.debug(f"PD decode rid={spec.rid} room={room_id}: handshake "
+                           f"{(handshake_at - started) * 1e3:.1f}ms, "
                            f"KV wait {(time.perf_counter() - handshake_at) * 1e3:.1f}ms")

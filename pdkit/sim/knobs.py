@@ -163,7 +163,8 @@ def _check(k: Knobs) -> None:
     if k.no_cuda_graph_factor < 1.0:
         raise KnobError(f"{ENV_NAMES['no_cuda_graph_factor']} must be >= 1 (graphs never slow decode down)")
     for name in ("startup_delay_s", "decode_base_ms", "decode_per_req_ms", "prefill_base_ms",
-                 "prefill_ms_per_1k_tokens", "bootstrap_retry_s", "schedule_ms", "indexer_ms_per_1m_ctx", "wedge_hold_s"):
+                 "prefill_ms_per_1k_tokens", "bootstrap_retry_s", "schedule_ms", "indexer_ms_per_1m_ctx",
+                 "wedge_hold_s"):
         if getattr(k, name) < 0:
             raise KnobError(f"{ENV_NAMES[name]} must be >= 0")
     for name in ("kv_transfer_gb_s", "waiting_timeout_s", "bootstrap_timeout_s", "heartbeat_interval_s"):
@@ -172,11 +173,13 @@ def _check(k: Knobs) -> None:
     if k.wedge_min_batch < 1:
         raise KnobError(f"{ENV_NAMES['wedge_min_batch']} must be >= 1")
     if k.wedge_min_held < 0:
-        raise KnobError(f"{ENV_NAMES['wedge_min_held']} must be >= 0 (0: the wedge counts the decode batch, PDKIT_SIM_WEDGE_MIN_BATCH)")
+        raise KnobError(f"{ENV_NAMES['wedge_min_held']} must be >= 0 (0: the wedge counts the decode batch, "
+                        "PDKIT_SIM_WEDGE_MIN_BATCH)")
     for name in ("corrupt_when", "wedge_when"):
         for cond in conditions(getattr(k, name)):
             if not cond.lstrip("!").startswith("--"):
-                raise KnobError(f"{ENV_NAMES[name]}: {cond!r} is not a condition: give --flag, --flag=value or !--flag, comma-separated")
+                raise KnobError(f"{ENV_NAMES[name]}: {cond!r} is not a condition: give --flag, --flag=value or "
+                                "!--flag, comma-separated")
     if k.default_max_tokens < 1 or k.heartbeat_max_failure < 1:
         raise KnobError("PDKIT_SIM_DEFAULT_MAX_TOKENS and SGLANG_DISAGGREGATION_HEARTBEAT_MAX_FAILURE must be >= 1")
 

@@ -40,7 +40,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
 
-async def _start_site(app: web.Application, host: str, port: int, access_log, exclude: tuple[str, ...]) -> web.AppRunner:
+async def _start_site(app: web.Application, host: str, port: int, access_log,
+                      exclude: tuple[str, ...]) -> web.AppRunner:
     access_class = type("AccessLogger", (SGLangAccessLogger,), {"exclude": exclude})
     runner = web.AppRunner(
         app,
@@ -128,7 +129,8 @@ async def serve(args: SimArgs, knobs: Knobs) -> int:
         sched_log.info(f"KV Cache is allocated. #tokens: {args.max_total_tokens}")
         if plan.decode_enabled or plan.prefill_enabled:
             sched_log.info(f"Capture cuda graph end. decode: {plan.decode_enabled} (max bs {plan.decode_max_bs}), "
-                           f"prefill: {plan.prefill_enabled} (max tokens {plan.prefill_max_tokens}). Time elapsed: 0.00 s.")
+                           f"prefill: {plan.prefill_enabled} (max tokens {plan.prefill_max_tokens}). Time elapsed: "
+                           "0.00 s.")
         engine.ready = True
         log.info(READY_LINE)
 
@@ -138,7 +140,8 @@ async def serve(args: SimArgs, knobs: Knobs) -> int:
             await asyncio.sleep(1.0)
             busy = sched.waiting or sched.running
             if busy and time.monotonic() - sched.last_progress > args.watchdog_timeout:
-                sched_log.error(f"Scheduler watchdog timeout (self.watchdog_timeout={args.watchdog_timeout}, self.soft=False)")
+                sched_log.error(f"Scheduler watchdog timeout (self.watchdog_timeout={args.watchdog_timeout}, "
+                                "self.soft=False)")
                 fatal()
                 return
 
@@ -178,7 +181,8 @@ async def serve_follower(args: SimArgs, dist: tuple[str, int], loss_s: float, lo
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     timeout = float(args.dist_timeout) if args.dist_timeout else rendezvous.DEFAULT_DIST_TIMEOUT_S
-    join = asyncio.create_task(rendezvous.join_rendezvous(dist[0], dist[1], args.node_rank, args.nnodes, log, loss_s, timeout))
+    join = asyncio.create_task(rendezvous.join_rendezvous(dist[0], dist[1], args.node_rank, args.nnodes, log, loss_s,
+                                                          timeout))
     stopper = asyncio.create_task(stop.wait())
     done, _ = await asyncio.wait({join, stopper}, return_when=asyncio.FIRST_COMPLETED)
     if stopper in done:

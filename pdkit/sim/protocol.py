@@ -279,7 +279,8 @@ def error_body(api: str, status: int, message: str) -> dict[str, Any]:
     """SGLang's error shapes: {"error": {"message"}} natively, OpenAI ErrorResponse otherwise."""
     if api == "generate":
         return {"error": {"message": message}}
-    kind = {400: "BadRequestError", 404: "NotFoundError", 503: "ServiceUnavailableError"}.get(status, "InternalServerError")
+    kind = {400: "BadRequestError", 404: "NotFoundError",
+            503: "ServiceUnavailableError"}.get(status, "InternalServerError")
     return {"object": "error", "message": message, "type": kind, "param": None, "code": status}
 
 
@@ -289,6 +290,7 @@ def stream_error(api: str, status: int, message: str) -> bytes:
     HTTPStatus name; natively a normal event whose finish_reason is the abort), then [DONE]."""
     if api == "generate":
         reason = {"type": "abort", "message": message, "status_code": status, "err_type": None}
-        return sse({"text": "", "output_ids": [], "meta_info": {"finish_reason": reason, "completion_tokens": 0}}) + SSE_DONE
+        return sse({"text": "", "output_ids": [], "meta_info": {"finish_reason": reason,
+                                                                "completion_tokens": 0}}) + SSE_DONE
     body = {"object": "error", "message": message, "type": HTTPStatus(status).name, "param": None, "code": status}
     return sse({"error": body}) + SSE_DONE

@@ -185,7 +185,8 @@ class Scheduler:
             self._update_gauges()
         if self.knobs.wedge_hold_s and now - self.wedged_at >= self.knobs.wedge_hold_s:
             self.wedge_armed = False  # let go for good: the requests it held finish
-            self.log.warning(f"pdkit.sim: the wedge let go after {self.knobs.wedge_hold_s:g} s (PDKIT_SIM_WEDGE_HOLD_S)")
+            self.log.warning(f"pdkit.sim: the wedge let go after {self.knobs.wedge_hold_s:g} s "
+                             "(PDKIT_SIM_WEDGE_HOLD_S)")
             return False
         return True
 

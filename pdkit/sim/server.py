@@ -77,7 +77,8 @@ class SimServer:
         self.args = args
         self.knobs = knobs
         self.engine = engine
-        self.defaults = Defaults(args.served_model_name, args.context_length, args.random_seed, knobs.default_max_tokens)
+        self.defaults = Defaults(args.served_model_name, args.context_length, args.random_seed,
+                                 knobs.default_max_tokens)
         self.created = int(time.time())
         self.health_generation_enabled = os.environ.get("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "1") != "0"
         self.log = logging.getLogger("pdkit.sim")

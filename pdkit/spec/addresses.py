@@ -35,7 +35,9 @@ def host_ports(spec: ClusterSpec, host: HostSpec) -> list[tuple[int, str]]:
             if engine.effective_bootstrap_port is not None:
                 ports.append((engine.effective_bootstrap_port, f"pdkit_node.engines[{i}].bootstrap_port"))
             for port in dist_init_ports(engine):
-                ports.append((port, f"pdkit_node.engines[{i}].dist_init_port" + ("" if port == engine.dist_init_port else f" (+{port - engine.dist_init_port}: SGLang's attention-DP ports)")))
+                ports.append((port, f"pdkit_node.engines[{i}].dist_init_port"
+                              + ("" if port == engine.dist_init_port
+                                 else f" (+{port - engine.dist_init_port}: SGLang's attention-DP ports)")))
     if host.router is not None:
         ports.append((host.router.port, "pdkit_router.port"))
         ports.append((host.router.prometheus_port, "pdkit_router.prometheus_port"))
@@ -120,14 +122,16 @@ def _pd_peer_clients(spec: ClusterSpec):
         first = sorted(hosts)[:4]
         for h in hosts.values():
             others = [n for n in first if n != h.name][:3]
-            yield h, others[0], f"{label} pairs its PD engines with engines on {', '.join(others)}, which reach it for the KV transfer (bootstrap port, NIXL/Mooncake)"
+            yield h, others[0], (f"{label} pairs its PD engines with engines on {', '.join(others)}, which reach it "
+                                 "for the KV transfer (bootstrap port, NIXL/Mooncake)")
 
 
 def _dist_init_clients(spec: ClusterSpec):
     for host, engine in spec.engines():
         nodes = list(engine.nodes or ())
         if len(set(nodes)) >= 2 and nodes[0] == host.name:
-            yield host, nodes[1], f"the other ranks of {engine.name} ({', '.join(nodes[1:])}) connect to rank 0 there (--dist-init-addr)"
+            yield host, nodes[1], (f"the other ranks of {engine.name} ({', '.join(nodes[1:])}) connect to rank 0 "
+                                   "there (--dist-init-addr)")
 
 
 def _scrape_clients(has_service):
@@ -171,7 +175,8 @@ CROSS_HOST_SERVICES: tuple[CrossHostService, ...] = (
     CrossHostService("engine HTTP (router worker)", "engine", _router_clients),
     CrossHostService("engine bootstrap port and KV transfer", "engine", _pd_peer_clients),
     CrossHostService("dist-init (rank 0 of an engine spanning nodes)", "engine", _dist_init_clients),
-    CrossHostService("engine /metrics", "engine", _scrape_clients(lambda h: h.node is not None and bool(h.node.engines))),
+    CrossHostService("engine /metrics", "engine", _scrape_clients(lambda h: h.node is not None
+                                                                  and bool(h.node.engines))),
     CrossHostService("pdkit-exporter", "engine", _scrape_clients(lambda h: h.node is not None)),
     CrossHostService("DCGM exporter", "engine", _scrape_clients(lambda h: dcgm_enabled(h))),
     CrossHostService("router metrics (prometheus_port)", "router", _scrape_clients(lambda h: h.router is not None)),
@@ -188,7 +193,8 @@ def cross_host_connections(spec: ClusterSpec) -> list[tuple[HostSpec, str, str, 
     for service in CROSS_HOST_SERVICES:
         for host, client, why in service.clients(spec):  # type: ignore[operator]
             if client != host.name:
-                out.append((host, SERVICE_ADDRESS[service.address](spec, host), _address_field(host, service.address), client, why))
+                out.append((host, SERVICE_ADDRESS[service.address](spec, host), _address_field(host, service.address),
+                            client, why))
     return out
 
 
@@ -206,7 +212,8 @@ def check_addresses(spec: ClusterSpec, add) -> None:
         what = local_only(address)
         if what and (host.name, field) not in refused:
             refused.add((host.name, field))
-            add(Problem(host.name, field, f"{address} is {what}, but {why}: give an address the other host can reach (its LAN IP or DNS name)"))
+            add(Problem(host.name, field, f"{address} is {what}, but {why}: give an address the other host can reach "
+                        "(its LAN IP or DNS name)"))
 
     targets: dict[tuple[str, int], str] = {}
     for host in spec.hosts:
@@ -214,7 +221,9 @@ def check_addresses(spec: ClusterSpec, add) -> None:
             continue
         target = (host.address, host.ssh_port or 22)
         if target in targets:
-            add(Problem(host.name, "ssh_hostname", f"{target[0]} port {target[1]} is already the SSH target of {targets[target]}: pyinfra would deploy both hosts onto one machine; give each host its own ssh_hostname (or ssh_port)"))
+            add(Problem(host.name, "ssh_hostname",
+                        f"{target[0]} port {target[1]} is already the SSH target of {targets[target]}: pyinfra would "
+                        "deploy both hosts onto one machine; give each host its own ssh_hostname (or ssh_port)"))
         else:
             targets[target] = host.name
 
@@ -229,4 +238,6 @@ def check_addresses(spec: ClusterSpec, add) -> None:
                     continue  # loopback is per machine: the per-host check covers it
                 owner = on_address.setdefault((address, port), (host.name, field))
                 if owner[0] != host.name:
-                    add(Problem(host.name, field, f"port {port} on {address} is already used by {owner[0]}'s {owner[1]} ({host.name} and {owner[0]} share the address {address}); ports must be unique per address"))
+                    add(Problem(host.name, field, f"port {port} on {address} is already used by {owner[0]}'s "
+                                f"{owner[1]} ({host.name} and {owner[0]} share the address {address}); ports must be "
+                                "unique per address"))

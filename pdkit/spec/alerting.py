@@ -39,15 +39,20 @@ class ReceiverKind:
 # (checked with amtool 0.25: bot_token_file, webhook_url_file, token_file are unknown fields);
 # reach those through a webhook bridge. The one table validation, rendering and docs read.
 RECEIVER_KINDS: dict[str, ReceiverKind] = {
-    "webhook": ReceiverKind("webhook_configs", ("url",), (), "optional", "a bearer token (sent as `Authorization: Bearer`)"),
-    "email": ReceiverKind("email_configs", ("to", "from_address", "smarthost"), ("auth_username", "require_tls"), "with auth_username", "the SMTP password of auth_username"),
+    "webhook": ReceiverKind("webhook_configs", ("url",), (), "optional",
+                            "a bearer token (sent as `Authorization: Bearer`)"),
+    "email": ReceiverKind("email_configs", ("to", "from_address", "smarthost"), ("auth_username", "require_tls"),
+                          "with auth_username", "the SMTP password of auth_username"),
     "slack": ReceiverKind("slack_configs", (), ("channel",), "required", "the Slack incoming-webhook URL"),
-    "pagerduty": ReceiverKind("pagerduty_configs", (), (), "required", "the PagerDuty Events API v2 routing (integration) key"),
+    "pagerduty": ReceiverKind("pagerduty_configs", (), (), "required",
+                              "the PagerDuty Events API v2 routing (integration) key"),
     "opsgenie": ReceiverKind("opsgenie_configs", (), (), "required", "the Opsgenie API key"),
-    "victorops": ReceiverKind("victorops_configs", ("routing_key",), (), "required", "the VictorOps (Splunk On-Call) API key"),
+    "victorops": ReceiverKind("victorops_configs", ("routing_key",), (), "required",
+                              "the VictorOps (Splunk On-Call) API key"),
     "webex": ReceiverKind("webex_configs", ("room_id",), (), "required", "the Webex bot's access token"),
 }
-RECEIVER_FIELDS = ("url", "to", "from_address", "smarthost", "auth_username", "require_tls", "channel", "routing_key", "room_id")
+RECEIVER_FIELDS = ("url", "to", "from_address", "smarthost", "auth_username", "require_tls", "channel", "routing_key",
+                   "room_id")
 # the receiver every alert goes to when none is configured: Alertmanager needs one; it notifies no one
 NULL_RECEIVER = "pdkit-null"
 # label names a route may match on (Prometheus' label name syntax)
@@ -61,7 +66,8 @@ class Receiver(Frozen):
     name: str = Field(pattern=NAME_PATTERN)
     # webhook, email, slack, pagerduty, opsgenie, victorops or webex (see RECEIVER_KINDS)
     kind: Literal["webhook", "email", "slack", "pagerduty", "opsgenie", "victorops", "webex"]
-    # webhook: the URL Alertmanager POSTs to (http or https; Alertmanager 0.25 has no url_file, so no secret in it: use the credential)
+    # webhook: the URL Alertmanager POSTs to (http or https; Alertmanager 0.25 has no url_file, so no
+    # secret in it: use the credential)
     url: str | None = None
     # email: recipient address(es), comma separated
     to: str | None = None
@@ -101,10 +107,14 @@ class Receiver(Frozen):
         kind = RECEIVER_KINDS[self.kind]
         missing = [f for f in kind.required if getattr(self, f) is None]
         if missing:
-            raise ValueError(f"{'an' if self.kind[0] in 'aeiou' else 'a'} {self.kind} receiver needs {', '.join(missing)} (required for {self.kind}: {', '.join(kind.required)}; optional: {', '.join(kind.optional) or 'none'})")
+            raise ValueError(f"{'an' if self.kind[0] in 'aeiou' else 'a'} {self.kind} receiver needs "
+                             f"{', '.join(missing)} (required for {self.kind}: {', '.join(kind.required)}; optional: "
+                             f"{', '.join(kind.optional) or 'none'})")
         stray = [f for f in RECEIVER_FIELDS if getattr(self, f) is not None and f not in kind.required + kind.optional]
         if stray:
-            raise ValueError(f"{', '.join(stray)} {'is' if len(stray) == 1 else 'are'} not a {self.kind} receiver's field; valid for {self.kind}: {', '.join(kind.required + kind.optional) or 'none besides name, kind, send_resolved'}")
+            raise ValueError(f"{', '.join(stray)} {'is' if len(stray) == 1 else 'are'} not a {self.kind} receiver's "
+                             f"field; valid for {self.kind}: "
+                             f"{', '.join(kind.required + kind.optional) or 'none besides name, kind, send_resolved'}")
         return self
 
 
@@ -138,7 +148,8 @@ class AlertRoute(Frozen):
 class Alerting(Frozen):
     """`pdkit_monitoring.alerting`: where Alertmanager sends alerts (docs/monitoring.md, "Alertmanager")."""
 
-    # where alerts go: each a kind (webhook, email, slack, pagerduty, opsgenie, victorops, webex) and its fields; none: alerts reach no one
+    # where alerts go: each a kind (webhook, email, slack, pagerduty, opsgenie, victorops, webex) and its
+    # fields; none: alerts reach no one
     receivers: tuple[Receiver, ...] = ()
     # severity=critical alerts (pages) go here; unset: default_receiver
     critical_receiver: str | None = None
@@ -146,7 +157,8 @@ class Alerting(Frozen):
     warning_receiver: str | None = None
     # whatever no other route takes; unset: the first receiver
     default_receiver: str | None = None
-    # routes tried before the severity routes, first match wins (e.g. {"match": {"role": "decode"}, "receiver": "decode-team"})
+    # routes tried before the severity routes, first match wins (e.g. {"match": {"role":
+    # "decode"}, "receiver": "decode-team"})
     routes: tuple[AlertRoute, ...] = ()
     # one notification per group: per alert per node, so a node's engines wedging together page once
     group_by: tuple[Annotated[str, Field(pattern=LABEL_NAME)], ...] = ("cluster", "alertname", "node")
@@ -160,7 +172,9 @@ class Alerting(Frozen):
     @model_validator(mode="after")
     def _repeat_after_group(self) -> Alerting:
         if self.repeat_interval_s < self.group_interval_s:
-            raise ValueError(f"repeat_interval_s ({self.repeat_interval_s}) is below group_interval_s ({self.group_interval_s}): a group is only re-sent at a group interval; give repeat_interval_s >= group_interval_s")
+            raise ValueError(f"repeat_interval_s ({self.repeat_interval_s}) is below group_interval_s "
+                             f"({self.group_interval_s}): a group is only re-sent at a group interval; give "
+                             "repeat_interval_s >= group_interval_s")
         return self
 
     def receiver_names(self) -> list[str]:

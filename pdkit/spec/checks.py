@@ -40,7 +40,9 @@ def cross_checks(spec: ClusterSpec) -> list[Problem]:
     if not spec.gpu_hosts:
         add(Problem("<inventory>", "pdkit_node", "no host declares pdkit_node: a cluster needs at least one GPU node"))
     if spec.gpu_hosts and not spec.engines():
-        add(Problem("<inventory>", "pdkit_node.engines", "no GPU node declares an engine: give at least one pdkit_node.engines entry (e.g. a prefill and a decode)"))
+        add(Problem("<inventory>", "pdkit_node.engines",
+                    "no GPU node declares an engine: give at least one pdkit_node.engines entry (e.g. a prefill and a "
+                    "decode)"))
     if not spec.router_hosts and spec.gpu_hosts:
         add(Problem("<inventory>", "pdkit_router", "no host declares pdkit_router: name the host that runs the router"))
 
@@ -52,56 +54,93 @@ def cross_checks(spec: ClusterSpec) -> list[Problem]:
         for i, engine in enumerate(node.engines):
             at = f"pdkit_node.engines[{i}]"
             if engine.name in names:
-                add(Problem(host.name, f"{at}.name", f"engine name {engine.name!r} is already used by engines[{names[engine.name]}]; names must be unique on a node"))
+                add(Problem(host.name, f"{at}.name",
+                            f"engine name {engine.name!r} is already used by engines[{names[engine.name]}]; names must "
+                            "be unique on a node"))
             names.setdefault(engine.name, i)
             for gpu in engine.gpus:
                 if gpu >= node.gpus.count:
-                    add(Problem(host.name, f"{at}.gpus", f"GPU {gpu} does not exist: the node declares {node.gpus.count} GPUs (valid indices 0-{node.gpus.count - 1})"))
+                    add(Problem(host.name, f"{at}.gpus",
+                                f"GPU {gpu} does not exist: the node declares {node.gpus.count} GPUs (valid indices "
+                                f"0-{node.gpus.count - 1})"))
                 elif gpu in used_gpus and (engine.gpu_share is None or node.engine(used_gpus[gpu]).gpu_share is None):
-                    add(Problem(host.name, f"{at}.gpus", f"GPU {gpu} is already used by engine {used_gpus[gpu]!r}; engines may share a GPU only when each sets gpu_share (its share of the GPU's memory, e.g. 0.4 and 0.45)"))
+                    add(Problem(host.name, f"{at}.gpus",
+                                f"GPU {gpu} is already used by engine {used_gpus[gpu]!r}; engines may share a GPU only "
+                                "when each sets gpu_share (its share of the GPU's memory, e.g. 0.4 and 0.45)"))
                 elif gpu in used_gpus and node.engine(used_gpus[gpu]).gpus != engine.gpus:
-                    add(Problem(host.name, f"{at}.gpus", f"shares GPU {gpu} with engine {used_gpus[gpu]!r} but their GPU lists differ ({list(engine.gpus)} vs {list(node.engine(used_gpus[gpu]).gpus)}); engines that share GPUs must list the same GPUs"))
+                    add(Problem(host.name, f"{at}.gpus",
+                                f"shares GPU {gpu} with engine {used_gpus[gpu]!r} but their GPU lists differ "
+                                f"({list(engine.gpus)} vs {list(node.engine(used_gpus[gpu]).gpus)}); engines that "
+                                "share GPUs must list the same GPUs"))
                 else:
                     used_gpus.setdefault(gpu, engine.name)
             if engine.gpu_share is not None:
                 group = gpu_share_group(host, engine)
                 if not group:
-                    add(Problem(host.name, f"{at}.gpu_share", f"gpu_share is for engines that share their GPUs, but no other engine on {host.name} lists GPUs {list(engine.gpus)} with a gpu_share; remove it (use tuning.mem_fraction_static for an engine alone on its GPUs)"))
+                    add(Problem(host.name, f"{at}.gpu_share",
+                                f"gpu_share is for engines that share their GPUs, but no other engine on {host.name} "
+                                f"lists GPUs {list(engine.gpus)} with a gpu_share; remove it (use "
+                                "tuning.mem_fraction_static for an engine alone on its GPUs)"))
                 elif spec.engine_tuning(engine).mem_fraction_static is not None:
-                    add(Problem(host.name, f"{at}.tuning.mem_fraction_static", "an engine on shared GPUs gets --mem-fraction-static from the gpu_share of the engines started before it (pdkit.spec.shared_gpu_mem_fraction); remove mem_fraction_static from its tuning layers (all / role / engine)"))
+                    add(Problem(host.name, f"{at}.tuning.mem_fraction_static",
+                                "an engine on shared GPUs gets --mem-fraction-static from the gpu_share of the engines "
+                                "started before it (pdkit.spec.shared_gpu_mem_fraction); remove mem_fraction_static "
+                                "from its tuning layers (all / role / engine)"))
                 elif group[-1].name == engine.name and sum(e.gpu_share for e in group) > MAX_SHARED_GPU_FRACTION:  # type: ignore[misc]
                     total = sum(e.gpu_share for e in group)  # type: ignore[misc]
-                    add(Problem(host.name, f"{at}.gpu_share", f"the engines sharing GPUs {list(engine.gpus)} ({', '.join(e.name for e in group)}) take {total:.2f} of their memory together; at most {MAX_SHARED_GPU_FRACTION} leaves room for CUDA contexts, graphs and activations"))
+                    add(Problem(host.name, f"{at}.gpu_share",
+                                f"the engines sharing GPUs {list(engine.gpus)} ({', '.join(e.name for e in group)}) "
+                                f"take {total:.2f} of their memory together; at most {MAX_SHARED_GPU_FRACTION} leaves "
+                                "room for CUDA contexts, graphs and activations"))
             if engine.pp == 1 and not engine.spans_nodes and engine.tp_size * engine.dp != len(engine.gpus):
-                add(Problem(host.name, f"{at}.tp", f"tp {engine.tp_size} x dp {engine.dp} = {engine.tp_size * engine.dp} but the engine has {len(engine.gpus)} GPUs {list(engine.gpus)}; tp x dp must equal the GPU count"))
+                add(Problem(host.name, f"{at}.tp",
+                            f"tp {engine.tp_size} x dp {engine.dp} = {engine.tp_size * engine.dp} but the engine has "
+                            f"{len(engine.gpus)} GPUs {list(engine.gpus)}; tp x dp must equal the GPU count"))
             for field, why in parallel_problems(spec, engine) + startup_check_problems(spec, engine, node):
                 add(Problem(host.name, field if field.startswith("pdkit_cluster") else f"{at}.{field}", why))
             if engine.bootstrap_port is not None and engine.role != "prefill":
-                add(Problem(host.name, f"{at}.bootstrap_port", f"only prefill engines serve a bootstrap port; this engine's role is {engine.role!r} (remove bootstrap_port)"))
+                add(Problem(host.name, f"{at}.bootstrap_port",
+                            f"only prefill engines serve a bootstrap port; this engine's role is {engine.role!r} "
+                            "(remove bootstrap_port)"))
             numa = node.gpus.numa
             if engine.numa_node is not None and numa is not None:
                 gpu_nodes = {numa[g] for g in engine.gpus if g < len(numa)}
                 if gpu_nodes and gpu_nodes != {engine.numa_node}:
-                    add(Problem(host.name, f"{at}.numa_node", f"numa_node {engine.numa_node} but its GPUs {list(engine.gpus)} sit on NUMA node(s) {sorted(gpu_nodes)}; bind to the GPUs' NUMA node"))
-            elif engine.numa_node is None and numa is not None and engine_numa_node(host, engine) is None and all(g < len(numa) for g in engine.gpus):
-                add(Problem(host.name, f"{at}.gpus", f"GPUs {list(engine.gpus)} span NUMA nodes {sorted({numa[g] for g in engine.gpus})}: the engine is not NUMA-bound (cross-NUMA TP runs over the inter-socket link)", "warning"))
+                    add(Problem(host.name, f"{at}.numa_node",
+                                f"numa_node {engine.numa_node} but its GPUs {list(engine.gpus)} sit on NUMA node(s) "
+                                f"{sorted(gpu_nodes)}; bind to the GPUs' NUMA node"))
+            elif (engine.numa_node is None and numa is not None and engine_numa_node(host, engine) is None
+                  and all(g < len(numa) for g in engine.gpus)):
+                add(Problem(host.name, f"{at}.gpus",
+                            f"GPUs {list(engine.gpus)} span NUMA nodes {sorted({numa[g] for g in engine.gpus})}: the "
+                            "engine is not NUMA-bound (cross-NUMA TP runs over the inter-socket link)", "warning"))
             _check_engine_tuning(spec, host, engine, at, add)
 
         if node.numa_nodes is not None:
             for i, n in enumerate(node.gpus.numa or ()):
                 if n >= node.numa_nodes:
-                    add(Problem(host.name, f"pdkit_node.gpus.numa[{i}]", f"NUMA node {n} does not exist: the node declares numa_nodes {node.numa_nodes} (valid ids 0-{node.numa_nodes - 1})"))
+                    add(Problem(host.name, f"pdkit_node.gpus.numa[{i}]",
+                                f"NUMA node {n} does not exist: the node declares numa_nodes {node.numa_nodes} (valid "
+                                f"ids 0-{node.numa_nodes - 1})"))
             for i, engine in enumerate(node.engines):
                 if engine.numa_node is not None and engine.numa_node >= node.numa_nodes:
-                    add(Problem(host.name, f"pdkit_node.engines[{i}].numa_node", f"NUMA node {engine.numa_node} does not exist: the node declares numa_nodes {node.numa_nodes} (valid ids 0-{node.numa_nodes - 1})"))
+                    add(Problem(host.name, f"pdkit_node.engines[{i}].numa_node",
+                                f"NUMA node {engine.numa_node} does not exist: the node declares numa_nodes "
+                                f"{node.numa_nodes} (valid ids 0-{node.numa_nodes - 1})"))
         if node.nccl_p2p_level is not None and node.nccl_profile != "pcie":
-            add(Problem(host.name, "pdkit_node.nccl_p2p_level", f"nccl_p2p_level is only used by the 'pcie' NCCL profile; this node's profile is {node.nccl_profile!r} (remove nccl_p2p_level or set nccl_profile: pcie)"))
+            add(Problem(host.name, "pdkit_node.nccl_p2p_level",
+                        "nccl_p2p_level is only used by the 'pcie' NCCL profile; this node's profile is "
+                        f"{node.nccl_profile!r} (remove nccl_p2p_level or set nccl_profile: pcie)"))
         if node.nccl_profile == "pcie-p2p-off":
             for i, engine in enumerate(node.engines):
                 if spec.engine_tuning(engine).custom_all_reduce == "on":
-                    add(Problem(host.name, f"pdkit_node.engines[{i}].tuning.custom_all_reduce", "custom all-reduce needs GPU peer-to-peer, but the 'pcie-p2p-off' profile disables it (NCCL_P2P_DISABLE=1): use 'auto' or 'off'"))
+                    add(Problem(host.name, f"pdkit_node.engines[{i}].tuning.custom_all_reduce",
+                                "custom all-reduce needs GPU peer-to-peer, but the 'pcie-p2p-off' profile disables it "
+                                "(NCCL_P2P_DISABLE=1): use 'auto' or 'off'"))
         if node.gpu == "nvidia" and node.gpus.sm_major >= 10 and node.nccl_profile == "default" and node.gpus.count > 1:
-            add(Problem(host.name, "pdkit_node.nccl_profile", "Blackwell node with the default NCCL profile: on PCIe-only nodes choose 'pcie' (NCCL's default P2P level falls back to host memory across root complexes)", "warning"))
+            add(Problem(host.name, "pdkit_node.nccl_profile",
+                        "Blackwell node with the default NCCL profile: on PCIe-only nodes choose 'pcie' (NCCL's "
+                        "default P2P level falls back to host memory across root complexes)", "warning"))
         if node.engine_venv is not None:
             _check_engine_venv(spec, host, add)
 
@@ -109,9 +148,12 @@ def cross_checks(spec: ClusterSpec) -> list[Problem]:
         seen: dict[int, str] = {}
         for port, field in host_ports(spec, host):
             if port < 1024:
-                add(Problem(host.name, field, f"port {port} is privileged: pdkit's services run as {cluster.service_user} and no unit grants CAP_NET_BIND_SERVICE; use a port from 1024 to 65535"))
+                add(Problem(host.name, field, f"port {port} is privileged: pdkit's services run as "
+                            f"{cluster.service_user} and no unit grants CAP_NET_BIND_SERVICE; use a port from 1024 to "
+                            "65535"))
             if port in seen:
-                add(Problem(host.name, field, f"port {port} is already used by {seen[port]}; every port on a host must be unique"))
+                add(Problem(host.name, field, f"port {port} is already used by {seen[port]}; every port on a host must "
+                            "be unique"))
             else:
                 seen[port] = field
 
@@ -129,9 +171,12 @@ def cross_checks(spec: ClusterSpec) -> list[Problem]:
         for i, ref in enumerate(router.workers or ()):
             if ref not in declared:
                 valid = ", ".join(sorted(declared)) or "none declared"
-                add(Problem(host.name, f"pdkit_router.workers[{i}]", f"{ref!r} is not a declared engine; valid: {valid}"))
+                add(Problem(host.name, f"pdkit_router.workers[{i}]",
+                            f"{ref!r} is not a declared engine; valid: {valid}"))
         if router.workers is not None and not router.workers:
-            add(Problem(host.name, "pdkit_router.workers", "the router lists no engine: name its engines as 'host/engine', or leave workers unset for every engine of the cluster"))
+            add(Problem(host.name, "pdkit_router.workers",
+                        "the router lists no engine: name its engines as 'host/engine', or leave workers unset for "
+                        "every engine of the cluster"))
         workers = spec.router_workers(host)
         roles = {e.role for _, e in workers}
         pd_mode = any(e.role != "unified" for _, e in workers)
@@ -139,9 +184,12 @@ def cross_checks(spec: ClusterSpec) -> list[Problem]:
         for field in ignored:
             if field in router.model_fields_set and workers:
                 mode, used = ("PD", "prefill_policy and decode_policy") if pd_mode else ("plain (non-PD)", "policy")
-                add(Problem(host.name, f"pdkit_router.{field}", f"ignored: this router runs in {mode} mode, where only {used} apply; remove {field}", "warning"))
+                add(Problem(host.name, f"pdkit_router.{field}",
+                            f"ignored: this router runs in {mode} mode, where only {used} apply; remove {field}",
+                            "warning"))
         if "unified" in roles and roles - {"unified"}:
-            add(Problem(host.name, "pdkit_router.workers", "the router mixes unified and prefill/decode engines; a router runs either in PD mode or not"))
+            add(Problem(host.name, "pdkit_router.workers",
+                        "the router mixes unified and prefill/decode engines; a router runs either in PD mode or not"))
         pd_hosts = sorted({h.name: h for h, e in workers if e.role != "unified"}.values(), key=lambda h: h.name)
         if len(pd_hosts) > 1 and cluster.transfer_backend == "nixl":
             # the router pairs any prefill with any decode, so KV crosses nodes
@@ -149,40 +197,59 @@ def cross_checks(spec: ClusterSpec) -> list[Problem]:
                 if h.node is not None and h.node.gpu == "nvidia" and not h.node.ucx_net_devices:
                     names = [x.name for x in pd_hosts]
                     shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
-                    add(Problem(h.name, "pdkit_node.ucx_net_devices", f"the router on {host.name} pairs prefill and decode engines across hosts ({shown}): set ucx_net_devices (e.g. 'mlx5_0:1'), without it cross-node NIXL transfers hang until the 300 s timeout; or give each node its own router (pdkit_router.workers)"))
+                    add(Problem(h.name, "pdkit_node.ucx_net_devices",
+                                f"the router on {host.name} pairs prefill and decode engines across hosts ({shown}): "
+                                "set ucx_net_devices (e.g. 'mlx5_0:1'), without it cross-node NIXL transfers hang "
+                                "until the 300 s timeout; or give each node its own router (pdkit_router.workers)"))
         decodes = [e for _, e in workers if e.role == "decode"]
         if router.decode_policy == "power_of_two" and len(decodes) < 2:
-            add(Problem(host.name, "pdkit_router.decode_policy", f"power_of_two needs at least 2 decode workers (the router refuses to start); this router has {len(decodes)}: use round_robin, or leave it unset"))
+            add(Problem(host.name, "pdkit_router.decode_policy",
+                        "power_of_two needs at least 2 decode workers (the router refuses to start); this router has "
+                        f"{len(decodes)}: use round_robin, or leave it unset"))
         if roles and roles <= {"prefill", "decode"} and roles != {"prefill", "decode"}:
-            add(Problem(host.name, "pdkit_router.workers", f"the router fronts only {sorted(roles)} engines; PD mode needs at least one prefill and one decode"))
+            add(Problem(host.name, "pdkit_router.workers",
+                        f"the router fronts only {sorted(roles)} engines; PD mode needs at least one prefill and one "
+                        "decode"))
 
     names = {h.name for h in spec.hosts}
     for host in spec.monitoring_hosts:
         assert host.monitoring is not None
         for i, target in enumerate(host.monitoring.scrape_hosts or ()):
             if target not in names:
-                add(Problem(host.name, f"pdkit_monitoring.scrape_hosts[{i}]", f"{target!r} is not a host in this inventory; valid: {', '.join(sorted(names))}"))
+                add(Problem(host.name, f"pdkit_monitoring.scrape_hosts[{i}]",
+                            f"{target!r} is not a host in this inventory; valid: {', '.join(sorted(names))}"))
         real = [h.name for h in spec.gpu_hosts if h.node is not None and h.node.gpu != "none"]
         if host.monitoring.lab_alert_speedup > 1 and real:
-            add(Problem(host.name, "pdkit_monitoring.lab_alert_speedup", f"{host.monitoring.lab_alert_speedup} shortens every alert window for the lab, but {', '.join(real)} {'is a real node' if len(real) == 1 else 'are real nodes'} (gpu: nvidia): an alert would page on a normal engine restart; valid: 1 (the real windows), or more only where every node is gpu: none"))
+            add(Problem(host.name, "pdkit_monitoring.lab_alert_speedup",
+                        f"{host.monitoring.lab_alert_speedup} shortens every alert window for the lab, but "
+                        f"{', '.join(real)} {'is a real node' if len(real) == 1 else 'are real nodes'} (gpu: nvidia): "
+                        "an alert would page on a normal engine restart; valid: 1 (the real windows), or more only "
+                        "where every node is gpu: none"))
         problems += alerting_problems(host, cluster.secrets)
     if len(spec.monitoring_hosts) > 1:
-        add(Problem(spec.monitoring_hosts[1].name, "pdkit_monitoring", f"only one monitoring host is supported; {spec.monitoring_hosts[0].name} already declares pdkit_monitoring"))
+        add(Problem(spec.monitoring_hosts[1].name, "pdkit_monitoring",
+                    f"only one monitoring host is supported; {spec.monitoring_hosts[0].name} already declares "
+                    "pdkit_monitoring"))
 
-    if cluster.secrets.router_api_key is not None and any(spec.router_release(h)[0] == "sglang-router" for h in spec.router_hosts):
-        add(Problem(spec.router_hosts[0].name, "pdkit_cluster.secrets.router_api_key", "sglang-router 0.3.2 only takes its API key on the command line, which would leak it; use package smg or drop the key"))
+    if (cluster.secrets.router_api_key is not None
+        and any(spec.router_release(h)[0] == "sglang-router" for h in spec.router_hosts)):
+        add(Problem(spec.router_hosts[0].name, "pdkit_cluster.secrets.router_api_key",
+                    "sglang-router 0.3.2 only takes its API key on the command line, which would leak it; use package "
+                    "smg or drop the key"))
     problems += secret_problems(spec)
     budget = cluster.fault_budget
     for host in spec.router_hosts:
         router = host.router
         assert router is not None
-        for field, message in fault_budget_problems(budget, router.health_check_interval_secs, router.health_failure_threshold, spec.is_pd()):
+        for field, message in fault_budget_problems(budget, router.health_check_interval_secs,
+                                                    router.health_failure_threshold, spec.is_pd()):
             add(Problem(host.name, field, message))
         for field in budget.model_fields_set - set(router_flags(*spec.router_release(host))):
             if field.startswith("router_"):
                 flag = ROUTER_BUDGET_FLAGS[field]
                 add(Problem(host.name, f"pdkit_cluster.fault_budget.{field}",
-                            f"ignored: {' '.join(spec.router_release(host))} has no {flag} (pdkit/parser_table.json); remove it, or use a router that has it (smg)", "warning"))
+                            f"ignored: {' '.join(spec.router_release(host))} has no {flag} (pdkit/parser_table.json); "
+                            "remove it, or use a router that has it (smg)", "warning"))
     # a cluster-wide setting reached through several engines of one host is one problem
     return list(dict.fromkeys(problems))
 
@@ -197,9 +264,11 @@ def _check_model_visibility(spec: ClusterSpec, add) -> None:
         for what, field, path in engine_model_paths(spec, host, engine):
             hidden = hidden_from_engines(path) if path.startswith("/") else None
             if hidden:
-                add(Problem(host.name, field, f"{path} is under {hidden}, which the engine units cannot see (ProtectHome=yes / PrivateTmp=yes, "
-                            f"templates/systemd/engine.service.j2, docs/security.md): SGLang would not find the {what}; "
-                            f"move it outside {', '.join(HIDDEN_FROM_ENGINES)}, e.g. /models/{path.rstrip('/').rsplit('/', 1)[-1]}"))
+                add(Problem(host.name, field, f"{path} is under {hidden}, which the engine units cannot see "
+                            "(ProtectHome=yes / PrivateTmp=yes, "
+                            "templates/systemd/engine.service.j2, docs/security.md): SGLang would not find the "
+                            f"{what}; move it outside {', '.join(HIDDEN_FROM_ENGINES)}, e.g. "
+                            f"/models/{path.rstrip('/').rsplit('/', 1)[-1]}"))
 
 
 def _check_engine_venv(spec: ClusterSpec, host: HostSpec, add) -> None:
@@ -209,23 +278,28 @@ def _check_engine_venv(spec: ClusterSpec, host: HostSpec, add) -> None:
     assert node is not None and node.engine_venv is not None
     venv, field = node.engine_venv, "pdkit_node.engine_venv"
     if spec.cluster.engine != "sglang":
-        add(Problem(host.name, field, f"engine_venv {venv} is the node's own SGLang environment, but pdkit_cluster.engine is "
-                    f"{spec.cluster.engine!r} (the rehearsal engine runs from the engine environment pdkit builds for it: <install_dir>/engine-venv): remove engine_venv, or set pdkit_cluster.engine: sglang"))
+        add(Problem(host.name, field, f"engine_venv {venv} is the node's own SGLang environment, but "
+                    "pdkit_cluster.engine is "
+                    f"{spec.cluster.engine!r} (the rehearsal engine runs from the engine environment pdkit builds for "
+                    "it: <install_dir>/engine-venv): remove engine_venv, or set pdkit_cluster.engine: sglang"))
         return
     install = spec.cluster.install_dir.rstrip("/")
     if venv == install or venv.startswith(install + "/"):
-        add(Problem(host.name, field, f"engine_venv {venv} is inside pdkit_cluster.install_dir ({install}), whose venvs pdkit replaces: "
-                    "give the engine's own environment outside it, e.g. /opt/sglang-env (or remove engine_venv and let pdkit install the engine)"))
+        add(Problem(host.name, field, f"engine_venv {venv} is inside pdkit_cluster.install_dir ({install}), whose "
+                    "venvs pdkit replaces: "
+                    "give the engine's own environment outside it, e.g. /opt/sglang-env (or remove engine_venv and let "
+                    "pdkit install the engine)"))
     placements = spec.placements(host)
     if not placements:
-        add(Problem(host.name, field, f"ignored: engine_venv {venv} is set but {host.name} runs no engine; remove it", "warning"))
+        add(Problem(host.name, field, f"ignored: engine_venv {venv} is set but {host.name} runs no engine; remove it",
+                    "warning"))
     versions: dict[str, list[str]] = {}
     for p in placements:
         versions.setdefault(spec.engine_version(p.engine), []).append(p.engine.name)
     if len(versions) > 1:
         shown = "; ".join(f"{v} for {', '.join(names)}" for v, names in sorted(versions.items()))
-        add(Problem(host.name, field, f"the engines on {host.name} want different SGLang releases ({shown}) but all run from the one engine_venv {venv}: "
-                    "give them one sglang_version, or remove engine_venv"))
+        add(Problem(host.name, field, f"the engines on {host.name} want different SGLang releases ({shown}) but all "
+                    f"run from the one engine_venv {venv}: give them one sglang_version, or remove engine_venv"))
 
 
 def _check_engine_tuning(spec: ClusterSpec, host: HostSpec, engine: Engine, at: str, add) -> None:
@@ -234,25 +308,40 @@ def _check_engine_tuning(spec: ClusterSpec, host: HostSpec, engine: Engine, at: 
     assert host.node is not None
     # choices (backends, dtypes, algorithm names) are the release parser's: pdkit.argvcheck
     speculative = tuning.speculative
-    if speculative is not None and speculative.algorithm == "UNO" and not any(a.split("=", 1)[0] == "--uno-lora-path" for a in engine.extra_args):
-        add(Problem(host.name, f"{at}.extra_args", "speculative algorithm UNO needs --uno-lora-path (SGLang: 'UNO requires --uno-lora-path'): add ['--uno-lora-path', '/path/to/lora'] to extra_args"))
+    if (speculative is not None and speculative.algorithm == "UNO"
+        and not any(a.split("=", 1)[0] == "--uno-lora-path" for a in engine.extra_args)):
+        add(Problem(host.name, f"{at}.extra_args",
+                    "speculative algorithm UNO needs --uno-lora-path (SGLang: 'UNO requires --uno-lora-path'): "
+                    "add ['--uno-lora-path', '/path/to/lora'] to extra_args"))
     if speculative is not None and speculative.algorithm == "DSPARK" and speculative.draft_model_path is None:
-        add(Problem(host.name, f"{at}.tuning.speculative.draft_model_path", "DSPARK without draft_model_path works only when the target checkpoint bundles the DSpark draft (SGLang otherwise refuses to start): set draft_model_path unless it does", "warning"))
+        add(Problem(host.name, f"{at}.tuning.speculative.draft_model_path",
+                    "DSPARK without draft_model_path works only when the target checkpoint bundles the DSpark draft "
+                    "(SGLang otherwise refuses to start): set draft_model_path unless it does", "warning"))
     for field, why in ignored_settings(spec, engine):
         add(Problem(host.name, field if field.startswith("pdkit_cluster") else f"{at}.{field}", why, "warning"))
     if tuning.max_queued_requests is not None and engine.role != "unified":
-        add(Problem(host.name, f"{at}.tuning.max_queued_requests", "SGLang ignores --max-queued-requests in disaggregation mode", "warning"))
+        add(Problem(host.name, f"{at}.tuning.max_queued_requests",
+                    "SGLang ignores --max-queued-requests in disaggregation mode", "warning"))
     page = tuning.page_size or 1
     if tuning.chunked_prefill_size is not None and tuning.chunked_prefill_size % page:
-        add(Problem(host.name, f"{at}.tuning.chunked_prefill_size", f"{tuning.chunked_prefill_size} is not a multiple of page_size {page} (SGLang rejects it); e.g. {tuning.chunked_prefill_size // page * page or page}"))
+        add(Problem(host.name, f"{at}.tuning.chunked_prefill_size",
+                    f"{tuning.chunked_prefill_size} is not a multiple of page_size {page} (SGLang rejects it); e.g. "
+                    f"{tuning.chunked_prefill_size // page * page or page}"))
     if tuning.value("pcie_ipc_allreduce") and not release.has_pcie_ipc_allreduce:
-        add(Problem(host.name, f"{at}.tuning.pcie_ipc_allreduce", f"SGLang {release.version} has no PCIe IPC all-reduce (SGLANG_ENABLE_PCIE_IPC_ALLREDUCE is 0.5.23+); valid: false, or sglang_version 0.5.23"))
+        add(Problem(host.name, f"{at}.tuning.pcie_ipc_allreduce",
+                    f"SGLang {release.version} has no PCIe IPC all-reduce (SGLANG_ENABLE_PCIE_IPC_ALLREDUCE is "
+                    "0.5.23+); valid: false, or sglang_version 0.5.23"))
     if tuning.value("pcie_ipc_allreduce") and host.node.nccl_profile == "pcie-p2p-off":
-        add(Problem(host.name, f"{at}.tuning.pcie_ipc_allreduce", "PCIe IPC all-reduce needs working P2P, but the node's NCCL profile is 'pcie-p2p-off'"))
+        add(Problem(host.name, f"{at}.tuning.pcie_ipc_allreduce",
+                    "PCIe IPC all-reduce needs working P2P, but the node's NCCL profile is 'pcie-p2p-off'"))
     if tuning.value("pcie_ipc_allreduce") and engine.tp_size not in (2, 4, 8):
-        add(Problem(host.name, f"{at}.tuning.pcie_ipc_allreduce", f"PCIe IPC all-reduce supports TP 2, 4 or 8; this engine has tp {engine.tp_size}"))
-    if tuning.cuda_graph_bs and tuning.cuda_graph_max_bs is not None and max(tuning.cuda_graph_bs) != tuning.cuda_graph_max_bs:
-        add(Problem(host.name, f"{at}.tuning.cuda_graph_max_bs", f"cuda_graph_max_bs {tuning.cuda_graph_max_bs} disagrees with the largest bucket in cuda_graph_bs ({max(tuning.cuda_graph_bs)}); set one of the two"))
+        add(Problem(host.name, f"{at}.tuning.pcie_ipc_allreduce",
+                    f"PCIe IPC all-reduce supports TP 2, 4 or 8; this engine has tp {engine.tp_size}"))
+    if (tuning.cuda_graph_bs and tuning.cuda_graph_max_bs is not None
+        and max(tuning.cuda_graph_bs) != tuning.cuda_graph_max_bs):
+        add(Problem(host.name, f"{at}.tuning.cuda_graph_max_bs",
+                    f"cuda_graph_max_bs {tuning.cuda_graph_max_bs} disagrees with the largest bucket in cuda_graph_bs "
+                    f"({max(tuning.cuda_graph_bs)}); set one of the two"))
     if engine.role == "prefill":
         return
     max_bs = effective_decode_graph_max_bs(spec, host, engine)
@@ -261,10 +350,14 @@ def _check_engine_tuning(spec: ClusterSpec, host: HostSpec, engine: Engine, at: 
     if tuning.value("cuda_graph") and max_bs is not None and required is not None and max_bs < required:
         ranks = max(engine.dp, engine.attn_dp or 1)
         per_rank = f" over {ranks} DP ranks: {required} per rank" if ranks > 1 else ""
-        add(Problem(host.name, f"{at}.tuning.cuda_graph_max_bs", f"decode CUDA graphs cover batches up to {max_bs} but target_concurrency is {target}{per_rank}: larger batches run without graphs (the seeds' 40x gap); set cuda_graph_max_bs >= {required}"))
+        add(Problem(host.name, f"{at}.tuning.cuda_graph_max_bs",
+                    f"decode CUDA graphs cover batches up to {max_bs} but target_concurrency is {target}{per_rank}: "
+                    f"larger batches run without graphs (the seeds' 40x gap); set cuda_graph_max_bs >= {required}"))
     explicit = max(tuning.cuda_graph_bs) if tuning.cuda_graph_bs else tuning.cuda_graph_max_bs
     if explicit is not None and tuning.max_running_requests is not None and explicit > tuning.max_running_requests:
-        add(Problem(host.name, f"{at}.tuning.cuda_graph_max_bs", f"{explicit} is above max_running_requests {tuning.max_running_requests}: SGLang clamps it, so graphs above {tuning.max_running_requests} are never captured", "warning"))
+        add(Problem(host.name, f"{at}.tuning.cuda_graph_max_bs",
+                    f"{explicit} is above max_running_requests {tuning.max_running_requests}: SGLang clamps it, so "
+                    f"graphs above {tuning.max_running_requests} are never captured", "warning"))
 
 
 def _check_pd_groups(spec: ClusterSpec, add) -> None:
@@ -277,13 +370,17 @@ def _check_pd_groups(spec: ClusterSpec, add) -> None:
         first_host, first = members[0]
         for missing in ("prefill", "decode"):
             if missing not in roles:
-                add(Problem(first_host.name, f"pdkit_node.engines[{first_host.node.engines.index(first)}].pd_group", f"PD group {group!r} has no {missing} engine; each PD group needs at least one prefill and one decode"))
+                add(Problem(first_host.name, f"pdkit_node.engines[{first_host.node.engines.index(first)}].pd_group",
+                            f"PD group {group!r} has no {missing} engine; each PD group needs at least one prefill and "
+                            "one decode"))
         # what a pair must agree on (model, release, page size, ...) is pdkit.argvcheck's
         hosts = {h.name for h, _ in members}
         if len(hosts) > 1 and spec.cluster.transfer_backend == "nixl":
             for host in sorted({h.name: h for h, _ in members}.values(), key=lambda h: h.name):
                 if host.node is not None and not host.node.ucx_net_devices:
-                    add(Problem(host.name, "pdkit_node.ucx_net_devices", f"PD group {group!r} spans hosts {sorted(hosts)}: set ucx_net_devices (e.g. 'mlx5_0:1'), without it cross-node NIXL transfers hang until the 300 s timeout"))
+                    add(Problem(host.name, "pdkit_node.ucx_net_devices",
+                                f"PD group {group!r} spans hosts {sorted(hosts)}: set ucx_net_devices (e.g. "
+                                "'mlx5_0:1'), without it cross-node NIXL transfers hang until the 300 s timeout"))
 
 
 def _check_kv_over_tcp(spec: ClusterSpec, add) -> None:
@@ -306,8 +403,9 @@ def _check_kv_over_tcp(spec: ClusterSpec, add) -> None:
                 path = KV_PATHS["cross-host-tcp"]
                 warned.add(host.name)
                 add(Problem(host.name, "pdkit_node.ucx_net_devices",
-                            f"{label} pairs prefill and decode across hosts, and {node.ucx_net_devices!r} is not an RDMA device: "
-                            f"KV moves over TCP ({path.why}); pdkit sets UCX's TCP fragments to 512 KiB there, and hand-offs are still "
-                            "about 5x slower than on one host at 3072-token prompts (docs/gpu.md, \"KV hand-off levers\"). "
+                            f"{label} pairs prefill and decode across hosts, and {node.ucx_net_devices!r} is not an "
+                            f"RDMA device: KV moves over TCP ({path.why}); pdkit sets UCX's TCP fragments to 512 KiB "
+                            "there, and hand-offs are still about 5x slower than on one host at 3072-token prompts "
+                            "(docs/gpu.md, \"KV hand-off levers\"). "
                             "Valid: an RDMA device such as 'mlx5_0:1', or prefill and decode on one host "
                             "(a router per node, pdkit_router.workers)", "warning"))

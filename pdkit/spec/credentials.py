@@ -21,12 +21,18 @@ def alerting_problems(host: HostSpec, secrets: Secrets) -> list[Problem]:
     names: dict[str, int] = {}
     for i, receiver in enumerate(alerting.receivers):
         if receiver.name in names:
-            out.append(Problem(host.name, f"{at}.receivers[{i}].name", f"receiver name {receiver.name!r} is already used by receivers[{names[receiver.name]}]; names must be unique"))
+            out.append(Problem(host.name, f"{at}.receivers[{i}].name",
+                               f"receiver name {receiver.name!r} is already used by receivers[{names[receiver.name]}]; "
+                               "names must be unique"))
         names.setdefault(receiver.name, i)
     if not alerting.receivers:
-        out.append(Problem(host.name, f"{at}.receivers", f"no receiver: Alertmanager sends every alert to {NULL_RECEIVER!r}, so alerts reach no one (they show only on its and Prometheus' alert pages); add a receiver (README, \"Alerts: adding a receiver\")", "warning"))
+        out.append(Problem(host.name, f"{at}.receivers",
+                           f"no receiver: Alertmanager sends every alert to {NULL_RECEIVER!r}, so alerts reach no one "
+                           "(they show only on its and Prometheus' alert pages); add a receiver (README, \"Alerts: "
+                           "adding a receiver\")", "warning"))
     valid = ", ".join(names) or f"none (no receiver is declared: add one to {at}.receivers)"
-    named = [(f"{at}.{field}", getattr(alerting, field)) for field in ("default_receiver", "critical_receiver", "warning_receiver")]
+    named = [(f"{at}.{field}", getattr(alerting, field))
+             for field in ("default_receiver", "critical_receiver", "warning_receiver")]
     named += [(f"{at}.routes[{i}].receiver", route.receiver) for i, route in enumerate(alerting.routes)]
     for field, name in named:
         if name is not None and name not in names:
@@ -37,12 +43,19 @@ def alerting_problems(host: HostSpec, secrets: Secrets) -> list[Problem]:
         need = receiver_needs_credential(receiver)
         what = RECEIVER_KINDS[receiver.kind].credential_is
         if need and receiver.name not in creds:
-            out.append(Problem(host.name, f"{secret_at}.{receiver.name}", f"receiver {receiver.name!r} ({at}.receivers[{i}], {receiver.kind}) needs its credential, {what}: set {secret_at} = {{{receiver.name!r}: ...}} (never inline in the receiver)"))
+            out.append(Problem(host.name, f"{secret_at}.{receiver.name}",
+                               f"receiver {receiver.name!r} ({at}.receivers[{i}], {receiver.kind}) needs its "
+                               f"credential, {what}: set {secret_at} = {{{receiver.name!r}: ...}} (never inline in the "
+                               "receiver)"))
         if need is False and receiver.name in creds:
-            out.append(Problem(host.name, f"{secret_at}.{receiver.name}", f"receiver {receiver.name!r} (email) has no auth_username, so its SMTP password would never be sent: set auth_username, or remove the credential"))
+            out.append(Problem(host.name, f"{secret_at}.{receiver.name}",
+                               f"receiver {receiver.name!r} (email) has no auth_username, so its SMTP password would "
+                               "never be sent: set auth_username, or remove the credential"))
     for name in creds:
         if name not in names:
-            out.append(Problem(host.name, f"{secret_at}.{name}", f"no receiver is named {name!r}, so this credential is unused; receivers: {valid}", "warning"))
+            out.append(Problem(host.name, f"{secret_at}.{name}",
+                               f"no receiver is named {name!r}, so this credential is unused; receivers: {valid}",
+                               "warning"))
     return out
 
 
@@ -67,7 +80,8 @@ def _blank(value: str) -> bool:
 def _control_chars(value: str) -> list[str]:
     """The control characters in VALUE, named (never the value itself); a tab is allowed."""
     names = {"\n": "a line break (\\n)", "\r": "a carriage return (\\r)", "\x00": "a NUL byte"}
-    return sorted({names.get(c, f"control character U+{ord(c):04X}") for c in value if (ord(c) < 0x20 and c != "\t") or ord(c) == 0x7F})
+    return sorted({names.get(c, f"control character U+{ord(c):04X}") for c in value if (ord(c) < 0x20 and c != "\t")
+                   or ord(c) == 0x7F})
 
 
 def secret_problems(spec: ClusterSpec) -> list[Problem]:
@@ -82,9 +96,13 @@ def secret_problems(spec: ClusterSpec) -> list[Problem]:
         host = spec.gpu_hosts[0].name if spec.gpu_hosts else fallback
         value = secrets.hf_token.get_secret_value()
         if _blank(value):
-            out.append(Problem(host, f"{at}.hf_token", f"is empty or only whitespace, so the engines would reach the hub without a token ({blank_hint}): set the token (hf_...), or remove hf_token"))
+            out.append(Problem(host, f"{at}.hf_token",
+                               "is empty or only whitespace, so the engines would reach the hub without a token "
+                               f"({blank_hint}): set the token (hf_...), or remove hf_token"))
         elif bad := _control_chars(value):
-            out.append(Problem(host, f"{at}.hf_token", f"contains {', '.join(bad)}: the token goes into an HTTP header, which cannot carry it (requests refuses it); give the token alone on one line, e.g. hf_AbC123..."))
+            out.append(Problem(host, f"{at}.hf_token",
+                               f"contains {', '.join(bad)}: the token goes into an HTTP header, which cannot carry it "
+                               "(requests refuses it); give the token alone on one line, e.g. hf_AbC123..."))
     if secrets.router_api_key is not None:
         hosts = spec.router_hosts
         smg = [h for h in hosts if spec.router_release(h)[0] == "smg"]
@@ -92,19 +110,34 @@ def secret_problems(spec: ClusterSpec) -> list[Problem]:
         value = secrets.router_api_key.get_secret_value()
         valid = "valid: printable ASCII without surrounding whitespace, e.g. the output of `openssl rand -hex 32`"
         if _blank(value):
-            out.append(Problem(host, f"{at}.router_api_key", f"is empty or only whitespace: the router refuses to start with it (smg: 'an empty credential would switch authentication on with a key nothing can present'; pdkit's launcher: 'credential ... is empty') ({blank_hint}); set a key, or remove router_api_key; {valid}"))
+            out.append(Problem(host, f"{at}.router_api_key",
+                               "is empty or only whitespace: the router refuses to start with it (smg: 'an empty "
+                               "credential would switch authentication on with a key nothing can present'; pdkit's "
+                               f"launcher: 'credential ... is empty') ({blank_hint}); set a key, or remove "
+                               f"router_api_key; {valid}"))
         elif bad := _control_chars(value):
-            out.append(Problem(host, f"{at}.router_api_key", f"contains {', '.join(bad)}: no client can present it (an HTTP header cannot carry it, and smg answers 401); {valid}"))
+            out.append(Problem(host, f"{at}.router_api_key",
+                               f"contains {', '.join(bad)}: no client can present it (an HTTP header cannot carry it, "
+                               f"and smg answers 401); {valid}"))
         elif value != value.strip():
-            out.append(Problem(host, f"{at}.router_api_key", f"has leading or trailing whitespace: smg answers 401 to such a key however a client sends it (HTTP trims the header; pdkit's launcher strips the key file): remove the whitespace; {valid}"))
+            out.append(Problem(host, f"{at}.router_api_key",
+                               "has leading or trailing whitespace: smg answers 401 to such a key however a client "
+                               "sends it (HTTP trims the header; pdkit's launcher strips the key file): remove the "
+                               f"whitespace; {valid}"))
         elif not value.isascii():
-            out.append(Problem(host, f"{at}.router_api_key", f"contains non-ASCII characters: smg never matches such a key (401 whether it is sent as UTF-8 or Latin-1) and pdkit's clients cannot send most of them; {valid}"))
+            out.append(Problem(host, f"{at}.router_api_key",
+                               "contains non-ASCII characters: smg never matches such a key (401 whether it is sent as "
+                               f"UTF-8 or Latin-1) and pdkit's clients cannot send most of them; {valid}"))
     mon = spec.monitoring_hosts[0].name if spec.monitoring_hosts else fallback
     for name, secret in secrets.alert_receivers.items():
         value = secret.get_secret_value()
         field = f"{at}.alert_receivers.{name}"
         if _blank(value):
-            out.append(Problem(mon, field, f"is empty or only whitespace: Alertmanager would send receiver {name!r} no credential (a service that needs one refuses every notification) ({blank_hint}); set the credential, or remove it"))
+            out.append(Problem(mon, field, f"is empty or only whitespace: Alertmanager would send receiver {name!r} no "
+                               f"credential (a service that needs one refuses every notification) ({blank_hint}); set "
+                               "the credential, or remove it"))
         elif bad := _control_chars(value.strip()):
-            out.append(Problem(mon, field, f"contains {', '.join(bad)} inside the value: Alertmanager fails every notification with it ('invalid header field value'); give the credential alone on one line"))
+            out.append(Problem(mon, field, f"contains {', '.join(bad)} inside the value: Alertmanager fails every "
+                               "notification with it ('invalid header field value'); give the credential alone on one "
+                               "line"))
     return out

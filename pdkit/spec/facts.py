@@ -177,7 +177,8 @@ def engine_model_paths(spec: ClusterSpec, host: HostSpec, engine: Engine) -> lis
         out.append(("tokenizer", f"{where}.tokenizer_path", model.tokenizer_path))
     speculative = spec.engine_tuning(engine).speculative
     if speculative is not None and speculative.draft_model_path is not None:
-        layers = [(engine.tuning, f"{at}.tuning"), (getattr(spec.cluster.tuning, engine.role), f"pdkit_cluster.tuning.{engine.role}"),
+        layers = [(engine.tuning, f"{at}.tuning"),
+                  (getattr(spec.cluster.tuning, engine.role), f"pdkit_cluster.tuning.{engine.role}"),
                   (spec.cluster.tuning.all, "pdkit_cluster.tuning.all")]
         tuning_at = next((f for t, f in layers if t.speculative is not None), f"{at}.tuning")
         out.append(("draft model", f"{tuning_at}.speculative.draft_model_path", speculative.draft_model_path))

@@ -43,8 +43,10 @@ def at_most(limit: int | float, what: str, too_big_hint: str = ""):
     return AfterValidator(check)
 
 
-Seconds = Annotated[int, Field(ge=1), at_most(MAX_TIMEOUT_S, "timeout in seconds", "does it look like milliseconds? give seconds")]
-IntervalSeconds = Annotated[int, Field(ge=1), at_most(MAX_INTERVAL_S, "interval in seconds", "does it look like milliseconds? give seconds")]
+Seconds = Annotated[int, Field(ge=1), at_most(MAX_TIMEOUT_S, "timeout in seconds",
+                                              "does it look like milliseconds? give seconds")]
+IntervalSeconds = Annotated[int, Field(ge=1), at_most(MAX_INTERVAL_S, "interval in seconds",
+                                                      "does it look like milliseconds? give seconds")]
 BatchSize = Annotated[int, Field(ge=1), at_most(MAX_BATCH, "batch size or request count")]
 
 # Accounts Debian and Ubuntu create for the system itself (base-passwd's passwd.master, plus
@@ -71,7 +73,8 @@ def model_location_problem(value: str) -> str | None:
     if _HUB_ID.match(value) and ".." not in value:
         return None
     return (f"{value!r} is neither an absolute path nor a hub id: give the directory on the GPU nodes "
-            "(e.g. /models/Llama-3.1-8B-Instruct) or a Hugging Face id 'org/name' (e.g. meta-llama/Llama-3.1-8B-Instruct); "
+            "(e.g. /models/Llama-3.1-8B-Instruct) or a Hugging Face id 'org/name' "
+            "(e.g. meta-llama/Llama-3.1-8B-Instruct); "
             "a relative path would resolve against the service's working directory")
 
 

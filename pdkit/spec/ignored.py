@@ -21,7 +21,8 @@ class IgnoredByMode:
     """Fields the kit ignores in one mode: set anyway, they warn (errors under --strict)."""
 
     mode: str
-    # whether the mode holds: called (spec, host) per GPU host for pdkit_node fields, (spec, None) once for pdkit_cluster fields
+    # whether the mode holds: called (spec, host) per GPU host for pdkit_node fields, (spec,
+    # None) once for pdkit_cluster fields
     applies: object
     # paths of fields ("pdkit_node.<field>" or "pdkit_cluster.<field>[.<field>]"), ignored in that mode
     fields: tuple[str, ...]
@@ -47,12 +48,14 @@ IGNORED_BY_MODE: tuple[IgnoredByMode, ...] = (
         "nvidia_stack: provided",
         lambda spec, host: host.node.gpu == "nvidia" and host.node.nvidia_stack == "provided",
         ("pdkit_node.driver_modules", "pdkit_node.reboot"),
-        "the machine brings the NVIDIA stack: the node layer installs no driver and reboots nothing (roles/node.py installs_nvidia_stack; only roles/nvidia_driver.py acts on them)"),
+        "the machine brings the NVIDIA stack: the node layer installs no driver and reboots nothing (roles/node.py "
+        "installs_nvidia_stack; only roles/nvidia_driver.py acts on them)"),
     IgnoredByMode(
         "gpu: none",
         lambda spec, host: host.node.gpu == "none",
         ("pdkit_node.nvidia_stack", "pdkit_node.driver_modules", "pdkit_node.reboot"),
-        "a host without NVIDIA GPUs gets no NVIDIA stack and no driver checks (roles/node.py installs_nvidia_stack; pdkit/preflight.py returns before the driver checks)"),
+        "a host without NVIDIA GPUs gets no NVIDIA stack and no driver checks (roles/node.py installs_nvidia_stack; "
+        "pdkit/preflight.py returns before the driver checks)"),
     IgnoredByMode(
         "pdkit_cluster.engine: sim",
         lambda spec, host: spec.cluster.engine == "sim",
@@ -65,9 +68,11 @@ IGNORED_BY_MODE: tuple[IgnoredByMode, ...] = (
         "the sim parses --trust-remote-code and loads no model code (pdkit/sim/args.py)"),
     IgnoredByMode(
         "no PD engine on the node, or a transfer backend other than nixl",
-        lambda spec, host: spec.cluster.transfer_backend != "nixl" or all(p.engine.role == "unified" for p in spec.placements(host)),
+        lambda spec, host: spec.cluster.transfer_backend != "nixl"
+        or all(p.engine.role == "unified" for p in spec.placements(host)),
         ("pdkit_node.ucx_net_devices",),
-        "UCX_NET_DEVICES is rendered only for NIXL KV transfer on a node that runs prefill or decode engines (pdkit/flags.py ucx_env)"),
+        "UCX_NET_DEVICES is rendered only for NIXL KV transfer on a node that runs prefill or decode engines "
+        "(pdkit/flags.py ucx_env)"),
     IgnoredByMode(
         "unified only: no PD engine in the cluster",
         lambda spec, host: bool(spec.engines()) and all(e.role == "unified" for _, e in spec.engines()),
@@ -98,7 +103,8 @@ def ignored_by_mode_problems(spec: ClusterSpec) -> list[Problem]:
                 if (name, path) in seen or not _field_is_set(spec, host, path) or not row.applies(spec, host):  # type: ignore[operator]
                     continue
                 seen.add((name, path))
-                out.append(Problem(name, path, f"ignored ({row.mode}): {row.why}; remove {path.rsplit('.', 1)[1]}", "warning"))
+                out.append(Problem(name, path, f"ignored ({row.mode}): {row.why}; remove {path.rsplit('.', 1)[1]}",
+                                   "warning"))
     return out
 
 
@@ -123,14 +129,20 @@ def ignored_settings(spec: ClusterSpec, engine: Engine) -> list[tuple[str, str]]
     unused = DECODE_ONLY if engine.role == "prefill" else PREFILL_ONLY if engine.role == "decode" else ()
     for name in unused:
         if name in explicit and getattr(tuning, name) is not None:
-            out.append((explicit[name], f"ignored: a {engine.role} engine never uses {name} (pdkit renders no flag for it); set it on the {'decode' if engine.role == 'prefill' else 'prefill'} role instead"))
+            out.append((explicit[name], f"ignored: a {engine.role} engine never uses {name} (pdkit renders no flag for "
+                        f"it); set it on the {'decode' if engine.role == 'prefill' else 'prefill'} role instead"))
     if engine.role != "prefill" and tuning.value("cuda_graph") is False:
         for name in ("cuda_graph_bs", "cuda_graph_max_bs"):
             if getattr(tuning, name) is not None:
                 where = anywhere.get(name, f"tuning.{name}")
-                out.append((where, f"ignored: decode CUDA graphs are off (cuda_graph false), so {name} captures nothing; remove it or turn cuda_graph on"))
+                out.append((where, f"ignored: decode CUDA graphs are off (cuda_graph false), so {name} captures "
+                            "nothing; remove it or turn cuda_graph on"))
     if tuning.value("allow_longer_context") and tuning.context_length is None:
-        out.append((anywhere.get("allow_longer_context", "tuning.allow_longer_context"), "ignored: allow_longer_context only matters with a context_length above the model's; set context_length or remove it"))
-    if tuning.speculative is not None and tuning.speculative.algorithm == "NGRAM" and tuning.speculative.eagle_topk is not None:
-        out.append((anywhere.get("speculative", "tuning.speculative") + ".eagle_topk", "ignored: NGRAM has no EAGLE tree; remove eagle_topk"))
+        out.append((anywhere.get("allow_longer_context", "tuning.allow_longer_context"),
+                    "ignored: allow_longer_context only matters with a context_length above the model's; set "
+                    "context_length or remove it"))
+    if (tuning.speculative is not None and tuning.speculative.algorithm == "NGRAM"
+        and tuning.speculative.eagle_topk is not None):
+        out.append((anywhere.get("speculative", "tuning.speculative") + ".eagle_topk",
+                    "ignored: NGRAM has no EAGLE tree; remove eagle_topk"))
     return out

@@ -47,18 +47,19 @@ def _engine_venv_dir(value: str | None) -> str | None:
     if value is None:
         return None
     if "/../" in value + "/" or value.endswith("/.."):
-        raise ValueError(f"{value!r} has a '..' component: give the environment's plain absolute path, e.g. /opt/sglang-env")
+        raise ValueError(f"{value!r} has a '..' component: give the environment's plain absolute path, e.g. "
+                         "/opt/sglang-env")
     if value.rstrip("/") in SYSTEM_DIRS or value == "/":
         raise ValueError(
-            f"{value!r} is a system directory, not a Python environment: give the directory whose bin/python runs the engines, "
-            "e.g. /opt/sglang-env (for an SGLang installed into the system Python, make one that sees it: "
+            f"{value!r} is a system directory, not a Python environment: give the directory whose bin/python runs the "
+            "engines, e.g. /opt/sglang-env (for an SGLang installed into the system Python, make one that sees it: "
             "python3 -m venv --system-site-packages /opt/sglang-env)"
         )
     hidden = hidden_from_engines(value)
     if hidden:
         raise ValueError(
-            f"{value!r} is under {hidden}, which the engine units cannot see (ProtectHome=yes / PrivateTmp=yes, docs/security.md): "
-            "put the environment elsewhere, e.g. /opt/sglang-env"
+            f"{value!r} is under {hidden}, which the engine units cannot see (ProtectHome=yes / PrivateTmp=yes, "
+            "docs/security.md): put the environment elsewhere, e.g. /opt/sglang-env"
         )
     return value.rstrip("/")
 
@@ -66,7 +67,8 @@ def _engine_venv_dir(value: str | None) -> str | None:
 class Model(Frozen):
     """The model every engine serves unless an engine names its own."""
 
-    # --model-path: a directory on the GPU nodes, outside /home, /root, /tmp (the engine sandbox hides them; the preflight checks it is there and readable), or a hub id on nodes that may download
+    # --model-path: a directory on the GPU nodes, outside /home, /root, /tmp (the engine sandbox hides them; the
+    # preflight checks it is there and readable), or a hub id on nodes that may download
     path: str = Field(min_length=1)
     # --served-model-name (no ':' — SGLang rejects it); defaults to the path's last component
     served_name: str | None = None
@@ -98,7 +100,8 @@ class Secrets(Frozen):
     hf_token: SecretStr | None = None
     # the router's API key (also sent by pdkit's own clients)
     router_api_key: SecretStr | None = None
-    # each alert receiver's credential, by receiver name (pdkit_monitoring.alerting.receivers; what it is: RECEIVER_KINDS); only in a mode-0600 file Alertmanager reads
+    # each alert receiver's credential, by receiver name (pdkit_monitoring.alerting.receivers; what it is:
+    # RECEIVER_KINDS); only in a mode-0600 file Alertmanager reads
     alert_receivers: dict[str, SecretStr] = Field(default_factory=dict)
 
 
@@ -115,7 +118,8 @@ class Cluster(Frozen):
     model: Model
     # --disaggregation-transfer-backend for PD engines
     transfer_backend: Literal["nixl", "mooncake", "fake"] = "nixl"
-    # the concurrency the cluster is tuned for; each decode DP rank's CUDA graphs must cover its share, ceil(target / DP ranks)
+    # the concurrency the cluster is tuned for; each decode DP rank's CUDA graphs must cover its
+    # share, ceil(target / DP ranks)
     target_concurrency: BatchSize | None = None
     # tuning layers: `all`, then the engine's role (prefill/decode/unified), then the engine's own
     tuning: RoleTuning = RoleTuning()
@@ -140,7 +144,8 @@ class Cluster(Frozen):
     @classmethod
     def _unprivileged_user(cls, value: str) -> str:
         if value in SYSTEM_ACCOUNTS or value.startswith("systemd-"):
-            raise ValueError(f"{value!r} is a system account: services run as a user of their own, e.g. 'pdkit' (the default)")
+            raise ValueError(f"{value!r} is a system account: services run as a user of their own, e.g. 'pdkit' (the "
+                             "default)")
         return value
 
     _dirs = field_validator("install_dir", "config_dir")(classmethod(lambda cls, v: _system_dir(v)))
@@ -164,16 +169,19 @@ class GpuLayout(Frozen):
     @classmethod
     def _gib_not_mib(cls, value: int) -> int:
         if value >= 1024:
-            raise ValueError(f"{value} looks like MiB ({value} MiB = {value / 1024:.0f} GiB): give memory_gib in GiB, at most {MAX_GPU_MEMORY_GIB}")
+            raise ValueError(f"{value} looks like MiB ({value} MiB = {value / 1024:.0f} GiB): give memory_gib in GiB, "
+                             f"at most {MAX_GPU_MEMORY_GIB}")
         if value > MAX_GPU_MEMORY_GIB:
-            raise ValueError(f"{value} GiB is more than any GPU has: give memory_gib in GiB, at most {MAX_GPU_MEMORY_GIB}")
+            raise ValueError(f"{value} GiB is more than any GPU has: give memory_gib in GiB, at most "
+                             f"{MAX_GPU_MEMORY_GIB}")
         return value
 
     @field_validator("numa")
     @classmethod
     def _numa_ids(cls, value: tuple[int, ...] | None) -> tuple[int, ...] | None:
         if value is not None and any(n < 0 or n >= MAX_NUMA_NODES for n in value):
-            raise ValueError(f"NUMA node ids run from 0 to {MAX_NUMA_NODES - 1} (as numactl --hardware lists them), got {list(value)}")
+            raise ValueError(f"NUMA node ids run from 0 to {MAX_NUMA_NODES - 1} (as numactl --hardware lists them), "
+                             f"got {list(value)}")
         return value
 
     @model_validator(mode="after")
@@ -338,7 +346,8 @@ class Node(Frozen):
     # never: a driver change only marks the node "reboot required"; when-drained: reboot it too,
     # but only in a run that declares the node drained (pdkit roll sets node_drained)
     reboot: Literal["never", "when-drained"] = "never"
-    # the node's own SGLang environment (e.g. a vendor image's venv): its bin/python runs the engines, pdkit installs no engine here and preflight checks its sglang (and nixl); unset: SGLang from pdkit's lock
+    # the node's own SGLang environment (e.g. a vendor image's venv): its bin/python runs the engines, pdkit installs no
+    # engine here and preflight checks its sglang (and nixl); unset: SGLang from pdkit's lock
     engine_venv: str | None = Field(default=None, pattern=r"^/[A-Za-z0-9_./-]+$")
 
     _engine_venv = field_validator("engine_venv")(classmethod(lambda cls, v: _engine_venv_dir(v)))
@@ -413,12 +422,14 @@ class Monitoring(Frozen):
     # hosts to scrape; unset: every host in the inventory
     scrape_hosts: tuple[str, ...] | None = None
     # TTFT p99 SLO for the alert rule, seconds
-    ttft_p99_slo_s: Annotated[float, Field(gt=0), at_most(600, "TTFT objective in seconds", "does it look like milliseconds? give seconds")] = 2.0
+    ttft_p99_slo_s: Annotated[float, Field(gt=0), at_most(600, "TTFT objective in seconds",
+                                                          "does it look like milliseconds? give seconds")] = 2.0
     # Grafana from its apt repository (off where that repository cannot be reached, e.g. the lab)
     grafana: bool = True
     # receivers, routing, grouping (Alertmanager on this host; docs/monitoring.md "Alertmanager")
     alerting: Alerting = Alerting()
-    # lab only (every node `gpu: none`): the alert rules' clock runs this many times faster (1-6: a minute divides evenly), every `for` and rate window divided by it, so the lab sees an alert fire in seconds; 1: the real windows
+    # lab only (every node `gpu: none`): the alert rules' clock runs this many times faster (1-6: a minute divides
+    # evenly), every `for` and rate window divided by it, so the lab sees an alert fire in seconds; 1: the real windows
     lab_alert_speedup: Annotated[int, Field(ge=1, le=6)] = 1
 
 

@@ -33,24 +33,32 @@ CUTEDSL_A2A = ("none", "deepep", "flashinfer")
 RUNNER_QUANTIZATION: dict[str, dict[str, tuple[str, ...]]] = {
     "0.5.17": {
         "flashinfer_cutlass": ("modelopt_fp4", "modelopt_fp8", "modelopt_mixed"),
-        "flashinfer_trtllm": ("modelopt_fp4", "nvfp4_online", "fp8", "mxfp8", "modelopt_fp8", "modelopt_mixed", "compressed-tensors"),
-        "experimental_sgl_trtllm": ("modelopt_fp4", "nvfp4_online", "fp8", "mxfp8", "modelopt_fp8", "modelopt_mixed", "compressed-tensors"),
+        "flashinfer_trtllm": ("modelopt_fp4", "nvfp4_online", "fp8", "mxfp8", "modelopt_fp8", "modelopt_mixed",
+                              "compressed-tensors"),
+        "experimental_sgl_trtllm": ("modelopt_fp4", "nvfp4_online", "fp8", "mxfp8", "modelopt_fp8", "modelopt_mixed",
+                                    "compressed-tensors"),
         "flashinfer_trtllm_routed": ("fp8", "mxfp8", "modelopt_fp4", "modelopt_mixed", "nvfp4_online"),
     },
     "0.5.23": {
         "flashinfer_cutlass": ("modelopt_fp4", "modelopt_fp8", "modelopt_mixed"),
-        "flashinfer_trtllm": ("modelopt_fp4", "nvfp4_online", "fp8", "mxfp8", "modelopt_fp8", "modelopt_mixed", "compressed-tensors"),
-        "experimental_sgl_trtllm": ("modelopt_fp4", "nvfp4_online", "fp8", "mxfp8", "modelopt_fp8", "modelopt_mixed", "compressed-tensors"),
-        "flashinfer_trtllm_routed": ("fp8", "mxfp8", "modelopt_fp4", "modelopt_mixed", "nvfp4_online", "minimax_m3_nvfp4"),
+        "flashinfer_trtllm": ("modelopt_fp4", "nvfp4_online", "fp8", "mxfp8", "modelopt_fp8", "modelopt_mixed",
+                              "compressed-tensors"),
+        "experimental_sgl_trtllm": ("modelopt_fp4", "nvfp4_online", "fp8", "mxfp8", "modelopt_fp8", "modelopt_mixed",
+                                    "compressed-tensors"),
+        "flashinfer_trtllm_routed": ("fp8", "mxfp8", "modelopt_fp4", "modelopt_mixed", "nvfp4_online",
+                                     "minimax_m3_nvfp4"),
     },
 }
 # the runners --quantization nvfp4_online takes (moe_hook _moe_runner_backend_quant_constraints)
 NVFP4_ONLINE_RUNNERS = {"0.5.17": ("flashinfer_trtllm", "flashinfer_trtllm_routed"),
-                        "0.5.23": ("flashinfer_trtllm", "flashinfer_trtllm_routed", "flashinfer_cutedsl", "flashinfer_megamoe")}
+                        "0.5.23": ("flashinfer_trtllm", "flashinfer_trtllm_routed", "flashinfer_cutedsl",
+                                   "flashinfer_megamoe")}
 # the runners an all-to-all backend takes (handle_a2a_moe); "auto" is always accepted
 A2A_RUNNERS: dict[str, dict[str, tuple[str, ...]]] = {
-    "0.5.17": {"flashinfer": ("flashinfer_cutlass", "flashinfer_cutedsl", "flashinfer_trtllm_routed"), "pplx": ("deep_gemm",)},
-    "0.5.23": {"flashinfer": ("flashinfer_cutlass", "flashinfer_cutedsl", "flashinfer_trtllm", "flashinfer_trtllm_routed", "deep_gemm"),
+    "0.5.17": {"flashinfer": ("flashinfer_cutlass", "flashinfer_cutedsl", "flashinfer_trtllm_routed"),
+               "pplx": ("deep_gemm",)},
+    "0.5.23": {"flashinfer": ("flashinfer_cutlass", "flashinfer_cutedsl", "flashinfer_trtllm",
+                              "flashinfer_trtllm_routed", "deep_gemm"),
                "pplx": ("deep_gemm",), "flashinfer_megamoe": ("flashinfer_megamoe",), "deepep_v2": ("deep_gemm",)},
 }
 # all-to-all backends that need attention DP: "tp" (as many attention-DP groups as TP ranks) or a minimum
@@ -79,14 +87,16 @@ PAGE_TREE_SPEC_BACKENDS = ("flashinfer", "fa3", "triton")
 # the KV cache dtypes an MLA attention backend takes (attention_hook._mla_kv_cache_dtype_checks,
 # _cutedsl_prefill_backend_fill of 0.5.17 and 0.5.23)
 MLA_BACKEND_KV_DTYPES: dict[str, dict[str, tuple[str, ...]]] = {
-    "0.5.17": {"trtllm_mla": ("fp8_e4m3", "fp4_e2m1", "bf16", "auto"), "tokenspeed_mla": ("fp8_e4m3",), "cutedsl_mla": ("fp8_e4m3", "bf16", "bfloat16", "auto")},
+    "0.5.17": {"trtllm_mla": ("fp8_e4m3", "fp4_e2m1", "bf16", "auto"), "tokenspeed_mla": ("fp8_e4m3",),
+               "cutedsl_mla": ("fp8_e4m3", "bf16", "bfloat16", "auto")},
     "0.5.23": {"trtllm_mla": ("fp8_e4m3", "bf16", "auto"), "cutedsl_mla": ("fp8_e4m3", "bf16", "bfloat16", "auto")},
 }
 # moe_a2a_backend DSPARK takes with attention DP (speculative_hook._handle_dspark)
 DSPARK_ATTN_DP_A2A = {"0.5.17": ("none",), "0.5.23": ("none", "megamoe", "mori")}
 
 
-def _speculative_layout_problems(engine: Engine, tuning: Tuning, version: str, algorithm: str, origin) -> list[tuple[str, str]]:
+def _speculative_layout_problems(engine: Engine, tuning: Tuning, version: str, algorithm: str,
+                                 origin) -> list[tuple[str, str]]:
     """Speculative decoding against attention DP, TP/PP and the attention backend, as each
     algorithm's handler checks it (speculative_hook._handle_dflash / _dspark / _eagle_family /
     _ngram / _uno of 0.5.17 and 0.5.23)."""
@@ -101,29 +111,51 @@ def _speculative_layout_problems(engine: Engine, tuning: Tuning, version: str, a
     if algorithm in ("UNO",):
         refuses_attn_dp["UNO"] = "UNO"
     if attn_dp > 1 and algorithm in refuses_attn_dp:
-        out.append(("attn_dp", f"attn_dp {attn_dp} with speculative algorithm {algorithm}: SGLang {version} refuses it at start ('Currently {refuses_attn_dp[algorithm]} speculative decoding does not support dp attention'); "
-                               f"valid: attn_dp 1 for this engine, or an algorithm that runs with attention DP (EAGLE, EAGLE3, NEXTN{', DFLASH' if version != '0.5.17' else ''}, DSPARK)"))
-    if attn_dp > 1 and algorithm in ("DFLASH", "DSPARK") and "--enable-dp-lm-head" not in extra and not (algorithm == "DFLASH" and version == "0.5.17"):
-        out.append(("extra_args", f"attn_dp {attn_dp} with speculative algorithm {algorithm}: SGLang {version} requires --enable-dp-lm-head at start ('{'DSpark' if algorithm == 'DSPARK' else 'DFLASH'} with dp attention requires --enable-dp-lm-head'); "
+        out.append(("attn_dp", f"attn_dp {attn_dp} with speculative algorithm {algorithm}: SGLang {version} refuses it "
+                               f"at start ('Currently {refuses_attn_dp[algorithm]} speculative decoding does not "
+                               "support dp attention'); "
+                               "valid: attn_dp 1 for this engine, or an algorithm that runs with attention DP (EAGLE, "
+                               f"EAGLE3, NEXTN{', DFLASH' if version != '0.5.17' else ''}, DSPARK)"))
+    if (attn_dp > 1 and algorithm in ("DFLASH", "DSPARK") and "--enable-dp-lm-head" not in extra
+        and not (algorithm == "DFLASH" and version == "0.5.17")):
+        out.append(("extra_args", f"attn_dp {attn_dp} with speculative algorithm {algorithm}: SGLang {version} "
+                                  "requires --enable-dp-lm-head at start "
+                                  f"('{'DSpark' if algorithm == 'DSPARK' else 'DFLASH'} with dp attention requires "
+                                  "--enable-dp-lm-head'); "
                                   "valid: add '--enable-dp-lm-head' to extra_args, or attn_dp 1"))
-    if attn_dp > 1 and algorithm == "DSPARK" and tuning.moe_a2a_backend is not None and tuning.moe_a2a_backend not in DSPARK_ATTN_DP_A2A[version]:
-        out.append((origin("moe_a2a_backend"), f"moe_a2a_backend {tuning.moe_a2a_backend} with DSPARK and attn_dp {attn_dp}: SGLang {version} refuses it at start; valid: {', '.join(DSPARK_ATTN_DP_A2A[version])}"))
+    if (attn_dp > 1 and algorithm == "DSPARK" and tuning.moe_a2a_backend is not None
+        and tuning.moe_a2a_backend not in DSPARK_ATTN_DP_A2A[version]):
+        out.append((origin("moe_a2a_backend"), f"moe_a2a_backend {tuning.moe_a2a_backend} with DSPARK and attn_dp "
+                    f"{attn_dp}: SGLang {version} refuses it at start; valid: "
+                    f"{', '.join(DSPARK_ATTN_DP_A2A[version])}"))
     if algorithm == "DFLASH" and engine.pp != 1:
-        out.append(("pp", f"pp {engine.pp} with speculative algorithm DFLASH: SGLang {version} refuses it at start ('Currently DFLASH speculative decoding only supports pp_size == 1'); valid: pp 1"))
+        out.append(("pp", f"pp {engine.pp} with speculative algorithm DFLASH: SGLang {version} refuses it at start "
+                    "('Currently DFLASH speculative decoding only supports pp_size == 1'); valid: pp 1"))
     if algorithm == "UNO" and (engine.tp_size, engine.pp) != (1, 1):
-        out.append(("tp" if engine.tp_size != 1 else "pp", f"tp {engine.tp_size} / pp {engine.pp} with speculative algorithm UNO: SGLang {version} refuses it at start ('UNO requires TP=PP=1'); valid: tp 1 and pp 1 (one GPU per engine)"))
+        out.append(("tp" if engine.tp_size != 1 else "pp",
+                    f"tp {engine.tp_size} / pp {engine.pp} with speculative algorithm UNO: SGLang {version} refuses it "
+                    "at start ('UNO requires TP=PP=1'); valid: tp 1 and pp 1 (one GPU per engine)"))
     if algorithm == "UNO" and tuning.attention_backend not in (None, "fa3"):
-        out.append((origin("attention_backend"), f"attention_backend {tuning.attention_backend} with speculative algorithm UNO: SGLang {version} refuses it at start ('UNO requires FA3 for both prefill and decode attention'); valid: fa3, or leave it unset"))
-    if algorithm == "DSPARK" and tuning.speculative is not None and tuning.speculative.num_draft_tokens is not None and tuning.speculative.num_draft_tokens < 2:
-        out.append((spec_at + ".num_draft_tokens", f"num_draft_tokens {tuning.speculative.num_draft_tokens} with DSPARK: SGLang {version} refuses it at start ('DSpark speculative_num_draft_tokens must be >= 2 (= gamma + 1)'); valid: 2 or more"))
+        out.append((origin("attention_backend"), f"attention_backend {tuning.attention_backend} with speculative "
+                    f"algorithm UNO: SGLang {version} refuses it at start ('UNO requires FA3 for both prefill and "
+                    "decode attention'); valid: fa3, or leave it unset"))
+    if (algorithm == "DSPARK" and tuning.speculative is not None and tuning.speculative.num_draft_tokens is not None
+        and tuning.speculative.num_draft_tokens < 2):
+        out.append((spec_at + ".num_draft_tokens",
+                    f"num_draft_tokens {tuning.speculative.num_draft_tokens} with DSPARK: SGLang {version} refuses it "
+                    "at start ('DSpark speculative_num_draft_tokens must be >= 2 (= gamma + 1)'); valid: 2 or more"))
     if topk is not None and topk > 1 and tuning.attention_backend == "trtllm_mha":
-        out.append((spec_at + ".eagle_topk", f"eagle_topk {topk} with attention_backend trtllm_mha: SGLang {version} refuses it at start ('trtllm_mha backend only supports topk = 1 for speculative decoding'); valid: eagle_topk 1, or another attention_backend"))
+        out.append((spec_at + ".eagle_topk", f"eagle_topk {topk} with attention_backend trtllm_mha: SGLang {version} "
+                    "refuses it at start ('trtllm_mha backend only supports topk = 1 for speculative decoding'); "
+                    "valid: eagle_topk 1, or another attention_backend"))
     page = tuning.page_size or 1
     if topk is not None and topk > 1 and page > 1 and tuning.attention_backend is not None:
         allowed = ("flashinfer",) if algorithm == "NGRAM" else PAGE_TREE_SPEC_BACKENDS
         if tuning.attention_backend not in allowed:
-            out.append((spec_at + ".eagle_topk", f"eagle_topk {topk} with page_size {page} and attention_backend {tuning.attention_backend}: SGLang {version} refuses it at start; "
-                                                 f"valid: eagle_topk 1, page_size 1, or attention_backend {' / '.join(allowed)}"))
+            out.append((spec_at + ".eagle_topk", f"eagle_topk {topk} with page_size {page} and attention_backend "
+                                                 f"{tuning.attention_backend}: SGLang {version} refuses it at start; "
+                                                 "valid: eagle_topk 1, page_size 1, or attention_backend "
+                                                 f"{' / '.join(allowed)}"))
     return out
 
 
@@ -134,10 +166,14 @@ def _speculative_layout_problems(engine: Engine, tuning: Tuning, version: str, a
 GPU_GENERATION_SETTINGS: tuple[tuple[str, str, tuple[int, ...], str], ...] = (
     ("kv_cache_dtype", "nvfp4", (10, 12), "--kv-cache-dtype=nvfp4 requires Blackwell SM100 or SM120"),
     ("kv_cache_dtype", "mxfp8", (10, 11, 12), "--kv-cache-dtype mxfp8 requires an SM100+ (Blackwell) GPU"),
-    ("quantization", "nvfp4_online", (10,), "--quantization nvfp4_online is supported only on NVIDIA Blackwell SM100/SM103 GPUs"),
-    ("moe_a2a_backend", "flashinfer_megamoe", (10,), "FlashInfer MegaMOE currently requires an SM100-family CUDA device"),
-    ("attention_backend", "trtllm_mla", (10, 12), "TRTLLM MLA backend is only supported on Blackwell GPUs (SM100/SM12x)"),
-    ("attention_backend", "tokenspeed_mla", (10, 12), "tokenspeed_mla backend is only supported on Blackwell GPUs (SM100/SM12x)"),
+    ("quantization", "nvfp4_online", (10,), "--quantization nvfp4_online is supported only on NVIDIA Blackwell "
+     "SM100/SM103 GPUs"),
+    ("moe_a2a_backend", "flashinfer_megamoe", (10,),
+     "FlashInfer MegaMOE currently requires an SM100-family CUDA device"),
+    ("attention_backend", "trtllm_mla", (10, 12), "TRTLLM MLA backend is only supported on Blackwell GPUs "
+     "(SM100/SM12x)"),
+    ("attention_backend", "tokenspeed_mla", (10, 12),
+     "tokenspeed_mla backend is only supported on Blackwell GPUs (SM100/SM12x)"),
     ("attention_backend", "cutedsl_mla", (10,), "CuteDSL MLA backend is only supported on Blackwell GPUs (SM100)"),
 )
 
@@ -155,87 +191,138 @@ def startup_check_problems(spec: ClusterSpec, engine: Engine, node: Node | None 
     env_on = lambda name: str(engine.env.get(name, "")).lower() in _ENV_TRUE  # noqa: E731
     pp = engine.pp
     if pp > 1 and tuning.value("overlap_schedule") is not False:
-        out.append((origin("overlap_schedule"), f"pp {pp} with the overlap schedule: SGLang {version} refuses it at start ('Pipeline parallelism is not compatible with overlap schedule'); "
+        out.append((origin("overlap_schedule"), f"pp {pp} with the overlap schedule: SGLang {version} refuses it at "
+                    "start ('Pipeline parallelism is not compatible with overlap schedule'); "
                                                "valid: overlap_schedule false (--disable-overlap-schedule), or pp 1"))
     if pp > 1 and algorithm is not None:
         if version == "0.5.17":
-            out.append(("pp", f"pp {pp} with speculative decoding ({algorithm}): SGLang 0.5.17 refuses it at start ('Pipeline parallelism is not compatible with overlap schedule, speculative decoding'); "
-                              "valid: pp 1, no tuning.speculative, or sglang_version 0.5.23 on a prefill engine with EAGLE/NEXTN or DSPARK"))
+            out.append(("pp", f"pp {pp} with speculative decoding ({algorithm}): SGLang 0.5.17 refuses it at start "
+                              "('Pipeline parallelism is not compatible with overlap schedule, speculative decoding'); "
+                              "valid: pp 1, no tuning.speculative, or sglang_version 0.5.23 on a prefill engine with "
+                              "EAGLE/NEXTN or DSPARK"))
         elif algorithm == "DSPARK":
             if engine.role != "prefill":
-                out.append(("pp", f"pp {pp} with speculative algorithm DSPARK on a {engine.role} engine: SGLang {version} refuses it at start ('Pipeline parallel DSPARK requires disaggregation-mode=prefill'); "
+                out.append(("pp", f"pp {pp} with speculative algorithm DSPARK on a {engine.role} engine: SGLang "
+                                  f"{version} refuses it at start ('Pipeline parallel DSPARK requires "
+                                  "disaggregation-mode=prefill'); "
                                   "valid: pp 1, or DSPARK with pp only on a prefill engine"))
             if env_on("SGLANG_ENABLE_PP_SPEC"):
-                out.append(("env.SGLANG_ENABLE_PP_SPEC", f"SGLANG_ENABLE_PP_SPEC with DSPARK and pp {pp}: SGLang {version} refuses it at start ('SGLANG_ENABLE_PP_SPEC does not support DSPARK PD prefill'); valid: remove it"))
+                out.append(("env.SGLANG_ENABLE_PP_SPEC",
+                            f"SGLANG_ENABLE_PP_SPEC with DSPARK and pp {pp}: SGLang {version} refuses it at start "
+                            "('SGLANG_ENABLE_PP_SPEC does not support DSPARK PD prefill'); valid: remove it"))
         else:
             if algorithm not in PP_SPECULATIVE:
-                out.append((origin("speculative") + ".algorithm", f"pp {pp} with speculative algorithm {algorithm}: SGLang {version} refuses it at start ('Pipeline parallelism currently only supports EAGLE (non-multi-layer) speculative decoding'); "
-                                                                f"valid with pp > 1: {', '.join(PP_SPECULATIVE)} or DSPARK (prefill engines), or pp 1"))
+                out.append((origin("speculative") + ".algorithm",
+                            f"pp {pp} with speculative algorithm {algorithm}: SGLang {version} refuses it at start "
+                            "('Pipeline parallelism currently only supports EAGLE (non-multi-layer) speculative "
+                            f"decoding'); valid with pp > 1: {', '.join(PP_SPECULATIVE)} or "
+                                                                "DSPARK (prefill engines), or pp 1"))
             if env_on("SGLANG_ENABLE_PP_SPEC"):
                 if engine.role != "unified":
-                    out.append(("env.SGLANG_ENABLE_PP_SPEC", f"SGLANG_ENABLE_PP_SPEC on a {engine.role} engine: SGLang {version} refuses it with PD disaggregation ('SGLANG_ENABLE_PP_SPEC is not compatible with --disaggregation-mode'); "
-                                                             "valid: remove it (PP + speculative decoding then runs on prefill engines only), or a unified engine"))
+                    out.append(("env.SGLANG_ENABLE_PP_SPEC",
+                                f"SGLANG_ENABLE_PP_SPEC on a {engine.role} engine: SGLang {version} refuses it with PD "
+                                "disaggregation ('SGLANG_ENABLE_PP_SPEC is not compatible "
+                                "with --disaggregation-mode'); "
+                                                             "valid: remove it (PP + speculative decoding then runs on "
+                                                             "prefill engines only), or a unified engine"))
                 if (engine.attn_dp or 1) > 1:
-                    out.append(("attn_dp", f"attn_dp {engine.attn_dp} with SGLANG_ENABLE_PP_SPEC, pp {pp} and speculative decoding: SGLang {version} refuses it at start ('SGLANG_ENABLE_PP_SPEC is not compatible with attention DP'); "
+                    out.append(("attn_dp", f"attn_dp {engine.attn_dp} with SGLANG_ENABLE_PP_SPEC, pp {pp} and "
+                                           f"speculative decoding: SGLang {version} refuses it at start "
+                                           "('SGLANG_ENABLE_PP_SPEC is not compatible with attention DP'); "
                                            "valid: attn_dp 1, or remove SGLANG_ENABLE_PP_SPEC"))
             elif engine.role != "prefill":
-                out.append(("pp", f"pp {pp} with speculative decoding ({algorithm}) on a {engine.role} engine: SGLang {version} refuses it at start ('PP + speculative decoding (MTP) is only supported on prefill nodes'); "
-                                  "valid: pp 1 on this engine, speculative decoding without pp, or pp with speculative decoding only on prefill engines"))
+                out.append(("pp", f"pp {pp} with speculative decoding ({algorithm}) on a {engine.role} engine: SGLang "
+                                  f"{version} refuses it at start ('PP + speculative decoding (MTP) is only supported "
+                                  "on prefill nodes'); "
+                                  "valid: pp 1 on this engine, speculative decoding without pp, or pp with speculative "
+                                  "decoding only on prefill engines"))
     if algorithm is not None:
         out += _speculative_layout_problems(engine, tuning, version, algorithm, origin)
     if algorithm is not None and tuning.attention_backend == "flex_attention":
-        out.append((origin("attention_backend"), f"attention_backend flex_attention with speculative decoding ({algorithm}): SGLang {version} refuses it at start ('Speculative decoding is currently not supported with Flex Attention backend'); "
-                                                 "valid: another attention_backend (e.g. fa3, flashinfer, triton), or no tuning.speculative"))
+        out.append((origin("attention_backend"), "attention_backend flex_attention with speculative decoding "
+                                                 f"({algorithm}): SGLang {version} refuses it at start ('Speculative "
+                                                 "decoding is currently not supported with Flex Attention backend'); "
+                                                 "valid: another attention_backend (e.g. fa3, flashinfer, triton), or "
+                                                 "no tuning.speculative"))
     if engine.role == "prefill" and spec.cluster.transfer_backend == "fake" and spec.cluster.engine == "sglang":
-        out.append(("pdkit_cluster.transfer_backend", f"transfer_backend 'fake' with a prefill engine ({engine.name}): SGLang {version} refuses it at start (\"Prefill server does not support 'fake' as the transfer backend\"); "
-                                                       "valid: nixl or mooncake (fake only discards KV on decode engines, for benchmarks)"))
+        out.append(("pdkit_cluster.transfer_backend",
+                    f"transfer_backend 'fake' with a prefill engine ({engine.name}): SGLang {version} refuses it at "
+                    "start (\"Prefill server does not support 'fake' as the transfer backend\"); "
+                                                       "valid: nixl or mooncake (fake only discards KV on decode "
+                                                       "engines, for benchmarks)"))
     if node is not None and node.gpu == "nvidia" and spec.cluster.engine == "sglang":
         major = node.gpus.sm_major
         for name, value, majors, says in GPU_GENERATION_SETTINGS:
             if getattr(tuning, name) == value and major not in majors:
-                out.append((origin(name), f"{name} {value} on {node.gpus.model} (compute capability {node.gpus.compute_capability}): SGLang {version} refuses it at start ('{says}'); "
-                                          f"valid on this GPU: another {name}, or an engine on a node with compute capability {' / '.join(f'{m}.x' for m in majors)}"))
-    if engine.role != "unified" and spec.cluster.transfer_backend not in ("mooncake", "nixl") and env_on("SGLANG_DISAGG_STAGING_BUFFER"):
-        out.append(("env.SGLANG_DISAGG_STAGING_BUFFER", f"SGLANG_DISAGG_STAGING_BUFFER with transfer_backend {spec.cluster.transfer_backend!r}: SGLang {version} refuses it at start; "
-                                                       "valid: remove it, or pdkit_cluster.transfer_backend nixl or mooncake"))
+                out.append((origin(name), f"{name} {value} on {node.gpus.model} (compute capability "
+                                          f"{node.gpus.compute_capability}): SGLang {version} refuses it at start "
+                                          f"('{says}'); "
+                                          f"valid on this GPU: another {name}, or an engine on a node with compute "
+                                          f"capability {' / '.join(f'{m}.x' for m in majors)}"))
+    if (engine.role != "unified" and spec.cluster.transfer_backend not in ("mooncake", "nixl")
+        and env_on("SGLANG_DISAGG_STAGING_BUFFER")):
+        out.append(("env.SGLANG_DISAGG_STAGING_BUFFER",
+                    f"SGLANG_DISAGG_STAGING_BUFFER with transfer_backend {spec.cluster.transfer_backend!r}: SGLang "
+                    f"{version} refuses it at start; valid: remove it, or pdkit_cluster.transfer_backend nixl or "
+                                                       "mooncake"))
     kv_dtypes = MLA_BACKEND_KV_DTYPES.get(version, {}).get(tuning.attention_backend or "")
     if kv_dtypes is not None and tuning.kv_cache_dtype is not None and tuning.kv_cache_dtype not in kv_dtypes:
-        out.append((origin("kv_cache_dtype"), f"kv_cache_dtype {tuning.kv_cache_dtype} with attention_backend {tuning.attention_backend}: SGLang {version} refuses it at start; valid: {', '.join(kv_dtypes)}"))
+        out.append((origin("kv_cache_dtype"), f"kv_cache_dtype {tuning.kv_cache_dtype} with attention_backend "
+                    f"{tuning.attention_backend}: SGLang {version} refuses it at start; valid: {', '.join(kv_dtypes)}"))
     runner = tuning.moe_runner_backend
     tp = engine.tp_size
     if runner in EP_ONE_OR_TP_RUNNERS and engine.ep is not None and engine.ep not in (1, tp):
-        out.append(("ep", f"ep {engine.ep} with moe_runner_backend {runner}: SGLang {version} refuses it at start ('The expert parallel size must be 1 or the same as the tensor parallel size'); valid: ep 1 or ep {tp}"))
-    if runner == "flashinfer_cutedsl" and tuning.moe_a2a_backend is not None and tuning.moe_a2a_backend not in CUTEDSL_A2A:
-        out.append((origin("moe_a2a_backend"), f"moe_a2a_backend {tuning.moe_a2a_backend} with moe_runner_backend flashinfer_cutedsl: SGLang {version} refuses it at start; valid: {', '.join(CUTEDSL_A2A)}"))
+        out.append(("ep", f"ep {engine.ep} with moe_runner_backend {runner}: SGLang {version} refuses it at start "
+                    "('The expert parallel size must be 1 or the same as the tensor parallel size'); valid: ep 1 or ep "
+                    f"{tp}"))
+    if (runner == "flashinfer_cutedsl" and tuning.moe_a2a_backend is not None
+        and tuning.moe_a2a_backend not in CUTEDSL_A2A):
+        out.append((origin("moe_a2a_backend"), f"moe_a2a_backend {tuning.moe_a2a_backend} with moe_runner_backend "
+                    f"flashinfer_cutedsl: SGLang {version} refuses it at start; valid: {', '.join(CUTEDSL_A2A)}"))
     quant = tuning.quantization
     allowed = RUNNER_QUANTIZATION.get(version, {}).get(runner or "")
     if quant is not None and allowed is not None and quant not in allowed:
-        out.append((origin("quantization"), f"quantization {quant} with moe_runner_backend {runner}: SGLang {version} refuses it at start (\"Invalid quantization '{quant}'\"); "
-                                            f"valid: {', '.join(allowed)}, or leave quantization unset (bf16 / the checkpoint's own)"))
+        out.append((origin("quantization"), f"quantization {quant} with moe_runner_backend {runner}: SGLang {version} "
+                                            f"refuses it at start (\"Invalid quantization '{quant}'\"); "
+                                            f"valid: {', '.join(allowed)}, or leave quantization unset (bf16 / the "
+                                            "checkpoint's own)"))
     if quant == "nvfp4_online" and runner not in (None, "auto") and runner not in NVFP4_ONLINE_RUNNERS.get(version, ()):
-        out.append((origin("moe_runner_backend"), f"moe_runner_backend {runner} with quantization nvfp4_online: SGLang {version} refuses it at start; valid: {', '.join(NVFP4_ONLINE_RUNNERS[version])} or auto"))
+        out.append((origin("moe_runner_backend"), f"moe_runner_backend {runner} with quantization nvfp4_online: SGLang "
+                    f"{version} refuses it at start; valid: {', '.join(NVFP4_ONLINE_RUNNERS[version])} or auto"))
     if runner == "cutlass" and quant in ("fp8", "mxfp8") and (engine.ep or 1) > 1:
-        out.append(("ep", f"ep {engine.ep} with moe_runner_backend cutlass and quantization {quant}: SGLang {version} refuses it at start ('FP8/MXFP8 Cutlass MoE is only supported with ep_size == 1'); valid: ep 1, or another moe_runner_backend"))
+        out.append(("ep", f"ep {engine.ep} with moe_runner_backend cutlass and quantization {quant}: SGLang {version} "
+                    "refuses it at start ('FP8/MXFP8 Cutlass MoE is only supported with ep_size == 1'); valid: ep 1, "
+                    "or another moe_runner_backend"))
     a2a = tuning.moe_a2a_backend
     runners = A2A_RUNNERS.get(version, {}).get(a2a or "")
     if runners is not None and runner not in (None, "auto") and runner not in runners:
-        out.append((origin("moe_runner_backend"), f"moe_runner_backend {runner} with moe_a2a_backend {a2a}: SGLang {version} refuses it at start; valid: {', '.join(runners)} or auto"))
+        out.append((origin("moe_runner_backend"), f"moe_runner_backend {runner} with moe_a2a_backend {a2a}: SGLang "
+                    f"{version} refuses it at start; valid: {', '.join(runners)} or auto"))
     need = A2A_ATTN_DP.get(version, {}).get(a2a or "")
     attn_dp = engine.attn_dp or 1
     extra = {a.split("=", 1)[0] for a in engine.extra_args}
     if a2a == "flashinfer" and "--enable-layernorm-sp" in extra:
         need = None  # 0.5.23's Muse Spark prefill sequence parallelism: its own topology rule (on the checkpoint)
     if need == "tp" and attn_dp != tp:
-        out.append(("attn_dp", f"moe_a2a_backend {a2a} needs attention DP over every TP rank: SGLang {version} refuses attn_dp {attn_dp} with tp {tp} at start; valid: attn_dp {tp}"))
+        out.append(("attn_dp", f"moe_a2a_backend {a2a} needs attention DP over every TP rank: SGLang {version} refuses "
+                    f"attn_dp {attn_dp} with tp {tp} at start; valid: attn_dp {tp}"))
     elif isinstance(need, int) and attn_dp < need:
-        out.append(("attn_dp", f"moe_a2a_backend {a2a} needs attention DP with at least {need} groups: SGLang {version} refuses attn_dp {attn_dp} at start; valid: attn_dp >= {need} dividing tp {tp}"))
+        out.append(("attn_dp", f"moe_a2a_backend {a2a} needs attention DP with at least {need} groups: SGLang "
+                    f"{version} refuses attn_dp {attn_dp} at start; valid: attn_dp >= {need} dividing tp {tp}"))
     if a2a == "deepep_v2" and engine.spans_nodes and "--deepep-v2-mode" not in extra:
-        out.append((origin("moe_a2a_backend"), f"moe_a2a_backend deepep_v2 on an engine spanning {engine.nnodes} nodes: SGLang {version} refuses it at start with its default --deepep-v2-mode direct "
-                                               "('--deepep-v2-mode direct is NVLink-only and cannot run across nodes'); valid: add ['--deepep-v2-mode', 'hybrid'] to extra_args, or an engine on one node"))
+        out.append((origin("moe_a2a_backend"), f"moe_a2a_backend deepep_v2 on an engine spanning {engine.nnodes} "
+                                               f"nodes: SGLang {version} refuses it at start with its default "
+                                               "--deepep-v2-mode direct "
+                                               "('--deepep-v2-mode direct is NVLink-only and cannot run across "
+                                               "nodes'); valid: add ['--deepep-v2-mode', 'hybrid'] to extra_args, or "
+                                               "an engine on one node"))
     backend = tuning.attention_backend
-    if tuning.kv_cache_dtype == "nvfp4" and version in NVFP4_PREFILL_BACKENDS and backend is not None and backend not in NVFP4_PREFILL_BACKENDS[version] \
-            and "--prefill-attention-backend" not in extra:
-        out.append((origin("attention_backend"), f"attention_backend {backend} with kv_cache_dtype nvfp4: SGLang {version} refuses it at start "
-                                                 f"(\"NVFP4 prefill supports an FP8 E4M3 workspace or native NVFP4, but backend '{backend}' provides neither.\"); "
-                                                 f"valid: {' or '.join(NVFP4_PREFILL_BACKENDS[version])}, or leave attention_backend unset"))
+    if (tuning.kv_cache_dtype == "nvfp4" and version in NVFP4_PREFILL_BACKENDS and backend is not None
+            and backend not in NVFP4_PREFILL_BACKENDS[version] and "--prefill-attention-backend" not in extra):
+        out.append((origin("attention_backend"), f"attention_backend {backend} with kv_cache_dtype nvfp4: SGLang "
+                                                 f"{version} refuses it at start "
+                                                 "(\"NVFP4 prefill supports an FP8 E4M3 workspace or native NVFP4, but "
+                                                 f"backend '{backend}' provides neither.\"); "
+                                                 f"valid: {' or '.join(NVFP4_PREFILL_BACKENDS[version])}, or leave "
+                                                 "attention_backend unset"))
     return out

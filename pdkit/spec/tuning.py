@@ -64,7 +64,8 @@ class Speculative(Frozen):
         if need and self.draft_model_path is None:
             raise ValueError(f"{self.algorithm} needs a draft model: set draft_model_path ({need})")
         if self.algorithm in DRAFT_REFUSED and self.draft_model_path is not None:
-            raise ValueError(f"{self.algorithm} takes no draft model ({DRAFT_REFUSED[self.algorithm]}): remove draft_model_path")
+            raise ValueError(f"{self.algorithm} takes no draft model ({DRAFT_REFUSED[self.algorithm]}): remove "
+                             "draft_model_path")
         return self
 
     @model_validator(mode="after")
@@ -96,7 +97,8 @@ class Tuning(Frozen):
     cuda_graph: bool | None = None
     # prefill-phase (piecewise) CUDA graphs; False -> --cuda-graph-backend-prefill disabled
     prefill_cuda_graph: bool | None = None
-    # --cuda-graph-max-bs-decode: largest decode batch captured; must cover the target concurrency per DP rank (ceil(target / dp or attn_dp))
+    # --cuda-graph-max-bs-decode: largest decode batch captured; must cover the target concurrency per DP rank
+    # (ceil(target / dp or attn_dp))
     cuda_graph_max_bs: BatchSize | None = None
     # --cuda-graph-bs-decode: explicit capture buckets (finer buckets cut padding waste)
     cuda_graph_bs: tuple[int, ...] | None = None
@@ -113,7 +115,8 @@ class Tuning(Frozen):
     # --max-queued-requests
     max_queued_requests: Annotated[int, Field(ge=1), at_most(10_000_000, "queue length")] | None = None
     # --chunked-prefill-size (a multiple of page_size)
-    chunked_prefill_size: Annotated[int, Field(ge=1), at_most(MAX_CONTEXT_LENGTH, "prefill chunk in tokens")] | None = None
+    chunked_prefill_size: Annotated[int, Field(ge=1),
+                                    at_most(MAX_CONTEXT_LENGTH, "prefill chunk in tokens")] | None = None
     # --page-size (KV page size; a PD transfer lever)
     page_size: Annotated[int, Field(ge=1), at_most(4096, "KV page size in tokens")] | None = None
     # False -> --disable-overlap-schedule

@@ -75,7 +75,8 @@ class Workload(_Strict):
 # The bench figures at the target concurrency that can rank candidates: {metric: higher is better}.
 # goodput: requests per second whose TTFT <= ttft_slo_ms and whose own TPOT <= tpot_slo_ms
 # (SGLang's definition: pdkit.bench.stats.goodput); the TTFT ones are the client's, lower is better.
-OBJECTIVE_METRICS = {"output_tok_s": True, "requests_s": True, "goodput": True, "ttft_p50_ms": False, "ttft_p99_ms": False}
+OBJECTIVE_METRICS = {"output_tok_s": True, "requests_s": True, "goodput": True, "ttft_p50_ms": False,
+                     "ttft_p99_ms": False}
 GOODPUT = "goodput"
 
 
@@ -92,8 +93,8 @@ class Objective(_Strict):
     def _goodput_slos(self) -> Objective:
         missing = [f for f in ("ttft_slo_ms", "tpot_slo_ms") if getattr(self, f) is None]
         if self.metric == GOODPUT and missing:
-            raise ValueError(f"metric goodput counts the requests within a TTFT and a TPOT SLO: set {' and '.join(missing)} "
-                             "(milliseconds, e.g. ttft_slo_ms: 2000, tpot_slo_ms: 50)")
+            raise ValueError("metric goodput counts the requests within a TTFT and a TPOT SLO: set "
+                             f"{' and '.join(missing)} (milliseconds, e.g. ttft_slo_ms: 2000, tpot_slo_ms: 50)")
         given = [f for f in ("ttft_slo_ms", "tpot_slo_ms") if getattr(self, f) is not None]
         if self.metric != GOODPUT and given:
             raise ValueError(f"{' and '.join(given)} are goodput's SLOs and metric {self.metric!r} would ignore them: "
@@ -228,7 +229,8 @@ def parse_campaign(raw: dict[str, Any], path: str = "campaign") -> Campaign:
     except ValidationError as exc:
         problems = []
         for err in exc.errors():
-            where = "campaign." + ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in err["loc"]).replace(".[", "[")
+            where = "campaign." + ".".join(str(p) if not isinstance(p, int) else f"[{p}]"
+                                           for p in err["loc"]).replace(".[", "[")
             msg = err["msg"].removeprefix("Value error, ")
             if err["type"] == "extra_forbidden":
                 msg = "unknown field"
@@ -274,16 +276,19 @@ def expand(campaign: Campaign) -> list[Candidate]:
     for entry in campaign.candidates:
         keys = list(entry.set)
         choices = [sweep_values(k, entry.set[k]) for k in keys]
-        swept = [k for k, c in zip(keys, choices) if len(c) > 1 or isinstance(entry.set[k], list) and not _is_list_field(k)]
+        swept = [k for k, c in zip(keys, choices) if len(c) > 1 or isinstance(entry.set[k], list)
+                 and not _is_list_field(k)]
         for combo in itertools.product(*choices):
             overlay = dict(zip(keys, combo))
             # one swept key: name-VALUE; several: name-FIELDVALUE-FIELDVALUE
-            suffix = "".join(f"-{'' if len(swept) == 1 else k.rsplit('.', 1)[-1]}{_value_text(overlay[k])}" for k in swept)
+            suffix = "".join(f"-{'' if len(swept) == 1 else k.rsplit('.', 1)[-1]}{_value_text(overlay[k])}"
+                             for k in swept)
             name = re.sub(r"[^a-z0-9._-]+", "-", f"{entry.name}{suffix}".lower()).strip("-")
             out.append(Candidate(
                 name=name, overlay=overlay,
                 exact=campaign.correctness.exact if entry.exact is None else entry.exact,
-                min_match_rate=campaign.correctness.min_match_rate if entry.min_match_rate is None else entry.min_match_rate,
+                min_match_rate=campaign.correctness.min_match_rate if entry.min_match_rate is None
+                else entry.min_match_rate,
                 origin=entry.name, note=entry.note,
             ))
     return out
@@ -295,9 +300,11 @@ def campaign_problems(campaign: Campaign, candidates: list[Candidate]) -> list[s
     seen: dict[str, str] = {}
     for c in candidates:
         if c.name == BASELINE:
-            problems.append(f"campaign.candidates: {c.origin!r} expands to the name 'baseline', which is the campaign's reference: rename it")
+            problems.append(f"campaign.candidates: {c.origin!r} expands to the name 'baseline', which is the "
+                            "campaign's reference: rename it")
         if c.name in seen:
-            problems.append(f"campaign.candidates: two candidates are named {c.name!r} (from {seen[c.name]!r} and {c.origin!r}): names must be unique")
+            problems.append(f"campaign.candidates: two candidates are named {c.name!r} (from {seen[c.name]!r} and "
+                            f"{c.origin!r}): names must be unique")
         seen.setdefault(c.name, c.origin)
     for entry in campaign.candidates:
         for key in entry.set:
@@ -306,10 +313,12 @@ def campaign_problems(campaign: Campaign, candidates: list[Candidate]) -> list[s
                 problems.append(f"campaign.candidates[{entry.name}].set.{key}: {why}")
     names = {c.name for c in candidates} | {c.origin for c in candidates}
     if campaign.keep not in ("best", BASELINE) and campaign.keep not in names:
-        problems.append(f"campaign.keep: {campaign.keep!r} is not 'best', 'baseline' or a candidate name ({', '.join(c.name for c in candidates)})")
+        problems.append(f"campaign.keep: {campaign.keep!r} is not 'best', 'baseline' or a candidate name "
+                        f"({', '.join(c.name for c in candidates)})")
     target_c = campaign.target_concurrency
     if target_c is not None and target_c not in campaign.workload.concurrency:
-        problems.append(f"campaign.target_concurrency: {target_c} is not one of campaign.workload.concurrency {list(campaign.workload.concurrency)}: the objective is read at that level")
+        problems.append(f"campaign.target_concurrency: {target_c} is not one of campaign.workload.concurrency "
+                        f"{list(campaign.workload.concurrency)}: the objective is read at that level")
     return problems
 
 
@@ -324,7 +333,8 @@ def key_problem(key: str) -> str | None:
         return None
     if scope == NODE_SCOPE:
         if "." in rest or name not in NODE_LEVERS:
-            return f"node levers are {', '.join(NODE_LEVERS)} (the GPU layout and engines are the cluster's shape, not a lever)"
+            return (f"node levers are {', '.join(NODE_LEVERS)} (the GPU layout and engines are the cluster's shape, "
+                    "not a lever)")
         return None
     return f"unknown scope {scope!r}; valid: {', '.join((*ENGINE_SCOPES, NODE_SCOPE))}"
 
@@ -386,7 +396,8 @@ def derive(hosts: HostData, candidate: Candidate, targets: list[str], inventory:
     for key, where in applied.landed.items():
         if not where:
             problems.append(Problem("<campaign>", f"candidates[{candidate.name}].set.{key}",
-                                    f"matches no engine or node on the target hosts ({', '.join(targets)}): it would change nothing"))
+                                    f"matches no engine or node on the target hosts ({', '.join(targets)}): it would "
+                                    "change nothing"))
     if any(p.severity == "error" for p in problems):
         spec = None
     return spec, problems, applied
@@ -402,7 +413,8 @@ def resolve_targets(campaign: Campaign, spec) -> list[str]:
         return engine_hosts
     unknown = [h for h in campaign.target if h not in engine_hosts]
     if unknown:
-        raise CampaignError("campaign", [f"campaign.target: {unknown} are not hosts with engines in the inventory ({', '.join(engine_hosts)})"])
+        raise CampaignError("campaign", [f"campaign.target: {unknown} are not hosts with engines in the inventory "
+                                         f"({', '.join(engine_hosts)})"])
     return list(campaign.target)
 
 
@@ -425,7 +437,8 @@ def render_inventory(applied: HostData, source: str, candidate: str) -> str:
         except (ValueError, SyntaxError):
             same = False
         if not same:
-            raise CampaignError(source, [f"{name}: its inventory data holds values that cannot be written as plain Python literals; pdkit tune cannot derive an inventory from it"])
+            raise CampaignError(source, [f"{name}: its inventory data holds values that cannot be written as plain "
+                                         "Python literals; pdkit tune cannot derive an inventory from it"])
         entries.append((name, data))
     lines = [
         f'"""Derived by `pdkit tune` from {source} for candidate {candidate!r}: do not edit (regenerated each run)."""',

@@ -60,7 +60,8 @@ def ask(target: str | Measured, headers: dict[str, str], prompt_set: Sequence[st
     """Every prompt at temperature 0 through the router (TARGET a URL, or a Measured via the router)
     or to the target's own PD pairs in turn (a Measured via engines): [{"tokens"} or {"error"}] in
     prompt order."""
-    payloads = [{"text": p, "sampling_params": {"temperature": 0.0, "max_new_tokens": max_new_tokens, "ignore_eos": True}}
+    payloads = [{"text": p, "sampling_params": {"temperature": 0.0, "max_new_tokens": max_new_tokens,
+                                                "ignore_eos": True}}
                 for p in prompt_set]
     out = []
     for status, body in _measured(target, headers).ask(payloads, concurrency, timeout_s):
@@ -107,8 +108,8 @@ def correctness_verdict(comparison: dict[str, Any], min_match_rate: float, exact
     diverged = [p for p in comparison["prompts"] if p.get("first_divergence") is not None or "error" in p]
     where = ", ".join(f"#{p['prompt']} at token {p['first_divergence']}" + (f" ({p['error']})" if "error" in p else "")
                       for p in diverged[:4]) + (f" (+{len(diverged) - 4} more)" if len(diverged) > 4 else "")
-    summary = (f"match rate {comparison['match_rate']:.3f} ({comparison['matched']}/{comparison['tokens']} baseline tokens before "
-               f"the first divergence), {comparison['identical']}/{n} prompts identical")
+    summary = (f"match rate {comparison['match_rate']:.3f} ({comparison['matched']}/{comparison['tokens']} baseline "
+               f"tokens before the first divergence), {comparison['identical']}/{n} prompts identical")
     if comparison["errors"]:
         return False, f"{comparison['errors']} of {n} prompts failed: {where}"
     if exact and diverged:
@@ -158,7 +159,8 @@ class WedgeWatch:
         return wedged
 
 
-def counter_moves(before: dict[str, dict[str, float] | None], after: dict[str, dict[str, float] | None]) -> dict[str, dict[str, float]]:
+def counter_moves(before: dict[str, dict[str, float] | None],
+                  after: dict[str, dict[str, float] | None]) -> dict[str, dict[str, float]]:
     """Failure counters that went up between two samples, per engine."""
     out = {}
     for label, a in before.items():
@@ -175,7 +177,8 @@ class LoadThread:
     """CONCURRENCY streaming /generate requests until stopped (pdkit.bench's client), through the
     router or to the target's own PD pairs in turn (TARGET: a router URL or a Measured)."""
 
-    def __init__(self, target: str | Measured, headers: dict[str, str], concurrency: int, input_len: int, output_len: int,
+    def __init__(self, target: str | Measured, headers: dict[str, str], concurrency: int, input_len: int,
+                 output_len: int,
                  timeout_s: float = 120.0, seed: int = 7_000_000) -> None:
         self.measured, self.concurrency = _measured(target, headers), concurrency
         self.input_len, self.output_len, self.timeout_s, self.seed = input_len, output_len, timeout_s, seed
@@ -204,7 +207,8 @@ class LoadThread:
         async def worker(session) -> None:
             while not self._stop.is_set():
                 n = next(counter)
-                result = await self.measured.stream(session, n, generate_body(self.seed + n, self.input_len, self.output_len),
+                result = await self.measured.stream(session, n,
+                                                    generate_body(self.seed + n, self.input_len, self.output_len),
                                                     self.output_len, self.timeout_s)
                 if self._cancelled and not result.ok:
                     return  # hung up by stop(cancel=True): not a failure of the engine
@@ -259,14 +263,16 @@ def soak(target: str | Measured, headers: dict[str, str], engine_urls: dict[str,
     where = "through the router" if measured.via == "router" else f"to {', '.join(r.label for r in measured.routes)}"
     if wedged:
         figures["wedged"] = wedged
-        return False, (f"wedged: {', '.join(wedged)} held running requests and produced no token for {wedge_window_s:g} s "
-                       f"(after {figures['seconds']:.0f} s at C={concurrency}); doctor's queues check calls this 'wedged'"), figures
+        return False, (f"wedged: {', '.join(wedged)} held running requests and produced no token for "
+                       f"{wedge_window_s:g} s (after {figures['seconds']:.0f} s at C={concurrency}); doctor's queues "
+                       "check calls this 'wedged'"), figures
     moved = counter_moves(before, after)
     if moved:
         figures["failure_counters"] = moved
         return False, f"engine failure counters moved during the soak: {moved}", figures
     if load.failed:
-        return False, f"{len(load.failed)} of {load.ok + len(load.failed)} soak requests failed {where}: {load.failed[:3]}", figures
+        return False, (f"{len(load.failed)} of {load.ok + len(load.failed)} soak requests failed {where}: "
+                       f"{load.failed[:3]}"), figures
     if load.ok == 0 and seconds > 0:
         return False, f"no soak request finished in {figures['seconds']:.0f} s at C={concurrency}", figures
     return True, (f"{load.ok} requests at C={concurrency} {where} over {figures['seconds']:.0f} s: no failure, "

@@ -48,7 +48,8 @@ def load_records(path: str | Path) -> list[dict[str, Any]]:
             out.append(json.loads(line))
         except ValueError:
             # a line cut by an interruption mid-write: everything before it stands
-            raise ResumeError(f"{p}:{i}: not a JSON record (cut short?): remove that line and run again with --resume") from None
+            raise ResumeError(f"{p}:{i}: not a JSON record (cut short?): remove that line and run again with "
+                              "--resume") from None
     return out
 
 
@@ -83,11 +84,12 @@ def resume_plan(candidates: Sequence[Candidate], records: Sequence[dict[str, Any
                 raise ResumeError(f"the records hold candidate {name!r}, which the campaign no longer defines: "
                                   "restore it in the campaign or start a new campaign (another name)")
             if r.get("overlay_hash") != c.overlay_hash:
-                raise ResumeError(f"candidate {name!r} changed since it was recorded ({r.get('overlay')} -> {c.overlay}): "
-                                  "give the changed candidate a new name")
+                raise ResumeError(f"candidate {name!r} changed since it was recorded ({r.get('overlay')} -> "
+                                  f"{c.overlay}): give the changed candidate a new name")
         done[name] = r
     if done and BASELINE not in done:
-        raise ResumeError("the records have candidates but no baseline: the campaign cannot compare them; start a new campaign")
+        raise ResumeError("the records have candidates but no baseline: the campaign cannot compare them; start a new "
+                          "campaign")
     return done, [c for c in candidates if c.name not in done]
 
 
@@ -178,7 +180,8 @@ def estimate(n_candidates: int, restarts_per_candidate: int, campaign: Campaign,
     benches = [r["timings"]["bench_s"] for r in records if (r.get("timings") or {}).get("bench_s")]
     roll_s = sum(rolls) / len(rolls) if rolls else ASSUMED_ROLL_S
     w = campaign.workload
-    bench_s = (sum(benches) / len(benches)) if benches else ASSUMED_REQUEST_S * (w.requests * len(w.concurrency) + w.warmup)
+    bench_s = ((sum(benches) / len(benches)) if benches
+               else ASSUMED_REQUEST_S * (w.requests * len(w.concurrency) + w.warmup))
     per = {
         "roll_s": restarts_per_candidate * roll_s,
         "correctness_s": 2 * campaign.correctness.prompts / campaign.correctness.concurrency * ASSUMED_REQUEST_S,
@@ -206,16 +209,20 @@ def render_markdown(campaign: Campaign, records: Sequence[dict[str, Any]], concu
     lines = [
         f"# pdkit tune: {campaign.name}",
         "",
-        f"Inventory `{first.get('inventory', campaign.inventory or '?')}`, target {', '.join(first.get('target') or []) or campaign.target}; "
-        f"workload input {w.input_len} / output {w.output_len} tokens, {w.requests} requests per level at C={', '.join(map(str, w.concurrency))}; "
+        f"Inventory `{first.get('inventory', campaign.inventory or '?')}`, target "
+        f"{', '.join(first.get('target') or []) or campaign.target}; "
+        f"workload input {w.input_len} / output {w.output_len} tokens, {w.requests} requests per level at "
+        f"C={', '.join(map(str, w.concurrency))}; "
         f"objective `{metric}` at C={concurrency} {campaign.objective.describe()}.",
         "",
     ]
     if first.get("measured"):
         lines += [f"Correctness, soak and bench measured {describe_measured(first['measured'])}.", ""]
     if engine == "sim":
-        lines += ["**Engine `sim`: a rehearsal. These figures describe the sim's step formula, never SGLang, a GPU or a model.**", ""]
-    lines += [f"| rank | candidate | overlay | {metric} @C={concurrency} | x baseline | TPOT p99 ms | KV share of TTFT | match rate | verdict |",
+        lines += ["**Engine `sim`: a rehearsal. These figures describe the sim's step formula, never SGLang, a GPU or "
+                  "a model.**", ""]
+    lines += [f"| rank | candidate | overlay | {metric} @C={concurrency} | x baseline | TPOT p99 ms | KV share of TTFT "
+              "| match rate | verdict |",
               "|---:|---|---|---:|---:|---:|---:|---:|---|"]
     for i, row in enumerate(ranked, 1):
         r = row["record"]
@@ -223,7 +230,8 @@ def render_markdown(campaign: Campaign, records: Sequence[dict[str, Any]], concu
         # the level's KV hand-off latency mean / its TTFT mean (pdkit bench's kv block; – without one)
         share = ((level(r, concurrency) or {}).get("kv") or {}).get("ttft_share")
         lines.append(f"| {i} | {r['candidate']} | {_overlay_text(r.get('overlay') or {})} | {fmt_cell(row['value'])} | "
-                     f"{fmt_cell(row['ratio'], 3)} | {fmt_cell(row['tpot_p99_ms'])} | {'–' if share is None else f'{share:.0%}'} | "
+                     f"{fmt_cell(row['ratio'], 3)} | {fmt_cell(row['tpot_p99_ms'])} | "
+                     f"{'–' if share is None else f'{share:.0%}'} | "
                      f"{fmt_cell((r.get('correctness') or {}).get('match_rate'), 3)} | {verdict} |")
     failed = [r for r in records if r.get("kind") in ("baseline", "candidate") and r["verdict"] != "pass"]
     if failed:
@@ -231,7 +239,8 @@ def render_markdown(campaign: Campaign, records: Sequence[dict[str, Any]], concu
                   "| candidate | overlay | gate | reason |", "|---|---|---|---|"]
         for r in failed:
             reason = str(r.get("reason", "")).replace("|", "\\|").replace("\n", " ")[:400]
-            lines.append(f"| {r['candidate']} | {_overlay_text(r.get('overlay') or {})} | {r.get('failed_gate')} | {reason} |")
+            lines.append(f"| {r['candidate']} | {_overlay_text(r.get('overlay') or {})} | {r.get('failed_gate')} | "
+                         f"{reason} |")
     if pending:
         lines += ["", "Not run yet: " + ", ".join(pending) + " (`pdkit tune ... --resume` continues)."]
     if plot_name and any(r.get("bench") for r in records):
@@ -241,7 +250,8 @@ def render_markdown(campaign: Campaign, records: Sequence[dict[str, Any]], concu
         if r.get("kind") != "candidate":
             continue
         diff = r.get("flag_diff") or []
-        lines.append(f"- **{r['candidate']}**: " + ("; ".join(diff) if diff else "no engine flag changes (environment or node settings only)"))
+        lines.append(f"- **{r['candidate']}**: " + ("; ".join(diff) if diff
+                                                    else "no engine flag changes (environment or node settings only)"))
     kept = next((r for r in reversed(records) if r.get("kind") == "end"), None)
     if kept:
         lines += ["", f"## Left applied: {kept['candidate']}", "", kept.get("reason", ""), ""]
@@ -268,11 +278,13 @@ def write_report(campaign: Campaign, records: Sequence[dict[str, Any]], concurre
     written = []
     if plotted and importlib.util.find_spec("matplotlib") is None:
         # a control machine without matplotlib (the GPU tier's venv) still gets its records and table
-        print(f"pdkit tune: no matplotlib here: {p['plot']} not drawn (pip install matplotlib, then --resume redraws it)", file=sys.stderr)
+        print(f"pdkit tune: no matplotlib here: {p['plot']} not drawn (pip install matplotlib, then --resume redraws "
+              "it)", file=sys.stderr)
         plotted = []
     if plotted:
         render_plot(plotted, p["plot"])
         written.append(p["plot"])
-    p["markdown"].write_text(render_markdown(campaign, records, concurrency, p["plot"].name if plotted else None, pending))
+    p["markdown"].write_text(render_markdown(campaign, records, concurrency, p["plot"].name if plotted else None,
+                                             pending))
     written.insert(0, p["markdown"])
     return written

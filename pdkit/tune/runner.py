@@ -121,7 +121,8 @@ def prepare(inventory: str, campaign_path: str) -> Prepared:
     inv = os.path.abspath(inventory)
     problems: list[str] = []
     if campaign.inventory is not None and os.path.abspath(campaign.inventory) != inv:
-        problems.append(f"campaign.inventory: the campaign starts from {campaign.inventory}, not {inventory}: give that inventory")
+        problems.append(f"campaign.inventory: the campaign starts from {campaign.inventory}, not {inventory}: give "
+                        "that inventory")
     base, base_problems = load_with_problems(inv)
     errors = [p for p in base_problems if p.severity == "error"]
     if errors or base is None:
@@ -154,8 +155,8 @@ def prepare(inventory: str, campaign_path: str) -> Prepared:
             lost = "; ".join(o.lost() for o in found)
             what = "rolling a candidate onto" if host in targets else "the baseline's roll of every host reaches"
             problems.append(f"campaign.downtime: {what} {host}, a service outage ({lost} while its engines restart): "
-                            "set `downtime: true` to accept it (the router serves nothing during that roll), or give every kind "
-                            "of worker a second node")
+                            "set `downtime: true` to accept it (the router serves nothing during that roll), or give "
+                            "every kind of worker a second node")
     measured = None
     if not base.router_hosts:
         problems.append("the inventory declares no router: the rolls drain and re-add engines through the router")
@@ -173,7 +174,8 @@ def prepare(inventory: str, campaign_path: str) -> Prepared:
         plans = plan_cluster(specs[c.name])
         restarts[c.name] = sum(plans[h].release_hash != previous[h].release_hash for h in targets)
         previous = plans
-    return Prepared(campaign, inv, base, hosts, targets, candidates, specs, applied, target_concurrency(campaign, base), restarts, measured, outages)
+    return Prepared(campaign, inv, base, hosts, targets, candidates, specs, applied, target_concurrency(campaign, base),
+                    restarts, measured, outages)
 
 
 def measured_text(measured: Measured) -> str:
@@ -191,8 +193,10 @@ def measured_problem(measured: Measured, records: list[dict[str, Any]]) -> str |
         return None
     recorded = base.get("measured")
     if recorded != measured.describe():
-        was = "not recorded (a campaign from before pdkit tune measured the target's own engines)" if recorded is None else json.dumps(recorded)
-        return (f"the recorded baseline was measured on {was}, this run would measure {json.dumps(measured.describe())}: "
+        was = ("not recorded (a campaign from before pdkit tune measured the target's own engines)" if recorded is None
+               else json.dumps(recorded))
+        return (f"the recorded baseline was measured on {was}, this run would "
+                f"measure {json.dumps(measured.describe())}: "
                 "results would not compare; start a new campaign (another name)")
     return None
 
@@ -203,7 +207,8 @@ def expected_downtime(prep: Prepared, records: list[dict[str, Any]]) -> tuple[fl
     else the roll time the estimate assumes."""
     if not (prep.outages and set(prep.outages) & set(prep.targets)):
         return None, ""
-    seen = [r["timings"]["outage_s"] / max(1, r["timings"].get("restarts") or 1) for r in records if (r.get("timings") or {}).get("outage_s")]
+    seen = [r["timings"]["outage_s"] / max(1, r["timings"].get("restarts") or 1) for r in records
+            if (r.get("timings") or {}).get("outage_s")]
     if seen:
         return sum(seen) / len(seen), f"the mean outage per restart in this campaign's records ({len(seen)})"
     return ASSUMED_ROLL_S, "assumed, not yet measured: the estimate's roll time per restart"
@@ -219,17 +224,19 @@ def dry_text(prep: Prepared, records: list[dict[str, Any]], todo: list[Candidate
     down_s, down_source = expected_downtime(prep, records)
     if down_s is not None:
         hosts = ", ".join(sorted(prep.outages))
-        lines.append(f"downtime accepted (campaign.downtime): each roll onto {hosts} takes the router's last workers of a kind out")
+        lines.append(f"downtime accepted (campaign.downtime): each roll onto {hosts} takes the router's last workers "
+                     "of a kind out")
     lines.append("  baseline: the inventory as it is" + (" (recorded)" if BASELINE in done else ""))
     for cand in prep.candidates:
         mark = " (recorded)" if cand.name in done else ""
         overlay = ", ".join(f"{k}={v!r}" for k, v in cand.overlay.items())
-        lines.append(f"  {cand.name}{mark}: {overlay}; restarts {prep.restarts[cand.name]} host(s) after the one before it; "
-                     f"correctness {'exact' if cand.exact else f'match rate >= {cand.min_match_rate:g}'}")
+        lines.append(f"  {cand.name}{mark}: {overlay}; restarts {prep.restarts[cand.name]} host(s) after the one "
+                     f"before it; correctness {'exact' if cand.exact else f'match rate >= {cand.min_match_rate:g}'}")
         if down_s is not None and prep.restarts[cand.name]:
             lines.append(f"      downtime: ~{down_s:.0f} s with the cluster serving nothing ({down_source}); "
                          f"~{down_s:.0f} s more if it fails and is put back")
-        for line in flag_diff(prep.base_spec, prep.specs[cand.name]) or ["no engine flag changes (environment or node settings only)"]:
+        for line in (flag_diff(prep.base_spec, prep.specs[cand.name])
+                     or ["no engine flag changes (environment or node settings only)"]):
             lines.append(f"      {line}")
     n = len(todo) + (BASELINE not in done)
     restarts = round(sum(prep.restarts[t.name] for t in todo) / max(1, len(todo))) if todo else 0
@@ -237,7 +244,8 @@ def dry_text(prep: Prepared, records: list[dict[str, Any]], todo: list[Candidate
     per = ", ".join(f"{k.removesuffix('_s')} {v:.0f} s" for k, v in est["per_candidate"].items())
     assumed = [k for k, v in est["measured"].items() if not v]
     lines += ["", f"estimate: {est['total_s'] / 60:.1f} min for {n} run(s) to go ({per} each)"
-              + (f"; assumed, not yet measured: {', '.join(assumed)} time" if assumed else "; from this campaign's records")]
+              + (f"; assumed, not yet measured: {', '.join(assumed)} time" if assumed
+                 else "; from this campaign's records")]
     return "\n".join(lines)
 
 
@@ -279,7 +287,8 @@ class Session:
     # ---- rolls
     def roller(self, name: str):
         inv = self.prep.inventory if name == BASELINE else str(self.write_inventory(name))
-        return Roller(inv, self.prep.specs[name], self.progress, allow_downtime=self.prep.campaign.downtime, command="tune")
+        return Roller(inv, self.prep.specs[name], self.progress, allow_downtime=self.prep.campaign.downtime,
+                      command="tune")
 
     def write_inventory(self, name: str) -> Path:
         path = candidate_inventory(self.prep.campaign, name)
@@ -325,14 +334,16 @@ class Session:
             steps = []
             # silenced like `pdkit rollback`: from the drain to the smoke, expired either way (a
             # host the put-back left broken pages)
-            with roller.silenced([h], "put back on its release before the candidate (drain, restore, gates, re-add, smoke)",
+            with roller.silenced([h],
+                                 "put back on its release before the candidate (drain, restore, gates, re-add, smoke)",
                                  done="back on its release, ready and in the router",
                                  failed="its put-back failed: expired, so whatever is still wrong pages") as silenced:
                 try:
                     _, connected, unreachable = roller.pyinfra.connect([h])
                     if unreachable:
                         raise RuntimeError(f"cannot reach it over SSH: {unreachable[h]}")
-                    for step, fn in (("drain", roller.drain), ("restore", lambda b: roller.restore(h, connected[h], before[h])),
+                    for step, fn in (("drain", roller.drain),
+                                     ("restore", lambda b: roller.restore(h, connected[h], before[h])),
                                      ("ready", roller.ready), ("router", roller.readd), ("smoke", roller.smoke)):
                         start = time.monotonic()
                         message = fn([h])
@@ -439,7 +450,8 @@ class Session:
         record["gates"]["bench"] = {"ok": True, "detail": figures}
         self.say("bench", figures, t["bench_s"])
 
-    def run_one(self, name: str, cand: Candidate | None, baseline_answers: list[dict[str, Any]] | None) -> dict[str, Any]:
+    def run_one(self, name: str, cand: Candidate | None,
+                baseline_answers: list[dict[str, Any]] | None) -> dict[str, Any]:
         prep = self.prep
         spec = prep.specs[name]
         record: dict[str, Any] = {
@@ -453,7 +465,8 @@ class Session:
             "flag_diff": flag_diff(prep.base_spec, spec) if cand else [],
             "gates": {}, "timings": {},
         }
-        self.say("start", f"{name}: " + (", ".join(f"{k}={v!r}" for k, v in cand.overlay.items()) if cand else "the inventory as it is"))
+        self.say("start", f"{name}: " + (", ".join(f"{k}={v!r}" for k, v in cand.overlay.items()) if cand
+                                         else "the inventory as it is"))
         roller = self.roller(name)
         rolled: list[str] = []
         before: dict[str, str | None] = {}
@@ -470,7 +483,8 @@ class Session:
             outages = [t.outage_s for t in roller.timings if t.outage_s is not None]
             if outages:
                 record["timings"]["outage_s"] = round(sum(outages), 2)
-            record["gates"]["roll"] = {"ok": True, "detail": f"{restarts} host(s) changed and passed drain, apply, ready, router, smoke"}
+            record["gates"]["roll"] = {"ok": True, "detail": f"{restarts} host(s) changed and passed drain, apply, "
+                                                             "ready, router, smoke"}
             self.run_gates(name, spec, record, baseline_answers, cand)
             record.update(verdict="pass", failed_gate=None, reason="")
         except Exception as exc:  # noqa: BLE001 - any failure fails the candidate at its gate and is rolled back
@@ -488,7 +502,8 @@ class Session:
             if roller.last_outage_s is not None:  # a failed roll's own restore ended an outage too
                 record["timings"].setdefault("outage_s", round(roller.last_outage_s, 2))
             roller.last_outage_s = None
-            record["rollback"] = self.put_back(roller, rolled, before) if rolled else ["the roll put the failed node back on its release"]
+            record["rollback"] = (self.put_back(roller, rolled, before) if rolled
+                                  else ["the roll put the failed node back on its release"])
             if roller.last_outage_s is not None:
                 record["timings"]["rollback_outage_s"] = round(roller.last_outage_s, 2)
         try:
@@ -513,7 +528,8 @@ class GateFailed(Exception):
         self.gate, self.why = gate, why
 
 
-def run_campaign(prep: Prepared, records: list[dict[str, Any]], todo: list[Candidate], done: dict[str, dict[str, Any]]) -> int:
+def run_campaign(prep: Prepared, records: list[dict[str, Any]], todo: list[Candidate],
+                 done: dict[str, dict[str, Any]]) -> int:
     session = Session(prep, records)
 
     def on_signal(signum, _frame) -> None:
@@ -530,7 +546,8 @@ def run_campaign(prep: Prepared, records: list[dict[str, Any]], todo: list[Candi
             base = session.run_one(BASELINE, None, None)
             session.finish(base)
             if base["verdict"] != "pass":
-                session.say("stop", f"the baseline failed gate {base['failed_gate']}: nothing to compare candidates with")
+                session.say("stop", f"the baseline failed gate {base['failed_gate']}: nothing to compare candidates "
+                            "with")
                 return EXIT_FAILED
         elif base["verdict"] != "pass":
             session.say("stop", "the recorded baseline failed: start a new campaign once the cluster is fixed")
@@ -538,7 +555,8 @@ def run_campaign(prep: Prepared, records: list[dict[str, Any]], todo: list[Candi
         answers = base["answers"]
         for cand in todo:
             if session.stop_requested:
-                session.say("stop", f"interrupted before {cand.name}; records and report are up to date; run again with --resume")
+                session.say("stop", f"interrupted before {cand.name}; records and report are up to date; run again "
+                            "with --resume")
                 return EXIT_INTERRUPTED
             session.finish(session.run_one(cand.name, cand, answers))
         return end(session)
@@ -563,7 +581,8 @@ def end(session: Session) -> int:
     engine_hosts = [h.name for h in prep.base_spec.gpu_hosts if h.node is not None and h.node.engines]
     cand = next((x for x in prep.candidates if x.name == kept), None)
     fields = keep_lines(cand, prep.applied[kept], engine_hosts) if cand else []
-    record = {"schema": SCHEMA, "campaign": c.name, "kind": "end", "candidate": kept, "reason": why, "keep_fields": fields,
+    record = {"schema": SCHEMA, "campaign": c.name, "kind": "end", "candidate": kept, "reason": why,
+              "keep_fields": fields,
               "releases_after": session.releases(roller, prep.targets), "silences": roller.silencer.records,
               "finished": datetime.now(UTC).isoformat(timespec="seconds")}
     session.finish(record)
@@ -603,9 +622,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("tune", help="run a lever campaign: per candidate roll, correctness, soak, doctor, bench; keep the best")
+    p = subparsers.add_parser("tune", help="run a lever campaign: per candidate roll, correctness, soak, doctor, "
+                              "bench; keep the best")
     p.add_argument("inventory")
     p.add_argument("campaign", help="campaign file (.yaml or .py; docs/tune.md)")
-    p.add_argument("--dry", action="store_true", help="print the candidates, their flag diffs and a time estimate; change nothing")
+    p.add_argument("--dry", action="store_true", help="print the candidates, their flag diffs and a time estimate; "
+                   "change nothing")
     p.add_argument("--resume", action="store_true", help="continue an interrupted campaign from its records")
     p.set_defaults(func=cmd_tune)
