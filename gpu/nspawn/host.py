@@ -69,6 +69,26 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+# what it shares with pdkit's lab (pdkit/nspawn_common.py, stdlib only): run from the repository
+# root on the machine's bare python3, where pdkit is not installed
+sys.path.insert(0, str(REPO))
+from pdkit import nspawn_common as shared  # noqa: E402
+from pdkit.nspawn_common import (  # noqa: E402
+    CommandError,
+    authorize_key,
+    cgroup_pids,
+    in_cgroups,
+    keygen_args,
+    make_cgroup_dirs,
+    mounts_under,
+    nspawn_boot_args,
+    proc_alive,
+    proc_start_time,
+    remove_cgroup_tree,
+    ssh_options,
+    systemd_wait_command,
+    write_file,
+)
 
 
 def _load_machine_state():
@@ -101,7 +121,6 @@ STOP_TIMEOUT = 25
 DRIVER_LIB = re.compile(r"^(libcuda\.so|libnvidia-[\w.-]+\.so|libcudadebugger\.so|libnvcuvid\.so)")
 # glibc's own libraries are always the container's (2.41): never copied from the image
 GLIBC = re.compile(r"^(libc|libm|libmvec|libpthread|libdl|librt|libresolv|libutil|libanl|libBrokenLocale|libc_malloc_debug|ld-linux[\w-]*|libnss_\w+|libthread_db|libmemusage|libpcprofile)\.so")
-CAPABILITIES = "CAP_SYS_RESOURCE,CAP_IPC_LOCK,CAP_NET_ADMIN"
 T0 = time.monotonic()
 
 
@@ -156,18 +175,8 @@ def read_json(path: Path) -> dict:
 
 
 def write_json(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, path)
-
-
-def write(path: Path, text: str, mode: int = 0o644) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.is_symlink():
-        path.unlink()
-    path.write_text(text)
-    path.chmod(mode)
+    """A state file (runtime.json, host.json, ...), whole or not at all, keys sorted."""
+    shared.write_json(path, data, indent=1, sort_keys=True)
 
 
 def file_digest(path: Path) -> str:
@@ -198,37 +207,12 @@ def setns_net(path: str):
     return enter
 
 
-def proc_start(pid: int) -> int | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat[stat.rindex(")") + 2:].split()[19])
-
-
-def alive(pid: int | None, start: int | None) -> bool:
-    if not pid or proc_start(pid) is None or (start is not None and proc_start(pid) != start):
-        return False
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-
-
 def remove_tree(path: Path) -> None:
-    """rm -rf that never crosses into a mount."""
-    if not (path.exists() or path.is_symlink()):
-        return
-    for mp in sorted(mounts_under(path), key=len, reverse=True):
-        subprocess.run(["umount", "-l", mp], check=False)
-    subprocess.run(["rm", "-rf", "--one-file-system", str(path)], check=True)
-
-
-def mounts_under(path: Path) -> list[str]:
-    prefix = str(path).rstrip("/") + "/"
-    out = []
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        mp = line.split()[4].replace("\\040", " ")
-        if mp.startswith(prefix) or mp == prefix.rstrip("/"):
-            out.append(mp)
-    return out
+    """rm -rf that never crosses into a mount; as long as it takes (a tree with its engine payload)."""
+    try:
+        shared.remove_tree(path, timeout=None)
+    except CommandError as exc:
+        raise Fail(str(exc)) from None
 
 
 def extract(tarball: Path, root: Path) -> None:
@@ -246,75 +230,6 @@ def extract(tarball: Path, root: Path) -> None:
     with tarfile.open(tarball, "r:xz") as t:
         kw = {"filter": "fully_trusted"} if hasattr(tarfile, "fully_trusted_filter") else {}
         t.extractall(root, numeric_owner=True, **kw)  # our own artefact: setuid bits, absolute links kept
-
-
-# ----------------------------------------------------------------------------- cgroups
-
-
-def cgroup_hierarchies() -> list[tuple[Path, str]]:
-    """(mount point, this process's path in it) for every mounted hierarchy (v1, v2, hybrid)."""
-    ours: dict[str, str] = {}
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        hid, controllers, path = line.split(":", 2)
-        ours["" if hid == "0" else controllers] = path
-    found, seen = [], set()
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        left, right = line.split(" - ", 1)
-        fields = left.split()
-        fstype, _src, opts = right.split()[:3]
-        if fields[3] != "/":
-            continue
-        key = None
-        if fstype == "cgroup2":
-            key = ""
-        elif fstype == "cgroup":
-            key = next((k for k in ours if k and set(k.split(",")) <= set(opts.split(","))), None)
-        if key is None or key in seen or key not in ours:
-            continue
-        seen.add(key)
-        found.append((Path(fields[4]), ours[key]))
-    return found
-
-
-def make_cgroups(name: str) -> list[Path]:
-    made = []
-    for mount, ours in cgroup_hierarchies():
-        parent = mount / ours.lstrip("/")
-        d = parent / name
-        d.mkdir(exist_ok=True)
-        for knob in ("cpuset.cpus", "cpuset.mems"):  # v1 cpuset groups start empty
-            if (d / knob).exists() and not (d / knob).read_text().strip():
-                (d / knob).write_text((parent / knob).read_text().strip() or "\n")
-        made.append(d)
-    return made
-
-
-def cgroup_pids(d: Path) -> set[int]:
-    pids: set[int] = set()
-    for procs in [d / "cgroup.procs", *d.rglob("cgroup.procs")]:
-        try:
-            pids |= {int(x) for x in procs.read_text().split()}
-        except OSError:
-            pass
-    return pids
-
-
-def remove_cgroup(d: Path) -> list[str]:
-    problems = []
-    if not d.is_dir():
-        return problems
-    for sub in [*sorted((p for p in d.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True), d]:
-        for attempt in range(50):
-            try:
-                sub.rmdir()
-                break
-            except FileNotFoundError:
-                break
-            except OSError as exc:
-                if attempt == 49:
-                    problems.append(f"{sub}: {exc.strerror}")
-                time.sleep(0.1)
-    return problems
 
 
 # ----------------------------------------------------------------------------- unpack
@@ -343,9 +258,9 @@ def cmd_unpack(args: argparse.Namespace) -> int:
             before = {f: (root / f).read_text() for f in DPKG_DB if (root / f).exists()}
             extract(tarball, root)
             for f, text in before.items():
-                write(root / f, merge_dpkg(text, (root / f).read_text()))
+                write_file(root / f, merge_dpkg(text, (root / f).read_text()))
             layers.append(file_digest(tarball))
-    write(root / ".pdkit-nspawn-layers", "\n".join(layers) + "\n")
+    write_file(root / ".pdkit-nspawn-layers", "\n".join(layers) + "\n")
     seconds = round(time.monotonic() - t, 1)
     timings = read_json(state_file("timings.json"))
     timings["unpack_s"] = seconds
@@ -414,7 +329,7 @@ def cmd_control_venv(args: argparse.Namespace) -> int:
         (venv / "bin").mkdir(parents=True, exist_ok=True)
         for name, module in (("python", None), ("pyinfra", "pyinfra"), ("pdkit", "pdkit.cli")):
             run_line = f'exec "{python}" "$@"' if module is None else f'exec "{python}" -m {module} "$@"'
-            write(venv / "bin" / name, f'#!/bin/sh\nexport PYTHONPATH="{site}${{PYTHONPATH:+:$PYTHONPATH}}"\n{run_line}\n', 0o755)
+            write_file(venv / "bin" / name, f'#!/bin/sh\nexport PYTHONPATH="{site}${{PYTHONPATH:+:$PYTHONPATH}}"\n{run_line}\n', 0o755)
         how = "pip --target"
     # the deploy's wheel cache (pdkit/wheelhouse.py's layout): merged into $PDKIT_CACHE/wheelhouse
     cache = Path(os.environ.get("PDKIT_CACHE", Path.home() / ".cache" / "pdkit")) / "wheelhouse"
@@ -437,10 +352,12 @@ def cmd_control_venv(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_checked(cmd: list[str], **kw) -> None:
-    proc = subprocess.run(cmd, capture_output=True, text=True, **kw)
-    if proc.returncode != 0:
-        raise Fail(f"{' '.join(cmd[:4])}...: {(proc.stderr or proc.stdout).strip()[-1500:]}")
+def run_checked(cmd: list[str]) -> None:
+    """CMD to its end (pip may take minutes), its output's tail in the error."""
+    try:
+        shared.run(cmd, timeout=None)
+    except CommandError as exc:
+        raise Fail(f"{' '.join(cmd[:4])}...: {(exc.output or str(exc))[-1500:]}") from None
 
 
 # ----------------------------------------------------------------------------- personalise
@@ -451,26 +368,24 @@ def personalise(root: Path, machine: str, address: str, port: int) -> str:
     machine_state().mkdir(parents=True, exist_ok=True)
     client = client_key()
     if not client.exists():
-        run_checked([*rootfs_cmd(root, "usr/bin/ssh-keygen"), "-q", "-t", "ed25519", "-N", "", "-C", "pdkit-nspawn-control", "-f", str(client)])
+        run_checked([*rootfs_cmd(root, "usr/bin/ssh-keygen"), *keygen_args(client, "pdkit-nspawn-control")])
     client.chmod(0o600)
     host_key = root / "etc/ssh/ssh_host_ed25519_key"
     if not host_key.exists():  # a fresh tree has none: build.py bakes no key
-        run_checked([*rootfs_cmd(root, "usr/bin/ssh-keygen"), "-q", "-t", "ed25519", "-N", "", "-C", f"root@{machine}", "-f", str(host_key)])
-    ssh_dir = root / "root/.ssh"
-    ssh_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    write(ssh_dir / "authorized_keys", client.with_suffix(".pub").read_text().strip() + "\n", 0o600)
-    write(root / "etc/ssh/sshd_config.d/pdkit-nspawn-listen.conf",
+        run_checked([*rootfs_cmd(root, "usr/bin/ssh-keygen"), *keygen_args(host_key, f"root@{machine}")])
+    authorize_key(root, client.with_suffix(".pub").read_text())
+    write_file(root / "etc/ssh/sshd_config.d/pdkit-nspawn-listen.conf",
           f"# pdkit nspawn host (gpu/nspawn/host.py): sshd on the container's address only\nPort {port}\nListenAddress {address}\n")
-    write(root / "etc/hostname", machine + "\n")
+    write_file(root / "etc/hostname", machine + "\n")
     if not (root / "etc/machine-id").read_text().strip():
-        write(root / "etc/machine-id", hashlib.sha256(os.urandom(32)).hexdigest()[:32] + "\n", 0o444)
+        write_file(root / "etc/machine-id", hashlib.sha256(os.urandom(32)).hexdigest()[:32] + "\n", 0o444)
     named = "" if address.startswith("127.") else f"{address}\t{machine}\n"
-    write(root / "etc/hosts", f"127.0.0.1\tlocalhost{'' if named else ' ' + machine}\n{named}::1\tlocalhost ip6-localhost ip6-loopback\n")
-    write(root / "etc/default/locale", "LANG=C.UTF-8\n")  # pam_env reads it at every SSH login
+    write_file(root / "etc/hosts", f"127.0.0.1\tlocalhost{'' if named else ' ' + machine}\n{named}::1\tlocalhost ip6-localhost ip6-loopback\n")
+    write_file(root / "etc/default/locale", "LANG=C.UTF-8\n")  # pam_env reads it at every SSH login
     pub = " ".join((root / "etc/ssh/ssh_host_ed25519_key.pub").read_text().split()[:2])
     name = address if port == 22 else f"[{address}]:{port}"
     line = f"{name} {pub}\n"
-    write(state_file("known_hosts"), line)
+    write_file(state_file("known_hosts"), line)
     return line
 
 
@@ -508,7 +423,7 @@ def driver_binds(root: Path) -> tuple[list[str], list[str]]:
                 link.unlink()
             link.symlink_to(real)  # absolute: /lib is itself a link in the tree (merged /usr)
     if extra_dirs:
-        write(root / "etc/ld.so.conf.d/pdkit-nvidia.conf", "\n".join(sorted(extra_dirs)) + "\n")
+        write_file(root / "etc/ld.so.conf.d/pdkit-nvidia.conf", "\n".join(sorted(extra_dirs)) + "\n")
     # the image's CUDA toolkit: SGLang's JIT kernels (tvm_ffi) run its nvcc (CUDA_HOME or /usr/local/cuda)
     cuda = os.environ.get("CUDA_HOME") or "/usr/local/cuda"
     if os.path.isdir(cuda):
@@ -608,7 +523,7 @@ def engine_env(root: Path, payload: Path | None, model_dir: str, info: dict | No
                     with tarfile.open(payload / name, "r:xz") as tar:  # as gpu/device_driver.py does
                         kw = {"filter": "tar"} if hasattr(tarfile, "tar_filter") else {}
                         tar.extractall(site, **kw)
-            write(marker, "\n".join(layers) + "\n")
+            write_file(marker, "\n".join(layers) + "\n")
             notes.append(f"engine payload {', '.join(layers)} -> {ENGINE_ENV}/site in {time.monotonic() - t:.1f}s")
         model_src = payload / "model"
         if model_src.is_dir():
@@ -620,7 +535,7 @@ def engine_env(root: Path, payload: Path | None, model_dir: str, info: dict | No
         path = ":".join([f"{ENGINE_ENV}/site", *pythonpath])
         lib = env / "lib"
         ld = f'export LD_LIBRARY_PATH="{ENGINE_ENV}/lib${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}"\n' if lib.is_dir() and any(lib.iterdir()) else ""
-        write(env / "bin/python",
+        write_file(env / "bin/python",
               "#!/bin/sh\n"
               "# pdkit nspawn host (gpu/nspawn/host.py): the lent machine's own Python, bound read-only at its own\n"
               "# paths, with the carried SGLang payload first on its path: the provided engine environment\n"
@@ -689,7 +604,7 @@ def network_flags(root: Path, iface: ipaddress.IPv4Interface, mode: str) -> tupl
     if not (machine_id.exists() and machine_id.read_text().strip()):
         # nspawn derives the veth's MAC addresses from the machine id; the lent machine has none
         # ("Failed to generate predictable MAC address for container side: No medium found")
-        write(machine_id, hashlib.sha256(os.urandom(32)).hexdigest()[:32] + "\n", 0o444)
+        write_file(machine_id, hashlib.sha256(os.urandom(32)).hexdigest()[:32] + "\n", 0o444)
         log(f"{machine_id} was empty: wrote one (nspawn's veth MAC addresses derive from it)")
     if mode == "bridge" and not ensure_bridge(root, gateway_of(iface)):
         log("no bridge in this kernel: the containers' traffic is routed through the machine's namespace instead")
@@ -707,7 +622,7 @@ def guest_network(root: Path, iface: ipaddress.IPv4Interface, mode: str) -> None
                  f"route replace {gateway.ip}/32 dev {GUEST_IFACE}", f"route replace {iface.network} via {gateway.ip}"]
     # a default route, as on any host: code that asks the kernel for its outgoing address finds one
     steps.append(f"route replace default via {gateway.ip}")
-    write(root / "etc/systemd/system/pdkit-nspawn-net.service",
+    write_file(root / "etc/systemd/system/pdkit-nspawn-net.service",
           "# pdkit nspawn host (gpu/nspawn/host.py up --address): the container's own address\n"
           "[Unit]\nDescription=pdkit nspawn host address\nDefaultDependencies=no\nBefore=network.target ssh.service sshd.service\n\n"
           "[Service]\nType=oneshot\nRemainAfterExit=yes\nExecStart=/usr/sbin/ip link set dev lo up\n"
@@ -718,7 +633,7 @@ def guest_network(root: Path, iface: ipaddress.IPv4Interface, mode: str) -> None
         wants.unlink()
     wants.parent.mkdir(parents=True, exist_ok=True)
     wants.symlink_to("/etc/systemd/system/pdkit-nspawn-net.service")
-    write(root / "etc/systemd/system/ssh.service.d/pdkit-nspawn-net.conf",
+    write_file(root / "etc/systemd/system/ssh.service.d/pdkit-nspawn-net.conf",
           "# sshd listens on the address pdkit-nspawn-net.service gives host0\n[Unit]\nWants=pdkit-nspawn-net.service\nAfter=pdkit-nspawn-net.service\n")
 
 
@@ -755,11 +670,9 @@ class Host:
         self.root, self.rt = root, rt
 
     def argv(self, command: str, timeout: int = 5) -> list[str]:
-        return [*rootfs_cmd(self.root, "usr/bin/ssh"), "-F", "/dev/null", "-i", str(client_key()),
-                "-p", str(self.rt["ssh_port"]), "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
-                "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={machine_state(self.rt['machine']) / 'known_hosts'}",
-                "-o", "GlobalKnownHostsFile=/dev/null", "-o", "UpdateHostKeys=no", "-o", f"ConnectTimeout={timeout}",
-                "-o", "LogLevel=ERROR", f"root@{self.rt['ssh_address']}", "--", command]
+        known_hosts = machine_state(self.rt["machine"]) / "known_hosts"
+        return [*rootfs_cmd(self.root, "usr/bin/ssh"), *ssh_options(client_key(), known_hosts, self.rt["ssh_port"], timeout),
+                f"root@{self.rt['ssh_address']}", "--", command]
 
     def run(self, command: str, timeout: float = 60, input: str | None = None) -> subprocess.CompletedProcess:
         # a container on its own address is reached from here; one in a bare netns only from inside it
@@ -778,7 +691,7 @@ class Host:
 def running(machine: str) -> bool:
     """MACHINE is up by its state (runtime.json), or a systemd-nspawn boots its tree anyway."""
     rt = read_json(machine_state(machine) / "runtime.json")
-    return (rt.get("machine") == machine and alive(rt.get("pid"), rt.get("start"))) or bool(nspawn_pids(machine_root(machine)))
+    return (rt.get("machine") == machine and proc_alive(rt.get("pid"), rt.get("start"))) or bool(nspawn_pids(machine_root(machine)))
 
 
 def nspawn_pids(root: Path, proc: Path = Path("/proc")) -> list[int]:
@@ -818,7 +731,7 @@ def refuse_if_booted(machine: str, what: str) -> None:
 def cmd_up(args: argparse.Namespace) -> int:
     root = machine_root(args.machine)
     rt_now = read_json(state_file("runtime.json"))
-    if rt_now.get("machine") == args.machine and alive(rt_now.get("pid"), rt_now.get("start")):
+    if rt_now.get("machine") == args.machine and proc_alive(rt_now.get("pid"), rt_now.get("start")):
         log(f"{args.machine} is already up (host.py down first to restart it)")
         return 0
     refuse_if_booted(args.machine, "booting it again")
@@ -874,30 +787,26 @@ def cmd_up(args: argparse.Namespace) -> int:
                       "etc/systemd/system/ssh.service.d/pdkit-nspawn-net.conf"):
             (root / stale).unlink(missing_ok=True)
     inotify_warning()
-    cgroups = make_cgroups(f"pdkit-nspawn-{args.machine}")
+    cgroups = make_cgroup_dirs(f"pdkit-nspawn-{args.machine}")
     argv = [
         *rootfs_cmd(root, "usr/bin/systemd-nspawn"),
-        "--quiet", "--boot", f"--directory={root}", f"--machine={args.machine}", f"--hostname={args.machine}",
-        # PID 1 of this machine is not systemd: no machined to register with, no unit to make
-        "--register=no", "--keep-unit", "--settings=no",
-        "--resolv-conf=off", "--timezone=off", "--link-journal=no", "--console=read-only",
-        f"--capability={CAPABILITIES}", "--rlimit=RLIMIT_MEMLOCK=infinity",
+        *nspawn_boot_args(root, args.machine, args.machine),
+        "--settings=no",
         *([f"--network-namespace-path=/run/netns/{netns}"] if netns else []), *net_flags,
         *binds,
     ]
-    procs = " ".join(shlex.quote(str(c / "cgroup.procs")) for c in cgroups)
     console = state_file("console.log")
     # systemd 257 in the container wants the unified hierarchy; on a cgroup-v2 machine it is what
     # nspawn picks anyway, on a hybrid one (this rehearsal machine) it makes nspawn mount cgroup2
     env = {**os.environ, "SYSTEMD_NSPAWN_UNIFIED_HIERARCHY": "1", "LC_ALL": "C"}
     with open(console, "w") as out:
-        proc = subprocess.Popen(["sh", "-c", f'for f in {procs}; do echo $$ > "$f"; done; exec "$@"', "sh", *argv],
+        proc = subprocess.Popen(in_cgroups(cgroups, argv),
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     if link == "routed":
         host_side_routed(root, args.machine, address, proc)
     timings["setup_s"] = round(time.monotonic() - t_setup, 1)
     t_boot = time.monotonic()
-    rt = {"machine": args.machine, "pid": proc.pid, "start": proc_start(proc.pid), "root": str(root), "netns": netns,
+    rt = {"machine": args.machine, "pid": proc.pid, "start": proc_start_time(proc.pid), "root": str(root), "netns": netns,
           "netns_created": made_netns, "cgroups": [str(c) for c in cgroups], "ssh_address": ssh_address,
           "ssh_port": ssh_port, "link": link, "address": str(address.ip) if address else None, "argv": argv, "gpu": bool(binds and have_gpu)}
     write_json(state_file("runtime.json"), rt)
@@ -970,7 +879,7 @@ def wait_ready(host: Host, proc: subprocess.Popen, console: Path, t_boot: float)
             raise Fail(f"no SSH on {host.rt['ssh_address']}:{host.rt['ssh_port']} after {BOOT_TIMEOUT}s: {r.stderr.strip()} (see {console})")
         time.sleep(0.3)
     left = max(5, int(deadline - time.monotonic()))
-    r = host.run(f"timeout {left} systemctl is-system-running --wait", timeout=left + 10)
+    r = host.run(systemd_wait_command(left), timeout=left + 10)
     return r.stdout.strip() or f"unknown ({r.stderr.strip()})"
 
 
@@ -1184,7 +1093,7 @@ def parse_json(r: subprocess.CompletedProcess) -> dict:
 
 def cmd_probe(args: argparse.Namespace) -> int:
     rt = read_json(state_file("runtime.json"))
-    if not alive(rt.get("pid"), rt.get("start")):
+    if not proc_alive(rt.get("pid"), rt.get("start")):
         raise Fail("not running")
     probe(Host(Path(rt["root"]), rt), rt, (Path(rt["root"]) / ENGINE_ENV.lstrip("/") / "bin/python").exists())
     return 0
@@ -1205,7 +1114,7 @@ XFER_TLS = ("cuda_ipc,cuda_copy,tcp,self", "tcp,cuda_copy,self")
 
 def machine_host(machine: str) -> Host:
     rt = read_json(machine_state(machine) / "runtime.json")
-    if not alive(rt.get("pid"), rt.get("start")):
+    if not proc_alive(rt.get("pid"), rt.get("start")):
         raise Fail(f"{machine} is not running (host.py --machine {machine} up)")
     return Host(Path(rt["root"]), rt)
 
@@ -1239,7 +1148,7 @@ def cmd_xfer_probe(args: argparse.Namespace) -> int:
     works both ways goes to STATE/ucx_tls.json (machine_state.ucx_tls_file) (inventories/h200-nspawn-pair.py reads it)."""
     hosts = [machine_host(args.machine), machine_host(args.peer)]
     for h in hosts:
-        write(h.root / XFER_IN_TREE.lstrip("/"), XFER_PROBE.read_text(), 0o644)
+        write_file(h.root / XFER_IN_TREE.lstrip("/"), XFER_PROBE.read_text(), 0o644)
     python = args.python or f"{ENGINE_ENV}/bin/python"
     results, chosen = [], None
     for tls in args.tls or XFER_TLS:
@@ -1284,7 +1193,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if not rt:
         print(f"{args.machine}: down (no {state_file('runtime.json')})")
         return 3
-    up = alive(rt.get("pid"), rt.get("start"))
+    up = proc_alive(rt.get("pid"), rt.get("start"))
     line = f"{rt['machine']}: nspawn pid {rt['pid']} {'alive' if up else 'DEAD'}; root {rt['root']}; ssh {rt['ssh_address']}:{rt['ssh_port']}"
     if up:
         r = Host(Path(rt["root"]), rt).run("systemctl is-system-running", timeout=20)
@@ -1297,28 +1206,28 @@ def cmd_down(args: argparse.Namespace) -> int:
     rt = read_json(state_file("runtime.json"))
     problems: list[str] = []
     pid, start = rt.get("pid"), rt.get("start")
-    if alive(pid, start):
+    if proc_alive(pid, start):
         # SIGTERM: nspawn asks the guest's systemd to power off (a guest early in its boot drops it: repeat)
         deadline = time.monotonic() + STOP_TIMEOUT
-        while alive(pid, start) and time.monotonic() < deadline:
+        while proc_alive(pid, start) and time.monotonic() < deadline:
             os.kill(pid, signal.SIGTERM)
             for _ in range(20):
-                if not alive(pid, start):
+                if not proc_alive(pid, start):
                     break
                 time.sleep(0.1)
-        if alive(pid, start):
+        if proc_alive(pid, start):
             log(f"nspawn {pid} did not stop in {STOP_TIMEOUT}s: SIGKILL")
             os.kill(pid, signal.SIGKILL)
         log(f"{rt.get('machine')} powered off")
     for cg in rt.get("cgroups", []):
-        left = cgroup_pids(Path(cg)) - {os.getpid()}
+        left = set(cgroup_pids(Path(cg))) - {os.getpid()}
         for p in left:
             try:
                 os.kill(p, signal.SIGKILL)
             except ProcessLookupError:
                 pass
         time.sleep(0.5 if left else 0)
-        problems += remove_cgroup(Path(cg))
+        problems += remove_cgroup_tree(Path(cg))
     if rt.get("root"):
         unlink_netns(Path(rt["root"]), rt)
     for d in ("propagate", "unix-export"):  # nspawn leaves them where /run is not a tmpfs
