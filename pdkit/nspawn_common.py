@@ -7,10 +7,10 @@ only this repository on its path: so this module imports the standard library an
 (tests/test_layering.py holds it to that), and pdkit/__init__.py, which it runs first, stays empty
 of imports.
 
-Here: commands with clear errors (`run`, CommandError), processes by pid and start time, cgroups
-(every hierarchy: v1, v2, hybrid), mounts, removing a tree without crossing into a mount, files
-written with their modes, the ssh and ssh-keygen arguments, and the nspawn and readiness
-commands. Each side turns CommandError into its own error (LabError, host.py's Fail).
+Here: commands with clear errors (`run`, CommandError), processes by pid and start time (and
+killing them), cgroups (every hierarchy: v1, v2, hybrid), mounts, removing a tree without crossing
+into a mount, files written with their modes, links replaced, the ssh and ssh-keygen arguments,
+and the nspawn and readiness commands. Each side turns CommandError into its own error (LabError, host.py's Fail).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import subprocess
 import time
 from collections.abc import Sequence
@@ -105,6 +106,15 @@ def proc_alive(pid: int | None, start_time: int | None = None) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def kill_pids(pids: Sequence[int], sig: int = signal.SIGKILL) -> None:
+    """SIG to each of PIDS; one that is gone already is no error."""
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
 
 
 # ---------------------------------------------------------------- cgroups
@@ -257,6 +267,14 @@ def write_file(path: Path, text: str, mode: int = 0o644) -> None:
         path.unlink()
     path.write_text(text)
     path.chmod(mode)
+
+
+def replace_link(link: Path, target: str) -> None:
+    """LINK -> TARGET, whatever file or link stood at LINK replaced; parents made."""
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    link.symlink_to(target)
 
 
 def write_json(path: Path, data: dict, **dumps) -> None:

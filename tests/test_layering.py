@@ -36,7 +36,8 @@ ON_NODE = ("pdkit/health.py", "pdkit/gates.py", "pdkit/releases.py", "pdkit/chan
            "pdkit/sim",
            # shared with the control side, held to the node's rules: the sim and pdkit-exporter import them
            "pdkit/metricnames.py", "pdkit/sglang_pd.py", "pdkit/parsertable.py", "pdkit/catalogue.py",
-           # reached only by catalogue's and parsertable's generators (run on the control machine), stdlib-only all the same
+           # reached only by catalogue's and parsertable's generators (run on the control machine),
+           # stdlib-only all the same
            "pdkit/contract/__init__.py", "pdkit/versions.py")
 # imported by gpu/nspawn/host.py on the lent machine's bare python3 (the package's __init__ runs first)
 STDLIB_ONLY = ("pdkit/__init__.py", "pdkit/nspawn_common.py")
@@ -398,11 +399,13 @@ def test_router_urls_and_the_auth_header_are_built_in_one_place():
                 found.append(f"{rel}:{n}: a router URL: use pdkit.paths.router_url / router_metrics_url")
             # the sim checks the header SGLang's way, inside its own wheel (sim sources only: tests/test_wheelhouse.py)
             if bearer.search(line) and rel not in ("pdkit/health.py", "pdkit/sim/server.py"):
-                found.append(f"{rel}:{n}: a bearer header: use pdkit.health.bearer_headers / pdkit.paths.router_auth_headers")
+                found.append(f"{rel}:{n}: a bearer header: use pdkit.health.bearer_headers / "
+                             "pdkit.paths.router_auth_headers")
     assert found == []
 
 
-def _second_spellings(pattern: str, home: tuple[str, ...], tops: tuple[str, ...] = ("pdkit", "roles", "deploy")) -> list[str]:
+def _second_spellings(pattern: str, home: tuple[str, ...],
+                      tops: tuple[str, ...] = ("pdkit", "roles", "deploy")) -> list[str]:
     """Lines of TOPS' .py files (gpu/: its top-level files) outside HOME that match PATTERN."""
     import re
 
@@ -413,7 +416,8 @@ def _second_spellings(pattern: str, home: tuple[str, ...], tops: tuple[str, ...]
         rel = path.relative_to(REPO).as_posix()
         if rel in home:
             continue
-        found += [f"{rel}:{n}" for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if rule.search(line)]
+        found += [f"{rel}:{n}" for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+                  if rule.search(line)]
     return found
 
 
@@ -445,14 +449,16 @@ def test_sglangs_readiness_line_is_spelled_in_one_place():
 def _tuning_value_flags() -> list[tuple[str, str]]:
     """pdkit/flags.py's _VALUE_FLAGS (tuning field -> SGLang flag), read without importing it."""
     tree = ast.parse((REPO / "pdkit/flags.py").read_text(encoding="utf-8"))
-    table = next(n for n in tree.body if isinstance(n, ast.AnnAssign) and getattr(n.target, "id", None) == "_VALUE_FLAGS")
+    table = next(n for n in tree.body
+                 if isinstance(n, ast.AnnAssign) and getattr(n.target, "id", None) == "_VALUE_FLAGS")
     return list(ast.literal_eval(table.value))
 
 
 def test_the_tuning_field_to_sglang_flag_table_is_written_once():
     """Issue 34 item 2: tuning field -> SGLang flag is pdkit.flags._VALUE_FLAGS; argvcheck and
     startchecks derive from it. No other module pairs one of its fields with its flag again."""
-    pairs = [rf"[\"']{name}[\"']\s*[:,]\s*[\"']{re.escape(flag)}[\"']|[\"']{re.escape(flag)}[\"']\s*:\s*[\"']{name}[\"']"
+    pairs = [rf"[\"']{name}[\"']\s*[:,]\s*[\"']{re.escape(flag)}[\"']"
+             rf"|[\"']{re.escape(flag)}[\"']\s*:\s*[\"']{name}[\"']"
              for name, flag in _tuning_value_flags()]
     assert _second_spellings("|".join(pairs), ("pdkit/flags.py",)) == []
 

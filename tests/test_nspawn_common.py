@@ -18,7 +18,8 @@ from pdkit.lab.model import LabHost
 from tests.conftest import load_script
 
 # what both launchers passed ssh before the helpers were shared, option for option
-SSH_OPTIONS = ["-F", "/dev/null", "-i", "/k/id_ed25519", "-p", "2222", "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
+SSH_OPTIONS = ["-F", "/dev/null", "-i", "/k/id_ed25519", "-p", "2222", "-o", "IdentitiesOnly=yes",
+               "-o", "BatchMode=yes",
                "-o", "StrictHostKeyChecking=yes", "-o", "UserKnownHostsFile=/s/known_hosts",
                "-o", "GlobalKnownHostsFile=/dev/null", "-o", "UpdateHostKeys=no", "-o", "ConnectTimeout=7",
                "-o", "LogLevel=ERROR"]
@@ -47,8 +48,8 @@ def test_host_py_reaches_its_container_with_the_shared_options(host, tmp_path, m
     ssh = argv.index("/m/pdkit-a/usr/bin/ssh")
     assert argv[:ssh] == host.rootfs_cmd(Path("/m/pdkit-a"), "usr/bin/ssh")[:-1]
     options = [str(tmp_path / "id_ed25519") if a == "/k/id_ed25519" else a for a in SSH_OPTIONS]
-    options = [f"UserKnownHostsFile={tmp_path / 'pdkit-a' / 'known_hosts'}" if a.startswith("UserKnownHostsFile=") else a
-               for a in options]
+    known_hosts = f"UserKnownHostsFile={tmp_path / 'pdkit-a' / 'known_hosts'}"
+    options = [known_hosts if a.startswith("UserKnownHostsFile=") else a for a in options]
     assert argv[ssh + 1:] == [*options, "root@10.214.0.2", "--", "true"]
 
 
@@ -91,6 +92,25 @@ def test_write_file_sets_the_mode_and_replaces_a_link_instead_of_writing_through
     assert outside.read_text() == "the machine's own file\n"
     common.write_file(tmp_path / "new/dir/f", "x")
     assert stat.S_IMODE((tmp_path / "new/dir/f").stat().st_mode) == 0o644
+
+
+def test_replace_link_takes_the_place_of_a_file_or_a_link(tmp_path):
+    unit = tmp_path / "etc/systemd/system/apt-daily.timer"
+    common.replace_link(unit, "/dev/null")  # nothing there, parents missing
+    unit.unlink()
+    unit.write_text("[Timer]\n")
+    common.replace_link(unit, "/dev/null")
+    assert str(unit.readlink()) == "/dev/null"
+    common.replace_link(unit, "/lib/systemd/system/other.timer")
+    assert str(unit.readlink()) == "/lib/systemd/system/other.timer"
+
+
+def test_kill_pids_signals_each_and_skips_the_gone():
+    child = subprocess.Popen(["sleep", "30"])
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    common.kill_pids([gone.pid, child.pid])
+    assert child.wait(timeout=10) == -9
 
 
 def test_write_json_replaces_the_file_whole_with_the_callers_format(tmp_path):

@@ -5,8 +5,10 @@ builds a Debian trixie tree that carries its own systemd-nspawn; this script boo
 real deploy (`pyinfra inventories/h200-nspawn.py deploy/pd.py`, real SSH, strict host keys) runs
 from the machine's shell against a real systemd host that sees the GPU:
 
-    python3 gpu/nspawn/host.py unpack        # rootfs + its layers (monitoring, cxx) -> /var/lib/machines/pdkit-h200
-    python3 gpu/nspawn/host.py control-venv  # wheels.tar.xz -> /root/pdkit-venv (pyinfra, pdkit) + the deploy's wheel cache
+    python3 gpu/nspawn/host.py unpack        # rootfs + its layers (monitoring, cxx)
+                                             #   -> /var/lib/machines/pdkit-h200
+    python3 gpu/nspawn/host.py control-venv  # wheels.tar.xz -> /root/pdkit-venv (pyinfra, pdkit)
+                                             #   + the deploy's wheel cache
     python3 gpu/nspawn/host.py up --engine-payload gpu-payload     # keys, binds, boot, wait, checks
     python3 gpu/nspawn/host.py status | probe | down [--purge]
 
@@ -22,8 +24,9 @@ container shares the machine's network: engines, router and monitoring all liste
 one host; --netns NAME puts it in a network namespace of its own instead, for a rehearsal);
 binds: /dev/nvidia* and /dev/nvidia-caps, the driver's user-space libraries (libcuda*,
 libnvidia-*, libcudadebugger*: found with the machine's `ldconfig -p`), nvidia-smi and the
-CUDA toolkit (/usr/local/cuda: SGLang's JIT kernels run its nvcc), read-only at the same paths; the image's Python (executable, standard library, site
-directories with torch, headers for Triton's launcher builds) read-only at the same paths; the
+CUDA toolkit (/usr/local/cuda: SGLang's JIT kernels run its nvcc), read-only at the same paths;
+the image's Python (executable, standard library, site directories with torch, headers for
+Triton's launcher builds) read-only at the same paths; the
 SGLang payload (gpu-payload/site.tar.xz + nixl.tar.xz, as gpu/device_driver.py unpacks them)
 unpacked into /opt/engine-venv/site inside the tree, and /opt/engine-venv/bin/python: the
 image's python3 with that payload first on its path -- the provided engine environment; the
@@ -73,22 +76,7 @@ REPO = Path(__file__).resolve().parents[2]
 # root on the machine's bare python3, where pdkit is not installed
 sys.path.insert(0, str(REPO))
 from pdkit import nspawn_common as shared  # noqa: E402
-from pdkit.nspawn_common import (  # noqa: E402
-    CommandError,
-    authorize_key,
-    cgroup_pids,
-    in_cgroups,
-    keygen_args,
-    make_cgroup_dirs,
-    mounts_under,
-    nspawn_boot_args,
-    proc_alive,
-    proc_start_time,
-    remove_cgroup_tree,
-    ssh_options,
-    systemd_wait_command,
-    write_file,
-)
+from pdkit.nspawn_common import CommandError, proc_alive, proc_start_time, write_file  # noqa: E402
 
 
 def _load_machine_state():
@@ -105,7 +93,8 @@ def _load_machine_state():
 MS = _load_machine_state()
 MACHINE = "pdkit-h200"
 MACHINES = Path(os.environ.get("PDKIT_NSPAWN_MACHINES", "/var/lib/machines"))
-ARTEFACT_DIRS = [REPO / "gpu-payload-nspawn" / d for d in ("rootfs", "monitoring", "cxx", "wheels")] + [Path("/root/stash")]
+ARTEFACT_DIRS = [REPO / "gpu-payload-nspawn" / d for d in ("rootfs", "monitoring", "cxx", "wheels")] + [
+    Path("/root/stash")]
 ROOTFS_NAME = "rootfs-trixie.tar.xz"
 # layers unpacked over it (build.py LAYERS): Prometheus, the C++ compiler
 LAYER_NAMES = {"monitoring": "rootfs-trixie-monitoring.tar.xz", "cxx": "rootfs-trixie-cxx.tar.xz"}
@@ -120,7 +109,8 @@ STOP_TIMEOUT = 25
 # the driver's user-space, as the machine's linker cache names it
 DRIVER_LIB = re.compile(r"^(libcuda\.so|libnvidia-[\w.-]+\.so|libcudadebugger\.so|libnvcuvid\.so)")
 # glibc's own libraries are always the container's (2.41): never copied from the image
-GLIBC = re.compile(r"^(libc|libm|libmvec|libpthread|libdl|librt|libresolv|libutil|libanl|libBrokenLocale|libc_malloc_debug|ld-linux[\w-]*|libnss_\w+|libthread_db|libmemusage|libpcprofile)\.so")
+GLIBC = re.compile(r"^(libc|libm|libmvec|libpthread|libdl|librt|libresolv|libutil|libanl|libBrokenLocale"
+                   r"|libc_malloc_debug|ld-linux[\w-]*|libnss_\w+|libthread_db|libmemusage|libpcprofile)\.so")
 T0 = time.monotonic()
 
 
@@ -266,7 +256,8 @@ def cmd_unpack(args: argparse.Namespace) -> int:
     timings["unpack_s"] = seconds
     write_json(state_file("timings.json"), timings)
     missing = [f"{name} ({LAYER_NAMES[name]})" for name, t in layers_found.items() if t is None]
-    log(f"unpacked {' + '.join(layers)} into {root} in {seconds}s" + (f"; WITHOUT the layers {', '.join(missing)}" if missing else ""))
+    log(f"unpacked {' + '.join(layers)} into {root} in {seconds}s"
+        + (f"; WITHOUT the layers {', '.join(missing)}" if missing else ""))
     return 0
 
 
@@ -308,14 +299,16 @@ def cmd_control_venv(args: argparse.Namespace) -> int:
     # runs from its own wheel (a wheel is importable as a zip) and installs itself too
     made = subprocess.run([python, "-m", "venv", "--without-pip", str(venv)], capture_output=True, text=True)
     # --isolated: no pip.conf or PIP_* of this machine bends it; only these files, each hash-checked
-    pip_args = ["--isolated", "install", "--quiet", "--disable-pip-version-check", "--no-index", "--no-deps", "--require-hashes",
-                "--no-cache-dir", "--find-links", str(stage / "control"), "-r", str(stage / "control/requirements.txt")]
+    pip_args = ["--isolated", "install", "--quiet", "--disable-pip-version-check", "--no-index", "--no-deps",
+                "--require-hashes", "--no-cache-dir", "--find-links", str(stage / "control"),
+                "-r", str(stage / "control/requirements.txt")]
     if made.returncode == 0:
         run_checked([str(venv / "bin/python"), f"{pip_wheel}/pip", *pip_args])
         # pdkit itself is this repository, installed editable (as on the machine that built the
         # wheels): the deploy's roles, its wheel digest and the CLI all read these very sources
-        editable = subprocess.run([str(venv / "bin/python"), "-m", "pip", "--isolated", "install", "--quiet", "--no-index",
-                                   "--no-deps", "--no-build-isolation", "--disable-pip-version-check", "-e", str(REPO)],
+        editable = subprocess.run([str(venv / "bin/python"), "-m", "pip", "--isolated", "install", "--quiet",
+                                   "--no-index", "--no-deps", "--no-build-isolation", "--disable-pip-version-check",
+                                   "-e", str(REPO)],
                                   capture_output=True, text=True)
         if editable.returncode != 0:
             raise Fail(f"pip install -e {REPO}: {editable.stderr.strip()[-800:]}")
@@ -329,7 +322,8 @@ def cmd_control_venv(args: argparse.Namespace) -> int:
         (venv / "bin").mkdir(parents=True, exist_ok=True)
         for name, module in (("python", None), ("pyinfra", "pyinfra"), ("pdkit", "pdkit.cli")):
             run_line = f'exec "{python}" "$@"' if module is None else f'exec "{python}" -m {module} "$@"'
-            write_file(venv / "bin" / name, f'#!/bin/sh\nexport PYTHONPATH="{site}${{PYTHONPATH:+:$PYTHONPATH}}"\n{run_line}\n', 0o755)
+            write_file(venv / "bin" / name,
+                       f'#!/bin/sh\nexport PYTHONPATH="{site}${{PYTHONPATH:+:$PYTHONPATH}}"\n{run_line}\n', 0o755)
         how = "pip --target"
     # the deploy's wheel cache (pdkit/wheelhouse.py's layout): merged into $PDKIT_CACHE/wheelhouse
     cache = Path(os.environ.get("PDKIT_CACHE", Path.home() / ".cache" / "pdkit")) / "wheelhouse"
@@ -340,15 +334,17 @@ def cmd_control_venv(args: argparse.Namespace) -> int:
     # pdkit's own wheel is keyed on this tree's sources: if they differ from the build's, pdkit
     # rebuilds it here, offline, with the venv's setuptools (no build isolation, no index)
     env = {**os.environ, "PDKIT_OFFLINE": "1", "PIP_NO_INDEX": "1", "PIP_NO_BUILD_ISOLATION": "0"}
-    check = subprocess.run([str(venv / "bin/python"), "-m", "pdkit.wheelhouse", "--platform", "debian13", "--engine", "sim",
-                            "--router", "sglang-router==0.3.2", "--offline"], env=env, capture_output=True, text=True, cwd=REPO)
+    check = subprocess.run([str(venv / "bin/python"), "-m", "pdkit.wheelhouse", "--platform", "debian13",
+                            "--engine", "sim", "--router", "sglang-router==0.3.2", "--offline"],
+                           env=env, capture_output=True, text=True, cwd=REPO)
     remove_tree(stage)
     if check.returncode != 0:
         raise Fail(f"the wheel cache does not cover the deploy: {check.stderr.strip()[-800:]}")
     log(f"control venv {venv} ({how}, {python}) and wheel cache {cache} in {time.monotonic() - t:.1f}s")
     for line in check.stdout.splitlines():
         log(f"  {line}")
-    log(f"deploy with: PDKIT_OFFLINE=1 PIP_NO_INDEX=1 PIP_NO_BUILD_ISOLATION=0 {venv}/bin/pyinfra -y inventories/h200-nspawn.py deploy/pd.py")
+    log(f"deploy with: PDKIT_OFFLINE=1 PIP_NO_INDEX=1 PIP_NO_BUILD_ISOLATION=0 {venv}/bin/pyinfra -y "
+        "inventories/h200-nspawn.py deploy/pd.py")
     return 0
 
 
@@ -368,19 +364,22 @@ def personalise(root: Path, machine: str, address: str, port: int) -> str:
     machine_state().mkdir(parents=True, exist_ok=True)
     client = client_key()
     if not client.exists():
-        run_checked([*rootfs_cmd(root, "usr/bin/ssh-keygen"), *keygen_args(client, "pdkit-nspawn-control")])
+        run_checked([*rootfs_cmd(root, "usr/bin/ssh-keygen"), *shared.keygen_args(client, "pdkit-nspawn-control")])
     client.chmod(0o600)
     host_key = root / "etc/ssh/ssh_host_ed25519_key"
     if not host_key.exists():  # a fresh tree has none: build.py bakes no key
-        run_checked([*rootfs_cmd(root, "usr/bin/ssh-keygen"), *keygen_args(host_key, f"root@{machine}")])
-    authorize_key(root, client.with_suffix(".pub").read_text())
+        run_checked([*rootfs_cmd(root, "usr/bin/ssh-keygen"), *shared.keygen_args(host_key, f"root@{machine}")])
+    shared.authorize_key(root, client.with_suffix(".pub").read_text())
     write_file(root / "etc/ssh/sshd_config.d/pdkit-nspawn-listen.conf",
-          f"# pdkit nspawn host (gpu/nspawn/host.py): sshd on the container's address only\nPort {port}\nListenAddress {address}\n")
+               "# pdkit nspawn host (gpu/nspawn/host.py): sshd on the container's address only\n"
+               f"Port {port}\nListenAddress {address}\n")
     write_file(root / "etc/hostname", machine + "\n")
     if not (root / "etc/machine-id").read_text().strip():
         write_file(root / "etc/machine-id", hashlib.sha256(os.urandom(32)).hexdigest()[:32] + "\n", 0o444)
     named = "" if address.startswith("127.") else f"{address}\t{machine}\n"
-    write_file(root / "etc/hosts", f"127.0.0.1\tlocalhost{'' if named else ' ' + machine}\n{named}::1\tlocalhost ip6-localhost ip6-loopback\n")
+    write_file(root / "etc/hosts",
+               f"127.0.0.1\tlocalhost{'' if named else ' ' + machine}\n"
+               f"{named}::1\tlocalhost ip6-localhost ip6-loopback\n")
     write_file(root / "etc/default/locale", "LANG=C.UTF-8\n")  # pam_env reads it at every SSH login
     pub = " ".join((root / "etc/ssh/ssh_host_ed25519_key.pub").read_text().split()[:2])
     name = address if port == 22 else f"[{address}]:{port}"
@@ -417,11 +416,8 @@ def driver_binds(root: Path) -> tuple[list[str], list[str]]:
     # the names ldconfig knows them by (libcuda.so.1 -> libcuda.so.580...): links in the tree
     for path, real in libs.items():
         if path != real:
-            link = root / path.lstrip("/")
-            link.parent.mkdir(parents=True, exist_ok=True)
-            if link.is_symlink() or link.exists():
-                link.unlink()
-            link.symlink_to(real)  # absolute: /lib is itself a link in the tree (merged /usr)
+            # absolute: /lib is itself a link in the tree (merged /usr)
+            shared.replace_link(root / path.lstrip("/"), real)
     if extra_dirs:
         write_file(root / "etc/ld.so.conf.d/pdkit-nvidia.conf", "\n".join(sorted(extra_dirs)) + "\n")
     # the image's CUDA toolkit: SGLang's JIT kernels (tvm_ffi) run its nvcc (CUDA_HOME or /usr/local/cuda)
@@ -438,7 +434,9 @@ def driver_binds(root: Path) -> tuple[list[str], list[str]]:
         # at its own path and on the container's PATH (SGLang runs `nvidia-smi` by name)
         for dest in dict.fromkeys([smi, "/usr/bin/nvidia-smi"]):
             flags.append(f"--bind-ro={os.path.realpath(smi)}:{dest}")
-    notes.append(f"driver libraries: {len(set(libs.values()))} files ({', '.join(sorted({os.path.basename(r) for r in libs.values()})[:6])}...); nvidia-smi: {smi or 'not found'}")
+    names = sorted({os.path.basename(r) for r in libs.values()})
+    notes.append(f"driver libraries: {len(set(libs.values()))} files ({', '.join(names[:6])}...); "
+                 f"nvidia-smi: {smi or 'not found'}")
     return flags, notes
 
 
@@ -451,7 +449,8 @@ if multiarch:
     inc.append(os.path.join(sys.base_prefix, "include", multiarch, "python%d.%d" % sys.version_info[:2]))
 torch = importlib.util.find_spec("torch")
 print(json.dumps({
-    "executable": sys.executable, "real_executable": os.path.realpath(sys.executable), "version": sys.version.split()[0],
+    "executable": sys.executable, "real_executable": os.path.realpath(sys.executable),
+    "version": sys.version.split()[0],
     "prefix": sys.prefix, "base_prefix": sys.base_prefix,
     "stdlib": [paths["stdlib"], paths["platstdlib"]],
     "sys_path": [p for p in sys.path if p and os.path.isdir(p)], "include": [p for p in inc if p],
@@ -494,13 +493,15 @@ def image_binds(root: Path, info: dict) -> tuple[list[str], list[str], list[str]
             flags.append(f"--bind-ro={src}:{dest}")
             pythonpath.append(dest)
             pth = sorted(os.path.basename(p) for p in glob.glob(os.path.join(src, "*.pth")))
-            notes.append(f"{src} is the container's own too: bound at {dest}, on PYTHONPATH" + (f" (its .pth files are not run: {', '.join(pth)})" if pth else ""))
+            notes.append(f"{src} is the container's own too: bound at {dest}, on PYTHONPATH"
+                         + (f" (its .pth files are not run: {', '.join(pth)})" if pth else ""))
         else:
             raise Fail(f"the image's {src} is also a path the container uses; cannot bind it there")
     for src in done:
         if src.startswith(("/root/", "/home/")):
             notes.append(f"WARNING {src} is under /root or /home: the engine units' ProtectHome=yes hides it")
-    notes.append(f"image python {info['executable']} {info['version']}; torch at {info['torch'] or 'NOT FOUND'}; {len(done)} paths bound read-only")
+    notes.append(f"image python {info['executable']} {info['version']}; torch at {info['torch'] or 'NOT FOUND'}; "
+                 f"{len(done)} paths bound read-only")
     return flags, pythonpath, notes
 
 
@@ -534,7 +535,8 @@ def engine_env(root: Path, payload: Path | None, model_dir: str, info: dict | No
     if info is not None:
         path = ":".join([f"{ENGINE_ENV}/site", *pythonpath])
         lib = env / "lib"
-        ld = f'export LD_LIBRARY_PATH="{ENGINE_ENV}/lib${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}"\n' if lib.is_dir() and any(lib.iterdir()) else ""
+        ld = (f'export LD_LIBRARY_PATH="{ENGINE_ENV}/lib${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}"\n'
+              if lib.is_dir() and any(lib.iterdir()) else "")
         write_file(env / "bin/python",
               "#!/bin/sh\n"
               "# pdkit nspawn host (gpu/nspawn/host.py): the lent machine's own Python, bound read-only at its own\n"
@@ -546,10 +548,7 @@ def engine_env(root: Path, payload: Path | None, model_dir: str, info: dict | No
               f'export PATH="${{PATH:-/usr/bin:/bin}}:{os.path.dirname(info["executable"])}"\n'
               f'exec "{info["executable"]}" "$@"\n', 0o755)
         for alias in ("python3", f"python{'.'.join(info['version'].split('.')[:2])}"):
-            link = env / "bin" / alias
-            if link.is_symlink() or link.exists():
-                link.unlink()
-            link.symlink_to("python")
+            shared.replace_link(env / "bin" / alias, "python")
         notes.append(f"{ENGINE_ENV}/bin/python -> {info['executable']} with {path} first")
     return notes
 
@@ -586,7 +585,8 @@ def gateway_of(iface: ipaddress.IPv4Interface) -> ipaddress.IPv4Interface:
     """The lent machine's own end of IFACE's network: its first address."""
     gateway = ipaddress.IPv4Interface(f"{next(iface.network.hosts())}/{iface.network.prefixlen}")
     if iface.ip == gateway.ip:
-        raise Fail(f"--address {iface}: {gateway.ip} is the lent machine's own end of {iface.network}; use another address")
+        raise Fail(f"--address {iface}: {gateway.ip} is the lent machine's own end of {iface.network}; "
+                   "use another address")
     return gateway
 
 
@@ -624,17 +624,16 @@ def guest_network(root: Path, iface: ipaddress.IPv4Interface, mode: str) -> None
     steps.append(f"route replace default via {gateway.ip}")
     write_file(root / "etc/systemd/system/pdkit-nspawn-net.service",
           "# pdkit nspawn host (gpu/nspawn/host.py up --address): the container's own address\n"
-          "[Unit]\nDescription=pdkit nspawn host address\nDefaultDependencies=no\nBefore=network.target ssh.service sshd.service\n\n"
+          "[Unit]\nDescription=pdkit nspawn host address\nDefaultDependencies=no\n"
+          "Before=network.target ssh.service sshd.service\n\n"
           "[Service]\nType=oneshot\nRemainAfterExit=yes\nExecStart=/usr/sbin/ip link set dev lo up\n"
           + "".join(f"ExecStart=/usr/sbin/ip {step}\n" for step in steps)
           + "\n[Install]\nWantedBy=multi-user.target\n")
-    wants = root / "etc/systemd/system/multi-user.target.wants/pdkit-nspawn-net.service"
-    if wants.is_symlink() or wants.exists():
-        wants.unlink()
-    wants.parent.mkdir(parents=True, exist_ok=True)
-    wants.symlink_to("/etc/systemd/system/pdkit-nspawn-net.service")
+    shared.replace_link(root / "etc/systemd/system/multi-user.target.wants/pdkit-nspawn-net.service",
+                        "/etc/systemd/system/pdkit-nspawn-net.service")
     write_file(root / "etc/systemd/system/ssh.service.d/pdkit-nspawn-net.conf",
-          "# sshd listens on the address pdkit-nspawn-net.service gives host0\n[Unit]\nWants=pdkit-nspawn-net.service\nAfter=pdkit-nspawn-net.service\n")
+          "# sshd listens on the address pdkit-nspawn-net.service gives host0\n"
+          "[Unit]\nWants=pdkit-nspawn-net.service\nAfter=pdkit-nspawn-net.service\n")
 
 
 def host_side_routed(root: Path, machine: str, iface: ipaddress.IPv4Interface, proc: subprocess.Popen) -> None:
@@ -671,7 +670,8 @@ class Host:
 
     def argv(self, command: str, timeout: int = 5) -> list[str]:
         known_hosts = machine_state(self.rt["machine"]) / "known_hosts"
-        return [*rootfs_cmd(self.root, "usr/bin/ssh"), *ssh_options(client_key(), known_hosts, self.rt["ssh_port"], timeout),
+        return [*rootfs_cmd(self.root, "usr/bin/ssh"),
+                *shared.ssh_options(client_key(), known_hosts, self.rt["ssh_port"], timeout),
                 f"root@{self.rt['ssh_address']}", "--", command]
 
     def run(self, command: str, timeout: float = 60, input: str | None = None) -> subprocess.CompletedProcess:
@@ -691,7 +691,8 @@ class Host:
 def running(machine: str) -> bool:
     """MACHINE is up by its state (runtime.json), or a systemd-nspawn boots its tree anyway."""
     rt = read_json(machine_state(machine) / "runtime.json")
-    return (rt.get("machine") == machine and proc_alive(rt.get("pid"), rt.get("start"))) or bool(nspawn_pids(machine_root(machine)))
+    by_state = rt.get("machine") == machine and proc_alive(rt.get("pid"), rt.get("start"))
+    return by_state or bool(nspawn_pids(machine_root(machine)))
 
 
 def nspawn_pids(root: Path, proc: Path = Path("/proc")) -> list[int]:
@@ -722,7 +723,8 @@ def refuse_if_booted(machine: str, what: str) -> None:
     if pids:
         rt = read_json(machine_state(machine) / "runtime.json")
         known = rt.get("pid") in pids
-        raise Fail(f"{machine} is running (systemd-nspawn pid {', '.join(map(str, pids))} boots {machine_root(machine)}): "
+        raise Fail(f"{machine} is running (systemd-nspawn pid {', '.join(map(str, pids))} "
+                   f"boots {machine_root(machine)}): "
                    f"`host.py --machine {machine} down` before {what}"
                    + ("" if known else f"; its state is not in {machine_state(machine)}: was it started with another "
                       f"{MS.ENV}? (now {state_base()})"))
@@ -749,7 +751,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     notes: list[str] = []
     have_gpu = bool(glob.glob("/dev/nvidia[0-9]*"))
     if args.no_gpu or not have_gpu:
-        notes.append("GPU binds skipped: " + ("--no-gpu" if args.no_gpu else "no /dev/nvidia[0-9]* on this machine") + " (nothing NVIDIA is bound in)")
+        notes.append("GPU binds skipped: " + ("--no-gpu" if args.no_gpu else "no /dev/nvidia[0-9]* on this machine")
+                     + " (nothing NVIDIA is bound in)")
     else:
         flags, n = driver_binds(root)
         binds += flags
@@ -781,16 +784,18 @@ def cmd_up(args: argparse.Namespace) -> int:
     if address:
         net_flags, link = network_flags(root, address, args.link)
         guest_network(root, address, link)
-        log(f"network: {address} on {GUEST_IFACE} ({link}: {host_veth(args.machine, link)} on the machine, at {gateway_of(address).ip})")
+        log(f"network: {address} on {GUEST_IFACE} ({link}: {host_veth(args.machine, link)} on the machine, "
+            f"at {gateway_of(address).ip})")
     else:
-        for stale in ("etc/systemd/system/pdkit-nspawn-net.service", "etc/systemd/system/multi-user.target.wants/pdkit-nspawn-net.service",
+        for stale in ("etc/systemd/system/pdkit-nspawn-net.service",
+                      "etc/systemd/system/multi-user.target.wants/pdkit-nspawn-net.service",
                       "etc/systemd/system/ssh.service.d/pdkit-nspawn-net.conf"):
             (root / stale).unlink(missing_ok=True)
     inotify_warning()
-    cgroups = make_cgroup_dirs(f"pdkit-nspawn-{args.machine}")
+    cgroups = shared.make_cgroup_dirs(f"pdkit-nspawn-{args.machine}")
     argv = [
         *rootfs_cmd(root, "usr/bin/systemd-nspawn"),
-        *nspawn_boot_args(root, args.machine, args.machine),
+        *shared.nspawn_boot_args(root, args.machine, args.machine),
         "--settings=no",
         *([f"--network-namespace-path=/run/netns/{netns}"] if netns else []), *net_flags,
         *binds,
@@ -800,22 +805,24 @@ def cmd_up(args: argparse.Namespace) -> int:
     # nspawn picks anyway, on a hybrid one (this rehearsal machine) it makes nspawn mount cgroup2
     env = {**os.environ, "SYSTEMD_NSPAWN_UNIFIED_HIERARCHY": "1", "LC_ALL": "C"}
     with open(console, "w") as out:
-        proc = subprocess.Popen(in_cgroups(cgroups, argv),
-                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        proc = subprocess.Popen(shared.in_cgroups(cgroups, argv), stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True, env=env)
     if link == "routed":
         host_side_routed(root, args.machine, address, proc)
     timings["setup_s"] = round(time.monotonic() - t_setup, 1)
     t_boot = time.monotonic()
-    rt = {"machine": args.machine, "pid": proc.pid, "start": proc_start_time(proc.pid), "root": str(root), "netns": netns,
-          "netns_created": made_netns, "cgroups": [str(c) for c in cgroups], "ssh_address": ssh_address,
-          "ssh_port": ssh_port, "link": link, "address": str(address.ip) if address else None, "argv": argv, "gpu": bool(binds and have_gpu)}
+    rt = {"machine": args.machine, "pid": proc.pid, "start": proc_start_time(proc.pid), "root": str(root),
+          "netns": netns, "netns_created": made_netns, "cgroups": [str(c) for c in cgroups],
+          "ssh_address": ssh_address, "ssh_port": ssh_port, "link": link,
+          "address": str(address.ip) if address else None, "argv": argv, "gpu": bool(binds and have_gpu)}
     write_json(state_file("runtime.json"), rt)
     host = Host(root, rt)
     state = wait_ready(host, proc, console, t_boot)
     timings["boot_to_ssh_s"] = round(rt.pop("_ssh_s"), 1)
     timings["boot_to_running_s"] = round(time.monotonic() - t_boot, 1)
     write_json(state_file("runtime.json"), rt)
-    log(f"{args.machine}: ssh answered {timings['boot_to_ssh_s']}s after start, systemd '{state}' at {timings['boot_to_running_s']}s")
+    log(f"{args.machine}: ssh answered {timings['boot_to_ssh_s']}s after start, "
+        f"systemd '{state}' at {timings['boot_to_running_s']}s")
     if state != "running":
         failed = host.run("systemctl --failed --no-legend --plain", timeout=20).stdout.strip()
         log(f"WARNING systemd is {state}: {failed or 'no failed units'}")
@@ -826,7 +833,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     write_json(state_file("timings.json"), timings)
     if not args.no_probe:
         probe(host, rt, info is not None)
-    log(f"up: {json.dumps(timings)}; ssh -i {client_key()} -o UserKnownHostsFile={state_file('known_hosts')} -p {rt['ssh_port']} root@{rt['ssh_address']}")
+    log(f"up: {json.dumps(timings)}; ssh -i {client_key()} -o UserKnownHostsFile={state_file('known_hosts')} "
+        f"-p {rt['ssh_port']} root@{rt['ssh_address']}")
     return 0
 
 
@@ -876,10 +884,11 @@ def wait_ready(host: Host, proc: subprocess.Popen, console: Path, t_boot: float)
             host.rt["_ssh_s"] = time.monotonic() - t_boot
             break
         if time.monotonic() > deadline:
-            raise Fail(f"no SSH on {host.rt['ssh_address']}:{host.rt['ssh_port']} after {BOOT_TIMEOUT}s: {r.stderr.strip()} (see {console})")
+            raise Fail(f"no SSH on {host.rt['ssh_address']}:{host.rt['ssh_port']} after {BOOT_TIMEOUT}s: "
+                       f"{r.stderr.strip()} (see {console})")
         time.sleep(0.3)
     left = max(5, int(deadline - time.monotonic()))
-    r = host.run(systemd_wait_command(left), timeout=left + 10)
+    r = host.run(shared.systemd_wait_command(left), timeout=left + 10)
     return r.stdout.strip() or f"unknown ({r.stderr.strip()})"
 
 
@@ -908,7 +917,8 @@ def fix_libraries(host: Host, root: Path, info: dict) -> None:
     """
     t = time.monotonic()
     dynload = sorted({os.path.join(d, "lib-dynload") for d in info["stdlib"]})
-    beside = [os.path.join(os.path.dirname(info["torch"]), n) for n in ("torch", "triton", "nvidia")] if info["torch"] else []
+    beside = ([os.path.join(os.path.dirname(info["torch"]), n) for n in ("torch", "triton", "nvidia")]
+              if info["torch"] else [])
     packages = [*beside, f"{ENGINE_ENV}/site"]
     known = image_libraries()
     copied, unresolved = [], set()
@@ -935,13 +945,15 @@ def fix_libraries(host: Host, root: Path, info: dict) -> None:
     # packages: a miss is fine when a library of that name ships in one of these trees (loaded
     # first, e.g. libtorch.so for sgl_kernel) or is the driver's (bound in on a GPU machine)
     lines = scan(["/dev/null", *packages])
-    listing = host.run("find " + " ".join(shlex.quote(p) for p in packages) + " -name '*.so*' -printf '%f\\n' 2>/dev/null", timeout=300)
+    listing = host.run("find " + " ".join(shlex.quote(p) for p in packages)
+                       + " -name '*.so*' -printf '%f\\n' 2>/dev/null", timeout=300)
     shipped = set(listing.stdout.split())
     later = sorted({line.split()[1] for line in lines} - shipped - set(copied))
     driver = [m for m in later if DRIVER_LIB.match(m)]
     packages_missing = sorted(set(later) - set(driver))
-    result = {"copied_from_image": copied, "interpreter_unresolved": sorted(unresolved), "packages_unresolved": packages_missing,
-              "driver_libraries_needed": driver, "seconds": round(time.monotonic() - t, 1),
+    result = {"copied_from_image": copied, "interpreter_unresolved": sorted(unresolved),
+              "packages_unresolved": packages_missing, "driver_libraries_needed": driver,
+              "seconds": round(time.monotonic() - t, 1),
               "examples": [line for line in lines if line.split()[1] in packages_missing][:20]}
     write_json(state_file("libraries.json"), result)
     log(f"libraries: {len(copied)} copied from the image into {ENGINE_ENV}/lib ({', '.join(copied) or 'none needed'}); "
@@ -1007,7 +1019,8 @@ print(json.dumps(out))
 """
 
 # what gpu/device_driver.py imports to report versions (the router is pdkit's own venv here)
-ENGINE_MODULES = ("torch", "triton", "sglang", "sgl_kernel", "flashinfer", "transformers", "tokenizers", "xgrammar", "nixl_cu13")
+ENGINE_MODULES = ("torch", "triton", "sglang", "sgl_kernel", "flashinfer", "transformers", "tokenizers", "xgrammar",
+                  "nixl_cu13")
 STDLIB_MODULES = ("ssl", "ctypes", "sqlite3", "lzma", "bz2", "decimal", "zlib", "json", "uuid")
 
 # A C extension built the way Triton builds its launchers (runtime/build.py: `gcc src -O3 -shared
@@ -1023,7 +1036,9 @@ static struct PyModuleDef D = {PyModuleDef_HEAD_INIT, "pdkit_probe", NULL, -1, M
 PyMODINIT_FUNC PyInit_pdkit_probe(void) { return PyModule_Create(&D); }
 EOF
 py=/opt/engine-venv/bin/python
-inc=$($py -c 'import sysconfig; s = sysconfig.get_default_scheme(); s = "posix_prefix" if s == "posix_local" else s; print(sysconfig.get_paths(scheme=s)["include"])')
+inc=$($py -c 'import sysconfig
+s = sysconfig.get_default_scheme(); s = "posix_prefix" if s == "posix_local" else s
+print(sysconfig.get_paths(scheme=s)["include"])')
 suffix=$($py -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
 extra=""
 if /sbin/ldconfig -p | grep -q 'libcuda.so '; then extra="-lcuda"; fi
@@ -1040,7 +1055,11 @@ d=$(mktemp -d)
 cat > "$d/k.cu" <<'CU'
 #include <cstdio>
 __global__ void k(int *x) { x[threadIdx.x] = threadIdx.x; }
-int main() { int *x; cudaMalloc(&x, 32 * sizeof(int)); k<<<1, 32>>>(x); int h[32]; cudaMemcpy(h, x, sizeof h, cudaMemcpyDeviceToHost); printf("nvcc ok: %d\n", h[31]); return h[31] != 31; }
+int main() {
+  int *x; cudaMalloc(&x, 32 * sizeof(int)); k<<<1, 32>>>(x);
+  int h[32]; cudaMemcpy(h, x, sizeof h, cudaMemcpyDeviceToHost);
+  printf("nvcc ok: %d\n", h[31]); return h[31] != 31;
+}
 CU
 /usr/local/cuda/bin/nvcc --version | tail -1
 /usr/local/cuda/bin/nvcc -std=c++17 -arch=sm_90 -o "$d/k" "$d/k.cu"
@@ -1054,7 +1073,8 @@ def probe(host: Host, rt: dict, engine_env_made: bool) -> dict:
     res: dict = {}
     r = host.run("python3 -c 'import sys; print(sys.version.split()[0])'", timeout=60)
     res["container_python3"] = {"rc": r.returncode, "version": r.stdout.strip(), "stderr": r.stderr.strip()[-300:]}
-    r = host.run("systemd-nspawn --version | head -1; gcc --version | head -1; systemctl --version | head -1", timeout=30)
+    r = host.run("systemd-nspawn --version | head -1; gcc --version | head -1; systemctl --version | head -1",
+                 timeout=30)
     res["container_tools"] = r.stdout.strip().splitlines()
     if engine_env_made:
         py = f"{ENGINE_ENV}/bin/python"
@@ -1068,11 +1088,14 @@ def probe(host: Host, rt: dict, engine_env_made: bool) -> dict:
             r = host.run(f"{py} - {' '.join(ENGINE_MODULES)}", input=PROBE_IMPORTS, timeout=300)
             res["engine_imports"] = parse_json(r)
             # the engine units' own device policy and hardening (templates/systemd/engine.service.j2)
-            props = ["DevicePolicy=closed", "DeviceAllow=char-nvidia* rw", "NoNewPrivileges=yes", "ProtectSystem=strict",
-                     "ProtectHome=yes", "PrivateTmp=yes", "User=nobody", "Environment=HOME=/tmp", "LimitMEMLOCK=infinity"]
+            props = ["DevicePolicy=closed", "DeviceAllow=char-nvidia* rw", "NoNewPrivileges=yes",
+                     "ProtectSystem=strict", "ProtectHome=yes", "PrivateTmp=yes", "User=nobody",
+                     "Environment=HOME=/tmp", "LimitMEMLOCK=infinity"]
             # Triton reads a kernel's source file: the probe is a file, not stdin
-            host.run("cat > /var/lib/pdkit-nspawn-probe.py && chmod 644 /var/lib/pdkit-nspawn-probe.py", input=PROBE_GPU, timeout=30)
-            cmd = "systemd-run --quiet --wait --pipe --collect " + " ".join(f"-p {shlex.quote(p)}" for p in props) + f" {py} /var/lib/pdkit-nspawn-probe.py"
+            host.run("cat > /var/lib/pdkit-nspawn-probe.py && chmod 644 /var/lib/pdkit-nspawn-probe.py",
+                     input=PROBE_GPU, timeout=30)
+            cmd = ("systemd-run --quiet --wait --pipe --collect " + " ".join(f"-p {shlex.quote(p)}" for p in props)
+                   + f" {py} /var/lib/pdkit-nspawn-probe.py")
             r = host.run(cmd, timeout=300)
             res["gpu_under_engine_policy"] = parse_json(r)
             r = host.run("sh -s", input=NVCC_BUILD, timeout=300)
@@ -1145,7 +1168,8 @@ def one_xfer(src: Host, dst: Host, env: str, python: str, dram: bool) -> dict:
 
 def cmd_xfer_probe(args: argparse.Namespace) -> int:
     """A NIXL WRITE each way between this machine and --peer, per UCX_TLS candidate; the first that
-    works both ways goes to STATE/ucx_tls.json (machine_state.ucx_tls_file) (inventories/h200-nspawn-pair.py reads it)."""
+    works both ways goes to STATE/ucx_tls.json (machine_state.ucx_tls_file) (inventories/h200-nspawn-pair.py
+    reads it)."""
     hosts = [machine_host(args.machine), machine_host(args.peer)]
     for h in hosts:
         write_file(h.root / XFER_IN_TREE.lstrip("/"), XFER_PROBE.read_text(), 0o644)
@@ -1179,7 +1203,8 @@ def cmd_exec(args: argparse.Namespace) -> int:
     """A shell command on the machine over its SSH (the lent machine has no ssh client of its own)."""
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
-        raise Fail("exec: give a command, e.g. host.py --machine pdkit-b exec -- sha256sum /etc/systemd/system/pdkit-*.service")
+        raise Fail("exec: give a command, e.g. "
+                   "host.py --machine pdkit-b exec -- sha256sum /etc/systemd/system/pdkit-*.service")
     r = machine_host(args.machine).run(" ".join(command), timeout=args.timeout)
     sys.stdout.write(r.stdout)
     sys.stderr.write(r.stderr)
@@ -1194,7 +1219,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"{args.machine}: down (no {state_file('runtime.json')})")
         return 3
     up = proc_alive(rt.get("pid"), rt.get("start"))
-    line = f"{rt['machine']}: nspawn pid {rt['pid']} {'alive' if up else 'DEAD'}; root {rt['root']}; ssh {rt['ssh_address']}:{rt['ssh_port']}"
+    line = (f"{rt['machine']}: nspawn pid {rt['pid']} {'alive' if up else 'DEAD'}; root {rt['root']}; "
+            f"ssh {rt['ssh_address']}:{rt['ssh_port']}")
     if up:
         r = Host(Path(rt["root"]), rt).run("systemctl is-system-running", timeout=20)
         line += f"; systemd {r.stdout.strip() or r.stderr.strip()}"
@@ -1220,14 +1246,10 @@ def cmd_down(args: argparse.Namespace) -> int:
             os.kill(pid, signal.SIGKILL)
         log(f"{rt.get('machine')} powered off")
     for cg in rt.get("cgroups", []):
-        left = set(cgroup_pids(Path(cg))) - {os.getpid()}
-        for p in left:
-            try:
-                os.kill(p, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        left = set(shared.cgroup_pids(Path(cg))) - {os.getpid()}
+        shared.kill_pids(sorted(left))
         time.sleep(0.5 if left else 0)
-        problems += remove_cgroup_tree(Path(cg))
+        problems += shared.remove_cgroup_tree(Path(cg))
     if rt.get("root"):
         unlink_netns(Path(rt["root"]), rt)
     for d in ("propagate", "unix-export"):  # nspawn leaves them where /run is not a tmpfs
@@ -1239,7 +1261,7 @@ def cmd_down(args: argparse.Namespace) -> int:
         remove_tree(machine_root(args.machine))
         remove_tree(machine_state())
     root = machine_root(args.machine)
-    left = mounts_under(root) if root.exists() else []
+    left = shared.mounts_under(root) if root.exists() else []
     problems += [f"mount {m}" for m in left]
     if problems:
         log("down: left behind: " + "; ".join(problems))
@@ -1270,16 +1292,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ssh-port", type=int, help=f"sshd's port (default: 22 with --address, else {SSH_PORT})")
     p.add_argument("--netns", help="boot in this network namespace (made if missing) instead of the machine's")
     p.add_argument("--address", help="the container's own address and network, e.g. 10.214.0.2/24: a netns of its "
-                   f"own (pdkn-MACHINE) with a veth on {BRIDGE}, which the machine holds the network's first address of; "
+                   f"own (pdkn-MACHINE) with a veth on {BRIDGE}, which the machine holds the network's first "
+                   "address of; "
                    "sshd and every service listen there (several container hosts on one machine)")
     p.add_argument("--link", choices=("bridge", "routed"), default="bridge",
                    help="how containers booted with --address reach each other: a bridge (default; routed where the "
                    "kernel has no bridges) or routed through the machine's namespace")
     p.add_argument("--no-probe", action="store_true")
     sub.add_parser("probe", help="the checks `up` ends with, again")
-    p = sub.add_parser("xfer-probe", help="a NIXL WRITE each way between this machine and --peer, per UCX_TLS candidate")
+    p = sub.add_parser("xfer-probe",
+                       help="a NIXL WRITE each way between this machine and --peer, per UCX_TLS candidate")
     p.add_argument("--peer", required=True, help="the other running machine")
-    p.add_argument("--tls", action="append", help=f"a UCX_TLS value to try (repeatable; default: {', '.join(XFER_TLS)})")
+    p.add_argument("--tls", action="append",
+                   help=f"a UCX_TLS value to try (repeatable; default: {', '.join(XFER_TLS)})")
     p.add_argument("--python", help=f"the Python with nixl inside the machines (default: {ENGINE_ENV}/bin/python)")
     p.add_argument("--dram", action="store_true", help="host memory instead of the GPU's (a rehearsal without a GPU)")
     p = sub.add_parser("exec", help="run a shell command on the machine over SSH: exec -- CMD...")

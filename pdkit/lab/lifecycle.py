@@ -29,7 +29,6 @@ from pdkit.lab.model import (
 from pdkit.lab.system import (
     Progress,
     has_capability,
-    kill_pids,
     memory_usage,
     pids_rooted_under,
     pids_with_arg_under,
@@ -47,6 +46,7 @@ from pdkit.nspawn_common import (
     cgroup_pids,
     in_cgroups,
     keygen_args,
+    kill_pids,
     make_cgroup_dirs,
     mounts_under,
     nspawn_boot_args,
@@ -77,7 +77,8 @@ def ssh_argv(
     connect_timeout: int = 5,
 ) -> list[str]:
     """OpenSSH argv to reach a lab host with strict host-key checking and no other config."""
-    argv = ["ssh", *ssh_options(ssh_key, known_hosts, host.ssh_port, connect_timeout), f"{host.ssh_user}@{host.address}"]
+    argv = ["ssh", *ssh_options(ssh_key, known_hosts, host.ssh_port, connect_timeout),
+            f"{host.ssh_user}@{host.address}"]
     if command is not None:
         argv += ["--", command] if isinstance(command, str) else ["--", *command]
     return argv
@@ -367,15 +368,17 @@ def raise_inotify_limits(n_hosts: int, root: Path = INOTIFY_SYSCTL) -> list[str]
         try:
             current[name] = int((root / name).read_text())
         except (OSError, ValueError):
-            return [f"note: could not read fs.inotify.{name}; {n_hosts} hosts may exhaust it (guests then fail to start units)"]
+            return [f"note: could not read fs.inotify.{name}; {n_hosts} hosts may exhaust it "
+                    "(guests then fail to start units)"]
     out = []
     for name, value in inotify_limits_needed(n_hosts, current).items():
         try:
             (root / name).write_text(f"{value}\n")
-            out.append(f"fs.inotify.{name}: {current[name]} -> {value} ({n_hosts} hosts; each host's systemd needs its own)")
+            out.append(f"fs.inotify.{name}: {current[name]} -> {value} "
+                       f"({n_hosts} hosts; each host's systemd needs its own)")
         except OSError as exc:
-            out.append(f"WARNING fs.inotify.{name} is {current[name]}, {n_hosts} hosts need {value} and it could not be raised ({exc}): "
-                       f"sysctl -w fs.inotify.{name}={value}")
+            out.append(f"WARNING fs.inotify.{name} is {current[name]}, {n_hosts} hosts need {value} "
+                       f"and it could not be raised ({exc}): sysctl -w fs.inotify.{name}={value}")
     return out
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from pdkit import nspawn_common
 from pdkit.lab.model import SUITE, LabConfig, LabHost
 from pdkit.lab.system import Progress, lab_errors, run, run_streaming
-from pdkit.nspawn_common import authorize_key, keygen_args, write_file
+from pdkit.nspawn_common import authorize_key, keygen_args, replace_link, write_file
 
 # What a Debian host needs to be a target of a pyinfra deploy of systemd services.
 PACKAGES = (
@@ -59,11 +59,7 @@ MASKED_UNITS = (
 def mask_units(root: Path) -> None:
     """Mask MASKED_UNITS in the tree at ROOT (a link to /dev/null, replacing whatever is there)."""
     for unit in MASKED_UNITS:
-        link = root / "etc/systemd/system" / unit
-        if link.exists() or link.is_symlink():
-            link.unlink()
-        link.parent.mkdir(parents=True, exist_ok=True)
-        link.symlink_to("/dev/null")
+        replace_link(root / "etc/systemd/system" / unit, "/dev/null")
 
 
 SSHD_CONFIG = """\

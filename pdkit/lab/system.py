@@ -109,18 +109,10 @@ def lab_errors() -> Iterator[None]:
         raise LabError(str(exc)) from None
 
 
-def run(
-    cmd: Sequence[str],
-    *,
-    timeout: float = 60,
-    check: bool = True,
-    input: str | None = None,
-    capture: bool = True,
-    env: dict[str, str] | None = None,
-) -> subprocess.CompletedProcess[str]:
-    """Run a command with an outer timeout; raise LabError with its stderr on failure."""
+def run(cmd: Sequence[str], **options) -> subprocess.CompletedProcess[str]:
+    """nspawn_common.run (OPTIONS: its timeout, check, input, capture, env), a failure raised as LabError."""
     with lab_errors():
-        return nspawn_common.run(cmd, timeout=timeout, check=check, input=input, capture=capture, env=env)
+        return nspawn_common.run(cmd, **options)
 
 
 def run_streaming(
@@ -236,14 +228,6 @@ def pids_with_arg_under(path: Path) -> list[int]:
                 out.append(pid)
                 break
     return out
-
-
-def kill_pids(pids: Sequence[int], sig: int = signal.SIGKILL) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
 
 
 def reap(pids: Sequence[int]) -> None:
