@@ -8,6 +8,8 @@
 (d) no `from x import _name` of another module's private name (tests excepted);
 (e) every import inside a function says why on its line or the line above (a run of imports
     shares the comment above its first line): `# lazy: ...`, `# breaks the a <-> b cycle`, ...
+(f) what gpu/nspawn/host.py imports from pdkit (STDLIB_ONLY) imports only the standard library and
+    each other: host.py runs on a lent machine's bare python3, pdkit not installed (docs/gpu.md).
 
 tests/test_node_venv_imports.py imports the on-node entry points for real; (c) also covers what
 they import lazily, on paths that test does not run.
@@ -37,6 +39,8 @@ ON_NODE = ("pdkit/health.py", "pdkit/gates.py", "pdkit/releases.py", "pdkit/chan
            # no on-node module imports them since the generators moved to pdkit/contract/ (catalogue_gen,
            # parsertable_gen: the control machine's); held to the node's rules all the same, stdlib-only
            "pdkit/contract/__init__.py", "pdkit/versions.py")
+# imported by gpu/nspawn/host.py on the lent machine's bare python3 (the package's __init__ runs first)
+STDLIB_ONLY = ("pdkit/__init__.py", "pdkit/nspawn_common.py")
 # import names of the node lock's distributions, where they differ from the distribution's name
 IMPORT_NAMES = {"attrs": ["attr", "attrs"], "charset-normalizer": ["charset_normalizer"]}
 
@@ -205,14 +209,15 @@ def _bodies(func: ast.AST):
 
 @functools.cache
 def check(root: Path) -> dict[str, list[str]]:
-    """The layering problems of the tree at ROOT, by rule (a) .. (e)."""
+    """The layering problems of the tree at ROOT, by rule (a) .. (f)."""
     everything = sources(root, PRIVATE_SCOPE)
     known = set(everything)
     kit = {m: p for m, p in everything.items() if m.split(".")[0] in KIT}
-    found: dict[str, list[str]] = {rule: [] for rule in "abcde"}
+    found: dict[str, list[str]] = {rule: [] for rule in "abcdef"}
     stdlib = set(sys.stdlib_module_names) | {"__future__"}
     node_packages = node_lock_imports(root)
     on_node = {m for m, p in kit.items() if _on_node(root, p)}
+    stdlib_only = {m for m, p in kit.items() if p.relative_to(root).as_posix() in STDLIB_ONLY}
     edges: dict[str, set[str]] = {}
     for module, path in everything.items():
         rel = path.relative_to(root).as_posix()
@@ -228,6 +233,9 @@ def check(root: Path) -> dict[str, list[str]]:
                 if not allowed:
                     found["c"].append(f"{rel}:{imp.line}: on-node module imports {imp.target} (the node venv has "
                                       "the standard library, pdkit/locks/node.txt and the other on-node modules)")
+            if module in stdlib_only and not (top in stdlib or imp.target in stdlib_only):
+                found["f"].append(f"{rel}:{imp.line}: imports {imp.target}, outside the standard library (gpu/nspawn/"
+                                  "host.py imports this module on a lent machine's bare python3)")
             if (imp.name and imp.name.startswith("_") and not imp.name.startswith("__") and top in PRIVATE_SCOPE
                     and imp.target != module):
                 found["d"].append(f"{rel}:{imp.line}: imports {imp.target}'s private name {imp.name} "
@@ -258,6 +266,10 @@ def test_on_node_modules_import_only_the_stdlib_the_node_lock_and_each_other():
 
 def test_no_module_imports_another_modules_private_name():
     assert check(REPO)["d"] == []
+
+
+def test_what_the_nspawn_launcher_shares_with_the_lab_imports_only_the_stdlib():
+    assert check(REPO)["f"] == []
 
 
 # Function-level imports not yet given their reason when the rule came in (issue 34: 213 of them),
@@ -328,6 +340,16 @@ def test_an_on_node_module_importing_a_control_side_module_or_package_is_found(t
     })
     got = check(root)["c"]
     assert len(got) == 2 and "pdkit/health.py:5" in got[0] and "pdkit.spec" in got[1]
+
+
+def test_a_stdlib_only_module_importing_anything_else_is_found(tmp_path):
+    root = _tree(tmp_path, {
+        "pdkit/nspawn_common.py": "import json\nfrom pathlib import Path\nimport pydantic\n"
+                                  "def f():\n    from pdkit.lab import model  # lazy\n",
+        "pdkit/lab/model.py": "import pydantic\n",
+    })
+    got = check(root)["f"]
+    assert len(got) == 2 and "pdkit/nspawn_common.py:3" in got[0] and "pdkit.lab.model" in got[1]
 
 
 def test_importing_another_modules_private_name_is_found(tmp_path):

@@ -5,8 +5,10 @@ builds a Debian trixie tree that carries its own systemd-nspawn; this script boo
 real deploy (`pyinfra inventories/h200-nspawn.py deploy/pd.py`, real SSH, strict host keys) runs
 from the machine's shell against a real systemd host that sees the GPU:
 
-    python3 gpu/nspawn/host.py unpack        # rootfs + its layers (monitoring, cxx) -> /var/lib/machines/pdkit-h200
-    python3 gpu/nspawn/host.py control-venv  # wheels.tar.xz -> /root/pdkit-venv (pyinfra, pdkit) + the deploy's wheel cache
+    python3 gpu/nspawn/host.py unpack        # rootfs + its layers (monitoring, cxx)
+                                             #   -> /var/lib/machines/pdkit-h200
+    python3 gpu/nspawn/host.py control-venv  # wheels.tar.xz -> /root/pdkit-venv (pyinfra, pdkit)
+                                             #   + the deploy's wheel cache
     python3 gpu/nspawn/host.py up --engine-payload gpu-payload     # keys, binds, boot, wait, checks
     python3 gpu/nspawn/host.py status | probe | down [--purge]
 
@@ -22,8 +24,9 @@ container shares the machine's network: engines, router and monitoring all liste
 one host; --netns NAME puts it in a network namespace of its own instead, for a rehearsal);
 binds: /dev/nvidia* and /dev/nvidia-caps, the driver's user-space libraries (libcuda*,
 libnvidia-*, libcudadebugger*: found with the machine's `ldconfig -p`), nvidia-smi and the
-CUDA toolkit (/usr/local/cuda: SGLang's JIT kernels run its nvcc), read-only at the same paths; the image's Python (executable, standard library, site
-directories with torch, headers for Triton's launcher builds) read-only at the same paths; the
+CUDA toolkit (/usr/local/cuda: SGLang's JIT kernels run its nvcc), read-only at the same paths;
+the image's Python (executable, standard library, site directories with torch, headers for
+Triton's launcher builds) read-only at the same paths; the
 SGLang payload (gpu-payload/site.tar.xz + nixl.tar.xz, as gpu/device_driver.py unpacks them)
 unpacked into /opt/engine-venv/site inside the tree, and /opt/engine-venv/bin/python: the
 image's python3 with that payload first on its path -- the provided engine environment; the
@@ -69,6 +72,11 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+# what it shares with pdkit's lab (pdkit/nspawn_common.py, stdlib only): run from the repository
+# root on the machine's bare python3, where pdkit is not installed
+sys.path.insert(0, str(REPO))
+from pdkit import nspawn_common as shared  # noqa: E402
+from pdkit.nspawn_common import CommandError, proc_alive, proc_start_time, write_file  # noqa: E402
 
 
 def _load_machine_state():
@@ -85,7 +93,8 @@ def _load_machine_state():
 MS = _load_machine_state()
 MACHINE = "pdkit-h200"
 MACHINES = Path(os.environ.get("PDKIT_NSPAWN_MACHINES", "/var/lib/machines"))
-ARTEFACT_DIRS = [REPO / "gpu-payload-nspawn" / d for d in ("rootfs", "monitoring", "cxx", "wheels")] + [Path("/root/stash")]
+ARTEFACT_DIRS = [REPO / "gpu-payload-nspawn" / d for d in ("rootfs", "monitoring", "cxx", "wheels")] + [
+    Path("/root/stash")]
 ROOTFS_NAME = "rootfs-trixie.tar.xz"
 # layers unpacked over it (build.py LAYERS): Prometheus, the C++ compiler
 LAYER_NAMES = {"monitoring": "rootfs-trixie-monitoring.tar.xz", "cxx": "rootfs-trixie-cxx.tar.xz"}
@@ -100,8 +109,8 @@ STOP_TIMEOUT = 25
 # the driver's user-space, as the machine's linker cache names it
 DRIVER_LIB = re.compile(r"^(libcuda\.so|libnvidia-[\w.-]+\.so|libcudadebugger\.so|libnvcuvid\.so)")
 # glibc's own libraries are always the container's (2.41): never copied from the image
-GLIBC = re.compile(r"^(libc|libm|libmvec|libpthread|libdl|librt|libresolv|libutil|libanl|libBrokenLocale|libc_malloc_debug|ld-linux[\w-]*|libnss_\w+|libthread_db|libmemusage|libpcprofile)\.so")
-CAPABILITIES = "CAP_SYS_RESOURCE,CAP_IPC_LOCK,CAP_NET_ADMIN"
+GLIBC = re.compile(r"^(libc|libm|libmvec|libpthread|libdl|librt|libresolv|libutil|libanl|libBrokenLocale"
+                   r"|libc_malloc_debug|ld-linux[\w-]*|libnss_\w+|libthread_db|libmemusage|libpcprofile)\.so")
 T0 = time.monotonic()
 
 
@@ -156,18 +165,8 @@ def read_json(path: Path) -> dict:
 
 
 def write_json(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, path)
-
-
-def write(path: Path, text: str, mode: int = 0o644) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.is_symlink():
-        path.unlink()
-    path.write_text(text)
-    path.chmod(mode)
+    """A state file (runtime.json, host.json, ...), whole or not at all, keys sorted."""
+    shared.write_json(path, data, indent=1, sort_keys=True)
 
 
 def file_digest(path: Path) -> str:
@@ -198,37 +197,12 @@ def setns_net(path: str):
     return enter
 
 
-def proc_start(pid: int) -> int | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat[stat.rindex(")") + 2:].split()[19])
-
-
-def alive(pid: int | None, start: int | None) -> bool:
-    if not pid or proc_start(pid) is None or (start is not None and proc_start(pid) != start):
-        return False
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-
-
 def remove_tree(path: Path) -> None:
-    """rm -rf that never crosses into a mount."""
-    if not (path.exists() or path.is_symlink()):
-        return
-    for mp in sorted(mounts_under(path), key=len, reverse=True):
-        subprocess.run(["umount", "-l", mp], check=False)
-    subprocess.run(["rm", "-rf", "--one-file-system", str(path)], check=True)
-
-
-def mounts_under(path: Path) -> list[str]:
-    prefix = str(path).rstrip("/") + "/"
-    out = []
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        mp = line.split()[4].replace("\\040", " ")
-        if mp.startswith(prefix) or mp == prefix.rstrip("/"):
-            out.append(mp)
-    return out
+    """rm -rf that never crosses into a mount; as long as it takes (a tree with its engine payload)."""
+    try:
+        shared.remove_tree(path, timeout=None)
+    except CommandError as exc:
+        raise Fail(str(exc)) from None
 
 
 def extract(tarball: Path, root: Path) -> None:
@@ -246,75 +220,6 @@ def extract(tarball: Path, root: Path) -> None:
     with tarfile.open(tarball, "r:xz") as t:
         kw = {"filter": "fully_trusted"} if hasattr(tarfile, "fully_trusted_filter") else {}
         t.extractall(root, numeric_owner=True, **kw)  # our own artefact: setuid bits, absolute links kept
-
-
-# ----------------------------------------------------------------------------- cgroups
-
-
-def cgroup_hierarchies() -> list[tuple[Path, str]]:
-    """(mount point, this process's path in it) for every mounted hierarchy (v1, v2, hybrid)."""
-    ours: dict[str, str] = {}
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        hid, controllers, path = line.split(":", 2)
-        ours["" if hid == "0" else controllers] = path
-    found, seen = [], set()
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        left, right = line.split(" - ", 1)
-        fields = left.split()
-        fstype, _src, opts = right.split()[:3]
-        if fields[3] != "/":
-            continue
-        key = None
-        if fstype == "cgroup2":
-            key = ""
-        elif fstype == "cgroup":
-            key = next((k for k in ours if k and set(k.split(",")) <= set(opts.split(","))), None)
-        if key is None or key in seen or key not in ours:
-            continue
-        seen.add(key)
-        found.append((Path(fields[4]), ours[key]))
-    return found
-
-
-def make_cgroups(name: str) -> list[Path]:
-    made = []
-    for mount, ours in cgroup_hierarchies():
-        parent = mount / ours.lstrip("/")
-        d = parent / name
-        d.mkdir(exist_ok=True)
-        for knob in ("cpuset.cpus", "cpuset.mems"):  # v1 cpuset groups start empty
-            if (d / knob).exists() and not (d / knob).read_text().strip():
-                (d / knob).write_text((parent / knob).read_text().strip() or "\n")
-        made.append(d)
-    return made
-
-
-def cgroup_pids(d: Path) -> set[int]:
-    pids: set[int] = set()
-    for procs in [d / "cgroup.procs", *d.rglob("cgroup.procs")]:
-        try:
-            pids |= {int(x) for x in procs.read_text().split()}
-        except OSError:
-            pass
-    return pids
-
-
-def remove_cgroup(d: Path) -> list[str]:
-    problems = []
-    if not d.is_dir():
-        return problems
-    for sub in [*sorted((p for p in d.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True), d]:
-        for attempt in range(50):
-            try:
-                sub.rmdir()
-                break
-            except FileNotFoundError:
-                break
-            except OSError as exc:
-                if attempt == 49:
-                    problems.append(f"{sub}: {exc.strerror}")
-                time.sleep(0.1)
-    return problems
 
 
 # ----------------------------------------------------------------------------- unpack
@@ -343,15 +248,16 @@ def cmd_unpack(args: argparse.Namespace) -> int:
             before = {f: (root / f).read_text() for f in DPKG_DB if (root / f).exists()}
             extract(tarball, root)
             for f, text in before.items():
-                write(root / f, merge_dpkg(text, (root / f).read_text()))
+                write_file(root / f, merge_dpkg(text, (root / f).read_text()))
             layers.append(file_digest(tarball))
-    write(root / ".pdkit-nspawn-layers", "\n".join(layers) + "\n")
+    write_file(root / ".pdkit-nspawn-layers", "\n".join(layers) + "\n")
     seconds = round(time.monotonic() - t, 1)
     timings = read_json(state_file("timings.json"))
     timings["unpack_s"] = seconds
     write_json(state_file("timings.json"), timings)
     missing = [f"{name} ({LAYER_NAMES[name]})" for name, t in layers_found.items() if t is None]
-    log(f"unpacked {' + '.join(layers)} into {root} in {seconds}s" + (f"; WITHOUT the layers {', '.join(missing)}" if missing else ""))
+    log(f"unpacked {' + '.join(layers)} into {root} in {seconds}s"
+        + (f"; WITHOUT the layers {', '.join(missing)}" if missing else ""))
     return 0
 
 
@@ -393,14 +299,16 @@ def cmd_control_venv(args: argparse.Namespace) -> int:
     # runs from its own wheel (a wheel is importable as a zip) and installs itself too
     made = subprocess.run([python, "-m", "venv", "--without-pip", str(venv)], capture_output=True, text=True)
     # --isolated: no pip.conf or PIP_* of this machine bends it; only these files, each hash-checked
-    pip_args = ["--isolated", "install", "--quiet", "--disable-pip-version-check", "--no-index", "--no-deps", "--require-hashes",
-                "--no-cache-dir", "--find-links", str(stage / "control"), "-r", str(stage / "control/requirements.txt")]
+    pip_args = ["--isolated", "install", "--quiet", "--disable-pip-version-check", "--no-index", "--no-deps",
+                "--require-hashes", "--no-cache-dir", "--find-links", str(stage / "control"),
+                "-r", str(stage / "control/requirements.txt")]
     if made.returncode == 0:
         run_checked([str(venv / "bin/python"), f"{pip_wheel}/pip", *pip_args])
         # pdkit itself is this repository, installed editable (as on the machine that built the
         # wheels): the deploy's roles, its wheel digest and the CLI all read these very sources
-        editable = subprocess.run([str(venv / "bin/python"), "-m", "pip", "--isolated", "install", "--quiet", "--no-index",
-                                   "--no-deps", "--no-build-isolation", "--disable-pip-version-check", "-e", str(REPO)],
+        editable = subprocess.run([str(venv / "bin/python"), "-m", "pip", "--isolated", "install", "--quiet",
+                                   "--no-index", "--no-deps", "--no-build-isolation", "--disable-pip-version-check",
+                                   "-e", str(REPO)],
                                   capture_output=True, text=True)
         if editable.returncode != 0:
             raise Fail(f"pip install -e {REPO}: {editable.stderr.strip()[-800:]}")
@@ -414,7 +322,8 @@ def cmd_control_venv(args: argparse.Namespace) -> int:
         (venv / "bin").mkdir(parents=True, exist_ok=True)
         for name, module in (("python", None), ("pyinfra", "pyinfra"), ("pdkit", "pdkit.cli")):
             run_line = f'exec "{python}" "$@"' if module is None else f'exec "{python}" -m {module} "$@"'
-            write(venv / "bin" / name, f'#!/bin/sh\nexport PYTHONPATH="{site}${{PYTHONPATH:+:$PYTHONPATH}}"\n{run_line}\n', 0o755)
+            write_file(venv / "bin" / name,
+                       f'#!/bin/sh\nexport PYTHONPATH="{site}${{PYTHONPATH:+:$PYTHONPATH}}"\n{run_line}\n', 0o755)
         how = "pip --target"
     # the deploy's wheel cache (pdkit/wheelhouse.py's layout): merged into $PDKIT_CACHE/wheelhouse
     cache = Path(os.environ.get("PDKIT_CACHE", Path.home() / ".cache" / "pdkit")) / "wheelhouse"
@@ -425,22 +334,26 @@ def cmd_control_venv(args: argparse.Namespace) -> int:
     # pdkit's own wheel is keyed on this tree's sources: if they differ from the build's, pdkit
     # rebuilds it here, offline, with the venv's setuptools (no build isolation, no index)
     env = {**os.environ, "PDKIT_OFFLINE": "1", "PIP_NO_INDEX": "1", "PIP_NO_BUILD_ISOLATION": "0"}
-    check = subprocess.run([str(venv / "bin/python"), "-m", "pdkit.wheelhouse", "--platform", "debian13", "--engine", "sim",
-                            "--router", "sglang-router==0.3.2", "--offline"], env=env, capture_output=True, text=True, cwd=REPO)
+    check = subprocess.run([str(venv / "bin/python"), "-m", "pdkit.wheelhouse", "--platform", "debian13",
+                            "--engine", "sim", "--router", "sglang-router==0.3.2", "--offline"],
+                           env=env, capture_output=True, text=True, cwd=REPO)
     remove_tree(stage)
     if check.returncode != 0:
         raise Fail(f"the wheel cache does not cover the deploy: {check.stderr.strip()[-800:]}")
     log(f"control venv {venv} ({how}, {python}) and wheel cache {cache} in {time.monotonic() - t:.1f}s")
     for line in check.stdout.splitlines():
         log(f"  {line}")
-    log(f"deploy with: PDKIT_OFFLINE=1 PIP_NO_INDEX=1 PIP_NO_BUILD_ISOLATION=0 {venv}/bin/pyinfra -y inventories/h200-nspawn.py deploy/pd.py")
+    log(f"deploy with: PDKIT_OFFLINE=1 PIP_NO_INDEX=1 PIP_NO_BUILD_ISOLATION=0 {venv}/bin/pyinfra -y "
+        "inventories/h200-nspawn.py deploy/pd.py")
     return 0
 
 
-def run_checked(cmd: list[str], **kw) -> None:
-    proc = subprocess.run(cmd, capture_output=True, text=True, **kw)
-    if proc.returncode != 0:
-        raise Fail(f"{' '.join(cmd[:4])}...: {(proc.stderr or proc.stdout).strip()[-1500:]}")
+def run_checked(cmd: list[str]) -> None:
+    """CMD to its end (pip may take minutes), its output's tail in the error."""
+    try:
+        shared.run(cmd, timeout=None)
+    except CommandError as exc:
+        raise Fail(f"{' '.join(cmd[:4])}...: {(exc.output or str(exc))[-1500:]}") from None
 
 
 # ----------------------------------------------------------------------------- personalise
@@ -451,26 +364,27 @@ def personalise(root: Path, machine: str, address: str, port: int) -> str:
     machine_state().mkdir(parents=True, exist_ok=True)
     client = client_key()
     if not client.exists():
-        run_checked([*rootfs_cmd(root, "usr/bin/ssh-keygen"), "-q", "-t", "ed25519", "-N", "", "-C", "pdkit-nspawn-control", "-f", str(client)])
+        run_checked([*rootfs_cmd(root, "usr/bin/ssh-keygen"), *shared.keygen_args(client, "pdkit-nspawn-control")])
     client.chmod(0o600)
     host_key = root / "etc/ssh/ssh_host_ed25519_key"
     if not host_key.exists():  # a fresh tree has none: build.py bakes no key
-        run_checked([*rootfs_cmd(root, "usr/bin/ssh-keygen"), "-q", "-t", "ed25519", "-N", "", "-C", f"root@{machine}", "-f", str(host_key)])
-    ssh_dir = root / "root/.ssh"
-    ssh_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    write(ssh_dir / "authorized_keys", client.with_suffix(".pub").read_text().strip() + "\n", 0o600)
-    write(root / "etc/ssh/sshd_config.d/pdkit-nspawn-listen.conf",
-          f"# pdkit nspawn host (gpu/nspawn/host.py): sshd on the container's address only\nPort {port}\nListenAddress {address}\n")
-    write(root / "etc/hostname", machine + "\n")
+        run_checked([*rootfs_cmd(root, "usr/bin/ssh-keygen"), *shared.keygen_args(host_key, f"root@{machine}")])
+    shared.authorize_key(root, client.with_suffix(".pub").read_text())
+    write_file(root / "etc/ssh/sshd_config.d/pdkit-nspawn-listen.conf",
+               "# pdkit nspawn host (gpu/nspawn/host.py): sshd on the container's address only\n"
+               f"Port {port}\nListenAddress {address}\n")
+    write_file(root / "etc/hostname", machine + "\n")
     if not (root / "etc/machine-id").read_text().strip():
-        write(root / "etc/machine-id", hashlib.sha256(os.urandom(32)).hexdigest()[:32] + "\n", 0o444)
+        write_file(root / "etc/machine-id", hashlib.sha256(os.urandom(32)).hexdigest()[:32] + "\n", 0o444)
     named = "" if address.startswith("127.") else f"{address}\t{machine}\n"
-    write(root / "etc/hosts", f"127.0.0.1\tlocalhost{'' if named else ' ' + machine}\n{named}::1\tlocalhost ip6-localhost ip6-loopback\n")
-    write(root / "etc/default/locale", "LANG=C.UTF-8\n")  # pam_env reads it at every SSH login
+    write_file(root / "etc/hosts",
+               f"127.0.0.1\tlocalhost{'' if named else ' ' + machine}\n"
+               f"{named}::1\tlocalhost ip6-localhost ip6-loopback\n")
+    write_file(root / "etc/default/locale", "LANG=C.UTF-8\n")  # pam_env reads it at every SSH login
     pub = " ".join((root / "etc/ssh/ssh_host_ed25519_key.pub").read_text().split()[:2])
     name = address if port == 22 else f"[{address}]:{port}"
     line = f"{name} {pub}\n"
-    write(state_file("known_hosts"), line)
+    write_file(state_file("known_hosts"), line)
     return line
 
 
@@ -502,13 +416,10 @@ def driver_binds(root: Path) -> tuple[list[str], list[str]]:
     # the names ldconfig knows them by (libcuda.so.1 -> libcuda.so.580...): links in the tree
     for path, real in libs.items():
         if path != real:
-            link = root / path.lstrip("/")
-            link.parent.mkdir(parents=True, exist_ok=True)
-            if link.is_symlink() or link.exists():
-                link.unlink()
-            link.symlink_to(real)  # absolute: /lib is itself a link in the tree (merged /usr)
+            # absolute: /lib is itself a link in the tree (merged /usr)
+            shared.replace_link(root / path.lstrip("/"), real)
     if extra_dirs:
-        write(root / "etc/ld.so.conf.d/pdkit-nvidia.conf", "\n".join(sorted(extra_dirs)) + "\n")
+        write_file(root / "etc/ld.so.conf.d/pdkit-nvidia.conf", "\n".join(sorted(extra_dirs)) + "\n")
     # the image's CUDA toolkit: SGLang's JIT kernels (tvm_ffi) run its nvcc (CUDA_HOME or /usr/local/cuda)
     cuda = os.environ.get("CUDA_HOME") or "/usr/local/cuda"
     if os.path.isdir(cuda):
@@ -523,7 +434,9 @@ def driver_binds(root: Path) -> tuple[list[str], list[str]]:
         # at its own path and on the container's PATH (SGLang runs `nvidia-smi` by name)
         for dest in dict.fromkeys([smi, "/usr/bin/nvidia-smi"]):
             flags.append(f"--bind-ro={os.path.realpath(smi)}:{dest}")
-    notes.append(f"driver libraries: {len(set(libs.values()))} files ({', '.join(sorted({os.path.basename(r) for r in libs.values()})[:6])}...); nvidia-smi: {smi or 'not found'}")
+    names = sorted({os.path.basename(r) for r in libs.values()})
+    notes.append(f"driver libraries: {len(set(libs.values()))} files ({', '.join(names[:6])}...); "
+                 f"nvidia-smi: {smi or 'not found'}")
     return flags, notes
 
 
@@ -536,7 +449,8 @@ if multiarch:
     inc.append(os.path.join(sys.base_prefix, "include", multiarch, "python%d.%d" % sys.version_info[:2]))
 torch = importlib.util.find_spec("torch")
 print(json.dumps({
-    "executable": sys.executable, "real_executable": os.path.realpath(sys.executable), "version": sys.version.split()[0],
+    "executable": sys.executable, "real_executable": os.path.realpath(sys.executable),
+    "version": sys.version.split()[0],
     "prefix": sys.prefix, "base_prefix": sys.base_prefix,
     "stdlib": [paths["stdlib"], paths["platstdlib"]],
     "sys_path": [p for p in sys.path if p and os.path.isdir(p)], "include": [p for p in inc if p],
@@ -579,13 +493,15 @@ def image_binds(root: Path, info: dict) -> tuple[list[str], list[str], list[str]
             flags.append(f"--bind-ro={src}:{dest}")
             pythonpath.append(dest)
             pth = sorted(os.path.basename(p) for p in glob.glob(os.path.join(src, "*.pth")))
-            notes.append(f"{src} is the container's own too: bound at {dest}, on PYTHONPATH" + (f" (its .pth files are not run: {', '.join(pth)})" if pth else ""))
+            notes.append(f"{src} is the container's own too: bound at {dest}, on PYTHONPATH"
+                         + (f" (its .pth files are not run: {', '.join(pth)})" if pth else ""))
         else:
             raise Fail(f"the image's {src} is also a path the container uses; cannot bind it there")
     for src in done:
         if src.startswith(("/root/", "/home/")):
             notes.append(f"WARNING {src} is under /root or /home: the engine units' ProtectHome=yes hides it")
-    notes.append(f"image python {info['executable']} {info['version']}; torch at {info['torch'] or 'NOT FOUND'}; {len(done)} paths bound read-only")
+    notes.append(f"image python {info['executable']} {info['version']}; torch at {info['torch'] or 'NOT FOUND'}; "
+                 f"{len(done)} paths bound read-only")
     return flags, pythonpath, notes
 
 
@@ -608,7 +524,7 @@ def engine_env(root: Path, payload: Path | None, model_dir: str, info: dict | No
                     with tarfile.open(payload / name, "r:xz") as tar:  # as gpu/device_driver.py does
                         kw = {"filter": "tar"} if hasattr(tarfile, "tar_filter") else {}
                         tar.extractall(site, **kw)
-            write(marker, "\n".join(layers) + "\n")
+            write_file(marker, "\n".join(layers) + "\n")
             notes.append(f"engine payload {', '.join(layers)} -> {ENGINE_ENV}/site in {time.monotonic() - t:.1f}s")
         model_src = payload / "model"
         if model_src.is_dir():
@@ -619,8 +535,9 @@ def engine_env(root: Path, payload: Path | None, model_dir: str, info: dict | No
     if info is not None:
         path = ":".join([f"{ENGINE_ENV}/site", *pythonpath])
         lib = env / "lib"
-        ld = f'export LD_LIBRARY_PATH="{ENGINE_ENV}/lib${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}"\n' if lib.is_dir() and any(lib.iterdir()) else ""
-        write(env / "bin/python",
+        ld = (f'export LD_LIBRARY_PATH="{ENGINE_ENV}/lib${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}"\n'
+              if lib.is_dir() and any(lib.iterdir()) else "")
+        write_file(env / "bin/python",
               "#!/bin/sh\n"
               "# pdkit nspawn host (gpu/nspawn/host.py): the lent machine's own Python, bound read-only at its own\n"
               "# paths, with the carried SGLang payload first on its path: the provided engine environment\n"
@@ -631,10 +548,7 @@ def engine_env(root: Path, payload: Path | None, model_dir: str, info: dict | No
               f'export PATH="${{PATH:-/usr/bin:/bin}}:{os.path.dirname(info["executable"])}"\n'
               f'exec "{info["executable"]}" "$@"\n', 0o755)
         for alias in ("python3", f"python{'.'.join(info['version'].split('.')[:2])}"):
-            link = env / "bin" / alias
-            if link.is_symlink() or link.exists():
-                link.unlink()
-            link.symlink_to("python")
+            shared.replace_link(env / "bin" / alias, "python")
         notes.append(f"{ENGINE_ENV}/bin/python -> {info['executable']} with {path} first")
     return notes
 
@@ -671,7 +585,8 @@ def gateway_of(iface: ipaddress.IPv4Interface) -> ipaddress.IPv4Interface:
     """The lent machine's own end of IFACE's network: its first address."""
     gateway = ipaddress.IPv4Interface(f"{next(iface.network.hosts())}/{iface.network.prefixlen}")
     if iface.ip == gateway.ip:
-        raise Fail(f"--address {iface}: {gateway.ip} is the lent machine's own end of {iface.network}; use another address")
+        raise Fail(f"--address {iface}: {gateway.ip} is the lent machine's own end of {iface.network}; "
+                   "use another address")
     return gateway
 
 
@@ -689,7 +604,7 @@ def network_flags(root: Path, iface: ipaddress.IPv4Interface, mode: str) -> tupl
     if not (machine_id.exists() and machine_id.read_text().strip()):
         # nspawn derives the veth's MAC addresses from the machine id; the lent machine has none
         # ("Failed to generate predictable MAC address for container side: No medium found")
-        write(machine_id, hashlib.sha256(os.urandom(32)).hexdigest()[:32] + "\n", 0o444)
+        write_file(machine_id, hashlib.sha256(os.urandom(32)).hexdigest()[:32] + "\n", 0o444)
         log(f"{machine_id} was empty: wrote one (nspawn's veth MAC addresses derive from it)")
     if mode == "bridge" and not ensure_bridge(root, gateway_of(iface)):
         log("no bridge in this kernel: the containers' traffic is routed through the machine's namespace instead")
@@ -707,19 +622,18 @@ def guest_network(root: Path, iface: ipaddress.IPv4Interface, mode: str) -> None
                  f"route replace {gateway.ip}/32 dev {GUEST_IFACE}", f"route replace {iface.network} via {gateway.ip}"]
     # a default route, as on any host: code that asks the kernel for its outgoing address finds one
     steps.append(f"route replace default via {gateway.ip}")
-    write(root / "etc/systemd/system/pdkit-nspawn-net.service",
+    write_file(root / "etc/systemd/system/pdkit-nspawn-net.service",
           "# pdkit nspawn host (gpu/nspawn/host.py up --address): the container's own address\n"
-          "[Unit]\nDescription=pdkit nspawn host address\nDefaultDependencies=no\nBefore=network.target ssh.service sshd.service\n\n"
+          "[Unit]\nDescription=pdkit nspawn host address\nDefaultDependencies=no\n"
+          "Before=network.target ssh.service sshd.service\n\n"
           "[Service]\nType=oneshot\nRemainAfterExit=yes\nExecStart=/usr/sbin/ip link set dev lo up\n"
           + "".join(f"ExecStart=/usr/sbin/ip {step}\n" for step in steps)
           + "\n[Install]\nWantedBy=multi-user.target\n")
-    wants = root / "etc/systemd/system/multi-user.target.wants/pdkit-nspawn-net.service"
-    if wants.is_symlink() or wants.exists():
-        wants.unlink()
-    wants.parent.mkdir(parents=True, exist_ok=True)
-    wants.symlink_to("/etc/systemd/system/pdkit-nspawn-net.service")
-    write(root / "etc/systemd/system/ssh.service.d/pdkit-nspawn-net.conf",
-          "# sshd listens on the address pdkit-nspawn-net.service gives host0\n[Unit]\nWants=pdkit-nspawn-net.service\nAfter=pdkit-nspawn-net.service\n")
+    shared.replace_link(root / "etc/systemd/system/multi-user.target.wants/pdkit-nspawn-net.service",
+                        "/etc/systemd/system/pdkit-nspawn-net.service")
+    write_file(root / "etc/systemd/system/ssh.service.d/pdkit-nspawn-net.conf",
+          "# sshd listens on the address pdkit-nspawn-net.service gives host0\n"
+          "[Unit]\nWants=pdkit-nspawn-net.service\nAfter=pdkit-nspawn-net.service\n")
 
 
 def host_side_routed(root: Path, machine: str, iface: ipaddress.IPv4Interface, proc: subprocess.Popen) -> None:
@@ -755,11 +669,10 @@ class Host:
         self.root, self.rt = root, rt
 
     def argv(self, command: str, timeout: int = 5) -> list[str]:
-        return [*rootfs_cmd(self.root, "usr/bin/ssh"), "-F", "/dev/null", "-i", str(client_key()),
-                "-p", str(self.rt["ssh_port"]), "-o", "IdentitiesOnly=yes", "-o", "BatchMode=yes",
-                "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={machine_state(self.rt['machine']) / 'known_hosts'}",
-                "-o", "GlobalKnownHostsFile=/dev/null", "-o", "UpdateHostKeys=no", "-o", f"ConnectTimeout={timeout}",
-                "-o", "LogLevel=ERROR", f"root@{self.rt['ssh_address']}", "--", command]
+        known_hosts = machine_state(self.rt["machine"]) / "known_hosts"
+        return [*rootfs_cmd(self.root, "usr/bin/ssh"),
+                *shared.ssh_options(client_key(), known_hosts, self.rt["ssh_port"], timeout),
+                f"root@{self.rt['ssh_address']}", "--", command]
 
     def run(self, command: str, timeout: float = 60, input: str | None = None) -> subprocess.CompletedProcess:
         # a container on its own address is reached from here; one in a bare netns only from inside it
@@ -778,7 +691,8 @@ class Host:
 def running(machine: str) -> bool:
     """MACHINE is up by its state (runtime.json), or a systemd-nspawn boots its tree anyway."""
     rt = read_json(machine_state(machine) / "runtime.json")
-    return (rt.get("machine") == machine and alive(rt.get("pid"), rt.get("start"))) or bool(nspawn_pids(machine_root(machine)))
+    by_state = rt.get("machine") == machine and proc_alive(rt.get("pid"), rt.get("start"))
+    return by_state or bool(nspawn_pids(machine_root(machine)))
 
 
 def nspawn_pids(root: Path, proc: Path = Path("/proc")) -> list[int]:
@@ -809,7 +723,8 @@ def refuse_if_booted(machine: str, what: str) -> None:
     if pids:
         rt = read_json(machine_state(machine) / "runtime.json")
         known = rt.get("pid") in pids
-        raise Fail(f"{machine} is running (systemd-nspawn pid {', '.join(map(str, pids))} boots {machine_root(machine)}): "
+        raise Fail(f"{machine} is running (systemd-nspawn pid {', '.join(map(str, pids))} "
+                   f"boots {machine_root(machine)}): "
                    f"`host.py --machine {machine} down` before {what}"
                    + ("" if known else f"; its state is not in {machine_state(machine)}: was it started with another "
                       f"{MS.ENV}? (now {state_base()})"))
@@ -818,7 +733,7 @@ def refuse_if_booted(machine: str, what: str) -> None:
 def cmd_up(args: argparse.Namespace) -> int:
     root = machine_root(args.machine)
     rt_now = read_json(state_file("runtime.json"))
-    if rt_now.get("machine") == args.machine and alive(rt_now.get("pid"), rt_now.get("start")):
+    if rt_now.get("machine") == args.machine and proc_alive(rt_now.get("pid"), rt_now.get("start")):
         log(f"{args.machine} is already up (host.py down first to restart it)")
         return 0
     refuse_if_booted(args.machine, "booting it again")
@@ -836,7 +751,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     notes: list[str] = []
     have_gpu = bool(glob.glob("/dev/nvidia[0-9]*"))
     if args.no_gpu or not have_gpu:
-        notes.append("GPU binds skipped: " + ("--no-gpu" if args.no_gpu else "no /dev/nvidia[0-9]* on this machine") + " (nothing NVIDIA is bound in)")
+        notes.append("GPU binds skipped: " + ("--no-gpu" if args.no_gpu else "no /dev/nvidia[0-9]* on this machine")
+                     + " (nothing NVIDIA is bound in)")
     else:
         flags, n = driver_binds(root)
         binds += flags
@@ -868,45 +784,45 @@ def cmd_up(args: argparse.Namespace) -> int:
     if address:
         net_flags, link = network_flags(root, address, args.link)
         guest_network(root, address, link)
-        log(f"network: {address} on {GUEST_IFACE} ({link}: {host_veth(args.machine, link)} on the machine, at {gateway_of(address).ip})")
+        log(f"network: {address} on {GUEST_IFACE} ({link}: {host_veth(args.machine, link)} on the machine, "
+            f"at {gateway_of(address).ip})")
     else:
-        for stale in ("etc/systemd/system/pdkit-nspawn-net.service", "etc/systemd/system/multi-user.target.wants/pdkit-nspawn-net.service",
+        for stale in ("etc/systemd/system/pdkit-nspawn-net.service",
+                      "etc/systemd/system/multi-user.target.wants/pdkit-nspawn-net.service",
                       "etc/systemd/system/ssh.service.d/pdkit-nspawn-net.conf"):
             (root / stale).unlink(missing_ok=True)
     inotify_warning()
-    cgroups = make_cgroups(f"pdkit-nspawn-{args.machine}")
+    cgroups = shared.make_cgroup_dirs(f"pdkit-nspawn-{args.machine}")
     argv = [
         *rootfs_cmd(root, "usr/bin/systemd-nspawn"),
-        "--quiet", "--boot", f"--directory={root}", f"--machine={args.machine}", f"--hostname={args.machine}",
-        # PID 1 of this machine is not systemd: no machined to register with, no unit to make
-        "--register=no", "--keep-unit", "--settings=no",
-        "--resolv-conf=off", "--timezone=off", "--link-journal=no", "--console=read-only",
-        f"--capability={CAPABILITIES}", "--rlimit=RLIMIT_MEMLOCK=infinity",
+        *shared.nspawn_boot_args(root, args.machine, args.machine),
+        "--settings=no",
         *([f"--network-namespace-path=/run/netns/{netns}"] if netns else []), *net_flags,
         *binds,
     ]
-    procs = " ".join(shlex.quote(str(c / "cgroup.procs")) for c in cgroups)
     console = state_file("console.log")
     # systemd 257 in the container wants the unified hierarchy; on a cgroup-v2 machine it is what
     # nspawn picks anyway, on a hybrid one (this rehearsal machine) it makes nspawn mount cgroup2
     env = {**os.environ, "SYSTEMD_NSPAWN_UNIFIED_HIERARCHY": "1", "LC_ALL": "C"}
     with open(console, "w") as out:
-        proc = subprocess.Popen(["sh", "-c", f'for f in {procs}; do echo $$ > "$f"; done; exec "$@"', "sh", *argv],
-                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        proc = subprocess.Popen(shared.in_cgroups(cgroups, argv), stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True, env=env)
     if link == "routed":
         host_side_routed(root, args.machine, address, proc)
     timings["setup_s"] = round(time.monotonic() - t_setup, 1)
     t_boot = time.monotonic()
-    rt = {"machine": args.machine, "pid": proc.pid, "start": proc_start(proc.pid), "root": str(root), "netns": netns,
-          "netns_created": made_netns, "cgroups": [str(c) for c in cgroups], "ssh_address": ssh_address,
-          "ssh_port": ssh_port, "link": link, "address": str(address.ip) if address else None, "argv": argv, "gpu": bool(binds and have_gpu)}
+    rt = {"machine": args.machine, "pid": proc.pid, "start": proc_start_time(proc.pid), "root": str(root),
+          "netns": netns, "netns_created": made_netns, "cgroups": [str(c) for c in cgroups],
+          "ssh_address": ssh_address, "ssh_port": ssh_port, "link": link,
+          "address": str(address.ip) if address else None, "argv": argv, "gpu": bool(binds and have_gpu)}
     write_json(state_file("runtime.json"), rt)
     host = Host(root, rt)
     state = wait_ready(host, proc, console, t_boot)
     timings["boot_to_ssh_s"] = round(rt.pop("_ssh_s"), 1)
     timings["boot_to_running_s"] = round(time.monotonic() - t_boot, 1)
     write_json(state_file("runtime.json"), rt)
-    log(f"{args.machine}: ssh answered {timings['boot_to_ssh_s']}s after start, systemd '{state}' at {timings['boot_to_running_s']}s")
+    log(f"{args.machine}: ssh answered {timings['boot_to_ssh_s']}s after start, "
+        f"systemd '{state}' at {timings['boot_to_running_s']}s")
     if state != "running":
         failed = host.run("systemctl --failed --no-legend --plain", timeout=20).stdout.strip()
         log(f"WARNING systemd is {state}: {failed or 'no failed units'}")
@@ -917,7 +833,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     write_json(state_file("timings.json"), timings)
     if not args.no_probe:
         probe(host, rt, info is not None)
-    log(f"up: {json.dumps(timings)}; ssh -i {client_key()} -o UserKnownHostsFile={state_file('known_hosts')} -p {rt['ssh_port']} root@{rt['ssh_address']}")
+    log(f"up: {json.dumps(timings)}; ssh -i {client_key()} -o UserKnownHostsFile={state_file('known_hosts')} "
+        f"-p {rt['ssh_port']} root@{rt['ssh_address']}")
     return 0
 
 
@@ -967,10 +884,11 @@ def wait_ready(host: Host, proc: subprocess.Popen, console: Path, t_boot: float)
             host.rt["_ssh_s"] = time.monotonic() - t_boot
             break
         if time.monotonic() > deadline:
-            raise Fail(f"no SSH on {host.rt['ssh_address']}:{host.rt['ssh_port']} after {BOOT_TIMEOUT}s: {r.stderr.strip()} (see {console})")
+            raise Fail(f"no SSH on {host.rt['ssh_address']}:{host.rt['ssh_port']} after {BOOT_TIMEOUT}s: "
+                       f"{r.stderr.strip()} (see {console})")
         time.sleep(0.3)
     left = max(5, int(deadline - time.monotonic()))
-    r = host.run(f"timeout {left} systemctl is-system-running --wait", timeout=left + 10)
+    r = host.run(shared.systemd_wait_command(left), timeout=left + 10)
     return r.stdout.strip() or f"unknown ({r.stderr.strip()})"
 
 
@@ -999,7 +917,8 @@ def fix_libraries(host: Host, root: Path, info: dict) -> None:
     """
     t = time.monotonic()
     dynload = sorted({os.path.join(d, "lib-dynload") for d in info["stdlib"]})
-    beside = [os.path.join(os.path.dirname(info["torch"]), n) for n in ("torch", "triton", "nvidia")] if info["torch"] else []
+    beside = ([os.path.join(os.path.dirname(info["torch"]), n) for n in ("torch", "triton", "nvidia")]
+              if info["torch"] else [])
     packages = [*beside, f"{ENGINE_ENV}/site"]
     known = image_libraries()
     copied, unresolved = [], set()
@@ -1026,13 +945,15 @@ def fix_libraries(host: Host, root: Path, info: dict) -> None:
     # packages: a miss is fine when a library of that name ships in one of these trees (loaded
     # first, e.g. libtorch.so for sgl_kernel) or is the driver's (bound in on a GPU machine)
     lines = scan(["/dev/null", *packages])
-    listing = host.run("find " + " ".join(shlex.quote(p) for p in packages) + " -name '*.so*' -printf '%f\\n' 2>/dev/null", timeout=300)
+    listing = host.run("find " + " ".join(shlex.quote(p) for p in packages)
+                       + " -name '*.so*' -printf '%f\\n' 2>/dev/null", timeout=300)
     shipped = set(listing.stdout.split())
     later = sorted({line.split()[1] for line in lines} - shipped - set(copied))
     driver = [m for m in later if DRIVER_LIB.match(m)]
     packages_missing = sorted(set(later) - set(driver))
-    result = {"copied_from_image": copied, "interpreter_unresolved": sorted(unresolved), "packages_unresolved": packages_missing,
-              "driver_libraries_needed": driver, "seconds": round(time.monotonic() - t, 1),
+    result = {"copied_from_image": copied, "interpreter_unresolved": sorted(unresolved),
+              "packages_unresolved": packages_missing, "driver_libraries_needed": driver,
+              "seconds": round(time.monotonic() - t, 1),
               "examples": [line for line in lines if line.split()[1] in packages_missing][:20]}
     write_json(state_file("libraries.json"), result)
     log(f"libraries: {len(copied)} copied from the image into {ENGINE_ENV}/lib ({', '.join(copied) or 'none needed'}); "
@@ -1098,7 +1019,8 @@ print(json.dumps(out))
 """
 
 # what gpu/device_driver.py imports to report versions (the router is pdkit's own venv here)
-ENGINE_MODULES = ("torch", "triton", "sglang", "sgl_kernel", "flashinfer", "transformers", "tokenizers", "xgrammar", "nixl_cu13")
+ENGINE_MODULES = ("torch", "triton", "sglang", "sgl_kernel", "flashinfer", "transformers", "tokenizers", "xgrammar",
+                  "nixl_cu13")
 STDLIB_MODULES = ("ssl", "ctypes", "sqlite3", "lzma", "bz2", "decimal", "zlib", "json", "uuid")
 
 # A C extension built the way Triton builds its launchers (runtime/build.py: `gcc src -O3 -shared
@@ -1114,7 +1036,9 @@ static struct PyModuleDef D = {PyModuleDef_HEAD_INIT, "pdkit_probe", NULL, -1, M
 PyMODINIT_FUNC PyInit_pdkit_probe(void) { return PyModule_Create(&D); }
 EOF
 py=/opt/engine-venv/bin/python
-inc=$($py -c 'import sysconfig; s = sysconfig.get_default_scheme(); s = "posix_prefix" if s == "posix_local" else s; print(sysconfig.get_paths(scheme=s)["include"])')
+inc=$($py -c 'import sysconfig
+s = sysconfig.get_default_scheme(); s = "posix_prefix" if s == "posix_local" else s
+print(sysconfig.get_paths(scheme=s)["include"])')
 suffix=$($py -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
 extra=""
 if /sbin/ldconfig -p | grep -q 'libcuda.so '; then extra="-lcuda"; fi
@@ -1131,7 +1055,11 @@ d=$(mktemp -d)
 cat > "$d/k.cu" <<'CU'
 #include <cstdio>
 __global__ void k(int *x) { x[threadIdx.x] = threadIdx.x; }
-int main() { int *x; cudaMalloc(&x, 32 * sizeof(int)); k<<<1, 32>>>(x); int h[32]; cudaMemcpy(h, x, sizeof h, cudaMemcpyDeviceToHost); printf("nvcc ok: %d\n", h[31]); return h[31] != 31; }
+int main() {
+  int *x; cudaMalloc(&x, 32 * sizeof(int)); k<<<1, 32>>>(x);
+  int h[32]; cudaMemcpy(h, x, sizeof h, cudaMemcpyDeviceToHost);
+  printf("nvcc ok: %d\n", h[31]); return h[31] != 31;
+}
 CU
 /usr/local/cuda/bin/nvcc --version | tail -1
 /usr/local/cuda/bin/nvcc -std=c++17 -arch=sm_90 -o "$d/k" "$d/k.cu"
@@ -1145,7 +1073,8 @@ def probe(host: Host, rt: dict, engine_env_made: bool) -> dict:
     res: dict = {}
     r = host.run("python3 -c 'import sys; print(sys.version.split()[0])'", timeout=60)
     res["container_python3"] = {"rc": r.returncode, "version": r.stdout.strip(), "stderr": r.stderr.strip()[-300:]}
-    r = host.run("systemd-nspawn --version | head -1; gcc --version | head -1; systemctl --version | head -1", timeout=30)
+    r = host.run("systemd-nspawn --version | head -1; gcc --version | head -1; systemctl --version | head -1",
+                 timeout=30)
     res["container_tools"] = r.stdout.strip().splitlines()
     if engine_env_made:
         py = f"{ENGINE_ENV}/bin/python"
@@ -1159,11 +1088,14 @@ def probe(host: Host, rt: dict, engine_env_made: bool) -> dict:
             r = host.run(f"{py} - {' '.join(ENGINE_MODULES)}", input=PROBE_IMPORTS, timeout=300)
             res["engine_imports"] = parse_json(r)
             # the engine units' own device policy and hardening (templates/systemd/engine.service.j2)
-            props = ["DevicePolicy=closed", "DeviceAllow=char-nvidia* rw", "NoNewPrivileges=yes", "ProtectSystem=strict",
-                     "ProtectHome=yes", "PrivateTmp=yes", "User=nobody", "Environment=HOME=/tmp", "LimitMEMLOCK=infinity"]
+            props = ["DevicePolicy=closed", "DeviceAllow=char-nvidia* rw", "NoNewPrivileges=yes",
+                     "ProtectSystem=strict", "ProtectHome=yes", "PrivateTmp=yes", "User=nobody",
+                     "Environment=HOME=/tmp", "LimitMEMLOCK=infinity"]
             # Triton reads a kernel's source file: the probe is a file, not stdin
-            host.run("cat > /var/lib/pdkit-nspawn-probe.py && chmod 644 /var/lib/pdkit-nspawn-probe.py", input=PROBE_GPU, timeout=30)
-            cmd = "systemd-run --quiet --wait --pipe --collect " + " ".join(f"-p {shlex.quote(p)}" for p in props) + f" {py} /var/lib/pdkit-nspawn-probe.py"
+            host.run("cat > /var/lib/pdkit-nspawn-probe.py && chmod 644 /var/lib/pdkit-nspawn-probe.py",
+                     input=PROBE_GPU, timeout=30)
+            cmd = ("systemd-run --quiet --wait --pipe --collect " + " ".join(f"-p {shlex.quote(p)}" for p in props)
+                   + f" {py} /var/lib/pdkit-nspawn-probe.py")
             r = host.run(cmd, timeout=300)
             res["gpu_under_engine_policy"] = parse_json(r)
             r = host.run("sh -s", input=NVCC_BUILD, timeout=300)
@@ -1184,7 +1116,7 @@ def parse_json(r: subprocess.CompletedProcess) -> dict:
 
 def cmd_probe(args: argparse.Namespace) -> int:
     rt = read_json(state_file("runtime.json"))
-    if not alive(rt.get("pid"), rt.get("start")):
+    if not proc_alive(rt.get("pid"), rt.get("start")):
         raise Fail("not running")
     probe(Host(Path(rt["root"]), rt), rt, (Path(rt["root"]) / ENGINE_ENV.lstrip("/") / "bin/python").exists())
     return 0
@@ -1205,7 +1137,7 @@ XFER_TLS = ("cuda_ipc,cuda_copy,tcp,self", "tcp,cuda_copy,self")
 
 def machine_host(machine: str) -> Host:
     rt = read_json(machine_state(machine) / "runtime.json")
-    if not alive(rt.get("pid"), rt.get("start")):
+    if not proc_alive(rt.get("pid"), rt.get("start")):
         raise Fail(f"{machine} is not running (host.py --machine {machine} up)")
     return Host(Path(rt["root"]), rt)
 
@@ -1236,10 +1168,11 @@ def one_xfer(src: Host, dst: Host, env: str, python: str, dram: bool) -> dict:
 
 def cmd_xfer_probe(args: argparse.Namespace) -> int:
     """A NIXL WRITE each way between this machine and --peer, per UCX_TLS candidate; the first that
-    works both ways goes to STATE/ucx_tls.json (machine_state.ucx_tls_file) (inventories/h200-nspawn-pair.py reads it)."""
+    works both ways goes to STATE/ucx_tls.json (machine_state.ucx_tls_file) (inventories/h200-nspawn-pair.py
+    reads it)."""
     hosts = [machine_host(args.machine), machine_host(args.peer)]
     for h in hosts:
-        write(h.root / XFER_IN_TREE.lstrip("/"), XFER_PROBE.read_text(), 0o644)
+        write_file(h.root / XFER_IN_TREE.lstrip("/"), XFER_PROBE.read_text(), 0o644)
     python = args.python or f"{ENGINE_ENV}/bin/python"
     results, chosen = [], None
     for tls in args.tls or XFER_TLS:
@@ -1270,7 +1203,8 @@ def cmd_exec(args: argparse.Namespace) -> int:
     """A shell command on the machine over its SSH (the lent machine has no ssh client of its own)."""
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
-        raise Fail("exec: give a command, e.g. host.py --machine pdkit-b exec -- sha256sum /etc/systemd/system/pdkit-*.service")
+        raise Fail("exec: give a command, e.g. "
+                   "host.py --machine pdkit-b exec -- sha256sum /etc/systemd/system/pdkit-*.service")
     r = machine_host(args.machine).run(" ".join(command), timeout=args.timeout)
     sys.stdout.write(r.stdout)
     sys.stderr.write(r.stderr)
@@ -1284,8 +1218,9 @@ def cmd_status(args: argparse.Namespace) -> int:
     if not rt:
         print(f"{args.machine}: down (no {state_file('runtime.json')})")
         return 3
-    up = alive(rt.get("pid"), rt.get("start"))
-    line = f"{rt['machine']}: nspawn pid {rt['pid']} {'alive' if up else 'DEAD'}; root {rt['root']}; ssh {rt['ssh_address']}:{rt['ssh_port']}"
+    up = proc_alive(rt.get("pid"), rt.get("start"))
+    line = (f"{rt['machine']}: nspawn pid {rt['pid']} {'alive' if up else 'DEAD'}; root {rt['root']}; "
+            f"ssh {rt['ssh_address']}:{rt['ssh_port']}")
     if up:
         r = Host(Path(rt["root"]), rt).run("systemctl is-system-running", timeout=20)
         line += f"; systemd {r.stdout.strip() or r.stderr.strip()}"
@@ -1297,28 +1232,24 @@ def cmd_down(args: argparse.Namespace) -> int:
     rt = read_json(state_file("runtime.json"))
     problems: list[str] = []
     pid, start = rt.get("pid"), rt.get("start")
-    if alive(pid, start):
+    if proc_alive(pid, start):
         # SIGTERM: nspawn asks the guest's systemd to power off (a guest early in its boot drops it: repeat)
         deadline = time.monotonic() + STOP_TIMEOUT
-        while alive(pid, start) and time.monotonic() < deadline:
+        while proc_alive(pid, start) and time.monotonic() < deadline:
             os.kill(pid, signal.SIGTERM)
             for _ in range(20):
-                if not alive(pid, start):
+                if not proc_alive(pid, start):
                     break
                 time.sleep(0.1)
-        if alive(pid, start):
+        if proc_alive(pid, start):
             log(f"nspawn {pid} did not stop in {STOP_TIMEOUT}s: SIGKILL")
             os.kill(pid, signal.SIGKILL)
         log(f"{rt.get('machine')} powered off")
     for cg in rt.get("cgroups", []):
-        left = cgroup_pids(Path(cg)) - {os.getpid()}
-        for p in left:
-            try:
-                os.kill(p, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        left = set(shared.cgroup_pids(Path(cg))) - {os.getpid()}
+        shared.kill_pids(sorted(left))
         time.sleep(0.5 if left else 0)
-        problems += remove_cgroup(Path(cg))
+        problems += shared.remove_cgroup_tree(Path(cg))
     if rt.get("root"):
         unlink_netns(Path(rt["root"]), rt)
     for d in ("propagate", "unix-export"):  # nspawn leaves them where /run is not a tmpfs
@@ -1330,7 +1261,7 @@ def cmd_down(args: argparse.Namespace) -> int:
         remove_tree(machine_root(args.machine))
         remove_tree(machine_state())
     root = machine_root(args.machine)
-    left = mounts_under(root) if root.exists() else []
+    left = shared.mounts_under(root) if root.exists() else []
     problems += [f"mount {m}" for m in left]
     if problems:
         log("down: left behind: " + "; ".join(problems))
@@ -1361,16 +1292,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ssh-port", type=int, help=f"sshd's port (default: 22 with --address, else {SSH_PORT})")
     p.add_argument("--netns", help="boot in this network namespace (made if missing) instead of the machine's")
     p.add_argument("--address", help="the container's own address and network, e.g. 10.214.0.2/24: a netns of its "
-                   f"own (pdkn-MACHINE) with a veth on {BRIDGE}, which the machine holds the network's first address of; "
+                   f"own (pdkn-MACHINE) with a veth on {BRIDGE}, which the machine holds the network's first "
+                   "address of; "
                    "sshd and every service listen there (several container hosts on one machine)")
     p.add_argument("--link", choices=("bridge", "routed"), default="bridge",
                    help="how containers booted with --address reach each other: a bridge (default; routed where the "
                    "kernel has no bridges) or routed through the machine's namespace")
     p.add_argument("--no-probe", action="store_true")
     sub.add_parser("probe", help="the checks `up` ends with, again")
-    p = sub.add_parser("xfer-probe", help="a NIXL WRITE each way between this machine and --peer, per UCX_TLS candidate")
+    p = sub.add_parser("xfer-probe",
+                       help="a NIXL WRITE each way between this machine and --peer, per UCX_TLS candidate")
     p.add_argument("--peer", required=True, help="the other running machine")
-    p.add_argument("--tls", action="append", help=f"a UCX_TLS value to try (repeatable; default: {', '.join(XFER_TLS)})")
+    p.add_argument("--tls", action="append",
+                   help=f"a UCX_TLS value to try (repeatable; default: {', '.join(XFER_TLS)})")
     p.add_argument("--python", help=f"the Python with nixl inside the machines (default: {ENGINE_ENV}/bin/python)")
     p.add_argument("--dram", action="store_true", help="host memory instead of the GPU's (a rehearsal without a GPU)")
     p = sub.add_parser("exec", help="run a shell command on the machine over SSH: exec -- CMD...")

@@ -53,9 +53,8 @@ from pdkit.sim.localstack import (
     wait_for,
 )
 
-# the committed catalogue's first line, as written before the generator moved here (issue 34): kept so
-# the file stays byte-identical; the command that writes it is now `python -m pdkit.contract.catalogue_gen`
-GENERATED_BY = "python -m pdkit.catalogue"
+# the committed catalogue's first line: the command that writes it
+GENERATED_BY = "python -m pdkit.contract.catalogue_gen"
 
 # prometheus_client's multiprocess collector (SGLang runs with PROMETHEUS_MULTIPROC_DIR) keeps a
 # `pid` label on gauges whose multiprocess_mode keeps one series per process

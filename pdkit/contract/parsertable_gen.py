@@ -22,9 +22,8 @@ from pdkit import contract
 from pdkit.parsertable import TABLE_PATH
 from pdkit.versions import ROUTER_RELEASES, SGLANG_RELEASES
 
-# the committed table's first line, as written before the generator moved here (issue 34): kept so the
-# file stays byte-identical; the command that writes it is now `python -m pdkit.contract.parsertable_gen`
-GENERATED_BY = "python -m pdkit.parsertable --write (from the contract virtualenvs)"
+# the committed table's first line: the command that writes it
+GENERATED_BY = "python -m pdkit.contract.parsertable_gen --write (from the contract virtualenvs)"
 
 # SGLang environment variables whose defaults the table keeps (sglang/srt/environ.py): the PD
 # waits and heartbeats pdkit.faultbudget renders, and the sim reads by the same names

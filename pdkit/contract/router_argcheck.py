@@ -128,7 +128,8 @@ def _smg():
         RouterArgs.add_cli_args(p, use_router_prefix=False)
         return p
 
-    return invoke, parser, "smg", "smg.cli:main (console script `smg`), subcommand launch -> smg.launch_router.parse_router_args"
+    return (invoke, parser, "smg",
+            "smg.cli:main (console script `smg`), subcommand launch -> smg.launch_router.parse_router_args")
 
 
 def _sglang_router():

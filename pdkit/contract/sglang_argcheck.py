@@ -226,7 +226,8 @@ def check_one(server_args_mod, argv: list[str], full_post_init: bool) -> dict:
                     if exc.code in (0, None):
                         msg = "argparse exited with status 0 (does the argv ask for --help?)"
                     else:
-                        msg = text.strip().splitlines()[-1] if text.strip() else f"argparse exited with status {exc.code}"
+                        last = text.strip().splitlines()[-1] if text.strip() else None
+                        msg = last or f"argparse exited with status {exc.code}"
                 result["error"] = msg
                 return result
             except Exception as exc:  # noqa: BLE001 - an action or type function raised

@@ -10,7 +10,8 @@ import urllib.request
 from pathlib import Path
 
 from pdkit.lab.model import APT_CACHE_PORT, SUITE, LabConfig, LabError
-from pdkit.lab.system import kill_pids, make_cgroup_dirs, proc_alive, proc_start_time, tcp_listening, wait_gone, which
+from pdkit.lab.system import tcp_listening, wait_gone, which
+from pdkit.nspawn_common import in_cgroups, kill_pids, make_cgroup_dirs, proc_alive, proc_start_time
 
 DEBIAN_BACKEND = "http://deb.debian.org/debian/"
 
@@ -80,9 +81,8 @@ def start(cfg: LabConfig) -> dict:
     d = write_config(cfg)
     cgroups = make_cgroup_dirs(f"{cfg.cgroup_name}/apt-cacher-ng")
     log = open(cfg.log_dir / "apt-cacher-ng.out", "w")
-    procs = " ".join(str(c / "cgroup.procs") for c in cgroups)
     proc = subprocess.Popen(
-        ["sh", "-c", f'for f in {procs}; do echo $$ > "$f"; done; exec "$@"', "sh", exe, "-c", str(d), "ForeGround=1"],
+        in_cgroups(cgroups, [exe, "-c", str(d), "ForeGround=1"]),
         stdin=subprocess.DEVNULL,
         stdout=log,
         stderr=subprocess.STDOUT,

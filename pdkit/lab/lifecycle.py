@@ -28,26 +28,34 @@ from pdkit.lab.model import (
 )
 from pdkit.lab.system import (
     Progress,
-    cgroup_hierarchies,
-    cgroup_pids,
     has_capability,
-    kill_pids,
-    make_cgroup_dirs,
     memory_usage,
-    mounts_under,
     pids_rooted_under,
     pids_with_arg_under,
-    proc_alive,
     proc_cmdline,
-    proc_start_time,
     pss_bytes,
-    remove_cgroup_tree,
     require_root,
     require_tools,
     run,
     tcp_listening,
     wait_gone,
     which,
+)
+from pdkit.nspawn_common import (
+    cgroup_hierarchies,
+    cgroup_pids,
+    in_cgroups,
+    keygen_args,
+    kill_pids,
+    make_cgroup_dirs,
+    mounts_under,
+    nspawn_boot_args,
+    proc_alive,
+    proc_start_time,
+    remove_cgroup_tree,
+    ssh_options,
+    systemd_wait_command,
+    write_json,
 )
 
 BOOT_TIMEOUT = 120  # from nspawn start to `systemctl is-system-running --wait`, for a few hosts
@@ -69,32 +77,8 @@ def ssh_argv(
     connect_timeout: int = 5,
 ) -> list[str]:
     """OpenSSH argv to reach a lab host with strict host-key checking and no other config."""
-    argv = [
-        "ssh",
-        "-F",
-        "/dev/null",
-        "-i",
-        str(ssh_key),
-        "-p",
-        str(host.ssh_port),
-        "-o",
-        "IdentitiesOnly=yes",
-        "-o",
-        "BatchMode=yes",
-        "-o",
-        "StrictHostKeyChecking=yes",
-        "-o",
-        f"UserKnownHostsFile={known_hosts}",
-        "-o",
-        "GlobalKnownHostsFile=/dev/null",
-        "-o",
-        "UpdateHostKeys=no",
-        "-o",
-        f"ConnectTimeout={connect_timeout}",
-        "-o",
-        "LogLevel=ERROR",
-        f"{host.ssh_user}@{host.address}",
-    ]
+    argv = ["ssh", *ssh_options(ssh_key, known_hosts, host.ssh_port, connect_timeout),
+            f"{host.ssh_user}@{host.address}"]
     if command is not None:
         argv += ["--", command] if isinstance(command, str) else ["--", *command]
     return argv
@@ -125,10 +109,8 @@ def _read_runtime(cfg: LabConfig) -> dict | None:
 
 
 def _write_json(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
+    """The lab's state files (lab.json, runtime.json): indented, anything else as its string."""
+    write_json(path, data, indent=2, default=str)
 
 
 def config_for_existing(state_dir: Path | None = None) -> LabConfig:
@@ -261,7 +243,7 @@ def format_status(st: LabStatus) -> str:
 def _ensure_client_key(cfg: LabConfig) -> str:
     key = cfg.ssh_key
     if not key.exists():
-        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "pdkit-lab-control", "-f", str(key)], timeout=30)
+        run(["ssh-keygen", *keygen_args(key, "pdkit-lab-control")], timeout=30)
     key.chmod(0o600)
     return key.with_name(key.name + ".pub").read_text()
 
@@ -270,36 +252,18 @@ def _start_machine(cfg: LabConfig, host: LabHost) -> dict:
     root = cfg.machine_root(host.name)
     ns = cfg.netns(host.name)
     cgroups = make_cgroup_dirs(f"{cfg.cgroup_name}/{host.name}")
-    procs = " ".join(str(c / "cgroup.procs") for c in cgroups)
     nspawn = which("systemd-nspawn") or "systemd-nspawn"
     argv = [
         nspawn,
-        "--quiet",
-        "--boot",
-        f"--directory={root}",
-        # unique across labs: nspawn keys /run/systemd/nspawn/propagate/<machine> on it
-        f"--machine={cfg.netns(host.name)}",
-        f"--hostname={host.name}",
-        # PID 1 of the control machine is not systemd: no machined to register with, and
-        # no unit to create; stay in the cgroup prepared above.
-        "--register=no",
-        "--keep-unit",
+        # --machine unique across labs: nspawn keys /run/systemd/nspawn/propagate/<machine> on it
+        *nspawn_boot_args(root, cfg.netns(host.name), host.name),
         f"--network-namespace-path=/run/netns/{ns}",
-        "--resolv-conf=off",
-        "--timezone=off",
-        "--link-journal=no",
-        "--console=read-only",
-        # What engine units ask for: LimitMEMLOCK=infinity (UCX/NIXL pin memory) must take
-        # effect, and a host may shape its own network (tc netem for fault tests). nspawn's
-        # default set has neither CAP_SYS_RESOURCE, CAP_IPC_LOCK nor CAP_NET_ADMIN here.
-        "--capability=CAP_SYS_RESOURCE,CAP_IPC_LOCK,CAP_NET_ADMIN",
-        "--rlimit=RLIMIT_MEMLOCK=infinity",
     ]
     log_path = cfg.log_dir / f"{host.name}.console.log"
     log = open(log_path, "w")
     # The wrapper shell moves itself into the container's own cgroups, then becomes nspawn.
     proc = subprocess.Popen(
-        ["sh", "-c", f'for f in {procs}; do echo $$ > "$f"; done; exec "$@"', "sh", *argv],
+        in_cgroups(cgroups, argv),
         stdin=subprocess.DEVNULL,
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -329,7 +293,7 @@ def _wait_ready(info: LabInfo, host: LabHost, rec: dict, deadline: float) -> str
             raise LabError(f"{host.name}: SSH on {host.address}:{host.ssh_port} did not open ({rec['console_log']})")
         time.sleep(0.2)
     left = max(5.0, deadline - time.monotonic())
-    proc = ssh_run(info, host, f"timeout {int(left)} systemctl is-system-running --wait", timeout=left + 10)
+    proc = ssh_run(info, host, systemd_wait_command(left), timeout=left + 10)
     state = proc.stdout.strip()
     if proc.returncode == 255:
         raise LabError(f"{host.name}: ssh failed: {proc.stderr.strip()}")
@@ -404,15 +368,17 @@ def raise_inotify_limits(n_hosts: int, root: Path = INOTIFY_SYSCTL) -> list[str]
         try:
             current[name] = int((root / name).read_text())
         except (OSError, ValueError):
-            return [f"note: could not read fs.inotify.{name}; {n_hosts} hosts may exhaust it (guests then fail to start units)"]
+            return [f"note: could not read fs.inotify.{name}; {n_hosts} hosts may exhaust it "
+                    "(guests then fail to start units)"]
     out = []
     for name, value in inotify_limits_needed(n_hosts, current).items():
         try:
             (root / name).write_text(f"{value}\n")
-            out.append(f"fs.inotify.{name}: {current[name]} -> {value} ({n_hosts} hosts; each host's systemd needs its own)")
+            out.append(f"fs.inotify.{name}: {current[name]} -> {value} "
+                       f"({n_hosts} hosts; each host's systemd needs its own)")
         except OSError as exc:
-            out.append(f"WARNING fs.inotify.{name} is {current[name]}, {n_hosts} hosts need {value} and it could not be raised ({exc}): "
-                       f"sysctl -w fs.inotify.{name}={value}")
+            out.append(f"WARNING fs.inotify.{name} is {current[name]}, {n_hosts} hosts need {value} "
+                       f"and it could not be raised ({exc}): sysctl -w fs.inotify.{name}={value}")
     return out
 
 

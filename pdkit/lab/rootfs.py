@@ -9,8 +9,10 @@ import time
 import uuid
 from pathlib import Path
 
+from pdkit import nspawn_common
 from pdkit.lab.model import SUITE, LabConfig, LabHost
-from pdkit.lab.system import Progress, run, run_streaming, unmount_under
+from pdkit.lab.system import Progress, lab_errors, run, run_streaming
+from pdkit.nspawn_common import authorize_key, keygen_args, replace_link, write_file
 
 # What a Debian host needs to be a target of a pyinfra deploy of systemd services.
 PACKAGES = (
@@ -57,11 +59,7 @@ MASKED_UNITS = (
 def mask_units(root: Path) -> None:
     """Mask MASKED_UNITS in the tree at ROOT (a link to /dev/null, replacing whatever is there)."""
     for unit in MASKED_UNITS:
-        link = root / "etc/systemd/system" / unit
-        if link.exists() or link.is_symlink():
-            link.unlink()
-        link.parent.mkdir(parents=True, exist_ok=True)
-        link.symlink_to("/dev/null")
+        replace_link(root / "etc/systemd/system" / unit, "/dev/null")
 
 
 SSHD_CONFIG = """\
@@ -196,12 +194,6 @@ def ensure_tarball(cfg: LabConfig, progress: Progress, *, rebuild: bool = False)
     return tarball
 
 
-def write_file(path: Path, text: str, mode: int = 0o644) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    path.chmod(mode)
-
-
 def clear_identity(root: Path) -> None:
     """Empty machine id and hostname (each host gets its own at unpack/boot), no D-Bus id, and
     RESOLV_CONF in place of whatever resolv.conf debootstrap left: for every image built here."""
@@ -326,24 +318,16 @@ def personalise(root: Path, host: LabHost, hosts: list[LabHost], cfg: LabConfig,
     write_file(root / "etc/hosts", "\n".join(lines) + "\n")
     write_file(root / "etc/apt/sources.list", apt_sources(cfg))
     write_file(root / "etc/apt/apt.conf.d/80pdkit-lab", APT_CONF)
-    ssh_dir = root / "root/.ssh"
-    ssh_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    ssh_dir.chmod(0o700)
-    write_file(ssh_dir / "authorized_keys", client_pubkey.strip() + "\n", 0o600)
+    authorize_key(root, client_pubkey)
     key = root / "etc/ssh/ssh_host_ed25519_key"
     for p in (key, key.with_name(key.name + ".pub")):
         if p.exists():
             p.unlink()
-    run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"root@{host.name}", "-f", str(key)], timeout=30)
+    run(["ssh-keygen", *keygen_args(key, f"root@{host.name}")], timeout=30)
     return (root / "etc/ssh/ssh_host_ed25519_key.pub").read_text()
 
 
 def remove_tree(path: Path) -> None:
     """rm -rf that never crosses into a mount (debootstrap leaves proc/sys mounted on a kill)."""
-    if not (path.exists() or path.is_symlink()):
-        return
-    if path.is_dir() and not path.is_symlink():
-        unmount_under(path)
-        run(["rm", "-rf", "--one-file-system", str(path)], timeout=300)
-    else:
-        path.unlink()
+    with lab_errors():
+        nspawn_common.remove_tree(path)

@@ -1,7 +1,11 @@
-"""Host-side plumbing for the lab: commands with timeouts, progress, cgroups, processes."""
+"""Host-side plumbing for the lab: commands with timeouts, progress, cgroups, processes.
+
+What gpu/nspawn/host.py needs too (commands, processes by start time, cgroups, mounts) lives in
+pdkit/nspawn_common.py; here are the lab's own, and `run`, which raises its failures as LabError."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import shutil
@@ -11,10 +15,12 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
+from pdkit import nspawn_common
 from pdkit.lab.model import LabError
+from pdkit.nspawn_common import CommandError, proc_alive
 
 # tool -> Debian package that provides it
 REQUIRED_TOOLS: dict[str, str] = {
@@ -94,39 +100,19 @@ class Progress:
 # ---------------------------------------------------------------- commands
 
 
-def run(
-    cmd: Sequence[str],
-    *,
-    timeout: float = 60,
-    check: bool = True,
-    input: str | None = None,
-    capture: bool = True,
-    env: dict[str, str] | None = None,
-) -> subprocess.CompletedProcess[str]:
-    """Run a command with an outer timeout; raise LabError with its stderr on failure."""
-    full_env = None
-    if env:
-        full_env = dict(os.environ)
-        full_env.update(env)
+@contextlib.contextmanager
+def lab_errors() -> Iterator[None]:
+    """A CommandError (pdkit.nspawn_common) raised as LabError: what the lab's CLI reports in one line."""
     try:
-        proc = subprocess.run(
-            list(cmd),
-            input=input,
-            text=True,
-            capture_output=capture,
-            timeout=timeout,
-            env=full_env,
-            stdin=None if input is not None else subprocess.DEVNULL,
-        )
-    except subprocess.TimeoutExpired:
-        raise LabError(f"timed out after {timeout:.0f}s: {' '.join(cmd)}") from None
-    except FileNotFoundError:
-        raise LabError(f"command not found: {cmd[0]}") from None
-    if check and proc.returncode != 0:
-        err = (proc.stderr or proc.stdout or "").strip().splitlines()
-        tail = err[-1] if err else ""
-        raise LabError(f"exit {proc.returncode}: {' '.join(cmd)}: {tail}")
-    return proc
+        yield
+    except CommandError as exc:
+        raise LabError(str(exc)) from None
+
+
+def run(cmd: Sequence[str], **options) -> subprocess.CompletedProcess[str]:
+    """nspawn_common.run (OPTIONS: its timeout, check, input, capture, env), a failure raised as LabError."""
+    with lab_errors():
+        return nspawn_common.run(cmd, **options)
 
 
 def run_streaming(
@@ -203,32 +189,6 @@ def _kill_group(proc: subprocess.Popen) -> None:
 # ---------------------------------------------------------------- processes
 
 
-def proc_start_time(pid: int) -> int | None:
-    """Start time of ``pid`` in clock ticks since boot (guards against pid reuse)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # comm may contain spaces and parentheses: split after the last ')'
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return int(fields[19])
-
-
-def proc_alive(pid: int | None, start_time: int | None = None) -> bool:
-    if not pid:
-        return False
-    st = proc_start_time(pid)
-    if st is None:
-        return False
-    if start_time is not None and st != start_time:
-        return False
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 def proc_cmdline(pid: int) -> list[str]:
     try:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -270,14 +230,6 @@ def pids_with_arg_under(path: Path) -> list[int]:
     return out
 
 
-def kill_pids(pids: Sequence[int], sig: int = signal.SIGKILL) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
-
-
 def reap(pids: Sequence[int]) -> None:
     """Collect exit statuses of our own children (when the lab runs inside a long-lived process)."""
     for pid in pids:
@@ -299,103 +251,6 @@ def wait_gone(pids: Sequence[int], timeout: float) -> list[int]:
 
 
 # ---------------------------------------------------------------- cgroups
-
-
-def cgroup_hierarchies() -> list[tuple[Path, str]]:
-    """``[(mount point, our path in it), ...]`` for every mounted cgroup hierarchy.
-
-    Works for cgroup v1 (one mount per controller set, named hierarchies such as
-    name=systemd), v2, and the hybrid layout (v1 controllers + v2 at .../unified).
-    """
-    ours: dict[str, str] = {}  # controller-set key -> path
-    for line in Path("/proc/self/cgroup").read_text().splitlines():
-        hid, controllers, path = line.split(":", 2)
-        ours["" if hid == "0" else controllers] = path
-
-    result = []
-    seen: set[str] = set()
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        left, right = line.split(" - ", 1)
-        lf = left.split()
-        fstype, _source, superopts = right.split()[:3]
-        mount_root, mount_point = lf[3], lf[4].replace("\\040", " ")
-        if mount_root != "/":
-            continue
-        key: str | None
-        if fstype == "cgroup2":
-            key = ""
-        elif fstype == "cgroup":
-            opts = set(superopts.split(","))
-            key = next((k for k in ours if k and set(k.split(",")) <= opts), None)
-        else:
-            key = None
-        if key is None:
-            continue
-        if key in seen or key not in ours:
-            continue
-        seen.add(key)
-        result.append((Path(mount_point), ours[key]))
-    return result
-
-
-def _copy_cpuset(parent: Path, child: Path) -> None:
-    """New cgroup v1 cpuset groups start with no CPUs/memory nodes: inherit the parent's."""
-    for knob in ("cpuset.cpus", "cpuset.mems"):
-        src, dst = parent / knob, child / knob
-        if src.exists() and dst.exists() and not dst.read_text().strip():
-            dst.write_text(src.read_text().strip() or "\n")
-
-
-def make_cgroup_dirs(relative: str) -> list[Path]:
-    """Create ``<our cgroup>/<relative>`` in every hierarchy; return the directories."""
-    made = []
-    for mount, ours in cgroup_hierarchies():
-        base = mount / ours.lstrip("/")
-        current = base
-        for part in Path(relative).parts:
-            child = current / part
-            if not child.exists():
-                child.mkdir()
-            _copy_cpuset(current, child)
-            current = child
-        made.append(current)
-    return made
-
-
-def remove_cgroup_tree(path: Path) -> list[str]:
-    """rmdir a cgroup directory and its children, deepest first. Returns what stayed."""
-    if not path.is_dir():
-        return []
-    problems = []
-    dirs = sorted((p for p in path.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True)
-    for d in [*dirs, path]:
-        for attempt in range(50):
-            try:
-                d.rmdir()
-                break
-            except FileNotFoundError:
-                break
-            except OSError as exc:  # EBUSY while the last task is still exiting
-                if attempt == 49:
-                    problems.append(f"{d}: {exc.strerror}")
-                time.sleep(0.1)
-    return problems
-
-
-def cgroup_pids(path: Path) -> list[int]:
-    pids: list[int] = []
-    if not path.is_dir():
-        return pids
-    for procs in path.rglob("cgroup.procs"):
-        try:
-            pids += [int(x) for x in procs.read_text().split()]
-        except OSError:
-            pass
-    try:
-        pids += [int(x) for x in (path / "cgroup.procs").read_text().split()]
-    except OSError:
-        pass
-    return sorted(set(pids))
 
 
 def memory_usage(cgroup_dirs: Sequence[str | Path]) -> dict[str, int] | None:
@@ -436,24 +291,6 @@ def has_capability(cap: int) -> bool:
         if line.startswith("CapBnd:"):
             return bool(int(line.split()[1], 16) >> cap & 1)
     return False
-
-
-# ---------------------------------------------------------------- mounts
-
-
-def mounts_under(path: Path) -> list[str]:
-    prefix = str(path).rstrip("/") + "/"
-    out = []
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        mp = line.split()[4].replace("\\040", " ")
-        if mp.startswith(prefix) or mp == prefix.rstrip("/"):
-            out.append(mp)
-    return out
-
-
-def unmount_under(path: Path) -> None:
-    for mp in sorted(mounts_under(path), key=len, reverse=True):
-        run(["umount", "-l", mp], timeout=30, check=False)
 
 
 # ---------------------------------------------------------------- sockets
