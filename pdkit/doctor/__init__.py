@@ -13,8 +13,9 @@ hint (docs/doctor.md). Two halves, kept apart so the checks can be tested on cap
 
 Where each part lives: model.py (the observations and `CheckResult`), observe.py (reading one engine,
 exporter or router page), collection.py (every host's observations, with progress lines), checks.py
-(the pure checks and `evaluate`), baseline.py (the recorded C=16 bench and doctor's own), report.py
-(table, JSON, exit code); here the command itself. Every public name stays importable from
+(the table of checks and `evaluate`; the pure checks by concern in checks_engine.py, checks_graphs.py,
+checks_kv.py and checks_cluster.py, what they share in checkbase.py), baseline.py (the recorded C=16
+bench and doctor's own), report.py (table, JSON, exit code); here the command itself. Every public name stays importable from
 `pdkit.doctor`.
 
 A WARN says "could not prove it" (not measurable on this version, no traffic yet, exporter down);
@@ -39,37 +40,36 @@ from pdkit.doctor.baseline import (
     per_engine_bench,
     recorded_bench,
 )
-from pdkit.doctor.checks import (
+from pdkit.doctor.checkbase import counter_delta
+from pdkit.doctor.checks import ENGINE_CHECKS, RANK_CHECKS, evaluate, worker_outcomes
+from pdkit.doctor.checks_cluster import (
     DEFAULT_TOLERANCE,
-    ENGINE_CHECKS,
-    GRAPH_RATIO_PASS,
-    QUEUE_GROWTH_MIN,
-    RANK_CHECKS,
-    UNCAPPED_CONTEXT_WARN,
-    check_context_length,
-    check_decode_cuda_graphs,
     check_decode_speed,
-    check_env,
-    check_flags,
-    check_graph_buckets,
-    check_kv_path,
-    check_kv_transfers,
-    check_queues,
-    check_rank_process,
-    check_reachable,
     check_reboot,
     check_router_workers,
     check_throughput,
+    mean_between,
+)
+from pdkit.doctor.checks_engine import (
+    QUEUE_GROWTH_MIN,
+    UNCAPPED_CONTEXT_WARN,
+    check_context_length,
+    check_env,
+    check_flags,
+    check_queues,
+    check_rank_process,
+    check_reachable,
     check_versions,
-    counter_delta,
+)
+from pdkit.doctor.checks_graphs import (
+    GRAPH_RATIO_PASS,
+    check_decode_cuda_graphs,
+    check_graph_buckets,
     decode_graphs_enabled,
     decode_passes,
-    evaluate,
-    kv_path_text,
     largest_decode_bucket,
-    mean_between,
-    worker_outcomes,
 )
+from pdkit.doctor.checks_kv import check_kv_path, check_kv_transfers, kv_path_text
 from pdkit.doctor.collection import Collected, collect, engine_plans, router_urls
 from pdkit.doctor.model import (
     FAIL,

@@ -183,18 +183,37 @@ def report(timings: list[NodeTiming]) -> dict:
     }
 
 
-def cmd_releases(args: argparse.Namespace) -> int:
+def _load_for_host(args: argparse.Namespace, command: str):
+    """The preamble of `pdkit releases | rollback INVENTORY HOST`: gevent patched before pyinfra loads,
+    the inventory loaded and HOST found in it. None, the reason printed, when either fails (exit
+    EXIT_INVALID: nothing was contacted)."""
     patch_gevent()
     spec = _load(args.inventory)
     if spec is None:
-        return EXIT_INVALID
+        return None
     if args.host not in {h.name for h in spec.hosts}:
-        print(f"pdkit releases: {args.host} is not in {args.inventory}", file=sys.stderr)
+        print(f"pdkit {command}: {args.host} is not in {args.inventory}", file=sys.stderr)
+        return None
+    return spec
+
+
+def _connect_host(roller: Roller, host: str, command: str) -> dict | None:
+    """{host: its pyinfra Host} for the one host a command works on; None, the reason printed, when SSH
+    cannot reach it (exit EXIT_FAILED)."""
+    _, hosts, unreachable = roller.pyinfra.connect([host])
+    if unreachable:
+        print(f"pdkit {command}: {host}: cannot reach it over SSH ({unreachable[host]})", file=sys.stderr)
+        return None
+    return hosts
+
+
+def cmd_releases(args: argparse.Namespace) -> int:
+    spec = _load_for_host(args, "releases")
+    if spec is None:
         return EXIT_INVALID
     roller = Roller(args.inventory, spec, Progress(sys.stderr))
-    _, hosts, unreachable = roller.pyinfra.connect([args.host])
-    if unreachable:
-        print(f"pdkit releases: {args.host}: cannot reach it over SSH ({unreachable[args.host]})", file=sys.stderr)
+    hosts = _connect_host(roller, args.host, "releases")
+    if hosts is None:
         return EXIT_FAILED
     ok, stdout, stderr = run_remote(hosts[args.host], roller.releases_command(args.host, "list"), timeout=60)
     if not ok:
@@ -219,21 +238,17 @@ def format_releases(host: str, data: dict, planned_hash: str) -> str:
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
-    patch_gevent()
-    spec = _load(args.inventory)
+    spec = _load_for_host(args, "rollback")
     if spec is None:
         return EXIT_INVALID
-    if args.host not in {h.name for h in spec.hosts}:
-        print(f"pdkit rollback: {args.host} is not in {args.inventory}", file=sys.stderr)
-        return EXIT_INVALID
-    roller = Roller(args.inventory, spec, Progress(), drain_timeout_s=args.drain_timeout, allow_downtime=args.allow_downtime, command="rollback")
+    roller = Roller(args.inventory, spec, Progress(), drain_timeout_s=args.drain_timeout,
+                    allow_downtime=args.allow_downtime, command="rollback")
     p = roller.progress
     batch = [args.host]
     for note in roller.read_router_keys():
         p("-", "key", note)
-    _, hosts, unreachable = roller.pyinfra.connect(batch)
-    if unreachable:
-        print(f"pdkit rollback: {args.host}: cannot reach it over SSH ({unreachable[args.host]})", file=sys.stderr)
+    hosts = _connect_host(roller, args.host, "rollback")
+    if hosts is None:
         return EXIT_FAILED
     roller.connected = dict(hosts)
     outages = batch_outages(spec, batch)
