@@ -114,13 +114,15 @@ def run_doctor(spec, *, window_s: float = 3.0, probe_requests: int = 8, timeout_
         measured = fresh_bench(spec, recorded, progress, show_bar)
         kv_after = kv_pages(prefill, timeout_s)
         ttft = measured.ttft_mean_ms if measured is not None else None
-        kv_bench = {k: KvBench(kv_before.get(k) or {}, after, ttft) for k, after in kv_after.items() if after is not None}
+        kv_bench = {k: KvBench(kv_before.get(k) or {}, after,
+                               ttft) for k, after in kv_after.items() if after is not None}
         before = itl_sums(decode, timeout_s)
         per_engine_bench(spec, recorded, progress, show_bar)
         after = itl_sums(decode, timeout_s)
         speed = check_decode_speed({k: mean_between(before.get(k), after.get(k)) for k in after}, tolerance)
     cluster_host = spec.router_hosts[0].name if spec.router_hosts else ""
-    return evaluate(collected.engines, collected.routers, recorded, measured, tolerance, cluster_host, collected.reboots,
+    return evaluate(collected.engines, collected.routers, recorded, measured, tolerance, cluster_host,
+                    collected.reboots,
                     kv_bench) + speed
 
 
@@ -145,15 +147,18 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("doctor", help="live checks: does the running cluster match the plan and do its levers work?")
+    p = subparsers.add_parser("doctor", help="live checks: does the running cluster "
+                                             "match the plan and do its levers work?")
     p.add_argument("inventory", help="pyinfra inventory file, e.g. inventories/cluster.py")
     p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     p.add_argument("--window", type=float, default=3.0, help="seconds between the two /metrics samples (default 3)")
     p.add_argument("--probe-requests", type=int, default=8,
                    help="short completions sent through each router inside the window (default 8; 0: none)")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds per HTTP request (default 5)")
-    p.add_argument("--bench", action="store_true", help="run a short C=16 bench (pdkit bench) and compare with the last recorded one")
-    p.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE, help="allowed C=16 throughput drop (default 0.10)")
+    p.add_argument("--bench", action="store_true", help="run a short C=16 bench (pdkit bench) "
+                                                        "and compare with the last recorded one")
+    p.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE,
+                   help="allowed C=16 throughput drop (default 0.10)")
     p.add_argument("--runs", default=str(DEFAULT_RUNS_PATH), help="recorded bench runs (default docs/bench/runs.jsonl)")
     p.set_defaults(func=cmd_doctor)
 

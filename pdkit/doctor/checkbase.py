@@ -20,7 +20,8 @@ def engine_row(plan: EnginePlan, check: str, status: Status, reason: str, hint: 
 def not_measured(plan: EnginePlan, check: str, why: str) -> CheckResult:
     """A WARN: the page this check reads did not answer (`why`)."""
     return engine_row(plan, check, WARN, f"not measured: {why}",
-                      f"make {plan.url} reachable from this machine (is pdkit-engine-{plan.engine} running on {plan.host}?) and re-run")
+                      f"make {plan.url} reachable from this machine (is "
+                      f"pdkit-engine-{plan.engine} running on {plan.host}?) and re-run")
 
 
 def engine_down(obs: EngineObservation) -> bool:
@@ -35,8 +36,10 @@ def engine_down(obs: EngineObservation) -> bool:
 def unreachable(plan: EnginePlan, check: str) -> CheckResult:
     """The row of every check of a down engine: it follows from `reachable` (`rank_process`)."""
     if plan.rank > 0:
-        return engine_row(plan, check, WARN, "not measured: the rank has no running process (see rank_process)", "follows from rank_process")
-    return engine_row(plan, check, WARN, "not measured: the engine did not answer (see reachable)", "follows from reachable")
+        return engine_row(plan, check, WARN, "not measured: the rank has no running process (see rank_process)",
+                          "follows from rank_process")
+    return engine_row(plan, check, WARN, "not measured: the engine did not answer (see reachable)",
+                      "follows from reachable")
 
 
 def cannot_measure(obs: EngineObservation, check: str, needs: Needs | None = None) -> CheckResult | None:

@@ -24,11 +24,13 @@ def check_router_workers(router: RouterObservation) -> CheckResult:
     if missing or unhealthy:
         parts = ([f"missing {', '.join(missing)}"] if missing else []) + ([f"unhealthy {', '.join(unhealthy)}"] if unhealthy else [])
         return CheckResult(router.host, "router", name, FAIL, "; ".join(parts),
-                           "fix the engine first (its rows above); the router re-checks a worker every health_check_interval_secs. "
+                           "fix the engine first (its rows above); the router "
+                           "re-checks a worker every health_check_interval_secs. "
                            "A worker missing from the list: re-apply the plan to the router host (its --prefill/--decode list)")
     note = f"; also lists unplanned {', '.join(extra)}" if extra else ""
     status: Status = WARN if extra else PASS
-    return CheckResult(router.host, "router", name, status, f"all {len(wanted)} planned workers registered and healthy{note}",
+    return CheckResult(router.host, "router", name, status, f"all {len(wanted)} planned workers "
+                                                            f"registered and healthy{note}",
                        "remove the unplanned worker (DELETE /workers/{id}) or add it to the inventory" if extra else "")
 
 
@@ -41,8 +43,10 @@ def check_reboot(host: str, pending: float | None, exporter_error: str | None = 
                            f"on {host}: systemctl status pdkit-exporter")
     if pending > 0:
         return CheckResult(host, "node", name, WARN,
-                           "the NVIDIA driver changed since boot: the loaded kernel module is the old one until a reboot",
-                           f"reboot {host} drained: set pdkit_node.reboot: when-drained and `pdkit roll --limit {host}` "
+                           "the NVIDIA driver changed since boot: the loaded "
+                           "kernel module is the old one until a reboot",
+                           f"reboot {host} drained: set pdkit_node.reboot: "
+                           f"when-drained and `pdkit roll --limit {host}` "
                            "(the kit never reboots a serving node on its own; docs/tuning.md)")
     return CheckResult(host, "node", name, PASS, "no driver change waiting for a reboot")
 
@@ -53,15 +57,18 @@ def check_throughput(host: str, recorded: BenchPoint | None, measured: BenchPoin
     name = "throughput_c16"
     if recorded is None:
         return CheckResult(host, "cluster", name, WARN, "no bench recorded at C=16",
-                           "run `pdkit bench INVENTORY --concurrency 16` once the cluster is right: it records docs/bench/runs.jsonl")
+                           "run `pdkit bench INVENTORY --concurrency 16` once "
+                           "the cluster is right: it records docs/bench/runs.jsonl")
     if measured is None:
-        return CheckResult(host, "cluster", name, WARN, f"not measured now (last recorded {recorded.output_tok_s:.0f} tok/s, {recorded.label})",
+        return CheckResult(host, "cluster", name, WARN, "not measured now (last recorded "
+                                                        f"{recorded.output_tok_s:.0f} tok/s, {recorded.label})",
                            "pass --bench to run a short C=16 bench through the router and compare")
     ratio = measured.output_tok_s / recorded.output_tok_s if recorded.output_tok_s > 0 else math.inf
     text = f"C=16 {measured.output_tok_s:.0f} tok/s vs {recorded.output_tok_s:.0f} recorded ({recorded.label}): {ratio - 1:+.0%}"
     if ratio < 1 - tolerance:
         return CheckResult(host, "cluster", name, FAIL, text,
-                           "a lever regressed: see the FAIL rows (decode_cuda_graph, flags, queues) and `pdkit compare` the two runs")
+                           "a lever regressed: see the FAIL rows (decode_cuda_graph, "
+                           "flags, queues) and `pdkit compare` the two runs")
     return CheckResult(host, "cluster", name, PASS, f"{text} (tolerance {tolerance:.0%})")
 
 
@@ -74,7 +81,8 @@ def mean_between(before: tuple[float, float] | None, after: tuple[float, float] 
     return (after[0] - s0) / count if count > 0 else None
 
 
-def check_decode_speed(itl: dict[tuple[str, str], float | None], tolerance: float = DEFAULT_TOLERANCE) -> list[CheckResult]:
+def check_decode_speed(itl: dict[tuple[str, str], float | None],
+                       tolerance: float = DEFAULT_TOLERANCE) -> list[CheckResult]:
     """Per decode engine: its decode speed during doctor's own C=16 bench (1 / mean inter-token
     latency, tokens per second per running request, from the engine's own histogram) against the
     median of its peers measured in the same bench.
@@ -95,14 +103,16 @@ def check_decode_speed(itl: dict[tuple[str, str], float | None], tolerance: floa
             continue
         speed = 1.0 / value
         if not peers:
-            out.append(CheckResult(host, engine, name, PASS, f"{speed:.0f} tok/s per request during the bench (no peer to compare)"))
+            out.append(CheckResult(host, engine, name, PASS,
+                                   f"{speed:.0f} tok/s per request during the bench (no peer to compare)"))
             continue
         median = peers[len(peers) // 2] if len(peers) % 2 else (peers[len(peers) // 2 - 1] + peers[len(peers) // 2]) / 2
         ratio = speed / median
         text = f"{speed:.0f} tok/s per request vs its peers' median {median:.0f}: {ratio - 1:+.0%}"
         if ratio < 1 - tolerance:
             out.append(CheckResult(host, engine, name, FAIL, text,
-                                   "this engine decodes slower than its peers: see its decode_cuda_graph, flags and queues rows"))
+                                   "this engine decodes slower than its peers: see "
+                                   "its decode_cuda_graph, flags and queues rows"))
         else:
             out.append(CheckResult(host, engine, name, PASS, f"{text} (tolerance {tolerance:.0%})"))
     return out

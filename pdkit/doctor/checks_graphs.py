@@ -66,9 +66,13 @@ def check_decode_cuda_graphs(obs: EngineObservation) -> CheckResult:
     if enabled is False:
         seen = f"; {passes[0]:.0f} of {passes[0] + passes[1]:.0f} decode passes ran as a graph {passes[2]}" if passes else ""
         if not plan.cuda_graph:
-            return replace(engine_row(plan, name, FAIL, f"decode CUDA graphs are off (cuda_graph_backend_decode=disabled), as the spec plans{seen}", spec_hint), as_planned=True)
-        return engine_row(plan, name, FAIL, f"decode CUDA graphs are off in the running engine although the plan has them on{seen}",
-                          f"the engine does not run the plan: re-apply it to {plan.host} (pyinfra INVENTORY deploy/pd.py --limit {plan.host}); see the flags check")
+            return replace(engine_row(plan, name, FAIL, "decode CUDA graphs are off "
+                                                        "(cuda_graph_backend_decode=disabled), "
+                                                        f"as the spec plans{seen}", spec_hint), as_planned=True)
+        return engine_row(plan, name, FAIL, "decode CUDA graphs are off in the running "
+                                            f"engine although the plan has them on{seen}",
+                          f"the engine does not run the plan: re-apply it to {plan.host} (pyinfra "
+                          f"INVENTORY deploy/pd.py --limit {plan.host}); see the flags check")
     if passes is None:
         # no pass counters (older SGLang): the exporter's ratio, else its last `Decode batch` log line
         ex = obs.exporter
@@ -79,7 +83,8 @@ def check_decode_cuda_graphs(obs: EngineObservation) -> CheckResult:
         else:
             why = "the engine exports no sglang:cuda_graph_passes_total and pdkit-exporter has no decode log line"
             return engine_row(plan, name, WARN, f"not measurable: {why}",
-                              "send decode traffic and re-run; the exporter reads `Decode batch ... cuda graph:` from the journal (its user needs group systemd-journal)")
+                              "send decode traffic and re-run; the exporter reads `Decode batch ... "
+                              "cuda graph:` from the journal (its user needs group systemd-journal)")
         graph, plain, window = ratio, 1.0 - ratio, f"from {source}"
         total_text = f"{ratio:.0%} of decode passes {window}"
     else:
@@ -87,18 +92,23 @@ def check_decode_cuda_graphs(obs: EngineObservation) -> CheckResult:
         total_text = f"{graph:.0f} of {graph + plain:.0f} decode passes ran as a CUDA graph {window}"
     total = graph + plain
     if total <= 0:
-        return engine_row(plan, name, WARN, "no decode pass seen since the engine started: cannot prove graphs are used",
-                          "send a request through the router (pdkit chat INVENTORY) and re-run; doctor's probe requests did not reach this engine")
+        return engine_row(plan, name, WARN, "no decode pass seen since the engine "
+                                            "started: cannot prove graphs are used",
+                          "send a request through the router (pdkit chat INVENTORY) "
+                          "and re-run; doctor's probe requests did not reach this engine")
     ratio = graph / total
     if not plan.cuda_graph and ratio == 0:
-        return replace(engine_row(plan, name, FAIL, f"decode CUDA graphs unused, as the spec plans: {total_text}", spec_hint), as_planned=True)
+        return replace(engine_row(plan, name, FAIL, f"decode CUDA graphs unused, as the spec plans: {total_text}",
+                                  spec_hint), as_planned=True)
     if ratio == 0:
         return engine_row(plan, name, FAIL, f"decode CUDA graphs enabled but unused: {total_text}",
-                          f"graph capture failed or every batch is above the captured size ({largest_decode_bucket(info or {}) or '?'}): "
+                          "graph capture failed or every batch is above the captured "
+                          f"size ({largest_decode_bucket(info or {}) or '?'}): "
                           f"read journalctl -u pdkit-engine-{plan.engine} on {plan.host} for the capture; raise tuning.cuda_graph_max_bs")
     if ratio < GRAPH_RATIO_PASS:
         return engine_row(plan, name, WARN, f"only {total_text}",
-                          f"batches above the largest captured size ({largest_decode_bucket(info or {}) or '?'}) run without a graph: "
+                          "batches above the largest captured size "
+                          f"({largest_decode_bucket(info or {}) or '?'}) run without a graph: "
                           "raise tuning.cuda_graph_max_bs to cover the load")
     return engine_row(plan, name, PASS, total_text)
 
@@ -113,10 +123,12 @@ def check_graph_buckets(obs: EngineObservation) -> CheckResult:
                           "follows from decode_cuda_graph")
     largest = largest_decode_bucket(obs.server_info)
     if largest is None:
-        return engine_row(plan, name, WARN, "/server_info reports no decode capture size (cuda_graph_max_bs_decode / cuda_graph_bs_decode)",
+        return engine_row(plan, name, WARN, "/server_info reports no decode capture size "
+                                            "(cuda_graph_max_bs_decode / cuda_graph_bs_decode)",
                           "not measurable on this version; check the engine's `Capture cuda graph bs [...]` log line")
     if plan.required_bs is None:
-        return engine_row(plan, name, WARN, f"captured up to batch {largest}, but the spec sets no target_concurrency to compare with",
+        return engine_row(plan, name, WARN, f"captured up to batch {largest}, but the spec "
+                                            "sets no target_concurrency to compare with",
                           "set pdkit_cluster.target_concurrency (the load the cluster is tuned for)")
     if largest < plan.required_bs:
         if plan.graph_max_bs is not None and plan.graph_max_bs >= plan.required_bs:
@@ -125,6 +137,8 @@ def check_graph_buckets(obs: EngineObservation) -> CheckResult:
         else:
             hint = (f"set tuning.cuda_graph_max_bs >= {plan.required_bs} for {plan.host}/{plan.engine} "
                     "(mind max_running_requests, which clamps it)")
-        return engine_row(plan, name, FAIL, f"decode graphs captured up to batch {largest}, below the {plan.required_bs} "
+        return engine_row(plan, name, FAIL, "decode graphs captured up to batch "
+                                            f"{largest}, below the {plan.required_bs} "
                           "concurrent requests per DP rank the spec targets: larger batches run without a graph", hint)
-    return engine_row(plan, name, PASS, f"decode graphs captured up to batch {largest} >= {plan.required_bs} (target concurrency per DP rank)")
+    return engine_row(plan, name, PASS, f"decode graphs captured up to batch {largest} >= "
+                                        f"{plan.required_bs} (target concurrency per DP rank)")

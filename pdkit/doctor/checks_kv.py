@@ -48,16 +48,20 @@ def check_kv_transfers(obs: EngineObservation, router: WorkerOutcomes | None = N
     if any(v > 0 for v in recent.values()):
         shown = ", ".join(f"{v:.0f} {stage}" for stage, v in sorted(recent.items()) if v > 0)
         return engine_row(plan, name, FAIL, f"KV hand-off failures in the last {window:.0f} s: {shown}",
-                          "read both engines' journals for NIXL/UCX errors; across nodes set pdkit_node.ucx_net_devices, on one node "
+                          "read both engines' journals for NIXL/UCX errors; across "
+                          "nodes set pdkit_node.ucx_net_devices, on one node "
                           "UCX_TLS must keep cuda_ipc; check the pair's versions (version check) and that the prefill's bootstrap port is reachable")
     total = sum(failures.values())
     if total > 0:
-        return engine_row(plan, name, WARN, f"{total:.0f} KV hand-off failure(s) since the engine started, none in the last {window:.0f} s",
-                          "past failures: read the journal around them; restart the engine to reset the counters once understood")
+        return engine_row(plan, name, WARN, f"{total:.0f} KV hand-off failure(s) since the "
+                                            f"engine started, none in the last {window:.0f} s",
+                          "past failures: read the journal around them; restart "
+                          "the engine to reset the counters once understood")
     if moved <= 0:
         return engine_row(plan, name, WARN, "no KV hand-off since the engine started: cannot prove transfers work",
                           "send a request through the router (pdkit chat INVENTORY) and re-run")
-    return engine_row(plan, name, PASS, f"no failures; {moved:.0f} {moved_key.replace('_', ' ')} handed through PD since start")
+    return engine_row(plan, name, PASS, f"no failures; {moved:.0f} {moved_key.replace('_', ' ')} "
+                                        "handed through PD since start")
 
 
 def _ttft_mean_ms(pairs: Iterable[tuple[tuple[float, float] | None, tuple[float, float] | None]]) -> float | None:

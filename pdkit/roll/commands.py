@@ -52,7 +52,8 @@ def _load(inventory: str):
 
 
 
-def read_node_state(roller: Roller, hosts: list[str]) -> tuple[dict[str, HostDiff], dict[str, dict[str, str]], dict[str, str]]:
+def read_node_state(roller: Roller, hosts: list[str]) -> tuple[dict[str, HostDiff], dict[str, dict[str, str]],
+                                                               dict[str, str]]:
     """(diff per host, engine versions each node runs now, unreachable hosts), read over SSH; nothing changes."""
     # lazy: pyinfra (and pdkit.hoststate, which imports it) load only after patch_gevent
     from pyinfra.context import ctx_host
@@ -90,7 +91,8 @@ def cmd_roll(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"pdkit roll: {exc}", file=sys.stderr)
         return EXIT_INVALID
-    roller = Roller(args.inventory, spec, Progress(), drain_timeout_s=args.drain_timeout, smoke_requests=args.smoke_requests)
+    roller = Roller(args.inventory, spec, Progress(), drain_timeout_s=args.drain_timeout,
+                    smoke_requests=args.smoke_requests)
     progress = roller.progress
     progress("-", "plan", f"reading {len(order)} host(s) to plan the roll")
     diffs, versions, unreachable = read_node_state(roller, order)
@@ -146,7 +148,8 @@ def cmd_roll(args: argparse.Namespace) -> int:
             untouched = [h for b in batches[batches.index(batch) + 1:] for h in b]
             print(f"pdkit roll: stopped: {exc}", file=sys.stderr)
             print(stop_summary(exc, untouched), file=sys.stderr)
-            write_report("stopped", failed={"host": exc.host, "gate": exc.gate, "message": exc.message, "restored": exc.restored,
+            write_report("stopped", failed={"host": exc.host, "gate": exc.gate, "message": exc.message,
+                                            "restored": exc.restored,
                                             "outage_s": None if roller.last_outage_s is None else round(roller.last_outage_s, 2)},
                          untouched=untouched)
             return EXIT_FAILED
@@ -156,7 +159,8 @@ def cmd_roll(args: argparse.Namespace) -> int:
     write_report("ok")
     if roller.timings:
         worst = max(roller.timings, key=lambda t: t.overhead_s)
-        progress("-", "done", f"{len(order)} host(s) rolled; largest kit overhead {worst.overhead_s:.1f} s on {worst.host}")
+        progress("-", "done", f"{len(order)} host(s) rolled; largest kit "
+                              f"overhead {worst.overhead_s:.1f} s on {worst.host}")
     return 0
 
 
@@ -173,7 +177,8 @@ def report(timings: list[NodeTiming]) -> dict:
     """Per node: total, engines' restart-to-ready, the kit's own overhead, each step (seconds)."""
     return {
         "nodes": [
-            {"host": t.host, "total_s": round(t.total_s, 2), "engines": t.engines, "engines_restart_to_ready_s": round(t.engines_restart_to_ready_s, 2),
+            {"host": t.host, "total_s": round(t.total_s, 2), "engines": t.engines,
+             "engines_restart_to_ready_s": round(t.engines_restart_to_ready_s, 2),
              "overhead_s": round(t.overhead_s, 2), "waited_s": {k: round(v, 2) for k, v in t.waited.items()},
              "outage_s": None if t.outage_s is None else round(t.outage_s, 2),
              "steps": {k: round(v, 2) for k, v in t.steps.items()},
@@ -263,10 +268,12 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     name = "drain"
     # the node's alerts do not page from the drain to the smoke; a failed step expires the silence
     # once the engines are put back in the router, so a node left broken pages
-    with roller.silenced(batch, "drain, restore, gates, re-add, smoke", done="back on the release, ready and in the router",
+    with roller.silenced(batch, "drain, restore, gates, re-add, smoke",
+                         done="back on the release, ready and in the router",
                          failed="the rollback stopped on it: expired, so whatever is still wrong pages") as step:
         try:
-            for name, fn in (("drain", roller.drain), ("restore", lambda b: roller.restore(args.host, hosts[args.host], args.to)),
+            for name, fn in (("drain", roller.drain), ("restore", lambda b: roller.restore(args.host, hosts[args.host],
+                                                                                           args.to)),
                              ("ready", roller.ready), ("router", roller.readd), ("smoke", roller.smoke)):
                 start = time.monotonic()
                 p(args.host, name, fn(batch), time.monotonic() - start)
@@ -282,18 +289,27 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("roll", help="apply the inventory node by node: drain, apply, gate, re-add, smoke; roll back a failed node")
+    p = subparsers.add_parser("roll", help="apply the inventory node by node: drain, apply, "
+                                           "gate, re-add, smoke; roll back a failed node")
     p.add_argument("inventory")
     p.add_argument("--limit", action="append", default=[], metavar="HOST", help="only these hosts (repeat)")
-    p.add_argument("--canary", metavar="HOST", help="roll this host first, alone (default: the first GPU node without a router)")
+    p.add_argument("--canary", metavar="HOST", help="roll this host first, alone (default: "
+                                                    "the first GPU node without a router)")
     p.add_argument("--batch", type=int, default=1, metavar="N", help="hosts per batch after the canary (default 1)")
-    p.add_argument("--dry", action="store_true", help="print the order and what would change on each node; change nothing")
-    p.add_argument("--bake", type=float, default=0.0, metavar="S", help="after the canary, let it serve S seconds and check it again before going on")
-    p.add_argument("--drain-timeout", type=float, default=300.0, metavar="S", help="longest wait for an engine's running requests and PD queues to empty")
-    p.add_argument("--smoke-requests", type=int, default=4, metavar="N", help="completions sent through each router after a node rejoins")
-    p.add_argument("--report", metavar="FILE", help="write per-node timings (total, engines' restart-to-ready, kit overhead, outage, steps) and the Alertmanager silences made (ids, matchers, window) as JSON")
+    p.add_argument("--dry", action="store_true", help="print the order and what would "
+                                                      "change on each node; change nothing")
+    p.add_argument("--bake", type=float, default=0.0, metavar="S",
+                   help="after the canary, let it serve S seconds and check it again before going on")
+    p.add_argument("--drain-timeout", type=float, default=300.0, metavar="S",
+                   help="longest wait for an engine's running requests and PD queues to empty")
+    p.add_argument("--smoke-requests", type=int, default=4, metavar="N",
+                   help="completions sent through each router after a node rejoins")
+    p.add_argument("--report", metavar="FILE", help="write per-node timings (total, engines' restart-to-ready, "
+                                                    "kit overhead, outage, steps) and the Alertmanager "
+                                                    "silences made (ids, matchers, window) as JSON")
     p.add_argument("--allow-downtime", action="store_true",
-                   help="accept an outage where a batch holds a router's last workers of a kind (a one-node cluster); refused without it")
+                   help="accept an outage where a batch holds a router's last "
+                        "workers of a kind (a one-node cluster); refused without it")
     p.set_defaults(func=cmd_roll)
 
     p = subparsers.add_parser("releases", help="list the releases kept on a node")
@@ -302,10 +318,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_releases)
 
-    p = subparsers.add_parser("rollback", help="put a node back on a kept release (default: the previous one), drained and gated")
+    p = subparsers.add_parser("rollback", help="put a node back on a kept release (default: "
+                                               "the previous one), drained and gated")
     p.add_argument("inventory")
     p.add_argument("host")
     p.add_argument("--to", metavar="RELEASE", help="release id or unique prefix (see `pdkit releases`)")
     p.add_argument("--drain-timeout", type=float, default=300.0, metavar="S")
-    p.add_argument("--allow-downtime", action="store_true", help="accept an outage where the node holds a router's last workers of a kind")
+    p.add_argument("--allow-downtime", action="store_true", help="accept an outage where the node holds "
+                                                                 "a router's last workers of a kind")
     p.set_defaults(func=cmd_rollback)

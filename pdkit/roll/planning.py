@@ -173,7 +173,8 @@ def spanning_units(spec: ClusterSpec) -> tuple[list[set[str]], list[str]]:
         if engine.spans_nodes:
             hosts = [h.name for h in spec.engine_hosts(host, engine)]
             units.append(set(hosts))
-            lines.append(f"engine {host.name}/{engine.name} spans {', '.join(hosts)}: one step (rank 0 on {host.name} drained from "
+            lines.append(f"engine {host.name}/{engine.name} spans {', '.join(hosts)}: "
+                         f"one step (rank 0 on {host.name} drained from "
                          f"the router, every rank restarted together, gated on rank 0 and a real request, every rank rolled back on failure)")
     return units, lines
 
@@ -237,7 +238,8 @@ def downtime_hold_s(restart_s: dict[str, float | None], hosts: list[str]) -> int
     return min(HOLD_MAX_S, math.ceil(HOLD_FACTOR * max(known) + HOLD_MARGIN_S)) if known else HOLD_UNMEASURED_S
 
 
-def outage_lines(batches: list[list[str]], outages: dict[int, list[Outage]], restart_s: dict[str, float | None], ready_timeout_s: float) -> list[str]:
+def outage_lines(batches: list[list[str]], outages: dict[int, list[Outage]], restart_s: dict[str, float | None],
+                 ready_timeout_s: float) -> list[str]:
     """Pure: one line per batch that takes a router's last workers of a kind out, saying what it costs."""
     lines = []
     for i, found in sorted(outages.items()):
@@ -334,8 +336,10 @@ def host_diff(plan: HostPlan, state: dict, *, new_venvs: Iterable[str] = ()) -> 
     running = {}
     for service in plan.services:
         unit_state = state.get("units", {}).get(service.unit) or []
-        running[service.unit] = len(unit_state) > 2 and unit_state[1] in ("active", "activating", "reloading") and unit_state[2] == "enabled"
-    decision = changes.decide(services_meta(plan.services), {*files, *removed}, venvs, running, recorded.get("services"))
+        running[service.unit] = len(unit_state) > 2 and unit_state[1] in ("active", "activating",
+                                                                          "reloading") and unit_state[2] == "enabled"
+    decision = changes.decide(services_meta(plan.services), {*files, *removed}, venvs, running,
+                              recorded.get("services"))
     restarts = tuple(s.unit for s in plan.services if s.unit in {*decision.start, *decision.restart})
     return HostDiff(plan.host, files, restarts, bool(venvs), removed)
 
@@ -350,7 +354,8 @@ def unchanged_hosts(diffs: dict[str, HostDiff]) -> set[str]:
     return {h for h, d in diffs.items() if not (d.files or d.restarts or d.new_venv or d.removes)}
 
 
-def format_dry_plan(batches: list[list[str]], diffs: dict[str, HostDiff], explanations: list[str], secret_paths: set[str]) -> str:
+def format_dry_plan(batches: list[list[str]], diffs: dict[str, HostDiff], explanations: list[str],
+                    secret_paths: set[str]) -> str:
     lines = ["pdkit roll --dry: nothing will be changed", ""]
     for line in explanations:
         lines.append(f"{'spans nodes' if line.startswith('engine ') else 'version pairing'}: {line}")
@@ -463,7 +468,8 @@ def router_keys(spec: ClusterSpec, running: Key | None) -> list[Key]:
 
 def key_fix(inventory: str, router_host: str) -> str:
     """Pure: what to run when a router refuses every key the roll has."""
-    return (f"Set pdkit_cluster.secrets.router_api_key in {inventory} to the key the router on {router_host} runs with, "
+    return (f"Set pdkit_cluster.secrets.router_api_key in {inventory} "
+            f"to the key the router on {router_host} runs with, "
             f"or restart it on the inventory's key: pyinfra {inventory} deploy/pd.py --limit {router_host} "
             f"(its clients get errors while it restarts)")
 

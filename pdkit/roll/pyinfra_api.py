@@ -172,7 +172,8 @@ class Pyinfra:
             self.operations.setdefault(host_name, {})[op] = took
         return errors
 
-    def _phase(self, name: str, hosts: list[str], state: Any, work: Callable[[], None], failed_note: str) -> dict[str, str]:
+    def _phase(self, name: str, hosts: list[str], state: Any, work: Callable[[], None],
+               failed_note: str) -> dict[str, str]:
         """Run one phase of pyinfra's, timed into self.phases; name -> error for every host that failed."""
         with _LogCollector() as log:
             try:

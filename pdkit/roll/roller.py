@@ -67,7 +67,8 @@ class Progress:
 
     def __call__(self, host: str, step: str, message: str, took: float | None = None) -> None:
         took_s = f" ({took:.1f} s)" if took is not None else ""
-        print(f"[{time.monotonic() - self.start:7.1f}s] {host:<12} {step:<8} {message}{took_s}", file=self.stream, flush=True)
+        print(f"[{time.monotonic() - self.start:7.1f}s] {host:<12} {step:<8} {message}{took_s}", file=self.stream,
+              flush=True)
 
 
 @dataclass
@@ -164,7 +165,8 @@ class Roller:
 
         self.plans = plan_cluster(self.spec)
         self.pyinfra = Pyinfra(self.inventory)
-        self.silencer = Silencer.for_spec(self.spec, f"pdkit {self.command}", lambda who, text: self.progress(who, "silence", text))
+        self.silencer = Silencer.for_spec(self.spec, f"pdkit {self.command}", lambda who,
+                                          text: self.progress(who, "silence", text))
 
     def silenced(self, hosts: list[str], what: str, done: str, failed: str):
         """A context: HOSTS' alerts silenced in Alertmanager (pdkit/silences.py) from here until it
@@ -172,7 +174,8 @@ class Roller:
         # lazy: pdkit.silences costs ~10 ms at import; the CLI imports pdkit.roll for every command
         from pdkit.silences import host_matchers
 
-        gate_s = max((s.ready_timeout_s for h in hosts for s in self.plans[h].services), default=self.spec.cluster.ready_timeout_s)
+        gate_s = max((s.ready_timeout_s for h in hosts for s in self.plans[h].services),
+                     default=self.spec.cluster.ready_timeout_s)
         held = self.hold_settle_s(hosts) if self.held_kinds(batch_outages(self.spec, hosts)) else 0
         window = silence_window_s(self.drain_timeout_s, gate_s, self.router_timeout_s, held)
         return self.silencer.silenced(",".join(hosts), hosts, host_matchers(self.spec, hosts), window,
@@ -202,12 +205,14 @@ class Roller:
             return notes
         _, connected, unreachable = self.pyinfra.connect(names)
         for name, why in unreachable.items():
-            notes.append(f"{name}: cannot read the key its router runs with ({why}); trying the inventory's key, then none")
+            notes.append(f"{name}: cannot read the key its router runs with "
+                         f"({why}); trying the inventory's key, then none")
         for name, host in connected.items():
             ok, stdout, _ = run_remote(host, RUNNING_KEY_PROBE, timeout=60)
             key = parse_running_key(stdout) if ok else None
             if not ok:
-                notes.append(f"{name}: cannot read the key its router runs with (the probe failed); trying the inventory's key, then none")
+                notes.append(f"{name}: cannot read the key its router runs with (the "
+                             "probe failed); trying the inventory's key, then none")
             elif key is None:
                 notes.append(f"{name}: its router is not running; trying the inventory's key, then none")
             else:
@@ -224,7 +229,8 @@ class Roller:
         return out
 
     def engine_urls(self, hosts: list[str]) -> dict[str, str]:
-        return {f"{h.name}/{e.name}": flags.engine_url(self.spec, h, e) for h, e in self.spec.engines() if h.name in hosts}
+        return {f"{h.name}/{e.name}": flags.engine_url(self.spec, h,
+                                                       e) for h, e in self.spec.engines() if h.name in hosts}
 
     def scrape(self, urls: dict[str, str], names: Iterable[str]) -> dict[str, dict[str, float]]:
         out = {}
@@ -299,7 +305,8 @@ class Roller:
         if outages:
             self.outage_since = time.monotonic()
         for client, engine, url in workers:
-            client.remove(url, settle_s=self.held_s if (router_of[id(client)], worker_type(engine.role)) in held else None)
+            client.remove(url, settle_s=self.held_s if (router_of[id(client)],
+                                                        worker_type(engine.role)) in held else None)
             self.removed.append(url)
         urls = self.engine_urls(hosts)
         deadline = time.monotonic() + self.drain_timeout_s
@@ -332,7 +339,8 @@ class Roller:
             deadline = time.monotonic() + self.router_timeout_s
             while still := open_breakers(self.circuit_states(router_host), urls):
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"circuit breaker still open on {', '.join(still)} at {client.base_url} {self.router_timeout_s:.0f} s after the re-add")
+                    raise RuntimeError(f"circuit breaker still open on {', '.join(still)} at "
+                                       f"{client.base_url} {self.router_timeout_s:.0f} s after the re-add")
                 time.sleep(0.25)
         self.held_s = 0
         served = f"{len(workers)} worker(s) back in the router, healthy, circuit breakers closed"
@@ -393,10 +401,12 @@ class Roller:
         jobs = [(client, i) for _, client in self.routers() for i in range(self.smoke_requests)]
         # concurrently (greenlets under pyinfra's gevent): a few requests cost one request's time
         with ThreadPoolExecutor(max_workers=max(1, len(jobs))) as pool:
-            answers = list(pool.map(lambda job: job[0].completion(model, f"pdkit roll smoke {hosts[0]} {job[1]}", max_tokens=SMOKE_MAX_TOKENS), jobs))
+            answers = list(pool.map(lambda job: job[0].completion(model, f"pdkit roll smoke {hosts[0]} {job[1]}",
+                                                                  max_tokens=SMOKE_MAX_TOKENS), jobs))
         for (client, i), (status, body) in zip(jobs, answers):
             if status != 200:
-                raise RuntimeError(f"smoke request {i + 1} through {client.base_url} answered {status or 'nothing'}: {body.strip()[:200]}")
+                raise RuntimeError(f"smoke request {i + 1} through {client.base_url} "
+                                   f"answered {status or 'nothing'}: {body.strip()[:200]}")
         sent = len(jobs)
         after = self.scrape(urls, FAILURE_COUNTERS)
         moved = {k: {n: after[k][n] - before[k][n] for n in FAILURE_COUNTERS if after[k][n] != before[k][n]} for k in urls}
@@ -405,13 +415,15 @@ class Roller:
             raise RuntimeError(f"KV transfer / bootstrap failure counters moved during the smoke requests: {moved}")
         return f"{sent} request(s) through the router succeeded; transfer and bootstrap failure counters unchanged"
 
-    def current_releases(self, state: Any, hosts: dict[str, Any]) -> tuple[dict[str, str | None], dict[str, int | None]]:
+    def current_releases(self, state: Any, hosts: dict[str, Any]) -> tuple[dict[str, str | None],
+                                                                           dict[str, int | None]]:
         """(the release each node runs now, the node's monotonic clock in µs), one round trip per node."""
         current = shlex.quote(f"{releases_dir(self.spec.cluster.install_dir)}/CURRENT")
         releases: dict[str, str | None] = {}
         clocks: dict[str, int | None] = {}
         for name, host in hosts.items():
-            ok, stdout, _ = run_remote(host, f"cut -d' ' -f1 /proc/uptime; cat {current} 2>/dev/null || true", timeout=60)
+            ok, stdout, _ = run_remote(host, f"cut -d' ' -f1 /proc/uptime; cat {current} 2>/dev/null || true",
+                                       timeout=60)
             lines = stdout.split()
             clocks[name] = int(float(lines[0]) * 1e6) if ok and lines else None
             releases[name] = lines[1] if ok and len(lines) > 1 else None
@@ -421,7 +433,8 @@ class Roller:
         return f"{releases_command(self.spec)} {action} " + " ".join(shlex.quote(x) for x in extra)
 
     def restore(self, host_name: str, host: Any, to: str | None) -> str:
-        ok, stdout, stderr = run_remote(host, self.releases_command(host_name, "restore", *(["--to", to] if to else [])))
+        ok, stdout, stderr = run_remote(host, self.releases_command(host_name, "restore",
+                                                                    *(["--to", to] if to else [])))
         if not ok:
             raise RuntimeError((stderr.strip().splitlines() or ["restore failed"])[-1])
         result = json.loads(stdout.strip().splitlines()[-1])
@@ -480,7 +493,8 @@ class Roller:
                 if h not in self.restart_s:
                     self.restart_s[h] = self.last_restart_to_ready(hosts[h], h)
         for outage in outages:
-            p(",".join(batch), "downtime", f"accepted: {outage.lost()} from the drain until the re-add; new requests get its error status meanwhile")
+            p(",".join(batch), "downtime", f"accepted: {outage.lost()} from the drain until the "
+                                           "re-add; new requests get its error status meanwhile")
 
         def gate(name: str, fn: Callable[[list[str]], str], started: float | None = None) -> None:
             start = time.monotonic() if started is None else started
@@ -499,7 +513,8 @@ class Roller:
         # with the step: after the re-add and smoke, or after the restore when a gate failed (a node
         # left broken then pages)
         with self.silenced(batch, "drain, apply, gates, re-add, smoke", done="rolled, ready and back in the router",
-                           failed="the roll stopped on it: expired after the restore, so whatever is still wrong pages"):
+                           failed="the roll stopped on it: expired after the "
+                                  "restore, so whatever is still wrong pages"):
             try:
                 # The deploy's prepare only reads the nodes (facts) and decides the operations, so it
                 # runs while the drain (HTTP to routers and engines only) waits for the engines to go idle.
@@ -550,10 +565,12 @@ class Roller:
                 raise
         for h in batch:
             timings[h].total_s = time.monotonic() - t0
-            timings[h].apply_detail = {"prepare": self.pyinfra.phases.get("prepare", 0.0), **self.pyinfra.operations.get(h, {})}
+            timings[h].apply_detail = {"prepare": self.pyinfra.phases.get("prepare", 0.0),
+                                       **self.pyinfra.operations.get(h, {})}
             timings[h].engines_restart_to_ready_s = self.engines_restart_to_ready(hosts[h], h, clocks[h])
             timings[h].outage_s = self.last_outage_s
-            timings[h].waited = {"drain": drain_own[0] if drain_own else 0.0, "smoke": timings[h].steps.get("smoke", 0.0)}
+            timings[h].waited = {"drain": drain_own[0] if drain_own else 0.0,
+                                 "smoke": timings[h].steps.get("smoke", 0.0)}
             t = timings[h]
             p(h, "done", t.summary())
             self.timings.append(t)
@@ -578,7 +595,8 @@ class Roller:
         def one(h: str) -> None:
             start = time.monotonic()
             if before.get(h) is None:
-                p(h, "restore", "no earlier release recorded on this node: left as it is (roll it with a fixed inventory)")
+                p(h, "restore", "no earlier release recorded on this node: "
+                                "left as it is (roll it with a fixed inventory)")
                 return
             try:
                 # a fresh connection: the failed deploy's State is done
