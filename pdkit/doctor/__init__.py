@@ -15,8 +15,8 @@ Where each part lives: model.py (the observations and `CheckResult`), observe.py
 exporter or router page), collection.py (every host's observations, with progress lines), checks.py
 (the table of checks and `evaluate`; the pure checks by concern in checks_engine.py, checks_graphs.py,
 checks_kv.py and checks_cluster.py, what they share in checkbase.py), baseline.py (the recorded C=16
-bench and doctor's own), report.py (table, JSON, exit code); here the command itself. Every public name stays importable from
-`pdkit.doctor`.
+bench and doctor's own), report.py (table, JSON, exit code); here the command itself. Every public name
+stays importable from `pdkit.doctor`.
 
 A WARN says "could not prove it" (not measurable on this version, no traffic yet, exporter down);
 a FAIL says "it is wrong"; the exit code is 1 when anything FAILs.
@@ -114,8 +114,8 @@ def run_doctor(spec, *, window_s: float = 3.0, probe_requests: int = 8, timeout_
         measured = fresh_bench(spec, recorded, progress, show_bar)
         kv_after = kv_pages(prefill, timeout_s)
         ttft = measured.ttft_mean_ms if measured is not None else None
-        kv_bench = {k: KvBench(kv_before.get(k) or {}, after,
-                               ttft) for k, after in kv_after.items() if after is not None}
+        kv_bench = {k: KvBench(kv_before.get(k) or {}, after, ttft)
+                    for k, after in kv_after.items() if after is not None}
         before = itl_sums(decode, timeout_s)
         per_engine_bench(spec, recorded, progress, show_bar)
         after = itl_sums(decode, timeout_s)

@@ -22,11 +22,13 @@ def check_router_workers(router: RouterObservation) -> CheckResult:
     unhealthy = sorted(w for w in wanted & set(router.workers) if not router.workers[w])
     extra = sorted(set(router.workers) - wanted)
     if missing or unhealthy:
-        parts = ([f"missing {', '.join(missing)}"] if missing else []) + ([f"unhealthy {', '.join(unhealthy)}"] if unhealthy else [])
+        parts = (([f"missing {', '.join(missing)}"] if missing else [])
+                 + ([f"unhealthy {', '.join(unhealthy)}"] if unhealthy else []))
         return CheckResult(router.host, "router", name, FAIL, "; ".join(parts),
                            "fix the engine first (its rows above); the router "
                            "re-checks a worker every health_check_interval_secs. "
-                           "A worker missing from the list: re-apply the plan to the router host (its --prefill/--decode list)")
+                           "A worker missing from the list: re-apply the plan "
+                           "to the router host (its --prefill/--decode list)")
     note = f"; also lists unplanned {', '.join(extra)}" if extra else ""
     status: Status = WARN if extra else PASS
     return CheckResult(router.host, "router", name, status, f"all {len(wanted)} planned workers "
@@ -64,7 +66,8 @@ def check_throughput(host: str, recorded: BenchPoint | None, measured: BenchPoin
                                                         f"{recorded.output_tok_s:.0f} tok/s, {recorded.label})",
                            "pass --bench to run a short C=16 bench through the router and compare")
     ratio = measured.output_tok_s / recorded.output_tok_s if recorded.output_tok_s > 0 else math.inf
-    text = f"C=16 {measured.output_tok_s:.0f} tok/s vs {recorded.output_tok_s:.0f} recorded ({recorded.label}): {ratio - 1:+.0%}"
+    text = (f"C=16 {measured.output_tok_s:.0f} tok/s vs {recorded.output_tok_s:.0f} recorded ({recorded.label}): "
+            f"{ratio - 1:+.0%}")
     if ratio < 1 - tolerance:
         return CheckResult(host, "cluster", name, FAIL, text,
                            "a lever regressed: see the FAIL rows (decode_cuda_graph, "

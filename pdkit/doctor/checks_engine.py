@@ -85,11 +85,13 @@ def check_flags(obs: EngineObservation) -> CheckResult:
     if obs.server_info is None and (obs.exporter is None or obs.exporter.flags_drift is None):
         return not_measured(plan, "flags", f"/server_info unreadable ({obs.server_info_error})")
     if drifted:
-        shown = "; ".join(drifted[f] for f in sorted(drifted)[:3]) + (f" (+{len(drifted) - 3} more)" if len(drifted) > 3 else "")
+        shown = ("; ".join(drifted[f] for f in sorted(drifted)[:3])
+                 + (f" (+{len(drifted) - 3} more)" if len(drifted) > 3 else ""))
         return engine_row(plan, "flags", FAIL, f"{len(drifted)} planned flag(s) not in effect: {shown}",
                           f"re-apply the plan to {plan.host} (pyinfra INVENTORY "
                           f"deploy/pd.py --limit {plan.host}, or pdkit roll); "
-                          "a flag changed by hand on the host is overwritten by that; an intended change belongs in the inventory")
+                          "a flag changed by hand on the host is overwritten "
+                          "by that; an intended change belongs in the inventory")
     checked = len({flag_key(a) for a in plan.argv if a.startswith("--")}) - len(unverified)
     note = f", {len(unverified)} not reported by /server_info ({', '.join(unverified[:3])})" if unverified else ""
     return engine_row(plan, "flags", PASS, f"{checked} planned flags match the running engine{note}")
@@ -136,7 +138,8 @@ def check_context_length(obs: EngineObservation) -> CheckResult:
     if running < plan.context_length:
         hint = (f"re-apply the plan to {plan.host} (a hand edit is "
                 "overwritten); if it stays lower, the model's maximum is: "
-                "set tuning.allow_longer_context: true (SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1) or lower tuning.context_length")
+                "set tuning.allow_longer_context: true "
+                "(SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1) or lower tuning.context_length")
     else:
         hint = f"the engine does not run the planned --context-length: re-apply the plan to {plan.host}"
     return engine_row(plan, name, FAIL, f"context length {running}, planned {plan.context_length}", hint)
@@ -158,14 +161,15 @@ def check_env(obs: EngineObservation) -> CheckResult:
                           f"is pdkit-engine-{plan.engine} running? the exporter runs "
                           "as the service user and reads its /proc/<pid>/environ")
     if ex.env_present == 0:
-        shown = ", ".join(f"{var} {problem}" for var, problem in sorted(ex.env_mismatch.items())) or "see pdkit_engine_env_mismatch_info"
+        shown = (", ".join(f"{var} {problem}" for var, problem in sorted(ex.env_mismatch.items()))
+                 or "see pdkit_engine_env_mismatch_info")
         return engine_row(plan, name, FAIL, f"the engine process lacks planned variables: {shown}",
                           "the unit loads /etc/pdkit/nccl.env, ucx.env and "
                           f"engines/{plan.engine}.env: re-apply the plan to {plan.host} "
                           "and restart the engine (a changed env file takes effect only on restart)")
     names = ", ".join(plan.env_names[:4]) + ("..." if len(plan.env_names) > 4 else "")
-    return engine_row(plan, name, PASS, f"every planned variable is in the process ({len(plan.env_names)}: {names})" if names
-                      else "every planned variable is in the process")
+    return engine_row(plan, name, PASS, f"every planned variable is in the process ({len(plan.env_names)}: {names})"
+                      if names else "every planned variable is in the process")
 
 
 def check_versions(group: Sequence[EngineObservation]) -> list[CheckResult]:
@@ -178,7 +182,8 @@ def check_versions(group: Sequence[EngineObservation]) -> list[CheckResult]:
         plan = obs.plan
         version = running[id(obs)]
         if not version:
-            last = f"; last known {obs.exporter.sglang_version} (pdkit-exporter)" if obs.exporter and obs.exporter.sglang_version else ""
+            last = (f"; last known {obs.exporter.sglang_version} (pdkit-exporter)"
+                    if obs.exporter and obs.exporter.sglang_version else "")
             out.append(engine_row(plan, "version", WARN, f"not measured: /server_info gave no version{last}",
                                   "follows from reachable" if engine_down(obs) else "not reported by this engine"))
         elif len(known) > 1:
@@ -228,7 +233,8 @@ def check_queues(obs: EngineObservation) -> CheckResult:
                                                 f"in {window:.0f} s with no token produced: stuck",
                               "a prefill queue waits for its decode partner (bootstrap) "
                               "or a decode for KV (transfer): check the pair's "
-                              "journals; restart the stuck engine (a prefill replaced behind one address stalls its decode)")
+                              "journals; restart the stuck engine (a prefill "
+                              "replaced behind one address stalls its decode)")
         return engine_row(plan, name, WARN, f"queued requests grew {before:.0f} -> {after:.0f} in {window:.0f} s",
                           "requests arrive faster than this engine drains them: "
                           "add engines or lower the load; see KV usage and graphs")

@@ -64,7 +64,8 @@ def check_decode_cuda_graphs(obs: EngineObservation) -> CheckResult:
                  "override) and roll it; graphs gave 2.9-5.2x decode throughput on H200 (docs/gpu.md)")
     passes = decode_passes(obs)
     if enabled is False:
-        seen = f"; {passes[0]:.0f} of {passes[0] + passes[1]:.0f} decode passes ran as a graph {passes[2]}" if passes else ""
+        seen = (f"; {passes[0]:.0f} of {passes[0] + passes[1]:.0f} decode passes ran as a graph {passes[2]}"
+                if passes else "")
         if not plan.cuda_graph:
             return replace(engine_row(plan, name, FAIL, "decode CUDA graphs are off "
                                                         "(cuda_graph_backend_decode=disabled), "
@@ -104,7 +105,8 @@ def check_decode_cuda_graphs(obs: EngineObservation) -> CheckResult:
         return engine_row(plan, name, FAIL, f"decode CUDA graphs enabled but unused: {total_text}",
                           "graph capture failed or every batch is above the captured "
                           f"size ({largest_decode_bucket(info or {}) or '?'}): "
-                          f"read journalctl -u pdkit-engine-{plan.engine} on {plan.host} for the capture; raise tuning.cuda_graph_max_bs")
+                          f"read journalctl -u pdkit-engine-{plan.engine} on "
+                          f"{plan.host} for the capture; raise tuning.cuda_graph_max_bs")
     if ratio < GRAPH_RATIO_PASS:
         return engine_row(plan, name, WARN, f"only {total_text}",
                           "batches above the largest captured size "
@@ -133,7 +135,8 @@ def check_graph_buckets(obs: EngineObservation) -> CheckResult:
     if largest < plan.required_bs:
         if plan.graph_max_bs is not None and plan.graph_max_bs >= plan.required_bs:
             hint = (f"the plan captures up to {plan.graph_max_bs} but the engine does not run it: re-apply the plan to "
-                    f"{plan.host}; if it stays at {largest}, SGLang lowered it (memory, max_running_requests): see its start-up log")
+                    f"{plan.host}; if it stays at {largest}, SGLang lowered "
+                    "it (memory, max_running_requests): see its start-up log")
         else:
             hint = (f"set tuning.cuda_graph_max_bs >= {plan.required_bs} for {plan.host}/{plan.engine} "
                     "(mind max_running_requests, which clamps it)")

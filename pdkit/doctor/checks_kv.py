@@ -50,7 +50,8 @@ def check_kv_transfers(obs: EngineObservation, router: WorkerOutcomes | None = N
         return engine_row(plan, name, FAIL, f"KV hand-off failures in the last {window:.0f} s: {shown}",
                           "read both engines' journals for NIXL/UCX errors; across "
                           "nodes set pdkit_node.ucx_net_devices, on one node "
-                          "UCX_TLS must keep cuda_ipc; check the pair's versions (version check) and that the prefill's bootstrap port is reachable")
+                          "UCX_TLS must keep cuda_ipc; check the pair's versions (version "
+                          "check) and that the prefill's bootstrap port is reachable")
     total = sum(failures.values())
     if total > 0:
         return engine_row(plan, name, WARN, f"{total:.0f} KV hand-off failure(s) since the "
@@ -169,10 +170,12 @@ def check_kv_path(obs: EngineObservation, decodes: Sequence[EngineObservation] =
     p99 = _kv_ms(fig.latency_p99_ms, fig.latency_p99_above_buckets)
     share = (f"{fig.ttft_share:.0%} of TTFT (mean {ttft_ms:.0f} ms, "
              f"{ttft_from})") if fig.ttft_share is not None else "share of TTFT unknown (no TTFT observed)"
+    not_judged = ("" if rate_judged(fig.mb_per_request)
+                  else f"; rate not judged under {KV_RATE_MIN_MB:g} MiB: latency-bound")
     figures_text = (f"{fig.transfers} hand-offs {over}: {fig.mb_per_request or 0:.1f} MB/request, latency mean "
                     f"{_kv_ms(fig.latency_mean_ms)}, p99 {p99}; effective {_kv_gb_s(fig.effective_gb_s)} "
                     f"(SGLang's speed mean {_kv_gb_s(fig.sglang_speed_mean_gb_s)}"
-                    f"{'' if rate_judged(fig.mb_per_request) else f'; rate not judged under {KV_RATE_MIN_MB:g} MiB: latency-bound'}"
+                    f"{not_judged}"
                     f"); {share}; path {where}{sim_note}")
     # small hand-offs are latency-bound: their rate is not judged, their TTFT share is (pdkit.kvcost)
     slow = (floor is not None and fig.effective_gb_s is not None and fig.effective_gb_s < floor

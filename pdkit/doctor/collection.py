@@ -38,8 +38,8 @@ def engine_plans(spec) -> list[EnginePlan]:
         # every rank of an engine spanning nodes, rank 0 first: each on its own host, with that
         # host's NCCL/UCX environment and its own argv (--node-rank)
         for rank, node in enumerate(spec.engine_hosts(host, engine)):
-            env = {**flags.nccl_env(spec, node), **flags.ucx_env(spec, node), **flags.engine_env(spec, host, engine,
-                                                                                                 node)}
+            env = {**flags.nccl_env(spec, node), **flags.ucx_env(spec, node),
+                   **flags.engine_env(spec, host, engine, node)}
             planned_env = sorted(k for k in env if k.startswith(("NCCL_", "UCX_", "SGLANG_")))
             out.append(EnginePlan(
                 host=node.name,
@@ -76,7 +76,8 @@ def router_urls(spec) -> list[tuple[str, str, tuple[str, ...]]]:
 
 @dataclass
 class Collected:
-    """What `collect` read: every engine's and router's observations, the probes' HTTP statuses, each node's reboot flag."""
+    """What `collect` read: every engine's and router's observations, the probes' HTTP statuses, each
+    node's reboot flag."""
 
     engines: list[EngineObservation]
     routers: list[RouterObservation]

@@ -107,13 +107,15 @@ def cmd_roll(args: argparse.Namespace) -> int:
         print(f"pdkit roll: {exc}", file=sys.stderr)
         return EXIT_INVALID
     secret = {f.path for plan in roller.plans.values() for f in plan.files if f.secret}
-    outages = {i: found for i, b in enumerate(batches) if not all(h in roller.unchanged for h in b) and (found := batch_outages(spec, b))}
+    outages = {i: found for i, b in enumerate(batches)
+               if not all(h in roller.unchanged for h in b) and (found := batch_outages(spec, b))}
     roller.restart_s = measure_restarts(roller, sorted({h for i in outages for h in batches[i]}))
     downtime = outage_lines(batches, outages, roller.restart_s, spec.cluster.ready_timeout_s)
     if args.dry:
         print(format_dry_plan(batches, diffs, explanations, secret))
         if downtime:
-            accepted = "accepted by --allow-downtime" if args.allow_downtime else "the roll refuses it without --allow-downtime"
+            accepted = ("accepted by --allow-downtime" if args.allow_downtime
+                        else "the roll refuses it without --allow-downtime")
             print("", f"downtime ({accepted}):", *(f"  {line}" for line in downtime), sep="\n")
         return EXIT_FAILED if unreachable else 0
 
@@ -150,7 +152,8 @@ def cmd_roll(args: argparse.Namespace) -> int:
             print(stop_summary(exc, untouched), file=sys.stderr)
             write_report("stopped", failed={"host": exc.host, "gate": exc.gate, "message": exc.message,
                                             "restored": exc.restored,
-                                            "outage_s": None if roller.last_outage_s is None else round(roller.last_outage_s, 2)},
+                                            "outage_s": (None if roller.last_outage_s is None
+                                                         else round(roller.last_outage_s, 2))},
                          untouched=untouched)
             return EXIT_FAILED
         except BaseException as exc:
@@ -233,7 +236,8 @@ def cmd_releases(args: argparse.Namespace) -> int:
 
 
 def format_releases(host: str, data: dict, planned_hash: str) -> str:
-    lines = [f"{host}: {len(data['releases'])} release(s) kept, newest last ('*' = running now, 'plan' = what the inventory says)"]
+    lines = [f"{host}: {len(data['releases'])} release(s) kept, newest last ('*' = running now, "
+             "'plan' = what the inventory says)"]
     for r in data["releases"]:
         marks = ("*" if r["id"] == data.get("current") else " ") + (" plan" if r["hash"] == planned_hash else "     ")
         lines.append(f"{marks} {r['id']}  {r['time']}  {r['files']} files  {r['command']}")

@@ -60,10 +60,12 @@ def stop_summary(exc: RollError, untouched: list[str]) -> str:
     """Pure: the roll's last line after a failed gate: what state the failed node is in."""
     rest = f"not touched: {', '.join(untouched) or 'none'}"
     if exc.restored:
-        return f"pdkit roll: {exc.host} is back on its previous release where one was recorded; {router_state_words(exc.readded)}; {rest}"
+        return (f"pdkit roll: {exc.host} is back on its previous release where one was recorded; "
+                f"{router_state_words(exc.readded)}; {rest}")
     if exc.gate == "connect":
         return f"pdkit roll: {exc.host} could not be reached: nothing was changed on it; {rest}"
-    return f"pdkit roll: {exc.host}: nothing was applied (gate '{exc.gate}' failed before the deploy); {router_state_words(exc.readded)}; {rest}"
+    return (f"pdkit roll: {exc.host}: nothing was applied (gate '{exc.gate}' failed before the deploy); "
+            f"{router_state_words(exc.readded)}; {rest}")
 
 
 
@@ -138,7 +140,8 @@ def pairing_units(spec: ClusterSpec, changed: set[tuple[str, str]]) -> tuple[lis
         for h in hosts[1:]:
             union(hosts[0], h)
         if len(hosts) > 1:
-            reasons[frozenset(hosts)] = f"PD group {g!r} changes SGLang version: its hosts {', '.join(hosts)} roll together as one batch"
+            reasons[frozenset(hosts)] = (f"PD group {g!r} changes SGLang version: its hosts {', '.join(hosts)} "
+                                         "roll together as one batch")
     for router in spec.router_hosts:
         fronted = spec.router_workers(router)
         fronted_groups = {e.pd_group for _, e in fronted if e.role != "unified"}
@@ -147,14 +150,18 @@ def pairing_units(spec: ClusterSpec, changed: set[tuple[str, str]]) -> tuple[lis
             for h in hosts[1:]:
                 union(hosts[0], h)
             reasons[frozenset(hosts)] = (
-                f"the router on {router.name} pairs any prefill with any decode of groups {', '.join(sorted(fronted_groups))} and a version changes: "
-                f"hosts {', '.join(hosts)} roll together as one batch (they leave and rejoin the router together, which drains all of its workers at once)"
+                f"the router on {router.name} pairs any prefill with any decode of groups "
+                f"{', '.join(sorted(fronted_groups))} and a version changes: "
+                f"hosts {', '.join(hosts)} roll together as one batch (they leave and rejoin the router together, "
+                "which drains all of its workers at once)"
             )
     units: dict[str, set[str]] = {}
     for name in parent:
         units.setdefault(find(name), set()).add(name)
     multi = [u for u in units.values() if len(u) > 1]
-    explanations = [reasons.get(frozenset(u)) or f"hosts {', '.join(sorted(u))} roll together (shared PD groups change SGLang version)" for u in multi]
+    explanations = [reasons.get(frozenset(u))
+                    or f"hosts {', '.join(sorted(u))} roll together (shared PD groups change SGLang version)"
+                    for u in multi]
     # a unit joined from overlapping reasons gets every reason that touched it
     for u, line in zip(multi, list(explanations)):
         extra = [r for k, r in reasons.items() if k <= u and r != line]
@@ -175,7 +182,8 @@ def spanning_units(spec: ClusterSpec) -> tuple[list[set[str]], list[str]]:
             units.append(set(hosts))
             lines.append(f"engine {host.name}/{engine.name} spans {', '.join(hosts)}: "
                          f"one step (rank 0 on {host.name} drained from "
-                         f"the router, every rank restarted together, gated on rank 0 and a real request, every rank rolled back on failure)")
+                         "the router, every rank restarted together, gated on rank "
+                         "0 and a real request, every rank rolled back on failure)")
     return units, lines
 
 
@@ -257,7 +265,8 @@ def refusal_text(command: str, rerun: str, lines: list[str]) -> str:
         f"pdkit {command}: refused, nothing was changed: this takes the last workers of a kind out of a router, "
         "and its clients get an error until they are back:",
         *(f"  {line}" for line in lines),
-        "To accept the outage (the requests in flight drain first; new ones get the router's error status at once), run:",
+        "To accept the outage (the requests in flight drain first; new ones get the router's error status "
+        "at once), run:",
         f"  {rerun}",
         "(docs/rolling.md, 'Downtime mode')",
     ])
@@ -374,9 +383,11 @@ def format_dry_plan(batches: list[list[str]], diffs: dict[str, HostDiff], explan
             if not d.files and not d.restarts and not d.removes:
                 lines.append(f"  {step}. {host}: no change")
                 continue
-            lines.append(f"  {step}. {host}: {len(d.files)} file(s) differ from the plan, {len(d.restarts)} service(s) would restart" + (" (new venv)" if d.new_venv else ""))
+            lines.append(f"  {step}. {host}: {len(d.files)} file(s) differ from the plan, "
+                         f"{len(d.restarts)} service(s) would restart" + (" (new venv)" if d.new_venv else ""))
             for path in d.files:
-                lines.append(f"       file     {path}" + ("  (secret: content not shown)" if path in secret_paths else ""))
+                lines.append(f"       file     {path}"
+                             + ("  (secret: content not shown)" if path in secret_paths else ""))
             for path in d.removes:
                 lines.append(f"       remove   {path}  (no longer planned)")
             for unit in d.restarts:
@@ -413,7 +424,8 @@ def restart_to_ready(units: dict[str, list]) -> float | None:
             continue
         # the stop is this restart's when the start followed it at once (systemctl restart), not
         # when the unit sat stopped for a while before it was started again
-        stopping = inactive_us - exit_us if 0 < exit_us <= inactive_us <= started_us <= inactive_us + RESTART_GAP_US else 0
+        stopping = (inactive_us - exit_us
+                    if 0 < exit_us <= inactive_us <= started_us <= inactive_us + RESTART_GAP_US else 0)
         took.append((stopping + ready_us - started_us) / 1e6)
     return max(took) if took else None
 

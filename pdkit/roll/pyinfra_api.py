@@ -226,7 +226,8 @@ def run_remote(host: Any, command: str, timeout: int = 900) -> tuple[bool, str, 
 
 
 def patch_gevent() -> None:
-    # pyinfra's API needs gevent, patched before anything opens a socket (pyinfra 3.10.0's pyinfra_cli/__init__.py does the same)
+    # pyinfra's API needs gevent, patched before anything opens a socket (pyinfra 3.10.0's
+    # pyinfra_cli/__init__.py does the same)
     from gevent import monkey
 
     if not monkey.is_module_patched("socket"):

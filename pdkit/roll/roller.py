@@ -98,7 +98,8 @@ class NodeTiming:
         waits = ", ".join(f"{k} {v:.1f} s" for k, v in self.waited.items())
         outage = f", service outage {self.outage_s:.1f} s" if self.outage_s is not None else ""
         return (f"total {self.total_s:.1f} s, engines restart-to-ready {self.engines_restart_to_ready_s:.1f} s, "
-                f"waited on requests {sum(self.waited.values()):.1f} s ({waits or 'none'}), kit overhead {self.overhead_s:.1f} s{outage}")
+                f"waited on requests {sum(self.waited.values()):.1f} s "
+                f"({waits or 'none'}), kit overhead {self.overhead_s:.1f} s{outage}")
 
 
 
@@ -107,12 +108,19 @@ import json, re, subprocess, sys
 units, since = json.loads(sys.argv[1]), float(sys.argv[2])
 out = {}
 for u in units:
-    show = dict(l.split("=", 1) for l in subprocess.run(["systemctl", "show", "-p", "ActiveExitTimestampMonotonic,InactiveEnterTimestampMonotonic,InactiveExitTimestampMonotonic,InvocationID", u], capture_output=True, text=True).stdout.splitlines() if "=" in l)
-    log = subprocess.run(["journalctl", "--no-pager", "-o", "json", "_SYSTEMD_INVOCATION_ID=" + show.get("InvocationID", ""), "--grep", re.escape(sys.argv[3])], capture_output=True, text=True).stdout.splitlines()
+    show = dict(l.split("=", 1) for l in subprocess.run(
+        ["systemctl", "show", "-p", "ActiveExitTimestampMonotonic,InactiveEnterTimestampMonotonic,"
+         "InactiveExitTimestampMonotonic,InvocationID", u],
+        capture_output=True, text=True).stdout.splitlines() if "=" in l)
+    log = subprocess.run(
+        ["journalctl", "--no-pager", "-o", "json", "_SYSTEMD_INVOCATION_ID=" + show.get("InvocationID", ""),
+         "--grep", re.escape(sys.argv[3])],
+        capture_output=True, text=True).stdout.splitlines()
     ready = json.loads(log[0])["__MONOTONIC_TIMESTAMP"] if log else None
     # [left active, ready line of this invocation, went inactive, started this invocation] (µs, node clock)
     out[u] = [int(show.get("ActiveExitTimestampMonotonic") or 0), int(ready) if ready else None,
-              int(show.get("InactiveEnterTimestampMonotonic") or 0), int(show.get("InactiveExitTimestampMonotonic") or 0)]
+              int(show.get("InactiveEnterTimestampMonotonic") or 0),
+              int(show.get("InactiveExitTimestampMonotonic") or 0)]
 print(json.dumps(out))
 """
 
@@ -189,7 +197,8 @@ class Roller:
                 (h, RouterClient(
                     router_url(h), keys=router_keys(self.spec, self.running_keys.get(h.name)),
                     key_fix=key_fix(self.inventory, h.name),
-                    drain_settle_s=ROUTER_DRAIN_SETTLE_S if ROUTER_RELEASES[self.spec.router_release(h)].per_worker_drain_settle else None,
+                    drain_settle_s=(ROUTER_DRAIN_SETTLE_S
+                                    if ROUTER_RELEASES[self.spec.router_release(h)].per_worker_drain_settle else None),
                 ))
                 for h in self.spec.router_hosts
             ]
@@ -270,8 +279,11 @@ class Roller:
                 others = [w for w in listed if w.worker_type == kind and w.url not in mine]
                 usable = [w for w in others if w.routable and breakers.get(w.url, 0) != 1]
                 if not usable:
-                    state = ", ".join(f"{w.url} ({'circuit open' if breakers.get(w.url) == 1 else w.status or 'unhealthy'})" for w in others) or "none"
-                    return f"taking {', '.join(hosts)} out of {client.base_url} would leave no usable {kind} worker (others: {state})"
+                    state = ", ".join(
+                        f"{w.url} ({'circuit open' if breakers.get(w.url) == 1 else w.status or 'unhealthy'})"
+                        for w in others) or "none"
+                    return (f"taking {', '.join(hosts)} out of {client.base_url} would leave no usable {kind} worker "
+                            f"(others: {state})")
         return None
 
     # ---- steps
@@ -323,7 +335,8 @@ class Roller:
         workers = sorted(self.workers_of(hosts), key=lambda w: -REMOVAL_ORDER[worker_type(w[1].role)])
         for client, engine, url in workers:
             # a held worker leaves the router's list when its settle time is up: wait that out too
-            client.add(url, worker_type(engine.role), engine.effective_bootstrap_port if engine.role == "prefill" else None,
+            client.add(url, worker_type(engine.role),
+                       engine.effective_bootstrap_port if engine.role == "prefill" else None,
                        timeout=self.router_timeout_s + self.held_s)
         by_client: dict[int, tuple[Any, list[str]]] = {}
         for client, _, url in workers:
@@ -381,8 +394,10 @@ class Roller:
             timeout = int(max(g.timeout for g in found)) + 60
             ok, stdout, stderr = run_remote(self.connected[h], gates.command(python, found), timeout=timeout)
             if not ok:
-                lines = [ln.removeprefix("FAILED").strip() for ln in (stderr or stdout).strip().splitlines() if ln.strip()]
-                raise RuntimeError(f"{h}: " + (" | ".join(ln for ln in lines if not ln.startswith("ok ")) or "its gates failed"))
+                lines = [ln.removeprefix("FAILED").strip() for ln in (stderr or stdout).strip().splitlines()
+                         if ln.strip()]
+                raise RuntimeError(f"{h}: " + (" | ".join(ln for ln in lines if not ln.startswith("ok "))
+                                               or "its gates failed"))
         return sum(len(g) for g in wanted.values()), [h for h in hosts if h not in wanted]
 
     def ready(self, hosts: list[str]) -> str:
@@ -409,7 +424,8 @@ class Roller:
                                    f"answered {status or 'nothing'}: {body.strip()[:200]}")
         sent = len(jobs)
         after = self.scrape(urls, FAILURE_COUNTERS)
-        moved = {k: {n: after[k][n] - before[k][n] for n in FAILURE_COUNTERS if after[k][n] != before[k][n]} for k in urls}
+        moved = {k: {n: after[k][n] - before[k][n] for n in FAILURE_COUNTERS if after[k][n] != before[k][n]}
+                 for k in urls}
         moved = {k: v for k, v in moved.items() if v}
         if moved:
             raise RuntimeError(f"KV transfer / bootstrap failure counters moved during the smoke requests: {moved}")
@@ -438,7 +454,8 @@ class Roller:
         if not ok:
             raise RuntimeError((stderr.strip().splitlines() or ["restore failed"])[-1])
         result = json.loads(stdout.strip().splitlines()[-1])
-        return f"back on release {result['id']} ({len(result['written'])} file(s) rewritten, restarted {', '.join(result['restarted']) or 'nothing'})"
+        return (f"back on release {result['id']} ({len(result['written'])} file(s) rewritten, "
+                f"restarted {', '.join(result['restarted']) or 'nothing'})")
 
     def engines_restart_to_ready(self, host: Any, host_name: str, since_monotonic_us: int | None) -> float:
         """Wall time during which at least one of the node's engines restarted in this step was
@@ -452,7 +469,8 @@ class Roller:
             return 0.0
         intervals = [
             (exit_us, ready_us) for exit_us, ready_us, *_ in json.loads(stdout).values()
-            if ready_us and exit_us and (since_monotonic_us is None or exit_us >= since_monotonic_us) and ready_us > exit_us
+            if ready_us and exit_us and (since_monotonic_us is None or exit_us >= since_monotonic_us)
+            and ready_us > exit_us
         ]
         return covered_seconds(intervals)
 
@@ -540,7 +558,8 @@ class Roller:
                         raise RollError(h, "apply", why)
                     phases = self.pyinfra.phases
                     return (f"deploy/pd.py applied; changed services restarted and passed their health gates "
-                            f"(prepared while draining: {phases.get('prepare', 0):.1f} s; execute {phases.get('execute', 0):.1f} s)")
+                            f"(prepared while draining: {phases.get('prepare', 0):.1f} "
+                            f"s; execute {phases.get('execute', 0):.1f} s)")
 
                 gate("apply", apply)
                 gate("ready", self.ready)
