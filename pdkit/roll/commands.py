@@ -52,8 +52,9 @@ def _load(inventory: str):
 
 
 
-def read_node_state(roller: Roller, hosts: list[str]) -> tuple[dict[str, HostDiff], dict[str, dict[str, str]],
-                                                               dict[str, str]]:
+def read_node_state(
+    roller: Roller, hosts: list[str],
+) -> tuple[dict[str, HostDiff], dict[str, dict[str, str]], dict[str, str]]:
     """(diff per host, engine versions each node runs now, unreachable hosts), read over SSH; nothing changes."""
     # lazy: pyinfra (and pdkit.hoststate, which imports it) load only after patch_gevent
     from pyinfra.context import ctx_host
@@ -276,8 +277,8 @@ def cmd_rollback(args: argparse.Namespace) -> int:
                          done="back on the release, ready and in the router",
                          failed="the rollback stopped on it: expired, so whatever is still wrong pages") as step:
         try:
-            for name, fn in (("drain", roller.drain), ("restore", lambda b: roller.restore(args.host, hosts[args.host],
-                                                                                           args.to)),
+            for name, fn in (("drain", roller.drain),
+                             ("restore", lambda b: roller.restore(args.host, hosts[args.host], args.to)),
                              ("ready", roller.ready), ("router", roller.readd), ("smoke", roller.smoke)):
                 start = time.monotonic()
                 p(args.host, name, fn(batch), time.monotonic() - start)

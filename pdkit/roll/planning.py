@@ -345,8 +345,8 @@ def host_diff(plan: HostPlan, state: dict, *, new_venvs: Iterable[str] = ()) -> 
     running = {}
     for service in plan.services:
         unit_state = state.get("units", {}).get(service.unit) or []
-        running[service.unit] = len(unit_state) > 2 and unit_state[1] in ("active", "activating",
-                                                                          "reloading") and unit_state[2] == "enabled"
+        running[service.unit] = (len(unit_state) > 2 and unit_state[1] in ("active", "activating", "reloading")
+                                 and unit_state[2] == "enabled")
     decision = changes.decide(services_meta(plan.services), {*files, *removed}, venvs, running,
                               recorded.get("services"))
     restarts = tuple(s.unit for s in plan.services if s.unit in {*decision.start, *decision.restart})

@@ -173,8 +173,8 @@ class Roller:
 
         self.plans = plan_cluster(self.spec)
         self.pyinfra = Pyinfra(self.inventory)
-        self.silencer = Silencer.for_spec(self.spec, f"pdkit {self.command}", lambda who,
-                                          text: self.progress(who, "silence", text))
+        self.silencer = Silencer.for_spec(self.spec, f"pdkit {self.command}",
+                                          lambda who, text: self.progress(who, "silence", text))
 
     def silenced(self, hosts: list[str], what: str, done: str, failed: str):
         """A context: HOSTS' alerts silenced in Alertmanager (pdkit/silences.py) from here until it
@@ -238,8 +238,8 @@ class Roller:
         return out
 
     def engine_urls(self, hosts: list[str]) -> dict[str, str]:
-        return {f"{h.name}/{e.name}": flags.engine_url(self.spec, h,
-                                                       e) for h, e in self.spec.engines() if h.name in hosts}
+        return {f"{h.name}/{e.name}": flags.engine_url(self.spec, h, e)
+                for h, e in self.spec.engines() if h.name in hosts}
 
     def scrape(self, urls: dict[str, str], names: Iterable[str]) -> dict[str, dict[str, float]]:
         out = {}
@@ -317,8 +317,8 @@ class Roller:
         if outages:
             self.outage_since = time.monotonic()
         for client, engine, url in workers:
-            client.remove(url, settle_s=self.held_s if (router_of[id(client)],
-                                                        worker_type(engine.role)) in held else None)
+            client.remove(url, settle_s=(self.held_s if (router_of[id(client)], worker_type(engine.role)) in held
+                                         else None))
             self.removed.append(url)
         urls = self.engine_urls(hosts)
         deadline = time.monotonic() + self.drain_timeout_s
@@ -416,8 +416,10 @@ class Roller:
         jobs = [(client, i) for _, client in self.routers() for i in range(self.smoke_requests)]
         # concurrently (greenlets under pyinfra's gevent): a few requests cost one request's time
         with ThreadPoolExecutor(max_workers=max(1, len(jobs))) as pool:
-            answers = list(pool.map(lambda job: job[0].completion(model, f"pdkit roll smoke {hosts[0]} {job[1]}",
-                                                                  max_tokens=SMOKE_MAX_TOKENS), jobs))
+            answers = list(pool.map(
+                lambda job: job[0].completion(model, f"pdkit roll smoke {hosts[0]} {job[1]}",
+                                              max_tokens=SMOKE_MAX_TOKENS),
+                jobs))
         for (client, i), (status, body) in zip(jobs, answers):
             if status != 200:
                 raise RuntimeError(f"smoke request {i + 1} through {client.base_url} "
@@ -431,8 +433,9 @@ class Roller:
             raise RuntimeError(f"KV transfer / bootstrap failure counters moved during the smoke requests: {moved}")
         return f"{sent} request(s) through the router succeeded; transfer and bootstrap failure counters unchanged"
 
-    def current_releases(self, state: Any, hosts: dict[str, Any]) -> tuple[dict[str, str | None],
-                                                                           dict[str, int | None]]:
+    def current_releases(
+        self, state: Any, hosts: dict[str, Any],
+    ) -> tuple[dict[str, str | None], dict[str, int | None]]:
         """(the release each node runs now, the node's monotonic clock in µs), one round trip per node."""
         current = shlex.quote(f"{releases_dir(self.spec.cluster.install_dir)}/CURRENT")
         releases: dict[str, str | None] = {}
