@@ -13,9 +13,10 @@ hint (docs/doctor.md). Two halves, kept apart so the checks can be tested on cap
 
 Where each part lives: model.py (the observations and `CheckResult`), observe.py (reading one engine,
 exporter or router page), collection.py (every host's observations, with progress lines), checks.py
-(the pure checks and `evaluate`), baseline.py (the recorded C=16 bench and doctor's own), report.py
-(table, JSON, exit code); here the command itself. Every public name stays importable from
-`pdkit.doctor`.
+(the table of checks and `evaluate`; the pure checks by concern in checks_engine.py, checks_graphs.py,
+checks_kv.py and checks_cluster.py, what they share in checkbase.py), baseline.py (the recorded C=16
+bench and doctor's own), report.py (table, JSON, exit code); here the command itself. Every public name
+stays importable from `pdkit.doctor`.
 
 A WARN says "could not prove it" (not measurable on this version, no traffic yet, exporter down);
 a FAIL says "it is wrong"; the exit code is 1 when anything FAILs.
@@ -39,37 +40,36 @@ from pdkit.doctor.baseline import (
     per_engine_bench,
     recorded_bench,
 )
-from pdkit.doctor.checks import (
+from pdkit.doctor.checkbase import counter_delta
+from pdkit.doctor.checks import ENGINE_CHECKS, RANK_CHECKS, evaluate, worker_outcomes
+from pdkit.doctor.checks_cluster import (
     DEFAULT_TOLERANCE,
-    ENGINE_CHECKS,
-    GRAPH_RATIO_PASS,
-    QUEUE_GROWTH_MIN,
-    RANK_CHECKS,
-    UNCAPPED_CONTEXT_WARN,
-    check_context_length,
-    check_decode_cuda_graphs,
     check_decode_speed,
-    check_env,
-    check_flags,
-    check_graph_buckets,
-    check_kv_path,
-    check_kv_transfers,
-    check_queues,
-    check_rank_process,
-    check_reachable,
     check_reboot,
     check_router_workers,
     check_throughput,
+    mean_between,
+)
+from pdkit.doctor.checks_engine import (
+    QUEUE_GROWTH_MIN,
+    UNCAPPED_CONTEXT_WARN,
+    check_context_length,
+    check_env,
+    check_flags,
+    check_queues,
+    check_rank_process,
+    check_reachable,
     check_versions,
-    counter_delta,
+)
+from pdkit.doctor.checks_graphs import (
+    GRAPH_RATIO_PASS,
+    check_decode_cuda_graphs,
+    check_graph_buckets,
     decode_graphs_enabled,
     decode_passes,
-    evaluate,
-    kv_path_text,
     largest_decode_bucket,
-    mean_between,
-    worker_outcomes,
 )
+from pdkit.doctor.checks_kv import check_kv_path, check_kv_transfers, kv_path_text
 from pdkit.doctor.collection import Collected, collect, engine_plans, router_urls
 from pdkit.doctor.model import (
     FAIL,
@@ -114,13 +114,15 @@ def run_doctor(spec, *, window_s: float = 3.0, probe_requests: int = 8, timeout_
         measured = fresh_bench(spec, recorded, progress, show_bar)
         kv_after = kv_pages(prefill, timeout_s)
         ttft = measured.ttft_mean_ms if measured is not None else None
-        kv_bench = {k: KvBench(kv_before.get(k) or {}, after, ttft) for k, after in kv_after.items() if after is not None}
+        kv_bench = {k: KvBench(kv_before.get(k) or {}, after, ttft)
+                    for k, after in kv_after.items() if after is not None}
         before = itl_sums(decode, timeout_s)
         per_engine_bench(spec, recorded, progress, show_bar)
         after = itl_sums(decode, timeout_s)
         speed = check_decode_speed({k: mean_between(before.get(k), after.get(k)) for k in after}, tolerance)
     cluster_host = spec.router_hosts[0].name if spec.router_hosts else ""
-    return evaluate(collected.engines, collected.routers, recorded, measured, tolerance, cluster_host, collected.reboots,
+    return evaluate(collected.engines, collected.routers, recorded, measured, tolerance, cluster_host,
+                    collected.reboots,
                     kv_bench) + speed
 
 
@@ -145,15 +147,18 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("doctor", help="live checks: does the running cluster match the plan and do its levers work?")
+    p = subparsers.add_parser("doctor", help="live checks: does the running cluster "
+                                             "match the plan and do its levers work?")
     p.add_argument("inventory", help="pyinfra inventory file, e.g. inventories/cluster.py")
     p.add_argument("--json", action="store_true", help="machine-readable output on stdout")
     p.add_argument("--window", type=float, default=3.0, help="seconds between the two /metrics samples (default 3)")
     p.add_argument("--probe-requests", type=int, default=8,
                    help="short completions sent through each router inside the window (default 8; 0: none)")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds per HTTP request (default 5)")
-    p.add_argument("--bench", action="store_true", help="run a short C=16 bench (pdkit bench) and compare with the last recorded one")
-    p.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE, help="allowed C=16 throughput drop (default 0.10)")
+    p.add_argument("--bench", action="store_true", help="run a short C=16 bench (pdkit bench) "
+                                                        "and compare with the last recorded one")
+    p.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE,
+                   help="allowed C=16 throughput drop (default 0.10)")
     p.add_argument("--runs", default=str(DEFAULT_RUNS_PATH), help="recorded bench runs (default docs/bench/runs.jsonl)")
     p.set_defaults(func=cmd_doctor)
 

@@ -62,8 +62,10 @@ def fresh_bench(spec, like: BenchPoint, progress: Callable[[str], None], show_ba
     """A short C=16 bench through the router with the recorded run's lengths (pdkit.bench.run_bench)."""
     # the recorded run's lengths and request count: a shorter run ramps up and down differently
     requests = like.requests
-    progress(f"running a C=16 bench through the router ({requests} requests, {like.input_len} in / {like.output_len} out)")
-    record = bench.run_bench(spec, concurrency=[BENCH_CONCURRENCY], input_len=like.input_len, output_len=like.output_len,
+    progress(f"running a C=16 bench through the router ({requests} "
+             f"requests, {like.input_len} in / {like.output_len} out)")
+    record = bench.run_bench(spec, concurrency=[BENCH_CONCURRENCY], input_len=like.input_len,
+                             output_len=like.output_len,
                              requests=requests, label="pdkit doctor", probe_drivers=False, progress=show_bar)
     value = c16_throughput(record)
     if value is None:
@@ -82,8 +84,10 @@ def per_engine_bench(spec, like: BenchPoint, progress: Callable[[str], None], sh
     if not routes:
         return {}
     measured = Measured(tuple(h.name for h in spec.hosts), url, headers, routes)
-    progress(f"running the same C=16 load on each engine in turn ({like.requests} requests over {len(routes)} route(s): {', '.join(r.label for r in routes)})")
+    progress(f"running the same C=16 load on each engine in turn ({like.requests} "
+             f"requests over {len(routes)} route(s): {', '.join(r.label for r in routes)})")
     return bench.run_bench(spec, concurrency=[BENCH_CONCURRENCY], input_len=like.input_len, output_len=like.output_len,
-                           requests=like.requests, label="pdkit doctor per engine", probe_drivers=False, progress=show_bar,
+                           requests=like.requests, label="pdkit doctor per engine", probe_drivers=False,
+                           progress=show_bar,
                            send=measured.stream, measured=measured.describe())
 

@@ -38,7 +38,8 @@ def engine_plans(spec) -> list[EnginePlan]:
         # every rank of an engine spanning nodes, rank 0 first: each on its own host, with that
         # host's NCCL/UCX environment and its own argv (--node-rank)
         for rank, node in enumerate(spec.engine_hosts(host, engine)):
-            env = {**flags.nccl_env(spec, node), **flags.ucx_env(spec, node), **flags.engine_env(spec, host, engine, node)}
+            env = {**flags.nccl_env(spec, node), **flags.ucx_env(spec, node),
+                   **flags.engine_env(spec, host, engine, node)}
             planned_env = sorted(k for k in env if k.startswith(("NCCL_", "UCX_", "SGLANG_")))
             out.append(EnginePlan(
                 host=node.name,
@@ -75,7 +76,8 @@ def router_urls(spec) -> list[tuple[str, str, tuple[str, ...]]]:
 
 @dataclass
 class Collected:
-    """What `collect` read: every engine's and router's observations, the probes' HTTP statuses, each node's reboot flag."""
+    """What `collect` read: every engine's and router's observations, the probes' HTTP statuses, each
+    node's reboot flag."""
 
     engines: list[EngineObservation]
     routers: list[RouterObservation]
@@ -113,7 +115,8 @@ def collect(spec, *, window_s: float = 3.0, probe_requests: int = 8, timeout_s: 
         time.sleep(max(0.0, window_s - (time.monotonic() - started)))
         progress(f"second look at the engines after {time.monotonic() - started:.1f} s; exporters and routers")
         seconds = pool.map(lambda o: observe.sample(o.plan.url, timeout_s), served)
-        exporter_pages = dict(zip(exporters, pool.map(lambda u: observe.http_get(f"{u}/metrics", timeout_s), exporters.values())))
+        exporter_pages = dict(zip(exporters, pool.map(lambda u: observe.http_get(f"{u}/metrics", timeout_s),
+                                                      exporters.values())))
         router_pages = list(pool.map(lambda r: observe.http_get(f"{r.url}/workers", timeout_s, headers), routers))
         for r, outcomes in zip(routers, pool.map(lambda u: observe.read_router_outcomes(u, timeout_s), router_metrics)):
             r.outcomes_second = outcomes

@@ -51,7 +51,8 @@ class EnginePlan:
     context_length: int | None
     cuda_graph: bool  # decode CUDA graphs planned on (False for prefill engines)
     graph_max_bs: int | None  # spec.effective_decode_graph_max_bs
-    required_bs: int | None  # pdkit.spec.decode_graph_required_bs: ceil(target_concurrency / DP ranks), None without a target
+    # pdkit.spec.decode_graph_required_bs: ceil(target_concurrency / DP ranks), None without a target
+    required_bs: int | None
     env_names: tuple[str, ...] = ()  # planned NCCL/UCX/SGLANG variables of the process
     # an engine spanning nodes: the rank this plan is (on `host`), of how many nodes, and rank 0's
     # host. Only rank 0 serves HTTP (`url` is rank 0's); a rank above 0 is read through its own

@@ -49,7 +49,8 @@ def router_outcomes(text: str) -> dict[str, dict[str, float]]:
 
 def reboot_pending(text: str) -> float | None:
     """pdkit_node_reboot_required from a pdkit-exporter page (None: the exporter does not report it)."""
-    wanted = "\n".join(l for l in text.splitlines() if l.startswith(("pdkit_node_reboot_required", "# TYPE pdkit_node_reboot_required"))) + "\n"
+    wanted = "\n".join(l for l in text.splitlines() if l.startswith(("pdkit_node_reboot_required",
+                                                                     "# TYPE pdkit_node_reboot_required"))) + "\n"
     for family in text_string_to_metric_families(wanted):
         for s in family.samples:
             return s.value

@@ -5,12 +5,12 @@
     pdkit rollback INVENTORY HOST [--to RELEASE]
 
 pyinfra has no gate between hosts and does not keep host order under --serial (pyinfra
-3.10.0: State.active_hosts is a set, pyinfra/api/state.py), so the rollout is driven here through pyinfra's API: gevent patched first,
-one State per batch (connect, load deploy/pd.py, run_ops). Per batch: connect, drain its
-engines out of the router, apply, check readiness, add them back, smoke requests through the
-router with the engines' KV failure counters unchanged. A failed gate puts the batch back on
-the release it ran before (pdkit/releases.py), and the roll stops with a non-zero exit that
-names the node and the gate. docs/rolling.md has the whole story.
+3.10.0: State.active_hosts is a set, pyinfra/api/state.py), so the rollout is driven here through
+pyinfra's API: gevent patched first, one State per batch (connect, load deploy/pd.py, run_ops). Per
+batch: connect, drain its engines out of the router, apply, check readiness, add them back, smoke
+requests through the router with the engines' KV failure counters unchanged. A failed gate puts the
+batch back on the release it ran before (pdkit/releases.py), and the roll stops with a non-zero exit
+that names the node and the gate. docs/rolling.md has the whole story.
 
 - planning.py: what to roll in which order, outages and hold times, the dry-plan diff (pure;
   unit tested without hosts);

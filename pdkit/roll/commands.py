@@ -52,7 +52,9 @@ def _load(inventory: str):
 
 
 
-def read_node_state(roller: Roller, hosts: list[str]) -> tuple[dict[str, HostDiff], dict[str, dict[str, str]], dict[str, str]]:
+def read_node_state(
+    roller: Roller, hosts: list[str],
+) -> tuple[dict[str, HostDiff], dict[str, dict[str, str]], dict[str, str]]:
     """(diff per host, engine versions each node runs now, unreachable hosts), read over SSH; nothing changes."""
     # lazy: pyinfra (and pdkit.hoststate, which imports it) load only after patch_gevent
     from pyinfra.context import ctx_host
@@ -90,7 +92,8 @@ def cmd_roll(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"pdkit roll: {exc}", file=sys.stderr)
         return EXIT_INVALID
-    roller = Roller(args.inventory, spec, Progress(), drain_timeout_s=args.drain_timeout, smoke_requests=args.smoke_requests)
+    roller = Roller(args.inventory, spec, Progress(), drain_timeout_s=args.drain_timeout,
+                    smoke_requests=args.smoke_requests)
     progress = roller.progress
     progress("-", "plan", f"reading {len(order)} host(s) to plan the roll")
     diffs, versions, unreachable = read_node_state(roller, order)
@@ -105,13 +108,15 @@ def cmd_roll(args: argparse.Namespace) -> int:
         print(f"pdkit roll: {exc}", file=sys.stderr)
         return EXIT_INVALID
     secret = {f.path for plan in roller.plans.values() for f in plan.files if f.secret}
-    outages = {i: found for i, b in enumerate(batches) if not all(h in roller.unchanged for h in b) and (found := batch_outages(spec, b))}
+    outages = {i: found for i, b in enumerate(batches)
+               if not all(h in roller.unchanged for h in b) and (found := batch_outages(spec, b))}
     roller.restart_s = measure_restarts(roller, sorted({h for i in outages for h in batches[i]}))
     downtime = outage_lines(batches, outages, roller.restart_s, spec.cluster.ready_timeout_s)
     if args.dry:
         print(format_dry_plan(batches, diffs, explanations, secret))
         if downtime:
-            accepted = "accepted by --allow-downtime" if args.allow_downtime else "the roll refuses it without --allow-downtime"
+            accepted = ("accepted by --allow-downtime" if args.allow_downtime
+                        else "the roll refuses it without --allow-downtime")
             print("", f"downtime ({accepted}):", *(f"  {line}" for line in downtime), sep="\n")
         return EXIT_FAILED if unreachable else 0
 
@@ -146,8 +151,10 @@ def cmd_roll(args: argparse.Namespace) -> int:
             untouched = [h for b in batches[batches.index(batch) + 1:] for h in b]
             print(f"pdkit roll: stopped: {exc}", file=sys.stderr)
             print(stop_summary(exc, untouched), file=sys.stderr)
-            write_report("stopped", failed={"host": exc.host, "gate": exc.gate, "message": exc.message, "restored": exc.restored,
-                                            "outage_s": None if roller.last_outage_s is None else round(roller.last_outage_s, 2)},
+            write_report("stopped", failed={"host": exc.host, "gate": exc.gate, "message": exc.message,
+                                            "restored": exc.restored,
+                                            "outage_s": (None if roller.last_outage_s is None
+                                                         else round(roller.last_outage_s, 2))},
                          untouched=untouched)
             return EXIT_FAILED
         except BaseException as exc:
@@ -156,7 +163,8 @@ def cmd_roll(args: argparse.Namespace) -> int:
     write_report("ok")
     if roller.timings:
         worst = max(roller.timings, key=lambda t: t.overhead_s)
-        progress("-", "done", f"{len(order)} host(s) rolled; largest kit overhead {worst.overhead_s:.1f} s on {worst.host}")
+        progress("-", "done", f"{len(order)} host(s) rolled; largest kit "
+                              f"overhead {worst.overhead_s:.1f} s on {worst.host}")
     return 0
 
 
@@ -173,7 +181,8 @@ def report(timings: list[NodeTiming]) -> dict:
     """Per node: total, engines' restart-to-ready, the kit's own overhead, each step (seconds)."""
     return {
         "nodes": [
-            {"host": t.host, "total_s": round(t.total_s, 2), "engines": t.engines, "engines_restart_to_ready_s": round(t.engines_restart_to_ready_s, 2),
+            {"host": t.host, "total_s": round(t.total_s, 2), "engines": t.engines,
+             "engines_restart_to_ready_s": round(t.engines_restart_to_ready_s, 2),
              "overhead_s": round(t.overhead_s, 2), "waited_s": {k: round(v, 2) for k, v in t.waited.items()},
              "outage_s": None if t.outage_s is None else round(t.outage_s, 2),
              "steps": {k: round(v, 2) for k, v in t.steps.items()},
@@ -183,18 +192,37 @@ def report(timings: list[NodeTiming]) -> dict:
     }
 
 
-def cmd_releases(args: argparse.Namespace) -> int:
+def _load_for_host(args: argparse.Namespace, command: str):
+    """The preamble of `pdkit releases | rollback INVENTORY HOST`: gevent patched before pyinfra loads,
+    the inventory loaded and HOST found in it. None, the reason printed, when either fails (exit
+    EXIT_INVALID: nothing was contacted)."""
     patch_gevent()
     spec = _load(args.inventory)
     if spec is None:
-        return EXIT_INVALID
+        return None
     if args.host not in {h.name for h in spec.hosts}:
-        print(f"pdkit releases: {args.host} is not in {args.inventory}", file=sys.stderr)
+        print(f"pdkit {command}: {args.host} is not in {args.inventory}", file=sys.stderr)
+        return None
+    return spec
+
+
+def _connect_host(roller: Roller, host: str, command: str) -> dict | None:
+    """{host: its pyinfra Host} for the one host a command works on; None, the reason printed, when SSH
+    cannot reach it (exit EXIT_FAILED)."""
+    _, hosts, unreachable = roller.pyinfra.connect([host])
+    if unreachable:
+        print(f"pdkit {command}: {host}: cannot reach it over SSH ({unreachable[host]})", file=sys.stderr)
+        return None
+    return hosts
+
+
+def cmd_releases(args: argparse.Namespace) -> int:
+    spec = _load_for_host(args, "releases")
+    if spec is None:
         return EXIT_INVALID
     roller = Roller(args.inventory, spec, Progress(sys.stderr))
-    _, hosts, unreachable = roller.pyinfra.connect([args.host])
-    if unreachable:
-        print(f"pdkit releases: {args.host}: cannot reach it over SSH ({unreachable[args.host]})", file=sys.stderr)
+    hosts = _connect_host(roller, args.host, "releases")
+    if hosts is None:
         return EXIT_FAILED
     ok, stdout, stderr = run_remote(hosts[args.host], roller.releases_command(args.host, "list"), timeout=60)
     if not ok:
@@ -209,7 +237,8 @@ def cmd_releases(args: argparse.Namespace) -> int:
 
 
 def format_releases(host: str, data: dict, planned_hash: str) -> str:
-    lines = [f"{host}: {len(data['releases'])} release(s) kept, newest last ('*' = running now, 'plan' = what the inventory says)"]
+    lines = [f"{host}: {len(data['releases'])} release(s) kept, newest last ('*' = running now, "
+             "'plan' = what the inventory says)"]
     for r in data["releases"]:
         marks = ("*" if r["id"] == data.get("current") else " ") + (" plan" if r["hash"] == planned_hash else "     ")
         lines.append(f"{marks} {r['id']}  {r['time']}  {r['files']} files  {r['command']}")
@@ -219,21 +248,17 @@ def format_releases(host: str, data: dict, planned_hash: str) -> str:
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
-    patch_gevent()
-    spec = _load(args.inventory)
+    spec = _load_for_host(args, "rollback")
     if spec is None:
         return EXIT_INVALID
-    if args.host not in {h.name for h in spec.hosts}:
-        print(f"pdkit rollback: {args.host} is not in {args.inventory}", file=sys.stderr)
-        return EXIT_INVALID
-    roller = Roller(args.inventory, spec, Progress(), drain_timeout_s=args.drain_timeout, allow_downtime=args.allow_downtime, command="rollback")
+    roller = Roller(args.inventory, spec, Progress(), drain_timeout_s=args.drain_timeout,
+                    allow_downtime=args.allow_downtime, command="rollback")
     p = roller.progress
     batch = [args.host]
     for note in roller.read_router_keys():
         p("-", "key", note)
-    _, hosts, unreachable = roller.pyinfra.connect(batch)
-    if unreachable:
-        print(f"pdkit rollback: {args.host}: cannot reach it over SSH ({unreachable[args.host]})", file=sys.stderr)
+    hosts = _connect_host(roller, args.host, "rollback")
+    if hosts is None:
         return EXIT_FAILED
     roller.connected = dict(hosts)
     outages = batch_outages(spec, batch)
@@ -248,10 +273,12 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     name = "drain"
     # the node's alerts do not page from the drain to the smoke; a failed step expires the silence
     # once the engines are put back in the router, so a node left broken pages
-    with roller.silenced(batch, "drain, restore, gates, re-add, smoke", done="back on the release, ready and in the router",
+    with roller.silenced(batch, "drain, restore, gates, re-add, smoke",
+                         done="back on the release, ready and in the router",
                          failed="the rollback stopped on it: expired, so whatever is still wrong pages") as step:
         try:
-            for name, fn in (("drain", roller.drain), ("restore", lambda b: roller.restore(args.host, hosts[args.host], args.to)),
+            for name, fn in (("drain", roller.drain),
+                             ("restore", lambda b: roller.restore(args.host, hosts[args.host], args.to)),
                              ("ready", roller.ready), ("router", roller.readd), ("smoke", roller.smoke)):
                 start = time.monotonic()
                 p(args.host, name, fn(batch), time.monotonic() - start)
@@ -267,18 +294,27 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("roll", help="apply the inventory node by node: drain, apply, gate, re-add, smoke; roll back a failed node")
+    p = subparsers.add_parser("roll", help="apply the inventory node by node: drain, apply, "
+                                           "gate, re-add, smoke; roll back a failed node")
     p.add_argument("inventory")
     p.add_argument("--limit", action="append", default=[], metavar="HOST", help="only these hosts (repeat)")
-    p.add_argument("--canary", metavar="HOST", help="roll this host first, alone (default: the first GPU node without a router)")
+    p.add_argument("--canary", metavar="HOST", help="roll this host first, alone (default: "
+                                                    "the first GPU node without a router)")
     p.add_argument("--batch", type=int, default=1, metavar="N", help="hosts per batch after the canary (default 1)")
-    p.add_argument("--dry", action="store_true", help="print the order and what would change on each node; change nothing")
-    p.add_argument("--bake", type=float, default=0.0, metavar="S", help="after the canary, let it serve S seconds and check it again before going on")
-    p.add_argument("--drain-timeout", type=float, default=300.0, metavar="S", help="longest wait for an engine's running requests and PD queues to empty")
-    p.add_argument("--smoke-requests", type=int, default=4, metavar="N", help="completions sent through each router after a node rejoins")
-    p.add_argument("--report", metavar="FILE", help="write per-node timings (total, engines' restart-to-ready, kit overhead, outage, steps) and the Alertmanager silences made (ids, matchers, window) as JSON")
+    p.add_argument("--dry", action="store_true", help="print the order and what would "
+                                                      "change on each node; change nothing")
+    p.add_argument("--bake", type=float, default=0.0, metavar="S",
+                   help="after the canary, let it serve S seconds and check it again before going on")
+    p.add_argument("--drain-timeout", type=float, default=300.0, metavar="S",
+                   help="longest wait for an engine's running requests and PD queues to empty")
+    p.add_argument("--smoke-requests", type=int, default=4, metavar="N",
+                   help="completions sent through each router after a node rejoins")
+    p.add_argument("--report", metavar="FILE", help="write per-node timings (total, engines' restart-to-ready, "
+                                                    "kit overhead, outage, steps) and the Alertmanager "
+                                                    "silences made (ids, matchers, window) as JSON")
     p.add_argument("--allow-downtime", action="store_true",
-                   help="accept an outage where a batch holds a router's last workers of a kind (a one-node cluster); refused without it")
+                   help="accept an outage where a batch holds a router's last "
+                        "workers of a kind (a one-node cluster); refused without it")
     p.set_defaults(func=cmd_roll)
 
     p = subparsers.add_parser("releases", help="list the releases kept on a node")
@@ -287,10 +323,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_releases)
 
-    p = subparsers.add_parser("rollback", help="put a node back on a kept release (default: the previous one), drained and gated")
+    p = subparsers.add_parser("rollback", help="put a node back on a kept release (default: "
+                                               "the previous one), drained and gated")
     p.add_argument("inventory")
     p.add_argument("host")
     p.add_argument("--to", metavar="RELEASE", help="release id or unique prefix (see `pdkit releases`)")
     p.add_argument("--drain-timeout", type=float, default=300.0, metavar="S")
-    p.add_argument("--allow-downtime", action="store_true", help="accept an outage where the node holds a router's last workers of a kind")
+    p.add_argument("--allow-downtime", action="store_true", help="accept an outage where the node holds "
+                                                                 "a router's last workers of a kind")
     p.set_defaults(func=cmd_rollback)

@@ -60,10 +60,12 @@ def stop_summary(exc: RollError, untouched: list[str]) -> str:
     """Pure: the roll's last line after a failed gate: what state the failed node is in."""
     rest = f"not touched: {', '.join(untouched) or 'none'}"
     if exc.restored:
-        return f"pdkit roll: {exc.host} is back on its previous release where one was recorded; {router_state_words(exc.readded)}; {rest}"
+        return (f"pdkit roll: {exc.host} is back on its previous release where one was recorded; "
+                f"{router_state_words(exc.readded)}; {rest}")
     if exc.gate == "connect":
         return f"pdkit roll: {exc.host} could not be reached: nothing was changed on it; {rest}"
-    return f"pdkit roll: {exc.host}: nothing was applied (gate '{exc.gate}' failed before the deploy); {router_state_words(exc.readded)}; {rest}"
+    return (f"pdkit roll: {exc.host}: nothing was applied (gate '{exc.gate}' failed before the deploy); "
+            f"{router_state_words(exc.readded)}; {rest}")
 
 
 
@@ -138,7 +140,8 @@ def pairing_units(spec: ClusterSpec, changed: set[tuple[str, str]]) -> tuple[lis
         for h in hosts[1:]:
             union(hosts[0], h)
         if len(hosts) > 1:
-            reasons[frozenset(hosts)] = f"PD group {g!r} changes SGLang version: its hosts {', '.join(hosts)} roll together as one batch"
+            reasons[frozenset(hosts)] = (f"PD group {g!r} changes SGLang version: its hosts {', '.join(hosts)} "
+                                         "roll together as one batch")
     for router in spec.router_hosts:
         fronted = spec.router_workers(router)
         fronted_groups = {e.pd_group for _, e in fronted if e.role != "unified"}
@@ -147,14 +150,18 @@ def pairing_units(spec: ClusterSpec, changed: set[tuple[str, str]]) -> tuple[lis
             for h in hosts[1:]:
                 union(hosts[0], h)
             reasons[frozenset(hosts)] = (
-                f"the router on {router.name} pairs any prefill with any decode of groups {', '.join(sorted(fronted_groups))} and a version changes: "
-                f"hosts {', '.join(hosts)} roll together as one batch (they leave and rejoin the router together, which drains all of its workers at once)"
+                f"the router on {router.name} pairs any prefill with any decode of groups "
+                f"{', '.join(sorted(fronted_groups))} and a version changes: "
+                f"hosts {', '.join(hosts)} roll together as one batch (they leave and rejoin the router together, "
+                "which drains all of its workers at once)"
             )
     units: dict[str, set[str]] = {}
     for name in parent:
         units.setdefault(find(name), set()).add(name)
     multi = [u for u in units.values() if len(u) > 1]
-    explanations = [reasons.get(frozenset(u)) or f"hosts {', '.join(sorted(u))} roll together (shared PD groups change SGLang version)" for u in multi]
+    explanations = [reasons.get(frozenset(u))
+                    or f"hosts {', '.join(sorted(u))} roll together (shared PD groups change SGLang version)"
+                    for u in multi]
     # a unit joined from overlapping reasons gets every reason that touched it
     for u, line in zip(multi, list(explanations)):
         extra = [r for k, r in reasons.items() if k <= u and r != line]
@@ -173,8 +180,10 @@ def spanning_units(spec: ClusterSpec) -> tuple[list[set[str]], list[str]]:
         if engine.spans_nodes:
             hosts = [h.name for h in spec.engine_hosts(host, engine)]
             units.append(set(hosts))
-            lines.append(f"engine {host.name}/{engine.name} spans {', '.join(hosts)}: one step (rank 0 on {host.name} drained from "
-                         f"the router, every rank restarted together, gated on rank 0 and a real request, every rank rolled back on failure)")
+            lines.append(f"engine {host.name}/{engine.name} spans {', '.join(hosts)}: "
+                         f"one step (rank 0 on {host.name} drained from "
+                         "the router, every rank restarted together, gated on rank "
+                         "0 and a real request, every rank rolled back on failure)")
     return units, lines
 
 
@@ -237,7 +246,8 @@ def downtime_hold_s(restart_s: dict[str, float | None], hosts: list[str]) -> int
     return min(HOLD_MAX_S, math.ceil(HOLD_FACTOR * max(known) + HOLD_MARGIN_S)) if known else HOLD_UNMEASURED_S
 
 
-def outage_lines(batches: list[list[str]], outages: dict[int, list[Outage]], restart_s: dict[str, float | None], ready_timeout_s: float) -> list[str]:
+def outage_lines(batches: list[list[str]], outages: dict[int, list[Outage]], restart_s: dict[str, float | None],
+                 ready_timeout_s: float) -> list[str]:
     """Pure: one line per batch that takes a router's last workers of a kind out, saying what it costs."""
     lines = []
     for i, found in sorted(outages.items()):
@@ -255,7 +265,8 @@ def refusal_text(command: str, rerun: str, lines: list[str]) -> str:
         f"pdkit {command}: refused, nothing was changed: this takes the last workers of a kind out of a router, "
         "and its clients get an error until they are back:",
         *(f"  {line}" for line in lines),
-        "To accept the outage (the requests in flight drain first; new ones get the router's error status at once), run:",
+        "To accept the outage (the requests in flight drain first; new ones get the router's error status "
+        "at once), run:",
         f"  {rerun}",
         "(docs/rolling.md, 'Downtime mode')",
     ])
@@ -334,8 +345,10 @@ def host_diff(plan: HostPlan, state: dict, *, new_venvs: Iterable[str] = ()) -> 
     running = {}
     for service in plan.services:
         unit_state = state.get("units", {}).get(service.unit) or []
-        running[service.unit] = len(unit_state) > 2 and unit_state[1] in ("active", "activating", "reloading") and unit_state[2] == "enabled"
-    decision = changes.decide(services_meta(plan.services), {*files, *removed}, venvs, running, recorded.get("services"))
+        running[service.unit] = (len(unit_state) > 2 and unit_state[1] in ("active", "activating", "reloading")
+                                 and unit_state[2] == "enabled")
+    decision = changes.decide(services_meta(plan.services), {*files, *removed}, venvs, running,
+                              recorded.get("services"))
     restarts = tuple(s.unit for s in plan.services if s.unit in {*decision.start, *decision.restart})
     return HostDiff(plan.host, files, restarts, bool(venvs), removed)
 
@@ -350,7 +363,8 @@ def unchanged_hosts(diffs: dict[str, HostDiff]) -> set[str]:
     return {h for h, d in diffs.items() if not (d.files or d.restarts or d.new_venv or d.removes)}
 
 
-def format_dry_plan(batches: list[list[str]], diffs: dict[str, HostDiff], explanations: list[str], secret_paths: set[str]) -> str:
+def format_dry_plan(batches: list[list[str]], diffs: dict[str, HostDiff], explanations: list[str],
+                    secret_paths: set[str]) -> str:
     lines = ["pdkit roll --dry: nothing will be changed", ""]
     for line in explanations:
         lines.append(f"{'spans nodes' if line.startswith('engine ') else 'version pairing'}: {line}")
@@ -369,9 +383,11 @@ def format_dry_plan(batches: list[list[str]], diffs: dict[str, HostDiff], explan
             if not d.files and not d.restarts and not d.removes:
                 lines.append(f"  {step}. {host}: no change")
                 continue
-            lines.append(f"  {step}. {host}: {len(d.files)} file(s) differ from the plan, {len(d.restarts)} service(s) would restart" + (" (new venv)" if d.new_venv else ""))
+            lines.append(f"  {step}. {host}: {len(d.files)} file(s) differ from the plan, "
+                         f"{len(d.restarts)} service(s) would restart" + (" (new venv)" if d.new_venv else ""))
             for path in d.files:
-                lines.append(f"       file     {path}" + ("  (secret: content not shown)" if path in secret_paths else ""))
+                lines.append(f"       file     {path}"
+                             + ("  (secret: content not shown)" if path in secret_paths else ""))
             for path in d.removes:
                 lines.append(f"       remove   {path}  (no longer planned)")
             for unit in d.restarts:
@@ -408,7 +424,8 @@ def restart_to_ready(units: dict[str, list]) -> float | None:
             continue
         # the stop is this restart's when the start followed it at once (systemctl restart), not
         # when the unit sat stopped for a while before it was started again
-        stopping = inactive_us - exit_us if 0 < exit_us <= inactive_us <= started_us <= inactive_us + RESTART_GAP_US else 0
+        stopping = (inactive_us - exit_us
+                    if 0 < exit_us <= inactive_us <= started_us <= inactive_us + RESTART_GAP_US else 0)
         took.append((stopping + ready_us - started_us) / 1e6)
     return max(took) if took else None
 
@@ -463,7 +480,8 @@ def router_keys(spec: ClusterSpec, running: Key | None) -> list[Key]:
 
 def key_fix(inventory: str, router_host: str) -> str:
     """Pure: what to run when a router refuses every key the roll has."""
-    return (f"Set pdkit_cluster.secrets.router_api_key in {inventory} to the key the router on {router_host} runs with, "
+    return (f"Set pdkit_cluster.secrets.router_api_key in {inventory} "
+            f"to the key the router on {router_host} runs with, "
             f"or restart it on the inventory's key: pyinfra {inventory} deploy/pd.py --limit {router_host} "
             f"(its clients get errors while it restarts)")
 

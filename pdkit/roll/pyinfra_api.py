@@ -172,7 +172,8 @@ class Pyinfra:
             self.operations.setdefault(host_name, {})[op] = took
         return errors
 
-    def _phase(self, name: str, hosts: list[str], state: Any, work: Callable[[], None], failed_note: str) -> dict[str, str]:
+    def _phase(self, name: str, hosts: list[str], state: Any, work: Callable[[], None],
+               failed_note: str) -> dict[str, str]:
         """Run one phase of pyinfra's, timed into self.phases; name -> error for every host that failed."""
         with _LogCollector() as log:
             try:
@@ -225,7 +226,8 @@ def run_remote(host: Any, command: str, timeout: int = 900) -> tuple[bool, str, 
 
 
 def patch_gevent() -> None:
-    # pyinfra's API needs gevent, patched before anything opens a socket (pyinfra 3.10.0's pyinfra_cli/__init__.py does the same)
+    # pyinfra's API needs gevent, patched before anything opens a socket (pyinfra 3.10.0's
+    # pyinfra_cli/__init__.py does the same)
     from gevent import monkey
 
     if not monkey.is_module_patched("socket"):

@@ -67,7 +67,8 @@ class Progress:
 
     def __call__(self, host: str, step: str, message: str, took: float | None = None) -> None:
         took_s = f" ({took:.1f} s)" if took is not None else ""
-        print(f"[{time.monotonic() - self.start:7.1f}s] {host:<12} {step:<8} {message}{took_s}", file=self.stream, flush=True)
+        print(f"[{time.monotonic() - self.start:7.1f}s] {host:<12} {step:<8} {message}{took_s}", file=self.stream,
+              flush=True)
 
 
 @dataclass
@@ -97,7 +98,8 @@ class NodeTiming:
         waits = ", ".join(f"{k} {v:.1f} s" for k, v in self.waited.items())
         outage = f", service outage {self.outage_s:.1f} s" if self.outage_s is not None else ""
         return (f"total {self.total_s:.1f} s, engines restart-to-ready {self.engines_restart_to_ready_s:.1f} s, "
-                f"waited on requests {sum(self.waited.values()):.1f} s ({waits or 'none'}), kit overhead {self.overhead_s:.1f} s{outage}")
+                f"waited on requests {sum(self.waited.values()):.1f} s "
+                f"({waits or 'none'}), kit overhead {self.overhead_s:.1f} s{outage}")
 
 
 
@@ -106,12 +108,19 @@ import json, re, subprocess, sys
 units, since = json.loads(sys.argv[1]), float(sys.argv[2])
 out = {}
 for u in units:
-    show = dict(l.split("=", 1) for l in subprocess.run(["systemctl", "show", "-p", "ActiveExitTimestampMonotonic,InactiveEnterTimestampMonotonic,InactiveExitTimestampMonotonic,InvocationID", u], capture_output=True, text=True).stdout.splitlines() if "=" in l)
-    log = subprocess.run(["journalctl", "--no-pager", "-o", "json", "_SYSTEMD_INVOCATION_ID=" + show.get("InvocationID", ""), "--grep", re.escape(sys.argv[3])], capture_output=True, text=True).stdout.splitlines()
+    show = dict(l.split("=", 1) for l in subprocess.run(
+        ["systemctl", "show", "-p", "ActiveExitTimestampMonotonic,InactiveEnterTimestampMonotonic,"
+         "InactiveExitTimestampMonotonic,InvocationID", u],
+        capture_output=True, text=True).stdout.splitlines() if "=" in l)
+    log = subprocess.run(
+        ["journalctl", "--no-pager", "-o", "json", "_SYSTEMD_INVOCATION_ID=" + show.get("InvocationID", ""),
+         "--grep", re.escape(sys.argv[3])],
+        capture_output=True, text=True).stdout.splitlines()
     ready = json.loads(log[0])["__MONOTONIC_TIMESTAMP"] if log else None
     # [left active, ready line of this invocation, went inactive, started this invocation] (µs, node clock)
     out[u] = [int(show.get("ActiveExitTimestampMonotonic") or 0), int(ready) if ready else None,
-              int(show.get("InactiveEnterTimestampMonotonic") or 0), int(show.get("InactiveExitTimestampMonotonic") or 0)]
+              int(show.get("InactiveEnterTimestampMonotonic") or 0),
+              int(show.get("InactiveExitTimestampMonotonic") or 0)]
 print(json.dumps(out))
 """
 
@@ -164,7 +173,8 @@ class Roller:
 
         self.plans = plan_cluster(self.spec)
         self.pyinfra = Pyinfra(self.inventory)
-        self.silencer = Silencer.for_spec(self.spec, f"pdkit {self.command}", lambda who, text: self.progress(who, "silence", text))
+        self.silencer = Silencer.for_spec(self.spec, f"pdkit {self.command}",
+                                          lambda who, text: self.progress(who, "silence", text))
 
     def silenced(self, hosts: list[str], what: str, done: str, failed: str):
         """A context: HOSTS' alerts silenced in Alertmanager (pdkit/silences.py) from here until it
@@ -172,7 +182,8 @@ class Roller:
         # lazy: pdkit.silences costs ~10 ms at import; the CLI imports pdkit.roll for every command
         from pdkit.silences import host_matchers
 
-        gate_s = max((s.ready_timeout_s for h in hosts for s in self.plans[h].services), default=self.spec.cluster.ready_timeout_s)
+        gate_s = max((s.ready_timeout_s for h in hosts for s in self.plans[h].services),
+                     default=self.spec.cluster.ready_timeout_s)
         held = self.hold_settle_s(hosts) if self.held_kinds(batch_outages(self.spec, hosts)) else 0
         window = silence_window_s(self.drain_timeout_s, gate_s, self.router_timeout_s, held)
         return self.silencer.silenced(",".join(hosts), hosts, host_matchers(self.spec, hosts), window,
@@ -186,7 +197,8 @@ class Roller:
                 (h, RouterClient(
                     router_url(h), keys=router_keys(self.spec, self.running_keys.get(h.name)),
                     key_fix=key_fix(self.inventory, h.name),
-                    drain_settle_s=ROUTER_DRAIN_SETTLE_S if ROUTER_RELEASES[self.spec.router_release(h)].per_worker_drain_settle else None,
+                    drain_settle_s=(ROUTER_DRAIN_SETTLE_S
+                                    if ROUTER_RELEASES[self.spec.router_release(h)].per_worker_drain_settle else None),
                 ))
                 for h in self.spec.router_hosts
             ]
@@ -202,12 +214,14 @@ class Roller:
             return notes
         _, connected, unreachable = self.pyinfra.connect(names)
         for name, why in unreachable.items():
-            notes.append(f"{name}: cannot read the key its router runs with ({why}); trying the inventory's key, then none")
+            notes.append(f"{name}: cannot read the key its router runs with "
+                         f"({why}); trying the inventory's key, then none")
         for name, host in connected.items():
             ok, stdout, _ = run_remote(host, RUNNING_KEY_PROBE, timeout=60)
             key = parse_running_key(stdout) if ok else None
             if not ok:
-                notes.append(f"{name}: cannot read the key its router runs with (the probe failed); trying the inventory's key, then none")
+                notes.append(f"{name}: cannot read the key its router runs with (the "
+                             "probe failed); trying the inventory's key, then none")
             elif key is None:
                 notes.append(f"{name}: its router is not running; trying the inventory's key, then none")
             else:
@@ -224,7 +238,8 @@ class Roller:
         return out
 
     def engine_urls(self, hosts: list[str]) -> dict[str, str]:
-        return {f"{h.name}/{e.name}": flags.engine_url(self.spec, h, e) for h, e in self.spec.engines() if h.name in hosts}
+        return {f"{h.name}/{e.name}": flags.engine_url(self.spec, h, e)
+                for h, e in self.spec.engines() if h.name in hosts}
 
     def scrape(self, urls: dict[str, str], names: Iterable[str]) -> dict[str, dict[str, float]]:
         out = {}
@@ -264,8 +279,11 @@ class Roller:
                 others = [w for w in listed if w.worker_type == kind and w.url not in mine]
                 usable = [w for w in others if w.routable and breakers.get(w.url, 0) != 1]
                 if not usable:
-                    state = ", ".join(f"{w.url} ({'circuit open' if breakers.get(w.url) == 1 else w.status or 'unhealthy'})" for w in others) or "none"
-                    return f"taking {', '.join(hosts)} out of {client.base_url} would leave no usable {kind} worker (others: {state})"
+                    state = ", ".join(
+                        f"{w.url} ({'circuit open' if breakers.get(w.url) == 1 else w.status or 'unhealthy'})"
+                        for w in others) or "none"
+                    return (f"taking {', '.join(hosts)} out of {client.base_url} would leave no usable {kind} worker "
+                            f"(others: {state})")
         return None
 
     # ---- steps
@@ -299,7 +317,8 @@ class Roller:
         if outages:
             self.outage_since = time.monotonic()
         for client, engine, url in workers:
-            client.remove(url, settle_s=self.held_s if (router_of[id(client)], worker_type(engine.role)) in held else None)
+            client.remove(url, settle_s=(self.held_s if (router_of[id(client)], worker_type(engine.role)) in held
+                                         else None))
             self.removed.append(url)
         urls = self.engine_urls(hosts)
         deadline = time.monotonic() + self.drain_timeout_s
@@ -316,7 +335,8 @@ class Roller:
         workers = sorted(self.workers_of(hosts), key=lambda w: -REMOVAL_ORDER[worker_type(w[1].role)])
         for client, engine, url in workers:
             # a held worker leaves the router's list when its settle time is up: wait that out too
-            client.add(url, worker_type(engine.role), engine.effective_bootstrap_port if engine.role == "prefill" else None,
+            client.add(url, worker_type(engine.role),
+                       engine.effective_bootstrap_port if engine.role == "prefill" else None,
                        timeout=self.router_timeout_s + self.held_s)
         by_client: dict[int, tuple[Any, list[str]]] = {}
         for client, _, url in workers:
@@ -332,7 +352,8 @@ class Roller:
             deadline = time.monotonic() + self.router_timeout_s
             while still := open_breakers(self.circuit_states(router_host), urls):
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"circuit breaker still open on {', '.join(still)} at {client.base_url} {self.router_timeout_s:.0f} s after the re-add")
+                    raise RuntimeError(f"circuit breaker still open on {', '.join(still)} at "
+                                       f"{client.base_url} {self.router_timeout_s:.0f} s after the re-add")
                 time.sleep(0.25)
         self.held_s = 0
         served = f"{len(workers)} worker(s) back in the router, healthy, circuit breakers closed"
@@ -373,8 +394,10 @@ class Roller:
             timeout = int(max(g.timeout for g in found)) + 60
             ok, stdout, stderr = run_remote(self.connected[h], gates.command(python, found), timeout=timeout)
             if not ok:
-                lines = [ln.removeprefix("FAILED").strip() for ln in (stderr or stdout).strip().splitlines() if ln.strip()]
-                raise RuntimeError(f"{h}: " + (" | ".join(ln for ln in lines if not ln.startswith("ok ")) or "its gates failed"))
+                lines = [ln.removeprefix("FAILED").strip() for ln in (stderr or stdout).strip().splitlines()
+                         if ln.strip()]
+                raise RuntimeError(f"{h}: " + (" | ".join(ln for ln in lines if not ln.startswith("ok "))
+                                               or "its gates failed"))
         return sum(len(g) for g in wanted.values()), [h for h in hosts if h not in wanted]
 
     def ready(self, hosts: list[str]) -> str:
@@ -393,25 +416,33 @@ class Roller:
         jobs = [(client, i) for _, client in self.routers() for i in range(self.smoke_requests)]
         # concurrently (greenlets under pyinfra's gevent): a few requests cost one request's time
         with ThreadPoolExecutor(max_workers=max(1, len(jobs))) as pool:
-            answers = list(pool.map(lambda job: job[0].completion(model, f"pdkit roll smoke {hosts[0]} {job[1]}", max_tokens=SMOKE_MAX_TOKENS), jobs))
+            answers = list(pool.map(
+                lambda job: job[0].completion(model, f"pdkit roll smoke {hosts[0]} {job[1]}",
+                                              max_tokens=SMOKE_MAX_TOKENS),
+                jobs))
         for (client, i), (status, body) in zip(jobs, answers):
             if status != 200:
-                raise RuntimeError(f"smoke request {i + 1} through {client.base_url} answered {status or 'nothing'}: {body.strip()[:200]}")
+                raise RuntimeError(f"smoke request {i + 1} through {client.base_url} "
+                                   f"answered {status or 'nothing'}: {body.strip()[:200]}")
         sent = len(jobs)
         after = self.scrape(urls, FAILURE_COUNTERS)
-        moved = {k: {n: after[k][n] - before[k][n] for n in FAILURE_COUNTERS if after[k][n] != before[k][n]} for k in urls}
+        moved = {k: {n: after[k][n] - before[k][n] for n in FAILURE_COUNTERS if after[k][n] != before[k][n]}
+                 for k in urls}
         moved = {k: v for k, v in moved.items() if v}
         if moved:
             raise RuntimeError(f"KV transfer / bootstrap failure counters moved during the smoke requests: {moved}")
         return f"{sent} request(s) through the router succeeded; transfer and bootstrap failure counters unchanged"
 
-    def current_releases(self, state: Any, hosts: dict[str, Any]) -> tuple[dict[str, str | None], dict[str, int | None]]:
+    def current_releases(
+        self, state: Any, hosts: dict[str, Any],
+    ) -> tuple[dict[str, str | None], dict[str, int | None]]:
         """(the release each node runs now, the node's monotonic clock in µs), one round trip per node."""
         current = shlex.quote(f"{releases_dir(self.spec.cluster.install_dir)}/CURRENT")
         releases: dict[str, str | None] = {}
         clocks: dict[str, int | None] = {}
         for name, host in hosts.items():
-            ok, stdout, _ = run_remote(host, f"cut -d' ' -f1 /proc/uptime; cat {current} 2>/dev/null || true", timeout=60)
+            ok, stdout, _ = run_remote(host, f"cut -d' ' -f1 /proc/uptime; cat {current} 2>/dev/null || true",
+                                       timeout=60)
             lines = stdout.split()
             clocks[name] = int(float(lines[0]) * 1e6) if ok and lines else None
             releases[name] = lines[1] if ok and len(lines) > 1 else None
@@ -421,11 +452,13 @@ class Roller:
         return f"{releases_command(self.spec)} {action} " + " ".join(shlex.quote(x) for x in extra)
 
     def restore(self, host_name: str, host: Any, to: str | None) -> str:
-        ok, stdout, stderr = run_remote(host, self.releases_command(host_name, "restore", *(["--to", to] if to else [])))
+        ok, stdout, stderr = run_remote(host, self.releases_command(host_name, "restore",
+                                                                    *(["--to", to] if to else [])))
         if not ok:
             raise RuntimeError((stderr.strip().splitlines() or ["restore failed"])[-1])
         result = json.loads(stdout.strip().splitlines()[-1])
-        return f"back on release {result['id']} ({len(result['written'])} file(s) rewritten, restarted {', '.join(result['restarted']) or 'nothing'})"
+        return (f"back on release {result['id']} ({len(result['written'])} file(s) rewritten, "
+                f"restarted {', '.join(result['restarted']) or 'nothing'})")
 
     def engines_restart_to_ready(self, host: Any, host_name: str, since_monotonic_us: int | None) -> float:
         """Wall time during which at least one of the node's engines restarted in this step was
@@ -439,7 +472,8 @@ class Roller:
             return 0.0
         intervals = [
             (exit_us, ready_us) for exit_us, ready_us, *_ in json.loads(stdout).values()
-            if ready_us and exit_us and (since_monotonic_us is None or exit_us >= since_monotonic_us) and ready_us > exit_us
+            if ready_us and exit_us and (since_monotonic_us is None or exit_us >= since_monotonic_us)
+            and ready_us > exit_us
         ]
         return covered_seconds(intervals)
 
@@ -480,7 +514,8 @@ class Roller:
                 if h not in self.restart_s:
                     self.restart_s[h] = self.last_restart_to_ready(hosts[h], h)
         for outage in outages:
-            p(",".join(batch), "downtime", f"accepted: {outage.lost()} from the drain until the re-add; new requests get its error status meanwhile")
+            p(",".join(batch), "downtime", f"accepted: {outage.lost()} from the drain until the "
+                                           "re-add; new requests get its error status meanwhile")
 
         def gate(name: str, fn: Callable[[list[str]], str], started: float | None = None) -> None:
             start = time.monotonic() if started is None else started
@@ -499,7 +534,8 @@ class Roller:
         # with the step: after the re-add and smoke, or after the restore when a gate failed (a node
         # left broken then pages)
         with self.silenced(batch, "drain, apply, gates, re-add, smoke", done="rolled, ready and back in the router",
-                           failed="the roll stopped on it: expired after the restore, so whatever is still wrong pages"):
+                           failed="the roll stopped on it: expired after the "
+                                  "restore, so whatever is still wrong pages"):
             try:
                 # The deploy's prepare only reads the nodes (facts) and decides the operations, so it
                 # runs while the drain (HTTP to routers and engines only) waits for the engines to go idle.
@@ -525,7 +561,8 @@ class Roller:
                         raise RollError(h, "apply", why)
                     phases = self.pyinfra.phases
                     return (f"deploy/pd.py applied; changed services restarted and passed their health gates "
-                            f"(prepared while draining: {phases.get('prepare', 0):.1f} s; execute {phases.get('execute', 0):.1f} s)")
+                            f"(prepared while draining: {phases.get('prepare', 0):.1f} "
+                            f"s; execute {phases.get('execute', 0):.1f} s)")
 
                 gate("apply", apply)
                 gate("ready", self.ready)
@@ -550,10 +587,12 @@ class Roller:
                 raise
         for h in batch:
             timings[h].total_s = time.monotonic() - t0
-            timings[h].apply_detail = {"prepare": self.pyinfra.phases.get("prepare", 0.0), **self.pyinfra.operations.get(h, {})}
+            timings[h].apply_detail = {"prepare": self.pyinfra.phases.get("prepare", 0.0),
+                                       **self.pyinfra.operations.get(h, {})}
             timings[h].engines_restart_to_ready_s = self.engines_restart_to_ready(hosts[h], h, clocks[h])
             timings[h].outage_s = self.last_outage_s
-            timings[h].waited = {"drain": drain_own[0] if drain_own else 0.0, "smoke": timings[h].steps.get("smoke", 0.0)}
+            timings[h].waited = {"drain": drain_own[0] if drain_own else 0.0,
+                                 "smoke": timings[h].steps.get("smoke", 0.0)}
             t = timings[h]
             p(h, "done", t.summary())
             self.timings.append(t)
@@ -578,7 +617,8 @@ class Roller:
         def one(h: str) -> None:
             start = time.monotonic()
             if before.get(h) is None:
-                p(h, "restore", "no earlier release recorded on this node: left as it is (roll it with a fixed inventory)")
+                p(h, "restore", "no earlier release recorded on this node: "
+                                "left as it is (roll it with a fixed inventory)")
                 return
             try:
                 # a fresh connection: the failed deploy's State is done

@@ -1,0 +1,241 @@
+"""Doctor's engine checks: does each engine run the plan (reachable, its ranks' processes, flags,
+context length, environment, SGLang version) and does it make progress (queues). Pure: observations in,
+rows out."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from pdkit.doctor.checkbase import cannot_measure, counter_delta, engine_down, engine_row, not_measured
+from pdkit.doctor.model import FAIL, PASS, WARN, CheckResult, EngineObservation
+from pdkit.exporter.drift import compare_server_info, describe, flag_key
+
+# An uncapped context above this many tokens is flagged: the seeds' 1M context made the indexer
+# scan 1M tokens per step; 128k is the largest window a seed needed.
+UNCAPPED_CONTEXT_WARN = 131072
+# A queue must grow by at least this many requests within the window to count as growing.
+QUEUE_GROWTH_MIN = 4
+
+
+def check_reachable(obs: EngineObservation) -> CheckResult:
+    plan = obs.plan
+    errors = [f"/server_info: {obs.server_info_error}"] if obs.server_info_error else []
+    if obs.second.error:
+        errors.append(f"/metrics: {obs.second.error}")
+    if not errors:
+        return engine_row(plan, "reachable", PASS, f"{plan.url} answered /server_info and /metrics")
+    if obs.server_info is None and obs.second.figures is None:
+        return engine_row(plan, "reachable", FAIL, f"{plan.url} did not answer: {'; '.join(errors)}",
+                          f"on {plan.host}: systemctl status pdkit-engine-{plan.engine}; "
+                          f"journalctl -u pdkit-engine-{plan.engine} -n 50")
+    return engine_row(plan, "reachable", WARN, f"{plan.url} answered only in part: {'; '.join(errors)}",
+                      "/metrics needs tuning.enable_metrics (on by default); re-run if the engine was restarting")
+
+
+def check_rank_process(obs: EngineObservation) -> CheckResult:
+    """A rank above 0 of an engine spanning nodes runs: its unit has a process (pdkit-exporter on its
+    host, `pdkit_engine_rank_up`). It serves no HTTP (SGLang runs the HTTP server on rank 0), so
+    this, not `reachable`, says whether it is up."""
+    plan = obs.plan
+    name = "rank_process"
+    of = f"rank {plan.rank} of {plan.head}/{plan.engine} ({plan.nnodes} nodes)"
+    unit = f"pdkit-engine-{plan.engine}"
+    ex = obs.exporter
+    if ex is None:
+        return engine_row(plan, name, WARN, "not measurable: pdkit-exporter on "
+                                            f"{plan.host} unreadable ({obs.exporter_error})",
+                          f"on {plan.host}: systemctl status pdkit-exporter (it watches {of})")
+    if ex.rank_up is None:
+        return engine_row(plan, name, WARN, f"pdkit-exporter on {plan.host} does not "
+                                            f"report {of} (no pdkit_engine_rank_up)",
+                          f"re-apply the plan to {plan.host}: its /etc/pdkit/exporter.json names the rank it watches")
+    if ex.rank is not None and ex.rank != plan.rank:
+        return engine_row(plan, name, FAIL, f"pdkit-exporter on {plan.host} watches rank {ex.rank} "
+                                            f"of {plan.engine}, the plan puts rank {plan.rank} there",
+                          f"re-apply the plan to {plan.host} (pyinfra INVENTORY "
+                          f"deploy/pd.py --limit {plan.host}, or pdkit roll)")
+    if ex.rank_up == 0:
+        return engine_row(plan, name, FAIL, f"{of} has no running process on {plan.host}: the "
+                                            "engine cannot serve (rank 0 waits for every rank)",
+                          f"on {plan.host}: systemctl status {unit}; journalctl "
+                          f"-u {unit} -n 50 (a lost rank makes the others exit "
+                          "like an NCCL timeout; systemd restarts them and the ranks meet again)")
+    return engine_row(plan, name, PASS, f"{of} runs on {plan.host} (no HTTP on this "
+                                        f"rank: rank 0 on {plan.head} serves it)")
+
+
+def check_flags(obs: EngineObservation) -> CheckResult:
+    """Running flags equal the plan: /server_info (pdkit.exporter.drift) and the exporter's argv check."""
+    plan = obs.plan
+    if (early := cannot_measure(obs, "flags")) is not None:
+        return early
+    if plan.rank > 0:
+        return _rank_flags(obs)
+    drifted: dict[str, str] = {}
+    unverified: tuple[str, ...] = ()
+    if obs.server_info is not None:
+        found = compare_server_info(plan.argv, obs.server_info)
+        unverified = found.unverified
+        for flag in found.drifted:
+            drifted[flag] = describe(flag, plan.argv, obs.server_info.get(flag_key(flag)))
+    if obs.exporter is not None:
+        for flag in obs.exporter.drift_flags:
+            drifted.setdefault(flag, f"{flag}: the process argv differs from the deployed plan (pdkit-exporter)")
+    if obs.server_info is None and (obs.exporter is None or obs.exporter.flags_drift is None):
+        return not_measured(plan, "flags", f"/server_info unreadable ({obs.server_info_error})")
+    if drifted:
+        shown = ("; ".join(drifted[f] for f in sorted(drifted)[:3])
+                 + (f" (+{len(drifted) - 3} more)" if len(drifted) > 3 else ""))
+        return engine_row(plan, "flags", FAIL, f"{len(drifted)} planned flag(s) not in effect: {shown}",
+                          f"re-apply the plan to {plan.host} (pyinfra INVENTORY "
+                          f"deploy/pd.py --limit {plan.host}, or pdkit roll); "
+                          "a flag changed by hand on the host is overwritten "
+                          "by that; an intended change belongs in the inventory")
+    checked = len({flag_key(a) for a in plan.argv if a.startswith("--")}) - len(unverified)
+    note = f", {len(unverified)} not reported by /server_info ({', '.join(unverified[:3])})" if unverified else ""
+    return engine_row(plan, "flags", PASS, f"{checked} planned flags match the running engine{note}")
+
+
+def _rank_flags(obs: EngineObservation) -> CheckResult:
+    """A rank above 0 has no /server_info: its process argv against its planned argv (pdkit-exporter)."""
+    plan = obs.plan
+    ex = obs.exporter
+    if ex is None or ex.flags_drift is None:
+        why = obs.exporter_error if ex is None else "it reports no pdkit_engine_flags_drift"
+        return engine_row(plan, "flags", WARN, f"not measurable: rank {plan.rank} serves no "
+                                               f"/server_info and pdkit-exporter on {plan.host} "
+                          f"does not report its process argv ({why})",
+                          f"on {plan.host}: systemctl status pdkit-exporter")
+    if ex.drift_flags or ex.flags_drift:
+        shown = ", ".join(sorted(ex.drift_flags)[:3]) or "see pdkit_engine_flag_drift_info"
+        return engine_row(plan, "flags", FAIL, f"the process argv of rank {plan.rank} differs "
+                                               f"from the deployed plan (pdkit-exporter): {shown}",
+                          f"re-apply the plan to {plan.host} (pyinfra INVENTORY "
+                          f"deploy/pd.py --limit {plan.host}, or pdkit roll; "
+                          f"the engine's nodes roll together); every rank must run the same argv but --node-rank")
+    checked = len({flag_key(a) for a in plan.argv if a.startswith("--")})
+    return engine_row(plan, "flags", PASS, f"{checked} planned flags match the process "
+                                           f"argv of rank {plan.rank} (pdkit-exporter; "
+                      "this rank serves no /server_info)")
+
+
+def check_context_length(obs: EngineObservation) -> CheckResult:
+    plan, name = obs.plan, "context_length"
+    if (early := cannot_measure(obs, name, needs="server_info")) is not None:
+        return early
+    running = obs.server_info.get("context_length")
+    if not isinstance(running, int) or isinstance(running, bool):
+        return engine_row(plan, name, WARN, "/server_info reports no context_length", "not measurable on this version")
+    if plan.context_length is None:
+        if running > UNCAPPED_CONTEXT_WARN:
+            return engine_row(plan, name, WARN, f"not capped by the spec: the engine runs a {running}-token context",
+                              "set tuning.context_length to the longest prompt you serve (a "
+                              "1M context made the seeds' indexer scan 1M tokens per step)")
+        return engine_row(plan, name, PASS, f"not capped by the spec; the engine's context is {running} tokens")
+    if running == plan.context_length:
+        return engine_row(plan, name, PASS, f"capped at {running} tokens as planned")
+    if running < plan.context_length:
+        hint = (f"re-apply the plan to {plan.host} (a hand edit is "
+                "overwritten); if it stays lower, the model's maximum is: "
+                "set tuning.allow_longer_context: true "
+                "(SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1) or lower tuning.context_length")
+    else:
+        hint = f"the engine does not run the planned --context-length: re-apply the plan to {plan.host}"
+    return engine_row(plan, name, FAIL, f"context length {running}, planned {plan.context_length}", hint)
+
+
+def check_env(obs: EngineObservation) -> CheckResult:
+    """The planned NCCL/UCX/SGLANG environment is in the engine process (the exporter reads /proc/PID/environ)."""
+    plan, name = obs.plan, "process_env"
+    if (early := cannot_measure(obs, name)) is not None:
+        return early
+    ex = obs.exporter
+    if ex is None:
+        return engine_row(plan, name, WARN, "not measurable: pdkit-exporter on "
+                                            f"{plan.host} unreadable ({obs.exporter_error})",
+                          f"on {plan.host}: systemctl status pdkit-exporter "
+                          "(it reads /proc/<pid>/environ of the engine)")
+    if ex.env_check_error == 1 or ex.env_present is None:
+        return engine_row(plan, name, WARN, "pdkit-exporter could not read the engine process's environment",
+                          f"is pdkit-engine-{plan.engine} running? the exporter runs "
+                          "as the service user and reads its /proc/<pid>/environ")
+    if ex.env_present == 0:
+        shown = (", ".join(f"{var} {problem}" for var, problem in sorted(ex.env_mismatch.items()))
+                 or "see pdkit_engine_env_mismatch_info")
+        return engine_row(plan, name, FAIL, f"the engine process lacks planned variables: {shown}",
+                          "the unit loads /etc/pdkit/nccl.env, ucx.env and "
+                          f"engines/{plan.engine}.env: re-apply the plan to {plan.host} "
+                          "and restart the engine (a changed env file takes effect only on restart)")
+    names = ", ".join(plan.env_names[:4]) + ("..." if len(plan.env_names) > 4 else "")
+    return engine_row(plan, name, PASS, f"every planned variable is in the process ({len(plan.env_names)}: {names})"
+                      if names else "every planned variable is in the process")
+
+
+def check_versions(group: Sequence[EngineObservation]) -> list[CheckResult]:
+    """Prefill and decode of one PD group run the same SGLang version (and, on sglang, the planned one)."""
+    running = {id(o): (o.server_info or {}).get("version") for o in group}
+    known = {str(v) for v in running.values() if v}
+    label = f"PD group {group[0].plan.pd_group!r}" if group[0].plan.pd_group else "engine"
+    out = []
+    for obs in group:
+        plan = obs.plan
+        version = running[id(obs)]
+        if not version:
+            last = (f"; last known {obs.exporter.sglang_version} (pdkit-exporter)"
+                    if obs.exporter and obs.exporter.sglang_version else "")
+            out.append(engine_row(plan, "version", WARN, f"not measured: /server_info gave no version{last}",
+                                  "follows from reachable" if engine_down(obs) else "not reported by this engine"))
+        elif len(known) > 1:
+            members = ", ".join(f"{o.plan.host}/{o.plan.engine} {running[id(o)] or '?'}" for o in group)
+            out.append(engine_row(plan, "version", FAIL, f"{label} mixes SGLang versions: {members}",
+                                  "roll the whole group to one version "
+                                  "(pdkit_cluster.sglang_version or engines[].sglang_version): "
+                                  "a mismatched pair fails at the NIXL handshake or corrupts output"))
+        elif plan.engine_kind == "sglang" and str(version) != plan.sglang_version:
+            out.append(engine_row(plan, "version", WARN, f"runs SGLang {version}, the spec plans {plan.sglang_version}",
+                                  f"re-apply the plan to {plan.host} (the wheelhouse installs the pinned version)"))
+        else:
+            others = f" like the rest of {label}" if len(group) > 1 else ""
+            out.append(engine_row(plan, "version", PASS, f"runs {version}{others}"))
+    return out
+
+
+def _queue_depth(figures: dict[str, Any]) -> float:
+    return figures.get("queued_requests", 0.0) + sum((figures.get("pd_queues") or {}).values())
+
+
+def _progress(first: dict[str, Any], second: dict[str, Any]) -> float:
+    moved = sum(counter_delta(first.get(k), second.get(k, 0.0)) or 0.0 for k in ("prompt_tokens", "generation_tokens"))
+    a, b = first.get("cuda_graph_passes") or {}, second.get("cuda_graph_passes") or {}
+    return moved + sum(counter_delta(a.get(k), v) or 0.0 for k, v in b.items())
+
+
+def check_queues(obs: EngineObservation) -> CheckResult:
+    """The waiting and PD queues did not grow between two samples; growing with no progress is stuck."""
+    plan, name = obs.plan, "queues"
+    if (early := cannot_measure(obs, name, needs="both metrics samples")) is not None:
+        return early
+    a, b = obs.first.figures, obs.second.figures
+    before, after = _queue_depth(a), _queue_depth(b)
+    window = obs.second.at - obs.first.at
+    held = (min(a.get("running_requests", 0.0) + before, b.get("running_requests", 0.0) + after))
+    if held > 0 and _progress(a, b) <= 0:
+        return engine_row(plan, name, FAIL, f"wedged: {held:.0f} request(s) running "
+                                            "or queued at both samples and no token "
+                          f"or forward pass in {window:.0f} s (its HTTP server answers, the scheduler does not step)",
+                          f"journalctl -u pdkit-engine-{plan.engine} -n 300 "
+                          "(the last batch line); py-spy dump the scheduler; "
+                          f"restart the engine (systemctl restart pdkit-engine-{plan.engine}); alert PdkitEngineWedged")
+    if after - before >= QUEUE_GROWTH_MIN:
+        if _progress(a, b) <= 0:
+            return engine_row(plan, name, FAIL, f"queued requests {before:.0f} -> {after:.0f} "
+                                                f"in {window:.0f} s with no token produced: stuck",
+                              "a prefill queue waits for its decode partner (bootstrap) "
+                              "or a decode for KV (transfer): check the pair's "
+                              "journals; restart the stuck engine (a prefill "
+                              "replaced behind one address stalls its decode)")
+        return engine_row(plan, name, WARN, f"queued requests grew {before:.0f} -> {after:.0f} in {window:.0f} s",
+                          "requests arrive faster than this engine drains them: "
+                          "add engines or lower the load; see KV usage and graphs")
+    return engine_row(plan, name, PASS, f"queued requests {before:.0f} -> {after:.0f} over {window:.0f} s")
