@@ -44,6 +44,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_bytes(_index(bundle).encode(), "text/html")
         elif len(parts) == 3 and parts[2] == "requirements.txt":
             self._send_bytes(bundle.requirements.encode(), "text/plain")
+        elif len(parts) == 3 and parts[2] in (shards := bundle.shard_files()):
+            self._send_bytes(shards[parts[2]].encode(), "text/plain")
         elif len(parts) == 3 and (wheel := next((w for w in bundle.wheels if w.name == parts[2]), None)) is not None:
             self._send_file(wheel)
         else:

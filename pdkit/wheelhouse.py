@@ -40,7 +40,7 @@ from pathlib import Path
 from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import parse_wheel_filename
 
-from pdkit import enginelock
+from pdkit import enginelock, installshards
 from pdkit.enginelock import LockError, canonical, lock_pins
 from pdkit.platforms import KNOWN_PLATFORMS, NodePlatform, parse_glibc, platform_for
 from pdkit.versions import DEFAULT_SGLANG_VERSION
@@ -63,6 +63,10 @@ def offline() -> bool:
     return os.environ.get("PDKIT_OFFLINE", "") not in ("", "0")
 
 
+# Bundle.shard_files by bundle digest: reading ~210 wheels' file lists takes about a second
+_SHARDS: dict[str, dict[str, str]] = {}
+
+
 @dataclass(frozen=True)
 class Bundle:
     """One venv's packages: the wheel files and the requirements file pip installs them by."""
@@ -82,18 +86,30 @@ class Bundle:
     def size(self) -> int:
         return sum(w.stat().st_size for w in self.wheels)
 
+    def shard_files(self) -> dict[str, str]:
+        """The requirements files of the pip processes that install this bundle at once, by file name
+        (pdkit/installshards.py); empty when one pip installs it from requirements.txt."""
+        if self.digest not in _SHARDS:
+            texts = installshards.requirement_shards(self.requirements, self.wheels)
+            _SHARDS[self.digest] = dict(zip(installshards.shard_file_names(len(texts)), texts))
+        return _SHARDS[self.digest]
+
     def tarball(self) -> Path:
         """The bundle as one deterministic tar (for an upload over SFTP), packed on first use."""
-        out = cache_root() / "bundles" / f"{self.name}-{self.digest[:16]}.tar"
+        shards = self.shard_files()
+        # a sharded bundle's tar also holds its shares' requirements files (a name of its own, so a
+        # tar packed before the shares existed is never taken for one)
+        suffix = f"-{len(shards)}shards" if shards else ""
+        out = cache_root() / "bundles" / f"{self.name}-{self.digest[:16]}{suffix}.tar"
         if not out.exists():
             out.parent.mkdir(parents=True, exist_ok=True)
             tmp = _unique_tmp(out)
-            _pack_tar(tmp, self.requirements, self.wheels)
+            _pack_tar(tmp, self.requirements, self.wheels, shards)
             tmp.replace(out)  # the same bytes from every writer: the last one's rename is as good
         return out
 
 
-def _pack_tar(dest: Path, requirements: str, wheels: tuple[Path, ...]) -> None:
+def _pack_tar(dest: Path, requirements: str, wheels: tuple[Path, ...], shards: dict[str, str] | None = None) -> None:
     """Stable bytes: fixed mtimes, owners and modes, sorted names; wheels streamed, not read whole."""
 
     def normalise(info: tarfile.TarInfo) -> tarfile.TarInfo:
@@ -105,6 +121,11 @@ def _pack_tar(dest: Path, requirements: str, wheels: tuple[Path, ...]) -> None:
         info = normalise(tarfile.TarInfo("requirements.txt"))
         info.size = len(req)
         tar.addfile(info, io.BytesIO(req))
+        for name, text in (shards or {}).items():
+            data = text.encode()
+            info = normalise(tarfile.TarInfo(name))
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
         for wheel in sorted(wheels, key=lambda p: p.name):
             tar.add(str(wheel), arcname=wheel.name, filter=normalise)
 

@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 from pyinfra.api import deploy
 from pyinfra.operations import files, server
 
-from pdkit import hoststate, wheelhouse
+from pdkit import hoststate, installshards, wheelhouse
 from pdkit.deploy import current_host, current_plan, current_spec
 from pdkit.hoststate import Bundled, host_state, installed, node_platform, path_matches
 from roles import transfer
@@ -75,10 +75,14 @@ def _install_bundle(bundle: wheelhouse.Bundle, venv: str) -> None:
     # pip unpacks in TMPDIR (/tmp may be a small tmpfs) and would keep a second copy in its cache
     pip = f"TMPDIR={q(pip_tmp)} {q(real)}/bin/pip install --quiet --disable-pip-version-check --no-cache-dir --no-index --no-deps --require-hashes --progress-bar off"
     size = f"{bundle.size / 1e6:.0f} MB"
+    # a big bundle installs through several pip processes at once, each its own share of the wheels
+    # (pdkit/installshards.py): one pip takes minutes of one core for an engine bundle
+    shards = list(bundle.shard_files()) or ["requirements.txt"]
     if url:
         # the node fetches every file itself from this machine (pdkit/bundleserver.py); pip checks each hash
         # plain HTTP is trusted for transport only: pip still refuses any file whose hash differs
-        fetch, source = [], f"--trusted-host {q(urlsplit(url).hostname or '')} --find-links {q(url)} -r {q(url + 'requirements.txt')}"
+        fetch, links = [], f"--trusted-host {q(urlsplit(url).hostname or '')} --find-links {q(url)}"
+        sources = [f"{links} -r {q(url + name)}" for name in shards]
         how = f"fetched over HTTP from this machine ({size})"
     else:
         wheels = f"{install}/wheelhouse"
@@ -86,13 +90,18 @@ def _install_bundle(bundle: wheelhouse.Bundle, venv: str) -> None:
         files.put(name=f"Upload {bundle.name} wheels over SFTP ({size})", src=str(bundle.tarball()), dest=tarball, mode="0644")
         # unpacked, then gone: an engine bundle is ~4 GB beside its ~11 GB venv
         fetch = [f"rm -rf {q(unpacked)} && mkdir -p {q(unpacked)} && tar -xf {q(tarball)} -C {q(unpacked)} && rm -f {q(tarball)}"]
-        source = f"--find-links {q(unpacked)} -r {q(unpacked)}/requirements.txt"
+        sources = [f"--find-links {q(unpacked)} -r {q(unpacked)}/{name}" for name in shards]
         how = f"from the uploaded wheels ({size})"
         scratch.append(unpacked)
+    if len(sources) == 1:
+        install_wheels, processes = f"{pip} {sources[0]}", ""
+    else:
+        # each pip sees only its share: the others' packages are not missing dependencies to warn about
+        install_wheels, processes = installshards.all_at_once([f"{pip} --no-warn-conflicts {s}" for s in sources]), f", {len(sources)} pip processes"
     commands = [
         *fetch,
         f"rm -rf {q(real)} {q(pip_tmp)} && mkdir -p {q(install)}/venvs {q(pip_tmp)} && python3 -m venv {q(real)}",
-        f"{pip} {source}",
+        install_wheels,
         f"rm -rf {' '.join(q(p) for p in scratch)}",
         f"touch {q(real)}/.pdkit-bundle-{bundle.digest[:16]}",
         # atomic switch: rename a new link over the old one
@@ -101,7 +110,7 @@ def _install_bundle(bundle: wheelhouse.Bundle, venv: str) -> None:
         f"ls -1dt {q(install)}/venvs/{bundle.name}-* | tail -n +4 | xargs -r rm -rf",
     ]
     server.shell(
-        name=f"Install {bundle.name} venv ({len(bundle.wheels)} wheels, offline, hash-checked) {how}; switch {venv} to it",
+        name=f"Install {bundle.name} venv ({len(bundle.wheels)} wheels, offline, hash-checked{processes}) {how}; switch {venv} to it",
         commands=commands, _timeout=transfer.INSTALL_TIMEOUT_S,
     )
 
