@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -144,7 +145,6 @@ def test_real_pips_install_a_sharded_bundle_from_the_bundle_server_into_one_venv
     files = bundle.shard_files()
     assert list(files) == shard_file_names(3)
     # the SFTP path's tar carries the same files
-    import tarfile
     with tarfile.open(bundle.tarball()) as tar:
         assert [m.name for m in tar.getmembers()][:4] == ["requirements.txt", *shard_file_names(3)]
         assert tar.extractfile("requirements-2-of-3.txt").read().decode() == files["requirements-2-of-3.txt"]
