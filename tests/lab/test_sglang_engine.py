@@ -88,10 +88,26 @@ def on_host(lab, command: str, timeout: int = 600) -> subprocess.CompletedProces
     return pdlab.ssh_run(lab, lab.monitoring_host, command, timeout=timeout)
 
 
+def discard_command(*paths: str) -> str:
+    """Shell that makes PATHS absent at once and frees their space in the background.
+
+    An engine venv is ~9 GB in ~50k files, and the lab's disk is mounted with online discard:
+    `rm -rf` of one took 22-38 s of the lab tests' wall time, three times a session. Renamed beside
+    itself (one directory, so always a rename, never a copy), a path is gone for every later check;
+    the host's systemd removes the renamed trees while the next test runs. A path that cannot be
+    renamed is removed in place, as before.
+    """
+    moves = "; ".join(f"if [ -e {p} ]; then mv -T {p} {p}.discard-$s 2>/dev/null && set -- \"$@\" {p}.discard-$s || rm -rf {p}; fi"
+                      for p in paths)
+    return (f"set --; s=$(date +%s%N); {moves}; "
+            "if [ $# -gt 0 ]; then systemd-run --quiet --no-block --collect rm -rf \"$@\" || rm -rf \"$@\"; fi")
+
+
 def remove_engine_cluster(lab) -> None:
     units = " ".join(UNITS)
     paths = " ".join(f"/etc/systemd/system/{u}" for u in UNITS)
-    on_host(lab, f"systemctl disable --now {units} 2>/dev/null; rm -f {paths}; rm -rf {INSTALL_DIR} {CONFIG_DIR}; systemctl daemon-reload", timeout=300)
+    on_host(lab, f"systemctl disable --now {units} 2>/dev/null; rm -f {paths}; {discard_command(INSTALL_DIR, CONFIG_DIR)}; systemctl daemon-reload",
+            timeout=300)
 
 
 @pytest.fixture

@@ -45,6 +45,7 @@ from tests.lab.test_sglang_engine import (
     UNITS,
     changed,
     deploy,
+    discard_command,
     on_host,
     remove_engine_cluster,
 )
@@ -95,7 +96,8 @@ def write_inventory(directory: Path, lab, engine_venv: str, *, pd: bool, name: s
 def remove_provided_cluster(lab) -> None:
     units = " ".join(PROVIDED_UNITS)
     paths = " ".join(f"/etc/systemd/system/{u}" for u in PROVIDED_UNITS)
-    on_host(lab, f"systemctl disable --now {units} 2>/dev/null; rm -f {paths}; rm -rf {INSTALL_DIR} {CONFIG_DIR}; systemctl daemon-reload", timeout=300)
+    on_host(lab, f"systemctl disable --now {units} 2>/dev/null; rm -f {paths}; {discard_command(INSTALL_DIR, CONFIG_DIR)}; systemctl daemon-reload",
+            timeout=300)
 
 
 def nothing_changed(lab) -> bool:
@@ -123,7 +125,7 @@ def engine_venv(lab, tmp_path_factory):
     yield real
     remove_provided_cluster(lab)
     remove_engine_cluster(lab)
-    on_host(lab, f"rm -rf {BARE_VENV}")
+    on_host(lab, discard_command(BARE_VENV))
 
 
 @pytest.fixture
