@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import subprocess
 import time
 from pathlib import Path
@@ -26,6 +27,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from pdkit.health import READY_LOG_LINE
 from tests.conftest import REPO
 from tests.lab.test_roll import (
     BASE,
@@ -38,6 +40,7 @@ from tests.lab.test_roll import (
     pdkit,
     plan_of,
     router_workers,
+    ssh,
     steps,
     wait_router_steady,
 )
@@ -109,6 +112,14 @@ def roll_under_load(tmp_path: Path, plan: dict, concurrency: int, *roll_args: st
             load.proc.kill()
 
 
+def rotate_journal(lab, host: str) -> None:
+    """What a day of request logging does to a capped journal: every line logged so far is gone (the
+    engines' readiness lines with it)."""
+    proc = ssh(lab, host, "journalctl --rotate && journalctl --vacuum-time=1s >/dev/null 2>&1; "
+                          f"journalctl --no-pager -o cat | grep -cF {shlex.quote(READY_LOG_LINE)} || true")
+    assert proc.returncode == 0 and proc.stdout.strip() == "0", f"the journal still holds a readiness line: {proc}"
+
+
 def serves(plan: dict) -> None:
     """The box answers a completion through its router, with both engines registered and healthy."""
     host = plan["router"]
@@ -156,6 +167,9 @@ def test_with_allow_downtime_a_change_rolls_under_load_with_quick_errors_only_an
     new = plan_of(changed)
     release_before = current_release(lab, host)
     report = tmp_path / "report.json"
+    # a busy box's journal has rotated away the prefill's readiness line long before the roll (the
+    # roll restarts the decode only): its gate must decide from what the engine answers now
+    rotate_journal(lab, host)
     proc, counts = roll_under_load(tmp_path, box, 8, str(changed), "--allow-downtime", "--report", str(report))
     assert proc.returncode == 0, f"roll failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-3000:]}"
     print(f"one-node downtime roll under C=8: {json.dumps({k: v for k, v in counts.items() if k != 'errors'})}")
@@ -180,10 +194,59 @@ def test_with_allow_downtime_a_change_rolls_under_load_with_quick_errors_only_an
         "/etc/systemd/system/pdkit-engine-decode.service": new["files"][host]["/etc/systemd/system/pdkit-engine-decode.service"]}
     serves(box)
 
+    # the rollback restarts the decode only, after the journal rotated again (issue 42: it waited
+    # out ready_timeout_s for the prefill's line and left the box out of the router)
+    rotate_journal(lab, host)
     back = pdkit("rollback", ONE, host, "--allow-downtime")
     assert back.returncode == 0, back.stdout[-3000:] + back.stderr[-3000:]
     assert current_release(lab, host) == release_before
     assert file_sums(lab, host, sorted(box["files"][host])) == box["files"][host]
+    serves(box)
+
+
+SHRUNK_DROPIN = "/etc/systemd/system/pdkit-engine-prefill.service.d/zz-test-shrunk.conf"
+
+
+def restart_prefill(lab, host: str, env: str | None) -> None:
+    """Restart the box's prefill (its decode with it: PartOf=) outside the kit, with ENV set through a
+    drop-in (the sim's knob) or the drop-in removed."""
+    write = (f"mkdir -p {shlex.quote(str(Path(SHRUNK_DROPIN).parent))} && "
+             f"printf '[Service]\\nEnvironment={env}\\n' > {SHRUNK_DROPIN}") if env else f"rm -f {SHRUNK_DROPIN}"
+    proc = ssh(lab, host, f"{write} && systemctl daemon-reload && systemctl restart pdkit-engine-prefill.service", timeout=120)
+    assert proc.returncode == 0, proc
+
+
+def test_a_rollback_whose_ready_step_fails_leaves_the_box_in_the_router_and_a_shrunken_engine_fails_its_gate(lab, box, tmp_path):
+    """Issue 42: an engine that comes back with a fraction of its KV pool serves and would pass every
+    gate; and a rollback whose `ready` step failed after a good restore left a healthy box out of the
+    router. Here the prefill is restarted outside the kit with 5% of its pool (the sim's
+    PDKIT_SIM_KV_POOL_FRACTION), then the rollback restores the decode: its ready step must fail on
+    the prefill, naming both pool sizes, and the engines must be back in the router, serving."""
+    host = box["router"]
+    addr = box["addr"][host]
+    release_before = current_release(lab, host)
+    full = requests.get(f"http://{addr}:30000/server_info", timeout=10).json()["max_total_num_tokens"]
+    restart_prefill(lab, host, "PDKIT_SIM_KV_POOL_FRACTION=0.05")
+    try:
+        wait_router_steady(box)
+        shrunk = requests.get(f"http://{addr}:30000/server_info", timeout=10).json()["max_total_num_tokens"]
+        assert shrunk < 0.1 * full, (shrunk, full)
+        back = pdkit("rollback", ONE, host, "--allow-downtime")
+        out = back.stdout + back.stderr
+        assert back.returncode == 1, out[-4000:]
+        assert f"{host}: gate 'ready' failed" in back.stderr, out[-4000:]
+        # the gate names the figure and both numbers
+        assert "KV pool" in back.stderr and str(full) in back.stderr and str(shrunk) in back.stderr, back.stderr[-3000:]
+        # the restore went through (the decode is on the previous release) and the box is served again
+        assert current_release(lab, host) != release_before
+        assert "back in the router" in out, out[-3000:]
+        serves(box)
+    finally:
+        restart_prefill(lab, host, None)
+    wait_router_steady(box)
+    again = pdkit("rollback", ONE, host, "--to", release_before, "--allow-downtime")
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert current_release(lab, host) == release_before
     serves(box)
 
 
