@@ -203,24 +203,26 @@ def watch(name: str, endable: Callable[[], bool] | None = None, fds: Iterable[in
     watched = watched_fds(fds)
     if not watched and sshd is None:
         return None
-    thread = threading.Thread(target=_watch, args=(name, watched, sshd, group, endable, interval),
+    # duplicates (not inherited by children): the command closing its own fd 1 cannot turn the watch
+    # into POLLNVAL at every call (a busy loop), and a pipe still reports the end of its reader
+    dups = {os.dup(fd): fd for fd in watched}
+    thread = threading.Thread(target=_watch, args=(name, dups, sshd, group, endable, interval),
                               name="pdkit-lifeline", daemon=True)
     thread.start()
     return thread
 
 
-def _watch(name: str, fds: list[int], sshd: Proc | None, group: int | None, endable: Callable[[], bool] | None,
-           interval: float) -> None:
+def _watch(name: str, dups: dict[int, int], sshd: Proc | None, group: int | None,
+           endable: Callable[[], bool] | None, interval: float) -> None:
     started = time.monotonic()
     poller = select.poll()
-    for fd in fds:
+    for fd in dups:
         poller.register(fd, 0)  # no events asked: poll() wakes for POLLERR/POLLHUP only
     while True:
-        try:
-            revents = poller.poll(interval * 1000) if fds else []
-        except InterruptedError:
+        if dups:
+            revents = [(dups[fd], ev) for fd, ev in poller.poll(interval * 1000)]
+        else:
             revents = []
-        if not fds:
             time.sleep(interval)
         reason = lost_reason(revents, sshd, read_proc(sshd.pid) if sshd else None)
         if reason:

@@ -308,3 +308,21 @@ def test_only_pipes_and_sockets_are_watched_and_main_argv_arms_nothing(tmp_path)
     os.close(r)
     os.close(w)
     assert lifeline.watch_command("pdkit.health", ["http", "--url", "x"]) is None  # a test's main(argv)
+
+
+CLOSES_STDOUT = textwrap.dedent("""
+    import os, resource, sys, time
+    from pdkit import lifeline
+    lifeline.watch("test")
+    os.close(1)  # the command closes its own stdout; its reader is still there
+    time.sleep(1.5)
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_utime + resource.getrusage(resource.RUSAGE_SELF).ru_stime,
+          file=sys.stderr)
+""")
+
+
+def test_a_command_closing_its_own_stdout_neither_ends_nor_busies_the_watcher():
+    done = subprocess.run([sys.executable, "-c", CLOSES_STDOUT], stdin=subprocess.DEVNULL, capture_output=True,
+                          text=True, timeout=30, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr
+    assert float(done.stderr.split()[-1]) < 0.5, f"CPU seconds in 1.5 s: {done.stderr}"  # a poll() loop on POLLNVAL
