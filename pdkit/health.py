@@ -330,6 +330,8 @@ def wait_all(engines: list[tuple[str, str, float]], urls: list[tuple[str, float]
 
 
 def main(argv: list[str] | None = None) -> int:
+    from pdkit import lifeline  # here, not at the top: the whole hook of issue 42 item 4 stays in main()
+    lifeline.watch_command("pdkit.health", argv)  # as a command: end when its control side goes away
     parser = argparse.ArgumentParser(prog="python -m pdkit.health",
                                      description="Wait until a restarted service is really ready.")
     sub = parser.add_subparsers(dest="kind", required=True)

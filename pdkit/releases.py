@@ -380,6 +380,8 @@ def restore(
 
 
 def main(argv: list[str] | None = None) -> int:
+    from pdkit import lifeline  # here, not at the top: the whole hook of issue 42 item 4 stays in main()
+    lifeline.watch_command("pdkit.releases", argv, endable=lifeline.gate_waiting)  # never half-way: in a gate
     parser = argparse.ArgumentParser(prog="python -m pdkit.releases",
                                      description="Record, list and restore this node's releases.")
     parser.add_argument("--releases-dir", default=releases_dir("/opt/pdkit"))
