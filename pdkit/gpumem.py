@@ -35,6 +35,8 @@ SMI_QUERY = ["--query-gpu=index,name,memory.total,memory.free", "--format=csv,no
 # the environment variable of an engine whose host shares its GPUs with another host's engines
 BASE_ENV = "PDKIT_GPU_FREE_BASE"
 # exit codes: 0 go; 1 the bound passed (the start fails); 2 a usage or environment problem
+# a waiting line in the journal at first, then this often (free memory moves by a few MiB every poll)
+LOG_EVERY_S = 10.0
 EXIT_TIMEOUT, EXIT_ERROR = 1, 2
 
 
@@ -131,7 +133,7 @@ def wait(args: argparse.Namespace, read=read_smi, sleep=time.sleep, clock=time.m
         raise GpuMemError("nvidia-smi is not on PATH: the wait for free GPU memory needs it (pdkit renders this "
                           "ExecStartPre only on gpu: nvidia nodes)")
     start = clock()
-    said = None
+    said = None  # when the last waiting line was logged: once at first, then every LOG_EVERY_S
     while True:
         short = shortfalls(parse_smi(read(smi)), wanted, args.assumes, base, args.margin_mib)
         waited = clock() - start
@@ -145,10 +147,9 @@ def wait(args: argparse.Namespace, read=read_smi, sleep=time.sleep, clock=time.m
                 + ": the memory is still held (nvidia-smi --query-compute-apps=pid,used_memory names by whom); "
                 "started now the engine would size its pool to what is left")
             return EXIT_TIMEOUT
-        line = "; ".join(short)
-        if line != said:
-            log(f"pdkit.gpumem: {args.unit}: waiting up to {args.timeout:.0f} s for GPU memory: {line}")
-            said = line
+        if said is None or waited - said >= LOG_EVERY_S:
+            log(f"pdkit.gpumem: {args.unit}: waiting up to {args.timeout:.0f} s for GPU memory: " + "; ".join(short))
+            said = waited
         sleep(args.interval)
 
 

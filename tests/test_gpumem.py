@@ -89,14 +89,18 @@ class Clock:
         self.t += s
 
 
-def test_wait_goes_once_the_memory_is_back_and_says_so_once():
+def test_wait_goes_once_the_memory_is_back_and_says_so_every_10_s():
     clock, lines = Clock(), []
-    outputs = iter([H200_STILL_HELD] * 5 + [H200_PREFILL_UP])
+    # free memory moves by a few MiB between polls (seen on the H100: 39593, then 39596 MiB)
+    held = [f"0, NVIDIA H200, 143771, {2939 + i}\n" for i in range(25)]
+    outputs = iter(held + [H200_PREFILL_UP])
     rc = gpumem.wait(_args(), read=lambda smi: next(outputs), sleep=clock.sleep, clock=clock, log=lines.append)
     assert rc == 0
-    assert len(lines) == 2, lines  # one waiting line (the shortfall did not change), one "starting"
+    # waiting lines at 0, 10 and 20 s, then one "starting"
+    assert len(lines) == 4, lines
     assert lines[0].startswith("pdkit.gpumem: pdkit-engine-decode.service: waiting up to 120 s for GPU memory: GPU 0")
-    assert "after 5.0 s, starting" in lines[1]
+    assert "2949 MiB free" in lines[1] and "2959 MiB free" in lines[2]
+    assert "after 25.0 s, starting" in lines[3]
 
 
 def test_wait_fails_the_start_past_its_bound_naming_the_gpu_free_and_needed():
