@@ -5,19 +5,24 @@ compute capability 9.0, NVLink NV18 between them, driver 580 open module, Ubuntu
 guest with one NUMA node). A TP2 unified engine spans both GPUs, so the preflight checks the
 NVLink between them against the `nvlink` NCCL profile. On a one-GPU machine run it with
 PDKIT_H200_GPUS=1 (one engine on GPU 0). Only the preflight is meant to run from here: it
-changes nothing.
+changes nothing. The card is the machine's own (an H100 80GB where one serves the call), as in
+inventories/h200.py (gpu/card.py).
 """
 
 import os
+import runpy
+from pathlib import Path
 
 _COUNT = int(os.environ.get("PDKIT_H200_GPUS", "2"))
+_H200 = runpy.run_path(str(Path(__file__).with_name("h200.py")))
+_GPUS = _H200["CARD"].machine_gpus({**_H200["H200"], "count": _COUNT, "numa": [0] * _COUNT})
 
 hosts = [
     (
         "@local",
         {
             "pdkit_node": {
-                "gpus": {"model": "NVIDIA H200", "count": _COUNT, "memory_gib": 141, "compute_capability": "9.0", "numa": [0] * _COUNT},
+                "gpus": _GPUS,
                 "address": "127.0.0.1",
                 "nccl_profile": "nvlink" if _COUNT > 1 else "default",
                 "engines": [{"name": "unified", "role": "unified", "gpus": list(range(_COUNT)), "port": 30000}],

@@ -44,6 +44,9 @@ ADDRESSES = {"pdkit-a": "10.214.0.2", "pdkit-b": "10.214.0.3"}
 UCX_NET_DEVICE = "host0"
 # without a probe: TCP with CUDA copies staged through host memory (no CUDA IPC across namespaces)
 DEFAULT_UCX_TLS = "tcp,cuda_copy,self"
+# the part of GPU 0 each host's engines count on finding free when they start (docs/gpu.md, "Engines
+# sharing a GPU wait for their memory"): 1 - 0.42 held by the other host's pair, less its engines' contexts
+GPU_FREE_BASE = "0.5"
 
 
 def ucx_tls() -> str:
@@ -78,7 +81,10 @@ def node_data(name: str, router: bool) -> dict:
     prefill, decode = node["engines"]
     prefill["gpu_share"], decode["gpu_share"] = 0.20, 0.22  # four engines on one GPU (two per host)
     for engine in (prefill, decode):
-        engine["env"] = {**engine.get("env", {}), "UCX_TLS": ucx_tls()}
+        engine["env"] = {**engine.get("env", {}), "UCX_TLS": ucx_tls(),
+                         # the units' wait for free GPU memory (pdkit.gpumem) counts this host's engines on half
+                         # the GPU: the other host's pair holds 0.42 of it and ~2.3 GiB per engine beyond that
+                         "PDKIT_GPU_FREE_BASE": GPU_FREE_BASE}
     if router:
         data["pdkit_router"]["address"] = ADDRESSES[name]
     else:

@@ -11,7 +11,25 @@ gpu/run_gpu_tier.py renders this inventory and runs exactly its ExecStart lines 
 
     pdkit validate inventories/h200.py
     python gpu/run_gpu_tier.py --dry
+
+The GPU card (model, memory, compute capability) is the one this machine has when it has one:
+`PDKIT_GPU_CARD`, else nvidia-smi, else the H200 written below (gpu/card.py; docs/gpu.md, "Whichever
+card the lent machine has"). An `nvidia-h200` call served by an H100 80GB needs no edit here.
 """
+
+import importlib.util
+from pathlib import Path
+
+
+def _card_module():
+    """gpu/card.py (standard library), loaded by path: inventories are not a package."""
+    spec = importlib.util.spec_from_file_location("pdkit_gpu_card", Path(__file__).resolve().parents[1] / "gpu" / "card.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+CARD = _card_module()
 
 # where gpu/run_gpu_tier.py places the generated model directory on the GPU machine
 MODEL_DIR = "/models/pdkit-llama-0.9b"
@@ -42,12 +60,9 @@ _CLUSTER = {
     },
 }
 
-_H200_X2 = {
-    "model": "NVIDIA H200",
-    "count": 2,
-    "memory_gib": 141,
-    "compute_capability": "9.0",
-}
+# the card declared where this machine shows none (and with PDKIT_GPU_CARD=declared)
+H200 = {"model": "NVIDIA H200", "memory_gib": 141, "compute_capability": "9.0"}
+_H200_X2 = CARD.machine_gpus({**H200, "count": 2})
 
 gpu_nodes = [
     (

@@ -27,6 +27,7 @@ from pdkit.spec import (
     HostSpec,
     dcgm_enabled,
     engine_numa_node,
+    gpu_share_group,
     shared_gpu_predecessor,
 )
 
@@ -187,21 +188,55 @@ def engine_env_path(spec: ClusterSpec, engine: Engine) -> str:
     return f"{spec.cluster.config_dir}/engines/{engine.name}.env"
 
 
+# the bound of an engine's wait for the free GPU memory its fraction assumes (pdkit.gpumem): CUDA
+# memory of a stopped engine has outlived its cgroup by seconds, not minutes (docs/gpu.md)
+GPU_FREE_WAIT_S = 120
+# what the wait allows below total x (1 - the earlier shares), in MiB: the engine's own CUDA context,
+# and per earlier engine on the GPU its context and CUDA graphs, taken beyond its share (the H200's
+# decode found 2.3 GiB less than its prefill's share left, docs/gpu.md "One H200")
+GPU_FREE_MARGIN_MIB, GPU_FREE_MARGIN_PER_EARLIER_MIB = 2048, 2048
+
+
+def gpu_free_wait(spec: ClusterSpec, host: HostSpec, engine: Engine) -> list[str] | None:
+    """The argv that holds ENGINE's start until its shared GPUs have the free memory its fraction
+    assumes (pdkit.gpumem), or None: an engine alone on its GPUs, or a node without nvidia-smi
+    (`gpu: none`: the lab, the sim rehearsals)."""
+    assert host.node is not None
+    group = gpu_share_group(host, engine)
+    if not group or host.node.gpu != "nvidia":
+        return None
+    index = [e.name for e in group].index(engine.name)
+    assumes = round(1 - sum(e.gpu_share for e in group[:index]), 4)  # type: ignore[misc]
+    margin = GPU_FREE_MARGIN_MIB + GPU_FREE_MARGIN_PER_EARLIER_MIB * index
+    return [flags.node_python(spec), "-m", "pdkit.gpumem", "wait", "--gpus", ",".join(map(str, engine.gpus)),
+            "--assumes", f"{assumes:g}", "--margin-mib", str(margin), "--timeout", str(GPU_FREE_WAIT_S),
+            "--unit", engine.unit_name]
+
+
 def shared_gpu_start(spec: ClusterSpec, host: HostSpec, engine: Engine) -> dict:
-    """Unit settings that start an engine on shared GPUs only once the engine before it serves.
+    """Unit settings that start an engine on shared GPUs only once the engine before it serves
+    and the GPUs have the memory its fraction assumes.
 
     Its --mem-fraction-static assumes the earlier engines already hold their shares
     (spec.shared_gpu_mem_fraction): `After=` orders the starts, `PartOf=` restarts it whenever
     the earlier one restarts (whose pool would otherwise not fit beside it), and ExecStartPre
     waits for the earlier one's /health, since a Type=simple unit counts as started at once.
+    Then (on nvidia nodes) a second ExecStartPre waits, bounded, for the free memory the fraction
+    assumes (`gpu_free_wait`): a process of the unit's last start may still hold its memory.
     """
     before = shared_gpu_predecessor(host, engine)
-    if before is None:
-        return {"start_after": None, "exec_start_pre": None, "timeout_start_s": None}
-    wait = [flags.node_python(spec), "-m", "pdkit.health", "gates", "--http",
-            f"{flags.engine_url(spec, host, before)}/health", str(spec.cluster.ready_timeout_s)]
-    return {"start_after": before.unit_name, "exec_start_pre": exec_start(wait),
-            "timeout_start_s": spec.cluster.ready_timeout_s + 60}
+    pre: list[str] = []
+    timeout = 0
+    if before is not None:
+        pre.append(exec_start([flags.node_python(spec), "-m", "pdkit.health", "gates", "--http",
+                               f"{flags.engine_url(spec, host, before)}/health", str(spec.cluster.ready_timeout_s)]))
+        timeout += spec.cluster.ready_timeout_s
+    memory = gpu_free_wait(spec, host, engine)
+    if memory is not None:
+        pre.append(exec_start(memory))
+        timeout += GPU_FREE_WAIT_S
+    return {"start_after": before.unit_name if before is not None else None, "exec_start_pre": pre,
+            "timeout_start_s": timeout + 60 if pre else None}
 
 
 def engines_not_started_reason(spec: ClusterSpec, host: HostSpec) -> str | None:

@@ -54,6 +54,10 @@ LOAD_C=${LOAD_CONCURRENCY:-8}
 
 . "$HERE/step.sh"  # step NAME LIMIT_S CMD...
 
+card() {  # the GPU card the inventory took on this machine (gpu/card.py: PDKIT_GPU_CARD, else nvidia-smi, else its H200)
+    "$P/python" -c "from pdkit.loader import load; g = load('$INV').gpu_hosts[0].node.gpus; print(f'card: {g.count} x {g.model}, {g.memory_gib} GiB, cc {g.compute_capability} (gpu/card.py)')" | tee -a "$OUT/steps.txt"
+}
+
 derived() {  # derived NAME BODY: inventories/.one-NAME.py = INV with BODY run on the node's data (_node) and cluster (_c)
     local path=inventories/.one-$1.py
     python3 - "$INV" "$2" > "$path" <<'PY'
@@ -124,6 +128,7 @@ phase_up() {
 }
 
 phase_converge() {
+    card
     step deploy1 ${CONVERGE_LIMIT_S:-420} "${RUN[@]}" "$P/pyinfra" -y "$INV" deploy/pd.py || { tail -40 "$OUT/deploy1.log"; return 1; }
     grep -E "pdkit: |Errors|changed" "$OUT/deploy1.log" | tail -8
 }

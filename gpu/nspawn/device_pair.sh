@@ -39,6 +39,10 @@ CANARY=pdkit-b
 
 . "$(dirname "${BASH_SOURCE[0]}")/step.sh"  # step NAME LIMIT_S CMD...
 
+card() {  # the GPU card the inventory took on this machine (gpu/card.py: PDKIT_GPU_CARD, else nvidia-smi, else its H200)
+    "$P/python" -c "from pdkit.loader import load; g = load('$INV').gpu_hosts[0].node.gpus; print(f'card: {g.count} x {g.model}, {g.memory_gib} GiB, cc {g.compute_capability} (gpu/card.py)')" | tee -a "$OUT/steps.txt"
+}
+
 derived() {  # derived NAME BODY: inventories/.pair-NAME.py = INV with BODY run on the canary's data (_d)
     local path=inventories/.pair-$1.py
     python3 - "$INV" "$2" "$CANARY" > "$path" <<'PY'
@@ -101,6 +105,7 @@ phase_up() {
 }
 
 phase_converge() {
+    card
     # --serial: pdkit-a's engines size their memory before pdkit-b's start (one GPU, four engines)
     step deploy1 ${CONVERGE_LIMIT_S:-470} "$P/pyinfra" -y --serial "$INV" deploy/pd.py || { tail -40 "$OUT/deploy1.log"; return 1; }
     grep -E "pdkit: |Errors|changed" "$OUT/deploy1.log" | tail -8

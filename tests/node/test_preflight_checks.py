@@ -48,7 +48,9 @@ def errors(findings) -> list[str]:
     return [f"{f.check}: {f.message}" for f in findings if f.severity == "error"]
 
 
-def test_the_real_h200_capture_passes_the_h200_local_inventory():
+def test_the_real_h200_capture_passes_the_h200_local_inventory(monkeypatch):
+    # the inventory as written (gpu/card.py: on a machine with another card it would take that one)
+    monkeypatch.setenv("PDKIT_GPU_CARD", "declared")
     spec = load(str(REPO / "inventories/h200-local.py"))
     host = spec.gpu_hosts[0]
     findings = check_host(spec, host, h200_facts())
