@@ -25,6 +25,7 @@ from pdkit.roll.planning import (
     merge_units,
     outage_lines,
     pairing_units,
+    put_back_summary,
     refusal_text,
     rerun_with_downtime,
     rollout_order,
@@ -284,11 +285,13 @@ def cmd_rollback(args: argparse.Namespace) -> int:
                 p(args.host, name, fn(batch), time.monotonic() - start)
         except Exception as exc:  # noqa: BLE001
             print(f"pdkit rollback: {args.host}: gate '{name}' failed: {exc}", file=sys.stderr)
-            if name == "restore":
-                try:
-                    roller.readd(batch)
-                except Exception:  # noqa: BLE001
-                    pass
+            # whatever step failed, the engines the drain took out go back in the router if
+            # healthy (the restore, done or not, is not tried again): a healthy box is never left out
+            recovery = roller.put_back_in_service(batch)
+            restored = None if name == "drain" else name != "restore"
+            print(put_back_summary("rollback", args.host, restored=restored,
+                                   readded=None if recovery is None else recovery.back,
+                                   left_out=None if recovery is None else recovery.left_out), file=sys.stderr)
             step.failed = True
     return EXIT_FAILED if step.failed else 0
 

@@ -45,12 +45,31 @@ class RollError(RuntimeError):
         # set by roll_batch: whether the batch's engines are back in the router (None: none was
         # taken out), so the final line never claims they are when the re-add failed
         self.readded: bool | None = None
+        # set by roll_batch: the workers the put-back left out of the router, and why (Recovery.left_out)
+        self.left_out: dict[str, str] = {}
 
 
-def router_state_words(readded: bool | None) -> str:
-    """Pure: where the batch's engines stand with the router after a failed gate, for the last line."""
+def sort_by_health(answers: dict[str, tuple[int, str]]) -> tuple[list[str], dict[str, str]]:
+    """Pure: (URLs whose own /health answered 200, {URL: why not} for the others) from each engine's
+    last /health answer (status, body; status 0 when nothing answered)."""
+    healthy = [u for u, (status, _) in answers.items() if status == 200]
+    left_out = {u: (f"its /health answered {status}: {body.strip()[:120]}" if status
+                    else f"its /health did not answer ({body.strip()[:120]})")
+                for u, (status, body) in answers.items() if status != 200}
+    return healthy, left_out
+
+
+def router_state_words(readded: bool | None, left_out: dict[str, str] | None = None) -> str:
+    """Pure: where the batch's engines stand with the router after a failed step, for the last line.
+    LEFT_OUT: the workers the put-back did not add back (URL -> why); named, so a partial re-add is
+    never reported as all or nothing."""
     if readded is None:
         return "nothing was taken out of the router"
+    if left_out:
+        named = "; ".join(f"{u} ({why})" for u, why in sorted(left_out.items()))
+        if readded:
+            return f"its healthy engines are back in the router; left out: {named}"
+        return f"its engines are NOT back in the router; left out: {named}"
     if readded:
         return "its engines are back in the router"
     return "its engines are NOT back in the router (the re-add failed: see 'could not add' above)"
@@ -61,12 +80,23 @@ def stop_summary(exc: RollError, untouched: list[str]) -> str:
     rest = f"not touched: {', '.join(untouched) or 'none'}"
     if exc.restored:
         return (f"pdkit roll: {exc.host} is back on its previous release where one was recorded; "
-                f"{router_state_words(exc.readded)}; {rest}")
+                f"{router_state_words(exc.readded, exc.left_out)}; {rest}")
     if exc.gate == "connect":
         return f"pdkit roll: {exc.host} could not be reached: nothing was changed on it; {rest}"
     return (f"pdkit roll: {exc.host}: nothing was applied (gate '{exc.gate}' failed before the deploy); "
-            f"{router_state_words(exc.readded)}; {rest}")
+            f"{router_state_words(exc.readded, exc.left_out)}; {rest}")
 
+
+
+def put_back_summary(command: str, host: str, restored: bool | None, readded: bool | None,
+                     left_out: dict[str, str] | None = None) -> str:
+    """Pure: the last line of `pdkit rollback` (COMMAND) after a failed step: which release the node
+    is left on (RESTORED: the restore step completed; False: it failed; None: it never started)
+    and where its engines stand with the router."""
+    release = {True: "the restore completed: it runs the release it was rolled back to",
+               False: "the restore failed: it runs whatever the failed restore left in place",
+               None: "the restore did not start: it runs the release it ran before"}[restored]
+    return f"pdkit {command}: {host}: {release}; {router_state_words(readded, left_out)}"
 
 
 def rollout_order(spec: ClusterSpec, *, limit: Iterable[str] | None = None, canary: str | None = None) -> list[str]:

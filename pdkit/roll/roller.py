@@ -37,7 +37,9 @@ from pdkit.roll.planning import (
     parse_running_key,
     restart_to_ready,
     router_keys,
+    router_state_words,
     silence_window_s,
+    sort_by_health,
 )
 from pdkit.roll.pyinfra_api import Pyinfra, run_remote
 from pdkit.router_api import REGULAR, Key, RouterClient, worker_type
@@ -130,6 +132,23 @@ def timing_probe_command(units: list[str]) -> str:
     only). The readiness line is the engine gate's own (pdkit.health.READY_LOG_LINE), passed in."""
     q = shlex.quote
     return f"python3 -c {q(_TIMING_PROBE)} {q(json.dumps(units))} 0 {q(READY_LOG_LINE)}"
+
+
+@dataclass
+class Recovery:
+    """What Roller.put_back_in_service did after a failed step: the worker URLs the routers list
+    healthy again, and those left out (URL -> why)."""
+
+    readded: list[str] = field(default_factory=list)
+    left_out: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def back(self) -> bool:
+        """Some worker is back in the router (all of them when nothing is left out)."""
+        return bool(self.readded)
+
+    def words(self) -> str:
+        return router_state_words(self.back, self.left_out)
 
 
 @dataclass
@@ -297,6 +316,8 @@ class Roller:
                 and ROUTER_RELEASES[self.spec.router_release(self.spec.host(o.router))].empty_regular_is_404}
 
     def drain(self, hosts: list[str]) -> str:
+        # a drain that fails before its first removal took nothing out (not the last batch's workers)
+        self.removed = []
         outages = batch_outages(self.spec, hosts)
         if outages and not self.allow_downtime:
             lost = "; ".join(f"{o.url} would have no {' or '.join(o.kinds)} worker" for o in outages)
@@ -331,8 +352,17 @@ class Roller:
                 raise TimeoutError(f"engines still busy after {self.drain_timeout_s:.0f} s: {busy}")
             time.sleep(0.25)
 
-    def readd(self, hosts: list[str]) -> str:
-        workers = sorted(self.workers_of(hosts), key=lambda w: -REMOVAL_ORDER[worker_type(w[1].role)])
+    def readd(self, hosts: list[str], only: Iterable[str] | None = None) -> str:
+        """HOSTS' workers back in their routers, healthy, breakers closed, then the router gates of
+        HOSTS. ONLY: just these worker URLs (the put-back after a failed step); the router gates, which
+        want every planned worker listed, then run only when ONLY is all of them."""
+        every = self.workers_of(hosts)
+        complete = True
+        if only is not None:
+            wanted = set(only)
+            complete = {url for _, _, url in every} <= wanted
+            every = [w for w in every if w[2] in wanted]
+        workers = sorted(every, key=lambda w: -REMOVAL_ORDER[worker_type(w[1].role)])
         for client, engine, url in workers:
             # a held worker leaves the router's list when its settle time is up: wait that out too
             client.add(url, worker_type(engine.role),
@@ -359,10 +389,10 @@ class Roller:
         served = f"{len(workers)} worker(s) back in the router, healthy, circuit breakers closed"
         # a router on the batch's hosts: its own gate from the table (every planned worker listed
         # healthy and one completion), now that the batch's workers are back in it
-        routers, _ = self.run_gates(hosts, 1)
+        routers, _ = self.run_gates(hosts, 1) if complete else (0, [])
         if routers:
             served += f"; {routers} router gate(s) passed"
-        if self.outage_since is not None:
+        if self.outage_since is not None and complete:
             self.last_outage_s = time.monotonic() - self.outage_since
             self.outage_since = None
             served += f"; the router served again after a {self.last_outage_s:.1f} s outage"
@@ -570,20 +600,12 @@ class Roller:
                 gate("smoke", self.smoke)
             except RollError as exc:
                 p(exc.host, "FAILED", f"gate '{exc.gate}': {exc.message}")
+                # after an apply was attempted the batch goes back on its release first; after a
+                # failed drain nothing was applied: only what the drain took out goes back
                 exc.restored = done_drain
-                if done_drain:
-                    exc.readded = self._recover(batch, hosts, before)
-                elif not self.removed:
-                    # the drain failed before it took anything out (a router that refuses the key): nothing to put back
-                    exc.readded = None
-                else:
-                    # nothing was applied: only put back whatever the drain took out of the router
-                    try:
-                        p(",".join(batch), "router", self.readd(batch))
-                        exc.readded = True
-                    except Exception as readd_exc:  # noqa: BLE001
-                        p(",".join(batch), "router", f"could not add the engines back: {readd_exc}")
-                        exc.readded = False
+                recovery = self.put_back_in_service(batch, restore_to=before if done_drain else None)
+                exc.readded = None if recovery is None else recovery.back
+                exc.left_out = {} if recovery is None else recovery.left_out
                 raise
         for h in batch:
             timings[h].total_s = time.monotonic() - t0
@@ -609,9 +631,9 @@ class Roller:
             raise RollError(",".join(batch), "bake", str(exc)) from exc
         p(",".join(batch), "bake", message, time.monotonic() - start)
 
-    def _recover(self, batch: list[str], hosts: dict[str, Any], before: dict[str, str | None]) -> bool:
-        """Put every node of the batch back on the release it ran before, then back in the router;
-        whether the re-add succeeded."""
+    def restore_batch(self, batch: list[str], before: dict[str, str | None]) -> None:
+        """Put every node of BATCH back on the release it ran before (BEFORE), together; one line
+        per node, a failure reported and not raised (the put-back goes on to the router)."""
         p = self.progress
 
         def one(h: str) -> None:
@@ -635,10 +657,67 @@ class Roller:
         # other each restore would wait on a rank still running the failed release
         with ThreadPoolExecutor(max_workers=max(1, len(batch)), thread_name_prefix="pdkit-roll-restore") as pool:
             list(pool.map(one, batch))
-        try:
-            p(",".join(batch), "router", self.readd(batch))
-            return True
-        except Exception as exc:  # noqa: BLE001
-            p(",".join(batch), "router", f"could not add the restored engines back: {exc}")
-            return False
 
+    def engine_health(self, urls: list[str], timeout_s: float) -> dict[str, tuple[int, str]]:
+        """Each engine URL's own GET /health answer (status, body), polled until every one answers
+        200 or TIMEOUT_S has passed: the last answer of each."""
+        answers: dict[str, tuple[int, str]] = {}
+        deadline = time.monotonic() + timeout_s
+        while True:
+            for url in urls:
+                if answers.get(url, (0, ""))[0] != 200:
+                    answers[url] = http_request(f"{url}/health", timeout=5)
+            if all(status == 200 for status, _ in answers.values()) or time.monotonic() > deadline:
+                return answers
+            time.sleep(1)
+
+    def put_back_in_service(self, hosts: list[str],
+                            restore_to: dict[str, str | None] | None = None) -> Recovery | None:
+        """After a failed step of a roll, rollback or tune: every path's one way back into service.
+        RESTORE_TO (host -> release): first put each host back on that release (restore_batch).
+        Then each worker the last drain took out goes back in its router if its engine's own
+        /health answers 200 (waited for up to router_timeout_s); the others are left out, named,
+        with their answer. What the routers list afterwards is what is reported (a re-add that
+        fails half way still leaves the added workers in). None when the drain took nothing out."""
+        p = self.progress
+        if restore_to is not None:
+            self.restore_batch(hosts, restore_to)
+        workers = self.workers_of(hosts)
+        taken = [url for _, _, url in workers if url in set(self.removed)]
+        who = ",".join(hosts)
+        if not taken:
+            if restore_to is None:
+                p(who, "router", "nothing was taken out of the router: nothing to put back")
+            return None
+        healthy, left_out = sort_by_health(self.engine_health(sorted(set(taken)), self.router_timeout_s))
+        error = ""
+        if healthy:
+            try:
+                p(who, "router", self.readd(hosts, only=healthy))
+            except Exception as exc:  # noqa: BLE001 - what the routers list below is what counts
+                error = str(exc)
+        listed: dict[str, bool] = {}
+        for _, client in self.routers():
+            try:
+                for w in client.workers():
+                    listed[w.url] = listed.get(w.url, False) or w.routable
+            except Exception as exc:  # noqa: BLE001
+                error = error or str(exc)
+        for url in healthy:
+            if not listed.get(url):
+                left_out[url] = (f"healthy, but the re-add failed: {error}" if error
+                                 else "healthy, but no router lists it healthy")
+        for url in left_out:
+            if url in listed and not listed[url]:
+                # added by the failed re-add step: not taken out again (on the release it was put
+                # back on, it serves once healthy), but said, so "left out" never hides it
+                left_out[url] += "; the router still lists it, unhealthy: it gets requests once its health check passes"
+        recovery = Recovery(readded=[u for u in taken if u in healthy and u not in left_out], left_out=left_out)
+        for url, why in sorted(left_out.items()):
+            p(who, "router", f"left out of the router: {url}: {why}")
+        if not recovery.back:
+            p(who, "router", f"could not add the engines back: {recovery.words()}")
+        else:
+            p(who, "router", f"put back in service: {len(recovery.readded)} worker(s) in the router; "
+                             f"{recovery.words()}")
+        return recovery

@@ -39,6 +39,7 @@ from pdkit.roll import (
     patch_gevent,
     read_node_state,
     rollout_order,
+    router_state_words,
     unchanged_hosts,
     version_changes,
 )
@@ -332,6 +333,7 @@ class Session:
                 out.append(f"{h}: no earlier release recorded: left as it is")
                 continue
             steps = []
+            roller.removed = []  # the last roll's drain is not this put-back's: nothing is out until it drains
             # silenced like `pdkit rollback`: from the drain to the smoke, expired either way (a
             # host the put-back left broken pages)
             with roller.silenced([h],
@@ -352,13 +354,13 @@ class Session:
                     out.append(f"{h}: back on release {before[h]}")
                 except Exception as exc:  # noqa: BLE001 - say it and go on with the other hosts
                     silenced.failed = True
-                    out.append(f"{h}: rollback FAILED after {', '.join(steps) or 'nothing'}: {exc}")
                     self.progress(h, "FAILED", f"rollback: {exc}")
-                    if "drain" in steps and "router" not in steps:
-                        try:
-                            roller.readd([h])
-                        except Exception:  # noqa: BLE001
-                            pass
+                    # any step failed (the drain included): what the drain took out goes back in
+                    # the router if healthy (pdkit.roll's one put-back), and the line says so
+                    recovery = roller.put_back_in_service([h])
+                    where = router_state_words(None if recovery is None else recovery.back,
+                                               None if recovery is None else recovery.left_out)
+                    out.append(f"{h}: rollback FAILED after {', '.join(steps) or 'nothing'}: {exc}; {where}")
         return out
 
     # ---- gates

@@ -1,0 +1,275 @@
+"""Issue 42 item 3: every failure after a drain puts the box back in service. For roll, rollback and
+tune's put-back, a failure injected at each step (drain, apply or restore, ready, router, smoke)
+leaves the router listing the node's healthy workers, and the last line says so; an engine that
+stays unhealthy is left out and named. A fake router that lists what was added and removed, and
+fake engines whose /health answers 200 unless they are marked down."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import types
+
+import pytest
+
+from pdkit.loader import load
+from pdkit.roll import Progress, Roller, RollError, put_back_summary, sort_by_health, stop_summary
+from pdkit.router_api import RouterError, Worker, worker_type
+from tests.conftest import REPO
+from tests.test_roll import _FakePyinfra
+
+
+class _ListingRouter:
+    """A router's worker API as the Roller sees it: a worker is listed once added, gone once removed,
+    healthy while its engine is not in DOWN; FAIL_WAITS: the next wait_healthy calls that fail."""
+
+    base_url = "http://fake-router:8000"
+
+    def __init__(self, workers: dict[str, str], down: set[str]) -> None:
+        self.kinds = dict(workers)  # url -> worker type
+        self.listed = set(workers)
+        self.down = down
+        self.fail_waits = 0
+
+    def workers(self):
+        return [Worker(id=u, url=u, worker_type=self.kinds[u], bootstrap_port=None, healthy=u not in self.down,
+                       status="ready") for u in sorted(self.listed)]
+
+    def remove(self, url, settle_s=None):
+        self.listed.discard(url)
+
+    def add(self, url, kind, bootstrap_port=None, timeout=60):
+        self.listed.add(url)
+
+    def wait_healthy(self, urls, timeout=60):
+        if self.fail_waits:
+            self.fail_waits -= 1
+            raise RouterError(f"router {self.base_url}: after {timeout:.0f} s workers unhealthy {sorted(urls)}")
+        bad = sorted(u for u in urls if u not in self.listed or u in self.down)
+        if bad:
+            raise RouterError(f"router {self.base_url}: after {timeout:.0f} s workers missing or unhealthy {bad}")
+
+    def routable(self) -> set[str]:
+        return {w.url for w in self.workers() if w.routable}
+
+
+def _roller(monkeypatch, inventory: str, node: str, *, command: str = "roll", down: set[str] | None = None):
+    """(roller, router, the node's worker URLs by role, progress stream): a Roller over INVENTORY
+    whose router is a _ListingRouter listing every worker, its engines idle, healthy unless in DOWN,
+    its SSH side a _FakePyinfra, its restore and gates recorded."""
+    spec = load(str(REPO / "inventories" / inventory))
+    out = io.StringIO()
+    roller = Roller(f"inventories/{inventory}", spec, Progress(out), allow_downtime=True, command=command)
+    roller.router_timeout_s = 2  # the put-back's wait for an unhealthy engine, kept short here
+    router_host = spec.router_hosts[0]
+    down = set() if down is None else down
+    fake = _ListingRouter({flags_url: worker_type(e.role) for h, e in spec.router_workers(router_host)
+                           for flags_url in [roller.engine_urls([h.name])[f"{h.name}/{e.name}"]]}, down)
+    roller._routers = [(router_host, fake)]
+    roller.pyinfra = _FakePyinfra()
+    roller.restored = []
+    monkeypatch.setattr(roller, "scrape", lambda urls, names: {k: {n: 0.0 for n in names} for k in urls})
+    monkeypatch.setattr(roller, "circuit_states", lambda host: {})
+    monkeypatch.setattr(roller, "run_gates", lambda hosts, phase: (0, []))
+    monkeypatch.setattr(roller, "current_releases", lambda state, hosts: ({h: "rel-1" for h in hosts},
+                                                                          {h: None for h in hosts}))
+    monkeypatch.setattr(roller, "restore", lambda name, host, to: roller.restored.append((name, to)) or f"back on {to}")
+    monkeypatch.setattr(roller, "engines_restart_to_ready", lambda host, name, since: 0.0)
+    monkeypatch.setattr(roller, "last_restart_to_ready", lambda host, name: None)
+    monkeypatch.setattr(roller, "silenced", lambda *a, **k: contextlib.nullcontext(types.SimpleNamespace(failed=False)))
+    monkeypatch.setattr(roller, "read_router_keys", lambda: [])
+    # each engine's own /health: 200 unless it is down
+    monkeypatch.setattr("pdkit.roll.roller.http_request",
+                        lambda url, *a, **k: (503, "not ready") if url.removesuffix("/health") in down else (200, ""))
+    mine = {e.role: roller.engine_urls([node])[f"{node}/{e.name}"] for h, e in spec.engines() if h.name == node}
+    return roller, fake, mine, out
+
+
+def _fail(what: str):
+    def fn(*_a, **_k):
+        raise RuntimeError(f"injected: {what} failed")
+    return fn
+
+
+def _inject(monkeypatch, roller, fake, step: str) -> None:
+    """Make STEP of a roll or rollback fail as it would on a node."""
+    if step == "drain":
+        # the engines never go idle: the drain fails after it took the workers out
+        monkeypatch.setattr(roller, "scrape", _fail("the engines' /metrics"))
+        roller.drain_timeout_s = 0
+    elif step == "apply":
+        roller.pyinfra.execute = lambda hosts, state: {hosts[0]: "injected: a deploy operation failed"}
+    elif step == "restore":
+        monkeypatch.setattr(roller, "restore", _fail("the restore"))
+    elif step == "ready":
+        monkeypatch.setattr(roller, "ready", _fail("the engine gate"))
+    elif step == "router":
+        fake.fail_waits = 1  # the router step's wait fails once; the put-back's re-add then works
+    elif step == "smoke":
+        monkeypatch.setattr(roller, "smoke", _fail("a smoke request"))
+
+
+# ---------------------------------------------------------------- the pure parts
+
+
+def test_engines_are_sorted_by_their_own_health_answer():
+    healthy, left_out = sort_by_health({"http://a:1": (200, "ok"), "http://b:2": (503, "loading\n"),
+                                        "http://c:3": (0, "Connection refused")})
+    assert healthy == ["http://a:1"]
+    assert left_out == {"http://b:2": "its /health answered 503: loading",
+                        "http://c:3": "its /health did not answer (Connection refused)"}
+
+
+def test_the_last_line_names_the_workers_left_out():
+    failed = RollError("gpu01", "ready", "x")
+    failed.restored, failed.readded, failed.left_out = True, True, {"http://gpu01:30000": "its /health answered 503: x"}
+    line = stop_summary(failed, [])
+    assert "its healthy engines are back in the router; left out: http://gpu01:30000 (its /health answered 503" in line
+    assert "its engines are back in the router" not in line
+    line = put_back_summary("rollback", "gpu01", True, True, {})
+    assert line == ("pdkit rollback: gpu01: the restore completed: it runs the release it was rolled back to; "
+                    "its engines are back in the router")
+    line = put_back_summary("rollback", "gpu01", False, False, {"http://x:1": "its /health did not answer (refused)"})
+    assert "the restore failed" in line and "its engines are NOT back in the router; left out: http://x:1" in line
+    assert "the restore did not start: it runs the release it ran before" in put_back_summary("rollback", "h", None, None)
+    assert put_back_summary("rollback", "h", None, None).endswith("nothing was taken out of the router")
+
+
+# ---------------------------------------------------------------- roll (and tune's rolls: the same roll_batch)
+
+
+@pytest.mark.parametrize("step", ["drain", "apply", "ready", "router", "smoke"])
+def test_a_roll_failing_at_any_step_after_the_drain_leaves_the_workers_in_the_router(monkeypatch, step):
+    roller, fake, mine, out = _roller(monkeypatch, "cluster.py", "gpu01")
+    _inject(monkeypatch, roller, fake, step)
+    with pytest.raises(RollError) as exc:
+        roller.roll_batch(["gpu01"])
+    assert exc.value.gate == step
+    assert set(mine.values()) <= fake.routable(), (fake.routable(), out.getvalue())
+    assert exc.value.readded is True and exc.value.left_out == {}
+    assert "its engines are back in the router" in stop_summary(exc.value, [])
+    # restored when something may have been applied; not after a failed drain
+    assert roller.restored == ([] if step == "drain" else [("gpu01", "rel-1")])
+    assert "put back in service: 2 worker(s) in the router" in out.getvalue()
+
+
+def test_a_roll_whose_engine_stays_unhealthy_puts_back_the_other_and_names_it(monkeypatch):
+    """The prefill never answers /health again: the router step fails, the restore does not help;
+    the decode goes back in, the prefill is left out, named with its answer."""
+    down: set[str] = set()
+    roller, fake, mine, out = _roller(monkeypatch, "cluster.py", "gpu01", down=down)
+    down.add(mine["prefill"])
+    with pytest.raises(RollError) as exc:
+        roller.roll_batch(["gpu01"])
+    assert exc.value.gate == "router"
+    assert fake.routable() == {mine["decode"]}
+    assert exc.value.readded is True and list(exc.value.left_out) == [mine["prefill"]]
+    line = stop_summary(exc.value, [])
+    assert f"left out: {mine['prefill']} (its /health answered 503: not ready" in line, line
+    assert f"left out of the router: {mine['prefill']}: its /health answered 503" in out.getvalue()
+    # the failed router step had added it: the router still lists it, unhealthy, and the line says so
+    assert mine["prefill"] in fake.listed and "the router still lists it, unhealthy" in line
+
+
+def test_a_drain_refused_before_it_removed_anything_puts_nothing_back(monkeypatch):
+    roller, fake, mine, out = _roller(monkeypatch, "cluster.py", "gpu01")
+    roller.allow_downtime = False  # the drain refuses the outage before touching the router
+    roller.removed = list(mine.values())  # a former batch's drain: not this one's
+    with pytest.raises(RollError) as exc:
+        roller.roll_batch(["gpu01"])
+    assert exc.value.gate == "drain" and exc.value.readded is None
+    assert "nothing was taken out of the router" in stop_summary(exc.value, [])
+
+
+# ---------------------------------------------------------------- rollback
+
+
+def _rollback(monkeypatch, roller, host: str) -> tuple[int, str]:
+    from pdkit.roll import commands
+
+    monkeypatch.setattr(commands, "patch_gevent", lambda: None)
+    monkeypatch.setattr(commands, "Roller", lambda *a, **k: roller)
+    err = io.StringIO()
+    monkeypatch.setattr("sys.stderr", err)
+    args = argparse.Namespace(inventory=roller.inventory, host=host, to=None, drain_timeout=300.0,
+                              allow_downtime=True)
+    return commands.cmd_rollback(args), err.getvalue()
+
+
+@pytest.mark.parametrize("step", ["drain", "restore", "ready", "router", "smoke"])
+def test_a_rollback_failing_at_any_step_after_the_drain_leaves_the_workers_in_the_router(monkeypatch, step):
+    roller, fake, mine, out = _roller(monkeypatch, "cluster.py", "gpu01", command="rollback")
+    monkeypatch.setattr(roller, "ready", lambda hosts: "ready")
+    monkeypatch.setattr(roller, "smoke", lambda hosts: "smoked")
+    _inject(monkeypatch, roller, fake, step)
+    rc, err = _rollback(monkeypatch, roller, "gpu01")
+    assert rc == 1
+    assert f"pdkit rollback: gpu01: gate '{step}' failed: " in err
+    assert set(mine.values()) <= fake.routable(), (err, out.getvalue())
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("pdkit rollback: gpu01: ") and last.endswith("its engines are back in the router"), last
+    said = {"drain": "did not start", "restore": "the restore failed"}.get(step, "the restore completed")
+    assert said in last, last
+
+
+def test_a_rollback_whose_engine_stays_unhealthy_puts_back_the_other_and_names_it(monkeypatch):
+    down: set[str] = set()
+    roller, fake, mine, out = _roller(monkeypatch, "cluster.py", "gpu01", command="rollback", down=down)
+    monkeypatch.setattr(roller, "smoke", lambda hosts: "smoked")
+    # the restore leaves the prefill unhealthy: the ready gate fails on it
+    monkeypatch.setattr(roller, "restore", lambda name, host, to: down.add(mine["prefill"]) or "back on release rel-0")
+    monkeypatch.setattr(roller, "ready", _fail("prefill not healthy"))
+    rc, err = _rollback(monkeypatch, roller, "gpu01")
+    assert rc == 1 and fake.routable() == {mine["decode"]}
+    last = err.strip().splitlines()[-1]
+    assert f"its healthy engines are back in the router; left out: {mine['prefill']} (its /health answered 503" in last
+
+
+def test_a_rollback_that_succeeds_says_nothing_of_a_put_back(monkeypatch):
+    roller, fake, mine, out = _roller(monkeypatch, "cluster.py", "gpu01", command="rollback")
+    monkeypatch.setattr(roller, "ready", lambda hosts: "ready")
+    monkeypatch.setattr(roller, "smoke", lambda hosts: "smoked")
+    rc, err = _rollback(monkeypatch, roller, "gpu01")
+    assert rc == 0 and err == "" and set(mine.values()) <= fake.routable()
+    assert "put back in service" not in out.getvalue()
+
+
+# ---------------------------------------------------------------- tune's put-back of a failed candidate
+
+
+def _tune_session(tmp_path):
+    from pdkit.tune import runner
+
+    path = tmp_path / "c.yaml"
+    path.write_text(json.dumps({"name": "t", "out_dir": str(tmp_path / "out"), "state_dir": str(tmp_path / "state"),
+                                "workload": {"concurrency": [4]},
+                                "candidates": [{"name": "off", "set": {"decode.cuda_graph": False}}]}))
+    return runner.Session(runner.prepare(str(REPO / "inventories" / "lab.py"), str(path)), [])
+
+
+@pytest.mark.parametrize("step", ["drain", "restore", "ready", "router", "smoke"])
+def test_tunes_put_back_failing_at_any_step_leaves_the_workers_in_the_router(monkeypatch, tmp_path, step):
+    session = _tune_session(tmp_path)
+    roller, fake, mine, out = _roller(monkeypatch, "lab.py", "lab-gpu2", command="tune")
+    session.progress = roller.progress
+    monkeypatch.setattr(roller, "ready", lambda hosts: "ready")
+    monkeypatch.setattr(roller, "smoke", lambda hosts: "smoked")
+    _inject(monkeypatch, roller, fake, step)
+    [line] = session.put_back(roller, ["lab-gpu2"], {"lab-gpu2": "rel-0"})
+    assert set(fake.kinds) == fake.routable(), (line, out.getvalue())  # every worker of the lab listed, healthy
+    assert line.startswith("lab-gpu2: rollback FAILED after ") and line.endswith("its engines are back in the router")
+
+
+def test_tunes_put_back_with_an_unhealthy_engine_names_it(monkeypatch, tmp_path):
+    session = _tune_session(tmp_path)
+    down: set[str] = set()
+    roller, fake, mine, out = _roller(monkeypatch, "lab.py", "lab-gpu2", command="tune", down=down)
+    session.progress = roller.progress
+    monkeypatch.setattr(roller, "smoke", lambda hosts: "smoked")
+    monkeypatch.setattr(roller, "restore", lambda name, host, to: down.add(mine["decode"]) or "back")
+    monkeypatch.setattr(roller, "ready", _fail("decode not healthy"))
+    [line] = session.put_back(roller, ["lab-gpu2"], {"lab-gpu2": "rel-0"})
+    assert mine["prefill"] in fake.routable() and mine["decode"] not in fake.routable()
+    assert f"left out: {mine['decode']} (its /health answered 503" in line, line
