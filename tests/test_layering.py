@@ -33,7 +33,7 @@ NOT_FROM_PDKIT = ("roles", "deploy", "benchmarks", "gpu")
 PRIVATE_SCOPE = ("pdkit", "roles", "deploy", "benchmarks", "gpu")
 # run from the node venv (the units' ExecStart / ExecStartPre modules and what they import)
 ON_NODE = ("pdkit/health.py", "pdkit/gates.py", "pdkit/releases.py", "pdkit/changes.py", "pdkit/exporter",
-           "pdkit/sim",
+           "pdkit/sim", "pdkit/engineshape.py",
            # shared with the control side, held to the node's rules: the sim and pdkit-exporter import them
            "pdkit/metricnames.py", "pdkit/sglang_pd.py", "pdkit/parsertable.py", "pdkit/catalogue.py",
            # no on-node module imports them since the generators moved to pdkit/contract/ (catalogue_gen,
