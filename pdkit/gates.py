@@ -26,7 +26,10 @@ from pdkit import health
 
 # kind -> what ready means; the gate of each kind is one function of pdkit/health.py (WAITERS)
 READY: dict[str, str] = {
-    "engine": "the current systemd invocation logged SGLang's readiness line and the engine's /health answers 200",
+    "engine": ("from what the engine answers now: its unit active, the same invocation throughout, /health 200 (SGLang "
+               "answers 503 until its warm-up request passed) and /server_info readable; its KV pool, max running "
+               "requests, context length and CUDA-graph sizes recorded at its configuration's first healthy start, "
+               "else at least 90% of that record (pdkit/engineshape.py); the readiness line is evidence, never needed"),
     "rank": ("a rank above 0 of an engine spanning nodes (no HTTP of its own): its unit is active, the same "
              "invocation, once rank 0's /health answers 200 (rank 0 is ready only when every rank joined)"),
     "router": ("its /workers lists every planned worker healthy (workers on another host that do not answer yet are "
@@ -50,6 +53,8 @@ class Gate:
     remote_workers: tuple[str, ...] = ()  # router: planned workers on other hosts (pending while they do not answer)
     model: str | None = None  # router: the served model, for the real completion
     api_key_file: str | None = None  # router: the root-only file its key is read from (never argv)
+    # engine: its configuration on disk (unit and environment files, venv link): the key of its shape record
+    shape_inputs: tuple[str, ...] = ()
 
 
 def gate_kind(service_kind: str, rank: int = 0) -> str:
@@ -73,6 +78,10 @@ def gate_for(service: Any, unit: str | None = None) -> Gate:
     kind = gate_kind(_get(service, "kind"), _get(service, "rank", 0) or 0)
     url = _get(service, "health_url")
     timeout = float(_get(service, "ready_timeout_s", 600))
+    if kind == "engine":
+        venv = _get(service, "venv")
+        inputs = tuple(sorted(_get(service, "files", ()) or ())) + ((venv,) if venv else ())
+        return Gate(kind, unit, url, timeout, shape_inputs=inputs)
     if kind != "router":
         return Gate(kind, unit, url, timeout)
     workers = tuple(_get(service, "expected_workers", ()) or ())
@@ -106,6 +115,9 @@ def command(python: str, gates: Iterable[Gate]) -> str:
     if first:
         flag = {"engine": "--engine", "rank": "--rank", "http": "--service"}
         args = " ".join(f"{flag[g.kind]} {q(g.unit)} {q(g.url)} {g.timeout:g}" for g in first)
+        # an engine's shape inputs: its record is keyed by them (pdkit/engineshape.py)
+        args += "".join(f" --shape {q(g.unit)} {q(','.join(g.shape_inputs))}" for g in first
+                        if g.kind == "engine" and g.shape_inputs)
         parts.append(f"{q(python)} -m pdkit.health gates {args}")
     for g in routers:
         workers = " ".join([*(f"--worker {q(w)}" for w in g.workers),
@@ -139,7 +151,7 @@ def wait(gate: Gate) -> tuple[bool, str]:
     if gate.kind == "rank":
         return health.wait_rank(gate.unit, gate.url, gate.timeout)
     if gate.kind == "engine":
-        return health.wait_engine(gate.unit, gate.url, gate.timeout)
+        return health.wait_engine(gate.unit, gate.url, gate.timeout, shape_inputs=gate.shape_inputs)
     return health.wait_service(gate.unit, gate.url, gate.timeout)
 
 

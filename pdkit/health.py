@@ -5,8 +5,11 @@ r"""Health gates, run ON the host right after a restart (stdlib only: it runs in
     python -m pdkit.health gates --engine pdkit-engine-decode.service http://H:30001/health 600 \
         --service pdkit-exporter.service http://H:9400/metrics 180
 
-An engine is ready when the CURRENT run of its unit (this systemd invocation, not an old
-one) has logged SGLang's readiness line and /health answers 200. A router is ready when its
+An engine is ready from what it answers now: its unit is active (the same systemd invocation
+throughout), /health answers 200 and /server_info is readable; its shape (KV pool, max running
+requests, context length, CUDA-graph sizes) is recorded at its configuration's first healthy
+start and compared after every later one (pdkit/engineshape.py). SGLang's readiness line is
+extra evidence only (journald rotates it away on a busy box). A router is ready when its
 worker list holds every planned worker as healthy: its own /health answers 200 before any
 worker has registered (it reports the router process, not its workers), so that alone proves
 nothing. Exit 0 when ready, 1 with a one-line reason (and the unit's last log lines) when not.
@@ -23,6 +26,8 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+
+from pdkit import engineshape
 
 READY_LOG_LINE = "The server is fired up and ready to roll!"
 
@@ -132,18 +137,51 @@ class _StartWatch:
         return None
 
 
-def wait_engine(unit: str, url: str, timeout: float, interval: float = 1.0, poll: float = 0.05) -> tuple[bool, str]:
-    """Ready = the unit's current invocation logged the readiness line and URL answers 200.
+def server_info_url(health_url: str) -> str:
+    """The engine's /server_info beside its /health URL."""
+    return health_url.rstrip("/").removesuffix("/health") + "/server_info"
 
-    URL is polled every POLL seconds (an HTTP GET costs a few milliseconds); the journal is read
-    only once it answers 200, and the unit's state every INTERVAL (0.2 s while not active) to
-    catch a failed start at once (_StartWatch): the message is then the engine's own error
-    line (error_line). Not `journalctl --follow`: journald batches its change notifications
-    (~250 ms), and a follower sees the line that much late.
+
+def read_server_info(url: str, timeout: float = 5.0) -> tuple[dict | None, str]:
+    """(the engine's /server_info as a dict, "") or (None, why not)."""
+    status, body = http_request(url, timeout=timeout)
+    if status != 200:
+        return None, f"{url} answered {status or 'nothing'}: {body.strip()[:200]}"
+    try:
+        info = json.loads(body)
+    except ValueError as exc:
+        return None, f"{url} answered something unreadable: {exc}"
+    if not isinstance(info, dict):
+        return None, f"{url} answered {type(info).__name__}, not an object"
+    return info, ""
+
+
+def wait_engine(unit: str, url: str, timeout: float, interval: float = 1.0, poll: float = 0.05,
+                shape_inputs: tuple[str, ...] | list[str] = (), shapes_dir: str = engineshape.SHAPES_DIR,
+                ) -> tuple[bool, str]:
+    """Ready = from what the engine answers now: its unit active, URL (/health) answers 200, its
+    /server_info is readable, and the unit is still the same invocation after both.
+
+    SGLang's /health answers 503 while the server is Starting and is set Up only after the
+    warm-up request, just before the readiness line is logged (0.5.17 and 0.5.23
+    sglang/srt/entrypoints/http_server.py health_generate and _wait_and_warmup), and by default
+    (SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION, srt/environ.py: True in both) /health is
+    /health_generate: a one-token request through the scheduler (in PD mode with
+    FAKE_BOOTSTRAP_HOST), so a 200 already is a real request answered, in both PD roles. The
+    readiness line in the journal is extra evidence only: journald rotates it away on a busy box
+    (issue 42), so its absence never blocks a healthy engine.
+
+    With SHAPE_INPUTS (the unit's files and venv link), the shape the engine reports is recorded
+    at its configuration's first healthy start, else compared with that record: a figure below
+    pdkit.engineshape.MIN_FRACTION fails the gate at once, naming both numbers.
+
+    URL is polled every POLL seconds; the unit's state every INTERVAL (0.2 s while not active) to
+    catch a failed start at once (_StartWatch): the message is then the engine's own error line.
     """
     deadline = time.monotonic() + timeout
     reason = "not checked yet"
     watch = _StartWatch(unit, interval, starting=0.2)
+    info_url = server_info_url(url)
     while time.monotonic() < deadline:
         now = time.monotonic()
         failed = watch.check(now)
@@ -152,17 +190,38 @@ def wait_engine(unit: str, url: str, timeout: float, interval: float = 1.0, poll
         if watch.state == "active" and watch.invocation:
             status, body = http_request(url, timeout=min(5.0, max(deadline - now, 0.1)))
             if status == 200:
+                info, why = read_server_info(info_url, timeout=min(5.0, max(deadline - time.monotonic(), 0.1)))
                 # the invocation may have changed since it was read (a restart in between): read it again
                 state, invocation = _unit_state(unit)
-                if state == "active" and READY_LOG_LINE in unit_log(unit, invocation):
-                    return True, f"{unit} ready: readiness line logged and {url} answered 200"
-                reason = f"{url} answers 200 but {unit} has not logged its readiness line yet"
+                if info is not None and state == "active" and invocation == watch.invocation:
+                    return _engine_ready(unit, url, info, invocation, shape_inputs, shapes_dir)
+                reason = (f"{url} answers 200 but {why}" if info is None
+                          else f"{unit} restarted while it was checked ({state}): checking the new start")
             else:
                 reason = f"{unit} is starting: {url} answered {status or 'nothing'}: {body.strip()[:200]}"
         else:
             reason = f"{unit} is {watch.state or 'unknown'}"
         time.sleep(poll)
     return False, f"not ready after {timeout:.0f} s: {reason}"
+
+
+def _engine_ready(unit: str, url: str, info: dict, invocation: str, shape_inputs, shapes_dir: str,
+                  ) -> tuple[bool, str]:
+    """The verdict once the engine answered: its shape against its record, and the readiness line as evidence."""
+    try:
+        logged = READY_LOG_LINE in unit_log(unit, invocation)
+    except (OSError, subprocess.SubprocessError):
+        logged = False
+    evidence = ("its readiness line is logged" if logged
+                else "its readiness line is not in the journal (rotated or not logged: not needed)")
+    ready = f"{unit} ready: {url} answered 200 and /server_info was read; {evidence}"
+    if not shape_inputs:
+        return True, ready
+    try:
+        ok, shape = engineshape.check(unit, list(shape_inputs), info, shapes_dir)
+    except OSError as exc:
+        return False, f"{unit}: cannot record or read its shape under {shapes_dir}: {exc}"
+    return (True, f"{ready}; {shape}") if ok else (False, shape)
 
 
 def wait_rank(unit: str, url: str, timeout: float, interval: float = 0.5) -> tuple[bool, str]:
@@ -309,10 +368,12 @@ def wait_service(unit: str, url: str, timeout: float, interval: float = 0.5, pol
 
 def wait_all(engines: list[tuple[str, str, float]], urls: list[tuple[str, float]],
              ranks: list[tuple[str, str, float]] = (),
-             services: list[tuple[str, str, float]] = ()) -> list[tuple[bool, str, float]]:
+             services: list[tuple[str, str, float]] = (), shapes: dict[str, tuple[str, ...]] | None = None,
+             shapes_dir: str = engineshape.SHAPES_DIR) -> list[tuple[bool, str, float]]:
     """Every engine (unit, url, timeout), HTTP URL (url, timeout), rank above 0 (unit, url,
     timeout) and HTTP service (unit, url, timeout) at once: a node's services restart together,
-    so their gates wait together rather than one after another.
+    so their gates wait together rather than one after another. SHAPES: engine unit -> its shape
+    inputs (wait_engine records or compares its shape under SHAPES_DIR).
     (ok, message, seconds until that gate finished) for each, in that order."""
 
     start = time.monotonic()
@@ -322,7 +383,8 @@ def wait_all(engines: list[tuple[str, str, float]], urls: list[tuple[str, float]
         return ok, message, time.monotonic() - start
 
     with ThreadPoolExecutor(max_workers=max(len(engines) + len(urls) + len(ranks) + len(services), 1)) as pool:
-        futures = [pool.submit(timed, wait_engine, u, url, t) for u, url, t in engines]
+        futures = [pool.submit(timed, wait_engine, u, url, t, 1.0, 0.05, (shapes or {}).get(u, ()), shapes_dir)
+                   for u, url, t in engines]
         futures += [pool.submit(timed, wait_http, url, t) for url, t in urls]
         futures += [pool.submit(timed, wait_rank, u, url, t) for u, url, t in ranks]
         futures += [pool.submit(timed, wait_service, u, url, t) for u, url, t in services]
@@ -339,6 +401,9 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--unit", required=True)
     e.add_argument("--url", required=True, help="the engine's /health URL")
     e.add_argument("--timeout", type=float, default=600)
+    e.add_argument("--shape-input", action="append", default=[], metavar="PATH",
+                   help="a file (or venv link) of the engine's configuration: record or compare its shape (repeat)")
+    e.add_argument("--shapes-dir", default=engineshape.SHAPES_DIR, help=argparse.SUPPRESS)
     r = sub.add_parser("router")
     r.add_argument("--url", required=True, help="the router's base URL")
     r.add_argument("--worker", action="append", default=[], help="a planned worker URL on this host (repeat)")
@@ -361,6 +426,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="a rank above 0 of an engine spanning nodes: its unit, rank 0's /health URL (repeat)")
     g.add_argument("--service", nargs=3, action="append", default=[], metavar=("UNIT", "URL", "TIMEOUT"),
                    help="an HTTP service: ready when URL answers 200, failed at once when UNIT's start fails (repeat)")
+    g.add_argument("--shape", nargs=2, action="append", default=[], metavar=("UNIT", "PATHS"),
+                   help="an engine's configuration (comma-separated files and venv link): its shape is recorded at "
+                        "the configuration's first healthy start, else compared with that record (repeat)")
+    g.add_argument("--shapes-dir", default=engineshape.SHAPES_DIR, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     start = time.monotonic()
     if args.kind == "gates":
@@ -371,12 +440,14 @@ def main(argv: list[str] | None = None) -> int:
             services = [(u, url, float(t)) for u, url, t in args.service]
         except ValueError as exc:
             parser.error(f"TIMEOUT must be a number of seconds: {exc}")
-        results = wait_all(engines, urls, ranks, services)
+        shapes = {u: tuple(p for p in paths.split(",") if p) for u, paths in args.shape}
+        results = wait_all(engines, urls, ranks, services, shapes, args.shapes_dir)
         for ok, message, took in results:
             print(f"{'ok    ' if ok else 'FAILED'} {message} ({took:.1f} s)", file=sys.stdout if ok else sys.stderr)
         return 0 if all(ok for ok, _, _ in results) else 1
     if args.kind == "engine":
-        ok, message = wait_engine(args.unit, args.url, args.timeout)
+        ok, message = wait_engine(args.unit, args.url, args.timeout, shape_inputs=tuple(args.shape_input),
+                                  shapes_dir=args.shapes_dir)
     elif args.kind == "http":
         ok, message = wait_http(args.url, args.timeout)
     else:

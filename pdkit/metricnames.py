@@ -100,6 +100,10 @@ EXPORTER = {
 # PdkitEngineRankDown alert and doctor's rank_process check; not in EXPORTER (the families the tuning
 # dashboard draws for every engine).
 EXPORTER_RANK_UP = "pdkit_engine_rank_up"
+# pdkit-exporter: the shape the engine gate recorded at the first healthy start of the engine's running
+# configuration (pdkit/engineshape.py), one series per figure (labels node, engine, role, figure). Read by
+# doctor's engine_shape check, which compares it with the engine's /server_info now.
+EXPORTER_SHAPE_RECORDED = "pdkit_engine_shape_recorded"
 
 NODE = {
     "cpu": "node_cpu_seconds_total",

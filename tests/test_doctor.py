@@ -437,10 +437,10 @@ def test_every_engine_gets_its_role_s_checks_once():
     checks = {}
     for r in results:
         checks.setdefault(r.target, []).append(r.check)
-    assert checks["prefill"] == ["reachable", "flags", "context_length", "process_env", "kv_transfer", "kv_path", "queues",
-                                 "version"]
-    assert checks["decode"] == ["reachable", "flags", "decode_cuda_graph", "graph_buckets", "context_length", "process_env",
-                                "kv_transfer", "queues", "version"]
+    assert checks["prefill"] == ["reachable", "flags", "context_length", "engine_shape", "process_env", "kv_transfer",
+                                 "kv_path", "queues", "version"]
+    assert checks["decode"] == ["reachable", "flags", "decode_cuda_graph", "graph_buckets", "context_length",
+                                "engine_shape", "process_env", "kv_transfer", "queues", "version"]
     assert checks["router"] == ["router_workers"] and checks["cluster"] == ["throughput_c16"]
 
 
@@ -916,3 +916,30 @@ def test_the_doc_lists_every_kv_path_with_its_floor():
     for path in KV_PATHS.values():
         assert re.search(rf"^\| `{path.name}` \|.*\| {path.floor_gb_s:g} \|$", doc, re.M), path
     assert f"({KV_TTFT_SHARE_WARN:.0%})" in doc
+
+
+def _with_recorded_shape(scenario: str, engine: str, **figures: int) -> EngineObservation:
+    """The capture's observation, its exporter page carrying the shape the gate recorded (pdkit_engine_shape_recorded)."""
+    page = (DATA / scenario / "exporter.txt").read_text()
+    page += "# TYPE pdkit_engine_shape_recorded gauge\n" + "".join(
+        f'pdkit_engine_shape_recorded{{engine="{engine}",figure="{k}",node="lab-gpu1",role="{engine}"}} {v}.0\n'
+        for k, v in figures.items())
+    obs = observe(scenario, engine)
+    obs.exporter = exporter_views(page)[engine]
+    return obs
+
+
+def test_engine_shape_against_the_recorded_one_on_recorded_pages():
+    """Issue 42 item 5: the decode came back with 7,452 KV tokens instead of 531,636 and passed every check."""
+    from pdkit.doctor.checks_engine import check_engine_shape
+
+    # nothing recorded yet (a node deployed before the gate recorded shapes): a WARN saying so, never a PASS
+    assert_verdict(check_engine_shape(observe("lab_base", "decode")), WARN, "nothing recorded yet", "KV pool 262144 tokens")
+    same = _with_recorded_shape("lab_base", "decode", kv_pool_tokens=262144, context_length=8191)
+    assert_verdict(check_engine_shape(same), PASS, "KV pool 262144 tokens", "at least 90% of the recorded")
+    bigger = _with_recorded_shape("lab_base", "decode", kv_pool_tokens=531636, context_length=8191)
+    assert_verdict(check_engine_shape(bigger), FAIL, "KV pool 262144 tokens, 49.3% of the 531636 recorded",
+                   "below the 90% floor")
+    unread = observe("lab_base", "decode")
+    unread.exporter, unread.exporter_error = None, "Connection refused"
+    assert_verdict(check_engine_shape(unread), WARN, "not measurable", "Connection refused")

@@ -297,3 +297,18 @@ def test_paramikos_reader_on_a_tuned_socket_still_ends_soon_after_a_close():
     finally:
         for s in (tcp, peer, listener):
             s.close()
+
+
+def test_an_engine_whose_health_answers_but_server_info_does_not_is_not_ready(monkeypatch):
+    """Ready is decided from what the engine answers: /health 200 alone is not enough, /server_info must be readable."""
+    from pdkit import health
+
+    monkeypatch.setattr(health, "_unit_snapshot", lambda unit: _snap("active", "running", "inv1"))
+    monkeypatch.setattr(health, "unit_log", lambda unit, inv, lines=None: health.READY_LOG_LINE)
+    server, base = _answering("/health")
+    try:
+        ok, message = health.wait_engine("pdkit-engine-decode.service", f"{base}/health", timeout=0.5, poll=0.01)
+    finally:
+        server.shutdown()
+    assert not ok
+    assert message == f"not ready after 0 s: {base}/health answers 200 but {base}/server_info answered 503: "

@@ -33,7 +33,7 @@ NOT_FROM_PDKIT = ("roles", "deploy", "benchmarks", "gpu")
 PRIVATE_SCOPE = ("pdkit", "roles", "deploy", "benchmarks", "gpu")
 # run from the node venv (the units' ExecStart / ExecStartPre modules and what they import)
 ON_NODE = ("pdkit/health.py", "pdkit/gates.py", "pdkit/gpumem.py", "pdkit/releases.py", "pdkit/changes.py",
-           "pdkit/exporter",
+           "pdkit/exporter", "pdkit/engineshape.py",
            "pdkit/lifeline.py",  # the gates and a restore watch their SSH session with it (issue 42 item 4)
            "pdkit/sim",
            # shared with the control side, held to the node's rules: the sim and pdkit-exporter import them

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from pdkit.doctor.checks_cluster import DEFAULT_TOLERANCE, check_reboot, check_router_workers, check_throughput
 from pdkit.doctor.checks_engine import (
     check_context_length,
+    check_engine_shape,
     check_env,
     check_flags,
     check_queues,
@@ -28,6 +29,7 @@ ENGINE_CHECKS: tuple[tuple[Callable[..., CheckResult], frozenset[str]], ...] = (
     (check_decode_cuda_graphs, frozenset({"decode", "unified"})),
     (check_graph_buckets, frozenset({"decode", "unified"})),
     (check_context_length, frozenset({"prefill", "decode", "unified"})),
+    (check_engine_shape, frozenset({"prefill", "decode", "unified"})),
     (check_env, frozenset({"prefill", "decode", "unified"})),
     (check_kv_transfers, frozenset({"prefill", "decode"})),
     (check_kv_path, frozenset({"prefill"})),

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from pdkit import engineshape
 from pdkit.doctor.checkbase import cannot_measure, counter_delta, engine_down, engine_row, not_measured
 from pdkit.doctor.model import FAIL, PASS, WARN, CheckResult, EngineObservation
 from pdkit.exporter.drift import compare_server_info, describe, flag_key
@@ -143,6 +144,36 @@ def check_context_length(obs: EngineObservation) -> CheckResult:
     else:
         hint = f"the engine does not run the planned --context-length: re-apply the plan to {plan.host}"
     return engine_row(plan, name, FAIL, f"context length {running}, planned {plan.context_length}", hint)
+
+
+def check_engine_shape(obs: EngineObservation) -> CheckResult:
+    """The engine is the engine it was: its shape now (/server_info) against the one the gate recorded at
+    its running configuration's first healthy start (the node's exporter, pdkit_engine_shape_recorded):
+    a figure below pdkit.engineshape.MIN_FRACTION of the record fails, naming both numbers."""
+    plan, name = obs.plan, "engine_shape"
+    if (early := cannot_measure(obs, name, needs="server_info")) is not None:
+        return early
+    now = engineshape.shape_from_server_info(obs.server_info)
+    ex = obs.exporter
+    if ex is None:
+        return engine_row(plan, name, WARN, f"not measurable: {engineshape.describe(now)} now, but the node's "
+                                            f"pdkit-exporter was unreadable ({obs.exporter_error})",
+                          f"make pdkit-exporter on {plan.host} reachable from this machine and re-run")
+    recorded = {k: int(v) for k, v in ex.recorded_shape.items() if k in engineshape.FIGURES}
+    if not recorded:
+        return engine_row(plan, name, WARN, f"nothing recorded yet for this configuration ({engineshape.describe(now)} "
+                                            "now): the engine gate records it at the first healthy start",
+                          f"run the deploy or `pdkit roll` once with this kit on {plan.host}: its engine gate "
+                          "records the shape (pdkit/engineshape.py)")
+    problems = engineshape.compare(recorded, now)
+    if problems:
+        return engine_row(plan, name, FAIL, "; ".join(problems),
+                          f"the engine came back smaller (GPU memory taken by something else at its start?): "
+                          f"check `nvidia-smi` on {plan.host}, then restart pdkit-engine-{plan.engine} "
+                          "(pdkit rollback/roll, or by hand once the memory is free)")
+    return engine_row(plan, name, PASS, f"{engineshape.describe(now)}; each at least "
+                                        f"{engineshape.MIN_FRACTION:.0%} of the recorded "
+                                        f"{engineshape.describe(recorded)}")
 
 
 def check_env(obs: EngineObservation) -> CheckResult:

@@ -101,6 +101,8 @@ class ExporterView:
     sglang_version: str | None = None
     rank_up: float | None = None  # pdkit_engine_rank_up: an engine spanning nodes, the rank this node runs
     rank: int | None = None  # which rank that is
+    # pdkit_engine_shape_recorded: the shape the gate recorded for the running configuration (figure -> value)
+    recorded_shape: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass

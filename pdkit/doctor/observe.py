@@ -15,7 +15,7 @@ from pdkit.doctor.model import EnginePlan, ExporterView, Sample
 from pdkit.exporter.metrics import parse_metrics
 from pdkit.health import http_request
 from pdkit.kvcost import Histogram, kv_histograms
-from pdkit.metricnames import ROUTER, SGLANG
+from pdkit.metricnames import EXPORTER_SHAPE_RECORDED, ROUTER, SGLANG
 
 # ------------------------------------------------------------------------------------------------
 # Pages (pure: text in)
@@ -82,6 +82,8 @@ def exporter_views(text: str) -> dict[str, ExporterView]:
                 view.decode_batch_cuda_graph = s.value
             elif s.name == "pdkit_engine_info":
                 view.sglang_version = s.labels.get("sglang_version") or None
+            elif s.name == EXPORTER_SHAPE_RECORDED:
+                view.recorded_shape[s.labels.get("figure", "?")] = s.value
             elif s.name == "pdkit_engine_rank_up":
                 view.rank_up = s.value
                 rank = s.labels.get("rank", "")

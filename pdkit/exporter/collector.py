@@ -26,6 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import requests
@@ -33,6 +34,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 from requests.adapters import HTTPAdapter
 
+from pdkit import engineshape
 from pdkit.exporter.config import EngineConfig, ExporterConfig
 from pdkit.exporter.drift import (
     FlagCheck,
@@ -55,6 +57,7 @@ from pdkit.exporter.system import (
     env_problems,
     reboot_required,
 )
+from pdkit.metricnames import EXPORTER_SHAPE_RECORDED
 
 log = logging.getLogger("pdkit.exporter")
 
@@ -193,8 +196,10 @@ class PdkitCollector(Collector):
         journal: JournalReader | None = None,
         session_factory: Callable[[], requests.Session] = new_session,
         clock: Callable[[], float] = time.time,
+        shapes_dir: str = engineshape.SHAPES_DIR,
     ) -> None:
         self.config = config
+        self.shapes_dir = shapes_dir
         self.inspector = inspector if inspector is not None else ProcessInspector()
         units = [e.unit for e in config.engines if e.unit]
         if journal is None and config.journal.enabled and units:
@@ -484,6 +489,9 @@ class PdkitCollector(Collector):
             },
         }
 
+        shape = gauge(EXPORTER_SHAPE_RECORDED, "The engine's shape the gate recorded at the first healthy start of its "
+                      "running configuration (pdkit/engineshape.py): KV pool tokens, max running requests, context "
+                      "length, CUDA-graph batch sizes.", ("figure",))
         rank_up = gauge("pdkit_engine_rank_up", "An engine spanning nodes: 1 when the unit of the rank this node runs "
                         "has a running process. Rank 0 also serves HTTP (pdkit_engine_up); a rank above 0 serves none.",
                         ("rank", "nnodes", "head"))
@@ -522,6 +530,8 @@ class PdkitCollector(Collector):
 
             self._flags(snap, labels, drift, drift_info, unverified)
             self._env(snap, labels, env_present, env_error, env_info)
+            for figure, value in recorded_shape(self.shapes_dir, e.unit).items():
+                shape.add_metric([*labels, figure], float(value))
 
             if m.error is None:
                 figures = m.value
@@ -557,7 +567,7 @@ class PdkitCollector(Collector):
 
         out: list[Metric] = [up, rank_up, scrape_error, info, drift, drift_info, unverified, env_present, env_error,
                              env_info, running, queued, usage, gen_tp, pd_queues, prompt, generation, kv_fail, passes,
-                             ratio]
+                             ratio, shape]
         for fams in batch.values():
             out.extend(fams.values())
         if self.journal is not None:
@@ -630,6 +640,19 @@ def flag_findings(e: EngineConfig, info: dict[str, Any] | None,
             shown = "(absent)" if opt is None else " ".join(opt.values) or "(set)"
             drifted.setdefault(flag, f"argv of PID {view.pid} " + describe(flag, e.argv, shown))
     return checked, unverified_count, drifted
+
+
+def recorded_shape(shapes_dir: str, unit: str | None) -> dict[str, int]:
+    """The figures the engine gate last compared UNIT with (its configuration's record: last.json, 0644,
+    written by the gate as root), those it reports; {} when nothing is recorded or no unit is known."""
+    if not unit:
+        return {}
+    last = engineshape.read_json(Path(shapes_dir) / unit / engineshape.LAST) or {}
+    recorded = last.get("recorded")
+    if not isinstance(recorded, dict):
+        return {}
+    return {k: v for k, v in recorded.items() if k in engineshape.FIGURES and isinstance(v, int)
+            and not isinstance(v, bool)}
 
 
 def gauge_node(name: str, doc: str) -> GaugeMetricFamily:

@@ -216,6 +216,18 @@ def resolve_cuda_graphs(ns: argparse.Namespace) -> CudaGraphPlan:
     return CudaGraphPlan(decode_enabled, decode_max_bs, prefill_enabled, prefill_max)
 
 
+def decode_graph_sizes(plan: CudaGraphPlan) -> list[int]:
+    """The decode batch sizes captured as CUDA graphs, as SGLang generates them up to the max bs (0.5.17
+    sglang/srt/server_args.py _generate_decode_cuda_graph_batch_sizes, the normal case); [] when
+    decode graphs are off (a PD prefill captures none: 0.5.23 tp_worker.get_decode_cuda_graph_bs)."""
+    if not plan.decode_enabled:
+        return []
+    top = plan.decode_max_bs
+    sizes = [1, 2, 4, 8, 12] + list(range(16, 257, 8)) + list(range(272, 512, 16)) + list(range(512, top + 1, 32))
+    sizes = [bs for bs in sizes if bs <= top]
+    return sizes if top in sizes else [*sizes, top]
+
+
 @dataclass(frozen=True)
 class SimArgs:
     """The parsed command line plus the values the sim derives from it."""
@@ -352,6 +364,7 @@ __all__ = [
     "SimArgs",
     "build_parser",
     "check_argv",
+    "decode_graph_sizes",
     "parse_args",
     "resolve",
     "resolve_cuda_graphs",

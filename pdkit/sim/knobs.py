@@ -50,6 +50,10 @@ class Knobs:
     # --context-length. 0: a model without such an indexer.
     indexer_ms_per_1m_ctx: float = 0.0
     # Failure injection.
+    # Share of the KV pool the engine allocates and reports (/server_info max_total_num_tokens, the
+    # sglang:max_total_num_tokens gauge, its `KV Cache is allocated` line): below 1, an engine that came
+    # back short of GPU memory, as the issue 42 decode did (7,452 tokens instead of 531,636)
+    kv_pool_fraction: float = 1.0
     transfer_fail_rate: float = 0.0
     health_fail_file: str = ""
     stall_file: str = ""
@@ -100,6 +104,7 @@ ENV_NAMES = {
     "kv_bytes_per_token": "PDKIT_SIM_KV_BYTES_PER_TOKEN",
     "kv_transfer_gb_s": "PDKIT_SIM_KV_TRANSFER_GB_S",
     "default_max_tokens": "PDKIT_SIM_DEFAULT_MAX_TOKENS",
+    "kv_pool_fraction": "PDKIT_SIM_KV_POOL_FRACTION",
     "transfer_fail_rate": "PDKIT_SIM_TRANSFER_FAIL_RATE",
     "health_fail_file": "PDKIT_SIM_HEALTH_FAIL_FILE",
     "stall_file": "PDKIT_SIM_STALL_FILE",
@@ -158,6 +163,8 @@ def _check(k: Knobs) -> None:
     if k.sglang_version and k.sglang_version not in SGLANG_VERSIONS:
         raise KnobError(f"{ENV_NAMES['sglang_version']}={k.sglang_version} has no metric catalogue "
                         f"(catalogued: {', '.join(SGLANG_VERSIONS)})")
+    if not 0.0 < k.kv_pool_fraction <= 1.0:
+        raise KnobError(f"{ENV_NAMES['kv_pool_fraction']} must be within (0, 1]")
     if not 0.0 <= k.transfer_fail_rate <= 1.0:
         raise KnobError(f"{ENV_NAMES['transfer_fail_rate']} must be within [0, 1]")
     if k.no_cuda_graph_factor < 1.0:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import signal
 import sys
@@ -20,8 +21,9 @@ from pdkit.sim.logs import setup_logging
 from pdkit.sim.metrics import DEFAULT_SGLANG_VERSION, SimMetrics
 from pdkit.sim.server import SGLangAccessLogger, SimServer
 
-# SGLang's readiness line, which the gate (pdkit.health.READY_LOG_LINE) waits for; its own copy on purpose: importing
-# pdkit.health would put it in the sim engine's wheel (wheelhouse.sim_sources), so a gate edit would restart sim engines
+# SGLang's readiness line, which the gate (pdkit.health.READY_LOG_LINE) cites as evidence; its own copy on purpose:
+# importing pdkit.health would put it in the sim engine's wheel (wheelhouse.sim_sources), so a gate edit would
+# restart sim engines
 READY_LINE = "The server is fired up and ready to roll!"
 # SGLang's tokenizer_manager.sigterm_watchdog re-checks the requests still in flight every 5 s
 DRAIN_TICK_S = 5.0
@@ -57,7 +59,14 @@ async def _start_site(app: web.Application, host: str, port: int, access_log,
     return runner
 
 
+def kv_pool_tokens(tokens: int, fraction: float) -> int:
+    """The KV pool the sim allocates: PDKIT_SIM_KV_POOL_FRACTION of what the flags give, at least one token."""
+    return max(1, int(tokens * fraction))
+
+
 async def serve(args: SimArgs, knobs: Knobs) -> int:
+    # a shrunken engine (PDKIT_SIM_KV_POOL_FRACTION): its scheduler, /server_info, gauge and log line all see the pool
+    args = dataclasses.replace(args, max_total_tokens=kv_pool_tokens(args.max_total_tokens, knobs.kv_pool_fraction))
     log, sched_log, access = setup_logging(args.log_level, args.log_level_http)
     log.info(f"server_args=SimServerArgs({', '.join(f'{k}={v!r}' for k, v in args.server.items())})")
     if args.ignored:

@@ -25,7 +25,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 
-from pdkit.sim.args import SimArgs
+from pdkit.sim.args import SimArgs, decode_graph_sizes
 from pdkit.sim.engine import Engine, EngineError, Outcome
 from pdkit.sim.knobs import Knobs
 from pdkit.sim.logs import access_line
@@ -177,8 +177,15 @@ class SimServer:
             version=SIM_VERSION,
             max_total_num_tokens=self.args.max_total_tokens,
             max_req_input_len=self.args.context_length - 1,
+            # per DP rank, as SGLang's Scheduler.get_internal_state (0.5.17 managers/scheduler.py; 0.5.23
+            # managers/scheduler_components/internal_state.py): the effective max running requests, the
+            # memory figures with the KV pool's token capacity, the decode CUDA-graph sizes captured (0.5.23)
             internal_states=[{"last_gen_throughput": self.engine.scheduler.last_gen_throughput,
-                              "avg_spec_accept_length": None}],
+                              "avg_spec_accept_length": None,
+                              "effective_max_running_requests_per_dp": self.args.max_running_requests,
+                              "memory_usage": {"token_capacity": self.args.max_total_tokens},
+                              "decode_cuda_graph_bs": decode_graph_sizes(self.args.cuda_graphs)}
+                             for _ in range(max(1, self.args.dp_size))],
             sim_knobs=self.knobs.__dict__,
         )
         return web.json_response(info, dumps=lambda o: json.dumps(o, default=str))
