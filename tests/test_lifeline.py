@@ -291,11 +291,17 @@ def test_gate_waiting_is_a_thread_inside_pdkit_health_or_pdkit_gates():
 
 def test_gate_waiting_sees_a_real_gate_thread(not_ready):
     url, _ = not_ready
-    assert not lifeline.gate_waiting()
+    # only this test's threads: another test in the same worker may have left a gate thread behind
+    before = set(sys._current_frames()) - {threading.get_ident()}
+
+    def mine() -> dict:
+        return {k: f for k, f in sys._current_frames().items() if k not in before}
+
+    assert not lifeline.gate_waiting(mine())
     t = threading.Thread(target=health.wait_http, args=(url, 1.5), daemon=True)
     t.start()
     try:
-        assert _wait_for(lifeline.gate_waiting, 1)
+        assert _wait_for(lambda: lifeline.gate_waiting(mine()), 1)
     finally:
         t.join()
     assert not lifeline.gate_waiting()
