@@ -13,6 +13,7 @@ host's python3: a node venv, where one is deployed, holds whatever pdkit deploye
 
 from __future__ import annotations
 
+import ast
 import io
 import signal
 import subprocess
@@ -30,7 +31,30 @@ from tests.lab.test_roll import ssh
 pytestmark = pytest.mark.lab
 
 LEFT_WITHIN_S = 5
-MODULES = ("pdkit/__init__.py", "pdkit/health.py", "pdkit/lifeline.py")
+
+
+def _closure(module: str) -> list[str]:
+    """MODULE's file and every pdkit module it imports, transitively (what the gate needs on a host
+    without the node venv): read from the sources, so a new import of the gate travels too."""
+    found: list[str] = ["pdkit/__init__.py"]
+    todo = [module]
+    while todo:
+        rel = todo.pop()
+        if rel in found:
+            continue
+        found.append(rel)
+        for node in ast.walk(ast.parse((REPO / rel).read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [f"{node.module}.{a.name}" for a in node.names] + [node.module]
+                     if isinstance(node, ast.ImportFrom) and node.module else [])
+            for name in names:
+                path = name.replace(".", "/") + ".py"
+                if name.startswith("pdkit.") and (REPO / path).is_file():
+                    todo.append(path)
+    return found
+
+
+MODULES = _closure("pdkit/health.py")
 
 CONTROL = """
 import sys
