@@ -432,8 +432,9 @@ class Roller:
 
     def ready(self, hosts: list[str]) -> str:
         """The batch's engines and daemons by the deploy's own gates (pdkit/gates.py: an engine's
-        current invocation logged its readiness line and /health answers 200; a daemon's URL 200),
-        run on each host; a router is gated by the router step, once its workers are back."""
+        current invocation answers /health 200 and /server_info with the shape its configuration
+        recorded; a daemon's URL 200), run on each host; a router is gated by the router step, once
+        its workers are back."""
         passed, _ = self.run_gates(hosts, 0)
         return f"{passed} engine and daemon gate(s) passed (pdkit/gates.py, run on the node)"
 
