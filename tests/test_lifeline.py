@@ -291,11 +291,13 @@ def test_gate_waiting_is_a_thread_inside_pdkit_health_or_pdkit_gates():
 
 def test_gate_waiting_sees_a_real_gate_thread(not_ready):
     url, _ = not_ready
-    # only this test's threads: another test in the same worker may have left a gate thread behind
-    before = set(sys._current_frames()) - {threading.get_ident()}
+    # only this test's threads: another test in the same worker may have left a gate thread behind;
+    # by thread object, not ident (an ident is reused once its thread has ended)
+    before = [th for th in threading.enumerate() if th is not threading.current_thread()]
 
     def mine() -> dict:
-        return {k: f for k, f in sys._current_frames().items() if k not in before}
+        others = {th.ident for th in before if th.is_alive()}
+        return {k: f for k, f in sys._current_frames().items() if k not in others}
 
     assert not lifeline.gate_waiting(mine())
     t = threading.Thread(target=health.wait_http, args=(url, 1.5), daemon=True)
