@@ -16,7 +16,7 @@ from pathlib import Path
 
 import jinja2
 
-from pdkit import flags, gates
+from pdkit import flags, gates, journald
 from pdkit.health import READY_LOG_LINE  # the engine gate's line (plan.READY_LOG_LINE stays importable)
 from pdkit.paths import router_url
 from pdkit.releases import release_json_path
@@ -431,6 +431,10 @@ def plan_host(spec: ClusterSpec, host: HostSpec) -> HostPlan:
         files += monitoring_host_files(spec, host)
         services += monitoring_host_services(spec, host, files)
 
+    # every host: a journal that keeps a day of the kit's evidence (roles/services.py restarts journald on a change)
+    directories.append((JOURNALD_DROPIN_DIR, "0755", "root", "root"))
+    files.append(PlannedFile(journald.JOURNALD_DROPIN_PATH, journald_dropin_text(spec, host), "0644"))
+
     files.append(PlannedFile(paths["release"], _release_manifest(spec, host, files, services), "0644"))
     return HostPlan(
         packages=tuple(host_packages(spec, host)),
@@ -440,6 +444,15 @@ def plan_host(spec: ClusterSpec, host: HostSpec) -> HostPlan:
         services=tuple(services),
         directories=tuple(directories),
     )
+
+
+JOURNALD_DROPIN_DIR = journald.JOURNALD_DROPIN_PATH.rsplit("/", 1)[0]
+
+
+def journald_dropin_text(spec: ClusterSpec, host: HostSpec) -> str:
+    """The journald drop-in of HOST: sized for a day at the cluster's target concurrency (pdkit/journald.py)."""
+    decodes = sum(1 for p in spec.placements(host) if p.engine.role == "decode" and p.rank == 0) if host.node else 0
+    return journald.journald_conf(journald.journal_size(spec.cluster.target_concurrency, decodes))
 
 
 def exporter_config_text(spec: ClusterSpec, host: HostSpec) -> str:

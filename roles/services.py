@@ -13,6 +13,7 @@ from pyinfra.operations import python, server
 
 from pdkit import changes, flags, gates, limitwarn, routersync, silences
 from pdkit.deploy import current_host, current_plan, current_spec
+from pdkit.journald import JOURNALD_DROPIN_PATH, JOURNALD_UNIT
 from pdkit.monitoring.common import scraped_hosts
 from pdkit.plan import Service, services_meta, services_not_started, staging_dir
 from pdkit.router_api import RouterError
@@ -24,6 +25,11 @@ from roles.install_files import announce, install_files
 def is_unit_file(path: str) -> bool:
     """A unit or a drop-in: systemd must re-read it (the DCGM exporter is its packaged unit plus a pdkit drop-in)."""
     return path.endswith(".service") or ".service.d/" in path
+
+
+def journald_changed(paths: set[str]) -> bool:
+    """Pure: journald restarts only when its drop-in was written or removed by this run."""
+    return JOURNALD_DROPIN_PATH in paths
 
 
 def restart_plan(services: list[Service], state: dict, changed_paths: set[str], changed_venvs: set[str]) -> tuple[list[Service], list[Service]]:
@@ -67,6 +73,10 @@ def services() -> None:
             files=changed, staging=staging_dir(spec), remove=removed,
             daemon_reload=any(is_unit_file(p) for p in [*(f.path for f in changed), *removed]),
         )
+    if journald_changed({f.path for f in changed} | set(removed)):
+        # journald (systemd 252) reads its drop-ins only at start; it keeps the services' stdout streams
+        # across a restart (its unit's file-descriptor store), so no engine loses its log
+        server.shell(name="Restart journald (its pdkit drop-in changed)", commands=[f"systemctl restart {JOURNALD_UNIT}"])
     held = services_not_started(spec, current_host(), list(plan.services))
     for unit, why in held.items():
         print(f"pdkit: {host.name}: not starting {unit}: {why}", file=sys.stderr, flush=True)
