@@ -226,6 +226,23 @@ def test_files_and_modes_are_as_planned(lab, deployed):
             assert sums[path] == sha, f"{host}:{path} content differs from the plan"
 
 
+def test_journald_runs_with_the_kits_size_on_every_host(lab, deployed):
+    """Issue 42 item 2: the kit's journald drop-in is the last one journald reads (after the lab
+    rootfs's 32 MB pdkit-lab.conf) and journald was restarted after it was written, so the size it
+    runs with is the kit's."""
+    path = "/etc/systemd/journald.conf.d/zz-pdkit.conf"
+    for host in deployed["files"]:
+        proc = ssh(lab, host, "systemd-analyze cat-config systemd/journald.conf | grep '^# /' | tail -n 1; "
+                              f"stat -c %Y {path}; date -d \"$(systemctl show -p ExecMainStartTimestamp --value "
+                              "systemd-journald.service)\" +%s; "
+                              f"grep -h '^SystemMaxUse=' {path}")
+        assert proc.returncode == 0, f"{host}: {proc.stdout} {proc.stderr}"
+        last, written, started, size = proc.stdout.split("\n")[:4]
+        assert last == f"# {path}", f"{host}: journald reads {last} last, not the kit's drop-in"
+        assert int(started) >= int(written), f"{host}: journald has not been restarted since {path} was written"
+        assert size.startswith("SystemMaxUse=") and size.endswith("M") and int(size[13:-1]) >= 1024, f"{host}: {size}"
+
+
 def test_engines_run_as_the_service_user(lab, deployed):
     checked = 0
     for host, units in deployed["units"].items():
