@@ -143,10 +143,22 @@ phase_check() {
     tail -12 "$OUT/bench.log"
 }
 
+rotate_journal() {  # rotate_journal NAME: rotate the node's journal away, as a busy box's journald does
+    # Issue 42: on the last one-node run the rollback's engine gate waited for the readiness line of a prefill that
+    # had not been restarted and whose line journald had rotated away (32 MB cap, router request logs),
+    # and the box served nothing for 252 s. The gate now decides from the engines' endpoints; this makes
+    # every roll step below run with the engines' start lines gone. Their lines are kept first.
+    engines_log "$1-before-rotate"
+    step "rotate-$1" 60 $HOSTPY --machine "$MACHINE" exec --timeout 50 -- \
+        "journalctl --rotate && journalctl --vacuum-time=1s && echo engine readiness lines left: \$(journalctl -u 'pdkit-engine-*' --no-pager | grep -c 'fired up and ready')"
+    tail -2 "$OUT/rotate-$1.log" | tee -a "$OUT/steps.txt"
+}
+
 phase_roll() {
     local gbs broken ok=0
     gbs=$(derived gbs96 '_c["tuning"].setdefault("decode", {})["cuda_graph_max_bs"] = 96')
     sums > "$OUT/sums-0-inventory.txt"
+    rotate_journal roll  # 0. the engines' start lines gone before the first roll (issue 42)
     # 1. without the option: refused before any change (exit 2), naming the router and the outage
     step roll-refused 120 "${RUN[@]}" "$P/pdkit" roll "$gbs" --drain-timeout 20
     expect_rc 2 roll-refused || ok=1
@@ -174,6 +186,7 @@ $BROKEN_BODY")
     cat "$OUT/releases.log"
     step rollback-refused 60 "${RUN[@]}" "$P/pdkit" rollback "$INV" "$MACHINE" --drain-timeout 20
     expect_rc 2 rollback-refused || ok=1
+    rotate_journal rollback  # the roll's and the restore's engine start lines gone too (issue 42's failed step)
     load_start rollback
     step rollback 480 "${RUN[@]}" "$P/pdkit" rollback "$INV" "$MACHINE" --allow-downtime --drain-timeout 20
     expect_rc 0 rollback || ok=1
@@ -204,8 +217,11 @@ phase_tune() {
 }
 
 engines_log() {  # engines_log NAME: the engines' journal lines that say how they started (or why not)
-    $HOSTPY --machine "$MACHINE" exec --timeout 60 -- "journalctl -u 'pdkit-engine-*' --no-pager -o short-iso -n 20000 | grep -E 'KV Cache is allocated|max_total_num_tokens|avail mem|Load weight end|Capture cuda graph|fired up and ready|Error|error|Traceback|Killed|out of memory|Started|Stopped|Failed'" \
+    $HOSTPY --machine "$MACHINE" exec --timeout 60 -- "journalctl -u 'pdkit-engine-*' --no-pager -o short-iso -n 20000 | grep -E 'KV Cache is allocated|max_total_num_tokens|avail mem|Load weight end|Capture cuda graph|fired up and ready|Error|error|Traceback|Killed|out of memory|Started|Stopped|Failed|pdkit.gpumem'" \
         > "$OUT/engines-$1.log" 2>&1
+    # the engine gate's shape records and last verdicts (pdkit/engineshape.py, issue 42 item 5)
+    $HOSTPY --machine "$MACHINE" exec --timeout 30 -- "for f in /var/lib/pdkit-node/engine-shapes/*/*.json; do echo \"== \$f\"; cat \"\$f\"; echo; done" \
+        > "$OUT/shapes-$1.log" 2>&1
     $HOSTPY --machine "$MACHINE" exec --timeout 30 -- "nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader; nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader" \
         >> "$OUT/engines-$1.log" 2>&1
 }
