@@ -291,22 +291,27 @@ def test_gate_waiting_is_a_thread_inside_pdkit_health_or_pdkit_gates():
 
 def test_gate_waiting_sees_a_real_gate_thread(not_ready):
     url, _ = not_ready
-    # only this test's threads: another test in the same worker may have left a gate thread behind;
-    # by thread object, not ident (an ident is reused once its thread has ended)
-    before = [th for th in threading.enumerate() if th is not threading.current_thread()]
+    # the frames of this test's own threads only: in a shared pytest worker other threads may be
+    # anywhere (another test's gate still ending; a foreign thread's _DummyThread entry keeps an
+    # ident that a new thread can reuse), so neither "all threads" nor "all but those before" is safe
+    idle = threading.Event()
+    other = threading.Thread(target=idle.wait, args=(5,), daemon=True)
+    gate = threading.Thread(target=health.wait_http, args=(url, 1.5), daemon=True)
+    other.start()
+    gate.start()
 
-    def mine() -> dict:
-        others = {th.ident for th in before if th.is_alive()}
-        return {k: f for k, f in sys._current_frames().items() if k not in others}
+    def frames_of(*threads: threading.Thread) -> dict:
+        now = sys._current_frames()
+        return {t.ident: now[t.ident] for t in threads if t.ident in now}
 
-    assert not lifeline.gate_waiting(mine())
-    t = threading.Thread(target=health.wait_http, args=(url, 1.5), daemon=True)
-    t.start()
     try:
-        assert _wait_for(lambda: lifeline.gate_waiting(mine()), 1)
+        assert not lifeline.gate_waiting(frames_of(other))
+        assert _wait_for(lambda: lifeline.gate_waiting(frames_of(other, gate)), 1)
     finally:
-        t.join()
-    assert not lifeline.gate_waiting()
+        idle.set()
+        gate.join()
+        other.join()
+    assert not lifeline.gate_waiting(frames_of(other, gate))  # both ended: no frame left
 
 
 def test_only_pipes_and_sockets_are_watched_and_main_argv_arms_nothing(tmp_path):
