@@ -25,8 +25,8 @@ its release, and a rollback's ready step runs with the inventory's plan, not the
 On the node (root's own directory, 0755; records 0644, written atomically; the engine user cannot
 write them):
 
-    /var/lib/pdkit-node/engine-shapes/<unit>/<key>.json   {unit, key, inputs, shape, recorded_at, version}
-    /var/lib/pdkit-node/engine-shapes/<unit>/last.json    the last gate's verdict: key, recorded, now, problems
+    /var/lib/pdkit-engines/shapes/<unit>/<key>.json   {unit, key, inputs, shape, recorded_at, version}
+    /var/lib/pdkit-engines/shapes/<unit>/last.json    the last gate's verdict: key, recorded, now, problems
 
 Where SGLang reports each figure (read in the pinned wheels; names kept for both releases):
 
@@ -57,7 +57,9 @@ from typing import Any
 
 # a restarted engine must keep at least 90% of each figure its configuration's first healthy start reported
 MIN_FRACTION = 0.9
-SHAPES_DIR = "/var/lib/pdkit-node/engine-shapes"
+# apart from the node layer's /var/lib/pdkit-node (driver state, the reboot marker), which a node deploy
+# creates and whose absence its lab test checks: these records are the engine gate's own
+SHAPES_DIR = "/var/lib/pdkit-engines/shapes"
 LAST = "last.json"
 # records kept per unit (a release keeps 10, pdkit/releases.py KEEP): a rollback finds its release's
 KEEP = 20
