@@ -220,7 +220,7 @@ engines_log() {  # engines_log NAME: the engines' journal lines that say how the
     $HOSTPY --machine "$MACHINE" exec --timeout 60 -- "journalctl -u 'pdkit-engine-*' --no-pager -o short-iso -n 20000 | grep -E 'KV Cache is allocated|max_total_num_tokens|avail mem|Load weight end|Capture cuda graph|fired up and ready|Error|error|Traceback|Killed|out of memory|Started|Stopped|Failed|pdkit.gpumem'" \
         > "$OUT/engines-$1.log" 2>&1
     # the engine gate's shape records and last verdicts (pdkit/engineshape.py, issue 42 item 5)
-    $HOSTPY --machine "$MACHINE" exec --timeout 30 -- "for f in /var/lib/pdkit-node/engine-shapes/*/*.json; do echo \"== \$f\"; cat \"\$f\"; echo; done" \
+    $HOSTPY --machine "$MACHINE" exec --timeout 30 -- "for f in /var/lib/pdkit-engines/shapes/*/*.json; do echo \"== \$f\"; cat \"\$f\"; echo; done" \
         > "$OUT/shapes-$1.log" 2>&1
     $HOSTPY --machine "$MACHINE" exec --timeout 30 -- "nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader; nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader" \
         >> "$OUT/engines-$1.log" 2>&1
