@@ -32,6 +32,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pdkit.bench import engine_flags, flag_changes
+from pdkit.bench.noise import DEFAULT_MARGIN
 from pdkit.loader import spec_from_host_data
 from pdkit.roll import rollout_order
 from pdkit.spec import Problem, Tuning
@@ -145,6 +146,19 @@ class Doctor(_Strict):
     probe_requests: int = Field(default=4, ge=0)
 
 
+class Noise(_Strict):
+    """How the campaign tells a lever from the run-to-run spread (pdkit.bench.noise)."""
+
+    # bench runs of the baseline before any candidate, back to back; each figure's spread across
+    # them is the band a candidate's gain must clear (one run has no spread, so at least two)
+    baseline_repeats: int = Field(default=3, ge=2, le=10)
+    # after the last candidate, roll the baseline back onto the targets and bench it once more, so
+    # drift over the campaign widens the band (one more restart: an outage on a one-node box)
+    remeasure_at_end: bool = False
+    # what a gain must clear beyond the band, as a fraction of the baseline's median figure
+    margin: float = Field(default=DEFAULT_MARGIN, ge=0, le=1)
+
+
 class CandidateSpec(_Strict):
     name: str = Field(pattern=NAME)
     set: dict[str, Any] = Field(min_length=1)
@@ -163,6 +177,9 @@ class Campaign(_Strict):
     correctness: Correctness = Correctness()
     soak: Soak = Soak()
     doctor: Doctor = Doctor()
+    noise: Noise = Noise()
+    # best: the top-ranked candidate whose gain clears the baseline's band + margin (else the
+    # baseline); baseline; or a candidate's name
     keep: str = "best"
     # true: a candidate may take a router's last workers of a kind out while it rolls (a one-node
     # cluster: `pdkit roll --allow-downtime`); without it such a campaign is refused before any change

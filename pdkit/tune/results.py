@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import statistics
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 
 # the same number formatting as pdkit bench's tables
 from pdkit.bench import describe_measured, fmt_cell, render_plot
+from pdkit.bench.noise import DEFAULT_MARGIN, band, judge, spread_of
 from pdkit.tune.campaign import BASELINE, GOODPUT, OBJECTIVE_METRICS, Campaign, Candidate, Objective
 
 SCHEMA = 1
@@ -124,48 +126,100 @@ def tpot_p99(record: dict[str, Any], concurrency: int) -> float | None:
     return float(value) if isinstance(value, (int, float)) else None
 
 
+# a record of the baseline benched again after the last candidate (campaign.noise.remeasure_at_end)
+REMEASURE = "remeasure"
+
+
+def baseline_runs(records: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Every bench of the passed baseline, as `levels` lists: its bench, its repeats, the remeasure at the end."""
+    base = next((r for r in records if r.get("kind") == BASELINE and r.get("verdict") == "pass"), None)
+    if base is None or not (base.get("bench") or {}).get("levels"):
+        return []
+    runs = [base["bench"]["levels"], *(base.get("bench_repeats") or [])]
+    runs += [r["bench"]["levels"] for r in records
+             if r.get("kind") == REMEASURE and (r.get("bench") or {}).get("levels")]
+    return runs
+
+
+def baseline_band(records: Sequence[dict[str, Any]]) -> dict[int, dict[str, dict[str, Any]]]:
+    """The baseline's spread per level and figure (pdkit.bench.noise.band over baseline_runs)."""
+    return band(baseline_runs(records))
+
+
+def objective_reference(records: Sequence[dict[str, Any]], concurrency: int, metric: str,
+                        goodput_slo: dict[str, float] | None = None) -> dict[str, Any] | None:
+    """The baseline's objective figure at CONCURRENCY over all its runs: values, median, spread (None: no figure)."""
+    values = []
+    for levels in baseline_runs(records):
+        lv = next((x for x in levels if x.get("concurrency") == concurrency), None)
+        value = _level_figure(lv, metric, goodput_slo) if lv else None
+        if isinstance(value, (int, float)):
+            values.append(float(value))
+    if not values:
+        return None
+    return {"values": values, "median": statistics.median(values), "spread": spread_of(values), "runs": len(values)}
+
+
 def rank(records: Sequence[dict[str, Any]], concurrency: int, metric: str,
-         slo_ms: float | None = None, goodput_slo: dict[str, float] | None = None) -> list[dict[str, Any]]:
+         slo_ms: float | None = None, goodput_slo: dict[str, float] | None = None,
+         margin: float = DEFAULT_MARGIN) -> list[dict[str, Any]]:
     """Passed records best first: within the TPOT p99 SLO (when set) before those over it, then
     by the objective (higher first; lower first for TTFT; no figure last). Rows carry value, ratio
-    to baseline and the SLO verdict. GOODPUT_SLO: the SLOs a goodput figure must have been judged by."""
-    base = next((r for r in records if r["candidate"] == BASELINE and r["verdict"] == "pass"), None)
-    base_value = objective_value(base, concurrency, metric, goodput_slo) if base else None
+    to the baseline's median, the SLO verdict and `noise`: the candidate's gain judged against the
+    baseline's band + MARGIN (pdkit.bench.noise.judge; the baseline's own row: its band).
+    GOODPUT_SLO: the SLOs a goodput figure must have been judged by."""
+    reference = objective_reference(records, concurrency, metric, goodput_slo)
+    base_value = reference["median"] if reference else None
     higher = OBJECTIVE_METRICS[metric]
     rows = []
     for r in records:
         if r.get("kind") not in ("baseline", "candidate") or r["verdict"] != "pass":
             continue
-        value = objective_value(r, concurrency, metric, goodput_slo)
+        is_base = r["candidate"] == BASELINE
+        value = base_value if is_base else objective_value(r, concurrency, metric, goodput_slo)
         p99 = tpot_p99(r, concurrency)
         within = slo_ms is None or (p99 is not None and p99 <= slo_ms)
+        noise = ({"gain": 0.0, "spread": reference.get("spread") if reference else None, "margin": margin,
+                  "beyond": None, "why": "the baseline: its median over its runs"} if is_base
+                 else judge(reference, value, higher, margin))
         rows.append({"candidate": r["candidate"], "value": value, "tpot_p99_ms": p99, "within_slo": within,
-                     "ratio": (value / base_value) if value is not None and base_value else None, "record": r})
+                     "ratio": (value / base_value) if value is not None and base_value else None, "noise": noise,
+                     "record": r})
     rows.sort(key=lambda row: (not row["within_slo"], row["value"] is None,
                                0.0 if row["value"] is None else (-row["value"] if higher else row["value"])))
     return rows
 
 
-def rank_by(records: Sequence[dict[str, Any]], concurrency: int, objective: Objective) -> list[dict[str, Any]]:
+def rank_by(records: Sequence[dict[str, Any]], concurrency: int, objective: Objective,
+            margin: float = DEFAULT_MARGIN) -> list[dict[str, Any]]:
     """rank() with a campaign's objective."""
-    return rank(records, concurrency, objective.metric, objective.tpot_p99_slo_ms, objective.goodput_slo)
+    return rank(records, concurrency, objective.metric, objective.tpot_p99_slo_ms, objective.goodput_slo, margin)
 
 
 def choose_kept(keep: str, ranked: Sequence[dict[str, Any]], records: Sequence[dict[str, Any]]) -> tuple[str, str]:
-    """(candidate to leave applied, why). `best`: the top of the ranking (the baseline when nothing
-    beat it); a named candidate that failed falls back to the baseline, and says so."""
+    """(candidate to leave applied, why). `best`: the top-ranked candidate within the TPOT SLO whose
+    gain clears the baseline's band + margin; when none does, the baseline, and the reason says "no
+    candidate beat the noise". A named candidate that failed falls back to the baseline, and says so."""
     if keep == "best":
-        if not ranked:
+        candidates = [row for row in ranked if row["candidate"] != BASELINE]
+        if not candidates:
             return BASELINE, "no candidate passed every gate: the baseline is restored"
-        top = ranked[0]
-        return top["candidate"], f"best by the objective ({top['value']} at the target concurrency)"
+        winners = [row for row in candidates if row["within_slo"] and row["noise"].get("beyond") is True]
+        if not winners:
+            top = candidates[0]
+            return BASELINE, (f"no candidate beat the noise: the best, {top['candidate']}, "
+                              f"{top['noise'].get('why') or 'could not be judged'}; the baseline is kept")
+        top = winners[0]
+        return top["candidate"], (f"best by the objective ({top['value']} at the target concurrency): "
+                                  f"{top['noise']['why']}")
     if keep == BASELINE:
         return BASELINE, "keep: baseline"
     named = [r for r in records if r.get("kind") == "candidate" and (r["candidate"] == keep or r.get("origin") == keep)]
     passed = [r for r in named if r["verdict"] == "pass"]
     if passed:
         best = [row for row in ranked if row["candidate"] in {r["candidate"] for r in passed}]
-        return best[0]["candidate"], f"keep: {keep}"
+        why = best[0]["noise"].get("why")
+        return best[0]["candidate"], f"keep: {keep}" + (f" ({why})" if why else "")
     return BASELINE, f"keep: {keep}, but it did not pass every gate: the baseline is restored"
 
 
@@ -190,7 +244,14 @@ def estimate(n_candidates: int, restarts_per_candidate: int, campaign: Campaign,
         "bench_s": bench_s,
     }
     each = sum(per.values())
-    return {"total_s": round(each * n_candidates, 1), "per_candidate": {k: round(v, 1) for k, v in per.items()},
+    # the band: the baseline's extra benches (when the baseline is still to run), and the
+    # remeasure at the end (a roll of the targets back onto the baseline, then a bench)
+    noise = campaign.noise
+    baseline_todo = not any(r.get("kind") == BASELINE for r in records)
+    noise_s = (bench_s * (noise.baseline_repeats - 1) if baseline_todo else 0.0)
+    noise_s += (restarts_per_candidate * roll_s + bench_s) if noise.remeasure_at_end else 0.0
+    return {"total_s": round(each * n_candidates + noise_s, 1),
+            "per_candidate": {k: round(v, 1) for k, v in per.items()}, "noise_s": round(noise_s, 1),
             "measured": {"roll": bool(rolls), "bench": bool(benches)}, "candidates": n_candidates}
 
 
@@ -202,7 +263,7 @@ def render_markdown(campaign: Campaign, records: Sequence[dict[str, Any]], concu
                     plot_name: str | None, pending: Sequence[str] = ()) -> str:
     """docs/tune/<campaign>.md: the ranking, the failed candidates with their reasons, the diffs."""
     metric = campaign.objective.metric
-    ranked = rank_by(records, concurrency, campaign.objective)
+    ranked = rank_by(records, concurrency, campaign.objective, campaign.noise.margin)
     first = records[0] if records else {}
     engine = (((first.get("bench") or {}).get("env")) or {}).get("engine", first.get("engine", "?"))
     w = campaign.workload
@@ -221,18 +282,19 @@ def render_markdown(campaign: Campaign, records: Sequence[dict[str, Any]], concu
     if engine == "sim":
         lines += ["**Engine `sim`: a rehearsal. These figures describe the sim's step formula, never SGLang, a GPU or "
                   "a model.**", ""]
-    lines += [f"| rank | candidate | overlay | {metric} @C={concurrency} | x baseline | TPOT p99 ms | KV share of TTFT "
-              "| match rate | verdict |",
-              "|---:|---|---|---:|---:|---:|---:|---:|---|"]
+    lines += [f"| rank | candidate | overlay | {metric} @C={concurrency} | x baseline | beyond the noise? "
+              "| TPOT p99 ms | KV share of TTFT | match rate | verdict |",
+              "|---:|---|---|---:|---:|---|---:|---:|---:|---|"]
     for i, row in enumerate(ranked, 1):
         r = row["record"]
         verdict = "pass" + ("" if row["within_slo"] else " (over the TPOT SLO)")
         # the level's KV hand-off latency mean / its TTFT mean (pdkit bench's kv block; – without one)
         share = ((level(r, concurrency) or {}).get("kv") or {}).get("ttft_share")
         lines.append(f"| {i} | {r['candidate']} | {_overlay_text(r.get('overlay') or {})} | {fmt_cell(row['value'])} | "
-                     f"{fmt_cell(row['ratio'], 3)} | {fmt_cell(row['tpot_p99_ms'])} | "
+                     f"{fmt_cell(row['ratio'], 3)} | {_noise_cell(row)} | {fmt_cell(row['tpot_p99_ms'])} | "
                      f"{'–' if share is None else f'{share:.0%}'} | "
                      f"{fmt_cell((r.get('correctness') or {}).get('match_rate'), 3)} | {verdict} |")
+    lines += _band_section(records, campaign)
     failed = [r for r in records if r.get("kind") in ("baseline", "candidate") and r["verdict"] != "pass"]
     if failed:
         lines += ["", "## Failed (rolled back to the release before them)", "",
@@ -257,6 +319,38 @@ def render_markdown(campaign: Campaign, records: Sequence[dict[str, Any]], concu
         lines += ["", f"## Left applied: {kept['candidate']}", "", kept.get("reason", ""), ""]
         lines += [f"    {line}" for line in kept.get("keep_fields") or ["(the inventory as it is: nothing to change)"]]
     return "\n".join(lines) + "\n"
+
+
+def _noise_cell(row: dict[str, Any]) -> str:
+    """The ranking's noise column: the gain against spread + margin, and the verdict."""
+    n = row["noise"]
+    if row["candidate"] == BASELINE:
+        return "(the band)" if n.get("spread") is not None else "(1 run: no band)"
+    if n.get("gain") is None:
+        return "–"
+    if n.get("spread") is None:
+        return f"{n['gain']:+.1%}, no band to judge by"
+    return f"{n['gain']:+.1%} vs {n['spread']:.1%} + {n['margin']:.1%}: {'yes' if n['beyond'] else 'no'}"
+
+
+def _band_section(records: Sequence[dict[str, Any]], campaign: Campaign) -> list[str]:
+    """The baseline's spread per level and figure: what a candidate's gain must clear."""
+    bands = baseline_band(records)
+    if not bands:
+        return []
+    runs = len(baseline_runs(records))
+    lines = ["", f"## The baseline's spread ({runs} runs)", "",
+             f"Each figure's median over the baseline's runs and its spread, (max - min) / median. A candidate is "
+             f"kept (`keep: best`) only when its gain on the objective exceeds the spread + {campaign.noise.margin:.1%}"
+             " (`noise.margin`); otherwise the baseline is kept and the line above says \"no candidate beat the "
+             "noise\" (pdkit/bench/noise.py).", "",
+             "| C | figure | runs | median | spread |", "|---:|---|---|---:|---:|"]
+    for c, figures in sorted(bands.items()):
+        for name, entry in figures.items():
+            values = ", ".join(f"{v:.1f}" for v in entry["values"])
+            spread = "–" if entry["spread"] is None else f"{entry['spread']:.1%}"
+            lines.append(f"| {c} | {name} | {values} | {entry['median']:.1f} | {spread} |")
+    return lines
 
 
 def bench_records_for_plot(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -27,6 +27,8 @@ from typing import Any
 from pdkit import flags
 from pdkit.bench import check_workload
 from pdkit.bench.measure import Measured, measured_for
+from pdkit.bench.noise import band as noise_band
+from pdkit.bench.noise import describe as noise_describe
 from pdkit.loader import load_with_problems, read_inventory
 from pdkit.plan import plan_cluster
 from pdkit.roll import (
@@ -63,6 +65,7 @@ from pdkit.tune.campaign import (
 )
 from pdkit.tune.results import (
     ASSUMED_ROLL_S,
+    REMEASURE,
     SCHEMA,
     ResumeError,
     append_record,
@@ -244,7 +247,13 @@ def dry_text(prep: Prepared, records: list[dict[str, Any]], todo: list[Candidate
     est = estimate(n, restarts, c, records)
     per = ", ".join(f"{k.removesuffix('_s')} {v:.0f} s" for k, v in est["per_candidate"].items())
     assumed = [k for k, v in est["measured"].items() if not v]
-    lines += ["", f"estimate: {est['total_s'] / 60:.1f} min for {n} run(s) to go ({per} each)"
+    noise = c.noise
+    lines += ["", f"noise: the baseline benched {noise.baseline_repeats} times"
+              + (" and once more after the last candidate (rolled back onto the targets: one more restart)"
+                 if noise.remeasure_at_end else "")
+              + f"; a candidate is kept only when its gain clears the baseline's spread + {noise.margin:.1%}"]
+    lines += [f"estimate: {est['total_s'] / 60:.1f} min for {n} run(s) to go ({per} each"
+              + (f"; {est['noise_s']:.0f} s for the baseline's band" if est["noise_s"] else "") + ")"
               + (f"; assumed, not yet measured: {', '.join(assumed)} time" if assumed
                  else "; from this campaign's records")]
     return "\n".join(lines)
@@ -374,9 +383,8 @@ class Session:
     def run_gates(self, name: str, spec, record: dict[str, Any], baseline_answers: list[dict[str, Any]] | None,
                   cand: Candidate | None) -> None:
         """correctness, soak, doctor, bench, in that order; raises GateFailed at the first that fails."""
-        # lazy: looked up per call, so tests/test_tune.py's stand-ins for pdkit.bench.run_bench and
-        # pdkit.doctor.run_doctor (set on those modules) are the ones run
-        from pdkit.bench import run_bench
+        # lazy: looked up per call, so tests/test_tune.py's stand-in for pdkit.doctor.run_doctor
+        # (set on that module) is the one run
         from pdkit.doctor import FAIL, run_doctor
 
         c = self.prep.campaign
@@ -436,21 +444,51 @@ class Session:
 
         start = time.monotonic()
         self.gate = "bench"
-        w = c.workload
-        measured = self.prep.measured
-        bench = run_bench(spec, concurrency=list(w.concurrency), input_len=w.input_len, output_len=w.output_len,
-                          requests=w.requests, warmup=w.warmup, label=f"tune {c.name} {name}", progress=False,
-                          send=measured.stream, measured=measured.describe(), goodput_slo=c.objective.goodput_slo)
+        bench = self.bench(spec, f"tune {c.name} {name}")
         t["bench_s"] = round(time.monotonic() - start, 2)
         record["bench"] = bench
+        self.check_bench(bench, record)
+        figures = ", ".join(bench_figures(lv) for lv in bench["levels"])
+        if cand is None:
+            # the baseline again, back to back: each figure's spread is the band a candidate must clear
+            repeats = c.noise.baseline_repeats
+            self.say("bench", f"run 1/{repeats}: {figures}", t["bench_s"])
+            record["bench_repeats"] = []
+            began = time.monotonic()
+            for i in range(2, repeats + 1):
+                start = time.monotonic()
+                again = self.bench(spec, f"tune {c.name} {name} run {i}/{repeats}")
+                self.check_bench(again, record)
+                record["bench_repeats"].append(again["levels"])
+                self.say("bench", f"run {i}/{repeats}: " + ", ".join(bench_figures(lv) for lv in again["levels"]),
+                         round(time.monotonic() - start, 2))
+            t["bench_repeats_s"] = round(time.monotonic() - began, 2)
+            spread = (noise_band([bench["levels"], *record["bench_repeats"]]).get(self.prep.target_concurrency)
+                      or {}).get(c.objective.metric)
+            figures = (f"{repeats} runs; {c.objective.metric} at C={self.prep.target_concurrency}: "
+                       + (noise_describe(spread) if spread else "no figure"))
+        record["gates"]["bench"] = {"ok": True, "detail": figures}
+        self.say("bench", figures, t["bench_s"])
+
+    def bench(self, spec, label: str) -> dict[str, Any]:
+        """One bench of the campaign's workload on what prepare chose to measure."""
+        # lazy: looked up per call, so tests/test_tune.py's stand-in for pdkit.bench.run_bench is the one run
+        from pdkit.bench import run_bench
+
+        c, measured = self.prep.campaign, self.prep.measured
+        w = c.workload
+        return run_bench(spec, concurrency=list(w.concurrency), input_len=w.input_len, output_len=w.output_len,
+                         requests=w.requests, warmup=w.warmup, label=label, progress=False, send=measured.stream,
+                         measured=measured.describe(), goodput_slo=c.objective.goodput_slo)
+
+    @staticmethod
+    def check_bench(bench: dict[str, Any], record: dict[str, Any]) -> None:
+        """A failed request fails the bench gate."""
         errors = {lv["concurrency"]: lv["errors"] for lv in bench["levels"] if lv["errors"]}
         if errors:
             why = f"requests failed at C={errors} ({[s for lv in bench['levels'] for s in lv['error_samples']][:2]})"
             record["gates"]["bench"] = {"ok": False, "detail": why}
             raise GateFailed("bench", why)
-        figures = ", ".join(bench_figures(lv) for lv in bench["levels"])
-        record["gates"]["bench"] = {"ok": True, "detail": figures}
-        self.say("bench", figures, t["bench_s"])
 
     def run_one(self, name: str, cand: Candidate | None,
                 baseline_answers: list[dict[str, Any]] | None) -> dict[str, Any]:
@@ -517,6 +555,32 @@ class Session:
         record["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
         return record
 
+    def remeasure(self) -> None:
+        """The baseline rolled back onto the targets and benched once more (campaign.noise.remeasure_at_end):
+        drift over the campaign then widens the band. A failure here leaves the band as it was."""
+        prep = self.prep
+        record: dict[str, Any] = {"schema": SCHEMA, "campaign": prep.campaign.name, "candidate": BASELINE,
+                                  "kind": REMEASURE, "started": datetime.now(UTC).isoformat(timespec="seconds"),
+                                  "timings": {}}
+        self.say("remeasure", "the baseline back on the targets, benched once more for the band")
+        roller = self.roller(BASELINE)
+        start = time.monotonic()
+        try:
+            record["timings"]["restarts"] = self.roll(roller, [])
+            record["timings"]["roll_s"] = round(time.monotonic() - start, 2)
+            start = time.monotonic()
+            bench = self.bench(prep.specs[BASELINE], f"tune {prep.campaign.name} baseline remeasured")
+            record["timings"]["bench_s"] = round(time.monotonic() - start, 2)
+            self.check_bench(bench, {"gates": {}})
+        except (RollError, GateFailed) as exc:
+            record.update(verdict="fail", reason=str(exc))
+            self.say("remeasure", f"FAILED, the band stays the start's: {exc}")
+        else:
+            record.update(verdict="pass", bench=bench)
+            self.say("remeasure", ", ".join(bench_figures(lv) for lv in bench["levels"]), record["timings"]["bench_s"])
+        record["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
+        self.finish(record)
+
     def finish(self, record: dict[str, Any]) -> None:
         append_record(self.paths["records"], record)
         self.records.append(record)
@@ -570,7 +634,10 @@ def run_campaign(prep: Prepared, records: list[dict[str, Any]], todo: list[Candi
 def end(session: Session) -> int:
     prep = session.prep
     c = prep.campaign
-    ranked = rank_by(session.records, prep.target_concurrency, c.objective)
+    if c.noise.remeasure_at_end and any(r.get("kind") == "candidate" and r["verdict"] == "pass"
+                                        for r in session.records):
+        session.remeasure()
+    ranked = rank_by(session.records, prep.target_concurrency, c.objective, c.noise.margin)
     kept, why = choose_kept(c.keep, ranked, session.records)
     session.say("keep", f"{kept}: {why}")
     roller = session.roller(kept)

@@ -292,6 +292,7 @@ def test_a_one_node_campaign_rolls_each_candidate_with_downtime_and_puts_a_faile
         "correctness": {"prompts": 8, "max_new_tokens": 16, "min_match_rate": 0.9, "concurrency": 4},
         "soak": {"seconds": 3, "concurrency": 8, "max_new_tokens": 16, "wedge_window_s": 2},
         "doctor": {"window_s": 2, "probe_requests": 2},
+        "noise": {**shipped["noise"], "baseline_repeats": 2},
         "candidates": [
             {"name": "steps", "set": {"decode.num_continuous_decode_steps": 8}},
             next(c for c in shipped["candidates"] if c["name"] == "page-64"),

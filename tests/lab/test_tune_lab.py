@@ -81,6 +81,8 @@ def campaign_file(tmp_path: Path, inventory: Path, candidates: list[dict], name:
         "correctness": {"prompts": 16, "max_new_tokens": 16, "min_match_rate": 0.9, "concurrency": 4},
         "soak": {"seconds": 5, "concurrency": 32, "max_new_tokens": 16, "wedge_window_s": 2},
         "doctor": {"window_s": 2, "probe_requests": 4},
+        # the baseline benched twice: its spread is the band (pdkit/bench/noise.py)
+        "noise": {"baseline_repeats": 2},
         "keep": "best", "out_dir": str(tmp_path / "tune"), "state_dir": str(tmp_path / "state"),
         "candidates": candidates,
     }))
@@ -188,6 +190,9 @@ def test_a_campaign_ranks_levers_fails_the_corrupting_and_wedging_ones_resumes_a
         end = records[-1]
         assert end["kind"] == "end" and end["candidate"] == "steps-8", end
         assert end["reason"].startswith("best by the objective"), end["reason"]
+        # kept because its gain clears the baseline's band (two benches of the baseline) + 2%
+        assert len(by["baseline"]["bench_repeats"]) == 1 and "beyond the noise" in end["reason"], end["reason"]
+        assert ranked[0]["noise"]["beyond"] is True and ranked[0]["noise"]["spread"] is not None, ranked[0]["noise"]
         assert end["keep_fields"] == [f"{canary}: pdkit_node.engines[decode].tuning.num_continuous_decode_steps: 8"]
         assert f"{canary}: pdkit_node.engines[decode].tuning.num_continuous_decode_steps: 8" in resumed.stdout
         assert current_release(lab, canary) == end["releases_after"][canary]
