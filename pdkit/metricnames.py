@@ -36,6 +36,8 @@ SGLANG = {
     "realtime_tokens": "sglang:realtime_tokens_total",
     # lazy: created by the first finished request
     "prompt_tokens": "sglang:prompt_tokens_total",
+    # lazy: the prompt tokens served from the prefix cache (label cache_source), by the tokenizer
+    "cached_tokens": "sglang:cached_tokens_total",
     "generation_tokens": "sglang:generation_tokens_total",
     "requests": "sglang:num_requests_total",
     "ttft": "sglang:time_to_first_token_seconds",
@@ -127,7 +129,8 @@ DCGM = {
 # against the catalogue for every engine version a spec runs (type, labels; a lazily created family
 # needs an `absent` meaning) and runs the readers on real SGLang pages where the lazy ones are absent.
 # bench times its own requests (pdkit/bench/) and reads only the prefills' KV
-# histograms (pdkit/kvcost.py), as doctor's kv_path row does.
+# histograms (pdkit/kvcost.py), as doctor's kv_path row does, and the prompt and cached token
+# counters of the engines that prefill (the prefix-cache hit rate of a level).
 
 class Read(tuple):
     """(reader, metric, kind, labels, absent): `kind` the type the reader treats it as, `labels` the
@@ -149,6 +152,7 @@ _EXPORTER = "pdkit-exporter (pdkit/exporter/metrics.py parse_metrics)"
 _DOCTOR = "doctor (pdkit/doctor/, through parse_metrics)"
 _ROLL = "roll (pdkit/roll/)"
 _KV = "pdkit/kvcost.py kv_histograms (bench's KV figures, doctor check_kv_path)"
+_CACHE = "pdkit/bench/record.py cache_counts (bench's prefix-cache hit rate per level)"
 READS: tuple[Read, ...] = (
     # the exporter's figures: a key is simply left out when its family is absent
     *(Read(_EXPORTER, SGLANG[k], "gauge", absent="figure left out")
@@ -171,6 +175,8 @@ READS: tuple[Read, ...] = (
                 "decode_transfer_queue")),
     *(Read(_KV, SGLANG[k], "histogram", absent="no hand-off yet: no KV figures (0 transfers)")
       for k in ("kv_transfer_latency", "kv_transfer_total", "kv_transfer_speed")),
+    *(Read(_CACHE, SGLANG[k], "counter", absent="0: nothing counted yet (no hit rate without prompt tokens)")
+      for k in ("cached_tokens", "prompt_tokens")),
     Read(_DOCTOR + " check_kv_path", SGLANG["ttft"], "histogram",
          absent="TTFT unknown: share of TTFT not judged (a 0.5.17 prefill has none; its decodes' is read)"),
     Read(_DOCTOR + " router_outcomes", ROUTER["worker_outcomes"], "counter", ("worker", "outcome"),

@@ -9,11 +9,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pdkit.bench.agentic import AgenticParams, AgenticWorkload, generate_trace, run_agentic_bench, write_trace
 from pdkit.bench.client import router_target
 from pdkit.bench.measure import Measured, measured_for
 from pdkit.bench.record import DEFAULT_OUT, RUNS_FILE, find_run, run_bench, served_model
 from pdkit.bench.report import render_compare, render_markdown, render_plot, sent_to, write_outputs
-from pdkit.bench.sglang import SGLANG_BENCH_MODULE, run_sglang_bench
+from pdkit.bench.sglang import SGLANG_BENCH_MODULE, run_sglang_agentic_bench, run_sglang_bench
 from pdkit.loader import load_or_report
 
 if TYPE_CHECKING:
@@ -50,30 +51,90 @@ def limited_measure(spec: ClusterSpec, hosts: Sequence[str], engine_bench: str =
     return measured_for(spec, list(dict.fromkeys(hosts)))
 
 
+def agentic_workload(args: argparse.Namespace, levels: int) -> AgenticWorkload:
+    """The agentic workload the arguments describe: the user's --trace, else generated (LEVELS:
+    each level plays its own fresh sessions)."""
+    if args.trace:
+        return AgenticWorkload.from_file(args.trace, args.sessions, args.reply_tokens, args.think_s, args.max_turns)
+    if args.max_turns is not None:
+        raise ValueError("--max-turns caps a --trace's conversations; a generated workload has --turns")
+    defaults = AgenticParams()
+    params = AgenticParams(
+        sessions=defaults.sessions if args.sessions is None else args.sessions,
+        turns=args.turns, system_tokens=args.system_tokens, turn_tokens=args.turn_tokens,
+        reply_tokens=defaults.reply_tokens if args.reply_tokens is None else args.reply_tokens,
+        think_s=args.think_s, seed=args.seed).check()
+    return AgenticWorkload.generated(params, levels)
+
+
+def goodput_slo(args: argparse.Namespace) -> dict[str, float] | None:
+    """{"ttft_ms", "tpot_ms"} from --slo-ttft-ms / --slo-tpot-ms (either alone), or None."""
+    slo = {name: value for name, value in (("ttft_ms", args.slo_ttft_ms), ("tpot_ms", args.slo_tpot_ms))
+           if value is not None}
+    bad = [f"--slo-{k.replace('_', '-')} {v:g}" for k, v in slo.items() if v <= 0]
+    if bad:
+        raise ValueError(f"{', '.join(bad)}: an SLO must be a positive number of milliseconds")
+    return slo or None
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
+    agentic = args.workload == "agentic" or args.trace is not None or args.write_trace is not None
+    if args.write_trace and args.trace:
+        print("bench: --write-trace writes a generated trace; --trace replays your own (give one of them)",
+              file=sys.stderr)
+        return EXIT_INVALID
+    if args.concurrency is None:  # agentic: every session in flight at once; fixed: 1,16,64
+        args.concurrency = [args.sessions or AgenticParams().sessions] if agentic and not args.trace else [1, 16, 64]
+    try:
+        workload = agentic_workload(args, len(args.concurrency)) if agentic else None
+        slo = goodput_slo(args)
+    except ValueError as exc:
+        print(f"bench: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    if args.write_trace:
+        assert workload is not None and workload.params is not None
+        sha = write_trace(generate_trace(workload.params, len(workload.trace.conversations)), args.write_trace)
+        print(f"wrote {args.write_trace} ({len(workload.trace.conversations)} conversations: {workload.sessions} "
+              f"per level x {len(args.concurrency)} level(s); sha256 {sha})", file=sys.stderr)
+        return 0
     spec = load_or_report(args.inventory)
     if spec is None:
         return EXIT_INVALID
     common = dict(concurrency=args.concurrency, input_len=args.input_len, output_len=args.output_len,
                   requests=args.requests, warmup=args.warmup, label=args.label, probe_drivers=not args.no_ssh)
     try:
+        if agentic and args.limit:
+            raise ValueError("--limit with the agentic workload is not supported yet: it sends chat completions "
+                             "through the router, and --limit sends /generate to PD pairs directly")
         measured = limited_measure(spec, args.limit, args.engine_bench) if args.limit else None
     except ValueError as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return EXIT_INVALID
     try:
         router_url, _ = router_target(spec)
+        if workload is not None:
+            described = workload.describe()
+            what = (f"agentic: {workload.sessions} sessions per level, up to {described['turns']} turns, reply "
+                    f"{workload.reply_tokens} tokens, think {workload.think_s:g} s, largest context "
+                    f"{described['largest_context']} tokens")
+        else:
+            what = f"in {args.input_len} / out {args.output_len} tokens, {args.requests} requests per level"
         print(f"bench {sent_to(router_url, measured.describe() if measured else None)} (model {served_model(spec)}, "
-              f"engine {spec.cluster.engine}): "
-              f"C={','.join(map(str, args.concurrency))}, in {args.input_len} / out {args.output_len} tokens, "
-              f"{args.requests} requests per level", file=sys.stderr)
-        if args.engine_bench == "sglang":
+              f"engine {spec.cluster.engine}): C={','.join(map(str, args.concurrency))}, {what}", file=sys.stderr)
+        if workload is not None and args.engine_bench == "sglang":
+            record = run_sglang_agentic_bench(spec, workload, args.concurrency, args.warmup, args.label,
+                                              python=args.sglang_python, tokenizer=args.tokenizer,
+                                              probe_drivers=not args.no_ssh)
+        elif workload is not None:
+            record = run_agentic_bench(spec, workload, args.concurrency, args.warmup, args.label, args.timeout,
+                                       not args.no_ssh, not args.quiet, slo)
+        elif args.engine_bench == "sglang":
             record = run_sglang_bench(spec, python=args.sglang_python, tokenizer=args.tokenizer, **common)
         elif measured is not None:
             record = run_bench(spec, timeout_s=args.timeout, progress=not args.quiet, send=measured.stream,
-                               measured=measured.describe(), **common)
+                               measured=measured.describe(), goodput_slo=slo, **common)
         else:
-            record = run_bench(spec, timeout_s=args.timeout, progress=not args.quiet, **common)
+            record = run_bench(spec, timeout_s=args.timeout, progress=not args.quiet, goodput_slo=slo, **common)
     except (ValueError, RuntimeError) as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return 1
@@ -108,8 +169,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                                           "after a warm-up; one JSON line per run in OUT/runs.jsonl, plus OUT/<id>.md "
                                           "and .png.")
     p.add_argument("inventory")
-    p.add_argument("--concurrency", type=parse_concurrency, default=[1, 16, 64], metavar="C1,C2,...",
-                   help="concurrency levels, run in this order (default 1,16,64)")
+    p.add_argument("--concurrency", type=parse_concurrency, default=None, metavar="C1,C2,...",
+                   help="concurrency levels, run in this order (default 1,16,64; agentic: sessions in flight, "
+                        "default --sessions, i.e. all of a level's sessions at once)")
     p.add_argument("--input-len", type=int, default=512, help="prompt tokens per request (default 512)")
     p.add_argument("--output-len", type=int, default=128, help="output tokens per request, EOS ignored (default 128)")
     p.add_argument("--requests", type=int, default=64, help="requests per concurrency level (default 64)")
@@ -130,6 +192,35 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         "directly, in the router's PD form, in turn, so each pair serves an equal share. Through the "
                         "router a load-aware policy moves load off a slow engine, and one changed node of several "
                         "barely shows; the record says what it measured (env.measured)")
+    p.add_argument("--slo-ttft-ms", type=float, default=None,
+                   help="with --slo-tpot-ms (or alone): record each level's goodput, requests/s that met every SLO")
+    p.add_argument("--slo-tpot-ms", type=float, default=None, help="TPOT SLO for goodput (ms)")
+    d = AgenticParams()
+    g = p.add_argument_group(
+        "agentic workload", "multi-turn sessions (docs/bench/README.md 'The agentic workload'): each turn's prompt is "
+        "the session's history + the turn's new messages, the engine's real reply appended; each level plays "
+        "--sessions fresh sessions with C of them in flight. --input-len, --output-len and --requests do not apply")
+    g.add_argument("--workload", choices=("fixed", "agentic"), default="fixed",
+                   help="fixed-length random-id prompts (default) or agentic sessions (implied by --trace)")
+    g.add_argument("--sessions", type=int, default=None,
+                   help=f"sessions per level (default {d.sessions}; with --trace: all its conversations)")
+    g.add_argument("--turns", type=int, default=d.turns, help=f"turns per session (default {d.turns})")
+    g.add_argument("--system-tokens", type=int, default=d.system_tokens,
+                   help=f"the system prompt + tool schema every session shares, tokens (default {d.system_tokens})")
+    g.add_argument("--turn-tokens", type=int, default=d.turn_tokens,
+                   help=f"tokens added per turn: tool output + user message (default {d.turn_tokens})")
+    g.add_argument("--reply-tokens", type=int, default=None,
+                   help=f"max_tokens per turn, EOS ignored (default {d.reply_tokens}; with --trace: the reply length "
+                        "pdkit wrote in it, else SGLang's 220)")
+    g.add_argument("--think-s", type=float, default=d.think_s,
+                   help=f"seconds between a reply and the session's next turn (default {d.think_s:g})")
+    g.add_argument("--seed", type=int, default=d.seed, help=f"the generator's seed (default {d.seed})")
+    g.add_argument("--trace", default=None, metavar="FILE",
+                   help="replay your own trace (SGLang's agentic-trace JSON) instead of generating one")
+    g.add_argument("--max-turns", type=int, default=None, help="with --trace: at most this many turns per session")
+    g.add_argument("--write-trace", default=None, metavar="FILE",
+                   help="write the generated trace (every level's sessions) and exit, for SGLang's bench to replay: "
+                        "--dataset-name agentic-trace (docs/bench/README.md)")
     p.add_argument("--no-ssh", action="store_true", help="do not SSH to GPU nodes for the driver version")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

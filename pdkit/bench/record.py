@@ -60,11 +60,13 @@ import asyncio
 import json
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from pdkit import health
 from pdkit.bench.client import Progress, Sender, router_target, run_level
@@ -73,6 +75,7 @@ from pdkit.bench.routes import router_measured
 from pdkit.bench.stats import summarize_level
 from pdkit.flags import engine_url
 from pdkit.kvcost import combine, kv_figures, kv_histograms
+from pdkit.metricnames import SGLANG
 
 if TYPE_CHECKING:
     from pdkit.spec import ClusterSpec
@@ -110,9 +113,10 @@ def kv_prefills(spec: ClusterSpec, measured: dict[str, Any]) -> dict[str, str | 
 KvSample = tuple[dict[str, Any], dict[str, str]]
 
 
-def scrape_kv(prefills: dict[str, str | None], timeout_s: float = KV_SCRAPE_TIMEOUT_S) -> KvSample:
-    """GET every prefill's /metrics at once and read its KV histograms (pdkit.kvcost). Engines
-    take no API key in pdkit (only the router has one), so no header is sent."""
+def scrape_pages(engines: dict[str, str | None], parse: Callable[[str], Any],
+                 timeout_s: float = KV_SCRAPE_TIMEOUT_S) -> KvSample:
+    """GET every engine's /metrics at once and PARSE each page. Engines take no API key in pdkit
+    (only the router has one), so no header is sent."""
     def one(item: tuple[str, str | None]) -> tuple[str, Any, str | None]:
         label, url = item
         if url is None:
@@ -122,21 +126,26 @@ def scrape_kv(prefills: dict[str, str | None], timeout_s: float = KV_SCRAPE_TIME
             why = f"HTTP {status}: {body.strip()[:120]}" if status else (body.strip()[:160] or "no answer")
             return label, None, f"{url}/metrics: {why}"
         try:
-            return label, kv_histograms(body), None
+            return label, parse(body), None
         except ValueError as exc:
             return label, None, f"{url}/metrics: unreadable: {str(exc)[:120]}"
 
     pages: dict[str, Any] = {}
     errors: dict[str, str] = {}
-    if not prefills:
+    if not engines:
         return pages, errors
-    with ThreadPoolExecutor(max_workers=min(16, len(prefills))) as pool:
-        for label, page, why in pool.map(one, prefills.items()):
+    with ThreadPoolExecutor(max_workers=min(16, len(engines))) as pool:
+        for label, page, why in pool.map(one, engines.items()):
             if why is None:
                 pages[label] = page
             else:
                 errors[label] = why
     return pages, errors
+
+
+def scrape_kv(prefills: dict[str, str | None], timeout_s: float = KV_SCRAPE_TIMEOUT_S) -> KvSample:
+    """Every prefill's KV histograms (pdkit.kvcost), read at once."""
+    return scrape_pages(prefills, kv_histograms, timeout_s)
 
 
 def level_kv(before: KvSample, after: KvSample, ttft_mean_ms: float | None) -> dict[str, Any]:
@@ -165,6 +174,57 @@ def say_kv_unread(concurrency: int, kv: dict[str, Any]) -> None:
         print(f"bench: C={concurrency}: {scope}: /metrics not read on {which}", file=sys.stderr)
 
 
+# ---- the prefix cache of each level -----------------------------------------------------------
+
+# The engines' own counters (pdkit.metricnames; in pdkit/data/metric_catalogue.json for 0.5.17 and
+# 0.5.23, both lazy): prompt tokens of finished requests, and those of them served from the cache
+CACHE_COUNTERS = {"cached": SGLANG["cached_tokens"], "prompt": SGLANG["prompt_tokens"]}
+
+
+def cache_engines(spec: ClusterSpec, measured: dict[str, Any]) -> dict[str, str | None]:
+    """The engines whose prefix cache a bench's prompts meet: {host/engine: engine URL}, the
+    measured prefills and unified engines (a decode only receives the KV)."""
+    roles = {f"{h.name}/{e.name}": e.role for h, e in spec.engines()}
+    urls = {f"{h.name}/{e.name}": engine_url(spec, h, e) for h, e in spec.engines()}
+    if measured.get("via", "router") == "router":
+        labels = list(measured.get("engines") or [])
+    else:
+        labels = [route.split("+", 1)[0] for route in measured.get("routes") or []]
+    return {label: urls.get(label) for label in dict.fromkeys(labels) if roles.get(label, "prefill") != "decode"}
+
+
+def cache_counts(text: str) -> dict[str, float]:
+    """Pure: {"cached", "prompt"}: every sample of the two counters of one /metrics page summed
+    (all labels: cache_source, is_streaming); an absent family (created lazily) counts 0."""
+    wanted = {name: key for key, name in CACHE_COUNTERS.items()}  # sample names: the _total is theirs
+    sums = dict.fromkeys(CACHE_COUNTERS, 0.0)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            key = wanted.get(sample.name)
+            if key is not None:
+                sums[key] += sample.value
+    return sums
+
+
+def level_cache(before: KvSample, after: KvSample) -> dict[str, Any]:
+    """Pure: a level's `prefix_cache` block: the engines' cached and prompt token counts over the
+    level (each engine its own difference; a restarted one counts from zero), hit_rate = cached /
+    prompt (None when no prompt token was counted), `engines` read both times, `unread` why not."""
+    unread = {**after[1], **before[1]}
+    read = [label for label in after[0] if label in before[0] and label not in unread]
+    totals = dict.fromkeys(CACHE_COUNTERS, 0.0)
+    for label in read:
+        for key in totals:
+            now, then = after[0][label][key], before[0][label][key]
+            totals[key] += now - then if now >= then else now
+    out: dict[str, Any] = {"engines": read, "cached_tokens": int(totals["cached"]),
+                           "prompt_tokens": int(totals["prompt"]),
+                           "hit_rate": round(totals["cached"] / totals["prompt"], 4) if totals["prompt"] else None}
+    if unread:
+        out["unread"] = dict(sorted(unread.items()))
+    return out
+
+
 # ---- a run: its head (id, workload, env), its levels ------------------------------------------
 
 def run_id(started: datetime, label: str) -> str:
@@ -174,8 +234,10 @@ def run_id(started: datetime, label: str) -> str:
 
 def record_head(spec: ClusterSpec, tool: str, label: str, input_len: int, output_len: int, requests: int,
                 warmup: int, probe_drivers: bool, router_url: str,
-                measured: dict[str, Any] | None = None) -> dict[str, Any]:
-    """A record without levels yet: what is run, on what (env), where the requests go (env.measured)."""
+                measured: dict[str, Any] | None = None,
+                workload: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A record without levels yet: what is run (`workload`: fixed lengths unless given), on what
+    (env), where the requests go (env.measured)."""
     started = datetime.now(UTC)
     env = fingerprint(spec, probe_drivers=probe_drivers)
     env["measured"] = measured or router_measured(spec, router_url)
@@ -193,6 +255,7 @@ def record_head(spec: ClusterSpec, tool: str, label: str, input_len: int, output
         "output_len": output_len,
         "requests": requests,
         "warmup": warmup,
+        "workload": workload or {"kind": "fixed"},
         "levels": [],
         "env": env,
     }
@@ -246,16 +309,27 @@ def run_bench(spec: ClusterSpec, concurrency: Sequence[int] = (16,), input_len: 
     return record
 
 
+def context_cap(spec: ClusterSpec) -> int | None:
+    """The smallest planned context length of the engines (cluster tuning context_length), or None."""
+    limits = [t.context_length for t in (spec.engine_tuning(e) for _, e in spec.engines()) if t.context_length]
+    return min(limits) if limits else None
+
+
+def check_context(spec: ClusterSpec, tokens: int, what: str) -> None:
+    """Refuse a workload whose largest request (prompt + output, TOKENS) exceeds the planned cap."""
+    cap = context_cap(spec)
+    if cap is not None and tokens > cap:
+        raise ValueError(f"{what} = {tokens} exceeds the planned context length {cap} "
+                         "(cluster tuning context_length)")
+
+
 def check_workload(spec: ClusterSpec, input_len: int, output_len: int, requests: int, warmup: int) -> None:
     """Refuse a workload that cannot run, before any request is sent."""
     if input_len < 1 or output_len < 1:
         raise ValueError("--input-len and --output-len must be at least 1")
     if requests < 1 or warmup < 0:
         raise ValueError(f"--requests must be at least 1 (got {requests}) and --warmup at least 0 (got {warmup})")
-    limits = [t.context_length for t in (spec.engine_tuning(e) for _, e in spec.engines()) if t.context_length]
-    if limits and input_len + output_len > min(limits):
-        raise ValueError(f"--input-len + --output-len = {input_len + output_len} exceeds the planned "
-                         f"context length {min(limits)} (cluster tuning context_length)")
+    check_context(spec, input_len + output_len, "--input-len + --output-len")
 
 
 # ---- runs on disk ---------------------------------------------------------------------------

@@ -111,6 +111,80 @@ def render_goodput(record: dict[str, Any]) -> list[str]:
     return [""] + lines if lines else []
 
 
+# ---- the agentic workload ------------------------------------------------------------------------
+
+def is_agentic(record: dict[str, Any]) -> bool:
+    return (record.get("workload") or {}).get("kind") == "agentic"
+
+
+def hit_rate(level: dict[str, Any]) -> float | None:
+    """The level's prefix-cache hit rate from the engines' counters (None: not read or nothing counted)."""
+    return (level.get("prefix_cache") or {}).get("hit_rate")
+
+
+def kv_mb_per_turn(level: dict[str, Any]) -> float | None:
+    """MiB handed off per turn: the level's KV MiB per transfer (a turn is one request, one hand-off)."""
+    return (level.get("kv") or {}).get("mb_per_request")
+
+
+# the agentic columns of the run table and `pdkit compare`
+AGENTIC_METRICS = (
+    ("prefix hit", hit_rate),
+    ("KV MB/turn", kv_mb_per_turn),
+)
+
+
+# per turn-depth bucket, what `pdkit compare` shows: (key, name, percentile)
+DEPTH_COMPARED = (("ttft_ms", "TTFT", "p50"), ("ttft_ms", "TTFT", "p99"), ("tpot_ms", "TPOT", "p50"))
+
+
+def pct(value: float | None) -> str:
+    return "–" if value is None else f"{value:.1%}"
+
+
+def describe_workload(record: dict[str, Any]) -> str:
+    """What was sent, in words: fixed lengths, or the agentic sessions and their source."""
+    w = record.get("workload") or {"kind": "fixed"}
+    if w.get("kind") != "agentic":
+        return (f"input {record['input_len']} tokens, output {record['output_len']} tokens, {record['requests']} "
+                f"requests per level after {record['warmup']} warm-up requests")
+    if w.get("source") == "generated":
+        p = w.get("params") or {}
+        source = (f"generated (seed {p.get('seed')}): system prompt {p.get('system_tokens')} tokens shared by every "
+                  f"session, +{p.get('turn_tokens')} tokens per turn")
+    else:
+        source = f"trace `{w.get('trace')}`" + (f", at most {w['max_turns']} turns" if w.get("max_turns") else "")
+    return (f"agentic workload, {source}; {w['sessions']} sessions per level, up to {w['turns']} turns each, reply "
+            f"{w['reply_tokens']} tokens, think {w['think_s']:g} s, largest context {w['largest_context']} tokens "
+            f"(trace sha256 `{w['trace_sha256'][:16]}`); {record['warmup']} warm-up requests")
+
+
+def render_depth(record: dict[str, Any]) -> list[str]:
+    """Per level, TTFT and TPOT by turn depth (pdkit.bench.agentic.DEPTH_BUCKETS)."""
+    rows = [(lv["concurrency"], d) for lv in record["levels"] for d in lv.get("by_depth") or []]
+    if not rows:
+        return []
+    lines = ["", "By turn depth (turn 1 prefills the whole cold session; later turns the new messages):", "",
+             "| C | turns | requests | errors | prompt tokens mean | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | "
+             "TPOT p99 ms |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for c, d in rows:
+        cells = [c, d["depth"], d["requests"], d["errors"], d["prompt_tokens_mean"], d["ttft_ms"]["p50"],
+                 d["ttft_ms"]["p99"], d["tpot_ms"]["p50"], d["tpot_ms"]["p99"]]
+        lines.append("| " + " | ".join(fmt_cell(v) for v in cells) + " |")
+    notes = []
+    for level in record["levels"]:
+        cache = level.get("prefix_cache") or {}
+        if cache.get("unread"):
+            notes.append(f"- C={level['concurrency']}: prefix cache /metrics not read: "
+                         + "; ".join(f"{k}: {v}" for k, v in cache["unread"].items()))
+        if level.get("turns_skipped"):
+            notes.append(f"- C={level['concurrency']}: {level['turns_skipped']} turn(s) not sent: their session's "
+                         "earlier turn failed")
+    engines = ", ".join(record.get("cache_engines") or []) or "none"
+    return lines + ["", f"Prefix hit = cached / prompt tokens over the level, from the engines' own counters "
+                        f"(sglang:cached_tokens_total, sglang:prompt_tokens_total) on {engines}."] + notes
+
+
 def describe_env(record: dict[str, Any]) -> list[str]:
     env = record["env"]
     gpus = "; ".join(f"{g['host']}: {g['count']}x {g['model']} (gpu: {g['gpu']}, driver {g['driver']})"
@@ -149,17 +223,21 @@ def render_markdown(record: dict[str, Any]) -> str:
         "",
         f"{record['time']}, `{record['tool']}` "
         f"{sent_to(record['router_url'], (record.get('env') or {}).get('measured'))}, cluster `{record['cluster']}`, "
-        f"model `{record['model']}`: input {record['input_len']} tokens, output {record['output_len']} tokens, "
-        f"{record['requests']} requests per level after {record['warmup']} warm-up requests.",
+        f"model `{record['model']}`: {describe_workload(record)}.",
         "",
         *describe_env(record),
         "",
-        "| " + " | ".join(name for name, _ in LEVEL_COLUMNS) + " |",
-        "|" + "|".join("---:" for _ in LEVEL_COLUMNS) + "|",
     ]
+    agentic = is_agentic(record)
+    columns = LEVEL_COLUMNS + (AGENTIC_METRICS if agentic else ())
+    lines += ["| " + " | ".join(name for name, _ in columns) + " |", "|" + "|".join("---:" for _ in columns) + "|"]
     for level in record["levels"]:
-        lines.append("| " + " | ".join(fmt_cell(get(level)) for _, get in LEVEL_COLUMNS) + " |")
+        cells = [fmt_cell(get(level)) for _, get in LEVEL_COLUMNS]
+        if agentic:
+            cells += [pct(hit_rate(level)), fmt_cell(kv_mb_per_turn(level))]
+        lines.append("| " + " | ".join(cells) + " |")
     lines += render_goodput(record)
+    lines += render_depth(record)
     lines += render_kv(record)
     samples = [s for lv in record["levels"] for s in lv.get("error_samples", [])]
     if samples:
@@ -201,8 +279,9 @@ def render_plot(records: Sequence[dict[str, Any]], path: str | Path) -> None:
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize="small")
     first = records[0]
-    fig.suptitle(f"{first['cluster']} ({first['env']['engine']}): in {first['input_len']} / "
-                 f"out {first['output_len']} tokens", fontsize="medium")
+    shape = ("agentic sessions" if is_agentic(first)
+             else f"in {first['input_len']} / out {first['output_len']} tokens")
+    fig.suptitle(f"{first['cluster']} ({first['env']['engine']}): {shape}", fontsize="medium")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -238,6 +317,21 @@ def compare_levels(a: dict[str, Any], b: dict[str, Any]) -> list[dict[str, Any]]
             va, vb = get(level_a), get(level_b)
             rows.append({"concurrency": level_a["concurrency"], "metric": name, "a": va, "b": vb,
                          "ratio": ratio(vb, va)})
+        if is_agentic(a) or is_agentic(b):
+            for name, get in AGENTIC_METRICS:
+                va, vb = get(level_a), get(level_b)
+                rows.append({"concurrency": level_a["concurrency"], "metric": name, "a": va, "b": vb,
+                             "ratio": ratio(vb, va),
+                             **({"a_text": pct(va), "b_text": pct(vb)} if name == "prefix hit" else {})})
+            depth_b = {d["depth"]: d for d in level_b.get("by_depth") or []}
+            for d_a in level_a.get("by_depth") or []:
+                d_b = depth_b.get(d_a["depth"])
+                if d_b is None:
+                    continue
+                for key, label, q in DEPTH_COMPARED:
+                    va, vb = d_a[key][q], d_b[key][q]
+                    rows.append({"concurrency": level_a["concurrency"], "a": va, "b": vb, "ratio": ratio(vb, va),
+                                 "metric": f"{label} {q} ms, turns {d_a['depth']}"})
         if kv_has_figures(level_a) or kv_has_figures(level_b):
             kv_a, kv_b = level_a.get("kv") or {}, level_b.get("kv") or {}
             for name, key in KV_COLUMNS:
@@ -323,6 +417,11 @@ def render_compare(a: dict[str, Any], b: dict[str, Any]) -> str:
     for key in ("input_len", "output_len", "requests", "tool"):
         if a.get(key) != b.get(key):
             lines.append(f"- {key} differs: A {a.get(key)} / B {b.get(key)} (not like for like)")
+    wa, wb = a.get("workload") or {"kind": "fixed"}, b.get("workload") or {"kind": "fixed"}
+    if wa != wb:
+        keys = sorted(k for k in set(wa) | set(wb) if wa.get(k) != wb.get(k))
+        lines.append("- workload differs (not like for like): " + "; ".join(
+            f"{k} A {json.dumps(wa.get(k))} / B {json.dumps(wb.get(k))}" for k in keys))
     if len(lines) == 2:
         lines.append("- same spec hash, flags and workload")
     rows = compare_levels(a, b)

@@ -1,6 +1,10 @@
 """`pdkit bench --engine-bench sglang`: SGLang's own `python -m sglang.benchmark.serving` (random-ids
 dataset, `--random-range-ratio 1` for fixed lengths, one run per concurrency) against the router,
-its `--output-file` JSONL read into the same record as pdkit's client makes (pdkit.bench.record)."""
+its `--output-file` JSONL read into the same record as pdkit's client makes (pdkit.bench.record).
+
+The agentic workload (pdkit.bench.agentic) runs SGLang's multi-turn replay of the same trace file:
+`--dataset-name agentic-trace --backend sglang-oai-chat`, one run per level with
+`--dataset-offset` so each level plays the same fresh sessions pdkit's client would."""
 
 from __future__ import annotations
 
@@ -14,14 +18,19 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pdkit.bench.agentic import AgenticWorkload, check_agentic, generate_trace, write_trace
 from pdkit.bench.client import router_target
 from pdkit.bench.record import (
+    cache_counts,
+    cache_engines,
     check_workload,
     kv_prefills,
+    level_cache,
     level_kv,
     record_head,
     say_kv_unread,
     scrape_kv,
+    scrape_pages,
     served_model,
 )
 
@@ -100,6 +109,88 @@ def sglang_bench_command(python: str, router_url: str, model: str, tokenizer: st
     return argv
 
 
+def sglang_agentic_command(python: str, router_url: str, model: str, tokenizer: str | None, concurrency: int,
+                           sessions: int, offset: int, reply_tokens: int, max_turns: int | None, warmup: int,
+                           trace_path: str, output_file: str) -> list[str]:
+    """argv of one `python -m sglang.benchmark.serving` replay of an agentic trace at one concurrency.
+
+    Upstream (identical in the pinned 0.5.17 and 0.5.23): sglang/benchmark/datasets/agentic_trace.py
+    (AgenticTraceDataset: `--dataset-path`, `--num-prompts` conversations after rotating the list by
+    `--dataset-offset`, `--sharegpt-output-len` tokens per turn, `--agentic-max-turns`) and
+    sglang/benchmark/serving.py (`wrap_multi_turn_request_func`: each round's messages appended to
+    the history, the server's real reply fed back; multi-turn needs a chat backend:
+    MULTI_TURN_BACKENDS; `--max-concurrency` conversations in flight; ignore_eos on unless
+    --disable-ignore-eos). It has no think time between turns."""
+    argv = [python, "-m", SGLANG_BENCH_MODULE, "--backend", "sglang-oai-chat", "--base-url", router_url,
+            "--model", model, "--dataset-name", "agentic-trace", "--dataset-path", trace_path,
+            "--num-prompts", str(sessions), "--dataset-offset", str(offset),
+            "--sharegpt-output-len", str(reply_tokens), "--max-concurrency", str(concurrency),
+            "--warmup-requests", str(warmup), "--output-file", output_file]
+    if max_turns:
+        argv += ["--agentic-max-turns", str(max_turns)]
+    if tokenizer:
+        argv += ["--tokenizer", tokenizer]
+    return argv
+
+
+def _sglang_env(headers: dict[str, str]) -> dict[str, str]:
+    env = dict(os.environ)
+    if "Authorization" in headers:
+        # serving.py's get_auth_headers() reads OPENAI_API_KEY: the key stays out of argv
+        env["OPENAI_API_KEY"] = headers["Authorization"].removeprefix("Bearer ")
+    return env
+
+
+def run_sglang_agentic_bench(spec: ClusterSpec, workload: AgenticWorkload, concurrency: Sequence[int] = (8,),
+                             warmup: int = 1, label: str = "", python: str = sys.executable,
+                             tokenizer: str | None = None, probe_drivers: bool = True,
+                             timeout_s: float = 3600.0) -> dict[str, Any]:
+    """SGLang's own multi-turn replay of the workload's trace through the router, into a pdkit
+    record (no by-depth figures: its result file has none; no think time: it has none)."""
+    check_agentic(spec, workload, warmup)
+    if not sglang_bench_available(python):
+        raise RuntimeError(f"{python} cannot import {SGLANG_BENCH_MODULE}: install sglang there, or give "
+                           "--sglang-python of a virtualenv that has it, or use --engine-bench pdkit")
+    if workload.think_s:
+        print(f"bench: {SGLANG_BENCH_MODULE} has no think time: sessions replay without the {workload.think_s:g} s "
+              "pause (the record says think_s 0)", file=sys.stderr)
+    router_url, headers = router_target(spec)
+    described = {**workload.describe(), "think_s": 0.0}
+    record = record_head(spec, SGLANG_BENCH_MODULE, label, workload.largest_context() - workload.reply_tokens,
+                         workload.reply_tokens, workload.turns_per_level(0), warmup, probe_drivers, router_url,
+                         workload=described)
+    prefills = kv_prefills(spec, record["env"]["measured"])
+    record["kv_prefills"] = list(prefills)
+    caches = cache_engines(spec, record["env"]["measured"])
+    record["cache_engines"] = list(caches)
+    with tempfile.TemporaryDirectory(prefix="pdkit-bench-") as tmp:
+        trace_path = workload.path
+        if trace_path is None:  # the generated trace, byte for byte the one pdkit's client replays
+            assert workload.params is not None
+            trace_path = str(Path(tmp) / "agentic-trace.json")
+            write_trace(generate_trace(workload.params, len(workload.trace.conversations)), trace_path)
+        for level_index, c in enumerate(concurrency):
+            out_file = str(Path(tmp) / f"c{c}-{level_index}.jsonl")
+            argv = sglang_agentic_command(python, router_url, served_model(spec), tokenizer, c, workload.sessions,
+                                          workload.offset(level_index), workload.reply_tokens, workload.max_turns,
+                                          warmup, trace_path, out_file)
+            print(f"C={c}: {shlex.join(argv)}", file=sys.stderr)
+            kv_before, cache_before = scrape_kv(prefills), scrape_pages(caches, cache_counts)
+            done = subprocess.run(argv, env=_sglang_env(headers), timeout=timeout_s)
+            kv_after, cache_after = scrape_kv(prefills), scrape_pages(caches, cache_counts)
+            if done.returncode != 0 or not Path(out_file).is_file():
+                raise RuntimeError(f"{SGLANG_BENCH_MODULE} failed at concurrency {c} (exit {done.returncode})")
+            levels = read_sglang_results(out_file, workload.turns_per_level(level_index))
+            for level in levels[:1]:
+                level["prefix_cache"] = {**level_cache(cache_before, cache_after), "warmup_included": warmup}
+                if prefills:
+                    level["kv"] = {**level_kv(kv_before, kv_after, level["ttft_ms"]["mean"]),
+                                   "warmup_included": warmup}
+                    say_kv_unread(c, level["kv"])
+            record["levels"].extend(levels)
+    return record
+
+
 def run_sglang_bench(spec: ClusterSpec, concurrency: Sequence[int] = (16,), input_len: int = 512,
                      output_len: int = 128, requests: int = 64, warmup: int = 4, label: str = "",
                      python: str = sys.executable, tokenizer: str | None = None, probe_drivers: bool = True,
@@ -114,10 +205,7 @@ def run_sglang_bench(spec: ClusterSpec, concurrency: Sequence[int] = (16,), inpu
                          probe_drivers, router_url)
     prefills = kv_prefills(spec, record["env"]["measured"])
     record["kv_prefills"] = list(prefills)
-    env = dict(os.environ)
-    if "Authorization" in headers:
-        # serving.py's get_auth_headers() reads OPENAI_API_KEY: the key stays out of argv
-        env["OPENAI_API_KEY"] = headers["Authorization"].removeprefix("Bearer ")
+    env = _sglang_env(headers)
     with tempfile.TemporaryDirectory(prefix="pdkit-bench-") as tmp:
         for c in concurrency:
             out_file = str(Path(tmp) / f"c{c}.jsonl")
