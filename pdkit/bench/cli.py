@@ -83,14 +83,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print("bench: --write-trace writes a generated trace; --trace replays your own (give one of them)",
               file=sys.stderr)
         return EXIT_INVALID
-    if args.concurrency is None:  # agentic: every session in flight at once; fixed: 1,16,64
-        args.concurrency = [args.sessions or AgenticParams().sessions] if agentic and not args.trace else [1, 16, 64]
     try:
-        workload = agentic_workload(args, len(args.concurrency)) if agentic else None
+        workload = agentic_workload(args, len(args.concurrency or [1])) if agentic else None
         slo = goodput_slo(args)
     except ValueError as exc:
         print(f"bench: {exc}", file=sys.stderr)
         return EXIT_INVALID
+    if args.concurrency is None:  # agentic: every session of a level in flight at once; fixed: 1,16,64
+        args.concurrency = [workload.sessions] if workload is not None else [1, 16, 64]
+    if workload is not None and workload.path and workload.sessions * len(args.concurrency) > len(
+            workload.trace.conversations):
+        print(f"bench: {args.trace} has {len(workload.trace.conversations)} conversations for {len(args.concurrency)} "
+              f"level(s) of {workload.sessions} sessions: later levels replay conversations an earlier one played, "
+              "their history possibly still in the prefix cache", file=sys.stderr)
     if args.write_trace:
         assert workload is not None and workload.params is not None
         sha = write_trace(generate_trace(workload.params, len(workload.trace.conversations)), args.write_trace)
