@@ -27,6 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pdkit.parsertable import sglang_parser, table
+
 DISAGGREGATION_MODES = ("null", "prefill", "decode")
 TRANSFER_BACKENDS = ("mooncake", "nixl", "ascend", "fake", "mori", "mooncake_tcp")
 CUDA_GRAPH_BACKENDS = ("full", "breakable", "disabled")
@@ -37,6 +39,20 @@ DEFAULT_CONTEXT_LENGTH = 32768
 DEFAULT_MAX_TOTAL_TOKENS = 262144
 DEFAULT_MAX_RUNNING_REQUESTS = 4096
 DEFAULT_CHUNKED_PREFILL_SIZE = 8192
+# SGLang's default page size on CUDA (0.5.23 arg_groups/overrides.py _page_size_default)
+DEFAULT_PAGE_SIZE = 1
+
+
+def _newest_release() -> str:
+    return max(table()["sglang"], key=lambda v: tuple(int(x) for x in v.split(".")))
+
+
+# --radix-eviction-policy's choices, from the newest pinned parser (0.5.17 lacks tlru: release_problems)
+RADIX_EVICTION_POLICIES = sglang_parser(_newest_release()).choices("--radix-eviction-policy") or ("lru",)
+# The prefix-cache flags the sim models. Each is checked against the parser of the release the sim
+# imitates (PDKIT_SIM_SGLANG_VERSION): a flag, or a choice, that release lacks is refused as its argparse would.
+RELEASE_CHECKED_FLAGS = ("--disable-radix-cache", "--disaggregation-decode-enable-radix-cache",
+                         "--enable-cache-report", "--radix-eviction-policy", "--page-size")
 
 
 def _json_object(text: str) -> dict[str, Any]:
@@ -93,6 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--chunked-prefill-size", type=int, default=None)
     add("--max-prefill-tokens", type=int, default=16384)
     add("--page-size", type=int, default=None)
+    # Prefix (radix) cache: pdkit/sim/prefixcache.py
+    add("--disable-radix-cache", action="store_true")
+    add("--radix-eviction-policy", type=str, default="lru", choices=RADIX_EVICTION_POLICIES)
+    add("--enable-cache-report", action="store_true")
     add("--stream-interval", type=int, default=1)
     add("--random-seed", type=int, default=None)
     add("--watchdog-timeout", type=float, default=300)
@@ -110,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--disaggregation-bootstrap-port", type=int, default=8998)
     add("--disaggregation-ib-device", type=str, default=None)
     add("--num-reserved-decode-tokens", type=int, default=512)
+    add("--disaggregation-decode-enable-radix-cache", action="store_true")
 
     # CUDA graphs, pre-0.5.20 spelling
     add("--cuda-graph-max-bs", type=int, default=None)
@@ -268,6 +289,14 @@ class SimArgs:
     node_rank: int = 0
     dist_init_addr: str | None = None
     dist_timeout: int | None = None
+    # the prefix cache (docs/sim.md "Prefix cache"): on unless --disable-radix-cache; a PD decode has
+    # one only with --disaggregation-decode-enable-radix-cache, which overrides --disable-radix-cache
+    # either way (SGLang's arg_groups/pd_disaggregation_hook.py)
+    radix_cache: bool = True
+    decode_radix_cache: bool = False
+    page_size: int = DEFAULT_PAGE_SIZE
+    radix_eviction_policy: str = "lru"
+    enable_cache_report: bool = False
 
     def server_info(self) -> dict[str, Any]:
         """Resolved arguments in SGLang's /server_info shape (flat, flag names with underscores)."""
@@ -284,6 +313,8 @@ class SimArgs:
             cuda_graph_backend_prefill="full" if self.cuda_graphs.prefill_enabled else "disabled",
             cuda_graph_max_bs_decode=self.cuda_graphs.decode_max_bs,
             cuda_graph_max_bs_prefill=self.cuda_graphs.prefill_max_tokens,
+            disable_radix_cache=not self.radix_cache,
+            page_size=self.page_size,
             ignored_sglang_args=list(self.ignored),
         )
         return info
@@ -329,6 +360,12 @@ def resolve(ns: argparse.Namespace, ignored: Sequence[str] = ()) -> SimArgs:
         node_rank=ns.node_rank,
         dist_init_addr=ns.dist_init_addr,
         dist_timeout=ns.dist_timeout,
+        radix_cache=(ns.disaggregation_decode_enable_radix_cache if ns.disaggregation_mode == "decode"
+                     else not ns.disable_radix_cache),
+        decode_radix_cache=ns.disaggregation_mode == "decode" and ns.disaggregation_decode_enable_radix_cache,
+        page_size=max(1, ns.page_size or DEFAULT_PAGE_SIZE),
+        radix_eviction_policy=ns.radix_eviction_policy,
+        enable_cache_report=ns.enable_cache_report,
     )
 
 
@@ -340,6 +377,20 @@ def parse_args(argv: Sequence[str] | None = None) -> SimArgs:
     if problem:
         parser.error(problem)
     return dataclasses.replace(resolve(ns, extras), argv=tuple(sys.argv[1:] if argv is None else argv))
+
+
+def release_problems(argv: Sequence[str], version: str) -> list[str]:
+    """What SGLang VERSION's own parser (pdkit/parser_table.json) refuses among the prefix-cache flags
+    the sim models (RELEASE_CHECKED_FLAGS): a flag it lacks, or a choice it lacks (0.5.17 has no
+    `--radix-eviction-policy tlru`). Other flags keep the sim's release-independent parser."""
+    parser = sglang_parser(version)
+    _, problems = parser.parse(list(argv))
+    out = []
+    for p in problems:
+        flag = str(argv[p.index]).split("=", 1)[0]
+        if flag in RELEASE_CHECKED_FLAGS:
+            out.append(p.message)
+    return out
 
 
 def check_argv(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -366,6 +417,7 @@ __all__ = [
     "check_argv",
     "decode_graph_sizes",
     "parse_args",
+    "release_problems",
     "resolve",
     "resolve_cuda_graphs",
 ]

@@ -8,7 +8,9 @@ timeout, and both sides count the failure.
 
 The sim keeps that shape over plain HTTP: the decode POSTs `/sim/kv/{room}?wait=S` to the
 prefill's bootstrap port. The first POST (wait=0) is the handshake: the prefill stops waiting
-for a decode and the decode knows it was heard. Later POSTs are long-polls, answered when the
+for a decode and the decode knows it was heard. It carries `decode_prefix_len`, the prompt tokens
+a decode with a radix cache already holds (SGLang's KV metadata field of that name), which the
+prefill then does not send. Later POSTs are long-polls, answered when the
 prefill has prefilled and "transferred" the room, reports it failed, or S seconds pass (then the
 decode polls again).
 `GET /health` and `GET /route` answer like SGLang's bootstrap server does.
@@ -63,6 +65,8 @@ class Room:
     decode_ready: asyncio.Event = field(default_factory=asyncio.Event)
     outcome: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     ended: float = 0.0
+    # prompt tokens the decode already holds (its radix-cache hit); the prefill sends the rest
+    decode_prefix_len: int = 0
 
     def end(self, result: dict[str, Any]) -> None:
         if not self.outcome.done():
@@ -110,6 +114,11 @@ def build_bootstrap_app(rooms: RoomTable, route_info: dict[str, Any]) -> web.App
         except ValueError:
             return web.json_response({"error": "bad room or wait"}, status=400)
         room = rooms.get(room_id)
+        if not room.decode_ready.is_set():
+            try:
+                room.decode_prefix_len = max(0, int(request.query.get("decode_prefix_len", "0")))
+            except ValueError:
+                return web.json_response({"error": "bad decode_prefix_len"}, status=400)
         room.decode_ready.set()  # the handshake: a decode is now waiting for this room
         if not room.outcome.done() and wait > 0:
             try:
@@ -139,6 +148,7 @@ async def wait_for_kv(
     target: BootstrapTarget,
     knobs: Knobs,
     on_handshake: Callable[[], None],
+    decode_prefix_len: int = 0,
 ) -> dict[str, Any]:
     """Decode side: handshake with the prefill and wait until it has sent this room's KV, bounded
     the way SGLang's decode bounds it (sglang/srt/disaggregation/decode.py and common/conn.py of
@@ -164,7 +174,7 @@ async def wait_for_kv(
     last_error = ""
     for attempt in range(1, SGLANG_ENSURE_ATTEMPTS + 1):
         try:
-            async with session.post(url, params={"wait": "0"},
+            async with session.post(url, params={"wait": "0", "decode_prefix_len": str(decode_prefix_len)},
                                     timeout=aiohttp.ClientTimeout(total=SGLANG_ENSURE_TRY_TIMEOUT_S)) as resp:
                 if resp.status != 200:
                     raise aiohttp.ClientResponseError(resp.request_info, (), status=resp.status,

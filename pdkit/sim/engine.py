@@ -36,7 +36,7 @@ from pdkit.sim.knobs import Knobs
 from pdkit.sim.metrics import PD_QUEUE_GAUGES, SimMetrics
 from pdkit.sim.protocol import GenSpec
 from pdkit.sim.scheduler import QueueFull, Scheduler, SimRequest
-from pdkit.sim.stepmodel import kv_transfer_bytes, kv_transfer_seconds, sglang_kv_units
+from pdkit.sim.stepmodel import kv_tokens_to_send, kv_transfer_bytes, kv_transfer_seconds, sglang_kv_units
 
 
 class EngineError(Exception):
@@ -54,6 +54,8 @@ class Outcome:
 
     finish: str = ""
     started: float = 0.0
+    # prompt tokens served from a prefix cache (meta_info cached_tokens, usage.prompt_tokens_details)
+    cached_tokens: int = 0
 
 
 class Engine:
@@ -152,19 +154,20 @@ class Engine:
             raise EngineError(400, (
                 f"This server runs with --disaggregation-mode {self.mode}: a request needs bootstrap_host, "
                 "bootstrap_port and bootstrap_room, which the PD router adds. Send requests through the router."))
-        room: Room | None = None
-        if pd and self.mode == "prefill":
-            room = await self._await_decode_handshake(spec)
-        if pd and self.mode == "decode":
-            await self._await_kv(spec)
-        pd_ready = time.perf_counter()
-
         max_new = 1 if self.mode == "prefill" else spec.max_new_tokens
         req = SimRequest(spec.rid, spec.prompt_ids, max_new, spec.seed, spec.limit_finish, arrival=outcome.started)
         req.streaming = spec.stream
         if local:
             req.counted = False
+        room: Room | None = None
+        handed_over = False  # to the scheduler (a request that failed its PD hand-off never was)
         try:
+            if pd and self.mode == "prefill":
+                room = await self._await_decode_handshake(spec)
+            if pd and self.mode == "decode":
+                await self._await_kv(spec, req)
+            pd_ready = time.perf_counter()
+            handed_over = True
             try:
                 self.scheduler.submit(req)
             except QueueFull as exc:
@@ -179,15 +182,17 @@ class Engine:
                     new = req.output_ids[sent:produced]
                     sent = produced
                     if room is None:  # a PD prefill answers only once its KV has been sent
+                        outcome.cached_tokens = req.cached_tokens
                         yield new
                 elif req.done:
                     break
                 else:
                     await req.event.wait()
             outcome.finish = req.finish_type
+            outcome.cached_tokens = req.cached_tokens
             if room is not None:
                 prefilled = time.perf_counter()
-                await self._transfer(spec, room)
+                await self._transfer(spec, room, req)
                 if self.log.isEnabledFor(logging.DEBUG):
                     self.log.debug(f"PD prefill rid={spec.rid} room={spec.bootstrap.room}: bootstrap "
                                    f"{(pd_ready - outcome.started) * 1e3:.1f}ms, queue+prefill "
@@ -195,8 +200,9 @@ class Engine:
                                    f"{(time.perf_counter() - prefilled) * 1e3:.1f}ms")
                 yield req.output_ids[:]
         finally:
-            if not req.done:
+            if handed_over and not req.done:
                 self.scheduler.abort(req)
+            self.scheduler.release(req)  # its cached prefix becomes evictable
 
     async def _await_decode_handshake(self, spec: GenSpec) -> Room:
         assert spec.bootstrap is not None
@@ -224,19 +230,27 @@ class Engine:
         self.metrics.observe("sglang:kv_transfer_alloc_ms", 0.0)
         return room
 
-    async def _transfer(self, spec: GenSpec, room: Room) -> None:
-        """Hold the prompt's KV while it is 'sent', then tell the waiting decode how it went."""
+    async def _transfer(self, spec: GenSpec, room: Room, req: SimRequest) -> None:
+        """Hold the prompt's KV while it is 'sent', then tell the waiting decode how it went.
+
+        What is sent is the prompt past the prefix the decode said it holds (`decode_prefix_len`, 0
+        unless the decode runs --disaggregation-decode-enable-radix-cache), in whole pages: SGLang
+        0.5.23 disaggregation/prefill.py (start_send_idx = decode_prefix_len). The prefill computed
+        the whole uncached prompt all the same: the decode's cache saves the transfer, not the prefill."""
         prompt = len(spec.prompt_ids)
-        nbytes = kv_transfer_bytes(self.knobs, prompt)
-        seconds = kv_transfer_seconds(self.knobs, prompt)
+        tokens = kv_tokens_to_send(prompt, room.decode_prefix_len, self.args.page_size)
+        nbytes = kv_transfer_bytes(self.knobs, tokens)
+        seconds = kv_transfer_seconds(self.knobs, tokens)
+        # the KV is held until sent: the cached part stays locked in the tree (released by the caller)
+        private = req.kv_tokens - req.tree_tokens
         self.prefill_inflight_q += 1
-        self.scheduler.held_kv_tokens += prompt
+        self.scheduler.held_kv_tokens += private
         self._pd_gauges()
         try:
             await asyncio.sleep(seconds)
         finally:
             self.prefill_inflight_q -= 1
-            self.scheduler.release_kv(prompt)
+            self.scheduler.release_kv(private)
             self._pd_gauges()
         room_id = spec.bootstrap.room if spec.bootstrap else 0
         if self.knobs.transfer_fail_rate and self._fail_rng.random() < self.knobs.transfer_fail_rate:
@@ -248,7 +262,9 @@ class Engine:
             self.metrics.inc("sglang:num_transfer_failed_reqs_total")
             raise EngineError(500, message)
         self._record_transfer(nbytes, seconds)
-        room.end({"status": "transferred", "kv_bytes": nbytes, "transfer_s": seconds})
+        # the prefill's own radix hit travels with the KV (SGLang's metadata buffer, cached_tokens[0])
+        room.end({"status": "transferred", "kv_bytes": nbytes, "kv_tokens": tokens, "transfer_s": seconds,
+                  "cached_tokens": req.cached_tokens, "decode_prefix_len": room.decode_prefix_len})
 
     def _record_transfer(self, nbytes: int, seconds: float) -> None:
         """The prefill side observes each finished KV send (as SGLang's prefill does: the real
@@ -264,8 +280,14 @@ class Engine:
         m.observe("sglang:kv_transfer_latency_ms", seconds * 1000.0)
         m.observe("sglang:kv_transfer_speed_gb_s", speed_gb_s)
 
-    async def _await_kv(self, spec: GenSpec) -> None:
+    async def _await_kv(self, spec: GenSpec, req: SimRequest) -> None:
+        """Handshake with the prefill and wait for the room's KV. With a decode radix cache the prompt
+        is first matched against it and the hit (locked) is the `decode_prefix_len` the prefill skips.
+        The request then reports as cached the prefill's hit plus whatever more the decode held
+        (0.5.23 disaggregation/decode.py `_commit_transfer_to_req` and decode_schedule_batch_mixin.py:
+        cached_tokens += max(0, prefix_len - already_computed))."""
         assert spec.bootstrap is not None and self.session is not None
+        decode_prefix = self.scheduler.match_for_decode(req) if self.args.decode_radix_cache else 0
         room_id = spec.bootstrap.room
         handshaken = False
         started = handshake_at = time.perf_counter()
@@ -281,7 +303,7 @@ class Engine:
         self.decode_prealloc_q += 1
         self._pd_gauges()
         try:
-            await wait_for_kv(self.session, spec.bootstrap, self.knobs, on_handshake)
+            report = await wait_for_kv(self.session, spec.bootstrap, self.knobs, on_handshake, decode_prefix)
         except BootstrapFailed as exc:
             message = (f"Decode handshake failed for request rank=0 decode_req.req.rid='{spec.rid}' "
                        f"decode_req.req.bootstrap_room={room_id} with exception {exc}")
@@ -300,6 +322,8 @@ class Engine:
             else:
                 self.decode_prealloc_q -= 1
             self._pd_gauges()
+        prefill_cached = int(report.get("cached_tokens") or 0)
+        req.cached_tokens = prefill_cached + max(0, decode_prefix - prefill_cached)
         # the decode side observes its bootstrap (handshake) and KV allocation times, as SGLang's decode does
         self.metrics.observe("sglang:kv_transfer_bootstrap_ms", (handshake_at - started) * 1000.0)
         self.metrics.observe("sglang:kv_transfer_alloc_ms", 0.0)

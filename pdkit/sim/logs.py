@@ -59,13 +59,14 @@ def format_prefill_batch(
     cuda_graph: bool,
     input_throughput: float,
     pd_prefill_queues: tuple[int, int] | None = None,
+    cached_tokens: int = 0,
 ) -> str:
     pd = ""
     if pd_prefill_queues is not None:
         # a PD prefill's queues, as SGLang 0.5.17's prefill writes them (tests/fixtures/.../*-prefill.log)
         pd = f"#bootstrap-req: {pd_prefill_queues[0]}, #inflight-req: {pd_prefill_queues[1]}, #optimistic-req: 0, "
     return (
-        f"Prefill batch, #new-seq: {new_seq}, #new-token: {new_token}, #cached-token: 0, "
+        f"Prefill batch, #new-seq: {new_seq}, #new-token: {new_token}, #cached-token: {cached_tokens}, "
         f"token usage: {token_usage:.2f}, #running-req: {running}, #queue-req: {queued}, #pending-token: 0, {pd}"
         f"cuda graph: {cuda_graph}, input throughput (token/s): {input_throughput:.2f}"
     )

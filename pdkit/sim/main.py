@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from aiohttp import web
 
 from pdkit.sim import rendezvous
-from pdkit.sim.args import SimArgs, parse_args
+from pdkit.sim.args import SimArgs, parse_args, release_problems
 from pdkit.sim.bootstrap import build_bootstrap_app
 from pdkit.sim.engine import Engine
 from pdkit.sim.knobs import KnobError, Knobs, load_knobs
@@ -36,6 +36,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KnobError as exc:
         print(f"pdkit.sim: error: {exc}", file=sys.stderr)
         return 2
+    version = knobs.sglang_version or DEFAULT_SGLANG_VERSION
+    problems = release_problems(args.argv, version)
+    if problems:
+        # as that release's argparse would: usage error, status 2
+        print(f"python -m pdkit.sim: error: {'; '.join(problems)}", file=sys.stderr)
+        return 2
+    if args.decode_radix_cache and args.server["disaggregation_transfer_backend"] == "fake":
+        # SGLang's arg_groups/pd_disaggregation_hook.py (0.5.17 and 0.5.23) raises at start-up
+        print("ValueError: --disaggregation-decode-enable-radix-cache is incompatible with "
+              "--disaggregation-transfer-backend fake", file=sys.stderr)
+        return 1
     try:
         return asyncio.run(serve(args, knobs))
     except KeyboardInterrupt:
@@ -72,6 +83,14 @@ async def serve(args: SimArgs, knobs: Knobs) -> int:
     if args.ignored:
         log.info(f"pdkit.sim does not model these SGLang arguments and ignores them: {' '.join(args.ignored)}")
     log.warning("pdkit.sim is a rehearsal engine: its timings and throughput are not performance measurements.")
+    if args.mode == "decode":
+        # SGLang's arg_groups/pd_disaggregation_hook.py, in the release's words
+        if args.decode_radix_cache:
+            log.warning("EXPERIMENTAL: Radix cache is enabled for decode server")
+        elif (knobs.sglang_version or DEFAULT_SGLANG_VERSION) == "0.5.17":
+            log.warning("KV cache is forced as chunk cache for decode server")
+        else:
+            log.warning("Radix cache is disabled for decode server")
     if args.nnodes > 1:
         try:
             dist = rendezvous.parse_addr(args.dist_init_addr or "")

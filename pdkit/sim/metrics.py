@@ -145,14 +145,21 @@ class SimMetrics:
         if tokens > 0:
             self.inc("sglang:realtime_tokens_total", tokens, mode=mode)
 
-    def request_finished(self, streaming: bool, prompt_tokens: int, output_tokens: int, e2e_s: float) -> None:
+    def request_finished(self, streaming: bool, prompt_tokens: int, output_tokens: int, e2e_s: float,
+                         cached_tokens: int = 0) -> None:
+        """The tokenizer's observe_one_finished_request (0.5.17 and 0.5.23 metrics_collector.py).
+        Cached tokens count only when there are some, under cache_source="device": the scheduler
+        reports a radix hit as {"device": N, "host": 0} (output_streamer.get_cached_tokens_details),
+        and a source of 0 is not incremented; the sim has no host or storage tier."""
         s = "true" if streaming else "false"
-        self.inc("sglang:num_requests_total", is_streaming=s)
         self.inc("sglang:prompt_tokens_total", prompt_tokens, is_streaming=s)
         self.inc("sglang:generation_tokens_total", output_tokens, is_streaming=s)
+        if cached_tokens > 0:
+            self.inc("sglang:cached_tokens_total", cached_tokens, cache_source="device")
+        self.inc("sglang:num_requests_total", is_streaming=s)
         self.observe("sglang:e2e_request_latency_seconds", e2e_s, is_streaming=s)
         self.observe("sglang:prompt_tokens_histogram", prompt_tokens)
-        self.observe("sglang:uncached_prompt_tokens_histogram", prompt_tokens)
+        self.observe("sglang:uncached_prompt_tokens_histogram", prompt_tokens - cached_tokens)
         self.observe("sglang:generation_tokens_histogram", output_tokens)
         if output_tokens > 1:
             self.observe("sglang:request_time_per_output_token_seconds", e2e_s / output_tokens, is_streaming=s)

@@ -39,6 +39,8 @@ class Defaults:
     context_length: int
     seed: int
     default_max_tokens: int  # chat without max_tokens: the sim's stand-in for "until EOS"
+    # --enable-cache-report: OpenAI usage carries prompt_tokens_details.cached_tokens
+    cache_report: bool = False
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,7 @@ class GenSpec:
     model: str
     bootstrap: BootstrapTarget | None
     created: int
+    cache_report: bool = False
 
 
 def _int(value: Any, name: str, minimum: int = 0) -> int:
@@ -110,7 +113,7 @@ def parse_generate(body: dict[str, Any], d: Defaults) -> GenSpec:
         max_new_tokens=max_new, limit_finish=finish,
         seed=_seed(params.get("sampling_seed", params.get("seed")), d),
         stream=bool(body.get("stream")), include_usage=False, model=d.model,
-        bootstrap=_bootstrap(body), created=int(time.time()),
+        bootstrap=_bootstrap(body), created=int(time.time()), cache_report=d.cache_report,
     )
 
 
@@ -140,7 +143,7 @@ def parse_completion(body: dict[str, Any], d: Defaults) -> GenSpec:
         api="completion", rid=f"cmpl-{uuid.uuid4().hex}", prompt_ids=prompt_ids,
         max_new_tokens=max_new, limit_finish=finish, seed=_seed(body.get("seed"), d),
         stream=stream, include_usage=include_usage, model=str(body.get("model") or d.model),
-        bootstrap=_bootstrap(body), created=int(time.time()),
+        bootstrap=_bootstrap(body), created=int(time.time()), cache_report=d.cache_report,
     )
 
 
@@ -157,23 +160,29 @@ def parse_chat(body: dict[str, Any], d: Defaults) -> GenSpec:
         api="chat", rid=f"chatcmpl-{uuid.uuid4().hex}", prompt_ids=prompt_ids,
         max_new_tokens=max_new, limit_finish=finish, seed=_seed(body.get("seed"), d),
         stream=stream, include_usage=include_usage, model=str(body.get("model") or d.model),
-        bootstrap=_bootstrap(body), created=int(time.time()),
+        bootstrap=_bootstrap(body), created=int(time.time()), cache_report=d.cache_report,
     )
 
 
 # ---- response bodies -------------------------------------------------------------------------
 
-def usage(spec: GenSpec, completion_tokens: int) -> dict[str, Any]:
+def usage(spec: GenSpec, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
+    """OpenAI usage as SGLang's UsageProcessor writes it (0.5.17 and 0.5.23
+    entrypoints/openai/usage_processor.py): prompt_tokens_details is null unless the server runs
+    --enable-cache-report, then {"cached_tokens": N} (N may be 0)."""
     prompt = len(spec.prompt_ids)
+    details = {"cached_tokens": cached_tokens} if spec.cache_report else None
     return {"prompt_tokens": prompt, "completion_tokens": completion_tokens,
-            "total_tokens": prompt + completion_tokens, "prompt_tokens_details": None}
+            "total_tokens": prompt + completion_tokens, "prompt_tokens_details": details}
 
 
 def _matched_stop(finish: str | None) -> int | None:
     return EOS_TOKEN_ID if finish == "stop" else None
 
 
-def generate_body(spec: GenSpec, output_ids: list[int], finish: str | None, e2e_s: float) -> dict[str, Any]:
+def generate_body(spec: GenSpec, output_ids: list[int], finish: str | None, e2e_s: float,
+                  cached_tokens: int = 0) -> dict[str, Any]:
+    """meta_info carries cached_tokens always, flag or not (0.5.23 tokenizer_manager.py)."""
     reason = None
     if finish == "length":
         reason = {"type": "length", "length": len(output_ids)}
@@ -184,28 +193,28 @@ def generate_body(spec: GenSpec, output_ids: list[int], finish: str | None, e2e_
         "output_ids": list(output_ids),
         "meta_info": {
             "id": spec.rid, "finish_reason": reason, "prompt_tokens": len(spec.prompt_ids),
-            "completion_tokens": len(output_ids), "cached_tokens": 0, "e2e_latency": round(e2e_s, 6),
+            "completion_tokens": len(output_ids), "cached_tokens": cached_tokens, "e2e_latency": round(e2e_s, 6),
         },
     }
 
 
-def completion_body(spec: GenSpec, output_ids: list[int], finish: str) -> dict[str, Any]:
+def completion_body(spec: GenSpec, output_ids: list[int], finish: str, cached_tokens: int = 0) -> dict[str, Any]:
     return {
         "id": spec.rid, "object": "text_completion", "created": spec.created, "model": spec.model,
         "choices": [{"index": 0, "text": detokenize(output_ids), "logprobs": None,
                      "finish_reason": finish, "matched_stop": _matched_stop(finish)}],
-        "usage": usage(spec, len(output_ids)),
+        "usage": usage(spec, len(output_ids), cached_tokens),
     }
 
 
-def chat_body(spec: GenSpec, output_ids: list[int], finish: str) -> dict[str, Any]:
+def chat_body(spec: GenSpec, output_ids: list[int], finish: str, cached_tokens: int = 0) -> dict[str, Any]:
     return {
         "id": spec.rid, "object": "chat.completion", "created": spec.created, "model": spec.model,
         "choices": [{"index": 0,
                      "message": {"role": "assistant", "content": detokenize(output_ids),
                                  "reasoning_content": None, "tool_calls": None},
                      "logprobs": None, "finish_reason": finish, "matched_stop": _matched_stop(finish)}],
-        "usage": usage(spec, len(output_ids)),
+        "usage": usage(spec, len(output_ids), cached_tokens),
     }
 
 
@@ -226,6 +235,8 @@ class StreamEncoder:
     def __init__(self, spec: GenSpec) -> None:
         self.spec = spec
         self.sent_ids: list[int] = []
+        # the request's cached prompt tokens, set by the server as the engine learns them
+        self.cached_tokens = 0
         if spec.api == "completion":
             head = {"id": spec.rid, "object": "text_completion", "created": spec.created, "model": spec.model}
             self._prefix = ("data: " + json.dumps(head, separators=(",", ":"))[:-1]
@@ -252,7 +263,7 @@ class StreamEncoder:
         if self.spec.api == "generate":
             # Native streaming repeats the whole text so far, as SGLang does by default.
             self.sent_ids.extend(new_ids)
-            return sse(generate_body(self.spec, self.sent_ids, None, e2e_s))
+            return sse(generate_body(self.spec, self.sent_ids, None, e2e_s, self.cached_tokens))
         self.sent_ids.extend(new_ids)
         prefix, suffix = self._prefix, self._suffix
         return b"".join(prefix + json.dumps(token_text(t)).encode() + suffix for t in new_ids)
@@ -260,7 +271,7 @@ class StreamEncoder:
     def closing(self, finish: str, e2e_s: float) -> bytes:
         spec = self.spec
         if spec.api == "generate":
-            return sse(generate_body(spec, self.sent_ids, finish, e2e_s)) + SSE_DONE
+            return sse(generate_body(spec, self.sent_ids, finish, e2e_s, self.cached_tokens)) + SSE_DONE
         head = self._chunk_head()
         empty = {"content": ""} if spec.api == "chat" else None
         choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish,
@@ -271,7 +282,7 @@ class StreamEncoder:
             choice["text"] = ""
         out = sse({**head, "choices": [choice]})
         if spec.include_usage:
-            out += sse({**head, "choices": [], "usage": usage(spec, len(self.sent_ids))})
+            out += sse({**head, "choices": [], "usage": usage(spec, len(self.sent_ids), self.cached_tokens)})
         return out + SSE_DONE
 
 

@@ -10,6 +10,13 @@ request, sleeping for the modelled step time. The role decides what a request go
 - decode (PD): no prefill compute; a request whose KV has arrived joins the running batch and
   emits the prefill's first token at once, then one token per decode step.
 
+Every engine has a prefix cache (pdkit/sim/prefixcache.py, SGLang's radix cache; off with
+--disable-radix-cache, and on a PD decode only with --disaggregation-decode-enable-radix-cache):
+a request admitted for prefill is matched against it (at most prompt - 1 tokens, whole pages),
+only its uncached tokens are computed, and its prompt is stored once prefilled (on a PD decode:
+once its KV has arrived). Cached tokens share the KV pool with running requests: the ones no
+running request uses are evictable, and are evicted (LRU) when the pool runs short.
+
 Handlers never block the loop: they await a per-request event that the loop sets when new
 tokens are appended, and write whatever accumulated since they last looked.
 """
@@ -27,11 +34,12 @@ from pdkit.sim.args import SimArgs
 from pdkit.sim.knobs import Knobs, argv_matches
 from pdkit.sim.logs import format_decode_batch, format_prefill_batch
 from pdkit.sim.metrics import SimMetrics
+from pdkit.sim.prefixcache import Node, PrefixCache
 from pdkit.sim.stepmodel import (
     Limits,
-    admit_count,
     decode_step_seconds,
     decode_uses_cuda_graph,
+    fits,
     prefill_passes,
     prefill_step_seconds,
     prefill_uses_cuda_graph,
@@ -44,7 +52,7 @@ VOCAB_SIZE = len(VOCAB)
 # eager gauges the scheduler loop keeps up to date (every other eager one stays at its idle 0)
 _SCHEDULER_GAUGES = ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:num_used_tokens",
                      "sglang:kv_used_tokens", "sglang:kv_available_tokens", "sglang:token_usage",
-                     "sglang:full_token_usage", "sglang:utilization")
+                     "sglang:full_token_usage", "sglang:utilization", "sglang:kv_evictable_tokens")
 
 
 class _NoSeries:
@@ -62,13 +70,20 @@ class SimRequest:
     __slots__ = (
         "rid", "prompt_tokens", "max_new_tokens", "limit_finish", "tokens", "output_ids", "event",
         "done", "aborted", "finish_type", "arrival", "queued_at", "first_token_at", "last_token_at",
-        "counted", "streaming",
+        "counted", "streaming", "prompt_ids", "cached_tokens", "node", "tree_tokens", "released",
     )
 
     def __init__(self, rid: str, prompt_ids: list[int], max_new_tokens: int, seed: int,
                  limit_finish: str = "length", arrival: float | None = None) -> None:
         self.rid = rid
         self.prompt_tokens = len(prompt_ids)
+        self.prompt_ids = prompt_ids
+        # prompt tokens reported as cached (meta_info cached_tokens, sglang:cached_tokens_total)
+        self.cached_tokens = 0
+        # the prefix-cache node this request holds locked, and how many of its tokens live there
+        self.node: Node | None = None
+        self.tree_tokens = 0
+        self.released = False
         self.max_new_tokens = max_new_tokens
         # "length" when the client's limit ended it, "stop" when the sim's default did (as EOS).
         self.limit_finish = limit_finish
@@ -108,6 +123,9 @@ class Scheduler:
         self.pd_queues = pd_queues
         self.waiting: deque[SimRequest] = deque()
         self.running: list[SimRequest] = []
+        # admitted, being prefilled (their KV is allocated)
+        self.prefilling: list[SimRequest] = []
+        self.cache = PrefixCache(args.page_size, args.radix_cache, args.radix_eviction_policy)
         # KV held outside the running batch (prefill engine: prompts whose KV is being sent).
         self.held_kv_tokens = 0
         self._wake = asyncio.Event()
@@ -156,6 +174,33 @@ class Scheduler:
         self.held_kv_tokens -= tokens
         self._wake.set()
 
+    def match_for_decode(self, req: SimRequest) -> int:
+        """A PD decode with a radix cache, before its handshake: match the whole prompt (whole pages)
+        against its cache and lock the hit, the `decode_prefix_len` it tells the prefill (SGLang 0.5.23
+        disaggregation/decode.py `_match_prefix_and_lock`, no `input - 1` cap there)."""
+        hit, node = self.cache.match(req.prompt_ids)
+        if hit:
+            self.cache.lock(node)
+            req.node, req.tree_tokens = node, hit
+        return hit
+
+    def release(self, req: SimRequest) -> None:
+        """The request no longer uses its cached prefix (finished, aborted, or its KV sent): unlock it,
+        leaving it evictable. Idempotent; the engine calls it once a request is over, whatever happened."""
+        if req.released:
+            return
+        req.released = True
+        if req.node is not None:
+            self.cache.unlock(req.node)
+            req.node = None
+        self._wake.set()
+
+    def flush_cache(self) -> bool:
+        """/flush_cache: only an idle engine drops its cache (SGLang: not with requests running or waiting)."""
+        if self.waiting or self.running or self.prefilling:
+            return False
+        return self.cache.reset()
+
     def stalled(self) -> bool:
         path = self.knobs.stall_file
         if path and os.path.exists(path):
@@ -192,7 +237,28 @@ class Scheduler:
 
     @property
     def used_tokens(self) -> int:
-        return self.held_kv_tokens + sum(r.kv_tokens for r in self.running)
+        """KV pool tokens in use and not evictable (SGLang: max_total - available - evictable): the KV
+        held for transfers, each running request's tokens outside the cache, and the cached tokens a
+        running request locks."""
+        private = sum(r.kv_tokens - r.tree_tokens for r in self.running)
+        private += sum(r.kv_tokens - r.tree_tokens for r in self.prefilling)
+        return self.held_kv_tokens + private + self.cache.protected_size
+
+    def _make_room(self) -> None:
+        """Evict unused cached tokens while the pool holds more than it has (SGLang evicts on allocation)."""
+        over = self.used_tokens + self.cache.evictable_size - self.args.max_total_tokens
+        if over > 0:
+            self.cache.evict(over)
+
+    def _cache_prompt(self, req: SimRequest) -> None:
+        """Store the request's prompt (whole pages) in the cache and hold it locked while it runs."""
+        if not self.cache.enabled or req.released:
+            return
+        length, node = self.cache.insert(req.prompt_ids)
+        self.cache.lock(node)
+        if req.node is not None:
+            self.cache.unlock(req.node)
+        req.node, req.tree_tokens = node, length
 
     # ---- the loop ---------------------------------------------------------------------------
 
@@ -233,27 +299,61 @@ class Scheduler:
                 await self._wake.wait()
 
     def _admit(self) -> list[SimRequest]:
+        """FCFS admission (stepmodel.fits). Unified and prefill engines match each head against the
+        prefix cache first (at most prompt - 1 tokens: SGLang's Req._compute_max_prefix_len) and lock
+        the hit; a PD decode matched its cache before the handshake (match_for_decode)."""
         if not self.waiting:
             return []
-        heads = [(r.prompt_tokens, r.max_new_tokens) for r in self.waiting]
-        n = admit_count(heads, len(self.running), self.used_tokens, self.limits,
-                        prefill_budget=self.mode != "decode")
-        admitted = [self.waiting.popleft() for _ in range(n)]
+        cache = self.cache
+        prefill = self.mode != "decode"
+        admitted: list[SimRequest] = []
+        batch_tokens = 0
+        kv = self.used_tokens
+        for req in self.waiting:
+            if prefill:
+                hit, node = cache.match(req.prompt_ids, limit=req.prompt_tokens - 1)
+                delta = cache.lock_delta(node) if hit else 0
+            else:
+                hit, node, delta = req.tree_tokens, None, 0
+            new = req.prompt_tokens - hit
+            reserve = new + req.max_new_tokens + delta
+            if not fits(len(admitted), len(self.running), batch_tokens, kv, new, reserve, self.limits, prefill):
+                break
+            if prefill and hit:
+                cache.lock(node)
+                req.node, req.tree_tokens, req.cached_tokens = node, hit, hit
+            admitted.append(req)
+            batch_tokens += new
+            kv += reserve
+        for _ in admitted:
+            self.waiting.popleft()
         now = time.perf_counter()
         for req in admitted:
             self.metrics.observe("sglang:queue_time_seconds", now - req.queued_at)
         return admitted
 
     async def _prefill(self, batch: list[SimRequest]) -> None:
-        new_tokens = sum(r.prompt_tokens for r in batch)
+        # only the tokens past each cached prefix are computed
+        cached = sum(r.cached_tokens for r in batch)
+        new_tokens = sum(r.prompt_tokens for r in batch) - cached
         graph = prefill_uses_cuda_graph(self.plan, new_tokens)
         passes = prefill_passes(new_tokens, self.args.chunked_prefill_size)
         self.metrics.count_pass("prefill_cuda_graph" if graph else "prefill_none", passes)
         self.metrics.count_tokens("prefill_compute", new_tokens)
-        self._log_prefill(batch, new_tokens, graph)
-        await asyncio.sleep(prefill_step_seconds(self.knobs, new_tokens))
+        self.metrics.count_tokens("prefill_cache", cached)
+        # per prefill batch, as SGLang's metrics_reporter sets it (decode batches leave it alone)
+        self.metrics.set("sglang:cache_hit_rate", cached / (cached + new_tokens) if cached + new_tokens else 0.0)
+        self.prefilling = batch
+        self._make_room()
+        self._log_prefill(batch, new_tokens, graph, cached)
+        try:
+            await asyncio.sleep(prefill_step_seconds(self.knobs, new_tokens))
+        finally:
+            self.prefilling = []
         now = time.perf_counter()
         batch = [r for r in batch if not r.aborted]
+        for req in batch:
+            self._cache_prompt(req)  # SGLang checkpoints the prefilled prompt into the tree
         if self.mode == "prefill":
             for req in batch:
                 self._emit(req, now)
@@ -267,6 +367,10 @@ class Scheduler:
         for req in batch:
             if req.aborted:
                 continue
+            if self.mode == "decode":
+                # the KV has arrived: SGLang's decode checkpoints the prompt into its tree (a no-op
+                # without --disaggregation-decode-enable-radix-cache)
+                self._cache_prompt(req)
             self._emit(req, now)
             if len(req.output_ids) >= req.max_new_tokens:
                 self._finish(req, now, req.limit_finish)
@@ -305,6 +409,7 @@ class Scheduler:
                 still_running.append(req)
                 req.event.set()
         self.running = still_running
+        self._make_room()
         self._decode_passes += 1
         self._tokens_since_log += produced
         if self._decode_passes % self.args.decode_log_interval == 0:
@@ -325,9 +430,12 @@ class Scheduler:
         req.finish_type = finish_type
         req.done = True
         req.event.set()
+        if self.mode != "prefill":
+            self.release(req)  # a PD prefill's request keeps its prefix until its KV is sent (the engine)
         if not req.counted:
             return
-        self.metrics.request_finished(req.streaming, req.prompt_tokens, len(req.output_ids), now - req.arrival)
+        self.metrics.request_finished(req.streaming, req.prompt_tokens, len(req.output_ids), now - req.arrival,
+                                      req.cached_tokens)
 
     # ---- reporting --------------------------------------------------------------------------
 
@@ -339,19 +447,21 @@ class Scheduler:
         g["sglang:num_queue_reqs"].set(len(self.waiting))
         g["sglang:num_used_tokens"].set(used)
         g["sglang:kv_used_tokens"].set(used)
-        g["sglang:kv_available_tokens"].set(total - used)
+        evictable = self.cache.evictable_size
+        g["sglang:kv_available_tokens"].set(max(0, total - used - evictable))
+        g["sglang:kv_evictable_tokens"].set(evictable)
         g["sglang:token_usage"].set(used / total)
         g["sglang:full_token_usage"].set(used / total)
         g["sglang:utilization"].set(min(1.0, len(self.running) / self.args.max_running_requests))
 
-    def _log_prefill(self, batch: list[SimRequest], new_tokens: int, graph: bool) -> None:
+    def _log_prefill(self, batch: list[SimRequest], new_tokens: int, graph: bool, cached: int = 0) -> None:
         now = time.perf_counter()
         gap = max(now - self._last_prefill_log, 1e-6)
         self._last_prefill_log = now
         pd = self.pd_queues() if (self.pd_queues and self.mode == "prefill") else None
         self.log.info(format_prefill_batch(
             len(batch), new_tokens, self.used_tokens / self.args.max_total_tokens, len(self.running),
-            len(self.waiting), graph, new_tokens / gap, pd))
+            len(self.waiting), graph, new_tokens / gap, pd, cached))
 
     def _log_decode(self, batch: int, graph: bool) -> None:
         now = time.perf_counter()

@@ -78,7 +78,7 @@ class SimServer:
         self.knobs = knobs
         self.engine = engine
         self.defaults = Defaults(args.served_model_name, args.context_length, args.random_seed,
-                                 knobs.default_max_tokens)
+                                 knobs.default_max_tokens, args.enable_cache_report)
         self.created = int(time.time())
         self.health_generation_enabled = os.environ.get("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "1") != "0"
         self.log = logging.getLogger("pdkit.sim")
@@ -217,6 +217,9 @@ class SimServer:
         return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
 
     async def flush_cache(self, request: web.Request) -> web.Response:
+        # SGLang flushes only an idle engine (400 otherwise; the sim's message is its fallback text)
+        if not self.engine.scheduler.flush_cache():
+            return web.Response(status=400, text="Flush cache failed.\n")
         return web.Response(text="Cache flushed.\nPlease check backend logs for more details. (When there are "
                                  "running or waiting requests, the operation will not be performed.)\n")
 
@@ -258,11 +261,12 @@ class SimServer:
         except EngineError as exc:
             return web.json_response(error_body(api, exc.status, exc.message), status=exc.status)
         if api == "generate":
-            body = generate_body(spec, output, outcome.finish, time.perf_counter() - outcome.started)
+            body = generate_body(spec, output, outcome.finish, time.perf_counter() - outcome.started,
+                                 outcome.cached_tokens)
         elif api == "completion":
-            body = completion_body(spec, output, outcome.finish)
+            body = completion_body(spec, output, outcome.finish, outcome.cached_tokens)
         else:
-            body = chat_body(spec, output, outcome.finish)
+            body = chat_body(spec, output, outcome.finish, outcome.cached_tokens)
         return web.json_response(body)
 
     async def _stream(self, request: web.Request, api: str, spec: GenSpec) -> web.StreamResponse:
@@ -275,11 +279,13 @@ class SimServer:
             try:
                 async with aclosing(self.engine.generate(spec, outcome)) as gen:
                     async for new in gen:
+                        encoder.cached_tokens = outcome.cached_tokens
                         chunk = encoder.tokens(new, time.perf_counter() - outcome.started)
                         if first:
                             chunk = encoder.opening() + chunk
                             first = False
                         await resp.write(chunk)
+                encoder.cached_tokens = outcome.cached_tokens
                 await resp.write(encoder.closing(outcome.finish, time.perf_counter() - outcome.started))
             except EngineError as exc:
                 await resp.write(stream_error(api, exc.status, exc.message))

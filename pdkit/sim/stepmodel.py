@@ -46,6 +46,8 @@ def decode_iteration_seconds(knobs: Knobs, batch_size: int, cuda_graph: bool, st
 
 
 def prefill_step_seconds(knobs: Knobs, new_tokens: int) -> float:
+    """One prefill pass over `new_tokens`: the prompts' tokens less their cached prefixes (a
+    radix-cache hit is not recomputed)."""
     return (knobs.prefill_base_ms + knobs.prefill_ms_per_1k_tokens * new_tokens / 1000.0) / 1000.0
 
 
@@ -54,12 +56,13 @@ def prefill_passes(new_tokens: int, chunked_prefill_size: int) -> int:
     return max(1, math.ceil(new_tokens / max(1, chunked_prefill_size)))
 
 
-def kv_transfer_bytes(knobs: Knobs, prompt_tokens: int) -> int:
-    return knobs.kv_bytes_per_token * prompt_tokens
+def kv_transfer_bytes(knobs: Knobs, tokens: int) -> int:
+    """Bytes of KV a PD prefill sends for `tokens` tokens (kv_tokens_to_send)."""
+    return knobs.kv_bytes_per_token * tokens
 
 
-def kv_transfer_seconds(knobs: Knobs, prompt_tokens: int) -> float:
-    return kv_transfer_bytes(knobs, prompt_tokens) / (knobs.kv_transfer_gb_s * 1e9)
+def kv_transfer_seconds(knobs: Knobs, tokens: int) -> float:
+    return kv_transfer_bytes(knobs, tokens) / (knobs.kv_transfer_gb_s * 1e9)
 
 
 def sglang_kv_units(nbytes: int, seconds: float) -> tuple[float, float]:
@@ -77,6 +80,22 @@ class Limits:
     max_total_tokens: int  # KV pool
 
 
+def fits(count: int, running: int, batch_tokens: int, kv: int, new_tokens: int, reserve: int, limits: Limits,
+         prefill_budget: bool = True) -> bool:
+    """Whether one more request joins a batch that already admitted `count`: running slots, then the
+    per-batch prefill token budget over the tokens to compute (`new_tokens`: the prompt less its
+    cached prefix; skipped for a PD decode engine, whose prompts were prefilled elsewhere), then the
+    KV pool, where it reserves `reserve` more tokens (its uncached prompt, its whole output, and any
+    cached prefix it locks that was evictable) on top of `kv` already held."""
+    if running + count >= limits.max_running_requests:
+        return False
+    if prefill_budget and count and batch_tokens + new_tokens > limits.max_prefill_tokens:
+        return False
+    if kv + reserve > limits.max_total_tokens and (count or running):
+        return False  # an idle engine still takes one oversized request rather than deadlock
+    return True
+
+
 def admit_count(
     waiting: Sequence[tuple[int, int]],
     running: int,
@@ -86,24 +105,29 @@ def admit_count(
 ) -> int:
     """How many requests from the head of the waiting queue join the next batch.
 
-    `waiting` holds (prompt tokens, max new tokens) per queued request, oldest first. Admission is
+    `waiting` holds (prompt tokens, max new tokens) per queued request, oldest first (no cached
+    prefix: the scheduler applies `fits` itself when its prefix cache has hits). Admission is
     first-come first-served and stops at the first request that does not fit, as SGLang's FCFS
-    policy does: running slots, then the per-batch prefill token budget (skipped for a PD decode
-    engine, whose prompts were prefilled elsewhere), then the KV pool, where a request reserves
-    its prompt plus its whole output.
+    policy does.
     """
     count = 0
     batch_tokens = 0
     kv = used_tokens
     for prompt_tokens, max_new in waiting:
-        if running + count >= limits.max_running_requests:
-            break
-        if prefill_budget and count and batch_tokens + prompt_tokens > limits.max_prefill_tokens:
-            break
         reserve = prompt_tokens + max_new
-        if kv + reserve > limits.max_total_tokens and (count or running):
-            break  # an idle engine still takes one oversized request rather than deadlock
+        if not fits(count, running, batch_tokens, kv, prompt_tokens, reserve, limits, prefill_budget):
+            break
         count += 1
         batch_tokens += prompt_tokens
         kv += reserve
     return count
+
+
+def kv_tokens_to_send(prompt_tokens: int, decode_prefix: int, page_size: int = 1) -> int:
+    """Prompt tokens whose KV a PD prefill sends: everything past the prefix the decode already holds
+    (`decode_prefix_len`, 0 without a decode radix cache), in whole pages (0.5.23
+    disaggregation/prefill.py `_num_pages_to_send`: kv_to_page_num(len(origin_input_ids) -
+    decode_prefix_len, page_size))."""
+    rest = max(0, prompt_tokens - decode_prefix)
+    page = max(1, page_size)
+    return math.ceil(rest / page) * page

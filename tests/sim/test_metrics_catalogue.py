@@ -72,7 +72,8 @@ def test_sim_metrics_are_the_catalogues(procs, version):
     #    warm-up generation runs passes, as SGLang's does.)
     lazy_on_events = {S["bootstrap_failed"], S["transfer_failed"], S["aborted"],
                       S["kv_transfer_speed"], S["kv_transfer_latency"], S["kv_transfer_total"], S["requests"],
-                      S["prompt_tokens"], S["generation_tokens"], S["ttft"], S["e2e"], S["itl"]}
+                      S["prompt_tokens"], S["generation_tokens"], S["ttft"], S["e2e"], S["itl"],
+                      "sglang:cached_tokens_total"}
     assert all(not cat[n]["eager"] for n in lazy_on_events)
     eager = {n for n, f in cat.items() if f["eager"]}
     for url in (prefill, decode):
@@ -93,6 +94,11 @@ def test_sim_metrics_are_the_catalogues(procs, version):
         streaming = {s.labels.get("is_streaming") for s in families[S["requests"]][2]}
         assert streaming == ({"true", "false"} if "is_streaming" in cat[S["requests"]]["labels"] else {None})
         assert not {S["bootstrap_failed"], S["transfer_failed"]} & set(families)
+    # the second request's prompt is the first's: a prefix-cache hit (one token, at most prompt - 1) on the
+    # prefill, reported by the decode too (the prefill's hit travels with the KV), under cache_source="device"
+    for families in (p, d):
+        assert value(families, "sglang:cached_tokens_total") == 1
+        assert {s.labels["cache_source"] for s in families["sglang:cached_tokens_total"][2]} == {"device"}
     for name in (S["kv_transfer_speed"], S["kv_transfer_latency"], S["kv_transfer_total"]):
         assert p[name][0] == "histogram" and value(p, name) == 2, name
     assert S["ttft"] in d and S["itl"] in d and S["ttft"] not in p
