@@ -255,3 +255,55 @@ def test_pd_sends_only_what_the_decode_cache_lacks(procs, decode_cache):
     # start-up probe's one token), nothing without
     evictable = metrics(decode)[("sglang:kv_evictable_tokens", ())]
     assert evictable in ((2500, 2501) if decode_cache else (0,))
+
+
+# ---- unified vs PD: the documented model (docs/sim.md) --------------------------------------------
+
+def longest_gap_while_a_long_prompt_prefills(decode_url: str, prefill_url: str, pd: tuple[int, int] | None) -> float:
+    """Stream a decoding request, send a long uncached prompt meanwhile; the longest gap between the
+    first request's tokens. pd = (bootstrap port, first room) for a PD pair, None for a unified engine."""
+    def body(input_ids, max_new, room, stream):
+        b = {"input_ids": input_ids, "sampling_params": {"max_new_tokens": max_new}, "stream": stream}
+        if pd:
+            b.update(bootstrap_host="127.0.0.1", bootstrap_port=pd[0], bootstrap_room=pd[1] + room)
+        return b
+
+    def legs(b, stream):
+        urls = (prefill_url, decode_url) if pd else (decode_url,)
+        with ThreadPoolExecutor(2) as pool:
+            futures = [pool.submit(post, f"{u}/generate", b, 60.0, stream and u == decode_url) for u in urls]
+            return futures[-1].result()
+
+    gaps: list[float] = []
+
+    def stream_first():
+        resp = legs(body(ids(10), 60, 0, True), True)
+        last = None
+        for line in resp.iter_lines():
+            if line.startswith(b"data: {"):
+                now = time.perf_counter()
+                if last is not None:
+                    gaps.append(now - last)
+                last = now
+
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(stream_first)
+        time.sleep(0.5)  # the first request is decoding
+        assert legs(body(ids(6000, 500_000), 1, 1, False), False).status_code == 200
+        first.result()
+    return max(gaps)
+
+
+def test_a_prefill_stalls_decoding_on_a_unified_engine_not_on_a_pd_pair(procs):
+    """6,000 uncached tokens cost ~610 ms of prefill (100 ms per 1k): on one engine every decoding request
+    waits for it; on a PD pair the prefill engine runs it and the decode keeps stepping."""
+    unified_port, prefill_port, bootstrap_port, decode_port = free_ports(4)
+    start_sim(procs, "unified", "null", unified_port, env={**SIM_TEST_ENV, **SLOW_PREFILL})
+    start_sim(procs, "prefill", "prefill", prefill_port, bootstrap_port, env={**SIM_TEST_ENV, **SLOW_PREFILL})
+    start_sim(procs, "decode", "decode", decode_port, env={**SIM_TEST_ENV, **SLOW_PREFILL})
+    unified = f"http://127.0.0.1:{unified_port}"
+    stalled = longest_gap_while_a_long_prompt_prefills(unified, unified, None)
+    split = longest_gap_while_a_long_prompt_prefills(f"http://127.0.0.1:{decode_port}",
+                                                     f"http://127.0.0.1:{prefill_port}", (bootstrap_port, 10))
+    assert stalled > 0.5, stalled
+    assert split < 0.3, split
