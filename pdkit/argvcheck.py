@@ -15,6 +15,7 @@ from __future__ import annotations
 from pdkit import flags, startchecks
 from pdkit.parsertable import Parsed, Parser, router_parser, sglang_parser, speculative_algorithms
 from pdkit.spec import ClusterSpec, Engine, HostSpec, Problem, pairing_sets
+from pdkit.versions import SGLANG_RELEASES
 
 SECRETS_POINTER = (
     "on the command line it is visible in ps, the unit file and the journal; credentials reach hosts only "
@@ -54,10 +55,19 @@ def _check_engine(spec: ClusterSpec, host: HostSpec, engine: Engine, add) -> dic
     parser = sglang_parser(version)
     at = engine_path(host, engine)
     tuning = spec.engine_tuning(engine)
+    missing = _levers_missing(version, parser, tuning)
+    for name, flag in missing.items():
+        have = [v for v in sorted(SGLANG_RELEASES) if flag in sglang_parser(v).by_flag]
+        add(Problem(host.name, f"{at}.tuning.{name}",
+                    f"SGLang {version}'s parser has no {flag} (pdkit/parser_table.json): this lever is offered only "
+                    f"on {', '.join(have) or 'no pinned release'}; valid: sglang_version "
+                    f"{' or '.join(have) or '(none)'}, or {name} unset"))
     for name, flag in flags._VALUE_FLAGS:
         value = getattr(tuning, name)
+        if value is None or name in missing:
+            continue
         choices = parser.choices(flag)
-        if value is not None and choices is not None and str(value) not in choices:
+        if choices is not None and str(value) not in choices:
             add(Problem(host.name, f"{at}.tuning.{name}",
                         f"SGLang {version} has no {name} {value!r}; valid: {', '.join(choices)}"))
     model = spec.engine_model(engine)
@@ -95,6 +105,12 @@ def _check_engine(spec: ClusterSpec, host: HostSpec, engine: Engine, add) -> dic
     for p in [*gen_parsed, *extra_parsed]:
         values[p.option.dest] = p.values or ("(set)",)
     return values
+
+
+def _levers_missing(version: str, parser: Parser, tuning) -> dict[str, str]:
+    """{tuning field: its flag} for every lever set on TUNING whose flag VERSION's parser lacks."""
+    return {name: flag for name, flag in flags.LEVER_FLAGS.items()
+            if getattr(tuning, name) is not None and flag not in parser.by_flag}
 
 
 def _check_router(spec: ClusterSpec, host: HostSpec, add) -> None:

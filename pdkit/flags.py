@@ -134,6 +134,12 @@ def sglang_args(spec: ClusterSpec, host: HostSpec, engine: Engine, rank: int = 0
         args.append("--disable-overlap-schedule")
     if tuning.value("torch_compile"):
         args.append("--enable-torch-compile")
+    if tuning.radix_cache is False:
+        args.append("--disable-radix-cache")
+    if tuning.decode_radix_cache and engine.role == "decode":
+        args.append("--disaggregation-decode-enable-radix-cache")
+    if tuning.hicache:
+        args.append("--enable-hierarchical-cache")
     if not custom_all_reduce_enabled(spec, host, engine):
         args.append("--disable-custom-all-reduce")
     spec_dec = tuning.speculative
@@ -207,10 +213,25 @@ _VALUE_FLAGS: tuple[tuple[str, str], ...] = (
     ("moe_a2a_backend", "--moe-a2a-backend"),
     ("quantization", "--quantization"),
     ("kv_cache_dtype", "--kv-cache-dtype"),
+    ("radix_eviction_policy", "--radix-eviction-policy"),
+    ("hicache_ratio", "--hicache-ratio"),
+    ("hicache_size_gb", "--hicache-size"),
     ("watchdog_timeout", "--watchdog-timeout"),
     ("decode_log_interval", "--decode-log-interval"),
     ("log_level", "--log-level"),
 )
+
+
+# tuning field -> the SGLang flag it renders when set (the plain values above, and the switches
+# sglang_args spells out): pdkit.argvcheck offers a lever only on a release whose parser has its flag
+LEVER_FLAGS: dict[str, str] = {
+    **dict(_VALUE_FLAGS),
+    "torch_compile": "--enable-torch-compile",
+    "overlap_schedule": "--disable-overlap-schedule",
+    "radix_cache": "--disable-radix-cache",
+    "decode_radix_cache": "--disaggregation-decode-enable-radix-cache",
+    "hicache": "--enable-hierarchical-cache",
+}
 
 
 def _cuda_graph_args(spec: ClusterSpec, engine: Engine) -> list[str]:

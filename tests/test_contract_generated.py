@@ -40,13 +40,16 @@ def _levers_inventory(tmp_path, base):
     cluster["tuning"]["all"] = {"context_length": 8192, "mem_fraction_static": 0.88, "watchdog_timeout": 600,
                                 "decode_log_interval": 10, "log_level": "info", "allow_longer_context": True,
                                 "kv_cache_dtype": "fp8_e4m3"}
-    cluster["tuning"]["prefill"] = {"chunked_prefill_size": 4096, "page_size": 16, "prefill_cuda_graph": False}
+    cluster["tuning"]["prefill"] = {"chunked_prefill_size": 4096, "page_size": 16, "prefill_cuda_graph": False,
+                                    "hicache": True, "hicache_ratio": 2.0, "radix_eviction_policy": "lfu"}
     cluster["tuning"]["decode"] = {"cuda_graph_bs": [1, 2, 4, 8, 16, 24, 32], "num_continuous_decode_steps": 4,
                                    "max_running_requests": 32, "max_queued_requests": 256, "overlap_schedule": False,
                                    "attention_backend": "triton", "sampling_backend": "pytorch",
-                                   "custom_all_reduce": "off", "page_size": 16}
+                                   "custom_all_reduce": "off", "page_size": 16, "decode_radix_cache": True,
+                                   "hicache": True, "hicache_size_gb": 4}
     g2 = hosts["gpu02"]["pdkit_node"]["engines"]
-    g2[0]["tuning"] = {"quantization": "fp8", "moe_runner_backend": "triton", "torch_compile": True}
+    g2[0]["tuning"] = {"quantization": "fp8", "moe_runner_backend": "triton", "torch_compile": True, "hicache": False,
+                       "hicache_ratio": None, "radix_cache": False, "hicache_size_gb": None}
     g2[1]["tuning"] = {"cuda_graph": False, "speculative": {"algorithm": "EAGLE", "num_steps": 3, "eagle_topk": 1,
                                                             "num_draft_tokens": 4, "draft_model_path": "/models/draft"}}
     g2[1]["extra_args"] = ["--enable-p2p-check"]

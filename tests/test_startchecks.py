@@ -165,7 +165,22 @@ GPU_GENERATION_CASES = [
      "gpu01", "pdkit_node.engines[0].env.SGLANG_ENABLE_PP_SPEC", "SGLANG_ENABLE_PP_SPEC does not support DSPARK PD prefill"),
 ]
 
-STARTUP_CASES = GPU_GENERATION_CASES + SPECULATIVE_PARALLEL_CASES + TRANSFER_BACKEND_CASES + MOE_CASES + A2A_QUANT_CASES + SPECULATIVE_LAYOUT_CASES
+# the prefix-cache levers against the transfer backend, speculative decoding and the KV dtype
+# (handle_pd_disaggregation, handle_speculative_decoding, handle_cache_compatibility, handle_kv4_compatibility)
+CACHE_LEVER_CASES = [
+    ("hicache-with-radix-cache-off", lambda c, h: _engine(h, "gpu01", 0).update(tuning={"hicache": True, "radix_cache": False}),
+     "gpu01", "pdkit_node.engines[0].tuning.hicache", "set one of the two"),
+    ("decode-radix-with-fake-backend", lambda c, h: c.update(transfer_backend="fake") or c["tuning"].update(decode={"decode_radix_cache": True}),
+     "gpu02", "pdkit_cluster.tuning.decode.decode_radix_cache", "valid: transfer_backend nixl or mooncake"),
+    ("decode-radix-with-ngram-on-0523", lambda c, h: _engine(h, "gpu01", 1).update(tuning={"decode_radix_cache": True, "speculative": {"algorithm": "NGRAM"}}),
+     "gpu01", "pdkit_node.engines[1].tuning.decode_radix_cache", "valid: speculative algorithm DSPARK, EAGLE, EAGLE3, NEXTN"),
+    ("decode-radix-with-nextn-on-0517", lambda c, h: c.update(sglang_version="0.5.17") or _engine(h, "gpu02", 1).update(tuning={"decode_radix_cache": True, **NEXTN}),
+     "gpu02", "pdkit_node.engines[1].tuning.decode_radix_cache", "valid: no tuning.speculative on this decode"),
+    ("hicache-with-nvfp4-kv-on-blackwell", lambda c, h: _blackwell(h, "gpu01") or _engine(h, "gpu01", 0).update(tuning={"hicache": True, "kv_cache_dtype": "nvfp4", "attention_backend": "trtllm_mha"}),
+     "gpu01", "pdkit_node.engines[0].tuning.hicache", "valid: kv_cache_dtype fp8_e4m3, bf16 or auto with hicache"),
+]
+
+STARTUP_CASES = GPU_GENERATION_CASES + SPECULATIVE_PARALLEL_CASES + TRANSFER_BACKEND_CASES + MOE_CASES + A2A_QUANT_CASES + SPECULATIVE_LAYOUT_CASES + CACHE_LEVER_CASES
 
 
 @pytest.mark.parametrize("case", STARTUP_CASES, ids=[c[0] for c in STARTUP_CASES])
@@ -173,8 +188,8 @@ def test_a_combination_sglang_refuses_at_start_fails_validate(case, base, tmp_pa
     assert_validate_refuses(case, base, tmp_path, capsys)
 
 
-@pytest.mark.parametrize("cases", [SPECULATIVE_PARALLEL_CASES, TRANSFER_BACKEND_CASES, MOE_CASES, A2A_QUANT_CASES, SPECULATIVE_LAYOUT_CASES, GPU_GENERATION_CASES],
-                         ids=["speculative-parallel", "transfer-backend", "moe", "a2a-quantization", "speculative-layout", "gpu-generation"])
+@pytest.mark.parametrize("cases", [SPECULATIVE_PARALLEL_CASES, TRANSFER_BACKEND_CASES, MOE_CASES, A2A_QUANT_CASES, SPECULATIVE_LAYOUT_CASES, GPU_GENERATION_CASES, CACHE_LEVER_CASES],
+                         ids=["speculative-parallel", "transfer-backend", "moe", "a2a-quantization", "speculative-layout", "gpu-generation", "cache-levers"])
 def test_each_class_has_three_cases(cases):
     assert len({c[0] for c in cases}) >= 3 and all(c[4] for c in cases)
 
@@ -276,7 +291,8 @@ TUNING_PROBES: dict[str, list] = {
     "speculative": [{"algorithm": "EAGLE", "draft_model_path": "/models/d", "num_steps": 3, "eagle_topk": 1, "num_draft_tokens": 4}],
     "custom_all_reduce": ["off"], "pcie_ipc_allreduce": [True], "watchdog_timeout": [60], "enable_metrics": [False, True],
     "decode_log_interval": [10], "log_level": ["info"], "moe_a2a_backend": ["deepep"], "enable_eplb": [True],
-    "ep_num_redundant_experts": [4],
+    "ep_num_redundant_experts": [4], "radix_cache": [False], "radix_eviction_policy": ["lfu"],
+    "decode_radix_cache": [True], "hicache": [True], "hicache_ratio": [2.0], "hicache_size_gb": [8],
 }
 # Tuning fields that reach the engine's environment, not its argv (pdkit.flags.engine_env)
 ENV_ONLY_TUNING = {"allow_longer_context", "pcie_ipc_allreduce"}

@@ -208,6 +208,24 @@ def test_derived_inventory_loads_to_the_same_plan(lab_hosts, tmp_path):
     assert before["lab-gpu2"].release_hash != after["lab-gpu2"].release_hash
 
 
+@pytest.mark.parametrize("overlay, diff", [
+    ({"decode.decode_radix_cache": True}, ["lab-gpu2/decode: added `--disaggregation-decode-enable-radix-cache`"]),
+    ({"prefill.hicache": True, "prefill.hicache_size_gb": 4},
+     ["lab-gpu2/prefill: added `--enable-hierarchical-cache`; added `--hicache-size 4`"]),
+    ({"prefill.radix_cache": False}, ["lab-gpu2/prefill: added `--disable-radix-cache`"]),
+    # null unsets a lever: SGLang 0.5.23 then sizes mem_fraction_static per role itself
+    ({"all.mem_fraction_static": None}, ["lab-gpu2/decode: removed `--mem-fraction-static 0.88`",
+                                         "lab-gpu2/prefill: removed `--mem-fraction-static 0.88`"]),
+])
+def test_the_cache_levers_and_an_unset_lever_are_candidates(lab_hosts, overlay, diff):
+    hosts, base = lab_hosts
+    spec, problems, _ = derive(hosts, _cand(overlay), ["lab-gpu2"], "x.py")
+    assert spec is not None, problems
+    assert flag_diff(base, spec) == diff
+    if "decode.decode_radix_cache" in overlay:  # offered, and labelled experimental wherever it shows
+        assert any("experimental" in p.message for p in problems if p.severity == "warning"), problems
+
+
 def test_flag_diff_uses_pdkit_compares_words(lab_hosts):
     hosts, base = lab_hosts
     spec, _, _ = derive(hosts, _cand({"decode.cuda_graph": False}), ["lab-gpu2"], "x.py")

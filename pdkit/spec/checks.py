@@ -23,7 +23,7 @@ from pdkit.spec.fields import HIDDEN_FROM_ENGINES, hidden_from_engines
 from pdkit.spec.ignored import ignored_by_mode_problems, ignored_settings
 from pdkit.spec.models import Engine
 from pdkit.spec.spanning import check_spanning, parallel_problems
-from pdkit.spec.startup import startup_check_problems
+from pdkit.spec.startup import startup_check_problems, tuning_origin
 from pdkit.versions import SGLANG_RELEASES
 
 __all__ = [
@@ -115,6 +115,8 @@ def cross_checks(spec: ClusterSpec) -> list[Problem]:
                             f"GPUs {list(engine.gpus)} span NUMA nodes {sorted({numa[g] for g in engine.gpus})}: the "
                             "engine is not NUMA-bound (cross-NUMA TP runs over the inter-socket link)", "warning"))
             _check_engine_tuning(spec, host, engine, at, add)
+        for problem in host_memory_problems(spec, host):
+            add(problem)
 
         if node.numa_nodes is not None:
             for i, n in enumerate(node.gpus.numa or ()):
@@ -337,6 +339,7 @@ def _check_engine_tuning(spec: ClusterSpec, host: HostSpec, engine: Engine, at: 
     if tuning.value("pcie_ipc_allreduce") and engine.tp_size not in (2, 4, 8):
         add(Problem(host.name, f"{at}.tuning.pcie_ipc_allreduce",
                     f"PCIe IPC all-reduce supports TP 2, 4 or 8; this engine has tp {engine.tp_size}"))
+    _check_cache_levers(spec, host, engine, at, add)
     if (tuning.cuda_graph_bs and tuning.cuda_graph_max_bs is not None
         and max(tuning.cuda_graph_bs) != tuning.cuda_graph_max_bs):
         add(Problem(host.name, f"{at}.tuning.cuda_graph_max_bs",
@@ -409,3 +412,124 @@ def _check_kv_over_tcp(spec: ClusterSpec, add) -> None:
                             "(docs/gpu.md, \"KV hand-off levers\"). "
                             "Valid: an RDMA device such as 'mlx5_0:1', or prefill and decode on one host "
                             "(a router per node, pdkit_router.workers)", "warning"))
+
+
+# What SGLang logs when a decode keeps its own radix cache (0.5.17 and 0.5.23
+# sglang/srt/arg_groups/pd_disaggregation_hook.py): the lever is labelled so wherever pdkit shows it
+DECODE_RADIX_EXPERIMENTAL = "SGLang marks it EXPERIMENTAL ('Radix cache is enabled for decode server')"
+
+
+def _check_cache_levers(spec: ClusterSpec, host: HostSpec, engine: Engine, at: str, add) -> None:
+    """The prefix-cache levers: where each applies and what SGLang refuses at start (0.5.23
+    arg_groups/pd_disaggregation_hook.py handle_pd_disaggregation, speculative_hook.py
+    handle_speculative_decoding, kv_cache_hook.py handle_cache_compatibility / handle_kv4_compatibility;
+    0.5.17 ServerArgs._handle_pd_disaggregation / _handle_cache_compatibility). Whether the release has
+    the flag at all is the parser table's call (pdkit.argvcheck)."""
+    tuning = spec.engine_tuning(engine)
+    version = spec.engine_version(engine)
+
+    def field(name: str) -> str:
+        origin = tuning_origin(spec, engine, "", name)
+        return origin if origin.startswith("pdkit_cluster") else f"{at}.{origin}"
+
+    algorithm = tuning.speculative.algorithm if tuning.speculative is not None else None
+    if tuning.decode_radix_cache:
+        if engine.role != "decode":
+            add(Problem(host.name, field("decode_radix_cache"),
+                        f"applies to decode engines only; this is a {engine.role} engine, whose radix cache is on "
+                        "unless radix_cache: false (set it under pdkit_cluster.tuning.decode)", "warning"))
+        else:
+            add(Problem(host.name, field("decode_radix_cache"), f"experimental: {DECODE_RADIX_EXPERIMENTAL}; "
+                        "compare it against the baseline with pdkit tune before keeping it", "warning"))
+            if spec.cluster.transfer_backend == "fake":
+                add(Problem(host.name, field("decode_radix_cache"),
+                            "SGLang refuses --disaggregation-decode-enable-radix-cache with transfer_backend fake; "
+                            "valid: transfer_backend nixl or mooncake, or decode_radix_cache unset"))
+            if tuning.radix_cache is False:
+                add(Problem(host.name, field("decode_radix_cache"),
+                            "contradicts radix_cache: false on the same engine; set one of the two"))
+            allowed = DECODE_RADIX_SPECULATIVE.get(version, ())
+            if algorithm is not None and algorithm not in allowed:
+                valid = f"speculative algorithm {', '.join(allowed)}, " if allowed else ""
+                add(Problem(host.name, field("decode_radix_cache"),
+                            f"SGLang {version} refuses --disaggregation-decode-enable-radix-cache with speculative "
+                            f"decoding ({algorithm}) at start; valid: {valid}no tuning.speculative on this decode, or "
+                            "decode_radix_cache unset"))
+    if tuning.hicache and tuning.radix_cache is False:
+        add(Problem(host.name, field("hicache"),
+                    "SGLang refuses --enable-hierarchical-cache with --disable-radix-cache (HiCache is a tier behind "
+                    "the radix cache); set one of the two"))
+    if tuning.hicache and tuning.value("kv_cache_dtype") in HICACHE_REFUSED_KV_DTYPES:
+        add(Problem(host.name, field("hicache"),
+                    f"HiCache with kv_cache_dtype {tuning.value('kv_cache_dtype')}: SGLang {version}'s host pools do "
+                    "not keep the FP4 block-scale layout ('does not yet support hierarchical KV cache'); valid: "
+                    "kv_cache_dtype fp8_e4m3, bf16 or auto with hicache, or hicache off"))
+    for name in ("hicache_ratio", "hicache_size_gb"):
+        if getattr(tuning, name) is not None and not tuning.hicache:
+            add(Problem(host.name, field(name),
+                        "sizes HiCache's host pool, which is off: set hicache: true on the same engine, or remove it"))
+    if tuning.radix_eviction_policy is not None and engine.role == "decode" and not tuning.decode_radix_cache:
+        add(Problem(host.name, field("radix_eviction_policy"),
+                    "a PD decode has no radix cache unless decode_radix_cache: true (SGLang turns it off), so "
+                    "the policy is ignored", "warning"))
+
+
+# the speculative algorithms each release takes beside a decode radix cache (0.5.17
+# _handle_pd_disaggregation: none; 0.5.23 speculative_hook.handle_speculative_decoding, where NEXTN
+# is EAGLE by then)
+DECODE_RADIX_SPECULATIVE: dict[str, tuple[str, ...]] = {"0.5.17": (), "0.5.23": ("DSPARK", "EAGLE", "EAGLE3", "NEXTN")}
+# KV dtypes whose block scales HiCache's host pools drop (0.5.23 kv_cache_hook.handle_kv4_compatibility;
+# nvfp4 runs only on compute capability 10.x/12.x, where SGLang refuses it with a host tier)
+HICACHE_REFUSED_KV_DTYPES = ("nvfp4", "fp4_mx_block16")
+
+
+# RAM the OS and pdkit's own services keep beside the engines' host pools and the weights' page cache
+OS_RESERVE_GB = 16.0
+
+
+def host_memory_problems(spec: ClusterSpec, host: HostSpec) -> list[Problem]:
+    """Warn when HiCache's host pools, the weights' page cache and the OS exceed the node's RAM.
+
+    Each rank of a HiCache engine allocates its own host pool (SGLang 0.5.23
+    mem_cache/pool_host/base.py: --hicache-size GB per rank, else --hicache-ratio x the rank's GPU KV
+    pool, bounded here by the GPU's memory x the static fraction). The checkpoint's page cache is
+    what makes an engine restart fast; pools that crowd it out make every restart read the weights
+    from disk again, and SGLang refuses to start a pool the free memory cannot hold."""
+    node = host.node
+    if node is None:
+        return []
+    pools: list[str] = []
+    pool_gb = 0.0
+    bounded = False
+    for engine in node.engines:
+        tuning = spec.engine_tuning(engine)
+        if not tuning.hicache:
+            continue
+        ranks = engine.tp_size * max(1, engine.pp)
+        if tuning.hicache_size_gb is not None:
+            gb = float(tuning.hicache_size_gb) * ranks
+        else:
+            fraction = tuning.mem_fraction_static or 0.9
+            gb = (tuning.hicache_ratio or 2.0) * node.gpus.memory_gib * fraction * ranks
+            bounded = True
+        pool_gb += gb
+        pools.append(f"{engine.name} {gb:.0f} GB")
+    if not pools:
+        return []
+    weights = {spec.engine_model(e).path: spec.engine_model(e).weights_gb for e in node.engines}
+    weights_gb = sum(w for w in weights.values() if w is not None)
+    field = "pdkit_node.ram_gb"
+    if node.ram_gb is None:
+        return [Problem(host.name, field, f"HiCache host pools ({', '.join(pools)}) need host memory: set ram_gb "
+                        "(the machine's RAM, `free -g`) so validate can check pools + weights + OS fit", "warning")]
+    need = pool_gb + weights_gb + OS_RESERVE_GB
+    if need <= node.ram_gb:
+        return []
+    unknown = [p for p, w in weights.items() if w is None]
+    missing = f"; unknown for {', '.join(unknown)}: set model.weights_gb" if unknown else ""
+    return [Problem(host.name, field,
+                    f"HiCache host pools ({', '.join(pools)}{', at most' if bounded else ''}) + the weights' page "
+                    f"cache ({weights_gb:.0f} GB{missing}) + {OS_RESERVE_GB:.0f} GB for the OS = {need:.0f} GB, more "
+                    f"than the node's {node.ram_gb} GB: "
+                    "the weights fall out of the page cache (slow restarts) or SGLang refuses the pool; lower "
+                    "hicache_size_gb / hicache_ratio", "warning")]

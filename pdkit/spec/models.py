@@ -78,6 +78,9 @@ class Model(Frozen):
     trust_remote_code: bool = False
     # --load-format (e.g. dummy = random weights from config.json, for rehearsals)
     load_format: str | None = None
+    # the checkpoint's size on disk, GB: what the page cache holds for fast restarts (validate
+    # weighs it with HiCache's host pools against pdkit_node.ram_gb)
+    weights_gb: float | None = Field(default=None, gt=0, le=100_000)
 
     _locations = field_validator("path", "tokenizer_path")(classmethod(lambda cls, v: checked_model_location(v)))
 
@@ -325,6 +328,9 @@ class Node(Frozen):
     nccl_ib_hca: str | None = Field(default=None, pattern=r"^[\^=]?[A-Za-z0-9_]+(:[0-9]+)?(,[A-Za-z0-9_]+(:[0-9]+)?)*$")
     # UCX_NET_DEVICES, needed when a PD pair spans nodes (e.g. "mlx5_0:1")
     ucx_net_devices: str | None = None
+    # the machine's RAM, GB (`free -g`): validate checks HiCache's host pools + the weights' page
+    # cache + the OS fit in it
+    ram_gb: int | None = Field(default=None, ge=1, le=65_536)
     # NUMA nodes the machine has (numactl --hardware); every NUMA id of the node must be below it
     numa_nodes: int | None = Field(default=None, ge=1, le=MAX_NUMA_NODES)
     # the SGLang servers on this node (see the engines table)

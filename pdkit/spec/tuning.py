@@ -147,6 +147,21 @@ class Tuning(Frozen):
     decode_log_interval: int | None = Field(default=None, ge=1)
     # --log-level
     log_level: Literal["debug", "info", "warning", "error", "critical"] | None = None
+    # False -> --disable-radix-cache: no prefix cache (SGLang's default keeps it on; a PD decode turns
+    # it off itself unless decode_radix_cache is set)
+    radix_cache: bool | None = None
+    # --radix-eviction-policy (which cached prefixes go first; choices from the release's parser)
+    radix_eviction_policy: str | None = None
+    # True -> --disaggregation-decode-enable-radix-cache (decode engines only; SGLang logs it as
+    # EXPERIMENTAL): the decode keeps a radix cache, so the KV of a prefix it already holds is not
+    # sent again each turn
+    decode_radix_cache: bool | None = None
+    # True -> --enable-hierarchical-cache: HiCache, a host-memory KV tier behind the GPU radix cache
+    hicache: bool | None = None
+    # --hicache-ratio: each rank's host pool = ratio x its GPU KV pool (SGLang's default 2.0); needs hicache
+    hicache_ratio: float | None = Field(default=None, gt=0, le=100)
+    # --hicache-size: each rank's host pool in GB (overrides the ratio); needs hicache
+    hicache_size_gb: Annotated[int, Field(ge=1), at_most(4096, "host pool in GB")] | None = None
     # --moe-a2a-backend (expert-parallel all-to-all: deepep, mooncake, ...; choices from the release's parser)
     moe_a2a_backend: str | None = None
     # True -> --enable-eplb (expert-parallel load balancer; needs an engine with ep > 1)
