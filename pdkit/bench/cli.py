@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from pdkit.bench.agentic import AgenticParams, AgenticWorkload, generate_trace, run_agentic_bench, write_trace
 from pdkit.bench.client import router_target
 from pdkit.bench.measure import Measured, measured_for
+from pdkit.bench.noise import DEFAULT_MARGIN, with_repeats
 from pdkit.bench.record import DEFAULT_OUT, RUNS_FILE, find_run, run_bench, served_model
 from pdkit.bench.report import render_compare, render_markdown, render_plot, sent_to, write_outputs
 from pdkit.bench.sglang import SGLANG_BENCH_MODULE, run_sglang_agentic_bench, run_sglang_bench
@@ -34,6 +35,36 @@ def parse_concurrency(text: str) -> list[int]:
         raise argparse.ArgumentTypeError("--concurrency takes comma-separated positive integers, e.g. 1,16,64; got "
                                          f"{text!r}")
     return levels
+
+
+MAX_REPEATS = 10  # as pdkit tune's noise.baseline_repeats
+
+
+def parse_repeats(text: str) -> int:
+    """--repeats: how many times the whole level sweep runs, 1..MAX_REPEATS."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= MAX_REPEATS:
+        raise argparse.ArgumentTypeError(f"--repeats takes a whole number from 1 to {MAX_REPEATS}; got {text!r}")
+    return n
+
+
+def parse_margin(text: str) -> float:
+    """--margin: a fraction of A's figure, 0..1 (0.02 = 2%)."""
+    try:
+        margin = float(text)
+    except ValueError:
+        margin = -1.0
+    if not 0 <= margin <= 1:
+        raise argparse.ArgumentTypeError(f"--margin takes a fraction from 0 to 1 (0.02 = 2%); got {text!r}")
+    return margin
+
+
+def run_figures(record: dict) -> str:
+    """One run's sweep in a progress line: output tok/s per level."""
+    return ", ".join(f"C={lv['concurrency']} {lv['output_tok_s'] or 0:.1f} tok/s" for lv in record["levels"])
 
 
 def limited_measure(spec: ClusterSpec, hosts: Sequence[str], engine_bench: str = "pdkit") -> Measured:
@@ -83,6 +114,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print("bench: --write-trace writes a generated trace; --trace replays your own (give one of them)",
               file=sys.stderr)
         return EXIT_INVALID
+    if agentic and args.repeats > 1:
+        # a repeat would replay the sessions run 1 played, their history possibly still in the prefix
+        # cache: its spread would be the cache's, not the run-to-run noise
+        print("bench: --repeats with the agentic workload is not supported yet: a repeat would replay the sessions "
+              "run 1 played, possibly still in the prefix cache", file=sys.stderr)
+        return EXIT_INVALID
     try:
         workload = agentic_workload(args, len(args.concurrency or [1])) if agentic else None
         slo = goodput_slo(args)
@@ -124,29 +161,42 @@ def cmd_bench(args: argparse.Namespace) -> int:
                     f"{described['largest_context']} tokens")
         else:
             what = f"in {args.input_len} / out {args.output_len} tokens, {args.requests} requests per level"
+        repeats = f", the whole sweep {args.repeats} times" if args.repeats > 1 else ""
         print(f"bench {sent_to(router_url, measured.describe() if measured else None)} (model {served_model(spec)}, "
-              f"engine {spec.cluster.engine}): C={','.join(map(str, args.concurrency))}, {what}", file=sys.stderr)
-        if workload is not None and args.engine_bench == "sglang":
-            record = run_sglang_agentic_bench(spec, workload, args.concurrency, args.warmup, args.label,
-                                              python=args.sglang_python, tokenizer=args.tokenizer,
-                                              probe_drivers=not args.no_ssh)
-        elif workload is not None:
-            record = run_agentic_bench(spec, workload, args.concurrency, args.warmup, args.label, args.timeout,
-                                       not args.no_ssh, not args.quiet, slo)
-        elif args.engine_bench == "sglang":
-            record = run_sglang_bench(spec, python=args.sglang_python, tokenizer=args.tokenizer, **common)
-        elif measured is not None:
-            record = run_bench(spec, timeout_s=args.timeout, progress=not args.quiet, send=measured.stream,
-                               measured=measured.describe(), goodput_slo=slo, **common)
-        else:
-            record = run_bench(spec, timeout_s=args.timeout, progress=not args.quiet, goodput_slo=slo, **common)
+              f"engine {spec.cluster.engine}): C={','.join(map(str, args.concurrency))}, {what}{repeats}",
+              file=sys.stderr)
+        runs = []
+        for i in range(1, args.repeats + 1):
+            if args.repeats > 1:
+                print(f"repeat {i}/{args.repeats}: C={','.join(map(str, args.concurrency))}", file=sys.stderr)
+            if workload is not None and args.engine_bench == "sglang":
+                record = run_sglang_agentic_bench(spec, workload, args.concurrency, args.warmup, args.label,
+                                                  python=args.sglang_python, tokenizer=args.tokenizer,
+                                                  probe_drivers=not args.no_ssh)
+            elif workload is not None:
+                record = run_agentic_bench(spec, workload, args.concurrency, args.warmup, args.label, args.timeout,
+                                           not args.no_ssh, not args.quiet, slo)
+            elif args.engine_bench == "sglang":
+                record = run_sglang_bench(spec, python=args.sglang_python, tokenizer=args.tokenizer, **common)
+            elif measured is not None:
+                record = run_bench(spec, timeout_s=args.timeout, progress=not args.quiet, send=measured.stream,
+                                   measured=measured.describe(), goodput_slo=slo, **common)
+            else:
+                record = run_bench(spec, timeout_s=args.timeout, progress=not args.quiet, goodput_slo=slo, **common)
+            runs.append(record)
+            if args.repeats > 1:
+                print(f"repeat {i}/{args.repeats} done: {run_figures(record)}", file=sys.stderr)
     except (ValueError, RuntimeError) as exc:
-        print(f"bench: {exc}", file=sys.stderr)
+        done = f" (after {len(runs)} of {args.repeats} repeats; nothing recorded)" if runs else ""
+        print(f"bench: {exc}{done}", file=sys.stderr)
         return 1
+    # the record is run 1 (its id, time and levels: the table's figures) with the later runs' levels
+    # as `repeats` (pdkit.bench.noise.record_runs reads them back)
+    record = with_repeats(runs)
     written = write_outputs(record, args.out, plot=not args.no_plot)
     print(render_markdown(record))
     print("wrote " + ", ".join(str(p) for p in written), file=sys.stderr)
-    return 1 if any(lv["errors"] for lv in record["levels"]) else 0
+    return 1 if any(lv["errors"] for run in runs for lv in run["levels"]) else 0
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -155,7 +205,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     except (LookupError, ValueError) as exc:
         print(f"compare: {exc}", file=sys.stderr)
         return EXIT_INVALID
-    text = render_compare(a, b)
+    text = render_compare(a, b, args.margin)
     if args.out:
         Path(args.out).write_text(text)
         print(f"wrote {args.out}", file=sys.stderr)
@@ -200,6 +250,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--slo-ttft-ms", type=float, default=None,
                    help="with --slo-tpot-ms (or alone): record each level's goodput, requests/s that met every SLO")
     p.add_argument("--slo-tpot-ms", type=float, default=None, help="TPOT SLO for goodput (ms)")
+    p.add_argument("--repeats", type=parse_repeats, default=1, metavar="N",
+                   help=f"run the whole level sweep N times, 1..{MAX_REPEATS} (default 1), warm-up included each "
+                        "time: the record is the first run (its id, levels, table, every ratio) with the later "
+                        "runs' levels kept as `repeats`; the markdown adds each figure's median and spread, and "
+                        "`pdkit compare` judges a B against this spread (fixed workload only; 3 is a start)")
     d = AgenticParams()
     g = p.add_argument_group(
         "agentic workload", "multi-turn sessions (docs/bench/README.md 'The agentic workload'): each turn's prompt is "
@@ -240,4 +295,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help=f"runs file to look ids and labels up in (default {DEFAULT_OUT}/{RUNS_FILE})")
     p.add_argument("--out", default=None, help="also write the markdown to this file")
     p.add_argument("--plot", default=None, metavar="PNG", help="also draw both runs on one throughput/TPOT chart")
+    p.add_argument("--margin", type=parse_margin, default=DEFAULT_MARGIN, metavar="FRACTION",
+                   help=f"when A was benched with --repeats: B counts as better or worse only when it differs from "
+                        f"A's median by more than A's spread + this fraction of A's figure (default "
+                        f"{DEFAULT_MARGIN:g}, pdkit tune's noise.margin)")
     p.set_defaults(func=cmd_compare)

@@ -112,6 +112,26 @@ def record_runs(record: dict[str, Any]) -> list[list[dict[str, Any]]]:
     return [record["levels"], *(record.get("repeats") or [])]
 
 
+def with_repeats(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One record of the sweep benched len(RECORDS) times (`pdkit bench --repeats`), as record_runs
+    reads it: the first run's record (id, time, levels: the figures the table and every ratio show),
+    with `repeats` = the later runs' `levels`, in run order. A single run stays as it was."""
+    first = dict(records[0])
+    if len(records) > 1:
+        first["repeats"] = [r["levels"] for r in records[1:]]
+    return first
+
+
+def side(judged: dict[str, Any]) -> str | None:
+    """judge()'s answer in a word: "better" (gain beyond spread + margin), "worse" (loss beyond it),
+    "within the noise", or None when it cannot be told."""
+    if judged.get("beyond") is None or judged.get("gain") is None:
+        return None
+    if judged["beyond"]:
+        return "better"
+    return "worse" if -judged["gain"] > judged["spread"] + judged["margin"] else "within the noise"
+
+
 def compare_verdicts(a: dict[str, Any], b: dict[str, Any],
                      margin: float = DEFAULT_MARGIN) -> dict[tuple[int, str], dict[str, Any]]:
     """`pdkit compare`'s noise column: per (concurrency, figure), B's median judged against A's band.

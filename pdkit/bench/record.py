@@ -36,6 +36,8 @@ Record schema (version 1):
                         fall inside the window. Absent on unified engines and older records
         goodput         only when SLOs were given (`pdkit tune`'s goodput objective):
                         {"requests_s", "good", "attainment", "slo_ms"} (pdkit.bench.stats.goodput)
+    repeats       `pdkit bench --repeats N` (N > 1) only: runs 2..N of the whole sweep, each a
+                  `levels` list (`levels` above is run 1); pdkit.bench.noise.record_runs reads them
     kv_prefills   the prefills whose /metrics give the levels' kv ([]: unified engines, no PD
                   hand-off); absent from records written before the KV figures
     env           environment fingerprint:

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from pdkit.bench import noise
 from pdkit.bench.record import NO_PD_HANDOFF, RUNS_FILE, append_run
 from pdkit.bench.stats import ratio
 
@@ -97,6 +98,19 @@ def render_kv(record: dict[str, Any]) -> list[str]:
             notes.append(f"- C={level['concurrency']}: the window includes the run's {kv['warmup_included']} warm-up "
                          "request(s)")
     return lines + ([""] + notes if notes else [])
+
+
+def render_spread(record: dict[str, Any]) -> list[str]:
+    """A record benched more than once (`pdkit bench --repeats`): each figure's median and spread per level."""
+    runs = noise.record_runs(record)
+    if len(runs) < 2:
+        return []
+    lines = ["", f"Benched {len(runs)} times (--repeats {len(runs)}): the table is run 1; per level, each figure's "
+                 "median and spread ((max - min) / median) over the runs (`pdkit compare` judges a B against it):"]
+    for c, figures in noise.band(runs).items():
+        lines.append(f"- C={c}: " + "; ".join(f"{label} {noise.describe(figures.get(name))}"
+                                             for label, name in noise.REPORT_LABELS.items() if figures.get(name)))
+    return lines
 
 
 def render_goodput(record: dict[str, Any]) -> list[str]:
@@ -237,6 +251,7 @@ def render_markdown(record: dict[str, Any]) -> str:
             cells += [pct(hit_rate(level)), fmt_cell(kv_mb_per_turn(level))]
         lines.append("| " + " | ".join(cells) + " |")
     lines += render_goodput(record)
+    lines += render_spread(record)
     lines += render_depth(record)
     lines += render_kv(record)
     samples = [s for lv in record["levels"] for s in lv.get("error_samples", [])]
@@ -397,8 +412,40 @@ def flag_changes(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     return out
 
 
-def render_compare(a: dict[str, Any], b: dict[str, Any]) -> str:
-    """Markdown: the two runs, what differs in their environment, then A, B and B/A per level and metric."""
+def spread_lines(a: dict[str, Any], b: dict[str, Any], margin: float) -> list[str]:
+    """What `pdkit compare` says of A's run-to-run spread: per level and figure when A was benched
+    more than once (`pdkit bench --repeats`), else that it is unknown."""
+    runs_a, runs_b = len(noise.record_runs(a)), len(noise.record_runs(b))
+    if runs_a < 2:
+        return ["- A's spread: unknown, A was benched once; no verdict on whether B differs beyond the run-to-run "
+                "noise (bench A with --repeats 3)"]
+    band = noise.band(noise.record_runs(a))
+    lines = [f"- A's spread over its {runs_a} runs ((max - min) / median, per level):"]
+    for c, figures in band.items():
+        cells = [f"{label} {figures[name]['spread']:.1%}" for label, name in noise.REPORT_LABELS.items()
+                 if figures.get(name) and figures[name]["spread"] is not None]
+        lines.append(f"  - C={c}: " + (", ".join(cells) or "–"))
+    of_b = f"B's median over its {runs_b} runs" if runs_b > 1 else "B's figure"
+    lines.append(f"- beyond A's spread?: {of_b} against A's median; better or worse only when the difference "
+                 f"exceeds A's spread + margin {margin:.1%} (--margin), else within the noise (pdkit/bench/noise.py). "
+                 "A, B and B/A are each record's first run")
+    return lines
+
+
+def verdict_cell(judged: dict[str, Any] | None) -> str:
+    """One `beyond A's spread?` cell: yes/no, the side, the gain against spread + margin."""
+    word = noise.side(judged) if judged else None
+    if word is None:
+        return "–"
+    assert judged is not None
+    answer = "no" if word == "within the noise" else "yes"
+    return f"{answer}, {word} ({judged['gain']:+.1%}; spread {judged['spread']:.1%} + {judged['margin']:.1%})"
+
+
+def render_compare(a: dict[str, Any], b: dict[str, Any], margin: float = noise.DEFAULT_MARGIN) -> str:
+    """Markdown: the two runs, what differs in their environment, A's run-to-run spread (or that it
+    is unknown), then A, B and B/A per level and metric; with a repeated A, whether B lies beyond
+    A's spread + MARGIN (pdkit.bench.noise.compare_verdicts)."""
     def name(r: dict[str, Any]) -> str:
         return f"`{r['id']}`" + (f" ({r['label']})" if r.get("label") else "")
 
@@ -424,12 +471,21 @@ def render_compare(a: dict[str, Any], b: dict[str, Any]) -> str:
             f"{k} A {json.dumps(wa.get(k))} / B {json.dumps(wb.get(k))}" for k in keys))
     if len(lines) == 2:
         lines.append("- same spec hash, flags and workload")
+    lines += spread_lines(a, b, margin)
+    verdicts = noise.compare_verdicts(a, b, margin)  # {} when A was benched once: no column
     rows = compare_levels(a, b)
-    lines += ["", "| C | metric | A | B | B/A |", "|---:|---|---:|---:|---:|"]
+    if verdicts:
+        lines += ["", "| C | metric | A | B | B/A | beyond A's spread? |", "|---:|---|---:|---:|---:|---|"]
+    else:
+        lines += ["", "| C | metric | A | B | B/A |", "|---:|---|---:|---:|---:|"]
     for row in rows:
-        lines.append(f"| {row['concurrency']} | {row['metric']} | {row.get('a_text') or fmt_cell(row['a'])} | "
-                     f"{row.get('b_text') or fmt_cell(row['b'])} | {fmt_cell(row['ratio'], 2)} |")
+        line = (f"| {row['concurrency']} | {row['metric']} | {row.get('a_text') or fmt_cell(row['a'])} | "
+                f"{row.get('b_text') or fmt_cell(row['b'])} | {fmt_cell(row['ratio'], 2)} |")
+        if verdicts:
+            figure = noise.REPORT_LABELS.get(row["metric"])
+            line += f" {verdict_cell(verdicts.get((row['concurrency'], figure)) if figure else None)} |"
+        lines.append(line)
     if not rows:
-        lines.append("| – | no concurrency level in common | | | |")
+        lines.append("| – | no concurrency level in common | | | |" + (" |" if verdicts else ""))
     return "\n".join(lines) + "\n"
 
