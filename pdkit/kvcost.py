@@ -1,7 +1,10 @@
 """What a PD KV hand-off costs, from the prefill's own histograms; and which path it takes.
 
 One home for the KV figures that `pdkit bench`, `pdkit doctor`, `pdkit tune` and the alert
-rules report (issue 33), so "effective GB/s" means the same thing everywhere.
+rules report (issue 33), so "effective GB/s" means the same thing everywhere; and for the prefix
+cache's hit rate (cached / prompt tokens from the engines' own counters) and what a hand-off
+carried against the KV the uncached prompt tokens need (issue 43 item 5: bench's levels, doctor's
+prefix_cache row, the dashboards' panels).
 
 Where the numbers come from (sglang 0.5.17 and 0.5.23 alike): the prefill observes, per finished
 request, `sglang:kv_transfer_latency_ms` (from its sender's first send to the poll that saw the
@@ -242,3 +245,100 @@ def kv_path(prefill_host: str, decode_host: str, ucx_net_devices: str | None) ->
     if prefill_host == decode_host:
         return KV_PATHS["same-host"]
     return KV_PATHS["cross-host-rdma" if net_devices_are_rdma(ucx_net_devices) else "cross-host-tcp"]
+
+
+# ---------------------------------------------------------------- the prefix cache, and the KV a hand-off needs
+
+# The engines' own token counters (pdkit.metricnames; in pdkit/data/metric_catalogue.json for 0.5.17 and
+# 0.5.23, both lazy): prompt tokens of finished requests, and those of them served from the prefix cache
+# (label cache_source: device, host, storage). Read by bench (a level's hit rate) and doctor (prefix_cache).
+CACHE_COUNTERS = {"cached": SGLANG["cached_tokens"], "prompt": SGLANG["prompt_tokens"]}
+
+# A PD prefill's hand-offs over what the uncached part of the prompts needs, above which doctor's
+# prefix_cache row warns: past 2x, most of what crosses is KV the prefill already had cached, which the
+# decode receives again because it has no radix cache of its own (SGLang turns it off on a decode unless
+# --disaggregation-decode-enable-radix-cache; docs/sim.md "Decode radix cache (PD)")
+KV_RESEND_WARN = 2.0
+# ... and only when the KV re-sent per request is at least this (MiB): below, hand-offs are latency-bound
+# (KV_RATE_MIN_MB), so sending a short cached prefix again costs little
+KV_RESEND_MIN_MB = KV_RATE_MIN_MB
+
+
+def cache_counts(text: str) -> dict[str, float]:
+    """Pure: {"cached", "prompt"}: every sample of the two counters of one /metrics page summed
+    (all labels: cache_source, is_streaming); an absent family (created lazily) counts 0."""
+    wanted = {name: key for key, name in CACHE_COUNTERS.items()}  # sample names: the _total is theirs
+    sums = dict.fromkeys(CACHE_COUNTERS, 0.0)
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            key = wanted.get(sample.name)
+            if key is not None:
+                sums[key] += sample.value
+    return sums
+
+
+def cache_window(before: Mapping[str, float] | None, after: Mapping[str, float]) -> dict[str, float]:
+    """Pure: each counter's increase from `before` to `after` (cache_counts of one engine); a counter that
+    went back (the engine restarted) counts from zero, and without `before` the totals since start."""
+    out = {}
+    for key, now in after.items():
+        then = (before or {}).get(key, 0.0)
+        out[key] = now - then if now >= then else now
+    return out
+
+
+def hit_rate(counts: Mapping[str, float]) -> float | None:
+    """cached / prompt tokens (a cache_counts or cache_window dict); None when no prompt token was counted."""
+    prompt = counts.get("prompt", 0.0)
+    return counts.get("cached", 0.0) / prompt if prompt > 0 else None
+
+
+def kv_bytes_per_token(text: str) -> float | None:
+    """Pure: the KV bytes of one token on one rank, from one /metrics page: sglang:kv_cache_memory_usage_gb
+    (the pool's K and V buffers in GiB, mem_cache/memory_pool.py mem_usage) over sglang:max_total_num_tokens,
+    summed over the ranks' children (so the per-rank figure, as each rank's kv_transfer_total_mb counts its own
+    bytes). Both are set once at start-up (lazy in the catalogue): None when either is absent or zero. SGLang's
+    pool holds one padding page more than max_total_num_tokens: a 1e-6 error at page size 1."""
+    names = {SGLANG["kv_cache_memory"]: "gb", SGLANG["max_total_tokens"]: "tokens"}
+    sums = {"gb": 0.0, "tokens": 0.0}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            key = names.get(sample.name)
+            if key is not None:
+                sums[key] += sample.value
+    if sums["gb"] <= 0 or sums["tokens"] <= 0:
+        return None
+    return sums["gb"] * 2**30 / sums["tokens"]
+
+
+@dataclass(frozen=True)
+class HandoffNeed:
+    """A prefill's hand-offs over a window against the KV its prompts' uncached tokens need."""
+
+    transfers: int
+    mb_per_request: float  # MiB handed off per request (kv_transfer_total_mb)
+    uncached_tokens_per_request: float  # (prompt - cached tokens) / transfers
+    need_mb_per_request: float  # the uncached tokens' KV: tokens x kv_bytes_per_token / 2**20
+    ratio: float | None  # mb_per_request / need_mb_per_request (None when nothing uncached: all cached)
+
+    @property
+    def resent_mb_per_request(self) -> float:
+        return max(0.0, self.mb_per_request - self.need_mb_per_request)
+
+    @property
+    def too_much(self) -> bool:
+        """More than KV_RESEND_WARN x the uncached part, and at least KV_RESEND_MIN_MB per request sent again."""
+        over = self.ratio is None or self.ratio > KV_RESEND_WARN
+        return over and self.resent_mb_per_request >= KV_RESEND_MIN_MB
+
+
+def handoff_need(fig: KvFigures, cache: Mapping[str, float], bytes_per_token: float) -> HandoffNeed | None:
+    """Pure: the hand-offs of `fig` (kv_figures over a window) against the uncached prompt tokens of the same
+    window (`cache`: cache_window of the prefill's cache_counts), at `bytes_per_token` (kv_bytes_per_token).
+    None without a hand-off or a MiB figure in the window."""
+    if fig.transfers <= 0 or fig.mb_per_request is None:
+        return None
+    uncached = max(0.0, cache.get("prompt", 0.0) - cache.get("cached", 0.0)) / fig.transfers
+    need = uncached * bytes_per_token / 2**20
+    return HandoffNeed(fig.transfers, fig.mb_per_request, uncached, need,
+                       fig.mb_per_request / need if need > 0 else None)

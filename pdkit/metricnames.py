@@ -39,6 +39,10 @@ SGLANG = {
     # lazy: the prompt tokens served from the prefix cache (label cache_source), by the tokenizer
     "cached_tokens": "sglang:cached_tokens_total",
     "generation_tokens": "sglang:generation_tokens_total",
+    # lazy gauges, set once at start-up (emit_constants): the KV pool in GiB (K and V buffers) and in
+    # tokens; their ratio is one token's KV bytes per rank (pdkit.kvcost.kv_bytes_per_token)
+    "kv_cache_memory": "sglang:kv_cache_memory_usage_gb",
+    "max_total_tokens": "sglang:max_total_num_tokens",
     "requests": "sglang:num_requests_total",
     "ttft": "sglang:time_to_first_token_seconds",
     "itl": "sglang:inter_token_latency_seconds",
@@ -130,7 +134,8 @@ DCGM = {
 # needs an `absent` meaning) and runs the readers on real SGLang pages where the lazy ones are absent.
 # bench times its own requests (pdkit/bench/) and reads only the prefills' KV
 # histograms (pdkit/kvcost.py), as doctor's kv_path row does, and the prompt and cached token
-# counters of the engines that prefill (the prefix-cache hit rate of a level).
+# counters of the engines that prefill (the prefix-cache hit rate of a level, and doctor's prefix_cache row,
+# which also reads the KV pool's size to know one token's KV bytes).
 
 class Read(tuple):
     """(reader, metric, kind, labels, absent): `kind` the type the reader treats it as, `labels` the
@@ -152,7 +157,7 @@ _EXPORTER = "pdkit-exporter (pdkit/exporter/metrics.py parse_metrics)"
 _DOCTOR = "doctor (pdkit/doctor/, through parse_metrics)"
 _ROLL = "roll (pdkit/roll/)"
 _KV = "pdkit/kvcost.py kv_histograms (bench's KV figures, doctor check_kv_path)"
-_CACHE = "pdkit/bench/record.py cache_counts (bench's prefix-cache hit rate per level)"
+_CACHE = "pdkit/kvcost.py cache_counts (bench's prefix-cache hit rate per level, doctor check_prefix_cache)"
 READS: tuple[Read, ...] = (
     # the exporter's figures: a key is simply left out when its family is absent
     *(Read(_EXPORTER, SGLANG[k], "gauge", absent="figure left out")
@@ -177,6 +182,9 @@ READS: tuple[Read, ...] = (
       for k in ("kv_transfer_latency", "kv_transfer_total", "kv_transfer_speed")),
     *(Read(_CACHE, SGLANG[k], "counter", absent="0: nothing counted yet (no hit rate without prompt tokens)")
       for k in ("cached_tokens", "prompt_tokens")),
+    *(Read(_DOCTOR + " check_prefix_cache (pdkit/kvcost.py kv_bytes_per_token)", SGLANG[k], "gauge",
+           absent="one token's KV size unknown: the hand-off is not compared with the uncached part")
+      for k in ("kv_cache_memory", "max_total_tokens")),
     Read(_DOCTOR + " check_kv_path", SGLANG["ttft"], "histogram",
          absent="TTFT unknown: share of TTFT not judged (a 0.5.17 prefill has none; its decodes' is read)"),
     Read(_DOCTOR + " router_outcomes", ROUTER["worker_outcomes"], "counter", ("worker", "outcome"),

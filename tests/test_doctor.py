@@ -21,6 +21,7 @@ import pytest
 
 from pdkit.doctor import (
     FAIL,
+    INFO,
     PASS,
     WARN,
     BenchPoint,
@@ -37,6 +38,7 @@ from pdkit.doctor import (
     check_graph_buckets,
     check_kv_path,
     check_kv_transfers,
+    check_prefix_cache,
     check_queues,
     check_reachable,
     check_router_workers,
@@ -45,8 +47,8 @@ from pdkit.doctor import (
     evaluate,
     exit_code,
     exporter_views,
-    histogram_mean,
     last_recorded,
+    page_sample,
     render_table,
 )
 from pdkit.exporter.metrics import parse_metrics
@@ -72,8 +74,8 @@ def figures(scenario: str, engine: str, n: int) -> dict:
 
 
 def sample(at: float, text: str) -> Sample:
-    """A /metrics sample as `collect` takes it (doctor's _sample) from a page's text."""
-    return Sample(at, parse_metrics(text), kv=kv_histograms(text), ttft=histogram_mean(text, SGLANG["ttft"]))
+    """A /metrics sample as `collect` takes it (observe.sample) from a page's text."""
+    return page_sample(at, text)
 
 
 def observe(scenario: str, engine: str, plan_scenario: str | None = None) -> EngineObservation:
@@ -438,7 +440,7 @@ def test_every_engine_gets_its_role_s_checks_once():
     for r in results:
         checks.setdefault(r.target, []).append(r.check)
     assert checks["prefill"] == ["reachable", "flags", "context_length", "engine_shape", "process_env", "kv_transfer",
-                                 "kv_path", "queues", "version"]
+                                 "kv_path", "prefix_cache", "queues", "version"]
     assert checks["decode"] == ["reachable", "flags", "decode_cuda_graph", "graph_buckets", "context_length",
                                 "engine_shape", "process_env", "kv_transfer", "queues", "version"]
     assert checks["router"] == ["router_workers"] and checks["cluster"] == ["throughput_c16"]
@@ -943,3 +945,99 @@ def test_engine_shape_against_the_recorded_one_on_recorded_pages():
     unread = observe("lab_base", "decode")
     unread.exporter, unread.exporter_error = None, "Connection refused"
     assert_verdict(check_engine_shape(unread), WARN, "not measurable", "Connection refused")
+
+
+# ---- prefix_cache (issue 43 item 5)
+
+PREFIX = DATA / "sim_prefix_cache"  # tests/doctor_data/capture_prefix_cache.py: a sim PD pair, 8 sessions' 2nd turns
+
+
+def cache_pair(case: str, decode_flag: bool = False) -> tuple[EngineObservation, list[EngineObservation]]:
+    """The prefill and decode of a recorded sim pair (lab_base's plans, the decode's argv with or without the
+    decode radix cache flag), each with its two pages."""
+    base = plans("lab_base")
+    prefill_plan = replace(base["prefill"], kv_paths=(("lab-gpu1", "same-host"),), kv_decodes=("lab-gpu1/decode",))
+    argv = base["decode"].argv + (("--disaggregation-decode-enable-radix-cache",) if decode_flag else ())
+    decode_plan = replace(base["decode"], argv=argv)
+    out = []
+    for plan in (prefill_plan, decode_plan):
+        out.append(EngineObservation(plan=plan,
+                                     first=sample(0.0, (PREFIX / case / f"{plan.engine}.metrics1.txt").read_text()),
+                                     second=sample(WINDOW_S, (PREFIX / case / f"{plan.engine}.metrics2.txt").read_text())))
+    return out[0], [out[1]]
+
+
+def test_prefix_cache_warns_when_the_decode_re_receives_the_cached_prefix():
+    """The sim pair without a decode radix cache (SGLang's default): each second turn is 2,500 tokens, 2,200 of them
+    in the prefill's cache, and each hand-off still carries all 2,500 tokens' KV (64 KiB each)."""
+    prefill, decodes = cache_pair("no_decode_cache")
+    assert_verdict(check_prefix_cache(prefill, decodes), WARN,
+                   "hit rate 88.0% in the last 3 s (17600 of 20000 prompt tokens from the cache)",
+                   "8 hand-offs carried 156.2 MiB/request where the 300 uncached prompt tokens/request need 18.8 MiB "
+                   "(64 KiB/token): 8.33x", "above 2x", "137.5 MiB/request of prefix the prefill had cached crosses again",
+                   "lab-gpu1/decode has no radix cache",
+                   "tuning.decode_radix_cache: true", "experimental", "pdkit tune", "The prefix-cache levers")
+
+
+def test_prefix_cache_passes_with_the_decode_radix_cache():
+    """The same sessions with --disaggregation-decode-enable-radix-cache on the decode: only the new tokens cross."""
+    prefill, decodes = cache_pair("decode_radix_cache", decode_flag=True)
+    assert_verdict(check_prefix_cache(prefill, decodes), PASS, "hit rate 88.0%",
+                   "18.8 MiB/request where the 300 uncached prompt tokens/request need 18.8 MiB (64 KiB/token): 1.00x")
+
+
+def test_prefix_cache_names_an_evicting_decode_cache_when_the_flag_is_on():
+    """Cached prefixes crossing although the plan gives the decode its radix cache: not the flag's hint again."""
+    prefill, decodes = cache_pair("no_decode_cache", decode_flag=True)
+    result = check_prefix_cache(prefill, decodes)
+    assert_verdict(result, WARN, "lab-gpu1/decode runs the decode radix cache", "yet cached prefixes still cross",
+                   "evict", "session affinity")
+    assert "tuning.decode_radix_cache" not in result.hint
+
+
+def test_prefix_cache_on_the_real_h200_one_host_pair():
+    """Real SGLang 0.5.17 pages (one H200, prefill and decode on one host, SGLang's bench of 128-token prompts):
+    622 hand-offs of 8 MiB, the prefill's cache hit 48.7% of the prompts; the KV pool's 53.93 GiB over its
+    883,515 tokens is 64 KiB a token: the decode gets every prompt token's KV, 1.95x the uncached part."""
+    prefill = EngineObservation(plan=replace(plans("lab_base")["prefill"], kv_decodes=("h200/decode",)),
+                                first=sample(0.0, (REAL / "metrics-base-before-prefill.txt").read_text()),
+                                second=sample(WINDOW_S, (REAL / "metrics-base-after-prefill.txt").read_text()))
+    assert_verdict(check_prefix_cache(prefill, []), PASS, "hit rate 48.7% in the last 3 s (38735 of 79616 prompt tokens",
+                   "622 hand-offs carried 8.0 MiB/request where the 66 uncached prompt tokens/request need 4.1 MiB "
+                   "(64 KiB/token): 1.95x")
+    # three quarters cached: 4x the uncached part, but the 6 MiB sent again per request is latency-bound, not judged
+    after = re.sub(r"^(sglang:cached_tokens_total\{[^}]*\}) .*$", r"\1 60000.0",
+                   (REAL / "metrics-base-after-prefill.txt").read_text(), flags=re.M)
+    prefill.second = sample(WINDOW_S, after)
+    assert_verdict(check_prefix_cache(prefill, []), PASS, "4.06x", "6.0 MiB/request sent again is under 32 MiB",
+                   "not judged")
+
+
+def test_prefix_cache_says_no_traffic_in_the_window():
+    """lab_base's lab-gpu1 prefill got no request (the router sent every probe to lab-gpu2's): no prompt, no rate."""
+    result = check_prefix_cache(observe("lab_base", "prefill"))
+    assert result.status == INFO, result
+    assert "no traffic in the last 3 s" in result.reason and "no hit rate" in result.reason
+    assert "--probe-requests" in result.hint and "Prefix cache hit rate" in result.hint
+
+
+def test_prefix_cache_on_a_unified_engine_and_without_the_kv_pool_gauges():
+    prefill, _ = cache_pair("no_decode_cache")
+    unified = EngineObservation(plan=replace(prefill.plan, role="unified", pd_group=None, kv_paths=(), kv_decodes=()),
+                                first=prefill.first, second=prefill.second)
+    assert_verdict(check_prefix_cache(unified), PASS, "hit rate 88.0%", "no KV hand-off on a unified engine")
+    # a page without the KV pool's size: the hand-off is shown, not compared, and the row says which gauge is missing
+    page = "\n".join(line for line in (PREFIX / "no_decode_cache" / "prefill.metrics2.txt").read_text().splitlines()
+                     if SGLANG["kv_cache_memory"] not in line) + "\n"
+    prefill.second = sample(WINDOW_S, page)
+    result = check_prefix_cache(prefill, [])
+    assert result.status == INFO, result
+    assert "8 hand-offs of 156.2 MiB/request" in result.reason and SGLANG["kv_cache_memory"] in result.reason
+
+
+def test_evaluate_gives_the_prefix_cache_row_and_the_table_counts_info():
+    results = evaluate(*_scenario("lab_base"), cluster_host="lab-gpu1")
+    row = next(r for r in results if r.check == "prefix_cache")
+    assert (row.target, row.status) == ("prefill", INFO)
+    assert exit_code(results) == 0
+    assert ", 1 INFO, " in render_table(results).splitlines()[-1]

@@ -108,3 +108,44 @@ def test_a_prefill_is_judged_by_the_lowest_floor_of_its_paths():
     assert kvcost.kv_floor((("gpu01", same),), sim=True) == min(p.floor_gb_s for p in kvcost.KV_PATHS.values())
     # the measured H200 figures (docs/gpu.md): cuda_ipc passes the same-host floor, the TCP fallback does not
     assert 0.35 < same.floor_gb_s < 4.9
+
+
+# ---- the prefix cache, and the KV a hand-off needs
+
+def _real(name: str) -> str:
+    from pathlib import Path
+
+    return (Path(__file__).parent / "fixtures" / "sglang-0.5.17-h200-pd-one-gpu" / name).read_text()
+
+
+def test_one_token_s_kv_bytes_from_the_kv_pool_gauges_of_a_real_page():
+    """0.5.17 prefill on the H200: 53.93 GiB of K and V buffers for 883,515 tokens (+ one padding page): 64 KiB."""
+    assert kvcost.kv_bytes_per_token(_real("metrics-base-after-prefill.txt")) == pytest.approx(65536, rel=1e-5)
+    assert kvcost.kv_bytes_per_token(page([10.0], 8.0)) is None  # neither gauge on the page
+    two_ranks = "".join(f'sglang:kv_cache_memory_usage_gb{{tp_rank="{r}"}} 4.0\nsglang:max_total_num_tokens'
+                        f'{{tp_rank="{r}"}} 131072\n' for r in (0, 1))
+    assert kvcost.kv_bytes_per_token(two_ranks) == 32768  # per rank, as each rank's hand-off counts its own bytes
+
+
+def test_cache_window_and_hit_rate():
+    before, after = {"cached": 100.0, "prompt": 400.0}, {"cached": 700.0, "prompt": 1200.0}
+    assert kvcost.cache_window(before, after) == {"cached": 600.0, "prompt": 800.0}
+    assert kvcost.hit_rate(kvcost.cache_window(before, after)) == 0.75
+    assert kvcost.cache_window(after, before) == before  # restarted between the samples: from zero
+    assert kvcost.cache_window(None, after) == after
+    assert kvcost.hit_rate({"cached": 0.0, "prompt": 0.0}) is None
+    real = kvcost.cache_counts(_real("metrics-base-after-prefill.txt"))  # every label summed: is_streaming too
+    assert real == {"cached": 38740.0, "prompt": 79668.0}
+
+
+def test_handoff_need_against_the_uncached_part():
+    fig = kvcost.kv_figures({}, kvcost.kv_histograms(page([10.0] * 4, 160.0)))
+    need = kvcost.handoff_need(fig, {"cached": 8000.0, "prompt": 10000.0}, 65536)  # 500 uncached tokens a request
+    assert need.uncached_tokens_per_request == 500 and need.need_mb_per_request == pytest.approx(31.25)
+    assert need.ratio == pytest.approx(5.12) and need.resent_mb_per_request == pytest.approx(128.75) and need.too_much
+    small = kvcost.handoff_need(kvcost.kv_figures({}, kvcost.kv_histograms(page([10.0] * 4, 8.0))),
+                                {"cached": 400.0, "prompt": 512.0}, 65536)
+    assert small.ratio == pytest.approx(4.57, rel=1e-2) and not small.too_much  # 6.25 MiB sent again: under the floor
+    everything = kvcost.handoff_need(fig, {"cached": 10000.0, "prompt": 10000.0}, 65536)
+    assert everything.ratio is None and everything.too_much  # all cached, 160 MiB crossed anyway
+    assert kvcost.handoff_need(kvcost.kv_figures({}, {}), {"cached": 1.0, "prompt": 2.0}, 65536) is None

@@ -472,6 +472,20 @@ def test_dashboards_show_what_the_issue_asks(lab_spec):
     assert all(m in nodes for m in mon.NODE.values())
     # lab hosts have no DCGM: no GPU panels that could never show data
     assert not any(m in nodes for m in mon.DCGM.values())
+    # issue 43 item 5: the prefix cache's hit rate from the engines' counters (prefill and unified engines), and on
+    # the PD dashboard what each hand-off carried against the KV of the uncached prompt tokens
+    from pdkit.metricnames import SGLANG
+
+    hit = next(p for p in boards["overview"]["panels"] if p["title"] == "Prefix cache hit rate")
+    hit_exprs = " ".join(t["expr"] for t in hit["targets"])
+    assert SGLANG["cached_tokens"] in hit_exprs and SGLANG["prompt_tokens"] in hit_exprs
+    assert 'role=~"prefill|unified"' in hit_exprs and hit["fieldConfig"]["defaults"]["unit"] == "percentunit"
+    kv = next(p for p in boards["pd"]["panels"] if p["title"] == "KV handed off per request vs the uncached prompt's KV")
+    assert [t["legendFormat"] for t in kv["targets"]] == ["{{instance}} handed off", "{{instance}} uncached part"]
+    uncached = kv["targets"][1]["expr"]
+    for key in ("prompt_tokens", "cached_tokens", "kv_cache_memory", "max_total_tokens"):
+        assert SGLANG[key] in uncached, key
+    assert f'{SGLANG["kv_transfer_total"]}_count' in uncached and 'role="prefill"' in uncached
     # the TTFT panel draws the spec's SLO
     ttft = next(p for p in boards["overview"]["panels"] if p["title"].startswith("TTFT"))
     steps = ttft["fieldConfig"]["defaults"]["thresholds"]["steps"]

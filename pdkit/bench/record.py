@@ -68,16 +68,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from pdkit import health
 from pdkit.bench.client import Progress, Sender, router_target, run_level
 from pdkit.bench.env import fingerprint
 from pdkit.bench.routes import router_measured
 from pdkit.bench.stats import summarize_level
 from pdkit.flags import engine_url
-from pdkit.kvcost import combine, kv_figures, kv_histograms
-from pdkit.metricnames import SGLANG
+from pdkit.kvcost import CACHE_COUNTERS, cache_window, combine, hit_rate, kv_figures, kv_histograms
+from pdkit.kvcost import cache_counts as cache_counts  # bench's (pdkit.bench, agentic, sglang) since it lived here
 
 if TYPE_CHECKING:
     from pdkit.spec import ClusterSpec
@@ -178,9 +176,8 @@ def say_kv_unread(concurrency: int, kv: dict[str, Any]) -> None:
 
 # ---- the prefix cache of each level -----------------------------------------------------------
 
-# The engines' own counters (pdkit.metricnames; in pdkit/data/metric_catalogue.json for 0.5.17 and
-# 0.5.23, both lazy): prompt tokens of finished requests, and those of them served from the cache
-CACHE_COUNTERS = {"cached": SGLANG["cached_tokens"], "prompt": SGLANG["prompt_tokens"]}
+# The engines' own counters and the hit-rate rule: pdkit.kvcost (CACHE_COUNTERS, cache_counts, cache_window,
+# hit_rate), shared with doctor's prefix_cache row
 
 
 def cache_engines(spec: ClusterSpec, measured: dict[str, Any]) -> dict[str, str | None]:
@@ -195,19 +192,6 @@ def cache_engines(spec: ClusterSpec, measured: dict[str, Any]) -> dict[str, str 
     return {label: urls.get(label) for label in dict.fromkeys(labels) if roles.get(label, "prefill") != "decode"}
 
 
-def cache_counts(text: str) -> dict[str, float]:
-    """Pure: {"cached", "prompt"}: every sample of the two counters of one /metrics page summed
-    (all labels: cache_source, is_streaming); an absent family (created lazily) counts 0."""
-    wanted = {name: key for key, name in CACHE_COUNTERS.items()}  # sample names: the _total is theirs
-    sums = dict.fromkeys(CACHE_COUNTERS, 0.0)
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            key = wanted.get(sample.name)
-            if key is not None:
-                sums[key] += sample.value
-    return sums
-
-
 def level_cache(before: KvSample, after: KvSample) -> dict[str, Any]:
     """Pure: a level's `prefix_cache` block: the engines' cached and prompt token counts over the
     level (each engine its own difference; a restarted one counts from zero), hit_rate = cached /
@@ -216,12 +200,12 @@ def level_cache(before: KvSample, after: KvSample) -> dict[str, Any]:
     read = [label for label in after[0] if label in before[0] and label not in unread]
     totals = dict.fromkeys(CACHE_COUNTERS, 0.0)
     for label in read:
-        for key in totals:
-            now, then = after[0][label][key], before[0][label][key]
-            totals[key] += now - then if now >= then else now
+        for key, n in cache_window(before[0][label], after[0][label]).items():
+            totals[key] += n
+    rate = hit_rate(totals)
     out: dict[str, Any] = {"engines": read, "cached_tokens": int(totals["cached"]),
                            "prompt_tokens": int(totals["prompt"]),
-                           "hit_rate": round(totals["cached"] / totals["prompt"], 4) if totals["prompt"] else None}
+                           "hit_rate": round(rate, 4) if rate is not None else None}
     if unread:
         out["unread"] = dict(sorted(unread.items()))
     return out

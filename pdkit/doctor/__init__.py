@@ -14,12 +14,13 @@ hint (docs/doctor.md). Two halves, kept apart so the checks can be tested on cap
 Where each part lives: model.py (the observations and `CheckResult`), observe.py (reading one engine,
 exporter or router page), collection.py (every host's observations, with progress lines), checks.py
 (the table of checks and `evaluate`; the pure checks by concern in checks_engine.py, checks_graphs.py,
-checks_kv.py and checks_cluster.py, what they share in checkbase.py), baseline.py (the recorded C=16
+checks_kv.py, checks_cache.py and checks_cluster.py, what they share in checkbase.py), baseline.py (the recorded C=16
 bench and doctor's own), report.py (table, JSON, exit code); here the command itself. Every public name
 stays importable from `pdkit.doctor`.
 
 A WARN says "could not prove it" (not measurable on this version, no traffic yet, exporter down);
-a FAIL says "it is wrong"; the exit code is 1 when anything FAILs.
+a FAIL says "it is wrong"; an INFO reports a figure with nothing to judge (prefix_cache without traffic in the
+window); the exit code is 1 when anything FAILs.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from pdkit.doctor.baseline import (
 )
 from pdkit.doctor.checkbase import counter_delta
 from pdkit.doctor.checks import ENGINE_CHECKS, RANK_CHECKS, evaluate, worker_outcomes
+from pdkit.doctor.checks_cache import check_prefix_cache
 from pdkit.doctor.checks_cluster import (
     DEFAULT_TOLERANCE,
     check_decode_speed,
@@ -73,6 +75,7 @@ from pdkit.doctor.checks_kv import check_kv_path, check_kv_transfers, kv_path_te
 from pdkit.doctor.collection import Collected, collect, engine_plans, router_urls
 from pdkit.doctor.model import (
     FAIL,
+    INFO,
     PASS,
     WARN,
     BenchPoint,
@@ -92,6 +95,7 @@ from pdkit.doctor.observe import (
     http_get,
     itl_sums,
     kv_pages,
+    page_sample,
     probe,
     reboot_pending,
     router_outcomes,
@@ -165,16 +169,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 # every public name of the old single module pdkit/doctor.py, importable from here as before
 __all__ = [
-    "BENCH_CONCURRENCY", "DEFAULT_RUNS_PATH", "DEFAULT_TOLERANCE", "ENGINE_CHECKS", "EXIT_FAIL", "EXIT_INVALID", "FAIL",
-    "GRAPH_RATIO_PASS", "PASS", "QUEUE_GROWTH_MIN", "RANK_CHECKS", "UNCAPPED_CONTEXT_WARN", "WARN",
+    "BENCH_CONCURRENCY", "DEFAULT_RUNS_PATH", "DEFAULT_TOLERANCE", "ENGINE_CHECKS", "EXIT_FAIL", "EXIT_INVALID",
+    "FAIL", "GRAPH_RATIO_PASS", "INFO", "PASS", "QUEUE_GROWTH_MIN", "RANK_CHECKS", "UNCAPPED_CONTEXT_WARN", "WARN",
     "BenchPoint", "CheckResult", "Collected", "EngineObservation", "EnginePlan", "ExporterView", "KvBench",
-    "RouterObservation", "Sample", "Status", "WorkerOutcomes",
-    "add_parser", "c16_throughput", "c16_ttft_mean_ms", "check_context_length", "check_decode_cuda_graphs",
-    "check_decode_speed", "check_env", "check_flags", "check_graph_buckets", "check_kv_path", "check_kv_transfers",
-    "check_queues", "check_rank_process", "check_reachable", "check_reboot", "check_router_workers",
-    "check_throughput", "check_versions", "cmd_doctor", "collect", "counter_delta", "decode_graphs_enabled",
-    "decode_passes", "engine_plans", "evaluate", "exit_code", "exporter_views", "fresh_bench", "histogram_mean",
-    "http_get", "itl_sums", "json_report", "kv_pages", "kv_path_text", "largest_decode_bucket", "last_recorded",
-    "mean_between", "per_engine_bench", "probe", "reboot_pending", "recorded_bench", "render_table", "router_outcomes",
-    "router_urls", "run_doctor", "status_counts", "worker_outcomes",
+    "RouterObservation", "Sample", "Status", "WorkerOutcomes", "add_parser", "c16_throughput", "c16_ttft_mean_ms",
+    "check_context_length", "check_decode_cuda_graphs", "check_decode_speed", "check_env", "check_flags",
+    "check_graph_buckets", "check_kv_path", "check_kv_transfers", "check_prefix_cache", "check_queues",
+    "check_rank_process", "check_reachable", "check_reboot", "check_router_workers", "check_throughput",
+    "check_versions", "cmd_doctor", "collect", "counter_delta", "decode_graphs_enabled", "decode_passes",
+    "engine_plans", "evaluate", "exit_code", "exporter_views", "fresh_bench", "histogram_mean", "http_get", "itl_sums",
+    "json_report", "kv_pages", "kv_path_text", "largest_decode_bucket", "last_recorded", "mean_between", "page_sample",
+    "per_engine_bench", "probe", "reboot_pending", "recorded_bench", "render_table", "router_outcomes", "router_urls",
+    "run_doctor", "status_counts", "worker_outcomes",
 ]

@@ -1,13 +1,15 @@
 """Doctor's table of checks: which check runs on which engine role, and `evaluate`, every check over the
 collected observations in table order. The checks themselves, pure functions (observations in,
 `CheckResult` rows out, no I/O), live by concern: checks_engine.py (does the engine run the plan, does it
-make progress), checks_graphs.py (decode CUDA graphs), checks_kv.py (KV hand-offs), checks_cluster.py
+make progress), checks_graphs.py (decode CUDA graphs), checks_kv.py (KV hand-offs), checks_cache.py (the
+prefix cache), checks_cluster.py
 (routers, nodes, throughput); checkbase.py holds what they share."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from pdkit.doctor.checks_cache import check_prefix_cache
 from pdkit.doctor.checks_cluster import DEFAULT_TOLERANCE, check_reboot, check_router_workers, check_throughput
 from pdkit.doctor.checks_engine import (
     check_context_length,
@@ -33,6 +35,7 @@ ENGINE_CHECKS: tuple[tuple[Callable[..., CheckResult], frozenset[str]], ...] = (
     (check_env, frozenset({"prefill", "decode", "unified"})),
     (check_kv_transfers, frozenset({"prefill", "decode"})),
     (check_kv_path, frozenset({"prefill"})),
+    (check_prefix_cache, frozenset({"prefill", "unified"})),
     (check_queues, frozenset({"prefill", "decode", "unified"})),
 )
 # a rank above 0 of an engine spanning nodes: no HTTP, its process only (through its host's exporter)
@@ -68,6 +71,8 @@ def evaluate(engines: Sequence[EngineObservation], routers: Sequence[RouterObser
                 elif check is check_kv_path:
                     decodes = [o for o in engines if o.plan.role == "decode" and o.plan.rank == 0]
                     results.append(check(obs, decodes, (kv_bench or {}).get((obs.plan.host, obs.plan.engine))))
+                elif check is check_prefix_cache:
+                    results.append(check(obs, [o for o in engines if o.plan.role == "decode" and o.plan.rank == 0]))
                 else:
                     results.append(check(obs))
         results.append(versions[id(obs)])

@@ -8,8 +8,10 @@ from typing import Any, Literal
 
 from pdkit.kvcost import Histogram
 
-Status = Literal["PASS", "WARN", "FAIL"]
+Status = Literal["PASS", "INFO", "WARN", "FAIL"]
 PASS: Status = "PASS"
+# a figure reported with nothing to judge (no traffic in the window): neither a pass nor a doubt
+INFO: Status = "INFO"
 WARN: Status = "WARN"
 FAIL: Status = "FAIL"
 
@@ -85,6 +87,10 @@ class Sample:
     # and (sum, count) of sglang:time_to_first_token_seconds, None where the page has none
     kv: dict[str, Histogram] | None = None
     ttft: tuple[float, float] | None = None
+    # the prefix cache's token counters ({"cached", "prompt"}: pdkit.kvcost.cache_counts, 0 while absent)
+    # and one token's KV bytes per rank (pdkit.kvcost.kv_bytes_per_token, None where the page does not say)
+    cache: dict[str, float] | None = None
+    kv_bytes_per_token: float | None = None
 
 
 @dataclass

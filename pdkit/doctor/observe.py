@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pdkit.doctor.model import EnginePlan, ExporterView, Sample
 from pdkit.exporter.metrics import parse_metrics
 from pdkit.health import http_request
-from pdkit.kvcost import Histogram, kv_histograms
+from pdkit.kvcost import Histogram, cache_counts, kv_bytes_per_token, kv_histograms
 from pdkit.metricnames import EXPORTER_SHAPE_RECORDED, ROUTER, SGLANG
 
 # ------------------------------------------------------------------------------------------------
@@ -119,6 +119,12 @@ def read_server_info(url: str, timeout_s: float) -> tuple[dict[str, Any] | None,
     return (info, None) if isinstance(info, dict) else (None, "not a JSON object")
 
 
+def page_sample(at: float, text: str) -> Sample:
+    """Pure: an engine's /metrics page read at `at` as the checks take it (ValueError: unreadable)."""
+    return Sample(at, parse_metrics(text), kv=kv_histograms(text), ttft=histogram_mean(text, SGLANG["ttft"]),
+                  cache=cache_counts(text), kv_bytes_per_token=kv_bytes_per_token(text))
+
+
 def sample(url: str, timeout_s: float) -> Sample:
     """One GET of an engine's /metrics (URL: the engine's base), parsed; the error when it gave nothing."""
     at = time.monotonic()
@@ -126,7 +132,7 @@ def sample(url: str, timeout_s: float) -> Sample:
     if body is None:
         return Sample(at, None, error)
     try:
-        return Sample(at, parse_metrics(body), kv=kv_histograms(body), ttft=histogram_mean(body, SGLANG["ttft"]))
+        return page_sample(at, body)
     except ValueError as exc:
         return Sample(at, None, f"unreadable /metrics: {str(exc)[:120]}")
 

@@ -5,19 +5,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pdkit.doctor.model import FAIL, PASS, WARN, CheckResult, Status
+from pdkit.doctor.model import FAIL, INFO, PASS, WARN, CheckResult, Status
 
 EXIT_FAIL = 1
 EXIT_INVALID = 2
 
 
 def status_counts(results: Sequence[CheckResult]) -> dict[Status, int]:
-    """How many rows PASS, WARN and FAIL."""
-    return {s: sum(1 for r in results if r.status == s) for s in (PASS, WARN, FAIL)}
+    """How many rows PASS, INFO, WARN and FAIL."""
+    return {s: sum(1 for r in results if r.status == s) for s in (PASS, INFO, WARN, FAIL)}
 
 
 def render_table(results: Sequence[CheckResult]) -> str:
-    """Human output: one block per host/target, a row per check, the hint under WARN/FAIL rows."""
+    """Human output: one block per host/target, a row per check, the hint under INFO/WARN/FAIL rows that have one."""
     lines: list[str] = []
     width = max((len(r.check) for r in results), default=10)
     current = None
@@ -28,10 +28,11 @@ def render_table(results: Sequence[CheckResult]) -> str:
             lines.append(f"{r.host}/{r.target}" if r.host else r.target)
         lines.append(f"  {r.check:<{width}}  {r.status}  {r.reason}")
         if r.hint:
-            lines.append(f"  {'':<{width}}        fix: {r.hint}")
+            lines.append(f"  {'':<{width}}        {'note' if r.status == INFO else 'fix'}: {r.hint}")
     counts = status_counts(results)
     lines.append("")
-    lines.append(f"{counts[PASS]} PASS, {counts[WARN]} WARN, {counts[FAIL]} FAIL")
+    info = f"{counts[INFO]} INFO, " if counts[INFO] else ""
+    lines.append(f"{counts[PASS]} PASS, {info}{counts[WARN]} WARN, {counts[FAIL]} FAIL")
     return "\n".join(lines[1:] if lines and lines[0] == "" else lines)
 
 

@@ -6,6 +6,7 @@ import json
 import re
 from dataclasses import dataclass
 
+from pdkit.kvcost import KV_RESEND_MIN_MB, KV_RESEND_WARN
 from pdkit.metricnames import DCGM, EXPORTER, NODE, ROUTER, SGLANG
 from pdkit.monitoring.common import (
     DATASOURCE,
@@ -184,6 +185,28 @@ def _kv_effective(matchers: str) -> str:
             f'(sum by (instance) (rate({SGLANG["kv_transfer_latency"]}_sum{{{matchers}}}[{RATE}])) / 1000)')
 
 
+def _hit_rate(by: str, matchers: str) -> str:
+    """Cached over prompt tokens over the rate interval, summed by `by` ("" for one total). The cached counter is
+    created by the first hit (lazy): until then the rate is 0 where prompt tokens were counted."""
+    S, grouping = SGLANG, f" by ({by})" if by else ""
+    prompt = f'sum{grouping} (rate({S["prompt_tokens"]}{{{matchers}}}[{RATE}]))'
+    cached = f'sum{grouping} (rate({S["cached_tokens"]}{{{matchers}}}[{RATE}]))'
+    return f"({cached} or {prompt} * 0) / {prompt}"
+
+
+def _uncached_kv_mb(matchers: str) -> str:
+    """Per prefill over the rate interval: the KV its requests' uncached prompt tokens need, MiB per hand-off
+    ((prompt - cached tokens) per hand-off x one token's KV, the KV pool's GiB x 1024 over its tokens:
+    pdkit.kvcost.handoff_need)."""
+    S = SGLANG
+    prompt = f'sum by (instance) (rate({S["prompt_tokens"]}{{{matchers}}}[{RATE}]))'
+    cached = f'sum by (instance) (rate({S["cached_tokens"]}{{{matchers}}}[{RATE}]))'
+    handoffs = f'sum by (instance) (rate({S["kv_transfer_total"]}_count{{{matchers}}}[{RATE}]))'
+    per_token = (f'sum by (instance) ({S["kv_cache_memory"]}{{{matchers}}}) * 1024 / '
+                 f'sum by (instance) ({S["max_total_tokens"]}{{{matchers}}})')
+    return f"({prompt} - ({cached} or {prompt} * 0)) / {handoffs} * {per_token}"
+
+
 def _overview(spec: ClusterSpec) -> dict:
     slo = monitoring_of(spec).ttft_p99_slo_s
     S = SGLANG
@@ -234,8 +257,15 @@ def _overview(spec: ClusterSpec) -> dict:
         _P("KV cache usage", [_Q(f'max by (instance) ({S["token_usage"]}{{{F}}})', "{{instance}}")],
            unit="percentunit", min=0, max=1, threshold=0.95,
            description="Share of the KV cache pool in use per engine; near 1 the engine stops admitting."),
-        _P("Prefix cache hit rate", [_Q(f'max by (instance) ({S["cache_hit_rate"]}{{{F}}})', "{{instance}}")],
-           unit="percentunit", min=0, max=1),
+        _P("Prefix cache hit rate", [
+            _Q(_hit_rate("", f'role=~"prefill|unified", {F}'), "total"),
+            _Q(_hit_rate("instance", f'role=~"prefill|unified", {F}'), "{{instance}}")],
+           unit="percentunit", min=0, max=1,
+           description="Prompt tokens served from the prefix cache over prompt tokens, per prefill (and unified) "
+                       "engine over the interval (rate of sglang:cached_tokens_total, every cache_source, over "
+                       "rate of sglang:prompt_tokens_total): the rule of bench's levels and doctor's prefix_cache "
+                       "row (pdkit.kvcost). A PD decode counts the prefill's hits again, so decodes are left out. "
+                       "No value while no prompt arrives; 0 until the first hit creates the cached counter."),
     ]
     return _dashboard(spec, "pdkit-overview", f"pdkit / {spec.cluster.name} / cluster overview", panels,
                       dashboard_variables(spec), "Throughput, latency and load of the whole cluster.")
@@ -291,8 +321,18 @@ def _pd(spec: ClusterSpec) -> dict:
             _Q(_hist_mean(S["kv_transfer_latency"], pdm), "{{instance}} mean"),
             _Q(f'histogram_quantile(0.99, sum by (instance, le) (rate({S["kv_transfer_latency"]}_bucket{{{pdm}}}'
                f'[{RATE}])))', "{{instance}} p99")], unit="ms"),
-        _P("KV transferred per request (mean)", [_Q(_hist_mean(S["kv_transfer_total"], pdm), "{{instance}}")],
-           unit="decmbytes"),
+        _P("KV handed off per request vs the uncached prompt's KV", [
+            _Q(_hist_mean(S["kv_transfer_total"], pdm), "{{instance}} handed off"),
+            _Q(_uncached_kv_mb(pf), "{{instance}} uncached part")],
+           unit="mbytes",
+           description="Handed off: the mean of sglang:kv_transfer_total_mb, the KV each hand-off carried (MiB). "
+                       "Uncached part: the prefill's prompt tokens less those its prefix cache served, per hand-off, "
+                       "times one token's KV (sglang:kv_cache_memory_usage_gb x 1024 / sglang:max_total_num_tokens). "
+                       f"A decode without a radix cache (SGLang's default) receives every prompt token's KV, so with "
+                       f"a warm prefix cache the first line runs far above the second: past "
+                       f"{KV_RESEND_WARN:g}x (and {KV_RESEND_MIN_MB:g} MiB a request sent again) doctor's "
+                       "prefix_cache row warns; tuning.decode_radix_cache (experimental) sends only what the decode "
+                       "lacks: compare with pdkit tune."),
         _P("Transfer and bootstrap failures", _failure_queries(pdm),
            threshold=1, description="Failed requests per interval, from the engines' own counters (created by "
                                     "an engine's first failure: 0 until then; alerts PdkitKvTransferFailures, "

@@ -145,6 +145,11 @@ class Scheduler:
         self._gauges = {n: metrics.child(n) or _NoSeries() for n in _SCHEDULER_GAUGES}
         # set once at startup by a real engine too (lazy in the catalogue: not an idle stats log)
         self.metrics.set("sglang:max_total_num_tokens", args.max_total_tokens)
+        # and the pool's size in GiB (SGLang: the K and V buffers, max_total_num_tokens + one padding page,
+        # mem_cache/memory_pool.py mem_usage): over max_total_num_tokens, the KV bytes of one token (doctor's
+        # prefix_cache row, the PD dashboard's hand-off panel)
+        self.metrics.set("sglang:kv_cache_memory_usage_gb",
+                         (args.max_total_tokens + args.page_size) * knobs.kv_bytes_per_token / 2**30)
 
     # ---- called by the engine -------------------------------------------------------------
 
