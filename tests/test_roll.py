@@ -536,7 +536,7 @@ def _downtime_roller(monkeypatch, inventory: str, router_host: str):
     roller = Roller(f"inventories/{inventory}", spec, Progress(), allow_downtime=True)
     fake = _FakeRouter()
     roller._routers = [(spec.host(router_host), fake)]
-    monkeypatch.setattr(roller, "scrape", lambda urls, names: {k: {n: 0.0 for n in names} for k in urls})
+    monkeypatch.setattr(roller, "scrape", lambda urls, names, missing_ok=(): {k: {n: 0.0 for n in names} for k in urls})
     monkeypatch.setattr(roller, "circuit_states", lambda host: {})
     # the router step's own gate runs on the node (pdkit/gates.py): recorded here
     monkeypatch.setattr(roller, "run_gates", lambda hosts, phase: (fake.calls.append(("gates", tuple(hosts), phase)), (0, []))[1])

@@ -42,6 +42,7 @@ class _ListingRouter:
 
     def add(self, url, kind, bootstrap_port=None, timeout=60):
         self.listed.add(url)
+        self.kinds[url] = kind
 
     def wait_healthy(self, urls, timeout=60):
         if self.fail_waits:
@@ -70,7 +71,7 @@ def _roller(monkeypatch, inventory: str, node: str, *, command: str = "roll", do
     roller._routers = [(router_host, fake)]
     roller.pyinfra = _FakePyinfra()
     roller.restored = []
-    monkeypatch.setattr(roller, "scrape", lambda urls, names: {k: {n: 0.0 for n in names} for k in urls})
+    monkeypatch.setattr(roller, "scrape", lambda urls, names, missing_ok=(): {k: {n: 0.0 for n in names} for k in urls})
     monkeypatch.setattr(roller, "circuit_states", lambda host: {})
     monkeypatch.setattr(roller, "run_gates", lambda hosts, phase: (0, []))
     monkeypatch.setattr(roller, "current_releases", lambda state, hosts: ({h: "rel-1" for h in hosts},
@@ -181,6 +182,77 @@ def test_a_drain_refused_before_it_removed_anything_puts_nothing_back(monkeypatc
         roller.roll_batch(["gpu01"])
     assert exc.value.gate == "drain" and exc.value.readded is None
     assert "nothing was taken out of the router" in stop_summary(exc.value, [])
+
+
+# ---------------------------------------------------------------- a layout change (pdkit tune's node.layout / node.engines)
+
+
+def _layout_roller(monkeypatch, layout: dict):
+    """A roller whose spec is lab-one-node.py changed by LAYOUT (a campaign overlay), while its
+    router still lists the node's workers as they are now (PD: a prefill on :30000, a decode on :30001)."""
+    from pdkit.loader import read_inventory, spec_from_host_data
+    from pdkit.tune.campaign import apply_overlay
+
+    roller, fake, mine, out = _roller(monkeypatch, "lab-one-node.py", "lab-gpu1")
+    hosts = read_inventory(str(REPO / "inventories" / "lab-one-node.py"), str(REPO))
+    spec, problems = spec_from_host_data(apply_overlay(hosts, layout, ["lab-gpu1"]).hosts, inventory="x.py")
+    assert spec is not None, problems
+    roller.spec = spec
+    return roller, fake, mine, out
+
+
+def test_pd_to_unified_takes_the_listed_pd_workers_out_and_adds_the_unified_one_as_regular(monkeypatch):
+    roller, fake, mine, _ = _layout_roller(monkeypatch, {"node.layout": "unified"})
+    assert {fake.kinds[u] for u in fake.listed} == {"prefill", "decode"}
+    said = roller.drain(["lab-gpu1"])
+    # both listed workers leave, though the unified engine reuses the prefill's URL
+    assert fake.listed == set() and "2 worker(s) out of the router (a layout change: 2 of them" in said, said
+    assert {u: fake.kinds[u] for u in roller.retired} == {mine["prefill"]: "prefill", mine["decode"]: "decode"}
+    assert roller.outage_since is not None
+    roller.readd(["lab-gpu1"])
+    [unified] = [roller.engine_urls(["lab-gpu1"])["lab-gpu1/unified"]]
+    assert fake.listed == {unified} and unified == mine["prefill"]
+
+
+def test_a_layout_change_without_downtime_is_refused_before_anything_is_removed(monkeypatch):
+    roller, fake, mine, _ = _layout_roller(monkeypatch, {"node.layout": "unified"})
+    roller.allow_downtime = False
+    with pytest.raises(RuntimeError, match="the layout change leaves lab-gpu1 no decode worker.*nothing was removed"):
+        roller.drain(["lab-gpu1"])
+    assert fake.listed == set(mine.values())
+
+
+@pytest.mark.parametrize("step", ["apply", "ready", "router", "smoke"])
+def test_a_failed_layout_change_puts_the_old_workers_back_as_they_were_listed(monkeypatch, step):
+    roller, fake, mine, out = _layout_roller(monkeypatch, {"node.layout": "unified"})
+    _inject(monkeypatch, roller, fake, step)
+    with pytest.raises(RollError) as exc:
+        roller.roll_batch(["lab-gpu1"])
+    assert exc.value.gate == step and roller.restored == [("lab-gpu1", "rel-1")]
+    # back as the node's restored release serves them: a prefill and a decode, not one regular worker
+    assert fake.routable() == set(mine.values()), out.getvalue()
+    assert [fake.kinds[u] for u in sorted(fake.listed)] == ["prefill", "decode"]
+    assert "back in the router as listed before the layout change" in out.getvalue()
+
+
+def test_unified_back_to_pd_scrapes_only_the_engines_that_run(monkeypatch):
+    """The other way: the router lists one regular worker; the PD decode's port has no engine yet,
+    so the drain's idle check must not wait on it."""
+    roller, fake, mine, _ = _layout_roller(monkeypatch, {"node.layout": "unified"})
+    roller.drain(["lab-gpu1"])
+    roller.readd(["lab-gpu1"])
+    unified_spec = roller.spec
+    pd_roller, pd_fake, _, _ = _roller(monkeypatch, "lab-one-node.py", "lab-gpu1")
+    pd_fake.listed, pd_fake.kinds = set(fake.listed), {u: "regular" for u in fake.listed}
+    scraped = []
+    monkeypatch.setattr(pd_roller, "scrape", lambda urls, names, missing_ok=(): scraped.append((dict(urls), set(missing_ok)))
+                        or {k: {n: 0.0 for n in names} for k in urls if k not in missing_ok})
+    said = pd_roller.drain(["lab-gpu1"])
+    assert unified_spec is not pd_roller.spec and "1 worker(s) out of the router (a layout change" in said, said
+    urls, missing_ok = scraped[0]
+    assert missing_ok == {"lab-gpu1/decode"} and urls["lab-gpu1/decode"] == mine["decode"]
+    pd_roller.readd(["lab-gpu1"])
+    assert {u: pd_fake.kinds.get(u) for u in pd_fake.listed} == {mine["prefill"]: "prefill", mine["decode"]: "decode"}
 
 
 # ---------------------------------------------------------------- rollback

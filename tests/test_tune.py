@@ -101,6 +101,8 @@ def test_candidate_gate_settings_default_to_the_campaigns():
     ("decode.cuda_graph_maxbs", "'cuda_graph_maxbs' is not a tuning field"),
     ("router.policy", "unknown scope 'router'"),
     ("node.gpus", "node levers are"),
+    ("node.engines", None),
+    ("node.layout", None),
     ("cuda_graph", "an overlay key is SCOPE.FIELD"),
 ])
 def test_key_problem(key, fragment):
@@ -224,6 +226,83 @@ def test_the_cache_levers_and_an_unset_lever_are_candidates(lab_hosts, overlay, 
     assert flag_diff(base, spec) == diff
     if "decode.decode_radix_cache" in overlay:  # offered, and labelled experimental wherever it shows
         assert any("experimental" in p.message for p in problems if p.severity == "warning"), problems
+
+
+# ------------------------------------------------------------------ layout as a lever
+
+ONE_NODE = str(REPO / "inventories" / "lab-one-node.py")
+SPLIT_2_6 = [{"name": "prefill", "role": "prefill", "gpus": [0, 1], "port": 30000, "bootstrap_port": 8998, "pd_group": "lab-gpu1"},
+             {"name": "decode", "role": "decode", "gpus": [2, 3, 4, 5, 6, 7], "tp": 2, "dp": 3, "port": 30001, "pd_group": "lab-gpu1"}]
+
+
+@pytest.fixture(scope="module")
+def one_node_hosts():
+    from pdkit.loader import load, read_inventory
+
+    return read_inventory(ONE_NODE, str(REPO)), load(ONE_NODE)
+
+
+def test_pd_to_one_unified_engine_over_the_same_gpus(one_node_hosts):
+    hosts, base = one_node_hosts
+    spec, problems, applied = derive(hosts, _cand({"node.layout": "unified", "unified.page_size": 64}), ["lab-gpu1"], "x.py")
+    assert spec is not None, problems
+    node = next(h for h in spec.gpu_hosts if h.name == "lab-gpu1").node
+    [engine] = node.engines
+    assert (engine.role, engine.gpus, engine.tp_size, engine.port) == ("unified", tuple(range(8)), 8, 30000)
+    # the layout applies first: the unified-scoped key lands on the new engine
+    assert applied.landed["unified.page_size"] == [("lab-gpu1", "pdkit_node.engines[unified].tuning.page_size")]
+    assert flag_diff(base, spec) == ["lab-gpu1/decode: engine removed", "lab-gpu1/prefill: engine removed", "lab-gpu1/unified: engine added"]
+    # the derived inventory is a full inventory the loader reads back to the same plan
+    from pdkit.plan import plan_cluster
+    assert plan_cluster(spec)["lab-gpu1"].release_hash != plan_cluster(base)["lab-gpu1"].release_hash
+
+
+def test_another_gpu_split_is_a_whole_engines_list(one_node_hosts, tmp_path):
+    from pdkit.loader import load
+
+    hosts, _ = one_node_hosts
+    spec, problems, applied = derive(hosts, _cand({"node.engines": SPLIT_2_6}), ["lab-gpu1"], "x.py")
+    assert spec is not None, problems
+    engines = {e.name: e for e in next(h for h in spec.gpu_hosts if h.name == "lab-gpu1").node.engines}
+    assert (engines["prefill"].gpus, engines["decode"].dp) == ((0, 1), 3)
+    path = tmp_path / "split.py"
+    path.write_text(render_inventory(applied.hosts, ONE_NODE, "split"))
+    assert {e.name: e.gpus for e in next(h for h in load(path).gpu_hosts if h.name == "lab-gpu1").node.engines} == \
+        {"prefill": (0, 1), "decode": (2, 3, 4, 5, 6, 7)}
+
+
+@pytest.mark.parametrize("overlay, fragments", [
+    # every layout is validated like any inventory: a GPU used twice, TP that does not divide, a port twice
+    ({"node.engines": [{**SPLIT_2_6[0], "gpus": [0, 1, 2]}, SPLIT_2_6[1]]}, ["lab-gpu1", "pdkit_node.engines"]),
+    ({"node.engines": [SPLIT_2_6[0], {**SPLIT_2_6[1], "tp": 4, "dp": 1}]}, ["lab-gpu1", "pdkit_node.engines[1]", "tp"]),
+    ({"node.engines": [SPLIT_2_6[0], {**SPLIT_2_6[1], "port": 30000}]}, ["lab-gpu1", "port"]),
+    # a role-scoped key that no engine of the new layout has changes nothing: refused
+    ({"node.layout": "unified", "decode.page_size": 64}, ["candidates[c].set.decode.page_size", "matches no engine"]),
+])
+def test_a_bad_layout_is_refused_naming_host_and_field(one_node_hosts, overlay, fragments):
+    hosts, _ = one_node_hosts
+    spec, problems, _ = derive(hosts, _cand(overlay), ["lab-gpu1"], "x.py")
+    assert spec is None
+    text = "\n".join(str(p) for p in problems if p.severity == "error")
+    for f in fragments:
+        assert f in text, text
+
+
+@pytest.mark.parametrize("set_, fragment", [
+    ({"node.layout": "tp8"}, "'tp8' is not a layout; valid: unified"),
+    ({"node.engines": [1, 2]}, "a whole engines list"),
+    ({"node.engines": []}, "a whole engines list"),
+])
+def test_layout_values_are_checked_up_front(set_, fragment):
+    c = campaign(candidates=[{"name": "l", "set": set_}])
+    problems = campaign_problems(c, expand(c))
+    assert any(p.startswith(f"campaign.candidates[l].set.{next(iter(set_))}: ") and fragment in p for p in problems), problems
+
+
+def test_a_layout_sweep_names_each_candidate_by_its_roles_and_gpus():
+    unified = [{"name": "u", "role": "unified", "gpus": list(range(8)), "port": 30000}]
+    parsed = campaign(candidates=[{"name": "shape", "set": {"node.engines": [SPLIT_2_6, unified]}}])
+    assert [(c.name, len(c.overlay["node.engines"])) for c in expand(parsed)] == [("shape-p2-d6", 2), ("shape-u8", 1)]
 
 
 def test_flag_diff_uses_pdkit_compares_words(lab_hosts):
@@ -625,8 +704,11 @@ def test_a_one_node_campaign_is_refused_without_downtime_and_dry_runs_with_it(tm
     accepted = _tune("inventories/lab-one-node.py", "docs/tune/lab-one-node.yaml", "--dry")
     assert accepted.returncode == 0, accepted.stderr
     assert "downtime accepted (campaign.downtime): each roll onto lab-gpu1" in accepted.stdout
-    # steps-1, steps-8, page-64, ctx-4096: each restarts the box
-    assert accepted.stdout.count("downtime: ~60 s with the cluster serving nothing (assumed") == 4, accepted.stdout
+    # steps-1, steps-8, page-64, ctx-4096, unified, decode-radix: each restarts the box
+    assert accepted.stdout.count("downtime: ~60 s with the cluster serving nothing (assumed") == 6, accepted.stdout
+    # the layout candidate shows what it retires and adds; the experimental lever says so
+    assert "lab-gpu1/unified: engine added" in accepted.stdout
+    assert "warning: lab-gpu1: pdkit_node.engines[1].tuning.decode_radix_cache: experimental" in accepted.stdout
     # the three-node lab keeps serving while its canary rolls: no downtime, none to accept
     lab = _tune("inventories/lab.py", "docs/tune/lab.yaml", "--dry")
     assert lab.returncode == 0 and "downtime" not in lab.stdout, lab.stdout + lab.stderr

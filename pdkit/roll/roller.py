@@ -179,6 +179,10 @@ class Roller:
     running_keys: dict[str, Key] = field(default_factory=dict)
     # the worker URLs the last drain took out of a router: none after a failed drain means there is nothing to put back
     removed: list[str] = field(default_factory=list)
+    # workers the last drain took out that the plan no longer has as they were listed (a layout
+    # change: PD <-> unified, another split): url -> (router client, the router's own listing), so a
+    # failed change puts them back as they were, not as the plan would have them
+    retired: dict[str, tuple[Any, Any]] = field(default_factory=dict)
     # name -> connected pyinfra Host of the current batch (its gates run over these)
     connected: dict[str, Any] = field(default_factory=dict)
     # the command this Roller runs for (roll, rollback, tune): its silences' comments name it
@@ -260,10 +264,14 @@ class Roller:
         return {f"{h.name}/{e.name}": flags.engine_url(self.spec, h, e)
                 for h, e in self.spec.engines() if h.name in hosts}
 
-    def scrape(self, urls: dict[str, str], names: Iterable[str]) -> dict[str, dict[str, float]]:
+    def scrape(self, urls: dict[str, str], names: Iterable[str],
+               missing_ok: Iterable[str] = ()) -> dict[str, dict[str, float]]:
+        """Each engine's sums of NAMES; an engine labelled in MISSING_OK that does not answer is left out."""
         out = {}
         for label, url in urls.items():
             status, body = http_request(f"{url}/metrics", timeout=10)
+            if status != 200 and label in missing_ok:
+                continue
             if status != 200:
                 raise RuntimeError(f"{label}: {url}/metrics answered {status or 'nothing'}: {body.strip()[:160]}")
             out[label] = metric_sums(body, names)
@@ -281,13 +289,17 @@ class Roller:
                     out[sample.labels["worker"].rstrip("/")] = sample.value
         return out
 
-    def others_can_serve(self, hosts: list[str], accepted: frozenset[tuple[str, str]] = frozenset()) -> str | None:
+    def others_can_serve(self, hosts: list[str], accepted: frozenset[tuple[str, str]] = frozenset(),
+                         also: Iterable[str] = ()) -> str | None:
         """None when, for every worker type the batch takes out of a router, another worker of that
         type stays registered, ready, healthy and with a closed (or half-open) circuit; else why not.
-        ACCEPTED: (router host, worker type) outages the roll was told to accept (--allow-downtime)."""
+        ACCEPTED: (router host, worker type) outages the roll was told to accept (--allow-downtime).
+        ALSO: listed URLs a layout change takes out besides the planned workers (listed_changed)."""
         leaving = self.workers_of(hosts)
+        also = set(also)
         for router_host, client in self.routers():
             mine = {url for c, _, url in leaving if c is client}
+            mine |= {w.url for w in client.workers() if w.url.rstrip("/") in also}
             if not mine:
                 continue
             listed = client.workers()
@@ -315,39 +327,87 @@ class Roller:
         return {(o.router, REGULAR) for o in outages if REGULAR in o.kinds
                 and ROUTER_RELEASES[self.spec.router_release(self.spec.host(o.router))].empty_regular_is_404}
 
+    def listed_changed(self, hosts: list[str]) -> list[tuple[Any, Any, Any]]:
+        """(router host, client, listed worker) for each worker a router lists on HOSTS' engine
+        addresses that the plan does not have as listed (its URL or its worker type differ): what a
+        layout change (PD <-> unified, another GPU split) takes away. Empty on an ordinary roll."""
+        addresses = {flags.engine_url(self.spec, self.spec.host(h), e).rsplit(":", 1)[0]
+                     for h in hosts for e in (self.spec.host(h).node.engines if self.spec.host(h).node else ())}
+        planned = {(url.rstrip("/"), worker_type(e.role)) for _, e, url in self.workers_of(hosts)}
+        out = []
+        for router_host, client in self.routers():
+            for w in client.workers():
+                url = w.url.rstrip("/")
+                if url.rsplit(":", 1)[0] in addresses and (url, w.worker_type) not in planned:
+                    out.append((router_host, client, w))
+        return out
+
     def drain(self, hosts: list[str]) -> str:
         # a drain that fails before its first removal took nothing out (not the last batch's workers)
         self.removed = []
+        self.retired = {}
         outages = batch_outages(self.spec, hosts)
-        if outages and not self.allow_downtime:
-            lost = "; ".join(f"{o.url} would have no {' or '.join(o.kinds)} worker" for o in outages)
+        changed = self.listed_changed(hosts)
+        # a layout change: the kinds it takes away that no other worker of the router serves are an
+        # outage too, accepted only with --allow-downtime
+        leaving = {w.url.rstrip("/") for _, _, w in changed} | {url for _, _, url in self.workers_of(hosts)}
+        lost_kinds: set[tuple[str, str]] = set()
+        for router_host, client, w in changed:
+            others = [o for o in client.workers()
+                      if o.worker_type == w.worker_type and o.url.rstrip("/") not in leaving]
+            if not others:
+                lost_kinds.add((router_host.name, w.worker_type))
+        if (outages or lost_kinds) and not self.allow_downtime:
+            lost = "; ".join([f"{o.url} would have no {' or '.join(o.kinds)} worker" for o in outages]
+                             + [f"the layout change leaves {router} no {kind} worker"
+                                for router, kind in sorted(lost_kinds)])
             raise RuntimeError(f"{lost}; nothing was removed (--allow-downtime accepts the outage)")
-        accepted = frozenset((o.router, kind) for o in outages for kind in o.kinds)
+        accepted = frozenset({(o.router, kind) for o in outages for kind in o.kinds} | lost_kinds)
         # never take out the last usable worker of a kind (unless that outage is accepted): wait
         # (bounded) for the others to be usable
         deadline = time.monotonic() + self.drain_timeout_s
-        while (why := self.others_can_serve(hosts, accepted)) is not None:
+        retiring = {w.url.rstrip("/") for _, _, w in changed}
+        while (why := self.others_can_serve(hosts, accepted, also=retiring)) is not None:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{why}; nothing was removed")
             time.sleep(1)
-        workers = sorted(self.workers_of(hosts), key=lambda w: REMOVAL_ORDER[worker_type(w[1].role)])
         router_of = {id(client): h.name for h, client in self.routers()}
+        removals = [(client, worker_type(engine.role), url) for client, engine, url in self.workers_of(hosts)]
+        changed_urls = {(id(client), w.url.rstrip("/")) for _, client, w in changed}
+        removals = [r for r in removals if (id(r[0]), r[2]) not in changed_urls]
+        if changed:
+            # a layout change adds engines the router does not list yet: nothing to take out for them
+            listed = {(id(client), w.url.rstrip("/")) for _, client in self.routers() for w in client.workers()}
+            removals = [r for r in removals if (id(r[0]), r[2]) in listed]
+        removals += [(client, w.worker_type, w.url.rstrip("/")) for _, client, w in changed]
+        removals.sort(key=lambda r: REMOVAL_ORDER.get(r[1], 1))
         self.removed = []
         held = self.held_kinds(outages)
         self.held_s = self.hold_settle_s(hosts) if held else 0
-        if outages:
+        if outages or lost_kinds:
             self.outage_since = time.monotonic()
-        for client, engine, url in workers:
-            client.remove(url, settle_s=(self.held_s if (router_of[id(client)], worker_type(engine.role)) in held
-                                         else None))
+        listed_as = {(id(client), w.url.rstrip("/")): w for _, client, w in changed}
+        for client, kind, url in removals:
+            client.remove(url, settle_s=(self.held_s if (router_of[id(client)], kind) in held else None))
             self.removed.append(url)
+            if (id(client), url) in listed_as:
+                self.retired[url] = (client, listed_as[(id(client), url)])
         urls = self.engine_urls(hosts)
+        # the engines the layout change retires finish their requests too; an engine it adds is not
+        # running yet, so its missing /metrics is no error
+        urls.update({f"retired {url}": url for url in self.retired})
+        not_yet = {label for label, url in urls.items() if self.retired and url not in self.retired
+                   and url not in self.removed}
         deadline = time.monotonic() + self.drain_timeout_s
         while True:
-            busy = {k: {n: v for n, v in m.items() if v} for k, m in self.scrape(urls, DRAIN_GAUGES).items()}
+            busy = {k: {n: v for n, v in m.items() if v}
+                    for k, m in self.scrape(urls, DRAIN_GAUGES, missing_ok=not_yet).items()}
             busy = {k: v for k, v in busy.items() if v}
             if not busy:
-                return f"{len(workers)} worker(s) out of the router, {len(urls)} engine(s) idle"
+                idle = len({url for label, url in urls.items() if label not in not_yet})
+                layout = (f" (a layout change: {len(self.retired)} of them not in the plan as listed)"
+                          if self.retired else "")
+                return f"{len(removals)} worker(s) out of the router{layout}, {idle} engine(s) idle"
             if time.monotonic() > deadline:
                 raise TimeoutError(f"engines still busy after {self.drain_timeout_s:.0f} s: {busy}")
             time.sleep(0.25)
@@ -397,6 +457,22 @@ class Roller:
             self.outage_since = None
             served += f"; the router served again after a {self.last_outage_s:.1f} s outage"
         return served
+
+    def readd_as_listed(self, urls: list[str]) -> str:
+        """Workers a layout change took out, back in their routers as they were listed (type,
+        bootstrap port), prefill before decode, then healthy."""
+        order = sorted(urls, key=lambda u: -REMOVAL_ORDER.get(self.retired[u][1].worker_type, 1))
+        for url in order:
+            client, listed = self.retired[url]
+            client.add(url, listed.worker_type, listed.bootstrap_port, timeout=self.router_timeout_s + self.held_s)
+        by_client: dict[int, tuple[Any, list[str]]] = {}
+        for url in order:
+            client = self.retired[url][0]
+            by_client.setdefault(id(client), (client, []))[1].append(url)
+        for client, mine in by_client.values():
+            client.wait_healthy(mine, timeout=self.router_timeout_s)
+        self.held_s = 0
+        return f"{len(order)} worker(s) back in the router as listed before the layout change, healthy"
 
     def gates_of(self, host: str, phase: int) -> list:
         """The gates (pdkit/gates.py, the deploy's own) of HOST's planned services that run there:
@@ -684,7 +760,8 @@ class Roller:
         if restore_to is not None:
             self.restore_batch(hosts, restore_to)
         workers = self.workers_of(hosts)
-        taken = [url for _, _, url in workers if url in set(self.removed)]
+        taken = [url for _, _, url in workers if url in set(self.removed) and url not in self.retired]
+        taken += [url for url in self.retired if url in set(self.removed)]
         who = ",".join(hosts)
         if not taken:
             if restore_to is None:
@@ -692,11 +769,20 @@ class Roller:
             return None
         healthy, left_out = sort_by_health(self.engine_health(sorted(set(taken)), self.router_timeout_s))
         error = ""
-        if healthy:
+        # a layout change's workers go back as the router listed them before the change (the node
+        # is back on that release), the others as planned
+        back_as_listed = [url for url in healthy if url in self.retired]
+        planned_back = [url for url in healthy if url not in self.retired]
+        if back_as_listed:
             try:
-                p(who, "router", self.readd(hosts, only=healthy))
+                p(who, "router", self.readd_as_listed(back_as_listed))
             except Exception as exc:  # noqa: BLE001 - what the routers list below is what counts
                 error = str(exc)
+        if planned_back:
+            try:
+                p(who, "router", self.readd(hosts, only=planned_back))
+            except Exception as exc:  # noqa: BLE001 - what the routers list below is what counts
+                error = error or str(exc)
         listed: dict[str, bool] = {}
         for _, client in self.routers():
             try:

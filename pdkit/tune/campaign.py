@@ -6,7 +6,11 @@ of spec fields. An overlay key is `SCOPE.FIELD[.SUBFIELD]`:
 - SCOPE `all`, `prefill`, `decode` or `unified`: a tuning field (pdkit_cluster.tuning's fields)
   set on every engine of that role (`all`: every engine) on the target hosts, as the engine's
   own `tuning` (it wins over the cluster's role tuning: ClusterSpec.engine_tuning);
-- SCOPE `node`: a pdkit_node field (nccl_profile, ...) of the target hosts.
+- SCOPE `node`: a pdkit_node field (nccl_profile, ...) of the target hosts, or the node's layout:
+  `node.engines` (a whole engines list: PD <-> unified, the prefill/decode GPU split, TP per
+  engine, one pair <-> two) or `node.layout: unified` (one unified engine over every GPU the
+  node's engines use, TP across them). Layout keys apply first, so `unified.F` in the same
+  candidate lands on the new engine.
 
 A list value sweeps: `decode.cuda_graph_max_bs: [32, 64, 96]` is three candidates (several swept
 keys: their product). For a field that is itself a list (cuda_graph_bs) a sweep is a list of
@@ -39,9 +43,13 @@ from pdkit.spec import Problem, Tuning
 
 ENGINE_SCOPES = ("all", "prefill", "decode", "unified")
 NODE_SCOPE = "node"
-# pdkit_node fields a candidate may change: the rest (GPU layout, engines, addresses) are the
-# cluster's shape, not a lever
-NODE_LEVERS = ("nccl_profile", "ucx_net_devices", "nic")
+# pdkit_node fields a candidate may change (addresses and the GPUs themselves are the machine,
+# not a lever)
+NODE_LEVERS = ("nccl_profile", "ucx_net_devices", "nic", "engines", "layout")
+# the node keys that change the engines themselves: applied before any engine-scoped key
+LAYOUT_LEVERS = ("engines", "layout")
+# the shorthand layouts `node.layout` takes (unified_layout)
+LAYOUTS = ("unified",)
 NAME = r"^[a-z0-9]([a-z0-9._-]{0,62}[a-z0-9])?$"
 BASELINE = "baseline"
 
@@ -269,7 +277,7 @@ def _is_list_field(key: str) -> bool:
     if scope in ENGINE_SCOPES and name in Tuning.model_fields:
         annotation = Tuning.model_fields[name].annotation
         return "tuple" in str(annotation) or any(typing.get_origin(a) is tuple for a in typing.get_args(annotation))
-    return False
+    return scope == NODE_SCOPE and name == "engines"
 
 
 def sweep_values(key: str, value: Any) -> list[Any]:
@@ -287,6 +295,14 @@ def _value_text(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
+def _layout_text(key: str, value: Any) -> str:
+    """A swept value in a candidate's name; an engines list by its roles and GPU counts (p4-d4, u8)."""
+    if key == f"{NODE_SCOPE}.engines" and isinstance(value, list):
+        return "-".join(f"{str(e.get('role', '?'))[:1]}{len(e.get('gpus') or ())}" if isinstance(e, dict) else "?"
+                        for e in value)
+    return _value_text(value)
+
+
 def expand(campaign: Campaign) -> list[Candidate]:
     """Every candidate in campaign order; a sweep expands in the order its values are listed."""
     out: list[Candidate] = []
@@ -298,7 +314,7 @@ def expand(campaign: Campaign) -> list[Candidate]:
         for combo in itertools.product(*choices):
             overlay = dict(zip(keys, combo))
             # one swept key: name-VALUE; several: name-FIELDVALUE-FIELDVALUE
-            suffix = "".join(f"-{'' if len(swept) == 1 else k.rsplit('.', 1)[-1]}{_value_text(overlay[k])}"
+            suffix = "".join(f"-{'' if len(swept) == 1 else k.rsplit('.', 1)[-1]}{_layout_text(k, overlay[k])}"
                              for k in swept)
             name = re.sub(r"[^a-z0-9._-]+", "-", f"{entry.name}{suffix}".lower()).strip("-")
             out.append(Candidate(
@@ -325,7 +341,7 @@ def campaign_problems(campaign: Campaign, candidates: list[Candidate]) -> list[s
         seen.setdefault(c.name, c.origin)
     for entry in campaign.candidates:
         for key in entry.set:
-            why = key_problem(key)
+            why = key_problem(key) or layout_value_problem(key, entry.set[key])
             if why:
                 problems.append(f"campaign.candidates[{entry.name}].set.{key}: {why}")
     names = {c.name for c in candidates} | {c.origin for c in candidates}
@@ -339,6 +355,21 @@ def campaign_problems(campaign: Campaign, candidates: list[Candidate]) -> list[s
     return problems
 
 
+def layout_value_problem(key: str, value: Any) -> str | None:
+    """What is wrong with a layout key's value (each swept value), before any spec is derived."""
+    if key == f"{NODE_SCOPE}.layout":
+        bad = [v for v in sweep_values(key, value) if v not in LAYOUTS]
+        if bad:
+            return (f"{bad[0]!r} is not a layout; valid: {', '.join(LAYOUTS)} (or set node.engines to a whole "
+                    "engines list)")
+    if key == f"{NODE_SCOPE}.engines":
+        for v in sweep_values(key, value):
+            if not isinstance(v, list) or not v or not all(isinstance(e, dict) for e in v):
+                return ("a whole engines list, as in pdkit_node.engines (a list of engine mappings; a list of "
+                        "such lists sweeps)")
+    return None
+
+
 def key_problem(key: str) -> str | None:
     scope, dot, rest = key.partition(".")
     if not dot or not rest:
@@ -350,7 +381,7 @@ def key_problem(key: str) -> str | None:
         return None
     if scope == NODE_SCOPE:
         if "." in rest or name not in NODE_LEVERS:
-            return (f"node levers are {', '.join(NODE_LEVERS)} (the GPU layout and engines are the cluster's shape, "
+            return (f"node levers are {', '.join(NODE_LEVERS)} (addresses and the GPUs themselves are the machine, "
                     "not a lever)")
         return None
     return f"unknown scope {scope!r}; valid: {', '.join((*ENGINE_SCOPES, NODE_SCOPE))}"
@@ -380,19 +411,52 @@ class Applied:
     landed: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
 
 
+def unified_layout(engines: list[Any]) -> list[dict[str, Any]]:
+    """Pure: one unified engine over every GPU ENGINES use, TP across them, on the first engine's
+    port; the engine settings every engine shares (model, version, env entries) are kept, the
+    role-specific ones (bootstrap port, PD group, per-engine tuning, GPU shares) are not."""
+    dicts = [e for e in engines if isinstance(e, dict)]
+    gpus = sorted({g for e in dicts for g in (e.get("gpus") or ()) if isinstance(g, int)})
+    unified: dict[str, Any] = {"name": "unified", "role": "unified", "gpus": gpus, "tp": max(1, len(gpus)),
+                               "port": dicts[0].get("port") if dicts else None}
+    for key in ("model", "sglang_version", "numa_node", "nodes", "extra_args"):
+        values = [e.get(key) for e in dicts]
+        if values and all(v == values[0] for v in values) and values[0] not in (None, (), []):
+            unified[key] = copy.deepcopy(values[0])
+    shared_env = {k: v for k, v in (dicts[0].get("env") or {}).items()
+                  if all((e.get("env") or {}).get(k) == v for e in dicts)} if dicts else {}
+    if shared_env:
+        unified["env"] = shared_env
+    return [unified]
+
+
+def _apply_layout(node: dict[str, Any], key: str, value: Any) -> None:
+    if key == "engines":
+        node["engines"] = copy.deepcopy(value)
+    elif value in LAYOUTS:
+        node["engines"] = unified_layout(node.get("engines") or [])
+    else:
+        node["layout"] = value  # the validator names it: pdkit_node has no such field
+
+
 def apply_overlay(hosts: HostData, overlay: dict[str, Any], targets: list[str]) -> Applied:
-    """Pure: the inventory's resolved host data with OVERLAY set on the TARGETS' engines / nodes."""
+    """Pure: the inventory's resolved host data with OVERLAY set on the TARGETS' engines / nodes.
+    Layout keys (node.engines, node.layout) go first: engine-scoped keys land on the new engines."""
     out: HostData = []
     landed: dict[str, list[tuple[str, str]]] = {k: [] for k in overlay}
+    ordered = sorted(overlay.items(), key=lambda kv: kv[0] not in {f"{NODE_SCOPE}.{n}" for n in LAYOUT_LEVERS})
     for name, groups, data in hosts:
         data = copy.deepcopy(data)
         node = data.get("pdkit_node")
         if name in targets and isinstance(node, dict):
-            for key, value in overlay.items():
+            for key, value in ordered:
                 scope, _, rest = key.partition(".")
                 path = rest.split(".")
                 if scope == NODE_SCOPE:
-                    _set_path(node, path, value)
+                    if rest in LAYOUT_LEVERS:
+                        _apply_layout(node, rest, value)
+                    else:
+                        _set_path(node, path, value)
                     landed[key].append((name, f"pdkit_node.{rest}"))
                     continue
                 for engine in node.get("engines") or []:

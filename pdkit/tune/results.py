@@ -314,6 +314,8 @@ def render_markdown(campaign: Campaign, records: Sequence[dict[str, Any]], concu
         diff = r.get("flag_diff") or []
         lines.append(f"- **{r['candidate']}**: " + ("; ".join(diff) if diff
                                                     else "no engine flag changes (environment or node settings only)"))
+        # validate's warnings the baseline has not: an experimental lever says so where it is ranked
+        lines += [f"  - warning: {w}" for w in r.get("warnings") or []]
     kept = next((r for r in reversed(records) if r.get("kind") == "end"), None)
     if kept:
         lines += ["", f"## Left applied: {kept['candidate']}", "", kept.get("reason", ""), ""]

@@ -102,6 +102,9 @@ class Prepared:
     measured: Measured | None = None
     # hosts whose roll takes a router's last workers of a kind out -> the routers and kinds (pdkit.roll.batch_outages)
     outages: dict[str, list] = field(default_factory=dict)
+    # candidate -> validate's warnings it has and the baseline has not ("experimental: ..."), shown
+    # in --dry, kept in its record and the report
+    warnings: dict[str, list[str]] = field(default_factory=dict)
 
 
 def candidate_inventory(campaign: Campaign, name: str) -> Path:
@@ -137,8 +140,11 @@ def prepare(inventory: str, campaign_path: str) -> Prepared:
     targets = resolve_targets(campaign, base)
     specs: dict[str, Any] = {BASELINE: base}
     applied: dict[str, Applied] = {BASELINE: apply_overlay(hosts, {}, targets)}
+    base_warnings = {str(p) for p in base_problems if p.severity == "warning"}
+    warnings: dict[str, list[str]] = {}
     for c in candidates:
         spec, found, app = derive(hosts, c, targets, str(candidate_inventory(campaign, c.name).resolve()))
+        warnings[c.name] = [str(p) for p in found if p.severity == "warning" and str(p) not in base_warnings]
         for p in found:
             if p.severity == "error":
                 problems.append(f"candidate {c.name}: {p}")
@@ -179,7 +185,7 @@ def prepare(inventory: str, campaign_path: str) -> Prepared:
         restarts[c.name] = sum(plans[h].release_hash != previous[h].release_hash for h in targets)
         previous = plans
     return Prepared(campaign, inv, base, hosts, targets, candidates, specs, applied, target_concurrency(campaign, base),
-                    restarts, measured, outages)
+                    restarts, measured, outages, warnings)
 
 
 def measured_text(measured: Measured) -> str:
@@ -242,6 +248,8 @@ def dry_text(prep: Prepared, records: list[dict[str, Any]], todo: list[Candidate
         for line in (flag_diff(prep.base_spec, prep.specs[cand.name])
                      or ["no engine flag changes (environment or node settings only)"]):
             lines.append(f"      {line}")
+        for line in prep.warnings.get(cand.name, []):
+            lines.append(f"      warning: {line}")
     n = len(todo) + (BASELINE not in done)
     restarts = round(sum(prep.restarts[t.name] for t in todo) / max(1, len(todo))) if todo else 0
     est = estimate(n, restarts, c, records)
@@ -503,6 +511,7 @@ class Session:
             "started": datetime.now(UTC).isoformat(timespec="seconds"),
             "spec_diff": spec_diff(prep.base_spec, spec) if cand else {},
             "flag_diff": flag_diff(prep.base_spec, spec) if cand else [],
+            "warnings": prep.warnings.get(name, []) if cand else [],
             "gates": {}, "timings": {},
         }
         self.say("start", f"{name}: " + (", ".join(f"{k}={v!r}" for k, v in cand.overlay.items()) if cand

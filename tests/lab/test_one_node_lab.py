@@ -293,9 +293,10 @@ def test_a_one_node_campaign_rolls_each_candidate_with_downtime_and_puts_a_faile
         "soak": {"seconds": 3, "concurrency": 8, "max_new_tokens": 16, "wedge_window_s": 2},
         "doctor": {"window_s": 2, "probe_requests": 2},
         "noise": {**shipped["noise"], "baseline_repeats": 2},
+        # the layout lever (PD -> one unified engine over the same GPUs) and a cache lever, as shipped
         "candidates": [
-            {"name": "steps", "set": {"decode.num_continuous_decode_steps": 8}},
-            next(c for c in shipped["candidates"] if c["name"] == "page-64"),
+            next(c for c in shipped["candidates"] if c["name"] == "unified"),
+            next(c for c in shipped["candidates"] if c["name"] == "decode-radix"),
             {"name": "torch-compile", "set": {"decode.torch_compile": True}, "note": "the sim corrupts every decoded token"},
         ],
     }
@@ -305,14 +306,23 @@ def test_a_one_node_campaign_rolls_each_candidate_with_downtime_and_puts_a_faile
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
     records = [json.loads(line) for line in (tmp_path / "tune" / "lab-one-node.jsonl").read_text().splitlines() if line.strip()]
     by = {r["candidate"]: r for r in records if r["kind"] != "end"}
-    assert list(by) == ["baseline", "steps", "page-64", "torch-compile"], list(by)
+    assert list(by) == ["baseline", "unified", "decode-radix", "torch-compile"], list(by)
     assert by["baseline"]["measured"]["via"] == "router", by["baseline"]["measured"]
-    for name in ("baseline", "steps", "page-64"):
+    for name in ("baseline", "unified", "decode-radix"):
         assert by[name]["verdict"] == "pass", (name, by[name].get("failed_gate"), by[name].get("reason"))
-    for name in ("steps", "page-64", "torch-compile"):
+    for name in ("unified", "decode-radix", "torch-compile"):
         # each candidate restarted the box with the router emptied: the outage was measured
         assert 0 < by[name]["timings"]["outage_s"] < 120, (name, by[name]["timings"])
-    assert by["page-64"]["flag_diff"] == [f"{host}/decode: added `--page-size 64`", f"{host}/prefill: added `--page-size 64`"], by["page-64"]["flag_diff"]
+    # PD -> unified and back to PD (decode-radix starts from the inventory): two layout changes, each
+    # judged on the same workload through the same router, answers compared with the baseline's
+    assert by["unified"]["flag_diff"] == [f"{host}/decode: engine removed", f"{host}/prefill: engine removed",
+                                          f"{host}/unified: engine added"], by["unified"]["flag_diff"]
+    assert by["unified"]["correctness"]["match_rate"] >= 0.9, by["unified"]["correctness"]
+    assert by["unified"]["measured"] == by["baseline"]["measured"]
+    assert by["decode-radix"]["flag_diff"] == [f"{host}/decode: added `--disaggregation-decode-enable-radix-cache`"]
+    assert any("experimental" in w for w in by["decode-radix"]["warnings"]), by["decode-radix"]["warnings"]
+    report = (tmp_path / "tune" / "lab-one-node.md").read_text()
+    assert "experimental" in report and "engine added" in report
     failed = by["torch-compile"]
     assert (failed["verdict"], failed["failed_gate"]) == ("fail", "correctness"), failed.get("reason")
     assert failed["releases_after"][host] == failed["releases_before"][host], failed
