@@ -305,6 +305,75 @@ def test_a_layout_sweep_names_each_candidate_by_its_roles_and_gpus():
     assert [(c.name, len(c.overlay["node.engines"])) for c in expand(parsed)] == [("shape-p2-d6", 2), ("shape-u8", 1)]
 
 
+# ------------------------------------------------------------------ the agentic workload in a campaign
+
+AGENTIC = {"sessions": 4, "turns": 3, "system_tokens": 300, "turn_tokens": 100, "reply_tokens": 16, "think_s": 0.1}
+
+
+def _agentic_campaign(tmp_path, agentic, candidates=None, **over):
+    import yaml
+
+    raw = {"name": "ag", "inventory": "inventories/lab-one-node.py", "target": "canary", "downtime": True,
+           "workload": {"concurrency": [4], "warmup": 1, "agentic": agentic}, "target_concurrency": 4,
+           "candidates": candidates or [{"name": "unified", "set": {"node.layout": "unified"}}], **over}
+    path = tmp_path / "ag.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def test_an_agentic_campaign_dry_runs_with_its_sessions_and_largest_context(tmp_path):
+    done = _tune("inventories/lab-one-node.py", str(_agentic_campaign(tmp_path, AGENTIC)), "--dry")
+    assert done.returncode == 0, done.stderr
+    assert ("bench: agentic workload: 4 fresh sessions x 3 turns per level (system 300 tokens shared, +100 per turn, "
+            "replies 16 tokens, think 0.1 s), largest context 656 tokens") in done.stdout, done.stdout
+
+
+def test_an_agentic_session_longer_than_a_candidates_cap_is_refused_up_front(tmp_path):
+    cand = [{"name": "ctx", "set": {"all.context_length": 512}}]
+    done = _tune("inventories/lab-one-node.py", str(_agentic_campaign(tmp_path, AGENTIC, cand)), "--dry")
+    assert done.returncode == 2 and "no host was contacted" in done.stderr, done.stderr
+    assert "candidate ctx: campaign.workload.agentic: the agentic workload's largest context" in done.stderr
+    assert "656 exceeds the planned context length 512" in done.stderr and "candidate baseline" not in done.stderr
+
+
+def test_an_agentic_trace_file_is_read_relative_to_the_campaign_and_a_missing_one_named(tmp_path):
+    from pdkit.bench.agentic import AgenticParams, generate_trace, trace_bytes
+
+    (tmp_path / "mine.json").write_bytes(trace_bytes(generate_trace(AgenticParams(sessions=2, turns=2), 2)))
+    ok = _tune("inventories/lab-one-node.py", str(_agentic_campaign(tmp_path, {"trace": "mine.json", "reply_tokens": 8})), "--dry")
+    assert ok.returncode == 0 and "sessions per level from the trace mine.json" in ok.stdout, ok.stdout + ok.stderr
+    missing = _tune("inventories/lab-one-node.py", str(_agentic_campaign(tmp_path, {"trace": "nope.json"})), "--dry")
+    assert missing.returncode == 2 and "campaign.workload.agentic:" in missing.stderr and "nope.json" in missing.stderr
+
+
+def test_an_agentic_campaign_is_refused_when_the_target_is_not_what_the_router_fronts(tmp_path):
+    import yaml
+
+    raw = {"name": "ag", "inventory": "inventories/lab.py", "target": "canary",
+           "workload": {"concurrency": [4], "agentic": AGENTIC}, "target_concurrency": 4,
+           "candidates": [{"name": "steps", "set": {"decode.num_continuous_decode_steps": 1}}]}
+    path = tmp_path / "ag.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    done = _tune("inventories/lab.py", str(path), "--dry")
+    assert done.returncode == 2 and "campaign.workload.agentic: the agentic workload replays sessions through the router" in done.stderr, done.stderr
+
+
+def test_the_runner_benches_the_agentic_workload_with_the_same_sessions_for_every_candidate(monkeypatch, tmp_path):
+    from pdkit.bench import agentic
+    from pdkit.tune import runner
+
+    prep = runner.prepare("inventories/lab-one-node.py", str(_agentic_campaign(tmp_path, AGENTIC)))
+    seen = []
+    monkeypatch.setattr(agentic, "run_agentic_bench", lambda spec, workload, **kw: seen.append((workload, kw)) or {"levels": []})
+    monkeypatch.setattr("pdkit.bench.run_bench", lambda *a, **k: pytest.fail("the random-prompt bench ran"))
+    run = runner.Session.__new__(runner.Session)
+    run.prep = prep
+    run.bench(prep.specs["baseline"], "baseline")
+    run.bench(prep.specs["unified"], "unified")
+    assert [w for w, _ in seen] == [prep.agentic, prep.agentic] and seen[0][1]["concurrency"] == [4]
+    assert prep.agentic.describe()["params"]["system_tokens"] == 300
+
+
 def test_flag_diff_uses_pdkit_compares_words(lab_hosts):
     hosts, base = lab_hosts
     spec, _, _ = derive(hosts, _cand({"decode.cuda_graph": False}), ["lab-gpu2"], "x.py")

@@ -36,6 +36,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pdkit.bench import engine_flags, flag_changes
+from pdkit.bench.agentic import AgenticParams, AgenticWorkload
 from pdkit.bench.noise import DEFAULT_MARGIN
 from pdkit.loader import spec_from_host_data
 from pdkit.roll import rollout_order
@@ -66,12 +67,32 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class AgenticLoad(_Strict):
+    """The agentic workload (pdkit bench --workload agentic): generated sessions, or a trace file
+    in SGLang's agentic-trace format; defaults are the generator's own (pdkit.bench.agentic)."""
+
+    sessions: int = Field(default=AgenticParams.sessions, ge=1)  # fresh sessions per level
+    turns: int = Field(default=AgenticParams.turns, ge=1)
+    system_tokens: int = Field(default=AgenticParams.system_tokens, ge=0)  # the shared prefix
+    turn_tokens: int = Field(default=AgenticParams.turn_tokens, ge=1)  # added per turn
+    reply_tokens: int = Field(default=AgenticParams.reply_tokens, ge=1)
+    think_s: float = Field(default=AgenticParams.think_s, ge=0, le=3600)
+    seed: int = Field(default=AgenticParams.seed, ge=0)
+    # a trace file instead of the generator (relative to the campaign file); turns/system/turn tokens
+    # then come from it
+    trace: str | None = None
+    max_turns: int | None = Field(default=None, ge=1)  # a trace's conversations cut to this many turns
+
+
 class Workload(_Strict):
     input_len: int = Field(default=256, ge=1)
     output_len: int = Field(default=64, ge=1)
     concurrency: tuple[int, ...] = Field(default=(16,), min_length=1)
     requests: int = Field(default=64, ge=1)
     warmup: int = Field(default=4, ge=0)
+    # set: the bench replays multi-turn sessions instead of input_len/output_len random prompts
+    # (input_len still sizes the soak's prompts)
+    agentic: AgenticLoad | None = None
 
     @field_validator("concurrency")
     @classmethod
@@ -293,6 +314,17 @@ def _value_text(value: Any) -> str:
     if isinstance(value, list):
         return "-".join(str(v) for v in value)
     return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def agentic_workload(load: AgenticLoad, levels: int, base_dir: Path) -> AgenticWorkload:
+    """The campaign's agentic workload, built once for the baseline and every candidate alike."""
+    if load.trace is not None:
+        path = Path(load.trace) if Path(load.trace).is_absolute() else base_dir / load.trace
+        return AgenticWorkload.from_file(str(path), load.sessions, load.reply_tokens, load.think_s, load.max_turns)
+    params = AgenticParams(sessions=load.sessions, turns=load.turns, system_tokens=load.system_tokens,
+                           turn_tokens=load.turn_tokens, reply_tokens=load.reply_tokens, think_s=load.think_s,
+                           seed=load.seed)
+    return AgenticWorkload.generated(params, levels)
 
 
 def _layout_text(key: str, value: Any) -> str:

@@ -234,8 +234,13 @@ def estimate(n_candidates: int, restarts_per_candidate: int, campaign: Campaign,
     benches = [r["timings"]["bench_s"] for r in records if (r.get("timings") or {}).get("bench_s")]
     roll_s = sum(rolls) / len(rolls) if rolls else ASSUMED_ROLL_S
     w = campaign.workload
-    bench_s = ((sum(benches) / len(benches)) if benches
-               else ASSUMED_REQUEST_S * (w.requests * len(w.concurrency) + w.warmup))
+    if w.agentic is not None:  # every turn a request, each session's think time between its turns
+        a = w.agentic
+        per_level = a.sessions * a.turns * ASSUMED_REQUEST_S / 4 + a.turns * a.think_s
+        assumed = per_level * len(w.concurrency) + ASSUMED_REQUEST_S * w.warmup
+    else:
+        assumed = ASSUMED_REQUEST_S * (w.requests * len(w.concurrency) + w.warmup)
+    bench_s = (sum(benches) / len(benches)) if benches else assumed
     per = {
         "roll_s": restarts_per_candidate * roll_s,
         "correctness_s": 2 * campaign.correctness.prompts / campaign.correctness.concurrency * ASSUMED_REQUEST_S,
@@ -259,6 +264,19 @@ def _overlay_text(overlay: dict[str, Any]) -> str:
     return ", ".join(f"`{k}: {json.dumps(v)}`" for k, v in overlay.items()) or "(the inventory as it is)"
 
 
+def workload_text(w) -> str:
+    """The campaign's workload in words (the report's header, --dry)."""
+    if w.agentic is None:
+        return f"workload input {w.input_len} / output {w.output_len} tokens, {w.requests} requests per level"
+    a = w.agentic
+    if a.trace is not None:
+        return (f"agentic workload: {a.sessions} sessions per level from the trace {a.trace}"
+                f"{f' (cut to {a.max_turns} turns)' if a.max_turns else ''}, replies {a.reply_tokens} tokens, "
+                f"think {a.think_s:g} s")
+    return (f"agentic workload: {a.sessions} fresh sessions x {a.turns} turns per level (system {a.system_tokens} "
+            f"tokens shared, +{a.turn_tokens} per turn, replies {a.reply_tokens} tokens, think {a.think_s:g} s)")
+
+
 def render_markdown(campaign: Campaign, records: Sequence[dict[str, Any]], concurrency: int,
                     plot_name: str | None, pending: Sequence[str] = ()) -> str:
     """docs/tune/<campaign>.md: the ranking, the failed candidates with their reasons, the diffs."""
@@ -272,8 +290,7 @@ def render_markdown(campaign: Campaign, records: Sequence[dict[str, Any]], concu
         "",
         f"Inventory `{first.get('inventory', campaign.inventory or '?')}`, target "
         f"{', '.join(first.get('target') or []) or campaign.target}; "
-        f"workload input {w.input_len} / output {w.output_len} tokens, {w.requests} requests per level at "
-        f"C={', '.join(map(str, w.concurrency))}; "
+        f"{workload_text(w)} at C={', '.join(map(str, w.concurrency))}; "
         f"objective `{metric}` at C={concurrency} {campaign.objective.describe()}.",
         "",
     ]

@@ -26,6 +26,7 @@ from typing import Any
 
 from pdkit import flags
 from pdkit.bench import check_workload
+from pdkit.bench.agentic import check_agentic
 from pdkit.bench.measure import Measured, measured_for
 from pdkit.bench.noise import band as noise_band
 from pdkit.bench.noise import describe as noise_describe
@@ -52,6 +53,7 @@ from pdkit.tune.campaign import (
     Campaign,
     CampaignError,
     Candidate,
+    agentic_workload,
     apply_overlay,
     campaign_problems,
     derive,
@@ -75,6 +77,7 @@ from pdkit.tune.results import (
     paths,
     rank_by,
     resume_plan,
+    workload_text,
     write_report,
 )
 
@@ -105,6 +108,8 @@ class Prepared:
     # candidate -> validate's warnings it has and the baseline has not ("experimental: ..."), shown
     # in --dry, kept in its record and the report
     warnings: dict[str, list[str]] = field(default_factory=dict)
+    # the agentic workload (campaign.workload.agentic), built once: every candidate replays the same sessions
+    agentic: Any = None
 
 
 def candidate_inventory(campaign: Campaign, name: str) -> Path:
@@ -151,13 +156,24 @@ def prepare(inventory: str, campaign_path: str) -> Prepared:
         if spec is not None:
             specs[c.name], applied[c.name] = spec, app
     w = campaign.workload
+    agentic = None
+    if w.agentic is not None:
+        try:
+            agentic = agentic_workload(w.agentic, len(w.concurrency), Path(campaign_path).resolve().parent)
+        except (OSError, ValueError) as exc:
+            problems.append(f"campaign.workload.agentic: {exc}")
     for name, spec in specs.items():
         for what, (inp, out, req, warm) in (("workload", (w.input_len, w.output_len, w.requests, w.warmup)),
                                              ("correctness", (64, campaign.correctness.max_new_tokens, 1, 0))):
             try:
+                if what == "workload" and w.agentic is not None:
+                    if agentic is not None:  # the longest session must fit every candidate's context cap
+                        check_agentic(spec, agentic, w.warmup)
+                    continue
                 check_workload(spec, inp, out, req, warm)
             except ValueError as exc:
-                problems.append(f"candidate {name}: campaign.{what}: {exc}")
+                where = "workload.agentic" if what == "workload" and agentic is not None else what
+                problems.append(f"candidate {name}: campaign.{where}: {exc}")
     # the baseline rolls every host (those already on the inventory stay serving), a candidate its targets
     outages = {h.name: found for h in base.hosts if (found := batch_outages(base, [h.name]))}
     if outages and not campaign.downtime:
@@ -175,6 +191,10 @@ def prepare(inventory: str, campaign_path: str) -> Prepared:
             measured = measured_for(base, targets)
         except ValueError as exc:
             problems.append(f"campaign.target: {exc}")
+        if measured is not None and w.agentic is not None and measured.via != "router":
+            problems.append("campaign.workload.agentic: the agentic workload replays sessions through the router, "
+                            f"but the target is measured on its own PD pairs ({measured_text(measured)}); valid: a "
+                            "target that is every engine the router fronts (one node, or target: all)")
     if problems:
         raise CampaignError(campaign_path, problems)
     # hosts whose rendered release changes from one candidate to the next (the previous one passed)
@@ -185,7 +205,7 @@ def prepare(inventory: str, campaign_path: str) -> Prepared:
         restarts[c.name] = sum(plans[h].release_hash != previous[h].release_hash for h in targets)
         previous = plans
     return Prepared(campaign, inv, base, hosts, targets, candidates, specs, applied, target_concurrency(campaign, base),
-                    restarts, measured, outages, warnings)
+                    restarts, measured, outages, warnings, agentic)
 
 
 def measured_text(measured: Measured) -> str:
@@ -229,7 +249,10 @@ def dry_text(prep: Prepared, records: list[dict[str, Any]], todo: list[Candidate
     lines = [f"pdkit tune --dry: campaign {c.name!r} on {prep.inventory}: nothing will be changed", "",
              f"target: {', '.join(prep.targets)}; objective {c.objective.metric} at C={prep.target_concurrency} "
              f"{c.objective.describe()}",
-             f"correctness, soak and bench: {measured_text(prep.measured)}", ""]
+             f"correctness, soak and bench: {measured_text(prep.measured)}",
+             f"bench: {workload_text(c.workload)}" + (
+                 f", largest context {prep.agentic.largest_context()} tokens (fits every candidate's cap)"
+                 if prep.agentic is not None else ""), ""]
     done = {r["candidate"] for r in records if r.get("kind") in ("baseline", "candidate")}
     down_s, down_source = expected_downtime(prep, records)
     if down_s is not None:
@@ -485,6 +508,11 @@ class Session:
 
         c, measured = self.prep.campaign, self.prep.measured
         w = c.workload
+        if self.prep.agentic is not None:
+            from pdkit.bench.agentic import run_agentic_bench
+
+            return run_agentic_bench(spec, self.prep.agentic, concurrency=list(w.concurrency), warmup=w.warmup,
+                                     label=label, progress=False, goodput_slo=c.objective.goodput_slo)
         return run_bench(spec, concurrency=list(w.concurrency), input_len=w.input_len, output_len=w.output_len,
                          requests=w.requests, warmup=w.warmup, label=label, progress=False, send=measured.stream,
                          measured=measured.describe(), goodput_slo=c.objective.goodput_slo)

@@ -287,8 +287,11 @@ def test_a_one_node_campaign_rolls_each_candidate_with_downtime_and_puts_a_faile
     assert shipped["downtime"] is True
     campaign = {
         **shipped, "inventory": str(inventory), "out_dir": str(tmp_path / "tune"), "state_dir": str(tmp_path / "state"), "keep": "baseline",
-        "workload": {"input_len": 32, "output_len": 16, "concurrency": [8], "requests": 24, "warmup": 2},
-        "target_concurrency": 8,
+        # the shipped agentic workload, smaller: 4 sessions of 3 growing turns sharing a system prompt
+        "workload": {"input_len": 32, "output_len": 16, "concurrency": [4], "warmup": 1,
+                     "agentic": {**shipped["workload"]["agentic"], "sessions": 4, "turns": 3, "system_tokens": 300,
+                                 "turn_tokens": 100, "reply_tokens": 16, "think_s": 0.1}},
+        "target_concurrency": 4,
         "correctness": {"prompts": 8, "max_new_tokens": 16, "min_match_rate": 0.9, "concurrency": 4},
         "soak": {"seconds": 3, "concurrency": 8, "max_new_tokens": 16, "wedge_window_s": 2},
         "doctor": {"window_s": 2, "probe_requests": 2},
@@ -320,6 +323,13 @@ def test_a_one_node_campaign_rolls_each_candidate_with_downtime_and_puts_a_faile
     assert by["unified"]["correctness"]["match_rate"] >= 0.9, by["unified"]["correctness"]
     assert by["unified"]["measured"] == by["baseline"]["measured"]
     assert by["decode-radix"]["flag_diff"] == [f"{host}/decode: added `--disaggregation-decode-enable-radix-cache`"]
+    # every bench replayed the same agentic sessions: turns 2-3 reuse the shared prefix, read from the
+    # engines' own cached_tokens_total / prompt_tokens_total
+    for name in ("baseline", "unified", "decode-radix"):
+        level = by[name]["bench"]["levels"][0]
+        assert by[name]["bench"]["workload"]["kind"] == "agentic", by[name]["bench"].get("workload")
+        assert level["prefix_cache"]["hit_rate"] > 0.3, (name, level["prefix_cache"])
+    assert len({json.dumps(by[n]["bench"]["workload"], sort_keys=True) for n in ("baseline", "unified", "decode-radix")}) == 1
     assert any("experimental" in w for w in by["decode-radix"]["warnings"]), by["decode-radix"]["warnings"]
     report = (tmp_path / "tune" / "lab-one-node.md").read_text()
     assert "experimental" in report and "engine added" in report
