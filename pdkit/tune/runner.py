@@ -509,6 +509,7 @@ class Session:
         c, measured = self.prep.campaign, self.prep.measured
         w = c.workload
         if self.prep.agentic is not None:
+            # lazy: looked up per call, as run_bench above (tests/test_tune.py's stand-in)
             from pdkit.bench.agentic import run_agentic_bench
 
             return run_agentic_bench(spec, self.prep.agentic, concurrency=list(w.concurrency), warmup=w.warmup,
