@@ -65,7 +65,9 @@ BODY = (
 )
 CANDIDATES = [
     {"name": "graphs-off", "set": {"decode.cuda_graph": False}},
-    {"name": "steps", "set": {"decode.num_continuous_decode_steps": [1, 8]}},
+    # one value of the sweep (steps-8): steps-1 was dropped to keep CI within its budget; the sweep's
+    # expansion is tests/test_tune.py's
+    {"name": "steps", "set": {"decode.num_continuous_decode_steps": [8]}},
     {"name": "torch-compile", "set": {"decode.torch_compile": True}},
     {"name": "overlap-on", "set": {"decode.overlap_schedule": True}, "note": "the seeds' PD wedge"},
 ]
@@ -148,13 +150,13 @@ def test_a_campaign_ranks_levers_fails_the_corrupting_and_wedging_ones_resumes_a
         records = records_of(records_path)
         runs = [r for r in records if r["kind"] != "end"]
         names = [r["candidate"] for r in runs]
-        assert sorted(names) == sorted(["baseline", "graphs-off", "steps-1", "steps-8", "torch-compile", "overlap-on"]), names
+        assert sorted(names) == sorted(["baseline", "graphs-off", "steps-8", "torch-compile", "overlap-on"]), names
         by = {r["candidate"]: r for r in runs}
         pair = f"{canary}/prefill+{canary}/decode"
         measured = {"via": "engines", "hosts": [canary], "engines": [f"{canary}/prefill", f"{canary}/decode"], "routes": [pair]}
         for name in by:
             assert by[name]["measured"] == measured, (name, by[name].get("measured"))
-        for name in ("baseline", "graphs-off", "steps-1", "steps-8"):
+        for name in ("baseline", "graphs-off", "steps-8"):
             assert by[name]["verdict"] == "pass", (name, by[name].get("failed_gate"), by[name].get("reason"))
             env = by[name]["bench"]["env"]
             assert env["spec_hash"] and env["engine_flags"], "bench fingerprint missing"
@@ -181,11 +183,11 @@ def test_a_campaign_ranks_levers_fails_the_corrupting_and_wedging_ones_resumes_a
             assert any("back on release" in line for line in failed["rollback"]), failed["rollback"]
         assert by["graphs-off"]["flag_diff"] == [f"{canary}/decode: added `--cuda-graph-backend-decode disabled`; removed `--cuda-graph-max-bs-decode 64`"]
         # the order the sim's formula implies, on the canary's own pair: 8 steps amortise 100 ms of
-        # scheduling better than 4, 4 better than 1; graphs off costs 6x per step (measured locally with
-        # this env and workload: C=32 about 540, 470, 240, 150 tok/s, runs within 2%)
+        # scheduling better than 4; graphs off costs 6x per step (measured locally with this env and
+        # workload: C=32 about 540, 470, 150 tok/s, runs within 2%)
         ranked = rank(records, 32, "output_tok_s")
         order = [row["candidate"] for row in ranked]
-        assert order == ["steps-8", "baseline", "steps-1", "graphs-off"], [(r["candidate"], r["value"]) for r in ranked]
+        assert order == ["steps-8", "baseline", "graphs-off"], [(r["candidate"], r["value"]) for r in ranked]
         # the end: the best left applied on the canary, the fields to keep printed, the inventory untouched
         end = records[-1]
         assert end["kind"] == "end" and end["candidate"] == "steps-8", end
