@@ -74,6 +74,14 @@ def decide(
         elif venvs and (venv in venvs or venv is _UNKNOWN):
             restart.append(unit)
             why[unit] = "new venv: " + (", ".join(sorted(venvs)) if venv is _UNKNOWN else str(venv))
+    # engines sharing GPUs restart as a group, in order: each sizes its pool against the memory the
+    # earlier ones leave free, which grows with their traffic; restarted alone a later engine finds
+    # less than at the first start (on the lent H200 the decode's wait for it failed, docs/gpu.md)
+    for unit in list(restart) + list(start):
+        for mate in services[unit].get("share_group", ()):
+            if mate != unit and mate in services and mate not in restart and mate not in start:
+                restart.append(mate)
+                why[mate] = f"shares its GPUs with {unit}: the group restarts together, in order"
     return Decision(_order(start, services), _order(restart, services), why)
 
 

@@ -83,6 +83,10 @@ class Service:
     rank: int = 0
     head: str | None = None
     span: tuple[str, ...] = ()
+    # engines sharing GPUs (gpu_share): the group's units in start order. Each sizes its pool against
+    # what the earlier ones leave free at its start, and those grow with traffic, so one restarts
+    # only with the whole group (pdkit/changes.py): as at the first start, in order
+    share_group: tuple[str, ...] = ()
 
 
 def services_meta(services: tuple[Service, ...] | list[Service]) -> dict[str, dict]:
@@ -92,6 +96,8 @@ def services_meta(services: tuple[Service, ...] | list[Service]) -> dict[str, di
                  "ready_timeout_s": s.ready_timeout_s, "venv": s.venv,
                  # a rank above 0 of an engine spanning nodes is gated through rank 0 (pdkit.health.wait_rank)
                  **({"rank": s.rank} if s.rank else {}),
+                 # engines sharing GPUs restart together, in order (pdkit/changes.py)
+                 **({"share_group": list(s.share_group)} if s.share_group else {}),
                  # a router's gate (pdkit/gates.py): a restore gates it as the deploy does
                  **gates.meta(s)}
         for s in services
@@ -345,6 +351,7 @@ def plan_host(spec: ClusterSpec, host: HostSpec) -> HostPlan:
                     rank=rank,
                     head=head.name if engine.spans_nodes else None,
                     span=tuple(h.name for h in spec.engine_hosts(head, engine)) if engine.spans_nodes else (),
+                    share_group=tuple(e.unit_name for e in gpu_share_group(host, engine)),
                 )
             )
 

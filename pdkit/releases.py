@@ -257,8 +257,18 @@ def list_releases(*, root: Path, releases_dir: str) -> dict:
     return {"current": read_current(releases), "releases": out}
 
 
+# how long a `systemctl restart|start` may block: systemd bounds the start job itself (TimeoutStartSec,
+# which for an engine on shared GPUs adds its predecessor's ready_timeout_s and the GPU-memory wait:
+# pdkit.plan.shared_gpu_start), so this only catches a hung systemctl. 120 s cut the restore of such a
+# decode short on the lent H200 (docs/gpu.md) and left the box without it
+START_JOB_BOUND_S = 3600
+# any other systemctl verb (daemon-reload, enable, reset-failed, stop)
+SYSTEMCTL_BOUND_S = 120
+
+
 def _systemctl(args: list[str]) -> None:
-    subprocess.run(["systemctl", *args], check=False, capture_output=True, timeout=120)
+    bound = START_JOB_BOUND_S if args and args[0] in ("restart", "start") else SYSTEMCTL_BOUND_S
+    subprocess.run(["systemctl", *args], check=False, capture_output=True, timeout=bound)
 
 
 def _unit_active(unit: str) -> bool:

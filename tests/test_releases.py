@@ -251,3 +251,16 @@ def test_a_restore_restarts_engines_and_daemons_together_and_the_router_after_th
     router_restart = events.index(("restart", "pdkit-router.service"))
     assert {e for e in events[:router_restart] if e[0] == "wait"} == {("wait", "pdkit-engine-decode.service"), ("wait", "pdkit-exporter.service")}
     assert events[-1] == ("wait", "pdkit-router.service")
+
+
+def test_a_restore_waits_for_a_start_job_as_long_as_systemd_bounds_it(monkeypatch):
+    """A shared-GPU engine's start job waits for its predecessor and the GPU memory before it runs
+    (TimeoutStartSec = ready_timeout_s + 120 + 60): a 120 s bound on `systemctl restart` cut the
+    restore short on the lent H200 and left the decode down (docs/gpu.md)."""
+    seen = []
+    monkeypatch.setattr(releases.subprocess, "run", lambda argv, **kw: seen.append((argv[1], kw["timeout"])))
+    releases._systemctl(["restart", "pdkit-engine-decode.service"])
+    releases._systemctl(["daemon-reload"])
+    assert seen == [("restart", releases.START_JOB_BOUND_S), ("daemon-reload", releases.SYSTEMCTL_BOUND_S)]
+    from pdkit.plan import GPU_FREE_WAIT_S
+    assert releases.START_JOB_BOUND_S > 2 * 600 + GPU_FREE_WAIT_S + 60  # two ready_timeout_s of the largest default

@@ -91,3 +91,37 @@ def test_bad_sharing_names_host_field_and_what_is_valid(tmp_path, base, mutate, 
     mutate(hosts["gpu01"]["pdkit_node"]["engines"])
     errors, _ = problems(tmp_path, cluster, hosts)
     _assert_problem(errors, "gpu01", field, phrase)
+
+
+def test_an_engine_on_shared_gpus_restarts_only_with_its_whole_group_in_order(tmp_path, base):
+    """Restarted alone, a later engine on a shared GPU finds less free memory than at its first start
+    (the earlier one's working memory grew with traffic): on the lent H200 the decode's wait for the
+    memory its fraction assumes failed and the restore could not bring it back (docs/gpu.md). Any
+    change that restarts one engine of the group restarts all of it, so the starts repeat the first."""
+    import copy
+
+    from pdkit import changes
+    from pdkit.plan import services_meta
+
+    pristine = copy.deepcopy(base)
+    errors, spec = problems(tmp_path, *one_gpu(base))
+    assert not errors, errors
+    plan = plan_host(spec, spec.host("gpu01"))
+    meta = services_meta(plan.services)
+    group = ["pdkit-engine-prefill.service", "pdkit-engine-decode.service"]
+    assert meta["pdkit-engine-decode.service"]["share_group"] == group
+    running = {u: True for u in meta}
+    decode_unit = next(f.path for f in plan.files if f.path.endswith("pdkit-engine-decode.service"))
+    decision = changes.decide(meta, {decode_unit}, set(), running)
+    assert set(decision.restart) >= set(group), decision
+    assert "shares its GPUs with pdkit-engine-decode.service" in decision.why["pdkit-engine-prefill.service"]
+    # a decode found down (crashed) starts, and the prefill restarts before it
+    decision = changes.decide(meta, set(), set(), {**running, "pdkit-engine-decode.service": False})
+    assert decision.start == ["pdkit-engine-decode.service"] and "pdkit-engine-prefill.service" in decision.restart
+    # engines on their own GPUs keep the old rule: one changed engine restarts alone
+    _, own = problems(tmp_path, *pristine)
+    own_plan = plan_host(own, own.host("gpu01"))
+    own_meta = services_meta(own_plan.services)
+    assert "share_group" not in own_meta["pdkit-engine-decode.service"]
+    own_decode = next(f.path for f in own_plan.files if f.path.endswith("pdkit-engine-decode.service"))
+    assert changes.decide(own_meta, {own_decode}, set(), {u: True for u in own_meta}).restart == ["pdkit-engine-decode.service"]
