@@ -255,6 +255,34 @@ def test_unified_back_to_pd_scrapes_only_the_engines_that_run(monkeypatch):
     assert {u: pd_fake.kinds.get(u) for u in pd_fake.listed} == {mine["prefill"]: "prefill", mine["decode"]: "decode"}
 
 
+def test_a_roll_onto_a_node_whose_engine_is_down_and_out_of_the_router_drains_the_rest(monkeypatch):
+    """On the lent H200 a failed roll left the decode down and out of the router; the next roll
+    (the fixed inventory) stopped at the drain because the decode's /metrics did not answer. An
+    engine no router lists has nothing of the router's in flight: it is reported, not waited on."""
+    roller, fake, mine, _ = _roller(monkeypatch, "lab-one-node.py", "lab-gpu1")
+    fake.listed.discard(mine["decode"])
+
+    def scrape(urls, names, missing_ok=()):
+        out = {}
+        for label, url in urls.items():
+            if url == mine["decode"]:
+                if label in missing_ok:
+                    continue
+                raise RuntimeError(f"{label}: {url}/metrics answered nothing")
+            out[label] = {n: 0.0 for n in names}
+        return out
+
+    monkeypatch.setattr(roller, "scrape", scrape)
+    said = roller.drain(["lab-gpu1"])
+    assert said == ("1 worker(s) out of the router, 1 engine(s) idle, 1 not running and in no router "
+                    "(lab-gpu1/decode): nothing to drain"), said
+    # listed, it must answer: a serving engine that stops answering still fails the drain
+    fake.listed.add(mine["decode"])
+    roller.drain_timeout_s = 0
+    with pytest.raises(RuntimeError, match="answered nothing"):
+        roller.drain(["lab-gpu1"])
+
+
 # ---------------------------------------------------------------- rollback
 
 

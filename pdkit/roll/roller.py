@@ -375,10 +375,12 @@ class Roller:
         removals = [(client, worker_type(engine.role), url) for client, engine, url in self.workers_of(hosts)]
         changed_urls = {(id(client), w.url.rstrip("/")) for _, client, w in changed}
         removals = [r for r in removals if (id(r[0]), r[2]) not in changed_urls]
-        if changed:
-            # a layout change adds engines the router does not list yet: nothing to take out for them
-            listed = {(id(client), w.url.rstrip("/")) for _, client in self.routers() for w in client.workers()}
-            removals = [r for r in removals if (id(r[0]), r[2]) in listed]
+        # only what a router lists goes out (and comes back on a failure): an engine a layout change
+        # adds is not listed yet, one an earlier failed step left out is not listed any more
+        # (a router that lists no worker at all keeps the old rule: every planned worker is removed)
+        listed = {(id(client), w.url.rstrip("/")) for _, client in self.routers() for w in client.workers()}
+        listing = {c for c, _ in listed}
+        removals = [r for r in removals if id(r[0]) not in listing or (id(r[0]), r[2]) in listed]
         removals += [(client, w.worker_type, w.url.rstrip("/")) for _, client, w in changed]
         removals.sort(key=lambda r: REMOVAL_ORDER.get(r[1], 1))
         self.removed = []
@@ -387,27 +389,33 @@ class Roller:
         if outages or lost_kinds:
             self.outage_since = time.monotonic()
         listed_as = {(id(client), w.url.rstrip("/")): w for _, client, w in changed}
+        listed_before = {w.url.rstrip("/") for _, client in self.routers() for w in client.workers()}
         for client, kind, url in removals:
             client.remove(url, settle_s=(self.held_s if (router_of[id(client)], kind) in held else None))
             self.removed.append(url)
             if (id(client), url) in listed_as:
                 self.retired[url] = (client, listed_as[(id(client), url)])
         urls = self.engine_urls(hosts)
-        # the engines the layout change retires finish their requests too; an engine it adds is not
-        # running yet, so its missing /metrics is no error
+        # the engines the layout change retires finish their requests too. An engine no router listed
+        # when the drain began (one a layout change adds, or one found down and left out by an
+        # earlier failed step) has no request of the router's in flight: when it does not answer,
+        # it is not running and there is nothing to drain (a roll that fixes it must not stop here)
         urls.update({f"retired {url}": url for url in self.retired})
-        not_yet = {label for label, url in urls.items() if self.retired and url not in self.retired
-                   and url not in self.removed}
+        unlisted = ({label for label, url in urls.items() if url.rstrip("/") not in listed_before}
+                    if self.routers() else set())
         deadline = time.monotonic() + self.drain_timeout_s
         while True:
-            busy = {k: {n: v for n, v in m.items() if v}
-                    for k, m in self.scrape(urls, DRAIN_GAUGES, missing_ok=not_yet).items()}
+            pages = self.scrape(urls, DRAIN_GAUGES, missing_ok=unlisted)
+            busy = {k: {n: v for n, v in m.items() if v} for k, m in pages.items()}
             busy = {k: v for k, v in busy.items() if v}
             if not busy:
-                idle = len({url for label, url in urls.items() if label not in not_yet})
+                idle = len({url for label, url in urls.items() if label in pages})
+                down = sorted(label for label in urls if label not in pages and not label.startswith("retired "))
                 layout = (f" (a layout change: {len(self.retired)} of them not in the plan as listed)"
                           if self.retired else "")
-                return f"{len(removals)} worker(s) out of the router{layout}, {idle} engine(s) idle"
+                gone = (f", {len(down)} not running and in no router ({', '.join(down)}): nothing to drain"
+                        if down else "")
+                return f"{len(removals)} worker(s) out of the router{layout}, {idle} engine(s) idle{gone}"
             if time.monotonic() > deadline:
                 raise TimeoutError(f"engines still busy after {self.drain_timeout_s:.0f} s: {busy}")
             time.sleep(0.25)
