@@ -48,7 +48,8 @@ else
     RUN=()
     # FlashAttention 3 is trimmed from the carried sgl_kernel: the decode fails at its first start
     BROKEN_BODY='_node["engines"][1].setdefault("tuning", {})["attention_backend"] = "fa3"'
-    CAMPAIGN=docs/tune/h200-one-node.yaml
+    # PDKIT_CAMPAIGN: another campaign for the tune phase (docs/tune/h200-agentic.yaml)
+    CAMPAIGN=${PDKIT_CAMPAIGN:-docs/tune/h200-one-node.yaml}
 fi
 LOAD_C=${LOAD_CONCURRENCY:-8}
 
@@ -229,7 +230,7 @@ engines_log() {  # engines_log NAME: the engines' journal lines that say how the
 mirror() {  # pack $OUT and the campaign's records into $MIRROR (one file per call)
     [ -n "${MIRROR:-}" ] || return 0
     local out_dir="docs/tune"
-    tar -cJf "$MIRROR/.one-$TAG.tmp" -C "$OUT" . $(ls "$out_dir"/h200-one-node.* 2>/dev/null | sed "s|^|-C $PWD |") 2>/dev/null \
+    tar -cJf "$MIRROR/.one-$TAG.tmp" -C "$OUT" . $(ls "$out_dir"/h200-one-node.* "$out_dir"/h200-agentic.* 2>/dev/null | sed "s|^|-C $PWD |") 2>/dev/null \
         && mv "$MIRROR/.one-$TAG.tmp" "$MIRROR/one-$TAG.tar.xz"
 }
 
