@@ -327,16 +327,17 @@ class Roller:
         return {(o.router, REGULAR) for o in outages if REGULAR in o.kinds
                 and ROUTER_RELEASES[self.spec.router_release(self.spec.host(o.router))].empty_regular_is_404}
 
-    def listed_changed(self, hosts: list[str]) -> list[tuple[Any, Any, Any]]:
+    def listed_changed(self, hosts: list[str], listings: dict[int, list]) -> list[tuple[Any, Any, Any]]:
         """(router host, client, listed worker) for each worker a router lists on HOSTS' engine
         addresses that the plan does not have as listed (its URL or its worker type differ): what a
-        layout change (PD <-> unified, another GPU split) takes away. Empty on an ordinary roll."""
+        layout change (PD <-> unified, another GPU split) takes away. Empty on an ordinary roll.
+        LISTINGS: id(client) -> its /workers as the caller read them."""
         addresses = {flags.engine_url(self.spec, self.spec.host(h), e).rsplit(":", 1)[0]
                      for h in hosts for e in (self.spec.host(h).node.engines if self.spec.host(h).node else ())}
         planned = {(url.rstrip("/"), worker_type(e.role)) for _, e, url in self.workers_of(hosts)}
         out = []
         for router_host, client in self.routers():
-            for w in client.workers():
+            for w in listings[id(client)]:
                 url = w.url.rstrip("/")
                 if url.rsplit(":", 1)[0] in addresses and (url, w.worker_type) not in planned:
                     out.append((router_host, client, w))
@@ -347,13 +348,15 @@ class Roller:
         self.removed = []
         self.retired = {}
         outages = batch_outages(self.spec, hosts)
-        changed = self.listed_changed(hosts)
+        # each router's list as the drain begins, read once: what the layout changes and what it loses
+        listings = {id(client): client.workers() for _, client in self.routers()}
+        changed = self.listed_changed(hosts, listings)
         # a layout change: the kinds it takes away that no other worker of the router serves are an
         # outage too, accepted only with --allow-downtime
         leaving = {w.url.rstrip("/") for _, _, w in changed} | {url for _, _, url in self.workers_of(hosts)}
         lost_kinds: set[tuple[str, str]] = set()
         for router_host, client, w in changed:
-            others = [o for o in client.workers()
+            others = [o for o in listings[id(client)]
                       if o.worker_type == w.worker_type and o.url.rstrip("/") not in leaving]
             if not others:
                 lost_kinds.add((router_host.name, w.worker_type))
@@ -378,6 +381,8 @@ class Roller:
         # only what a router lists goes out (and comes back on a failure): an engine a layout change
         # adds is not listed yet, one an earlier failed step left out is not listed any more
         # (a router that lists no worker at all keeps the old rule: every planned worker is removed)
+        # read again once the wait is over (the lists may have moved meanwhile): the one read that decides
+        # what goes out and which engines were listed when it did
         listed = {(id(client), w.url.rstrip("/")) for _, client in self.routers() for w in client.workers()}
         listing = {c for c, _ in listed}
         removals = [r for r in removals if id(r[0]) not in listing or (id(r[0]), r[2]) in listed]
@@ -389,7 +394,6 @@ class Roller:
         if outages or lost_kinds:
             self.outage_since = time.monotonic()
         listed_as = {(id(client), w.url.rstrip("/")): w for _, client, w in changed}
-        listed_before = {w.url.rstrip("/") for _, client in self.routers() for w in client.workers()}
         for client, kind, url in removals:
             client.remove(url, settle_s=(self.held_s if (router_of[id(client)], kind) in held else None))
             self.removed.append(url)
@@ -401,6 +405,7 @@ class Roller:
         # earlier failed step) has no request of the router's in flight: when it does not answer,
         # it is not running and there is nothing to drain (a roll that fixes it must not stop here)
         urls.update({f"retired {url}": url for url in self.retired})
+        listed_before = {url for _, url in listed}
         unlisted = ({label for label, url in urls.items() if url.rstrip("/") not in listed_before}
                     if self.routers() else set())
         deadline = time.monotonic() + self.drain_timeout_s
