@@ -187,8 +187,12 @@ def test_overlay_lands_on_the_target_engines_only(lab_hosts):
     ({"unified.page_size": 64}, ["candidates[c].set.unified.page_size", "matches no engine"]),
 ])
 def test_invalid_candidate_names_host_and_field(lab_hosts, overlay, fragments):
-    hosts, _ = lab_hosts
-    spec, problems, _ = derive(hosts, _cand(overlay), ["lab-gpu2"], "x.py")
+    assert_refused(lab_hosts[0], overlay, "lab-gpu2", fragments)
+
+
+def assert_refused(hosts, overlay, target, fragments):
+    """The candidate OVERLAY on TARGET derives no spec, and its errors say every one of FRAGMENTS."""
+    spec, problems, _ = derive(hosts, _cand(overlay), [target], "x.py")
     assert spec is None
     text = "\n".join(str(p) for p in problems if p.severity == "error")
     for f in fragments:
@@ -280,12 +284,7 @@ def test_another_gpu_split_is_a_whole_engines_list(one_node_hosts, tmp_path):
     ({"node.layout": "unified", "decode.page_size": 64}, ["candidates[c].set.decode.page_size", "matches no engine"]),
 ])
 def test_a_bad_layout_is_refused_naming_host_and_field(one_node_hosts, overlay, fragments):
-    hosts, _ = one_node_hosts
-    spec, problems, _ = derive(hosts, _cand(overlay), ["lab-gpu1"], "x.py")
-    assert spec is None
-    text = "\n".join(str(p) for p in problems if p.severity == "error")
-    for f in fragments:
-        assert f in text, text
+    assert_refused(one_node_hosts[0], overlay, "lab-gpu1", fragments)
 
 
 @pytest.mark.parametrize("set_, fragment", [
