@@ -130,16 +130,17 @@ def sglang_args(spec: ClusterSpec, host: HostSpec, engine: Engine, rank: int = 0
                  else getattr(tuning, name))
         if value is not None:
             args += [flag, str(value)]
+    # the switches, spelled once in LEVER_FLAGS
     if tuning.value("overlap_schedule") is False:
-        args.append("--disable-overlap-schedule")
+        args.append(LEVER_FLAGS["overlap_schedule"])
     if tuning.value("torch_compile"):
-        args.append("--enable-torch-compile")
+        args.append(LEVER_FLAGS["torch_compile"])
     if tuning.radix_cache is False:
-        args.append("--disable-radix-cache")
+        args.append(LEVER_FLAGS["radix_cache"])
     if tuning.decode_radix_cache and engine.role == "decode":
-        args.append("--disaggregation-decode-enable-radix-cache")
+        args.append(LEVER_FLAGS["decode_radix_cache"])
     if tuning.hicache:
-        args.append("--enable-hierarchical-cache")
+        args.append(LEVER_FLAGS["hicache"])
     if not custom_all_reduce_enabled(spec, host, engine):
         args.append("--disable-custom-all-reduce")
     spec_dec = tuning.speculative
@@ -223,7 +224,7 @@ _VALUE_FLAGS: tuple[tuple[str, str], ...] = (
 
 
 # tuning field -> the SGLang flag it renders when set (the plain values above, and the switches
-# sglang_args spells out): pdkit.argvcheck offers a lever only on a release whose parser has its flag
+# sglang_args renders from here): pdkit.argvcheck offers a lever only on a release whose parser has its flag
 LEVER_FLAGS: dict[str, str] = {
     **dict(_VALUE_FLAGS),
     "torch_compile": "--enable-torch-compile",
