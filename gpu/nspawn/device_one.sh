@@ -6,7 +6,7 @@
 # with downtime, and a tune campaign; all from the lent machine's shell over real SSH.
 # docs/gpu.md ("One node, PD across its halves") has the calls.
 #
-#   bash gpu/nspawn/device_one.sh PHASE...      phases, in order: up converge check roll tune down
+#   bash gpu/nspawn/device_one.sh PHASE...      phases, in order: up converge check roll restore tune down
 #
 # Each step is timed into $OUT/steps.txt, its output in $OUT/<step>.log. On the device: after the
 # calls that stash host.py unpack's tarballs in $PDKIT_NSPAWN_STASH (/root/stash) and make the
@@ -156,7 +156,7 @@ rotate_journal() {  # rotate_journal NAME: rotate the node's journal away, as a 
 }
 
 phase_roll() {
-    local gbs broken ok=0
+    local gbs ok=0
     gbs=$(derived gbs96 '_c["tuning"].setdefault("decode", {})["cuda_graph_max_bs"] = 96')
     sums > "$OUT/sums-0-inventory.txt"
     rotate_journal roll  # 0. the engines' start lines gone before the first roll (issue 42)
@@ -172,6 +172,11 @@ phase_roll() {
     expect_rc 0 roll || ok=1
     load_stop roll
     tail -20 "$OUT/roll.log"
+    return $ok
+}
+
+phase_restore() {  # after roll (its own call: with shared-GPU group restarts the two no longer fit one 600 s call)
+    local broken ok=0
     # 3. a broken change with the option, under load: the apply gate fails, the node goes back
     sums > "$OUT/sums-2-before-broken.txt"
     broken=$(derived broken "_c['tuning'].setdefault('decode', {})['cuda_graph_max_bs'] = 96
