@@ -74,6 +74,19 @@ class Knobs:
     # real wedge. smg does not cancel a decode's request when its client hangs up, so only a hold
     # lets the requests the wedge caught finish (the lab's zero-failed-requests campaign uses one)
     wedge_hold_s: float = 0.0
+    # Numerics drift (issue 44, docs/correctness.md): conditions on the engine's argv as corrupt_when;
+    # when every one holds, the logprobs the engine reports are off by Gaussian noise whose sigma is
+    # drift_logprob_per_1k per 1,000 tokens of context before the position plus drift_logprob_per_req per
+    # request running beside it (a numerics lever: FP8 KV cache, another kernel), and, when
+    # diverge_after_tokens > 0, every position at or past that context length (and only while at least
+    # diverge_min_batch requests run: a load-dependent bug) gets another top-1 token, so greedy answers diverge there
+    drift_when: str = ""
+    drift_logprob_per_1k: float = 0.0
+    drift_logprob_per_req: float = 0.0
+    diverge_after_tokens: int = 0
+    diverge_min_batch: int = 1
+    # Mixed into the /weights_checker checksums: a rank that loaded other weights than it did before
+    weights_salt: str = ""
     # The SGLang release whose metrics the sim exports (its families from the metric catalogue);
     # empty: the newest catalogued release. pdkit renders the engine's planned sglang_version here.
     sglang_version: str = ""
@@ -115,6 +128,12 @@ ENV_NAMES = {
     "wedge_min_batch": "PDKIT_SIM_WEDGE_MIN_BATCH",
     "wedge_min_held": "PDKIT_SIM_WEDGE_MIN_HELD",
     "wedge_hold_s": "PDKIT_SIM_WEDGE_HOLD_S",
+    "drift_when": "PDKIT_SIM_DRIFT_WHEN",
+    "drift_logprob_per_1k": "PDKIT_SIM_DRIFT_LOGPROB_PER_1K",
+    "drift_logprob_per_req": "PDKIT_SIM_DRIFT_LOGPROB_PER_REQ",
+    "diverge_after_tokens": "PDKIT_SIM_DIVERGE_AFTER_TOKENS",
+    "diverge_min_batch": "PDKIT_SIM_DIVERGE_MIN_BATCH",
+    "weights_salt": "PDKIT_SIM_WEIGHTS_SALT",
     "bootstrap_retry_s": "PDKIT_SIM_BOOTSTRAP_RETRY_S",
     "sglang_version": "PDKIT_SIM_SGLANG_VERSION",
     # SGLang's names, as pdkit renders them (one table: pdkit.sglang_pd.ENGINE_VARIABLES)
@@ -171,7 +190,7 @@ def _check(k: Knobs) -> None:
         raise KnobError(f"{ENV_NAMES['no_cuda_graph_factor']} must be >= 1 (graphs never slow decode down)")
     for name in ("startup_delay_s", "decode_base_ms", "decode_per_req_ms", "prefill_base_ms",
                  "prefill_ms_per_1k_tokens", "bootstrap_retry_s", "schedule_ms", "indexer_ms_per_1m_ctx",
-                 "wedge_hold_s"):
+                 "wedge_hold_s", "drift_logprob_per_1k", "drift_logprob_per_req", "diverge_after_tokens"):
         if getattr(k, name) < 0:
             raise KnobError(f"{ENV_NAMES[name]} must be >= 0")
     for name in ("kv_transfer_gb_s", "waiting_timeout_s", "bootstrap_timeout_s", "heartbeat_interval_s"):
@@ -182,7 +201,9 @@ def _check(k: Knobs) -> None:
     if k.wedge_min_held < 0:
         raise KnobError(f"{ENV_NAMES['wedge_min_held']} must be >= 0 (0: the wedge counts the decode batch, "
                         "PDKIT_SIM_WEDGE_MIN_BATCH)")
-    for name in ("corrupt_when", "wedge_when"):
+    if k.diverge_min_batch < 1:
+        raise KnobError(f"{ENV_NAMES['diverge_min_batch']} must be >= 1")
+    for name in ("corrupt_when", "wedge_when", "drift_when"):
         for cond in conditions(getattr(k, name)):
             if not cond.lstrip("!").startswith("--"):
                 raise KnobError(f"{ENV_NAMES[name]}: {cond!r} is not a condition: give --flag, --flag=value or "
