@@ -173,7 +173,9 @@ def wait_engine(unit: str, url: str, timeout: float, interval: float = 1.0, poll
 
     With SHAPE_INPUTS (the unit's files and venv link), the shape the engine reports is recorded
     at its configuration's first healthy start, else compared with that record: a figure below
-    pdkit.engineshape.MIN_FRACTION fails the gate at once, naming both numbers.
+    pdkit.engineshape.MIN_FRACTION fails the gate at once, naming both numbers; so are its weight
+    checksums (/weights_checker, bounded by engineshape.WEIGHTS_TIMEOUT_S): a changed rank fails,
+    an engine that does not answer is recorded unavailable and never blocks.
 
     URL is polled every POLL seconds; the unit's state every INTERVAL (0.2 s while not active) to
     catch a failed start at once (_StartWatch): the message is then the engine's own error line.
@@ -217,8 +219,11 @@ def _engine_ready(unit: str, url: str, info: dict, invocation: str, shape_inputs
     ready = f"{unit} ready: {url} answered 200 and /server_info was read; {evidence}"
     if not shape_inputs:
         return True, ready
+    # its weights beside its shape (issue 44 item 2): an engine that does not answer is "unavailable", never a failure
+    weights = engineshape.weights_from_answer(*http_request(
+        engineshape.weights_checker_url(url), {"action": "checksum"}, timeout=engineshape.WEIGHTS_TIMEOUT_S))
     try:
-        ok, shape = engineshape.check(unit, list(shape_inputs), info, shapes_dir)
+        ok, shape = engineshape.check(unit, list(shape_inputs), info, shapes_dir, weights=weights)
     except OSError as exc:
         return False, f"{unit}: cannot record or read its shape under {shapes_dir}: {exc}"
     return (True, f"{ready}; {shape}") if ok else (False, shape)

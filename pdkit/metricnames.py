@@ -110,6 +110,11 @@ EXPORTER_RANK_UP = "pdkit_engine_rank_up"
 # configuration (pdkit/engineshape.py), one series per figure (labels node, engine, role, figure). Read by
 # doctor's engine_shape check, which compares it with the engine's /server_info now.
 EXPORTER_SHAPE_RECORDED = "pdkit_engine_shape_recorded"
+# pdkit-exporter: the engine gate's last verdict on the engine's weight checksums (issue 44 item 2,
+# pdkit/engineshape.py), value 1, labels status (recorded | match | mismatch | unavailable), recorded and
+# now (per-engine checksums, first 12 hex digits), problem (the ranks that differ, or why unavailable).
+# Read by doctor's weights check.
+EXPORTER_WEIGHTS_INFO = "pdkit_engine_weights_info"
 
 NODE = {
     "cpu": "node_cpu_seconds_total",

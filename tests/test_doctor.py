@@ -439,10 +439,10 @@ def test_every_engine_gets_its_role_s_checks_once():
     checks = {}
     for r in results:
         checks.setdefault(r.target, []).append(r.check)
-    assert checks["prefill"] == ["reachable", "flags", "context_length", "engine_shape", "process_env", "kv_transfer",
-                                 "kv_path", "prefix_cache", "queues", "version"]
+    assert checks["prefill"] == ["reachable", "flags", "context_length", "engine_shape", "weights", "process_env",
+                                 "kv_transfer", "kv_path", "prefix_cache", "queues", "version"]
     assert checks["decode"] == ["reachable", "flags", "decode_cuda_graph", "graph_buckets", "context_length",
-                                "engine_shape", "process_env", "kv_transfer", "queues", "version"]
+                                "engine_shape", "weights", "process_env", "kv_transfer", "queues", "version"]
     assert checks["router"] == ["router_workers"] and checks["cluster"] == ["throughput_c16"]
 
 

@@ -20,6 +20,7 @@ from pdkit.doctor.checks_engine import (
     check_rank_process,
     check_reachable,
     check_versions,
+    check_weights,
 )
 from pdkit.doctor.checks_graphs import check_decode_cuda_graphs, check_graph_buckets
 from pdkit.doctor.checks_kv import check_kv_path, check_kv_transfers
@@ -32,6 +33,7 @@ ENGINE_CHECKS: tuple[tuple[Callable[..., CheckResult], frozenset[str]], ...] = (
     (check_graph_buckets, frozenset({"decode", "unified"})),
     (check_context_length, frozenset({"prefill", "decode", "unified"})),
     (check_engine_shape, frozenset({"prefill", "decode", "unified"})),
+    (check_weights, frozenset({"prefill", "decode", "unified"})),
     (check_env, frozenset({"prefill", "decode", "unified"})),
     (check_kv_transfers, frozenset({"prefill", "decode"})),
     (check_kv_path, frozenset({"prefill"})),

@@ -9,7 +9,7 @@ from typing import Any
 
 from pdkit import engineshape
 from pdkit.doctor.checkbase import cannot_measure, counter_delta, engine_down, engine_row, not_measured
-from pdkit.doctor.model import FAIL, PASS, WARN, CheckResult, EngineObservation
+from pdkit.doctor.model import FAIL, INFO, PASS, WARN, CheckResult, EngineObservation
 from pdkit.exporter.drift import compare_server_info, describe, flag_key
 
 # An uncapped context above this many tokens is flagged: the seeds' 1M context made the indexer
@@ -174,6 +174,43 @@ def check_engine_shape(obs: EngineObservation) -> CheckResult:
     return engine_row(plan, name, PASS, f"{engineshape.describe(now)}; each at least "
                                         f"{engineshape.MIN_FRACTION:.0%} of the recorded "
                                         f"{engineshape.describe(recorded)}")
+
+
+def check_weights(obs: EngineObservation) -> CheckResult:
+    """The engine serves the weights it served at its running configuration's first healthy start (issue 44
+    item 2): the engine gate's last verdict on its /weights_checker checksums, as the node's exporter
+    publishes it (pdkit_engine_weights_info). Doctor never asks /weights_checker itself: every rank hashes
+    every tensor, in the scheduler, between batches, so the call stalls serving for its seconds."""
+    plan, name = obs.plan, "weights"
+    if (early := cannot_measure(obs, name)) is not None:
+        return early
+    ex = obs.exporter
+    if ex is None:
+        return engine_row(plan, name, WARN, f"not measurable: the node's pdkit-exporter was unreadable "
+                                            f"({obs.exporter_error})",
+                          f"make pdkit-exporter on {plan.host} reachable from this machine and re-run")
+    verdict = ex.weights
+    if verdict is None:
+        return engine_row(plan, name, WARN, "nothing recorded yet: no engine gate has checked this engine's weights",
+                          f"run the deploy or `pdkit roll` once with this kit on {plan.host}: its engine gate "
+                          "records the weight checksums (pdkit/engineshape.py)")
+    status = verdict.get("status")
+    if status == "mismatch":
+        return engine_row(plan, name, FAIL, f"the last start's weights differ from the first healthy start's: "
+                                            f"{verdict.get('problem')}",
+                          f"the engine loaded other weights than before (a changed or corrupt model directory, "
+                          f"another revision?): check the model files on {plan.host}, then restart "
+                          f"pdkit-engine-{plan.engine} (pdkit rollback/roll)")
+    if status == "unavailable":
+        return engine_row(plan, name, INFO, f"not compared: the engine did not answer /weights_checker at its last "
+                                            f"start ({verdict.get('problem')}); this never blocks",
+                          "SGLang 0.5.17 and 0.5.23 serve it without a key: the next start that answers records "
+                          "the checksums (an engine run with --api-key/--admin-api-key keeps the gate out)")
+    if status in ("match", "recorded"):
+        how = "as recorded at its configuration's first healthy start" if status == "match" else "recorded"
+        return engine_row(plan, name, PASS, f"per-engine checksum {verdict.get('now')} at the last start, {how}")
+    return engine_row(plan, name, WARN, f"the node's exporter reports an unknown weights verdict {status!r}",
+                      "update pdkit on this machine or on the node")
 
 
 def check_env(obs: EngineObservation) -> CheckResult:

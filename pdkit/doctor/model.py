@@ -109,6 +109,8 @@ class ExporterView:
     rank: int | None = None  # which rank that is
     # pdkit_engine_shape_recorded: the shape the gate recorded for the running configuration (figure -> value)
     recorded_shape: dict[str, float] = field(default_factory=dict)
+    # pdkit_engine_weights_info: the gate's last weights verdict (status, recorded, now, problem), None: absent
+    weights: dict[str, str] | None = None
 
 
 @dataclass

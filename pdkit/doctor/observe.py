@@ -15,7 +15,7 @@ from pdkit.doctor.model import EnginePlan, ExporterView, Sample
 from pdkit.exporter.metrics import parse_metrics
 from pdkit.health import http_request
 from pdkit.kvcost import Histogram, cache_counts, kv_bytes_per_token, kv_histograms
-from pdkit.metricnames import EXPORTER_SHAPE_RECORDED, ROUTER, SGLANG
+from pdkit.metricnames import EXPORTER_SHAPE_RECORDED, EXPORTER_WEIGHTS_INFO, ROUTER, SGLANG
 
 # ------------------------------------------------------------------------------------------------
 # Pages (pure: text in)
@@ -84,6 +84,8 @@ def exporter_views(text: str) -> dict[str, ExporterView]:
                 view.sglang_version = s.labels.get("sglang_version") or None
             elif s.name == EXPORTER_SHAPE_RECORDED:
                 view.recorded_shape[s.labels.get("figure", "?")] = s.value
+            elif s.name == EXPORTER_WEIGHTS_INFO:
+                view.weights = {k: s.labels.get(k, "") for k in ("status", "recorded", "now", "problem")}
             elif s.name == "pdkit_engine_rank_up":
                 view.rank_up = s.value
                 rank = s.labels.get("rank", "")

@@ -57,7 +57,7 @@ from pdkit.exporter.system import (
     env_problems,
     reboot_required,
 )
-from pdkit.metricnames import EXPORTER_SHAPE_RECORDED
+from pdkit.metricnames import EXPORTER_SHAPE_RECORDED, EXPORTER_WEIGHTS_INFO
 
 log = logging.getLogger("pdkit.exporter")
 
@@ -492,6 +492,10 @@ class PdkitCollector(Collector):
         shape = gauge(EXPORTER_SHAPE_RECORDED, "The engine's shape the gate recorded at the first healthy start of its "
                       "running configuration (pdkit/engineshape.py): KV pool tokens, max running requests, context "
                       "length, CUDA-graph batch sizes.", ("figure",))
+        weights = gauge(EXPORTER_WEIGHTS_INFO, "The engine gate's last verdict on the engine's weight checksums "
+                        "(/weights_checker against the first healthy start's, pdkit/engineshape.py): status recorded, "
+                        "match, mismatch or unavailable; per-engine checksums recorded and now.",
+                        ("status", "recorded", "now", "problem"))
         rank_up = gauge("pdkit_engine_rank_up", "An engine spanning nodes: 1 when the unit of the rank this node runs "
                         "has a running process. Rank 0 also serves HTTP (pdkit_engine_up); a rank above 0 serves none.",
                         ("rank", "nnodes", "head"))
@@ -532,6 +536,9 @@ class PdkitCollector(Collector):
             self._env(snap, labels, env_present, env_error, env_info)
             for figure, value in recorded_shape(self.shapes_dir, e.unit).items():
                 shape.add_metric([*labels, figure], float(value))
+            last = engineshape.read_json(Path(self.shapes_dir) / e.unit / engineshape.LAST) if e.unit else None
+            if (verdict := engineshape.weights_verdict(last)) is not None:
+                weights.add_metric([*labels, *(verdict[k] for k in ("status", "recorded", "now", "problem"))], 1.0)
 
             if m.error is None:
                 figures = m.value
@@ -567,7 +574,7 @@ class PdkitCollector(Collector):
 
         out: list[Metric] = [up, rank_up, scrape_error, info, drift, drift_info, unverified, env_present, env_error,
                              env_info, running, queued, usage, gen_tp, pd_queues, prompt, generation, kv_fail, passes,
-                             ratio, shape]
+                             ratio, shape, weights]
         for fams in batch.values():
             out.extend(fams.values())
         if self.journal is not None:

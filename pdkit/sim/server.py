@@ -2,7 +2,8 @@
 
 /health, /health_generate, /ready, /server_info (+ /get_server_info), /model_info
 (+ /get_model_info), /v1/models, /generate, /v1/completions, /v1/chat/completions (streaming and
-not), /metrics (only with --enable-metrics, as in SGLang), /flush_cache.
+not), /metrics (only with --enable-metrics, as in SGLang), /flush_cache, /weights_checker
+(pdkit/sim/weights.py).
 
 Everything but /metrics answers 503 until the start-up delay has passed. Streaming responses
 send their headers at once, as SGLang's StreamingResponse does; a failure after that arrives
@@ -29,6 +30,7 @@ from pdkit.sim.args import SimArgs, decode_graph_sizes
 from pdkit.sim.engine import Engine, EngineError, Outcome
 from pdkit.sim.knobs import Knobs
 from pdkit.sim.logs import access_line
+from pdkit.sim.metrics import DEFAULT_SGLANG_VERSION
 from pdkit.sim.protocol import (
     Defaults,
     GenSpec,
@@ -43,6 +45,7 @@ from pdkit.sim.protocol import (
     parse_generate,
     stream_error,
 )
+from pdkit.sim.weights import WeightsChecker
 
 HEALTH_GENERATE_TIMEOUT_S = 20.0  # SGLang's /health and /health_generate budget
 SIM_VERSION = "sim"
@@ -82,6 +85,9 @@ class SimServer:
         self.created = int(time.time())
         self.health_generation_enabled = os.environ.get("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", "1") != "0"
         self.log = logging.getLogger("pdkit.sim")
+        self.weights = WeightsChecker(args.model_path, max(1, args.tp_size), max(1, args.dp_size),
+                                      max(1, args.pp_size), knobs.weights_salt,
+                                      knobs.sglang_version or DEFAULT_SGLANG_VERSION)
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._gate], client_max_size=64 * 1024 * 1024)
@@ -97,6 +103,8 @@ class SimServer:
         r.add_get("/metrics", self.metrics)
         r.add_post("/flush_cache", self.flush_cache)
         r.add_get("/flush_cache", self.flush_cache)
+        r.add_get("/weights_checker", self.weights_checker)
+        r.add_post("/weights_checker", self.weights_checker)
         r.add_post("/generate", self._generation("generate", parse_generate))
         r.add_post("/v1/completions", self._generation("completion", parse_completion))
         r.add_post("/v1/chat/completions", self._generation("chat", parse_chat))
@@ -222,6 +230,18 @@ class SimServer:
             return web.Response(status=400, text="Flush cache failed.\n")
         return web.Response(text="Cache flushed.\nPlease check backend logs for more details. (When there are "
                                  "running or waiting requests, the operation will not be performed.)\n")
+
+    async def weights_checker(self, request: web.Request) -> web.Response:
+        # SGLang: GET or POST, an optional CheckWeightsReqInput body (absent: action "checksum"); 200 or 400
+        raw = await request.read()
+        try:
+            body = json.loads(raw) if raw.strip() else {}
+        except ValueError as exc:
+            return web.json_response({"detail": f"JSON decode error: {exc}"}, status=422)
+        if not isinstance(body, dict) or not isinstance(body.get("action", ""), str):
+            return web.json_response({"detail": "the body must be a CheckWeightsReqInput object"}, status=422)
+        status, answer = self.weights.answer(body)
+        return web.json_response(answer, status=status)
 
     # ---- generation ---------------------------------------------------------------------------
 
