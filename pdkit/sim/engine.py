@@ -37,6 +37,7 @@ from pdkit.sim.metrics import PD_QUEUE_GAUGES, SimMetrics
 from pdkit.sim.protocol import GenSpec
 from pdkit.sim.scheduler import QueueFull, Scheduler, SimRequest
 from pdkit.sim.stepmodel import kv_tokens_to_send, kv_transfer_bytes, kv_transfer_seconds, sglang_kv_units
+from pdkit.sim.textgen import Trace
 
 
 class EngineError(Exception):
@@ -159,6 +160,15 @@ class Engine:
         req.streaming = spec.stream
         if local:
             req.counted = False
+        lp = spec.logprobs
+        if lp is not None:
+            # trace every output token's state; no prefix-cache hit past logprob_start_len (SGLang's
+            # Req._compute_max_prefix_len); a PD decode reports no input logprobs (SGLang's output
+            # streamer: "Decode server does not send input logprobs")
+            lp.trace = req.tokens.trace = Trace()
+            lp.decode = pd and self.mode == "decode"
+            req.lp = lp
+            req.max_prefix = min(req.max_prefix, lp.start)
         room: Room | None = None
         handed_over = False  # to the scheduler (a request that failed its PD hand-off never was)
         try:
@@ -262,9 +272,13 @@ class Engine:
             self.metrics.inc("sglang:num_transfer_failed_reqs_total")
             raise EngineError(500, message)
         self._record_transfer(nbytes, seconds)
-        # the prefill's own radix hit travels with the KV (SGLang's metadata buffer, cached_tokens[0])
+        # the prefill's own radix hit travels with the KV (SGLang's metadata buffer, cached_tokens[0]), and
+        # so do its first token and, with logprobs, that token's logprob and top logprobs (output_ids,
+        # output_token_logprobs, output_top_logprobs: 0.5.23 disaggregation/utils.py set_buf)
+        first = spec.logprobs.first_report(prompt, req.output_ids) if spec.logprobs is not None else None
         room.end({"status": "transferred", "kv_bytes": nbytes, "kv_tokens": tokens, "transfer_s": seconds,
-                  "cached_tokens": req.cached_tokens, "decode_prefix_len": room.decode_prefix_len})
+                  "cached_tokens": req.cached_tokens, "decode_prefix_len": room.decode_prefix_len,
+                  "first_token": req.output_ids[0] if req.output_ids else None, "first_logprobs": first})
 
     def _record_transfer(self, nbytes: int, seconds: float) -> None:
         """The prefill side observes each finished KV send (as SGLang's prefill does: the real
@@ -323,6 +337,11 @@ class Engine:
                 self.decode_prealloc_q -= 1
             self._pd_gauges()
         prefill_cached = int(report.get("cached_tokens") or 0)
+        # the decode emits the prefill's first token, as it came (0.5.23 disaggregation/decode.py
+        # _commit_transfer_to_req: output_ids, output_token_logprobs, output_top_logprobs from the buffer)
+        if isinstance(report.get("first_token"), int):
+            req.first_token = report["first_token"]
+            req.first_report = report.get("first_logprobs")
         req.cached_tokens = prefill_cached + max(0, decode_prefix - prefill_cached)
         # the decode side observes its bootstrap (handshake) and KV allocation times, as SGLang's decode does
         self.metrics.observe("sglang:kv_transfer_bootstrap_ms", (handshake_at - started) * 1000.0)

@@ -16,7 +16,19 @@ from http import HTTPStatus
 from typing import Any
 
 from pdkit.sim.bootstrap import BootstrapTarget
-from pdkit.sim.textgen import chat_prompt, detokenize, token_text, tokenize
+from pdkit.sim.textgen import (
+    MODEL_VOCAB_SIZE,
+    Drift,
+    Position,
+    Trace,
+    chat_prompt,
+    detokenize,
+    logprob_text,
+    prompt_scores,
+    score,
+    token_text,
+    tokenize,
+)
 
 # The id reported as the matched stop when the sim's default length ends a request "by EOS".
 EOS_TOKEN_ID = 2
@@ -43,6 +55,113 @@ class Defaults:
     cache_report: bool = False
 
 
+class LogprobRequest:
+    """A native /generate request's logprob fields (SGLang's GenerateReqInput: return_logprob,
+    logprob_start_len, top_logprobs_num, token_ids_logprob, return_text_in_logprobs; 0.5.17 and 0.5.23
+    managers/io_struct.py), and what the engine fills in while the request runs (the output trace,
+    the drift and load it ran under). `meta()` renders meta_info's logprob fields as SGLang's
+    tokenizer manager does (managers/tokenizer_manager.py add_logprob_to_meta_info)."""
+
+    __slots__ = ("start", "top_n", "token_ids", "text", "trace", "drift", "load", "running", "decode",
+                 "_input", "_output", "_rendered")
+
+    def __init__(self, start: int, top_n: int, token_ids: list[int] | None, text: bool) -> None:
+        self.start = start  # resolved: input logprobs from here (len(prompt): none)
+        self.top_n = top_n
+        self.token_ids = token_ids
+        self.text = text
+        # filled by the engine
+        self.trace: Trace | None = None
+        self.drift: Drift | None = None
+        self.load = 0  # requests running beside this one when it was scheduled
+        self.running = 1  # requests its prefill ran with (itself included)
+        self.decode = False  # a PD decode: no input logprobs (the prefill sends them)
+        self._input: list[Position | None] | None = None
+        self._output: list[Position | None] = []
+        self._rendered: dict[str, list] = {}
+
+    def output_positions(self, prompt_len: int, output_ids: list[int]) -> list[Position | None]:
+        """Scores of the output tokens so far (each once: streamed events repeat the whole list)."""
+        out = self._output
+        trace = self.trace
+        for k in range(len(out), len(output_ids)):
+            if trace is None or k >= len(trace.states):
+                out.append(None)
+                continue
+            if k == 0 and trace.first is not None:  # a PD decode: the prefill's figures for its token
+                first = trace.first
+                out.append(Position(first["logprob"], [[lp, tid, None] for lp, tid, *_ in first["top"]] or None,
+                                    None))
+                continue
+            pos = prompt_len + k
+            sigma = self.drift.sigma(pos, self.load) if self.drift is not None else 0.0
+            out.append(score(trace.states[k], output_ids[k], self.top_n, self.token_ids, trace.diverged[k], sigma))
+        return out
+
+    def input_positions(self, prompt_ids: list[int], seed: int) -> list[Position | None]:
+        if self._input is None:
+            self._input = [] if self.decode else prompt_scores(
+                prompt_ids, seed, self.start, self.top_n, self.token_ids, self.drift, self.load, self.running)
+        return self._input
+
+    def first_report(self, prompt_len: int, output_ids: list[int]) -> dict[str, Any] | None:
+        """A PD prefill's first-token figures for the decode (SGLang's metadata buffer carries the
+        first token's logprob and top logprobs, not its token_ids_logprob: disaggregation/utils.py)."""
+        positions = self.output_positions(prompt_len, output_ids[:1])
+        if not positions or positions[0] is None:
+            return None
+        p = positions[0]
+        return {"logprob": p.logprob, "top": p.top or []}
+
+    def _entry(self, lp: float | None, tid: int) -> list[Any]:
+        return [lp, tid, logprob_text(tid) if self.text else None]
+
+    def _rows(self, rows: list[list[Any]] | None) -> list[list[Any]] | None:
+        # SGLang's detokenize_top_logprobs_tokens: an empty or missing row is None
+        if not rows:
+            return None
+        return [[lp, tid, logprob_text(tid)] for lp, tid, _ in rows] if self.text else rows
+
+    def _render(self, positions: list[Position | None], ids: list[int], side: str, into: dict[str, list]) -> None:
+        """Append the entries of positions not rendered yet to the lists in `into`."""
+        done = len(into.setdefault(f"{side}_token_logprobs", []))
+        new = range(done, len(positions))
+        into[f"{side}_token_logprobs"].extend(
+            self._entry(positions[k].logprob if positions[k] else None, ids[k]) for k in new)
+        if self.top_n > 0:
+            into.setdefault(f"{side}_top_logprobs", []).extend(
+                self._rows(positions[k].top) if positions[k] else None for k in new)
+        if self.token_ids is not None:
+            into.setdefault(f"{side}_token_ids_logprobs", []).extend(
+                self._rows(positions[k].ids) if positions[k] else None for k in new)
+
+    def meta(self, spec: GenSpec, output_ids: list[int]) -> dict[str, Any]:
+        """meta_info's logprob fields, in SGLang's shapes (tokenizer_manager.py add_logprob_to_meta_info and
+        detokenize_logprob_tokens): `input_token_logprobs` / `output_token_logprobs` as [logprob, id, text]
+        per position (text None without return_text_in_logprobs; the first input position's logprob None),
+        `output_token_logprobs_length`; with top_logprobs_num > 0 `input_top_logprobs` / `output_top_logprobs`
+        (per position a list of top_logprobs_num [logprob, id, text], or None); with token_ids_logprob
+        `input_token_ids_logprobs` / `output_token_ids_logprobs` (per position the asked ids, or None)."""
+        prompt = spec.prompt_ids
+        inputs = self.input_positions(prompt, spec.seed)
+        outputs = self.output_positions(len(prompt), output_ids)
+        rendered = self._rendered
+        self._render(inputs, prompt[self.start:], "input", rendered)
+        self._render(outputs, output_ids, "output", rendered)
+        meta: dict[str, Any] = {
+            "input_token_logprobs": rendered["input_token_logprobs"],
+            "output_token_logprobs": rendered["output_token_logprobs"],
+            "output_token_logprobs_length": len(outputs),
+        }
+        if self.top_n > 0:
+            meta["input_top_logprobs"] = rendered["input_top_logprobs"]
+            meta["output_top_logprobs"] = rendered["output_top_logprobs"]
+        if self.token_ids is not None:
+            meta["input_token_ids_logprobs"] = rendered["input_token_ids_logprobs"]
+            meta["output_token_ids_logprobs"] = rendered["output_token_ids_logprobs"]
+        return meta
+
+
 @dataclass(frozen=True)
 class GenSpec:
     api: str  # generate | completion | chat
@@ -57,6 +176,8 @@ class GenSpec:
     bootstrap: BootstrapTarget | None
     created: int
     cache_report: bool = False
+    # native /generate with return_logprob (SGLang's fields; the engine fills in what it ran under)
+    logprobs: LogprobRequest | None = None
 
 
 def _int(value: Any, name: str, minimum: int = 0) -> int:
@@ -92,6 +213,40 @@ def _seed(value: Any, d: Defaults) -> int:
     return d.seed if value is None else _int(value, "seed")
 
 
+def _logprobs(body: dict[str, Any], prompt_len: int) -> LogprobRequest | None:
+    """SGLang's logprob fields (0.5.17 / 0.5.23 managers/io_struct.py GenerateReqInput, defaults in
+    _normalize: return_logprob False, logprob_start_len -1, top_logprobs_num 0, token_ids_logprob None,
+    [] taken as None). logprob_start_len -1 means no input logprobs, and so does len(prompt); above it
+    SGLang aborts the request with 400 (managers/scheduler.py handle_generate_request). Only read with
+    return_logprob, as SGLang ignores logprob_start_len otherwise."""
+    want = body.get("return_logprob")
+    if isinstance(want, list):
+        raise RequestError(400, "sim: batched return_logprob is not supported")
+    if not want:
+        return None
+    start = body.get("logprob_start_len")
+    start = -1 if start is None else start
+    if isinstance(start, bool) or not isinstance(start, int) or start < -1:
+        raise RequestError(400, f"sim: logprob_start_len must be -1 or an integer >= 0, got {start!r}")
+    if start > prompt_len:
+        raise RequestError(400, f"req.logprob_start_len={start} is higher than the number of input tokens "
+                                f"len(req.origin_input_ids)={prompt_len}. Please use a smaller logprob_start_len.")
+    top_n = body.get("top_logprobs_num")
+    top_n = 0 if top_n is None else _int(top_n, "top_logprobs_num")
+    token_ids = body.get("token_ids_logprob") or None
+    if token_ids is not None:
+        # managers/tokenizer_manager.py _validate_token_ids_logprob (0.5.23)
+        if not isinstance(token_ids, list) or not all(isinstance(t, int) and not isinstance(t, bool)
+                                                      for t in token_ids):
+            raise RequestError(400, "token_ids_logprob must be a flat list of integers.")
+        for t in token_ids:
+            if not 0 <= t < MODEL_VOCAB_SIZE:
+                raise RequestError(400, f"token_ids_logprob contains out-of-vocabulary token id {t}; "
+                                        f"valid range is [0, {MODEL_VOCAB_SIZE}).")
+    return LogprobRequest(prompt_len if start == -1 else start, top_n, token_ids,
+                          bool(body.get("return_text_in_logprobs")))
+
+
 def parse_generate(body: dict[str, Any], d: Defaults) -> GenSpec:
     if "input_ids" in body and body["input_ids"] is not None:
         ids = body["input_ids"]
@@ -114,6 +269,7 @@ def parse_generate(body: dict[str, Any], d: Defaults) -> GenSpec:
         seed=_seed(params.get("sampling_seed", params.get("seed")), d),
         stream=bool(body.get("stream")), include_usage=False, model=d.model,
         bootstrap=_bootstrap(body), created=int(time.time()), cache_report=d.cache_report,
+        logprobs=_logprobs(body, len(prompt_ids)),
     )
 
 
@@ -188,14 +344,11 @@ def generate_body(spec: GenSpec, output_ids: list[int], finish: str | None, e2e_
         reason = {"type": "length", "length": len(output_ids)}
     elif finish == "stop":
         reason = {"type": "stop", "matched": EOS_TOKEN_ID}
-    return {
-        "text": detokenize(output_ids),
-        "output_ids": list(output_ids),
-        "meta_info": {
-            "id": spec.rid, "finish_reason": reason, "prompt_tokens": len(spec.prompt_ids),
-            "completion_tokens": len(output_ids), "cached_tokens": cached_tokens, "e2e_latency": round(e2e_s, 6),
-        },
-    }
+    meta: dict[str, Any] = {"id": spec.rid, "finish_reason": reason, "prompt_tokens": len(spec.prompt_ids)}
+    if spec.logprobs is not None:
+        meta.update(spec.logprobs.meta(spec, output_ids))
+    meta.update(completion_tokens=len(output_ids), cached_tokens=cached_tokens, e2e_latency=round(e2e_s, 6))
+    return {"text": detokenize(output_ids), "output_ids": list(output_ids), "meta_info": meta}
 
 
 def completion_body(spec: GenSpec, output_ids: list[int], finish: str, cached_tokens: int = 0) -> dict[str, Any]:

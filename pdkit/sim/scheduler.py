@@ -29,6 +29,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 from pdkit.sim.args import SimArgs
 from pdkit.sim.knobs import Knobs, argv_matches
@@ -44,7 +45,7 @@ from pdkit.sim.stepmodel import (
     prefill_step_seconds,
     prefill_uses_cuda_graph,
 )
-from pdkit.sim.textgen import VOCAB, TokenStream
+from pdkit.sim.textgen import VOCAB, Drift, TokenStream
 
 VOCAB_SIZE = len(VOCAB)
 
@@ -71,6 +72,7 @@ class SimRequest:
         "rid", "prompt_tokens", "max_new_tokens", "limit_finish", "tokens", "output_ids", "event",
         "done", "aborted", "finish_type", "arrival", "queued_at", "first_token_at", "last_token_at",
         "counted", "streaming", "prompt_ids", "cached_tokens", "node", "tree_tokens", "released",
+        "lp", "max_prefix", "first_token", "first_report",
     )
 
     def __init__(self, rid: str, prompt_ids: list[int], max_new_tokens: int, seed: int,
@@ -88,6 +90,15 @@ class SimRequest:
         # "length" when the client's limit ended it, "stop" when the sim's default did (as EOS).
         self.limit_finish = limit_finish
         self.tokens = TokenStream(prompt_ids, seed)
+        # a request that asked for logprobs (protocol.LogprobRequest): the scheduler tells it the drift and
+        # load it ran under; its TokenStream traces the state of every output token
+        self.lp: Any = None
+        # at most this many prompt tokens may come from the prefix cache: one is always computed, and
+        # with input logprobs none from logprob_start_len on (SGLang's Req._compute_max_prefix_len)
+        self.max_prefix = len(prompt_ids) - 1
+        # a PD decode: the prefill's first token and, with logprobs, its figures (the room report)
+        self.first_token: int | None = None
+        self.first_report: dict[str, Any] | None = None
         self.output_ids: list[int] = []
         self.event = asyncio.Event()
         self.done = False
@@ -139,6 +150,13 @@ class Scheduler:
         self.continuous_steps = max(1, int(args.server.get("num_continuous_decode_steps") or 1))
         # lever faults (knobs PDKIT_SIM_CORRUPT_WHEN / PDKIT_SIM_WEDGE_WHEN), decided from the argv
         self.corrupt = argv_matches(knobs.corrupt_when, args.argv)
+        # numerics drift (PDKIT_SIM_DRIFT_WHEN and its knobs): noisy logprobs, and with
+        # PDKIT_SIM_DIVERGE_AFTER_TOKENS another top-1 past a context length under load
+        self.drift: Drift | None = None
+        if argv_matches(knobs.drift_when, args.argv):
+            self.drift = Drift(knobs.drift_logprob_per_1k, knobs.drift_logprob_per_req,
+                               knobs.diverge_after_tokens, knobs.diverge_min_batch)
+        self.diverge = self.drift if self.drift is not None and self.drift.diverge_after > 0 else None
         self.wedge_armed = argv_matches(knobs.wedge_when, args.argv)
         self.wedged_at: float | None = None
         # the eager scheduler gauges this loop computes, as children (a stand-in for any the release lacks)
@@ -282,7 +300,7 @@ class Scheduler:
             admitted = self._admit()
             if admitted:
                 if self.mode == "decode":
-                    self._join_running(admitted, time.perf_counter())
+                    self._join_running(admitted, time.perf_counter(), self._scheduled(admitted))
                 else:
                     await self._prefill(admitted)
                     self.last_progress = time.monotonic()
@@ -316,7 +334,7 @@ class Scheduler:
         kv = self.used_tokens
         for req in self.waiting:
             if prefill:
-                hit, node = cache.match(req.prompt_ids, limit=req.prompt_tokens - 1)
+                hit, node = cache.match(req.prompt_ids, limit=req.max_prefix)
                 delta = cache.lock_delta(node) if hit else 0
             else:
                 hit, node, delta = req.tree_tokens, None, 0
@@ -349,6 +367,7 @@ class Scheduler:
         # per prefill batch, as SGLang's metrics_reporter sets it (decode batches leave it alone)
         self.metrics.set("sglang:cache_hit_rate", cached / (cached + new_tokens) if cached + new_tokens else 0.0)
         self.prefilling = batch
+        running = self._scheduled(batch)
         self._make_room()
         self._log_prefill(batch, new_tokens, graph, cached)
         try:
@@ -361,13 +380,24 @@ class Scheduler:
             self._cache_prompt(req)  # SGLang checkpoints the prefilled prompt into the tree
         if self.mode == "prefill":
             for req in batch:
-                self._emit(req, now)
+                self._emit(req, now, running)
                 self._finish(req, now, "length")
         else:
-            self._join_running(batch, now)
+            self._join_running(batch, now, running)
         self._update_gauges()
 
-    def _join_running(self, batch: list[SimRequest], now: float) -> None:
+    def _scheduled(self, batch: list[SimRequest]) -> int:
+        """A batch starts: the requests running with it, itself included. Each one that asked for
+        logprobs learns the drift it runs under and its load (the others running when it was scheduled)."""
+        running = len(self.running) + len(batch)
+        for req in batch:
+            if req.lp is not None:
+                req.lp.drift = self.drift
+                req.lp.load = running - 1
+                req.lp.running = running
+        return running
+
+    def _join_running(self, batch: list[SimRequest], now: float, running: int) -> None:
         """First token for each request (computed by prefill, here or on the PD prefill engine)."""
         for req in batch:
             if req.aborted:
@@ -376,7 +406,7 @@ class Scheduler:
                 # the KV has arrived: SGLang's decode checkpoints the prompt into its tree (a no-op
                 # without --disaggregation-decode-enable-radix-cache)
                 self._cache_prompt(req)
-            self._emit(req, now)
+            self._emit(req, now, running)
             if len(req.output_ids) >= req.max_new_tokens:
                 self._finish(req, now, req.limit_finish)
             else:
@@ -391,6 +421,7 @@ class Scheduler:
         self.metrics.count_tokens("decode", batch)
         self.metrics.set("sglang:is_cuda_graph", 1 if graph else 0)
         itl = None  # lazy: created by the first counted token, then kept for the step
+        diverge = self.diverge
         still_running = []
         produced = 0
         for req in self.running:
@@ -400,7 +431,10 @@ class Scheduler:
                 if itl is None:
                     itl = self.metrics.child("sglang:inter_token_latency_seconds")
                 itl.observe(now - req.last_token_at)
-            token = req.tokens.next_id()
+            if diverge is None:
+                token = req.tokens.next_id()
+            else:  # another top-1 at or past the context length, while enough requests decode together
+                token = req.tokens.next_id(diverge.diverges(req.prompt_tokens + len(req.output_ids), batch))
             if self.corrupt:
                 # the corrupting lever: every decoded token is off by one in the vocabulary (the
                 # prefill's first token stays right, as a broken decode kernel would leave it)
@@ -421,8 +455,16 @@ class Scheduler:
             self._log_decode(batch, graph)
         self._update_gauges()
 
-    def _emit(self, req: SimRequest, now: float) -> None:
-        req.output_ids.append(req.tokens.next_id())
+    def _emit(self, req: SimRequest, now: float, running: int) -> None:
+        """The first output token: computed by this prefill (diverged when the drift says so at the
+        prompt's length with `running` requests), or on a PD decode the prefill's, taken as it came."""
+        if req.first_token is not None:
+            token = req.tokens.accept(req.first_token, req.first_report)
+        else:
+            diverge = self.diverge
+            token = req.tokens.next_id(diverge is not None and self.mode != "decode"
+                                       and diverge.diverges(req.prompt_tokens, running))
+        req.output_ids.append(token)
         req.first_token_at = now
         req.last_token_at = now
         # a PD prefill's first token is not the client's: SGLang's prefill records no TTFT (real pages)
