@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from pdkit import answers
 from pdkit.tune import gates
 from pdkit.tune.campaign import (
     CampaignError,
@@ -636,27 +637,27 @@ def test_report_without_matplotlib_writes_the_table_and_says_the_plot_is_missing
     ([1, 2, 3], [1, 2, 3], None), ([1, 2, 3], [1, 9, 3], 1), ([1, 2, 3], [1, 2], 2), ([1, 2], [1, 2, 3], 2), ([1], [2], 0),
 ])
 def test_first_divergence(base, got, div):
-    assert gates.first_divergence(base, got) == div
+    assert answers.first_divergence(base, got) == div
 
 
 def test_compare_and_verdicts():
     base = [{"tokens": [1, 2, 3, 4]}, {"tokens": [5, 6, 7, 8]}]
-    same = gates.compare(base, [{"tokens": [1, 2, 3, 4]}, {"tokens": [5, 6, 7, 8]}])
-    assert same["match_rate"] == 1.0 and gates.correctness_verdict(same, 1.0, True)[0]
-    late = gates.compare(base, [{"tokens": [1, 2, 3, 9]}, {"tokens": [5, 6, 7, 8]}])
+    same = answers.compare(base, [{"tokens": [1, 2, 3, 4]}, {"tokens": [5, 6, 7, 8]}])
+    assert same["match_rate"] == 1.0 and answers.correctness_verdict(same, 1.0, True)[0]
+    late = answers.compare(base, [{"tokens": [1, 2, 3, 9]}, {"tokens": [5, 6, 7, 8]}])
     assert late["match_rate"] == pytest.approx(7 / 8)
-    assert gates.correctness_verdict(late, 0.8, False)[0]
-    ok, why = gates.correctness_verdict(late, 0.8, True)
+    assert answers.correctness_verdict(late, 0.8, False)[0]
+    ok, why = answers.correctness_verdict(late, 0.8, True)
     assert not ok and "exactness required" in why and "#0 at token 3" in why
-    ok, why = gates.correctness_verdict(late, 0.9, False)
+    ok, why = answers.correctness_verdict(late, 0.9, False)
     assert not ok and "below the threshold 0.9" in why
-    broken = gates.compare(base, [{"error": "HTTP 502"}, {"tokens": [5, 6, 7, 8]}])
-    ok, why = gates.correctness_verdict(broken, 0.0, False)
+    broken = answers.compare(base, [{"error": "HTTP 502"}, {"tokens": [5, 6, 7, 8]}])
+    ok, why = answers.correctness_verdict(broken, 0.0, False)
     assert not ok and "1 of 2 prompts failed" in why and "HTTP 502" in why
 
 
 def test_prompts_are_fixed_and_distinct():
-    assert gates.prompts(16) == gates.prompts(16) and len(set(gates.prompts(16))) == 16
+    assert answers.prompts(16) == answers.prompts(16) and len(set(answers.prompts(16))) == 16
 
 
 def test_wedge_watch_needs_running_requests_and_no_progress_for_the_window():
@@ -933,25 +934,25 @@ def test_the_target_pair_alone_gets_the_gate_so_a_corrupting_lever_always_fails_
     ports, router_url = two_pairs
     a = Measured(("a",), router_url, {}, (_pair(ports, "a"),))
     b = Measured(("b",), router_url, {}, (_pair(ports, "b"),))
-    prompt_set = gates.prompts(8)
-    baseline = gates.ask(a, {}, prompt_set, 16, 4)
+    prompt_set = answers.prompts(8)
+    baseline = answers.ask(a, {}, prompt_set, 16, 4)
     assert all(len(x.get("tokens", [])) == 16 for x in baseline), baseline
     before = _requests_seen(ports)
-    candidate = gates.ask(b, {}, prompt_set, 16, 4)
+    candidate = answers.ask(b, {}, prompt_set, 16, 4)
     after = _requests_seen(ports)
     # every prompt went to b's pair and to nothing else
     assert {k: after[k] - before[k] for k in after} == {"ap": 0, "ad": 0, "bp": 8, "bd": 8, "u": 0}
-    comparison = gates.compare(baseline, candidate)
+    comparison = answers.compare(baseline, candidate)
     # every answer diverges right after the prefill's (right) first token: the same verdict every run
     assert {p["first_divergence"] for p in comparison["prompts"]} == {1}
     assert comparison["match_rate"] == pytest.approx(1 / 16)
-    ok, why = gates.correctness_verdict(comparison, 0.9, exact=False)
+    ok, why = answers.correctness_verdict(comparison, 0.9, exact=False)
     assert not ok and "below the threshold 0.9" in why, why
     # the same engines through the router: also served (the router path still works for everyone)
-    assert all("tokens" in x for x in gates.ask(router_url, {}, prompt_set[:2], 4, 2))
+    assert all("tokens" in x for x in answers.ask(router_url, {}, prompt_set[:2], 4, 2))
     # a unified engine is asked as it is
     unified = Measured(("u",), router_url, {}, (Route(EngineRef("u/unified", f"http://127.0.0.1:{ports['u']}")),))
-    assert gates.compare(baseline, gates.ask(unified, {}, prompt_set, 16, 4))["match_rate"] == 1.0
+    assert answers.compare(baseline, answers.ask(unified, {}, prompt_set, 16, 4))["match_rate"] == 1.0
 
 
 def test_a_dead_prefill_fails_the_request_at_once_and_hangs_up_on_the_decode(two_pairs):
@@ -966,7 +967,7 @@ def test_a_dead_prefill_fails_the_request_at_once_and_hangs_up_on_the_decode(two
     route = Route(EngineRef("a/decode", f"http://127.0.0.1:{ports['ad']}"),
                   EngineRef("dead/prefill", f"http://127.0.0.1:{dead}", ("127.0.0.1", ports["ab"])))
     started = time.monotonic()
-    out = gates.ask(Measured(("dead",), router_url, {}, (route,)), {}, gates.prompts(2), 8, 2)
+    out = answers.ask(Measured(("dead",), router_url, {}, (route,)), {}, answers.prompts(2), 8, 2)
     assert time.monotonic() - started < 5
     assert all(x.get("error", "").startswith("HTTP no answer: prefill dead/prefill") for x in out), out
 
@@ -1045,13 +1046,27 @@ def test_the_runner_sends_gates_and_bench_to_what_prepare_chose_and_records_it(t
         tok = [100.0, 103.0, 98.0][seen["benches"] - 1]
         return {"levels": [{"concurrency": 64, "errors": 0, "output_tok_s": tok}], "env": {"measured": kwargs["measured"]}}
 
-    monkeypatch.setattr(gates, "ask", ask)
+    def record_forced(measured, cfg, context_length, say):
+        seen.setdefault("forced", []).append(measured)
+        return {"items": [], "notes": [], "key": cfg.key()}
+
+    def run_parts(measured, cfg, recorded, exact, say, load_factory):
+        seen.setdefault("parts", []).append((measured, exact))
+        return answers.Outcome(True, None, "forced: within tolerance", {"notes": [], "parts": {}})
+
+    monkeypatch.setattr(answers, "ask", ask)
+    monkeypatch.setattr(answers, "record_forced", record_forced)
+    monkeypatch.setattr(answers, "run_parts", run_parts)
     monkeypatch.setattr(gates, "soak", soak)
     monkeypatch.setattr(pdkit.bench, "run_bench", bench)
     monkeypatch.setattr(pdkit.doctor, "run_doctor", lambda spec, **kw: [])
     record = {"gates": {}, "timings": {}}
     runner.Session(prep, []).run_gates("baseline", prep.base_spec, record, None, None)
     assert seen["ask"] == [prep.measured, prep.measured] and seen["soak"] is prep.measured
+    # the graded gate's forced parts: recorded once by the baseline, then checked, on the same target
+    # (on the target's own engines: smg drops a PD answer's input_top_logprobs)
+    assert [m.describe() for m in seen["forced"]] == [prep.measured.describe()]
+    assert [(m.via, e) for m, e in seen["parts"]] == [("engines", False)]
     # every engine is watched during the soak, not only the target's
     assert seen["watched"] == sorted(f"lab-gpu{i}/{e}" for i in (1, 2, 3) for e in ("prefill", "decode"))
     assert seen["bench"]["send"] == prep.measured.stream and seen["bench"]["measured"] == prep.measured.describe()
@@ -1067,6 +1082,7 @@ def test_the_runner_sends_gates_and_bench_to_what_prepare_chose_and_records_it(t
     runner.Session(prep, []).run_gates("off", prep.specs["off"], cand_record, [{"tokens": [1, 2, 3]}] * 2,
                                        prep.candidates[0])
     assert seen["benches"] == 1 and "bench_repeats" not in cand_record
+    assert len(seen["forced"]) == 1 and seen["parts"][-1][1] == prep.candidates[0].exact
 
     # resume: a baseline measured on the same engines continues; one measured otherwise (or unrecorded) does not
     base = {"campaign": "t", "kind": "baseline", "candidate": "baseline", "measured": prep.measured.describe()}

@@ -24,6 +24,7 @@ the same way.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -95,6 +96,35 @@ class Measured:
         # one event loop for all of them (pdkit tune runs gevent-patched: no loop per thread)
         return asyncio.run(self._ask_engines(payloads, concurrency, timeout_s))
 
+    def ask_blocking(self, payloads: Sequence[dict[str, Any]], concurrency: int,
+                     timeout_s: float) -> list[tuple[int, str]]:
+        """As ask, with blocking HTTP in threads and no event loop: the answer gate scores while its
+        load's event loop runs (under pdkit tune's gevent every thread is a greenlet of one OS thread,
+        and asyncio allows one running loop per OS thread). A PD answer merges the prefill's input
+        logprobs as ask does; a prefill that fails leaves its decode to its own timeout."""
+        if self.via == "router":
+            return self.ask(payloads, concurrency, timeout_s)
+
+        def one(job: tuple[int, dict[str, Any]]) -> tuple[int, str]:
+            index, payload = job
+            route = self.route(index)
+            url = f"{route.engine.url}/generate"
+            if route.prefill is None:
+                return health.http_request(url, payload, timeout=timeout_s)
+            body = route.pd_body(payload)
+            with ThreadPoolExecutor(max_workers=2) as pair:
+                prefill = pair.submit(health.http_request, f"{route.prefill.url}/generate", body, timeout=timeout_s)
+                decode = pair.submit(health.http_request, url, body, timeout=timeout_s)
+                (p_status, p_text), (d_status, d_text) = prefill.result(), decode.result()
+            if p_status != 200:
+                return 0, f"prefill {route.prefill.label}: HTTP {p_status or 'no answer'}: {p_text.strip()[:200]}"
+            if d_status != 200:
+                return d_status, f"decode {route.engine.label}: {d_text}"
+            return 200, merge_input_logprobs(p_text, d_text) if payload.get("return_logprob") else d_text
+
+        with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
+            return list(pool.map(one, enumerate(payloads)))
+
     async def _ask_engines(self, payloads: Sequence[dict[str, Any]], concurrency: int,
                            timeout_s: float) -> list[tuple[int, str]]:
         import aiohttp  # lazy: aiohttp takes ~0.3 s to import, and only a run that sends needs it
@@ -107,12 +137,16 @@ class Measured:
                 url = f"{route.engine.url}/generate"
                 if route.prefill is None:
                     return await _post(session, url, payload, timeout_s)
+                prefill_answer: list[tuple[int, str]] = []
                 result, prefill_failed = await _pd(session, route, route.pd_body(payload),
                                                    lambda s, b: _post(s, url, b, timeout_s), lambda r: r[0] == 200,
-                                                   timeout_s)
+                                                   timeout_s, prefill_answer)
                 if prefill_failed:
                     return 0, prefill_failed
-                return result if result[0] == 200 else (result[0], f"decode {route.engine.label}: {result[1]}")
+                if result[0] != 200:
+                    return result[0], f"decode {route.engine.label}: {result[1]}"
+                return (200, merge_input_logprobs(prefill_answer[0][1], result[1])) if payload.get("return_logprob") \
+                    else result
 
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
             return list(await asyncio.gather(*(one(session, i, p) for i, p in enumerate(payloads))))
@@ -131,7 +165,25 @@ async def _post(session, url: str, body: dict[str, Any], timeout_s: float) -> tu
         return 0, f"{type(exc).__name__}: {str(exc)[:200]}"
 
 
-async def _pd(session, route: Route, body: dict[str, Any], decode_call, ok, timeout_s: float) -> tuple[Any, str | None]:
+def merge_input_logprobs(prefill_text: str, decode_text: str) -> str:
+    """A PD answer's input logprobs, as a PD router returns them: the prefill's `input_token_logprobs`
+    and `input_top_logprobs` in front of the decode's (the prefill scores the prompt; smg and
+    SGLang's mini load balancer merge them the same way for return_logprob requests)."""
+    try:
+        prefill, decode = json.loads(prefill_text), json.loads(decode_text)
+    except ValueError:
+        return decode_text
+    p_meta, d_meta = prefill.get("meta_info") or {}, decode.get("meta_info")
+    if not isinstance(d_meta, dict):
+        return decode_text
+    for key in ("input_token_logprobs", "input_top_logprobs"):
+        if isinstance(p_meta.get(key), list):
+            d_meta[key] = p_meta[key] + (d_meta.get(key) or [])
+    return json.dumps(decode)
+
+
+async def _pd(session, route: Route, body: dict[str, Any], decode_call, ok, timeout_s: float,
+              prefill_answer: list | None = None) -> tuple[Any, str | None]:
     """BODY to the route's prefill and decode at once (the router's PD protocol): (the decode's
     result, None), or (None or the decode's result, why the prefill failed). The prefill's body is
     read to its end before a good answer counts. A prefill that fails while the decode waits fails
@@ -154,6 +206,8 @@ async def _pd(session, route: Route, body: dict[str, Any], decode_call, ok, time
         if not ok(result):
             return result, None
         await prefill
+        if prefill_answer is not None:
+            prefill_answer.append(prefill.result())
         return result, prefill_failed()
     finally:
         pending = [t for t in (prefill, decode) if not t.done()]
@@ -164,6 +218,18 @@ async def _pd(session, route: Route, body: dict[str, Any], decode_call, ok, time
 
 
 # ------------------------------------------------------------------ choosing what to measure
+
+
+def engines_for(spec, targets: Sequence[str]) -> Measured:
+    """The target's own routes even where the router fronts them: the answer gate scores on the engines,
+    because smg hands back only the prefill's `input_token_logprobs` of a PD answer, not its
+    `input_top_logprobs` (seen with the pinned smg in front of the sim, whose prefill and decode answer
+    as SGLang's do: docs/correctness.md); merge_input_logprobs merges both."""
+    url, headers = router_target(spec)
+    routes = target_routes(spec, targets)
+    if not routes:
+        raise ValueError(f"the target ({', '.join(targets)}) has no engine to measure")
+    return Measured(tuple(targets), url, headers, tuple(routes), fronted_engines(spec))
 
 
 def measured_for(spec, targets: Sequence[str]) -> Measured:

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pdkit import answers
 from pdkit.loader import load_with_problems
 from pdkit.releases import release_json_path
 from pdkit.roll.planning import (
@@ -95,6 +96,9 @@ def cmd_roll(args: argparse.Namespace) -> int:
         return EXIT_INVALID
     roller = Roller(args.inventory, spec, Progress(), drain_timeout_s=args.drain_timeout,
                     smoke_requests=args.smoke_requests)
+    gate = spec.cluster.answers
+    if gate.enabled and not getattr(args, "no_answers", False) and spec.router_hosts:
+        roller.answer_gate, roller.answer_exact = gate.gate_config(), gate.exact
     progress = roller.progress
     progress("-", "plan", f"reading {len(order)} host(s) to plan the roll")
     diffs, versions, unreachable = read_node_state(roller, order)
@@ -115,6 +119,7 @@ def cmd_roll(args: argparse.Namespace) -> int:
     downtime = outage_lines(batches, outages, roller.restart_s, spec.cluster.ready_timeout_s)
     if args.dry:
         print(format_dry_plan(batches, diffs, explanations, secret))
+        print("", answer_gate_lines(spec, roller.answer_gate, roller.answer_exact), sep="\n")
         if downtime:
             accepted = ("accepted by --allow-downtime" if args.allow_downtime
                         else "the roll refuses it without --allow-downtime")
@@ -152,7 +157,8 @@ def cmd_roll(args: argparse.Namespace) -> int:
             untouched = [h for b in batches[batches.index(batch) + 1:] for h in b]
             print(f"pdkit roll: stopped: {exc}", file=sys.stderr)
             print(stop_summary(exc, untouched), file=sys.stderr)
-            write_report("stopped", failed={"host": exc.host, "gate": exc.gate, "message": exc.message,
+            write_report("stopped", answers=roller.answer_record,
+                         failed={"host": exc.host, "gate": exc.gate, "message": exc.message,
                                             "restored": exc.restored,
                                             "outage_s": (None if roller.last_outage_s is None
                                                          else round(roller.last_outage_s, 2))},
@@ -161,12 +167,25 @@ def cmd_roll(args: argparse.Namespace) -> int:
         except BaseException as exc:
             write_report("error", error=f"{type(exc).__name__}: {exc}")
             raise
-    write_report("ok")
+    write_report("ok", answers=roller.answer_record)
     if roller.timings:
         worst = max(roller.timings, key=lambda t: t.overhead_s)
         progress("-", "done", f"{len(order)} host(s) rolled; largest kit "
                               f"overhead {worst.overhead_s:.1f} s on {worst.host}")
     return 0
+
+
+def answer_gate_lines(spec: Any, cfg: Any, exact: bool) -> str:
+    """What the canary's answer gate will run (`pdkit roll --dry`), and what it costs."""
+    if cfg is None:
+        why = ("no router to send through" if not spec.router_hosts
+               else "off (pdkit_cluster.answers.enabled false, or --no-answers)")
+        return f"answers gate: {why}; the canary's smoke requests must only succeed"
+    from pdkit.bench.record import context_cap  # lazy: the bench package loads only for a roll that prints its gate
+
+    head = (f"answers gate on the first batch that changes ({'exact' if exact else 'numerics within tolerance'}; "
+            "the baseline recorded before its drain, kept per release):")
+    return "\n".join([head, *(f"  {line}" for line in answers.describe(cfg, context_cap(spec), exact))])
 
 
 def measure_restarts(roller: Roller, hosts: list[str]) -> dict[str, float | None]:
@@ -306,6 +325,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--batch", type=int, default=1, metavar="N", help="hosts per batch after the canary (default 1)")
     p.add_argument("--dry", action="store_true", help="print the order and what would "
                                                       "change on each node; change nothing")
+    p.add_argument("--no-answers", action="store_true",
+                   help="skip the canary's answer gate (pdkit_cluster.answers; docs/correctness.md) for this roll")
     p.add_argument("--bake", type=float, default=0.0, metavar="S",
                    help="after the canary, let it serve S seconds and check it again before going on")
     p.add_argument("--drain-timeout", type=float, default=300.0, metavar="S",

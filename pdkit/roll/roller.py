@@ -6,18 +6,21 @@ per-node timings.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import shlex
 import sys
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from pdkit import flags, gates
+from pdkit import answers, flags, gates
 from pdkit.health import READY_LOG_LINE, http_request
 
 # DRAIN_GAUGES: engine gauges that must all read 0 before an engine may restart (running requests, PD queues)
@@ -54,6 +57,12 @@ SMOKE_MAX_TOKENS = 2
 # the engine's own gauges above, so the router's settle (smg: 5 s by default) would only keep the
 # node out of the router longer, and a re-add is refused (409) until it has passed.
 ROUTER_DRAIN_SETTLE_S = 0
+def answer_cache_dir() -> Path:
+    """Where `pdkit roll` keeps each release's recorded answers on the deploying machine."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "pdkit" / "answers"
+
+
 # Decodes leave the router first and come back last: with no decode both routers answer new
 # requests 503 at once while the prefills' requests in flight finish, and serving resumes only
 # once a prefill is there to pair with (tests/sim/test_router_no_workers.py)
@@ -187,6 +196,13 @@ class Roller:
     connected: dict[str, Any] = field(default_factory=dict)
     # the command this Roller runs for (roll, rollback, tune): its silences' comments name it
     command: str = "roll"
+    # the graded answer gate of the first batch that changes (the canary; pdkit/answers.py GateConfig),
+    # set by `pdkit roll` from pdkit_cluster.answers; None: no answer gate (rollback, tune: its own gate)
+    answer_gate: Any = None
+    answer_exact: bool = False
+    # what the canary answered before its drain, and the gate's record once it ran
+    answer_baseline: dict[str, Any] | None = None
+    answer_record: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         # lazy: pdkit.plan loads jinja2 (~40 ms), pdkit.silences costs ~10 ms more;
@@ -553,6 +569,74 @@ class Roller:
             raise RuntimeError(f"KV transfer / bootstrap failure counters moved during the smoke requests: {moved}")
         return f"{sent} request(s) through the router succeeded; transfer and bootstrap failure counters unchanged"
 
+    # ---- the canary's answers (pdkit/answers.py, docs/correctness.md)
+    def answer_target(self, batch: list[str]):
+        from pdkit.bench.measure import engines_for  # lazy: the bench client loads only for a gate that sends
+
+        return engines_for(self.spec, batch)
+
+    def record_answers(self, batch: list[str], before: dict[str, str | None]) -> str:
+        """The canary's answers on the release it runs now (before its drain): short greedy answers and
+        the forced continuations at the gate's lengths; kept per release on this machine
+        (answer_cache_dir), so a second roll from the same release reuses them."""
+        from pdkit.bench.record import context_cap  # lazy: the bench package loads only for a gate that sends
+
+        cfg = self.answer_gate
+        measured = self.answer_target(batch)
+        key = hashlib.sha256(json.dumps([cfg.key(), sorted(before.items(), key=str), measured.describe()],
+                                        sort_keys=True, default=str).encode()).hexdigest()[:20]
+        path = answer_cache_dir() / f"{self.spec.cluster.name}-{key}.json"
+        if all(before.values()) and path.exists():
+            self.answer_baseline = json.loads(path.read_text())
+            releases = ", ".join(sorted(set(map(str, before.values()))))
+            return f"baseline of release(s) {releases} recorded earlier ({path})"
+        short = answers.ask(measured, {}, answers.prompts(cfg.short_prompts), cfg.short_tokens,
+                            cfg.short_concurrency) if cfg.short_prompts else []
+        errors = [a["error"] for a in short if "error" in a]
+        if errors:
+            raise RuntimeError(f"{len(errors)} short prompt(s) failed: {errors[:2]}")
+        forced = (answers.record_forced(measured, cfg, context_cap(self.spec) or 1 << 30) if cfg.lengths
+                  else {"items": [], "notes": []})
+        self.answer_baseline = {"short": short, "forced": forced}
+        if all(before.values()):
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            path.write_text(json.dumps(self.answer_baseline))
+            path.chmod(0o600)
+        lengths = ", ".join(str(i["prompt_tokens"]) for i in forced["items"]) or "none"
+        return (f"baseline recorded before the drain ({measured.via}): {len(short)} short answer(s), forced "
+                f"continuations at {lengths} prompt tokens" + "".join(f"; {n}" for n in forced.get("notes", [])))
+
+    def check_answers(self, batch: list[str]) -> str:
+        """The canary's answers against its baseline: (a) short answers, (b) forced scores, (c) the same
+        under load; exact or within the tolerance (pdkit_cluster.answers.exact). Raises at the first part
+        that fails: the batch then goes back on its release."""
+        cfg, base = self.answer_gate, self.answer_baseline or {}
+        measured = self.answer_target(batch)
+        start = time.monotonic()
+        record: dict[str, Any] = {"exact": self.answer_exact, "tolerance": vars(cfg.tolerance), "parts": {}}
+        self.answer_record = record
+        done = []
+        if base.get("short"):
+            comparison = answers.compare(base["short"], answers.ask(measured, {}, answers.prompts(len(base["short"])),
+                                                                     cfg.short_tokens, cfg.short_concurrency))
+            ok, why = answers.correctness_verdict(comparison, cfg.min_match_rate, self.answer_exact)
+            record["parts"]["short"] = {"ok": ok, "detail": why, "seconds": round(time.monotonic() - start, 2)}
+            if not ok:
+                raise RuntimeError(f"short: {why}")
+            done.append(f"short: {why}")
+        if base.get("forced", {}).get("items"):
+            from pdkit.bench.load import LoadThread  # lazy: aiohttp loads only for a gate that sends
+
+            outcome = answers.run_parts(measured, cfg, base["forced"], exact=self.answer_exact,
+                                        load_factory=lambda c: LoadThread(measured, {}, c, cfg.load_input_len, 64,
+                                                                          timeout_s=cfg.timeout_s))
+            record["parts"].update(outcome.record["parts"])
+            if not outcome.ok:
+                raise RuntimeError(outcome.detail)
+            done.append(outcome.detail)
+        record["seconds"] = round(time.monotonic() - start, 2)
+        return "; ".join(done) or "no part configured"
+
     def current_releases(
         self, state: Any, hosts: dict[str, Any],
     ) -> tuple[dict[str, str | None], dict[str, int | None]]:
@@ -626,6 +710,16 @@ class Roller:
                 p(h, "done", "no change: files and services already as planned; left in the router")
             return
         timings = {h: NodeTiming(h, engines=sum(s.kind == "engine" for s in self.plans[h].services)) for h in batch}
+        check_answers = self.answer_gate is not None and self.answer_record is None and self.spec.router_hosts
+        if check_answers:
+            step = time.monotonic()
+            try:
+                message = self.record_answers(batch, before)
+            except Exception as exc:  # noqa: BLE001 - nothing was changed yet: the roll stops before the drain
+                p(",".join(batch), "FAILED", f"gate 'answers': the baseline could not be recorded: {exc}")
+                raise RollError(",".join(batch), "answers", f"the baseline could not be recorded before the drain "
+                                                            f"({exc}); nothing was changed") from exc
+            p(",".join(batch), "answers", message, time.monotonic() - step)
         done_drain = False
         self.last_outage_s = None
         outages = batch_outages(self.spec, batch)
@@ -688,6 +782,8 @@ class Roller:
                 gate("ready", self.ready)
                 gate("router", self.readd)
                 gate("smoke", self.smoke)
+                if check_answers:
+                    gate("answers", self.check_answers)
             except RollError as exc:
                 p(exc.host, "FAILED", f"gate '{exc.gate}': {exc.message}")
                 # after an apply was attempted the batch goes back on its release first; after a

@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
+from pdkit import answers
 from pdkit.faultbudget import FaultBudget
 from pdkit.spec.alerting import Alerting
 from pdkit.spec.fields import (
@@ -108,6 +109,51 @@ class Secrets(Frozen):
     alert_receivers: dict[str, SecretStr] = Field(default_factory=dict)
 
 
+_GATE, _TOL = answers.GateConfig(), answers.Tolerance()
+
+
+class AnswerTolerance(Frozen):
+    """How far the canary's forced scores may move, per length (pdkit.answers.Tolerance: the defaults)."""
+
+    max_mean_abs_delta: float = Field(default=_TOL.max_mean_abs_delta, ge=0)
+    max_abs_delta: float = Field(default=_TOL.max_abs_delta, ge=0)
+    min_top1: float = Field(default=_TOL.min_top1, ge=0, le=1)
+    max_kl: float = Field(default=_TOL.max_kl, ge=0)
+
+
+class AnswerGate(Frozen):
+    """`pdkit_cluster.answers`: the graded answer gate of `pdkit roll`'s canary (pdkit/answers.py,
+    docs/correctness.md). The baseline is recorded on the release the canary runs before the roll."""
+
+    # off: the canary's smoke requests must only succeed
+    enabled: bool = True
+    # the change is exact by declaration: short answers token for token and every forced top-1 the same;
+    # otherwise a numerics change passes within the tolerance
+    exact: bool = False
+    # (a) short prompts compared token for token with the baseline's (0: none)
+    short_prompts: int = Field(default=8, ge=0, le=256)
+    short_tokens: int = Field(default=_GATE.short_tokens, ge=1)
+    # share of the baseline's short-answer tokens reproduced before each answer's first divergence
+    min_match_rate: float = Field(default=_GATE.min_match_rate, ge=0, le=1)
+    # (b) prompt lengths in tokens, each kept where the context cap allows; [] turns (b) and (c) off
+    lengths: list[Annotated[int, Field(ge=16)]] = list(_GATE.lengths)
+    forced_tokens: int = Field(default=_GATE.forced_tokens, ge=1, le=1024)
+    top_k: int = Field(default=_GATE.top_k, ge=1, le=20)
+    # (c) concurrent streams while the forced scoring is repeated (0: off)
+    load_concurrency: int = Field(default=_GATE.load_concurrency, ge=0)
+    # a text file on the deploying machine (the user's own code or documents) instead of the kit's corpus
+    corpus: str | None = None
+    tolerance: AnswerTolerance = AnswerTolerance()
+
+    def gate_config(self) -> answers.GateConfig:
+        t = self.tolerance
+        return answers.GateConfig(
+            short_prompts=self.short_prompts, short_tokens=self.short_tokens, min_match_rate=self.min_match_rate,
+            lengths=tuple(self.lengths), forced_tokens=self.forced_tokens, top_k=self.top_k,
+            load_concurrency=self.load_concurrency, corpus=self.corpus,
+            tolerance=answers.Tolerance(t.max_mean_abs_delta, t.max_abs_delta, t.min_top1, t.max_kl))
+
+
 class Cluster(Frozen):
     """`pdkit_cluster`: what every host of the cluster agrees on."""
 
@@ -142,6 +188,8 @@ class Cluster(Frozen):
     # how nodes get their wheel bundles: http (fetched from the deploying machine, hash-checked),
     # sftp (uploaded over the SSH connection), auto (http where the node can reach us, else sftp)
     wheelhouse_transfer: Literal["auto", "http", "sftp"] = "auto"
+    # what `pdkit roll` checks of the canary's answers before the roll goes past it (docs/correctness.md)
+    answers: AnswerGate = AnswerGate()
 
     @field_validator("service_user")
     @classmethod

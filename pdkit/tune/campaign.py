@@ -31,10 +31,11 @@ import runpy
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from pdkit import answers
 from pdkit.bench import engine_flags, flag_changes
 from pdkit.bench.agentic import AgenticParams, AgenticWorkload
 from pdkit.bench.noise import DEFAULT_MARGIN
@@ -151,7 +152,19 @@ class Objective(_Strict):
         return f"({text})" + (f", TPOT p99 <= {self.tpot_p99_slo_ms:g} ms" if self.tpot_p99_slo_ms else "")
 
 
+class Tolerance(_Strict):
+    """How far a numerics lever may move the forced scores, per length (pdkit.answers.Tolerance)."""
+
+    max_mean_abs_delta: float = Field(default=0.05, ge=0)
+    max_abs_delta: float = Field(default=1.0, ge=0)
+    min_top1: float = Field(default=0.97, ge=0, le=1)
+    max_kl: float = Field(default=0.02, ge=0)
+
+
 class Correctness(_Strict):
+    """The graded answer gate (pdkit/answers.py, docs/correctness.md): (a) short prompts token for
+    token, (b) teacher-forced scores at the users' lengths, (c) the same under load."""
+
     prompts: int = Field(default=16, ge=1, le=1024)
     max_new_tokens: int = Field(default=32, ge=1)
     # share of the baseline's tokens a candidate reproduces before its first divergence, over all prompts
@@ -159,6 +172,25 @@ class Correctness(_Strict):
     # every prompt must match the baseline token for token
     exact: bool = False
     concurrency: int = Field(default=4, ge=1)
+    # (b) prompt lengths in tokens, each kept where the context cap allows; [] turns (b) and (c) off
+    lengths: list[Annotated[int, Field(ge=16)]] = [1024, 8192, 32768]
+    # tokens of the baseline's greedy continuation scored at each length
+    forced_tokens: int = Field(default=32, ge=1, le=1024)
+    # top-k returned per position for the top-1 agreement and the KL estimate
+    top_k: int = Field(default=5, ge=1, le=20)
+    # (c) concurrent streams while the forced scoring is repeated; 0 turns (c) off
+    load_concurrency: int = Field(default=8, ge=0)
+    # a text file of the user's own (their code, their documents) instead of the kit's corpus
+    corpus: str | None = None
+    tolerance: Tolerance = Tolerance()
+
+    def gate_config(self) -> answers.GateConfig:
+        t = self.tolerance
+        return answers.GateConfig(
+            short_prompts=self.prompts, short_tokens=self.max_new_tokens, short_concurrency=self.concurrency,
+            min_match_rate=self.min_match_rate, lengths=tuple(self.lengths), forced_tokens=self.forced_tokens,
+            top_k=self.top_k, load_concurrency=self.load_concurrency, corpus=self.corpus,
+            tolerance=answers.Tolerance(t.max_mean_abs_delta, t.max_abs_delta, t.min_top1, t.max_kl))
 
 
 class Soak(_Strict):

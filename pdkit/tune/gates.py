@@ -1,9 +1,6 @@
-"""The two gates of a candidate that are pure HTTP: correctness, then the soak.
+"""The soak gate of a candidate (pure HTTP); its correctness gate is pdkit/answers.py.
 
-Correctness: a fixed prompt set at temperature 0 (through the router, or to the target's own PD
-pairs: pdkit.bench.measure), each answer's tokens
-compared with the baseline's answer to the same prompt, recorded on the same target at the
-campaign's start. Soak: load at the target concurrency for a while, watching the engines'
+Soak: load at the target concurrency for a while, watching the engines'
 failure counters, the failures the router hands back, and the wedge condition (requests
 running, no token produced). Comparison and verdicts are pure functions, tested without a
 cluster; the HTTP parts are tested against sim engines behind the real router.
@@ -11,112 +8,19 @@ cluster; the HTTP parts are tested against sim engines behind the real router.
 
 from __future__ import annotations
 
-import asyncio
-import json
-import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pdkit.bench import generate_body
+from pdkit.bench.load import LoadThread, measured_target
 from pdkit.bench.measure import Measured
 from pdkit.health import http_request
 from pdkit.metricnames import FAILURE_COUNTERS, SGLANG
 from pdkit.roll import metric_sums
 
-# words the fixed prompts are built from: plain text, so any tokenizer takes them
-_WORDS = ("river", "copper", "signal", "lantern", "orbit", "meadow", "cipher", "harbor", "quartz", "ember",
-          "glacier", "violet", "thunder", "pepper", "saddle", "marble", "falcon", "willow", "anchor", "comet")
 # a wedge needs work held and no token moved: these counters move with every decode step
 PROGRESS_COUNTERS = (SGLANG["realtime_tokens"], SGLANG["cuda_graph_passes"], SGLANG["generation_tokens"])
-
-
-def prompts(n: int) -> list[str]:
-    """N fixed, distinct prompts (the same on every run: answers are compared across runs)."""
-    out = []
-    for i in range(n):
-        words = [_WORDS[(i * 7 + j * 3) % len(_WORDS)] for j in range(6 + i % 5)]
-        out.append(f"pdkit tune correctness prompt {i}: continue the list " + " ".join(words))
-    return out
-
-
-def answer_tokens(body: dict[str, Any]) -> list[Any]:
-    """The output tokens of a native /generate answer: output_ids (SGLang, sim); without them the
-    text's characters, so a comparison still locates the first divergence."""
-    ids = body.get("output_ids")
-    if isinstance(ids, list):
-        return ids
-    return list(str(body.get("text", "")))
-
-
-def _measured(target: str | Measured, headers: dict[str, str]) -> Measured:
-    """A router URL means the router (its engines unnamed); a Measured is used as it is."""
-    return target if isinstance(target, Measured) else Measured((), target, headers)
-
-
-def ask(target: str | Measured, headers: dict[str, str], prompt_set: Sequence[str], max_new_tokens: int,
-        concurrency: int, timeout_s: float = 120.0) -> list[dict[str, Any]]:
-    """Every prompt at temperature 0 through the router (TARGET a URL, or a Measured via the router)
-    or to the target's own PD pairs in turn (a Measured via engines): [{"tokens"} or {"error"}] in
-    prompt order."""
-    payloads = [{"text": p, "sampling_params": {"temperature": 0.0, "max_new_tokens": max_new_tokens,
-                                                "ignore_eos": True}}
-                for p in prompt_set]
-    out = []
-    for status, body in _measured(target, headers).ask(payloads, concurrency, timeout_s):
-        if status != 200:
-            out.append({"error": f"HTTP {status or 'no answer'}: {body.strip()[:200]}"})
-            continue
-        try:
-            out.append({"tokens": answer_tokens(json.loads(body))})
-        except ValueError:
-            out.append({"error": f"not JSON: {body[:200]}"})
-    return out
-
-
-def first_divergence(base: Sequence[Any], got: Sequence[Any]) -> int | None:
-    """Index of the first token that differs (a shorter answer diverges where it ends); None: identical."""
-    for i, (a, b) in enumerate(zip(base, got)):
-        if a != b:
-            return i
-    return None if len(base) == len(got) else min(len(base), len(got))
-
-
-def compare(baseline: Sequence[dict[str, Any]], answers: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Per prompt: its first divergence and matched tokens; overall: the match rate, i.e. the
-    share of the baseline's tokens reproduced before each answer's first divergence."""
-    per = []
-    matched = total = 0
-    for i, (base, got) in enumerate(zip(baseline, answers)):
-        ref = base.get("tokens") or []
-        total += len(ref)
-        if "error" in got:
-            per.append({"prompt": i, "error": got["error"], "first_divergence": 0, "matched": 0, "tokens": len(ref)})
-            continue
-        div = first_divergence(ref, got["tokens"])
-        n = len(ref) if div is None else min(div, len(ref))
-        matched += n
-        per.append({"prompt": i, "first_divergence": div, "matched": n, "tokens": len(ref)})
-    return {"match_rate": (matched / total) if total else 0.0, "matched": matched, "tokens": total,
-            "identical": sum(p.get("first_divergence") is None and "error" not in p for p in per),
-            "errors": sum("error" in p for p in per), "prompts": per}
-
-
-def correctness_verdict(comparison: dict[str, Any], min_match_rate: float, exact: bool) -> tuple[bool, str]:
-    n = len(comparison["prompts"])
-    diverged = [p for p in comparison["prompts"] if p.get("first_divergence") is not None or "error" in p]
-    where = ", ".join(f"#{p['prompt']} at token {p['first_divergence']}" + (f" ({p['error']})" if "error" in p else "")
-                      for p in diverged[:4]) + (f" (+{len(diverged) - 4} more)" if len(diverged) > 4 else "")
-    summary = (f"match rate {comparison['match_rate']:.3f} ({comparison['matched']}/{comparison['tokens']} baseline "
-               f"tokens before the first divergence), {comparison['identical']}/{n} prompts identical")
-    if comparison["errors"]:
-        return False, f"{comparison['errors']} of {n} prompts failed: {where}"
-    if exact and diverged:
-        return False, f"exactness required and {len(diverged)} prompt(s) diverge: {where}; {summary}"
-    if comparison["match_rate"] < min_match_rate:
-        return False, f"{summary}, below the threshold {min_match_rate:g}; first divergences: {where}"
-    return True, summary + (f"; first divergences: {where}" if diverged else "")
 
 
 # ------------------------------------------------------------------ soak
@@ -173,65 +77,6 @@ def counter_moves(before: dict[str, dict[str, float] | None],
     return out
 
 
-class LoadThread:
-    """CONCURRENCY streaming /generate requests until stopped (pdkit.bench's client), through the
-    router or to the target's own PD pairs in turn (TARGET: a router URL or a Measured)."""
-
-    def __init__(self, target: str | Measured, headers: dict[str, str], concurrency: int, input_len: int,
-                 output_len: int,
-                 timeout_s: float = 120.0, seed: int = 7_000_000) -> None:
-        self.measured, self.concurrency = _measured(target, headers), concurrency
-        self.input_len, self.output_len, self.timeout_s, self.seed = input_len, output_len, timeout_s, seed
-        self.ok = 0
-        self.failed: list[str] = []
-        self._stop = threading.Event()
-        self._cancelled = False
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._tasks: list[asyncio.Task] = []
-        self.thread = threading.Thread(target=self._run, daemon=True, name="pdkit-tune-soak")
-
-    def start(self) -> LoadThread:
-        self.thread.start()
-        return self
-
-    def _run(self) -> None:
-        asyncio.run(self._main())
-
-    async def _main(self) -> None:
-        # lazy: aiohttp costs ~130 ms more than `pdkit --help` (which imports this module) loads; the soak only
-        import aiohttp
-
-        self._loop = asyncio.get_running_loop()
-        counter = iter(range(10**9))
-
-        async def worker(session) -> None:
-            while not self._stop.is_set():
-                n = next(counter)
-                result = await self.measured.stream(session, n,
-                                                    generate_body(self.seed + n, self.input_len, self.output_len),
-                                                    self.output_len, self.timeout_s)
-                if self._cancelled and not result.ok:
-                    return  # hung up by stop(cancel=True): not a failure of the engine
-                if result.ok:
-                    self.ok += 1
-                else:
-                    self.failed.append(result.error or "failed")
-
-        # two connections per request: one to a PD pair's prefill and one to its decode at once
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=2 * self.concurrency)) as session:
-            self._tasks = [asyncio.ensure_future(worker(session)) for _ in range(self.concurrency)]
-            await asyncio.gather(*self._tasks, return_exceptions=True)
-
-    def stop(self, cancel: bool = False) -> None:
-        """Stop sending; CANCEL: also hang up the requests in flight (a wedged engine never ends them)."""
-        self._cancelled = cancel
-        self._stop.set()
-        if cancel and self._loop is not None:
-            for task in self._tasks:
-                self._loop.call_soon_threadsafe(task.cancel)
-        self.thread.join(timeout=self.timeout_s + 10)
-
-
 def soak(target: str | Measured, headers: dict[str, str], engine_urls: dict[str, str], seconds: float, concurrency: int,
          input_len: int, output_len: int, wedge_window_s: float, interval_s: float = 0.5,
          progress: Callable[[str], None] = lambda _m: None) -> tuple[bool, str, dict[str, Any]]:
@@ -243,7 +88,7 @@ def soak(target: str | Measured, headers: dict[str, str], engine_urls: dict[str,
     unreadable = [k for k, v in before.items() if v is None]
     if unreadable:
         return False, f"/metrics unreadable before the soak on {', '.join(unreadable)}", {}
-    measured = _measured(target, headers)
+    measured = measured_target(target, headers)
     load = LoadThread(measured, headers, concurrency, input_len, output_len).start()
     started = time.monotonic()
     wedged: list[str] = []

@@ -24,12 +24,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pdkit import flags
+from pdkit import answers, flags
 from pdkit.bench import check_workload
 from pdkit.bench.agentic import check_agentic
-from pdkit.bench.measure import Measured, measured_for
+from pdkit.bench.load import LoadThread
+from pdkit.bench.measure import Measured, engines_for, measured_for
 from pdkit.bench.noise import band as noise_band
 from pdkit.bench.noise import describe as noise_describe
+from pdkit.bench.record import context_cap
 from pdkit.loader import load_with_problems, read_inventory
 from pdkit.plan import plan_cluster
 from pdkit.roll import (
@@ -250,6 +252,9 @@ def dry_text(prep: Prepared, records: list[dict[str, Any]], todo: list[Candidate
              f"target: {', '.join(prep.targets)}; objective {c.objective.metric} at C={prep.target_concurrency} "
              f"{c.objective.describe()}",
              f"correctness, soak and bench: {measured_text(prep.measured)}",
+             "correctness gate (pdkit/answers.py, docs/correctness.md):",
+             *(f"  {line}" for line in answers.describe(c.correctness.gate_config(), context_cap(prep.base_spec),
+                                                        None)),
              f"bench: {workload_text(c.workload)}" + (
                  f", largest context {prep.agentic.largest_context()} tokens (fits every candidate's cap)"
                  if prep.agentic is not None else ""), ""]
@@ -409,7 +414,43 @@ class Session:
 
     def ask(self) -> list[dict[str, Any]]:
         c = self.prep.campaign.correctness
-        return gates.ask(self.prep.measured, {}, gates.prompts(c.prompts), c.max_new_tokens, c.concurrency)
+        return answers.ask(self.prep.measured, {}, answers.prompts(c.prompts), c.max_new_tokens, c.concurrency)
+
+    def answer_parts(self, spec, record: dict[str, Any], cand: Candidate | None) -> None:
+        """The graded gate's parts (b) and (c) (pdkit/answers.py): the baseline records its greedy
+        continuations at the campaign's lengths (kept in the campaign's state, not in the records:
+        prompt ids are long) and checks itself against them, the noise floor every candidate meets;
+        a candidate is scored against the baseline's, exact or within the tolerance by its lever class."""
+        cfg = self.prep.campaign.correctness.gate_config()
+        target = engines_for(self.prep.base_spec, self.prep.targets)
+        path = self.paths["state"] / f"forced-{cfg.key()}.json"
+        t = record["timings"]
+        if cand is None:
+            start = time.monotonic()
+            recorded = answers.record_forced(target, cfg, context_cap(spec) or 1 << 30,
+                                             say=lambda m: self.say("correct", m))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(recorded))
+            t["forced_record_s"] = round(time.monotonic() - start, 2)
+            for note in recorded["notes"]:
+                self.say("correct", f"length left out: {note}")
+        elif path.exists():
+            recorded = json.loads(path.read_text())
+        else:
+            raise GateFailed("correctness", f"the baseline's forced continuations are not in {path}: run the campaign "
+                                            "again without --resume")
+        outcome = answers.run_parts(target, cfg, recorded, exact=bool(cand and cand.exact),
+                                    say=lambda part, why, took: self.say(part, why, took),
+                                    load_factory=lambda c: LoadThread(target, {}, c, cfg.load_input_len, 64,
+                                                                      timeout_s=cfg.timeout_s))
+        record["answer_gate"] = {**outcome.record, "exact": bool(cand and cand.exact),
+                                 "tolerance": vars(cfg.tolerance)}
+        for part, figures in outcome.record["parts"].items():
+            t[f"{part}_s"] = figures["seconds"]
+        record["gates"]["correctness"] = {"ok": outcome.ok, "detail": record["gates"]["correctness"]["detail"]
+                                          + "; " + outcome.detail}
+        if not outcome.ok:
+            raise GateFailed("correctness", outcome.detail)
 
     def run_gates(self, name: str, spec, record: dict[str, Any], baseline_answers: list[dict[str, Any]] | None,
                   cand: Candidate | None) -> None:
@@ -433,14 +474,18 @@ class Session:
             baseline_answers, exact, threshold = first, False, c.correctness.min_match_rate
         else:
             exact, threshold = cand.exact, cand.min_match_rate
-        comparison = gates.compare(baseline_answers, self.ask())
-        ok, why = gates.correctness_verdict(comparison, threshold, exact)
+        comparison = answers.compare(baseline_answers, self.ask())
+        ok, why = answers.correctness_verdict(comparison, threshold, exact)
         record["correctness"] = {**comparison, "threshold": threshold, "exact": exact, "verdict": why}
         t["correctness_s"] = round(time.monotonic() - start, 2)
         self.say("correct", why, t["correctness_s"])
         record["gates"]["correctness"] = {"ok": ok, "detail": why}
         if not ok:
             raise GateFailed("correctness", why)
+        if c.correctness.lengths:
+            start = time.monotonic()
+            self.answer_parts(spec, record, cand)
+            t["correctness_s"] = round(t["correctness_s"] + time.monotonic() - start, 2)
 
         start = time.monotonic()
         self.gate = "soak"
@@ -656,13 +701,13 @@ def run_campaign(prep: Prepared, records: list[dict[str, Any]], todo: list[Candi
         elif base["verdict"] != "pass":
             session.say("stop", "the recorded baseline failed: start a new campaign once the cluster is fixed")
             return EXIT_FAILED
-        answers = base["answers"]
+        baseline_answers = base["answers"]
         for cand in todo:
             if session.stop_requested:
                 session.say("stop", f"interrupted before {cand.name}; records and report are up to date; run again "
                             "with --resume")
                 return EXIT_INTERRUPTED
-            session.finish(session.run_one(cand.name, cand, answers))
+            session.finish(session.run_one(cand.name, cand, baseline_answers))
         return end(session)
     finally:
         for s, handler in previous.items():

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from pdkit import answers
 from pdkit.sim.knobs import KnobError, Knobs, argv_matches, load_knobs
 from pdkit.sim.localstack import LocalPDStack
 from pdkit.sim.stepmodel import decode_iteration_seconds, decode_step_seconds
@@ -97,19 +98,19 @@ def _stack(tmp_path, name: str, env: dict[str, str] | None = None, extra: tuple[
 
 
 def test_correctness_gate_passes_the_same_engine_and_fails_the_corrupting_lever(tmp_path):
-    prompt_set = gates.prompts(8)
+    prompt_set = answers.prompts(8)
     corrupt_env = {"PDKIT_SIM_CORRUPT_WHEN": LEVER}
     with _stack(tmp_path, "baseline", corrupt_env) as stack:  # armed, but the lever is not pulled
-        baseline = gates.ask(stack.router_url, {}, prompt_set, 16, 4)
-        again = gates.ask(stack.router_url, {}, prompt_set, 16, 4)
+        baseline = answers.ask(stack.router_url, {}, prompt_set, 16, 4)
+        again = answers.ask(stack.router_url, {}, prompt_set, 16, 4)
     assert all(len(a["tokens"]) == 16 for a in baseline), baseline
-    ok, why = gates.correctness_verdict(gates.compare(baseline, again), 0.9, exact=True)
+    ok, why = answers.correctness_verdict(answers.compare(baseline, again), 0.9, exact=True)
     assert ok, why
 
     with _stack(tmp_path, "corrupt", corrupt_env, (LEVER,)) as stack:
-        answers = gates.ask(stack.router_url, {}, prompt_set, 16, 4)
-    comparison = gates.compare(baseline, answers)
-    ok, why = gates.correctness_verdict(comparison, 0.9, exact=False)
+        corrupted = answers.ask(stack.router_url, {}, prompt_set, 16, 4)
+    comparison = answers.compare(baseline, corrupted)
+    ok, why = answers.correctness_verdict(comparison, 0.9, exact=False)
     assert not ok and "below the threshold 0.9" in why, why
     # the prefill's first token is right; the decode's tokens are not
     assert {p["first_divergence"] for p in comparison["prompts"]} == {1}, comparison["prompts"]
@@ -126,7 +127,7 @@ def test_soak_passes_a_healthy_stack_and_catches_the_wedging_lever_which_then_le
     with _stack(tmp_path, "wedge", wedge_env, (LEVER,)) as stack:
         urls = {"prefill": f"http://127.0.0.1:{stack.prefill_port}", "decode": f"http://127.0.0.1:{stack.decode_port}"}
         # a few requests at a time do not wedge it (the roll's smoke, the correctness gate)
-        small = gates.ask(stack.router_url, {}, gates.prompts(4), 8, 4)
+        small = answers.ask(stack.router_url, {}, answers.prompts(4), 8, 4)
         assert all("tokens" in a for a in small), small
         started = time.monotonic()
         ok, why, figures = gates.soak(stack.router_url, {}, urls, 20, 8, 16, 16, wedge_window_s=1.5)
@@ -141,5 +142,5 @@ def test_soak_passes_a_healthy_stack_and_catches_the_wedging_lever_which_then_le
                 break
             time.sleep(0.2)
         assert running == 0, "the decode still holds the soak's requests after the wedge's hold"
-        again = gates.ask(stack.router_url, {}, gates.prompts(2), 8, 2)
+        again = answers.ask(stack.router_url, {}, answers.prompts(2), 8, 2)
         assert all("tokens" in a for a in again), again
