@@ -77,6 +77,9 @@ all = (  # noqa: A001 - pyinfra's group name
             # lab-sink's bearer token (a lab value, not a secret): exercises the credential file a real
             # receiver reads, mode 0600 for Alertmanager's user alone (docs/monitoring.md)
             "secrets": {"alert_receivers": {"lab-sink": "lab-sink-bearer"}},
+            # the canary's answer gate is on by default; the lab's many rolls test other gates, and the
+            # gate's own lab test turns it on (tests/lab/test_one_node_lab.py, docs/correctness.md)
+            "answers": {"enabled": False},
             "tuning": {
                 "all": {"context_length": 8192, "mem_fraction_static": 0.88},
                 "decode": {"cuda_graph": True, "cuda_graph_max_bs": 64, "num_continuous_decode_steps": 4},

@@ -405,22 +405,27 @@ def record_forced(measured: Measured, cfg: GateConfig, context_length: int,
     items = []
     for index, length in enumerate(lengths):
         ratio = TOKENS_PER_WORD_GUESS
-        for attempt in range(3):
+        for attempt in range(4):
             n_words = max(1, int(length / ratio))
             payload = {"text": text_slice(words, n_words, index),
                        "sampling_params": {"temperature": 0.0, "max_new_tokens": cfg.forced_tokens, "ignore_eos": True},
                        "return_logprob": True, "logprob_start_len": 0}
             status, body = measured.ask_blocking([payload], 1, cfg.timeout_s)[0]
             cap = CONTEXT_REFUSAL.search(body) if status == 400 else None
-            if cap and attempt < 2:  # no cap in the spec: the engine's own limit, from its refusal
+            if cap and attempt < 3:  # no cap in the spec: the engine's own limit, from its refusal
                 room = int(cap.group(1)) - cfg.forced_tokens - CAP_MARGIN_TOKENS
                 ratio *= 1.3
                 length = min(length, room)
                 continue
             meta = _meta(status, body, f"the {length}-token prompt")
             ids = prompt_ids(meta)
-            if len(ids) > room and attempt < 2:
-                ratio *= len(ids) / length * 1.02
+            if len(ids) > room or (len(ids) < 0.8 * length and n_words < len(words)):
+                if attempt == 3:
+                    if len(ids) > room:
+                        raise RuntimeError(f"the {length}-token prompt: still {len(ids)} tokens after 4 cuts (room {room})")
+                    break
+                # the engine's own count decides: cut again at the tokens per word it saw (2% under)
+                ratio = len(ids) / n_words * 1.02
                 continue
             break
         continuation = meta.get("_output_ids") or [int(e[1]) for e in _entries(meta, "output_token_logprobs")]

@@ -575,6 +575,12 @@ class Roller:
 
         return engines_for(self.spec, batch)
 
+    def engines_not_answering(self, batch: list[str]) -> list[str]:
+        """The engines of the batch's routes (as planned) whose /health does not answer 200 now."""
+        target = self.answer_target(batch)
+        engines = {e.label: e.url for r in target.routes for e in (r.prefill, r.engine) if e is not None}
+        return [label for label, url in engines.items() if http_request(f"{url}/health", timeout=10)[0] != 200]
+
     def record_answers(self, batch: list[str], before: dict[str, str | None]) -> str:
         """The canary's answers on the release it runs now (before its drain): short greedy answers and
         the forced continuations at the gate's lengths; kept per release on this machine
@@ -710,9 +716,18 @@ class Roller:
                 p(h, "done", "no change: files and services already as planned; left in the router")
             return
         timings = {h: NodeTiming(h, engines=sum(s.kind == "engine" for s in self.plans[h].services)) for h in batch}
-        check_answers = self.answer_gate is not None and self.answer_record is None and self.spec.router_hosts
+        check_answers = (self.answer_gate is not None and self.answer_record is None and bool(self.spec.router_hosts)
+                         and any(t.engines for t in timings.values()))
         if check_answers:
             step = time.monotonic()
+            missing = self.engines_not_answering(batch)
+            if missing:
+                # nothing to compare with: a layout change (engines the plan adds) or an engine already down
+                check_answers = False
+                p(",".join(batch), "answers", f"skipped: {', '.join(missing)} answer(s) no /health before the change "
+                                              "(an engine this change adds, or one already down); pdkit tune compares "
+                                              "layouts", time.monotonic() - step)
+        if check_answers:
             try:
                 message = self.record_answers(batch, before)
             except Exception as exc:  # noqa: BLE001 - nothing was changed yet: the roll stops before the drain

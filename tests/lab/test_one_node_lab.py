@@ -275,6 +275,39 @@ def test_a_change_the_box_cannot_start_is_restored_byte_for_byte_and_it_serves_a
     serves(box)
 
 
+def test_a_canary_whose_answers_drift_at_long_prompts_only_is_stopped_and_restored_byte_for_byte(lab, box, tmp_path):
+    """Issue 44: the change sets the prefill's chunked prefill size, and the sim's prefill (its
+    PDKIT_SIM_DRIFT_WHEN on that flag) then ranks another token first from position 2,000 on. The
+    short answers and the 1K-token scores agree with the baseline; the longest prompt the cap allows
+    does not. The roll stops at the canary's answers gate and the box goes back byte for byte."""
+    host = box["router"]
+    drift = {"PDKIT_SIM_DRIFT_WHEN": "--chunked-prefill-size=4096", "PDKIT_SIM_DIVERGE_AFTER_TOKENS": "2000"}
+    drifting = one_node_inventory(tmp_path, "drift", "_cluster['answers'] = {'enabled': True}\n"
+                                                     "_cluster['tuning'].setdefault('prefill', {})['chunked_prefill_size'] = 4096\n"
+                                                     f"_node['pdkit_node']['engines'][0]['env'] = {drift!r}")
+    dry = pdkit("roll", str(drifting), "--dry")
+    assert "answers gate on the first batch that changes" in dry.stdout and "(b) forced" in dry.stdout, dry.stdout[-2000:]
+    before = current_release(lab, host)
+    report = tmp_path / "report.json"
+    proc = pdkit("roll", str(drifting), "--allow-downtime", "--report", str(report))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-3000:]
+    written = json.loads(report.read_text())
+    assert (written["failed"]["gate"], written["failed"]["restored"]) == ("answers", True), written["failed"]
+    parts = written["answers"]["parts"]
+    assert parts["short"]["ok"], parts["short"]
+    rows = parts["forced"]["rows"]
+    assert len(rows) >= 2 and rows[0]["prompt_tokens"] < 2000 < rows[-1]["prompt_tokens"], rows
+    # below the drift's length nothing moved; past it the top-1 disagrees, and the message says where
+    assert (rows[0]["top1_agreement"], rows[0]["mean_abs_delta"]) == (1.0, 0.0), rows[0]
+    assert rows[-1]["top1_agreement"] < 0.97 and rows[-1]["first_top1_disagreement"] is not None, rows[-1]
+    assert f"{rows[-1]['prompt_tokens']} tokens: top-1 agreement" in proc.stderr, out[-3000:]
+    assert f"{host} is back on its previous release" in proc.stderr, proc.stderr[-3000:]
+    assert current_release(lab, host) == before
+    assert file_sums(lab, host, sorted(box["files"][host])) == box["files"][host]
+    serves(box)
+
+
 SIM_ENV = {"PDKIT_SIM_CORRUPT_WHEN": "--enable-torch-compile"}
 
 
