@@ -131,7 +131,7 @@ ENV_NAMES = {
     "drift_when": "PDKIT_SIM_DRIFT_WHEN",
     "drift_logprob_per_1k": "PDKIT_SIM_DRIFT_LOGPROB_PER_1K",
     "drift_logprob_per_req": "PDKIT_SIM_DRIFT_LOGPROB_PER_REQ",
-    "diverge_after_tokens": "PDKIT_SIM_DIVERGE_AFTER_TOKENS",
+    "diverge_after_tokens": "PDKIT_SIM_DIVERGE_FROM_POSITION",
     "diverge_min_batch": "PDKIT_SIM_DIVERGE_MIN_BATCH",
     "weights_salt": "PDKIT_SIM_WEIGHTS_SALT",
     "bootstrap_retry_s": "PDKIT_SIM_BOOTSTRAP_RETRY_S",

@@ -151,7 +151,7 @@ class Scheduler:
         # lever faults (knobs PDKIT_SIM_CORRUPT_WHEN / PDKIT_SIM_WEDGE_WHEN), decided from the argv
         self.corrupt = argv_matches(knobs.corrupt_when, args.argv)
         # numerics drift (PDKIT_SIM_DRIFT_WHEN and its knobs): noisy logprobs, and with
-        # PDKIT_SIM_DIVERGE_AFTER_TOKENS another top-1 past a context length under load
+        # PDKIT_SIM_DIVERGE_FROM_POSITION another top-1 past a context length under load
         self.drift: Drift | None = None
         if argv_matches(knobs.drift_when, args.argv):
             self.drift = Drift(knobs.drift_logprob_per_1k, knobs.drift_logprob_per_req,

@@ -281,7 +281,7 @@ def test_a_canary_whose_answers_drift_at_long_prompts_only_is_stopped_and_restor
     short answers and the 1K-token scores agree with the baseline; the longest prompt the cap allows
     does not. The roll stops at the canary's answers gate and the box goes back byte for byte."""
     host = box["router"]
-    drift = {"PDKIT_SIM_DRIFT_WHEN": "--chunked-prefill-size=4096", "PDKIT_SIM_DIVERGE_AFTER_TOKENS": "2000"}
+    drift = {"PDKIT_SIM_DRIFT_WHEN": "--chunked-prefill-size=4096", "PDKIT_SIM_DIVERGE_FROM_POSITION": "2000"}
     drifting = one_node_inventory(tmp_path, "drift", "_cluster['answers'] = {'enabled': True}\n"
                                                      "_cluster['tuning'].setdefault('prefill', {})['chunked_prefill_size'] = 4096\n"
                                                      f"_node['pdkit_node']['engines'][0]['env'] = {drift!r}")

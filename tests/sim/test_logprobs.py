@@ -152,7 +152,7 @@ def engines(tmp_path_factory):
     a, b, c = free_ports(3)
     extra = ["--context-length", "4096", "--random-seed", str(SEED)]
     drift_env = {"PDKIT_SIM_DRIFT_WHEN": TORCH_COMPILE, "PDKIT_SIM_DRIFT_LOGPROB_PER_1K": "0.5",
-                 "PDKIT_SIM_DIVERGE_AFTER_TOKENS": "40", "PDKIT_SIM_DIVERGE_MIN_BATCH": "4",
+                 "PDKIT_SIM_DIVERGE_FROM_POSITION": "40", "PDKIT_SIM_DIVERGE_MIN_BATCH": "4",
                  "PDKIT_SIM_DECODE_BASE_MS": "5"}
     try:
         start_sim(group, "plain", "null", a, extra=extra, env={"PDKIT_SIM_DECODE_BASE_MS": "5"})
