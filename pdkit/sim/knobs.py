@@ -85,6 +85,8 @@ class Knobs:
     drift_logprob_per_req: float = 0.0
     diverge_after_tokens: int = 0
     diverge_min_batch: int = 1
+    # the divergence's own condition (same form); empty: drift_when's
+    diverge_when: str = ""
     # Mixed into the /weights_checker checksums: a rank that loaded other weights than it did before
     weights_salt: str = ""
     # The SGLang release whose metrics the sim exports (its families from the metric catalogue);
@@ -133,6 +135,7 @@ ENV_NAMES = {
     "drift_logprob_per_req": "PDKIT_SIM_DRIFT_LOGPROB_PER_REQ",
     "diverge_after_tokens": "PDKIT_SIM_DIVERGE_FROM_POSITION",
     "diverge_min_batch": "PDKIT_SIM_DIVERGE_MIN_BATCH",
+    "diverge_when": "PDKIT_SIM_DIVERGE_WHEN",
     "weights_salt": "PDKIT_SIM_WEIGHTS_SALT",
     "bootstrap_retry_s": "PDKIT_SIM_BOOTSTRAP_RETRY_S",
     "sglang_version": "PDKIT_SIM_SGLANG_VERSION",
@@ -203,7 +206,7 @@ def _check(k: Knobs) -> None:
                         "PDKIT_SIM_WEDGE_MIN_BATCH)")
     if k.diverge_min_batch < 1:
         raise KnobError(f"{ENV_NAMES['diverge_min_batch']} must be >= 1")
-    for name in ("corrupt_when", "wedge_when", "drift_when"):
+    for name in ("corrupt_when", "wedge_when", "drift_when", "diverge_when"):
         for cond in conditions(getattr(k, name)):
             if not cond.lstrip("!").startswith("--"):
                 raise KnobError(f"{ENV_NAMES[name]}: {cond!r} is not a condition: give --flag, --flag=value or "

@@ -152,10 +152,15 @@ class Scheduler:
         self.corrupt = argv_matches(knobs.corrupt_when, args.argv)
         # numerics drift (PDKIT_SIM_DRIFT_WHEN and its knobs): noisy logprobs, and with
         # PDKIT_SIM_DIVERGE_FROM_POSITION another top-1 past a context length under load
+        # (PDKIT_SIM_DIVERGE_WHEN, when set, is the divergence's own condition: one lever drifts within a
+        # tolerance, another diverges, on the same engines)
         self.drift: Drift | None = None
-        if argv_matches(knobs.drift_when, args.argv):
-            self.drift = Drift(knobs.drift_logprob_per_1k, knobs.drift_logprob_per_req,
-                               knobs.diverge_after_tokens, knobs.diverge_min_batch)
+        noisy = argv_matches(knobs.drift_when, args.argv)
+        diverging = argv_matches(knobs.diverge_when or knobs.drift_when, args.argv)
+        if noisy or diverging:
+            self.drift = Drift(knobs.drift_logprob_per_1k if noisy else 0.0,
+                               knobs.drift_logprob_per_req if noisy else 0.0,
+                               knobs.diverge_after_tokens if diverging else 0, knobs.diverge_min_batch)
         self.diverge = self.drift if self.drift is not None and self.drift.diverge_after > 0 else None
         self.wedge_armed = argv_matches(knobs.wedge_when, args.argv)
         self.wedged_at: float | None = None

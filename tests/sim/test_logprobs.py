@@ -325,3 +325,28 @@ def test_pd_prefill_and_decode_shapes(pd):
     assert [e[1] for e in d_meta["output_token_logprobs"]] == out
     assert d_meta["output_token_logprobs"][0] == p_meta["output_token_logprobs"][0]
     assert d_meta["output_top_logprobs"][0] == p_meta["output_top_logprobs"][0]
+
+
+@pytest.mark.parametrize("env,argv_extra,want", [
+    # one condition for both: noise and divergence on the lever's engine
+    ({"PDKIT_SIM_DRIFT_WHEN": "--chunked-prefill-size=4096"}, ["--chunked-prefill-size", "4096"], (0.01, 100)),
+    # the divergence's own condition: this lever drifts, the divergence waits for the other
+    ({"PDKIT_SIM_DRIFT_WHEN": "--chunked-prefill-size=4096", "PDKIT_SIM_DIVERGE_WHEN": "--enable-torch-compile"},
+     ["--chunked-prefill-size", "4096"], (0.01, 0)),
+    ({"PDKIT_SIM_DRIFT_WHEN": "--chunked-prefill-size=4096", "PDKIT_SIM_DIVERGE_WHEN": "--enable-torch-compile"},
+     ["--enable-torch-compile"], (0.0, 100)),
+    ({"PDKIT_SIM_DRIFT_WHEN": "--chunked-prefill-size=4096"}, [], None),
+])
+def test_diverge_when_gives_the_divergence_its_own_lever(env, argv_extra, want):
+    import logging
+
+    from pdkit.sim.args import parse_args
+    from pdkit.sim.knobs import load_knobs
+    from pdkit.sim.metrics import SimMetrics
+    from pdkit.sim.scheduler import Scheduler
+
+    args = parse_args(["--model-path", "/m", "--port", "30000", *argv_extra])
+    knobs = load_knobs({**env, "PDKIT_SIM_DRIFT_LOGPROB_PER_1K": "0.01", "PDKIT_SIM_DIVERGE_FROM_POSITION": "100"})
+    sched = Scheduler(args, knobs, SimMetrics("m", "unified"), logging.LoggerAdapter(logging.getLogger("t"), {}))
+    got = None if sched.drift is None else (sched.drift.per_1k, sched.drift.diverge_after)
+    assert got == want
