@@ -422,7 +422,7 @@ class Session:
         prompt ids are long) and checks itself against them, the noise floor every candidate meets;
         a candidate is scored against the baseline's, exact or within the tolerance by its lever class."""
         cfg = self.prep.campaign.correctness.gate_config()
-        target = engines_for(self.prep.base_spec, self.prep.targets)
+        target = engines_for(spec, self.prep.targets)  # the candidate's own engines (a layout lever changes them)
         path = self.paths["state"] / f"forced-{cfg.key()}.json"
         t = record["timings"]
         if cand is None:
