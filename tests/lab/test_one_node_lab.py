@@ -255,6 +255,34 @@ def test_a_rollback_whose_ready_step_fails_leaves_the_box_in_the_router_and_a_sh
     serves(box)
 
 
+def test_an_engine_restarted_onto_other_weights_fails_its_gate_naming_the_rank(lab, box):
+    """Issue 44 item 2: the prefill restarted outside the kit onto other weights (the sim's
+    PDKIT_SIM_WEIGHTS_SALT through a drop-in: its configuration, so its record's key, unchanged)
+    fails the engine gate that the deploy, the roll and a restore run, naming the rank and both
+    checksums from /weights_checker; back on its own weights it passes again."""
+    from pdkit import flags, gates
+    from pdkit.loader import load
+    from pdkit.plan import plan_cluster
+
+    host = box["router"]
+    spec = load(ONE)
+    found = [g for g in gates.phases(gates.gate_for(s) for s in plan_cluster(spec)[host].services)[0]
+             if g.kind == "engine"]
+    command = gates.command(flags.node_python(spec), found)
+    restart_prefill(lab, host, "PDKIT_SIM_WEIGHTS_SALT=another-download")
+    try:
+        proc = ssh(lab, host, command, timeout=300)
+        out = proc.stdout + proc.stderr
+        assert proc.returncode != 0, out[-3000:]
+        assert "pdkit-engine-prefill" in out and "other weights" in out and "tp_rank 0" in out, out[-3000:]
+    finally:
+        restart_prefill(lab, host, None)
+    proc = ssh(lab, host, command, timeout=300)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    wait_router_steady(box)
+    serves(box)
+
+
 def test_a_change_the_box_cannot_start_is_restored_byte_for_byte_and_it_serves_again(lab, box, tmp_path):
     host = box["router"]
     broken = one_node_inventory(tmp_path, "crash", "_node['pdkit_node']['engines'][1]['env'] = {'PDKIT_SIM_TRANSFER_FAIL_RATE': '2'}")
