@@ -54,6 +54,9 @@ CAP_MARGIN_TOKENS = 16
 # SGLang's refusal of a prompt over the context length (0.5.17 and 0.5.23 managers/tokenizer_manager.py
 # _validate_one_request; the sim answers the same words: pdkit/sim/protocol.py)
 CONTEXT_REFUSAL = re.compile(r"context length \((\d+) tokens\)")
+# part (c)'s streams: short answers, so the load's end (stop waits for the requests in flight) costs
+# little beside the scoring it surrounds
+LOAD_OUTPUT_LEN = 16
 # a top-k entry the other side did not return: this far below that side's lowest returned logprob
 MISSING_LOGPROB_GAP = 2.0
 
@@ -422,7 +425,8 @@ def record_forced(measured: Measured, cfg: GateConfig, context_length: int,
             if len(ids) > room or (len(ids) < 0.8 * length and n_words < len(words)):
                 if attempt == 3:
                     if len(ids) > room:
-                        raise RuntimeError(f"the {length}-token prompt: still {len(ids)} tokens after 4 cuts (room {room})")
+                        raise RuntimeError(f"the {length}-token prompt: still {len(ids)} tokens after 4 cuts "
+                                           f"(room {room})")
                     break
                 # the engine's own count decides: cut again at the tokens per word it saw (2% under)
                 ratio = len(ids) / n_words * 1.02
@@ -443,7 +447,8 @@ def record_forced(measured: Measured, cfg: GateConfig, context_length: int,
 def score(measured: Measured, item: dict[str, Any], cfg: GateConfig) -> dict[str, Any]:
     """The forced scores of ITEM's continuation on the engines MEASURED reaches now."""
     ids = item["prompt_ids"] + item["continuation"]
-    status, body = measured.ask_blocking([_probe_payload(ids, len(item["prompt_ids"]) - 1, cfg.top_k)], 1, cfg.timeout_s)[0]
+    payload = _probe_payload(ids, len(item["prompt_ids"]) - 1, cfg.top_k)
+    status, body = measured.ask_blocking([payload], 1, cfg.timeout_s)[0]
     logprobs, top = scored(_meta(status, body, f"scoring at {item['prompt_tokens']} tokens"), item["continuation"])
     return {"logprobs": logprobs, "top": top}
 
@@ -483,7 +488,7 @@ def run_parts(measured: Measured, cfg: GateConfig, recorded: dict[str, Any], exa
         start = time.monotonic()
         load = load_factory(cfg.load_concurrency).start()
         try:
-            time.sleep(0.5)  # the streams admitted before the scoring, so it is batched with them
+            time.sleep(0.3)  # the streams admitted before the scoring, so it is batched with them
             rows = forced_rows(measured, recorded, cfg)
         finally:
             load.stop()

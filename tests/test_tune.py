@@ -1150,3 +1150,25 @@ def test_the_report_shows_the_baselines_spread_and_judges_each_candidate_against
     assert "| 64 | output_tok_s | 100.0, 104.0, 98.0 | 100.0 | 6.0% |" in text
     assert "| b | `decode.cuda_graph: \"b\"` | 120.0 | 1.200 | +20.0% vs 6.0% + 2.0%: yes |" in text
     assert "+5.0% vs 6.0% + 2.0%: no" in text
+
+
+def test_a_lever_that_changes_the_answers_by_design_needs_the_campaigns_acknowledgement(tmp_path):
+    """Issue 44 item 3: an FP8 KV cache candidate is refused before any host is touched unless the
+    campaign acknowledges it; acknowledged, --dry and the candidate's warnings name it."""
+    from pdkit.tune import runner
+
+    body = {"name": "t", "out_dir": str(tmp_path / "out"), "state_dir": str(tmp_path / "state"),
+            "workload": {"concurrency": [4]}, "target": "all",
+            "candidates": [{"name": "kv-fp8", "set": {"all.kv_cache_dtype": "fp8_e4m3"}}]}
+    path = tmp_path / "c.yaml"
+    path.write_text(json.dumps(body))
+    with pytest.raises(CampaignError) as refused:
+        runner.prepare(LAB, str(path))
+    text = "\n".join(refused.value.problems)
+    assert "candidate kv-fp8" in text and "changes the answers by design" in text
+    assert "acknowledge: [kv_cache_quantized]" in text, text
+    path.write_text(json.dumps({**body, "acknowledge": ["kv_cache_quantized"]}))
+    prep = runner.prepare(LAB, str(path))
+    assert any("changes the answers by design" in w and "acknowledged" in w for w in prep.warnings["kv-fp8"]), prep.warnings
+    dry = runner.dry_text(prep, [], prep.candidates)
+    assert "--kv-cache-dtype fp8_e4m3 changes the answers by design" in dry, dry

@@ -185,7 +185,11 @@ def answer_gate_lines(spec: Any, cfg: Any, exact: bool) -> str:
 
     head = (f"answers gate on the first batch that changes ({'exact' if exact else 'numerics within tolerance'}; "
             "the baseline recorded before its drain, kept per release):")
-    return "\n".join([head, *(f"  {line}" for line in answers.describe(cfg, context_cap(spec), exact))])
+    from pdkit.spec.numerics import BY_DESIGN, findings  # lazy: read only for the dry plan
+
+    named = [f"  changes the answers by design (acknowledged): {f.host}/{f.engine} {f.setting}"
+             for f in findings(spec) if f.id in BY_DESIGN]
+    return "\n".join([head, *(f"  {line}" for line in answers.describe(cfg, context_cap(spec), exact)), *named])
 
 
 def measure_restarts(roller: Roller, hosts: list[str]) -> dict[str, float | None]:

@@ -634,7 +634,8 @@ class Roller:
             from pdkit.bench.load import LoadThread  # lazy: aiohttp loads only for a gate that sends
 
             outcome = answers.run_parts(measured, cfg, base["forced"], exact=self.answer_exact,
-                                        load_factory=lambda c: LoadThread(measured, {}, c, cfg.load_input_len, 64,
+                                        load_factory=lambda c: LoadThread(measured, {}, c, cfg.load_input_len,
+                                                                          answers.LOAD_OUTPUT_LEN,
                                                                           timeout_s=cfg.timeout_s))
             record["parts"].update(outcome.record["parts"])
             if not outcome.ok:

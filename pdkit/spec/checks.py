@@ -22,6 +22,7 @@ from pdkit.spec.facts import (
 from pdkit.spec.fields import HIDDEN_FROM_ENGINES, hidden_from_engines
 from pdkit.spec.ignored import ignored_by_mode_problems, ignored_settings
 from pdkit.spec.models import Engine
+from pdkit.spec.numerics import check_by_design
 from pdkit.spec.spanning import check_spanning, parallel_problems
 from pdkit.spec.startup import startup_check_problems, tuning_origin
 from pdkit.versions import SGLANG_RELEASES
@@ -164,6 +165,7 @@ def cross_checks(spec: ClusterSpec) -> list[Problem]:
     _check_pd_groups(spec, add)
     _check_kv_over_tcp(spec, add)
     check_addresses(spec, add)
+    check_by_design(spec, add)
     problems += ignored_by_mode_problems(spec)
 
     declared = {f"{h.name}/{e.name}" for h, e in spec.engines()}

@@ -110,6 +110,8 @@ class Secrets(Frozen):
 
 
 _GATE, _TOL = answers.GateConfig(), answers.Tolerance()
+# the settings that change the answers by design and must be acknowledged (pdkit/spec/numerics.py)
+ByDesign = Literal["kv_cache_quantized", "speculative_accept_below_1", "nccl_ll128_pcie"]
 
 
 class AnswerTolerance(Frozen):
@@ -144,6 +146,8 @@ class AnswerGate(Frozen):
     # a text file on the deploying machine (the user's own code or documents) instead of the kit's corpus
     corpus: str | None = None
     tolerance: AnswerTolerance = AnswerTolerance()
+    # settings this cluster runs that change the answers by design, named to say so (docs/correctness.md)
+    acknowledge: list[ByDesign] = []
 
     def gate_config(self) -> answers.GateConfig:
         t = self.tolerance

@@ -29,6 +29,7 @@ import pprint
 import re
 import runpy
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -42,6 +43,7 @@ from pdkit.bench.noise import DEFAULT_MARGIN
 from pdkit.loader import spec_from_host_data
 from pdkit.roll import rollout_order
 from pdkit.spec import Problem, Tuning
+from pdkit.spec.models import ByDesign
 
 ENGINE_SCOPES = ("all", "prefill", "decode", "unified")
 NODE_SCOPE = "node"
@@ -247,6 +249,9 @@ class Campaign(_Strict):
     downtime: bool = False
     out_dir: str = "docs/tune"
     state_dir: str = ".pdkit-tune"
+    # settings that change the answers by design which this campaign's candidates may set (pdkit/spec/numerics.py:
+    # kv_cache_quantized, speculative_accept_below_1, nccl_ll128_pcie); the gate judges them within its tolerance
+    acknowledge: list[ByDesign] = []
     candidates: tuple[CandidateSpec, ...] = Field(min_length=1)
 
 
@@ -534,9 +539,17 @@ def apply_overlay(hosts: HostData, overlay: dict[str, Any], targets: list[str]) 
     return Applied(out, landed)
 
 
-def derive(hosts: HostData, candidate: Candidate, targets: list[str], inventory: str):
-    """(derived ClusterSpec or None, problems, Applied) for one candidate: the loader's own checks."""
+def derive(hosts: HostData, candidate: Candidate, targets: list[str], inventory: str,
+           acknowledge: Sequence[str] = ()):
+    """(derived ClusterSpec or None, problems, Applied) for one candidate: the loader's own checks.
+    ACKNOWLEDGE (the campaign's) joins the inventory's pdkit_cluster.answers.acknowledge in the candidate's data."""
     applied = apply_overlay(hosts, candidate.overlay, targets)
+    for _, _, data in applied.hosts:
+        cluster = data.get("pdkit_cluster")
+        if acknowledge and isinstance(cluster, dict):
+            gate = cluster.setdefault("answers", {})
+            if isinstance(gate, dict):
+                gate["acknowledge"] = sorted({*(gate.get("acknowledge") or []), *acknowledge})
     spec, problems = spec_from_host_data(applied.hosts, inventory=inventory)
     for key, where in applied.landed.items():
         if not where:

@@ -150,7 +150,8 @@ def prepare(inventory: str, campaign_path: str) -> Prepared:
     base_warnings = {str(p) for p in base_problems if p.severity == "warning"}
     warnings: dict[str, list[str]] = {}
     for c in candidates:
-        spec, found, app = derive(hosts, c, targets, str(candidate_inventory(campaign, c.name).resolve()))
+        spec, found, app = derive(hosts, c, targets, str(candidate_inventory(campaign, c.name).resolve()),
+                                  campaign.acknowledge)
         warnings[c.name] = [str(p) for p in found if p.severity == "warning" and str(p) not in base_warnings]
         for p in found:
             if p.severity == "error":
@@ -441,8 +442,8 @@ class Session:
                                             "again without --resume")
         outcome = answers.run_parts(target, cfg, recorded, exact=bool(cand and cand.exact),
                                     say=lambda part, why, took: self.say(part, why, took),
-                                    load_factory=lambda c: LoadThread(target, {}, c, cfg.load_input_len, 64,
-                                                                      timeout_s=cfg.timeout_s))
+                                    load_factory=lambda c: LoadThread(target, {}, c, cfg.load_input_len,
+                                                                      answers.LOAD_OUTPUT_LEN, timeout_s=cfg.timeout_s))
         record["answer_gate"] = {**outcome.record, "exact": bool(cand and cand.exact),
                                  "tolerance": vars(cfg.tolerance)}
         for part, figures in outcome.record["parts"].items():
