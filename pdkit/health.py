@@ -26,10 +26,37 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 from pdkit import engineshape
 
 READY_LOG_LINE = "The server is fired up and ready to roll!"
+# beside the shape records: when the engine gate first saw each unit's current invocation ready (node's
+# CLOCK_MONOTONIC, as systemd's *TimestampMonotonic), read by the roll's restart-to-ready probe when
+# journald rotated the readiness line away (issue 42): <dir>/<unit>.json {"invocation", "ready_monotonic_us"}
+READY_MARKS = "ready"
+
+
+def ready_marks_dir(shapes_dir: str) -> str:
+    return str(Path(shapes_dir).parent / READY_MARKS)
+
+
+def mark_ready(unit: str, invocation: str, marks_dir: str) -> None:
+    """Keep when this invocation of UNIT was first seen ready (the first gate to see it wins: a later
+    gate of the same start would record a later time)."""
+    path = Path(marks_dir) / f"{unit}.json"
+    try:
+        if json.loads(path.read_text()).get("invocation") == invocation:
+            return
+    except (OSError, ValueError, AttributeError):
+        pass
+    try:
+        path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"invocation": invocation, "ready_monotonic_us": time.monotonic_ns() // 1000}))
+        tmp.replace(path)
+    except OSError:
+        pass  # evidence for a timing only: never a reason to fail a gate
 
 
 
@@ -210,6 +237,7 @@ def wait_engine(unit: str, url: str, timeout: float, interval: float = 1.0, poll
 def _engine_ready(unit: str, url: str, info: dict, invocation: str, shape_inputs, shapes_dir: str,
                   ) -> tuple[bool, str]:
     """The verdict once the engine answered: its shape against its record, and the readiness line as evidence."""
+    mark_ready(unit, invocation, ready_marks_dir(shapes_dir))
     try:
         logged = READY_LOG_LINE in unit_log(unit, invocation)
     except (OSError, subprocess.SubprocessError):

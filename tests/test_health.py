@@ -312,3 +312,59 @@ def test_an_engine_whose_health_answers_but_server_info_does_not_is_not_ready(mo
         server.shutdown()
     assert not ok
     assert message == f"not ready after 0 s: {base}/health answers 200 but {base}/server_info answered 503: "
+
+
+def test_the_engine_gate_keeps_when_it_first_saw_each_invocation_ready(tmp_path):
+    """Issue 42: the roll's restart-to-ready falls back on this mark when journald rotated the
+    readiness line away; the first gate of a start wins, a new invocation replaces it."""
+    from pdkit import health
+
+    marks = health.ready_marks_dir(str(tmp_path / "shapes"))
+    assert marks == str(tmp_path / "ready")
+    health.mark_ready("pdkit-engine-decode.service", "inv1", marks)
+    first = json.loads((tmp_path / "ready" / "pdkit-engine-decode.service.json").read_text())
+    time.sleep(0.01)
+    health.mark_ready("pdkit-engine-decode.service", "inv1", marks)
+    assert json.loads((tmp_path / "ready" / "pdkit-engine-decode.service.json").read_text()) == first
+    health.mark_ready("pdkit-engine-decode.service", "inv2", marks)
+    second = json.loads((tmp_path / "ready" / "pdkit-engine-decode.service.json").read_text())
+    assert second["invocation"] == "inv2" and second["ready_monotonic_us"] > first["ready_monotonic_us"]
+
+
+def test_the_restart_timing_probe_reads_the_gates_mark_when_the_journal_has_no_readiness_line(tmp_path):
+    """The roll's _TIMING_PROBE on a node whose journal was rotated: systemd's timestamps from
+    `systemctl show`, no readiness line from journalctl, the engine gate's mark for the same
+    invocation; a mark of another invocation is not this start's."""
+    import shlex
+    import subprocess
+
+    from pdkit.roll.planning import restart_to_ready
+    from pdkit.roll.roller import timing_probe_command
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "systemctl").write_text("#!/bin/sh\nprintf 'ActiveExitTimestampMonotonic=1000000\\n"
+                                       "InactiveEnterTimestampMonotonic=3000000\\nInactiveExitTimestampMonotonic=3100000\\n"
+                                       "InvocationID=inv7\\n'\n")
+    (bin_dir / "journalctl").write_text("#!/bin/sh\nexit 0\n")
+    for tool in ("systemctl", "journalctl"):
+        (bin_dir / tool).chmod(0o755)
+    marks = tmp_path / "ready"
+    marks.mkdir()
+    unit = "pdkit-engine-decode.service"
+    command = timing_probe_command([unit])
+    # the node's own marks folder is the last argument: point it here
+    command = command.rsplit(" ", 1)[0] + " " + shlex.quote(str(marks))
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+
+    def probe():
+        done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, env=env, timeout=30)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    assert probe()[unit][1] is None and restart_to_ready(probe()) is None
+    (marks / f"{unit}.json").write_text(json.dumps({"invocation": "inv7", "ready_monotonic_us": 63_100_000}))
+    # stopping 2.0 s (left active 1 s -> inactive 3 s) + start 3.1 s -> ready 63.1 s
+    assert restart_to_ready(probe()) == pytest.approx(62.0)
+    (marks / f"{unit}.json").write_text(json.dumps({"invocation": "inv6", "ready_monotonic_us": 63_100_000}))
+    assert restart_to_ready(probe()) is None

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from pdkit import answers, flags, gates
-from pdkit.health import READY_LOG_LINE, http_request
+from pdkit.engineshape import SHAPES_DIR
+from pdkit.health import READY_LOG_LINE, http_request, ready_marks_dir
 
 # DRAIN_GAUGES: engine gauges that must all read 0 before an engine may restart (running requests, PD queues)
 from pdkit.metricnames import DRAIN_GAUGES, FAILURE_COUNTERS, ROUTER
@@ -128,6 +129,13 @@ for u in units:
          "--grep", re.escape(sys.argv[3])],
         capture_output=True, text=True).stdout.splitlines()
     ready = json.loads(log[0])["__MONOTONIC_TIMESTAMP"] if log else None
+    if ready is None:  # the line rotated away: when the engine gate first saw this invocation ready
+        try:
+            mark = json.load(open(sys.argv[4] + "/" + u + ".json"))
+            if mark.get("invocation") == show.get("InvocationID"):
+                ready = mark.get("ready_monotonic_us")
+        except (OSError, ValueError, IndexError):
+            pass
     # [left active, ready line of this invocation, went inactive, started this invocation] (µs, node clock)
     out[u] = [int(show.get("ActiveExitTimestampMonotonic") or 0), int(ready) if ready else None,
               int(show.get("InactiveEnterTimestampMonotonic") or 0),
@@ -140,7 +148,8 @@ def timing_probe_command(units: list[str]) -> str:
     """The shell command reading UNITS' restart and readiness times on a node (_TIMING_PROBE, stdlib
     only). The readiness line is the engine gate's own (pdkit.health.READY_LOG_LINE), passed in."""
     q = shlex.quote
-    return f"python3 -c {q(_TIMING_PROBE)} {q(json.dumps(units))} 0 {q(READY_LOG_LINE)}"
+    marks = ready_marks_dir(SHAPES_DIR)
+    return f"python3 -c {q(_TIMING_PROBE)} {q(json.dumps(units))} 0 {q(READY_LOG_LINE)} {q(marks)}"
 
 
 @dataclass
