@@ -22,6 +22,12 @@ from dataclasses import dataclass
 JOURNALD_DROPIN_PATH = "/etc/systemd/journald.conf.d/zz-pdkit.conf"
 JOURNALD_UNIT = "systemd-journald.service"
 
+
+def restart_needed(paths: set[str] | list[str]) -> bool:
+    """Pure: journald (systemd 252 reads its drop-ins only at start) restarts only when its drop-in
+    was written or removed: by a deploy (roles/services.py) or a restore (pdkit/releases.py)."""
+    return JOURNALD_DROPIN_PATH in set(paths)
+
 # journal bytes per entry beyond its message: 60,382 stdout entries of 430 B grew system.journal by
 # 41.9 MB (695 B each) under systemd 252's journald (compact, keyed-hash, zstd files: systemd-cat into
 # a private systemd-journald, docs/rolling.md "Evidence that survives"); the GPU box's 32 MiB held

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pdkit import changes, gates
+from pdkit import changes, gates, journald
 
 KEEP = 10
 CURRENT = "CURRENT"
@@ -97,6 +97,7 @@ class RestorePlan:
     venv_switch: dict[str, str] = field(default_factory=dict)  # link -> target
     restart: list[str] = field(default_factory=list)  # units to (re)start, engines first
     stop: list[str] = field(default_factory=list)  # units the release does not run
+    journald: bool = False  # its drop-in changes: journald restarts before the services
 
 
 def plan_restore(
@@ -127,6 +128,7 @@ def plan_restore(
     plan.restart = sorted(plan.restart, key=lambda u: (services[u].get("kind") == "router",
                                                        services[u].get("kind") != "engine", u))
     plan.stop = changes.units_to_stop(current_units, services, {u: True for u in current_units})
+    plan.journald = journald.restart_needed(set(plan.write) | set(plan.remove))
     return plan
 
 
@@ -358,6 +360,11 @@ def restore(
     for link, dest in plan.venv_switch.items():
         _switch_link(host_path(root, link), dest, root)
     systemctl(["daemon-reload"])
+    if plan.journald:
+        # as the deploy does (roles/services.py): the restored drop-in is read only at journald's start,
+        # and before the services restart, so their new streams land in the journal it configures
+        systemctl(["restart", journald.JOURNALD_UNIT])
+        log(f"restarted {journald.JOURNALD_UNIT} (its pdkit drop-in changed)")
     _set_current(releases, rid)
     # as the deploy does (roles/services.py, the phases of pdkit/gates.py): the engines and daemons
     # restart together (one systemctl call: their start-ups overlap) and their gates wait together;
@@ -383,7 +390,7 @@ def restore(
     if failures:
         raise ReleaseError(f"restored the files of {rid} but not every service became ready: {'; '.join(failures)}")
     return {"id": rid, "written": plan.write, "removed": plan.remove, "venvs": plan.venv_switch,
-            "restarted": plan.restart}
+            "restarted": plan.restart + ([journald.JOURNALD_UNIT] if plan.journald else [])}
 
 
 # ---------------------------------------------------------------- on-host entry point

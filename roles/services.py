@@ -13,7 +13,7 @@ from pyinfra.operations import python, server
 
 from pdkit import changes, flags, gates, limitwarn, routersync, silences
 from pdkit.deploy import current_host, current_plan, current_spec
-from pdkit.journald import JOURNALD_DROPIN_PATH, JOURNALD_UNIT
+from pdkit.journald import JOURNALD_UNIT, restart_needed
 from pdkit.monitoring.common import scraped_hosts
 from pdkit.plan import Service, services_meta, services_not_started, staging_dir
 from pdkit.router_api import RouterError
@@ -29,7 +29,7 @@ def is_unit_file(path: str) -> bool:
 
 def journald_changed(paths: set[str]) -> bool:
     """Pure: journald restarts only when its drop-in was written or removed by this run."""
-    return JOURNALD_DROPIN_PATH in paths
+    return restart_needed(paths)
 
 
 def restart_plan(services: list[Service], state: dict, changed_paths: set[str], changed_venvs: set[str]) -> tuple[list[Service], list[Service]]:

@@ -264,3 +264,27 @@ def test_a_restore_waits_for_a_start_job_as_long_as_systemd_bounds_it(monkeypatc
     assert seen == [("restart", releases.START_JOB_BOUND_S), ("daemon-reload", releases.SYSTEMCTL_BOUND_S)]
     from pdkit.plan import GPU_FREE_WAIT_S
     assert releases.START_JOB_BOUND_S > 2 * 600 + GPU_FREE_WAIT_S + 60  # two ready_timeout_s of the largest default
+
+
+def test_a_restore_restarts_journald_when_its_drop_in_changes_and_only_then(tmp_path):
+    """Issue 42: the deploy restarts journald when its pdkit drop-in changed; a restore that puts
+    another drop-in back must too (journald reads it only at its start), before the services."""
+    from pdkit.journald import JOURNALD_DROPIN_PATH, JOURNALD_UNIT
+
+    _config(tmp_path, "A=1\n", "{}\n", extra={JOURNALD_DROPIN_PATH: "[Journal]\nSystemMaxUse=2G\n"})
+    first = _record(tmp_path, 1)
+    _config(tmp_path, "A=2\n", "{}\n", extra={JOURNALD_DROPIN_PATH: "[Journal]\nSystemMaxUse=4G\n"})
+    second = _record(tmp_path, 2)
+    systemd = Systemd()
+    result = _restore(tmp_path, systemd, to=first["id"])
+    assert (tmp_path / JOURNALD_DROPIN_PATH.lstrip("/")).read_text() == "[Journal]\nSystemMaxUse=2G\n"
+    restarts = [c for c in systemd.calls if c[0] == "restart"]
+    assert restarts[0] == ["restart", JOURNALD_UNIT] and JOURNALD_UNIT in result["restarted"]
+    assert systemd.calls.index(["daemon-reload"]) < systemd.calls.index(["restart", JOURNALD_UNIT])
+    # only the engine's env differs now: journald is left alone
+    _config(tmp_path, "A=3\n", "{}\n", extra={JOURNALD_DROPIN_PATH: "[Journal]\nSystemMaxUse=2G\n"})
+    _record(tmp_path, 3)
+    systemd = Systemd()
+    _restore(tmp_path, systemd, to=first["id"])
+    assert JOURNALD_UNIT not in systemd.restarted() and "pdkit-engine-decode.service" in systemd.restarted()
+    assert second["id"] != first["id"]
