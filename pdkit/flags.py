@@ -440,8 +440,8 @@ def router_args(spec: ClusterSpec, host: HostSpec) -> list[str]:
     args += ["--shutdown-grace-period-secs", str(router.shutdown_grace_period_secs)]
     # no --remove-unhealthy-workers: smg 1.13 never takes a removed worker back on the same address
     args += router_breaker_args()
-    # a served request logs nothing at warn (pdkit/journald.py): the journal keeps the kit's evidence
-    args += ["--log-level", ROUTER_LOG_LEVEL]
+    # a served request logs nothing at warn, the default (pdkit/journald.py): the journal keeps the kit's evidence
+    args += ["--log-level", router.log_level]
     # request timeout, retries, health-check timeout, PD admission wait: the fault budget (pdkit/faultbudget.py)
     args += faultbudget.router_args(spec.cluster.fault_budget, *spec.router_release(host),
                                     pd="--pd-disaggregation" in args)
@@ -483,10 +483,6 @@ def router_breaker_args() -> list[str]:
     return [a for name, value in ROUTER_BREAKER.items() for a in (f"--{name}", str(value))]
 
 
-# both pinned routers' parsers take {debug,info,warn,error}; at info each served request is 2 lines (868 B
-# smg 1.13.0, 886 B sglang-router 0.3.2), at warn none (benchmarks/router_log_bytes.py; docs/rolling.md
-# "Evidence that survives"); failures (503s, dead workers) still log at warn and error
-ROUTER_LOG_LEVEL = "warn"
 
 # seconds systemd waits beyond the router's drain before SIGKILL: the process' own exit after the drain
 ROUTER_STOP_MARGIN_S = 30

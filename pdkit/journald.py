@@ -4,7 +4,8 @@ On the lent GPU box the container's journal was capped at 32 MB and the router l
 and every 503 (36,663 of the 43,317 lines kept were the router's): engine starts and the readiness
 line rotated away within minutes. Two levers, both decided here and in pdkit.flags:
 
-- the routers run at `--log-level warn` (pdkit.flags.ROUTER_LOG_LEVEL): a served request then logs
+- the routers run at `--log-level warn` (ROUTER_LOG_LEVEL; pdkit_router.log_level may say otherwise,
+  and the journal is then sized for the router's request lines too): a served request then logs
   nothing (measured below), so request logging is the engines' alone;
 - a journald drop-in (JOURNALD_DROPIN_PATH) sizes the journal for a day of that at the cluster's
   target concurrency, sorting after the lab's and the GPU rig's `pdkit-lab.conf` (SystemMaxUse=32M,
@@ -27,6 +28,16 @@ def restart_needed(paths: set[str] | list[str]) -> bool:
     """Pure: journald (systemd 252 reads its drop-ins only at start) restarts only when its drop-in
     was written or removed: by a deploy (roles/services.py) or a restore (pdkit/releases.py)."""
     return JOURNALD_DROPIN_PATH in set(paths)
+
+# the routers' level unless pdkit_router.log_level says otherwise; both pinned routers' parsers take these
+# (pdkit/parser_table.json). At info each served request is 2 lines (868 B smg 1.13.0, 886 B sglang-router
+# 0.3.2), at warn none (benchmarks/router_log_bytes.py; docs/rolling.md "Evidence that survives");
+# failures (503s, dead workers) still log at warn and error
+ROUTER_LOG_LEVEL = "warn"
+ROUTER_LOG_LEVELS = ("error", "warn", "info", "debug")
+# a served request's router lines at info (the larger router's) and how many; debug is not measured: sized as info
+ROUTER_INFO_REQUEST_B, ROUTER_INFO_LINES = 886, 2
+ROUTER_LOGS_REQUESTS = ("info", "debug")
 
 # journal bytes per entry beyond its message: 60,382 stdout entries of 430 B grew system.journal by
 # 41.9 MB (695 B each) under systemd 252's journald (compact, keyed-hash, zstd files: systemd-cat into
@@ -75,12 +86,17 @@ def entry_bytes(message_b: float) -> float:
     return message_b + ENTRY_OVERHEAD_B
 
 
-def journal_size(concurrency: int | None, decode_engines: int = 1) -> JournalSize:
+def journal_size(concurrency: int | None, decode_engines: int = 1,
+                 router_log_level: str | None = None) -> JournalSize:
     """Pure: the journal a host needs for KEEP_S of request logging at CONCURRENCY (the whole cluster's
-    rate on one host: on a one-box cluster that is exact, elsewhere it errs on the large side)."""
+    rate on one host: on a one-box cluster that is exact, elsewhere it errs on the large side).
+    ROUTER_LOG_LEVEL: the host's router's level (None: no router); at info or debug its request lines count."""
     rps = (concurrency or DEFAULT_CONCURRENCY) / REQUEST_S
-    per_request = (entry_bytes(ROUTER_REQUEST_B) if ROUTER_REQUEST_B else 0.0) + sum(
-        entry_bytes(size) * count for size, count in ENGINE_LINES_PER_REQUEST)
+    if router_log_level in ROUTER_LOGS_REQUESTS:
+        router_b = ROUTER_INFO_REQUEST_B + ROUTER_INFO_LINES * ENTRY_OVERHEAD_B
+    else:
+        router_b = entry_bytes(ROUTER_REQUEST_B) if ROUTER_REQUEST_B else 0.0
+    per_request = router_b + sum(entry_bytes(size) * count for size, count in ENGINE_LINES_PER_REQUEST)
     step = entry_bytes(DECODE_LINE_B) * DECODE_LINES_PER_S * decode_engines
     per_day = (rps * per_request + step) * KEEP_S
     max_use_mb = max(FLOOR_MB, math.ceil(per_day / 2**20 / 256) * 256)

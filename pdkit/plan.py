@@ -459,7 +459,8 @@ JOURNALD_DROPIN_DIR = journald.JOURNALD_DROPIN_PATH.rsplit("/", 1)[0]
 def journald_dropin_text(spec: ClusterSpec, host: HostSpec) -> str:
     """The journald drop-in of HOST: sized for a day at the cluster's target concurrency (pdkit/journald.py)."""
     decodes = sum(1 for p in spec.placements(host) if p.engine.role == "decode" and p.rank == 0) if host.node else 0
-    return journald.journald_conf(journald.journal_size(spec.cluster.target_concurrency, decodes))
+    level = host.router.log_level if host.router is not None else None
+    return journald.journald_conf(journald.journal_size(spec.cluster.target_concurrency, decodes, level))
 
 
 def exporter_config_text(spec: ClusterSpec, host: HostSpec) -> str:

@@ -40,6 +40,8 @@ def _levers_inventory(tmp_path, base):
     cluster["tuning"]["all"] = {"context_length": 8192, "mem_fraction_static": 0.88, "watchdog_timeout": 600,
                                 "decode_log_interval": 10, "log_level": "info", "allow_longer_context": True,
                                 "kv_cache_dtype": "fp8_e4m3"}
+    # the FP8 KV cache changes the answers by design: acknowledged (pdkit/spec/numerics.py)
+    cluster["answers"] = {"acknowledge": ["kv_cache_quantized"]}
     cluster["tuning"]["prefill"] = {"chunked_prefill_size": 4096, "page_size": 16, "prefill_cuda_graph": False,
                                     "hicache": True, "hicache_ratio": 2.0, "radix_eviction_policy": "lfu"}
     cluster["tuning"]["decode"] = {"cuda_graph_bs": [1, 2, 4, 8, 16, 24, 32], "num_continuous_decode_steps": 4,

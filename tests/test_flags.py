@@ -101,6 +101,7 @@ def test_every_lever_reaches_its_flag(base, tmp_path):
     hosts["gpu01"]["pdkit_node"]["engines"][1]["extra_args"] = ["--enable-p2p-check"]
     # its prefill partner must share the KV layout (validation refuses a pair that differs)
     hosts["gpu01"]["pdkit_node"]["engines"][0]["tuning"] = {"page_size": 16, "kv_cache_dtype": "fp8_e4m3"}
+    cluster["answers"] = {"acknowledge": ["kv_cache_quantized"]}  # changes the answers by design (pdkit/spec/numerics.py)
     args = _engine_args(_spec(tmp_path, cluster, hosts))
     for flag, value in [("--num-continuous-decode-steps", "4"), ("--max-running-requests", "8"), ("--max-queued-requests", "100"),
                         ("--chunked-prefill-size", "4096"), ("--page-size", "16"), ("--attention-backend", "triton"),

@@ -12,6 +12,7 @@ from pdkit import flags, journald
 from pdkit.loader import load
 from pdkit.plan import plan_cluster
 from roles.services import journald_changed
+from tests.conftest import write_inventory
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = ("cluster", "a6000", "multinode", "provided-env")
@@ -91,3 +92,31 @@ def test_every_router_runs_at_warn(name, monkeypatch):
 def test_journald_restarts_only_when_its_dropin_changed():
     assert journald_changed({journald.JOURNALD_DROPIN_PATH, "/etc/pdkit/release.json"})
     assert not journald_changed({"/etc/pdkit/release.json", "/etc/systemd/system/pdkit-router.service"})
+
+
+def test_the_router_log_level_is_a_spec_field_and_the_journal_is_sized_for_it(tmp_path, base):
+    """Issue 42: pdkit_router.log_level (default warn, both pinned routers' choices); at info the
+    router's request lines are sized into its host's journal, at warn they are not."""
+    from pdkit.parsertable import table
+
+    for release in table()["router"].values():
+        option = next(o for o in release["options"] if "--log-level" in (o.get("flags") or []))
+        assert set(option["choices"]) == set(journald.ROUTER_LOG_LEVELS)
+    warn = journald.journal_size(64, 1, "warn")
+    info = journald.journal_size(64, 1, "info")
+    assert warn == journald.journal_size(64, 1, None)
+    assert info.bytes_per_request == pytest.approx(warn.bytes_per_request + 886 + 2 * journald.ENTRY_OVERHEAD_B)
+    assert info.max_use_mb > warn.max_use_mb
+    cluster, hosts = base
+    router_host = next(name for name, data in hosts.items() if "pdkit_router" in data)
+    hosts[router_host]["pdkit_router"]["log_level"] = "info"
+    spec = load(str(write_inventory(tmp_path, hosts, cluster)))
+    host = spec.host(router_host)
+    argv = flags.router_args(spec, host)
+    assert argv[argv.index("--log-level") + 1] == "info"
+    level = host.router.log_level
+    decodes = sum(1 for p in spec.placements(host) if p.engine.role == "decode" and p.rank == 0) if host.node else 0
+    want = journald.journal_size(spec.cluster.target_concurrency, decodes, level)
+    dropin = plan_cluster(spec)[router_host].file(journald.JOURNALD_DROPIN_PATH).content
+    assert f"SystemMaxUse={want.max_use_mb}M" in dropin and want.bytes_per_request > journald.journal_size(
+        spec.cluster.target_concurrency, decodes, "warn").bytes_per_request

@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from pdkit import answers
+from pdkit import answers, journald
 from pdkit.faultbudget import FaultBudget
 from pdkit.spec.alerting import Alerting
 from pdkit.spec.fields import (
@@ -449,6 +449,9 @@ class Router(Frozen):
     shutdown_grace_period_secs: IntervalSeconds = 60
     # engines it fronts, as "host/engine"; unset: every engine in the cluster
     workers: tuple[str, ...] | None = None
+    # --log-level: at warn a served request logs nothing; at info two lines each, and the host's journal is
+    # sized for them (pdkit/journald.py; debug is not measured and sized as info)
+    log_level: Literal["error", "warn", "info", "debug"] = journald.ROUTER_LOG_LEVEL  # type: ignore[assignment]
     # escape hatch: extra router flags
     extra_args: tuple[str, ...] = ()
 
