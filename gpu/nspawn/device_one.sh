@@ -151,7 +151,7 @@ rotate_journal() {  # rotate_journal NAME: rotate the node's journal away, as a 
     # every roll step below run with the engines' start lines gone. Their lines are kept first.
     engines_log "$1-before-rotate"
     step "rotate-$1" 60 $HOSTPY --machine "$MACHINE" exec --timeout 50 -- \
-        "journalctl --rotate && journalctl --vacuum-time=1s && echo engine readiness lines left: \$(journalctl -u 'pdkit-engine-*' --no-pager | grep -c 'fired up and ready')"
+        "journalctl --rotate && journalctl --vacuum-time=1s && echo engine readiness lines left: \$(journalctl -u 'pdkit-engine-*' --no-pager 2>/dev/null | grep -c 'fired up and ready')"
     tail -2 "$OUT/rotate-$1.log" | tee -a "$OUT/steps.txt"
 }
 
