@@ -373,3 +373,23 @@ def test_tunes_put_back_with_an_unhealthy_engine_names_it(monkeypatch, tmp_path)
     [line] = session.put_back(roller, ["lab-gpu2"], {"lab-gpu2": "rel-0"})
     assert mine["prefill"] in fake.routable() and mine["decode"] not in fake.routable()
     assert f"left out: {mine['decode']} (its /health answered 503" in line, line
+
+
+def test_the_drain_does_not_wait_on_an_engine_no_router_lists_whose_gauges_say_busy(monkeypatch):
+    """Issue 45 item 4: an engine the router already had no worker of (left out by an earlier step,
+    wedged) reports running requests that are none of the router's: the drain reports it and goes
+    on; the same gauges on a listed engine are waited on until the drain's timeout."""
+    roller, fake, mine, _ = _roller(monkeypatch, "lab-one-node.py", "lab-gpu1")
+    fake.listed.discard(mine["decode"])
+
+    def scrape(urls, names, missing_ok=()):
+        return {label: {n: (3.0 if url == mine["decode"] else 0.0) for n in names} for label, url in urls.items()}
+
+    monkeypatch.setattr(roller, "scrape", scrape)
+    roller.drain_timeout_s = 0
+    said = roller.drain(["lab-gpu1"])
+    assert said == ("1 worker(s) out of the router, 1 engine(s) idle, 1 in no router still report requests "
+                    "(lab-gpu1/decode): none of the router's, not waited on"), said
+    fake.listed.add(mine["decode"])
+    with pytest.raises(TimeoutError, match="lab-gpu1/decode"):
+        roller.drain(["lab-gpu1"])

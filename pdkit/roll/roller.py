@@ -438,14 +438,20 @@ class Roller:
             pages = self.scrape(urls, DRAIN_GAUGES, missing_ok=unlisted)
             busy = {k: {n: v for n, v in m.items() if v} for k, m in pages.items()}
             busy = {k: v for k, v in busy.items() if v}
+            # an engine no router listed has none of the router's requests in flight: gauges it still
+            # reports (a wedged scheduler's, or requests sent to it directly) are not waited on (issue 45)
+            stale = sorted(k for k in busy if k in unlisted)
+            busy = {k: v for k, v in busy.items() if k not in unlisted}
             if not busy:
-                idle = len({url for label, url in urls.items() if label in pages})
+                idle = len({url for label, url in urls.items() if label in pages and label not in stale})
                 down = sorted(label for label in urls if label not in pages and not label.startswith("retired "))
                 layout = (f" (a layout change: {len(self.retired)} of them not in the plan as listed)"
                           if self.retired else "")
                 gone = (f", {len(down)} not running and in no router ({', '.join(down)}): nothing to drain"
                         if down else "")
-                return f"{len(removals)} worker(s) out of the router{layout}, {idle} engine(s) idle{gone}"
+                held = (f", {len(stale)} in no router still report requests ({', '.join(stale)}): none of the "
+                        "router's, not waited on" if stale else "")
+                return f"{len(removals)} worker(s) out of the router{layout}, {idle} engine(s) idle{gone}{held}"
             if time.monotonic() > deadline:
                 raise TimeoutError(f"engines still busy after {self.drain_timeout_s:.0f} s: {busy}")
             time.sleep(0.25)
