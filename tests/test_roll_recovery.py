@@ -393,3 +393,18 @@ def test_the_drain_does_not_wait_on_an_engine_no_router_lists_whose_gauges_say_b
     fake.listed.add(mine["decode"])
     with pytest.raises(TimeoutError, match="lab-gpu1/decode"):
         roller.drain(["lab-gpu1"])
+
+
+def test_a_downtime_roll_records_the_outage_it_announced_beside_the_one_measured(monkeypatch):
+    """Issue 45 item 1: the record shows announced vs measured (the node's `done` line and --report)."""
+    from pdkit.roll.commands import report
+
+    roller, fake, mine, out = _roller(monkeypatch, "lab-one-node.py", "lab-gpu1")
+    roller.restart_s = {"lab-gpu1": 42.0}
+    monkeypatch.setattr(roller, "smoke", lambda hosts: "smoke requests answered")  # the stand-in router serves none
+    roller.roll_batch(["lab-gpu1"])
+    timing = roller.timings[-1]
+    assert timing.outage_s is not None and timing.announced_outage_s == 42.0
+    assert "(announced ~42 s)" in out.getvalue(), out.getvalue()
+    node = report(roller.timings)["nodes"][0]
+    assert node["announced_outage_s"] == 42.0 and node["outage_s"] == round(timing.outage_s, 2)

@@ -209,6 +209,7 @@ def report(timings: list[NodeTiming]) -> dict:
              "engines_restart_to_ready_s": round(t.engines_restart_to_ready_s, 2),
              "overhead_s": round(t.overhead_s, 2), "waited_s": {k: round(v, 2) for k, v in t.waited.items()},
              "outage_s": None if t.outage_s is None else round(t.outage_s, 2),
+             "announced_outage_s": None if t.announced_outage_s is None else round(t.announced_outage_s, 2),
              "steps": {k: round(v, 2) for k, v in t.steps.items()},
              "apply_detail": {k: round(v, 2) for k, v in t.apply_detail.items()}}
             for t in timings

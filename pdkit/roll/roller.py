@@ -35,6 +35,7 @@ from pdkit.roll.planning import (
     batch_outages,
     covered_seconds,
     downtime_hold_s,
+    expected_outage,
     key_fix,
     metric_sums,
     open_breakers,
@@ -93,6 +94,8 @@ class NodeTiming:
     steps: dict[str, float] = field(default_factory=dict)
     # --allow-downtime: seconds a router had no worker of a kind, from the drain to the re-add
     outage_s: float | None = None
+    # what the roll announced for that outage before it began (planning.expected_outage), beside the measured one
+    announced_outage_s: float | None = None
     # the deploy's own time: "prepare" (facts, deploy code; it runs beside the drain) and each
     # operation that ran on the node (inside `apply`)
     apply_detail: dict[str, float] = field(default_factory=dict)
@@ -109,6 +112,8 @@ class NodeTiming:
         """The `done` line: where the node's time went."""
         waits = ", ".join(f"{k} {v:.1f} s" for k, v in self.waited.items())
         outage = f", service outage {self.outage_s:.1f} s" if self.outage_s is not None else ""
+        if outage and self.announced_outage_s is not None:
+            outage += f" (announced ~{self.announced_outage_s:.0f} s)"
         return (f"total {self.total_s:.1f} s, engines restart-to-ready {self.engines_restart_to_ready_s:.1f} s, "
                 f"waited on requests {sum(self.waited.values()):.1f} s "
                 f"({waits or 'none'}), kit overhead {self.overhead_s:.1f} s{outage}")
@@ -830,6 +835,9 @@ class Roller:
                                        **self.pyinfra.operations.get(h, {})}
             timings[h].engines_restart_to_ready_s = self.engines_restart_to_ready(hosts[h], h, clocks[h])
             timings[h].outage_s = self.last_outage_s
+            if outages and self.last_outage_s is not None:
+                announced, _ = expected_outage(self.restart_s, batch, self.spec.cluster.ready_timeout_s)
+                timings[h].announced_outage_s = announced
             timings[h].waited = {"drain": drain_own[0] if drain_own else 0.0,
                                  "smoke": timings[h].steps.get("smoke", 0.0)}
             t = timings[h]
