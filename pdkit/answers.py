@@ -34,15 +34,15 @@ import lzma
 import math
 import re
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # a leaf module (the spec reads its defaults): what it sends through is passed in
+from pdkit.health import http_request
+
+if TYPE_CHECKING:  # the spec reads this module's defaults: it imports no more of pdkit than health's client
     from pdkit.bench.measure import Measured
 
 CORPUS = Path(__file__).parent / "data" / "correctness_corpus.txt.xz"
@@ -122,26 +122,16 @@ def answer_tokens(body: dict[str, Any]) -> list[Any]:
 
 
 class RouterURL:
-    """A router's URL as a target: non-streaming /generate, CONCURRENCY at a time (stdlib only: this
-    module is a leaf the spec imports)."""
+    """A router's URL as a target: non-streaming /generate, CONCURRENCY at a time (pdkit.health's
+    client: stdlib only, as this module is a leaf the spec imports)."""
 
     def __init__(self, url: str, headers: dict[str, str] | None = None) -> None:
         self.url, self.headers = url.rstrip("/"), dict(headers or {})
 
     def ask(self, payloads: Sequence[dict[str, Any]], concurrency: int, timeout_s: float) -> list[tuple[int, str]]:
-        def one(payload: dict[str, Any]) -> tuple[int, str]:
-            req = urllib.request.Request(f"{self.url}/generate", json.dumps(payload).encode(),
-                                         {"Content-Type": "application/json", **self.headers})
-            try:
-                with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-                    return resp.status, resp.read().decode(errors="replace")
-            except urllib.error.HTTPError as exc:
-                return exc.code, exc.read().decode(errors="replace")
-            except OSError as exc:
-                return 0, f"{type(exc).__name__}: {exc}"
-
         with ThreadPoolExecutor(max_workers=max(1, concurrency)) as pool:
-            return list(pool.map(one, payloads))
+            return list(pool.map(lambda p: http_request(f"{self.url}/generate", p, timeout=timeout_s,
+                                                        headers=self.headers), payloads))
 
     ask_blocking = ask
 

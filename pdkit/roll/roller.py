@@ -599,7 +599,8 @@ class Roller:
         """The engines of the batch's routes (as planned) whose /health does not answer 200 now."""
         target = self.answer_target(batch)
         engines = {e.label: e.url for r in target.routes for e in (r.prefill, r.engine) if e is not None}
-        return [label for label, url in engines.items() if http_request(f"{url}/health", timeout=10)[0] != 200]
+        answered = self.engine_health(list(engines.values()), timeout_s=0)  # one pass: nothing to wait for here
+        return [label for label, url in engines.items() if answered[url][0] != 200]
 
     def record_answers(self, batch: list[str], before: dict[str, str | None]) -> str:
         """The canary's answers on the release it runs now (before its drain): short greedy answers and

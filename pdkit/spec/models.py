@@ -122,6 +122,9 @@ class AnswerTolerance(Frozen):
     min_top1: float = Field(default=_TOL.min_top1, ge=0, le=1)
     max_kl: float = Field(default=_TOL.max_kl, ge=0)
 
+    def tolerance(self) -> answers.Tolerance:
+        return answers.Tolerance(self.max_mean_abs_delta, self.max_abs_delta, self.min_top1, self.max_kl)
+
 
 class AnswerGate(Frozen):
     """`pdkit_cluster.answers`: the graded answer gate of `pdkit roll`'s canary (pdkit/answers.py,
@@ -150,12 +153,10 @@ class AnswerGate(Frozen):
     acknowledge: list[ByDesign] = []
 
     def gate_config(self) -> answers.GateConfig:
-        t = self.tolerance
         return answers.GateConfig(
             short_prompts=self.short_prompts, short_tokens=self.short_tokens, min_match_rate=self.min_match_rate,
             lengths=tuple(self.lengths), forced_tokens=self.forced_tokens, top_k=self.top_k,
-            load_concurrency=self.load_concurrency, corpus=self.corpus,
-            tolerance=answers.Tolerance(t.max_mean_abs_delta, t.max_abs_delta, t.min_top1, t.max_kl))
+            load_concurrency=self.load_concurrency, corpus=self.corpus, tolerance=self.tolerance.tolerance())
 
 
 class Cluster(Frozen):

@@ -43,7 +43,7 @@ from pdkit.bench.noise import DEFAULT_MARGIN
 from pdkit.loader import spec_from_host_data
 from pdkit.roll import rollout_order
 from pdkit.spec import Problem, Tuning
-from pdkit.spec.models import ByDesign
+from pdkit.spec.models import AnswerTolerance, ByDesign
 
 ENGINE_SCOPES = ("all", "prefill", "decode", "unified")
 NODE_SCOPE = "node"
@@ -154,13 +154,7 @@ class Objective(_Strict):
         return f"({text})" + (f", TPOT p99 <= {self.tpot_p99_slo_ms:g} ms" if self.tpot_p99_slo_ms else "")
 
 
-class Tolerance(_Strict):
-    """How far a numerics lever may move the forced scores, per length (pdkit.answers.Tolerance)."""
-
-    max_mean_abs_delta: float = Field(default=0.05, ge=0)
-    max_abs_delta: float = Field(default=1.0, ge=0)
-    min_top1: float = Field(default=0.97, ge=0, le=1)
-    max_kl: float = Field(default=0.02, ge=0)
+_GATE = answers.GateConfig()
 
 
 class Correctness(_Strict):
@@ -175,24 +169,24 @@ class Correctness(_Strict):
     exact: bool = False
     concurrency: int = Field(default=4, ge=1)
     # (b) prompt lengths in tokens, each kept where the context cap allows; [] turns (b) and (c) off
-    lengths: list[Annotated[int, Field(ge=16)]] = [1024, 8192, 32768]
+    lengths: list[Annotated[int, Field(ge=16)]] = list(_GATE.lengths)
     # tokens of the baseline's greedy continuation scored at each length
-    forced_tokens: int = Field(default=32, ge=1, le=1024)
+    forced_tokens: int = Field(default=_GATE.forced_tokens, ge=1, le=1024)
     # top-k returned per position for the top-1 agreement and the KL estimate
-    top_k: int = Field(default=5, ge=1, le=20)
+    top_k: int = Field(default=_GATE.top_k, ge=1, le=20)
     # (c) concurrent streams while the forced scoring is repeated; 0 turns (c) off
-    load_concurrency: int = Field(default=8, ge=0)
+    load_concurrency: int = Field(default=_GATE.load_concurrency, ge=0)
     # a text file of the user's own (their code, their documents) instead of the kit's corpus
     corpus: str | None = None
-    tolerance: Tolerance = Tolerance()
+    # the inventory's own model (pdkit_cluster.answers.tolerance): one set of fields and defaults
+    tolerance: AnswerTolerance = AnswerTolerance()
 
     def gate_config(self) -> answers.GateConfig:
-        t = self.tolerance
         return answers.GateConfig(
             short_prompts=self.prompts, short_tokens=self.max_new_tokens, short_concurrency=self.concurrency,
             min_match_rate=self.min_match_rate, lengths=tuple(self.lengths), forced_tokens=self.forced_tokens,
             top_k=self.top_k, load_concurrency=self.load_concurrency, corpus=self.corpus,
-            tolerance=answers.Tolerance(t.max_mean_abs_delta, t.max_abs_delta, t.min_top1, t.max_kl))
+            tolerance=self.tolerance.tolerance())
 
 
 class Soak(_Strict):

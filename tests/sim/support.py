@@ -11,12 +11,13 @@ Waiting is always polling with a deadline and a message that carries the process
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -222,3 +223,22 @@ def sse_events(resp: requests.Response) -> list[Any]:
             break
         events.append(json.loads(payload))
     return events
+
+
+@contextlib.contextmanager
+def gated_unit(tmp_path: Path, monkeypatch, unit: str, exec_start: str) -> Iterator[tuple[Processes, Path]]:
+    """A node for the engine gate (pdkit.health) without systemd: UNIT is active (one invocation) and
+    its journal holds nothing (rotated away, as on a busy box), its unit file runs EXEC_START; the
+    process group its sim engines start in, and the unit file."""
+    from pdkit import health
+
+    monkeypatch.setattr(health, "_unit_snapshot", lambda _unit: {"ActiveState": "active", "SubState": "running",
+                                                                 "InvocationID": "inv1", "NRestarts": "0"})
+    monkeypatch.setattr(health, "unit_log", lambda _unit, invocation, lines=None: "")
+    unit_file = tmp_path / unit
+    unit_file.write_text(f"[Service]\nExecStart={exec_start}\n")
+    group = Processes(tmp_path)
+    try:
+        yield group, unit_file
+    finally:
+        group.stop_all()

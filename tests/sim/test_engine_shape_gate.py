@@ -12,7 +12,7 @@ import pytest
 from pdkit import health
 from pdkit.sim.localstack import sim_command
 
-from .support import Processes, free_ports, get, status_of, wait_until
+from .support import Processes, free_ports, gated_unit, get, status_of, wait_until
 
 UNIT = "pdkit-engine-decode.service"
 
@@ -20,16 +20,8 @@ UNIT = "pdkit-engine-decode.service"
 @pytest.fixture
 def node(tmp_path, monkeypatch):
     """The unit is active (one invocation) and its journal holds NOTHING: rotated away, as on a busy box."""
-    monkeypatch.setattr(health, "_unit_snapshot", lambda unit: {"ActiveState": "active", "SubState": "running",
-                                                                "InvocationID": "inv1", "NRestarts": "0"})
-    monkeypatch.setattr(health, "unit_log", lambda unit, invocation, lines=None: "")
-    unit_file = tmp_path / UNIT
-    unit_file.write_text("[Service]\nExecStart=python -m pdkit.sim --disaggregation-mode decode\n")
-    group = Processes(tmp_path)
-    try:
+    with gated_unit(tmp_path, monkeypatch, UNIT, "python -m pdkit.sim --disaggregation-mode decode") as (group, unit_file):
         yield group, unit_file, [str(unit_file)], str(tmp_path / "shapes")
-    finally:
-        group.stop_all()
 
 
 def _decode(group: Processes, name: str, env: dict[str, str] | None = None) -> tuple[str, object]:

@@ -13,7 +13,7 @@ import requests
 from pdkit import engineshape, health
 from pdkit.sim.localstack import sim_command
 
-from .support import MODEL_PATH, Processes, free_ports, get, post, status_of, wait_until
+from .support import MODEL_PATH, Processes, free_ports, gated_unit, get, post, status_of, wait_until
 
 UNIT = "pdkit-engine-decode.service"
 
@@ -21,16 +21,8 @@ UNIT = "pdkit-engine-decode.service"
 @pytest.fixture
 def node(tmp_path, monkeypatch):
     """The unit is active (one invocation) and its journal holds nothing (pdkit.health's systemd reads faked)."""
-    monkeypatch.setattr(health, "_unit_snapshot", lambda unit: {"ActiveState": "active", "SubState": "running",
-                                                                "InvocationID": "inv1", "NRestarts": "0"})
-    monkeypatch.setattr(health, "unit_log", lambda unit, invocation, lines=None: "")
-    unit_file = tmp_path / UNIT
-    unit_file.write_text("[Service]\nExecStart=python -m pdkit.sim --disaggregation-mode decode --tp-size 2\n")
-    group = Processes(tmp_path)
-    try:
+    with gated_unit(tmp_path, monkeypatch, UNIT, "python -m pdkit.sim --disaggregation-mode decode --tp-size 2") as (group, unit_file):
         yield group, [str(unit_file)], str(tmp_path / "shapes")
-    finally:
-        group.stop_all()
 
 
 def _decode(group: Processes, name: str, env: dict[str, str] | None = None, extra: tuple[str, ...] = ("--tp-size", "2"),
