@@ -15,9 +15,14 @@ gpu/run_gpu_tier.py renders this inventory and runs exactly its ExecStart lines 
 The GPU card (model, memory, compute capability) is the one this machine has when it has one:
 `PDKIT_GPU_CARD`, else nvidia-smi, else the H200 written below (gpu/card.py; docs/gpu.md, "Whichever
 card the lent machine has"). An `nvidia-h200` call served by an H100 80GB needs no edit here.
+
+`PDKIT_GPU_WEIGHTS=safetensors`: the engines load real-format weights (random, seeded, bf16 shards
+that gpu/make_weights.py writes into the model directory) through SGLang's normal loader instead
+of inventing them with `--load-format dummy` (docs/gpu.md, "Real-format weights").
 """
 
 import importlib.util
+import os
 from pathlib import Path
 
 
@@ -39,7 +44,8 @@ _CLUSTER = {
     "engine": "sglang",
     # the newest release whose pins accept the device image's torch 2.11
     "sglang_version": "0.5.17",
-    "model": {"path": MODEL_DIR, "load_format": "dummy"},
+    # dummy: random weights made in GPU memory, no file read; safetensors: gpu/make_weights.py's shards
+    "model": {"path": MODEL_DIR, "load_format": os.environ.get("PDKIT_GPU_WEIGHTS", "dummy")},
     "transfer_backend": "nixl",
     # the seeds benchmark at C=16 and C=64: decode CUDA graphs must cover 64
     "target_concurrency": 64,

@@ -192,3 +192,20 @@ def test_a_machine_booted_under_another_state_dir_is_still_running(host, tmp_pat
     with pytest.raises(SystemExit, match="before booting it again"):
         host.cmd_up(argparse.Namespace(machine="pdkit-h200"))
     assert not host.running("pdkit-b")
+
+
+def test_the_unpacked_engine_site_gets_bytecode_for_the_engines_interpreter(host, tmp_path):
+    """Issue 45 item 6: the carried payload has no .pyc and the engine user cannot write the site,
+    so without this every engine start compiled every module it imported."""
+    import importlib.util
+    import sys
+
+    site = tmp_path / "site"
+    (site / "pkg").mkdir(parents=True)
+    (site / "pkg" / "__init__.py").write_text("X = 1\n")
+    (site / "pkg" / "mod.py").write_text("def f():\n    return 2\n")
+    (site / "pkg" / "broken.py").write_text("print 'python 2'\n")  # a vendored py2 file: counted, not fatal
+    note = host.compile_site(site, sys.executable)
+    for name in ("__init__", "mod"):
+        assert Path(importlib.util.cache_from_source(str(site / "pkg" / f"{name}.py"))).is_file()
+    assert "bytecode: 2 .pyc" in note and "1 file(s) did not compile" in note

@@ -124,6 +124,12 @@ expect_rc() {  # expect_rc WANT STEP: the step's rc (last line of steps.txt) mus
 
 phase_up() {
     [ -x /var/lib/machines/$MACHINE/usr/bin/systemd-nspawn ] || step unpack 120 $HOSTPY --machine $MACHINE unpack --artefacts "$STASH" gpu-payload-nspawn/rootfs gpu-payload-nspawn/monitoring gpu-payload-nspawn/cxx || return 1
+    # PDKIT_GPU_WEIGHTS=safetensors (inventories/h200.py): real-format weights in the payload's model
+    # directory, which `up` copies into the host (the image's python3 has numpy)
+    if [ "${PDKIT_GPU_WEIGHTS:-dummy}" = safetensors ] && [ "${PDKIT_NSPAWN_REHEARSAL:-0}" != 1 ]; then
+        step weights 180 python3 gpu/make_weights.py "${PDKIT_ENGINE_PAYLOAD:-gpu-payload}/model" || { tail -5 "$OUT/weights.log"; return 1; }
+        tail -1 "$OUT/weights.log"
+    fi
     step up 240 $HOSTPY --machine $MACHINE up "${UP_FLAGS[@]}" || { tail -30 "$OUT/up.log"; return 1; }
     grep -E "ssh answered|libraries:|probe (nvidia_smi|gpu_under)" "$OUT/up.log" | cut -c1-300
 }
