@@ -7,7 +7,7 @@ tests all call these; nothing else derives a flag.
 
 from __future__ import annotations
 
-from pdkit import faultbudget
+from pdkit import faultbudget, jitcache
 from pdkit.kvcost import KvPath
 from pdkit.router_api import REGULAR, worker_type
 from pdkit.spec import (
@@ -273,6 +273,9 @@ def engine_env(spec: ClusterSpec, host: HostSpec, engine: Engine, node: HostSpec
         "XDG_CACHE_HOME": f"/var/cache/{spec.cluster.service_user}",
         # log lines reach the journal as they are written (the health gate reads them)
         "PYTHONUNBUFFERED": "1",
+        # every JIT/compile cache on a persistent path of this engine and release: never the unit's
+        # private /tmp, never shared with the engine starting beside it (pdkit/jitcache.py)
+        **jitcache.cache_env(spec.cluster.service_user, engine.name, spec.engine_version(engine)),
     }
     if engine.role != "unified":
         # each rank's own address: its KV transfer endpoints are registered there

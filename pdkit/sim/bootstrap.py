@@ -2,17 +2,22 @@
 
 SGLang's prefill runs a small HTTP bootstrap server on --disaggregation-bootstrap-port; a decode
 that receives a request carrying bootstrap_host/bootstrap_port/bootstrap_room (the router
-injects the same three into both legs) contacts it, pre-allocates KV and waits until the prefill
-has pushed that room's KV. A dead or unreachable prefill therefore stalls the decode until a
-timeout, and both sides count the failure.
+injects the same three into both legs) contacts it, waits in its prealloc queue until its KV pool
+has room for the request, pre-allocates that KV, hands the prefill the KV slots ("send_metadata")
+and waits until the prefill has pushed that room's KV. The prefill holds the request from the
+moment it registers until the slots arrive, for at most SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT:
+a decode whose pool stays full for that long fails the request with nothing dead (docs/sim.md,
+"Queueing: bootstrap clock and decode admission"). A dead or unreachable prefill stalls the decode
+until a timeout or its heartbeat, and both sides count the failure.
 
 The sim keeps that shape over plain HTTP: the decode POSTs `/sim/kv/{room}?wait=S` to the
-prefill's bootstrap port. The first POST (wait=0) is the handshake: the prefill stops waiting
-for a decode and the decode knows it was heard. It carries `decode_prefix_len`, the prompt tokens
-a decode with a radix cache already holds (SGLang's KV metadata field of that name), which the
-prefill then does not send. Later POSTs are long-polls, answered when the
-prefill has prefilled and "transferred" the room, reports it failed, or S seconds pass (then the
-decode polls again).
+prefill's bootstrap port. The first POST (wait=0) is the handshake: the decode knows the prefill
+was reached. Once the decode has admitted the request it POSTs `metadata=1` (SGLang's
+send_metadata): the prefill stops waiting for a decode. It carries `decode_prefix_len`, the prompt
+tokens a decode with a radix cache already holds (SGLang's KV metadata field of that name), which
+the prefill then does not send. Later POSTs (with `metadata=1` too, until one gets through) are
+long-polls, answered when the prefill has prefilled and "transferred" the room, reports it failed,
+or S seconds pass (then the decode polls again).
 `GET /health` and `GET /route` answer like SGLang's bootstrap server does.
 """
 
@@ -20,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -114,12 +119,14 @@ def build_bootstrap_app(rooms: RoomTable, route_info: dict[str, Any]) -> web.App
         except ValueError:
             return web.json_response({"error": "bad room or wait"}, status=400)
         room = rooms.get(room_id)
-        if not room.decode_ready.is_set():
+        if request.query.get("metadata") == "1" and not room.decode_ready.is_set():
+            # the decode pre-allocated the room's KV and sends its slots (SGLang's send_metadata): the
+            # prefill's bootstrap clock stops and the request may be prefilled
             try:
                 room.decode_prefix_len = max(0, int(request.query.get("decode_prefix_len", "0")))
             except ValueError:
                 return web.json_response({"error": "bad decode_prefix_len"}, status=400)
-        room.decode_ready.set()  # the handshake: a decode is now waiting for this room
+            room.decode_ready.set()
         if not room.outcome.done() and wait > 0:
             try:
                 await asyncio.wait_for(asyncio.shield(room.outcome), wait)
@@ -148,22 +155,32 @@ async def wait_for_kv(
     target: BootstrapTarget,
     knobs: Knobs,
     on_handshake: Callable[[], None],
+    admit: Callable[[], Awaitable[int]] | None = None,
     decode_prefix_len: int = 0,
 ) -> dict[str, Any]:
-    """Decode side: handshake with the prefill and wait until it has sent this room's KV, bounded
-    the way SGLang's decode bounds it (sglang/srt/disaggregation/decode.py and common/conn.py of
-    0.5.17 and 0.5.23; the constants in pdkit/sglang_pd.py):
+    """Decode side: handshake with the prefill, wait for admission (`admit`: the decode's prealloc
+    queue, which returns the decode_prefix_len once KV is pre-allocated; None: admitted at once with
+    DECODE_PREFIX_LEN), hand the prefill the KV slots and wait until it has sent this room's KV,
+    bounded the way SGLang's decode bounds it (sglang/srt/disaggregation/decode.py and common/conn.py
+    of 0.5.17 and 0.5.23; the constants in pdkit/sglang_pd.py):
 
     - Before the handshake the decode asks the prefill's bootstrap server for its parallel info:
       SGLANG_ENSURE_ATTEMPTS tries, `bootstrap_retry_s` (SGLang: 1 s) apart, each up to
       SGLANG_ENSURE_TRY_TIMEOUT_S, then BootstrapFailed. The waiting timeout plays no part.
-    - After it, the decode waits for the KV up to SGLANG_DISAGGREGATION_WAITING_TIMEOUT
-      (KVTransferError "... in KVPoll.WaitingForInput"). Meanwhile a heartbeat asks the prefill's
-      bootstrap server every max(HEARTBEAT_INTERVAL, 2) s (connect timeout 2 s, read 3 s);
-      HEARTBEAT_MAX_FAILURE misses in a row fail the room ("Lost connection with prefill
-      instance"), and an answer resets the count. So a prefill restarted on the same port before the
-      misses add up (its bootstrap server answers long before its model is loaded, as SGLang's
-      tokenizer manager starts it first) leaves the room waiting for the waiting timeout, as in SGLang.
+    - From the handshake on a heartbeat asks the prefill's bootstrap server every
+      max(HEARTBEAT_INTERVAL, 2) s (connect timeout 2 s, read 3 s); HEARTBEAT_MAX_FAILURE misses in a
+      row fail the room ("Lost connection with prefill instance"), and an answer resets the count.
+      Waiting for admission, that is a handshake failure (BootstrapFailed: 0.5.23's
+      `_update_handshake_waiters` polls the receivers "while KV allocation is blocked"); no other
+      clock bounds that wait on the decode (the prefill's bootstrap timeout bounds it on the prefill).
+    - Once admitted, the decode sends the slots and waits for the KV up to
+      SGLANG_DISAGGREGATION_WAITING_TIMEOUT, counted from the admission (SGLang's receiver sets
+      init_time in send_metadata): KVTransferError "... in KVPoll.WaitingForInput", or the
+      heartbeat's verdict. So a prefill restarted on the same port before the misses add up (its
+      bootstrap server answers long before its model is loaded, as SGLang's tokenizer manager starts
+      it first) leaves the room waiting for the waiting timeout, as in SGLang; and so does a room
+      whose prefill gave up on it (its bootstrap timeout) before the decode admitted it: SGLang's
+      prefill does not tell the decode, which holds the KV it pre-allocated until the waiting timeout.
     """
     loop = asyncio.get_running_loop()
     start = loop.time()
@@ -174,12 +191,12 @@ async def wait_for_kv(
     last_error = ""
     for attempt in range(1, SGLANG_ENSURE_ATTEMPTS + 1):
         try:
-            async with session.post(url, params={"wait": "0", "decode_prefix_len": str(decode_prefix_len)},
+            async with session.post(url, params={"wait": "0"},
                                     timeout=aiohttp.ClientTimeout(total=SGLANG_ENSURE_TRY_TIMEOUT_S)) as resp:
                 if resp.status != 200:
                     raise aiohttp.ClientResponseError(resp.request_info, (), status=resp.status,
                                                       message=resp.reason or "")
-                report = await resp.json()
+                await resp.json()
             break
         except (TimeoutError, aiohttp.ClientError, ValueError) as exc:
             last_error = f"{type(exc).__name__}: {exc}".strip()
@@ -191,11 +208,10 @@ async def wait_for_kv(
                 ) from None
             await asyncio.sleep(knobs.bootstrap_retry_s)
     on_handshake()
-    waiting_since = loop.time()
-    deadline = waiting_since + knobs.waiting_timeout_s
 
-    # 2. the KV wait, watched by the heartbeat
+    # 2. admission and the KV wait, watched by the heartbeat
     lost = asyncio.Event()
+    lost_message = f"Lost connection with prefill instance (bootstrap_addr: {addr})"
 
     async def heartbeat() -> None:
         misses = 0
@@ -216,9 +232,26 @@ async def wait_for_kv(
 
     watcher = asyncio.create_task(heartbeat())
     try:
+        if admit is not None:
+            admission = asyncio.ensure_future(admit())
+            verdict = asyncio.create_task(lost.wait())
+            try:
+                await asyncio.wait({admission, verdict}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                verdict.cancel()
+                if not admission.done():
+                    admission.cancel()  # the prealloc queue forgets the request
+            if not admission.done() or admission.cancelled():
+                raise BootstrapFailed(target.room, lost_message)
+            decode_prefix_len = admission.result()
+        # 3. the slots go to the prefill (SGLang's send_metadata); the waiting clock starts now
+        metadata = {"metadata": "1", "decode_prefix_len": str(decode_prefix_len)}
+        waiting_since = loop.time()
+        deadline = waiting_since + knobs.waiting_timeout_s
+        report = await _poll(session, url, 0.0, metadata) or {"status": "pending"}
         while True:
             if lost.is_set():
-                raise KVTransferError(target.room, f"Lost connection with prefill instance (bootstrap_addr: {addr})")
+                raise KVTransferError(target.room, lost_message)
             remaining = deadline - loop.time()
             if remaining <= 0:
                 raise KVTransferError(target.room, f"Request {target.room} timed out after "
@@ -230,7 +263,7 @@ async def wait_for_kv(
                 raise KVTransferError(target.room, report.get("error") or PREFILL_MIGHT_BE_DEAD)
             # long-poll the room, racing the heartbeat's verdict; a dropped poll is no verdict
             # (SGLang's decode learns of a dead prefill from its heartbeat only)
-            poll = asyncio.create_task(_poll(session, url, min(remaining, MAX_POLL_WAIT_S)))
+            poll = asyncio.create_task(_poll(session, url, min(remaining, MAX_POLL_WAIT_S), metadata))
             verdict = asyncio.create_task(lost.wait())
             await asyncio.wait({poll, verdict}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
             verdict.cancel()
@@ -250,10 +283,12 @@ async def wait_for_kv(
         watcher.cancel()
 
 
-async def _poll(session: aiohttp.ClientSession, url: str, wait: float) -> dict[str, Any] | None:
-    """One long-poll of a room at the prefill's bootstrap server; None when it did not answer."""
+async def _poll(session: aiohttp.ClientSession, url: str, wait: float,
+                params: dict[str, str] | None = None) -> dict[str, Any] | None:
+    """One long-poll of a room at the prefill's bootstrap server (PARAMS: the decode's slots, sent
+    with every poll until one gets through; the prefill takes the first); None when it did not answer."""
     try:
-        async with session.post(url, params={"wait": f"{wait:.3f}"},
+        async with session.post(url, params={"wait": f"{wait:.3f}", **(params or {})},
                                 timeout=aiohttp.ClientTimeout(total=wait + 5.0)) as resp:
             if resp.status != 200:
                 return None

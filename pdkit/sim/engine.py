@@ -1,14 +1,17 @@
 """One request's path through the engine, per role, on top of the scheduler.
 
 unified  -> scheduler (prefill, then decode steps)
-prefill  -> bootstrap queue (wait for the decode's handshake) -> scheduler (prefill only, first
-            token) -> inflight queue (KV transfer time) -> room reported done to the decode
-decode   -> prealloc queue (reach the prefill's bootstrap server) -> transfer queue (wait for
-            the room's KV) -> scheduler (first token at once, then decode steps)
+prefill  -> bootstrap queue (from registration until the decode hands over its KV slots, at most
+            SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT) -> scheduler (prefill only, first token) ->
+            inflight queue (KV transfer time) -> room reported done to the decode
+decode   -> prealloc queue (reach the prefill's bootstrap server, then wait for room in the KV
+            pool and pre-allocate) -> transfer queue (slots sent; wait for the room's KV, at most
+            SGLANG_DISAGGREGATION_WAITING_TIMEOUT) -> scheduler (first token at once, then decode steps)
 
-Failures end the request with SGLang's wording and move SGLang's counters: a decode that never
-reaches its prefill counts num_bootstrap_failed_reqs_total; a room that times out, is reported
-failed, or whose prefill dies after the handshake counts num_transfer_failed_reqs_total.
+Failures end the request with SGLang's wording and move SGLang's counters: a prefill whose decode
+never sent the slots in time, or a decode that never reaches its prefill or loses it before
+admission, counts num_bootstrap_failed_reqs_total; a room that times out, is reported failed, or
+whose prefill dies after admission counts num_transfer_failed_reqs_total. docs/sim.md, "Queueing".
 """
 
 from __future__ import annotations
@@ -74,7 +77,8 @@ class Engine:
         self.draining = False
         self.unhealthy = False
         self.scheduler = Scheduler(args, knobs, metrics, log, pd_queues=self.pd_queue_sizes)
-        self.rooms = RoomTable(max(knobs.bootstrap_timeout_s, knobs.waiting_timeout_s))
+        # a room lives at most the prefill's wait for the slots plus the decode's wait for the KV
+        self.rooms = RoomTable(knobs.bootstrap_timeout_s + knobs.waiting_timeout_s)
         self.session: aiohttp.ClientSession | None = None
         self._fail_rng = random.Random(args.random_seed)
         # PD queue lengths (SGLang's bootstrap/inflight on prefill, prealloc/transfer on decode).
@@ -212,9 +216,18 @@ class Engine:
         finally:
             if handed_over and not req.done:
                 self.scheduler.abort(req)
+            self.scheduler.forget(req)  # a PD decode's: out of its prealloc queue, pre-allocated KV freed
             self.scheduler.release(req)  # its cached prefix becomes evictable
 
     async def _await_decode_handshake(self, spec: GenSpec) -> Room:
+        """Hold a PD prefill's request from its registration until its decode hands over the KV slots,
+        i.e. has admitted it (SGLang's bootstrap queue: the sender's bootstrap clock starts when it is
+        created, 0.5.23 common/conn.py:2182, and a request still Bootstrapping after
+        SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT fails, 2385-2409). A decode whose KV pool stays full
+        that long fails it with nothing dead. The decode is not told (SGLang's prefill knows no decode
+        endpoint for a room before its slots): one that admits the request later waits for the KV until
+        its waiting timeout. One deviation: 0.5.17's NIXL sender never checks this timeout
+        (nixl/conn.py NixlKVSender.poll); the sim applies it on every release (docs/sim.md)."""
         assert spec.bootstrap is not None
         room_id = spec.bootstrap.room
         room = self.rooms.get(room_id)
@@ -229,7 +242,6 @@ class Engine:
                        f"req.bootstrap_room={room_id} with exception KVTransferError(bootstrap_room={room_id}): "
                        f"Request {room_id} timed out after {waited:.1f}s in KVPoll.Bootstrapping")
             self.log.error(message)
-            room.end({"status": "failed", "error": "Prefill gave up waiting for the decode handshake"})
             self.metrics.inc("sglang:num_bootstrap_failed_reqs_total")
             raise EngineError(500, message) from None
         finally:

@@ -80,11 +80,13 @@ def format_decode_batch(
     gen_throughput: float,
     queued: int,
     pd_decode_queues: tuple[int, int] | None = None,
+    prealloc_usage: float = 0.0,
 ) -> str:
     pd = ""
     if pd_decode_queues is not None:
+        # pre-allocated usage: the KV pre-allocated for requests not running yet, over the pool
         pd = (
-            f"pre-allocated usage: 0.00, #prealloc-req: {pd_decode_queues[0]}, "
+            f"pre-allocated usage: {prealloc_usage:.2f}, #prealloc-req: {pd_decode_queues[0]}, "
             f"#transfer-req: {pd_decode_queues[1]}, #retracted-req: 0, "
         )
     return (

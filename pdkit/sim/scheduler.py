@@ -7,8 +7,12 @@ request, sleeping for the modelled step time. The role decides what a request go
 - unified: prefill (first token) then decode steps;
 - prefill (PD): prefill only; the request ends with its first token and the engine then ships
   its KV to the decode;
-- decode (PD): no prefill compute; a request whose KV has arrived joins the running batch and
-  emits the prefill's first token at once, then one token per decode step.
+- decode (PD): no prefill compute. A request first waits in the prealloc queue until the KV pool
+  has room for it by SGLang's admission rule (stepmodel.decode_admits: its prompt plus
+  --num-reserved-decode-tokens, beside the reserve of every request held), FCFS; its KV is then
+  pre-allocated (held until it finishes) and the engine hands the prefill its slots. Once its KV
+  has arrived it joins the running batch and emits the prefill's first token at once, then one
+  token per decode step.
 
 Every engine has a prefix cache (pdkit/sim/prefixcache.py, SGLang's radix cache; off with
 --disable-radix-cache, and on a PD decode only with --disaggregation-decode-enable-radix-cache):
@@ -37,7 +41,10 @@ from pdkit.sim.logs import format_decode_batch, format_prefill_batch
 from pdkit.sim.metrics import SimMetrics
 from pdkit.sim.prefixcache import Node, PrefixCache
 from pdkit.sim.stepmodel import (
+    DEFAULT_NUM_RESERVED_DECODE_TOKENS,
+    Decoding,
     Limits,
+    decode_admits,
     decode_step_seconds,
     decode_uses_cuda_graph,
     fits,
@@ -72,7 +79,7 @@ class SimRequest:
         "rid", "prompt_tokens", "max_new_tokens", "limit_finish", "tokens", "output_ids", "event",
         "done", "aborted", "finish_type", "arrival", "queued_at", "first_token_at", "last_token_at",
         "counted", "streaming", "prompt_ids", "cached_tokens", "node", "tree_tokens", "released",
-        "lp", "max_prefix", "first_token", "first_report",
+        "lp", "max_prefix", "first_token", "first_report", "admitted",
     )
 
     def __init__(self, rid: str, prompt_ids: list[int], max_new_tokens: int, seed: int,
@@ -100,6 +107,8 @@ class SimRequest:
         self.first_token: int | None = None
         self.first_report: dict[str, Any] | None = None
         self.output_ids: list[int] = []
+        # a PD decode's: set when its KV is pre-allocated (Scheduler.preallocate)
+        self.admitted: asyncio.Event | None = None
         self.event = asyncio.Event()
         self.done = False
         self.aborted = False
@@ -139,6 +148,13 @@ class Scheduler:
         self.cache = PrefixCache(args.page_size, args.radix_cache, args.radix_eviction_policy)
         # KV held outside the running batch (prefill engine: prompts whose KV is being sent).
         self.held_kv_tokens = 0
+        # a PD decode's prealloc queue (FCFS, waiting for room in the KV pool) and the requests it
+        # pre-allocated KV for that are not running yet (KV on its way, or arrived and queued here):
+        # SGLang's DecodePreallocQueue and transfer queue (docs/sim.md, "Queueing")
+        self.prealloc: deque[SimRequest] = deque()
+        self.preallocated: set[SimRequest] = set()
+        reserved = args.server.get("num_reserved_decode_tokens")
+        self.reserved_decode_tokens = DEFAULT_NUM_RESERVED_DECODE_TOKENS if reserved is None else max(0, int(reserved))
         self._wake = asyncio.Event()
         self.last_progress = time.monotonic()
         self._decode_passes = 0
@@ -194,6 +210,7 @@ class Scheduler:
             self.waiting.remove(req)
         except ValueError:
             pass  # running: the next step filters it out
+        self.preallocated.discard(req)
         if req.counted:
             self.metrics.inc("sglang:num_aborted_requests_total")
         self._wake.set()
@@ -202,15 +219,42 @@ class Scheduler:
         self.held_kv_tokens -= tokens
         self._wake.set()
 
-    def match_for_decode(self, req: SimRequest) -> int:
-        """A PD decode with a radix cache, before its handshake: match the whole prompt (whole pages)
-        against its cache and lock the hit, the `decode_prefix_len` it tells the prefill (SGLang 0.5.23
-        disaggregation/decode.py `_match_prefix_and_lock`, no `input - 1` cap there)."""
-        hit, node = self.cache.match(req.prompt_ids)
-        if hit:
-            self.cache.lock(node)
-            req.node, req.tree_tokens = node, hit
-        return hit
+    def exceeds_pool(self, req: SimRequest) -> str | None:
+        """Why a PD decode refuses a request at once (400), before any handshake: a prompt longer than
+        its whole KV pool (SGLang's DecodePreallocQueue `_check_if_req_exceed_kv_capacity`, 0.5.17
+        decode.py:653, 0.5.23 decode.py:962). A shorter one that cannot fit with its reserved decode
+        tokens is not refused: it waits in the prealloc queue."""
+        if req.prompt_tokens > self.args.max_total_tokens:
+            return (f"Request {req.rid} exceeds the maximum number of tokens: {req.prompt_tokens} > "
+                    f"{self.args.max_total_tokens}")
+        return None
+
+    async def preallocate(self, req: SimRequest) -> int:
+        """A PD decode's request, handshake done: wait in the prealloc queue until the loop pre-allocates
+        its KV (`_preallocate`), and return its `decode_prefix_len` (the radix-cache hit it locked then).
+        Cancelled, it leaves the queue (or frees what was pre-allocated)."""
+        req.admitted = asyncio.Event()
+        self.prealloc.append(req)
+        self._wake.set()
+        try:
+            await req.admitted.wait()
+        except BaseException:
+            self.forget(req)
+            raise
+        return req.tree_tokens
+
+    def forget(self, req: SimRequest) -> None:
+        """A PD decode's request whose hand-off ended without reaching the running batch (failed, or its
+        client went away): out of the prealloc queue, its pre-allocated KV freed. Idempotent; the engine
+        calls it once a request is over, whatever happened (a running request is not affected)."""
+        try:
+            self.prealloc.remove(req)
+        except ValueError:
+            pass
+        if req in self.preallocated:
+            self.preallocated.discard(req)
+            self._update_gauges()
+        self._wake.set()
 
     def release(self, req: SimRequest) -> None:
         """The request no longer uses its cached prefix (finished, aborted, or its KV sent): unlock it,
@@ -225,7 +269,7 @@ class Scheduler:
 
     def flush_cache(self) -> bool:
         """/flush_cache: only an idle engine drops its cache (SGLang: not with requests running or waiting)."""
-        if self.waiting or self.running or self.prefilling:
+        if self.waiting or self.running or self.prefilling or self.prealloc or self.preallocated:
             return False
         return self.cache.reset()
 
@@ -270,7 +314,14 @@ class Scheduler:
         running request locks."""
         private = sum(r.kv_tokens - r.tree_tokens for r in self.running)
         private += sum(r.kv_tokens - r.tree_tokens for r in self.prefilling)
+        # a PD decode's pre-allocated prompts, not running yet
+        private += sum(r.prompt_tokens - r.tree_tokens for r in self.preallocated)
         return self.held_kv_tokens + private + self.cache.protected_size
+
+    @property
+    def preallocated_tokens(self) -> int:
+        """KV a PD decode pre-allocated for requests not running yet (its log's `pre-allocated usage`)."""
+        return sum(r.prompt_tokens - r.tree_tokens for r in self.preallocated)
 
     def _make_room(self) -> None:
         """Evict unused cached tokens while the pool holds more than it has (SGLang evicts on allocation)."""
@@ -296,6 +347,9 @@ class Scheduler:
                 # A wedged engine: accepts requests, makes no progress (the watchdog may fire).
                 await asyncio.sleep(0.05)
                 continue
+            if self.mode == "decode":
+                # SGLang's decode loop pops its prealloc queue every iteration (process_decode_queue)
+                self._preallocate()
             if not self.waiting and not self.running:
                 self.last_progress = time.monotonic()
                 self._update_gauges()
@@ -326,10 +380,50 @@ class Scheduler:
                 self._wake.clear()
                 await self._wake.wait()
 
+    def _preallocate(self) -> list[SimRequest]:
+        """A PD decode admits from the head of its prealloc queue while the pool has room by SGLang's rule
+        (stepmodel.decode_admits; FCFS, stopping at the first that does not fit: pop_preallocated, 0.5.17
+        decode.py:894, 0.5.23 decode.py:1333). With a decode radix cache the prompt is matched (whole
+        pages) and the hit locked first, the `decode_prefix_len` the prefill is told (0.5.23
+        `_match_prefix_and_lock`: no `input - 1` cap there); a request that does not fit unlocks it."""
+        admitted: list[SimRequest] = []
+        if not self.prealloc:
+            return admitted
+        running = [Decoding(r.prompt_tokens, len(r.output_ids), r.max_new_tokens) for r in self.running if not r.aborted]
+        while self.prealloc:
+            req = self.prealloc[0]
+            if req.done or req.released:
+                self.prealloc.popleft()  # gone meanwhile
+                continue
+            hit, node = 0, None
+            if self.args.decode_radix_cache:
+                hit, node = self.cache.match(req.prompt_ids)
+                if hit:
+                    self.cache.lock(node)
+            available = self.args.max_total_tokens - self.used_tokens  # free and evictable
+            active = len(self.running) + len(self.preallocated)
+            if not decode_admits(req.prompt_tokens, req.max_new_tokens, hit, available, active, running,
+                                 self.reserved_decode_tokens, self.args.page_size):
+                if hit:
+                    self.cache.unlock(node)
+                break
+            if hit:
+                req.node, req.tree_tokens = node, hit
+            self.prealloc.popleft()
+            self.preallocated.add(req)
+            admitted.append(req)
+            assert req.admitted is not None
+            req.admitted.set()
+        if admitted:
+            self._make_room()
+            self._update_gauges()
+        return admitted
+
     def _admit(self) -> list[SimRequest]:
         """FCFS admission (stepmodel.fits). Unified and prefill engines match each head against the
         prefix cache first (at most prompt - 1 tokens: SGLang's Req._compute_max_prefix_len) and lock
-        the hit; a PD decode matched its cache before the handshake (match_for_decode)."""
+        the hit; a PD decode matched its cache when it pre-allocated the request's KV (`_preallocate`),
+        which it holds already: only the running slots bound it here."""
         if not self.waiting:
             return []
         cache = self.cache
@@ -345,6 +439,12 @@ class Scheduler:
                 hit, node, delta = req.tree_tokens, None, 0
             new = req.prompt_tokens - hit
             reserve = new + req.max_new_tokens + delta
+            if req in self.preallocated:
+                # its KV is pre-allocated (counted in `kv` already)
+                if not fits(len(admitted), len(self.running), 0, 0, 0, 0, self.limits, False):
+                    break
+                admitted.append(req)
+                continue
             if not fits(len(admitted), len(self.running), batch_tokens, kv, new, reserve, self.limits, prefill):
                 break
             if prefill and hit:
@@ -405,6 +505,7 @@ class Scheduler:
     def _join_running(self, batch: list[SimRequest], now: float, running: int) -> None:
         """First token for each request (computed by prefill, here or on the PD prefill engine)."""
         for req in batch:
+            self.preallocated.discard(req)  # a PD decode's: its KV is the running request's now
             if req.aborted:
                 continue
             if self.mode == "decode":
@@ -526,4 +627,4 @@ class Scheduler:
         used = self.used_tokens
         self.log.info(format_decode_batch(
             batch, used, used / self.args.max_total_tokens, graph, self.last_gen_throughput,
-            len(self.waiting), pd))
+            len(self.waiting), pd, self.preallocated_tokens / self.args.max_total_tokens))

@@ -123,6 +123,75 @@ def admit_count(
     return count
 
 
+# SGLang's `--num-reserved-decode-tokens` default (0.5.17 server_args.py; 0.5.23
+# arg_groups/fields/disagg.py): decode KV kept free per active request when a PD decode admits one
+DEFAULT_NUM_RESERVED_DECODE_TOKENS = 512
+# SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION's default (environ.py of both releases): a request's max_new_tokens
+# counts at most this much in the decode's admission estimate (disaggregation/decode.py CLIP_MAX_NEW_TOKEN)
+CLIP_MAX_NEW_TOKENS = 4096
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """A request in a PD decode's running batch, as its admission sees it."""
+
+    prompt_tokens: int
+    output_tokens: int
+    max_new_tokens: int
+
+
+def decode_allocatable_tokens(available: int, active: int, running: Sequence[Decoding],
+                              reserved: int = DEFAULT_NUM_RESERVED_DECODE_TOKENS,
+                              clip: int = CLIP_MAX_NEW_TOKENS) -> int:
+    """KV tokens a PD decode may pre-allocate for one more request: SGLang's `_allocatable_token_budgets`
+    (disaggregation/decode.py; 0.5.17 line 1371, 0.5.23 line 2083). `available` is the pool's free tokens
+    (evictable radix-cache tokens included when the decode has a radix cache); `active` the requests it
+    holds already (running, pre-allocated and waiting for their KV, or arrived and not yet running), each
+    keeping `reserved` tokens free for its next decode steps; and at least enough for the running request
+    that needs the most to finish, beyond what retracting every running request would free."""
+    retractable = sum(r.prompt_tokens + r.output_tokens for r in running)
+    single = max((min(r.max_new_tokens, clip) + r.prompt_tokens - retractable for r in running), default=0)
+    return available - max(reserved * active, single)
+
+
+def decode_prealloc_tokens(prompt_tokens: int, max_new_tokens: int, prefix_tokens: int, running: Sequence[Decoding],
+                           reserved: int = DEFAULT_NUM_RESERVED_DECODE_TOKENS, page_size: int = 1,
+                           clip: int = CLIP_MAX_NEW_TOKENS) -> int:
+    """What one request needs of `decode_allocatable_tokens` to be admitted: its prompt past the prefix the
+    decode's radix cache holds, in whole pages, plus `reserved` decode tokens, and at least its prompt plus
+    its (clipped) max_new_tokens beyond what retracting the running batch would free (SGLang 0.5.17
+    pop_preallocated, decode.py:1046-1063; 0.5.23 `_required_admission_tokens`, decode.py:508)."""
+    page = max(1, page_size)
+    # 0.5.23 `_required_alloc_tokens` / utils/common.py get_num_new_pages: the pages past the prefix's pages
+    alloc = max(0, math.ceil(prompt_tokens / page) - math.ceil(prefix_tokens / page)) * page
+    retractable = sum(r.prompt_tokens + r.output_tokens for r in running)
+    return max(alloc + reserved, prompt_tokens - prefix_tokens + min(max_new_tokens, clip) - retractable)
+
+
+def decode_admits(prompt_tokens: int, max_new_tokens: int, prefix_tokens: int, available: int, active: int,
+                  running: Sequence[Decoding], reserved: int = DEFAULT_NUM_RESERVED_DECODE_TOKENS,
+                  page_size: int = 1, clip: int = CLIP_MAX_NEW_TOKENS) -> bool:
+    """Whether a PD decode pre-allocates KV for the head of its prealloc queue now. There is no exception
+    for an idle decode: a prompt that fits the pool but not with its reserved tokens waits for ever (SGLang
+    refuses outright only a prompt longer than the whole pool, `_check_if_req_exceed_kv_capacity`)."""
+    need = decode_prealloc_tokens(prompt_tokens, max_new_tokens, prefix_tokens, running, reserved, page_size, clip)
+    return need <= decode_allocatable_tokens(available, active, running, reserved, clip)
+
+
+def decode_admitted_at_once(prompt_tokens: int, max_new_tokens: int, pool_tokens: int,
+                            reserved: int = DEFAULT_NUM_RESERVED_DECODE_TOKENS, page_size: int = 1,
+                            clip: int = CLIP_MAX_NEW_TOKENS) -> int:
+    """How many of a burst of equal requests an idle decode with POOL_TOKENS admits before the first
+    finishes (the rest wait in its prealloc queue): the rule above applied one by one."""
+    page = max(1, page_size)
+    held = math.ceil(prompt_tokens / page) * page
+    count = 0
+    while decode_admits(prompt_tokens, max_new_tokens, 0, pool_tokens - count * held, count, (), reserved,
+                        page_size, clip):
+        count += 1
+    return count
+
+
 def kv_tokens_to_send(prompt_tokens: int, decode_prefix: int, page_size: int = 1) -> int:
     """Prompt tokens whose KV a PD prefill sends: everything past the prefix the decode already holds
     (`decode_prefix_len`, 0 without a decode radix cache), in whole pages (0.5.23
