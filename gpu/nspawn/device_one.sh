@@ -6,7 +6,7 @@
 # with downtime, and a tune campaign; all from the lent machine's shell over real SSH.
 # docs/gpu.md ("One node, PD across its halves") has the calls.
 #
-#   bash gpu/nspawn/device_one.sh PHASE...      phases, in order: up converge check roll restore tune down
+#   bash gpu/nspawn/device_one.sh PHASE...      phases, in order: up converge restart check roll restore tune down
 #
 # Each step is timed into $OUT/steps.txt, its output in $OUT/<step>.log. On the device: after the
 # calls that stash host.py unpack's tarballs in $PDKIT_NSPAWN_STASH (/root/stash) and make the
@@ -138,6 +138,12 @@ phase_converge() {
     card
     step deploy1 ${CONVERGE_LIMIT_S:-420} "${RUN[@]}" "$P/pyinfra" -y "$INV" deploy/pd.py || { tail -40 "$OUT/deploy1.log"; return 1; }
     grep -E "pdkit: |Errors|changed" "$OUT/deploy1.log" | tail -8
+}
+
+phase_restart() {  # where a warm restart goes: imports and restarts with and without bytecode (gpu/nspawn/restart_cost.py)
+    step restart-cost ${RESTART_LIMIT_S:-420} "${RUN[@]}" "$P/python" gpu/nspawn/restart_cost.py "$INV" --out "$OUT/restart"
+    tail -12 "$OUT/restart-cost.log"
+    engines_log restart
 }
 
 phase_check() {
