@@ -1,0 +1,205 @@
+"""Where an engine's JIT and compile caches live: one directory per engine and SGLang release.
+
+    /var/cache/<service_user>/jit/<sglang_version>/<engine>/<subdir>   (the unit's CacheDirectory=)
+
+Left at their defaults they are either wiped at every start by the unit's PrivateTmp=yes (Inductor:
+torch 2.11.0/2.14.1 torch/_inductor/runtime/cache_dir_utils.py; CuTe DSL: nvidia-cutlass-dsl 4.6.0/4.8.0
+cutlass/base_dsl/cache_helpers.py; QuACK: quack/cache/jit.py) or shared by the prefill and decode that start
+together on a node (~/.cache/...): a concurrent write is fatal to DeepGEMM (sgl-project/sglang#27604), and
+SGLang 0.5.23 says engines sharing GPUs need separate SGLANG_CACHE_DIRs
+(sglang/srt/model_executor/runner/flashinfer_autotune.py). Keyed by release, an upgrade never loads
+another release's kernels. `CACHES` names, per pinned release, the wheel files that read each variable
+(tests/test_jitcache.py checks them); docs/rolling.md "JIT caches".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Reader:
+    """A file of a pinned wheel that reads the variable, or, with `needle`, the text it builds the name from."""
+
+    package: str  # the distribution, as its engine lock names it
+    version: str
+    path: str  # inside the wheel
+    needle: str = ""  # the variable name when empty
+
+
+@dataclass(frozen=True)
+class JitCache:
+    var: str
+    subdir: str  # under the engine's directory
+    caches: str  # what is written there
+    why: str  # its default, and why that default will not do
+    readers: dict[str, tuple[Reader, ...]]  # SGLang release -> what reads it in that release's engine venv
+    outside: str = ""  # a reader in no wheel (the NVIDIA driver)
+
+
+def _sglang(release: str, *paths: str) -> tuple[Reader, ...]:
+    return tuple(Reader("sglang", release, p) for p in paths)
+
+
+_TORCH = {"0.5.17": "2.11.0", "0.5.23": "2.14.1"}
+_TRITON = {"0.5.17": "3.6.0", "0.5.23": "3.8.0"}
+_FLASHINFER = {"0.5.17": "0.6.15.post1", "0.5.23": "0.7.2"}
+_DEEP_GEMM = {"0.5.17": "0.1.5.post1", "0.5.23": "0.2.3.post2"}
+_TILELANG = {"0.5.17": "0.1.11", "0.5.23": "0.1.12"}
+_CUTLASS_DSL = {"0.5.17": "4.6.0", "0.5.23": "4.8.0"}
+_QUACK = {"0.5.17": "0.6.3", "0.5.23": "0.6.5"}
+_FLASH_ATTN_4 = {"0.5.17": "4.0.0b19", "0.5.23": "4.0.0b36"}
+_TVM_FFI = "0.1.11"
+_OUTLINES = "0.1.11"
+_FLASHINFER_CUTE = "flashinfer/data/cutlass/python/CuTeDSL/cutlass/base_dsl/cache_helpers.py"
+
+CACHES: tuple[JitCache, ...] = (
+    JitCache(
+        "SGLANG_CACHE_DIR", "sglang",
+        "SGLang's own: torch.compile graphs (torch_compile_cache/, Inductor and Triton pointed under it while "
+        "compiling), FlashInfer autotune results, the custom all-reduce P2P probe; 0.5.23 derives its DeepGEMM, "
+        "CuTe AOT and third-party defaults (sglang/__init__.py) from it",
+        "default ~/.cache/sglang: one directory for every engine and release of the node, where 0.5.23 "
+        "itself says engines sharing GPUs must use separate ones (its flashinfer_autotune.py)",
+        {"0.5.17": _sglang("0.5.17", "sglang/srt/environ.py"),
+         "0.5.23": _sglang("0.5.23", "sglang/srt/environ.py",
+                           "sglang/srt/model_executor/runner/flashinfer_autotune.py")},
+    ),
+    JitCache(
+        "SGLANG_DG_CACHE_DIR", "deep_gemm",
+        "DeepGEMM's JIT kernels: SGLang copies it into DG_JIT_CACHE_DIR when it imports its DeepGEMM wrapper",
+        "default ~/.cache/deep_gemm (0.5.17), $SGLANG_CACHE_DIR/deep_gemm (0.5.23); a concurrent write by "
+        "two engines is fatal to DeepGEMM (sgl-project/sglang#27604)",
+        {"0.5.17": _sglang("0.5.17", "sglang/srt/environ.py", "sglang/srt/layers/deep_gemm_wrapper/compile_utils.py"),
+         "0.5.23": _sglang("0.5.23", "sglang/srt/environ.py", "sglang/srt/layers/deep_gemm_wrapper/compile_utils.py")},
+    ),
+    JitCache(
+        "DG_JIT_CACHE_DIR", "deep_gemm",
+        "DeepGEMM's JIT kernels (the same directory as SGLANG_DG_CACHE_DIR)",
+        "SGLang overwrites it from SGLANG_DG_CACHE_DIR; set alike for a DeepGEMM import before that "
+        "(0.2.3's _C.so joins DG_ to JIT_CACHE_DIR at run time)",
+        {"0.5.17": (*_sglang("0.5.17", "sglang/srt/layers/deep_gemm_wrapper/compile_utils.py"),
+                    Reader("sgl-deep-gemm", _DEEP_GEMM["0.5.17"], "deep_gemm/_C.so")),
+         "0.5.23": (*_sglang("0.5.23", "sglang/srt/layers/deep_gemm_wrapper/compile_utils.py"),
+                    Reader("sgl-deep-gemm", _DEEP_GEMM["0.5.23"], "deep_gemm/_C.so", "JIT_CACHE_DIR"))},
+    ),
+    JitCache(
+        "SGLANG_JIT_CACHE_DIR", "sglang-jit",
+        "SGLang's own JIT kernel builds (sglang.kernels.jit)",
+        "default ~/.cache/sglang/jit, which does not follow SGLANG_CACHE_DIR",
+        {"0.5.23": _sglang("0.5.23", "sglang/srt/environ.py", "sglang/kernels/jit/utils/compile/cache.py")},
+    ),
+    JitCache(
+        "TVM_FFI_CACHE_DIR", "tvm-ffi",
+        "tvm-ffi C++/CUDA extension builds (SGLang 0.5.17's JIT kernels, the trtllm-gen MoE headers)",
+        "default ~/.cache/tvm-ffi: shared by every engine and release",
+        {"0.5.17": (*_sglang("0.5.17", "sglang/kernels/jit/utils/compile.py",
+                             "sglang/kernels/ops/moe/trtllm_gen_moe.py"),
+                    Reader("apache-tvm-ffi", _TVM_FFI, "tvm_ffi/cpp/extension.py")),
+         "0.5.23": (Reader("apache-tvm-ffi", _TVM_FFI, "tvm_ffi/cpp/extension.py"),)},
+    ),
+    JitCache(
+        "TORCHINDUCTOR_CACHE_DIR", "inductor",
+        "torch.compile: Inductor's FX graph, AOTAutograd and generated-kernel caches",
+        "default tempfile.gettempdir()/torchinductor_<user>: the unit's private /tmp, wiped at every start",
+        {"0.5.17": (Reader("torch", _TORCH["0.5.17"], "torch/_inductor/runtime/cache_dir_utils.py"),
+                    *_sglang("0.5.17", "sglang/srt/compilation/compiler_interface.py")),
+         "0.5.23": (Reader("torch", _TORCH["0.5.23"], "torch/_inductor/runtime/cache_dir_utils.py"),
+                    *_sglang("0.5.23", "sglang/srt/environ.py", "sglang/srt/compilation/compiler_interface.py"))},
+    ),
+    JitCache(
+        "TRITON_CACHE_DIR", "triton",
+        "Triton's compiled kernels (SGLang's Triton attention and MoE kernels, Inductor's)",
+        "default $TRITON_HOME/.triton/cache = ~/.triton/cache: shared by every engine and release",
+        {"0.5.17": (Reader("triton", _TRITON["0.5.17"], "triton/knobs.py"),
+                    *_sglang("0.5.17", "sglang/srt/compilation/compiler_interface.py")),
+         "0.5.23": (Reader("triton", _TRITON["0.5.23"], "triton/knobs.py"),
+                    *_sglang("0.5.23", "sglang/srt/environ.py", "sglang/srt/compilation/compiler_interface.py"))},
+    ),
+    JitCache(
+        "CUDA_CACHE_PATH", "nv",
+        "the CUDA driver's compute cache: PTX JIT-compiled for the GPU",
+        "default ~/.nv/ComputeCache: shared by every engine and release",
+        {"0.5.23": _sglang("0.5.23", "sglang/srt/environ.py")},
+        outside="libcuda (the NVIDIA driver), whatever the release",
+    ),
+    JitCache(
+        "PYTORCH_KERNEL_CACHE_PATH", "torch-kernels",
+        "PyTorch's NVRTC-compiled (jiterator) kernels",
+        "default $XDG_CACHE_HOME/torch/kernels: shared by every engine and release",
+        {"0.5.17": (Reader("torch", _TORCH["0.5.17"], "torch/lib/libtorch_cuda.so"),),
+         "0.5.23": (Reader("torch", _TORCH["0.5.23"], "torch/lib/libtorch_cuda.so"),)},
+    ),
+    JitCache(
+        "TORCH_EXTENSIONS_DIR", "torch_extensions",
+        "torch.utils.cpp_extension builds (SGLang 0.5.23's cpp_extension_loader)",
+        "default $XDG_CACHE_HOME/torch_extensions: shared, and an extension built against one torch "
+        "is found by another release's",
+        {"0.5.17": (Reader("torch", _TORCH["0.5.17"], "torch/utils/cpp_extension.py"),),
+         "0.5.23": (Reader("torch", _TORCH["0.5.23"], "torch/utils/cpp_extension.py"),
+                    *_sglang("0.5.23", "sglang/srt/utils/cpp_extension_loader.py"))},
+    ),
+    JitCache(
+        "FLASHINFER_WORKSPACE_BASE", "flashinfer",
+        "FlashInfer's JIT modules, generated sources and downloaded cubins (under <base>/.cache/flashinfer)",
+        "default $HOME: one ~/.cache/flashinfer for every engine",
+        {"0.5.17": (Reader("flashinfer-python", _FLASHINFER["0.5.17"], "flashinfer/jit/env.py"),),
+         "0.5.23": (Reader("flashinfer-python", _FLASHINFER["0.5.23"], "flashinfer/jit/env.py"),
+                    *_sglang("0.5.23", "sglang/srt/environ.py"))},
+    ),
+    JitCache(
+        "TILELANG_CACHE_DIR", "tilelang",
+        "TileLang's compiled kernels (0.5.23: DeepSeek-V4's MHC prenorm)",
+        "default ~/.tilelang/cache: shared by every engine and release",
+        {"0.5.17": (Reader("tilelang", _TILELANG["0.5.17"], "tilelang/env.py"),),
+         "0.5.23": (Reader("tilelang", _TILELANG["0.5.23"], "tilelang/env.py"),
+                    *_sglang("0.5.23", "sglang/srt/environ.py"))},
+    ),
+    JitCache(
+        "CUTE_DSL_CACHE_DIR", "cute-dsl",
+        "CuTe DSL (nvidia-cutlass-dsl) compiled kernels: FlashAttention 4, QuACK, FlashInfer's CuTe kernels",
+        "default $TMPDIR or /tmp/<user>/cutlass_python_cache: the unit's private /tmp, wiped at every start",
+        {release: (Reader("nvidia-cutlass-dsl-libs-core", _CUTLASS_DSL[release],
+                          "nvidia_cutlass_dsl/dsl_packages/cutlass/base_dsl/cache_helpers.py", '{dsl_name}_CACHE_DIR'),
+                   Reader("flashinfer-python", _FLASHINFER[release], _FLASHINFER_CUTE))
+         for release in ("0.5.17", "0.5.23")},
+    ),
+    JitCache(
+        "QUACK_CACHE_DIR", "quack",
+        "QuACK's compiled kernel objects",
+        "default tempfile.gettempdir()/<user>/quack_cache: the unit's private /tmp, wiped at every start",
+        {"0.5.17": (Reader("quack-kernels", _QUACK["0.5.17"], "quack/cache/__init__.py"),),
+         "0.5.23": (Reader("quack-kernels", _QUACK["0.5.23"], "quack/cache/__init__.py"),
+                    Reader("torch", _TORCH["0.5.23"], "torch/_vendor/quack/cache/__init__.py"))},
+    ),
+    JitCache(
+        "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", "flash-attn-cute",
+        "FlashAttention's CuTe DSL kernel cache, when FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1",
+        "default tempfile.gettempdir()/<user>/flash_attention_cute_dsl_cache: the unit's private /tmp",
+        {"0.5.17": (*_sglang("0.5.17", "sglang/kernels/ops/attention/flash_attn/cute/cache_utils.py"),
+                    Reader("flash-attn-4", _FLASH_ATTN_4["0.5.17"], "flash_attn/cute/cache_utils.py")),
+         "0.5.23": (Reader("flash-attn-4", _FLASH_ATTN_4["0.5.23"], "flash_attn/cute/cache_utils.py"),)},
+    ),
+    JitCache(
+        "OUTLINES_CACHE_DIR", "outlines",
+        "Outlines' compiled grammar automata (the outlines grammar backend)",
+        "default ~/.cache/outlines: shared by every engine and release",
+        {release: (Reader("outlines", _OUTLINES, "outlines/caching.py"),) for release in ("0.5.17", "0.5.23")},
+    ),
+)
+
+JIT_ROOT = "jit"  # under /var/cache/<service_user>
+
+
+def engine_cache_dir(service_user: str, engine: str, sglang_version: str) -> str:
+    """The directory of ENGINE's caches for one release: `CACHES`' subdirectories live there."""
+    for part, what in ((service_user, "service user"), (engine, "engine"), (sglang_version, "sglang_version")):
+        if not part or "/" in part or part in (".", ".."):
+            raise ValueError(f"{what} {part!r} cannot name a directory")
+    return f"/var/cache/{service_user}/{JIT_ROOT}/{sglang_version}/{engine}"
+
+
+def cache_env(service_user: str, engine: str, sglang_version: str) -> dict[str, str]:
+    """Every cache variable of `CACHES` -> its path for ENGINE (its name: unique on its node) on SGLANG_VERSION."""
+    base = engine_cache_dir(service_user, engine, sglang_version)
+    return {c.var: f"{base}/{c.subdir}" for c in CACHES}
