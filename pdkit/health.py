@@ -29,6 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from pdkit import engineshape
+from pdkit.metricnames import SGLANG
 
 READY_LOG_LINE = "The server is fired up and ready to roll!"
 # beside the shape records: when the engine gate first saw each unit's current invocation ready (node's
@@ -41,22 +42,62 @@ def ready_marks_dir(shapes_dir: str) -> str:
     return str(Path(shapes_dir).parent / READY_MARKS)
 
 
-def mark_ready(unit: str, invocation: str, marks_dir: str) -> None:
+def mark_ready(unit: str, invocation: str, marks_dir: str, phases_of=None) -> None:
     """Keep when this invocation of UNIT was first seen ready (the first gate to see it wins: a later
-    gate of the same start would record a later time)."""
+    gate of the same start would record a later time), with SGLang's own start-up phases of that
+    start (PHASES_OF(): startup_phases), read once, by that first gate."""
     path = Path(marks_dir) / f"{unit}.json"
     try:
         if json.loads(path.read_text()).get("invocation") == invocation:
             return
     except (OSError, ValueError, AttributeError):
         pass
+    mark = {"invocation": invocation, "ready_monotonic_us": time.monotonic_ns() // 1000}
+    if phases_of is not None:
+        mark["phases"] = phases_of()
     try:
         path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"invocation": invocation, "ready_monotonic_us": time.monotonic_ns() // 1000}))
+        tmp.write_text(json.dumps(mark))
         tmp.replace(path)
     except OSError:
         pass  # evidence for a timing only: never a reason to fail a gate
+
+
+_STARTUP_SAMPLE = re.compile(r'^(%s|%s)\{([^}]*)\} ([0-9.eE+-]+|NaN)$' % (
+    re.escape(SGLANG["startup_time"]), re.escape(SGLANG["startup_cuda_graph_time"])))
+
+
+def parse_startup_phases(text: str) -> dict[str, float]:
+    """SGLang's start-up phase gauges in a /metrics page: {phase: seconds}, a CUDA-graph phase as
+    "cuda_graph:<phase>" (0.5.17 and 0.5.23 TokenizerMetricsCollector.emit_startup_time: load_weight,
+    kv_cache_allocation, scheduler_e2e, tokenizer_e2e, and one per graph phase). Several tp/dp
+    children of one phase: the longest (the start waited for it)."""
+    phases: dict[str, float] = {}
+    for line in text.splitlines():
+        m = _STARTUP_SAMPLE.match(line.strip())
+        if not m:
+            continue
+        phase = re.search(r'(?:^|,)phase="([^"]*)"', m.group(2))
+        if not phase:
+            continue
+        key = (f"cuda_graph:{phase.group(1)}" if m.group(1) == SGLANG["startup_cuda_graph_time"]
+               else phase.group(1))
+        try:
+            value = float(m.group(3))
+        except ValueError:
+            continue
+        if key.startswith("cuda_graph:") and not value > 0:
+            continue  # a graph phase this engine does not capture (SGLang sets every one, 0 when not run)
+        phases[key] = round(max(phases.get(key, 0.0), value), 3)
+    return phases
+
+
+def startup_phases(health_url: str, timeout: float = 3.0) -> dict[str, float]:
+    """The engine's start-up phases from its /metrics beside HEALTH_URL; {} when it has none (metrics
+    off, an older engine) or does not answer in TIMEOUT: evidence, never a gate."""
+    status, body = http_request(health_url.rstrip("/").removesuffix("/health") + "/metrics", timeout=timeout)
+    return parse_startup_phases(body) if status == 200 else {}
 
 
 
@@ -237,7 +278,7 @@ def wait_engine(unit: str, url: str, timeout: float, interval: float = 1.0, poll
 def _engine_ready(unit: str, url: str, info: dict, invocation: str, shape_inputs, shapes_dir: str,
                   ) -> tuple[bool, str]:
     """The verdict once the engine answered: its shape against its record, and the readiness line as evidence."""
-    mark_ready(unit, invocation, ready_marks_dir(shapes_dir))
+    mark_ready(unit, invocation, ready_marks_dir(shapes_dir), lambda: startup_phases(url))
     try:
         logged = READY_LOG_LINE in unit_log(unit, invocation)
     except (OSError, subprocess.SubprocessError):

@@ -34,6 +34,11 @@ SGLANG = {
     # lazy, one child per mode (prefill_compute, prefill_cache, decode) on the first step that
     # computes such tokens: the per-step token counter (the wedge alert)
     "realtime_tokens": "sglang:realtime_tokens_total",
+    # lazy, gauges per phase set once when the engine's start-up completes (TokenizerManager
+    # set_startup_time): load_weight, kv_cache_allocation, scheduler_e2e, tokenizer_e2e; and one per
+    # CUDA-graph phase (the engine gate keeps them in its ready mark: the restart's own phases)
+    "startup_time": "sglang:startup_time_seconds",
+    "startup_cuda_graph_time": "sglang:startup_cuda_graph_time_seconds",
     # lazy: created by the first finished request
     "prompt_tokens": "sglang:prompt_tokens_total",
     # lazy: the prompt tokens served from the prefix cache (label cache_source), by the tokenizer
@@ -200,4 +205,8 @@ READS: tuple[Read, ...] = (
       for n in FAILURE_COUNTERS),
     Read(_ROLL + " circuit_states", ROUTER["worker_cb_state"], "gauge", ("worker",),
          absent="judge by /workers alone"),
+    # the engine gate's ready mark (pdkit/health.py startup_phases): the phases of the start it saw ready
+    *(Read("engine gate (pdkit/health.py startup_phases)", SGLANG[k], "gauge", ("phase",),
+           absent="no phases recorded for that start (an engine without --enable-metrics, or the sim's)")
+      for k in ("startup_time", "startup_cuda_graph_time")),
 )

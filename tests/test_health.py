@@ -366,5 +366,48 @@ def test_the_restart_timing_probe_reads_the_gates_mark_when_the_journal_has_no_r
     (marks / f"{unit}.json").write_text(json.dumps({"invocation": "inv7", "ready_monotonic_us": 63_100_000}))
     # stopping 2.0 s (left active 1 s -> inactive 3 s) + start 3.1 s -> ready 63.1 s
     assert restart_to_ready(probe()) == pytest.approx(62.0)
-    (marks / f"{unit}.json").write_text(json.dumps({"invocation": "inv6", "ready_monotonic_us": 63_100_000}))
-    assert restart_to_ready(probe()) is None
+    # the mark's phases come back with the timings (for the record), only for the same invocation
+    (marks / f"{unit}.json").write_text(json.dumps({"invocation": "inv7", "ready_monotonic_us": 63_100_000,
+                                                    "phases": {"load_weight": 2.5}}))
+    assert probe()[unit][4] == {"load_weight": 2.5}
+    (marks / f"{unit}.json").write_text(json.dumps({"invocation": "inv6", "ready_monotonic_us": 63_100_000,
+                                                    "phases": {"load_weight": 2.5}}))
+    assert restart_to_ready(probe()) is None and probe()[unit][4] == {}
+
+
+# ---- SGLang's start-up phases in the gate's ready mark (issue 45 item 1) ---------------------------
+
+FIXTURES = REPO / "tests" / "fixtures" / "sglang-0.5.17-h200-pd-one-gpu"
+
+
+def test_startup_phases_are_read_from_a_real_sglang_page():
+    from pdkit.health import parse_startup_phases
+
+    decode = parse_startup_phases((FIXTURES / "metrics-base-after-decode.txt").read_text())
+    assert decode == {"load_weight": 0.112, "kv_cache_allocation": 0.013, "scheduler_e2e": 10.218,
+                      "tokenizer_e2e": 31.808, "cuda_graph:decode": 4.556}
+    prefill = parse_startup_phases((FIXTURES / "metrics-base-after-prefill.txt").read_text())
+    assert prefill["cuda_graph:prefill"] == 33.309 and "cuda_graph:decode" not in prefill
+    assert parse_startup_phases("sglang:num_running_reqs 3\n") == {}
+
+
+def test_the_first_gate_to_see_a_start_ready_keeps_its_phases(tmp_path):
+    from pdkit.health import mark_ready
+
+    calls = []
+    mark_ready("u.service", "inv-1", str(tmp_path), lambda: calls.append(1) or {"load_weight": 1.5})
+    mark_ready("u.service", "inv-1", str(tmp_path), lambda: calls.append(1) or {"load_weight": 9.0})
+    mark = json.loads((tmp_path / "u.service.json").read_text())
+    assert mark["invocation"] == "inv-1" and mark["phases"] == {"load_weight": 1.5} and calls == [1]
+    mark_ready("u.service", "inv-2", str(tmp_path), lambda: {})
+    assert json.loads((tmp_path / "u.service.json").read_text())["phases"] == {}
+
+
+def test_the_done_line_names_each_restarted_engine_and_sglangs_phases():
+    from pdkit.roll.roller import NodeTiming, phases_words
+
+    words = phases_words({"pdkit-engine-decode.service": {"restart_to_ready_s": 53.1, "load_weight": 0.11,
+                                                          "cuda_graph:decode": 4.56}})
+    assert words == "; decode ready 53.1 s (SGLang: load_weight 0.1 s, cuda_graph:decode 4.6 s)"
+    t = NodeTiming(host="gpu01", total_s=80, engine_phases={"pdkit-engine-prefill.service": {"restart_to_ready_s": 40.0}})
+    assert t.summary().endswith("; prefill ready 40.0 s")

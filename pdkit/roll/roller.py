@@ -103,6 +103,9 @@ class NodeTiming:
     # the engines' requests to finish, and the smoke requests' answers through the routers (a slow
     # or unreachable node elsewhere makes those slow, not the kit)
     waited: dict[str, float] = field(default_factory=dict)
+    # each engine restarted in this step: its restart-to-ready and SGLang's own start-up phases of
+    # that start, as the engine gate read them when it first saw it ready (pdkit.health.startup_phases)
+    engine_phases: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def overhead_s(self) -> float:
@@ -116,7 +119,20 @@ class NodeTiming:
             outage += f" (announced ~{self.announced_outage_s:.0f} s)"
         return (f"total {self.total_s:.1f} s, engines restart-to-ready {self.engines_restart_to_ready_s:.1f} s, "
                 f"waited on requests {sum(self.waited.values()):.1f} s "
-                f"({waits or 'none'}), kit overhead {self.overhead_s:.1f} s{outage}")
+                f"({waits or 'none'}), kit overhead {self.overhead_s:.1f} s{outage}{phases_words(self.engine_phases)}")
+
+
+def phases_words(engine_phases: dict[str, dict[str, float]]) -> str:
+    """'; decode ready 53.1 s (SGLang: load_weight 0.1 s, ...)' per engine restarted, for the done line."""
+    parts = []
+    for unit, phases in engine_phases.items():
+        name = unit.removeprefix("pdkit-engine-").removesuffix(".service")
+        ready = phases.get("restart_to_ready_s")
+        own = ", ".join(f"{k} {v:.1f} s" for k, v in phases.items() if k != "restart_to_ready_s")
+        parts.append(f"{name} ready {ready:.1f} s" if ready is not None else name)
+        if own:
+            parts[-1] += f" (SGLang: {own})"
+    return "".join(f"; {p}" for p in parts)
 
 
 
@@ -134,17 +150,20 @@ for u in units:
          "--grep", re.escape(sys.argv[3])],
         capture_output=True, text=True).stdout.splitlines()
     ready = json.loads(log[0])["__MONOTONIC_TIMESTAMP"] if log else None
-    if ready is None:  # the line rotated away: when the engine gate first saw this invocation ready
-        try:
-            mark = json.load(open(sys.argv[4] + "/" + u + ".json"))
-            if mark.get("invocation") == show.get("InvocationID"):
+    phases = {}
+    try:  # the engine gate's mark of this invocation: SGLang's phases, and when it saw it ready
+        mark = json.load(open(sys.argv[4] + "/" + u + ".json"))
+        if mark.get("invocation") == show.get("InvocationID"):
+            phases = mark.get("phases") or {}
+            if ready is None:  # the line rotated away: when the engine gate first saw this invocation ready
                 ready = mark.get("ready_monotonic_us")
-        except (OSError, ValueError, IndexError):
-            pass
-    # [left active, ready line of this invocation, went inactive, started this invocation] (µs, node clock)
+    except (OSError, ValueError, IndexError, AttributeError):
+        pass
+    # [left active, ready line of this invocation, went inactive, started this invocation] (µs, node
+    # clock), then SGLang's start-up phases of this invocation (s)
     out[u] = [int(show.get("ActiveExitTimestampMonotonic") or 0), int(ready) if ready else None,
               int(show.get("InactiveEnterTimestampMonotonic") or 0),
-              int(show.get("InactiveExitTimestampMonotonic") or 0)]
+              int(show.get("InactiveExitTimestampMonotonic") or 0), phases]
 print(json.dumps(out))
 """
 
@@ -195,6 +214,8 @@ class Roller:
     last_outage_s: float | None = None
     # each host's engines' last restart-to-ready (last_restart_to_ready), read once per roll
     restart_s: dict[str, float | None] = field(default_factory=dict)
+    # host -> unit -> restart-to-ready and SGLang's start-up phases of the engines its last step restarted
+    engine_phases: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
     # the settle time the last drain held a regular worker draining for (hold_settle_s), or 0
     held_s: int = 0
     # router host -> the API key its running router was started with (read_router_keys); a host
@@ -702,12 +723,16 @@ class Roller:
         ok, stdout, _ = run_remote(host, timing_probe_command(units), timeout=60)
         if not ok:
             return 0.0
-        intervals = [
-            (exit_us, ready_us) for exit_us, ready_us, *_ in json.loads(stdout).values()
-            if ready_us and exit_us and (since_monotonic_us is None or exit_us >= since_monotonic_us)
-            and ready_us > exit_us
-        ]
-        return covered_seconds(intervals)
+        restarted = {
+            unit: values for unit, values in json.loads(stdout).items()
+            if values[1] and values[0] and (since_monotonic_us is None or values[0] >= since_monotonic_us)
+            and values[1] > values[0]
+        }
+        self.engine_phases[host_name] = {
+            unit: {"restart_to_ready_s": round((v[1] - v[0]) / 1e6, 2), **(v[4] if len(v) > 4 else {})}
+            for unit, v in restarted.items()
+        }
+        return covered_seconds([(v[0], v[1]) for v in restarted.values()])
 
     def last_restart_to_ready(self, host: Any, host_name: str) -> float | None:
         """Seconds the node's running engines took from their last stop (or their start, after a
@@ -835,6 +860,7 @@ class Roller:
             timings[h].apply_detail = {"prepare": self.pyinfra.phases.get("prepare", 0.0),
                                        **self.pyinfra.operations.get(h, {})}
             timings[h].engines_restart_to_ready_s = self.engines_restart_to_ready(hosts[h], h, clocks[h])
+            timings[h].engine_phases = self.engine_phases.get(h, {})
             timings[h].outage_s = self.last_outage_s
             if outages and self.last_outage_s is not None:
                 announced, _ = expected_outage(self.restart_s, batch, self.spec.cluster.ready_timeout_s)
