@@ -36,6 +36,7 @@ ON_NODE = ("pdkit/health.py", "pdkit/gates.py", "pdkit/gpumem.py", "pdkit/releas
            "pdkit/exporter", "pdkit/engineshape.py",
            "pdkit/lifeline.py",  # the gates and a restore watch their SSH session with it (issue 42 item 4)
            "pdkit/journald.py",  # a restore restarts journald by the deploy's rule (issue 42)
+           "pdkit/residency.py",  # the roll reads and warms the weights. page-cache residency on the node (issue 45)
            "pdkit/sim",
            # shared with the control side, held to the node's rules: the sim and pdkit-exporter import them
            "pdkit/metricnames.py", "pdkit/sglang_pd.py", "pdkit/parsertable.py", "pdkit/catalogue.py",

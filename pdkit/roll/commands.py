@@ -212,7 +212,7 @@ def report(timings: list[NodeTiming]) -> dict:
              "announced_outage_s": None if t.announced_outage_s is None else round(t.announced_outage_s, 2),
              "steps": {k: round(v, 2) for k, v in t.steps.items()},
              "apply_detail": {k: round(v, 2) for k, v in t.apply_detail.items()},
-             "engine_phases": t.engine_phases}
+             "engine_phases": t.engine_phases, "weights": t.weights}
             for t in timings
         ]
     }

@@ -106,6 +106,8 @@ class NodeTiming:
     # each engine restarted in this step: its restart-to-ready and SGLang's own start-up phases of
     # that start, as the engine gate read them when it first saw it ready (pdkit.health.startup_phases)
     engine_phases: dict[str, dict[str, float]] = field(default_factory=dict)
+    # model path -> the weights' page-cache residency before the drain and what was read in (Roller.warm_weights)
+    weights: dict[str, Any] = field(default_factory=dict)
 
     @property
     def overhead_s(self) -> float:
@@ -554,6 +556,41 @@ class Roller:
         held = services_not_started(self.spec, self.spec.host(host), services)
         return gates.phases(gates.gate_for(s) for s in services if s.unit not in held)[phase]
 
+    def warm_weights(self, host_name: str, host: Any) -> tuple[dict[str, Any], str]:
+        """Before the drain, while the node serves: the page-cache residency of the weights its
+        engines will read at their restart (pdkit.residency, mincore), and the cold part read in, so
+        the outage never includes a disk read: (record, progress words); nothing to
+        read (dummy weights, a hub id): ({}, ""). Never fails the roll: a node that cannot tell says so."""
+        paths = sorted({m.path for e in self.spec.host(host_name).node.engines
+                        if (m := self.spec.engine_model(e)).load_format != "dummy" and m.path.startswith("/")})
+        if not paths or self.spec.cluster.engine == "sim":  # the sim reads no weight files
+            return {}, ""
+        python = flags.node_python(self.spec)
+        record: dict[str, Any] = {}
+        words = []
+        for path in paths:
+            try:
+                ok, stdout, stderr = run_remote(host, f"{shlex.quote(python)} -m pdkit.residency {shlex.quote(path)} "
+                                                      "--warm", timeout=1800)
+            except Exception as exc:  # noqa: BLE001 - evidence and a head start only: never a reason to stop
+                ok, stdout, stderr = False, "", str(exc)
+            try:
+                got = json.loads(stdout.strip().splitlines()[-1]) if ok else {"error": (stderr or stdout).strip()[-300:]}
+            except (ValueError, IndexError):
+                got = {"error": f"unreadable answer: {stdout.strip()[-300:]}"}
+            record[path] = got
+            if "error" in got:
+                words.append(f"{path}: residency not measured ({got['error']})")
+                continue
+            before = got["before"]
+            gib = before["bytes"] / 2**30
+            if "warm_s" in got:
+                words.append(f"{path}: {before['ratio']:.0%} of {gib:.1f} GiB was in the page cache; read in "
+                             f"{got['warm_s']:.1f} s before the drain (now {got['after']['ratio']:.0%})")
+            else:
+                words.append(f"{path}: all {gib:.1f} GiB in the page cache")
+        return record, "; ".join(words)
+
     def run_gates(self, hosts: list[str], phase: int) -> tuple[int, list[str]]:
         """Run the gate table's gates of PHASE for HOSTS on each host, as the deploy runs them:
         (gates passed, hosts that have none). A failed gate raises with its own line."""
@@ -782,6 +819,12 @@ class Roller:
                 raise RollError(",".join(batch), "answers", f"the baseline could not be recorded before the drain "
                                                             f"({exc}); nothing was changed") from exc
             p(",".join(batch), "answers", message, time.monotonic() - step)
+        for h in batch:
+            if timings[h].engines:
+                step = time.monotonic()
+                timings[h].weights, message = self.warm_weights(h, hosts[h])
+                if message:
+                    p(h, "weights", message, time.monotonic() - step)
         done_drain = False
         self.last_outage_s = None
         outages = batch_outages(self.spec, batch)
