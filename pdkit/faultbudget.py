@@ -15,7 +15,9 @@ chosen for a budget of seconds, not minutes; this module decides, once:
 - `problems`: that the settings nest (admission wait < bootstrap timeout < request timeout <
   what clients are told to use) and that every fault's worst wait (`fault_waits`) fits the budget;
 - `fault_waits`: for each fault, the longest a request can wait, and why, from the settings and
-  SGLang's fixed constants (printed by `pdkit validate`, asserted by the lab's fault tests).
+  SGLang's fixed constants (printed by `pdkit validate`, asserted by the lab's fault tests);
+- `queue_wait_warnings`: where a burst of the declared workload would run a PD timeout out with
+  nothing dead, queueing at the decode or the prefill (`burst_wait`, `burst_problems`).
 
 What SGLang does with each variable is read from the pinned releases' code; the defaults come
 from pdkit/parser_table.json (generated from the wheels, `parsertable.sglang_environment`), so a
@@ -24,7 +26,9 @@ release that changes one shows up as a table diff in CI. docs/rolling.md, "The f
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -200,3 +204,217 @@ def summary_lines(budget: FaultBudget, health_check_interval_s: int, health_fail
     for wait in fault_waits(budget, health_check_interval_s, health_failure_threshold, pd):
         lines.append(f"  {wait.fault}: at most {wait.seconds:g} s ({wait.bound_by})")
     return lines
+
+
+# ---- a burst of long prompts against the PD timeouts (issue 45 item 5) -------------------------------
+#
+# Neither SGLang clock waits for a dead engine only. The prefill's bootstrap clock starts when a request
+# registers at the prefill (0.5.23 common/conn.py:2182 "Bootstrap timeout clock starts after the
+# registration"; 0.5.17 mooncake/conn.py:2139) and stops when the decode has admitted it, i.e.
+# pre-allocated its KV and sent the slots; a decode admits a request only when its KV pool has room for
+# the prompt plus --num-reserved-decode-tokens beside every request it holds (pdkit/sim/stepmodel.py
+# decode_admits, from disaggregation/decode.py). The decode's waiting clock starts at that admission
+# (send_metadata) and stops when the KV has arrived, so it covers the request's wait in the prefill's
+# queue. A burst of long prompts therefore spends its whole prefill time on one clock or the other: on
+# the bootstrap clock while the decode's pool is full, on the waiting clock once admitted. docs/sim.md,
+# "Queueing: bootstrap clock and decode admission".
+
+# (release, transfer backend) whose PD prefill never checks SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT:
+# 0.5.17's NixlKVSender leaves init_time unset and its poll() never calls _check_bootstrap_timeout
+# (nixl/conn.py:2702-2773; common/conn.py:1204 returns at once while init_time is None)
+NO_PREFILL_BOOTSTRAP_TIMEOUT = frozenset({("0.5.17", "nixl")})
+# what a safe timeout adds to the estimate (which leaves out decode time and scheduling)
+QUEUE_MARGIN = 1.25
+
+
+@dataclass(frozen=True)
+class BurstWait:
+    """The last request of a burst of REQUESTS prompts of PROMPT_TOKENS each, sent at once to one PD
+    group: how long it waits on each clock, prefill-bound (decode time not counted, so a lower bound
+    wherever the decode's pool is what holds requests back)."""
+
+    requests: int
+    prompt_tokens: int
+    prefill_tokens_per_s: float
+    # the group's prefills' time for the whole burst
+    drain_s: float
+    # how many the decode admits at once (None: its pool is not known; 0: one never fits)
+    admitted_at_once: int | None
+    decode_pool_tokens: int | None
+    reserved_decode_tokens: int
+    # registration -> admission (the prefill's bootstrap clock); inf: never admitted
+    bootstrap_s: float
+    # admission -> KV arrived (the decode's waiting clock)
+    waiting_s: float
+
+
+def burst_wait(requests: int, prompt_tokens: int, prefill_tokens_per_s: float, decode_pool_tokens: int | None = None,
+               reserved_decode_tokens: int | None = None) -> BurstWait:
+    """Estimate a burst's waits. Without the decode's pool either clock may take the whole prefill time:
+    a pool that holds the burst puts it all on the waiting clock, a pool of one prompt puts all but one
+    prompt's on the bootstrap clock. With it, the decode admits `admitted_at_once` (SGLang's rule, from
+    an idle decode) and each later one only once an earlier one finished: the last waits for
+    (requests - admitted) prefills before its admission and for up to `admitted` after it."""
+    # lazy: the admission rule lives with the sim (pdkit/sim/stepmodel.py), needed only for this estimate
+    from pdkit.sim.stepmodel import DEFAULT_NUM_RESERVED_DECODE_TOKENS, decode_admitted_at_once
+
+    reserved = DEFAULT_NUM_RESERVED_DECODE_TOKENS if reserved_decode_tokens is None else reserved_decode_tokens
+    per = prompt_tokens / prefill_tokens_per_s
+    drain = requests * per
+    if decode_pool_tokens is None:
+        return BurstWait(requests, prompt_tokens, prefill_tokens_per_s, drain, None, None, reserved, drain, drain)
+    at_once = min(requests, decode_admitted_at_once(prompt_tokens, 1, decode_pool_tokens, reserved))
+    if at_once == 0:
+        bootstrap, waiting = math.inf, 0.0
+    else:
+        bootstrap, waiting = (requests - at_once) * per, at_once * per
+    return BurstWait(requests, prompt_tokens, prefill_tokens_per_s, drain, at_once, decode_pool_tokens, reserved,
+                     bootstrap, waiting)
+
+
+def _safe(seconds: float) -> int:
+    return math.ceil(seconds * QUEUE_MARGIN)
+
+
+def burst_problems(budget: FaultBudget, wait: BurstWait, bootstrap_enforced: bool = True) -> list[tuple[str, str]]:
+    """(field, message) for each PD timeout a burst's wait (burst_wait) would run out with nothing dead:
+    the message has the numbers and a value that would be safe. BOOTSTRAP_ENFORCED False: the release
+    and backend never check the bootstrap timeout (NO_PREFILL_BOOTSTRAP_TIMEOUT)."""
+    out: list[tuple[str, str]] = []
+    burst = (f"a burst of {wait.requests} prompts of {wait.prompt_tokens:,} tokens (target_concurrency x the "
+             f"context cap) takes ~{wait.drain_s:.0f} s to prefill at {wait.prefill_tokens_per_s:,.0f} tokens/s")
+    pool = wait.decode_pool_tokens
+    if pool is None:
+        held = "the decode's KV pool is not known here; if it holds fewer of them than the burst,"
+        admitted = "if the decode's KV pool holds the whole burst,"
+    else:
+        held = (f"the decode's KV pool ({pool:,} tokens, {wait.reserved_decode_tokens} reserved per request) "
+                f"admits {wait.admitted_at_once} at once, so")
+        admitted = f"the decode's KV pool ({pool:,} tokens) admits {wait.admitted_at_once} at once and"
+
+    def beyond(seconds: int) -> str:
+        if seconds < budget.router_request_timeout_s:
+            return ""
+        return f" (and router_request_timeout_s above it, now {budget.router_request_timeout_s})"
+
+    field = "pdkit_cluster.fault_budget.bootstrap_timeout_s"
+    if bootstrap_enforced and math.isinf(wait.bootstrap_s):
+        out.append((field, f"a prompt of {wait.prompt_tokens:,} tokens (the context cap) with "
+                           f"{wait.reserved_decode_tokens} reserved decode tokens never fits the decode's KV pool "
+                           f"({pool:,} tokens): the decode never admits it and the prefill fails it after "
+                           f"bootstrap_timeout_s ({budget.bootstrap_timeout_s} s) with nothing dead; lower the "
+                           "context cap or give the decode a larger pool"))
+    elif bootstrap_enforced and wait.bootstrap_s > budget.bootstrap_timeout_s:
+        safe = _safe(wait.bootstrap_s)
+        out.append((field, f"{burst}; {held} the last request waits ~{wait.bootstrap_s:.0f} s for the decode to "
+                           "admit it, on the prefill's bootstrap clock (SGLang starts it when the request registers "
+                           f"at the prefill, not when the decode admits it): bootstrap_timeout_s "
+                           f"{budget.bootstrap_timeout_s} fails queued requests with nothing dead; safe: >= {safe} "
+                           f"(the estimate + 25%, decode time not counted){beyond(safe)}"))
+    field = "pdkit_cluster.fault_budget.waiting_timeout_s"
+    if wait.waiting_s > budget.waiting_timeout_s:
+        safe = _safe(wait.waiting_s)
+        out.append((field, f"{burst}; {admitted} the last one admitted waits ~{wait.waiting_s:.0f} s behind the "
+                           "others in the prefill's queue, on the decode's waiting clock (it starts when the decode "
+                           f"pre-allocates the KV and sends its slots): waiting_timeout_s {budget.waiting_timeout_s} "
+                           f"fails them with nothing dead; safe: >= {safe} (the estimate + 25%){beyond(safe)}"))
+    return out
+
+
+def _flag_int(args: tuple[str, ...] | list[str], flag: str) -> int | None:
+    """An int flag's value in an argv (`--flag N` or `--flag=N`), else None."""
+    for i, arg in enumerate(args):
+        text = None
+        if arg == flag and i + 1 < len(args):
+            text = args[i + 1]
+        elif arg.startswith(flag + "="):
+            text = arg.split("=", 1)[1]
+        if text is not None:
+            try:
+                return int(text)
+            except ValueError:
+                return None
+    return None
+
+
+def _sim_knobs(engine: Any) -> Any:
+    # lazy: the sim's knobs matter only for engine: sim clusters
+    from pdkit.sim.knobs import KnobError, load_knobs
+
+    try:
+        return load_knobs(engine.env)
+    except KnobError:
+        return None  # validate reports nothing here; the engine itself refuses it at start
+
+
+def stated_prefill_tokens_per_s(spec: Any, engine: Any, prompt_tokens: int) -> float | None:
+    """A prefill engine's rate on prompts of PROMPT_TOKENS, where the inventory states one: for the sim
+    (engine: sim), its step model from the engine's PDKIT_SIM_PREFILL_* knobs (the sim's defaults when
+    unset), as many prompts a pass as its --max-prefill-tokens budget takes (at least one). SGLang
+    engines: None, the spec has no prefill rate (docs/sim.md)."""
+    if spec.cluster.engine != "sim":
+        return None
+    knobs = _sim_knobs(engine)
+    if knobs is None:
+        return None
+    # lazy: the sim's prefill budget default, only for engine: sim clusters
+    from pdkit.sim.args import DEFAULT_MAX_PREFILL_TOKENS
+
+    budget = _flag_int(engine.extra_args, "--max-prefill-tokens") or DEFAULT_MAX_PREFILL_TOKENS
+    tokens = max(1, budget // max(1, prompt_tokens)) * prompt_tokens
+    step_ms = knobs.prefill_base_ms + knobs.prefill_ms_per_1k_tokens * tokens / 1000.0
+    return tokens / step_ms * 1000.0 if step_ms > 0 else None
+
+
+def stated_decode_pool(spec: Any, engine: Any) -> tuple[int | None, int | None]:
+    """(KV pool tokens, reserved decode tokens) of a decode engine, where the inventory states them: the
+    sim's pool (--max-total-tokens in extra_args, else its default, times PDKIT_SIM_KV_POOL_FRACTION);
+    SGLang's pool is sized from GPU memory at start, so None there. Reserved: --num-reserved-decode-tokens
+    in extra_args, else None (SGLang's default)."""
+    reserved = _flag_int(engine.extra_args, "--num-reserved-decode-tokens")
+    if spec.cluster.engine != "sim":
+        return None, reserved
+    # lazy: the sim's default pool, only for engine: sim clusters
+    from pdkit.sim.args import DEFAULT_MAX_TOTAL_TOKENS
+
+    knobs = _sim_knobs(engine)
+    if knobs is None:
+        return None, reserved
+    tokens = _flag_int(engine.extra_args, "--max-total-tokens") or DEFAULT_MAX_TOTAL_TOKENS
+    return max(1, int(tokens * knobs.kv_pool_fraction)), reserved
+
+
+def queue_wait_warnings(spec: Any) -> list[tuple[str, str, str]]:
+    """(host, field, message) for each PD group whose declared workload would run a PD timeout out with
+    nothing dead: target_concurrency prompts as long as the context cap, sent at once, against the
+    group's stated prefill rate (stated_prefill_tokens_per_s, summed over its prefills) and decode pool
+    (stated_decode_pool, summed over its decodes, when every one is stated). A group without a context
+    cap or a stated rate gets nothing: there is nothing to estimate. The host is the group's first
+    decode's. `pdkit validate` reports these as warnings (pdkit/spec/checks.py)."""
+    target = spec.cluster.target_concurrency
+    if not target:
+        return []
+    groups: dict[str, list[tuple[Any, Any]]] = {}
+    for host, engine in spec.engines():
+        if engine.role != "unified":
+            groups.setdefault(engine.pd_group, []).append((host, engine))
+    budget = spec.cluster.fault_budget
+    out: list[tuple[str, str, str]] = []
+    for members in groups.values():
+        prefills = [e for _, e in members if e.role == "prefill"]
+        decodes = [(h, e) for h, e in members if e.role == "decode"]
+        caps = [spec.engine_tuning(e).context_length for _, e in members]
+        if not prefills or not decodes or None in caps:
+            continue
+        prompt = min(caps)
+        rates = [stated_prefill_tokens_per_s(spec, e, prompt) for e in prefills]
+        if None in rates:
+            continue
+        pools = [stated_decode_pool(spec, e) for _, e in decodes]
+        pool = None if any(p is None for p, _ in pools) else sum(p for p, _ in pools)
+        reserved = max((r for _, r in pools if r is not None), default=None)
+        wait = burst_wait(target, prompt, sum(rates), pool, reserved)  # type: ignore[arg-type]
+        enforced = (spec.engine_version(prefills[0]), spec.cluster.transfer_backend) not in NO_PREFILL_BOOTSTRAP_TIMEOUT
+        for field, message in burst_problems(budget, wait, enforced):
+            out.append((decodes[0][0].name, field, message))
+    return out

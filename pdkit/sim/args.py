@@ -39,6 +39,8 @@ DEFAULT_CONTEXT_LENGTH = 32768
 DEFAULT_MAX_TOTAL_TOKENS = 262144
 DEFAULT_MAX_RUNNING_REQUESTS = 4096
 DEFAULT_CHUNKED_PREFILL_SIZE = 8192
+# SGLang's --max-prefill-tokens default (server_args.py)
+DEFAULT_MAX_PREFILL_TOKENS = 16384
 # SGLang's default page size on CUDA (0.5.23 arg_groups/overrides.py _page_size_default)
 DEFAULT_PAGE_SIZE = 1
 
@@ -107,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--max-queued-requests", type=int, default=None)
     add("--max-total-tokens", type=int, default=None)
     add("--chunked-prefill-size", type=int, default=None)
-    add("--max-prefill-tokens", type=int, default=16384)
+    add("--max-prefill-tokens", type=int, default=DEFAULT_MAX_PREFILL_TOKENS)
     add("--page-size", type=int, default=None)
     # Prefix (radix) cache: pdkit/sim/prefixcache.py
     add("--disable-radix-cache", action="store_true")

@@ -307,29 +307,45 @@ class Engine:
         m.observe("sglang:kv_transfer_speed_gb_s", speed_gb_s)
 
     async def _await_kv(self, spec: GenSpec, req: SimRequest) -> None:
-        """Handshake with the prefill and wait for the room's KV. With a decode radix cache the prompt
-        is first matched against it and the hit (locked) is the `decode_prefix_len` the prefill skips.
+        """Handshake with the prefill, wait in the prealloc queue until the KV pool has room for the
+        request (Scheduler.preallocate; SGLang's rule: stepmodel.decode_admits), hand the prefill the
+        slots and wait for the room's KV. With a decode radix cache the prompt is matched against it
+        when the KV is pre-allocated, and the hit (locked) is the `decode_prefix_len` the prefill skips.
         The request then reports as cached the prefill's hit plus whatever more the decode held
         (0.5.23 disaggregation/decode.py `_commit_transfer_to_req` and decode_schedule_batch_mixin.py:
-        cached_tokens += max(0, prefix_len - already_computed))."""
+        cached_tokens += max(0, prefix_len - already_computed)). A prompt longer than the whole pool is
+        refused at once (400), as SGLang's decode refuses it."""
         assert spec.bootstrap is not None and self.session is not None
-        decode_prefix = self.scheduler.match_for_decode(req) if self.args.decode_radix_cache else 0
+        too_long = self.scheduler.exceeds_pool(req)
+        if too_long is not None:
+            self.log.error(too_long)
+            raise EngineError(400, too_long)
         room_id = spec.bootstrap.room
-        handshaken = False
-        started = handshake_at = time.perf_counter()
+        admitted = False
+        decode_prefix = 0
+        started = handshake_at = admitted_at = time.perf_counter()
 
         def on_handshake() -> None:
-            nonlocal handshaken, handshake_at
-            handshaken = True
+            nonlocal handshake_at
             handshake_at = time.perf_counter()
+
+        async def admit() -> int:
+            nonlocal admitted, admitted_at, decode_prefix
+            decode_prefix = await self.scheduler.preallocate(req)
+            admitted, admitted_at = True, time.perf_counter()
             self.decode_prealloc_q -= 1
             self.decode_transfer_q += 1
             self._pd_gauges()
+            # SGLang's decode observes its bootstrap (handshake) and KV allocation waits as it moves the
+            # request to its transfer queue (0.5.23 req_time_stats.py set_decode_transfer_queue_entry_time)
+            self.metrics.observe("sglang:kv_transfer_bootstrap_ms", (handshake_at - started) * 1000.0)
+            self.metrics.observe("sglang:kv_transfer_alloc_ms", (admitted_at - handshake_at) * 1000.0)
+            return decode_prefix
 
         self.decode_prealloc_q += 1
         self._pd_gauges()
         try:
-            report = await wait_for_kv(self.session, spec.bootstrap, self.knobs, on_handshake, decode_prefix)
+            report = await wait_for_kv(self.session, spec.bootstrap, self.knobs, on_handshake, admit)
         except BootstrapFailed as exc:
             message = (f"Decode handshake failed for request rank=0 decode_req.req.rid='{spec.rid}' "
                        f"decode_req.req.bootstrap_room={room_id} with exception {exc}")
@@ -343,7 +359,7 @@ class Engine:
             self.metrics.inc("sglang:num_transfer_failed_reqs_total")
             raise EngineError(500, message) from None
         finally:
-            if handshaken:
+            if admitted:
                 self.decode_transfer_q -= 1
             else:
                 self.decode_prealloc_q -= 1
@@ -355,10 +371,8 @@ class Engine:
             req.first_token = report["first_token"]
             req.first_report = report.get("first_logprobs")
         req.cached_tokens = prefill_cached + max(0, decode_prefix - prefill_cached)
-        # the decode side observes its bootstrap (handshake) and KV allocation times, as SGLang's decode does
-        self.metrics.observe("sglang:kv_transfer_bootstrap_ms", (handshake_at - started) * 1000.0)
-        self.metrics.observe("sglang:kv_transfer_alloc_ms", 0.0)
         if self.log.isEnabledFor(logging.DEBUG):
             self.log.debug(f"PD decode rid={spec.rid} room={room_id}: handshake "
-                           f"{(handshake_at - started) * 1e3:.1f}ms, "
-                           f"KV wait {(time.perf_counter() - handshake_at) * 1e3:.1f}ms")
+                           f"{(handshake_at - started) * 1e3:.1f}ms, admission "
+                           f"{(admitted_at - handshake_at) * 1e3:.1f}ms, "
+                           f"KV wait {(time.perf_counter() - admitted_at) * 1e3:.1f}ms")

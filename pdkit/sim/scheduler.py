@@ -389,7 +389,8 @@ class Scheduler:
         admitted: list[SimRequest] = []
         if not self.prealloc:
             return admitted
-        running = [Decoding(r.prompt_tokens, len(r.output_ids), r.max_new_tokens) for r in self.running if not r.aborted]
+        running = [Decoding(r.prompt_tokens, len(r.output_ids), r.max_new_tokens)
+                   for r in self.running if not r.aborted]
         while self.prealloc:
             req = self.prealloc[0]
             if req.done or req.released:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pdkit.faultbudget import ROUTER_FLAGS as ROUTER_BUDGET_FLAGS
 from pdkit.faultbudget import problems as fault_budget_problems
-from pdkit.faultbudget import router_flags
+from pdkit.faultbudget import queue_wait_warnings, router_flags
 from pdkit.kvcost import KV_PATHS, net_devices_are_rdma
 from pdkit.spec.addresses import check_addresses, host_ports
 from pdkit.spec.cluster import ClusterSpec, HostSpec, Problem
@@ -254,6 +254,9 @@ def cross_checks(spec: ClusterSpec) -> list[Problem]:
                 add(Problem(host.name, f"pdkit_cluster.fault_budget.{field}",
                             f"ignored: {' '.join(spec.router_release(host))} has no {flag} (pdkit/parser_table.json); "
                             "remove it, or use a router that has it (smg)", "warning"))
+    # a burst of the declared workload that would run a PD timeout out with nothing dead (queueing)
+    for host_name, field, message in queue_wait_warnings(spec):
+        add(Problem(host_name, field, message, "warning"))
     # a cluster-wide setting reached through several engines of one host is one problem
     return list(dict.fromkeys(problems))
 
