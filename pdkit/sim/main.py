@@ -25,6 +25,8 @@ from pdkit.sim.server import SGLangAccessLogger, SimServer
 # importing pdkit.health would put it in the sim engine's wheel (wheelhouse.sim_sources), so a gate edit would
 # restart sim engines
 READY_LINE = "The server is fired up and ready to roll!"
+# when this process started, as near as the sim can tell (SGLang's tokenizer_e2e counts from its launch)
+PROCESS_STARTED = time.monotonic()
 # SGLang's tokenizer_manager.sigterm_watchdog re-checks the requests still in flight every 5 s
 DRAIN_TICK_S = 5.0
 
@@ -159,6 +161,9 @@ async def serve(args: SimArgs, knobs: Knobs) -> int:
             sched_log.info(f"Capture cuda graph end. decode: {plan.decode_enabled} (max bs {plan.decode_max_bs}), "
                            f"prefill: {plan.prefill_enabled} (max tokens {plan.prefill_max_tokens}). Time elapsed: "
                            "0.00 s.")
+        # SGLang sets its start-up gauges once start-up completes, before the server answers /health
+        # (TokenizerManager.set_startup_time): every phase, 0 for a CUDA-graph phase that did not run
+        metrics.startup_time(time.monotonic() - PROCESS_STARTED, knobs.startup_delay_s, plan)
         engine.ready = True
         log.info(READY_LINE)
 

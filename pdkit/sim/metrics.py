@@ -58,6 +58,11 @@ class _Present:
         return (f for f in self.registry.collect() if f.samples)
 
 
+# sglang/srt/model_executor/graph_memory_usage.py GRAPH_MEMORY_USAGE_KEYS (0.5.17 and 0.5.23): the phases of
+# sglang:startup_cuda_graph_time_seconds
+GRAPH_PHASES = ("prefill", "decode", "target_verify", "draft_prefill", "draft_decode", "draft_extend")
+
+
 class SimMetrics:
     """The sim's registry, built from the catalogue for one SGLang release.
 
@@ -133,6 +138,22 @@ class SimMetrics:
         if fam is None or not extra:
             return extra
         return {k: v for k, v in extra.items() if k in fam["labels"]}
+
+    def startup_time(self, total_s: float, scheduler_s: float, plan) -> None:
+        """SGLang's start-up gauges, set once when start-up completes (TokenizerManager.set_startup_time,
+        0.5.17 and 0.5.23): load_weight and kv_cache_allocation 0 (the sim reads no weights), the
+        scheduler's and the whole start's seconds, and every CUDA-graph phase of
+        sglang/srt/model_executor/graph_memory_usage.py GRAPH_MEMORY_USAGE_KEYS, 0 where none was captured."""
+        for phase, value in (("load_weight", 0.0), ("kv_cache_allocation", 0.0), ("scheduler_e2e", scheduler_s),
+                             ("tokenizer_e2e", total_s)):
+            c = self.child("sglang:startup_time_seconds", phase=phase)
+            if c is not None:
+                c.set(round(value, 3))
+        # the sim captures nothing: a phase it "captures" takes no time, as one not run
+        for phase in GRAPH_PHASES:
+            c = self.child("sglang:startup_cuda_graph_time_seconds", phase=phase)
+            if c is not None:
+                c.set(0.0)
 
     def count_pass(self, mode: str, passes: int = 1) -> None:
         """cuda_graph_passes_total{mode}: every TP rank runs every forward pass, one series per rank."""

@@ -189,6 +189,10 @@ def test_with_allow_downtime_a_change_rolls_under_load_with_quick_errors_only_an
     assert node["host"] == host and 0 < node["outage_s"] < 120, node
     printed = re.search(r"service outage ([\d.]+) s", proc.stdout)
     assert printed and abs(float(printed.group(1)) - node["outage_s"]) < 0.1, proc.stdout
+    # the restarted decode's own start-up phases, as its gate read them from SGLang's gauges (issue 45 item 1)
+    phases = node["engine_phases"]["pdkit-engine-decode.service"]
+    assert 0 < phases["restart_to_ready_s"] < 120 and phases["tokenizer_e2e"] > 0 and "load_weight" in phases, node
+    assert "decode ready" in proc.stdout and "(SGLang: load_weight" in proc.stdout, proc.stdout[-3000:]
     assert current_release(lab, host).endswith(new["release"][host][:12])
     assert file_sums(lab, host, ["/etc/systemd/system/pdkit-engine-decode.service"]) == {
         "/etc/systemd/system/pdkit-engine-decode.service": new["files"][host]["/etc/systemd/system/pdkit-engine-decode.service"]}

@@ -312,3 +312,26 @@ def test_a_node_cut_off_mid_roll_stops_the_roll_and_a_later_roll_completes(lab, 
             assert current_release(lab, host).endswith(new["release"][host][:12]), f"{host} is not on the new release"
     finally:
         back_to_base(lab, base_plan)
+
+
+def test_the_weights_page_cache_residency_is_read_and_warmed_on_a_lab_host(lab, base_plan):
+    """pdkit.residency from the node venv the deploy installed, on a lab host's own kernel: a weight
+    file evicted from the page cache reads as cold, the warm reads it in (issue 45 item 3; the roll runs
+    the same command before a real engine's drain, Roller.warm_weights)."""
+    from pdkit import flags
+    from pdkit.loader import load
+
+    host = base_plan["gpu"][1]
+    python = flags.node_python(load(str(REPO / BASE)))
+    model = "/var/lib/pdkit-residency-test"
+    made = ssh(lab, host, f"mkdir -p {model}/shards && head -c 48M /dev/urandom > {model}/shards/model-00001-of-00001.safetensors"
+                          f" && echo '{{}}' > {model}/config.json && sync")
+    assert made.returncode == 0, made.stderr
+    try:
+        done = ssh(lab, host, f"{python} -m pdkit.residency {model} --evict --warm")
+        assert done.returncode == 0, done.stdout + done.stderr
+        got = json.loads(done.stdout.strip().splitlines()[-1])
+        assert got["before"]["files"] == 1 and got["before"]["bytes"] == 48 << 20, got
+        assert got["before"]["ratio"] < 0.5 and got["after"]["ratio"] > 0.99 and got["warm_s"] >= 0, got
+    finally:
+        ssh(lab, host, f"rm -rf {model}")
