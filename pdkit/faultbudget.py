@@ -37,6 +37,7 @@ from pdkit.parsertable import router_has_flag
 # what SGLang's code does, in a module the node venv (and so the sim) can import without pydantic
 from pdkit.sglang_pd import (
     ENGINE_VARIABLES,
+    NO_PREFILL_BOOTSTRAP_TIMEOUT,
     SGLANG_ENSURE_ATTEMPTS,
     SGLANG_ENSURE_INTERVAL_S,
     SGLANG_HEARTBEAT_CONNECT_TIMEOUT_S,
@@ -219,10 +220,6 @@ def summary_lines(budget: FaultBudget, health_check_interval_s: int, health_fail
 # the bootstrap clock while the decode's pool is full, on the waiting clock once admitted. docs/sim.md,
 # "Queueing: bootstrap clock and decode admission".
 
-# (release, transfer backend) whose PD prefill never checks SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT:
-# 0.5.17's NixlKVSender leaves init_time unset and its poll() never calls _check_bootstrap_timeout
-# (nixl/conn.py:2702-2773; common/conn.py:1204 returns at once while init_time is None)
-NO_PREFILL_BOOTSTRAP_TIMEOUT = frozenset({("0.5.17", "nixl")})
 # what a safe timeout adds to the estimate (which leaves out decode time and scheduling)
 QUEUE_MARGIN = 1.25
 

@@ -29,3 +29,11 @@ ENGINE_VARIABLES = {
     "waiting_timeout_s": "SGLANG_DISAGGREGATION_WAITING_TIMEOUT",
     "bootstrap_timeout_s": "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT",
 }
+
+
+# (release, transfer backend) whose PD prefill never checks SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT:
+# 0.5.17's NixlKVSender leaves init_time unset and its poll() never calls _check_bootstrap_timeout
+# (nixl/conn.py:2702-2773; common/conn.py:1204 returns at once while init_time is None), so a request
+# whose decode never sends its slots waits at the prefill until it is aborted. The kit's validate
+# (pdkit/faultbudget.py) and the sim (pdkit/sim/engine.py) both follow this.
+NO_PREFILL_BOOTSTRAP_TIMEOUT = frozenset({("0.5.17", "nixl")})

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from pdkit.sglang_pd import NO_PREFILL_BOOTSTRAP_TIMEOUT
+
 from pdkit.sim.args import SimArgs
 from pdkit.sim.bootstrap import (
     PREFILL_MIGHT_BE_DEAD,
@@ -36,7 +38,7 @@ from pdkit.sim.bootstrap import (
     wait_for_kv,
 )
 from pdkit.sim.knobs import Knobs
-from pdkit.sim.metrics import PD_QUEUE_GAUGES, SimMetrics
+from pdkit.sim.metrics import DEFAULT_SGLANG_VERSION, PD_QUEUE_GAUGES, SimMetrics
 from pdkit.sim.protocol import GenSpec
 from pdkit.sim.scheduler import QueueFull, Scheduler, SimRequest
 from pdkit.sim.stepmodel import kv_tokens_to_send, kv_transfer_bytes, kv_transfer_seconds, sglang_kv_units
@@ -226,16 +228,19 @@ class Engine:
         SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT fails, 2385-2409). A decode whose KV pool stays full
         that long fails it with nothing dead. The decode is not told (SGLang's prefill knows no decode
         endpoint for a room before its slots): one that admits the request later waits for the KV until
-        its waiting timeout. One deviation: 0.5.17's NIXL sender never checks this timeout
-        (nixl/conn.py NixlKVSender.poll); the sim applies it on every release (docs/sim.md)."""
+        its waiting timeout. 0.5.17's NIXL sender never checks this timeout (nixl/conn.py
+        NixlKVSender.poll; pdkit.sglang_pd.NO_PREFILL_BOOTSTRAP_TIMEOUT): there the request waits
+        until the decode sends its slots or the client goes away, as the real one does."""
         assert spec.bootstrap is not None
         room_id = spec.bootstrap.room
         room = self.rooms.get(room_id)
         self.prefill_bootstrap_q += 1
         self._pd_gauges()
         started = time.monotonic()
+        enforced = ((self.knobs.sglang_version or DEFAULT_SGLANG_VERSION),
+                    self.args.server["disaggregation_transfer_backend"]) not in NO_PREFILL_BOOTSTRAP_TIMEOUT
         try:
-            await asyncio.wait_for(room.decode_ready.wait(), self.knobs.bootstrap_timeout_s)
+            await asyncio.wait_for(room.decode_ready.wait(), self.knobs.bootstrap_timeout_s if enforced else None)
         except TimeoutError:
             waited = time.monotonic() - started
             message = (f"Prefill bootstrap failed for request rank=0 req.rid='{spec.rid}' "

@@ -5,12 +5,15 @@ and label names; the eager families there from the start; the lazy ones absent u
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from pdkit import catalogue, metricnames
+from pdkit.sglang_pd import NO_PREFILL_BOOTSTRAP_TIMEOUT
 
 from .support import SIM_TEST_ENV, free_ports, get, post, start_sim, wait_until
 
@@ -47,15 +50,22 @@ def value(families: dict, name: str) -> float:
 
 
 def pd_request(prefill: str, decode: str, bootstrap_port: int, room: int, stream: bool,
-               to: tuple[str, ...] = ("prefill", "decode")) -> list[int]:
+               to: tuple[str, ...] = ("prefill", "decode"), timeout: float = 30.0) -> list[int]:
     """What smg does for one PD request: the same body, with the prefill's bootstrap address and a
-    room, to both engines at once."""
+    room, to both engines at once (0: no answer within TIMEOUT)."""
     body = {"text": "catalogue", "sampling_params": {"max_new_tokens": 4}, "stream": stream,
             "bootstrap_host": "127.0.0.1", "bootstrap_port": bootstrap_port, "bootstrap_room": room}
     urls = {"prefill": prefill, "decode": decode}
+
+    def one(url: str) -> int:
+        try:
+            return post(url, body, timeout).status_code
+        except requests.exceptions.ReadTimeout:
+            return 0
+
     with ThreadPoolExecutor(2) as pool:
-        futures = [pool.submit(post, f"{urls[r]}/generate", body, 30.0) for r in to]
-        return [f.result().status_code for f in futures]
+        futures = [pool.submit(one, f"{urls[r]}/generate") for r in to]
+        return [f.result() for f in futures]
 
 
 @pytest.mark.parametrize("version", catalogue.SGLANG_VERSIONS)
@@ -106,10 +116,21 @@ def test_sim_metrics_are_the_catalogues(procs, version):
 
     # 3. A forced failure: a prefill whose decode never comes times out its bootstrap, a decode whose
     #    prefill never gets the request times out waiting for the KV. The failure counters appear, at 1.
-    assert pd_request(prefill, decode, bootstrap_port, 3, stream=False, to=("prefill",)) == [500]
-    wait_until(lambda: S["bootstrap_failed"] in page(prefill), TIMEOUT_S + 5, "the prefill's bootstrap failure")
-    p = page(prefill)
-    assert value(p, S["bootstrap_failed"]) == 1 and p[S["bootstrap_failed"]][0] == "counter"
+    #    Not on 0.5.17 with NIXL (the local stack's backend): its prefill never checks the bootstrap
+    #    timeout (pdkit.sglang_pd.NO_PREFILL_BOOTSTRAP_TIMEOUT), so the request waits on, counted in the
+    #    prefill's bootstrap queue, and no failure series appears.
+    if (version, "nixl") in NO_PREFILL_BOOTSTRAP_TIMEOUT:
+        with ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(pd_request, prefill, decode, bootstrap_port, 3, False, ("prefill",), TIMEOUT_S + 4)
+            time.sleep(TIMEOUT_S + 1.5)  # past the timeout, before the client gives up
+            p = page(prefill)
+            assert S["bootstrap_failed"] not in p and value(p, S["prefill_bootstrap_queue"]) == 1, sorted(p)
+            assert waiting.result() == [0]  # no answer at all: the client gave up
+    else:
+        assert pd_request(prefill, decode, bootstrap_port, 3, stream=False, to=("prefill",)) == [500]
+        wait_until(lambda: S["bootstrap_failed"] in page(prefill), TIMEOUT_S + 5, "the prefill's bootstrap failure")
+        p = page(prefill)
+        assert value(p, S["bootstrap_failed"]) == 1 and p[S["bootstrap_failed"]][0] == "counter"
     assert pd_request(prefill, decode, bootstrap_port, 4, stream=False, to=("decode",)) == [500]
     d = page(decode)
     assert value(d, S["bootstrap_failed"]) + value(d, S["transfer_failed"]) == 1
