@@ -70,8 +70,11 @@ class FaultBudget(BaseModel):
     # seconds a decode waits for a request's KV once it handed the prefill its slots: the bound on
     # a prefill that is up but never sends (SGLang: 300). Above the longest prefill queue you accept
     waiting_timeout_s: int = Field(default=60, ge=1)
-    # seconds a prefill keeps a request whose decode never sent its KV slots (SGLang: 300)
-    bootstrap_timeout_s: int = Field(default=60, ge=1)
+    # seconds a prefill keeps a request whose decode never sent its KV slots: SGLang's own 300. Its
+    # clock runs from registration, so a burst queued behind a full decode KV pool spends its wait
+    # on it with nothing dead (docs/rolling.md "Queueing vs the fault budget"); no fault's wait in
+    # fault_waits depends on it (heartbeats and the routers' health checks bound those)
+    bootstrap_timeout_s: int = Field(default=300, ge=1)
     # smg: seconds a PD request waits for room in the decode's running window before a 503 (smg: 30)
     router_admission_wait_s: int = Field(default=20, ge=0)
     # the router's limit on a whole request, streaming included (both routers: 1800): above the
@@ -85,6 +88,10 @@ class FaultBudget(BaseModel):
     # answers after 1 s at the earliest (it waits for a scheduler step: http_server.py health_generate),
     # so below 2 s a busy engine reads as down
     router_health_check_timeout_s: int = Field(default=3, ge=2)
+    # a prefill engine's rate on prompts at the context cap (tokens/s), measured (pdkit bench) or stated:
+    # validate then estimates the wait of a burst of target_concurrency such prompts against both
+    # timeouts above (queue_wait_warnings); None: no estimate for SGLang engines (the sim's is its own)
+    prefill_tokens_per_s: float | None = Field(default=None, gt=0)
     # what pdkit's docs and clients (pdkit bench, pdkit chat) use as the client's timeout: above the
     # router's request timeout, so that the router, not the client, ends a request that takes too long
     client_timeout_s: int = Field(default=1830, ge=1)
@@ -348,9 +355,9 @@ def stated_prefill_tokens_per_s(spec: Any, engine: Any, prompt_tokens: int) -> f
     """A prefill engine's rate on prompts of PROMPT_TOKENS, where the inventory states one: for the sim
     (engine: sim), its step model from the engine's PDKIT_SIM_PREFILL_* knobs (the sim's defaults when
     unset), as many prompts a pass as its --max-prefill-tokens budget takes (at least one). SGLang
-    engines: None, the spec has no prefill rate (docs/sim.md)."""
+    engines: fault_budget.prefill_tokens_per_s (None: not stated)."""
     if spec.cluster.engine != "sim":
-        return None
+        return spec.cluster.fault_budget.prefill_tokens_per_s
     knobs = _sim_knobs(engine)
     if knobs is None:
         return None

@@ -46,7 +46,7 @@ def test_the_decode_pool_splits_the_wait_between_the_clocks():
 
 
 def test_a_bootstrap_timeout_below_the_queue_wait_is_named_with_a_safe_value():
-    budget = FaultBudget()  # 60 s each
+    budget = FaultBudget(bootstrap_timeout_s=60)  # the kit's default before issue 45; 60 s each
     wait = burst_wait(64, 32768, 20000.0, decode_pool_tokens=262144)  # 7 at once, 1.64 s a prompt
     found = dict(burst_problems(budget, wait))
     assert set(found) == {BOOTSTRAP}, found
@@ -70,7 +70,7 @@ def test_a_waiting_timeout_below_the_prefill_queue_is_named():
 
 
 def test_unknown_pool_warns_on_both_clocks_and_a_prompt_that_never_fits_says_so():
-    found = dict(burst_problems(FaultBudget(), burst_wait(128, 32768, 30000.0)))
+    found = dict(burst_problems(FaultBudget(bootstrap_timeout_s=60), burst_wait(128, 32768, 30000.0)))
     assert set(found) == {BOOTSTRAP, WAITING}
     assert "not known here" in found[BOOTSTRAP]
     never = dict(burst_problems(FaultBudget(), burst_wait(4, 8000, 30000.0, decode_pool_tokens=8000)))
@@ -78,7 +78,7 @@ def test_unknown_pool_warns_on_both_clocks_and_a_prompt_that_never_fits_says_so(
 
 
 def test_a_safe_value_past_the_router_timeout_says_to_raise_that_too():
-    budget = FaultBudget(router_request_timeout_s=100, client_timeout_s=130)
+    budget = FaultBudget(bootstrap_timeout_s=60, router_request_timeout_s=100, client_timeout_s=130)
     found = dict(burst_problems(budget, burst_wait(128, 32768, 30000.0)))
     assert "router_request_timeout_s above it, now 100" in found[BOOTSTRAP]
 
@@ -88,7 +88,7 @@ def test_a_release_that_never_checks_the_bootstrap_timeout_gets_no_bootstrap_war
     only the waiting clock can fail the burst there."""
     assert ("0.5.17", "nixl") in faultbudget.NO_PREFILL_BOOTSTRAP_TIMEOUT
     wait = burst_wait(128, 32768, 30000.0)
-    assert {f for f, _ in burst_problems(FaultBudget(), wait, bootstrap_enforced=False)} == {WAITING}
+    assert {f for f, _ in burst_problems(FaultBudget(bootstrap_timeout_s=60), wait, bootstrap_enforced=False)} == {WAITING}
 
 
 # ---- from an inventory, through `pdkit validate` ---------------------------------------------------
@@ -134,6 +134,21 @@ def test_validate_is_quiet_where_the_burst_fits_the_budget_or_nothing_is_stated(
     assert faultbudget.queue_wait_warnings(load(str(write_inventory(tmp_path, hosts, cluster)))) == []  # sglang
     # the lab as shipped
     assert faultbudget.queue_wait_warnings(load(str(REPO / "inventories" / "lab.py"))) == []
+
+
+def test_a_stated_prefill_rate_gives_sglang_engines_the_estimate_and_the_default_bootstrap_timeout_holds_it(base, tmp_path):
+    """fault_budget.prefill_tokens_per_s: a real engine's burst estimate. 64 prompts at 8192 tokens at
+    5,000 tokens/s is ~105 s of prefill; the pool is not known for SGLang, so both clocks are checked
+    against it: the waiting clock (60) warns, the bootstrap clock's default (SGLang's 300) does not."""
+    cluster, hosts = base
+    cluster.update(target_concurrency=64)
+    cluster["tuning"] = {"all": {"context_length": 8192}, "decode": {"cuda_graph_max_bs": 64}}
+    cluster["fault_budget"] = {"prefill_tokens_per_s": 5000}
+    found = {(h, f) for h, f, _ in faultbudget.queue_wait_warnings(load(str(write_inventory(tmp_path, hosts, cluster))))}
+    assert found == {("gpu01", WAITING), ("gpu02", WAITING)}, found
+    cluster["fault_budget"] = {"prefill_tokens_per_s": 5000, "bootstrap_timeout_s": 60}
+    found = {(h, f) for h, f, _ in faultbudget.queue_wait_warnings(load(str(write_inventory(tmp_path, hosts, cluster))))}
+    assert ("gpu01", BOOTSTRAP) in found, found
 
 
 def test_the_sim_pool_and_reserve_come_from_the_decode_engine(base, tmp_path):
