@@ -287,6 +287,110 @@ def test_an_engine_restarted_onto_other_weights_fails_its_gate_naming_the_rank(l
     serves(box)
 
 
+QUEUE_DROPINS = {
+    # two 6,000-token prompts a 2 s pass: a burst of 16 takes ~17 s to prefill
+    "pdkit-engine-prefill.service": "PDKIT_SIM_PREFILL_BASE_MS=2000",
+    # a tenth of the decode's KV pool (~26K tokens): 4 such prompts at once, the rest queue for admission
+    "pdkit-engine-decode.service": "PDKIT_SIM_KV_POOL_FRACTION=0.1",
+}
+QUEUE_PROMPT_WORDS = 6000  # the sim's tokens are words: under the box's 8,192-token cap
+
+
+def queue_dropins(lab, host: str, on: bool) -> None:
+    """The sim's slow prefill and small decode pool through drop-ins (outside the kit), both engines
+    restarted; ON False: removed and restarted back."""
+    parts = []
+    for unit, env in QUEUE_DROPINS.items():
+        path = f"/etc/systemd/system/{unit}.d/zz-test-queue.conf"
+        parts.append(f"mkdir -p /etc/systemd/system/{unit}.d && printf '[Service]\\nEnvironment={env}\\n' > {path}"
+                     if on else f"rm -f {path}")
+    units = " ".join(QUEUE_DROPINS)
+    proc = ssh(lab, host, " && ".join(parts) + f" && systemctl daemon-reload && systemctl restart {units}", timeout=180)
+    assert proc.returncode == 0, proc
+
+
+def burst(plan: dict, n: int, timeout: float = 150) -> list[tuple[int, float]]:
+    """N long completions at once through the router: (status or 0 for no answer, seconds) each."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    url = f"http://{plan['addr'][plan['router']]}:8000/v1/completions"
+
+    def one(i: int) -> tuple[int, float]:
+        prompt = " ".join(f"w{i}x{j}" for j in range(QUEUE_PROMPT_WORDS))  # no shared prefix
+        start = time.monotonic()
+        try:
+            r = requests.post(url, json={"model": plan["model"], "prompt": prompt, "max_tokens": 16}, timeout=timeout)
+            return r.status_code, time.monotonic() - start
+        except requests.RequestException:
+            return 0, time.monotonic() - start
+
+    with ThreadPoolExecutor(n) as pool:
+        return list(pool.map(one, range(n)))
+
+
+def test_a_burst_queued_behind_a_small_decode_pool_is_served_and_a_killed_prefill_still_fails_fast(lab, box):
+    """Issue 45 item 5: SGLang's prefill starts a request's bootstrap clock at registration and the
+    decode admits only what its KV pool holds (docs/rolling.md "Queueing vs the fault budget"; the sim
+    queues the same way). A burst of 16 long prompts against a decode that holds 4 queues for ~17 s with
+    nothing dead: at the kit's fault budget every request is served (at the old 60 s bootstrap timeout
+    of a slower box, the queued ones failed). A prefill killed during a second burst still fails its
+    requests with an error status within the budget, none hangs."""
+    from pdkit.loader import load
+
+    host = box["router"]
+    addr = box["addr"][host]
+    budget = load(ONE).cluster.fault_budget
+    queue_dropins(lab, host, True)
+    try:
+        wait_router_steady(box)
+        peak = [0.0]
+        stop = False
+
+        def watch() -> None:
+            while not stop:
+                try:
+                    page = requests.get(f"http://{addr}:30001/metrics", timeout=5).text
+                    for line in page.splitlines():
+                        if line.startswith("sglang:num_decode_prealloc_queue_reqs{"):
+                            peak[0] = max(peak[0], float(line.rsplit(" ", 1)[1]))
+                except requests.RequestException:
+                    pass
+                time.sleep(0.2)
+
+        import threading
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        first = burst(box, 16)
+        stop = True
+        watcher.join(10)
+        print(f"burst of 16 behind a 4-request decode pool: {sorted(round(t, 1) for _, t in first)}; "
+              f"prealloc queue peak {peak[0]:.0f}")
+        assert [s for s, _ in first] == [200] * 16, first
+        assert peak[0] >= 4, f"the decode never queued for admission (peak {peak[0]})"
+        assert max(t for _, t in first) > 8, first  # they did queue: the burst took the prefill's ~17 s
+        failed = requests.get(f"http://{addr}:30000/metrics", timeout=10).text
+        assert "sglang:num_bootstrap_failed_reqs_total{" not in failed, "a queued request failed its bootstrap"
+
+        # a prefill killed mid-burst: every request ends with a status within the budget
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(1) as pool:
+            second = pool.submit(burst, box, 8, 120)
+            time.sleep(3)
+            killed_at = time.monotonic()
+            kill = ssh(lab, host, "systemctl kill -s KILL pdkit-engine-prefill.service")
+            assert kill.returncode == 0, kill
+            ended = second.result()
+        waited = time.monotonic() - killed_at
+        print(f"burst of 8, prefill killed after 3 s: {ended}; all ended {waited:.1f} s after the kill")
+        # an error status or, retried by the router onto the restarted prefill, an answer: never a hang
+        assert 0 not in [s for s, _ in ended], f"a request hung until the client gave up: {ended}"
+        assert waited < budget.budget_s + 10, (waited, budget.budget_s, ended)
+    finally:
+        queue_dropins(lab, host, False)
+    wait_router_steady(box)
+    serves(box)
+
+
 def test_a_change_the_box_cannot_start_is_restored_byte_for_byte_and_it_serves_again(lab, box, tmp_path):
     host = box["router"]
     broken = one_node_inventory(tmp_path, "crash", "_node['pdkit_node']['engines'][1]['env'] = {'PDKIT_SIM_TRANSFER_FAIL_RATE': '2'}")
