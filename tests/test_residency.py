@@ -44,8 +44,10 @@ def test_evicted_weights_read_as_cold_and_warming_brings_them_back(tmp_path):
 
 def test_the_cli_prints_one_json_line_and_warms_only_when_cold(tmp_path):
     d = _model(tmp_path, 2)
-    run = lambda *a: json.loads(subprocess.run([sys.executable, "-m", "pdkit.residency", str(d), *a],
-                                               capture_output=True, text=True, check=True).stdout)
+    def run(*a):
+        return json.loads(subprocess.run([sys.executable, "-m", "pdkit.residency", str(d), *a],
+                                         capture_output=True, text=True, check=True).stdout)
+
     out = run("--evict", "--warm")
     assert out["before"]["ratio"] < 0.5 and out["after"]["ratio"] > 0.99 and "warm_s" in out
     again = run("--warm")

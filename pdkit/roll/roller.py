@@ -575,7 +575,8 @@ class Roller:
             except Exception as exc:  # noqa: BLE001 - evidence and a head start only: never a reason to stop
                 ok, stdout, stderr = False, "", str(exc)
             try:
-                got = json.loads(stdout.strip().splitlines()[-1]) if ok else {"error": (stderr or stdout).strip()[-300:]}
+                got = (json.loads(stdout.strip().splitlines()[-1]) if ok
+                       else {"error": (stderr or stdout).strip()[-300:]})
             except (ValueError, IndexError):
                 got = {"error": f"unreadable answer: {stdout.strip()[-300:]}"}
             record[path] = got

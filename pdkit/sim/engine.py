@@ -27,7 +27,6 @@ from dataclasses import dataclass
 import aiohttp
 
 from pdkit.sglang_pd import NO_PREFILL_BOOTSTRAP_TIMEOUT
-
 from pdkit.sim.args import SimArgs
 from pdkit.sim.bootstrap import (
     PREFILL_MIGHT_BE_DEAD,
