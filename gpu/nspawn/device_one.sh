@@ -141,7 +141,7 @@ phase_converge() {
 }
 
 phase_restart() {  # where a warm restart goes: imports and restarts with and without bytecode (gpu/nspawn/restart_cost.py)
-    step restart-cost ${RESTART_LIMIT_S:-420} "${RUN[@]}" "$P/python" gpu/nspawn/restart_cost.py "$INV" --out "$OUT/restart"
+    step restart-cost ${RESTART_LIMIT_S:-420} "${RUN[@]}" "$P/python" gpu/nspawn/restart_cost.py "$INV" --out "$OUT/restart" ${RESTART_FLAGS:-}
     tail -12 "$OUT/restart-cost.log"
     engines_log restart
 }

@@ -157,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("inventory")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--skip-importtime", action="store_true")
+    ap.add_argument("--no-repeat", action="store_true", help="skip the second restart with bytecode (the spread)")
     args = ap.parse_args(argv)
     spec = load(args.inventory)
     host = spec.gpu_hosts[0]
@@ -176,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"import sglang.launch_server as {user}, bytecode {'yes' if bytecode else 'no'}: "
                   f"{i['imports_s']} s of imports ({i['wall_s']} s wall); top: {i['top'][:6]}", flush=True)
             save()
-    for label, env in (("bytecode", None), ("no-bytecode", NO_BYTECODE_PREFIX), ("bytecode-again", None)):
+    runs = [("bytecode", None), ("no-bytecode", NO_BYTECODE_PREFIX), ("bytecode-again", None)]
+    for label, env in runs[:2] if args.no_repeat else runs:
         if env:
             host_exec(f"systemctl set-environment PYTHONPYCACHEPREFIX={env}")
         try:
