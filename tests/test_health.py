@@ -411,3 +411,17 @@ def test_the_done_line_names_each_restarted_engine_and_sglangs_phases():
     assert words == "; decode ready 53.1 s (SGLang: load_weight 0.1 s, cuda_graph:decode 4.6 s)"
     t = NodeTiming(host="gpu01", total_s=80, engine_phases={"pdkit-engine-prefill.service": {"restart_to_ready_s": 40.0}})
     assert t.summary().endswith("; prefill ready 40.0 s")
+
+
+def test_pdkit_releases_shows_each_engines_last_start_and_its_phases():
+    from pdkit.roll.commands import format_releases, last_starts
+
+    probe = {  # [left active, ready, went inactive, started, phases] (µs)
+        "pdkit-engine-decode.service": [1_000_000, 63_100_000, 3_000_000, 3_100_000, {"tokenizer_e2e": 40.5}],
+        "pdkit-engine-prefill.service": [0, None, 0, 2_000_000, {}],  # not seen ready: left out
+    }
+    starts = last_starts(probe)
+    assert starts == {"pdkit-engine-decode.service": {"restart_to_ready_s": 62.0, "tokenizer_e2e": 40.5}}
+    text = format_releases("gpu01", {"releases": [], "current": None, "last_starts": starts}, "h")
+    assert text.splitlines()[-1] == "  decode ready 62.0 s (SGLang: tokenizer_e2e 40.5 s)", text
+    assert "engines' last starts" in text

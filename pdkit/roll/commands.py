@@ -29,6 +29,7 @@ from pdkit.roll.planning import (
     put_back_summary,
     refusal_text,
     rerun_with_downtime,
+    restart_to_ready,
     rollout_order,
     spanning_units,
     stop_summary,
@@ -36,7 +37,7 @@ from pdkit.roll.planning import (
     version_changes,
 )
 from pdkit.roll.pyinfra_api import patch_gevent, run_remote
-from pdkit.roll.roller import NodeTiming, Progress, Roller
+from pdkit.roll.roller import NodeTiming, Progress, Roller, phases_words, timing_probe_command
 
 EXIT_FAILED = 1
 EXIT_INVALID = 2
@@ -255,11 +256,27 @@ def cmd_releases(args: argparse.Namespace) -> int:
         print(f"pdkit releases: {args.host}: {stderr.strip()[-500:]}", file=sys.stderr)
         return EXIT_FAILED
     data = json.loads(stdout)
+    # the running engines' last starts: restart-to-ready and SGLang's own phases (the gate's ready marks)
+    units = [sv.unit for sv in roller.plans[args.host].services if sv.kind == "engine"]
+    if units:
+        ok, probe, _ = run_remote(hosts[args.host], timing_probe_command(units), timeout=60)
+        data["last_starts"] = last_starts(json.loads(probe)) if ok else {}
     if args.json:
         print(json.dumps(data, indent=2))
         return 0
     print(format_releases(args.host, data, roller.plans[args.host].release_hash))
     return 0
+
+
+def last_starts(probe: dict[str, list]) -> dict[str, dict[str, float]]:
+    """Pure: per engine unit of a _TIMING_PROBE answer, its last start's restart-to-ready (the stop
+    included when it belongs to the start) and SGLang's start-up phases; units never seen ready: left out."""
+    out = {}
+    for unit, values in probe.items():
+        took = restart_to_ready({unit: values})
+        if took is not None:
+            out[unit] = {"restart_to_ready_s": round(took, 2), **(values[4] if len(values) > 4 else {})}
+    return out
 
 
 def format_releases(host: str, data: dict, planned_hash: str) -> str:
@@ -270,6 +287,8 @@ def format_releases(host: str, data: dict, planned_hash: str) -> str:
         lines.append(f"{marks} {r['id']}  {r['time']}  {r['files']} files  {r['command']}")
     if not data["releases"]:
         lines.append("  (none: the node has not been deployed with release recording yet)")
+    if data.get("last_starts"):
+        lines.append("engines' last starts" + phases_words(data["last_starts"]).replace("; ", "\n  "))
     return "\n".join(lines)
 
 

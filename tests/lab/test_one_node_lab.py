@@ -233,6 +233,10 @@ def test_a_rollback_whose_ready_step_fails_leaves_the_box_in_the_router_and_a_sh
     # named, since the default (the one before the current id) is whatever ran on the box earlier
     kept = pdkit("releases", ONE, host, "--json")
     assert kept.returncode == 0, kept.stderr
+    # with each running engine's last start, as the gate saw it (issue 45 item 1)
+    last = json.loads(kept.stdout)["last_starts"]
+    assert last["pdkit-engine-decode.service"]["restart_to_ready_s"] > 0, last
+    assert "tokenizer_e2e" in last["pdkit-engine-decode.service"], last
     target = max(r["id"] for r in json.loads(kept.stdout)["releases"] if r["id"] != release_before)
     full = requests.get(f"http://{addr}:30000/server_info", timeout=10).json()["max_total_num_tokens"]
     restart_prefill(lab, host, "PDKIT_SIM_KV_POOL_FRACTION=0.05")
