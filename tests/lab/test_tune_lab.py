@@ -78,7 +78,10 @@ def campaign_file(tmp_path: Path, inventory: Path, candidates: list[dict], name:
     path = tmp_path / f"{name}.yaml"
     path.write_text(json.dumps({
         "name": "lab-levers", "inventory": str(inventory), "target": "canary",
-        "workload": {"input_len": 32, "output_len": 16, "concurrency": [8, 32], "requests": 64, "warmup": 4},
+        # 64 tokens a request at C=32: continuous decode steps amortise the scheduling over enough steps to
+        # beat the noise band (at 16 tokens the decode's admission once per scheduler pass, as SGLang's
+        # prealloc queue, left steps-8 3% ahead: inside the band)
+        "workload": {"input_len": 32, "output_len": 64, "concurrency": [32], "requests": 64, "warmup": 4},
         "target_concurrency": 32,
         # the graded gate's forced part at one length, its load at 4 streams: with the scoring and the
         # background load the decode holds fewer than the wedge's 10, which only the soak's 32 reach
@@ -167,7 +170,7 @@ def test_a_campaign_ranks_levers_fails_the_corrupting_and_wedging_ones_resumes_a
             assert env["measured"] == measured, env.get("measured")  # the canary's own pair was benched
             assert by[name]["correctness"]["match_rate"] == 1.0, by[name]["correctness"]["verdict"]
             assert f"to {pair} over" in by[name]["gates"]["soak"]["detail"], by[name]["gates"]["soak"]
-            assert [lv["errors"] for lv in by[name]["bench"]["levels"]] == [0, 0], by[name]["bench"]["levels"]
+            assert [lv["errors"] for lv in by[name]["bench"]["levels"]] == [0], by[name]["bench"]["levels"]
         corrupt, wedge = by["torch-compile"], by["overlap-on"]
         # every prompt met the corrupting decode: each diverges right after the prefill's first token
         assert (corrupt["verdict"], corrupt["failed_gate"]) == ("fail", "correctness"), corrupt.get("reason")
@@ -187,8 +190,9 @@ def test_a_campaign_ranks_levers_fails_the_corrupting_and_wedging_ones_resumes_a
             assert any("back on release" in line for line in failed["rollback"]), failed["rollback"]
         assert by["graphs-off"]["flag_diff"] == [f"{canary}/decode: added `--cuda-graph-backend-decode disabled`; removed `--cuda-graph-max-bs-decode 64`"]
         # the order the sim's formula implies, on the canary's own pair: 8 steps amortise 100 ms of
-        # scheduling better than 4; graphs off costs 6x per step (measured locally with this env and
-        # workload: C=32 about 540, 470, 150 tok/s, runs within 2%)
+        # scheduling better than 4; graphs off costs 6x per step (a local sim PD pair behind smg with this
+        # env and workload, 2026-12-07: steps-8 ~615, baseline ~515 tok/s, repeats within 1%; the lab's
+        # pair is slower, the order and the ~19% gap the same)
         ranked = rank(records, 32, "output_tok_s")
         order = [row["candidate"] for row in ranked]
         assert order == ["steps-8", "baseline", "graphs-off"], [(r["candidate"], r["value"]) for r in ranked]
