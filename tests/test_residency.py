@@ -109,3 +109,24 @@ def test_nothing_is_read_for_dummy_weights_or_the_sim_and_a_node_that_cannot_tel
     assert calls == []
     record, words = _roller(tmp_path, base, "/models/m").warm_weights("gpu01", object())
     assert "residency not measured (No module named pdkit.residency)" in words and "error" in record["/models/m"]
+
+
+def test_the_roll_times_a_restarted_engine_from_its_stop_and_an_added_one_from_its_first_start(tmp_path, base, monkeypatch):
+    """Roller.engines_restart_to_ready over the node's _TIMING_PROBE answer: a running engine restarted
+    in this step counts from its stop, one the step added (never active: no stop) from its start, one
+    restarted before the step not at all; each keeps SGLang's phases from its gate's mark."""
+    from pdkit.roll import roller as roller_mod
+
+    probe = {  # [left active, ready, went inactive, started, phases] (µs, node clock)
+        "pdkit-engine-prefill.service": [10_000_000, 70_000_000, 12_000_000, 12_100_000, {"load_weight": 1.0}],
+        "pdkit-engine-decode.service": [0, 40_000_000, 0, 20_000_000, {"tokenizer_e2e": 15.0}],
+        "pdkit-engine-old.service": [1_000_000, 5_000_000, 1_500_000, 1_600_000, {}],
+    }
+    monkeypatch.setattr(roller_mod, "run_remote", lambda *a, **k: (True, json.dumps(probe), ""))
+    r = _roller(tmp_path, base, "/models/m")
+    took = r.engines_restart_to_ready(object(), "gpu01", since_monotonic_us=9_000_000)
+    assert took == 60.0  # 10 s -> 70 s, the added decode's 20 -> 40 s inside it
+    assert r.engine_phases["gpu01"] == {
+        "pdkit-engine-prefill.service": {"restart_to_ready_s": 60.0, "load_weight": 1.0},
+        "pdkit-engine-decode.service": {"restart_to_ready_s": 20.0, "tokenizer_e2e": 15.0},
+    }

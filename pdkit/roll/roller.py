@@ -761,16 +761,18 @@ class Roller:
         ok, stdout, _ = run_remote(host, timing_probe_command(units), timeout=60)
         if not ok:
             return 0.0
+        # from the stop of a running engine, or from the start of one this step added (never active before)
+        began = {unit: v[0] or v[3] for unit, v in json.loads(stdout).items()}
         restarted = {
             unit: values for unit, values in json.loads(stdout).items()
-            if values[1] and values[0] and (since_monotonic_us is None or values[0] >= since_monotonic_us)
-            and values[1] > values[0]
+            if values[1] and began[unit] and (since_monotonic_us is None or began[unit] >= since_monotonic_us)
+            and values[1] > began[unit]
         }
         self.engine_phases[host_name] = {
-            unit: {"restart_to_ready_s": round((v[1] - v[0]) / 1e6, 2), **(v[4] if len(v) > 4 else {})}
+            unit: {"restart_to_ready_s": round((v[1] - began[unit]) / 1e6, 2), **(v[4] if len(v) > 4 else {})}
             for unit, v in restarted.items()
         }
-        return covered_seconds([(v[0], v[1]) for v in restarted.values()])
+        return covered_seconds([(began[unit], v[1]) for unit, v in restarted.items()])
 
     def last_restart_to_ready(self, host: Any, host_name: str) -> float | None:
         """Seconds the node's running engines took from their last stop (or their start, after a

@@ -607,6 +607,10 @@ class Session:
             outages = [t.outage_s for t in roller.timings if t.outage_s is not None]
             if outages:
                 record["timings"]["outage_s"] = round(sum(outages), 2)
+            # each restarted engine's restart-to-ready and SGLang's own start-up phases (pdkit.health.startup_phases)
+            phases = {t.host: t.engine_phases for t in roller.timings if t.engine_phases}
+            if phases:
+                record["timings"]["engine_phases"] = phases
             record["gates"]["roll"] = {"ok": True, "detail": f"{restarts} host(s) changed and passed drain, apply, "
                                                              "ready, router, smoke"}
             self.run_gates(name, spec, record, baseline_answers, cand)

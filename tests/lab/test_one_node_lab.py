@@ -505,6 +505,11 @@ def test_a_one_node_campaign_rolls_each_candidate_with_downtime_and_puts_a_faile
     for name in ("unified", "decode-radix", "torch-compile"):
         # each candidate restarted the box with the router emptied: the outage was measured
         assert 0 < by[name]["timings"]["outage_s"] < 120, (name, by[name]["timings"])
+    # with each restarted engine's own phases (issue 45 item 1), read by its gate: the unified engine the
+    # layout added (timed from its first start) and the decode torch-compile restarted
+    for name, unit in (("unified", "pdkit-engine-unified.service"), ("torch-compile", "pdkit-engine-decode.service")):
+        start = by[name]["timings"]["engine_phases"][host][unit]
+        assert start["restart_to_ready_s"] > 0 and "tokenizer_e2e" in start, (name, by[name]["timings"])
     # PD -> unified and back to PD (decode-radix starts from the inventory): two layout changes, each
     # judged on the same workload through the same router, answers compared with the baseline's
     assert by["unified"]["flag_diff"] == [f"{host}/decode: engine removed", f"{host}/prefill: engine removed",
