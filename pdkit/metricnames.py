@@ -115,6 +115,11 @@ EXPORTER_RANK_UP = "pdkit_engine_rank_up"
 # configuration (pdkit/engineshape.py), one series per figure (labels node, engine, role, figure). Read by
 # doctor's engine_shape check, which compares it with the engine's /server_info now.
 EXPORTER_SHAPE_RECORDED = "pdkit_engine_shape_recorded"
+# pdkit-exporter: the share of the engine's weight files in the node's page cache (pdkit/residency.py, mincore;
+# at most once a minute per model directory) and their bytes, labels node, engine, role, model_dir; absent for
+# dummy weights, a hub id or a directory without weight files. Read by doctor's weights_cached check.
+EXPORTER_WEIGHTS_CACHED = "pdkit_engine_weights_page_cache_ratio"
+EXPORTER_WEIGHTS_BYTES = "pdkit_engine_weights_bytes"
 # pdkit-exporter: the engine gate's last verdict on the engine's weight checksums (issue 44 item 2,
 # pdkit/engineshape.py), value 1, labels status (recorded | match | mismatch | unavailable), recorded and
 # now (per-engine checksums, first 12 hex digits), problem (the ranks that differ, or why unavailable).

@@ -43,6 +43,24 @@ def _c():
     return _libc
 
 
+def model_dir_of(argv: tuple[str, ...] | list[str]) -> str | None:
+    """The local model directory an engine with these SGLang flags reads its weights from: the value
+    of --model-path (or --model), when it is an absolute path and --load-format is not `dummy`."""
+    def value(*flags: str) -> str | None:
+        for i, arg in enumerate(argv):
+            for flag in flags:
+                if arg == flag and i + 1 < len(argv):
+                    return argv[i + 1]
+                if arg.startswith(flag + "="):
+                    return arg.split("=", 1)[1]
+        return None
+
+    path = value("--model-path", "--model")
+    if value("--load-format") == "dummy" or not path or not path.startswith("/"):
+        return None
+    return path
+
+
 def weight_files(model_dir: str | Path) -> list[Path]:
     """The weight files under MODEL_DIR (recursively, as sharded checkpoints keep them), sorted."""
     root = Path(model_dir)

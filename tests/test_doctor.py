@@ -439,6 +439,7 @@ def test_every_engine_gets_its_role_s_checks_once():
     checks = {}
     for r in results:
         checks.setdefault(r.target, []).append(r.check)
+    # no weights_cached row: the sim reads no weight files
     assert checks["prefill"] == ["reachable", "flags", "context_length", "engine_shape", "weights", "process_env",
                                  "kv_transfer", "kv_path", "prefix_cache", "queues", "version"]
     assert checks["decode"] == ["reachable", "flags", "decode_cuda_graph", "graph_buckets", "context_length",
@@ -1041,3 +1042,35 @@ def test_evaluate_gives_the_prefix_cache_row_and_the_table_counts_info():
     assert (row.target, row.status) == ("prefill", INFO)
     assert exit_code(results) == 0
     assert ", 1 INFO, " in render_table(results).splitlines()[-1]
+
+
+# ---- weights_cached (issue 45 item 3) ---------------------------------------------------------------
+
+def test_weights_cached_passes_warm_weights_warns_cold_ones_with_the_gib_and_says_nothing_without_files():
+    from pdkit.doctor.checks_engine import check_weights_cached
+    from pdkit.doctor.model import ExporterView
+
+    obs = _scenario("lab_base")[0][0]
+    obs.exporter = ExporterView(weights_cached=("/models/llama", 0.999, 16 * 2**30))
+    row = check_weights_cached(obs)
+    assert row.status == "PASS" and "16.0 GiB" in row.reason and "/models/llama" in row.reason, row
+    obs.exporter = ExporterView(weights_cached=("/models/llama", 0.25, 16 * 2**30))
+    row = check_weights_cached(obs)
+    assert row.status == "WARN" and "reads 12.0 GiB from disk" in row.reason, row
+    assert "python3 -m pdkit.residency /models/llama --warm" in row.hint, row
+    obs.exporter = ExporterView()
+    assert check_weights_cached(obs).status == "INFO"
+
+
+def test_the_weights_cached_row_is_there_for_engines_that_read_local_weight_files_only():
+    from dataclasses import replace as dc_replace
+
+    from pdkit.doctor.checks_engine import reads_weight_files
+
+    plan = _scenario("lab_base")[0][0].plan
+    assert not reads_weight_files(plan)  # the sim
+    real = dc_replace(plan, engine_kind="sglang", argv=("--model-path", "/models/llama", "--tp-size", "1"))
+    assert reads_weight_files(real)
+    assert not reads_weight_files(dc_replace(real, argv=(*real.argv, "--load-format", "dummy")))
+    assert not reads_weight_files(dc_replace(real, argv=("--model-path", "meta-llama/Llama-3.1-8B")))
+

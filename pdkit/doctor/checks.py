@@ -21,6 +21,8 @@ from pdkit.doctor.checks_engine import (
     check_reachable,
     check_versions,
     check_weights,
+    check_weights_cached,
+    reads_weight_files,
 )
 from pdkit.doctor.checks_graphs import check_decode_cuda_graphs, check_graph_buckets
 from pdkit.doctor.checks_kv import check_kv_path, check_kv_transfers
@@ -34,6 +36,7 @@ ENGINE_CHECKS: tuple[tuple[Callable[..., CheckResult], frozenset[str]], ...] = (
     (check_context_length, frozenset({"prefill", "decode", "unified"})),
     (check_engine_shape, frozenset({"prefill", "decode", "unified"})),
     (check_weights, frozenset({"prefill", "decode", "unified"})),
+    (check_weights_cached, frozenset({"prefill", "decode", "unified"})),
     (check_env, frozenset({"prefill", "decode", "unified"})),
     (check_kv_transfers, frozenset({"prefill", "decode"})),
     (check_kv_path, frozenset({"prefill"})),
@@ -75,6 +78,9 @@ def evaluate(engines: Sequence[EngineObservation], routers: Sequence[RouterObser
                     results.append(check(obs, decodes, (kv_bench or {}).get((obs.plan.host, obs.plan.engine))))
                 elif check is check_prefix_cache:
                     results.append(check(obs, [o for o in engines if o.plan.role == "decode" and o.plan.rank == 0]))
+                elif check is check_weights_cached:
+                    if reads_weight_files(obs.plan):  # no row for dummy weights, a hub id or the sim
+                        results.append(check(obs))
                 else:
                     results.append(check(obs))
         results.append(versions[id(obs)])

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pdkit import engineshape
+from pdkit import engineshape, residency
 from pdkit.doctor.checkbase import cannot_measure, counter_delta, engine_down, engine_row, not_measured
 from pdkit.doctor.model import FAIL, INFO, PASS, WARN, CheckResult, EngineObservation
 from pdkit.exporter.drift import compare_server_info, describe, flag_key
@@ -211,6 +211,42 @@ def check_weights(obs: EngineObservation) -> CheckResult:
         return engine_row(plan, name, PASS, f"per-engine checksum {verdict.get('now')} at the last start, {how}")
     return engine_row(plan, name, WARN, f"the node's exporter reports an unknown weights verdict {status!r}",
                       "update pdkit on this machine or on the node")
+
+
+# below this share of the weights in the page cache, a restart reads the rest from disk: WARN
+WEIGHTS_CACHED_MIN = 0.95
+
+
+def reads_weight_files(plan) -> bool:
+    """The engine loads weight files from a local directory (not dummy weights, a hub id or the sim):
+    where check_weights_cached has something to say."""
+    return plan.engine_kind != "sim" and residency.model_dir_of(plan.argv) is not None
+
+
+def check_weights_cached(obs: EngineObservation) -> CheckResult:
+    """A restart of this engine reads its weights from memory, not disk (issue 45 item 3): the share
+    of its weight files in the node's page cache, as the node's exporter measures it (mincore,
+    pdkit/residency.py). The roll reads cold weights in before its drain; doctor says how cold they are."""
+    plan, name = obs.plan, "weights_cached"
+    if (early := cannot_measure(obs, name)) is not None:
+        return early
+    ex = obs.exporter
+    if ex is None:
+        return engine_row(plan, name, INFO, f"not measured: the node's pdkit-exporter was unreadable "
+                                            f"({obs.exporter_error})", "")
+    if ex.weights_cached is None:
+        return engine_row(plan, name, INFO, "not measured: no local weight files (dummy weights, a hub id, the "
+                                            "sim), or an exporter older than this check", "")
+    model_dir, ratio, size = ex.weights_cached
+    gib = size / 2**30
+    if ratio >= WEIGHTS_CACHED_MIN:
+        return engine_row(plan, name, PASS, f"{ratio:.0%} of {gib:.1f} GiB of weights under {model_dir} in the page "
+                                            "cache: a restart reads them from memory")
+    return engine_row(plan, name, WARN, f"only {ratio:.0%} of {gib:.1f} GiB of weights under {model_dir} in the "
+                                        f"page cache: a restart now reads {(1 - ratio) * gib:.1f} GiB from disk",
+                      f"`pdkit roll` reads them in before its drain; to warm them now: "
+                      f"`python3 -m pdkit.residency {model_dir} --warm` on {plan.host} (the node venv's python); "
+                      "if they keep going cold, the node lacks the RAM to hold them beside its other use")
 
 
 def check_env(obs: EngineObservation) -> CheckResult:

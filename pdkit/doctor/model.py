@@ -111,6 +111,8 @@ class ExporterView:
     recorded_shape: dict[str, float] = field(default_factory=dict)
     # pdkit_engine_weights_info: the gate's last weights verdict (status, recorded, now, problem), None: absent
     weights: dict[str, str] | None = None
+    # pdkit_engine_weights_page_cache_ratio / _bytes: (model_dir, ratio, bytes), None: not published
+    weights_cached: tuple[str, float, float] | None = None
 
 
 @dataclass

@@ -15,7 +15,14 @@ from pdkit.doctor.model import EnginePlan, ExporterView, Sample
 from pdkit.exporter.metrics import parse_metrics
 from pdkit.health import http_request
 from pdkit.kvcost import Histogram, cache_counts, kv_bytes_per_token, kv_histograms
-from pdkit.metricnames import EXPORTER_SHAPE_RECORDED, EXPORTER_WEIGHTS_INFO, ROUTER, SGLANG
+from pdkit.metricnames import (
+    EXPORTER_SHAPE_RECORDED,
+    EXPORTER_WEIGHTS_BYTES,
+    EXPORTER_WEIGHTS_CACHED,
+    EXPORTER_WEIGHTS_INFO,
+    ROUTER,
+    SGLANG,
+)
 
 # ------------------------------------------------------------------------------------------------
 # Pages (pure: text in)
@@ -86,6 +93,10 @@ def exporter_views(text: str) -> dict[str, ExporterView]:
                 view.recorded_shape[s.labels.get("figure", "?")] = s.value
             elif s.name == EXPORTER_WEIGHTS_INFO:
                 view.weights = {k: s.labels.get(k, "") for k in ("status", "recorded", "now", "problem")}
+            elif s.name in (EXPORTER_WEIGHTS_CACHED, EXPORTER_WEIGHTS_BYTES):
+                model_dir, ratio, size = view.weights_cached or (s.labels.get("model_dir", "?"), 0.0, 0.0)
+                view.weights_cached = ((model_dir, s.value, size) if s.name == EXPORTER_WEIGHTS_CACHED
+                                       else (model_dir, ratio, s.value))
             elif s.name == "pdkit_engine_rank_up":
                 view.rank_up = s.value
                 rank = s.labels.get("rank", "")

@@ -34,7 +34,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 from requests.adapters import HTTPAdapter
 
-from pdkit import engineshape
+from pdkit import engineshape, residency
 from pdkit.exporter.config import EngineConfig, ExporterConfig
 from pdkit.exporter.drift import (
     FlagCheck,
@@ -57,7 +57,12 @@ from pdkit.exporter.system import (
     env_problems,
     reboot_required,
 )
-from pdkit.metricnames import EXPORTER_SHAPE_RECORDED, EXPORTER_WEIGHTS_INFO
+from pdkit.metricnames import (
+    EXPORTER_SHAPE_RECORDED,
+    EXPORTER_WEIGHTS_BYTES,
+    EXPORTER_WEIGHTS_CACHED,
+    EXPORTER_WEIGHTS_INFO,
+)
 
 log = logging.getLogger("pdkit.exporter")
 
@@ -183,6 +188,8 @@ def cumulative_total(figures: dict[str, Any]) -> float:
 
 # the stages of pdkit_engine_kv_transfer_failures_total (pdkit.exporter.metrics' kv_transfer_failures keys)
 KV_FAILURE_STAGES = ("bootstrap", "transfer")
+# the weights' page-cache residency is measured at most this often per model directory
+RESIDENCY_EVERY_S = 60.0
 
 
 class PdkitCollector(Collector):
@@ -216,6 +223,8 @@ class PdkitCollector(Collector):
         self._journal_future: cf.Future | None = None
         self._journal_taken = True
         self._node_noted: dict[str, str | None] = {}
+        # model directory -> (monotonic time, its last residency or None): pdkit.residency, throttled
+        self._residency_cache: dict[str, tuple[float, dict[str, Any] | None]] = {}
 
     def describe(self) -> list[Metric]:
         return []  # registering must not scrape the engines
@@ -496,6 +505,9 @@ class PdkitCollector(Collector):
                         "(/weights_checker against the first healthy start's, pdkit/engineshape.py): status recorded, "
                         "match, mismatch or unavailable; per-engine checksums recorded and now.",
                         ("status", "recorded", "now", "problem"))
+        cached = gauge(EXPORTER_WEIGHTS_CACHED, "Share of the engine's weight files in the node's page cache "
+                       "(mincore, at most once a minute): below 1 a restart reads the rest from disk.", ("model_dir",))
+        cached_bytes = gauge(EXPORTER_WEIGHTS_BYTES, "Bytes of the engine's weight files.", ("model_dir",))
         rank_up = gauge("pdkit_engine_rank_up", "An engine spanning nodes: 1 when the unit of the rank this node runs "
                         "has a running process. Rank 0 also serves HTTP (pdkit_engine_up); a rank above 0 serves none.",
                         ("rank", "nnodes", "head"))
@@ -539,6 +551,11 @@ class PdkitCollector(Collector):
             last = engineshape.read_json(Path(self.shapes_dir) / e.unit / engineshape.LAST) if e.unit else None
             if (verdict := engineshape.weights_verdict(last)) is not None:
                 weights.add_metric([*labels, *(verdict[k] for k in ("status", "recorded", "now", "problem"))], 1.0)
+            if (model_dir := residency.model_dir_of(e.argv)) is not None:
+                got = self._residency(e, model_dir)
+                if got is not None and got["files"]:
+                    cached.add_metric([*labels, model_dir], got["ratio"])
+                    cached_bytes.add_metric([*labels, model_dir], float(got["bytes"]))
 
             if m.error is None:
                 figures = m.value
@@ -574,7 +591,7 @@ class PdkitCollector(Collector):
 
         out: list[Metric] = [up, rank_up, scrape_error, info, drift, drift_info, unverified, env_present, env_error,
                              env_info, running, queued, usage, gen_tp, pd_queues, prompt, generation, kv_fail, passes,
-                             ratio, shape, weights]
+                             ratio, shape, weights, cached, cached_bytes]
         for fams in batch.values():
             out.extend(fams.values())
         if self.journal is not None:
@@ -583,6 +600,22 @@ class PdkitCollector(Collector):
             jerr.add_metric([node], 0.0 if journal_error is None else 1.0)
             out.append(jerr)
         return out
+
+    def _residency(self, engine: EngineConfig, model_dir: str) -> dict[str, Any] | None:
+        """pdkit.residency over MODEL_DIR's weight files, measured at most every RESIDENCY_EVERY_S (a big
+        model's mincore vector is MBs), the last result in between; None when it cannot be read."""
+        now = time.monotonic()
+        last = self._residency_cache.get(model_dir)
+        if last is not None and now - last[0] < RESIDENCY_EVERY_S:
+            return last[1]
+        try:
+            got: dict[str, Any] | None = residency.residency(residency.weight_files(model_dir))
+            self._note_engine(engine, "weights residency", None)
+        except OSError as exc:
+            got = None
+            self._note_engine(engine, "weights residency", f"cannot measure {model_dir}: {exc}")
+        self._residency_cache[model_dir] = (now, got)
+        return got
 
     def _flags(self, snap: EngineSnapshot, labels: list[str], drift: GaugeMetricFamily,
                drift_info: InfoMetricFamily, unverified: GaugeMetricFamily) -> None:

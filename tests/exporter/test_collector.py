@@ -469,3 +469,41 @@ def test_doctor_reads_a_rank_above_0_from_the_real_exporter_page(stack):
     env = check_env(obs)
     assert env.status == "FAIL" and "NCCL_SOCKET_IFNAME missing" in env.reason and env.target == "decode rank 1"
     assert check_rank_process(replace(obs, exporter=replace(view, rank_up=0.0))).status == "FAIL"
+
+
+def test_the_weights_page_cache_residency_is_published_per_engine_and_throttled(stack, tmp_path):
+    """Issue 45 item 3: an engine whose argv names a local model directory (not dummy weights) gets its
+    weight files' page-cache share (pdkit/residency.py, mincore) and bytes; measured at most once a
+    RESIDENCY_EVERY_S, so a second scrape reuses the first's figure."""
+    import os
+
+    from pdkit import residency
+    from pdkit.exporter import collector as collector_mod
+    from pdkit.metricnames import EXPORTER_WEIGHTS_BYTES, EXPORTER_WEIGHTS_CACHED
+
+    model = tmp_path / "model"
+    model.mkdir()
+    with open(model / "model.safetensors", "wb") as f:
+        f.write(os.urandom(4 << 20))
+        f.flush()
+        os.fsync(f.fileno())
+    config = engines_config(stack)
+    decode = config["engines"][1]
+    i = decode["argv"].index("--model-path")
+    decode["argv"][i + 1] = str(model)
+    residency.warm(residency.weight_files(model))
+    collector = make_collector(stack, config)
+    try:
+        found = samples(exposition(collector))
+        assert value(found, EXPORTER_WEIGHTS_CACHED, engine="decode") > 0.99
+        assert value(found, EXPORTER_WEIGHTS_BYTES, engine="decode") == 4 << 20
+        assert {s["model_dir"] for s in label_sets(found, EXPORTER_WEIGHTS_CACHED, engine="decode")} == {str(model)}
+        # the prefill's model path is the sim's, which has no weight files: no series
+        assert not label_sets(found, EXPORTER_WEIGHTS_CACHED, engine="prefill")
+        residency.evict(residency.weight_files(model))
+        assert value(samples(exposition(collector)), EXPORTER_WEIGHTS_CACHED, engine="decode") > 0.99  # throttled
+        collector._residency_cache.clear()  # the minute has passed
+        assert value(samples(exposition(collector)), EXPORTER_WEIGHTS_CACHED, engine="decode") < 0.5
+        assert collector_mod.RESIDENCY_EVERY_S == 60.0
+    finally:
+        collector.close()
