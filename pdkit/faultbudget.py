@@ -326,19 +326,16 @@ def burst_problems(budget: FaultBudget, wait: BurstWait, bootstrap_enforced: boo
 
 
 def _flag_int(args: tuple[str, ...] | list[str], flag: str) -> int | None:
-    """An int flag's value in an argv (`--flag N` or `--flag=N`), else None."""
-    for i, arg in enumerate(args):
-        text = None
-        if arg == flag and i + 1 < len(args):
-            text = args[i + 1]
-        elif arg.startswith(flag + "="):
-            text = arg.split("=", 1)[1]
-        if text is not None:
-            try:
-                return int(text)
-            except ValueError:
-                return None
-    return None
+    """An int flag's value in an argv (`--flag N` or `--flag=N`, read as the exporter reads argv:
+    pdkit.exporter.drift.argv_options), else None."""
+    # lazy: only the burst estimate reads extra_args
+    from pdkit.exporter.drift import argv_options, flag_key
+
+    option = argv_options(args).get(flag_key(flag))
+    try:
+        return int(option.values[0]) if option is not None and option.values else None
+    except ValueError:
+        return None
 
 
 def _sim_knobs(engine: Any) -> Any:

@@ -96,7 +96,7 @@ def parse_startup_phases(text: str) -> dict[str, float]:
 def startup_phases(health_url: str, timeout: float = 3.0) -> dict[str, float]:
     """The engine's start-up phases from its /metrics beside HEALTH_URL; {} when it has none (metrics
     off, an older engine) or does not answer in TIMEOUT: evidence, never a gate."""
-    status, body = http_request(health_url.rstrip("/").removesuffix("/health") + "/metrics", timeout=timeout)
+    status, body = http_request(engine_endpoint(health_url, "metrics"), timeout=timeout)
     return parse_startup_phases(body) if status == 200 else {}
 
 
@@ -205,9 +205,14 @@ class _StartWatch:
         return None
 
 
+def engine_endpoint(health_url: str, path: str) -> str:
+    """The engine's PATH (server_info, metrics, ...) beside its /health URL."""
+    return health_url.rstrip("/").removesuffix("/health") + "/" + path
+
+
 def server_info_url(health_url: str) -> str:
     """The engine's /server_info beside its /health URL."""
-    return health_url.rstrip("/").removesuffix("/health") + "/server_info"
+    return engine_endpoint(health_url, "server_info")
 
 
 def read_server_info(url: str, timeout: float = 5.0) -> tuple[dict | None, str]:

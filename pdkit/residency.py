@@ -45,20 +45,15 @@ def _c():
 
 def model_dir_of(argv: tuple[str, ...] | list[str]) -> str | None:
     """The local model directory an engine with these SGLang flags reads its weights from: the value
-    of --model-path (or --model), when it is an absolute path and --load-format is not `dummy`."""
-    def value(*flags: str) -> str | None:
-        for i, arg in enumerate(argv):
-            for flag in flags:
-                if arg == flag and i + 1 < len(argv):
-                    return argv[i + 1]
-                if arg.startswith(flag + "="):
-                    return arg.split("=", 1)[1]
-        return None
+    of --model-path (or its alias --model), when it is an absolute path and --load-format is not `dummy`."""
+    # lazy: only the exporter, doctor and the roll ask; the residency CLI on a node never does
+    from pdkit.exporter.drift import argv_options
 
-    path = value("--model-path", "--model")
-    if value("--load-format") == "dummy" or not path or not path.startswith("/"):
+    opts = argv_options(argv)
+    path = opts["model_path"].values[0] if "model_path" in opts and opts["model_path"].values else None
+    if "load_format" in opts and opts["load_format"].values[:1] == ("dummy",):
         return None
-    return path
+    return path if path and path.startswith("/") else None
 
 
 def weight_files(model_dir: str | Path) -> list[Path]:

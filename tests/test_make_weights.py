@@ -5,7 +5,6 @@ both), so a wrong name, shape or byte offset fails here and not on the lent GPU.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import subprocess
 import textwrap
@@ -14,19 +13,12 @@ from pathlib import Path
 import pytest
 
 from pdkit.contract import sglang_python
-from tests.conftest import require
+from tests.conftest import load_script, require
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _module():
-    spec = importlib.util.spec_from_file_location("pdkit_make_weights", REPO / "gpu" / "make_weights.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-mw = _module()
+mw = load_script("gpu/make_weights.py", "pdkit_make_weights")
 
 TINY = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
@@ -91,9 +83,7 @@ def test_tied_embeddings_have_no_lm_head_and_other_architectures_are_refused(tmp
 
 
 def test_the_gpu_tier_model_is_about_1_8_gb(tmp_path):
-    spec = importlib.util.spec_from_file_location("pdkit_make_model", REPO / "gpu" / "make_model.py")
-    make_model = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(make_model)
+    make_model = load_script("gpu/make_model.py", "pdkit_make_model")
     total = sum(mw.nbytes(s) for _, s in mw.llama_parameters(make_model.CONFIG))
     assert 1.6e9 < total < 2.0e9  # gpu/make_model.py's docstring: ~0.9B parameters, 1.8 GB in bf16
 
@@ -136,7 +126,7 @@ def test_a_missing_tensor_fails_the_transformers_check(tmp_path):
     require(python is not None, "no SGLang 0.5.17 contract venv: run `bash .ci/contract-env.sh`")
     d = _model(tmp_path)
     real = mw.llama_parameters
-    mw_copy = _module()
+    mw_copy = load_script("gpu/make_weights.py", "pdkit_make_weights_missing_one")
     mw_copy.llama_parameters = lambda c: [p for p in real(c) if p[0] != "model.layers.1.mlp.down_proj.weight"]
     mw_copy.write_weights(d, say=lambda _: None)
     script = ("import importlib.util, sys, pathlib\n"

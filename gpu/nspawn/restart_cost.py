@@ -36,6 +36,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from pdkit import flags  # noqa: E402 - the repo on the path first
+from pdkit.health import startup_phases  # noqa: E402
 from pdkit.loader import load  # noqa: E402
 
 MACHINE = "pdkit-h200"
@@ -101,19 +102,8 @@ def health(url: str) -> bool:
 
 
 def startup_gauges(url: str) -> dict[str, float]:
-    try:
-        with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
-            text = resp.read().decode()
-    except Exception as exc:  # noqa: BLE001
-        return {"error": str(exc)}
-    out = {}
-    for line in text.splitlines():
-        m = re.match(r'(sglang:startup_(?:cuda_graph_)?time_seconds)\{([^}]*)\} (\S+)', line)
-        if m:
-            phase = re.search(r'phase="([^"]*)"', m.group(2))
-            key = ("graphs:" if "cuda_graph" in m.group(1) else "") + (phase.group(1) if phase else "?")
-            out[key] = round(float(m.group(3)), 2)
-    return out
+    """SGLang's start-up phase gauges, read as the engine gate reads them (pdkit.health.startup_phases)."""
+    return startup_phases(url + "/health", timeout=10.0)
 
 
 def milestones(unit: str, since: float, started: float) -> dict[str, float]:

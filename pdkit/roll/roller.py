@@ -761,10 +761,11 @@ class Roller:
         ok, stdout, _ = run_remote(host, timing_probe_command(units), timeout=60)
         if not ok:
             return 0.0
+        probe = json.loads(stdout)
         # from the stop of a running engine, or from the start of one this step added (never active before)
-        began = {unit: v[0] or v[3] for unit, v in json.loads(stdout).items()}
+        began = {unit: v[0] or v[3] for unit, v in probe.items()}
         restarted = {
-            unit: values for unit, values in json.loads(stdout).items()
+            unit: values for unit, values in probe.items()
             if values[1] and began[unit] and (since_monotonic_us is None or began[unit] >= since_monotonic_us)
             and values[1] > began[unit]
         }
