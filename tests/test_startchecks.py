@@ -63,10 +63,6 @@ SPECULATIVE_PARALLEL_CASES = [
      "gpu02", "pdkit_node.engines[1].pp", "DSPARK with pp only on a prefill engine"),
     ("pp-speculative-env-on-pd", lambda c, h: _pp(h, "gpu01", 0, tuning={**NO_OVERLAP, **NEXTN}, env={"SGLANG_ENABLE_PP_SPEC": "1"}),
      "gpu01", "pdkit_node.engines[0].env.SGLANG_ENABLE_PP_SPEC", "valid: remove it"),
-    ("pp-with-overlap-schedule", lambda c, h: _pp(h, "gpu01", 0),
-     "gpu01", "pdkit_node.engines[0].tuning.overlap_schedule", "valid: overlap_schedule false"),
-    ("pp-with-overlap-schedule-from-the-role-layer", lambda c, h: c["tuning"].update(prefill={"overlap_schedule": True}) or _pp(h, "gpu02", 0),
-     "gpu02", "pdkit_cluster.tuning.prefill.overlap_schedule", "valid: overlap_schedule false"),
     ("flex-attention-with-speculative", lambda c, h: c["tuning"].update(all=NEXTN) or _engine(h, "gpu01", 1).update(tuning={"attention_backend": "flex_attention"}),
      "gpu01", "pdkit_node.engines[1].tuning.attention_backend", "valid: another attention_backend"),
 ]
@@ -203,6 +199,42 @@ def test_what_sglang_accepts_passes(version, base, tmp_path, capsys):
     _four_gpu_prefill(hosts, ep=4, tuning={"moe_runner_backend": "flashinfer_cutlass"})
     inv = write_inventory(tmp_path, hosts, cluster)
     assert main(["validate", str(inv)]) == 0, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("version", sorted(SGLANG_RELEASES))
+@pytest.mark.parametrize("layer", ["engine", "role", "default"])
+def test_pp_with_the_overlap_schedule_left_on_is_valid(version, layer, base, tmp_path, capsys):
+    """Issue 46's regression: pp 2 with the overlap schedule on (SGLang's default, or set on the role
+    layer or the engine) validates: both pinned releases turn it off themselves for pp > 1 before
+    their assert runs (arg_groups/overrides.py _pipeline_parallel_overlap_disable; checked against
+    the wheels' source in test_sglang_turns_the_overlap_schedule_off_for_pp_itself)."""
+    cluster, hosts = base
+    cluster["sglang_version"] = version
+    if layer == "role":
+        cluster["tuning"].update(prefill={"overlap_schedule": True})
+    _pp(hosts, "gpu01", 0, **({"tuning": {"overlap_schedule": True}} if layer == "engine" else {}))
+    inv = write_inventory(tmp_path, hosts, cluster)
+    assert main(["validate", str(inv)]) == 0, capsys.readouterr().err
+
+
+@pytest.mark.contract
+@pytest.mark.parametrize("version", sorted(SGLANG_RELEASES))
+def test_sglang_turns_the_overlap_schedule_off_for_pp_itself(version):
+    """The derivation the rule above relies on, read from the pinned wheel (its import needs triton,
+    which the CPU contract venv lacks): a post-process that sets disable_overlap_schedule under
+    pp_size > 1, run by the release's resolution before its checks."""
+    import ast
+
+    root = startchecks.sglang_root(version)
+    require(root is not None, f"contract virtualenv sglang-{version} missing: run `bash .ci/contract-env.sh`")
+    srt = root / "srt"
+    tree = ast.parse((srt / "arg_groups" / "overrides.py").read_text())
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "_pipeline_parallel_overlap_disable")
+    text = ast.unparse(fn)
+    assert "view.pp_size > 1" in text and "'disable_overlap_schedule': True" in text, text
+    caller = srt / ("server_args.py" if version == "0.5.17" else "arg_groups/pipeline.py")
+    assert "run_post_process_pass(self, _pipeline_parallel_overlap_disable)" in caller.read_text() or \
+        "run_post_process_pass(server_args, _pipeline_parallel_overlap_disable)" in caller.read_text(), caller
 
 
 # ------------------------------------------------------------------------------ the table

@@ -190,10 +190,10 @@ def startup_check_problems(spec: ClusterSpec, engine: Engine, node: Node | None 
     origin = functools.partial(tuning_origin, spec, engine, "")
     env_on = lambda name: str(engine.env.get(name, "")).lower() in _ENV_TRUE  # noqa: E731
     pp = engine.pp
-    if pp > 1 and tuning.value("overlap_schedule") is not False:
-        out.append((origin("overlap_schedule"), f"pp {pp} with the overlap schedule: SGLang {version} refuses it at "
-                    "start ('Pipeline parallelism is not compatible with overlap schedule'); "
-                                               "valid: overlap_schedule false (--disable-overlap-schedule), or pp 1"))
+    # pp > 1 with the overlap schedule on is NOT refused: both pinned releases turn the schedule off
+    # themselves for pp > 1 before their check runs (arg_groups/overrides.py
+    # _pipeline_parallel_overlap_disable; 0.5.17 from server_args.py _handle_pipeline_parallelism,
+    # 0.5.23 from arg_groups/pipeline.py's resolution pass), so their assert cannot fire from pdkit's flags
     if pp > 1 and algorithm is not None:
         if version == "0.5.17":
             out.append(("pp", f"pp {pp} with speculative decoding ({algorithm}): SGLang 0.5.17 refuses it at start "
