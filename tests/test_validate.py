@@ -155,6 +155,7 @@ RANGE_CASES = [  # 6. bounds that catch unit mistakes
     ("watchdog-in-milliseconds", lambda c, h: _engine(h, "gpu02", 0).update(tuning={"watchdog_timeout": 300000}), "gpu02", "pdkit_node.engines[0].tuning.watchdog_timeout", "look like milliseconds? give seconds"),
     ("ready-timeout-in-milliseconds", lambda c, h: c.update(ready_timeout_s=600000), "gpu01", "pdkit_cluster.ready_timeout_s", "above 86400"),
     ("max-running-requests-absurd", lambda c, h: _engine(h, "gpu01", 1).update(tuning={"max_running_requests": 10_000_000}), "gpu01", "pdkit_node.engines[1].tuning.max_running_requests", "above 65536"),
+    ("chunked-prefill-zero", lambda c, h: _engine(h, "gpu01", 0).update(tuning={"chunked_prefill_size": 0}), "gpu01", "pdkit_node.engines[0].tuning.chunked_prefill_size", "-1 for no chunked prefill"),
     ("scrape-interval-in-ms", lambda c, h: h["mon01"]["pdkit_monitoring"].update(scrape_interval_s=15000), "mon01", "pdkit_monitoring.scrape_interval_s", "give seconds"),
 ]
 PAIR_CASES = [  # 7. pairs and groups
@@ -602,3 +603,21 @@ def test_kv_across_hosts_over_rdma_does_not_warn(base, tmp_path, capsys):
     inv = write_inventory(tmp_path, hosts, cluster)
     assert main(["validate", "--strict", str(inv)]) == 0, capsys.readouterr().err
     assert "KV moves over TCP" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("page", [None, 64])
+def test_chunked_prefill_off_is_valid(page, tmp_path, capsys):
+    """-1 is SGLang's documented "chunked prefill off" (0.5.17 server_args.py, 0.5.23
+    arg_groups/fields/schedule.py), not a size: accepted, never judged against the page size."""
+    cluster, hosts = copy.deepcopy(BASE_CLUSTER), copy.deepcopy(BASE_HOSTS)
+    _engine(hosts, "gpu01", 0).update(tuning={"chunked_prefill_size": -1, **({"page_size": page} if page else {})})
+    if page:
+        _engine(hosts, "gpu01", 1).update(tuning={"page_size": page})
+    inv = write_inventory(tmp_path, hosts, cluster)
+    assert main(["validate", str(inv)]) == 0, capsys.readouterr().err
+
+
+def test_the_sim_prefills_in_one_pass_with_chunking_off():
+    from pdkit.sim.stepmodel import prefill_passes
+
+    assert prefill_passes(10_000, -1) == 1 and prefill_passes(10_000, 4096) == 3

@@ -53,7 +53,9 @@ def prefill_step_seconds(knobs: Knobs, new_tokens: int) -> float:
 
 def prefill_passes(new_tokens: int, chunked_prefill_size: int) -> int:
     """Forward passes a prefill batch takes: one per chunk of the chunked-prefill size."""
-    return max(1, math.ceil(new_tokens / max(1, chunked_prefill_size)))
+    if chunked_prefill_size <= 0:  # -1: chunked prefill off (SGLang's help text): one pass
+        return 1
+    return max(1, math.ceil(new_tokens / chunked_prefill_size))
 
 
 def kv_transfer_bytes(knobs: Knobs, tokens: int) -> int:

@@ -114,8 +114,8 @@ class Tuning(Frozen):
     max_running_requests: BatchSize | None = None
     # --max-queued-requests
     max_queued_requests: Annotated[int, Field(ge=1), at_most(10_000_000, "queue length")] | None = None
-    # --chunked-prefill-size (a multiple of page_size)
-    chunked_prefill_size: Annotated[int, Field(ge=1),
+    # --chunked-prefill-size (a multiple of page_size; -1: chunked prefill off, as SGLang's help says)
+    chunked_prefill_size: Annotated[int, Field(ge=-1),
                                     at_most(MAX_CONTEXT_LENGTH, "prefill chunk in tokens")] | None = None
     # --page-size (KV page size; a PD transfer lever)
     page_size: Annotated[int, Field(ge=1), at_most(4096, "KV page size in tokens")] | None = None
@@ -168,6 +168,15 @@ class Tuning(Frozen):
     enable_eplb: bool | None = None
     # --ep-num-redundant-experts (extra expert replicas EPLB may place; needs ep > 1)
     ep_num_redundant_experts: Annotated[int, Field(ge=0), at_most(4096, "number of redundant experts")] | None = None
+
+    @field_validator("chunked_prefill_size")
+    @classmethod
+    def _chunk_not_zero(cls, v: int | None) -> int | None:
+        if v == 0:
+            raise ValueError("0 is not a chunk size: valid: a positive number of tokens, or -1 for no chunked prefill "
+                             "(SGLang 0.5.17 server_args.py, 0.5.23 arg_groups/fields/schedule.py: "
+                             "'Setting this to -1 means disabling chunked prefill')")
+        return v
 
     @field_validator("cuda_graph_bs")
     @classmethod
