@@ -330,7 +330,8 @@ def _check_engine_tuning(spec: ClusterSpec, host: HostSpec, engine: Engine, at: 
         add(Problem(host.name, f"{at}.tuning.max_queued_requests",
                     "SGLang ignores --max-queued-requests in disaggregation mode", "warning"))
     page = tuning.page_size or 1
-    if tuning.chunked_prefill_size is not None and tuning.chunked_prefill_size > 0 and tuning.chunked_prefill_size % page:
+    chunk = tuning.chunked_prefill_size
+    if chunk is not None and chunk > 0 and chunk % page:  # -1: chunked prefill off
         add(Problem(host.name, f"{at}.tuning.chunked_prefill_size",
                     f"{tuning.chunked_prefill_size} is not a multiple of page_size {page} (SGLang rejects it); e.g. "
                     f"{tuning.chunked_prefill_size // page * page or page}"))
