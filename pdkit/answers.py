@@ -15,7 +15,12 @@ Parts, each configurable (`AnswerGate`: the inventory's `pdkit_cluster.answers`,
   length, the mean and largest |logprob delta| of the continuation's tokens, the share of positions
   whose top-1 token agrees, and a KL estimate over the returned top-k;
 - **loaded** (c): the forced scoring again while LOAD concurrent streams run through the same
-  path: batch composition must not move the answers beyond the tolerance.
+  path: batch composition must not move the answers beyond the tolerance;
+- **accuracy** (d), off by default (it costs minutes): SGLang's own eval tool, `sgl-eval` (pinned in
+  pdkit's own environment: the `eval` extra), on a bundled offline set (AIME 24/25/26) or a JSONL of
+  the user's own problems; the baseline's score and 95% interval are recorded once, and a candidate
+  fails when its score is more than `max_drop` below the baseline's *and* the drop is outside the
+  combined interval, or when the run had request errors, was partial or did not finish.
 
 A lever declared exact must reproduce the short answers token for token and agree on every top-1
 of the forced positions at rest; a numerics lever (FP8 KV cache, another kernel) passes within the
@@ -32,7 +37,11 @@ import hashlib
 import json
 import lzma
 import math
+import os
 import re
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -71,6 +80,43 @@ class Tolerance:
     max_kl: float = 0.02  # mean KL(baseline || candidate) estimate over the top-k
 
 
+# part (d): the pinned sgl-eval (pyproject's `eval` extra; the wheel's sha256 as on PyPI)
+SGL_EVAL_VERSION = "0.1.3"
+SGL_EVAL_WHEEL_SHA256 = "48589b50b8c86a10f869eb8cab1ddd8ff8032c3de13c2d135337c69acc5f1a2c"
+# the sets sgl-eval 0.1.3 bundles in its wheel (_vendored/nemo_skills/dataset/<name>/test.txt, 30 problems
+# each, graded by its math grader); its other sets (gsm8k, mmlu, gpqa, ...) download at run time
+OFFLINE_BENCHES = ("aime24", "aime25", "aime26")
+# the endpoint's API key reaches the eval process through this variable, never its argv (pdkit.evalrun)
+EVAL_KEY_ENV = "PDKIT_EVAL_API_KEY"
+# the two-sided 95% normal quantile
+Z95 = 1.959963984540054
+
+
+@dataclass(frozen=True)
+class Accuracy:
+    """Part (d): an accuracy eval through sgl-eval (off by default: minutes per run)."""
+
+    enabled: bool = False
+    bench: str = "aime25"  # one of OFFLINE_BENCHES (with `dataset`: the grader and prompt it uses)
+    dataset: str | None = None  # a JSONL of {id?, problem, expected_answer} on the deploying machine
+    num_examples: int | None = None  # the first N problems; None: all
+    n_repeats: int = 1
+    max_tokens: int = 4096
+    temperature: float = 0.0
+    thinking: bool | None = None  # chat_template_kwargs.thinking; None: the bench's own default
+    num_threads: int = 16
+    max_drop: float = 0.05  # the absolute score drop a candidate may show before the interval is asked
+    timeout_s: float = 3600.0
+
+    def key(self) -> str:
+        """What a recorded baseline score depends on (one recorded with other settings is not reused)."""
+        text = json.dumps({"bench": self.bench, "dataset": file_digest(self.dataset) if self.dataset else None,
+                           "num_examples": self.num_examples, "n_repeats": self.n_repeats,
+                           "max_tokens": self.max_tokens, "temperature": self.temperature, "thinking": self.thinking,
+                           "sgl_eval": SGL_EVAL_VERSION}, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 @dataclass(frozen=True)
 class GateConfig:
     """What the gate runs (pure data: the spec's and the campaign's models convert to it)."""
@@ -87,6 +133,7 @@ class GateConfig:
     corpus: str | None = None  # the user's own text file; None: the kit's corpus
     tolerance: Tolerance = field(default_factory=Tolerance)
     timeout_s: float = 300.0
+    accuracy: Accuracy = field(default_factory=Accuracy)
 
     def key(self) -> str:
         """What a recorded baseline depends on (a baseline recorded with other settings is not reused)."""
@@ -217,8 +264,11 @@ def corpus_text(path: str | None = None) -> str:
 
 
 def corpus_digest(path: str | None = None) -> str:
-    data = Path(path).read_bytes() if path else CORPUS.read_bytes()
-    return hashlib.sha256(data).hexdigest()[:16]
+    return file_digest(path or CORPUS)
+
+
+def file_digest(path: str | Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
 
 
 def text_slice(words: Sequence[str], n_words: int, index: int) -> str:
@@ -265,6 +315,7 @@ def describe(cfg: GateConfig, cap: int | None, exact: bool | None) -> list[str]:
         if cfg.load_concurrency:
             lines.append(f"(c) loaded: the same scoring under {cfg.load_concurrency} concurrent streams")
     lines += notes
+    lines += accuracy_lines(cfg.accuracy)
     prefill = sum(lengths) * (2 + (1 if cfg.load_concurrency else 0))
     lines.append(f"cost: the baseline prefills {2 * sum(lengths):,} prompt tokens once; each check prefills "
                  f"{prefill:,} and decodes {cfg.short_prompts * cfg.short_tokens:,} tokens"
@@ -491,3 +542,173 @@ def run_parts(measured: Measured, cfg: GateConfig, recorded: dict[str, Any], exa
         if not ok:
             return Outcome(False, "loaded", why, record)
     return Outcome(True, None, "; ".join(p["detail"] for p in record["parts"].values()), record)
+
+
+# ------------------------------------------------------------------ (d) accuracy through sgl-eval
+
+
+def accuracy_lines(acc: Accuracy) -> list[str]:
+    """Part (d)'s lines of `describe` (none when it is off)."""
+    if not acc.enabled:
+        return []
+    what = (f"{acc.dataset} (graded as {acc.bench})" if acc.dataset else f"{acc.bench} (bundled: offline)")
+    problems = f"the first {acc.num_examples}" if acc.num_examples else "every"
+    line = (f"(d) accuracy: sgl-eval {SGL_EVAL_VERSION} on {what}, {problems} problem(s) x {acc.n_repeats}, at most "
+            f"{acc.max_tokens} tokens at temperature {acc.temperature:g}; fails on a score more than {acc.max_drop:g} "
+            "below the baseline's and outside the combined 95% interval, on request errors or a partial run")
+    return [line, "(d) sent to the router when it fronts exactly the engines checked, else to their unified engine; "
+                  "PD engines checked on their own skip it (said in the record)",
+            f"(d) cost: one eval of the baseline, one per check ({acc.num_threads} requests at a time): minutes each, "
+            "in the record"]
+
+
+def accuracy_argv(acc: Accuracy, base_url: str, model: str | None, out_dir: str | Path) -> list[str]:
+    """sgl-eval `run`'s arguments (after `run`; no API key: pdkit.evalrun adds it from EVAL_KEY_ENV)."""
+    argv = [acc.bench, "--base-url", base_url]
+    if model:
+        argv += ["--model", model]
+    if acc.num_examples:
+        argv += ["--num-examples", str(acc.num_examples)]
+    argv += ["--n-repeats", str(acc.n_repeats), "--max-tokens", str(acc.max_tokens),
+             "--temperature", f"{acc.temperature:g}", "--num-threads", str(acc.num_threads), "--out-dir", str(out_dir)]
+    if acc.thinking is not None:
+        argv.append("--thinking" if acc.thinking else "--no-thinking")
+    if acc.dataset:
+        argv += ["--from-dataset", str(Path(acc.dataset).expanduser().resolve())]
+    return argv
+
+
+def accuracy_endpoint(measured: Any) -> tuple[str | None, dict[str, str], str]:
+    """(OpenAI base URL, headers, what it is) for sgl-eval, which sends to one URL; (None, {}, why) when
+    no URL measures exactly the target. The router when the target is measured through it or the router
+    fronts exactly the target's engines; else the target's unified engine (the first: its engines run
+    the same settings). A PD pair measured on its own engines takes no single URL (its requests need
+    the bootstrap fields the router adds), and a router that also fronts other engines mixes them
+    (on a roll, the releases of the batches not yet rolled)."""
+    routes = tuple(getattr(measured, "routes", ()))
+    router = getattr(measured, "router_url", None)
+    engines = sorted({e.label for r in routes for e in (r.prefill, r.engine) if e is not None})
+    if router and (not routes or set(getattr(measured, "router_engines", ())) == set(engines)):
+        fronted = ", ".join(sorted(getattr(measured, "router_engines", ())) or engines)
+        return f"{router.rstrip('/')}/v1", dict(getattr(measured, "headers", {}) or {}), f"the router ({fronted})"
+    unified = [r for r in routes if r.prefill is None]
+    if routes and len(unified) == len(routes):
+        more = f" (the first of {len(unified)})" if len(unified) > 1 else ""
+        return f"{unified[0].engine.url.rstrip('/')}/v1", {}, f"the target's engine {unified[0].engine.label}{more}"
+    others = sorted(set(getattr(measured, "router_engines", ())) - set(engines))
+    return None, {}, ("skipped: the target's PD pairs are measured on their own engines, and "
+                      + (f"the router also fronts {', '.join(others)} (an eval through it would mix them)"
+                         if others else "no router fronts exactly them")
+                      + "; sgl-eval sends to one URL and cannot pair a prefill with a decode")
+
+
+def binomial_stderr(p: float, n: int) -> float:
+    return math.sqrt(max(0.0, p * (1 - p)) / n) if n > 0 else 0.0
+
+
+def accuracy_result(metrics: dict[str, Any]) -> dict[str, Any]:
+    """The figures of one sgl-eval metrics.json (sgl_eval/metrics.py dump_run): the score (pass@1 over
+    the repeats, else the score), its standard error (pass@1_sem with repeats, else the binomial one
+    over the problems) and its 95% interval, and what says whether the run is whole."""
+    agg = metrics.get("aggregate") or {}
+    k, n = int(metrics.get("n_repeats") or 1), int(metrics.get("num_examples") or 0)
+    score = float(agg["pass@1"] if k > 1 and "pass@1" in agg else agg.get("score", 0.0))
+    if k > 1 and "pass@1_sem" in agg:
+        stderr, source = float(agg["pass@1_sem"]), f"pass@1_sem over {k} repeats"
+    else:
+        stderr, source = binomial_stderr(score, n), f"binomial over {n} problem(s)"
+    half = Z95 * stderr
+    return {"score": round(score, 6), "stderr": round(stderr, 6), "stderr_from": source,
+            "ci95": [round(max(0.0, score - half), 6), round(min(1.0, score + half), 6)],
+            "num_examples": n, "n_repeats": k, "planned_examples": metrics.get("planned_examples", n),
+            "completed_samples": metrics.get("completed_samples"), "partial": bool(metrics.get("partial")),
+            "error_rate": float(agg.get("error_rate", 0.0)), "no_answer": agg.get("no_answer"),
+            "truncated_rate": agg.get("truncated_rate"), "latency_s": metrics.get("latency_seconds"),
+            "model": metrics.get("model"), "sgl_eval_version": metrics.get("sgl_eval_version")}
+
+
+def accuracy_problems(result: dict[str, Any], exit_code: int | None, metrics_found: bool) -> list[str]:
+    """Why a run cannot be judged by its score: it did not finish, was partial or had request errors."""
+    out = []
+    if exit_code is None:
+        out.append("sgl-eval did not finish in time")
+    elif exit_code:
+        out.append(f"sgl-eval exited with status {exit_code}" + (" (aborted)" if exit_code == 130 else ""))
+    if not metrics_found:
+        out.append("no metrics.json written")
+        return out
+    if result.get("partial"):
+        out.append(f"partial run: {result.get('completed_samples')} of {result.get('planned_examples')} x "
+                   f"{result.get('n_repeats')} samples")
+    if result.get("error_rate", 0.0) > 0:
+        out.append(f"{result['error_rate']:.1%} of the requests failed")
+    if result.get("sgl_eval_version") not in (None, SGL_EVAL_VERSION):
+        out.append(f"sgl-eval {result['sgl_eval_version']} ran, not the pinned {SGL_EVAL_VERSION}")
+    return out
+
+
+def _figure(r: dict[str, Any]) -> str:
+    lo, hi = r["ci95"]
+    return f"{r['score']:.3f} (95% CI {lo:.3f}-{hi:.3f})"
+
+
+def accuracy_verdict(base: dict[str, Any], cand: dict[str, Any], max_drop: float) -> tuple[bool, str]:
+    """Fails on a run that cannot be judged, or a score more than MAX_DROP below the baseline's whose drop
+    is also outside the combined 95% interval (Z95 x the root of the summed squared standard errors)."""
+    if cand.get("problems"):
+        return False, "accuracy: " + "; ".join(cand["problems"])
+    drop = base["score"] - cand["score"]
+    half = Z95 * math.hypot(base["stderr"], cand["stderr"])
+    figures = (f"score {_figure(cand)} vs the baseline's {_figure(base)}: drop {drop:+.3f} (max_drop {max_drop:g}, "
+               f"combined 95% half-width {half:.3f})")
+    if drop > max_drop and drop > half:
+        return False, f"accuracy: {figures}, beyond both"
+    return True, f"accuracy: {figures}"
+
+
+def run_accuracy(acc: Accuracy, base_url: str, model: str | None, headers: dict[str, str], out_dir: Path,
+                 python: str = sys.executable) -> dict[str, Any]:
+    """One sgl-eval run (pdkit.evalrun, in this environment's Python) against BASE_URL, its run directory
+    under OUT_DIR: the figures of accuracy_result, the exit status, the seconds and the problems that
+    keep it from being judged. The key in HEADERS goes through the environment, never argv."""
+    out_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    parent = Path(tempfile.mkdtemp(prefix="eval-", dir=out_dir))
+    argv = accuracy_argv(acc, base_url, model, parent)
+    key = (headers.get("Authorization") or "").removeprefix("Bearer ").strip()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", EVAL_KEY_ENV: key}
+    start = time.monotonic()
+    try:
+        proc = subprocess.run([python, "-m", "pdkit.evalrun", *argv], env=env, capture_output=True, text=True,
+                              timeout=acc.timeout_s, check=False)
+        exit_code: int | None = proc.returncode
+        output = proc.stdout + proc.stderr
+    except subprocess.TimeoutExpired:
+        exit_code, output = None, f"timed out after {acc.timeout_s:.0f} s"
+    seconds = round(time.monotonic() - start, 2)
+    found = sorted(parent.glob("sgl_eval_*/metrics.json"))
+    try:
+        metrics = json.loads(found[-1].read_text()) if found else None
+    except ValueError:
+        metrics = None
+    result = accuracy_result(metrics) if metrics else {}
+    result.update(bench=acc.bench, dataset=acc.dataset, key=acc.key(), endpoint=base_url, exit_code=exit_code,
+                  seconds=seconds, run_dir=str(found[-1].parent if found else parent))
+    result["problems"] = accuracy_problems(result, exit_code, metrics is not None)
+    if result["problems"]:
+        result["output_tail"] = output[-2000:]
+    return result
+
+
+def eval_accuracy(measured: Any, acc: Accuracy, model: str | None, out_dir: Path) -> dict[str, Any]:
+    """Part (d) on what MEASURED reaches now: run_accuracy's record with `via`, or {"skipped": why}."""
+    url, headers, via = accuracy_endpoint(measured)
+    if url is None:
+        return {"skipped": via, "problems": []}
+    return {**run_accuracy(acc, url, model, headers, out_dir), "via": via}
+
+
+def accuracy_check(base: dict[str, Any], cand: dict[str, Any], acc: Accuracy) -> tuple[bool, str]:
+    """The verdict of a check's record CAND against the baseline's BASE (either skipped: passes, saying why)."""
+    if base.get("skipped") or cand.get("skipped"):
+        return True, f"accuracy: {base.get('skipped') or cand.get('skipped')}"
+    return accuracy_verdict(base, cand, acc.max_drop)

@@ -17,6 +17,7 @@ from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
 from pdkit import spec
+from pdkit.spec.models import AnswerAccuracy
 
 # the models nested in each host section (heading: how it is reached in host data), listed after it
 NESTED: dict[str, list[tuple[str, type[BaseModel]]]] = {
@@ -24,6 +25,7 @@ NESTED: dict[str, list[tuple[str, type[BaseModel]]]] = {
         ("pdkit_cluster.model / engine model", spec.Model),
         ("pdkit_cluster.secrets", spec.Secrets),
         ("pdkit_cluster.fault_budget", spec.FaultBudget),
+        ("pdkit_cluster.answers.accuracy (campaign: correctness.accuracy)", AnswerAccuracy),
         ("pdkit_cluster.tuning.{all,prefill,decode,unified} / engine tuning", spec.Tuning),
         ("tuning.speculative", spec.Speculative),
     ],

@@ -28,7 +28,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from pdkit import engineshape
+from pdkit import engineshape, enginestarts, jitcache
 from pdkit.metricnames import SGLANG
 
 READY_LOG_LINE = "The server is fired up and ready to roll!"
@@ -255,6 +255,8 @@ def wait_engine(unit: str, url: str, timeout: float, interval: float = 1.0, poll
     """
     deadline = time.monotonic() + timeout
     reason = "not checked yet"
+    # the gate saw this start before it was ready: its ready time is then the start's own (enginestarts)
+    watched = False
     watch = _StartWatch(unit, interval, starting=0.2)
     info_url = server_info_url(url)
     while time.monotonic() < deadline:
@@ -269,21 +271,29 @@ def wait_engine(unit: str, url: str, timeout: float, interval: float = 1.0, poll
                 # the invocation may have changed since it was read (a restart in between): read it again
                 state, invocation = _unit_state(unit)
                 if info is not None and state == "active" and invocation == watch.invocation:
-                    return _engine_ready(unit, url, info, invocation, shape_inputs, shapes_dir)
+                    return _engine_ready(unit, url, info, invocation, shape_inputs, shapes_dir, watched)
                 reason = (f"{url} answers 200 but {why}" if info is None
                           else f"{unit} restarted while it was checked ({state}): checking the new start")
             else:
                 reason = f"{unit} is starting: {url} answered {status or 'nothing'}: {body.strip()[:200]}"
+            watched = True
         else:
             reason = f"{unit} is {watch.state or 'unknown'}"
+            watched = True
         time.sleep(poll)
     return False, f"not ready after {timeout:.0f} s: {reason}"
 
 
 def _engine_ready(unit: str, url: str, info: dict, invocation: str, shape_inputs, shapes_dir: str,
-                  ) -> tuple[bool, str]:
-    """The verdict once the engine answered: its shape against its record, and the readiness line as evidence."""
+                  watched: bool = False) -> tuple[bool, str]:
+    """The verdict once the engine answered: its shape against its record, and the readiness line as evidence.
+    WATCHED: the gate saw this start before it was ready, so the start goes into the engine's start
+    history (pdkit/enginestarts.py); one already up when the gate came has no start time of its own."""
     mark_ready(unit, invocation, ready_marks_dir(shapes_dir), lambda: startup_phases(url))
+    # its JIT caches are warm now for the environment it ran from (pdkit/jitcache.py: the warm stamp)
+    jitcache.stamp_ready(shape_inputs, invocation, lambda: startup_phases(url))
+    if watched:
+        enginestarts.record_start(unit, invocation, ready_marks_dir(shapes_dir))
     try:
         logged = READY_LOG_LINE in unit_log(unit, invocation)
     except (OSError, subprocess.SubprocessError):

@@ -10,11 +10,26 @@ SGLang 0.5.23 says engines sharing GPUs need separate SGLANG_CACHE_DIRs
 (sglang/srt/model_executor/runner/flashinfer_autotune.py). Keyed by release, an upgrade never loads
 another release's kernels. `CACHES` names, per pinned release, the wheel files that read each variable
 (tests/test_jitcache.py checks them); docs/rolling.md "JIT caches".
+
+Warm or cold (issue 45 item 2): the engine gate writes a stamp, `<engine dir>/warm.json`, when it first
+sees a start of the engine ready (`stamp_ready`): the engine environment it ran from (the venv link's
+target, `engine-<hash>` of its lock) and SGLang's start-up phases of its first and last such start. The
+caches are warm for the next start when the stamp is there and the venv link still points where it did
+(`warm_state`); a new release has a new directory, so no stamp. SGLang 0.5.17/0.5.23 have no switch that
+makes a JIT miss fatal or logged (their srt/environ.py: SGLANG_JIT_DEEPGEMM_PRECOMPILE only turns the
+DeepGEMM pre-compile on or off; DeepGEMM's "Entering DeepGEMM JIT Pre-Compile session" warning is logged at
+every start, cached or not), so the stamp and the phase timings are the evidence. Stdlib only: on-node.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -203,3 +218,171 @@ def cache_env(service_user: str, engine: str, sglang_version: str) -> dict[str, 
     """Every cache variable of `CACHES` -> its path for ENGINE (its name: unique on its node) on SGLANG_VERSION."""
     base = engine_cache_dir(service_user, engine, sglang_version)
     return {c.var: f"{base}/{c.subdir}" for c in CACHES}
+
+
+# ------------------------------------------------------------------------------------------------
+# Warm or cold: the stamp the engine gate writes at ready (docs/rolling.md "JIT caches")
+
+WARM_STAMP = "warm.json"
+_ENGINE_DIR = re.compile(r"^/var/cache/[^/]+/" + JIT_ROOT + r"/[^/]+/[^/]+$")
+
+
+def engine_dir_of(env: Mapping[str, str | None]) -> str | None:
+    """The engine's cache directory from its environment: the parent of SGLANG_CACHE_DIR when that is the
+    kit's layout (`cache_env`), else None (the engine's own env set it elsewhere: nothing is judged)."""
+    value = (env.get(CACHES[0].var) or "").rstrip("/")
+    parent, _, leaf = value.rpartition("/")
+    return parent if leaf == CACHES[0].subdir and _ENGINE_DIR.match(parent) else None
+
+
+def venv_id(venv_link: str) -> str:
+    """What an engine environment's link points at now (`engine-<hash>`: its lock), "" without a link."""
+    return os.path.basename(os.path.realpath(venv_link)) if venv_link else ""
+
+
+def start_seconds(phases: Mapping[str, float] | None) -> float | None:
+    """A start's length by SGLang's own phases (pdkit.health.parse_startup_phases): the longest, as
+    scheduler_e2e / tokenizer_e2e span the others; None without phases (metrics off, an older engine)."""
+    values = [float(v) for v in (phases or {}).values() if isinstance(v, (int, float))]
+    return round(max(values), 3) if values else None
+
+
+def next_stamp(old: Mapping | None, venv_link: str, venv: str, invocation: str, at: float,
+               phases_of: Callable[[], dict[str, float]]) -> dict | None:
+    """Pure: the stamp after a start (INVOCATION, ready at AT, from VENV behind VENV_LINK) passed the
+    engine gate, or None when OLD already holds it (a second gate of the same start). The first start
+    on an environment is kept beside the last: on fresh caches it is the cold one, so the two give
+    what compiling cost. PHASES_OF() is read only for a new start."""
+    same_env = bool(old) and old.get("venv") == venv and old.get("venv_link") == venv_link
+    if same_env and (old.get("last") or {}).get("invocation") == invocation:
+        return None
+    start = {"invocation": invocation, "at": round(at, 3), "phases": phases_of()}
+    if same_env:
+        return {**old, "last": start, "starts": int(old.get("starts", 1)) + 1}
+    return {"venv_link": venv_link, "venv": venv, "first": start, "last": start, "starts": 1}
+
+
+def cold_extra_s(stamp: Mapping | None) -> float | None:
+    """What compiling cost this engine, from its stamp: its first start on the environment (cold) less
+    its last (warm), by SGLang's phases; None before a second start or without phases."""
+    if not stamp or int(stamp.get("starts", 1)) < 2:
+        return None
+    first = start_seconds((stamp.get("first") or {}).get("phases"))
+    last = start_seconds((stamp.get("last") or {}).get("phases"))
+    return None if first is None or last is None else round(max(first - last, 0.0), 1)
+
+
+def warm_state(stamp: Mapping | None, venv_now: str | None) -> tuple[str, str]:
+    """Pure: ("warm" | "cold", why) of an engine's caches for its next start. VENV_NOW: what the
+    stamp's venv link points at now (None: read from nothing, the stamp is missing)."""
+    if not stamp:
+        return "cold", ("no start of this engine passed the kit's engine gate with these caches (a new release or "
+                        "engine, or the caches were removed): its next start compiles its JIT kernels")
+    if stamp.get("venv") != venv_now:
+        return "cold", (f"its engine environment changed since its last gated start ({stamp.get('venv') or '?'} -> "
+                        f"{venv_now or '?'}): kernels of the changed libraries compile again")
+    last = stamp.get("last") or {}
+    took = start_seconds(last.get("phases"))
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(float(last.get("at", 0))))
+    return "warm", (f"{stamp.get('starts', 1)} gated start(s) with these caches"
+                    + (f" on {stamp['venv']}" if stamp.get("venv") else "")
+                    + f", the last at {when}" + (f" ({took:.0f} s by SGLang's phases)" if took is not None else ""))
+
+
+def read_stamp(engine_dir: str) -> dict | None:
+    try:
+        stamp = json.loads((Path(engine_dir) / WARM_STAMP).read_text())
+    except (OSError, ValueError):
+        return None
+    return stamp if isinstance(stamp, dict) else None
+
+
+def judge(engine_dir: str) -> dict:
+    """ENGINE_DIR's caches now: {"dir", "state", "why", "extra_s", "extra_from"}. EXTRA_S: what a cold
+    start of this engine cost on this node beyond a warm one (`cold_extra_s`), from this directory's
+    stamp, else from the same engine's directory of another release (the newest measured); None: never
+    measured here."""
+    stamp = read_stamp(engine_dir)
+    state, why = warm_state(stamp, venv_id(stamp.get("venv_link", "")) if stamp else None)
+    extra, source = cold_extra_s(stamp), engine_dir
+    if extra is None:
+        release_dir, engine = os.path.split(engine_dir.rstrip("/"))
+        root = os.path.dirname(release_dir)
+        measured = []
+        for other in _siblings(root, engine, engine_dir):
+            other_stamp = read_stamp(other)
+            if (got := cold_extra_s(other_stamp)) is not None:
+                measured.append((float((other_stamp.get("last") or {}).get("at", 0)), got, other))
+        if measured:
+            _, extra, source = max(measured)
+    return {"dir": engine_dir, "state": state, "why": why, "extra_s": extra,
+            "extra_from": source if extra is not None else None}
+
+
+def _siblings(root: str, engine: str, but: str) -> Iterable[str]:
+    try:
+        releases = sorted(os.listdir(root))
+    except OSError:
+        return []
+    return [d for r in releases if (d := os.path.join(root, r, engine)) != but and os.path.isdir(d)]
+
+
+def _owned_dirs(path: Path) -> None:
+    """Make PATH and its missing parents, each 0700 and owned as its nearest existing ancestor (the unit's
+    CacheDirectory= is the service user's, and the engine must still write beside the stamp)."""
+    missing = []
+    here = path
+    while not here.exists():
+        missing.append(here)
+        here = here.parent
+    st = here.stat()
+    for d in reversed(missing):
+        d.mkdir(mode=0o700)
+        _chown(d, st)
+
+
+def _chown(path: Path, like: os.stat_result) -> None:
+    try:
+        os.chown(path, like.st_uid, like.st_gid)
+    except PermissionError:
+        pass  # not root (a test, a hand run as the service user): it is that user's already
+
+
+def stamp_ready(shape_inputs: Iterable[str], invocation: str, phases_of: Callable[[], dict[str, float]]) -> None:
+    """At the engine gate's ready (pdkit.health): record this start in the engine's stamp. SHAPE_INPUTS
+    are the gate's (the unit's files and its venv link): the engine's env file names its cache directory
+    (SGLANG_CACHE_DIR, `engine_dir_of`), the link its environment. Evidence only: never raises."""
+    try:
+        env: dict[str, str] = {}
+        venv_link = ""
+        for path in shape_inputs:
+            if os.path.isdir(path):
+                venv_link = path
+            elif path.endswith(".env"):
+                env.update(_env_file(path))
+        engine_dir = engine_dir_of(env)
+        if engine_dir is None:
+            return
+        stamp = next_stamp(read_stamp(engine_dir), venv_link, venv_id(venv_link), invocation, time.time(), phases_of)
+        if stamp is None:
+            return
+        target = Path(engine_dir)
+        _owned_dirs(target)
+        owner = target.stat()
+        tmp = target / f".{WARM_STAMP}.tmp"
+        tmp.write_text(json.dumps(stamp, sort_keys=True))
+        os.chmod(tmp, 0o644)
+        _chown(tmp, owner)
+        tmp.replace(target / WARM_STAMP)
+    except (OSError, ValueError):
+        pass
+
+
+def _env_file(path: str) -> dict[str, str]:
+    """KEY=VALUE lines of a rendered env file (templates/env.j2; a value may be double-quoted)."""
+    out = {}
+    for line in Path(path).read_text().splitlines():
+        key, eq, value = line.strip().partition("=")
+        if eq and key and not key.startswith("#"):
+            out[key] = value[1:-1] if len(value) > 1 and value[0] == value[-1] == '"' else value
+    return out

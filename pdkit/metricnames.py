@@ -120,6 +120,12 @@ EXPORTER_SHAPE_RECORDED = "pdkit_engine_shape_recorded"
 # dummy weights, a hub id or a directory without weight files. Read by doctor's weights_cached check.
 EXPORTER_WEIGHTS_CACHED = "pdkit_engine_weights_page_cache_ratio"
 EXPORTER_WEIGHTS_BYTES = "pdkit_engine_weights_bytes"
+# pdkit-exporter: the engine's JIT caches for its next start (pdkit/jitcache.py judge: the warm stamp the engine
+# gate writes at ready), 1 warm, 0 cold, labels node, engine, role, dir (its cache directory) and why; what a cold
+# start of it cost on this node beyond a warm one (labels dir, source: the stamp it was measured from), when
+# measured. Absent where the engine's own env moved SGLANG_CACHE_DIR. Read by doctor's jit_caches check.
+EXPORTER_JIT_WARM = "pdkit_engine_jit_caches_warm"
+EXPORTER_JIT_COLD_EXTRA = "pdkit_engine_jit_cold_start_extra_seconds"
 # pdkit-exporter: the engine gate's last verdict on the engine's weight checksums (issue 44 item 2,
 # pdkit/engineshape.py), value 1, labels status (recorded | match | mismatch | unavailable), recorded and
 # now (per-engine checksums, first 12 hex digits), problem (the ranks that differ, or why unavailable).

@@ -11,7 +11,7 @@ from pyinfra import host, state
 from pyinfra.api import deploy
 from pyinfra.operations import python, server
 
-from pdkit import changes, flags, gates, limitwarn, routersync, silences
+from pdkit import changes, flags, gates, jitplan, limitwarn, routersync, silences
 from pdkit.deploy import current_host, current_plan, current_spec
 from pdkit.journald import JOURNALD_UNIT, restart_needed
 from pdkit.monitoring.common import scraped_hosts
@@ -98,7 +98,9 @@ def services() -> None:
     if silence:
         python.call(name="Silence this host's alerts for its restarts", function=silences.deploy_start, spec=spec,
                     window_s=silence[0], units=silence[1])
-    _start_and_restart(start_first, restart_first, "engines and daemons")
+    # two engines on cold JIT caches start one after another, not at once (pdkit/jitwarm.py; sgl-project/sglang#27604)
+    _start_and_restart(start_first, restart_first, "engines and daemons",
+                       serial=lambda units: jitplan.restart_command(spec, host.name, units))
     if start_first or restart_first:
         gated = [*start_first, *restart_first]
         server.shell(name="Health gates: " + ", ".join(s.unit for s in gated), commands=[gates_command(venv_python, gated)])
@@ -176,9 +178,13 @@ def _router_last(services: list[Service]) -> tuple[list[Service], list[Service]]
     return [s for s in services if s.kind != "router"], [s for s in services if s.kind == "router"]
 
 
-def _start_and_restart(start: list[Service], restart: list[Service], what: str) -> None:
+def _start_and_restart(start: list[Service], restart: list[Service], what: str, serial=None) -> None:
     """One operation for the units to start and one for those to restart, each one command (one
-    round trip) whose systemctl calls take all the units at once."""
+    round trip) whose systemctl calls take all the units at once. SERIAL(units): the command that
+    restarts them instead (pdkit.jitplan.restart_command), or None for `systemctl restart`."""
+    def restart_units(services: list[Service], units: str) -> str:
+        return (serial(services) if serial else None) or f"systemctl restart {units}"
+
     if start:
         units = " ".join(shlex.quote(s.unit) for s in start)
         server.shell(
@@ -186,14 +192,14 @@ def _start_and_restart(start: list[Service], restart: list[Service], what: str) 
             # reset-failed: an inactive unit may have hit its start limit, and `start` refuses then.
             # restart, not start: a daemon its package started a moment ago (Prometheus) must
             # come up again on the files just laid down
-            commands=[f"{{ systemctl reset-failed {units} || true; }} && systemctl enable {units} && systemctl restart {units}"],
+            commands=[f"{{ systemctl reset-failed {units} || true; }} && systemctl enable {units} && {restart_units(start, units)}"],
         )
     if restart:
         units = " ".join(shlex.quote(s.unit) for s in restart)
         server.shell(
             name=f"Restart {what} (their files or venv changed): " + ", ".join(s.unit for s in restart),
             # "active" may also mean auto-restarting: clear a start-limit state before restarting
-            commands=[f"{{ systemctl reset-failed {units} || true; }} && systemctl restart {units}"],
+            commands=[f"{{ systemctl reset-failed {units} || true; }} && {restart_units(restart, units)}"],
         )
 
 

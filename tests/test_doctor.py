@@ -440,10 +440,11 @@ def test_every_engine_gets_its_role_s_checks_once():
     for r in results:
         checks.setdefault(r.target, []).append(r.check)
     # no weights_cached row: the sim reads no weight files
-    assert checks["prefill"] == ["reachable", "flags", "context_length", "engine_shape", "weights", "process_env",
-                                 "kv_transfer", "kv_path", "prefix_cache", "queues", "version"]
+    assert checks["prefill"] == ["reachable", "flags", "context_length", "engine_shape", "weights", "jit_caches",
+                                 "process_env", "kv_transfer", "kv_path", "prefix_cache", "queues", "version"]
     assert checks["decode"] == ["reachable", "flags", "decode_cuda_graph", "graph_buckets", "context_length",
-                                "engine_shape", "weights", "process_env", "kv_transfer", "queues", "version"]
+                                "engine_shape", "weights", "jit_caches", "process_env", "kv_transfer", "queues",
+                                "version"]
     assert checks["router"] == ["router_workers"] and checks["cluster"] == ["throughput_c16"]
 
 
@@ -1041,7 +1042,8 @@ def test_evaluate_gives_the_prefix_cache_row_and_the_table_counts_info():
     row = next(r for r in results if r.check == "prefix_cache")
     assert (row.target, row.status) == ("prefill", INFO)
     assert exit_code(results) == 0
-    assert ", 1 INFO, " in render_table(results).splitlines()[-1]
+    # prefix_cache, and jit_caches on both engines: the capture predates its exporter gauge
+    assert ", 3 INFO, " in render_table(results).splitlines()[-1]
 
 
 # ---- weights_cached (issue 45 item 3) ---------------------------------------------------------------
@@ -1074,3 +1076,28 @@ def test_the_weights_cached_row_is_there_for_engines_that_read_local_weight_file
     assert not reads_weight_files(dc_replace(real, argv=(*real.argv, "--load-format", "dummy")))
     assert not reads_weight_files(dc_replace(real, argv=("--model-path", "meta-llama/Llama-3.1-8B")))
 
+
+
+# ---- jit_caches (issue 45 item 2) -------------------------------------------------------------------
+
+def test_jit_caches_passes_warm_caches_warns_cold_ones_with_the_measured_cost():
+    from pdkit.doctor.checks_engine import check_jit_caches
+    from pdkit.metricnames import EXPORTER_JIT_COLD_EXTRA, EXPORTER_JIT_WARM
+
+    where = "/var/cache/pdkit-engine/jit/0.5.23/decode"
+    labels = 'node="lab-gpu1",engine="decode",role="decode"'
+    page = (f'{EXPORTER_JIT_WARM}{{{labels},dir="{where}",why="2 gated start(s) with these caches"}} 1.0\n'
+            f'{EXPORTER_JIT_COLD_EXTRA}{{{labels},dir="{where}",source="{where}"}} 181.0\n')
+    obs = _scenario("lab_base")[0][1]
+    obs.exporter = exporter_views(page)["decode"]
+    row = check_jit_caches(obs)
+    assert row.status == PASS and where in row.reason and "2 gated start(s)" in row.reason, row
+    cold = page.replace("} 1.0\n", "} 0.0\n", 1).replace("2 gated start(s) with these caches", "no start passed")
+    obs.exporter = exporter_views(cold)["decode"]
+    row = check_jit_caches(obs)
+    assert row.status == WARN and "its next restart compiles: ~181 s more than a warm start" in row.reason, row
+    assert "one at a time" in row.hint
+    obs.exporter = exporter_views(cold.splitlines()[0] + "\n")["decode"]
+    assert "no cold start of it measured" in check_jit_caches(obs).reason
+    obs.exporter, obs.exporter_error = None, "connection refused"
+    assert check_jit_caches(obs).status == INFO

@@ -425,3 +425,25 @@ def test_pdkit_releases_shows_each_engines_last_start_and_its_phases():
     text = format_releases("gpu01", {"releases": [], "current": None, "last_starts": starts}, "h")
     assert text.splitlines()[-1] == "  decode ready 62.0 s (SGLang: tokenizer_e2e 40.5 s)", text
     assert "engines' last starts" in text
+
+
+def test_the_engine_gate_stamps_the_engine_s_jit_caches_warm_at_ready(monkeypatch, tmp_path):
+    """Issue 45 item 2: the gate that first sees a start ready writes the warm stamp in the engine's cache
+    directory (named by SGLANG_CACHE_DIR in its env file among the gate's shape inputs), with the phases."""
+    import re
+
+    from pdkit import health, jitcache
+
+    monkeypatch.setattr(jitcache, "_ENGINE_DIR", re.compile("^" + re.escape(str(tmp_path)) + r"/jit/[^/]+/[^/]+$"))
+    monkeypatch.setattr(health, "unit_log", lambda unit, inv, lines=None: health.READY_LOG_LINE)
+    monkeypatch.setattr(health, "startup_phases", lambda url, timeout=3.0: {"scheduler_e2e": 12.5})
+    monkeypatch.setattr(health, "http_request", lambda *a, **k: (0, "nothing"))
+    monkeypatch.setattr(health.engineshape, "check", lambda *a, **k: (True, "shape recorded"))
+    engine_dir = tmp_path / "jit" / "0.5.23" / "decode"
+    env_file = tmp_path / "decode.env"
+    env_file.write_text(f"SGLANG_CACHE_DIR={engine_dir}/sglang\n")
+    ok, _ = health._engine_ready("pdkit-engine-decode.service", "http://127.0.0.1:9/health", {}, "inv1",
+                                 (str(env_file),), str(tmp_path / "shapes"))
+    stamp = json.loads((engine_dir / jitcache.WARM_STAMP).read_text())
+    assert ok and stamp["last"]["invocation"] == "inv1" and stamp["last"]["phases"] == {"scheduler_e2e": 12.5}
+    assert jitcache.judge(str(engine_dir))["state"] == "warm"

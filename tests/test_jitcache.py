@@ -253,3 +253,79 @@ def test_the_locked_libraries_read_the_variables_the_table_says(release):
             f"{wheel.name}: {reader.path} no longer holds {reader.needle or cache.var!r}: update pdkit/jitcache.py")
         checked += 1
     assert checked
+
+
+# ---- warm or cold: the stamp the engine gate writes at ready (issue 45 item 2) ----------------------------
+
+def _kit_layout(monkeypatch, tmp_path):
+    """Let a temporary directory stand for /var/cache/<user>/jit/<version>/<engine> (the stamp's rule)."""
+    import re
+
+    monkeypatch.setattr(jitcache, "_ENGINE_DIR", re.compile("^" + re.escape(str(tmp_path)) + r"/jit/[^/]+/[^/]+$"))
+
+
+def test_the_engine_dir_is_the_kit_layout_s_parent_of_sglang_cache_dir_and_nothing_else():
+    env = jitcache.cache_env("pdkit-engine", "decode", "0.5.23")
+    assert jitcache.engine_dir_of(env) == "/var/cache/pdkit-engine/jit/0.5.23/decode"
+    assert jitcache.engine_dir_of({**env, "SGLANG_CACHE_DIR": "/data/mine/sglang"}) is None  # the engine's own
+    assert jitcache.engine_dir_of({**env, "SGLANG_CACHE_DIR": None}) is None
+    assert jitcache.engine_dir_of({}) is None
+
+
+def test_the_stamp_keeps_the_first_start_beside_the_last_and_starts_over_on_another_environment():
+    calls = []
+
+    def phases(seconds):
+        return lambda: calls.append(seconds) or {"load_weight": 5.0, "scheduler_e2e": seconds}
+
+    first = jitcache.next_stamp(None, "/opt/pdkit/engine-venv", "engine-aaa", "inv1", 100.0, phases(300.0))
+    assert first["first"] == first["last"] and first["starts"] == 1 and first["venv"] == "engine-aaa"
+    # a second gate of the same start changes nothing and reads no phases
+    assert jitcache.next_stamp(first, "/opt/pdkit/engine-venv", "engine-aaa", "inv1", 101.0, phases(1.0)) is None
+    second = jitcache.next_stamp(first, "/opt/pdkit/engine-venv", "engine-aaa", "inv2", 200.0, phases(60.0))
+    assert second["first"]["invocation"] == "inv1" and second["last"]["invocation"] == "inv2" and second["starts"] == 2
+    assert calls == [300.0, 60.0]
+    assert jitcache.cold_extra_s(first) is None and jitcache.cold_extra_s(second) == 240.0
+    lock_change = jitcache.next_stamp(second, "/opt/pdkit/engine-venv", "engine-bbb", "inv3", 300.0, phases(280.0))
+    assert lock_change["starts"] == 1 and lock_change["first"]["invocation"] == "inv3"
+
+
+def test_warm_needs_a_stamp_on_the_environment_the_link_points_at_now():
+    stamp = jitcache.next_stamp(None, "/opt/pdkit/engine-venv", "engine-aaa", "inv1", 0.0,
+                                lambda: {"scheduler_e2e": 42.0})
+    state, why = jitcache.warm_state(None, None)
+    assert state == "cold" and "no start of this engine passed the kit's engine gate" in why
+    state, why = jitcache.warm_state(stamp, "engine-bbb")
+    assert state == "cold" and "engine-aaa -> engine-bbb" in why
+    state, why = jitcache.warm_state(stamp, "engine-aaa")
+    assert state == "warm" and "1 gated start(s)" in why and "(42 s by SGLang's phases)" in why
+    assert jitcache.start_seconds({}) is None and jitcache.start_seconds({"a": 1.0, "cuda_graph:x": 3.5}) == 3.5
+
+
+def test_the_gate_s_stamp_makes_the_caches_warm_and_a_lock_change_cold_again(monkeypatch, tmp_path):
+    _kit_layout(monkeypatch, tmp_path)
+    venvs = tmp_path / "venvs"
+    (venvs / "engine-aaa").mkdir(parents=True)
+    (venvs / "engine-bbb").mkdir()
+    link = tmp_path / "engine-venv"
+    link.symlink_to(venvs / "engine-aaa")
+    engine_dir = tmp_path / "jit" / "0.5.23" / "decode"
+    env_file = tmp_path / "decode.env"
+    env_file.write_text(f"# Rendered by pdkit\nSGLANG_CACHE_DIR={engine_dir}/sglang\nHOME=/var/lib/x\n")
+    inputs = [str(tmp_path / "pdkit-engine-decode.service"), str(env_file), str(link)]
+    assert jitcache.judge(str(engine_dir))["state"] == "cold"  # nothing yet: the directory is not even there
+    jitcache.stamp_ready(inputs, "inv1", lambda: {"scheduler_e2e": 200.0})
+    assert (engine_dir / jitcache.WARM_STAMP).is_file() and oct(engine_dir.stat().st_mode & 0o777) == "0o700"
+    judged = jitcache.judge(str(engine_dir))
+    assert judged["state"] == "warm" and judged["extra_s"] is None, judged
+    jitcache.stamp_ready(inputs, "inv2", lambda: {"scheduler_e2e": 50.0})
+    assert jitcache.judge(str(engine_dir))["extra_s"] == 150.0
+    link.unlink()
+    link.symlink_to(venvs / "engine-bbb")  # the deploy installed another lock
+    judged = jitcache.judge(str(engine_dir))
+    assert judged["state"] == "cold" and "engine-aaa -> engine-bbb" in judged["why"]
+    # a new release: its directory has no stamp, and the cost is the other release's measured cold start
+    other = jitcache.judge(str(tmp_path / "jit" / "0.5.24" / "decode"))
+    assert other["state"] == "cold" and (other["extra_s"], other["extra_from"]) == (150.0, str(engine_dir))
+    # an env file that names no kit directory, or nothing readable: no stamp, and never an exception
+    jitcache.stamp_ready([str(tmp_path / "missing.env")], "inv3", lambda: {})

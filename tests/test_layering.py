@@ -34,8 +34,11 @@ PRIVATE_SCOPE = ("pdkit", "roles", "deploy", "benchmarks", "gpu")
 # run from the node venv (the units' ExecStart / ExecStartPre modules and what they import)
 ON_NODE = ("pdkit/health.py", "pdkit/gates.py", "pdkit/gpumem.py", "pdkit/releases.py", "pdkit/changes.py",
            "pdkit/exporter", "pdkit/engineshape.py",
+           "pdkit/enginestarts.py",  # the engine gate keeps each engine's start history (issue 45 item 1)
            "pdkit/lifeline.py",  # the gates and a restore watch their SSH session with it (issue 42 item 4)
            "pdkit/journald.py",  # a restore restarts journald by the deploy's rule (issue 42)
+           "pdkit/jitcache.py",  # the engine gate writes the warm stamp of the engine's JIT caches (issue 45 item 2)
+           "pdkit/jitwarm.py",  # the deploy's serial first start of engines on cold caches (issue 45 item 2)
            "pdkit/residency.py",  # the roll reads and warms the weights. page-cache residency on the node (issue 45)
            "pdkit/sim",
            # shared with the control side, held to the node's rules: the sim and pdkit-exporter import them

@@ -21,7 +21,8 @@ from tests.conftest import REPO
 # import names of the node lock's distributions (pdkit/locks/node.txt), where they differ
 IMPORT_NAMES = {"attrs": ["attr", "attrs"], "charset-normalizer": ["charset_normalizer"], "typing_extensions": ["typing_extensions"]}
 # what a node runs from the node venv: the units' ExecStart / ExecStartPre modules and what they import lazily
-ENTRY_POINTS = ["pdkit.sim.main", "pdkit.sim.bootstrap", "pdkit.sim.knobs", "pdkit.health", "pdkit.gates", "pdkit.gpumem", "pdkit.exporter", "pdkit.releases"]
+ENTRY_POINTS = ["pdkit.sim.main", "pdkit.sim.bootstrap", "pdkit.sim.knobs", "pdkit.health", "pdkit.gates", "pdkit.gpumem", "pdkit.exporter", "pdkit.releases",
+                "pdkit.jitwarm"]
 
 
 def node_lock_imports() -> set[str]:

@@ -13,6 +13,7 @@ import pytest
 from pdkit.loader import load
 from pdkit.plan import plan_cluster
 from pdkit.roll import (
+    HostDiff,
     format_dry_plan,
     format_releases,
     host_diff,
@@ -466,6 +467,84 @@ def test_expected_outage_is_the_slowest_measured_restart_else_the_ready_timeout(
     seconds, source = expected_outage({"a": None}, ["a"], 600)
     assert seconds == 600 and "ready_timeout_s" in source
     assert expected_outage({}, ["z"], 120)[0] == 120
+
+
+# a node's start history of one engine (pdkit/enginestarts.py), oldest first: the first start on
+# its engine environment (cold), a warm restart of class A, a warm restart of class B
+_HISTORY = [
+    {"invocation": "i1", "time": "t1", "restart_to_ready_s": 205.0, "engine_env": "/opt/pdkit/venvs/engine-aa",
+     "config_class": "A", "warm": False},
+    {"invocation": "i2", "time": "t2", "restart_to_ready_s": 71.0, "engine_env": "/opt/pdkit/venvs/engine-aa",
+     "config_class": "A", "warm": True},
+    {"invocation": "i3", "time": "t3", "restart_to_ready_s": 84.0, "engine_env": "/opt/pdkit/venvs/engine-aa",
+     "config_class": "B", "warm": True},
+]
+
+
+def test_the_announcement_is_the_last_warm_restart_of_the_class_the_engine_will_have():
+    """Issue 45 item 1: the cold first start (205 s) and another class's warm restart (84 s, the
+    last start, which the node-level figure reads) are not what a warm restart of class A costs."""
+    from pdkit.roll.planning import engine_estimate
+
+    seconds, source = engine_estimate(_HISTORY, "A")
+    assert seconds == 71.0 and "same configuration class" in source and "t2" in source
+    # a class never run warm: the last warm restart of any class, labelled so
+    seconds, source = engine_estimate(_HISTORY, "C")
+    assert seconds == 84.0 and "ANOTHER configuration class" in source
+    # nothing warm yet: none (the caller falls back to the node's last restart)
+    assert engine_estimate(_HISTORY[:1], "A") is None and engine_estimate([], "A") is None
+    # a new engine environment: the restart is a first, cold one
+    seconds, source = engine_estimate(_HISTORY, "A", new_env=True)
+    assert seconds == 205.0 and "new engine environment" in source
+    assert engine_estimate(_HISTORY[1:], "A", new_env=True) is None
+
+
+def test_expected_outage_takes_the_slowest_engine_estimate_and_falls_back_per_host():
+    estimates = {"gpu01": {"pdkit-engine-decode.service": (71.0, "its last warm restart with the same class"),
+                           "pdkit-engine-prefill.service": (40.0, "its last warm restart with the same class")}}
+    # the node-level figure (the last start, whatever it was: 205 s cold) no longer decides
+    seconds, source = expected_outage({"gpu01": 205.0}, ["gpu01"], 600, estimates)
+    assert seconds == 71.0 and source.startswith("decode on gpu01: its last warm restart"), source
+    # an engine without an estimate: its host's last measured restart counts as well
+    estimates["gpu01"]["pdkit-engine-prefill.service"] = None
+    seconds, source = expected_outage({"gpu01": 205.0}, ["gpu01"], 600, estimates)
+    assert seconds == 205.0 and "last measured on gpu01" in source
+    # no history and no measure: the ready timeout, as before
+    assert expected_outage({}, ["gpu01"], 600, {"gpu01": {"pdkit-engine-decode.service": None}})[0] == 600
+    [line] = outage_lines([["gpu01"]], {0: [Outage("gpu01", "http://10.0.0.1:8000", ("decode",))]}, {"gpu01": 205.0},
+                          600, {"gpu01": {"pdkit-engine-decode.service": (71.0, "its last warm restart")}})
+    assert "~71 s (decode on gpu01: its last warm restart)" in line, line
+
+
+def test_the_planned_class_is_the_one_the_node_records_for_the_same_files(tmp_path):
+    """The roll computes an engine's class after the change from the plan; the gate records it from
+    the files on disk: the same bytes give the same class, and a start-cost change another one."""
+    from pdkit.enginestarts import config_class, unit_argv_env
+    from pdkit.roll.planning import host_estimates, planned_classes
+
+    spec = load(str(REPO / "inventories" / "lab-one-node.py"))
+    plan = plan_cluster(spec)["lab-gpu1"]
+    classes = planned_classes(plan)
+    engines = [s for s in plan.services if s.kind == "engine"]
+    assert set(classes) == {s.unit for s in engines} and len(set(classes.values())) == len(engines)
+    for f in plan.files:  # the node's copy
+        (tmp_path / f.path.lstrip("/")).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / f.path.lstrip("/")).write_text(f.content)
+    unit = engines[0].unit
+    on_disk = (tmp_path / f"etc/systemd/system/{unit}").read_text()
+    argv, env = unit_argv_env(on_disk, lambda p: (tmp_path / p.lstrip("/")).read_text())
+    assert argv[1:3] == ["-m", "pdkit.sim"] and env and config_class(argv, env) == classes[unit]
+    # what does not change the start cost (the port) keeps the class; a start-cost flag does not
+    moved = [a if a != argv[argv.index("--port") + 1] else "31999" for a in argv]
+    assert config_class(moved, env) == classes[unit]
+    assert config_class([*argv, "--cuda-graph-max-bs", "96"], env) != classes[unit]
+    # the roll's estimates: the engines the change restarts, from the node's history of each
+    history = {unit: [{**e, "config_class": classes[unit] if e["config_class"] == "A" else e["config_class"]}
+                      for e in _HISTORY]}
+    diff = HostDiff("lab-gpu1", ("/etc/x",), (unit,))
+    assert host_estimates(plan, diff, history)[unit][0] == 71.0 and len(host_estimates(plan, diff, history)) == 1
+    new_env = HostDiff("lab-gpu1", ("/etc/x",), (unit,), True, (), (engines[0].venv,))
+    assert host_estimates(plan, new_env, history)[unit][0] == 205.0
 
 
 def test_outage_lines_and_refusal_name_the_batch_router_kinds_figure_and_the_command(tmp_path):

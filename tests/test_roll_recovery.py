@@ -408,3 +408,21 @@ def test_a_downtime_roll_records_the_outage_it_announced_beside_the_one_measured
     assert "(announced ~42 s)" in out.getvalue(), out.getvalue()
     node = report(roller.timings)["nodes"][0]
     assert node["announced_outage_s"] == 42.0 and node["outage_s"] == round(timing.outage_s, 2)
+
+
+def test_a_downtime_roll_announces_from_the_engines_warm_restart_and_records_which(monkeypatch):
+    """Issue 45 item 1: with the node's start history read (Roller.estimates), the announced figure is
+    the engine's last warm restart of its class, not the node's last start (a cold 205 s); the
+    report names the source beside the measured outage."""
+    from pdkit.roll.commands import report
+
+    roller, fake, mine, out = _roller(monkeypatch, "lab-one-node.py", "lab-gpu1")
+    roller.restart_s = {"lab-gpu1": 205.0}
+    roller.estimates = {"lab-gpu1": {"pdkit-engine-decode.service": (71.0, "its last warm restart with the same "
+                                                                           "configuration class, t2")}}
+    monkeypatch.setattr(roller, "smoke", lambda hosts: "smoke requests answered")
+    roller.roll_batch(["lab-gpu1"])
+    assert "(announced ~71 s)" in out.getvalue(), out.getvalue()
+    node = report(roller.timings)["nodes"][0]
+    assert node["announced_outage_s"] == 71.0 and node["outage_s"] is not None
+    assert node["announced_outage_source"].startswith("decode on lab-gpu1: its last warm restart"), node

@@ -75,3 +75,21 @@ def test_one_gate_command_waits_for_every_engine_and_daemon():
 
     # the same words parse with the on-host CLI (an unreachable URL fails fast, not a usage error)
     assert main(["gates", "--http", "http://127.0.0.1:9/x", "0.3"]) == 1
+
+
+def test_the_engines_restart_goes_through_the_serial_start_when_one_is_given(monkeypatch):
+    """Issue 45 item 2: the operation that (re)starts a node's engines and daemons ends in the command
+    SERIAL gives (pdkit.jitplan.restart_command: cold engines one at a time), else `systemctl restart`."""
+    from types import SimpleNamespace
+
+    from roles import services as role
+
+    ran = []
+    monkeypatch.setattr(role, "server", SimpleNamespace(shell=lambda name, commands: ran.append(commands[0])))
+    units = [SimpleNamespace(unit="p.service"), SimpleNamespace(unit="d.service")]
+    role._start_and_restart(units[:1], units[1:], "engines", serial=lambda s: f"jitwarm {' '.join(u.unit for u in s)}")
+    assert ran[0].endswith("systemctl enable p.service && jitwarm p.service")
+    assert ran[1].endswith("|| true; } && jitwarm d.service")
+    ran.clear()
+    role._start_and_restart([], units, "engines", serial=lambda s: None)
+    assert ran == ["{ systemctl reset-failed p.service d.service || true; } && systemctl restart p.service d.service"]

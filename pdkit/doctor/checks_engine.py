@@ -249,6 +249,33 @@ def check_weights_cached(obs: EngineObservation) -> CheckResult:
                       "if they keep going cold, the node lacks the RAM to hold them beside its other use")
 
 
+def check_jit_caches(obs: EngineObservation) -> CheckResult:
+    """Its next restart finds the JIT kernels it compiled (issue 45 item 2): the warm stamp the engine gate
+    wrote at ready with these cache directories on the current engine environment (pdkit/jitcache.py), as
+    the node's exporter judges it. Cold is a WARN, never a failure: the next start compiles, and costs
+    what the measured cold start says."""
+    plan, name = obs.plan, "jit_caches"
+    if (early := cannot_measure(obs, name)) is not None:
+        return early
+    ex = obs.exporter
+    if ex is None:
+        return engine_row(plan, name, INFO, f"not measured: the node's pdkit-exporter was unreadable "
+                                            f"({obs.exporter_error})", "")
+    if ex.jit_caches is None:
+        return engine_row(plan, name, INFO, "not judged: SGLANG_CACHE_DIR is set by the engine's own env, or the "
+                                            "exporter is older than this check", "")
+    where, warm, why = ex.jit_caches
+    if warm >= 1:
+        return engine_row(plan, name, PASS, f"warm under {where}: {why}")
+    cost = (f"~{ex.jit_cold_extra[0]:.0f} s more than a warm start (measured from {ex.jit_cold_extra[1]})"
+            if ex.jit_cold_extra is not None else "a longer start (no cold start of it measured on this node yet)")
+    return engine_row(plan, name, WARN, f"cold under {where}: {why}; its next restart compiles: {cost}",
+                      "a start outside the kit's gates (a hand `systemctl restart`) compiled but left no stamp: the "
+                      "next restart through the kit (a deploy, roll or rollback that changes the engine) writes one; "
+                      "after an install or lock change the first start compiles, and the deploy starts a node's cold "
+                      "engines one at a time")
+
+
 def check_env(obs: EngineObservation) -> CheckResult:
     """The planned NCCL/UCX/SGLANG environment is in the engine process (the exporter reads /proc/PID/environ)."""
     plan, name = obs.plan, "process_env"

@@ -113,6 +113,10 @@ class ExporterView:
     weights: dict[str, str] | None = None
     # pdkit_engine_weights_page_cache_ratio / _bytes: (model_dir, ratio, bytes), None: not published
     weights_cached: tuple[str, float, float] | None = None
+    # pdkit_engine_jit_caches_warm: (dir, warm 1 / cold 0, why), None: not published (an older exporter, or
+    # SGLANG_CACHE_DIR set by the engine's own env); pdkit_engine_jit_cold_start_extra_seconds: (seconds, source)
+    jit_caches: tuple[str, float, str] | None = None
+    jit_cold_extra: tuple[float, str] | None = None
 
 
 @dataclass

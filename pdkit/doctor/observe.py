@@ -16,6 +16,8 @@ from pdkit.exporter.metrics import parse_metrics
 from pdkit.health import http_request
 from pdkit.kvcost import Histogram, cache_counts, kv_bytes_per_token, kv_histograms
 from pdkit.metricnames import (
+    EXPORTER_JIT_COLD_EXTRA,
+    EXPORTER_JIT_WARM,
     EXPORTER_SHAPE_RECORDED,
     EXPORTER_WEIGHTS_BYTES,
     EXPORTER_WEIGHTS_CACHED,
@@ -97,6 +99,10 @@ def exporter_views(text: str) -> dict[str, ExporterView]:
                 model_dir, ratio, size = view.weights_cached or (s.labels.get("model_dir", "?"), 0.0, 0.0)
                 view.weights_cached = ((model_dir, s.value, size) if s.name == EXPORTER_WEIGHTS_CACHED
                                        else (model_dir, ratio, s.value))
+            elif s.name == EXPORTER_JIT_WARM:
+                view.jit_caches = (s.labels.get("dir", "?"), s.value, s.labels.get("why", ""))
+            elif s.name == EXPORTER_JIT_COLD_EXTRA:
+                view.jit_cold_extra = (s.value, s.labels.get("source", ""))
             elif s.name == "pdkit_engine_rank_up":
                 view.rank_up = s.value
                 rank = s.labels.get("rank", "")

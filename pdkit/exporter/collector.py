@@ -34,7 +34,7 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 from requests.adapters import HTTPAdapter
 
-from pdkit import engineshape, residency
+from pdkit import engineshape, jitcache, residency
 from pdkit.exporter.config import EngineConfig, ExporterConfig
 from pdkit.exporter.drift import (
     FlagCheck,
@@ -58,6 +58,8 @@ from pdkit.exporter.system import (
     reboot_required,
 )
 from pdkit.metricnames import (
+    EXPORTER_JIT_COLD_EXTRA,
+    EXPORTER_JIT_WARM,
     EXPORTER_SHAPE_RECORDED,
     EXPORTER_WEIGHTS_BYTES,
     EXPORTER_WEIGHTS_CACHED,
@@ -508,6 +510,12 @@ class PdkitCollector(Collector):
         cached = gauge(EXPORTER_WEIGHTS_CACHED, "Share of the engine's weight files in the node's page cache "
                        "(mincore, at most once a minute): below 1 a restart reads the rest from disk.", ("model_dir",))
         cached_bytes = gauge(EXPORTER_WEIGHTS_BYTES, "Bytes of the engine's weight files.", ("model_dir",))
+        jit_warm = gauge(EXPORTER_JIT_WARM, "1 when the engine's JIT caches are warm for its next start (a start "
+                         "passed the engine gate with them on the current engine environment, pdkit/jitcache.py), "
+                         "0 when that start compiles them.", ("dir", "why"))
+        jit_extra = gauge(EXPORTER_JIT_COLD_EXTRA, "What a cold start of the engine cost on this node beyond a warm "
+                          "one, by SGLang's start-up phases (its first and last gated start on one environment).",
+                          ("dir", "source"))
         rank_up = gauge("pdkit_engine_rank_up", "An engine spanning nodes: 1 when the unit of the rank this node runs "
                         "has a running process. Rank 0 also serves HTTP (pdkit_engine_up); a rank above 0 serves none.",
                         ("rank", "nnodes", "head"))
@@ -551,6 +559,11 @@ class PdkitCollector(Collector):
             last = engineshape.read_json(Path(self.shapes_dir) / e.unit / engineshape.LAST) if e.unit else None
             if (verdict := engineshape.weights_verdict(last)) is not None:
                 weights.add_metric([*labels, *(verdict[k] for k in ("status", "recorded", "now", "problem"))], 1.0)
+            if (jit_dir := jitcache.engine_dir_of(e.env_dict)) is not None:
+                judged = jitcache.judge(jit_dir)
+                jit_warm.add_metric([*labels, jit_dir, judged["why"]], 1.0 if judged["state"] == "warm" else 0.0)
+                if judged["extra_s"] is not None:
+                    jit_extra.add_metric([*labels, jit_dir, judged["extra_from"]], float(judged["extra_s"]))
             if (model_dir := residency.model_dir_of(e.argv)) is not None:
                 got = self._residency(e, model_dir)
                 if got is not None and got["files"]:
@@ -591,7 +604,7 @@ class PdkitCollector(Collector):
 
         out: list[Metric] = [up, rank_up, scrape_error, info, drift, drift_info, unverified, env_present, env_error,
                              env_info, running, queued, usage, gen_tp, pd_queues, prompt, generation, kv_fail, passes,
-                             ratio, shape, weights, cached, cached_bytes]
+                             ratio, shape, weights, cached, cached_bytes, jit_warm, jit_extra]
         for fams in batch.values():
             out.extend(fams.values())
         if self.journal is not None:

@@ -14,6 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from pdkit import answers
+from pdkit.engineshape import SHAPES_DIR
+from pdkit.enginestarts import history_probe_command
+from pdkit.health import ready_marks_dir
 from pdkit.loader import load_with_problems
 from pdkit.releases import release_json_path
 from pdkit.roll.planning import (
@@ -22,6 +25,7 @@ from pdkit.roll.planning import (
     batch_outages,
     format_dry_plan,
     host_diff,
+    host_estimates,
     make_batches,
     merge_units,
     outage_lines,
@@ -117,7 +121,10 @@ def cmd_roll(args: argparse.Namespace) -> int:
     outages = {i: found for i, b in enumerate(batches)
                if not all(h in roller.unchanged for h in b) and (found := batch_outages(spec, b))}
     roller.restart_s = measure_restarts(roller, sorted({h for i in outages for h in batches[i]}))
-    downtime = outage_lines(batches, outages, roller.restart_s, spec.cluster.ready_timeout_s)
+    # the announcement: each restarted engine's last warm restart of the class it will have (pdkit/enginestarts.py)
+    roller.estimates = {h: host_estimates(roller.plans[h], diffs.get(h), history)
+                        for h, history in roller.start_history.items()}
+    downtime = outage_lines(batches, outages, roller.restart_s, spec.cluster.ready_timeout_s, roller.estimates)
     if args.dry:
         print(format_dry_plan(batches, diffs, explanations, secret))
         print("", answer_gate_lines(spec, roller.answer_gate, roller.answer_exact), sep="\n")
@@ -194,11 +201,20 @@ def answer_gate_lines(spec: Any, cfg: Any, exact: bool) -> str:
 
 
 def measure_restarts(roller: Roller, hosts: list[str]) -> dict[str, float | None]:
-    """Each host's last engine restart-to-ready (Roller.last_restart_to_ready), read over SSH; an
-    unreachable host has none (the connect gate will name it)."""
+    """Each host's last engine restart-to-ready (Roller.last_restart_to_ready), read over SSH, and
+    its engines' start histories (pdkit/enginestarts.py) into roller.start_history; an unreachable
+    host has neither (the connect gate will name it)."""
     if not hosts:
         return {}
     _, connected, _ = roller.pyinfra.connect(hosts)
+    marks = ready_marks_dir(SHAPES_DIR)
+    for name, host in connected.items():
+        units = [s.unit for s in roller.plans[name].services if s.kind == "engine"]
+        ok, stdout, _ = run_remote(host, history_probe_command(units, marks), timeout=60) if units else (False, "", "")
+        try:
+            roller.start_history[name] = json.loads(stdout) if ok else {}
+        except ValueError:
+            roller.start_history[name] = {}
     return {name: roller.last_restart_to_ready(host, name) for name, host in connected.items()}
 
 
@@ -211,6 +227,7 @@ def report(timings: list[NodeTiming]) -> dict:
              "overhead_s": round(t.overhead_s, 2), "waited_s": {k: round(v, 2) for k, v in t.waited.items()},
              "outage_s": None if t.outage_s is None else round(t.outage_s, 2),
              "announced_outage_s": None if t.announced_outage_s is None else round(t.announced_outage_s, 2),
+             "announced_outage_source": t.announced_source,
              "steps": {k: round(v, 2) for k, v in t.steps.items()},
              "apply_detail": {k: round(v, 2) for k, v in t.apply_detail.items()},
              "engine_phases": t.engine_phases, "weights": t.weights}

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 from prometheus_client.parser import text_string_to_metric_families
 
 from pdkit import changes
+from pdkit.enginestarts import RESTART_GAP_US as RESTART_GAP_US  # re-exported: pdkit.roll names it
+from pdkit.enginestarts import config_class, restart_seconds, unit_argv_env
 from pdkit.paths import router_url
 from pdkit.router_api import Key, key_order, worker_type
 
@@ -259,13 +261,74 @@ def batch_outages(spec: ClusterSpec, batch: Iterable[str]) -> list[Outage]:
     return out
 
 
-def expected_outage(restart_s: dict[str, float | None], batch: list[str], ready_timeout_s: float) -> tuple[float, str]:
+# an engine's expected restart-to-ready for an announcement (engine_estimate): (seconds, where it comes from)
+Estimate = tuple[float, str]
+
+
+def engine_estimate(history: list[dict], planned_class: str | None, new_env: bool = False) -> Estimate | None:
+    """Pure: what an engine's restart will take, from its start history on the node (oldest first,
+    pdkit/enginestarts.py) and the configuration class it will have after the change
+    (PLANNED_CLASS): its last warm restart of that class; else its last warm restart of any class,
+    labelled so; None when it has no warm restart (the caller falls back). NEW_ENV: the change
+    installs a new engine environment, so the restart is a first, cold one (empty JIT caches): its
+    last cold start then, else None."""
+    timed = [s for s in history if isinstance(s.get("restart_to_ready_s"), (int, float))]
+    if new_env:
+        cold = [s for s in timed if not s.get("warm")]
+        return ((float(cold[-1]["restart_to_ready_s"]), "the first start on a new engine environment (JIT caches "
+                 f"cold): its last such start, {cold[-1].get('time', '?')}") if cold else None)
+    warm = [s for s in timed if s.get("warm")]
+    same = [s for s in warm if planned_class is not None and s.get("config_class") == planned_class]
+    if same:
+        return (float(same[-1]["restart_to_ready_s"]),
+                f"its last warm restart with the same configuration class, {same[-1].get('time', '?')}")
+    if warm:
+        return (float(warm[-1]["restart_to_ready_s"]),
+                f"its last warm restart, of ANOTHER configuration class (none of this one recorded), "
+                f"{warm[-1].get('time', '?')}")
+    return None
+
+
+def planned_classes(plan: HostPlan) -> dict[str, str]:
+    """Pure: each engine unit's configuration class as PLAN renders it (pdkit.enginestarts.config_class
+    of its unit file and environment files: the bytes the node will hold after the change)."""
+    contents = {f.path: f.content for f in plan.files}
+    out = {}
+    for s in plan.services:
+        unit_file = next((p for p in s.files if p.rsplit("/", 1)[-1] == s.unit), None)
+        if s.kind == "engine" and unit_file in contents:
+            argv, env = unit_argv_env(contents[unit_file], contents.get)
+            out[s.unit] = config_class(argv, env)
+    return out
+
+
+def host_estimates(plan: HostPlan, diff: HostDiff | None, history: dict[str, list[dict]]) -> dict[str, Estimate | None]:
+    """Pure: engine unit -> engine_estimate for each engine of PLAN the change restarts (DIFF's
+    restarts; every engine when the diff is unknown), from the node's start HISTORY (unit -> starts)."""
+    classes = planned_classes(plan)
+    return {s.unit: engine_estimate(history.get(s.unit, []), classes.get(s.unit),
+                                    new_env=bool(diff is not None and s.venv and s.venv in diff.venvs))
+            for s in plan.services if s.kind == "engine" and (diff is None or s.unit in diff.restarts)}
+
+
+def expected_outage(restart_s: dict[str, float | None], batch: list[str], ready_timeout_s: float,
+                    estimates: dict[str, dict[str, Estimate | None]] | None = None) -> tuple[float, str]:
     """Pure: (seconds, where the figure comes from) a batch's engines are expected to be out: the
-    longest restart-to-ready last measured on its nodes, else the spec's ready timeout."""
-    measured = {h: restart_s[h] for h in batch if restart_s.get(h)}
-    if measured:
-        host = max(measured, key=lambda h: measured[h] or 0.0)
-        return float(measured[host] or 0.0), f"the engines' restart-to-ready as last measured on {host}"
+    slowest engine's ESTIMATES (host -> engine unit -> engine_estimate, for the engines the change
+    restarts); for a host with an engine without one (or no estimates), the longest
+    restart-to-ready last measured on it (RESTART_S), whatever that start was; else the spec's
+    ready timeout."""
+    figures: list[Estimate] = []
+    for h in batch:
+        per = (estimates or {}).get(h) or {}
+        for unit, found in sorted(per.items()):
+            if found:
+                name = unit.removeprefix("pdkit-engine-").removesuffix(".service")
+                figures.append((found[0], f"{name} on {h}: {found[1]}"))
+        if (not per or not all(per.values())) and restart_s.get(h):
+            figures.append((float(restart_s[h] or 0.0), f"the engines' restart-to-ready as last measured on {h}"))
+    if figures:
+        return max(figures, key=lambda f: f[0])
     return float(ready_timeout_s), "the spec's ready_timeout_s: no engine restart measured on the node yet"
 
 
@@ -277,12 +340,12 @@ def downtime_hold_s(restart_s: dict[str, float | None], hosts: list[str]) -> int
 
 
 def outage_lines(batches: list[list[str]], outages: dict[int, list[Outage]], restart_s: dict[str, float | None],
-                 ready_timeout_s: float) -> list[str]:
+                 ready_timeout_s: float, estimates: dict[str, dict[str, Estimate | None]] | None = None) -> list[str]:
     """Pure: one line per batch that takes a router's last workers of a kind out, saying what it costs."""
     lines = []
     for i, found in sorted(outages.items()):
         label = "canary" if i == 0 else f"batch {i}"
-        seconds, source = expected_outage(restart_s, batches[i], ready_timeout_s)
+        seconds, source = expected_outage(restart_s, batches[i], ready_timeout_s, estimates)
         lost = "; ".join(o.lost() for o in found)
         lines.append(f"{label} {', '.join(batches[i])}: {lost} while it is out: expected outage ~{seconds:.0f} s "
                      f"({source}), plus draining the requests in flight and the router's re-add")
@@ -356,6 +419,7 @@ class HostDiff:
     restarts: tuple[str, ...]  # units that would (re)start
     new_venv: bool = False
     removes: tuple[str, ...] = ()  # files the node's release has and the plan no longer does
+    venvs: tuple[str, ...] = ()  # the venv links the deploy points at a new venv (an engine's: its restart is cold)
 
 
 def host_diff(plan: HostPlan, state: dict, *, new_venvs: Iterable[str] = ()) -> HostDiff:
@@ -380,7 +444,7 @@ def host_diff(plan: HostPlan, state: dict, *, new_venvs: Iterable[str] = ()) -> 
     decision = changes.decide(services_meta(plan.services), {*files, *removed}, venvs, running,
                               recorded.get("services"))
     restarts = tuple(s.unit for s in plan.services if s.unit in {*decision.start, *decision.restart})
-    return HostDiff(plan.host, files, restarts, bool(venvs), removed)
+    return HostDiff(plan.host, files, restarts, bool(venvs), removed, tuple(sorted(venvs)))
 
 
 def open_breakers(states: dict[str, float], urls: Iterable[str]) -> list[str]:
@@ -438,25 +502,13 @@ def covered_seconds(intervals: Iterable[tuple[int, int]]) -> float:
     return total / 1e6
 
 
-# a start this soon after the unit went inactive belongs to the same restart (µs)
-RESTART_GAP_US = 5_000_000
-
-
 def restart_to_ready(units: dict[str, list]) -> float | None:
     """Pure: from the roller's _TIMING_PROBE (pdkit/roll/roller.py): [left active, ready, went
     inactive, started] per unit (µs), the longest time a running engine took from its last stop to
-    its readiness line: the stop itself (left active -> inactive) when it belongs to this start,
-    plus start -> ready. None: no ready line."""
-    took = []
-    for values in units.values():
-        exit_us, ready_us, inactive_us, started_us = (list(values) + [0, 0, 0, 0])[:4]
-        if not ready_us or not started_us or ready_us <= started_us:
-            continue
-        # the stop is this restart's when the start followed it at once (systemctl restart), not
-        # when the unit sat stopped for a while before it was started again
-        stopping = (inactive_us - exit_us
-                    if 0 < exit_us <= inactive_us <= started_us <= inactive_us + RESTART_GAP_US else 0)
-        took.append((stopping + ready_us - started_us) / 1e6)
+    its readiness line (pdkit.enginestarts.restart_seconds: the stop counts when it belongs to this
+    start). None: no ready line."""
+    took = [t for values in units.values()
+            if (t := restart_seconds(*(list(values) + [0, 0, 0, 0])[:4])) is not None]
     return max(took) if took else None
 
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from pdkit import answers, flags, gates
+from pdkit import answers, flags, gates, jitplan
 from pdkit.engineshape import SHAPES_DIR
 from pdkit.health import READY_LOG_LINE, http_request, ready_marks_dir
 
@@ -96,6 +96,8 @@ class NodeTiming:
     outage_s: float | None = None
     # what the roll announced for that outage before it began (planning.expected_outage), beside the measured one
     announced_outage_s: float | None = None
+    # where that figure came from (planning.expected_outage: a warm restart of the same class, ...)
+    announced_source: str | None = None
     # the deploy's own time: "prepare" (facts, deploy code; it runs beside the drain) and each
     # operation that ran on the node (inside `apply`)
     apply_detail: dict[str, float] = field(default_factory=dict)
@@ -216,6 +218,10 @@ class Roller:
     last_outage_s: float | None = None
     # each host's engines' last restart-to-ready (last_restart_to_ready), read once per roll
     restart_s: dict[str, float | None] = field(default_factory=dict)
+    # host -> engine unit -> its start history on the node, and what the announcement takes from it
+    # (pdkit/enginestarts.py, planning.host_estimates), read once per roll by `pdkit roll`
+    start_history: dict[str, dict[str, list[dict]]] = field(default_factory=dict)
+    estimates: dict[str, dict[str, tuple[float, str] | None]] = field(default_factory=dict)
     # host -> unit -> restart-to-ready and SGLang's start-up phases of the engines its last step restarted
     engine_phases: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
     # the settle time the last drain held a regular worker draining for (hold_settle_s), or 0
@@ -669,7 +675,10 @@ class Roller:
 
         cfg = self.answer_gate
         measured = self.answer_target(batch)
-        key = hashlib.sha256(json.dumps([cfg.key(), sorted(before.items(), key=str), measured.describe()],
+        # part (d) is in the key only when on: turning it on records a baseline with its score
+        acc_key = cfg.accuracy.key() if cfg.accuracy.enabled else None
+        key = hashlib.sha256(json.dumps([cfg.key(), sorted(before.items(), key=str), measured.describe()]
+                                        + ([acc_key] if acc_key else []),
                                         sort_keys=True, default=str).encode()).hexdigest()[:20]
         path = answer_cache_dir() / f"{self.spec.cluster.name}-{key}.json"
         if all(before.values()) and path.exists():
@@ -684,13 +693,26 @@ class Roller:
         forced = (answers.record_forced(measured, cfg, context_cap(self.spec) or 1 << 30) if cfg.lengths
                   else {"items": [], "notes": []})
         self.answer_baseline = {"short": short, "forced": forced}
+        said = ""
+        if cfg.accuracy.enabled:
+            # (d): the baseline's score and interval, once per release (its runs' files beside the answers)
+            acc = answers.eval_accuracy(measured, cfg.accuracy, self.spec.cluster.model.name,
+                                        answer_cache_dir() / "eval")
+            if acc["problems"]:
+                raise RuntimeError(f"accuracy: the baseline's eval cannot be judged: {'; '.join(acc['problems'])} "
+                                   f"({acc.get('run_dir')})")
+            self.answer_baseline["accuracy"] = acc
+            said = (f"; accuracy {acc['skipped']}" if acc.get("skipped") else
+                    f"; accuracy {acc['score']:.3f} (95% CI {acc['ci95'][0]:.3f}-{acc['ci95'][1]:.3f}) in "
+                    f"{acc['seconds']:.0f} s via {acc['via']}")
         if all(before.values()):
             path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             path.write_text(json.dumps(self.answer_baseline))
             path.chmod(0o600)
         lengths = ", ".join(str(i["prompt_tokens"]) for i in forced["items"]) or "none"
         return (f"baseline recorded before the drain ({measured.via}): {len(short)} short answer(s), forced "
-                f"continuations at {lengths} prompt tokens" + "".join(f"; {n}" for n in forced.get("notes", [])))
+                f"continuations at {lengths} prompt tokens" + "".join(f"; {n}" for n in forced.get("notes", []))
+                + said)
 
     def check_answers(self, batch: list[str]) -> str:
         """The canary's answers against its baseline: (a) short answers, (b) forced scores, (c) the same
@@ -721,6 +743,17 @@ class Roller:
             if not outcome.ok:
                 raise RuntimeError(outcome.detail)
             done.append(outcome.detail)
+        if base.get("accuracy"):
+            # (d): the canary's eval against the baseline's score (the same endpoint rule, so the same skip)
+            acc = answers.eval_accuracy(measured, cfg.accuracy, self.spec.cluster.model.name,
+                                        answer_cache_dir() / "eval")
+            ok, why = answers.accuracy_check(base["accuracy"], acc, cfg.accuracy)
+            record["parts"]["accuracy"] = {**acc, "ok": ok, "detail": why, "baseline": {
+                k: base["accuracy"].get(k) for k in ("score", "stderr", "ci95", "num_examples", "n_repeats", "run_dir",
+                                                     "skipped")}}
+            if not ok:
+                raise RuntimeError(why)
+            done.append(why)
         record["seconds"] = round(time.monotonic() - start, 2)
         return "; ".join(done) or "no part configured"
 
@@ -829,6 +862,10 @@ class Roller:
                 timings[h].weights, message = self.warm_weights(h, hosts[h])
                 if message:
                     p(h, "weights", message, time.monotonic() - step)
+                # JIT caches cold for the release its engines will run: a warning with the cost, never a refusal
+                if message := jitplan.pre_restart_warning(
+                        self.spec, h, lambda cmd, host=hosts[h]: run_remote(host, cmd, timeout=60)):
+                    p(h, "jit", message)
         done_drain = False
         self.last_outage_s = None
         outages = batch_outages(self.spec, batch)
@@ -910,8 +947,8 @@ class Roller:
             timings[h].engine_phases = self.engine_phases.get(h, {})
             timings[h].outage_s = self.last_outage_s
             if outages and self.last_outage_s is not None:
-                announced, _ = expected_outage(self.restart_s, batch, self.spec.cluster.ready_timeout_s)
-                timings[h].announced_outage_s = announced
+                timings[h].announced_outage_s, timings[h].announced_source = expected_outage(
+                    self.restart_s, batch, self.spec.cluster.ready_timeout_s, self.estimates)
             timings[h].waited = {"drain": drain_own[0] if drain_own else 0.0,
                                  "smoke": timings[h].steps.get("smoke", 0.0)}
             t = timings[h]

@@ -89,6 +89,10 @@ class Knobs:
     diverge_when: str = ""
     # Mixed into the /weights_checker checksums: a rank that loaded other weights than it did before
     weights_salt: str = ""
+    # A rehearsal of accuracy evals (the answer gate's part (d), docs/correctness.md): a chat completion's
+    # answer ends with ` \boxed{N}`, N derived from its own output tokens (pdkit.sim.textgen.boxed_answer), so
+    # an eval's grader reads an answer, and a diverging engine (PDKIT_SIM_DIVERGE_*) answers otherwise
+    answer_boxed: bool = False
     # The SGLang release whose metrics the sim exports (its families from the metric catalogue);
     # empty: the newest catalogued release. pdkit renders the engine's planned sglang_version here.
     sglang_version: str = ""
@@ -137,6 +141,7 @@ ENV_NAMES = {
     "diverge_min_batch": "PDKIT_SIM_DIVERGE_MIN_BATCH",
     "diverge_when": "PDKIT_SIM_DIVERGE_WHEN",
     "weights_salt": "PDKIT_SIM_WEIGHTS_SALT",
+    "answer_boxed": "PDKIT_SIM_ANSWER_BOXED",
     "bootstrap_retry_s": "PDKIT_SIM_BOOTSTRAP_RETRY_S",
     "sglang_version": "PDKIT_SIM_SGLANG_VERSION",
     # SGLang's names, as pdkit renders them (one table: pdkit.sglang_pd.ENGINE_VARIABLES)

@@ -21,6 +21,7 @@ from pdkit.sim.textgen import (
     Drift,
     Position,
     Trace,
+    boxed_answer,
     chat_prompt,
     detokenize,
     logprob_text,
@@ -360,11 +361,14 @@ def completion_body(spec: GenSpec, output_ids: list[int], finish: str, cached_to
     }
 
 
-def chat_body(spec: GenSpec, output_ids: list[int], finish: str, cached_tokens: int = 0) -> dict[str, Any]:
+def chat_body(spec: GenSpec, output_ids: list[int], finish: str, cached_tokens: int = 0,
+              boxed: bool = False) -> dict[str, Any]:
+    """BOXED (knob PDKIT_SIM_ANSWER_BOXED): the content ends with the answer the sim states (textgen.boxed_answer)."""
     return {
         "id": spec.rid, "object": "chat.completion", "created": spec.created, "model": spec.model,
         "choices": [{"index": 0,
-                     "message": {"role": "assistant", "content": detokenize(output_ids),
+                     "message": {"role": "assistant",
+                                 "content": detokenize(output_ids) + (boxed_answer(output_ids) if boxed else ""),
                                  "reasoning_content": None, "tool_calls": None},
                      "logprobs": None, "finish_reason": finish, "matched_stop": _matched_stop(finish)}],
         "usage": usage(spec, len(output_ids), cached_tokens),

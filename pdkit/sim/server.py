@@ -286,7 +286,7 @@ class SimServer:
         elif api == "completion":
             body = completion_body(spec, output, outcome.finish, outcome.cached_tokens)
         else:
-            body = chat_body(spec, output, outcome.finish, outcome.cached_tokens)
+            body = chat_body(spec, output, outcome.finish, outcome.cached_tokens, self.knobs.answer_boxed)
         return web.json_response(body)
 
     async def _stream(self, request: web.Request, api: str, spec: GenSpec) -> web.StreamResponse:

@@ -334,6 +334,13 @@ def detokenize(token_ids: Iterable[int]) -> str:
     return "".join(" " + VOCAB[i] for i in token_ids)
 
 
+def boxed_answer(output_ids: Sequence[int]) -> str:
+    """The answer a sim states at the end of a chat completion with PDKIT_SIM_ANSWER_BOXED: ` \\boxed{N}`,
+    N in 0..999 from the state after its output ids, so the same answer gives the same N and a diverged
+    one (another token anywhere) almost surely another."""
+    return f" \\boxed{{{prefix_state(output_ids, 0) % 1000}}}"
+
+
 def expected_ids(prompt_ids: Sequence[int], seed: int, n: int) -> list[int]:
     """The output ids of a request with these prompt ids and seed after n tokens (for tests)."""
     stream = TokenStream(prompt_ids, seed)

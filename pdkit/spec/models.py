@@ -126,6 +126,46 @@ class AnswerTolerance(Frozen):
         return answers.Tolerance(self.max_mean_abs_delta, self.max_abs_delta, self.min_top1, self.max_kl)
 
 
+_ACC = answers.Accuracy()
+
+
+class AnswerAccuracy(Frozen):
+    """Part (d) of the answer gate: an accuracy eval through sgl-eval (pdkit.answers.Accuracy: the defaults)."""
+
+    # off by default: each eval costs minutes (the baseline once, every check again)
+    enabled: bool = _ACC.enabled
+    # a set sgl-eval bundles (offline); with `dataset`, the grader and prompt it uses
+    bench: Literal["aime24", "aime25", "aime26"] = _ACC.bench  # type: ignore[assignment]
+    # a JSONL of your own problems ({id?, problem, expected_answer}) on the deploying machine
+    dataset: str | None = None
+    # the first N problems (default: all)
+    num_examples: int | None = Field(default=_ACC.num_examples, ge=1)
+    # answers per problem (above 1: pass@1 over them, its standard error from sgl-eval; needs a temperature)
+    n_repeats: int = Field(default=_ACC.n_repeats, ge=1, le=64)
+    # the output limit per answer (a reasoning model's thinking counts)
+    max_tokens: int = Field(default=_ACC.max_tokens, ge=1)
+    # sampling temperature (0: greedy, one answer per problem is enough)
+    temperature: float = Field(default=_ACC.temperature, ge=0, le=2)
+    # chat_template_kwargs.thinking (default: the bench's own)
+    thinking: bool | None = _ACC.thinking
+    # requests at a time
+    num_threads: int = Field(default=_ACC.num_threads, ge=1, le=256)
+    # the absolute score drop a check may show; a larger one fails when it is also outside the combined 95% interval
+    max_drop: float = Field(default=_ACC.max_drop, ge=0, le=1)
+    # one eval's limit; past it the run fails the gate
+    timeout_s: float = Field(default=_ACC.timeout_s, gt=0)
+
+    @model_validator(mode="after")
+    def _repeats_sample(self) -> AnswerAccuracy:
+        if self.n_repeats > 1 and self.temperature == 0:
+            raise ValueError("n_repeats > 1 at temperature 0 repeats identical greedy answers: set a temperature "
+                             "(the model's own, e.g. 0.6) or n_repeats 1")
+        return self
+
+    def accuracy(self) -> answers.Accuracy:
+        return answers.Accuracy(**self.model_dump())
+
+
 class AnswerGate(Frozen):
     """`pdkit_cluster.answers`: the graded answer gate of `pdkit roll`'s canary (pdkit/answers.py,
     docs/correctness.md). The baseline is recorded on the release the canary runs before the roll."""
@@ -149,6 +189,8 @@ class AnswerGate(Frozen):
     # a text file on the deploying machine (the user's own code or documents) instead of the kit's corpus
     corpus: str | None = None
     tolerance: AnswerTolerance = AnswerTolerance()
+    # (d) an accuracy eval through sgl-eval, off by default (docs/correctness.md)
+    accuracy: AnswerAccuracy = AnswerAccuracy()
     # settings this cluster runs that change the answers by design, named to say so (docs/correctness.md)
     acknowledge: list[ByDesign] = []
 
@@ -156,7 +198,8 @@ class AnswerGate(Frozen):
         return answers.GateConfig(
             short_prompts=self.short_prompts, short_tokens=self.short_tokens, min_match_rate=self.min_match_rate,
             lengths=tuple(self.lengths), forced_tokens=self.forced_tokens, top_k=self.top_k,
-            load_concurrency=self.load_concurrency, corpus=self.corpus, tolerance=self.tolerance.tolerance())
+            load_concurrency=self.load_concurrency, corpus=self.corpus, tolerance=self.tolerance.tolerance(),
+            accuracy=self.accuracy.accuracy())
 
 
 class Cluster(Frozen):

@@ -43,7 +43,7 @@ from pdkit.bench.noise import DEFAULT_MARGIN
 from pdkit.loader import spec_from_host_data
 from pdkit.roll import rollout_order
 from pdkit.spec import Problem, Tuning
-from pdkit.spec.models import AnswerTolerance, ByDesign
+from pdkit.spec.models import AnswerAccuracy, AnswerTolerance, ByDesign
 
 ENGINE_SCOPES = ("all", "prefill", "decode", "unified")
 NODE_SCOPE = "node"
@@ -180,13 +180,15 @@ class Correctness(_Strict):
     corpus: str | None = None
     # the inventory's own model (pdkit_cluster.answers.tolerance): one set of fields and defaults
     tolerance: AnswerTolerance = AnswerTolerance()
+    # (d) an accuracy eval through sgl-eval, off by default: the inventory's model (pdkit_cluster.answers.accuracy)
+    accuracy: AnswerAccuracy = AnswerAccuracy()
 
     def gate_config(self) -> answers.GateConfig:
         return answers.GateConfig(
             short_prompts=self.prompts, short_tokens=self.max_new_tokens, short_concurrency=self.concurrency,
             min_match_rate=self.min_match_rate, lengths=tuple(self.lengths), forced_tokens=self.forced_tokens,
             top_k=self.top_k, load_concurrency=self.load_concurrency, corpus=self.corpus,
-            tolerance=self.tolerance.tolerance())
+            tolerance=self.tolerance.tolerance(), accuracy=self.accuracy.accuracy())
 
 
 class Soak(_Strict):

@@ -26,6 +26,9 @@ GATES = ("roll", "correctness", "soak", "doctor", "bench")
 # of this campaign measured them; the estimate says which figures were assumed.
 ASSUMED_ROLL_S = 60.0
 ASSUMED_REQUEST_S = 0.5
+# one accuracy eval (answer gate part (d)) until the campaign has measured one: 30 AIME problems at a few
+# thousand tokens each, 16 at a time, on one engine
+ASSUMED_EVAL_S = 300.0
 
 
 class ResumeError(ValueError):
@@ -248,6 +251,9 @@ def estimate(n_candidates: int, restarts_per_candidate: int, campaign: Campaign,
         "doctor_s": campaign.doctor.window_s,
         "bench_s": bench_s,
     }
+    if campaign.correctness.accuracy.enabled:  # part (d): this campaign's measured evals, else an assumption
+        evals = [r["timings"]["accuracy_s"] for r in records if (r.get("timings") or {}).get("accuracy_s")]
+        per["accuracy_s"] = sum(evals) / len(evals) if evals else ASSUMED_EVAL_S
     each = sum(per.values())
     # the band: the baseline's extra benches (when the baseline is still to run), and the
     # remeasure at the end (a roll of the targets back onto the baseline, then a bench)

@@ -247,6 +247,15 @@ def expected_downtime(prep: Prepared, records: list[dict[str, Any]]) -> tuple[fl
     return ASSUMED_ROLL_S, "assumed, not yet measured: the estimate's roll time per restart"
 
 
+def accuracy_where(prep: Prepared) -> str:
+    """Where part (d) sends its eval on this campaign's target (the baseline's layout), or why it is skipped."""
+    try:
+        url, _, via = answers.accuracy_endpoint(engines_for(prep.base_spec, prep.targets))
+    except ValueError as exc:
+        return f"skipped: {exc}"
+    return via if url is None else f"{via}, {url}"
+
+
 def dry_text(prep: Prepared, records: list[dict[str, Any]], todo: list[Candidate]) -> str:
     c = prep.campaign
     lines = [f"pdkit tune --dry: campaign {c.name!r} on {prep.inventory}: nothing will be changed", "",
@@ -256,6 +265,7 @@ def dry_text(prep: Prepared, records: list[dict[str, Any]], todo: list[Candidate
              "correctness gate (pdkit/answers.py, docs/correctness.md):",
              *(f"  {line}" for line in answers.describe(c.correctness.gate_config(), context_cap(prep.base_spec),
                                                         None)),
+             *([f"  (d) here: {accuracy_where(prep)}"] if c.correctness.accuracy.enabled else []),
              f"bench: {workload_text(c.workload)}" + (
                  f", largest context {prep.agentic.largest_context()} tokens (fits every candidate's cap)"
                  if prep.agentic is not None else ""), ""]
@@ -453,6 +463,40 @@ class Session:
         if not outcome.ok:
             raise GateFailed("correctness", outcome.detail)
 
+    def accuracy_part(self, spec, record: dict[str, Any], cand: Candidate | None) -> None:
+        """The graded gate's part (d) (pdkit/answers.py): sgl-eval on the target's endpoint (the router
+        when it fronts exactly the target, else a target unified engine; a PD target measured on its
+        own engines is skipped, said why). The baseline's score is kept in the campaign's state; a
+        candidate fails on a drop beyond max_drop and the combined 95% interval."""
+        acc = self.prep.campaign.correctness.gate_config().accuracy
+        target = engines_for(spec, self.prep.targets)
+        path = self.paths["state"] / f"accuracy-{acc.key()}.json"
+        result = answers.eval_accuracy(target, acc, spec.cluster.model.name, self.paths["state"] / "eval")
+        if "seconds" in result:
+            record["timings"]["accuracy_s"] = result["seconds"]
+        if cand is None:
+            if result["problems"]:
+                why = "accuracy: the baseline's eval cannot be judged: " + "; ".join(result["problems"])
+                record["accuracy"] = {**result, "ok": False, "detail": why}
+                raise GateFailed("correctness", why)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(result))
+            base = result
+        elif path.exists():
+            base = json.loads(path.read_text())
+        else:
+            raise GateFailed("correctness", f"the baseline's accuracy is not in {path}: run the campaign again "
+                                            "without --resume")
+        ok, why = answers.accuracy_check(base, result, acc)
+        if cand is None and not result.get("skipped"):
+            why = f"accuracy: baseline {result['score']:.3f} (95% CI {result['ci95'][0]:.3f}-{result['ci95'][1]:.3f})"
+        record["accuracy"] = {**result, "ok": ok, "detail": why,
+                              "baseline": {k: base.get(k) for k in ("score", "stderr", "ci95", "skipped")}}
+        self.say("accuracy", why, result.get("seconds", 0.0))
+        record["gates"]["correctness"] = {"ok": ok, "detail": record["gates"]["correctness"]["detail"] + "; " + why}
+        if not ok:
+            raise GateFailed("correctness", why)
+
     def run_gates(self, name: str, spec, record: dict[str, Any], baseline_answers: list[dict[str, Any]] | None,
                   cand: Candidate | None) -> None:
         """correctness, soak, doctor, bench, in that order; raises GateFailed at the first that fails."""
@@ -486,6 +530,10 @@ class Session:
         if c.correctness.lengths:
             start = time.monotonic()
             self.answer_parts(spec, record, cand)
+            t["correctness_s"] = round(t["correctness_s"] + time.monotonic() - start, 2)
+        if c.correctness.accuracy.enabled:
+            start = time.monotonic()
+            self.accuracy_part(spec, record, cand)
             t["correctness_s"] = round(t["correctness_s"] + time.monotonic() - start, 2)
 
         start = time.monotonic()

@@ -507,3 +507,33 @@ def test_the_weights_page_cache_residency_is_published_per_engine_and_throttled(
         assert collector_mod.RESIDENCY_EVERY_S == 60.0
     finally:
         collector.close()
+
+
+def test_the_jit_caches_verdict_is_published_per_engine_from_the_gate_s_stamp(stack, tmp_path, monkeypatch):
+    """Issue 45 item 2: an engine whose env file names the kit's cache directory gets 1 (warm) or 0 (cold)
+    from the warm stamp the engine gate writes there (pdkit/jitcache.py), with what a cold start cost."""
+    import re
+
+    from pdkit import jitcache
+    from pdkit.metricnames import EXPORTER_JIT_COLD_EXTRA, EXPORTER_JIT_WARM
+
+    monkeypatch.setattr(jitcache, "_ENGINE_DIR", re.compile("^" + re.escape(str(tmp_path)) + r"/jit/[^/]+/[^/]+$"))
+    decode_dir = tmp_path / "jit" / "sim" / "decode"
+    env_file = tmp_path / "decode.env"
+    env_file.write_text(f"SGLANG_CACHE_DIR={decode_dir}/sglang\n")
+    config = engines_config(stack)
+    for e in config["engines"]:
+        e["env"] = {**e["env"], "SGLANG_CACHE_DIR": f"{tmp_path}/jit/sim/{e['name']}/sglang"}
+    for invocation, seconds in (("i1", 90.0), ("i2", 30.0)):
+        jitcache.stamp_ready([str(env_file)], invocation, lambda s=seconds: {"scheduler_e2e": s})
+    collector = make_collector(stack, config)
+    try:
+        found = samples(exposition(collector))
+        assert value(found, EXPORTER_JIT_WARM, engine="decode") == 1.0
+        assert value(found, EXPORTER_JIT_WARM, engine="prefill") == 0.0  # no start stamped its caches
+        assert value(found, EXPORTER_JIT_COLD_EXTRA, engine="decode") == 60.0
+        # the prefill's cold start is costed from nothing of its own: no series
+        assert not label_sets(found, EXPORTER_JIT_COLD_EXTRA, engine="prefill")
+        assert {s["dir"] for s in label_sets(found, EXPORTER_JIT_WARM, engine="decode")} == {str(decode_dir)}
+    finally:
+        collector.close()

@@ -204,3 +204,47 @@ def test_graphs_off_on_one_engine_fails_exactly_that_check_and_the_bench_shows_t
     assert expected <= set(failures(report)) <= expected | {router_row}, report["checks"]
     # measured this time, against the graphs-on record
     assert cluster["status"] in ("PASS", "FAIL") and re.search(r"C=16 \d+ tok/s vs \d+ recorded", cluster["reason"]), cluster
+
+
+def test_cold_jit_caches_start_one_engine_at_a_time_and_the_gate_makes_them_warm(lab, base_deployed, tmp_path):
+    """Issue 45 item 2 on a lab host's sim engines: with both warm stamps removed, the deploy's restart
+    command (pdkit.jitplan.restart_command -> python -m pdkit.jitwarm restart) stops the decode, starts the
+    prefill, waits for it to serve, then starts the decode; the deploy's gates write the stamps again, and
+    doctor's jit_caches row passes for both."""
+    from tests.lab.test_deploy import ssh
+
+    host = base_deployed["gpu"][0]
+    code = (
+        "import json; from pdkit import flags, gates, jitplan; from pdkit.loader import load; "
+        "from pdkit.plan import plan_cluster; "
+        f"spec = load({INVENTORY!r}); plan = plan_cluster(spec)[{host!r}]; "
+        "engines = [s for s in plan.services if s.kind == 'engine']; "
+        f"dirs = {{n: d for n, (d, _) in jitplan.engine_dirs(spec, {host!r}).items()}}; "
+        "print(json.dumps({'restart': jitplan.restart_command(spec, " + repr(host) + ", engines), "
+        "'gates': gates.command(flags.node_python(spec), [gates.gate_for(s) for s in engines]), "
+        "'state': jitplan.state_command(spec, sorted(dirs.values())), 'dirs': dirs, "
+        "'units': {s.engine: s.unit for s in engines}}))"
+    )
+    got = json_from_child(code)
+    prefill, decode = got["units"]["prefill"], got["units"]["decode"]
+    try:
+        removed = ssh(lab, host, "rm -f " + " ".join(f"{d}/warm.json" for d in got["dirs"].values()))
+        assert removed.returncode == 0, removed.stderr
+        state = ssh(lab, host, got["state"])
+        assert {r["state"] for r in json.loads(state.stdout.strip().splitlines()[-1])} == {"cold"}, state.stdout
+        done = ssh(lab, host, got["restart"], timeout=900)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert f"JIT caches cold for {prefill}, {decode}" in done.stdout and f"{prefill} serves after" in done.stdout, done.stdout
+        starts = ssh(lab, host, f"systemctl show -p ExecMainStartTimestampMonotonic --value {prefill} {decode}")
+        p_start, d_start = (int(v) for v in starts.stdout.split())
+        assert d_start > p_start, starts.stdout  # the decode started once the prefill served
+        gated = ssh(lab, host, got["gates"], timeout=900)
+        assert gated.returncode == 0, gated.stdout + gated.stderr
+        state = ssh(lab, host, got["state"])
+        assert {r["state"] for r in json.loads(state.stdout.strip().splitlines()[-1])} == {"warm"}, state.stdout
+    finally:
+        wait_router_settled(base_deployed)
+        wait_circuits_closed(lab_spec())
+    _, report = doctor(INVENTORY, "--runs", str(tmp_path / "none.jsonl"))
+    rows = {c["target"]: c for c in report["checks"] if c["host"] == host and c["check"] == "jit_caches"}
+    assert {t: r["status"] for t, r in rows.items()} == {"prefill": "PASS", "decode": "PASS"}, rows

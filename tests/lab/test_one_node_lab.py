@@ -145,8 +145,10 @@ def test_a_roll_or_rollback_that_would_leave_the_router_without_workers_is_refus
     print(err)
     assert err.startswith("pdkit roll: refused, nothing was changed"), err
     assert f"canary {host}: the router on {host} (http://{box['addr'][host]}:8000) has no decode or prefill worker" in err, err
-    # the deploy's own start of the engines is the figure: measured on the node, not assumed
-    assert re.search(rf"expected outage ~\d+ s \(the engines' restart-to-ready as last measured on {host}\)", err), err
+    # measured on the node, not assumed: an engine's last warm restart (its start history, issue 45
+    # item 1), else the deploy's own start of the engines
+    assert re.search(rf"expected outage ~\d+ s \((the engines' restart-to-ready as last measured on {host}|"
+                     rf"decode on {host}: its last warm restart [^)]*)\)", err), err
     assert f"pdkit roll {changed} --allow-downtime" in err, err
     assert (current_release(lab, host), invocation(lab, host)) == before, "a refused roll touched the node"
 
@@ -206,6 +208,21 @@ def test_with_allow_downtime_a_change_rolls_under_load_with_quick_errors_only_an
     assert current_release(lab, host) == release_before
     assert file_sums(lab, host, sorted(box["files"][host])) == box["files"][host]
     serves(box)
+
+    # the node's start history (issue 45 item 1): the roll's start of the decode on bs96, then the
+    # rollback's on the box's own class, each once, the rollback's warm (same engine environment)
+    starts = ssh(lab, host, "cat /var/lib/pdkit-engines/ready/pdkit-engine-decode.service.starts.json")
+    assert starts.returncode == 0, starts
+    *_, rolled, restored = json.loads(starts.stdout)
+    assert rolled["config_class"] != restored["config_class"] and restored["warm"] is True, (rolled, restored)
+    assert 0 < rolled["restart_to_ready_s"] < 120 and rolled["engine_env"] == restored["engine_env"], rolled
+    assert node["announced_outage_s"] is not None and node["announced_outage_source"], node
+    # announcing bs96 again: the decode's warm start on bs96 when the roll's was warm (an earlier start
+    # on this engine environment was recorded), else its last warm restart, of another class
+    dry = pdkit("roll", str(changed), "--dry")
+    assert dry.returncode == 0, dry.stderr
+    words = "with the same configuration class" if rolled["warm"] else "of ANOTHER configuration class"
+    assert re.search(rf"expected outage ~\d+ s \(decode on {host}: its last warm restart {words}", dry.stdout), dry.stdout
 
 
 SHRUNK_DROPIN = "/etc/systemd/system/pdkit-engine-prefill.service.d/zz-test-shrunk.conf"
@@ -621,3 +638,32 @@ def test_unified_engines_on_every_node_roll_one_at_a_time_without_a_failed_reque
     for host in plan["gpu"]:
         assert current_release(lab, host).endswith(new["release"][host][:12]), host
     assert all(w["is_healthy"] and w["worker_type"] == "regular" for w in router_workers(plan).values())
+
+
+def test_the_canarys_accuracy_eval_runs_through_the_router_and_its_score_is_in_the_report(lab, box, tmp_path):
+    """Issue 44 item 1(d): with pdkit_cluster.answers.accuracy on, the roll runs the pinned sgl-eval
+    (pdkit's own environment) on the baseline before the drain and on the canary after it; on one box
+    the router fronts exactly the canary's engines, so both go through it. The sim is no model: it
+    scores 0 both times and the part passes; the report has both scores, intervals and the seconds."""
+    host = box["router"]
+    problems = tmp_path / "problems.jsonl"
+    problems.write_text("".join(json.dumps({"id": f"p{i}", "problem": f"What is {i} + {i}?", "expected_answer": str(2 * i)})
+                                + "\n" for i in range(3)))
+    accuracy = {"enabled": True, "dataset": str(problems), "max_tokens": 8, "num_threads": 2, "timeout_s": 300}
+    changed = one_node_inventory(tmp_path, "acc", f"_cluster['answers'] = {{'enabled': True, 'lengths': [], "
+                                                  f"'short_prompts': 2, 'accuracy': {accuracy!r}}}\n"
+                                                  "_node['pdkit_node']['engines'][1]['env'] = {'PDKIT_SIM_DECODE_BASE_MS': '21'}")
+    dry = pdkit("roll", str(changed), "--dry")
+    assert "(d) accuracy: sgl-eval 0.1.3 on" in dry.stdout, dry.stdout[-2000:]
+    report = tmp_path / "report.json"
+    proc = pdkit("roll", str(changed), "--allow-downtime", "--report", str(report))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    part = json.loads(report.read_text())["answers"]["parts"]["accuracy"]
+    assert part["ok"] and part["via"].startswith("the router") and part["exit_code"] == 0, part
+    assert (part["score"], part["num_examples"], part["error_rate"]) == (0.0, 3, 0.0), part
+    assert part["baseline"]["score"] == 0.0 and part["seconds"] > 0, part
+    assert "accuracy 0.000 (95% CI 0.000-0.000)" in proc.stderr, out[-3000:]
+    back = pdkit("rollback", ONE, host, "--allow-downtime")
+    assert back.returncode == 0, (back.stdout + back.stderr)[-3000:]
+    serves(box)
