@@ -38,10 +38,33 @@ def problems(spec: ClusterSpec) -> list[Problem]:
     engine_args: dict[tuple[str, str], dict[str, tuple[str, ...]]] = {}
     for host, engine in spec.engines():
         engine_args[(host.name, engine.name)] = _check_engine(spec, host, engine, add)
+        _check_engine_env(spec, host, engine, add)
     for host in spec.router_hosts:
         _check_router(spec, host, add)
     _check_pairs(spec, engine_args, add)
     return list(found.values())
+
+
+def _check_engine_env(spec: ClusterSpec, host: HostSpec, engine: Engine, add) -> None:
+    """An engine's `env` may not set a variable pdkit renders for it from a field (its environment file
+    is read last: the value would silently replace the field's, and every rule checked on it): an error
+    naming the field to use instead (pdkit.flags.RENDERED_ENV_OWNERS). Variables pdkit does not render
+    for this engine (UCX_TLS beside ucx_net_devices, NCCL_PROTO without a PCIe profile) stay the user's."""
+    if not engine.env:
+        return
+    rendered = flags.rendered_env(spec, host, engine)
+    at = engine_path(host, engine)
+    for var, value in engine.env.items():
+        if var not in rendered:
+            continue
+        owner = flags.RENDERED_ENV_OWNERS.get(var, "a setting pdkit renders itself")
+        if owner.startswith("nothing") or owner.startswith("pdkit's"):
+            valid = f"remove it: {owner.removeprefix('nothing: ')}"
+        else:
+            valid = f"remove it and set {owner} instead"
+        add(Problem(host.name, f"{at}.env.{var}",
+                    f"{var}={value!r} would replace the {rendered[var]!r} pdkit renders for this engine (its env file "
+                    f"is read last, so every check of that value would be wrong): {valid}"))
 
 
 def engine_path(host: HostSpec, engine: Engine) -> str:

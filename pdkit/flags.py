@@ -299,6 +299,43 @@ def engine_env(spec: ClusterSpec, host: HostSpec, engine: Engine, node: HostSpec
     return dict(sorted(env.items()))
 
 
+# The field (or the part of pdkit) that decides each variable pdkit renders into an engine's
+# environment or its node's: an engine's `env` is read last and would silently override it, and
+# every rule built on the rendered value with it (issue 46). Decided once here, beside the renderers.
+RENDERED_ENV_OWNERS: dict[str, str] = {
+    "HOME": "pdkit_cluster.service_user (its home directory)",
+    "XDG_CACHE_HOME": "pdkit_cluster.service_user (its cache directory)",
+    "PYTHONUNBUFFERED": "nothing: pdkit's health gate reads the engine's log lines as they are written",
+    "SGLANG_HOST_IP": "pdkit_node.address (each rank's own address: its KV transfer endpoints)",
+    "SGLANG_DISAGGREGATION_NIXL_BACKEND": "pdkit_cluster.transfer_backend",
+    "HF_HUB_OFFLINE": "pdkit_cluster.model.path (a local path runs offline)",
+    "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "tuning.allow_longer_context",
+    "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "tuning.pcie_ipc_allreduce",
+    "PDKIT_SIM_SGLANG_VERSION": "sglang_version",
+    "NCCL_P2P_LEVEL": "pdkit_node.nccl_p2p_level (or pdkit_node.nccl_profile)",
+    "NCCL_PROTO": "pdkit_node.nccl_profile (LL128 is never safe on PCIe)",
+    "NCCL_P2P_DISABLE": "pdkit_node.nccl_profile (pcie-p2p-off)",
+    "NCCL_IB_HCA": "pdkit_node.nccl_ib_hca",
+    "NCCL_IB_DISABLE": "pdkit_node.nccl_net",
+    "NCCL_SOCKET_IFNAME": "pdkit_node.nic",
+    "UCX_NET_DEVICES": "pdkit_node.ucx_net_devices",
+    "UCX_TLS": "pdkit_node.ucx_net_devices (unset: same-node PD over cuda_ipc)",
+    **{var: f"pdkit_cluster.fault_budget.{field}" for field, var in faultbudget.ENGINE_VARIABLES.items()},
+    **{var: "pdkit's per-engine JIT cache layout (pdkit/jitcache.py): each engine and release its own directory"
+       for var in jitcache.cache_env("u", "e", "0").keys()},
+}
+
+
+def rendered_env(spec: ClusterSpec, host: HostSpec, engine: Engine) -> dict[str, str]:
+    """Pure: the environment pdkit itself renders for ENGINE (declared by HOST), its `env` left out: the
+    engine's own variables and those of every node it runs on (NCCL, UCX)."""
+    bare = engine.model_copy(update={"env": {}})
+    env = engine_env(spec, host, bare)
+    for node in spec.engine_hosts(host, engine):
+        env.update({**nccl_env(spec, node), **ucx_env(spec, node)})
+    return env
+
+
 def nccl_env(spec: ClusterSpec, host: HostSpec) -> dict[str, str]:
     """NCCL settings for a node, from its NCCL profile and engine layout (docs/tuning.md)."""
     node = host.node

@@ -239,6 +239,49 @@ PROVIDED_ENV_CASES = [
 ]
 BAD_CASES += PROVIDED_ENV_CASES
 
+# Issue 46 item 5: an engine's env may not replace what pdkit renders from a field (its env file is read last)
+RENDERED_ENV_CASES = [
+    ("env-sets-a-fault-budget-wait", lambda c, h: _engine(h, "gpu01", 0).update(env={"SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": "30"}),
+     "gpu01", "pdkit_node.engines[0].env.SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", "set pdkit_cluster.fault_budget.bootstrap_timeout_s instead"),
+    ("env-sets-nccl-proto-on-pcie", lambda c, h: h["gpu02"]["pdkit_node"].update(nccl_profile="pcie") or _engine(h, "gpu02", 1).update(env={"NCCL_PROTO": "LL128"}),
+     "gpu02", "pdkit_node.engines[1].env.NCCL_PROTO", "set pdkit_node.nccl_profile (LL128 is never safe on PCIe) instead"),
+    ("env-sets-ucx-tls-on-same-node-pd", lambda c, h: _engine(h, "gpu01", 1).update(env={"UCX_TLS": "tcp"}),
+     "gpu01", "pdkit_node.engines[1].env.UCX_TLS", "pdkit_node.ucx_net_devices"),
+    ("env-sets-a-jit-cache-dir", lambda c, h: _engine(h, "gpu02", 0).update(env={"TRITON_CACHE_DIR": "/tmp/triton"}),
+     "gpu02", "pdkit_node.engines[0].env.TRITON_CACHE_DIR", "remove it: pdkit's per-engine JIT cache layout"),
+    ("env-sets-home", lambda c, h: _engine(h, "gpu01", 1).update(env={"HOME": "/root"}),
+     "gpu01", "pdkit_node.engines[1].env.HOME", "set pdkit_cluster.service_user (its home directory) instead"),
+    ("env-sets-the-host-ip", lambda c, h: _engine(h, "gpu02", 1).update(env={"SGLANG_HOST_IP": "10.9.0.9"}),
+     "gpu02", "pdkit_node.engines[1].env.SGLANG_HOST_IP", "pdkit_node.address"),
+]
+BAD_CASES += RENDERED_ENV_CASES
+
+
+@pytest.mark.parametrize("env", [
+    {"SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": "30", "PDKIT_ANYTHING": "1"},  # a unified engine has no PD waits
+    {"NCCL_PROTO": "Simple"},  # no PCIe profile on the node: pdkit renders no NCCL_PROTO there
+    {"SGLANG_LOG_LEVEL_X": "1", "CUDA_LAUNCH_BLOCKING": "0"},  # nothing pdkit renders
+])
+def test_env_pdkit_does_not_render_for_the_engine_stays_the_users(env, tmp_path, capsys):
+    """RENDERED_ENV_CASES' counterparts: a variable pdkit does not render for THIS engine is the user's."""
+    cluster, hosts = copy.deepcopy(BASE_CLUSTER), copy.deepcopy(BASE_HOSTS)
+    if "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT" in env:
+        hosts["gpu02"]["pdkit_node"]["gpus"] = {**hosts["gpu02"]["pdkit_node"]["gpus"], "count": 6, "numa": [0, 0, 1, 1, 1, 1]}
+        hosts["gpu02"]["pdkit_node"]["engines"].append({"name": "solo", "role": "unified", "gpus": [4, 5], "port": 30005,
+                                                        "env": env})
+    else:
+        _engine(hosts, "gpu01", 1).update(env=env)
+    inv = write_inventory(tmp_path, hosts, cluster)
+    assert main(["validate", str(inv)]) == 0, capsys.readouterr().err
+
+
+def test_ucx_tls_beside_ucx_net_devices_stays_the_users():
+    """The GPU pair's shape (inventories/h200-nspawn-pair.py): cross-node PD names ucx_net_devices, pdkit
+    renders no UCX_TLS then, and the engines' own UCX_TLS is accepted."""
+    spec, problems = load_with_problems(str(REPO / "inventories" / "h200-nspawn-pair.py"))
+    assert spec is not None and not [p for p in problems if ".env." in p.field], problems
+    assert any("UCX_TLS" in e.env for _, e in spec.engines())
+
 
 def test_a_provided_engine_env_is_valid(base, tmp_path, capsys):
     """The PROVIDED_ENV_CASES base: gpu01 runs its engines from /opt/sglang-env, gpu02 from pdkit's lock."""
