@@ -143,6 +143,10 @@ ADDRESS_CASES = [  # 5. addresses and host identity
     ("wildcard-address-in-a-cross-host-pair", lambda c, h: _cross_host(h) or h["gpu02"]["pdkit_node"].update(address="0.0.0.0"), "gpu02", "pdkit_node.address", "is the wildcard address"),
     ("at-local-host-scraped-from-elsewhere", lambda c, h: _rename(h, "gpu02", "@local") or h["@local"].pop("ssh_hostname"), "@local", "ssh_hostname", "the pyinfra connector @local"),
     ("two-hosts-one-ssh-target", lambda c, h: h["mon01"].update(ssh_hostname="10.9.0.1"), "mon01", "ssh_hostname", "give each host its own ssh_hostname"),
+    # issue 46: IPv6 literals would be written unbracketed into worker URLs and scrape targets
+    ("ipv6-node-address", lambda c, h: h["gpu01"]["pdkit_node"].update(address="fd00::11"), "gpu01", "pdkit_node.address", "give the host's IPv4 address or a DNS name"),
+    ("ipv6-router-address", lambda c, h: _router(h).update(address="2001:db8::5"), "gpu01", "pdkit_router.address", "pdkit does not render into the router's worker URLs"),
+    ("ipv6-ssh-hostname-of-a-scraped-node", lambda c, h: h["gpu02"].update(ssh_hostname="fd00::12"), "gpu02", "ssh_hostname", "is an IPv6 address"),
     ("same-port-on-a-shared-address", lambda c, h: h["gpu02"]["pdkit_node"].update(address="10.9.0.1"), "gpu02", "pdkit_node.engines[0].port", "ports must be unique per address"),
 ]
 RANGE_CASES = [  # 6. bounds that catch unit mistakes

@@ -65,6 +65,22 @@ def address_problem(address: str) -> str | None:
     return f"{address!r} is neither an IP address nor a host name: give e.g. 10.0.0.12 or gpu01.example.net"
 
 
+def ipv6_problem(address: str) -> str | None:
+    """Why an IPv6 literal cannot be a service address here (else None): pdkit writes service addresses
+    into URLs and host:port pairs unbracketed (router workers http://ADDR:PORT, Prometheus targets
+    ADDR:PORT, SGLang's --dist-init-addr ADDR:PORT), forms the router and Prometheus refuse for
+    fd00::1. A DNS name that resolves to it is left to the resolver."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return None
+    if ip.version != 6 or ip.is_unspecified or ip.is_loopback:
+        return None  # the wildcard and loopback have their own, clearer error
+    return (f"{address} is an IPv6 address, which pdkit does not render into the router's worker URLs, "
+            "Prometheus targets and SGLang's host:port flags (they would read http://fd00::1:30000 wrongly): "
+            "give the host's IPv4 address or a DNS name")
+
+
 def local_only(address: str) -> str | None:
     """What `address` is when no other host can reach a service on it (else None): the
     wildcard 0.0.0.0 / ::, loopback, or a pyinfra connector name such as @local."""
@@ -209,6 +225,10 @@ def check_addresses(spec: ClusterSpec, add) -> None:
 
     refused: set[tuple[str, str]] = set()
     for host, address, field, _client, why in cross_host_connections(spec):
+        if (v6 := ipv6_problem(address)) and (host.name, field) not in refused:
+            refused.add((host.name, field))
+            add(Problem(host.name, field, v6))
+            continue
         what = local_only(address)
         if what and (host.name, field) not in refused:
             refused.add((host.name, field))
