@@ -127,7 +127,34 @@ def _check_engine(spec: ClusterSpec, host: HostSpec, engine: Engine, add) -> dic
     values: dict[str, tuple[str, ...]] = {}
     for p in [*gen_parsed, *extra_parsed]:
         values[p.option.dest] = p.values or ("(set)",)
+    _check_what_pdkit_reads(host, at, tuning, values, add)
     return values
+
+
+# What pdkit itself reads from an engine's log (issue 46: settings that switch it off pass validation
+# and then leave doctor, the roll's timings and the dashboards blind): SGLang writes both at INFO
+# (entrypoints/http_server.py "The server is fired up and ready to roll!", the scheduler's
+# "Decode batch, ... cuda graph: True" every --decode-log-interval steps, default 40).
+LOG_READERS = ("the 'Decode batch' lines that show whether decode runs its CUDA graphs (pdkit/exporter/logs.py, "
+               "doctor's decode-graph row) and the readiness line the roll times restarts by")
+QUIET_LOG_LEVELS = ("warning", "error", "critical")
+MAX_DECODE_LOG_INTERVAL = 1000  # steps: beyond it a batch line comes too seldom for a scrape window
+
+
+def _check_what_pdkit_reads(host: HostSpec, at: str, tuning, values: dict[str, tuple[str, ...]], add) -> None:
+    """A warning (the inventory may mean it) when the engine's argv stops logging what pdkit reads."""
+    level = (values.get("log_level") or ("info",))[0]
+    if level in QUIET_LOG_LEVELS:
+        field = f"{at}.tuning.log_level" if tuning.log_level is not None else f"{at}.extra_args"
+        add(Problem(host.name, field, f"--log-level {level} hides {LOG_READERS}, which SGLang writes at INFO: "
+                    "valid: info or debug (the journal's size follows pdkit_node's journal settings)", "warning"))
+    interval = (values.get("decode_log_interval") or ("40",))[0]
+    if interval.isdigit() and int(interval) > MAX_DECODE_LOG_INTERVAL:
+        field = f"{at}.tuning.decode_log_interval" if tuning.decode_log_interval is not None else f"{at}.extra_args"
+        add(Problem(host.name, field,
+                    f"--decode-log-interval {interval}: a 'Decode batch' line every {interval} decode steps is too "
+                    f"seldom for {LOG_READERS.split(' and ')[0]}: valid: at most {MAX_DECODE_LOG_INTERVAL} "
+                    "(SGLang's default 40)", "warning"))
 
 
 def _levers_missing(version: str, parser: Parser, tuning) -> dict[str, str]:

@@ -333,6 +333,10 @@ IGNORED_CASES = [
     ("unknown-host-key", lambda c, h: h["gpu02"].update(gpu_count=4), "gpu02", "gpu_count", "pdkit ignores it"),
     ("engine-venv-on-a-node-without-engines", lambda c, h: h["gpu02"]["pdkit_node"].update(engines=[], engine_venv="/opt/sglang-env"), "gpu02", "pdkit_node.engine_venv", "runs no engine; remove it"),
     ("dspark-without-draft", lambda c, h: _engine(h, "gpu01", 1).update(tuning={"speculative": {"algorithm": "DSPARK"}}), "gpu01", "pdkit_node.engines[1].tuning.speculative.draft_model_path", "set draft_model_path unless it does"),
+    # issue 46: settings that stop the engine logging what pdkit reads (SGLang writes both at INFO)
+    ("quiet-log-level-hides-the-graph-evidence", lambda c, h: _engine(h, "gpu01", 1).update(tuning={"log_level": "warning"}), "gpu01", "pdkit_node.engines[1].tuning.log_level", "valid: info or debug"),
+    ("quiet-log-level-in-extra-args", lambda c, h: _engine(h, "gpu02", 1).update(extra_args=["--log-level", "error"]), "gpu02", "pdkit_node.engines[1].extra_args", "the 'Decode batch' lines"),
+    ("decode-log-interval-too-seldom", lambda c, h: _engine(h, "gpu01", 1).update(tuning={"decode_log_interval": 100000}), "gpu01", "pdkit_node.engines[1].tuning.decode_log_interval", "valid: at most 1000"),
 ]
 
 
