@@ -256,3 +256,17 @@ def test_render_markdown_says_where_the_requests_went():
     text = render_markdown(record)
     assert "to h1/p+h1/d directly (not through the router)," in text and "through http" not in text
     assert "- measured: the engines directly, PD pairs h1/p+h1/d" in text
+
+
+def test_bench_cli_refuses_a_level_the_request_count_cannot_reach(base, tmp_path, capsys):
+    """Issue 46: 64 in flight with 32 requests would measure at most 32 under the name C=64 (a recorded
+    campaign did: docs/tune/h200-one-node.md); refused before any host is contacted."""
+    from pdkit.cli import main
+
+    cluster, hosts = base
+    inventory = write_inventory(tmp_path, hosts, cluster)
+    rc = main(["bench", str(inventory), "--concurrency", "1,64", "--requests", "32", "--no-ssh",
+               "--out", str(tmp_path / "out")])
+    assert rc == 2
+    assert "--concurrency 64 can never be reached with --requests 32" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

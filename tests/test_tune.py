@@ -124,6 +124,36 @@ def test_campaign_problems_name_the_campaign_field(over, fragment):
     assert any(fragment in p for p in problems), problems
 
 
+@pytest.mark.parametrize("workload, problem", [
+    ({"concurrency": [1, 64], "requests": 32}, "concurrency 64 can never be reached with requests 32"),
+    ({"concurrency": [16, 16]}, "concurrency level(s) 16 given twice"),
+    ({"concurrency": [32], "agentic": {"sessions": 16}}, "concurrency 32 can never be reached with agentic.sessions 16"),
+])
+def test_a_workload_level_that_cannot_be_reached_or_vanishes_is_refused(workload, problem):
+    """Issue 46: a level above the request (or session) count measures a lower concurrency under its name; a
+    repeated level would vanish silently."""
+    with pytest.raises(CampaignError) as info:
+        parse_campaign({"name": "t", "workload": workload, "candidates": [{"name": "a", "set": {"decode.cuda_graph": False}}]})
+    assert any(problem in p for p in info.value.problems), info.value.problems
+
+
+def test_a_key_given_twice_in_a_yaml_campaign_is_refused_with_its_lines(tmp_path):
+    """Issue 46: yaml.safe_load keeps the last of two equal keys silently (here the first candidates list
+    would vanish); the campaign reader refuses it and says where both are."""
+    from pdkit.tune.campaign import read_campaign_file
+
+    path = tmp_path / "twice.yaml"
+    path.write_text("name: t\ncandidates:\n  - {name: a, set: {decode.cuda_graph: false}}\n"
+                    "workload: {requests: 8, concurrency: [1]}\ncandidates:\n  - {name: b, set: {all.page_size: 64}}\n")
+    with pytest.raises(CampaignError) as info:
+        read_campaign_file(path)
+    text = " ".join(info.value.problems)
+    assert "the key 'candidates' is given twice (first at line 2)" in text and "line 5" in text, text
+    ok = tmp_path / "once.yaml"
+    ok.write_text("name: t\ncandidates:\n  - {name: a, set: {decode.cuda_graph: false}}\n")
+    assert read_campaign_file(ok)["candidates"][0]["name"] == "a"
+
+
 @pytest.mark.parametrize("raw, fragment", [
     ({"name": "t", "candidates": [{"name": "a", "set": {"decode.cuda_graph": False}}], "sok": {}}, "campaign.sok: unknown field"),
     ({"name": "t", "candidates": []}, "campaign.candidates"),
@@ -586,10 +616,10 @@ def test_resume_plan_skips_recorded_candidates_and_refuses_changes():
 
 
 def test_estimate_uses_measured_times_when_recorded():
-    c = campaign(workload={"concurrency": [4, 16], "requests": 10, "warmup": 2}, soak={"seconds": 5})
+    c = campaign(workload={"concurrency": [4, 16], "requests": 16, "warmup": 2}, soak={"seconds": 5})
     assumed = estimate(3, 1, c)
     assert assumed["measured"] == {"roll": False, "bench": False}
-    assert assumed["per_candidate"]["roll_s"] == 60.0 and assumed["per_candidate"]["bench_s"] == pytest.approx(0.5 * 22)
+    assert assumed["per_candidate"]["roll_s"] == 60.0 and assumed["per_candidate"]["bench_s"] == pytest.approx(0.5 * (2 * 16 + 2))  # 0.5 s a request: 2 levels x 16, 2 warm-up
     measured = estimate(3, 2, c, [{"timings": {"roll_s": 30, "restarts": 1, "bench_s": 12}}, {"timings": {"roll_s": 50, "restarts": 1, "bench_s": 8}}])
     assert measured["measured"] == {"roll": True, "bench": True}
     assert measured["per_candidate"]["roll_s"] == 80.0 and measured["per_candidate"]["bench_s"] == 10.0
@@ -598,7 +628,7 @@ def test_estimate_uses_measured_times_when_recorded():
     assert measured["total_s"] == pytest.approx(3 * sum(measured["per_candidate"].values()) + 20.0, abs=0.5)
     done = [{"kind": "baseline", "timings": {"roll_s": 30, "restarts": 1, "bench_s": 10}}]
     assert estimate(2, 1, c, done)["noise_s"] == 0.0
-    again = campaign(workload={"concurrency": [4, 16], "requests": 10, "warmup": 2}, noise={"remeasure_at_end": True})
+    again = campaign(workload={"concurrency": [4, 16], "requests": 16, "warmup": 2}, noise={"remeasure_at_end": True})
     assert estimate(2, 1, again, done)["noise_s"] == 30.0 + 10.0  # one more roll of the targets and one bench
 
 

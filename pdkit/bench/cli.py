@@ -128,6 +128,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return EXIT_INVALID
     if args.concurrency is None:  # agentic: every session of a level in flight at once; fixed: 1,16,64
         args.concurrency = [workload.sessions] if workload is not None else [1, 16, 64]
+    if workload is None and max(args.concurrency) > args.requests:
+        # the level would measure at most REQUESTS in flight under a higher level's name
+        print(f"bench: --concurrency {max(args.concurrency)} can never be reached with --requests {args.requests} "
+              f"(at most {args.requests} in flight): valid: --requests >= {max(args.concurrency)}", file=sys.stderr)
+        return EXIT_INVALID
     if workload is not None and workload.path and workload.sessions * len(args.concurrency) > len(
             workload.trace.conversations):
         print(f"bench: {args.trace} has {len(workload.trace.conversations)} conversations for {len(args.concurrency)} "

@@ -102,7 +102,23 @@ class Workload(_Strict):
     def _positive(cls, v: tuple[int, ...]) -> tuple[int, ...]:
         if any(c < 1 for c in v):
             raise ValueError("every concurrency level must be at least 1")
-        return tuple(sorted(set(v)))
+        twice = sorted({c for c in v if v.count(c) > 1})
+        if twice:
+            # sorted(set()) would drop the repeat without a word: a typo (16, 16 for 16, 64) loses a level
+            raise ValueError(f"concurrency level(s) {', '.join(map(str, twice))} given twice: each level once")
+        return tuple(sorted(v))
+
+    @model_validator(mode="after")
+    def _levels_reachable(self) -> Workload:
+        """A level the request (or session) count can never fill measures a lower concurrency under its name."""
+        top = max(self.concurrency)
+        if self.agentic is None and top > self.requests:
+            raise ValueError(f"concurrency {top} can never be reached with requests {self.requests} (at most "
+                             f"{self.requests} in flight): valid: requests >= {top}, or levels <= {self.requests}")
+        if self.agentic is not None and self.agentic.trace is None and top > self.agentic.sessions:
+            raise ValueError(f"concurrency {top} can never be reached with agentic.sessions {self.agentic.sessions} "
+                             f"(one request in flight per session): valid: sessions >= {top}")
+        return self
 
 
 # The bench figures at the target concurrency that can rank candidates: {metric: higher is better}.
@@ -294,12 +310,35 @@ def read_campaign_file(path: str | Path) -> dict[str, Any]:
     import yaml
 
     try:
-        raw = yaml.safe_load(p.read_text())
+        raw = yaml.load(p.read_text(), Loader=_unique_keys_loader(yaml))  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
         raise CampaignError(str(path), [f"not valid YAML: {exc}"]) from None
     if not isinstance(raw, dict):
         raise CampaignError(str(path), ["the top level must be a mapping (name, candidates, ...)"])
     return raw
+
+
+def _unique_keys_loader(yaml: Any) -> type:
+    """yaml.SafeLoader that refuses a key given twice in one mapping: plain safe_load keeps the last one
+    silently, so a second `candidates:` or a lever written twice would drop half of what the user wrote."""
+
+    class UniqueKeys(yaml.SafeLoader):
+        pass
+
+    def mapping(loader: Any, node: Any, deep: bool = False) -> dict:
+        seen: dict[Any, Any] = {}
+        for key_node, _ in node.value:
+            key = loader.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    "while reading a mapping", node.start_mark,
+                    f"the key {key!r} is given twice (first at line {seen[key].line + 1}): YAML would keep only the "
+                    "last one; merge them into one", key_node.start_mark)
+            seen[key] = key_node.start_mark
+        return loader.construct_mapping(node, deep=deep)
+
+    UniqueKeys.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+    return UniqueKeys
 
 
 def parse_campaign(raw: dict[str, Any], path: str = "campaign") -> Campaign:
