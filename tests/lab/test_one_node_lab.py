@@ -472,6 +472,37 @@ SIM_ENV = {"PDKIT_SIM_DRIFT_WHEN": "--chunked-prefill-size=4096", "PDKIT_SIM_DRI
            "PDKIT_SIM_DIVERGE_WHEN": "--enable-torch-compile", "PDKIT_SIM_DIVERGE_FROM_POSITION": "2000"}
 
 
+def test_the_canarys_accuracy_eval_runs_through_the_router_and_its_score_is_in_the_report(lab, box, tmp_path):
+    """Issue 44 item 1(d): with pdkit_cluster.answers.accuracy on, the roll runs the pinned sgl-eval
+    (pdkit's own environment) on the baseline before the drain and on the canary after it; on one box
+    the router fronts exactly the canary's engines, so both go through it. The sim is no model: it
+    scores 0 both times and the part passes; the report has both scores, intervals and the seconds."""
+    host = box["router"]
+    problems = tmp_path / "problems.jsonl"
+    problems.write_text("".join(json.dumps({"id": f"p{i}", "problem": f"What is {i} + {i}?", "expected_answer": str(2 * i)})
+                                + "\n" for i in range(3)))
+    accuracy = {"enabled": True, "dataset": str(problems), "max_tokens": 8, "num_threads": 2, "timeout_s": 300}
+    changed = one_node_inventory(tmp_path, "acc", f"_cluster['answers'] = {{'enabled': True, 'lengths': [], "
+                                                  f"'short_prompts': 2, 'accuracy': {accuracy!r}}}\n"
+                                                  "_node['pdkit_node']['engines'][1]['env'] = {'PDKIT_SIM_DECODE_BASE_MS': '21'}")
+    dry = pdkit("roll", str(changed), "--dry")
+    assert "(d) accuracy: sgl-eval 0.1.3 on" in dry.stdout, dry.stdout[-2000:]
+    report = tmp_path / "report.json"
+    proc = pdkit("roll", str(changed), "--allow-downtime", "--report", str(report))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    answers = json.loads(report.read_text())["answers"]
+    assert answers, f"the roll ran no answer gate:\n{out[-3000:]}"
+    part = answers["parts"]["accuracy"]
+    assert part["ok"] and part["via"].startswith("the router") and part["exit_code"] == 0, part
+    assert (part["score"], part["num_examples"], part["error_rate"]) == (0.0, 3, 0.0), part
+    assert part["baseline"]["score"] == 0.0 and part["seconds"] > 0, part
+    assert "accuracy 0.000 (95% CI 0.000-0.000)" in out, out[-3000:]
+    back = pdkit("rollback", ONE, host, "--allow-downtime")
+    assert back.returncode == 0, (back.stdout + back.stderr)[-3000:]
+    serves(box)
+
+
 def test_a_one_node_campaign_rolls_each_candidate_with_downtime_and_puts_a_failed_one_back(lab, box, tmp_path):
     import yaml
 
@@ -638,32 +669,3 @@ def test_unified_engines_on_every_node_roll_one_at_a_time_without_a_failed_reque
     for host in plan["gpu"]:
         assert current_release(lab, host).endswith(new["release"][host][:12]), host
     assert all(w["is_healthy"] and w["worker_type"] == "regular" for w in router_workers(plan).values())
-
-
-def test_the_canarys_accuracy_eval_runs_through_the_router_and_its_score_is_in_the_report(lab, box, tmp_path):
-    """Issue 44 item 1(d): with pdkit_cluster.answers.accuracy on, the roll runs the pinned sgl-eval
-    (pdkit's own environment) on the baseline before the drain and on the canary after it; on one box
-    the router fronts exactly the canary's engines, so both go through it. The sim is no model: it
-    scores 0 both times and the part passes; the report has both scores, intervals and the seconds."""
-    host = box["router"]
-    problems = tmp_path / "problems.jsonl"
-    problems.write_text("".join(json.dumps({"id": f"p{i}", "problem": f"What is {i} + {i}?", "expected_answer": str(2 * i)})
-                                + "\n" for i in range(3)))
-    accuracy = {"enabled": True, "dataset": str(problems), "max_tokens": 8, "num_threads": 2, "timeout_s": 300}
-    changed = one_node_inventory(tmp_path, "acc", f"_cluster['answers'] = {{'enabled': True, 'lengths': [], "
-                                                  f"'short_prompts': 2, 'accuracy': {accuracy!r}}}\n"
-                                                  "_node['pdkit_node']['engines'][1]['env'] = {'PDKIT_SIM_DECODE_BASE_MS': '21'}")
-    dry = pdkit("roll", str(changed), "--dry")
-    assert "(d) accuracy: sgl-eval 0.1.3 on" in dry.stdout, dry.stdout[-2000:]
-    report = tmp_path / "report.json"
-    proc = pdkit("roll", str(changed), "--allow-downtime", "--report", str(report))
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-3000:]
-    part = json.loads(report.read_text())["answers"]["parts"]["accuracy"]
-    assert part["ok"] and part["via"].startswith("the router") and part["exit_code"] == 0, part
-    assert (part["score"], part["num_examples"], part["error_rate"]) == (0.0, 3, 0.0), part
-    assert part["baseline"]["score"] == 0.0 and part["seconds"] > 0, part
-    assert "accuracy 0.000 (95% CI 0.000-0.000)" in proc.stderr, out[-3000:]
-    back = pdkit("rollback", ONE, host, "--allow-downtime")
-    assert back.returncode == 0, (back.stdout + back.stderr)[-3000:]
-    serves(box)
