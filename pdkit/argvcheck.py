@@ -133,7 +133,7 @@ def _check_engine(spec: ClusterSpec, host: HostSpec, engine: Engine, add) -> dic
 
 # What pdkit itself reads from an engine's log (issue 46: settings that switch it off pass validation
 # and then leave doctor, the roll's timings and the dashboards blind): SGLang writes both at INFO
-# (entrypoints/http_server.py "The server is fired up and ready to roll!", the scheduler's
+# (entrypoints/http_server.py the readiness line pdkit.health.READY_LOG_LINE, the scheduler's
 # "Decode batch, ... cuda graph: True" every --decode-log-interval steps, default 40).
 LOG_READERS = ("the 'Decode batch' lines that show whether decode runs its CUDA graphs (pdkit/exporter/logs.py, "
                "doctor's decode-graph row) and the readiness line the roll times restarts by")

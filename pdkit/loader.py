@@ -296,6 +296,7 @@ def spec_from_host_data(
     problems.extend(cross_checks(spec))
 
     problems.extend(argvcheck.problems(spec))
+    problems.extend(_route_problems(spec))
     if any(p.severity == "error" for p in problems):
         return None, problems
     return spec, problems
@@ -434,3 +435,28 @@ def load_or_report(inventory: str | os.PathLike[str]) -> ClusterSpec | None:
             print(f"  error   {p}", file=sys.stderr)
         return None
     return spec
+
+
+def _route_problems(spec: ClusterSpec) -> list[Problem]:
+    """An alert route that matches an alert name no rule has, or a severity no rule sets, never fires:
+    a warning naming the route (issue 46; a typo'd PdkitEngineWedgde pages no one)."""
+    routes = [(h, i, r) for h in spec.monitoring_hosts for i, r in enumerate(h.monitoring.alerting.routes)]
+    if not routes:
+        return []
+    from pdkit.monitoring.rules import ALERT_NAMES, alerts  # lazy: the rules load only for an inventory with routes
+
+    severities = sorted({a.severity for a in alerts(spec)})
+
+    out = []
+    for host, i, route in routes:
+        name, severity = route.match.get("alertname"), route.match.get("severity")
+        field = f"pdkit_monitoring.alerting.routes[{i}].match"
+        if name is not None and name not in ALERT_NAMES:
+            close = difflib.get_close_matches(name, ALERT_NAMES, n=1)
+            out.append(Problem(host.name, field, f"alertname {name!r} is no alert pdkit renders, so this route never "
+                               "matches" + (f": did you mean {close[0]!r}?" if close else "")
+                               + " (the alerts: docs/monitoring.md)", "warning"))
+        if severity is not None and severity not in severities:
+            out.append(Problem(host.name, field, f"severity {severity!r} is set by no alert pdkit renders, so this "
+                               f"route never matches: valid: {', '.join(severities)}", "warning"))
+    return out

@@ -672,3 +672,27 @@ def test_the_sim_prefills_in_one_pass_with_chunking_off():
     from pdkit.sim.stepmodel import prefill_passes
 
     assert prefill_passes(10_000, -1) == 1 and prefill_passes(10_000, 4096) == 3
+
+
+
+@pytest.mark.parametrize("match, phrase", [
+    ({"alertname": "PdkitEngineWedgde"}, "did you mean 'PdkitEngineWedged'?"),
+    ({"severity": "page"}, "valid: critical, warning"),
+])
+def test_an_alert_route_that_can_never_match_warns(match, phrase, tmp_path, capsys):
+    """Issue 46: a route on an alert name no rule has (or a severity none sets) pages no one, silently."""
+    cluster, hosts = copy.deepcopy(BASE_CLUSTER), copy.deepcopy(BASE_HOSTS)
+    hosts["mon01"]["pdkit_monitoring"]["alerting"]["routes"] = [{"match": match, "receiver": "oncall"}]
+    inv = write_inventory(tmp_path, hosts, cluster)
+    assert main(["validate", str(inv)]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "warning mon01: pdkit_monitoring.alerting.routes[0].match" in out and phrase in out, out
+    assert main(["validate", "--strict", str(inv)]) == 2
+
+
+def test_an_alert_route_on_a_real_alert_is_quiet(tmp_path, capsys):
+    cluster, hosts = copy.deepcopy(BASE_CLUSTER), copy.deepcopy(BASE_HOSTS)
+    hosts["mon01"]["pdkit_monitoring"]["alerting"]["routes"] = [
+        {"match": {"alertname": "PdkitEngineWedged"}, "receiver": "oncall"}, {"match": {"severity": "critical"}, "receiver": "oncall"}]
+    inv = write_inventory(tmp_path, hosts, cluster)
+    assert main(["validate", "--strict", str(inv)]) == 0, capsys.readouterr().err

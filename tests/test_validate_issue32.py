@@ -120,7 +120,20 @@ SECRET_CASES = [
     ("receiver-credential-empty", _secret(alert_receivers={"oncall": ""}), "mon01", "pdkit_cluster.secrets.alert_receivers.oncall", "set the credential, or remove it"),
     ("receiver-credential-blank", _secret(alert_receivers={"oncall": " \n"}), "mon01", "pdkit_cluster.secrets.alert_receivers.oncall", "environment variable"),
     ("receiver-credential-two-lines", _secret(alert_receivers={"oncall": "tok\nen"}), "mon01", "pdkit_cluster.secrets.alert_receivers.oncall", "alone on one line"),
+    # issue 46: credential shapes (a scheme the reader adds itself, a URL where a key belongs and the reverse)
+    ("webhook-token-with-its-scheme", _secret(alert_receivers={"oncall": "Bearer t0k3n"}), "mon01", "pdkit_cluster.secrets.alert_receivers.oncall", "'Bearer Bearer ...'"),
+    ("webhook-token-is-a-url", _secret(alert_receivers={"oncall": "https://hooks.example.net/x"}), "mon01", "pdkit_cluster.secrets.alert_receivers.oncall", "is a URL, but Alertmanager sends it as the receiver's key"),
+    ("slack-credential-is-a-token", lambda c, h: _receiver(h, {"name": "chat", "kind": "slack"}) or _secret(alert_receivers={"chat": "xoxb-123-456"})(c, h), "mon01", "pdkit_cluster.secrets.alert_receivers.chat", "https://hooks.slack.com/services/"),
+    ("opsgenie-key-with-its-scheme", lambda c, h: _receiver(h, {"name": "genie", "kind": "opsgenie"}) or _secret(alert_receivers={"genie": "GenieKey abc-123"})(c, h), "mon01", "pdkit_cluster.secrets.alert_receivers.genie", "'GenieKey GenieKey ...'"),
+    ("pagerduty-key-is-a-url", lambda c, h: _receiver(h, {"name": "pd", "kind": "pagerduty"}) or _secret(alert_receivers={"pd": "https://events.pagerduty.com/v2/enqueue"})(c, h), "mon01", "pdkit_cluster.secrets.alert_receivers.pd", "give the key itself"),
+    ("hf-token-with-its-scheme", _secret(hf_token="Bearer hf_AbC123"), "gpu01", "pdkit_cluster.secrets.hf_token", "'Bearer Bearer ...'"),
 ]
+
+
+def _receiver(hosts, receiver):
+    """One more receiver on mon01's Alertmanager."""
+    alerting = hosts["mon01"]["pdkit_monitoring"]["alerting"]
+    alerting["receivers"] = [*alerting["receivers"], receiver]
 
 
 @pytest.mark.parametrize("case", SECRET_CASES, ids=[c[0] for c in SECRET_CASES])
@@ -143,9 +156,18 @@ def test_secret_problems_never_print_the_value(base, tmp_path, capsys):
     {"hf_token": "hf_AbC123"},
     {"router_api_key": "a key with inner spaces\tand a tab"},  # smg 1.13.0 matches it (measured)
     {"alert_receivers": {"oncall": " tok \n"}},  # Alertmanager 0.25 strips a credential file's surrounding whitespace (measured)
-], ids=["hf-token", "router-key-inner-space", "receiver-credential-trailing-newline"])
+    {"alert_receivers": {"oncall": "t0k3n", "chat": "https://hooks.slack.com/services/T0/B0/x"}},
+    {"alert_receivers": {"oncall": "bearerish-token-without-a-space", "genie": "abc-123"}},
+], ids=["hf-token", "router-key-inner-space", "receiver-credential-trailing-newline", "slack-url-and-plain-token",
+        "keys-that-only-look-like-a-scheme"])
 def test_secrets_their_readers_take_are_valid(values, base, tmp_path, capsys):
-    rc, err, _ = _errors(_secret(**values), base, tmp_path, capsys)
+    def mutate(c, h):
+        if "chat" in values.get("alert_receivers", {}):
+            _receiver(h, {"name": "chat", "kind": "slack"})
+        if "genie" in values.get("alert_receivers", {}):
+            _receiver(h, {"name": "genie", "kind": "opsgenie"})
+        _secret(**values)(c, h)
+    rc, err, _ = _errors(mutate, base, tmp_path, capsys)
     assert rc == 0 and "secrets" not in err, err
 
 

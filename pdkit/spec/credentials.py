@@ -51,12 +51,43 @@ def alerting_problems(host: HostSpec, secrets: Secrets) -> list[Problem]:
             out.append(Problem(host.name, f"{secret_at}.{receiver.name}",
                                f"receiver {receiver.name!r} (email) has no auth_username, so its SMTP password would "
                                "never be sent: set auth_username, or remove the credential"))
+    kinds = {r.name: r.kind for r in alerting.receivers}
+    for name, secret in creds.items():
+        if name in kinds and (why := credential_shape_problem(kinds[name], secret.get_secret_value())):
+            out.append(Problem(host.name, f"{secret_at}.{name}", f"receiver {name!r} ({kinds[name]}): {why}"))
     for name in creds:
         if name not in names:
             out.append(Problem(host.name, f"{secret_at}.{name}",
                                f"no receiver is named {name!r}, so this credential is unused; receivers: {valid}",
                                "warning"))
     return out
+
+
+# The scheme each reader puts in front of a credential itself (issue 46: a value pasted with it is sent
+# twice, "Bearer Bearer ...", and refused): Alertmanager 0.25 sends webhook and webex credentials as
+# http_config.authorization type Bearer (pdkit/monitoring/alertmanager.py), Opsgenie's as
+# "GenieKey <key>" (notify/opsgenie); huggingface_hub sends HF_TOKEN as "Bearer <token>".
+SCHEME_ADDED = {"webhook": "Bearer", "webex": "Bearer", "opsgenie": "GenieKey"}
+# the receiver kinds whose credential is a URL (Alertmanager's slack api_url_file); every other one is a
+# key or token, where a URL means the wrong thing was pasted
+URL_CREDENTIALS = frozenset({"slack"})
+
+
+def credential_shape_problem(kind: str, value: str) -> str | None:
+    """Pure: why a receiver credential of KIND has the wrong shape (never quoting it), or None."""
+    text = value.strip()
+    scheme = SCHEME_ADDED.get(kind)
+    if scheme and text.lower().startswith(scheme.lower() + " "):
+        return (f"starts with '{scheme} ', which Alertmanager puts in front of it itself (it would send "
+                f"'{scheme} {scheme} ...', refused): give the credential alone")
+    is_url = "://" in text
+    if kind in URL_CREDENTIALS and not text.startswith("https://"):
+        return ("is not an https:// URL, but Alertmanager reads it as the Slack incoming-webhook URL "
+                "(https://hooks.slack.com/services/...): give that URL (a token goes nowhere)")
+    if kind not in URL_CREDENTIALS and is_url:
+        return ("is a URL, but Alertmanager sends it as the receiver's key or token: give the key itself (the "
+                "receiver's endpoint is its own field, or Alertmanager's default)")
+    return None
 
 
 # What each secret can hold, from what reads it (issue 32 class 3). Measured against the pinned
@@ -99,6 +130,10 @@ def secret_problems(spec: ClusterSpec) -> list[Problem]:
             out.append(Problem(host, f"{at}.hf_token",
                                "is empty or only whitespace, so the engines would reach the hub without a token "
                                f"({blank_hint}): set the token (hf_...), or remove hf_token"))
+        elif value.strip().lower().startswith("bearer "):
+            out.append(Problem(host, f"{at}.hf_token",
+                               "starts with 'Bearer ', which the hub client puts in front of the token itself (it "
+                               "would send 'Bearer Bearer ...', refused): give the token alone, e.g. hf_AbC123..."))
         elif bad := _control_chars(value):
             out.append(Problem(host, f"{at}.hf_token",
                                f"contains {', '.join(bad)}: the token goes into an HTTP header, which cannot carry it "
