@@ -297,6 +297,7 @@ def spec_from_host_data(
 
     problems.extend(argvcheck.problems(spec))
     problems.extend(_route_problems(spec))
+    problems.extend(_model_config_problems(spec))
     if any(p.severity == "error" for p in problems):
         return None, problems
     return spec, problems
@@ -459,4 +460,32 @@ def _route_problems(spec: ClusterSpec) -> list[Problem]:
         if severity is not None and severity not in severities:
             out.append(Problem(host.name, field, f"severity {severity!r} is set by no alert pdkit renders, so this "
                                f"route never matches: valid: {', '.join(severities)}", "warning"))
+    return out
+
+
+def _model_config_problems(spec: ClusterSpec) -> list[Problem]:
+    """The model's own config.json against the engines' settings, where the model directory is on this
+    machine (issue 46 item 4; the preflight reads the same keys on the node: pdkit/modelconfig.py)."""
+    from pdkit import modelconfig  # lazy: read only when a model path is a directory here
+    from pdkit.spec.startup import tuning_origin  # lazy: with it
+
+    out = []
+    configs: dict[str, dict | None] = {}
+    for host, engine in spec.engines():
+        path = spec.engine_model(engine).path
+        if not path.startswith("/"):
+            continue
+        if path not in configs:
+            configs[path] = modelconfig.read_local(path)
+        config = configs[path]
+        if config is None:
+            continue
+        tuning = spec.engine_tuning(engine)
+        why = modelconfig.context_problem(tuning.context_length, bool(tuning.value("allow_longer_context")), config,
+                                          f"{path.rstrip('/')}/config.json, read by validate on this machine")
+        if why:
+            field = tuning_origin(spec, engine, "", "context_length")
+            at = field if field.startswith("pdkit_cluster") else \
+                f"pdkit_node.engines[{host.node.engines.index(engine)}].{field}"
+            out.append(Problem(host.name, at, why))
     return out

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from pdkit import flags
+from pdkit import flags, modelconfig
 from pdkit.node import UnsupportedNode, node_stack
 from pdkit.plan import engines_not_started_reason
 from pdkit.spec import ClusterSpec, HostSpec, engine_model_paths, engine_numa_node
@@ -333,6 +333,22 @@ def _check_model_dirs(spec: ClusterSpec, host: HostSpec, facts: dict, add) -> No
         probe = (fact.get("paths") or {}).get(d.path)
         for problem in model_dir_problems(host.name, user, d, None if probe is None else {**probe, **context}):
             add("model", "error", problem)
+    _check_model_configs(spec, host, wanted, fact.get("paths") or {}, add)
+
+
+def _check_model_configs(spec: ClusterSpec, host: HostSpec, wanted: list[ModelDir], probes: dict, add) -> None:
+    """The model's config.json as the node holds it, against the engines' settings (pdkit/modelconfig.py; validate
+    runs the same rule when the directory is on the deploying machine)."""
+    for p in spec.placements(host):
+        model = next((d for d in wanted if d.engine == p.engine.name and d.what == "model"), None)
+        config = ((probes.get(model.path) or {}).get("config_keys") if model else None)
+        if not config:
+            continue
+        tuning = spec.engine_tuning(p.engine)
+        why = modelconfig.context_problem(tuning.context_length, bool(tuning.value("allow_longer_context")), config,
+                                          f"{model.path}/config.json, read by the preflight on {host.name}")
+        if why:
+            add("model", "error", f"{host.name}: engine {p.engine.name!r} context_length {why}")
 
 
 def _check_driver_version(driver: str, module: dict, blackwell: bool, add) -> None:

@@ -15,6 +15,7 @@ import shlex
 
 from pyinfra.api import FactBase
 
+from pdkit.modelconfig import CONFIG_KEYS, TEXT_CONFIG_KEYS
 from pdkit.node import REBOOT_MARKER_PATH
 from pdkit.versions import NIXL_IMPORT
 
@@ -358,7 +359,7 @@ MODEL_DIRS_MARK = "pdkit-model-dirs: "
 # before the deploy has created the user, as a user outside every file's owner and group.
 _MODEL_DIRS_PROBE = r"""
 import grp, json, os, pwd, shutil, subprocess, sys
-user, paths = sys.argv[1], sys.argv[2:]
+keys, subs, user, paths = sys.argv[1].split(","), sys.argv[2].split(","), sys.argv[3], sys.argv[4:]
 out = {"user": user, "paths": {}}
 try:
     pw = pwd.getpwnam(user)
@@ -402,6 +403,20 @@ for path in paths:
             names = sorted(os.listdir(path))
             info.update(exists=True, is_dir=True)
             info["config"] = os.path.isfile(os.path.join(path, "config.json"))
+            if info["config"]:
+                # the keys pdkit.modelconfig judges (CONFIG_KEYS and TEXT_CONFIG_KEYS: the first two arguments)
+                try:
+                    with open(os.path.join(path, "config.json")) as fh:
+                        raw = json.load(fh)
+                    if isinstance(raw, dict):
+                        kept = {k: raw[k] for k in keys if k in raw}
+                        for sub in subs:
+                            if isinstance(raw.get(sub), dict):
+                                kept[sub] = {k: raw[sub][k] for k in keys if k in raw[sub]}
+                        if kept:
+                            info["config_keys"] = kept
+                except Exception as e:
+                    info["config_error"] = "%s: %s" % (type(e).__name__, e)
             info["indexes"] = [n for n in names if n.endswith(".safetensors.index.json") or n == "pytorch_model.bin.index.json"]
             info["weights"] = [n for n in names if n in ("model.safetensors", "pytorch_model.bin")]
             info["safetensors"] = len([n for n in names if n.endswith(".safetensors")])
@@ -437,7 +452,9 @@ class ModelDirs(FactBase):
 
     def command(self, user: str, paths: tuple[str, ...]) -> str:
         # always exits 0: a missing or unreadable directory is a finding, not a failed fact
-        return f"python3 -c {shlex.quote(_MODEL_DIRS_PROBE)} {shlex.quote(user)} {' '.join(shlex.quote(p) for p in paths)} || true"
+        keys, subs = ",".join(CONFIG_KEYS), ",".join(TEXT_CONFIG_KEYS)
+        return (f"python3 -c {shlex.quote(_MODEL_DIRS_PROBE)} {shlex.quote(keys)} {shlex.quote(subs)} {shlex.quote(user)} "
+                f"{' '.join(shlex.quote(p) for p in paths)} || true")
 
     @staticmethod
     def default() -> dict:

@@ -185,3 +185,35 @@ def test_a_fact_that_was_not_read_is_a_warning_not_silence(tmp_path):
     spec, host = _node_with(tmp_path)
     found = [(f.severity, f.message) for f in check_host(spec, host, rtx_facts()) if f.check == "model"]
     assert found == [("warning", "the engines' model directories were not probed (/models/m)")]
+
+
+def test_the_probe_sends_the_config_keys_the_rules_read(models):
+    """Issue 46 item 4: the probe keeps pdkit.modelconfig.CONFIG_KEYS of config.json (and of a text sub-config)."""
+    make, _top = models
+    d = make("ctx", ["model.safetensors"])
+    with open(os.path.join(d, "config.json"), "w") as fh:
+        json.dump({"architectures": ["LlamaForCausalLM"], "max_position_embeddings": 8192, "hidden_size": 4096,
+                   "text_config": {"max_position_embeddings": 4096, "vocab_size": 1}}, fh)
+    os.chmod(os.path.join(d, "config.json"), 0o644)
+    got = _probe("nobody", d)["paths"][d]
+    assert got["config"] and got["config_keys"] == {"architectures": ["LlamaForCausalLM"], "max_position_embeddings": 8192,
+                                                    "text_config": {"max_position_embeddings": 4096}}, got
+
+
+@pytest.mark.parametrize("context, allow, expect", [(32768, False, True), (8192, False, False), (32768, True, False)])
+def test_check_host_refuses_a_context_longer_than_the_node_s_model(tmp_path, context, allow, expect):
+    """The config.json the node holds against context_length: SGLang refuses a longer one at start unless
+    SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN (tuning.allow_longer_context)."""
+    tuning = {"context_length": context, **({"allow_longer_context": True} if allow else {})}
+    node = copy.deepcopy(NODE)
+    for engine in node["engines"]:
+        engine["tuning"] = {**engine.get("tuning", {}), **tuning}
+    spec, host = _node_with(tmp_path, node=node)
+    probe = {**FINE, "config_keys": {"max_position_embeddings": 8192}}
+    facts = {**rtx_facts(), "model_dirs": {"user": "pdkit", "user_exists": True, "how": "runuser", "paths": {"/models/m": probe}}}
+    found = [e for e in errors(check_host(spec, host, facts)) if "context_length" in e]
+    if expect:
+        assert len(found) == 2 and "above the model's own context length 8192 (max_position_embeddings in " \
+            "/models/m/config.json, read by the preflight on gpu01)" in found[0], found
+    else:
+        assert found == []
