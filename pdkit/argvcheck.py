@@ -12,7 +12,7 @@ Each engine's and router's argv (`pdkit.flags`) is read the way its own argparse
 
 from __future__ import annotations
 
-from pdkit import flags, startchecks
+from pdkit import flags, startchecks, ucxcheck
 from pdkit.parsertable import Parsed, Parser, router_parser, sglang_parser, speculative_algorithms
 from pdkit.spec import ClusterSpec, Engine, HostSpec, Problem, pairing_sets
 from pdkit.versions import SGLANG_RELEASES
@@ -56,6 +56,8 @@ def _check_engine_env(spec: ClusterSpec, host: HostSpec, engine: Engine, add) ->
     at = engine_path(host, engine)
     for var, value in engine.env.items():
         if var not in rendered:
+            if var.startswith("UCX_") and (found := ucxcheck.setting_problem(var, str(value))):
+                add(Problem(host.name, f"{at}.env.{var}", found[1], found[0]))
             continue
         owner = flags.RENDERED_ENV_OWNERS.get(var, "a setting pdkit renders itself")
         if owner.startswith("nothing") or owner.startswith("pdkit's"):

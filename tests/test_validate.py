@@ -259,6 +259,42 @@ RENDERED_ENV_CASES = [
      "gpu02", "pdkit_node.engines[1].env.SGLANG_HOST_IP", "pdkit_node.address"),
 ]
 BAD_CASES += RENDERED_ENV_CASES
+# UCX settings the engine's env adds, against the pinned UCX (pdkit/data/ucx_config.json, pdkit/ucxcheck.py):
+# the GPU pair's shape (ucx_net_devices set, so UCX_TLS is the user's) with a transport UCX has no name for
+UCX_ENV_CASES = [
+    ("env-ucx-tls-unknown-transport", lambda c, h: h["gpu01"]["pdkit_node"].update(ucx_net_devices="eth1") or _engine(h, "gpu01", 1).update(env={"UCX_TLS": "cuda_ipc,nvlink,tcp"}),
+     "gpu01", "pdkit_node.engines[1].env.UCX_TLS", "names nvlink, which UCX has no transport for"),
+    ("env-ucx-tls-empty", lambda c, h: h["gpu02"]["pdkit_node"].update(ucx_net_devices="eth1") or _engine(h, "gpu02", 0).update(env={"UCX_TLS": " , "}),
+     "gpu02", "pdkit_node.engines[0].env.UCX_TLS", "valid: a comma list"),
+    ("env-ucx-tls-bad-exclusion", lambda c, h: h["gpu01"]["pdkit_node"].update(ucx_net_devices="eth1") or _engine(h, "gpu01", 0).update(env={"UCX_TLS": "^rdma"}),
+     "gpu01", "pdkit_node.engines[0].env.UCX_TLS", "names rdma"),
+]
+BAD_CASES += UCX_ENV_CASES
+
+
+@pytest.mark.parametrize("env, phrase", [
+    ({"UCX_RNDV_THRESHOLD": "8k"}, "has no setting UCX_RNDV_THRESHOLD: UCX ignores it with a warning; did you mean UCX_RNDV_THRESH?"),
+    ({"UCX_MAX_RNDV_RAIL": "1"}, "did you mean UCX_MAX_RNDV_RAILS?"),
+])
+def test_an_unknown_ucx_setting_warns_with_the_closest_name(env, phrase, tmp_path, capsys):
+    cluster, hosts = copy.deepcopy(BASE_CLUSTER), copy.deepcopy(BASE_HOSTS)
+    _engine(hosts, "gpu01", 1).update(env=env)
+    inv = write_inventory(tmp_path, hosts, cluster)
+    assert main(["validate", str(inv)]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert phrase in out, out
+    assert main(["validate", "--strict", str(inv)]) == 2
+
+
+@pytest.mark.parametrize("env", [
+    {"UCX_RNDV_THRESH": "8k", "UCX_MAX_RNDV_RAILS": "1"},  # in the pinned UCX's table
+    {"UCX_IB_GID_INDEX": "3", "UCX_RC_TIMEOUT": "10s"},  # verbs transports: not in the wheel's build, not judged here
+])
+def test_ucx_settings_ucx_has_or_cannot_be_judged_here_are_quiet(env, tmp_path, capsys):
+    cluster, hosts = copy.deepcopy(BASE_CLUSTER), copy.deepcopy(BASE_HOSTS)
+    _engine(hosts, "gpu01", 1).update(env=env)
+    inv = write_inventory(tmp_path, hosts, cluster)
+    assert main(["validate", "--strict", str(inv)]) == 0, capsys.readouterr().err
 
 
 @pytest.mark.parametrize("env", [
