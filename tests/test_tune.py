@@ -1202,3 +1202,13 @@ def test_a_lever_that_changes_the_answers_by_design_needs_the_campaigns_acknowle
     assert any("changes the answers by design" in w and "acknowledged" in w for w in prep.warnings["kv-fp8"]), prep.warnings
     dry = runner.dry_text(prep, [], prep.candidates)
     assert "--kv-cache-dtype fp8_e4m3 changes the answers by design" in dry, dry
+
+
+
+def test_an_empty_sweep_is_refused_not_dropped():
+    """Issue 46: `set: {all.page_size: []}` expanded to nothing and the candidate vanished silently."""
+    c = parse_campaign({"name": "t", "candidates": [{"name": "pages", "set": {"all.page_size": []}},
+                                                   {"name": "a", "set": {"decode.cuda_graph": False}}]})
+    problems = campaign_problems(c, expand(c))
+    assert any("campaign.candidates[pages].set.all.page_size: an empty sweep ([]) expands 'pages' to no candidate"
+               in p for p in problems), problems

@@ -445,6 +445,11 @@ def campaign_problems(campaign: Campaign, candidates: list[Candidate]) -> list[s
         seen.setdefault(c.name, c.origin)
     for entry in campaign.candidates:
         for key in entry.set:
+            if not sweep_values(key, entry.set[key]):
+                # itertools.product over an empty sweep yields nothing: the candidate would vanish silently
+                problems.append(f"campaign.candidates[{entry.name}].set.{key}: an empty sweep ([]) expands "
+                                f"{entry.name!r} to no candidate at all: give at least one value")
+                continue
             why = key_problem(key) or layout_value_problem(key, entry.set[key])
             if why:
                 problems.append(f"campaign.candidates[{entry.name}].set.{key}: {why}")
