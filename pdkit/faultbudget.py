@@ -97,6 +97,16 @@ class FaultBudget(BaseModel):
     client_timeout_s: int = Field(default=1830, ge=1)
 
     @model_validator(mode="after")
+    def _units(self) -> FaultBudget:
+        # a value past its bound is most often milliseconds written where seconds belong (or the reverse)
+        for field, (low, high, hint) in UNIT_BOUNDS.items():
+            value = getattr(self, field)
+            if value is not None and not low <= value <= high:
+                raise ValueError(f"{field} {value:g} is outside {low:g}-{high:g}, the range it can sensibly take: "
+                                 f"{hint}")
+        return self
+
+    @model_validator(mode="after")
     def _nested(self) -> FaultBudget:
         # each wait must end before the one that contains it, or the outer one fires first and the
         # inner setting never does anything (and the client sees a timeout, not the engine's error)
@@ -105,6 +115,24 @@ class FaultBudget(BaseModel):
                 raise ValueError(f"{inner} ({getattr(self, inner)}) must be below {outer} ({getattr(self, outer)}): "
                                  f"{why}")
         return self
+
+
+_MS = "does it look like milliseconds? give seconds"
+# field -> (lowest, highest, why a value outside is wrong): the unit mistakes validate catches (issue 46)
+UNIT_BOUNDS: dict[str, tuple[float, float, str]] = {
+    "budget_s": (0, 3600, _MS),
+    "heartbeat_interval_s": (0, 600, _MS),
+    "heartbeat_max_failures": (1, 100, "a dead prefill would be noticed after that many heartbeats"),
+    "waiting_timeout_s": (1, 86400, _MS),
+    "bootstrap_timeout_s": (1, 86400, _MS),
+    "router_admission_wait_s": (0, 3600, _MS),
+    "router_request_timeout_s": (1, 86400, _MS),
+    "router_max_retries": (1, 20, "each attempt after a failure adds its backoff to the request's wait"),
+    # milliseconds: below 10 it was surely meant as seconds, above 60,000 it outlasts any budget
+    "router_max_backoff_ms": (0, 60000, "milliseconds: e.g. 1000 for one second"),
+    "router_health_check_timeout_s": (0, 600, _MS),
+    "client_timeout_s": (1, 86400, _MS),
+}
 
 
 # (inner, outer, why): every pair fault_budget checks, the order docs/rolling.md explains
@@ -154,6 +182,7 @@ class FaultWait:
     fault: str
     seconds: float
     bound_by: str
+    field: str = ""  # the setting to lower when it is over the budget (empty: by bound_by)
 
 
 def fault_waits(budget: FaultBudget, health_check_interval_s: int, health_failure_threshold: int,
@@ -168,7 +197,7 @@ def fault_waits(budget: FaultBudget, health_check_interval_s: int, health_failur
                             f"{health_check_interval_s} s apart, "
                             f"each up to router_health_check_timeout_s ({budget.router_health_check_timeout_s} s)")
     if not pd:
-        return [router_wait]
+        return [router_wait, retry_wait(budget)]
     return [
         FaultWait("prefill killed, request already handed to the decode", hb * misses,
                   f"the decode's heartbeat: {misses} missed checks {hb:g} s apart (heartbeat_interval_s x "
@@ -181,7 +210,19 @@ def fault_waits(budget: FaultBudget, health_check_interval_s: int, health_failur
                   f"SGLang's decode: {SGLANG_ENSURE_ATTEMPTS} tries at the prefill's bootstrap server, "
                   f"{SGLANG_ENSURE_INTERVAL_S:g} s apart (fixed in decode.py)"),
         router_wait,
+        retry_wait(budget),
     ]
+
+
+def retry_wait(budget: FaultBudget) -> FaultWait:
+    """A request whose worker failed, retried by the router before its health checks mark the worker down:
+    each attempt after the first waits up to router_max_backoff_ms first (the attempts themselves fail fast
+    on a dead worker: connection refused)."""
+    pauses = budget.router_max_retries - 1
+    return FaultWait("worker failed mid-request, the router's retries", pauses * budget.router_max_backoff_ms / 1000,
+                     f"the router's retries: {pauses} pause(s) of up to router_max_backoff_ms "
+                     f"({budget.router_max_backoff_ms} ms) (router_max_retries {budget.router_max_retries}, the first "
+                     "attempt included)", "pdkit_cluster.fault_budget.router_max_backoff_ms")
 
 
 def problems(budget: FaultBudget, health_check_interval_s: int, health_failure_threshold: int,
@@ -191,8 +232,8 @@ def problems(budget: FaultBudget, health_check_interval_s: int, health_failure_t
     out: list[tuple[str, str]] = []
     for wait in fault_waits(budget, health_check_interval_s, health_failure_threshold, pd):
         if wait.seconds > budget.budget_s:
-            field = ("pdkit_router.health_check_interval_secs" if "router" in wait.bound_by
-                     else "pdkit_cluster.fault_budget.heartbeat_interval_s")
+            field = wait.field or ("pdkit_router.health_check_interval_secs" if "router" in wait.bound_by
+                                   else "pdkit_cluster.fault_budget.heartbeat_interval_s")
             out.append((field, f"{wait.fault}: can wait {wait.seconds:g} s, over fault_budget.budget_s "
                                f"({budget.budget_s:g} s); "
                                f"bound by {wait.bound_by}: lower those settings or raise budget_s"))

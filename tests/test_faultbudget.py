@@ -3,6 +3,8 @@ checked against each fault's worst wait, and tied to the pinned wheels' own name
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from pydantic import ValidationError
 
@@ -88,7 +90,8 @@ def test_a_heartbeat_slower_than_the_waiting_timeout_is_a_problem():
 
 def test_a_unified_cluster_has_only_the_router_wait():
     waits = faultbudget.fault_waits(FaultBudget(), 5, 2, pd=False)
-    assert [w.fault for w in waits] == ["engine or node down, new requests through the router"]
+    assert [w.fault for w in waits] == ["engine or node down, new requests through the router",
+                                        "worker failed mid-request, the router's retries"]
 
 
 def test_rendered_into_pd_engines_and_the_router(monkeypatch):
@@ -150,3 +153,27 @@ def test_an_admission_wait_for_sglang_router_warns(base, tmp_path, capsys):
     code, text = _validate(tmp_path, base, capsys, mutate)
     assert code == 0, text
     assert "pdkit_cluster.fault_budget.router_admission_wait_s" in text and "has no --pd-admission-wait-secs" in text
+
+
+
+@pytest.mark.parametrize("field, value, phrase", [
+    ("budget_s", 20000, "budget_s 20000 is outside 0-3600, the range it can sensibly take: does it look like milliseconds?"),
+    ("heartbeat_interval_s", 2000, "heartbeat_interval_s 2000 is outside 0-600"),
+    ("router_health_check_timeout_s", 3000, "does it look like milliseconds? give seconds"),
+    ("router_max_backoff_ms", 120000, "milliseconds: e.g. 1000 for one second"),
+    ("router_max_retries", 50, "adds its backoff to the request's wait"),
+])
+def test_a_value_in_the_wrong_unit_is_refused_naming_its_range(field, value, phrase):
+    """Issue 46: bounds that catch milliseconds written as seconds (and the reverse), beyond nesting."""
+    with pytest.raises(ValueError, match=re.escape(phrase)):
+        FaultBudget(**{field: value})
+
+
+def test_the_routers_retries_count_in_the_worst_wait_and_name_their_setting():
+    """Issue 46: 5 attempts with up to 10 s between them wait 40 s on a failed worker: over a 20 s budget."""
+    budget = FaultBudget(router_max_retries=5, router_max_backoff_ms=10000)
+    wait = faultbudget.retry_wait(budget)
+    assert wait.seconds == 40.0 and "4 pause(s) of up to router_max_backoff_ms (10000 ms)" in wait.bound_by
+    found = faultbudget.problems(budget, 5, 2)
+    assert ("pdkit_cluster.fault_budget.router_max_backoff_ms",) == tuple(f for f, m in found if "retries" in m), found
+    assert faultbudget.problems(FaultBudget(), 5, 2) == []
