@@ -55,18 +55,14 @@ def _check_engine_env(spec: ClusterSpec, host: HostSpec, engine: Engine, add) ->
     rendered = flags.rendered_env(spec, host, engine)
     at = engine_path(host, engine)
     for var, value in engine.env.items():
-        if var not in rendered:
+        owner = flags.RENDERED_ENV_OWNERS.get(var)
+        if var not in rendered or owner is None:
             if var.startswith("UCX_") and (found := ucxcheck.setting_problem(var, str(value))):
                 add(Problem(host.name, f"{at}.env.{var}", found[1], found[0]))
             continue
-        owner = flags.RENDERED_ENV_OWNERS.get(var, "a setting pdkit renders itself")
-        if owner.startswith("nothing") or owner.startswith("pdkit's"):
-            valid = f"remove it: {owner.removeprefix('nothing: ')}"
-        else:
-            valid = f"remove it and set {owner} instead"
         add(Problem(host.name, f"{at}.env.{var}",
                     f"{var}={value!r} would replace the {rendered[var]!r} pdkit renders for this engine (its env file "
-                    f"is read last, so every check of that value would be wrong): {valid}"))
+                    f"is read last, so every check of that value would be wrong): remove it and set {owner} instead"))
 
 
 def engine_path(host: HostSpec, engine: Engine) -> str:

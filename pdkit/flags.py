@@ -299,13 +299,15 @@ def engine_env(spec: ClusterSpec, host: HostSpec, engine: Engine, node: HostSpec
     return dict(sorted(env.items()))
 
 
-# The field (or the part of pdkit) that decides each variable pdkit renders into an engine's
-# environment or its node's: an engine's `env` is read last and would silently override it, and
-# every rule built on the rendered value with it (issue 46). Decided once here, beside the renderers.
+# The field that decides each variable pdkit renders into an engine's environment or its node's: an
+# engine's `env` is read last and would silently override it, and every rule built on the rendered
+# value with it (issue 46). Only variables a field owns: pdkit's own defaults without a field stay
+# overridable by design (a JIT cache on another disk, tests/test_jitcache.py), and NCCL_PROTO is the
+# acknowledged numerics lever `nccl_ll128_pcie` (pdkit/spec/numerics.py checks its effective value).
+# Decided once here, beside the renderers.
 RENDERED_ENV_OWNERS: dict[str, str] = {
     "HOME": "pdkit_cluster.service_user (its home directory)",
     "XDG_CACHE_HOME": "pdkit_cluster.service_user (its cache directory)",
-    "PYTHONUNBUFFERED": "nothing: pdkit's health gate reads the engine's log lines as they are written",
     "SGLANG_HOST_IP": "pdkit_node.address (each rank's own address: its KV transfer endpoints)",
     "SGLANG_DISAGGREGATION_NIXL_BACKEND": "pdkit_cluster.transfer_backend",
     "HF_HUB_OFFLINE": "pdkit_cluster.model.path (a local path runs offline)",
@@ -313,7 +315,6 @@ RENDERED_ENV_OWNERS: dict[str, str] = {
     "SGLANG_ENABLE_PCIE_IPC_ALLREDUCE": "tuning.pcie_ipc_allreduce",
     "PDKIT_SIM_SGLANG_VERSION": "sglang_version",
     "NCCL_P2P_LEVEL": "pdkit_node.nccl_p2p_level (or pdkit_node.nccl_profile)",
-    "NCCL_PROTO": "pdkit_node.nccl_profile (LL128 is never safe on PCIe)",
     "NCCL_P2P_DISABLE": "pdkit_node.nccl_profile (pcie-p2p-off)",
     "NCCL_IB_HCA": "pdkit_node.nccl_ib_hca",
     "NCCL_IB_DISABLE": "pdkit_node.nccl_net",
@@ -321,8 +322,6 @@ RENDERED_ENV_OWNERS: dict[str, str] = {
     "UCX_NET_DEVICES": "pdkit_node.ucx_net_devices",
     "UCX_TLS": "pdkit_node.ucx_net_devices (unset: same-node PD over cuda_ipc)",
     **{var: f"pdkit_cluster.fault_budget.{field}" for field, var in faultbudget.ENGINE_VARIABLES.items()},
-    **{var: "pdkit's per-engine JIT cache layout (pdkit/jitcache.py): each engine and release its own directory"
-       for var in jitcache.cache_env("u", "e", "0").keys()},
 }
 
 
