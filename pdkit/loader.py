@@ -487,5 +487,6 @@ def _model_config_problems(spec: ClusterSpec) -> list[Problem]:
             field = tuning_origin(spec, engine, "", "context_length")
             at = field if field.startswith("pdkit_cluster") else \
                 f"pdkit_node.engines[{host.node.engines.index(engine)}].{field}"
-            out.append(Problem(host.name, at, why))
+            if not any(p.host == host.name and p.field == at for p in out):  # the cluster layer: once per host
+                out.append(Problem(host.name, at, why))
     return out

@@ -170,7 +170,6 @@ PAIR_CASES = [  # 7. pairs and groups
     ("router-with-no-workers", lambda c, h: _router(h).update(workers=[]), "gpu01", "pdkit_router.workers", "leave workers unset for every engine"),
     ("cluster-without-engines", lambda c, h: h["gpu01"]["pdkit_node"].update(engines=[]) or h["gpu02"]["pdkit_node"].update(engines=[]) or h["gpu01"].pop("pdkit_router"), "<inventory>", "pdkit_node.engines", "give at least one pdkit_node.engines entry"),
     ("eagle3-without-draft", lambda c, h: _engine(h, "gpu01", 1).update(tuning={"speculative": {"algorithm": "EAGLE3"}}), "gpu01", "pdkit_node.engines[1].tuning.speculative", "set draft_model_path"),
-    ("eagle-without-draft", lambda c, h: _engine(h, "gpu02", 1).update(tuning={"speculative": {"algorithm": "EAGLE"}}), "gpu02", "pdkit_node.engines[1].tuning.speculative", "use algorithm NEXTN instead"),
     ("standalone-without-draft", lambda c, h: c["tuning"].update(all={"speculative": {"algorithm": "STANDALONE"}}), "gpu01", "pdkit_cluster.tuning.all.speculative", "set draft_model_path"),
     ("uno-with-a-draft", lambda c, h: _engine(h, "gpu01", 1).update(tuning={"speculative": {"algorithm": "UNO", "draft_model_path": "/models/d"}}), "gpu01", "pdkit_node.engines[1].tuning.speculative", "remove draft_model_path"),
     ("uno-without-lora", lambda c, h: _engine(h, "gpu01", 1).update(tuning={"speculative": {"algorithm": "UNO"}}), "gpu01", "pdkit_node.engines[1].extra_args", "add ['--uno-lora-path'"),
@@ -367,6 +366,8 @@ IGNORED_CASES = [
     ("unknown-host-key", lambda c, h: h["gpu02"].update(gpu_count=4), "gpu02", "gpu_count", "pdkit ignores it"),
     ("engine-venv-on-a-node-without-engines", lambda c, h: h["gpu02"]["pdkit_node"].update(engines=[], engine_venv="/opt/sglang-env"), "gpu02", "pdkit_node.engine_venv", "runs no engine; remove it"),
     ("dspark-without-draft", lambda c, h: _engine(h, "gpu01", 1).update(tuning={"speculative": {"algorithm": "DSPARK"}}), "gpu01", "pdkit_node.engines[1].tuning.speculative.draft_model_path", "set draft_model_path unless it does"),
+    # issue 46: SGLang starts EAGLE without a draft path (the draft from the target checkpoint: its MiMo recipe)
+    ("eagle-without-draft", lambda c, h: _engine(h, "gpu02", 1).update(tuning={"speculative": {"algorithm": "EAGLE"}}), "gpu02", "pdkit_node.engines[1].tuning.speculative.draft_model_path", "bundles a multi-token-prediction head"),
     # issue 46: settings that stop the engine logging what pdkit reads (SGLang writes both at INFO)
     ("quiet-log-level-hides-the-graph-evidence", lambda c, h: _engine(h, "gpu01", 1).update(tuning={"log_level": "warning"}), "gpu01", "pdkit_node.engines[1].tuning.log_level", "valid: info or debug"),
     ("quiet-log-level-in-extra-args", lambda c, h: _engine(h, "gpu02", 1).update(extra_args=["--log-level", "error"]), "gpu02", "pdkit_node.engines[1].extra_args", "the 'Decode batch' lines"),

@@ -77,7 +77,7 @@ def ipv6_problem(address: str) -> str | None:
     if ip.version != 6 or ip.is_unspecified or ip.is_loopback:
         return None  # the wildcard and loopback have their own, clearer error
     return (f"{address} is an IPv6 address, which pdkit does not render into the router's worker URLs, "
-            "Prometheus targets and SGLang's host:port flags (they would read http://fd00::1:30000 wrongly): "
+            f"Prometheus targets and SGLang's host:port flags (they would read http://{address}:30000 wrongly): "
             "give the host's IPv4 address or a DNS name")
 
 

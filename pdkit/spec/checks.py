@@ -320,6 +320,12 @@ def _check_engine_tuning(spec: ClusterSpec, host: HostSpec, engine: Engine, at: 
         add(Problem(host.name, f"{at}.extra_args",
                     "speculative algorithm UNO needs --uno-lora-path (SGLang: 'UNO requires --uno-lora-path'): "
                     "add ['--uno-lora-path', '/path/to/lora'] to extra_args"))
+    if speculative is not None and speculative.algorithm == "EAGLE" and speculative.draft_model_path is None:
+        add(Problem(host.name, f"{at}.tuning.speculative.draft_model_path",
+                    "EAGLE without draft_model_path loads the draft from the target checkpoint, which works only "
+                    "when it bundles a multi-token-prediction head (SGLang's MiMo-7B-RL recipe; DeepSeek V3, GLM-4 "
+                    "MoE): set draft_model_path unless it does (algorithm NEXTN says the same more plainly)",
+                    "warning"))
     if speculative is not None and speculative.algorithm == "DSPARK" and speculative.draft_model_path is None:
         add(Problem(host.name, f"{at}.tuning.speculative.draft_model_path",
                     "DSPARK without draft_model_path works only when the target checkpoint bundles the DSpark draft "

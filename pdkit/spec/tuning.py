@@ -18,8 +18,10 @@ __all__ = [
 # (sglang/srt/arg_groups/speculative_hook.py of 0.5.17 and 0.5.23: _handle_dflash raises,
 # _handle_uno refuses a draft; EAGLE-family algorithms load the draft from the path and only
 # default it to the target for a model with a built-in MTP head, which SGLang names NEXTN).
+# EAGLE without one is accepted, as SGLang accepts it: the draft then comes from the model path (0.5.23
+# _handle_eagle_family for the checkpoints with a built-in MTP head; ModelConfig.from_server_args falls
+# back to the model path, as SGLang's own MiMo-7B-RL recipe runs it): a warning in pdkit/spec/checks.py.
 DRAFT_REQUIRED = {
-    "EAGLE": "for a model's own multi-token-prediction head use algorithm NEXTN instead",
     "EAGLE3": "an EAGLE3 draft is always a separate checkpoint",
     "STANDALONE": "STANDALONE runs a separate small draft model",
     "DFLASH": "SGLang: 'DFLASH speculative decoding requires setting --speculative-draft-model-path'",
