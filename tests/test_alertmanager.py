@@ -51,6 +51,8 @@ EVERY_KIND = [
 ]
 # distinct values, so a leak names its receiver
 SECRETS = {r["name"]: f"s3cret-{r['name']}-7f3a9c" for r in EVERY_KIND}
+# Slack's credential is its incoming-webhook URL (validate refuses a bare token there)
+SECRETS["chat"] = f"https://hooks.slack.com/services/{SECRETS['chat']}"
 
 
 def _load_example(name: str):
