@@ -13,6 +13,7 @@ Each engine's and router's argv (`pdkit.flags`) is read the way its own argparse
 from __future__ import annotations
 
 from pdkit import flags, startchecks, ucxcheck
+from pdkit.pagesize import effective_page_size
 from pdkit.parsertable import Parsed, Parser, router_parser, sglang_parser, speculative_algorithms
 from pdkit.spec import ClusterSpec, Engine, HostSpec, Problem, pairing_sets
 from pdkit.versions import SGLANG_RELEASES
@@ -231,6 +232,9 @@ def _check_pairs(spec: ClusterSpec, engine_args: dict[tuple[str, str], dict[str,
             for key, (field, value) in facts.items():
                 want = reference.get(key, (field, None))[1]
                 at = (host.name, f"{engine_path(host, engine)}.{field}")
+                if key == "page_size":
+                    _check_pair_pages(spec, label, (first_host, first), (host, engine), engine_args, reported, add)
+                    continue
                 if value != want and at not in reported:
                     reported.add(at)
                     shown = "unset" if value is None else repr(value)
@@ -238,6 +242,30 @@ def _check_pairs(spec: ClusterSpec, engine_args: dict[tuple[str, str], dict[str,
                                 f"{label} mixes {key} {shown} with {want if want is None else repr(want)} on "
                                 f"{first_host.name}/{first.name}; every prefill/decode pair the router can make must "
                                 "match (the KV transfer fails or output is corrupted)"))
+
+
+def _check_pair_pages(spec: ClusterSpec, label: str, first: tuple[HostSpec, Engine], other: tuple[HostSpec, Engine],
+                      engine_args: dict[tuple[str, str], dict[str, tuple[str, ...]]], reported: set, add) -> None:
+    """The page sizes the two engines really run with (SGLang snaps some backends' pages before start:
+    pdkit/pagesize.py) must agree: an error where both are known, a warning where one is left to SGLang's
+    default while the other is snapped (the default depends on the backend SGLang picks)."""
+    (h1, e1), (h2, e2) = first, other
+    page1, why1 = effective_page_size(spec.engine_version(e1), engine_args[(h1.name, e1.name)])
+    page2, why2 = effective_page_size(spec.engine_version(e2), engine_args[(h2.name, e2.name)])
+    field = f"{engine_path(h2, e2)}.tuning.page_size"
+    if page1 == page2 or (h2.name, field) in reported:
+        return
+    reported.add((h2.name, field))
+    says = (f"{label}: {h2.name}/{e2.name} runs KV page size {page2 if page2 is not None else 'unset'} ({why2}), "
+            f"{h1.name}/{e1.name} {page1 if page1 is not None else 'unset'} ({why1})")
+    if page1 is None or page2 is None:
+        if "snaps" in why1 + why2:
+            add(Problem(h2.name, field, f"{says}: SGLang's default page for the other engine's backend may differ, "
+                        "and a pair whose pages differ fails its KV transfer: set page_size to the snapped value on "
+                        "both", "warning"))
+            return
+    add(Problem(h2.name, field, f"{says}; every prefill/decode pair the router can make must match (the KV transfer "
+                "fails or output is corrupted): set the same page_size on both (a snapped one: that value)"))
 
 
 def _pair_facts(spec: ClusterSpec, engine: Engine, args: dict[str, tuple[str, ...]]) -> dict[str, tuple[str, object]]:

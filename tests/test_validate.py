@@ -731,3 +731,29 @@ def test_an_alert_route_on_a_real_alert_is_quiet(tmp_path, capsys):
         {"match": {"alertname": "PdkitEngineWedged"}, "receiver": "oncall"}, {"match": {"severity": "critical"}, "receiver": "oncall"}]
     inv = write_inventory(tmp_path, hosts, cluster)
     assert main(["validate", "--strict", str(inv)]) == 0, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("prefill, decode, expect", [
+    # flashmla on the prefill snaps its page to 64 (overrides.py _mla_backend_page_constraints); the decode says 1
+    ({"attention_backend": "flashmla"}, {"page_size": 1}, "error"),
+    ({"attention_backend": "flashmla"}, {"page_size": 64}, None),
+    ({"attention_backend": "flashmla", "page_size": 16}, {"attention_backend": "flashmla"}, None),  # both snapped
+    # one snapped, the other left to SGLang's default for its backend: it may differ
+    ({"attention_backend": "flashmla"}, {}, "warning"),
+])
+def test_a_pd_pair_agrees_on_the_page_size_sglang_really_runs(prefill, decode, expect, tmp_path, capsys):
+    """Issue 46: the page size an attention backend forces (SGLang snaps it before start) decides whether
+    a PD pair agrees, not only what page_size says."""
+    cluster, hosts = copy.deepcopy(BASE_CLUSTER), copy.deepcopy(BASE_HOSTS)
+    _engine(hosts, "gpu01", 0).update(tuning=prefill)
+    _engine(hosts, "gpu01", 1).update(tuning={**decode, "cuda_graph_max_bs": 32})
+    inv = write_inventory(tmp_path, hosts, cluster)
+    rc = main(["validate", str(inv)])
+    out, err = capsys.readouterr()
+    field = "gpu01: pdkit_node.engines[1].tuning.page_size"
+    if expect == "error":
+        assert rc == 2 and f"error   {field}" in err and "attention_backend flashmla snaps it to 64" in err, err
+    elif expect == "warning":
+        assert rc == 0 and f"warning {field}" in out and "set page_size to the snapped value on both" in out, out
+    else:
+        assert rc == 0 and field not in out + err, out + err
