@@ -573,3 +573,73 @@ def test_flags_validates_hints_ask_for_do_not_warn():
     assert {parser.by_flag[f].dest for f in hinted} == startchecks.RECOMMENDED_BY_VALIDATE
     for version in ("0.5.17", "0.5.23"):
         assert not startchecks.RECOMMENDED_BY_VALIDATE & set(startchecks.unchecked_fields(version))
+
+
+# ------------------------------------------------------------------------------ SGLang's order (issue 46 item 2)
+# what the derivations SGLang runs before a check change (tests/test_startcheck_order.py lists them
+# per rule and release, read from the wheels)
+
+EAGLE_TREE = {"algorithm": "EAGLE", "num_steps": 3, "eagle_topk": 2, "num_draft_tokens": 4, **DRAFT}
+
+# now refused: the check sees a derived value the flags alone do not show
+DERIVED_REFUSED_CASES = [
+    # _mla_backend_page_constraints snaps flashmla's page to 64 before _handle_eagle_family checks the tree
+    ("eagle-tree-on-a-snapped-page", lambda c, h: _engine(h, "gpu01", 1).update(tuning={"attention_backend": "flashmla", "speculative": EAGLE_TREE}),
+     "gpu01", "pdkit_node.engines[1].tuning.speculative.eagle_topk", "as SGLang snaps it for this backend"),
+    # _handle_ngram sets eagle_topk to --speculative-ngram-max-bfs-breadth (10) before its tree check
+    ("ngram-tree-from-bfs-breadth", lambda c, h: c["tuning"].update(all={"page_size": 16}) or _engine(h, "gpu01", 1).update(tuning={"attention_backend": "fa3", "speculative": {"algorithm": "NGRAM"}}),
+     "gpu01", "pdkit_node.engines[1].tuning.speculative", "--speculative-ngram-max-bfs-breadth"),
+    # handle_data_parallelism divides chunked_prefill_size by the attention-DP size before check_server_args
+    ("chunked-prefill-per-attention-dp-rank", lambda c, h: c["tuning"].update(all={"page_size": 64}, prefill={"chunked_prefill_size": 192}) or _engine(h, "gpu01", 0).update(attn_dp=2),
+     "gpu01", "pdkit_node.engines[0].tuning.chunked_prefill_size", "192 / attn_dp 2 = 96"),
+    # handle_pd_disaggregation turns the radix cache off on a decode engine before handle_cache_compatibility
+    ("hicache-on-a-decode-without-decode-radix", lambda c, h: _engine(h, "gpu01", 1).update(tuning={"hicache": True}),
+     "gpu01", "pdkit_node.engines[1].tuning.hicache", "valid: decode_radix_cache: true on this decode"),
+    # _attention_backend_fa3_fp8_fallback swaps fa3 for triton with an fp8_e5m2 KV cache before _handle_uno
+    ("uno-on-fa3-with-fp8-e5m2-kv", lambda c, h: c["tuning"].update(all={"kv_cache_dtype": "fp8_e5m2"}) or _engine(h, "gpu01", 1).update(gpus=[2], tp=1, extra_args=["--uno-lora-path", "/models/lora"], tuning={"attention_backend": "fa3", "speculative": {"algorithm": "UNO"}}),
+     "gpu01", "pdkit_cluster.tuning.all.kv_cache_dtype", "swaps fa3 for triton"),
+]
+
+
+@pytest.mark.parametrize("case", DERIVED_REFUSED_CASES, ids=[c[0] for c in DERIVED_REFUSED_CASES])
+def test_a_value_sglang_derives_before_its_check_is_refused(case, base, tmp_path, capsys):
+    assert_validate_refuses(case, base, tmp_path, capsys)
+
+
+# now valid: SGLang's own derivation makes them pass its check
+DERIVED_VALID_CASES = [
+    # _a2a_ep_size (handle_a2a_moe) sets ep_size = tp_size for deepep before the EPLB assert
+    ("eplb-with-deepep-and-no-ep", lambda c, h: _engine(h, "gpu01", 0).update(tuning={"moe_a2a_backend": "deepep", "enable_eplb": True})),
+    # DFLASH sets num_steps and topk to 1 itself; its draft tokens are the block size
+    ("dflash-draft-tokens-without-steps", lambda c, h: _engine(h, "gpu01", 1).update(tuning={"speculative": {"algorithm": "DFLASH", "num_draft_tokens": 16, **DRAFT}})),
+    ("dflash-block-size-16-with-one-step", lambda c, h: _engine(h, "gpu01", 1).update(tuning={"speculative": {"algorithm": "DFLASH", "num_steps": 1, "eagle_topk": 1, "num_draft_tokens": 16, **DRAFT}})),
+    # NGRAM derives num_steps from its draft tokens
+    ("ngram-draft-tokens-without-steps", lambda c, h: _engine(h, "gpu01", 1).update(tuning={"speculative": {"algorithm": "NGRAM", "num_draft_tokens": 8}})),
+    # check_server_args skips the page multiple on decode engines
+    ("chunked-prefill-on-a-decode", lambda c, h: c["tuning"].update(all={"page_size": 64}, decode={"chunked_prefill_size": 100})),
+    # 129 / attn_dp 2 = 64 per rank, a multiple of page 64
+    ("chunked-prefill-a-page-per-rank", lambda c, h: c["tuning"].update(all={"page_size": 64}) or _engine(h, "gpu01", 0).update(attn_dp=2, tuning={"chunked_prefill_size": 129})),
+]
+
+
+@pytest.mark.parametrize("version", sorted(SGLANG_RELEASES))
+@pytest.mark.parametrize("case", DERIVED_VALID_CASES, ids=[c[0] for c in DERIVED_VALID_CASES])
+def test_what_sglangs_derivation_makes_valid_passes(case, version, base, tmp_path, capsys):
+    cluster, hosts = base
+    cluster["sglang_version"] = version
+    case[1](cluster, hosts)
+    inv = write_inventory(tmp_path, hosts, cluster)
+    rc = main(["validate", str(inv)])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+
+
+def test_the_megamoe_runner_alias_is_no_flashinfer_a2a_on_0523(base, tmp_path, capsys):
+    """0.5.23's handle_moe_runner_backend_alias turns runner megamoe into a2a megamoe (runner auto)
+    before handle_a2a_moe: the flashinfer all-to-all's runner and attention-DP rules do not apply."""
+    cluster, hosts = base
+    _engine(hosts, "gpu01", 1).update(tuning={"moe_runner_backend": "megamoe", "moe_a2a_backend": "flashinfer"})
+    inv = write_inventory(tmp_path, hosts, cluster)
+    main(["validate", str(inv)])
+    err = capsys.readouterr().err
+    assert "with moe_a2a_backend flashinfer" not in err and "needs attention DP over every TP rank" not in err, err

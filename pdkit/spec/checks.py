@@ -24,7 +24,7 @@ from pdkit.spec.ignored import ignored_by_mode_problems, ignored_settings
 from pdkit.spec.models import Engine
 from pdkit.spec.numerics import check_by_design
 from pdkit.spec.spanning import check_spanning, parallel_problems
-from pdkit.spec.startup import startup_check_problems, tuning_origin
+from pdkit.spec.startup import effective_page, startup_check_problems, tuning_origin
 from pdkit.versions import SGLANG_RELEASES
 
 __all__ = [
@@ -335,12 +335,19 @@ def _check_engine_tuning(spec: ClusterSpec, host: HostSpec, engine: Engine, at: 
     if tuning.max_queued_requests is not None and engine.role != "unified":
         add(Problem(host.name, f"{at}.tuning.max_queued_requests",
                     "SGLang ignores --max-queued-requests in disaggregation mode", "warning"))
-    page = tuning.page_size or 1
+    # as check_server_args sees them: the page as the backend snaps it, the chunk divided by the attention-DP
+    # size (handle_data_parallelism), and only off decode engines (tests/test_startcheck_order.py)
+    page = effective_page(spec.engine_version(engine), tuning, engine)
     chunk = tuning.chunked_prefill_size
-    if chunk is not None and chunk > 0 and chunk % page:  # -1: chunked prefill off
+    attn_dp = engine.attn_dp or 1
+    per_rank = chunk // attn_dp if chunk is not None and chunk > 0 else chunk
+    if engine.role != "decode" and per_rank is not None and per_rank > 0 and per_rank % page:  # -1: off
+        step = page * attn_dp
+        shown = f"{chunk}" if attn_dp == 1 else f"{chunk} / attn_dp {attn_dp} = {per_rank} (SGLang divides it per rank)"
+        snapped = "" if tuning.page_size == page else " (as SGLang snaps it for this attention backend)"
         add(Problem(host.name, f"{at}.tuning.chunked_prefill_size",
-                    f"{tuning.chunked_prefill_size} is not a multiple of page_size {page} (SGLang rejects it); e.g. "
-                    f"{tuning.chunked_prefill_size // page * page or page}"))
+                    f"{shown} is not a multiple of page_size {page}{snapped} (SGLang rejects it); e.g. "
+                    f"{chunk // step * step or step}"))
     if tuning.value("pcie_ipc_allreduce") and not release.has_pcie_ipc_allreduce:
         add(Problem(host.name, f"{at}.tuning.pcie_ipc_allreduce",
                     f"SGLang {release.version} has no PCIe IPC all-reduce (SGLANG_ENABLE_PCIE_IPC_ALLREDUCE is "
@@ -471,6 +478,14 @@ def _check_cache_levers(spec: ClusterSpec, host: HostSpec, engine: Engine, at: s
         add(Problem(host.name, field("hicache"),
                     "SGLang refuses --enable-hierarchical-cache with --disable-radix-cache (HiCache is a tier behind "
                     "the radix cache); set one of the two"))
+    elif tuning.hicache and engine.role == "decode" and not tuning.decode_radix_cache:
+        # handle_pd_disaggregation turns the radix cache off on a decode engine before
+        # handle_cache_compatibility runs (0.5.17 and 0.5.23; tests/test_startcheck_order.py)
+        add(Problem(host.name, field("hicache"),
+                    "SGLang turns the radix cache off on a decode engine unless decode_radix_cache is set, "
+                    "then refuses --enable-hierarchical-cache with it at start ('enable-hierarchical-cache "
+                    "and disable-radix-cache are mutually exclusive'); valid: decode_radix_cache: true on this "
+                    "decode, or hicache unset"))
     if tuning.hicache and tuning.value("kv_cache_dtype") in HICACHE_REFUSED_KV_DTYPES:
         add(Problem(host.name, field("hicache"),
                     f"HiCache with kv_cache_dtype {tuning.value('kv_cache_dtype')}: SGLang {version}'s host pools do "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pdkit.spec.cluster import ClusterSpec, Problem
 from pdkit.spec.models import Engine
+from pdkit.spec.startup import A2A_EP_SPANNING
 
 __all__ = [
     "ATTN_DP_DERIVED_PORTS", "check_spanning", "dist_init_ports", "parallel_problems",
@@ -55,7 +56,11 @@ def parallel_problems(spec: ClusterSpec, engine: Engine) -> list[tuple[str, str]
         out.append(("ep", f"ep {engine.ep} does not divide tp {tp}: SGLang splits each expert-parallel group out of "
                     f"the tensor-parallel ranks (moe tp = tp / ep); valid: a divisor of {tp}"))
     tuning = spec.engine_tuning(engine)
-    if (tuning.enable_eplb or tuning.ep_num_redundant_experts) and (engine.ep or 1) <= 1:
+    # an all-to-all backend that spans EP over TP sets ep_size = tp_size before the EPLB assert runs
+    # (arg_groups/overrides.py _a2a_ep_size, from handle_a2a_moe, which both releases run before
+    # handle_eplb_and_dispatch; tests/test_startcheck_order.py)
+    ep = tp if tuning.moe_a2a_backend in A2A_EP_SPANNING.get(spec.engine_version(engine), ()) else (engine.ep or 1)
+    if (tuning.enable_eplb or tuning.ep_num_redundant_experts) and ep <= 1:
         knob = "enable_eplb" if tuning.enable_eplb else "ep_num_redundant_experts"
         out.append(("ep", f"tuning.{knob} needs expert parallelism (SGLang asserts ep_size > 1 with EPLB): set ep "
                     f"(e.g. ep {tp}) or drop {knob}"))

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import functools
 
+from pdkit.pagesize import effective_page_size
 from pdkit.spec.cluster import ClusterSpec
 from pdkit.spec.models import Engine, Node
 from pdkit.spec.tuning import Tuning
 
 __all__ = [
-    "A2A_ATTN_DP", "A2A_RUNNERS", "CUTEDSL_A2A", "DSPARK_ATTN_DP_A2A", "EP_ONE_OR_TP_RUNNERS",
-    "GPU_GENERATION_SETTINGS", "MLA_BACKEND_KV_DTYPES", "NVFP4_ONLINE_RUNNERS", "NVFP4_PREFILL_BACKENDS",
-    "PAGE_TREE_SPEC_BACKENDS", "PP_SPECULATIVE", "RUNNER_QUANTIZATION", "startup_check_problems", "tuning_origin",
+    "A2A_ATTN_DP", "A2A_EP_SPANNING", "A2A_RUNNERS", "CUTEDSL_A2A", "DSPARK_ATTN_DP_A2A", "EP_ONE_OR_TP_RUNNERS",
+    "GPU_GENERATION_SETTINGS", "MLA_BACKEND_KV_DTYPES", "NGRAM_DEFAULT_BFS_BREADTH", "NVFP4_ONLINE_RUNNERS",
+    "NVFP4_PREFILL_BACKENDS", "PAGE_TREE_SPEC_BACKENDS", "PP_SPECULATIVE", "RUNNER_QUANTIZATION", "effective_page",
+    "startup_check_problems", "tuning_origin",
 ]
 
 # SGLang's EnvBool reads these as true (sglang/srt/environ.py, 0.5.17 and 0.5.23)
@@ -61,6 +63,13 @@ A2A_RUNNERS: dict[str, dict[str, tuple[str, ...]]] = {
                               "flashinfer_trtllm_routed", "deep_gemm"),
                "pplx": ("deep_gemm",), "flashinfer_megamoe": ("flashinfer_megamoe",), "deepep_v2": ("deep_gemm",)},
 }
+# all-to-all backends after which SGLang sets ep_size = tp_size (arg_groups/overrides.py
+# _A2A_EP_SPANNING_BACKENDS / _a2a_ep_size, run from handle_a2a_moe)
+A2A_EP_SPANNING: dict[str, tuple[str, ...]] = {
+    "0.5.17": ("megamoe", "deepep", "mooncake", "nixl", "ascend_fuseep", "flashinfer", "mori", "pplx"),
+    "0.5.23": ("megamoe", "deepep", "deepep_v2", "mooncake", "nixl", "ascend_fuseep", "flashinfer",
+               "flashinfer_megamoe", "mori", "pplx"),
+}
 # all-to-all backends that need attention DP: "tp" (as many attention-DP groups as TP ranks) or a minimum
 A2A_ATTN_DP: dict[str, dict[str, object]] = {
     "0.5.17": {"flashinfer": "tp", "pplx": 2},
@@ -82,8 +91,40 @@ def tuning_origin(spec: ClusterSpec, engine: Engine, at: str, name: str) -> str:
     return f"tuning.{name}"
 
 
+def _extra_arg(engine: Engine, flag: str) -> str | None:
+    """The value ENGINE's extra_args give FLAG ('--flag v' or '--flag=v'; the last wins, as in argparse)."""
+    value = None
+    args = list(engine.extra_args)
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+def effective_page(version: str, tuning: Tuning, engine: Engine) -> int:
+    """The page size SGLang VERSION's checks see for ENGINE: page_size as the attention backends snap it
+    (arg_groups/overrides.py _mla_backend_page_constraints, pdkit.pagesize), else 1 (_page_size_default
+    on CUDA); both passes run before the speculative handlers and check_server_args."""
+    args: dict[str, tuple[str, ...]] = {}
+    if tuning.page_size is not None:
+        args["page_size"] = (str(tuning.page_size),)
+    if tuning.attention_backend is not None:
+        args["attention_backend"] = (tuning.attention_backend,)
+    for dest in ("prefill_attention_backend", "decode_attention_backend", "speculative_draft_attention_backend"):
+        value = _extra_arg(engine, "--" + dest.replace("_", "-"))
+        if value is not None:
+            args[dest] = (value,)
+    page, _ = effective_page_size(version, args)
+    return page or 1
+
+
 # attention backends that take an EAGLE tree (topk > 1) over pages > 1 (speculative_hook._handle_eagle_family)
 PAGE_TREE_SPEC_BACKENDS = ("flashinfer", "fa3", "triton")
+# --speculative-ngram-max-bfs-breadth's default (0.5.17 server_args.py, 0.5.23 arg_groups/fields/spec.py),
+# which _handle_ngram copies into speculative_eagle_topk
+NGRAM_DEFAULT_BFS_BREADTH = 10
 # the KV cache dtypes an MLA attention backend takes (attention_hook._mla_kv_cache_dtype_checks,
 # _cutedsl_prefill_backend_fill of 0.5.17 and 0.5.23)
 MLA_BACKEND_KV_DTYPES: dict[str, dict[str, tuple[str, ...]]] = {
@@ -135,6 +176,12 @@ def _speculative_layout_problems(engine: Engine, tuning: Tuning, version: str, a
         out.append(("tp" if engine.tp_size != 1 else "pp",
                     f"tp {engine.tp_size} / pp {engine.pp} with speculative algorithm UNO: SGLang {version} refuses it "
                     "at start ('UNO requires TP=PP=1'); valid: tp 1 and pp 1 (one GPU per engine)"))
+    if algorithm == "UNO" and tuning.attention_backend == "fa3" and tuning.kv_cache_dtype == "fp8_e5m2":
+        # _attention_backend_fa3_fp8_fallback turns fa3 into triton before _handle_uno checks it
+        out.append((origin("kv_cache_dtype"), f"kv_cache_dtype fp8_e5m2 with attention_backend fa3 and speculative "
+                    f"algorithm UNO: SGLang {version} swaps fa3 for triton with an fp8_e5m2 KV cache, then refuses UNO "
+                    "('UNO requires FA3 for both prefill and decode attention'); valid: kv_cache_dtype fp8_e4m3, bf16 "
+                    "or auto"))
     if algorithm == "UNO" and tuning.attention_backend not in (None, "fa3"):
         out.append((origin("attention_backend"), f"attention_backend {tuning.attention_backend} with speculative "
                     f"algorithm UNO: SGLang {version} refuses it at start ('UNO requires FA3 for both prefill and "
@@ -148,14 +195,25 @@ def _speculative_layout_problems(engine: Engine, tuning: Tuning, version: str, a
         out.append((spec_at + ".eagle_topk", f"eagle_topk {topk} with attention_backend trtllm_mha: SGLang {version} "
                     "refuses it at start ('trtllm_mha backend only supports topk = 1 for speculative decoding'); "
                     "valid: eagle_topk 1, or another attention_backend"))
-    page = tuning.page_size or 1
-    if topk is not None and topk > 1 and page > 1 and tuning.attention_backend is not None:
+    # the page size as the backends snap it before the check (trtllm_mla, flashmla, ... force 32/64);
+    # NGRAM replaces eagle_topk by --speculative-ngram-max-bfs-breadth first (_handle_ngram)
+    page = effective_page(version, tuning, engine)
+    tree_at, tree_topk, tree_name = spec_at + ".eagle_topk", topk, "eagle_topk"
+    if algorithm == "NGRAM":
+        breadth = _extra_arg(engine, "--speculative-ngram-max-bfs-breadth")
+        tree_topk = int(breadth) if breadth is not None and breadth.isdigit() else NGRAM_DEFAULT_BFS_BREADTH
+        tree_at, tree_name = spec_at, f"NGRAM's bfs breadth (SGLang's eagle_topk for NGRAM) {tree_topk}"
+    if tree_topk is not None and tree_topk > 1 and page > 1 and tuning.attention_backend is not None:
         allowed = ("flashinfer",) if algorithm == "NGRAM" else PAGE_TREE_SPEC_BACKENDS
         if tuning.attention_backend not in allowed:
-            out.append((spec_at + ".eagle_topk", f"eagle_topk {topk} with page_size {page} and attention_backend "
-                                                 f"{tuning.attention_backend}: SGLang {version} refuses it at start; "
-                                                 "valid: eagle_topk 1, page_size 1, or attention_backend "
-                                                 f"{' / '.join(allowed)}"))
+            shown = f"eagle_topk {tree_topk}" if algorithm != "NGRAM" else tree_name
+            out.append((tree_at, f"{shown} with page_size {page}"
+                        f"{'' if tuning.page_size == page else ' (as SGLang snaps it for this backend)'} and "
+                        f"attention_backend {tuning.attention_backend}: SGLang {version} refuses it at start; "
+                        + ("valid: eagle_topk 1, page_size 1, or attention_backend "
+                           f"{' / '.join(allowed)}" if algorithm != "NGRAM" else
+                           "valid: attention_backend flashinfer, page_size 1, or "
+                           "['--speculative-ngram-max-bfs-breadth', '1'] in extra_args")))
     return out
 
 
@@ -294,6 +352,10 @@ def startup_check_problems(spec: ClusterSpec, engine: Engine, node: Node | None 
                     "refuses it at start ('FP8/MXFP8 Cutlass MoE is only supported with ep_size == 1'); valid: ep 1, "
                     "or another moe_runner_backend"))
     a2a = tuning.moe_a2a_backend
+    if version == "0.5.23" and runner == "megamoe":
+        # 0.5.23's mega_moe_hook.handle_moe_runner_backend_alias: runner megamoe is --moe-a2a-backend megamoe
+        # with runner auto, whatever a2a backend was given (a warning), before handle_a2a_moe checks it
+        a2a, runner = "megamoe", "auto"
     runners = A2A_RUNNERS.get(version, {}).get(a2a or "")
     if runners is not None and runner not in (None, "auto") and runner not in runners:
         out.append((origin("moe_runner_backend"), f"moe_runner_backend {runner} with moe_a2a_backend {a2a}: SGLang "

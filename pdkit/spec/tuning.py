@@ -11,8 +11,11 @@ from pdkit.parsertable import all_speculative_algorithms
 from pdkit.spec.fields import MAX_BATCH, MAX_CONTEXT_LENGTH, BatchSize, Frozen, Seconds, at_most, checked_model_location
 
 __all__ = [
-    "DRAFT_REFUSED", "DRAFT_REQUIRED", "TUNING_DEFAULTS", "RoleTuning", "Speculative", "Tuning",
+    "DRAFT_REFUSED", "DRAFT_REQUIRED", "EAGLE_FAMILY", "TUNING_DEFAULTS", "RoleTuning", "Speculative", "Tuning",
 ]
+
+# the algorithms speculative_hook._handle_eagle_family handles (NEXTN is EAGLE there), 0.5.17 and 0.5.23
+EAGLE_FAMILY = ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE")
 
 # How SGLang's speculative hook treats a missing --speculative-draft-model-path
 # (sglang/srt/arg_groups/speculative_hook.py of 0.5.17 and 0.5.23: _handle_dflash raises,
@@ -72,15 +75,22 @@ class Speculative(Frozen):
 
     @model_validator(mode="after")
     def _consistent_counts(self) -> Speculative:
+        # only the EAGLE family asserts it (speculative_hook._handle_eagle_family); DFLASH / DSPARK set
+        # num_steps and topk to 1 themselves, NGRAM derives num_steps from the draft tokens, and UNO
+        # needs num_steps only for a tree (topk > 1: _handle_uno), of 0.5.17 and 0.5.23 alike
         if self.num_steps is None and (
-            self.eagle_topk is not None or self.num_draft_tokens is not None
+            (self.algorithm in EAGLE_FAMILY and (self.eagle_topk is not None or self.num_draft_tokens is not None))
+            or (self.algorithm == "UNO" and (self.eagle_topk or 1) > 1)
         ):
             raise ValueError(
                 "num_steps is unset, so eagle_topk and num_draft_tokens must be unset too "
-                "(SGLang picks all three together)"
+                "(SGLang picks all three together)" if self.algorithm != "UNO" else
+                "UNO with eagle_topk > 1 (tree mode) needs num_steps (SGLang: 'UNO tree mode requires "
+                "--speculative-num-steps')"
             )
         if (
-            self.eagle_topk == 1
+            self.algorithm in EAGLE_FAMILY
+            and self.eagle_topk == 1
             and self.num_steps is not None
             and self.num_draft_tokens is not None
             and self.num_draft_tokens != self.num_steps + 1
