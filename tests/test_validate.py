@@ -368,6 +368,9 @@ IGNORED_CASES = [
     ("dspark-without-draft", lambda c, h: _engine(h, "gpu01", 1).update(tuning={"speculative": {"algorithm": "DSPARK"}}), "gpu01", "pdkit_node.engines[1].tuning.speculative.draft_model_path", "set draft_model_path unless it does"),
     # issue 46: SGLang starts EAGLE without a draft path (the draft from the target checkpoint: its MiMo recipe)
     ("eagle-without-draft", lambda c, h: _engine(h, "gpu02", 1).update(tuning={"speculative": {"algorithm": "EAGLE"}}), "gpu02", "pdkit_node.engines[1].tuning.speculative.draft_model_path", "bundles a multi-token-prediction head"),
+    # issue 46: a hub id beside a local model: the engine runs offline (HF_HUB_OFFLINE=1)
+    ("hub-tokenizer-beside-a-local-model", lambda c, h: c["model"].update(tokenizer_path="meta-llama/Llama-3.1-8B-Instruct"), "gpu01", "pdkit_cluster.model.tokenizer_path", "download it to a local directory"),
+    ("hub-draft-beside-a-local-model", lambda c, h: _engine(h, "gpu02", 1).update(tuning={"speculative": {"algorithm": "EAGLE3", "draft_model_path": "org/eagle3-draft"}}), "gpu02", "pdkit_node.engines[1].tuning.speculative.draft_model_path", "the engine runs offline"),
     # issue 46: settings that stop the engine logging what pdkit reads (SGLang writes both at INFO)
     ("quiet-log-level-hides-the-graph-evidence", lambda c, h: _engine(h, "gpu01", 1).update(tuning={"log_level": "warning"}), "gpu01", "pdkit_node.engines[1].tuning.log_level", "valid: info or debug"),
     ("quiet-log-level-in-extra-args", lambda c, h: _engine(h, "gpu02", 1).update(extra_args=["--log-level", "error"]), "gpu02", "pdkit_node.engines[1].extra_args", "the 'Decode batch' lines"),

@@ -276,6 +276,16 @@ def _check_model_visibility(spec: ClusterSpec, add) -> None:
                             "templates/systemd/engine.service.j2, docs/security.md): SGLang would not find the "
                             f"{what}; move it outside {', '.join(HIDDEN_FROM_ENGINES)}, e.g. "
                             f"/models/{path.rstrip('/').rsplit('/', 1)[-1]}"))
+        model_local = spec.engine_model(engine).path.startswith("/")
+        for what, field, path in engine_model_paths(spec, host, engine):
+            if model_local and what != "model" and not path.startswith("/"):
+                # issue 46: a local model path makes pdkit run the engine offline (HF_HUB_OFFLINE=1,
+                # pdkit.flags.engine_env), so a hub id beside it loads only from the engine user's hub cache
+                add(Problem(host.name, field, f"{what} {path} is a Hugging Face hub id, but the engine runs offline "
+                            "(the model path is a local directory, so pdkit sets HF_HUB_OFFLINE=1): it loads only if "
+                            f"it is already in /var/cache/{spec.cluster.service_user}/huggingface on the node; valid: "
+                            f"download it to a local directory and give that path (e.g. /models/"
+                            f"{path.rstrip('/').rsplit('/', 1)[-1]})", "warning"))
 
 
 def _check_engine_venv(spec: ClusterSpec, host: HostSpec, add) -> None:
