@@ -518,3 +518,18 @@ def test_a_down_engine_mutes_only_its_own_symptoms(running):
     got = {k: v["state"] for k, v in _statuses_once_suppressed(url, [own]).items()}
     assert got[frozenset(own["labels"].items())] == "suppressed", got
     assert got[frozenset(beside["labels"].items())] == "active", got
+
+
+@pytest.mark.parametrize("group_by", [["..."], []])
+def test_alertmanagers_own_grouping_forms_are_accepted_and_amtool_takes_them(group_by, tmp_path, base):
+    """Issue 46: ['...'] (group by every label) and [] (one group) are Alertmanager's documented forms."""
+    spec = _spec(tmp_path, base, {"receivers": EVERY_KIND[:1], "group_by": group_by}, {"hook": SECRETS["hook"]})
+    text = alertmanager_config(spec, credentials_dir=str(tmp_path / "creds"))
+    assert yaml.safe_load(text)["route"]["group_by"] == group_by
+    res = _amtool_check(text, tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_the_grouping_wildcard_beside_labels_is_refused_as_alertmanager_does(tmp_path, base):
+    problems = _problems(tmp_path, base, {"receivers": EVERY_KIND[:1], "group_by": ["...", "node"]})
+    assert any("'...' (group by every label) stands alone" in str(p) for p in problems), problems

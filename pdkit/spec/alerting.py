@@ -57,6 +57,8 @@ RECEIVER_FIELDS = ("url", "to", "from_address", "smarthost", "auth_username", "r
 NULL_RECEIVER = "pdkit-null"
 # label names a route may match on (Prometheus' label name syntax)
 LABEL_NAME = r"^[a-zA-Z_][a-zA-Z0-9_]*$"
+# a group_by entry: a label name, or Alertmanager's "..." (every label)
+GROUP_BY_LABEL = r"^(\.\.\.|[a-zA-Z_][a-zA-Z0-9_]*)$"
 
 
 class Receiver(Frozen):
@@ -160,14 +162,24 @@ class Alerting(Frozen):
     # routes tried before the severity routes, first match wins (e.g. {"match": {"role":
     # "decode"}, "receiver": "decode-team"})
     routes: tuple[AlertRoute, ...] = ()
-    # one notification per group: per alert per node, so a node's engines wedging together page once
-    group_by: tuple[Annotated[str, Field(pattern=LABEL_NAME)], ...] = ("cluster", "alertname", "node")
+    # one notification per group: per alert per node, so a node's engines wedging together page once;
+    # ["..."] alone: every label (no grouping), [] one group for everything (Alertmanager's own forms)
+    group_by: tuple[Annotated[str, Field(pattern=GROUP_BY_LABEL)], ...] = ("cluster", "alertname", "node")
     # how long a new group waits for more alerts before its first notification (Alertmanager's default)
     group_wait_s: Annotated[int, Field(ge=1), at_most(MAX_INTERVAL_S, "wait in seconds")] = 30
     # how long before a group's next notification about new or resolved alerts (Alertmanager's default)
     group_interval_s: Annotated[int, Field(ge=1), at_most(MAX_TIMEOUT_S, "interval in seconds")] = 300
     # how long before a still-firing group is sent again (Alertmanager's default: 4 h)
     repeat_interval_s: Annotated[int, Field(ge=1), at_most(7 * MAX_TIMEOUT_S, "interval in seconds")] = 14400
+
+    @model_validator(mode="after")
+    def _wildcard_alone(self) -> Alerting:
+        # Alertmanager refuses '...' beside other labels (config.go: "cannot have wildcard group_by (`...`)
+        # and other other labels at the same time")
+        if "..." in self.group_by and len(self.group_by) > 1:
+            raise ValueError(f"group_by {list(self.group_by)}: '...' (group by every label) stands alone; valid: "
+                             "['...'], or a list of label names")
+        return self
 
     @model_validator(mode="after")
     def _repeat_after_group(self) -> Alerting:
