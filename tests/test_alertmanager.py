@@ -533,3 +533,22 @@ def test_alertmanagers_own_grouping_forms_are_accepted_and_amtool_takes_them(gro
 def test_the_grouping_wildcard_beside_labels_is_refused_as_alertmanager_does(tmp_path, base):
     problems = _problems(tmp_path, base, {"receivers": EVERY_KIND[:1], "group_by": ["...", "node"]})
     assert any("'...' (group by every label) stands alone" in str(p) for p in problems), problems
+
+
+@pytest.mark.parametrize("field, value, phrase", [
+    ("to", "a@example.com; b@example.com", "a semicolon does not separate addresses there"),
+    ("to", "oncall", "'oncall' is not an email address Alertmanager can parse"),
+    ("from_address", "pdkit at example.com", "valid: name@example.com or Name <name@example.com>"),
+])
+def test_an_email_address_list_alertmanager_cannot_parse_is_refused(field, value, phrase, tmp_path, base):
+    """Issue 46: Alertmanager reads `to` with Go's mail.ParseAddressList; Outlook's semicolons fail every mail."""
+    mail = {**EVERY_KIND[1], field: value}
+    problems = _problems(tmp_path, base, {"receivers": [mail]}, {"mail": SECRETS["mail"]})
+    assert any(phrase in str(p) for p in problems), problems
+
+
+def test_a_comma_list_with_display_names_passes_amtool(tmp_path, base):
+    mail = {**EVERY_KIND[1], "to": "oncall@example.com, GPU team <gpu@example.com>"}
+    spec = _spec(tmp_path, base, {"receivers": [mail]}, {"mail": SECRETS["mail"]})
+    res = _amtool_check(alertmanager_config(spec, credentials_dir=str(tmp_path / "creds")), tmp_path)
+    assert res.returncode == 0, res.stdout + res.stderr

@@ -57,6 +57,8 @@ RECEIVER_FIELDS = ("url", "to", "from_address", "smarthost", "auth_username", "r
 NULL_RECEIVER = "pdkit-null"
 # label names a route may match on (Prometheus' label name syntax)
 LABEL_NAME = r"^[a-zA-Z_][a-zA-Z0-9_]*$"
+# one email address as Go's net/mail takes it: addr@domain, or a display name and <addr@domain>
+_EMAIL_ADDRESS = re.compile(r"(?:[^<>@,;\n]*<)?[^\s<>@,;]+@[^\s<>@,;]+>?")
 # a group_by entry: a label name, or Alertmanager's "..." (every label)
 GROUP_BY_LABEL = r"^(\.\.\.|[a-zA-Z_][a-zA-Z0-9_]*)$"
 
@@ -96,6 +98,22 @@ class Receiver(Frozen):
         if url is not None and not re.fullmatch(r"https?://[^\s/]+(/\S*)?", url):
             raise ValueError(f"{url!r} is not an http:// or https:// URL (Alertmanager's webhook POSTs to one)")
         return url
+
+    @field_validator("to", "from_address")
+    @classmethod
+    def _addresses(cls, value: str | None, info) -> str | None:
+        # Alertmanager parses `to` with Go's mail.ParseAddressList (commas between addresses; a
+        # semicolon, Outlook's separator, fails every notification) and `from` as one address
+        if value is None:
+            return value
+        parts = [p.strip() for p in value.split(",")] if info.field_name == "to" else [value.strip()]
+        bad = [p for p in parts if not _EMAIL_ADDRESS.fullmatch(p)]
+        if bad:
+            many = "addresses separated by commas, each " if info.field_name == "to" else ""
+            raise ValueError(f"{bad[0]!r} is not an email address Alertmanager can parse; valid: {many}"
+                             "name@example.com or Name <name@example.com>" + (" (a semicolon does not separate "
+                                                                            "addresses there)" if ";" in value else ""))
+        return value
 
     @field_validator("smarthost")
     @classmethod
