@@ -158,9 +158,13 @@ def combine(pages: Iterable[Mapping[str, Histogram]]) -> dict[str, Histogram]:
 
 # ---------------------------------------------------------------- which path a hand-off takes
 
-# An RDMA (verbs) device as UCX names it: mlx5_0:1, ibp3s0:1, bnxt_re0:1, rxe0:1, irdma0:1, efa0
+# An RDMA (verbs) device as UCX names it: mlx5_0:1, ibp3s0:1, bnxt_re0:1, rxe0:1, irdma0:1, efa0. An
+# `ib*` name without a port is the kernel's IP-over-InfiniBand netdev (ib0): TCP to UCX, not verbs
 _RDMA_DEVICE = re.compile(
-    r"^(mlx\d+_\d+|mlx5_bond_\d+|ib\w*|bnxt_re\d+|rxe\w*|irdma\d+|hfi\d+_\d+|qedr\d+|efa\d+|erdma\d+)(:\d+)?$")
+    r"^((mlx\d+_\d+|mlx5_bond_\d+|bnxt_re\d+|rxe\w*|irdma\d+|hfi\d+_\d+|qedr\d+|efa\d+|erdma\d+)(:\d+)?"
+    r"|ib\w*:\d+)$")
+# a verbs device written without the port UCX lists it with (mlx5_0 for mlx5_0:1)
+_PORTLESS_VERBS = re.compile(r"^(mlx\d+_\d+|mlx5_bond_\d+|bnxt_re\d+|irdma\d+|qedr\d+|erdma\d+)$")
 
 
 @dataclass(frozen=True)
@@ -237,6 +241,12 @@ def net_devices_are_rdma(ucx_net_devices: str | None) -> bool:
         return False
     devices = [d.strip() for d in ucx_net_devices.split(",") if d.strip()]
     return bool(devices) and all(_RDMA_DEVICE.match(d) for d in devices)
+
+
+def portless_verbs_devices(ucx_net_devices: str | None) -> list[str]:
+    """The verbs devices in a UCX_NET_DEVICES value written without their port: UCX lists a verbs
+    resource as device:port (mlx5_0:1, `ucx_info -d`), and a bare mlx5_0 matches none of them."""
+    return [d.strip() for d in (ucx_net_devices or "").split(",") if _PORTLESS_VERBS.match(d.strip())]
 
 
 def kv_path(prefill_host: str, decode_host: str, ucx_net_devices: str | None) -> KvPath:

@@ -79,6 +79,8 @@ def test_tp_ranks_and_prefills_are_summed():
 @pytest.mark.parametrize("devices, rdma", [
     ("mlx5_0:1", True), ("mlx5_0:1,mlx5_1:1", True), ("ibp3s0:1", True), ("rxe0:1", True), ("efa0", True),
     ("eth0", False), ("host0", False), ("ens1f0np0", False), ("mlx5_0:1,eth0", False), (None, False), ("", False),
+    # issue 46: ib0 is the kernel's IP-over-InfiniBand netdev, which UCX drives over TCP
+    ("ib0", False), ("ib0:1", True),
 ])
 def test_rdma_devices_are_told_from_netdevs(devices, rdma):
     assert kvcost.net_devices_are_rdma(devices) is rdma
@@ -149,3 +151,9 @@ def test_handoff_need_against_the_uncached_part():
     everything = kvcost.handoff_need(fig, {"cached": 10000.0, "prompt": 10000.0}, 65536)
     assert everything.ratio is None and everything.too_much  # all cached, 160 MiB crossed anyway
     assert kvcost.handoff_need(kvcost.kv_figures({}, {}), {"cached": 1.0, "prompt": 2.0}, 65536) is None
+
+
+
+def test_a_verbs_device_without_its_port_is_named():
+    assert kvcost.portless_verbs_devices("mlx5_0,mlx5_1:1,eth0,bnxt_re2") == ["mlx5_0", "bnxt_re2"]
+    assert kvcost.portless_verbs_devices(None) == [] and kvcost.portless_verbs_devices("mlx5_0:1") == []

@@ -371,6 +371,8 @@ IGNORED_CASES = [
     # issue 46: a hub id beside a local model: the engine runs offline (HF_HUB_OFFLINE=1)
     ("hub-tokenizer-beside-a-local-model", lambda c, h: c["model"].update(tokenizer_path="meta-llama/Llama-3.1-8B-Instruct"), "gpu01", "pdkit_cluster.model.tokenizer_path", "download it to a local directory"),
     ("hub-draft-beside-a-local-model", lambda c, h: _engine(h, "gpu02", 1).update(tuning={"speculative": {"algorithm": "EAGLE3", "draft_model_path": "org/eagle3-draft"}}), "gpu02", "pdkit_node.engines[1].tuning.speculative.draft_model_path", "the engine runs offline"),
+    # issue 46: a verbs device without the port UCX lists it with
+    ("ucx-verbs-device-without-its-port", lambda c, h: h["gpu01"]["pdkit_node"].update(ucx_net_devices="mlx5_0"), "gpu01", "pdkit_node.ucx_net_devices", "valid: e.g. mlx5_0:1"),
     # issue 46: settings that stop the engine logging what pdkit reads (SGLang writes both at INFO)
     ("quiet-log-level-hides-the-graph-evidence", lambda c, h: _engine(h, "gpu01", 1).update(tuning={"log_level": "warning"}), "gpu01", "pdkit_node.engines[1].tuning.log_level", "valid: info or debug"),
     ("quiet-log-level-in-extra-args", lambda c, h: _engine(h, "gpu02", 1).update(extra_args=["--log-level", "error"]), "gpu02", "pdkit_node.engines[1].extra_args", "the 'Decode batch' lines"),

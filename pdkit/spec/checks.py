@@ -6,7 +6,7 @@ from __future__ import annotations
 from pdkit.faultbudget import ROUTER_FLAGS as ROUTER_BUDGET_FLAGS
 from pdkit.faultbudget import problems as fault_budget_problems
 from pdkit.faultbudget import queue_wait_warnings, router_flags
-from pdkit.kvcost import KV_PATHS, net_devices_are_rdma
+from pdkit.kvcost import KV_PATHS, net_devices_are_rdma, portless_verbs_devices
 from pdkit.spec.addresses import check_addresses, host_ports
 from pdkit.spec.cluster import ClusterSpec, HostSpec, Problem
 from pdkit.spec.credentials import alerting_problems, secret_problems
@@ -44,6 +44,14 @@ def cross_checks(spec: ClusterSpec) -> list[Problem]:
         add(Problem("<inventory>", "pdkit_node.engines",
                     "no GPU node declares an engine: give at least one pdkit_node.engines entry (e.g. a prefill and a "
                     "decode)"))
+    for h in spec.gpu_hosts:
+        portless = portless_verbs_devices(h.node.ucx_net_devices if h.node else None)
+        if portless:
+            # UCX lists a verbs resource as device:port (`ucx_info -d`); a bare name matches none of them
+            add(Problem(h.name, "pdkit_node.ucx_net_devices",
+                        f"{', '.join(portless)} without its port: UCX names a verbs device with the port it uses "
+                        f"({portless[0]}:1), so the bare name matches no UCX resource and KV falls back to another "
+                        f"transport or fails; valid: e.g. {portless[0]}:1 (`ucx_info -d` lists them)", "warning"))
     if not spec.router_hosts and spec.gpu_hosts:
         add(Problem("<inventory>", "pdkit_router", "no host declares pdkit_router: name the host that runs the router"))
 
