@@ -64,6 +64,14 @@ def _check_engine_env(spec: ClusterSpec, host: HostSpec, engine: Engine, add) ->
         add(Problem(host.name, f"{at}.env.{var}",
                     f"{var}={value!r} would replace the {rendered[var]!r} pdkit renders for this engine (its env file "
                     f"is read last, so every check of that value would be wrong): remove it and set {owner} instead"))
+    # the UCX variables the inventory sets and may set (an owned one is refused above)
+    given = {var for var in engine.env
+             if var.startswith("UCX_") and not (var in rendered and flags.RENDERED_ENV_OWNERS.get(var))}
+    if given and engine.role != "unified" and spec.cluster.transfer_backend == "nixl":
+        # what NIXL's UCX reads at the engine's start: pdkit's UCX variables with the inventory's on top
+        effective = {k: str(v) for k, v in {**rendered, **engine.env}.items() if k.startswith("UCX_")}
+        for var, why in ucxcheck.related_problems(effective, given):
+            add(Problem(host.name, f"{at}.env.{var}", why))
 
 
 def engine_path(host: HostSpec, engine: Engine) -> str:

@@ -53,3 +53,115 @@ def setting_problem(name: str, value: str) -> tuple[str, str] | None:
     close = difflib.get_close_matches(name, list(settings), n=1, cutoff=0.8)
     return "warning", (f"UCX {version} (the pinned nixl wheel's, pdkit/data/ucx_config.json) has no setting {name}: "
                        "UCX ignores it with a warning" + (f"; did you mean {close[0]}?" if close else ""))
+
+
+# ------------------------------------------------------------------ limits between related settings
+# UCX opens every transport UCX_TLS allows when NIXL creates its worker; a transport whose settings
+# break one of these limits fails uct_iface_open ("Invalid parameter"), the worker is not created and
+# every KV hand-off of that engine fails. Each limit is read from UCX's source (src/uct/tcp/tcp_iface.c,
+# src/uct/sm/mm/base/mm_iface.c, src/ucs/datastruct/mpool.c) and held to the pinned wheel's own libraries
+# by tests/test_contract_ucx.py, which opens a UCP worker with each case's values.
+TCP_AM_HDR = 5  # sizeof(uct_tcp_am_hdr_t): UCX adds it to both segment sizes
+TCP_ZCOPY_TX = 32  # sizeof(uct_tcp_ep_zcopy_tx_t): the AM Zcopy context's fixed part
+IOVEC = 16  # sizeof(struct iovec) on x86_64 / aarch64
+TCP_SERVICE_IOV = 2  # UCT_TCP_EP_ZCOPY_SERVICE_IOV_COUNT
+IOV_MAX = 1024  # the kernel's, which UCX caps the IOV count at
+MPOOL_OVERHEAD = 136  # a memory pool chunk's header and one element's, measured on the pinned UCX
+_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "m": 2**20, "mb": 2**20, "g": 2**30, "gb": 2**30,
+          "t": 2**40, "tb": 2**40}
+_TCP_TLS = {"all", "tcp"}
+_SM_TLS = {"all", "sm", "shm", "mm", "posix", "sysv"}
+
+
+def memunits(value: str) -> int | str | None:
+    """UCX's memory units as its parser reads them: an integer with an optional b/k/kb/m/mb/g/gb/t/tb
+    (any case; no fraction, no space inside), or "inf"/"auto"; None where UCX refuses the value."""
+    text = value.strip().lower()
+    if text in ("inf", "auto"):
+        return text
+    digits = text.rstrip("kmgtb")
+    unit = text[len(digits):]
+    if not digits.isdigit() or unit not in _UNITS:
+        return None
+    return int(digits) * _UNITS[unit]
+
+
+def _uses(tls: str, names: set[str]) -> bool:
+    tokens = {t.strip().split(":", 1)[0] for t in tls.lstrip("^").split(",") if t.strip()}
+    excluded = tls.startswith("^")
+    return not (tokens & names) if excluded else bool(tokens & names)
+
+
+def related_problems(env: dict[str, str], given: set[str] | None = None) -> list[tuple[str, str]]:
+    """(variable, why) for each limit between UCX settings that ENV (the engine's effective UCX_* variables:
+    pdkit's rendered ones with the inventory's on top) breaks for a transport UCX_TLS lets UCX open; the
+    variable named is one of GIVEN (those the inventory set; default: all of ENV) where one is involved."""
+    given = set(env) if given is None else given
+    settings = table()["settings"]
+    version = table()["ucx_version"]
+
+    def value(name: str) -> str:
+        return env.get(name, str(settings.get(name, "")))
+
+    out: list[tuple[str, str]] = []
+    sizes: dict[str, int | str] = {}
+    for name in ("UCX_TCP_TX_SEG_SIZE", "UCX_TCP_RX_SEG_SIZE", "UCX_TCP_TX_MAX_CHUNK_SIZE",
+                 "UCX_TCP_RX_MAX_CHUNK_SIZE"):
+        parsed = memunits(value(name))
+        if parsed is None:
+            if name in given:
+                out.append((name, f"{name}={env[name]!r} is no size UCX {version} reads (it fails the transport's "
+                                  "config): valid: an integer with an optional unit b, k, kb, m, mb, g or gb "
+                                  "(e.g. 64k, 1mb), no fraction"))
+            continue
+        sizes[name] = parsed
+    tls = value("UCX_TLS") or "all"
+    if _uses(tls, _TCP_TLS):
+        out += _tcp_limits(env, given, sizes, version, value)
+    if _uses(tls, _SM_TLS):
+        for name in ("UCX_POSIX_FIFO_SIZE", "UCX_SYSV_FIFO_SIZE"):
+            raw = env.get(name)
+            if raw is not None and not (raw.strip().isdigit() and int(raw) > 1 and int(raw) & (int(raw) - 1) == 0):
+                out.append((name, f"{name}={raw!r}: UCX {version}'s shared-memory transport needs a power of two "
+                                  "above 1 (mm_iface.c) and fails to open otherwise, and with it every KV hand-off; "
+                                  f"valid: e.g. 64, 256 (default {settings.get(name)})"))
+    return out
+
+
+def _tcp_limits(env: dict[str, str], given: set[str], sizes: dict[str, int | str], version: str,
+                value) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    tx, rx = sizes.get("UCX_TCP_TX_SEG_SIZE"), sizes.get("UCX_TCP_RX_SEG_SIZE")
+    fails = f"UCX {version}'s TCP transport fails to open with it (tcp_iface.c), and with it every KV hand-off"
+    for name, seg in (("UCX_TCP_TX_SEG_SIZE", tx), ("UCX_TCP_RX_SEG_SIZE", rx)):
+        if isinstance(seg, str) and name in given:
+            out.append((name, f"{name}={env[name]!r}: a segment size must be a number of bytes ({seg} overflows "
+                              f"UCX's segment arithmetic); {fails}; valid: e.g. 8k for TX, 64k for RX"))
+    if not (isinstance(tx, int) and isinstance(rx, int)):
+        return out
+    blame = "UCX_TCP_TX_SEG_SIZE" if "UCX_TCP_TX_SEG_SIZE" in given else "UCX_TCP_RX_SEG_SIZE"
+    if tx > rx:
+        out.append((blame, f"UCX_TCP_TX_SEG_SIZE ({value('UCX_TCP_TX_SEG_SIZE')}) is above UCX_TCP_RX_SEG_SIZE "
+                           f"({value('UCX_TCP_RX_SEG_SIZE')}): UCX requires RX >= TX; {fails}"))
+    raw_iov = value("UCX_TCP_MAX_IOV").strip()
+    if raw_iov.isdigit():
+        iov = min(int(raw_iov) + TCP_SERVICE_IOV, IOV_MAX)
+        context = TCP_ZCOPY_TX + IOVEC * iov
+        if iov > TCP_SERVICE_IOV and context > tx + TCP_AM_HDR:
+            at = "UCX_TCP_TX_SEG_SIZE" if "UCX_TCP_TX_SEG_SIZE" in given else "UCX_TCP_MAX_IOV"
+            out.append((at, f"UCX_TCP_MAX_IOV {raw_iov} needs a {context}-byte AM Zcopy context, more than the "
+                            f"{tx + TCP_AM_HDR}-byte TX segment (UCX_TCP_TX_SEG_SIZE {value('UCX_TCP_TX_SEG_SIZE')}); "
+                            f"{fails}; valid: TX_SEG_SIZE >= {context - TCP_AM_HDR} or a smaller MAX_IOV"))
+    raw_retries = value("UCX_TCP_MAX_CONN_RETRIES").strip()
+    if raw_retries.isdigit() and int(raw_retries) > 255:
+        out.append(("UCX_TCP_MAX_CONN_RETRIES", f"UCX_TCP_MAX_CONN_RETRIES={raw_retries}: UCX keeps the count in "
+                                                f"8 bits; {fails}; valid: 0-255"))
+    for seg_name, chunk_name, elem in (("UCX_TCP_TX_SEG_SIZE", "UCX_TCP_TX_MAX_CHUNK_SIZE", tx + TCP_AM_HDR),
+                                       ("UCX_TCP_RX_SEG_SIZE", "UCX_TCP_RX_MAX_CHUNK_SIZE", 2 * (rx + TCP_AM_HDR))):
+        chunk = sizes.get(chunk_name)
+        if isinstance(chunk, int) and elem + MPOOL_OVERHEAD > chunk:
+            at = seg_name if seg_name in given else chunk_name
+            out.append((at, f"one {seg_name} buffer ({elem} bytes{' for two segments' if 'RX' in seg_name else ''}) "
+                            f"does not fit a {chunk_name} chunk ({value(chunk_name)}, {MPOOL_OVERHEAD} bytes of it "
+                            f"taken by the pool's headers); {fails}; valid: a smaller segment or a larger chunk"))
+    return out

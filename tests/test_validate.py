@@ -267,6 +267,46 @@ UCX_ENV_CASES = [
      "gpu01", "pdkit_node.engines[0].env.UCX_TLS", "names rdma"),
 ]
 BAD_CASES += UCX_ENV_CASES
+# limits between UCX settings that make UCX refuse to open a transport (pdkit.ucxcheck.related_problems; each
+# held to the pinned wheel's UCX by tests/test_contract_ucx.py): against what pdkit renders plus the env
+UCX_LIMIT_CASES = [
+    ("env-ucx-tcp-tx-above-rx", lambda c, h: _engine(h, "gpu01", 1).update(env={"UCX_TCP_TX_SEG_SIZE": "128k"}),
+     "gpu01", "pdkit_node.engines[1].env.UCX_TCP_TX_SEG_SIZE", "UCX requires RX >= TX"),
+    ("env-ucx-tcp-max-iov-beyond-the-segment", lambda c, h: _engine(h, "gpu02", 0).update(env={"UCX_TCP_MAX_IOV": "1000"}),
+     "gpu02", "pdkit_node.engines[0].env.UCX_TCP_MAX_IOV", "valid: TX_SEG_SIZE >= 16059 or a smaller MAX_IOV"),
+    ("env-ucx-tcp-retries-over-8-bits", lambda c, h: _engine(h, "gpu01", 0).update(env={"UCX_TCP_MAX_CONN_RETRIES": "300"}),
+     "gpu01", "pdkit_node.engines[0].env.UCX_TCP_MAX_CONN_RETRIES", "valid: 0-255"),
+    ("env-ucx-rx-segment-over-its-chunk", lambda c, h: _engine(h, "gpu01", 1).update(env={"UCX_TCP_RX_SEG_SIZE": "1g"}),
+     "gpu01", "pdkit_node.engines[1].env.UCX_TCP_RX_SEG_SIZE", "does not fit a UCX_TCP_RX_MAX_CHUNK_SIZE chunk"),
+    ("env-ucx-size-with-a-fraction", lambda c, h: _engine(h, "gpu02", 1).update(env={"UCX_TCP_RX_SEG_SIZE": "1.5M"}),
+     "gpu02", "pdkit_node.engines[1].env.UCX_TCP_RX_SEG_SIZE", "no fraction"),
+    ("env-ucx-fifo-not-a-power-of-two", lambda c, h: _engine(h, "gpu01", 0).update(env={"UCX_POSIX_FIFO_SIZE": "100"}),
+     "gpu01", "pdkit_node.engines[0].env.UCX_POSIX_FIFO_SIZE", "needs a power of two above 1"),
+]
+BAD_CASES += UCX_LIMIT_CASES
+
+
+@pytest.mark.parametrize("env", [
+    {"UCX_TCP_TX_SEG_SIZE": "64k"},  # equal to the default RX: UCX opens it
+    {"UCX_TCP_TX_SEG_SIZE": "512K", "UCX_TCP_RX_SEG_SIZE": "1M", "UCX_TCP_MAX_CONN_RETRIES": "255"},
+    {"UCX_TCP_MAX_IOV": "1000", "UCX_TCP_TX_SEG_SIZE": "16059", "UCX_TCP_RX_SEG_SIZE": "64kb"},
+    {"UCX_POSIX_FIFO_SIZE": "64", "UCX_SYSV_FIFO_SIZE": "1024"},
+])
+def test_related_ucx_settings_ucx_opens_are_quiet(env, tmp_path, capsys):
+    """UCX_LIMIT_CASES' counterparts: values the pinned UCX opens a worker with (tests/test_contract_ucx.py)."""
+    cluster, hosts = copy.deepcopy(BASE_CLUSTER), copy.deepcopy(BASE_HOSTS)
+    _engine(hosts, "gpu01", 1).update(env=env)
+    inv = write_inventory(tmp_path, hosts, cluster)
+    assert main(["validate", "--strict", str(inv)]) == 0, capsys.readouterr().err
+
+
+def test_a_ucx_limit_on_a_transport_ucx_tls_leaves_out_is_quiet(tmp_path, capsys):
+    """UCX opens only the transports UCX_TLS allows: a TCP limit broken where TLS has no tcp changes nothing."""
+    cluster, hosts = copy.deepcopy(BASE_CLUSTER), copy.deepcopy(BASE_HOSTS)
+    hosts["gpu01"]["pdkit_node"].update(ucx_net_devices="eth1")
+    _engine(hosts, "gpu01", 1).update(env={"UCX_TLS": "cuda_ipc,cuda_copy,sm,self", "UCX_TCP_TX_SEG_SIZE": "128k"})
+    inv = write_inventory(tmp_path, hosts, cluster)
+    assert main(["validate", "--strict", str(inv)]) == 0, capsys.readouterr().err
 
 
 @pytest.mark.parametrize("env, phrase", [

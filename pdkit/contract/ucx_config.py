@@ -84,6 +84,36 @@ def ucx_settings(wheel_path: str) -> dict[str, object]:
     return {"wheel": Path(wheel_path).name, "ucx_version": version, "settings": dict(sorted(settings.items()))}
 
 
+def worker_opens(wheel_path: str, scratch: str) -> tuple[bool, str]:
+    """Whether the wheel's UCX opens a UCP worker (every transport UCX_TLS allows) with the UCX_* variables of
+    this process's environment, as NIXL does when an engine starts; (False, what UCX logged) where it refuses.
+    Run it in a child process per environment: UCX reads its variables once. SCRATCH: where the libraries are
+    unpacked (kept, so many children unpack once)."""
+    with zipfile.ZipFile(wheel_path) as wheel:
+        members = _library_members(wheel)
+        for member in members.values():
+            if not (Path(scratch) / member).exists():
+                wheel.extract(member, scratch)
+    libs = {stem: ctypes.CDLL(os.path.join(scratch, members[stem]), mode=ctypes.RTLD_GLOBAL) for stem in CORE_LIBRARIES}
+    ucp = libs["libucp"]
+    major, minor, release = ctypes.c_uint(), ctypes.c_uint(), ctypes.c_uint()
+    ucp.ucp_get_version(ctypes.byref(major), ctypes.byref(minor), ctypes.byref(release))
+    config = ctypes.c_void_p()
+    if ucp.ucp_config_read(None, None, ctypes.byref(config)):
+        return False, "ucp_config_read failed"
+    # ucp_params_t: field_mask = UCP_PARAM_FIELD_FEATURES, features = UCP_FEATURE_TAG | UCP_FEATURE_RMA | AM;
+    # the rest zero (a generous buffer: the struct's tail is not read without its field bits)
+    params = (ctypes.c_uint64 * 64)()
+    params[0], params[1] = 1, 1 | 2 | 8
+    context = ctypes.c_void_p()
+    if ucp.ucp_init_version(major, minor, ctypes.byref(params), config, ctypes.byref(context)):
+        return False, "ucp_init failed"
+    worker_params = (ctypes.c_uint64 * 64)()  # no field bits: UCX's defaults (one thread)
+    worker = ctypes.c_void_p()
+    status = ucp.ucp_worker_create(context, ctypes.byref(worker_params), ctypes.byref(worker))
+    return status == 0, f"ucp_worker_create: status {status}"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1:
