@@ -483,10 +483,15 @@ def _model_config_problems(spec: ClusterSpec) -> list[Problem]:
         tuning = spec.engine_tuning(engine)
         why = modelconfig.context_problem(tuning.context_length, bool(tuning.value("allow_longer_context")), config,
                                           f"{path.rstrip('/')}/config.json, read by validate on this machine")
-        if why:
-            field = tuning_origin(spec, engine, "", "context_length")
+        found = [("error", "context_length", why)] if why else []
+        # what the architecture forces or refuses (pdkit.modelconfig.architecture_problems; the preflight runs
+        # the same function on the node's copy)
+        found += modelconfig.architecture_problems(modelconfig.engine_facts(spec, host, engine), config,
+                                                   f"{path.rstrip('/')}/config.json, read by validate on this machine")
+        for severity, name, message in found:
+            field = tuning_origin(spec, engine, "", name)
             at = field if field.startswith("pdkit_cluster") else \
                 f"pdkit_node.engines[{host.node.engines.index(engine)}].{field}"
-            if not any(p.host == host.name and p.field == at for p in out):  # the cluster layer: once per host
-                out.append(Problem(host.name, at, why))
+            if not any(p.host == host.name and p.field == at and p.message == message for p in out):
+                out.append(Problem(host.name, at, message, severity))  # the cluster layer: once per host
     return out

@@ -76,3 +76,140 @@ def test_a_model_directory_not_on_this_machine_is_left_to_the_preflight(tmp_path
     cluster["tuning"] = {**cluster["tuning"], "all": {"context_length": 10_000_000}}
     inv = write_inventory(tmp_path, hosts, cluster)
     assert main(["validate", str(inv)]) == 0, capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------ architecture-forced settings
+# config.json keys as the published checkpoints write them (trimmed to what the rules read)
+DEEPSEEK_V32 = {"architectures": ["DeepseekV32ForCausalLM"], "model_type": "deepseek_v32", "kv_lora_rank": 512,
+                "index_topk": 2048, "max_position_embeddings": 163840}
+DEEPSEEK_V3 = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "kv_lora_rank": 512,
+               "max_position_embeddings": 163840}
+GPT_OSS = {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "max_position_embeddings": 131072}
+LLAMA4 = {"architectures": ["Llama4ForConditionalGeneration"], "model_type": "llama4",
+          "text_config": {"max_position_embeddings": 10485760}}
+GEMMA4 = {"architectures": ["Gemma4ForConditionalGeneration"], "model_type": "gemma4"}
+LFM2 = {"architectures": ["Lfm2ForCausalLM"], "model_type": "lfm2", "max_position_embeddings": 128000}
+EXAONE4 = {"architectures": ["Exaone4ForCausalLM"], "model_type": "exaone4", "sliding_window_pattern": "LLLG",
+           "max_position_embeddings": 131072}
+OLMO2 = {"architectures": ["Olmo2ForCausalLM"], "model_type": "olmo2", "max_position_embeddings": 4096}
+MIMO_V2 = {"architectures": ["MiMoV2FlashForCausalLM"], "model_type": "mimo_v2_flash"}
+QWEN3 = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "max_position_embeddings": 40960}
+
+F = modelconfig.EngineFacts
+
+
+def _found(facts, config):
+    return [(sev, name) for sev, name, _ in modelconfig.architecture_problems(facts, config, "/m/config.json")]
+
+
+@pytest.mark.parametrize("version", ["0.5.17", "0.5.23"])
+@pytest.mark.parametrize("config, facts, expect", [
+    # the per-architecture backend asserts: an explicit backend the model refuses
+    (GPT_OSS, {"attention_backend": "flashinfer"}, [("error", "attention_backend")]),
+    (GPT_OSS, {"attention_backend": "fa3"}, []),
+    # GPT-OSS reads prefill and decode: a decode backend given in extra_args counts
+    (GPT_OSS, {"attention_backend": "fa3", "decode_attention_backend": "flashinfer"}, [("error", "attention_backend")]),
+    (LLAMA4, {"attention_backend": "flashinfer"}, [("error", "attention_backend")]),
+    (LLAMA4, {"attention_backend": "fa3"}, []),
+    (GEMMA4, {"attention_backend": "fa3"}, [("error", "attention_backend")]),
+    (GEMMA4, {"attention_backend": "triton"}, []),
+    (LFM2, {"attention_backend": "triton", "radix_cache": False}, [("error", "attention_backend")]),
+    (OLMO2, {"attention_backend": "flashinfer"}, [("error", "attention_backend")]),
+    (OLMO2, {"attention_backend": "fa3"}, []),
+    (EXAONE4, {"attention_backend": "flashinfer"}, [("error", "attention_backend")]),
+    (EXAONE4, {"attention_backend": "trtllm_mha"}, []),
+    # without a sliding-window pattern Exaone4 takes any backend
+    ({**EXAONE4, "sliding_window_pattern": None}, {"attention_backend": "flashinfer"}, []),
+    # unset backends are SGLang's to pick for the model: never judged
+    (GPT_OSS, {}, []), (LLAMA4, {}, []), (GEMMA4, {}, []),
+    # DSA (index_topk): the page is forced to 64 on CUDA; another explicit page is silently replaced
+    (DEEPSEEK_V32, {"page_size": 1}, [("warning", "page_size")]),
+    (DEEPSEEK_V32, {"page_size": 64}, []),
+    (DEEPSEEK_V32, {}, []),
+    # an MTP draft architecture _deepseek_family_overrides is not registered for: no page is forced
+    ({**DEEPSEEK_V32, "architectures": ["DeepseekV3ForCausalLMNextN"]}, {"page_size": 1}, []),
+    # MLA DeepSeek-V3 without a backend on SM100: trtllm_mla snaps the page to 64
+    (DEEPSEEK_V3, {"sm_major": 10}, [("warning", "page_size")]),
+    (DEEPSEEK_V3, {"sm_major": 10, "page_size": 64}, []),
+    (DEEPSEEK_V3, {"sm_major": 9}, []),
+    (DEEPSEEK_V3, {"sm_major": 10, "attention_backend": "flashinfer"}, []),
+    # hybrid mamba without extra_buffer (LFM2): radix cache on -> no_buffer asserts page 1 and no trtllm_mha
+    (LFM2, {"page_size": 64}, [("error", "page_size")]),
+    (LFM2, {"attention_backend": "trtllm_mha"}, [("error", "attention_backend")]),
+    (LFM2, {"overlap_schedule": True}, [("warning", "overlap_schedule")]),
+    (LFM2, {"page_size": 64, "radix_cache": False}, []),
+    # a PD decode has no radix cache unless decode_radix_cache: the mamba strategy is not chosen there
+    (LFM2, {"page_size": 64, "role": "decode"}, []),
+    (LFM2, {"page_size": 64, "role": "decode", "decode_radix_cache": True}, [("error", "page_size")]),
+    # architectures with no forced setting stay valid whatever the tuning
+    (QWEN3, {"attention_backend": "flashinfer", "page_size": 16, "sm_major": 10}, []),
+    ({}, {"attention_backend": "flashinfer"}, []),
+])
+def test_architecture_rules_follow_what_sglang_forces(version, config, facts, expect):
+    assert _found(F(version=version, **facts), config) == expect
+
+
+def test_the_releases_differ_where_sglang_does():
+    # Gemma4 takes fa4 from 0.5.23 on; NemotronH's triton assert is 0.5.17's only
+    gemma = F(version="0.5.23", attention_backend="fa4")
+    assert _found(gemma, GEMMA4) == []
+    assert _found(F(version="0.5.17", attention_backend="fa4"), GEMMA4) == [("error", "attention_backend")]
+    nemotron = {"architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h"}
+    assert _found(F(version="0.5.17", attention_backend="triton", radix_cache=False), nemotron) == \
+        [("error", "attention_backend")]
+    assert _found(F(version="0.5.23", attention_backend="triton", radix_cache=False), nemotron) == []
+    # DSA's page is 64 x index_kpool in 0.5.23 (model_overrides/deepseek_v2.py), 64 in 0.5.17
+    pooled = {**DEEPSEEK_V32, "index_kpool": 2}
+    assert _found(F(version="0.5.23", page_size=128), pooled) == []
+    assert _found(F(version="0.5.23", page_size=64), pooled) == [("warning", "page_size")]
+    assert _found(F(version="0.5.17", page_size=64), pooled) == []
+    # MiMoV2 HiCache needs the unified radix tree in 0.5.17 only
+    assert _found(F(version="0.5.17", hicache=True), MIMO_V2) == [("error", "hicache")]
+    assert _found(F(version="0.5.17", hicache=True, env={"SGLANG_ENABLE_UNIFIED_RADIX_TREE": "1"}), MIMO_V2) == []
+    assert _found(F(version="0.5.23", hicache=True), MIMO_V2) == []
+
+
+def test_equal_prefill_and_decode_backends_replace_attention_backend():
+    # _attention_backend_default: equal prefill/decode backends become attention_backend (both releases)
+    facts = F(version="0.5.23", attention_backend="fa3", prefill_attention_backend="flashinfer",
+              decode_attention_backend="flashinfer")
+    msgs = modelconfig.architecture_problems(facts, GPT_OSS, "/m/config.json")
+    assert [m[:2] for m in msgs] == [("error", "attention_backend")] and "flashinfer" in msgs[0][2]
+
+
+def test_a_message_names_what_sglang_forces_and_where():
+    (sev, name, msg), = modelconfig.architecture_problems(F(version="0.5.23", page_size=1), DEEPSEEK_V32, "/m/c.json")
+    assert "page size to 64" in msg and "model_overrides/deepseek_v2.py" in msg and "/m/c.json" in msg
+    (sev, name, msg), = modelconfig.architecture_problems(F(version="0.5.17", attention_backend="flashinfer"),
+                                                          GPT_OSS, "/m/c.json")
+    assert "SGLang 0.5.17 refuses it at start" in msg and "server_args.py" in msg and "valid: one of triton" in msg
+
+
+def test_the_node_probe_keeps_the_keys_the_architecture_rules_read():
+    kept = modelconfig.trimmed({**DEEPSEEK_V32, "index_kpool": 2, "hidden_size": 7168, **EXAONE4})
+    for key in ("architectures", "model_type", "kv_lora_rank", "index_topk", "index_kpool", "sliding_window_pattern"):
+        assert key in kept
+    assert "hidden_size" not in kept
+
+
+def test_validate_warns_of_a_page_a_dsa_checkpoint_replaces(tmp_path, capsys, model_dir):
+    cluster, hosts = copy.deepcopy(BASE_CLUSTER), copy.deepcopy(BASE_HOSTS)
+    cluster["model"] = {**cluster["model"], "path": _model_dir(model_dir, DEEPSEEK_V32)}
+    cluster["tuning"] = {**cluster["tuning"], "all": {"page_size": 16}}
+    inv = write_inventory(tmp_path, hosts, cluster)
+    rc = main(["validate", str(inv)])
+    out = capsys.readouterr().out  # a valid inventory's warnings follow the summary on stdout
+    assert rc == 0, out
+    assert "pdkit_cluster.tuning.all.page_size: page_size 16 is replaced" in out, out
+    assert "read by validate on this machine" in out
+    assert main(["validate", "--strict", str(inv)]) == 2
+
+
+def test_validate_refuses_a_backend_the_local_model_refuses(tmp_path, capsys, model_dir):
+    cluster, hosts = copy.deepcopy(BASE_CLUSTER), copy.deepcopy(BASE_HOSTS)
+    cluster["model"] = {**cluster["model"], "path": _model_dir(model_dir, GPT_OSS)}
+    cluster["tuning"] = {**cluster["tuning"], "all": {"attention_backend": "flashinfer"}}
+    inv = write_inventory(tmp_path, hosts, cluster)
+    assert main(["validate", str(inv)]) == 2
+    err = capsys.readouterr().err
+    assert "pdkit_cluster.tuning.all.attention_backend: attention backend flashinfer for GptOssForCausalLM" in err
