@@ -109,7 +109,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 # Subcommands that live in their own modules: each module has add_parser(subparsers).
-COMMAND_MODULES = ("pdkit.lab.cli", "pdkit.roll", "pdkit.bench.cli", "pdkit.doctor", "pdkit.tune.runner")
+COMMAND_MODULES = ("pdkit.lab.cli", "pdkit.roll", "pdkit.bench.cli", "pdkit.doctor", "pdkit.tune.runner",
+                   "pdkit.weights.stage")
 
 
 def _register(sub: argparse._SubParsersAction, module_name: str) -> None:

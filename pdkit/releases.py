@@ -8,7 +8,9 @@ On a node (root-only, mode 0700):
     <install_dir>/releases/
         CURRENT                      the id of the release the node runs now
         <id>/meta.json               id, hash, time, command, files (mode, owner, group, sha256),
-                                     venv links, services (unit -> kind, files, health URL, timeout)
+                                     venv links, services (unit -> kind, files, health URL, timeout),
+                                     weights (model path -> the staged version it pointed at and the
+                                     SHA-256 of its manifest: pdkit/weights/store.py, docs/weights.md)
         <id>/files/<absolute path>   the files, byte for byte
 
 A release id is `<UTC time>-<first 12 hex of the hash>`, so ids sort by time. The hash is
@@ -98,18 +100,21 @@ class RestorePlan:
     restart: list[str] = field(default_factory=list)  # units to (re)start, engines first
     stop: list[str] = field(default_factory=list)  # units the release does not run
     journald: bool = False  # its drop-in changes: journald restarts before the services
+    weights_switch: dict[str, str] = field(default_factory=dict)  # model path -> the version it points at again
 
 
 def plan_restore(
     target: dict, current_files: dict[str, dict | None], current_venvs: dict[str, str], unit_active: dict[str, bool],
     current_units: list[str],
     previous: dict[str, dict] | None = None,
+    current_weights: dict[str, str | None] | None = None,
 ) -> RestorePlan:
     """Pure: the steps that put a node back on TARGET (a release's meta) from its current state.
 
     current_files: path -> {mode, owner, group, sha256} or None (missing), for every path the
     release has AND every path of the current configuration. previous: the services of the
-    release the node runs now (a file a unit read there counts as its file).
+    release the node runs now (a file a unit read there counts as its file). current_weights: model
+    path -> the version directory its link points at now (None: not a staged version).
     """
     plan = RestorePlan()
     for path, want in sorted(target["files"].items()):
@@ -121,10 +126,15 @@ def plan_restore(
                                    [p for p, have in current_files.items() if have is not None])
     plan.venv_switch = {link: dest for link, dest in sorted(target.get("venvs", {}).items())
                         if current_venvs.get(link) != dest}
+    plan.weights_switch = {link: w["version"] for link, w in sorted(target.get("weights", {}).items())
+                           if (current_weights or {}).get(link) != w["version"]}
     services: dict[str, dict] = target.get("services", {})
     decision = changes.decide(services, set(plan.write) | set(plan.remove), set(plan.venv_switch), unit_active,
                               previous)
     plan.restart = [*decision.start, *decision.restart]
+    if plan.weights_switch:
+        # the engines read the model at their start: every engine of the node restarts onto the weights
+        plan.restart += [u for u, svc in services.items() if svc.get("kind") == "engine" and u not in plan.restart]
     plan.restart = sorted(plan.restart, key=lambda u: (services[u].get("kind") == "router",
                                                        services[u].get("kind") != "engine", u))
     plan.stop = changes.units_to_stop(current_units, services, {u: True for u in current_units})
@@ -175,6 +185,111 @@ def current_units(root: Path, release_json: str) -> list[str]:
         return []
 
 
+# ---------------------------------------------------------------- the weights a release ran on (issue 47 item 6)
+
+# the layout pdkit/weights/store.py lays down (`pdkit stage`, docs/weights.md): a model path is a relative
+# symlink to `.<name>.pdkit-w-<16 hex>` beside it, a verified version holding SGLang's manifest as
+# `.pdkit-manifest.json`. store.py runs on a bare python3 and this module on the node venv's, so each
+# keeps the spelling; tests/test_staging_releases.py holds the two to the same names
+WEIGHTS_MARK = ".pdkit-w-"
+WEIGHTS_MANIFEST = ".pdkit-manifest.json"
+
+
+def model_paths(root: Path, release_json: str) -> list[str]:
+    """The --model-path of every engine in the node's release.json (absolute paths only: a hub id is no directory)."""
+    try:
+        engines = json.loads(host_path(root, release_json).read_text()).get("engines", {})
+    except (OSError, ValueError):
+        return []
+    out = set()
+    for engine in engines.values():
+        argv = list(engine.get("argv", []))
+        for i, arg in enumerate(argv):
+            value = argv[i + 1] if arg == "--model-path" and i + 1 < len(argv) else (
+                arg.split("=", 1)[1] if arg.startswith("--model-path=") else None)
+            if value and value.startswith("/"):
+                out.add(value.rstrip("/"))
+    return sorted(out)
+
+
+def is_weights_version(link: str, name: str) -> bool:
+    head = f".{os.path.basename(link.rstrip('/'))}{WEIGHTS_MARK}"
+    rest = name[len(head):]
+    return name.startswith(head) and len(rest) == 16 and all(c in "0123456789abcdef" for c in rest)
+
+
+def link_version(root: Path, link: str) -> str | None:
+    """The staged version directory (its name) the model path LINK points at now, or None."""
+    p = host_path(root, link)
+    if not p.is_symlink():
+        return None
+    dest = os.readlink(p).rstrip("/")
+    name = os.path.basename(dest)
+    if os.path.dirname(dest) not in ("", os.path.dirname(link.rstrip("/"))) or not is_weights_version(link, name):
+        return None
+    return name
+
+
+def _manifest_sha(version_path: Path) -> str | None:
+    try:
+        return hashlib.sha256((version_path / WEIGHTS_MANIFEST).read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def weights_of(root: Path, release_json: str) -> dict[str, dict]:
+    """Model path -> {version, sha256 (of its manifest)} for each engine model that is a staged version."""
+    out = {}
+    for link in model_paths(root, release_json):
+        name = link_version(root, link)
+        sha = _manifest_sha(host_path(root, os.path.join(os.path.dirname(link), name))) if name else None
+        if name and sha:
+            out[link] = {"version": name, "sha256": sha}
+    return out
+
+
+def weights_missing(root: Path, meta: dict) -> list[str]:
+    """The version directories META's weights name that are gone from the node (or hold other weights)."""
+    missing = []
+    for link, w in sorted(meta.get("weights", {}).items()):
+        path = os.path.join(os.path.dirname(link), w["version"])
+        if _manifest_sha(host_path(root, path)) != w["sha256"]:
+            missing.append(f"{path} (weights {w['sha256'][:16]} of {link})")
+    return missing
+
+
+def _switch_weights(root: Path, link: str, version: str) -> None:
+    """Point the model path LINK at VERSION (beside it) in one rename."""
+    p = host_path(root, link)
+    tmp = p.with_name(f".{p.name}.pdkit-link")
+    if tmp.is_symlink() or tmp.exists():
+        tmp.unlink()
+    os.symlink(version, tmp)
+    os.replace(tmp, p)
+
+
+def prune_weights(root: Path, releases: Path, links: list[str]) -> list[str]:
+    """Remove the staged versions of LINKS that no kept release names and no link points at (the
+    previous weights go once a newer release ran on new ones and the last release naming them is pruned)."""
+    kept = set()
+    for rid in _ids(releases):
+        try:
+            meta = json.loads((releases / rid / META).read_text())
+        except (OSError, ValueError):
+            return []  # an unreadable release: remove nothing rather than weights it may name
+        kept |= {(link, w["version"]) for link, w in meta.get("weights", {}).items()}
+    removed = []
+    for link in links:
+        parent = host_path(root, os.path.dirname(link))
+        current = link_version(root, link)
+        for entry in sorted(parent.iterdir()) if parent.is_dir() else []:
+            if (is_weights_version(link, entry.name) and entry.name != current and (link, entry.name) not in kept
+                    and entry.is_dir() and not entry.is_symlink()):
+                shutil.rmtree(entry)
+                removed.append(str(entry))
+    return removed
+
+
 def _write_private(path: Path, text: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as fh:
@@ -213,10 +328,11 @@ def record(
     venvs = {link: os.path.realpath(host_path(root, link)) for link in venv_links if host_path(root, link).exists()}
     if root != Path("/"):
         venvs = {link: "/" + os.path.relpath(dest, root) for link, dest in venvs.items()}
+    weights = weights_of(root, release_json)
     current = read_current(releases)
     if current and (releases / current / META).is_file():
         meta = json.loads((releases / current / META).read_text())
-        if meta["hash"] == hash_ and meta.get("venvs") == venvs:
+        if meta["hash"] == hash_ and meta.get("venvs") == venvs and meta.get("weights", {}) == weights:
             return meta  # the node already runs exactly this release
     when = now or _dt.datetime.now(_dt.UTC)
     rid = release_id(when, hash_)
@@ -232,7 +348,7 @@ def record(
         os.chmod(dest, 0o600)
     meta = {
         "id": rid, "hash": hash_, "time": when.astimezone(_dt.UTC).isoformat(timespec="seconds"), "command": command,
-        "files": entries, "venvs": venvs, "services": services,
+        "files": entries, "venvs": venvs, "services": services, "weights": weights,
     }
     _write_private(tmp / META, json.dumps(meta, indent=2, sort_keys=True) + "\n")
     shutil.rmtree(releases / rid, ignore_errors=True)
@@ -240,6 +356,8 @@ def record(
     _set_current(releases, rid)
     for old in to_prune(_ids(releases), keep, rid):
         shutil.rmtree(releases / old, ignore_errors=True)
+    # recorded after the services' gates passed (roles/releases.py runs last): the engines run on these weights
+    prune_weights(root, releases, list(weights))
     return meta
 
 
@@ -255,7 +373,8 @@ def list_releases(*, root: Path, releases_dir: str) -> dict:
     for rid in _ids(releases):
         meta = json.loads((releases / rid / META).read_text())
         out.append({k: meta.get(k) for k in ("id", "hash", "time", "command", "venvs")}
-                   | {"files": len(meta.get("files", {}))})
+                   | {"files": len(meta.get("files", {})), "weights": meta.get("weights", {}),
+                      "weights_missing": weights_missing(root, meta)})
     return {"current": read_current(releases), "releases": out}
 
 
@@ -330,6 +449,11 @@ def restore(
                            f"{', '.join(ids) or 'none'}")
     rid = matches[0]
     target = json.loads((releases / rid / META).read_text())
+    gone = weights_missing(root, target)
+    if gone:
+        raise ReleaseError(f"release {rid} ran on weights that are gone from this node: {', '.join(gone)}; nothing "
+                           "was changed. Stage them again (`pdkit stage INVENTORY --source ... --manifest ...`) or "
+                           "roll back to a release whose weights are kept (`pdkit releases`)")
     paths = set(target["files"])
     try:
         paths |= set(planned_paths(root, release_json))
@@ -343,9 +467,12 @@ def restore(
     previous = None
     if current and (releases / current / META).is_file():
         previous = json.loads((releases / current / META).read_text()).get("services")
-    plan = plan_restore(target, cur_files, cur_venvs, active, units, previous)
+    cur_weights = {link: link_version(root, link) for link in target.get("weights", {})}
+    plan = plan_restore(target, cur_files, cur_venvs, active, units, previous, cur_weights)
     log(f"restoring {rid}: {len(plan.write)} file(s) to write, {len(plan.remove)} to remove, venv switch "
-        f"{sorted(plan.venv_switch) or 'none'}, restart {plan.restart or 'none'}")
+        f"{sorted(plan.venv_switch) or 'none'}, weights switch "
+        f"{', '.join(f'{k} -> {v}' for k, v in plan.weights_switch.items()) or 'none'}, "
+        f"restart {plan.restart or 'none'}")
     for unit in plan.stop:
         systemctl(["disable", "--now", unit])
     for path in plan.write:
@@ -359,6 +486,8 @@ def restore(
         host_path(root, path).unlink(missing_ok=True)
     for link, dest in plan.venv_switch.items():
         _switch_link(host_path(root, link), dest, root)
+    for link, version in plan.weights_switch.items():
+        _switch_weights(root, link, version)
     systemctl(["daemon-reload"])
     if plan.journald:
         # as the deploy does (roles/services.py): the restored drop-in is read only at journald's start,
@@ -390,7 +519,53 @@ def restore(
     if failures:
         raise ReleaseError(f"restored the files of {rid} but not every service became ready: {'; '.join(failures)}")
     return {"id": rid, "written": plan.write, "removed": plan.remove, "venvs": plan.venv_switch,
+            "weights": plan.weights_switch,
             "restarted": plan.restart + ([journald.JOURNALD_UNIT] if plan.journald else [])}
+
+
+def switch_weights(
+    *, root: Path, releases_dir: str, release_json: str, link: str, version: str, command: str,
+    now: _dt.datetime | None = None, keep: int = KEEP, **restore_hooks,
+) -> dict:
+    """New weights for a deployed node (`pdkit stage --activate`): a new release, the current one's files
+    with the model path LINK on the staged VERSION, restored like any release (the link switched, the
+    engines restarted, their gates waited for). A failed gate puts the node back on the release it ran,
+    weights included; the previous weights are pruned only once the new release's engines are ready."""
+    releases = host_path(root, releases_dir)
+    current = read_current(releases)
+    if not current or not (releases / current / META).is_file():
+        raise ReleaseError("this node has no current release (never deployed): the link alone is switched there")
+    if link not in model_paths(root, release_json):
+        raise ReleaseError(f"{link} is the model path of no engine in {release_json}; engines read: "
+                           f"{', '.join(model_paths(root, release_json)) or 'none'}")
+    where = os.path.join(os.path.dirname(link), version)
+    sha = _manifest_sha(host_path(root, where))
+    if not is_weights_version(link, version) or sha is None:
+        raise ReleaseError(f"{where} is not a staged, verified version of {link}")
+    meta = json.loads((releases / current / META).read_text())
+    when = now or _dt.datetime.now(_dt.UTC)
+    rid = release_id(when, meta["hash"])
+    if rid == current:
+        raise ReleaseError(f"release {rid} exists already; try again in a second")
+    new = {**meta, "id": rid, "time": when.astimezone(_dt.UTC).isoformat(timespec="seconds"), "command": command,
+           "weights": {**meta.get("weights", {}), link: {"version": version, "sha256": sha}}}
+    tmp = releases / f".{rid}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(releases / current / "files", tmp / "files")
+    _write_private(tmp / META, json.dumps(new, indent=2, sort_keys=True) + "\n")
+    os.rename(tmp, releases / rid)
+    try:
+        result = restore(root=root, releases_dir=releases_dir, release_json=release_json, to=rid, **restore_hooks)
+    except ReleaseError as exc:
+        try:
+            restore(root=root, releases_dir=releases_dir, release_json=release_json, to=current, **restore_hooks)
+        except ReleaseError as again:
+            raise ReleaseError(f"{exc}; putting the node back on {current} failed too: {again}") from exc
+        raise ReleaseError(f"{exc}; the node is back on release {current} and its weights") from exc
+    for old in to_prune(_ids(releases), keep, rid):
+        shutil.rmtree(releases / old, ignore_errors=True)
+    result["pruned_weights"] = prune_weights(root, releases, list(new["weights"]))
+    return result
 
 
 # ---------------------------------------------------------------- on-host entry point
@@ -414,6 +589,11 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("list", help="the kept releases as JSON")
     s = sub.add_parser("restore", help="put the node back on a kept release and restart what changed")
     s.add_argument("--to", help="release id (or a unique prefix); default: the one before the current")
+    w = sub.add_parser("weights", help="a new release with a model path on a staged version of its weights, "
+                                       "restored like any release (pdkit stage --activate)")
+    w.add_argument("--link", required=True, help="the engines' model path (a symlink pdkit stage manages)")
+    w.add_argument("--version", required=True, help="the staged version directory's name beside it")
+    w.add_argument("--command", default="pdkit stage --activate", dest="applied_by")
     args = parser.parse_args(argv)
     root = Path(args.root)
     try:
@@ -426,6 +606,11 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps({"id": meta["id"], "hash": meta["hash"]}))
         elif args.action == "list":
             print(json.dumps(list_releases(root=root, releases_dir=args.releases_dir)))
+        elif args.action == "weights":
+            result = switch_weights(root=root, releases_dir=args.releases_dir, release_json=args.release_json,
+                                    link=args.link.rstrip("/"), version=args.version, command=args.applied_by,
+                                    log=lambda m: print(m, file=sys.stderr))
+            print(json.dumps(result))
         else:
             result = restore(root=root, releases_dir=args.releases_dir, release_json=args.release_json, to=args.to,
                              log=lambda m: print(m, file=sys.stderr))

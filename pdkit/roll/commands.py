@@ -18,7 +18,7 @@ from pdkit.engineshape import SHAPES_DIR
 from pdkit.enginestarts import history_probe_command
 from pdkit.health import ready_marks_dir
 from pdkit.loader import load_with_problems
-from pdkit.releases import release_json_path
+from pdkit.releases import previous_release, release_json_path
 from pdkit.roll.planning import (
     HostDiff,
     RollError,
@@ -301,12 +301,35 @@ def format_releases(host: str, data: dict, planned_hash: str) -> str:
              "'plan' = what the inventory says)"]
     for r in data["releases"]:
         marks = ("*" if r["id"] == data.get("current") else " ") + (" plan" if r["hash"] == planned_hash else "     ")
-        lines.append(f"{marks} {r['id']}  {r['time']}  {r['files']} files  {r['command']}")
+        lines.append(f"{marks} {r['id']}  {r['time']}  {r['files']} files  {weights_words(r)}{r['command']}")
     if not data["releases"]:
         lines.append("  (none: the node has not been deployed with release recording yet)")
     if data.get("last_starts"):
         lines.append("engines' last starts" + phases_words(data["last_starts"]).replace("; ", "\n  "))
     return "\n".join(lines)
+
+
+def weights_words(release: dict) -> str:
+    """`weights <manifest sha256, 16 hex>` per model path of a release (pdkit/weights), GONE when the node lost them."""
+    words = [f"weights {w['sha256'][:16]}" + (" GONE" if any(w["version"] in m for m in release.get("weights_missing")
+                                                                or ()) else "")
+             for _, w in sorted((release.get("weights") or {}).items())]
+    return "".join(f"{w}  " for w in words)
+
+
+def rollback_weights_refusal(host: str, data: dict, to: str | None) -> str | None:
+    """Why `pdkit rollback` refuses before any drain: the release it would restore ran on weights gone from
+    the node (`releases list`'s weights_missing), naming the host, the release and the path; else None."""
+    ids = [r["id"] for r in data.get("releases", [])]
+    rid = previous_release(ids, data.get("current")) if to is None else next(
+        (i for i in ids if i == to or i.startswith(to)), None)
+    release = next((r for r in data.get("releases", []) if r["id"] == rid), None)
+    if release is None or not release.get("weights_missing"):
+        return None
+    return (f"pdkit rollback: {host}: release {rid} ran on weights that are gone from the node: "
+            f"{', '.join(release['weights_missing'])}; nothing was drained or changed. Stage them again "
+            "(`pdkit stage INVENTORY --source ... --manifest ...`) or pick a release whose weights are kept "
+            "(`pdkit releases`)")
 
 
 def cmd_rollback(args: argparse.Namespace) -> int:
@@ -321,6 +344,11 @@ def cmd_rollback(args: argparse.Namespace) -> int:
         p("-", "key", note)
     hosts = _connect_host(roller, args.host, "rollback")
     if hosts is None:
+        return EXIT_FAILED
+    ok, stdout, _ = run_remote(hosts[args.host], roller.releases_command(args.host, "list"), timeout=60)
+    refusal = rollback_weights_refusal(args.host, json.loads(stdout), args.to) if ok else None
+    if refusal:
+        print(refusal, file=sys.stderr)
         return EXIT_FAILED
     roller.connected = dict(hosts)
     outages = batch_outages(spec, batch)

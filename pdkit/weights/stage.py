@@ -1,0 +1,429 @@
+"""`pdkit stage INVENTORY --source DIR|URL`: model weights staged onto the nodes, verified, switched atomically.
+
+Per node, over the SSH connection pyinfra opens (no other network service): the node's side is
+pdkit/weights/store.py, sent as source and run by the node's `python3` (a node never deployed can be
+staged), as root (`sudo -n` when the inventory's SSH user is not root).
+
+1. prepare: the manifest goes to the node; the node says, per file of the staging directory
+   (`.NAME.pdkit-w-<id16>.partial` beside the model path), what it has: done (size and SHA-256 match:
+   skipped), a prefix (resumed from its end), or nothing.
+2. each missing file: a directory on this machine streams its bytes from the offset into the node's
+   `receive` (stdin of the SSH channel); an HTTP(S) mirror is read by the node itself (`fetch`, a Range
+   request to resume). The node hashes what it writes and discards a file whose SHA-256 differs.
+   Progress on stderr: bytes, rate and ETA per file.
+3. commit: every file read back from disk and checked against the manifest, owner root, group the
+   engines' service group, files 0640, directories 0750, then one rename to `.NAME.pdkit-w-<id16>`.
+4. activate: the model path becomes (or is switched to) a symlink to that version, in one rename.
+   When the path already serves other weights, only with `--activate`, and on a deployed node that
+   is a new release (pdkit/releases.py `weights`): the engines restart onto the new weights and their
+   gates must pass, or the node is put back on its previous release, weights included.
+
+The manifest is SGLang's own format (store.py); without `--manifest`, pdkit writes one from the source
+directory (`--write-manifest FILE` keeps it; the source itself is never written to). On the node it is
+kept in the version directory as `.pdkit-manifest.json`, where `--model-checksum` can read it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import shlex
+import sys
+import time
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from pdkit.weights import store
+
+EXIT_FAILED = 1
+EXIT_INVALID = 2
+_STORE_SOURCE = Path(store.__file__).read_text()
+_BOOT = ("import sys,zlib,base64;g={'__name__':'pdkit_stage_node'};"
+         "exec(zlib.decompress(base64.b64decode(sys.argv[1])),g);sys.exit(g['main'](sys.argv[2:]))")
+SEND_CHUNK = 1 << 20
+
+
+def node_command(action: str, target: str, *args: str, sudo: bool = False) -> str:
+    """The shell command that runs store.py's ACTION on the node with its own python3."""
+    payload = base64.b64encode(zlib.compress(_STORE_SOURCE.encode(), 9)).decode()
+    words = ["python3", "-c", _BOOT, payload, action, target, *args]
+    return ("sudo -n " if sudo else "") + " ".join(shlex.quote(w) for w in words)
+
+
+# ---------------------------------------------------------------- progress
+
+
+def human_bytes(n: float) -> str:
+    return f"{n / 1e6:,.1f} MB" if n < 1e9 else f"{n / 1e9:,.2f} GB"
+
+
+def eta_words(seconds: float) -> str:
+    seconds = max(0, int(seconds + 0.5))
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+@dataclass
+class ShardProgress:
+    """One file's transfer, printed at most every INTERVAL seconds: bytes, rate, ETA (stderr)."""
+
+    host: str
+    name: str
+    size: int
+    start_at: int
+    stream: IO[str] = field(default_factory=lambda: sys.stderr)
+    interval: float = 1.0
+    clock: Any = time.monotonic
+
+    def __post_init__(self) -> None:
+        self.done = self.start_at
+        self.t0 = self.clock()
+        self.last = self.t0
+
+    def line(self, now: float) -> str:
+        sent = self.done - self.start_at
+        rate = sent / max(now - self.t0, 1e-9)
+        left = (self.size - self.done) / rate if rate > 0 else float("inf")
+        pct = 100.0 * self.done / self.size if self.size else 100.0
+        eta = eta_words(left) if left != float("inf") else "?"
+        return (f"pdkit stage: {self.host}: {self.name} {human_bytes(self.done)} / {human_bytes(self.size)} "
+                f"({pct:.0f}%) {rate / 1e6:,.1f} MB/s ETA {eta}")
+
+    def advance(self, n: int) -> None:
+        self.done += n
+        now = self.clock()
+        if now - self.last >= self.interval:
+            self.last = now
+            print(self.line(now), file=self.stream, flush=True)
+
+    def finished(self) -> float:
+        took = self.clock() - self.t0
+        sent = self.done - self.start_at
+        resumed = f", resumed at {human_bytes(self.start_at)}" if self.start_at else ""
+        print(f"pdkit stage: {self.host}: {self.name} {human_bytes(sent)} sent in {took:.1f} s "
+              f"({sent / max(took, 1e-9) / 1e6:,.1f} MB/s{resumed})", file=self.stream, flush=True)
+        return took
+
+
+# ---------------------------------------------------------------- sources
+
+
+@dataclass
+class Source:
+    """Where the weights come from: a directory on this machine, or an HTTP(S) mirror the nodes read."""
+
+    location: str
+
+    @property
+    def is_http(self) -> bool:
+        return self.location.startswith(("http://", "https://"))
+
+    def check(self, manifest: dict[str, dict]) -> list[str]:
+        """Files of the manifest this machine's directory lacks or has at another size (a mirror: not checked here)."""
+        if self.is_http:
+            return []
+        problems = []
+        for name, want in sorted(manifest.items()):
+            p = os.path.join(self.location, name)
+            if not os.path.isfile(p):
+                problems.append(f"{p}: missing")
+            elif os.path.getsize(p) != want["size"]:
+                problems.append(f"{p}: {os.path.getsize(p)} bytes, the manifest says {want['size']}")
+        return problems
+
+
+def load_manifest(source: Source, manifest_path: str | None, log) -> dict[str, dict]:
+    """The manifest to stage: the user's file (SGLang's format), or generated from the source directory."""
+    if manifest_path:
+        try:
+            text = Path(manifest_path).read_bytes()
+        except OSError as exc:
+            raise store.StageError(f"--manifest {manifest_path}: {exc.strerror or exc}") from exc
+        return store.parse_manifest(text, f"--manifest {manifest_path}")
+    if source.is_http:
+        raise store.StageError(f"--source {source.location} is an HTTP mirror: give its manifest with --manifest FILE "
+                               "(SGLang's format: `python -m sglang.srt.utils.model_file_verifier generate`)")
+    if not os.path.isdir(source.location):
+        raise store.StageError(f"--source {source.location} is not a directory on this machine (valid: the model's "
+                               "directory, or an http(s):// mirror URL with --manifest)")
+    names = store.discover(source.location)
+    total = sum(os.path.getsize(os.path.join(source.location, n)) for n in names)
+    log(f"no --manifest: hashing {len(names)} file(s), {human_bytes(total)}, in {source.location}")
+    t0 = time.monotonic()
+    manifest = store.generate(source.location)
+    log(f"manifest written from {source.location} in {time.monotonic() - t0:.1f} s "
+        f"(weights {store.weights_id(manifest)[:store.ID_CHARS]})")
+    return manifest
+
+
+# ---------------------------------------------------------------- one node over SSH
+
+
+class NodeError(RuntimeError):
+    pass
+
+
+class Node:
+    """store.py's actions on one connected pyinfra host, through its paramiko client."""
+
+    def __init__(self, name: str, host: Any, sudo: bool, log) -> None:
+        self.name, self.host, self.sudo, self.log = name, host, sudo, log
+        client = getattr(host.connector, "client", None)
+        if client is None or not hasattr(client, "get_transport"):
+            raise NodeError(f"{name}: not reached over SSH (pdkit stage sends the weights through the SSH connection)")
+        self.client = client
+
+    def call(self, action: str, target: str, *args: str, stdin: bytes | None = None, feed=None,
+             on_stderr=None, timeout: float | None = None) -> dict:
+        """Run ACTION; feed(channel) writes its stdin. The node's one JSON line, or NodeError."""
+        chan = self.client.get_transport().open_session()
+        if timeout:
+            chan.settimeout(timeout)
+        chan.exec_command(node_command(action, target, *args, sudo=self.sudo))
+        err = b""
+        try:
+            if stdin is not None:
+                chan.sendall(stdin)
+            if feed is not None:
+                feed(chan)
+            chan.shutdown_write()
+        except (OSError, EOFError):
+            pass  # the node ended the command early: its answer below says why
+        out = b""
+        while True:
+            if chan.recv_stderr_ready():
+                data = chan.recv_stderr(65536)
+                err += data
+                if on_stderr:
+                    on_stderr(data)
+            elif chan.recv_ready():
+                out += chan.recv(65536)
+            elif chan.exit_status_ready():
+                break
+            else:
+                time.sleep(0.05)
+        while data := chan.recv(65536):
+            out += data
+        while chan.recv_stderr_ready():
+            err += chan.recv_stderr(65536)
+        rc = chan.recv_exit_status()
+        chan.close()
+        text = out.decode(errors="replace").strip().splitlines()
+        try:
+            answer = json.loads(text[-1]) if text else None
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict):
+            raise NodeError(f"{self.name}: {action} on {target} gave no answer (exit {rc}): "
+                            f"{(err or out).decode(errors='replace').strip()[-500:]}")
+        if rc != 0 or "error" in answer:
+            raise NodeError(f"{self.name}: {answer.get('error') or f'{action} failed (exit {rc})'}")
+        return answer
+
+
+@dataclass
+class StageResult:
+    host: str
+    target: str
+    weights: str
+    sent_bytes: int = 0
+    seconds: float = 0.0
+    skipped: list[str] = field(default_factory=list)
+    resumed: dict[str, int] = field(default_factory=dict)
+    version: str = ""
+    activated: str = "no"  # no | first | switched | already | new release <id>
+
+
+def stage_node(node: Node, target: str, manifest: dict[str, dict], source: Source, group: str,
+               activate: bool, switch=None, progress_stream: IO[str] = sys.stderr) -> StageResult:
+    """Stage MANIFEST at TARGET on NODE (the four steps of the module's docstring)."""
+    wid = store.weights_id(manifest)
+    result = StageResult(node.name, target, wid)
+    t0 = time.monotonic()
+    have = node.call("prepare", target, stdin=store.manifest_bytes(manifest))
+    if have["ready"]:
+        node.log(f"{node.name}: weights {wid[:store.ID_CHARS]} already staged and verified at "
+                 f"{store.version_dir(target, wid)}")
+    for name in sorted(manifest):
+        if have["ready"]:
+            break
+        state = have["files"][name]
+        if state.get("restarted"):
+            node.log(f"{node.name}: {name}: the staged copy had {state['restarted']}: sent again")
+        if state["done"]:
+            result.skipped.append(name)
+            node.log(f"{node.name}: {name}: present with the manifest's size and sha256: skipped")
+            continue
+        offset = state["have"]
+        if offset:
+            result.resumed[name] = offset
+        bar = ShardProgress(node.name, name, manifest[name]["size"], offset, stream=progress_stream)
+        if source.is_http:
+            def seen(data: bytes, bar=bar) -> None:
+                for line in data.decode(errors="replace").splitlines():
+                    if line.startswith("PROGRESS "):
+                        bar.advance(int(line.split()[1]) - bar.done)
+            node.call("fetch", target, wid, name, str(offset), source.location, on_stderr=seen)
+            bar.done = manifest[name]["size"]
+        else:
+            def feed(chan, name=name, offset=offset, bar=bar) -> None:
+                with open(os.path.join(source.location, name), "rb") as fh:
+                    fh.seek(offset)
+                    while chunk := fh.read(SEND_CHUNK):
+                        chan.sendall(chunk)
+                        bar.advance(len(chunk))
+            node.call("receive", target, wid, name, str(offset), feed=feed)
+        bar.finished()
+        result.sent_bytes += bar.done - offset
+    committed = node.call("commit", target, wid, group)
+    result.version = committed["version"]
+    if not committed.get("already"):
+        node.log(f"{node.name}: {committed['verified']} file(s) verified against the manifest, now "
+                 f"{store.version_dir(target, wid)} (root:{committed['group']}, files {committed['mode']})")
+    current = have["active"]
+    if current.get("id") == wid:
+        result.activated = "already"
+    elif current["kind"] == "missing":
+        node.call("activate", target, wid)
+        result.activated = "first"
+    elif not activate:
+        result.activated = "no"
+    elif switch is not None:  # a deployed node: a new release, the engines restarted onto it and gated
+        result.activated = f"new release {switch(target, result.version)}"
+    else:
+        node.call("activate", target, wid)
+        result.activated = "switched"
+    result.seconds = time.monotonic() - t0
+    return result
+
+
+def _release_switch(host: Any, releases_cmd: str, target: str, version: str) -> str:
+    """On a deployed node: a new release with the new weights, the engines restarted onto them and gated
+    (pdkit/releases.py `weights`); the node's previous release back on failure."""
+    # lazy: pyinfra's API loads gevent and paramiko; only a stage that switches weights needs it
+    from pdkit.roll.pyinfra_api import run_remote
+
+    ok, stdout, stderr = run_remote(host, f"{releases_cmd} weights --link {shlex.quote(target)} "
+                                          f"--version {shlex.quote(version)}", timeout=7200)
+    if not ok:
+        raise NodeError(stderr.strip()[-800:] or stdout.strip()[-800:])
+    return json.loads(stdout.strip().splitlines()[-1])["id"]
+
+
+# ---------------------------------------------------------------- the command
+
+
+def targets_by_host(spec: Any, model: str | None) -> dict[str, str]:
+    """Host -> the model path to stage there: every host with an engine serving MODEL (default the cluster's)."""
+    want = model or spec.cluster.model.path
+    out: dict[str, str] = {}
+    for host in spec.hosts:
+        for placement in spec.placements(host):
+            m = placement.engine.model or spec.cluster.model
+            if m.path.rstrip("/") == want.rstrip("/"):
+                out[host.name] = m.path.rstrip("/")
+    return out
+
+
+def cmd_stage(args: argparse.Namespace) -> int:
+    # lazy: pyinfra's API (gevent, paramiko) loads only for the command that connects, after patch_gevent
+    from pdkit.roll.pyinfra_api import Pyinfra, patch_gevent, run_remote
+
+    patch_gevent()
+    # lazy: the loader imports pyinfra's CLI loader, after the gevent patch
+    from pdkit.loader import load_with_problems
+    from pdkit.paths import releases_command
+    from pdkit.releases import CURRENT, releases_dir
+
+    def log(message: str) -> None:
+        print(f"pdkit stage: {message}", file=sys.stderr, flush=True)
+
+    spec, problems = load_with_problems(args.inventory)
+    errors = [p for p in problems if p.severity == "error"]
+    if errors or spec is None:
+        print(f"{args.inventory}: {len(errors)} error(s); nothing was contacted.", file=sys.stderr)
+        for p in errors:
+            print(f"  error   {p}", file=sys.stderr)
+        return EXIT_INVALID
+    targets = targets_by_host(spec, args.model)
+    if args.limit:
+        unknown = [h for h in args.limit if h not in targets]
+        if unknown:
+            print(f"pdkit stage: {', '.join(unknown)}: no engine there serves {args.model or spec.cluster.model.path} "
+                  f"(hosts that do: {', '.join(sorted(targets)) or 'none'})", file=sys.stderr)
+            return EXIT_INVALID
+        targets = {h: t for h, t in targets.items() if h in args.limit}
+    bad = [t for t in set(targets.values()) if not t.startswith("/")]
+    if not targets or bad:
+        why = (f"model {bad[0]} is a hub id, not a directory on the nodes" if bad
+               else f"no engine serves {args.model or spec.cluster.model.path}")
+        print(f"pdkit stage: {why}; valid: an absolute model path of an engine in the inventory", file=sys.stderr)
+        return EXIT_INVALID
+    source = Source(args.source.rstrip("/") if not args.source.startswith("http") else args.source)
+    try:
+        manifest = load_manifest(source, args.manifest, log)
+        problems = source.check(manifest)
+        if problems:
+            raise store.StageError(f"the source does not match the manifest: {'; '.join(problems)}")
+    except store.StageError as exc:
+        print(f"pdkit stage: {exc}; nothing was contacted", file=sys.stderr)
+        return EXIT_INVALID
+    if args.write_manifest:
+        fd = os.open(args.write_manifest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(store.manifest_bytes(manifest))
+        log(f"manifest kept in {args.write_manifest} (SGLang's format: `--model-checksum` reads it)")
+    wid = store.weights_id(manifest)
+    total = sum(f["size"] for f in manifest.values())
+    log(f"weights {wid[:store.ID_CHARS]} ({len(manifest)} files, {human_bytes(total)}) to "
+        f"{', '.join(f'{h}:{t}' for h, t in sorted(targets.items()))}")
+    _, connected, unreachable = Pyinfra(args.inventory).connect(sorted(targets))
+    failed = {h: f"cannot reach it over SSH ({why})" for h, why in unreachable.items()}
+    results = []
+    for name in sorted(connected):
+        host = connected[name]
+        sudo = (host.data.get("ssh_user") or "root") != "root"
+        try:
+            node = Node(name, host, sudo, log)
+            switch = None
+            # a node never deployed has no releases: there the switch is the link alone
+            current = f"{releases_dir(spec.cluster.install_dir)}/{CURRENT}"
+            if args.activate and run_remote(host, f"test -f {shlex.quote(current)}", timeout=60)[0]:
+                def switch(target: str, version: str, host=host) -> str:
+                    return _release_switch(host, releases_command(spec), target, version)
+            results.append(stage_node(node, targets[name], manifest, source, spec.cluster.service_user,
+                                      args.activate, switch))
+        except (NodeError, store.StageError, OSError) as exc:
+            failed[name] = str(exc).removeprefix(f"{name}: ")
+    for r in results:
+        how = {"no": f"NOT active: {r.target} still serves other weights (re-run with --activate to switch)",
+               "first": f"active: {r.target} -> {r.version}", "already": f"already active at {r.target}",
+               "switched": f"active: {r.target} -> {r.version} (switched)"}.get(r.activated,
+                                                                             f"active: {r.activated}")
+        rate = r.sent_bytes / r.seconds / 1e6 if r.seconds else 0.0
+        print(f"{r.host}: weights {r.weights[:store.ID_CHARS]} verified, {human_bytes(r.sent_bytes)} sent in "
+              f"{r.seconds:.1f} s ({rate:,.1f} MB/s), {len(r.skipped)} file(s) skipped, "
+              f"{len(r.resumed)} resumed; {how}")
+    for name, why in sorted(failed.items()):
+        print(f"{name}: FAILED: {why}; the weights it serves were not replaced (re-run to resume)", file=sys.stderr)
+    return EXIT_FAILED if failed else 0
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("stage", help="stage model weights onto the nodes: verified against a SHA-256 "
+                                            "manifest (SGLang's format), resumable, switched atomically")
+    p.add_argument("inventory")
+    p.add_argument("--source", required=True, metavar="DIR|URL",
+                   help="the model directory on this machine, or an http(s):// mirror the nodes can read")
+    p.add_argument("--manifest", metavar="FILE", help="SGLang's checksum manifest of the weights (default: "
+                                                      "pdkit writes one from --source DIR)")
+    p.add_argument("--write-manifest", metavar="FILE", help="keep the manifest used (SGLang's format)")
+    p.add_argument("--model", metavar="PATH", help="the model path to stage (default pdkit_cluster.model.path)")
+    p.add_argument("--limit", action="append", default=[], metavar="HOST", help="only these hosts (repeat)")
+    p.add_argument("--activate", action="store_true",
+                   help="switch a model path that serves other weights (on a deployed node: a new release, its "
+                        "engines restarted and gated, put back on failure)")
+    p.set_defaults(func=cmd_stage)
