@@ -37,6 +37,11 @@ PAGE_SNAPS: dict[str, tuple[tuple[str, tuple[str, ...], tuple[int, ...] | None, 
 def effective_page_size(version: str, args: dict[str, tuple[str, ...]]) -> tuple[int | None, str]:
     """(the page size the engine runs with, why) from its parsed argv (dest -> values). None: left to
     SGLang's default for its backend, which pdkit does not decide (the why says so)."""
+    if version == "0.5.23":
+        # 0.5.23's serving_hook.handle_deprecated_args renames tokenspeed_mla to cutedsl_mla (a prefill one to
+        # trtllm_mla) before any snap
+        args = {d: (("trtllm_mla" if d == "prefill_attention_backend" else "cutedsl_mla"),) + v[1:]
+                if v and v[0] == "tokenspeed_mla" else v for d, v in args.items()}
     given = args.get("page_size")
     page: int | None = int(given[0]) if given and given[0].lstrip("-").isdigit() else None
     why = "set by page_size" if page is not None else "SGLang's default for its backend"

@@ -610,3 +610,150 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# ------------------------------------------------------------------------------ derivations before the checks
+# Issue 46 item 2, the audit's leftovers: what SGLang derives itself before its start checks, for settings that
+# reach the engine by another road than the fields startup_check_problems reads (an alias, an env variable,
+# extra_args, a default SGLang picks). Pure; each message cites the file and release it follows.
+
+# 0.5.23 arg_groups/serving_hook.py handle_deprecated_args: deprecated attention-backend names
+BACKEND_ALIASES = {"0.5.23": {"tokenspeed_mla": "cutedsl_mla", "compressed": "dsv4"}}
+# the moe runners flashinfer all-to-all takes (0.5.17 server_args.py _handle_a2a_moe, 0.5.23 arg_groups/moe_hook.py
+# handle_a2a_moe): 'auto' is not one of them
+FLASHINFER_A2A_RUNNERS = {
+    "0.5.17": ("flashinfer_cutlass", "flashinfer_cutedsl", "flashinfer_trtllm_routed"),
+    "0.5.23": ("flashinfer_cutlass", "flashinfer_cutedsl", "flashinfer_trtllm", "flashinfer_trtllm_routed",
+               "deep_gemm"),
+}
+# what _moe_runner_backend_quant_constraints resolves 'auto' to before that check (overrides.py, both releases)
+AUTO_RUNNER_BY_QUANTIZATION = {"nvfp4_online": "flashinfer_trtllm", "mxfp8": "flashinfer_trtllm"}
+# --chunked-prefill-size SGLang picks when it is unset, by GPU memory (GiB upper bound, chunk); 0.5.17
+# server_args.py _handle_gpu_memory_settings, 0.5.23 arg_groups/memory_hook.py handle_gpu_memory_settings
+DEFAULT_CHUNK = {
+    "0.5.17": ((20, 2048), (35, 2048), (60, 4096), (90, 8192), (160, 8192), (None, 16384)),
+    "0.5.23": ((20, 2048), (35, 4096), (60, 4096), (90, 8192), (160, 8192), (None, 16384)),
+}
+_TRUE = ("true", "1", "yes", "y")
+
+
+def default_chunk(version: str, memory_gib: float | None) -> int | None:
+    """The chunked-prefill size SGLang VERSION picks for a GPU of MEMORY_GIB when none is given (None: unknown)."""
+    if memory_gib is None or version not in DEFAULT_CHUNK:
+        return None
+    for bound, chunk in DEFAULT_CHUNK[version]:
+        if bound is None or memory_gib < bound:
+            return chunk
+    return None
+
+
+def derivation_problems(version: str, role: str, tuning, extra_args: tuple[str, ...], env: dict,
+                        sm_major: int | None, memory_gib: float | None, page: int, attn_dp: int,
+                        ep: int | None) -> list[tuple[str, str, str]]:
+    """(severity, field, message) for what SGLang VERSION derives before its start checks from an engine's TUNING
+    (a pdkit.spec.tuning.Tuning), extra_args, env and node (SM major, GPU memory), given the PAGE it runs with
+    (pdkit.spec.startup.effective_page). Field: a tuning field name, 'extra_args' or 'env.NAME'."""
+    out: list[tuple[str, str, str]] = []
+
+    def arg(flag: str) -> str | None:
+        value = None
+        for i, a in enumerate(extra_args):
+            if a == flag and i + 1 < len(extra_args):
+                value = extra_args[i + 1]
+            elif a.startswith(flag + "="):
+                value = a.split("=", 1)[1]
+        return value
+
+    prefill, decode = arg("--prefill-attention-backend"), arg("--decode-attention-backend")
+    backend = tuning.attention_backend
+    # equal prefill and decode backends replace attention_backend (overrides.py _attention_backend_default, both)
+    if prefill is not None and prefill == decode and backend is not None and backend != prefill:
+        out.append(("warning", "attention_backend",
+                    f"attention_backend {backend} is replaced by {prefill}: extra_args give the same prefill and "
+                    f"decode backend, and SGLang {version} then sets attention_backend to it (arg_groups/overrides.py "
+                    "_attention_backend_default); every backend rule judges it: remove one of them"))
+    aliases = BACKEND_ALIASES.get(version, {})
+    for name, value in (("attention_backend", backend), ("extra_args", prefill), ("extra_args", decode)):
+        if value in aliases:
+            out.append(("warning", name,
+                        f"{value} is a deprecated name in SGLang {version}: it runs as {aliases[value]} "
+                        "(arg_groups/serving_hook.py handle_deprecated_args); write that instead"))
+    if "tokenspeed_mla" in (backend, decode) and version == "0.5.23":
+        if sm_major is not None and sm_major != 10:
+            out.append(("error", "attention_backend",
+                        f"tokenspeed_mla runs as cutedsl_mla in SGLang 0.5.23, which refuses compute capability "
+                        f"{sm_major}.x at start ('CuteDSL MLA backend is only supported on Blackwell GPUs (SM100)', "
+                        "arg_groups/overrides.py _cutedsl_prefill_backend_fill); valid: trtllm_mla on SM12x, or an "
+                        "SM100 node"))
+        if tuning.kv_cache_dtype not in (None, "fp8_e4m3"):
+            out.append(("warning", "kv_cache_dtype",
+                        f"kv_cache_dtype {tuning.kv_cache_dtype} is replaced by fp8_e4m3: SGLang 0.5.23 keeps what "
+                        "tokenspeed_mla implied (serving_hook.py handle_deprecated_args)"))
+    for name, value in (("extra_args", decode), ("extra_args", prefill)):
+        if value in ("trtllm_mla", "cutedsl_mla") and sm_major is not None:
+            majors = (10, 12) if value == "trtllm_mla" else (10,)
+            if sm_major not in majors:
+                out.append(("error", name, f"{value} given in extra_args on compute capability {sm_major}.x: SGLang "
+                            f"{version} refuses it at start (arg_groups/overrides.py _mla_kv_cache_dtype_checks / "
+                            f"_cutedsl_prefill_backend_fill); valid on this GPU: another backend"))
+    if prefill == "cutedsl_mla":  # both releases' _cutedsl_prefill_backend_fill
+        out.append(("error", "extra_args", f"--prefill-attention-backend cutedsl_mla: SGLang {version} refuses it at "
+                    "start ('CuteDSL MLA only supports decoding for now'); valid: trtllm_mla or fa3 for prefill"))
+    runner = tuning.moe_runner_backend
+    if tuning.moe_a2a_backend == "flashinfer" and runner in (None, "auto"):
+        resolved = AUTO_RUNNER_BY_QUANTIZATION.get(tuning.quantization or "")
+        if tuning.quantization == "modelopt_fp4" and sm_major == 12:
+            resolved = "flashinfer_cutlass"
+        allowed = FLASHINFER_A2A_RUNNERS.get(version, ())
+        where = "server_args.py _handle_a2a_moe" if version == "0.5.17" else "arg_groups/moe_hook.py handle_a2a_moe"
+        if resolved is not None and resolved not in allowed:
+            out.append(("error", "moe_runner_backend",
+                        f"moe_runner_backend left on auto with moe_a2a_backend flashinfer and quantization "
+                        f"{tuning.quantization}: SGLang {version} resolves it to {resolved}, then refuses it at start "
+                        f"({where}); valid: moe_runner_backend {' / '.join(allowed)}"))
+        elif resolved is None:
+            out.append(("warning", "moe_runner_backend",
+                        f"moe_runner_backend left on auto with moe_a2a_backend flashinfer: SGLang {version} refuses "
+                        f"'auto' at start ({where}) unless the checkpoint's own override picks a runner; set "
+                        f"moe_runner_backend: one of {', '.join(allowed)}"))
+    spec = tuning.speculative
+    if (spec is not None and spec.algorithm in ("EAGLE", "EAGLE3", "NEXTN", "STANDALONE") and spec.eagle_topk == 1
+            and spec.num_steps is not None and spec.num_draft_tokens is not None
+            and spec.num_draft_tokens != spec.num_steps + 1):
+        out.append(("warning", "speculative.num_draft_tokens",
+                    f"num_draft_tokens {spec.num_draft_tokens} with eagle_topk 1 is replaced by num_steps + 1 = "
+                    f"{spec.num_steps + 1}: SGLang {version} adjusts it ('speculative_num_draft_tokens is adjusted to "
+                    "speculative_num_steps + 1 when speculative_eagle_topk == 1', arg_groups/speculative_hook.py "
+                    f"_handle_eagle_family); set {spec.num_steps + 1} or leave it unset"))
+    if str(env.get("SGLANG_CUTLASS_MOE", "")).lower() in _TRUE:
+        if version != "0.5.17":
+            out.append(("warning", "env.SGLANG_CUTLASS_MOE",
+                        f"SGLang {version} has no SGLANG_CUTLASS_MOE (0.5.17's deprecated switch): it is ignored; "
+                        "set moe_runner_backend: cutlass instead"))
+        else:
+            if tuning.quantization not in ("fp8", "mxfp8"):
+                out.append(("error" if tuning.quantization is not None else "warning", "env.SGLANG_CUTLASS_MOE",
+                            f"SGLANG_CUTLASS_MOE with quantization {tuning.quantization}: SGLang 0.5.17 refuses it "
+                            "at start ('cutlass MoE is only supported with fp8/mxfp8 quantization', "
+                            "arg_groups/overrides.py _cutlass_moe_env_override); valid: quantization fp8 or mxfp8, "
+                            "or remove it"))
+            elif (ep or 1) > 1:
+                out.append(("error", "env.SGLANG_CUTLASS_MOE",
+                            f"SGLANG_CUTLASS_MOE makes the MoE runner cutlass, and with quantization "
+                            f"{tuning.quantization} and ep {ep} SGLang 0.5.17 refuses it at start ('FP8/MXFP8 Cutlass "
+                            "MoE is only supported with ep_size == 1'); valid: ep 1, or remove it"))
+            if runner not in (None, "auto", "cutlass"):
+                out.append(("warning", "env.SGLANG_CUTLASS_MOE",
+                            f"SGLANG_CUTLASS_MOE replaces moe_runner_backend {runner} by cutlass (SGLang 0.5.17 "
+                            "_cutlass_moe_env_override); remove one of them"))
+    if tuning.chunked_prefill_size is None and role != "decode":
+        chunk = default_chunk(version, memory_gib)
+        per_rank = chunk // attn_dp if chunk else None
+        share = f", {per_rank} per attention-DP rank" if attn_dp > 1 else ""
+        if per_rank and page > 1 and per_rank % page:
+            out.append(("error", "chunked_prefill_size",
+                        f"chunked_prefill_size is unset, so SGLang {version} picks {chunk} for a {memory_gib:g} GiB "
+                        f"GPU (handle_gpu_memory_settings){share}, "
+                        f"not a multiple of page_size {page}: it refuses that at start; valid: a chunked_prefill_size "
+                        f"whose share per rank is a multiple of {page}"))
+    return out

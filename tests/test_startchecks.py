@@ -643,3 +643,84 @@ def test_the_megamoe_runner_alias_is_no_flashinfer_a2a_on_0523(base, tmp_path, c
     main(["validate", str(inv)])
     err = capsys.readouterr().err
     assert "with moe_a2a_backend flashinfer" not in err and "needs attention DP over every TP rank" not in err, err
+
+
+# ------------------------------------------------------------------------------ issue 46: the audit's leftovers
+from pdkit import pagesize as _pagesize  # noqa: E402
+from pdkit.spec.tuning import Tuning as _Tuning  # noqa: E402
+
+
+def _derived(version="0.5.23", role="prefill", extra=(), env=None, sm=10, mem=80.0, page=1, attn_dp=1, ep=None, **tuning):
+    return [(sev, field) for sev, field, _ in startchecks.derivation_problems(
+        version, role, _Tuning(**tuning), tuple(extra), env or {}, sm, mem, page, attn_dp, ep)]
+
+
+def test_tokenspeed_mla_is_judged_as_cutedsl_mla_on_0523():
+    # 0.5.23 serving_hook.handle_deprecated_args renames it; cutedsl_mla needs SM100 and snaps the page to 64
+    assert _pagesize.effective_page_size("0.5.23", {"attention_backend": ("tokenspeed_mla",)})[0] == 64
+    assert _derived(attention_backend="tokenspeed_mla", sm=10) == [("warning", "attention_backend")]
+    assert ("error", "attention_backend") in _derived(attention_backend="tokenspeed_mla", sm=12)
+    assert ("warning", "kv_cache_dtype") in _derived(attention_backend="tokenspeed_mla", kv_cache_dtype="bf16")
+    # 0.5.17 still has tokenspeed_mla as itself (SM100/SM12x): no alias warning there
+    assert _derived("0.5.17", attention_backend="tokenspeed_mla", sm=12) == []
+
+
+def test_flashinfer_a2a_with_the_runner_left_on_auto():
+    # both releases refuse a resolved 'auto'; nvfp4_online resolves it to flashinfer_trtllm, which 0.5.17 refuses
+    assert _derived("0.5.17", moe_a2a_backend="flashinfer") == [("warning", "moe_runner_backend")]
+    assert _derived("0.5.17", moe_a2a_backend="flashinfer", quantization="nvfp4_online") == \
+        [("error", "moe_runner_backend")]
+    assert _derived("0.5.23", moe_a2a_backend="flashinfer", quantization="nvfp4_online") == []
+    assert _derived("0.5.17", moe_a2a_backend="flashinfer", moe_runner_backend="flashinfer_cutlass") == []
+    assert _derived("0.5.23", moe_a2a_backend="flashinfer", quantization="modelopt_fp4", sm=12) == []
+
+
+def test_eagle_topk_1_draft_tokens_are_adjusted_not_refused():
+    # speculative_hook._handle_eagle_family (0.5.17 and 0.5.23) sets num_draft_tokens = num_steps + 1 with a warning
+    from pdkit.spec.tuning import Speculative
+    spec = Speculative.model_construct(algorithm="EAGLE", num_steps=3, eagle_topk=1, num_draft_tokens=8,
+                                       draft_model_path=None)
+    for version in ("0.5.17", "0.5.23"):
+        tuning = _Tuning.model_construct(speculative=spec)
+        found = startchecks.derivation_problems(version, "decode", tuning, (), {}, 9, 80.0, 1, 1, None)
+        assert [(s, f) for s, f, _ in found] == [("warning", "speculative.num_draft_tokens")]
+        assert "num_steps + 1 = 4" in found[0][2]
+    ok = Speculative.model_construct(algorithm="EAGLE", num_steps=3, eagle_topk=1, num_draft_tokens=4,
+                                     draft_model_path=None)
+    assert startchecks.derivation_problems("0.5.23", "decode", _Tuning.model_construct(speculative=ok), (), {}, 9,
+                                           80.0, 1, 1, None) == []
+
+
+def test_an_unset_chunk_is_judged_against_sglang_s_default():
+    # handle_gpu_memory_settings: 0.5.17 picks 2048 below 35 GiB, 0.5.23 4096 from 20 GiB; 80 GiB -> 8192
+    assert startchecks.default_chunk("0.5.17", 24) == 2048 and startchecks.default_chunk("0.5.23", 24) == 4096
+    assert startchecks.default_chunk("0.5.23", 80) == 8192 and startchecks.default_chunk("0.5.23", 192) == 16384
+    assert startchecks.default_chunk("0.5.23", None) is None
+    assert _derived(page=64, attn_dp=1) == []  # 8192 % 64
+    assert _derived(page=64, attn_dp=8, mem=80.0) == []  # 1024 per rank
+    assert _derived(page=64, attn_dp=3, mem=80.0) == [("error", "chunked_prefill_size")]  # 2730 per rank
+    assert _derived(page=64, attn_dp=3, role="decode") == []  # decode engines skip the check
+    assert _derived(page=64, attn_dp=3, mem=None) == []  # memory unknown: no guess
+    assert _derived(page=64, attn_dp=3, chunked_prefill_size=-1) == []
+
+
+def test_sglang_cutlass_moe_in_an_engine_env():
+    env = {"SGLANG_CUTLASS_MOE": "1"}
+    assert _derived("0.5.17", env=env, quantization="fp8") == []
+    assert _derived("0.5.17", env=env, quantization="awq") == [("error", "env.SGLANG_CUTLASS_MOE")]
+    assert _derived("0.5.17", env=env) == [("warning", "env.SGLANG_CUTLASS_MOE")]  # the checkpoint's quantization
+    assert _derived("0.5.17", env=env, quantization="fp8", ep=2) == [("error", "env.SGLANG_CUTLASS_MOE")]
+    assert _derived("0.5.23", env=env, quantization="fp8") == [("warning", "env.SGLANG_CUTLASS_MOE")]
+    assert _derived("0.5.17", env={"SGLANG_CUTLASS_MOE": "0"}, quantization="awq") == []
+
+
+def test_prefill_and_decode_backends_given_in_extra_args():
+    same = ("--prefill-attention-backend", "flashinfer", "--decode-attention-backend=flashinfer")
+    assert _derived(extra=same, attention_backend="fa3") == [("warning", "attention_backend")]
+    assert _derived(extra=same, attention_backend="flashinfer") == []
+    assert _derived(extra=same) == []
+    # an MLA backend on a GPU that cannot run it, given through extra_args rather than the field
+    assert _derived(extra=("--decode-attention-backend", "trtllm_mla"), sm=9) == [("error", "extra_args")]
+    assert _derived(extra=("--decode-attention-backend", "trtllm_mla"), sm=12) == []
+    for version in ("0.5.17", "0.5.23"):
+        assert _derived(version, extra=("--prefill-attention-backend", "cutedsl_mla")) == [("error", "extra_args")]
