@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from pdkit import flags, modelconfig
+from pdkit import flags, modelconfig, topology
 from pdkit.node import UnsupportedNode, node_stack
 from pdkit.plan import engines_not_started_reason
-from pdkit.spec import ClusterSpec, HostSpec, engine_model_paths, engine_numa_node
+from pdkit.spec import ClusterSpec, Engine, HostSpec, engine_model_paths, engine_numa_node
 from pdkit.versions import NIXL_IMPORT, NVIDIA_DRIVER_BRANCH, NVIDIA_DRIVER_MIN_VERSION
 
 Severity = Literal["error", "warning", "note"]
@@ -69,8 +69,11 @@ def gpu_numa_nodes(facts: dict) -> dict[int, int]:
     return {i: numa for i, (_, numa) in enumerate(sorted(pci.items()))}
 
 
-def suggest_profile(links: list[str]) -> tuple[str, str | None]:
-    """(nccl_profile, nccl_p2p_level) that fits the links between an engine's GPUs."""
+def suggest_profile(links: list[str], hazards: list[str] | tuple[str, ...] = ()) -> tuple[str, str | None]:
+    """(nccl_profile, nccl_p2p_level) that fits the links between an engine's GPUs. HAZARDS
+    (p2p_hazards: what on the node hangs NCCL P2P there) make it 'pcie-p2p-off' until they are fixed."""
+    if hazards:
+        return "pcie-p2p-off", None
     if links and all(link.startswith("NV") for link in links):
         return "nvlink", None
     levels = [nccl_level_for_link(link) for link in links if not link.startswith("NV")]
@@ -146,6 +149,7 @@ def check_host(spec: ClusterSpec, host: HostSpec, facts: dict) -> list[Finding]:
             _check_driver_version(driver, module, blackwell, add)
         _check_topology(spec, host, facts, add)
 
+    _check_pcie(spec, host, facts, add)
     _check_model_dirs(spec, host, facts, add)
     _check_numa(host, facts, add)
     _check_nics(spec, host, facts, add)
@@ -390,9 +394,20 @@ def _check_topology(spec: ClusterSpec, host: HostSpec, facts: dict, add) -> None
         profile, level = suggest_profile([link for _, _, link in pairs])
         where = f"engine {engine.name!r} (GPUs {shown})"
         if node.nccl_profile == "pcie-p2p-off":
-            add("nccl", "note", f"{where}: P2P is off by the 'pcie-p2p-off' profile (IOMMU/ACS workaround; custom "
-                f"all-reduce off); {profile}{' with NCCL_P2P_LEVEL=' + level if level else ''} would fit once ACS is "
-                "off / iommu=pt")
+            # the reason follows the facts where the PCIe probe read them (issue 47)
+            pcie = pcie_topology(facts)
+            hazards = p2p_hazards(pcie, engine.gpus) if pcie is not None else None
+            then = f"{profile}{' with NCCL_P2P_LEVEL=' + level if level else ''}"
+            if hazards:
+                add("nccl", "note", f"{where}: P2P is off by the 'pcie-p2p-off' profile, as this node needs: "
+                    f"{'; '.join(hazards)}; {then} would fit once that is fixed")
+            elif hazards is not None:
+                add("nccl", "note", f"{where}: P2P is off by the 'pcie-p2p-off' profile, but the facts show no trap "
+                    f"on these GPUs' paths (no ACS redirect, IOMMU {pcie.iommu['why']}, HMM {pcie.hmm['state']}): "
+                    f"{then} fits and keeps P2P (pdkit_node.nccl_profile: pcie)")
+            else:
+                add("nccl", "note", f"{where}: P2P is off by the 'pcie-p2p-off' profile (IOMMU/ACS workaround; custom "
+                    f"all-reduce off); {then} would fit once ACS is off / iommu=pt")
         elif node.nccl_profile == "nvlink" and profile != "nvlink":
             add("nccl", "error", f"{where}: the 'nvlink' profile but the GPUs talk over PCIe: set "
                 f"pdkit_node.nccl_profile: pcie (nccl_p2p_level {level})")
@@ -406,6 +421,118 @@ def _check_topology(spec: ClusterSpec, host: HostSpec, facts: dict, add) -> None
               and NCCL_LEVELS.index(level) > NCCL_LEVELS.index(NCCL_DEFAULT_P2P_LEVEL)):
             add("nccl", "warning", f"{where}: NCCL's default P2P level ({NCCL_DEFAULT_P2P_LEVEL}) does not reach "
                 f"{level}: set pdkit_node.nccl_profile: pcie (nccl_p2p_level {level})")
+
+
+def pcie_topology(facts: dict) -> topology.Topology | None:
+    """The PCIe probe's facts parsed (pdkit.topology), GPU indices as nvidia-smi numbers them; None when
+    the preflight did not run the probe."""
+    probe = facts.get("pcie")
+    if probe is None:
+        return None
+    return topology.parse_probe(probe, (facts.get("gpus") or {}).get("gpus") or None)
+
+
+def p2p_hazards(pcie: topology.Topology, gpus: tuple[int, ...]) -> list[str]:
+    """What on the node hangs P2P between GPUS (each a sentence): ACS redirect on their paths, HMM on."""
+    hazards = []
+    for bdf, (kind, bits, on) in topology.acs_redirects(pcie, topology.tp_flows(tuple(gpus))).items():
+        hazards.append(f"ACS {bits} on {kind} {bdf} (GPUs {', '.join(map(str, on))})")
+    if len(gpus) > 1 and pcie.hmm["state"] == "on":
+        hazards.append(f"nvidia_uvm HMM on ({pcie.hmm['why']})")
+    return hazards
+
+
+def pd_pairs_on_node(host: HostSpec) -> list[tuple[Engine, Engine]]:
+    """(prefill, decode) engines of one pd_group on HOST: the prefill's KV writes go GPU to GPU over PCIe."""
+    node = host.node
+    assert node is not None
+    return [(p, d) for p in node.engines if p.role == "prefill" for d in node.engines
+            if d.role == "decode" and d.pd_group == p.pd_group and not p.nodes and not d.nodes]
+
+
+def _rank_shape(engine: Engine) -> bool:
+    return engine.dp == 1 and engine.pp == 1
+
+
+# the measured collapse, for the message (voipmonitor/rtx6kpro hardware/collapse-report.md)
+COLLAPSE = "posted writes fall from ~52 to 6-13 GB/s per pair when one switch writes to two or more root complexes"
+
+
+def _check_pcie(spec: ClusterSpec, host: HostSpec, facts: dict, add) -> None:
+    """PCIe paths, ACS, IOMMU, HMM and GPU health (pdkit/topology_probe.py's facts, pdkit.topology's rules;
+    issue 47): the collapse pattern warns, the traps that hang and a wedged GPU are errors."""
+    node = host.node
+    assert node is not None
+    pcie = pcie_topology(facts)
+    if pcie is None:
+        return  # not probed (a fact source without it); nothing to say
+    if pcie.error:
+        add("pcie", "warning", f"{host.name}: the PCIe topology probe did not run ({pcie.error}): root complexes, ACS, "
+            "IOMMU, HMM and GPU health are unchecked")
+        return
+    if not pcie.gpus:
+        add("pcie", "note", f"{host.name}: no NVIDIA GPU on the PCI bus: PCIe placement rules skipped")
+        return
+    if pcie.unread:
+        add("pcie", "note", f"{host.name}: the PCIe probe could not read: {'; '.join(pcie.unread)}")
+    p2p_on = node.nccl_profile != "pcie-p2p-off"
+    places = pcie.gpus
+    # KV hand-offs of PD pairs on this node: prefill GPUs write into decode GPUs (P2P over PCIe, whatever
+    # the NCCL profile: NIXL/UCX cuda_ipc or Mooncake)
+    for p, d in pd_pairs_on_node(host):
+        flows = topology.pd_flows(p.gpus, d.gpus, _rank_shape(p) and _rank_shape(d))
+        for switch, root, writers, dests in topology.collapse_flows(pcie, flows):
+            spread = "; ".join(f"{r}: GPUs {', '.join(map(str, g))}" for r, g in dests.items())
+            add("pcie", "warning", f"{host.name}: prefill {p.name!r} GPUs {', '.join(map(str, writers))} behind "
+                f"switch {switch} ({root}) write KV into decode {d.name!r} GPUs behind {len(dests)} root complexes "
+                f"({spread}): {COLLAPSE}. Give decode {d.name!r} GPUs behind one root complex for each prefill switch "
+                "(a rank-for-rank pair, or one pd_group per prefill/decode pair), or move the prefill so each of its "
+                "switches writes to one root complex")
+        acs = topology.acs_redirects(pcie, flows)
+        for bdf, (kind, bits, on) in acs.items():
+            add("pcie", "error", f"{host.name}: ACS {bits} on {kind} {bdf}, on the KV path of prefill {p.name!r} -> "
+                f"decode {d.name!r} (GPUs {', '.join(map(str, on))}): peer writes are redirected to the root complex "
+                f"and through the IOMMU ({pcie.iommu['why']}), where they fault or hang. Clear ACS redirect on that "
+                "bridge (BIOS 'ACS disable', or `setpci -s BDF ECAP_ACS+6.w=0` at boot) and boot with iommu=pt")
+    # TP groups: every GPU writes to every other in NCCL's collectives
+    for i, engine in enumerate(node.engines):
+        gpus = tuple(g for g in engine.gpus if g in places)
+        if len(gpus) < 2:
+            continue
+        for switch, root, writers, dests in topology.collapse_flows(pcie, topology.tp_flows(gpus)):
+            spread = "; ".join(f"{r}: GPUs {', '.join(map(str, g))}" for r, g in dests.items())
+            add("pcie", "warning", f"{host.name}: engine {engine.name!r}'s TP group: GPUs "
+                f"{', '.join(map(str, writers))} behind switch {switch} ({root}) write to peers behind {len(dests)} "
+                f"root complexes ({spread}): {COLLAPSE} (NCCL's tree and all-to-all do, its ring does not). Regroup "
+                f"pdkit_node.engines[{i}].gpus so each switch's peers sit behind one root complex, or set "
+                "pdkit_node.nccl_profile: pcie-p2p-off if the P2P probe measures less than host-memory copies")
+        if not p2p_on:
+            continue
+        for bdf, (kind, bits, on) in topology.acs_redirects(pcie, topology.tp_flows(gpus)).items():
+            add("pcie", "error", f"{host.name}: engine {engine.name!r}: ACS {bits} on {kind} {bdf} between its "
+                f"GPUs {', '.join(map(str, on))} with NCCL P2P on (nccl_profile {node.nccl_profile}): NCCL's P2P is "
+                f"redirected through the root complex ({pcie.iommu['why']}) and the first all-reduce can hang. Clear "
+                "ACS redirect (BIOS 'ACS disable', or setpci at boot) and boot with iommu=pt, or set "
+                "pdkit_node.nccl_profile: pcie-p2p-off")
+        if pcie.hmm["state"] == "on":
+            add("pcie", "error", f"{host.name}: engine {engine.name!r} (GPUs {', '.join(map(str, gpus))}) uses NCCL "
+                f"P2P (nccl_profile {node.nccl_profile}) with nvidia_uvm HMM on ({pcie.hmm['why']}): NCCL P2P locks "
+                "up. Add `options nvidia_uvm uvm_disable_hmm=1` to /etc/modprobe.d/ and reload nvidia_uvm (or "
+                "reboot), or set pdkit_node.nccl_profile: pcie-p2p-off")
+        elif pcie.hmm["state"] == "unknown":
+            add("pcie", "note", f"{host.name}: engine {engine.name!r} uses NCCL P2P and HMM could not be read "
+                f"({pcie.hmm['why']}): `options nvidia_uvm uvm_disable_hmm=1` rules out the HMM lock-up")
+    if pcie.iommu.get("enabled") and pcie.iommu.get("passthrough") is False and p2p_on and any(
+            len(e.gpus) > 1 for e in node.engines):
+        add("pcie", "warning", f"{host.name}: the IOMMU translates the GPUs' DMA ({pcie.iommu['why']}) with P2P on: "
+            "NCCL all-reduce hangs are reported this way and P2P loses ~15%; boot with iommu=pt (amd_iommu=on iommu=pt "
+            "or intel_iommu=on iommu=pt)")
+    # a wedged GPU an engine of this node uses: starting on it fails or hangs
+    used = {g for e in node.engines for g in e.gpus}
+    for w in topology.wedged_gpus(pcie):
+        add("gpu-health", "error" if w.index in used else "warning",
+            w.message(host.name) + ("" if w.index in used else " (no engine of this node uses it)")
+            + ": drain the node and reset the GPU (`nvidia-smi -r -i INDEX`) or reboot before engines start on it")
 
 
 def _check_numa(host: HostSpec, facts: dict, add) -> None:

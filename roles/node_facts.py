@@ -15,6 +15,7 @@ import shlex
 
 from pyinfra.api import FactBase
 
+from pdkit import topology
 from pdkit.modelconfig import CONFIG_KEYS, TEXT_CONFIG_KEYS
 from pdkit.node import REBOOT_MARKER_PATH
 from pdkit.versions import NIXL_IMPORT
@@ -468,6 +469,33 @@ class ModelDirs(FactBase):
         return {"error": f"the probe failed: {lines[-1] if lines else 'no output'}"}
 
 
+# the one line of PcieTopology's output that carries its result
+PCIE_TOPOLOGY_MARK = topology.PROBE_MARK
+
+
+class PcieTopology(FactBase):
+    """Per GPU its PCIe path (root complex, root port, switches, NUMA node), ACS on the bridges of that
+    path, the IOMMU's mode, nvidia_uvm's HMM switch and GPU health (Xid lines, recovery action, pending
+    retired pages / row remaps, utilisation with no process): pdkit/topology_probe.py, one program run
+    by the node's python3, read as the raw texts it gathered (issue 47). pdkit.topology parses and
+    judges them (pure); the preflight's rules are pdkit.preflight._check_pcie."""
+
+    def command(self) -> str:
+        # always exits 0: what it cannot read (no nvidia-smi, no lspci, no sysfs file) is in its "unread"
+        return f"python3 -c {shlex.quote(topology.probe_source())} || true"
+
+    @staticmethod
+    def default() -> dict:
+        return {"error": "the probe printed nothing (is python3 installed on the node?)"}
+
+    def process(self, output: list[str]) -> dict:
+        for line in reversed(output):
+            if line.startswith(PCIE_TOPOLOGY_MARK):
+                return json.loads(line[len(PCIE_TOPOLOGY_MARK):])
+        lines = [line.strip() for line in output if line.strip()]
+        return {"error": f"the probe failed: {lines[-1] if lines else 'no output'}"}
+
+
 # name -> fact class, in the order the preflight reads them
 NODE_FACTS: dict[str, type[FactBase]] = {
     "os": NodeOsRelease,
@@ -534,11 +562,12 @@ class NodeFacts(FactBase):
     of a roll; run together they are one. Each part is parsed by its own fact's `process()`
     (its `default()` when it printed nothing), exactly as when read alone. ENGINE_VENV (a node's
     pdkit_node.engine_venv) adds EngineEnv's probe of it to the same round trip, as "engine_env";
-    MODEL_DIRS (the service user and the engines' model directories) adds ModelDirs', as "model_dirs".
+    MODEL_DIRS (the service user and the engines' model directories) adds ModelDirs', as "model_dirs";
+    PCIE (a GPU node) adds PcieTopology's probe, as "pcie".
     """
 
     def command(self, names: tuple[str, ...], engine_venv: str | None = None,
-                model_dirs: tuple[str, tuple[str, ...]] | None = None) -> str:
+                model_dirs: tuple[str, tuple[str, ...]] | None = None, pcie: bool = False) -> str:
         # `&&`: a fact command that fails fails this one, as it would alone
         parts = [f"echo '{NODE_FACTS_MARK}{name}' && {{ {NODE_FACTS[name]().command()} ; }}" for name in names]
         if engine_venv:
@@ -548,6 +577,9 @@ class NodeFacts(FactBase):
             # the engines' model directories as the service user sees them (value under "model_dirs")
             user, paths = model_dirs
             parts.append(f"echo '{NODE_FACTS_MARK}model_dirs' && {{ {ModelDirs().command(user, tuple(paths))} ; }}")
+        if pcie:
+            # the PCIe topology and GPU health probe (value under "pcie"; a GPU node's preflight only)
+            parts.append(f"echo '{NODE_FACTS_MARK}pcie' && {{ {PcieTopology().command()} ; }}")
         return " && ".join(parts)
 
     @staticmethod
@@ -564,6 +596,7 @@ class NodeFacts(FactBase):
                 current.append(line)
         values = {}
         for name, lines in parts.items():
-            fact = EngineEnv() if name == "engine_env" else ModelDirs() if name == "model_dirs" else NODE_FACTS[name]()
+            fact = (EngineEnv() if name == "engine_env" else ModelDirs() if name == "model_dirs"
+                    else PcieTopology() if name == "pcie" else NODE_FACTS[name]())
             values[name] = fact.process(lines) if lines else fact.default()
         return values

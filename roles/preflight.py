@@ -5,7 +5,9 @@ environment: its python runs, imports the spec's sglang release and, for PD engi
 NIXL (roles/node_facts.py EngineEnv; pdkit.preflight.engine_env_problems decides). On a GPU node
 whose engines read a model directory it checks each one: it exists, holds config.json and (unless
 load_format dummy) weights, and the service user can read it (roles/node_facts.py ModelDirs;
-pdkit.preflight.model_dir_problems decides).
+pdkit.preflight.model_dir_problems decides). On a GPU node it reads each GPU's PCIe path, ACS, the
+IOMMU, nvidia_uvm's HMM and GPU health (roles/node_facts.py PcieTopology; pdkit.topology parses,
+pdkit.preflight._check_pcie judges: issue 47).
 
 Runs first in deploy/pd.py and alone in deploy/preflight.py. The facts are read at prepare time
 (pdkit's own operations never change them during the run, except the driver, whose change marks
@@ -56,6 +58,9 @@ def _node_fact_kwargs() -> dict:
     model_dirs = model_dirs_fact_args(current_spec(), this) if gpu_node else None
     if model_dirs:
         kwargs["model_dirs"] = model_dirs
+    if gpu_node:
+        # PCIe paths, ACS, IOMMU, HMM and GPU health (pdkit/topology_probe.py; issue 47)
+        kwargs["pcie"] = True
     return kwargs
 
 
