@@ -623,10 +623,25 @@ def facts_summary(facts: dict) -> list[str]:
         pairs = sorted({(min(int(a), int(b)), max(int(a), int(b)), v) for a, row in links.items()
                         for b, v in row.items()})
         lines.append("topology " + ", ".join(f"{a}-{b} {v}" for a, b, v in pairs))
+    pcie = pcie_topology(facts)
+    if pcie is not None and pcie.gpus:
+        lines.append(f"pcie {pcie_summary(pcie)}")
     env = facts.get("engine_env")
     if env is not None:
         lines.append(f"engine env {env_summary(env)}")
     return lines
+
+
+def pcie_summary(pcie: topology.Topology) -> str:
+    """Where the GPUs sit, the IOMMU and HMM, in one line: 'pci0000:00 switch 0000:01:00.0 GPUs 0-3; ...'."""
+    groups: dict[tuple[str, str], list[int]] = {}
+    for i, g in sorted(pcie.gpus.items()):
+        groups.setdefault((g.root_complex, f"switch {g.switch}" if g.switch else "root ports"), []).append(i)
+    where = "; ".join(f"{root} {how} GPUs {','.join(map(str, gpus))}" for (root, how), gpus in groups.items())
+    iommu = pcie.iommu
+    mode = ("off" if iommu.get("enabled") is False else "passthrough" if iommu.get("passthrough")
+            else "translating" if iommu.get("enabled") else "unknown")
+    return f"{where}; iommu {mode}; hmm {pcie.hmm['state']}"
 
 
 def env_summary(probe: dict) -> str:

@@ -204,6 +204,9 @@ def test_numa_halves_box_passes_with_the_seed_layout(tmp_path):
     spec, host = spec_host(tmp_path)
     findings = check_host(spec, host, facts("numa-halves-own-root"))
     assert [f for f in findings if f.severity in ("error", "warning")] == []
+    report = format_report("gpu01", findings, facts("numa-halves-own-root"))
+    assert ("  fact     pcie pci0000:00 switch 0000:01:00.0 GPUs 0,1,2,3; pci0000:80 switch 0000:81:00.0 GPUs 4,5,6,7; "
+            "iommu passthrough; hmm off") in report.splitlines()
 
 
 def test_rank_for_rank_pd_over_two_switches_does_not_collapse(tmp_path):
