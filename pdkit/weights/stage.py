@@ -237,6 +237,27 @@ class StageResult:
     activated: str = "no"  # no | first | switched | already | new release <id>
 
 
+def _send(node: Node, target: str, wid: str, name: str, offset: int, source: Source, bar: ShardProgress,
+          size: int) -> None:
+    """One file from OFFSET: streamed from this machine's directory, or fetched by the node from the mirror."""
+    if source.is_http:
+        def seen(data: bytes) -> None:
+            for line in data.decode(errors="replace").splitlines():
+                if line.startswith("PROGRESS "):
+                    bar.advance(int(line.split()[1]) - bar.done)
+        node.call("fetch", target, wid, name, str(offset), source.location, on_stderr=seen)
+        bar.done = size
+        return
+
+    def feed(chan) -> None:
+        with open(os.path.join(source.location, name), "rb") as fh:
+            fh.seek(offset)
+            while chunk := fh.read(SEND_CHUNK):
+                chan.sendall(chunk)
+                bar.advance(len(chunk))
+    node.call("receive", target, wid, name, str(offset), feed=feed)
+
+
 def stage_node(node: Node, target: str, manifest: dict[str, dict], source: Source, group: str,
                activate: bool, switch=None, progress_stream: IO[str] = sys.stderr) -> StageResult:
     """Stage MANIFEST at TARGET on NODE (the four steps of the module's docstring)."""
@@ -247,6 +268,7 @@ def stage_node(node: Node, target: str, manifest: dict[str, dict], source: Sourc
     if have["ready"]:
         node.log(f"{node.name}: weights {wid[:store.ID_CHARS]} already staged and verified at "
                  f"{store.version_dir(target, wid)}")
+    failures: list[str] = []
     for name in sorted(manifest):
         if have["ready"]:
             break
@@ -261,23 +283,16 @@ def stage_node(node: Node, target: str, manifest: dict[str, dict], source: Sourc
         if offset:
             result.resumed[name] = offset
         bar = ShardProgress(node.name, name, manifest[name]["size"], offset, stream=progress_stream)
-        if source.is_http:
-            def seen(data: bytes, bar=bar) -> None:
-                for line in data.decode(errors="replace").splitlines():
-                    if line.startswith("PROGRESS "):
-                        bar.advance(int(line.split()[1]) - bar.done)
-            node.call("fetch", target, wid, name, str(offset), source.location, on_stderr=seen)
-            bar.done = manifest[name]["size"]
-        else:
-            def feed(chan, name=name, offset=offset, bar=bar) -> None:
-                with open(os.path.join(source.location, name), "rb") as fh:
-                    fh.seek(offset)
-                    while chunk := fh.read(SEND_CHUNK):
-                        chan.sendall(chunk)
-                        bar.advance(len(chunk))
-            node.call("receive", target, wid, name, str(offset), feed=feed)
+        try:
+            _send(node, target, wid, name, offset, source, bar, manifest[name]["size"])
+        except NodeError as exc:  # one bad file stops neither the others nor the next run's resume
+            failures.append(str(exc).removeprefix(f"{node.name}: "))
+            node.log(f"{node.name}: {failures[-1]}")
+            continue
         bar.finished()
         result.sent_bytes += bar.done - offset
+    if failures:
+        raise NodeError(f"{node.name}: {len(failures)} file(s) failed ({'; '.join(failures)})")
     committed = node.call("commit", target, wid, group)
     result.version = committed["version"]
     if not committed.get("already"):
@@ -336,7 +351,7 @@ def cmd_stage(args: argparse.Namespace) -> int:
     # lazy: the loader imports pyinfra's CLI loader, after the gevent patch
     from pdkit.loader import load_with_problems
     from pdkit.paths import releases_command
-    from pdkit.releases import CURRENT, releases_dir
+    from pdkit.releases import CURRENT, release_json_path, releases_dir
 
     def log(message: str) -> None:
         print(f"pdkit stage: {message}", file=sys.stderr, flush=True)
@@ -389,9 +404,12 @@ def cmd_stage(args: argparse.Namespace) -> int:
         try:
             node = Node(name, host, sudo, log)
             switch = None
-            # a node never deployed has no releases: there the switch is the link alone
+            # the engines of a deployed node read this path: the switch is a release (restarted and gated);
+            # on a node never deployed, or one whose engines read another path, it is the link alone
             current = f"{releases_dir(spec.cluster.install_dir)}/{CURRENT}"
-            if args.activate and run_remote(host, f"test -f {shlex.quote(current)}", timeout=60)[0]:
+            read = (f"test -f {shlex.quote(current)} && grep -qF {shlex.quote(json.dumps(targets[name]))} "
+                    f"{shlex.quote(release_json_path(spec.cluster.config_dir))}")
+            if args.activate and run_remote(host, read, timeout=60)[0]:
                 def switch(target: str, version: str, host=host) -> str:
                     return _release_switch(host, releases_command(spec), target, version)
             results.append(stage_node(node, targets[name], manifest, source, spec.cluster.service_user,
