@@ -265,3 +265,21 @@ def test_sglang_verifies_pdkits_manifest_and_pdkit_reads_sglangs(tmp_path, versi
     run = subprocess.run([str(python), str(script), "verify", "--model-path", str(src), "--model-checksum", str(ours)],
                          capture_output=True, text=True)
     assert run.returncode != 0 and "Integrity check failed" in run.stderr
+
+
+def test_a_version_staged_before_the_service_group_existed_gets_it_on_the_next_run(tmp_path):
+    src = tmp_path / "src"
+    _model(src, shards=1)
+    manifest = store.generate(str(src))
+    wid = store.weights_id(manifest)
+    target = str(tmp_path / "m")
+    _stage_all(target, manifest, src)
+    store.commit(target, wid, "no-such-group-pdkit")  # a node never deployed: read-only for everyone
+    version = store.version_dir(target, wid)
+    assert stat.S_IMODE(os.stat(version).st_mode) == store.OPEN_DIR_MODE
+    group = "nogroup" if _has_group("nogroup") else "daemon"
+    out = store.commit(target, wid, group)  # the deploy made the group: the next stage hands it the weights
+    assert out["already"] and out["group"] == group
+    name = next(iter(manifest))
+    st = os.stat(os.path.join(version, name))
+    assert stat.S_IMODE(st.st_mode) == store.FILE_MODE and st.st_gid != 0

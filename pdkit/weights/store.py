@@ -38,6 +38,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 import sys
 import time
 
@@ -335,7 +336,14 @@ def commit(target: str, wid: str, group: str | None) -> dict:
     version's owner and modes, and rename it into the version directory (atomic). Nothing on TARGET changes."""
     staging, version = partial_dir(target, wid), version_dir(target, wid)
     if os.path.isdir(version) and manifest_id(version) == wid:
-        return {"version": os.path.basename(version), "verified": 0, "already": True}
+        # staged before the service group existed (a node never deployed): the engines' group now
+        with open(os.path.join(version, MANIFEST_NAME), "rb") as fh:
+            names = list(parse_manifest(fh.read(), f"{version}/{MANIFEST_NAME}"))
+        gid, fmode, dmode = _groups(group)
+        if os.stat(version).st_gid != gid or stat.S_IMODE(os.stat(version).st_mode) != dmode:
+            _own(version, names, gid, fmode, dmode)
+        return {"version": os.path.basename(version), "verified": 0, "already": True,
+                "mode": "%04o" % fmode, "group": grp.getgrgid(gid).gr_name}
     with open(os.path.join(staging, MANIFEST_NAME), "rb") as fh:
         raw = fh.read()
     manifest = parse_manifest(raw, f"{staging}/{MANIFEST_NAME}")
@@ -348,17 +356,22 @@ def commit(target: str, wid: str, group: str | None) -> dict:
     if problems:
         raise StageError(f"{staging} does not match its manifest, nothing was replaced: " + "; ".join(problems))
     gid, fmode, dmode = _groups(group)
-    for name in [*manifest, MANIFEST_NAME]:
-        p = os.path.join(staging, name)
-        os.chown(p, 0, gid)
-        os.chmod(p, fmode)
-    os.chown(staging, 0, gid)
-    os.chmod(staging, dmode)
+    _own(staging, list(manifest), gid, fmode, dmode)
     _fsync_dir(staging)
     os.rename(staging, version)
     _fsync_dir(os.path.dirname(version))
     return {"version": os.path.basename(version), "verified": len(manifest), "already": False,
-            "mode": "%04o" % fmode, "group": grp.getgrgid(gid).gr_name if gid else "root"}
+            "mode": "%04o" % fmode, "group": grp.getgrgid(gid).gr_name}
+
+
+def _own(directory: str, names: list[str], gid: int, fmode: int, dmode: int) -> None:
+    """Root owns DIRECTORY and its files; group GID reads them (FMODE, DMODE); nobody else writes."""
+    for name in [*names, MANIFEST_NAME]:
+        p = os.path.join(directory, name)
+        os.chown(p, 0, gid)
+        os.chmod(p, fmode)
+    os.chown(directory, 0, gid)
+    os.chmod(directory, dmode)
 
 
 def _fsync_dir(path: str) -> None:
