@@ -345,8 +345,13 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     hosts = _connect_host(roller, args.host, "rollback")
     if hosts is None:
         return EXIT_FAILED
-    ok, stdout, _ = run_remote(hosts[args.host], roller.releases_command(args.host, "list"), timeout=60)
-    refusal = rollback_weights_refusal(args.host, json.loads(stdout), args.to) if ok else None
+    # before the drain: a release whose weights are gone is refused with nothing changed. Best effort: when
+    # the list cannot be read the node's own restore refuses the same release before it changes anything
+    try:
+        ok, stdout, _ = run_remote(hosts[args.host], roller.releases_command(args.host, "list"), timeout=60)
+        refusal = rollback_weights_refusal(args.host, json.loads(stdout), args.to) if ok else None
+    except Exception:  # noqa: BLE001 - any failure to read it leaves the decision to the node's restore
+        refusal = None
     if refusal:
         print(refusal, file=sys.stderr)
         return EXIT_FAILED

@@ -8,8 +8,10 @@ needs no deploy and leaves the lab's cluster as it was.
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -113,8 +115,10 @@ def test_weights_staged_interrupted_corrupted_resumed_and_switched(lab, tmp_path
     shard1 = f"{partial}/model-00001-of-{SHARDS:05d}.safetensors"
     on_node(lab, host, f"printf 'BAD' | dd of={shard1} bs=1 seek=4096 conv=notrunc status=none")
     # ... and a corrupted source: the same manifest, one byte of shard 1 flipped on this machine
-    generated_model(bad, seed=47, shards=SHARDS, shard_mb=SHARD_MB)
+    bad.mkdir()
     victim = bad / f"model-00001-of-{SHARDS:05d}.safetensors"
+    for p in v2.iterdir():  # the same files (links: no second 268 MB to generate), shard 1 a copy to flip
+        (shutil.copyfile if p.name == victim.name else os.link)(p, bad / p.name)
     with open(victim, "r+b") as fh:
         fh.seek(1000)
         byte = fh.read(1)
