@@ -497,7 +497,7 @@ class WedgedGpu:
         return f"{host}: GPU {self.index} ({self.bdf}) is wedged: {'; '.join(self.seen)}"
 
 
-def wedged_gpus(topo: Topology) -> list[WedgedGpu]:
+def wedged_gpus(topo: Topology, engines_serving: bool = False) -> list[WedgedGpu]:
     """Every GPU whose health facts say it needs a reset before an engine may use it, naming what was
     seen. The driver's own GPU Recovery Action (nvidia-smi -q, R550+) is authoritative where reported:
     'None' there means an Xid in the log since boot was already dealt with (a reset does not clear the
@@ -520,7 +520,9 @@ def wedged_gpus(topo: Topology) -> list[WedgedGpu]:
         if "recovery_action" not in h and any("recovery_action" in o for o in topo.health.values()):
             seen.append("nvidia-smi -q does not list it, though it is on the PCI bus")
         util, procs = h.get("utilization_gpu"), h.get("processes")
-        if util is not None and util >= BUSY_NO_PROCESS_PERCENT and procs == 0:
+        # ENGINES_SERVING (a roll, before its drain): the node's own engines keep the GPUs busy, and
+        # nvidia-smi in a container lists no process of another PID namespace: not a sign there
+        if util is not None and util >= BUSY_NO_PROCESS_PERCENT and procs == 0 and not engines_serving:
             seen.append(f"{util}% utilisation with no process (a hung P2P collective stays so until a reset)")
         if action in (None, "N/A"):
             for x in h.get("xids") or []:

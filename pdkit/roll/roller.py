@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from pdkit import answers, flags, gates, jitplan
+from pdkit import answers, flags, gates, gpuhealth, jitplan
 from pdkit.engineshape import SHAPES_DIR
 from pdkit.health import READY_LOG_LINE, http_request, ready_marks_dir
 
@@ -562,6 +562,17 @@ class Roller:
         held = services_not_started(self.spec, self.spec.host(host), services)
         return gates.phases(gates.gate_for(s) for s in services if s.unit not in held)[phase]
 
+    def check_gpu_health_before_drain(self, host_name: str, host: Any) -> str:
+        """No change onto a wedged GPU (pdkit/gpuhealth.py): its engines would fail to start or hang, and a
+        one-node box would be down until a reset. Raises RollError naming the GPU and what was seen (nothing
+        changed yet); else what was read ("" where nothing is: the sim, no GPU)."""
+        wedged, said = gpuhealth.restart_check(self.spec, host_name,
+                                               lambda cmd: run_remote(host, cmd, timeout=120))
+        if wedged:
+            self.progress(host_name, "FAILED", f"gate 'gpu-health': {said}")
+            raise RollError(host_name, "gpu-health", f"{said}; nothing was changed: {gpuhealth.RESET_HINT}")
+        return said
+
     def warm_weights(self, host_name: str, host: Any) -> tuple[dict[str, Any], str]:
         """Before the drain, while the node serves: the page-cache residency of the weights its
         engines will read at their restart (pdkit.residency, mincore), and the cold part read in, so
@@ -858,6 +869,9 @@ class Roller:
             p(",".join(batch), "answers", message, time.monotonic() - step)
         for h in batch:
             if timings[h].engines:
+                step = time.monotonic()
+                if said := self.check_gpu_health_before_drain(h, hosts[h]):
+                    p(h, "gpu-health", said, time.monotonic() - step)
                 step = time.monotonic()
                 timings[h].weights, message = self.warm_weights(h, hosts[h])
                 if message:
