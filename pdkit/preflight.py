@@ -353,6 +353,11 @@ def _check_model_configs(spec: ClusterSpec, host: HostSpec, wanted: list[ModelDi
                                           f"{model.path}/config.json, read by the preflight on {host.name}")
         if why:
             add("model", "error", f"{host.name}: engine {p.engine.name!r} context_length {why}")
+        # what the model's architecture makes SGLang force or refuse (validate runs the same on a local config.json)
+        for severity, _field, message in modelconfig.architecture_problems(
+                modelconfig.engine_facts(spec, host, p.engine), config,
+                f"{model.path}/config.json, read by the preflight on {host.name}"):
+            add("model", severity, f"{host.name}: engine {p.engine.name!r} {message}")
 
 
 def _check_driver_version(driver: str, module: dict, blackwell: bool, add) -> None:

@@ -217,3 +217,21 @@ def test_check_host_refuses_a_context_longer_than_the_node_s_model(tmp_path, con
             "/models/m/config.json, read by the preflight on gpu01)" in found[0], found
     else:
         assert found == []
+
+
+@pytest.mark.parametrize("backend, expect", [("flashinfer", True), ("triton", False)])
+def test_the_models_architecture_rules_run_on_the_config_the_node_holds(tmp_path, backend, expect):
+    """pdkit.modelconfig.architecture_problems on the node's config.json keys (issue 46 item 4): an Olmo2
+    checkpoint makes SGLang refuse FlashInfer attention at start; triton passes."""
+    node = copy.deepcopy(NODE)
+    for engine in node["engines"]:
+        engine["tuning"] = {**engine.get("tuning", {}), "attention_backend": backend}
+    spec, host = _node_with(tmp_path, node=node)
+    probe = {**FINE, "config_keys": {"architectures": ["Olmo2ForCausalLM"], "model_type": "olmo2",
+                                     "max_position_embeddings": 4096}}
+    facts = {**rtx_facts(), "model_dirs": {"user": "pdkit", "user_exists": True, "how": "runuser", "paths": {"/models/m": probe}}}
+    found = [e for e in errors(check_host(spec, host, facts)) if "Olmo2" in e or "FlashInfer" in e]
+    if expect:
+        assert found and all("read by the preflight on gpu01" in e for e in found), found
+    else:
+        assert found == []
