@@ -38,7 +38,6 @@ BAD_CASES = [
     ("pd-group-mixed-versions", lambda c, h: _engine(h, "gpu02", 1).update(sglang_version="0.5.17"), "gpu02", "pdkit_node.engines[1].sglang_version", "must match"),
     ("pd-group-mixed-models", lambda c, h: _engine(h, "gpu01", 1).update(model={"path": "/models/other"}), "gpu01", "pdkit_node.engines[1].model", "must match"),
     ("mtp-is-not-an-algorithm", lambda c, h: c["tuning"].update(all={"speculative": {"algorithm": "MTP", "num_steps": 3}}), "gpu01", "pdkit_cluster.tuning.all.speculative.algorithm", "NEXTN"),
-    ("topk1-draft-tokens", lambda c, h: _engine(h, "gpu01", 1).update(tuning={"speculative": {"algorithm": "NEXTN", "num_steps": 3, "eagle_topk": 1, "num_draft_tokens": 3}}), "gpu01", "pdkit_node.engines[1].tuning.speculative", "num_steps + 1"),
     ("topk-without-steps", lambda c, h: _engine(h, "gpu01", 1).update(tuning={"speculative": {"algorithm": "EAGLE", "eagle_topk": 2, "draft_model_path": "/models/draft"}}), "gpu01", "pdkit_node.engines[1].tuning.speculative", "num_steps is unset"),
     ("chunked-prefill-not-page-multiple", lambda c, h: _engine(h, "gpu01", 0).update(tuning={"page_size": 64, "chunked_prefill_size": 1000}), "gpu01", "pdkit_node.engines[0].tuning.chunked_prefill_size", "multiple of page_size"),
     ("served-name-with-colon", lambda c, h: c["model"].update(served_name="org:model"), "gpu01", "pdkit_cluster.model.served_name", "':'"),
@@ -307,6 +306,16 @@ def test_a_ucx_limit_on_a_transport_ucx_tls_leaves_out_is_quiet(tmp_path, capsys
     _engine(hosts, "gpu01", 1).update(env={"UCX_TLS": "cuda_ipc,cuda_copy,sm,self", "UCX_TCP_TX_SEG_SIZE": "128k"})
     inv = write_inventory(tmp_path, hosts, cluster)
     assert main(["validate", "--strict", str(inv)]) == 0, capsys.readouterr().err
+
+
+def test_eagle_topk_1_with_other_draft_tokens_is_valid_as_sglang_adjusts_them(tmp_path, capsys):
+    """SGLang sets num_draft_tokens to num_steps + 1 when eagle_topk is 1, with a warning, and starts
+    (speculative_hook.py _handle_eagle_family, 0.5.17 and 0.5.23): not a refusal."""
+    cluster, hosts = copy.deepcopy(BASE_CLUSTER), copy.deepcopy(BASE_HOSTS)
+    _engine(hosts, "gpu01", 1).update(tuning={"speculative": {"algorithm": "NEXTN", "num_steps": 3, "eagle_topk": 1,
+                                                              "num_draft_tokens": 3}})
+    inv = write_inventory(tmp_path, hosts, cluster)
+    assert main(["validate", str(inv)]) == 0, capsys.readouterr().err
 
 
 @pytest.mark.parametrize("env, phrase", [

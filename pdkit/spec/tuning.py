@@ -88,17 +88,9 @@ class Speculative(Frozen):
                 "UNO with eagle_topk > 1 (tree mode) needs num_steps (SGLang: 'UNO tree mode requires "
                 "--speculative-num-steps')"
             )
-        if (
-            self.algorithm in EAGLE_FAMILY
-            and self.eagle_topk == 1
-            and self.num_steps is not None
-            and self.num_draft_tokens is not None
-            and self.num_draft_tokens != self.num_steps + 1
-        ):
-            raise ValueError(
-                f"with eagle_topk 1, num_draft_tokens must be num_steps + 1 = {self.num_steps + 1} "
-                f"(got {self.num_draft_tokens})"
-            )
+        # eagle_topk 1 with num_draft_tokens other than num_steps + 1 is valid: SGLang adjusts the draft tokens to
+        # num_steps + 1 with a warning (speculative_hook.py _handle_eagle_family, 0.5.17 and 0.5.23), and so does
+        # validate (pdkit.startchecks.derivation_problems)
         return self
 
 
