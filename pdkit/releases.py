@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pdkit import changes, gates, journald
+from pdkit.weights import store
 
 KEEP = 10
 CURRENT = "CURRENT"
@@ -189,10 +190,9 @@ def current_units(root: Path, release_json: str) -> list[str]:
 
 # the layout pdkit/weights/store.py lays down (`pdkit stage`, docs/weights.md): a model path is a relative
 # symlink to `.<name>.pdkit-w-<16 hex>` beside it, a verified version holding SGLang's manifest as
-# `.pdkit-manifest.json`. store.py runs on a bare python3 and this module on the node venv's, so each
-# keeps the spelling; tests/test_staging_releases.py holds the two to the same names
-WEIGHTS_MARK = ".pdkit-w-"
-WEIGHTS_MANIFEST = ".pdkit-manifest.json"
+# `.pdkit-manifest.json`; spelled once there (stdlib only, on-node like this module)
+WEIGHTS_MARK = store.VERSION_MARK
+WEIGHTS_MANIFEST = store.MANIFEST_NAME
 
 
 def model_paths(root: Path, release_json: str) -> list[str]:

@@ -40,6 +40,8 @@ ON_NODE = ("pdkit/health.py", "pdkit/gates.py", "pdkit/gpumem.py", "pdkit/releas
            "pdkit/jitcache.py",  # the engine gate writes the warm stamp of the engine's JIT caches (issue 45 item 2)
            "pdkit/jitwarm.py",  # the deploy's serial first start of engines on cold caches (issue 45 item 2)
            "pdkit/residency.py",  # the roll reads and warms the weights. page-cache residency on the node (issue 45)
+           # the staged weights' layout and manifest, read by pdkit/releases.py (issue 47); also run on a bare python3
+           "pdkit/weights/__init__.py", "pdkit/weights/store.py",
            "pdkit/sim",
            # shared with the control side, held to the node's rules: the sim and pdkit-exporter import them
            "pdkit/metricnames.py", "pdkit/sglang_pd.py", "pdkit/parsertable.py", "pdkit/catalogue.py",
