@@ -131,6 +131,14 @@ EXPORTER_JIT_COLD_EXTRA = "pdkit_engine_jit_cold_start_extra_seconds"
 # now (per-engine checksums, first 12 hex digits), problem (the ranks that differ, or why unavailable).
 # Read by doctor's weights check.
 EXPORTER_WEIGHTS_INFO = "pdkit_engine_weights_info"
+# pdkit-exporter: the health of each GPU an engine uses (issue 47 item 4), as the preflight's probe judges it
+# (pdkit.topology.wedged_gpus, run at most once a minute: pdkit/exporter/gpuhealth.py), 1 wedged (needs a reset),
+# 0 healthy, labels node, engine, role, gpu (the node's index), bdf, seen (what said so, "" when healthy); absent
+# on a node without NVIDIA GPUs, with the sim, before the first probe, and for a GPU the probe did not find.
+# A node-level 0/1 (labels node, why) says the probe could not tell (it hung, failed, or read no nvidia-smi -q).
+# Read by the PdkitGpuWedged alert and doctor's gpu_health check.
+EXPORTER_GPU_WEDGED = "pdkit_engine_gpu_wedged"
+EXPORTER_GPU_PROBE_ERROR = "pdkit_exporter_gpu_probe_error"
 
 NODE = {
     "cpu": "node_cpu_seconds_total",

@@ -474,6 +474,9 @@ def exporter_config_text(spec: ClusterSpec, host: HostSpec) -> str:
         "listen_address": spec.engine_address(host),
         "listen_port": host.node.exporter_port,
         "release_file": config_paths(spec)["release"],
+        # the GPU health probe (pdkit/exporter/gpuhealth.py): the GPUs pdkit roll's refusal reads
+        # (pdkit/gpuhealth.py); none on a lab host (`gpu: none`) or with the sim
+        "gpu_health": host.node.gpu == "nvidia" and spec.cluster.engine != "sim",
         "engines": [
             {
                 "name": p.engine.name,
@@ -482,6 +485,8 @@ def exporter_config_text(spec: ClusterSpec, host: HostSpec) -> str:
                 "unit": p.engine.unit_name,
                 "sglang_version": spec.engine_version(p.engine),
                 "argv": flags.sglang_args(spec, p.head, p.engine, p.rank),
+                # this node's GPUs the engine runs on (rendered as --base-gpu-id / --gpu-id-step)
+                "gpus": list(p.engine.gpus),
                 # secrets are checked for presence only: their values never leave the 0600 file
                 "env": {**node_env, **flags.engine_env(spec, p.head, p.engine, host),
                         **{k: None for k in secret_names}},

@@ -40,6 +40,8 @@ ON_NODE = ("pdkit/health.py", "pdkit/gates.py", "pdkit/gpumem.py", "pdkit/releas
            "pdkit/jitcache.py",  # the engine gate writes the warm stamp of the engine's JIT caches (issue 45 item 2)
            "pdkit/jitwarm.py",  # the deploy's serial first start of engines on cold caches (issue 45 item 2)
            "pdkit/residency.py",  # the roll reads and warms the weights. page-cache residency on the node (issue 45)
+           # pdkit-exporter judges the GPU health probe's answer as the roll does (issue 47 item 4)
+           "pdkit/topology.py",
            # the staged weights' layout and manifest, read by pdkit/releases.py (issue 47); also run on a bare python3
            "pdkit/weights/__init__.py", "pdkit/weights/store.py",
            "pdkit/sim",

@@ -29,7 +29,13 @@ main processes' /proc entries. Series, per engine with labels node, engine, role
     pdkit_prefill_batch_{input_throughput_tokens_per_second,running_requests,queued_requests,
                          cuda_graph,timestamp_seconds}                       last `Prefill batch` line
 
-and per node: pdkit_exporter_journal_error, pdkit_exporter_collect_duration_seconds, process_*.
+    pdkit_engine_gpu_wedged{gpu,bdf,seen}        1 wedged / 0 healthy, per GPU the engine uses (gpu_health on)
+
+and per node: pdkit_exporter_journal_error, pdkit_exporter_collect_duration_seconds,
+pdkit_exporter_gpu_probe_error{why} (gpu_health on), process_*.
+
+The GPU health probe (pdkit.exporter.gpuhealth) runs the preflight's pdkit/topology_probe.py in the
+background, at most once a minute, as a child process with a timeout: a scrape publishes its last answer.
 
 Imports only the standard library, requests and prometheus_client (never pdkit.spec, pydantic
 or pyinfra): it runs next to the engines on every GPU node with a small memory budget.

@@ -45,6 +45,7 @@ from pdkit.exporter.drift import (
     engine_args,
     flag_key,
 )
+from pdkit.exporter.gpuhealth import GpuProbe, judge
 from pdkit.exporter.logs import parse_batch_line
 from pdkit.exporter.metrics import decode_cuda_graph_ratio, parse_metrics
 from pdkit.exporter.system import (
@@ -58,6 +59,8 @@ from pdkit.exporter.system import (
     reboot_required,
 )
 from pdkit.metricnames import (
+    EXPORTER_GPU_PROBE_ERROR,
+    EXPORTER_GPU_WEDGED,
     EXPORTER_JIT_COLD_EXTRA,
     EXPORTER_JIT_WARM,
     EXPORTER_SHAPE_RECORDED,
@@ -206,8 +209,16 @@ class PdkitCollector(Collector):
         session_factory: Callable[[], requests.Session] = new_session,
         clock: Callable[[], float] = time.time,
         shapes_dir: str = engineshape.SHAPES_DIR,
+        gpu_probe: GpuProbe | None = None,
     ) -> None:
         self.config = config
+        # the GPU health probe (config.gpu_health: NVIDIA GPUs and a real engine), started now so that the
+        # first scrape finds an answer; tests give their own
+        if gpu_probe is None and config.gpu_health:
+            gpu_probe = GpuProbe()
+        self.gpu_probe = gpu_probe if config.gpu_health else None
+        if self.gpu_probe is not None:
+            self.gpu_probe.poll()
         self.shapes_dir = shapes_dir
         self.inspector = inspector if inspector is not None else ProcessInspector()
         units = [e.unit for e in config.engines if e.unit]
@@ -233,6 +244,8 @@ class PdkitCollector(Collector):
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
+        if self.gpu_probe is not None:
+            self.gpu_probe.close()
         for state in self.state.values():
             for session in state.sessions.values():
                 session.close()
@@ -414,6 +427,8 @@ class PdkitCollector(Collector):
             started = time.perf_counter()
             snapshots, journal_error = self.scrape()
             families = self._families(snapshots, journal_error)
+            if self.gpu_probe is not None:
+                families += self._gpu_health(snapshots)
             duration = GaugeMetricFamily("pdkit_exporter_collect_duration_seconds",
                                          "Time this scrape of the node's engines took.", labels=["node"])
             duration.add_metric([self.config.node], time.perf_counter() - started)
@@ -613,6 +628,35 @@ class PdkitCollector(Collector):
             jerr.add_metric([node], 0.0 if journal_error is None else 1.0)
             out.append(jerr)
         return out
+
+    def _gpu_health(self, snapshots: list[EngineSnapshot]) -> list[Metric]:
+        """The last GPU health probe's answer per engine GPU, and whether it could tell (the probe runs in
+        the background, pdkit.exporter.gpuhealth.GpuProbe: a scrape never waits for nvidia-smi)."""
+        assert self.gpu_probe is not None
+        node = self.config.node
+        last, stale = self.gpu_probe.poll()
+        # the node's engines run: a busy GPU with no process listed is theirs (another PID namespace)
+        serving = any(s.process is not None and s.process.view is not None for s in snapshots)
+        wedged = GaugeMetricFamily(EXPORTER_GPU_WEDGED, "1 when a GPU the engine uses needs a reset before an engine "
+                                   "may use it (the preflight's GPU health probe, at most once a minute: a reset-class "
+                                   "Xid, pending page retirement or row remap, GPU Recovery Action), 0 when healthy; "
+                                   "`seen` says what was seen.", labels=[*LABELS, "gpu", "bdf", "seen"])
+        error = GaugeMetricFamily(EXPORTER_GPU_PROBE_ERROR, "1 when the node's GPU health probe could not tell (it "
+                                  "hung, failed, or read no nvidia-smi -q; `why`), else 0.", labels=["node", "why"])
+        if last is None and stale is None:
+            return []  # the first probe is still running: nothing to say yet
+        why = stale
+        if last is not None:
+            for e in self.config.engines:
+                states, cannot_tell = judge(last, e.gpus, engines_serving=serving)
+                why = why or cannot_tell
+                for g in states:
+                    wedged.add_metric([node, e.name, e.role, str(g.gpu), g.bdf, g.seen], 1.0 if g.wedged else 0.0)
+            if not self.config.engines:
+                why = why or judge(last, (), engines_serving=serving)[1]
+        self._note_node("gpu health", why)
+        error.add_metric([node, why or ""], 1.0 if why else 0.0)
+        return [wedged, error]
 
     def _residency(self, engine: EngineConfig, model_dir: str) -> dict[str, Any] | None:
         """pdkit.residency over MODEL_DIR's weight files, measured at most every RESIDENCY_EVERY_S (a big

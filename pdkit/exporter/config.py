@@ -15,6 +15,7 @@ the plan's template fails at start (and with `--check`) instead of silently disa
       "timeout_s": 2.0,                          # optional: per engine request (connect + read), <= 30
       "server_info_max_age_s": 60,               # optional: re-read /server_info at least this often
       "journal": {"enabled": true, "max_entries": 2000, "timeout_s": 5.0},   # optional
+      "gpu_health": true,                        # optional, false: run the GPU health probe (NVIDIA GPUs, not the sim)
       "engines": [{
         "name": "decode",                        # required, unique (label `engine`)
         "role": "decode",                        # required: prefill | decode | unified (label `role`)
@@ -23,7 +24,8 @@ the plan's template fails at start (and with `--check`) instead of silently disa
         "sglang_version": "0.5.23",              # optional: planned version
         "argv": ["--model-path", "/m", "..."],   # required: the planned flags (release.json argv)
         "env": {"NCCL_P2P_LEVEL": "PHB", "HF_TOKEN": null},   # optional: planned env; null = any value
-        "drift_ignore": []                       # optional: flags/keys never reported as drift
+        "drift_ignore": [],                      # optional: flags/keys never reported as drift
+        "gpus": [0, 1]                           # optional: the node's GPU indices the engine uses
       }]
     }
 """
@@ -58,6 +60,8 @@ class EngineConfig:
     rank: int = 0
     nnodes: int = 1
     head: str | None = None
+    # the GPU indices of this node the engine uses (the spec's engine gpus: --base-gpu-id / --gpu-id-step)
+    gpus: tuple[int, ...] = ()
 
     @property
     def env_dict(self) -> dict[str, str | None]:
@@ -83,6 +87,9 @@ class ExporterConfig:
     timeout_s: float = 2.0
     server_info_max_age_s: float = 60.0
     journal: JournalConfig = JournalConfig()
+    # run the GPU health probe (pdkit.exporter.gpuhealth): a node with NVIDIA GPUs and a real engine; off on
+    # `gpu: none` (the lab) and with the sim, where there is no GPU to read
+    gpu_health: bool = False
 
 
 def _check_keys(where: str, data: dict[str, Any], allowed: set[str], required: set[str]) -> None:
@@ -115,7 +122,7 @@ def _engine(i: int, data: Any) -> EngineConfig:
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: expected an object")
     _check_keys(where, data, {"name", "role", "url", "unit", "sglang_version", "argv", "env", "drift_ignore",
-                              "rank", "nnodes", "head"},
+                              "rank", "nnodes", "head", "gpus"},
                 {"name", "role", "url", "argv"})
     role = _str(f"{where}.role", data["role"])
     if role not in ROLES:
@@ -133,6 +140,9 @@ def _engine(i: int, data: Any) -> EngineConfig:
     ignore = data.get("drift_ignore") or []
     if not isinstance(ignore, list) or not all(isinstance(k, str) and k for k in ignore):
         raise ConfigError(f"{where}.drift_ignore: expected a list of flag names")
+    gpus = data.get("gpus") or []
+    if not isinstance(gpus, list):
+        raise ConfigError(f"{where}.gpus: expected a list of GPU indices")
     return EngineConfig(
         name=_str(f"{where}.name", data["name"]),
         role=role,
@@ -145,6 +155,7 @@ def _engine(i: int, data: Any) -> EngineConfig:
         nnodes=(nnodes := int(_number(f"{where}.nnodes", data.get("nnodes", 1), 1, 4096, integer=True))),
         rank=int(_number(f"{where}.rank", data.get("rank", 0), 0, nnodes - 1, integer=True)),
         head=_str(f"{where}.head", data.get("head"), allow_none=True),
+        gpus=tuple(int(_number(f"{where}.gpus[{j}]", g, 0, 1023, integer=True)) for j, g in enumerate(gpus)),
     )
 
 
@@ -152,7 +163,8 @@ def parse_config(data: Any) -> ExporterConfig:
     if not isinstance(data, dict):
         raise ConfigError("the config must be a JSON object")
     _check_keys("config", data, {"node", "cluster", "listen_address", "listen_port", "release", "release_file",
-                                 "timeout_s", "server_info_max_age_s", "journal", "engines"}, {"node", "engines"})
+                                 "timeout_s", "server_info_max_age_s", "journal", "engines",
+                                 "gpu_health"}, {"node", "engines"})
     engines_data = data["engines"]
     if not isinstance(engines_data, list):
         raise ConfigError("engines: expected a list")
@@ -173,6 +185,9 @@ def parse_config(data: Any) -> ExporterConfig:
         max_entries=_number("journal.max_entries", journal_data.get("max_entries", 2000), 1, 100000, integer=True),
         timeout_s=_number("journal.timeout_s", journal_data.get("timeout_s", 5.0), 0.1, 60),
     )
+    gpu_health = data.get("gpu_health", False)
+    if not isinstance(gpu_health, bool):
+        raise ConfigError(f"gpu_health: expected true or false, got {gpu_health!r}")
     return ExporterConfig(
         node=_str("node", data["node"]),
         engines=engines,
@@ -184,6 +199,7 @@ def parse_config(data: Any) -> ExporterConfig:
         timeout_s=_number("timeout_s", data.get("timeout_s", 2.0), 0.05, 30),
         server_info_max_age_s=_number("server_info_max_age_s", data.get("server_info_max_age_s", 60.0), 0, 86400),
         journal=journal,
+        gpu_health=gpu_health,
     )
 
 

@@ -50,7 +50,7 @@ ROUTER_WORKER_ALERTS = ("PdkitRouterWorkerUnhealthy", "PdkitRouterCircuitOpen", 
                         "PdkitRouterWorkersOverloaded", "PdkitRouterAdmissionRejected", "PdkitRouterPdRendezvousFailed")
 # Everything else that can fire about one host (they carry its `node`)
 NODE_ALERTS = ("PdkitEngineDown", "PdkitEngineRankDown", *ENGINE_SYMPTOMS, "PdkitConfigDrift", "PdkitNcclEnvMissing",
-               "PdkitScrapeTargetDown", "PdkitRouterDown", *ROUTER_WORKER_ALERTS)
+               "PdkitGpuWedged", "PdkitScrapeTargetDown", "PdkitRouterDown", *ROUTER_WORKER_ALERTS)
 
 # The inhibition table (docs/monitoring.md "Inhibitions"); tests/test_alertmanager.py checks every name
 # is in pdkit.monitoring.rules.ALERT_NAMES, carries the `equal` labels, and proves each rule on a

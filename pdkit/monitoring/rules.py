@@ -14,7 +14,7 @@ from typing import NamedTuple
 from pdkit import flags
 from pdkit.catalogue import router_families
 from pdkit.kvcost import KV_PATHS, KV_RATE_MIN_MB, kv_floor
-from pdkit.metricnames import EXPORTER, EXPORTER_RANK_UP, ROUTER, SGLANG
+from pdkit.metricnames import EXPORTER, EXPORTER_GPU_WEDGED, EXPORTER_RANK_UP, ROUTER, SGLANG
 from pdkit.monitoring.common import (
     ENGINE_BY,
     EXPORTER_BY,
@@ -59,6 +59,9 @@ TARGET_DOWN_FOR = "5m"
 # purpose: the node's page must be firing before its engines' would, so that Alertmanager's inhibition
 # (pdkit/monitoring/alertmanager.py) holds theirs back and the node pages once
 NODE_DOWN_FOR = "1m"
+# a GPU an engine uses needs a reset (pdkit-exporter's probe, once a minute): short, since it does not heal by
+# itself; three probes a minute apart that say so page, one odd reading (a probe cut short) does not
+GPU_WEDGED_FOR = "2m"
 WORKER_UNHEALTHY_FOR = "1m"
 QUEUE_GROWING_FOR = "10m"
 QUEUE_MIN_DEPTH = 1
@@ -372,6 +375,78 @@ def _node_down(c: _Context) -> list[Alert]:
         exp_labels=lambda s: dict(s),
         eval_time="10m",
         fires_when=f"`up{{job=\"{JOB_NODE}\"}} == 0`",
+    )]
+
+
+# a GPU an engine uses is wedged (pdkit-exporter's GPU health probe: pdkit/exporter/gpuhealth.py). The alert is
+# one per GPU: `seen` (what the probe saw) is left out of its labels, since a new kernel-log line would
+# otherwise end the alert and start another; the doctor row and the exporter's series name it.
+GPU_BY = (*EXPORTER_BY, "gpu", "bdf")
+
+
+def _gpu_subjects(c: _Context) -> list[dict[str, str]]:
+    """Each GPU of each engine on a scraped node whose exporter reads GPU health (NVIDIA GPUs, a real engine)."""
+    spec = c.spec
+    if spec.cluster.engine == "sim":
+        return []
+    out = []
+    for h in scraped_hosts(spec):
+        if h.node is None or h.node.gpu != "nvidia":
+            continue
+        for p in spec.placements(h):
+            for g in p.engine.gpus:
+                out.append({"job": JOB_EXPORTER, "cluster": spec.cluster.name, "instance": h.name, "node": h.name,
+                            "engine": p.engine.name, "role": p.engine.role, "gpu": str(g),
+                            "bdf": f"0000:{0x18 + g:02x}:00.0", "seen": ""})
+    return out
+
+
+@_declares("PdkitGpuWedged")
+def _gpu_wedged(c: _Context) -> list[Alert]:
+    subjects = _gpu_subjects(c)
+    if not subjects:
+        return []
+
+    def case(s: dict[str, str], bad: bool) -> list[tuple[str, str]]:
+        # the probe's answer changes its `seen` label: the healthy series, then the wedged one
+        healthy = series_text(EXPORTER_GPU_WEDGED, s)
+        if not bad:
+            return [(healthy, "0x25")]
+        wedged = series_text(EXPORTER_GPU_WEDGED, {**s, "seen": "Xid 79 (GPU has fallen off the bus)"})
+        return [(healthy, "0x3 stale"), (wedged, "_x4 1x20")]
+
+    def one_reading(subjects: tuple[dict[str, str], ...]) -> list[dict]:
+        s = subjects[0]
+        # minute 4 alone says wedged (the series of that answer goes stale with the next answer)
+        series = [(series_text(EXPORTER_GPU_WEDGED, s), "0x3 stale 0x20"),
+                  (series_text(EXPORTER_GPU_WEDGED, {**s, "seen": "retired pages pending"}), "_x4 1 stale")]
+        test = _alert_test(f"PdkitGpuWedged stays quiet for {_subject_name(s)} on one probe's reading",
+                           "PdkitGpuWedged", series, "4m", [])
+        # while the reading stands, and after
+        test["alert_rule_test"].append({"eval_time": "6m", "alertname": "PdkitGpuWedged", "exp_alerts": []})
+        return [test]
+
+    return [Alert(
+        name="PdkitGpuWedged",
+        expr=f"max by ({by_labels(GPU_BY)}) ({EXPORTER_GPU_WEDGED}) > 0",
+        value=f"max by ({by_labels(GPU_BY)}) ({EXPORTER_GPU_WEDGED})",
+        for_=c.for_(GPU_WEDGED_FOR), severity="critical",
+        summary="GPU {{ $labels.gpu }} of {{ $labels.node }}/{{ $labels.engine }} is wedged",
+        description=(
+            "pdkit-exporter's GPU health probe on {{ $labels.node }} finds GPU {{ $labels.gpu }} "
+            "({{ $labels.bdf }}), which engine {{ $labels.engine }} ({{ $labels.role }}) uses, in need of a reset "
+            f"for {c.for_(GPU_WEDGED_FOR)}: a reset-class Xid in the kernel log, retired pages or a row remap "
+            "pending, or the driver's GPU Recovery Action. It does not heal by itself; the engine on it fails or "
+            "hangs, and `pdkit roll` refuses any change onto it.\n"
+            "What to do: `pdkit doctor INVENTORY` (the engine's `gpu_health` row says what was seen); drain the "
+            "node, then on {{ $labels.node }} `nvidia-smi -r -i {{ $labels.gpu }}` with no process on the GPU, "
+            "or reboot it; re-apply the node afterwards."),
+        subjects=tuple(subjects),
+        case=case,
+        exp_labels=lambda s: pick_labels(s, GPU_BY),
+        eval_time="10m",
+        extra_tests=one_reading,
+        fires_when=f"`{EXPORTER_GPU_WEDGED} > 0` for a GPU an engine uses (pdkit-exporter's GPU health probe)",
     )]
 
 
@@ -1175,6 +1250,25 @@ RUNBOOKS: dict[str, Runbook] = {
              "`pdkit doctor INVENTORY`: the host's rows say whether its engines still serve",
              "once it is back: `pyinfra INVENTORY deploy/pd.py --limit {node}` re-applies it; the router takes its "
              "engines back on its own")),
+    "PdkitGpuWedged": Runbook(
+        means="pdkit-exporter's GPU health probe (the preflight's: `nvidia-smi -q` and the kernel log's Xid lines, "
+              "at most once a minute) finds a GPU an engine uses in need of a reset "
+              "(`pdkit_engine_gpu_wedged == 1`; its `seen` label says why). A wedged GPU does not heal by itself: "
+              "the engine on it fails, hangs, or will not start again, and `pdkit roll` and `pdkit tune` refuse "
+              "any change onto it. Labels: `node`, `engine`, `role`, `gpu` (the node's index), `bdf`.",
+        causes=("a reset-class Xid in the kernel log (`pdkit.topology.RESET_XIDS`): 79 (fallen off the bus), "
+                "48/63/64/94/95/140 (memory errors), 62, 74, 119/120 (GSP)",
+                "a hung P2P collective: the GPU busy with no process (judged only while the node's engines are "
+                "stopped: in a container nvidia-smi lists no process of another PID namespace)",
+                "retired pages or a row remap pending: they apply at the next reset",
+                "row remapping failed: the GPU's memory is failing (replace it)"),
+        run=("`pdkit doctor INVENTORY`: the engine's `gpu_health` row names the GPU and what was seen "
+             "(`pdkit preflight INVENTORY` reads the same facts)",
+             "on {node}: `nvidia-smi -q -i {gpu}` and `dmesg -T | grep -i xid`",
+             "drain the node (`pdkit roll` refuses changes onto the GPU until then; stop its engines), then "
+             "`nvidia-smi -r -i {gpu}` on {node} with no process on the GPU, or reboot it; "
+             "`journalctl -u pdkit-exporter -n 50` if the probe itself hangs",
+             "once the probe reads it healthy (within a minute): " + _REDEPLOY)),
     "PdkitScrapeTargetDown": Runbook(
         means="pdkit-exporter, the DCGM exporter or Prometheus itself cannot be scraped for 5m: "
               "the dashboards and the alerts built on it (drift, NCCL env, GPU figures) are blind. "
@@ -1490,6 +1584,8 @@ def _subject_name(s: dict[str, str]) -> str:
         return f"the router on {s['node']} and worker {s['worker_instance']}"
     if "queue" in s:
         return f"{s['instance']} queue {s['queue']}"
+    if s.get("job") == JOB_EXPORTER and "gpu" in s:
+        return f"{s['node']}/{s['engine']} GPU {s['gpu']}"
     if s.get("job") == JOB_EXPORTER and "engine" in s:
         return f"{s['node']}/{s['engine']}"
     if s.get("job") in (JOB_NODE, JOB_DCGM, JOB_PROMETHEUS, JOB_EXPORTER):
