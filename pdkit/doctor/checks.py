@@ -16,6 +16,7 @@ from pdkit.doctor.checks_engine import (
     check_engine_shape,
     check_env,
     check_flags,
+    check_gpu_health,
     check_jit_caches,
     check_queues,
     check_rank_process,
@@ -31,6 +32,7 @@ from pdkit.doctor.model import BenchPoint, CheckResult, EngineObservation, KvBen
 
 ENGINE_CHECKS: tuple[tuple[Callable[..., CheckResult], frozenset[str]], ...] = (
     (check_reachable, frozenset({"prefill", "decode", "unified"})),
+    (check_gpu_health, frozenset({"prefill", "decode", "unified"})),
     (check_flags, frozenset({"prefill", "decode", "unified"})),
     (check_decode_cuda_graphs, frozenset({"decode", "unified"})),
     (check_graph_buckets, frozenset({"decode", "unified"})),
@@ -46,7 +48,15 @@ ENGINE_CHECKS: tuple[tuple[Callable[..., CheckResult], frozenset[str]], ...] = (
     (check_queues, frozenset({"prefill", "decode", "unified"})),
 )
 # a rank above 0 of an engine spanning nodes: no HTTP, its process only (through its host's exporter)
-RANK_CHECKS: tuple[Callable[[EngineObservation], CheckResult], ...] = (check_rank_process, check_flags, check_env)
+RANK_CHECKS: tuple[Callable[[EngineObservation], CheckResult], ...] = (check_rank_process, check_gpu_health,
+                                                                       check_flags, check_env)
+# checks with a row only where the node's exporter can measure them
+ONLY_WHERE: dict[Callable[..., CheckResult], Callable[[EngineObservation], bool]] = {
+    # no row for dummy weights, a hub id or the sim
+    check_weights_cached: lambda obs: reads_weight_files(obs.plan),
+    # no row on a lab host (`gpu: none`) or with the sim: no GPU to read
+    check_gpu_health: lambda obs: obs.plan.gpu_health,
+}
 
 
 def evaluate(engines: Sequence[EngineObservation], routers: Sequence[RouterObservation],
@@ -69,10 +79,10 @@ def evaluate(engines: Sequence[EngineObservation], routers: Sequence[RouterObser
             versions[id(obs)] = result
     for obs in engines:
         if obs.plan.rank > 0:
-            results += [check(obs) for check in RANK_CHECKS]
+            results += [check(obs) for check in RANK_CHECKS if ONLY_WHERE.get(check, bool)(obs)]
             continue
         for check, roles in ENGINE_CHECKS:
-            if obs.plan.role in roles:
+            if obs.plan.role in roles and ONLY_WHERE.get(check, bool)(obs):
                 if check is check_kv_transfers:
                     results.append(check(obs, worker_outcomes(routers, obs.plan.url)))
                 elif check is check_kv_path:
@@ -80,9 +90,6 @@ def evaluate(engines: Sequence[EngineObservation], routers: Sequence[RouterObser
                     results.append(check(obs, decodes, (kv_bench or {}).get((obs.plan.host, obs.plan.engine))))
                 elif check is check_prefix_cache:
                     results.append(check(obs, [o for o in engines if o.plan.role == "decode" and o.plan.rank == 0]))
-                elif check is check_weights_cached:
-                    if reads_weight_files(obs.plan):  # no row for dummy weights, a hub id or the sim
-                        results.append(check(obs))
                 else:
                     results.append(check(obs))
         results.append(versions[id(obs)])

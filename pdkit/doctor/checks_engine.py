@@ -249,6 +249,51 @@ def check_weights_cached(obs: EngineObservation) -> CheckResult:
                       "if they keep going cold, the node lacks the RAM to hold them beside its other use")
 
 
+def check_gpu_health(obs: EngineObservation) -> CheckResult:
+    """No engine runs on a wedged GPU unseen (issue 47 item 4): the health of each GPU the engine uses, as
+    the node's exporter last read it with the preflight's probe (pdkit_engine_gpu_wedged: a reset-class
+    Xid, pending page retirement or row remap, the driver's GPU Recovery Action). Judged whether the
+    engine answers or not: a wedged GPU is a common reason it does not. Only where the exporter reads
+    GPU health (NVIDIA GPUs, a real engine)."""
+    plan, name = obs.plan, "gpu_health"
+    ex = obs.exporter
+    if ex is None:
+        return engine_row(plan, name, WARN, f"not measurable: pdkit-exporter on {plan.host} unreadable "
+                                            f"({obs.exporter_error})",
+                          f"on {plan.host}: systemctl status pdkit-exporter; `pdkit preflight` reads the GPU "
+                          "health too")
+    mine = {g: ex.gpu_wedged[g] for g in plan.gpus if g in ex.gpu_wedged}
+    wedged = {g: v for g, v in mine.items() if v[1] > 0}
+    if wedged:
+        gpus = ", ".join(map(str, wedged))
+        said = "; ".join(f"GPU {g} ({bdf}) is wedged: {seen or 'no reason given'}"
+                         for g, (bdf, _, seen) in wedged.items())
+        resets = " and ".join(f"`nvidia-smi -r -i {g}`" for g in wedged)
+        return engine_row(plan, name, FAIL, said,
+                          f"drain {plan.host} (`pdkit roll` refuses any change onto GPU {gpus} meanwhile), then reset "
+                          f"on {plan.host}: {resets} (with no process on the GPU), or reboot it; the row passes once "
+                          "the exporter's next probe (within a minute) reads it healthy")
+    probe_error = ex.gpu_probe_error
+    if probe_error is not None and probe_error[0] > 0:
+        return engine_row(plan, name, WARN, f"not measurable: the GPU health probe on {plan.host} could not tell "
+                                            f"({probe_error[1] or 'no reason given'})",
+                          f"on {plan.host}: `nvidia-smi -q` (one that hangs is itself a sign of a wedged GPU) and "
+                          "`journalctl -u pdkit-exporter -n 50`")
+    if not mine:
+        return engine_row(plan, name, INFO, f"not measured: pdkit-exporter on {plan.host} publishes no GPU health "
+                                            "(an exporter older than this check, or its first probe has not "
+                                            "ended: it runs within a minute of the exporter's start)", "")
+    missing = [g for g in plan.gpus if g not in mine]
+    healthy = ", ".join(map(str, mine))
+    if missing:
+        return engine_row(plan, name, WARN, f"GPU {healthy} healthy, but the probe on {plan.host} does not find GPU "
+                                            f"{', '.join(map(str, missing))} on the PCI bus",
+                          f"on {plan.host}: `nvidia-smi -L` and `lspci -d 10de:`; a GPU gone from the bus needs a "
+                          "reboot or a power cycle, or the spec's engine gpus name a GPU the node lacks")
+    return engine_row(plan, name, PASS, f"GPU {healthy} healthy: no reset-class Xid, no pending page retirement or "
+                                        "row remap (pdkit-exporter's probe)")
+
+
 def check_jit_caches(obs: EngineObservation) -> CheckResult:
     """Its next restart finds the JIT kernels it compiled (issue 45 item 2): the warm stamp the engine gate
     wrote at ready with these cache directories on the current engine environment (pdkit/jitcache.py), as

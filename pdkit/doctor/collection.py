@@ -55,6 +55,10 @@ def engine_plans(spec) -> list[EnginePlan]:
                 graph_max_bs=effective_decode_graph_max_bs(spec, host, engine),
                 required_bs=decode_graph_required_bs(engine, target),
                 env_names=tuple(planned_env),
+                gpus=tuple(engine.gpus),
+                # the node's exporter probes its GPUs' health: NVIDIA GPUs and a real engine (the exporter
+                # config's gpu_health, pdkit/plan.py)
+                gpu_health=node.node is not None and node.node.gpu == "nvidia" and spec.cluster.engine != "sim",
                 **kv,
                 **({"rank": rank, "nnodes": engine.nnodes, "head": host.name} if engine.spans_nodes else {}),
             ))

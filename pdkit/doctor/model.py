@@ -69,6 +69,10 @@ class EnginePlan:
     kv_paths: tuple[tuple[str, str], ...] = ()
     kv_decodes: tuple[str, ...] = ()
     ucx_net_devices: str | None = None
+    # the node's GPU indices it runs on, and whether its node's exporter reads their health (NVIDIA GPUs and a
+    # real engine: no gpu_health row on a lab host or with the sim)
+    gpus: tuple[int, ...] = ()
+    gpu_health: bool = False
 
     @property
     def target(self) -> str:
@@ -117,6 +121,10 @@ class ExporterView:
     # SGLANG_CACHE_DIR set by the engine's own env); pdkit_engine_jit_cold_start_extra_seconds: (seconds, source)
     jit_caches: tuple[str, float, str] | None = None
     jit_cold_extra: tuple[float, str] | None = None
+    # pdkit_engine_gpu_wedged: GPU index -> (bdf, 1 wedged / 0 healthy, what was seen); empty: not published
+    gpu_wedged: dict[int, tuple[str, float, str]] = field(default_factory=dict)
+    # pdkit_exporter_gpu_probe_error (the node's): (1 could not tell / 0, why), None: not published
+    gpu_probe_error: tuple[float, str] | None = None
 
 
 @dataclass

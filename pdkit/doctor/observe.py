@@ -16,6 +16,8 @@ from pdkit.exporter.metrics import parse_metrics
 from pdkit.health import http_request
 from pdkit.kvcost import Histogram, cache_counts, kv_bytes_per_token, kv_histograms
 from pdkit.metricnames import (
+    EXPORTER_GPU_PROBE_ERROR,
+    EXPORTER_GPU_WEDGED,
     EXPORTER_JIT_COLD_EXTRA,
     EXPORTER_JIT_WARM,
     EXPORTER_SHAPE_RECORDED,
@@ -69,9 +71,12 @@ def reboot_pending(text: str) -> float | None:
 def exporter_views(text: str) -> dict[str, ExporterView]:
     """pdkit-exporter's /metrics text -> {engine name: ExporterView}."""
     views: dict[str, ExporterView] = {}
+    probe_error: tuple[float, str] | None = None  # the node's, given to each engine's view
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             engine = s.labels.get("engine")
+            if s.name == EXPORTER_GPU_PROBE_ERROR:
+                probe_error = (s.value, s.labels.get("why", ""))
             if engine is None:
                 continue
             view = views.setdefault(engine, ExporterView())
@@ -103,10 +108,14 @@ def exporter_views(text: str) -> dict[str, ExporterView]:
                 view.jit_caches = (s.labels.get("dir", "?"), s.value, s.labels.get("why", ""))
             elif s.name == EXPORTER_JIT_COLD_EXTRA:
                 view.jit_cold_extra = (s.value, s.labels.get("source", ""))
+            elif s.name == EXPORTER_GPU_WEDGED and s.labels.get("gpu", "").isdigit():
+                view.gpu_wedged[int(s.labels["gpu"])] = (s.labels.get("bdf", "?"), s.value, s.labels.get("seen", ""))
             elif s.name == "pdkit_engine_rank_up":
                 view.rank_up = s.value
                 rank = s.labels.get("rank", "")
                 view.rank = int(rank) if rank.isdigit() else None
+    for view in views.values():
+        view.gpu_probe_error = probe_error
     return views
 
 
