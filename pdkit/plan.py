@@ -17,6 +17,7 @@ from pathlib import Path
 import jinja2
 
 from pdkit import flags, gates, journald
+from pdkit.exporter.config import reads_gpu_health
 from pdkit.health import READY_LOG_LINE  # the engine gate's line (plan.READY_LOG_LINE stays importable)
 from pdkit.paths import router_url
 from pdkit.releases import release_json_path
@@ -361,7 +362,8 @@ def plan_host(spec: ClusterSpec, host: HostSpec) -> HostPlan:
         unit_path = f"{SYSTEMD_DIR}/pdkit-exporter.service"
         argv = [flags.node_python(spec), "-m", "pdkit.exporter", "--config", exporter_config]
         files.append(PlannedFile(unit_path, render_template("systemd/exporter.service.j2", **common,
-                                                            exec_start=exec_start(argv)), "0644"))
+                                                            exec_start=exec_start(argv),
+                                                            gpu_health=exporter_reads_gpus(spec, host)), "0644"))
         services.append(
             Service(
                 unit="pdkit-exporter.service",
@@ -463,6 +465,13 @@ def journald_dropin_text(spec: ClusterSpec, host: HostSpec) -> str:
     return journald.journald_conf(journald.journal_size(spec.cluster.target_concurrency, decodes, level))
 
 
+def exporter_reads_gpus(spec: ClusterSpec, host: HostSpec) -> bool:
+    """Whether HOST's pdkit-exporter runs the GPU health probe (pdkit/exporter/gpuhealth.py: the GPUs pdkit roll's
+    refusal reads, pdkit/gpuhealth.py), and so needs the NVIDIA devices in its unit: a node with NVIDIA GPUs and a
+    real engine; never on a lab host (`gpu: none`) or with the sim."""
+    return host.node is not None and reads_gpu_health(host.node.gpu, spec.cluster.engine)
+
+
 def exporter_config_text(spec: ClusterSpec, host: HostSpec) -> str:
     """/etc/pdkit/exporter.json: what pdkit-exporter compares the running engines against."""
     assert host.node is not None
@@ -474,9 +483,7 @@ def exporter_config_text(spec: ClusterSpec, host: HostSpec) -> str:
         "listen_address": spec.engine_address(host),
         "listen_port": host.node.exporter_port,
         "release_file": config_paths(spec)["release"],
-        # the GPU health probe (pdkit/exporter/gpuhealth.py): the GPUs pdkit roll's refusal reads
-        # (pdkit/gpuhealth.py); none on a lab host (`gpu: none`) or with the sim
-        "gpu_health": host.node.gpu == "nvidia" and spec.cluster.engine != "sim",
+        "gpu_health": exporter_reads_gpus(spec, host),
         "engines": [
             {
                 "name": p.engine.name,

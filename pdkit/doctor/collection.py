@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pdkit import flags
 from pdkit.doctor import observe
 from pdkit.doctor.model import EngineObservation, EnginePlan, ExporterView, RouterObservation
+from pdkit.exporter.config import reads_gpu_health
 from pdkit.health import router_worker_health
 from pdkit.paths import router_auth_headers, router_metrics_url, router_url
 from pdkit.spec import decode_graph_required_bs, effective_decode_graph_max_bs, pairing_sets, prefill_kv_paths
@@ -58,7 +59,7 @@ def engine_plans(spec) -> list[EnginePlan]:
                 gpus=tuple(engine.gpus),
                 # the node's exporter probes its GPUs' health: NVIDIA GPUs and a real engine (the exporter
                 # config's gpu_health, pdkit/plan.py)
-                gpu_health=node.node is not None and node.node.gpu == "nvidia" and spec.cluster.engine != "sim",
+                gpu_health=node.node is not None and reads_gpu_health(node.node.gpu, spec.cluster.engine),
                 **kv,
                 **({"rank": rank, "nnodes": engine.nnodes, "head": host.name} if engine.spans_nodes else {}),
             ))

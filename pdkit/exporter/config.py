@@ -40,6 +40,12 @@ from typing import Any
 ROLES = ("prefill", "decode", "unified")
 
 
+def reads_gpu_health(gpu: str, engine: str) -> bool:
+    """The rule for `gpu_health`: a node whose `gpu` is nvidia, running a real ENGINE (not the sim). The plan
+    renders it, doctor and the alert rules follow it (a lab host, `gpu: none`, has no GPU to read)."""
+    return gpu == "nvidia" and engine != "sim"
+
+
 class ConfigError(ValueError):
     pass
 
@@ -215,4 +221,4 @@ def load_config(path: str | Path) -> ExporterConfig:
     return parse_config(data)
 
 
-__all__ = ["ROLES", "ConfigError", "EngineConfig", "ExporterConfig", "JournalConfig", "load_config", "parse_config"]
+__all__ = ["ROLES", "ConfigError", "reads_gpu_health", "EngineConfig", "ExporterConfig", "JournalConfig", "load_config", "parse_config"]

@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 from pdkit import flags
 from pdkit.catalogue import router_families
+from pdkit.exporter.config import reads_gpu_health
 from pdkit.kvcost import KV_PATHS, KV_RATE_MIN_MB, kv_floor
 from pdkit.metricnames import EXPORTER, EXPORTER_GPU_WEDGED, EXPORTER_RANK_UP, ROUTER, SGLANG
 from pdkit.monitoring.common import (
@@ -387,11 +388,9 @@ GPU_BY = (*EXPORTER_BY, "gpu", "bdf")
 def _gpu_subjects(c: _Context) -> list[dict[str, str]]:
     """Each GPU of each engine on a scraped node whose exporter reads GPU health (NVIDIA GPUs, a real engine)."""
     spec = c.spec
-    if spec.cluster.engine == "sim":
-        return []
     out = []
     for h in scraped_hosts(spec):
-        if h.node is None or h.node.gpu != "nvidia":
+        if h.node is None or not reads_gpu_health(h.node.gpu, spec.cluster.engine):
             continue
         for p in spec.placements(h):
             for g in p.engine.gpus:

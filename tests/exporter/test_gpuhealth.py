@@ -259,7 +259,7 @@ def test_the_config_reads_gpu_health_and_each_engine_gpus():
 
 @pytest.mark.parametrize("example, probed", [("cluster", True), ("lab", False)])
 def test_the_plan_renders_gpu_health_for_nvidia_nodes_only_and_each_engine_gpus(example, probed):
-    from pdkit.plan import exporter_config_text
+    from pdkit.plan import exporter_config_text, plan_host
     from tests.test_monitoring import _load_example
 
     spec = _load_example(example)
@@ -270,3 +270,6 @@ def test_the_plan_renders_gpu_health_for_nvidia_nodes_only_and_each_engine_gpus(
         assert cfg.gpu_health is probed, host.name
         assert {e.name: e.gpus for e in cfg.engines} == {p.engine.name: tuple(p.engine.gpus)
                                                          for p in spec.placements(host)}
+        # the probe's nvidia-smi needs the NVIDIA devices, which PrivateDevices hides
+        unit = plan_host(spec, host).file("/etc/systemd/system/pdkit-exporter.service").content
+        assert ("DeviceAllow=char-nvidia* rw" in unit) is probed and ("PrivateDevices=yes" in unit) is not probed
