@@ -38,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)
     if args.once:
+        if collector.gpu_probe is not None:
+            collector.gpu_probe.wait()  # one look: with the GPU health probe's answer, however long it takes
         sys.stdout.write(generate_latest(registry).decode())
         collector.close()
         return 0

@@ -131,6 +131,11 @@ class GpuProbe:
             stale = f"the GPU probe started {now - self.started_at:.0f} s ago has not ended (a hung nvidia-smi)"
         return self.last, stale
 
+    def wait(self) -> None:
+        """Wait for the run in progress (bounded by the probe's own timeout): `--once` prints its answer."""
+        if self.future is not None:
+            cf.wait([self.future], timeout=self.timeout_s + 10)
+
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -46,6 +47,19 @@ def test_once_prints_the_exposition(tmp_path):
     assert value(found, "pdkit_engine_up", node="gpu09", engine="decode", role="decode") == 0
     assert value(found, "pdkit_engine_scrape_error", endpoint="metrics") == 1
     assert "GET http://127.0.0.1:" in done.stderr and "Connection refused" in done.stderr
+
+
+def test_once_waits_for_the_gpu_health_probe_and_prints_its_answer(tmp_path):
+    # the real probe on an empty fake root: no GPU and no nvidia-smi, so it cannot tell
+    root = tmp_path / "root"
+    root.mkdir()
+    done = subprocess.run([sys.executable, "-m", "pdkit.exporter", "--config", write_config(tmp_path, gpu_health=True),
+                           "--once"], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PDKIT_TOPOLOGY_ROOT": str(root)})
+    assert done.returncode == 0, done.stderr
+    found = samples(done.stdout)
+    assert value(found, "pdkit_exporter_gpu_probe_error", node="gpu09") == 1
+    assert 'why="nvidia-smi -q not read' in done.stdout
 
 
 def test_serves_metrics_until_sigterm(tmp_path):
