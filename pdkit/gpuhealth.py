@@ -11,6 +11,7 @@ import shlex
 from collections.abc import Callable
 
 from pdkit import topology
+from pdkit.exporter.config import reads_gpu_health
 from pdkit.spec import ClusterSpec
 
 # what to do, in every refusal
@@ -42,7 +43,7 @@ def restart_check(spec: ClusterSpec, host_name: str,
     to read. A probe that cannot run is said, never a refusal (the preflight reads the same at the deploy)."""
     host = spec.host(host_name)
     node = host.node
-    if node is None or node.gpu != "nvidia" or spec.cluster.engine == "sim" or not node.engines:
+    if node is None or not reads_gpu_health(node.gpu, spec.cluster.engine) or not node.engines:
         return [], ""
     try:
         ok, stdout, stderr = run(probe_command())
