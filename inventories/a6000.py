@@ -33,7 +33,7 @@ gpu_nodes = [
                 "nccl_profile": "pcie",
                 "engines": [{"name": "main", "role": "unified", "gpus": [0, 1], "port": 30000}],
             },
-            "pdkit_router": {"port": 8000},
+            "pdkit_router": {"port": 8000, "auth": "none"},
             "pdkit_monitoring": {},
         },
     ),

@@ -58,7 +58,7 @@ gpu_nodes = [
                     {"name": "decode", "role": "decode", "gpus": [4, 5, 6, 7], "port": 30001},
                 ],
             },
-            "pdkit_router": {"port": 8000, "prometheus_port": 29000},
+            "pdkit_router": {"port": 8000, "prometheus_port": 29000, "auth": "none"},
         },
     ),
 ]

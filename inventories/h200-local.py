@@ -27,7 +27,7 @@ hosts = [
                 "nccl_profile": "nvlink" if _COUNT > 1 else "default",
                 "engines": [{"name": "unified", "role": "unified", "gpus": list(range(_COUNT)), "port": 30000}],
             },
-            "pdkit_router": {"address": "127.0.0.1", "port": 8000, "prometheus_port": 29000},
+            "pdkit_router": {"address": "127.0.0.1", "port": 8000, "prometheus_port": 29000, "auth": "none"},
         },
     ),
 ]

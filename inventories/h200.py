@@ -89,6 +89,8 @@ gpu_nodes = [
                 "address": "127.0.0.1",
                 "port": 8000,
                 "prometheus_port": 29000,
+                # the lent machine's loopback only, no key: said, not left to an unset variable
+                "auth": "none",
                 # sglang-router 0.3.2 refuses to start with the kit's default decode policy and one
                 # decode worker: "Power-of-two policy for decode requires at least 2 decode workers"
                 "decode_policy": "round_robin",

@@ -43,7 +43,7 @@ gpu_nodes = [(h.name, _node(h)) for h in _LAB.gpu_hosts]
 # 120 s for up to four GPU hosts, 10 s more for each beyond (a failed start still ends the gate at once)
 _READY_TIMEOUT_S = 120 + 10 * max(0, len(gpu_nodes) - 4)
 # the router sits on the first GPU node, as on the seeds' single-node cluster
-gpu_nodes[0][1]["pdkit_router"] = {"port": 8000, "prometheus_port": 29000}
+gpu_nodes[0][1]["pdkit_router"] = {"port": 8000, "prometheus_port": 29000, "auth": "none"}
 
 # Grafana's apt repository cannot be reached from the lab (docs/monitoring.md): Prometheus only.
 # The lab's alert clock runs 4x faster (every `for` and rate window / 4; scrapes and rule evaluation

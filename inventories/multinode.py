@@ -74,7 +74,7 @@ gpu_nodes = [
 ]
 
 others = [
-    ("router01", {"ssh_hostname": "10.0.1.5", "ssh_user": "ubuntu", "_sudo": True, "pdkit_router": {"port": 8000}}),
+    ("router01", {"ssh_hostname": "10.0.1.5", "ssh_user": "ubuntu", "_sudo": True, "pdkit_router": {"port": 8000, "auth": "none"}}),
     ("mon01", {"ssh_hostname": "10.0.1.6", "ssh_user": "ubuntu", "_sudo": True, "pdkit_monitoring": {}}),
 ]
 

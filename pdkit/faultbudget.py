@@ -32,7 +32,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from pdkit.parsertable import router_has_flag
+from pdkit.parsertable import router_default, router_has_flag
 
 # what SGLang's code does, in a module the node venv (and so the sim) can import without pydantic
 from pdkit.sglang_pd import (
@@ -75,14 +75,20 @@ class FaultBudget(BaseModel):
     # on it with nothing dead (docs/rolling.md "Queueing vs the fault budget"); no fault's wait in
     # fault_waits depends on it (heartbeats and the routers' health checks bound those)
     bootstrap_timeout_s: int = Field(default=300, ge=1)
-    # smg: seconds a PD request waits for room in the decode's running window before a 503 (smg: 30)
+    # smg: seconds a PD request waits for room in the decode's running window before a 503 (smg: 30);
+    # 0: the 503 comes at once when the window is full (smg 1.13.0's --pd-admission-wait-secs: "0 sheds
+    # immediately"), never "no limit"; engines that report no running window are never held
     router_admission_wait_s: int = Field(default=20, ge=0)
     # the router's limit on a whole request, streaming included (both routers: 1800): above the
-    # longest generation you serve
+    # longest generation you serve. No "0 = no timeout": both routers refuse 0 at start
     router_request_timeout_s: int = Field(default=1800, ge=1)
-    # attempts the router makes at a request whose worker failed, the first included (both routers: 5)
+    # attempts the router makes at a request whose worker failed, the first included (both routers: 5);
+    # 1: one attempt, no retry (the routers' own spelling of "off"; both refuse 0 at start)
     router_max_retries: int = Field(default=3, ge=1)
-    # longest pause between two attempts, ms (both routers: 30000)
+    # the cap on each pause between two attempts, ms, before the routers' jitter (both routers: 30000).
+    # The pauses grow from --retry-initial-backoff-ms (50) x1.5 per retry up to this cap, and each is
+    # then moved by up to +-20% (--retry-jitter-factor 0.2), the cap included (RetrySchedule). Never 0
+    # ("no pause"): both routers refuse a cap below the initial backoff at start
     router_max_backoff_ms: int = Field(default=1000, ge=0)
     # a router health check of a worker gives up after this long (both routers: 5); SGLang's /health
     # answers after 1 s at the earliest (it waits for a scheduler step: http_server.py health_generate),
@@ -128,7 +134,8 @@ UNIT_BOUNDS: dict[str, tuple[float, float, str]] = {
     "router_admission_wait_s": (0, 3600, _MS),
     "router_request_timeout_s": (1, 86400, _MS),
     "router_max_retries": (1, 20, "each attempt after a failure adds its backoff to the request's wait"),
-    # milliseconds: below 10 it was surely meant as seconds, above 60,000 it outlasts any budget
+    # milliseconds: above 60,000 it outlasts any budget (below the router's initial backoff, 50 ms, the
+    # router refuses to start: pdkit.spec.checks.ROUTER_START_RULES, checked per router host)
     "router_max_backoff_ms": (0, 60000, "milliseconds: e.g. 1000 for one second"),
     "router_health_check_timeout_s": (0, 600, _MS),
     "client_timeout_s": (1, 86400, _MS),
@@ -185,11 +192,59 @@ class FaultWait:
     field: str = ""  # the setting to lower when it is over the budget (empty: by bound_by)
 
 
+@dataclass(frozen=True)
+class RetrySchedule:
+    """How the routers space the attempts at a request whose worker failed, besides the budget's own
+    router_max_retries and router_max_backoff_ms: the same code in both pinned routers (smg's
+    model_gateway/src/routers/common/retry.rs, sglang-router's sgl-router/src/core/retry.rs:
+    BackoffCalculator::calculate_delay and RetryExecutor). After failed attempt n (0-based) the router
+    waits min(initial_backoff_ms x multiplier^n, max_backoff_ms), then moves that by a random share of
+    up to +-jitter of itself: the jitter comes after the cap, so a pause may exceed max_backoff_ms by
+    up to that share. Measured on smg 1.13.0 and sglang-router 0.3.2 (a worker answering 503, 6
+    attempts): pauses of ~50, 75, 100, 100, 100 ms (+-20%) with the cap at 100, and up to 1,388 ms with
+    initial = cap = 1,000 and jitter 0.5. Defaults: each release's parser (pdkit/parser_table.json);
+    extra_args may change them (pdkit.spec.checks.router_retry_schedule)."""
+
+    initial_backoff_ms: float = 50
+    multiplier: float = 1.5
+    jitter: float = 0.2
+    # --disable-retries: one attempt whatever router_max_retries says (the routers' effective_retry_config)
+    disabled: bool = False
+
+    @classmethod
+    def of_release(cls, package: str, version: str) -> RetrySchedule:
+        return cls(router_default(package, version, "--retry-initial-backoff-ms"),
+                   router_default(package, version, "--retry-backoff-multiplier"),
+                   router_default(package, version, "--retry-jitter-factor"))
+
+    def attempts(self, max_retries: int) -> int:
+        return 1 if self.disabled else max(1, max_retries)
+
+    def capped(self, max_retries: int, max_backoff_ms: float) -> list[bool]:
+        """For each pause, whether max_backoff_ms (not the growing schedule) set it."""
+        return [self.initial_backoff_ms * self.multiplier ** n >= max_backoff_ms
+                for n in range(self.attempts(max_retries) - 1)]
+
+    def worst_pauses_ms(self, max_retries: int, max_backoff_ms: float) -> list[float]:
+        """The longest each pause between two attempts can be, ms: the schedule, capped, plus the jitter."""
+        jitter = min(max(self.jitter, 0.0), 1.0)
+        out = []
+        for n in range(self.attempts(max_retries) - 1):
+            delay = min(math.floor(self.initial_backoff_ms * self.multiplier ** n), max_backoff_ms)
+            out.append(delay + math.floor(delay * jitter + 0.5))  # Rust rounds half away from zero
+        return out
+
+
+# the pinned routers' own (both: 50 ms, x1.5, +-20%; tests/test_faultbudget.py holds them to the parser table)
+ROUTER_RETRY_DEFAULTS = RetrySchedule()
+
+
 def fault_waits(budget: FaultBudget, health_check_interval_s: int, health_failure_threshold: int,
-                pd: bool = True) -> list[FaultWait]:
+                pd: bool = True, retry: RetrySchedule = ROUTER_RETRY_DEFAULTS) -> list[FaultWait]:
     """Each fault's worst wait, from the budget and the router's health checks (its interval and
     failure threshold live on pdkit_router); PD: with the prefill/decode hand-off's own waits. The
-    router-side wait is until its health checks mark a dead worker down."""
+    router-side wait is until its health checks mark a dead worker down; RETRY: how the router spaces
+    its retries (its defaults unless extra_args change them)."""
     hb, misses = budget.heartbeat_interval_s, budget.heartbeat_max_failures
     router_detect = health_failure_threshold * (health_check_interval_s + budget.router_health_check_timeout_s)
     router_wait = FaultWait("engine or node down, new requests through the router", float(router_detect),
@@ -197,7 +252,7 @@ def fault_waits(budget: FaultBudget, health_check_interval_s: int, health_failur
                             f"{health_check_interval_s} s apart, "
                             f"each up to router_health_check_timeout_s ({budget.router_health_check_timeout_s} s)")
     if not pd:
-        return [router_wait, retry_wait(budget)]
+        return [router_wait, retry_wait(budget, retry)]
     return [
         FaultWait("prefill killed, request already handed to the decode", hb * misses,
                   f"the decode's heartbeat: {misses} missed checks {hb:g} s apart (heartbeat_interval_s x "
@@ -210,27 +265,40 @@ def fault_waits(budget: FaultBudget, health_check_interval_s: int, health_failur
                   f"SGLang's decode: {SGLANG_ENSURE_ATTEMPTS} tries at the prefill's bootstrap server, "
                   f"{SGLANG_ENSURE_INTERVAL_S:g} s apart (fixed in decode.py)"),
         router_wait,
-        retry_wait(budget),
+        retry_wait(budget, retry),
     ]
 
 
-def retry_wait(budget: FaultBudget) -> FaultWait:
+def retry_wait(budget: FaultBudget, retry: RetrySchedule = ROUTER_RETRY_DEFAULTS) -> FaultWait:
     """A request whose worker failed, retried by the router before its health checks mark the worker down:
-    each attempt after the first waits up to router_max_backoff_ms first (the attempts themselves fail fast
-    on a dead worker: connection refused)."""
-    pauses = budget.router_max_retries - 1
-    return FaultWait("worker failed mid-request, the router's retries", pauses * budget.router_max_backoff_ms / 1000,
-                     f"the router's retries: {pauses} pause(s) of up to router_max_backoff_ms "
-                     f"({budget.router_max_backoff_ms} ms) (router_max_retries {budget.router_max_retries}, the first "
-                     "attempt included)", "pdkit_cluster.fault_budget.router_max_backoff_ms")
+    the pauses between its attempts as the router spaces them (RetrySchedule: growing from the initial
+    backoff, capped at router_max_backoff_ms, then jittered); the attempts themselves fail fast on a dead
+    worker (connection refused)."""
+    pauses = retry.worst_pauses_ms(budget.router_max_retries, budget.router_max_backoff_ms)
+    capped = any(retry.capped(budget.router_max_retries, budget.router_max_backoff_ms))
+    attempts = retry.attempts(budget.router_max_retries)
+    shown = ", ".join(f"{p:g}" for p in pauses[:6]) + (", ..." if len(pauses) > 6 else "")
+    if retry.disabled:
+        why = "none: --disable-retries in pdkit_router.extra_args makes one attempt"
+    elif not pauses:
+        why = f"none: router_max_retries {budget.router_max_retries} is one attempt"
+    else:
+        why = (f"router_max_retries {budget.router_max_retries} (the first attempt included): {len(pauses)} "
+               f"pause(s) of at most {shown} ms, each growing from {retry.initial_backoff_ms:g} ms "
+               f"x{retry.multiplier:g} per retry up to router_max_backoff_ms ({budget.router_max_backoff_ms} ms), "
+               f"then up to +{retry.jitter:.0%} jitter")
+    # the setting that moves it: the cap where it binds, else the number of attempts
+    field = "router_max_backoff_ms" if capped else "router_max_retries"
+    return FaultWait("worker failed mid-request, the router's retries", sum(pauses) / 1000, why,
+                     f"pdkit_cluster.fault_budget.{field}" if attempts > 1 else "")
 
 
 def problems(budget: FaultBudget, health_check_interval_s: int, health_failure_threshold: int,
-             pd: bool = True) -> list[tuple[str, str]]:
+             pd: bool = True, retry: RetrySchedule = ROUTER_RETRY_DEFAULTS) -> list[tuple[str, str]]:
     """(field, message) for each fault whose worst wait exceeds the budget, and for a heartbeat
     that cannot fire before the waiting timeout. Nesting is checked by the model itself."""
     out: list[tuple[str, str]] = []
-    for wait in fault_waits(budget, health_check_interval_s, health_failure_threshold, pd):
+    for wait in fault_waits(budget, health_check_interval_s, health_failure_threshold, pd, retry):
         if wait.seconds > budget.budget_s:
             field = wait.field or ("pdkit_router.health_check_interval_secs" if "router" in wait.bound_by
                                    else "pdkit_cluster.fault_budget.heartbeat_interval_s")
@@ -246,11 +314,11 @@ def problems(budget: FaultBudget, health_check_interval_s: int, health_failure_t
 
 
 def summary_lines(budget: FaultBudget, health_check_interval_s: int, health_failure_threshold: int,
-                  pd: bool = True) -> list[str]:
+                  pd: bool = True, retry: RetrySchedule = ROUTER_RETRY_DEFAULTS) -> list[str]:
     """What `pdkit validate` prints: the budget and each fault's worst wait."""
     lines = [f"fault budget {budget.budget_s:g} s (pdkit_cluster.fault_budget; clients: timeout "
              f"{budget.client_timeout_s} s)"]
-    for wait in fault_waits(budget, health_check_interval_s, health_failure_threshold, pd):
+    for wait in fault_waits(budget, health_check_interval_s, health_failure_threshold, pd, retry):
         lines.append(f"  {wait.fault}: at most {wait.seconds:g} s ({wait.bound_by})")
     return lines
 

@@ -46,8 +46,9 @@ BASE_HOSTS = {
                 {"name": "decode", "role": "decode", "gpus": [2, 3], "port": 30001},
             ],
         },
-        # one router per PD pair: a router over both nodes would pair prefill and decode across hosts
-        "pdkit_router": {"workers": ["gpu01/prefill", "gpu01/decode"]},
+        # one router per PD pair: a router over both nodes would pair prefill and decode across hosts;
+        # no API key, said (without auth: none, validate warns; a test that adds a key drops it)
+        "pdkit_router": {"workers": ["gpu01/prefill", "gpu01/decode"], "auth": "none"},
     },
     "gpu02": {
         "ssh_hostname": "10.9.0.2",

@@ -170,10 +170,77 @@ def test_a_value_in_the_wrong_unit_is_refused_naming_its_range(field, value, phr
 
 
 def test_the_routers_retries_count_in_the_worst_wait_and_name_their_setting():
-    """Issue 46: 5 attempts with up to 10 s between them wait 40 s on a failed worker: over a 20 s budget."""
-    budget = FaultBudget(router_max_retries=5, router_max_backoff_ms=10000)
+    """Issue 46: the router's retries, spaced as the routers space them (RetrySchedule): 20 attempts with the
+    cap at 10 s wait ~95 s on a failed worker, over a 20 s budget; the setting named is the cap, which binds."""
+    budget = FaultBudget(router_max_retries=20, router_max_backoff_ms=10000)
     wait = faultbudget.retry_wait(budget)
-    assert wait.seconds == 40.0 and "4 pause(s) of up to router_max_backoff_ms (10000 ms)" in wait.bound_by
+    # 50 x 1.5^n for n = 0..13 (the last below the cap), then 5 pauses at the cap, each + 20% jitter
+    expected = sum(min(int(50 * 1.5 ** n), 10000) * 1.2 for n in range(19)) / 1000
+    assert wait.seconds == pytest.approx(expected, abs=0.01) and 90 < wait.seconds < 100
+    assert "19 pause(s) of at most 60, 90, 134, 202, 304, 455, ... ms" in wait.bound_by
     found = faultbudget.problems(budget, 5, 2)
     assert ("pdkit_cluster.fault_budget.router_max_backoff_ms",) == tuple(f for f, m in found if "retries" in m), found
     assert faultbudget.problems(FaultBudget(), 5, 2) == []
+
+
+def test_the_default_retries_wait_a_fraction_of_a_second():
+    """3 attempts: pauses of 50 and 75 ms from the routers' schedule, + 20% jitter each: the cap (1,000 ms)
+    never binds. The old arithmetic said 2 s (2 pauses of the whole cap)."""
+    wait = faultbudget.retry_wait(FaultBudget())
+    assert wait.seconds == pytest.approx(0.15) and "2 pause(s) of at most 60, 90 ms" in wait.bound_by
+    assert wait.field == "pdkit_cluster.fault_budget.router_max_retries"  # the cap does not bind: more attempts do
+
+
+def test_the_jitter_comes_after_the_cap():
+    """smg's and sglang-router's BackoffCalculator: min(initial x mult^n, cap), then +-jitter of that. Measured
+    on both (initial = cap = 1000, jitter 0.5): pauses up to 1,388 ms."""
+    schedule = faultbudget.RetrySchedule(initial_backoff_ms=1000, multiplier=1, jitter=0.5)
+    assert schedule.worst_pauses_ms(6, 1000) == [1500] * 5
+    assert faultbudget.RetrySchedule().worst_pauses_ms(6, 100) == [60, 90, 120, 120, 120]
+
+
+def test_one_attempt_or_disabled_retries_wait_nothing():
+    assert faultbudget.retry_wait(FaultBudget(router_max_retries=1)).seconds == 0
+    wait = faultbudget.retry_wait(FaultBudget(router_max_retries=5), faultbudget.RetrySchedule(disabled=True))
+    assert wait.seconds == 0 and "--disable-retries" in wait.bound_by
+
+
+@pytest.mark.parametrize("package,version", sorted(ROUTER_RELEASES))
+def test_the_retry_schedules_defaults_are_each_routers_own(package, version):
+    assert faultbudget.RetrySchedule.of_release(package, version) == faultbudget.ROUTER_RETRY_DEFAULTS
+
+
+def test_extra_args_that_change_the_schedule_change_the_worst_wait(base, tmp_path):
+    """--retry-initial-backoff-ms 5000 in extra_args (the cap at 5000 too, or the router refuses to start):
+    5 attempts pause 4 x (5 s + 20%) = 24 s, over the 20 s budget, which validate counts."""
+    from pdkit.loader import load_with_problems
+
+    cluster, hosts = base
+    hosts["gpu01"]["pdkit_router"]["extra_args"] = ["--retry-initial-backoff-ms", "5000"]
+    cluster["fault_budget"] = {"router_max_backoff_ms": 5000, "router_max_retries": 5}
+    spec, problems = load_with_problems(write_inventory(tmp_path, hosts, cluster))
+    errors = [p for p in problems if p.severity == "error"]
+    assert [p.field for p in errors] == ["pdkit_cluster.fault_budget.router_max_backoff_ms"], problems
+    assert "can wait 24 s" in errors[0].message and "4 pause(s) of at most 6000, 6000, 6000, 6000 ms" in errors[0].message
+
+
+@pytest.mark.parametrize("value", [0, 49])
+def test_a_max_backoff_below_the_initial_backoff_is_refused_by_validate(value, base, tmp_path, capsys):
+    """Issue 46: 0 read as "no pause" in the old arithmetic; both routers refuse a cap below the initial backoff
+    (50 ms) at start (retry.max_backoff_ms: Must be >= initial_backoff_ms)."""
+    code, text = _validate(tmp_path, base, capsys, lambda c, h: c.update(fault_budget={"router_max_backoff_ms": value}))
+    assert code == 2
+    assert "pdkit_cluster.fault_budget.router_max_backoff_ms" in text and "valid: 50 to 60000" in text
+
+
+def test_an_admission_wait_of_0_stays_valid(base, tmp_path, capsys):
+    """smg 1.13.0: 0 sheds at once (a 503 when the decode's window is full), a meaning the budget can take."""
+    code, text = _validate(tmp_path, base, capsys, lambda c, h: c.update(fault_budget={"router_admission_wait_s": 0}))
+    assert code == 0, text
+
+
+@pytest.mark.parametrize("field", ["router_request_timeout_s", "router_max_retries"])
+def test_zero_where_the_routers_refuse_it_is_refused(field):
+    """No "0 = no timeout" and no "0 retries": both routers refuse 0 at start (pdkit.spec.checks.ROUTER_START_RULES)."""
+    with pytest.raises(ValidationError, match="greater than or equal to 1"):
+        FaultBudget(**{field: 0})

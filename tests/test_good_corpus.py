@@ -52,6 +52,7 @@ REQUIRED_SHAPES = (
     "engine-venv",                # a provided engine environment
     "sim-engine",
     "pd-shared-1gpu",
+    "router-api-key",             # auth api_key with its key, router settings at the bounds the routers accept
 )
 
 # a citation of a file of this repository: its path first

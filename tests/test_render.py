@@ -65,6 +65,7 @@ def test_render_writes_files_with_planned_modes(tmp_path, monkeypatch):
 def test_secrets_only_reach_a_root_only_env_file(base, tmp_path):
     cluster, hosts = base
     cluster["secrets"] = {"hf_token": "hf_SeCrEt123", "router_api_key": "rk_SeCrEt456"}
+    hosts["gpu01"]["pdkit_router"].pop("auth")  # the base runs without a key (auth: none); this one has one
     spec = load(write_inventory(tmp_path, hosts, cluster))
     plans = plan_cluster(spec)
     holders = []

@@ -693,7 +693,9 @@ def test_a_roll_tries_the_running_routers_key_then_the_inventorys_then_none(tmp_
     from pdkit.router_api import Key
 
     def spec_with(key):
-        body = "" if key is None else f"_cluster['secrets'] = {{'router_api_key': {key!r}}}"
+        # inventories/cluster.py runs without a key (auth: none): a keyed one drops that
+        body = ("" if key is None else f"_cluster['secrets'] = {{'router_api_key': {key!r}}}\n"
+                "gpu_nodes[0][1]['pdkit_router'].pop('auth')")
         path = tmp_path / f"inv_{key}.py"
         path.write_text(
             "import copy, runpy\n"

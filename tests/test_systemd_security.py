@@ -5,6 +5,7 @@ Before issue #18 the rendered units scored engines 7.5, router 6.9, exporter 6.9
 
 from __future__ import annotations
 
+import copy
 import shutil
 import subprocess
 
@@ -44,13 +45,20 @@ def test_overall_exposure_reads_the_tools_verdict():
     assert overall_exposure("nothing") == {}
 
 
+def _keyed_hosts() -> dict:
+    """BASE_HOSTS with the router taking the cluster's key: the base runs without one (auth: none)."""
+    hosts = copy.deepcopy(BASE_HOSTS)
+    hosts["gpu01"]["pdkit_router"].pop("auth")
+    return hosts
+
+
 @pytest.mark.parametrize("inventory", ["lab", "cluster", "a6000", "secrets"])
 def test_every_pdkit_unit_is_at_or_below_its_exposure_target(inventory, tmp_path, monkeypatch):
     require(SYSTEMD_ANALYZE is not None, "systemd-analyze not installed (Debian package systemd)")
     monkeypatch.chdir(REPO)
     if inventory == "secrets":
         # the router with its API key (LoadCredential, launcher) and engines with an HF token
-        spec = load(str(write_inventory(tmp_path, BASE_HOSTS, {**BASE_CLUSTER, "engine": "sim", "secrets": {"hf_token": "x", "router_api_key": "y"}})))
+        spec = load(str(write_inventory(tmp_path, _keyed_hosts(), {**BASE_CLUSTER, "engine": "sim", "secrets": {"hf_token": "x", "router_api_key": "y"}})))
     else:
         spec = load(f"inventories/{inventory}.py")
     units = _units(spec)
@@ -67,7 +75,7 @@ def test_every_pdkit_unit_is_at_or_below_its_exposure_target(inventory, tmp_path
 
 def test_the_router_runs_as_its_own_user_and_the_engines_cannot_read_its_key(tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)
-    spec = load(str(write_inventory(tmp_path, BASE_HOSTS, {**BASE_CLUSTER, "secrets": {"router_api_key": "rk_x"}})))
+    spec = load(str(write_inventory(tmp_path, _keyed_hosts(), {**BASE_CLUSTER, "secrets": {"router_api_key": "rk_x"}})))
     plan = plan_cluster(spec)["gpu01"]
     router = plan.file("/etc/systemd/system/pdkit-router.service").content
     engine = plan.file("/etc/systemd/system/pdkit-engine-decode.service").content

@@ -70,6 +70,7 @@ def test_every_rendered_unit_verifies(name, tmp_path, monkeypatch):
 def test_units_with_secrets_sim_engine_and_no_numa_verify(base, tmp_path):
     cluster, hosts = base
     cluster.update(engine="sim", secrets={"hf_token": "x", "router_api_key": "y"})
+    hosts["gpu01"]["pdkit_router"].pop("auth")  # the base runs without a key (auth: none); this one has one
     hosts["gpu01"]["pdkit_node"]["gpu"] = "none"
     plans = plan_cluster(load(write_inventory(tmp_path, hosts, cluster)))
     _assert_clean(verify_host_units(plans["gpu01"], tmp_path / "root"))

@@ -3,13 +3,16 @@ every section has validated on its own), and the per-node and per-engine checks 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pdkit.faultbudget import ROUTER_FLAGS as ROUTER_BUDGET_FLAGS
+from pdkit.faultbudget import UNIT_BOUNDS, RetrySchedule, queue_wait_warnings, router_flags
 from pdkit.faultbudget import problems as fault_budget_problems
-from pdkit.faultbudget import queue_wait_warnings, router_flags
 from pdkit.kvcost import KV_PATHS, net_devices_are_rdma, portless_verbs_devices
+from pdkit.parsertable import router_default, router_parser
 from pdkit.spec.addresses import check_addresses, host_ports
 from pdkit.spec.cluster import ClusterSpec, HostSpec, Problem
-from pdkit.spec.credentials import alerting_problems, secret_problems
+from pdkit.spec.credentials import alerting_problems, router_auth_problems, secret_problems
 from pdkit.spec.facts import (
     MAX_SHARED_GPU_FRACTION,
     decode_graph_required_bs,
@@ -28,7 +31,8 @@ from pdkit.spec.startup import effective_page, startup_check_problems, tuning_or
 from pdkit.versions import SGLANG_RELEASES
 
 __all__ = [
-    "cross_checks",
+    "ROUTER_START_RULES", "RouterStartRule", "cross_checks", "router_retry_schedule", "router_start_problems",
+    "router_values",
 ]
 
 
@@ -213,11 +217,10 @@ def cross_checks(spec: ClusterSpec) -> list[Problem]:
                                 f"the router on {host.name} pairs prefill and decode engines across hosts ({shown}): "
                                 "set ucx_net_devices (e.g. 'mlx5_0:1'), without it cross-node NIXL transfers hang "
                                 "until the 300 s timeout; or give each node its own router (pdkit_router.workers)"))
-        decodes = [e for _, e in workers if e.role == "decode"]
-        if router.decode_policy == "power_of_two" and len(decodes) < 2:
-            add(Problem(host.name, "pdkit_router.decode_policy",
-                        "power_of_two needs at least 2 decode workers (the router refuses to start); this router has "
-                        f"{len(decodes)}: use round_robin, or leave it unset"))
+        _check_power_of_two(spec, host, workers, pd_mode, add)
+        # the rendered values the router's own start-up check refuses (ROUTER_START_RULES, below)
+        for field, message in router_start_problems(spec, host):
+            add(Problem(host.name, field, message))
         if roles and roles <= {"prefill", "decode"} and roles != {"prefill", "decode"}:
             add(Problem(host.name, "pdkit_router.workers",
                         f"the router fronts only {sorted(roles)} engines; PD mode needs at least one prefill and one "
@@ -248,13 +251,15 @@ def cross_checks(spec: ClusterSpec) -> list[Problem]:
         add(Problem(spec.router_hosts[0].name, "pdkit_cluster.secrets.router_api_key",
                     "sglang-router 0.3.2 only takes its API key on the command line, which would leak it; use package "
                     "smg or drop the key"))
+    problems += router_auth_problems(spec)
     problems += secret_problems(spec)
     budget = cluster.fault_budget
     for host in spec.router_hosts:
         router = host.router
         assert router is not None
         for field, message in fault_budget_problems(budget, router.health_check_interval_secs,
-                                                    router.health_failure_threshold, spec.is_pd()):
+                                                    router.health_failure_threshold, spec.is_pd(),
+                                                    router_retry_schedule(spec, host)):
             add(Problem(host.name, field, message))
         for field in budget.model_fields_set - set(router_flags(*spec.router_release(host))):
             if field.startswith("router_"):
@@ -267,6 +272,241 @@ def cross_checks(spec: ClusterSpec) -> list[Problem]:
         add(Problem(host_name, field, message, "warning"))
     # a cluster-wide setting reached through several engines of one host is one problem
     return list(dict.fromkeys(problems))
+
+
+# ---- what the routers refuse at start (issue 46) ------------------------------------------------------
+#
+# Both routers check their configuration in Router.start(), before they serve (smg: the Rust
+# ConfigValidator, model_gateway/src/config/validation.rs; sglang-router 0.3.2: sgl-router/src/config/
+# validation.rs, same name and shape), and the Python binding refuses an integer its Rust field cannot
+# hold (OverflowError in Router.from_args: a u32 threshold above 4294967295, a negative value of an
+# unsigned one). `pdkit.contract.check_router_argvs` stops before start(), so it sees the overflow but
+# not the validator: each rendered setting's refusals are tabled here, per release, and `pdkit validate`
+# refuses them (router_start_problems). Every row was run: tests/test_router_start_refusals.py launches
+# the real smg 1.13.0 and sglang-router 0.3.2 with pdkit's argv, one row's refused value at a time, and
+# with every row's least accepted value. smg 1.13.0's Rust source is not in the snapshots read here
+# (smg-project/smg and lightseekorg/smg stop at v1.9.0+, whose validation.rs has the same retry, port,
+# request-timeout and start-up interval rules); its health_check.* rules are newer and quoted from the
+# 1.13.0 binary's own refusal. Fields whose model bound already refuses a value (pdkit's Port,
+# IntervalSeconds, ge=1) keep their row: the row records why, the test proves it. Not a row: smg 1.13.0
+# also refuses --prometheus-port equal to --port ("each listener needs its own port"), which the port
+# check above refuses first (every port on a host must be unique).
+
+
+BOTH_ROUTERS = ("smg 1.13.0", "sglang-router 0.3.2")
+U32_MAX = 4_294_967_295
+
+
+@dataclass(frozen=True)
+class RouterStartRule:
+    """The values of one rendered router flag that a router refuses at start."""
+
+    flag: str
+    # the spec field it is rendered from
+    field: str
+    # the least value accepted (None: no floor), or the flag whose value is the floor
+    low: float | None = None
+    low_flag: str | None = None
+    # the most value accepted (None: no ceiling)
+    high: float | None = None
+    # the releases ("package version") that refuse it at start
+    refused_by: tuple[str, ...] = BOTH_ROUTERS
+    # what the router says when it refuses
+    says: str = ""
+    # where the rule lives in the router's code, per release
+    source: str = ""
+    # what the releases that do start with it do instead, and why pdkit refuses it for them too
+    otherwise: str = ""
+
+
+_VALIDATION = ("ConfigValidator (smg model_gateway/src/config/validation.rs; sglang-router 0.3.2 "
+               "sgl-router/src/config/validation.rs)")
+
+
+def _overflow(rust_type: str) -> str:
+    return (f"the Python binding's conversion to the Rust {rust_type} field (smg/router.py Router.from_args -> "
+            "smg_rs.Router; sglang_router/router.py -> sglang_router_rs.Router, 0.3.2)")
+
+
+ROUTER_START_RULES: tuple[RouterStartRule, ...] = (
+    RouterStartRule("--port", "pdkit_router.port", low=1, says="port: Port must be > 0",
+                    source=f"{_VALIDATION} validate_server_settings"),
+    RouterStartRule("--prometheus-port", "pdkit_router.prometheus_port", low=1, says="metrics.port: Port must be > 0",
+                    source=f"{_VALIDATION} validate_metrics"),
+    RouterStartRule("--health-check-interval-secs", "pdkit_router.health_check_interval_secs", low=1,
+                    refused_by=("smg 1.13.0",),
+                    says="health_check.check_interval_secs: Must be >= 1 (--health-check-interval-secs 0 would probe "
+                         "every worker in a busy loop; --disable-health-check turns probing off)",
+                    source="smg 1.13.0 Router.start() (the binary's refusal; newer than the source read)",
+                    otherwise="sglang-router 0.3.2 starts, then its health checker panics (src/core/worker_registry.rs"
+                              ":653, 'Started health checker for workers with 0s interval') and no worker is ever "
+                              "marked down: pdkit refuses 0 for both"),
+    RouterStartRule("--health-failure-threshold", "pdkit_router.health_failure_threshold", low=1,
+                    refused_by=("smg 1.13.0",),
+                    says="health_check.failure_threshold: Must be >= 1 (--health-failure-threshold 0 would fail a "
+                         "worker without a probe)", source="smg 1.13.0 Router.start()",
+                    otherwise="sglang-router 0.3.2 starts with 0; pdkit refuses it for both (no probe could fail)"),
+    RouterStartRule("--health-failure-threshold", "pdkit_router.health_failure_threshold", high=U32_MAX,
+                    says="OverflowError: out of range integral type conversion attempted while processing "
+                         "'health_failure_threshold'", source=_overflow("u32")),
+    RouterStartRule("--health-success-threshold", "pdkit_router.health_success_threshold", low=1,
+                    refused_by=("smg 1.13.0",),
+                    says="health_check.success_threshold: Must be >= 1 (--health-success-threshold 0 would pass a "
+                         "worker without a probe)", source="smg 1.13.0 Router.start()",
+                    otherwise="sglang-router 0.3.2 starts with 0; pdkit refuses it for both"),
+    RouterStartRule("--health-success-threshold", "pdkit_router.health_success_threshold", high=U32_MAX,
+                    says="OverflowError: out of range integral type conversion attempted while processing "
+                         "'health_success_threshold'", source=_overflow("u32")),
+    RouterStartRule("--worker-startup-check-interval", "pdkit_router.worker_startup_check_interval_secs", low=1,
+                    says="worker_startup_check_interval_secs: Must be > 0",
+                    source=f"{_VALIDATION} validate_server_settings"),
+    RouterStartRule("--request-timeout-secs", "pdkit_cluster.fault_budget.router_request_timeout_s", low=1,
+                    says="request_timeout_secs: Must be > 0 (no '0 = no timeout')",
+                    source=f"{_VALIDATION} validate_server_settings"),
+    RouterStartRule("--retry-max-retries", "pdkit_cluster.fault_budget.router_max_retries", low=1,
+                    says="retry.max_retries: Must be >= 1 (set to 1 to effectively disable retries)",
+                    source=f"{_VALIDATION} validate_retry"),
+    RouterStartRule("--retry-max-backoff-ms", "pdkit_cluster.fault_budget.router_max_backoff_ms",
+                    low_flag="--retry-initial-backoff-ms", says="retry.max_backoff_ms: Must be >= initial_backoff_ms",
+                    source=f"{_VALIDATION} validate_retry"),
+    RouterStartRule("--retry-initial-backoff-ms", "pdkit_router.extra_args", low=1,
+                    says="retry.initial_backoff_ms: Must be > 0", source=f"{_VALIDATION} validate_retry"),
+    RouterStartRule("--retry-backoff-multiplier", "pdkit_router.extra_args", low=1.0,
+                    says="retry.backoff_multiplier: Must be >= 1.0 (smg 1.13.0: Must be finite and >= 1.0)",
+                    source=f"{_VALIDATION} validate_retry"),
+    RouterStartRule("--retry-jitter-factor", "pdkit_router.extra_args", low=0.0, high=1.0,
+                    says="retry.jitter_factor: Must be between 0.0 and 1.0", source=f"{_VALIDATION} validate_retry"),
+    RouterStartRule("--shutdown-grace-period-secs", "pdkit_router.shutdown_grace_period_secs", low=0,
+                    says="OverflowError: can't convert negative int to unsigned while processing "
+                         "'shutdown_grace_period_secs'", source=_overflow("u64")),
+    RouterStartRule("--pd-admission-wait-secs", "pdkit_cluster.fault_budget.router_admission_wait_s", low=0,
+                    refused_by=("smg 1.13.0",),
+                    says="OverflowError: can't convert negative int to unsigned while processing "
+                         "'pd_admission_wait_secs'", source=_overflow("u64"),
+                    otherwise="sglang-router 0.3.2 has no such flag (pdkit renders it for smg only)"),
+    RouterStartRule("--health-check-timeout-secs", "pdkit_cluster.fault_budget.router_health_check_timeout_s", low=1,
+                    refused_by=("smg 1.13.0",),
+                    says="health_check.timeout_secs: Must be >= 1 (--health-check-timeout-secs 0 would time every "
+                         "probe out at once)", source="smg 1.13.0 Router.start()",
+                    otherwise="sglang-router 0.3.2 starts with 0; pdkit's own floor is 2 for both (SGLang's /health "
+                              "answers after 1 s at the earliest, pdkit/faultbudget.py)"),
+)
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+def _fmt(value: float) -> str:
+    return f"{value:g}" if not float(value).is_integer() else str(int(value))
+
+
+def router_values(spec: ClusterSpec, host: HostSpec) -> dict[str, tuple[float, str]]:
+    """{flag: (value, the field it comes from)} of HOST's router: each row's field, as pdkit.flags.router_args
+    renders it (str() of the field; a budget field only where the release's parser has its flag), then the
+    numeric flags of pdkit_router.extra_args read the way the router's argparse reads them (abbreviations
+    resolved, the last one wins), each naming its pdkit_router.extra_args[i]. (Read from the spec, not from
+    the rendered argv: pdkit.flags renders from this package.)"""
+    router = host.router
+    assert router is not None
+    package, version = spec.router_release(host)
+    rendered_budget = router_flags(package, version)
+    out: dict[str, tuple[float, str]] = {}
+    for rule in ROUTER_START_RULES:
+        section, _, name = rule.field.rpartition(".")
+        if name == "extra_args" or (section == "pdkit_cluster.fault_budget" and name not in rendered_budget):
+            continue
+        owner = router if section == "pdkit_router" else spec.cluster.fault_budget
+        out[rule.flag] = (float(getattr(owner, name)), rule.field)
+    parsed, _ = router_parser(package, version).parse(list(router.extra_args))
+    for p in parsed:
+        value = _number(p.values[0]) if len(p.values) == 1 else None
+        if value is not None:
+            out[p.option.name] = (value, f"pdkit_router.extra_args[{p.index}]")
+    return out
+
+
+def router_start_problems(spec: ClusterSpec, host: HostSpec) -> list[tuple[str, str]]:
+    """(field, message) for each value of HOST's rendered router argv that its release refuses at start
+    (ROUTER_START_RULES)."""
+    package, version = spec.router_release(host)
+    release = f"{package} {version}"
+    values = router_values(spec, host)
+    out: list[tuple[str, str]] = []
+    for rule in ROUTER_START_RULES:
+        if release not in rule.refused_by or rule.flag not in values:
+            continue
+        value, field = values[rule.flag]
+        if rule.low_flag is not None:
+            floor, origin = values.get(rule.low_flag, (router_default(package, version, rule.low_flag), ""))
+            where = f"{rule.low_flag} {_fmt(floor)}" + (f", {origin}" if origin else ", the router's default")
+            bounds = UNIT_BOUNDS.get(field.removeprefix("pdkit_cluster.fault_budget."))
+            valid = f"{_fmt(floor)} or more" if bounds is None else f"{_fmt(floor)} to {_fmt(bounds[1])}"
+            if value < floor:
+                zero = " (0 is not 'no pause')" if value == 0 else ""
+                out.append((field, f"{_fmt(value)}{zero} is below the router's initial backoff ({where}): {release} "
+                                   f"refuses to start ('{rule.says}'; {rule.source}); valid: {valid}"))
+            continue
+        if (rule.low is not None and value < rule.low) or (rule.high is not None and value > rule.high):
+            if rule.low is not None and rule.high is not None:
+                valid = f"{_fmt(rule.low)} to {_fmt(rule.high)}"
+            elif rule.low is not None:
+                valid = f"{_fmt(rule.low)} or more"
+            else:
+                valid = f"at most {_fmt(rule.high)}"  # type: ignore[arg-type]
+            out.append((field, f"{rule.flag} {_fmt(value)}: {release} refuses to start with it ('{rule.says}'; "
+                               f"{rule.source}); valid: {valid}"))
+    return out
+
+
+def router_retry_schedule(spec: ClusterSpec, host: HostSpec) -> RetrySchedule:
+    """How HOST's router spaces its retries: its release's defaults, with what extra_args change
+    (--retry-initial-backoff-ms, --retry-backoff-multiplier, --retry-jitter-factor, --disable-retries)."""
+    router = host.router
+    assert router is not None
+    package, version = spec.router_release(host)
+    default = RetrySchedule.of_release(package, version)
+    values = router_values(spec, host)
+    parsed, _ = router_parser(package, version).parse(list(router.extra_args))
+
+    def pick(flag: str, fallback: float) -> float:
+        return values[flag][0] if flag in values else fallback
+
+    return RetrySchedule(pick("--retry-initial-backoff-ms", default.initial_backoff_ms),
+                         pick("--retry-backoff-multiplier", default.multiplier),
+                         pick("--retry-jitter-factor", default.jitter),
+                         disabled=any(p.option.name == "--disable-retries" for p in parsed))
+
+
+# The policies each router refuses at start with fewer than two workers to pick from: smg 1.13.0 and
+# sglang-router 0.3.2 ConfigValidator::validate_compatibility (smg model_gateway/src/config/validation.rs,
+# sgl-router/src/config/validation.rs): "Power-of-two policy requires at least 2 workers" (regular
+# mode, --policy), "... for prefill requires at least 2 prefill workers" (--prefill-policy), "... for
+# decode requires at least 2 decode workers" (--decode-policy). Both run with pdkit's argv: refused at
+# start (tests/test_router_start_refusals.py). In PD mode pdkit renders no --policy, so only the two
+# PD policies count there.
+def _check_power_of_two(spec: ClusterSpec, host: HostSpec, workers, pd_mode: bool, add) -> None:
+    router = host.router
+    assert router is not None
+    if not workers:
+        return
+    if pd_mode:
+        picks = [("prefill_policy", router.prefill_policy, "prefill"),
+                 ("decode_policy", spec.router_decode_policy(host), "decode")]
+    else:
+        picks = [("policy", router.policy, "unified")]
+    release = " ".join(spec.router_release(host))
+    for field, policy, role in picks:
+        count = sum(1 for _, e in workers if e.role == role)
+        if policy == "power_of_two" and count < 2:
+            kind = f"{role} workers" if pd_mode else "workers"
+            instead = "round_robin, or leave it unset" if field == "decode_policy" else "round_robin or cache_aware"
+            add(Problem(host.name, f"pdkit_router.{field}",
+                        f"power_of_two needs at least 2 {kind} (the router refuses to start: {release}, 'Power-of-two "
+                        f"policy ... requires at least 2 {kind}'); this router has {count}: use {instead}"))
 
 
 def _check_model_visibility(spec: ClusterSpec, add) -> None:

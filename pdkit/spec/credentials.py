@@ -8,7 +8,7 @@ from pdkit.spec.cluster import ClusterSpec, HostSpec, Problem
 from pdkit.spec.models import Secrets
 
 __all__ = [
-    "alerting_problems", "secret_problems",
+    "alerting_problems", "router_auth_problems", "secret_problems",
 ]
 
 
@@ -175,4 +175,41 @@ def secret_problems(spec: ClusterSpec) -> list[Problem]:
             out.append(Problem(mon, field, f"contains {', '.join(bad)} inside the value: Alertmanager fails every "
                                "notification with it ('invalid header field value'); give the credential alone on one "
                                "line"))
+    return out
+
+
+# Who may call the router (issue 46): a key, or nobody asked. An inventory that reads the key from the
+# environment (os.environ.get("PDKIT_ROUTER_KEY")) gets None when the variable is unset, and the router then
+# serves anyone who reaches its port; so no key must be said: pdkit_router.auth "none".
+def router_auth_problems(spec: ClusterSpec) -> list[Problem]:
+    out: list[Problem] = []
+    key = spec.cluster.secrets.router_api_key
+    secret = "pdkit_cluster.secrets.router_api_key"
+    for host in spec.router_hosts:
+        router = host.router
+        assert router is not None
+        package, version = spec.router_release(host)
+        smg = package == "smg"
+        with_key = (f"auth: 'api_key' with {secret} set (smg only)" if smg else
+                    f"a key needs package smg ({package} {version} takes one only on its command line)")
+        if router.auth is None and key is None:
+            out.append(Problem(host.name, "pdkit_router.auth",
+                               f"the router gets no API key ({secret} is unset: if the inventory reads it from an "
+                               "environment variable, that variable is unset here), so it serves anyone who reaches "
+                               f"port {router.port}; valid: {with_key}, or auth: 'none' to run without one on "
+                               "purpose", "warning"))
+        elif router.auth == "api_key" and key is None:
+            out.append(Problem(host.name, secret,
+                               f"pdkit_router.auth is 'api_key' but {secret} is unset (the environment variable that "
+                               "should hold it is probably unset where pdkit runs): set the key, e.g. "
+                               "os.environ[\"PDKIT_ROUTER_KEY\"] so that an unset variable stops the inventory, or "
+                               "auth: 'none'"))
+        elif router.auth == "api_key" and not smg:
+            out.append(Problem(host.name, "pdkit_router.auth",
+                               f"'api_key' with {package} {version}, which takes its key only on its command line "
+                               "(it would leak): valid: package smg, or auth: 'none'"))
+        elif router.auth == "none" and key is not None:
+            out.append(Problem(host.name, "pdkit_router.auth",
+                               f"'none' but {secret} is set, and every router and pdkit client uses that key: valid: "
+                               f"auth: 'api_key' (or unset) with the key, or auth: 'none' with {secret} removed"))
     return out

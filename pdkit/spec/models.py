@@ -102,7 +102,8 @@ class Secrets(Frozen):
 
     # HF_TOKEN for engines that download from the hub
     hf_token: SecretStr | None = None
-    # the router's API key (also sent by pdkit's own clients)
+    # the router's API key (also sent by pdkit's own clients); smg only. Unset: the router takes no key,
+    # which pdkit_router.auth must say ("none"), else validate warns
     router_api_key: SecretStr | None = None
     # each alert receiver's credential, by receiver name (pdkit_monitoring.alerting.receivers; what it is:
     # RECEIVER_KINDS); only in a mode-0600 file Alertmanager reads
@@ -478,18 +479,26 @@ class Router(Frozen):
     prefill_policy: str = "cache_aware"
     # PD decode worker selection; unset: power_of_two with 2+ decode workers, else round_robin
     decode_policy: str | None = None
+    # who may call the router: api_key (clients present pdkit_cluster.secrets.router_api_key; smg only) or
+    # none (anyone who reaches its port); unset: api_key when the key is set, else a warning, so that a key
+    # read from an unset environment variable never opens the router silently (docs/security.md)
+    auth: Literal["api_key", "none"] | None = None
     # seconds between worker health checks (with the threshold and fault_budget.router_health_check_timeout_s:
-    # how long new requests keep going to a dead worker; pdkit/faultbudget.py)
+    # how long new requests keep going to a dead worker; pdkit/faultbudget.py). No "0 = off": smg 1.13.0
+    # refuses 0 at start, sglang-router 0.3.2 starts and its health checker panics
+    # (pdkit.spec.checks.ROUTER_START_RULES)
     health_check_interval_secs: IntervalSeconds = 5
-    # failed checks before a worker counts as unhealthy
+    # failed checks before a worker counts as unhealthy (the routers take 1 to 4294967295, their u32)
     health_failure_threshold: int = Field(default=2, ge=1)
     # passed checks before an unhealthy worker gets traffic again (the routers' default, 2, keeps a
-    # restarted engine idle for a whole extra interval after it is healthy)
+    # restarted engine idle for a whole extra interval after it is healthy; 1 to 4294967295)
     health_success_threshold: int = Field(default=1, ge=1)
-    # seconds between the router's checks on a worker that is not up yet (its default, 30, delays readiness)
+    # seconds between the router's checks on a worker that is not up yet (its default, 30, delays readiness;
+    # both routers refuse 0 at start)
     worker_startup_check_interval_secs: IntervalSeconds = 5
     # seconds the router drains in-flight requests on stop (--shutdown-grace-period-secs; the routers'
-    # own default, 180, is longer than a unit stop should take); the unit's TimeoutStopSec is set above it
+    # own default, 180, is longer than a unit stop should take); the unit's TimeoutStopSec is set above it.
+    # The routers take 0 (no drain: a stop cuts every request in flight); pdkit asks for at least 1
     shutdown_grace_period_secs: IntervalSeconds = 60
     # engines it fronts, as "host/engine"; unset: every engine in the cluster
     workers: tuple[str, ...] | None = None

@@ -12,7 +12,7 @@ gpu_nodes = [("gpu01", {
         "nccl_profile": "nvlink",
         "engines": [{"name": "main", "role": "unified", "gpus": [0, 1, 2, 3, 4, 5, 6, 7], "port": 30000, "tp": 8, "attn_dp": 8}],
     },
-    "pdkit_router": {"port": 8000},
+    "pdkit_router": {"port": 8000, "auth": "none"},
 })]
 monitoring = [("mon01", {"ssh_hostname": "10.0.0.20", "pdkit_monitoring": {"alerting": {
     "receivers": [{"name": "oncall", "kind": "webhook", "url": "http://10.0.0.20:9095/"}]}}})]

@@ -14,7 +14,7 @@ gpu_nodes = [("mimo", {
         "gpus": {"model": "NVIDIA H100 80GB HBM3", "count": 1, "memory_gib": 80, "compute_capability": "9.0", "numa": [0]},
         "engines": [{"name": "main", "role": "unified", "gpus": [0], "port": 30000}],
     },
-    "pdkit_router": {"port": 8000},
+    "pdkit_router": {"port": 8000, "auth": "none"},
 })]
 monitoring = [("mon01", {"ssh_hostname": "10.0.0.20", "pdkit_monitoring": {"alerting": {
     "receivers": [{"name": "oncall", "kind": "webhook", "url": "http://10.0.0.20:9095/"}]}}})]

@@ -14,7 +14,7 @@ gpu_nodes = [("gpu01", {
         ],
     },
     # sglang-router 0.3.2 refuses power_of_two with one decode worker (inventories/h200.py)
-    "pdkit_router": {"port": 8000, "decode_policy": "round_robin"},
+    "pdkit_router": {"port": 8000, "decode_policy": "round_robin", "auth": "none"},
 })]
 monitoring = [("mon01", {"ssh_hostname": "10.0.0.20", "pdkit_monitoring": {"alerting": {
     "receivers": [{"name": "oncall", "kind": "webhook", "url": "http://10.0.0.20:9095/"}]}}})]

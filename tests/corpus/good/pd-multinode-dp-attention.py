@@ -24,7 +24,7 @@ gpu_nodes = [
                                      "tuning": {"max_running_requests": 128}}])),
     ("gpu-d1", _node("10.0.1.21", [])),
 ]
-others = [("router01", {"ssh_hostname": "10.0.1.5", "pdkit_router": {"port": 8000}})]
+others = [("router01", {"ssh_hostname": "10.0.1.5", "pdkit_router": {"port": 8000, "auth": "none"}})]
 monitoring = [("mon01", {"ssh_hostname": "10.0.0.20", "pdkit_monitoring": {"alerting": {
     "receivers": [{"name": "oncall", "kind": "webhook", "url": "http://10.0.0.20:9095/"}]}}})]
 

@@ -12,7 +12,7 @@ gpu_nodes = [("gpu01", {
             {"name": "decode", "role": "decode", "gpus": [0], "port": 30001, "gpu_share": 0.45},
         ],
     },
-    "pdkit_router": {"port": 8000, "decode_policy": "round_robin"},
+    "pdkit_router": {"port": 8000, "decode_policy": "round_robin", "auth": "none"},
 })]
 monitoring = [("mon01", {"ssh_hostname": "10.0.0.20", "pdkit_monitoring": {"alerting": {
     "receivers": [{"name": "oncall", "kind": "webhook", "url": "http://10.0.0.20:9095/"}]}}})]

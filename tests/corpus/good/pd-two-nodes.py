@@ -19,7 +19,7 @@ gpu_nodes = [
     ("gpu01", _node("10.0.1.10", [{"name": "prefill", "role": "prefill", "gpus": [0, 1, 2, 3, 4, 5, 6, 7], "port": 30000}])),
     ("gpu02", _node("10.0.1.20", [{"name": "decode", "role": "decode", "gpus": [0, 1, 2, 3, 4, 5, 6, 7], "port": 30001}])),
 ]
-others = [("router01", {"ssh_hostname": "10.0.1.5", "pdkit_router": {"port": 8000}})]
+others = [("router01", {"ssh_hostname": "10.0.1.5", "pdkit_router": {"port": 8000, "auth": "none"}})]
 monitoring = [("mon01", {"ssh_hostname": "10.0.0.20", "pdkit_monitoring": {"alerting": {
     "receivers": [{"name": "oncall", "kind": "webhook", "url": "http://10.0.0.20:9095/"}]}}})]
 

@@ -13,7 +13,7 @@ gpu_nodes = [("gpu01", {
             {"name": "decode", "role": "decode", "gpus": [1], "port": 30001},
         ],
     },
-    "pdkit_router": {"port": 8000},
+    "pdkit_router": {"port": 8000, "auth": "none"},
 })]
 monitoring = [("mon01", {"ssh_hostname": "10.0.0.20", "pdkit_monitoring": {"alerting": {
     "receivers": [{"name": "oncall", "kind": "webhook", "url": "http://10.0.0.20:9095/"}]}}})]

@@ -10,7 +10,7 @@ gpu_nodes = [("ct129", {
         "nccl_profile": "pcie",
         "engines": [{"name": "main", "role": "unified", "gpus": [0, 1], "port": 30000}],
     },
-    "pdkit_router": {"port": 8000},
+    "pdkit_router": {"port": 8000, "auth": "none"},
 })]
 monitoring = [("mon01", {"ssh_hostname": "10.0.0.20", "pdkit_monitoring": {"alerting": {
     "receivers": [{"name": "oncall", "kind": "webhook", "url": "http://10.0.0.20:9095/"}]}}})]
