@@ -16,6 +16,7 @@ from pdkit import flags, startchecks, ucxcheck
 from pdkit.pagesize import effective_page_size
 from pdkit.parsertable import Parsed, Parser, router_parser, sglang_parser, speculative_algorithms
 from pdkit.spec import ClusterSpec, Engine, HostSpec, Problem, pairing_sets
+from pdkit.spec.startup import effective_page, tuning_origin
 from pdkit.versions import SGLANG_RELEASES
 
 SECRETS_POINTER = (
@@ -40,6 +41,7 @@ def problems(spec: ClusterSpec) -> list[Problem]:
     for host, engine in spec.engines():
         engine_args[(host.name, engine.name)] = _check_engine(spec, host, engine, add)
         _check_engine_env(spec, host, engine, add)
+        _check_derivations(spec, host, engine, add)
     for host in spec.router_hosts:
         _check_router(spec, host, add)
     _check_pairs(spec, engine_args, add)
@@ -72,6 +74,25 @@ def _check_engine_env(spec: ClusterSpec, host: HostSpec, engine: Engine, add) ->
         effective = {k: str(v) for k, v in {**rendered, **engine.env}.items() if k.startswith("UCX_")}
         for var, why in ucxcheck.related_problems(effective, given):
             add(Problem(host.name, f"{at}.env.{var}", why))
+
+
+def _check_derivations(spec: ClusterSpec, host: HostSpec, engine: Engine, add) -> None:
+    """What SGLang derives before its start checks (0.5.23's backend aliases, EAGLE's adjusted draft tokens,
+    the default chunk by GPU memory, MoE runner resolution, SGLANG_CUTLASS_MOE, backends in extra_args):
+    pdkit.startchecks.derivation_problems, judged on the page the engine really runs."""
+    node = host.node
+    assert node is not None
+    tuning = spec.engine_tuning(engine)
+    at = engine_path(host, engine)
+    gpu = node.gpu == "nvidia"
+    for severity, name, why in startchecks.derivation_problems(
+            spec.engine_version(engine), engine.role, tuning, tuple(engine.extra_args), dict(engine.env),
+            node.gpus.sm_major if gpu else None, node.gpus.memory_gib if gpu else None,
+            effective_page(spec.engine_version(engine), tuning, engine), engine.attn_dp or 1, engine.ep):
+        head = name.split(".")[0]
+        field = (name if name.startswith(("env.", "extra_args"))
+                 else tuning_origin(spec, engine, "", head) + name[len(head):])
+        add(Problem(host.name, field if field.startswith("pdkit_cluster") else f"{at}.{field}", why, severity))
 
 
 def engine_path(host: HostSpec, engine: Engine) -> str:

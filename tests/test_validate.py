@@ -316,6 +316,9 @@ def test_eagle_topk_1_with_other_draft_tokens_is_valid_as_sglang_adjusts_them(tm
                                                               "num_draft_tokens": 3}})
     inv = write_inventory(tmp_path, hosts, cluster)
     assert main(["validate", str(inv)]) == 0, capsys.readouterr().err
+    # and says what SGLang will run (pdkit.startchecks.derivation_problems, through pdkit.argvcheck)
+    out = capsys.readouterr().out
+    assert "pdkit_node.engines[1].tuning.speculative" in out and "num_steps + 1 = 4" in out, out
 
 
 @pytest.mark.parametrize("env, phrase", [
@@ -811,3 +814,20 @@ def test_a_pd_pair_agrees_on_the_page_size_sglang_really_runs(prefill, decode, e
         assert rc == 0 and f"warning {field}" in out and "set page_size to the snapped value on both" in out, out
     else:
         assert rc == 0 and field not in out + err, out + err
+
+
+def test_0_5_23s_tokenspeed_alias_is_judged_as_the_backend_it_becomes(tmp_path, capsys):
+    """0.5.23 renames tokenspeed_mla to cutedsl_mla before its checks (serving_hook.py handle_deprecated_args),
+    which refuses SM12x: on an RTX PRO 6000 node validate refuses it and says the name is deprecated
+    (pdkit.startchecks.derivation_problems through pdkit.argvcheck)."""
+    cluster, hosts = copy.deepcopy(BASE_CLUSTER), copy.deepcopy(BASE_HOSTS)
+    cluster["sglang_version"] = "0.5.23"
+    node = hosts["gpu01"]["pdkit_node"]
+    node["gpus"] = {**node["gpus"], "model": "NVIDIA RTX PRO 6000 Blackwell Server Edition", "compute_capability": "12.0",
+                    "memory_gib": 96}
+    node["engines"][1]["tuning"] = {"attention_backend": "tokenspeed_mla", "kv_cache_dtype": "fp8_e4m3"}
+    inv = write_inventory(tmp_path, hosts, cluster)
+    assert main(["validate", str(inv)]) == 2
+    err = capsys.readouterr().err
+    assert "pdkit_node.engines[1].tuning.attention_backend" in err and "runs as cutedsl_mla" in err
+    assert "refuses compute capability 12.x" in err
