@@ -117,6 +117,7 @@ class EngineFacts:
     overlap_schedule: bool | None = None
     sm_major: int | None = None
     env: dict[str, str] = field(default_factory=dict)
+    kv_cache_dtype: str | None = None
 
 
 # The architectures whose checkpoints SGLang treats as DeepSeek Sparse Attention when config.json also names
@@ -199,6 +200,15 @@ def architecture(config: dict[str, Any]) -> str | None:
     return str(archs[0]) if isinstance(archs, list) and archs else None
 
 
+# DeepSeek-V4: SGLang sets attention_backend dsv4 and page_size 256 on CUDA whatever the inventory gives (0.5.17
+# arg_groups/overrides.py _deepseek_v4_overrides; 0.5.23 arg_groups/model_overrides/deepseek_v4.py), and asserts
+# its KV cache dtype ("auto" becomes fp8_e4m3: _deepseek_v4_kv_cache_dtype, both releases)
+DSV4_ARCHS = ("DeepseekV4ForCausalLM",)
+DSV4_PAGE = 256
+DSV4_BACKEND = "dsv4"
+DSV4_KV_DTYPES = ("fp8_e4m3", "bfloat16")
+
+
 def _resolved_backends(facts: EngineFacts) -> tuple[str | None, str | None, str | None]:
     """(attention_backend, prefill, decode) as SGLang resolves them before the model checks: equal prefill and
     decode backends replace attention_backend (overrides.py _attention_backend_default, both releases), and
@@ -262,6 +272,23 @@ def architecture_problems(facts: EngineFacts, config: dict[str, Any], source: st
                     f"SGLang {version} gives {arch} without an attention backend trtllm_mla ({file}), which snaps the "
                     "page to 64 (_mla_backend_page_constraints); a PD peer with another backend or page then no "
                     "longer matches: set page_size 64 (or 32), or the attention_backend on every engine of the pair"))
+    if arch in DSV4_ARCHS:
+        file = "arg_groups/overrides.py _deepseek_v4_overrides" if version == "0.5.17" else \
+            "arg_groups/model_overrides/deepseek_v4.py"
+        if facts.page_size is not None and facts.page_size != DSV4_PAGE:
+            out.append(("warning", "page_size",
+                        f"page_size {facts.page_size} is replaced: SGLang {version} runs {arch} ({source}) on the "
+                        f"{DSV4_BACKEND} attention backend with page size {DSV4_PAGE} on CUDA ({file}); every rule "
+                        f"and PD pair runs on page {DSV4_PAGE}: set page_size {DSV4_PAGE} or leave it unset"))
+        if facts.attention_backend not in (None, DSV4_BACKEND):
+            out.append(("warning", "attention_backend",
+                        f"attention_backend {facts.attention_backend} is replaced: SGLang {version} runs {arch} "
+                        f"({source}) on {DSV4_BACKEND} ({file}): leave attention_backend unset"))
+        if facts.kv_cache_dtype not in (None, "auto", *DSV4_KV_DTYPES):
+            out.append(("error", "kv_cache_dtype",
+                        f"kv_cache_dtype {facts.kv_cache_dtype} for {arch} ({source}): SGLang {version} refuses it at "
+                        f"start ('{facts.kv_cache_dtype} is not supported for {arch}', arg_groups/overrides.py "
+                        f"_deepseek_v4_kv_cache_dtype); valid: {', '.join(DSV4_KV_DTYPES)}, or unset (fp8_e4m3)"))
     radix_on = facts.radix_cache is not False and (facts.role != "decode" or bool(facts.decode_radix_cache))
     if arch in MAMBA_NO_BUFFER_ARCHS.get(version, ()) and radix_on:
         hook = "0.5.17 server_args.py _validate_mamba_no_buffer" if version == "0.5.17" else \
@@ -314,4 +341,4 @@ def engine_facts(spec, host, engine) -> EngineFacts:
         radix_cache=tuning.radix_cache, decode_radix_cache=tuning.decode_radix_cache, hicache=tuning.hicache,
         overlap_schedule=tuning.overlap_schedule,
         sm_major=node.gpus.sm_major if node is not None and node.gpu == "nvidia" else None,
-        env={str(k): str(v) for k, v in engine.env.items()})
+        env={str(k): str(v) for k, v in engine.env.items()}, kv_cache_dtype=tuning.kv_cache_dtype)

@@ -82,6 +82,8 @@ def test_a_model_directory_not_on_this_machine_is_left_to_the_preflight(tmp_path
 # config.json keys as the published checkpoints write them (trimmed to what the rules read)
 DEEPSEEK_V32 = {"architectures": ["DeepseekV32ForCausalLM"], "model_type": "deepseek_v32", "kv_lora_rank": 512,
                 "index_topk": 2048, "max_position_embeddings": 163840}
+# a DeepSeek-V4 checkpoint's config.json, as SGLang matches it (architectures[0])
+DEEPSEEK_V4 = {"architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4", "max_position_embeddings": 1048576}
 DEEPSEEK_V3 = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "kv_lora_rank": 512,
                "max_position_embeddings": 163840}
 GPT_OSS = {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "max_position_embeddings": 131072}
@@ -133,6 +135,13 @@ def _found(facts, config):
     (DEEPSEEK_V3, {"sm_major": 10, "page_size": 64}, []),
     (DEEPSEEK_V3, {"sm_major": 9}, []),
     (DEEPSEEK_V3, {"sm_major": 10, "attention_backend": "flashinfer"}, []),
+    # DeepSeek-V4: dsv4 and page 256 whatever the inventory gives; its KV cache fp8_e4m3 or bfloat16 only
+    (DEEPSEEK_V4, {"page_size": 64}, [("warning", "page_size")]),
+    (DEEPSEEK_V4, {"attention_backend": "flashmla"}, [("warning", "attention_backend")]),
+    (DEEPSEEK_V4, {"kv_cache_dtype": "fp8_e5m2"}, [("error", "kv_cache_dtype")]),
+    (DEEPSEEK_V4, {"page_size": 256, "attention_backend": "dsv4", "kv_cache_dtype": "bfloat16"}, []),
+    (DEEPSEEK_V4, {"kv_cache_dtype": "auto"}, []),
+    (DEEPSEEK_V4, {}, []),
     # hybrid mamba without extra_buffer (LFM2): radix cache on -> no_buffer asserts page 1 and no trtllm_mha
     (LFM2, {"page_size": 64}, [("error", "page_size")]),
     (LFM2, {"attention_backend": "trtllm_mha"}, [("error", "attention_backend")]),

@@ -33,6 +33,10 @@ DERIVATIONS = {
         ("arg_groups/overrides.py", 'declared["disable_overlap_schedule"] = True', "no_buffer turns overlap off"),
         ("arg_groups/overrides.py", "view.prefill_attention_backend == view.decode_attention_backend",
          "equal prefill/decode backends become attention_backend"),
+        ("arg_groups/overrides.py", 'overrides: Dict[str, Any] = {"attention_backend": "dsv4"}\n\n    page_size = 256',
+         "DeepSeek-V4 runs on dsv4 with page 256"),
+        ("arg_groups/overrides.py", 'assert kv_cache_dtype in [\n        "fp8_e4m3",\n        "bfloat16",\n    ], '
+         'f"{kv_cache_dtype} is not supported for {model_arch}"', "DeepSeek-V4's KV dtypes"),
     ),
     "0.5.23": (
         ("arg_groups/model_hook.py", "f\"GptOssForCausalLM requires one of {supported_backends} attention backend",
@@ -53,6 +57,11 @@ DERIVATIONS = {
         ("arg_groups/overrides.py", 'declared["disable_overlap_schedule"] = True', "no_buffer turns overlap off"),
         ("arg_groups/overrides.py", "view.prefill_attention_backend == view.decode_attention_backend",
          "equal prefill/decode backends"),
+        ("arg_groups/model_overrides/deepseek_v4.py", 'overrides: Dict[str, Any] = {"attention_backend": "dsv4"}',
+         "DeepSeek-V4 runs on dsv4"),
+        ("arg_groups/model_overrides/deepseek_v4.py", "    page_size = 256\n", "DeepSeek-V4's page 256"),
+        ("arg_groups/overrides.py", 'assert kv_cache_dtype in [\n        "fp8_e4m3",\n        "bfloat16",\n    ], '
+         'f"{kv_cache_dtype} is not supported for {model_arch}"', "DeepSeek-V4's KV dtypes"),
     ),
 }
 # what must be ABSENT from a release (pdkit judges it only where it is)
