@@ -283,3 +283,119 @@ def test_a_version_staged_before_the_service_group_existed_gets_it_on_the_next_r
     name = next(iter(manifest))
     st = os.stat(os.path.join(version, name))
     assert stat.S_IMODE(st.st_mode) == store.FILE_MODE and st.st_gid != 0
+
+
+# ---------------------------------------------------------------- an HTTP mirror the node fetches from
+
+
+class _Mirror:
+    """An HTTP server over DIRECTORY honouring `Range: bytes=N-` (as nginx, S3 or `python -m RangeHTTPServer`
+    do), which can cut a file short after CUT bytes once, or ignore Range (a server that cannot resume)."""
+
+    def __init__(self, directory, ranges: bool = True):
+        import http.server
+        import threading
+
+        mirror = self
+        self.cut: dict[str, int] = {}
+        self.ranges = ranges
+        self.requests: list[tuple[str, str | None]] = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):  # quiet
+                pass
+
+            def do_GET(self):
+                name = self.path.lstrip("/")
+                rng = self.headers.get("Range")
+                mirror.requests.append((name, rng))
+                path = directory / name
+                if not path.is_file():
+                    self.send_error(404)
+                    return
+                data = path.read_bytes()
+                start = int(rng.split("=")[1].rstrip("-")) if rng and mirror.ranges else 0
+                body = data[start:]
+                cut = mirror.cut.pop(name, None)
+                self.send_response(206 if start else 200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body if cut is None else body[:cut])
+                if cut is not None:
+                    self.close_connection = True
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_mirror_the_node_fetches_from_is_resumed_with_a_range_request_and_verified(tmp_path):
+    """The node's side of `pdkit stage --source http://...` (store.py `fetch`): a transfer the mirror cut short
+    keeps its bytes, the next fetch asks for the rest with `Range: bytes=N-`, and the file is verified and
+    committed like a pushed one."""
+    src = tmp_path / "src"
+    files = _model(src)
+    manifest = store.generate(str(src))
+    wid = store.weights_id(manifest)
+    target = str(tmp_path / "m")
+    mirror = _Mirror(src)
+    try:
+        names = sorted(manifest)
+        cut_name = next(n for n in names if n.endswith(".safetensors"))
+        mirror.cut[cut_name] = 1000
+        store.prepare(target, manifest)
+        with pytest.raises(store.StageError):
+            store.receive(target, wid, cut_name, 0, None, fetch=store._fetch_http(mirror.url, cut_name))
+        have = store.prepare(target, manifest)
+        assert have["files"][cut_name] == {"have": 1000, "done": False}
+        out = store.receive(target, wid, cut_name, 1000, None, fetch=store._fetch_http(mirror.url, cut_name))
+        assert out["resumed_at"] == 1000 and out["sha256"] == manifest[cut_name]["sha256"]
+        assert mirror.requests[-1] == (cut_name, "bytes=1000-")
+        for name, state in store.prepare(target, manifest)["files"].items():
+            if not state["done"]:
+                store.receive(target, wid, name, state["have"], None, fetch=store._fetch_http(mirror.url, name))
+        store.commit(target, wid, None)
+        version = tmp_path / os.path.basename(store.version_dir(target, wid))
+        assert {p.name: p.read_bytes() for p in version.iterdir() if not p.name.startswith(".")} == files
+    finally:
+        mirror.close()
+
+
+def test_a_mirror_that_ignores_range_cannot_resume_and_says_so(tmp_path):
+    src = tmp_path / "src"
+    _model(src)
+    manifest = store.generate(str(src))
+    wid = store.weights_id(manifest)
+    target = str(tmp_path / "m")
+    mirror = _Mirror(src, ranges=False)
+    try:
+        name = next(n for n in sorted(manifest) if n.endswith(".safetensors"))
+        mirror.cut[name] = 1000
+        store.prepare(target, manifest)
+        with pytest.raises(store.StageError):
+            store.receive(target, wid, name, 0, None, fetch=store._fetch_http(mirror.url, name))
+        with pytest.raises(store.StageError, match="ignored the Range request"):
+            store.receive(target, wid, name, 1000, None, fetch=store._fetch_http(mirror.url, name))
+        # nothing was committed: the target was never touched
+        assert not os.path.lexists(target)
+    finally:
+        mirror.close()
+
+
+def test_a_missing_file_on_the_mirror_names_the_url(tmp_path):
+    src = tmp_path / "src"
+    _model(src)
+    manifest = store.generate(str(src))
+    target = str(tmp_path / "m")
+    mirror = _Mirror(tmp_path / "empty")
+    try:
+        name = sorted(manifest)[0]
+        store.prepare(target, manifest)
+        with pytest.raises(store.StageError, match=f"cannot fetch {mirror.url}{name}"):
+            store.receive(target, store.weights_id(manifest), name, 0, None, fetch=store._fetch_http(mirror.url, name))
+    finally:
+        mirror.close()
