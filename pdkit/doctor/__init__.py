@@ -72,6 +72,7 @@ from pdkit.doctor.checks_graphs import (
     largest_decode_bucket,
 )
 from pdkit.doctor.checks_kv import check_kv_path, check_kv_transfers, kv_path_text
+from pdkit.doctor.checks_p2p import read_p2p
 from pdkit.doctor.collection import Collected, collect, engine_plans, router_urls
 from pdkit.doctor.model import (
     FAIL,
@@ -106,8 +107,10 @@ from pdkit.loader import load_or_report
 
 def run_doctor(spec, *, window_s: float = 3.0, probe_requests: int = 8, timeout_s: float = 5.0,
                bench: bool = False, tolerance: float = DEFAULT_TOLERANCE, runs_path: Path = DEFAULT_RUNS_PATH,
-               progress: Callable[[str], None] = lambda _m: None, show_bar: bool = False) -> list[CheckResult]:
-    """Collect from the live cluster and run every check."""
+               progress: Callable[[str], None] = lambda _m: None, show_bar: bool = False,
+               inventory: str | None = None) -> list[CheckResult]:
+    """Collect from the live cluster and run every check. With `bench` and the INVENTORY (doctor's SSH to the
+    nodes), each GPU node's `p2p` row too (pdkit/doctor/checks_p2p.py), measured after the benches."""
     collected = collect(spec, window_s=window_s, probe_requests=probe_requests, timeout_s=timeout_s, progress=progress)
     recorded = recorded_bench(spec, runs_path)
     measured, speed, kv_bench = None, [], None
@@ -124,13 +127,21 @@ def run_doctor(spec, *, window_s: float = 3.0, probe_requests: int = 8, timeout_
         per_engine_bench(spec, recorded, progress, show_bar)
         after = itl_sums(decode, timeout_s)
         speed = check_decode_speed({k: mean_between(before.get(k), after.get(k)) for k in after}, tolerance)
+    # after the benches: the probe's copies share the PCIe links and GPU memory the engines use
+    p2p_rows = read_p2p(spec, inventory, progress) if bench and inventory else []
     cluster_host = spec.router_hosts[0].name if spec.router_hosts else ""
     return evaluate(collected.engines, collected.routers, recorded, measured, tolerance, cluster_host,
                     collected.reboots,
-                    kv_bench) + speed
+                    kv_bench) + speed + p2p_rows
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
+    if args.bench:
+        # --bench measures P2P over SSH (pyinfra's API): gevent is patched before any socket opens
+        # lazy: pyinfra's API (gevent, paramiko) loads only for --bench
+        from pdkit.roll.pyinfra_api import patch_gevent
+
+        patch_gevent()
     spec = load_or_report(args.inventory)
     if spec is None:
         return EXIT_INVALID
@@ -142,7 +153,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
     results = run_doctor(spec, window_s=args.window, probe_requests=args.probe_requests, timeout_s=args.timeout,
                          bench=args.bench, tolerance=args.tolerance, runs_path=Path(args.runs), progress=progress,
-                         show_bar=not quiet)
+                         show_bar=not quiet, inventory=str(args.inventory))
     if args.json:
         print(json.dumps(json_report(str(args.inventory), spec.cluster.name, results), indent=2))
     else:
@@ -160,7 +171,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="short completions sent through each router inside the window (default 8; 0: none)")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds per HTTP request (default 5)")
     p.add_argument("--bench", action="store_true", help="run a short C=16 bench (pdkit bench) "
-                                                        "and compare with the last recorded one")
+                                                        "and compare with the last recorded one; then measure "
+                                                        "GPU-to-GPU copies on each GPU node over SSH (p2p row)")
     p.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE,
                    help="allowed C=16 throughput drop (default 0.10)")
     p.add_argument("--runs", default=str(DEFAULT_RUNS_PATH), help="recorded bench runs (default docs/bench/runs.jsonl)")
