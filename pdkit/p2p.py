@@ -399,3 +399,47 @@ def collapse_lines(topo: topology.Topology, pairs: Pairs) -> list[str]:
     """The collapse pattern among the PD writes of PAIRS, one phrase per switch (pdkit.topology.collapse_flows)."""
     return [f"switch {switch} ({root}) GPUs {', '.join(map(str, writers))} write to {len(dests)} root complexes"
             for switch, root, writers, dests in topology.collapse_flows(topo, list(pairs.concurrent))]
+
+
+# ---------------------------------------------------------------------------------------------- the deploy
+
+
+def facts_judging(facts: dict) -> tuple[topology.Topology, dict[int, Link], dict[tuple[int, int], str]]:
+    """What judges the probe, from the preflight's facts (roles/node_facts.py: "pcie", the topology
+    probe's JSON with `nvidia-smi -q`; "gpus"; "topology", `nvidia-smi topo -m` as NvidiaTopology parses it)."""
+    probe = facts.get("pcie")
+    topo = topology.parse_probe(probe, (facts.get("gpus") or {}).get("gpus") or None)
+    links = gpu_links(topo, (probe or {}).get("nvidia_smi_q"))
+    raw = (facts.get("topology") or {}).get("links") or {}
+    topo_links = {(int(a), int(b)): v for a, row in raw.items() for b, v in (row or {}).items()}
+    return topo, links, topo_links
+
+
+def record_command(rec: dict, path: str = RECORD_PATH) -> str:
+    """Write REC (JSON) to PATH on the node: a temporary name, then an atomic rename."""
+    tmp = f"{path}.tmp"
+    return (f"mkdir -p {shlex.quote(str(Path(path).parent))} && printf '%s\\n' {shlex.quote(json.dumps(rec))} "
+            f"> {shlex.quote(tmp)} && mv {shlex.quote(tmp)} {shlex.quote(path)}")
+
+
+def measure_before_start(host_name: str, pairs: Pairs, python: str, facts: dict,
+                         run: Callable[[str], tuple[bool, str]]) -> tuple[Verdict, str]:
+    """The deploy's measurement, before a node's engines first start: the probe with PYTHON through RUN
+    (a shell command on the node, as the deploy's operations run -> (ok, stdout)), judged with the
+    preflight's FACTS, and the record written to RECORD_PATH. Returns (verdict, the line to print).
+    Never raises: a probe that fails is said, the deploy goes on (doctor --bench measures again)."""
+    try:
+        _, stdout = run(probe_command(python, pairs))
+        probe = read_probe(stdout)
+        topo, links, topo_links = facts_judging(facts)
+        verdict = judge(host_name, probe, links, topo_links, pairs,
+                        collapse_lines(topo, pairs) if topo.gpus else [])
+        written, _ = run(record_command(record(host_name, probe, verdict, time.time())))
+        kept = f"kept in {RECORD_PATH}" if written else f"NOT kept: writing {RECORD_PATH} failed"
+    except Exception as exc:  # noqa: BLE001 - evidence only: the engines' own gates decide the deploy
+        verdict = Verdict(WARN, f"not measured: {type(exc).__name__}: {exc}", "`pdkit doctor --bench` measures it")
+        kept = "nothing kept"
+    line = f"pdkit: {host_name}: p2p {verdict.status}: {verdict.reason} ({kept})"
+    if verdict.hint:
+        line += f"\n  fix: {verdict.hint}"
+    return verdict, line

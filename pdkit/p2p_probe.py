@@ -23,6 +23,7 @@ own "error") after MARK. GPU indices are nvidia-smi's: CUDA_DEVICE_ORDER=PCI_BUS
 torch loads (CUDA's own default, fastest first, may number GPUs differently).
 """
 
+import ctypes
 import json
 import os
 import statistics
@@ -68,8 +69,6 @@ def figures(nbytes, seconds):
 
 def libcuda():
     """The driver API (libcuda.so.1, installed with the driver), or (None, why)."""
-    import ctypes
-
     try:
         lib = ctypes.CDLL("libcuda.so.1")
     except OSError as e:
@@ -81,8 +80,6 @@ def libcuda():
 
 
 def primary_ctx(lib, device):
-    import ctypes
-
     ctx = ctypes.c_void_p()
     rc = lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), device)
     if rc != 0:
@@ -207,6 +204,7 @@ def main(argv):
     # nvidia-smi's numbering (PCI order), the facts' and the inventory's, before CUDA initialises
     os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     try:
+        # lazy: after CUDA_DEVICE_ORDER is set, and a missing torch is an answer, not a crash
         import torch
     except Exception as e:  # an engine environment without torch: said, not raised
         out["error"] = "torch is not importable by %s: %s: %s" % (sys.executable, type(e).__name__, e)

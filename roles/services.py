@@ -8,11 +8,12 @@ import sys
 from weakref import WeakKeyDictionary
 
 from pyinfra import host, state
-from pyinfra.api import deploy
+from pyinfra.api import StringCommand, deploy
 from pyinfra.operations import python, server
 
-from pdkit import changes, flags, gates, jitplan, limitwarn, routersync, silences
+from pdkit import changes, flags, gates, jitplan, limitwarn, p2p, routersync, silences
 from pdkit.deploy import current_host, current_plan, current_spec
+from pdkit.exporter.config import reads_gpu_health
 from pdkit.journald import JOURNALD_UNIT, restart_needed
 from pdkit.monitoring.common import scraped_hosts
 from pdkit.plan import Service, services_meta, services_not_started, staging_dir
@@ -20,6 +21,7 @@ from pdkit.router_api import RouterError
 from roles import base
 from roles.facts import host_state, path_matches, unit_active_enabled
 from roles.install_files import announce, install_files
+from roles.preflight import node_facts
 
 
 def is_unit_file(path: str) -> bool:
@@ -98,6 +100,11 @@ def services() -> None:
     if silence:
         python.call(name="Silence this host's alerts for its restarts", function=silences.deploy_start, spec=spec,
                     window_s=silence[0], units=silence[1])
+    if measures_p2p(spec, current_host(), [*start_first, *restart_first], state):
+        # before the node's engines first start: GPU-to-GPU copies of its PD pairs and TP groups with the
+        # engine environment's CUDA, judged and kept with the node's facts (pdkit/p2p.py; issue 47 item 3)
+        python.call(name="Measure GPU-to-GPU copies before the engines first start", function=_measure_p2p,
+                    spec=spec)
     # two engines on cold JIT caches start one after another, not at once (pdkit/jitwarm.py; sgl-project/sglang#27604)
     _start_and_restart(start_first, restart_first, "engines and daemons",
                        serial=lambda units: jitplan.restart_command(spec, host.name, units))
@@ -125,6 +132,33 @@ def services() -> None:
             python.call(name=f"Workers of {service.unit} on other hosts", function=_report_remote_workers, spec=spec, router_host=current_host(), service=service)
     if silence:
         python.call(name="Expire this host's silence: its restarts passed their gates", function=silences.deploy_end)
+
+
+def measures_p2p(spec, this, starting: list[Service], state: dict) -> bool:
+    """Pure: the P2P probe runs on a real engine's NVIDIA node whose engines (all of them) are about to
+    start and none runs: the first deploy, or one after they were stopped. A serving engine holds the
+    GPUs' memory and links; `pdkit doctor --bench` measures then."""
+    node = this.node
+    if node is None or not node.engines or not reads_gpu_health(node.gpu, spec.cluster.engine):
+        return False
+    engines = [s for s in starting if s.kind == "engine"]
+    return bool(engines) and not any(unit_active_enabled(state, s.unit)[1] for s in engines)
+
+
+def _measure_p2p(spec) -> None:
+    """Runs on the deploying machine (python.call), on the node's SSH connection: pdkit.p2p does the rest."""
+    this = current_host()
+
+    def run(command: str) -> tuple[bool, str]:
+        # as the deploy's operations run (root, or sudo where the inventory says so): the record is root's
+        ok, output = host.run_shell_command(StringCommand(command), _sudo=bool(host.data.get("_sudo")),
+                                            _timeout=p2p.PROBE_TIMEOUT_S + 60)
+        return ok, "\n".join(line.line for line in output if line.buffer_name == "stdout")
+
+    # the preflight's facts, read at the start of this deploy (judge the rates: links, NVLink, collapse)
+    _, line = p2p.measure_before_start(host.name, p2p.node_pairs(this), flags.engine_python(spec, this),
+                                       node_facts(), run)
+    print(line, file=sys.stderr, flush=True)
 
 
 # per pyinfra State: (host -> worker URLs it (re)starts, host -> scrape targets it moves);
