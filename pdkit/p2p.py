@@ -83,6 +83,8 @@ def select_pairs(pd: Iterable[tuple[str, tuple[int, ...], str, tuple[int, ...], 
     for p_name, p_gpus, d_name, d_gpus, same_shape in pd:
         used.update(p_gpus, d_gpus)
         for pair in topology.pd_flows(tuple(p_gpus), tuple(d_gpus), same_shape):
+            if pair[0] == pair[1]:
+                continue  # prefill and decode sharing a GPU: the KV copy stays inside it, no pair
             flows.setdefault(pair, []).append(f"KV {p_name} -> {d_name}")
             if pair not in concurrent:
                 concurrent.append(pair)
@@ -202,7 +204,8 @@ def parse_link_info(smi_q: str | None) -> dict[str, dict[str, int | None]]:
 def parse_topo_links(text: str | None) -> dict[tuple[int, int], str]:
     """`nvidia-smi topo -m` -> {(GPU a, GPU b): link} (X, NV#, PIX, PXB, PHB, NODE, SYS)."""
     lines = [_ANSI.sub("", line) for line in (text or "").splitlines()]
-    header = next((line for line in lines if "GPU0" in line and not line.strip().startswith("GPU0\t")), None)
+    # the header row starts with a tab (its first column, the row names, is empty); each row with its GPU
+    header = next((line for line in lines if line.startswith(("\t", " ")) and "GPU0" in line), None)
     if header is None:
         return {}
     columns = [c.strip() for c in header.split("\t")]
