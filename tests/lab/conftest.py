@@ -8,6 +8,9 @@
 - PDKIT_LAB_KEEP=1: reuse a running lab (any size) and leave it up afterwards, for quick
   re-runs while developing. Without it, a lab that is already running is taken down first
   so that every session starts from fresh hosts.
+- Holds an exclusive lock on the lab's state directory for the whole session
+  (`<state dir>.session.lock`): the lab is one per machine, so a second test session (two
+  fresh-clone CI runs side by side) waits for the first instead of taking its lab down.
 - Skips (does not fail) when not root or when the host tools are missing; the reason
   names .ci/lab-prereqs.sh.
 Mark lab tests with @pytest.mark.lab.
@@ -15,8 +18,10 @@ Mark lab tests with @pytest.mark.lab.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import sys
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -44,6 +49,25 @@ def _progress() -> Progress:
     return Progress(stream=sys.__stderr__)
 
 
+def _hold_session_lock(progress: Progress) -> int:
+    """Take the machine's lab for this session: wait (saying so) while another session holds it."""
+    state = pdlab.lab_dir()
+    path = state.parent / f"{state.name}.session.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "another test session"
+        progress(f"the lab is in use by pid {holder}: waiting for it ({path})")
+        t0 = time.monotonic()
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        progress(f"the lab is free after {time.monotonic() - t0:.0f} s")
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd
+
+
 @pytest.fixture(scope="session")
 def lab() -> Iterator[pdlab.LabInfo]:
     reason = lab_skip_reason()
@@ -53,6 +77,8 @@ def lab() -> Iterator[pdlab.LabInfo]:
     keep = os.environ.get("PDKIT_LAB_KEEP") == "1"
     n_gpu = int(os.environ.get("PDKIT_LAB_HOSTS", pdlab.DEFAULT_GPU_HOSTS))
     progress = _progress()
+    # held until the process ends (its descriptor is never closed): the teardown below runs under it
+    _hold_session_lock(progress)
 
     info = None
     if keep:
