@@ -39,6 +39,9 @@ _RTX_PRO_6000_X8 = {
     "memory_gib": 96,
     "compute_capability": "12.0",
     "numa": [0, 0, 0, 0, 1, 1, 1, 1],
+    # where each GPU sits on PCIe, for validate's placement rules (docs/node.md): each NUMA half's four GPUs behind
+    # one switch on its own root complex; copy your box's from the preflight's `pcie` fact line (the labels are yours)
+    "pcie": [{"root": 0, "switch": "a"}] * 4 + [{"root": 1, "switch": "b"}] * 4,
 }
 
 gpu_nodes = [

@@ -29,7 +29,8 @@ NESTED: dict[str, list[tuple[str, type[BaseModel]]]] = {
         ("pdkit_cluster.tuning.{all,prefill,decode,unified} / engine tuning", spec.Tuning),
         ("tuning.speculative", spec.Speculative),
     ],
-    "pdkit_node": [("pdkit_node.gpus", spec.GpuLayout), ("pdkit_node.engines[]", spec.Engine)],
+    "pdkit_node": [("pdkit_node.gpus", spec.GpuLayout), ("pdkit_node.gpus.pcie[]", spec.PcieSlot),
+                   ("pdkit_node.engines[]", spec.Engine)],
     "pdkit_router": [],
     "pdkit_monitoring": [
         ("pdkit_monitoring.alerting", spec.Alerting),

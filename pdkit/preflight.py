@@ -14,7 +14,16 @@ from typing import Literal
 from pdkit import flags, modelconfig, topology
 from pdkit.node import UnsupportedNode, node_stack
 from pdkit.plan import engines_not_started_reason
-from pdkit.spec import ClusterSpec, Engine, HostSpec, engine_model_paths, engine_numa_node
+from pdkit.spec import (
+    ClusterSpec,
+    Engine,
+    HostSpec,
+    collapse_findings,
+    declared_topology,
+    engine_model_paths,
+    engine_numa_node,
+    pd_pairs_on_node,
+)
 from pdkit.versions import NIXL_IMPORT, NVIDIA_DRIVER_BRANCH, NVIDIA_DRIVER_MIN_VERSION
 
 Severity = Literal["error", "warning", "note"]
@@ -447,20 +456,8 @@ def p2p_hazards(pcie: topology.Topology, gpus: tuple[int, ...]) -> list[str]:
     return hazards
 
 
-def pd_pairs_on_node(host: HostSpec) -> list[tuple[Engine, Engine]]:
-    """(prefill, decode) engines of one pd_group on HOST: the prefill's KV writes go GPU to GPU over PCIe."""
-    node = host.node
-    assert node is not None
-    return [(p, d) for p in node.engines if p.role == "prefill" for d in node.engines
-            if d.role == "decode" and d.pd_group == p.pd_group and not p.nodes and not d.nodes]
-
-
 def _rank_shape(engine: Engine) -> bool:
     return engine.dp == 1 and engine.pp == 1
-
-
-# the measured collapse, for the message (voipmonitor/rtx6kpro hardware/collapse-report.md)
-COLLAPSE = "posted writes fall from ~52 to 6-13 GB/s per pair when one switch writes to two or more root complexes"
 
 
 def _check_pcie(spec: ClusterSpec, host: HostSpec, facts: dict, add) -> None:
@@ -480,19 +477,21 @@ def _check_pcie(spec: ClusterSpec, host: HostSpec, facts: dict, add) -> None:
         return
     if pcie.unread:
         add("pcie", "note", f"{host.name}: the PCIe probe could not read: {'; '.join(pcie.unread)}")
+    declared = declared_topology(node)
+    differ = topology.layout_disagreements(declared, pcie) if declared is not None else []
+    if differ:
+        add("pcie", "warning", f"{host.name}: pdkit_node.gpus.pcie disagrees with the PCIe probe: {'; '.join(differ)}. "
+            "validate judged the placement on the declared layout, these checks on the probe's: correct "
+            "pdkit_node.gpus.pcie to the probe's (the 'pcie' fact line says where each GPU sits)")
     p2p_on = node.nccl_profile != "pcie-p2p-off"
     places = pcie.gpus
-    # KV hand-offs of PD pairs on this node: prefill GPUs write into decode GPUs (P2P over PCIe, whatever
-    # the NCCL profile: NIXL/UCX cuda_ipc or Mooncake)
+    # the collapse pattern, by the rule validate runs on the declared layout (pdkit.spec.collapse_findings): the KV
+    # hand-offs of PD pairs on this node (prefill GPUs write into decode GPUs, P2P over PCIe whatever the NCCL
+    # profile: NIXL/UCX cuda_ipc or Mooncake), then the TP groups
+    for _, message in collapse_findings(node, pcie):
+        add("pcie", "warning", f"{host.name}: {message}")
     for p, d in pd_pairs_on_node(host):
         flows = topology.pd_flows(p.gpus, d.gpus, _rank_shape(p) and _rank_shape(d))
-        for switch, root, writers, dests in topology.collapse_flows(pcie, flows):
-            spread = "; ".join(f"{r}: GPUs {', '.join(map(str, g))}" for r, g in dests.items())
-            add("pcie", "warning", f"{host.name}: prefill {p.name!r} GPUs {', '.join(map(str, writers))} behind "
-                f"switch {switch} ({root}) write KV into decode {d.name!r} GPUs behind {len(dests)} root complexes "
-                f"({spread}): {COLLAPSE}. Give decode {d.name!r} GPUs behind one root complex for each prefill switch "
-                "(a rank-for-rank pair, or one pd_group per prefill/decode pair), or move the prefill so each of its "
-                "switches writes to one root complex")
         acs = topology.acs_redirects(pcie, flows)
         for bdf, (kind, bits, on) in acs.items():
             add("pcie", "error", f"{host.name}: ACS {bits} on {kind} {bdf}, on the KV path of prefill {p.name!r} -> "
@@ -500,18 +499,9 @@ def _check_pcie(spec: ClusterSpec, host: HostSpec, facts: dict, add) -> None:
                 f"and through the IOMMU ({pcie.iommu['why']}), where they fault or hang. Clear ACS redirect on that "
                 "bridge (BIOS 'ACS disable', or `setpci -s BDF ECAP_ACS+6.w=0` at boot) and boot with iommu=pt")
     # TP groups: every GPU writes to every other in NCCL's collectives
-    for i, engine in enumerate(node.engines):
+    for engine in node.engines:
         gpus = tuple(g for g in engine.gpus if g in places)
-        if len(gpus) < 2:
-            continue
-        for switch, root, writers, dests in topology.collapse_flows(pcie, topology.tp_flows(gpus)):
-            spread = "; ".join(f"{r}: GPUs {', '.join(map(str, g))}" for r, g in dests.items())
-            add("pcie", "warning", f"{host.name}: engine {engine.name!r}'s TP group: GPUs "
-                f"{', '.join(map(str, writers))} behind switch {switch} ({root}) write to peers behind {len(dests)} "
-                f"root complexes ({spread}): {COLLAPSE} (NCCL's tree and all-to-all do, its ring does not). Regroup "
-                f"pdkit_node.engines[{i}].gpus so each switch's peers sit behind one root complex, or set "
-                "pdkit_node.nccl_profile: pcie-p2p-off if the P2P probe measures less than host-memory copies")
-        if not p2p_on:
+        if len(gpus) < 2 or not p2p_on:
             continue
         for bdf, (kind, bits, on) in topology.acs_redirects(pcie, topology.tp_flows(gpus)).items():
             add("pcie", "error", f"{host.name}: engine {engine.name!r}: ACS {bits} on {kind} {bdf} between its "

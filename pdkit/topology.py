@@ -217,6 +217,8 @@ class GpuPlace:
     numa_node: int | None
     bridges: tuple[Bridge, ...]  # root port first, the GPU's own downstream port last
     iommu_group: str | None = None
+    # the switch as the user declared it (pdkit_node.gpus.pcie, `declared_topology`): no bridges to read it from
+    declared_switch: str | None = None
 
     @property
     def root_port(self) -> str | None:
@@ -225,6 +227,8 @@ class GpuPlace:
     @property
     def switch(self) -> str | None:
         """The PCIe switch right above the GPU, named by its upstream port (None: on a root port)."""
+        if self.declared_switch is not None:
+            return self.declared_switch
         ups = [b for b in self.bridges[1:] if b.port_type in ("Upstream Port", None)]
         if any(b.port_type for b in self.bridges[1:]):
             return ups[-1].bdf if ups else None
@@ -380,6 +384,75 @@ def hmm_state(probe: dict, smi: dict[str, dict]) -> dict:
     return {"state": "unknown", "why": "uvm_disable_hmm unreadable"}
 
 
+# ---------------------------------------------------------------------------------------------- declared
+
+
+def declared_topology(slots: list[tuple[str, str | None]], numa: list[int] | tuple[int, ...] | None = None) -> Topology:
+    """The layout the user declares (pdkit_node.gpus.pcie: per GPU index, its root complex and switch labels) as
+    a Topology the same rules read: validate's facts, where the preflight has the probe's. Root complexes
+    read 'root <label>' in messages; the declaration says nothing of ACS, the IOMMU, HMM or health."""
+    gpus = {
+        i: GpuPlace(i, f"GPU {i}", f"root {root}", numa[i] if numa and i < len(numa) else None, (),
+                    declared_switch=switch)
+        for i, (root, switch) in enumerate(slots)
+    }
+    unknown = {"enabled": None, "passthrough": None, "why": "not declared"}
+    return Topology(gpus, unknown, {"state": "unknown", "why": "not declared"}, {},
+                    ("ACS, IOMMU, HMM and GPU health: not declared (the preflight reads them)",))
+
+
+def _gpu_list(gpus) -> str:
+    gpus = sorted(gpus)
+    return f"GPU{'s' if len(gpus) > 1 else ''} {', '.join(map(str, gpus))}"
+
+
+def _shared(topo: Topology, gpus: list[int], kind: str) -> dict[str, list[int]]:
+    """{label: GPUs} of the root complexes (KIND 'root') or switches ('switch') GPUS sit behind; a GPU on a
+    root port shares no switch."""
+    found: dict[str, list[int]] = {}
+    for i in gpus:
+        label = topo.gpus[i].root_complex if kind == "root" else topo.gpus[i].switch
+        if label is not None:
+            found.setdefault(label, []).append(i)
+    return found
+
+
+def _where(kind: str, found: dict[str, list[int]]) -> str:
+    named = "switch " if kind == "switch" else ""
+    return " and ".join(f"{named}{label} ({_gpu_list(g)})" for label, g in found.items())
+
+
+def layout_disagreements(declared: Topology, probed: Topology) -> list[str]:
+    """Where the declared layout (declared_topology) and the probe's (parse_probe) place the GPUs differently,
+    one phrase each. Labels are the user's own: what is compared is which GPUs share a root complex or a
+    switch, and which GPUs sit on a switch at all."""
+    out = []
+    only_declared = sorted(set(declared.gpus) - set(probed.gpus))
+    only_probed = sorted(set(probed.gpus) - set(declared.gpus))
+    if only_declared:
+        out.append(f"{_gpu_list(only_declared)} declared but not on the PCI bus")
+    if only_probed:
+        out.append(f"{_gpu_list(only_probed)} on the PCI bus but not declared")
+    common = sorted(set(declared.gpus) & set(probed.gpus))
+    for i in common:
+        mine, seen = declared.gpus[i].switch, probed.gpus[i].switch
+        if (mine is None) != (seen is None):
+            out.append(f"GPU {i} is declared {'on a root port' if mine is None else f'behind switch {mine}'} but sits "
+                       f"{'on a root port' if seen is None else f'behind switch {seen}'}")
+    for kind, what in (("root", "root complex"), ("switch", "switch")):
+        for label, gpus in _shared(declared, common, kind).items():
+            there = _shared(probed, gpus, kind)
+            if len(gpus) > 1 and len(there) > 1:
+                out.append(f"{_gpu_list(gpus)} are declared behind one {what} ({label}) but sit behind "
+                           f"{_where(kind, there)}")
+        for label, gpus in _shared(probed, common, kind).items():
+            here = _shared(declared, gpus, kind)
+            if len(gpus) > 1 and len(here) > 1:
+                out.append(f"{_gpu_list(gpus)} sit behind one {what} ({label}) but are declared behind "
+                           f"{_where(kind, here)}")
+    return out
+
+
 # ---------------------------------------------------------------------------------------------- rules
 
 
@@ -429,6 +502,47 @@ def pd_flows(prefill_gpus: tuple[int, ...], decode_gpus: tuple[int, ...], same_s
 def tp_flows(gpus: tuple[int, ...]) -> list[tuple[int, int]]:
     """A TP group's collectives, every GPU writing to every other (NCCL's tree, all-gather, all-to-all)."""
     return [(a, b) for a in gpus for b in gpus if a != b]
+
+
+# the measured collapse, for the message (voipmonitor/rtx6kpro hardware/collapse-report.md)
+COLLAPSE = "posted writes fall from ~52 to 6-13 GB/s per pair when one switch writes to two or more root complexes"
+
+
+@dataclass(frozen=True)
+class Placed:
+    """One engine's GPUs on a node as the placement rules see them (pdkit.spec.placed_engines builds them)."""
+
+    index: int  # its place in pdkit_node.engines, for the advice
+    name: str
+    gpus: tuple[int, ...]
+    rank_shape: bool  # dp and pp 1: TP rank i holds the i-th head slice (pd_flows)
+
+
+def _spread(dests: dict[str, tuple[int, ...]]) -> str:
+    return "; ".join(f"{r}: GPUs {', '.join(map(str, g))}" for r, g in dests.items())
+
+
+def pd_collapse(topo: Topology, prefill: Placed, decode: Placed) -> list[str]:
+    """The collapse pattern in PREFILL's KV writes into DECODE (one sentence per switch, with what to change).
+    The one rule for both sources of facts: the preflight's probe and validate's declared layout (TOPO)."""
+    flows = pd_flows(prefill.gpus, decode.gpus, prefill.rank_shape and decode.rank_shape)
+    return [f"prefill {prefill.name!r} GPUs {', '.join(map(str, writers))} behind switch {switch} ({root}) write KV "
+            f"into decode {decode.name!r} GPUs behind {len(dests)} root complexes ({_spread(dests)}): {COLLAPSE}. "
+            f"Give decode {decode.name!r} GPUs behind one root complex for each prefill switch (a rank-for-rank pair, "
+            "or one pd_group per prefill/decode pair), or move the prefill so each of its switches writes to one root "
+            "complex"
+            for switch, root, writers, dests in collapse_flows(topo, flows)]
+
+
+def tp_collapse(topo: Topology, engine: Placed) -> list[str]:
+    """The collapse pattern in ENGINE's TP collectives (one sentence per switch, with what to change); as pd_collapse,
+    for the probe's facts and the declared layout alike."""
+    return [f"engine {engine.name!r}'s TP group: GPUs {', '.join(map(str, writers))} behind switch {switch} ({root}) "
+            f"write to peers behind {len(dests)} root complexes ({_spread(dests)}): {COLLAPSE} (NCCL's tree and "
+            f"all-to-all do, its ring does not). Regroup pdkit_node.engines[{engine.index}].gpus so each switch's "
+            "peers sit behind one root complex, or set pdkit_node.nccl_profile: pcie-p2p-off if the P2P probe measures "
+            "less than host-memory copies"
+            for switch, root, writers, dests in collapse_flows(topo, tp_flows(engine.gpus))]
 
 
 def path_between(topo: Topology, a: int, b: int) -> list[Bridge]:

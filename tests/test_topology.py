@@ -296,6 +296,34 @@ def test_with_p2p_off_only_the_kv_path_stays_an_error_and_the_profile_note_names
     assert "the facts show no trap" in note and "nccl_profile: pcie" in note
 
 
+def test_a_declared_layout_the_probe_contradicts_is_named_and_a_matching_one_is_not(tmp_path):
+    """pdkit_node.gpus.pcie (validate's facts) against the probe's: the preflight says where they disagree."""
+    halves = [{"root": 0, "switch": "a"}] * 4 + [{"root": 1, "switch": "b"}] * 4
+    spec, host = spec_host(tmp_path, gpus={**NODE["gpus"], "pcie": halves})
+    assert not [w for w in found(check_host(spec, host, facts("numa-halves-own-root")), "warning")
+                if "pdkit_node.gpus.pcie" in w]
+    [w] = [w for w in found(check_host(spec, host, facts("switch-two-roots")), "warning") if "pdkit_node.gpus.pcie" in w]
+    assert w.startswith("gpu01: pdkit_node.gpus.pcie disagrees with the PCIe probe: GPUs 0, 1, 2, 3 are declared "
+                        "behind one root complex (root 0) but sit behind pci0000:00 (GPUs 0, 1) and pci0000:20 "
+                        "(GPUs 2, 3); ")
+    assert ("GPUs 4, 5, 6, 7 are declared behind one switch (b) but sit behind switch 0000:81:00.0 (GPUs 4, 5) and "
+            "switch 0000:a1:00.0 (GPUs 6, 7)") in w
+    assert "correct pdkit_node.gpus.pcie to the probe's" in w
+
+
+def test_layout_disagreements_name_switches_root_ports_and_missing_gpus():
+    probed = parsed("numa-halves-own-root")
+    split = topology.declared_topology([("0", "a")] * 2 + [("0", "b")] * 2 + [("1", "c")] * 4)
+    assert topology.layout_disagreements(split, probed) == [
+        "GPUs 0, 1, 2, 3 sit behind one switch (0000:01:00.0) but are declared behind switch a (GPUs 0, 1) and "
+        "switch b (GPUs 2, 3)"]
+    on_port = topology.declared_topology([("0", "a"), ("0", None)] + [("0", "a")] * 2 + [("1", "c")] * 4)
+    assert topology.layout_disagreements(on_port, probed) == [
+        "GPU 1 is declared on a root port but sits behind switch 0000:01:00.0"]
+    short = topology.declared_topology([("0", "a")] * 4 + [("1", "c")] * 3)
+    assert topology.layout_disagreements(short, probed) == ["GPU 7 on the PCI bus but not declared"]
+
+
 def test_suggest_profile_follows_the_hazards():
     assert suggest_profile(["PIX", "NODE"]) == ("pcie", "PHB")
     assert suggest_profile(["PIX", "NODE"], ["ACS ReqRedir+ on Downstream Port 0000:02:00.0"]) == ("pcie-p2p-off", None)

@@ -24,6 +24,7 @@ server arguments apart from its `*_hook.py` checks:
 - facts        what flags, plan, doctor and validation derive alike (decode graphs, shared GPUs, ...)
 - spanning     engines spanning nodes and their parallel layout (parallel_problems)
 - addresses    ports and addresses (host_ports, CROSS_HOST_SERVICES, check_addresses)
+- pcie         a node's declared PCIe layout judged by pdkit.topology's placement rules (declared_pcie_problems)
 - ignored      settings a mode or role ignores (IGNORED_BY_MODE, ignored_settings)
 - credentials  secrets and alert receivers against what reads them
 - startup      what SGLang refuses at start (startup_check_problems)
@@ -47,6 +48,7 @@ from pdkit.spec.facts import *  # noqa: F401,F403
 from pdkit.spec.fields import *  # noqa: F401,F403
 from pdkit.spec.ignored import *  # noqa: F401,F403
 from pdkit.spec.models import *  # noqa: F401,F403
+from pdkit.spec.pcie import *  # noqa: F401,F403
 from pdkit.spec.spanning import *  # noqa: F401,F403
 from pdkit.spec.startup import *  # noqa: F401,F403
 from pdkit.spec.tuning import *  # noqa: F401,F403

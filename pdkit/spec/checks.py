@@ -26,6 +26,7 @@ from pdkit.spec.fields import HIDDEN_FROM_ENGINES, hidden_from_engines
 from pdkit.spec.ignored import ignored_by_mode_problems, ignored_settings
 from pdkit.spec.models import Engine
 from pdkit.spec.numerics import check_by_design
+from pdkit.spec.pcie import declared_pcie_problems
 from pdkit.spec.spanning import check_spanning, parallel_problems
 from pdkit.spec.startup import effective_page, startup_check_problems, tuning_origin
 from pdkit.versions import SGLANG_RELEASES
@@ -130,6 +131,8 @@ def cross_checks(spec: ClusterSpec) -> list[Problem]:
             _check_engine_tuning(spec, host, engine, at, add)
         for problem in host_memory_problems(spec, host):
             add(problem)
+        # the placement rules on the declared PCIe layout (the preflight runs them on the probe's facts)
+        problems += declared_pcie_problems(host)
 
         if node.numa_nodes is not None:
             for i, n in enumerate(node.gpus.numa or ()):

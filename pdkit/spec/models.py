@@ -31,7 +31,7 @@ from pdkit.spec.tuning import RoleTuning, Tuning
 from pdkit.versions import DEFAULT_SGLANG_VERSION, ROUTER_RELEASES
 
 __all__ = [
-    "HOST_SECTIONS", "Cluster", "Engine", "GpuLayout", "Model", "Monitoring", "Node", "Router", "Secrets",
+    "HOST_SECTIONS", "Cluster", "Engine", "GpuLayout", "Model", "Monitoring", "Node", "PcieSlot", "Router", "Secrets",
 ]
 
 
@@ -251,6 +251,48 @@ class Cluster(Frozen):
     _dirs = field_validator("install_dir", "config_dir")(classmethod(lambda cls, v: _system_dir(v)))
 
 
+_PCIE_LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,39}$")
+
+
+def _pcie_label(value: object, what: str) -> str:
+    """A root complex's or switch's label as the user writes it (a number or a name) -> the name the rules compare."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ValueError(f"{value!r} is not a {what} label: give a number (0, 1, ...) or a name (e.g. 'pci0000:80', "
+                         "'a'); GPUs with the same label share it")
+    text = str(value)
+    if not _PCIE_LABEL.match(text):
+        raise ValueError(f"{value!r} is not a {what} label: give a number or a name of up to 40 letters, digits, "
+                         "'_', '.', ':' and '-' (e.g. 0, 'pci0000:80', 'sw-a')")
+    return text
+
+
+class PcieSlot(Frozen):
+    """Where one GPU sits on the PCIe tree; the labels are yours, only which GPUs share one matters."""
+
+    # the CPU root complex (host bridge) above the GPU, e.g. 0 or "pci0000:80" (the preflight's `pcie` fact line)
+    root: str
+    # the PCIe switch right above the GPU, e.g. "a"; unset: the GPU sits on a root port of its own
+    switch: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _a_mapping(cls, value: object) -> object:
+        if not isinstance(value, (dict, PcieSlot)):
+            raise ValueError(f"{value!r} is not a GPU's place: give {{root, switch}} for each GPU, e.g. "
+                             "{'root': 0, 'switch': 'a'} (switch left out: the GPU sits on a root port)")
+        return value
+
+    @field_validator("root", mode="before")
+    @classmethod
+    def _root_label(cls, value: object) -> str:
+        return _pcie_label(value, "root complex")
+
+    @field_validator("switch", mode="before")
+    @classmethod
+    def _switch_label(cls, value: object) -> str | None:
+        return None if value is None else _pcie_label(value, "switch")
+
+
 class GpuLayout(Frozen):
     """The GPUs of a node as the plan sees them (real, or virtual on lab hosts)."""
 
@@ -264,6 +306,9 @@ class GpuLayout(Frozen):
     compute_capability: str = Field(pattern=r"^\d+\.\d+$")
     # NUMA node of each GPU, by index (length = count); e.g. [0,0,0,0,1,1,1,1]
     numa: tuple[int, ...] | None = None
+    # where each GPU sits on the PCIe tree, by index (length = count; see the pcie[] table): unset, validate has no
+    # root complex to judge placement by and only the preflight's probe does (docs/node.md)
+    pcie: tuple[PcieSlot, ...] | None = None
 
     @field_validator("memory_gib")
     @classmethod
@@ -290,6 +335,34 @@ class GpuLayout(Frozen):
             raise ValueError(
                 f"numa lists {len(self.numa)} entries but count is {self.count}: give one NUMA node per GPU"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _pcie_per_gpu(self) -> GpuLayout:
+        if self.pcie is None:
+            return self
+        if len(self.pcie) != self.count:
+            raise ValueError(f"pcie lists {len(self.pcie)} entries but count is {self.count}: give one "
+                             "{root, switch} per GPU, by index (e.g. [{root: 0, switch: a}, ...])")
+        roots: dict[str, set[str]] = {}
+        for slot in self.pcie:
+            if slot.switch is not None:
+                roots.setdefault(slot.switch, set()).add(slot.root)
+        split = {s: r for s, r in roots.items() if len(r) > 1}
+        if split:
+            switch, under = sorted(split.items())[0]
+            raise ValueError(f"pcie: switch {switch!r} is declared under root complexes {sorted(under)}: a switch "
+                             "hangs off one root port; give each switch's GPUs the same root, or name the switches "
+                             "apart")
+        if self.numa is not None and len(self.numa) == self.count:
+            nodes: dict[str, set[int]] = {}
+            for slot, n in zip(self.pcie, self.numa):
+                nodes.setdefault(slot.root, set()).add(n)
+            split_numa = {r: n for r, n in nodes.items() if len(n) > 1}
+            if split_numa:
+                root, under = sorted(split_numa.items())[0]
+                raise ValueError(f"pcie: root complex {root!r} has GPUs on NUMA nodes {sorted(under)} (numa): a root "
+                                 "complex belongs to one NUMA node; correct pcie or numa")
         return self
 
     @property
