@@ -51,14 +51,18 @@ import os
 import sys
 import traceback
 from importlib.metadata import version as dist_version
+from typing import Any
 
 from argcheck_common import ANSI, Records, describe  # a sibling file: these scripts run outside pdkit
 
 PROG = "sglang serve"
 
 
-def _load_file_module(name: str, path: str):
+def _load_file_module(name: str, path: str) -> Any:
+    """The module in the file at `path`; Any: its attributes come from the installed sglang."""
     spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path} as a Python module")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses in the file look their module up
     spec.loader.exec_module(module)
@@ -86,6 +90,7 @@ def install_triton_stub() -> str:
             "_platform_stubs.py: install triton in the contract env"
         )
     m = _load_file_module("_pdkit_sglang_platform_stubs", new_stub)
+    stub_base: Any = m._StubBase  # a name, not an attribute: a base class mypy can read
     # The triton half of install_platform_stubs(), which only runs on macOS/arm64 with
     # MPS: the same mocks, built from the same helpers, without the torch.mps patches.
     sys.meta_path.insert(0, m._TritonFinder())
@@ -117,7 +122,7 @@ def install_triton_stub() -> str:
     class _JITFunction:
         pass
 
-    class _KernelInterface(m._StubBase):
+    class _KernelInterface(stub_base):
         pass
 
     jit_mod.JITFunction = _JITFunction
@@ -141,13 +146,13 @@ def install_triton_stub() -> str:
 
     compiler_root = m._make_mock("triton.compiler")
 
-    class _CompiledKernel(m._StubBase):
+    class _CompiledKernel(stub_base):
         pass
 
     compiler_root.CompiledKernel = _CompiledKernel
     compiler_impl = m._make_mock("triton.compiler.compiler")
 
-    class _ASTSource(m._StubBase):
+    class _ASTSource(stub_base):
         pass
 
     compiler_impl.ASTSource = _ASTSource
@@ -163,7 +168,7 @@ def install_triton_stub() -> str:
     triton.backends = backends
     compiler = m._make_mock("triton.backends.compiler")
 
-    class _GPUTarget(m._StubBase):
+    class _GPUTarget(stub_base):
         pass
 
     compiler.GPUTarget = _GPUTarget

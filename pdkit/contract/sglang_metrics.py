@@ -76,7 +76,10 @@ def _stand_in(module: str, rel: str, class_name: str, prelude: str) -> None:
     node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == class_name)
     mod = types.ModuleType(module)
     mod.__file__ = os.path.join(_pkg_dir(), rel)
-    exec(compile(prelude + "\n" + ast.get_source_segment(_read(rel), node), mod.__file__, "exec"), mod.__dict__)
+    source = ast.get_source_segment(_read(rel), node)
+    if source is None:  # only for a node without positions, which ast.parse always gives
+        raise LookupError(f"no source text for class {class_name} in sglang/{rel}")
+    exec(compile(prelude + "\n" + source, mod.__file__, "exec"), mod.__dict__)
     sys.modules[module] = mod
 
 
@@ -98,7 +101,8 @@ def _label_keys_in(rel: str, function: str) -> list[str] | None:
             for sub in ast.walk(node):
                 if (isinstance(sub, ast.Assign) and isinstance(sub.value, ast.Dict)
                         and any(isinstance(t, ast.Name) and t.id == "labels" for t in sub.targets)):
-                    keys = [k.value for k in sub.value.keys if isinstance(k, ast.Constant)]
+                    keys = [k.value for k in sub.value.keys
+                            if isinstance(k, ast.Constant) and isinstance(k.value, str)]
                     if "model_name" in keys:
                         return keys
     return None
@@ -134,9 +138,9 @@ def _families(registry, base: set[str]) -> dict[str, dict]:
     return out
 
 
-def _metric_objects(collector) -> dict[str, object]:
+def _metric_objects(collector) -> dict[str, pm.MetricWrapperBase]:
     """name as on /metrics -> the prometheus_client metric object held by a collector."""
-    out = {}
+    out: dict[str, pm.MetricWrapperBase] = {}
     for value in vars(collector).values():
         if isinstance(value, pm.MetricWrapperBase):
             kind = value._type
@@ -213,9 +217,9 @@ def main() -> int:
                 if present[name]["children"]:
                     # the children an idle engine already has, by their extra labels (the sim creates the same)
                     entry["eager_children"] = present[name]["children"]
-                mode = getattr(metric, "_multiprocess_mode", None)
-                if mode:
-                    entry["multiprocess_mode"] = mode
+                mp_mode = getattr(metric, "_multiprocess_mode", None)
+                if mp_mode:
+                    entry["multiprocess_mode"] = mp_mode
                 b = _buckets(metric)
                 if b is not None:
                     entry["buckets"] = b
