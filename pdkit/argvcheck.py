@@ -12,8 +12,8 @@ Each engine's and router's argv (`pdkit.flags`) is read the way its own argparse
 
 from __future__ import annotations
 
-from pdkit import flags, startchecks, ucxcheck
-from pdkit.pagesize import effective_page_size
+from pdkit import flags, modelconfig, startchecks, ucxcheck
+from pdkit.pagesize import RunPage, run_page
 from pdkit.parsertable import Parsed, Parser, router_parser, sglang_parser, speculative_algorithms
 from pdkit.spec import ClusterSpec, Engine, HostSpec, Problem, pairing_sets
 from pdkit.spec.startup import effective_page, tuning_origin
@@ -30,22 +30,79 @@ _FIELD_OF_FLAG = {flag: f"tuning.{name}" for name, flag in flags._VALUE_FLAGS}
 _PAIR_DESTS = {"page_size": "tuning.page_size", "kv_cache_dtype": "tuning.kv_cache_dtype"}
 
 
-def problems(spec: ClusterSpec) -> list[Problem]:
-    """Every problem the pinned parsers' table finds, in inventory order."""
+# model path -> (its config.json keys, where they were read); validate reads a directory on this machine
+ModelConfigs = dict[str, tuple[dict, str]]
+
+
+def local_model_configs(spec: ClusterSpec) -> ModelConfigs:
+    """The config.json of every model directory that is on this machine (pdkit.modelconfig.read_local)."""
+    out: ModelConfigs = {}
+    for _, engine in spec.engines():
+        path = spec.engine_model(engine).path
+        if path.startswith("/") and path not in out:
+            config = modelconfig.read_local(path)
+            if config is not None:
+                out[path] = (config, f"{path.rstrip('/')}/config.json, read by validate on this machine")
+    return out
+
+
+def problems(spec: ClusterSpec, configs: ModelConfigs | None = None) -> list[Problem]:
+    """Every problem the pinned parsers' table finds, in inventory order. CONFIGS: the model configs known
+    (None: those on this machine), which decide the page a checkpoint forces."""
     found: dict[tuple[str, str, str], Problem] = {}
+    configs = local_model_configs(spec) if configs is None else configs
 
     def add(problem: Problem) -> None:
         found.setdefault((problem.host, problem.field, problem.message), problem)
 
     engine_args: dict[tuple[str, str], dict[str, tuple[str, ...]]] = {}
     for host, engine in spec.engines():
-        engine_args[(host.name, engine.name)] = _check_engine(spec, host, engine, add)
+        args = _check_engine(spec, host, engine, add)
+        engine_args[(host.name, engine.name)] = args
         _check_engine_env(spec, host, engine, add)
-        _check_derivations(spec, host, engine, add)
+        page = engine_run_page(spec, host, engine, args, configs)
+        _check_derivations(spec, host, engine, add, page)
+        _check_engine_page(spec, host, engine, page, add)
     for host in spec.router_hosts:
         _check_router(spec, host, add)
-    _check_pairs(spec, engine_args, add)
+    _check_pairs(spec, engine_args, add, configs)
     return list(found.values())
+
+
+def pair_page_problems(spec: ClusterSpec, configs: ModelConfigs, host_name: str) -> list[Problem]:
+    """The PD pairs' page agreement judged on CONFIGS (the preflight's config.json keys from HOST_NAME's node), as
+    `problems` judges it on a local config.json: the problems reported on HOST_NAME's engines (each pair is
+    reported on its second engine's host, so once)."""
+    engine_args = {}
+    for host, engine in spec.engines():
+        parsed, _ = sglang_parser(spec.engine_version(engine)).parse(flags.sglang_args(spec, host, engine))
+        engine_args[(host.name, engine.name)] = {p.option.dest: p.values or ("(set)",) for p in parsed}
+    found: list[Problem] = []
+    _check_pairs(spec, engine_args, found.append, configs, pages_only=True)
+    return [p for p in found if p.host == host_name]
+
+
+def engine_run_page(spec: ClusterSpec, host: HostSpec, engine: Engine, args: dict[str, tuple[str, ...]],
+                    configs: ModelConfigs) -> RunPage:
+    """The page ENGINE really runs with (pdkit.pagesize.run_page): its argv, its node's GPU generation and the
+    model's config.json where known."""
+    node = host.node
+    sm_major = node.gpus.sm_major if node is not None and node.gpu == "nvidia" else None
+    known = configs.get(spec.engine_model(engine).path)
+    return run_page(spec.engine_version(engine), args, sm_major, known[0] if known else None)
+
+
+def _check_engine_page(spec: ClusterSpec, host: HostSpec, engine: Engine, page: RunPage, add) -> None:
+    """A page_size fa4 replaces on SM100 (pdkit.pagesize, _fa4_page_constraint): a warning on the field (the
+    model-forced pages warn in pdkit.modelconfig.architecture_problems)."""
+    tuning = spec.engine_tuning(engine)
+    if tuning.page_size is None or page.page == tuning.page_size or not page.sure or "fa4" not in page.why:
+        return
+    field = tuning_origin(spec, engine, "", "page_size")
+    add(Problem(host.name, field if field.startswith("pdkit_cluster") else f"{engine_path(host, engine)}.{field}",
+                f"page_size {tuning.page_size} is replaced: {page.why}, as for every non-MLA checkpoint on SM100 "
+                f"unless EAGLE's topk is above 1; every rule and PD pair runs on page {page.page}: set page_size "
+                f"{page.page} or leave it unset", "warning"))
 
 
 def _check_engine_env(spec: ClusterSpec, host: HostSpec, engine: Engine, add) -> None:
@@ -57,10 +114,11 @@ def _check_engine_env(spec: ClusterSpec, host: HostSpec, engine: Engine, add) ->
         return
     rendered = flags.rendered_env(spec, host, engine)
     at = engine_path(host, engine)
+    tls = engine.env.get("UCX_TLS", rendered.get("UCX_TLS"))  # which transports read their settings
     for var, value in engine.env.items():
         owner = flags.RENDERED_ENV_OWNERS.get(var)
         if var not in rendered or owner is None:
-            if var.startswith("UCX_") and (found := ucxcheck.setting_problem(var, str(value))):
+            if var.startswith("UCX_") and (found := ucxcheck.setting_problem(var, str(value), tls)):
                 add(Problem(host.name, f"{at}.env.{var}", found[1], found[0]))
             continue
         add(Problem(host.name, f"{at}.env.{var}",
@@ -76,10 +134,11 @@ def _check_engine_env(spec: ClusterSpec, host: HostSpec, engine: Engine, add) ->
             add(Problem(host.name, f"{at}.env.{var}", why))
 
 
-def _check_derivations(spec: ClusterSpec, host: HostSpec, engine: Engine, add) -> None:
+def _check_derivations(spec: ClusterSpec, host: HostSpec, engine: Engine, add, page: RunPage) -> None:
     """What SGLang derives before its start checks (0.5.23's backend aliases, EAGLE's adjusted draft tokens,
     the default chunk by GPU memory, MoE runner resolution, SGLANG_CUTLASS_MOE, backends in extra_args):
-    pdkit.startchecks.derivation_problems, judged on the page the engine really runs."""
+    pdkit.startchecks.derivation_problems, judged on the page the engine really runs (PAGE: the MLA and fa4
+    snaps and the model's own page where known; SGLang's default 1 when none is set)."""
     node = host.node
     assert node is not None
     tuning = spec.engine_tuning(engine)
@@ -88,7 +147,8 @@ def _check_derivations(spec: ClusterSpec, host: HostSpec, engine: Engine, add) -
     for severity, name, why in startchecks.derivation_problems(
             spec.engine_version(engine), engine.role, tuning, tuple(engine.extra_args), dict(engine.env),
             node.gpus.sm_major if gpu else None, node.gpus.memory_gib if gpu else None,
-            effective_page(spec.engine_version(engine), tuning, engine), engine.attn_dp or 1, engine.ep):
+            page.page if page.page is not None else effective_page(spec.engine_version(engine), tuning, engine),
+            engine.attn_dp or 1, engine.ep):
         head = name.split(".")[0]
         field = (name if name.startswith(("env.", "extra_args"))
                  else tuning_origin(spec, engine, "", head) + name[len(head):])
@@ -249,7 +309,8 @@ def _check_extra_args(parser: Parser, host: str, field: str, generated: list[Par
     return kept
 
 
-def _check_pairs(spec: ClusterSpec, engine_args: dict[tuple[str, str], dict[str, tuple[str, ...]]], add) -> None:
+def _check_pairs(spec: ClusterSpec, engine_args: dict[tuple[str, str], dict[str, tuple[str, ...]]], add,
+                 configs: ModelConfigs | None = None, pages_only: bool = False) -> None:
     reported: set[tuple[str, str]] = set()  # an engine in a router's set and a pd_group: one problem per field
     for label, members in pairing_sets(spec):
         if not {e.role for _, e in members} >= {"prefill", "decode"}:
@@ -261,8 +322,11 @@ def _check_pairs(spec: ClusterSpec, engine_args: dict[tuple[str, str], dict[str,
             for key, (field, value) in facts.items():
                 want = reference.get(key, (field, None))[1]
                 at = (host.name, f"{engine_path(host, engine)}.{field}")
+                if pages_only and key != "page_size":
+                    continue
                 if key == "page_size":
-                    _check_pair_pages(spec, label, (first_host, first), (host, engine), engine_args, reported, add)
+                    _check_pair_pages(spec, label, (first_host, first), (host, engine), engine_args, reported, add,
+                                      configs or {})
                     continue
                 if value != want and at not in reported:
                     reported.add(at)
@@ -274,25 +338,36 @@ def _check_pairs(spec: ClusterSpec, engine_args: dict[tuple[str, str], dict[str,
 
 
 def _check_pair_pages(spec: ClusterSpec, label: str, first: tuple[HostSpec, Engine], other: tuple[HostSpec, Engine],
-                      engine_args: dict[tuple[str, str], dict[str, tuple[str, ...]]], reported: set, add) -> None:
-    """The page sizes the two engines really run with (SGLang snaps some backends' pages before start:
-    pdkit/pagesize.py) must agree: an error where both are known, a warning where one is left to SGLang's
-    default while the other is snapped (the default depends on the backend SGLang picks)."""
+                      engine_args: dict[tuple[str, str], dict[str, tuple[str, ...]]], reported: set, add,
+                      configs: ModelConfigs | None = None) -> None:
+    """The page sizes the two engines really run with must agree (pdkit.pagesize.run_page: the page the
+    checkpoint forces where its config.json is known, then the backends' snaps, fa4's on SM100 included, on
+    each engine's own GPU generation): one error naming both engines where both are certain, a warning where
+    one depends on what pdkit was not told (SGLang's default page for the backend it picks, an undeclared GPU
+    generation, an unread config.json). A pair that differs on paper but runs the same page is valid."""
     (h1, e1), (h2, e2) = first, other
-    page1, why1 = effective_page_size(spec.engine_version(e1), engine_args[(h1.name, e1.name)])
-    page2, why2 = effective_page_size(spec.engine_version(e2), engine_args[(h2.name, e2.name)])
+    r1 = engine_run_page(spec, h1, e1, engine_args[(h1.name, e1.name)], configs or {})
+    r2 = engine_run_page(spec, h2, e2, engine_args[(h2.name, e2.name)], configs or {})
     field = f"{engine_path(h2, e2)}.tuning.page_size"
-    if page1 == page2 or (h2.name, field) in reported:
+    if r1.page == r2.page or (h2.name, field) in reported:
         return
     reported.add((h2.name, field))
-    says = (f"{label}: {h2.name}/{e2.name} runs KV page size {page2 if page2 is not None else 'unset'} ({why2}), "
-            f"{h1.name}/{e1.name} {page1 if page1 is not None else 'unset'} ({why1})")
-    if page1 is None or page2 is None:
-        if "snaps" in why1 + why2:
+    known = (configs or {}).get(spec.engine_model(e2).path)
+    read = f" (the model's config.json: {known[1]})" if known else ""
+    says = (f"{label}: {h2.name}/{e2.name} runs KV page size {r2.page if r2.page is not None else 'unset'} "
+            f"({r2.why}), {h1.name}/{e1.name} {r1.page if r1.page is not None else 'unset'} ({r1.why}){read}")
+    decided = ("snaps", "sets it", "override", "takes")
+    if r1.page is None or r2.page is None:
+        if any(w in r1.why + r2.why for w in decided):
             add(Problem(h2.name, field, f"{says}: SGLang's default page for the other engine's backend may differ, "
                         "and a pair whose pages differ fails its KV transfer: set page_size to the snapped value on "
                         "both", "warning"))
             return
+    elif not (r1.sure and r2.sure):
+        add(Problem(h2.name, field, f"{says}: the pages may differ, and a pair whose pages differ fails its KV "
+                    "transfer: declare the nodes' compute_capability (and keep the model directory where validate "
+                    "reads it) to have it judged, or set the page each engine really runs on both", "warning"))
+        return
     add(Problem(h2.name, field, f"{says}; every prefill/decode pair the router can make must match (the KV transfer "
                 "fails or output is corrupted): set the same page_size on both (a snapped one: that value)"))
 

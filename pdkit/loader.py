@@ -489,7 +489,8 @@ def _model_config_problems(spec: ClusterSpec) -> list[Problem]:
         found += modelconfig.architecture_problems(modelconfig.engine_facts(spec, host, engine), config,
                                                    f"{path.rstrip('/')}/config.json, read by validate on this machine")
         for severity, name, message in found:
-            field = tuning_origin(spec, engine, "", name)
+            # extra_args is the engine's own field; the others are tuning fields, named in the layer that sets them
+            field = name if name == "extra_args" else tuning_origin(spec, engine, "", name)
             at = field if field.startswith("pdkit_cluster") else \
                 f"pdkit_node.engines[{host.node.engines.index(engine)}].{field}"
             if not any(p.host == host.name and p.field == at and p.message == message for p in out):

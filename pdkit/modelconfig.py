@@ -28,10 +28,10 @@ CONTEXT_LENGTH_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "mode
 # the sub-configs SGLang takes as the text config of a multimodal checkpoint (get_hf_text_config)
 TEXT_CONFIG_KEYS = ("text_config", "llm_config", "language_config", "thinker_config")
 # what the node's probe keeps of config.json (and of each text sub-config): enough for the rules here
-# (architecture_problems reads model_type/architectures, DSA's index_topk / index_kpool, MLA's kv_lora_rank
-# and Exaone4's sliding_window_pattern)
+# (architecture_problems reads model_type/architectures, DSA's index_topk / index_kpool, MLA's kv_lora_rank,
+# Exaone4's sliding_window_pattern, the Gemma family's sliding_window and Granite's layer_types)
 CONFIG_KEYS = ("architectures", "rope_scaling", "rope_parameters", *CONTEXT_LENGTH_KEYS, "model_type",
-               "kv_lora_rank", "index_topk", "index_kpool", "sliding_window_pattern")
+               "kv_lora_rank", "index_topk", "index_kpool", "sliding_window_pattern", "sliding_window", "layer_types")
 
 
 def trimmed(config: dict[str, Any]) -> dict[str, Any]:
@@ -118,6 +118,7 @@ class EngineFacts:
     sm_major: int | None = None
     env: dict[str, str] = field(default_factory=dict)
     kv_cache_dtype: str | None = None
+    extra_args: tuple[str, ...] = ()
 
 
 # The architectures whose checkpoints SGLang treats as DeepSeek Sparse Attention when config.json also names
@@ -182,13 +183,111 @@ BACKEND_ASSERTS["0.5.23"] = {
 # Exaone4 with a sliding-window pattern in config.json: one of these (both releases)
 EXAONE_ARCHS = ("Exaone4ForCausalLM", "ExaoneMoEForCausalLM", "ExaoneMoeForCausalLM")
 EXAONE_BACKENDS = ("fa3", "triton", "trtllm_mha")
-# Hybrid linear-attention checkpoints that keep a mamba radix cache but lack the extra_buffer strategy in both
-# releases (in _MAMBA_RADIX_CACHE_ARCHS, not in _MAMBA_EXTRA_BUFFER_ARCHS of arg_groups/overrides.py): with the
-# radix cache on, SGLang picks no_buffer, turns the overlap schedule off, and asserts page_size 1 and a backend
-# other than trtllm_mha (0.5.17 ServerArgs._validate_mamba_no_buffer, 0.5.23 mamba_hook.validate_mamba_no_buffer)
-_NO_BUFFER = ("Lfm2ForCausalLM", "Lfm2MoeForCausalLM", "JetNemotronForCausalLM", "JetVLMForConditionalGeneration",
-              "ZayaForCausalLM")
-MAMBA_NO_BUFFER_ARCHS = {"0.5.17": _NO_BUFFER, "0.5.23": (*_NO_BUFFER, "InternS2MobiusForConditionalGeneration")}
+# Hybrid linear-attention (mamba) checkpoints, per release (issue 46 item 3). SGLang picks the mamba radix cache's
+# buffer strategy in _mamba_radix_cache_resolution (0.5.17 and 0.5.23 arg_groups/overrides.py): a checkpoint
+# uses the mamba radix cache when its architecture is in _MAMBA_RADIX_CACHE_ARCHS (GraniteMoeHybrid only when a
+# layer_types entry is "mamba") or its linear-attention registry spec (configs/linear_attn_model_registry.py,
+# filled by register_linear_attn_model calls in configs/*.py) says uses_mamba_radix_cache; with the radix cache
+# on and --mamba-radix-cache-strategy auto it takes extra_buffer when (the overlap schedule is on or page_size > 1)
+# and supports_mamba_cache_extra_buffer (the architecture in _MAMBA_EXTRA_BUFFER_ARCHS, or in 0.5.23 a registry
+# spec with support_mamba_cache_extra_buffer, and --linear-attn-backend triton), else no_buffer with the overlap
+# schedule off. no_buffer then asserts page_size 1 and an attention backend other than trtllm_mha
+# (0.5.17 ServerArgs._validate_mamba_no_buffer, 0.5.23 mamba_hook.validate_mamba_no_buffer).
+# tests/test_modelconfig_contract.py reads both sets and the registry's specs from each wheel.
+MAMBA_RADIX_ARCHS = {
+    "0.5.17": frozenset({
+        "KimiLinearForCausalLM", "KimiK3ForConditionalGeneration", "BailingMoeV2_5ForCausalLM",
+        "Qwen3NextForCausalLM", "Qwen3_5MoeForConditionalGeneration", "InternS2PreviewForConditionalGeneration",
+        "Qwen3_5ForConditionalGeneration", "MiniCPMV4_6ForConditionalGeneration", "NemotronHForCausalLM",
+        "NemotronHPuzzleForCausalLM", "FalconH1ForCausalLM", "JetNemotronForCausalLM",
+        "JetVLMForConditionalGeneration", "Lfm2ForCausalLM", "Lfm2MoeForCausalLM", "ZayaForCausalLM"}),
+    "0.5.23": frozenset({
+        "KimiLinearForCausalLM", "KimiK3ForConditionalGeneration", "BailingMoeV2_5ForCausalLM",
+        "BailingMoeV3ForCausalLM", "BailingMoeV3VLForConditionalGeneration", "Qwen3NextForCausalLM",
+        "Qwen3_5MoeForConditionalGeneration", "InternS2PreviewForConditionalGeneration",
+        "InternS2MobiusForConditionalGeneration", "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForCausalLM",
+        "Qwen3_5ForCausalLM", "Qwen4ExpForConditionalGeneration", "MiniCPMV4_6ForConditionalGeneration",
+        "MiniCPMV4_7ForConditionalGeneration", "NemotronHForCausalLM", "NemotronHPuzzleForCausalLM",
+        "NemotronH_Omni_Reasoning_V3", "FalconH1ForCausalLM", "JetNemotronForCausalLM",
+        "JetVLMForConditionalGeneration", "Lfm2ForCausalLM", "Lfm2MoeForCausalLM", "ZayaForCausalLM",
+        "Glm5NextForConditionalGeneration"}),
+}
+MAMBA_EXTRA_BUFFER_ARCHS = {
+    "0.5.17": frozenset({
+        "KimiLinearForCausalLM", "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
+        "Qwen3NextForCausalLM", "InternS2PreviewForConditionalGeneration", "MiniCPMV4_6ForConditionalGeneration",
+        "BailingMoeV2_5ForCausalLM", "FalconH1ForCausalLM", "GraniteMoeHybridForCausalLM", "NemotronHForCausalLM",
+        "NemotronHPuzzleForCausalLM", "KimiK3ForConditionalGeneration"}),
+    "0.5.23": frozenset({
+        "KimiLinearForCausalLM", "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
+        "Qwen3_5MoeForCausalLM", "Qwen3_5ForCausalLM", "Qwen3NextForCausalLM", "Qwen4ExpForConditionalGeneration",
+        "InternS2PreviewForConditionalGeneration", "MiniCPMV4_6ForConditionalGeneration",
+        "MiniCPMV4_7ForConditionalGeneration", "BailingMoeV2_5ForCausalLM", "BailingMoeV3ForCausalLM",
+        "BailingMoeV3VLForConditionalGeneration", "FalconH1ForCausalLM", "GraniteMoeHybridForCausalLM",
+        "Glm5NextForConditionalGeneration", "NemotronHForCausalLM", "NemotronHPuzzleForCausalLM",
+        "NemotronH_Omni_Reasoning_V3", "KimiK3ForConditionalGeneration", "InklingForConditionalGeneration",
+        "InklingForConditionalGenerationMTP"}),
+}
+# The linear-attention registry's in-tree specs: release -> architecture -> (uses_mamba_radix_cache,
+# support_mamba_cache_extra_buffer). 0.5.17 registers none in tree; 0.5.23 registers GigaChat 3.5
+# (configs/gigachat35.py). 0.5.17's supports_mamba_cache_extra_buffer does not read the spec's opt-in.
+LINEAR_ATTN_REGISTRY: dict[str, dict[str, tuple[bool, bool]]] = {
+    "0.5.17": {},
+    "0.5.23": {"GigaChat35ForCausalLM": (True, False), "GigaChat35ForCausalLMNextN": (True, False)},
+}
+_REGISTRY_OPT_IN = {"0.5.17": False, "0.5.23": True}  # does supports_mamba_cache_extra_buffer read the spec?
+GRANITE_HYBRID = "GraniteMoeHybridForCausalLM"
+
+
+def uses_mamba_radix_cache(version: str, config: dict[str, Any]) -> bool:
+    """Whether SGLang VERSION runs CONFIG's checkpoint with the mamba radix cache (when the radix cache is on)."""
+    arch = architecture(config)
+    if arch is None:
+        return False
+    if arch == GRANITE_HYBRID:
+        return "mamba" in (text_config(config).get("layer_types") or config.get("layer_types") or [])
+    spec = LINEAR_ATTN_REGISTRY.get(version, {}).get(arch)
+    return arch in MAMBA_RADIX_ARCHS.get(version, ()) or bool(spec and spec[0])
+
+
+def extra_buffer_capable(version: str, arch: str) -> bool:
+    """supports_mamba_cache_extra_buffer before its --linear-attn-backend triton condition."""
+    spec = LINEAR_ATTN_REGISTRY.get(version, {}).get(arch)
+    return arch in MAMBA_EXTRA_BUFFER_ARCHS.get(version, ()) or bool(_REGISTRY_OPT_IN[version] and spec and spec[1])
+
+
+def no_buffer_archs(version: str) -> frozenset[str]:
+    """The architectures of VERSION that land on no_buffer whatever the tuning once the radix cache is on: they use
+    the mamba radix cache and cannot take extra_buffer (derived from the sets and the registry, never listed)."""
+    registry = LINEAR_ATTN_REGISTRY.get(version, {})
+    users = set(MAMBA_RADIX_ARCHS.get(version, ())) | {a for a, (uses, _) in registry.items() if uses}
+    return frozenset(a for a in users if not extra_buffer_capable(version, a))
+
+
+MAMBA_NO_BUFFER_ARCHS = {v: tuple(sorted(no_buffer_archs(v))) for v in MAMBA_RADIX_ARCHS}
+
+
+def mamba_strategy(version: str, config: dict[str, Any], radix_on: bool, overlap_on: bool, page: int | None,
+                   extra_args: tuple[str, ...] = ()) -> tuple[str | None, str]:
+    """(the mamba radix cache strategy SGLang VERSION runs CONFIG's checkpoint with, why), None when it uses none
+    (not a mamba checkpoint, or the radix cache off): _mamba_radix_cache_resolution, both releases."""
+    arch = architecture(config) or ""
+    if not radix_on or not uses_mamba_radix_cache(version, config):
+        return None, "no mamba radix cache"
+    given = extra_arg(extra_args, "--mamba-radix-cache-strategy") or "auto"
+    if given != "auto":
+        return given, f"--mamba-radix-cache-strategy {given}"
+    linear = extra_arg(extra_args, "--linear-attn-backend") or "triton"
+    capable = extra_buffer_capable(version, arch)
+    if (overlap_on or (page is not None and page > 1)) and capable and linear == "triton":
+        return "extra_buffer", "auto"
+    if not capable:
+        return "no_buffer", f"auto: {arch} cannot take extra_buffer"
+    if linear != "triton":
+        return "no_buffer", f"auto: extra_buffer needs --linear-attn-backend triton, not {linear}"
+    return "no_buffer", "auto: the overlap schedule is off and the page is 1"
+
+
 # MiMoV2 HiCache needs SGLang's unified radix tree (0.5.17 _handle_model_specific_adjustments only)
 MIMO_V2_ARCHS = ("MiMoV2ForCausalLM", "MiMoV2FlashForCausalLM")
 _ENV_TRUE = ("true", "1", "yes", "y")
@@ -290,24 +389,8 @@ def architecture_problems(facts: EngineFacts, config: dict[str, Any], source: st
                         f"start ('{facts.kv_cache_dtype} is not supported for {arch}', arg_groups/overrides.py "
                         f"_deepseek_v4_kv_cache_dtype); valid: {', '.join(DSV4_KV_DTYPES)}, or unset (fp8_e4m3)"))
     radix_on = facts.radix_cache is not False and (facts.role != "decode" or bool(facts.decode_radix_cache))
-    if arch in MAMBA_NO_BUFFER_ARCHS.get(version, ()) and radix_on:
-        hook = "0.5.17 server_args.py _validate_mamba_no_buffer" if version == "0.5.17" else \
-            "0.5.23 arg_groups/mamba_hook.py validate_mamba_no_buffer"
-        if facts.page_size is not None and facts.page_size > 1:
-            out.append(("error", "page_size",
-                        f"page_size {facts.page_size} for {arch} ({source}) with the radix cache on: SGLang {version} "
-                        f"uses the no_buffer mamba cache for it and refuses it at start ('no_buffer only supports "
-                        f"page_size=1.', {hook}); valid: page_size 1, or radix_cache: false"))
-        if given == "trtllm_mha":
-            out.append(("error", "attention_backend",
-                        f"attention_backend trtllm_mha for {arch} ({source}) with the radix cache on: SGLang {version} "
-                        f"refuses it at start ('no_buffer do not support trtllm_mha attention backend.', {hook}); "
-                        "valid: another attention_backend, or radix_cache: false"))
-        if facts.overlap_schedule is True:
-            out.append(("warning", "overlap_schedule",
-                        f"overlap_schedule true is replaced for {arch} ({source}): with the radix cache on, SGLang "
-                        f"{version} picks the no_buffer mamba cache and turns the overlap schedule off "
-                        "(overrides.py _mamba_radix_cache_resolution); remove it, or radix_cache: false"))
+    out += _mamba_problems(facts, config, source, radix_on)
+    out += _sliding_window_problems(facts, config, source, prefill, decode)
     if version == "0.5.17" and arch in MIMO_V2_ARCHS and facts.hicache and \
             str(facts.env.get("SGLANG_ENABLE_UNIFIED_RADIX_TREE", "")).lower() not in _ENV_TRUE:
         out.append(("error", "hicache",
@@ -315,6 +398,176 @@ def architecture_problems(facts: EngineFacts, config: dict[str, Any], source: st
                     f"('Hierarchical cache for MiMoV2 requires the unified radix tree', {where}); valid: "
                     "env SGLANG_ENABLE_UNIFIED_RADIX_TREE: '1' on the engine, hicache false, or sglang_version 0.5.23"))
     return out
+
+
+def _mamba_problems(facts: EngineFacts, config: dict[str, Any], source: str,
+                    radix_on: bool) -> list[tuple[str, str, str]]:
+    """What the mamba radix cache strategy SGLang picks refuses or replaces (issue 46 item 3)."""
+    version, arch, out = facts.version, architecture(config), []
+    overlap_on = facts.overlap_schedule is not False
+    strategy, why = mamba_strategy(version, config, radix_on, overlap_on, facts.page_size, facts.extra_args)
+    hook = "0.5.17 server_args.py _validate_mamba_no_buffer" if version == "0.5.17" else \
+        "0.5.23 arg_groups/mamba_hook.py validate_mamba_no_buffer"
+    if strategy is None:
+        given = extra_arg(facts.extra_args, "--mamba-radix-cache-strategy")
+        if version == "0.5.23" and radix_on and given in ("extra_buffer", "extra_buffer_lazy") and arch is not None:
+            out.append(("error", "extra_args",
+                        f"--mamba-radix-cache-strategy {given} for {arch} ({source}): SGLang 0.5.23 refuses it at "
+                        f"start ('--mamba-radix-cache-strategy {given} needs mamba state', arg_groups/model_hook.py "
+                        "handle_mamba_radix_cache): this checkpoint has no mamba layers; valid: remove it"))
+        return out
+    if strategy in ("extra_buffer", "extra_buffer_lazy"):
+        linear = extra_arg(facts.extra_args, "--linear-attn-backend") or "triton"
+        if not (extra_buffer_capable(version, arch or "") and linear == "triton"):
+            out.append(("error", "extra_args",
+                        f"--mamba-radix-cache-strategy {strategy} for {arch} ({source}) with --linear-attn-backend "
+                        f"{linear}: SGLang {version} refuses it at start ('extra_buffer is not supported for {arch}; "
+                        "use no_buffer.', _validate_mamba_extra_buffer); valid: no_buffer (page_size 1), auto, or "
+                        "radix_cache: false"))
+        return out
+    # no_buffer
+    if facts.page_size is not None and facts.page_size > 1:
+        out.append(("error", "page_size",
+                    f"page_size {facts.page_size} for {arch} ({source}) with the radix cache on: SGLang {version} "
+                    f"uses the no_buffer mamba cache for it ({why}) and refuses it at start ('no_buffer only supports "
+                    f"page_size=1.', {hook}); valid: page_size 1, or radix_cache: false"))
+    if facts.attention_backend == "trtllm_mha":
+        out.append(("error", "attention_backend",
+                    f"attention_backend trtllm_mha for {arch} ({source}) with the radix cache on: SGLang {version} "
+                    f"uses the no_buffer mamba cache for it ({why}) and refuses it at start ('no_buffer do not "
+                    f"support trtllm_mha attention backend.', {hook}); valid: another attention_backend, or "
+                    "radix_cache: false"))
+    if why.startswith("--mamba") and overlap_on:
+        out.append(("error", "overlap_schedule",
+                    f"--mamba-radix-cache-strategy no_buffer for {arch} ({source}) with the overlap schedule on: "
+                    f"SGLang {version} refuses it at start ('no_buffer do not support overlap schedule', {hook}); "
+                    "valid: overlap_schedule: false, or strategy auto"))
+    elif facts.overlap_schedule is True:
+        out.append(("warning", "overlap_schedule",
+                    f"overlap_schedule true is replaced for {arch} ({source}): with the radix cache on, SGLang "
+                    f"{version} picks the no_buffer mamba cache ({why}) and turns the overlap schedule off "
+                    "(overrides.py _mamba_radix_cache_resolution); remove it, or radix_cache: false"))
+    return out
+
+
+# Item 1 (issue 46): hybrid sliding-window checkpoints SGLang runs WITHOUT its hybrid SWA memory pool: an override
+# returns disable_hybrid_swa_memory True for them (0.5.17 arg_groups/overrides.py, 0.5.23
+# arg_groups/model_overrides/gemma2_gemma3.py, exaone.py, olmo2.py; Step3p5/3p7 with HiCache in overrides.py
+# _step3p_overrides), so ModelConfig.is_hybrid_swa is False: every layer keeps a full-length KV in one pool, a PD
+# pair moves it as any dense model's, and no SWA-only rule (radix cache, disaggregation, page) applies.
+# release -> architecture -> when ("always", "sliding_window_pattern": config.json names one, "hicache")
+SWA_POOL_OFF: dict[str, dict[str, str]] = {
+    "0.5.17": {
+        **dict.fromkeys(("Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration",
+                         "Gemma3nForCausalLM", "Gemma3nForConditionalGeneration", "Olmo2ForCausalLM"), "always"),
+        **dict.fromkeys(("Exaone4ForCausalLM", "ExaoneMoEForCausalLM"), "sliding_window_pattern"),
+        **dict.fromkeys(("Step3p5ForCausalLM", "Step3p7ForConditionalGeneration"), "hicache"),
+    },
+}
+SWA_POOL_OFF["0.5.23"] = {**SWA_POOL_OFF["0.5.17"], "ExaoneMoeForCausalLM": "sliding_window_pattern"}
+# the flags that size or switch the hybrid SWA pool: moot once SGLang turns the pool off
+SWA_POOL_FLAGS = ("--swa-full-tokens-ratio", "--disable-hybrid-swa-memory")
+# The Gemma family's model files give their local layers a sliding window (models/gemma2.py, gemma3_causal.py,
+# gemma3n_causal.py: RadixAttention(sliding_window_size=...)), and the hpc_ops backend raises on any such layer at
+# its first forward ('The hpc_ops attention backend does not support sliding window.', layers/attention/
+# hpc_ops_backend.py, both releases)
+GEMMA_SLIDING_ARCHS = ("Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration",
+                       "Gemma3nForCausalLM", "Gemma3nForConditionalGeneration")
+
+
+def swa_pool_off(version: str, config: dict[str, Any], hicache: bool | None) -> bool:
+    """Whether SGLang VERSION turns the hybrid SWA memory pool off for CONFIG's checkpoint."""
+    when = SWA_POOL_OFF.get(version, {}).get(architecture(config) or "")
+    return when == "always" or (when == "sliding_window_pattern" and config.get("sliding_window_pattern") is not None) \
+        or (when == "hicache" and bool(hicache))
+
+
+def _sliding_window_problems(facts: EngineFacts, config: dict[str, Any], source: str, prefill: str | None,
+                             decode: str | None) -> list[tuple[str, str, str]]:
+    """Item 1: SWA pool settings SGLang drops for these checkpoints, and hpc_ops on the Gemma family's windows."""
+    version, arch, out = facts.version, architecture(config), []
+    if swa_pool_off(version, config, facts.hicache):
+        given = [f for f in SWA_POOL_FLAGS if any(a == f or a.startswith(f + "=") for a in facts.extra_args)]
+        if given:
+            out.append(("warning", "extra_args",
+                        f"{given[0]} has no effect for {arch} ({source}): SGLang {version} turns the hybrid SWA memory "
+                        "pool off for this architecture (disable_hybrid_swa_memory, its model override), so every "
+                        "layer keeps a full-length KV cache and no SWA pool is sized: remove it"))
+    if arch in GEMMA_SLIDING_ARCHS and "hpc_ops" in (prefill, decode):
+        out.append(("error", "attention_backend",
+                    f"attention backend hpc_ops for {arch} ({source}): its local layers have a sliding window, and "
+                    f"SGLang {version}'s hpc_ops backend raises at the first forward ('The hpc_ops attention backend "
+                    "does not support sliding window.', layers/attention/hpc_ops_backend.py); valid: another "
+                    "attention_backend (fa3, flashinfer, triton), or leave it unset"))
+    return out
+
+
+# ------------------------------------------------------------------------------ the page a checkpoint forces
+# (issue 46 item 4) read by pdkit/pagesize.py before the backends' snaps, in SGLang's order: the model overrides
+# (handle_model_specific_adjustments) run before _mla_backend_page_constraints and _fa4_page_constraint.
+# release -> architecture -> the backend its override picks on SM100 when the inventory gives none, and which
+# backend arguments must be unset ("all": attention, prefill and decode, is_attention_backend_not_set; "main":
+# attention_backend only): 0.5.17 overrides.py _gpt_oss_overrides / _olmo2_overrides; 0.5.23
+# model_overrides/gpt_oss.py, olmo2.py, exaone.py (with a sliding_window_pattern only)
+SM100_DEFAULT_BACKEND: dict[str, dict[str, tuple[str, str]]] = {
+    "0.5.17": {"GptOssForCausalLM": ("trtllm_mha", "all"), "Olmo2ForCausalLM": ("trtllm_mha", "main")},
+    "0.5.23": {"GptOssForCausalLM": ("trtllm_mha", "all"), "Olmo2ForCausalLM": ("trtllm_mha", "main"),
+               "Exaone4ForCausalLM": ("trtllm_mha", "main"), "ExaoneMoEForCausalLM": ("trtllm_mha", "main"),
+               "ExaoneMoeForCausalLM": ("trtllm_mha", "main")},
+}
+
+
+@dataclass(frozen=True)
+class ModelPage:
+    """What a checkpoint decides of the page before the backends' snaps: the page it sets (None: none), the
+    attention backend it sets (None: none), why, and whether that depends on a GPU generation pdkit was not told."""
+
+    page: int | None = None
+    backend: str | None = None
+    why: str = ""
+    sure: bool = True
+
+
+def model_page(version: str, config: dict[str, Any], args: dict[str, tuple[str, ...]],
+               sm_major: int | None) -> ModelPage:
+    """What SGLang VERSION's model overrides set of the page / attention backend for CONFIG's checkpoint, given the
+    engine's parsed argv ARGS (dest -> values) on a GPU of SM_MAJOR (None: unknown)."""
+    arch = architecture(config)
+    if arch is None:
+        return ModelPage()
+    given = {d: (args.get(d) or (None,))[0] for d in ("attention_backend", "prefill_attention_backend",
+                                                     "decode_attention_backend")}
+    if arch in DSV4_ARCHS:
+        return ModelPage(DSV4_PAGE, DSV4_BACKEND, f"{arch} runs on {DSV4_BACKEND} with page {DSV4_PAGE}")
+    family = arch in DEEPSEEK_FAMILY.get(version, ())
+    if family and arch in DSA_ARCHS.get(version, ()) and config.get("index_topk") is not None:
+        kpool = config.get("index_kpool", 1) if version != "0.5.17" else 1
+        page = 64 * (kpool if isinstance(kpool, int) and kpool > 0 else 1)
+        return ModelPage(page, None, f"{arch} with index_topk (DeepSeek Sparse Attention) runs page {page}")
+    unset = all(v is None for v in given.values())
+    if family and config.get("index_topk") is None and unset:
+        if sm_major is None:
+            return ModelPage(None, None, f"{arch} without an attention backend takes trtllm_mla on SM100 "
+                             "(the node declares no compute_capability)", sure=False)
+        if sm_major == 10:
+            return ModelPage(None, "trtllm_mla", f"{arch} without an attention backend takes trtllm_mla on SM100")
+    default = SM100_DEFAULT_BACKEND.get(version, {}).get(arch)
+    if default is not None and (arch not in EXAONE_ARCHS or config.get("sliding_window_pattern") is not None):
+        free = unset if default[1] == "all" else given["attention_backend"] is None
+        if free and sm_major is None:
+            return ModelPage(None, None, f"{arch} without an attention backend takes {default[0]} on SM100 (the "
+                             "node declares no compute_capability)", sure=False)
+        if free and sm_major == 10:
+            return ModelPage(None, default[0], f"{arch} without an attention backend takes {default[0]} on SM100")
+    return ModelPage()
+
+
+def is_mla(config: dict[str, Any] | None) -> bool | None:
+    """Whether CONFIG's checkpoint runs MLA attention (None: no config). Every MLA arm of ModelConfig reads a
+    kv_lora_rank (configs/model_config.py, both releases), so a config without one is MHA."""
+    if config is None or architecture(config) is None:
+        return None
+    return config.get("kv_lora_rank") is not None or text_config(config).get("kv_lora_rank") is not None
 
 
 def extra_arg(extra_args: tuple[str, ...] | list[str], flag: str) -> str | None:
@@ -341,4 +594,5 @@ def engine_facts(spec, host, engine) -> EngineFacts:
         radix_cache=tuning.radix_cache, decode_radix_cache=tuning.decode_radix_cache, hicache=tuning.hicache,
         overlap_schedule=tuning.overlap_schedule,
         sm_major=node.gpus.sm_major if node is not None and node.gpu == "nvidia" else None,
-        env={str(k): str(v) for k, v in engine.env.items()}, kv_cache_dtype=tuning.kv_cache_dtype)
+        env={str(k): str(v) for k, v in engine.env.items()}, kv_cache_dtype=tuning.kv_cache_dtype,
+        extra_args=tuple(str(a) for a in engine.extra_args))

@@ -367,6 +367,13 @@ def _check_model_configs(spec: ClusterSpec, host: HostSpec, wanted: list[ModelDi
                 modelconfig.engine_facts(spec, host, p.engine), config,
                 f"{model.path}/config.json, read by the preflight on {host.name}"):
             add("model", severity, f"{host.name}: engine {p.engine.name!r} {message}")
+    # a PD pair's page as SGLang runs it on this checkpoint (pdkit.argvcheck, as validate judges a local config.json)
+    from pdkit import argvcheck  # lazy: the parser table is read only where a config was probed
+    configs = {d.path: ((probes.get(d.path) or {}).get("config_keys"),
+                        f"{d.path}/config.json, read by the preflight on {host.name}")
+               for d in wanted if d.what == "model" and (probes.get(d.path) or {}).get("config_keys")}
+    for problem in argvcheck.pair_page_problems(spec, configs, host.name) if configs else ():
+        add("model", problem.severity, f"{problem.field}: {problem.message}")
 
 
 def _check_driver_version(driver: str, module: dict, blackwell: bool, add) -> None:

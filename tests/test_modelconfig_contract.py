@@ -105,9 +105,9 @@ def test_the_architecture_lists_match_the_pinned_wheel(version):
     require(root is not None, f"contract virtualenv sglang-{version} missing: run `bash .ci/contract-env.sh`")
     srt = root / "srt"
     overrides = (srt / "arg_groups/overrides.py").read_text(encoding="utf-8")
-    radix, extra = _set_in(overrides, "_MAMBA_RADIX_CACHE_ARCHS"), _set_in(overrides, "_MAMBA_EXTRA_BUFFER_ARCHS")
-    # Granite is a mamba model only when its layer_types name one (_mamba_radix_cache_resolution): not judged
-    assert set(modelconfig.MAMBA_NO_BUFFER_ARCHS[version]) == radix - extra - {"GraniteMoeHybridForCausalLM"}
+    # the two sets _mamba_radix_cache_resolution reads (the registry's specs: test_the_linear_attention_registry_...)
+    assert modelconfig.MAMBA_RADIX_ARCHS[version] == _set_in(overrides, "_MAMBA_RADIX_CACHE_ARCHS")
+    assert modelconfig.MAMBA_EXTRA_BUFFER_ARCHS[version] == _set_in(overrides, "_MAMBA_EXTRA_BUFFER_ARCHS")
     assert set(modelconfig.DSA_ARCHS[version]) == _function_strings(
         (srt / "configs/model_config.py").read_text(encoding="utf-8"), "is_deepseek_dsa") - {"index_topk"}
     family = overrides if version == "0.5.17" else \
@@ -119,3 +119,136 @@ def test_the_architecture_lists_match_the_pinned_wheel(version):
             break
     else:
         raise AssertionError("_deepseek_family_overrides not found")
+
+
+def _registry_specs(srt) -> dict[str, tuple[bool, bool]]:
+    """Every in-tree LinearAttnModelSpec(...) of the wheel (configs/*.py): architecture -> (uses_mamba_radix_cache,
+    support_mamba_cache_extra_buffer), with the dataclass's defaults (True, False) where a call leaves them out."""
+    defaults = {"uses_mamba_radix_cache": True, "support_mamba_cache_extra_buffer": False}
+    found: dict[str, tuple[bool, bool]] = {}
+    for path in sorted((srt / "configs").glob("*.py")):
+        if path.name == "linear_attn_model_registry.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "LinearAttnModelSpec":
+                kw = {k.arg: k.value for k in node.keywords}
+                flags = {name: (kw[name].value if name in kw else default) for name, default in defaults.items()}
+                for arch in ast.literal_eval(kw["arch_names"]):
+                    found[arch] = (flags["uses_mamba_radix_cache"], flags["support_mamba_cache_extra_buffer"])
+    return found
+
+
+@pytest.mark.contract
+@pytest.mark.parametrize("version", sorted(SGLANG_RELEASES))
+def test_the_linear_attention_registry_and_the_strategy_derivation_are_the_wheels(version):
+    """Issue 46 item 3: which architectures land on no_buffer is derived from the wheel's two sets and its
+    linear-attention registry (not a fixed list): the registry's in-tree specs, the registry's defaults, and the
+    auto strategy's condition are read from each wheel."""
+    root = startchecks.sglang_root(version)
+    require(root is not None, f"contract virtualenv sglang-{version} missing: run `bash .ci/contract-env.sh`")
+    srt = root / "srt"
+    assert _registry_specs(srt) == modelconfig.LINEAR_ATTN_REGISTRY[version]
+    registry = (srt / "configs/linear_attn_model_registry.py").read_text(encoding="utf-8")
+    assert "uses_mamba_radix_cache: bool = True" in registry
+    assert "support_mamba_cache_extra_buffer: bool = False" in registry
+    overrides = (srt / "arg_groups/overrides.py").read_text(encoding="utf-8")
+    resolution = ast.unparse(next(n for n in ast.parse(overrides).body if isinstance(n, ast.FunctionDef)
+                                  and n.name == "_mamba_radix_cache_resolution"))
+    for text in ("spec is not None and spec.uses_mamba_radix_cache or in_branch",
+                 "if view.disable_radix_cache:", "wants_overlap = not view.disable_overlap_schedule",
+                 "wants_paging = view.page_size is not None and view.page_size > 1",
+                 "if (wants_overlap or wants_paging) and supports_mamba_cache_extra_buffer(",
+                 "declared['mamba_radix_cache_strategy'] = 'no_buffer'",
+                 "declared['disable_overlap_schedule'] = True",
+                 "model_arch == 'GraniteMoeHybridForCausalLM'", "layer_type == 'mamba'"):
+        assert text in resolution, f"SGLang {version} _mamba_radix_cache_resolution: {text!r} is gone"
+    supports = ast.unparse(next(n for n in ast.parse(overrides).body if isinstance(n, ast.FunctionDef)
+                                and n.name == "supports_mamba_cache_extra_buffer"))
+    assert "return view.linear_attn_backend == 'triton'" in supports
+    # 0.5.23 lets a registry spec opt in to extra_buffer; 0.5.17's check reads the two sets only
+    assert ("spec.support_mamba_cache_extra_buffer" in supports) == modelconfig._REGISTRY_OPT_IN[version]
+    # the derived no_buffer architectures: every radix-cache user that cannot take extra_buffer
+    assert set(modelconfig.no_buffer_archs(version)) == (
+        (_set_in(overrides, "_MAMBA_RADIX_CACHE_ARCHS") | {a for a, (u, _) in _registry_specs(srt).items() if u})
+        - _set_in(overrides, "_MAMBA_EXTRA_BUFFER_ARCHS")
+        - {a for a, (_, x) in _registry_specs(srt).items() if x and modelconfig._REGISTRY_OPT_IN[version]})
+
+
+def _registered_for(source: str) -> dict[str, ast.FunctionDef]:
+    """architecture -> the override function _register_for(...) or register_model_override_predicate(...)
+    registers it for (string constants in the decorator, a predicate lambda's included)."""
+    out = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.FunctionDef):
+            for d in node.decorator_list:
+                if isinstance(d, ast.Call) and getattr(d.func, "id", None) in (
+                        "_register_for", "register_model_override_predicate"):
+                    for c in ast.walk(d):
+                        if isinstance(c, ast.Constant) and isinstance(c.value, str):
+                            out[c.value] = node
+    return out
+
+
+@pytest.mark.contract
+@pytest.mark.parametrize("version", sorted(SGLANG_RELEASES))
+def test_the_architectures_without_a_hybrid_swa_pool_are_the_wheels(version):
+    """Issue 46 item 1: the architectures whose override returns disable_hybrid_swa_memory True, and when
+    (always, with a sliding_window_pattern, with HiCache), read from each wheel's override registry; the Gemma2/3
+    family is not in is_hybrid_swa_model's set either, so no SWA-only rule applies to it."""
+    root = startchecks.sglang_root(version)
+    require(root is not None, f"contract virtualenv sglang-{version} missing: run `bash .ci/contract-env.sh`")
+    srt = root / "srt"
+    files = [srt / "arg_groups/overrides.py", *sorted((srt / "arg_groups/model_overrides").glob("*.py"))]
+    found = {}
+    for path in files:
+        if not path.exists():
+            continue
+        for arch, fn in _registered_for(path.read_text(encoding="utf-8")).items():
+            text = ast.unparse(fn)
+            if "disable_hybrid_swa_memory" not in text:
+                continue
+            found[arch] = ("sliding_window_pattern" if "sliding_window_pattern" in text
+                           else "hicache" if "enable_hierarchical_cache" in text else "always")
+    assert found == modelconfig.SWA_POOL_OFF[version]
+    config = (srt / "configs/model_config.py").read_text(encoding="utf-8")
+    hybrid = _function_strings(config, "is_hybrid_swa_model")
+    assert not hybrid & set(modelconfig.GEMMA_SLIDING_ARCHS)
+    assert "and not self.disable_hybrid_swa_memory" in config
+    # hpc_ops refuses a sliding-window layer; the Gemma family's model files give their local layers one
+    hpc = (srt / "layers/attention/hpc_ops_backend.py").read_text(encoding="utf-8")
+    assert "The hpc_ops attention backend does not support sliding window." in hpc
+    for model in ("gemma2.py", "gemma3_causal.py", "gemma3n_causal.py"):
+        assert "sliding_window_size=" in (srt / "models" / model).read_text(encoding="utf-8"), model
+
+
+# release -> (file, text) for the backend a checkpoint's override picks on SM100 (modelconfig.SM100_DEFAULT_BACKEND)
+SM100_DEFAULTS = {
+    "0.5.17": (("arg_groups/overrides.py", "_gpt_oss_overrides", "server_args.is_attention_backend_not_set()"),
+               ("arg_groups/overrides.py", "_olmo2_overrides", "server_args.attention_backend is None")),
+    "0.5.23": (("arg_groups/model_overrides/gpt_oss.py", "_gpt_oss_overrides", "is_attention_backend_not_set(cfg)"),
+               ("arg_groups/model_overrides/olmo2.py", "_olmo2_overrides", "cfg.attention_backend is None"),
+               ("arg_groups/model_overrides/exaone.py", "_exaone_overrides",
+                "resolving_view(server_args).attention_backend is None")),
+}
+
+
+@pytest.mark.contract
+@pytest.mark.parametrize("version", sorted(SGLANG_RELEASES))
+def test_the_backend_a_checkpoint_takes_on_sm100_is_the_wheels(version):
+    """Issue 46 item 4: GPT-OSS / Olmo2 (/ Exaone4 with a sliding-window pattern in 0.5.23) without an attention
+    backend take trtllm_mha on SM100, whose snap then sets the page (pdkit.modelconfig.model_page)."""
+    root = startchecks.sglang_root(version)
+    require(root is not None, f"contract virtualenv sglang-{version} missing: run `bash .ci/contract-env.sh`")
+    srt = root / "srt"
+    seen = set()
+    for file, name, unset in SM100_DEFAULTS[version]:
+        registered = _registered_for((srt / file).read_text(encoding="utf-8"))
+        archs = {a for a, fn in registered.items() if fn.name == name}
+        fn = ast.unparse(next(iter(registered[a] for a in archs)))
+        assert unset in fn, f"{file} {name}: {unset!r} is gone"
+        assert "['attention_backend'] = 'trtllm_mha'" in fn.split("elif")[0], f"{file} {name}: SM100's pick moved"
+        for arch in archs:
+            backend, reads = modelconfig.SM100_DEFAULT_BACKEND[version][arch]
+            assert backend == "trtllm_mha" and reads == ("all" if "not_set" in unset else "main")
+        seen |= archs
+    assert seen == set(modelconfig.SM100_DEFAULT_BACKEND[version])
