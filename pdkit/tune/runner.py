@@ -101,10 +101,10 @@ class Prepared:
     specs: dict[str, Any]  # candidate name -> derived ClusterSpec (BASELINE: the inventory's)
     applied: dict[str, Applied]
     target_concurrency: int
-    restarts: dict[str, int] = field(default_factory=dict)  # hosts each candidate restarts, in campaign order
     # what the correctness gate, the soak and the bench send to: the router for the whole cluster,
     # else the target's own PD pairs (pdkit.bench.measure); the same for the baseline and every candidate
-    measured: Measured | None = None
+    measured: Measured
+    restarts: dict[str, int] = field(default_factory=dict)  # hosts each candidate restarts, in campaign order
     # hosts whose roll takes a router's last workers of a kind out -> the routers and kinds (pdkit.roll.batch_outages)
     outages: dict[str, list] = field(default_factory=dict)
     # candidate -> validate's warnings it has and the baseline has not ("experimental: ..."), shown
@@ -200,6 +200,7 @@ def prepare(inventory: str, campaign_path: str) -> Prepared:
                             "target that is every engine the router fronts (one node, or target: all)")
     if problems:
         raise CampaignError(campaign_path, problems)
+    assert measured is not None  # each way it stays None above added a problem
     # hosts whose rendered release changes from one candidate to the next (the previous one passed)
     restarts = {}
     previous = plan_cluster(base)
@@ -208,7 +209,7 @@ def prepare(inventory: str, campaign_path: str) -> Prepared:
         restarts[c.name] = sum(plans[h].release_hash != previous[h].release_hash for h in targets)
         previous = plans
     return Prepared(campaign, inv, base, hosts, targets, candidates, specs, applied, target_concurrency(campaign, base),
-                    restarts, measured, outages, warnings, agentic)
+                    measured, restarts, outages, warnings, agentic)
 
 
 def measured_text(measured: Measured) -> str:
@@ -517,6 +518,8 @@ class Session:
                 raise GateFailed("correctness", f"{len(errors)} baseline prompts failed: {errors[:2]}")
             record["answers"] = first
             baseline_answers, exact, threshold = first, False, c.correctness.min_match_rate
+        elif cand is None:
+            raise TypeError(f"run_gates({name!r}): baseline answers to compare with, but no candidate")
         else:
             exact, threshold = cand.exact, cand.min_match_rate
         comparison = answers.compare(baseline_answers, self.ask())
@@ -541,10 +544,10 @@ class Session:
         soak_c = c.soak.concurrency or self.prep.target_concurrency
         # the load goes to the target (prep.measured); every engine is watched: a lever on the target
         # may hurt the engines it pairs with
-        ok, why, figures = gates.soak(self.prep.measured, {}, self.engine_urls(spec), c.soak.seconds, soak_c,
-                                      c.workload.input_len, c.soak.max_new_tokens, c.soak.wedge_window_s)
+        ok, why, soak_figures = gates.soak(self.prep.measured, {}, self.engine_urls(spec), c.soak.seconds, soak_c,
+                                           c.workload.input_len, c.soak.max_new_tokens, c.soak.wedge_window_s)
         t["soak_s"] = round(time.monotonic() - start, 2)
-        record["soak"] = figures
+        record["soak"] = soak_figures
         record["gates"]["soak"] = {"ok": ok, "detail": why}
         self.say("soak", why, t["soak_s"])
         if not ok:
