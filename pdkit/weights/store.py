@@ -26,6 +26,11 @@ A version directory exists only once every file matched the manifest (size and S
 disk); it is the rename of the .partial directory. Versions are owned by root, group the engines'
 service group, files 0640 and directories 0750: the engines read them and nothing else does. An
 interrupted or corrupted transfer leaves only a .partial directory: TARGET is never touched by it.
+
+A node that has a verified version can be the source of another (`--source node:HOST`): `offer` (its
+version and own manifest, or why not), `serve` (a one-transfer read-only HTTP server the target's
+`fetch` pulls from), `send` (the bytes to stdout, for the relay through the control machine), `hash`
+(whose copy is bad after a mismatch), and `route` on the target (the address the server lets in).
 """
 
 from __future__ import annotations
@@ -45,6 +50,8 @@ import time
 MANIFEST_NAME = ".pdkit-manifest.json"
 VERSION_MARK = ".pdkit-w-"
 PARTIAL_SUFFIX = ".partial"
+# the header a source node's server wants its one-transfer token in (a header: never in a URL or argv)
+TOKEN_HEADER = "X-Pdkit-Token"
 ID_CHARS = 16
 CHUNK = 1 << 20
 # SGLang's IGNORE_PATTERNS (sglang/srt/utils/model_file_verifier.py, 0.5.17 and 0.5.23): files its
@@ -430,12 +437,15 @@ def status(target: str) -> dict:
             "partial": [n for n in names if n.startswith(head) and n.endswith(PARTIAL_SUFFIX)]}
 
 
-def _fetch_http(url: str, name: str, timeout: float = 60):
-    """A function offset -> a stream of FILE's bytes from the mirror URL (a Range request to resume)."""
+def _fetch_http(url: str, name: str, timeout: float = 60, token: str | None = None):
+    """A function offset -> a stream of FILE's bytes from the mirror URL (a Range request to resume).
+    TOKEN: the source node's server's one-transfer token (TOKEN_HEADER), never in the URL."""
     import urllib.request  # lazy: only an HTTP mirror source needs it
 
     def opener(offset: int):
         req = urllib.request.Request(url.rstrip("/") + "/" + urllib.request.quote(name))
+        if token:
+            req.add_header(TOKEN_HEADER, token)
         if offset:
             req.add_header("Range", f"bytes={offset}-")
         try:
@@ -448,6 +458,213 @@ def _fetch_http(url: str, name: str, timeout: float = 60):
         return resp
 
     return opener
+
+
+# ---------------------------------------------------------------- a node as the source (`--source node:HOST`)
+#
+# The source node's active version is the truth: its own .pdkit-manifest.json, written when that version
+# was verified (commit). `offer` refuses a path that is no verified version, or whose files are missing
+# or of another size than that manifest says; a byte changed since is caught by the target, which hashes
+# every byte it writes against the same manifest (and `hash` then tells whose copy is bad).
+
+def source_version(path: str) -> str:
+    """The verified version directory PATH serves: PATH's link target, or PATH itself when it is a version
+    directory. StageError saying what PATH is and what to do otherwise."""
+    path = path.rstrip("/")
+    redo = ("stage this node from the original source first (`pdkit stage INVENTORY --source DIR|URL --limit "
+            "HOST`, which verifies the files and records their manifest), then stage the others from it")
+    now = active(path)
+    if now["kind"] == "link" and now["version"]:
+        version = os.path.join(os.path.dirname(path), now["version"])
+    elif now["kind"] == "dir" and VERSION_MARK in os.path.basename(path) and not path.endswith(PARTIAL_SUFFIX) \
+            and os.path.isfile(os.path.join(path, MANIFEST_NAME)):
+        version = path
+    elif now["kind"] == "missing":
+        raise StageError(f"{path} does not exist on this node: it has no weights to copy; {redo}")
+    elif now["kind"] == "dir":
+        raise StageError(f"{path} is a plain directory without a verified manifest (weights copied by hand): "
+                         f"pdkit cannot tell which weights they are; {redo}")
+    elif now["kind"] == "link":
+        raise StageError(f"{path} links to {now['dest']}, not a version pdkit staged and verified; {redo}")
+    else:
+        raise StageError(f"{path} is neither a directory nor a link; {redo}")
+    wid = manifest_id(version)
+    if wid is None:
+        raise StageError(f"{version} has no {MANIFEST_NAME}: not a verified version; {redo}")
+    if not os.path.basename(version).endswith(wid[:ID_CHARS]):
+        raise StageError(f"{version}/{MANIFEST_NAME} is not the manifest that version was verified with "
+                         f"(its id is {wid[:ID_CHARS]}): it was changed by hand; {redo}")
+    return version
+
+
+def _version_manifest(version: str) -> tuple[bytes, dict[str, dict]]:
+    with open(os.path.join(version, MANIFEST_NAME), "rb") as fh:
+        raw = fh.read()
+    return raw, parse_manifest(raw, f"{version}/{MANIFEST_NAME}")
+
+
+def offer(path: str) -> dict:
+    """What this node can give as a source: {version, id, manifest (its text), files, bytes}; StageError
+    when PATH is no verified version or a file is missing or of another size than its manifest says."""
+    version = source_version(path)
+    raw, manifest = _version_manifest(version)
+    problems = []
+    for name, want in sorted(manifest.items()):
+        p = os.path.join(version, name)
+        if not os.path.isfile(p) or os.path.islink(p):
+            problems.append(f"{name}: missing")
+        elif os.path.getsize(p) != want["size"]:
+            problems.append(f"{name}: {os.path.getsize(p)} bytes, its manifest says {want['size']}")
+    if problems:
+        raise StageError(f"{version} does not match its own manifest ({'; '.join(problems)}): its weights were "
+                         "changed after they were verified; stage this node again from the original source "
+                         "(`--source DIR|URL --limit HOST`), then stage the others from it")
+    return {"version": version, "id": hashlib.sha256(raw).hexdigest(), "manifest": raw.decode(),
+            "files": len(manifest), "bytes": sum(f["size"] for f in manifest.values())}
+
+
+def _open_served(version: str, name: str) -> int:
+    """A read-only descriptor of NAME in VERSION, NAME one of its manifest's files (no path from a request
+    is ever joined to a directory: only the manifest's names), never through a symlink."""
+    _, manifest = _version_manifest(version)
+    if name not in manifest:
+        raise StageError(f"{name} is not in the manifest of {version}")
+    return os.open(os.path.join(version, name), os.O_RDONLY | os.O_NOFOLLOW)
+
+
+def hash_file(version: str, name: str) -> dict:
+    """NAME's size and SHA-256 in VERSION as this node's disk has it, and whether they match its manifest."""
+    _, manifest = _version_manifest(version)
+    fd = _open_served(version, name)
+    os.close(fd)
+    path = os.path.join(version, name)
+    sha = file_sha256(path)
+    return {"file": name, "size": os.path.getsize(path), "sha256": sha,
+            "matches": sha == manifest[name]["sha256"] and os.path.getsize(path) == manifest[name]["size"]}
+
+
+def send(version: str, name: str, offset: int, out) -> int:
+    """NAME's bytes from OFFSET to OUT (the relay through the control machine: the SSH channel's stdout)."""
+    fd = _open_served(version, name)
+    try:
+        while chunk := os.pread(fd, CHUNK, offset):
+            out.write(chunk)
+            offset += len(chunk)
+        out.flush()
+    finally:
+        os.close(fd)
+    return 0
+
+
+def route(address: str) -> str:
+    """The local address this node's kernel would send from to reach ADDRESS (no packet is sent): what a
+    source node's server lets in."""
+    import socket  # lazy: only a node source needs it
+
+    family, _, _, _, sockaddr = socket.getaddrinfo(address, 9, type=socket.SOCK_DGRAM)[0]
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        s.connect(sockaddr)
+        return s.getsockname()[0]
+
+
+def _drop_privileges() -> None:
+    """After the served files are open: the server runs as nobody, so it cannot open anything else."""
+    if os.geteuid() != 0:
+        return
+    import pwd  # lazy: only the server drops privileges
+
+    try:
+        uid, gid = pwd.getpwnam("nobody").pw_uid, pwd.getpwnam("nobody").pw_gid
+    except KeyError:
+        uid = gid = 65534
+    os.setgroups([])
+    os.setgid(gid)
+    os.setuid(uid)
+
+
+def parse_range(header: str | None, size: int) -> int | None:
+    """The start of `Range: bytes=N-` (the only form a resuming fetch sends), 0 without one, None when the
+    range is not one this server answers."""
+    if not header:
+        return 0
+    m = re.fullmatch(r"bytes=(\d+)-", header.strip())
+    if not m or int(m.group(1)) > size:
+        return None
+    return int(m.group(1))
+
+
+def serve(path: str, token: str, allow: list[str], bind: str, control, out) -> dict:
+    """A read-only HTTP server of PATH's verified version for one transfer: on BIND (this node's address on
+    the nodes' network), an ephemeral port, answering only ALLOW's addresses that send TOKEN (TOKEN_HEADER),
+    only the manifest's files, GET with an optional `Range: bytes=N-`. Its first line on OUT is {port}; it
+    ends when CONTROL (the SSH channel's stdin) reaches EOF, i.e. when the control machine closes the
+    channel or loses the connection. The files are opened first, then the process becomes nobody."""
+    import hmac  # lazy: only the server needs these
+    import socket
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    version = source_version(path)
+    _, manifest = _version_manifest(version)
+    fds = {name: _open_served(version, name) for name in manifest}
+    counts = {"served": 0, "bytes": 0, "refused": 0}
+    allowed = set(allow)
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:  # no request log: nothing of a request reaches a log
+            pass
+
+        def _refuse(self, code: int) -> None:
+            counts["refused"] += 1
+            self.send_response(code)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            import urllib.parse
+
+            if self.client_address[0] not in allowed or not hmac.compare_digest(
+                    self.headers.get(TOKEN_HEADER, "").encode(), token.encode()):
+                return self._refuse(403)
+            name = urllib.parse.unquote(self.path.lstrip("/"))
+            if name not in fds:
+                return self._refuse(404)
+            size = manifest[name]["size"]
+            start = parse_range(self.headers.get("Range"), size)
+            if start is None:
+                return self._refuse(416)
+            self.send_response(206 if self.headers.get("Range") else 200)
+            self.send_header("Content-Length", str(size - start))
+            if self.headers.get("Range"):
+                self.send_header("Content-Range", f"bytes {start}-{size - 1}/{size}")
+            self.end_headers()
+            offset = start
+            while offset < size and (chunk := os.pread(fds[name], min(CHUNK, size - offset), offset)):
+                self.wfile.write(chunk)
+                offset += len(chunk)
+            counts["served"] += 1
+            counts["bytes"] += offset - start
+
+    class Server(ThreadingHTTPServer):
+        address_family = socket.AF_INET6 if ":" in bind else socket.AF_INET
+        daemon_threads = True
+
+    try:
+        server = Server((bind, 0), Handler)
+    except OSError as exc:
+        raise StageError(f"cannot listen on {bind}: {exc.strerror or exc} (the address the other nodes reach "
+                         "this one at: pdkit_node.address, else ssh_hostname)") from exc
+    _drop_privileges()
+    print(json.dumps({"port": server.server_address[1]}), file=out, flush=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    while control.read(65536):  # until the control machine closes the channel
+        pass
+    server.shutdown()
+    server.server_close()
+    for fd in fds.values():
+        os.close(fd)
+    return counts
 
 
 def _progress_lines(interval: float = 1.0):
@@ -466,16 +683,35 @@ def _progress_lines(interval: float = 1.0):
 
 def main(argv: list[str]) -> int:
     """ACTION TARGET [...]: prepare (manifest on stdin) | receive WID NAME OFFSET (bytes on stdin) |
-    fetch WID NAME OFFSET URL | commit WID [GROUP] | activate WID | status. One JSON line on stdout."""
+    fetch WID NAME OFFSET URL | commit WID [GROUP] | activate WID | status, and on a source node:
+    offer | hash NAME | send NAME OFFSET (the bytes on stdout) | serve (below); route ADDRESS.
+    One JSON line on stdout (send: the file's bytes, errors on stderr)."""
     action, target, *rest = argv
+    if action == "send":  # stdout carries the file's bytes: an error goes to stderr alone
+        try:
+            return send(target, rest[0], int(rest[1]), sys.stdout.buffer)
+        except (StageError, OSError) as exc:
+            print(f"cannot send {rest[0]} from {target}: {exc}", file=sys.stderr)
+            return 1
     try:
         if action == "prepare":
             out = prepare(target, parse_manifest(sys.stdin.buffer.read(), "the manifest sent"))
         elif action == "receive":
             out = receive(target, rest[0], rest[1], int(rest[2]), sys.stdin.buffer)
-        elif action == "fetch":
-            out = receive(target, rest[0], rest[1], int(rest[2]), None, fetch=_fetch_http(rest[3], rest[1]),
-                          report=_progress_lines())
+        elif action == "fetch":  # stdin: nothing (a mirror) or {"token": ...} (a source node's server)
+            sent = sys.stdin.buffer.read().strip()
+            token = json.loads(sent)["token"] if sent else None
+            out = receive(target, rest[0], rest[1], int(rest[2]), None,
+                          fetch=_fetch_http(rest[3], rest[1], token=token), report=_progress_lines())
+        elif action == "offer":
+            out = offer(target)
+        elif action == "hash":
+            out = hash_file(target, rest[0])
+        elif action == "route":
+            out = {"address": route(rest[0])}
+        elif action == "serve":  # stdin: one JSON line {token, allow, bind}, then open until EOF
+            config = json.loads(sys.stdin.buffer.readline())
+            out = serve(target, config["token"], config["allow"], config["bind"], sys.stdin.buffer, sys.stdout)
         elif action == "commit":
             out = commit(target, rest[0], rest[1] if len(rest) > 1 else None)
         elif action == "activate":

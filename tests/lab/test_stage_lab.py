@@ -1,12 +1,16 @@
 """Issue 47 items 5 and 7 on the lab: `pdkit stage` sends a generated model (~256 MB of random bytes in
 safetensors-named shards plus config.json, seed 47) to a lab host over real SSH; an interrupted transfer and
 a corrupted shard (on the node's disk, then from a corrupted source) replace nothing; the next run resumes,
-verifies and switches the model path atomically. Its own model path (not the deployed engines'), so it
-needs no deploy and leaves the lab's cluster as it was.
+verifies and switches the model path atomically. Then a small model (4 MB) from one lab host to another
+(`--source node:HOST`): streamed through this machine (`--via control`) from a source whose disk no
+longer matches its manifest (refused as the source's fault, nothing replaced), then, the source
+repaired, resumed by the target pulling from the source's one-transfer server. Its own model path (not
+the deployed engines'), so it needs no deploy and leaves the lab's cluster as it was.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import random
@@ -47,16 +51,15 @@ def generated_model(directory: Path, seed: int, shards: int, shard_mb: int) -> N
         json.dumps({"weight_map": {f"layer.{i}": n for i, n in enumerate(names)}}))
 
 
-def inventory(tmp_path: Path, host: str) -> str:
-    """The lab's inventory cut to HOST with the model at MODEL."""
+def inventory(tmp_path: Path, *hosts: str) -> str:
+    """The lab's inventory cut to HOSTS with the model at MODEL."""
     path = tmp_path / "stage_inventory.py"
     path.write_text(f'''
 import runpy
 _lab = runpy.run_path({str(REPO / "inventories/lab.py")!r})
-_name, _data = next(h for h in _lab["gpu_nodes"] if h[0] == {host!r})
-gpu_nodes = [(_name, _data)]
+gpu_nodes = [h for h in _lab["gpu_nodes"] if h[0] in {list(hosts)!r}]
 _cluster = {{k: v for k, v in _lab["all"][1]["pdkit_cluster"].items() if k != "secrets"}}
-all = ([_name], {{"pdkit_cluster": {{**_cluster, "model": {{"path": {MODEL!r}, "served_name": "m"}}}}}})
+all = ([h[0] for h in gpu_nodes], {{"pdkit_cluster": {{**_cluster, "model": {{"path": {MODEL!r}, "served_name": "m"}}}}}})
 ''')
     return str(path)
 
@@ -164,3 +167,63 @@ def test_weights_staged_interrupted_corrupted_resumed_and_switched(lab, tmp_path
     print(f"\nstage lab: interrupted after {interrupted_s:.1f} s; resume sent {sent:.1f} MB in {resume_s:.1f} s; "
           f"test {time.monotonic() - t_start:.1f} s", file=sys.stderr)
     on_node(lab, host, f"rm -rf {PARENT}")
+
+
+
+def test_weights_staged_from_another_node_relayed_then_pulled(lab, tmp_path):
+    """The issue's third source: a node that has the weights verified gives them to another, the source's own
+    manifest the truth. Kept small (2 shards of 2 MB): the lab's time goes to the paths, not the bytes
+    (the refusals that contact nothing are tests/test_stage_node_source.py's)."""
+    t_start = time.monotonic()
+    a, b = lab.gpu_hosts[0].name, lab.gpu_hosts[1].name
+    inv = inventory(tmp_path, a, b)
+    src = tmp_path / "small"
+    generated_model(src, seed=5, shards=2, shard_mb=2)
+    names = sorted(p.name for p in src.iterdir())
+    local = subprocess.run(["sha256sum", *names], cwd=src, capture_output=True, text=True).stdout
+    for h in (a, b):
+        on_node(lab, h, f"rm -rf {PARENT} && mkdir -p {PARENT}")
+    assert stage(inv, "--source", str(src), "--limit", a).returncode == 0  # the source gets verified weights
+
+    # 1. the source's disk changed after it was verified (same size: only the bytes tell); streamed through
+    # this machine (--via control), the shard is refused as a's fault and nothing becomes b's weights
+    shard = f"{PARENT}/$(readlink {MODEL})/model-00002-of-00002.safetensors"
+    good = (src / "model-00002-of-00002.safetensors").read_bytes()[4096:4099]
+
+    def write_at_4096(data: bytes) -> str:
+        """DATA over 3 bytes of a's active shard 2; a's active version's name."""
+        return on_node(lab, a, f"echo {base64.b64encode(data).decode()} | base64 -d | "
+                               f"dd of={shard} bs=1 seek=4096 conv=notrunc status=none && readlink {MODEL}").strip()
+
+    version = write_at_4096(b"BAD")
+    relayed = stage(inv, "--source", f"node:{a}", "--via", "control")
+    assert relayed.returncode == 1, relayed.stdout + relayed.stderr
+    assert f"{a} is the source: not a target" in relayed.stderr and "its own manifest" in relayed.stderr
+    assert "streamed through this machine" in relayed.stderr and "pulls from" not in relayed.stderr
+    assert f"model-00002-of-00002.safetensors: {a}'s own copy does not match its manifest" in relayed.stderr
+    assert f"stage {a} again from the original source" in relayed.stderr and "were not replaced" in relayed.stderr
+    assert on_node(lab, b, f"test -e {MODEL} || test -d {PARENT}/{version} || echo none").strip() == "none"
+
+    # 2. the source repaired; pulled by b from a's one-transfer server: what arrived is skipped, the one
+    # shard fetched, verified, active; the server gone with the transfer
+    write_at_4096(good)
+    pulled = stage(inv, "--source", f"node:{a}")
+    assert pulled.returncode == 0, pulled.stdout + pulled.stderr
+    url = re.search(rf"{b}: pulls from {a} at http://[\d.]+:(\d+) ", pulled.stderr)
+    assert url, pulled.stderr
+    sent = float(re.search(r"verified, ([\d.,]+) MB sent", pulled.stdout).group(1))
+    assert sent == pytest.approx(2 * 1.048576, abs=0.01) and "3 file(s) skipped" in pulled.stdout, pulled.stdout
+    # one look at b (each SSH round trip costs the lab's time): the link, the bytes, owner and modes
+    seen = on_node(lab, b, f"readlink {MODEL}; echo ---; cd {MODEL}/ && sha256sum {' '.join(names)}; echo ---; "
+                           "getent group pdkit >/dev/null && echo pdkit || echo root; echo ---; "
+                           f"stat -L -c '%U %G %a' {MODEL} {MODEL}/*").split("---\n")
+    assert seen[0].strip() == version and seen[1] == local, seen
+    modes = set(seen[3].split("\n")) - {""}
+    assert modes == ({"root pdkit 750", "root pdkit 640"} if seen[2].strip() == "pdkit"
+                     else {"root root 755", "root root 644"}), modes
+    # nothing listens on the server's port any more (/proc/net/tcp: LISTEN is 0A)
+    sockets = [line.split() for line in on_node(lab, a, "cat /proc/net/tcp /proc/net/tcp6").splitlines()]
+    assert not [s for s in sockets if s[1].endswith(f":{int(url.group(1)):04X}") and s[3] == "0A"], sockets
+    print(f"\nstage lab, node to node: test {time.monotonic() - t_start:.1f} s", file=sys.stderr)
+    for h in (a, b):
+        on_node(lab, h, f"rm -rf {PARENT}")
