@@ -602,6 +602,7 @@ def serve(path: str, token: str, allow: list[str], bind: str, control, out) -> d
     import hmac  # lazy: only the server needs these
     import socket
     import threading
+    import urllib.parse
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     version = source_version(path)
@@ -621,8 +622,6 @@ def serve(path: str, token: str, allow: list[str], bind: str, control, out) -> d
             self.end_headers()
 
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
-            import urllib.parse
-
             if self.client_address[0] not in allowed or not hmac.compare_digest(
                     self.headers.get(TOKEN_HEADER, "").encode(), token.encode()):
                 return self._refuse(403)
