@@ -82,6 +82,7 @@ import datetime as _dt
 import hashlib
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -155,20 +156,20 @@ def shape_from_server_info(info: dict[str, Any]) -> dict[str, int | None]:
     }
 
 
-def describe(shape: dict[str, int | None]) -> str:
+def describe(shape: Mapping[str, int | None]) -> str:
     """Pure: one line of a shape's figures, e.g. `KV pool 531636 tokens, max running requests 256, ...`."""
     parts = [f"{label} {shape[k]}{unit}" for k, (label, unit) in FIGURES.items() if shape.get(k) is not None]
     return ", ".join(parts) or "no figure reported"
 
 
-def compare(recorded: dict[str, int | None], now: dict[str, int | None], min_fraction: float = MIN_FRACTION,
+def compare(recorded: Mapping[str, int | None], now: Mapping[str, int | None], min_fraction: float = MIN_FRACTION,
             ) -> list[str]:
     """Pure: one message per figure that fell below MIN_FRACTION of its recorded value, naming both
     numbers. A figure either side does not report (an older release) is not compared."""
     problems = []
     for key, (label, unit) in FIGURES.items():
-        was, got = recorded.get(key), now.get(key)
-        if _int(was) is None or _int(got) is None or was <= 0:
+        was, got = _int(recorded.get(key)), _int(now.get(key))
+        if was is None or got is None or was <= 0:
             continue
         if got < was * min_fraction:
             problems.append(f"{label} {got}{unit}, {100.0 * got / was:.1f}% of the {was} recorded at this "
@@ -334,8 +335,10 @@ def weights_verdict(last: dict[str, Any] | None) -> dict[str, str] | None:
 def _weights_step(record: dict[str, Any], weights: dict[str, Any], later: bool) -> tuple[dict[str, Any], str, bool]:
     """(the last.json weights verdict, its line, whether the record takes these weights now). LATER: the
     record was written at an earlier start (its shape), so answered weights it lacks are taken now."""
-    recorded = record.get("weights") if isinstance(record.get("weights"), dict) else {}
+    kept = record.get("weights")
+    recorded: dict[str, Any] = kept if isinstance(kept, dict) else {}
     engine_now = weights.get("per_engine_checksum")
+    verdict: dict[str, Any]
     if weights.get("status") != "answered":
         verdict = {"status": "unavailable", "recorded": recorded.get("per_engine_checksum"), "now": None,
                    "reason": weights.get("reason"), "problems": []}

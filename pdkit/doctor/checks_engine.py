@@ -125,7 +125,7 @@ def check_context_length(obs: EngineObservation) -> CheckResult:
     plan, name = obs.plan, "context_length"
     if (early := cannot_measure(obs, name, needs="server_info")) is not None:
         return early
-    running = obs.server_info.get("context_length")
+    running = obs.read_server_info().get("context_length")
     if not isinstance(running, int) or isinstance(running, bool):
         return engine_row(plan, name, WARN, "/server_info reports no context_length", "not measurable on this version")
     if plan.context_length is None:
@@ -153,7 +153,7 @@ def check_engine_shape(obs: EngineObservation) -> CheckResult:
     plan, name = obs.plan, "engine_shape"
     if (early := cannot_measure(obs, name, needs="server_info")) is not None:
         return early
-    now = engineshape.shape_from_server_info(obs.server_info)
+    now = engineshape.shape_from_server_info(obs.read_server_info())
     ex = obs.exporter
     if ex is None:
         return engine_row(plan, name, WARN, f"not measurable: {engineshape.describe(now)} now, but the node's "
@@ -392,7 +392,7 @@ def check_queues(obs: EngineObservation) -> CheckResult:
     plan, name = obs.plan, "queues"
     if (early := cannot_measure(obs, name, needs="both metrics samples")) is not None:
         return early
-    a, b = obs.first.figures, obs.second.figures
+    a, b = obs.first.read_figures(), obs.second.read_figures()
     before, after = _queue_depth(a), _queue_depth(b)
     window = obs.second.at - obs.first.at
     held = (min(a.get("running_requests", 0.0) + before, b.get("running_requests", 0.0) + after))

@@ -120,10 +120,11 @@ def check_graph_buckets(obs: EngineObservation) -> CheckResult:
     plan, name = obs.plan, "graph_buckets"
     if (early := cannot_measure(obs, name, needs="server_info")) is not None:
         return early
-    if decode_graphs_enabled(obs.server_info) is False:
+    info = obs.read_server_info()
+    if decode_graphs_enabled(info) is False:
         return engine_row(plan, name, WARN, "no capture buckets: decode CUDA graphs are off (see decode_cuda_graph)",
                           "follows from decode_cuda_graph")
-    largest = largest_decode_bucket(obs.server_info)
+    largest = largest_decode_bucket(info)
     if largest is None:
         return engine_row(plan, name, WARN, "/server_info reports no decode capture size "
                                             "(cuda_graph_max_bs_decode / cuda_graph_bs_decode)",

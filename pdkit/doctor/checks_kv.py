@@ -35,7 +35,7 @@ def check_kv_transfers(obs: EngineObservation, router: WorkerOutcomes | None = N
     plan, name = obs.plan, "kv_transfer"
     if (early := cannot_measure(obs, name, needs="metrics")) is not None:
         return early
-    second = obs.second.figures
+    second = obs.second.read_figures()
     failures = second.get("kv_transfer_failures") or {}
     before = (obs.first.figures or {}).get("kv_transfer_failures") or {}
     moved_key = "prompt_tokens" if plan.role == "prefill" else "generation_tokens"

@@ -8,6 +8,7 @@ pdkit/p2p_probe.py with the engine environment's python there."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 from pdkit import flags, p2p
 from pdkit.doctor.model import INFO, PASS, WARN, CheckResult
@@ -50,7 +51,7 @@ def read_p2p(spec, inventory: str, progress: Callable[[str], None] = lambda _m: 
         conn = connected[host.name]
         verdict, _record = p2p.read_node(
             host.name, pairs, flags.engine_python(spec, host),
-            lambda cmd, conn=conn: run_remote(conn, cmd, timeout=p2p.PROBE_TIMEOUT_S + 120),
-            lambda topo, pairs=pairs: p2p.collapse_lines(topo, pairs))
+            partial(run_remote, conn, timeout=p2p.PROBE_TIMEOUT_S + 120),
+            partial(p2p.collapse_lines, pairs=pairs))
         rows.append(check_p2p(host.name, verdict))
     return rows

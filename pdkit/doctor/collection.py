@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from pdkit import flags
 from pdkit.doctor import observe
@@ -32,7 +33,7 @@ def engine_plans(spec) -> list[EnginePlan]:
     out = []
     for host, engine in spec.engines():
         tuning = spec.engine_tuning(engine)
-        kv = ({"kv_paths": tuple((d, p.name) for d, p in kv_paths.get((host.name, engine.name), ())),
+        kv: dict[str, Any] = ({"kv_paths": tuple((d, p.name) for d, p in kv_paths.get((host.name, engine.name), ())),
                "kv_decodes": tuple(sorted(kv_decodes.get((host.name, engine.name), ()))),
                "ucx_net_devices": host.node.ucx_net_devices if host.node is not None else None}
               if engine.role == "prefill" else {})
@@ -151,7 +152,7 @@ def collect(spec, *, window_s: float = 3.0, probe_requests: int = 8, timeout_s: 
             r.workers = router_worker_health(body)
         except (ValueError, AttributeError) as exc:
             r.error = f"unreadable /workers: {exc}"
-    reboots = {}
+    reboots: dict[str, tuple[float | None, str | None]] = {}
     for host, (body, _error) in exporter_pages.items():
         reboots[host] = (observe.reboot_pending(body), None) if body is not None else (None, errors.get(host))
     return Collected(obs, routers, statuses, reboots)

@@ -96,6 +96,13 @@ class Sample:
     cache: dict[str, float] | None = None
     kv_bytes_per_token: float | None = None
 
+    def read_figures(self) -> dict[str, Any]:
+        """The figures, for a check that cannot_measure (pdkit.doctor.checkbase) let through: a sample
+        without them there is a bug in that check's `needs`, not an engine's state."""
+        if self.figures is None:
+            raise RuntimeError(f"a /metrics sample without figures reached a check ({self.error})")
+        return self.figures
+
 
 @dataclass
 class ExporterView:
@@ -136,6 +143,13 @@ class EngineObservation:
     second: Sample = field(default_factory=Sample)
     exporter: ExporterView | None = None
     exporter_error: str | None = None  # why the exporter page could not be read
+
+    def read_server_info(self) -> dict[str, Any]:
+        """/server_info, for a check that cannot_measure(needs="server_info") let through (as read_figures)."""
+        if self.server_info is None:
+            raise RuntimeError(f"{self.plan.host} {self.plan.target}: /server_info reached a check unread "
+                               f"({self.server_info_error})")
+        return self.server_info
 
 
 @dataclass
