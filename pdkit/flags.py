@@ -7,7 +7,7 @@ tests all call these; nothing else derives a flag.
 
 from __future__ import annotations
 
-from pdkit import faultbudget, jitcache
+from pdkit import faultbudget, jitcache, parsertable
 from pdkit.kvcost import KvPath
 from pdkit.router_api import REGULAR, worker_type
 from pdkit.spec import (
@@ -108,6 +108,7 @@ def sglang_args(spec: ClusterSpec, host: HostSpec, engine: Engine, rank: int = 0
         args.append("--trust-remote-code")
     if model.load_format:
         args += ["--load-format", model.load_format]
+    args += model_checksum_args(spec.engine_version(engine), model.checksum_source)
 
     args += ["--host", spec.engine_address(host), "--port", str(engine.port)]
     args += ["--tp-size", str(engine.tp_size)]
@@ -159,6 +160,20 @@ def sglang_args(spec: ClusterSpec, host: HostSpec, engine: Engine, rank: int = 0
     args += expert_args(spec, engine)
     args += list(engine.extra_args)
     return args
+
+
+def model_checksum_args(version: str, source: str | None) -> list[str]:
+    """The model's verification at start (pdkit_cluster.model.verify_checksum): `--model-checksum SOURCE`, spelled as
+    SGLang VERSION's own parser has it (pdkit/parser_table.json, the option whose dest is model_checksum: the same
+    `--model-checksum`, nargs '?', in 0.5.17's server_args.py and 0.5.23's arg_groups/fields/model.py). SOURCE is
+    always given: without a value SGLang takes the model path for a hub id and asks the hub for its hashes."""
+    if source is None:
+        return []
+    option = next((o for o in parsertable.table()["sglang"][version]["options"] if o["dest"] == "model_checksum"), None)
+    if option is None:
+        raise ValueError(f"SGLang {version} has no --model-checksum: remove verify_checksum from the model, or pin a "
+                         f"release that has it ({', '.join(sorted(SGLANG_RELEASES))})")
+    return [option["flags"][0], source]
 
 
 def dist_init_addr(spec: ClusterSpec, host: HostSpec, engine: Engine) -> str:

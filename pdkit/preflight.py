@@ -268,7 +268,35 @@ def model_dirs_wanted(spec: ClusterSpec, host: HostSpec) -> tuple[list[ModelDir]
             config = what != "tokenizer"
             wanted.append(ModelDir(p.engine.name, what, field, location.rstrip("/") or "/", config,
                                    config and not dummy))
+        # --model-checksum's manifest (pdkit_cluster.model.verify_checksum): a file the same probe finds or not
+        source = spec.engine_model(p.engine).checksum_source
+        if source is not None:
+            where = f"pdkit_node.engines[{p.head.node.engines.index(p.engine)}].model" if p.engine.model is not None \
+                else "pdkit_cluster.model"
+            declared = spec.engine_model(p.engine).checksum_manifest is not None
+            field = f"{where}.checksum_manifest" if declared else f"{where}.verify_checksum"
+            wanted.append(ModelDir(p.engine.name, CHECKSUM_MANIFEST, field, source, False, False))
     return wanted, list(dict.fromkeys(notes))
+
+
+# ModelDir.what of --model-checksum's manifest: a file, judged by checksum_manifest_problems
+CHECKSUM_MANIFEST = "checksum manifest"
+
+
+def checksum_manifest_problems(at: str, host_name: str, wanted: ModelDir, probe: dict) -> list[str]:
+    """The manifest --model-checksum reads, as the model-dirs probe found its path: a file, or the engine fails at
+    start (SGLang 0.5.17/0.5.23 model_file_verifier takes a path that is no file for a hub id and asks the hub)."""
+    staged = wanted.field.endswith(".verify_checksum")  # no checksum_manifest: the one `pdkit stage` keeps
+    if probe.get("exists") is False:
+        fix = ("stage the model with `pdkit stage INVENTORY --source DIR` (it keeps the manifest there), or give "
+               "checksum_manifest (the manifest's path on the node)" if staged else
+               "copy the manifest there, or correct checksum_manifest")
+        return [f"{at}: does not exist on {host_name}, so pdkit knows no manifest for this model: {fix}, or set "
+                "verify_checksum: false"]
+    if probe.get("is_dir") is not False:
+        return [f"{at}: is a directory; valid: the manifest file, SGLang's format "
+                '({"files": {NAME: {"sha256": HEX, "size": BYTES}}}, what `pdkit stage --write-manifest` writes)']
+    return []
 
 
 def model_dirs_fact_args(spec: ClusterSpec, host: HostSpec) -> tuple[str, tuple[str, ...]] | None:
@@ -286,6 +314,8 @@ def model_dir_problems(host_name: str, user: str, wanted: ModelDir, probe: dict 
         return [f"{at}: not probed (the preflight's model check did not run for it)"]
     if probe.get("error"):
         return [f"{at}: could not be checked: {probe['error']}"]
+    if wanted.what == CHECKSUM_MANIFEST:
+        return checksum_manifest_problems(at, host_name, wanted, probe)
     if probe.get("exists") is False:
         return [f"{at}: does not exist on {host_name} (the nearest existing directory is "
                 f"{probe.get('existing_parent', '?')}): "

@@ -14,7 +14,7 @@ import pytest
 from pdkit import flags
 from pdkit.loader import load
 from pdkit.versions import ROUTER_RELEASES, SGLANG_RELEASES
-from tests.conftest import REPO, require, write_inventory
+from tests.conftest import BASE_CLUSTER, BASE_HOSTS, REPO, require, write_inventory
 
 pytestmark = pytest.mark.contract
 
@@ -58,6 +58,14 @@ def _levers_inventory(tmp_path, base):
     return load(write_inventory(tmp_path, hosts, cluster))
 
 
+def _checksum_inventory(tmp_path, base, manifest=None):
+    """The base cluster with the model verified at every start (--model-checksum): against the manifest `pdkit stage`
+    keeps in the model directory, or MANIFEST."""
+    cluster, hosts = base
+    cluster["model"].update(verify_checksum=True, **({"checksum_manifest": manifest} if manifest else {}))
+    return load(write_inventory(tmp_path, hosts, cluster))
+
+
 def spanning_inventory(tmp_path, base, *, version="0.5.23", layout=None, hosts_spanned=("gpu01", "gpu02")):
     """The base cluster with its gpu01 decode spanning gpu01 and gpu02 (TP4 as 2 x 2 GPUs),
     attention DP, expert parallelism and EPLB set: the multi-node flags meet the parsers."""
@@ -97,6 +105,10 @@ def _specs(tmp_path, base, monkeypatch):
         # the one-GPU tier: a PD pair sharing GPU 0 (derived --mem-fraction-static per engine)
         "h200-1gpu": load("inventories/h200-1gpu.py"),
         "levers": _levers_inventory(tmp_path, base),
+        # issue 47: the opt-in model verification, with the staged manifest and with a declared one
+        "checksum-staged": _checksum_inventory(tmp_path, copy.deepcopy((BASE_CLUSTER, BASE_HOSTS))),
+        "checksum-manifest": _checksum_inventory(tmp_path, copy.deepcopy((BASE_CLUSTER, BASE_HOSTS)),
+                                                 "/srv/manifests/m.json"),
         # issue 20: two 8-GPU nodes serving one TP16 decode, and a base-derived spanning engine
         "multinode": load("inventories/multinode.py"),
         "spanning": load(spanning_inventory(tmp_path, copy.deepcopy(base))),
@@ -116,6 +128,8 @@ def test_every_generated_engine_argv_parses_with_sglangs_own_parser(version, tmp
             names.append(f"{name}:{rank_name}")
     assert len(argvs) >= 7
     assert any("--node-rank" in a for a in argvs) and any("--enable-eplb" in a for a in argvs)
+    assert ["--model-checksum", "/models/m/.pdkit-manifest.json"] in [a[i:i + 2] for a in argvs for i in range(len(a))]
+    assert ["--model-checksum", "/srv/manifests/m.json"] in [a[i:i + 2] for a in argvs for i in range(len(a))]
     # the provided-env node's engines are in the set (their ExecStart runs /opt/vendor/sglang-env/bin/python)
     assert {n for n in names if n.startswith("provided-env:")} == {"provided-env:gpu01/prefill#0", "provided-env:gpu01/decode#0"}
     results = contract.check_sglang_argvs(version, argvs)

@@ -29,6 +29,7 @@ from pdkit.spec.fields import (
 )
 from pdkit.spec.tuning import RoleTuning, Tuning
 from pdkit.versions import DEFAULT_SGLANG_VERSION, ROUTER_RELEASES
+from pdkit.weights.store import MANIFEST_NAME
 
 __all__ = [
     "HOST_SECTIONS", "Cluster", "Engine", "GpuLayout", "Model", "Monitoring", "Node", "PcieSlot", "Router", "Secrets",
@@ -82,8 +83,54 @@ class Model(Frozen):
     # the checkpoint's size on disk, GB: what the page cache holds for fast restarts (validate
     # weighs it with HiCache's host pools against pdkit_node.ram_gb)
     weights_gb: float | None = Field(default=None, gt=0, le=100_000)
+    # --model-checksum; off by default: every rank hashes every model file at each start, so each restart is longer
+    verify_checksum: bool = False
+    # the SHA-256 manifest --model-checksum reads (SGLang's format, a file on the GPU nodes); unset: the one
+    # `pdkit stage` keeps in the model directory, <path>/.pdkit-manifest.json (docs/weights.md)
+    checksum_manifest: str | None = None
 
     _locations = field_validator("path", "tokenizer_path")(classmethod(lambda cls, v: checked_model_location(v)))
+
+    @field_validator("checksum_manifest")
+    @classmethod
+    def _manifest_file(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not value.startswith("/") or "/../" in value + "/" or re.search(r"\s", value) or value.endswith("/"):
+            raise ValueError(f"{value!r} is not a plain absolute file path: give the manifest's path on the GPU nodes, "
+                             "e.g. /srv/manifests/Qwen3-8B.json (SGLang reads a path that is no file as a hub id)")
+        hidden = hidden_from_engines(value)
+        if hidden:
+            raise ValueError(f"{value!r} is under {hidden}, which the engine units cannot see (ProtectHome=yes / "
+                             "PrivateTmp=yes, docs/security.md): put the manifest elsewhere, e.g. /srv/manifests/")
+        return value
+
+    @model_validator(mode="after")
+    def _checksum_source(self) -> Model:
+        """verify_checksum needs a manifest pdkit knows (docs/weights.md, "Checking the weights at every start")."""
+        if self.checksum_manifest is not None and not self.verify_checksum:
+            raise ValueError("checksum_manifest is read only with verify_checksum: true (set it, or remove "
+                             "checksum_manifest)")
+        if not self.verify_checksum:
+            return self
+        if self.load_format == "dummy":
+            raise ValueError("verify_checksum with load_format: dummy: dummy weights are random and read no file, so "
+                             "SGLang verifies nothing; remove one of them")
+        if self.checksum_manifest is None and not self.path.startswith("/"):
+            raise ValueError(f"verify_checksum: path {self.path!r} is a hub id, and pdkit knows no manifest for it "
+                             "(`pdkit stage` stages directories): stage the model "
+                             "(`pdkit stage INVENTORY --source DIR`) and set path to its directory on the nodes, or "
+                             "give checksum_manifest (a manifest file on the nodes, e.g. from "
+                             "`python -m sglang.srt.utils.model_file_verifier generate`)")
+        return self
+
+    @property
+    def checksum_source(self) -> str | None:
+        """What --model-checksum is given: the declared manifest, else the one `pdkit stage` keeps in the model
+        directory (pdkit.weights.store.MANIFEST_NAME); None when verify_checksum is off."""
+        if not self.verify_checksum:
+            return None
+        return self.checksum_manifest or f"{self.path.rstrip('/')}/{MANIFEST_NAME}"
 
     @field_validator("served_name")
     @classmethod
