@@ -33,12 +33,15 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pdkit import routersync
 from pdkit.health import http_request
 
 if TYPE_CHECKING:
+    from pyinfra.api.host import Host
+    from pyinfra.api.state import State
+
     from pdkit.spec import ClusterSpec
 
 CREATED_BY = "pdkit"
@@ -401,7 +404,9 @@ def _failure_watch():
         """Expires a host's deploy silence at its first failed operation: pyinfra runs none of its
         later ones (the expiring one included)."""
 
-        def operation_host_error(self, state, host, op_hash, retry_count=0, max_retries=0) -> None:
+        @staticmethod  # as pyinfra's BaseStateCallback declares it
+        def operation_host_error(state: State, host: Host, op_hash: Any, retry_count: int = 0,
+                                 max_retries: int = 0) -> None:
             opened = _deploy_open.pop(host.name, None)
             if opened is not None:
                 opened[0].end(opened[1], "the deploy failed on it: expired, so whatever is still wrong pages")

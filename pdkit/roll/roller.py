@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -290,7 +291,7 @@ class Roller:
         """Read, on each router host, the key its running router was started with (its systemd
         credential: the exact key, whatever the key file says now) into running_keys; one line
         per host that could not be read (its client then tries the inventory's key, then none)."""
-        notes = []
+        notes: list[str] = []
         names = [h.name for h in self.spec.router_hosts]
         if not names:
             return notes
@@ -391,8 +392,8 @@ class Roller:
         addresses that the plan does not have as listed (its URL or its worker type differ): what a
         layout change (PD <-> unified, another GPU split) takes away. Empty on an ordinary roll.
         LISTINGS: id(client) -> its /workers as the caller read them."""
-        addresses = {flags.engine_url(self.spec, self.spec.host(h), e).rsplit(":", 1)[0]
-                     for h in hosts for e in (self.spec.host(h).node.engines if self.spec.host(h).node else ())}
+        addresses = {flags.engine_url(self.spec, host, e).rsplit(":", 1)[0]
+                     for host in map(self.spec.host, hosts) if host.node is not None for e in host.node.engines}
         planned = {(url.rstrip("/"), worker_type(e.role)) for _, e, url in self.workers_of(hosts)}
         out = []
         for router_host, client in self.routers():
@@ -483,9 +484,9 @@ class Roller:
                           if self.retired else "")
                 gone = (f", {len(down)} not running and in no router ({', '.join(down)}): nothing to drain"
                         if down else "")
-                held = (f", {len(stale)} in no router still report requests ({', '.join(stale)}): none of the "
-                        "router's, not waited on" if stale else "")
-                return f"{len(removals)} worker(s) out of the router{layout}, {idle} engine(s) idle{gone}{held}"
+                still = (f", {len(stale)} in no router still report requests ({', '.join(stale)}): none of the "
+                         "router's, not waited on" if stale else "")
+                return f"{len(removals)} worker(s) out of the router{layout}, {idle} engine(s) idle{gone}{still}"
             if time.monotonic() > deadline:
                 raise TimeoutError(f"engines still busy after {self.drain_timeout_s:.0f} s: {busy}")
             time.sleep(0.25)
@@ -578,7 +579,10 @@ class Roller:
         engines will read at their restart (pdkit.residency, mincore), and the cold part read in, so
         the outage never includes a disk read: (record, progress words); nothing to
         read (dummy weights, a hub id): ({}, ""). Never fails the roll: a node that cannot tell says so."""
-        paths = sorted({m.path for e in self.spec.host(host_name).node.engines
+        node = self.spec.host(host_name).node
+        if node is None:  # no GPU node: no engine, no weights
+            return {}, ""
+        paths = sorted({m.path for e in node.engines
                         if (m := self.spec.engine_model(e)).load_format != "dummy" and m.path.startswith("/")})
         if not paths or self.spec.cluster.engine == "sim":  # the sim reads no weight files
             return {}, ""
@@ -878,7 +882,7 @@ class Roller:
                     p(h, "weights", message, time.monotonic() - step)
                 # JIT caches cold for the release its engines will run: a warning with the cost, never a refusal
                 if message := jitplan.pre_restart_warning(
-                        self.spec, h, lambda cmd, host=hosts[h]: run_remote(host, cmd, timeout=60)):
+                        self.spec, h, partial(run_remote, hosts[h], timeout=60)):
                     p(h, "jit", message)
         done_drain = False
         self.last_outage_s = None
