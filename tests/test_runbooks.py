@@ -1,7 +1,8 @@
 """Runbooks (issue 31 item 2) and the router's PD/overload alerts (item 4).
 
 Every alert carries a `runbook_url` annotation to its `### <AlertName>` entry in docs/monitoring.md,
-generated from rules.RUNBOOKS with the alert table; promtool's exp_annotations check the link. The
+generated from the alert records' runbooks (pdkit.monitoring.alertrules; rules.RUNBOOKS by name) with the alert
+table; promtool's exp_annotations check the link. The
 router alerts on smg 1.13.0's breaker, retry, overload and admission counters are declared only for a
 router whose release exports what they read, and each of their generated promtool cases can fail.
 """
@@ -108,14 +109,16 @@ def test_the_doc_carries_the_generated_table_and_runbooks():
         assert f"| [`{name}`](#{name.lower()}) |" in alerttable.table(), name
 
 
-def test_write_into_refreshes_both_blocks(tmp_path):
+def test_write_into_refreshes_every_block(tmp_path):
     page = tmp_path / "monitoring.md"
     page.write_text(f"# x\n\n{alerttable.BEGIN}\nSTALE-TEXT\n{alerttable.END}\n\nmiddle\n\n"
-                    f"{alerttable.RUNBOOKS_BEGIN}\nSTALE-TEXT\n{alerttable.RUNBOOKS_END}\n\ntail\n")
+                    f"{alerttable.RUNBOOKS_BEGIN}\nSTALE-TEXT\n{alerttable.RUNBOOKS_END}\n\nlater\n\n"
+                    f"{alerttable.INHIBITIONS_BEGIN}\nSTALE-TEXT\n{alerttable.INHIBITIONS_END}\n\ntail\n")
     alerttable.write_into(str(page))
     text = page.read_text()
-    assert alerttable.table() in text and alerttable.runbooks() in text and "STALE-TEXT" not in text
-    assert "\nmiddle\n" in text and text.endswith("tail\n")
+    assert alerttable.table() in text and alerttable.runbooks() in text and alerttable.inhibitions() in text
+    assert "STALE-TEXT" not in text
+    assert "\nmiddle\n" in text and "\nlater\n" in text and text.endswith("tail\n")
     page.write_text(f"{alerttable.BEGIN}\n{alerttable.END}\n")
     with pytest.raises(ValueError, match="runbooks:begin"):
         alerttable.write_into(str(page))

@@ -6,11 +6,12 @@ A package along its jobs, each module a set of pure functions:
 |---|---|
 | `pdkit.monitoring.common` | paths on the monitoring host, job names, engine label sets, PromQL helpers, YAML |
 | `pdkit.monitoring.scrape` | scrape targets and prometheus.yml |
-| `pdkit.monitoring.rules` | the alerts as data (each with its promtool cases), the rules and rule-test files |
+| `pdkit.monitoring.alertrules` | one record per alert (rule, `for`, severity, scope, runbook, promtool cases), by concern |
+| `pdkit.monitoring.rules` | the rules and rule-test files, generated from the records |
 | `pdkit.monitoring.dashboards` | the Grafana dashboards and every query they run |
 | `pdkit.monitoring.grafana` | Grafana provisioning (datasource, dashboard provider; its own alerting off) |
 | `pdkit.monitoring.alertmanager` | alertmanager.yml (routes, inhibitions, receivers), credential files, the daemon's arguments |
-| `pdkit.monitoring.alerttable` | docs/monitoring.md's alert table, generated from `rules` |
+| `pdkit.monitoring.alerttable` | docs/monitoring.md's alert, runbook and inhibition tables, from the records |
 
 This module re-exports their public names (`pdkit.monitoring.alerts`, `.prometheus_config`, ...)
 and `monitoring_files`, the monitoring host's files.

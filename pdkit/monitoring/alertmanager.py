@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from pdkit.monitoring.alertrules import ENGINE, HOST, NODE, ROUTER_WORKERS, engines, node, router, scoped
 from pdkit.monitoring.common import alertmanager_urls, monitoring_of, to_yaml
 from pdkit.spec import NULL_RECEIVER, RECEIVER_KINDS, ClusterSpec, HostSpec, Receiver, receiver_needs_credential
 
@@ -42,31 +43,29 @@ class Inhibition:
     target_match: tuple[str, ...] = ()
 
 
+# The alerts of each scope, generated from the records (pdkit.monitoring.alertrules: each record's `scope`)
 # Alerts that describe one engine (they carry its `instance`, pdkit.monitoring.common.ENGINE_BY)
-ENGINE_SYMPTOMS = ("PdkitEngineWedged", "PdkitQueueGrowing", "PdkitKvTransferFailures", "PdkitBootstrapFailures",
-                   "PdkitTtftP99OverSlo", "PdkitDecodeCudaGraphRatioLow", "PdkitKvHandoffSlow")
+ENGINE_SYMPTOMS = scoped(ENGINE)
 # What a router says about its workers (they carry the router's `node`)
-ROUTER_WORKER_ALERTS = ("PdkitRouterWorkerUnhealthy", "PdkitRouterCircuitOpen", "PdkitRouterRetriesExhausted",
-                        "PdkitRouterWorkersOverloaded", "PdkitRouterAdmissionRejected", "PdkitRouterPdRendezvousFailed")
+ROUTER_WORKER_ALERTS = scoped(ROUTER_WORKERS)
 # Everything else that can fire about one host (they carry its `node`)
-NODE_ALERTS = ("PdkitEngineDown", "PdkitEngineRankDown", *ENGINE_SYMPTOMS, "PdkitConfigDrift", "PdkitNcclEnvMissing",
-               "PdkitGpuWedged", "PdkitScrapeTargetDown", "PdkitRouterDown", *ROUTER_WORKER_ALERTS)
+NODE_ALERTS = scoped(NODE, ENGINE, ROUTER_WORKERS)
 
-# The inhibition table (docs/monitoring.md "Inhibitions"); tests/test_alertmanager.py checks every name
-# is in pdkit.monitoring.rules.ALERT_NAMES, carries the `equal` labels, and proves each rule on a
+# The inhibition table (docs/monitoring.md "Inhibitions"): each source is a record, each target list a scope's
+# alerts; tests/test_alertmanager.py checks every name carries the `equal` labels, and proves each rule on a
 # running Alertmanager.
 INHIBITIONS: tuple[Inhibition, ...] = (
     Inhibition(
-        "PdkitNodeDown", NODE_ALERTS, ("cluster", "node"),
+        node.NODE_DOWN.name, NODE_ALERTS, HOST.labels,
         "the host is down or cut off (its node_exporter cannot be scraped; it fires before its engines' "
         "PdkitEngineDown): its engines', exporters' and router's alerts are the same incident, one page for the node",
     ),
     Inhibition(
-        "PdkitRouterDown", ROUTER_WORKER_ALERTS, ("cluster", "node"),
+        router.ROUTER_DOWN.name, ROUTER_WORKER_ALERTS, ROUTER_WORKERS.labels,
         "a router that is down says nothing true about its workers; the router page is the incident",
     ),
     Inhibition(
-        "PdkitEngineDown", ENGINE_SYMPTOMS, ("cluster", "instance"),
+        engines.ENGINE_DOWN.name, ENGINE_SYMPTOMS, ENGINE.labels,
         "a stopped engine has no throughput, no progress and a queue nobody serves: the down page says it all",
     ),
 )

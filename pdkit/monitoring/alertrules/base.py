@@ -1,0 +1,212 @@
+"""The shape of an alert record and what every concern module builds its alerts with.
+
+`AlertRecord` is one alert, whole: its name, severity, `for`, scope (what Alertmanager inhibits it by),
+runbook (what it means, the likely causes, what to run) and `build`, which renders for one spec the rest:
+expression, value, threshold(s), annotations, promtool cases and the line of docs/monitoring.md's table.
+`Alert` is what `build` returns: the record rendered for one spec's subjects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from pdkit.monitoring.common import (
+    ENGINE_BY,
+    JOB_DCGM,
+    JOB_ENGINE,
+    JOB_EXPORTER,
+    JOB_NODE,
+    JOB_PROMETHEUS,
+    JOB_ROUTER,
+    alert_window,
+    by_labels,
+    engine_instance,
+    monitoring_of,
+    pick_labels,
+    scaled_duration,
+    series_text,
+    speedup_of,
+)
+from pdkit.spec import ClusterSpec, Monitoring
+
+if TYPE_CHECKING:
+    from pdkit.monitoring.scrape import Target
+
+SEVERITIES = ("critical", "warning")
+
+
+@dataclass(frozen=True)
+class Alert:
+    name: str
+    # the full alert condition
+    expr: str
+    # the quantity the condition tests, without the threshold: returns series on a healthy,
+    # loaded cluster (the lab's live query check runs this one)
+    value: str
+    for_: str
+    severity: str
+    summary: str
+    description: str
+    # promtool cases: each subject is one thing that can alert on its own
+    subjects: tuple[dict[str, str], ...] = ()
+    case: Callable[[dict[str, str], bool], list[tuple[str, str]]] | None = field(default=None, compare=False)
+    exp_labels: Callable[[dict[str, str]], dict[str, str]] | None = field(default=None, compare=False)
+    eval_time: str = "20m"
+    # series that must NOT alert even when "bad" (present in the non-firing case)
+    decoys: tuple[dict[str, str], ...] = ()
+    # lazily created families whose absence is this alert's healthy answer (no request yet: no TTFT
+    # over the SLO); any other lazy family must be handled in `expr` (tests/test_catalogue.py)
+    absent_ok: tuple[str, ...] = ()
+    # more promtool tests of this alert: subjects -> [test dict] (shapes one case per subject cannot say)
+    extra_tests: Callable[[tuple[dict[str, str], ...]], list[dict]] | None = field(default=None, compare=False)
+    # one line for docs/monitoring.md's alert table (pdkit.monitoring.alerttable): when it fires
+    fires_when: str = ""
+    # what the decoys are, for the name of the quiet test
+    decoys_are: str = "the prefill side"
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What an alert is about, as Alertmanager's inhibitions see it (pdkit.monitoring.alertmanager.INHIBITIONS
+    is generated from the scopes): which alert, firing, makes it the same incident."""
+
+    name: str
+    # the labels that name the thing it is about (the inhibitions' `equal`)
+    labels: tuple[str, ...]
+    about: str
+
+
+# the host itself (node_exporter unreachable): the source of the node's inhibition, inhibited by nothing
+HOST = Scope("host", ("cluster", "node"), "a whole host")
+# one service or part of one host (an engine's process, a GPU, an exporter, the router): held back while its
+# host is down
+NODE = Scope("node", ("cluster", "node"), "something on one host, named by its `node`")
+# a symptom of one engine (it carries the engine's `instance`, pdkit.monitoring.common.ENGINE_BY): held back
+# while the engine is down, and while its host is
+ENGINE = Scope("engine", ("cluster", "instance"), "one engine's symptom, named by its `instance`")
+# what a router says about its workers (it carries the router's `node`): held back while the router is down,
+# and while its host is
+ROUTER_WORKERS = Scope("router-workers", ("cluster", "node"), "a router's word on its workers, by the router's `node`")
+SCOPES = (HOST, NODE, ENGINE, ROUTER_WORKERS)
+
+
+# Runbooks: spec-independent text (docs/monitoring.md's "Runbooks" section is generated from the records by
+# pdkit.monitoring.alerttable; each rule's `runbook_url` annotation links to its entry). INVENTORY stands for
+# the cluster's inventory file (inventories/<cluster>.py); {node}, {engine} for the alert's labels of those names.
+@dataclass(frozen=True)
+class Runbook:
+    # what the alert says is wrong, and what it does to serving
+    means: str
+    # the usual causes, most likely first
+    causes: tuple[str, ...]
+    # in order: the doctor check, what to read on the node, the fix
+    run: tuple[str, ...]
+
+
+JOURNAL = "`journalctl -u pdkit-engine-{engine} -n 300` on {node}"
+REDEPLOY = ("re-apply the plan to the node: `pdkit roll INVENTORY --limit {node}` (drains it, applies, restarts "
+            "behind the health gate, re-adds it; a failed node is rolled back), or "
+            "`pyinfra INVENTORY deploy/pd.py --limit {node}` where the node serves nothing")
+
+
+class Context(NamedTuple):
+    """What every alert builder reads from the spec, computed once per alerts() call."""
+
+    spec: ClusterSpec
+    mon: Monitoring
+    w: str  # the rate window
+    tgt: list[Target]
+    engines: list[Target]
+    routers: list[Target]
+    model_of: dict[str, str]  # engine instance -> served model name
+    by: str  # the engine labels, for `by (...)`
+    speedup: int  # pdkit_monitoring.lab_alert_speedup (1 but in the lab)
+
+    def for_(self, duration: str) -> str:
+        """An alert's `for` as the rules say it: DURATION, divided by the lab's speedup."""
+        return scaled_duration(duration, self.speedup)
+
+
+def context(spec: ClusterSpec) -> Context:
+    # here, not at the top: pdkit.monitoring.scrape imports alertmanager, which imports the records' scopes
+    from pdkit.monitoring.scrape import targets
+
+    tgt = targets(spec)
+    return Context(spec, monitoring_of(spec), alert_window(spec), tgt, [t for t in tgt if t.job == JOB_ENGINE],
+                   [t for t in tgt if t.job == JOB_ROUTER],
+                   {engine_instance(h, e.name): spec.engine_model(e).name for h, e in spec.engines()},
+                   by_labels(ENGINE_BY),
+                   speedup_of(spec))
+
+
+@dataclass(frozen=True)
+class AlertRecord:
+    """One alert, declared once (its concern module, registered in pdkit.monitoring.alertrules.ALERTS)."""
+
+    name: str
+    severity: str
+    # the `for` at real windows (the lab's rules divide it by pdkit_monitoring.lab_alert_speedup)
+    for_: str
+    scope: Scope
+    runbook: Runbook
+    # the rest, for one spec: expression, value, threshold(s), annotations, promtool cases, fires_when; None where
+    # the spec gives the alert nothing to watch (no router, no PD pair, no decode graphs planned)
+    build: Callable[[Context, AlertRecord], Alert | None] = field(compare=False)
+
+    def make(self, c: Context, **fields: Any) -> Alert:
+        """This record's Alert for the spec of C: its name, severity and `for` (scaled), and FIELDS."""
+        return Alert(name=self.name, for_=c.for_(self.for_), severity=self.severity, **fields)
+
+    def render(self, c: Context) -> Alert | None:
+        return self.build(c, self)
+
+
+# ---------------------------------------------------------------------------------------------
+# promtool case helpers shared by the concern modules
+
+def engine_labels(s: dict[str, str], **extra: str) -> dict[str, str]:
+    """An engine series' labels as Prometheus stores them: the target's and SGLang's scheduler labels."""
+    return {"job": JOB_ENGINE, **pick_labels(s, ENGINE_BY), "engine_type": s["role"], "model_name": s["model_name"],
+            "tp_rank": "0", "pp_rank": "0", "moe_ep_rank": "0", **extra}
+
+
+def alert_test(name: str, alert: str, series: list[tuple[str, str]], eval_time: str,
+               exp: list[dict[str, str]]) -> dict:
+    return {"name": name, "interval": "1m", "input_series": [{"series": s, "values": v} for s, v in series],
+            "alert_rule_test": [{"eval_time": eval_time, "alertname": alert,
+                                 "exp_alerts": [{"exp_labels": dict(sorted(e.items()))} for e in exp]}]}
+
+
+def up_case(subject: dict[str, str], bad: bool) -> list[tuple[str, str]]:
+    # healthy still has a one-scrape blip: shorter than `for`, it must not alert
+    return [(series_text("up", subject), "1x3 0x20" if bad else "1x3 0 1x19")]
+
+
+def counting_on_test(alert: str, what: str, severity: str, by: tuple[str, ...], subjects: tuple[dict[str, str], ...],
+                     series_of: Callable[[dict[str, str]], str]) -> list[dict]:
+    """A counter alert that also fires on a new series: counts that go on fire for the first subject; an old
+    count that does not move (the other subjects) does not."""
+    if not subjects:
+        return []
+    first, rest = subjects[0], subjects[1:]
+    series = [(series_of(first), "3+1x20")] + [(series_of(s), "2x20") for s in rest]
+    exp = [{**pick_labels(first, by), "severity": severity}]
+    return [alert_test(f"{alert} fires on {what} that go on, not on an old count", alert, series, "15m", exp)]
+
+
+def subject_name(s: dict[str, str]) -> str:
+    if "rank" in s:
+        return f"{s['node']}/{s['engine']} rank {s['rank']}"
+    if "worker_instance" in s:
+        return f"the router on {s['node']} and worker {s['worker_instance']}"
+    if "queue" in s:
+        return f"{s['instance']} queue {s['queue']}"
+    if s.get("job") == JOB_EXPORTER and "gpu" in s:
+        return f"{s['node']}/{s['engine']} GPU {s['gpu']}"
+    if s.get("job") == JOB_EXPORTER and "engine" in s:
+        return f"{s['node']}/{s['engine']}"
+    if s.get("job") in (JOB_NODE, JOB_DCGM, JOB_PROMETHEUS, JOB_EXPORTER):
+        return f"{s['job']} on {s['node']}"
+    return s["instance"]
