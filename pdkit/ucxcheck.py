@@ -6,6 +6,14 @@ ROCm or Level Zero transports, so a setting under one of TRANSPORTS_NOT_IN_THE_W
 real on a node whose UCX has them and cannot be judged here: it is left alone. UCX itself only warns
 about a setting it does not know ("unused environment variable"), so an unknown name is a warning;
 a UCX_TLS naming a transport UCX has no name for fails every hand-off at start: an error.
+
+A value is judged by its setting's kind, the parser UCX reads it with (the table's "kinds", read from
+the wheel's own configuration tables): `value_error` follows UCS's parsers (src/ucs/config/parser.c
+and ucs_str_to_memunits in src/ucs/sys/string.c of UCX 1.23.0) rule for rule: their case rules
+(strcasecmp or strcmp per word), glibc sscanf's number prefixes (leading blanks skipped, trailing text
+ignored where the parser does not look at it), "inf"/"auto", units and list splitting. A value the
+parser refuses fails ucp_config_read or the transport's config read, and with it NIXL's agent at the
+engine's start: an error. tests/test_contract_ucx_kinds.py holds every kind to the real UCX.
 """
 
 from __future__ import annotations
@@ -36,10 +44,13 @@ def table() -> dict:
     return json.loads(TABLE_PATH.read_text())
 
 
-def setting_problem(name: str, value: str) -> tuple[str, str] | None:
-    """(severity, why) for one UCX_* variable an engine's env sets, or None."""
+def setting_problem(name: str, value: str, tls: str | None = None) -> tuple[str, str] | None:
+    """(severity, why) for one UCX_* variable an engine's env sets, or None. TLS: the engine's effective
+    UCX_TLS (None: UCX's default, all), which decides whether a transport's setting is read at all."""
     settings = table()["settings"]
     version = table()["ucx_version"]
+    if (judged := value_problem(name, value, tls)) is not None:
+        return judged
     if name == "UCX_TLS":
         tokens = [t.strip() for t in value.lstrip("^").split(",") if t.strip()]
         unknown = [t for t in tokens if t.split(":", 1)[0].lstrip("\\") not in TLS_NAMES]
@@ -55,6 +66,360 @@ def setting_problem(name: str, value: str) -> tuple[str, str] | None:
                        "UCX ignores it with a warning" + (f"; did you mean {close[0]}?" if close else ""))
 
 
+# ------------------------------------------------------------------ values, by the kind of their setting
+# glibc sscanf's view of numbers, as UCS's parsers use it: leading blanks (C isspace) skipped, a sign
+# allowed, and the longest prefix that is a number read; a parser that returns sscanf's count accepts any
+# value with such a prefix and never looks at what follows it
+_BLANKS = " \t\n\v\f\r"
+_DIGITS = {8: "01234567", 10: "0123456789", 16: "0123456789abcdefABCDEF"}
+
+
+def _scan_int(text: str, base: int) -> tuple[int, str] | None:
+    """sscanf "%d"/"%u"/"%ld"/"%lu" (BASE 10), "%x" (16) or "%i" (0: 0x hex, 0 octal, else decimal):
+    (value, the text after it), or None where no number starts the text. A 0x with no hex digit after it
+    reads as 0 (glibc)."""
+    i = len(text) - len(text.lstrip(_BLANKS))
+    sign = 1
+    if text[i:i + 1] in ("+", "-"):
+        sign = -1 if text[i] == "-" else 1
+        i += 1
+    if base in (0, 16) and text[i:i + 2] in ("0x", "0X"):
+        base, i = 16, i + 2
+        start = i
+        while i < len(text) and text[i] in _DIGITS[16]:
+            i += 1
+        return sign * int(text[start:i] or "0", 16), text[i:]
+    if base == 0:
+        base = 8 if text[i:i + 1] == "0" else 10
+    start = i
+    while i < len(text) and text[i] in _DIGITS[base]:
+        i += 1
+    if i == start:
+        return None
+    return sign * int(text[start:i], base), text[i:]
+
+
+def _magnitude(body: str, exponent: int, hexa: bool) -> float:
+    """The value of digits BODY with EXPONENT, rounding as strtod does (an underflow reads 0, an overflow inf)."""
+    if hexa:
+        if body.strip(".") == "":
+            return 0.0
+        try:
+            return float.fromhex(f"0x{body}p{exponent}")
+        except OverflowError:
+            return float("inf")
+    return float(f"{body}e{exponent}")
+
+
+def _scan_double(text: str) -> tuple[float, str] | None:
+    """sscanf "%lf": (value, the text after what glibc consumed), or None where it reads no number. glibc
+    consumes a dangling exponent ("1e", "1e+") and fails on a partial "infinity" ("infin")."""
+    i = len(text) - len(text.lstrip(_BLANKS))
+    start = i
+    if text[i:i + 1] in ("+", "-"):
+        i += 1
+    lower = text[i:].lower()
+    negative = text[start:start + 1] == "-"
+    if lower.startswith("inf"):
+        # "inf" or "infinity"; glibc cannot give back a partly read "inity"
+        matched = next((n for n in range(5, -1, -1) if lower[3:3 + n] == "inity"[:n]), 0)
+        if 0 < matched < 5:
+            return None
+        return (float("-inf") if negative else float("inf")), text[i + 3 + matched:]
+    if lower.startswith("nan"):
+        return float("nan"), text[i + 3:]
+    hexa = lower.startswith("0x")
+    digits = _DIGITS[16] if hexa else _DIGITS[10]
+    if hexa:
+        i += 2
+    mantissa = i
+    while i < len(text) and text[i] in digits:
+        i += 1
+    if text[i:i + 1] == ".":
+        i += 1
+        while i < len(text) and text[i] in digits:
+            i += 1
+    if i == mantissa or (not hexa and text[mantissa:i] == "."):
+        return None
+    body = text[mantissa:i]
+    exponent = 0
+    if text[i:i + 1] in (("p", "P") if hexa else ("e", "E")):
+        i += 1
+        j = i + 1 if text[i:i + 1] in ("+", "-") else i
+        k = j
+        while k < len(text) and text[k] in _DIGITS[10]:
+            k += 1
+        exponent = int(text[j:k]) * (-1 if text[i:i + 1] == "-" else 1) if k > j else 0
+        i = k
+    value = _magnitude(body, exponent, hexa)
+    return (-value if negative else value), text[i:]
+
+
+# bool-like words per parser (ucs_config_sscanf_bool / _ternary / _ternary_auto / _on_off / _on_off_auto):
+# (words read in any case, words read only as written)
+_WORDS = {
+    "bool": ({"y", "yes", "n", "no"}, {"on", "off", "1", "0"}),
+    "ternary": ({"y", "yes", "n", "no", "try", "maybe"}, {"on", "off", "1", "0"}),
+    "ternary_auto": ({"y", "yes", "n", "no", "try", "maybe", "auto"}, {"on", "off", "1", "0"}),
+    "on_off": ({"on", "off", "yes", "no", "y", "n"}, {"1", "0"}),
+    "on_off_auto": ({"on", "off", "yes", "no", "y", "n", "try", "maybe", "auto"}, {"1", "0"}),
+}
+_WORDS_VALID = {
+    "bool": "y, yes, n or no (any case), or on, off, 1, 0 (exactly so: 'ON' and 'true' are refused)",
+    "ternary": "y, yes, n, no, try or maybe (any case), or on, off, 1, 0 (exactly so)",
+    "ternary_auto": "y, yes, n, no, try, maybe or auto (any case), or on, off, 1, 0 (exactly so)",
+    "on_off": "on, off, yes, no, y or n (any case), or 1, 0",
+    "on_off_auto": "on, off, auto, try, maybe, yes, no, y or n (any case), or 1, 0",
+}
+_TIME_UNITS = ("m", "s", "ms", "us", "ns")  # minutes, seconds, milli-, micro-, nanoseconds; as written
+ARRAY_MAX = 128  # UCS_CONFIG_ARRAY_MAX: elements past it are dropped unread
+
+
+def _judge(kind: dict, value: str, default: str | None = None) -> tuple[bool, str]:
+    """(accepted, ignored): whether the parser of KIND (a table "kinds" entry) reads VALUE over the setting's
+    DEFAULT (as UCX reads the environment: into the default), and the text it skips without reading (a
+    number's trailing text where the parser never looks at it)."""
+    k = kind["kind"]
+    if k in ("string", "path_array"):
+        return True, ""
+    if k in _WORDS:
+        any_case, exact = _WORDS[k]
+        return value.lower() in any_case or value in exact, ""
+    if k in ("enum", "uint_enum"):
+        if value.lower() in {c.lower() for c in kind["choices"]}:
+            return True, ""
+        if k == "enum":
+            return False, ""
+        scanned = _scan_int(value, 10)
+        return scanned is not None, scanned[1] if scanned else ""
+    if k == "bitmap":  # strtok: empty items are skipped
+        choices = {c.lower() for c in kind["choices"]}
+        return all(item.lower() in choices for item in value.split(",") if item), ""
+    if k in ("int", "uint", "ulong", "ulunits", "bitmask"):
+        if (k == "uint" and value.lower() == "inf") or (k == "ulunits" and value.lower() in ("inf", "auto")):
+            return True, ""
+        scanned = _scan_int(value, 0 if k == "int" else 10)
+        return scanned is not None, scanned[1] if scanned else ""
+    if k == "hex":
+        if value.lower() == "auto":
+            return True, ""
+        scanned = _scan_int(value[2:], 16) if value[:2].lower() == "0x" else None
+        return scanned is not None, scanned[1] if scanned else ""
+    if k in ("double", "pos_double"):
+        if k == "pos_double" and value.lower() == "auto":
+            return True, ""
+        scanned = _scan_double(value)
+        if k == "pos_double" and value.strip(_BLANKS) == "" and default is not None:
+            # sscanf returns EOF (-1, true) without storing: the parser then tests the value already there
+            before = _judge(kind, default)[0] and default.lower() != "auto" and _scan_double(default)
+            return bool(before and before[0] > 0), ""
+        if scanned is None or (k == "pos_double" and not scanned[0] > 0):
+            return False, ""
+        return True, scanned[1]
+    if k in ("time", "time_units"):
+        if k == "time_units" and value in ("inf", "auto"):  # strcmp: lower case only
+            return True, ""
+        scanned = _scan_double(value)  # "%lf%c%c": the unit is the next one or two characters, as they are
+        if scanned is None:
+            return False, ""
+        rest = scanned[1]
+        return (not rest or rest[:2] in _TIME_UNITS), rest[2:]
+    if k == "memunits":
+        if memunits(value) is None:
+            return False, ""
+        scanned = _scan_int(value, 10)
+        return True, scanned[1][2:] if scanned else ""
+    if k == "bw":
+        return _bandwidth(value), ""
+    if k == "bw_spec":
+        name, colon, bw = value.partition(":")
+        return bool(colon) and _bandwidth(bw), ""
+    if k == "signo":
+        return _signal(value, kind["choices"]), ""
+    if k in ("array", "allow_list", "allow_list_with_ranges"):
+        return _list(kind, value), ""
+    if k == "key_value":
+        return _key_value(kind, value), ""
+    if k == "range_spec":
+        first, dash, last = value.partition("-")
+        return _scan_int(first, 10) is not None and (not dash or _scan_int(last, 10) is not None), ""
+    return True, ""  # a kind UCS adds later: not judged
+
+
+def _bandwidth(value: str) -> bool:
+    """ucs_config_sscanf_bw: "auto" (any case), or "%lf%15s": a number, then (blanks allowed between) a
+    word of b, or K/M/G/T (upper case) then B (bytes) or b (bits), then exactly ps, /s or s."""
+    if value.lower() == "auto":
+        return True
+    scanned = _scan_double(value)
+    if scanned is None:
+        return False
+    word = ""  # "%15s": blanks skipped, then at most 15 characters up to the next blank
+    for char in scanned[1].lstrip(_BLANKS)[:15]:
+        if char in _BLANKS:
+            break
+        word += char
+    if not word:
+        return False  # sscanf read one field of two
+    offset = 0 if word[0] in ("b", "B") else (1 if word[0] in ("K", "M", "G", "T") else -1)
+    return offset >= 0 and word[offset:offset + 1] in ("B", "b") and word[offset + 1:] in ("ps", "/s", "s")
+
+
+def _signal(value: str, names: list[str]) -> bool:
+    """ucs_config_sscanf_signo: what strtol reads whole (an empty value too: it reads 0), else a name of
+    UCS's table in any case, SIG (upper case) taken off first."""
+    scanned = _scan_int(value, 10)
+    if value == "" or (scanned is not None and scanned[1] == ""):
+        return True
+    name = value[3:] if value.startswith("SIG") else value
+    return name.lower() in {n.lower() for n in names}
+
+
+def _items(value: str, delimiter: str) -> list[str]:
+    """The items ucs_config_sscanf_array reads (strsep: an empty item counts, except one at the very
+    end), at most ARRAY_MAX of them."""
+    if value == "":
+        return []
+    items = value.split(delimiter)
+    if items[-1] == "":
+        items.pop()
+    return items[:ARRAY_MAX]
+
+
+def _list(kind: dict, value: str) -> bool:
+    """Arrays and allow lists: every item read by the element's parser; an allow list ("^" first to
+    negate) whose first item is "all" (as written) must have no other."""
+    k = kind["kind"]
+    if k == "allow_list_with_ranges":
+        # ranges (prefix[first-last]suffix) are expanded first, empty items dropped: the elements are
+        # strings, so only "all"'s rule can refuse
+        body = value[1:] if value.startswith("^") else value
+        items = [item for item in body.split(",") if item]
+        return not (items and items[0] == "all" and len(items) > 1)
+    if k == "allow_list":
+        items = _items(value[1:] if value.startswith("^") else value, ",")
+        if items and items[0] == "all" and len(items) != 1:
+            return False
+    else:
+        items = _items(value, ",")
+    return all(_judge(kind["of"], item)[0] for item in items)
+
+
+def _key_value(kind: dict, value: str) -> bool:
+    """ucs_config_sscanf_key_value: comma items, each key:value (the key as written, one of the kind's
+    keys) or a bare value for every key not given; every key must end with a value its parser reads."""
+    given: dict[str, str] = {}
+    default = None
+    for item in value.split(","):
+        key, colon, rest = item.partition(":")
+        if not colon:
+            default = key
+            continue
+        if key not in kind["keys"]:
+            return False
+        given[key] = rest.split(":", 1)[0]
+    for key in kind["keys"]:
+        chosen = given.get(key, default)
+        if chosen is None or not _judge(kind["of"], chosen)[0]:
+            return False
+    return True
+
+
+def valid_values(kind: dict) -> str:
+    """What the parser of KIND reads, in words."""
+    k = kind["kind"]
+    if k in _WORDS:
+        return _WORDS_VALID[k]
+    if k == "enum":
+        return "one of " + ", ".join(kind["choices"]) + " (any case)"
+    if k == "uint_enum":
+        return "an unsigned integer or one of " + ", ".join(kind["choices"]) + " (any case)"
+    if k == "bitmap":
+        return "a comma list of " + ", ".join(kind["choices"]) + " (any case)"
+    if k == "signo":
+        return "a signal number or name, e.g. 10, SIGUSR1 or USR1"
+    if k in ("array", "path_array"):
+        return f"a {'colon' if k == 'path_array' else 'comma'} list, each item {valid_values(kind['of'])}"
+    if k in ("allow_list", "allow_list_with_ranges"):
+        return "all (alone), or a comma list of names (^ first to exclude them)"
+    if k == "key_value":
+        return (f"a value for every key, and/or key:value items with key one of {', '.join(kind['keys'])} "
+                f"(as written), each value {valid_values(kind['of'])}")
+    return {
+        "int": "an integer (decimal, 0x hex or 0-prefixed octal)",
+        "uint": "an unsigned integer or inf",
+        "ulong": "an unsigned integer",
+        "ulunits": "an unsigned integer, inf or auto",
+        "bitmask": "a bit count (an unsigned integer)",
+        "double": "a number, e.g. 1.5 or 2e-3",
+        "pos_double": "a number above 0, or auto",
+        "hex": "0x and hex digits, or auto",
+        "time": "a number of seconds, or a number with the unit m (minutes), s, ms, us or ns right after it "
+                "(lower case, no space), e.g. 10ms",
+        "time_units": "a number of seconds, or a number with the unit m (minutes), s, ms, us or ns right after "
+                      "it (lower case, no space), e.g. 10ms; or inf or auto (lower case)",
+        "bw": "a number with a rate unit: b, or K/M/G/T then B (bytes) or b (bits), then ps, /s or s "
+              "(e.g. 10GBps, 100Gbps, 500MB/s), or auto",
+        "bw_spec": "device:rate, the rate e.g. 10GBps or auto",
+        "memunits": "an integer with an optional unit b, k, kb, m, mb, g, gb, t or tb (any case, no space, no "
+                    "fraction), e.g. 64k, 1mb; or inf or auto",
+        "range_spec": "a number or a range first-last, e.g. 10000-20000",
+    }.get(k, kind.get("syntax", k))
+
+
+# What a refused value does depends on the configuration table that holds the setting (the table's "table"),
+# each case held to a real UCP worker by tests/test_contract_ucx_kinds.py:
+# - UCS reads its global settings ignoring errors (the default is put back: src/ucs/config/global_opts.c
+#   ucs_global_opts_init) and UCM drops the status of its read (src/ucs/config/ucm_opts.c; the read stops
+#   at the refused value, so the UCM settings after it keep their defaults too): UCX logs it and carries on;
+# - a memory domain whose config read fails is left out with every transport on it ("transport 'tcp' is not
+#   available"), silently where UCX_TLS has other transports;
+# - a transport's (or the TCP connection manager's) refused value fails the worker's creation, where the
+#   transport is used (UCX_TLS); UCP's own fails ucp_config_read. Either way NIXL fails at the engine's start.
+IGNORING_TABLES = frozenset({"UCS global", "UCS global (runtime read-only)", "UCM"})
+# a transport table -> the UCX_TLS names that open it ("all" opens every one)
+TRANSPORT_TLS = {"tcp transport": {"tcp"}, "posix transport": {"posix", "sm", "shm", "mm"},
+                 "sysv transport": {"sysv", "sm", "shm", "mm"}, "self transport": {"self"}}
+
+
+def value_problem(name: str, value: str, tls: str | None = None) -> tuple[str, str] | None:
+    """(severity, why) for a value of a setting in the table, judged as its UCX parser reads it: an error
+    where UCX refuses it and the engine fails (or loses a transport), a warning where UCX refuses it but
+    carries on with the default, or the transport is not used (TLS, the effective UCX_TLS), or where UCX
+    reads a number and skips the text after it (e.g. "10k" for a plain integer is 10)."""
+    kind = table().get("kinds", {}).get(name)
+    if kind is None:
+        return None
+    version = table()["ucx_version"]
+    accepted, skipped = _judge(kind, value, table()["settings"].get(name))
+    valid = f"valid: {valid_values(kind)}"
+    if not accepted:
+        refused = f"{name}={value!r} is no value UCX {version}'s {kind['kind']} parser reads"
+        where = kind.get("table", "")
+        if where in IGNORING_TABLES:
+            return "warning", (f"{refused}: UCX logs 'Invalid value' and keeps its default "
+                               f"{table()['settings'].get(name)!r} ({where} settings); {valid}")
+        if where.endswith("memory domain"):
+            return "error", (f"{refused}: UCX leaves out the {where} and every transport on it, so KV hand-offs "
+                             f"that need one fail; {valid}")
+        if where in TRANSPORT_TLS and not _uses(tls or "all", TRANSPORT_TLS[where] | {"all"}):
+            return "warning", (f"{refused}; UCX_TLS={tls!r} leaves the {where} out, so UCX does not read it "
+                               f"now, but the engine fails at start once the transport is used; {valid}")
+        return "error", (f"{refused}: UCX refuses its {where or 'UCP'} configuration, so NIXL cannot create its "
+                         f"UCX worker and the engine fails at start; {valid}")
+    ignored = skipped.strip(_BLANKS)
+    if ignored:
+        read = value[:len(value) - len(skipped)].strip(_BLANKS)
+        return "warning", (f"{name}={value!r}: UCX {version} reads {read!r} and ignores {ignored!r} (its parser "
+                           f"is {kind['kind']}); {valid}")
+    return None
+
+
+def value_accepted(name: str, value: str) -> bool:
+    """Whether UCX's parser of NAME reads VALUE (a setting not in the table: True, nothing to judge)."""
+    kind = table().get("kinds", {}).get(name)
+    return kind is None or _judge(kind, value, table()["settings"].get(name))[0]
+
 # ------------------------------------------------------------------ limits between related settings
 # UCX opens every transport UCX_TLS allows when NIXL creates its worker; a transport whose settings
 # break one of these limits fails uct_iface_open ("Invalid parameter"), the worker is not created and
@@ -67,23 +432,30 @@ IOVEC = 16  # sizeof(struct iovec) on x86_64 / aarch64
 TCP_SERVICE_IOV = 2  # UCT_TCP_EP_ZCOPY_SERVICE_IOV_COUNT
 IOV_MAX = 1024  # the kernel's, which UCX caps the IOV count at
 MPOOL_OVERHEAD = 136  # a memory pool chunk's header and one element's, measured on the pinned UCX
-_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "m": 2**20, "mb": 2**20, "g": 2**30, "gb": 2**30,
-          "t": 2**40, "tb": 2**40}
+_MEM_PREFIX = {"B": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}  # ucs_string_quantity_prefix_value
 _TCP_TLS = {"all", "tcp"}
 _SM_TLS = {"all", "sm", "shm", "mm", "posix", "sysv"}
 
 
 def memunits(value: str) -> int | str | None:
-    """UCX's memory units as its parser reads them: an integer with an optional b/k/kb/m/mb/g/gb/t/tb
-    (any case; no fraction, no space inside), or "inf"/"auto"; None where UCX refuses the value."""
-    text = value.strip().lower()
-    if text in ("inf", "auto"):
-        return text
-    digits = text.rstrip("kmgtb")
-    unit = text[len(digits):]
-    if not digits.isdigit() or unit not in _UNITS:
+    """UCX's memory units as ucs_str_to_memunits reads them: "inf"/"auto" (any case), else sscanf's
+    "%ld%c%c": a decimal integer (blanks before it skipped, a sign allowed), then nothing, or a unit
+    b/k/m/g/t (any case), optionally followed by b (any case); text after those two characters is
+    ignored. No fraction, no space before the unit, no "KiB". None where UCX refuses the value; a
+    negative number wraps as UCX's size_t does (-1 is "inf")."""
+    if value.lower() in ("inf", "auto"):
+        return value.lower()
+    scanned = _scan_int(value, 10)
+    if scanned is None:
         return None
-    return int(digits) * _UNITS[unit]
+    number, rest = scanned
+    multiplier = 1
+    if rest:
+        multiplier = _MEM_PREFIX.get(rest[0].upper(), 0)
+        if not multiplier or (len(rest) > 1 and rest[1].lower() != "b"):
+            return None
+    size = (number * multiplier) % 2**64
+    return {2**64 - 1: "inf", 2**64 - 2: "auto"}.get(size, size)
 
 
 def _uses(tls: str, names: set[str]) -> bool:
