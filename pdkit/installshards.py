@@ -83,9 +83,15 @@ def installed_paths(wheel: Path) -> set[str]:
     return paths
 
 
+class _CaseKeptParser(configparser.ConfigParser):
+    """ConfigParser that keeps option names as written: script names keep their case."""
+
+    def optionxform(self, optionstr: str) -> str:
+        return optionstr
+
+
 def _scripts(entry_points: str) -> set[str]:
-    parser = configparser.ConfigParser(interpolation=None, delimiters=("=",))
-    parser.optionxform = str  # script names keep their case
+    parser = _CaseKeptParser(interpolation=None, delimiters=("=",))
     try:
         parser.read_string(entry_points)
     except configparser.Error:
@@ -136,14 +142,15 @@ def requirement_shards(requirements: str, wheels: tuple[Path, ...], shards: int 
     SHARDS and MIN_BYTES default to INSTALL_SHARDS and SHARD_MIN_BYTES."""
     shards = INSTALL_SHARDS if shards is None else shards
     min_bytes = SHARD_MIN_BYTES if min_bytes is None else min_bytes
-    size = {canonicalize_name(parse_wheel_filename(w.name)[0]): w.stat().st_size for w in wheels}
+    size: dict[str, int] = {canonicalize_name(parse_wheel_filename(w.name)[0]): w.stat().st_size for w in wheels}
     if shards < 2 or sum(size.values()) < min_bytes:
         return ()
     head, entries = requirement_entries(requirements)
     if set(entries) != set(size):
         raise ShardError(f"requirements without a wheel: {sorted(set(entries) - set(size))}; "
                          f"wheels without a requirement: {sorted(set(size) - set(entries))}")
-    paths = {canonicalize_name(parse_wheel_filename(w.name)[0]): installed_paths(w) for w in wheels}
+    paths: dict[str, set[str]] = {canonicalize_name(parse_wheel_filename(w.name)[0]): installed_paths(w)
+                                  for w in wheels}
     shares = balance(groups_sharing_files(paths), size, shards)
     return tuple(head + "".join(entries[name] for name in share) for share in shares)
 

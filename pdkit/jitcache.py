@@ -253,12 +253,13 @@ def next_stamp(old: Mapping | None, venv_link: str, venv: str, invocation: str, 
     engine gate, or None when OLD already holds it (a second gate of the same start). The first start
     on an environment is kept beside the last: on fresh caches it is the cold one, so the two give
     what compiling cost. PHASES_OF() is read only for a new start."""
-    same_env = bool(old) and old.get("venv") == venv and old.get("venv_link") == venv_link
-    if same_env and (old.get("last") or {}).get("invocation") == invocation:
+    # OLD when it is a stamp of this same environment, else None
+    same_env = old if old and old.get("venv") == venv and old.get("venv_link") == venv_link else None
+    if same_env is not None and (same_env.get("last") or {}).get("invocation") == invocation:
         return None
     start = {"invocation": invocation, "at": round(at, 3), "phases": phases_of()}
-    if same_env:
-        return {**old, "last": start, "starts": int(old.get("starts", 1)) + 1}
+    if same_env is not None:
+        return {**same_env, "last": start, "starts": int(same_env.get("starts", 1)) + 1}
     return {"venv_link": venv_link, "venv": venv, "first": start, "last": start, "starts": 1}
 
 
@@ -311,7 +312,7 @@ def judge(engine_dir: str) -> dict:
         measured = []
         for other in _siblings(root, engine, engine_dir):
             other_stamp = read_stamp(other)
-            if (got := cold_extra_s(other_stamp)) is not None:
+            if other_stamp is not None and (got := cold_extra_s(other_stamp)) is not None:
                 measured.append((float((other_stamp.get("last") or {}).get("at", 0)), got, other))
         if measured:
             _, extra, source = max(measured)

@@ -128,8 +128,8 @@ def kv_figures(before: Mapping[str, Histogram], after: Mapping[str, Histogram],
     """Pure: the hand-offs between two samples of the same prefill(s), keyed like KV_HISTOGRAMS."""
     delta = {key: h.minus(before.get(key)) for key, h in after.items()}
     latency, total, speed = delta.get("latency_ms"), delta.get("total_mb"), delta.get("speed_gb_s")
-    n = int(round(latency.count)) if latency else 0
-    if n <= 0:
+    n = int(round(latency.count)) if latency is not None else 0
+    if latency is None or n <= 0:
         return KvFigures(0, None, None, None, False, None, None, None)
     mean_ms = latency.sum / latency.count
     p99, above = quantile(latency, 0.99)

@@ -17,9 +17,10 @@ import traceback
 import typing
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
 
 from pdkit import argvcheck
 from pdkit.fieldtable import SECTIONS as FIELD_SECTIONS
@@ -34,7 +35,7 @@ from pdkit.spec import (
     cross_checks,
 )
 
-SECTIONS: dict[str, type[BaseModel]] = HOST_SECTIONS
+SECTIONS = HOST_SECTIONS
 
 
 def load(inventory: str | os.PathLike[str], cwd: str | None = None) -> ClusterSpec:
@@ -369,7 +370,7 @@ def _field_path(section: str, loc: tuple) -> str:
     return path
 
 
-def _message(model: type[BaseModel], err: dict) -> str:
+def _message(model: type[BaseModel], err: ErrorDetails) -> str:
     kind = err["type"]
     msg = err["msg"]
     if kind == "extra_forbidden":
@@ -441,14 +442,15 @@ def load_or_report(inventory: str | os.PathLike[str]) -> ClusterSpec | None:
 def _route_problems(spec: ClusterSpec) -> list[Problem]:
     """An alert route that matches an alert name no rule has, or a severity no rule sets, never fires:
     a warning naming the route (issue 46; a typo'd PdkitEngineWedgde pages no one)."""
-    routes = [(h, i, r) for h in spec.monitoring_hosts for i, r in enumerate(h.monitoring.alerting.routes)]
+    routes = [(h, i, r) for h in spec.hosts if h.monitoring is not None
+              for i, r in enumerate(h.monitoring.alerting.routes)]
     if not routes:
         return []
     from pdkit.monitoring.rules import ALERT_NAMES, alerts  # lazy: the rules load only for an inventory with routes
 
     severities = sorted({a.severity for a in alerts(spec)})
 
-    out = []
+    out: list[Problem] = []
     for host, i, route in routes:
         name, severity = route.match.get("alertname"), route.match.get("severity")
         field = f"pdkit_monitoring.alerting.routes[{i}].match"
@@ -463,13 +465,23 @@ def _route_problems(spec: ClusterSpec) -> list[Problem]:
     return out
 
 
+def _severity(value: str, source: str) -> Literal["error", "warning"]:
+    """A finding's severity as Problem takes it; another word from SOURCE is a bug there (such a problem
+    would be neither counted as an error nor listed as a warning)."""
+    if value == "error":
+        return "error"
+    if value == "warning":
+        return "warning"
+    raise ValueError(f"{source} gave severity {value!r}; valid: error, warning")
+
+
 def _model_config_problems(spec: ClusterSpec) -> list[Problem]:
     """The model's own config.json against the engines' settings, where the model directory is on this
     machine (issue 46 item 4; the preflight reads the same keys on the node: pdkit/modelconfig.py)."""
     from pdkit import modelconfig  # lazy: read only when a model path is a directory here
     from pdkit.spec.startup import tuning_origin  # lazy: with it
 
-    out = []
+    out: list[Problem] = []
     configs: dict[str, dict | None] = {}
     for host, engine in spec.engines():
         path = spec.engine_model(engine).path
@@ -491,8 +503,10 @@ def _model_config_problems(spec: ClusterSpec) -> list[Problem]:
         for severity, name, message in found:
             # extra_args is the engine's own field; the others are tuning fields, named in the layer that sets them
             field = name if name == "extra_args" else tuning_origin(spec, engine, "", name)
+            assert host.node is not None  # spec.engines() pairs each engine with the GPU host declaring it
             at = field if field.startswith("pdkit_cluster") else \
                 f"pdkit_node.engines[{host.node.engines.index(engine)}].{field}"
             if not any(p.host == host.name and p.field == at and p.message == message for p in out):
-                out.append(Problem(host.name, at, message, severity))  # the cluster layer: once per host
+                # the cluster layer: once per host
+                out.append(Problem(host.name, at, message, _severity(severity, "pdkit.modelconfig")))
     return out
