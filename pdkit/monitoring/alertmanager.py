@@ -198,14 +198,9 @@ def alertmanager_defaults(spec: ClusterSpec, host: HostSpec) -> str:
     return f'# Rendered by pdkit\nARGS="{" ".join(alertmanager_args(spec, host))}"\n'
 
 
-def alertmanager_targets(spec: ClusterSpec) -> list[str]:
-    """host:port of each Alertmanager, for prometheus.yml's `alerting:`."""
-    return [urlsplit(u).netloc for u in alertmanager_urls(spec)]
-
-
 __all__ = [
     "ALERTMANAGER_CONFIG_PATH", "ALERTMANAGER_CREDENTIALS_DIR", "ALERTMANAGER_DEFAULTS_PATH", "ALERTMANAGER_UNIT",
     "ALERTMANAGER_USER", "INHIBITIONS", "Inhibition", "alertmanager_args", "alertmanager_config",
     "alertmanager_defaults",
-    "alertmanager_targets", "alertmanager_url", "credential_files", "credential_path", "inhibit_rules", "route_tree",
+    "alertmanager_url", "credential_files", "credential_path", "inhibit_rules", "route_tree",
 ]

@@ -4,6 +4,7 @@ label sets that name an engine, the spec accessors, PromQL helpers, and the YAML
 from __future__ import annotations
 
 import re
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -86,6 +87,11 @@ def alertmanager_urls(spec: ClusterSpec) -> list[str]:
     the one place its URL is decided (Prometheus' `alerting:`, silences, tests)."""
     return [f"http://{h.address}:{h.monitoring.alertmanager_port}" for h in spec.monitoring_hosts
             if h.monitoring is not None]
+
+
+def alertmanager_targets(spec: ClusterSpec) -> list[str]:
+    """host:port of each Alertmanager, for prometheus.yml's `alerting:`."""
+    return [urlsplit(u).netloc for u in alertmanager_urls(spec)]
 
 
 def scraped_hosts(spec: ClusterSpec) -> list[HostSpec]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pdkit import flags
-from pdkit.monitoring.alertmanager import alertmanager_targets
 from pdkit.monitoring.common import (
     JOB_DCGM,
     JOB_ENGINE,
@@ -14,6 +13,7 @@ from pdkit.monitoring.common import (
     JOB_PROMETHEUS,
     JOB_ROUTER,
     RULES_RELATIVE_PATH,
+    alertmanager_targets,
     engine_instance,
     fmt_seconds,
     monitoring_host,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from pdkit.monitoring.common import (
     ENGINE_BY,
@@ -29,10 +29,8 @@ from pdkit.monitoring.common import (
     series_text,
     speedup_of,
 )
+from pdkit.monitoring.scrape import Target, targets
 from pdkit.spec import ClusterSpec, Monitoring
-
-if TYPE_CHECKING:
-    from pdkit.monitoring.scrape import Target
 
 SEVERITIES = ("critical", "warning")
 
@@ -130,9 +128,6 @@ class Context(NamedTuple):
 
 
 def context(spec: ClusterSpec) -> Context:
-    # here, not at the top: pdkit.monitoring.scrape imports alertmanager, which imports the records' scopes
-    from pdkit.monitoring.scrape import targets
-
     tgt = targets(spec)
     return Context(spec, monitoring_of(spec), alert_window(spec), tgt, [t for t in tgt if t.job == JOB_ENGINE],
                    [t for t in tgt if t.job == JOB_ROUTER],

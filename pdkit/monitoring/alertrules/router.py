@@ -4,8 +4,6 @@ with. The alerts on smg 1.13.0's counters are declared only for routers whose re
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from pdkit import flags
 from pdkit.catalogue import router_families
 from pdkit.metricnames import ROUTER
@@ -34,9 +32,7 @@ from pdkit.monitoring.common import (
     pick_labels,
     series_text,
 )
-
-if TYPE_CHECKING:
-    from pdkit.monitoring.scrape import Target
+from pdkit.monitoring.scrape import Target
 
 ROUTER_DOWN_FOR = "1m"
 WORKER_UNHEALTHY_FOR = "1m"
