@@ -25,7 +25,7 @@ import json
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from pdkit.parsertable import sglang_parser, table
 
@@ -400,7 +400,7 @@ def check_argv(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     parser = build_parser()
     messages: list[str] = []
 
-    def fail(message: str) -> None:  # argparse calls error() and expects it not to return
+    def fail(message: str) -> NoReturn:  # argparse calls error() and expects it not to return
         messages.append(message)
         raise ValueError(message)
 

@@ -270,15 +270,15 @@ async def wait_for_kv(
             if not poll.done():
                 poll.cancel()
                 continue
-            report = poll.result()
-            if report is None:
+            answered = poll.result()
+            if answered is None:
                 # the prefill did not answer: wait for the heartbeat (or the deadline) before asking again
                 try:
                     await asyncio.wait_for(lost.wait(),
                                            min(knobs.effective_heartbeat_interval_s, max(0.0, deadline - loop.time())))
                 except TimeoutError:
                     pass
-                report = {"status": "pending"}
+            report = answered if answered is not None else {"status": "pending"}
     finally:
         watcher.cancel()
 

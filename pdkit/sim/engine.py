@@ -20,7 +20,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 
@@ -136,7 +136,7 @@ class Engine:
 
     # ---- generation ---------------------------------------------------------------------------
 
-    async def generate(self, spec: GenSpec, outcome: Outcome, local: bool = False) -> AsyncIterator[list[int]]:
+    async def generate(self, spec: GenSpec, outcome: Outcome, local: bool = False) -> AsyncGenerator[list[int], None]:
         """`_generate`, counted in `in_flight` from receipt to finish (what a SIGTERM drain waits for)."""
         if not local:
             self.in_flight += 1
@@ -148,7 +148,7 @@ class Engine:
             if not local:
                 self.in_flight -= 1
 
-    async def _generate(self, spec: GenSpec, outcome: Outcome, local: bool = False) -> AsyncIterator[list[int]]:
+    async def _generate(self, spec: GenSpec, outcome: Outcome, local: bool = False) -> AsyncGenerator[list[int], None]:
         """Yield the new output token ids as they are produced; raise EngineError on failure.
 
         `local` skips the PD handshake (SGLang does the same for its own health checks, with a
@@ -208,7 +208,8 @@ class Engine:
             if room is not None:
                 prefilled = time.perf_counter()
                 await self._transfer(spec, room, req)
-                if self.log.isEnabledFor(logging.DEBUG):
+                # a room comes only from a handshake, which needs spec.bootstrap
+                if spec.bootstrap is not None and self.log.isEnabledFor(logging.DEBUG):
                     self.log.debug(f"PD prefill rid={spec.rid} room={spec.bootstrap.room}: bootstrap "
                                    f"{(pd_ready - outcome.started) * 1e3:.1f}ms, queue+prefill "
                                    f"{(prefilled - pd_ready) * 1e3:.1f}ms, transfer "

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 
 from pdkit.catalogue import SGLANG_VERSIONS
 from pdkit.parsertable import sglang_environment, table
@@ -162,6 +162,8 @@ def load_knobs(environ: Mapping[str, str] | None = None) -> Knobs:
         raw = env.get(name)
         if raw is None or raw == "":
             continue
+        if f.default is MISSING:  # the value's type is read off the default: every knob has one
+            raise TypeError(f"Knobs.{f.name} has no default: load_knobs cannot tell what {name} holds")
         kind = type(f.default)
         try:
             values[f.name] = kind(raw) if kind is not bool else raw not in ("0", "false", "")

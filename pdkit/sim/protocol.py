@@ -127,14 +127,15 @@ class LogprobRequest:
         """Append the entries of positions not rendered yet to the lists in `into`."""
         done = len(into.setdefault(f"{side}_token_logprobs", []))
         new = range(done, len(positions))
+        fresh = list(zip(new, positions[done:]))
         into[f"{side}_token_logprobs"].extend(
-            self._entry(positions[k].logprob if positions[k] else None, ids[k]) for k in new)
+            self._entry(p.logprob if p else None, ids[k]) for k, p in fresh)
         if self.top_n > 0:
             into.setdefault(f"{side}_top_logprobs", []).extend(
-                self._rows(positions[k].top) if positions[k] else None for k in new)
+                self._rows(p.top) if p else None for _, p in fresh)
         if self.token_ids is not None:
             into.setdefault(f"{side}_token_ids_logprobs", []).extend(
-                self._rows(positions[k].ids) if positions[k] else None for k in new)
+                self._rows(p.ids) if p else None for _, p in fresh)
 
     def meta(self, spec: GenSpec, output_ids: list[int]) -> dict[str, Any]:
         """meta_info's logprob fields, in SGLang's shapes (tokenizer_manager.py add_logprob_to_meta_info and

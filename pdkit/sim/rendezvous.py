@@ -98,7 +98,8 @@ async def _send(writer: asyncio.StreamWriter, message: dict) -> None:
     await writer.drain()
 
 
-async def host_rendezvous(host: str, port: int, nnodes: int, log: logging.Logger, timeout_s: float) -> list[Link]:
+async def host_rendezvous(host: str, port: int, nnodes: int, log: logging.Logger | logging.LoggerAdapter,
+                          timeout_s: float) -> list[Link]:
     """Rank 0: listen at HOST:PORT until ranks 1..N-1 joined; return their links (listener closed)."""
     joined: dict[int, Link] = {}
     all_in = asyncio.Event()

@@ -396,7 +396,7 @@ class Scheduler:
             if req.done or req.released:
                 self.prealloc.popleft()  # gone meanwhile
                 continue
-            hit, node = 0, None
+            hit, node = 0, self.cache.root  # no hit: the root, as match() answers with the cache off
             if self.args.decode_radix_cache:
                 hit, node = self.cache.match(req.prompt_ids)
                 if hit:
@@ -437,7 +437,8 @@ class Scheduler:
                 hit, node = cache.match(req.prompt_ids, limit=req.max_prefix)
                 delta = cache.lock_delta(node) if hit else 0
             else:
-                hit, node, delta = req.tree_tokens, None, 0
+                # matched and locked at pre-allocation: the root (no prefix) stands for its node here
+                hit, node, delta = req.tree_tokens, cache.root, 0
             new = req.prompt_tokens - hit
             reserve = new + req.max_new_tokens + delta
             if req in self.preallocated:

@@ -239,6 +239,7 @@ def prompt_scores(ids: Sequence[int], seed: int, start: int, top_n: int = 0,
     inv, rank_share, log1p, exp, gauss = _INV, _RANK_LOGSHARE, math.log1p, math.exp, _gauss
     append = out.append
     sigma = 0.0
+    tops: list[list[Any]] | None
     for i in range(start + 1, n):
         tok = ids[i]
         z = (state * _GOLD) & _MASK64
