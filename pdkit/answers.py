@@ -196,7 +196,7 @@ def ask(target: str | Measured, headers: dict[str, str], prompt_set: Sequence[st
     payloads = [{"text": p, "sampling_params": {"temperature": 0.0, "max_new_tokens": max_new_tokens,
                                                 "ignore_eos": True}}
                 for p in prompt_set]
-    out = []
+    out: list[dict[str, Any]] = []
     for status, body in measured_target(target, headers).ask(payloads, concurrency, timeout_s):
         if status != 200:
             out.append({"error": f"HTTP {status or 'no answer'}: {body.strip()[:200]}"})

@@ -37,6 +37,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 KEEP_STARTS = 30
 SUFFIX = ".starts.json"
@@ -109,7 +110,10 @@ def unit_argv_env(unit_text: str, read: Callable[[str], str | None]) -> tuple[li
         if key == "ExecStart" and value.strip():
             argv = shlex.split(value.strip().lstrip("@-:+!"))
         elif key == "Environment":
-            env.update(item.split("=", 1) for item in shlex.split(value) if "=" in item)
+            for item in shlex.split(value):
+                name, eq, val = item.partition("=")
+                if eq:
+                    env[name] = val
         elif key == "EnvironmentFile":
             env.update(env_file_values(read(value.strip().lstrip("-")) or ""))
     return argv, env
@@ -166,7 +170,8 @@ def record_start(unit: str, invocation: str, marks_dir: str, *, root: Path = Pat
         history = read_history(marks_dir, unit)
         if any(e.get("invocation") == invocation for e in history):
             return None
-        ready_us, phases = time.monotonic_ns() // 1000, {}
+        ready_us = time.monotonic_ns() // 1000
+        phases: dict[str, Any] = {}
         try:
             mark = json.loads((Path(marks_dir) / f"{unit}.json").read_text())
             if mark.get("invocation") == invocation:

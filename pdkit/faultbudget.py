@@ -521,7 +521,8 @@ def queue_wait_warnings(spec: Any) -> list[tuple[str, str, str]]:
         if None in rates:
             continue
         pools = [stated_decode_pool(spec, e) for _, e in decodes]
-        pool = None if any(p is None for p, _ in pools) else sum(p for p, _ in pools)
+        sizes = [p for p, _ in pools]
+        pool = None if any(p is None for p in sizes) else sum(p for p in sizes if p is not None)
         reserved = max((r for _, r in pools if r is not None), default=None)
         wait = burst_wait(target, prompt, sum(rates), pool, reserved)  # type: ignore[arg-type]
         enforced = (spec.engine_version(prefills[0]), spec.cluster.transfer_backend) not in NO_PREFILL_BOOTSTRAP_TIMEOUT

@@ -53,10 +53,12 @@ def field_comments(model: type[BaseModel]) -> dict[str, str]:
     lines = source.splitlines()
     tree = ast.parse(source)
     cls = tree.body[0]
+    if not isinstance(cls, ast.ClassDef):
+        raise TypeError(f"{model.__name__}: its source does not start with a class statement")
     comments: dict[str, str] = {}
-    for node in cls.body:  # type: ignore[attr-defined]
+    for node in cls.body:
         if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            above = []
+            above: list[str] = []
             i = node.lineno - 2
             while i >= 0 and lines[i].strip().startswith("#"):
                 above.insert(0, lines[i].strip().lstrip("#").strip())

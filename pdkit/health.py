@@ -25,6 +25,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -456,8 +457,8 @@ def wait_service(unit: str, url: str, timeout: float, interval: float = 0.5, pol
 
 
 def wait_all(engines: list[tuple[str, str, float]], urls: list[tuple[str, float]],
-             ranks: list[tuple[str, str, float]] = (),
-             services: list[tuple[str, str, float]] = (), shapes: dict[str, tuple[str, ...]] | None = None,
+             ranks: Sequence[tuple[str, str, float]] = (),
+             services: Sequence[tuple[str, str, float]] = (), shapes: dict[str, tuple[str, ...]] | None = None,
              shapes_dir: str = engineshape.SHAPES_DIR) -> list[tuple[bool, str, float]]:
     """Every engine (unit, url, timeout), HTTP URL (url, timeout), rank above 0 (unit, url,
     timeout) and HTTP service (unit, url, timeout) at once: a node's services restart together,

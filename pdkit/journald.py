@@ -92,6 +92,7 @@ def journal_size(concurrency: int | None, decode_engines: int = 1,
     rate on one host: on a one-box cluster that is exact, elsewhere it errs on the large side).
     ROUTER_LOG_LEVEL: the host's router's level (None: no router); at info or debug its request lines count."""
     rps = (concurrency or DEFAULT_CONCURRENCY) / REQUEST_S
+    router_b: float
     if router_log_level in ROUTER_LOGS_REQUESTS:
         router_b = ROUTER_INFO_REQUEST_B + ROUTER_INFO_LINES * ENTRY_OVERHEAD_B
     else:

@@ -72,10 +72,11 @@ def limit_warnings(
                 f"back to them). Run: pyinfra {inventory} deploy/pd.py --limit {router}   (or the whole inventory)"
             )
     changed = {h: list(c) for h, c in (changed or {}).items() if c}
-    for mon in sorted(scrapers or {}):
+    scraped = scrapers or {}
+    for mon in sorted(scraped):
         if mon not in left_out:
             continue
-        hit = [f"{h}: {c}" for h in sorted(set(scrapers[mon]) & set(changed)) for c in changed[h]]
+        hit = [f"{h}: {c}" for h in sorted(set(scraped[mon]) & set(changed)) for c in changed[h]]
         if hit:
             stale.append(mon)
             out.append(

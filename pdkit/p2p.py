@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pdkit import gpuhealth, topology
 from pdkit.node import NODE_STATE_DIR
@@ -168,7 +169,8 @@ def parse_link_info(smi_q: str | None) -> dict[str, dict[str, int | None]]:
     """`nvidia-smi -q` -> {bus id as sysfs writes it: {"gen", "width", "gen_current", "width_current"}} from
     each GPU's `GPU Link Info` (`PCIe Generation`: Max, Current, Device Max, Host Max; `Link Width`: Max,
     Current). "gen" is the highest the link trains to: the least of Max, Device Max and Host Max given."""
-    found: dict[str, dict[str, int | None]] = {}
+    # while parsing, "gen" collects every Max the section gives; the return keeps the least
+    found: dict[str, dict[str, Any]] = {}
     current: dict | None = None
     stack: list[tuple[int, str]] = []
     for raw in (smi_q or "").splitlines():

@@ -503,7 +503,7 @@ def restore(
     services = target["services"]
     first = [u for u in plan.restart if services[u].get("kind") != "router"]
     routers = [u for u in plan.restart if services[u].get("kind") == "router"]
-    failures = []
+    failures: list[str] = []
     for units in (first, routers):
         if not units or failures:
             continue

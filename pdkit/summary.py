@@ -60,11 +60,11 @@ def summary(spec: ClusterSpec) -> str:
         lines.append(f"  {host.name}: {package} {version} on {flags.router_address(host)}:{host.router.port} (metrics "
                      f":{host.router.prometheus_port}), {len(workers)} workers: "
                      + ", ".join(f"{h.name}/{e.name}" for h, e in workers))
-        for node in sorted({h.name for h, _ in workers}):
-            for outage in batch_outages(spec, [node]):
+        for node_name in sorted({h.name for h, _ in workers}):
+            for outage in batch_outages(spec, [node_name]):
                 if outage.router == host.name:
-                    lines.append(f"    every {' and '.join(outage.kinds)} worker is on {node}: a change there is an "
-                                 "outage (pdkit roll --allow-downtime, docs/rolling.md 'Downtime mode')")
+                    lines.append(f"    every {' and '.join(outage.kinds)} worker is on {node_name}: a change there is "
+                                 "an outage (pdkit roll --allow-downtime, docs/rolling.md 'Downtime mode')")
         lines += ["    " + line for line in faultbudget.summary_lines(
                 c.fault_budget, host.router.health_check_interval_secs, host.router.health_failure_threshold,
                 pd=spec.is_pd())]

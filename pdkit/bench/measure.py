@@ -190,12 +190,13 @@ async def _pd(session, route: Route, body: dict[str, Any], decode_call, ok, time
     the request at once and hangs up on the decode (which would wait for KV that never comes); a
     task cancelled from outside (a soak that saw a wedge) hangs up on both."""
     assert route.prefill is not None
-    prefill = asyncio.ensure_future(_post(session, f"{route.prefill.url}/generate", body, timeout_s))
+    prefill_ref = route.prefill  # the closure below sees this, narrowed
+    prefill = asyncio.ensure_future(_post(session, f"{prefill_ref.url}/generate", body, timeout_s))
     decode = asyncio.ensure_future(decode_call(session, body))
 
     def prefill_failed() -> str | None:
         status, text = prefill.result()
-        return (None if status == 200 else f"prefill {route.prefill.label}: HTTP {status or 'no answer'}: "
+        return (None if status == 200 else f"prefill {prefill_ref.label}: HTTP {status or 'no answer'}: "
                 f"{text.strip()[:200]}")
 
     try:

@@ -607,15 +607,15 @@ class PdkitCollector(Collector):
                     ratio.add_metric(labels, r)
 
             for kind, fams in batch.items():
-                last = state.last_batch.get(kind)
-                if last is None:
+                last_line = state.last_batch.get(kind)
+                if last_line is None:
                     continue
-                figures, stamp = last
+                line_figures, stamp = last_line
                 for key, fam in fams.items():
                     if key == "timestamp":
                         fam.add_metric(labels, stamp)
-                    elif key in figures:
-                        fam.add_metric(labels, float(figures[key]))
+                    elif key in line_figures:
+                        fam.add_metric(labels, float(line_figures[key]))
 
         out: list[Metric] = [up, rank_up, scrape_error, info, drift, drift_info, unverified, env_present, env_error,
                              env_info, running, queued, usage, gen_tp, pd_queues, prompt, generation, kv_fail, passes,

@@ -149,6 +149,7 @@ def _engine(i: int, data: Any) -> EngineConfig:
     gpus = data.get("gpus") or []
     if not isinstance(gpus, list):
         raise ConfigError(f"{where}.gpus: expected a list of GPU indices")
+    nnodes: int  # bound inside the call below, so its error comes in the fields' order
     return EngineConfig(
         name=_str(f"{where}.name", data["name"]),
         role=role,
