@@ -115,11 +115,19 @@ def _check_engine_env(spec: ClusterSpec, host: HostSpec, engine: Engine, add) ->
     rendered = flags.rendered_env(spec, host, engine)
     at = engine_path(host, engine)
     tls = engine.env.get("UCX_TLS", rendered.get("UCX_TLS"))  # which transports read their settings
+    loads_ucx = engine.role != "unified" and spec.cluster.transfer_backend == "nixl"
     for var, value in engine.env.items():
         owner = flags.RENDERED_ENV_OWNERS.get(var)
         if var not in rendered or owner is None:
             if var.startswith("UCX_") and (found := ucxcheck.setting_problem(var, str(value), tls)):
-                add(Problem(host.name, f"{at}.env.{var}", found[1], found[0]))
+                severity, why = found
+                if not loads_ucx and severity == "error":
+                    # nothing in this engine opens UCX: the value cannot fail it, only mislead the reader
+                    reason = ("a unified engine hands no KV off" if engine.role == "unified"
+                              else f"the transfer backend is {spec.cluster.transfer_backend}")
+                    severity = "warning"
+                    why = f"{why} (but this engine does not load UCX: {reason}, so nothing reads it here)"
+                add(Problem(host.name, f"{at}.env.{var}", why, severity))
             continue
         add(Problem(host.name, f"{at}.env.{var}",
                     f"{var}={value!r} would replace the {rendered[var]!r} pdkit renders for this engine (its env file "
@@ -127,7 +135,7 @@ def _check_engine_env(spec: ClusterSpec, host: HostSpec, engine: Engine, add) ->
     # the UCX variables the inventory sets and may set (an owned one is refused above)
     given = {var for var in engine.env
              if var.startswith("UCX_") and not (var in rendered and flags.RENDERED_ENV_OWNERS.get(var))}
-    if given and engine.role != "unified" and spec.cluster.transfer_backend == "nixl":
+    if given and loads_ucx:
         # what NIXL's UCX reads at the engine's start: pdkit's UCX variables with the inventory's on top
         effective = {k: str(v) for k, v in {**rendered, **engine.env}.items() if k.startswith("UCX_")}
         for var, why in ucxcheck.related_problems(effective, given):

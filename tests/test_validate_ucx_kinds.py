@@ -103,3 +103,26 @@ def test_a_transport_setting_ucx_tls_leaves_out_only_warns(tmp_path, capsys):
     inv = write_inventory(tmp_path, hosts, cluster)
     assert main(["validate", str(inv)]) == 2
     assert "gpu01: pdkit_node.engines[1].env.UCX_TCP_NODELAY" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("how", ["unified-engine", "mooncake-backend"])
+def test_a_refused_value_on_an_engine_that_never_loads_ucx_only_warns(how, tmp_path, capsys):
+    """A unified engine hands no KV off and a mooncake pair does not use NIXL's UCX: nothing reads the value,
+    so it cannot fail the engine (an error would refuse a valid inventory); the warning says why."""
+    cluster, hosts = copy.deepcopy(BASE_CLUSTER), copy.deepcopy(BASE_HOSTS)
+    if how == "unified-engine":
+        gpus = hosts["gpu02"]["pdkit_node"]["gpus"]
+        hosts["gpu02"]["pdkit_node"]["gpus"] = {**gpus, "count": 6, "numa": [0, 0, 1, 1, 1, 1]}
+        hosts["gpu02"]["pdkit_node"]["engines"].append({"name": "solo", "role": "unified", "gpus": [4, 5],
+                                                        "port": 30005, "env": {"UCX_TCP_NODELAY": "true"}})
+        host, at, why = "gpu02", "pdkit_node.engines[2].env.UCX_TCP_NODELAY", "a unified engine hands no KV off"
+    else:
+        cluster["transfer_backend"] = "mooncake"
+        _engine(hosts, "gpu01", 1).update(env={"UCX_TCP_NODELAY": "true"})
+        host, at, why = "gpu01", "pdkit_node.engines[1].env.UCX_TCP_NODELAY", "the transfer backend is mooncake"
+    inv = write_inventory(tmp_path, hosts, cluster)
+    assert main(["validate", str(inv)]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if f"{host}: {at}" in line]
+    assert lines and "'ON' and 'true' are refused" in lines[0] and why in lines[0], out
+    assert main(["validate", "--strict", str(inv)]) == 2
