@@ -62,6 +62,15 @@ def cmd_render(args: argparse.Namespace) -> int:
     return 0
 
 
+def sse_data(line: bytes) -> str | None:
+    """The payload of one server-sent-events line read as bytes, or None for any other line. The format
+    is UTF-8 by definition (WHATWG HTML, 9.2: a bad byte reads U+FFFD), whatever the Content-Type says:
+    requests would decode SGLang's `text/event-stream` (no charset) as ISO-8859-1 and yield bytes where
+    none is sent."""
+    text = line.decode("utf-8", errors="replace")
+    return text[len("data: "):] if text.startswith("data: ") else None
+
+
 def cmd_chat(args: argparse.Namespace) -> int:
     """Send one streaming chat completion through the cluster's router and print it as it arrives."""
     spec = load_or_report(args.inventory)
@@ -90,10 +99,11 @@ def cmd_chat(args: argparse.Namespace) -> int:
             if response.status_code != 200:
                 print(f"router answered {response.status_code}: {response.text.strip()[:500]}", file=sys.stderr)
                 return 1
-            for line in response.iter_lines(decode_unicode=True):
-                if not line.startswith("data: ") or line == "data: [DONE]":
+            for line in response.iter_lines():
+                data = sse_data(line)
+                if data is None or data == "[DONE]":
                     continue
-                delta = json.loads(line[6:])["choices"][0].get("delta", {}).get("content")
+                delta = json.loads(data)["choices"][0].get("delta", {}).get("content")
                 if delta:
                     first = first or time.perf_counter()
                     tokens += 1
