@@ -36,9 +36,13 @@ import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from pdkit import contract, parsertable
 from pdkit.versions import SGLANG_RELEASES
+
+# a derivation finding's severity as pdkit.spec.Problem takes it (another word would be neither an error nor a warning)
+Severity = Literal["error", "warning"]
 
 DATA_DIR = Path(__file__).with_name("data")
 TABLE_PATH = DATA_DIR / "startup_checks.json"
@@ -181,7 +185,8 @@ def _fields_in(nodes: list[ast.AST], known: set[str]) -> list[str]:
             elif (isinstance(sub, ast.Call) and any(isinstance(a, ast.Constant) and a.value in known
                                                     for a in sub.args[1:])):
                 # getattr(cfg, "x"), resolution_result(server_args, "x")
-                found.update(a.value for a in sub.args[1:] if isinstance(a, ast.Constant) and a.value in known)
+                found.update(a.value for a in sub.args[1:]
+                             if isinstance(a, ast.Constant) and isinstance(a.value, str) and a.value in known)
     return sorted(found)
 
 
@@ -226,7 +231,8 @@ def _checks_in(fn: _Function, known: set[str]) -> list[dict]:
         row["fields"] = sorted(set(row["fields"]) | extra)
         return row
 
-    def visit(stmts: list[ast.stmt], guards: list[tuple[str, ast.expr]]):
+    # a guard: its text and the node whose fields it reads (an `except` handler: the whole handler)
+    def visit(stmts: list[ast.stmt], guards: list[tuple[str, ast.AST]]):
         guards = list(guards)
         for stmt in stmts:
             if isinstance(stmt, ast.If):
@@ -649,11 +655,11 @@ def default_chunk(version: str, memory_gib: float | None) -> int | None:
 
 def derivation_problems(version: str, role: str, tuning, extra_args: tuple[str, ...], env: dict,
                         sm_major: int | None, memory_gib: float | None, page: int, attn_dp: int,
-                        ep: int | None) -> list[tuple[str, str, str]]:
+                        ep: int | None) -> list[tuple[Severity, str, str]]:
     """(severity, field, message) for what SGLang VERSION derives before its start checks from an engine's TUNING
     (a pdkit.spec.tuning.Tuning), extra_args, env and node (SM major, GPU memory), given the PAGE it runs with
     (pdkit.spec.startup.effective_page). Field: a tuning field name, 'extra_args' or 'env.NAME'."""
-    out: list[tuple[str, str, str]] = []
+    out: list[tuple[Severity, str, str]] = []
 
     def arg(flag: str) -> str | None:
         value = None

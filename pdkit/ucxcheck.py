@@ -22,6 +22,7 @@ import difflib
 import functools
 import json
 from pathlib import Path
+from typing import Literal
 
 TABLE_PATH = Path(__file__).resolve().parent / "data" / "ucx_config.json"
 # transports whose settings the wheel's UCX build does not list (ucx_info -c shows only what it has)
@@ -38,13 +39,16 @@ TLS_NAMES = frozenset({
     "ze", "ze_copy", "ze_ipc", "tcp_sockcm", "rdmacm", "sockcm",
 })
 
+# a finding's severity as pdkit.spec.Problem takes it (another word would be neither an error nor a warning)
+Severity = Literal["error", "warning"]
+
 
 @functools.cache
 def table() -> dict:
     return json.loads(TABLE_PATH.read_text())
 
 
-def setting_problem(name: str, value: str, tls: str | None = None) -> tuple[str, str] | None:
+def setting_problem(name: str, value: str, tls: str | None = None) -> tuple[Severity, str] | None:
     """(severity, why) for one UCX_* variable an engine's env sets, or None. TLS: the engine's effective
     UCX_TLS (None: UCX's default, all), which decides whether a transport's setting is read at all."""
     settings = table()["settings"]
@@ -208,21 +212,21 @@ def _judge(kind: dict, value: str, default: str | None = None) -> tuple[bool, st
     if k in ("double", "pos_double"):
         if k == "pos_double" and value.lower() == "auto":
             return True, ""
-        scanned = _scan_double(value)
+        double = _scan_double(value)
         if k == "pos_double" and value.strip(_BLANKS) == "" and default is not None:
             # sscanf returns EOF (-1, true) without storing: the parser then tests the value already there
             before = _judge(kind, default)[0] and default.lower() != "auto" and _scan_double(default)
             return bool(before and before[0] > 0), ""
-        if scanned is None or (k == "pos_double" and not scanned[0] > 0):
+        if double is None or (k == "pos_double" and not double[0] > 0):
             return False, ""
-        return True, scanned[1]
+        return True, double[1]
     if k in ("time", "time_units"):
         if k == "time_units" and value in ("inf", "auto"):  # strcmp: lower case only
             return True, ""
-        scanned = _scan_double(value)  # "%lf%c%c": the unit is the next one or two characters, as they are
-        if scanned is None:
+        double = _scan_double(value)  # "%lf%c%c": the unit is the next one or two characters, as they are
+        if double is None:
             return False, ""
-        rest = scanned[1]
+        rest = double[1]
         return (not rest or rest[:2] in _TIME_UNITS), rest[2:]
     if k == "memunits":
         if memunits(value) is None:
@@ -382,7 +386,7 @@ TRANSPORT_TLS = {"tcp transport": {"tcp"}, "posix transport": {"posix", "sm", "s
                  "sysv transport": {"sysv", "sm", "shm", "mm"}, "self transport": {"self"}}
 
 
-def value_problem(name: str, value: str, tls: str | None = None) -> tuple[str, str] | None:
+def value_problem(name: str, value: str, tls: str | None = None) -> tuple[Severity, str] | None:
     """(severity, why) for a value of a setting in the table, judged as its UCX parser reads it: an error
     where UCX refuses it and the engine fails (or loses a transport), a warning where UCX refuses it but
     carries on with the default, or the transport is not used (TLS, the effective UCX_TLS), or where UCX
