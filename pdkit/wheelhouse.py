@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import tomllib
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -137,13 +138,123 @@ def _unique_tmp(path: Path) -> Path:
 
 
 def source_digest() -> str:
-    """Hash of everything that goes into pdkit's own wheel, so it is rebuilt only when that changes."""
+    """Hash of everything that goes into pdkit's own (control-side) wheel, so it is rebuilt only when that changes."""
     digest = hashlib.sha256()
     files = [REPO / "pyproject.toml", *sorted((REPO / "pdkit").rglob("*"))]
     for path in files:
         if path.is_file() and "__pycache__" not in path.parts:
             digest.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()[:16]
+
+
+# What runs from the node venv: the units' ExecStart / ExecStartPre modules and what they import. The node
+# wheel is built from these files alone (`node_sources`), so an edit anywhere else (the CLI, doctor, bench,
+# validate) gives the nodes the same wheel and restarts no node daemon (issue 48 item 2); tests/test_layering.py
+# holds these files to the node venv's imports (the standard library, pdkit/locks/node.txt, each other).
+NODE_SOURCES = (
+    "pdkit/health.py", "pdkit/gates.py", "pdkit/gpumem.py", "pdkit/releases.py", "pdkit/changes.py",
+    "pdkit/exporter", "pdkit/engineshape.py",
+    "pdkit/enginestarts.py",  # the engine gate keeps each engine's start history (issue 45 item 1)
+    "pdkit/lifeline.py",  # the gates and a restore watch their SSH session with it (issue 42 item 4)
+    "pdkit/journald.py",  # a restore restarts journald by the deploy's rule (issue 42)
+    "pdkit/jitcache.py",  # the engine gate writes the warm stamp of the engine's JIT caches (issue 45 item 2)
+    "pdkit/jitwarm.py",  # the deploy's serial first start of engines on cold caches (issue 45 item 2)
+    "pdkit/residency.py",  # the roll reads and warms the weights' page-cache residency on the node (issue 45)
+    # pdkit-exporter judges the GPU health probe's answer as the roll does (issue 47 item 4)
+    "pdkit/topology.py",
+    # the staged weights' layout and manifest, read by pdkit/releases.py (issue 47); also run on a bare python3
+    "pdkit/weights/__init__.py", "pdkit/weights/store.py",
+    "pdkit/sim",
+    # shared with the control side, held to the node's rules: the sim and pdkit-exporter import them
+    "pdkit/metricnames.py", "pdkit/sglang_pd.py", "pdkit/parsertable.py", "pdkit/catalogue.py",
+    # no on-node module imports them since the generators moved to pdkit/contract/ (catalogue_gen,
+    # parsertable_gen: the control machine's); held to the node's rules all the same, stdlib-only
+    "pdkit/contract/__init__.py", "pdkit/versions.py",
+)
+
+
+def _spelled_data(root: Path, modules: set[Path]) -> set[Path]:
+    """pdkit's data files (not modules) whose name one of MODULES spells out: they open them by name beside
+    their own file (pdkit.catalogue's `metric_catalogue.json`, pdkit.parsertable's `parser_table.json`)."""
+    texts = "\n".join(p.read_text() for p in modules)
+    return {p for p in root.joinpath("pdkit").rglob("*")
+            if p.is_file() and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts
+            and (f'"{p.name}"' in texts or f"'{p.name}'" in texts)}
+
+
+def _with_packages(root: Path, modules: set[Path]) -> set[Path]:
+    """MODULES and the __init__.py of every package above them (a module's packages run theirs first)."""
+    out = set(modules)
+    for path in modules:
+        parent = path.parent
+        while parent != root:
+            out.add(parent / "__init__.py")
+            parent = parent.parent
+    return out
+
+
+def node_sources(root: Path = REPO) -> list[str]:
+    """The files of the node wheel (paths relative to ROOT, sorted): every module NODE_SOURCES names (a folder:
+    its modules), the packages' __init__.py above them, pdkit/py.typed and the data files they open by name."""
+    modules: set[Path] = set()
+    for entry in NODE_SOURCES:
+        path = root / entry
+        if path.is_dir():
+            modules |= {p for p in path.rglob("*.py") if "__pycache__" not in p.parts}
+        elif path.is_file():
+            modules.add(path)
+        else:
+            raise WheelhouseError(f"pdkit.wheelhouse.NODE_SOURCES names {entry}, which is not in {root}")
+    modules = _with_packages(root, modules)
+    marker = {root / "pdkit" / "py.typed"} if (root / "pdkit" / "py.typed").is_file() else set()
+    return sorted(str(p.relative_to(root)) for p in modules | _spelled_data(root, modules) | marker)
+
+
+def _project_version(root: Path) -> str:
+    return str(tomllib.loads((root / "pyproject.toml").read_text())["project"]["version"])
+
+
+def _write_wheel(out: Path, dist: str, version: str, contents: dict[str, bytes], summary: str) -> Path:
+    """A wheel at OUT from CONTENTS (path in the wheel -> bytes), byte for byte (no build backend: a setuptools
+    upgrade on the control machine must not give the nodes a new environment). Stored entries, fixed times and
+    modes, sorted names: the same files give the same sha256 on any control machine."""
+    if out.exists():
+        return out
+    contents = dict(contents)
+    info = f"{dist.replace('-', '_')}-{version}.dist-info"
+    contents[f"{info}/METADATA"] = (f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n"
+                                    f"Summary: {summary}\n").encode()
+    contents[f"{info}/WHEEL"] = (b"Wheel-Version: 1.0\nGenerator: pdkit.wheelhouse\nRoot-Is-Purelib: true\n"
+                                 b"Tag: py3-none-any\n")
+    record = "".join(f"{rel},{_record_hash(data)},{len(data)}\n"
+                     for rel, data in sorted(contents.items())) + f"{info}/RECORD,,\n"
+    contents[f"{info}/RECORD"] = record.encode()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _unique_tmp(out)
+    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED) as zf:
+        # RECORD last, as wheel tools write it
+        for rel in [*sorted(r for r in contents if not r.endswith("/RECORD")), f"{info}/RECORD"]:
+            entry = zipfile.ZipInfo(rel, date_time=(1980, 1, 1, 0, 0, 0))
+            entry.external_attr = 0o644 << 16
+            zf.writestr(entry, contents[rel])
+    tmp.replace(out)
+    return out
+
+
+def node_wheel(root: Path = REPO) -> Path:
+    """pdkit's wheel for the node venv, from `node_sources` alone: its digest (and so the node venv, and
+    pdkit-exporter's restart) changes only when a file the node runs changes. Distribution `pdkit`, the
+    project's version, as the full wheel (`pdkit_wheel`, the control machine's) has."""
+    sources = node_sources(root)
+    digest = hashlib.sha256()
+    contents = {}
+    for rel in sources:
+        contents[rel] = (root / rel).read_bytes()
+        digest.update(rel.encode() + b"\0" + contents[rel] + b"\0")
+    version = _project_version(root)
+    out = cache_root() / "node" / digest.hexdigest()[:16] / f"pdkit-{version}-py3-none-any.whl"
+    return _write_wheel(out, "pdkit", version, contents,
+                        "pdkit's node-side modules: gates, pdkit-exporter, releases (pdkit.wheelhouse.node_sources)")
 
 
 def _log(message: str) -> None:
@@ -367,7 +478,7 @@ def node_bundle(platform: NodePlatform) -> Bundle:
     No engine runs from it (`engine_bundle`): a new pdkit wheel restarts pdkit's daemons only."""
     key = ("node", platform)
     if key not in _BUILT:
-        own = pdkit_wheel()
+        own = node_wheel()
         wheels, requirements = _node_pins(platform)
         _BUILT[key] = make_bundle("node", [*wheels.values(), own], requirements + _own_requirement(own) + "\n",
                                   platform)
@@ -460,11 +571,7 @@ def sim_sources(root: Path = REPO) -> list[str]:
             found = _module_file(root, name)
             if found is not None:
                 todo.append(found)
-    texts = "\n".join(p.read_text() for p in seen)
-    data = {p for p in root.joinpath("pdkit").rglob("*")
-            if p.is_file() and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts
-            and (f'"{p.name}"' in texts or f"'{p.name}'" in texts)}
-    return sorted(str(p.relative_to(root)) for p in seen | data)
+    return sorted(str(p.relative_to(root)) for p in seen | _spelled_data(root, seen))
 
 
 def _record_hash(data: bytes) -> str:
@@ -486,28 +593,9 @@ def sim_wheel(root: Path = REPO) -> Path:
     # a public version (no `+local`: pip asks for `%2B` in the URL, which the bundle server does
     # not decode): the sources' hash as a number
     version = f"0.{int(digest.hexdigest()[:15], 16)}"
-    name = SIM_DIST.replace("-", "_")
-    out = cache_root() / "sim" / f"{name}-{version}-py3-none-any.whl"
-    if out.exists():
-        return out
-    info = f"{name}-{version}.dist-info"
-    contents[f"{info}/METADATA"] = (f"Metadata-Version: 2.1\nName: {SIM_DIST}\nVersion: {version}\n"
-                                    "Summary: the pdkit sim engine's files (pdkit.wheelhouse.sim_sources)\n").encode()
-    contents[f"{info}/WHEEL"] = (b"Wheel-Version: 1.0\nGenerator: pdkit.wheelhouse\nRoot-Is-Purelib: true\n"
-                                 b"Tag: py3-none-any\n")
-    record = "".join(f"{rel},{_record_hash(data)},{len(data)}\n"
-                     for rel, data in sorted(contents.items())) + f"{info}/RECORD,,\n"
-    contents[f"{info}/RECORD"] = record.encode()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = _unique_tmp(out)
-    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED) as zf:
-        # RECORD last, as wheel tools write it
-        for rel in [*sorted(r for r in contents if not r.endswith("/RECORD")), f"{info}/RECORD"]:
-            entry = zipfile.ZipInfo(rel, date_time=(1980, 1, 1, 0, 0, 0))
-            entry.external_attr = 0o644 << 16
-            zf.writestr(entry, contents[rel])
-    tmp.replace(out)
-    return out
+    out = cache_root() / "sim" / f"{SIM_DIST.replace('-', '_')}-{version}-py3-none-any.whl"
+    return _write_wheel(out, SIM_DIST, version, contents,
+                        "the pdkit sim engine's files (pdkit.wheelhouse.sim_sources)")
 
 
 def router_bundle(platform: NodePlatform, package: str, version: str) -> Bundle:

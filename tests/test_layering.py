@@ -26,30 +26,14 @@ import tokenize
 from dataclasses import dataclass
 from pathlib import Path
 
+from pdkit.wheelhouse import NODE_SOURCES
 from tests.conftest import REPO
 
 KIT = ("pdkit", "roles")
 NOT_FROM_PDKIT = ("roles", "deploy", "benchmarks", "gpu")
 PRIVATE_SCOPE = ("pdkit", "roles", "deploy", "benchmarks", "gpu")
-# run from the node venv (the units' ExecStart / ExecStartPre modules and what they import)
-ON_NODE = ("pdkit/health.py", "pdkit/gates.py", "pdkit/gpumem.py", "pdkit/releases.py", "pdkit/changes.py",
-           "pdkit/exporter", "pdkit/engineshape.py",
-           "pdkit/enginestarts.py",  # the engine gate keeps each engine's start history (issue 45 item 1)
-           "pdkit/lifeline.py",  # the gates and a restore watch their SSH session with it (issue 42 item 4)
-           "pdkit/journald.py",  # a restore restarts journald by the deploy's rule (issue 42)
-           "pdkit/jitcache.py",  # the engine gate writes the warm stamp of the engine's JIT caches (issue 45 item 2)
-           "pdkit/jitwarm.py",  # the deploy's serial first start of engines on cold caches (issue 45 item 2)
-           "pdkit/residency.py",  # the roll reads and warms the weights. page-cache residency on the node (issue 45)
-           # pdkit-exporter judges the GPU health probe's answer as the roll does (issue 47 item 4)
-           "pdkit/topology.py",
-           # the staged weights' layout and manifest, read by pdkit/releases.py (issue 47); also run on a bare python3
-           "pdkit/weights/__init__.py", "pdkit/weights/store.py",
-           "pdkit/sim",
-           # shared with the control side, held to the node's rules: the sim and pdkit-exporter import them
-           "pdkit/metricnames.py", "pdkit/sglang_pd.py", "pdkit/parsertable.py", "pdkit/catalogue.py",
-           # no on-node module imports them since the generators moved to pdkit/contract/ (catalogue_gen,
-           # parsertable_gen: the control machine's); held to the node's rules all the same, stdlib-only
-           "pdkit/contract/__init__.py", "pdkit/versions.py")
+# run from the node venv: the node wheel's files (pdkit.wheelhouse.NODE_SOURCES, where each is explained)
+ON_NODE = NODE_SOURCES
 # imported by gpu/nspawn/host.py on the lent machine's bare python3 (the package's __init__ runs first)
 STDLIB_ONLY = ("pdkit/__init__.py", "pdkit/nspawn_common.py")
 # import names of the node lock's distributions, where they differ from the distribution's name

@@ -16,13 +16,16 @@ from pathlib import Path
 
 import pytest
 
+from pdkit.wheelhouse import node_sources, node_wheel
 from tests.conftest import REPO
 
 # import names of the node lock's distributions (pdkit/locks/node.txt), where they differ
 IMPORT_NAMES = {"attrs": ["attr", "attrs"], "charset-normalizer": ["charset_normalizer"], "typing_extensions": ["typing_extensions"]}
-# what a node runs from the node venv: the units' ExecStart / ExecStartPre modules and what they import lazily
-ENTRY_POINTS = ["pdkit.sim.main", "pdkit.sim.bootstrap", "pdkit.sim.knobs", "pdkit.health", "pdkit.gates", "pdkit.gpumem", "pdkit.exporter", "pdkit.releases",
-                "pdkit.jitwarm"]
+def node_modules() -> list[str]:
+    """Every module of the node wheel (pdkit.wheelhouse.node_sources), each importable on a node: the units'
+    ExecStart / ExecStartPre modules and everything they import (a `__main__` would run, not import)."""
+    return [rel[:-3].replace("/", ".").removesuffix(".__init__") for rel in node_sources()
+            if rel.endswith(".py") and not rel.endswith("__main__.py")]
 
 
 def node_lock_imports() -> set[str]:
@@ -61,18 +64,48 @@ def node_site(tmp_path_factory):
     return site_dir
 
 
-def _import(module: str, site_dir: Path) -> subprocess.CompletedProcess:
+@pytest.fixture(scope="module")
+def node_pdkit(tmp_path_factory):
+    """pdkit as the node venv has it: the node wheel (built into a scratch cache), unpacked."""
+    import os
+    import zipfile
+
+    cache = tmp_path_factory.mktemp("cache")
+    old = os.environ.get("PDKIT_CACHE")
+    os.environ["PDKIT_CACHE"] = str(cache)
+    try:
+        wheel = node_wheel()
+    finally:
+        if old is None:
+            del os.environ["PDKIT_CACHE"]
+        else:
+            os.environ["PDKIT_CACHE"] = old
+    tree = tmp_path_factory.mktemp("node-pdkit")
+    with zipfile.ZipFile(wheel) as zf:
+        zf.extractall(tree)
+    return tree
+
+
+def _import(module: str, site_dir: Path, pdkit_root: Path) -> subprocess.CompletedProcess:
     # -I -S: no user site, no PYTHONPATH, no site-packages: the standard library, the node lock, pdkit
-    return subprocess.run([sys.executable, "-I", "-S", "-c", CHILD, module, str(site_dir), str(REPO)],
-                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, "-I", "-S", "-c", CHILD, module, str(site_dir), str(pdkit_root)],
+                          cwd=site_dir, capture_output=True, text=True, timeout=60)
 
 
-@pytest.mark.parametrize("module", ENTRY_POINTS)
-def test_node_side_module_imports_with_only_the_node_lock(module, node_site):
-    proc = _import(module, node_site)
-    assert proc.returncode == 0, f"{module} needs a package the node venv lacks:\n{proc.stderr[-2000:]}"
+@pytest.mark.parametrize("module", node_modules())
+def test_node_side_module_imports_from_the_node_wheel_with_only_the_node_lock(module, node_site, node_pdkit):
+    proc = _import(module, node_site, node_pdkit)
+    assert proc.returncode == 0, (f"{module} needs a package the node venv lacks, or a pdkit file the node wheel "
+                                  f"(pdkit.wheelhouse.NODE_SOURCES) leaves out:\n{proc.stderr[-2000:]}")
 
 
 def test_the_guard_can_fail(node_site):
-    proc = _import("pdkit.faultbudget", node_site)
+    proc = _import("pdkit.faultbudget", node_site, REPO)
     assert proc.returncode != 0 and "pydantic" in proc.stderr
+
+
+def test_a_control_side_module_is_not_in_the_node_wheel(node_site, node_pdkit):
+    """A control-side edit cannot change the node wheel (issue 48 item 2): its files are not in it."""
+    proc = _import("pdkit.bench.record", node_site, node_pdkit)
+    assert proc.returncode != 0 and "No module named 'pdkit.bench'" in proc.stderr, proc.stderr[-1000:]
+    assert not (node_pdkit / "pdkit" / "cli.py").exists()

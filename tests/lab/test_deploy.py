@@ -136,12 +136,11 @@ def test_a_second_run_changes_nothing(deployed):
     assert run["totals"] == {"hosts": 0, "success": 0, "error": 0, "no_change": 0}
 
 
-def _engine_and_exporter_processes(lab, spec) -> dict[str, dict[str, str]]:
-    """host -> unit -> "MainPID real-venv-dirs", for every engine and pdkit-exporter: the venv
-    directories its process mapped (its C extensions, aiohttp's and prometheus' among them)."""
+def _daemon_processes(lab, spec) -> dict[str, dict[str, str]]:
+    """host -> unit -> "MainPID real-venv-dirs", for every unit pdkit runs on every host (engines, pdkit-exporter,
+    the router, Prometheus...): the venv directories its process mapped (its C extensions among them)."""
     out = {}
-    for host in spec["gpu"]:
-        units = [u for u in spec["units"][host] if u.startswith("pdkit-engine-") or u == "pdkit-exporter.service"]
+    for host, units in spec["units"].items():
         script = "; ".join(
             f"pid=$(systemctl show -p MainPID --value {u}); echo {u} $pid "
             f"$(grep -o '/opt/pdkit/venvs/[a-z]*-[0-9a-f]*' /proc/$pid/maps | sort -u | tr '\\n' ' ')" for u in units)
@@ -150,20 +149,26 @@ def _engine_and_exporter_processes(lab, spec) -> dict[str, dict[str, str]]:
     return out
 
 
-def test_a_pdkit_change_no_engine_runs_restarts_only_pdkit_exporter(lab, deployed, tmp_path):
-    """Issue 30 item 3: the engines run from their own environment (<install_dir>/engine-venv),
-    identified by what they run (the sim's own sources here, the lock for SGLang). A deploy from
-    a source tree whose only change is in pdkit/bench/record.py installs a new node venv and restarts
-    pdkit-exporter onto it, and leaves every engine's process alone; deploying the real tree
-    again puts the node venv back, the engines still untouched. (It also covers issue #18 item 8,
-    once test_deploy_flags_lab.py's own: the exporter restarts onto a new pdkit wheel, started
-    after the venv it runs was complete and linked.)"""
+def _deploy_from_tree(tree: Path) -> list[str]:
+    proc = subprocess.run([PYINFRA, INVENTORY, "deploy/pd.py", "-y", "--json"], cwd=tree, capture_output=True, text=True,
+                          timeout=900, env={**os.environ, "PYTHONPATH": str(tree)})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return [op["name"] for op in operations(json.loads(proc.stdout))]
+
+
+def test_a_control_side_change_restarts_nothing_and_a_node_side_one_only_pdkit_exporter(lab, deployed, tmp_path):
+    """Issue 48 item 2: the node wheel holds the node's files only (pdkit.wheelhouse.NODE_SOURCES). A deploy from
+    a source tree whose only change is control-side (pdkit/bench/record.py) installs nothing and leaves every
+    daemon on every host alone (same MainPID, same environment). A change to a file the node runs
+    (pdkit/releases.py) installs a new node venv and restarts pdkit-exporter onto it, and leaves the engines and
+    the router alone (issue 30 item 3: the engines run from their own environment; issue #18 item 8: the exporter
+    starts after the venv it runs is complete and linked). Deploying the real tree puts the node venv back."""
     import shutil
     import uuid
 
-    before = _engine_and_exporter_processes(lab, deployed)
-    for host, units in before.items():
-        engines = {u: v for u, v in units.items() if u.startswith("pdkit-engine-")}
+    before = _daemon_processes(lab, deployed)
+    for host in deployed["gpu"]:
+        engines = {u: v for u, v in before[host].items() if u.startswith("pdkit-engine-")}
         assert engines and all(v.split()[1:] and all("/venvs/engine-" in d for d in v.split()[1:]) for v in engines.values()), (host, engines)
     tree = tmp_path / "tree"
     tree.mkdir()
@@ -173,35 +178,46 @@ def test_a_pdkit_change_no_engine_runs_restarts_only_pdkit_exporter(lab, deploye
             shutil.copytree(src, tree / name, ignore=shutil.ignore_patterns("__pycache__"))
         else:
             shutil.copy2(src, tree / name)
-    mark = f"LAB_MARK = {uuid.uuid4().hex!r}"
+
+    # 1. control side only: nothing on any host changes
     bench = tree / "pdkit" / "bench" / "record.py"
-    bench.write_text(bench.read_text() + f"\n# a change no engine runs (tests/lab/test_deploy.py)\n{mark}\n")
-    proc = subprocess.run([PYINFRA, INVENTORY, "deploy/pd.py", "-y", "--json"], cwd=tree, capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "PYTHONPATH": str(tree)})
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    ops = [op["name"] for op in operations(json.loads(proc.stdout))]
+    bench.write_text(bench.read_text() + f"\n# a control-side change (tests/lab/test_deploy.py)\nLAB_MARK = {uuid.uuid4().hex!r}\n")
+    ops = _deploy_from_tree(tree)
+    assert not any("Install node venv" in n or "Install engine venv" in n for n in ops), ops
+    assert _daemon_processes(lab, deployed) == before, "a control-side change restarted or moved a node daemon"
+
+    # 2. a file the node runs: a new node venv, pdkit-exporter restarted onto it, nothing else
+    mark = f"LAB_MARK = {uuid.uuid4().hex!r}"
+    node_side = tree / "pdkit" / "releases.py"
+    node_side.write_text(node_side.read_text() + f"\n# a node-side change (tests/lab/test_deploy.py)\n{mark}\n")
+    ops = _deploy_from_tree(tree)
     assert any("| Install node venv" in n for n in ops) and not any("Install engine venv" in n for n in ops), ops
-    after = _engine_and_exporter_processes(lab, deployed)
+    after = _daemon_processes(lab, deployed)
     for host, units in before.items():
         for unit, seen in units.items():
-            pid = seen.split()[0]
             now = after[host][unit]
             if unit == "pdkit-exporter.service":
-                assert now.split()[0] != pid, f"{host}: pdkit-exporter was not restarted onto the new node venv"
+                assert now.split()[0] != seen.split()[0], f"{host}: pdkit-exporter was not restarted onto the new node venv"
             else:
                 assert now == seen, f"{host}: {unit} was restarted or changed environment by a pdkit-only change: {seen} -> {now}"
+    for host in deployed["gpu"]:
         # the exporter started after the node venv link was switched to the venv whose pdkit has the mark
         # (python resolves its venv through the link at start), and the engine environment is a venv of its own
-        check = ssh(lab, host, f"grep -c {shlex.quote(mark)} /opt/pdkit/venv/lib/python3*/site-packages/pdkit/bench/record.py; "
+        check = ssh(lab, host, f"grep -c {shlex.quote(mark)} /opt/pdkit/venv/lib/python3*/site-packages/pdkit/releases.py; "
+                               "ls /opt/pdkit/venv/lib/python3*/site-packages/pdkit/cli.py 2>/dev/null | wc -l; "
                                "stat -c %Y /opt/pdkit/venv; date -d \"$(systemctl show -p ExecMainStartTimestamp --value pdkit-exporter)\" +%s; "
                                "readlink /opt/pdkit/engine-venv")
-        count, switched, started, engine_env = check.stdout.split()
-        assert count == "1" and int(started) >= int(switched) and "/venvs/engine-" in engine_env, check.stdout + check.stderr
+        count, control_files, switched, started, engine_env = check.stdout.split()
+        assert count == "1" and control_files == "0", check.stdout + check.stderr
+        assert int(started) >= int(switched) and "/venvs/engine-" in engine_env, check.stdout + check.stderr
+
+    # 3. the real tree again
     rc, results, err = run_pyinfra()
     assert rc == 0 and not failed_hosts(results), err[-3000:]
-    back = _engine_and_exporter_processes(lab, deployed)
+    back = _daemon_processes(lab, deployed)
     for host, units in before.items():
-        assert {u: v for u, v in back[host].items() if u != "pdkit-exporter.service"} == {u: v for u, v in units.items() if u != "pdkit-exporter.service"}
+        assert {u: v for u, v in back[host].items() if u != "pdkit-exporter.service"} == \
+            {u: v for u, v in units.items() if u != "pdkit-exporter.service"}
 
 
 def test_units_are_active_and_enabled(lab, deployed):
