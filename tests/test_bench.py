@@ -8,19 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from pdkit.bench import (
-    find_run,
-    fingerprint,
-    load_runs,
-    parse_concurrency,
-    parse_driver_versions,
-    read_sglang_results,
-    render_compare,
-    render_markdown,
-    sglang_bench_command,
-    ssh_command,
-    write_outputs,
-)
+from pdkit.bench.cli import parse_concurrency
+from pdkit.bench.env import fingerprint, parse_driver_versions, ssh_command
+from pdkit.bench.record import find_run, load_runs
+from pdkit.bench.report import render_compare, render_markdown, write_outputs
+from pdkit.bench.sglang import read_sglang_results, sglang_bench_command
 from pdkit.loader import load
 from tests.conftest import require, write_inventory
 
@@ -88,7 +80,7 @@ def test_sglang_bench_command_fixes_lengths_and_keeps_the_key_out_of_argv():
 def test_engine_bench_sglang_without_sglang_says_how_to_get_it(base, tmp_path):
     import sys
 
-    from pdkit.bench import run_sglang_bench, sglang_bench_available
+    from pdkit.bench.sglang import run_sglang_bench, sglang_bench_available
 
     cluster, hosts = base
     spec = load(write_inventory(tmp_path, hosts, cluster))
@@ -98,7 +90,7 @@ def test_engine_bench_sglang_without_sglang_says_how_to_get_it(base, tmp_path):
 
 
 def test_impossible_workloads_are_refused_before_any_request(base, tmp_path):
-    from pdkit.bench import run_bench
+    from pdkit.bench.record import run_bench
 
     cluster, hosts = base
     cluster["tuning"]["all"] = {"context_length": 1024}
@@ -190,7 +182,7 @@ def test_render_compare_ratios_and_flag_changes():
 
 
 def test_flag_changes_compare_options_not_tokens():
-    from pdkit.bench import flag_changes
+    from pdkit.bench.report import flag_changes
 
     a = _record("r1", "", 1.0, ["--tp-size", "4", "--cuda-graph-max-bs-decode", "64", "--steps", "4"])
     b = _record("r2", "", 1.0, ["--tp-size", "4", "--cuda-graph-backend-decode", "disabled", "--steps", "2"])
@@ -209,7 +201,7 @@ def test_render_markdown_lists_errors():
 
 def test_driver_probe_says_when_there_is_no_ssh_client():
     """The lent GPU machine's image has no OpenSSH client: the fingerprint said only 'FileNotFoundError'."""
-    from pdkit.bench import probe_driver
+    from pdkit.bench.env import probe_driver
 
     def no_ssh(*_a, **_k):
         raise FileNotFoundError(2, "No such file or directory", "ssh")
@@ -219,7 +211,8 @@ def test_driver_probe_says_when_there_is_no_ssh_client():
 
 
 def test_limit_benches_the_hosts_own_pairs_and_refuses_what_it_cannot_bench(base, tmp_path):
-    from pdkit.bench import describe_measured, limited_measure
+    from pdkit.bench.cli import limited_measure
+    from pdkit.bench.report import describe_measured
 
     cluster, hosts = base
     spec = load(write_inventory(tmp_path, hosts, cluster))

@@ -8,8 +8,10 @@ import copy
 
 import pytest
 
-from pdkit import bench
-from pdkit.bench import kv_prefills, level_kv, render_compare, render_markdown, scrape_kv
+from pdkit.bench.cli import limited_measure
+from pdkit.bench.record import kv_prefills, level_kv, scrape_kv
+from pdkit.bench.report import render_compare, render_markdown
+from pdkit.bench.routes import router_measured
 from pdkit.bench.stats import RequestResult, goodput, summarize_level
 from pdkit.kvcost import kv_histograms
 from pdkit.loader import load
@@ -27,9 +29,9 @@ def test_the_prefills_read_are_the_measured_pd_pairs_prefills(base, tmp_path):
     cluster, hosts = base
     spec = load(write_inventory(tmp_path, hosts, cluster))
     # through gpu01's router: its workers' prefill only
-    via_router = bench.router_measured(spec, "http://10.9.0.1:8000")
+    via_router = router_measured(spec, "http://10.9.0.1:8000")
     assert kv_prefills(spec, via_router) == {"gpu01/prefill": "http://10.9.0.1:30000"}
-    limited = bench.limited_measure(spec, ["gpu02"]).describe()
+    limited = limited_measure(spec, ["gpu02"]).describe()
     assert kv_prefills(spec, limited) == {"gpu02/prefill": "http://10.9.0.2:30000"}
     # a route the spec does not name: no address to read, said so when scraped
     unknown = {"via": "engines", "routes": ["x/prefill+x/decode"]}
@@ -44,7 +46,7 @@ def test_a_unified_cluster_has_no_prefill_to_read(base, tmp_path):
         hosts[name]["pdkit_node"]["engines"] = [{"name": "unified", "role": "unified", "gpus": [0, 1, 2, 3], "port": 30000}]
     hosts["gpu01"]["pdkit_router"] = {"workers": ["gpu01/unified", "gpu02/unified"]}
     spec = load(write_inventory(tmp_path, hosts, cluster))
-    assert kv_prefills(spec, bench.router_measured(spec, "http://r:8000")) == {}
+    assert kv_prefills(spec, router_measured(spec, "http://r:8000")) == {}
 
 
 def test_level_kv_combines_the_prefills_windows():

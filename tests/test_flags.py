@@ -396,7 +396,7 @@ def test_plan_one_unit_per_rank_only_rank_0_is_a_target(base, tmp_path):
     check each rank's environment (its NCCL settings included)."""
     import json
 
-    from pdkit.bench import engine_flags
+    from pdkit.bench.env import engine_flags
     from pdkit.plan import plan_cluster
     from roles.services import gates_command
 

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from pdkit.bench import render_markdown, stream_one
+from pdkit.bench.client import stream_one
+from pdkit.bench.report import render_markdown
 from pdkit.bench.stats import RequestResult, StreamEnd, failure_kind, stream_failure, summarize_level
 from tests.conftest import load_script, require
 from tests.lab import loadclient

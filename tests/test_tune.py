@@ -1005,8 +1005,8 @@ def test_a_dead_prefill_fails_the_request_at_once_and_hangs_up_on_the_decode(two
 def test_soak_and_bench_on_the_target_pair_wedge_deterministically_and_record_the_engines_measured(two_pairs, lab_hosts):
     import time
 
-    from pdkit.bench import run_bench
     from pdkit.bench.measure import Measured
+    from pdkit.bench.record import run_bench
 
     ports, router_url = two_pairs
     a = Measured(("a",), router_url, {}, (_pair(ports, "a"),))
@@ -1135,8 +1135,9 @@ def test_the_sims_held_requests_wedge_knob_is_checked():
 
 
 def test_bench_records_say_what_they_measured_and_compare_names_a_difference(lab_hosts):
-    from pdkit.bench import describe_measured, render_compare, router_measured
     from pdkit.bench.measure import measured_for
+    from pdkit.bench.report import describe_measured, render_compare
+    from pdkit.bench.routes import router_measured
 
     _, spec = lab_hosts
     router = router_measured(spec, "http://r:8000")  # what a plain `pdkit bench` records

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from pdkit.bench import generate_body
+from pdkit.bench.client import generate_body
 from pdkit.bench.measure import Measured
 
 

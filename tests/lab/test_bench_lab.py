@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from pdkit.bench import probe_driver
+from pdkit.bench.env import probe_driver
 
 pytestmark = pytest.mark.lab
 
