@@ -12,13 +12,18 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from pathlib import Path
 
 from pyinfra.api import FactBase
 
+import pdkit
 from pdkit import topology
 from pdkit.modelconfig import CONFIG_KEYS, TEXT_CONFIG_KEYS
 from pdkit.node import REBOOT_MARKER_PATH
 from pdkit.versions import NIXL_IMPORT
+
+# the probes these facts send to the node's python3 (`python3 -c TEXT`): programs kept as files of their own
+PROBES = Path(pdkit.__file__).parent
 
 # marks the line pdkit appends when nvidia-smi ran and failed (its own message comes before it)
 NVIDIA_SMI_FAILED = "pdkit: nvidia-smi failed, exit code"
@@ -268,64 +273,10 @@ ENGINE_ENV_MARK = "pdkit-engine-env: "
 
 # Runs under the node's python3 (any 3.x): checks the file, then runs the provided python once
 # (-B: it writes no bytecode into an environment pdkit does not own) with _ENGINE_ENV_INNER.
-_ENGINE_ENV_OUTER = r"""
-import json, os, stat, subprocess, sys
-venv, inner = sys.argv[1], sys.argv[2]
-p = os.path.join(venv, "bin", "python")
-out = {"path": p}
-if not os.path.lexists(p):
-    out["exists"] = False
-    out["venv_exists"] = os.path.isdir(venv)
-elif not os.path.exists(p):
-    out.update(exists=False, link=os.readlink(p))
-elif os.path.isdir(p) or not os.access(p, os.X_OK):
-    out.update(exists=True, executable=False, mode="%04o" % stat.S_IMODE(os.stat(p).st_mode))
-else:
-    out.update(exists=True, executable=True)
-    try:
-        proc = subprocess.run([p, "-B", "-c", inner], stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, timeout=300,
-                              universal_newlines=True, env=dict(os.environ, HF_HUB_OFFLINE="1"))
-        found = [l for l in proc.stdout.splitlines() if l.startswith("pdkit-engine-env-probe: ")]
-        if found:
-            out.update(json.loads(found[-1].split(": ", 1)[1]))
-        else:
-            lines = [l.strip() for l in (proc.stderr + proc.stdout).splitlines() if l.strip()]
-            out["error"] = "exit %d: %s" % (proc.returncode, lines[-1] if lines else "no output")
-    except subprocess.TimeoutExpired:
-        out["error"] = "did not finish in 300 s"
-    except OSError as e:
-        out["error"] = str(e)
-print("pdkit-engine-env: " + json.dumps(out, sort_keys=True))
-"""
+_ENGINE_ENV_OUTER = PROBES.joinpath("engineenv_probe.py").read_text()
 # Runs under the provided python: its version, sglang (distribution and import), NIXL as SGLang
 # imports it (pdkit.versions.NIXL_IMPORT).
-_ENGINE_ENV_INNER = r"""
-import json, sys
-out = {"python": "%d.%d.%d" % tuple(sys.version_info[:3])}
-def error(e):
-    text = str(e).strip().splitlines()
-    return type(e).__name__ + (": " + text[0] if text else "")
-try:
-    from importlib import metadata
-    try:
-        out["sglang_dist"] = metadata.version("sglang")
-    except Exception:
-        out["sglang_dist"] = None
-except Exception:
-    pass
-try:
-    import sglang
-    out["sglang"] = getattr(sglang, "__version__", None)
-except BaseException as e:
-    out["sglang_error"] = error(e)
-try:
-    __NIXL_IMPORT__
-    out["nixl"] = True
-except BaseException as e:
-    out["nixl"] = False
-    out["nixl_error"] = error(e)
-print("pdkit-engine-env-probe: " + json.dumps(out, sort_keys=True))
-""".replace("__NIXL_IMPORT__", NIXL_IMPORT)
+_ENGINE_ENV_INNER = PROBES.joinpath("engineenv_probe_inner.py").read_text().replace("__NIXL_IMPORT__", NIXL_IMPORT)
 
 
 class EngineEnv(FactBase):
@@ -358,91 +309,7 @@ MODEL_DIRS_MARK = "pdkit-model-dirs: "
 # service user cannot read of it. Readability: `runuser -u USER -- test ...` where the probe is
 # root and the user exists (ACLs included); else the mode bits along the path, as that user, or,
 # before the deploy has created the user, as a user outside every file's owner and group.
-_MODEL_DIRS_PROBE = r"""
-import grp, json, os, pwd, shutil, subprocess, sys
-keys, subs, user, paths = sys.argv[1].split(","), sys.argv[2].split(","), sys.argv[3], sys.argv[4:]
-out = {"user": user, "paths": {}}
-try:
-    pw = pwd.getpwnam(user)
-    uid, gids = pw.pw_uid, set([pw.pw_gid] + [g.gr_gid for g in grp.getgrall() if user in g.gr_mem])
-    out["user_exists"] = True
-except KeyError:
-    uid, gids = None, set()
-    out["user_exists"] = False
-runuser = shutil.which("runuser") if out["user_exists"] and os.geteuid() == 0 else None
-out["how"] = "runuser" if runuser else "mode bits"
-def grants(st, bit):
-    # bit: 4 read, 1 search; the owner's, group's or others' bits as the kernel picks them
-    if uid is not None and st.st_uid == uid:
-        return bool(st.st_mode & (bit << 6))
-    if st.st_gid in gids:
-        return bool(st.st_mode & (bit << 3))
-    return bool(st.st_mode & bit)
-def readable(path, is_dir):
-    if runuser:
-        return all(subprocess.call([runuser, "-u", user, "--", "test", flag, path], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) == 0
-                   for flag in (("-r", "-x") if is_dir else ("-r",)))
-    real = os.path.realpath(path)
-    parts = real.split("/")
-    for i in range(1, len(parts) - 1):
-        if not grants(os.stat("/" + "/".join(parts[1:i + 1])), 1):
-            return False
-    st = os.stat(real)
-    return grants(st, 4) and (not is_dir or grants(st, 1))
-for path in paths:
-    info = {}
-    try:
-        if not os.path.exists(path):
-            info["exists"] = False
-            parent = os.path.dirname(path.rstrip("/"))
-            while parent not in ("", "/") and not os.path.exists(parent):
-                parent = os.path.dirname(parent)
-            info["existing_parent"] = parent or "/"
-        elif not os.path.isdir(path):
-            info.update(exists=True, is_dir=False)
-        else:
-            names = sorted(os.listdir(path))
-            info.update(exists=True, is_dir=True)
-            info["config"] = os.path.isfile(os.path.join(path, "config.json"))
-            if info["config"]:
-                # the keys pdkit.modelconfig judges (CONFIG_KEYS and TEXT_CONFIG_KEYS: the first two arguments)
-                try:
-                    with open(os.path.join(path, "config.json")) as fh:
-                        raw = json.load(fh)
-                    if isinstance(raw, dict):
-                        kept = {k: raw[k] for k in keys if k in raw}
-                        for sub in subs:
-                            if isinstance(raw.get(sub), dict):
-                                kept[sub] = {k: raw[sub][k] for k in keys if k in raw[sub]}
-                        if kept:
-                            info["config_keys"] = kept
-                except Exception as e:
-                    info["config_error"] = "%s: %s" % (type(e).__name__, e)
-            info["indexes"] = [n for n in names if n.endswith(".safetensors.index.json") or n == "pytorch_model.bin.index.json"]
-            info["weights"] = [n for n in names if n in ("model.safetensors", "pytorch_model.bin")]
-            info["safetensors"] = len([n for n in names if n.endswith(".safetensors")])
-            missing = []
-            for index in info["indexes"][:1]:
-                try:
-                    with open(os.path.join(path, index)) as fh:
-                        shards = sorted(set((json.load(fh).get("weight_map") or {}).values()))
-                    missing = [f for f in shards if not os.path.exists(os.path.join(path, f))]
-                except Exception as e:
-                    info["index_error"] = "%s: %s" % (type(e).__name__, e)
-            info["missing_shards"] = missing[:3]
-            info["missing_count"] = len(missing)
-            targets = [(path, True)]
-            if info["config"]:
-                targets.append((os.path.join(path, "config.json"), False))
-            first = (info["indexes"] + info["weights"])[:1]
-            targets += [(os.path.join(path, n), False) for n in first]
-            # a directory the user cannot enter hides its files too: name the directory alone then
-            info["unreadable"] = [path] if not readable(path, True) else [p for p, d in targets[1:] if not readable(p, d)]
-    except Exception as e:
-        info["error"] = "%s: %s" % (type(e).__name__, e)
-    out["paths"][path] = info
-print("pdkit-model-dirs: " + json.dumps(out, sort_keys=True))
-"""
+_MODEL_DIRS_PROBE = PROBES.joinpath("modeldirs_probe.py").read_text()
 
 
 class ModelDirs(FactBase):
