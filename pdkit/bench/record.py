@@ -86,8 +86,8 @@ RUNS_FILE = "runs.jsonl"
 
 
 def served_model(spec: ClusterSpec) -> str:
-    model = spec.cluster.model
-    return model.served_name or model.path
+    """The model name requests carry: the one the engines serve (`--served-model-name`, pdkit.spec.Model.name)."""
+    return spec.cluster.model.name
 
 
 # ---- the KV hand-off of each level (PD clusters) -------------------------------------------
