@@ -34,10 +34,10 @@ def host_ports(spec: ClusterSpec, host: HostSpec) -> list[tuple[int, str]]:
             ports.append((engine.port, f"pdkit_node.engines[{i}].port"))
             if engine.effective_bootstrap_port is not None:
                 ports.append((engine.effective_bootstrap_port, f"pdkit_node.engines[{i}].bootstrap_port"))
-            for port in dist_init_ports(engine):
+            # dist_init_ports: the dist-init port, then the ones SGLang derives from it at +1, +2, ...
+            for offset, port in enumerate(dist_init_ports(engine)):
                 ports.append((port, f"pdkit_node.engines[{i}].dist_init_port"
-                              + ("" if port == engine.dist_init_port
-                                 else f" (+{port - engine.dist_init_port}: SGLang's attention-DP ports)")))
+                              + ("" if offset == 0 else f" (+{offset}: SGLang's attention-DP ports)")))
     if host.router is not None:
         ports.append((host.router.port, "pdkit_router.port"))
         ports.append((host.router.prometheus_port, "pdkit_router.prometheus_port"))

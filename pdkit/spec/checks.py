@@ -214,8 +214,8 @@ def cross_checks(spec: ClusterSpec) -> list[Problem]:
             # the router pairs any prefill with any decode, so KV crosses nodes
             for h in pd_hosts:
                 if h.node is not None and h.node.gpu == "nvidia" and not h.node.ucx_net_devices:
-                    names = [x.name for x in pd_hosts]
-                    shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+                    pd_names = [x.name for x in pd_hosts]
+                    shown = ", ".join(pd_names[:4]) + (f" and {len(pd_names) - 4} more" if len(pd_names) > 4 else "")
                     add(Problem(h.name, "pdkit_node.ucx_net_devices",
                                 f"the router on {host.name} pairs prefill and decode engines across hosts ({shown}): "
                                 "set ucx_net_devices (e.g. 'mlx5_0:1'), without it cross-node NIXL transfers hang "
@@ -229,13 +229,13 @@ def cross_checks(spec: ClusterSpec) -> list[Problem]:
                         f"the router fronts only {sorted(roles)} engines; PD mode needs at least one prefill and one "
                         "decode"))
 
-    names = {h.name for h in spec.hosts}
+    host_names = {h.name for h in spec.hosts}
     for host in spec.monitoring_hosts:
         assert host.monitoring is not None
         for i, target in enumerate(host.monitoring.scrape_hosts or ()):
-            if target not in names:
+            if target not in host_names:
                 add(Problem(host.name, f"pdkit_monitoring.scrape_hosts[{i}]",
-                            f"{target!r} is not a host in this inventory; valid: {', '.join(sorted(names))}"))
+                            f"{target!r} is not a host in this inventory; valid: {', '.join(sorted(host_names))}"))
         real = [h.name for h in spec.gpu_hosts if h.node is not None and h.node.gpu != "none"]
         if host.monitoring.lab_alert_speedup > 1 and real:
             add(Problem(host.name, "pdkit_monitoring.lab_alert_speedup",
@@ -602,7 +602,8 @@ def _check_engine_tuning(spec: ClusterSpec, host: HostSpec, engine: Engine, at: 
     chunk = tuning.chunked_prefill_size
     attn_dp = engine.attn_dp or 1
     per_rank = chunk // attn_dp if chunk is not None and chunk > 0 else chunk
-    if engine.role != "decode" and per_rank is not None and per_rank > 0 and per_rank % page:  # -1: off
+    if (engine.role != "decode" and chunk is not None and per_rank is not None and per_rank > 0  # -1: off
+            and per_rank % page):
         step = page * attn_dp
         shown = f"{chunk}" if attn_dp == 1 else f"{chunk} / attn_dp {attn_dp} = {per_rank} (SGLang divides it per rank)"
         snapped = "" if tuning.page_size == page else " (as SGLang snaps it for this attention backend)"
@@ -632,9 +633,9 @@ def _check_engine_tuning(spec: ClusterSpec, host: HostSpec, engine: Engine, at: 
     required = decode_graph_required_bs(engine, target)
     if tuning.value("cuda_graph") and max_bs is not None and required is not None and max_bs < required:
         ranks = max(engine.dp, engine.attn_dp or 1)
-        per_rank = f" over {ranks} DP ranks: {required} per rank" if ranks > 1 else ""
+        over_ranks = f" over {ranks} DP ranks: {required} per rank" if ranks > 1 else ""
         add(Problem(host.name, f"{at}.tuning.cuda_graph_max_bs",
-                    f"decode CUDA graphs cover batches up to {max_bs} but target_concurrency is {target}{per_rank}: "
+                    f"decode CUDA graphs cover batches up to {max_bs} but target_concurrency is {target}{over_ranks}: "
                     f"larger batches run without graphs (the seeds' 40x gap); set cuda_graph_max_bs >= {required}"))
     explicit = max(tuning.cuda_graph_bs) if tuning.cuda_graph_bs else tuning.cuda_graph_max_bs
     if explicit is not None and tuning.max_running_requests is not None and explicit > tuning.max_running_requests:
@@ -651,6 +652,7 @@ def _check_pd_groups(spec: ClusterSpec, add) -> None:
     for group, members in groups.items():
         roles = {e.role for _, e in members}
         first_host, first = members[0]
+        assert first_host.node is not None  # spec.engines() yields only hosts with a pdkit_node
         for missing in ("prefill", "decode"):
             if missing not in roles:
                 add(Problem(first_host.name, f"pdkit_node.engines[{first_host.node.engines.index(first)}].pd_group",

@@ -407,9 +407,9 @@ class GpuLayout(Frozen):
                 nodes.setdefault(slot.root, set()).add(n)
             split_numa = {r: n for r, n in nodes.items() if len(n) > 1}
             if split_numa:
-                root, under = sorted(split_numa.items())[0]
-                raise ValueError(f"pcie: root complex {root!r} has GPUs on NUMA nodes {sorted(under)} (numa): a root "
-                                 "complex belongs to one NUMA node; correct pcie or numa")
+                root, numa_nodes = sorted(split_numa.items())[0]
+                raise ValueError(f"pcie: root complex {root!r} has GPUs on NUMA nodes {sorted(numa_nodes)} (numa): a "
+                                 "root complex belongs to one NUMA node; correct pcie or numa")
         return self
 
     @property

@@ -165,13 +165,13 @@ def check_spanning(spec: ClusterSpec, add) -> None:
                         f"({', '.join(f'{k}: {v}' for k, v in sorted(nets.items()))}): every rank must reach the "
                         "others the same way"))
     for host in spec.gpu_hosts:
-        node = host.node
-        assert node is not None
-        if node.nccl_net == "ib" and not node.nccl_ib_hca:
+        gpu_node = host.node
+        assert gpu_node is not None
+        if gpu_node.nccl_net == "ib" and not gpu_node.nccl_ib_hca:
             add(Problem(host.name, "pdkit_node.nccl_ib_hca",
                         "nccl_net 'ib' needs nccl_ib_hca (NCCL_IB_HCA), the HCAs NCCL may use, e.g. 'mlx5_0,mlx5_1' "
                         "(ibv_devices lists them); or use nccl_net 'socket'"))
-        if node.nccl_ib_hca and node.nccl_net != "ib":
+        if gpu_node.nccl_ib_hca and gpu_node.nccl_net != "ib":
             add(Problem(host.name, "pdkit_node.nccl_ib_hca",
-                        f"nccl_ib_hca is only used with nccl_net 'ib'; this node's nccl_net is {node.nccl_net!r} "
+                        f"nccl_ib_hca is only used with nccl_net 'ib'; this node's nccl_net is {gpu_node.nccl_net!r} "
                         "(remove nccl_ib_hca or set nccl_net: ib)"))
