@@ -136,7 +136,7 @@ DSA_ARCHS = {
 # The architectures _deepseek_family_overrides is registered for (0.5.17 overrides.py / 0.5.23
 # model_overrides/deepseek_v2.py): its DSA arm forces the page, its MLA arm (no index_topk) gives trtllm_mla on
 # SM100 when no attention backend is given
-DEEPSEEK_FAMILY = {
+DEEPSEEK_FAMILY: dict[str, tuple[str, ...]] = {
     "0.5.17": ("DeepseekV3ForCausalLM", "DeepseekV32ForCausalLM", "KimiK25ForConditionalGeneration",
                "MistralLarge3ForCausalLM", "PixtralForConditionalGeneration", "GlmMoeDsaForCausalLM",
                "LongcatFlashForCausalLM", "LongcatFlashForCausalLMNextN"),

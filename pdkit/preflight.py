@@ -271,7 +271,9 @@ def model_dirs_wanted(spec: ClusterSpec, host: HostSpec) -> tuple[list[ModelDir]
         # --model-checksum's manifest (pdkit_cluster.model.verify_checksum): a file the same probe finds or not
         source = spec.engine_model(p.engine).checksum_source
         if source is not None:
-            where = f"pdkit_node.engines[{p.head.node.engines.index(p.engine)}].model" if p.engine.model is not None \
+            head = p.head.node
+            assert head is not None  # a placement's head is the GPU host that declares the engine
+            where = f"pdkit_node.engines[{head.engines.index(p.engine)}].model" if p.engine.model is not None \
                 else "pdkit_cluster.model"
             declared = spec.engine_model(p.engine).checksum_manifest is not None
             field = f"{where}.checksum_manifest" if declared else f"{where}.verify_checksum"
@@ -384,8 +386,8 @@ def _check_model_configs(spec: ClusterSpec, host: HostSpec, wanted: list[ModelDi
     runs the same rule when the directory is on the deploying machine)."""
     for p in spec.placements(host):
         model = next((d for d in wanted if d.engine == p.engine.name and d.what == "model"), None)
-        config = ((probes.get(model.path) or {}).get("config_keys") if model else None)
-        if not config:
+        config = (probes.get(model.path) or {}).get("config_keys") if model is not None else None
+        if model is None or not config:
             continue
         tuning = spec.engine_tuning(p.engine)
         why = modelconfig.context_problem(tuning.context_length, bool(tuning.value("allow_longer_context")), config,
@@ -399,9 +401,11 @@ def _check_model_configs(spec: ClusterSpec, host: HostSpec, wanted: list[ModelDi
             add("model", severity, f"{host.name}: engine {p.engine.name!r} {message}")
     # a PD pair's page as SGLang runs it on this checkpoint (pdkit.argvcheck, as validate judges a local config.json)
     from pdkit import argvcheck  # lazy: the parser table is read only where a config was probed
-    configs = {d.path: ((probes.get(d.path) or {}).get("config_keys"),
-                        f"{d.path}/config.json, read by the preflight on {host.name}")
-               for d in wanted if d.what == "model" and (probes.get(d.path) or {}).get("config_keys")}
+    configs: argvcheck.ModelConfigs = {}
+    for d in wanted:
+        keys = (probes.get(d.path) or {}).get("config_keys")
+        if d.what == "model" and keys:
+            configs[d.path] = (keys, f"{d.path}/config.json, read by the preflight on {host.name}")
     for problem in argvcheck.pair_page_problems(spec, configs, host.name) if configs else ():
         add("model", problem.severity, f"{problem.field}: {problem.message}")
 
@@ -442,7 +446,7 @@ def _check_topology(spec: ClusterSpec, host: HostSpec, facts: dict, add) -> None
                 f"{missing[0][0]}-{missing[0][1]} (pdkit_node.engines[{i}].gpus)")
             continue
         shown = ", ".join(f"{a}-{b} {link}" for a, b, link in pairs)
-        profile, level = suggest_profile([link for _, _, link in pairs])
+        profile, level = suggest_profile([link for _, _, link in pairs if link is not None])  # all known here
         where = f"engine {engine.name!r} (GPUs {shown})"
         if node.nccl_profile == "pcie-p2p-off":
             # the reason follows the facts where the PCIe probe read them (issue 47)
@@ -452,7 +456,7 @@ def _check_topology(spec: ClusterSpec, host: HostSpec, facts: dict, add) -> None
             if hazards:
                 add("nccl", "note", f"{where}: P2P is off by the 'pcie-p2p-off' profile, as this node needs: "
                     f"{'; '.join(hazards)}; {then} would fit once that is fixed")
-            elif hazards is not None:
+            elif pcie is not None:  # read, and no hazard found
                 add("nccl", "note", f"{where}: P2P is off by the 'pcie-p2p-off' profile, but the facts show no trap "
                     f"on these GPUs' paths (no ACS redirect, IOMMU {pcie.iommu['why']}, HMM {pcie.hmm['state']}): "
                     f"{then} fits and keeps P2P (pdkit_node.nccl_profile: pcie)")
@@ -579,10 +583,10 @@ def _check_numa(host: HostSpec, facts: dict, add) -> None:
     resolved = {g: (0 if n == -1 and single else n) for g, n in real.items()}
     declared = node.gpus.numa
     if declared is not None:
-        for g, want in enumerate(declared):
+        for g, says in enumerate(declared):
             have = resolved.get(g)
-            if have is not None and have != -1 and have != want:
-                add("numa", "error", f"GPU {g} sits on NUMA node {have} but pdkit_node.gpus.numa[{g}] says {want}")
+            if have is not None and have != -1 and have != says:
+                add("numa", "error", f"GPU {g} sits on NUMA node {have} but pdkit_node.gpus.numa[{g}] says {says}")
     for i, engine in enumerate(node.engines):
         want = engine_numa_node(host, engine)
         if want is None:

@@ -77,7 +77,8 @@ def parse_config_bridge(hexdump: str | None) -> dict:
     shape as parse_lspci_bridge: the PCI Express capability's port type and the ACS capability's
     control register, walked from the capability lists (PCIe base spec 7.5.3, 7.7.8)."""
     data = bytes.fromhex(hexdump or "")
-    out = {"port_type": None, "acs_ctl": None, "acs_hidden": len(data) <= 256}
+    out: dict[str, str | dict[str, bool] | bool | None] = {"port_type": None, "acs_ctl": None,
+                                                          "acs_hidden": len(data) <= 256}
     word = lambda off: int.from_bytes(data[off : off + 2], "little") if off + 2 <= len(data) else 0  # noqa: E731
     if len(data) >= 64 and data[6] & 0x10:  # status: capabilities list
         ptr, seen = data[0x34] & 0xFC, set()
@@ -322,6 +323,7 @@ def iommu_state(probe: dict, gpus: dict[int, GpuPlace]) -> dict:
             "passthrough": None,
             "why": f"no IOMMU in /sys/class/iommu ({args or 'no iommu kernel argument'})",
         }
+    passthrough: bool | None  # None: not known
     if types:
         passthrough = types == {"identity"}
         return {
@@ -347,7 +349,7 @@ def hmm_state(probe: dict, smi: dict[str, dict]) -> dict:
     nvidia-smi's Addressing Mode says it is not HMM; 'on' when nvidia-smi says HMM or the loaded module
     has uvm_disable_hmm=N; 'unknown' when neither could be read."""
     uvm = probe.get("uvm") or {}
-    modes = {g.get("addressing_mode") for g in smi.values()} - {None, "N/A"}
+    modes = {mode for g in smi.values() if (mode := g.get("addressing_mode")) is not None and mode != "N/A"}
     param = (uvm.get("uvm_disable_hmm") or "").strip()
     option = None
     for line in uvm.get("modprobe") or []:

@@ -159,6 +159,15 @@ def _names(addr: int | None) -> list[str]:
     return out
 
 
+def _address(libucs: ctypes.CDLL, symbol: str) -> int:
+    """Where LIBUCS's function SYMBOL is (a parser's read pointer is compared with it); a NULL one would
+    match no parser, so it stops the generator."""
+    address = ctypes.cast(getattr(libucs, symbol), ctypes.c_void_p).value
+    if address is None:
+        raise SystemExit(f"{symbol} resolves to NULL in {libucs._name}")
+    return address
+
+
 def _describe(parser: _Parser, kinds_at: dict[int, str], signals: list[str]) -> dict[str, object]:
     """{"kind", "syntax", and per kind "choices" / "of" / "keys"} of one parser."""
     kind = kinds_at.get(parser.read)
@@ -176,7 +185,8 @@ def _describe(parser: _Parser, kinds_at: dict[int, str], signals: list[str]) -> 
         out["of"] = _describe(_Array.from_address(parser.arg).parser, kinds_at, signals)
     elif kind == "key_value":
         param = _KeyValueParam.from_address(parser.arg)
-        keys, step = [], ctypes.sizeof(_KeyField)
+        keys: list[str] = []
+        step = ctypes.sizeof(_KeyField)
         while (key := _KeyField.from_address(param.keys + step * len(keys))).name is not None:
             keys.append(key.name.decode())
         out["keys"] = keys
@@ -188,7 +198,7 @@ def _walk(libucs: ctypes.CDLL):
     """(table title, UCX_NAME, field) for every setting of every registered configuration table, named as
     ucs_config_parser_print_opts names it: "UCX_" + the table's prefix + the field's name (a sub-table's
     fields keep the table's prefix); aliases and deprecated fields are not settings."""
-    table_read = ctypes.cast(libucs.ucs_config_sscanf_table, ctypes.c_void_p).value
+    table_read = _address(libucs, "ucs_config_sscanf_table")
 
     def walk(table: int, title: str, prefix: str):
         step = ctypes.sizeof(_Field)
@@ -212,8 +222,7 @@ def _walk(libucs: ctypes.CDLL):
 def setting_kinds(libucs: ctypes.CDLL) -> dict[str, dict[str, object]]:
     """UCX_NAME -> the kind of value its parser reads (see _describe) and the title of its configuration table,
     for every setting UCX registers."""
-    kinds_at = {ctypes.cast(getattr(libucs, f"ucs_config_sscanf_{k}"), ctypes.c_void_p).value: k
-                for k in PARSER_KINDS}
+    kinds_at = {_address(libucs, f"ucs_config_sscanf_{k}"): k for k in PARSER_KINDS}
     signals = _names(ctypes.addressof(ctypes.c_char_p.in_dll(libucs, "ucs_signal_names")))
     found: dict[str, dict[str, object]] = {}
     for title, name, field in _walk(libucs):

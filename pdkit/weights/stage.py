@@ -671,9 +671,9 @@ def cmd_stage(args: argparse.Namespace) -> int:
     if source.node is None:
         try:
             manifest = load_manifest(source, args.manifest, log)
-            problems = source.check(manifest)
-            if problems:
-                raise store.StageError(f"the source does not match the manifest: {'; '.join(problems)}")
+            mismatched = source.check(manifest)
+            if mismatched:
+                raise store.StageError(f"the source does not match the manifest: {'; '.join(mismatched)}")
         except store.StageError as exc:
             print(f"pdkit stage: {exc}; nothing was contacted", file=sys.stderr)
             return EXIT_INVALID

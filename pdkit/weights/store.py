@@ -243,7 +243,8 @@ def prepare(target: str, manifest: dict[str, dict]) -> dict:
     if not os.path.isdir(parent):
         raise StageError(f"the directory {parent} (above {target}) does not exist: create it, or set the model path "
                          "to where the weights go")
-    result = {"id": wid, "active": active(target), "ready": False, "files": {}}
+    files: dict[str, dict] = {}
+    result = {"id": wid, "active": active(target), "ready": False, "files": files}
     if os.path.isdir(version_dir(target, wid)) and manifest_id(version_dir(target, wid)) == wid:
         result["ready"] = True
         return result
@@ -254,14 +255,14 @@ def prepare(target: str, manifest: dict[str, dict]) -> dict:
     for name, info in _stat_files(staging, manifest, hash_them=True).items():
         want = manifest[name]
         if info is None:
-            result["files"][name] = {"have": 0, "done": False}
+            files[name] = {"have": 0, "done": False}
         elif info["size"] == want["size"] and info["sha256"] == want["sha256"]:
-            result["files"][name] = {"have": info["size"], "done": True}
+            files[name] = {"have": info["size"], "done": True}
         elif info["size"] < want["size"]:
-            result["files"][name] = {"have": info["size"], "done": False}
+            files[name] = {"have": info["size"], "done": False}
         else:  # too long, or the full size with other bytes: nothing of it can be trusted
             os.unlink(os.path.join(staging, name))
-            result["files"][name] = {"have": 0, "done": False, "restarted": f"{info['size']} bytes that did not match"}
+            files[name] = {"have": 0, "done": False, "restarted": f"{info['size']} bytes that did not match"}
     return result
 
 
@@ -440,10 +441,11 @@ def status(target: str) -> dict:
 def _fetch_http(url: str, name: str, timeout: float = 60, token: str | None = None):
     """A function offset -> a stream of FILE's bytes from the mirror URL (a Range request to resume).
     TOKEN: the source node's server's one-transfer token (TOKEN_HEADER), never in the URL."""
-    import urllib.request  # lazy: only an HTTP mirror source needs it
+    import urllib.parse  # lazy: only an HTTP mirror source needs them
+    import urllib.request
 
     def opener(offset: int):
-        req = urllib.request.Request(url.rstrip("/") + "/" + urllib.request.quote(name))
+        req = urllib.request.Request(url.rstrip("/") + "/" + urllib.parse.quote(name))
         if token:
             req.add_header(TOKEN_HEADER, token)
         if offset:
