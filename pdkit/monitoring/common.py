@@ -226,21 +226,21 @@ def _libyaml_agrees(obj: object) -> bool:
     text, key = _AGREED_TEXT.fullmatch, _AGREED_KEY.fullmatch
     while stack:
         o = stack.pop()
-        t = type(o)
-        if t is str:
-            if text(o) is None:  # type: ignore[arg-type]
+        # type(o) is X, not isinstance: a str or dict subclass may dump otherwise (and mypy narrows on it)
+        if type(o) is str:
+            if text(o) is None:
                 return False
-        elif t is dict:
-            for k, v in o.items():  # type: ignore[attr-defined]
+        elif type(o) is dict:
+            for k, v in o.items():
                 if type(k) is str:
                     if key(k) is None:
                         return False
                 elif not (type(k) in (int, float, bool) or k is None):
                     return False
                 stack.append(v)
-        elif t is list:
-            stack.extend(o)  # type: ignore[arg-type]
-        elif not (t in (int, float, bool) or o is None):
+        elif type(o) is list:
+            stack.extend(o)
+        elif not (type(o) in (int, float, bool) or o is None):
             return False
     return True
 

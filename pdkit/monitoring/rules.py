@@ -107,23 +107,25 @@ def rule_tests(spec: ClusterSpec, rules_file: str = "pdkit.yml", max_subjects: i
     (shapes one case per subject cannot say)."""
     tests = []
     for a in alerts(spec):
-        assert a.case is not None and a.exp_labels is not None
+        # bound where they are known to be set (replace keeps them); the helpers below run in this iteration
+        case_of, labels_of = a.case, a.exp_labels
+        assert case_of is not None and labels_of is not None
         if not a.subjects:
             continue
         if max_subjects is not None:
             a = replace(a, subjects=a.subjects[:max_subjects])
 
         def expected(s: dict[str, str], a: Alert = a) -> dict:
-            exp = {**a.exp_labels(s), "severity": a.severity}
+            exp = {**labels_of(s), "severity": a.severity}
             return {"exp_labels": dict(sorted(exp.items())), "exp_annotations": alert_annotations(spec, a, exp)}
 
         def case_test(name: str, bad: list[dict[str, str]], decoys: bool, a: Alert = a) -> dict:
-            series = []
+            series: list[tuple[str, str]] = []
             for s in a.subjects:
-                series += a.case(s, any(s is b for b in bad))
+                series += case_of(s, any(s is b for b in bad))
             if decoys:
                 for d in a.decoys:
-                    series += a.case(d, True)
+                    series += case_of(d, True)
             return {"name": name, "interval": "1m",
                     "input_series": [{"series": s, "values": v} for s, v in series],
                     "alert_rule_test": [{"eval_time": a.eval_time, "alertname": a.name,

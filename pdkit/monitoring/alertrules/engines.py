@@ -424,7 +424,8 @@ def _ttft_over_slo(c: Context, r: AlertRecord) -> Alert | None:
     def ttft_case(s: dict[str, str], bad: bool) -> list[tuple[str, str]]:
         base = {"job": JOB_ENGINE, **pick_labels(s, ENGINE_BY), "engine_type": s["role"], "model_name": s["model_name"]}
         # all observations in (slo, 2 slo] -> p99 ~ 1.99 slo; in (slo/2, slo] -> p99 ~ 0.995 slo
-        counts = {slo / 2: "0x30", slo: "0x30" if bad else "0+10x30", slo * 2: "0+10x30", "+Inf": "0+10x30"}
+        counts: dict[float | str, str] = {slo / 2: "0x30", slo: "0x30" if bad else "0+10x30", slo * 2: "0+10x30",
+                                          "+Inf": "0+10x30"}
         return [(series_text(SGLANG["ttft"] + "_bucket", {**base, "le": le if isinstance(le, str) else fmt_num(le)}), v)
                 for le, v in counts.items()]
 
