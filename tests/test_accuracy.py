@@ -300,13 +300,13 @@ def test_the_rolls_canary_keeps_the_baselines_score_per_release_and_stops_on_a_d
     figures; the roll's record has the part's figures, the baseline's and the seconds."""
     import io
 
-    from pdkit import roll
     from pdkit.loader import load_with_problems
+    from pdkit.roll.roller import Progress, Roller
     from tests.conftest import REPO
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     spec = load_with_problems(str(REPO / "inventories" / "lab.py"))[0]
-    roller = roll.Roller("inventories/lab.py", spec, roll.Progress(io.StringIO()))
+    roller = Roller("inventories/lab.py", spec, Progress(io.StringIO()))
     roller.answer_gate = GateConfig(short_prompts=0, lengths=(), accuracy=Accuracy(enabled=True))
     runs = []
     scores = iter([metrics_repeats(0.60, sem=0.01, n=300, k=4), metrics_repeats(0.30, sem=0.01, n=300, k=4)])
@@ -330,13 +330,13 @@ def test_the_rolls_canary_keeps_the_baselines_score_per_release_and_stops_on_a_d
 def test_a_baseline_eval_that_cannot_be_judged_stops_the_roll_before_the_drain(tmp_path, monkeypatch):
     import io
 
-    from pdkit import roll
     from pdkit.loader import load_with_problems
+    from pdkit.roll.roller import Progress, Roller
     from tests.conftest import REPO
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     spec = load_with_problems(str(REPO / "inventories" / "lab.py"))[0]
-    roller = roll.Roller("inventories/lab.py", spec, roll.Progress(io.StringIO()))
+    roller = Roller("inventories/lab.py", spec, Progress(io.StringIO()))
     roller.answer_gate = GateConfig(short_prompts=0, lengths=(), accuracy=Accuracy(enabled=True))
     monkeypatch.setattr(answers, "eval_accuracy", lambda *a: {
         **_r(metrics_single(0.5, error_rate=0.2)), "run_dir": "/x"})

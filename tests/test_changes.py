@@ -7,7 +7,7 @@ import pytest
 from pdkit import changes, releases
 from pdkit.loader import load
 from pdkit.plan import plan_cluster, services_meta
-from pdkit.roll import host_diff
+from pdkit.roll.planning import host_diff
 from roles.services import restart_plan
 from tests.conftest import BASE_CLUSTER, BASE_HOSTS, write_inventory
 

@@ -66,14 +66,15 @@ def test_the_deploy_takes_its_gate_commands_from_the_table(lab_plan, monkeypatch
 def test_the_rolls_ready_and_router_steps_run_the_tables_gates_on_the_node(lab_plan, monkeypatch):
     import io
 
-    from pdkit import roll
+    from pdkit.roll import roller as roller_mod
+    from pdkit.roll.roller import Progress, Roller
 
     spec, _ = lab_plan
-    roller = roll.Roller("inventories/lab.py", spec, roll.Progress(io.StringIO()))
+    roller = Roller("inventories/lab.py", spec, Progress(io.StringIO()))
     router_host = spec.router_hosts[0].name
     roller.connected = {h.name: h.name for h in spec.hosts}
     ran = []
-    monkeypatch.setattr(roll.roller, "run_remote", lambda host, command, timeout=900: ran.append((host, command)) or (True, "", ""))
+    monkeypatch.setattr(roller_mod, "run_remote", lambda host, command, timeout=900: ran.append((host, command)) or (True, "", ""))
     from pdkit import flags
 
     python = f"{flags.venv_dir(spec)}/bin/python"
@@ -84,7 +85,7 @@ def test_the_rolls_ready_and_router_steps_run_the_tables_gates_on_the_node(lab_p
     assert roller.run_gates([router_host], 1) == (1, [])
     assert ran == [(router_host, gates.command(python, roller.gates_of(router_host, 1)))] and "pdkit.health router" in ran[0][1]
     # a failed gate's own line is the step's error
-    monkeypatch.setattr(roll.roller, "run_remote", lambda host, command, timeout=900: (False, "", "FAILED pdkit-engine-decode.service failed at its first start: boom"))
+    monkeypatch.setattr(roller_mod, "run_remote", lambda host, command, timeout=900: (False, "", "FAILED pdkit-engine-decode.service failed at its first start: boom"))
     with pytest.raises(RuntimeError, match=f"{router_host}: pdkit-engine-decode.service failed at its first start: boom"):
         roller.ready([router_host])
 

@@ -14,7 +14,7 @@ from pdkit import metricnames as mn
 from pdkit.doctor import router_outcomes
 from pdkit.exporter import metrics as exporter_metrics
 from pdkit.exporter.metrics import decode_cuda_graph_ratio, parse_metrics
-from pdkit.roll import metric_sums
+from pdkit.roll.planning import metric_sums
 from tests.test_monitoring import _load_example
 
 REAL = Path(__file__).parent / "fixtures" / "sglang-0.5.17-h200-pd-one-gpu"

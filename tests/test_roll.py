@@ -12,10 +12,10 @@ import pytest
 
 from pdkit.loader import load
 from pdkit.plan import plan_cluster
-from pdkit.roll import (
+from pdkit.roll.commands import format_releases
+from pdkit.roll.planning import (
     HostDiff,
     format_dry_plan,
-    format_releases,
     host_diff,
     make_batches,
     metric_sums,
@@ -185,7 +185,7 @@ def test_release_listing_marks_the_running_and_the_planned_release():
 def test_a_node_is_not_taken_out_when_no_other_worker_of_its_kind_could_serve(tmp_path, three_nodes):
     import io
 
-    from pdkit.roll import Progress, Roller
+    from pdkit.roll.roller import Progress, Roller
     from pdkit.router_api import Worker
 
     spec = _one_router_over_every_engine(tmp_path, three_nodes)
@@ -233,7 +233,7 @@ def test_a_rolled_batch_runs_with_node_drained_and_a_plain_deploy_does_not(tmp_p
     from pyinfra.context import ctx_state
     from pyinfra_cli.inventory import make_inventory
 
-    from pdkit.roll import roll_inventory
+    from pdkit.roll.pyinfra_api import roll_inventory
 
     cluster, hosts = three_nodes
     path = str(write_inventory(tmp_path, hosts, cluster))
@@ -247,7 +247,7 @@ def test_a_rolled_batch_runs_with_node_drained_and_a_plain_deploy_does_not(tmp_p
 
 
 def test_engines_restarting_together_count_once():
-    from pdkit.roll import covered_seconds
+    from pdkit.roll.planning import covered_seconds
 
     assert covered_seconds([]) == 0
     assert covered_seconds([(0, 1_000_000)]) == 1.0
@@ -259,7 +259,7 @@ def test_engines_restarting_together_count_once():
 
 
 def test_open_breakers_names_only_readded_workers_with_an_open_circuit():
-    from pdkit.roll import open_breakers
+    from pdkit.roll.planning import open_breakers
 
     states = {"http://a:1": 0.0, "http://b:1": 1.0, "http://c:1": 2.0, "http://d:1": 1.0}
     assert open_breakers(states, ["http://a:1/", "http://b:1", "http://c:1"]) == ["http://b:1"]
@@ -267,7 +267,7 @@ def test_open_breakers_names_only_readded_workers_with_an_open_circuit():
 
 
 def test_the_last_line_never_claims_a_restore_when_nothing_was_changed():
-    from pdkit.roll import RollError, stop_summary
+    from pdkit.roll.planning import RollError, stop_summary
 
     cut = RollError("lab-gpu3", "connect", "cannot reach it over SSH (timed out); nothing was changed on it")
     cut.restored = False
@@ -311,7 +311,7 @@ def _spanning_decode(tmp_path, three_nodes):
 
 
 def test_a_spanning_engine_is_one_unit_of_rollout(tmp_path, three_nodes):
-    from pdkit.roll import merge_units, spanning_units
+    from pdkit.roll.planning import merge_units, spanning_units
 
     spec = _spanning_decode(tmp_path, three_nodes)
     units, lines = spanning_units(spec)
@@ -330,7 +330,7 @@ def test_a_spanning_engine_is_one_unit_of_rollout(tmp_path, three_nodes):
 
 
 def test_dry_plan_shows_a_spanning_engine_as_one_step_over_its_nodes(tmp_path, three_nodes):
-    from pdkit.roll import spanning_units
+    from pdkit.roll.planning import spanning_units
 
     spec = _spanning_decode(tmp_path, three_nodes)
     units, lines = spanning_units(spec)
@@ -367,7 +367,8 @@ class _FakePyinfra:
 def test_an_unreachable_rank_node_stops_the_roll_before_any_rank_changes(tmp_path, three_nodes):
     import io
 
-    from pdkit.roll import Progress, Roller, RollError, spanning_units
+    from pdkit.roll.planning import RollError, spanning_units
+    from pdkit.roll.roller import Progress, Roller
 
     spec = _spanning_decode(tmp_path, three_nodes)
     out = io.StringIO()
@@ -391,7 +392,8 @@ def test_a_failed_spanning_batch_restores_every_rank_together(tmp_path, three_no
     import io
     import threading
 
-    from pdkit.roll import Progress, Roller, RollError, spanning_units
+    from pdkit.roll.planning import RollError, spanning_units
+    from pdkit.roll.roller import Progress, Roller
 
     spec = _spanning_decode(tmp_path, three_nodes)
     roller = Roller("inv.py", spec, Progress(io.StringIO()))
@@ -418,10 +420,8 @@ def test_a_failed_spanning_batch_restores_every_rank_together(tmp_path, three_no
 
 # ---------------------------------------------------------------- downtime mode (--allow-downtime)
 
-from pdkit.roll import (  # noqa: E402 - grouped with the tests that use them
+from pdkit.roll.planning import (  # noqa: E402 - grouped with the tests that use them
     Outage,
-    Progress,
-    Roller,
     batch_outages,
     expected_outage,
     outage_lines,
@@ -429,6 +429,7 @@ from pdkit.roll import (  # noqa: E402 - grouped with the tests that use them
     rerun_with_downtime,
     restart_to_ready,
 )
+from pdkit.roll.roller import Progress, Roller  # noqa: E402
 from pdkit.router_api import worker_type  # noqa: E402
 
 
@@ -674,7 +675,7 @@ def test_the_hold_follows_the_measured_restart_and_has_bounds():
 
 def test_the_last_line_says_whether_the_engines_are_back_in_the_router():
     """Issue 30 item 4: after 'could not add the engines back' the last line claimed they were back."""
-    from pdkit.roll import RollError, stop_summary
+    from pdkit.roll.planning import RollError, stop_summary
 
     failed = RollError("lab-gpu1", "drain", "router refuses every API key")
     failed.restored, failed.readded = False, None
@@ -689,7 +690,7 @@ def test_the_last_line_says_whether_the_engines_are_back_in_the_router():
 
 
 def test_a_roll_tries_the_running_routers_key_then_the_inventorys_then_none(tmp_path):
-    from pdkit.roll import key_fix, parse_running_key, router_keys
+    from pdkit.roll.planning import key_fix, parse_running_key, router_keys
     from pdkit.router_api import Key
 
     def spec_with(key):
@@ -739,7 +740,7 @@ def test_the_connect_gate_tries_an_unreachable_host_three_times(tmp_path):
         "    calls.append(1)\n"
         "    return real(self, *a, **k)\n"
         "SSHConnector.connect = counting\n"
-        "from pdkit.roll import CONNECT_ATTEMPTS, Pyinfra\n"
+        "from pdkit.roll.pyinfra_api import CONNECT_ATTEMPTS, Pyinfra\n"
         f"_, connected, failed = Pyinfra({str(inv)!r}).connect(['dead'])\n"
         "print(json.dumps({'calls': len(calls), 'attempts': CONNECT_ATTEMPTS, 'failed': sorted(failed)}))\n"
     )
@@ -753,7 +754,8 @@ def test_the_connect_gate_tries_an_unreachable_host_three_times(tmp_path):
 def test_waiting_on_requests_is_not_booked_as_kit_overhead():
     """Issue 30 item 2: a smoke step that waited 20 s on a node cut off elsewhere was reported as
     the kit's own overhead. The drain's wait for requests and the smoke answers are booked apart."""
-    from pdkit.roll import NodeTiming, report
+    from pdkit.roll.commands import report
+    from pdkit.roll.roller import NodeTiming
 
     t = NodeTiming("gpu01", total_s=60.0, engines=2, engines_restart_to_ready_s=30.0,
                    steps={"drain": 6.0, "smoke": 20.5}, waited={"drain": 5.0, "smoke": 20.5})

@@ -15,7 +15,8 @@ import types
 import pytest
 
 from pdkit.loader import load
-from pdkit.roll import Progress, Roller, RollError, put_back_summary, sort_by_health, stop_summary
+from pdkit.roll.planning import RollError, put_back_summary, sort_by_health, stop_summary
+from pdkit.roll.roller import Progress, Roller
 from pdkit.router_api import RouterError, Worker, worker_type
 from tests.conftest import REPO
 from tests.test_roll import _FakePyinfra

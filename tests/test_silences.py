@@ -216,7 +216,7 @@ def test_a_failing_step_still_expires_its_silence_and_says_so(alertmanager):
 
 
 def _roller(spec, alertmanager, lines_out):
-    from pdkit.roll import Progress, Roller
+    from pdkit.roll.roller import Progress, Roller
     from tests.test_roll import _FakePyinfra
 
     roller = Roller("inv.py", spec, Progress(lines_out))
@@ -255,7 +255,7 @@ def test_a_rolled_node_is_silenced_from_drain_to_smoke_and_expired_after(alertma
 def test_a_node_the_roll_left_broken_is_not_silenced(alertmanager, spec):
     """A gate fails after the apply: the node is restored, and its silence expired after the
     restore, when the roll stops on it (whatever is still wrong pages)."""
-    from pdkit.roll import RollError
+    from pdkit.roll.planning import RollError
 
     out = io.StringIO()
     roller = _roller(spec, alertmanager, out)
@@ -286,7 +286,7 @@ def test_an_unchanged_batch_is_not_silenced(alertmanager, spec):
 
 
 def test_the_silences_bound_is_the_steps_own_timeouts(spec):
-    from pdkit.roll import APPLY_INSTALL_S, RESTORE_S, silence_window_s
+    from pdkit.roll.planning import APPLY_INSTALL_S, RESTORE_S, silence_window_s
 
     # drain 2x300, apply 900+600, ready 660, router 3x120+600+60, smoke 120, restore 900 + 3x120
     assert silence_window_s(300, 600, 120) == 600 + APPLY_INSTALL_S + 600 + 660 + 360 + 660 + 120 + RESTORE_S + 360
@@ -367,24 +367,26 @@ _COMMAND = """
 import json, sys
 import pdkit.monitoring.common as common
 common.alertmanager_urls = lambda spec: [{am!r}]
-import pdkit.roll as roll
+from pdkit.roll import commands as roll_commands, roller as roll_roller
+from pdkit.roll.planning import HostDiff
+from pdkit.roll.roller import Roller
 from tests.test_roll import _FakePyinfra
-roll.roller.Pyinfra = lambda inventory: _FakePyinfra()
-roll.Roller.read_router_keys = lambda self: []
-roll.commands.read_node_state = lambda roller, hosts: ({{h: roll.HostDiff(h, ("/etc/pdkit/x",), ("pdkit-engine-decode.service",)) for h in hosts}}, {{}}, {{}})
-roll.commands.measure_restarts = lambda roller, hosts: {{}}
-roll.Roller.current_releases = lambda self, state, hosts: ({{h: "rel-" + h for h in hosts}}, {{h: None for h in hosts}})
-roll.Roller.last_restart_to_ready = lambda self, host, name: None
-roll.Roller.engines_restart_to_ready = lambda self, host, name, since: 0.0
-roll.Roller.drain = lambda self, hosts: "drained"
-roll.Roller.restore = lambda self, name, host, to: "back on " + str(to)
-roll.Roller.readd = lambda self, hosts: "back"
-roll.Roller.smoke = lambda self, hosts: "smoked"
+roll_roller.Pyinfra = lambda inventory: _FakePyinfra()
+Roller.read_router_keys = lambda self: []
+roll_commands.read_node_state = lambda roller, hosts: ({{h: HostDiff(h, ("/etc/pdkit/x",), ("pdkit-engine-decode.service",)) for h in hosts}}, {{}}, {{}})
+roll_commands.measure_restarts = lambda roller, hosts: {{}}
+Roller.current_releases = lambda self, state, hosts: ({{h: "rel-" + h for h in hosts}}, {{h: None for h in hosts}})
+Roller.last_restart_to_ready = lambda self, host, name: None
+Roller.engines_restart_to_ready = lambda self, host, name, since: 0.0
+Roller.drain = lambda self, hosts: "drained"
+Roller.restore = lambda self, name, host, to: "back on " + str(to)
+Roller.readd = lambda self, hosts: "back"
+Roller.smoke = lambda self, hosts: "smoked"
 def ready(self, hosts):
     if {broken!r} in hosts:
         raise TimeoutError("decode not healthy")
     return "ready"
-roll.Roller.ready = ready
+Roller.ready = ready
 from pdkit.cli import main
 sys.exit(main({argv!r}))
 """

@@ -948,7 +948,7 @@ def _requests_seen(ports):
     import requests
 
     from pdkit.metricnames import SGLANG
-    from pdkit.roll import metric_sums
+    from pdkit.roll.planning import metric_sums
 
     out = {}
     for k in ("ap", "ad", "bp", "bd", "u"):

@@ -19,95 +19,38 @@ that names the node and the gate. docs/rolling.md has the whole story.
 - roller.py: the Roller, batch by batch: drain, apply, gates, re-add, smoke, restore on failure;
 - commands.py: the commands, their parsers, what they print and the --report JSON.
 
-Every name below stays importable from pdkit.roll. A test that patches one must patch the module
-that looks it up (pdkit.roll.roller.run_remote, not pdkit.roll.run_remote).
+The names below are what other packages use (pdkit/cli.py's add_parser; pdkit.tune and
+pdkit/summary.py); everything else, tests and the siblings here included, is imported from its
+submodule, and a test patches a name where it is looked up (pdkit.roll.roller.run_remote). The names
+are looked up in their submodule on first use (PEP 562): `from pdkit.roll import batch_outages`
+(`pdkit validate`'s summary) loads planning.py only, not the roller, the commands and what they import.
 """
 
-from pdkit.roll.commands import (
-    EXIT_FAILED,
-    EXIT_INVALID,
-    add_parser,
-    cmd_releases,
-    cmd_roll,
-    cmd_rollback,
-    format_releases,
-    measure_restarts,
-    read_node_state,
-    report,
-)
-from pdkit.roll.planning import (
-    APPLY_INSTALL_S,
-    HOLD_FACTOR,
-    HOLD_MARGIN_S,
-    HOLD_MAX_S,
-    HOLD_UNMEASURED_S,
-    RESTART_GAP_US,
-    RESTORE_S,
-    RUNNING_KEY_PROBE,
-    HostDiff,
-    Outage,
-    RollError,
-    batch_outages,
-    covered_seconds,
-    downtime_hold_s,
-    expected_outage,
-    format_dry_plan,
-    host_diff,
-    key_fix,
-    make_batches,
-    merge_units,
-    metric_sums,
-    open_breakers,
-    outage_lines,
-    pairing_units,
-    parse_running_key,
-    put_back_summary,
-    refusal_text,
-    rerun_with_downtime,
-    restart_to_ready,
-    rollout_order,
-    router_keys,
-    router_state_words,
-    silence_window_s,
-    sort_by_health,
-    spanning_units,
-    stop_summary,
-    unchanged_hosts,
-    version_changes,
-)
-from pdkit.roll.pyinfra_api import (
-    CONNECT_ATTEMPTS,
-    DEPLOY_FILE,
-    REPO,
-    Pyinfra,
-    patch_gevent,
-    roll_inventory,
-    run_remote,
-)
-from pdkit.roll.roller import (
-    REMOVAL_ORDER,
-    ROUTER_DRAIN_SETTLE_S,
-    SMOKE_MAX_TOKENS,
-    NodeTiming,
-    Progress,
-    Recovery,
-    Roller,
-)
+from __future__ import annotations
 
-# the old name (tests/sim/test_tune_runner.py patches gevent with it)
-_patch_gevent = patch_gevent
+import importlib
+from typing import Any
 
-__all__ = [
-    "APPLY_INSTALL_S", "CONNECT_ATTEMPTS", "DEPLOY_FILE", "EXIT_FAILED", "EXIT_INVALID", "HOLD_FACTOR",
-    "HOLD_MARGIN_S", "HOLD_MAX_S", "HOLD_UNMEASURED_S", "REMOVAL_ORDER", "REPO", "RESTART_GAP_US", "RESTORE_S",
-    "ROUTER_DRAIN_SETTLE_S", "RUNNING_KEY_PROBE", "SMOKE_MAX_TOKENS", "HostDiff", "NodeTiming", "Outage",
-    "Progress", "Pyinfra", "Recovery", "RollError", "Roller", "add_parser", "batch_outages", "cmd_releases", "cmd_roll",
-    "cmd_rollback", "covered_seconds", "downtime_hold_s", "expected_outage", "format_dry_plan", "format_releases",
-    "host_diff", "key_fix", "make_batches", "measure_restarts", "merge_units", "metric_sums", "open_breakers",
-    "outage_lines", "pairing_units", "parse_running_key", "patch_gevent", "put_back_summary", "read_node_state",
-    "refusal_text",
-    "report", "rerun_with_downtime", "restart_to_ready", "roll_inventory", "rollout_order", "router_keys",
-    "router_state_words", "run_remote", "silence_window_s", "sort_by_health", "spanning_units", "stop_summary",
-    "unchanged_hosts",
-    "version_changes",
-]
+# What other packages use, by the submodule that holds it
+_PUBLIC = {
+    "commands": ("add_parser", "read_node_state"),
+    "planning": ("RollError", "batch_outages", "make_batches", "metric_sums", "pairing_units", "rollout_order",
+                 "router_state_words", "unchanged_hosts", "version_changes"),
+    "pyinfra_api": ("patch_gevent",),
+    "roller": ("Progress", "Roller"),
+}
+_HOME = {name: module for module, names in _PUBLIC.items() for name in names}
+__all__ = sorted(_HOME)
+
+
+def __getattr__(name: str) -> Any:
+    """A name of the surface, from its submodule; kept here, so the next lookup is a plain attribute."""
+    if name not in _HOME:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_HOME})

@@ -12,7 +12,8 @@ import io
 import types
 
 from pdkit.loader import load
-from pdkit.roll import Progress, Roller, commands
+from pdkit.roll import commands
+from pdkit.roll.roller import Progress, Roller
 from pdkit.router_api import RouterClient
 from tests.conftest import REPO
 from tests.test_roll import _FakePyinfra

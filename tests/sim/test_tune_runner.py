@@ -21,8 +21,8 @@ from .support import MODEL
 
 CHILD = textwrap.dedent('''
     import json, sys
-    from pdkit.roll import _patch_gevent
-    _patch_gevent()
+    from pdkit.roll.pyinfra_api import patch_gevent
+    patch_gevent()
     from pathlib import Path
     from pdkit import flags
     from pdkit.sim.localstack import LocalProcess, router_command, router_workers_ready, router_serves, wait_for
