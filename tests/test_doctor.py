@@ -19,7 +19,21 @@ from pathlib import Path
 
 import pytest
 
-from pdkit.doctor import (
+from pdkit.doctor.baseline import c16_throughput, last_recorded
+from pdkit.doctor.checks import evaluate
+from pdkit.doctor.checks_cache import check_prefix_cache
+from pdkit.doctor.checks_cluster import check_router_workers, check_throughput
+from pdkit.doctor.checks_engine import (
+    check_context_length,
+    check_env,
+    check_flags,
+    check_queues,
+    check_reachable,
+    check_versions,
+)
+from pdkit.doctor.checks_graphs import check_decode_cuda_graphs, check_graph_buckets
+from pdkit.doctor.checks_kv import check_kv_path, check_kv_transfers
+from pdkit.doctor.model import (
     FAIL,
     INFO,
     PASS,
@@ -30,27 +44,9 @@ from pdkit.doctor import (
     KvBench,
     RouterObservation,
     Sample,
-    c16_throughput,
-    check_context_length,
-    check_decode_cuda_graphs,
-    check_env,
-    check_flags,
-    check_graph_buckets,
-    check_kv_path,
-    check_kv_transfers,
-    check_prefix_cache,
-    check_queues,
-    check_reachable,
-    check_router_workers,
-    check_throughput,
-    check_versions,
-    evaluate,
-    exit_code,
-    exporter_views,
-    last_recorded,
-    page_sample,
-    render_table,
 )
+from pdkit.doctor.observe import exporter_views, page_sample
+from pdkit.doctor.report import exit_code, render_table
 from pdkit.exporter.metrics import parse_metrics
 from pdkit.health import router_worker_health
 from pdkit.kvcost import KV_PATHS, KV_RATE_MIN_MB, kv_histograms
@@ -506,7 +502,8 @@ def _reboot_page(value: float) -> str:
 
 
 def test_reboot_required_read_from_the_exporter_page():
-    from pdkit.doctor import check_reboot, reboot_pending
+    from pdkit.doctor.checks_cluster import check_reboot
+    from pdkit.doctor.observe import reboot_pending
 
     assert reboot_pending((DATA / "lab_base" / "exporter.txt").read_text()) is None
     assert reboot_pending(_reboot_page(0)) == 0
@@ -536,7 +533,7 @@ sglang:inter_token_latency_seconds_count{model_name="m"} 40.0
 
 
 def test_histogram_mean_reads_sum_and_count():
-    from pdkit.doctor import histogram_mean
+    from pdkit.doctor.observe import histogram_mean
 
     assert histogram_mean(ITL_PAGE, "sglang:inter_token_latency_seconds") == (0.8, 40.0)
     assert histogram_mean("# nothing\n", "sglang:inter_token_latency_seconds") is None
@@ -549,7 +546,7 @@ def test_histogram_mean_reads_sum_and_count():
     ({("g1", "decode"): 0.021, ("g2", "decode"): 0.020, ("g3", "decode"): 0.0205}, set()),
 ])
 def test_decode_speed_names_the_slow_engine(itl, failed):
-    from pdkit.doctor import check_decode_speed
+    from pdkit.doctor.checks_cluster import check_decode_speed
 
     results = check_decode_speed(itl, tolerance=0.10)
     assert {(r.host, r.target) for r in results if r.status == "FAIL"} == failed
@@ -557,7 +554,7 @@ def test_decode_speed_names_the_slow_engine(itl, failed):
 
 
 def test_decode_speed_without_tokens_or_peers():
-    from pdkit.doctor import check_decode_speed
+    from pdkit.doctor.checks_cluster import check_decode_speed
 
     (idle,) = [r for r in check_decode_speed({("g1", "decode"): None, ("g2", "decode"): 0.02}) if r.host == "g1"]
     assert idle.status == "WARN" and "no decode token" in idle.reason
@@ -568,7 +565,8 @@ def test_decode_speed_without_tokens_or_peers():
 def test_per_engine_bench_gives_every_decode_engine_its_own_share(monkeypatch):
     """Issue #18 item 10: through the router one slow decode of three got no request in a lab run,
     so decode_speed_c16 had nothing to measure; doctor's speed bench asks each PD pair directly, in turn."""
-    from pdkit import bench, doctor
+    from pdkit import bench
+    from pdkit.doctor.baseline import per_engine_bench
     from pdkit.loader import load
 
     spec = load(str(Path(__file__).resolve().parents[1] / "inventories" / "cluster.py"))
@@ -578,8 +576,8 @@ def test_per_engine_bench_gives_every_decode_engine_its_own_share(monkeypatch):
         seen.update(kw)
         return {"levels": []}
 
-    monkeypatch.setattr(bench, "run_bench", fake_run_bench)
-    doctor.per_engine_bench(spec, doctor.BenchPoint(1000.0, "r", 256, 64, 48), lambda _m: None, False)
+    monkeypatch.setattr(bench, "run_bench", fake_run_bench)  # pdkit.doctor.baseline calls bench.run_bench
+    per_engine_bench(spec, BenchPoint(1000.0, "r", 256, 64, 48), lambda _m: None, False)
     decodes = sorted(f"{h.name}/{e.name}" for h, e in spec.engines() if e.role in ("decode", "unified"))
     routed = [r.split("+")[-1] for r in seen["measured"]["routes"]]
     assert sorted(routed) == decodes, (routed, decodes)  # each decode once: round robin gives equal shares
@@ -680,7 +678,7 @@ def test_a_rank_whose_argv_drifted_fails_flags():
 
 
 def test_a_rank_without_an_exporter_or_with_the_wrong_rank():
-    from pdkit.doctor import check_rank_process
+    from pdkit.doctor.checks_engine import check_rank_process
 
     lost = _rank1()
     lost.exporter, lost.exporter_error = None, "http://10.223.0.12:9400/metrics: Connection refused"
@@ -695,7 +693,7 @@ def test_a_rank_without_an_exporter_or_with_the_wrong_rank():
 
 
 def test_every_rank_is_planned_with_its_own_host_argv_and_environment():
-    from pdkit.doctor import engine_plans
+    from pdkit.doctor.collection import engine_plans
     from pdkit.loader import load
     from tests.conftest import REPO
 
@@ -713,7 +711,8 @@ def test_every_rank_is_planned_with_its_own_host_argv_and_environment():
 
 
 def test_collect_sends_no_http_to_a_rank_above_0_and_reads_its_hosts_exporter(monkeypatch):
-    from pdkit import doctor
+    from pdkit.doctor import observe
+    from pdkit.doctor.collection import collect
     from pdkit.loader import load
     from tests.conftest import REPO
 
@@ -724,8 +723,8 @@ def test_collect_sends_no_http_to_a_rank_above_0_and_reads_its_hosts_exporter(mo
         asked.append(url)
         return None, "Connection refused"
 
-    monkeypatch.setattr(doctor.observe, "http_get", refused)  # every GET of collect goes through it
-    collected = doctor.collect(spec, window_s=0, probe_requests=0, timeout_s=0.1)
+    monkeypatch.setattr(observe, "http_get", refused)  # every GET of collect goes through it
+    collected = collect(spec, window_s=0, probe_requests=0, timeout_s=0.1)
     engine_gets = sorted(u for u in asked if u.endswith(("/server_info", "/metrics")) and ":300" in u)
     # two engines (prefill on gpu-p0, decode rank 0 on gpu-d0), each /server_info once and /metrics twice
     assert engine_gets == sorted(["http://10.0.1.10:30000/server_info", "http://10.0.1.10:30000/metrics", "http://10.0.1.10:30000/metrics",
@@ -734,7 +733,7 @@ def test_collect_sends_no_http_to_a_rank_above_0_and_reads_its_hosts_exporter(mo
     (rank1,) = [o for o in collected.engines if o.plan.rank == 1]
     assert rank1.plan.host == "gpu-d1" and rank1.server_info_error is None and rank1.first.error is None
     assert "10.0.1.21:9400" in rank1.exporter_error
-    results = doctor.evaluate(collected.engines, [])
+    results = evaluate(collected.engines, [])
     rank_rows = [r for r in results if r.target == "decode rank 1"]
     # the rank's node has NVIDIA GPUs: its GPU health is read from its exporter too (unreadable here)
     assert {r.check: r.status for r in rank_rows} == {"rank_process": WARN, "gpu_health": WARN, "flags": WARN,
@@ -903,7 +902,7 @@ def test_kv_path_warns_without_any_hand_off():
 
 
 def test_kv_path_plans_come_from_the_pairing_sets():
-    from pdkit.doctor import engine_plans
+    from pdkit.doctor.collection import engine_plans
     from pdkit.loader import load
 
     by = {(p.host, p.engine): p for p in engine_plans(load("inventories/h200-nspawn-pair.py"))}

@@ -8,10 +8,12 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from pdkit.doctor import FAIL, INFO, PASS, WARN, evaluate, exit_code, exporter_views
+from pdkit.doctor.checks import evaluate
 from pdkit.doctor.checks_engine import check_gpu_health
 from pdkit.doctor.collection import engine_plans
-from pdkit.doctor.model import EngineObservation
+from pdkit.doctor.model import FAIL, INFO, PASS, WARN, EngineObservation
+from pdkit.doctor.observe import exporter_views
+from pdkit.doctor.report import exit_code
 from pdkit.exporter.collector import PdkitCollector
 from pdkit.exporter.config import parse_config
 from pdkit.exporter.gpuhealth import GpuProbe

@@ -11,7 +11,7 @@ import pytest
 
 from pdkit import catalogue as cat
 from pdkit import metricnames as mn
-from pdkit.doctor import router_outcomes
+from pdkit.doctor.observe import router_outcomes
 from pdkit.exporter import metrics as exporter_metrics
 from pdkit.exporter.metrics import decode_cuda_graph_ratio, parse_metrics
 from pdkit.roll.planning import metric_sums

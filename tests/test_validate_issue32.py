@@ -62,7 +62,9 @@ def test_validate_and_doctor_use_one_rule(tp, dp, attn_dp, target, required, bas
     validate refuses and doctor's graph_buckets fails on an engine that captured it."""
     from dataclasses import replace
 
-    from pdkit.doctor import PASS, check_graph_buckets, engine_plans
+    from pdkit.doctor.checks_graphs import check_graph_buckets
+    from pdkit.doctor.collection import engine_plans
+    from pdkit.doctor.model import PASS
     from pdkit.spec import decode_graph_required_bs
     from tests.test_doctor import observe
 

@@ -15,8 +15,9 @@ Where each part lives: model.py (the observations and `CheckResult`), observe.py
 exporter or router page), collection.py (every host's observations, with progress lines), checks.py
 (the table of checks and `evaluate`; the pure checks by concern in checks_engine.py, checks_graphs.py,
 checks_kv.py, checks_cache.py and checks_cluster.py, what they share in checkbase.py), baseline.py (the recorded C=16
-bench and doctor's own), report.py (table, JSON, exit code); here the command itself. Every public name
-stays importable from `pdkit.doctor`.
+bench and doctor's own), report.py (table, JSON, exit code); here the command itself. Its surface is what
+other packages use: add_parser (pdkit/cli.py), run_doctor and FAIL (pdkit.tune), render_table
+(gpu/pdkit_tools.py); tests and the siblings here import the submodules.
 
 A WARN says "could not prove it" (not measurable on this version, no traffic yet, exporter down);
 a FAIL says "it is wrong"; an INFO reports a figure with nothing to judge (prefix_cache without traffic in the
@@ -31,77 +32,14 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from pdkit.doctor.baseline import (
-    BENCH_CONCURRENCY,
-    DEFAULT_RUNS_PATH,
-    c16_throughput,
-    c16_ttft_mean_ms,
-    fresh_bench,
-    last_recorded,
-    per_engine_bench,
-    recorded_bench,
-)
-from pdkit.doctor.checkbase import counter_delta
-from pdkit.doctor.checks import ENGINE_CHECKS, RANK_CHECKS, evaluate, worker_outcomes
-from pdkit.doctor.checks_cache import check_prefix_cache
-from pdkit.doctor.checks_cluster import (
-    DEFAULT_TOLERANCE,
-    check_decode_speed,
-    check_reboot,
-    check_router_workers,
-    check_throughput,
-    mean_between,
-)
-from pdkit.doctor.checks_engine import (
-    QUEUE_GROWTH_MIN,
-    UNCAPPED_CONTEXT_WARN,
-    check_context_length,
-    check_env,
-    check_flags,
-    check_queues,
-    check_rank_process,
-    check_reachable,
-    check_versions,
-)
-from pdkit.doctor.checks_graphs import (
-    GRAPH_RATIO_PASS,
-    check_decode_cuda_graphs,
-    check_graph_buckets,
-    decode_graphs_enabled,
-    decode_passes,
-    largest_decode_bucket,
-)
-from pdkit.doctor.checks_kv import check_kv_path, check_kv_transfers, kv_path_text
+from pdkit.doctor.baseline import DEFAULT_RUNS_PATH, fresh_bench, per_engine_bench, recorded_bench
+from pdkit.doctor.checks import evaluate
+from pdkit.doctor.checks_cluster import DEFAULT_TOLERANCE, check_decode_speed, mean_between
 from pdkit.doctor.checks_p2p import read_p2p
-from pdkit.doctor.collection import Collected, collect, engine_plans, router_urls
-from pdkit.doctor.model import (
-    FAIL,
-    INFO,
-    PASS,
-    WARN,
-    BenchPoint,
-    CheckResult,
-    EngineObservation,
-    EnginePlan,
-    ExporterView,
-    KvBench,
-    RouterObservation,
-    Sample,
-    Status,
-    WorkerOutcomes,
-)
-from pdkit.doctor.observe import (
-    exporter_views,
-    histogram_mean,
-    http_get,
-    itl_sums,
-    kv_pages,
-    page_sample,
-    probe,
-    reboot_pending,
-    router_outcomes,
-)
-from pdkit.doctor.report import EXIT_FAIL, EXIT_INVALID, exit_code, json_report, render_table, status_counts
+from pdkit.doctor.collection import collect
+from pdkit.doctor.model import FAIL, CheckResult, KvBench
+from pdkit.doctor.observe import itl_sums, kv_pages
+from pdkit.doctor.report import EXIT_INVALID, exit_code, json_report, render_table
 from pdkit.loader import load_or_report
 
 
@@ -179,18 +117,5 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_doctor)
 
 
-# every public name of the old single module pdkit/doctor.py, importable from here as before
-__all__ = [
-    "BENCH_CONCURRENCY", "DEFAULT_RUNS_PATH", "DEFAULT_TOLERANCE", "ENGINE_CHECKS", "EXIT_FAIL", "EXIT_INVALID",
-    "FAIL", "GRAPH_RATIO_PASS", "INFO", "PASS", "QUEUE_GROWTH_MIN", "RANK_CHECKS", "UNCAPPED_CONTEXT_WARN", "WARN",
-    "BenchPoint", "CheckResult", "Collected", "EngineObservation", "EnginePlan", "ExporterView", "KvBench",
-    "RouterObservation", "Sample", "Status", "WorkerOutcomes", "add_parser", "c16_throughput", "c16_ttft_mean_ms",
-    "check_context_length", "check_decode_cuda_graphs", "check_decode_speed", "check_env", "check_flags",
-    "check_graph_buckets", "check_kv_path", "check_kv_transfers", "check_prefix_cache", "check_queues",
-    "check_rank_process", "check_reachable", "check_reboot", "check_router_workers", "check_throughput",
-    "check_versions", "cmd_doctor", "collect", "counter_delta", "decode_graphs_enabled", "decode_passes",
-    "engine_plans", "evaluate", "exit_code", "exporter_views", "fresh_bench", "histogram_mean", "http_get", "itl_sums",
-    "json_report", "kv_pages", "kv_path_text", "largest_decode_bucket", "last_recorded", "mean_between", "page_sample",
-    "per_engine_bench", "probe", "reboot_pending", "recorded_bench", "render_table", "router_outcomes", "router_urls",
-    "run_doctor", "status_counts", "worker_outcomes",
-]
+# what other packages use (pdkit/cli.py, pdkit.tune, gpu/pdkit_tools.py)
+__all__ = ["FAIL", "add_parser", "render_table", "run_doctor"]

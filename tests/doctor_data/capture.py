@@ -20,7 +20,8 @@ from pdkit.loader import load  # before requests-using modules: pyinfra gevent-p
 
 # isort: split
 
-from pdkit.doctor import engine_plans, probe, router_urls
+from pdkit.doctor.collection import engine_plans, router_urls
+from pdkit.doctor.observe import probe
 from pdkit.health import http_request
 
 DATA = Path(__file__).resolve().parent

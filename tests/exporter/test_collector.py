@@ -447,7 +447,9 @@ def test_doctor_reads_a_rank_above_0_from_the_real_exporter_page(stack):
     argv as planned, its environment lacking the NCCL setting the plan gives that host."""
     from dataclasses import replace
 
-    from pdkit.doctor import EngineObservation, EnginePlan, check_env, check_flags, check_rank_process, exporter_views
+    from pdkit.doctor.checks_engine import check_env, check_flags, check_rank_process
+    from pdkit.doctor.model import EngineObservation, EnginePlan
+    from pdkit.doctor.observe import exporter_views
 
     config = engines_config(stack)
     rank1 = config["engines"][1]

@@ -77,7 +77,7 @@ def failures(report: dict) -> list[tuple[str, str, str]]:
 def lab_layout() -> dict:
     # load in a child process: importing pyinfra's CLI gevent-patches the importing process
     code = (
-        "import json; from pdkit.loader import load; from pdkit.doctor import router_urls; "
+        "import json; from pdkit.loader import load; from pdkit.doctor.collection import router_urls; "
         f"spec = load({INVENTORY!r}); "
         "print(json.dumps({'gpu': [h.name for h in spec.gpu_hosts], 'routers': router_urls(spec)}))"
     )
