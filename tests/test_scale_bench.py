@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from pdkit.lab import planned_lab
+from pdkit.lab.model import planned_lab
 from pdkit.loader import load
 from pdkit.plan import plan_cluster
 from tests.conftest import REPO, load_script

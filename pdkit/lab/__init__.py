@@ -6,7 +6,11 @@ PID 1, each in its own network namespace on a bridge of the control machine, wit
 apt cache (apt-cacher-ng) on the bridge address as their only package source. See
 docs/lab.md. Bringing the lab up or down needs root; reading its description does not.
 
-Python API (everything below is importable from ``pdkit.lab``)::
+Python API, by module. ``pdkit.lab`` itself exports what other packages use: load_lab and
+planned_lab (inventories/lab.py, benchmarks/), ssh_run and status (benchmarks/); tests and the
+siblings here import the rest from its module.
+
+pdkit.lab.model (the plan and the state; no root)::
 
     lab_dir() -> Path
         The state directory: $PDKIT_LAB_DIR, default /var/lib/pdkit-lab. It holds the
@@ -39,6 +43,8 @@ Python API (everything below is importable from ``pdkit.lab``)::
         ssh_hostname, ssh_port, ssh_user, ssh_key, ssh_known_hosts_file,
         ssh_strict_host_key_checking="yes".
 
+pdkit.lab.lifecycle (up, down, status, SSH)::
+
     up(n_gpu=3, *, rebuild_rootfs=False, progress=None) -> LabInfo      (root)
     down(state_dir=None, *, progress=None) -> list[str]   leftovers, [] when clean (root)
     status(state_dir=None, *, probe_ssh=True) -> LabStatus               (root)
@@ -46,7 +52,8 @@ Python API (everything below is importable from ``pdkit.lab``)::
     ssh_argv(host, ssh_key, known_hosts, command=None) -> list[str]   OpenSSH argv (strict)
     ssh_run(info, host, command, *, timeout=60) -> CompletedProcess
 
-    LabError (exit_code 1), NotRoot and MissingTool (exit_code 2): one-line messages.
+    LabError (pdkit.lab.model, exit_code 1), NotRoot and MissingTool (pdkit.lab.system, exit_code 2):
+    one-line messages.
 
 Environment: PDKIT_LAB_DIR (state), PDKIT_LAB_SUBNET (a private /24),
 PDKIT_CACHE (rootfs tarball and apt cache under $PDKIT_CACHE/lab, default
@@ -55,60 +62,7 @@ PDKIT_CACHE (rootfs tarball and apt cache under $PDKIT_CACHE/lab, default
 
 from __future__ import annotations
 
-from pdkit.lab.lifecycle import (
-    HostStatus,
-    LabStatus,
-    down,
-    format_status,
-    leftovers,
-    ssh_argv,
-    ssh_run,
-    status,
-    up,
-)
-from pdkit.lab.model import (
-    DEFAULT_GPU_HOSTS,
-    DEFAULT_LAB_DIR,
-    DEFAULT_SUBNET,
-    LabConfig,
-    LabError,
-    LabHost,
-    LabInfo,
-    cache_dir,
-    lab_dir,
-    load_lab,
-    planned_hosts,
-    planned_lab,
-    pyinfra_host_data,
-)
-from pdkit.lab.system import MissingTool, NotRoot, missing_tools, require_root, require_tools
+from pdkit.lab.lifecycle import ssh_run, status
+from pdkit.lab.model import load_lab, planned_lab
 
-__all__ = [
-    "DEFAULT_GPU_HOSTS",
-    "DEFAULT_LAB_DIR",
-    "DEFAULT_SUBNET",
-    "HostStatus",
-    "LabConfig",
-    "LabError",
-    "LabHost",
-    "LabInfo",
-    "LabStatus",
-    "MissingTool",
-    "NotRoot",
-    "cache_dir",
-    "down",
-    "format_status",
-    "lab_dir",
-    "leftovers",
-    "load_lab",
-    "missing_tools",
-    "planned_hosts",
-    "planned_lab",
-    "pyinfra_host_data",
-    "require_root",
-    "require_tools",
-    "ssh_argv",
-    "ssh_run",
-    "status",
-    "up",
-]
+__all__ = ["load_lab", "planned_lab", "ssh_run", "status"]

@@ -14,7 +14,8 @@ import shlex
 import time
 from dataclasses import dataclass
 
-from pdkit import lab as pdlab
+from pdkit.lab.lifecycle import ssh_run
+from pdkit.lab.model import LabInfo
 from tests.lab.test_deploy import json_from_child
 
 UNIT = "pdkit-lab-alert-sink"
@@ -41,7 +42,7 @@ http.server.ThreadingHTTPServer((sys.argv[1], {PORT}), H).serve_forever()
 
 @dataclass
 class Sink:
-    lab: pdlab.LabInfo
+    lab: LabInfo
     host: str  # the monitoring host's lab name
 
     def start(self) -> None:
@@ -51,15 +52,15 @@ class Sink:
                    f"systemd-run --unit {UNIT} --quiet python3 -c {shlex.quote(SERVER)} \"$addr\" && "
                    f"for i in $(seq 100); do python3 -c \"import socket; socket.create_connection(('$addr', {PORT}), 1)\" "
                    f"2>/dev/null && exit 0; sleep 0.1; done; exit 1")
-        result = pdlab.ssh_run(self.lab, self.host, command, timeout=60)
+        result = ssh_run(self.lab, self.host, command, timeout=60)
         assert result.returncode == 0, f"the alert sink did not start on {self.host}: {result.stderr[-2000:]}"
 
     def stop(self) -> None:
-        pdlab.ssh_run(self.lab, self.host, f"systemctl stop {UNIT} 2>/dev/null; rm -f {LOG}", timeout=30)
+        ssh_run(self.lab, self.host, f"systemctl stop {UNIT} 2>/dev/null; rm -f {LOG}", timeout=30)
 
     def notifications(self) -> list[dict]:
         """Every webhook body received so far (Alertmanager's webhook format, version 4)."""
-        result = pdlab.ssh_run(self.lab, self.host, f"cat {LOG} 2>/dev/null || true", timeout=30)
+        result = ssh_run(self.lab, self.host, f"cat {LOG} 2>/dev/null || true", timeout=30)
         return [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
 
     def alerts(self, alertname: str, status: str | None = None, **labels: str) -> list[tuple[dict, dict]]:

@@ -26,8 +26,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from pdkit import lab as pdlab
-from pdkit.lab.system import Progress
+from pdkit.lab.lifecycle import down, leftovers, status, up
+from pdkit.lab.model import DEFAULT_GPU_HOSTS, LabError, LabInfo, lab_dir, load_lab
+from pdkit.lab.system import Progress, missing_tools
 from tests.conftest import require
 
 PREREQS = ".ci/lab-prereqs.sh"
@@ -37,7 +38,7 @@ def lab_skip_reason() -> str | None:
     """Why lab tests cannot run on this machine, or None."""
     if os.geteuid() != 0:
         return "lab tests need root (systemd-nspawn, network namespaces, a bridge): run pytest as root"
-    missing = pdlab.missing_tools()
+    missing = missing_tools()
     if missing:
         pkgs = " ".join(sorted({p for _, p in missing}))
         return f"lab prerequisites missing ({pkgs}): run `sudo {PREREQS}`"
@@ -51,7 +52,7 @@ def _progress() -> Progress:
 
 def _hold_session_lock(progress: Progress) -> int:
     """Take the machine's lab for this session: wait (saying so) while another session holds it."""
-    state = pdlab.lab_dir()
+    state = lab_dir()
     path = state.parent / f"{state.name}.session.lock"
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
@@ -69,30 +70,30 @@ def _hold_session_lock(progress: Progress) -> int:
 
 
 @pytest.fixture(scope="session")
-def lab() -> Iterator[pdlab.LabInfo]:
+def lab() -> Iterator[LabInfo]:
     reason = lab_skip_reason()
     if reason:
         # under CI, .ci/run installs the prerequisites and runs as root: a skip would hide a gap
         require(False, reason)
     keep = os.environ.get("PDKIT_LAB_KEEP") == "1"
-    n_gpu = int(os.environ.get("PDKIT_LAB_HOSTS", pdlab.DEFAULT_GPU_HOSTS))
+    n_gpu = int(os.environ.get("PDKIT_LAB_HOSTS", DEFAULT_GPU_HOSTS))
     progress = _progress()
     # held until the process ends (its descriptor is never closed): the teardown below runs under it
     _hold_session_lock(progress)
 
     info = None
     if keep:
-        running = pdlab.load_lab()
-        if running is not None and pdlab.status(probe_ssh=False).state == "up":
+        running = load_lab()
+        if running is not None and status(probe_ssh=False).state == "up":
             progress(f"PDKIT_LAB_KEEP=1: reusing the running lab ({len(running.hosts)} hosts)")
             info = running
-    elif pdlab.load_lab() is not None or pdlab.leftovers():
+    elif load_lab() is not None or leftovers():
         progress("a lab is already up: taking it down for a fresh session (PDKIT_LAB_KEEP=1 reuses it)")
-        pdlab.down(progress=progress)
+        down(progress=progress)
     if info is None:
         try:
-            info = pdlab.up(n_gpu, progress=progress)
-        except pdlab.LabError as exc:
+            info = up(n_gpu, progress=progress)
+        except LabError as exc:
             pytest.fail(f"pdkit lab up failed: {exc}", pytrace=False)
     assert info is not None
 
@@ -101,5 +102,5 @@ def lab() -> Iterator[pdlab.LabInfo]:
     if keep:
         progress("PDKIT_LAB_KEEP=1: leaving the lab up (`pdkit lab down` removes it)")
         return
-    left = pdlab.down(progress=progress)
+    left = down(progress=progress)
     assert not left, f"lab down left things behind: {left}"

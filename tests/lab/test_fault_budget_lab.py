@@ -17,7 +17,7 @@ import pytest
 import requests
 
 from pdkit.bench.stats import ABORTED
-from pdkit.lab import LabConfig
+from pdkit.lab.model import LabConfig
 from tests.lab.test_deploy import failed_hosts, json_from_child, lab_spec, run_pyinfra, ssh, wait_circuits_closed
 from tests.lab.test_roll import Load
 

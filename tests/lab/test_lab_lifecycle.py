@@ -18,8 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from pdkit import lab as pdlab
-from pdkit.lab import system
+from pdkit.lab import lifecycle, model, system
 from pdkit.lab.model import APT_CACHE_PORT, MAX_GPU_HOSTS, LabConfig
 
 from .conftest import lab_skip_reason
@@ -27,8 +26,8 @@ from .conftest import lab_skip_reason
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _ssh(info: pdlab.LabInfo, host: pdlab.LabHost, command: str, **kw) -> subprocess.CompletedProcess[str]:
-    return pdlab.ssh_run(info, host, command, **kw)
+def _ssh(info: model.LabInfo, host: model.LabHost, command: str, **kw) -> subprocess.CompletedProcess[str]:
+    return lifecycle.ssh_run(info, host, command, **kw)
 
 
 # ----------------------------------------------------------------- no root, no lab
@@ -36,7 +35,7 @@ def _ssh(info: pdlab.LabInfo, host: pdlab.LabHost, command: str, **kw) -> subpro
 
 def test_planned_hosts_are_deterministic(monkeypatch):
     monkeypatch.delenv("PDKIT_LAB_SUBNET", raising=False)
-    hosts = pdlab.planned_hosts()
+    hosts = model.planned_hosts()
     assert [(h.name, h.address, h.role) for h in hosts] == [
         ("lab-gpu1", "10.213.0.11", "gpu"),
         ("lab-gpu2", "10.213.0.12", "gpu"),
@@ -44,17 +43,17 @@ def test_planned_hosts_are_deterministic(monkeypatch):
         ("lab-mon", "10.213.0.10", "monitoring"),
     ]
     assert all(h.ssh_user == "root" and h.ssh_port == 22 for h in hosts)
-    assert [h.name for h in pdlab.planned_hosts(1)] == ["lab-gpu1", "lab-mon"]
+    assert [h.name for h in model.planned_hosts(1)] == ["lab-gpu1", "lab-mon"]
     monkeypatch.setenv("PDKIT_LAB_SUBNET", "10.213.9.0/24")
-    assert pdlab.planned_hosts(2)[1].address == "10.213.9.12"
-    with pytest.raises(pdlab.LabError):
-        pdlab.planned_hosts(0)
+    assert model.planned_hosts(2)[1].address == "10.213.9.12"
+    with pytest.raises(model.LabError):
+        model.planned_hosts(0)
 
 
 def test_planned_lab_gives_pyinfra_data(monkeypatch, tmp_path):
     monkeypatch.setenv("PDKIT_LAB_DIR", str(tmp_path))
     monkeypatch.delenv("PDKIT_LAB_SUBNET", raising=False)
-    info = pdlab.planned_lab(2)
+    info = model.planned_lab(2)
     assert not info.running
     name, data = info.pyinfra_hosts()[0]
     assert name == "lab-gpu1"
@@ -66,7 +65,7 @@ def test_planned_lab_gives_pyinfra_data(monkeypatch, tmp_path):
         "ssh_known_hosts_file": str(tmp_path / "known_hosts"),
         "ssh_strict_host_key_checking": "yes",
     }
-    assert pdlab.load_lab() is None  # nothing running in an empty state dir
+    assert model.load_lab() is None  # nothing running in an empty state dir
 
 
 def test_interface_names_fit_the_kernel_limit():
@@ -89,7 +88,7 @@ def test_not_root_is_one_line_and_exit_2(monkeypatch, capsys):
 def test_missing_tool_names_the_package(monkeypatch):
     real = system.which
     monkeypatch.setattr(system, "which", lambda t: None if t == "debootstrap" else real(t))
-    with pytest.raises(pdlab.MissingTool) as exc:
+    with pytest.raises(system.MissingTool) as exc:
         system.require_tools()
     msg = str(exc.value)
     assert "debootstrap" in msg and "apt-get install debootstrap" in msg and ".ci/lab-prereqs.sh" in msg
@@ -101,13 +100,13 @@ def test_missing_tool_names_the_package(monkeypatch):
 
 @pytest.mark.lab
 def test_lab_json_describes_the_running_lab(lab):
-    info = pdlab.load_lab()
+    info = model.load_lab()
     assert info is not None and info.running
     assert info.hosts == lab.hosts
     assert [h.name for h in info.gpu_hosts] == [f"lab-gpu{i}" for i in range(1, len(info.gpu_hosts) + 1)]
     assert info.monitoring_host.name == "lab-mon"
-    assert info.hosts == pdlab.planned_hosts(len(info.gpu_hosts))  # plan == reality
-    raw = json.loads((pdlab.lab_dir() / "lab.json").read_text())
+    assert info.hosts == model.planned_hosts(len(info.gpu_hosts))  # plan == reality
+    raw = json.loads((model.lab_dir() / "lab.json").read_text())
     for key in ("ssh_key", "known_hosts", "hosts", "subnet", "apt_cache_url"):
         assert key in raw
     assert set(raw["hosts"][0]) >= {"name", "address", "role", "ssh_user", "ssh_port"}
@@ -126,7 +125,7 @@ def test_every_host_boots_systemd_as_pid1_and_answers_ssh(lab):
         comm, state, hostname, uid = proc.stdout.split()
         assert (comm, state, hostname, uid) == ("systemd", "running", host.name, "0"), host.name
     # and from the control machine: PID 1 of each container's PID namespace is systemd
-    rt = json.loads((pdlab.lab_dir() / "run" / "runtime.json").read_text())
+    rt = json.loads((model.lab_dir() / "run" / "runtime.json").read_text())
     for host in lab.hosts:
         leader = rt["hosts"][host.name]["leader"]
         assert Path(f"/proc/{leader}/comm").read_text().strip() == "systemd"
@@ -166,7 +165,7 @@ def test_ssh_is_strict_about_host_keys(lab, tmp_path):
     assert empty.read_text() == ""
 
     # root by key only: password authentication is not offered
-    argv = pdlab.ssh_argv(a, lab.ssh_key, lab.known_hosts, "true")
+    argv = lifecycle.ssh_argv(a, lab.ssh_key, lab.known_hosts, "true")
     argv[argv.index("IdentitiesOnly=yes")] = "PreferredAuthentications=password,keyboard-interactive"
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=30)
     assert proc.returncode == 255 and "Permission denied" in proc.stderr
@@ -179,7 +178,7 @@ def test_pyinfra_connects_with_the_documented_data(lab, tmp_path):
     inv.write_text(
         textwrap.dedent(
             """
-            from pdkit.lab import load_lab
+            from pdkit.lab.model import load_lab
             lab_hosts = load_lab().pyinfra_hosts()
             """
         )
@@ -204,7 +203,7 @@ def test_pyinfra_connects_with_the_documented_data(lab, tmp_path):
     bad.write_text(
         textwrap.dedent(
             f"""
-            from pdkit.lab import load_lab
+            from pdkit.lab.model import load_lab
             _lab = load_lab()
             _h = _lab.hosts[0]
             _data = _lab.pyinfra_data(_h)
@@ -246,17 +245,17 @@ def test_hosts_reach_each_other_and_the_apt_cache_but_not_the_world(lab):
 
 @pytest.mark.lab
 def test_up_again_is_idempotent_and_status_is_green(lab):
-    rt_before = json.loads((pdlab.lab_dir() / "run" / "runtime.json").read_text())
+    rt_before = json.loads((model.lab_dir() / "run" / "runtime.json").read_text())
     t = time.monotonic()
-    again = pdlab.up(len(lab.gpu_hosts))
+    again = lifecycle.up(len(lab.gpu_hosts))
     assert time.monotonic() - t < 10
     assert again.hosts == lab.hosts
-    rt_after = json.loads((pdlab.lab_dir() / "run" / "runtime.json").read_text())
+    rt_after = json.loads((model.lab_dir() / "run" / "runtime.json").read_text())
     assert {n: r["pid"] for n, r in rt_after["hosts"].items()} == {n: r["pid"] for n, r in rt_before["hosts"].items()}
 
-    st = pdlab.status()
+    st = lifecycle.status()
     assert st.state == "up" and st.apt_cache_alive
-    assert all(h.healthy for h in st.hosts), pdlab.format_status(st)
+    assert all(h.healthy for h in st.hosts), lifecycle.format_status(st)
     proc = subprocess.run(
         [sys.executable, "-m", "pdkit.cli", "lab", "status"], capture_output=True, text=True, timeout=60
     )
@@ -310,7 +309,7 @@ def test_down_leaves_nothing_behind(tmp_path):
     env = dict(os.environ)
     env["PDKIT_LAB_DIR"] = str(tmp_path / "lab")
     env["PDKIT_LAB_SUBNET"] = "10.213.77.0/24"  # beside the session lab, not in its way
-    cfg = LabConfig(Path(env["PDKIT_LAB_DIR"]), pdlab.cache_dir(), ipaddress.IPv4Network(env["PDKIT_LAB_SUBNET"]))
+    cfg = LabConfig(Path(env["PDKIT_LAB_DIR"]), model.cache_dir(), ipaddress.IPv4Network(env["PDKIT_LAB_SUBNET"]))
 
     def cli(*args: str, timeout: int = 900) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -320,12 +319,12 @@ def test_down_leaves_nothing_behind(tmp_path):
     try:
         up = cli("up", "--hosts", "1")
         assert up.returncode == 0, up.stderr
-        info = pdlab.load_lab(cfg.state_dir)
+        info = model.load_lab(cfg.state_dir)
         assert info is not None and [h.address for h in info.hosts] == ["10.213.77.11", "10.213.77.10"]
         # leave something running in the guests: a service, an SSH session's user manager
         for host in info.hosts:
             busy = "systemd-run --unit=busy sleep 600 && systemctl is-active busy"
-            proc = pdlab.ssh_run(info, host, busy, timeout=30)
+            proc = lifecycle.ssh_run(info, host, busy, timeout=30)
             assert proc.stdout.strip() == "active", proc.stderr
         assert _independent_leftovers(cfg), "the check must see a running lab"
     finally:
@@ -333,10 +332,10 @@ def test_down_leaves_nothing_behind(tmp_path):
         down = cli("down", timeout=300)
         took = time.monotonic() - t
     assert down.returncode == 0, down.stderr
-    assert pdlab.leftovers(cfg) == []
+    assert lifecycle.leftovers(cfg) == []
     assert _independent_leftovers(cfg) == []
     assert not (cfg.state_dir / "machines").exists()
-    assert pdlab.load_lab(cfg.state_dir) is None
+    assert model.load_lab(cfg.state_dir) is None
     assert cli("status").returncode == 3
     print(f"lab down took {took:.1f}s")
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from pdkit import lab as pdlab
+from pdkit.lab.lifecycle import ssh_run
 from pdkit.node import NCCL_PIN_PATH, SOURCES_PATH, UNATTENDED_PATH, nccl_pin_text, sources_text, unattended_text
 from tests.conftest import REPO
 
@@ -68,7 +68,7 @@ def write_inventory(directory: Path, lab, gpu: str) -> Path:
 
 
 def ssh(lab, command: str) -> subprocess.CompletedProcess:
-    return pdlab.ssh_run(lab, lab.gpu_hosts[0], command, timeout=120)
+    return ssh_run(lab, lab.gpu_hosts[0], command, timeout=120)
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from pdkit import lab as pdlab
+from pdkit.lab.lifecycle import ssh_run
 from pdkit.lab.model import LabConfig
 from tests.conftest import REPO
 from tests.lab.test_deploy import json_from_child
@@ -69,7 +69,7 @@ def pdkit(*args: str, timeout: int = 1200) -> subprocess.CompletedProcess:
 
 
 def ssh(lab, host: str, command: str, timeout: int = 60) -> subprocess.CompletedProcess:
-    return pdlab.ssh_run(lab, lab.host(host), command, timeout=timeout)
+    return ssh_run(lab, lab.host(host), command, timeout=timeout)
 
 
 def current_release(lab, host: str) -> str:

@@ -30,8 +30,8 @@ from pathlib import Path
 
 import pytest
 
-from pdkit import lab as pdlab
 from pdkit import wheelhouse
+from pdkit.lab.lifecycle import ssh_run
 from pdkit.platforms import KNOWN_PLATFORMS
 from tests.conftest import REPO
 from tests.lab import engine_handover as handover
@@ -86,7 +86,7 @@ def changed(results: dict) -> list[str]:
 
 
 def on_host(lab, command: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    return pdlab.ssh_run(lab, lab.monitoring_host, command, timeout=timeout)
+    return ssh_run(lab, lab.monitoring_host, command, timeout=timeout)
 
 
 def discard_command(*paths: str) -> str:

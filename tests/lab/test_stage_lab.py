@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from pdkit import lab as pdlab
+from pdkit.lab.lifecycle import ssh_run
 from pdkit.weights import store
 from tests.conftest import REPO
 
@@ -69,7 +69,7 @@ def stage(inv: str, *args: str, timeout: int = 120) -> subprocess.CompletedProce
 
 
 def on_node(info, host: str, command: str) -> str:
-    done = pdlab.ssh_run(info, host, command, timeout=60)
+    done = ssh_run(info, host, command, timeout=60)
     assert done.returncode == 0, f"{command}: {done.stderr}"
     return done.stdout
 

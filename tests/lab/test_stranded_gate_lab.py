@@ -24,7 +24,7 @@ import uuid
 
 import pytest
 
-from pdkit import lab as pdlab
+from pdkit.lab.lifecycle import ssh_argv
 from tests.conftest import REPO
 from tests.lab.test_roll import ssh
 
@@ -76,7 +76,7 @@ def _upload(lab, host, where: str) -> None:
     with tarfile.open(fileobj=buf, mode="w") as tar:
         for rel in MODULES:
             tar.add(REPO / rel, arcname=rel)
-    argv = pdlab.ssh_argv(lab.host(host), lab.ssh_key, lab.known_hosts, f"mkdir -p {where} && tar -x -C {where}")
+    argv = ssh_argv(lab.host(host), lab.ssh_key, lab.known_hosts, f"mkdir -p {where} && tar -x -C {where}")
     done = subprocess.run(argv, input=buf.getvalue(), capture_output=True, timeout=60)
     assert done.returncode == 0, done.stderr
 
@@ -113,7 +113,7 @@ def test_a_gate_ends_on_the_host_when_its_control_side_is_killed(lab, tmp_path, 
         script.write_text(CONTROL)
         argv = [sys.executable, str(script), str(inventory), host, gate]
     else:
-        argv = pdlab.ssh_argv(lab.host(host), lab.ssh_key, lab.known_hosts, f"sudo -H -n sh -c '{gate}'")
+        argv = ssh_argv(lab.host(host), lab.ssh_key, lab.known_hosts, f"sudo -H -n sh -c '{gate}'")
     since = ssh(lab, host, "date '+%Y-%m-%d %H:%M:%S'").stdout.strip()
     control_side = subprocess.Popen(argv, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, text=True)
