@@ -39,8 +39,8 @@ background, at most once a minute, as a child process with a timeout: a scrape p
 
 Imports only the standard library, requests and prometheus_client (never pdkit.spec, pydantic
 or pyinfra): it runs next to the engines on every GPU node with a small memory budget.
+
+This file exports nothing: its command is __main__.py, and other packages import the module that
+holds what they use (pdkit.exporter.config.reads_gpu_health: the plan, the roles, doctor, the alert
+rules; pdkit.exporter.drift and pdkit.exporter.metrics: doctor, the fault budget, residency).
 """
-
-from pdkit.exporter.config import ConfigError, ExporterConfig, load_config, parse_config
-
-__all__ = ["ConfigError", "ExporterConfig", "load_config", "parse_config"]
