@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -116,20 +117,24 @@ def _router_address(host: HostSpec) -> str:
 
 # Which address a service listens on: an engine's (pdkit_node.address, else ssh_hostname), the
 # router's (pdkit_router.address, else ssh_hostname) or the host's own (ssh_hostname).
-SERVICE_ADDRESS = {
+SERVICE_ADDRESS: dict[str, Callable[[ClusterSpec, HostSpec], str]] = {
     "engine": lambda spec, host: spec.engine_address(host),
     "router": lambda spec, host: _router_address(host),
     "host": lambda spec, host: host.address,
 }
 
 
-def _router_clients(spec: ClusterSpec):
+# a service's clients: (the service's host, a client host's name, why) for each connection
+Clients = Iterator[tuple[HostSpec, str, str]]
+
+
+def _router_clients(spec: ClusterSpec) -> Clients:
     for router_host in spec.router_hosts:
         for h in {h.name: h for h, _ in spec.router_workers(router_host)}.values():
             yield h, router_host.name, f"the router on {router_host.name} connects to this node's engines"
 
 
-def _pd_peer_clients(spec: ClusterSpec):
+def _pd_peer_clients(spec: ClusterSpec) -> Clients:
     for label, members in pairing_sets(spec):
         hosts = {h.name: h for h, e in members}
         if len(hosts) < 2:
@@ -142,7 +147,7 @@ def _pd_peer_clients(spec: ClusterSpec):
                                  "for the KV transfer (bootstrap port, NIXL/Mooncake)")
 
 
-def _dist_init_clients(spec: ClusterSpec):
+def _dist_init_clients(spec: ClusterSpec) -> Clients:
     for host, engine in spec.engines():
         nodes = list(engine.nodes or ())
         if len(set(nodes)) >= 2 and nodes[0] == host.name:
@@ -150,9 +155,9 @@ def _dist_init_clients(spec: ClusterSpec):
                                    "there (--dist-init-addr)")
 
 
-def _scrape_clients(has_service):
+def _scrape_clients(has_service: Callable[[HostSpec], bool]) -> Callable[[ClusterSpec], Clients]:
     """Prometheus on each monitoring host scrapes the service on every scraped host that has it."""
-    def clients(spec: ClusterSpec):
+    def clients(spec: ClusterSpec) -> Clients:
         by_name = {x.name: x for x in spec.hosts}
         for mon in spec.monitoring_hosts:
             assert mon.monitoring is not None
@@ -163,7 +168,7 @@ def _scrape_clients(has_service):
     return clients
 
 
-def _alertmanager_clients(spec: ClusterSpec):
+def _alertmanager_clients(spec: ClusterSpec) -> Clients:
     for am in spec.monitoring_hosts:
         for mon in spec.monitoring_hosts:
             yield am, mon.name, f"Prometheus on {mon.name} sends its alerts to this host's Alertmanager"
@@ -179,7 +184,7 @@ class CrossHostService:
     # which address it listens on: a key of SERVICE_ADDRESS
     address: Literal["engine", "router", "host"]
     # who connects: (the service's host, a client host's name, why) for each connection
-    clients: object
+    clients: Callable[[ClusterSpec], Clients]
 
 
 # Every address one host of the cluster uses to reach another. A new service another host
@@ -207,14 +212,14 @@ def cross_host_connections(spec: ClusterSpec) -> list[tuple[HostSpec, str, str, 
     than its own connects to."""
     out = []
     for service in CROSS_HOST_SERVICES:
-        for host, client, why in service.clients(spec):  # type: ignore[operator]
+        for host, client, why in service.clients(spec):
             if client != host.name:
                 out.append((host, SERVICE_ADDRESS[service.address](spec, host), _address_field(host, service.address),
                             client, why))
     return out
 
 
-def check_addresses(spec: ClusterSpec, add) -> None:
+def check_addresses(spec: ClusterSpec, add: Callable[[Problem], None]) -> None:
     """Valid addresses; no loopback or wildcard where another host must connect; one SSH
     target per host; ports unique per address (two hosts on one address are one machine)."""
     for host in spec.hosts:

@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from pdkit.spec.fields import MAX_INTERVAL_S, MAX_TIMEOUT_S, NAME_PATTERN, Frozen, at_most
 
@@ -101,7 +101,7 @@ class Receiver(Frozen):
 
     @field_validator("to", "from_address")
     @classmethod
-    def _addresses(cls, value: str | None, info) -> str | None:
+    def _addresses(cls, value: str | None, info: ValidationInfo) -> str | None:
         # Alertmanager parses `to` with Go's mail.ParseAddressList (commas between addresses; a
         # semicolon, Outlook's separator, fails every notification) and `from` as one address
         if value is None:

@@ -3,6 +3,7 @@ every section has validated on its own), and the per-node and per-engine checks 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pdkit.faultbudget import ROUTER_FLAGS as ROUTER_BUDGET_FLAGS
@@ -491,7 +492,8 @@ def router_retry_schedule(spec: ClusterSpec, host: HostSpec) -> RetrySchedule:
 # decode requires at least 2 decode workers" (--decode-policy). Both run with pdkit's argv: refused at
 # start (tests/test_router_start_refusals.py). In PD mode pdkit renders no --policy, so only the two
 # PD policies count there.
-def _check_power_of_two(spec: ClusterSpec, host: HostSpec, workers, pd_mode: bool, add) -> None:
+def _check_power_of_two(spec: ClusterSpec, host: HostSpec, workers: list[tuple[HostSpec, Engine]], pd_mode: bool,
+                        add: Callable[[Problem], None]) -> None:
     router = host.router
     assert router is not None
     if not workers:
@@ -512,7 +514,7 @@ def _check_power_of_two(spec: ClusterSpec, host: HostSpec, workers, pd_mode: boo
                         f"policy ... requires at least 2 {kind}'); this router has {count}: use {instead}"))
 
 
-def _check_model_visibility(spec: ClusterSpec, add) -> None:
+def _check_model_visibility(spec: ClusterSpec, add: Callable[[Problem], None]) -> None:
     """A model, tokenizer or draft directory the engine units' sandbox hides (ProtectHome=yes,
     PrivateTmp=yes): SGLang would not find it. The rest (exists, config.json, weights, readable by
     the service user) is the preflight's, on each node (pdkit.preflight.model_dir_problems)."""
@@ -539,7 +541,7 @@ def _check_model_visibility(spec: ClusterSpec, add) -> None:
                             f"{path.rstrip('/').rsplit('/', 1)[-1]})", "warning"))
 
 
-def _check_engine_venv(spec: ClusterSpec, host: HostSpec, add) -> None:
+def _check_engine_venv(spec: ClusterSpec, host: HostSpec, add: Callable[[Problem], None]) -> None:
     """pdkit_node.engine_venv: a real engine's environment, outside pdkit's own venvs, one SGLang
     release for every engine process it runs (the preflight checks the environment itself)."""
     node = host.node
@@ -570,7 +572,8 @@ def _check_engine_venv(spec: ClusterSpec, host: HostSpec, add) -> None:
                     f"run from the one engine_venv {venv}: give them one sglang_version, or remove engine_venv"))
 
 
-def _check_engine_tuning(spec: ClusterSpec, host: HostSpec, engine: Engine, at: str, add) -> None:
+def _check_engine_tuning(spec: ClusterSpec, host: HostSpec, engine: Engine, at: str,
+                         add: Callable[[Problem], None]) -> None:
     tuning = spec.engine_tuning(engine)
     release = SGLANG_RELEASES[spec.engine_version(engine)]
     assert host.node is not None
@@ -644,7 +647,7 @@ def _check_engine_tuning(spec: ClusterSpec, host: HostSpec, engine: Engine, at: 
                     f"graphs above {tuning.max_running_requests} are never captured", "warning"))
 
 
-def _check_pd_groups(spec: ClusterSpec, add) -> None:
+def _check_pd_groups(spec: ClusterSpec, add: Callable[[Problem], None]) -> None:
     groups: dict[str, list[tuple[HostSpec, Engine]]] = {}
     for host, engine in spec.engines():
         if engine.role != "unified":
@@ -668,7 +671,7 @@ def _check_pd_groups(spec: ClusterSpec, add) -> None:
                                 "'mlx5_0:1'), without it cross-node NIXL transfers hang until the 300 s timeout"))
 
 
-def _check_kv_over_tcp(spec: ClusterSpec, add) -> None:
+def _check_kv_over_tcp(spec: ClusterSpec, add: Callable[[Problem], None]) -> None:
     """Warn where PD pairs cross hosts and the node's ucx_net_devices is not an RDMA device: UCX
     then moves GPU KV as emulated puts over TCP sockets (pdkit.kvcost.kv_path; docs/gpu.md,
     "KV hand-off at long prompts")."""
@@ -701,7 +704,8 @@ def _check_kv_over_tcp(spec: ClusterSpec, add) -> None:
 DECODE_RADIX_EXPERIMENTAL = "SGLang marks it EXPERIMENTAL ('Radix cache is enabled for decode server')"
 
 
-def _check_cache_levers(spec: ClusterSpec, host: HostSpec, engine: Engine, at: str, add) -> None:
+def _check_cache_levers(spec: ClusterSpec, host: HostSpec, engine: Engine, at: str,
+                        add: Callable[[Problem], None]) -> None:
     """The prefix-cache levers: where each applies and what SGLang refuses at start (0.5.23
     arg_groups/pd_disaggregation_hook.py handle_pd_disaggregation, speculative_hook.py
     handle_speculative_decoding, kv_cache_hook.py handle_cache_compatibility / handle_kv4_compatibility;

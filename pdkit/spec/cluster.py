@@ -3,14 +3,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Literal
+from typing import Literal, TypeVar
 
 from pdkit.spec.fields import Frozen
 from pdkit.spec.models import Cluster, Engine, Model, Monitoring, Node, Router
 from pdkit.spec.tuning import Tuning
 from pdkit.versions import ROUTER_RELEASES, SGLANG_RELEASES
+
+_T = TypeVar("_T")  # what a ClusterSpec lookup table holds
 
 __all__ = [
     "ClusterSpec", "HostSpec", "Placement", "Problem", "SpecError",
@@ -67,10 +70,10 @@ class ClusterSpec(Frozen):
     hosts: tuple[HostSpec, ...]
     inventory: str = ""
 
-    def _memo(self, name: str, source: object, build):
+    def _memo(self, name: str, source: object, build: Callable[[], _T]) -> _T:
         """A lookup table built once per spec from SOURCE (one of its fields), built again when
         that field is another object (model_copy(update=...) copies the instance's __dict__)."""
-        hit = self.__dict__.get(name)
+        hit: tuple[object, _T] | None = self.__dict__.get(name)
         if hit is None or hit[0] is not source:
             hit = (source, build())
             self.__dict__[name] = hit
@@ -93,7 +96,7 @@ class ClusterSpec(Frozen):
         except KeyError:
             raise KeyError(name) from None
 
-    def check_limit(self, names) -> None:
+    def check_limit(self, names: Iterable[str]) -> None:
         """Refuse a `--limit` that names a host the inventory lacks (pdkit roll, pdkit bench)."""
         known = [h.name for h in self.hosts]
         unknown = sorted(set(names) - set(known))

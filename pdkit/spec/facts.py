@@ -111,7 +111,7 @@ def engine_numa_node(host: HostSpec, engine: Engine) -> int | None:
 
 def custom_all_reduce_enabled(spec: ClusterSpec, host: HostSpec, engine: Engine) -> bool:
     """auto: off at TP 2 on sm_12x (custom all-reduce crashed at graph capture) and with P2P off."""
-    setting = spec.engine_tuning(engine).value("custom_all_reduce")
+    setting: str = spec.engine_tuning(engine).value("custom_all_reduce")
     if setting != "auto":
         return setting == "on"
     assert host.node is not None

@@ -31,10 +31,10 @@ MAX_TIMEOUT_S = 86400  # a day
 MAX_INTERVAL_S = 3600
 
 
-def at_most(limit: int | float, what: str, too_big_hint: str = ""):
+def at_most(limit: int | float, what: str, too_big_hint: str = "") -> AfterValidator:
     """An AfterValidator: the value must be <= limit; the message names the bound."""
 
-    def check(value):
+    def check(value: float | None) -> float | None:
         if value is not None and value > limit:
             hint = f" ({too_big_hint})" if too_big_hint else ""
             raise ValueError(f"{value} is above {limit}, the most a {what} can sensibly be{hint}")

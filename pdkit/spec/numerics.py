@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from pdkit.parsertable import table
 from pdkit.spec.cluster import ClusterSpec, HostSpec, Problem
@@ -58,8 +59,8 @@ class Finding:
     setting: str
 
 
-def _options(version: str) -> dict[str, dict]:
-    out = {}
+def _options(version: str) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
     for option in table()["sglang"][version]["options"]:
         for flag in option.get("flags") or []:
             out[flag] = option

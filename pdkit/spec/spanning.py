@@ -3,6 +3,8 @@ tp x pp x dp rules SGLang enforces, and the checks on the nodes a spanning engin
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from pdkit.spec.cluster import ClusterSpec, Problem
 from pdkit.spec.models import Engine
 from pdkit.spec.startup import A2A_EP_SPANNING
@@ -73,7 +75,7 @@ def parallel_problems(spec: ClusterSpec, engine: Engine) -> list[tuple[str, str]
     return out
 
 
-def check_spanning(spec: ClusterSpec, add) -> None:
+def check_spanning(spec: ClusterSpec, add: Callable[[Problem], None]) -> None:
     """Engines spanning nodes: their nodes exist, are alike, are free where the ranks run, and
     have cross-node NCCL settings."""
     names = {h.name: h for h in spec.hosts}

@@ -9,6 +9,7 @@ the flags pdkit renders.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 from pdkit.pagesize import effective_page_size
 from pdkit.spec.cluster import ClusterSpec
@@ -137,7 +138,7 @@ DSPARK_ATTN_DP_A2A = {"0.5.17": ("none",), "0.5.23": ("none", "megamoe", "mori")
 
 
 def _speculative_layout_problems(engine: Engine, tuning: Tuning, version: str, algorithm: str,
-                                 origin) -> list[tuple[str, str]]:
+                                 origin: Callable[[str], str]) -> list[tuple[str, str]]:
     """Speculative decoding against attention DP, TP/PP and the attention backend, as each
     algorithm's handler checks it (speculative_hook._handle_dflash / _dspark / _eagle_family /
     _ngram / _uno of 0.5.17 and 0.5.23)."""
@@ -246,7 +247,8 @@ def startup_check_problems(spec: ClusterSpec, engine: Engine, node: Node | None 
     spec_cfg = tuning.speculative
     algorithm = spec_cfg.algorithm if spec_cfg is not None else None
     origin = functools.partial(tuning_origin, spec, engine, "")
-    env_on = lambda name: str(engine.env.get(name, "")).lower() in _ENV_TRUE  # noqa: E731
+    def env_on(name: str) -> bool:
+        return str(engine.env.get(name, "")).lower() in _ENV_TRUE
     pp = engine.pp
     # pp > 1 with the overlap schedule on is NOT refused: both pinned releases turn the schedule off
     # themselves for pp > 1 before their check runs (arg_groups/overrides.py

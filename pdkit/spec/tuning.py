@@ -3,7 +3,7 @@ decoding, with pdkit's defaults (TUNING_DEFAULTS); each field is one SGLang flag
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -198,7 +198,7 @@ class Tuning(Frozen):
         """This tuning with every field the override sets explicitly taking its value."""
         return self.model_copy(update={k: getattr(override, k) for k in override.model_fields_set})
 
-    def value(self, name: str):
+    def value(self, name: str) -> Any:  # the field's own type, which varies by name
         """A field's effective value: the explicit setting, else pdkit's default."""
         explicit = getattr(self, name)
         return TUNING_DEFAULTS.get(name) if explicit is None else explicit
