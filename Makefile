@@ -37,9 +37,11 @@ test: $(STAMP) contract-env lab-prereqs monitoring-prereqs grafana-schema
 	echo "make test: unit tests exit $$unit, lab tests exit $$lab"; \
 	[ $$unit = 0 ] && [ $$lab = 0 ]
 
-# The linter (ruff, pinned in pyproject's test extras; its rules in [tool.ruff]).
+# The linter and the type checker (ruff and mypy, pinned in pyproject's test extras; their rules in
+# [tool.ruff] and [tool.mypy]).
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy pdkit
 
 # Render every file pdkit would write for the example 8-GPU cluster into build/ (no host contacted).
 render: $(STAMP)
