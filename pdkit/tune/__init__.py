@@ -7,4 +7,7 @@
 - runner.py: the campaign itself: pdkit.roll's Roller to apply and roll back, doctor, bench.
 
 docs/tune.md describes the campaign format and every verdict.
+
+This file exports nothing: pdkit/cli.py registers pdkit.tune.runner's add_parser, and tests import
+the modules.
 """
