@@ -770,8 +770,8 @@ def test_waiting_on_requests_is_not_booked_as_kit_overhead():
 
 def test_the_names_tests_patch_are_looked_up_where_they_patch_them():
     """tests/test_gates.py and tests/test_silences.py patch run_remote, Pyinfra, read_node_state and
-    measure_restarts on the module of pdkit/roll/ whose code calls them: a patch on the package
-    (pdkit.roll.run_remote) would not reach that code, and the test would silently stop testing."""
+    measure_restarts on the module of pdkit/roll/ whose code calls them: a patch on another module
+    (pdkit.roll.pyinfra_api.run_remote) would not reach that code, and the test would silently stop testing."""
     import ast
 
     from pdkit.roll import commands, roller

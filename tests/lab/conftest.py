@@ -1,6 +1,6 @@
 """Shared fixture for lab tests: one systemd-nspawn lab per test session.
 
-    def test_something(lab):          # lab: pdkit.lab.LabInfo of the running lab
+    def test_something(lab):          # lab: pdkit.lab.model.LabInfo of the running lab
         for name, data in lab.pyinfra_hosts(): ...
 
 - Brings the lab up once per session (`pdkit lab up --hosts $PDKIT_LAB_HOSTS`, default 3)
