@@ -140,7 +140,7 @@ def test_the_doc_names_no_alert_without_a_record():
 
 def test_the_decode_graph_rule_is_stated_once():
     """The engines that must run decode steps in CUDA graphs: decode and unified engines with `tuning.cuda_graph`
-    on (engines.must_run_decode_graphs). The alert watches exactly these, and the runbook and the table line say
+    on (pdkit.spec.decode_graphs_expected, in pdkit/spec/facts.py). The alert watches exactly these, and the runbook and the table line say
     the rule with engines.DECODE_GRAPH_RULE; the old statement (decode engines only) is gone from the doc."""
     seen_unified = False
     for name in ("lab", "cluster", "a6000", "multinode"):
@@ -165,3 +165,25 @@ def test_the_decode_graph_rule_is_stated_once():
     assert doc.count(engines.DECODE_GRAPH_RULE) == 3
     assert "for decode engines with CUDA graphs on" not in doc
     assert "Only engines with graphs on are watched" not in doc
+
+
+def test_the_decode_graph_rule_has_one_home_in_the_code():
+    """`role != "prefill"` beside `cuda_graph` (the rule written out) appears only in pdkit/spec/facts.py's
+    decode_graphs_expected; flags, doctor, validation and the alert call it (issue 48 item 5)."""
+    import re
+
+    from tests.conftest import REPO
+
+    written_out = re.compile(r'role\s*!=\s*"prefill"[^\n]*cuda_graph|cuda_graph[^\n]*role\s*!=\s*"prefill"')
+    homes = [f"{p.relative_to(REPO)}:{n}" for p in sorted((REPO / "pdkit").rglob("*.py"))
+             for n, line in enumerate(p.read_text().splitlines(), 1) if written_out.search(line)]
+    assert homes == [f"pdkit/spec/facts.py:{_rule_line()}"], homes
+
+
+def _rule_line() -> int:
+    import inspect
+
+    from pdkit.spec import facts
+
+    lines, start = inspect.getsourcelines(facts.decode_graphs_expected)
+    return start + next(i for i, line in enumerate(lines) if "cuda_graph" in line and "prefill" in line)

@@ -17,7 +17,13 @@ from pdkit.doctor.model import EngineObservation, EnginePlan, ExporterView, Rout
 from pdkit.exporter.config import reads_gpu_health
 from pdkit.health import router_worker_health
 from pdkit.paths import router_auth_headers, router_metrics_url, router_url
-from pdkit.spec import decode_graph_required_bs, effective_decode_graph_max_bs, pairing_sets, prefill_kv_paths
+from pdkit.spec import (
+    decode_graph_required_bs,
+    decode_graphs_expected,
+    effective_decode_graph_max_bs,
+    pairing_sets,
+    prefill_kv_paths,
+)
 
 
 def engine_plans(spec) -> list[EnginePlan]:
@@ -53,7 +59,7 @@ def engine_plans(spec) -> list[EnginePlan]:
                 sglang_version=spec.engine_version(engine),
                 engine_kind=spec.cluster.engine,
                 context_length=tuning.context_length,
-                cuda_graph=engine.role != "prefill" and bool(tuning.value("cuda_graph")),
+                cuda_graph=decode_graphs_expected(spec, engine),
                 graph_max_bs=effective_decode_graph_max_bs(spec, host, engine),
                 required_bs=decode_graph_required_bs(engine, target),
                 env_names=tuple(planned_env),

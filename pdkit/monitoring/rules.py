@@ -14,7 +14,6 @@ from pdkit.monitoring.alertrules.base import Alert, Runbook, context, subject_na
 from pdkit.monitoring.alertrules.engines import (
     CUDA_GRAPH_RATIO_FOR,
     CUDA_GRAPH_RATIO_MIN,
-    DECODE_GRAPH_RULE,
     ENGINE_DOWN_FOR,
     QUEUE_GROWING_FOR,
     QUEUE_MIN_DEPTH,
@@ -43,7 +42,7 @@ from pdkit.monitoring.alertrules.router import (
     WORKER_UNHEALTHY_FOR,
 )
 from pdkit.monitoring.common import monitoring_of, scaled_duration, speedup_of, to_yaml
-from pdkit.spec import ClusterSpec
+from pdkit.spec import DECODE_GRAPH_RULE, ClusterSpec
 
 # each alert's runbook, by name in rule order (docs/monitoring.md's runbooks: pdkit.monitoring.alerttable)
 RUNBOOKS: dict[str, Runbook] = {r.name: r.runbook for r in ALERTS}

@@ -8,7 +8,8 @@ from pdkit.spec.cluster import ClusterSpec, HostSpec
 from pdkit.spec.models import Engine, GpuLayout
 
 __all__ = [
-    "MAX_SHARED_GPU_FRACTION", "custom_all_reduce_enabled", "dcgm_enabled", "decode_graph_required_bs",
+    "DECODE_GRAPH_RULE", "MAX_SHARED_GPU_FRACTION", "custom_all_reduce_enabled", "dcgm_enabled",
+    "decode_graph_required_bs", "decode_graphs_expected",
     "effective_decode_graph_max_bs", "engine_model_paths", "engine_numa_node", "gpu_share_group", "pairing_sets",
     "prefill_kv_paths", "sglang_decode_graph_default_max_bs", "shared_gpu_mem_fraction", "shared_gpu_predecessor",
 ]
@@ -44,11 +45,22 @@ def decode_graph_required_bs(engine: Engine, target: int | None) -> int | None:
     return -(-target // ranks)
 
 
+# Which engines must run their decode steps in CUDA graphs (the seeds' "on but not used" trap): the one
+# statement of the rule that flags, doctor, validation and the PdkitDecodeCudaGraphRatioLow alert all use.
+DECODE_GRAPH_RULE = "decode and unified engines whose spec turns CUDA graphs on"
+
+
+def decode_graphs_expected(spec: ClusterSpec, engine: Engine) -> bool:
+    """DECODE_GRAPH_RULE for one engine: a decode or unified engine (a prefill runs no decode step) with
+    `tuning.cuda_graph` on."""
+    return engine.role != "prefill" and bool(spec.engine_tuning(engine).value("cuda_graph"))
+
+
 def effective_decode_graph_max_bs(spec: ClusterSpec, host: HostSpec, engine: Engine) -> int | None:
     """The largest decode batch that will run inside a CUDA graph, or None if graphs are off/unknown."""
-    tuning = spec.engine_tuning(engine)
-    if engine.role == "prefill" or not tuning.value("cuda_graph"):
+    if not decode_graphs_expected(spec, engine):
         return None
+    tuning = spec.engine_tuning(engine)
     if tuning.cuda_graph_bs:
         max_bs: int | None = max(tuning.cuda_graph_bs)
     elif tuning.cuda_graph_max_bs is not None:

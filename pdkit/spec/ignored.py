@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel
 
 from pdkit.spec.cluster import ClusterSpec, HostSpec, Problem
+from pdkit.spec.facts import decode_graphs_expected
 from pdkit.spec.models import Engine
 
 __all__ = [
@@ -131,7 +132,7 @@ def ignored_settings(spec: ClusterSpec, engine: Engine) -> list[tuple[str, str]]
         if name in explicit and getattr(tuning, name) is not None:
             out.append((explicit[name], f"ignored: a {engine.role} engine never uses {name} (pdkit renders no flag for "
                         f"it); set it on the {'decode' if engine.role == 'prefill' else 'prefill'} role instead"))
-    if engine.role != "prefill" and tuning.value("cuda_graph") is False:
+    if engine.role != "prefill" and not decode_graphs_expected(spec, engine):
         for name in ("cuda_graph_bs", "cuda_graph_max_bs"):
             if getattr(tuning, name) is not None:
                 where = anywhere.get(name, f"tuning.{name}")

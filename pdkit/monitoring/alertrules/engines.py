@@ -37,7 +37,7 @@ from pdkit.monitoring.common import (
     series_text,
     speedup_of,
 )
-from pdkit.spec import ClusterSpec, Engine
+from pdkit.spec import DECODE_GRAPH_RULE, ClusterSpec, decode_graphs_expected
 
 ENGINE_DOWN_FOR = "2m"  # a real SGLang restart takes ~60-106 s: a 1m window would fire on every roll
 # a rank's process is gone only between a stop and the next start: systemd restarts a crashed rank after
@@ -52,21 +52,10 @@ CUDA_GRAPH_RATIO_MIN = 0.9
 CUDA_GRAPH_RATIO_FOR = "10m"
 TTFT_FOR = "5m"
 
-# The decode-graph rule, stated once: which engines must run their decode steps in CUDA graphs. The alert
-# watches exactly these (graph_expected_instances); its runbook and table line say it with DECODE_GRAPH_RULE.
-DECODE_GRAPH_RULE = "decode and unified engines whose spec turns CUDA graphs on"
-
-
-def must_run_decode_graphs(spec: ClusterSpec, engine: Engine) -> bool:
-    """DECODE_GRAPH_RULE for one engine: a decode or unified engine (a prefill runs no decode step) with
-    `tuning.cuda_graph` on."""
-    return engine.role != "prefill" and bool(spec.engine_tuning(engine).value("cuda_graph"))
-
-
 def graph_expected_instances(spec: ClusterSpec) -> list[str]:
     """Engines that must run decode steps in CUDA graphs (DECODE_GRAPH_RULE), by instance."""
     return [engine_instance(host, engine.name) for host, engine in spec.engines()
-            if must_run_decode_graphs(spec, engine)]
+            if decode_graphs_expected(spec, engine)]
 
 
 # engine down
