@@ -95,17 +95,6 @@ ROUTER = {
     "pd_rendezvous_failures": "smg_pd_rendezvous_failures_total",
 }
 
-# pdkit-exporter: per-engine series with labels node, engine, role (the exporter's own)
-EXPORTER = {
-    "up": "pdkit_engine_up",
-    "info": "pdkit_engine_info",  # labels release, sglang_version
-    "flags_drift": "pdkit_engine_flags_drift",  # 0/1
-    "env_present": "pdkit_engine_env_present",  # 0/1: NCCL/UCX env really in /proc/PID/environ
-    "cuda_graph_ratio": "pdkit_decode_cuda_graph_ratio",
-    # the last "Decode batch" log line's figures (journal)
-    "log_gen_throughput": "pdkit_decode_batch_gen_throughput_tokens_per_second",
-    "log_running": "pdkit_decode_batch_running_requests",
-}
 # pdkit-exporter, an engine spanning nodes: 1 while the unit of the rank this node runs has a running
 # process, per rank (labels node, engine, role and rank, nnodes, head: rank 0's host). Read by the
 # PdkitEngineRankDown alert and doctor's rank_process check; not in EXPORTER (the families the tuning
@@ -139,6 +128,58 @@ EXPORTER_WEIGHTS_INFO = "pdkit_engine_weights_info"
 # Read by the PdkitGpuWedged alert and doctor's gpu_health check.
 EXPORTER_GPU_WEDGED = "pdkit_engine_gpu_wedged"
 EXPORTER_GPU_PROBE_ERROR = "pdkit_exporter_gpu_probe_error"
+
+# Every family pdkit-exporter writes, by name without the pdkit_ prefix (info families by their sample name,
+# `..._info`; counters by their family name, the samples add `_total`): pdkit/exporter/collector.py writes them
+# from here and doctor (pdkit/doctor/observe.py) reads them from here, so a name is decided once.
+EXPORTER_FAMILIES = {
+    "decode_batch_cuda_graph": "pdkit_decode_batch_cuda_graph",
+    "decode_batch_gen_throughput_tokens_per_second": "pdkit_decode_batch_gen_throughput_tokens_per_second",
+    "decode_batch_queued_requests": "pdkit_decode_batch_queued_requests",
+    "decode_batch_running_requests": "pdkit_decode_batch_running_requests",
+    "decode_batch_timestamp_seconds": "pdkit_decode_batch_timestamp_seconds",
+    "decode_batch_token_usage_ratio": "pdkit_decode_batch_token_usage_ratio",
+    "decode_cuda_graph_ratio": "pdkit_decode_cuda_graph_ratio",
+    "engine_info": "pdkit_engine_info",
+    "engine_env_check_error": "pdkit_engine_env_check_error",
+    "engine_env_mismatch_info": "pdkit_engine_env_mismatch_info",
+    "engine_env_present": "pdkit_engine_env_present",
+    "engine_flag_drift_info": "pdkit_engine_flag_drift_info",
+    "engine_flags_drift": "pdkit_engine_flags_drift",
+    "engine_flags_unverified": "pdkit_engine_flags_unverified",
+    "engine_forward_passes": "pdkit_engine_forward_passes",
+    "engine_gen_throughput_tokens_per_second": "pdkit_engine_gen_throughput_tokens_per_second",
+    "engine_generation_tokens": "pdkit_engine_generation_tokens",
+    "engine_kv_transfer_failures": "pdkit_engine_kv_transfer_failures",
+    "engine_pd_queue_requests": "pdkit_engine_pd_queue_requests",
+    "engine_prompt_tokens": "pdkit_engine_prompt_tokens",
+    "engine_queued_requests": "pdkit_engine_queued_requests",
+    "engine_rank_up": EXPORTER_RANK_UP,
+    "engine_running_requests": "pdkit_engine_running_requests",
+    "engine_scrape_error": "pdkit_engine_scrape_error",
+    "engine_token_usage_ratio": "pdkit_engine_token_usage_ratio",
+    "engine_up": "pdkit_engine_up",
+    "exporter_collect_duration_seconds": "pdkit_exporter_collect_duration_seconds",
+    "exporter_journal_error": "pdkit_exporter_journal_error",
+    "node_reboot_required": "pdkit_node_reboot_required",
+    "prefill_batch_cuda_graph": "pdkit_prefill_batch_cuda_graph",
+    "prefill_batch_input_throughput_tokens_per_second": "pdkit_prefill_batch_input_throughput_tokens_per_second",
+    "prefill_batch_queued_requests": "pdkit_prefill_batch_queued_requests",
+    "prefill_batch_running_requests": "pdkit_prefill_batch_running_requests",
+    "prefill_batch_timestamp_seconds": "pdkit_prefill_batch_timestamp_seconds",
+}
+# pdkit-exporter: per-engine series with labels node, engine, role (the exporter's own) that the tuning dashboard
+# draws for every engine
+EXPORTER = {
+    "up": EXPORTER_FAMILIES["engine_up"],
+    "info": EXPORTER_FAMILIES["engine_info"],  # labels release, sglang_version
+    "flags_drift": EXPORTER_FAMILIES["engine_flags_drift"],  # 0/1
+    "env_present": EXPORTER_FAMILIES["engine_env_present"],  # 0/1: NCCL/UCX env really in /proc/PID/environ
+    "cuda_graph_ratio": EXPORTER_FAMILIES["decode_cuda_graph_ratio"],
+    # the last "Decode batch" log line's figures (journal)
+    "log_gen_throughput": EXPORTER_FAMILIES["decode_batch_gen_throughput_tokens_per_second"],
+    "log_running": EXPORTER_FAMILIES["decode_batch_running_requests"],
+}
 
 NODE = {
     "cpu": "node_cpu_seconds_total",

@@ -16,6 +16,7 @@ from pdkit.exporter.metrics import parse_metrics
 from pdkit.health import http_request
 from pdkit.kvcost import Histogram, cache_counts, kv_bytes_per_token, kv_histograms
 from pdkit.metricnames import (
+    EXPORTER_FAMILIES,
     EXPORTER_GPU_PROBE_ERROR,
     EXPORTER_GPU_WEDGED,
     EXPORTER_JIT_COLD_EXTRA,
@@ -60,8 +61,8 @@ def router_outcomes(text: str) -> dict[str, dict[str, float]]:
 
 def reboot_pending(text: str) -> float | None:
     """pdkit_node_reboot_required from a pdkit-exporter page (None: the exporter does not report it)."""
-    wanted = "\n".join(l for l in text.splitlines() if l.startswith(("pdkit_node_reboot_required",
-                                                                     "# TYPE pdkit_node_reboot_required"))) + "\n"
+    name = EXPORTER_FAMILIES["node_reboot_required"]
+    wanted = "\n".join(l for l in text.splitlines() if l.startswith((name, "# TYPE " + name))) + "\n"
     for family in text_string_to_metric_families(wanted):
         for s in family.samples:
             return s.value
@@ -80,21 +81,21 @@ def exporter_views(text: str) -> dict[str, ExporterView]:
             if engine is None:
                 continue
             view = views.setdefault(engine, ExporterView())
-            if s.name == "pdkit_engine_env_present":
+            if s.name == EXPORTER_FAMILIES["engine_env_present"]:
                 view.env_present = s.value
-            elif s.name == "pdkit_engine_env_check_error":
+            elif s.name == EXPORTER_FAMILIES["engine_env_check_error"]:
                 view.env_check_error = s.value
-            elif s.name == "pdkit_engine_env_mismatch_info":
+            elif s.name == EXPORTER_FAMILIES["engine_env_mismatch_info"]:
                 view.env_mismatch[s.labels.get("var", "?")] = s.labels.get("problem", "?")
-            elif s.name == "pdkit_engine_flags_drift":
+            elif s.name == EXPORTER_FAMILIES["engine_flags_drift"]:
                 view.flags_drift = s.value
-            elif s.name == "pdkit_engine_flag_drift_info":
+            elif s.name == EXPORTER_FAMILIES["engine_flag_drift_info"]:
                 view.drift_flags = (*view.drift_flags, s.labels.get("flag", "?"))
-            elif s.name == "pdkit_decode_cuda_graph_ratio":
+            elif s.name == EXPORTER_FAMILIES["decode_cuda_graph_ratio"]:
                 view.decode_graph_ratio = s.value
-            elif s.name == "pdkit_decode_batch_cuda_graph":
+            elif s.name == EXPORTER_FAMILIES["decode_batch_cuda_graph"]:
                 view.decode_batch_cuda_graph = s.value
-            elif s.name == "pdkit_engine_info":
+            elif s.name == EXPORTER_FAMILIES["engine_info"]:
                 view.sglang_version = s.labels.get("sglang_version") or None
             elif s.name == EXPORTER_SHAPE_RECORDED:
                 view.recorded_shape[s.labels.get("figure", "?")] = s.value
@@ -110,7 +111,7 @@ def exporter_views(text: str) -> dict[str, ExporterView]:
                 view.jit_cold_extra = (s.value, s.labels.get("source", ""))
             elif s.name == EXPORTER_GPU_WEDGED and s.labels.get("gpu", "").isdigit():
                 view.gpu_wedged[int(s.labels["gpu"])] = (s.labels.get("bdf", "?"), s.value, s.labels.get("seen", ""))
-            elif s.name == "pdkit_engine_rank_up":
+            elif s.name == EXPORTER_FAMILIES["engine_rank_up"]:
                 view.rank_up = s.value
                 rank = s.labels.get("rank", "")
                 view.rank = int(rank) if rank.isdigit() else None

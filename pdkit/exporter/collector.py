@@ -59,6 +59,7 @@ from pdkit.exporter.system import (
     reboot_required,
 )
 from pdkit.metricnames import (
+    EXPORTER_FAMILIES,
     EXPORTER_GPU_PROBE_ERROR,
     EXPORTER_GPU_WEDGED,
     EXPORTER_JIT_COLD_EXTRA,
@@ -429,10 +430,11 @@ class PdkitCollector(Collector):
             families = self._families(snapshots, journal_error)
             if self.gpu_probe is not None:
                 families += self._gpu_health(snapshots)
-            duration = GaugeMetricFamily("pdkit_exporter_collect_duration_seconds",
+            duration = GaugeMetricFamily(EXPORTER_FAMILIES["exporter_collect_duration_seconds"],
                                          "Time this scrape of the node's engines took.", labels=["node"])
             duration.add_metric([self.config.node], time.perf_counter() - started)
-            reboot = GaugeMetricFamily("pdkit_node_reboot_required", "1 when the NVIDIA driver changed and the node "
+            reboot = GaugeMetricFamily(EXPORTER_FAMILIES["node_reboot_required"],
+                                       "1 when the NVIDIA driver changed and the node "
                                        "waits for a drained reboot (pdkit's marker file), else 0.", labels=["node"])
             reboot.add_metric([self.config.node], reboot_required(self.reboot_marker_path))
         yield from families
@@ -449,68 +451,82 @@ class PdkitCollector(Collector):
         def counter(name: str, doc: str, extra: tuple[str, ...] = ()) -> CounterMetricFamily:
             return CounterMetricFamily(name, doc, labels=[*LABELS, *extra])
 
-        up = gauge("pdkit_engine_up", "1 when the engine answered /metrics in this scrape and /server_info for its "
+        up = gauge(EXPORTER_FAMILIES["engine_up"],
+                   "1 when the engine answered /metrics in this scrape and /server_info for its "
                    "current process (read once per process, see server_info_max_age_s).")
-        scrape_error = gauge("pdkit_engine_scrape_error",
+        scrape_error = gauge(EXPORTER_FAMILIES["engine_scrape_error"],
                              "1 when this scrape of the endpoint failed (refused, timeout, HTTP error, unreadable).",
                              ("endpoint",))
-        info = InfoMetricFamily("pdkit_engine", "What the engine runs: release (config hash), SGLang version "
+        info = InfoMetricFamily(EXPORTER_FAMILIES["engine_info"].removesuffix("_info"),
+                                "What the engine runs: release (config hash), SGLang version "
                                 "(running, from /server_info; last known while down) and the planned one.",
                                 labels=list(LABELS))
-        drift = gauge("pdkit_engine_flags_drift", "1 when the running flags (/server_info, process argv) differ "
+        drift = gauge(EXPORTER_FAMILIES["engine_flags_drift"],
+                      "1 when the running flags (/server_info, process argv) differ "
                       "from the planned argv; absent when neither could be read.")
-        drift_info = InfoMetricFamily("pdkit_engine_flag_drift", "One series per planned flag that the running "
+        drift_info = InfoMetricFamily(EXPORTER_FAMILIES["engine_flag_drift_info"].removesuffix("_info"),
+                                      "One series per planned flag that the running "
                                       "engine contradicts.", labels=list(LABELS))
-        unverified = gauge("pdkit_engine_flags_unverified",
+        unverified = gauge(EXPORTER_FAMILIES["engine_flags_unverified"],
                            "Planned flags that /server_info does not report (so could only be checked in argv).")
-        env_present = gauge("pdkit_engine_env_present", "1 when every planned NCCL/UCX/SGLANG variable is in "
+        env_present = gauge(EXPORTER_FAMILIES["engine_env_present"],
+                            "1 when every planned NCCL/UCX/SGLANG variable is in "
                             "/proc/<MainPID>/environ with its planned value, 0 when not; absent when unreadable.")
-        env_error = gauge("pdkit_engine_env_check_error", "1 when the engine process's environment could not be "
+        env_error = gauge(EXPORTER_FAMILIES["engine_env_check_error"],
+                          "1 when the engine process's environment could not be "
                           "read (unit not running, no permission, systemctl failed).")
-        env_info = InfoMetricFamily("pdkit_engine_env_mismatch", "One series per planned variable missing from or "
+        env_info = InfoMetricFamily(EXPORTER_FAMILIES["engine_env_mismatch_info"].removesuffix("_info"),
+                                    "One series per planned variable missing from or "
                                     "different in the engine process.", labels=list(LABELS))
-        running = gauge("pdkit_engine_running_requests", "Requests in the running batch (sglang:num_running_reqs).")
-        queued = gauge("pdkit_engine_queued_requests", "Requests waiting to be scheduled (sglang:num_queue_reqs).")
-        usage = gauge("pdkit_engine_token_usage_ratio", "KV cache token usage, 0..1 (sglang:token_usage).")
-        gen_tp = gauge("pdkit_engine_gen_throughput_tokens_per_second",
+        running = gauge(EXPORTER_FAMILIES["engine_running_requests"],
+                        "Requests in the running batch (sglang:num_running_reqs).")
+        queued = gauge(EXPORTER_FAMILIES["engine_queued_requests"],
+                       "Requests waiting to be scheduled (sglang:num_queue_reqs).")
+        usage = gauge(EXPORTER_FAMILIES["engine_token_usage_ratio"], "KV cache token usage, 0..1 (sglang:token_usage).")
+        gen_tp = gauge(EXPORTER_FAMILIES["engine_gen_throughput_tokens_per_second"],
                        "The engine's own generation throughput, refreshed at its log interval (sglang:gen_throughput).")
-        pd_queues = gauge("pdkit_engine_pd_queue_requests", "PD queue depth: bootstrap and inflight (prefill), "
+        pd_queues = gauge(EXPORTER_FAMILIES["engine_pd_queue_requests"],
+                          "PD queue depth: bootstrap and inflight (prefill), "
                           "prealloc and transfer (decode).", ("queue",))
-        prompt = counter("pdkit_engine_prompt_tokens", "Prompt tokens processed (sglang:prompt_tokens_total); "
+        prompt = counter(EXPORTER_FAMILIES["engine_prompt_tokens"],
+                         "Prompt tokens processed (sglang:prompt_tokens_total); "
                          "rate() it for tokens per second.")
-        generation = counter("pdkit_engine_generation_tokens", "Tokens generated "
+        generation = counter(EXPORTER_FAMILIES["engine_generation_tokens"], "Tokens generated "
                              "(sglang:generation_tokens_total); rate() it for tokens per second.")
-        kv_fail = counter("pdkit_engine_kv_transfer_failures", "Requests whose PD KV hand-off failed, by stage "
+        kv_fail = counter(EXPORTER_FAMILIES["engine_kv_transfer_failures"],
+                          "Requests whose PD KV hand-off failed, by stage "
                           "(sglang:num_bootstrap_failed_reqs_total, num_transfer_failed_reqs_total).", ("stage",))
-        passes = counter("pdkit_engine_forward_passes", "Forward passes by phase and whether they ran as a CUDA "
+        passes = counter(EXPORTER_FAMILIES["engine_forward_passes"],
+                         "Forward passes by phase and whether they ran as a CUDA "
                          "graph (sglang:cuda_graph_passes_total, one TP rank).", ("phase", "cuda_graph"))
-        ratio = gauge("pdkit_decode_cuda_graph_ratio", "Share of decode forward passes run as a CUDA graph since "
+        ratio = gauge(EXPORTER_FAMILIES["decode_cuda_graph_ratio"],
+                      "Share of decode forward passes run as a CUDA graph since "
                       "the engine started; absent before the first decode pass.")
         batch = {
             "decode": {
-                "gen_throughput": gauge("pdkit_decode_batch_gen_throughput_tokens_per_second",
+                "gen_throughput": gauge(EXPORTER_FAMILIES["decode_batch_gen_throughput_tokens_per_second"],
                                         "gen throughput (token/s) of the last `Decode batch` log line."),
-                "running_requests": gauge("pdkit_decode_batch_running_requests",
+                "running_requests": gauge(EXPORTER_FAMILIES["decode_batch_running_requests"],
                                           "#running-req of the last `Decode batch` log line."),
-                "queued_requests": gauge("pdkit_decode_batch_queued_requests",
+                "queued_requests": gauge(EXPORTER_FAMILIES["decode_batch_queued_requests"],
                                          "#queue-req of the last `Decode batch` log line."),
-                "cuda_graph": gauge("pdkit_decode_batch_cuda_graph",
+                "cuda_graph": gauge(EXPORTER_FAMILIES["decode_batch_cuda_graph"],
                                     "`cuda graph:` of the last `Decode batch` log line (1 True, 0 False)."),
-                "token_usage": gauge("pdkit_decode_batch_token_usage_ratio",
+                "token_usage": gauge(EXPORTER_FAMILIES["decode_batch_token_usage_ratio"],
                                      "token usage of the last `Decode batch` log line."),
-                "timestamp": gauge("pdkit_decode_batch_timestamp_seconds",
+                "timestamp": gauge(EXPORTER_FAMILIES["decode_batch_timestamp_seconds"],
                                    "Journal time of the last `Decode batch` log line (unix seconds)."),
             },
             "prefill": {
-                "input_throughput": gauge("pdkit_prefill_batch_input_throughput_tokens_per_second",
+                "input_throughput": gauge(EXPORTER_FAMILIES["prefill_batch_input_throughput_tokens_per_second"],
                                           "input throughput (token/s) of the last `Prefill batch` log line."),
-                "running_requests": gauge("pdkit_prefill_batch_running_requests",
+                "running_requests": gauge(EXPORTER_FAMILIES["prefill_batch_running_requests"],
                                           "#running-req of the last `Prefill batch` log line."),
-                "queued_requests": gauge("pdkit_prefill_batch_queued_requests",
+                "queued_requests": gauge(EXPORTER_FAMILIES["prefill_batch_queued_requests"],
                                          "#queue-req of the last `Prefill batch` log line."),
-                "cuda_graph": gauge("pdkit_prefill_batch_cuda_graph",
+                "cuda_graph": gauge(EXPORTER_FAMILIES["prefill_batch_cuda_graph"],
                                     "`cuda graph:` of the last `Prefill batch` log line (1 True, 0 False)."),
-                "timestamp": gauge("pdkit_prefill_batch_timestamp_seconds",
+                "timestamp": gauge(EXPORTER_FAMILIES["prefill_batch_timestamp_seconds"],
                                    "Journal time of the last `Prefill batch` log line (unix seconds)."),
             },
         }
@@ -531,7 +547,8 @@ class PdkitCollector(Collector):
         jit_extra = gauge(EXPORTER_JIT_COLD_EXTRA, "What a cold start of the engine cost on this node beyond a warm "
                           "one, by SGLang's start-up phases (its first and last gated start on one environment).",
                           ("dir", "source"))
-        rank_up = gauge("pdkit_engine_rank_up", "An engine spanning nodes: 1 when the unit of the rank this node runs "
+        rank_up = gauge(EXPORTER_FAMILIES["engine_rank_up"],
+                        "An engine spanning nodes: 1 when the unit of the rank this node runs "
                         "has a running process. Rank 0 also serves HTTP (pdkit_engine_up); a rank above 0 serves none.",
                         ("rank", "nnodes", "head"))
         for snap in snapshots:
@@ -623,7 +640,8 @@ class PdkitCollector(Collector):
         for fams in batch.values():
             out.extend(fams.values())
         if self.journal is not None:
-            jerr = gauge_node("pdkit_exporter_journal_error", "1 when this scrape could not read the engines' "
+            jerr = gauge_node(EXPORTER_FAMILIES["exporter_journal_error"],
+                              "1 when this scrape could not read the engines' "
                               "journal (the exporter's user needs group systemd-journal).")
             jerr.add_metric([node], 0.0 if journal_error is None else 1.0)
             out.append(jerr)
