@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from pdkit.loader import load_or_report, load_with_problems
+from pdkit.loader import invalid_report, load_or_report, load_with_problems
 from pdkit.plan import plan_cluster
 from pdkit.summary import summary
 
@@ -26,11 +26,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         # --strict: a setting that would be ignored fails the check like any error
         errors, warnings = errors + warnings, []
     if errors or spec is None:
-        print(f"{args.inventory}: {len(errors)} error(s); nothing was contacted.", file=sys.stderr)
-        for p in errors:
-            print(f"  error   {p}", file=sys.stderr)
-        for p in warnings:
-            print(f"  warning {p}", file=sys.stderr)
+        print(invalid_report(args.inventory, errors, warnings), file=sys.stderr)
         return EXIT_INVALID
     print(summary(spec))
     for p in warnings:

@@ -7,11 +7,10 @@ Deploy files call `current_spec()` at prepare time; it validates the inventory p
 from __future__ import annotations
 
 import socket
-import sys
 from functools import lru_cache
 from weakref import WeakKeyDictionary
 
-from pdkit.loader import inventory_host_data, spec_from_host_data
+from pdkit.loader import invalid_report, inventory_host_data, spec_from_host_data
 from pdkit.plan import HostPlan, plan_host
 from pdkit.spec import ClusterSpec, HostSpec
 
@@ -27,9 +26,8 @@ def _spec_for(inventory_id: int) -> ClusterSpec:
     errors = [p for p in problems if p.severity == "error"]
     if errors or spec is None:
         # no traceback: the same list `pdkit validate` prints, then stop before any operation
-        for p in errors:
-            print(f"pdkit: error {p}", file=sys.stderr)
-        raise SystemExit(f"pdkit: the inventory has {len(errors)} error(s); no host was changed")
+        raise SystemExit(invalid_report(getattr(state, "inventory_filename", "") or "the inventory", errors,
+                                        nothing="no host was changed"))
     return spec
 
 

@@ -16,6 +16,7 @@ import sys
 import traceback
 import typing
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -422,6 +423,15 @@ def _model_in(annotation, typing) -> Any:
     return None
 
 
+def invalid_report(inventory: str | os.PathLike[str], errors: Sequence[Problem], warnings: Sequence[Problem] = (),
+                   nothing: str = "nothing was contacted") -> str:
+    """What every command prints (to stderr) when the inventory is invalid: one header, then each error and warning,
+    the way `pdkit validate` lists them. NOTHING says what was not done (a deploy: no host was changed)."""
+    lines = [f"{inventory}: {len(errors)} error(s); {nothing}."]
+    lines += [f"  error   {p}" for p in errors] + [f"  warning {p}" for p in warnings]
+    return "\n".join(lines)
+
+
 def load_or_report(inventory: str | os.PathLike[str]) -> ClusterSpec | None:
     """For commands that act on a cluster: the spec, or None after printing every error to stderr.
 
@@ -431,10 +441,8 @@ def load_or_report(inventory: str | os.PathLike[str]) -> ClusterSpec | None:
     spec, problems = load_with_problems(inventory)
     errors = [p for p in problems if p.severity == "error"]
     if errors or spec is None:
-        print(f"{inventory}: {len(errors)} error(s); nothing was contacted "
-              f"(`pdkit validate {inventory}` lists warnings too).", file=sys.stderr)
-        for p in errors:
-            print(f"  error   {p}", file=sys.stderr)
+        print(invalid_report(inventory, errors, nothing=f"nothing was contacted (`pdkit validate {inventory}` "
+                             "lists warnings too)"), file=sys.stderr)
         return None
     return spec
 

@@ -17,7 +17,7 @@ from pdkit import answers
 from pdkit.engineshape import SHAPES_DIR
 from pdkit.enginestarts import history_probe_command
 from pdkit.health import ready_marks_dir
-from pdkit.loader import load_with_problems
+from pdkit.loader import load_or_report
 from pdkit.releases import previous_release, release_json_path
 from pdkit.roll.planning import (
     HostDiff,
@@ -48,14 +48,7 @@ EXIT_INVALID = 2
 
 
 def _load(inventory: str):
-    spec, problems = load_with_problems(inventory)
-    errors = [p for p in problems if p.severity == "error"]
-    if errors or spec is None:
-        print(f"{inventory}: {len(errors)} error(s); nothing was contacted.", file=sys.stderr)
-        for p in errors:
-            print(f"  error   {p}", file=sys.stderr)
-        return None
-    return spec
+    return load_or_report(inventory)
 
 
 

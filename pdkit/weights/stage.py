@@ -619,19 +619,15 @@ def cmd_stage(args: argparse.Namespace) -> int:
 
     patch_gevent()
     # lazy: the loader imports pyinfra's CLI loader, after the gevent patch
-    from pdkit.loader import load_with_problems
+    from pdkit.loader import load_or_report
     from pdkit.paths import releases_command
     from pdkit.releases import CURRENT, release_json_path, releases_dir
 
     def log(message: str) -> None:
         print(f"pdkit stage: {message}", file=sys.stderr, flush=True)
 
-    spec, problems = load_with_problems(args.inventory)
-    errors = [p for p in problems if p.severity == "error"]
-    if errors or spec is None:
-        print(f"{args.inventory}: {len(errors)} error(s); nothing was contacted.", file=sys.stderr)
-        for p in errors:
-            print(f"  error   {p}", file=sys.stderr)
+    spec = load_or_report(args.inventory)
+    if spec is None:
         return EXIT_INVALID
     model = args.model or spec.cluster.model.path
     targets = targets_by_host(spec, args.model)
