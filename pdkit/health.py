@@ -341,6 +341,12 @@ def wait_rank(unit: str, url: str, timeout: float, interval: float = 0.5) -> tup
     return False, f"not ready after {timeout:.0f} s: {reason}"
 
 
+def worker_key(url: str) -> str:
+    """A router worker's identity: its URL without a trailing slash (the routers list `http://h:p` and accept
+    `http://h:p/`): every comparison of a planned worker with a router's list goes through this."""
+    return url.rstrip("/")
+
+
 def router_worker_health(body: str) -> dict[str, bool]:
     """url -> healthy, from the router's GET /workers (smg: {"workers": [{"url", "is_healthy"...}]})."""
     data = json.loads(body)
@@ -352,7 +358,7 @@ def router_worker_health(body: str) -> dict[str, bool]:
         healthy = worker.get("is_healthy", worker.get("healthy"))
         if healthy is None and isinstance(worker.get("health"), str):
             healthy = worker["health"].lower() == "healthy"
-        health[worker["url"].rstrip("/")] = bool(healthy)
+        health[worker_key(worker["url"])] = bool(healthy)
     return health
 
 
@@ -388,8 +394,8 @@ def wait_router(
     deadline = time.monotonic() + timeout
     reason = "not checked yet"
     headers = bearer_headers(api_key)
-    others = {w.rstrip("/") for w in remote or []}
-    wanted = {w.rstrip("/") for w in workers} | others
+    others = {worker_key(w) for w in remote or []}
+    wanted = {worker_key(w) for w in workers} | others
     base = url.rstrip("/")
     while time.monotonic() < deadline:
         status, body = http_request(f"{base}/workers", headers=headers)

@@ -25,7 +25,7 @@ import time
 import urllib.parse
 from dataclasses import dataclass
 
-from pdkit.health import bearer_headers, http_request
+from pdkit.health import bearer_headers, http_request, worker_key
 
 # what smg and sglang-router call an engine that is neither a prefill nor a decode (a unified
 # engine): their worker API answers 400 to "unified" (smg 1.13.0)
@@ -124,7 +124,7 @@ def parse_workers(body: str) -> list[Worker]:
         out.append(
             Worker(
                 id=str(w.get("id", "")),
-                url=str(w["url"]).rstrip("/"),
+                url=worker_key(str(w["url"])),
                 worker_type=str(w.get("worker_type", REGULAR)),
                 bootstrap_port=w.get("bootstrap_port"),
                 healthy=bool(w.get("is_healthy", False)),
@@ -187,7 +187,7 @@ class RouterClient:
             raise RouterError(f"GET {self.base_url}/workers answered something unreadable: {exc}") from exc
 
     def find(self, url: str) -> Worker | None:
-        url = url.rstrip("/")
+        url = worker_key(url)
         return next((w for w in self.workers() if w.url == url), None)
 
     def detail(self, worker_id: str) -> dict:
@@ -253,7 +253,7 @@ class RouterClient:
 
     def add(self, url: str, worker_type: str, bootstrap_port: int | None = None, *, timeout: float = 60.0) -> None:
         """Register URL again, waiting out a removal that is still draining (smg answers 409 then)."""
-        payload: dict = {"url": url.rstrip("/"), "worker_type": worker_type}
+        payload: dict = {"url": worker_key(url), "worker_type": worker_type}
         if bootstrap_port is not None:
             payload["bootstrap_port"] = bootstrap_port
         if self.drain_settle_s is not None:
@@ -279,7 +279,7 @@ class RouterClient:
     def wait_gone(self, urls: list[str], *, timeout: float = 60.0) -> None:
         """Until no URL is listed any more (a removed worker stays listed, draining, for the
         router's settle time: a caller that reports the list as final waits that out)."""
-        unwanted = {u.rstrip("/") for u in urls}
+        unwanted = {worker_key(u) for u in urls}
         deadline = time.monotonic() + timeout
         while unwanted:
             still = sorted(unwanted & {w.url for w in self.workers()})
@@ -292,7 +292,7 @@ class RouterClient:
 
     def wait_healthy(self, urls: list[str], *, timeout: float = 60.0) -> None:
         """Until every URL is listed ready and healthy."""
-        wanted = {u.rstrip("/") for u in urls}
+        wanted = {worker_key(u) for u in urls}
         deadline = time.monotonic() + timeout
         while True:
             listed = {w.url: w for w in self.workers()}

@@ -29,6 +29,7 @@ from pdkit.doctor.checks_engine import (
 from pdkit.doctor.checks_graphs import check_decode_cuda_graphs, check_graph_buckets
 from pdkit.doctor.checks_kv import check_kv_path, check_kv_transfers
 from pdkit.doctor.model import BenchPoint, CheckResult, EngineObservation, KvBench, RouterObservation, WorkerOutcomes
+from pdkit.health import worker_key
 
 ENGINE_CHECKS: tuple[tuple[Callable[..., CheckResult], frozenset[str]], ...] = (
     (check_reachable, frozenset({"prefill", "decode", "unified"})),
@@ -101,7 +102,7 @@ def evaluate(engines: Sequence[EngineObservation], routers: Sequence[RouterObser
 
 def worker_outcomes(routers: Sequence[RouterObservation], url: str) -> WorkerOutcomes | None:
     """The first router that recorded outcomes for this worker URL at both samples."""
-    key = url.rstrip("/")
+    key = worker_key(url)
     for r in routers:
         if r.outcomes_second is not None and key in r.outcomes_second:
             return WorkerOutcomes(r.host, (r.outcomes_first or {}).get(key, {}), r.outcomes_second[key])

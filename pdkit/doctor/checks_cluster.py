@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 from pdkit.doctor.model import FAIL, PASS, WARN, BenchPoint, CheckResult, RouterObservation, Status
+from pdkit.health import worker_key
 
 DEFAULT_TOLERANCE = 0.10
 
@@ -17,7 +18,7 @@ def check_router_workers(router: RouterObservation) -> CheckResult:
     if router.workers is None:
         return CheckResult(router.host, "router", name, FAIL, f"{router.url}/workers did not answer: {router.error}",
                            f"on {router.host}: systemctl status pdkit-router; journalctl -u pdkit-router -n 50")
-    wanted = {w.rstrip("/") for w in router.expected_workers}
+    wanted = {worker_key(w) for w in router.expected_workers}
     missing = sorted(wanted - set(router.workers))
     unhealthy = sorted(w for w in wanted & set(router.workers) if not router.workers[w])
     extra = sorted(set(router.workers) - wanted)

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pdkit.doctor.model import EnginePlan, ExporterView, Sample
 from pdkit.exporter.metrics import parse_metrics
-from pdkit.health import http_request
+from pdkit.health import http_request, worker_key
 from pdkit.kvcost import Histogram, cache_counts, kv_bytes_per_token, kv_histograms
 from pdkit.metricnames import (
     EXPORTER_FAMILIES,
@@ -54,7 +54,7 @@ def router_outcomes(text: str) -> dict[str, dict[str, float]]:
         for s in family.samples:
             worker, outcome = s.labels.get("worker"), s.labels.get("outcome")
             if worker and outcome:
-                slot = out.setdefault(worker.rstrip("/"), {})
+                slot = out.setdefault(worker_key(worker), {})
                 slot[outcome] = slot.get(outcome, 0.0) + s.value
     return out
 

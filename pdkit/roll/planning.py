@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pdkit import changes
 from pdkit.enginestarts import RESTART_GAP_US as RESTART_GAP_US  # re-exported: pdkit.roll names it
 from pdkit.enginestarts import config_class, restart_seconds, unit_argv_env
+from pdkit.health import worker_key
 from pdkit.paths import router_url
 from pdkit.router_api import Key, key_order, worker_type
 
@@ -449,7 +450,7 @@ def host_diff(plan: HostPlan, state: dict, *, new_venvs: Iterable[str] = ()) -> 
 
 def open_breakers(states: dict[str, float], urls: Iterable[str]) -> list[str]:
     """Pure: the URLs among URLS whose breaker the router reports open (smg_worker_cb_state 1)."""
-    return sorted(u.rstrip("/") for u in urls if states.get(u.rstrip("/")) == 1)
+    return sorted(worker_key(u) for u in urls if states.get(worker_key(u)) == 1)
 
 
 def unchanged_hosts(diffs: dict[str, HostDiff]) -> set[str]:

@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pdkit import answers, flags, gates, gpuhealth, jitplan
 from pdkit.engineshape import SHAPES_DIR
-from pdkit.health import READY_LOG_LINE, http_request, ready_marks_dir
+from pdkit.health import READY_LOG_LINE, http_request, ready_marks_dir, worker_key
 
 # DRAIN_GAUGES: engine gauges that must all read 0 before an engine may restart (running requests, PD queues)
 from pdkit.metricnames import DRAIN_GAUGES, FAILURE_COUNTERS, ROUTER
@@ -346,7 +346,7 @@ class Roller:
         for family in text_string_to_metric_families(body):
             for sample in family.samples:
                 if sample.name == ROUTER["worker_cb_state"] and "worker" in sample.labels:
-                    out[sample.labels["worker"].rstrip("/")] = sample.value
+                    out[worker_key(sample.labels["worker"])] = sample.value
         return out
 
     def others_can_serve(self, hosts: list[str], accepted: frozenset[tuple[str, str]] = frozenset(),
@@ -359,7 +359,7 @@ class Roller:
         also = set(also)
         for router_host, client in self.routers():
             mine = {url for c, _, url in leaving if c is client}
-            mine |= {w.url for w in client.workers() if w.url.rstrip("/") in also}
+            mine |= {w.url for w in client.workers() if worker_key(w.url) in also}
             if not mine:
                 continue
             listed = client.workers()
@@ -394,11 +394,11 @@ class Roller:
         LISTINGS: id(client) -> its /workers as the caller read them."""
         addresses = {flags.engine_url(self.spec, host, e).rsplit(":", 1)[0]
                      for host in map(self.spec.host, hosts) if host.node is not None for e in host.node.engines}
-        planned = {(url.rstrip("/"), worker_type(e.role)) for _, e, url in self.workers_of(hosts)}
+        planned = {(worker_key(url), worker_type(e.role)) for _, e, url in self.workers_of(hosts)}
         out = []
         for router_host, client in self.routers():
             for w in listings[id(client)]:
-                url = w.url.rstrip("/")
+                url = worker_key(w.url)
                 if url.rsplit(":", 1)[0] in addresses and (url, w.worker_type) not in planned:
                     out.append((router_host, client, w))
         return out
@@ -413,11 +413,11 @@ class Roller:
         changed = self.listed_changed(hosts, listings)
         # a layout change: the kinds it takes away that no other worker of the router serves are an
         # outage too, accepted only with --allow-downtime
-        leaving = {w.url.rstrip("/") for _, _, w in changed} | {url for _, _, url in self.workers_of(hosts)}
+        leaving = {worker_key(w.url) for _, _, w in changed} | {url for _, _, url in self.workers_of(hosts)}
         lost_kinds: set[tuple[str, str]] = set()
         for router_host, client, w in changed:
             others = [o for o in listings[id(client)]
-                      if o.worker_type == w.worker_type and o.url.rstrip("/") not in leaving]
+                      if o.worker_type == w.worker_type and worker_key(o.url) not in leaving]
             if not others:
                 lost_kinds.add((router_host.name, w.worker_type))
         if (outages or lost_kinds) and not self.allow_downtime:
@@ -429,31 +429,31 @@ class Roller:
         # never take out the last usable worker of a kind (unless that outage is accepted): wait
         # (bounded) for the others to be usable
         deadline = time.monotonic() + self.drain_timeout_s
-        retiring = {w.url.rstrip("/") for _, _, w in changed}
+        retiring = {worker_key(w.url) for _, _, w in changed}
         while (why := self.others_can_serve(hosts, accepted, also=retiring)) is not None:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{why}; nothing was removed")
             time.sleep(1)
         router_of = {id(client): h.name for h, client in self.routers()}
         removals = [(client, worker_type(engine.role), url) for client, engine, url in self.workers_of(hosts)]
-        changed_urls = {(id(client), w.url.rstrip("/")) for _, client, w in changed}
+        changed_urls = {(id(client), worker_key(w.url)) for _, client, w in changed}
         removals = [r for r in removals if (id(r[0]), r[2]) not in changed_urls]
         # only what a router lists goes out (and comes back on a failure): an engine a layout change
         # adds is not listed yet, one an earlier failed step left out is not listed any more
         # (a router that lists no worker at all keeps the old rule: every planned worker is removed)
         # read again once the wait is over (the lists may have moved meanwhile): the one read that decides
         # what goes out and which engines were listed when it did
-        listed = {(id(client), w.url.rstrip("/")) for _, client in self.routers() for w in client.workers()}
+        listed = {(id(client), worker_key(w.url)) for _, client in self.routers() for w in client.workers()}
         listing = {c for c, _ in listed}
         removals = [r for r in removals if id(r[0]) not in listing or (id(r[0]), r[2]) in listed]
-        removals += [(client, w.worker_type, w.url.rstrip("/")) for _, client, w in changed]
+        removals += [(client, w.worker_type, worker_key(w.url)) for _, client, w in changed]
         removals.sort(key=lambda r: REMOVAL_ORDER.get(r[1], 1))
         self.removed = []
         held = self.held_kinds(outages)
         self.held_s = self.hold_settle_s(hosts) if held else 0
         if outages or lost_kinds:
             self.outage_since = time.monotonic()
-        listed_as = {(id(client), w.url.rstrip("/")): w for _, client, w in changed}
+        listed_as = {(id(client), worker_key(w.url)): w for _, client, w in changed}
         for client, kind, url in removals:
             client.remove(url, settle_s=(self.held_s if (router_of[id(client)], kind) in held else None))
             self.removed.append(url)
@@ -466,7 +466,7 @@ class Roller:
         # it is not running and there is nothing to drain (a roll that fixes it must not stop here)
         urls.update({f"retired {url}": url for url in self.retired})
         listed_before = {url for _, url in listed}
-        unlisted = ({label for label, url in urls.items() if url.rstrip("/") not in listed_before}
+        unlisted = ({label for label, url in urls.items() if worker_key(url) not in listed_before}
                     if self.routers() else set())
         deadline = time.monotonic() + self.drain_timeout_s
         while True:
