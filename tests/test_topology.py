@@ -439,3 +439,20 @@ def test_the_probe_is_standard_library_only():
     names |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     assert names <= set(sys.stdlib_module_names), names
     assert Path(topology.PROBE_PATH).parent.name == "pdkit"
+
+
+def test_the_recorded_h100_vm_parses_as_what_it_is():
+    """The first RECORDED capture (the lent H100, 2026-12-07): a VM with one GPU straight on a virtual root bus,
+    no bridges, no NUMA node, no IOMMU; uvm_disable_hmm N but HMM unsupported by the kernel; healthy."""
+    t = parsed("h100-vm-recorded")
+    assert probe("h100-vm-recorded")["fixture"]["source"].startswith("RECORDED") and "h100-vm-recorded" in \
+        (FIXTURES / "README.md").read_text()
+    assert t.error is None and list(t.gpus) == [0]
+    g = t.gpus[0]
+    assert (g.bdf, g.root_complex, g.numa_node, g.bridges) == ("0000:00:06.0", "pci0000:00", None, ())
+    assert t.iommu["enabled"] is False
+    assert t.hmm["state"] == "off" and "HMM unsupported" in t.hmm["why"]
+    assert topology.wedged_gpus(t) == []
+    # the box the lent GPU gives: prefill and decode sharing GPU 0, so its KV writes cross no link
+    shared = topology.Placed(0, "prefill", (0,), True), topology.Placed(1, "decode", (0,), True)
+    assert topology.pd_collapse(t, *shared) == []
