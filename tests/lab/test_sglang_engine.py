@@ -189,8 +189,14 @@ def test_sglang_installs_offline_from_the_lock_and_its_parser_accepts_the_render
     argvs = {name: e["argv"] for name, e in release["engines"].items()}
     assert set(argvs) == {"prefill", "decode"}
     argcheck_request = json.dumps({"argvs": [argvs["prefill"], argvs["decode"], [*argvs["decode"], "--cuda-graph-max-bs-decod", "x"]]})
-    # the checker file (stdlib only) from the pdkit wheel in the node venv, run by the engine venv's Python
-    checker = f"$({INSTALL_DIR}/venv/bin/python -c 'import os, pdkit; print(os.path.dirname(pdkit.__file__))')/contract/sglang_argcheck.py"
+    # the checker (stdlib only, with its sibling argcheck_common.py) copied from this checkout, run by the engine
+    # venv's Python: a control-side contract script, so not in the node wheel (pdkit.wheelhouse.NODE_SOURCES)
+    checker_dir = "/tmp/pdkit-argcheck"
+    for name in ("sglang_argcheck.py", "argcheck_common.py"):
+        text = (REPO / "pdkit" / "contract" / name).read_text()
+        wrote = on_host(lab, f"mkdir -p {checker_dir} && cat > {checker_dir}/{name} <<'PDKIT_EOF'\n{text}\nPDKIT_EOF")
+        assert wrote.returncode == 0, wrote.stderr[-2000:]
+    checker = f"{checker_dir}/sglang_argcheck.py"
     checked = on_host(lab, f"echo {shlex.quote(argcheck_request)} | HF_HUB_OFFLINE=1 {venv}/bin/python {checker}")
     assert checked.returncode == 0, checked.stderr[-3000:]
     reply = json.loads(checked.stdout)

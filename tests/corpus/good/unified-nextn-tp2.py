@@ -1,4 +1,4 @@
-# Shape: no PD, one unified TP2 engine with NEXTN (multi-token prediction) speculative decoding: 3 steps, topk 1, 4 draft tokens.
+# Shape: no PD, one unified TP2 engine with NEXTN (multi-token prediction) speculative decoding, 3 steps, topk 1, 4 draft tokens.
 # Source: README.md "The inventory format" (inventories/a6000.py: 2x A6000, TP2, NEXTN); sgl-project/sglang docs/advanced_features/speculative_decoding.md "Multi Token Prediction" (v0.5.23)
 # Release: SGLang 0.5.23
 # Warnings: none
