@@ -318,7 +318,7 @@ build_env() {
     log "$name ready ($((SECONDS - start)) s)"
 }
 
-# The nixl-cu13 wheel the engines' locks pin (pdkit/versions.py NIXL_PACKAGE), not installed: the
+# The nixl-cu13 wheel the engines' locks pin (pdkit/upstream/versions.py NIXL_PACKAGE), not installed: the
 # UCX it bundles is read by pdkit/contract/ucx_config.py (tests/test_contract_ucx.py). 56 MiB, once.
 NIXL_WHEEL_DIR=nixl-cu13-1.5.1
 fetch_nixl_wheel() {

@@ -2,7 +2,7 @@
 # Host prerequisites for the monitoring unit tests (tests/test_monitoring.py, tests/test_alertmanager.py):
 # `promtool`, from Debian's `prometheus` package, checks the generated prometheus.yml and alert rules
 # and runs the rules' unit tests; `amtool` and `prometheus-alertmanager`, from Debian's
-# `prometheus-alertmanager` (the version the monitoring host gets, pdkit/versions.py APT_PINS), check
+# `prometheus-alertmanager` (the version the monitoring host gets, pdkit/upstream/versions.py APT_PINS), check
 # the rendered alertmanager.yml and run it on 127.0.0.1.
 #
 # Idempotent: when the package is present nothing is touched and apt is not asked to refresh
@@ -15,7 +15,7 @@
 # (the Alertmanager tests start their own, on 127.0.0.1 with a temp --storage.path).
 set -euo pipefail
 
-# the same pin as the monitoring host (pdkit/versions.py APT_PINS; tests/test_alertmanager.py checks they agree),
+# the same pin as the monitoring host (pdkit/upstream/versions.py APT_PINS; tests/test_alertmanager.py checks they agree),
 # so amtool checks what the host runs
 ALERTMANAGER_VERSION=0.25.0-1+b4
 PACKAGES=(prometheus "prometheus-alertmanager=$ALERTMANAGER_VERSION")

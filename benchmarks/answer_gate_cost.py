@@ -1,4 +1,4 @@
-"""What the graded answer gate (pdkit/answers.py, docs/correctness.md) costs a `pdkit tune` candidate
+"""What the graded answer gate (pdkit/clients/answers.py, docs/correctness.md) costs a `pdkit tune` candidate
 on the lab, against the candidate's bench time. Target (issue 44 item 7): the default gate at most
 20% of a candidate's bench time.
 

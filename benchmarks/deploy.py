@@ -95,8 +95,8 @@ def raw_transfers(lab, host, bundle) -> None:
     """The bundle to one host: SFTP (paramiko, as pyinfra's files.put) vs a node fetching over HTTP."""
     import paramiko
 
-    from pdkit import bundleserver
     from pdkit import lab as pdlab
+    from pdkit.wheels import bundleserver
 
     tarball = bundle.tarball()
     size_mb = tarball.stat().st_size / 1e6
@@ -136,8 +136,8 @@ def raw_transfers(lab, host, bundle) -> None:
 
 def engine_venv_phase(args) -> None:
     from pdkit import lab as pdlab
-    from pdkit import wheelhouse
-    from pdkit.platforms import KNOWN_PLATFORMS
+    from pdkit.wheels import wheelhouse
+    from pdkit.wheels.platforms import KNOWN_PLATFORMS
 
     lab = pdlab.load_lab()
     if lab is None:
@@ -192,7 +192,7 @@ def main() -> int:
         if proc.returncode != 0:
             sys.exit(f"lab up failed:\n{proc.stderr[-2000:]}")
         print(f"lab up (rootfs cached): {up_s:.1f} s")
-    wh_s, proc = timed([str(BIN / "python"), "-m", "pdkit.wheelhouse", "--python", "3.11"])
+    wh_s, proc = timed([str(BIN / "python"), "-m", "pdkit.wheels.wheelhouse", "--python", "3.11"])
     if proc.returncode != 0:
         sys.exit(f"wheelhouse build failed:\n{proc.stderr[-2000:]}")
     print(f"wheelhouse (warm cache check): {wh_s:.1f} s")

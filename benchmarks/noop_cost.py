@@ -51,7 +51,7 @@ OS_RELEASE = ['PRETTY_NAME="Debian GNU/Linux 12 (bookworm)"', 'NAME="Debian GNU/
 NODE_ANSWERS = {"os": OS_RELEASE, "arch": ["x86_64"], "kernel": ["6.1.0-lab"], "reboot_required": []}
 # the argv a release records (roles/releases.py applied_by): the same for every tree measured
 ARGV = ["pyinfra", "inventories/lab.py", "deploy/pd.py"]
-# pdkit.deploy caches the spec by id(inventory): inventories are kept so that no id is reused
+# pdkit.hosts.deploy caches the spec by id(inventory): inventories are kept so that no id is reused
 _KEEP: list = []
 
 
@@ -88,7 +88,7 @@ def _node_lines(names) -> list[str]:
 
 def _converged(spec, plan, kwargs: dict, bundle_digest: dict[str, str]) -> dict:
     """The host-state probe's answer on a host where PLAN is in place (roles/facts.py)."""
-    from pdkit.plan import services_meta
+    from pdkit.render.plan import services_meta
 
     have: dict[str, list] = {f.path: ["file", f.mode, f.owner, f.group, f.sha256] for f in plan.files}
     have.update({d[0]: ["dir", d[1], d[2], d[3], None] for d in plan.directories})
@@ -115,10 +115,10 @@ def _prepare_once(tree: Path, n: int, tmp: Path, profile: bool = False) -> dict:
     from pyinfra_cli.inventory import make_inventory
     from pyinfra_cli.util import load_deploy_file
 
-    import pdkit.deploy
-    from pdkit import wheelhouse
-    from pdkit.loader import load
-    from pdkit.plan import plan_cluster
+    import pdkit.hosts.deploy
+    from pdkit.inventory.loader import load
+    from pdkit.render.plan import plan_cluster
+    from pdkit.wheels import wheelhouse
     from roles.node_facts import NodeFacts
 
     inv = tmp / f"lab{n}-{time.monotonic_ns()}.py"  # a new name each time: pyinfra caches files by path
@@ -142,13 +142,13 @@ def _prepare_once(tree: Path, n: int, tmp: Path, profile: bool = False) -> dict:
         raise AssertionError(f"a converged no-op run does not read {cls.__name__}")
 
     planned = [0]
-    real_plan_host = pdkit.deploy.plan_host
+    real_plan_host = pdkit.hosts.deploy.plan_host
 
     def counting_plan_host(*a, **k):
         planned[0] += 1
         return real_plan_host(*a, **k)
 
-    patched = [(Host, "get_fact", get_fact), (pdkit.deploy, "plan_host", counting_plan_host),
+    patched = [(Host, "get_fact", get_fact), (pdkit.hosts.deploy, "plan_host", counting_plan_host),
                (wheelhouse, "node_bundle", lambda *a, **k: bundle["node"]), (wheelhouse, "engine_bundle", lambda *a, **k: bundle["engine"]),
                (wheelhouse, "router_bundle", lambda *a, **k: bundle["router"])]
     saved = [(obj, name, getattr(obj, name)) for obj, name, _ in patched]
@@ -268,7 +268,7 @@ def prepare_table(results: dict[str, list[dict]]) -> str:
 # --ssh
 
 FACTS_DEPLOY = '''"""The facts deploy/pd.py reads on a no-op run, in its order, through the tree's own roles (benchmarks/noop_cost.py)."""
-from pdkit.deploy import current_host, current_spec, tune_connection
+from pdkit.hosts.deploy import current_host, current_spec, tune_connection
 from roles import preflight
 from roles.facts import host_state
 
@@ -285,7 +285,7 @@ ONE_COMMAND_DEPLOY = '''"""One trivial fact per host: what an SSH round trip its
 from pyinfra import host
 from pyinfra.facts.server import Command
 
-from pdkit.deploy import tune_connection
+from pdkit.hosts.deploy import tune_connection
 
 tune_connection()
 host.get_fact(Command, command="true")

@@ -20,8 +20,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from pdkit.cli import main as pdkit_main  # noqa: E402
-from pdkit.loader import load  # noqa: E402
-from pdkit.plan import plan_cluster  # noqa: E402
+from pdkit.inventory.loader import load  # noqa: E402
+from pdkit.render.plan import plan_cluster  # noqa: E402
 
 TARGET_S = 1.0
 

@@ -8,7 +8,7 @@ PD mode in front of them at each log level, idles it, sends REQUESTS completions
 bytes and lines its stdout+stderr gained per request beyond the idle rate. A second router of
 each kind fronts a prefill and a decode that do not exist: every request there is a fast 503, as
 during a downtime roll (issue 42: 2,394 and 5,296 of them). The figures are in docs/rolling.md,
-"Evidence that survives"; pdkit/journald.py sizes the journal from them.
+"Evidence that survives"; pdkit/agent/journald.py sizes the journal from them.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ IDLE_S = 6.0
 
 def router_argv(launcher: list[str], prefill: int, bootstrap: int, decode: int, port: int, metrics: int,
                 level: str) -> list[str]:
-    # the kit's PD flags (pdkit.flags.router_args) with its check intervals, on loopback
+    # the kit's PD flags (pdkit.render.flags.router_args) with its check intervals, on loopback
     return [*launcher, "--pd-disaggregation", "--prefill", f"http://127.0.0.1:{prefill}", str(bootstrap),
             "--decode", f"http://127.0.0.1:{decode}", "--prefill-policy", "cache_aware",
             "--decode-policy", "round_robin", "--host", "127.0.0.1", "--port", str(port),

@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from pdkit import lab as pdlab  # noqa: E402 - the repository on the path first
-from pdkit.weights import store  # noqa: E402
+from pdkit.agent import weightstore as store  # noqa: E402
 from tests.lab.test_stage_lab import generated_model, inventory  # noqa: E402
 
 PARENT, MODEL = "/srv/pdkit-stage-lab", "/srv/pdkit-stage-lab/m"

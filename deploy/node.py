@@ -5,10 +5,10 @@ First provisioning of a node: run this, drain nothing (nothing serves yet), rebo
 pdkit_node_reboot_required say so), run the preflight again, then deploy/pd.py.
 """
 
-from pdkit.deploy import current_spec, tune_connection
+from pdkit.hosts.deploy import current_spec, tune_connection
 from roles import node, preflight
 
 current_spec()  # an invalid inventory stops here, before any fact is read
-tune_connection()  # TCP_NODELAY on this host's SSH socket: ~50 ms less per command (pdkit/deploy.py)
+tune_connection()  # TCP_NODELAY on this host's SSH socket: ~50 ms less per command (pdkit/hosts/deploy.py)
 preflight.preflight()
 node.node()

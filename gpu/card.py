@@ -1,7 +1,7 @@
 """The GPU card the GPU-tier inventories declare: the one the lent machine really has.
 
 A device call for `nvidia-h200` is often served by an H100 80GB, and the preflight rightly refuses
-a declared "NVIDIA H200" there (pdkit/preflight.py, check `gpu-model`). The inventories
+a declared "NVIDIA H200" there (pdkit/hosts/preflight.py, check `gpu-model`). The inventories
 (inventories/h200.py, h200-local.py and every one built on them) take their GPU model, memory and
 compute capability from `machine_gpus`, which reads, in order:
 

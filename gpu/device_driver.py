@@ -6,23 +6,23 @@ into gpu-payload/plan.json and copies this file beside it. On the GPU machine:
     python3 gpu-payload/device_driver.py run --out "$OUT"
 
 Stdlib only (it runs under the device image's python3 before anything is unpacked); the router
-readiness gate is pdkit's own (`pdkit.health.wait_router`, also stdlib only, from the carried
+readiness gate is pdkit's own (`pdkit.agent.health.wait_router`, also stdlib only, from the carried
 repo). What it does, in order:
 
 1. unpacks the carried payload (SGLang and its deps, NIXL, sglang-router) under /opt/pdkit, puts
    the model directory where the inventory says, and places an interpreter at the rendered
-   argv[0] (pdkit.flags.engine_python: /opt/pdkit/engine-venv/bin/python, or <engine_venv>/bin/python on a
+   argv[0] (pdkit.render.flags.engine_python: /opt/pdkit/engine-venv/bin/python, or <engine_venv>/bin/python on a
    node with its own engine environment; /opt/pdkit/router-venv/bin/python): a two-line shell
    script that execs the image's python3 with the payload first on PYTHONPATH. So the argv run
    is the rendered one byte for byte, argv[0] included;
 2. writes every rendered file (units, env files, release.json) to its absolute path, then for
    each service reads ExecStart= back from the unit file, un-quotes it as systemd does and
-   ASSERTS that it equals the argv pdkit.flags produced (plan.json), reads the unit's
+   ASSERTS that it equals the argv pdkit.render.flags produced (plan.json), reads the unit's
    EnvironmentFile= files and starts the process with those variables over the machine's
    environment, in the unit's WorkingDirectory;
 3. gates: an engine is ready when its log holds SGLang's readiness line and /health answers
-   200; the router when pdkit.health.wait_router says so (every planned worker listed healthy
-   in GET /workers, then a real completion) -- its /health alone proves nothing (see pdkit/health.py);
+   200; the router when pdkit.agent.health.wait_router says so (every planned worker listed healthy
+   in GET /workers, then a real completion) -- its /health alone proves nothing (see pdkit/agent/health.py);
 4. per phase (base, decode CUDA graphs off, larger KV page, base again warm): a completion and
    a streaming chat completion through the router, SGLang's own bench (sglang.benchmark.serving,
    random-ids + --tokenize-prompt, fixed lengths) at each concurrency through the router, both
@@ -60,7 +60,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(REPO))
 
 # the kit's own gate (stdlib only); the driver must use it, not a copy
-from pdkit.health import READY_LOG_LINE, http_request, router_worker_health, wait_router  # noqa: E402
+from pdkit.agent.health import READY_LOG_LINE, http_request, router_worker_health, wait_router  # noqa: E402
 
 T0 = time.monotonic()
 # The bench client only (not the rendered engines): the GPU machine has no network, and without
@@ -102,7 +102,7 @@ def unit_values(text: str, key: str) -> list[str]:
 
 
 def systemd_split(command: str) -> list[str]:
-    """Split an ExecStart= value as systemd does for what pdkit.plan.systemd_quote writes."""
+    """Split an ExecStart= value as systemd does for what pdkit.render.plan.systemd_quote writes."""
     args: list[str] = []
     i, n = 0, len(command)
     while i < n:
@@ -245,7 +245,7 @@ class Service:
         argv = systemd_split(exec_start[0])
         rendered = self.spec["argv"]
         # the assertion the GPU tier rests on: what runs is what pdkit rendered, flag for flag
-        assert argv == rendered, f"{self.unit}: ExecStart in the unit file != pdkit.flags argv\n{argv}\n{rendered}"
+        assert argv == rendered, f"{self.unit}: ExecStart in the unit file != pdkit.render.flags argv\n{argv}\n{rendered}"
         i = argv.index("-m")
         assert argv[i + 1] == self.spec["module"], f"{self.unit}: module {argv[i + 1]} != {self.spec['module']}"
         env = dict(os.environ)
@@ -332,7 +332,7 @@ def start_waves(engines: list[dict], files: dict[str, str]) -> list[list[dict]]:
 
 def wait_engine(svc: Service, timeout: float) -> dict:
     """pdkit's engine gate: the readiness line in THIS run's log, then /health 200."""
-    # not pdkit.health.wait_engine on purpose: the device runs engines as plain processes, no systemd unit or journal to read
+    # not pdkit.agent.health.wait_engine on purpose: the device runs engines as plain processes, no systemd unit or journal to read
     start = svc.started_at
     deadline = start + timeout
     seen_line = None
@@ -611,7 +611,7 @@ class Driver:
         status, body = http_get(base + "/workers", timeout=3)
         result["workers_body"] = body[:3000]
         if not ok:
-            self.fail("router gate (pdkit.health.wait_router) failed", **result, log_tail=svc.tail(30))
+            self.fail("router gate (pdkit.agent.health.wait_router) failed", **result, log_tail=svc.tail(30))
         return result
 
     def smoke(self, spec: dict) -> dict:

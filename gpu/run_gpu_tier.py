@@ -20,7 +20,7 @@ What lands in gpu-payload/ (git-ignored, passed to the device with `carry`):
 - router.tar.xz  sglang-router 0.3.2 (what pdkit pairs with sglang 0.5.17).
 - model/         gpu/make_model.py's Llama directory (config + locally trained tokenizer).
 - plan.json      every rendered file of every variant (units, env files, release.json), each
-                 service's argv from pdkit.flags, health URLs, the bench plan.
+                 service's argv from pdkit.render.flags, health URLs, the bench plan.
 - device_driver.py  gpu/device_driver.py, which runs exactly the rendered units there.
 
 Downloads are cached in ~/.cache/pdkit/gpu/wheels, built trees in ~/.cache/pdkit/gpu/build-*.
@@ -368,10 +368,10 @@ def variant_inventory(name: str, code: str, single_gpu: bool) -> Path:
 
 
 def render_variant(name: str, single_gpu: bool) -> dict:
-    from pdkit import flags
-    from pdkit.loader import load_with_problems
-    from pdkit.paths import router_metrics_url, router_url
-    from pdkit.plan import plan_host
+    from pdkit.inventory.loader import load_with_problems
+    from pdkit.render import flags
+    from pdkit.render.paths import router_metrics_url, router_url
+    from pdkit.render.plan import plan_host
 
     inv = variant_inventory(name, VARIANTS[name][1], single_gpu)
     spec, problems = load_with_problems(str(inv), cwd=str(REPO))
@@ -427,7 +427,7 @@ def build_plan(single_gpu: bool) -> dict:
                 changes[svc["unit"]] = {"removed": [a for a in bsvc["argv"] if a not in svc["argv"]],
                                         "added": [a for a in svc["argv"] if a not in bsvc["argv"]]}
         v["argv_changes"] = changes
-    from pdkit import flags
+    from pdkit.render import flags
 
     router = next(s for s in base["services"] if s["kind"] == "router")
     model_name = spec.cluster.model.name
@@ -437,7 +437,7 @@ def build_plan(single_gpu: bool) -> dict:
         "model_dir": spec.cluster.model.path,
         "site_dir": SITE_DIR,
         "router_site_dir": ROUTER_SITE_DIR,
-        # the rendered engines' argv[0] (pdkit.flags.engine_python), where the driver places its interpreter
+        # the rendered engines' argv[0] (pdkit.render.flags.engine_python), where the driver places its interpreter
         "engine_python": flags.engine_python(spec, host),
         "router_python": flags.venv_python(flags.router_venv_dir(spec)),
         "state_dirs": [f"/var/lib/{spec.cluster.service_user}", f"/var/cache/{spec.cluster.service_user}"],
@@ -510,7 +510,7 @@ def build_model(out: Path) -> None:
 
 
 def check_plan(plan: dict) -> None:
-    """What the driver will assert there, asserted here first: unit ExecStart == pdkit.flags argv."""
+    """What the driver will assert there, asserted here first: unit ExecStart == pdkit.render.flags argv."""
     import device_driver as drv
 
     for name, variant in plan["variants"].items():
@@ -520,7 +520,7 @@ def check_plan(plan: dict) -> None:
             assert drv.systemd_split(exec_start) == svc["argv"], f"{name}/{svc['unit']}: ExecStart != argv"
             for path in drv.unit_values(unit, "EnvironmentFile"):
                 assert path.lstrip("-") in variant["files"], f"{name}/{svc['unit']}: {path} not rendered"
-    print(f"checked: every unit's ExecStart parses back to pdkit.flags' argv ({len(plan['variants'])} variants)")
+    print(f"checked: every unit's ExecStart parses back to pdkit.render.flags' argv ({len(plan['variants'])} variants)")
 
 
 def repo_size() -> int:
@@ -615,10 +615,10 @@ def report(results_dir: Path) -> None:
 
 def kv_report(results_dir: Path, res: dict) -> None:
     """Issue 33's table: per bench run, SGLang's TTFT beside the prefill's KV figures over that run
-    (pdkit.kvcost on the /metrics pages the bench loop saved before and after each run)."""
+    (pdkit.spec.kvcost on the /metrics pages the bench loop saved before and after each run)."""
     import tarfile
 
-    from pdkit.kvcost import kv_figures, kv_histograms
+    from pdkit.spec.kvcost import kv_figures, kv_histograms
 
     logs = results_dir / "logs.tar.xz"
     if not logs.exists():

@@ -82,7 +82,7 @@ def node_data(name: str, router: bool) -> dict:
     prefill["gpu_share"], decode["gpu_share"] = 0.20, 0.22  # four engines on one GPU (two per host)
     for engine in (prefill, decode):
         engine["env"] = {**engine.get("env", {}), "UCX_TLS": ucx_tls(),
-                         # the units' wait for free GPU memory (pdkit.gpumem) counts this host's engines on half
+                         # the units' wait for free GPU memory (pdkit.agent.gpumem) counts this host's engines on half
                          # the GPU: the other host's pair holds 0.42 of it and ~2.3 GiB per engine beyond that
                          "PDKIT_GPU_FREE_BASE": GPU_FREE_BASE}
     if router:

@@ -10,9 +10,9 @@ import sys
 import time
 from pathlib import Path
 
-from pdkit.loader import invalid_report, load_or_report, load_with_problems
-from pdkit.plan import plan_cluster
-from pdkit.summary import summary
+from pdkit.inventory.loader import invalid_report, load_or_report, load_with_problems
+from pdkit.inventory.summary import summary
+from pdkit.render.plan import plan_cluster
 
 EXIT_INVALID = 2
 
@@ -79,7 +79,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
         print("the inventory declares no router", file=sys.stderr)
         return EXIT_INVALID
     # lazy: the CLI imports a command's modules only when it runs
-    from pdkit.paths import router_auth_headers, router_url
+    from pdkit.render.paths import router_auth_headers, router_url
 
     router = spec.router_hosts[0]
     url = router_url(router) + "/v1/chat/completions"

@@ -1,1 +1,1 @@
-"""pyinfra roles: one @deploy per concern. A role lays down what pdkit.plan decided; it never re-derives a value."""
+"""pyinfra roles: one @deploy per concern. A role lays down what pdkit.render.plan decided; it never re-derives a value."""

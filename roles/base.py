@@ -8,9 +8,10 @@ from urllib.parse import urlsplit
 from pyinfra.api import deploy
 from pyinfra.operations import files, server
 
-from pdkit import hoststate, installshards, wheelhouse
-from pdkit.deploy import current_host, current_plan, current_spec
-from pdkit.hoststate import Bundled, host_state, installed, node_platform, path_matches
+from pdkit.hosts import hoststate
+from pdkit.hosts.deploy import current_host, current_plan, current_spec
+from pdkit.hosts.hoststate import Bundled, host_state, installed, node_platform, path_matches
+from pdkit.wheels import installshards, wheelhouse
 from roles import transfer
 
 
@@ -47,12 +48,12 @@ def _router_bundle() -> Bundled | None:
 
 
 def _bundles() -> list[Bundled]:
-    """Every venv this host gets, as (bundle, link): node, engine, router (pdkit.hoststate.collect_bundles)."""
+    """Every venv this host gets, as (bundle, link): node, engine, router (pdkit.hosts.hoststate.collect_bundles)."""
     return hoststate.collect_bundles((_node_bundle, _engine_bundle, _router_bundle))
 
 
 def changed_venv_links() -> set[str]:
-    """The venv links this run points at a new venv (pdkit.hoststate.changed_venv_links)."""
+    """The venv links this run points at a new venv (pdkit.hosts.hoststate.changed_venv_links)."""
     return hoststate.changed_venv_links(_bundles())
 
 
@@ -76,10 +77,10 @@ def _install_bundle(bundle: wheelhouse.Bundle, venv: str) -> None:
     pip = f"TMPDIR={q(pip_tmp)} {q(real)}/bin/pip install --quiet --disable-pip-version-check --no-cache-dir --no-index --no-deps --require-hashes --progress-bar off"
     size = f"{bundle.size / 1e6:.0f} MB"
     # a big bundle installs through several pip processes at once, each its own share of the wheels
-    # (pdkit/installshards.py): one pip takes minutes of one core for an engine bundle
+    # (pdkit/wheels/installshards.py): one pip takes minutes of one core for an engine bundle
     shards = list(bundle.shard_files()) or ["requirements.txt"]
     if url:
-        # the node fetches every file itself from this machine (pdkit/bundleserver.py); pip checks each hash
+        # the node fetches every file itself from this machine (pdkit/wheels/bundleserver.py); pip checks each hash
         # plain HTTP is trusted for transport only: pip still refuses any file whose hash differs
         fetch, links = [], f"--trusted-host {q(urlsplit(url).hostname or '')} --find-links {q(url)}"
         sources = [f"{links} -r {q(url + name)}" for name in shards]

@@ -1,9 +1,9 @@
-"""The host-state fact the roles read: it lives in pdkit/hoststate.py (pdkit roll reads hosts with it
+"""The host-state fact the roles read: it lives in pdkit/hosts/hoststate.py (pdkit roll reads hosts with it
 too, and pdkit imports nothing from roles/); its names stay importable from here."""
 
 from __future__ import annotations
 
-from pdkit.hoststate import (  # noqa: F401 - re-exported
+from pdkit.hosts.hoststate import (  # noqa: F401 - re-exported
     PROBE,
     PdkitHostState,
     WithHostState,

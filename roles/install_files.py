@@ -20,7 +20,7 @@ from pyinfra import host, state
 from pyinfra.api import FileUploadCommand, StringCommand, operation
 from pyinfra.facts.files import FileContents
 
-from pdkit.plan import PlannedFile
+from pdkit.render.plan import PlannedFile
 from roles.facts import host_state
 
 
@@ -56,7 +56,7 @@ _LOGGED: WeakKeyDictionary = WeakKeyDictionary()
 def install_commands(files: Sequence[PlannedFile], staging: str, *, daemon_reload: bool, remove: Sequence[str] = ()) -> list[str | tuple[PlannedFile, str]]:
     """The steps, in order: uploads ((file, staged path)), then one shell command.
 
-    Uploads land in STAGING, a root-only (0700) directory the base role keeps (pdkit.plan
+    Uploads land in STAGING, a root-only (0700) directory the base role keeps (pdkit.render.plan
     .staging_dir), so no file is ever visible under its final path with the wrong mode or owner;
     each is then given its mode and owner and moved into place (`mkdir -p` creates a missing
     parent, as files.put does, and leaves an existing one's mode alone). A unit file among them

@@ -1,4 +1,4 @@
-"""NCCL (libnccl2, libnccl-dev) for CUDA 13 at the version pinned in pdkit/versions.py, held there by apt preferences."""
+"""NCCL (libnccl2, libnccl-dev) for CUDA 13 at the version pinned in pdkit/upstream/versions.py, held there by apt preferences."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import io
 from pyinfra.api import deploy
 from pyinfra.operations import apt, files
 
-from pdkit.node import NCCL_PIN_PATH, nccl_pin_text
+from pdkit.render.node import NCCL_PIN_PATH, nccl_pin_text
 from roles.nvidia_repo import nvidia_repo
 from roles.preflight import current_stack
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pyinfra.api import deploy
 
-from pdkit.deploy import current_host
+from pdkit.hosts.deploy import current_host
 from roles.cuda import cuda
 from roles.nccl import nccl
 from roles.nvidia_driver import nvidia_driver

@@ -17,13 +17,13 @@ from pathlib import Path
 from pyinfra.api import FactBase
 
 import pdkit
-from pdkit import topology
-from pdkit.modelconfig import CONFIG_KEYS, TEXT_CONFIG_KEYS
-from pdkit.node import REBOOT_MARKER_PATH
-from pdkit.versions import NIXL_IMPORT
+from pdkit.agent import topology
+from pdkit.render.node import REBOOT_MARKER_PATH
+from pdkit.spec.modelconfig import CONFIG_KEYS, TEXT_CONFIG_KEYS
+from pdkit.upstream.versions import NIXL_IMPORT
 
 # the probes these facts send to the node's python3 (`python3 -c TEXT`): programs kept as files of their own
-PROBES = Path(pdkit.__file__).parent
+PROBES = Path(pdkit.__file__).parent / "hosts"
 
 # marks the line pdkit appends when nvidia-smi ran and failed (its own message comes before it)
 NVIDIA_SMI_FAILED = "pdkit: nvidia-smi failed, exit code"
@@ -255,7 +255,7 @@ class NvidiaTopology(FactBase):
 
 
 class RebootRequired(FactBase):
-    """pdkit's reboot-required marker (pdkit.node.REBOOT_MARKER_PATH): its reason, or None."""
+    """pdkit's reboot-required marker (pdkit.render.node.REBOOT_MARKER_PATH): its reason, or None."""
 
     def command(self) -> str:
         return f"cat {REBOOT_MARKER_PATH} 2>/dev/null || true"
@@ -275,7 +275,7 @@ ENGINE_ENV_MARK = "pdkit-engine-env: "
 # (-B: it writes no bytecode into an environment pdkit does not own) with _ENGINE_ENV_INNER.
 _ENGINE_ENV_OUTER = PROBES.joinpath("engineenv_probe.py").read_text()
 # Runs under the provided python: its version, sglang (distribution and import), NIXL as SGLang
-# imports it (pdkit.versions.NIXL_IMPORT).
+# imports it (pdkit.upstream.versions.NIXL_IMPORT).
 _ENGINE_ENV_INNER = PROBES.joinpath("engineenv_probe_inner.py").read_text().replace("__NIXL_IMPORT__", NIXL_IMPORT)
 
 
@@ -283,7 +283,7 @@ class EngineEnv(FactBase):
     """A node's own engine environment (pdkit_node.engine_venv) as the preflight checks it, in one
     command: does VENV/bin/python exist and run, which sglang it has (`import sglang;
     sglang.__version__`, or the error), and whether NIXL imports the way SGLang imports it.
-    The decision is pdkit.preflight.engine_env_problems (pure)."""
+    The decision is pdkit.hosts.preflight.engine_env_problems (pure)."""
 
     def command(self, venv: str) -> str:
         # always exits 0: a missing or broken environment is a finding, not a failed fact
@@ -313,10 +313,10 @@ _MODEL_DIRS_PROBE = PROBES.joinpath("modeldirs_probe.py").read_text()
 
 
 class ModelDirs(FactBase):
-    """The model directories a node's engines read (pdkit.preflight.model_dirs_wanted), as the
+    """The model directories a node's engines read (pdkit.hosts.preflight.model_dirs_wanted), as the
     preflight checks them, in one command: each one's existence, config.json, weight index or
     files, shards its index names but lacks, and what of it the service user USER cannot read.
-    The decision is pdkit.preflight.model_dir_problems (pure)."""
+    The decision is pdkit.hosts.preflight.model_dir_problems (pure)."""
 
     def command(self, user: str, paths: tuple[str, ...]) -> str:
         # always exits 0: a missing or unreadable directory is a finding, not a failed fact
@@ -343,9 +343,9 @@ PCIE_TOPOLOGY_MARK = topology.PROBE_MARK
 class PcieTopology(FactBase):
     """Per GPU its PCIe path (root complex, root port, switches, NUMA node), ACS on the bridges of that
     path, the IOMMU's mode, nvidia_uvm's HMM switch and GPU health (Xid lines, recovery action, pending
-    retired pages / row remaps, utilisation with no process): pdkit/topology_probe.py, one program run
-    by the node's python3, read as the raw texts it gathered (issue 47). pdkit.topology parses and
-    judges them (pure); the preflight's rules are pdkit.preflight._check_pcie."""
+    retired pages / row remaps, utilisation with no process): pdkit/agent/topology_probe.py, one program run
+    by the node's python3, read as the raw texts it gathered (issue 47). pdkit.agent.topology parses and
+    judges them (pure); the preflight's rules are pdkit.hosts.preflight._check_pcie."""
 
     def command(self) -> str:
         # always exits 0: what it cannot read (no nvidia-smi, no lspci, no sysfs file) is in its "unread"

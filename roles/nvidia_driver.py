@@ -1,6 +1,6 @@
 """The NVIDIA driver: branch locked to R580, open kernel modules, persistenced, no unattended upgrades.
 
-A driver install or change writes the reboot-required marker (pdkit.node.REBOOT_MARKER_PATH),
+A driver install or change writes the reboot-required marker (pdkit.render.node.REBOOT_MARKER_PATH),
 which the preflight report and pdkit-exporter (pdkit_node_reboot_required) show. The kit never
 reboots a serving node by itself: only with pdkit_node.reboot: when-drained AND pyinfra data
 node_drained=True, which `pdkit roll` sets for the node it has just drained.
@@ -16,8 +16,8 @@ from pyinfra.api import deploy
 from pyinfra.operations import apt, files, server, systemd
 from pyinfra.operations.util import any_changed
 
-from pdkit.deploy import current_host
-from pdkit.node import (
+from pdkit.hosts.deploy import current_host
+from pdkit.render.node import (
     NODE_STATE_DIR,
     PERSISTENCED_UNIT,
     REBOOT_MARKER_PATH,
@@ -26,7 +26,7 @@ from pdkit.node import (
     reboot_marker_text,
     unattended_text,
 )
-from pdkit.versions import NVIDIA_DRIVER_BRANCH
+from pdkit.upstream.versions import NVIDIA_DRIVER_BRANCH
 from roles.nvidia_repo import nvidia_repo
 from roles.preflight import current_stack, node_facts
 

@@ -2,7 +2,7 @@
 
 `nvidia_repo()` is shared: the driver, CUDA, NCCL and DCGM exporter roles all call it, and it
 lays its operations down once per host per run (a second call is a no-op). Decisions (URLs,
-source text, paths) are in pdkit/node.py.
+source text, paths) are in pdkit/render/node.py.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pyinfra.api import deploy
 from pyinfra.facts.files import File
 from pyinfra.operations import apt, files, server
 
-from pdkit.node import KEYRING_DEB_PATH, KEYRING_PATH, NODE_CACHE_DIR, SOURCES_PATH
+from pdkit.render.node import KEYRING_DEB_PATH, KEYRING_PATH, NODE_CACHE_DIR, SOURCES_PATH
 from roles.preflight import current_stack
 
 # hosts already laid down, per pyinfra State (`pdkit roll` runs one State per batch)

@@ -1,5 +1,5 @@
 """Packages a host needs (node_exporter, DCGM, Prometheus, Alertmanager, Grafana), installed only when missing;
-a pinned one (pdkit.versions.APT_PINS) at its exact version."""
+a pinned one (pdkit.upstream.versions.APT_PINS) at its exact version."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import io
 from pyinfra.api import deploy
 from pyinfra.operations import apt, files
 
-from pdkit.deploy import current_plan
-from pdkit.plan import DCGM_PACKAGES, GRAFANA_KEY_URL, GRAFANA_KEYRING_PATH, GRAFANA_SOURCES_PATH
-from pdkit.versions import APT_PINS
+from pdkit.hosts.deploy import current_plan
+from pdkit.render.plan import DCGM_PACKAGES, GRAFANA_KEY_URL, GRAFANA_KEYRING_PATH, GRAFANA_SOURCES_PATH
+from pdkit.upstream.versions import APT_PINS
 from roles.facts import host_state
 
 # apt can hang on a flaky mirror or cache: never let one host stall the whole run

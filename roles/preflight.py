@@ -2,12 +2,12 @@
 
 On a node that provides its own engine environment (pdkit_node.engine_venv) it also checks that
 environment: its python runs, imports the spec's sglang release and, for PD engines over NIXL,
-NIXL (roles/node_facts.py EngineEnv; pdkit.preflight.engine_env_problems decides). On a GPU node
+NIXL (roles/node_facts.py EngineEnv; pdkit.hosts.preflight.engine_env_problems decides). On a GPU node
 whose engines read a model directory it checks each one: it exists, holds config.json and (unless
 load_format dummy) weights, and the service user can read it (roles/node_facts.py ModelDirs;
-pdkit.preflight.model_dir_problems decides). On a GPU node it reads each GPU's PCIe path, ACS, the
-IOMMU, nvidia_uvm's HMM and GPU health (roles/node_facts.py PcieTopology; pdkit.topology parses,
-pdkit.preflight._check_pcie judges: issue 47).
+pdkit.hosts.preflight.model_dir_problems decides). On a GPU node it reads each GPU's PCIe path, ACS, the
+IOMMU, nvidia_uvm's HMM and GPU health (roles/node_facts.py PcieTopology; pdkit.agent.topology parses,
+pdkit.hosts.preflight._check_pcie judges: issue 47).
 
 Runs first in deploy/pd.py and alone in deploy/preflight.py. The facts are read at prepare time
 (pdkit's own operations never change them during the run, except the driver, whose change marks
@@ -27,9 +27,9 @@ from pyinfra import host
 from pyinfra.api import deploy
 from pyinfra.operations import server
 
-from pdkit.deploy import current_host, current_spec
-from pdkit.node import NodeStack, node_stack
-from pdkit.preflight import check_host, format_report, has_errors, model_dirs_fact_args
+from pdkit.hosts.deploy import current_host, current_spec
+from pdkit.hosts.preflight import check_host, format_report, has_errors, model_dirs_fact_args
+from pdkit.render.node import NodeStack, node_stack
 from roles.facts import read_texts_with_host_state, read_with_host_state
 from roles.node_facts import NODE_FACTS, PROBE_TEXTS, NodeFacts, facts_from_texts, probe_texts
 
@@ -59,7 +59,7 @@ def _node_fact_kwargs() -> dict:
     if model_dirs:
         kwargs["model_dirs"] = model_dirs
     if gpu_node:
-        # PCIe paths, ACS, IOMMU, HMM and GPU health (pdkit/topology_probe.py; issue 47)
+        # PCIe paths, ACS, IOMMU, HMM and GPU health (pdkit/agent/topology_probe.py; issue 47)
         kwargs["pcie"] = True
     return kwargs
 

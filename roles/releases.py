@@ -1,4 +1,4 @@
-"""Keep what was just applied as a release on the node (pdkit/releases.py), after the services role.
+"""Keep what was just applied as a release on the node (pdkit/agent/releases.py), after the services role.
 
 Decided at prepare time from the host-state fact's `release` (the node's CURRENT release): a release is
 recorded when the plan's release hash differs from the node's current one, or a new node
@@ -17,11 +17,11 @@ import sys
 from pyinfra.api import deploy
 from pyinfra.operations import server
 
-from pdkit import flags
-from pdkit.deploy import current_plan, current_spec
-from pdkit.hoststate import host_state
-from pdkit.paths import releases_command
-from pdkit.plan import services_meta as meta
+from pdkit.hosts.deploy import current_plan, current_spec
+from pdkit.hosts.hoststate import host_state
+from pdkit.render import flags
+from pdkit.render.paths import releases_command
+from pdkit.render.plan import services_meta as meta
 from roles import base
 
 # pyinfra options whose value may be a secret: never kept in a release

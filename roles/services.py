@@ -11,13 +11,15 @@ from pyinfra import host, state
 from pyinfra.api import StringCommand, deploy
 from pyinfra.operations import python, server
 
-from pdkit import changes, flags, gates, jitplan, limitwarn, p2p, routersync, silences
-from pdkit.deploy import current_host, current_plan, current_spec
-from pdkit.exporter.config import reads_gpu_health
-from pdkit.journald import JOURNALD_UNIT, restart_needed
+from pdkit.agent import changes, gates
+from pdkit.agent.exporter.config import reads_gpu_health
+from pdkit.agent.journald import JOURNALD_UNIT, restart_needed
+from pdkit.clients.router_api import RouterError
+from pdkit.hosts import limitwarn, p2p, routersync, silences
+from pdkit.hosts.deploy import current_host, current_plan, current_spec
 from pdkit.monitoring.common import scraped_hosts
-from pdkit.plan import Service, services_meta, services_not_started, staging_dir
-from pdkit.router_api import RouterError
+from pdkit.render import flags, jitplan
+from pdkit.render.plan import Service, services_meta, services_not_started, staging_dir
 from roles import base
 from roles.facts import host_state, path_matches, unit_active_enabled
 from roles.install_files import announce, install_files
@@ -35,7 +37,7 @@ def journald_changed(paths: set[str]) -> bool:
 
 
 def restart_plan(services: list[Service], state: dict, changed_paths: set[str], changed_venvs: set[str]) -> tuple[list[Service], list[Service]]:
-    """(services to start, services to restart), by the one restart rule (pdkit/changes.py) that
+    """(services to start, services to restart), by the one restart rule (pdkit/agent/changes.py) that
     roll and rollback use too: a unit not running (or not enabled) is started; a running one
     restarts when one of its files (or one it read in the current release) was written or
     removed, or the venv it runs from was replaced."""
@@ -57,7 +59,7 @@ def services() -> None:
     state = host_state()
     # only files that differ from the plan are written (one fact read them all), in one operation
     changed = [f for f in plan.files if not path_matches(state, f.path, "file", f.mode, f.owner, f.group, f.sha256)]
-    # files and units the node's current release has and the plan no longer does (pdkit/changes.py)
+    # files and units the node's current release has and the plan no longer does (pdkit/agent/changes.py)
     recorded = state.get("release", {})
     present = [p for p, st in state["paths"].items() if st and st[0] == "file"]
     removed = changes.removals(recorded.get("files", []), [f.path for f in plan.files], present)
@@ -95,17 +97,17 @@ def services() -> None:
     start_first, start_router = _router_last(start)
     restart_first, restart_router = _router_last(restart)
     # engines or a router (re)starting outside a roll (which silences its own batch): the host's
-    # alerts are silenced in Alertmanager from here to the end of its gates (pdkit/silences.py)
+    # alerts are silenced in Alertmanager from here to the end of its gates (pdkit/hosts/silences.py)
     silence = silences.deploy_silence(spec, host.name, [*start, *restart], host.data.get("node_drained") is True)
     if silence:
         python.call(name="Silence this host's alerts for its restarts", function=silences.deploy_start, spec=spec,
                     window_s=silence[0], units=silence[1])
     if measures_p2p(spec, current_host(), [*start_first, *restart_first], state):
         # before the node's engines first start: GPU-to-GPU copies of its PD pairs and TP groups with the
-        # engine environment's CUDA, judged and kept with the node's facts (pdkit/p2p.py; issue 47 item 3)
+        # engine environment's CUDA, judged and kept with the node's facts (pdkit/hosts/p2p.py; issue 47 item 3)
         python.call(name="Measure GPU-to-GPU copies before the engines first start", function=_measure_p2p,
                     spec=spec)
-    # two engines on cold JIT caches start one after another, not at once (pdkit/jitwarm.py; sgl-project/sglang#27604)
+    # two engines on cold JIT caches start one after another, not at once (pdkit/agent/jitwarm.py; sgl-project/sglang#27604)
     _start_and_restart(start_first, restart_first, "engines and daemons",
                        serial=lambda units: jitplan.restart_command(spec, host.name, units))
     if start_first or restart_first:
@@ -117,7 +119,7 @@ def services() -> None:
                                          {s.unit: s.health_url for s in plan.services if s.kind in ("engine", "http") and s.unit not in held}))
     if engines_moved and host.data.get("node_drained") is not True:
         # routers on other hosts learn about this host's (re)started engines now, whatever order
-        # --serial takes (pdkit/routersync.py); a roll re-adds its drained workers itself
+        # --serial takes (pdkit/hosts/routersync.py); a roll re-adds its drained workers itself
         for router_host, mine, others in routersync.routers_for_host(spec, host.name):
             python.call(
                 name="Routers on other hosts list this host's engines, healthy",
@@ -146,7 +148,7 @@ def measures_p2p(spec, this, starting: list[Service], state: dict) -> bool:
 
 
 def _measure_p2p(spec) -> None:
-    """Runs on the deploying machine (python.call), on the node's SSH connection: pdkit.p2p does the rest."""
+    """Runs on the deploying machine (python.call), on the node's SSH connection: pdkit.hosts.p2p does the rest."""
     this = current_host()
 
     def run(command: str) -> tuple[bool, str]:
@@ -162,7 +164,7 @@ def _measure_p2p(spec) -> None:
 
 
 # per pyinfra State: (host -> worker URLs it (re)starts, host -> scrape targets it moves);
-# printed once at exit (pdkit/limitwarn.py)
+# printed once at exit (pdkit/hosts/limitwarn.py)
 _MOVED: WeakKeyDictionary = WeakKeyDictionary()
 
 
@@ -215,7 +217,7 @@ def _router_last(services: list[Service]) -> tuple[list[Service], list[Service]]
 def _start_and_restart(start: list[Service], restart: list[Service], what: str, serial=None) -> None:
     """One operation for the units to start and one for those to restart, each one command (one
     round trip) whose systemctl calls take all the units at once. SERIAL(units): the command that
-    restarts them instead (pdkit.jitplan.restart_command), or None for `systemctl restart`."""
+    restarts them instead (pdkit.render.jitplan.restart_command), or None for `systemctl restart`."""
     def restart_units(services: list[Service], units: str) -> str:
         return (serial(services) if serial else None) or f"systemctl restart {units}"
 
@@ -239,10 +241,10 @@ def _start_and_restart(start: list[Service], restart: list[Service], what: str, 
 
 def gates_command(python: str, services: list[Service]) -> str:
     """One on-host command that waits for every engine and HTTP service of SERVICES at once,
-    each by its kind's gate in the one gate table (pdkit/gates.py)."""
+    each by its kind's gate in the one gate table (pdkit/agent/gates.py)."""
     return gates.command(python, [gates.gate_for(s) for s in services])
 
 
 def router_gate_command(python: str, service: Service) -> str:
-    """The router's gate (pdkit/gates.py): its planned workers listed healthy and one completion."""
+    """The router's gate (pdkit/agent/gates.py): its planned workers listed healthy and one completion."""
     return gates.command(python, [gates.gate_for(service)])

@@ -1,7 +1,7 @@
 """How a bundle reaches a node: fetched by the node over HTTP from this machine, or uploaded over SFTP.
 
 `pdkit_cluster.wheelhouse_transfer`: `http` and `auto` serve the bundle from the deploying
-process (pdkit/bundleserver.py) on the address this machine has on the node's SSH connection;
+process (pdkit/wheels/bundleserver.py) on the address this machine has on the node's SSH connection;
 `auto` first checks, from the node, that it can open that port and falls back to SFTP (saying
 so) when it cannot; `http` fails the run before any change instead. docs/benchmarks.md has the
 measured speeds of both.
@@ -18,8 +18,8 @@ from weakref import WeakKeyDictionary
 from pyinfra import host
 from pyinfra.api import FactBase
 
-from pdkit import bundleserver
-from pdkit.wheelhouse import Bundle
+from pdkit.wheels import bundleserver
+from pdkit.wheels.wheelhouse import Bundle
 
 # pip unpacking ~4 GB of engine wheels on a slow disk; a small bundle takes seconds
 INSTALL_TIMEOUT_S = 3600

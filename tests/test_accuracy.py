@@ -1,4 +1,4 @@
-"""The answer gate's accuracy part (d) (pdkit/answers.py, docs/correctness.md), its pure parts: sgl-eval's
+"""The answer gate's accuracy part (d) (pdkit/clients/answers.py, docs/correctness.md), its pure parts: sgl-eval's
 arguments, its metrics.json read into a score and a 95% interval, the verdict, the endpoint rule, the
 configuration and the --dry lines; and the runner's handling of the API key (never argv). The real
 sgl-eval runs against sim engines behind the real router in tests/sim/test_accuracy_sim.py.
@@ -19,10 +19,10 @@ import stat
 import pytest
 from pydantic import ValidationError
 
-from pdkit import answers
-from pdkit.answers import Accuracy, GateConfig
 from pdkit.bench.measure import Measured
 from pdkit.bench.routes import EngineRef, Route
+from pdkit.clients import answers
+from pdkit.clients.answers import Accuracy, GateConfig
 from pdkit.spec.models import AnswerAccuracy, AnswerGate
 from pdkit.tune.campaign import Correctness
 
@@ -67,7 +67,7 @@ def test_argv_names_the_bench_endpoint_and_limits_and_never_a_key(tmp_path):
 
 def test_the_key_reaches_the_eval_through_its_environment_not_its_command_line(tmp_path):
     """run_accuracy with a stand-in interpreter that records what it was given: the key is in the
-    environment (pdkit.evalrun reads it there), never in argv; no metrics: a problem, said."""
+    environment (pdkit.clients.evalrun reads it there), never in argv; no metrics: a problem, said."""
     seen = tmp_path / "seen.json"
     fake = tmp_path / "python"
     fake.write_text("#!/usr/bin/env python3\nimport json, os, sys\n"
@@ -79,7 +79,7 @@ def test_the_key_reaches_the_eval_through_its_environment_not_its_command_line(t
                                   {"Authorization": "Bearer s3cret-key"}, tmp_path / "eval", python=str(fake))
     got = json.loads(seen.read_text())
     assert got["key"] == "s3cret-key" and got["hf"] == "1"
-    assert got["argv"][1:3] == ["-m", "pdkit.evalrun"] and not any("s3cret" in a for a in got["argv"])
+    assert got["argv"][1:3] == ["-m", "pdkit.clients.evalrun"] and not any("s3cret" in a for a in got["argv"])
     assert result["problems"] == ["sgl-eval exited with status 2", "no metrics.json written"]
     assert result["exit_code"] == 2 and result["seconds"] >= 0 and "s3cret" not in json.dumps(result)
 
@@ -87,7 +87,7 @@ def test_the_key_reaches_the_eval_through_its_environment_not_its_command_line(t
 def test_the_runner_refuses_a_missing_or_other_sgl_eval(monkeypatch, capsys):
     from importlib import metadata
 
-    from pdkit import evalrun
+    from pdkit.clients import evalrun
 
     monkeypatch.setattr(metadata, "version", lambda name: "0.2.0")
     assert evalrun.main(["aime25"]) == 3
@@ -300,7 +300,7 @@ def test_the_rolls_canary_keeps_the_baselines_score_per_release_and_stops_on_a_d
     figures; the roll's record has the part's figures, the baseline's and the seconds."""
     import io
 
-    from pdkit.loader import load_with_problems
+    from pdkit.inventory.loader import load_with_problems
     from pdkit.roll.roller import Progress, Roller
     from tests.conftest import REPO
 
@@ -330,7 +330,7 @@ def test_the_rolls_canary_keeps_the_baselines_score_per_release_and_stops_on_a_d
 def test_a_baseline_eval_that_cannot_be_judged_stops_the_roll_before_the_drain(tmp_path, monkeypatch):
     import io
 
-    from pdkit.loader import load_with_problems
+    from pdkit.inventory.loader import load_with_problems
     from pdkit.roll.roller import Progress, Roller
     from tests.conftest import REPO
 

@@ -29,9 +29,9 @@ from pdkit.bench.record import cache_counts, level_cache
 from pdkit.bench.report import render_compare, render_markdown
 from pdkit.bench.sglang import sglang_agentic_command
 from pdkit.bench.stats import RequestResult
-from pdkit.contract import sglang_python
-from pdkit.loader import load
+from pdkit.inventory.loader import load
 from pdkit.sim.textgen import chat_prompt, tokenize
+from pdkit.upstream.venvs import sglang_python
 from tests.conftest import write_inventory
 
 SMALL = AgenticParams(sessions=3, turns=4, system_tokens=50, turn_tokens=20, reply_tokens=8, think_s=0.0, seed=1)

@@ -12,7 +12,8 @@ import re
 import pytest
 
 from pdkit import monitoring as mon
-from pdkit.monitoring import alertmanager, alertrules, alerttable
+from pdkit.contract import alerttable
+from pdkit.monitoring import alertmanager, alertrules
 from pdkit.monitoring.alertrules import base, engines
 from tests.conftest import REPO
 from tests.test_monitoring import _load_example
@@ -133,7 +134,7 @@ def test_the_doc_names_no_alert_without_a_record():
     dropped alert leaves no heading, row or mention behind)."""
     known = set(mon.ALERT_NAMES)
     doc = DOC.read_text()
-    assert alerttable.inhibitions() in doc, "python -m pdkit.monitoring.alerttable --write docs/monitoring.md"
+    assert alerttable.inhibitions() in doc, "python -m pdkit.contract.alerttable --write docs/monitoring.md"
     assert _unknown_alert_names({"docs/monitoring.md": doc}, known | FORMER_ALERTS) == {}
     assert _unknown_alert_names({"doc": doc + "\nPdkitOldAlert"}, known | FORMER_ALERTS) == {"doc": {"PdkitOldAlert"}}
 

@@ -24,12 +24,12 @@ import pytest
 import yaml
 
 from pdkit import monitoring as mon
-from pdkit.loader import load, load_with_problems
+from pdkit.inventory.loader import load, load_with_problems
 from pdkit.monitoring.alertmanager import INHIBITIONS, alertmanager_config, credential_files
 from pdkit.monitoring.rules import ALERT_NAMES
-from pdkit.plan import host_packages, plan_host
+from pdkit.render.plan import host_packages, plan_host
 from pdkit.spec import RECEIVER_KINDS, SpecError
-from pdkit.versions import APT_PINS
+from pdkit.upstream.versions import APT_PINS
 from roles.packages import install_spec
 from tests.conftest import REPO, require, write_inventory
 
@@ -391,7 +391,7 @@ def _post(url: str, data) -> None:
 def running(tmp_path, base):
     """A real prometheus-alertmanager on 127.0.0.1 with the config pdkit renders (credentials in temp files)."""
     require(ALERTMANAGER is not None, AM_REASON)
-    # the spec first: pdkit.loader imports pyinfra's CLI, whose gevent-patched importer must not
+    # the spec first: pdkit.inventory.loader imports pyinfra's CLI, whose gevent-patched importer must not
     # meet the sink's thread
     sink_port = _free_port()
     receivers = [{"name": "sink", "kind": "webhook", "url": f"http://127.0.0.1:{sink_port}/"}, EVERY_KIND[3]]

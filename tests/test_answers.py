@@ -1,4 +1,4 @@
-"""The graded answer gate's pure parts (pdkit/answers.py): lengths under the cap, SGLang's logprob
+"""The graded answer gate's pure parts (pdkit/clients/answers.py): lengths under the cap, SGLang's logprob
 shapes, the drift figures and the verdicts per lever class. The HTTP parts run against sim engines
 (tests/sim/test_answers_sim.py) and on the lab (tests/lab/test_answers_lab.py)."""
 
@@ -9,9 +9,9 @@ import math
 
 import pytest
 
-from pdkit import answers
-from pdkit.answers import GateConfig, Tolerance
 from pdkit.bench.measure import merge_input_logprobs
+from pdkit.clients import answers
+from pdkit.clients.answers import GateConfig, Tolerance
 
 
 def test_the_corpus_is_real_text_long_enough_for_32k_prompts():

@@ -13,7 +13,7 @@ from pdkit.bench.env import fingerprint, parse_driver_versions, ssh_command
 from pdkit.bench.record import find_run, load_runs
 from pdkit.bench.report import render_compare, render_markdown, write_outputs
 from pdkit.bench.sglang import read_sglang_results, sglang_bench_command
-from pdkit.loader import load
+from pdkit.inventory.loader import load
 from tests.conftest import require, write_inventory
 
 SGLANG_OUTPUT = Path(__file__).parent / "bench_data" / "sglang-0.5.23-serving-output.jsonl"

@@ -1,5 +1,5 @@
 """`pdkit bench`'s KV hand-off figures per level, without a cluster: which prefills are read, the
-level's `kv` block from canned /metrics pages (pdkit.kvcost does the maths), what an unreadable
+level's `kv` block from canned /metrics pages (pdkit.spec.kvcost does the maths), what an unreadable
 /metrics records, the run table and `pdkit compare`; and goodput (pdkit.bench.stats.goodput)."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pdkit.bench.record import kv_prefills, level_kv, scrape_kv
 from pdkit.bench.report import render_compare, render_markdown
 from pdkit.bench.routes import router_measured
 from pdkit.bench.stats import RequestResult, goodput, summarize_level
-from pdkit.kvcost import kv_histograms
-from pdkit.loader import load
+from pdkit.inventory.loader import load
+from pdkit.spec.kvcost import kv_histograms
 from tests.conftest import write_inventory
 from tests.test_bench import _record
 from tests.test_kvcost import page
@@ -64,11 +64,11 @@ def test_level_kv_combines_the_prefills_windows():
 
 
 def test_an_unreadable_prefill_is_recorded_with_why_not_a_crash(monkeypatch):
-    import pdkit.health
+    import pdkit.agent.health
 
     answers = {"http://p1:30000/metrics": (200, page([50.0], 4.0)),
                "http://p2:30000/metrics": (0, "<urlopen error [Errno 111] Connection refused>")}
-    monkeypatch.setattr(pdkit.health, "http_request", lambda url, **_kw: answers[url])
+    monkeypatch.setattr(pdkit.agent.health, "http_request", lambda url, **_kw: answers[url])
     prefills = {"h1/prefill": "http://p1:30000", "h2/prefill": "http://p2:30000"}
     pages, errors = scrape_kv(prefills)
     assert list(pages) == ["h1/prefill"] and "Connection refused" in errors["h2/prefill"]

@@ -1,4 +1,4 @@
-"""pdkit/bundleserver.py sends a wheel with os.sendfile, also on the gevent sockets pyinfra runs it on.
+"""pdkit/wheels/bundleserver.py sends a wheel with os.sendfile, also on the gevent sockets pyinfra runs it on.
 
 gevent's socket.sendfile() is a Python loop of 8 KiB reads and sends; under pyinfra it took 30-40 s
 of the control machine's CPU per engine bundle (docs/benchmarks.md). These tests make that loop
@@ -15,7 +15,7 @@ import sys
 import textwrap
 import threading
 
-from pdkit import bundleserver
+from pdkit.wheels import bundleserver
 from tests.conftest import REPO
 
 
@@ -74,7 +74,7 @@ UNDER_GEVENT = textwrap.dedent("""
 
     gsock.socket.sendfile = gsock.socket._sendfile_use_send = refused
 
-    from pdkit import bundleserver, wheelhouse
+    from pdkit.wheels import bundleserver, wheelhouse
 
     wheel = Path(sys.argv[1])
     bundle = wheelhouse.Bundle(name="router", wheels=(wheel,), requirements="", digest="ab" * 32)

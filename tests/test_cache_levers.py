@@ -1,14 +1,14 @@
 """The prefix-cache levers (issue 43, item 3): radix cache off, eviction policy, the decode's own
 radix cache (experimental in SGLang), HiCache and its host pool against the node's RAM; each
-offered only on a release whose parser has its flag (pdkit/parser_table.json)."""
+offered only on a release whose parser has its flag (pdkit/upstream/parser_table.json)."""
 
 from __future__ import annotations
 
 import pytest
 
-from pdkit import argvcheck, flags
-from pdkit.loader import load_with_problems
-from pdkit.parsertable import Parser, sglang_parser, table
+from pdkit.inventory.loader import load_with_problems
+from pdkit.render import argvcheck, flags
+from pdkit.upstream.parsertable import Parser, sglang_parser, table
 from tests.conftest import REPO, write_inventory
 
 
@@ -113,7 +113,7 @@ def test_a_lever_is_offered_only_on_releases_whose_parser_has_its_flag(tmp_path,
     _, found = load(tmp_path, cluster, hosts)
     errors = said(found, f"engines[1].tuning.{field}", "error")
     assert errors, found
-    assert (f"SGLang 0.5.17's parser has no {flag} (pdkit/parser_table.json): this lever is offered only on 0.5.23; "
+    assert (f"SGLang 0.5.17's parser has no {flag} (pdkit/upstream/parser_table.json): this lever is offered only on 0.5.23; "
             f"valid: sglang_version 0.5.23, or {field} unset") in errors[0].message
     cluster["sglang_version"] = "0.5.23"
     _, found = load(tmp_path, cluster, hosts)

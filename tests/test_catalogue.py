@@ -1,4 +1,4 @@
-"""The metric catalogue (pdkit/data/metric_catalogue.json) against its generator, the real pages
+"""The metric catalogue (pdkit/upstream/data/metric_catalogue.json) against its generator, the real pages
 recorded from SGLang 0.5.17, and every query the kit runs."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pdkit import catalogue as cat
-from pdkit import metricnames
 from pdkit import monitoring as mon
-from pdkit.contract import ContractEnvMissing, env_python
 from pdkit.contract import catalogue_gen as gen
+from pdkit.upstream import catalogue as cat
+from pdkit.upstream import metricnames
+from pdkit.upstream.venvs import ContractEnvMissing, env_python
 from tests.conftest import require
 from tests.test_monitoring import _load_example
 

@@ -1,12 +1,12 @@
-"""The one restart rule (pdkit/changes.py), and deploy, roll and rollback all deciding by it (issue #18 items 1, 8)."""
+"""The one restart rule (pdkit/agent/changes.py), and deploy, roll and rollback all deciding by it (issue #18 items 1, 8)."""
 
 from __future__ import annotations
 
 import pytest
 
-from pdkit import changes, releases
-from pdkit.loader import load
-from pdkit.plan import plan_cluster, services_meta
+from pdkit.agent import changes, releases
+from pdkit.inventory.loader import load
+from pdkit.render.plan import plan_cluster, services_meta
 from pdkit.roll.planning import host_diff
 from roles.services import restart_plan
 from tests.conftest import BASE_CLUSTER, BASE_HOSTS, write_inventory
@@ -44,7 +44,7 @@ def test_the_restart_rule(what, files, venvs, down, start, restart):
 
 
 # A node that provides its own engine environment (pdkit_node.engine_venv): its engines run from
-# none of pdkit's venvs (pdkit/plan.py Service.venv None), pdkit-exporter still from the node venv
+# none of pdkit's venvs (pdkit/render/plan.py Service.venv None), pdkit-exporter still from the node venv
 PROVIDED = {
     "engine.service": {"kind": "engine", "files": ["/u/engine.service", "/etc/engine.env", "/etc/nccl.env"], "venv": None},
     "exporter.service": {"kind": "http", "files": ["/u/exporter.service", "/etc/exporter.json"], "venv": NODE_VENV},
@@ -203,7 +203,7 @@ def test_a_node_of_the_previous_layout_migrates_with_one_engine_restart_then_pdk
     first deploy with the engine environment, its engine unit files rewritten and two new venv
     links; every engine and pdkit-exporter restart in that one deploy (deploy, roll --dry and
     rollback agree), and from then on a new node venv restarts pdkit-exporter alone."""
-    from pdkit import flags
+    from pdkit.render import flags
 
     spec = load(str(write_inventory(tmp_path, BASE_HOSTS, BASE_CLUSTER)))
     new = plan_cluster(spec)["gpu01"]

@@ -11,14 +11,15 @@ import copy
 
 import pytest
 
-from pdkit import flags
-from pdkit.loader import load
-from pdkit.versions import ROUTER_RELEASES, SGLANG_RELEASES
+from pdkit.inventory.loader import load
+from pdkit.render import flags
+from pdkit.upstream.versions import ROUTER_RELEASES, SGLANG_RELEASES
 from tests.conftest import BASE_CLUSTER, BASE_HOSTS, REPO, require, write_inventory
 
 pytestmark = pytest.mark.contract
 
 contract = pytest.importorskip("pdkit.contract")
+from pdkit.upstream import venvs  # noqa: E402
 
 
 def _with_router(spec, package, version):
@@ -36,7 +37,7 @@ def _levers_inventory(tmp_path, base):
     """The base cluster with every lever set somewhere, so each generated flag meets the parser."""
     cluster, hosts = base
     cluster["model"].update(trust_remote_code=True, load_format="dummy", tokenizer_path="/models/tok")
-    # kv_cache_dtype on every role: a prefill/decode pair must agree on it (pdkit.argvcheck)
+    # kv_cache_dtype on every role: a prefill/decode pair must agree on it (pdkit.render.argvcheck)
     cluster["tuning"]["all"] = {"context_length": 8192, "mem_fraction_static": 0.88, "watchdog_timeout": 600,
                                 "decode_log_interval": 10, "log_level": "info", "allow_longer_context": True,
                                 "kv_cache_dtype": "fp8_e4m3"}
@@ -119,7 +120,7 @@ def _specs(tmp_path, base, monkeypatch):
 
 @pytest.mark.parametrize("version", sorted(SGLANG_RELEASES))
 def test_every_generated_engine_argv_parses_with_sglangs_own_parser(version, tmp_path, base, monkeypatch):
-    require(contract.sglang_python(version) is not None, f"no SGLang {version} parser venv: run `bash .ci/contract-env.sh`")
+    require(venvs.sglang_python(version) is not None, f"no SGLang {version} parser venv: run `bash .ci/contract-env.sh`")
     argvs, names = [], []
     for name, spec in _specs(tmp_path, base, monkeypatch).items():
         spec = _with_version(spec, version)
@@ -140,7 +141,7 @@ def test_every_generated_engine_argv_parses_with_sglangs_own_parser(version, tmp
 @pytest.mark.parametrize("version", sorted(SGLANG_RELEASES))
 def test_the_contract_check_can_fail(version):
     """The parser really runs: a misspelt choice and an unknown flag are rejected."""
-    require(contract.sglang_python(version) is not None, f"no SGLang {version} parser venv: run `bash .ci/contract-env.sh`")
+    require(venvs.sglang_python(version) is not None, f"no SGLang {version} parser venv: run `bash .ci/contract-env.sh`")
     bad = [["--model-path", "/m", "--disaggregation-transfer-backend", "nixel"], ["--model-path", "/m", "--no-such-flag"]]
     results = contract.check_sglang_argvs(version, bad)
     assert results[0] is not None and "nixel" in results[0]
@@ -149,7 +150,7 @@ def test_the_contract_check_can_fail(version):
 
 @pytest.mark.parametrize("package,version", sorted(ROUTER_RELEASES))
 def test_every_generated_router_argv_parses_with_the_routers_own_parser(package, version, tmp_path, base, monkeypatch):
-    require(contract.router_python(package, version) is not None, f"no {package} {version} parser venv: run `bash .ci/contract-env.sh`")
+    require(venvs.router_python(package, version) is not None, f"no {package} {version} parser venv: run `bash .ci/contract-env.sh`")
     argvs, names = [], []
     for name, spec in _specs(tmp_path, base, monkeypatch).items():
         spec = _with_router(spec, package, version)
@@ -168,7 +169,7 @@ def test_multinode_flags_parse_to_the_layout_without_deprecated_spellings(versio
     """Attention DP is spelled per release (0.5.23: --attn-dp-size; 0.5.17: --dp-size N
     --enable-dp-attention): the parser takes it without a deprecation warning, and every rank
     differs from rank 0 only in --node-rank."""
-    require(contract.sglang_python(version) is not None, f"no SGLang {version} parser venv: run `bash .ci/contract-env.sh`")
+    require(venvs.sglang_python(version) is not None, f"no SGLang {version} parser venv: run `bash .ci/contract-env.sh`")
     monkeypatch.chdir(REPO)
     spec = _with_version(load("inventories/multinode.py"), version)
     head = spec.host("gpu-d0")
@@ -188,7 +189,7 @@ def test_multinode_flags_parse_to_the_layout_without_deprecated_spellings(versio
 @pytest.mark.parametrize("package,version", sorted(ROUTER_RELEASES))
 def test_dp_aware_router_flag_parses(package, version, monkeypatch):
     """A router fronting an attention-DP worker gets --dp-aware, which both pinned routers take."""
-    require(contract.router_python(package, version) is not None, f"no {package} {version} parser venv: run `bash .ci/contract-env.sh`")
+    require(venvs.router_python(package, version) is not None, f"no {package} {version} parser venv: run `bash .ci/contract-env.sh`")
     monkeypatch.chdir(REPO)
     spec = _with_router(load("inventories/multinode.py"), package, version)
     argv = flags.router_args(spec, spec.host("router01"))

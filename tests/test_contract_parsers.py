@@ -9,13 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from pdkit.contract import (
-    ContractEnvMissing,
-    check_router_argvs,
-    contract_home,
-    run_router_check,
-    run_sglang_check,
-)
+from pdkit.contract import check_router_argvs, run_router_check, run_sglang_check
+from pdkit.upstream.venvs import ContractEnvMissing, contract_home
 
 pytestmark = pytest.mark.contract
 
@@ -253,10 +248,11 @@ def test_missing_env_names_the_script(tmp_path, monkeypatch) -> None:
 
 @pytest.mark.parametrize("package,version", list(ROUTER_CASES))
 def test_rendered_router_argv_with_its_drain_flag_is_accepted_by_the_routers_parser(package, version, base, tmp_path):
-    """pdkit.flags.router_args (with --shutdown-grace-period-secs from the spec) through the pinned
-    router's own parser; the flag's spelling is the parser's (pdkit/parser_table.json, generated from it)."""
-    from pdkit import flags, parsertable
-    from pdkit.loader import load
+    """pdkit.render.flags.router_args (with --shutdown-grace-period-secs from the spec) through the pinned
+    router's own parser; the flag's spelling is the parser's (pdkit/upstream/parser_table.json, generated from it)."""
+    from pdkit.inventory.loader import load
+    from pdkit.render import flags
+    from pdkit.upstream import parsertable
     from tests.conftest import require, write_inventory
 
     cluster, hosts = base

@@ -1,6 +1,6 @@
 """The UCX variables pdkit renders, against the UCX that the pinned nixl-cu13 wheel bundles.
 
-pdkit/data/ucx_config.json is what that UCX itself prints as its settings and defaults
+pdkit/upstream/data/ucx_config.json is what that UCX itself prints as its settings and defaults
 (pdkit/contract/ucx_config.py, from the wheel .ci/contract-env.sh downloads). UCX only warns about
 a variable it does not know, so a renamed or misspelt one would change nothing on a node: every
 UCX_* the kit can render must be in the table, and the table must be what the wheel says.
@@ -14,16 +14,18 @@ from pathlib import Path
 
 import pytest
 
-from pdkit import flags, kvcost, ucxcheck
-from pdkit.contract import contract_home
 from pdkit.contract.ucx_config import ucx_settings
-from pdkit.loader import load
-from pdkit.versions import NIXL_PACKAGE
+from pdkit.inventory.loader import load
+from pdkit.render import flags
+from pdkit.spec import kvcost
+from pdkit.upstream import ucxcheck
+from pdkit.upstream.venvs import contract_home
+from pdkit.upstream.versions import NIXL_PACKAGE
 from tests.conftest import REPO, require
 
 pytestmark = pytest.mark.contract
 
-TABLE = REPO / "pdkit" / "data" / "ucx_config.json"
+TABLE = REPO / "pdkit" / "upstream" / "data" / "ucx_config.json"
 
 
 def _table() -> dict:
@@ -40,7 +42,7 @@ def test_the_table_is_what_the_pinned_wheels_ucx_prints():
     wheel = _wheel()
     require(wheel is not None, f"no {NIXL_PACKAGE[0]} {NIXL_PACKAGE[1]} wheel under {contract_home()}: run bash .ci/contract-env.sh")
     fresh = ucx_settings(str(wheel))
-    assert fresh == _table(), "regenerate: python -m pdkit.contract.ucx_config WHEEL > pdkit/data/ucx_config.json"
+    assert fresh == _table(), "regenerate: python -m pdkit.contract.ucx_config WHEEL > pdkit/upstream/data/ucx_config.json"
 
 
 def test_the_table_is_of_the_pinned_nixl():
@@ -88,7 +90,7 @@ def test_tcp_fragment_sizes_are_larger_than_ucxs_and_tx_fits_rx():
             assert tx > _bytes(defaults["UCX_TCP_TX_SEG_SIZE"]), path.name
 
 
-# the limits pdkit.ucxcheck.related_problems holds between UCX settings, each case opened by the pinned
+# the limits pdkit.upstream.ucxcheck.related_problems holds between UCX settings, each case opened by the pinned
 # wheel's own UCX (a UCP worker, as NIXL makes one at an engine's start): pdkit must refuse exactly what
 # UCX refuses, and pass what it opens (TLS as pdkit renders it for a same-node PD pair)
 _TLS = "cuda_ipc,cuda_copy,sm,self,tcp"
@@ -137,7 +139,7 @@ def test_ucx_limits_between_settings_are_the_pinned_ucxs(case, tmp_path_factory)
     import subprocess
     import sys
 
-    from pdkit import ucxcheck
+    from pdkit.upstream import ucxcheck
 
     wheel = _wheel()
     require(wheel is not None, f"no {NIXL_PACKAGE[0]} {NIXL_PACKAGE[1]} wheel under {contract_home()}: run bash .ci/contract-env.sh")

@@ -1,7 +1,7 @@
-"""Values of every kind of UCX setting, judged by pdkit.ucxcheck and by the pinned nixl wheel's own UCX.
+"""Values of every kind of UCX setting, judged by pdkit.upstream.ucxcheck and by the pinned nixl wheel's own UCX.
 
-pdkit/data/ucx_config.json records each setting's kind: the UCS parser that reads it (pdkit/contract/
-ucx_config.py walks the wheel's configuration tables). pdkit.ucxcheck judges a value as that parser
+pdkit/upstream/data/ucx_config.json records each setting's kind: the UCS parser that reads it (pdkit/contract/
+ucx_config.py walks the wheel's configuration tables). pdkit.upstream.ucxcheck judges a value as that parser
 does; here each kind's good and bad values go to the real UCX three ways, and the judgement must agree
 on every one:
 
@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from pdkit import ucxcheck
-from pdkit.contract import contract_home
-from pdkit.versions import NIXL_PACKAGE
+from pdkit.upstream import ucxcheck
+from pdkit.upstream.venvs import contract_home
+from pdkit.upstream.versions import NIXL_PACKAGE
 from tests.conftest import REPO, require
 
 # kind -> (a setting of that kind that ucp_config_modify parses, values UCX reads, values it refuses);
@@ -233,8 +233,9 @@ def test_every_ucx_value_the_kit_renders_is_one_ucx_reads():
     """pdkit's own UCX values (the KV path profiles, the example inventories' ucx_env) pass the same judgement."""
     import glob
 
-    from pdkit import flags, kvcost
-    from pdkit.loader import load
+    from pdkit.inventory.loader import load
+    from pdkit.render import flags
+    from pdkit.spec import kvcost
 
     rendered = [(f"KV_PATHS[{p.name!r}]", name, value) for p in kvcost.KV_PATHS.values() for name, value in p.ucx_env]
     for inventory in sorted(glob.glob(str(REPO / "inventories" / "*.py"))):

@@ -13,8 +13,8 @@ import subprocess
 import pytest
 
 from pdkit import monitoring as mon
-from pdkit.loader import load
-from pdkit.plan import DCGM_DROPIN_PATH, DCGM_PACKAGES, DCGM_UNIT, plan_cluster
+from pdkit.inventory.loader import load
+from pdkit.render.plan import DCGM_DROPIN_PATH, DCGM_PACKAGES, DCGM_UNIT, plan_cluster
 from pdkit.spec import DCGM_EXPORTER_PORT
 from tests.conftest import write_inventory
 

@@ -7,12 +7,12 @@ import copy
 
 import pytest
 
-from pdkit.health import router_verdict
-from pdkit.limitwarn import limit_warnings
-from pdkit.loader import load
-from pdkit.plan import PlannedFile, plan_cluster
-from pdkit.router_api import Worker
-from pdkit.routersync import PlannedWorker, routers_for_host, sync_actions
+from pdkit.agent.health import router_verdict
+from pdkit.clients.router_api import Worker
+from pdkit.hosts.limitwarn import limit_warnings
+from pdkit.hosts.routersync import PlannedWorker, routers_for_host, sync_actions
+from pdkit.inventory.loader import load
+from pdkit.render.plan import PlannedFile, plan_cluster
 from roles.install_files import change_summary, diff_lines, install_commands
 from roles.services import router_gate_command
 from tests.conftest import BASE_CLUSTER, BASE_HOSTS, write_inventory
@@ -82,7 +82,7 @@ def test_limit_warns_about_a_left_out_router_that_fronts_restarted_workers():
 
 def test_limit_names_the_monitoring_host_whose_scrape_targets_it_moved_and_one_command_for_all():
     """Issue 30 item 6: Prometheus kept scraping a moved engine's old port; the warning named only the router."""
-    from pdkit.limitwarn import retargeted
+    from pdkit.hosts.limitwarn import retargeted
 
     recorded = {"pdkit-engine-decode.service": {"kind": "engine", "health_url": "http://h2:30001/health"},
                 "pdkit-engine-prefill.service": {"kind": "engine", "health_url": "http://h2:30000/health"},
@@ -144,7 +144,7 @@ NOTES = [
 
 @pytest.mark.parametrize(("what", "listed", "says", "pending"), NOTES, ids=[n[0] for n in NOTES])
 def test_router_host_says_which_remote_workers_are_pending(what, listed, says, pending):
-    from pdkit.routersync import remote_worker_note
+    from pdkit.hosts.routersync import remote_worker_note
 
     note = remote_worker_note("pdkit-router.service", [D2 + "/", P2], listed)
     assert note.startswith("pdkit-router.service: ") and says in note, note

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 from pyinfra.context import ctx_host
 
-import pdkit.deploy
-from pdkit.loader import load
+import pdkit.hosts.deploy
+from pdkit.inventory.loader import load
 from tests.conftest import BASE_CLUSTER, BASE_HOSTS, REPO, load_script, write_inventory
 
 noop = load_script("benchmarks/noop_cost.py", "pdkit_bench_noop_cost")
@@ -59,17 +59,17 @@ class _State:
 def test_a_plan_is_made_again_for_another_spec_or_another_state(tmp_path, monkeypatch):
     specs = [load(str(write_inventory(tmp_path, BASE_HOSTS, BASE_CLUSTER))) for _ in range(2)]
     calls = []
-    monkeypatch.setattr(pdkit.deploy, "plan_host", lambda spec, host: calls.append((spec, host.name)) or object())
+    monkeypatch.setattr(pdkit.hosts.deploy, "plan_host", lambda spec, host: calls.append((spec, host.name)) or object())
     current = {"spec": specs[0]}
-    monkeypatch.setattr(pdkit.deploy, "current_spec", lambda: current["spec"])
+    monkeypatch.setattr(pdkit.hosts.deploy, "current_spec", lambda: current["spec"])
     first, second = _State(), _State()
     with ctx_host.use(SimpleNamespace(name="gpu01", state=first)):
-        plan = pdkit.deploy.current_plan()
-        assert pdkit.deploy.current_plan() is plan
+        plan = pdkit.hosts.deploy.current_plan()
+        assert pdkit.hosts.deploy.current_plan() is plan
         current["spec"] = specs[1]  # another spec (another inventory): planned again
-        assert pdkit.deploy.current_plan() is not plan
+        assert pdkit.hosts.deploy.current_plan() is not plan
     with ctx_host.use(SimpleNamespace(name="gpu02", state=first)):
-        pdkit.deploy.current_plan()
+        pdkit.hosts.deploy.current_plan()
     with ctx_host.use(SimpleNamespace(name="gpu01", state=second)):  # another State (a roll's next batch)
-        pdkit.deploy.current_plan()
+        pdkit.hosts.deploy.current_plan()
     assert calls == [(specs[0], "gpu01"), (specs[1], "gpu01"), (specs[1], "gpu02"), (specs[1], "gpu01")]

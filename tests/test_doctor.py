@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from pdkit.agent.exporter.metrics import parse_metrics
+from pdkit.agent.health import router_worker_health
 from pdkit.doctor.baseline import c16_throughput, last_recorded
 from pdkit.doctor.checks import evaluate
 from pdkit.doctor.checks_cache import check_prefix_cache
@@ -47,10 +49,8 @@ from pdkit.doctor.model import (
 )
 from pdkit.doctor.observe import exporter_views, page_sample
 from pdkit.doctor.report import exit_code, render_table
-from pdkit.exporter.metrics import parse_metrics
-from pdkit.health import router_worker_health
-from pdkit.kvcost import KV_PATHS, KV_RATE_MIN_MB, kv_histograms
-from pdkit.metricnames import SGLANG
+from pdkit.spec.kvcost import KV_PATHS, KV_RATE_MIN_MB, kv_histograms
+from pdkit.upstream.metricnames import SGLANG
 from tests.test_kvcost import page
 
 DATA = Path(__file__).resolve().parent / "doctor_data"
@@ -489,7 +489,7 @@ def _reboot_page(value: float) -> str:
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.core import GaugeMetricFamily
 
-    class One:  # the same family the exporter's collector yields (pdkit/exporter/collector.py)
+    class One:  # the same family the exporter's collector yields (pdkit/agent/exporter/collector.py)
         def collect(self):
             g = GaugeMetricFamily("pdkit_node_reboot_required", "reboot pending", labels=["node"])
             g.add_metric(["lab-gpu1"], value)
@@ -567,7 +567,7 @@ def test_per_engine_bench_gives_every_decode_engine_its_own_share(monkeypatch):
     so decode_speed_c16 had nothing to measure; doctor's speed bench asks each PD pair directly, in turn."""
     from pdkit import bench
     from pdkit.doctor.baseline import per_engine_bench
-    from pdkit.loader import load
+    from pdkit.inventory.loader import load
 
     spec = load(str(Path(__file__).resolve().parents[1] / "inventories" / "cluster.py"))
     seen = {}
@@ -591,7 +591,7 @@ def test_per_engine_bench_gives_every_decode_engine_its_own_share(monkeypatch):
 def _rank_page(node: str, engine: str, *, rank: int = 1, nnodes: int = 2, head: str = "lab-gpu1", up: float = 1.0,
                drift: tuple[str, ...] = (), missing: tuple[str, ...] = (), env_error: float = 0.0) -> str:
     """What pdkit-exporter on a rank's host says about a rank above 0, in its own families (the
-    rank > 0 branch of pdkit/exporter/collector.py: rank_up, the argv and environment checks, no
+    rank > 0 branch of pdkit/agent/exporter/collector.py: rank_up, the argv and environment checks, no
     HTTP series). tests/exporter/test_collector.py reads the real exporter's page the same way."""
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
@@ -694,7 +694,7 @@ def test_a_rank_without_an_exporter_or_with_the_wrong_rank():
 
 def test_every_rank_is_planned_with_its_own_host_argv_and_environment():
     from pdkit.doctor.collection import engine_plans
-    from pdkit.loader import load
+    from pdkit.inventory.loader import load
     from tests.conftest import REPO
 
     spec = load(REPO / "inventories" / "multinode.py")
@@ -713,7 +713,7 @@ def test_every_rank_is_planned_with_its_own_host_argv_and_environment():
 def test_collect_sends_no_http_to_a_rank_above_0_and_reads_its_hosts_exporter(monkeypatch):
     from pdkit.doctor import observe
     from pdkit.doctor.collection import collect
-    from pdkit.loader import load
+    from pdkit.inventory.loader import load
     from tests.conftest import REPO
 
     spec = load(REPO / "inventories" / "multinode.py")
@@ -848,7 +848,7 @@ def test_kv_path_judges_the_sim_by_the_lowest_floor():
     """The sim moves KV at its kv_transfer_gb_s knob (1.2e9 B/s, 64 KiB per token: pdkit/sim/stepmodel.py), which
     is 1.12 GB/s in SGLang's unit (MiB / 1024 per s), below the same-host floor: a sim pair on the lab must not
     FAIL this row, so a sim is judged by the lowest floor, whatever its path; a sim slowed below it fails once
-    its hand-offs are large enough for their rate to be judged (pdkit.kvcost.KV_RATE_MIN_MB)."""
+    its hand-offs are large enough for their rate to be judged (pdkit.spec.kvcost.KV_RATE_MIN_MB)."""
     from pdkit.sim.knobs import Knobs
     from pdkit.sim.stepmodel import kv_transfer_bytes, kv_transfer_seconds
 
@@ -903,7 +903,7 @@ def test_kv_path_warns_without_any_hand_off():
 
 def test_kv_path_plans_come_from_the_pairing_sets():
     from pdkit.doctor.collection import engine_plans
-    from pdkit.loader import load
+    from pdkit.inventory.loader import load
 
     by = {(p.host, p.engine): p for p in engine_plans(load("inventories/h200-nspawn-pair.py"))}
     a = by[("pdkit-a", "prefill")]
@@ -915,7 +915,7 @@ def test_kv_path_plans_come_from_the_pairing_sets():
 
 
 def test_the_doc_lists_every_kv_path_with_its_floor():
-    from pdkit.kvcost import KV_PATHS, KV_TTFT_SHARE_WARN
+    from pdkit.spec.kvcost import KV_PATHS, KV_TTFT_SHARE_WARN
 
     doc = (Path(__file__).resolve().parents[1] / "docs" / "doctor.md").read_text()
     for path in KV_PATHS.values():
@@ -1083,7 +1083,7 @@ def test_the_weights_cached_row_is_there_for_engines_that_read_local_weight_file
 
 def test_jit_caches_passes_warm_caches_warns_cold_ones_with_the_measured_cost():
     from pdkit.doctor.checks_engine import check_jit_caches
-    from pdkit.metricnames import EXPORTER_JIT_COLD_EXTRA, EXPORTER_JIT_WARM
+    from pdkit.upstream.metricnames import EXPORTER_JIT_COLD_EXTRA, EXPORTER_JIT_WARM
 
     where = "/var/cache/pdkit-engine/jit/0.5.23/decode"
     labels = 'node="lab-gpu1",engine="decode",role="decode"'

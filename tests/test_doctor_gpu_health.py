@@ -8,17 +8,17 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from pdkit.agent.exporter.collector import PdkitCollector
+from pdkit.agent.exporter.config import parse_config
+from pdkit.agent.exporter.gpuhealth import GpuProbe
+from pdkit.agent.exporter.system import ProcessInspector, SystemdPids
 from pdkit.doctor.checks import evaluate
 from pdkit.doctor.checks_engine import check_gpu_health
 from pdkit.doctor.collection import engine_plans
 from pdkit.doctor.model import FAIL, INFO, PASS, WARN, EngineObservation
 from pdkit.doctor.observe import exporter_views
 from pdkit.doctor.report import exit_code
-from pdkit.exporter.collector import PdkitCollector
-from pdkit.exporter.config import parse_config
-from pdkit.exporter.gpuhealth import GpuProbe
-from pdkit.exporter.system import ProcessInspector, SystemdPids
-from pdkit.metricnames import EXPORTER_GPU_PROBE_ERROR, EXPORTER_GPU_WEDGED
+from pdkit.upstream.metricnames import EXPORTER_GPU_PROBE_ERROR, EXPORTER_GPU_WEDGED
 from tests.exporter.support import FakeSystemctl, exposition
 from tests.test_doctor import _scenario
 from tests.test_monitoring import _load_example

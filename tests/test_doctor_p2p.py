@@ -8,11 +8,13 @@ import json
 import pytest
 
 import pdkit.roll.pyinfra_api as pyinfra_api
-from pdkit import flags, p2p, topology
+from pdkit.agent import topology
 from pdkit.doctor.checks_p2p import check_p2p, p2p_hosts, read_p2p
 from pdkit.doctor.model import INFO, PASS, WARN
-from pdkit.gpuhealth import probe_command as topology_probe_command
-from pdkit.loader import load
+from pdkit.hosts import p2p
+from pdkit.hosts.gpuhealth import probe_command as topology_probe_command
+from pdkit.inventory.loader import load
+from pdkit.render import flags
 from tests.conftest import REPO
 from tests.test_p2p import FIXTURES, figs, pair, smi_q
 
@@ -76,7 +78,7 @@ def test_doctor_reads_each_node_over_ssh_with_the_engine_python_and_judges_it(mo
     # one round trip: the topology probe, topo -m and the P2P probe with the engine environment's python
     assert command.startswith(topology_probe_command())
     assert f"{flags.engine_python(spec, spec.host('gpu01'))} -c " in command and "nvidia-smi topo -m" in command
-    assert said == ["measuring GPU-to-GPU copies on gpu01 (pdkit/p2p_probe.py over SSH)"]
+    assert said == ["measuring GPU-to-GPU copies on gpu01 (pdkit/hosts/p2p_probe.py over SSH)"]
     if status == PASS:
         assert rows[0].reason == "4 pair(s) at >= 50% of their link's rate (writes 50.0-50.0 GB/s median)"
     else:

@@ -1,4 +1,4 @@
-"""Engine locks agree with pdkit/versions.py, cover every pinned release, and are chosen per node."""
+"""Engine locks agree with pdkit/upstream/versions.py, cover every pinned release, and are chosen per node."""
 
 from __future__ import annotations
 
@@ -7,20 +7,20 @@ import shutil
 
 import pytest
 
-from pdkit import enginelock
-from pdkit.enginelock import LockError, all_locks, canonical, select_lock
-from pdkit.platforms import KNOWN_PLATFORMS
-from pdkit.versions import NIXL_EXCLUDED, NIXL_META_PACKAGE, NIXL_PACKAGE, SGLANG_RELEASES
-from pdkit.wheelhouse import lock_pins
+from pdkit.upstream.versions import NIXL_EXCLUDED, NIXL_META_PACKAGE, NIXL_PACKAGE, SGLANG_RELEASES
+from pdkit.wheels import enginelock
+from pdkit.wheels.enginelock import LockError, all_locks, canonical, select_lock
+from pdkit.wheels.platforms import KNOWN_PLATFORMS
+from pdkit.wheels.wheelhouse import lock_pins
 from tests.conftest import require
 
 
 def test_every_lock_header_agrees_with_its_body_and_versions_py():
     locks = all_locks()
-    assert locks, "pdkit/locks/engine/ holds no lock"
+    assert locks, "pdkit/wheels/locks/engine/ holds no lock"
     for lock in locks:
         assert lock.package == "sglang"
-        assert lock.version in SGLANG_RELEASES, f"{lock.path.name}: sglang {lock.version} is not a release pdkit/versions.py pins"
+        assert lock.version in SGLANG_RELEASES, f"{lock.path.name}: sglang {lock.version} is not a release pdkit/upstream/versions.py pins"
         assert lock.pins.get("sglang") == lock.version, f"{lock.path.name}: header says {lock.version}, body pins {lock.pins.get('sglang')}"
         assert lock.pins.get(canonical(NIXL_PACKAGE[0])) == NIXL_PACKAGE[1], f"{lock.path.name}: nixl is not {NIXL_PACKAGE}"
         # SGLang imports the module `nixl`, which only the meta package has (issue 22: a pdkit venv
@@ -36,14 +36,14 @@ def test_every_pinned_release_has_a_lock_for_every_known_node_os():
     for version in SGLANG_RELEASES:
         for platform in KNOWN_PLATFORMS.values():
             want = (version, platform.python, enginelock.lock_platform_tag(platform))
-            assert want in have, f"sglang {version} has no lock for {platform.name} {want}: python -m pdkit.enginelock --sglang-version {version} --platform {platform.name}"
+            assert want in have, f"sglang {version} has no lock for {platform.name} {want}: python -m pdkit.wheels.enginelock --sglang-version {version} --platform {platform.name}"
 
 
 def test_every_lock_pins_pdkits_own_node_packages_at_their_versions():
     node = {canonical(p.split("==")[0]): p.split("==")[1] for p in lock_pins("node.txt")}
     for lock in all_locks():
         differ = {n: (v, lock.pins.get(n)) for n, v in node.items() if lock.pins.get(n) != v}
-        assert not differ, f"{lock.path.name} disagrees with pdkit/locks/node.txt: {differ}"
+        assert not differ, f"{lock.path.name} disagrees with pdkit/wheels/locks/node.txt: {differ}"
 
 
 def test_every_pin_of_a_lock_carries_a_hash():
@@ -65,7 +65,7 @@ def test_no_lock_for_a_nodes_python_names_the_python_and_what_exists():
     with pytest.raises(LockError) as err:
         select_lock("sglang", "0.5.23", "3.10", (2, 35))
     message = str(err.value)
-    assert "Python 3.10" in message and "3.11" in message and "python -m pdkit.enginelock" in message
+    assert "Python 3.10" in message and "3.11" in message and "python -m pdkit.wheels.enginelock" in message
 
 
 def test_a_node_glibc_older_than_every_lock_is_refused_with_the_fix():

@@ -1,4 +1,4 @@
-"""A restarted engine must be the engine it was (issue 42 item 5): pdkit/engineshape.py's pure parts,
+"""A restarted engine must be the engine it was (issue 42 item 5): pdkit/agent/engineshape.py's pure parts,
 its record-then-compare on disk, and the gate table's shape inputs."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import stat
 
 import pytest
 
-from pdkit import engineshape, gates
-from pdkit.engineshape import MIN_FRACTION, compare, inputs_key, shape_from_server_info
-from pdkit.loader import load
-from pdkit.plan import plan_cluster, services_meta
+from pdkit.agent import engineshape, gates
+from pdkit.agent.engineshape import MIN_FRACTION, compare, inputs_key, shape_from_server_info
+from pdkit.inventory.loader import load
+from pdkit.render.plan import plan_cluster, services_meta
 from tests.conftest import REPO
 
 # /server_info of SGLang 0.5.17 as its http_server.py server_info() builds it: the server arguments
@@ -155,10 +155,10 @@ def test_the_sims_kv_pool_fraction_knob_is_within_zero_and_one(raw, fraction):
 def test_the_nodes_exporter_publishes_the_recorded_shape_for_doctor(tmp_path):
     """pdkit-exporter reads the gate's last.json (0644, root's) and exports pdkit_engine_shape_recorded per figure."""
     # here: the exporter and its test helpers import prometheus_client and requests, which only this test needs
-    from pdkit.exporter.collector import PdkitCollector
-    from pdkit.exporter.config import parse_config
-    from pdkit.exporter.system import ProcessInspector, SystemdPids
-    from pdkit.metricnames import EXPORTER_SHAPE_RECORDED
+    from pdkit.agent.exporter.collector import PdkitCollector
+    from pdkit.agent.exporter.config import parse_config
+    from pdkit.agent.exporter.system import ProcessInspector, SystemdPids
+    from pdkit.upstream.metricnames import EXPORTER_SHAPE_RECORDED
     from tests.exporter.support import FakeSystemctl, exposition, samples, value
 
     unit = "pdkit-engine-decode.service"

@@ -1,4 +1,4 @@
-"""Each engine's start history on the node (pdkit/enginestarts.py, issue 45 item 1): what the engine
+"""Each engine's start history on the node (pdkit/agent/enginestarts.py, issue 45 item 1): what the engine
 gate records per start (restart-to-ready, warm or cold, configuration class), and the probe the roll
 reads it with."""
 
@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from pdkit import enginestarts
+from pdkit.agent import enginestarts
 
 UNIT = "pdkit-engine-decode.service"
 S = 1_000_000
@@ -107,7 +107,7 @@ def test_the_class_leaves_out_addresses_logs_and_credentials_only():
 def test_the_gate_records_a_start_it_watched_and_not_one_already_up(monkeypatch, tmp_path):
     """A start the gate did not see coming up (already ready at its first look) has no start time
     of its own: its restart-to-ready would be the time since whenever it started."""
-    from pdkit import health
+    from pdkit.agent import health
 
     seen = []
     monkeypatch.setattr(health.enginestarts, "record_start", lambda unit, inv, marks: seen.append(inv))

@@ -1,4 +1,4 @@
-"""The fault budget (pdkit/faultbudget.py): rendered where SGLang and the routers read it, nested,
+"""The fault budget (pdkit/spec/faultbudget.py): rendered where SGLang and the routers read it, nested,
 checked against each fault's worst wait, and tied to the pinned wheels' own names and defaults."""
 
 from __future__ import annotations
@@ -8,13 +8,14 @@ import re
 import pytest
 from pydantic import ValidationError
 
-from pdkit import faultbudget, flags
 from pdkit.cli import main
-from pdkit.faultbudget import ENGINE_VARIABLES, NESTING, FaultBudget
-from pdkit.loader import load
-from pdkit.parsertable import router_default, router_has_flag, sglang_environment
+from pdkit.inventory.loader import load
+from pdkit.render import flags
 from pdkit.sim.knobs import ENV_NAMES, SGLANG_KNOBS, load_knobs
-from pdkit.versions import ROUTER_RELEASES, SGLANG_RELEASES
+from pdkit.spec import faultbudget
+from pdkit.spec.faultbudget import ENGINE_VARIABLES, NESTING, FaultBudget
+from pdkit.upstream.parsertable import router_default, router_has_flag, sglang_environment
+from pdkit.upstream.versions import ROUTER_RELEASES, SGLANG_RELEASES
 from tests.conftest import REPO, write_inventory
 
 
@@ -30,7 +31,7 @@ def test_the_defaults_nest_and_fit_the_budget():
 @pytest.mark.parametrize("version", sorted(SGLANG_RELEASES))
 def test_every_rendered_variable_is_one_the_pinned_release_reads(version):
     """A renamed or dropped SGLang variable would be silently ignored by the engine: the table of
-    the release's own Envs (pdkit/parser_table.json) must have each one, with the type pdkit writes."""
+    the release's own Envs (pdkit/upstream/parser_table.json) must have each one, with the type pdkit writes."""
     environment = sglang_environment(version)
     for field, var in ENGINE_VARIABLES.items():
         assert var in environment, f"SGLang {version} has no {var} (sglang/srt/environ.py)"
@@ -213,7 +214,7 @@ def test_the_retry_schedules_defaults_are_each_routers_own(package, version):
 def test_extra_args_that_change_the_schedule_change_the_worst_wait(base, tmp_path):
     """--retry-initial-backoff-ms 5000 in extra_args (the cap at 5000 too, or the router refuses to start):
     5 attempts pause 4 x (5 s + 20%) = 24 s, over the 20 s budget, which validate counts."""
-    from pdkit.loader import load_with_problems
+    from pdkit.inventory.loader import load_with_problems
 
     cluster, hosts = base
     hosts["gpu01"]["pdkit_router"]["extra_args"] = ["--retry-initial-backoff-ms", "5000"]

@@ -1,4 +1,4 @@
-"""Issue 45 item 5: a burst of the declared workload against the PD timeouts (pdkit/faultbudget.py
+"""Issue 45 item 5: a burst of the declared workload against the PD timeouts (pdkit/spec/faultbudget.py
 burst_wait, burst_problems, queue_wait_warnings): SGLang's prefill starts its bootstrap clock when a
 request registers, not when the decode admits it, so a burst that queues behind a full decode KV pool
 (or, once admitted, behind the prefill) fails with nothing dead when a timeout is below its wait.
@@ -10,11 +10,11 @@ import math
 
 import pytest
 
-from pdkit import faultbudget
 from pdkit.cli import main
-from pdkit.faultbudget import FaultBudget, burst_problems, burst_wait
-from pdkit.loader import load
+from pdkit.inventory.loader import load
 from pdkit.sim.stepmodel import decode_admitted_at_once
+from pdkit.spec import faultbudget
+from pdkit.spec.faultbudget import FaultBudget, burst_problems, burst_wait
 from tests.conftest import REPO, write_inventory
 
 BOOTSTRAP = "pdkit_cluster.fault_budget.bootstrap_timeout_s"

@@ -6,8 +6,8 @@ import copy
 
 import pytest
 
-from pdkit import flags
-from pdkit.loader import load
+from pdkit.inventory.loader import load
+from pdkit.render import flags
 from tests.conftest import BASE_CLUSTER, BASE_HOSTS, write_inventory
 
 
@@ -247,7 +247,7 @@ def test_router_breaker_settings_take_effect_in_each_routers_own_parser(base, tm
     import json as _json
     import subprocess
 
-    from pdkit.contract import router_python
+    from pdkit.upstream.venvs import router_python
     from tests.conftest import require
 
     python = router_python(package, version)
@@ -323,10 +323,10 @@ def test_attention_dp_is_spelled_per_release(version, expected, base, tmp_path):
 
 
 def test_every_multinode_flag_is_in_the_release_parser_table():
-    """The spellings pdkit renders exist in each pinned parser (pdkit/parser_table.json, generated
+    """The spellings pdkit renders exist in each pinned parser (pdkit/upstream/parser_table.json, generated
     from the wheels), and the deprecated 0.5.23 spelling is recorded as replaced by --attn-dp-size."""
-    from pdkit.parsertable import router_parser, sglang_parser
-    from pdkit.versions import ROUTER_RELEASES, SGLANG_RELEASES
+    from pdkit.upstream.parsertable import router_parser, sglang_parser
+    from pdkit.upstream.versions import ROUTER_RELEASES, SGLANG_RELEASES
 
     common = ["--nnodes", "--node-rank", "--dist-init-addr", "--pp-size", "--ep-size", "--moe-a2a-backend",
               "--enable-eplb", "--ep-num-redundant-experts"]
@@ -351,7 +351,7 @@ def test_eplb_and_a2a_knobs(base, tmp_path):
 
 
 def test_a2a_backend_choice_comes_from_the_parser(base, tmp_path):
-    from pdkit.loader import load_with_problems
+    from pdkit.inventory.loader import load_with_problems
 
     cluster, hosts = base
     cluster["tuning"]["decode"].update(moe_a2a_backend="deep-ep")
@@ -397,7 +397,7 @@ def test_plan_one_unit_per_rank_only_rank_0_is_a_target(base, tmp_path):
     import json
 
     from pdkit.bench.env import engine_flags
-    from pdkit.plan import plan_cluster
+    from pdkit.render.plan import plan_cluster
     from roles.services import gates_command
 
     spec = _spanning(tmp_path, base)
@@ -459,7 +459,7 @@ def test_a_rank_runs_from_the_environment_of_its_own_node(base, tmp_path):
     decode = next(e for e in head.node.engines if e.name == "decode")
     assert flags.engine_command(spec, head, decode, 0)[0] == "/opt/pdkit/engine-venv/bin/python"
     assert flags.engine_command(spec, head, decode, 1, node=rank1)[0] == "/opt/sglang-env/bin/python"
-    from pdkit.plan import plan_cluster
+    from pdkit.render.plan import plan_cluster
 
     unit = plan_cluster(spec)["gpu02"].file("/etc/systemd/system/pdkit-engine-decode.service").content
     assert "ExecStart=/opt/sglang-env/bin/python -m sglang.launch_server" in unit

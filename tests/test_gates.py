@@ -1,4 +1,4 @@
-"""The one gate table (pdkit/gates.py, issue 30 item 7): what ready means per service kind, and
+"""The one gate table (pdkit/agent/gates.py, issue 30 item 7): what ready means per service kind, and
 that the deploy, the roll's ready and router steps and a restore all take their gates from it."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import shlex
 
 import pytest
 
-from pdkit import gates
-from pdkit.loader import load
-from pdkit.plan import plan_cluster, services_meta
+from pdkit.agent import gates
+from pdkit.inventory.loader import load
+from pdkit.render.plan import plan_cluster, services_meta
 from tests.conftest import REPO
 
 
@@ -75,7 +75,7 @@ def test_the_rolls_ready_and_router_steps_run_the_tables_gates_on_the_node(lab_p
     roller.connected = {h.name: h.name for h in spec.hosts}
     ran = []
     monkeypatch.setattr(roller_mod, "run_remote", lambda host, command, timeout=900: ran.append((host, command)) or (True, "", ""))
-    from pdkit import flags
+    from pdkit.render import flags
 
     python = f"{flags.venv_dir(spec)}/bin/python"
     assert "3 engine and daemon gate(s) passed" in roller.ready([router_host])
@@ -83,7 +83,7 @@ def test_the_rolls_ready_and_router_steps_run_the_tables_gates_on_the_node(lab_p
     assert [g.kind for g in roller.gates_of(router_host, 0)] == ["engine", "engine", "http"]
     ran.clear()
     assert roller.run_gates([router_host], 1) == (1, [])
-    assert ran == [(router_host, gates.command(python, roller.gates_of(router_host, 1)))] and "pdkit.health router" in ran[0][1]
+    assert ran == [(router_host, gates.command(python, roller.gates_of(router_host, 1)))] and "-m pdkit.health router" in ran[0][1]
     # a failed gate's own line is the step's error
     monkeypatch.setattr(roller_mod, "run_remote", lambda host, command, timeout=900: (False, "", "FAILED pdkit-engine-decode.service failed at its first start: boom"))
     with pytest.raises(RuntimeError, match=f"{router_host}: pdkit-engine-decode.service failed at its first start: boom"):
@@ -91,7 +91,7 @@ def test_the_rolls_ready_and_router_steps_run_the_tables_gates_on_the_node(lab_p
 
 
 def test_a_restore_gates_with_the_table(monkeypatch):
-    from pdkit import releases
+    from pdkit.agent import releases
 
     seen = []
     monkeypatch.setattr(gates, "wait", lambda gate: seen.append(gate) or (True, "ok"))

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from pdkit import cli
-from pdkit.versions import SGLANG_RELEASES
+from pdkit.upstream.versions import SGLANG_RELEASES
 
 REPO = Path(__file__).resolve().parent.parent
 GOOD = REPO / "tests" / "corpus" / "good"

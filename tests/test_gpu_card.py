@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from pdkit.loader import load, load_with_problems
-from pdkit.preflight import check_host
+from pdkit.hosts.preflight import check_host
+from pdkit.inventory.loader import load, load_with_problems
 from pdkit.spec import shared_gpu_mem_fraction
 from tests.conftest import REPO
 

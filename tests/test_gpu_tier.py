@@ -12,9 +12,9 @@ sys.path.insert(0, str(REPO / "gpu"))
 
 import device_driver as drv  # noqa: E402
 
-from pdkit import flags  # noqa: E402
-from pdkit.loader import load  # noqa: E402
-from pdkit.plan import exec_start, plan_host  # noqa: E402
+from pdkit.inventory.loader import load  # noqa: E402
+from pdkit.render import flags  # noqa: E402
+from pdkit.render.plan import exec_start, plan_host  # noqa: E402
 
 
 @pytest.mark.parametrize("argv", [

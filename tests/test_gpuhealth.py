@@ -1,4 +1,4 @@
-"""No change onto a wedged GPU (issue 47 item 4): pdkit.gpuhealth.restart_check on the probe's recorded
+"""No change onto a wedged GPU (issue 47 item 4): pdkit.hosts.gpuhealth.restart_check on the probe's recorded
 shapes (tests/fixtures/topology/), and the roll's refusal before its drain (pdkit.roll.roller)."""
 
 from __future__ import annotations
@@ -8,8 +8,9 @@ import os
 
 import pytest
 
-from pdkit import gpuhealth, topology
-from pdkit.loader import load
+from pdkit.agent import topology
+from pdkit.hosts import gpuhealth
+from pdkit.inventory.loader import load
 from tests.conftest import REPO, write_inventory
 
 FIXTURES = REPO / "tests" / "fixtures" / "topology"

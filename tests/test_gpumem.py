@@ -1,7 +1,7 @@
 """An engine on shared GPUs waits, before it starts, for the free memory its fraction assumes (issue 42 item 5).
 
 On the lent H200 a decode restarted alone while the GPU's memory was still held logged `avail mem=2.87 GB` and
-allocated a 7,452-token KV pool instead of 531,636. pdkit.gpumem (the units' ExecStartPre) holds such a start until
+allocated a 7,452-token KV pool instead of 531,636. pdkit.agent.gpumem (the units' ExecStartPre) holds such a start until
 nvidia-smi shows the memory back, and fails it past a bound; tests/test_shared_gpu.py has the start order and split.
 """
 
@@ -15,9 +15,9 @@ import sys
 
 import pytest
 
-from pdkit import gpumem
-from pdkit.loader import load
-from pdkit.plan import GPU_FREE_WAIT_S, plan_host
+from pdkit.agent import gpumem
+from pdkit.inventory.loader import load
+from pdkit.render.plan import GPU_FREE_WAIT_S, plan_host
 from tests.conftest import REPO
 
 # verbatim: `nvidia-smi --query-gpu=index,name,memory.total,memory.free --format=csv,noheader,nounits`, idle H100
@@ -171,4 +171,4 @@ def test_the_two_host_pair_counts_on_half_the_gpu(monkeypatch):
 def test_no_wait_where_there_is_no_nvidia_smi_or_no_sharing(inventory, monkeypatch):
     # gpu: none (the sim rehearsals, the lab), or engines alone on their GPUs (the seeds' cluster)
     for unit in _units(inventory, monkeypatch).values():
-        assert "pdkit.gpumem" not in unit
+        assert "pdkit.agent.gpumem" not in unit

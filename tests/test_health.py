@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from pdkit.health import router_worker_health, wait_router
+from pdkit.agent.health import router_worker_health, wait_router
 from tests.conftest import REPO
 
 
@@ -87,8 +87,8 @@ def test_router_gate_needs_a_real_completion_when_given_a_model(router):
 
 
 def test_gates_wait_together_and_name_what_failed(capsys):
-    """`pdkit.health gates`: every HTTP gate at once; exit 1 naming the one that never answered 200."""
-    from pdkit.health import main
+    """`pdkit.agent.health gates`: every HTTP gate at once; exit 1 naming the one that never answered 200."""
+    from pdkit.agent.health import main
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *args):
@@ -118,7 +118,7 @@ def test_tune_connection_turns_nagle_off_on_a_tcp_ssh_socket_only():
     import socket
     from types import SimpleNamespace
 
-    from pdkit.deploy import SSH_CLOSE_CHECK_S, tune_connection
+    from pdkit.hosts.deploy import SSH_CLOSE_CHECK_S, tune_connection
 
     def host_with(sock):
         transport = SimpleNamespace(sock=sock)
@@ -157,13 +157,13 @@ JOURNAL = REPO / "tests" / "fixtures" / "journal"
     ("knob_error.txt", "pdkit.sim.knobs.KnobError: PDKIT_SIM_TRANSFER_FAIL_RATE must be within [0, 1]"),
 ])
 def test_error_line_is_the_engines_own_error_not_usage_fragments(fixture, expected):
-    from pdkit.health import error_line
+    from pdkit.agent.health import error_line
 
     assert error_line((JOURNAL / fixture).read_text()) == expected
 
 
 def test_error_line_without_an_error():
-    from pdkit.health import error_line
+    from pdkit.agent.health import error_line
 
     assert error_line("starting\nloading weights\n") == "loading weights"
     assert error_line("") == "(it logged nothing)"
@@ -194,14 +194,14 @@ def _scripted(*snapshots):
     (_snap("activating", "start", n="1"), True),
 ])
 def test_start_failed_at_the_first_failure(now, failed):
-    from pdkit.health import start_failed
+    from pdkit.agent.health import start_failed
 
     assert start_failed(_snap(), now) is failed
 
 
 def test_wait_engine_fails_at_the_first_failed_start_with_the_journal_error(monkeypatch):
     """Recorded states of a crash-looping unit: the gate must stop at the first auto-restart, not at systemd's start limit."""
-    from pdkit import health
+    from pdkit.agent import health
 
     logs = {"inv1": (JOURNAL / "argparse_bad_flag.txt").read_text()}
     monkeypatch.setattr(health, "_unit_snapshot", _scripted(_snap("activating", "start", "inv1"), _snap("activating", "auto-restart", "inv1")))
@@ -231,7 +231,7 @@ def _answering(path_ok: str = "/ok"):
 
 def test_a_service_gate_fails_at_once_when_its_unit_fails_to_start(monkeypatch):
     """A crashed exporter must not wait out its (long) timeout: the gate reads its unit and stops at the first failure."""
-    from pdkit import health
+    from pdkit.agent import health
 
     monkeypatch.setattr(health, "_unit_snapshot", _scripted(_snap("activating", "start", "inv1"), _snap("failed", "failed", "inv1")))
     monkeypatch.setattr(health, "unit_log", lambda unit, inv, lines=None: "Traceback (most recent call last):\nModuleNotFoundError: No module named 'prometheus_client'\n")
@@ -247,7 +247,7 @@ def test_a_service_gate_fails_at_once_when_its_unit_fails_to_start(monkeypatch):
 
 
 def test_a_service_gate_passes_when_its_url_answers_and_times_out_when_it_never_does(monkeypatch, capsys):
-    from pdkit import health
+    from pdkit.agent import health
 
     monkeypatch.setattr(health, "_unit_snapshot", lambda unit: _snap("active", "running", "inv1"))
     server, base = _answering()
@@ -270,7 +270,7 @@ def test_paramikos_reader_on_a_tuned_socket_still_ends_soon_after_a_close():
 
     from paramiko.packet import Packetizer
 
-    from pdkit.deploy import SSH_CLOSE_CHECK_S
+    from pdkit.hosts.deploy import SSH_CLOSE_CHECK_S
 
     listener = socket.create_server(("127.0.0.1", 0))
     tcp = socket.create_connection(listener.getsockname())
@@ -301,7 +301,7 @@ def test_paramikos_reader_on_a_tuned_socket_still_ends_soon_after_a_close():
 
 def test_an_engine_whose_health_answers_but_server_info_does_not_is_not_ready(monkeypatch):
     """Ready is decided from what the engine answers: /health 200 alone is not enough, /server_info must be readable."""
-    from pdkit import health
+    from pdkit.agent import health
 
     monkeypatch.setattr(health, "_unit_snapshot", lambda unit: _snap("active", "running", "inv1"))
     monkeypatch.setattr(health, "unit_log", lambda unit, inv, lines=None: health.READY_LOG_LINE)
@@ -317,7 +317,7 @@ def test_an_engine_whose_health_answers_but_server_info_does_not_is_not_ready(mo
 def test_the_engine_gate_keeps_when_it_first_saw_each_invocation_ready(tmp_path):
     """Issue 42: the roll's restart-to-ready falls back on this mark when journald rotated the
     readiness line away; the first gate of a start wins, a new invocation replaces it."""
-    from pdkit import health
+    from pdkit.agent import health
 
     marks = health.ready_marks_dir(str(tmp_path / "shapes"))
     assert marks == str(tmp_path / "ready")
@@ -381,7 +381,7 @@ FIXTURES = REPO / "tests" / "fixtures" / "sglang-0.5.17-h200-pd-one-gpu"
 
 
 def test_startup_phases_are_read_from_a_real_sglang_page():
-    from pdkit.health import parse_startup_phases
+    from pdkit.agent.health import parse_startup_phases
 
     decode = parse_startup_phases((FIXTURES / "metrics-base-after-decode.txt").read_text())
     assert decode == {"load_weight": 0.112, "kv_cache_allocation": 0.013, "scheduler_e2e": 10.218,
@@ -392,7 +392,7 @@ def test_startup_phases_are_read_from_a_real_sglang_page():
 
 
 def test_the_first_gate_to_see_a_start_ready_keeps_its_phases(tmp_path):
-    from pdkit.health import mark_ready
+    from pdkit.agent.health import mark_ready
 
     calls = []
     mark_ready("u.service", "inv-1", str(tmp_path), lambda: calls.append(1) or {"load_weight": 1.5})
@@ -432,7 +432,7 @@ def test_the_engine_gate_stamps_the_engine_s_jit_caches_warm_at_ready(monkeypatc
     directory (named by SGLANG_CACHE_DIR in its env file among the gate's shape inputs), with the phases."""
     import re
 
-    from pdkit import health, jitcache
+    from pdkit.agent import health, jitcache
 
     monkeypatch.setattr(jitcache, "_ENGINE_DIR", re.compile("^" + re.escape(str(tmp_path)) + r"/jit/[^/]+/[^/]+$"))
     monkeypatch.setattr(health, "unit_log", lambda unit, inv, lines=None: health.READY_LOG_LINE)

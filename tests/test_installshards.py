@@ -1,4 +1,4 @@
-"""A big wheel bundle installs through several pip processes at once (pdkit/installshards.py):
+"""A big wheel bundle installs through several pip processes at once (pdkit/wheels/installshards.py):
 the shares cover every package once, wheels that write the same file share a process, the shares
 are balanced by size, and the node's command fails if any pip failed. The last test installs a
 sharded bundle with real pip processes from pdkit's bundle server into one venv."""
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from pdkit import bundleserver, installshards, wheelhouse
-from pdkit.installshards import (
+from pdkit.wheels import bundleserver, installshards, wheelhouse
+from pdkit.wheels.installshards import (
     ShardError,
     all_at_once,
     balance,

@@ -1,5 +1,5 @@
 """Every command says "the inventory is invalid" the same way (issue 48 item 5: it was printed four ways):
-pdkit.loader.invalid_report, one header and the errors as `pdkit validate` lists them, exit 2, nothing contacted."""
+pdkit.inventory.loader.invalid_report, one header and the errors as `pdkit validate` lists them, exit 2, nothing contacted."""
 
 from __future__ import annotations
 

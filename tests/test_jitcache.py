@@ -1,9 +1,9 @@
-"""pdkit.jitcache: every engine's JIT/compile caches on its own persistent path, per release.
+"""pdkit.agent.jitcache: every engine's JIT/compile caches on its own persistent path, per release.
 
 The rendered units and env files decide (what each engine's env file sets, where its unit may
 write); the table's upstream facts are checked against the pinned sources: the sglang files in
 the contract venvs (`bash .ci/contract-env.sh`), the kernel libraries' files in the wheelhouse
-pool when it is there (`python -m pdkit.wheelhouse --engine sglang ...`), their versions
+pool when it is there (`python -m pdkit.wheels.wheelhouse --engine sglang ...`), their versions
 against the engine locks.
 """
 
@@ -15,12 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from pdkit import flags, jitcache
-from pdkit.contract import sglang_python
-from pdkit.enginelock import all_locks, canonical
-from pdkit.loader import load
-from pdkit.plan import SYSTEMD_DIR, engine_env_path, plan_cluster
-from pdkit.versions import SGLANG_RELEASES
+from pdkit.agent import jitcache
+from pdkit.inventory.loader import load
+from pdkit.render import flags
+from pdkit.render.plan import SYSTEMD_DIR, engine_env_path, plan_cluster
+from pdkit.upstream.venvs import sglang_python
+from pdkit.upstream.versions import SGLANG_RELEASES
+from pdkit.wheels.enginelock import all_locks, canonical
 from tests.conftest import REPO, require, write_inventory
 
 EXAMPLES = ["cluster", "a6000", "multinode", "provided-env"]
@@ -176,7 +177,7 @@ def test_the_tables_library_versions_are_the_engine_locks_pins():
                     assert pinned == reader.version, (
                         f"{cache.var}: the table reads {reader.package}=={reader.version} for SGLang {release}, "
                         f"{lk.path.name} pins {pinned}: look the variable up in the new wheel and update "
-                        "pdkit/jitcache.py")
+                        "pdkit/agent/jitcache.py")
 
 
 def _holds(data: bytes, needle: str) -> bool:
@@ -224,13 +225,13 @@ def test_the_release_reads_the_variables_the_table_says(release):
             assert path.is_file(), f"{cache.var}: SGLang {release} has no {reader.path}"
             assert _holds(path.read_bytes(), reader.needle or cache.var), (
                 f"{reader.package} {reader.version} {reader.path} no longer holds {reader.needle or cache.var!r}: "
-                "find where the release reads that cache now and update pdkit/jitcache.py")
+                "find where the release reads that cache now and update pdkit/agent/jitcache.py")
             checked += 1
     assert checked
 
 
 def _pool_wheel(package: str, version: str) -> Path | None:
-    from pdkit.wheelhouse import cache_root  # lazy: only this test reads the wheelhouse
+    from pdkit.wheels.wheelhouse import cache_root  # lazy: only this test reads the wheelhouse
 
     found = sorted((cache_root() / "pool").glob(f"*/{canonical(package).replace('-', '_')}-{version}-*.whl"))
     return found[0] if found else None
@@ -250,7 +251,7 @@ def test_the_locked_libraries_read_the_variables_the_table_says(release):
         if wheel is None:
             continue
         assert _member_holds(wheel, reader.path, reader.needle or cache.var), (
-            f"{wheel.name}: {reader.path} no longer holds {reader.needle or cache.var!r}: update pdkit/jitcache.py")
+            f"{wheel.name}: {reader.path} no longer holds {reader.needle or cache.var!r}: update pdkit/agent/jitcache.py")
         checked += 1
     assert checked
 

@@ -1,5 +1,5 @@
 """Warm JIT caches (issue 45 item 2): the deploy's serial first start of a node's engines on cold caches
-(pdkit/jitwarm.py, its command from pdkit/jitplan.py) and the roll's warning before a node's restart.
+(pdkit/agent/jitwarm.py, its command from pdkit/render/jitplan.py) and the roll's warning before a node's restart.
 The stamp and its verdict: tests/test_jitcache.py; doctor's jit_caches row: tests/test_doctor.py."""
 
 from __future__ import annotations
@@ -8,9 +8,10 @@ import json
 
 import pytest
 
-from pdkit import jitcache, jitplan, jitwarm
-from pdkit.loader import load
-from pdkit.plan import plan_cluster
+from pdkit.agent import jitcache, jitwarm
+from pdkit.inventory.loader import load
+from pdkit.render import jitplan
+from pdkit.render.plan import plan_cluster
 from tests.conftest import REPO
 
 
@@ -113,8 +114,8 @@ def test_the_roll_warns_of_cold_caches_with_the_measured_cost_and_says_nothing_w
     assert "decode" in jitplan.pre_restart_warning(cluster, "gpu01", run)
     assert " -m pdkit.jitwarm state " in seen[0] and f"/jit/{release}/" in seen[0]
     # a node that cannot tell says so, and the roll goes on
-    said = jitplan.pre_restart_warning(cluster, "gpu01", lambda cmd: (False, "", "No module named pdkit.jitwarm"))
-    assert said.startswith("JIT caches not judged (No module named pdkit.jitwarm")
+    said = jitplan.pre_restart_warning(cluster, "gpu01", lambda cmd: (False, "", "No module named pdkit.agent.jitwarm"))
+    assert said.startswith("JIT caches not judged (No module named pdkit.agent.jitwarm")
 
     def broken(cmd):
         raise OSError("ssh went away")

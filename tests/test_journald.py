@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from pdkit import flags, journald
-from pdkit.loader import load
-from pdkit.plan import plan_cluster
+from pdkit.agent import journald
+from pdkit.inventory.loader import load
+from pdkit.render import flags
+from pdkit.render.plan import plan_cluster
 from roles.services import journald_changed
 from tests.conftest import write_inventory
 
@@ -97,7 +98,7 @@ def test_journald_restarts_only_when_its_dropin_changed():
 def test_the_router_log_level_is_a_spec_field_and_the_journal_is_sized_for_it(tmp_path, base):
     """Issue 42: pdkit_router.log_level (default warn, both pinned routers' choices); at info the
     router's request lines are sized into its host's journal, at warn they are not."""
-    from pdkit.parsertable import table
+    from pdkit.upstream.parsertable import table
 
     for release in table()["router"].values():
         option = next(o for o in release["options"] if "--log-level" in (o.get("flags") or []))

@@ -1,10 +1,10 @@
-"""pdkit.kvcost: the KV figures from a prefill's histograms, and the KV path classes."""
+"""pdkit.spec.kvcost: the KV figures from a prefill's histograms, and the KV path classes."""
 
 from __future__ import annotations
 
 import pytest
 
-from pdkit import kvcost
+from pdkit.spec import kvcost
 
 LATENCY_BOUNDS = (1.0, 2.0, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0)
 

@@ -1,11 +1,11 @@
-"""pdkit/lifeline.py: a gate (or restore) started on a node ends when its control side goes away
+"""pdkit/agent/lifeline.py: a gate (or restore) started on a node ends when its control side goes away
 (issue 42 item 4).
 
 The end-to-end tests start the command as sshd does (observed on the lab: docs/rolling.md): a
 stand-in "session" process, executed under the name `sshd`, forks a child that calls setsid()
 and runs `sh -c '<command> && true'` with stdin at EOF and stdout/stderr on pipes that only the
 stand-in reads. Killing the stand-in with SIGKILL is the control side dying: the pipes' reader
-goes, `sh` is re-parented, nothing is signalled. Before pdkit/lifeline.py the gate polled its URL
+goes, `sh` is re-parented, nothing is signalled. Before pdkit/agent/lifeline.py the gate polled its URL
 until its own timeout (600 s here).
 """
 
@@ -28,8 +28,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from pdkit import lifeline, releases
-from pdkit.lifeline import Proc
+from pdkit.agent import lifeline, releases
+from pdkit.agent.lifeline import Proc
 from tests.conftest import REPO
 
 GONE_WITHIN_S = 5.0
@@ -283,15 +283,15 @@ def test_gate_waiting_is_a_thread_inside_pdkit_health_or_pdkit_gates():
     def frame(module, back=None):
         return SimpleNamespace(f_globals={"__name__": module}, f_back=back)
 
-    in_gate = frame("subprocess", frame("pdkit.health", frame("pdkit.releases")))
-    assert lifeline.gate_waiting({1: frame("pdkit.releases"), 2: in_gate}, me=9)
-    assert not lifeline.gate_waiting({1: frame("pdkit.releases"), 2: frame("shutil")}, me=9)
+    in_gate = frame("subprocess", frame("pdkit.agent.health", frame("pdkit.agent.releases")))
+    assert lifeline.gate_waiting({1: frame("pdkit.agent.releases"), 2: in_gate}, me=9)
+    assert not lifeline.gate_waiting({1: frame("pdkit.agent.releases"), 2: frame("shutil")}, me=9)
     assert not lifeline.gate_waiting({9: in_gate}, me=9)  # the watcher's own thread does not count
 
 
 _REAL_GATE_THREAD = """
 import sys, threading
-from pdkit import health, lifeline
+from pdkit.agent import health, lifeline
 url = sys.argv[1]
 idle = threading.Event()
 other = threading.Thread(target=idle.wait, args=(5,), daemon=True)
@@ -333,7 +333,7 @@ def test_only_pipes_and_sockets_are_watched_and_main_argv_arms_nothing(tmp_path)
 
 CLOSES_STDOUT = textwrap.dedent("""
     import os, resource, sys, time
-    from pdkit import lifeline
+    from pdkit.agent import lifeline
     lifeline.watch("test")
     os.close(1)  # the command closes its own stdout; its reader is still there
     time.sleep(1.5)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pdkit.contract import sglang_python
+from pdkit.upstream.venvs import sglang_python
 from tests.conftest import load_script, require
 
 REPO = Path(__file__).resolve().parents[1]

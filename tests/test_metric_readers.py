@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from pdkit import catalogue as cat
-from pdkit import metricnames as mn
+from pdkit.agent.exporter import metrics as exporter_metrics
+from pdkit.agent.exporter.metrics import decode_cuda_graph_ratio, parse_metrics
 from pdkit.doctor.observe import router_outcomes
-from pdkit.exporter import metrics as exporter_metrics
-from pdkit.exporter.metrics import decode_cuda_graph_ratio, parse_metrics
 from pdkit.roll.planning import metric_sums
+from pdkit.upstream import catalogue as cat
+from pdkit.upstream import metricnames as mn
 from tests.test_monitoring import _load_example
 
 REAL = Path(__file__).parent / "fixtures" / "sglang-0.5.17-h200-pd-one-gpu"

@@ -12,11 +12,18 @@ import subprocess
 
 import pytest
 
-from pdkit import contract, flags, parsertable, startchecks
-from pdkit.loader import load_with_problems
-from pdkit.preflight import CHECKSUM_MANIFEST, check_host, model_dir_problems, model_dirs_fact_args, model_dirs_wanted
-from pdkit.versions import SGLANG_RELEASES
-from pdkit.weights import store
+from pdkit.agent import weightstore as store
+from pdkit.hosts.preflight import (
+    CHECKSUM_MANIFEST,
+    check_host,
+    model_dir_problems,
+    model_dirs_fact_args,
+    model_dirs_wanted,
+)
+from pdkit.inventory.loader import load_with_problems
+from pdkit.render import flags
+from pdkit.upstream import parsertable, startchecks, venvs
+from pdkit.upstream.versions import SGLANG_RELEASES
 from tests.conftest import BASE_CLUSTER, BASE_HOSTS, require, write_inventory
 from tests.node.test_preflight_checks import errors, rtx_facts, spec_host
 from tests.node.test_preflight_model_dirs import FINE
@@ -182,7 +189,7 @@ def test_sglangs_verifier_reads_the_staged_manifest_through_the_link_and_fails_a
     """What the engine runs at start with pdkit's argv: verify(model_path, <model path>/.pdkit-manifest.json)."""
     root = startchecks.sglang_root(version)
     require(root is not None, f"contract virtualenv sglang-{version} missing: run `bash .ci/contract-env.sh`")
-    python, script = contract.env_python(f"sglang-{version}"), root / "srt" / "utils" / "model_file_verifier.py"
+    python, script = venvs.env_python(f"sglang-{version}"), root / "srt" / "utils" / "model_file_verifier.py"
     target, version_dir = _staged(tmp_path)
     source = flags.model_checksum_args(version, f"{target}/{store.MANIFEST_NAME}")[1]
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from pdkit import modelconfig
 from pdkit.cli import main
+from pdkit.spec import modelconfig
 from tests.conftest import BASE_CLUSTER, BASE_HOSTS, write_inventory
 
 

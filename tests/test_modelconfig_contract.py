@@ -1,4 +1,4 @@
-"""Issue 46: each architecture derivation pdkit.modelconfig.architecture_problems relies on, found in each pinned
+"""Issue 46: each architecture derivation pdkit.spec.modelconfig.architecture_problems relies on, found in each pinned
 SGLang wheel's source (the contract virtualenvs; read, never imported), so a pin move re-checks it: a derivation
 that moved or changed fails here, naming the file and the text that is gone."""
 
@@ -8,8 +8,9 @@ import ast
 
 import pytest
 
-from pdkit import modelconfig, startchecks
-from pdkit.versions import SGLANG_RELEASES
+from pdkit.spec import modelconfig
+from pdkit.upstream import startchecks
+from pdkit.upstream.versions import SGLANG_RELEASES
 from tests.conftest import require
 
 # release -> ((file under sglang/srt, text that must be in it, what pdkit relies on), ...)
@@ -236,7 +237,7 @@ SM100_DEFAULTS = {
 @pytest.mark.parametrize("version", sorted(SGLANG_RELEASES))
 def test_the_backend_a_checkpoint_takes_on_sm100_is_the_wheels(version):
     """Issue 46 item 4: GPT-OSS / Olmo2 (/ Exaone4 with a sliding-window pattern in 0.5.23) without an attention
-    backend take trtllm_mha on SM100, whose snap then sets the page (pdkit.modelconfig.model_page)."""
+    backend take trtllm_mha on SM100, whose snap then sets the page (pdkit.spec.modelconfig.model_page)."""
     root = startchecks.sglang_root(version)
     require(root is not None, f"contract virtualenv sglang-{version} missing: run `bash .ci/contract-env.sh`")
     srt = root / "srt"

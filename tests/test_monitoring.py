@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pdkit import flags
 from pdkit import monitoring as mon
-from pdkit.loader import load
+from pdkit.inventory.loader import load
 from pdkit.monitoring.common import _duration_s, _scaled
+from pdkit.render import flags
 from pdkit.spec import NODE_EXPORTER_PORT
 from tests.conftest import REPO, require, write_inventory
 
@@ -474,7 +474,7 @@ def test_dashboards_show_what_the_issue_asks(lab_spec):
     assert not any(m in nodes for m in mon.DCGM.values())
     # issue 43 item 5: the prefix cache's hit rate from the engines' counters (prefill and unified engines), and on
     # the PD dashboard what each hand-off carried against the KV of the uncached prompt tokens
-    from pdkit.metricnames import SGLANG
+    from pdkit.upstream.metricnames import SGLANG
 
     hit = next(p for p in boards["overview"]["panels"] if p["title"] == "Prefix cache hit rate")
     hit_exprs = " ".join(t["expr"] for t in hit["targets"])
@@ -618,15 +618,15 @@ def test_a_0523_cluster_keeps_the_engine_counters(example):
 
 
 def test_the_docs_alert_table_is_generated_from_the_alerts():
-    """docs/monitoring.md carries exactly the table pdkit.monitoring.alerttable writes, and it names every
+    """docs/monitoring.md carries exactly the table pdkit.contract.alerttable writes, and it names every
     alert the rules can declare (ALERT_NAMES: the example cluster declares all but the spanning engine's
     own, which the multinode example adds)."""
-    from pdkit.monitoring import alerttable
+    from pdkit.contract import alerttable
 
     doc = (REPO / "docs" / "monitoring.md").read_text()
     table = alerttable.table()
-    assert table in doc, "docs/monitoring.md's alert table is stale: python -m pdkit.monitoring.alerttable --write docs/monitoring.md"
-    assert alerttable.runbooks() in doc, "docs/monitoring.md's runbooks are stale: python -m pdkit.monitoring.alerttable --write docs/monitoring.md"
+    assert table in doc, "docs/monitoring.md's alert table is stale: python -m pdkit.contract.alerttable --write docs/monitoring.md"
+    assert alerttable.runbooks() in doc, "docs/monitoring.md's runbooks are stale: python -m pdkit.contract.alerttable --write docs/monitoring.md"
     for name in mon.ALERT_NAMES:
         assert f"| [`{name}`](#{name.lower()}) |" in table, name
         assert f"\n### {name}\n" in doc, name
@@ -637,7 +637,7 @@ def test_the_docs_alert_table_is_generated_from_the_alerts():
 
 
 def test_the_alert_table_check_can_fail():
-    from pdkit.monitoring import alerttable
+    from pdkit.contract import alerttable
 
     lab, multinode = _load_example("lab"), _load_example("multinode")
     assert "PdkitEngineWedged" in alerttable.markdown(lab, multinode)
@@ -796,7 +796,7 @@ def test_the_lab_alert_clock_divides_every_window_and_keeps_every_case(base, tmp
 
 
 def test_the_lab_alert_clock_is_refused_on_real_nodes_and_bounded(base, tmp_path):
-    from pdkit.loader import load_with_problems
+    from pdkit.inventory.loader import load_with_problems
 
     cluster, hosts = _lab_clock(base, 4)
     hosts["gpu02"]["pdkit_node"]["gpu"] = "nvidia"
@@ -818,7 +818,7 @@ def test_kv_handoff_alert_renders_each_prefill_s_floor_from_its_path(base, tmp_p
     """PdkitKvHandoffSlow: gpu01's prefill hands KV only to its own host's decode (same-host floor), gpu02's
     pd_group also holds a decode on gpu03 reached over TCP (ucx_net_devices a netdev: the TCP floor); promtool runs
     the generated cases, one of which puts both prefills at a rate between the two floors."""
-    from pdkit.kvcost import KV_PATHS
+    from pdkit.spec.kvcost import KV_PATHS
 
     cluster, hosts = base
     hosts["gpu02"]["pdkit_node"]["ucx_net_devices"] = "eth0"
@@ -846,7 +846,7 @@ def test_kv_handoff_alert_cases_can_fail(lab_spec, tmp_path):
     firing, and promtool says so."""
     d = _write_monitoring_dir(lab_spec, tmp_path / "mon")
     rules = (d / mon.RULES_RELATIVE_PATH).read_text()
-    from pdkit.kvcost import KV_PATHS
+    from pdkit.spec.kvcost import KV_PATHS
 
     floor = f") < {min(p.floor_gb_s for p in KV_PATHS.values()):g},\n"  # the lab's sim: the lowest floor
     assert floor in rules

@@ -1,8 +1,8 @@
-"""What runs on a node imports only what the node venv installs (pdkit/locks/node.txt).
+"""What runs on a node imports only what the node venv installs (pdkit/wheels/locks/node.txt).
 
 The node venv has no pydantic, pyinfra or jinja2: a module of the sim engine, the health gates or
 pdkit-exporter that reaches one of them fails at the engine's first start on every node (it did:
-the sim importing pdkit.faultbudget, which needs pydantic). Each entry point is imported in a child
+the sim importing pdkit.spec.faultbudget, which needs pydantic). Each entry point is imported in a child
 Python whose import system refuses every top-level module that is neither the standard library,
 pdkit, nor a package of the node lock.
 """
@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from pdkit.wheelhouse import node_sources, node_wheel
+from pdkit.wheels.wheelhouse import node_sources, node_wheel
 from tests.conftest import REPO
 
-# import names of the node lock's distributions (pdkit/locks/node.txt), where they differ
+# import names of the node lock's distributions (pdkit/wheels/locks/node.txt), where they differ
 IMPORT_NAMES = {"attrs": ["attr", "attrs"], "charset-normalizer": ["charset_normalizer"], "typing_extensions": ["typing_extensions"]}
 def node_modules() -> list[str]:
-    """Every module of the node wheel (pdkit.wheelhouse.node_sources), each importable on a node: the units'
+    """Every module of the node wheel (pdkit.wheels.wheelhouse.node_sources), each importable on a node: the units'
     ExecStart / ExecStartPre modules and everything they import (a `__main__` would run, not import)."""
     return [rel[:-3].replace("/", ".").removesuffix(".__init__") for rel in node_sources()
             if rel.endswith(".py") and not rel.endswith("__main__.py")]
@@ -30,7 +30,7 @@ def node_modules() -> list[str]:
 
 def node_lock_imports() -> set[str]:
     names: set[str] = set()
-    for line in (REPO / "pdkit" / "locks" / "node.txt").read_text().splitlines():
+    for line in (REPO / "pdkit" / "wheels" / "locks" / "node.txt").read_text().splitlines():
         m = re.match(r"^([A-Za-z0-9_.-]+)==", line)
         if m:
             dist = m.group(1)
@@ -96,11 +96,11 @@ def _import(module: str, site_dir: Path, pdkit_root: Path) -> subprocess.Complet
 def test_node_side_module_imports_from_the_node_wheel_with_only_the_node_lock(module, node_site, node_pdkit):
     proc = _import(module, node_site, node_pdkit)
     assert proc.returncode == 0, (f"{module} needs a package the node venv lacks, or a pdkit file the node wheel "
-                                  f"(pdkit.wheelhouse.NODE_SOURCES) leaves out:\n{proc.stderr[-2000:]}")
+                                  f"(pdkit.wheels.wheelhouse.NODE_SOURCES) leaves out:\n{proc.stderr[-2000:]}")
 
 
 def test_the_guard_can_fail(node_site):
-    proc = _import("pdkit.faultbudget", node_site, REPO)
+    proc = _import("pdkit.spec.faultbudget", node_site, REPO)
     assert proc.returncode != 0 and "pydantic" in proc.stderr
 
 

@@ -1,4 +1,4 @@
-"""pdkit/nspawn_common.py: what the lab and gpu/nspawn/host.py share, and that both still build the
+"""pdkit/hosts/nspawn_common.py: what the lab and gpu/nspawn/host.py share, and that both still build the
 same commands through it (no root, no container: arguments, files, processes of this test)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pdkit import nspawn_common as common
+from pdkit.hosts import nspawn_common as common
 from pdkit.lab.lifecycle import ssh_argv
 from pdkit.lab.model import LabHost
 from tests.conftest import load_script
@@ -202,7 +202,7 @@ def test_host_py_imports_nothing_but_the_stdlib_on_a_bare_python(tmp_path):
 
     code = ("import runpy, sys; sys.argv = ['host.py', '--help']\n"
             "try:\n    runpy.run_path('gpu/nspawn/host.py', run_name='__main__')\nexcept SystemExit:\n    pass\n"
-            "import pdkit.nspawn_common\n"
+            "import pdkit.hosts.nspawn_common\n"
             "bad = sorted(m for m in sys.modules if m.split('.')[0] not in sys.stdlib_module_names "
             "and m.split('.')[0] not in ('pdkit', 'pdkit_nspawn_machine_state', '__main__'))\n"
             "print(bad)\n")

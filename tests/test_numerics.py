@@ -7,7 +7,7 @@ import typing
 
 import pytest
 
-from pdkit.loader import load_with_problems
+from pdkit.inventory.loader import load_with_problems
 from pdkit.spec import numerics
 from pdkit.spec.models import ByDesign
 from tests.conftest import REPO, write_inventory

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from pdkit import p2p, topology
-from pdkit.loader import load
-from pdkit.plan import Service
+from pdkit.agent import topology
+from pdkit.hosts import p2p
+from pdkit.inventory.loader import load
+from pdkit.render.plan import Service
 from roles.services import measures_p2p
 from tests.conftest import REPO
 

@@ -1,4 +1,4 @@
-"""pdkit/pagesize.py: the page sizes SGLang snaps before start, held to the pinned wheels' source."""
+"""pdkit/spec/pagesize.py: the page sizes SGLang snaps before start, held to the pinned wheels' source."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import re
 
 import pytest
 
-from pdkit import startchecks
-from pdkit.pagesize import FA4_PAGE, FA4_PAGE_ONE, FA4_SM_MAJOR, PAGE_SNAPS, RunPage, effective_page_size, run_page
-from pdkit.versions import SGLANG_RELEASES
+from pdkit.spec.pagesize import FA4_PAGE, FA4_PAGE_ONE, FA4_SM_MAJOR, PAGE_SNAPS, RunPage, effective_page_size, run_page
+from pdkit.upstream import startchecks
+from pdkit.upstream.versions import SGLANG_RELEASES
 from tests.conftest import require
 
 

@@ -1,4 +1,4 @@
-"""pdkit/parser_table.json is what the pinned wheels' own parsers say, regenerated here.
+"""pdkit/upstream/parser_table.json is what the pinned wheels' own parsers say, regenerated here.
 
 `pdkit validate` reads choices, aliases and prefixes from the committed table (it never
 imports sglang); this test rebuilds the table from the contract virtualenvs and fails on any
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from pdkit import parsertable
 from pdkit.contract import parsertable_gen
-from pdkit.versions import ROUTER_RELEASES, SGLANG_RELEASES
+from pdkit.upstream import parsertable, venvs
+from pdkit.upstream.versions import ROUTER_RELEASES, SGLANG_RELEASES
 from tests.conftest import require
 
 contract = pytest.importorskip("pdkit.contract")
@@ -19,13 +19,13 @@ contract = pytest.importorskip("pdkit.contract")
 
 @pytest.mark.contract
 def test_the_committed_parser_table_is_what_the_pinned_parsers_say():
-    missing = [f"sglang-{v}" for v in SGLANG_RELEASES if contract.sglang_python(v) is None]
-    missing += [f"{p}-{v}" for p, v in ROUTER_RELEASES if contract.router_python(p, v) is None]
+    missing = [f"sglang-{v}" for v in SGLANG_RELEASES if venvs.sglang_python(v) is None]
+    missing += [f"{p}-{v}" for p, v in ROUTER_RELEASES if venvs.router_python(p, v) is None]
     require(not missing, f"contract virtualenvs missing ({', '.join(missing)}): run `bash .ci/contract-env.sh`")
     fresh = parsertable_gen.dumps(parsertable_gen.generate())
     committed = parsertable.TABLE_PATH.read_text(encoding="utf-8")
     assert fresh == committed, \
-        "pdkit/parser_table.json is stale: run `python -m pdkit.contract.parsertable_gen --write`"
+        "pdkit/upstream/parser_table.json is stale: run `python -m pdkit.contract.parsertable_gen --write`"
 
 
 def test_the_table_covers_every_pinned_release():

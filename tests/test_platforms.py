@@ -9,8 +9,8 @@ from packaging import _manylinux
 from packaging.tags import Tag
 from packaging.utils import parse_wheel_filename
 
-from pdkit.platforms import KNOWN_PLATFORMS, manylinux_tags, parse_glibc
-from pdkit.wheelhouse import supported_tags
+from pdkit.wheels.platforms import KNOWN_PLATFORMS, manylinux_tags, parse_glibc
+from pdkit.wheels.wheelhouse import supported_tags
 
 # the one x86_64 wheel llguidance 1.9.1 ships (a dependency of sglang 0.5.17 and 0.5.23)
 LLGUIDANCE = "llguidance-1.9.1-cp39-abi3-manylinux_2_31_x86_64.whl"

@@ -1,4 +1,4 @@
-"""pdkit.releases on a node's file system (a temp root): record, list, prune, restore byte for byte."""
+"""pdkit.agent.releases on a node's file system (a temp root): record, list, prune, restore byte for byte."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import stat
 
 import pytest
 
-from pdkit import releases
-from pdkit.loader import load
-from pdkit.plan import plan_cluster
+from pdkit.agent import releases
+from pdkit.inventory.loader import load
+from pdkit.render.plan import plan_cluster
 from tests.conftest import write_inventory
 
 RELEASES = "/opt/pdkit/releases"
@@ -262,14 +262,14 @@ def test_a_restore_waits_for_a_start_job_as_long_as_systemd_bounds_it(monkeypatc
     releases._systemctl(["restart", "pdkit-engine-decode.service"])
     releases._systemctl(["daemon-reload"])
     assert seen == [("restart", releases.START_JOB_BOUND_S), ("daemon-reload", releases.SYSTEMCTL_BOUND_S)]
-    from pdkit.plan import GPU_FREE_WAIT_S
+    from pdkit.render.plan import GPU_FREE_WAIT_S
     assert releases.START_JOB_BOUND_S > 2 * 600 + GPU_FREE_WAIT_S + 60  # two ready_timeout_s of the largest default
 
 
 def test_a_restore_restarts_journald_when_its_drop_in_changes_and_only_then(tmp_path):
     """Issue 42: the deploy restarts journald when its pdkit drop-in changed; a restore that puts
     another drop-in back must too (journald reads it only at its start), before the services."""
-    from pdkit.journald import JOURNALD_DROPIN_PATH, JOURNALD_UNIT
+    from pdkit.agent.journald import JOURNALD_DROPIN_PATH, JOURNALD_UNIT
 
     _config(tmp_path, "A=1\n", "{}\n", extra={JOURNALD_DROPIN_PATH: "[Journal]\nSystemMaxUse=2G\n"})
     first = _record(tmp_path, 1)

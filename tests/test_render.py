@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from pdkit.cli import main
-from pdkit.loader import load
-from pdkit.plan import plan_cluster
+from pdkit.inventory.loader import load
+from pdkit.render.plan import plan_cluster
 from tests.conftest import REPO, write_inventory
 
 GOLDEN = REPO / "tests" / "golden"
@@ -103,7 +103,7 @@ def test_render_refuses_an_invalid_inventory(base, tmp_path, capsys):
 def test_every_rendered_exporter_config_is_accepted_by_the_exporter(name, monkeypatch):
     import json
 
-    from pdkit.exporter.config import parse_config
+    from pdkit.agent.exporter.config import parse_config
 
     monkeypatch.chdir(REPO)
     spec = load(f"inventories/{name}.py")
@@ -127,7 +127,7 @@ def test_a_provided_engine_env_runs_only_the_engines_from_it(monkeypatch):
     import json
     import shlex
 
-    from pdkit import flags
+    from pdkit.render import flags
 
     monkeypatch.chdir(REPO)
     spec = load("inventories/provided-env.py")

@@ -1,4 +1,4 @@
-"""pdkit/residency.py on this machine's real kernel: mincore over a mapping of real files, evicted
+"""pdkit/agent/residency.py on this machine's real kernel: mincore over a mapping of real files, evicted
 with POSIX_FADV_DONTNEED and read back in (issue 45 item 3). tests/lab/ runs it on a lab host."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-from pdkit import residency
+from pdkit.agent import residency
 
 
 def _model(tmp_path, mib: int = 8):
@@ -59,7 +59,7 @@ def test_the_cli_prints_one_json_line_and_warms_only_when_cold(tmp_path):
 # ---- the roll's step before the drain (pdkit.roll.roller.Roller.warm_weights) ----------------------
 
 def _roller(tmp_path, base, model_path: str, load_format: str | None = None, engine: str = "sglang"):
-    from pdkit.loader import load
+    from pdkit.inventory.loader import load
     from pdkit.roll.roller import Progress, Roller
     from tests.conftest import write_inventory
 
@@ -81,7 +81,7 @@ def _local_run_remote(model_dir):
 
 
 def test_the_roll_reads_cold_weights_in_before_the_drain_and_says_how_much(tmp_path, base, monkeypatch):
-    from pdkit import flags
+    from pdkit.render import flags
     from pdkit.roll import roller as roller_mod
 
     d = _model(tmp_path, 4)
@@ -98,17 +98,17 @@ def test_the_roll_reads_cold_weights_in_before_the_drain_and_says_how_much(tmp_p
 
 
 def test_nothing_is_read_for_dummy_weights_or_the_sim_and_a_node_that_cannot_tell_never_stops_the_roll(tmp_path, base, monkeypatch):
-    from pdkit import flags
+    from pdkit.render import flags
     from pdkit.roll import roller as roller_mod
 
     calls = []
-    monkeypatch.setattr(roller_mod, "run_remote", lambda *a, **k: calls.append(a) or (False, "", "No module named pdkit.residency"))
+    monkeypatch.setattr(roller_mod, "run_remote", lambda *a, **k: calls.append(a) or (False, "", "No module named pdkit.agent.residency"))
     monkeypatch.setattr(flags, "node_python", lambda spec: "/opt/pdkit/venv/bin/python")
     assert _roller(tmp_path, base, "/models/m", "dummy").warm_weights("gpu01", object()) == ({}, "")
     assert _roller(tmp_path, base, "/models/m", engine="sim").warm_weights("gpu01", object()) == ({}, "")
     assert calls == []
     record, words = _roller(tmp_path, base, "/models/m").warm_weights("gpu01", object())
-    assert "residency not measured (No module named pdkit.residency)" in words and "error" in record["/models/m"]
+    assert "residency not measured (No module named pdkit.agent.residency)" in words and "error" in record["/models/m"]
 
 
 def test_the_roll_times_a_restarted_engine_from_its_stop_and_an_added_one_from_its_first_start(tmp_path, base, monkeypatch):

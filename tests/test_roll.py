@@ -10,8 +10,9 @@ import sys
 
 import pytest
 
-from pdkit.loader import load
-from pdkit.plan import plan_cluster
+from pdkit.inventory.loader import load
+from pdkit.render.outages import Outage, batch_outages
+from pdkit.render.plan import plan_cluster
 from pdkit.roll.commands import format_releases
 from pdkit.roll.planning import (
     HostDiff,
@@ -185,8 +186,8 @@ def test_release_listing_marks_the_running_and_the_planned_release():
 def test_a_node_is_not_taken_out_when_no_other_worker_of_its_kind_could_serve(tmp_path, three_nodes):
     import io
 
+    from pdkit.clients.router_api import Worker
     from pdkit.roll.roller import Progress, Roller
-    from pdkit.router_api import Worker
 
     spec = _one_router_over_every_engine(tmp_path, three_nodes)
     roller = Roller("inv.py", spec, Progress(io.StringIO()))
@@ -420,9 +421,8 @@ def test_a_failed_spanning_batch_restores_every_rank_together(tmp_path, three_no
 
 # ---------------------------------------------------------------- downtime mode (--allow-downtime)
 
+from pdkit.clients.router_api import worker_type  # noqa: E402
 from pdkit.roll.planning import (  # noqa: E402 - grouped with the tests that use them
-    Outage,
-    batch_outages,
     expected_outage,
     outage_lines,
     refusal_text,
@@ -430,7 +430,6 @@ from pdkit.roll.planning import (  # noqa: E402 - grouped with the tests that us
     restart_to_ready,
 )
 from pdkit.roll.roller import Progress, Roller  # noqa: E402
-from pdkit.router_api import worker_type  # noqa: E402
 
 
 def test_the_users_one_box_loses_both_kinds_on_every_roll_and_the_monitoring_host_none():
@@ -470,7 +469,7 @@ def test_expected_outage_is_the_slowest_measured_restart_else_the_ready_timeout(
     assert expected_outage({}, ["z"], 120)[0] == 120
 
 
-# a node's start history of one engine (pdkit/enginestarts.py), oldest first: the first start on
+# a node's start history of one engine (pdkit/agent/enginestarts.py), oldest first: the first start on
 # its engine environment (cold), a warm restart of class A, a warm restart of class B
 _HISTORY = [
     {"invocation": "i1", "time": "t1", "restart_to_ready_s": 205.0, "engine_env": "/opt/pdkit/venvs/engine-aa",
@@ -520,7 +519,7 @@ def test_expected_outage_takes_the_slowest_engine_estimate_and_falls_back_per_ho
 def test_the_planned_class_is_the_one_the_node_records_for_the_same_files(tmp_path):
     """The roll computes an engine's class after the change from the plan; the gate records it from
     the files on disk: the same bytes give the same class, and a start-cost change another one."""
-    from pdkit.enginestarts import config_class, unit_argv_env
+    from pdkit.agent.enginestarts import config_class, unit_argv_env
     from pdkit.roll.planning import host_estimates, planned_classes
 
     spec = load(str(REPO / "inventories" / "lab-one-node.py"))
@@ -618,7 +617,7 @@ def _downtime_roller(monkeypatch, inventory: str, router_host: str):
     roller._routers = [(spec.host(router_host), fake)]
     monkeypatch.setattr(roller, "scrape", lambda urls, names, missing_ok=(): {k: {n: 0.0 for n in names} for k in urls})
     monkeypatch.setattr(roller, "circuit_states", lambda host: {})
-    # the router step's own gate runs on the node (pdkit/gates.py): recorded here
+    # the router step's own gate runs on the node (pdkit/agent/gates.py): recorded here
     monkeypatch.setattr(roller, "run_gates", lambda hosts, phase: (fake.calls.append(("gates", tuple(hosts), phase)), (0, []))[1])
     return spec, roller, fake
 
@@ -652,7 +651,7 @@ def test_decodes_leave_the_router_first_and_come_back_last(monkeypatch):
 
 
 def test_validate_summary_says_which_node_is_an_outage_to_change():
-    from pdkit.summary import summary
+    from pdkit.inventory.summary import summary
 
     one_box = summary(load(str(REPO / "inventories" / "cluster.py")))
     assert "    every decode and prefill worker is on gpu01: a change there is an outage (pdkit roll --allow-downtime" in one_box, one_box
@@ -690,8 +689,8 @@ def test_the_last_line_says_whether_the_engines_are_back_in_the_router():
 
 
 def test_a_roll_tries_the_running_routers_key_then_the_inventorys_then_none(tmp_path):
+    from pdkit.clients.router_api import Key
     from pdkit.roll.planning import key_fix, parse_running_key, router_keys
-    from pdkit.router_api import Key
 
     def spec_with(key):
         # inventories/cluster.py runs without a key (auth: none): a keyed one drops that

@@ -14,10 +14,10 @@ import types
 
 import pytest
 
-from pdkit.loader import load
+from pdkit.clients.router_api import RouterError, Worker, worker_type
+from pdkit.inventory.loader import load
 from pdkit.roll.planning import RollError, put_back_summary, sort_by_health, stop_summary
 from pdkit.roll.roller import Progress, Roller
-from pdkit.router_api import RouterError, Worker, worker_type
 from tests.conftest import REPO
 from tests.test_roll import _FakePyinfra
 
@@ -191,7 +191,7 @@ def test_a_drain_refused_before_it_removed_anything_puts_nothing_back(monkeypatc
 def _layout_roller(monkeypatch, layout: dict):
     """A roller whose spec is lab-one-node.py changed by LAYOUT (a campaign overlay), while its
     router still lists the node's workers as they are now (PD: a prefill on :30000, a decode on :30001)."""
-    from pdkit.loader import read_inventory, spec_from_host_data
+    from pdkit.inventory.loader import read_inventory, spec_from_host_data
     from pdkit.tune.campaign import apply_overlay
 
     roller, fake, mine, out = _roller(monkeypatch, "lab-one-node.py", "lab-gpu1")

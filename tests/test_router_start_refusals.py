@@ -27,12 +27,12 @@ from pathlib import Path
 
 import pytest
 
-from pdkit import flags
 from pdkit.cli import main
-from pdkit.contract import router_python
-from pdkit.loader import load
+from pdkit.inventory.loader import load
+from pdkit.render import flags
 from pdkit.spec.checks import ROUTER_START_RULES, U32_MAX, RouterStartRule, router_start_problems, router_values
-from pdkit.versions import ROUTER_RELEASES
+from pdkit.upstream.venvs import router_python
+from pdkit.upstream.versions import ROUTER_RELEASES
 from tests.conftest import BASE_CLUSTER, BASE_HOSTS, require, write_inventory
 
 SMG, SGLANG_ROUTER = "smg 1.13.0", "sglang-router 0.3.2"
@@ -180,8 +180,8 @@ def test_each_rows_least_accepted_value_is_no_start_problem_and_its_refused_valu
 
 
 def test_the_rows_name_real_fields_and_flags_pdkit_renders(tmp_path):
-    from pdkit.faultbudget import FaultBudget
     from pdkit.spec import Router
+    from pdkit.spec.faultbudget import FaultBudget
 
     for package in ("smg", "sglang-router"):
         spec = _spec_with(tmp_path, package)
@@ -193,10 +193,10 @@ def test_the_rows_name_real_fields_and_flags_pdkit_renders(tmp_path):
             assert name in model.model_fields, rule
             assert set(rule.refused_by) <= {SMG, SGLANG_ROUTER} and rule.says and rule.source, rule
             if name != "extra_args" and not (rule.otherwise.startswith(release) and "no such flag" in rule.otherwise):
-                assert rule.flag in argv, f"{release}: {rule.flag} is not rendered (pdkit.flags.router_args)"
+                assert rule.flag in argv, f"{release}: {rule.flag} is not rendered (pdkit.render.flags.router_args)"
             if set(rule.refused_by) != {SMG, SGLANG_ROUTER}:
                 assert rule.otherwise, f"{rule.flag}: say what the other release does and why pdkit refuses it"
-        # the checker reads the fields, pdkit.flags renders them: the same values
+        # the checker reads the fields, pdkit.render.flags renders them: the same values
         for flag, (value, _field) in router_values(spec, spec.router_hosts[0]).items():
             assert float(argv[argv.index(flag) + 1]) == value, flag
 

@@ -17,11 +17,11 @@ import unicodedata
 import pytest
 import yaml
 
-from pdkit import catalogue as cat
 from pdkit import monitoring as mon
-from pdkit.metricnames import ROUTER
-from pdkit.monitoring import alerttable
+from pdkit.contract import alerttable
 from pdkit.monitoring.common import ROUTER_BY, WORKER_BY
+from pdkit.upstream import catalogue as cat
+from pdkit.upstream.metricnames import ROUTER
 from tests.conftest import REPO
 from tests.test_monitoring import _load_example, _promtool, _spec, _write_monitoring_dir
 
@@ -101,7 +101,7 @@ def test_the_doc_refuses_an_alert_without_a_runbook(monkeypatch):
 
 def test_the_doc_carries_the_generated_table_and_runbooks():
     doc = DOC.read_text()
-    stale = "docs/monitoring.md is stale: python -m pdkit.monitoring.alerttable --write docs/monitoring.md"
+    stale = "docs/monitoring.md is stale: python -m pdkit.contract.alerttable --write docs/monitoring.md"
     assert alerttable.table() in doc, stale
     assert alerttable.runbooks() in doc, stale
     # the table's rows link to the entries

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
+from pdkit.inventory.loader import load
 from pdkit.lab.model import planned_lab
-from pdkit.loader import load
-from pdkit.plan import plan_cluster
+from pdkit.render.plan import plan_cluster
 from tests.conftest import REPO, load_script
 
 scale = load_script("benchmarks/scale.py", "pdkit_bench_scale")
@@ -91,7 +91,7 @@ def test_the_lab_inventory_refuses_a_lab_of_another_size(tmp_path, monkeypatch):
     state.mkdir()
     (state / "lab.json").write_text(planned_lab(3).model_dump_json())
     monkeypatch.setenv("PDKIT_LAB_DIR", str(state))
-    from pdkit.loader import load_with_problems
+    from pdkit.inventory.loader import load_with_problems
 
     spec, problems = load_with_problems(_write(tmp_path, "l4.py", scale.lab_inventory_text(4)))
     assert spec is None

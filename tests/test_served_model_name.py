@@ -7,8 +7,8 @@ import copy
 import pytest
 
 from pdkit.bench.record import served_model
-from pdkit.flags import sglang_args
-from pdkit.loader import load
+from pdkit.inventory.loader import load
+from pdkit.render.flags import sglang_args
 from tests.conftest import BASE_CLUSTER, BASE_HOSTS, write_inventory
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shlex
 
-from pdkit.plan import PlannedFile, Service
+from pdkit.render.plan import PlannedFile, Service
 from roles.install_files import install_commands
 from roles.services import gates_command, is_unit_file, restart_plan
 
@@ -71,7 +71,7 @@ def test_one_gate_command_waits_for_every_engine_and_daemon():
     assert argv == ["/opt/pdkit/venv/bin/python", "-m", "pdkit.health", "gates",
                     "--engine", "pdkit-engine-decode.service", "http://10.0.0.1/pdkit-engine-decode.service", "60",
                     "--service", "pdkit-exporter.service", "http://10.0.0.1/pdkit-exporter.service", "60"]
-    from pdkit.health import main
+    from pdkit.agent.health import main
 
     # the same words parse with the on-host CLI (an unreachable URL fails fast, not a usage error)
     assert main(["gates", "--http", "http://127.0.0.1:9/x", "0.3"]) == 1
@@ -79,7 +79,7 @@ def test_one_gate_command_waits_for_every_engine_and_daemon():
 
 def test_the_engines_restart_goes_through_the_serial_start_when_one_is_given(monkeypatch):
     """Issue 45 item 2: the operation that (re)starts a node's engines and daemons ends in the command
-    SERIAL gives (pdkit.jitplan.restart_command: cold engines one at a time), else `systemctl restart`."""
+    SERIAL gives (pdkit.render.jitplan.restart_command: cold engines one at a time), else `systemctl restart`."""
     from types import SimpleNamespace
 
     from roles import services as role

@@ -11,8 +11,8 @@ import re
 
 import pytest
 
-from pdkit.loader import load_with_problems
-from pdkit.plan import plan_host
+from pdkit.inventory.loader import load_with_problems
+from pdkit.render.plan import plan_host
 from tests.conftest import REPO, write_inventory
 
 
@@ -41,10 +41,10 @@ def test_the_one_gpu_tier_inventory_validates_with_cumulative_fractions(monkeypa
     # the decode starts after the prefill serves and restarts with it; the prefill waits for nobody
     assert "After=pdkit-engine-prefill.service" in decode and "PartOf=pdkit-engine-prefill.service" in decode
     assert re.search(r"ExecStartPre=.*pdkit\.health gates \\\n\s+--http http://127\.0\.0\.1:30000/health 420", decode)
-    # the start's bound: the prefill's ready_timeout_s + the GPU-memory wait (pdkit.gpumem) + 60
+    # the start's bound: the prefill's ready_timeout_s + the GPU-memory wait (pdkit.agent.gpumem) + 60
     assert "TimeoutStartSec=600" in decode
     # the prefill waits for nobody's /health (only for its GPU memory: tests/test_gpumem.py)
-    assert "pdkit.health" not in prefill and "PartOf" not in prefill
+    assert "pdkit.agent.health" not in prefill and "PartOf" not in prefill
     # the prefill's crash restart stops this decode (PartOf=): SIGTERM to its server process only,
     # so that SGLang drains instead of losing its schedulers at once (what hung requests on the H200)
     for unit in (prefill, decode):
@@ -100,8 +100,8 @@ def test_an_engine_on_shared_gpus_restarts_only_with_its_whole_group_in_order(tm
     change that restarts one engine of the group restarts all of it, so the starts repeat the first."""
     import copy
 
-    from pdkit import changes
-    from pdkit.plan import services_meta
+    from pdkit.agent import changes
+    from pdkit.render.plan import services_meta
 
     pristine = copy.deepcopy(base)
     errors, spec = problems(tmp_path, *one_gpu(base))

@@ -1,4 +1,4 @@
-"""Planned changes don't page (issue 31 item 3): pdkit/silences.py against a real Alertmanager
+"""Planned changes don't page (issue 31 item 3): pdkit/hosts/silences.py against a real Alertmanager
 (Debian's prometheus-alertmanager 0.25, started here on 127.0.0.1), and the roll's, rollback's
 and deploy's use of it with their host steps stood in for."""
 
@@ -14,8 +14,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from pdkit.loader import load
-from pdkit.silences import (
+from pdkit.hosts.silences import (
     Alertmanager,
     Matcher,
     Silencer,
@@ -25,6 +24,7 @@ from pdkit.silences import (
     host_matchers,
     wait_state,
 )
+from pdkit.inventory.loader import load
 from tests.conftest import require, write_inventory
 
 ALERTMANAGER = shutil.which("prometheus-alertmanager")
@@ -48,7 +48,7 @@ def alertmanager(tmp_path_factory):
                              f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
                             stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    from pdkit.health import http_request
+    from pdkit.agent.health import http_request
 
     deadline = time.monotonic() + 30
     while http_request(f"{url}/-/ready", timeout=1)[0] != 200:
@@ -86,7 +86,7 @@ class Lines:
 
 
 def _post_alert(url: str, labels: dict[str, str]) -> None:
-    from pdkit.health import http_request
+    from pdkit.agent.health import http_request
 
     now = datetime.now(UTC)
     status, body = http_request(f"{url}/api/v2/alerts", [{"labels": {"alertname": "PdkitTest", **labels},
@@ -96,7 +96,7 @@ def _post_alert(url: str, labels: dict[str, str]) -> None:
 
 def _alert_state(url: str, labels: dict[str, str]) -> tuple[str, list[str]]:
     """(state, silencedBy) of the one alert with exactly these labels (besides alertname)."""
-    from pdkit.health import http_request
+    from pdkit.agent.health import http_request
 
     status, body = http_request(f"{url}/api/v2/alerts?active=true&silenced=true&inhibited=true")
     assert status == 200, body
@@ -295,8 +295,8 @@ def test_the_silences_bound_is_the_steps_own_timeouts(spec):
 
 
 def test_a_deploy_silences_a_host_whose_engines_restart_and_expires_after_its_gates(alertmanager, spec, monkeypatch):
-    from pdkit.plan import plan_cluster
-    from pdkit.silences import deploy_end_all, deploy_window_s
+    from pdkit.hosts.silences import deploy_end_all, deploy_window_s
+    from pdkit.render.plan import plan_cluster
 
     services = plan_cluster(spec)["gpu02"].services
     engines = [s for s in services if s.kind == "engine"]

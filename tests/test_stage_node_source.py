@@ -13,7 +13,8 @@ import sys
 
 import pytest
 
-from pdkit.weights import stage, store
+from pdkit.agent import weightstore as store
+from pdkit.weights import stage
 from tests.conftest import REPO
 
 # ---------------------------------------------------------------- parsing and planning

@@ -1,4 +1,4 @@
-"""Issue 47 item 5: pdkit/weights/store.py (the node's side of `pdkit stage`) on a temp directory, and
+"""Issue 47 item 5: pdkit/agent/weightstore.py (the node's side of `pdkit stage`) on a temp directory, and
 the manifest against SGLang's own verifier (the contract virtualenvs)."""
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ import subprocess
 
 import pytest
 
-from pdkit import contract, startchecks
-from pdkit.versions import SGLANG_RELEASES
-from pdkit.weights import stage, store
+from pdkit.agent import weightstore as store
+from pdkit.upstream import startchecks, venvs
+from pdkit.upstream.versions import SGLANG_RELEASES
+from pdkit.weights import stage
 from tests.conftest import require
 
 
@@ -234,7 +235,7 @@ def test_progress_names_bytes_rate_and_eta():
 def _verifier(version: str):
     root = startchecks.sglang_root(version)
     require(root is not None, f"contract virtualenv sglang-{version} missing: run `bash .ci/contract-env.sh`")
-    return contract.env_python(f"sglang-{version}"), root / "srt" / "utils" / "model_file_verifier.py"
+    return venvs.env_python(f"sglang-{version}"), root / "srt" / "utils" / "model_file_verifier.py"
 
 
 @pytest.mark.contract

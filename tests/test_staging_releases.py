@@ -10,9 +10,9 @@ import os
 
 import pytest
 
-from pdkit import releases
+from pdkit.agent import releases
+from pdkit.agent import weightstore as store
 from pdkit.roll.commands import format_releases, rollback_weights_refusal
-from pdkit.weights import store
 from tests.test_releases import RELEASE_JSON, RELEASES, SERVICES, Systemd, _config, _t, _venv
 
 MODEL = "/srv/models/m"

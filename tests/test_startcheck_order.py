@@ -4,14 +4,14 @@ written them (defaults filled in, settings turned off, page sizes forced); a rul
 flags pdkit renders instead of what the check sees refuses what SGLang accepts or misses what it
 refuses.
 
-ORDER holds, for every coverage entry with a "rule" (pdkit/data/startup_check_coverage.json) and
+ORDER holds, for every coverage entry with a "rule" (pdkit/upstream/data/startup_check_coverage.json) and
 every pinned release that runs the check: the call path from ServerArgs' entry methods to the check
 (0.5.17: ServerArgs.__post_init__ / check_server_args; 0.5.23: resolve_once ->
 arg_groups/pipeline.py run_resolution_pipeline, then check_server_args), the derivations that run
 before it and write one of the fields it reads (file:function in the release's sglang/srt), and the
 verdict (VERDICTS): SAFE (no earlier derivation changes the verdict for what pdkit renders) or
 FIXED (it did, and the rule now models it). The contract test re-derives path and writers from the
-wheels' source (no import: it needs triton) with the same walk as pdkit.startchecks: a release bump
+wheels' source (no import: it needs triton) with the same walk as pdkit.upstream.startchecks: a release bump
 that adds a derivation before a check fails here until the row is read again.
 
 The walk is depth first in source order and ignores conditions, so it lists every writer that can
@@ -27,8 +27,8 @@ from typing import NamedTuple
 
 import pytest
 
-from pdkit import parsertable, startchecks
-from pdkit.versions import SGLANG_RELEASES
+from pdkit.upstream import parsertable, startchecks
+from pdkit.upstream.versions import SGLANG_RELEASES
 from tests.conftest import require
 
 

@@ -1,8 +1,8 @@
 """Issue 32: what the pinned SGLang releases check on their server arguments at start.
 
-pdkit/data/startup_checks.json is generated from the wheels' sources in the contract
-virtualenvs (python -m pdkit.startchecks --write); the first test regenerates it and fails on
-any difference. Every row must be covered in pdkit/data/startup_check_coverage.json, by a
+pdkit/upstream/data/startup_checks.json is generated from the wheels' sources in the contract
+virtualenvs (python -m pdkit.upstream.startchecks --write); the first test regenerates it and fails on
+any difference. Every row must be covered in pdkit/upstream/data/startup_check_coverage.json, by a
 validate rule (with a test named here or in tests/test_validate.py) or by a reason it cannot be
 checked before start; the cases below are the rules' tests (host, field path, what is valid).
 """
@@ -14,9 +14,9 @@ import re
 
 import pytest
 
-from pdkit import startchecks
 from pdkit.cli import main
-from pdkit.versions import SGLANG_RELEASES
+from pdkit.upstream import startchecks
+from pdkit.upstream.versions import SGLANG_RELEASES
 from tests.conftest import REPO, require, write_inventory
 from tests.test_validate import _span, assert_validate_refuses
 
@@ -246,10 +246,10 @@ def test_the_committed_startup_check_table_is_what_the_pinned_wheels_check():
     require(not missing, f"contract virtualenvs missing ({', '.join(missing)}): run `bash .ci/contract-env.sh`")
     fresh = startchecks.generate()
     committed = startchecks.TABLE_PATH.read_text(encoding="utf-8")
-    assert startchecks.dumps(fresh) == committed, "pdkit/data/startup_checks.json is stale: run `python -m pdkit.startchecks --write`"
+    assert startchecks.dumps(fresh) == committed, "pdkit/upstream/data/startup_checks.json is stale: run `python -m pdkit.upstream.startchecks --write`"
     # checked on the fresh table too: a release bump that adds a check fails here, naming it
     gaps = startchecks.uncovered(fresh)
-    assert not gaps, "checks the pinned releases run at start that pdkit/data/startup_check_coverage.json does not cover " \
+    assert not gaps, "checks the pinned releases run at start that pdkit/upstream/data/startup_check_coverage.json does not cover " \
                      "(add a validate rule and name it, or say why it cannot be checked before start):\n" + \
                      "\n".join(f"{r['id']} ({', '.join(r['releases'])} {r['function']}): {r['message']}" for r in gaps)
 
@@ -308,7 +308,7 @@ def test_the_issues_two_examples_are_covered_by_rules():
 
 
 # ------------------------------------------------------------------------------ the "why" claims
-# A `why` that says pdkit never renders a flag is a claim about pdkit/flags.py: checked here
+# A `why` that says pdkit never renders a flag is a claim about pdkit/render/flags.py: checked here
 # against every flag pdkit CAN put on an engine's command line, not only the flags the example
 # inventories happen to render.
 
@@ -326,7 +326,7 @@ TUNING_PROBES: dict[str, list] = {
     "ep_num_redundant_experts": [4], "radix_cache": [False], "radix_eviction_policy": ["lfu"],
     "decode_radix_cache": [True], "hicache": [True], "hicache_ratio": [2.0], "hicache_size_gb": [8],
 }
-# Tuning fields that reach the engine's environment, not its argv (pdkit.flags.engine_env)
+# Tuning fields that reach the engine's environment, not its argv (pdkit.render.flags.engine_env)
 ENV_ONLY_TUNING = {"allow_longer_context", "pcie_ipc_allreduce"}
 # engine and model fields, each with a value that makes pdkit render its flag
 ENGINE_PROBES: list[dict] = [
@@ -342,10 +342,10 @@ DERIVED_FROM_RENDERED = {"cuda_graph_config", "enable_dp_attention", "dp_size"}
 
 
 def _engine_flag_literals() -> set[str]:
-    """Every '--flag' string constant in the pdkit/flags.py code that builds an engine's argv."""
+    """Every '--flag' string constant in the pdkit/render/flags.py code that builds an engine's argv."""
     import ast
 
-    from pdkit import flags
+    from pdkit.render import flags
 
     tree = ast.parse(open(flags.__file__, encoding="utf-8").read())
     engine_code = {"sglang_args", "parallel_args", "expert_args", "_cuda_graph_args", "_VALUE_FLAGS"}
@@ -362,7 +362,7 @@ def _engine_flag_literals() -> set[str]:
 
 
 def _argv_flags(spec) -> set[str]:
-    from pdkit import flags
+    from pdkit.render import flags
 
     out: set[str] = set()
     for host in spec.gpu_hosts:
@@ -373,7 +373,7 @@ def _argv_flags(spec) -> set[str]:
 
 
 def _base_spec(tmp_path, version):
-    from pdkit.loader import load
+    from pdkit.inventory.loader import load
     from tests.conftest import BASE_CLUSTER, BASE_HOSTS
 
     return load(write_inventory(tmp_path, copy.deepcopy(BASE_HOSTS), {**copy.deepcopy(BASE_CLUSTER), "sglang_version": version, "tuning": {}}))
@@ -402,7 +402,7 @@ def _probe_specs(tmp_path):
 
 
 def _example_specs():
-    from pdkit.loader import load_with_problems
+    from pdkit.inventory.loader import load_with_problems
 
     for path in sorted((REPO / "inventories").glob("*.py")):
         spec, problems = load_with_problems(path, cwd=str(REPO))
@@ -413,9 +413,9 @@ def _example_specs():
 @pytest.fixture(scope="module")
 def renderable(tmp_path_factory):
     """(flags, dests): every flag pdkit can render on an engine's argv (the example inventories
-    at every pinned release, every flag literal of pdkit/flags.py's engine code, and the base
+    at every pinned release, every flag literal of pdkit/render/flags.py's engine code, and the base
     inventory with each probe) and the server-argument fields they and DERIVED_FROM_RENDERED set."""
-    from pdkit.parsertable import sglang_parser
+    from pdkit.upstream.parsertable import sglang_parser
 
     tmp = tmp_path_factory.mktemp("probes")
     found = set(_engine_flag_literals())
@@ -437,7 +437,7 @@ def test_every_tuning_field_has_a_probe_that_renders_it(tmp_path):
     from pdkit.spec import Tuning
 
     assert set(TUNING_PROBES) == set(Tuning.model_fields), "give every Tuning field a probe in TUNING_PROBES"
-    from pdkit import flags
+    from pdkit.render import flags
 
     def argvs(spec):
         return [flags.sglang_args(spec, h, e) for h, e in spec.engines()]
@@ -468,7 +468,7 @@ def _rendered(flag: str, flags_: frozenset[str], dests: frozenset[str]) -> list[
     """What of pdkit's renderable set FLAG (a name or a --prefix-* glob) matches."""
     import fnmatch
 
-    from pdkit.parsertable import sglang_parser
+    from pdkit.upstream.parsertable import sglang_parser
 
     hits = [f for f in flags_ if fnmatch.fnmatchcase(f, flag)]
     for version in SGLANG_RELEASES:
@@ -542,7 +542,7 @@ def test_extra_args_a_start_check_reads_warn(case, base, tmp_path, capsys):
     _, _, _, _, phrase = case
     flag = phrase.split(" ", 1)[0]
     version = phrase.split("SGLang ", 1)[1].split(" ", 1)[0]
-    from pdkit.parsertable import sglang_parser
+    from pdkit.upstream.parsertable import sglang_parser
 
     dest = sglang_parser(version).by_flag[flag].dest
     rows = [r for r in startchecks.table()["checks"] if version in r["releases"] and dest in r["fields"] and "why" in startchecks.coverage()[r["id"]]]
@@ -564,9 +564,9 @@ def test_flags_validates_hints_ask_for_do_not_warn():
     import re
     from pathlib import Path
 
-    from pdkit.parsertable import sglang_parser
+    from pdkit.upstream.parsertable import sglang_parser
 
-    source = "".join(p.read_text(encoding="utf-8") for p in sorted(Path(startchecks.__file__).with_name("spec").glob("*.py")))
+    source = "".join(p.read_text(encoding="utf-8") for p in sorted(Path(startchecks.__file__).parents[1].joinpath("spec").glob("*.py")))
     hinted = set(re.findall(r"add \[?'(--[a-z0-9-]+)'[^\n]*?to extra_args", source))
     assert {"--enable-dp-lm-head", "--uno-lora-path"} <= hinted
     parser = sglang_parser("0.5.23")
@@ -646,7 +646,7 @@ def test_the_megamoe_runner_alias_is_no_flashinfer_a2a_on_0523(base, tmp_path, c
 
 
 # ------------------------------------------------------------------------------ issue 46: the audit's leftovers
-from pdkit import pagesize as _pagesize  # noqa: E402
+from pdkit.spec import pagesize as _pagesize  # noqa: E402
 from pdkit.spec.tuning import Tuning as _Tuning  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""`systemd-analyze security` on every rendered pdkit unit: each at or below its target (pdkit/exposure.py).
+"""`systemd-analyze security` on every rendered pdkit unit: each at or below its target (pdkit/render/exposure.py).
 
 Before issue #18 the rendered units scored engines 7.5, router 6.9, exporter 6.9 here.
 """
@@ -11,9 +11,9 @@ import subprocess
 
 import pytest
 
-from pdkit.exposure import TARGETS, overall_exposure, unit_target
-from pdkit.loader import load
-from pdkit.plan import plan_cluster
+from pdkit.inventory.loader import load
+from pdkit.render.exposure import TARGETS, overall_exposure, unit_target
+from pdkit.render.plan import plan_cluster
 from tests.conftest import BASE_CLUSTER, BASE_HOSTS, REPO, require, write_inventory
 
 SYSTEMD_ANALYZE = shutil.which("systemd-analyze")

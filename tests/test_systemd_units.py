@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from pdkit.loader import load
-from pdkit.plan import plan_cluster
+from pdkit.inventory.loader import load
+from pdkit.render.plan import plan_cluster
 from tests.conftest import REPO, write_inventory
 
 SYSTEMD_ANALYZE = shutil.which("systemd-analyze")

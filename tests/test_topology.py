@@ -1,5 +1,5 @@
-"""PCIe topology and GPU health facts (pdkit/topology_probe.py -> pdkit/topology.py) and the preflight's
-rules on them (pdkit/preflight.py _check_pcie), on the box shapes of tests/fixtures/topology/ (issue 47)."""
+"""PCIe topology and GPU health facts (pdkit/agent/topology_probe.py -> pdkit/agent/topology.py) and the preflight's
+rules on them (pdkit/hosts/preflight.py _check_pcie), on the box shapes of tests/fixtures/topology/ (issue 47)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from pdkit import topology
-from pdkit.loader import load
-from pdkit.preflight import check_host, format_report, suggest_profile
+from pdkit.agent import topology
+from pdkit.hosts.preflight import check_host, format_report, suggest_profile
+from pdkit.inventory.loader import load
 from roles.node_facts import NODE_FACTS_MARK, NodeFacts, PcieTopology
 from tests.conftest import REPO, write_inventory
 from tests.node.runner import CLUSTER, NODE
@@ -438,7 +438,7 @@ def test_the_probe_is_standard_library_only():
     names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     names |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     assert names <= set(sys.stdlib_module_names), names
-    assert Path(topology.PROBE_PATH).parent.name == "pdkit"
+    assert Path(topology.PROBE_PATH).parent.name == "agent"
 
 
 def test_the_recorded_h100_vm_parses_as_what_it_is():

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from pdkit import answers
+from pdkit.clients import answers
 from pdkit.tune import gates
 from pdkit.tune.campaign import (
     CampaignError,
@@ -51,7 +51,7 @@ LAB = str(REPO / "inventories" / "lab.py")
 
 @pytest.fixture(scope="module")
 def lab_hosts():
-    from pdkit.loader import load, read_inventory
+    from pdkit.inventory.loader import load, read_inventory
 
     return read_inventory(LAB, str(REPO)), load(LAB)
 
@@ -231,8 +231,8 @@ def assert_refused(hosts, overlay, target, fragments):
 
 
 def test_derived_inventory_loads_to_the_same_plan(lab_hosts, tmp_path):
-    from pdkit.loader import load
-    from pdkit.plan import plan_cluster
+    from pdkit.inventory.loader import load
+    from pdkit.render.plan import plan_cluster
 
     hosts, base = lab_hosts
     spec, _, applied = derive(hosts, _cand({"decode.cuda_graph": False}), ["lab-gpu2"], "x.py")
@@ -272,7 +272,7 @@ SPLIT_2_6 = [{"name": "prefill", "role": "prefill", "gpus": [0, 1], "port": 3000
 
 @pytest.fixture(scope="module")
 def one_node_hosts():
-    from pdkit.loader import load, read_inventory
+    from pdkit.inventory.loader import load, read_inventory
 
     return read_inventory(ONE_NODE, str(REPO)), load(ONE_NODE)
 
@@ -288,12 +288,12 @@ def test_pd_to_one_unified_engine_over_the_same_gpus(one_node_hosts):
     assert applied.landed["unified.page_size"] == [("lab-gpu1", "pdkit_node.engines[unified].tuning.page_size")]
     assert flag_diff(base, spec) == ["lab-gpu1/decode: engine removed", "lab-gpu1/prefill: engine removed", "lab-gpu1/unified: engine added"]
     # the derived inventory is a full inventory the loader reads back to the same plan
-    from pdkit.plan import plan_cluster
+    from pdkit.render.plan import plan_cluster
     assert plan_cluster(spec)["lab-gpu1"].release_hash != plan_cluster(base)["lab-gpu1"].release_hash
 
 
 def test_another_gpu_split_is_a_whole_engines_list(one_node_hosts, tmp_path):
-    from pdkit.loader import load
+    from pdkit.inventory.loader import load
 
     hosts, _ = one_node_hosts
     spec, problems, applied = derive(hosts, _cand({"node.engines": SPLIT_2_6}), ["lab-gpu1"], "x.py")
@@ -855,7 +855,7 @@ def test_a_canary_or_a_node_list_is_measured_on_its_own_pd_pairs_the_whole_clust
 
 def test_a_target_with_one_side_of_a_pd_group_is_paired_with_the_groups_other_engines(tmp_path):
     from pdkit.bench.measure import measured_for
-    from pdkit.loader import load
+    from pdkit.inventory.loader import load
     from tests.conftest import write_inventory
 
     gpus = {"model": "virtual", "count": 4, "memory_gib": 80, "compute_capability": "9.0"}
@@ -947,8 +947,8 @@ def _requests_seen(ports):
     """Finished requests per engine (a prefill counts its half of a PD request too)."""
     import requests
 
-    from pdkit.metricnames import SGLANG
     from pdkit.roll.planning import metric_sums
+    from pdkit.upstream.metricnames import SGLANG
 
     out = {}
     for k in ("ap", "ad", "bp", "bd", "u"):

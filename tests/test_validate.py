@@ -8,7 +8,7 @@ import socket
 import pytest
 
 from pdkit.cli import main
-from pdkit.loader import load_with_problems
+from pdkit.inventory.loader import load_with_problems
 from tests.conftest import BASE_CLUSTER, BASE_HOSTS, REPO, write_inventory
 
 
@@ -255,7 +255,7 @@ RENDERED_ENV_CASES = [
      "gpu02", "pdkit_node.engines[1].env.SGLANG_HOST_IP", "pdkit_node.address"),
 ]
 BAD_CASES += RENDERED_ENV_CASES
-# UCX settings the engine's env adds, against the pinned UCX (pdkit/data/ucx_config.json, pdkit/ucxcheck.py):
+# UCX settings the engine's env adds, against the pinned UCX (pdkit/upstream/data/ucx_config.json, pdkit/upstream/ucxcheck.py):
 # the GPU pair's shape (ucx_net_devices set, so UCX_TLS is the user's) with a transport UCX has no name for
 UCX_ENV_CASES = [
     ("env-ucx-tls-unknown-transport", lambda c, h: h["gpu01"]["pdkit_node"].update(ucx_net_devices="eth1") or _engine(h, "gpu01", 1).update(env={"UCX_TLS": "cuda_ipc,nvlink,tcp"}),
@@ -266,7 +266,7 @@ UCX_ENV_CASES = [
      "gpu01", "pdkit_node.engines[0].env.UCX_TLS", "names rdma"),
 ]
 BAD_CASES += UCX_ENV_CASES
-# limits between UCX settings that make UCX refuse to open a transport (pdkit.ucxcheck.related_problems; each
+# limits between UCX settings that make UCX refuse to open a transport (pdkit.upstream.ucxcheck.related_problems; each
 # held to the pinned wheel's UCX by tests/test_contract_ucx.py): against what pdkit renders plus the env
 UCX_LIMIT_CASES = [
     ("env-ucx-tcp-tx-above-rx", lambda c, h: _engine(h, "gpu01", 1).update(env={"UCX_TCP_TX_SEG_SIZE": "128k"}),
@@ -316,7 +316,7 @@ def test_eagle_topk_1_with_other_draft_tokens_is_valid_as_sglang_adjusts_them(tm
                                                               "num_draft_tokens": 3}})
     inv = write_inventory(tmp_path, hosts, cluster)
     assert main(["validate", str(inv)]) == 0, capsys.readouterr().err
-    # and says what SGLang will run (pdkit.startchecks.derivation_problems, through pdkit.argvcheck)
+    # and says what SGLang will run (pdkit.upstream.startchecks.derivation_problems, through pdkit.render.argvcheck)
     out = capsys.readouterr().out
     assert "pdkit_node.engines[1].tuning.speculative" in out and "num_steps + 1 = 4" in out, out
 
@@ -648,7 +648,7 @@ def test_the_summary_and_the_port_check_know_when_grafana_is_off(monkeypatch, ca
 
 
 def test_grafanas_port_is_free_for_another_service_when_grafana_is_off(monkeypatch):
-    from pdkit.loader import load
+    from pdkit.inventory.loader import load
     from pdkit.spec import host_ports
 
     monkeypatch.chdir(REPO)
@@ -676,14 +676,14 @@ def test_group_data_precedence_is_pyinfras(tmp_path, base):
 
 
 def test_readme_field_table_is_generated_from_the_models():
-    from pdkit.fieldtable import markdown
+    from pdkit.inventory.fieldtable import markdown
 
     readme = (REPO / "README.md").read_text()
-    assert markdown() in readme, "README.md's field table is stale: regenerate with `python -m pdkit.fieldtable`"
+    assert markdown() in readme, "README.md's field table is stale: regenerate with `python -m pdkit.inventory.fieldtable`"
 
 
 def test_every_model_field_has_a_one_line_comment():
-    from pdkit.fieldtable import SECTIONS, field_comments
+    from pdkit.inventory.fieldtable import SECTIONS, field_comments
 
     missing = [f"{model.__name__}.{name}" for _, model in SECTIONS for name in model.model_fields if not field_comments(model).get(name)]
     assert not missing, f"fields without a comment above them: {missing}"
@@ -693,7 +693,7 @@ def test_nvidia_stack_provided_skips_the_node_layer_and_nothing_else(base, tmp_p
     """Issue 22: a container bound to its host's driver (gpu/nspawn) cannot apt-install R580/CUDA/NCCL."""
     import copy
 
-    from pdkit.loader import load
+    from pdkit.inventory.loader import load
     from roles.node import installs_nvidia_stack
     from tests.conftest import write_inventory
 
@@ -819,7 +819,7 @@ def test_a_pd_pair_agrees_on_the_page_size_sglang_really_runs(prefill, decode, e
 def test_0_5_23s_tokenspeed_alias_is_judged_as_the_backend_it_becomes(tmp_path, capsys):
     """0.5.23 renames tokenspeed_mla to cutedsl_mla before its checks (serving_hook.py handle_deprecated_args),
     which refuses SM12x: on an RTX PRO 6000 node validate refuses it and says the name is deprecated
-    (pdkit.startchecks.derivation_problems through pdkit.argvcheck)."""
+    (pdkit.upstream.startchecks.derivation_problems through pdkit.render.argvcheck)."""
     cluster, hosts = copy.deepcopy(BASE_CLUSTER), copy.deepcopy(BASE_HOSTS)
     cluster["sglang_version"] = "0.5.23"
     node = hosts["gpu01"]["pdkit_node"]

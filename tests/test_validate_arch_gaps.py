@@ -183,7 +183,7 @@ def test_the_preflight_judges_the_pair_on_the_config_the_node_holds(tmp_path):
     """Item 4 on the node: validate could not read the model (a warning: fa4's page depends on the checkpoint), the
     preflight's model probe sends config.json's keys and the same pair rule makes it one error naming both engines;
     an MLA checkpoint (fa4 keeps its page) passes."""
-    from pdkit.preflight import check_host
+    from pdkit.hosts.preflight import check_host
     from tests.node.runner import NODE
     from tests.node.test_preflight_checks import rtx_facts, spec_host
     from tests.node.test_preflight_model_dirs import FINE

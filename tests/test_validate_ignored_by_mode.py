@@ -9,7 +9,7 @@ import pytest
 from pydantic import BaseModel
 
 from pdkit.cli import main
-from pdkit.loader import load_with_problems
+from pdkit.inventory.loader import load_with_problems
 from pdkit.spec import IGNORED_BY_MODE, Cluster, Node
 from tests.conftest import write_inventory
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from pdkit.cli import main
-from pdkit.loader import load_with_problems
+from pdkit.inventory.loader import load_with_problems
 from tests.conftest import write_inventory
 from tests.test_validate import _engine, assert_validate_refuses
 

@@ -1,5 +1,5 @@
 """validate's PCIe placement rules from the declared layout (pdkit_node.gpus.pcie; pdkit/spec/pcie.py), the
-same rules and advice as the preflight's on the probe's facts (pdkit.topology.pd_collapse / tp_collapse;
+same rules and advice as the preflight's on the probe's facts (pdkit.agent.topology.pd_collapse / tp_collapse;
 issue 47 item 2), and the field's shape errors."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import copy
 
 import pytest
 
-from pdkit import topology
-from pdkit.loader import load_with_problems
-from pdkit.preflight import check_host
+from pdkit.agent import topology
+from pdkit.hosts.preflight import check_host
+from pdkit.inventory.loader import load_with_problems
 from tests.conftest import write_inventory
 from tests.node.runner import CLUSTER, NODE
 from tests.test_topology import facts

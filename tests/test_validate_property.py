@@ -13,7 +13,7 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from pdkit.loader import read_inventory, spec_from_host_data  # noqa: E402
+from pdkit.inventory.loader import read_inventory, spec_from_host_data  # noqa: E402
 from tests.conftest import REPO  # noqa: E402
 
 EXAMPLES = ("inventories/cluster.py", "inventories/a6000.py", "inventories/h200x8.py", "inventories/lab.py")

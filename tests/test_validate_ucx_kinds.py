@@ -1,7 +1,7 @@
 """`pdkit validate` on UCX values of every kind an engine's env sets (issue 46, "UCX values of other kinds").
 
-Each value is judged as the pinned UCX's parser of that setting reads it (pdkit/ucxcheck.py, the kinds in
-pdkit/data/ucx_config.json; tests/test_contract_ucx_kinds.py holds the judgement to the real UCX). The base
+Each value is judged as the pinned UCX's parser of that setting reads it (pdkit/upstream/ucxcheck.py, the kinds in
+pdkit/upstream/data/ucx_config.json; tests/test_contract_ucx_kinds.py holds the judgement to the real UCX). The base
 inventory's PD pairs run over NIXL with the UCX_TLS pdkit renders for a same-node pair (tcp and sm in it).
 """
 

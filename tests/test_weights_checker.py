@@ -1,4 +1,4 @@
-"""The weights themselves (issue 44 item 2): pdkit/engineshape.py reads SGLang's /weights_checker answer,
+"""The weights themselves (issue 44 item 2): pdkit/agent/engineshape.py reads SGLang's /weights_checker answer,
 records each engine's per-engine and per-rank checksums beside its shape at the first healthy start, and
 fails a later start whose weights differ, naming the rank and both checksums; an engine that does not
 answer is "unavailable" and never blocks. Then the exporter's series of the verdict and doctor's row."""
@@ -10,8 +10,8 @@ import json
 
 import pytest
 
-from pdkit import engineshape
-from pdkit.engineshape import SHORT, compare_weights, weights_from_answer, weights_verdict
+from pdkit.agent import engineshape
+from pdkit.agent.engineshape import SHORT, compare_weights, weights_from_answer, weights_verdict
 from tests.test_engineshape import INFO_0517, _inputs
 
 UNIT = "pdkit-engine-decode.service"
@@ -180,10 +180,10 @@ def test_the_url_sits_beside_health():
 def test_the_nodes_exporter_publishes_the_gates_weights_verdict(tmp_path):
     """pdkit-exporter reads the gate's last.json and exports pdkit_engine_weights_info for doctor."""
     # here: the exporter and its test helpers import prometheus_client and requests, which only this test needs
-    from pdkit.exporter.collector import PdkitCollector
-    from pdkit.exporter.config import parse_config
-    from pdkit.exporter.system import ProcessInspector, SystemdPids
-    from pdkit.metricnames import EXPORTER_WEIGHTS_INFO
+    from pdkit.agent.exporter.collector import PdkitCollector
+    from pdkit.agent.exporter.config import parse_config
+    from pdkit.agent.exporter.system import ProcessInspector, SystemdPids
+    from pdkit.upstream.metricnames import EXPORTER_WEIGHTS_INFO
     from tests.exporter.support import FakeSystemctl, exposition, label_sets, samples
 
     _, inputs = _inputs(tmp_path)

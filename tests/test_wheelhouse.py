@@ -16,9 +16,9 @@ import pytest
 import requests
 from packaging.utils import parse_wheel_filename
 
-from pdkit import bundleserver, wheelhouse
-from pdkit.platforms import KNOWN_PLATFORMS
-from pdkit.wheelhouse import WheelhouseError
+from pdkit.wheels import bundleserver, wheelhouse
+from pdkit.wheels.platforms import KNOWN_PLATFORMS
+from pdkit.wheels.wheelhouse import WheelhouseError
 
 DEBIAN12 = KNOWN_PLATFORMS["debian12"]
 
@@ -90,7 +90,7 @@ def test_offline_with_an_incomplete_cache_names_every_missing_package_and_the_fi
         wheelhouse.download("torch==2.14.1\nsglang==0.5.23\n", {"torch": "2.14.1", "sglang": "0.5.23"}, DEBIAN12, label="engine lock x", hashed=False)
     message = str(err.value)
     assert "offline" in message and "sglang==0.5.23" in message and "torch==2.14.1" in message
-    assert "python -m pdkit.wheelhouse" in message and "PDKIT_CACHE" in message
+    assert "python -m pdkit.wheels.wheelhouse" in message and "PDKIT_CACHE" in message
 
 
 def test_a_package_the_index_lacks_is_named_in_one_line_not_a_pip_traceback(cache, tmp_path, monkeypatch):
@@ -161,8 +161,8 @@ def test_the_sim_engine_wheel_changes_with_the_sims_sources_only(tmp_path, cache
     engines stay; an edit to pdkit/sim/, or to a module the sim imports, builds a new one."""
     root = _tree_copy(tmp_path)
     sources = wheelhouse.sim_sources(root)
-    assert "pdkit/sim/engine.py" in sources and "pdkit/catalogue.py" in sources and "pdkit/data/metric_catalogue.json" in sources
-    assert not {"pdkit/bench/record.py", "pdkit/exporter/__init__.py", "pdkit/health.py", "pdkit/spec/__init__.py"} & set(sources)
+    assert "pdkit/sim/engine.py" in sources and "pdkit/upstream/catalogue.py" in sources and "pdkit/upstream/data/metric_catalogue.json" in sources
+    assert not {"pdkit/bench/record.py", "pdkit/agent/exporter/__init__.py", "pdkit/agent/health.py", "pdkit/spec/__init__.py"} & set(sources)
     first = wheelhouse.sim_wheel(root)
     digest = wheelhouse.file_sha256(first)
 
@@ -172,7 +172,7 @@ def test_the_sim_engine_wheel_changes_with_the_sims_sources_only(tmp_path, cache
     first.unlink()
     assert wheelhouse.file_sha256(wheelhouse.sim_wheel(root)) == digest
 
-    for edited in ("pdkit/sim/engine.py", "pdkit/catalogue.py"):
+    for edited in ("pdkit/sim/engine.py", "pdkit/upstream/catalogue.py"):
         path = root / edited
         before = path.read_text()
         path.write_text(before + "\n# a change the sim runs\n")

@@ -1,5 +1,5 @@
 """A router worker's identity is decided once (issue 48 item 5: `rstrip("/")` 22 times in 7 modules):
-pdkit.health.worker_key; the roll, doctor, the router client and the gates compare worker URLs through it."""
+pdkit.agent.health.worker_key; the roll, doctor, the router client and the gates compare worker URLs through it."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import ast
 
 import pytest
 
-from pdkit.health import worker_key
+from pdkit.agent.health import worker_key
 from tests.conftest import REPO
 
 
@@ -22,4 +22,4 @@ def test_worker_urls_are_compared_through_worker_key(module):
     tree = ast.parse((REPO / module).read_text())
     stripped = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
                 and n.func.attr == "rstrip" and n.args and isinstance(n.args[0], ast.Constant) and n.args[0].value == "/"]
-    assert stripped == [], f"{module}: lines {stripped} strip a slash themselves; use pdkit.health.worker_key"
+    assert stripped == [], f"{module}: lines {stripped} strip a slash themselves; use pdkit.agent.health.worker_key"

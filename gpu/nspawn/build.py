@@ -22,9 +22,9 @@ the device. Output, git-ignored, one carry per directory:
                    machine's pdkit venv (pyinfra 3.10.0, ...), pip, setuptools and wheel (pdkit
                    itself is the carried repository, installed editable there, and setuptools
                    lets pdkit rebuild its own wheel offline if that tree differs from this one);
-        cache/     ${PDKIT_CACHE}/wheelhouse as pdkit/wheelhouse.py lays it out, for the
+        cache/     ${PDKIT_CACHE}/wheelhouse as pdkit/wheels/wheelhouse.py lays it out, for the
                    container's platform (debian13: CPython 3.13, glibc 2.41): the node pins
-                   (pdkit/locks/node.txt: the pdkit-only node venv), the router pins of
+                   (pdkit/wheels/locks/node.txt: the pdkit-only node venv), the router pins of
                    sglang-router 0.3.2 (SGLang 0.5.17's pairing) and pdkit's wheel. With
                    PDKIT_OFFLINE=1 the deploy uses only this cache.
         Binary wheels are stored uncompressed inside (same files, same RECORD; only the zip
@@ -380,9 +380,9 @@ def store_uncompressed(wheel: Path, dest: Path) -> None:
 
 def build_wheels(args: argparse.Namespace) -> dict:
     os.environ["PDKIT_CACHE"] = str(WORK / "cache")  # our own pools, not the lead's ~/.cache
-    from pdkit import wheelhouse
-    from pdkit.platforms import KNOWN_PLATFORMS
-    from pdkit.versions import SGLANG_RELEASES
+    from pdkit.upstream.versions import SGLANG_RELEASES
+    from pdkit.wheels import wheelhouse
+    from pdkit.wheels.platforms import KNOWN_PLATFORMS
 
     control_platform = KNOWN_PLATFORMS["ubuntu2404"]  # the device image: CPython 3.12, glibc 2.39
     node_platform = KNOWN_PLATFORMS["debian13"]  # the container: CPython 3.13, glibc 2.41

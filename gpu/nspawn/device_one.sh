@@ -56,7 +56,7 @@ LOAD_C=${LOAD_CONCURRENCY:-8}
 . "$HERE/step.sh"  # step NAME LIMIT_S CMD...
 
 card() {  # the GPU card the inventory took on this machine (gpu/card.py: PDKIT_GPU_CARD, else nvidia-smi, else its H200)
-    "$P/python" -c "from pdkit.loader import load; g = load('$INV').gpu_hosts[0].node.gpus; print(f'card: {g.count} x {g.model}, {g.memory_gib} GiB, cc {g.compute_capability} (gpu/card.py)')" | tee -a "$OUT/steps.txt"
+    "$P/python" -c "from pdkit.inventory.loader import load; g = load('$INV').gpu_hosts[0].node.gpus; print(f'card: {g.count} x {g.model}, {g.memory_gib} GiB, cc {g.compute_capability} (gpu/card.py)')" | tee -a "$OUT/steps.txt"
 }
 
 derived() {  # derived NAME BODY: inventories/.one-NAME.py = INV with BODY run on the node's data (_node) and cluster (_c)
@@ -71,9 +71,9 @@ PY
     echo "$path"
 }
 
-model() { "$P/python" -c "from pdkit.loader import load; print(load('$INV').cluster.model.name)"; }
+model() { "$P/python" -c "from pdkit.inventory.loader import load; print(load('$INV').cluster.model.name)"; }
 router() { "$P/python" -c "
-from pdkit.loader import load; from pdkit import flags
+from pdkit.inventory.loader import load; from pdkit import flags
 s = load('$INV'); h = s.router_hosts[0]; print(f'http://{flags.router_address(h)}:{h.router.port}')"; }
 
 load_start() {  # load_start NAME: C=$LOAD_C streaming chats through the router, every request timed
@@ -102,7 +102,7 @@ failed_journal() {  # failed_journal NAME: the engines' journal lines naming a f
 
 sums() {  # sums: sha256 of every file pdkit's plan lays down on the node (units, env files, release.json)
     local files
-    files=$("$P/python" -c "from pdkit.loader import load; from pdkit.plan import plan_cluster; print(' '.join(f.path for f in plan_cluster(load('$INV'))['$MACHINE'].files))")
+    files=$("$P/python" -c "from pdkit.inventory.loader import load; from pdkit.render.plan import plan_cluster; print(' '.join(f.path for f in plan_cluster(load('$INV'))['$MACHINE'].files))")
     $HOSTPY --machine "$MACHINE" exec -- "sha256sum $files"
 }
 
@@ -235,9 +235,9 @@ phase_tune() {
 }
 
 engines_log() {  # engines_log NAME: the engines' journal lines that say how they started (or why not)
-    $HOSTPY --machine "$MACHINE" exec --timeout 60 -- "journalctl -u 'pdkit-engine-*' --no-pager -o short-iso -n 20000 | grep -E 'KV Cache is allocated|max_total_num_tokens|avail mem|Load weight end|Capture cuda graph|fired up and ready|Error|error|Traceback|Killed|out of memory|Started|Stopped|Failed|pdkit.gpumem'" \
+    $HOSTPY --machine "$MACHINE" exec --timeout 60 -- "journalctl -u 'pdkit-engine-*' --no-pager -o short-iso -n 20000 | grep -E 'KV Cache is allocated|max_total_num_tokens|avail mem|Load weight end|Capture cuda graph|fired up and ready|Error|error|Traceback|Killed|out of memory|Started|Stopped|Failed|pdkit.agent.gpumem'" \
         > "$OUT/engines-$1.log" 2>&1
-    # the engine gate's shape records and last verdicts (pdkit/engineshape.py, issue 42 item 5)
+    # the engine gate's shape records and last verdicts (pdkit/agent/engineshape.py, issue 42 item 5)
     $HOSTPY --machine "$MACHINE" exec --timeout 30 -- "for f in /var/lib/pdkit-engines/shapes/*/*.json; do echo \"== \$f\"; cat \"\$f\"; echo; done" \
         > "$OUT/shapes-$1.log" 2>&1
     $HOSTPY --machine "$MACHINE" exec --timeout 30 -- "nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader; nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader" \

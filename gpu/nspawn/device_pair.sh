@@ -40,7 +40,7 @@ CANARY=pdkit-b
 . "$(dirname "${BASH_SOURCE[0]}")/step.sh"  # step NAME LIMIT_S CMD...
 
 card() {  # the GPU card the inventory took on this machine (gpu/card.py: PDKIT_GPU_CARD, else nvidia-smi, else its H200)
-    "$P/python" -c "from pdkit.loader import load; g = load('$INV').gpu_hosts[0].node.gpus; print(f'card: {g.count} x {g.model}, {g.memory_gib} GiB, cc {g.compute_capability} (gpu/card.py)')" | tee -a "$OUT/steps.txt"
+    "$P/python" -c "from pdkit.inventory.loader import load; g = load('$INV').gpu_hosts[0].node.gpus; print(f'card: {g.count} x {g.model}, {g.memory_gib} GiB, cc {g.compute_capability} (gpu/card.py)')" | tee -a "$OUT/steps.txt"
 }
 
 derived() {  # derived NAME BODY: inventories/.pair-NAME.py = INV with BODY run on the canary's data (_d)
@@ -54,7 +54,7 @@ PY
     echo "$path"
 }
 
-model() { "$P/python" -c "from pdkit.loader import load; print(load('$INV').cluster.model.name)"; }
+model() { "$P/python" -c "from pdkit.inventory.loader import load; print(load('$INV').cluster.model.name)"; }
 
 load_start() {  # load_start NAME: C=$LOAD_CONCURRENCY (8) streaming chats through the router until load_stop
     rm -f "$OUT/load-$1.stop"
@@ -86,7 +86,7 @@ failed_journal() {  # failed_journal NAME: every engine journal line, on both ho
 
 sums() {  # sums HOST: sha256 of every file pdkit's plan lays down there (units, env files, release.json)
     local files
-    files=$("$P/python" -c "from pdkit.loader import load; from pdkit.plan import plan_cluster; print(' '.join(f.path for f in plan_cluster(load('$INV'))['$1'].files))")
+    files=$("$P/python" -c "from pdkit.inventory.loader import load; from pdkit.render.plan import plan_cluster; print(' '.join(f.path for f in plan_cluster(load('$INV'))['$1'].files))")
     $HOSTPY --machine "$1" exec -- "sha256sum $files"
 }
 

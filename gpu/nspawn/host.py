@@ -72,11 +72,11 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-# what it shares with pdkit's lab (pdkit/nspawn_common.py, stdlib only): run from the repository
+# what it shares with pdkit's lab (pdkit/hosts/nspawn_common.py, stdlib only): run from the repository
 # root on the machine's bare python3, where pdkit is not installed
 sys.path.insert(0, str(REPO))
-from pdkit import nspawn_common as shared  # noqa: E402
-from pdkit.nspawn_common import CommandError, proc_alive, proc_start_time, write_file  # noqa: E402
+from pdkit.hosts import nspawn_common as shared  # noqa: E402
+from pdkit.hosts.nspawn_common import CommandError, proc_alive, proc_start_time, write_file  # noqa: E402
 
 
 def _load_machine_state():
@@ -325,7 +325,7 @@ def cmd_control_venv(args: argparse.Namespace) -> int:
             write_file(venv / "bin" / name,
                        f'#!/bin/sh\nexport PYTHONPATH="{site}${{PYTHONPATH:+:$PYTHONPATH}}"\n{run_line}\n', 0o755)
         how = "pip --target"
-    # the deploy's wheel cache (pdkit/wheelhouse.py's layout): merged into $PDKIT_CACHE/wheelhouse
+    # the deploy's wheel cache (pdkit/wheels/wheelhouse.py's layout): merged into $PDKIT_CACHE/wheelhouse
     cache = Path(os.environ.get("PDKIT_CACHE", Path.home() / ".cache" / "pdkit")) / "wheelhouse"
     for src in (stage / "cache/wheelhouse").rglob("*.whl"):
         dest = cache / src.relative_to(stage / "cache/wheelhouse")
@@ -334,7 +334,7 @@ def cmd_control_venv(args: argparse.Namespace) -> int:
     # pdkit's own wheel is keyed on this tree's sources: if they differ from the build's, pdkit
     # rebuilds it here, offline, with the venv's setuptools (no build isolation, no index)
     env = {**os.environ, "PDKIT_OFFLINE": "1", "PIP_NO_INDEX": "1", "PIP_NO_BUILD_ISOLATION": "0"}
-    check = subprocess.run([str(venv / "bin/python"), "-m", "pdkit.wheelhouse", "--platform", "debian13",
+    check = subprocess.run([str(venv / "bin/python"), "-m", "pdkit.wheels.wheelhouse", "--platform", "debian13",
                             "--engine", "sim", "--router", "sglang-router==0.3.2", "--offline"],
                            env=env, capture_output=True, text=True, cwd=REPO)
     remove_tree(stage)

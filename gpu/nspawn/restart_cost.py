@@ -35,9 +35,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from pdkit import flags  # noqa: E402 - the repo on the path first
-from pdkit.health import startup_phases  # noqa: E402
-from pdkit.loader import load  # noqa: E402
+from pdkit.agent.health import startup_phases  # noqa: E402
+from pdkit.inventory.loader import load  # noqa: E402
+from pdkit.render import flags  # noqa: E402 - the repo on the path first
 
 MACHINE = "pdkit-h200"
 # SGLang 0.5.17's own log lines (sglang/srt/server_args.py, managers/scheduler.py,
@@ -102,7 +102,7 @@ def health(url: str) -> bool:
 
 
 def startup_gauges(url: str) -> dict[str, float]:
-    """SGLang's start-up phase gauges, read as the engine gate reads them (pdkit.health.startup_phases)."""
+    """SGLang's start-up phase gauges, read as the engine gate reads them (pdkit.agent.health.startup_phases)."""
     return startup_phases(url + "/health", timeout=10.0)
 
 

@@ -16,7 +16,7 @@ from pdkit.bench.noise import DEFAULT_MARGIN, with_repeats
 from pdkit.bench.record import DEFAULT_OUT, RUNS_FILE, find_run, run_bench, served_model
 from pdkit.bench.report import render_compare, render_markdown, render_plot, sent_to, write_outputs
 from pdkit.bench.sglang import SGLANG_BENCH_MODULE, run_sglang_agentic_bench, run_sglang_bench
-from pdkit.loader import load_or_report
+from pdkit.inventory.loader import load_or_report
 
 if TYPE_CHECKING:
     from pdkit.spec import ClusterSpec

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from pdkit.bench.stats import WORKER_HEADER, RequestResult, StreamEnd, failure_kind, stream_failure
-from pdkit.paths import router_auth_headers, router_url
+from pdkit.render.paths import router_auth_headers, router_url
 
 if TYPE_CHECKING:
     from pdkit.spec import ClusterSpec

@@ -10,9 +10,9 @@ import subprocess
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from pdkit.flags import sglang_args
-from pdkit.loader import read_inventory
-from pdkit.plan import plan_cluster
+from pdkit.inventory.loader import read_inventory
+from pdkit.render.flags import sglang_args
+from pdkit.render.plan import plan_cluster
 
 if TYPE_CHECKING:
     from pdkit.spec import ClusterSpec

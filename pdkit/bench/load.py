@@ -1,5 +1,5 @@
 """A steady load through the router or a target's own PD pairs, in a thread: the tune soak's load and
-the answer gate's part (c) (pdkit/answers.py)."""
+the answer gate's part (c) (pdkit/clients/answers.py)."""
 
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from pdkit import health
+from pdkit.agent import health
 from pdkit.bench.client import router_target, stream_one
 from pdkit.bench.routes import Route, fronted_engines, target_routes
 from pdkit.bench.stats import RequestResult

@@ -25,7 +25,7 @@ Record schema (version 1):
         output_tok_s, requests_s,
         ttft_ms, tpot_ms, itl_ms, e2e_ms: {"mean", "p50", "p99"} in ms (null when no data)
         kv              (PD clusters) the level's KV hand-offs, from every measured prefill's
-                        /metrics read just before and just after the level: pdkit.kvcost.KvFigures
+                        /metrics read just before and just after the level: pdkit.spec.kvcost.KvFigures
                         .as_record() (transfers, mb_per_request (MiB), latency_mean_ms,
                         latency_p99_ms + latency_p99_above_buckets (past SGLang's 5,000 ms top
                         bucket: a floor, shown ">5000"), effective_gb_s (ratio of sums),
@@ -41,14 +41,14 @@ Record schema (version 1):
     kv_prefills   the prefills whose /metrics give the levels' kv ([]: unified engines, no PD
                   hand-off); absent from records written before the KV figures
     env           environment fingerprint:
-        spec_hash       sha256 over every host's planned release hash (pdkit.plan)
+        spec_hash       sha256 over every host's planned release hash (pdkit.render.plan)
         engine          "sim" | "sglang" (cluster.engine)
         sglang_versions planned SGLang version(s), sorted
         router          "<package> <version>" of the first router host
         gpus[]          {"host", "gpu" (nvidia|none), "model", "count", "driver"}; driver from one
                         SSH `nvidia-smi` per GPU node (strict host keys), "n/a" on `gpu: none`
                         hosts, "unknown: <why>" when it could not be read, "not probed" with --no-ssh
-        engine_flags    {"<host>/<engine>": the sglang argv pdkit plans (pdkit.flags.sglang_args)}
+        engine_flags    {"<host>/<engine>": the sglang argv pdkit plans (pdkit.render.flags.sglang_args)}
         measured        what the requests went to: {"via": "router", "router_url", "engines": the
                         router's workers} for `pdkit bench`; `pdkit bench --limit` and `pdkit tune`
                         on part of the cluster bench those hosts' own engines: {"via": "engines", "hosts", "engines",
@@ -68,14 +68,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pdkit import health
+from pdkit.agent import health
 from pdkit.bench.client import Progress, Sender, router_target, run_level
 from pdkit.bench.env import fingerprint
 from pdkit.bench.routes import router_measured
 from pdkit.bench.stats import summarize_level
-from pdkit.flags import engine_url
-from pdkit.kvcost import CACHE_COUNTERS, cache_window, combine, hit_rate, kv_figures, kv_histograms
-from pdkit.kvcost import cache_counts as cache_counts  # bench's (pdkit.bench, agentic, sglang) since it lived here
+from pdkit.render.flags import engine_url
+from pdkit.spec.kvcost import CACHE_COUNTERS, cache_window, combine, hit_rate, kv_figures, kv_histograms
+from pdkit.spec.kvcost import cache_counts as cache_counts  # bench's (pdkit.bench, agentic, sglang) since it lived here
 
 if TYPE_CHECKING:
     from pdkit.spec import ClusterSpec
@@ -144,7 +144,7 @@ def scrape_pages(engines: dict[str, str | None], parse: Callable[[str], Any],
 
 
 def scrape_kv(prefills: dict[str, str | None], timeout_s: float = KV_SCRAPE_TIMEOUT_S) -> KvSample:
-    """Every prefill's KV histograms (pdkit.kvcost), read at once."""
+    """Every prefill's KV histograms (pdkit.spec.kvcost), read at once."""
     return scrape_pages(prefills, kv_histograms, timeout_s)
 
 
@@ -152,7 +152,7 @@ def level_kv(before: KvSample, after: KvSample, ttft_mean_ms: float | None) -> d
     """Pure: a level's `kv` block from the prefills' samples before and after it.
 
     Each prefill's window is its own difference (a restarted one counts from zero), the prefills'
-    windows are combined, and pdkit.kvcost.kv_figures gives the figures, with the level's
+    windows are combined, and pdkit.spec.kvcost.kv_figures gives the figures, with the level's
     client-side TTFT mean for the KV share. `prefills`: those read both times; `unread`: why the
     others gave nothing (the figures then cover the read ones only; none read: no figures)."""
     unread = {**after[1], **before[1]}
@@ -176,7 +176,7 @@ def say_kv_unread(concurrency: int, kv: dict[str, Any]) -> None:
 
 # ---- the prefix cache of each level -----------------------------------------------------------
 
-# The engines' own counters and the hit-rate rule: pdkit.kvcost (CACHE_COUNTERS, cache_counts, cache_window,
+# The engines' own counters and the hit-rate rule: pdkit.spec.kvcost (CACHE_COUNTERS, cache_counts, cache_window,
 # hit_rate), shared with doctor's prefix_cache row
 
 

@@ -42,7 +42,7 @@ LEVEL_COLUMNS = (
 )
 
 
-# The KV hand-off figures of a level (its `kv` block: pdkit.kvcost.KvFigures), as the run table and
+# The KV hand-off figures of a level (its `kv` block: pdkit.spec.kvcost.KvFigures), as the run table and
 # `pdkit compare` show them: (column, key in the block)
 KV_COLUMNS = (
     ("KV transfers", "transfers"),

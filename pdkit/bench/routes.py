@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pdkit import flags
+from pdkit.render import flags
 
 if TYPE_CHECKING:
     from pdkit.spec import ClusterSpec

@@ -12,8 +12,8 @@ releases themselves, each installed in its own virtualenv by `bash .ci/contract-
 Standard library only; the checker scripts next to this file run under the contract
 virtualenvs' Pythons and import nothing from pdkit. The generators of the tables the kit reads
 live here too and run under pdkit's own Python on the control machine: `catalogue_gen`
-(pdkit/data/metric_catalogue.json, read by pdkit.catalogue) and `parsertable_gen`
-(pdkit/parser_table.json, read by pdkit.parsertable).
+(pdkit/upstream/data/metric_catalogue.json, read by pdkit.upstream.catalogue) and `parsertable_gen`
+(pdkit/upstream/parser_table.json, read by pdkit.upstream.parsertable).
 """
 
 from __future__ import annotations
@@ -23,67 +23,15 @@ import os
 import subprocess
 from pathlib import Path
 
-# What other packages use (pdkit/startchecks.py). The rest is defined here, not re-exported: the
-# generators beside this file (catalogue_gen, parsertable_gen) and the tests import it from here.
-__all__ = ["sglang_python"]
-
-ENV_SCRIPT = "bash .ci/contract-env.sh"
-# Written last by .ci/contract-env.sh into each virtualenv it finished.
-ENV_MARKER = ".contract-env-ok"
-ROUTER_PACKAGES = ("smg", "sglang-router")
+from pdkit.upstream.venvs import ROUTER_PACKAGES, env_python
 
 _HERE = Path(__file__).resolve().parent
 _SGLANG_CHECKER = _HERE / "sglang_argcheck.py"
 _ROUTER_CHECKER = _HERE / "router_argcheck.py"
 
 
-def contract_home() -> Path:
-    """Where the contract virtualenvs live: $PDKIT_CONTRACT_HOME or ~/.cache/pdkit/contract."""
-    configured = os.environ.get("PDKIT_CONTRACT_HOME")
-    if configured:
-        return Path(configured).expanduser()
-    return Path.home() / ".cache" / "pdkit" / "contract"
-
-
-class ContractEnvMissing(RuntimeError):
-    """The virtualenv holding a pinned parser is not there (or was never finished)."""
-
-    def __init__(self, name: str, path: Path):
-        self.name = name
-        self.path = path
-        super().__init__(
-            f"contract virtualenv {name!r} is missing or incomplete at {path}: "
-            f"run `{ENV_SCRIPT}` from the pdkit repository root to create it"
-        )
-
-
 class ContractCheckError(RuntimeError):
     """The checker itself failed (import error, crash, garbled reply): not a verdict."""
-
-
-def env_python(name: str) -> Path:
-    """The Python of contract virtualenv `name` (e.g. "sglang-0.5.23"), if it is complete."""
-    venv = contract_home() / name
-    python = venv / "bin" / "python"
-    if not python.exists() or not (venv / ENV_MARKER).exists():
-        raise ContractEnvMissing(name, venv)
-    return python
-
-
-def sglang_python(version: str) -> Path | None:
-    """The Python of the sglang `version` contract env, or None when it is not built."""
-    try:
-        return env_python(f"sglang-{version}")
-    except ContractEnvMissing:
-        return None
-
-
-def router_python(package: str, version: str) -> Path | None:
-    """The Python of the `package` ("smg" | "sglang-router") `version` env, or None."""
-    try:
-        return env_python(f"{package}-{version}")
-    except ContractEnvMissing:
-        return None
 
 
 def _run_checker(env_name: str, script: Path, request: dict, timeout: float) -> dict:

@@ -1,9 +1,9 @@
-"""The metric catalogue's generator: writes pdkit/data/metric_catalogue.json from the pinned releases.
+"""The metric catalogue's generator: writes pdkit/upstream/data/metric_catalogue.json from the pinned releases.
 
 Run on the control machine by pdkit's Python, with the contract virtualenvs built
-(`bash .ci/contract-env.sh`); the kit reads the result through pdkit.catalogue:
+(`bash .ci/contract-env.sh`); the kit reads the result through pdkit.upstream.catalogue:
 
-    python -m pdkit.contract.catalogue_gen           # rewrite pdkit/data/metric_catalogue.json
+    python -m pdkit.contract.catalogue_gen           # rewrite pdkit/upstream/data/metric_catalogue.json
     python -m pdkit.contract.catalogue_gen --check   # exit 1 when the committed catalogue differs
 
 CI reruns it and fails on any difference (tests/test_catalogue.py).
@@ -25,7 +25,7 @@ CI reruns it and fails on any difference (tests/test_catalogue.py).
   source for a router's families: its definitions are spread over the binary. sglang-router
   0.3.2 from the real pages recorded from its binary (RECORDED_ROUTER_PAGES).
 
-Kept apart from the reader (pdkit.catalogue, which the sim imports and so keeps to the node's
+Kept apart from the reader (pdkit.upstream.catalogue, which the sim imports and so keeps to the node's
 rules): this module starts routers and sims (pdkit.sim.localstack) and reads their pages.
 """
 
@@ -42,8 +42,6 @@ from pathlib import Path
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from pdkit.catalogue import CATALOGUE_PATH, ROUTERS, SGLANG_VERSIONS
-from pdkit.contract import env_python
 from pdkit.sim.localstack import (
     LocalProcess,
     free_ports,
@@ -52,6 +50,8 @@ from pdkit.sim.localstack import (
     sim_command,
     wait_for,
 )
+from pdkit.upstream.catalogue import CATALOGUE_PATH, ROUTERS, SGLANG_VERSIONS
+from pdkit.upstream.venvs import env_python
 
 # the committed catalogue's first line: the command that writes it
 GENERATED_BY = "python -m pdkit.contract.catalogue_gen"

@@ -1,11 +1,11 @@
-"""The parser table's generator: writes pdkit/parser_table.json from the pinned parsers.
+"""The parser table's generator: writes pdkit/upstream/parser_table.json from the pinned parsers.
 
 Run on the control machine by pdkit's Python, with the contract virtualenvs built
 (`bash .ci/contract-env.sh`): each release's own argparse parser is described by the checker
 scripts next to this file (pdkit.contract's describe mode), and this module keeps what
-`pdkit validate` needs of it. The kit reads the table through pdkit.parsertable:
+`pdkit validate` needs of it. The kit reads the table through pdkit.upstream.parsertable:
 
-    python -m pdkit.contract.parsertable_gen --write   # regenerate pdkit/parser_table.json
+    python -m pdkit.contract.parsertable_gen --write   # regenerate pdkit/upstream/parser_table.json
     python -m pdkit.contract.parsertable_gen --check   # exit 1 when the committed table is stale
 
 tests/test_parser_table.py regenerates it in CI and fails on any difference.
@@ -19,14 +19,14 @@ import re
 import sys
 
 from pdkit import contract
-from pdkit.parsertable import TABLE_PATH
-from pdkit.versions import ROUTER_RELEASES, SGLANG_RELEASES
+from pdkit.upstream.parsertable import TABLE_PATH
+from pdkit.upstream.versions import ROUTER_RELEASES, SGLANG_RELEASES
 
 # the committed table's first line: the command that writes it
 GENERATED_BY = "python -m pdkit.contract.parsertable_gen --write (from the contract virtualenvs)"
 
 # SGLang environment variables whose defaults the table keeps (sglang/srt/environ.py): the PD
-# waits and heartbeats pdkit.faultbudget renders, and the sim reads by the same names
+# waits and heartbeats pdkit.spec.faultbudget renders, and the sim reads by the same names
 ENVIRONMENT_PREFIXES = ("SGLANG_DISAGGREGATION_",)
 
 # Options whose value is a credential: they would show in `ps`, the unit file and the journal.

@@ -1,7 +1,7 @@
 """Every UCX setting (name, default, kind of value) of the UCX the pinned nixl-cu13 wheel bundles, from UCX itself.
 
-pdkit renders UCX variables into the engines' environment (`pdkit.flags.ucx_env`, the KV path
-profiles in `pdkit.kvcost.KV_PATHS`). UCX ignores a variable it does not know with a warning, so a
+pdkit renders UCX variables into the engines' environment (`pdkit.render.flags.ucx_env`, the KV path
+profiles in `pdkit.spec.kvcost.KV_PATHS`). UCX ignores a variable it does not know with a warning, so a
 misspelt or renamed one would silently do nothing. The names and defaults here come from the
 wheel's own libraries: libucs, libucm, libuct and libucp (auditwheel-vendored in
 `nixl_cu13.libs/`) are loaded with ctypes and UCX's own `ucs_config_parser_print_all_opts` prints
@@ -17,9 +17,9 @@ or bitmap's choices are its parser's own NULL-terminated name list, a signal's a
 an array's element and a key:value list's keys and value come from the parser's argument, and the
 syntax is the text the parser's `help` writes (what `ucx_info -c -f` prints as "syntax:"). The walk
 must find exactly the settings UCX printed, or the generator stops: a layout change cannot pass unseen.
-pdkit.ucxcheck judges a value by its kind exactly as those parsers read it.
+pdkit.upstream.ucxcheck judges a value by its kind exactly as those parsers read it.
 
-    python -m pdkit.contract.ucx_config WHEEL > pdkit/data/ucx_config.json
+    python -m pdkit.contract.ucx_config WHEEL > pdkit/upstream/data/ucx_config.json
 
 Standard library only; needs x86_64 Linux (the wheel's platform). tests/test_contract_ucx.py
 regenerates it from the wheel .ci/contract-env.sh downloads and fails on a difference.
@@ -226,7 +226,7 @@ def setting_kinds(libucs: ctypes.CDLL) -> dict[str, dict[str, object]]:
     signals = _names(ctypes.addressof(ctypes.c_char_p.in_dll(libucs, "ucs_signal_names")))
     found: dict[str, dict[str, object]] = {}
     for title, name, field in _walk(libucs):
-        # the table decides what a refused value does (pdkit.ucxcheck.IGNORING_TABLES)
+        # the table decides what a refused value does (pdkit.upstream.ucxcheck.IGNORING_TABLES)
         described = {**_describe(field.parser, kinds_at, signals), "table": title}
         if found.setdefault(name, described) != described:
             raise SystemExit(f"{name} is in two tables with different parsers: {found[name]} and {described}")

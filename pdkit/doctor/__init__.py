@@ -40,7 +40,7 @@ from pdkit.doctor.collection import collect
 from pdkit.doctor.model import FAIL, CheckResult, KvBench
 from pdkit.doctor.observe import itl_sums, kv_pages
 from pdkit.doctor.report import EXIT_INVALID, exit_code, json_report, render_table
-from pdkit.loader import load_or_report
+from pdkit.inventory.loader import load_or_report
 
 
 def run_doctor(spec, *, window_s: float = 3.0, probe_requests: int = 8, timeout_s: float = 5.0,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from pdkit.agent.health import worker_key
 from pdkit.doctor.checks_cache import check_prefix_cache
 from pdkit.doctor.checks_cluster import DEFAULT_TOLERANCE, check_reboot, check_router_workers, check_throughput
 from pdkit.doctor.checks_engine import (
@@ -29,7 +30,6 @@ from pdkit.doctor.checks_engine import (
 from pdkit.doctor.checks_graphs import check_decode_cuda_graphs, check_graph_buckets
 from pdkit.doctor.checks_kv import check_kv_path, check_kv_transfers
 from pdkit.doctor.model import BenchPoint, CheckResult, EngineObservation, KvBench, RouterObservation, WorkerOutcomes
-from pdkit.health import worker_key
 
 ENGINE_CHECKS: tuple[tuple[Callable[..., CheckResult], frozenset[str]], ...] = (
     (check_reachable, frozenset({"prefill", "decode", "unified"})),

@@ -4,9 +4,9 @@ of the prompts needs. Pure: observations in, a row out.
 
 The hit rate is cached / prompt tokens from the engine's own counters (sglang:cached_tokens_total, every
 cache_source, over sglang:prompt_tokens_total), each the increase between doctor's two /metrics samples: the
-rule bench's levels use (pdkit.kvcost cache_counts, cache_window, hit_rate). The hand-off: the prefill's
-sglang:kv_transfer_total_mb over the same window (pdkit.kvcost.kv_figures) against the window's uncached
-prompt tokens x one token's KV bytes (pdkit.kvcost.kv_bytes_per_token: the KV pool's GiB over its tokens,
+rule bench's levels use (pdkit.spec.kvcost cache_counts, cache_window, hit_rate). The hand-off: the prefill's
+sglang:kv_transfer_total_mb over the same window (pdkit.spec.kvcost.kv_figures) against the window's uncached
+prompt tokens x one token's KV bytes (pdkit.spec.kvcost.kv_bytes_per_token: the KV pool's GiB over its tokens,
 from the prefill's own page). A PD decode without a radix cache (SGLang's default) receives the whole
 prompt's KV on every request, however much the prefill had cached (docs/sim.md "Decode radix cache (PD)"):
 for multi-turn sessions that is most of what crosses."""
@@ -17,9 +17,9 @@ from collections.abc import Sequence
 
 from pdkit.doctor.checkbase import cannot_measure, engine_row
 from pdkit.doctor.model import INFO, PASS, WARN, CheckResult, EngineObservation
-from pdkit.flags import LEVER_FLAGS
-from pdkit.kvcost import KV_RESEND_MIN_MB, KV_RESEND_WARN, cache_window, handoff_need, hit_rate, kv_figures
-from pdkit.metricnames import SGLANG
+from pdkit.render.flags import LEVER_FLAGS
+from pdkit.spec.kvcost import KV_RESEND_MIN_MB, KV_RESEND_WARN, cache_window, handoff_need, hit_rate, kv_figures
+from pdkit.upstream.metricnames import SGLANG
 
 NAME = "prefix_cache"
 DECODE_RADIX_FLAG = LEVER_FLAGS["decode_radix_cache"]

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import math
 
+from pdkit.agent.health import worker_key
 from pdkit.doctor.model import FAIL, PASS, WARN, BenchPoint, CheckResult, RouterObservation, Status
-from pdkit.health import worker_key
 
 DEFAULT_TOLERANCE = 0.10
 

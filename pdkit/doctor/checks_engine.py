@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pdkit import engineshape, residency
+from pdkit.agent import engineshape, residency
+from pdkit.agent.exporter.drift import compare_server_info, describe, flag_key
 from pdkit.doctor.checkbase import cannot_measure, counter_delta, engine_down, engine_row, not_measured
 from pdkit.doctor.model import FAIL, INFO, PASS, WARN, CheckResult, EngineObservation
-from pdkit.exporter.drift import compare_server_info, describe, flag_key
 
 # An uncapped context above this many tokens is flagged: the seeds' 1M context made the indexer
 # scan 1M tokens per step; 128k is the largest window a seed needed.
@@ -67,7 +67,7 @@ def check_rank_process(obs: EngineObservation) -> CheckResult:
 
 
 def check_flags(obs: EngineObservation) -> CheckResult:
-    """Running flags equal the plan: /server_info (pdkit.exporter.drift) and the exporter's argv check."""
+    """Running flags equal the plan: /server_info (pdkit.agent.exporter.drift) and the exporter's argv check."""
     plan = obs.plan
     if (early := cannot_measure(obs, "flags")) is not None:
         return early
@@ -149,7 +149,7 @@ def check_context_length(obs: EngineObservation) -> CheckResult:
 def check_engine_shape(obs: EngineObservation) -> CheckResult:
     """The engine is the engine it was: its shape now (/server_info) against the one the gate recorded at
     its running configuration's first healthy start (the node's exporter, pdkit_engine_shape_recorded):
-    a figure below pdkit.engineshape.MIN_FRACTION of the record fails, naming both numbers."""
+    a figure below pdkit.agent.engineshape.MIN_FRACTION of the record fails, naming both numbers."""
     plan, name = obs.plan, "engine_shape"
     if (early := cannot_measure(obs, name, needs="server_info")) is not None:
         return early
@@ -164,7 +164,7 @@ def check_engine_shape(obs: EngineObservation) -> CheckResult:
         return engine_row(plan, name, WARN, f"nothing recorded yet for this configuration ({engineshape.describe(now)} "
                                             "now): the engine gate records it at the first healthy start",
                           f"run the deploy or `pdkit roll` once with this kit on {plan.host}: its engine gate "
-                          "records the shape (pdkit/engineshape.py)")
+                          "records the shape (pdkit/agent/engineshape.py)")
     problems = engineshape.compare(recorded, now)
     if problems:
         return engine_row(plan, name, FAIL, "; ".join(problems),
@@ -193,7 +193,7 @@ def check_weights(obs: EngineObservation) -> CheckResult:
     if verdict is None:
         return engine_row(plan, name, WARN, "nothing recorded yet: no engine gate has checked this engine's weights",
                           f"run the deploy or `pdkit roll` once with this kit on {plan.host}: its engine gate "
-                          "records the weight checksums (pdkit/engineshape.py)")
+                          "records the weight checksums (pdkit/agent/engineshape.py)")
     status = verdict.get("status")
     if status == "mismatch":
         return engine_row(plan, name, FAIL, f"the last start's weights differ from the first healthy start's: "
@@ -226,7 +226,7 @@ def reads_weight_files(plan) -> bool:
 def check_weights_cached(obs: EngineObservation) -> CheckResult:
     """A restart of this engine reads its weights from memory, not disk (issue 45 item 3): the share
     of its weight files in the node's page cache, as the node's exporter measures it (mincore,
-    pdkit/residency.py). The roll reads cold weights in before its drain; doctor says how cold they are."""
+    pdkit/agent/residency.py). The roll reads cold weights in before its drain; doctor says how cold they are."""
     plan, name = obs.plan, "weights_cached"
     if (early := cannot_measure(obs, name)) is not None:
         return early
@@ -296,7 +296,7 @@ def check_gpu_health(obs: EngineObservation) -> CheckResult:
 
 def check_jit_caches(obs: EngineObservation) -> CheckResult:
     """Its next restart finds the JIT kernels it compiled (issue 45 item 2): the warm stamp the engine gate
-    wrote at ready with these cache directories on the current engine environment (pdkit/jitcache.py), as
+    wrote at ready with these cache directories on the current engine environment (pdkit/agent/jitcache.py), as
     the node's exporter judges it. Cold is a WARN, never a failure: the next start compiles, and costs
     what the measured cold start says."""
     plan, name = obs.plan, "jit_caches"

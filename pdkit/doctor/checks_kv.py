@@ -1,5 +1,5 @@
 """Doctor's KV hand-off checks: transfers happen and none failed (`kv_transfer`), and a prefill's hand-offs
-run at the speed of the path they take and cost little of TTFT (`kv_path`, figures from pdkit.kvcost).
+run at the speed of the path they take and cost little of TTFT (`kv_path`, figures from pdkit.spec.kvcost).
 Pure: observations in, rows out."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pdkit.doctor.model import (
     Status,
     WorkerOutcomes,
 )
-from pdkit.kvcost import (
+from pdkit.spec.kvcost import (
     KV_PATHS,
     KV_RATE_MIN_MB,
     KV_TTFT_SHARE_WARN,
@@ -40,7 +40,7 @@ def check_kv_transfers(obs: EngineObservation, router: WorkerOutcomes | None = N
     before = (obs.first.figures or {}).get("kv_transfer_failures") or {}
     moved_key = "prompt_tokens" if plan.role == "prefill" else "generation_tokens"
     moved = second.get(moved_key, 0.0)
-    # Both pinned releases create these counters on their first increment (pdkit/data/metric_catalogue.json:
+    # Both pinned releases create these counters on their first increment (pdkit/upstream/data/metric_catalogue.json:
     # lazy): a counter not on the page has not counted a failure yet, and one that appears between the two
     # samples is a first failure.
     recent = {stage: counter_delta(before.get(stage), value) or 0.0 for stage, value in failures.items()}
@@ -110,16 +110,16 @@ def kv_path_text(plan: EnginePlan) -> tuple[str, float | None, list[str]]:
 
 def check_kv_path(obs: EngineObservation, decodes: Sequence[EngineObservation] = (),
                   bench: KvBench | None = None) -> CheckResult:
-    """A prefill's KV hand-offs: effective rate (bytes moved / time spent moving them: pdkit.kvcost, a ratio of
+    """A prefill's KV hand-offs: effective rate (bytes moved / time spent moving them: pdkit.spec.kvcost, a ratio of
     sums, not SGLang's mean of per-request ratios) against the floor of the slowest path it may take
-    (pdkit.kvcost.KV_PATHS), and the hand-off's share of TTFT against pdkit.kvcost.KV_TTFT_SHARE_WARN.
+    (pdkit.spec.kvcost.KV_PATHS), and the hand-off's share of TTFT against pdkit.spec.kvcost.KV_TTFT_SHARE_WARN.
 
     The window: doctor's own C=16 bench when it ran one (TTFT: the bench's mean); else the two /metrics
     samples (TTFT: its decodes' own histogram over the same window, else the prefill's); else, no hand-off
     in the window, the totals since the engine started. FAIL when the rate is below the floor and the
     hand-off is more than KV_TTFT_SHARE_WARN of TTFT; WARN when one of the two, or when KV crosses hosts
     over TCP at all (named, with its fix); a sim engine's rate is its knob, so it gets the lowest floor
-    (pdkit.kvcost.kv_floor, as the alert)."""
+    (pdkit.spec.kvcost.kv_floor, as the alert)."""
     plan, name = obs.plan, "kv_path"
     if (early := cannot_measure(obs, name, needs="metrics")) is not None:
         return early
@@ -177,7 +177,7 @@ def check_kv_path(obs: EngineObservation, decodes: Sequence[EngineObservation] =
                     f"(SGLang's speed mean {_kv_gb_s(fig.sglang_speed_mean_gb_s)}"
                     f"{not_judged}"
                     f"); {share}; path {where}{sim_note}")
-    # small hand-offs are latency-bound: their rate is not judged, their TTFT share is (pdkit.kvcost)
+    # small hand-offs are latency-bound: their rate is not judged, their TTFT share is (pdkit.spec.kvcost)
     slow = (floor is not None and fig.effective_gb_s is not None and fig.effective_gb_s < floor
             and rate_judged(fig.mb_per_request))
     heavy = fig.ttft_share is not None and fig.ttft_share > KV_TTFT_SHARE_WARN

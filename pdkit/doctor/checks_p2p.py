@@ -1,18 +1,19 @@
 """Doctor's `p2p` row (issue 47 item 3, `pdkit doctor --bench`): each GPU node's measured GPU-to-GPU write
 and read between the GPUs of its PD pairs and TP groups, judged against the link's expected rate by
-pdkit.p2p.judge. `check_p2p` is pure (a verdict in, a row out); `read_p2p` measures: doctor reads
+pdkit.hosts.p2p.judge. `check_p2p` is pure (a verdict in, a row out); `read_p2p` measures: doctor reads
 everything else over HTTP, so this row connects to the nodes over SSH the way `pdkit roll` and
 `pdkit stage` do (pdkit.roll.pyinfra_api: Pyinfra(inventory).connect, run_remote) and runs
-pdkit/p2p_probe.py with the engine environment's python there."""
+pdkit/hosts/p2p_probe.py with the engine environment's python there."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
 
-from pdkit import flags, p2p
+from pdkit.agent.exporter.config import reads_gpu_health
 from pdkit.doctor.model import INFO, PASS, WARN, CheckResult
-from pdkit.exporter.config import reads_gpu_health
+from pdkit.hosts import p2p
+from pdkit.render import flags
 
 _STATUS = {p2p.PASS: PASS, p2p.INFO: INFO, p2p.WARN: WARN}
 
@@ -38,7 +39,7 @@ def read_p2p(spec, inventory: str, progress: Callable[[str], None] = lambda _m: 
     # lazy: pyinfra's API (gevent, paramiko) loads only for --bench, after cmd_doctor's patch_gevent
     from pdkit.roll.pyinfra_api import Pyinfra, run_remote
 
-    progress(f"measuring GPU-to-GPU copies on {', '.join(h.name for h in hosts)} (pdkit/p2p_probe.py over SSH)")
+    progress(f"measuring GPU-to-GPU copies on {', '.join(h.name for h in hosts)} (pdkit/hosts/p2p_probe.py over SSH)")
     _, connected, unreachable = Pyinfra(inventory).connect([h.name for h in hosts])
     rows = []
     for host in hosts:

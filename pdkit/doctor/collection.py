@@ -11,12 +11,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from pdkit import flags
+from pdkit.agent.exporter.config import reads_gpu_health
+from pdkit.agent.health import router_worker_health
 from pdkit.doctor import observe
 from pdkit.doctor.model import EngineObservation, EnginePlan, ExporterView, RouterObservation
-from pdkit.exporter.config import reads_gpu_health
-from pdkit.health import router_worker_health
-from pdkit.paths import router_auth_headers, router_metrics_url, router_url
+from pdkit.render import flags
+from pdkit.render.paths import router_auth_headers, router_metrics_url, router_url
 from pdkit.spec import (
     decode_graph_required_bs,
     decode_graphs_expected,
@@ -65,7 +65,7 @@ def engine_plans(spec) -> list[EnginePlan]:
                 env_names=tuple(planned_env),
                 gpus=tuple(engine.gpus),
                 # the node's exporter probes its GPUs' health: NVIDIA GPUs and a real engine (the exporter
-                # config's gpu_health, pdkit/plan.py)
+                # config's gpu_health, pdkit/render/plan.py)
                 gpu_health=node.node is not None and reads_gpu_health(node.node.gpu, spec.cluster.engine),
                 **kv,
                 **({"rank": rank, "nnodes": engine.nnodes, "head": host.name} if engine.spans_nodes else {}),
@@ -75,9 +75,9 @@ def engine_plans(spec) -> list[EnginePlan]:
 
 def router_urls(spec) -> list[tuple[str, str, tuple[str, ...]]]:
     """(host, router base URL, planned worker URLs) per router, from the plan's router service."""
-    # lazy: pdkit.plan loads jinja2 and the unit templates' helpers (about 30 ms), and the CLI imports doctor
+    # lazy: pdkit.render.plan loads jinja2 and the unit templates' helpers (about 30 ms), and the CLI imports doctor
     # for every command; only this needs the plan
-    from pdkit.plan import plan_host
+    from pdkit.render.plan import plan_host
 
     out = []
     for host in spec.router_hosts:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from pdkit.kvcost import Histogram
+from pdkit.spec.kvcost import Histogram
 
 Status = Literal["PASS", "INFO", "WARN", "FAIL"]
 PASS: Status = "PASS"
@@ -63,7 +63,7 @@ class EnginePlan:
     rank: int = 0
     nnodes: int = 1
     head: str = ""
-    # a prefill: the KV path to each host holding a decode it may hand KV to ((decode host, pdkit.kvcost.KV_PATHS
+    # a prefill: the KV path to each host holding a decode it may hand KV to ((decode host, pdkit.spec.kvcost.KV_PATHS
     # name), pdkit.spec.prefill_kv_paths), those decodes (`host/engine`, pdkit.spec.pairing_sets)
     # and its node's ucx_net_devices
     kv_paths: tuple[tuple[str, str], ...] = ()
@@ -87,12 +87,12 @@ class Sample:
     at: float = 0.0
     figures: dict[str, Any] | None = None
     error: str | None = None
-    # the KV hand-off histograms (pdkit.kvcost.kv_histograms: a prefill's; empty before its first hand-off)
+    # the KV hand-off histograms (pdkit.spec.kvcost.kv_histograms: a prefill's; empty before its first hand-off)
     # and (sum, count) of sglang:time_to_first_token_seconds, None where the page has none
     kv: dict[str, Histogram] | None = None
     ttft: tuple[float, float] | None = None
-    # the prefix cache's token counters ({"cached", "prompt"}: pdkit.kvcost.cache_counts, 0 while absent)
-    # and one token's KV bytes per rank (pdkit.kvcost.kv_bytes_per_token, None where the page does not say)
+    # the prefix cache's token counters ({"cached", "prompt"}: pdkit.spec.kvcost.cache_counts, 0 while absent)
+    # and one token's KV bytes per rank (pdkit.spec.kvcost.kv_bytes_per_token, None where the page does not say)
     cache: dict[str, float] | None = None
     kv_bytes_per_token: float | None = None
 

@@ -11,11 +11,11 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from pdkit.agent.exporter.metrics import parse_metrics
+from pdkit.agent.health import http_request, worker_key
 from pdkit.doctor.model import EnginePlan, ExporterView, Sample
-from pdkit.exporter.metrics import parse_metrics
-from pdkit.health import http_request, worker_key
-from pdkit.kvcost import Histogram, cache_counts, kv_bytes_per_token, kv_histograms
-from pdkit.metricnames import (
+from pdkit.spec.kvcost import Histogram, cache_counts, kv_bytes_per_token, kv_histograms
+from pdkit.upstream.metricnames import (
     EXPORTER_FAMILIES,
     EXPORTER_GPU_PROBE_ERROR,
     EXPORTER_GPU_WEDGED,

@@ -9,9 +9,9 @@ import time
 import urllib.request
 from pathlib import Path
 
+from pdkit.hosts.nspawn_common import in_cgroups, kill_pids, make_cgroup_dirs, proc_alive, proc_start_time
 from pdkit.lab.model import APT_CACHE_PORT, SUITE, LabConfig, LabError
 from pdkit.lab.system import tcp_listening, wait_gone, which
-from pdkit.nspawn_common import in_cgroups, kill_pids, make_cgroup_dirs, proc_alive, proc_start_time
 
 DEBIAN_BACKEND = "http://deb.debian.org/debian/"
 

@@ -16,6 +16,22 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from pdkit.hosts.nspawn_common import (
+    cgroup_hierarchies,
+    cgroup_pids,
+    in_cgroups,
+    keygen_args,
+    kill_pids,
+    make_cgroup_dirs,
+    mounts_under,
+    nspawn_boot_args,
+    proc_alive,
+    proc_start_time,
+    remove_cgroup_tree,
+    ssh_options,
+    systemd_wait_command,
+    write_json,
+)
 from pdkit.lab import aptcache, net, rootfs
 from pdkit.lab.model import (
     APT_CACHE_PORT,
@@ -40,22 +56,6 @@ from pdkit.lab.system import (
     tcp_listening,
     wait_gone,
     which,
-)
-from pdkit.nspawn_common import (
-    cgroup_hierarchies,
-    cgroup_pids,
-    in_cgroups,
-    keygen_args,
-    kill_pids,
-    make_cgroup_dirs,
-    mounts_under,
-    nspawn_boot_args,
-    proc_alive,
-    proc_start_time,
-    remove_cgroup_tree,
-    ssh_options,
-    systemd_wait_command,
-    write_json,
 )
 
 BOOT_TIMEOUT = 120  # from nspawn start to `systemctl is-system-running --wait`, for a few hosts

@@ -9,10 +9,10 @@ import time
 import uuid
 from pathlib import Path
 
-from pdkit import nspawn_common
+from pdkit.hosts import nspawn_common
+from pdkit.hosts.nspawn_common import authorize_key, keygen_args, replace_link, write_file
 from pdkit.lab.model import SUITE, LabConfig, LabHost
 from pdkit.lab.system import Progress, lab_errors, run, run_streaming
-from pdkit.nspawn_common import authorize_key, keygen_args, replace_link, write_file
 
 # What a Debian host needs to be a target of a pyinfra deploy of systemd services.
 PACKAGES = (

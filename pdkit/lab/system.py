@@ -1,7 +1,7 @@
 """Host-side plumbing for the lab: commands with timeouts, progress, cgroups, processes.
 
 What gpu/nspawn/host.py needs too (commands, processes by start time, cgroups, mounts) lives in
-pdkit/nspawn_common.py; here are the lab's own, and `run`, which raises its failures as LabError."""
+pdkit/hosts/nspawn_common.py; here are the lab's own, and `run`, which raises its failures as LabError."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
-from pdkit import nspawn_common
+from pdkit.hosts import nspawn_common
+from pdkit.hosts.nspawn_common import CommandError, proc_alive
 from pdkit.lab.model import LabError
-from pdkit.nspawn_common import CommandError, proc_alive
 
 # tool -> Debian package that provides it
 REQUIRED_TOOLS: dict[str, str] = {
@@ -102,7 +102,7 @@ class Progress:
 
 @contextlib.contextmanager
 def lab_errors() -> Iterator[None]:
-    """A CommandError (pdkit.nspawn_common) raised as LabError: what the lab's CLI reports in one line."""
+    """A CommandError (pdkit.hosts.nspawn_common) raised as LabError: what the lab's CLI reports in one line."""
     try:
         yield
     except CommandError as exc:

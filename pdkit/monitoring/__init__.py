@@ -11,7 +11,7 @@ A package along its jobs, each module a set of pure functions:
 | `pdkit.monitoring.dashboards` | the Grafana dashboards and every query they run |
 | `pdkit.monitoring.grafana` | Grafana provisioning (datasource, dashboard provider; its own alerting off) |
 | `pdkit.monitoring.alertmanager` | alertmanager.yml (routes, inhibitions, receivers), credential files, the daemon's arguments |
-| `pdkit.monitoring.alerttable` | docs/monitoring.md's alert, runbook and inhibition tables, from the records |
+| `pdkit.contract.alerttable` | docs/monitoring.md's alert, runbook and inhibition tables, from the records |
 
 This module re-exports their public names (`pdkit.monitoring.alerts`, `.prometheus_config`, ...)
 and `monitoring_files`, the monitoring host's files.
@@ -34,9 +34,9 @@ What is scraped (one job each; every target carries `cluster` and `node`, engine
 
 `pdkit_monitoring.scrape_hosts` (unset: every host) limits all jobs to those hosts.
 
-Every metric name the rules and panels use comes from pdkit.metricnames (`SGLANG`, `ROUTER`,
+Every metric name the rules and panels use comes from pdkit.upstream.metricnames (`SGLANG`, `ROUTER`,
 `EXPORTER`, `NODE`, `DCGM`); tests/test_metric_queries.py checks each query against the metric
-catalogue generated from the pinned SGLang releases and routers (pdkit/catalogue.py).
+catalogue generated from the pinned SGLang releases and routers (pdkit/upstream/catalogue.py).
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ from pdkit.spec import ClusterSpec
 
 def monitoring_files(spec: ClusterSpec) -> dict[str, str]:
     """Every file of the monitoring host: {absolute path: text} (Grafana's only when it is enabled).
-    Not the receivers' credential files: pdkit.plan lays those down (mode 0600, Alertmanager's user)."""
+    Not the receivers' credential files: pdkit.render.plan lays those down (mode 0600, Alertmanager's user)."""
     files = {
         PROMETHEUS_CONFIG_PATH: prometheus_config(spec),
         ALERTMANAGER_CONFIG_PATH: alertmanager_config(spec),

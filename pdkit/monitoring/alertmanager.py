@@ -4,7 +4,7 @@ the receivers' credential files, and the daemon's arguments.
 Pure: a `ClusterSpec` in, text out, byte-identical for the same spec. Credentials are never in
 alertmanager.yml: each receiver's is in its own file (`credential_path`), mode 0600 owned by the
 user Debian's unit runs Alertmanager as, and the config names it through Alertmanager 0.25's
-`*_file` fields (pdkit.plan lays the files down; tests/test_alertmanager.py greps every rendered
+`*_file` fields (pdkit.render.plan lays the files down; tests/test_alertmanager.py greps every rendered
 file and argv for the secret).
 """
 

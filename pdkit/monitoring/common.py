@@ -8,8 +8,8 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from pdkit.metricnames import SGLANG
 from pdkit.spec import ClusterSpec, HostSpec, Monitoring
+from pdkit.upstream.metricnames import SGLANG
 
 PROMETHEUS_CONFIG_PATH = "/etc/prometheus/prometheus.yml"
 # prometheus.yml names it relative to its own directory (Prometheus resolves rule_files

@@ -6,8 +6,6 @@ import json
 import re
 from dataclasses import dataclass
 
-from pdkit.kvcost import KV_RESEND_MIN_MB, KV_RESEND_WARN
-from pdkit.metricnames import DCGM, EXPORTER, NODE, ROUTER, SGLANG
 from pdkit.monitoring.common import (
     DATASOURCE,
     GRAFANA_DASHBOARDS_DIR,
@@ -20,6 +18,8 @@ from pdkit.monitoring.common import (
 )
 from pdkit.monitoring.rules import CUDA_GRAPH_RATIO_MIN, alerts
 from pdkit.spec import ClusterSpec, dcgm_enabled
+from pdkit.spec.kvcost import KV_RESEND_MIN_MB, KV_RESEND_WARN
+from pdkit.upstream.metricnames import DCGM, EXPORTER, NODE, ROUTER, SGLANG
 
 SCHEMA_VERSION = 39
 RATE = "$__rate_interval"
@@ -197,7 +197,7 @@ def _hit_rate(by: str, matchers: str) -> str:
 def _uncached_kv_mb(matchers: str) -> str:
     """Per prefill over the rate interval: the KV its requests' uncached prompt tokens need, MiB per hand-off
     ((prompt - cached tokens) per hand-off x one token's KV, the KV pool's GiB x 1024 over its tokens:
-    pdkit.kvcost.handoff_need)."""
+    pdkit.spec.kvcost.handoff_need)."""
     S = SGLANG
     prompt = f'sum by (instance) (rate({S["prompt_tokens"]}{{{matchers}}}[{RATE}]))'
     cached = f'sum by (instance) (rate({S["cached_tokens"]}{{{matchers}}}[{RATE}]))'

@@ -44,7 +44,7 @@ from pdkit.monitoring.alertrules.router import (
 from pdkit.monitoring.common import monitoring_of, scaled_duration, speedup_of, to_yaml
 from pdkit.spec import DECODE_GRAPH_RULE, ClusterSpec
 
-# each alert's runbook, by name in rule order (docs/monitoring.md's runbooks: pdkit.monitoring.alerttable)
+# each alert's runbook, by name in rule order (docs/monitoring.md's runbooks: pdkit.contract.alerttable)
 RUNBOOKS: dict[str, Runbook] = {r.name: r.runbook for r in ALERTS}
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pdkit import flags
 from pdkit.monitoring.common import (
     JOB_DCGM,
     JOB_ENGINE,
@@ -22,6 +21,7 @@ from pdkit.monitoring.common import (
     scraped_hosts,
     to_yaml,
 )
+from pdkit.render import flags
 from pdkit.spec import DCGM_EXPORTER_PORT, NODE_EXPORTER_PORT, ClusterSpec, HostSpec, dcgm_enabled
 
 

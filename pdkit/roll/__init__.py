@@ -9,7 +9,7 @@ pyinfra has no gate between hosts and does not keep host order under --serial (p
 pyinfra's API: gevent patched first, one State per batch (connect, load deploy/pd.py, run_ops). Per
 batch: connect, drain its engines out of the router, apply, check readiness, add them back, smoke
 requests through the router with the engines' KV failure counters unchanged. A failed gate puts the
-batch back on the release it ran before (pdkit/releases.py), and the roll stops with a non-zero exit
+batch back on the release it ran before (pdkit/agent/releases.py), and the roll stops with a non-zero exit
 that names the node and the gate. docs/rolling.md has the whole story.
 
 - planning.py: what to roll in which order, outages and hold times, the dry-plan diff (pure;
@@ -19,11 +19,10 @@ that names the node and the gate. docs/rolling.md has the whole story.
 - roller.py: the Roller, batch by batch: drain, apply, gates, re-add, smoke, restore on failure;
 - commands.py: the commands, their parsers, what they print and the --report JSON.
 
-The names below are what other packages use (pdkit/cli.py's add_parser; pdkit.tune and
-pdkit/summary.py); everything else, tests and the siblings here included, is imported from its
-submodule, and a test patches a name where it is looked up (pdkit.roll.roller.run_remote). The names
-are looked up in their submodule on first use (PEP 562): `from pdkit.roll import batch_outages`
-(`pdkit validate`'s summary) loads planning.py only, not the roller, the commands and what they import.
+The names below are what other packages use (pdkit/cli.py's add_parser, pdkit.tune); everything else,
+tests and the siblings here included, is imported from its submodule, and a test patches a name where it
+is looked up (pdkit.roll.roller.run_remote). The names are looked up in their submodule on first use
+(PEP 562), so a command that needs planning.py does not load the roller and what it imports.
 """
 
 from __future__ import annotations
@@ -34,7 +33,7 @@ from typing import Any
 # What other packages use, by the submodule that holds it
 _PUBLIC = {
     "commands": ("add_parser", "read_node_state"),
-    "planning": ("RollError", "batch_outages", "make_batches", "metric_sums", "pairing_units", "rollout_order",
+    "planning": ("RollError", "make_batches", "metric_sums", "pairing_units", "rollout_order",
                  "router_state_words", "unchanged_hosts", "version_changes"),
     "pyinfra_api": ("patch_gevent",),
     "roller": ("Progress", "Roller"),

@@ -13,16 +13,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pdkit import answers
-from pdkit.engineshape import SHAPES_DIR
-from pdkit.enginestarts import history_probe_command
-from pdkit.health import ready_marks_dir
-from pdkit.loader import load_or_report
-from pdkit.releases import previous_release, release_json_path
+from pdkit.agent.engineshape import SHAPES_DIR
+from pdkit.agent.enginestarts import history_probe_command
+from pdkit.agent.health import ready_marks_dir
+from pdkit.agent.releases import previous_release, release_json_path
+from pdkit.clients import answers
+from pdkit.inventory.loader import load_or_report
+from pdkit.render.outages import batch_outages
 from pdkit.roll.planning import (
     HostDiff,
     RollError,
-    batch_outages,
     format_dry_plan,
     host_diff,
     host_estimates,
@@ -56,10 +56,10 @@ def read_node_state(
     roller: Roller, hosts: list[str],
 ) -> tuple[dict[str, HostDiff], dict[str, dict[str, str]], dict[str, str]]:
     """(diff per host, engine versions each node runs now, unreachable hosts), read over SSH; nothing changes."""
-    # lazy: pyinfra (and pdkit.hoststate, which imports it) load only after patch_gevent
+    # lazy: pyinfra (and pdkit.hosts.hoststate, which imports it) load only after patch_gevent
     from pyinfra.context import ctx_host
 
-    from pdkit import hoststate
+    from pdkit.hosts import hoststate
 
     state, connected, unreachable = roller.pyinfra.connect(hosts)
     diffs: dict[str, HostDiff] = {}
@@ -114,7 +114,8 @@ def cmd_roll(args: argparse.Namespace) -> int:
     outages = {i: found for i, b in enumerate(batches)
                if not all(h in roller.unchanged for h in b) and (found := batch_outages(spec, b))}
     roller.restart_s = measure_restarts(roller, sorted({h for i in outages for h in batches[i]}))
-    # the announcement: each restarted engine's last warm restart of the class it will have (pdkit/enginestarts.py)
+    # the announcement: each restarted engine's last warm restart of the class it will have
+    # (pdkit/agent/enginestarts.py)
     roller.estimates = {h: host_estimates(roller.plans[h], diffs.get(h), history)
                         for h, history in roller.start_history.items()}
     downtime = outage_lines(batches, outages, roller.restart_s, spec.cluster.ready_timeout_s, roller.estimates)
@@ -195,7 +196,7 @@ def answer_gate_lines(spec: Any, cfg: Any, exact: bool) -> str:
 
 def measure_restarts(roller: Roller, hosts: list[str]) -> dict[str, float | None]:
     """Each host's last engine restart-to-ready (Roller.last_restart_to_ready), read over SSH, and
-    its engines' start histories (pdkit/enginestarts.py) into roller.start_history; an unreachable
+    its engines' start histories (pdkit/agent/enginestarts.py) into roller.start_history; an unreachable
     host has neither (the connect gate will name it)."""
     if not hosts:
         return {}

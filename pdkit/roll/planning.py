@@ -14,15 +14,15 @@ from typing import TYPE_CHECKING
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from pdkit import changes
-from pdkit.enginestarts import RESTART_GAP_US as RESTART_GAP_US  # re-exported: pdkit.roll names it
-from pdkit.enginestarts import config_class, restart_seconds, unit_argv_env
-from pdkit.health import worker_key
-from pdkit.paths import router_url
-from pdkit.router_api import Key, key_order, worker_type
+from pdkit.agent import changes
+from pdkit.agent.enginestarts import RESTART_GAP_US as RESTART_GAP_US  # re-exported: pdkit.roll names it
+from pdkit.agent.enginestarts import config_class, restart_seconds, unit_argv_env
+from pdkit.agent.health import worker_key
+from pdkit.clients.router_api import Key, key_order
+from pdkit.render.outages import Outage
 
 if TYPE_CHECKING:
-    from pdkit.plan import HostPlan
+    from pdkit.render.plan import HostPlan
     from pdkit.spec import ClusterSpec
 
 # How long a downtime roll keeps a router's last regular worker listed `draining` (smg answers
@@ -233,42 +233,13 @@ def merge_units(*results: tuple[list[set[str]], list[str]]) -> tuple[list[set[st
     return merged, [line for _, lines in results for line in lines]
 
 
-@dataclass(frozen=True)
-class Outage:
-    """A router left without any worker of some kinds while a batch is out of it: clients of
-    that router get errors until the batch is back (a one-node cluster has one on every roll)."""
-
-    router: str  # the router's host
-    url: str  # the router's base URL, as clients reach it
-    kinds: tuple[str, ...]  # the router's worker types (prefill, decode, regular) it loses every worker of
-
-    def lost(self) -> str:
-        """What clients of the router lose, in the words of every message about it."""
-        return f"the router on {self.router} ({self.url}) has no {' or '.join(self.kinds)} worker"
-
-
-def batch_outages(spec: ClusterSpec, batch: Iterable[str]) -> list[Outage]:
-    """Pure: per router, the worker types whose every planned worker runs on BATCH's hosts."""
-
-    leaving = set(batch)
-    out = []
-    for router_host in spec.router_hosts:
-        hosts_of: dict[str, set[str]] = {}
-        for h, e in spec.router_workers(router_host):
-            hosts_of.setdefault(worker_type(e.role), set()).add(h.name)
-        lost = tuple(sorted(kind for kind, hosts in hosts_of.items() if hosts <= leaving))
-        if lost:
-            out.append(Outage(router_host.name, router_url(router_host), lost))
-    return out
-
-
 # an engine's expected restart-to-ready for an announcement (engine_estimate): (seconds, where it comes from)
 Estimate = tuple[float, str]
 
 
 def engine_estimate(history: list[dict], planned_class: str | None, new_env: bool = False) -> Estimate | None:
     """Pure: what an engine's restart will take, from its start history on the node (oldest first,
-    pdkit/enginestarts.py) and the configuration class it will have after the change
+    pdkit/agent/enginestarts.py) and the configuration class it will have after the change
     (PLANNED_CLASS): its last warm restart of that class; else its last warm restart of any class,
     labelled so; None when it has no warm restart (the caller falls back). NEW_ENV: the change
     installs a new engine environment, so the restart is a first, cold one (empty JIT caches): its
@@ -291,7 +262,7 @@ def engine_estimate(history: list[dict], planned_class: str | None, new_env: boo
 
 
 def planned_classes(plan: HostPlan) -> dict[str, str]:
-    """Pure: each engine unit's configuration class as PLAN renders it (pdkit.enginestarts.config_class
+    """Pure: each engine unit's configuration class as PLAN renders it (pdkit.agent.enginestarts.config_class
     of its unit file and environment files: the bytes the node will hold after the change)."""
     contents = {f.path: f.content for f in plan.files}
     out = {}
@@ -425,11 +396,11 @@ class HostDiff:
 
 def host_diff(plan: HostPlan, state: dict, *, new_venvs: Iterable[str] = ()) -> HostDiff:
     """Pure: the files that differ from the plan (or that it no longer has) and the services that
-    would (re)start, by the deploy's own rule (pdkit/changes.py). NEW_VENVS: the venv links the
-    deploy would point at a new venv (pdkit.hoststate.changed_venv_links: the node venv restarts
+    would (re)start, by the deploy's own rule (pdkit/agent/changes.py). NEW_VENVS: the venv links the
+    deploy would point at a new venv (pdkit.hosts.hoststate.changed_venv_links: the node venv restarts
     pdkit-exporter, the engine environment the engines, the router venv the router)."""
-    # lazy: pdkit.plan loads jinja2 (~40 ms); the CLI imports pdkit.roll for every command
-    from pdkit.plan import services_meta
+    # lazy: pdkit.render.plan loads jinja2 (~40 ms); the CLI imports pdkit.roll for every command
+    from pdkit.render.plan import services_meta
 
     paths = state.get("paths", {})
     files = tuple(f.path for f in plan.files if paths.get(f.path) != ["file", f.mode, f.owner, f.group, f.sha256])
@@ -506,7 +477,7 @@ def covered_seconds(intervals: Iterable[tuple[int, int]]) -> float:
 def restart_to_ready(units: dict[str, list]) -> float | None:
     """Pure: from the roller's _TIMING_PROBE (pdkit/roll/roller.py): [left active, ready, went
     inactive, started] per unit (µs), the longest time a running engine took from its last stop to
-    its readiness line (pdkit.enginestarts.restart_seconds: the stop counts when it belongs to this
+    its readiness line (pdkit.agent.enginestarts.restart_seconds: the stop counts when it belongs to this
     start). None: no ready line."""
     took = [t for values in units.values()
             if (t := restart_seconds(*(list(values) + [0, 0, 0, 0])[:4])) is not None]

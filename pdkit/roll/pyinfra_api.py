@@ -107,7 +107,7 @@ class Pyinfra:
         ctx_state.set(state)
         inventory = roll_inventory(self.inventory)
         ctx_inventory.set(inventory)
-        # pdkit's own attribute on pyinfra's State: pdkit/deploy.py names the inventory by it (getattr)
+        # pdkit's own attribute on pyinfra's State: pdkit/hosts/deploy.py names the inventory by it (getattr)
         state.inventory_filename = self.inventory  # type: ignore[attr-defined]
         state.init(inventory, config, initial_limit=[inventory.get_host(h) for h in hosts])
         # CONNECT_ATTEMPTS tries per host in all: pyinfra's connect_all is the first; each later one
@@ -129,8 +129,8 @@ class Pyinfra:
                 if host.connected:
                     state.activate_host(host)
                     state.failed_hosts.discard(host)
-        # lazy: pdkit.deploy loads pdkit.plan and jinja2 (~60 ms); only a connected batch needs it
-        from pdkit.deploy import tune_connection
+        # lazy: pdkit.hosts.deploy loads pdkit.render.plan and jinja2 (~60 ms); only a connected batch needs it
+        from pdkit.hosts.deploy import tune_connection
 
         for host in state.activated_hosts:
             tune_connection(host)

@@ -21,19 +21,19 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from pdkit import answers, flags, gates, gpuhealth, jitplan
-from pdkit.engineshape import SHAPES_DIR
-from pdkit.health import READY_LOG_LINE, http_request, ready_marks_dir, worker_key
-
-# DRAIN_GAUGES: engine gauges that must all read 0 before an engine may restart (running requests, PD queues)
-from pdkit.metricnames import DRAIN_GAUGES, FAILURE_COUNTERS, ROUTER
-from pdkit.paths import releases_command, router_metrics_url, router_url
-from pdkit.releases import releases_dir
+from pdkit.agent import gates
+from pdkit.agent.engineshape import SHAPES_DIR
+from pdkit.agent.health import READY_LOG_LINE, http_request, ready_marks_dir, worker_key
+from pdkit.agent.releases import releases_dir
+from pdkit.clients import answers
+from pdkit.clients.router_api import REGULAR, Key, RouterClient, worker_type
+from pdkit.hosts import gpuhealth
+from pdkit.render import flags, jitplan
+from pdkit.render.outages import Outage, batch_outages
+from pdkit.render.paths import releases_command, router_metrics_url, router_url
 from pdkit.roll.planning import (
     RUNNING_KEY_PROBE,
-    Outage,
     RollError,
-    batch_outages,
     covered_seconds,
     downtime_hold_s,
     expected_outage,
@@ -48,8 +48,10 @@ from pdkit.roll.planning import (
     sort_by_health,
 )
 from pdkit.roll.pyinfra_api import Pyinfra, run_remote
-from pdkit.router_api import REGULAR, Key, RouterClient, worker_type
-from pdkit.versions import ROUTER_RELEASES
+
+# DRAIN_GAUGES: engine gauges that must all read 0 before an engine may restart (running requests, PD queues)
+from pdkit.upstream.metricnames import DRAIN_GAUGES, FAILURE_COUNTERS, ROUTER
+from pdkit.upstream.versions import ROUTER_RELEASES
 
 if TYPE_CHECKING:
     from pdkit.spec import ClusterSpec
@@ -107,7 +109,7 @@ class NodeTiming:
     # or unreachable node elsewhere makes those slow, not the kit)
     waited: dict[str, float] = field(default_factory=dict)
     # each engine restarted in this step: its restart-to-ready and SGLang's own start-up phases of
-    # that start, as the engine gate read them when it first saw it ready (pdkit.health.startup_phases)
+    # that start, as the engine gate read them when it first saw it ready (pdkit.agent.health.startup_phases)
     engine_phases: dict[str, dict[str, float]] = field(default_factory=dict)
     # model path -> the weights' page-cache residency before the drain and what was read in (Roller.warm_weights)
     weights: dict[str, Any] = field(default_factory=dict)
@@ -175,7 +177,7 @@ print(json.dumps(out))
 
 def timing_probe_command(units: list[str]) -> str:
     """The shell command reading UNITS' restart and readiness times on a node (_TIMING_PROBE, stdlib
-    only). The readiness line is the engine gate's own (pdkit.health.READY_LOG_LINE), passed in."""
+    only). The readiness line is the engine gate's own (pdkit.agent.health.READY_LOG_LINE), passed in."""
     q = shlex.quote
     marks = ready_marks_dir(SHAPES_DIR)
     return f"python3 -c {q(_TIMING_PROBE)} {q(json.dumps(units))} 0 {q(READY_LOG_LINE)} {q(marks)}"
@@ -220,7 +222,7 @@ class Roller:
     # each host's engines' last restart-to-ready (last_restart_to_ready), read once per roll
     restart_s: dict[str, float | None] = field(default_factory=dict)
     # host -> engine unit -> its start history on the node, and what the announcement takes from it
-    # (pdkit/enginestarts.py, planning.host_estimates), read once per roll by `pdkit roll`
+    # (pdkit/agent/enginestarts.py, planning.host_estimates), read once per roll by `pdkit roll`
     start_history: dict[str, dict[str, list[dict]]] = field(default_factory=dict)
     estimates: dict[str, dict[str, tuple[float, str] | None]] = field(default_factory=dict)
     # host -> unit -> restart-to-ready and SGLang's start-up phases of the engines its last step restarted
@@ -240,7 +242,7 @@ class Roller:
     connected: dict[str, Any] = field(default_factory=dict)
     # the command this Roller runs for (roll, rollback, tune): its silences' comments name it
     command: str = "roll"
-    # the graded answer gate of the first batch that changes (the canary; pdkit/answers.py GateConfig),
+    # the graded answer gate of the first batch that changes (the canary; pdkit/clients/answers.py GateConfig),
     # set by `pdkit roll` from pdkit_cluster.answers; None: no answer gate (rollback, tune: its own gate)
     answer_gate: Any = None
     answer_exact: bool = False
@@ -249,10 +251,10 @@ class Roller:
     answer_record: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
-        # lazy: pdkit.plan loads jinja2 (~40 ms), pdkit.silences costs ~10 ms more;
+        # lazy: pdkit.render.plan loads jinja2 (~40 ms), pdkit.hosts.silences costs ~10 ms more;
         # the CLI imports pdkit.roll for every command, and only a Roller needs them
-        from pdkit.plan import plan_cluster
-        from pdkit.silences import Silencer
+        from pdkit.hosts.silences import Silencer
+        from pdkit.render.plan import plan_cluster
 
         self.plans = plan_cluster(self.spec)
         self.pyinfra = Pyinfra(self.inventory)
@@ -260,10 +262,10 @@ class Roller:
                                           lambda who, text: self.progress(who, "silence", text))
 
     def silenced(self, hosts: list[str], what: str, done: str, failed: str):
-        """A context: HOSTS' alerts silenced in Alertmanager (pdkit/silences.py) from here until it
+        """A context: HOSTS' alerts silenced in Alertmanager (pdkit/hosts/silences.py) from here until it
         ends, however it ends; the bound is silence_window_s of this Roller's timeouts."""
-        # lazy: pdkit.silences costs ~10 ms at import; the CLI imports pdkit.roll for every command
-        from pdkit.silences import host_matchers
+        # lazy: pdkit.hosts.silences costs ~10 ms at import; the CLI imports pdkit.roll for every command
+        from pdkit.hosts.silences import host_matchers
 
         gate_s = max((s.ready_timeout_s for h in hosts for s in self.plans[h].services),
                      default=self.spec.cluster.ready_timeout_s)
@@ -554,17 +556,17 @@ class Roller:
         return f"{len(order)} worker(s) back in the router as listed before the layout change, healthy"
 
     def gates_of(self, host: str, phase: int) -> list:
-        """The gates (pdkit/gates.py, the deploy's own) of HOST's planned services that run there:
+        """The gates (pdkit/agent/gates.py, the deploy's own) of HOST's planned services that run there:
         phase 0 the engines and daemons, phase 1 its router."""
-        # lazy: pdkit.plan loads jinja2 (~40 ms); the CLI imports pdkit.roll for every command
-        from pdkit.plan import services_not_started
+        # lazy: pdkit.render.plan loads jinja2 (~40 ms); the CLI imports pdkit.roll for every command
+        from pdkit.render.plan import services_not_started
 
         services = list(self.plans[host].services)
         held = services_not_started(self.spec, self.spec.host(host), services)
         return gates.phases(gates.gate_for(s) for s in services if s.unit not in held)[phase]
 
     def check_gpu_health_before_drain(self, host_name: str, host: Any) -> str:
-        """No change onto a wedged GPU (pdkit/gpuhealth.py): its engines would fail to start or hang, and a
+        """No change onto a wedged GPU (pdkit/hosts/gpuhealth.py): its engines would fail to start or hang, and a
         one-node box would be down until a reset. Raises RollError naming the GPU and what was seen (nothing
         changed yet); else what was read ("" where nothing is: the sim, no GPU)."""
         wedged, said = gpuhealth.restart_check(self.spec, host_name,
@@ -576,7 +578,7 @@ class Roller:
 
     def warm_weights(self, host_name: str, host: Any) -> tuple[dict[str, Any], str]:
         """Before the drain, while the node serves: the page-cache residency of the weights its
-        engines will read at their restart (pdkit.residency, mincore), and the cold part read in, so
+        engines will read at their restart (pdkit.agent.residency, mincore), and the cold part read in, so
         the outage never includes a disk read: (record, progress words); nothing to
         read (dummy weights, a hub id): ({}, ""). Never fails the roll: a node that cannot tell says so."""
         node = self.spec.host(host_name).node
@@ -636,12 +638,12 @@ class Roller:
         return sum(len(g) for g in wanted.values()), [h for h in hosts if h not in wanted]
 
     def ready(self, hosts: list[str]) -> str:
-        """The batch's engines and daemons by the deploy's own gates (pdkit/gates.py: an engine's
+        """The batch's engines and daemons by the deploy's own gates (pdkit/agent/gates.py: an engine's
         current invocation answers /health 200 and /server_info with the shape its configuration
         recorded; a daemon's URL 200), run on each host; a router is gated by the router step, once
         its workers are back."""
         passed, _ = self.run_gates(hosts, 0)
-        return f"{passed} engine and daemon gate(s) passed (pdkit/gates.py, run on the node)"
+        return f"{passed} engine and daemon gate(s) passed (pdkit/agent/gates.py, run on the node)"
 
     def smoke(self, hosts: list[str]) -> str:
         urls = self.engine_urls(hosts)
@@ -669,7 +671,7 @@ class Roller:
             raise RuntimeError(f"KV transfer / bootstrap failure counters moved during the smoke requests: {moved}")
         return f"{sent} request(s) through the router succeeded; transfer and bootstrap failure counters unchanged"
 
-    # ---- the canary's answers (pdkit/answers.py, docs/correctness.md)
+    # ---- the canary's answers (pdkit/clients/answers.py, docs/correctness.md)
     def answer_target(self, batch: list[str]):
         from pdkit.bench.measure import engines_for  # lazy: the bench client loads only for a gate that sends
 

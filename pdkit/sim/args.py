@@ -11,7 +11,7 @@ Abbreviations are switched off: with unknown flags allowed, a prefix match could
 an unrelated SGLang flag to one of ours. The short spellings people really type (`--tp`, `--dp`,
 `--model`) are declared as explicit aliases instead.
 
-Flag facts follow SGLang 0.5.23 (its server_args.py; the generated pdkit/parser_table.json).
+Flag facts follow SGLang 0.5.23 (its server_args.py; the generated pdkit/upstream/parser_table.json).
 Both CUDA-graph spellings are accepted: the pre-0.5.20 `--cuda-graph-max-bs` / `--cuda-graph-bs` /
 `--disable-cuda-graph` and the per-phase 0.5.20+ ones, because the kit keys flag generation on the
 pinned SGLang version and the sim must run under either.
@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-from pdkit.parsertable import sglang_parser, table
+from pdkit.upstream.parsertable import sglang_parser, table
 
 DISAGGREGATION_MODES = ("null", "prefill", "decode")
 TRANSFER_BACKENDS = ("mooncake", "nixl", "ascend", "fake", "mori", "mooncake_tcp")
@@ -382,7 +382,7 @@ def parse_args(argv: Sequence[str] | None = None) -> SimArgs:
 
 
 def release_problems(argv: Sequence[str], version: str) -> list[str]:
-    """What SGLang VERSION's own parser (pdkit/parser_table.json) refuses among the prefix-cache flags
+    """What SGLang VERSION's own parser (pdkit/upstream/parser_table.json) refuses among the prefix-cache flags
     the sim models (RELEASE_CHECKED_FLAGS): a flag it lacks, or a choice it lacks (0.5.17 has no
     `--radix-eviction-policy tlru`). Other flags keep the sim's release-independent parser."""
     parser = sglang_parser(version)

@@ -32,13 +32,13 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from pdkit.sglang_pd import (
+from pdkit.sim.knobs import Knobs
+from pdkit.upstream.sglang_pd import (
     SGLANG_ENSURE_ATTEMPTS,
     SGLANG_ENSURE_TRY_TIMEOUT_S,
     SGLANG_HEARTBEAT_CONNECT_TIMEOUT_S,
     SGLANG_HEARTBEAT_READ_TIMEOUT_S,
 )
-from pdkit.sim.knobs import Knobs
 
 # Longest single long-poll; the decode polls again until its own deadline.
 MAX_POLL_WAIT_S = 10.0
@@ -162,7 +162,7 @@ async def wait_for_kv(
     queue, which returns the decode_prefix_len once KV is pre-allocated; None: admitted at once with
     DECODE_PREFIX_LEN), hand the prefill the KV slots and wait until it has sent this room's KV,
     bounded the way SGLang's decode bounds it (sglang/srt/disaggregation/decode.py and common/conn.py
-    of 0.5.17 and 0.5.23; the constants in pdkit/sglang_pd.py):
+    of 0.5.17 and 0.5.23; the constants in pdkit/upstream/sglang_pd.py):
 
     - Before the handshake the decode asks the prefill's bootstrap server for its parallel info:
       SGLANG_ENSURE_ATTEMPTS tries, `bootstrap_retry_s` (SGLang: 1 s) apart, each up to

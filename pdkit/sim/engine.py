@@ -26,7 +26,6 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from pdkit.sglang_pd import NO_PREFILL_BOOTSTRAP_TIMEOUT
 from pdkit.sim.args import SimArgs
 from pdkit.sim.bootstrap import (
     PREFILL_MIGHT_BE_DEAD,
@@ -42,6 +41,7 @@ from pdkit.sim.protocol import GenSpec
 from pdkit.sim.scheduler import QueueFull, Scheduler, SimRequest
 from pdkit.sim.stepmodel import kv_tokens_to_send, kv_transfer_bytes, kv_transfer_seconds, sglang_kv_units
 from pdkit.sim.textgen import Trace
+from pdkit.upstream.sglang_pd import NO_PREFILL_BOOTSTRAP_TIMEOUT
 
 
 class EngineError(Exception):
@@ -229,7 +229,7 @@ class Engine:
         that long fails it with nothing dead. The decode is not told (SGLang's prefill knows no decode
         endpoint for a room before its slots): one that admits the request later waits for the KV until
         its waiting timeout. 0.5.17's NIXL sender never checks this timeout (nixl/conn.py
-        NixlKVSender.poll; pdkit.sglang_pd.NO_PREFILL_BOOTSTRAP_TIMEOUT): there the request waits
+        NixlKVSender.poll; pdkit.upstream.sglang_pd.NO_PREFILL_BOOTSTRAP_TIMEOUT): there the request waits
         until the decode sends its slots or the client goes away, as the real one does."""
         assert spec.bootstrap is not None
         room_id = spec.bootstrap.room

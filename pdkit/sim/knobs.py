@@ -13,11 +13,11 @@ import os
 from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, fields
 
-from pdkit.catalogue import SGLANG_VERSIONS
-from pdkit.parsertable import sglang_environment, table
-from pdkit.sglang_pd import ENGINE_VARIABLES, SGLANG_ENSURE_INTERVAL_S, SGLANG_MIN_HEARTBEAT_INTERVAL_S
+from pdkit.upstream.catalogue import SGLANG_VERSIONS
+from pdkit.upstream.parsertable import sglang_environment, table
+from pdkit.upstream.sglang_pd import ENGINE_VARIABLES, SGLANG_ENSURE_INTERVAL_S, SGLANG_MIN_HEARTBEAT_INTERVAL_S
 
-# the knobs that are SGLang's own PD variables: knob -> pdkit.faultbudget.FaultBudget field
+# the knobs that are SGLang's own PD variables: knob -> pdkit.spec.faultbudget.FaultBudget field
 SGLANG_KNOBS = {
     "waiting_timeout_s": "waiting_timeout_s",
     "bootstrap_timeout_s": "bootstrap_timeout_s",
@@ -97,10 +97,10 @@ class Knobs:
     # empty: the newest catalogued release. pdkit renders the engine's planned sglang_version here.
     sglang_version: str = ""
     # How often a decode retries a prefill bootstrap server it cannot reach before the handshake;
-    # SGLang's decode: 1 s, 15 tries (pdkit.sglang_pd.SGLANG_ENSURE_*). A knob for unit tests only.
+    # SGLang's decode: 1 s, 15 tries (pdkit.upstream.sglang_pd.SGLANG_ENSURE_*). A knob for unit tests only.
     bootstrap_retry_s: float = SGLANG_ENSURE_INTERVAL_S
     # SGLang's own PD variables (same names; unset: the default of the release the sim imitates,
-    # from pdkit/parser_table.json, read in load_knobs)
+    # from pdkit/upstream/parser_table.json, read in load_knobs)
     waiting_timeout_s: float = 300.0
     bootstrap_timeout_s: float = 300.0
     heartbeat_interval_s: float = 5.0
@@ -144,7 +144,7 @@ ENV_NAMES = {
     "answer_boxed": "PDKIT_SIM_ANSWER_BOXED",
     "bootstrap_retry_s": "PDKIT_SIM_BOOTSTRAP_RETRY_S",
     "sglang_version": "PDKIT_SIM_SGLANG_VERSION",
-    # SGLang's names, as pdkit renders them (one table: pdkit.sglang_pd.ENGINE_VARIABLES)
+    # SGLang's names, as pdkit renders them (one table: pdkit.upstream.sglang_pd.ENGINE_VARIABLES)
     **{knob: ENGINE_VARIABLES[field] for knob, field in SGLANG_KNOBS.items()},
 }
 
@@ -176,7 +176,7 @@ def load_knobs(environ: Mapping[str, str] | None = None) -> Knobs:
 
 def _release_defaults(version: str) -> dict[str, object]:
     """SGLang's own defaults for its PD variables in release VERSION (default: the newest pinned),
-    from pdkit/parser_table.json (generated from the wheels: sglang/srt/environ.py)."""
+    from pdkit/upstream/parser_table.json (generated from the wheels: sglang/srt/environ.py)."""
     releases = sorted(table()["sglang"], key=lambda v: tuple(int(x) for x in v.split(".")))
     if version not in releases:
         version = releases[-1]

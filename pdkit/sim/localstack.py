@@ -168,7 +168,7 @@ class LocalPDStack:
             self.prefill = self._start("prefill", sim_command("prefill", self.prefill_port, self.bootstrap_port,
                                                               self.sim_extra), env)
             self.decode = self._start("decode", sim_command("decode", self.decode_port, None, self.sim_extra), env)
-            # /health 200 only, not pdkit.health.wait_engine: local processes, no systemd unit
+            # /health 200 only, not pdkit.agent.health.wait_engine: local processes, no systemd unit
             # or journal for the gate to read
             for port in (self.prefill_port, self.decode_port):
                 wait_for(lambda p=port: requests.get(f"http://127.0.0.1:{p}/health", timeout=2).status_code == 200,

@@ -21,8 +21,9 @@ from pdkit.sim.logs import setup_logging
 from pdkit.sim.metrics import DEFAULT_SGLANG_VERSION, SimMetrics
 from pdkit.sim.server import SGLangAccessLogger, SimServer
 
-# SGLang's readiness line, which the gate (pdkit.health.READY_LOG_LINE) cites as evidence; its own copy on purpose:
-# importing pdkit.health would put it in the sim engine's wheel (wheelhouse.sim_sources), so a gate edit would
+# SGLang's readiness line, which the gate (pdkit.agent.health.READY_LOG_LINE) cites as evidence; its own copy on
+# purpose:
+# importing pdkit.agent.health would put it in the sim engine's wheel (wheelhouse.sim_sources), so a gate edit would
 # restart sim engines
 READY_LINE = "The server is fired up and ready to roll!"
 # when this process started, as near as the sim can tell (SGLang's tokenizer_e2e counts from its launch)

@@ -1,10 +1,10 @@
 """Prometheus metrics exactly as the emulated SGLang release defines them.
 
 The families, their types, label names and histogram buckets are read from the metric
-catalogue (pdkit/data/metric_catalogue.json, generated from each pinned SGLang wheel's own
+catalogue (pdkit/upstream/data/metric_catalogue.json, generated from each pinned SGLang wheel's own
 SchedulerMetricsCollector / TokenizerMetricsCollector, sglang/srt/observability/
 metrics_collector.py; see pdkit/contract/catalogue_gen.py), never listed here. The release is the
-engine's planned `sglang_version` (PDKIT_SIM_SGLANG_VERSION, rendered by pdkit.flags.engine_env).
+engine's planned `sglang_version` (PDKIT_SIM_SGLANG_VERSION, rendered by pdkit.render.flags.engine_env).
 
 What a real engine shows, the sim shows:
 - a family the catalogue calls `eager` has its child from the start (value 0 until the sim
@@ -29,7 +29,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
 
-from pdkit import catalogue
+from pdkit.upstream import catalogue
 
 DEFAULT_SGLANG_VERSION = catalogue.SGLANG_VERSIONS[-1]
 _KINDS = {"counter": Counter, "gauge": Gauge, "histogram": Histogram}

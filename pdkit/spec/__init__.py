@@ -10,7 +10,7 @@ sections (all keys start with ``pdkit_``):
 - ``pdkit_router``    this host runs the router.
 - ``pdkit_monitoring`` this host runs Prometheus and Grafana.
 
-`pdkit.loader.load()` turns an inventory into a frozen `ClusterSpec` or a list of
+`pdkit.inventory.loader.load()` turns an inventory into a frozen `ClusterSpec` or a list of
 `Problem`s; this package holds the models and `cross_checks()`, the rules that need
 more than one section to decide. Declarations and rules live apart, as SGLang keeps its
 server arguments apart from its `*_hook.py` checks:
@@ -24,7 +24,7 @@ server arguments apart from its `*_hook.py` checks:
 - facts        what flags, plan, doctor and validation derive alike (decode graphs, shared GPUs, ...)
 - spanning     engines spanning nodes and their parallel layout (parallel_problems)
 - addresses    ports and addresses (host_ports, CROSS_HOST_SERVICES, check_addresses)
-- pcie         a node's declared PCIe layout judged by pdkit.topology's placement rules (declared_pcie_problems)
+- pcie         a node's declared PCIe layout judged by pdkit.agent.topology's placement rules (declared_pcie_problems)
 - ignored      settings a mode or role ignores (IGNORED_BY_MODE, ignored_settings)
 - credentials  secrets and alert receivers against what reads them
 - startup      what SGLang refuses at start (startup_check_problems)
@@ -35,9 +35,6 @@ Every public name is importable from `pdkit.spec` itself, as it was when this wa
 
 from __future__ import annotations
 
-# fieldtable documents the fault budget as a spec section (pdkit_cluster.fault_budget)
-from pdkit.faultbudget import FaultBudget as FaultBudget  # noqa: F401 (the `as` form: an explicit re-export)
-
 # the public names of every module, as before the split (pdkit.spec.X)
 from pdkit.spec.addresses import *  # noqa: F401,F403
 from pdkit.spec.alerting import *  # noqa: F401,F403
@@ -45,6 +42,9 @@ from pdkit.spec.checks import *  # noqa: F401,F403
 from pdkit.spec.cluster import *  # noqa: F401,F403
 from pdkit.spec.credentials import *  # noqa: F401,F403
 from pdkit.spec.facts import *  # noqa: F401,F403
+
+# fieldtable documents the fault budget as a spec section (pdkit_cluster.fault_budget)
+from pdkit.spec.faultbudget import FaultBudget as FaultBudget  # noqa: F401 (the `as` form: an explicit re-export)
 from pdkit.spec.fields import *  # noqa: F401,F403
 from pdkit.spec.ignored import *  # noqa: F401,F403
 from pdkit.spec.models import *  # noqa: F401,F403

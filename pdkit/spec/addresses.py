@@ -110,7 +110,7 @@ def _address_field(host: HostSpec, kind: str) -> str:
 
 
 def _router_address(host: HostSpec) -> str:
-    """pdkit.flags.router_address without importing flags (flags imports pdkit.spec)."""
+    """pdkit.render.flags.router_address without importing flags (flags imports pdkit.spec)."""
     assert host.router is not None
     return host.router.address or host.address
 

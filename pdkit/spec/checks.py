@@ -1,4 +1,4 @@
-"""cross_checks(): the rules that need more than one section or host (pdkit.loader runs it once
+"""cross_checks(): the rules that need more than one section or host (pdkit.inventory.loader runs it once
 every section has validated on its own), and the per-node and per-engine checks it runs."""
 
 from __future__ import annotations
@@ -6,11 +6,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from pdkit.faultbudget import ROUTER_FLAGS as ROUTER_BUDGET_FLAGS
-from pdkit.faultbudget import UNIT_BOUNDS, RetrySchedule, queue_wait_warnings, router_flags
-from pdkit.faultbudget import problems as fault_budget_problems
-from pdkit.kvcost import KV_PATHS, net_devices_are_rdma, portless_verbs_devices
-from pdkit.parsertable import router_default, router_parser
 from pdkit.spec.addresses import check_addresses, host_ports
 from pdkit.spec.cluster import ClusterSpec, HostSpec, Problem
 from pdkit.spec.credentials import alerting_problems, router_auth_problems, secret_problems
@@ -23,14 +18,19 @@ from pdkit.spec.facts import (
     gpu_share_group,
     pairing_sets,
 )
+from pdkit.spec.faultbudget import ROUTER_FLAGS as ROUTER_BUDGET_FLAGS
+from pdkit.spec.faultbudget import UNIT_BOUNDS, RetrySchedule, queue_wait_warnings, router_flags
+from pdkit.spec.faultbudget import problems as fault_budget_problems
 from pdkit.spec.fields import HIDDEN_FROM_ENGINES, hidden_from_engines
 from pdkit.spec.ignored import ignored_by_mode_problems, ignored_settings
+from pdkit.spec.kvcost import KV_PATHS, net_devices_are_rdma, portless_verbs_devices
 from pdkit.spec.models import Engine
 from pdkit.spec.numerics import check_by_design
 from pdkit.spec.pcie import declared_pcie_problems
 from pdkit.spec.spanning import check_spanning, parallel_problems
 from pdkit.spec.startup import effective_page, startup_check_problems, tuning_origin
-from pdkit.versions import SGLANG_RELEASES
+from pdkit.upstream.parsertable import router_default, router_parser
+from pdkit.upstream.versions import SGLANG_RELEASES
 
 __all__ = [
     "ROUTER_START_RULES", "RouterStartRule", "cross_checks", "router_retry_schedule", "router_start_problems",
@@ -269,7 +269,8 @@ def cross_checks(spec: ClusterSpec) -> list[Problem]:
             if field.startswith("router_"):
                 flag = ROUTER_BUDGET_FLAGS[field]
                 add(Problem(host.name, f"pdkit_cluster.fault_budget.{field}",
-                            f"ignored: {' '.join(spec.router_release(host))} has no {flag} (pdkit/parser_table.json); "
+                            f"ignored: {' '.join(spec.router_release(host))} has no {flag} "
+                            f"(pdkit/upstream/parser_table.json); "
                             "remove it, or use a router that has it (smg)", "warning"))
     # a burst of the declared workload that would run a PD timeout out with nothing dead (queueing)
     for host_name, field, message in queue_wait_warnings(spec):
@@ -393,7 +394,7 @@ ROUTER_START_RULES: tuple[RouterStartRule, ...] = (
                     says="health_check.timeout_secs: Must be >= 1 (--health-check-timeout-secs 0 would time every "
                          "probe out at once)", source="smg 1.13.0 Router.start()",
                     otherwise="sglang-router 0.3.2 starts with 0; pdkit's own floor is 2 for both (SGLang's /health "
-                              "answers after 1 s at the earliest, pdkit/faultbudget.py)"),
+                              "answers after 1 s at the earliest, pdkit/spec/faultbudget.py)"),
 )
 
 
@@ -409,11 +410,11 @@ def _fmt(value: float) -> str:
 
 
 def router_values(spec: ClusterSpec, host: HostSpec) -> dict[str, tuple[float, str]]:
-    """{flag: (value, the field it comes from)} of HOST's router: each row's field, as pdkit.flags.router_args
+    """{flag: (value, the field it comes from)} of HOST's router: each row's field, as pdkit.render.flags.router_args
     renders it (str() of the field; a budget field only where the release's parser has its flag), then the
     numeric flags of pdkit_router.extra_args read the way the router's argparse reads them (abbreviations
     resolved, the last one wins), each naming its pdkit_router.extra_args[i]. (Read from the spec, not from
-    the rendered argv: pdkit.flags renders from this package.)"""
+    the rendered argv: pdkit.render.flags renders from this package.)"""
     router = host.router
     assert router is not None
     package, version = spec.router_release(host)
@@ -517,7 +518,7 @@ def _check_power_of_two(spec: ClusterSpec, host: HostSpec, workers: list[tuple[H
 def _check_model_visibility(spec: ClusterSpec, add: Callable[[Problem], None]) -> None:
     """A model, tokenizer or draft directory the engine units' sandbox hides (ProtectHome=yes,
     PrivateTmp=yes): SGLang would not find it. The rest (exists, config.json, weights, readable by
-    the service user) is the preflight's, on each node (pdkit.preflight.model_dir_problems)."""
+    the service user) is the preflight's, on each node (pdkit.hosts.preflight.model_dir_problems)."""
     if spec.cluster.engine != "sglang":
         return  # the sim never reads the model directory
     for host, engine in spec.engines():
@@ -533,7 +534,7 @@ def _check_model_visibility(spec: ClusterSpec, add: Callable[[Problem], None]) -
         for what, field, path in engine_model_paths(spec, host, engine):
             if model_local and what != "model" and not path.startswith("/"):
                 # issue 46: a local model path makes pdkit run the engine offline (HF_HUB_OFFLINE=1,
-                # pdkit.flags.engine_env), so a hub id beside it loads only from the engine user's hub cache
+                # pdkit.render.flags.engine_env), so a hub id beside it loads only from the engine user's hub cache
                 add(Problem(host.name, field, f"{what} {path} is a Hugging Face hub id, but the engine runs offline "
                             "(the model path is a local directory, so pdkit sets HF_HUB_OFFLINE=1): it loads only if "
                             f"it is already in /var/cache/{spec.cluster.service_user}/huggingface on the node; valid: "
@@ -577,7 +578,7 @@ def _check_engine_tuning(spec: ClusterSpec, host: HostSpec, engine: Engine, at: 
     tuning = spec.engine_tuning(engine)
     release = SGLANG_RELEASES[spec.engine_version(engine)]
     assert host.node is not None
-    # choices (backends, dtypes, algorithm names) are the release parser's: pdkit.argvcheck
+    # choices (backends, dtypes, algorithm names) are the release parser's: pdkit.render.argvcheck
     speculative = tuning.speculative
     if (speculative is not None and speculative.algorithm == "UNO"
         and not any(a.split("=", 1)[0] == "--uno-lora-path" for a in engine.extra_args)):
@@ -661,7 +662,7 @@ def _check_pd_groups(spec: ClusterSpec, add: Callable[[Problem], None]) -> None:
                 add(Problem(first_host.name, f"pdkit_node.engines[{first_host.node.engines.index(first)}].pd_group",
                             f"PD group {group!r} has no {missing} engine; each PD group needs at least one prefill and "
                             "one decode"))
-        # what a pair must agree on (model, release, page size, ...) is pdkit.argvcheck's
+        # what a pair must agree on (model, release, page size, ...) is pdkit.render.argvcheck's
         hosts = {h.name for h, _ in members}
         if len(hosts) > 1 and spec.cluster.transfer_backend == "nixl":
             for host in sorted({h.name: h for h, _ in members}.values(), key=lambda h: h.name):
@@ -673,7 +674,7 @@ def _check_pd_groups(spec: ClusterSpec, add: Callable[[Problem], None]) -> None:
 
 def _check_kv_over_tcp(spec: ClusterSpec, add: Callable[[Problem], None]) -> None:
     """Warn where PD pairs cross hosts and the node's ucx_net_devices is not an RDMA device: UCX
-    then moves GPU KV as emulated puts over TCP sockets (pdkit.kvcost.kv_path; docs/gpu.md,
+    then moves GPU KV as emulated puts over TCP sockets (pdkit.spec.kvcost.kv_path; docs/gpu.md,
     "KV hand-off at long prompts")."""
     if spec.cluster.transfer_backend != "nixl":
         return
@@ -686,7 +687,7 @@ def _check_kv_over_tcp(spec: ClusterSpec, add: Callable[[Problem], None]) -> Non
             node = host.node
             if node is None or node.gpu != "nvidia" or not node.ucx_net_devices or host.name in warned:
                 continue
-            # the set spans hosts, so the host's pairs cross hosts: RDMA devices or TCP (pdkit.kvcost.kv_path)
+            # the set spans hosts, so the host's pairs cross hosts: RDMA devices or TCP (pdkit.spec.kvcost.kv_path)
             if not net_devices_are_rdma(node.ucx_net_devices):
                 path = KV_PATHS["cross-host-tcp"]
                 warned.add(host.name)
@@ -710,7 +711,7 @@ def _check_cache_levers(spec: ClusterSpec, host: HostSpec, engine: Engine, at: s
     arg_groups/pd_disaggregation_hook.py handle_pd_disaggregation, speculative_hook.py
     handle_speculative_decoding, kv_cache_hook.py handle_cache_compatibility / handle_kv4_compatibility;
     0.5.17 ServerArgs._handle_pd_disaggregation / _handle_cache_compatibility). Whether the release has
-    the flag at all is the parser table's call (pdkit.argvcheck)."""
+    the flag at all is the parser table's call (pdkit.render.argvcheck)."""
     tuning = spec.engine_tuning(engine)
     version = spec.engine_version(engine)
 

@@ -11,7 +11,7 @@ from typing import Literal, TypeVar
 from pdkit.spec.fields import Frozen
 from pdkit.spec.models import Cluster, Engine, Model, Monitoring, Node, Router
 from pdkit.spec.tuning import Tuning
-from pdkit.versions import ROUTER_RELEASES, SGLANG_RELEASES
+from pdkit.upstream.versions import ROUTER_RELEASES, SGLANG_RELEASES
 
 _T = TypeVar("_T")  # what a ClusterSpec lookup table holds
 

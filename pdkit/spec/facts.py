@@ -3,8 +3,8 @@ CUDA graph batch, shared-GPU memory fractions, NUMA binding, DCGM, PD pairing se
 
 from __future__ import annotations
 
-from pdkit.kvcost import KvPath, kv_path
 from pdkit.spec.cluster import ClusterSpec, HostSpec
+from pdkit.spec.kvcost import KvPath, kv_path
 from pdkit.spec.models import Engine, GpuLayout
 
 __all__ = [

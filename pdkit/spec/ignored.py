@@ -37,7 +37,7 @@ class IgnoredByMode:
 #   still read every node field (engine_venv without engines: _check_engine_venv warns);
 # - spanning: dist_init_port on an engine that spans no nodes is already an error
 #   (parallel_problems); nccl_net / nccl_ib_hca / nic on a node without a spanning engine are
-#   rendered into nccl.env (pdkit/flags.py nccl_env, tests/golden/multinode/gpu-p0) and read by
+#   rendered into nccl.env (pdkit/render/flags.py nccl_env, tests/golden/multinode/gpu-p0) and read by
 #   NCCL at init, so the kit does not ignore them;
 # - the router's policies in or out of PD mode and role-only tuning: ignored_settings and the
 #   router checks in cross_checks warn about them already.
@@ -56,7 +56,7 @@ IGNORED_BY_MODE: tuple[IgnoredByMode, ...] = (
         lambda spec, host: host.node.gpu == "none",
         ("pdkit_node.nvidia_stack", "pdkit_node.driver_modules", "pdkit_node.reboot"),
         "a host without NVIDIA GPUs gets no NVIDIA stack and no driver checks (roles/node.py installs_nvidia_stack; "
-        "pdkit/preflight.py returns before the driver checks)"),
+        "pdkit/hosts/preflight.py returns before the driver checks)"),
     IgnoredByMode(
         "pdkit_cluster.engine: sim",
         lambda spec, host: spec.cluster.engine == "sim",
@@ -73,12 +73,13 @@ IGNORED_BY_MODE: tuple[IgnoredByMode, ...] = (
         or all(p.engine.role == "unified" for p in spec.placements(host)),
         ("pdkit_node.ucx_net_devices",),
         "UCX_NET_DEVICES is rendered only for NIXL KV transfer on a node that runs prefill or decode engines "
-        "(pdkit/flags.py ucx_env)"),
+        "(pdkit/render/flags.py ucx_env)"),
     IgnoredByMode(
         "unified only: no PD engine in the cluster",
         lambda spec, host: bool(spec.engines()) and all(e.role == "unified" for _, e in spec.engines()),
         ("pdkit_cluster.transfer_backend",),
-        "--disaggregation-transfer-backend is given only to prefill and decode engines (pdkit/flags.py engine_args)"),
+        "--disaggregation-transfer-backend is given only to prefill and decode engines (pdkit/render/flags.py "
+        "engine_args)"),
 )
 
 

@@ -8,9 +8,11 @@ from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from pdkit import answers, journald
-from pdkit.faultbudget import FaultBudget
+from pdkit.agent import journald
+from pdkit.agent.weightstore import MANIFEST_NAME
+from pdkit.clients import answers
 from pdkit.spec.alerting import Alerting
+from pdkit.spec.faultbudget import FaultBudget
 from pdkit.spec.fields import (
     MAX_GPU_MEMORY_GIB,
     MAX_NUMA_NODES,
@@ -28,8 +30,7 @@ from pdkit.spec.fields import (
     hidden_from_engines,
 )
 from pdkit.spec.tuning import RoleTuning, Tuning
-from pdkit.versions import DEFAULT_SGLANG_VERSION, ROUTER_RELEASES
-from pdkit.weights.store import MANIFEST_NAME
+from pdkit.upstream.versions import DEFAULT_SGLANG_VERSION, ROUTER_RELEASES
 
 __all__ = [
     "HOST_SECTIONS", "Cluster", "Engine", "GpuLayout", "Model", "Monitoring", "Node", "PcieSlot", "Router", "Secrets",
@@ -127,7 +128,7 @@ class Model(Frozen):
     @property
     def checksum_source(self) -> str | None:
         """What --model-checksum is given: the declared manifest, else the one `pdkit stage` keeps in the model
-        directory (pdkit.weights.store.MANIFEST_NAME); None when verify_checksum is off."""
+        directory (pdkit.agent.weightstore.MANIFEST_NAME); None when verify_checksum is off."""
         if not self.verify_checksum:
             return None
         return self.checksum_manifest or f"{self.path.rstrip('/')}/{MANIFEST_NAME}"
@@ -163,7 +164,7 @@ ByDesign = Literal["kv_cache_quantized", "speculative_accept_below_1", "nccl_ll1
 
 
 class AnswerTolerance(Frozen):
-    """How far the canary's forced scores may move, per length (pdkit.answers.Tolerance: the defaults)."""
+    """How far the canary's forced scores may move, per length (pdkit.clients.answers.Tolerance: the defaults)."""
 
     max_mean_abs_delta: float = Field(default=_TOL.max_mean_abs_delta, ge=0)
     max_abs_delta: float = Field(default=_TOL.max_abs_delta, ge=0)
@@ -178,7 +179,7 @@ _ACC = answers.Accuracy()
 
 
 class AnswerAccuracy(Frozen):
-    """Part (d) of the answer gate: an accuracy eval through sgl-eval (pdkit.answers.Accuracy: the defaults)."""
+    """Part (d) of the answer gate: an accuracy eval through sgl-eval (pdkit.clients.answers.Accuracy: the defaults)."""
 
     # off by default: each eval costs minutes (the baseline once, every check again)
     enabled: bool = _ACC.enabled
@@ -215,7 +216,7 @@ class AnswerAccuracy(Frozen):
 
 
 class AnswerGate(Frozen):
-    """`pdkit_cluster.answers`: the graded answer gate of `pdkit roll`'s canary (pdkit/answers.py,
+    """`pdkit_cluster.answers`: the graded answer gate of `pdkit roll`'s canary (pdkit/clients/answers.py,
     docs/correctness.md). The baseline is recorded on the release the canary runs before the roll."""
 
     # off: the canary's smoke requests must only succeed
@@ -279,7 +280,7 @@ class Cluster(Frozen):
     # secrets, written only to mode-0600 env files (see the secrets table)
     secrets: Secrets = Secrets()
     # how long a request may wait on a failed engine or node, and the PD and router waits that
-    # bound it (pdkit/faultbudget.py; docs/rolling.md, "The fault budget")
+    # bound it (pdkit/spec/faultbudget.py; docs/rolling.md, "The fault budget")
     fault_budget: FaultBudget = FaultBudget()
     # how nodes get their wheel bundles: http (fetched from the deploying machine, hash-checked),
     # sftp (uploaded over the SSH connection), auto (http where the node can reach us, else sftp)
@@ -435,7 +436,7 @@ class Engine(Frozen):
     # --ep-size: expert parallelism for MoE models; unset: SGLang's default (1)
     ep: int | None = Field(default=None, ge=1)
     # attention data parallelism (MoE models): --attn-dp-size N on 0.5.23,
-    # --dp-size N --enable-dp-attention on 0.5.17 (pdkit.versions); must divide tp
+    # --dp-size N --enable-dp-attention on 0.5.17 (pdkit.upstream.versions); must divide tp
     attn_dp: int | None = Field(default=None, ge=1)
     # the hosts this engine spans, in rank order; the first is the host that declares it (rank 0,
     # the only one serving HTTP); each runs the same GPU indices (`gpus`) -> --nnodes/--node-rank
@@ -604,7 +605,7 @@ class Router(Frozen):
     # read from an unset environment variable never opens the router silently (docs/security.md)
     auth: Literal["api_key", "none"] | None = None
     # seconds between worker health checks (with the threshold and fault_budget.router_health_check_timeout_s:
-    # how long new requests keep going to a dead worker; pdkit/faultbudget.py). No "0 = off": smg 1.13.0
+    # how long new requests keep going to a dead worker; pdkit/spec/faultbudget.py). No "0 = off": smg 1.13.0
     # refuses 0 at start, sglang-router 0.3.2 starts and its health checker panics
     # (pdkit.spec.checks.ROUTER_START_RULES)
     health_check_interval_secs: IntervalSeconds = 5
@@ -623,7 +624,7 @@ class Router(Frozen):
     # engines it fronts, as "host/engine"; unset: every engine in the cluster
     workers: tuple[str, ...] | None = None
     # --log-level: at warn a served request logs nothing; at info two lines each, and the host's journal is
-    # sized for them (pdkit/journald.py; debug is not measured and sized as info)
+    # sized for them (pdkit/agent/journald.py; debug is not measured and sized as info)
     log_level: Literal["error", "warn", "info", "debug"] = journald.ROUTER_LOG_LEVEL  # type: ignore[assignment]
     # escape hatch: extra router flags
     extra_args: tuple[str, ...] = ()
@@ -668,7 +669,7 @@ class Monitoring(Frozen):
 
 
 # a host's data key -> its section's model, in the README's order: the loader validates these
-# keys, the README's field table (pdkit.fieldtable) lists them
+# keys, the README's field table (pdkit.inventory.fieldtable) lists them
 HOST_SECTIONS: dict[str, type[Frozen]] = {
     "pdkit_cluster": Cluster,
     "pdkit_node": Node,

@@ -8,7 +8,7 @@ report), and refuses it until the inventory (`pdkit_cluster.answers.acknowledge`
 The rules, each from the pinned releases' own code:
 
 - `kv_cache_quantized`: `--kv-cache-dtype` other than auto / bf16 / bfloat16 (the choices are the
-  release's own, pdkit/parser_table.json): attention reads rounded keys and values;
+  release's own, pdkit/upstream/parser_table.json): attention reads rounded keys and values;
 - `speculative_accept_below_1`: `--speculative-accept-threshold-single` or `-acc` below 1.0 (SGLang's
   default 1.0: 0.5.17 server_args.py, 0.5.23 arg_groups/fields/spec.py): draft tokens the target
   model would not have chosen are accepted;
@@ -25,10 +25,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pdkit.parsertable import table
 from pdkit.spec.cluster import ClusterSpec, HostSpec, Problem
 from pdkit.spec.models import Engine
 from pdkit.spec.startup import tuning_origin
+from pdkit.upstream.parsertable import table
 
 # KV cache dtypes that keep the model's own precision
 EXACT_KV_DTYPES = ("auto", "bf16", "bfloat16")

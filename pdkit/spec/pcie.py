@@ -1,11 +1,11 @@
 """A node's PCIe placement from what the user declares (pdkit_node.gpus.pcie), judged by the rules the preflight
-runs on the probe's facts (issue 47 item 2): pdkit.topology holds the rules and their advice once; this module
+runs on the probe's facts (issue 47 item 2): pdkit.agent.topology holds the rules and their advice once; this module
 turns a node's spec into their inputs (the engines' GPUs, the PD pairs whose KV goes GPU to GPU, the declared
-layout) for validate, and the preflight (pdkit/preflight.py `_check_pcie`) takes the same inputs from here."""
+layout) for validate, and the preflight (pdkit/hosts/preflight.py `_check_pcie`) takes the same inputs from here."""
 
 from __future__ import annotations
 
-from pdkit import topology
+from pdkit.agent import topology
 from pdkit.spec.cluster import HostSpec, Problem
 from pdkit.spec.models import Engine, Node
 
@@ -36,7 +36,8 @@ def placed_engines(node: Node) -> list[topology.Placed]:
 
 
 def declared_topology(node: Node) -> topology.Topology | None:
-    """NODE's declared PCIe layout (pdkit_node.gpus.pcie) as pdkit.topology reads facts; None when not declared."""
+    """NODE's declared PCIe layout (pdkit_node.gpus.pcie) as pdkit.agent.topology reads facts; None when not
+    declared."""
     slots = node.gpus.pcie
     if slots is None:
         return None

@@ -1,8 +1,8 @@
 """What SGLang checks on its server arguments at start (issue 32), per engine, as its *_hook.py
 handlers check it, for the flags pdkit renders and the GPUs a node declares (startup_check_problems).
 
-pdkit/data/startup_checks.json lists every such check of the pinned releases (python -m
-pdkit.startchecks); the rules here are the ones pdkit/data/startup_check_coverage.json names for
+pdkit/upstream/data/startup_checks.json lists every such check of the pinned releases (python -m
+pdkit.upstream.startchecks); the rules here are the ones pdkit/upstream/data/startup_check_coverage.json names for
 the flags pdkit renders.
 """
 
@@ -11,9 +11,9 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
-from pdkit.pagesize import effective_page_size
 from pdkit.spec.cluster import ClusterSpec
 from pdkit.spec.models import Engine, Node
+from pdkit.spec.pagesize import effective_page_size
 from pdkit.spec.tuning import Tuning
 
 __all__ = [
@@ -106,7 +106,7 @@ def _extra_arg(engine: Engine, flag: str) -> str | None:
 
 def effective_page(version: str, tuning: Tuning, engine: Engine) -> int:
     """The page size SGLang VERSION's checks see for ENGINE: page_size as the attention backends snap it
-    (arg_groups/overrides.py _mla_backend_page_constraints, pdkit.pagesize), else 1 (_page_size_default
+    (arg_groups/overrides.py _mla_backend_page_constraints, pdkit.spec.pagesize), else 1 (_page_size_default
     on CUDA); both passes run before the speculative handlers and check_server_args."""
     args: dict[str, tuple[str, ...]] = {}
     if tuning.page_size is not None:

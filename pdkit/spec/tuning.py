@@ -7,8 +7,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from pdkit.parsertable import all_speculative_algorithms
 from pdkit.spec.fields import MAX_BATCH, MAX_CONTEXT_LENGTH, BatchSize, Frozen, Seconds, at_most, checked_model_location
+from pdkit.upstream.parsertable import all_speculative_algorithms
 
 __all__ = [
     "DRAFT_REFUSED", "DRAFT_REQUIRED", "EAGLE_FAMILY", "TUNING_DEFAULTS", "RoleTuning", "Speculative", "Tuning",
@@ -90,7 +90,7 @@ class Speculative(Frozen):
             )
         # eagle_topk 1 with num_draft_tokens other than num_steps + 1 is valid: SGLang adjusts the draft tokens to
         # num_steps + 1 with a warning (speculative_hook.py _handle_eagle_family, 0.5.17 and 0.5.23), and so does
-        # validate (pdkit.startchecks.derivation_problems)
+        # validate (pdkit.upstream.startchecks.derivation_problems)
         return self
 
 

@@ -36,11 +36,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from pdkit import answers
 from pdkit.bench import engine_flags, flag_changes
 from pdkit.bench.agentic import AgenticParams, AgenticWorkload
 from pdkit.bench.noise import DEFAULT_MARGIN
-from pdkit.loader import spec_from_host_data
+from pdkit.clients import answers
+from pdkit.inventory.loader import spec_from_host_data
 from pdkit.roll import rollout_order
 from pdkit.spec import Problem, Tuning
 from pdkit.spec.models import AnswerAccuracy, AnswerTolerance, ByDesign
@@ -174,7 +174,7 @@ _GATE = answers.GateConfig()
 
 
 class Correctness(_Strict):
-    """The graded answer gate (pdkit/answers.py, docs/correctness.md): (a) short prompts token for
+    """The graded answer gate (pdkit/clients/answers.py, docs/correctness.md): (a) short prompts token for
     token, (b) teacher-forced scores at the users' lengths, (c) the same under load."""
 
     prompts: int = Field(default=16, ge=1, le=1024)

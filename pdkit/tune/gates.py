@@ -1,4 +1,4 @@
-"""The soak gate of a candidate (pure HTTP); its correctness gate is pdkit/answers.py.
+"""The soak gate of a candidate (pure HTTP); its correctness gate is pdkit/clients/answers.py.
 
 Soak: load at the target concurrency for a while, watching the engines'
 failure counters, the failures the router hands back, and the wedge condition (requests
@@ -13,11 +13,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from pdkit.agent.health import http_request
 from pdkit.bench.load import LoadThread, measured_target
 from pdkit.bench.measure import Measured
-from pdkit.health import http_request
-from pdkit.metricnames import FAILURE_COUNTERS, SGLANG
 from pdkit.roll import metric_sums
+from pdkit.upstream.metricnames import FAILURE_COUNTERS, SGLANG
 
 # a wedge needs work held and no token moved: these counters move with every decode step
 PROGRESS_COUNTERS = (SGLANG["realtime_tokens"], SGLANG["cuda_graph_passes"], SGLANG["generation_tokens"])

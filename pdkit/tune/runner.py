@@ -24,7 +24,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pdkit import answers, flags
 from pdkit.bench import check_workload
 from pdkit.bench.agentic import check_agentic
 from pdkit.bench.load import LoadThread
@@ -32,13 +31,15 @@ from pdkit.bench.measure import Measured, engines_for, measured_for
 from pdkit.bench.noise import band as noise_band
 from pdkit.bench.noise import describe as noise_describe
 from pdkit.bench.record import context_cap
-from pdkit.loader import load_with_problems, read_inventory
-from pdkit.plan import plan_cluster
+from pdkit.clients import answers
+from pdkit.inventory.loader import load_with_problems, read_inventory
+from pdkit.render import flags
+from pdkit.render.outages import batch_outages
+from pdkit.render.plan import plan_cluster
 from pdkit.roll import (
     Progress,
     Roller,
     RollError,
-    batch_outages,
     make_batches,
     pairing_units,
     patch_gevent,
@@ -263,7 +264,7 @@ def dry_text(prep: Prepared, records: list[dict[str, Any]], todo: list[Candidate
              f"target: {', '.join(prep.targets)}; objective {c.objective.metric} at C={prep.target_concurrency} "
              f"{c.objective.describe()}",
              f"correctness, soak and bench: {measured_text(prep.measured)}",
-             "correctness gate (pdkit/answers.py, docs/correctness.md):",
+             "correctness gate (pdkit/clients/answers.py, docs/correctness.md):",
              *(f"  {line}" for line in answers.describe(c.correctness.gate_config(), context_cap(prep.base_spec),
                                                         None)),
              *([f"  (d) here: {accuracy_where(prep)}"] if c.correctness.accuracy.enabled else []),
@@ -429,7 +430,7 @@ class Session:
         return answers.ask(self.prep.measured, {}, answers.prompts(c.prompts), c.max_new_tokens, c.concurrency)
 
     def answer_parts(self, spec, record: dict[str, Any], cand: Candidate | None) -> None:
-        """The graded gate's parts (b) and (c) (pdkit/answers.py): the baseline records its greedy
+        """The graded gate's parts (b) and (c) (pdkit/clients/answers.py): the baseline records its greedy
         continuations at the campaign's lengths (kept in the campaign's state, not in the records:
         prompt ids are long) and checks itself against them, the noise floor every candidate meets;
         a candidate is scored against the baseline's, exact or within the tolerance by its lever class."""
@@ -465,7 +466,7 @@ class Session:
             raise GateFailed("correctness", outcome.detail)
 
     def accuracy_part(self, spec, record: dict[str, Any], cand: Candidate | None) -> None:
-        """The graded gate's part (d) (pdkit/answers.py): sgl-eval on the target's endpoint (the router
+        """The graded gate's part (d) (pdkit/clients/answers.py): sgl-eval on the target's endpoint (the router
         when it fronts exactly the target, else a target unified engine; a PD target measured on its
         own engines is skipped, said why). The baseline's score is kept in the campaign's state; a
         candidate fails on a drop beyond max_drop and the combined 95% interval."""
@@ -658,7 +659,8 @@ class Session:
             outages = [t.outage_s for t in roller.timings if t.outage_s is not None]
             if outages:
                 record["timings"]["outage_s"] = round(sum(outages), 2)
-            # each restarted engine's restart-to-ready and SGLang's own start-up phases (pdkit.health.startup_phases)
+            # each restarted engine's restart-to-ready and SGLang's own start-up phases
+            # (pdkit.agent.health.startup_phases)
             phases = {t.host: t.engine_phases for t in roller.timings if t.engine_phases}
             if phases:
                 record["timings"]["engine_phases"] = phases
@@ -689,7 +691,7 @@ class Session:
             record["releases_after"] = self.releases(roller, prep.targets)
         except RollError as exc:
             record["releases_after"] = {"error": str(exc)}
-        # the Alertmanager silences of this candidate's rolls and put-backs (pdkit/silences.py)
+        # the Alertmanager silences of this candidate's rolls and put-backs (pdkit/hosts/silences.py)
         record["silences"] = roller.silencer.records
         record["finished"] = datetime.now(UTC).isoformat(timespec="seconds")
         return record

@@ -1,7 +1,7 @@
 """`pdkit stage INVENTORY --source DIR|URL`: model weights staged onto the nodes, verified, switched atomically.
 
 Per node, over the SSH connection pyinfra opens (no other network service): the node's side is
-pdkit/weights/store.py, sent as source and run by the node's `python3` (a node never deployed can be
+pdkit/agent/weightstore.py, sent as source and run by the node's `python3` (a node never deployed can be
 staged), as root (`sudo -n` when the inventory's SSH user is not root).
 
 1. prepare: the manifest goes to the node; the node says, per file of the staging directory
@@ -15,7 +15,7 @@ staged), as root (`sudo -n` when the inventory's SSH user is not root).
    engines' service group, files 0640, directories 0750, then one rename to `.NAME.pdkit-w-<id16>`.
 4. activate: the model path becomes (or is switched to) a symlink to that version, in one rename.
    When the path already serves other weights, only with `--activate`, and on a deployed node that
-   is a new release (pdkit/releases.py `weights`): the engines restart onto the new weights and their
+   is a new release (pdkit/agent/releases.py `weights`): the engines restart onto the new weights and their
    gates must pass, or the node is put back on its previous release, weights included.
 
 The manifest is SGLang's own format (store.py); without `--manifest`, pdkit writes one from the source
@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from pdkit.weights import store
+from pdkit.agent import weightstore as store
 
 EXIT_FAILED = 1
 EXIT_INVALID = 2
@@ -561,7 +561,7 @@ def _transfer(node: Node, manifest: dict[str, dict], have: dict, sender: Sender,
 
 def _release_switch(host: Any, releases_cmd: str, target: str, version: str) -> str:
     """On a deployed node: a new release with the new weights, the engines restarted onto them and gated
-    (pdkit/releases.py `weights`); the node's previous release back on failure."""
+    (pdkit/agent/releases.py `weights`); the node's previous release back on failure."""
     # lazy: pyinfra's API loads gevent and paramiko; only a stage that switches weights needs it
     from pdkit.roll.pyinfra_api import run_remote
 
@@ -619,9 +619,9 @@ def cmd_stage(args: argparse.Namespace) -> int:
 
     patch_gevent()
     # lazy: the loader imports pyinfra's CLI loader, after the gevent patch
-    from pdkit.loader import load_or_report
-    from pdkit.paths import releases_command
-    from pdkit.releases import CURRENT, release_json_path, releases_dir
+    from pdkit.agent.releases import CURRENT, release_json_path, releases_dir
+    from pdkit.inventory.loader import load_or_report
+    from pdkit.render.paths import releases_command
 
     def log(message: str) -> None:
         print(f"pdkit stage: {message}", file=sys.stderr, flush=True)

@@ -16,13 +16,13 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from pdkit.loader import load  # before requests-using modules: pyinfra gevent-patches on import
+from pdkit.inventory.loader import load  # before requests-using modules: pyinfra gevent-patches on import
 
 # isort: split
 
+from pdkit.agent.health import http_request
 from pdkit.doctor.collection import engine_plans, router_urls
 from pdkit.doctor.observe import probe
-from pdkit.health import http_request
 
 DATA = Path(__file__).resolve().parent
 

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 import requests
 
-from pdkit.exporter.collector import PdkitCollector, http_get
-from pdkit.exporter.config import parse_config
-from pdkit.exporter.logs import parse_batch_line
-from pdkit.exporter.metrics import decode_cuda_graph_ratio, parse_metrics
-from pdkit.exporter.system import JournalReader, ProcessInspector, SystemdPids
+from pdkit.agent.exporter.collector import PdkitCollector, http_get
+from pdkit.agent.exporter.config import parse_config
+from pdkit.agent.exporter.logs import parse_batch_line
+from pdkit.agent.exporter.metrics import decode_cuda_graph_ratio, parse_metrics
+from pdkit.agent.exporter.system import JournalReader, ProcessInspector, SystemdPids
 from pdkit.sim.localstack import MODEL, LocalPDStack, free_ports
 
 from .support import FakeJournal, FakeSystemctl, exposition, label_sets, samples, value
@@ -296,7 +296,7 @@ def test_release_id_from_the_release_file(stack, tmp_path):
 
 
 def test_server_info_due():
-    from pdkit.exporter.collector import server_info_due
+    from pdkit.agent.exporter.collector import server_info_due
 
     assert server_info_due(False, None, None, 0, 60, False)  # never read
     assert not server_info_due(True, (1, 5), (1, 5), 10, 60, False)  # same process, fresh
@@ -320,7 +320,7 @@ class CountingSession(requests.Session):
 
 
 def test_server_info_is_read_once_per_engine_process(stack):
-    from pdkit.exporter.system import ProcessCheck, ProcessView
+    from pdkit.agent.exporter.system import ProcessCheck, ProcessView
 
     class Inspector:
         pid = 100
@@ -475,13 +475,13 @@ def test_doctor_reads_a_rank_above_0_from_the_real_exporter_page(stack):
 
 def test_the_weights_page_cache_residency_is_published_per_engine_and_throttled(stack, tmp_path):
     """Issue 45 item 3: an engine whose argv names a local model directory (not dummy weights) gets its
-    weight files' page-cache share (pdkit/residency.py, mincore) and bytes; measured at most once a
+    weight files' page-cache share (pdkit/agent/residency.py, mincore) and bytes; measured at most once a
     RESIDENCY_EVERY_S, so a second scrape reuses the first's figure."""
     import os
 
-    from pdkit import residency
-    from pdkit.exporter import collector as collector_mod
-    from pdkit.metricnames import EXPORTER_WEIGHTS_BYTES, EXPORTER_WEIGHTS_CACHED
+    from pdkit.agent import residency
+    from pdkit.agent.exporter import collector as collector_mod
+    from pdkit.upstream.metricnames import EXPORTER_WEIGHTS_BYTES, EXPORTER_WEIGHTS_CACHED
 
     model = tmp_path / "model"
     model.mkdir()
@@ -513,11 +513,11 @@ def test_the_weights_page_cache_residency_is_published_per_engine_and_throttled(
 
 def test_the_jit_caches_verdict_is_published_per_engine_from_the_gate_s_stamp(stack, tmp_path, monkeypatch):
     """Issue 45 item 2: an engine whose env file names the kit's cache directory gets 1 (warm) or 0 (cold)
-    from the warm stamp the engine gate writes there (pdkit/jitcache.py), with what a cold start cost."""
+    from the warm stamp the engine gate writes there (pdkit/agent/jitcache.py), with what a cold start cost."""
     import re
 
-    from pdkit import jitcache
-    from pdkit.metricnames import EXPORTER_JIT_COLD_EXTRA, EXPORTER_JIT_WARM
+    from pdkit.agent import jitcache
+    from pdkit.upstream.metricnames import EXPORTER_JIT_COLD_EXTRA, EXPORTER_JIT_WARM
 
     monkeypatch.setattr(jitcache, "_ENGINE_DIR", re.compile("^" + re.escape(str(tmp_path)) + r"/jit/[^/]+/[^/]+$"))
     decode_dir = tmp_path / "jit" / "sim" / "decode"

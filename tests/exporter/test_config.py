@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from pdkit.exporter.config import ConfigError, load_config, parse_config
+from pdkit.agent.exporter.config import ConfigError, load_config, parse_config
 
 MINIMAL = {"node": "gpu01", "engines": [
     {"name": "decode", "role": "decode", "url": "http://10.0.0.1:30001/", "argv": ["--port", "30001"]}]}

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pdkit.exporter.drift import (
+from pdkit.agent.exporter.drift import (
     FlagCheck,
     argv_options,
     cmdline_drift,

@@ -3,25 +3,26 @@
 For every pinned SGLang release whose parser virtualenv exists (`bash .ci/contract-env.sh`),
 every flag SGLang accepts must map to the argparse dest it really sets (the ServerArgs field
 /server_info reports), or be listed as not comparable. When a pin moves and SGLang adds a flag
-whose dest is not its own name, this names the entries to add to pdkit/exporter/drift.py.
+whose dest is not its own name, this names the entries to add to pdkit/agent/exporter/drift.py.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from pdkit.exporter.drift import NEGATED, UNCOMPARABLE, flag_key
-from pdkit.versions import SGLANG_RELEASES
+from pdkit.agent.exporter.drift import NEGATED, UNCOMPARABLE, flag_key
+from pdkit.upstream.versions import SGLANG_RELEASES
 from tests.conftest import require
 
 pytestmark = pytest.mark.contract
 
 contract = pytest.importorskip("pdkit.contract")
+from pdkit.upstream import venvs  # noqa: E402
 
 
 @pytest.mark.parametrize("version", sorted(SGLANG_RELEASES))
 def test_every_sglang_flag_maps_to_its_server_info_key(version):
-    require(contract.sglang_python(version) is not None, f"no SGLang {version} parser venv: run `bash .ci/contract-env.sh`")
+    require(venvs.sglang_python(version) is not None, f"no SGLang {version} parser venv: run `bash .ci/contract-env.sh`")
     options = contract.run_sglang_check(version, [], describe=True)["options"]
     assert len(options) > 300
     wrong = []

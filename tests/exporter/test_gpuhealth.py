@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from pdkit.exporter.collector import PdkitCollector
-from pdkit.exporter.config import ConfigError, parse_config
-from pdkit.exporter.gpuhealth import PROBE_EVERY_S, GpuProbe, judge, probe_argv, run_probe
-from pdkit.exporter.system import ProcessInspector, SystemdPids
-from pdkit.metricnames import EXPORTER_GPU_PROBE_ERROR, EXPORTER_GPU_WEDGED
+from pdkit.agent.exporter.collector import PdkitCollector
+from pdkit.agent.exporter.config import ConfigError, parse_config
+from pdkit.agent.exporter.gpuhealth import PROBE_EVERY_S, GpuProbe, judge, probe_argv, run_probe
+from pdkit.agent.exporter.system import ProcessInspector, SystemdPids
+from pdkit.upstream.metricnames import EXPORTER_GPU_PROBE_ERROR, EXPORTER_GPU_WEDGED
 
 from .support import FakeSystemctl, exposition, label_sets, samples, value
 
@@ -259,7 +259,7 @@ def test_the_config_reads_gpu_health_and_each_engine_gpus():
 
 @pytest.mark.parametrize("example, probed", [("cluster", True), ("lab", False)])
 def test_the_plan_renders_gpu_health_for_nvidia_nodes_only_and_each_engine_gpus(example, probed):
-    from pdkit.plan import exporter_config_text, plan_host
+    from pdkit.render.plan import exporter_config_text, plan_host
     from tests.test_monitoring import _load_example
 
     spec = _load_example(example)

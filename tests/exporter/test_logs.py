@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from pdkit.exporter.logs import parse_batch_line
+from pdkit.agent.exporter.logs import parse_batch_line
 
 from .support import data_text
 

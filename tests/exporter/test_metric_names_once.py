@@ -1,4 +1,4 @@
-"""pdkit-exporter's family names are written in one place (issue 48 item 5): pdkit/metricnames.py. The exporter
+"""pdkit-exporter's family names are written in one place (issue 48 item 5): pdkit/upstream/metricnames.py. The exporter
 writes them from there and doctor reads them from there; neither spells one out."""
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ import ast
 
 import pytest
 
-from pdkit.metricnames import EXPORTER, EXPORTER_FAMILIES
+from pdkit.upstream.metricnames import EXPORTER, EXPORTER_FAMILIES
 from tests.conftest import REPO
 
 
-@pytest.mark.parametrize("module", ["pdkit/exporter/collector.py", "pdkit/doctor/observe.py"])
+@pytest.mark.parametrize("module", ["pdkit/agent/exporter/collector.py", "pdkit/doctor/observe.py"])
 def test_no_exporter_family_name_is_spelled_out(module):
     tree = ast.parse((REPO / module).read_text())
     docstrings = {id(n.body[0].value) for n in ast.walk(tree)

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from pdkit.exporter.metrics import decode_cuda_graph_ratio, parse_metrics, wanted_text
+from pdkit.agent.exporter.metrics import decode_cuda_graph_ratio, parse_metrics, wanted_text
 
 from .support import data_text
 

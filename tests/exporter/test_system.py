@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from pdkit.exporter.system import (
+from pdkit.agent.exporter.system import (
     JournalError,
     JournalReader,
     PidLookupError,

@@ -89,9 +89,9 @@ class Sink:
 
 def alerting_facts(inventory: str = "inventories/lab.py") -> dict:
     """The lab's Alertmanager URL, monitoring host and grouping clock, read from the spec (in a child
-    process: pdkit.loader imports pyinfra's CLI, which gevent-patches its importer)."""
+    process: pdkit.inventory.loader imports pyinfra's CLI, which gevent-patches its importer)."""
     return json_from_child(
-        "import json; from pdkit.loader import load; from pdkit.monitoring.common import alertmanager_urls; "
+        "import json; from pdkit.inventory.loader import load; from pdkit.monitoring.common import alertmanager_urls; "
         f"spec = load({inventory!r}); mon = spec.monitoring_hosts[0]; a = mon.monitoring.alerting; "
         "print(json.dumps({'am': alertmanager_urls(spec)[0], 'mon': mon.name, "
         "'group_wait_s': a.group_wait_s, 'group_interval_s': a.group_interval_s}))")

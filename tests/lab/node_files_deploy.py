@@ -2,7 +2,7 @@
 the deb822 source, unattended-upgrades' blacklist, the NCCL apt preferences. Used by
 tests/lab/test_node_roles.py to prove that a second run changes nothing."""
 
-from pdkit.deploy import current_spec
+from pdkit.hosts.deploy import current_spec
 from roles import nccl, nvidia_driver, nvidia_repo
 
 current_spec()

@@ -59,7 +59,7 @@ def failed_hosts(results: dict) -> set[str]:
 def lab_spec():
     # load in a child process: importing pyinfra's CLI gevent-patches the importing process
     code = (
-        "import json, sys; from pdkit.loader import load; from pdkit.plan import plan_cluster; from pdkit.flags import router_address; "
+        "import json, sys; from pdkit.inventory.loader import load; from pdkit.render.plan import plan_cluster; from pdkit.render.flags import router_address; "
         f"spec = load({INVENTORY!r}); "
         "print(json.dumps({'router': [h.name for h in spec.router_hosts][0], "
         "'gpu': [h.name for h in spec.gpu_hosts], 'addr': {h.name: h.address for h in spec.hosts}, "
@@ -73,7 +73,7 @@ def lab_spec():
 
 def json_from_child(code: str) -> dict:
     """The JSON object that CODE prints, run in a child Python: the lab tests read the spec and
-    plan there because importing pyinfra's CLI (pdkit.loader does) gevent-patches the importer."""
+    plan there because importing pyinfra's CLI (pdkit.inventory.loader does) gevent-patches the importer."""
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120, check=True)
     return json.loads(out.stdout)
 
@@ -157,10 +157,10 @@ def _deploy_from_tree(tree: Path) -> list[str]:
 
 
 def test_a_control_side_change_restarts_nothing_and_a_node_side_one_only_pdkit_exporter(lab, deployed, tmp_path):
-    """Issue 48 item 2: the node wheel holds the node's files only (pdkit.wheelhouse.NODE_SOURCES). A deploy from
+    """Issue 48 item 2: the node wheel holds the node's files only (pdkit.wheels.wheelhouse.NODE_SOURCES). A deploy from
     a source tree whose only change is control-side (pdkit/bench/record.py) installs nothing and leaves every
     daemon on every host alone (same MainPID, same environment). A change to a file the node runs
-    (pdkit/releases.py) installs a new node venv and restarts pdkit-exporter onto it, and leaves the engines and
+    (pdkit/agent/releases.py) installs a new node venv and restarts pdkit-exporter onto it, and leaves the engines and
     the router alone (issue 30 item 3: the engines run from their own environment; issue #18 item 8: the exporter
     starts after the venv it runs is complete and linked). Deploying the real tree puts the node venv back."""
     import shutil
@@ -188,7 +188,7 @@ def test_a_control_side_change_restarts_nothing_and_a_node_side_one_only_pdkit_e
 
     # 2. a file the node runs: a new node venv, pdkit-exporter restarted onto it, nothing else
     mark = f"LAB_MARK = {uuid.uuid4().hex!r}"
-    node_side = tree / "pdkit" / "releases.py"
+    node_side = tree / "pdkit" / "agent" / "releases.py"
     node_side.write_text(node_side.read_text() + f"\n# a node-side change (tests/lab/test_deploy.py)\n{mark}\n")
     ops = _deploy_from_tree(tree)
     assert any("| Install node venv" in n for n in ops) and not any("Install engine venv" in n for n in ops), ops

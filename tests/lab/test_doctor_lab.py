@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from pdkit.health import http_request, router_worker_health
+from pdkit.agent.health import http_request, router_worker_health
 from tests.conftest import REPO
 from tests.lab.test_deploy import INVENTORY, failed_hosts, json_from_child, lab_spec, run_pyinfra, wait_circuits_closed
 
@@ -77,7 +77,7 @@ def failures(report: dict) -> list[tuple[str, str, str]]:
 def lab_layout() -> dict:
     # load in a child process: importing pyinfra's CLI gevent-patches the importing process
     code = (
-        "import json; from pdkit.loader import load; from pdkit.doctor.collection import router_urls; "
+        "import json; from pdkit.inventory.loader import load; from pdkit.doctor.collection import router_urls; "
         f"spec = load({INVENTORY!r}); "
         "print(json.dumps({'gpu': [h.name for h in spec.gpu_hosts], 'routers': router_urls(spec)}))"
     )
@@ -167,7 +167,7 @@ def test_graphs_off_on_one_engine_fails_exactly_that_check_and_the_bench_shows_t
         assert recorded[label]["env"]["measured"] == {"via": "engines", "hosts": [host], "engines": [f"{host}/prefill", f"{host}/{ENGINE}"],
                                                       "routes": [pair]}, recorded[label]["env"]["measured"]
     assert recorded["graphs-on"]["env"]["measured"]["via"] == "router"
-    # each level's KV hand-offs from the prefills' own /metrics (pdkit.kvcost): through the router
+    # each level's KV hand-offs from the prefills' own /metrics (pdkit.spec.kvcost): through the router
     # every prefill it fronts, with --limit the pair's; one per request, 128 prompt tokens x the
     # sim's 65,536 bytes each = 8 MiB (SGLang's "MB")
     for label, prefills in (("graphs-on", None), ("pair-graphs-on", [f"{host}/prefill"])):
@@ -208,15 +208,15 @@ def test_graphs_off_on_one_engine_fails_exactly_that_check_and_the_bench_shows_t
 
 def test_cold_jit_caches_start_one_engine_at_a_time_and_the_gate_makes_them_warm(lab, base_deployed, tmp_path):
     """Issue 45 item 2 on a lab host's sim engines: with both warm stamps removed, the deploy's restart
-    command (pdkit.jitplan.restart_command -> python -m pdkit.jitwarm restart) stops the decode, starts the
+    command (pdkit.render.jitplan.restart_command -> python -m pdkit.jitwarm restart) stops the decode, starts the
     prefill, waits for it to serve, then starts the decode; the deploy's gates write the stamps again, and
     doctor's jit_caches row passes for both."""
     from tests.lab.test_deploy import ssh
 
     host = base_deployed["gpu"][0]
     code = (
-        "import json; from pdkit import flags, gates, jitplan; from pdkit.loader import load; "
-        "from pdkit.plan import plan_cluster; "
+        "import json; from pdkit import flags, gates, jitplan; from pdkit.inventory.loader import load; "
+        "from pdkit.render.plan import plan_cluster; "
         f"spec = load({INVENTORY!r}); plan = plan_cluster(spec)[{host!r}]; "
         "engines = [s for s in plan.services if s.kind == 'engine']; "
         f"dirs = {{n: d for n, (d, _) in jitplan.engine_dirs(spec, {host!r}).items()}}; "

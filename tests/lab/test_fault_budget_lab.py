@@ -1,6 +1,6 @@
 """Issue 30: with a prefill killed, a decode killed, or a node cut off under streaming load, no
 request waits longer than the fault budget (pdkit_cluster.fault_budget.budget_s, checked by
-`pdkit validate` against each fault's worst wait: pdkit/faultbudget.py), and every failure is an
+`pdkit validate` against each fault's worst wait: pdkit/spec/faultbudget.py), and every failure is an
 error the client can see and retry, never a hang.
 
 The engines are the sim, which waits the way SGLang's decode waits (pdkit/sim/bootstrap.py:
@@ -33,7 +33,7 @@ def converged(lab):
     assert rc == 0 and not failed_hosts(results), f"converging the lab failed (rc {rc}):\n{err[-4000:]}"
     spec = lab_spec()
     spec["budget_s"] = json_from_child(
-        "import json; from pdkit.loader import load; "
+        "import json; from pdkit.inventory.loader import load; "
         "print(json.dumps(load('inventories/lab.py').cluster.fault_budget.budget_s))")
     return spec
 

@@ -22,9 +22,9 @@ pytestmark = pytest.mark.lab
 
 
 def _monitoring_facts():
-    # pdkit.loader imports pyinfra's CLI, which gevent-patches its importer: use a child process
+    # pdkit.inventory.loader imports pyinfra's CLI, which gevent-patches its importer: use a child process
     code = (
-        "import json; from pdkit.loader import load; from pdkit import monitoring as m; "
+        "import json; from pdkit.inventory.loader import load; from pdkit import monitoring as m; "
         "from pdkit.monitoring.common import _duration_s; "
         f"spec = load({INVENTORY!r}); mon = spec.monitoring_hosts[0]; router = spec.router_hosts[0]; "
         "print(json.dumps({'prom': f'http://{mon.address}:{mon.monitoring.prometheus_port}', 'alertmanagers': m.alertmanager_urls(spec), 'mon': mon.name, "

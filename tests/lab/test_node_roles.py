@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from pdkit.lab.lifecycle import ssh_run
-from pdkit.node import NCCL_PIN_PATH, SOURCES_PATH, UNATTENDED_PATH, nccl_pin_text, sources_text, unattended_text
+from pdkit.render.node import NCCL_PIN_PATH, SOURCES_PATH, UNATTENDED_PATH, nccl_pin_text, sources_text, unattended_text
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.lab

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from pdkit.health import READY_LOG_LINE
+from pdkit.agent.health import READY_LOG_LINE
 from tests.conftest import REPO
 from tests.lab.test_roll import (
     BASE,
@@ -286,9 +286,10 @@ def test_an_engine_restarted_onto_other_weights_fails_its_gate_naming_the_rank(l
     PDKIT_SIM_WEIGHTS_SALT through a drop-in: its configuration, so its record's key, unchanged)
     fails the engine gate that the deploy, the roll and a restore run, naming the rank and both
     checksums from /weights_checker; back on its own weights it passes again."""
-    from pdkit import flags, gates
-    from pdkit.loader import load
-    from pdkit.plan import plan_cluster
+    from pdkit.agent import gates
+    from pdkit.inventory.loader import load
+    from pdkit.render import flags
+    from pdkit.render.plan import plan_cluster
 
     host = box["router"]
     spec = load(ONE)
@@ -357,7 +358,7 @@ def test_a_burst_queued_behind_a_small_decode_pool_is_served_and_a_killed_prefil
     nothing dead: at the kit's fault budget every request is served (at the old 60 s bootstrap timeout
     of a slower box, the queued ones failed). A prefill killed during a second burst still fails its
     requests with an error status within the budget, none hangs."""
-    from pdkit.loader import load
+    from pdkit.inventory.loader import load
 
     host = box["router"]
     addr = box["addr"][host]

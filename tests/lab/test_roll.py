@@ -54,7 +54,7 @@ def plan_of(inventory: str | Path) -> dict:
     """Release hash and file hashes per host, addresses, router: computed in a child process
     (importing pyinfra's CLI gevent-patches the importing process)."""
     code = (
-        "import json; from pdkit.loader import load; from pdkit.plan import plan_cluster; "
+        "import json; from pdkit.inventory.loader import load; from pdkit.render.plan import plan_cluster; "
         f"spec = load({str(inventory)!r}); plans = plan_cluster(spec); "
         "print(json.dumps({'release': {n: p.release_hash for n, p in plans.items()}, "
         "'files': {n: {f.path: f.sha256 for f in p.files} for n, p in plans.items()}, "
@@ -319,11 +319,11 @@ def test_a_node_cut_off_mid_roll_stops_the_roll_and_a_later_roll_completes(lab, 
 
 
 def test_the_weights_page_cache_residency_is_read_and_warmed_on_a_lab_host(lab, base_plan):
-    """pdkit.residency from the node venv the deploy installed, on a lab host's own kernel: a weight
+    """pdkit.agent.residency from the node venv the deploy installed, on a lab host's own kernel: a weight
     file evicted from the page cache reads as cold, the warm reads it in (issue 45 item 3; the roll runs
     the same command before a real engine's drain, Roller.warm_weights)."""
-    from pdkit import flags
-    from pdkit.loader import load
+    from pdkit.inventory.loader import load
+    from pdkit.render import flags
 
     host = base_plan["gpu"][1]
     python = flags.node_python(load(str(REPO / BASE)))

@@ -2,7 +2,7 @@
 seconds; the router must send it traffic again within a few seconds of it being healthy.
 
 Before: healthy at 7 s, idle until ~62 s (smg's default 60 s circuit-breaker timeout, while
-/workers called it healthy). The bound is pdkit.flags.readmission_bound_s for the lab's router. Leaves the lab converged, every breaker closed.
+/workers called it healthy). The bound is pdkit.render.flags.readmission_bound_s for the lab's router. Leaves the lab converged, every breaker closed.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from pdkit import flags
+from pdkit.render import flags
 from tests.lab.test_deploy import circuit_states, failed_hosts, lab_spec, run_pyinfra, ssh, wait_circuits_closed
 from tests.lab.test_roll import Load
 
@@ -21,8 +21,8 @@ pytestmark = pytest.mark.lab
 
 
 def serves_within_s(spec_file: str = "inventories/lab.py") -> float:
-    """The lab router's readmission bound (pdkit/flags.py readmission_bound_s), not the 60 s breaker default."""
-    from pdkit.loader import load
+    """The lab router's readmission bound (pdkit/render/flags.py readmission_bound_s), not the 60 s breaker default."""
+    from pdkit.inventory.loader import load
 
     spec = load(spec_file)
     router = spec.router_hosts[0].router

@@ -1,5 +1,5 @@
 """Issue #18 item 9 on the running lab hosts: each pdkit unit's `systemd-analyze security` exposure
-at or below its target (pdkit/exposure.py), the router as its own user, its API key readable by
+at or below its target (pdkit/render/exposure.py), the router as its own user, its API key readable by
 no engine and never in the router's environment or argv.
 
 Before: every service ran as `pdkit` (an engine could read the router's /proc/<pid>/environ,
@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import requests
 
-from pdkit.exposure import overall_exposure, unit_target
+from pdkit.render.exposure import overall_exposure, unit_target
 from tests.lab.test_deploy import failed_hosts, lab_spec, run_pyinfra, ssh, wait_circuits_closed
 from tests.lab.test_roll import derived_inventory
 

@@ -30,9 +30,9 @@ from pathlib import Path
 
 import pytest
 
-from pdkit import wheelhouse
 from pdkit.lab.lifecycle import ssh_run
-from pdkit.platforms import KNOWN_PLATFORMS
+from pdkit.wheels import wheelhouse
+from pdkit.wheels.platforms import KNOWN_PLATFORMS
 from tests.conftest import REPO
 from tests.lab import engine_handover as handover
 
@@ -125,7 +125,7 @@ def test_a_wheel_missing_from_the_cache_offline_fails_before_any_host_changes(la
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
     # the node, the package, the cause and the fix, in one message; no traceback
-    assert "lab-mon" in out and "offline (PDKIT_OFFLINE)" in out and "sglang==0.5.23" in out and "python -m pdkit.wheelhouse" in out, out[-3000:]
+    assert "lab-mon" in out and "offline (PDKIT_OFFLINE)" in out and "sglang==0.5.23" in out and "python -m pdkit.wheels.wheelhouse" in out, out[-3000:]
     assert "No host was changed" in out and "Traceback" not in out, out[-3000:]
     assert on_host(lab, f"test -e {INSTALL_DIR} || test -e {CONFIG_DIR}").returncode != 0, "the host was changed"
 
@@ -190,7 +190,7 @@ def test_sglang_installs_offline_from_the_lock_and_its_parser_accepts_the_render
     assert set(argvs) == {"prefill", "decode"}
     argcheck_request = json.dumps({"argvs": [argvs["prefill"], argvs["decode"], [*argvs["decode"], "--cuda-graph-max-bs-decod", "x"]]})
     # the checker (stdlib only, with its sibling argcheck_common.py) copied from this checkout, run by the engine
-    # venv's Python: a control-side contract script, so not in the node wheel (pdkit.wheelhouse.NODE_SOURCES)
+    # venv's Python: a control-side contract script, so not in the node wheel (pdkit.wheels.wheelhouse.NODE_SOURCES)
     checker_dir = "/tmp/pdkit-argcheck"
     for name in ("sglang_argcheck.py", "argcheck_common.py"):
         text = (REPO / "pdkit" / "contract" / name).read_text()

@@ -74,7 +74,7 @@ ROLLED_BODY = SPANNING_BODY + "_by[_head]['pdkit_node']['engines'][0]['tuning'] 
 
 def span_spec(inventory) -> dict:
     code = (
-        "import json; from pdkit.loader import load; from pdkit.flags import router_address, sglang_args, nccl_env; "
+        "import json; from pdkit.inventory.loader import load; from pdkit.render.flags import router_address, sglang_args, nccl_env; "
         f"spec = load({str(inventory)!r}); "
         f"head = next(h for h, e in spec.engines() if e.name == {SPAN!r}); engine = head.node.engine({SPAN!r}); "
         "ranks = spec.engine_hosts(head, engine); "
@@ -247,7 +247,7 @@ def test_a_rolled_change_restarts_every_rank_together_gated_on_rank_0(lab, spann
         proc = subprocess.run([PDKIT, "roll", str(spanning["rolled"]), "--report", str(report)], capture_output=True, text=True, timeout=900)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
-    # one batch over both ranks' hosts, gated by the deploy's own gate table (pdkit/gates.py: rank 0's
+    # one batch over both ranks' hosts, gated by the deploy's own gate table (pdkit/agent/gates.py: rank 0's
     # /health, the other rank's unit staying up while rank 0 is ready)
     batch = next(m.group(1) for line in out.splitlines()
                  if (m := re.search(r"\]\s+(\S+)\s+ready\s+\d+ engine and daemon gate\(s\) passed", line)))
@@ -269,7 +269,7 @@ def test_a_rolled_change_restarts_every_rank_together_gated_on_rank_0(lab, spann
 
 
 def test_a_killed_rank_is_recovered_with_zero_lost_data_and_a_bounded_outage(lab, spanning):
-    from pdkit.router_api import RouterClient
+    from pdkit.clients.router_api import RouterClient
 
     spec = spanning["spec"]
     head, rank1, other = *spec["ranks"], spec["other"]

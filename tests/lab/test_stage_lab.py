@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
+from pdkit.agent import weightstore as store
 from pdkit.lab.lifecycle import ssh_run
-from pdkit.weights import store
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.lab

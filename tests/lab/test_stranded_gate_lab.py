@@ -4,7 +4,7 @@ The control side is killed with SIGKILL mid-gate, as a killed `pdkit roll` is: (
 path, pyinfra's API over paramiko (pdkit/roll/pyinfra_api.py run_remote: `sh -c '...'`, stdin
 closed at once), and (b) OpenSSH's client running it the way pyinfra runs a command with sudo
 (`sudo -H -n sh -c '...'`). The gate waits on a unit that does not exist and a URL that never
-answers, with a 600 s timeout. Before pdkit/lifeline.py it went on polling on the host for those
+answers, with a 600 s timeout. Before pdkit/agent/lifeline.py it went on polling on the host for those
 600 s; now nothing of it may be left running within LEFT_WITHIN_S, and the host's journal says why.
 
 The gate runs from this checkout's pdkit (its three modules copied to /tmp on the host) with the
@@ -54,7 +54,7 @@ def _closure(module: str) -> list[str]:
     return found
 
 
-MODULES = _closure("pdkit/health.py")
+MODULES = _closure("pdkit/agent/health.py")
 
 CONTROL = """
 import sys

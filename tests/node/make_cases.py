@@ -68,7 +68,7 @@ def main() -> None:
     rtx = _rtx_topology()
     write("NvidiaTopology", "rtx-pro-6000-8x-pcie", rtx, built + "nvidia-smi topo -m layout and legend; GPU pairs under one PCIe switch PIX, same socket NODE, across sockets SYS")
     write("NvidiaTopology", "a6000-2x-pcie", ["\t\x1b[4mGPU0\tGPU1\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m", "GPU0\t X \tPHB\t0-23\t0\t\tN/A", "GPU1\tPHB\t X \t0-23\t0\t\tN/A", "", "Legend:", "", "  X    = Self"], built + "same layout as the H200 capture, a workstation whose two GPUs meet at the CPU's host bridge (PHB)")
-    write("RebootRequired", "marked", ["NVIDIA driver packages changed by pdkit (branch 580, nvidia-dkms)"], "the marker nvidia_driver writes (pdkit.node.reboot_marker_text)")
+    write("RebootRequired", "marked", ["NVIDIA driver packages changed by pdkit (branch 580, nvidia-dkms)"], "the marker nvidia_driver writes (pdkit.render.node.reboot_marker_text)")
     write("RebootRequired", "absent", [], "no marker file")
 
 

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from pdkit.node import (
+from pdkit.render.node import (
     KEYRING_PATH,
     NCCL_PIN_PATH,
     SOURCES_PATH,

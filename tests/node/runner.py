@@ -45,7 +45,7 @@ NODE = {
         {"name": "decode", "role": "decode", "gpus": [4, 5, 6, 7], "port": 30001},
     ],
 }
-_KEEP: list[Inventory] = []  # pdkit.deploy caches the spec by id(inventory): keep ids unique
+_KEEP: list[Inventory] = []  # pdkit.hosts.deploy caches the spec by id(inventory): keep ids unique
 
 
 def fact_key(cls: type) -> str:

@@ -1,6 +1,6 @@
 """A node's own engine environment (pdkit_node.engine_venv, issue 22 item 1): the preflight's probe
 (roles.node_facts.EngineEnv, one command in the NodeFacts round trip) and its pure decision
-(pdkit.preflight.engine_env_problems), each class of problem, then the probe run for real here
+(pdkit.hosts.preflight.engine_env_problems), each class of problem, then the probe run for real here
 against small fake environments."""
 
 from __future__ import annotations
@@ -13,9 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from pdkit.loader import load
-from pdkit.preflight import check_host, engine_env_problems, engine_env_wants, format_report, has_errors, same_release
-from pdkit.versions import NIXL_IMPORT
+from pdkit.hosts.preflight import (
+    check_host,
+    engine_env_problems,
+    engine_env_wants,
+    format_report,
+    has_errors,
+    same_release,
+)
+from pdkit.inventory.loader import load
+from pdkit.upstream.versions import NIXL_IMPORT
 from roles.node_facts import NODE_FACTS, NODE_FACTS_MARK, EngineEnv, NodeFacts
 from tests.conftest import BASE_CLUSTER, BASE_HOSTS, write_inventory
 
@@ -237,7 +244,7 @@ def test_each_host_gets_pdkit_alone_in_its_node_venv_and_an_engine_environment_o
     <install_dir>/engine-venv on a host whose engines run from the kit's environment, nowhere on
     a node that provides its own (gpu01) or a host with no engine (mon01)."""
     import roles.base as base
-    from pdkit import wheelhouse
+    from pdkit.wheels import wheelhouse
 
     hosts = copy.deepcopy(BASE_HOSTS)
     hosts["gpu01"]["pdkit_node"]["engine_venv"] = VENV

@@ -1,4 +1,4 @@
-"""pdkit.node's decisions and the spec/flags fields of the node layer."""
+"""pdkit.render.node's decisions and the spec/flags fields of the node layer."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import copy
 
 import pytest
 
-from pdkit import flags
-from pdkit.loader import load, load_with_problems
-from pdkit.node import UnsupportedNode, driver_packages, kernel_flavour, node_stack, repo_distro, sources_text
+from pdkit.inventory.loader import load, load_with_problems
+from pdkit.render import flags
+from pdkit.render.node import UnsupportedNode, driver_packages, kernel_flavour, node_stack, repo_distro, sources_text
 from tests.conftest import write_inventory
 from tests.node.runner import CLUSTER, NODE
 

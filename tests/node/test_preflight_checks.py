@@ -1,4 +1,4 @@
-"""pdkit.preflight's checks on real captured facts (H200) and documented layouts (RTX PRO 6000, A6000)."""
+"""pdkit.hosts.preflight's checks on real captured facts (H200) and documented layouts (RTX PRO 6000, A6000)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pdkit.loader import load
-from pdkit.preflight import check_host, format_report, has_errors, suggest_profile
+from pdkit.hosts.preflight import check_host, format_report, has_errors, suggest_profile
+from pdkit.inventory.loader import load
 from tests.conftest import REPO, write_inventory
 from tests.node.runner import CLUSTER, NODE
 from tests.node.runner import load as load_case

@@ -1,6 +1,6 @@
 """Issue 32 class 5: the preflight's model-directory check. ModelDirs' probe run for real on
 directories made here (as root: through runuser, as the user `nobody`), and the verdicts
-(pdkit.preflight.model_dir_problems, check_host) on probes of every kind."""
+(pdkit.hosts.preflight.model_dir_problems, check_host) on probes of every kind."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import tempfile
 
 import pytest
 
-from pdkit.preflight import ModelDir, check_host, model_dir_problems, model_dirs_fact_args, model_dirs_wanted
+from pdkit.hosts.preflight import ModelDir, check_host, model_dir_problems, model_dirs_fact_args, model_dirs_wanted
 from roles.node_facts import MODEL_DIRS_MARK, ModelDirs, NodeFacts
 from tests.node.runner import NODE
 from tests.node.test_preflight_checks import errors, rtx_facts, spec_host
@@ -188,7 +188,7 @@ def test_a_fact_that_was_not_read_is_a_warning_not_silence(tmp_path):
 
 
 def test_the_probe_sends_the_config_keys_the_rules_read(models):
-    """Issue 46 item 4: the probe keeps pdkit.modelconfig.CONFIG_KEYS of config.json (and of a text sub-config)."""
+    """Issue 46 item 4: the probe keeps pdkit.spec.modelconfig.CONFIG_KEYS of config.json (and of a text sub-config)."""
     make, _top = models
     d = make("ctx", ["model.safetensors"])
     with open(os.path.join(d, "config.json"), "w") as fh:
@@ -221,7 +221,7 @@ def test_check_host_refuses_a_context_longer_than_the_node_s_model(tmp_path, con
 
 @pytest.mark.parametrize("backend, expect", [("flashinfer", True), ("triton", False)])
 def test_the_models_architecture_rules_run_on_the_config_the_node_holds(tmp_path, backend, expect):
-    """pdkit.modelconfig.architecture_problems on the node's config.json keys (issue 46 item 4): an Olmo2
+    """pdkit.spec.modelconfig.architecture_problems on the node's config.json keys (issue 46 item 4): an Olmo2
     checkpoint makes SGLang refuse FlashInfer attention at start; triton passes."""
     node = copy.deepcopy(NODE)
     for engine in node["engines"]:

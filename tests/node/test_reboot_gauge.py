@@ -5,11 +5,11 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pdkit.exporter.collector import PdkitCollector
-from pdkit.exporter.config import parse_config
-from pdkit.exporter.system import REBOOT_MARKER_PATH as EXPORTER_MARKER
-from pdkit.exporter.system import ProcessInspector, SystemdPids
-from pdkit.node import REBOOT_MARKER_PATH
+from pdkit.agent.exporter.collector import PdkitCollector
+from pdkit.agent.exporter.config import parse_config
+from pdkit.agent.exporter.system import REBOOT_MARKER_PATH as EXPORTER_MARKER
+from pdkit.agent.exporter.system import ProcessInspector, SystemdPids
+from pdkit.render.node import REBOOT_MARKER_PATH
 from tests.exporter.support import FakeSystemctl
 
 

@@ -227,10 +227,10 @@ def sse_events(resp: requests.Response) -> list[Any]:
 
 @contextlib.contextmanager
 def gated_unit(tmp_path: Path, monkeypatch, unit: str, exec_start: str) -> Iterator[tuple[Processes, Path]]:
-    """A node for the engine gate (pdkit.health) without systemd: UNIT is active (one invocation) and
+    """A node for the engine gate (pdkit.agent.health) without systemd: UNIT is active (one invocation) and
     its journal holds nothing (rotated away, as on a busy box), its unit file runs EXEC_START; the
     process group its sim engines start in, and the unit file."""
-    from pdkit import health
+    from pdkit.agent import health
 
     monkeypatch.setattr(health, "_unit_snapshot", lambda _unit: {"ActiveState": "active", "SubState": "running",
                                                                  "InvocationID": "inv1", "NRestarts": "0"})

@@ -2,7 +2,7 @@
 
 The sim runs with exactly the argv generated for `python -m sglang.launch_server`, so a flag the
 kit renders that the sim rejects would break `engine: sim` deployments. Rendering lives in
-pdkit.flags (spec -> argv) and pdkit.loader (inventory -> spec); while those are missing or
+pdkit.render.flags (spec -> argv) and pdkit.inventory.loader (inventory -> spec); while those are missing or
 their API moves, this test skips rather than guesses. Inventories are loaded in a child process:
 loading one imports pyinfra, which gevent-patches the whole interpreter.
 """
@@ -20,18 +20,18 @@ from pdkit.sim.args import check_argv
 
 from .support import PYTHON
 
-if importlib.util.find_spec("pdkit.flags") is None or importlib.util.find_spec("pdkit.loader") is None:
-    pytest.skip("pdkit.flags not available yet", allow_module_level=True)
+if importlib.util.find_spec("pdkit.render.flags") is None or importlib.util.find_spec("pdkit.inventory.loader") is None:
+    pytest.skip("pdkit.render.flags not available yet", allow_module_level=True)
 
 REPO = Path(__file__).resolve().parents[2]
 INVENTORIES = sorted(p for p in (REPO / "inventories").glob("*.py") if not p.name.startswith("_"))
 
 RENDER = """
 import json, sys
-import pdkit.flags as flags
-from pdkit.loader import load
+import pdkit.render.flags as flags
+from pdkit.inventory.loader import load
 if not hasattr(flags, "sglang_args"):
-    print(json.dumps({"skip": "pdkit.flags.sglang_args not available yet"})); sys.exit(0)
+    print(json.dumps({"skip": "pdkit.render.flags.sglang_args not available yet"})); sys.exit(0)
 spec = load(sys.argv[1], cwd=sys.argv[2])
 engines = spec.engines() if callable(spec.engines) else spec.engines
 print(json.dumps({"argvs": [flags.sglang_args(spec, h, e) for h, e in engines]}))

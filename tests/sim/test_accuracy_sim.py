@@ -1,5 +1,5 @@
 """The answer gate's accuracy part (d) end to end: the real sgl-eval (pinned, pdkit's `eval` extra) run
-by pdkit.evalrun against sim engines behind the real smg router, its metrics.json read into the record.
+by pdkit.clients.evalrun against sim engines behind the real smg router, its metrics.json read into the record.
 
 The sim is no model: its answers hold no \\boxed{} answer, so it scores 0 (the mechanics are tested
 first). With PDKIT_SIM_ANSWER_BOXED it states an answer derived from its own tokens (docs/sim.md,
@@ -13,9 +13,9 @@ import importlib.util
 import json
 from pathlib import Path
 
-from pdkit import answers
-from pdkit.answers import Accuracy
 from pdkit.bench.measure import Measured
+from pdkit.clients import answers
+from pdkit.clients.answers import Accuracy
 from tests.conftest import require
 
 from .conftest import start_pd_stack

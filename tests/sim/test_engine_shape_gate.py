@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from pdkit import health
+from pdkit.agent import health
 from pdkit.sim.localstack import sim_command
 
 from .support import Processes, free_ports, gated_unit, get, status_of, wait_until

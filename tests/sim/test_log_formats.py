@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from pdkit import catalogue
 from pdkit.sim.logs import format_decode_batch, format_keys, format_prefill_batch, line_keys
+from pdkit.upstream import catalogue
 
 REAL = Path(__file__).resolve().parent.parent / "fixtures" / "sglang-0.5.17-h200-pd-one-gpu"
 SIM_LINES = {

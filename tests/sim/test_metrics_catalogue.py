@@ -1,4 +1,4 @@
-"""The sim's /metrics against the metric catalogue (pdkit/data/metric_catalogue.json, generated from
+"""The sim's /metrics against the metric catalogue (pdkit/upstream/data/metric_catalogue.json, generated from
 each pinned SGLang wheel's own collectors), for every catalogued release: the same family names, types
 and label names; the eager families there from the start; the lazy ones absent until their first event
 (a request, a KV transfer, a failure) and present after it."""
@@ -12,8 +12,8 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from pdkit import catalogue, metricnames
-from pdkit.sglang_pd import NO_PREFILL_BOOTSTRAP_TIMEOUT
+from pdkit.upstream import catalogue, metricnames
+from pdkit.upstream.sglang_pd import NO_PREFILL_BOOTSTRAP_TIMEOUT
 
 from .support import SIM_TEST_ENV, free_ports, get, post, start_sim, wait_until
 
@@ -117,7 +117,7 @@ def test_sim_metrics_are_the_catalogues(procs, version):
     # 3. A forced failure: a prefill whose decode never comes times out its bootstrap, a decode whose
     #    prefill never gets the request times out waiting for the KV. The failure counters appear, at 1.
     #    Not on 0.5.17 with NIXL (the local stack's backend): its prefill never checks the bootstrap
-    #    timeout (pdkit.sglang_pd.NO_PREFILL_BOOTSTRAP_TIMEOUT), so the request waits on, counted in the
+    #    timeout (pdkit.upstream.sglang_pd.NO_PREFILL_BOOTSTRAP_TIMEOUT), so the request waits on, counted in the
     #    prefill's bootstrap queue, and no failure series appears.
     if (version, "nixl") in NO_PREFILL_BOOTSTRAP_TIMEOUT:
         with ThreadPoolExecutor(1) as pool:

@@ -17,7 +17,7 @@ ENV = {"PDKIT_SIM_RANK_LOSS_TIMEOUT_S": LOSS_S}
 
 
 def _rank_argv(port: int, dist_port: int, rank: int, nnodes: int = 2) -> list[str]:
-    # every rank the same argv but --node-rank, as pdkit.flags renders them
+    # every rank the same argv but --node-rank, as pdkit.render.flags renders them
     return sim_argv("null", port, extra=["--tp-size", "4", "--nnodes", str(nnodes), "--node-rank", str(rank),
                                          "--dist-init-addr", f"127.0.0.1:{dist_port}"])
 

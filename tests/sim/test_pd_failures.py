@@ -117,7 +117,7 @@ def test_prefill_restarted_before_the_heartbeat_misses_add_up_leaves_the_decode_
     before its model is loaded (the tokenizer manager starts it first: entrypoints/engine.py). A
     prefill back within MISSES checks resets the count, and the decode's request waits for the
     waiting timeout: the one PD wait only SGLANG_DISAGGREGATION_WAITING_TIMEOUT bounds, which is
-    why pdkit.faultbudget renders it (docs/rolling.md, "The fault budget")."""
+    why pdkit.spec.faultbudget renders it (docs/rolling.md, "The fault budget")."""
     stall = tmp_path / "prefill-stalled"
     stack = start_pd_stack(procs, prefill_env={"PDKIT_SIM_STALL_FILE": str(stall)})
     chat = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 8, "stream": True}

@@ -13,11 +13,11 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pdkit import catalogue
-from pdkit.parsertable import sglang_parser
 from pdkit.sim.args import parse_args, release_problems
 from pdkit.sim.prefixcache import PrefixCache
 from pdkit.sim.stepmodel import kv_tokens_to_send
+from pdkit.upstream import catalogue
+from pdkit.upstream.parsertable import sglang_parser
 
 from .support import MODEL, SIM_TEST_ENV, free_ports, get, post, sim_argv, start_sim
 
@@ -105,8 +105,8 @@ def test_cache_flags_follow_each_release_parser():
 def test_a_release_without_the_decode_flag_would_refuse_it(monkeypatch):
     """Both pinned parsers have --disaggregation-decode-enable-radix-cache; a release whose table lacked
     it would make the sim refuse it (the check reads the table, not a list of its own)."""
-    from pdkit import parsertable
     from pdkit.sim import args
+    from pdkit.upstream import parsertable
 
     options = [o for o in parsertable.table()["sglang"]["0.5.17"]["options"]
                if "--disaggregation-decode-enable-radix-cache" not in o["flags"]]

@@ -21,9 +21,9 @@ from pathlib import Path
 import requests
 import yaml
 
-from pdkit import flags
 from pdkit import monitoring as mon
-from pdkit.loader import load
+from pdkit.inventory.loader import load
+from pdkit.render import flags
 from tests.conftest import require, write_inventory
 
 from .conftest import start_pd_stack

@@ -11,10 +11,10 @@ import contextlib
 import io
 import types
 
-from pdkit.loader import load
+from pdkit.clients.router_api import RouterClient
+from pdkit.inventory.loader import load
 from pdkit.roll import commands
 from pdkit.roll.roller import Progress, Roller
-from pdkit.router_api import RouterClient
 from tests.conftest import REPO
 from tests.test_roll import _FakePyinfra
 

@@ -1,4 +1,4 @@
-"""pdkit.router_api across an API key change, against the real smg 1.13.0 with sim engines on loopback.
+"""pdkit.clients.router_api across an API key change, against the real smg 1.13.0 with sim engines on loopback.
 
 What `pdkit roll` relies on when pdkit_cluster.secrets.router_api_key is added, rotated or
 removed (issue 30 item 4): the roll's client holds the keys in order (the one the running
@@ -14,7 +14,7 @@ import secrets
 
 import pytest
 
-from pdkit.router_api import Key, RouterClient, RouterKeyError
+from pdkit.clients.router_api import Key, RouterClient, RouterKeyError
 from pdkit.sim.localstack import free_ports, router_command
 
 from .support import launch_sim, wait_ready, wait_until

@@ -33,8 +33,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from pdkit.flags import router_breaker_args
-from pdkit.router_api import RouterClient
+from pdkit.clients.router_api import RouterClient
+from pdkit.render.flags import router_breaker_args
 from pdkit.sim.localstack import smg_binary
 from pdkit.spec import Router
 from tests.conftest import require
@@ -72,7 +72,7 @@ def launcher(kind: RouterKind) -> list[str]:
 
 
 def router_argv(kind: RouterKind, workers: list[str], port: int, metrics_port: int) -> list[str]:
-    """The router's flags as pdkit renders them by default (pdkit.flags.router_args): its health
+    """The router's flags as pdkit renders them by default (pdkit.render.flags.router_args): its health
     settings, the circuit breaker, and no --retry-*/--queue-* flags (the routers' defaults)."""
     defaults = Router.model_fields
     return [*launcher(kind), *workers, "--host", "127.0.0.1", "--port", str(port),

@@ -7,12 +7,12 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from pdkit import metricnames
 from pdkit.sim.textgen import chat_prompt, expected_output, tokenize
+from pdkit.upstream import metricnames
 
 from .support import MODEL, get, post, sse_events, wait_until
 
-# SGLang's log shapes (read from the pinned wheels into pdkit/data/metric_catalogue.json), with the `[YYYY-MM-DD HH:MM:SS TPn]` prefix.
+# SGLang's log shapes (read from the pinned wheels into pdkit/upstream/data/metric_catalogue.json), with the `[YYYY-MM-DD HH:MM:SS TPn]` prefix.
 PREFIX = r"^\[\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2} TP\d+\] "
 PREFILL_LINE = re.compile(
     PREFIX + r"Prefill batch[.,] #new-seq: \d+, #new-token: \d+, #cached-token: \d+, token usage: \d+\.\d+, "
@@ -24,7 +24,7 @@ DECODE_LINE = re.compile(
     re.M)
 READY_LINE = re.compile(r"^\[\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}\] The server is fired up and ready to roll!$", re.M)
 
-# The families the kit reads (pdkit.metricnames) that SGLang 0.5.17's own prefill / decode put on their
+# The families the kit reads (pdkit.upstream.metricnames) that SGLang 0.5.17's own prefill / decode put on their
 # pages after load (tests/fixtures/sglang-0.5.17-h200-pd-one-gpu): the sim's pages must have them too,
 # and nothing the real pages lack (failure counters while nothing failed, graph modes that never ran).
 REAL = Path(__file__).resolve().parent.parent / "fixtures" / "sglang-0.5.17-h200-pd-one-gpu"

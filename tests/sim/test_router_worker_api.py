@@ -1,7 +1,7 @@
-"""pdkit.router_api against the real smg 1.13.0 binary, with sim engines on loopback.
+"""pdkit.clients.router_api against the real smg 1.13.0 binary, with sim engines on loopback.
 
 What a roll relies on: a removed worker stops being routable at once; with the per-worker
-drain settle time set to 0 (pdkit.versions.RouterRelease.per_worker_drain_settle) it can be
+drain settle time set to 0 (pdkit.upstream.versions.RouterRelease.per_worker_drain_settle) it can be
 added back at once; with the router's own (5 s) a re-add waits the removal out (409 meanwhile).
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import time
 
-from pdkit.router_api import RouterClient
-from pdkit.versions import ROUTER_RELEASES
+from pdkit.clients.router_api import RouterClient
+from pdkit.upstream.versions import ROUTER_RELEASES
 
 from .conftest import start_pd_stack
 from .support import MODEL
@@ -63,7 +63,7 @@ def test_a_zero_settle_removal_is_immediate_and_the_default_one_is_not(procs):
 def test_sync_router_moves_a_worker_and_returns_only_once_the_old_url_is_gone(procs):
     """Issue #18 item 5: after a host's decode moved port, routersync left the old URL listed
     (draining, unhealthy) beside the new one; done now means the router lists exactly the plan."""
-    from pdkit.routersync import PlannedWorker, sync_router
+    from pdkit.hosts.routersync import PlannedWorker, sync_router
 
     from .support import free_ports, start_sim
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from pdkit import answers
+from pdkit.clients import answers
 from pdkit.sim.knobs import KnobError, Knobs, argv_matches, load_knobs
 from pdkit.sim.localstack import LocalPDStack
 from pdkit.sim.stepmodel import decode_iteration_seconds, decode_step_seconds

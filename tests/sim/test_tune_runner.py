@@ -24,7 +24,7 @@ CHILD = textwrap.dedent('''
     from pdkit.roll.pyinfra_api import patch_gevent
     patch_gevent()
     from pathlib import Path
-    from pdkit import flags
+    from pdkit.render import flags
     from pdkit.sim.localstack import LocalProcess, router_command, router_workers_ready, router_serves, wait_for
     from pdkit.tune.runner import GateFailed, Session, prepare
 

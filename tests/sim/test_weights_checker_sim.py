@@ -10,7 +10,7 @@ import hashlib
 import pytest
 import requests
 
-from pdkit import engineshape, health
+from pdkit.agent import engineshape, health
 from pdkit.sim.localstack import sim_command
 
 from .support import MODEL_PATH, Processes, free_ports, gated_unit, get, post, status_of, wait_until
@@ -20,7 +20,7 @@ UNIT = "pdkit-engine-decode.service"
 
 @pytest.fixture
 def node(tmp_path, monkeypatch):
-    """The unit is active (one invocation) and its journal holds nothing (pdkit.health's systemd reads faked)."""
+    """The unit is active (one invocation) and its journal holds nothing (pdkit.agent.health's systemd reads faked)."""
     with gated_unit(tmp_path, monkeypatch, UNIT, "python -m pdkit.sim --disaggregation-mode decode --tp-size 2") as (group, unit_file):
         yield group, [str(unit_file)], str(tmp_path / "shapes")
 

@@ -59,7 +59,7 @@ class Alert:
     absent_ok: tuple[str, ...] = ()
     # more promtool tests of this alert: subjects -> [test dict] (shapes one case per subject cannot say)
     extra_tests: Callable[[tuple[dict[str, str], ...]], list[dict]] | None = field(default=None, compare=False)
-    # one line for docs/monitoring.md's alert table (pdkit.monitoring.alerttable): when it fires
+    # one line for docs/monitoring.md's alert table (pdkit.contract.alerttable): when it fires
     fires_when: str = ""
     # what the decoys are, for the name of the quiet test
     decoys_are: str = "the prefill side"
@@ -91,7 +91,7 @@ SCOPES = (HOST, NODE, ENGINE, ROUTER_WORKERS)
 
 
 # Runbooks: spec-independent text (docs/monitoring.md's "Runbooks" section is generated from the records by
-# pdkit.monitoring.alerttable; each rule's `runbook_url` annotation links to its entry). INVENTORY stands for
+# pdkit.contract.alerttable; each rule's `runbook_url` annotation links to its entry). INVENTORY stands for
 # the cluster's inventory file (inventories/<cluster>.py); {node}, {engine} for the alert's labels of those names.
 @dataclass(frozen=True)
 class Runbook:

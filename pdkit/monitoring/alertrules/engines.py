@@ -3,7 +3,6 @@ the SLO. Each record holds its rule, its promtool cases and its runbook (pdkit.m
 
 from __future__ import annotations
 
-from pdkit.metricnames import EXPORTER_RANK_UP, SGLANG
 from pdkit.monitoring.alertrules.base import (
     ENGINE,
     JOURNAL,
@@ -38,6 +37,7 @@ from pdkit.monitoring.common import (
     speedup_of,
 )
 from pdkit.spec import DECODE_GRAPH_RULE, ClusterSpec, decode_graphs_expected
+from pdkit.upstream.metricnames import EXPORTER_RANK_UP, SGLANG
 
 ENGINE_DOWN_FOR = "2m"  # a real SGLang restart takes ~60-106 s: a 1m window would fire on every roll
 # a rank's process is gone only between a stop and the next start: systemd restarts a crashed rank after

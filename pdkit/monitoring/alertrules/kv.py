@@ -1,12 +1,10 @@
 """Alerts on the KV cache's way from prefill to decode: transfers and bootstrap handshakes that fail, hand-offs
-slower than the floor of their path (pdkit.kvcost)."""
+slower than the floor of their path (pdkit.spec.kvcost)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from pdkit.kvcost import KV_PATHS, KV_RATE_MIN_MB, kv_floor
-from pdkit.metricnames import SGLANG
 from pdkit.monitoring.alertrules.base import (
     ENGINE,
     JOURNAL,
@@ -28,9 +26,11 @@ from pdkit.monitoring.common import (
     series_text,
 )
 from pdkit.spec import prefill_kv_paths
+from pdkit.spec.kvcost import KV_PATHS, KV_RATE_MIN_MB, kv_floor
+from pdkit.upstream.metricnames import SGLANG
 
 FAILURES_FOR = "1m"
-# a prefill's KV hand-offs slower than its path's floor (pdkit.kvcost.KV_PATHS) for this long while they happen:
+# a prefill's KV hand-offs slower than its path's floor (pdkit.spec.kvcost.KV_PATHS) for this long while they happen:
 # longer than a burst that queues hand-offs for a minute or two
 KV_SLOW_FOR = "10m"
 # PdkitKvHandoffSlow's labels: the engine's and the floor it is judged by
@@ -129,7 +129,7 @@ BOOTSTRAP_FAILURES = AlertRecord(
 
 
 def kv_effective_gb_s(by: str, w: str, instances: str | None = None) -> str:
-    """PromQL: a prefill's effective KV hand-off rate over W in SGLang's unit (pdkit.kvcost: a ratio of sums, MiB
+    """PromQL: a prefill's effective KV hand-off rate over W in SGLang's unit (pdkit.spec.kvcost: a ratio of sums, MiB
     moved / 1024 over seconds spent moving them), per BY; INSTANCES: an `instance=~` regex, or every prefill."""
     sel = f'instance=~"{instances}"' if instances is not None else 'role="prefill"'
     mb, ms = SGLANG["kv_transfer_total"], SGLANG["kv_transfer_latency"]
@@ -138,7 +138,7 @@ def kv_effective_gb_s(by: str, w: str, instances: str | None = None) -> str:
 
 
 def kv_floors_text() -> str:
-    """The floors of pdkit.kvcost.KV_PATHS in words, for the alert's annotations, table line and runbook."""
+    """The floors of pdkit.spec.kvcost.KV_PATHS in words, for the alert's annotations, table line and runbook."""
     return ", ".join(f"{p.name} {p.floor_gb_s:g}" for p in KV_PATHS.values()) + " GB/s"
 
 
@@ -157,7 +157,7 @@ def _kv_rows(s: dict[str, str], gb_s: float | None, n: int = 25) -> list[tuple[s
 
 
 # a prefill's KV hand-offs slower than the floor of its path (same host, across hosts over RDMA or TCP:
-# pdkit.kvcost.kv_path per pair, the lowest floor among the decodes it may hand to) while hand-offs happen.
+# pdkit.spec.kvcost.kv_path per pair, the lowest floor among the decodes it may hand to) while hand-offs happen.
 # The floor is rendered per instance from the spec: one clause per distinct floor.
 def _kv_handoff_slow(c: Context, r: AlertRecord) -> Alert | None:
     spec, w, by = c.spec, c.w, c.by
@@ -178,7 +178,7 @@ def _kv_handoff_slow(c: Context, r: AlertRecord) -> Alert | None:
     for floor in sorted(set(floors.values()), reverse=True):
         inst = promql_regex(sorted(i for i, f in floors.items() if f == floor))
         moving = f'sum by ({by}) (rate({ms}_count{{instance=~"{inst}"}}[{w}])) > 0'
-        # small hand-offs are latency-bound: not judged by their rate (pdkit.kvcost.KV_RATE_MIN_MB)
+        # small hand-offs are latency-bound: not judged by their rate (pdkit.spec.kvcost.KV_RATE_MIN_MB)
         mb = SGLANG["kv_transfer_total"]
         sized = (f'sum by ({by}) (rate({mb}_sum{{instance=~"{inst}"}}[{w}]))\n/\n'
                  f'sum by ({by}) (rate({mb}_count{{instance=~"{inst}"}}[{w}])) >= {fmt_num(KV_RATE_MIN_MB)}')
@@ -246,7 +246,7 @@ def _kv_handoff_slow(c: Context, r: AlertRecord) -> Alert | None:
         absent_ok=(SGLANG["kv_transfer_latency"], SGLANG["kv_transfer_total"]),
         extra_tests=extra,
         fires_when=("a prefill's effective KV rate (ratio of sums) is below the floor of the slowest path it may "
-                    f"take (`pdkit.kvcost.KV_PATHS`: {kv_floors_text()}; a sim: the lowest) while hand-offs "
+                    f"take (`pdkit.spec.kvcost.KV_PATHS`: {kv_floors_text()}; a sim: the lowest) while hand-offs "
                     f"happen and hand-offs average {fmt_num(KV_RATE_MIN_MB)} MiB or more, for {c.for_(r.for_)}"),
     )
 
@@ -260,7 +260,7 @@ KV_HANDOFF_SLOW = AlertRecord(
               "moving them (a ratio of sums over the rate window, queueing behind other hand-offs included), not "
               "SGLang's `kv_transfer_speed_gb_s` mean of per-request speeds, which a few fast hand-offs keep "
               "looking healthy. The floor (label `floor`) is rendered per prefill from the spec: the lowest of "
-              "the paths to the decodes it may pair with (`pdkit.kvcost.KV_PATHS`: " + kv_floors_text() + "; "
+              "the paths to the decodes it may pair with (`pdkit.spec.kvcost.KV_PATHS`: " + kv_floors_text() + "; "
               "same-host is cuda_ipc, cross-host-tcp is `ucx_net_devices` unset or not an RDMA device); a sim: "
               "the lowest. Requests wait for their KV: TTFT grows (an H200 pair across two hosts over TCP took "
               "8-10 s per 192 MB hand-off, TTFT 15 s at C=16).",

@@ -3,8 +3,7 @@ Prometheus itself that cannot be scraped, an engine running flags or an environm
 
 from __future__ import annotations
 
-from pdkit.exporter.config import reads_gpu_health
-from pdkit.metricnames import EXPORTER, EXPORTER_GPU_WEDGED
+from pdkit.agent.exporter.config import reads_gpu_health
 from pdkit.monitoring.alertrules.base import (
     HOST,
     NODE,
@@ -28,6 +27,7 @@ from pdkit.monitoring.common import (
     scraped_hosts,
     series_text,
 )
+from pdkit.upstream.metricnames import EXPORTER, EXPORTER_GPU_WEDGED
 
 TARGET_DOWN_FOR = "5m"
 # a host's node_exporter unreachable: the whole node is down or cut off. Shorter than ENGINE_DOWN_FOR
@@ -80,7 +80,7 @@ NODE_DOWN = AlertRecord(
 )
 
 
-# a GPU an engine uses is wedged (pdkit-exporter's GPU health probe: pdkit/exporter/gpuhealth.py). The alert is
+# a GPU an engine uses is wedged (pdkit-exporter's GPU health probe: pdkit/agent/exporter/gpuhealth.py). The alert is
 # one per GPU: `seen` (what the probe saw) is left out of its labels, since a new kernel-log line would
 # otherwise end the alert and start another; the doctor row and the exporter's series name it.
 GPU_BY = (*EXPORTER_BY, "gpu", "bdf")
@@ -157,7 +157,7 @@ GPU_WEDGED = AlertRecord(
               "(`pdkit_engine_gpu_wedged == 1`; its `seen` label says why). A wedged GPU does not heal by itself: "
               "the engine on it fails, hangs, or will not start again, and `pdkit roll` and `pdkit tune` refuse "
               "any change onto it. Labels: `node`, `engine`, `role`, `gpu` (the node's index), `bdf`.",
-        causes=("a reset-class Xid in the kernel log (`pdkit.topology.RESET_XIDS`): 79 (fallen off the bus), "
+        causes=("a reset-class Xid in the kernel log (`pdkit.agent.topology.RESET_XIDS`): 79 (fallen off the bus), "
                 "48/63/64/94/95/140 (memory errors), 62, 74, 119/120 (GSP)",
                 "a hung P2P collective: the GPU busy with no process (judged only while the node's engines are "
                 "stopped: in a container nvidia-smi lists no process of another PID namespace)",

@@ -4,9 +4,6 @@ with. The alerts on smg 1.13.0's counters are declared only for routers whose re
 
 from __future__ import annotations
 
-from pdkit import flags
-from pdkit.catalogue import router_families
-from pdkit.metricnames import ROUTER
 from pdkit.monitoring.alertrules.base import (
     NODE,
     REDEPLOY,
@@ -33,11 +30,14 @@ from pdkit.monitoring.common import (
     series_text,
 )
 from pdkit.monitoring.scrape import Target
+from pdkit.render import flags
+from pdkit.upstream.catalogue import router_families
+from pdkit.upstream.metricnames import ROUTER
 
 ROUTER_DOWN_FOR = "1m"
 WORKER_UNHEALTHY_FOR = "1m"
 # a worker whose breaker keeps opening: opened again within every CB_WINDOW for this long. A single trip
-# (an engine restart; pdkit's 3 s breaker timeout, pdkit/flags.py ROUTER_BREAKER) holds the condition for
+# (an engine restart; pdkit's 3 s breaker timeout, pdkit/render/flags.py ROUTER_BREAKER) holds the condition for
 # one window only, shorter than this `for`, so it never pages; a worker that keeps failing requests re-opens
 # its breaker within seconds of each half-open trial while traffic comes.
 CB_OPEN_FOR = "5m"
@@ -86,7 +86,7 @@ ROUTER_DOWN = AlertRecord(
 
 
 def _routers_exporting(c: Context, *families: str) -> list[Target]:
-    """The routers whose pinned release exports every one of FAMILIES (pdkit/data/metric_catalogue.json, per
+    """The routers whose pinned release exports every one of FAMILIES (pdkit/upstream/data/metric_catalogue.json, per
     release): an alert on a family that another release lacks (sglang-router 0.3.2 has none of smg 1.13.0's
     overload and breaker-transition counters) is declared for these routers only, so that it never sits in
     the rules unable to fire; a spec whose routers all lack one has no such alert (docs/monitoring.md)."""
@@ -223,7 +223,7 @@ ROUTER_CIRCUIT_OPEN = AlertRecord(
     build=_router_circuit_open,
     runbook=Runbook(
         means="The router keeps opening its circuit breaker for one worker: requests sent to it keep failing "
-              "(each trip is 10 failures, pdkit/flags.py ROUTER_BREAKER), and it is pulled out of routing every "
+              "(each trip is 10 failures, pdkit/render/flags.py ROUTER_BREAKER), and it is pulled out of routing every "
               "few seconds, while its health checks may still pass (then PdkitRouterWorkerUnhealthy stays "
               "quiet). One trip that recovers (a restart) does not fire: the breaker must open again within "
               "every 2m for 5m. smg 1.13.0 only (sglang-router 0.3.2 exports no breaker transitions).",
