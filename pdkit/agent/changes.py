@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 # the key absent: "unknown venv" (legacy release), distinct from None ("runs from no venv of pdkit's")
 _UNKNOWN = object()
@@ -37,17 +38,17 @@ class Decision:
     why: dict[str, str] = field(default_factory=dict)
 
 
-def _order(units: Iterable[str], services: Mapping[str, Mapping]) -> list[str]:
+def _order(units: Iterable[str], services: Mapping[str, Mapping[str, Any]]) -> list[str]:
     # engines and daemons first, routers last: a router's gate needs its workers up
     return sorted(units, key=lambda u: (services[u].get("kind") == "router", services[u].get("kind") != "engine", u))
 
 
 def decide(
-    services: Mapping[str, Mapping],
+    services: Mapping[str, Mapping[str, Any]],
     changed_files: Iterable[str],
     changed_venvs: Iterable[str],
     running: Mapping[str, bool],
-    previous: Mapping[str, Mapping] | None = None,
+    previous: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> Decision:
     """Pure: which of SERVICES start and which restart.
 

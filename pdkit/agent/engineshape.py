@@ -121,7 +121,7 @@ def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _graph_sizes(info: dict[str, Any], states: list[dict]) -> list[int] | None:
+def _graph_sizes(info: dict[str, Any], states: list[dict[str, Any]]) -> list[int] | None:
     captured = states[0].get("decode_cuda_graph_bs") if states else None
     if isinstance(captured, list) and captured:
         return captured
@@ -131,10 +131,12 @@ def _graph_sizes(info: dict[str, Any], states: list[dict]) -> list[int] | None:
         if decode.get("backend") == "disabled":
             return None
         if isinstance(decode.get("bs"), list) and decode["bs"]:
-            return decode["bs"]
+            sizes: list[int] = decode["bs"]
+            return sizes
     for key in ("cuda_graph_bs_decode", "cuda_graph_bs"):
         if isinstance(info.get(key), list) and info[key]:
-            return info[key]
+            listed: list[int] = info[key]
+            return listed
     return None
 
 
@@ -200,7 +202,7 @@ def input_digests(paths: list[str] | tuple[str, ...], root: Path = Path("/")) ->
     return out
 
 
-def _write(path: Path, data: dict) -> None:
+def _write(path: Path, data: dict[str, Any]) -> None:
     """Atomically, mode 0644 (root's when the gate runs as root: the engine user cannot write it)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     os.chmod(path.parent, 0o755)
@@ -212,7 +214,7 @@ def _write(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
-def read_json(path: Path) -> dict | None:
+def read_json(path: Path) -> dict[str, Any] | None:
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):

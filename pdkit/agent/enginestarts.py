@@ -131,7 +131,7 @@ def restart_seconds(exit_us: int, ready_us: int | None, inactive_us: int, starte
     return (stopping + ready_us - started_us) / 1e6
 
 
-def is_warm(history: list[dict], engine_env: str | None) -> bool:
+def is_warm(history: list[dict[str, Any]], engine_env: str | None) -> bool:
     """Pure: a start is warm when an earlier start of the unit on the same engine environment
     completed (HISTORY holds completed starts only): its JIT caches were written then."""
     return engine_env is not None and any(e.get("engine_env") == engine_env for e in history)
@@ -141,7 +141,7 @@ def history_path(marks_dir: str, unit: str) -> Path:
     return Path(marks_dir) / f"{unit}{SUFFIX}"
 
 
-def read_history(marks_dir: str, unit: str) -> list[dict]:
+def read_history(marks_dir: str, unit: str) -> list[dict[str, Any]]:
     try:
         data = json.loads(history_path(marks_dir, unit).read_text())
     except (OSError, ValueError):
@@ -158,7 +158,7 @@ def _show(unit: str) -> dict[str, str]:
 
 
 def record_start(unit: str, invocation: str, marks_dir: str, *, root: Path = Path("/"),
-                 show: Callable[[str], dict[str, str]] = _show) -> dict | None:
+                 show: Callable[[str], dict[str, str]] = _show) -> dict[str, Any] | None:
     """Append INVOCATION's start of UNIT to its history (once), when the gate first saw it ready;
     the ready time is the gate's ready mark of that invocation (pdkit.agent.health.mark_ready), else now.
     The entry written, or None (another invocation runs now, already recorded, nothing readable).

@@ -17,7 +17,7 @@ not its workers), so the router's gate is its worker list plus one real completi
 from __future__ import annotations
 
 import shlex
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -91,7 +91,7 @@ def gate_for(service: Any, unit: str | None = None) -> Gate:
                 _get(service, "model"), _get(service, "api_key_file"))
 
 
-def meta(service: Any) -> dict:
+def meta(service: Any) -> dict[str, Any]:
     """What a release keeps of SERVICE's gate beyond kind, URL and timeout (pdkit.render.plan.services_meta):
     a router's planned workers, model and key file path (never the key)."""
     if _get(service, "kind") != "router":
@@ -156,7 +156,9 @@ def wait(gate: Gate) -> tuple[bool, str]:
     return health.wait_service(gate.unit, gate.url, gate.timeout)
 
 
-def wait_all(gates: Iterable[Gate], waiter=None) -> list[tuple[Gate, bool, str]]:
+def wait_all(
+    gates: Iterable[Gate], waiter: Callable[[Gate], tuple[bool, str]] | None = None
+) -> list[tuple[Gate, bool, str]]:
     """GATES of one phase at once (a node's services restart together, so their gates wait
     together rather than one after another); (gate, ready, message) each, in order."""
 

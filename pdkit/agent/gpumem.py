@@ -28,6 +28,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 # what the waiter asks nvidia-smi (memory in MiB, no units)
@@ -123,8 +124,8 @@ def read_smi(smi: str) -> str:
     return proc.stdout
 
 
-def wait(args: argparse.Namespace, read=read_smi, sleep=time.sleep, clock=time.monotonic,
-         log=print) -> int:
+def wait(args: argparse.Namespace, read: Callable[[str], str] = read_smi, sleep: Callable[[float], object] = time.sleep,
+         clock: Callable[[], float] = time.monotonic, log: Callable[[str], object] = print) -> int:
     """Poll until go or fail; the exit code (0 go, 1 the bound passed)."""
     wanted = [int(g) for g in args.gpus.split(",") if g.strip()]
     base = base_from_env(dict(os.environ)) if args.base is None else args.base

@@ -25,9 +25,10 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from pdkit.agent import engineshape, enginestarts, jitcache
 from pdkit.upstream.metricnames import SGLANG
@@ -43,7 +44,8 @@ def ready_marks_dir(shapes_dir: str) -> str:
     return str(Path(shapes_dir).parent / READY_MARKS)
 
 
-def mark_ready(unit: str, invocation: str, marks_dir: str, phases_of=None) -> None:
+def mark_ready(unit: str, invocation: str, marks_dir: str,
+               phases_of: Callable[[], dict[str, float]] | None = None) -> None:
     """Keep when this invocation of UNIT was first seen ready (the first gate to see it wins: a later
     gate of the same start would record a later time), with SGLang's own start-up phases of that
     start (PHASES_OF(): startup_phases), read once, by that first gate."""
@@ -106,8 +108,8 @@ def bearer_headers(api_key: str | None) -> dict[str, str]:
     """The HTTP header that carries an API key (the router's, an engine's), or none without a key."""
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
-def http_request(url: str, payload: dict | None = None, timeout: float = 5.0, headers: dict[str, str] | None = None,
-                 method: str | None = None) -> tuple[int, str]:
+def http_request(url: str, payload: dict[str, Any] | None = None, timeout: float = 5.0,
+                 headers: dict[str, str] | None = None, method: str | None = None) -> tuple[int, str]:
     """GET (or POST a JSON payload; or METHOD); (status, body), status 0 when nothing answered."""
     data = None if payload is None else json.dumps(payload).encode()
     all_headers = {**({"Content-Type": "application/json"} if data is not None else {}), **(headers or {})}
@@ -216,7 +218,7 @@ def server_info_url(health_url: str) -> str:
     return engine_endpoint(health_url, "server_info")
 
 
-def read_server_info(url: str, timeout: float = 5.0) -> tuple[dict | None, str]:
+def read_server_info(url: str, timeout: float = 5.0) -> tuple[dict[str, Any] | None, str]:
     """(the engine's /server_info as a dict, "") or (None, why not)."""
     status, body = http_request(url, timeout=timeout)
     if status != 200:
@@ -285,8 +287,8 @@ def wait_engine(unit: str, url: str, timeout: float, interval: float = 1.0, poll
     return False, f"not ready after {timeout:.0f} s: {reason}"
 
 
-def _engine_ready(unit: str, url: str, info: dict, invocation: str, shape_inputs, shapes_dir: str,
-                  watched: bool = False) -> tuple[bool, str]:
+def _engine_ready(unit: str, url: str, info: dict[str, Any], invocation: str, shape_inputs: tuple[str, ...] | list[str],
+                  shapes_dir: str, watched: bool = False) -> tuple[bool, str]:
     """The verdict once the engine answered: its shape against its record, and the readiness line as evidence.
     WATCHED: the gate saw this start before it was ready, so the start goes into the engine's start
     history (pdkit/agent/enginestarts.py); one already up when the gate came has no start time of its own."""
@@ -474,7 +476,7 @@ def wait_all(engines: list[tuple[str, str, float]], urls: list[tuple[str, float]
 
     start = time.monotonic()
 
-    def timed(fn, *args) -> tuple[bool, str, float]:
+    def timed(fn: Callable[..., tuple[bool, str]], *args: object) -> tuple[bool, str, float]:
         ok, message = fn(*args)
         return ok, message, time.monotonic() - start
 

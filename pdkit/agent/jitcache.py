@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -247,8 +248,8 @@ def start_seconds(phases: Mapping[str, float] | None) -> float | None:
     return round(max(values), 3) if values else None
 
 
-def next_stamp(old: Mapping | None, venv_link: str, venv: str, invocation: str, at: float,
-               phases_of: Callable[[], dict[str, float]]) -> dict | None:
+def next_stamp(old: Mapping[str, Any] | None, venv_link: str, venv: str, invocation: str, at: float,
+               phases_of: Callable[[], dict[str, float]]) -> dict[str, Any] | None:
     """Pure: the stamp after a start (INVOCATION, ready at AT, from VENV behind VENV_LINK) passed the
     engine gate, or None when OLD already holds it (a second gate of the same start). The first start
     on an environment is kept beside the last: on fresh caches it is the cold one, so the two give
@@ -263,7 +264,7 @@ def next_stamp(old: Mapping | None, venv_link: str, venv: str, invocation: str, 
     return {"venv_link": venv_link, "venv": venv, "first": start, "last": start, "starts": 1}
 
 
-def cold_extra_s(stamp: Mapping | None) -> float | None:
+def cold_extra_s(stamp: Mapping[str, Any] | None) -> float | None:
     """What compiling cost this engine, from its stamp: its first start on the environment (cold) less
     its last (warm), by SGLang's phases; None before a second start or without phases."""
     if not stamp or int(stamp.get("starts", 1)) < 2:
@@ -273,7 +274,7 @@ def cold_extra_s(stamp: Mapping | None) -> float | None:
     return None if first is None or last is None else round(max(first - last, 0.0), 1)
 
 
-def warm_state(stamp: Mapping | None, venv_now: str | None) -> tuple[str, str]:
+def warm_state(stamp: Mapping[str, Any] | None, venv_now: str | None) -> tuple[str, str]:
     """Pure: ("warm" | "cold", why) of an engine's caches for its next start. VENV_NOW: what the
     stamp's venv link points at now (None: read from nothing, the stamp is missing)."""
     if not stamp:
@@ -290,7 +291,7 @@ def warm_state(stamp: Mapping | None, venv_now: str | None) -> tuple[str, str]:
                     + f", the last at {when}" + (f" ({took:.0f} s by SGLang's phases)" if took is not None else ""))
 
 
-def read_stamp(engine_dir: str) -> dict | None:
+def read_stamp(engine_dir: str) -> dict[str, Any] | None:
     try:
         stamp = json.loads((Path(engine_dir) / WARM_STAMP).read_text())
     except (OSError, ValueError):
@@ -298,7 +299,7 @@ def read_stamp(engine_dir: str) -> dict | None:
     return stamp if isinstance(stamp, dict) else None
 
 
-def judge(engine_dir: str) -> dict:
+def judge(engine_dir: str) -> dict[str, Any]:
     """ENGINE_DIR's caches now: {"dir", "state", "why", "extra_s", "extra_from"}. EXTRA_S: what a cold
     start of this engine cost on this node beyond a warm one (`cold_extra_s`), from this directory's
     stamp, else from the same engine's directory of another release (the newest measured); None: never

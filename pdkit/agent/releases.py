@@ -35,6 +35,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from pdkit.agent import changes, gates, journald
 from pdkit.agent import weightstore as store
@@ -62,7 +63,7 @@ def release_json_path(config_dir: str) -> str:
     return f"{config_dir}/release.json"
 
 
-def release_hash(entries: dict[str, dict]) -> str:
+def release_hash(entries: dict[str, dict[str, Any]]) -> str:
     """The release hash of {path: {mode, owner, group, sha256}} (same formula as HostPlan.release_hash)."""
     digest = hashlib.sha256()
     for path in sorted(entries):
@@ -105,9 +106,9 @@ class RestorePlan:
 
 
 def plan_restore(
-    target: dict, current_files: dict[str, dict | None], current_venvs: dict[str, str], unit_active: dict[str, bool],
-    current_units: list[str],
-    previous: dict[str, dict] | None = None,
+    target: dict[str, Any], current_files: dict[str, dict[str, Any] | None], current_venvs: dict[str, str],
+    unit_active: dict[str, bool], current_units: list[str],
+    previous: dict[str, dict[str, Any]] | None = None,
     current_weights: dict[str, str | None] | None = None,
 ) -> RestorePlan:
     """Pure: the steps that put a node back on TARGET (a release's meta) from its current state.
@@ -129,7 +130,7 @@ def plan_restore(
                         if current_venvs.get(link) != dest}
     plan.weights_switch = {link: w["version"] for link, w in sorted(target.get("weights", {}).items())
                            if (current_weights or {}).get(link) != w["version"]}
-    services: dict[str, dict] = target.get("services", {})
+    services: dict[str, dict[str, Any]] = target.get("services", {})
     decision = changes.decide(services, set(plan.write) | set(plan.remove), set(plan.venv_switch), unit_active,
                               previous)
     plan.restart = [*decision.start, *decision.restart]
@@ -150,7 +151,7 @@ def host_path(root: Path, path: str) -> Path:
     return root / path.lstrip("/")
 
 
-def stat_entry(p: Path) -> dict | None:
+def stat_entry(p: Path) -> dict[str, Any] | None:
     try:
         st = p.stat()
     except OSError:
@@ -237,7 +238,7 @@ def _manifest_sha(version_path: Path) -> str | None:
         return None
 
 
-def weights_of(root: Path, release_json: str) -> dict[str, dict]:
+def weights_of(root: Path, release_json: str) -> dict[str, dict[str, Any]]:
     """Model path -> {version, sha256 (of its manifest)} for each engine model that is a staged version."""
     out = {}
     for link in model_paths(root, release_json):
@@ -248,7 +249,7 @@ def weights_of(root: Path, release_json: str) -> dict[str, dict]:
     return out
 
 
-def weights_missing(root: Path, meta: dict) -> list[str]:
+def weights_missing(root: Path, meta: dict[str, Any]) -> list[str]:
     """The version directories META's weights name that are gone from the node (or hold other weights)."""
     missing = []
     for link, w in sorted(meta.get("weights", {}).items()):
@@ -310,12 +311,12 @@ def read_current(releases: Path) -> str | None:
 
 
 def record(
-    *, root: Path, releases_dir: str, release_json: str, command: str, services: dict[str, dict], venv_links: list[str],
-    expect_hash: str | None = None, keep: int = KEEP, now: _dt.datetime | None = None,
-) -> dict:
+    *, root: Path, releases_dir: str, release_json: str, command: str, services: dict[str, dict[str, Any]],
+    venv_links: list[str], expect_hash: str | None = None, keep: int = KEEP, now: _dt.datetime | None = None,
+) -> dict[str, Any]:
     """Copy every planned file (bytes, mode, owner) into a new release and make it CURRENT."""
     releases = host_path(root, releases_dir)
-    entries: dict[str, dict] = {}
+    entries: dict[str, dict[str, Any]] = {}
     for path in planned_paths(root, release_json):
         entry = stat_entry(host_path(root, path))
         if entry is None:
@@ -331,7 +332,7 @@ def record(
     weights = weights_of(root, release_json)
     current = read_current(releases)
     if current and (releases / current / META).is_file():
-        meta = json.loads((releases / current / META).read_text())
+        meta: dict[str, Any] = json.loads((releases / current / META).read_text())
         if meta["hash"] == hash_ and meta.get("venvs") == venvs and meta.get("weights", {}) == weights:
             return meta  # the node already runs exactly this release
     when = now or _dt.datetime.now(_dt.UTC)
@@ -367,7 +368,7 @@ def _set_current(releases: Path, rid: str) -> None:
     os.replace(tmp, releases / CURRENT)
 
 
-def list_releases(*, root: Path, releases_dir: str) -> dict:
+def list_releases(*, root: Path, releases_dir: str) -> dict[str, Any]:
     releases = host_path(root, releases_dir)
     out = []
     for rid in _ids(releases):
@@ -397,13 +398,13 @@ def _unit_active(unit: str) -> bool:
     return out in ("active", "activating", "reloading")
 
 
-def _wait_service(unit: str, svc: dict) -> tuple[bool, str]:
+def _wait_service(unit: str, svc: dict[str, Any]) -> tuple[bool, str]:
     """UNIT's gate from the one gate table (pdkit/agent/gates.py), read from the release's record of it."""
 
     return gates.wait(gates.gate_for(svc, unit))
 
 
-def _install_file(src: Path, dest: Path, entry: dict) -> None:
+def _install_file(src: Path, dest: Path, entry: dict[str, Any]) -> None:
     """Write DEST atomically with the release's bytes, mode and owner (never a moment world-readable)."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.pdkit-restore")
@@ -434,8 +435,9 @@ def _switch_link(link: Path, dest: str, root: Path) -> None:
 def restore(
     *, root: Path, releases_dir: str, release_json: str, to: str | None = None,
     systemctl: Callable[[list[str]], None] = _systemctl, unit_active: Callable[[str], bool] = _unit_active,
-    wait: Callable[[str, dict], tuple[bool, str]] = _wait_service, log: Callable[[str], None] = lambda m: None,
-) -> dict:
+    wait: Callable[[str, dict[str, Any]], tuple[bool, str]] = _wait_service,
+    log: Callable[[str], None] = lambda m: None,
+) -> dict[str, Any]:
     """Put the node back on release TO (default: the one before CURRENT), restart what changed, wait for health."""
     releases = host_path(root, releases_dir)
     ids = _ids(releases)
@@ -525,8 +527,8 @@ def restore(
 
 def switch_weights(
     *, root: Path, releases_dir: str, release_json: str, link: str, version: str, command: str,
-    now: _dt.datetime | None = None, keep: int = KEEP, **restore_hooks,
-) -> dict:
+    now: _dt.datetime | None = None, keep: int = KEEP, **restore_hooks: Callable[..., Any],
+) -> dict[str, Any]:
     """New weights for a deployed node (`pdkit stage --activate`): a new release, the current one's files
     with the model path LINK on the staged VERSION, restored like any release (the link switched, the
     engines restarted, their gates waited for). A failed gate puts the node back on the release it ran,

@@ -22,16 +22,17 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 # the files SGLang's loaders read as weights (safetensors, PyTorch .bin/.pt, GGUF), not the tokenizer
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 PAGE = mmap.PAGESIZE
 READ_CHUNK = 16 << 20  # bytes per read() when warming: large enough for readahead to stream
 
-_libc = None
+_libc: ctypes.CDLL | None = None
 
 
-def _c():
+def _c() -> ctypes.CDLL:
     global _libc
     if _libc is None:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
@@ -86,7 +87,7 @@ def resident_bytes(path: Path) -> tuple[int, int]:
     return min(resident * PAGE, size), size
 
 
-def residency(files: list[Path]) -> dict:
+def residency(files: list[Path]) -> dict[str, Any]:
     """{"files", "bytes", "resident_bytes", "ratio"} over FILES."""
     total = resident = 0
     for f in files:

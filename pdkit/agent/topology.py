@@ -20,8 +20,10 @@ a busy GPU with no process). The rules:
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 # the probe, read as text and run on the node with its python3 (roles/node_facts.py PcieTopology)
 PROBE_PATH = Path(__file__).with_name("topology_probe.py")
@@ -52,7 +54,7 @@ _PORT_TYPES = {
 _LSPCI_PORT = re.compile(r"Express \(v\d\) (Root Port|Upstream Port|Downstream Port|Endpoint|Legacy Endpoint)")
 
 
-def parse_lspci_bridge(text: str | None) -> dict:
+def parse_lspci_bridge(text: str | None) -> dict[str, Any]:
     """`lspci -vvv -s BDF` -> {"port_type", "acs_ctl": {bit: bool} | None, "acs_hidden": bool}."""
     if not text:
         return {"port_type": None, "acs_ctl": None, "acs_hidden": False}
@@ -72,14 +74,17 @@ def parse_lspci_bridge(text: str | None) -> dict:
     }
 
 
-def parse_config_bridge(hexdump: str | None) -> dict:
+def parse_config_bridge(hexdump: str | None) -> dict[str, Any]:
     """A bridge's config space (hex, as the probe reads /sys/bus/pci/devices/BDF/config) -> the same
     shape as parse_lspci_bridge: the PCI Express capability's port type and the ACS capability's
     control register, walked from the capability lists (PCIe base spec 7.5.3, 7.7.8)."""
     data = bytes.fromhex(hexdump or "")
     out: dict[str, str | dict[str, bool] | bool | None] = {"port_type": None, "acs_ctl": None,
                                                           "acs_hidden": len(data) <= 256}
-    word = lambda off: int.from_bytes(data[off : off + 2], "little") if off + 2 <= len(data) else 0  # noqa: E731
+
+    def word(off: int) -> int:
+        return int.from_bytes(data[off : off + 2], "little") if off + 2 <= len(data) else 0
+
     if len(data) >= 64 and data[6] & 0x10:  # status: capabilities list
         ptr, seen = data[0x34] & 0xFC, set()
         while ptr and ptr not in seen and ptr + 4 <= len(data):
@@ -103,12 +108,12 @@ def parse_config_bridge(hexdump: str | None) -> dict:
     return out
 
 
-def parse_smi_q(text: str | None) -> dict[str, dict]:
+def parse_smi_q(text: str | None) -> dict[str, dict[str, Any]]:
     """`nvidia-smi -q` -> {bus id as sysfs writes it ('0000:06:00.0'): {"addressing_mode", "recovery_action",
     "utilization_gpu", "processes" (count, 0 for None), "retired_pending", "remap_pending", "remap_failure"}}.
     Keys it does not print (older drivers) stay None."""
-    gpus: dict[str, dict] = {}
-    current: dict | None = None
+    gpus: dict[str, dict[str, Any]] = {}
+    current: dict[str, Any] | None = None
     stack: list[tuple[int, str]] = []
     for raw in (text or "").splitlines():
         if raw.startswith("GPU ") and re.match(r"^GPU [0-9A-Fa-f]+:[0-9A-Fa-f]{2}:", raw):
@@ -181,7 +186,7 @@ _XID = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-
 _STAMP = re.compile(r"^\[\s*(\d+\.\d+)\]")
 
 
-def parse_xid_lines(lines: list[str]) -> list[dict]:
+def parse_xid_lines(lines: list[str]) -> list[dict[str, Any]]:
     """Kernel-log lines -> [{"bdf", "xid", "text", "t" (seconds since boot, dmesg's stamp, or None)}]."""
     found = []
     for line in lines:
@@ -247,22 +252,22 @@ class Topology:
     """The parsed probe: GPU places, IOMMU, HMM and health, and what the probe could not read."""
 
     gpus: dict[int, GpuPlace]
-    iommu: dict  # {"enabled": bool | None, "passthrough": bool | None, "why": str}
-    hmm: dict  # {"state": "on" | "off" | "unknown", "why": str}
-    health: dict[int, dict]  # index -> parse_smi_q's entry + "xids": [...]
+    iommu: dict[str, Any]  # {"enabled": bool | None, "passthrough": bool | None, "why": str}
+    hmm: dict[str, Any]  # {"state": "on" | "off" | "unknown", "why": str}
+    health: dict[int, dict[str, Any]]  # index -> parse_smi_q's entry + "xids": [...]
     unread: tuple[str, ...] = ()
     error: str | None = None
-    xids_unattached: tuple[dict, ...] = field(default=())
+    xids_unattached: tuple[dict[str, Any], ...] = field(default=())
 
 
-def _index_map(probe: dict, smi_gpus: list[dict] | None) -> dict[str, int]:
+def _index_map(probe: dict[str, Any], smi_gpus: list[dict[str, Any]] | None) -> dict[str, int]:
     """bdf -> GPU index: nvidia-smi's (facts["gpus"]["gpus"]) when the driver is up, else PCI order."""
     if smi_gpus:
         return {bus_id(g["pci_bus_id"]): int(g["index"]) for g in smi_gpus}
     return {g["bdf"]: i for i, g in enumerate(sorted(probe.get("gpus") or [], key=lambda g: g["bdf"]))}
 
 
-def parse_probe(probe: dict | None, smi_gpus: list[dict] | None = None) -> Topology:
+def parse_probe(probe: dict[str, Any] | None, smi_gpus: list[dict[str, Any]] | None = None) -> Topology:
     """The probe's JSON (roles/node_facts.py PcieTopology's value, or a fixture) -> Topology."""
     if not probe or probe.get("error"):
         return Topology(
@@ -310,7 +315,7 @@ def parse_probe(probe: dict | None, smi_gpus: list[dict] | None = None) -> Topol
     return Topology(gpus, iommu_state(probe, gpus), hmm_state(probe, smi), health, unread, None, loose)
 
 
-def iommu_state(probe: dict, gpus: dict[int, GpuPlace]) -> dict:
+def iommu_state(probe: dict[str, Any], gpus: dict[int, GpuPlace]) -> dict[str, Any]:
     """Is the IOMMU on for the GPUs, and in passthrough (identity) or translating (DMA, DMA-FQ)?"""
     info = probe.get("iommu") or {}
     cmdline = info.get("cmdline") or ""
@@ -344,7 +349,7 @@ def iommu_state(probe: dict, gpus: dict[int, GpuPlace]) -> dict:
 _TRUE = ("1", "y", "yes", "true", "on")
 
 
-def hmm_state(probe: dict, smi: dict[str, dict]) -> dict:
+def hmm_state(probe: dict[str, Any], smi: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """nvidia_uvm's HMM: 'off' when uvm_disable_hmm is set (loaded module, else the modprobe option) or
     nvidia-smi's Addressing Mode says it is not HMM; 'on' when nvidia-smi says HMM or the loaded module
     has uvm_disable_hmm=N; 'unknown' when neither could be read."""
@@ -403,9 +408,9 @@ def declared_topology(slots: list[tuple[str, str | None]], numa: list[int] | tup
                     ("ACS, IOMMU, HMM and GPU health: not declared (the preflight reads them)",))
 
 
-def _gpu_list(gpus) -> str:
-    gpus = sorted(gpus)
-    return f"GPU{'s' if len(gpus) > 1 else ''} {', '.join(map(str, gpus))}"
+def _gpu_list(gpus: Iterable[int]) -> str:
+    ordered = sorted(gpus)
+    return f"GPU{'s' if len(ordered) > 1 else ''} {', '.join(map(str, ordered))}"
 
 
 def _shared(topo: Topology, gpus: list[int], kind: str) -> dict[str, list[int]]:

@@ -22,6 +22,7 @@ import json
 import os
 import subprocess
 import sys
+from typing import Any  # noqa: F401  # read by the type comments (variable annotations need python 3.6)
 
 MARK = "pdkit-topology: "
 # the probe's output format: pdkit/agent/topology.py reads this version
@@ -40,18 +41,18 @@ out = {
     "xid_lines": [],
     "kernel_log": None,
     "unread": [],
-}
+}  # type: dict[str, Any]
 
 
-def unread(what, why):
+def unread(what: str, why: str) -> None:
     out["unread"].append({"what": what, "why": why})
 
 
-def path(p):
+def path(p: str) -> str:
     return ROOT + p
 
 
-def read(p, what=None):
+def read(p: str, what: "str | None" = None) -> "str | None":
     try:
         with open(path(p)) as fh:
             return fh.read().strip()
@@ -61,7 +62,7 @@ def read(p, what=None):
         return None
 
 
-def run(argv, what, timeout=60):
+def run(argv: "list[str]", what: str, timeout: int = 60) -> "str | None":
     """stdout of ARGV, or None (noted in unread) when it is missing, fails or hangs."""
     if ROOT:
         argv = [os.path.join(ROOT, "bin", argv[0])] + argv[1:]
@@ -89,7 +90,7 @@ def run(argv, what, timeout=60):
     return stdout
 
 
-def gpus():
+def gpus() -> None:
     for dev in sorted(glob.glob(path("/sys/bus/pci/devices/*"))):
         bdf = os.path.basename(dev)
         if read("/sys/bus/pci/devices/%s/vendor" % bdf) != "0x10de":
@@ -118,15 +119,15 @@ def gpus():
         )
 
 
-def bridges():
-    wanted = {}  # bdf -> its sysfs directory, in path order
+def bridges() -> None:
+    wanted = {}  # type: dict[str, str]  # bdf -> its sysfs directory, in path order
     for gpu in out["gpus"]:
         parts = gpu["sysfs_path"].split("/")  # /sys/devices/pci0000:00/<bridges>/<gpu>
         for i in range(4, len(parts) - 1):
             wanted.setdefault(parts[i], "/".join(parts[: i + 1]))
     lspci = True
     for bdf, directory in wanted.items():
-        entry = {"lspci": None, "config": None}
+        entry = {"lspci": None, "config": None}  # type: dict[str, str | None]
         if lspci:
             text = run(["lspci", "-vvv", "-D", "-s", bdf], "lspci -vvv -s %s" % bdf)
             if text is None and out["unread"] and "not installed" in out["unread"][-1]["why"]:
@@ -147,7 +148,7 @@ def bridges():
         out["bridges"][bdf] = entry
 
 
-def iommu():
+def iommu() -> None:
     info = out["iommu"]
     info["cmdline"] = read("/proc/cmdline", "/proc/cmdline")
     try:
@@ -155,7 +156,7 @@ def iommu():
     except OSError as e:
         info["devices"] = None
         unread("/sys/class/iommu", "%s: %s" % (type(e).__name__, e))
-    types = {}
+    types = {}  # type: dict[str, str | None]
     for gpu in out["gpus"]:
         if gpu["iommu_group"] is not None:
             types[gpu["iommu_group"]] = read(
@@ -164,7 +165,7 @@ def iommu():
     info["group_types"] = types
 
 
-def uvm():
+def uvm() -> None:
     info = out["uvm"]
     info["loaded"] = os.path.isdir(path("/sys/module/nvidia_uvm"))
     info["uvm_disable_hmm"] = read(
@@ -183,13 +184,13 @@ def uvm():
     info["modprobe"] = options
 
 
-def smi():
+def smi() -> None:
     if not out["gpus"]:
         return
     out["nvidia_smi_q"] = run(["nvidia-smi", "-q"], "nvidia-smi -q", timeout=120)
 
 
-def kernel_log():
+def kernel_log() -> None:
     if not out["gpus"]:
         return
     text = run(["dmesg"], "dmesg")
@@ -203,7 +204,7 @@ def kernel_log():
     out["xid_lines"] = [line for line in text.splitlines() if "NVRM: Xid" in line][-MAX_XID_LINES:]
 
 
-def main():
+def main() -> None:
     for step in (gpus, bridges, iommu, uvm, smi, kernel_log):
         try:
             step()

@@ -46,6 +46,8 @@ import re
 import stat
 import sys
 import time
+from collections.abc import Callable
+from typing import Any, BinaryIO, TextIO
 
 MANIFEST_NAME = ".pdkit-manifest.json"
 VERSION_MARK = ".pdkit-w-"
@@ -69,18 +71,18 @@ class StageError(RuntimeError):
 # ---------------------------------------------------------------- the manifest (SGLang's format)
 
 
-def manifest_bytes(files: dict[str, dict]) -> bytes:
+def manifest_bytes(files: dict[str, dict[str, Any]]) -> bytes:
     """The manifest of FILES ({name: {sha256, size}}) byte for byte as SGLang's `generate` writes it."""
     body = {"files": {name: {"sha256": info["sha256"], "size": int(info["size"])} for name, info in files.items()}}
     return json.dumps(body, indent=2, sort_keys=True).encode()
 
 
-def weights_id(files: dict[str, dict]) -> str:
+def weights_id(files: dict[str, dict[str, Any]]) -> str:
     """The SHA-256 of the manifest's bytes: what a release records as its weights."""
     return hashlib.sha256(manifest_bytes(files)).hexdigest()
 
 
-def parse_manifest(text: str | bytes, where: str = "the manifest") -> dict[str, dict]:
+def parse_manifest(text: str | bytes, where: str = "the manifest") -> dict[str, dict[str, Any]]:
     """{name: {sha256, size}} from a manifest's text; StageError naming WHERE when it is not one pdkit can stage."""
     try:
         data = json.loads(text)
@@ -93,7 +95,7 @@ def parse_manifest(text: str | bytes, where: str = "the manifest") -> dict[str, 
     if not isinstance(files, dict) or not files:
         raise StageError(f"{where} has no 'files' table; valid: "
                          '{"files": {NAME: {"sha256": HEX, "size": N}}}')
-    out = {}
+    out: dict[str, dict[str, Any]] = {}
     for name, info in files.items():
         if not isinstance(name, str) or not name or "/" in name or name in (".", "..") or name.startswith("."):
             raise StageError(f"{where}: file name {name!r} is not a plain top-level file name of the model directory")
@@ -116,7 +118,7 @@ def discover(directory: str) -> list[str]:
                   and not any(fnmatch.fnmatch(n, p) for p in IGNORED))
 
 
-def file_sha256(path: str, limit: int | None = None, progress=None) -> str:
+def file_sha256(path: str, limit: int | None = None, progress: Callable[[int], object] | None = None) -> str:
     """SHA-256 of PATH's bytes (its first LIMIT bytes when given)."""
     digest = hashlib.sha256()
     left = limit
@@ -133,7 +135,7 @@ def file_sha256(path: str, limit: int | None = None, progress=None) -> str:
     return digest.hexdigest()
 
 
-def generate(directory: str, progress=None) -> dict[str, dict]:
+def generate(directory: str, progress: Callable[[int], object] | None = None) -> dict[str, dict[str, Any]]:
     """The manifest of DIRECTORY ({name: {sha256, size}}), as SGLang's `generate` computes it."""
     names = discover(directory)
     if not names:
@@ -142,7 +144,7 @@ def generate(directory: str, progress=None) -> dict[str, dict]:
                 "size": os.path.getsize(os.path.join(directory, n))} for n in names}
 
 
-def compare(expected: dict[str, dict], actual: dict[str, dict | None]) -> list[str]:
+def compare(expected: dict[str, dict[str, Any]], actual: dict[str, dict[str, Any] | None]) -> list[str]:
     """Every file of EXPECTED that ACTUAL ({name: {sha256, size} or None}) lacks or has with other bytes."""
     problems = []
     for name, want in sorted(expected.items()):
@@ -178,7 +180,7 @@ def is_version_of(target: str, name: str) -> bool:
     return name.startswith(head) and re.fullmatch(r"[0-9a-f]{%d}" % ID_CHARS, name[len(head):]) is not None
 
 
-def active(target: str) -> dict:
+def active(target: str) -> dict[str, Any]:
     """What TARGET is now: {kind: missing|link|dir|other, version (a version name) or None, id or None}."""
     if os.path.islink(target):
         dest = os.readlink(target)
@@ -217,8 +219,10 @@ def _groups(group: str | None) -> tuple[int, int, int]:
     return 0, OPEN_FILE_MODE, OPEN_DIR_MODE
 
 
-def _stat_files(directory: str, manifest: dict[str, dict], hash_them: bool) -> dict[str, dict | None]:
-    out: dict[str, dict | None] = {}
+def _stat_files(
+    directory: str, manifest: dict[str, dict[str, Any]], hash_them: bool
+) -> dict[str, dict[str, Any] | None]:
+    out: dict[str, dict[str, Any] | None] = {}
     for name, want in manifest.items():
         path = os.path.join(directory, name)
         try:
@@ -231,7 +235,7 @@ def _stat_files(directory: str, manifest: dict[str, dict], hash_them: bool) -> d
     return out
 
 
-def prepare(target: str, manifest: dict[str, dict]) -> dict:
+def prepare(target: str, manifest: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Open (or resume) the staging of MANIFEST for TARGET; per file, what the node already has.
 
     {id, active, ready (the version exists already), files: {name: {have (bytes kept), done (bool)}}}.
@@ -243,8 +247,8 @@ def prepare(target: str, manifest: dict[str, dict]) -> dict:
     if not os.path.isdir(parent):
         raise StageError(f"the directory {parent} (above {target}) does not exist: create it, or set the model path "
                          "to where the weights go")
-    files: dict[str, dict] = {}
-    result = {"id": wid, "active": active(target), "ready": False, "files": files}
+    files: dict[str, dict[str, Any]] = {}
+    result: dict[str, Any] = {"id": wid, "active": active(target), "ready": False, "files": files}
     if os.path.isdir(version_dir(target, wid)) and manifest_id(version_dir(target, wid)) == wid:
         result["ready"] = True
         return result
@@ -276,7 +280,10 @@ def _write(path: str, data: bytes, mode: int) -> None:
     os.replace(tmp, path)
 
 
-def receive(target: str, wid: str, name: str, offset: int, stream, fetch=None, report=None) -> dict:
+def receive(
+    target: str, wid: str, name: str, offset: int, stream: BinaryIO | None,
+    fetch: Callable[[int], BinaryIO] | None = None, report: Callable[[int], object] | None = None,
+) -> dict[str, Any]:
     """Append a file's bytes from OFFSET (read from STREAM, or from FETCH(offset) -> stream) to the staging
     directory, then check its size and SHA-256 against the manifest there. A mismatch deletes it and
     raises; an early end of the stream keeps what arrived (the next run resumes) and raises."""
@@ -300,6 +307,7 @@ def receive(target: str, wid: str, name: str, offset: int, stream, fetch=None, r
         out.seek(offset)
         got = offset
         source = stream if fetch is None else fetch(offset)
+        assert source is not None, "receive reads STREAM, or FETCH(offset) when given"
         while got < want["size"]:
             chunk = source.read(min(CHUNK, want["size"] - got))
             if not chunk:
@@ -326,7 +334,7 @@ def receive(target: str, wid: str, name: str, offset: int, stream, fetch=None, r
     return {"file": name, "size": got, "sha256": sha, "resumed_at": offset}
 
 
-def _hash_prefix(path: str, offset: int):
+def _hash_prefix(path: str, offset: int) -> hashlib._Hash:
     digest = hashlib.sha256()
     left = offset
     with open(path, "rb") as fh:
@@ -339,7 +347,7 @@ def _hash_prefix(path: str, offset: int):
     return digest
 
 
-def commit(target: str, wid: str, group: str | None) -> dict:
+def commit(target: str, wid: str, group: str | None) -> dict[str, Any]:
     """Verify every file of the staging directory against its manifest (read back from disk), give it the
     version's owner and modes, and rename it into the version directory (atomic). Nothing on TARGET changes."""
     staging, version = partial_dir(target, wid), version_dir(target, wid)
@@ -402,7 +410,7 @@ def _exchange(a: str, b: str) -> None:
         raise StageError(f"cannot swap {a} and {b} atomically: {os.strerror(err)}")
 
 
-def activate(target: str, wid: str) -> dict:
+def activate(target: str, wid: str) -> dict[str, Any]:
     """Point TARGET at version WID in one rename. A directory TARGET (weights copied by hand) is swapped
     out atomically and kept beside it as `.NAME.pdkit-unmanaged-<time>`, never deleted."""
     version = version_dir(target, wid)
@@ -429,7 +437,7 @@ def activate(target: str, wid: str) -> dict:
     return {"target": target, "version": os.path.basename(version), "before": before, "kept": kept}
 
 
-def status(target: str) -> dict:
+def status(target: str) -> dict[str, Any]:
     """TARGET's active version and every version and transfer in progress beside it."""
     parent = os.path.dirname(target.rstrip("/"))
     head = f".{os.path.basename(target.rstrip('/'))}{VERSION_MARK}"
@@ -438,20 +446,24 @@ def status(target: str) -> dict:
             "partial": [n for n in names if n.startswith(head) and n.endswith(PARTIAL_SUFFIX)]}
 
 
-def _fetch_http(url: str, name: str, timeout: float = 60, token: str | None = None):
+def _fetch_http(
+    url: str, name: str, timeout: float = 60, token: str | None = None
+) -> Callable[[int], BinaryIO]:
     """A function offset -> a stream of FILE's bytes from the mirror URL (a Range request to resume).
     TOKEN: the source node's server's one-transfer token (TOKEN_HEADER), never in the URL."""
-    import urllib.parse  # lazy: only an HTTP mirror source needs them
+    import http.client  # lazy: only an HTTP mirror source needs them (urllib.request imports it anyway)
+    import urllib.parse
     import urllib.request
 
-    def opener(offset: int):
+    def opener(offset: int) -> BinaryIO:
         req = urllib.request.Request(url.rstrip("/") + "/" + urllib.parse.quote(name))
         if token:
             req.add_header(TOKEN_HEADER, token)
         if offset:
             req.add_header("Range", f"bytes={offset}-")
         try:
-            resp = urllib.request.urlopen(req, timeout=timeout)  # noqa: S310 - the user's own mirror
+            resp: http.client.HTTPResponse = urllib.request.urlopen(  # noqa: S310 - the user's own mirror
+                req, timeout=timeout)
         except OSError as exc:
             raise StageError(f"cannot fetch {req.full_url}: {exc}") from exc
         if offset and resp.status != 206:
@@ -499,13 +511,13 @@ def source_version(path: str) -> str:
     return version
 
 
-def _version_manifest(version: str) -> tuple[bytes, dict[str, dict]]:
+def _version_manifest(version: str) -> tuple[bytes, dict[str, dict[str, Any]]]:
     with open(os.path.join(version, MANIFEST_NAME), "rb") as fh:
         raw = fh.read()
     return raw, parse_manifest(raw, f"{version}/{MANIFEST_NAME}")
 
 
-def offer(path: str) -> dict:
+def offer(path: str) -> dict[str, Any]:
     """What this node can give as a source: {version, id, manifest (its text), files, bytes}; StageError
     when PATH is no verified version or a file is missing or of another size than its manifest says."""
     version = source_version(path)
@@ -534,7 +546,7 @@ def _open_served(version: str, name: str) -> int:
     return os.open(os.path.join(version, name), os.O_RDONLY | os.O_NOFOLLOW)
 
 
-def hash_file(version: str, name: str) -> dict:
+def hash_file(version: str, name: str) -> dict[str, Any]:
     """NAME's size and SHA-256 in VERSION as this node's disk has it, and whether they match its manifest."""
     _, manifest = _version_manifest(version)
     fd = _open_served(version, name)
@@ -545,7 +557,7 @@ def hash_file(version: str, name: str) -> dict:
             "matches": sha == manifest[name]["sha256"] and os.path.getsize(path) == manifest[name]["size"]}
 
 
-def send(version: str, name: str, offset: int, out) -> int:
+def send(version: str, name: str, offset: int, out: BinaryIO) -> int:
     """NAME's bytes from OFFSET to OUT (the relay through the control machine: the SSH channel's stdout)."""
     fd = _open_served(version, name)
     try:
@@ -566,7 +578,8 @@ def route(address: str) -> str:
     family, _, _, _, sockaddr = socket.getaddrinfo(address, 9, type=socket.SOCK_DGRAM)[0]
     with socket.socket(family, socket.SOCK_DGRAM) as s:
         s.connect(sockaddr)
-        return s.getsockname()[0]
+        local: str = s.getsockname()[0]
+        return local
 
 
 def _drop_privileges() -> None:
@@ -595,7 +608,7 @@ def parse_range(header: str | None, size: int) -> int | None:
     return int(m.group(1))
 
 
-def serve(path: str, token: str, allow: list[str], bind: str, control, out) -> dict:
+def serve(path: str, token: str, allow: list[str], bind: str, control: BinaryIO, out: TextIO) -> dict[str, int]:
     """A read-only HTTP server of PATH's verified version for one transfer: on BIND (this node's address on
     the nodes' network), an ephemeral port, answering only ALLOW's addresses that send TOKEN (TOKEN_HEADER),
     only the manifest's files, GET with an optional `Range: bytes=N-`. Its first line on OUT is {port}; it
@@ -614,7 +627,7 @@ def serve(path: str, token: str, allow: list[str], bind: str, control, out) -> d
     allowed = set(allow)
 
     class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args) -> None:  # no request log: nothing of a request reaches a log
+        def log_message(self, *args: Any) -> None:  # no request log: nothing of a request reaches a log
             pass
 
         def _refuse(self, code: int) -> None:
@@ -668,7 +681,7 @@ def serve(path: str, token: str, allow: list[str], bind: str, control, out) -> d
     return counts
 
 
-def _progress_lines(interval: float = 1.0):
+def _progress_lines(interval: float = 1.0) -> Callable[[int], None]:
     """report(bytes so far) -> a `PROGRESS <bytes>` line on stderr at most every INTERVAL seconds (read by
     the control side for a mirror the node fetches itself)."""
     last = [time.monotonic()]

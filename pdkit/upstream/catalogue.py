@@ -27,20 +27,24 @@ ROUTERS = (("smg", "1.13.0"), ("sglang-router", "0.3.2"))
 
 @functools.cache
 def catalogue() -> dict[str, Any]:
-    return json.loads(CATALOGUE_PATH.read_text())
+    data: dict[str, Any] = json.loads(CATALOGUE_PATH.read_text())
+    return data
 
 
-def sglang_families(version: str) -> dict[str, dict]:
+def sglang_families(version: str) -> dict[str, dict[str, Any]]:
     """{family name as on /metrics (counters with _total): {type, labels, eager, ...}}."""
-    return catalogue()["sglang"][version]["families"]
+    families: dict[str, dict[str, Any]] = catalogue()["sglang"][version]["families"]
+    return families
 
 
-def router_families(package: str, version: str) -> dict[str, dict]:
-    return catalogue()["routers"][f"{package}-{version}"]["families"]
+def router_families(package: str, version: str) -> dict[str, dict[str, Any]]:
+    families: dict[str, dict[str, Any]] = catalogue()["routers"][f"{package}-{version}"]["families"]
+    return families
 
 
 def log_formats(version: str) -> dict[str, str]:
-    return catalogue()["sglang"][version]["log_formats"]
+    formats: dict[str, str] = catalogue()["sglang"][version]["log_formats"]
+    return formats
 
 
 def series_names(name: str, kind: str) -> tuple[str, ...]:

@@ -209,13 +209,13 @@ DCGM = {
 # counters of the engines that prefill (the prefix-cache hit rate of a level, and doctor's prefix_cache row,
 # which also reads the KV pool's size to know one token's KV bytes).
 
-class Read(tuple):
+class Read(tuple[str, str, str, tuple[str, ...], str]):
     """(reader, metric, kind, labels, absent): `kind` the type the reader treats it as, `labels` the
     labels it selects or groups by, `absent` what a missing family means ("" = the reader needs it)."""
 
     __slots__ = ()
 
-    def __new__(cls, reader: str, metric: str, kind: str, labels: tuple[str, ...] = (), absent: str = ""):
+    def __new__(cls, reader: str, metric: str, kind: str, labels: tuple[str, ...] = (), absent: str = "") -> Read:
         return super().__new__(cls, (reader, metric, kind, labels, absent))
 
     reader = property(lambda self: self[0])

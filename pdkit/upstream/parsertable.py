@@ -23,6 +23,7 @@ import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 TABLE_PATH = Path(__file__).with_name("parser_table.json")
 _NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
@@ -69,7 +70,7 @@ class ArgvProblem:
 class Parser:
     """The option table of one release's parser, with argparse's lookup rules."""
 
-    def __init__(self, label: str, options: list[dict]):
+    def __init__(self, label: str, options: list[dict[str, Any]]):
         self.label = label
         self.options = tuple(
             Option(tuple(o["flags"]), o["dest"], o["takes"], tuple(o["choices"]) if o["choices"] is not None else None,
@@ -177,9 +178,10 @@ def _one_string_message(token: str) -> str:
 
 
 @functools.cache
-def table() -> dict:
+def table() -> dict[str, Any]:
     with TABLE_PATH.open(encoding="utf-8") as fh:
-        return json.load(fh)
+        data: dict[str, Any] = json.load(fh)
+    return data
 
 
 @functools.cache
@@ -192,12 +194,13 @@ def router_parser(package: str, version: str) -> Parser:
     return Parser(f"{package} {version}", table()["router"][f"{package} {version}"]["options"])
 
 
-def sglang_environment(version: str) -> dict[str, dict]:
+def sglang_environment(version: str) -> dict[str, dict[str, Any]]:
     """{variable: {"type": "EnvInt", "default": 300}} of SGLang VERSION (the generator's ENVIRONMENT_PREFIXES only)."""
-    return table()["sglang"][version]["environment"]
+    environment: dict[str, dict[str, Any]] = table()["sglang"][version]["environment"]
+    return environment
 
 
-def router_default(package: str, version: str, flag: str):
+def router_default(package: str, version: str, flag: str) -> Any:
     """The router parser's default for FLAG (e.g. '--request-timeout-secs')."""
     release = table()["router"][f"{package} {version}"]
     for option in release["options"]:

@@ -34,12 +34,16 @@ import hashlib
 import json
 import re
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pdkit.upstream import parsertable, venvs
 from pdkit.upstream.versions import SGLANG_RELEASES
+
+if TYPE_CHECKING:  # the type only: upstream/ imports nothing of spec/ (tests/test_layering.py)
+    from pdkit.spec.tuning import Tuning
 
 # a derivation finding's severity as pdkit.spec.Problem takes it (another word would be neither an error nor a warning)
 Severity = Literal["error", "warning"]
@@ -92,7 +96,7 @@ class _Module:
     imports: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
-def _imports_in(body, package_of: str) -> dict[str, tuple[str, str]]:
+def _imports_in(body: Iterable[ast.stmt], package_of: str) -> dict[str, tuple[str, str]]:
     out: dict[str, tuple[str, str]] = {}
     for node in body:
         if isinstance(node, ast.ImportFrom) and node.module is not None:
@@ -219,12 +223,13 @@ def _local_fields(fn: _Function, known: set[str]) -> dict[str, set[str]]:
     return local
 
 
-def _checks_in(fn: _Function, known: set[str]) -> list[dict]:
+def _checks_in(fn: _Function, known: set[str]) -> list[dict[str, Any]]:
     """Every raise and assert in FN's body with the conditions that lead to it."""
-    out: list[dict] = []
+    out: list[dict[str, Any]] = []
     local = _local_fields(fn, known)
 
-    def _row(fn, stmt, kind, exception, conditions, message, nodes, known):
+    def _row(fn: _Function, stmt: ast.stmt, kind: str, exception: str, conditions: list[str], message: str,
+             nodes: list[ast.AST], known: set[str]) -> dict[str, Any]:
         row = _make_row(fn, stmt, kind, exception, conditions, message, nodes, known)
         extra = {f for node in nodes for sub in ast.walk(node) if isinstance(sub, ast.Name) and sub.id in local
                  for f in local[sub.id]}
@@ -232,7 +237,7 @@ def _checks_in(fn: _Function, known: set[str]) -> list[dict]:
         return row
 
     # a guard: its text and the node whose fields it reads (an `except` handler: the whole handler)
-    def visit(stmts: list[ast.stmt], guards: list[tuple[str, ast.AST]]):
+    def visit(stmts: list[ast.stmt], guards: list[tuple[str, ast.AST]]) -> None:
         guards = list(guards)
         for stmt in stmts:
             if isinstance(stmt, ast.If):
@@ -280,8 +285,8 @@ def _checks_in(fn: _Function, known: set[str]) -> list[dict]:
     return out
 
 
-def _make_row(fn: _Function, stmt: ast.stmt, kind: str, exception: str, conditions: list[str], message: str, nodes,
-              known: set[str]) -> dict:
+def _make_row(fn: _Function, stmt: ast.stmt, kind: str, exception: str, conditions: list[str], message: str,
+              nodes: list[ast.AST], known: set[str]) -> dict[str, Any]:
     return {
         "function": fn.qualname,
         "module": fn.module,
@@ -341,7 +346,7 @@ def _callees(walker: _Walker, fn: _Function) -> list[tuple[ast.AST, _Function]]:
     return out
 
 
-def extract(root: Path, version: str, known_fields: set[str]) -> tuple[list[str], list[dict]]:
+def extract(root: Path, version: str, known_fields: set[str]) -> tuple[list[str], list[dict[str, Any]]]:
     """(functions walked, check rows) of the sglang package at ROOT."""
     walker = _Walker(root)
     queue = [f for f in (walker.method("sglang.srt.server_args", "ServerArgs", m) for m in ENTRY_METHODS)
@@ -358,7 +363,7 @@ def extract(root: Path, version: str, known_fields: set[str]) -> tuple[list[str]
             continue
         seen[key], via[key] = fn, (caller, guards)
         pending.extend((callee, fn.qualname, call_guards) for callee, call_guards in _calls_in(walker, fn))
-    rows: list[dict] = []
+    rows: list[dict[str, Any]] = []
     for key, fn in seen.items():
         for row in _checks_in(fn, known_fields):
             # the caller that first reached it (breadth first) and the `if` tests around that call
@@ -371,7 +376,7 @@ def extract(root: Path, version: str, known_fields: set[str]) -> tuple[list[str]
 _RECORD_PREFIX = re.compile(r"\b(?:%s)\." % "|".join(sorted(_RECORD_NAMES)))
 
 
-def row_id(row: dict) -> str:
+def row_id(row: dict[str, Any]) -> str:
     """Release-independent: 0.5.17's `ServerArgs._handle_x` reading `self.f` and 0.5.23's hook
     `handle_x` reading `server_args.f` / `cfg.f` hash alike when the check is the same."""
     function = row["function"].split(".")[-1].lstrip("_")
@@ -380,11 +385,11 @@ def row_id(row: dict) -> str:
     return hashlib.sha1(text.encode()).hexdigest()[:12]
 
 
-def generate(roots: dict[str, Path] | None = None) -> dict:
+def generate(roots: dict[str, Path] | None = None) -> dict[str, Any]:
     """The table, read from the pinned wheels' sources (the contract virtualenvs; no import)."""
 
-    releases: dict[str, dict] = {}
-    merged: dict[str, dict] = {}
+    releases: dict[str, dict[str, Any]] = {}
+    merged: dict[str, dict[str, Any]] = {}
     for version in sorted(SGLANG_RELEASES):
         root = (roots or {}).get(version) or sglang_root(version)
         if root is None:
@@ -418,7 +423,7 @@ def generate(roots: dict[str, Path] | None = None) -> dict:
     }
 
 
-def dumps(data: dict) -> str:
+def dumps(data: dict[str, Any]) -> str:
     lines = ["{", f'  "generated_by": {json.dumps(data["generated_by"])},',
              f'  "releases": {json.dumps(data["releases"], sort_keys=True)},', '  "checks": [']
     checks = data["checks"]
@@ -428,18 +433,20 @@ def dumps(data: dict) -> str:
 
 
 @functools.cache
-def table() -> dict:
+def table() -> dict[str, Any]:
     with TABLE_PATH.open(encoding="utf-8") as fh:
-        return json.load(fh)
+        data: dict[str, Any] = json.load(fh)
+    return data
 
 
 @functools.cache
-def coverage() -> dict[str, dict]:
+def coverage() -> dict[str, dict[str, Any]]:
     with COVERAGE_PATH.open(encoding="utf-8") as fh:
-        return json.load(fh)["coverage"]
+        entries: dict[str, dict[str, Any]] = json.load(fh)["coverage"]
+    return entries
 
 
-def uncovered(data: dict | None = None) -> list[dict]:
+def uncovered(data: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """The table's rows the coverage file says nothing about."""
     cov = coverage()
     return [row for row in (data or table())["checks"] if row["id"] not in cov]
@@ -536,7 +543,7 @@ FUNCTION_FAMILIES: tuple[tuple[str, str], ...] = (
 )
 
 
-def draft_reason(row: dict, rendered: set[str]) -> str:
+def draft_reason(row: dict[str, Any], rendered: set[str]) -> str:
     """A proposed `why` for ROW by family, or "" when none fits and a person must decide: a
     feature pdkit never turns on (FUNCTION_FAMILIES, by the function and its caller), flags pdkit
     never renders, the checkpoint, the platform, SGLang environment variables. A rendered setting
@@ -572,7 +579,7 @@ def draft_reason(row: dict, rendered: set[str]) -> str:
     return ""
 
 
-def draft_coverage(data: dict | None = None) -> dict[str, dict]:
+def draft_coverage(data: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
     data = data or table()
     cov = coverage() if COVERAGE_PATH.exists() else {}
     rendered: set[str] = set()
@@ -653,7 +660,7 @@ def default_chunk(version: str, memory_gib: float | None) -> int | None:
     return None
 
 
-def derivation_problems(version: str, role: str, tuning, extra_args: tuple[str, ...], env: dict,
+def derivation_problems(version: str, role: str, tuning: Tuning, extra_args: tuple[str, ...], env: dict[str, str],
                         sm_major: int | None, memory_gib: float | None, page: int, attn_dp: int,
                         ep: int | None) -> list[tuple[Severity, str, str]]:
     """(severity, field, message) for what SGLang VERSION derives before its start checks from an engine's TUNING

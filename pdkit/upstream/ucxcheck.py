@@ -21,8 +21,9 @@ from __future__ import annotations
 import difflib
 import functools
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 TABLE_PATH = Path(__file__).resolve().parent / "data" / "ucx_config.json"
 # transports whose settings the wheel's UCX build does not list (ucx_info -c shows only what it has)
@@ -44,8 +45,9 @@ Severity = Literal["error", "warning"]
 
 
 @functools.cache
-def table() -> dict:
-    return json.loads(TABLE_PATH.read_text())
+def table() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(TABLE_PATH.read_text())
+    return data
 
 
 def setting_problem(name: str, value: str, tls: str | None = None) -> tuple[Severity, str] | None:
@@ -180,7 +182,7 @@ _TIME_UNITS = ("m", "s", "ms", "us", "ns")  # minutes, seconds, milli-, micro-, 
 ARRAY_MAX = 128  # UCS_CONFIG_ARRAY_MAX: elements past it are dropped unread
 
 
-def _judge(kind: dict, value: str, default: str | None = None) -> tuple[bool, str]:
+def _judge(kind: dict[str, Any], value: str, default: str | None = None) -> tuple[bool, str]:
     """(accepted, ignored): whether the parser of KIND (a table "kinds" entry) reads VALUE over the setting's
     DEFAULT (as UCX reads the environment: into the default), and the text it skips without reading (a
     number's trailing text where the parser never looks at it)."""
@@ -291,7 +293,7 @@ def _items(value: str, delimiter: str) -> list[str]:
     return items[:ARRAY_MAX]
 
 
-def _list(kind: dict, value: str) -> bool:
+def _list(kind: dict[str, Any], value: str) -> bool:
     """Arrays and allow lists: every item read by the element's parser; an allow list ("^" first to
     negate) whose first item is "all" (as written) must have no other."""
     k = kind["kind"]
@@ -310,7 +312,7 @@ def _list(kind: dict, value: str) -> bool:
     return all(_judge(kind["of"], item)[0] for item in items)
 
 
-def _key_value(kind: dict, value: str) -> bool:
+def _key_value(kind: dict[str, Any], value: str) -> bool:
     """ucs_config_sscanf_key_value: comma items, each key:value (the key as written, one of the kind's
     keys) or a bare value for every key not given; every key must end with a value its parser reads."""
     given: dict[str, str] = {}
@@ -330,9 +332,10 @@ def _key_value(kind: dict, value: str) -> bool:
     return True
 
 
-def valid_values(kind: dict) -> str:
+def valid_values(kind: dict[str, Any]) -> str:
     """What the parser of KIND reads, in words."""
     k = kind["kind"]
+    syntax: str = kind.get("syntax", k)
     if k in _WORDS:
         return _WORDS_VALID[k]
     if k == "enum":
@@ -369,7 +372,7 @@ def valid_values(kind: dict) -> str:
         "memunits": "an integer with an optional unit b, k, kb, m, mb, g, gb, t or tb (any case, no space, no "
                     "fraction), e.g. 64k, 1mb; or inf or auto",
         "range_spec": "a number or a range first-last, e.g. 10000-20000",
-    }.get(k, kind.get("syntax", k))
+    }.get(k, syntax)
 
 
 # What a refused value does depends on the configuration table that holds the setting (the table's "table"),
@@ -506,7 +509,7 @@ def related_problems(env: dict[str, str], given: set[str] | None = None) -> list
 
 
 def _tcp_limits(env: dict[str, str], given: set[str], sizes: dict[str, int | str], version: str,
-                value) -> list[tuple[str, str]]:
+                value: Callable[[str], str]) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     tx, rx = sizes.get("UCX_TCP_TX_SEG_SIZE"), sizes.get("UCX_TCP_RX_SEG_SIZE")
     fails = f"UCX {version}'s TCP transport fails to open with it (tcp_iface.c), and with it every KV hand-off"

@@ -50,6 +50,7 @@ from pdkit.agent.exporter.logs import parse_batch_line
 from pdkit.agent.exporter.metrics import decode_cuda_graph_ratio, parse_metrics
 from pdkit.agent.exporter.system import (
     REBOOT_MARKER_PATH,
+    JournalEntry,
     JournalError,
     JournalReader,
     ProcessCheck,
@@ -146,7 +147,7 @@ def new_session() -> requests.Session:
 class EngineState:
     sessions: dict[str, requests.Session] = field(default_factory=dict)
     prepared: dict[str, requests.PreparedRequest] = field(default_factory=dict)
-    inflight: dict[str, cf.Future] = field(default_factory=dict)
+    inflight: dict[str, cf.Future[Fetch]] = field(default_factory=dict)
     sglang_version: str = ""
     model: str = ""
     # /server_info of the engine's current process (resolved args do not change while it lives)
@@ -188,8 +189,9 @@ def server_info_due(have: bool, have_key: tuple[int, int] | None, key: tuple[int
 
 def cumulative_total(figures: dict[str, Any]) -> float:
     """Sum of an engine's cumulative counters: it only goes back when the process restarted."""
-    return (figures.get("prompt_tokens", 0.0) + figures.get("generation_tokens", 0.0)
-            + sum(figures["cuda_graph_passes"].values()))
+    total: float = (figures.get("prompt_tokens", 0.0) + figures.get("generation_tokens", 0.0)
+                    + sum(figures["cuda_graph_passes"].values()))
+    return total
 
 
 # the stages of pdkit_engine_kv_transfer_failures_total (pdkit.agent.exporter.metrics' kv_transfer_failures keys)
@@ -234,7 +236,7 @@ class PdkitCollector(Collector):
                                           thread_name_prefix="pdkit-exporter")
         self._lock = threading.Lock()
         self._release_cache: tuple[tuple[int, int], str] | None = None
-        self._journal_future: cf.Future | None = None
+        self._journal_future: cf.Future[list[JournalEntry]] | None = None
         self._journal_taken = True
         self._node_noted: dict[str, str | None] = {}
         # model directory -> (monotonic time, its last residency or None): pdkit.agent.residency, throttled
@@ -303,7 +305,7 @@ class PdkitCollector(Collector):
     def _note_node(self, topic: str, message: str | None) -> None:
         self._note(self._node_noted, "", topic, message)
 
-    def _submit(self, engine: EngineConfig, endpoint: str) -> cf.Future | Fetch:
+    def _submit(self, engine: EngineConfig, endpoint: str) -> cf.Future[Fetch] | Fetch:
         """Start a GET, unless the previous one to the same endpoint has not come back (no pile-up)."""
         state = self.state[engine.name]
         previous = state.inflight.get(endpoint)
@@ -322,7 +324,7 @@ class PdkitCollector(Collector):
         engines = self.config.engines
         # a rank above 0 of an engine spanning nodes serves no HTTP: only its process is checked
         metrics_jobs = {e.name: self._submit(e, "metrics") if e.rank == 0 else NO_HTTP for e in engines}
-        journal_future: cf.Future | None = None
+        journal_future: cf.Future[list[JournalEntry]] | None = None
         journal_busy = False
         if self.journal is not None:
             previous = self._journal_future
@@ -344,7 +346,7 @@ class PdkitCollector(Collector):
             except Exception as exc:  # noqa: BLE001 - a broken check must not cost the scrape
                 checks = [ProcessCheck(error="pid_lookup", detail=repr(exc)) for _ in engines]
         now = time.monotonic()
-        info_jobs: dict[str, cf.Future | Fetch] = {}
+        info_jobs: dict[str, cf.Future[Fetch] | Fetch] = {}
         for engine, check in zip(engines, checks):
             state = self.state[engine.name]
             key = (check.view.pid, check.view.start_time) if check is not None and check.view is not None else None
@@ -352,12 +354,14 @@ class PdkitCollector(Collector):
                                self.config.server_info_max_age_s, state.info_stale):
                 info_jobs[engine.name] = self._submit(engine, "server_info")
 
-        waits = [j for j in (*metrics_jobs.values(), *info_jobs.values()) if isinstance(j, cf.Future)]
+        # only waited on (their results are read below): futures of two result types
+        waits: list[cf.Future[Any]] = [j for j in (*metrics_jobs.values(), *info_jobs.values())
+                                       if isinstance(j, cf.Future)]
         if journal_future is not None:
             waits.append(journal_future)
         cf.wait(waits, timeout=max(0.0, budget - (time.monotonic() - started)))
 
-        def result(job: cf.Future | Fetch) -> Fetch:
+        def result(job: cf.Future[Fetch] | Fetch) -> Fetch:
             if isinstance(job, Fetch):
                 return job
             return job.result() if job.done() else Fetch(error="no answer within the scrape budget")
@@ -398,7 +402,7 @@ class PdkitCollector(Collector):
         self._note_node("journal", journal_error)
         return snapshots, journal_error
 
-    def _take_journal_future(self, future: cf.Future) -> str | None:
+    def _take_journal_future(self, future: cf.Future[list[JournalEntry]]) -> str | None:
         """Apply a finished journal read (once); its error, if it failed."""
         self._journal_taken = True
         exc = future.exception()
@@ -407,7 +411,7 @@ class PdkitCollector(Collector):
         self._take_journal(future.result())
         return None
 
-    def _take_journal(self, entries: list) -> None:
+    def _take_journal(self, entries: list[JournalEntry]) -> None:
         assert self.journal is not None
         by_unit = {e.unit: e for e in self.config.engines if e.unit}
         now = self.clock()

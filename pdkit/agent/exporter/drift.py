@@ -172,7 +172,8 @@ def _scalar_matches(planned: str, running: Any) -> bool:
         return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
     if isinstance(running, (dict, list)):
         try:
-            return json.loads(planned) == running
+            decoded: object = json.loads(planned)
+            return decoded == running
         except ValueError:
             return False
     return planned == str(running)

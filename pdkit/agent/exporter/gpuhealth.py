@@ -19,6 +19,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from pdkit.agent import topology
 
@@ -36,7 +37,7 @@ def probe_argv() -> list[str]:
     return [sys.executable, str(topology.PROBE_PATH), "--plain"]
 
 
-def run_probe(argv: list[str], timeout_s: float = PROBE_TIMEOUT_S) -> dict:
+def run_probe(argv: list[str], timeout_s: float = PROBE_TIMEOUT_S) -> dict[str, Any]:
     """Run the probe once: its JSON, or {"error": why} (it did not start, overran TIMEOUT_S, printed no JSON).
     Its own process group is killed on a timeout, so an nvidia-smi it started cannot keep our pipes open."""
     try:
@@ -75,7 +76,7 @@ class GpuState:
     seen: str  # what was seen ("; "-joined), "" when healthy
 
 
-def judge(probe: dict, gpus: Iterable[int], engines_serving: bool) -> tuple[list[GpuState], str | None]:
+def judge(probe: dict[str, Any], gpus: Iterable[int], engines_serving: bool) -> tuple[list[GpuState], str | None]:
     """Pure: (the state of each of GPUS the probe found, why it cannot tell) from one probe answer.
     ENGINES_SERVING: the node's engines run, so a busy GPU with no listed process is no sign (in a
     container nvidia-smi lists no process of another PID namespace). Without `nvidia-smi -q` nothing
@@ -105,18 +106,18 @@ class GpuProbe:
     """The probe, run in the background at most every PROBE_EVERY_S; `poll` starts it when due and never
     waits for it, `last` is its last answer."""
 
-    def __init__(self, run: Callable[[], dict] | None = None, clock: Callable[[], float] = time.monotonic,
+    def __init__(self, run: Callable[[], dict[str, Any]] | None = None, clock: Callable[[], float] = time.monotonic,
                  every_s: float = PROBE_EVERY_S, timeout_s: float = PROBE_TIMEOUT_S) -> None:
         self.run = run if run is not None else (lambda: run_probe(probe_argv(), timeout_s))
         self.clock = clock
         self.every_s = every_s
         self.timeout_s = timeout_s
         self.pool = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="pdkit-exporter-gpu")
-        self.future: cf.Future | None = None
+        self.future: cf.Future[dict[str, Any]] | None = None
         self.started_at: float | None = None
-        self.last: dict | None = None  # the last answer, None before the first one
+        self.last: dict[str, Any] | None = None  # the last answer, None before the first one
 
-    def poll(self) -> tuple[dict | None, str | None]:
+    def poll(self) -> tuple[dict[str, Any] | None, str | None]:
         """(the last answer, why it is stale) after starting a run when one is due; never blocks."""
         now = self.clock()
         if self.future is not None and self.future.done():

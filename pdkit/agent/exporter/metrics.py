@@ -67,7 +67,7 @@ def parse_metrics(text: str) -> dict[str, Any]:
     page has. Raises ValueError when the text is not in Prometheus' exposition format.
     """
     # (section, key, other labels) -> max over replicas
-    collapsed: dict[tuple[str | None, str, frozenset], float] = {}
+    collapsed: dict[tuple[str | None, str, frozenset[tuple[str, str]]], float] = {}
     for family in text_string_to_metric_families(wanted_text(text)):
         for sample in family.samples:
             target = _SAMPLES.get(sample.name)
