@@ -11,10 +11,11 @@ import re
 
 import pytest
 
-from pdkit import monitoring as mon
 from pdkit.contract import alerttable
 from pdkit.monitoring import alertmanager, alertrules
-from pdkit.monitoring.alertrules import base, engines
+from pdkit.monitoring.alertrules import ALERT_NAMES, base, engines
+from pdkit.monitoring.common import engine_instance
+from pdkit.monitoring.rules import RUNBOOKS, alerts
 from tests.conftest import REPO
 from tests.test_monitoring import _load_example
 
@@ -30,13 +31,13 @@ def _record(name: str):
 
 def test_every_alert_is_one_record_with_a_runbook_and_a_scope():
     names = [r.name for r in alertrules.ALERTS]
-    assert len(names) == len(set(names)) == len(mon.ALERT_NAMES) == 21
-    assert tuple(names) == mon.ALERT_NAMES
+    assert len(names) == len(set(names)) == len(ALERT_NAMES) == 21
+    assert tuple(names) == ALERT_NAMES
     for r in alertrules.ALERTS:
         assert r.scope in base.SCOPES, r.name
         assert r.severity in base.SEVERITIES, r.name
         assert r.runbook.means and r.runbook.causes and r.runbook.run, r.name
-    assert mon.RUNBOOKS == {r.name: r.runbook for r in alertrules.ALERTS}
+    assert RUNBOOKS == {r.name: r.runbook for r in alertrules.ALERTS}
     # the scope order lists the same records
     assert sorted(r.name for r in alertrules.SCOPE_ORDER) == sorted(names)
 
@@ -47,7 +48,7 @@ def test_every_rendered_alert_comes_from_its_record(example):
     renders an alert the registry does not list."""
     spec = _load_example(example)
     c = base.context(spec)
-    for a in mon.alerts(spec):
+    for a in alerts(spec):
         r = _record(a.name)
         assert (a.severity, a.for_) == (r.severity, c.for_(r.for_)), a.name
 
@@ -83,7 +84,7 @@ def test_check_records_refuses_a_record_without_a_runbook_or_scope_and_a_name_tw
 
 
 def test_the_inhibitions_name_only_records_and_cover_their_scopes():
-    names = set(mon.ALERT_NAMES)
+    names = set(ALERT_NAMES)
     for i in alertmanager.INHIBITIONS:
         assert i.source in names, i.source
         assert set(i.targets) <= names, set(i.targets) - names
@@ -113,7 +114,7 @@ def _record_texts(spec) -> dict[str, str]:
     texts = {}
     for r in alertrules.ALERTS:
         texts[f"{r.name} runbook"] = " ".join((r.runbook.means, *r.runbook.causes, *r.runbook.run))
-    for a in mon.alerts(spec):
+    for a in alerts(spec):
         texts[f"{a.name} annotations"] = " ".join((a.summary, a.description, a.fires_when, a.decoys_are))
     for i in alertmanager.INHIBITIONS:
         texts[f"inhibition {i.source}"] = i.why
@@ -121,7 +122,7 @@ def _record_texts(spec) -> dict[str, str]:
 
 
 def test_no_runbook_annotation_or_inhibition_names_an_alert_no_record_has():
-    known = set(mon.ALERT_NAMES)
+    known = set(ALERT_NAMES)
     texts = _record_texts(_load_example("multinode"))
     assert _unknown_alert_names(texts, known) == {}
     # the check can fail: a runbook naming an alert that is gone
@@ -132,7 +133,7 @@ def test_no_runbook_annotation_or_inhibition_names_an_alert_no_record_has():
 def test_the_doc_names_no_alert_without_a_record():
     """docs/monitoring.md, generated blocks and prose alike, names only alerts that have a record (a renamed or
     dropped alert leaves no heading, row or mention behind)."""
-    known = set(mon.ALERT_NAMES)
+    known = set(ALERT_NAMES)
     doc = DOC.read_text()
     assert alerttable.inhibitions() in doc, "python -m pdkit.contract.alerttable --write docs/monitoring.md"
     assert _unknown_alert_names({"docs/monitoring.md": doc}, known | FORMER_ALERTS) == {}
@@ -149,10 +150,10 @@ def test_the_decode_graph_rule_is_stated_once():
         expected = set(engines.graph_expected_instances(spec))
         for host, engine in spec.engines():
             on = bool(spec.engine_tuning(engine).value("cuda_graph"))
-            inst = mon.engine_instance(host, engine.name)
+            inst = engine_instance(host, engine.name)
             assert (inst in expected) == (engine.role in ("decode", "unified") and on), inst
             seen_unified |= engine.role == "unified" and inst in expected
-        alert = next((a for a in mon.alerts(spec) if a.name == "PdkitDecodeCudaGraphRatioLow"), None)
+        alert = next((a for a in alerts(spec) if a.name == "PdkitDecodeCudaGraphRatioLow"), None)
         if expected:
             assert {s["instance"] for s in alert.subjects} == expected
             assert engines.DECODE_GRAPH_RULE in alert.fires_when

@@ -23,10 +23,19 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pdkit import monitoring as mon
 from pdkit.inventory.loader import load, load_with_problems
-from pdkit.monitoring.alertmanager import INHIBITIONS, alertmanager_config, credential_files
-from pdkit.monitoring.rules import ALERT_NAMES
+from pdkit.monitoring.alertmanager import (
+    ALERTMANAGER_CONFIG_PATH,
+    ALERTMANAGER_CREDENTIALS_DIR,
+    ALERTMANAGER_DEFAULTS_PATH,
+    INHIBITIONS,
+    alertmanager_config,
+    credential_files,
+    credential_path,
+)
+from pdkit.monitoring.common import PROMETHEUS_CONFIG_PATH, alertmanager_urls
+from pdkit.monitoring.grafana import GRAFANA_DROPIN_PATH
+from pdkit.monitoring.rules import ALERT_NAMES, alerts, rule_tests
 from pdkit.render.plan import host_packages, plan_host
 from pdkit.spec import RECEIVER_KINDS, SpecError
 from pdkit.upstream.versions import APT_PINS
@@ -254,7 +263,7 @@ def test_router_down_mutes_every_alert_about_its_workers(example):
     from pdkit.monitoring.alertmanager import ROUTER_WORKER_ALERTS
     from pdkit.monitoring.common import JOB_ROUTER
 
-    per_router = {a.name for a in mon.alerts(_load_example(example))
+    per_router = {a.name for a in alerts(_load_example(example))
                   if a.subjects and all(s.get("job") == JOB_ROUTER for s in a.subjects)}
     assert "PdkitRouterPdRendezvousFailed" in per_router  # the check sees the router's PD alerts
     down = next(r for r in INHIBITIONS if r.source == "PdkitRouterDown")
@@ -266,7 +275,7 @@ def test_router_down_mutes_every_alert_about_its_workers(example):
 def cluster_spec_alerts():
     """{alert name: the labels of its first promtool firing case} over the multinode example."""
     spec = _load_example("multinode")
-    doc = yaml.safe_load(mon.rule_tests(spec))
+    doc = yaml.safe_load(rule_tests(spec))
     out: dict[str, set[str]] = {}
     for test in doc["tests"]:
         for case in test.get("alert_rule_test", []):
@@ -299,23 +308,23 @@ def test_ci_installs_the_pinned_alertmanager():
 def test_plan_files_service_and_daemon_args(tmp_path, base):
     spec = _spec(tmp_path, base, {"receivers": [EVERY_KIND[3]]}, SECRETS_FOR([EVERY_KIND[3]]))
     plan = plan_host(spec, spec.host("mon01"))
-    cfg = plan.file(mon.ALERTMANAGER_CONFIG_PATH)
+    cfg = plan.file(ALERTMANAGER_CONFIG_PATH)
     assert (cfg.mode, cfg.owner, cfg.group, cfg.secret) == ("0640", "root", "prometheus", False)
-    cred = plan.file(mon.credential_path("pager"))
+    cred = plan.file(credential_path("pager"))
     assert (cred.mode, cred.owner, cred.group, cred.secret) == ("0600", "prometheus", "prometheus", True)
     assert cred.content == SECRETS["pager"]
-    defaults = plan.file(mon.ALERTMANAGER_DEFAULTS_PATH).content
+    defaults = plan.file(ALERTMANAGER_DEFAULTS_PATH).content
     assert 'ARGS="--web.listen-address=10.9.0.3:9093 --web.external-url=http://10.9.0.3:9093 --cluster.listen-address="' in defaults
     (svc,) = [s for s in plan.services if s.unit == "prometheus-alertmanager.service"]
     assert svc.health_url == "http://10.9.0.3:9093/-/ready"
-    assert set(svc.files) == {mon.ALERTMANAGER_CONFIG_PATH, mon.ALERTMANAGER_DEFAULTS_PATH, mon.credential_path("pager")}
+    assert set(svc.files) == {ALERTMANAGER_CONFIG_PATH, ALERTMANAGER_DEFAULTS_PATH, credential_path("pager")}
     # an Alertmanager change does not restart Prometheus, and the other way round
     (prom,) = [s for s in plan.services if s.unit == "prometheus.service"]
-    assert not set(prom.files) & set(svc.files) and mon.PROMETHEUS_CONFIG_PATH in prom.files
+    assert not set(prom.files) & set(svc.files) and PROMETHEUS_CONFIG_PATH in prom.files
     # Prometheus sends to it: prometheus.yml's alerting section, from alertmanager_urls
-    prom_doc = yaml.safe_load(plan.file(mon.PROMETHEUS_CONFIG_PATH).content)
+    prom_doc = yaml.safe_load(plan.file(PROMETHEUS_CONFIG_PATH).content)
     assert prom_doc["alerting"]["alertmanagers"][0]["static_configs"] == [{"targets": ["10.9.0.3:9093"]}]
-    assert mon.alertmanager_urls(spec) == ["http://10.9.0.3:9093"]
+    assert alertmanager_urls(spec) == ["http://10.9.0.3:9093"]
 
 
 def test_the_credential_is_only_in_its_0600_file(tmp_path, base):
@@ -324,25 +333,25 @@ def test_the_credential_is_only_in_its_0600_file(tmp_path, base):
         plan = plan_host(spec, host)
         for f in plan.files:
             leaked = [name for name, value in SECRETS.items() if value in f.content]
-            if host.name == "mon01" and f.path.startswith(mon.ALERTMANAGER_CREDENTIALS_DIR + "/"):
+            if host.name == "mon01" and f.path.startswith(ALERTMANAGER_CREDENTIALS_DIR + "/"):
                 assert leaked == [Path(f.path).name], f.path
                 assert (f.mode, f.owner, f.secret) == ("0600", "prometheus", True)
             else:
                 assert not leaked, f"{host.name}:{f.path} holds the credential of {leaked}"
         for s in plan.services:
             assert not any(v in json.dumps(s.__dict__, default=str) for v in SECRETS.values()), s.unit
-    assert sorted(credential_files(spec)) == sorted(mon.credential_path(n) for n in SECRETS)
+    assert sorted(credential_files(spec)) == sorted(credential_path(n) for n in SECRETS)
 
 
 def test_grafana_alerting_is_off_where_grafana_runs(tmp_path, base):
     spec = _spec(tmp_path, base, grafana=True)
     plan = plan_host(spec, spec.host("mon01"))
-    dropin = plan.file(mon.GRAFANA_DROPIN_PATH).content
+    dropin = plan.file(GRAFANA_DROPIN_PATH).content
     assert "Environment=GF_UNIFIED_ALERTING_ENABLED=false" in dropin
     (svc,) = [s for s in plan.services if s.unit == "grafana-server.service"]
-    assert mon.GRAFANA_DROPIN_PATH in svc.files
+    assert GRAFANA_DROPIN_PATH in svc.files
     off = _spec(tmp_path, base, grafana=False)
-    assert not any(f.path == mon.GRAFANA_DROPIN_PATH for f in plan_host(off, off.host("mon01")).files)
+    assert not any(f.path == GRAFANA_DROPIN_PATH for f in plan_host(off, off.host("mon01")).files)
 
 
 # ---------------------------------------------------------------------------

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pdkit import monitoring as mon
 from pdkit.contract import catalogue_gen as gen
+from pdkit.monitoring.dashboards import all_promql
+from pdkit.monitoring.rules import alert_conditions, alerts
 from pdkit.upstream import catalogue as cat
 from pdkit.upstream import metricnames
 from pdkit.upstream.venvs import ContractEnvMissing, env_python
@@ -133,7 +134,7 @@ def _family(name: str, families: dict[str, dict]) -> tuple[str, str]:
 
 
 def _queries(spec) -> list[tuple[str, str]]:
-    return mon.all_promql(spec) + mon.alert_conditions(spec)
+    return all_promql(spec) + alert_conditions(spec)
 
 
 def _engine_versions(spec) -> set[str]:
@@ -154,7 +155,7 @@ def test_every_query_uses_what_the_engines_and_routers_export(example):
     created family needs its absence handled (`or`/`unless`/absent()) in every alert condition."""
     spec = _load_example(example)
     routers = _router_families(spec)
-    absent_ok = {f"alert {a.name}": set(a.absent_ok) for a in mon.alerts(spec)}
+    absent_ok = {f"alert {a.name}": set(a.absent_ok) for a in alerts(spec)}
     problems = []
     for version in sorted(_engine_versions(spec)):
         engine = cat.sglang_families(version)

@@ -12,8 +12,9 @@ import subprocess
 
 import pytest
 
-from pdkit import monitoring as mon
 from pdkit.inventory.loader import load
+from pdkit.monitoring.common import JOB_DCGM
+from pdkit.monitoring.scrape import targets
 from pdkit.render.plan import DCGM_DROPIN_PATH, DCGM_PACKAGES, DCGM_UNIT, plan_cluster
 from pdkit.spec import DCGM_EXPORTER_PORT
 from tests.conftest import write_inventory
@@ -45,7 +46,7 @@ def test_nvidia_nodes_get_dcgm_by_default(base, tmp_path):
     # the monitoring host gets neither packages nor the unit
     assert not set(DCGM_PACKAGES) & set(plans["mon01"].packages)
     # and Prometheus scrapes exactly the nodes that run it
-    dcgm_targets = [t.address for t in mon.targets(load(write_inventory(tmp_path, base[1], base[0]))) if t.job == mon.JOB_DCGM]
+    dcgm_targets = [t.address for t in targets(load(write_inventory(tmp_path, base[1], base[0]))) if t.job == JOB_DCGM]
     assert dcgm_targets == [f"10.9.0.1:{DCGM_EXPORTER_PORT}", f"10.9.0.2:{DCGM_EXPORTER_PORT}"]
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pdkit import monitoring as mon
+from pdkit.monitoring.dashboards import dashboards
 from tests.conftest import require
 from tests.test_monitoring import _load_example
 
@@ -20,10 +20,10 @@ SCHEMA = HOME / "dashboard.schema.json"
 AJV = HOME / "node_modules" / ".bin" / "ajv"
 
 
-def validate(dashboards: dict[str, dict], tmp_path: Path) -> subprocess.CompletedProcess:
+def validate(boards: dict[str, dict], tmp_path: Path) -> subprocess.CompletedProcess:
     require(SCHEMA.is_file() and AJV.is_file(), f"no Grafana dashboard schema at {HOME}: run bash .ci/grafana-schema.sh")
     argv = [str(AJV), "validate", "-s", str(SCHEMA), "--strict=false", "--all-errors", "--errors=line"]
-    for name, d in dashboards.items():
+    for name, d in boards.items():
         path = tmp_path / f"{name}.json"
         path.write_text(json.dumps(d))
         argv += ["-d", str(path)]
@@ -32,16 +32,16 @@ def validate(dashboards: dict[str, dict], tmp_path: Path) -> subprocess.Complete
 
 @pytest.mark.parametrize("example", ["lab", "cluster"])
 def test_dashboards_validate_against_grafanas_schema(example, tmp_path):
-    dashboards = mon.dashboards(_load_example(example))
-    assert dashboards
-    out = validate(dashboards, tmp_path)
+    boards = dashboards(_load_example(example))
+    assert boards
+    out = validate(boards, tmp_path)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert out.stdout.count(" valid") + out.stderr.count(" valid") >= len(dashboards)
+    assert out.stdout.count(" valid") + out.stderr.count(" valid") >= len(boards)
 
 
 def test_the_schema_check_fails_on_a_broken_dashboard(tmp_path):
     """A link without Grafana's required fields, a panel whose gridPos lacks `h`: each is rejected."""
-    good = next(iter(mon.dashboards(_load_example("lab")).values()))
+    good = next(iter(dashboards(_load_example("lab")).values()))
     link = json.loads(json.dumps(good))
     link["links"] = [{"title": "x", "type": "link", "url": "/d/x"}]
     grid = json.loads(json.dumps(good))

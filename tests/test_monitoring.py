@@ -18,11 +18,37 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pdkit import monitoring as mon
 from pdkit.inventory.loader import load
-from pdkit.monitoring.common import _duration_s, _scaled
+from pdkit.monitoring import monitoring_files
+from pdkit.monitoring.alertrules import ALERT_NAMES
+from pdkit.monitoring.alertrules.engines import ENGINE_DOWN_FOR, graph_expected_instances, wedge_window
+from pdkit.monitoring.common import (
+    DATASOURCE,
+    DATASOURCE_UID,
+    GRAFANA_DASHBOARDS_DIR,
+    GRAFANA_DATASOURCE_PATH,
+    GRAFANA_PROVIDER_PATH,
+    JOB_DCGM,
+    JOB_ENGINE,
+    JOB_EXPORTER,
+    JOB_NODE,
+    JOB_PROMETHEUS,
+    JOB_ROUTER,
+    PROMETHEUS_CONFIG_PATH,
+    RULE_TESTS_PATH,
+    RULES_PATH,
+    RULES_RELATIVE_PATH,
+    _duration_s,
+    _scaled,
+    to_yaml,
+)
+from pdkit.monitoring.dashboards import all_promql, dashboard_files, dashboards
+from pdkit.monitoring.grafana import grafana_provisioning
+from pdkit.monitoring.rules import alert_conditions, alert_rules, alerts, rule_tests
+from pdkit.monitoring.scrape import prometheus_config, targets
 from pdkit.render import flags
-from pdkit.spec import NODE_EXPORTER_PORT
+from pdkit.spec import DCGM_EXPORTER_PORT, NODE_EXPORTER_PORT
+from pdkit.upstream.metricnames import DCGM, EXPORTER, NODE
 from tests.conftest import REPO, require, write_inventory
 
 PROMTOOL = shutil.which("promtool")
@@ -72,9 +98,9 @@ def _promtool(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 def _write_monitoring_dir(spec, directory: Path) -> Path:
     """prometheus.yml and its rules laid out as on the host (rules/ beside the config)."""
     (directory / "rules").mkdir(parents=True, exist_ok=True)
-    (directory / "prometheus.yml").write_text(mon.prometheus_config(spec))
-    (directory / mon.RULES_RELATIVE_PATH).write_text(mon.alert_rules(spec))
-    (directory / "rules" / Path(mon.RULE_TESTS_PATH).name).write_text(mon.rule_tests(spec))
+    (directory / "prometheus.yml").write_text(prometheus_config(spec))
+    (directory / RULES_RELATIVE_PATH).write_text(alert_rules(spec))
+    (directory / "rules" / Path(RULE_TESTS_PATH).name).write_text(rule_tests(spec))
     return directory
 
 
@@ -102,27 +128,27 @@ def test_prometheus_config_passes_promtool_check_config(example, tmp_path):
 
 def test_alert_rules_pass_promtool_check_rules(example, tmp_path):
     d = _write_monitoring_dir(example, tmp_path)
-    res = _promtool("check", "rules", mon.RULES_RELATIVE_PATH, cwd=d)
+    res = _promtool("check", "rules", RULES_RELATIVE_PATH, cwd=d)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert f"{len(mon.alerts(example))} rules found" in res.stdout
+    assert f"{len(alerts(example))} rules found" in res.stdout
 
 
 def test_every_alert_passes_its_promtool_unit_tests(example, tmp_path):
     d = _write_monitoring_dir(example, tmp_path)
-    res = _promtool("test", "rules", f"rules/{Path(mon.RULE_TESTS_PATH).name}", cwd=d)
+    res = _promtool("test", "rules", f"rules/{Path(RULE_TESTS_PATH).name}", cwd=d)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "SUCCESS" in res.stdout
 
 
 def test_every_alert_has_firing_and_quiet_cases(example):
-    doc = yaml.safe_load(mon.rule_tests(example))
+    doc = yaml.safe_load(rule_tests(example))
     firing: dict[str, int] = {}
     quiet: dict[str, int] = {}
     for case in doc["tests"]:
         for check in case["alert_rule_test"]:
             bucket = firing if check["exp_alerts"] else quiet
             bucket[check["alertname"]] = bucket.get(check["alertname"], 0) + 1
-    names = [a.name for a in mon.alerts(example)]
+    names = [a.name for a in alerts(example)]
     for name in names:
         assert firing.get(name, 0) >= 1, f"{name} has no firing case"
         assert quiet.get(name, 0) >= 1, f"{name} has no non-firing case"
@@ -142,9 +168,9 @@ def test_rule_tests_catch_a_wrong_expectation(lab_spec, tmp_path):
 
 def test_every_panel_and_alert_query_parses_in_promtool(example, tmp_path):
     """Each all_promql() expression (variables substituted) and alert condition, as a recording rule."""
-    exprs = mon.all_promql(example) + mon.alert_conditions(example)
+    exprs = all_promql(example) + alert_conditions(example)
     rules = [{"record": f"pdkit:check_{i}", "expr": expr} for i, (_, expr) in enumerate(exprs)]
-    (tmp_path / "check.yml").write_text(mon.to_yaml({"groups": [{"name": "check", "rules": rules}]}))
+    (tmp_path / "check.yml").write_text(to_yaml({"groups": [{"name": "check", "rules": rules}]}))
     res = _promtool("check", "rules", "check.yml", cwd=tmp_path)
     assert res.returncode == 0, res.stdout + res.stderr
     assert f"{len(rules)} rules found" in res.stdout
@@ -154,7 +180,7 @@ def test_unified_cluster_passes_promtool(base, tmp_path):
     spec = _spec(tmp_path, *_unified(base))
     assert not spec.is_pd()
     d = _write_monitoring_dir(spec, tmp_path / "mon")
-    names = {a.name for a in mon.alerts(spec)}
+    names = {a.name for a in alerts(spec)}
     assert "PdkitKvTransferFailures" not in names and "PdkitBootstrapFailures" not in names
     for args in (("check", "config", "prometheus.yml"), ("test", "rules", "rules/pdkit.test.yml")):
         res = _promtool(*args, cwd=d)
@@ -165,7 +191,7 @@ def test_short_scrape_interval_keeps_the_timeout_inside_it(base, tmp_path):
     cluster, hosts = base
     hosts["mon01"]["pdkit_monitoring"] = {"scrape_interval_s": 5}
     spec = _spec(tmp_path, cluster, hosts)
-    doc = yaml.safe_load(mon.prometheus_config(spec))
+    doc = yaml.safe_load(prometheus_config(spec))
     assert doc["global"]["scrape_interval"] == "5s" and doc["global"]["scrape_timeout"] == "5s"
     d = _write_monitoring_dir(spec, tmp_path / "mon")
     res = _promtool("check", "config", "prometheus.yml", cwd=d)
@@ -177,7 +203,7 @@ def test_short_scrape_interval_keeps_the_timeout_inside_it(base, tmp_path):
 
 
 def _configs(spec):
-    doc = yaml.safe_load(mon.prometheus_config(spec))
+    doc = yaml.safe_load(prometheus_config(spec))
     return doc, {c["job_name"]: c for c in doc["scrape_configs"]}
 
 
@@ -190,10 +216,10 @@ def test_targets_come_from_the_spec(lab_spec):
     # the lab inventory's own interval (inventories/lab.py; the default is 15 s)
     assert doc["global"]["scrape_interval"] == "10s"
     assert doc["global"]["evaluation_interval"] == "10s"
-    assert doc["rule_files"] == [mon.RULES_RELATIVE_PATH]
-    assert mon.PROMETHEUS_CONFIG_PATH.rsplit("/", 1)[0] + "/" + mon.RULES_RELATIVE_PATH == mon.RULES_PATH
+    assert doc["rule_files"] == [RULES_RELATIVE_PATH]
+    assert PROMETHEUS_CONFIG_PATH.rsplit("/", 1)[0] + "/" + RULES_RELATIVE_PATH == RULES_PATH
 
-    engines = _targets(jobs[mon.JOB_ENGINE])
+    engines = _targets(jobs[JOB_ENGINE])
     assert len(engines) == len(lab_spec.engines())
     for host, engine in lab_spec.engines():
         labels = engines[f"{lab_spec.engine_address(host)}:{engine.port}"]
@@ -201,22 +227,22 @@ def test_targets_come_from_the_spec(lab_spec):
                           "instance": f"{host.name}/{engine.name}", "pd_group": engine.pd_group}
 
     router_host = lab_spec.router_hosts[0]
-    routers = _targets(jobs[mon.JOB_ROUTER])
+    routers = _targets(jobs[JOB_ROUTER])
     assert list(routers) == [f"{flags.router_address(router_host)}:{router_host.router.prometheus_port}"]
     assert routers[next(iter(routers))]["role"] == "router"
 
-    exporters = _targets(jobs[mon.JOB_EXPORTER])
-    assert jobs[mon.JOB_EXPORTER]["honor_labels"] is True
+    exporters = _targets(jobs[JOB_EXPORTER])
+    assert jobs[JOB_EXPORTER]["honor_labels"] is True
     assert set(exporters) == {f"{lab_spec.engine_address(h)}:{h.node.exporter_port}" for h in lab_spec.gpu_hosts}
 
-    nodes = _targets(jobs[mon.JOB_NODE])
+    nodes = _targets(jobs[JOB_NODE])
     assert set(nodes) == {f"{h.address}:{NODE_EXPORTER_PORT}" for h in lab_spec.hosts}
     assert {labels["node"] for labels in nodes.values()} == {h.name for h in lab_spec.hosts}
 
     # lab hosts are gpu: none: no DCGM
-    assert mon.JOB_DCGM not in jobs
+    assert JOB_DCGM not in jobs
     mon_host = lab_spec.monitoring_hosts[0]
-    assert list(_targets(jobs[mon.JOB_PROMETHEUS])) == [f"{mon_host.address}:{mon_host.monitoring.prometheus_port}"]
+    assert list(_targets(jobs[JOB_PROMETHEUS])) == [f"{mon_host.address}:{mon_host.monitoring.prometheus_port}"]
 
     # every target carries cluster and node
     for job in jobs.values():
@@ -226,22 +252,22 @@ def test_targets_come_from_the_spec(lab_spec):
 
 def test_targets_match_targets_function(example):
     _, jobs = _configs(example)
-    listed = sorted((t.job, t.address) for t in mon.targets(example))
+    listed = sorted((t.job, t.address) for t in targets(example))
     in_config = sorted((job, addr) for job, c in jobs.items() for addr in _targets(c))
     assert listed == in_config
 
 
 def test_dcgm_on_real_nvidia_nodes_on_its_own_port(cluster_spec):
     _, jobs = _configs(cluster_spec)
-    dcgm = _targets(jobs[mon.JOB_DCGM])
-    assert set(dcgm) == {f"{cluster_spec.engine_address(h)}:{mon.DCGM_EXPORTER_PORT}" for h in cluster_spec.gpu_hosts}
+    dcgm = _targets(jobs[JOB_DCGM])
+    assert set(dcgm) == {f"{cluster_spec.engine_address(h)}:{DCGM_EXPORTER_PORT}" for h in cluster_spec.gpu_hosts}
     # pdkit-exporter holds DCGM's own default port
-    assert all(h.node.exporter_port != mon.DCGM_EXPORTER_PORT for h in cluster_spec.gpu_hosts)
+    assert all(h.node.exporter_port != DCGM_EXPORTER_PORT for h in cluster_spec.gpu_hosts)
 
 
 def test_router_workers_are_named_by_their_engine(lab_spec):
     _, jobs = _configs(lab_spec)
-    relabels = jobs[mon.JOB_ROUTER]["metric_relabel_configs"]
+    relabels = jobs[JOB_ROUTER]["metric_relabel_configs"]
     router_host = lab_spec.router_hosts[0]
     for host, engine in lab_spec.router_workers(router_host):
         url = flags.engine_url(lab_spec, host, engine)
@@ -255,26 +281,26 @@ def test_scrape_hosts_limits_every_job(base, tmp_path):
     cluster, hosts = base
     hosts["mon01"]["pdkit_monitoring"] = {"scrape_hosts": ["gpu01", "mon01"]}
     spec = _spec(tmp_path, cluster, hosts)
-    assert {t.host for t in mon.targets(spec)} == {"gpu01", "mon01"}
+    assert {t.host for t in targets(spec)} == {"gpu01", "mon01"}
 
 
 def test_output_is_deterministic(example):
-    for fn in (mon.prometheus_config, mon.alert_rules, mon.rule_tests, mon.grafana_provisioning,
-               mon.dashboard_files, mon.all_promql):
+    for fn in (prometheus_config, alert_rules, rule_tests, grafana_provisioning,
+               dashboard_files, all_promql):
         assert fn(example) == fn(example)
 
 
 def test_monitoring_files_land_where_the_roles_expect(cluster_spec, lab_spec):
-    files = mon.monitoring_files(cluster_spec)
-    assert mon.PROMETHEUS_CONFIG_PATH in files and mon.RULES_PATH in files and mon.RULE_TESTS_PATH in files
-    assert mon.GRAFANA_DATASOURCE_PATH in files and mon.GRAFANA_PROVIDER_PATH in files
-    dash = [p for p in files if p.startswith(mon.GRAFANA_DASHBOARDS_DIR + "/")]
-    assert sorted(dash) == sorted(f"{mon.GRAFANA_DASHBOARDS_DIR}/pdkit-{n}.json" for n in mon.dashboards(cluster_spec))
+    files = monitoring_files(cluster_spec)
+    assert PROMETHEUS_CONFIG_PATH in files and RULES_PATH in files and RULE_TESTS_PATH in files
+    assert GRAFANA_DATASOURCE_PATH in files and GRAFANA_PROVIDER_PATH in files
+    dash = [p for p in files if p.startswith(GRAFANA_DASHBOARDS_DIR + "/")]
+    assert sorted(dash) == sorted(f"{GRAFANA_DASHBOARDS_DIR}/pdkit-{n}.json" for n in dashboards(cluster_spec))
     for p in dash:
         json.loads(files[p])
     # the lab turns Grafana off (its repository is unreachable there): Prometheus files only
-    lab_files = mon.monitoring_files(lab_spec)
-    assert mon.PROMETHEUS_CONFIG_PATH in lab_files
+    lab_files = monitoring_files(lab_spec)
+    assert PROMETHEUS_CONFIG_PATH in lab_files
     assert not [p for p in lab_files if "grafana" in p]
 
 
@@ -283,7 +309,7 @@ def test_no_monitoring_host_is_an_error(base, tmp_path):
     del hosts["mon01"]
     spec = _spec(tmp_path, cluster, hosts)
     with pytest.raises(ValueError, match="pdkit_monitoring"):
-        mon.prometheus_config(spec)
+        prometheus_config(spec)
 
 
 # ---------------------------------------------------------------------------
@@ -291,11 +317,11 @@ def test_no_monitoring_host_is_an_error(base, tmp_path):
 
 
 def test_alert_set_and_annotations(example):
-    alerts = {a.name: a for a in mon.alerts(example)}
+    names = {a.name for a in alerts(example)}
     assert {"PdkitEngineDown", "PdkitRouterWorkerUnhealthy", "PdkitQueueGrowing", "PdkitKvTransferFailures",
             "PdkitBootstrapFailures", "PdkitDecodeCudaGraphRatioLow", "PdkitTtftP99OverSlo", "PdkitConfigDrift",
-            "PdkitNcclEnvMissing"} <= set(alerts)
-    doc = yaml.safe_load(mon.alert_rules(example))
+            "PdkitNcclEnvMissing"} <= names
+    doc = yaml.safe_load(alert_rules(example))
     for rule in doc["groups"][0]["rules"]:
         assert rule["for"] and rule["labels"]["severity"] in ("critical", "warning")
         assert rule["annotations"]["summary"]
@@ -306,7 +332,7 @@ def test_ttft_alert_uses_the_spec_slo(base, tmp_path):
     cluster, hosts = base
     hosts["mon01"]["pdkit_monitoring"] = {"ttft_p99_slo_s": 0.75}
     spec = _spec(tmp_path, cluster, hosts)
-    ttft = next(a for a in mon.alerts(spec) if a.name == "PdkitTtftP99OverSlo")
+    ttft = next(a for a in alerts(spec) if a.name == "PdkitTtftP99OverSlo")
     assert ttft.expr.endswith("> 0.75") and "sglang:time_to_first_token_seconds_bucket" in ttft.expr
     d = _write_monitoring_dir(spec, tmp_path / "mon")
     res = _promtool("test", "rules", "rules/pdkit.test.yml", cwd=d)
@@ -317,14 +343,14 @@ def test_cuda_graph_alert_covers_only_engines_with_decode_graphs_on(base, tmp_pa
     cluster, hosts = base
     hosts["gpu02"]["pdkit_node"]["engines"][1]["tuning"] = {"cuda_graph": False}
     spec = _spec(tmp_path, cluster, hosts)
-    assert mon.graph_expected_instances(spec) == ["gpu01/decode"]
-    alert = next(a for a in mon.alerts(spec) if a.name == "PdkitDecodeCudaGraphRatioLow")
+    assert graph_expected_instances(spec) == ["gpu01/decode"]
+    alert = next(a for a in alerts(spec) if a.name == "PdkitDecodeCudaGraphRatioLow")
     assert 'instance=~"gpu01/decode"' in alert.expr and "gpu02" not in alert.expr
 
     cluster["tuning"] = {"all": {"cuda_graph": False}}
     cluster["target_concurrency"] = None
     spec = _spec(tmp_path, cluster, hosts)
-    assert "PdkitDecodeCudaGraphRatioLow" not in {a.name for a in mon.alerts(spec)}
+    assert "PdkitDecodeCudaGraphRatioLow" not in {a.name for a in alerts(spec)}
 
 
 def test_adding_a_gpu_node_adds_targets_rule_coverage_and_variables(base, tmp_path):
@@ -338,15 +364,15 @@ def test_adding_a_gpu_node_adds_targets_rule_coverage_and_variables(base, tmp_pa
     after = _spec(tmp_path, cluster, hosts2)
 
     # targets: both engines, the exporter, node_exporter (and DCGM: a real nvidia node)
-    new = {(t.job, t.address) for t in mon.targets(after)} - {(t.job, t.address) for t in mon.targets(before)}
-    assert new == {(mon.JOB_ENGINE, "10.9.0.4:30000"), (mon.JOB_ENGINE, "10.9.0.4:30001"),
-                   (mon.JOB_EXPORTER, "10.9.0.4:9400"), (mon.JOB_NODE, "10.9.0.4:9100"),
-                   (mon.JOB_DCGM, f"10.9.0.4:{mon.DCGM_EXPORTER_PORT}")}
+    new = {(t.job, t.address) for t in targets(after)} - {(t.job, t.address) for t in targets(before)}
+    assert new == {(JOB_ENGINE, "10.9.0.4:30000"), (JOB_ENGINE, "10.9.0.4:30001"),
+                   (JOB_EXPORTER, "10.9.0.4:9400"), (JOB_NODE, "10.9.0.4:9100"),
+                   (JOB_DCGM, f"10.9.0.4:{DCGM_EXPORTER_PORT}")}
 
     # rules: gpu03's decode joins the CUDA-graph rule, and the promtool cases fire for gpu03's engines
-    graph = next(a for a in mon.alerts(after) if a.name == "PdkitDecodeCudaGraphRatioLow")
+    graph = next(a for a in alerts(after) if a.name == "PdkitDecodeCudaGraphRatioLow")
     assert "gpu03/decode" in graph.expr
-    tests_after = yaml.safe_load(mon.rule_tests(after))["tests"]
+    tests_after = yaml.safe_load(rule_tests(after))["tests"]
     fired_for = {(c["alert_rule_test"][0]["alertname"], e["exp_labels"].get("node"), e["exp_labels"].get("engine"))
                  for c in tests_after for e in c["alert_rule_test"][0]["exp_alerts"]}
     for name in ("PdkitEngineDown", "PdkitQueueGrowing", "PdkitKvTransferFailures", "PdkitBootstrapFailures",
@@ -358,14 +384,14 @@ def test_adding_a_gpu_node_adds_targets_rule_coverage_and_variables(base, tmp_pa
     def n_series(tests):
         return sum(len(t["input_series"]) for t in tests)
 
-    assert n_series(tests_after) > n_series(yaml.safe_load(mon.rule_tests(before))["tests"])
+    assert n_series(tests_after) > n_series(yaml.safe_load(rule_tests(before))["tests"])
 
     # dashboards: gpu03 is a value of every node variable
-    for name, d in mon.dashboards(after).items():
+    for name, d in dashboards(after).items():
         node_var = next(v for v in d["templating"]["list"] if v["name"] == "node")
         assert "gpu03" in [o["value"] for o in node_var["options"]], name
         assert "gpu03" in node_var["query"].split(",")
-    for d in mon.dashboards(before).values():
+    for d in dashboards(before).values():
         assert "gpu03" not in json.dumps(d["templating"])
 
     d = _write_monitoring_dir(after, tmp_path / "mon")
@@ -420,15 +446,15 @@ def _check_dashboard(name: str, d: dict) -> None:
         if p.get("type") == "row":
             need(p.get("panels") == [] and "targets" not in p, f"{where}: an open row holds no panels")
             continue
-        need(p.get("datasource") == mon.DATASOURCE, f"{where}: datasource by uid")
+        need(p.get("datasource") == DATASOURCE, f"{where}: datasource by uid")
         need(isinstance(p.get("fieldConfig", {}).get("defaults"), dict), f"{where}: fieldConfig.defaults")
         need(isinstance(p.get("options"), dict), f"{where}: options")
-        targets = p.get("targets", [])
-        need(len(targets) >= 1, f"{where}: no targets")
-        refs = [t.get("refId") for t in targets]
+        queries = p.get("targets", [])
+        need(len(queries) >= 1, f"{where}: no targets")
+        refs = [t.get("refId") for t in queries]
         need(len(refs) == len(set(refs)) and all(isinstance(r, str) and r for r in refs), f"{where}: refIds")
-        for t in targets:
-            need(t.get("datasource") == mon.DATASOURCE, f"{where}: target datasource")
+        for t in queries:
+            need(t.get("datasource") == DATASOURCE, f"{where}: target datasource")
             expr = t.get("expr")
             need(isinstance(expr, str) and expr.strip() != "", f"{where}: expr")
             for var in re.findall(r"\$\{?(\w+)", expr or ""):
@@ -438,7 +464,7 @@ def _check_dashboard(name: str, d: dict) -> None:
 
 
 def test_every_dashboard_is_valid_grafana_json(example):
-    boards = mon.dashboards(example)
+    boards = dashboards(example)
     assert {"overview", "pd", "tuning", "nodes"} <= set(boards)
     uids = [d["uid"] for d in boards.values()]
     assert len(set(uids)) == len(uids)
@@ -447,7 +473,7 @@ def test_every_dashboard_is_valid_grafana_json(example):
 
 
 def test_dashboards_show_what_the_issue_asks(lab_spec):
-    boards = mon.dashboards(lab_spec)
+    boards = dashboards(lab_spec)
 
     def exprs(name):
         return " ".join(t["expr"] for p in boards[name]["panels"] for t in p.get("targets", []))
@@ -465,13 +491,13 @@ def test_dashboards_show_what_the_issue_asks(lab_spec):
                    "sglang:num_transfer_failed_reqs_total", "sglang:num_bootstrap_failed_reqs_total"):
         assert metric in pd, metric
     tuning = exprs("tuning")
-    for metric in mon.EXPORTER.values():
+    for metric in EXPORTER.values():
         assert metric in tuning, metric
     assert "sglang:cuda_graph_passes_total" in tuning
     nodes = exprs("nodes")
-    assert all(m in nodes for m in mon.NODE.values())
+    assert all(m in nodes for m in NODE.values())
     # lab hosts have no DCGM: no GPU panels that could never show data
-    assert not any(m in nodes for m in mon.DCGM.values())
+    assert not any(m in nodes for m in DCGM.values())
     # issue 43 item 5: the prefix cache's hit rate from the engines' counters (prefill and unified engines), and on
     # the PD dashboard what each hand-off carried against the KV of the uncached prompt tokens
     from pdkit.upstream.metricnames import SGLANG
@@ -493,31 +519,31 @@ def test_dashboards_show_what_the_issue_asks(lab_spec):
 
 
 def test_gpu_panels_where_dcgm_runs(cluster_spec):
-    nodes = mon.dashboards(cluster_spec)["nodes"]
+    nodes = dashboards(cluster_spec)["nodes"]
     exprs = " ".join(t["expr"] for p in nodes["panels"] for t in p.get("targets", []))
-    assert all(m in exprs for m in mon.DCGM.values())
+    assert all(m in exprs for m in DCGM.values())
 
 
 def test_no_pd_dashboard_without_pd_engines(base, tmp_path):
     spec = _spec(tmp_path, *_unified(base))
-    assert "pd" not in mon.dashboards(spec)
-    for name, d in mon.dashboards(spec).items():
+    assert "pd" not in dashboards(spec)
+    for name, d in dashboards(spec).items():
         _check_dashboard(name, d)
 
 
 def test_grafana_provisioning_points_at_the_monitoring_prometheus(example):
-    files = mon.grafana_provisioning(example)
-    assert set(files) == {mon.GRAFANA_DATASOURCE_PATH, mon.GRAFANA_PROVIDER_PATH}
-    ds = yaml.safe_load(files[mon.GRAFANA_DATASOURCE_PATH])
+    files = grafana_provisioning(example)
+    assert set(files) == {GRAFANA_DATASOURCE_PATH, GRAFANA_PROVIDER_PATH}
+    ds = yaml.safe_load(files[GRAFANA_DATASOURCE_PATH])
     assert ds["apiVersion"] == 1
     (source,) = ds["datasources"]
     host = example.monitoring_hosts[0]
-    assert source["uid"] == mon.DATASOURCE_UID and source["type"] == "prometheus"
+    assert source["uid"] == DATASOURCE_UID and source["type"] == "prometheus"
     assert source["url"] == f"http://{host.address}:{host.monitoring.prometheus_port}"
     assert source["jsonData"]["timeInterval"] == f"{host.monitoring.scrape_interval_s}s"
-    provider = yaml.safe_load(files[mon.GRAFANA_PROVIDER_PATH])
+    provider = yaml.safe_load(files[GRAFANA_PROVIDER_PATH])
     (p,) = provider["providers"]
-    assert p["type"] == "file" and p["options"]["path"] == mon.GRAFANA_DASHBOARDS_DIR
+    assert p["type"] == "file" and p["options"]["path"] == GRAFANA_DASHBOARDS_DIR
 
 
 # ---------------------------------------------------------------------------
@@ -525,16 +551,16 @@ def test_grafana_provisioning_points_at_the_monitoring_prometheus(example):
 
 
 def test_all_promql_lists_every_panel_query_and_alert(example):
-    listed = mon.all_promql(example)
-    n_targets = sum(len(p.get("targets", [])) for d in mon.dashboards(example).values() for p in d["panels"])
-    assert len(listed) == n_targets + len(mon.alerts(example))
+    listed = all_promql(example)
+    n_targets = sum(len(p.get("targets", [])) for d in dashboards(example).values() for p in d["panels"])
+    assert len(listed) == n_targets + len(alerts(example))
     wheres = [w for w, _ in listed]
     assert len(wheres) == len(set(wheres))
     for where, expr in listed:
         # runnable as is against Prometheus: no Grafana variables left
         assert "$" not in expr, where
-    assert {f"alert {a.name} (value)" for a in mon.alerts(example)} <= set(wheres)
-    assert [w for w, _ in mon.alert_conditions(example)] == [f"alert {a.name}" for a in mon.alerts(example)]
+    assert {f"alert {a.name} (value)" for a in alerts(example)} <= set(wheres)
+    assert [w for w, _ in alert_conditions(example)] == [f"alert {a.name}" for a in alerts(example)]
 
 
 @pytest.mark.parametrize("value", [
@@ -543,7 +569,7 @@ def test_all_promql_lists_every_panel_query_and_alert(example):
 ])
 def test_yaml_writer_round_trips(value):
     doc = {"k": value, "list": [value, {"inner": value}], "true": [], "n": 1.5, "b": False, "none": None}
-    assert yaml.safe_load(mon.to_yaml(doc)) == doc
+    assert yaml.safe_load(to_yaml(doc)) == doc
 
 
 _EMITTER_EDGES = [
@@ -561,7 +587,7 @@ def test_libyaml_writes_what_the_python_emitter_writes(value):
 
     for doc in ({"k": value, "list": [value, {"inner": value}], "n": 1.5, "b": False, "none": None},
                 {value: 1, "shared": [{"a": value}] * 2}):
-        assert mon.to_yaml(doc) == common.to_yaml(doc, dumper=common._Dumper)
+        assert to_yaml(doc) == common.to_yaml(doc, dumper=common._Dumper)
 
 
 @pytest.mark.parametrize("name", ["lab", "cluster", "multinode"])
@@ -569,14 +595,14 @@ def test_monitoring_files_are_the_python_emitters_bytes_and_take_libyaml(name, m
     from pdkit.monitoring import common
 
     spec = _load_example(name)
-    fast = mon.monitoring_files(spec)
-    fast_tests = mon.rule_tests(spec)
+    fast = monitoring_files(spec)
+    fast_tests = rule_tests(spec)
     monkeypatch.setattr(common, "_FAST_DUMPER", None)
-    assert mon.monitoring_files(spec) == fast
-    assert mon.rule_tests(spec) == fast_tests
+    assert monitoring_files(spec) == fast
+    assert rule_tests(spec) == fast_tests
     if yaml.__with_libyaml__:
         # the speed is real: the documents pdkit writes are inside what libyaml may write
-        prometheus = yaml.safe_load(fast[mon.PROMETHEUS_CONFIG_PATH])
+        prometheus = yaml.safe_load(fast[PROMETHEUS_CONFIG_PATH])
         assert common._libyaml_agrees(prometheus) and common._libyaml_agrees(yaml.safe_load(fast_tests))
 
 
@@ -585,7 +611,7 @@ def test_monitoring_files_are_the_python_emitters_bytes_and_take_libyaml(name, m
 
 
 def _failure_alerts(spec):
-    return {a.name: a for a in mon.alerts(spec) if a.name in
+    return {a.name: a for a in alerts(spec) if a.name in
             ("PdkitKvTransferFailures", "PdkitBootstrapFailures", "PdkitPdRequestFailures")}
 
 
@@ -600,13 +626,13 @@ def test_failure_alerts_are_one_form_for_every_release(base, tmp_path):
                 e["sglang_version"] = version
         (tmp_path / "-".join(versions)).mkdir()
         spec = _spec(tmp_path / "-".join(versions), cluster, hosts)
-        alerts = _failure_alerts(spec)
-        assert set(alerts) == {"PdkitKvTransferFailures", "PdkitBootstrapFailures"}
-        for a in alerts.values():
+        failures = _failure_alerts(spec)
+        assert set(failures) == {"PdkitKvTransferFailures", "PdkitBootstrapFailures"}
+        for a in failures.values():
             assert {s["instance"] for s in a.subjects} == {"gpu01/prefill", "gpu01/decode", "gpu02/prefill",
                                                           "gpu02/decode"}
             assert "offset" in a.expr  # the first failure of a fresh series
-        exprs.append({n: a.expr for n, a in alerts.items()})
+        exprs.append({n: a.expr for n, a in failures.items()})
         d = _write_monitoring_dir(spec, tmp_path / "mon" / "-".join(versions))
         res = _promtool("test", "rules", "rules/pdkit.test.yml", cwd=d)
         assert res.returncode == 0, res.stdout + res.stderr
@@ -627,13 +653,13 @@ def test_the_docs_alert_table_is_generated_from_the_alerts():
     table = alerttable.table()
     assert table in doc, "docs/monitoring.md's alert table is stale: python -m pdkit.contract.alerttable --write docs/monitoring.md"
     assert alerttable.runbooks() in doc, "docs/monitoring.md's runbooks are stale: python -m pdkit.contract.alerttable --write docs/monitoring.md"
-    for name in mon.ALERT_NAMES:
+    for name in ALERT_NAMES:
         assert f"| [`{name}`](#{name.lower()}) |" in table, name
         assert f"\n### {name}\n" in doc, name
-    cluster = [a.name for a in mon.alerts(_load_example("cluster"))]
-    multinode = [a.name for a in mon.alerts(_load_example("multinode"))]
-    assert cluster == [n for n in mon.ALERT_NAMES if n != "PdkitEngineRankDown"]
-    assert multinode == list(mon.ALERT_NAMES)
+    cluster = [a.name for a in alerts(_load_example("cluster"))]
+    multinode = [a.name for a in alerts(_load_example("multinode"))]
+    assert cluster == [n for n in ALERT_NAMES if n != "PdkitEngineRankDown"]
+    assert multinode == list(ALERT_NAMES)
 
 
 def test_the_alert_table_check_can_fail():
@@ -668,7 +694,7 @@ def _spanning(base, nodes=("gpu01", "gpu02", "gpu03")):
 
 
 def _rank_down(spec):
-    return next((a for a in mon.alerts(spec) if a.name == "PdkitEngineRankDown"), None)
+    return next((a for a in alerts(spec) if a.name == "PdkitEngineRankDown"), None)
 
 
 def test_rank_down_alert_only_for_an_engine_spanning_nodes(base, tmp_path, cluster_spec, lab_spec):
@@ -676,13 +702,13 @@ def test_rank_down_alert_only_for_an_engine_spanning_nodes(base, tmp_path, clust
     assert _rank_down(cluster_spec) is None and _rank_down(lab_spec) is None
     spec = _spec(tmp_path, *_spanning(base))
     alert = _rank_down(spec)
-    assert alert is not None and alert.severity == "critical" and alert.for_ == mon.ENGINE_DOWN_FOR
+    assert alert is not None and alert.severity == "critical" and alert.for_ == ENGINE_DOWN_FOR
     assert 'pdkit_engine_rank_up{rank!="0"}' in alert.expr and alert.expr.endswith("== 0")
     # every rank above 0, on its own node, named by its engine and rank 0's host; rank 0 is the decoy
     assert [(s["node"], s["engine"], s["rank"], s["nnodes"], s["head"]) for s in alert.subjects] == [
         ("gpu02", "decode", "1", "3", "gpu01"), ("gpu03", "decode", "2", "3", "gpu01")]
     assert [(s["node"], s["rank"]) for s in alert.decoys] == [("gpu01", "0")]
-    rule = next(r for r in yaml.safe_load(mon.alert_rules(spec))["groups"][0]["rules"]
+    rule = next(r for r in yaml.safe_load(alert_rules(spec))["groups"][0]["rules"]
                 if r["alert"] == "PdkitEngineRankDown")
     assert rule["labels"] == {"severity": "critical"} and rule["for"] == "2m"
     summary, description = rule["annotations"]["summary"], rule["annotations"]["description"]
@@ -706,7 +732,7 @@ def test_rank_down_promtool_cases_pass_and_can_fail(base, tmp_path):
     d = _write_monitoring_dir(spec, tmp_path / "mon")
     res = _promtool("test", "rules", "rules/pdkit.test.yml", cwd=d)
     assert res.returncode == 0, res.stdout + res.stderr
-    doc = yaml.safe_load(mon.rule_tests(spec))
+    doc = yaml.safe_load(rule_tests(spec))
     mine = [t for t in doc["tests"] if t["alert_rule_test"][0]["alertname"] == "PdkitEngineRankDown"]
     assert [t["name"] for t in mine] == [
         "PdkitEngineRankDown fires for every subject at once",
@@ -721,8 +747,8 @@ def test_rank_down_promtool_cases_pass_and_can_fail(base, tmp_path):
     def run(tests, rules=None):
         sub = tmp_path / f"case{next(_cases)}"
         (sub / "rules").mkdir(parents=True)
-        (sub / mon.RULES_RELATIVE_PATH).write_text(rules if rules is not None else mon.alert_rules(spec))
-        (sub / "rules" / "t.yml").write_text(mon.to_yaml({**doc, "tests": tests}))
+        (sub / RULES_RELATIVE_PATH).write_text(rules if rules is not None else alert_rules(spec))
+        (sub / "rules" / "t.yml").write_text(to_yaml({**doc, "tests": tests}))
         return _promtool("test", "rules", "rules/t.yml", cwd=sub)
 
     assert run(mine).returncode == 0
@@ -740,7 +766,7 @@ def test_rank_down_promtool_cases_pass_and_can_fail(base, tmp_path):
     down["input_series"][0]["values"] = "1x3 0x20"
     assert run([down]).returncode != 0
     # the decoy holds the rule to ranks above 0: without `rank!="0"` rank 0's series fires in the quiet case
-    rules = mon.alert_rules(spec)
+    rules = alert_rules(spec)
     assert rules.count('pdkit_engine_rank_up{rank!="0"}') == 1
     assert run([quiet], rules.replace('pdkit_engine_rank_up{rank!="0"}', "pdkit_engine_rank_up")).returncode != 0
 
@@ -770,17 +796,17 @@ def _rescaled(text: str, speedup: int) -> str:
 def test_the_lab_alert_clock_divides_every_window_and_keeps_every_case(base, tmp_path):
     real = _spec(tmp_path, *_lab_clock(base, 1))
     fast = _spec(tmp_path, *_lab_clock(base, 4))
-    r, f = mon.alerts(real), mon.alerts(fast)
+    r, f = alerts(real), alerts(fast)
     assert [a.name for a in r] == [a.name for a in f] and len(r) >= 10
     for a, b in zip(r, f):
         assert _duration_s(a.for_) == 4 * _duration_s(b.for_), (a.name, a.for_, b.for_)
         assert _rescaled(a.expr, 4) == b.expr, a.name  # the same condition, only its windows shorter
         assert (a.subjects, a.decoys, a.severity) == (b.subjects, b.decoys, b.severity)
-    assert [mon.wedge_window(s) for s in (real, fast)] == ["2m", "30s"]
+    assert [wedge_window(s) for s in (real, fast)] == ["2m", "30s"]
     assert _configs(real)[0]["global"] == _configs(fast)[0]["global"]  # scrapes and evaluation: own settings
 
     # the promtool cases: the same series and expectations on a time axis divided by the speedup
-    rt, ft = yaml.safe_load(mon.rule_tests(real)), yaml.safe_load(mon.rule_tests(fast))
+    rt, ft = yaml.safe_load(rule_tests(real)), yaml.safe_load(rule_tests(fast))
     assert (rt["evaluation_interval"], ft["evaluation_interval"]) == ("1m", "15s")
     assert len(rt["tests"]) == len(ft["tests"]) > 20
     for x, y in zip(rt["tests"], ft["tests"]):
@@ -791,7 +817,7 @@ def test_the_lab_alert_clock_divides_every_window_and_keeps_every_case(base, tmp
             assert [e["exp_labels"] for e in cx["exp_alerts"]] == [e["exp_labels"] for e in cy["exp_alerts"]]
     # and promtool runs them against the fast rules
     d = _write_monitoring_dir(fast, tmp_path / "fast")
-    res = _promtool("test", "rules", f"rules/{Path(mon.RULE_TESTS_PATH).name}", cwd=d)
+    res = _promtool("test", "rules", f"rules/{Path(RULE_TESTS_PATH).name}", cwd=d)
     assert res.returncode == 0, res.stdout + res.stderr
 
 
@@ -826,13 +852,13 @@ def test_kv_handoff_alert_renders_each_prefill_s_floor_from_its_path(base, tmp_p
         "gpus": hosts["gpu02"]["pdkit_node"]["gpus"], "ucx_net_devices": "eth0",
         "engines": [{"name": "decode", "role": "decode", "gpus": [0, 1], "port": 30001, "pd_group": "g2"}]}}
     spec = _spec(tmp_path, cluster, hosts)
-    alert = next(a for a in mon.alerts(spec) if a.name == "PdkitKvHandoffSlow")
+    alert = next(a for a in alerts(spec) if a.name == "PdkitKvHandoffSlow")
     floors = {s["instance"]: s["floor"] for s in alert.subjects}
     same, tcp = KV_PATHS["same-host"].floor_gb_s, KV_PATHS["cross-host-tcp"].floor_gb_s
     assert floors == {"gpu01/prefill": f"{same:g}", "gpu02/prefill": f"{tcp:g}"}
     assert 'instance=~"gpu01/prefill"' in alert.expr and 'instance=~"gpu02/prefill"' in alert.expr
     assert f'"floor", "{same:g}"' in alert.expr and f'"floor", "{tcp:g}"' in alert.expr
-    names = [t["name"] for t in yaml.safe_load(mon.rule_tests(spec))["tests"]]
+    names = [t["name"] for t in yaml.safe_load(rule_tests(spec))["tests"]]
     assert any(n.startswith("PdkitKvHandoffSlow at ") and "fires for gpu01/prefill" in n for n in names), names
     assert "PdkitKvHandoffSlow stays quiet for gpu01/prefill while it hands nothing off" in names
     assert "PdkitKvHandoffSlow fires for gpu01/prefill while slow and resolves once fast" in names
@@ -845,11 +871,11 @@ def test_kv_handoff_alert_cases_can_fail(lab_spec, tmp_path):
     """The generated cases really test the floor: the same cases against rules whose floor is 100x lower stop
     firing, and promtool says so."""
     d = _write_monitoring_dir(lab_spec, tmp_path / "mon")
-    rules = (d / mon.RULES_RELATIVE_PATH).read_text()
+    rules = (d / RULES_RELATIVE_PATH).read_text()
     from pdkit.spec.kvcost import KV_PATHS
 
     floor = f") < {min(p.floor_gb_s for p in KV_PATHS.values()):g},\n"  # the lab's sim: the lowest floor
     assert floor in rules
-    (d / mon.RULES_RELATIVE_PATH).write_text(rules.replace(floor, ") < 0.001,\n"))
+    (d / RULES_RELATIVE_PATH).write_text(rules.replace(floor, ") < 0.001,\n"))
     res = _promtool("test", "rules", "rules/pdkit.test.yml", cwd=d)
     assert res.returncode != 0 and "PdkitKvHandoffSlow" in res.stdout + res.stderr

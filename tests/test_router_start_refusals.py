@@ -180,8 +180,8 @@ def test_each_rows_least_accepted_value_is_no_start_problem_and_its_refused_valu
 
 
 def test_the_rows_name_real_fields_and_flags_pdkit_renders(tmp_path):
-    from pdkit.spec import Router
     from pdkit.spec.faultbudget import FaultBudget
+    from pdkit.spec.models import Router
 
     for package in ("smg", "sglang-router"):
         spec = _spec_with(tmp_path, package)

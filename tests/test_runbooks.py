@@ -17,9 +17,10 @@ import unicodedata
 import pytest
 import yaml
 
-from pdkit import monitoring as mon
 from pdkit.contract import alerttable
-from pdkit.monitoring.common import ROUTER_BY, WORKER_BY
+from pdkit.monitoring.alertrules import ALERT_NAMES
+from pdkit.monitoring.common import ROUTER_BY, RULES_RELATIVE_PATH, WORKER_BY, to_yaml
+from pdkit.monitoring.rules import RUNBOOKS, alert_rules, alerts, rule_tests
 from pdkit.upstream import catalogue as cat
 from pdkit.upstream.metricnames import ROUTER
 from tests.conftest import REPO
@@ -69,8 +70,8 @@ def example(request):
 
 
 def test_every_alert_has_exactly_one_runbook_with_something_to_run():
-    assert set(mon.RUNBOOKS) == set(mon.ALERT_NAMES)
-    for name, rb in mon.RUNBOOKS.items():
+    assert set(RUNBOOKS) == set(ALERT_NAMES)
+    for name, rb in RUNBOOKS.items():
         assert rb.means and rb.causes and rb.run, name
         # something to run: a command in backticks
         assert any("`" in step for step in rb.run), name
@@ -88,12 +89,12 @@ def test_the_runbooks_render_every_placeholder():
 
 
 def test_the_doc_refuses_an_alert_without_a_runbook(monkeypatch):
-    runbooks = dict(mon.RUNBOOKS)
+    runbooks = dict(RUNBOOKS)
     del runbooks["PdkitEngineWedged"]
     monkeypatch.setattr(alerttable, "RUNBOOKS", runbooks)
     with pytest.raises(ValueError, match="missing \\['PdkitEngineWedged'\\]"):
         alerttable.runbooks()
-    runbooks = {**mon.RUNBOOKS, "PdkitNoSuchAlert": mon.RUNBOOKS["PdkitEngineDown"]}
+    runbooks = {**RUNBOOKS, "PdkitNoSuchAlert": RUNBOOKS["PdkitEngineDown"]}
     monkeypatch.setattr(alerttable, "RUNBOOKS", runbooks)
     with pytest.raises(ValueError, match="not an alert \\['PdkitNoSuchAlert'\\]"):
         alerttable.table()
@@ -105,7 +106,7 @@ def test_the_doc_carries_the_generated_table_and_runbooks():
     assert alerttable.table() in doc, stale
     assert alerttable.runbooks() in doc, stale
     # the table's rows link to the entries
-    for name in mon.ALERT_NAMES:
+    for name in ALERT_NAMES:
         assert f"| [`{name}`](#{name.lower()}) |" in alerttable.table(), name
 
 
@@ -128,7 +129,7 @@ def test_every_rule_links_to_a_heading_of_the_doc(example):
     """Each rendered rule's runbook_url is the default base plus the anchor of exactly one heading of
     docs/monitoring.md, the alert's own runbook entry."""
     anchors = _anchors(DOC.read_text())
-    rules = yaml.safe_load(mon.alert_rules(example))["groups"][0]["rules"]
+    rules = yaml.safe_load(alert_rules(example))["groups"][0]["rules"]
     assert rules
     for rule in rules:
         base, _, anchor = rule["annotations"]["runbook_url"].partition("#")
@@ -149,7 +150,7 @@ def test_runbook_url_follows_the_spec_base(base, tmp_path):
     cluster, hosts = base
     hosts["mon01"]["pdkit_monitoring"] = {"runbook_base_url": "https://git.example.com/ops/pdkit/docs/monitoring.md"}
     spec = _spec(tmp_path, cluster, hosts)
-    for rule in yaml.safe_load(mon.alert_rules(spec))["groups"][0]["rules"]:
+    for rule in yaml.safe_load(alert_rules(spec))["groups"][0]["rules"]:
         assert rule["annotations"]["runbook_url"] == \
             f"https://git.example.com/ops/pdkit/docs/monitoring.md#{rule['alert'].lower()}"
     d = _write_monitoring_dir(spec, tmp_path / "mon")
@@ -159,16 +160,16 @@ def test_runbook_url_follows_the_spec_base(base, tmp_path):
 
 def test_promtool_checks_every_alerts_runbook_url(cluster_spec, tmp_path):
     """Every firing case expects the runbook_url, so a rule whose link is wrong fails its promtool cases."""
-    doc = yaml.safe_load(mon.rule_tests(cluster_spec))
+    doc = yaml.safe_load(rule_tests(cluster_spec))
     expected = {}
     for t in doc["tests"]:
         for check in t["alert_rule_test"]:
             for e in check["exp_alerts"]:
                 expected.setdefault(check["alertname"], set()).add(e["exp_annotations"]["runbook_url"])
-    assert expected == {a.name: {f"docs/monitoring.md#{a.name.lower()}"} for a in mon.alerts(cluster_spec)}
+    assert expected == {a.name: {f"docs/monitoring.md#{a.name.lower()}"} for a in alerts(cluster_spec)}
     d = _write_monitoring_dir(cluster_spec, tmp_path / "mon")
     assert _promtool("test", "rules", "rules/pdkit.test.yml", cwd=d).returncode == 0
-    rules = d / mon.RULES_RELATIVE_PATH
+    rules = d / RULES_RELATIVE_PATH
     rules.write_text(rules.read_text().replace("docs/monitoring.md#pdkitenginewedged", "docs/monitoring.md#wrong"))
     res = _promtool("test", "rules", "rules/pdkit.test.yml", cwd=d)
     assert res.returncode != 0 and "PdkitEngineWedged" in res.stdout + res.stderr
@@ -179,15 +180,15 @@ def test_promtool_checks_every_alerts_runbook_url(cluster_spec, tmp_path):
 
 
 def _router_alerts(spec) -> dict:
-    return {a.name: a for a in mon.alerts(spec) if a.name in ROUTER_ALERTS}
+    return {a.name: a for a in alerts(spec) if a.name in ROUTER_ALERTS}
 
 
 def test_router_alerts_read_only_what_the_smg_release_exports(cluster_spec):
     smg, old = cat.router_families("smg", "1.13.0"), cat.router_families("sglang-router", "0.3.2")
-    alerts = _router_alerts(cluster_spec)
-    assert set(alerts) == set(ROUTER_ALERTS)
+    router = _router_alerts(cluster_spec)
+    assert set(router) == set(ROUTER_ALERTS)
     for name, (families, labels) in ROUTER_ALERTS.items():
-        a = alerts[name]
+        a = router[name]
         for f in families:
             assert f in smg and f not in old, (name, f)
             assert f in a.expr, (name, f)
@@ -197,8 +198,8 @@ def test_router_alerts_read_only_what_the_smg_release_exports(cluster_spec):
             assert tuple(exp) == labels, name
             assert exp["node"] == s["instance"].split("/")[0] and exp["role"] == "router", name
     # the breaker alert: one subject per (router, worker), like PdkitRouterWorkerUnhealthy
-    unhealthy = next(a for a in mon.alerts(cluster_spec) if a.name == "PdkitRouterWorkerUnhealthy")
-    assert alerts["PdkitRouterCircuitOpen"].subjects == unhealthy.subjects
+    unhealthy = next(a for a in alerts(cluster_spec) if a.name == "PdkitRouterWorkerUnhealthy")
+    assert router["PdkitRouterCircuitOpen"].subjects == unhealthy.subjects
 
 
 def test_no_router_alert_where_the_release_lacks_its_families(base, tmp_path):
@@ -208,7 +209,7 @@ def test_no_router_alert_where_the_release_lacks_its_families(base, tmp_path):
     spec = _spec(tmp_path, cluster, hosts)
     assert spec.router_release(spec.router_hosts[0]) == ("sglang-router", "0.3.2")
     assert _router_alerts(spec) == {}
-    assert "PdkitRouterWorkerUnhealthy" in {a.name for a in mon.alerts(spec)}  # both releases export health
+    assert "PdkitRouterWorkerUnhealthy" in {a.name for a in alerts(spec)}  # both releases export health
     cluster["sglang_version"] = "0.5.23"
     hosts["gpu01"]["pdkit_router"]["package"] = "sglang-router"
     hosts["gpu01"]["pdkit_router"]["version"] = "0.3.2"
@@ -220,9 +221,9 @@ def test_no_router_alert_where_the_release_lacks_its_families(base, tmp_path):
 def _run(spec, tests, tmp_path) -> int:
     sub = tmp_path / f"case{next(_dirs)}"
     (sub / "rules").mkdir(parents=True)
-    (sub / mon.RULES_RELATIVE_PATH).write_text(mon.alert_rules(spec))
-    doc = yaml.safe_load(mon.rule_tests(spec))
-    (sub / "rules" / "t.yml").write_text(mon.to_yaml({**doc, "tests": tests}))
+    (sub / RULES_RELATIVE_PATH).write_text(alert_rules(spec))
+    doc = yaml.safe_load(rule_tests(spec))
+    (sub / "rules" / "t.yml").write_text(to_yaml({**doc, "tests": tests}))
     return _promtool("test", "rules", "rules/t.yml", cwd=sub).returncode
 
 
@@ -230,13 +231,13 @@ def _run(spec, tests, tmp_path) -> int:
 def test_router_alert_cases_pass_and_can_fail(name, cluster_spec, tmp_path):
     """The alert's generated cases pass; its firing case with the subject healthy fails, and its quiet
     case expecting the alert fails: each case really decides."""
-    doc = yaml.safe_load(mon.rule_tests(cluster_spec))
+    doc = yaml.safe_load(rule_tests(cluster_spec))
     mine = [t for t in doc["tests"] if t["alert_rule_test"][0]["alertname"] == name]
     alone = next(t for t in mine if " alone" in t["name"])
     quiet = next(t for t in mine if "stays quiet while every subject is healthy" in t["name"])
     assert alone["alert_rule_test"][0]["exp_alerts"] and quiet["alert_rule_test"][0]["exp_alerts"] == []
     assert _run(cluster_spec, mine, tmp_path) == 0
-    a = next(a for a in mon.alerts(cluster_spec) if a.name == name)
+    a = next(a for a in alerts(cluster_spec) if a.name == name)
     healthy = copy.deepcopy(alone)
     healthy["input_series"] = [{"series": s, "values": v} for subj in a.subjects for s, v in a.case(subj, False)]
     assert _run(cluster_spec, [healthy], tmp_path) != 0
@@ -248,6 +249,6 @@ def test_router_alert_cases_pass_and_can_fail(name, cluster_spec, tmp_path):
 def test_one_breaker_trip_does_not_page(cluster_spec):
     """A restart trips the breaker once and it closes again: the case that says so is generated (and run by
     test_router_alert_cases_pass_and_can_fail's full set)."""
-    doc = yaml.safe_load(mon.rule_tests(cluster_spec))
+    doc = yaml.safe_load(rule_tests(cluster_spec))
     names = [t["name"] for t in doc["tests"] if t["alert_rule_test"][0]["alertname"] == "PdkitRouterCircuitOpen"]
     assert any("after one trip" in n for n in names), names

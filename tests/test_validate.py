@@ -649,7 +649,7 @@ def test_the_summary_and_the_port_check_know_when_grafana_is_off(monkeypatch, ca
 
 def test_grafanas_port_is_free_for_another_service_when_grafana_is_off(monkeypatch):
     from pdkit.inventory.loader import load
-    from pdkit.spec import host_ports
+    from pdkit.spec.addresses import host_ports
 
     monkeypatch.chdir(REPO)
     spec = load("inventories/cluster.py")

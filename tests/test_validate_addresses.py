@@ -12,7 +12,7 @@ from pdkit.inventory.loader import load_with_problems
 from pdkit.monitoring.common import alertmanager_urls, monitoring_host
 from pdkit.monitoring.scrape import targets
 from pdkit.render import flags
-from pdkit.spec import cross_host_connections, local_only
+from pdkit.spec.addresses import cross_host_connections, local_only
 from tests.conftest import write_inventory
 from tests.test_validate import _span, assert_validate_refuses
 

@@ -10,7 +10,8 @@ from pydantic import BaseModel
 
 from pdkit.cli import main
 from pdkit.inventory.loader import load_with_problems
-from pdkit.spec import IGNORED_BY_MODE, Cluster, Node
+from pdkit.spec.ignored import IGNORED_BY_MODE
+from pdkit.spec.models import Cluster, Node
 from tests.conftest import write_inventory
 
 

@@ -13,8 +13,11 @@ A package along its jobs, each module a set of pure functions:
 | `pdkit.monitoring.alertmanager` | alertmanager.yml (routes, inhibitions, receivers), credential files, the daemon's arguments |
 | `pdkit.contract.alerttable` | docs/monitoring.md's alert, runbook and inhibition tables, from the records |
 
-This module re-exports their public names (`pdkit.monitoring.alerts`, `.prometheus_config`, ...)
-and `monitoring_files`, the monitoring host's files.
+This module holds `monitoring_files` (the monitoring host's files) and exports what other packages use:
+that function and the names pdkit.render.plan needs to lay the files down and start the services (the
+Alertmanager paths, unit, user, defaults, URL and credential files; Grafana's drop-in path). Tests and the
+modules here import every other name from the module that holds it (`from pdkit.monitoring.rules import
+alerts`); tests/test_surfaces.py keeps the list equal to what is used.
 
 Pure functions: a `ClusterSpec` in, text (or dashboard dicts) out, byte-identical for the same
 spec. The roles lay these files down on the monitoring host (`MONITORING_PATHS`); nothing here
@@ -41,20 +44,29 @@ catalogue generated from the pinned SGLang releases and routers (pdkit/upstream/
 
 from __future__ import annotations
 
-# the public names of every module, as before the split (pdkit.monitoring.X)
-from pdkit.monitoring.alertmanager import *  # noqa: F401,F403
-from pdkit.monitoring.alertmanager import ALERTMANAGER_CONFIG_PATH, alertmanager_config
-from pdkit.monitoring.common import *  # noqa: F401,F403
+from pdkit.monitoring.alertmanager import (
+    ALERTMANAGER_CONFIG_PATH,
+    ALERTMANAGER_CREDENTIALS_DIR,
+    ALERTMANAGER_DEFAULTS_PATH,
+    ALERTMANAGER_UNIT,
+    ALERTMANAGER_USER,
+    alertmanager_config,
+    alertmanager_defaults,
+    alertmanager_url,
+    credential_files,
+)
 from pdkit.monitoring.common import PROMETHEUS_CONFIG_PATH, RULE_TESTS_PATH, RULES_PATH, monitoring_of
-from pdkit.monitoring.dashboards import *  # noqa: F401,F403
 from pdkit.monitoring.dashboards import dashboard_files
-from pdkit.monitoring.grafana import *  # noqa: F401,F403
 from pdkit.monitoring.grafana import GRAFANA_DROPIN_PATH, grafana_dropin, grafana_provisioning
-from pdkit.monitoring.rules import *  # noqa: F401,F403
 from pdkit.monitoring.rules import HOST_RULE_TEST_SUBJECTS, alert_rules, rule_tests
-from pdkit.monitoring.scrape import *  # noqa: F401,F403
 from pdkit.monitoring.scrape import prometheus_config
 from pdkit.spec import ClusterSpec
+
+__all__ = [
+    "ALERTMANAGER_CONFIG_PATH", "ALERTMANAGER_CREDENTIALS_DIR", "ALERTMANAGER_DEFAULTS_PATH", "ALERTMANAGER_UNIT",
+    "ALERTMANAGER_USER", "GRAFANA_DROPIN_PATH", "alertmanager_defaults", "alertmanager_url", "credential_files",
+    "monitoring_files",
+]
 
 
 def monitoring_files(spec: ClusterSpec) -> dict[str, str]:

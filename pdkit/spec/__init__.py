@@ -30,25 +30,47 @@ server arguments apart from its `*_hook.py` checks:
 - startup      what SGLang refuses at start (startup_check_problems)
 - checks       cross_checks(), which runs all of the rules
 
-Every public name is importable from `pdkit.spec` itself, as it was when this was one module.
+`pdkit.spec` itself exports what other packages use, and nothing else: the spec types (ClusterSpec, HostSpec,
+Problem, SpecError) nearly everywhere; the loader's models, HOST_SECTIONS, cross_checks and address_problem
+(pdkit.inventory.loader); the models the README's field table documents, FaultBudget and TUNING_DEFAULTS
+(pdkit.inventory.fieldtable); the derived facts that pdkit.render, pdkit.hosts, pdkit.doctor, pdkit.inventory.summary
+and pdkit.monitoring take (ports, decode graphs, shared GPUs, PCIe, receivers). Tests and the modules here import
+every other name from the submodule that holds it (`from pdkit.spec.models import Router`);
+tests/test_surfaces.py keeps the list equal to what is used.
 """
 
 from __future__ import annotations
 
-# the public names of every module, as before the split (pdkit.spec.X)
-from pdkit.spec.addresses import *  # noqa: F401,F403
-from pdkit.spec.alerting import *  # noqa: F401,F403
-from pdkit.spec.checks import *  # noqa: F401,F403
-from pdkit.spec.cluster import *  # noqa: F401,F403
-from pdkit.spec.credentials import *  # noqa: F401,F403
-from pdkit.spec.facts import *  # noqa: F401,F403
+from pdkit.spec.addresses import DCGM_EXPORTER_PORT, NODE_EXPORTER_PORT, address_problem
+from pdkit.spec.alerting import NULL_RECEIVER, RECEIVER_KINDS, Alerting, AlertRoute, Receiver, receiver_needs_credential
+from pdkit.spec.checks import cross_checks
+from pdkit.spec.cluster import ClusterSpec, HostSpec, Problem, SpecError
+from pdkit.spec.facts import (
+    DECODE_GRAPH_RULE,
+    custom_all_reduce_enabled,
+    dcgm_enabled,
+    decode_graph_required_bs,
+    decode_graphs_expected,
+    effective_decode_graph_max_bs,
+    engine_model_paths,
+    engine_numa_node,
+    gpu_share_group,
+    pairing_sets,
+    prefill_kv_paths,
+    shared_gpu_mem_fraction,
+    shared_gpu_predecessor,
+)
+from pdkit.spec.faultbudget import FaultBudget
+from pdkit.spec.models import HOST_SECTIONS, Cluster, Engine, GpuLayout, Model, Monitoring, PcieSlot, Secrets
+from pdkit.spec.pcie import collapse_findings, declared_topology, pd_pairs_on_node
+from pdkit.spec.tuning import TUNING_DEFAULTS, Speculative, Tuning
 
-# fieldtable documents the fault budget as a spec section (pdkit_cluster.fault_budget)
-from pdkit.spec.faultbudget import FaultBudget as FaultBudget  # noqa: F401 (the `as` form: an explicit re-export)
-from pdkit.spec.fields import *  # noqa: F401,F403
-from pdkit.spec.ignored import *  # noqa: F401,F403
-from pdkit.spec.models import *  # noqa: F401,F403
-from pdkit.spec.pcie import *  # noqa: F401,F403
-from pdkit.spec.spanning import *  # noqa: F401,F403
-from pdkit.spec.startup import *  # noqa: F401,F403
-from pdkit.spec.tuning import *  # noqa: F401,F403
+__all__ = [
+    "DCGM_EXPORTER_PORT", "DECODE_GRAPH_RULE", "HOST_SECTIONS", "NODE_EXPORTER_PORT", "NULL_RECEIVER", "RECEIVER_KINDS",
+    "TUNING_DEFAULTS", "AlertRoute", "Alerting", "Cluster", "ClusterSpec", "Engine", "FaultBudget", "GpuLayout",
+    "HostSpec", "Model", "Monitoring", "PcieSlot", "Problem", "Receiver", "Secrets", "SpecError", "Speculative",
+    "Tuning", "address_problem", "collapse_findings", "cross_checks", "custom_all_reduce_enabled", "dcgm_enabled",
+    "declared_topology", "decode_graph_required_bs", "decode_graphs_expected", "effective_decode_graph_max_bs",
+    "engine_model_paths", "engine_numa_node", "gpu_share_group", "pairing_sets", "pd_pairs_on_node",
+    "prefill_kv_paths", "receiver_needs_credential", "shared_gpu_mem_fraction", "shared_gpu_predecessor",
+]

@@ -24,15 +24,17 @@ pytestmark = pytest.mark.lab
 def _monitoring_facts():
     # pdkit.inventory.loader imports pyinfra's CLI, which gevent-patches its importer: use a child process
     code = (
-        "import json; from pdkit.inventory.loader import load; from pdkit import monitoring as m; "
-        "from pdkit.monitoring.common import _duration_s; "
+        "import json; from pdkit.inventory.loader import load; "
+        "from pdkit.monitoring.common import _duration_s, alertmanager_urls; "
+        "from pdkit.monitoring.scrape import targets; from pdkit.monitoring.dashboards import all_promql; "
+        "from pdkit.monitoring.rules import alerts; from pdkit.monitoring.alertrules.engines import wedge_window; "
         f"spec = load({INVENTORY!r}); mon = spec.monitoring_hosts[0]; router = spec.router_hosts[0]; "
-        "print(json.dumps({'prom': f'http://{mon.address}:{mon.monitoring.prometheus_port}', 'alertmanagers': m.alertmanager_urls(spec), 'mon': mon.name, "
-        "'targets': [[t.job, t.address] for t in m.targets(spec)], 'promql': m.all_promql(spec), "
+        "print(json.dumps({'prom': f'http://{mon.address}:{mon.monitoring.prometheus_port}', 'alertmanagers': alertmanager_urls(spec), 'mon': mon.name, "
+        "'targets': [[t.job, t.address] for t in targets(spec)], 'promql': all_promql(spec), "
         "'router': f'http://{router.address}:{router.router.port}', 'model': spec.cluster.model.name, "
         "'gpu': [h.name for h in spec.gpu_hosts], 'scrape_s': mon.monitoring.scrape_interval_s, "
         # the lab's own windows (inventories/lab.py: lab_alert_speedup), as its rules file says them
-        "'for_s': {a.name: _duration_s(a.for_) for a in m.alerts(spec)}, 'wedge_window_s': _duration_s(m.wedge_window(spec))}))"
+        "'for_s': {a.name: _duration_s(a.for_) for a in alerts(spec)}, 'wedge_window_s': _duration_s(wedge_window(spec))}))"
     )
     return json_from_child(code)
 

@@ -21,8 +21,11 @@ from pathlib import Path
 import requests
 import yaml
 
-from pdkit import monitoring as mon
 from pdkit.inventory.loader import load
+from pdkit.monitoring.common import JOB_ENGINE, JOB_ROUTER, RULES_RELATIVE_PATH
+from pdkit.monitoring.dashboards import all_promql
+from pdkit.monitoring.rules import alert_conditions, alert_rules
+from pdkit.monitoring.scrape import prometheus_config
 from pdkit.render import flags
 from tests.conftest import require, write_inventory
 
@@ -75,11 +78,11 @@ def evaluate(spec, pages: dict[str, dict[str, str]], tmp: Path) -> dict[str, str
     tmp.mkdir(parents=True, exist_ok=True)
     servers = {role: serve(p) for role, p in pages.items()}
     try:
-        doc = yaml.safe_load(mon.prometheus_config(spec))
+        doc = yaml.safe_load(prometheus_config(spec))
         doc["global"].update(scrape_interval="1s", scrape_timeout="1s", evaluation_interval="1s")
         jobs = []
         for job in doc["scrape_configs"]:
-            if job["job_name"] not in (mon.JOB_ENGINE, mon.JOB_ROUTER):
+            if job["job_name"] not in (JOB_ENGINE, JOB_ROUTER):
                 continue  # exporter, node, DCGM: no recorded pages of theirs
             for sc in job["static_configs"]:
                 role = sc["labels"]["role"]
@@ -87,7 +90,7 @@ def evaluate(spec, pages: dict[str, dict[str, str]], tmp: Path) -> dict[str, str
             jobs.append(job)
         doc["scrape_configs"] = jobs
         (tmp / "rules").mkdir(exist_ok=True)
-        (tmp / mon.RULES_RELATIVE_PATH).write_text(mon.alert_rules(spec))
+        (tmp / RULES_RELATIVE_PATH).write_text(alert_rules(spec))
         (tmp / "prometheus.yml").write_text(yaml.safe_dump(doc))
         (port,) = free_ports(1)
         proc = subprocess.Popen(["prometheus", f"--config.file={tmp / 'prometheus.yml'}",
@@ -99,7 +102,7 @@ def evaluate(spec, pages: dict[str, dict[str, str]], tmp: Path) -> dict[str, str
                 assert proc.poll() is None and time.monotonic() < deadline, (tmp / "prometheus.log").read_text()[-2000:]
                 time.sleep(0.2)
             out = {}
-            for where, expr in mon.all_promql(spec) + mon.alert_conditions(spec):
+            for where, expr in all_promql(spec) + alert_conditions(spec):
                 reply = requests.get(f"http://127.0.0.1:{port}/api/v1/query", params={"query": expr}, timeout=10).json()
                 if reply["status"] != "success":
                     out[where] = f"error: {reply.get('error')}"

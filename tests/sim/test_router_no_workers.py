@@ -36,7 +36,7 @@ import requests
 from pdkit.clients.router_api import RouterClient
 from pdkit.render.flags import router_breaker_args
 from pdkit.sim.localstack import smg_binary
-from pdkit.spec import Router
+from pdkit.spec.models import Router
 from tests.conftest import require
 
 from .support import MODEL, Processes, completion_ok, free_ports, launch_sim, wait_ready, wait_until
