@@ -441,33 +441,29 @@ def write_plot(rows: Sequence[LabRow], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    def plot(ax, lines: tuple[tuple[str, str], ...], scale: float, ylabel: str, title: str) -> None:
+        """One line per (LabRow field, label), its values times SCALE, against the number of GPU hosts."""
+        for attr, label in lines:
+            pts = [(r.gpu_hosts, getattr(r, attr) * scale) for r in rows if getattr(r, attr) is not None]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=label)
+        ax.set_xlabel("GPU hosts (lab)")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+
     fig, (steps_ax, scrape_ax) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for attr, label in (("lab_up_s", "pdkit lab up"), ("converge_s", "first converge"),
-                        ("noop_s", "no-op re-run"), ("roll_s", "one-field pdkit roll")):
-        pts = [(r.gpu_hosts, getattr(r, attr)) for r in rows if getattr(r, attr) is not None]
-        if pts:
-            steps_ax.plot(*zip(*pts), marker="o", label=label)
+    plot(steps_ax, (("lab_up_s", "pdkit lab up"), ("converge_s", "first converge"), ("noop_s", "no-op re-run"),
+                    ("roll_s", "one-field pdkit roll")), 1, "seconds", "lab steps against cluster size")
     failed = [r for r in rows if r.failed]
     for r in failed:
         steps_ax.axvline(r.gpu_hosts, color="red", alpha=0.3, linestyle=":")
         steps_ax.annotate(f"failed: {r.failed.split(':')[0]}", (r.gpu_hosts, 0), rotation=90, fontsize=7, color="red",
                           xytext=(3, 5), textcoords="offset points")
-    steps_ax.set_xlabel("GPU hosts (lab)")
-    steps_ax.set_ylabel("seconds")
-    steps_ax.set_title("lab steps against cluster size")
-    steps_ax.grid(alpha=0.3)
-    if steps_ax.get_legend_handles_labels()[0]:
-        steps_ax.legend(fontsize=8)
-    for attr, label in (("scrape_median_s", "median"), ("scrape_max_s", "max")):
-        pts = [(r.gpu_hosts, getattr(r, attr) * 1000) for r in rows if getattr(r, attr) is not None]
-        if pts:
-            scrape_ax.plot(*zip(*pts), marker="o", label=label)
-    scrape_ax.set_xlabel("GPU hosts (lab)")
-    scrape_ax.set_ylabel("ms")
-    scrape_ax.set_title("Prometheus scrape_duration_seconds")
-    scrape_ax.grid(alpha=0.3)
-    if scrape_ax.get_legend_handles_labels()[0]:
-        scrape_ax.legend(fontsize=8)
+    plot(scrape_ax, (("scrape_median_s", "median"), ("scrape_max_s", "max")), 1000, "ms",
+         "Prometheus scrape_duration_seconds")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -268,6 +268,24 @@ class RebootRequired(FactBase):
         return " ".join(line.strip() for line in output if line.strip()) or None
 
 
+class _MarkedProbe(FactBase):
+    """A probe run by the node's python3 whose result is the JSON on the one line of its output that starts
+    with MARK (its command always exits 0): that JSON, else an error naming the probe's last line."""
+
+    mark = ""
+
+    @staticmethod
+    def default() -> dict:
+        return {"error": "the probe printed nothing (is python3 installed on the node?)"}
+
+    def process(self, output: list[str]) -> dict:
+        for line in reversed(output):
+            if line.startswith(self.mark):
+                return json.loads(line[len(self.mark):])
+        lines = [line.strip() for line in output if line.strip()]
+        return {"error": f"the probe failed: {lines[-1] if lines else 'no output'}"}
+
+
 # the one line of EngineEnv's output that carries its result
 ENGINE_ENV_MARK = "pdkit-engine-env: "
 
@@ -279,26 +297,17 @@ _ENGINE_ENV_OUTER = PROBES.joinpath("engineenv_probe.py").read_text()
 _ENGINE_ENV_INNER = PROBES.joinpath("engineenv_probe_inner.py").read_text().replace("__NIXL_IMPORT__", NIXL_IMPORT)
 
 
-class EngineEnv(FactBase):
+class EngineEnv(_MarkedProbe):
     """A node's own engine environment (pdkit_node.engine_venv) as the preflight checks it, in one
     command: does VENV/bin/python exist and run, which sglang it has (`import sglang;
     sglang.__version__`, or the error), and whether NIXL imports the way SGLang imports it.
     The decision is pdkit.hosts.preflight.engine_env_problems (pure)."""
 
+    mark = ENGINE_ENV_MARK
+
     def command(self, venv: str) -> str:
         # always exits 0: a missing or broken environment is a finding, not a failed fact
         return f"python3 -c {shlex.quote(_ENGINE_ENV_OUTER)} {shlex.quote(venv)} {shlex.quote(_ENGINE_ENV_INNER)} || true"
-
-    @staticmethod
-    def default() -> dict:
-        return {"error": "the probe printed nothing (is python3 installed on the node?)"}
-
-    def process(self, output: list[str]) -> dict:
-        for line in reversed(output):
-            if line.startswith(ENGINE_ENV_MARK):
-                return json.loads(line[len(ENGINE_ENV_MARK):])
-        lines = [line.strip() for line in output if line.strip()]
-        return {"error": f"the probe failed: {lines[-1] if lines else 'no output'}"}
 
 
 # the one line of ModelDirs' output that carries its result
@@ -312,11 +321,13 @@ MODEL_DIRS_MARK = "pdkit-model-dirs: "
 _MODEL_DIRS_PROBE = PROBES.joinpath("modeldirs_probe.py").read_text()
 
 
-class ModelDirs(FactBase):
+class ModelDirs(_MarkedProbe):
     """The model directories a node's engines read (pdkit.hosts.preflight.model_dirs_wanted), as the
     preflight checks them, in one command: each one's existence, config.json, weight index or
     files, shards its index names but lacks, and what of it the service user USER cannot read.
     The decision is pdkit.hosts.preflight.model_dir_problems (pure)."""
+
+    mark = MODEL_DIRS_MARK
 
     def command(self, user: str, paths: tuple[str, ...]) -> str:
         # always exits 0: a missing or unreadable directory is a finding, not a failed fact
@@ -324,43 +335,23 @@ class ModelDirs(FactBase):
         return (f"python3 -c {shlex.quote(_MODEL_DIRS_PROBE)} {shlex.quote(keys)} {shlex.quote(subs)} {shlex.quote(user)} "
                 f"{' '.join(shlex.quote(p) for p in paths)} || true")
 
-    @staticmethod
-    def default() -> dict:
-        return {"error": "the probe printed nothing (is python3 installed on the node?)"}
-
-    def process(self, output: list[str]) -> dict:
-        for line in reversed(output):
-            if line.startswith(MODEL_DIRS_MARK):
-                return json.loads(line[len(MODEL_DIRS_MARK):])
-        lines = [line.strip() for line in output if line.strip()]
-        return {"error": f"the probe failed: {lines[-1] if lines else 'no output'}"}
-
 
 # the one line of PcieTopology's output that carries its result
 PCIE_TOPOLOGY_MARK = topology.PROBE_MARK
 
 
-class PcieTopology(FactBase):
+class PcieTopology(_MarkedProbe):
     """Per GPU its PCIe path (root complex, root port, switches, NUMA node), ACS on the bridges of that
     path, the IOMMU's mode, nvidia_uvm's HMM switch and GPU health (Xid lines, recovery action, pending
     retired pages / row remaps, utilisation with no process): pdkit/agent/topology_probe.py, one program run
     by the node's python3, read as the raw texts it gathered (issue 47). pdkit.agent.topology parses and
     judges them (pure); the preflight's rules are pdkit.hosts.preflight._check_pcie."""
 
+    mark = PCIE_TOPOLOGY_MARK
+
     def command(self) -> str:
         # always exits 0: what it cannot read (no nvidia-smi, no lspci, no sysfs file) is in its "unread"
         return f"python3 -c {shlex.quote(topology.probe_source())} || true"
-
-    @staticmethod
-    def default() -> dict:
-        return {"error": "the probe printed nothing (is python3 installed on the node?)"}
-
-    def process(self, output: list[str]) -> dict:
-        for line in reversed(output):
-            if line.startswith(PCIE_TOPOLOGY_MARK):
-                return json.loads(line[len(PCIE_TOPOLOGY_MARK):])
-        lines = [line.strip() for line in output if line.strip()]
-        return {"error": f"the probe failed: {lines[-1] if lines else 'no output'}"}
 
 
 # name -> fact class, in the order the preflight reads them

@@ -33,8 +33,9 @@ beyond the standard library.
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
+
+from pdkit import lazy_attr
 
 # What other packages use, by the submodule that holds it
 _PUBLIC = {
@@ -52,11 +53,7 @@ def __getattr__(name: str) -> Any:
     """A name of the surface, from its submodule; kept here, so the next lookup (and a test's
     monkeypatch of it: pdkit.doctor.baseline and pdkit.tune.runner look run_bench up here) is a plain
     attribute of the package."""
-    if name not in _HOME:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
-    globals()[name] = value
-    return value
+    return lazy_attr(globals(), _HOME, name)
 
 
 def __dir__() -> list[str]:

@@ -36,12 +36,12 @@ import hashlib
 import json
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pdkit.bench.client import Progress, router_target
+from pdkit.bench.client import Progress, router_target, run_pool, stream_events
 from pdkit.bench.record import (
     cache_counts,
     cache_engines,
@@ -56,12 +56,9 @@ from pdkit.bench.record import (
     served_model,
 )
 from pdkit.bench.stats import (
-    WORKER_HEADER,
     RequestResult,
-    StreamEnd,
     distribution_ms,
     failure_kind,
-    stream_failure,
     summarize_level,
     tpot,
 )
@@ -382,50 +379,30 @@ async def stream_chat(session, url: str, headers: dict[str, str], body: dict[str
     usage.prompt_tokens_details.cached_tokens or None). Output tokens are the server's
     usage.completion_tokens (chunks with text when it sends no usage); a reply of another length
     than asked for is an error, as in pdkit.bench.client.stream_one."""
-    import aiohttp  # lazy: aiohttp takes ~0.3 s to import, and only a run that sends needs it
-
     start = time.perf_counter()
     chunk_times: list[float] = []
     text: list[str] = []
-    end = StreamEnd()
-    worker = None
     usage: dict[str, Any] = {}
+
+    def see(event: Any) -> None:
+        nonlocal usage
+        if isinstance(event, dict):
+            usage = event.get("usage") or usage
+            for choice in event.get("choices") or []:
+                piece = (choice.get("delta") or {}).get("content")
+                if piece:
+                    text.append(piece)
+                    chunk_times.append(time.perf_counter() - start)
+
+    end, worker, failure = await stream_events(session, url, headers, body, timeout_s, see)
+    latency = time.perf_counter() - start
 
     def failed(why: str, finish: str | None = None) -> tuple[RequestResult, str, None]:
         return (RequestResult(ok=False, error=why, kind=failure_kind(why), finish_reason=finish, worker=worker,
                               rid=end.rid), "", None)
 
-    try:
-        async with session.post(url, json=body, headers=headers,
-                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
-            worker = resp.headers.get(WORKER_HEADER)
-            if resp.status != 200:
-                return failed(f"status {resp.status}: {(await resp.text())[:200].strip()}")
-            async for raw in resp.content:
-                line = raw.strip()
-                if not line.startswith(b"data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == b"[DONE]":
-                    end.done = True
-                    break
-                event = json.loads(payload)
-                end.see(event)
-                if isinstance(event, dict):
-                    usage = event.get("usage") or usage
-                    for choice in event.get("choices") or []:
-                        piece = (choice.get("delta") or {}).get("content")
-                        if piece:
-                            text.append(piece)
-                            chunk_times.append(time.perf_counter() - start)
-    except TimeoutError:
-        return failed(f"hang: timed out after {timeout_s:.0f} s")
-    except (aiohttp.ClientError, ValueError) as exc:
-        return failed(f"{type(exc).__name__}: {str(exc)[:200]}")
-    latency = time.perf_counter() - start
-    why = stream_failure(end)
-    if why is not None:
-        return failed(why, end.shown_finish())
+    if failure is not None:
+        return failed(*failure)
     tokens = int(usage.get("completion_tokens") or len(chunk_times))
     if tokens != reply_tokens:
         return failed(f"{'short' if tokens < reply_tokens else 'long'} ({end.shown_finish()}): got {tokens} output "
@@ -466,28 +443,12 @@ async def run_sessions(url: str, headers: dict[str, str], model: str,
                        reply_tokens: int, think_s: float, timeout_s: float,
                        progress: Progress | None = None) -> tuple[list[TurnResult], float]:
     """Every conversation played, CONCURRENCY sessions in flight at any time: (turns, wall time)."""
-    import aiohttp  # lazy: aiohttp takes ~0.3 s to import, and only a run that sends needs it
 
-    queue: asyncio.Queue[int] = asyncio.Queue()
-    for i in range(len(conversations)):
-        queue.put_nowait(i)
-    results: list[TurnResult] = []
+    def one(session, i: int) -> Awaitable[list[TurnResult]]:
+        return play_session(session, url, headers, model, i, conversations[i], reply_tokens, think_s, timeout_s,
+                            progress)
 
-    async def worker(session) -> None:
-        while True:
-            try:
-                i = queue.get_nowait()
-            except asyncio.QueueEmpty:
-                return
-            results.extend(await play_session(session, url, headers, model, i, conversations[i], reply_tokens,
-                                              think_s, timeout_s, progress))
-
-    connector = aiohttp.TCPConnector(limit=max(1, concurrency), force_close=False)
-    async with aiohttp.ClientSession(connector=connector) as session:
-        start = time.perf_counter()
-        await asyncio.gather(*(worker(session) for _ in range(min(concurrency, len(conversations)))))
-        duration = time.perf_counter() - start
-    return results, duration
+    return await run_pool(len(conversations), concurrency, max(1, concurrency), one)
 
 
 # ---- a level's figures -------------------------------------------------------------------------

@@ -18,13 +18,15 @@ import random
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pdkit.bench.stats import WORKER_HEADER, RequestResult, StreamEnd, failure_kind, stream_failure
 from pdkit.render.paths import router_auth_headers, router_url
 
 if TYPE_CHECKING:
     from pdkit.spec import ClusterSpec
+
+R = TypeVar("R")  # what one job of run_pool gives
 
 # Prompt token ids are drawn from this range: inside every real vocabulary (and the sim's 32000),
 # clear of the low special-token ids.
@@ -48,50 +50,65 @@ async def sse_lines(content: Any) -> Any:
             yield line[5:].strip()
 
 
-async def stream_one(session, url: str, headers: dict[str, str], body: dict[str, Any], output_len: int,
-                     timeout_s: float) -> RequestResult:
-    """Send one streaming /generate request and time its chunks. A failed stream is judged by the
-    rule the load clients share (pdkit.bench.stats.stream_failure: aborted, no [DONE], empty), then
-    by its length: with ignore_eos every answer must have exactly output_len tokens."""
+async def stream_events(session, url: str, headers: dict[str, str], body: dict[str, Any], timeout_s: float,
+                        on_event: Callable[[Any], None]) -> tuple[StreamEnd, str | None, tuple[str, str | None] | None]:
+    """POST BODY to URL and read the server-sent events of the answer up to `[DONE]`, each one parsed, seen by the
+    stream's end (pdkit.bench.stats.StreamEnd), then handed to ON_EVENT. Returns that end, the router's worker
+    header and None, or why the stream failed and its finish reason: a status other than 200, a timeout, a client
+    or decoding error, or the rule the load clients share (pdkit.bench.stats.stream_failure: aborted, no [DONE],
+    empty)."""
     import aiohttp  # lazy: aiohttp takes ~0.3 s to import, and only a run that sends needs it
 
-    start = time.perf_counter()
-    chunk_times: list[float] = []
-    tokens = prompt = 0
     end = StreamEnd()
     worker = None
-
-    def failed(why: str, finish: str | None = None) -> RequestResult:
-        return RequestResult(ok=False, error=why, kind=failure_kind(why), finish_reason=finish, worker=worker,
-                             rid=end.rid)
-
     try:
         async with session.post(url, json=body, headers=headers,
                                 timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
             worker = resp.headers.get(WORKER_HEADER)
             if resp.status != 200:
-                text = (await resp.text())[:200].strip()
-                return failed(f"status {resp.status}: {text}")
+                return end, worker, (f"status {resp.status}: {(await resp.text())[:200].strip()}", None)
             async for payload in sse_lines(resp.content):
                 if payload == b"[DONE]":
                     end.done = True
                     break
                 event = json.loads(payload)
                 end.see(event)
-                meta = event.get("meta_info") or {}
-                count = int(meta.get("completion_tokens") or 0)
-                prompt = int(meta.get("prompt_tokens") or prompt)
-                if count > tokens:
-                    chunk_times.append(time.perf_counter() - start)
-                    tokens = count
+                on_event(event)
     except TimeoutError:
-        return failed(f"hang: timed out after {timeout_s:.0f} s")
+        return end, worker, (f"hang: timed out after {timeout_s:.0f} s", None)
     except (aiohttp.ClientError, ValueError) as exc:
-        return failed(f"{type(exc).__name__}: {str(exc)[:200]}")
-    latency = time.perf_counter() - start
+        return end, worker, (f"{type(exc).__name__}: {str(exc)[:200]}", None)
     why = stream_failure(end)
-    if why is not None:
-        return failed(why, end.shown_finish())
+    return end, worker, None if why is None else (why, end.shown_finish())
+
+
+async def stream_one(session, url: str, headers: dict[str, str], body: dict[str, Any], output_len: int,
+                     timeout_s: float) -> RequestResult:
+    """Send one streaming /generate request and time its chunks. A failed stream is judged by the
+    rule the load clients share (pdkit.bench.stats.stream_failure: aborted, no [DONE], empty), then
+    by its length: with ignore_eos every answer must have exactly output_len tokens."""
+    start = time.perf_counter()
+    chunk_times: list[float] = []
+    tokens = prompt = 0
+
+    def see(event: Any) -> None:
+        nonlocal tokens, prompt
+        meta = event.get("meta_info") or {}
+        count = int(meta.get("completion_tokens") or 0)
+        prompt = int(meta.get("prompt_tokens") or prompt)
+        if count > tokens:
+            chunk_times.append(time.perf_counter() - start)
+            tokens = count
+
+    end, worker, failure = await stream_events(session, url, headers, body, timeout_s, see)
+    latency = time.perf_counter() - start
+
+    def failed(why: str, finish: str | None = None) -> RequestResult:
+        return RequestResult(ok=False, error=why, kind=failure_kind(why), finish_reason=finish, worker=worker,
+                             rid=end.rid)
+
+    if failure is not None:
+        return failed(*failure)
     if tokens != output_len:
         return failed(f"{'short' if tokens < output_len else 'long'} ({end.shown_finish()}): got {tokens} output "
                       f"tokens, asked for {output_len}", end.shown_finish())
@@ -175,14 +192,29 @@ async def run_level(url: str, headers: dict[str, str], concurrency: int, request
                     send: Sender | None = None) -> tuple[list[RequestResult], float]:
     """`requests` requests, `concurrency` in flight at any time; returns the results and the wall time.
     SEND: how each request goes out (default: streamed to URL)."""
-    import aiohttp  # lazy: aiohttp takes ~0.3 s to import, and only a run that sends needs it
-
     send = send or router_sender(url, headers)
 
+    async def one(session, i: int) -> list[RequestResult]:
+        result = await send(session, i, generate_body(seed + i, input_len, output_len), output_len, timeout_s)
+        if progress is not None:
+            progress.step(result.ok)
+        return [result]
+
+    # two connections per request: a sender that talks to a PD pair itself holds a prefill's and a
+    # decode's at once (with one per request, C decodes could wait for prefills that never get one)
+    return await run_pool(requests, concurrency, 2 * concurrency, one)
+
+
+async def run_pool(jobs: int, concurrency: int, connections: int,
+                   job: Callable[[Any, int], Awaitable[list[R]]]) -> tuple[list[R], float]:
+    """JOB(session, i) for i in 0..JOBS-1, CONCURRENCY of them in flight at any time over one aiohttp session
+    of at most CONNECTIONS connections: every job's results, in the order the jobs end, and the wall time."""
+    import aiohttp  # lazy: aiohttp takes ~0.3 s to import, and only a run that sends needs it
+
     queue: asyncio.Queue[int] = asyncio.Queue()
-    for i in range(requests):
+    for i in range(jobs):
         queue.put_nowait(i)
-    results: list[RequestResult] = []
+    results: list[R] = []
 
     async def worker(session) -> None:
         while True:
@@ -190,17 +222,12 @@ async def run_level(url: str, headers: dict[str, str], concurrency: int, request
                 i = queue.get_nowait()
             except asyncio.QueueEmpty:
                 return
-            result = await send(session, i, generate_body(seed + i, input_len, output_len), output_len, timeout_s)
-            results.append(result)
-            if progress is not None:
-                progress.step(result.ok)
+            results.extend(await job(session, i))
 
-    # two connections per request: a sender that talks to a PD pair itself holds a prefill's and a
-    # decode's at once (with one per request, C decodes could wait for prefills that never get one)
-    connector = aiohttp.TCPConnector(limit=2 * concurrency, force_close=False)
+    connector = aiohttp.TCPConnector(limit=connections, force_close=False)
     async with aiohttp.ClientSession(connector=connector) as session:
         start = time.perf_counter()
-        await asyncio.gather(*(worker(session) for _ in range(min(concurrency, requests))))
+        await asyncio.gather(*(worker(session) for _ in range(min(concurrency, jobs))))
         duration = time.perf_counter() - start
     return results, duration
 

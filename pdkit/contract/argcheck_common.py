@@ -6,9 +6,15 @@ The scripts are run as `python <script>`, so this file's directory is first on s
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import logging
+import os
 import re
+import sys
+from collections.abc import Iterator
+from typing import TextIO
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -56,3 +62,44 @@ def describe(parser: argparse.ArgumentParser) -> list[dict]:
             }
         )
     return out
+
+
+def request_argvs(request: dict) -> list[list[str]]:
+    """The request's argvs, refused unless they are a list of lists of strings."""
+    argvs = request.get("argvs", [])
+    if not isinstance(argvs, list) or not all(
+        isinstance(a, list) and all(isinstance(s, str) for s in a) for a in argvs
+    ):
+        raise SystemExit("argvs must be a list of lists of strings")
+    return argvs
+
+
+def reply_stream() -> TextIO:
+    """The real stdout, kept for the JSON reply alone: whatever the checked package or its dependencies print
+    from now on (while importing, C level included) goes to stderr."""
+    real_stdout = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return real_stdout
+
+
+def send_reply(out: TextIO, reply: dict) -> None:
+    out.write(json.dumps(reply) + "\n")
+    out.flush()
+
+
+@contextlib.contextmanager
+def one_check() -> Iterator[tuple[dict, io.StringIO]]:
+    """One argv's result ({"ok": False, "error": None, "warnings": []}) and the buffer that stdout and stderr
+    go to inside; on the way out, the warnings logged meanwhile become the result's."""
+    records = Records()
+    root = logging.getLogger()
+    root.addHandler(records)
+    buf = io.StringIO()
+    result: dict = {"ok": False, "error": None, "warnings": []}
+    try:
+        with contextlib.redirect_stderr(buf), contextlib.redirect_stdout(buf):
+            yield result, buf
+    finally:
+        root.removeHandler(records)
+        result["warnings"] = records.messages

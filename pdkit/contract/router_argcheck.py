@@ -34,17 +34,14 @@ or {"fatal": "<traceback>"} with exit status 3 when the package cannot be import
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
-import logging
-import os
 import re
 import sys
 import traceback
 from importlib.metadata import version as dist_version
 
-from argcheck_common import ANSI, Records, describe  # a sibling file: these scripts run outside pdkit
+# a sibling file: these scripts run outside pdkit
+from argcheck_common import ANSI, describe, one_check, reply_stream, request_argvs, send_reply
 
 _ARGPARSE_ERROR = re.compile(r"^\S+: error: (.*)$", re.MULTILINE)
 
@@ -70,39 +67,30 @@ def _pre_start(router_args, RouterArgs, Router):
 
 
 def _run_one(invoke, argv: list[str]) -> dict:
-    records = Records()
-    root = logging.getLogger()
-    root.addHandler(records)
-    buf = io.StringIO()
-    result: dict = {"ok": False, "error": None, "warnings": []}
-    try:
-        with contextlib.redirect_stderr(buf), contextlib.redirect_stdout(buf):
-            try:
-                invoke(argv)
-            except _Launched:
-                result["ok"] = True
-                return result
-            except SystemExit as exc:
-                text = ANSI.sub("", buf.getvalue())
-                found = _ARGPARSE_ERROR.findall(text)
-                if found:
-                    result["error"] = found[-1].strip()
+    with one_check() as (result, buf):
+        try:
+            invoke(argv)
+        except _Launched:
+            result["ok"] = True
+            return result
+        except SystemExit as exc:
+            text = ANSI.sub("", buf.getvalue())
+            found = _ARGPARSE_ERROR.findall(text)
+            if found:
+                result["error"] = found[-1].strip()
+            else:
+                lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+                tail = f"; it printed: {lines[0].strip()}" if lines else ""
+                if exc.code in (0, None):
+                    result["error"] = f"exited with status 0 before launching (help or version?){tail}"
                 else:
-                    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
-                    tail = f"; it printed: {lines[0].strip()}" if lines else ""
-                    if exc.code in (0, None):
-                        result["error"] = f"exited with status 0 before launching (help or version?){tail}"
-                    else:
-                        result["error"] = f"exited with status {exc.code} before launching{tail}"
-                return result
-            except Exception as exc:  # noqa: BLE001 - argument conversion or validation raised
-                result["error"] = f"{type(exc).__name__}: {exc}"
-                return result
+                    result["error"] = f"exited with status {exc.code} before launching{tail}"
+            return result
+        except Exception as exc:  # noqa: BLE001 - argument conversion or validation raised
+            result["error"] = f"{type(exc).__name__}: {exc}"
+            return result
         result["error"] = "returned without reaching launch_router()"
         return result
-    finally:
-        root.removeHandler(records)
-        result["warnings"] = records.messages
 
 
 def _smg():
@@ -158,15 +146,8 @@ def _sglang_router():
 def main() -> int:
     request = json.load(sys.stdin)
     package = request.get("package")
-    argvs = request.get("argvs", [])
-    if not isinstance(argvs, list) or not all(
-        isinstance(a, list) and all(isinstance(s, str) for s in a) for a in argvs
-    ):
-        raise SystemExit("argvs must be a list of lists of strings")
-
-    real_stdout = os.fdopen(os.dup(1), "w")
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
+    argvs = request_argvs(request)
+    real_stdout = reply_stream()
 
     reply: dict = {"tool": package}
     try:
@@ -180,8 +161,7 @@ def main() -> int:
         reply["entry"] = entry
     except BaseException:  # noqa: BLE001
         reply["fatal"] = traceback.format_exc()
-        real_stdout.write(json.dumps(reply) + "\n")
-        real_stdout.flush()
+        send_reply(real_stdout, reply)
         return 3
 
     saved_argv = list(sys.argv)
@@ -191,8 +171,7 @@ def main() -> int:
         sys.argv = saved_argv
     if request.get("describe"):
         reply["options"] = describe(make_parser())
-    real_stdout.write(json.dumps(reply) + "\n")
-    real_stdout.flush()
+    send_reply(real_stdout, reply)
     return 0
 
 

@@ -41,10 +41,8 @@ Import quirks handled before sglang is imported:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.machinery
 import importlib.util
-import io
 import json
 import logging
 import os
@@ -53,7 +51,8 @@ import traceback
 from importlib.metadata import version as dist_version
 from typing import Any
 
-from argcheck_common import ANSI, Records, describe  # a sibling file: these scripts run outside pdkit
+# a sibling file: these scripts run outside pdkit
+from argcheck_common import ANSI, describe, one_check, reply_stream, request_argvs, send_reply
 
 PROG = "sglang serve"
 
@@ -207,96 +206,87 @@ def check_one(server_args_mod, argv: list[str], full_post_init: bool) -> dict:
     parser = argparse.ArgumentParser(prog=PROG)
     ServerArgs.add_cli_args(parser)
 
-    records = Records()
-    root = logging.getLogger()
-    root.addHandler(records)
-    buf = io.StringIO()
-    result: dict = {"ok": False, "error": None, "warnings": []}
-    try:
-        with contextlib.redirect_stderr(buf), contextlib.redirect_stdout(buf):
-            try:
-                if "--config" in argv:
-                    try:
-                        # lazy: sglang imports only after main() installed the triton stub and torchvision schemas
-                        from sglang.srt.utils.server_args_config_parser import ConfigArgumentMerger
-                    except ImportError:
-                        # lazy: same, at its older path
-                        from sglang.srt.server_args_config_parser import ConfigArgumentMerger
-                    argv = ConfigArgumentMerger(parser).merge_config_with_args(argv)
-                namespace = parser.parse_args(argv)
-            except SystemExit as exc:
-                text = ANSI.sub("", buf.getvalue())
-                msg = _argparse_error(text)
-                if msg is None:
-                    if exc.code in (0, None):
-                        msg = "argparse exited with status 0 (does the argv ask for --help?)"
-                    else:
-                        last = text.strip().splitlines()[-1] if text.strip() else None
-                        msg = last or f"argparse exited with status {exc.code}"
-                result["error"] = msg
-                return result
-            except Exception as exc:  # noqa: BLE001 - an action or type function raised
-                result["error"] = f"{type(exc).__name__} while parsing: {exc}"
-                return result
-
-            try:
-                if full_post_init:
-                    # __post_init__ here resolves the whole config (model files, GPUs):
-                    # build the record without it.
-                    saved = ServerArgs.__dict__.get("__post_init__")
-                    ServerArgs.__post_init__ = lambda self: None
-                    try:
-                        ServerArgs.from_cli_args(namespace)
-                    finally:
-                        if saved is None:
-                            del ServerArgs.__post_init__
-                        else:
-                            ServerArgs.__post_init__ = saved
-                else:
-                    ServerArgs.from_cli_args(namespace)
-            except Exception as exc:  # noqa: BLE001
-                result["error"] = f"ServerArgs.from_cli_args: {type(exc).__name__}: {exc}"
-                return result
-
-            # prepare_server_args then calls logging.basicConfig(level=getattr(logging,
-            # log_level.upper())): --log-level has no argparse choices either.
-            level = getattr(logging, str(getattr(namespace, "log_level", "info")).upper(), None)
-            if not isinstance(level, int):
-                result["error"] = (
-                    f"argument --log-level: {namespace.log_level!r} is not a logging level "
-                    "(prepare_server_args: logging.basicConfig(level=getattr(logging, log_level.upper())))"
-                )
-                return result
-
-            # --speculative-algorithm has no argparse choices: at resolution SGLang maps
-            # the CLI aliases (_resolve_speculative_algorithm_alias: NEXTN/EAGLE -> EAGLE,
-            # FROZEN_KV_MTP for a Gemma4 draft, which needs the draft's config and is
-            # left out here) and then SpeculativeAlgorithm.from_string rejects unknown
-            # names. Both are cheap and run here the same way.
-            name = getattr(namespace, "speculative_algorithm", None)
-            if name is not None:
+    with one_check() as (result, buf):
+        try:
+            if "--config" in argv:
                 try:
                     # lazy: sglang imports only after main() installed the triton stub and torchvision schemas
-                    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+                    from sglang.srt.utils.server_args_config_parser import ConfigArgumentMerger
+                except ImportError:
+                    # lazy: same, at its older path
+                    from sglang.srt.server_args_config_parser import ConfigArgumentMerger
+                argv = ConfigArgumentMerger(parser).merge_config_with_args(argv)
+            namespace = parser.parse_args(argv)
+        except SystemExit as exc:
+            text = ANSI.sub("", buf.getvalue())
+            msg = _argparse_error(text)
+            if msg is None:
+                if exc.code in (0, None):
+                    msg = "argparse exited with status 0 (does the argv ask for --help?)"
+                else:
+                    last = text.strip().splitlines()[-1] if text.strip() else None
+                    msg = last or f"argparse exited with status {exc.code}"
+            result["error"] = msg
+            return result
+        except Exception as exc:  # noqa: BLE001 - an action or type function raised
+            result["error"] = f"{type(exc).__name__} while parsing: {exc}"
+            return result
 
-                    try:
-                        # lazy: same; some releases lack it (the ImportError below)
-                        from sglang.srt.arg_groups.speculative_hook import (
-                            _resolve_speculative_algorithm_alias as resolve_alias,
-                        )
-                    except ImportError:
-                        resolve_alias = None
-                    if resolve_alias is not None:
-                        name = resolve_alias(name, None)
-                    SpeculativeAlgorithm.from_string(name)
-                except ValueError as exc:
-                    result["error"] = f"argument --speculative-algorithm: {exc} (SpeculativeAlgorithm.from_string)"
-                    return result
+        try:
+            if full_post_init:
+                # __post_init__ here resolves the whole config (model files, GPUs):
+                # build the record without it.
+                saved = ServerArgs.__dict__.get("__post_init__")
+                ServerArgs.__post_init__ = lambda self: None
+                try:
+                    ServerArgs.from_cli_args(namespace)
+                finally:
+                    if saved is None:
+                        del ServerArgs.__post_init__
+                    else:
+                        ServerArgs.__post_init__ = saved
+            else:
+                ServerArgs.from_cli_args(namespace)
+        except Exception as exc:  # noqa: BLE001
+            result["error"] = f"ServerArgs.from_cli_args: {type(exc).__name__}: {exc}"
+            return result
+
+        # prepare_server_args then calls logging.basicConfig(level=getattr(logging,
+        # log_level.upper())): --log-level has no argparse choices either.
+        level = getattr(logging, str(getattr(namespace, "log_level", "info")).upper(), None)
+        if not isinstance(level, int):
+            result["error"] = (
+                f"argument --log-level: {namespace.log_level!r} is not a logging level "
+                "(prepare_server_args: logging.basicConfig(level=getattr(logging, log_level.upper())))"
+            )
+            return result
+
+        # --speculative-algorithm has no argparse choices: at resolution SGLang maps
+        # the CLI aliases (_resolve_speculative_algorithm_alias: NEXTN/EAGLE -> EAGLE,
+        # FROZEN_KV_MTP for a Gemma4 draft, which needs the draft's config and is
+        # left out here) and then SpeculativeAlgorithm.from_string rejects unknown
+        # names. Both are cheap and run here the same way.
+        name = getattr(namespace, "speculative_algorithm", None)
+        if name is not None:
+            try:
+                # lazy: sglang imports only after main() installed the triton stub and torchvision schemas
+                from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+                try:
+                    # lazy: same; some releases lack it (the ImportError below)
+                    from sglang.srt.arg_groups.speculative_hook import (
+                        _resolve_speculative_algorithm_alias as resolve_alias,
+                    )
+                except ImportError:
+                    resolve_alias = None
+                if resolve_alias is not None:
+                    name = resolve_alias(name, None)
+                SpeculativeAlgorithm.from_string(name)
+            except ValueError as exc:
+                result["error"] = f"argument --speculative-algorithm: {exc} (SpeculativeAlgorithm.from_string)"
+                return result
         result["ok"] = True
         return result
-    finally:
-        root.removeHandler(records)
-        result["warnings"] = records.messages
 
 
 def describe_server_args(server_args_mod) -> list[dict]:
@@ -338,17 +328,8 @@ def main() -> int:
     request = json.load(sys.stdin)
     if isinstance(request, list):
         request = {"argvs": request}
-    argvs = request.get("argvs", [])
-    if not isinstance(argvs, list) or not all(
-        isinstance(a, list) and all(isinstance(s, str) for s in a) for a in argvs
-    ):
-        raise SystemExit("argvs must be a list of lists of strings")
-
-    # Only the JSON reply goes to the real stdout: whatever sglang or its dependencies
-    # print while importing (C level included) goes to stderr.
-    real_stdout = os.fdopen(os.dup(1), "w")
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
+    argvs = request_argvs(request)
+    real_stdout = reply_stream()
 
     reply: dict = {"tool": "sglang"}
     try:
@@ -363,8 +344,7 @@ def main() -> int:
             reply["version"] = None
     except BaseException:  # noqa: BLE001
         reply["fatal"] = traceback.format_exc()
-        real_stdout.write(json.dumps(reply) + "\n")
-        real_stdout.flush()
+        send_reply(real_stdout, reply)
         return 3
 
     # 0.5.2x: __post_init__ is empty, resolution is resolve_once(); older: __post_init__
@@ -380,8 +360,7 @@ def main() -> int:
         reply["options"] = describe_server_args(server_args_mod)
         reply["speculative_algorithms"] = speculative_algorithm_names()
         reply["environment"] = environment_defaults(list(request.get("environment_prefixes") or []))
-    real_stdout.write(json.dumps(reply) + "\n")
-    real_stdout.flush()
+    send_reply(real_stdout, reply)
     return 0
 
 

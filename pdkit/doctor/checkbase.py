@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pdkit.doctor.model import PASS, WARN, CheckResult, EngineObservation, EnginePlan, Status
+from pdkit.doctor.model import INFO, PASS, WARN, CheckResult, EngineObservation, EnginePlan, Status
 
 # the page a check reads before it can judge anything: /server_info, the second /metrics sample, or both
 Needs = Literal["server_info", "metrics", "both metrics samples"]
@@ -22,6 +22,12 @@ def not_measured(plan: EnginePlan, check: str, why: str) -> CheckResult:
     return engine_row(plan, check, WARN, f"not measured: {why}",
                       f"make {plan.url} reachable from this machine (is "
                       f"pdkit-engine-{plan.engine} running on {plan.host}?) and re-run")
+
+
+def exporter_unread(obs: EngineObservation, check: str) -> CheckResult:
+    """An INFO: the node's pdkit-exporter, which this check reads, did not answer."""
+    return engine_row(obs.plan, check, INFO, f"not measured: the node's pdkit-exporter was unreadable "
+                                             f"({obs.exporter_error})", "")
 
 
 def engine_down(obs: EngineObservation) -> bool:

@@ -9,7 +9,14 @@ from typing import Any
 
 from pdkit.agent import engineshape, residency
 from pdkit.agent.exporter.drift import compare_server_info, describe, flag_key
-from pdkit.doctor.checkbase import cannot_measure, counter_delta, engine_down, engine_row, not_measured
+from pdkit.doctor.checkbase import (
+    cannot_measure,
+    counter_delta,
+    engine_down,
+    engine_row,
+    exporter_unread,
+    not_measured,
+)
 from pdkit.doctor.model import FAIL, INFO, PASS, WARN, CheckResult, EngineObservation
 
 # An uncapped context above this many tokens is flagged: the seeds' 1M context made the indexer
@@ -232,8 +239,7 @@ def check_weights_cached(obs: EngineObservation) -> CheckResult:
         return early
     ex = obs.exporter
     if ex is None:
-        return engine_row(plan, name, INFO, f"not measured: the node's pdkit-exporter was unreadable "
-                                            f"({obs.exporter_error})", "")
+        return exporter_unread(obs, name)
     if ex.weights_cached is None:
         return engine_row(plan, name, INFO, "not measured: no local weight files (dummy weights, a hub id, the "
                                             "sim), or an exporter older than this check", "")
@@ -304,8 +310,7 @@ def check_jit_caches(obs: EngineObservation) -> CheckResult:
         return early
     ex = obs.exporter
     if ex is None:
-        return engine_row(plan, name, INFO, f"not measured: the node's pdkit-exporter was unreadable "
-                                            f"({obs.exporter_error})", "")
+        return exporter_unread(obs, name)
     if ex.jit_caches is None:
         return engine_row(plan, name, INFO, "not judged: SGLANG_CACHE_DIR is set by the engine's own env, or the "
                                             "exporter is older than this check", "")

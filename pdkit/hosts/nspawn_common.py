@@ -225,6 +225,14 @@ def in_cgroups(cgroups: Sequence[Path], argv: Sequence[str]) -> list[str]:
     return ["sh", "-c", f'for f in {procs}; do echo $$ > "$f"; done; exec "$@"', "sh", *argv]
 
 
+def start_in_cgroups(cgroups: Sequence[Path], argv: Sequence[str], log_path: Path) -> subprocess.Popen:
+    """ARGV started in CGROUPS (`in_cgroups`) in a session of its own, so that it outlives this process: stdin
+    empty, stdout and stderr to LOG_PATH (written anew)."""
+    with open(log_path, "w") as log:
+        return subprocess.Popen(in_cgroups(cgroups, argv), stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+
 # ---------------------------------------------------------------- mounts and trees
 
 

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import signal
 import socket
-import subprocess
 import time
 import urllib.request
 from pathlib import Path
 
-from pdkit.hosts.nspawn_common import in_cgroups, kill_pids, make_cgroup_dirs, proc_alive, proc_start_time
+from pdkit.hosts.nspawn_common import kill_pids, make_cgroup_dirs, proc_alive, proc_start_time, start_in_cgroups
 from pdkit.lab.model import APT_CACHE_PORT, SUITE, LabConfig, LabError
 from pdkit.lab.system import tcp_listening, wait_gone, which
 
@@ -80,15 +79,7 @@ def start(cfg: LabConfig) -> dict:
         )
     d = write_config(cfg)
     cgroups = make_cgroup_dirs(f"{cfg.cgroup_name}/apt-cacher-ng")
-    log = open(cfg.log_dir / "apt-cacher-ng.out", "w")
-    proc = subprocess.Popen(
-        in_cgroups(cgroups, [exe, "-c", str(d), "ForeGround=1"]),
-        stdin=subprocess.DEVNULL,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    log.close()
+    proc = start_in_cgroups(cgroups, [exe, "-c", str(d), "ForeGround=1"], cfg.log_dir / "apt-cacher-ng.out")
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         if proc.poll() is not None:

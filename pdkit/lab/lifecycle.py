@@ -19,7 +19,6 @@ from pathlib import Path
 from pdkit.hosts.nspawn_common import (
     cgroup_hierarchies,
     cgroup_pids,
-    in_cgroups,
     keygen_args,
     kill_pids,
     make_cgroup_dirs,
@@ -29,6 +28,7 @@ from pdkit.hosts.nspawn_common import (
     proc_start_time,
     remove_cgroup_tree,
     ssh_options,
+    start_in_cgroups,
     systemd_wait_command,
     write_json,
 )
@@ -260,16 +260,8 @@ def _start_machine(cfg: LabConfig, host: LabHost) -> dict:
         f"--network-namespace-path=/run/netns/{ns}",
     ]
     log_path = cfg.log_dir / f"{host.name}.console.log"
-    log = open(log_path, "w")
     # The wrapper shell moves itself into the container's own cgroups, then becomes nspawn.
-    proc = subprocess.Popen(
-        in_cgroups(cgroups, argv),
-        stdin=subprocess.DEVNULL,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    log.close()
+    proc = start_in_cgroups(cgroups, argv, log_path)
     return {
         "pid": proc.pid,
         "start": proc_start_time(proc.pid),

@@ -168,22 +168,7 @@ def ensure_tarball(cfg: LabConfig, progress: Progress, *, rebuild: bool = False)
         _customise(root, cfg)
         progress("rootfs: packing")
         tmp = tarball.with_suffix(".tmp")
-        run(
-            [
-                "tar",
-                "--numeric-owner",
-                "--xattrs",
-                "--xattrs-include=*",
-                "-I",
-                "zstd -T0 -6 -q",
-                "-C",
-                str(root),
-                "-cf",
-                str(tmp),
-                ".",
-            ],
-            timeout=600,
-        )
+        run(_tar(root, "zstd -T0 -6 -q", "-cf", str(tmp), "."), timeout=600)
         os.replace(tmp, tarball)
     finally:
         remove_tree(build)
@@ -290,22 +275,13 @@ def mount_host_root(base_root: Path, machine: Path) -> Path:
 def unpack(tarball: Path, root: Path) -> None:
     remove_tree(root)
     root.mkdir(parents=True)
-    run(
-        [
-            "tar",
-            "--numeric-owner",
-            "--xattrs",
-            "--xattrs-include=*",
-            "-I",
-            "zstd -q",
-            "-C",
-            str(root),
-            "-xpf",
-            str(tarball),
-        ],
-        timeout=300,
-    )
+    run(_tar(root, "zstd -q", "-xpf", str(tarball)), timeout=300)
     root.chmod(0o755)
+
+
+def _tar(root: Path, zstd: str, *args: str) -> list[str]:
+    """tar in ROOT, owners by number and extended attributes kept, through ZSTD (its command line), with ARGS."""
+    return ["tar", "--numeric-owner", "--xattrs", "--xattrs-include=*", "-I", zstd, "-C", str(root), *args]
 
 
 def personalise(root: Path, host: LabHost, hosts: list[LabHost], cfg: LabConfig, client_pubkey: str) -> str:

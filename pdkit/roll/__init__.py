@@ -27,8 +27,9 @@ is looked up (pdkit.roll.roller.run_remote). The names are looked up in their su
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
+
+from pdkit import lazy_attr
 
 # What other packages use, by the submodule that holds it
 _PUBLIC = {
@@ -44,11 +45,7 @@ __all__ = sorted(_HOME)
 
 def __getattr__(name: str) -> Any:
     """A name of the surface, from its submodule; kept here, so the next lookup is a plain attribute."""
-    if name not in _HOME:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
-    globals()[name] = value
-    return value
+    return lazy_attr(globals(), _HOME, name)
 
 
 def __dir__() -> list[str]:

@@ -351,17 +351,13 @@ class Engine:
         self._pd_gauges()
         try:
             report = await wait_for_kv(self.session, spec.bootstrap, self.knobs, on_handshake, admit)
-        except BootstrapFailed as exc:
-            message = (f"Decode handshake failed for request rank=0 decode_req.req.rid='{spec.rid}' "
+        except KVTransferError as exc:  # a BootstrapFailed is the handshake's
+            what, counter = (("handshake", "sglang:num_bootstrap_failed_reqs_total") if isinstance(exc, BootstrapFailed)
+                             else ("transfer", "sglang:num_transfer_failed_reqs_total"))
+            message = (f"Decode {what} failed for request rank=0 decode_req.req.rid='{spec.rid}' "
                        f"decode_req.req.bootstrap_room={room_id} with exception {exc}")
             self.log.error(message)
-            self.metrics.inc("sglang:num_bootstrap_failed_reqs_total")
-            raise EngineError(500, message) from None
-        except KVTransferError as exc:
-            message = (f"Decode transfer failed for request rank=0 decode_req.req.rid='{spec.rid}' "
-                       f"decode_req.req.bootstrap_room={room_id} with exception {exc}")
-            self.log.error(message)
-            self.metrics.inc("sglang:num_transfer_failed_reqs_total")
+            self.metrics.inc(counter)
             raise EngineError(500, message) from None
         finally:
             if admitted:

@@ -320,6 +320,12 @@ def _resolved_backends(facts: EngineFacts) -> tuple[str | None, str | None, str 
     return main, facts.prefill_attention_backend or main, facts.decode_attention_backend or main
 
 
+def _overrides_file(version: str, function: str, model: str) -> str:
+    """Where SGLang VERSION overrides a model family's settings: 0.5.17's FUNCTION in arg_groups/overrides.py, later
+    releases' arg_groups/model_overrides/MODEL.py."""
+    return f"arg_groups/overrides.py {function}" if version == "0.5.17" else f"arg_groups/model_overrides/{model}.py"
+
+
 def architecture_problems(facts: EngineFacts, config: dict[str, Any], source: str) -> list[tuple[str, str, str]]:
     """(severity, tuning field, message) for what SGLang FACTS.version forces or refuses for the checkpoint whose
     config.json is CONFIG (read from SOURCE). Error: SGLang refuses to start. Warning: a setting SGLang silently
@@ -354,8 +360,7 @@ def architecture_problems(facts: EngineFacts, config: dict[str, Any], source: st
     if family and arch in DSA_ARCHS.get(version, ()) and config.get("index_topk") is not None:
         kpool = config.get("index_kpool", 1) if version != "0.5.17" else 1
         forced = 64 * (kpool if isinstance(kpool, int) and kpool > 0 else 1)
-        file = "arg_groups/overrides.py _deepseek_family_overrides" if version == "0.5.17" else \
-            "arg_groups/model_overrides/deepseek_v2.py"
+        file = _overrides_file(version, "_deepseek_family_overrides", "deepseek_v2")
         if facts.page_size is not None and facts.page_size != forced:
             out.append(("warning", "page_size",
                         f"page_size {facts.page_size} is replaced: {arch} with index_topk ({source}) is a DeepSeek "
@@ -365,16 +370,14 @@ def architecture_problems(facts: EngineFacts, config: dict[str, Any], source: st
     elif family and config.get("index_topk") is None and facts.sm_major == 10 and \
             (facts.attention_backend, facts.prefill_attention_backend, facts.decode_attention_backend) == \
             (None, None, None) and facts.page_size not in (32, 64):
-        file = "arg_groups/overrides.py _deepseek_family_overrides" if version == "0.5.17" else \
-            "arg_groups/model_overrides/deepseek_v2.py"
+        file = _overrides_file(version, "_deepseek_family_overrides", "deepseek_v2")
         out.append(("warning", "page_size",
                     f"page_size {facts.page_size if facts.page_size is not None else 'unset'} runs as 64: on SM100 "
                     f"SGLang {version} gives {arch} without an attention backend trtllm_mla ({file}), which snaps the "
                     "page to 64 (_mla_backend_page_constraints); a PD peer with another backend or page then no "
                     "longer matches: set page_size 64 (or 32), or the attention_backend on every engine of the pair"))
     if arch in DSV4_ARCHS:
-        file = "arg_groups/overrides.py _deepseek_v4_overrides" if version == "0.5.17" else \
-            "arg_groups/model_overrides/deepseek_v4.py"
+        file = _overrides_file(version, "_deepseek_v4_overrides", "deepseek_v4")
         if facts.page_size is not None and facts.page_size != DSV4_PAGE:
             out.append(("warning", "page_size",
                         f"page_size {facts.page_size} is replaced: SGLang {version} runs {arch} ({source}) on the "

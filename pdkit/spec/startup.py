@@ -12,6 +12,7 @@ import functools
 from collections.abc import Callable
 
 from pdkit.spec.cluster import ClusterSpec
+from pdkit.spec.modelconfig import extra_arg
 from pdkit.spec.models import Engine, Node
 from pdkit.spec.pagesize import effective_page_size
 from pdkit.spec.tuning import Tuning
@@ -33,24 +34,19 @@ EP_ONE_OR_TP_RUNNERS = ("flashinfer_cutlass", "flashinfer_cutedsl")
 CUTEDSL_A2A = ("none", "deepep", "flashinfer")
 # an explicit --quantization each flashinfer MoE runner takes (handle_moe_kernel_config; unset
 # means bf16 or the checkpoint's own quantization_config, which SGLang reads at start)
+_RUNNER_QUANTIZATION_0517: dict[str, tuple[str, ...]] = {
+    "flashinfer_cutlass": ("modelopt_fp4", "modelopt_fp8", "modelopt_mixed"),
+    "flashinfer_trtllm": ("modelopt_fp4", "nvfp4_online", "fp8", "mxfp8", "modelopt_fp8", "modelopt_mixed",
+                          "compressed-tensors"),
+    "experimental_sgl_trtllm": ("modelopt_fp4", "nvfp4_online", "fp8", "mxfp8", "modelopt_fp8", "modelopt_mixed",
+                                "compressed-tensors"),
+    "flashinfer_trtllm_routed": ("fp8", "mxfp8", "modelopt_fp4", "modelopt_mixed", "nvfp4_online"),
+}
 RUNNER_QUANTIZATION: dict[str, dict[str, tuple[str, ...]]] = {
-    "0.5.17": {
-        "flashinfer_cutlass": ("modelopt_fp4", "modelopt_fp8", "modelopt_mixed"),
-        "flashinfer_trtllm": ("modelopt_fp4", "nvfp4_online", "fp8", "mxfp8", "modelopt_fp8", "modelopt_mixed",
-                              "compressed-tensors"),
-        "experimental_sgl_trtllm": ("modelopt_fp4", "nvfp4_online", "fp8", "mxfp8", "modelopt_fp8", "modelopt_mixed",
-                                    "compressed-tensors"),
-        "flashinfer_trtllm_routed": ("fp8", "mxfp8", "modelopt_fp4", "modelopt_mixed", "nvfp4_online"),
-    },
-    "0.5.23": {
-        "flashinfer_cutlass": ("modelopt_fp4", "modelopt_fp8", "modelopt_mixed"),
-        "flashinfer_trtllm": ("modelopt_fp4", "nvfp4_online", "fp8", "mxfp8", "modelopt_fp8", "modelopt_mixed",
-                              "compressed-tensors"),
-        "experimental_sgl_trtllm": ("modelopt_fp4", "nvfp4_online", "fp8", "mxfp8", "modelopt_fp8", "modelopt_mixed",
-                                    "compressed-tensors"),
-        "flashinfer_trtllm_routed": ("fp8", "mxfp8", "modelopt_fp4", "modelopt_mixed", "nvfp4_online",
-                                     "minimax_m3_nvfp4"),
-    },
+    "0.5.17": _RUNNER_QUANTIZATION_0517,
+    # 0.5.23: the same, and the routed runner also takes minimax_m3_nvfp4
+    "0.5.23": {**_RUNNER_QUANTIZATION_0517, "flashinfer_trtllm_routed": (
+        *_RUNNER_QUANTIZATION_0517["flashinfer_trtllm_routed"], "minimax_m3_nvfp4")},
 }
 # the runners --quantization nvfp4_online takes (moe_hook _moe_runner_backend_quant_constraints)
 NVFP4_ONLINE_RUNNERS = {"0.5.17": ("flashinfer_trtllm", "flashinfer_trtllm_routed"),
@@ -92,18 +88,6 @@ def tuning_origin(spec: ClusterSpec, engine: Engine, at: str, name: str) -> str:
     return f"tuning.{name}"
 
 
-def _extra_arg(engine: Engine, flag: str) -> str | None:
-    """The value ENGINE's extra_args give FLAG ('--flag v' or '--flag=v'; the last wins, as in argparse)."""
-    value = None
-    args = list(engine.extra_args)
-    for i, arg in enumerate(args):
-        if arg == flag and i + 1 < len(args):
-            value = args[i + 1]
-        elif arg.startswith(flag + "="):
-            value = arg.split("=", 1)[1]
-    return value
-
-
 def effective_page(version: str, tuning: Tuning, engine: Engine) -> int:
     """The page size SGLang VERSION's checks see for ENGINE: page_size as the attention backends snap it
     (arg_groups/overrides.py _mla_backend_page_constraints, pdkit.spec.pagesize), else 1 (_page_size_default
@@ -114,7 +98,7 @@ def effective_page(version: str, tuning: Tuning, engine: Engine) -> int:
     if tuning.attention_backend is not None:
         args["attention_backend"] = (tuning.attention_backend,)
     for dest in ("prefill_attention_backend", "decode_attention_backend", "speculative_draft_attention_backend"):
-        value = _extra_arg(engine, "--" + dest.replace("_", "-"))
+        value = extra_arg(engine.extra_args, "--" + dest.replace("_", "-"))
         if value is not None:
             args[dest] = (value,)
     page, _ = effective_page_size(version, args)
@@ -201,7 +185,7 @@ def _speculative_layout_problems(engine: Engine, tuning: Tuning, version: str, a
     page = effective_page(version, tuning, engine)
     tree_at, tree_topk, tree_name = spec_at + ".eagle_topk", topk, "eagle_topk"
     if algorithm == "NGRAM":
-        breadth = _extra_arg(engine, "--speculative-ngram-max-bfs-breadth")
+        breadth = extra_arg(engine.extra_args, "--speculative-ngram-max-bfs-breadth")
         tree_topk = int(breadth) if breadth is not None and breadth.isdigit() else NGRAM_DEFAULT_BFS_BREADTH
         tree_at, tree_name = spec_at, f"NGRAM's bfs breadth (SGLang's eagle_topk for NGRAM) {tree_topk}"
     if tree_topk is not None and tree_topk > 1 and page > 1 and tuning.attention_backend is not None:

@@ -201,6 +201,16 @@ def node_sources(root: Path = REPO) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in modules | _spelled_data(root, modules) | marker)
 
 
+def _read_sources(root: Path, sources: list[str]) -> tuple[dict[str, bytes], str]:
+    """Each of SOURCES (paths relative to ROOT) read, and the sha256 (hex) of them all, names included."""
+    digest = hashlib.sha256()
+    contents = {}
+    for rel in sources:
+        contents[rel] = (root / rel).read_bytes()
+        digest.update(rel.encode() + b"\0" + contents[rel] + b"\0")
+    return contents, digest.hexdigest()
+
+
 def _project_version(root: Path) -> str:
     return str(tomllib.loads((root / "pyproject.toml").read_text())["project"]["version"])
 
@@ -236,14 +246,9 @@ def node_wheel(root: Path = REPO) -> Path:
     """pdkit's wheel for the node venv, from `node_sources` alone: its digest (and so the node venv, and
     pdkit-exporter's restart) changes only when a file the node runs changes. Distribution `pdkit`, the
     project's version, as the full wheel (`pdkit_wheel`, the control machine's) has."""
-    sources = node_sources(root)
-    digest = hashlib.sha256()
-    contents = {}
-    for rel in sources:
-        contents[rel] = (root / rel).read_bytes()
-        digest.update(rel.encode() + b"\0" + contents[rel] + b"\0")
+    contents, digest = _read_sources(root, node_sources(root))
     version = _project_version(root)
-    out = cache_root() / "node" / digest.hexdigest()[:16] / f"pdkit-{version}-py3-none-any.whl"
+    out = cache_root() / "node" / digest[:16] / f"pdkit-{version}-py3-none-any.whl"
     return _write_wheel(out, "pdkit", version, contents,
                         "pdkit's node-side modules: gates, pdkit-exporter, releases "
                         "(pdkit.wheels.wheelhouse.node_sources)")
@@ -556,10 +561,7 @@ def sim_sources(root: Path = REPO) -> list[str]:
         if path in seen:
             continue
         seen.add(path)
-        parent = path.parent
-        while parent != root:  # a module's packages run their __init__.py first
-            todo.append(parent / "__init__.py")
-            parent = parent.parent
+        todo.extend(sorted(_with_packages(root, {path}) - {path}))
         for name in _pdkit_imports(path, root):
             found = _module_file(root, name)
             if found is not None:
@@ -577,15 +579,10 @@ def sim_wheel(root: Path = REPO) -> Path:
     Stored entries, fixed times and modes, sorted names: the same sources give the same sha256
     on any control machine. Its version carries the sources' hash (`0.<hash as a number>`), so
     `importlib.metadata.version("pdkit-sim")` on a node says which sim it runs."""
-    sources = sim_sources(root)
-    digest = hashlib.sha256()
-    contents = {}
-    for rel in sources:
-        contents[rel] = (root / rel).read_bytes()
-        digest.update(rel.encode() + b"\0" + contents[rel] + b"\0")
+    contents, digest = _read_sources(root, sim_sources(root))
     # a public version (no `+local`: pip asks for `%2B` in the URL, which the bundle server does
     # not decode): the sources' hash as a number
-    version = f"0.{int(digest.hexdigest()[:15], 16)}"
+    version = f"0.{int(digest[:15], 16)}"
     out = cache_root() / "sim" / f"{SIM_DIST.replace('-', '_')}-{version}-py3-none-any.whl"
     return _write_wheel(out, SIM_DIST, version, contents,
                         "the pdkit sim engine's files (pdkit.wheels.wheelhouse.sim_sources)")

@@ -31,11 +31,13 @@ INVENTORY = "inventories/lab.py"
 PYINFRA = str(Path(sys.executable).parent / "pyinfra")
 
 
-def run_pyinfra(inventory: str = INVENTORY, *extra: str, timeout: int = 900) -> tuple[int, dict, str]:
-    """Run the deploy as a user would; return (exit code, parsed --json results, stderr)."""
+def run_pyinfra(inventory: str = INVENTORY, *extra: str, timeout: int = 900, tree: Path = REPO) -> tuple[int, dict, str]:
+    """Run the deploy as a user would, from the source tree TREE (another than this checkout: its pdkit first on
+    PYTHONPATH); return (exit code, parsed --json results, stderr)."""
     proc = subprocess.run(
         [PYINFRA, inventory, "deploy/pd.py", "-y", "--json", *extra],
-        cwd=REPO, capture_output=True, text=True, timeout=timeout,
+        cwd=tree, capture_output=True, text=True, timeout=timeout,
+        env=None if tree == REPO else {**os.environ, "PYTHONPATH": str(tree)},
     )
     try:
         results = json.loads(proc.stdout) if proc.stdout.strip() else {}
@@ -150,10 +152,9 @@ def _daemon_processes(lab, spec) -> dict[str, dict[str, str]]:
 
 
 def _deploy_from_tree(tree: Path) -> list[str]:
-    proc = subprocess.run([PYINFRA, INVENTORY, "deploy/pd.py", "-y", "--json"], cwd=tree, capture_output=True, text=True,
-                          timeout=900, env={**os.environ, "PYTHONPATH": str(tree)})
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return [op["name"] for op in operations(json.loads(proc.stdout))]
+    rc, results, err = run_pyinfra(tree=tree)
+    assert rc == 0 and results, err[-4000:]
+    return [op["name"] for op in operations(results)]
 
 
 def test_a_control_side_change_restarts_nothing_and_a_node_side_one_only_pdkit_exporter(lab, deployed, tmp_path):
@@ -203,7 +204,7 @@ def test_a_control_side_change_restarts_nothing_and_a_node_side_one_only_pdkit_e
     for host in deployed["gpu"]:
         # the exporter started after the node venv link was switched to the venv whose pdkit has the mark
         # (python resolves its venv through the link at start), and the engine environment is a venv of its own
-        check = ssh(lab, host, f"grep -c {shlex.quote(mark)} /opt/pdkit/venv/lib/python3*/site-packages/pdkit/releases.py; "
+        check = ssh(lab, host, f"grep -c {shlex.quote(mark)} /opt/pdkit/venv/lib/python3*/site-packages/pdkit/agent/releases.py; "
                                "ls /opt/pdkit/venv/lib/python3*/site-packages/pdkit/cli.py 2>/dev/null | wc -l; "
                                "stat -c %Y /opt/pdkit/venv; date -d \"$(systemctl show -p ExecMainStartTimestamp --value pdkit-exporter)\" +%s; "
                                "readlink /opt/pdkit/engine-venv")

@@ -179,6 +179,52 @@ def up_case(subject: dict[str, str], bad: bool) -> list[tuple[str, str]]:
     return [(series_text("up", subject), "1x3 0x20" if bad else "1x3 0 1x19")]
 
 
+def up_alert(c: Context, r: AlertRecord, jobs: tuple[str, ...], summary: str, description: str,
+             fires_when: str = "") -> Alert:
+    """R's alert on the scrape targets of JOBS that Prometheus cannot scrape (`up == 0`): one promtool subject
+    per target, whose healthy case has a one-scrape blip (`up_case`); FIRES_WHEN defaults to the condition."""
+    up = f'up{{job="{jobs[0]}"}}' if len(jobs) == 1 else f'up{{job=~"{"|".join(jobs)}"}}'
+    return r.make(
+        c,
+        expr=f"{up} == 0",
+        value=up,
+        summary=summary,
+        description=description,
+        subjects=tuple({"job": t.job, **t.labels} for t in c.tgt if t.job in jobs),
+        case=up_case,
+        exp_labels=lambda s: dict(s),
+        eval_time="10m",
+        fires_when=fires_when or f"`{up} == 0`",
+    )
+
+
+def counted_alert(c: Context, r: AlertRecord, *, labels: tuple[str, ...], counted: str, zero: str, what: str,
+                  series_of: Callable[[dict[str, str]], str], subjects: tuple[dict[str, str], ...], summary: str,
+                  description: str, fires_when: str,
+                  more_rows: Callable[[dict[str, str], bool], list[tuple[str, str]]] = lambda s, bad: []) -> Alert:
+    """R's alert on a counter of WHAT (COUNTED, a series selector) that moved over the rate window, by LABELS.
+    The counter is created by its first increment (the catalogue's `lazy`) and increase() over a series that
+    appears at 1 is 0, so it also fires on a series that is new within the window (present now, absent `w`
+    ago). Its value is the increase, or ZERO (a series of every subject at 0) where there is none. Promtool:
+    bad is the first count (SERIES_OF's series appears at 1 and stays), plus MORE_ROWS; and counts that go on
+    fire, an old count does not (`counting_on_test`)."""
+    by, w = by_labels(labels), c.w
+    return r.make(
+        c,
+        expr=(f"(sum by ({by}) (increase({counted}[{w}])) > 0)\nor\n"
+              f"(sum by ({by}) ({counted}) unless sum by ({by}) ({counted} offset {w}))"),
+        value=f"sum by ({by}) (increase({counted}[{w}]))\nor\n{zero}",
+        summary=summary,
+        description=description,
+        subjects=subjects,
+        case=lambda s, bad: ([(series_of(s), "_x5 1x15")] if bad else []) + more_rows(s, bad),
+        exp_labels=lambda s: pick_labels(s, labels),
+        eval_time="8m",
+        extra_tests=lambda subjects: counting_on_test(r.name, what, r.severity, labels, subjects, series_of),
+        fires_when=fires_when,
+    )
+
+
 def counting_on_test(alert: str, what: str, severity: str, by: tuple[str, ...], subjects: tuple[dict[str, str], ...],
                      series_of: Callable[[dict[str, str]], str]) -> list[dict]:
     """A counter alert that also fires on a new series: counts that go on fire for the first subject; an old

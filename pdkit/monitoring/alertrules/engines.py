@@ -14,7 +14,7 @@ from pdkit.monitoring.alertrules.base import (
     Runbook,
     alert_test,
     engine_labels,
-    up_case,
+    up_alert,
 )
 from pdkit.monitoring.common import (
     ENGINE_BY,
@@ -60,11 +60,8 @@ def graph_expected_instances(spec: ClusterSpec) -> list[str]:
 
 # engine down
 def _engine_down(c: Context, r: AlertRecord) -> Alert | None:
-    engines = c.engines
-    return r.make(
-        c,
-        expr=f'up{{job="{JOB_ENGINE}"}} == 0',
-        value=f'up{{job="{JOB_ENGINE}"}}',
+    return up_alert(
+        c, r, (JOB_ENGINE,),
         summary="SGLang engine {{ $labels.instance }} ({{ $labels.role }}) is down",
         description=(
             "Prometheus cannot scrape /metrics of engine {{ $labels.engine }} on {{ $labels.node }} "
@@ -75,11 +72,6 @@ def _engine_down(c: Context, r: AlertRecord) -> Alert | None:
             "A PD pair stalls while either side is down: the router keeps sending it requests until its health "
             "checks fail. Fix the cause, then re-run the deploy (`pyinfra INVENTORY deploy/pd.py`: it restarts "
             "the engine behind the health gate)."),
-        subjects=tuple({"job": JOB_ENGINE, **t.labels} for t in engines),
-        case=up_case,
-        exp_labels=lambda s: dict(s),
-        eval_time="10m",
-        fires_when=f"`up{{job=\"{JOB_ENGINE}\"}} == 0`",
     )
 
 
@@ -192,10 +184,7 @@ def _queue_growing(c: Context, r: AlertRecord) -> Alert | None:
         key = dict(QUEUES)[s["queue"]]
         names = SGLANG[key]
         name = names if isinstance(names, str) else names[0]
-        labels = {"job": JOB_ENGINE, **pick_labels(s, ENGINE_BY), "engine_type": s["role"],
-                  "model_name": s["model_name"],
-                  "tp_rank": "0", "pp_rank": "0", "moe_ep_rank": "0"}
-        return [(series_text(name, labels), "0+1x30" if bad else "3x30")]
+        return [(series_text(name, engine_labels(s)), "0+1x30" if bad else "3x30")]
 
     return r.make(
         c,

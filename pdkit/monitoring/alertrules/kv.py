@@ -13,6 +13,7 @@ from pdkit.monitoring.alertrules.base import (
     Context,
     Runbook,
     alert_test,
+    counted_alert,
     engine_labels,
 )
 from pdkit.monitoring.common import (
@@ -41,44 +42,23 @@ KV_SLOW_BY = (*ENGINE_BY, "floor")
 # created by their first increment (the catalogue's `lazy`): a healthy engine has no series,
 # and increase() over a series that appears at 1 is 0. So each alert also fires on a series
 # that is new within the window (present now, absent `w` ago).
-def _more_failures_test(alert: str, severity: str, metric: str, subjects: tuple[dict[str, str], ...]) -> list[dict]:
-    """Failures that go on (increase() sees them) on the first subject, an old count that does not move
-    on every other (quiet)."""
-    if not subjects:
-        return []
-    first, rest = subjects[0], subjects[1:]
-    series = [(series_text(metric, engine_labels(first)), "3+1x20")]
-    series += [(series_text(metric, engine_labels(s)), "2x20") for s in rest]
-    exp = [{**pick_labels(first, ENGINE_BY), "severity": severity}]
-    return [alert_test(f"{alert} fires on failures that go on, not on an old count", alert, series, "15m", exp)]
-
-
 def _pd_failures(key: str, what: str, todo: str) -> Callable[[Context, AlertRecord], Alert | None]:
     """The builder of a PD failure alert: SGLANG[KEY] counts WHAT that failed; TODO is its description."""
 
     def build(c: Context, r: AlertRecord) -> Alert | None:
-        w, engines, model_of, by = c.w, c.engines, c.model_of, c.by
-        pd_engines = [t for t in engines if t.labels["role"] in ("prefill", "decode")]
+        pd_engines = [t for t in c.engines if t.labels["role"] in ("prefill", "decode")]
         if not pd_engines:
             return None
         pd_up = f'up{{job="{JOB_ENGINE}", role=~"prefill|decode"}}'
         metric = SGLANG[key]
-        return r.make(
-            c,
-            expr=(f"(sum by ({by}) (increase({metric}[{w}])) > 0)\nor\n"
-                  f"(sum by ({by}) ({metric}) unless sum by ({by}) ({metric} offset {w}))"),
-            value=f"sum by ({by}) (increase({metric}[{w}]))\nor\nsum by ({by}) ({pd_up}) * 0",
+        return counted_alert(
+            c, r, labels=ENGINE_BY, counted=metric, what="failures", zero=f"sum by ({c.by}) ({pd_up}) * 0",
+            # bad: the engine's first failure (the series appears at 1 and stays); healthy: no series at all
+            series_of=lambda s: series_text(metric, engine_labels(s)),
+            subjects=tuple({**t.labels, "model_name": c.model_of[t.labels["instance"]]} for t in pd_engines),
             summary=f"{what} fail on {{{{ $labels.instance }}}}",
             description=f"{todo}",
-            subjects=tuple({**t.labels, "model_name": model_of[t.labels["instance"]]} for t in pd_engines),
-            # bad: the engine's first failure (the series appears at 1 and stays); healthy: no series at all
-            case=lambda s, bad: [(series_text(metric, {
-                "job": JOB_ENGINE, **pick_labels(s, ENGINE_BY), "engine_type": s["role"], "model_name": s["model_name"],
-                "tp_rank": "0", "pp_rank": "0", "moe_ep_rank": "0"}), "_x5 1x15")] if bad else [],
-            exp_labels=lambda s: pick_labels(s, ENGINE_BY),
-            eval_time="8m",
-            extra_tests=lambda subjects: _more_failures_test(r.name, r.severity, metric, subjects),
-            fires_when=f"`increase({metric}[{w}]) > 0`, or the series is new (first failure)",
+            fires_when=f"`increase({metric}[{c.w}]) > 0`, or the series is new (first failure)",
         )
 
     return build

@@ -14,7 +14,7 @@ from pdkit.monitoring.alertrules.base import (
     Runbook,
     alert_test,
     subject_name,
-    up_case,
+    up_alert,
 )
 from pdkit.monitoring.common import (
     EXPORTER_BY,
@@ -43,24 +43,16 @@ ENV_MISSING_FOR = "5m"
 
 # a whole host down: its node_exporter cannot be scraped
 def _node_down(c: Context, r: AlertRecord) -> Alert | None:
-    nodes = [t for t in c.tgt if t.job == JOB_NODE]
-    if not nodes:
+    if not any(t.job == JOB_NODE for t in c.tgt):
         return None
-    return r.make(
-        c,
-        expr=f'up{{job="{JOB_NODE}"}} == 0',
-        value=f'up{{job="{JOB_NODE}"}}',
+    return up_alert(
+        c, r, (JOB_NODE,),
         summary="Host {{ $labels.node }} is down or cut off",
         description=(
             "Prometheus cannot scrape node_exporter on {{ $labels.node }} for " + c.for_(r.for_) + ": the host "
             "is down, cut off the network, or its node_exporter stopped. Its engines' alerts are held back while "
             "this fires (one page for the node).\n"
             "What to do: reach the host (ssh, its BMC console); `systemctl status prometheus-node-exporter` on it."),
-        subjects=tuple({"job": JOB_NODE, **t.labels} for t in nodes),
-        case=up_case,
-        exp_labels=lambda s: dict(s),
-        eval_time="10m",
-        fires_when=f"`up{{job=\"{JOB_NODE}\"}} == 0`",
     )
 
 
@@ -175,13 +167,8 @@ GPU_WEDGED = AlertRecord(
 
 # other scrape targets down (monitoring blind spots; node_exporter has PdkitNodeDown)
 def _scrape_target_down(c: Context, r: AlertRecord) -> Alert | None:
-    tgt = c.tgt
-    others = [t for t in tgt if t.job in (JOB_EXPORTER, JOB_DCGM, JOB_PROMETHEUS)]
-    other_jobs = "|".join((JOB_EXPORTER, JOB_DCGM, JOB_PROMETHEUS))
-    return r.make(
-        c,
-        expr=f'up{{job=~"{other_jobs}"}} == 0',
-        value=f'up{{job=~"{other_jobs}"}}',
+    return up_alert(
+        c, r, (JOB_EXPORTER, JOB_DCGM, JOB_PROMETHEUS),
         summary="{{ $labels.job }} on {{ $labels.node }} cannot be scraped",
         description=(
             "The {{ $labels.job }} target on {{ $labels.node }} has been down for " + c.for_(r.for_) + ": "
@@ -189,10 +176,6 @@ def _scrape_target_down(c: Context, r: AlertRecord) -> Alert | None:
             "What to do: on {{ $labels.node }} check the service (pdkit-exporter, dcgm-exporter or prometheus) "
             "with systemctl status / journalctl, and that its port is reachable "
             "from the monitoring host. Serving is not affected."),
-        subjects=tuple({"job": t.job, **t.labels} for t in others),
-        case=up_case,
-        exp_labels=lambda s: dict(s),
-        eval_time="10m",
         fires_when="pdkit-exporter, DCGM or Prometheus itself is down (node_exporter: `PdkitNodeDown`)",
     )
 

@@ -13,8 +13,8 @@ from pdkit.monitoring.alertrules.base import (
     Context,
     Runbook,
     alert_test,
-    counting_on_test,
-    up_case,
+    counted_alert,
+    up_alert,
 )
 from pdkit.monitoring.alertrules.engines import QUEUE_GROWING_FOR
 from pdkit.monitoring.alertrules.kv import FAILURES_FOR
@@ -49,25 +49,17 @@ OVERLOAD_FOR = QUEUE_GROWING_FOR
 
 # router down
 def _router_down(c: Context, r: AlertRecord) -> Alert | None:
-    routers = c.routers
-    if routers:
-        return r.make(
-            c,
-            expr=f'up{{job="{JOB_ROUTER}"}} == 0',
-            value=f'up{{job="{JOB_ROUTER}"}}',
-            summary="Router on {{ $labels.node }} is down",
-            description=(
-                "Prometheus cannot scrape the router's metrics port on {{ $labels.node }}: clients get "
-                "connection errors.\nWhat to do: `systemctl status pdkit-router` and "
-                "`journalctl -u pdkit-router -n 200` on {{ $labels.node }}; restart it with the deploy. "
-                "The engines keep running; nothing else needs a restart."),
-            subjects=tuple({"job": JOB_ROUTER, **t.labels} for t in routers),
-            case=up_case,
-            exp_labels=lambda s: dict(s),
-            eval_time="10m",
-            fires_when=f"`up{{job=\"{JOB_ROUTER}\"}} == 0`",
-        )
-    return None
+    if not c.routers:
+        return None
+    return up_alert(
+        c, r, (JOB_ROUTER,),
+        summary="Router on {{ $labels.node }} is down",
+        description=(
+            "Prometheus cannot scrape the router's metrics port on {{ $labels.node }}: clients get "
+            "connection errors.\nWhat to do: `systemctl status pdkit-router` and "
+            "`journalctl -u pdkit-router -n 200` on {{ $labels.node }}; restart it with the deploy. "
+            "The engines keep running; nothing else needs a restart."),
+    )
 
 
 ROUTER_DOWN = AlertRecord(
@@ -352,14 +344,16 @@ def _router_admission_rejected(c: Context, r: AlertRecord) -> Alert | None:
     routers = _routers_exporting(c, metric)
     if not routers:
         return None
-    by, w = by_labels(ROUTER_BY), c.w
+    w = c.w
     rejected = f'{metric}{{result="rejected"}}'
-    return r.make(
-        c,
-        # the rejected child is created by the first rejection: a new series counts as one too
-        expr=(f"(sum by ({by}) (increase({rejected}[{w}])) > 0)\nor\n"
-              f"(sum by ({by}) ({rejected}) unless sum by ({by}) ({rejected} offset {w}))"),
-        value=f"sum by ({by}) (increase({rejected}[{w}]))\nor\nsum by ({by}) (up{{job=\"{JOB_ROUTER}\"}}) * 0",
+    # the rejected child is created by the first rejection: a new series counts as one too
+    return counted_alert(
+        c, r, labels=ROUTER_BY, counted=rejected, what="rejections",
+        zero=f"sum by ({by_labels(ROUTER_BY)}) (up{{job=\"{JOB_ROUTER}\"}}) * 0",
+        # bad: the first rejection (the child appears at 1 and stays); healthy: only allowed requests
+        series_of=lambda s: series_text(metric, {**s, "result": "rejected"}),
+        more_rows=lambda s, bad: [(series_text(metric, {**s, "result": "allowed"}), "0+50x20")],
+        subjects=tuple({"job": JOB_ROUTER, **t.labels} for t in routers),
         summary="The router on {{ $labels.node }} rejects requests (admission limit)",
         description=(
             "The router on {{ $labels.node }} refused requests at admission in the last " + w + ": more than "
@@ -368,15 +362,6 @@ def _router_admission_rejected(c: Context, r: AlertRecord) -> Alert | None:
             "What to do: compare the offered load with the cluster's capacity (`pdkit bench`); if the limit is "
             "lower than the engines can hold, raise it (pdkit_router.extra_args) and roll the router host; "
             "else add engines or lower the load."),
-        subjects=tuple({"job": JOB_ROUTER, **t.labels} for t in routers),
-        # bad: the first rejection (the child appears at 1 and stays); healthy: only allowed requests
-        case=lambda s, bad: ([(series_text(metric, {**s, "result": "rejected"}), "_x5 1x15")] if bad else [])
-        + [(series_text(metric, {**s, "result": "allowed"}), "0+50x20")],
-        exp_labels=lambda s: pick_labels(s, ROUTER_BY),
-        eval_time="8m",
-        extra_tests=lambda subjects: counting_on_test(r.name, "rejections", r.severity,
-                                                       ROUTER_BY, subjects,
-                                                       lambda s: series_text(metric, {**s, "result": "rejected"})),
         fires_when=f"`increase({rejected}[{w}]) > 0`, or the series is new (first rejection; smg 1.13.0)",
     )
 
@@ -406,17 +391,17 @@ def _router_pd_rendezvous_failed(c: Context, r: AlertRecord) -> Alert | None:
     routers = [t for t in _routers_exporting(c, metric) if _router_pd_legs(c, t)]
     if not routers:
         return None
-    labels = (*ROUTER_BY, "leg")
-    by, w = by_labels(labels), c.w
+    w = c.w
     # summed over `phase`: the HTTP path counts only `probe` (a refused bootstrap port at registration), the
-    # gRPC path `bootstrap` and `transfer`; any of them is a pair that cannot hand off
-    failed = f"sum by ({by}) (increase({metric}[{w}]))"
-    seen = f"sum by ({by}) ({metric})"
-    return r.make(
-        c,
-        # smg counts a refused probe once, when it registers the worker: the child it creates is a failure too
-        expr=f"({failed} > 0)\nor\n({seen} unless sum by ({by}) ({metric} offset {w}))",
-        value=f"{failed}\nor\nsum by ({by_labels(ROUTER_BY)}) (up{{job=\"{JOB_ROUTER}\"}}) * 0",
+    # gRPC path `bootstrap` and `transfer`; any of them is a pair that cannot hand off. smg counts a refused
+    # probe once, when it registers the worker: the child it creates is a failure too
+    return counted_alert(
+        c, r, labels=(*ROUTER_BY, "leg"), counted=metric, what="failed probes",
+        zero=f"sum by ({by_labels(ROUTER_BY)}) (up{{job=\"{JOB_ROUTER}\"}}) * 0",
+        # bad: the first refused probe (the child appears at 1 and stays); healthy: an old count from long ago
+        series_of=lambda s: series_text(metric, {**s, "phase": "probe"}),
+        more_rows=lambda s, bad: [] if bad else [(series_text(metric, {**s, "phase": "probe"}), "1x20")],
+        subjects=tuple({"job": JOB_ROUTER, **t.labels, "leg": leg} for t in routers for leg in _router_pd_legs(c, t)),
         summary="The router on {{ $labels.node }} cannot rendezvous with a PD {{ $labels.leg }} worker",
         description=(
             "The router on {{ $labels.node }} counted PD rendezvous failures on its {{ $labels.leg }} leg in the "
@@ -430,14 +415,6 @@ def _router_pd_rendezvous_failed(c: Context, r: AlertRecord) -> Alert | None:
             "the worker's node check that the engine serves its --disaggregation-bootstrap-port (`ss -ltnp`) and "
             "that the firewall lets the router and the decode engines reach it; then roll the worker's node "
             "(`pdkit roll INVENTORY --limit <node>`), which re-registers it."),
-        subjects=tuple({"job": JOB_ROUTER, **t.labels, "leg": leg} for t in routers for leg in _router_pd_legs(c, t)),
-        # bad: the first refused probe (the child appears at 1 and stays); healthy: an old count from long ago
-        case=lambda s, bad: [(series_text(metric, {**s, "phase": "probe"}), "_x5 1x15" if bad else "1x20")],
-        exp_labels=lambda s: pick_labels(s, labels),
-        eval_time="8m",
-        extra_tests=lambda subjects: counting_on_test(r.name, "failed probes", r.severity,
-                                                       labels, subjects,
-                                                       lambda s: series_text(metric, {**s, "phase": "probe"})),
         fires_when=f"`increase({metric}[{w}]) > 0` for a leg, or the series is new (a refused bootstrap probe at "
                    "registration; smg 1.13.0)",
     )
