@@ -137,3 +137,41 @@ def test_a_pd_answer_gets_the_prefills_input_logprobs_in_front_as_the_router_mer
     assert merged["meta_info"]["input_token_logprobs"] == [[None, 1, None], [-0.5, 7, None]]
     assert merged["meta_info"]["input_top_logprobs"] == [None, [[-0.5, 7, None]]]
     assert merged["meta_info"]["output_token_logprobs"] == [[-0.2, 3, None]] and merged["output_ids"] == [3]
+
+
+class _Tokenizing:
+    """An engine whose tokenizer makes TOKENS_PER_WORD tokens of a word and refuses prompts over CAP with
+    SGLang's words (tokenizer_manager.py _validate_one_request); it answers greedy ids and scores."""
+
+    def __init__(self, tokens_per_word: float, cap: int):
+        self.tokens_per_word, self.cap, self.asked = tokens_per_word, cap, []
+
+    def ask_blocking(self, payloads, concurrency, timeout_s):
+        (payload,) = payloads
+        if "text" in payload:
+            n = round(len(payload["text"].split()) * self.tokens_per_word)
+            self.asked.append(n)
+            if n + payload["sampling_params"]["max_new_tokens"] > self.cap:
+                return [(400, json.dumps({"error": {"message": f"The input ({n} tokens) is longer than the model's "
+                                                               f"context length ({self.cap} tokens)."}}))]
+            out = list(range(7, 7 + payload["sampling_params"]["max_new_tokens"]))
+            meta = {"input_token_logprobs": [[None if i == 0 else -1.0, i % 50, None] for i in range(n)]}
+            return [(200, json.dumps({"meta_info": meta, "output_ids": out}))]
+        ids, start = payload["input_ids"], payload["logprob_start_len"]
+        meta = {"input_token_logprobs": [[-0.5, i, None] for i in ids[start:]],
+                "input_top_logprobs": [[[-0.5, i, None]] for i in ids[start:]]}
+        return [(200, json.dumps({"meta_info": meta}))]
+
+
+@pytest.mark.parametrize("tokens_per_word", [1.3, 3.08])
+def test_prompts_are_cut_by_the_engines_own_token_count(tokens_per_word):
+    """On the lent H100 the corpus ran 3.08 tokens a word (the 4,048-token prompt was 8,302 tokens, refused,
+    and the 1,024-token one 3,020): each length is recorded within 20% of itself and under the cap."""
+    engine = _Tokenizing(tokens_per_word, 4096)
+    cfg = GateConfig(lengths=(1024, 8192), forced_tokens=32)
+    got = answers.record_forced(engine, cfg, 4096)
+    room = 4096 - 32 - answers.CAP_MARGIN_TOKENS
+    assert [i["length"] for i in got["items"]] == [1024, room]
+    for item in got["items"]:
+        assert abs(item["prompt_tokens"] - item["length"]) <= 0.2 * item["length"] and item["prompt_tokens"] <= room, item
+    assert len(engine.asked) <= 6, engine.asked  # at most one cut after a guess or a refusal, per length

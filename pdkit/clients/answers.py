@@ -63,6 +63,10 @@ CAP_MARGIN_TOKENS = 16
 # SGLang's refusal of a prompt over the context length (0.5.17 and 0.5.23 managers/tokenizer_manager.py
 # _validate_one_request; the sim answers the same words: pdkit/sim/protocol.py)
 CONTEXT_REFUSAL = re.compile(r"context length \((\d+) tokens\)")
+# the same refusal's count of the prompt's own tokens: the cut after it is exact, not a guess
+INPUT_TOKENS_REFUSAL = re.compile(r"input \((\d+) tokens\)")
+# a prompt is taken once the engine's own count is within this share of the length asked for
+LENGTH_TOLERANCE = 0.2
 # part (c)'s streams: short answers, so the load's end (stop waits for the requests in flight) costs
 # little beside the scoring it surrounds
 LOAD_OUTPUT_LEN = 16
@@ -456,14 +460,17 @@ def record_forced(measured: Measured, cfg: GateConfig, context_length: int,
                        "return_logprob": True, "logprob_start_len": 0}
             status, body = measured.ask_blocking([payload], 1, cfg.timeout_s)[0]
             cap = CONTEXT_REFUSAL.search(body) if status == 400 else None
-            if cap and attempt < 3:  # no cap in the spec: the engine's own limit, from its refusal
+            if cap and attempt < 3:  # over the engine's own limit: its refusal says the cap and the prompt's count
                 room = int(cap.group(1)) - cfg.forced_tokens - CAP_MARGIN_TOKENS
-                ratio *= 1.3
+                seen = INPUT_TOKENS_REFUSAL.search(body)
+                # on the lent H100 (2026-12-07) the corpus ran 3.1 tokens a word: steps of 1.3x never got under
+                ratio = int(seen.group(1)) / n_words * 1.02 if seen else ratio * 1.3
                 length = min(length, room)
                 continue
             meta = _meta(status, body, f"the {length}-token prompt")
             ids = prompt_ids(meta)
-            if len(ids) > room or (len(ids) < 0.8 * length and n_words < len(words)):
+            off = abs(len(ids) - length) > LENGTH_TOLERANCE * length and n_words < len(words)
+            if len(ids) > room or off:
                 if attempt == 3:
                     if len(ids) > room:
                         raise RuntimeError(f"the {length}-token prompt: still {len(ids)} tokens after 4 cuts "
