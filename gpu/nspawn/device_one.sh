@@ -73,7 +73,7 @@ PY
 
 model() { "$P/python" -c "from pdkit.inventory.loader import load; print(load('$INV').cluster.model.name)"; }
 router() { "$P/python" -c "
-from pdkit.inventory.loader import load; from pdkit import flags
+from pdkit.inventory.loader import load; from pdkit.render import flags
 s = load('$INV'); h = s.router_hosts[0]; print(f'http://{flags.router_address(h)}:{h.router.port}')"; }
 
 load_start() {  # load_start NAME: C=$LOAD_C streaming chats through the router, every request timed

@@ -215,7 +215,7 @@ def test_cold_jit_caches_start_one_engine_at_a_time_and_the_gate_makes_them_warm
 
     host = base_deployed["gpu"][0]
     code = (
-        "import json; from pdkit import flags, gates, jitplan; from pdkit.inventory.loader import load; "
+        "import json; from pdkit.agent import gates; from pdkit.render import flags, jitplan; from pdkit.inventory.loader import load; "
         "from pdkit.render.plan import plan_cluster; "
         f"spec = load({INVENTORY!r}); plan = plan_cluster(spec)[{host!r}]; "
         "engines = [s for s in plan.services if s.kind == 'engine']; "

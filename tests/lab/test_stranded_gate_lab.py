@@ -54,7 +54,8 @@ def _closure(module: str) -> list[str]:
     return found
 
 
-MODULES = _closure("pdkit/agent/health.py")
+# `python3 -m pdkit.health` runs the entry path, which runs pdkit/agent/health.py (issue 48)
+MODULES = ["pdkit/health.py", *_closure("pdkit/agent/health.py")]
 
 CONTROL = """
 import sys
