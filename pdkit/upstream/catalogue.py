@@ -15,20 +15,18 @@ on the node's rules (standard library and the node lock).
 
 from __future__ import annotations
 
-import functools
-import json
 from pathlib import Path
 from typing import Any
+
+from pdkit.upstream.tables import read_table
 
 CATALOGUE_PATH = Path(__file__).parent / "data" / "metric_catalogue.json"
 SGLANG_VERSIONS = ("0.5.17", "0.5.23")
 ROUTERS = (("smg", "1.13.0"), ("sglang-router", "0.3.2"))
 
 
-@functools.cache
 def catalogue() -> dict[str, Any]:
-    data: dict[str, Any] = json.loads(CATALOGUE_PATH.read_text())
-    return data
+    return read_table(CATALOGUE_PATH)
 
 
 def sglang_families(version: str) -> dict[str, dict[str, Any]]:

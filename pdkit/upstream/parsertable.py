@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import difflib
 import functools
-import json
 import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from pdkit.upstream.tables import read_table
 
 TABLE_PATH = Path(__file__).with_name("parser_table.json")
 _NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
@@ -177,11 +178,8 @@ def _one_string_message(token: str) -> str:
             f"give one entry per word, e.g. {shlex_split(token)!r}")
 
 
-@functools.cache
 def table() -> dict[str, Any]:
-    with TABLE_PATH.open(encoding="utf-8") as fh:
-        data: dict[str, Any] = json.load(fh)
-    return data
+    return read_table(TABLE_PATH)
 
 
 @functools.cache

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from pdkit.upstream import parsertable, venvs
+from pdkit.upstream.tables import read_table
 from pdkit.upstream.versions import SGLANG_RELEASES
 
 if TYPE_CHECKING:  # the type only: upstream/ imports nothing of spec/ (tests/test_layering.py)
@@ -432,17 +433,12 @@ def dumps(data: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-@functools.cache
 def table() -> dict[str, Any]:
-    with TABLE_PATH.open(encoding="utf-8") as fh:
-        data: dict[str, Any] = json.load(fh)
-    return data
+    return read_table(TABLE_PATH)
 
 
-@functools.cache
 def coverage() -> dict[str, dict[str, Any]]:
-    with COVERAGE_PATH.open(encoding="utf-8") as fh:
-        entries: dict[str, dict[str, Any]] = json.load(fh)["coverage"]
+    entries: dict[str, dict[str, Any]] = read_table(COVERAGE_PATH)["coverage"]
     return entries
 
 

@@ -19,11 +19,11 @@ engine's start: an error. tests/test_contract_ucx_kinds.py holds every kind to t
 from __future__ import annotations
 
 import difflib
-import functools
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
+
+from pdkit.upstream.tables import read_table
 
 TABLE_PATH = Path(__file__).resolve().parent / "data" / "ucx_config.json"
 # transports whose settings the wheel's UCX build does not list (ucx_info -c shows only what it has)
@@ -44,10 +44,8 @@ TLS_NAMES = frozenset({
 Severity = Literal["error", "warning"]
 
 
-@functools.cache
 def table() -> dict[str, Any]:
-    data: dict[str, Any] = json.loads(TABLE_PATH.read_text())
-    return data
+    return read_table(TABLE_PATH)
 
 
 def setting_problem(name: str, value: str, tls: str | None = None) -> tuple[Severity, str] | None:
