@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pdkit.upstream.parsertable import extra_arg
+
 # sglang/srt/utils/hf_transformers/common.py CONTEXT_LENGTH_KEYS (the same in 0.5.17 and 0.5.23), in order
 CONTEXT_LENGTH_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length",
                        "max_position_embeddings")
@@ -572,17 +574,6 @@ def is_mla(config: dict[str, Any] | None) -> bool | None:
     if config is None or architecture(config) is None:
         return None
     return config.get("kv_lora_rank") is not None or text_config(config).get("kv_lora_rank") is not None
-
-
-def extra_arg(extra_args: tuple[str, ...] | list[str], flag: str) -> str | None:
-    """The value EXTRA_ARGS give FLAG ('--flag v' or '--flag=v'; the last wins, as in argparse)."""
-    value, args = None, list(extra_args)
-    for i, arg in enumerate(args):
-        if arg == flag and i + 1 < len(args):
-            value = args[i + 1]
-        elif arg.startswith(flag + "="):
-            value = arg.split("=", 1)[1]
-    return value
 
 
 def engine_facts(spec: Any, host: Any, engine: Any) -> EngineFacts:

@@ -12,10 +12,10 @@ import functools
 from collections.abc import Callable
 
 from pdkit.spec.cluster import ClusterSpec
-from pdkit.spec.modelconfig import extra_arg
 from pdkit.spec.models import Engine, Node
 from pdkit.spec.pagesize import effective_page_size
 from pdkit.spec.tuning import Tuning
+from pdkit.upstream.parsertable import extra_arg
 
 __all__ = [
     "A2A_ATTN_DP", "A2A_EP_SPANNING", "A2A_RUNNERS", "CUTEDSL_A2A", "DSPARK_ATTN_DP_A2A", "EP_ONE_OR_TP_RUNNERS",

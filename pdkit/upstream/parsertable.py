@@ -20,6 +20,7 @@ import difflib
 import functools
 import re
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -171,6 +172,18 @@ def shlex_split(text: str) -> list[str]:
         return shlex.split(text)
     except ValueError:
         return text.split()
+
+
+def extra_arg(extra_args: Sequence[str], flag: str) -> str | None:
+    """The value EXTRA_ARGS give FLAG written whole ('--flag v' or '--flag=v'; the last wins, as in argparse),
+    None when they give it none. An abbreviation of FLAG is not read here (Parser reads those)."""
+    value = None
+    for i, arg in enumerate(extra_args):
+        if arg == flag and i + 1 < len(extra_args):
+            value = extra_args[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
 
 
 def _one_string_message(token: str) -> str:

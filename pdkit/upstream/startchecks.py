@@ -664,16 +664,8 @@ def derivation_problems(version: str, role: str, tuning: Tuning, extra_args: tup
     (pdkit.spec.startup.effective_page). Field: a tuning field name, 'extra_args' or 'env.NAME'."""
     out: list[tuple[Severity, str, str]] = []
 
-    def arg(flag: str) -> str | None:
-        value = None
-        for i, a in enumerate(extra_args):
-            if a == flag and i + 1 < len(extra_args):
-                value = extra_args[i + 1]
-            elif a.startswith(flag + "="):
-                value = a.split("=", 1)[1]
-        return value
-
-    prefill, decode = arg("--prefill-attention-backend"), arg("--decode-attention-backend")
+    prefill = parsertable.extra_arg(extra_args, "--prefill-attention-backend")
+    decode = parsertable.extra_arg(extra_args, "--decode-attention-backend")
     backend = tuning.attention_backend
     # equal prefill and decode backends replace attention_backend (overrides.py _attention_backend_default, both)
     if prefill is not None and prefill == decode and backend is not None and backend != prefill:
