@@ -189,3 +189,30 @@ def _rule_line() -> int:
 
     lines, start = inspect.getsourcelines(facts.decode_graphs_expected)
     return start + next(i for i, line in enumerate(lines) if "cuda_graph" in line and "prefill" in line)
+
+
+def test_what_to_do_is_the_runbooks_steps_and_names_only_labels_the_alert_carries(monkeypatch):
+    """An alert's description ends with its runbook's steps (written once, in the record: `base.what_to_do`), and
+    each {label} of a step is a label of the alert, so the notification fills it in; the promtool cases expand
+    every annotation for each subject's labels, and a step naming a label the alert lacks fails there."""
+    from pdkit.monitoring import rules
+
+    for name in ("lab", "cluster", "multinode", "a6000"):
+        spec = _load_example(name)
+        for a in alerts(spec):
+            rb = RUNBOOKS[a.name]
+            assert a.description.endswith("\n" + base.what_to_do(rb)), a.name
+            assert a.description.count("What to do") == 1, a.name
+            named = {m for step in rb.run for m in base.RUNBOOK_LABEL.findall(step)}
+            for s in a.subjects:
+                assert named <= set(a.exp_labels(s)), (a.name, named - set(a.exp_labels(s)))
+        rules.rule_tests(spec)  # expands every annotation of every subject
+    # the check can fail: a router worker alert's step naming {engine}, a label it does not carry
+    circuit = _record("PdkitRouterCircuitOpen")
+    bad = _bad(circuit, runbook=dataclasses.replace(circuit.runbook, run=(*circuit.runbook.run,
+                                                                          "`journalctl -u pdkit-engine-{engine}`")))
+    monkeypatch.setattr(rules, "ALERTS", tuple(bad if r is circuit else r for r in alertrules.ALERTS))
+    spec = _load_example("cluster")
+    assert "pdkit-engine-{{ $labels.engine }}" in next(a for a in alerts(spec) if a.name == circuit.name).description
+    with pytest.raises(KeyError, match="engine"):
+        rules.rule_tests(spec)

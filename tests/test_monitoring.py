@@ -44,7 +44,7 @@ from pdkit.monitoring.common import (
 )
 from pdkit.monitoring.dashboards import all_promql, dashboard_files, dashboards
 from pdkit.monitoring.grafana import grafana_provisioning
-from pdkit.monitoring.rules import alert_conditions, alert_rules, alerts, rule_tests
+from pdkit.monitoring.rules import RUNBOOKS, alert_conditions, alert_rules, alerts, rule_tests
 from pdkit.monitoring.scrape import prometheus_config, targets
 from pdkit.render import flags
 from pdkit.spec import DCGM_EXPORTER_PORT, NODE_EXPORTER_PORT
@@ -325,7 +325,13 @@ def test_alert_set_and_annotations(example):
     for rule in doc["groups"][0]["rules"]:
         assert rule["for"] and rule["labels"]["severity"] in ("critical", "warning")
         assert rule["annotations"]["summary"]
-        assert "What to do" in rule["annotations"]["description"], rule["alert"]
+        # what to do is written once, in the record's runbook: the description is the spec's lead and then the
+        # runbook's steps, each {label} a template of the alert's label
+        lead, todo = rule["annotations"]["description"].split("\nWhat to do:\n")
+        assert lead and "What to do" not in lead, rule["alert"]
+        steps = RUNBOOKS[rule["alert"]].run
+        assert todo.splitlines() == [f"{i}. " + re.sub(r"\{(\w+)\}", r"{{ $labels.\1 }}", step)
+                                     for i, step in enumerate(steps, 1)], rule["alert"]
 
 
 def test_ttft_alert_uses_the_spec_slo(base, tmp_path):
@@ -715,7 +721,10 @@ def test_rank_down_alert_only_for_an_engine_spanning_nodes(base, tmp_path, clust
     for label in ("engine", "rank", "node"):
         assert f"{{{{ $labels.{label} }}}}" in summary, label
     assert "Rank 0 cannot serve without it" in description and "systemd restarts" in description
+    # the runbook's steps, for this rank: its node, its engine, rank 0's host
     assert "journalctl -u pdkit-engine-{{ $labels.engine }}" in description and "What to do" in description
+    assert "`pdkit roll INVENTORY --limit {{ $labels.head }} --limit {{ $labels.node }}`" in description
+    assert "`{engine} rank {rank}`" not in description and "`{{ $labels.engine }} rank {{ $labels.rank }}`" in description
     # a rank's node outside scrape_hosts has no exporter series to read: no subject there
     hosts = _spanning(base)[1]
     hosts["mon01"]["pdkit_monitoring"] = {"scrape_hosts": ["gpu01", "gpu02", "mon01"]}

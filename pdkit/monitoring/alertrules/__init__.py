@@ -10,7 +10,8 @@
 
 A record holds the alert whole: name, severity, `for`, scope, runbook, and `build`, which renders the rest for a
 spec (expression, value, threshold(s), annotations, promtool cases, the doc table's line). Everything else is
-generated from these records: the rules file and the promtool tests (pdkit.monitoring.rules), the runbooks and
+generated from these records: the rules file and the promtool tests (pdkit.monitoring.rules; each description's
+"What to do" is its runbook's steps, base.what_to_do), the runbooks and
 docs/monitoring.md's alert table (pdkit.contract.alerttable), Alertmanager's inhibitions
 (pdkit.monitoring.alertmanager). A new alert is a record in its concern's module and a line in ALERTS.
 

@@ -8,6 +8,7 @@ expression, value, threshold(s), annotations, promtool cases and the line of doc
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -103,6 +104,26 @@ class Runbook:
     run: tuple[str, ...]
 
 
+# a runbook step's {label}: the alert's label of that name (in the notification: its value)
+RUNBOOK_LABEL = re.compile(r"\{(\w+)\}")
+
+
+def what_to_do(runbook: Runbook) -> str:
+    """The "What to do" part of an alert's `description` annotation: RUNBOOK's steps (`run`), numbered, each
+    {label} as the template of the alert's label (`{{ $labels.node }}`), so the notification names this alert's
+    node, engine or worker.
+
+    Why the steps and not only a pointer to the runbook: an Alertmanager notification is what the on-call
+    engineer reads first, often on a phone, and what they need from it is the first command to type, for this
+    node; a link alone is one more hop, to a page that may not open where the pager rings. The steps are the
+    record's `run`, the same text docs/monitoring.md's runbook lists (one source: nothing to keep in step);
+    the annotation `runbook_url` beside it links to the rest (what it means, the likely causes). A step's
+    {label} must be a label of the alert: the promtool cases expand every annotation for the labels each
+    alert carries (pdkit.monitoring.rules.alert_annotations), and an unknown label fails there."""
+    steps = [RUNBOOK_LABEL.sub(r"{{ $labels.\1 }}", step) for step in runbook.run]
+    return "What to do:\n" + "\n".join(f"{i}. {step}" for i, step in enumerate(steps, 1))
+
+
 JOURNAL = "`journalctl -u pdkit-engine-{engine} -n 300` on {node}"
 REDEPLOY = ("re-apply the plan to the node: `pdkit roll INVENTORY --limit {node}` (drains it, applies, restarts "
             "behind the health gate, re-adds it; a failed node is rolled back), or "
@@ -150,9 +171,12 @@ class AlertRecord:
     # the spec gives the alert nothing to watch (no router, no PD pair, no decode graphs planned)
     build: Callable[[Context, AlertRecord], Alert | None] = field(compare=False)
 
-    def make(self, c: Context, **fields: Any) -> Alert:
-        """This record's Alert for the spec of C: its name, severity and `for` (scaled), and FIELDS."""
-        return Alert(name=self.name, for_=c.for_(self.for_), severity=self.severity, **fields)
+    def make(self, c: Context, description: str, **fields: Any) -> Alert:
+        """This record's Alert for the spec of C: its name, severity and `for` (scaled), FIELDS, and the
+        `description` annotation: DESCRIPTION (what is wrong, for this spec) and then what to do, from the
+        runbook (`what_to_do`)."""
+        return Alert(name=self.name, for_=c.for_(self.for_), severity=self.severity,
+                     description=f"{description}\n{what_to_do(self.runbook)}", **fields)
 
     def render(self, c: Context) -> Alert | None:
         return self.build(c, self)

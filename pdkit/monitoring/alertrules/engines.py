@@ -65,13 +65,8 @@ def _engine_down(c: Context, r: AlertRecord) -> Alert | None:
         summary="SGLang engine {{ $labels.instance }} ({{ $labels.role }}) is down",
         description=(
             "Prometheus cannot scrape /metrics of engine {{ $labels.engine }} on {{ $labels.node }} "
-            f"for {c.for_(r.for_)}: the process is stopped, crashed, or hung.\n"
-            "What to do: on {{ $labels.node }} run `systemctl status pdkit-engine-{{ $labels.engine }}` and "
-            "`journalctl -u pdkit-engine-{{ $labels.engine }} -n 200` (look for CUDA out of memory, NCCL errors, "
-            "the watchdog timeout, a Python traceback); check `nvidia-smi` and `dmesg` for Xid errors. "
-            "A PD pair stalls while either side is down: the router keeps sending it requests until its health "
-            "checks fail. Fix the cause, then re-run the deploy (`pyinfra INVENTORY deploy/pd.py`: it restarts "
-            "the engine behind the health gate)."),
+            f"for {c.for_(r.for_)}: the process is stopped, crashed, or hung. A PD pair stalls while either side "
+            "is down: the router keeps sending it requests until its health checks fail."),
     )
 
 
@@ -123,14 +118,8 @@ def _engine_rank_down(c: Context, r: AlertRecord) -> Alert | None:
                 "(of {{ $labels.nnodes }}) of engine {{ $labels.engine }} ({{ $labels.role }}, rank 0 on "
                 f"{{{{ $labels.head }}}}) for {c.for_(r.for_)}. Rank 0 cannot serve without it: "
                 "{{ $labels.head }}/{{ $labels.engine }} stalls or exits like an NCCL timeout, and "
-                "PdkitEngineDown follows for it.\n"
-                "What to do: systemd restarts the unit on its own (Restart=on-failure), so a rank down this long "
-                "keeps failing or was stopped: on {{ $labels.node }} run `systemctl status "
-                "pdkit-engine-{{ $labels.engine }}` and `journalctl -u pdkit-engine-{{ $labels.engine }} -n 200` "
-                "(NCCL errors, CUDA out of memory, a rank that cannot reach rank 0's --dist-init-addr on "
-                "{{ $labels.head }}, a Python traceback); check `nvidia-smi` and `dmesg` for Xid errors. "
-                "Fix the cause, then re-run the deploy over every node of the engine (it restarts the ranks "
-                "together behind rank 0's health gate)."),
+                "PdkitEngineDown follows for it. systemd restarts a crashed rank on its own (Restart=on-failure): "
+                "one down this long keeps failing or was stopped."),
             subjects=tuple(s for s in ranks if s["rank"] != "0"),
             case=lambda s, bad: [(series_text(EXPORTER_RANK_UP, s), "1x3 0x20" if bad else "1x3 0 1x19")],
             exp_labels=lambda s: pick_labels(s, RANK_BY),
@@ -193,13 +182,7 @@ def _queue_growing(c: Context, r: AlertRecord) -> Alert | None:
         summary="The {{ $labels.queue }} queue of {{ $labels.instance }} has grown for " + c.for_(r.for_),
         description=(
             "The {{ $labels.queue }} queue of {{ $labels.instance }} ({{ $labels.role }}) has kept growing for "
-            + c.for_(r.for_) + ": requests arrive faster than this engine drains them.\n"
-            "What to do, by queue: waiting - the engine is at capacity (check KV cache usage and the "
-            "decode CUDA-graph ratio on the tuning dashboard; add engines or lower the load); "
-            "prefill_bootstrap - prefill waits for its decode partner's handshake (is the decode up? same "
-            "model and SGLang version?); prefill_inflight / decode_transfer - KV transfers are slow or stuck "
-            "(UCX lane, UCX_NET_DEVICES across nodes, transfer failures on the PD dashboard); "
-            "decode_prealloc - decode has no KV memory free for new requests (decode is the bottleneck)."),
+            + c.for_(r.for_) + ": requests arrive faster than this engine drains them."),
         subjects=tuple(queue_subjects),
         case=queue_case,
         exp_labels=lambda s: {**pick_labels(s, ENGINE_BY), "queue": s["queue"]},
@@ -223,7 +206,8 @@ QUEUE_GROWING = AlertRecord(
         run=("`pdkit doctor INVENTORY`: the engine's `queues` row (growing while producing tokens: capacity; "
              "with no token: stuck) and `decode_cuda_graph`",
              "the tuning and PD dashboards for the queue's engine",
-             "capacity: add engines and `pdkit roll INVENTORY`; stuck transfers: the KV failure runbooks below")),
+             "capacity: add engines and `pdkit roll INVENTORY`; stuck transfers: the runbooks of "
+             "PdkitKvTransferFailures and PdkitBootstrapFailures")),
 )
 
 
@@ -275,11 +259,7 @@ def _decode_graph_ratio(c: Context, r: AlertRecord) -> Alert | None:
             description=(
                 f"Fewer than {CUDA_GRAPH_RATIO_MIN:.0%} of the decode passes of {{{{ $labels.instance }}}} ran in a "
                 f"CUDA graph over the last {w} although its spec turns decode graphs on. Without graphs a decode "
-                "step is CPU-launch bound (the seeds measured 3-5x less throughput).\n"
-                "What to do: the usual cause is decode batches larger than the largest captured graph: compare "
-                "#running-req in the decode log lines with cuda_graph_max_bs (set it >= the target concurrency, "
-                "`pdkit validate` warns); also check the engine's log for a graph capture failure and that "
-                "--cuda-graph-backend-decode is not disabled (flags drift alert)."),
+                "step is CPU-launch bound (the seeds measured 3-5x less throughput)."),
             subjects=subjects,
             case=graph_case,
             exp_labels=lambda s: pick_labels(s, ENGINE_BY),
@@ -361,11 +341,7 @@ def _engine_wedged(c: Context, r: AlertRecord) -> Alert | None:
             "Engine {{ $labels.instance }} ({{ $labels.role }}) has had requests running or queued for "
             f"{c.for_(r.for_)} while its scheduler generated no token over the last {ww} "
             "(sglang:realtime_tokens_total did not move): its HTTP server answers, the scheduler does not step. "
-            "Clients wait until their timeout; the router keeps routing to it while /health answers.\n"
-            "What to do: `journalctl -u pdkit-engine-{{ $labels.engine }} -n 300` on {{ $labels.node }} (the "
-            "last Prefill/Decode batch line, NCCL or NIXL errors); `py-spy dump --pid <scheduler pid>` shows "
-            "where it hangs. Restart the engine (`systemctl restart pdkit-engine-{{ $labels.engine }}`, or the "
-            "deploy). The seeds hit this with the overlap schedule: consider --disable-overlap-schedule."),
+            "Clients wait until their timeout; the router keeps routing to it while /health answers."),
         subjects=tuple({**t.labels, "model_name": model_of[t.labels["instance"]]} for t in engines),
         case=lambda s, bad: _wedge_case(s, bad),
         exp_labels=lambda s: pick_labels(s, ENGINE_BY),
@@ -416,11 +392,7 @@ def _ttft_over_slo(c: Context, r: AlertRecord) -> Alert | None:
             description=(
                 f"The 99th percentile time to first token measured by {{{{ $labels.instance }}}} over the last {w} "
                 f"is above pdkit_monitoring.ttft_p99_slo_s = {fmt_value(slo)} s. In PD mode this decode-side TTFT "
-                "includes the prefill and the KV transfer.\n"
-                "What to do: on the PD dashboard find where the time goes: a growing prefill waiting queue "
-                "(prefill capacity: chunked_prefill_size, more prefill engines), bootstrap/inflight queues (the "
-                "handshake), transfer latency (the UCX lane, page_size), or decode prealloc (decode KV memory "
-                "full). Compare with the load: the SLO may simply be exceeded by more traffic than planned."),
+                "includes the prefill and the KV transfer."),
             subjects=tuple({**t.labels, "model_name": model_of[t.labels["instance"]]} for t in ttft_engines),
             case=ttft_case,
             exp_labels=lambda s: pick_labels(s, ENGINE_BY),

@@ -42,8 +42,9 @@ KV_SLOW_BY = (*ENGINE_BY, "floor")
 # created by their first increment (the catalogue's `lazy`): a healthy engine has no series,
 # and increase() over a series that appears at 1 is 0. So each alert also fires on a series
 # that is new within the window (present now, absent `w` ago).
-def _pd_failures(key: str, what: str, todo: str) -> Callable[[Context, AlertRecord], Alert | None]:
-    """The builder of a PD failure alert: SGLANG[KEY] counts WHAT that failed; TODO is its description."""
+def _pd_failures(key: str, what: str, description: str) -> Callable[[Context, AlertRecord], Alert | None]:
+    """The builder of a PD failure alert: SGLANG[KEY] counts WHAT that failed; DESCRIPTION says what that does
+    (the record's runbook adds what to do)."""
 
     def build(c: Context, r: AlertRecord) -> Alert | None:
         pd_engines = [t for t in c.engines if t.labels["role"] in ("prefill", "decode")]
@@ -57,7 +58,7 @@ def _pd_failures(key: str, what: str, todo: str) -> Callable[[Context, AlertReco
             series_of=lambda s: series_text(metric, engine_labels(s)),
             subjects=tuple({**t.labels, "model_name": c.model_of[t.labels["instance"]]} for t in pd_engines),
             summary=f"{what} fail on {{{{ $labels.instance }}}}",
-            description=f"{todo}",
+            description=description,
             fires_when=f"`increase({metric}[{c.w}]) > 0`, or the series is new (first failure)",
         )
 
@@ -67,11 +68,7 @@ def _pd_failures(key: str, what: str, todo: str) -> Callable[[Context, AlertReco
 KV_TRANSFER_FAILURES = AlertRecord(
     name="PdkitKvTransferFailures", severity="warning", for_=FAILURES_FOR, scope=ENGINE,
     build=_pd_failures("transfer_failed", "KV transfers",
-                       "KV cache transfers between prefill and decode fail: the requests error out.\n"
-                       "What to do: read both engines' journals around the failures (NIXL/UCX errors, timeouts after "
-                       "300 s); across nodes set pdkit_node.ucx_net_devices (without it cross-node transfers hang); on "
-                       "one node UCX must keep cuda_ipc (UCX_TLS); check that the pair runs the same model and SGLang "
-                       "version. UCX_PROTO_INFO=y in the engine's environment logs the lane UCX picked."),
+                       "KV cache transfers between prefill and decode fail: the requests error out."),
     runbook=Runbook(
         means="KV transfers between prefill and decode fail and their requests error out. The counter is created "
               "by its first failure, so the alert also fires on a new series (the first failure).",
@@ -89,11 +86,7 @@ BOOTSTRAP_FAILURES = AlertRecord(
     name="PdkitBootstrapFailures", severity="warning", for_=FAILURES_FOR, scope=ENGINE,
     build=_pd_failures("bootstrap_failed", "PD bootstrap handshakes",
                        "Decode could not bootstrap requests with their prefill (the handshake on the prefill's "
-                       "bootstrap port): requests fail before any KV moves.\n"
-                       "What to do: check that the prefill is up and its bootstrap port "
-                       "(pdkit_node.engines[].bootstrap_port, default 8998) is reachable from the decode node, that "
-                       "the router passes that port (`--prefill URL PORT`), and that a prefill replaced behind the "
-                       "same address did not leave the decode waiting (restart the decode)."),
+                       "bootstrap port): requests fail before any KV moves."),
     runbook=Runbook(
         means="Decode could not complete the bootstrap handshake with its prefill (the prefill's bootstrap "
               "port): requests fail before any KV moves. A new series (the first failure) fires too.",
@@ -214,11 +207,7 @@ def _kv_handoff_slow(c: Context, r: AlertRecord) -> Alert | None:
             f"seconds spent moving them, over {w}: a ratio of sums, not SGLang's mean of per-request speeds) below "
             "{{ $labels.floor }} GB/s, the floor of the slowest path it may take (pdkit.kvcost.KV_PATHS: "
             + kv_floors_text() + "), for " + c.for_(r.for_) + " while hand-offs happened. "
-            "Requests wait for their KV: TTFT grows.\n"
-            "What to do: `pdkit doctor INVENTORY` (its `kv_path` row names the path, the rate and the share of "
-            "TTFT); across hosts over TCP set pdkit_node.ucx_net_devices to the RDMA NIC, or a larger page_size, "
-            "or keep PD pairs on one host; on one host UCX_TLS must keep cuda_ipc (UCX_PROTO_INFO=y logs the "
-            "lane UCX picked)."),
+            "Requests wait for their KV: TTFT grows."),
         subjects=subjects,
         case=case,
         exp_labels=lambda s: pick_labels(s, KV_SLOW_BY),

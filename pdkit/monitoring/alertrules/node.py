@@ -51,8 +51,7 @@ def _node_down(c: Context, r: AlertRecord) -> Alert | None:
         description=(
             "Prometheus cannot scrape node_exporter on {{ $labels.node }} for " + c.for_(r.for_) + ": the host "
             "is down, cut off the network, or its node_exporter stopped. Its engines' alerts are held back while "
-            "this fires (one page for the node).\n"
-            "What to do: reach the host (ssh, its BMC console); `systemctl status prometheus-node-exporter` on it."),
+            "this fires (one page for the node)."),
     )
 
 
@@ -128,10 +127,7 @@ def _gpu_wedged(c: Context, r: AlertRecord) -> Alert | None:
             "({{ $labels.bdf }}), which engine {{ $labels.engine }} ({{ $labels.role }}) uses, in need of a reset "
             f"for {c.for_(r.for_)}: a reset-class Xid in the kernel log, retired pages or a row remap "
             "pending, or the driver's GPU Recovery Action. It does not heal by itself; the engine on it fails or "
-            "hangs, and `pdkit roll` refuses any change onto it.\n"
-            "What to do: `pdkit doctor INVENTORY` (the engine's `gpu_health` row says what was seen); drain the "
-            "node, then on {{ $labels.node }} `nvidia-smi -r -i {{ $labels.gpu }}` with no process on the GPU, "
-            "or reboot it; re-apply the node afterwards."),
+            "hangs, and `pdkit roll` refuses any change onto it."),
         subjects=tuple(subjects),
         case=case,
         exp_labels=lambda s: pick_labels(s, GPU_BY),
@@ -172,10 +168,8 @@ def _scrape_target_down(c: Context, r: AlertRecord) -> Alert | None:
         summary="{{ $labels.job }} on {{ $labels.node }} cannot be scraped",
         description=(
             "The {{ $labels.job }} target on {{ $labels.node }} has been down for " + c.for_(r.for_) + ": "
-            "its dashboards and the alerts built on it (drift, NCCL env, node and GPU figures) are blind.\n"
-            "What to do: on {{ $labels.node }} check the service (pdkit-exporter, dcgm-exporter or prometheus) "
-            "with systemctl status / journalctl, and that its port is reachable "
-            "from the monitoring host. Serving is not affected."),
+            "its dashboards and the alerts built on it (drift, NCCL env, node and GPU figures) are blind. "
+            "Serving is not affected."),
         fires_when="pdkit-exporter, DCGM or Prometheus itself is down (node_exporter: `PdkitNodeDown`)",
     )
 
@@ -215,9 +209,7 @@ def _config_drift(c: Context, r: AlertRecord) -> Alert | None:
             "pdkit-exporter found that the flags engine {{ $labels.engine }} on {{ $labels.node }} really runs "
             "with (/server_info and its command line) differ from what the spec renders: someone changed the "
             "unit by hand, a deploy did not restart the engine, or the release on the node is not the planned "
-            "one.\nWhat to do: compare `systemctl cat pdkit-engine-{{ $labels.engine }}` on the node with "
-            "`pdkit render INVENTORY --out DIR`; re-run the deploy (it rewrites the unit and restarts the engine "
-            "behind the health gate). Never fix a node by hand: the next deploy undoes it."),
+            "one."),
         subjects=_exporter_subjects(c),
         case=lambda s, bad: [(series_text(EXPORTER["flags_drift"], s), "0x3 1x20" if bad else "0x25")],
         exp_labels=lambda s: pick_labels(s, EXPORTER_BY),
@@ -247,10 +239,7 @@ def _nccl_env_missing(c: Context, r: AlertRecord) -> Alert | None:
         description=(
             "The running process of engine {{ $labels.engine }} on {{ $labels.node }} lacks NCCL/UCX variables the "
             "plan sets (read from /proc/<pid>/environ): untuned NCCL on PCIe falls back to host memory, and a "
-            "cross-node NIXL transfer without UCX_NET_DEVICES hangs until its 300 s timeout.\n"
-            "What to do: check that the unit's EnvironmentFile= lines point at the node's nccl.env / ucx.env "
-            "(`systemctl cat pdkit-engine-{{ $labels.engine }}`) and that the engine was restarted after they "
-            "changed; re-run the deploy."),
+            "cross-node NIXL transfer without UCX_NET_DEVICES hangs until its 300 s timeout."),
         subjects=_exporter_subjects(c),
         case=lambda s, bad: [(series_text(EXPORTER["env_present"], s), "1x3 0x20" if bad else "1x25")],
         exp_labels=lambda s: pick_labels(s, EXPORTER_BY),

@@ -56,9 +56,7 @@ def _router_down(c: Context, r: AlertRecord) -> Alert | None:
         summary="Router on {{ $labels.node }} is down",
         description=(
             "Prometheus cannot scrape the router's metrics port on {{ $labels.node }}: clients get "
-            "connection errors.\nWhat to do: `systemctl status pdkit-router` and "
-            "`journalctl -u pdkit-router -n 200` on {{ $labels.node }}; restart it with the deploy. "
-            "The engines keep running; nothing else needs a restart."),
+            "connection errors. The engines keep running."),
     )
 
 
@@ -127,11 +125,8 @@ def _router_worker_unhealthy(c: Context, r: AlertRecord) -> Alert | None:
             description=(
                 "The router on {{ $labels.node }} counts {{ $labels.worker }} ({{ $labels.worker_instance }}, "
                 "{{ $labels.worker_role }}) unhealthy: it failed the router's health checks and gets no new "
-                "requests; in PD mode its partner side loses capacity.\n"
-                "What to do: check PdkitEngineDown for the same engine; if the engine is up, "
-                "`curl <worker>/health` from the router host (a firewall, a wrong --host, or an engine stuck in "
-                "a long generate shows here), and read the engine's journal. The router takes the worker back "
-                "on its own once health checks pass again (pdkit runs it without --remove-unhealthy-workers)."),
+                "requests; in PD mode its partner side loses capacity. The router takes it back on its own once "
+                "its health checks pass again (pdkit runs the router without --remove-unhealthy-workers)."),
             subjects=tuple(worker_subjects),
             case=lambda s, bad: [(series_text(ROUTER["worker_health"], s), "1x3 0x20" if bad else "1x25")],
             exp_labels=lambda s: pick_labels(s, WORKER_BY),
@@ -153,7 +148,8 @@ ROUTER_WORKER_UNHEALTHY = AlertRecord(
                 "stuck in a long generate or wedged (PdkitEngineWedged)"),
         run=("`pdkit doctor INVENTORY`: the `router_workers` row and the engine's `reachable` and `queues` rows",
              "`curl -s {worker}/health` from the router host {node}",
-             "the engine's journal: `journalctl -u pdkit-engine-{engine} -n 300` on the worker's node",
+             "the engine's journal on the worker's node ({worker_instance} is `<node>/<engine>`): "
+             "`journalctl -u pdkit-engine-<engine> -n 300`",
              "fix the engine (restart it, or " + REDEPLOY + ")")),
 )
 
@@ -195,11 +191,7 @@ def _router_circuit_open(c: Context, r: AlertRecord) -> Alert | None:
             "({{ $labels.worker_instance }}, {{ $labels.worker_role }}) again and again for "
             f"{c.for_(r.for_)}: requests sent to it keep failing (each trip is "
             f"{flags.ROUTER_BREAKER['cb-failure-threshold']} failures), so the router keeps pulling it out of "
-            "routing, and its health checks may still pass (then PdkitRouterWorkerUnhealthy stays quiet).\n"
-            "What to do: `pdkit doctor INVENTORY` (its kv_transfer and router_workers rows for the worker); "
-            "on the worker's node `journalctl -u pdkit-engine-<engine> -n 300` (NIXL/UCX errors, CUDA out of "
-            "memory, a traceback per request); PdkitKvTransferFailures / PdkitBootstrapFailures / "
-            "PdkitEngineWedged on the same engine name the cause. Restart the engine if it does not recover."),
+            "routing, and its health checks may still pass (then PdkitRouterWorkerUnhealthy stays quiet)."),
         subjects=tuple(subjects),
         case=case,
         exp_labels=lambda s: pick_labels(s, WORKER_BY),
@@ -225,8 +217,8 @@ ROUTER_CIRCUIT_OPEN = AlertRecord(
                 "a request timeout shorter than the worker needs (pdkit_cluster.fault_budget)"),
         run=("`pdkit doctor INVENTORY`: the worker's `kv_transfer` row (it counts the router's failed requests "
              "per worker) and `router_workers`",
-             "`journalctl -u pdkit-engine-{engine} -n 300` on the worker's node and `journalctl -u pdkit-router "
-             "-n 300 | grep {worker}` on {node}",
+             "on the worker's node ({worker_instance} is `<node>/<engine>`): `journalctl -u pdkit-engine-<engine> "
+             "-n 300`; on {node}: `journalctl -u pdkit-router -n 300 | grep {worker}`",
              "restart the engine if it does not recover: `pdkit roll INVENTORY --limit <worker's node>`")),
 )
 
@@ -248,12 +240,7 @@ def _router_retries_exhausted(c: Context, r: AlertRecord) -> Alert | None:
         summary="Requests through the router on {{ $labels.node }} fail after every retry ({{ $labels.worker_type }})",
         description=(
             "The router on {{ $labels.node }} gave up on requests to its {{ $labels.worker_type }} workers after "
-            f"every retry in the last {c.w}: those clients got an error.\n"
-            "What to do: see which worker fails: PdkitRouterCircuitOpen, PdkitRouterWorkerUnhealthy, "
-            "PdkitEngineDown, PdkitKvTransferFailures for the same role; `pdkit doctor INVENTORY`; "
-            "`journalctl -u pdkit-router -n 300` on {{ $labels.node }} names the worker and the error of each "
-            "failed attempt (a timeout: the fault budget, pdkit_cluster.fault_budget, may be shorter than a "
-            "long generate)."),
+            f"every retry in the last {c.w}: those clients got an error."),
         subjects=subjects,
         # bad: exhausted retries go on; healthy: an old count, and retries that keep succeeding
         case=lambda s, bad: [(series_text(metric, {**s, "endpoint": "chat"}), "0x3 1+1x20" if bad else "4x25"),
@@ -305,11 +292,7 @@ def _router_workers_overloaded(c: Context, r: AlertRecord) -> Alert | None:
             "overloaded (a waiting queue at --worker-overload-waiting-requests, default 8, or KV usage at "
             "--worker-overload-token-usage, default 0.8): it routed requests to the least-loaded one anyway "
             "(or shed them with a 503 under --worker-overload-shed). The cluster is past its capacity: TTFT "
-            "grows and queues build.\n"
-            "What to do: compare the offered load with the capacity measured by `pdkit bench` (docs/bench/); "
-            "on the PD dashboard see which side saturates (prefill waiting queue, decode KV usage); add engines "
-            "(and `pdkit roll` them in), or lower the load. PdkitQueueGrowing and PdkitTtftP99OverSlo name the "
-            "engine."),
+            "grows and queues build."),
         subjects=tuple({"job": JOB_ROUTER, **t.labels} for t in routers),
         case=case,
         exp_labels=lambda s: pick_labels(s, ROUTER_BY),
@@ -333,7 +316,8 @@ ROUTER_WORKERS_OVERLOADED = AlertRecord(
                 "(PdkitDecodeCudaGraphRatioLow, PdkitConfigDrift)"),
         run=("`pdkit doctor INVENTORY --bench`: throughput against the last recorded run, and which engine is "
              "slow (`decode_speed_c16`)",
-             "the PD dashboard: which side saturates (prefill waiting queue, decode KV usage)",
+             "the PD dashboard: which side saturates (prefill waiting queue, decode KV usage); "
+             "PdkitQueueGrowing and PdkitTtftP99OverSlo name the engine",
              "add engines to the inventory and `pdkit roll INVENTORY`, or lower the load")),
 )
 
@@ -358,10 +342,7 @@ def _router_admission_rejected(c: Context, r: AlertRecord) -> Alert | None:
         description=(
             "The router on {{ $labels.node }} refused requests at admission in the last " + w + ": more than "
             "--max-concurrent-requests were in flight and its queue (--queue-size) was full or timed out, so "
-            "clients got a 429.\n"
-            "What to do: compare the offered load with the cluster's capacity (`pdkit bench`); if the limit is "
-            "lower than the engines can hold, raise it (pdkit_router.extra_args) and roll the router host; "
-            "else add engines or lower the load."),
+            "clients got a 429."),
         fires_when=f"`increase({rejected}[{w}]) > 0`, or the series is new (first rejection; smg 1.13.0)",
     )
 
@@ -409,12 +390,7 @@ def _router_pd_rendezvous_failed(c: Context, r: AlertRecord) -> Alert | None:
             "refused the router's probe, so the engines of the other leg cannot reach it for the KV hand-off and "
             "the requests routed to that pair fail or stall until the handshake times out. smg counts the probe "
             "once, at registration: the alert resolves by itself after " + w + ", the worker stays broken until "
-            "it is registered again with a bootstrap port that answers.\n"
-            "What to do: `pdkit doctor INVENTORY` (its router_workers and kv_transfer rows); `journalctl -u "
-            "pdkit-router -n 300 | grep -i bootstrap` on {{ $labels.node }} names the worker and its port; on "
-            "the worker's node check that the engine serves its --disaggregation-bootstrap-port (`ss -ltnp`) and "
-            "that the firewall lets the router and the decode engines reach it; then roll the worker's node "
-            "(`pdkit roll INVENTORY --limit <node>`), which re-registers it."),
+            "it is registered again with a bootstrap port that answers."),
         fires_when=f"`increase({metric}[{w}]) > 0` for a leg, or the series is new (a refused bootstrap probe at "
                    "registration; smg 1.13.0)",
     )
