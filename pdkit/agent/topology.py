@@ -108,59 +108,72 @@ def parse_config_bridge(hexdump: str | None) -> dict[str, Any]:
     return out
 
 
-def parse_smi_q(text: str | None) -> dict[str, dict[str, Any]]:
-    """`nvidia-smi -q` -> {bus id as sysfs writes it ('0000:06:00.0'): {"addressing_mode", "recovery_action",
-    "utilization_gpu", "processes" (count, 0 for None), "retired_pending", "remap_pending", "remap_failure"}}.
-    Keys it does not print (older drivers) stay None."""
-    gpus: dict[str, dict[str, Any]] = {}
-    current: dict[str, Any] | None = None
+# the header of one GPU's part of `nvidia-smi -q`: "GPU 00000000:06:00.0"
+_SMI_GPU = re.compile(r"^GPU [0-9A-Fa-f]+:[0-9A-Fa-f]{2}:")
+
+
+def smi_q_sections(text: str | None) -> dict[str, list[tuple[str, str, str]]]:
+    """`nvidia-smi -q` -> {bus id as sysfs writes it ('0000:06:00.0'): [(section, key, value), ...]}: each line
+    under the GPU's header, in order. SECTION is the innermost heading above the line by indent ("" at the
+    GPU's top level); a heading itself (a key with no value, `Utilization`, `Processes`) comes with value ""."""
+    gpus: dict[str, list[tuple[str, str, str]]] = {}
+    lines: list[tuple[str, str, str]] | None = None
     stack: list[tuple[int, str]] = []
     for raw in (text or "").splitlines():
-        if raw.startswith("GPU ") and re.match(r"^GPU [0-9A-Fa-f]+:[0-9A-Fa-f]{2}:", raw):
-            current = {
-                "addressing_mode": None,
-                "recovery_action": None,
-                "utilization_gpu": None,
-                "processes": None,
-                "retired_pending": None,
-                "remap_pending": None,
-                "remap_failure": None,
-            }
-            gpus[bus_id(raw[4:])] = current
+        if _SMI_GPU.match(raw):
+            lines = gpus[bus_id(raw[4:])] = []
             stack = []
             continue
-        if current is None or not raw.strip():
+        if lines is None or not raw.strip():
             continue
         indent = len(raw) - len(raw.lstrip())
         key, sep, value = raw.strip().partition(":")
         key, value = key.strip(), value.strip()
         while stack and stack[-1][0] >= indent:
             stack.pop()
-        section = stack[-1][1] if stack else ""
-        if not sep or (not value and key != "Processes"):
-            if key == "Processes" and section == "":
-                current["processes"] = 0  # the entries below, each with a Process ID
+        lines.append((stack[-1][1] if stack else "", key, value))
+        if not value:
             stack.append((indent, key))
-            continue
-        if section == "" and key == "Addressing Mode":
-            current["addressing_mode"] = value
-        elif section == "" and key == "GPU Recovery Action":
-            current["recovery_action"] = value
-        elif section == "Utilization" and key == "GPU":
-            current["utilization_gpu"] = _percent(value)
-        elif section == "" and key == "Processes":
-            current["processes"] = 0  # 'None', or the entries below, each with a Process ID
-            stack.append((indent, "Processes"))
-        elif section == "Processes" and key == "Process ID":
-            current["processes"] += 1
-        elif section == "Retired Pages" and key == "Pending Page Blacklist":
-            current["retired_pending"] = _yes(value)
-        elif section == "Retired Pages" and key == "Pending":
-            current["retired_pending"] = _yes(value)
-        elif section == "Remapped Rows" and key == "Pending":
-            current["remap_pending"] = _yes(value)
-        elif section == "Remapped Rows" and key == "Remapping Failure Occurred":
-            current["remap_failure"] = _yes(value)
+    return gpus
+
+
+def parse_smi_q(text: str | None) -> dict[str, dict[str, Any]]:
+    """`nvidia-smi -q` -> {bus id as sysfs writes it ('0000:06:00.0'): {"addressing_mode", "recovery_action",
+    "utilization_gpu", "processes" (count, 0 for None), "retired_pending", "remap_pending", "remap_failure"}}.
+    Keys it does not print (older drivers) stay None."""
+    gpus: dict[str, dict[str, Any]] = {}
+    for bdf, lines in smi_q_sections(text).items():
+        current: dict[str, Any] = {
+            "addressing_mode": None,
+            "recovery_action": None,
+            "utilization_gpu": None,
+            "processes": None,
+            "retired_pending": None,
+            "remap_pending": None,
+            "remap_failure": None,
+        }
+        gpus[bdf] = current
+        for section, key, value in lines:
+            if section == "" and key == "Processes":
+                current["processes"] = 0  # 'None', or the entries below (a heading), each with a Process ID
+            elif not value:
+                continue  # another heading
+            elif section == "" and key == "Addressing Mode":
+                current["addressing_mode"] = value
+            elif section == "" and key == "GPU Recovery Action":
+                current["recovery_action"] = value
+            elif section == "Utilization" and key == "GPU":
+                current["utilization_gpu"] = _percent(value)
+            elif section == "Processes" and key == "Process ID":
+                current["processes"] += 1
+            elif section == "Retired Pages" and key == "Pending Page Blacklist":
+                current["retired_pending"] = _yes(value)
+            elif section == "Retired Pages" and key == "Pending":
+                current["retired_pending"] = _yes(value)
+            elif section == "Remapped Rows" and key == "Pending":
+                current["remap_pending"] = _yes(value)
+            elif section == "Remapped Rows" and key == "Remapping Failure Occurred":
+                current["remap_failure"] = _yes(value)
     return gpus
 
 

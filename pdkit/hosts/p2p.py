@@ -172,35 +172,22 @@ def parse_link_info(smi_q: str | None) -> dict[str, dict[str, int | None]]:
     Current). "gen" is the highest the link trains to: the least of Max, Device Max and Host Max given."""
     # while parsing, "gen" collects every Max the section gives; the return keeps the least
     found: dict[str, dict[str, Any]] = {}
-    current: dict | None = None
-    stack: list[tuple[int, str]] = []
-    for raw in (smi_q or "").splitlines():
-        if re.match(r"^GPU [0-9A-Fa-f]+:[0-9A-Fa-f]{2}:", raw):
-            current = {"gen": [], "width": None, "gen_current": None, "width_current": None}
-            found[topology.bus_id(raw[4:])] = current
-            stack = []
-            continue
-        if current is None or not raw.strip():
-            continue
-        indent = len(raw) - len(raw.lstrip())
-        key, sep, value = raw.strip().partition(":")
-        key, value = key.strip(), value.strip()
-        while stack and stack[-1][0] >= indent:
-            stack.pop()
-        section = stack[-1][1] if stack else ""
-        if not sep or not value:
-            stack.append((indent, key))
-            continue
-        number = re.match(r"(\d+)", value)
-        n = int(number.group(1)) if number else None
-        if section == "PCIe Generation" and key in ("Max", "Device Max", "Host Max") and n:
-            current["gen"].append(n)
-        elif section == "PCIe Generation" and key == "Current":
-            current["gen_current"] = n
-        elif section == "Link Width" and key == "Max":
-            current["width"] = n
-        elif section == "Link Width" and key == "Current":
-            current["width_current"] = n
+    for bdf, lines in topology.smi_q_sections(smi_q).items():
+        current: dict[str, Any] = {"gen": [], "width": None, "gen_current": None, "width_current": None}
+        found[bdf] = current
+        for section, key, value in lines:
+            if not value:
+                continue  # a heading
+            number = re.match(r"(\d+)", value)
+            n = int(number.group(1)) if number else None
+            if section == "PCIe Generation" and key in ("Max", "Device Max", "Host Max") and n:
+                current["gen"].append(n)
+            elif section == "PCIe Generation" and key == "Current":
+                current["gen_current"] = n
+            elif section == "Link Width" and key == "Max":
+                current["width"] = n
+            elif section == "Link Width" and key == "Current":
+                current["width_current"] = n
     return {bdf: {**v, "gen": min(v["gen"]) if v["gen"] else None} for bdf, v in found.items()}
 
 
