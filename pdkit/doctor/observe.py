@@ -17,14 +17,6 @@ from pdkit.doctor.model import EnginePlan, ExporterView, Sample
 from pdkit.spec.kvcost import Histogram, cache_counts, kv_bytes_per_token, kv_histograms
 from pdkit.upstream.metricnames import (
     EXPORTER_FAMILIES,
-    EXPORTER_GPU_PROBE_ERROR,
-    EXPORTER_GPU_WEDGED,
-    EXPORTER_JIT_COLD_EXTRA,
-    EXPORTER_JIT_WARM,
-    EXPORTER_SHAPE_RECORDED,
-    EXPORTER_WEIGHTS_BYTES,
-    EXPORTER_WEIGHTS_CACHED,
-    EXPORTER_WEIGHTS_INFO,
     ROUTER,
     SGLANG,
 )
@@ -76,7 +68,7 @@ def exporter_views(text: str) -> dict[str, ExporterView]:
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             engine = s.labels.get("engine")
-            if s.name == EXPORTER_GPU_PROBE_ERROR:
+            if s.name == EXPORTER_FAMILIES["exporter_gpu_probe_error"]:
                 probe_error = (s.value, s.labels.get("why", ""))
             if engine is None:
                 continue
@@ -97,19 +89,20 @@ def exporter_views(text: str) -> dict[str, ExporterView]:
                 view.decode_batch_cuda_graph = s.value
             elif s.name == EXPORTER_FAMILIES["engine_info"]:
                 view.sglang_version = s.labels.get("sglang_version") or None
-            elif s.name == EXPORTER_SHAPE_RECORDED:
+            elif s.name == EXPORTER_FAMILIES["engine_shape_recorded"]:
                 view.recorded_shape[s.labels.get("figure", "?")] = s.value
-            elif s.name == EXPORTER_WEIGHTS_INFO:
+            elif s.name == EXPORTER_FAMILIES["engine_weights_info"]:
                 view.weights = {k: s.labels.get(k, "") for k in ("status", "recorded", "now", "problem")}
-            elif s.name in (EXPORTER_WEIGHTS_CACHED, EXPORTER_WEIGHTS_BYTES):
+            elif s.name in (cached_ratio := EXPORTER_FAMILIES["engine_weights_page_cache_ratio"],
+                            EXPORTER_FAMILIES["engine_weights_bytes"]):
                 model_dir, ratio, size = view.weights_cached or (s.labels.get("model_dir", "?"), 0.0, 0.0)
-                view.weights_cached = ((model_dir, s.value, size) if s.name == EXPORTER_WEIGHTS_CACHED
+                view.weights_cached = ((model_dir, s.value, size) if s.name == cached_ratio
                                        else (model_dir, ratio, s.value))
-            elif s.name == EXPORTER_JIT_WARM:
+            elif s.name == EXPORTER_FAMILIES["engine_jit_caches_warm"]:
                 view.jit_caches = (s.labels.get("dir", "?"), s.value, s.labels.get("why", ""))
-            elif s.name == EXPORTER_JIT_COLD_EXTRA:
+            elif s.name == EXPORTER_FAMILIES["engine_jit_cold_start_extra_seconds"]:
                 view.jit_cold_extra = (s.value, s.labels.get("source", ""))
-            elif s.name == EXPORTER_GPU_WEDGED and s.labels.get("gpu", "").isdigit():
+            elif s.name == EXPORTER_FAMILIES["engine_gpu_wedged"] and s.labels.get("gpu", "").isdigit():
                 view.gpu_wedged[int(s.labels["gpu"])] = (s.labels.get("bdf", "?"), s.value, s.labels.get("seen", ""))
             elif s.name == EXPORTER_FAMILIES["engine_rank_up"]:
                 view.rank_up = s.value

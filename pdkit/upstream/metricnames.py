@@ -133,7 +133,8 @@ EXPORTER_GPU_PROBE_ERROR = "pdkit_exporter_gpu_probe_error"
 
 # Every family pdkit-exporter writes, by name without the pdkit_ prefix (info families by their sample name,
 # `..._info`; counters by their family name, the samples add `_total`): pdkit/agent/exporter/collector.py writes them
-# from here and doctor (pdkit/doctor/observe.py) reads them from here, so a name is decided once.
+# from here and doctor (pdkit/doctor/observe.py) reads them from here, so a name is decided once. The families named
+# alone above (EXPORTER_RANK_UP, EXPORTER_GPU_WEDGED, ...: for the alert rules and tests that read one) are in it too.
 EXPORTER_FAMILIES = {
     "decode_batch_cuda_graph": "pdkit_decode_batch_cuda_graph",
     "decode_batch_gen_throughput_tokens_per_second": "pdkit_decode_batch_gen_throughput_tokens_per_second",
@@ -142,7 +143,6 @@ EXPORTER_FAMILIES = {
     "decode_batch_timestamp_seconds": "pdkit_decode_batch_timestamp_seconds",
     "decode_batch_token_usage_ratio": "pdkit_decode_batch_token_usage_ratio",
     "decode_cuda_graph_ratio": "pdkit_decode_cuda_graph_ratio",
-    "engine_info": "pdkit_engine_info",
     "engine_env_check_error": "pdkit_engine_env_check_error",
     "engine_env_mismatch_info": "pdkit_engine_env_mismatch_info",
     "engine_env_present": "pdkit_engine_env_present",
@@ -152,6 +152,10 @@ EXPORTER_FAMILIES = {
     "engine_forward_passes": "pdkit_engine_forward_passes",
     "engine_gen_throughput_tokens_per_second": "pdkit_engine_gen_throughput_tokens_per_second",
     "engine_generation_tokens": "pdkit_engine_generation_tokens",
+    "engine_gpu_wedged": EXPORTER_GPU_WEDGED,
+    "engine_info": "pdkit_engine_info",
+    "engine_jit_caches_warm": EXPORTER_JIT_WARM,
+    "engine_jit_cold_start_extra_seconds": EXPORTER_JIT_COLD_EXTRA,
     "engine_kv_transfer_failures": "pdkit_engine_kv_transfer_failures",
     "engine_pd_queue_requests": "pdkit_engine_pd_queue_requests",
     "engine_prompt_tokens": "pdkit_engine_prompt_tokens",
@@ -159,9 +163,14 @@ EXPORTER_FAMILIES = {
     "engine_rank_up": EXPORTER_RANK_UP,
     "engine_running_requests": "pdkit_engine_running_requests",
     "engine_scrape_error": "pdkit_engine_scrape_error",
+    "engine_shape_recorded": EXPORTER_SHAPE_RECORDED,
     "engine_token_usage_ratio": "pdkit_engine_token_usage_ratio",
     "engine_up": "pdkit_engine_up",
+    "engine_weights_bytes": EXPORTER_WEIGHTS_BYTES,
+    "engine_weights_info": EXPORTER_WEIGHTS_INFO,
+    "engine_weights_page_cache_ratio": EXPORTER_WEIGHTS_CACHED,
     "exporter_collect_duration_seconds": "pdkit_exporter_collect_duration_seconds",
+    "exporter_gpu_probe_error": EXPORTER_GPU_PROBE_ERROR,
     "exporter_journal_error": "pdkit_exporter_journal_error",
     "node_reboot_required": "pdkit_node_reboot_required",
     "prefill_batch_cuda_graph": "pdkit_prefill_batch_cuda_graph",

@@ -59,17 +59,7 @@ from pdkit.agent.exporter.system import (
     env_problems,
     reboot_required,
 )
-from pdkit.upstream.metricnames import (
-    EXPORTER_FAMILIES,
-    EXPORTER_GPU_PROBE_ERROR,
-    EXPORTER_GPU_WEDGED,
-    EXPORTER_JIT_COLD_EXTRA,
-    EXPORTER_JIT_WARM,
-    EXPORTER_SHAPE_RECORDED,
-    EXPORTER_WEIGHTS_BYTES,
-    EXPORTER_WEIGHTS_CACHED,
-    EXPORTER_WEIGHTS_INFO,
-)
+from pdkit.upstream.metricnames import EXPORTER_FAMILIES
 
 log = logging.getLogger("pdkit.exporter")
 
@@ -535,23 +525,29 @@ class PdkitCollector(Collector):
             },
         }
 
-        shape = gauge(EXPORTER_SHAPE_RECORDED, "The engine's shape the gate recorded at the first healthy start of its "
+        shape = gauge(EXPORTER_FAMILIES["engine_shape_recorded"],
+                      "The engine's shape the gate recorded at the first healthy start of its "
                       "running configuration (pdkit/agent/engineshape.py): KV pool tokens, max running requests, "
                       "context "
                       "length, CUDA-graph batch sizes.", ("figure",))
-        weights = gauge(EXPORTER_WEIGHTS_INFO, "The engine gate's last verdict on the engine's weight checksums "
+        weights = gauge(EXPORTER_FAMILIES["engine_weights_info"],
+                        "The engine gate's last verdict on the engine's weight checksums "
                         "(/weights_checker against the first healthy start's, pdkit/agent/engineshape.py): status "
                         "recorded, "
                         "match, mismatch or unavailable; per-engine checksums recorded and now.",
                         ("status", "recorded", "now", "problem"))
-        cached = gauge(EXPORTER_WEIGHTS_CACHED, "Share of the engine's weight files in the node's page cache "
+        cached = gauge(EXPORTER_FAMILIES["engine_weights_page_cache_ratio"],
+                       "Share of the engine's weight files in the node's page cache "
                        "(mincore, at most once a minute): below 1 a restart reads the rest from disk.", ("model_dir",))
-        cached_bytes = gauge(EXPORTER_WEIGHTS_BYTES, "Bytes of the engine's weight files.", ("model_dir",))
-        jit_warm = gauge(EXPORTER_JIT_WARM, "1 when the engine's JIT caches are warm for its next start (a start "
+        cached_bytes = gauge(EXPORTER_FAMILIES["engine_weights_bytes"],
+                             "Bytes of the engine's weight files.", ("model_dir",))
+        jit_warm = gauge(EXPORTER_FAMILIES["engine_jit_caches_warm"],
+                         "1 when the engine's JIT caches are warm for its next start (a start "
                          "passed the engine gate with them on the current engine environment, "
                          "pdkit/agent/jitcache.py), "
                          "0 when that start compiles them.", ("dir", "why"))
-        jit_extra = gauge(EXPORTER_JIT_COLD_EXTRA, "What a cold start of the engine cost on this node beyond a warm "
+        jit_extra = gauge(EXPORTER_FAMILIES["engine_jit_cold_start_extra_seconds"],
+                          "What a cold start of the engine cost on this node beyond a warm "
                           "one, by SGLang's start-up phases (its first and last gated start on one environment).",
                           ("dir", "source"))
         rank_up = gauge(EXPORTER_FAMILIES["engine_rank_up"],
@@ -662,11 +658,13 @@ class PdkitCollector(Collector):
         last, stale = self.gpu_probe.poll()
         # the node's engines run: a busy GPU with no process listed is theirs (another PID namespace)
         serving = any(s.process is not None and s.process.view is not None for s in snapshots)
-        wedged = GaugeMetricFamily(EXPORTER_GPU_WEDGED, "1 when a GPU the engine uses needs a reset before an engine "
+        wedged = GaugeMetricFamily(EXPORTER_FAMILIES["engine_gpu_wedged"],
+                                   "1 when a GPU the engine uses needs a reset before an engine "
                                    "may use it (the preflight's GPU health probe, at most once a minute: a reset-class "
                                    "Xid, pending page retirement or row remap, GPU Recovery Action), 0 when healthy; "
                                    "`seen` says what was seen.", labels=[*LABELS, "gpu", "bdf", "seen"])
-        error = GaugeMetricFamily(EXPORTER_GPU_PROBE_ERROR, "1 when the node's GPU health probe could not tell (it "
+        error = GaugeMetricFamily(EXPORTER_FAMILIES["exporter_gpu_probe_error"],
+                                  "1 when the node's GPU health probe could not tell (it "
                                   "hung, failed, or read no nvidia-smi -q; `why`), else 0.", labels=["node", "why"])
         if last is None and stale is None:
             return []  # the first probe is still running: nothing to say yet
