@@ -63,6 +63,20 @@ from pdkit.upstream.metricnames import EXPORTER_FAMILIES
 
 log = logging.getLogger("pdkit.exporter")
 
+# The figures of the last `Decode batch` / `Prefill batch` log line pdkit-exporter publishes, in the order it writes
+# them: (the figure's key in pdkit.agent.exporter.logs.parse_batch_line's answer, "timestamp" for the line's journal
+# time; its family in EXPORTER_FAMILIES after `<phase>_batch_`; what the help calls it; the help's note; the phases
+# whose lines carry it)
+BATCH_FIGURES = (
+    ("gen_throughput", "gen_throughput_tokens_per_second", "gen throughput (token/s)", "", ("decode",)),
+    ("input_throughput", "input_throughput_tokens_per_second", "input throughput (token/s)", "", ("prefill",)),
+    ("running_requests", "running_requests", "#running-req", "", ("decode", "prefill")),
+    ("queued_requests", "queued_requests", "#queue-req", "", ("decode", "prefill")),
+    ("cuda_graph", "cuda_graph", "`cuda graph:`", " (1 True, 0 False)", ("decode", "prefill")),
+    ("token_usage", "token_usage_ratio", "token usage", "", ("decode",)),
+    ("timestamp", "timestamp_seconds", "Journal time", " (unix seconds)", ("decode", "prefill")),
+)
+
 ENDPOINTS = ("metrics", "server_info")
 MAX_BODY_BYTES = 16 * 1024 * 1024
 LABELS = ("node", "engine", "role")
@@ -496,34 +510,10 @@ class PdkitCollector(Collector):
         ratio = gauge(EXPORTER_FAMILIES["decode_cuda_graph_ratio"],
                       "Share of decode forward passes run as a CUDA graph since "
                       "the engine started; absent before the first decode pass.")
-        batch = {
-            "decode": {
-                "gen_throughput": gauge(EXPORTER_FAMILIES["decode_batch_gen_throughput_tokens_per_second"],
-                                        "gen throughput (token/s) of the last `Decode batch` log line."),
-                "running_requests": gauge(EXPORTER_FAMILIES["decode_batch_running_requests"],
-                                          "#running-req of the last `Decode batch` log line."),
-                "queued_requests": gauge(EXPORTER_FAMILIES["decode_batch_queued_requests"],
-                                         "#queue-req of the last `Decode batch` log line."),
-                "cuda_graph": gauge(EXPORTER_FAMILIES["decode_batch_cuda_graph"],
-                                    "`cuda graph:` of the last `Decode batch` log line (1 True, 0 False)."),
-                "token_usage": gauge(EXPORTER_FAMILIES["decode_batch_token_usage_ratio"],
-                                     "token usage of the last `Decode batch` log line."),
-                "timestamp": gauge(EXPORTER_FAMILIES["decode_batch_timestamp_seconds"],
-                                   "Journal time of the last `Decode batch` log line (unix seconds)."),
-            },
-            "prefill": {
-                "input_throughput": gauge(EXPORTER_FAMILIES["prefill_batch_input_throughput_tokens_per_second"],
-                                          "input throughput (token/s) of the last `Prefill batch` log line."),
-                "running_requests": gauge(EXPORTER_FAMILIES["prefill_batch_running_requests"],
-                                          "#running-req of the last `Prefill batch` log line."),
-                "queued_requests": gauge(EXPORTER_FAMILIES["prefill_batch_queued_requests"],
-                                         "#queue-req of the last `Prefill batch` log line."),
-                "cuda_graph": gauge(EXPORTER_FAMILIES["prefill_batch_cuda_graph"],
-                                    "`cuda graph:` of the last `Prefill batch` log line (1 True, 0 False)."),
-                "timestamp": gauge(EXPORTER_FAMILIES["prefill_batch_timestamp_seconds"],
-                                   "Journal time of the last `Prefill batch` log line (unix seconds)."),
-            },
-        }
+        batch = {phase: {key: gauge(EXPORTER_FAMILIES[f"{phase}_batch_{family}"],
+                                    f"{what} of the last `{phase.capitalize()} batch` log line{note}.")
+                         for key, family, what, note, phases in BATCH_FIGURES if phase in phases}
+                 for phase in ("decode", "prefill")}
 
         shape = gauge(EXPORTER_FAMILIES["engine_shape_recorded"],
                       "The engine's shape the gate recorded at the first healthy start of its "
