@@ -4,9 +4,12 @@ two samples."""
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Callable
+from typing import Literal, TypeVar
 
-from pdkit.doctor.model import INFO, PASS, WARN, CheckResult, EngineObservation, EnginePlan, Status
+from pdkit.doctor.model import INFO, PASS, WARN, CheckResult, EngineObservation, EnginePlan, ExporterView, Status
+
+T = TypeVar("T")
 
 # the page a check reads before it can judge anything: /server_info, the second /metrics sample, or both
 Needs = Literal["server_info", "metrics", "both metrics samples"]
@@ -28,6 +31,22 @@ def exporter_unread(obs: EngineObservation, check: str) -> CheckResult:
     """An INFO: the node's pdkit-exporter, which this check reads, did not answer."""
     return engine_row(obs.plan, check, INFO, f"not measured: the node's pdkit-exporter was unreadable "
                                              f"({obs.exporter_error})", "")
+
+
+def exporter_figure(obs: EngineObservation, check: str, figure: Callable[[ExporterView], T | None],
+                    absent: str) -> tuple[ExporterView, T] | CheckResult:
+    """What a check of one FIGURE the node's pdkit-exporter publishes reads: (the exporter's view, the figure);
+    or the row it gives instead: `cannot_measure`'s, an INFO when the exporter did not answer
+    (`exporter_unread`), an INFO saying ABSENT when the exporter publishes no such figure."""
+    if (early := cannot_measure(obs, check)) is not None:
+        return early
+    ex = obs.exporter
+    if ex is None:
+        return exporter_unread(obs, check)
+    value = figure(ex)
+    if value is None:
+        return engine_row(obs.plan, check, INFO, absent, "")
+    return ex, value
 
 
 def engine_down(obs: EngineObservation) -> bool:

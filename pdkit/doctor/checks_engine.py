@@ -14,7 +14,7 @@ from pdkit.doctor.checkbase import (
     counter_delta,
     engine_down,
     engine_row,
-    exporter_unread,
+    exporter_figure,
     not_measured,
 )
 from pdkit.doctor.model import FAIL, INFO, PASS, WARN, CheckResult, EngineObservation
@@ -235,15 +235,12 @@ def check_weights_cached(obs: EngineObservation) -> CheckResult:
     of its weight files in the node's page cache, as the node's exporter measures it (mincore,
     pdkit/agent/residency.py). The roll reads cold weights in before its drain; doctor says how cold they are."""
     plan, name = obs.plan, "weights_cached"
-    if (early := cannot_measure(obs, name)) is not None:
-        return early
-    ex = obs.exporter
-    if ex is None:
-        return exporter_unread(obs, name)
-    if ex.weights_cached is None:
-        return engine_row(plan, name, INFO, "not measured: no local weight files (dummy weights, a hub id, the "
-                                            "sim), or an exporter older than this check", "")
-    model_dir, ratio, size = ex.weights_cached
+    got = exporter_figure(obs, name, lambda ex: ex.weights_cached,
+                          "not measured: no local weight files (dummy weights, a hub id, the sim), or an exporter "
+                          "older than this check")
+    if isinstance(got, CheckResult):
+        return got
+    _, (model_dir, ratio, size) = got
     gib = size / 2**30
     if ratio >= WEIGHTS_CACHED_MIN:
         return engine_row(plan, name, PASS, f"{ratio:.0%} of {gib:.1f} GiB of weights under {model_dir} in the page "
@@ -306,15 +303,12 @@ def check_jit_caches(obs: EngineObservation) -> CheckResult:
     the node's exporter judges it. Cold is a WARN, never a failure: the next start compiles, and costs
     what the measured cold start says."""
     plan, name = obs.plan, "jit_caches"
-    if (early := cannot_measure(obs, name)) is not None:
-        return early
-    ex = obs.exporter
-    if ex is None:
-        return exporter_unread(obs, name)
-    if ex.jit_caches is None:
-        return engine_row(plan, name, INFO, "not judged: SGLANG_CACHE_DIR is set by the engine's own env, or the "
-                                            "exporter is older than this check", "")
-    where, warm, why = ex.jit_caches
+    got = exporter_figure(obs, name, lambda ex: ex.jit_caches,
+                          "not judged: SGLANG_CACHE_DIR is set by the engine's own env, or the exporter is older "
+                          "than this check")
+    if isinstance(got, CheckResult):
+        return got
+    ex, (where, warm, why) = got
     if warm >= 1:
         return engine_row(plan, name, PASS, f"warm under {where}: {why}")
     cost = (f"~{ex.jit_cold_extra[0]:.0f} s more than a warm start (measured from {ex.jit_cold_extra[1]})"
