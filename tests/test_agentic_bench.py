@@ -25,12 +25,13 @@ from pdkit.bench.agentic import (
     trace_from_dict,
     write_trace,
 )
-from pdkit.bench.record import cache_counts, level_cache
+from pdkit.bench.record import level_cache
 from pdkit.bench.report import render_compare, render_markdown
 from pdkit.bench.sglang import sglang_agentic_command
 from pdkit.bench.stats import RequestResult
 from pdkit.inventory.loader import load
 from pdkit.sim.textgen import chat_prompt, tokenize
+from pdkit.spec.kvcost import cache_counts
 from pdkit.upstream.venvs import sglang_python
 from tests.conftest import write_inventory
 

@@ -42,19 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pdkit.bench.client import Progress, router_target, run_pool, stream_events
-from pdkit.bench.record import (
-    cache_counts,
-    cache_engines,
-    check_context,
-    kv_prefills,
-    level_cache,
-    level_kv,
-    record_head,
-    say_kv_unread,
-    scrape_kv,
-    scrape_pages,
-    served_model,
-)
+from pdkit.bench.record import LevelPages, check_context, record_head, served_model
 from pdkit.bench.stats import (
     RequestResult,
     distribution_ms,
@@ -533,10 +521,7 @@ def run_agentic_bench(spec: ClusterSpec, workload: AgenticWorkload, concurrency:
     record = record_head(spec, "pdkit", label, workload.largest_context() - workload.reply_tokens,
                          workload.reply_tokens, workload.turns_per_level(0), warmup, probe_drivers, router_url,
                          workload=workload.describe())
-    prefills = kv_prefills(spec, record["env"]["measured"])
-    record["kv_prefills"] = list(prefills)
-    caches = cache_engines(spec, record["env"]["measured"])
-    record["cache_engines"] = list(caches)
+    pages = LevelPages.named_in(spec, record)
     url = f"{router_url}/v1/chat/completions"
     if warmup:
         bar = Progress("warm-up", warmup, progress)
@@ -550,15 +535,12 @@ def run_agentic_bench(spec: ClusterSpec, workload: AgenticWorkload, concurrency:
         conversations = workload.level_conversations(level_index)
         planned = sum(len(conv) for conv in conversations)
         bar = Progress(f"C={c:<4}", planned, progress)
-        kv_before, cache_before = scrape_kv(prefills), scrape_pages(caches, cache_counts)
+        before = pages.sample()
         turns, duration = asyncio.run(run_sessions(url, headers, model, conversations, c, workload.reply_tokens,
                                                    workload.think_s, timeout_s, bar))
-        kv_after, cache_after = scrape_kv(prefills), scrape_pages(caches, cache_counts)
+        after = pages.sample()
         bar.close()
         level = agentic_level(turns, duration, c, planned, goodput_slo)
-        level["prefix_cache"] = level_cache(cache_before, cache_after)
-        if prefills:
-            level["kv"] = level_kv(kv_before, kv_after, level["ttft_ms"]["mean"])
-            say_kv_unread(c, level["kv"])
+        level.update(pages.figures(c, before, after, level["ttft_ms"]["mean"]))
         record["levels"].append(level)
     return record

@@ -64,6 +64,7 @@ import re
 import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -74,8 +75,7 @@ from pdkit.bench.env import fingerprint
 from pdkit.bench.routes import router_measured
 from pdkit.bench.stats import summarize_level
 from pdkit.render.flags import engine_url
-from pdkit.spec.kvcost import CACHE_COUNTERS, cache_window, combine, hit_rate, kv_figures, kv_histograms
-from pdkit.spec.kvcost import cache_counts as cache_counts  # bench's (pdkit.bench, agentic, sglang) since it lived here
+from pdkit.spec.kvcost import CACHE_COUNTERS, cache_counts, cache_window, combine, hit_rate, kv_figures, kv_histograms
 
 if TYPE_CHECKING:
     from pdkit.spec import ClusterSpec
@@ -209,6 +209,38 @@ def level_cache(before: KvSample, after: KvSample) -> dict[str, Any]:
     if unread:
         out["unread"] = dict(sorted(unread.items()))
     return out
+
+
+@dataclass(frozen=True)
+class LevelPages:
+    """The engines whose own counters an agentic level reads just before and just after its requests: the
+    prefills' KV histograms (kv_prefills: the level's `kv`) and the prefix-cache counters of the engines its
+    prompts meet (cache_engines: its `prefix_cache`)."""
+
+    prefills: dict[str, str | None]
+    caches: dict[str, str | None]
+
+    @classmethod
+    def named_in(cls, spec: ClusterSpec, record: dict[str, Any]) -> LevelPages:
+        """Those of RECORD's measured engines, named in it (`kv_prefills`, `cache_engines`)."""
+        measured = record["env"]["measured"]
+        pages = cls(kv_prefills(spec, measured), cache_engines(spec, measured))
+        record["kv_prefills"], record["cache_engines"] = list(pages.prefills), list(pages.caches)
+        return pages
+
+    def sample(self) -> tuple[KvSample, KvSample]:
+        """Every page read at once: (the prefills' KV histograms, the engines' prefix-cache counts)."""
+        return scrape_kv(self.prefills), scrape_pages(self.caches, cache_counts)
+
+    def figures(self, concurrency: int, before: tuple[KvSample, KvSample], after: tuple[KvSample, KvSample],
+                ttft_mean_ms: float | None, **also: Any) -> dict[str, Any]:
+        """A level's `prefix_cache` block and, where prefills are measured (PD), its `kv` block, from its
+        samples BEFORE and AFTER, each with ALSO; a stderr line when a prefill could not be read."""
+        out: dict[str, Any] = {"prefix_cache": {**level_cache(before[1], after[1]), **also}}
+        if self.prefills:
+            out["kv"] = {**level_kv(before[0], after[0], ttft_mean_ms), **also}
+            say_kv_unread(concurrency, out["kv"])
+        return out
 
 
 # ---- a run: its head (id, workload, env), its levels ------------------------------------------

@@ -21,16 +21,13 @@ from typing import TYPE_CHECKING, Any
 from pdkit.bench.agentic import AgenticWorkload, check_agentic, generate_trace, write_trace
 from pdkit.bench.client import router_target
 from pdkit.bench.record import (
-    cache_counts,
-    cache_engines,
+    LevelPages,
     check_workload,
     kv_prefills,
-    level_cache,
     level_kv,
     record_head,
     say_kv_unread,
     scrape_kv,
-    scrape_pages,
     served_model,
 )
 
@@ -159,10 +156,7 @@ def run_sglang_agentic_bench(spec: ClusterSpec, workload: AgenticWorkload, concu
     record = record_head(spec, SGLANG_BENCH_MODULE, label, workload.largest_context() - workload.reply_tokens,
                          workload.reply_tokens, workload.turns_per_level(0), warmup, probe_drivers, router_url,
                          workload=described)
-    prefills = kv_prefills(spec, record["env"]["measured"])
-    record["kv_prefills"] = list(prefills)
-    caches = cache_engines(spec, record["env"]["measured"])
-    record["cache_engines"] = list(caches)
+    pages = LevelPages.named_in(spec, record)
     with tempfile.TemporaryDirectory(prefix="pdkit-bench-") as tmp:
         trace_path = workload.path
         if trace_path is None:  # the generated trace, byte for byte the one pdkit's client replays
@@ -175,18 +169,15 @@ def run_sglang_agentic_bench(spec: ClusterSpec, workload: AgenticWorkload, concu
                                           workload.offset(level_index), workload.reply_tokens, workload.max_turns,
                                           warmup, trace_path, out_file)
             print(f"C={c}: {shlex.join(argv)}", file=sys.stderr)
-            kv_before, cache_before = scrape_kv(prefills), scrape_pages(caches, cache_counts)
+            before = pages.sample()
             done = subprocess.run(argv, env=_sglang_env(headers), timeout=timeout_s)
-            kv_after, cache_after = scrape_kv(prefills), scrape_pages(caches, cache_counts)
+            after = pages.sample()
             if done.returncode != 0 or not Path(out_file).is_file():
                 raise RuntimeError(f"{SGLANG_BENCH_MODULE} failed at concurrency {c} (exit {done.returncode})")
             levels = read_sglang_results(out_file, workload.turns_per_level(level_index))
             for level in levels[:1]:
-                level["prefix_cache"] = {**level_cache(cache_before, cache_after), "warmup_included": warmup}
-                if prefills:
-                    level["kv"] = {**level_kv(kv_before, kv_after, level["ttft_ms"]["mean"]),
-                                   "warmup_included": warmup}
-                    say_kv_unread(c, level["kv"])
+                # the window holds the run's own warm-up requests too
+                level.update(pages.figures(c, before, after, level["ttft_ms"]["mean"], warmup_included=warmup))
             record["levels"].extend(levels)
     return record
 
