@@ -40,6 +40,9 @@ def test_every_alert_is_one_record_with_a_runbook_and_a_scope():
     assert RUNBOOKS == {r.name: r.runbook for r in alertrules.ALERTS}
     # the scope order lists the same records
     assert sorted(r.name for r in alertrules.SCOPE_ORDER) == sorted(names)
+    # the router's worker alerts, one group in both orders: exactly the records of that scope
+    assert {r.name for r in alertrules.router.WORKER_ALERTS} == {
+        r.name for r in alertrules.ALERTS if r.scope == base.ROUTER_WORKERS}
 
 
 @pytest.mark.parametrize("example", ["lab", "cluster", "multinode", "a6000"])

@@ -13,7 +13,8 @@ spec (expression, value, threshold(s), annotations, promtool cases, the doc tabl
 generated from these records: the rules file and the promtool tests (pdkit.monitoring.rules; each description's
 "What to do" is its runbook's steps, base.what_to_do), the runbooks and
 docs/monitoring.md's alert table (pdkit.contract.alerttable), Alertmanager's inhibitions
-(pdkit.monitoring.alertmanager). A new alert is a record in its concern's module and a line in ALERTS.
+(pdkit.monitoring.alertmanager). A new alert is a record in its concern's module and a line in ALERTS and
+SCOPE_ORDER (a router worker alert: in router.WORKER_ALERTS, the group both take).
 
 Named `alertrules`, not `alerts`: `pdkit.monitoring.alerts` is the function that renders them (the package's
 re-export), and a submodule of that name would replace it as the package's attribute.
@@ -32,12 +33,7 @@ ALERTS: tuple[AlertRecord, ...] = (
     node.NODE_DOWN,
     node.GPU_WEDGED,
     node.SCRAPE_TARGET_DOWN,
-    router.ROUTER_WORKER_UNHEALTHY,
-    router.ROUTER_CIRCUIT_OPEN,
-    router.ROUTER_RETRIES_EXHAUSTED,
-    router.ROUTER_WORKERS_OVERLOADED,
-    router.ROUTER_ADMISSION_REJECTED,
-    router.ROUTER_PD_RENDEZVOUS_FAILED,
+    *router.WORKER_ALERTS,
     engines.QUEUE_GROWING,
     kv.KV_TRANSFER_FAILURES,
     kv.BOOTSTRAP_FAILURES,
@@ -67,12 +63,7 @@ SCOPE_ORDER: tuple[AlertRecord, ...] = (
     node.GPU_WEDGED,
     node.SCRAPE_TARGET_DOWN,
     router.ROUTER_DOWN,
-    router.ROUTER_WORKER_UNHEALTHY,
-    router.ROUTER_CIRCUIT_OPEN,
-    router.ROUTER_RETRIES_EXHAUSTED,
-    router.ROUTER_WORKERS_OVERLOADED,
-    router.ROUTER_ADMISSION_REJECTED,
-    router.ROUTER_PD_RENDEZVOUS_FAILED,
+    *router.WORKER_ALERTS,
     node.NODE_DOWN,
 )
 

@@ -198,15 +198,48 @@ def alert_test(name: str, alert: str, series: list[tuple[str, str]], eval_time: 
                                  "exp_alerts": [{"exp_labels": dict(sorted(e.items()))} for e in exp]}]}
 
 
-def up_case(subject: dict[str, str], bad: bool) -> list[tuple[str, str]]:
-    # healthy still has a one-scrape blip: shorter than `for`, it must not alert
-    return [(series_text("up", subject), "1x3 0x20" if bad else "1x3 0 1x19")]
+def flag_case(metric: str, *, ok: int, blip: bool = False) -> Callable[[dict[str, str], bool], list[tuple[str, str]]]:
+    """The promtool case of a 0/1 gauge METRIC per subject whose healthy value is OK: bad, it flips at minute 3
+    and stays; healthy, it stays OK (with BLIP, but for one scrape at minute 3: shorter than `for`, it must not
+    alert)."""
+    broken = 1 - ok
+
+    def case(s: dict[str, str], bad: bool) -> list[tuple[str, str]]:
+        healthy = f"{ok}x3 {broken} {ok}x19" if blip else f"{ok}x25"
+        return [(series_text(metric, s), f"{ok}x3 {broken}x20" if bad else healthy)]
+
+    return case
+
+
+def flag_alert(c: Context, r: AlertRecord, *, metric: str, ok: int, by: tuple[str, ...],
+               subjects: tuple[dict[str, str], ...], summary: str, description: str, eval_time: str,
+               fires_when: str = "", selector: str = "", blip: bool = False, **more: Any) -> Alert:
+    """R's alert on a 0/1 gauge METRIC (SELECTOR: its series to watch, default all) that says per subject whether
+    it is well: OK=1 (a health or `up`-like gauge: the min by BY is 0, so one rank or series down is down) or OK=0
+    (a trouble flag: the max by BY is 1). Its promtool case is `flag_case`; its labels BY; FIRES_WHEN defaults to
+    the condition. MORE: the Alert's other fields (decoys, its own case, extra tests)."""
+    agg, broken = ("min", "== 0") if ok else ("max", "> 0")
+    flagged = f"{agg} by ({by_labels(by)}) ({selector or metric})"
+    more.setdefault("case", flag_case(metric, ok=ok, blip=blip))
+    return r.make(
+        c,
+        expr=f"{flagged} {broken}",
+        value=flagged,
+        summary=summary,
+        description=description,
+        subjects=subjects,
+        exp_labels=lambda s: pick_labels(s, by),
+        eval_time=eval_time,
+        fires_when=fires_when or f"`{metric} {broken}`",
+        **more,
+    )
 
 
 def up_alert(c: Context, r: AlertRecord, jobs: tuple[str, ...], summary: str, description: str,
              fires_when: str = "") -> Alert:
-    """R's alert on the scrape targets of JOBS that Prometheus cannot scrape (`up == 0`): one promtool subject
-    per target, whose healthy case has a one-scrape blip (`up_case`); FIRES_WHEN defaults to the condition."""
+    """R's alert on the scrape targets of JOBS that Prometheus cannot scrape (`up == 0`, each series on its own):
+    one promtool subject per target, whose healthy case has a one-scrape blip (`flag_case`); FIRES_WHEN defaults
+    to the condition."""
     up = f'up{{job="{jobs[0]}"}}' if len(jobs) == 1 else f'up{{job=~"{"|".join(jobs)}"}}'
     return r.make(
         c,
@@ -215,7 +248,7 @@ def up_alert(c: Context, r: AlertRecord, jobs: tuple[str, ...], summary: str, de
         summary=summary,
         description=description,
         subjects=tuple({"job": t.job, **t.labels} for t in c.tgt if t.job in jobs),
-        case=up_case,
+        case=flag_case("up", ok=1, blip=True),
         exp_labels=lambda s: dict(s),
         eval_time="10m",
         fires_when=fires_when or f"`{up} == 0`",

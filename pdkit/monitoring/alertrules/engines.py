@@ -14,6 +14,7 @@ from pdkit.monitoring.alertrules.base import (
     Runbook,
     alert_test,
     engine_labels,
+    flag_alert,
     up_alert,
 )
 from pdkit.monitoring.common import (
@@ -24,7 +25,6 @@ from pdkit.monitoring.common import (
     QUEUE_ROLES,
     QUEUES,
     alt_metric,
-    by_labels,
     engine_instance,
     fmt_num,
     fmt_seconds,
@@ -107,11 +107,8 @@ def _engine_rank_down(c: Context, r: AlertRecord) -> Alert | None:
                               "node": node.name, "engine": e.name, "role": e.role, "rank": str(rank),
                               "nnodes": str(e.nnodes), "head": head.name})
     if ranks:
-        up = f'{EXPORTER_RANK_UP}{{rank!="0"}}'
-        return r.make(
-            c,
-            expr=f"min by ({by_labels(RANK_BY)}) ({up}) == 0",
-            value=f"min by ({by_labels(RANK_BY)}) ({up})",
+        return flag_alert(
+            c, r, metric=EXPORTER_RANK_UP, selector=f'{EXPORTER_RANK_UP}{{rank!="0"}}', ok=1, by=RANK_BY, blip=True,
             summary="Rank {{ $labels.rank }} of engine {{ $labels.engine }} on {{ $labels.node }} is down",
             description=(
                 "pdkit-exporter on {{ $labels.node }} finds no running process of rank {{ $labels.rank }} "
@@ -121,8 +118,6 @@ def _engine_rank_down(c: Context, r: AlertRecord) -> Alert | None:
                 "PdkitEngineDown follows for it. systemd restarts a crashed rank on its own (Restart=on-failure): "
                 "one down this long keeps failing or was stopped."),
             subjects=tuple(s for s in ranks if s["rank"] != "0"),
-            case=lambda s, bad: [(series_text(EXPORTER_RANK_UP, s), "1x3 0x20" if bad else "1x3 0 1x19")],
-            exp_labels=lambda s: pick_labels(s, RANK_BY),
             eval_time="10m",
             decoys=tuple(s for s in ranks if s["rank"] == "0"),
             decoys_are="rank 0, which PdkitEngineDown covers",

@@ -13,6 +13,7 @@ from pdkit.monitoring.alertrules.base import (
     Context,
     Runbook,
     alert_test,
+    flag_alert,
     subject_name,
     up_alert,
 )
@@ -22,8 +23,6 @@ from pdkit.monitoring.common import (
     JOB_EXPORTER,
     JOB_NODE,
     JOB_PROMETHEUS,
-    by_labels,
-    pick_labels,
     scraped_hosts,
     series_text,
 )
@@ -117,10 +116,8 @@ def _gpu_wedged(c: Context, r: AlertRecord) -> Alert | None:
         test["alert_rule_test"].append({"eval_time": "6m", "alertname": r.name, "exp_alerts": []})
         return [test]
 
-    return r.make(
-        c,
-        expr=f"max by ({by_labels(GPU_BY)}) ({EXPORTER_GPU_WEDGED}) > 0",
-        value=f"max by ({by_labels(GPU_BY)}) ({EXPORTER_GPU_WEDGED})",
+    return flag_alert(
+        c, r, metric=EXPORTER_GPU_WEDGED, ok=0, by=GPU_BY,
         summary="GPU {{ $labels.gpu }} of {{ $labels.node }}/{{ $labels.engine }} is wedged",
         description=(
             "pdkit-exporter's GPU health probe on {{ $labels.node }} finds GPU {{ $labels.gpu }} "
@@ -130,7 +127,6 @@ def _gpu_wedged(c: Context, r: AlertRecord) -> Alert | None:
             "hangs, and `pdkit roll` refuses any change onto it."),
         subjects=tuple(subjects),
         case=case,
-        exp_labels=lambda s: pick_labels(s, GPU_BY),
         eval_time="10m",
         extra_tests=one_reading,
         fires_when=f"`{EXPORTER_GPU_WEDGED} > 0` for a GPU an engine uses (pdkit-exporter's GPU health probe)",
@@ -200,10 +196,8 @@ def _exporter_subjects(c: Context) -> tuple[dict[str, str], ...]:
 
 
 def _config_drift(c: Context, r: AlertRecord) -> Alert | None:
-    return r.make(
-        c,
-        expr=f'max by ({by_labels(EXPORTER_BY)}) ({EXPORTER["flags_drift"]}) > 0',
-        value=f'max by ({by_labels(EXPORTER_BY)}) ({EXPORTER["flags_drift"]})',
+    return flag_alert(
+        c, r, metric=EXPORTER["flags_drift"], ok=0, by=EXPORTER_BY,
         summary="{{ $labels.node }}/{{ $labels.engine }} runs flags that differ from the plan",
         description=(
             "pdkit-exporter found that the flags engine {{ $labels.engine }} on {{ $labels.node }} really runs "
@@ -211,10 +205,7 @@ def _config_drift(c: Context, r: AlertRecord) -> Alert | None:
             "unit by hand, a deploy did not restart the engine, or the release on the node is not the planned "
             "one."),
         subjects=_exporter_subjects(c),
-        case=lambda s, bad: [(series_text(EXPORTER["flags_drift"], s), "0x3 1x20" if bad else "0x25")],
-        exp_labels=lambda s: pick_labels(s, EXPORTER_BY),
         eval_time="15m",
-        fires_when=f"`{EXPORTER['flags_drift']} > 0`",
     )
 
 
@@ -231,20 +222,15 @@ CONFIG_DRIFT = AlertRecord(
 
 
 def _nccl_env_missing(c: Context, r: AlertRecord) -> Alert | None:
-    return r.make(
-        c,
-        expr=f'min by ({by_labels(EXPORTER_BY)}) ({EXPORTER["env_present"]}) == 0',
-        value=f'min by ({by_labels(EXPORTER_BY)}) ({EXPORTER["env_present"]})',
+    return flag_alert(
+        c, r, metric=EXPORTER["env_present"], ok=1, by=EXPORTER_BY,
         summary="NCCL/UCX environment missing in {{ $labels.node }}/{{ $labels.engine }}",
         description=(
             "The running process of engine {{ $labels.engine }} on {{ $labels.node }} lacks NCCL/UCX variables the "
             "plan sets (read from /proc/<pid>/environ): untuned NCCL on PCIe falls back to host memory, and a "
             "cross-node NIXL transfer without UCX_NET_DEVICES hangs until its 300 s timeout."),
         subjects=_exporter_subjects(c),
-        case=lambda s, bad: [(series_text(EXPORTER["env_present"], s), "1x3 0x20" if bad else "1x25")],
-        exp_labels=lambda s: pick_labels(s, EXPORTER_BY),
         eval_time="15m",
-        fires_when=f"`{EXPORTER['env_present']} == 0`",
     )
 
 

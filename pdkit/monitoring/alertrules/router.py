@@ -14,6 +14,7 @@ from pdkit.monitoring.alertrules.base import (
     Runbook,
     alert_test,
     counted_alert,
+    flag_alert,
     up_alert,
 )
 from pdkit.monitoring.alertrules.engines import QUEUE_GROWING_FOR
@@ -117,10 +118,8 @@ def _router_worker_unhealthy(c: Context, r: AlertRecord) -> Alert | None:
     routers = c.routers
     worker_subjects = _worker_subjects(c, routers)
     if worker_subjects:
-        return r.make(
-            c,
-            expr=f'min by ({by_labels(WORKER_BY)}) ({ROUTER["worker_health"]}) == 0',
-            value=f'min by ({by_labels(WORKER_BY)}) ({ROUTER["worker_health"]})',
+        return flag_alert(
+            c, r, metric=ROUTER["worker_health"], ok=1, by=WORKER_BY,
             summary="Router on {{ $labels.node }} marks worker {{ $labels.worker_instance }} unhealthy",
             description=(
                 "The router on {{ $labels.node }} counts {{ $labels.worker }} ({{ $labels.worker_instance }}, "
@@ -128,8 +127,6 @@ def _router_worker_unhealthy(c: Context, r: AlertRecord) -> Alert | None:
                 "requests; in PD mode its partner side loses capacity. The router takes it back on its own once "
                 "its health checks pass again (pdkit runs the router without --remove-unhealthy-workers)."),
             subjects=tuple(worker_subjects),
-            case=lambda s, bad: [(series_text(ROUTER["worker_health"], s), "1x3 0x20" if bad else "1x25")],
-            exp_labels=lambda s: pick_labels(s, WORKER_BY),
             eval_time="10m",
             fires_when=f"`{ROUTER['worker_health']} == 0` for a worker",
         )
@@ -417,4 +414,16 @@ ROUTER_PD_RENDEZVOUS_FAILED = AlertRecord(
              "`nc -zv <worker host> <bootstrap port>`",
              "fix the port or the firewall, then `pdkit roll INVENTORY --limit <worker's node>`, which "
              "re-registers the worker")),
+)
+
+
+# What the routers say of their workers (scope ROUTER_WORKERS), in the order the rules file and alertmanager.yml
+# both list them (pdkit.monitoring.alertrules.ALERTS and SCOPE_ORDER take them as one group)
+WORKER_ALERTS = (
+    ROUTER_WORKER_UNHEALTHY,
+    ROUTER_CIRCUIT_OPEN,
+    ROUTER_RETRIES_EXHAUSTED,
+    ROUTER_WORKERS_OVERLOADED,
+    ROUTER_ADMISSION_REJECTED,
+    ROUTER_PD_RENDEZVOUS_FAILED,
 )
