@@ -26,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -34,12 +35,12 @@ TARGET_OVERHEAD_S = 2.0
 BASE = "inventories/lab.py"
 
 
-def lab_inventory(directory: Path, name: str, *, max_bs: int | None, engine_start_s: float | None) -> Path:
-    """inventories/lab.py, with decode cuda_graph_max_bs MAX_BS and every engine's start delay set."""
-    path = directory / f"{name}.py"
+def lab_copy_lines(max_bs: int | None, edits: Sequence[str] = ()) -> list[str]:
+    """The lines of an inventory made from inventories/lab.py that follow its `_base = runpy.run_path(lab.py)`
+    (with `import copy`): lab.py's hosts and cluster, copied, with decode cuda_graph_max_bs MAX_BS (None:
+    lab.py's), then EDITS (which may change gpu_nodes and _cluster), then the `all` group.
+    benchmarks/scale.py's lab inventories end the same way."""
     lines = [
-        "import copy, runpy",
-        f"_base = runpy.run_path({str(REPO / BASE)!r})",
         "gpu_nodes = copy.deepcopy(_base['gpu_nodes'])",
         "monitoring = _base['monitoring']",
         "_hosts, _data = _base['all']",
@@ -47,13 +48,18 @@ def lab_inventory(directory: Path, name: str, *, max_bs: int | None, engine_star
     ]
     if max_bs is not None:
         lines.append(f"_cluster['tuning']['decode']['cuda_graph_max_bs'] = {max_bs}")
-    if engine_start_s is not None:
-        lines += [
-            "for _name, _host in gpu_nodes:",
-            "    for _engine in _host['pdkit_node']['engines']:",
-            f"        _engine['env'] = {{**_engine.get('env', {{}}), 'PDKIT_SIM_STARTUP_DELAY_S': {str(engine_start_s)!r}}}",
-        ]
-    lines.append("all = (_hosts, {'pdkit_cluster': _cluster})")
+    return [*lines, *edits, "all = (_hosts, {'pdkit_cluster': _cluster})  # noqa: A001 - pyinfra's group name"]
+
+
+def lab_inventory(directory: Path, name: str, *, max_bs: int | None, engine_start_s: float | None) -> Path:
+    """inventories/lab.py, with decode cuda_graph_max_bs MAX_BS and every engine's start delay set."""
+    path = directory / f"{name}.py"
+    start_delay = [] if engine_start_s is None else [
+        "for _name, _host in gpu_nodes:",
+        "    for _engine in _host['pdkit_node']['engines']:",
+        f"        _engine['env'] = {{**_engine.get('env', {{}}), 'PDKIT_SIM_STARTUP_DELAY_S': {str(engine_start_s)!r}}}",
+    ]
+    lines = ["import copy, runpy", f"_base = runpy.run_path({str(REPO / BASE)!r})", *lab_copy_lines(max_bs, start_delay)]
     path.write_text("\n".join(lines) + "\n")
     return path
 

@@ -45,6 +45,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks.roll import lab_copy_lines  # noqa: E402 - after the repository root is on sys.path
+
 RENDER_SIZES = (1, 4, 16, 32, 128, 512)
 LAB_SIZES = (1, 4, 16, 32)
 TARGET_S = 2.0  # validate + render at 512 nodes (issue 20)
@@ -257,14 +259,8 @@ def lab_inventory_text(n: int, *, max_bs: int | None = None, repo: Path = REPO) 
         f"    _base = runpy.run_path({str(repo / LAB_BASE)!r})",
         "finally:",
         "    _pdlab.planned_lab = _planned",
-        "gpu_nodes = copy.deepcopy(_base['gpu_nodes'])",
-        "monitoring = _base['monitoring']",
-        "_hosts, _data = _base['all']",
-        "_cluster = copy.deepcopy(_data['pdkit_cluster'])",
+        *lab_copy_lines(max_bs),
     ]
-    if max_bs is not None:
-        lines.append(f"_cluster['tuning']['decode']['cuda_graph_max_bs'] = {max_bs}")
-    lines.append("all = (_hosts, {'pdkit_cluster': _cluster})  # noqa: A001 - pyinfra's group name")
     return "\n".join(lines) + "\n"
 
 
