@@ -328,9 +328,32 @@ _VALIDATION = ("ConfigValidator (smg model_gateway/src/config/validation.rs; sgl
                "sgl-router/src/config/validation.rs)")
 
 
-def _overflow(rust_type: str) -> str:
+def _binding(rust_type: str) -> str:
     return (f"the Python binding's conversion to the Rust {rust_type} field (smg/router.py Router.from_args -> "
             "smg_rs.Router; sglang_router/router.py -> sglang_router_rs.Router, 0.3.2)")
+
+
+def _past_u32(flag: str, field: str, rust_field: str) -> RouterStartRule:
+    """A value above its Rust u32 field RUST_FIELD: the binding's OverflowError (both routers)."""
+    return RouterStartRule(flag, field, high=U32_MAX,
+                           says=f"OverflowError: out of range integral type conversion attempted while processing "
+                                f"'{rust_field}'", source=_binding("u32"))
+
+
+def _negative_u64(flag: str, field: str, rust_field: str, refused_by: tuple[str, ...] = BOTH_ROUTERS,
+                  otherwise: str = "") -> RouterStartRule:
+    """A negative value of its Rust u64 field RUST_FIELD: the binding's OverflowError."""
+    return RouterStartRule(flag, field, low=0, refused_by=refused_by,
+                           says=f"OverflowError: can't convert negative int to unsigned while processing "
+                                f"'{rust_field}'", source=_binding("u64"), otherwise=otherwise)
+
+
+def _smg_health_check(flag: str, field: str, setting: str, zero: str, otherwise: str,
+                      source: str = "smg 1.13.0 Router.start()") -> RouterStartRule:
+    """smg 1.13.0 refuses its health_check SETTING below 1 (`FLAG 0` ZERO); OTHERWISE: sglang-router 0.3.2's way."""
+    return RouterStartRule(flag, field, low=1, refused_by=("smg 1.13.0",),
+                           says=f"health_check.{setting}: Must be >= 1 ({flag} 0 {zero})", source=source,
+                           otherwise=otherwise)
 
 
 ROUTER_START_RULES: tuple[RouterStartRule, ...] = (
@@ -338,30 +361,20 @@ ROUTER_START_RULES: tuple[RouterStartRule, ...] = (
                     source=f"{_VALIDATION} validate_server_settings"),
     RouterStartRule("--prometheus-port", "pdkit_router.prometheus_port", low=1, says="metrics.port: Port must be > 0",
                     source=f"{_VALIDATION} validate_metrics"),
-    RouterStartRule("--health-check-interval-secs", "pdkit_router.health_check_interval_secs", low=1,
-                    refused_by=("smg 1.13.0",),
-                    says="health_check.check_interval_secs: Must be >= 1 (--health-check-interval-secs 0 would probe "
-                         "every worker in a busy loop; --disable-health-check turns probing off)",
-                    source="smg 1.13.0 Router.start() (the binary's refusal; newer than the source read)",
-                    otherwise="sglang-router 0.3.2 starts, then its health checker panics (src/core/worker_registry.rs"
-                              ":653, 'Started health checker for workers with 0s interval') and no worker is ever "
-                              "marked down: pdkit refuses 0 for both"),
-    RouterStartRule("--health-failure-threshold", "pdkit_router.health_failure_threshold", low=1,
-                    refused_by=("smg 1.13.0",),
-                    says="health_check.failure_threshold: Must be >= 1 (--health-failure-threshold 0 would fail a "
-                         "worker without a probe)", source="smg 1.13.0 Router.start()",
-                    otherwise="sglang-router 0.3.2 starts with 0; pdkit refuses it for both (no probe could fail)"),
-    RouterStartRule("--health-failure-threshold", "pdkit_router.health_failure_threshold", high=U32_MAX,
-                    says="OverflowError: out of range integral type conversion attempted while processing "
-                         "'health_failure_threshold'", source=_overflow("u32")),
-    RouterStartRule("--health-success-threshold", "pdkit_router.health_success_threshold", low=1,
-                    refused_by=("smg 1.13.0",),
-                    says="health_check.success_threshold: Must be >= 1 (--health-success-threshold 0 would pass a "
-                         "worker without a probe)", source="smg 1.13.0 Router.start()",
-                    otherwise="sglang-router 0.3.2 starts with 0; pdkit refuses it for both"),
-    RouterStartRule("--health-success-threshold", "pdkit_router.health_success_threshold", high=U32_MAX,
-                    says="OverflowError: out of range integral type conversion attempted while processing "
-                         "'health_success_threshold'", source=_overflow("u32")),
+    _smg_health_check("--health-check-interval-secs", "pdkit_router.health_check_interval_secs", "check_interval_secs",
+                      "would probe every worker in a busy loop; --disable-health-check turns probing off",
+                      source="smg 1.13.0 Router.start() (the binary's refusal; newer than the source read)",
+                      otherwise="sglang-router 0.3.2 starts, then its health checker panics (src/core/"
+                                "worker_registry.rs:653, 'Started health checker for workers with 0s interval') and no "
+                                "worker is ever marked down: pdkit refuses 0 for both"),
+    _smg_health_check("--health-failure-threshold", "pdkit_router.health_failure_threshold", "failure_threshold",
+                      "would fail a worker without a probe",
+                      otherwise="sglang-router 0.3.2 starts with 0; pdkit refuses it for both (no probe could fail)"),
+    _past_u32("--health-failure-threshold", "pdkit_router.health_failure_threshold", "health_failure_threshold"),
+    _smg_health_check("--health-success-threshold", "pdkit_router.health_success_threshold", "success_threshold",
+                      "would pass a worker without a probe",
+                      otherwise="sglang-router 0.3.2 starts with 0; pdkit refuses it for both"),
+    _past_u32("--health-success-threshold", "pdkit_router.health_success_threshold", "health_success_threshold"),
     RouterStartRule("--worker-startup-check-interval", "pdkit_router.worker_startup_check_interval_secs", low=1,
                     says="worker_startup_check_interval_secs: Must be > 0",
                     source=f"{_VALIDATION} validate_server_settings"),
@@ -381,20 +394,15 @@ ROUTER_START_RULES: tuple[RouterStartRule, ...] = (
                     source=f"{_VALIDATION} validate_retry"),
     RouterStartRule("--retry-jitter-factor", "pdkit_router.extra_args", low=0.0, high=1.0,
                     says="retry.jitter_factor: Must be between 0.0 and 1.0", source=f"{_VALIDATION} validate_retry"),
-    RouterStartRule("--shutdown-grace-period-secs", "pdkit_router.shutdown_grace_period_secs", low=0,
-                    says="OverflowError: can't convert negative int to unsigned while processing "
-                         "'shutdown_grace_period_secs'", source=_overflow("u64")),
-    RouterStartRule("--pd-admission-wait-secs", "pdkit_cluster.fault_budget.router_admission_wait_s", low=0,
-                    refused_by=("smg 1.13.0",),
-                    says="OverflowError: can't convert negative int to unsigned while processing "
-                         "'pd_admission_wait_secs'", source=_overflow("u64"),
-                    otherwise="sglang-router 0.3.2 has no such flag (pdkit renders it for smg only)"),
-    RouterStartRule("--health-check-timeout-secs", "pdkit_cluster.fault_budget.router_health_check_timeout_s", low=1,
-                    refused_by=("smg 1.13.0",),
-                    says="health_check.timeout_secs: Must be >= 1 (--health-check-timeout-secs 0 would time every "
-                         "probe out at once)", source="smg 1.13.0 Router.start()",
-                    otherwise="sglang-router 0.3.2 starts with 0; pdkit's own floor is 2 for both (SGLang's /health "
-                              "answers after 1 s at the earliest, pdkit/spec/faultbudget.py)"),
+    _negative_u64("--shutdown-grace-period-secs", "pdkit_router.shutdown_grace_period_secs",
+                  "shutdown_grace_period_secs"),
+    _negative_u64("--pd-admission-wait-secs", "pdkit_cluster.fault_budget.router_admission_wait_s",
+                  "pd_admission_wait_secs", refused_by=("smg 1.13.0",),
+                  otherwise="sglang-router 0.3.2 has no such flag (pdkit renders it for smg only)"),
+    _smg_health_check("--health-check-timeout-secs", "pdkit_cluster.fault_budget.router_health_check_timeout_s",
+                      "timeout_secs", "would time every probe out at once",
+                      otherwise="sglang-router 0.3.2 starts with 0; pdkit's own floor is 2 for both (SGLang's /health "
+                                "answers after 1 s at the earliest, pdkit/spec/faultbudget.py)"),
 )
 
 
