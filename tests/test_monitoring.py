@@ -28,12 +28,6 @@ from pdkit.monitoring.common import (
     GRAFANA_DASHBOARDS_DIR,
     GRAFANA_DATASOURCE_PATH,
     GRAFANA_PROVIDER_PATH,
-    JOB_DCGM,
-    JOB_ENGINE,
-    JOB_EXPORTER,
-    JOB_NODE,
-    JOB_PROMETHEUS,
-    JOB_ROUTER,
     PROMETHEUS_CONFIG_PATH,
     RULE_TESTS_PATH,
     RULES_PATH,
@@ -219,7 +213,7 @@ def test_targets_come_from_the_spec(lab_spec):
     assert doc["rule_files"] == [RULES_RELATIVE_PATH]
     assert PROMETHEUS_CONFIG_PATH.rsplit("/", 1)[0] + "/" + RULES_RELATIVE_PATH == RULES_PATH
 
-    engines = _targets(jobs[JOB_ENGINE])
+    engines = _targets(jobs["sglang"])
     assert len(engines) == len(lab_spec.engines())
     for host, engine in lab_spec.engines():
         labels = engines[f"{lab_spec.engine_address(host)}:{engine.port}"]
@@ -227,27 +221,37 @@ def test_targets_come_from_the_spec(lab_spec):
                           "instance": f"{host.name}/{engine.name}", "pd_group": engine.pd_group}
 
     router_host = lab_spec.router_hosts[0]
-    routers = _targets(jobs[JOB_ROUTER])
+    routers = _targets(jobs["router"])
     assert list(routers) == [f"{flags.router_address(router_host)}:{router_host.router.prometheus_port}"]
     assert routers[next(iter(routers))]["role"] == "router"
 
-    exporters = _targets(jobs[JOB_EXPORTER])
-    assert jobs[JOB_EXPORTER]["honor_labels"] is True
+    exporters = _targets(jobs["pdkit-exporter"])
+    assert jobs["pdkit-exporter"]["honor_labels"] is True
     assert set(exporters) == {f"{lab_spec.engine_address(h)}:{h.node.exporter_port}" for h in lab_spec.gpu_hosts}
 
-    nodes = _targets(jobs[JOB_NODE])
+    nodes = _targets(jobs["node"])
     assert set(nodes) == {f"{h.address}:{NODE_EXPORTER_PORT}" for h in lab_spec.hosts}
     assert {labels["node"] for labels in nodes.values()} == {h.name for h in lab_spec.hosts}
 
     # lab hosts are gpu: none: no DCGM
-    assert JOB_DCGM not in jobs
+    assert "dcgm" not in jobs
     mon_host = lab_spec.monitoring_hosts[0]
-    assert list(_targets(jobs[JOB_PROMETHEUS])) == [f"{mon_host.address}:{mon_host.monitoring.prometheus_port}"]
+    assert list(_targets(jobs["prometheus"])) == [f"{mon_host.address}:{mon_host.monitoring.prometheus_port}"]
 
     # every target carries cluster and node
     for job in jobs.values():
         for labels in _targets(job).values():
             assert labels["cluster"] == "lab" and labels["node"]
+
+
+def test_the_jobs_are_named_and_ordered_as_dashboards_and_queries_expect(cluster_spec, lab_spec):
+    """The `job` label is what every panel, rule and hand-written query selects by: its values are pinned here
+    as text, in prometheus.yml's order (targets' order, a job without targets left out)."""
+    assert list(_configs(cluster_spec)[1]) == ["sglang", "router", "pdkit-exporter", "node", "dcgm", "prometheus"]
+    assert list(_configs(lab_spec)[1]) == ["sglang", "router", "pdkit-exporter", "node", "prometheus"]
+    # a host job's target is the host itself
+    for t in targets(cluster_spec):
+        assert (t.labels["instance"] == t.host) == (t.job not in ("sglang", "router")), t
 
 
 def test_targets_match_targets_function(example):
@@ -259,7 +263,7 @@ def test_targets_match_targets_function(example):
 
 def test_dcgm_on_real_nvidia_nodes_on_its_own_port(cluster_spec):
     _, jobs = _configs(cluster_spec)
-    dcgm = _targets(jobs[JOB_DCGM])
+    dcgm = _targets(jobs["dcgm"])
     assert set(dcgm) == {f"{cluster_spec.engine_address(h)}:{DCGM_EXPORTER_PORT}" for h in cluster_spec.gpu_hosts}
     # pdkit-exporter holds DCGM's own default port
     assert all(h.node.exporter_port != DCGM_EXPORTER_PORT for h in cluster_spec.gpu_hosts)
@@ -267,7 +271,7 @@ def test_dcgm_on_real_nvidia_nodes_on_its_own_port(cluster_spec):
 
 def test_router_workers_are_named_by_their_engine(lab_spec):
     _, jobs = _configs(lab_spec)
-    relabels = jobs[JOB_ROUTER]["metric_relabel_configs"]
+    relabels = jobs["router"]["metric_relabel_configs"]
     router_host = lab_spec.router_hosts[0]
     for host, engine in lab_spec.router_workers(router_host):
         url = flags.engine_url(lab_spec, host, engine)
@@ -371,9 +375,9 @@ def test_adding_a_gpu_node_adds_targets_rule_coverage_and_variables(base, tmp_pa
 
     # targets: both engines, the exporter, node_exporter (and DCGM: a real nvidia node)
     new = {(t.job, t.address) for t in targets(after)} - {(t.job, t.address) for t in targets(before)}
-    assert new == {(JOB_ENGINE, "10.9.0.4:30000"), (JOB_ENGINE, "10.9.0.4:30001"),
-                   (JOB_EXPORTER, "10.9.0.4:9400"), (JOB_NODE, "10.9.0.4:9100"),
-                   (JOB_DCGM, f"10.9.0.4:{DCGM_EXPORTER_PORT}")}
+    assert new == {("sglang", "10.9.0.4:30000"), ("sglang", "10.9.0.4:30001"),
+                   ("pdkit-exporter", "10.9.0.4:9400"), ("node", "10.9.0.4:9100"),
+                   ("dcgm", f"10.9.0.4:{DCGM_EXPORTER_PORT}")}
 
     # rules: gpu03's decode joins the CUDA-graph rule, and the promtool cases fire for gpu03's engines
     graph = next(a for a in alerts(after) if a.name == "PdkitDecodeCudaGraphRatioLow")

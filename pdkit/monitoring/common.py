@@ -42,6 +42,8 @@ JOB_EXPORTER = "pdkit-exporter"
 JOB_NODE = "node"
 JOB_DCGM = "dcgm"
 JOB_PROMETHEUS = "prometheus"
+# the jobs whose target is a whole host: its `instance` is the node's name (pdkit.monitoring.scrape.targets)
+HOST_JOBS = (JOB_EXPORTER, JOB_NODE, JOB_DCGM, JOB_PROMETHEUS)
 
 # labels that name one engine, after aggregation
 ENGINE_BY = ("cluster", "node", "instance", "engine", "role", "pd_group")

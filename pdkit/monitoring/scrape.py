@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pdkit.monitoring.common import (
+    HOST_JOBS,
     JOB_DCGM,
     JOB_ENGINE,
     JOB_EXPORTER,
@@ -35,8 +36,14 @@ class Target:
     labels: dict[str, str]
 
 
+def _host_target(spec: ClusterSpec, job: str, host: HostSpec, address: str) -> Target:
+    """The target of a job of HOST_JOBS on HOST: the host is the instance."""
+    assert job in HOST_JOBS, job
+    return Target(job, host.name, address, {"cluster": spec.cluster.name, "node": host.name, "instance": host.name})
+
+
 def targets(spec: ClusterSpec) -> list[Target]:
-    """Every scrape target, in job order then inventory order."""
+    """Every scrape target, in job order (prometheus.yml's) then inventory order."""
     cluster = spec.cluster.name
     hosts = scraped_hosts(spec)
     out: list[Target] = []
@@ -55,18 +62,14 @@ def targets(spec: ClusterSpec) -> list[Target]:
             }))
     for host in hosts:
         if host.node is not None:
-            out.append(Target(JOB_EXPORTER, host.name, f"{spec.engine_address(host)}:{host.node.exporter_port}",
-                              {"cluster": cluster, "node": host.name, "instance": host.name}))
+            out.append(_host_target(spec, JOB_EXPORTER, host, f"{spec.engine_address(host)}:{host.node.exporter_port}"))
     for host in hosts:
-        out.append(Target(JOB_NODE, host.name, f"{host.address}:{NODE_EXPORTER_PORT}",
-                          {"cluster": cluster, "node": host.name, "instance": host.name}))
+        out.append(_host_target(spec, JOB_NODE, host, f"{host.address}:{NODE_EXPORTER_PORT}"))
     for host in hosts:
         if dcgm_enabled(host):
-            out.append(Target(JOB_DCGM, host.name, f"{spec.engine_address(host)}:{DCGM_EXPORTER_PORT}",
-                              {"cluster": cluster, "node": host.name, "instance": host.name}))
+            out.append(_host_target(spec, JOB_DCGM, host, f"{spec.engine_address(host)}:{DCGM_EXPORTER_PORT}"))
     mon = monitoring_host(spec)
-    out.append(Target(JOB_PROMETHEUS, mon.name, f"{mon.address}:{monitoring_of(spec).prometheus_port}",
-                      {"cluster": cluster, "node": mon.name, "instance": mon.name}))
+    out.append(_host_target(spec, JOB_PROMETHEUS, mon, f"{mon.address}:{monitoring_of(spec).prometheus_port}"))
     return out
 
 
@@ -86,10 +89,9 @@ def prometheus_config(spec: ClusterSpec) -> str:
     interval = mon.scrape_interval_s
     all_targets = targets(spec)
     scrape_configs: list[dict] = []
-    for job in (JOB_ENGINE, JOB_ROUTER, JOB_EXPORTER, JOB_NODE, JOB_DCGM, JOB_PROMETHEUS):
+    # the jobs that have a target, in targets' order
+    for job in dict.fromkeys(t.job for t in all_targets):
         job_targets = [t for t in all_targets if t.job == job]
-        if not job_targets:
-            continue
         config: dict = {"job_name": job}
         if job == JOB_EXPORTER:
             # the exporter's series name their engine (node, engine, role): keep its labels

@@ -15,11 +15,9 @@ from typing import Any, NamedTuple
 
 from pdkit.monitoring.common import (
     ENGINE_BY,
-    JOB_DCGM,
+    HOST_JOBS,
     JOB_ENGINE,
     JOB_EXPORTER,
-    JOB_NODE,
-    JOB_PROMETHEUS,
     JOB_ROUTER,
     alert_window,
     by_labels,
@@ -31,7 +29,7 @@ from pdkit.monitoring.common import (
     speedup_of,
 )
 from pdkit.monitoring.scrape import Target, targets
-from pdkit.spec import ClusterSpec, Monitoring
+from pdkit.spec import ClusterSpec, Engine, HostSpec, Monitoring
 
 SEVERITIES = ("critical", "warning")
 
@@ -191,6 +189,13 @@ def engine_labels(s: dict[str, str], **extra: str) -> dict[str, str]:
             "tp_rank": "0", "pp_rank": "0", "moe_ep_rank": "0", **extra}
 
 
+def exporter_subject(spec: ClusterSpec, host: HostSpec, engine: Engine, **more: str) -> dict[str, str]:
+    """pdkit-exporter's series of ENGINE on HOST, as a promtool subject: the exporter's target labels (its
+    `instance` is the node), the engine's (EXPORTER_BY), and MORE."""
+    return {"job": JOB_EXPORTER, "cluster": spec.cluster.name, "instance": host.name, "node": host.name,
+            "engine": engine.name, "role": engine.role, **more}
+
+
 def alert_test(name: str, alert: str, series: list[tuple[str, str]], eval_time: str,
                exp: list[dict[str, str]]) -> dict:
     return {"name": name, "interval": "1m", "input_series": [{"series": s, "values": v} for s, v in series],
@@ -305,6 +310,6 @@ def subject_name(s: dict[str, str]) -> str:
         return f"{s['node']}/{s['engine']} GPU {s['gpu']}"
     if s.get("job") == JOB_EXPORTER and "engine" in s:
         return f"{s['node']}/{s['engine']}"
-    if s.get("job") in (JOB_NODE, JOB_DCGM, JOB_PROMETHEUS, JOB_EXPORTER):
+    if s.get("job") in HOST_JOBS:
         return f"{s['job']} on {s['node']}"
     return s["instance"]

@@ -14,6 +14,7 @@ from pdkit.monitoring.alertrules.base import (
     Runbook,
     alert_test,
     engine_labels,
+    exporter_subject,
     flag_alert,
     up_alert,
 )
@@ -21,7 +22,6 @@ from pdkit.monitoring.common import (
     ENGINE_BY,
     EXPORTER_BY,
     JOB_ENGINE,
-    JOB_EXPORTER,
     QUEUE_ROLES,
     QUEUES,
     alt_metric,
@@ -103,9 +103,7 @@ def _engine_rank_down(c: Context, r: AlertRecord) -> Alert | None:
             continue
         for rank, node in enumerate(spec.engine_hosts(head, e)):
             if node.name in scraped:
-                ranks.append({"job": JOB_EXPORTER, "cluster": spec.cluster.name, "instance": node.name,
-                              "node": node.name, "engine": e.name, "role": e.role, "rank": str(rank),
-                              "nnodes": str(e.nnodes), "head": head.name})
+                ranks.append(exporter_subject(spec, node, e, rank=str(rank), nnodes=str(e.nnodes), head=head.name))
     if ranks:
         return flag_alert(
             c, r, metric=EXPORTER_RANK_UP, selector=f'{EXPORTER_RANK_UP}{{rank!="0"}}', ok=1, by=RANK_BY, blip=True,

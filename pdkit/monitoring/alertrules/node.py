@@ -13,6 +13,7 @@ from pdkit.monitoring.alertrules.base import (
     Context,
     Runbook,
     alert_test,
+    exporter_subject,
     flag_alert,
     subject_name,
     up_alert,
@@ -85,9 +86,7 @@ def _gpu_subjects(c: Context) -> list[dict[str, str]]:
             continue
         for p in spec.placements(h):
             for g in p.engine.gpus:
-                out.append({"job": JOB_EXPORTER, "cluster": spec.cluster.name, "instance": h.name, "node": h.name,
-                            "engine": p.engine.name, "role": p.engine.role, "gpu": str(g),
-                            "bdf": f"0000:{0x18 + g:02x}:00.0", "seen": ""})
+                out.append(exporter_subject(spec, h, p.engine, gpu=str(g), bdf=f"0000:{0x18 + g:02x}:00.0", seen=""))
     return out
 
 
@@ -190,9 +189,7 @@ def _exporter_subjects(c: Context) -> tuple[dict[str, str], ...]:
     """One subject per engine on a scraped node: pdkit-exporter's series of it."""
     spec = c.spec
     scraped = {h.name for h in scraped_hosts(spec)}
-    return tuple({"job": JOB_EXPORTER, "cluster": spec.cluster.name, "instance": h.name, "node": h.name,
-                  "engine": e.name, "role": e.role}
-                 for h, e in spec.engines() if h.name in scraped)
+    return tuple(exporter_subject(spec, h, e) for h, e in spec.engines() if h.name in scraped)
 
 
 def _config_drift(c: Context, r: AlertRecord) -> Alert | None:
