@@ -92,6 +92,11 @@ def install_triton_stub() -> str:
     stub_base: Any = m._StubBase  # a name, not an attribute: a base class mypy can read
     # The triton half of install_platform_stubs(), which only runs on macOS/arm64 with
     # MPS: the same mocks, built from the same helpers, without the torch.mps patches.
+
+    def stand_in(module: Any, name: str, base: type = stub_base) -> None:
+        """MODULE.NAME: an empty class on BASE, as install_platform_stubs declares each one."""
+        setattr(module, name, type(f"_{name}", (base,), {"__module__": __name__}))
+
     sys.meta_path.insert(0, m._TritonFinder())
     triton = m._make_mock("triton")
     triton.__version__ = "3.0.0"
@@ -117,44 +122,22 @@ def install_triton_stub() -> str:
     runtime = m._make_mock("triton.runtime")
     triton.runtime = runtime
     jit_mod = m._make_mock("triton.runtime.jit")
-
-    class _JITFunction:
-        pass
-
-    class _KernelInterface(stub_base):
-        pass
-
-    jit_mod.JITFunction = _JITFunction
-    jit_mod.KernelInterface = _KernelInterface
+    stand_in(jit_mod, "JITFunction", object)
+    stand_in(jit_mod, "KernelInterface")
     runtime.jit = jit_mod
     cache_mod = m._make_mock("triton.runtime.cache")
     cache_mod.triton_key = m._triton_key
     runtime.cache = cache_mod
     autotuner = m._make_mock("triton.runtime.autotuner")
-
-    class _OutOfResources(Exception):
-        pass
-
-    class _PTXASError(Exception):
-        pass
-
-    autotuner.OutOfResources = _OutOfResources
-    autotuner.PTXASError = _PTXASError
+    stand_in(autotuner, "OutOfResources", Exception)
+    stand_in(autotuner, "PTXASError", Exception)
     runtime.autotuner = autotuner
     runtime.driver = m._make_mock("triton.runtime.driver")
 
     compiler_root = m._make_mock("triton.compiler")
-
-    class _CompiledKernel(stub_base):
-        pass
-
-    compiler_root.CompiledKernel = _CompiledKernel
+    stand_in(compiler_root, "CompiledKernel")
     compiler_impl = m._make_mock("triton.compiler.compiler")
-
-    class _ASTSource(stub_base):
-        pass
-
-    compiler_impl.ASTSource = _ASTSource
+    stand_in(compiler_impl, "ASTSource")
     compiler_impl.triton_key = m._triton_key
     compiler_root.compiler = compiler_impl
     triton.compiler = compiler_root
@@ -166,11 +149,7 @@ def install_triton_stub() -> str:
     backends = m._make_mock("triton.backends")
     triton.backends = backends
     compiler = m._make_mock("triton.backends.compiler")
-
-    class _GPUTarget(stub_base):
-        pass
-
-    compiler.GPUTarget = _GPUTarget
+    stand_in(compiler, "GPUTarget")
     backends.compiler = compiler
     return "sglang/_platform_stubs.py mocks"
 
