@@ -41,6 +41,7 @@ from pdkit.spec import RECEIVER_KINDS, SpecError
 from pdkit.upstream.versions import APT_PINS
 from roles.packages import install_spec
 from tests.conftest import REPO, require, write_inventory
+from tests.test_monitoring import _load_example
 
 AMTOOL = shutil.which("amtool")
 ALERTMANAGER = shutil.which("prometheus-alertmanager")
@@ -62,15 +63,6 @@ EVERY_KIND = [
 SECRETS = {r["name"]: f"s3cret-{r['name']}-7f3a9c" for r in EVERY_KIND}
 # Slack's credential is its incoming-webhook URL (validate refuses a bare token there)
 SECRETS["chat"] = f"https://hooks.slack.com/services/{SECRETS['chat']}"
-
-
-def _load_example(name: str):
-    old = os.getcwd()
-    os.chdir(REPO)
-    try:
-        return load(f"inventories/{name}.py")
-    finally:
-        os.chdir(old)
 
 
 def _examples_with_monitoring() -> list[str]:

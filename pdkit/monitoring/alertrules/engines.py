@@ -48,6 +48,8 @@ QUEUE_GROWING_FOR = "10m"
 QUEUE_MIN_DEPTH = 1
 # an engine holding requests (running or queued) that generates no token for this long is wedged
 WEDGED_FOR = "1m"
+# ... over this rate window (seconds; wedge_window)
+WEDGE_WINDOW_S = 120
 CUDA_GRAPH_RATIO_MIN = 0.9
 CUDA_GRAPH_RATIO_FOR = "10m"
 TTFT_FOR = "5m"
@@ -75,7 +77,8 @@ ENGINE_DOWN = AlertRecord(
     runbook=Runbook(
         means="Prometheus cannot scrape an engine's /metrics: the process is stopped, crashed or hung. A PD pair "
               "stalls while either side is down; the router keeps sending the engine requests until its health "
-              "checks fail (then PdkitRouterWorkerUnhealthy). The 2m `for` is longer than a real SGLang restart "
+              f"checks fail (then PdkitRouterWorkerUnhealthy). The {ENGINE_DOWN_FOR} `for` is longer than a real "
+              "SGLang restart "
               "(~60-106 s): a roll does not page.",
         causes=("the engine crashed: CUDA out of memory, an NCCL error, SGLang's 300 s scheduler watchdog, a "
                 "Python traceback", "a GPU fault (Xid in dmesg), the node rebooted",
@@ -132,7 +135,8 @@ ENGINE_RANK_DOWN = AlertRecord(
               "PdkitEngineDown cannot see it; rank 0 cannot serve without it (it stalls, or exits like an NCCL "
               "timeout, and then PdkitEngineDown fires for it). Labels: `node` (the rank's host), `engine`, "
               "`role`, `rank`, `nnodes`, `head` (rank 0's host).",
-        causes=("the rank keeps crashing: systemd restarts it after 5 s (`Restart=on-failure`), so one down for 2m "
+        causes=("the rank keeps crashing: systemd restarts it after 5 s (`Restart=on-failure`), so one down for "
+                f"{RANK_DOWN_FOR} "
                 "keeps failing or was stopped",
                 "it cannot reach rank 0's `--dist-init-addr` on {head} (firewall, NCCL_SOCKET_IFNAME)",
                 "CUDA out of memory, an NCCL error, a GPU fault on {node}"),
@@ -187,7 +191,8 @@ def _queue_growing(c: Context, r: AlertRecord) -> Alert | None:
 QUEUE_GROWING = AlertRecord(
     name="PdkitQueueGrowing", severity="warning", for_=QUEUE_GROWING_FOR, scope=ENGINE, build=_queue_growing,
     runbook=Runbook(
-        means="One of an engine's queues (label `queue`) has kept growing for 10m: requests arrive faster than "
+        means=f"One of an engine's queues (label `queue`) has kept growing for {QUEUE_GROWING_FOR}: requests arrive "
+              "faster than "
               "the engine drains them. A queue that is stuck but not growing does not fire this; the TTFT, "
               "wedge and failure alerts catch it.",
         causes=("`waiting`: the engine is at capacity (KV cache usage, decode without CUDA graphs)",
@@ -285,7 +290,7 @@ def wedge_window(spec: ClusterSpec) -> str:
     """Rate window of the wedge alert: 2m, or 4 scrapes when scrapes are slower than 30 s (it must fire
     well before SGLang's own 300 s scheduler watchdog would end a wedged process); the lab: 2m / its
     lab_alert_speedup, still at least 4 scrapes."""
-    return fmt_seconds(max(120 // speedup_of(spec), 4 * monitoring_of(spec).scrape_interval_s))
+    return fmt_seconds(max(WEDGE_WINDOW_S // speedup_of(spec), 4 * monitoring_of(spec).scrape_interval_s))
 
 
 def _wedge_case(s: dict[str, str], bad: bool) -> list[tuple[str, str]]:
@@ -348,7 +353,8 @@ ENGINE_WEDGED = AlertRecord(
     name="PdkitEngineWedged", severity="critical", for_=WEDGED_FOR, scope=ENGINE, build=_engine_wedged,
     runbook=Runbook(
         means="An engine holds requests (running or queued) and its scheduler computed no token over the wedge "
-              "window (2m): its HTTP server answers and /health may pass, clients wait. It fires well inside "
+              f"window ({fmt_seconds(WEDGE_WINDOW_S)}): its HTTP server answers and /health may pass, clients wait. "
+              "It fires well inside "
               "SGLang's 300 s scheduler watchdog.",
         causes=("a scheduler hang with the overlap schedule (the seeds hit it)",
                 "an NCCL or NIXL call that never returns", "a GPU fault"),

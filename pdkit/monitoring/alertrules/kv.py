@@ -225,7 +225,7 @@ KV_HANDOFF_SLOW = AlertRecord(
     build=_kv_handoff_slow,
     runbook=Runbook(
         means="A prefill's KV hand-offs to its decodes ran below the floor of the slowest path it may take, for "
-              "10m while hand-offs happened. The rate is effective: MiB moved / 1024 over the seconds spent "
+              f"{KV_SLOW_FOR} while hand-offs happened. The rate is effective: MiB moved / 1024 over the seconds spent "
               "moving them (a ratio of sums over the rate window, queueing behind other hand-offs included), not "
               "SGLang's `kv_transfer_speed_gb_s` mean of per-request speeds, which a few fast hand-offs keep "
               "looking healthy. The floor (label `floor`) is rendered per prefill from the spec: the lowest of "

@@ -58,7 +58,8 @@ def _node_down(c: Context, r: AlertRecord) -> Alert | None:
 NODE_DOWN = AlertRecord(
     name="PdkitNodeDown", severity="critical", for_=NODE_DOWN_FOR, scope=HOST, build=_node_down,
     runbook=Runbook(
-        means="Prometheus cannot reach node_exporter on the host for 1m: the host is down, cut off the network, or "
+        means=f"Prometheus cannot reach node_exporter on the host for {NODE_DOWN_FOR}: "
+              "the host is down, cut off the network, or "
               "only its node_exporter stopped. While it fires, Alertmanager holds back the alerts of the host's "
               "engines and exporters (inhibition), so a dead node pages once.",
         causes=("the host crashed, rebooted or lost power", "a network cut between it and the monitoring host (its "
@@ -172,7 +173,7 @@ def _scrape_target_down(c: Context, r: AlertRecord) -> Alert | None:
 SCRAPE_TARGET_DOWN = AlertRecord(
     name="PdkitScrapeTargetDown", severity="warning", for_=TARGET_DOWN_FOR, scope=NODE, build=_scrape_target_down,
     runbook=Runbook(
-        means="pdkit-exporter, the DCGM exporter or Prometheus itself cannot be scraped for 5m: "
+        means=f"pdkit-exporter, the DCGM exporter or Prometheus itself cannot be scraped for {TARGET_DOWN_FOR}: "
               "the dashboards and the alerts built on it (drift, NCCL env, GPU figures) are blind. "
               "Serving is not affected. (node_exporter down is `PdkitNodeDown`.)",
         causes=("the exporter service stopped or crashed", "its port is not reachable from the monitoring host"),

@@ -207,7 +207,8 @@ ROUTER_CIRCUIT_OPEN = AlertRecord(
               "(each trip is 10 failures, pdkit/render/flags.py ROUTER_BREAKER), and it is pulled out of routing every "
               "few seconds, while its health checks may still pass (then PdkitRouterWorkerUnhealthy stays "
               "quiet). One trip that recovers (a restart) does not fire: the breaker must open again within "
-              "every 2m for 5m. smg 1.13.0 only (sglang-router 0.3.2 exports no breaker transitions).",
+              f"every {CB_WINDOW} for {CB_OPEN_FOR}. smg 1.13.0 only (sglang-router 0.3.2 exports no breaker "
+              "transitions).",
         causes=("the worker's requests fail: KV transfers or the PD bootstrap (PdkitKvTransferFailures, "
                 "PdkitBootstrapFailures), CUDA out of memory per request, a traceback per request",
                 "the worker is wedged and requests time out (PdkitEngineWedged)",
@@ -302,7 +303,7 @@ ROUTER_WORKERS_OVERLOADED = AlertRecord(
     name="PdkitRouterWorkersOverloaded", severity="warning", for_=OVERLOAD_FOR, scope=ROUTER_WORKERS,
     build=_router_workers_overloaded,
     runbook=Runbook(
-        means="For 10m the router found every worker it could use overloaded (waiting queue at "
+        means=f"For {OVERLOAD_FOR} the router found every worker it could use overloaded (waiting queue at "
               "--worker-overload-waiting-requests, default 8, or KV usage at --worker-overload-token-usage, "
               "default 0.8) and routed requests to the least-loaded one anyway (or shed them with a 503 under "
               "--worker-overload-shed). The cluster is past its capacity: TTFT grows, queues build. smg 1.13.0 "
