@@ -159,6 +159,14 @@ class Secrets(Frozen):
 
 
 _GATE, _TOL = answers.GateConfig(), answers.Tolerance()
+# What the answer gate (pdkit/clients/answers.py) accepts, one set for the inventory's pdkit_cluster.answers and a
+# campaign's correctness (pdkit/tune/campaign.py): the share of matched tokens, the graded parts' prompt lengths, the
+# forced tokens and top-k per length, the streams of its loaded part
+MatchRate = Annotated[float, Field(ge=0, le=1)]
+GateLengths = list[Annotated[int, Field(ge=16)]]
+ForcedTokens = Annotated[int, Field(ge=1, le=1024)]
+TopK = Annotated[int, Field(ge=1, le=20)]
+LoadConcurrency = Annotated[int, Field(ge=0)]
 # the settings that change the answers by design and must be acknowledged (pdkit/spec/numerics.py)
 ByDesign = Literal["kv_cache_quantized", "speculative_accept_below_1", "nccl_ll128_pcie"]
 
@@ -228,13 +236,13 @@ class AnswerGate(Frozen):
     short_prompts: int = Field(default=8, ge=0, le=256)
     short_tokens: int = Field(default=_GATE.short_tokens, ge=1)
     # share of the baseline's short-answer tokens reproduced before each answer's first divergence
-    min_match_rate: float = Field(default=_GATE.min_match_rate, ge=0, le=1)
+    min_match_rate: MatchRate = _GATE.min_match_rate
     # (b) prompt lengths in tokens, each kept where the context cap allows; [] turns (b) and (c) off
-    lengths: list[Annotated[int, Field(ge=16)]] = list(_GATE.lengths)
-    forced_tokens: int = Field(default=_GATE.forced_tokens, ge=1, le=1024)
-    top_k: int = Field(default=_GATE.top_k, ge=1, le=20)
+    lengths: GateLengths = list(_GATE.lengths)
+    forced_tokens: ForcedTokens = _GATE.forced_tokens
+    top_k: TopK = _GATE.top_k
     # (c) concurrent streams while the forced scoring is repeated (0: off)
-    load_concurrency: int = Field(default=_GATE.load_concurrency, ge=0)
+    load_concurrency: LoadConcurrency = _GATE.load_concurrency
     # a text file on the deploying machine (the user's own code or documents) instead of the kit's corpus
     corpus: str | None = None
     tolerance: AnswerTolerance = AnswerTolerance()

@@ -32,7 +32,7 @@ import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -43,7 +43,16 @@ from pdkit.clients import answers
 from pdkit.inventory.loader import spec_from_host_data
 from pdkit.roll import rollout_order
 from pdkit.spec import Problem, Tuning
-from pdkit.spec.models import AnswerAccuracy, AnswerTolerance, ByDesign
+from pdkit.spec.models import (
+    AnswerAccuracy,
+    AnswerTolerance,
+    ByDesign,
+    ForcedTokens,
+    GateLengths,
+    LoadConcurrency,
+    MatchRate,
+    TopK,
+)
 
 ENGINE_SCOPES = ("all", "prefill", "decode", "unified")
 NODE_SCOPE = "node"
@@ -180,18 +189,18 @@ class Correctness(_Strict):
     prompts: int = Field(default=16, ge=1, le=1024)
     max_new_tokens: int = Field(default=32, ge=1)
     # share of the baseline's tokens a candidate reproduces before its first divergence, over all prompts
-    min_match_rate: float = Field(default=0.9, ge=0, le=1)
+    min_match_rate: MatchRate = 0.9
     # every prompt must match the baseline token for token
     exact: bool = False
     concurrency: int = Field(default=4, ge=1)
     # (b) prompt lengths in tokens, each kept where the context cap allows; [] turns (b) and (c) off
-    lengths: list[Annotated[int, Field(ge=16)]] = list(_GATE.lengths)
+    lengths: GateLengths = list(_GATE.lengths)
     # tokens of the baseline's greedy continuation scored at each length
-    forced_tokens: int = Field(default=_GATE.forced_tokens, ge=1, le=1024)
+    forced_tokens: ForcedTokens = _GATE.forced_tokens
     # top-k returned per position for the top-1 agreement and the KL estimate
-    top_k: int = Field(default=_GATE.top_k, ge=1, le=20)
+    top_k: TopK = _GATE.top_k
     # (c) concurrent streams while the forced scoring is repeated; 0 turns (c) off
-    load_concurrency: int = Field(default=_GATE.load_concurrency, ge=0)
+    load_concurrency: LoadConcurrency = _GATE.load_concurrency
     # a text file of the user's own (their code, their documents) instead of the kit's corpus
     corpus: str | None = None
     # the inventory's own model (pdkit_cluster.answers.tolerance): one set of fields and defaults
