@@ -93,6 +93,12 @@ def install_triton_stub() -> str:
     # The triton half of install_platform_stubs(), which only runs on macOS/arm64 with
     # MPS: the same mocks, built from the same helpers, without the torch.mps patches.
 
+    def mock(parent: Any, name: str) -> Any:
+        """The mock module NAME (dotted), set on PARENT under its last part."""
+        module = m._make_mock(name)
+        setattr(parent, name.rpartition(".")[2], module)
+        return module
+
     def stand_in(module: Any, name: str, base: type = stub_base) -> None:
         """MODULE.NAME: an empty class on BASE, as install_platform_stubs declares each one."""
         setattr(module, name, type(f"_{name}", (base,), {"__module__": __name__}))
@@ -104,7 +110,7 @@ def install_triton_stub() -> str:
     triton.next_power_of_2 = m._next_power_of_2
     triton.Config = m._Config
 
-    tl = m._make_mock("triton.language")
+    tl = mock(triton, "triton.language")
 
     class _constexpr:
         def __init__(self, value=None):
@@ -114,43 +120,27 @@ def install_triton_stub() -> str:
             return f"constexpr({self.value!r})"
 
     tl.constexpr = _constexpr
-    triton.language = tl
-    extra = m._make_mock("triton.language.extra")
-    tl.extra = extra
-    extra.libdevice = m._make_mock("triton.language.extra.libdevice")
+    mock(mock(tl, "triton.language.extra"), "triton.language.extra.libdevice")
 
-    runtime = m._make_mock("triton.runtime")
-    triton.runtime = runtime
-    jit_mod = m._make_mock("triton.runtime.jit")
+    runtime = mock(triton, "triton.runtime")
+    jit_mod = mock(runtime, "triton.runtime.jit")
     stand_in(jit_mod, "JITFunction", object)
     stand_in(jit_mod, "KernelInterface")
-    runtime.jit = jit_mod
-    cache_mod = m._make_mock("triton.runtime.cache")
-    cache_mod.triton_key = m._triton_key
-    runtime.cache = cache_mod
-    autotuner = m._make_mock("triton.runtime.autotuner")
+    mock(runtime, "triton.runtime.cache").triton_key = m._triton_key
+    autotuner = mock(runtime, "triton.runtime.autotuner")
     stand_in(autotuner, "OutOfResources", Exception)
     stand_in(autotuner, "PTXASError", Exception)
-    runtime.autotuner = autotuner
-    runtime.driver = m._make_mock("triton.runtime.driver")
+    mock(runtime, "triton.runtime.driver")
 
-    compiler_root = m._make_mock("triton.compiler")
+    compiler_root = mock(triton, "triton.compiler")
     stand_in(compiler_root, "CompiledKernel")
-    compiler_impl = m._make_mock("triton.compiler.compiler")
+    compiler_impl = mock(compiler_root, "triton.compiler.compiler")
     stand_in(compiler_impl, "ASTSource")
     compiler_impl.triton_key = m._triton_key
-    compiler_root.compiler = compiler_impl
-    triton.compiler = compiler_root
 
-    triton.testing = m._make_mock("triton.testing")
-    tools = m._make_mock("triton.tools")
-    triton.tools = tools
-    tools.tensor_descriptor = m._make_mock("triton.tools.tensor_descriptor")
-    backends = m._make_mock("triton.backends")
-    triton.backends = backends
-    compiler = m._make_mock("triton.backends.compiler")
-    stand_in(compiler, "GPUTarget")
-    backends.compiler = compiler
+    mock(triton, "triton.testing")
+    mock(mock(triton, "triton.tools"), "triton.tools.tensor_descriptor")
+    stand_in(mock(mock(triton, "triton.backends"), "triton.backends.compiler"), "GPUTarget")
     return "sglang/_platform_stubs.py mocks"
 
 
