@@ -3,6 +3,8 @@ Prometheus itself that cannot be scraped, an engine running flags or an environm
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from pdkit.agent.exporter.config import reads_gpu_health
 from pdkit.monitoring.alertrules.base import (
     HOST,
@@ -186,29 +188,31 @@ SCRAPE_TARGET_DOWN = AlertRecord(
 
 
 # pdkit-exporter's view of each engine: flags drift and NCCL/UCX env
-def _exporter_subjects(c: Context) -> tuple[dict[str, str], ...]:
-    """One subject per engine on a scraped node: pdkit-exporter's series of it."""
-    spec = c.spec
-    scraped = {h.name for h in scraped_hosts(spec)}
-    return tuple(exporter_subject(spec, h, e) for h, e in spec.engines() if h.name in scraped)
+def _exporter_flag(key: str, ok: int, summary: str, description: str) -> Callable[[Context, AlertRecord], Alert | None]:
+    """The builder of an alert on pdkit-exporter's 0/1 gauge EXPORTER[KEY] of each engine on a scraped node (OK:
+    its healthy value; `flag_alert`)."""
+
+    def build(c: Context, r: AlertRecord) -> Alert | None:
+        scraped = {h.name for h in scraped_hosts(c.spec)}
+        return flag_alert(
+            c, r, metric=EXPORTER[key], ok=ok, by=EXPORTER_BY, summary=summary, description=description,
+            subjects=tuple(exporter_subject(c.spec, h, e) for h, e in c.spec.engines() if h.name in scraped),
+            eval_time="15m",
+        )
+
+    return build
 
 
-def _config_drift(c: Context, r: AlertRecord) -> Alert | None:
-    return flag_alert(
-        c, r, metric=EXPORTER["flags_drift"], ok=0, by=EXPORTER_BY,
+CONFIG_DRIFT = AlertRecord(
+    name="PdkitConfigDrift", severity="warning", for_=DRIFT_FOR, scope=NODE,
+    build=_exporter_flag(
+        "flags_drift", ok=0,
         summary="{{ $labels.node }}/{{ $labels.engine }} runs flags that differ from the plan",
         description=(
             "pdkit-exporter found that the flags engine {{ $labels.engine }} on {{ $labels.node }} really runs "
             "with (/server_info and its command line) differ from what the spec renders: someone changed the "
             "unit by hand, a deploy did not restart the engine, or the release on the node is not the planned "
-            "one."),
-        subjects=_exporter_subjects(c),
-        eval_time="15m",
-    )
-
-
-CONFIG_DRIFT = AlertRecord(
-    name="PdkitConfigDrift", severity="warning", for_=DRIFT_FOR, scope=NODE, build=_config_drift,
+            "one.")),
     runbook=Runbook(
         means="pdkit-exporter finds that an engine runs flags that differ from what the spec renders.",
         causes=("someone changed the unit by hand", "a deploy did not restart the engine",
@@ -219,21 +223,15 @@ CONFIG_DRIFT = AlertRecord(
 )
 
 
-def _nccl_env_missing(c: Context, r: AlertRecord) -> Alert | None:
-    return flag_alert(
-        c, r, metric=EXPORTER["env_present"], ok=1, by=EXPORTER_BY,
+NCCL_ENV_MISSING = AlertRecord(
+    name="PdkitNcclEnvMissing", severity="warning", for_=ENV_MISSING_FOR, scope=NODE,
+    build=_exporter_flag(
+        "env_present", ok=1,
         summary="NCCL/UCX environment missing in {{ $labels.node }}/{{ $labels.engine }}",
         description=(
             "The running process of engine {{ $labels.engine }} on {{ $labels.node }} lacks NCCL/UCX variables the "
             "plan sets (read from /proc/<pid>/environ): untuned NCCL on PCIe falls back to host memory, and a "
-            "cross-node NIXL transfer without UCX_NET_DEVICES hangs until its 300 s timeout."),
-        subjects=_exporter_subjects(c),
-        eval_time="15m",
-    )
-
-
-NCCL_ENV_MISSING = AlertRecord(
-    name="PdkitNcclEnvMissing", severity="warning", for_=ENV_MISSING_FOR, scope=NODE, build=_nccl_env_missing,
+            "cross-node NIXL transfer without UCX_NET_DEVICES hangs until its 300 s timeout.")),
     runbook=Runbook(
         means="The engine's running process lacks NCCL/UCX variables the plan sets (read from "
               "`/proc/<pid>/environ`): untuned NCCL on PCIe falls back to host memory, and cross-node NIXL "
