@@ -227,8 +227,8 @@ def _router_retries_exhausted(c: Context, r: AlertRecord) -> Alert | None:
     routers = _routers_exporting(c, metric)
     if not routers:
         return None
-    by = by_labels((*ROUTER_BY, "worker_type"))
-    failed = f"sum by ({by}) (increase({metric}[{c.w}]))"
+    labels = (*ROUTER_BY, "worker_type")
+    failed = f"sum by ({by_labels(labels)}) (increase({metric}[{c.w}]))"
     subjects = tuple({"job": JOB_ROUTER, **t.labels, "worker_type": kind}
                      for t in routers for kind in _router_worker_types(c, t))
     return r.make(
@@ -243,7 +243,7 @@ def _router_retries_exhausted(c: Context, r: AlertRecord) -> Alert | None:
         # bad: exhausted retries go on; healthy: an old count, and retries that keep succeeding
         case=lambda s, bad: [(series_text(metric, {**s, "endpoint": "chat"}), "0x3 1+1x20" if bad else "4x25"),
                              (series_text(ROUTER["retries"], {**s, "endpoint": "chat"}), "0+3x25")],
-        exp_labels=lambda s: pick_labels(s, (*ROUTER_BY, "worker_type")),
+        exp_labels=lambda s: pick_labels(s, labels),
         eval_time="10m",
         fires_when=f"`increase({metric}[{c.w}]) > 0` (smg 1.13.0)",
     )
