@@ -143,8 +143,8 @@ class _Tokenizing:
     """An engine whose tokenizer makes TOKENS_PER_WORD tokens of a word and refuses prompts over CAP with
     SGLang's words (tokenizer_manager.py _validate_one_request); it answers greedy ids and scores."""
 
-    def __init__(self, tokens_per_word: float, cap: int):
-        self.tokens_per_word, self.cap, self.asked = tokens_per_word, cap, []
+    def __init__(self, tokens_per_word: float, cap: int, pd: bool = False):
+        self.tokens_per_word, self.cap, self.asked, self.pd = tokens_per_word, cap, [], pd
 
     def ask_blocking(self, payloads, concurrency, timeout_s):
         (payload,) = payloads
@@ -152,8 +152,10 @@ class _Tokenizing:
             n = round(len(payload["text"].split()) * self.tokens_per_word)
             self.asked.append(n)
             if n + payload["sampling_params"]["max_new_tokens"] > self.cap:
-                return [(400, json.dumps({"error": {"message": f"The input ({n} tokens) is longer than the model's "
-                                                               f"context length ({self.cap} tokens)."}}))]
+                refusal = json.dumps({"error": {"message": f"The input ({n} tokens) is longer than the model's "
+                                                           f"context length ({self.cap} tokens)."}})
+                # a PD pair's failure as pdkit/bench/measure.py reports it: no status, the prefill's words
+                return [(0, f"prefill node/prefill: HTTP 400: {refusal}") if self.pd else (400, refusal)]
             out = list(range(7, 7 + payload["sampling_params"]["max_new_tokens"]))
             meta = {"input_token_logprobs": [[None if i == 0 else -1.0, i % 50, None] for i in range(n)]}
             return [(200, json.dumps({"meta_info": meta, "output_ids": out}))]
@@ -163,11 +165,13 @@ class _Tokenizing:
         return [(200, json.dumps({"meta_info": meta}))]
 
 
+@pytest.mark.parametrize("pd", [False, True], ids=["unified", "pd-pair"])
 @pytest.mark.parametrize("tokens_per_word", [1.3, 3.08])
-def test_prompts_are_cut_by_the_engines_own_token_count(tokens_per_word):
+def test_prompts_are_cut_by_the_engines_own_token_count(tokens_per_word, pd):
     """On the lent H100 the corpus ran 3.08 tokens a word (the 4,048-token prompt was 8,302 tokens, refused,
-    and the 1,024-token one 3,020): each length is recorded within 20% of itself and under the cap."""
-    engine = _Tokenizing(tokens_per_word, 4096)
+    and the 1,024-token one 3,020): each length is recorded within 20% of itself and under the cap. Through
+    a PD pair the refusal is the prefill's, reported without a status (the same H100, the next session)."""
+    engine = _Tokenizing(tokens_per_word, 4096, pd)
     cfg = GateConfig(lengths=(1024, 8192), forced_tokens=32)
     got = answers.record_forced(engine, cfg, 4096)
     room = 4096 - 32 - answers.CAP_MARGIN_TOKENS

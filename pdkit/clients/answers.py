@@ -459,7 +459,9 @@ def record_forced(measured: Measured, cfg: GateConfig, context_length: int,
                        "sampling_params": {"temperature": 0.0, "max_new_tokens": cfg.forced_tokens, "ignore_eos": True},
                        "return_logprob": True, "logprob_start_len": 0}
             status, body = measured.ask_blocking([payload], 1, cfg.timeout_s)[0]
-            cap = CONTEXT_REFUSAL.search(body) if status == 400 else None
+            # any failed status: through a PD router the prefill's 400 comes back as the pair's failure
+            # (pdkit/bench/measure.py: status 0, "prefill ...: HTTP 400: ..."), its words intact
+            cap = CONTEXT_REFUSAL.search(body) if status != 200 else None
             if cap and attempt < 3:  # over the engine's own limit: its refusal says the cap and the prompt's count
                 room = int(cap.group(1)) - cfg.forced_tokens - CAP_MARGIN_TOKENS
                 seen = INPUT_TOKENS_REFUSAL.search(body)
