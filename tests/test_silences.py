@@ -281,8 +281,22 @@ def test_a_node_the_roll_left_broken_is_not_silenced(alertmanager, spec):
 def test_an_unchanged_batch_is_not_silenced(alertmanager, spec):
     roller = _roller(spec, alertmanager, io.StringIO())
     roller.unchanged = {"gpu02"}
+    roller.not_serving = lambda hosts: []
     roller.roll_batch(["gpu02"])
     assert roller.silencer.made == []
+
+
+def test_an_unchanged_batch_not_serving_is_rolled_and_silenced(alertmanager, spec):
+    out = io.StringIO()
+    roller = _roller(spec, alertmanager, out)
+    roller.unchanged = {"gpu02"}
+    roller.not_serving = lambda hosts: ["http://10.0.0.2:30000 is not in its router"]
+    roller.ready = lambda hosts: "ready"
+    roller.roll_batch(["gpu02"])
+    assert len(roller.silencer.made) == 1
+    text = out.getvalue()
+    assert "no file or service to change, but http://10.0.0.2:30000 is not in its router" in text
+    assert text.index("heal") < text.index("drained") < text.index("smoked")
 
 
 def test_the_silences_bound_is_the_steps_own_timeouts(spec):

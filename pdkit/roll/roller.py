@@ -677,6 +677,32 @@ class Roller:
 
         return engines_for(self.spec, batch)
 
+    def not_serving(self, batch: list[str]) -> list[str]:
+        """The batch's router-fronted engines that do not answer /health 200 now or that their router
+        does not list, each with why; a router that does not answer names itself."""
+        workers = self.workers_of(batch)
+        if not workers:
+            return []
+        answered = self.engine_health(sorted({url for _, _, url in workers}), timeout_s=0)
+        listed: dict[int, set[str] | str] = {}
+        for client, _, _ in workers:
+            if id(client) not in listed:
+                try:
+                    listed[id(client)] = {worker_key(w.url) for w in client.workers()}
+                except Exception as exc:  # noqa: BLE001 - the router's own failure is the reason given
+                    listed[id(client)] = f"its router {client.base_url} did not list its workers ({exc})"
+        lapsed = []
+        for client, _, url in workers:
+            status = answered[url][0]
+            in_router = listed[id(client)]
+            if status != 200:
+                lapsed.append(f"{url} answers /health {status or 'nothing'}")
+            elif isinstance(in_router, str):
+                lapsed.append(f"{url}: {in_router}")
+            elif worker_key(url) not in in_router:
+                lapsed.append(f"{url} is not in its router")
+        return lapsed
+
     def engines_not_answering(self, batch: list[str]) -> list[str]:
         """The engines of the batch's routes (as planned) whose /health does not answer 200 now."""
         target = self.answer_target(batch)
@@ -849,10 +875,17 @@ class Roller:
         for h in batch:
             p(h, "connect", f"on release {before[h] or '(none recorded)'}", time.monotonic() - step)
         if all(h in self.unchanged for h in batch):
-            # the plan read before the roll found nothing to change: leave it serving, in the router
-            for h in batch:
-                p(h, "done", "no change: files and services already as planned; left in the router")
-            return
+            # the plan read before the roll found nothing to change: leave it serving, in the router,
+            # once it is seen to be so (a step cut short, e.g. a killed `pdkit tune`, leaves the files
+            # as planned with the engines restarting and drained: the lent H100, 2026-12-07)
+            step = time.monotonic()
+            lapsed = self.not_serving(batch)
+            if not lapsed:
+                for h in batch:
+                    p(h, "done", "no change: files and services already as planned; serving and in the router")
+                return
+            p(",".join(batch), "heal", f"no file or service to change, but {'; '.join(lapsed)}: rolled through "
+                                       "drain, apply, gates and re-add to put it back", time.monotonic() - step)
         timings = {h: NodeTiming(h, engines=sum(s.kind == "engine" for s in self.plans[h].services)) for h in batch}
         check_answers = (self.answer_gate is not None and self.answer_record is None and bool(self.spec.router_hosts)
                          and any(t.engines for t in timings.values()))

@@ -88,3 +88,62 @@ def test_a_rollback_with_a_dead_prefill_puts_the_decode_back_and_names_the_prefi
     assert f"its healthy engines are back in the router; left out: {stack.prefill_url} (its /health did not answer" \
         in last, last
     assert f"left out of the router: {stack.prefill_url}" in out
+
+
+def _unchanged_roller(monkeypatch, stack) -> tuple[Roller, io.StringIO, RouterClient]:
+    """A roll of gpu01 whose plan changes nothing, against the real router and sim engines; the SSH
+    side (apply, the node's gates) stubbed."""
+    spec = load(str(REPO / "inventories" / "cluster.py"))
+    out = io.StringIO()
+    roller = Roller("inventories/cluster.py", spec, Progress(out), allow_downtime=True)
+    roller.router_timeout_s = 15
+    roller.unchanged = {"gpu01"}
+    client = RouterClient(stack.router_url, drain_settle_s=0)
+    roller._routers = [(spec.router_hosts[0], client)]
+    loopback = {"prefill": stack.prefill_url, "decode": stack.decode_url}
+    engines = [types.SimpleNamespace(role=e.role, effective_bootstrap_port=stack.bootstrap_port)
+               for h, e in spec.router_workers(spec.router_hosts[0])]
+    monkeypatch.setattr(roller, "workers_of", lambda hosts: [(client, e, loopback[e.role]) for e in engines]
+                        if "gpu01" in hosts else [])
+    monkeypatch.setattr(roller, "engine_urls", lambda hosts: {f"gpu01/{r}": u for r, u in loopback.items()})
+    monkeypatch.setattr("pdkit.roll.roller.router_metrics_url", lambda host: stack.router_metrics_url)
+    roller.pyinfra = _FakePyinfra()
+    monkeypatch.setattr(roller, "current_releases", lambda state, hosts: ({h: "rel-0" for h in hosts},
+                                                                           {h: None for h in hosts}))
+    monkeypatch.setattr(roller, "read_router_keys", lambda: [])
+    monkeypatch.setattr(roller, "last_restart_to_ready", lambda host, name: None)
+    monkeypatch.setattr(roller, "engines_restart_to_ready", lambda host, name, since: 0.0)
+    monkeypatch.setattr(roller, "silenced", lambda *a, **k: contextlib.nullcontext(types.SimpleNamespace(failed=False)))
+    monkeypatch.setattr(roller, "run_gates", lambda hosts, phase: (0, []))
+    monkeypatch.setattr(roller, "ready", lambda hosts: "ready")
+    monkeypatch.setattr(roller, "check_gpu_health_before_drain", lambda name, host: "")
+    monkeypatch.setattr(roller, "warm_weights", lambda name, host: (None, ""))
+    monkeypatch.setattr("pdkit.roll.roller.jitplan.pre_restart_warning", lambda *a, **k: "")
+    # the smoke request with the sim's model name (the inventory's is not the sim's)
+    monkeypatch.setattr(roller, "smoke", lambda hosts: f"smoke answered: {completion_ok(stack.router_url)}")
+    return roller, out, client
+
+
+def test_an_unchanged_node_serving_in_its_router_is_left_alone(procs, monkeypatch):
+    stack = start_pd_stack(procs)
+    roller, out, client = _unchanged_roller(monkeypatch, stack)
+    roller.roll_batch(["gpu01"])
+    assert "no change: files and services already as planned; serving and in the router" in out.getvalue()
+    assert [c[0] for c in roller.pyinfra.calls] == ["connect"], roller.pyinfra.calls
+
+
+def test_an_unchanged_node_left_out_of_its_router_is_put_back(procs, monkeypatch):
+    """A step cut short (a killed `pdkit tune` on the lent H100, 2026-12-07) left the files as planned
+    and the workers out of the router: the next roll found "no change" and said "left in the router"
+    while the router had no worker. Now it sees that and goes through drain, apply, gates and re-add."""
+    stack = start_pd_stack(procs)
+    roller, out, client = _unchanged_roller(monkeypatch, stack)
+    for url in (stack.decode_url, stack.prefill_url):
+        client.remove(url)
+    assert client.workers() == []
+    roller.roll_batch(["gpu01"])
+    text = out.getvalue()
+    assert f"{stack.prefill_url} is not in its router" in text and "no change:" not in text, text
+    assert ("execute", ("gpu01",)) in roller.pyinfra.calls
+    assert {w.url: w.routable for w in client.workers()} == {stack.prefill_url: True, stack.decode_url: True}
+    assert "smoke answered: True" in text, text
