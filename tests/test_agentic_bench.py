@@ -359,3 +359,32 @@ def test_the_agentic_argv_is_parsed_by_sglangs_own_parser(version):
     # the parser is the real one: a misspelt dataset is refused
     bad = [a if a != "agentic-trace" else "agentic-traces" for a in argv[3:]]
     assert _run(python, PARSER, *bad) == {"exit": 2}
+
+
+def test_a_turn_refused_for_length_says_the_engines_counts_first(monkeypatch):
+    """On the lent H100 the replies of random weights came back as text several times reply_tokens long:
+    turn 4 reached 4,597 tokens where the workload planned 3,366, and the gate showed only SGLang's words,
+    cut at 200 characters. The session's error now leads with the engine's own counts."""
+    import asyncio
+
+    from pdkit.bench import agentic
+    from pdkit.bench.stats import RequestResult
+
+    refusal = ('status 400: data: {"error": {"message": "The input (4597 tokens) is longer than the model\'s '
+               'context length (4096 tokens)."}}')
+    answers = iter([(RequestResult(ok=True, ttft=0.1, latency=0.2, output_tokens=64, prompt_tokens=3100), "ok", None),
+                    (RequestResult(ok=False, error=refusal), "", None)])
+
+    async def fake_stream(*args, **kwargs):
+        return next(answers)
+
+    monkeypatch.setattr(agentic, "stream_chat", fake_stream)
+    turns = [[{"role": "user", "content": "a"}], [{"role": "user", "content": "b"}], [{"role": "user", "content": "c"}]]
+    out = asyncio.run(agentic.play_session(None, "http://r", {}, "m", 3, turns, 64, 0.0, 5.0))
+    assert [t.result.ok for t in out] == [True, False]  # the session ends at the refused turn
+    error = out[1].result.error
+    assert error.startswith("over the context cap: session 3 turn 2: 4597 prompt tokens by the engine's count, "
+                            "cap 4096 (turn 1 was 3100 and its reply 64 tokens)"), error
+    assert error.endswith(refusal)
+    # any other failure keeps its own words
+    assert agentic.over_cap("status 503: no workers", 0, 1, 0, 64) is None

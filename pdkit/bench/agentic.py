@@ -37,7 +37,7 @@ import json
 import random
 import time
 from collections.abc import Awaitable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +50,7 @@ from pdkit.bench.stats import (
     summarize_level,
     tpot,
 )
+from pdkit.clients.answers import CONTEXT_REFUSAL, INPUT_TOKENS_REFUSAL
 
 if TYPE_CHECKING:
     from pdkit.spec import ClusterSpec
@@ -411,12 +412,16 @@ async def play_session(session, url: str, headers: dict[str, str], model: str, i
     the engine never produced (they are reported as skipped)."""
     history: list[dict[str, str]] = []
     out = []
+    last_prompt = 0  # the engine's own count of the previous turn's prompt
     for depth, new in enumerate(turns, start=1):
         if depth > 1 and think_s:
             await asyncio.sleep(think_s)
         history.extend(new)
         result, reply, cached = await stream_chat(session, url, headers, chat_body(model, history, reply_tokens),
                                                   reply_tokens, timeout_s)
+        if not result.ok and (why := over_cap(result.error or "", index, depth, last_prompt, reply_tokens)):
+            result = replace(result, error=why)
+        last_prompt = result.prompt_tokens or last_prompt
         out.append(TurnResult(index, depth, result, cached))
         if progress is not None:
             progress.step(result.ok)
@@ -424,6 +429,24 @@ async def play_session(session, url: str, headers: dict[str, str], model: str, i
             break
         history.append({"role": "assistant", "content": reply})
     return out
+
+
+def over_cap(error: str, session: int, depth: int, last_prompt: int, reply_tokens: int) -> str | None:
+    """A turn the engine refused for length, said with the engine's own counts first (the workload's
+    sizes are estimates: each reply goes back as text and is counted again, and on the lent H100 the
+    replies of random weights came back several times reply_tokens long; docs/tune.md, "PD or unified
+    on my box"); None for
+    any other failure."""
+    cap = CONTEXT_REFUSAL.search(error)
+    if not cap:
+        return None
+    seen = INPUT_TOKENS_REFUSAL.search(error)
+    counted = f"{seen.group(1)} prompt tokens by the engine's count" if seen else "a prompt"
+    before = (f" (turn {depth - 1} was {last_prompt} and its reply {reply_tokens} tokens)"
+              if depth > 1 and last_prompt else "")
+    return (f"over the context cap: session {session} turn {depth}: {counted}, cap {cap.group(1)}{before}: the "
+            "history grew past the workload's estimate (replies re-counted as text, the tokenizer's rate): fewer "
+            f"or shorter turns fit; the engine said: {error}")
 
 
 async def run_sessions(url: str, headers: dict[str, str], model: str,
