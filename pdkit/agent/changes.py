@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 # the key absent: "unknown venv" (legacy release), distinct from None ("runs from no venv of pdkit's")
 _UNKNOWN = object()
@@ -98,3 +98,22 @@ def units_to_stop(recorded: Iterable[str], planned: Iterable[str], active_or_ena
     """Pure: units the current release ran that the new plan does not, still running or enabled."""
     keep = set(planned)
     return sorted(u for u in set(recorded) if u not in keep and active_or_enabled.get(u, False))
+
+
+Change = Literal["removed", "added", "changed"]
+
+
+def keyed_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[tuple[str, Change]]:
+    """Pure: the keys whose entries differ between two keyed maps, sorted, each with what happened to it:
+    "removed" (in OLD only), "added" (in NEW only) or "changed" (in both, unequal). The one reading of "what
+    changed" for the deploy's moved scrape targets (pdkit/hosts/limitwarn.py) and bench's flag changes between
+    two runs (pdkit/bench/report.py); each says it in its own words."""
+    out: list[tuple[str, Change]] = []
+    for key in sorted(set(old) | set(new)):
+        if key not in new:
+            out.append((key, "removed"))
+        elif key not in old:
+            out.append((key, "added"))
+        elif old[key] != new[key]:
+            out.append((key, "changed"))
+    return out

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from pdkit.agent.changes import keyed_changes
 from pdkit.bench import noise
 from pdkit.bench.record import NO_PD_HANDOFF, RUNS_FILE, append_run
 from pdkit.bench.stats import ratio
@@ -391,23 +392,16 @@ def flag_changes(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     """Engines whose planned argv differs between the runs: options removed, added and changed."""
     flags_a, flags_b = a["env"]["engine_flags"], b["env"]["engine_flags"]
     out = []
-    for engine in sorted(set(flags_a) | set(flags_b)):
-        before, after = flags_a.get(engine), flags_b.get(engine)
-        if before == after:
+    for engine, change in keyed_changes(flags_a, flags_b):
+        if change != "changed":
+            out.append(f"{engine}: engine {change}")
             continue
-        if before is None or after is None:
-            out.append(f"{engine}: engine {'added' if before is None else 'removed'}")
-            continue
-        opts_a, opts_b = argv_options(before), argv_options(after)
+        opts_a, opts_b = argv_options(flags_a[engine]), argv_options(flags_b[engine])
         parts = []
-        for flag in sorted(set(opts_a) | set(opts_b)):
+        for flag, what in keyed_changes(opts_a, opts_b):
             shown_a, shown_b = _option_text(flag, opts_a.get(flag, "")), _option_text(flag, opts_b.get(flag, ""))
-            if flag not in opts_b:
-                parts.append(f"removed {shown_a}")
-            elif flag not in opts_a:
-                parts.append(f"added {shown_b}")
-            elif opts_a[flag] != opts_b[flag]:
-                parts.append(f"{shown_a} -> {shown_b}")
+            parts.append({"removed": f"removed {shown_a}", "added": f"added {shown_b}",
+                          "changed": f"{shown_a} -> {shown_b}"}[what])
         out.append(f"{engine}: " + ("; ".join(parts) or "same options, another order"))
     return out
 

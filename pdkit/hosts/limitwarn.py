@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from urllib.parse import urlsplit
 
+from pdkit.agent.changes import keyed_changes
+
 
 def _address(url: str) -> str:
     """host:port of a service URL (what Prometheus scrapes, what a router routes to)."""
@@ -35,15 +37,9 @@ def retargeted(recorded: Mapping[str, Mapping], planned: Mapping[str, str]) -> l
     old = {u: _address(m["health_url"]) for u, m in recorded.items() if m.get("kind") in ("engine", "http")
            and m.get("health_url")}
     new = {u: _address(url) for u, url in planned.items()}
-    out = []
-    for unit in sorted(set(old) | set(new)):
-        if unit not in new:
-            out.append(f"{unit}: gone (was {old[unit]})")
-        elif unit not in old:
-            out.append(f"{unit}: new at {new[unit]}")
-        elif old[unit] != new[unit]:
-            out.append(f"{unit}: {old[unit]} -> {new[unit]}")
-    return out
+    said = {"removed": lambda u: f"{u}: gone (was {old[u]})", "added": lambda u: f"{u}: new at {new[u]}",
+            "changed": lambda u: f"{u}: {old[u]} -> {new[u]}"}
+    return [said[change](unit) for unit, change in keyed_changes(old, new)]
 
 
 def limit_warnings(
