@@ -362,9 +362,8 @@ def test_the_agentic_argv_is_parsed_by_sglangs_own_parser(version):
 
 
 def test_a_turn_refused_for_length_says_the_engines_counts_first(monkeypatch):
-    """On the lent H100 the replies of random weights came back as text several times reply_tokens long:
-    turn 4 reached 4,597 tokens where the workload planned 3,366, and the gate showed only SGLang's words,
-    cut at 200 characters. The session's error now leads with the engine's own counts."""
+    """On the lent H100 turn 4 reached 4,597 tokens where the workload planned 3,366, and the gate showed
+    only SGLang's words, cut at 200 characters. The session's error now leads with the engine's own counts."""
     import asyncio
 
     from pdkit.bench import agentic
@@ -388,3 +387,29 @@ def test_a_turn_refused_for_length_says_the_engines_counts_first(monkeypatch):
     assert error.endswith(refusal)
     # any other failure keeps its own words
     assert agentic.over_cap("status 503: no workers", 0, 1, 0, 64) is None
+
+
+@pytest.mark.parametrize("rate, params, refused", [
+    (1.0, dict(system_tokens=1500, turn_tokens=400, reply_tokens=64), False),  # the sim counts as estimated
+    (1.93, dict(system_tokens=1500, turn_tokens=400, reply_tokens=64), True),  # the lent H100's first sizes
+    (1.93, dict(system_tokens=800, turn_tokens=200, reply_tokens=48), False),  # the sizes that ran there
+])
+def test_the_engines_count_of_the_warmup_refuses_a_workload_over_the_cap(rate, params, refused):
+    """On the lent H100 the engine counted 1.9 tokens a generated word; the 4-turn sessions planned at
+    3,366 tokens were refused at turn 4 mid-level. The warm-up's count now scales the plan first."""
+    from pdkit.bench.agentic import check_counted, estimated_tokens, warmup_messages
+    from pdkit.bench.stats import RequestResult
+    from pdkit.inventory.loader import load
+
+    spec = load(str(Path(__file__).parents[1] / "inventories" / "h200-nspawn.py"))  # context_length 4096
+    workload = AgenticWorkload.generated(AgenticParams(sessions=2, turns=4, think_s=0.0, **params))
+    counted = round(estimated_tokens(warmup_messages(workload)) * rate)
+    warmup = [TurnResult(0, 1, RequestResult(ok=True, ttft=0.1, latency=0.2, output_tokens=1, prompt_tokens=counted)),
+              TurnResult(1, 1, RequestResult(ok=False, error="status 503"))]
+    if refused:
+        with pytest.raises(ValueError, match=r"the engine counts 1\.93x .* over the planned context length 4096 "
+                                             r".* by 0\.\d\d or less"):
+            check_counted(spec, workload, warmup)
+    else:
+        assert check_counted(spec, workload, warmup) == pytest.approx(rate, abs=0.01)
+    assert check_counted(spec, workload, warmup[1:]) is None  # no count: nothing to scale by

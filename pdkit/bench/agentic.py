@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import math
 import random
 import time
 from collections.abc import Awaitable, Sequence
@@ -42,7 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pdkit.bench.client import Progress, router_target, run_pool, stream_events
-from pdkit.bench.record import LevelPages, check_context, record_head, served_model
+from pdkit.bench.record import LevelPages, check_context, context_cap, record_head, served_model
 from pdkit.bench.stats import (
     RequestResult,
     distribution_ms,
@@ -532,6 +533,34 @@ def check_agentic(spec: ClusterSpec, workload: AgenticWorkload, warmup: int) -> 
     check_context(spec, workload.largest_context(), what)
 
 
+def estimated_tokens(messages: Sequence[dict[str, str]]) -> int:
+    """MESSAGES' prompt by the workload's estimate (the sim's template: BOS, a tag and one token per
+    word a message, the assistant tag; AgenticParams.prompt_tokens counts the same way)."""
+    return 1 + sum(1 + len(m["content"].split()) for m in messages) + 1
+
+
+def check_counted(spec: ClusterSpec, workload: AgenticWorkload, warmup: Sequence[TurnResult]) -> float | None:
+    """The engine's own count of the warm-up prompt over the workload's estimate of it; refuse, before
+    the first level, a workload whose largest context at that rate exceeds the planned cap (on the lent
+    H100 the rate was 1.9 and the first sessions were refused at turn 4, docs/tune.md). None when no
+    warm-up answered with a count."""
+    counted = sorted(t.result.prompt_tokens for t in warmup if t.result.ok and t.result.prompt_tokens)
+    if not counted:
+        return None
+    rate = counted[len(counted) // 2] / estimated_tokens(warmup_messages(workload))
+    cap = context_cap(spec)
+    largest = workload.largest_context() - workload.reply_tokens
+    projected = math.ceil(largest * max(rate, 1.0)) + workload.reply_tokens
+    if cap is not None and projected > cap:
+        raise ValueError(
+            f"the engine counts {rate:.2f}x the agentic workload's token estimate (the warm-up prompt: "
+            f"{counted[len(counted) // 2]} tokens by the engine's count, {estimated_tokens(warmup_messages(workload))} "
+            f"estimated): its largest context would be ~{projected} tokens, over the planned context length {cap} "
+            f"(cluster tuning context_length); scale the system, turn and reply sizes (or the turns) by "
+            f"{cap / projected:.2f} or less")
+    return round(rate, 3)
+
+
 def run_agentic_bench(spec: ClusterSpec, workload: AgenticWorkload, concurrency: Sequence[int] = (8,),
                       warmup: int = 4, label: str = "", timeout_s: float = 300.0, probe_drivers: bool = True,
                       progress: bool = True, goodput_slo: dict[str, float] | None = None) -> dict[str, Any]:
@@ -554,6 +583,7 @@ def run_agentic_bench(spec: ClusterSpec, workload: AgenticWorkload, concurrency:
         bar.close()
         if turns and not any(t.result.ok for t in turns):
             raise RuntimeError(f"every warm-up request through {router_url} failed: {turns[0].result.error}")
+        record["workload"]["token_rate"] = check_counted(spec, workload, turns)
     for level_index, c in enumerate(concurrency):
         conversations = workload.level_conversations(level_index)
         planned = sum(len(conv) for conv in conversations)
