@@ -34,10 +34,10 @@ def exporter_unread(obs: EngineObservation, check: str) -> CheckResult:
 
 
 def exporter_figure(obs: EngineObservation, check: str, figure: Callable[[ExporterView], T | None],
-                    absent: str) -> tuple[ExporterView, T] | CheckResult:
-    """What a check of one FIGURE the node's pdkit-exporter publishes reads: (the exporter's view, the figure);
-    or the row it gives instead: `cannot_measure`'s, an INFO when the exporter did not answer
-    (`exporter_unread`), an INFO saying ABSENT when the exporter publishes no such figure."""
+                    absent: str, judge: Callable[[ExporterView, T], CheckResult]) -> CheckResult:
+    """The row of a check of one FIGURE the node's pdkit-exporter publishes: JUDGE's, given the exporter's view
+    and the figure; or, where there is none to judge, `cannot_measure`'s, an INFO when the exporter did not
+    answer (`exporter_unread`), an INFO saying ABSENT when the exporter publishes no such figure."""
     if (early := cannot_measure(obs, check)) is not None:
         return early
     ex = obs.exporter
@@ -46,7 +46,7 @@ def exporter_figure(obs: EngineObservation, check: str, figure: Callable[[Export
     value = figure(ex)
     if value is None:
         return engine_row(obs.plan, check, INFO, absent, "")
-    return ex, value
+    return judge(ex, value)
 
 
 def engine_down(obs: EngineObservation) -> bool:

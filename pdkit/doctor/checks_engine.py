@@ -17,7 +17,7 @@ from pdkit.doctor.checkbase import (
     exporter_figure,
     not_measured,
 )
-from pdkit.doctor.model import FAIL, INFO, PASS, WARN, CheckResult, EngineObservation
+from pdkit.doctor.model import FAIL, INFO, PASS, WARN, CheckResult, EngineObservation, ExporterView
 
 # An uncapped context above this many tokens is flagged: the seeds' 1M context made the indexer
 # scan 1M tokens per step; 128k is the largest window a seed needed.
@@ -235,21 +235,22 @@ def check_weights_cached(obs: EngineObservation) -> CheckResult:
     of its weight files in the node's page cache, as the node's exporter measures it (mincore,
     pdkit/agent/residency.py). The roll reads cold weights in before its drain; doctor says how cold they are."""
     plan, name = obs.plan, "weights_cached"
-    got = exporter_figure(obs, name, lambda ex: ex.weights_cached,
-                          "not measured: no local weight files (dummy weights, a hub id, the sim), or an exporter "
-                          "older than this check")
-    if isinstance(got, CheckResult):
-        return got
-    _, (model_dir, ratio, size) = got
-    gib = size / 2**30
-    if ratio >= WEIGHTS_CACHED_MIN:
-        return engine_row(plan, name, PASS, f"{ratio:.0%} of {gib:.1f} GiB of weights under {model_dir} in the page "
-                                            "cache: a restart reads them from memory")
-    return engine_row(plan, name, WARN, f"only {ratio:.0%} of {gib:.1f} GiB of weights under {model_dir} in the "
-                                        f"page cache: a restart now reads {(1 - ratio) * gib:.1f} GiB from disk",
-                      f"`pdkit roll` reads them in before its drain; to warm them now: "
-                      f"`python3 -m pdkit.residency {model_dir} --warm` on {plan.host} (the node venv's python); "
-                      "if they keep going cold, the node lacks the RAM to hold them beside its other use")
+
+    def judge(_: ExporterView, cached: tuple[str, float, float]) -> CheckResult:
+        model_dir, ratio, size = cached
+        gib = size / 2**30
+        if ratio >= WEIGHTS_CACHED_MIN:
+            return engine_row(plan, name, PASS, f"{ratio:.0%} of {gib:.1f} GiB of weights under {model_dir} in the "
+                                                "page cache: a restart reads them from memory")
+        return engine_row(plan, name, WARN, f"only {ratio:.0%} of {gib:.1f} GiB of weights under {model_dir} in the "
+                                            f"page cache: a restart now reads {(1 - ratio) * gib:.1f} GiB from disk",
+                          f"`pdkit roll` reads them in before its drain; to warm them now: "
+                          f"`python3 -m pdkit.residency {model_dir} --warm` on {plan.host} (the node venv's python); "
+                          "if they keep going cold, the node lacks the RAM to hold them beside its other use")
+
+    return exporter_figure(obs, name, lambda ex: ex.weights_cached,
+                           "not measured: no local weight files (dummy weights, a hub id, the sim), or an exporter "
+                           "older than this check", judge)
 
 
 def check_gpu_health(obs: EngineObservation) -> CheckResult:
@@ -303,21 +304,22 @@ def check_jit_caches(obs: EngineObservation) -> CheckResult:
     the node's exporter judges it. Cold is a WARN, never a failure: the next start compiles, and costs
     what the measured cold start says."""
     plan, name = obs.plan, "jit_caches"
-    got = exporter_figure(obs, name, lambda ex: ex.jit_caches,
-                          "not judged: SGLANG_CACHE_DIR is set by the engine's own env, or the exporter is older "
-                          "than this check")
-    if isinstance(got, CheckResult):
-        return got
-    ex, (where, warm, why) = got
-    if warm >= 1:
-        return engine_row(plan, name, PASS, f"warm under {where}: {why}")
-    cost = (f"~{ex.jit_cold_extra[0]:.0f} s more than a warm start (measured from {ex.jit_cold_extra[1]})"
-            if ex.jit_cold_extra is not None else "a longer start (no cold start of it measured on this node yet)")
-    return engine_row(plan, name, WARN, f"cold under {where}: {why}; its next restart compiles: {cost}",
-                      "a start outside the kit's gates (a hand `systemctl restart`) compiled but left no stamp: the "
-                      "next restart through the kit (a deploy, roll or rollback that changes the engine) writes one; "
-                      "after an install or lock change the first start compiles, and the deploy starts a node's cold "
-                      "engines one at a time")
+
+    def judge(ex: ExporterView, caches: tuple[str, float, str]) -> CheckResult:
+        where, warm, why = caches
+        if warm >= 1:
+            return engine_row(plan, name, PASS, f"warm under {where}: {why}")
+        cost = (f"~{ex.jit_cold_extra[0]:.0f} s more than a warm start (measured from {ex.jit_cold_extra[1]})"
+                if ex.jit_cold_extra is not None else "a longer start (no cold start of it measured on this node yet)")
+        return engine_row(plan, name, WARN, f"cold under {where}: {why}; its next restart compiles: {cost}",
+                          "a start outside the kit's gates (a hand `systemctl restart`) compiled but left no stamp: "
+                          "the next restart through the kit (a deploy, roll or rollback that changes the engine) "
+                          "writes one; after an install or lock change the first start compiles, and the deploy "
+                          "starts a node's cold engines one at a time")
+
+    return exporter_figure(obs, name, lambda ex: ex.jit_caches,
+                           "not judged: SGLANG_CACHE_DIR is set by the engine's own env, or the exporter is older "
+                           "than this check", judge)
 
 
 def check_env(obs: EngineObservation) -> CheckResult:
