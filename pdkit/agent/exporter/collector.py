@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import requests
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
@@ -80,6 +80,86 @@ BATCH_FIGURES = (
 ENDPOINTS = ("metrics", "server_info")
 MAX_BODY_BYTES = 16 * 1024 * 1024
 LABELS = ("node", "engine", "role")
+
+# pdkit-exporter's families of one engine each, in the order a scrape exposes them: (the family's key in
+# EXPORTER_FAMILIES, its type, its labels after LABELS, its help). An info family's key names its series, as the
+# rules read it; prometheus_client appends "_info" to the name it is given.
+ENGINE_FAMILIES: tuple[tuple[str, Literal["gauge", "counter", "info"], tuple[str, ...], str], ...] = (
+    ("engine_up", "gauge", (),
+     "1 when the engine answered /metrics in this scrape and /server_info for its current process (read once per "
+     "process, see server_info_max_age_s)."),
+    ("engine_rank_up", "gauge", ("rank", "nnodes", "head"),
+     "An engine spanning nodes: 1 when the unit of the rank this node runs has a running process. Rank 0 also serves "
+     "HTTP (pdkit_engine_up); a rank above 0 serves none."),
+    ("engine_scrape_error", "gauge", ("endpoint",),
+     "1 when this scrape of the endpoint failed (refused, timeout, HTTP error, unreadable)."),
+    ("engine_info", "info", (),
+     "What the engine runs: release (config hash), SGLang version (running, from /server_info; last known while "
+     "down) and the planned one."),
+    ("engine_flags_drift", "gauge", (),
+     "1 when the running flags (/server_info, process argv) differ from the planned argv; absent when neither could "
+     "be read."),
+    ("engine_flag_drift_info", "info", (),
+     "One series per planned flag that the running engine contradicts."),
+    ("engine_flags_unverified", "gauge", (),
+     "Planned flags that /server_info does not report (so could only be checked in argv)."),
+    ("engine_env_present", "gauge", (),
+     "1 when every planned NCCL/UCX/SGLANG variable is in /proc/<MainPID>/environ with its planned value, 0 when "
+     "not; absent when unreadable."),
+    ("engine_env_check_error", "gauge", (),
+     "1 when the engine process's environment could not be read (unit not running, no permission, systemctl failed)."),
+    ("engine_env_mismatch_info", "info", (),
+     "One series per planned variable missing from or different in the engine process."),
+    ("engine_running_requests", "gauge", (),
+     "Requests in the running batch (sglang:num_running_reqs)."),
+    ("engine_queued_requests", "gauge", (),
+     "Requests waiting to be scheduled (sglang:num_queue_reqs)."),
+    ("engine_token_usage_ratio", "gauge", (),
+     "KV cache token usage, 0..1 (sglang:token_usage)."),
+    ("engine_gen_throughput_tokens_per_second", "gauge", (),
+     "The engine's own generation throughput, refreshed at its log interval (sglang:gen_throughput)."),
+    ("engine_pd_queue_requests", "gauge", ("queue",),
+     "PD queue depth: bootstrap and inflight (prefill), prealloc and transfer (decode)."),
+    ("engine_prompt_tokens", "counter", (),
+     "Prompt tokens processed (sglang:prompt_tokens_total); rate() it for tokens per second."),
+    ("engine_generation_tokens", "counter", (),
+     "Tokens generated (sglang:generation_tokens_total); rate() it for tokens per second."),
+    ("engine_kv_transfer_failures", "counter", ("stage",),
+     "Requests whose PD KV hand-off failed, by stage (sglang:num_bootstrap_failed_reqs_total, "
+     "num_transfer_failed_reqs_total)."),
+    ("engine_forward_passes", "counter", ("phase", "cuda_graph"),
+     "Forward passes by phase and whether they ran as a CUDA graph (sglang:cuda_graph_passes_total, one TP rank)."),
+    ("decode_cuda_graph_ratio", "gauge", (),
+     "Share of decode forward passes run as a CUDA graph since the engine started; absent before the first decode "
+     "pass."),
+    ("engine_shape_recorded", "gauge", ("figure",),
+     "The engine's shape the gate recorded at the first healthy start of its running configuration "
+     "(pdkit/agent/engineshape.py): KV pool tokens, max running requests, context length, CUDA-graph batch sizes."),
+    ("engine_weights_info", "gauge", ("status", "recorded", "now", "problem"),
+     "The engine gate's last verdict on the engine's weight checksums (/weights_checker against the first healthy "
+     "start's, pdkit/agent/engineshape.py): status recorded, match, mismatch or unavailable; per-engine checksums "
+     "recorded and now."),
+    ("engine_weights_page_cache_ratio", "gauge", ("model_dir",),
+     "Share of the engine's weight files in the node's page cache (mincore, at most once a minute): below 1 a "
+     "restart reads the rest from disk."),
+    ("engine_weights_bytes", "gauge", ("model_dir",),
+     "Bytes of the engine's weight files."),
+    ("engine_jit_caches_warm", "gauge", ("dir", "why"),
+     "1 when the engine's JIT caches are warm for its next start (a start passed the engine gate with them on the "
+     "current engine environment, pdkit/agent/jitcache.py), 0 when that start compiles them."),
+    ("engine_jit_cold_start_extra_seconds", "gauge", ("dir", "source"),
+     "What a cold start of the engine cost on this node beyond a warm one, by SGLang's start-up phases (its first "
+     "and last gated start on one environment)."),
+)
+
+
+def _family(key: str, kind: str, labels: tuple[str, ...],
+            doc: str) -> GaugeMetricFamily | CounterMetricFamily | InfoMetricFamily:
+    """One row of ENGINE_FAMILIES, declared (no samples yet)."""
+    name, names = EXPORTER_FAMILIES[key], [*LABELS, *labels]
+    if kind == "info":
+        return InfoMetricFamily(name.removesuffix("_info"), doc, labels=names)
+    return (GaugeMetricFamily if kind == "gauge" else CounterMetricFamily)(name, doc, labels=names)
 
 
 @dataclass
@@ -456,94 +536,15 @@ class PdkitCollector(Collector):
         def gauge(name: str, doc: str, extra: tuple[str, ...] = ()) -> GaugeMetricFamily:
             return GaugeMetricFamily(name, doc, labels=[*LABELS, *extra])
 
-        def counter(name: str, doc: str, extra: tuple[str, ...] = ()) -> CounterMetricFamily:
-            return CounterMetricFamily(name, doc, labels=[*LABELS, *extra])
-
-        up = gauge(EXPORTER_FAMILIES["engine_up"],
-                   "1 when the engine answered /metrics in this scrape and /server_info for its "
-                   "current process (read once per process, see server_info_max_age_s).")
-        scrape_error = gauge(EXPORTER_FAMILIES["engine_scrape_error"],
-                             "1 when this scrape of the endpoint failed (refused, timeout, HTTP error, unreadable).",
-                             ("endpoint",))
-        info = InfoMetricFamily(EXPORTER_FAMILIES["engine_info"].removesuffix("_info"),
-                                "What the engine runs: release (config hash), SGLang version "
-                                "(running, from /server_info; last known while down) and the planned one.",
-                                labels=list(LABELS))
-        drift = gauge(EXPORTER_FAMILIES["engine_flags_drift"],
-                      "1 when the running flags (/server_info, process argv) differ "
-                      "from the planned argv; absent when neither could be read.")
-        drift_info = InfoMetricFamily(EXPORTER_FAMILIES["engine_flag_drift_info"].removesuffix("_info"),
-                                      "One series per planned flag that the running "
-                                      "engine contradicts.", labels=list(LABELS))
-        unverified = gauge(EXPORTER_FAMILIES["engine_flags_unverified"],
-                           "Planned flags that /server_info does not report (so could only be checked in argv).")
-        env_present = gauge(EXPORTER_FAMILIES["engine_env_present"],
-                            "1 when every planned NCCL/UCX/SGLANG variable is in "
-                            "/proc/<MainPID>/environ with its planned value, 0 when not; absent when unreadable.")
-        env_error = gauge(EXPORTER_FAMILIES["engine_env_check_error"],
-                          "1 when the engine process's environment could not be "
-                          "read (unit not running, no permission, systemctl failed).")
-        env_info = InfoMetricFamily(EXPORTER_FAMILIES["engine_env_mismatch_info"].removesuffix("_info"),
-                                    "One series per planned variable missing from or "
-                                    "different in the engine process.", labels=list(LABELS))
-        running = gauge(EXPORTER_FAMILIES["engine_running_requests"],
-                        "Requests in the running batch (sglang:num_running_reqs).")
-        queued = gauge(EXPORTER_FAMILIES["engine_queued_requests"],
-                       "Requests waiting to be scheduled (sglang:num_queue_reqs).")
-        usage = gauge(EXPORTER_FAMILIES["engine_token_usage_ratio"], "KV cache token usage, 0..1 (sglang:token_usage).")
-        gen_tp = gauge(EXPORTER_FAMILIES["engine_gen_throughput_tokens_per_second"],
-                       "The engine's own generation throughput, refreshed at its log interval (sglang:gen_throughput).")
-        pd_queues = gauge(EXPORTER_FAMILIES["engine_pd_queue_requests"],
-                          "PD queue depth: bootstrap and inflight (prefill), "
-                          "prealloc and transfer (decode).", ("queue",))
-        prompt = counter(EXPORTER_FAMILIES["engine_prompt_tokens"],
-                         "Prompt tokens processed (sglang:prompt_tokens_total); "
-                         "rate() it for tokens per second.")
-        generation = counter(EXPORTER_FAMILIES["engine_generation_tokens"], "Tokens generated "
-                             "(sglang:generation_tokens_total); rate() it for tokens per second.")
-        kv_fail = counter(EXPORTER_FAMILIES["engine_kv_transfer_failures"],
-                          "Requests whose PD KV hand-off failed, by stage "
-                          "(sglang:num_bootstrap_failed_reqs_total, num_transfer_failed_reqs_total).", ("stage",))
-        passes = counter(EXPORTER_FAMILIES["engine_forward_passes"],
-                         "Forward passes by phase and whether they ran as a CUDA "
-                         "graph (sglang:cuda_graph_passes_total, one TP rank).", ("phase", "cuda_graph"))
-        ratio = gauge(EXPORTER_FAMILIES["decode_cuda_graph_ratio"],
-                      "Share of decode forward passes run as a CUDA graph since "
-                      "the engine started; absent before the first decode pass.")
+        made = [(key, _family(key, kind, labels, doc)) for key, kind, labels, doc in ENGINE_FAMILIES]
+        gauges = {key: f for key, f in made if isinstance(f, GaugeMetricFamily)}
+        counters = {key: f for key, f in made if isinstance(f, CounterMetricFamily)}
+        infos = {key: f for key, f in made if isinstance(f, InfoMetricFamily)}
         batch = {phase: {key: gauge(EXPORTER_FAMILIES[f"{phase}_batch_{family}"],
                                     f"{what} of the last `{phase.capitalize()} batch` log line{note}.")
                          for key, family, what, note, phases in BATCH_FIGURES if phase in phases}
                  for phase in ("decode", "prefill")}
 
-        shape = gauge(EXPORTER_FAMILIES["engine_shape_recorded"],
-                      "The engine's shape the gate recorded at the first healthy start of its "
-                      "running configuration (pdkit/agent/engineshape.py): KV pool tokens, max running requests, "
-                      "context "
-                      "length, CUDA-graph batch sizes.", ("figure",))
-        weights = gauge(EXPORTER_FAMILIES["engine_weights_info"],
-                        "The engine gate's last verdict on the engine's weight checksums "
-                        "(/weights_checker against the first healthy start's, pdkit/agent/engineshape.py): status "
-                        "recorded, "
-                        "match, mismatch or unavailable; per-engine checksums recorded and now.",
-                        ("status", "recorded", "now", "problem"))
-        cached = gauge(EXPORTER_FAMILIES["engine_weights_page_cache_ratio"],
-                       "Share of the engine's weight files in the node's page cache "
-                       "(mincore, at most once a minute): below 1 a restart reads the rest from disk.", ("model_dir",))
-        cached_bytes = gauge(EXPORTER_FAMILIES["engine_weights_bytes"],
-                             "Bytes of the engine's weight files.", ("model_dir",))
-        jit_warm = gauge(EXPORTER_FAMILIES["engine_jit_caches_warm"],
-                         "1 when the engine's JIT caches are warm for its next start (a start "
-                         "passed the engine gate with them on the current engine environment, "
-                         "pdkit/agent/jitcache.py), "
-                         "0 when that start compiles them.", ("dir", "why"))
-        jit_extra = gauge(EXPORTER_FAMILIES["engine_jit_cold_start_extra_seconds"],
-                          "What a cold start of the engine cost on this node beyond a warm "
-                          "one, by SGLang's start-up phases (its first and last gated start on one environment).",
-                          ("dir", "source"))
-        rank_up = gauge(EXPORTER_FAMILIES["engine_rank_up"],
-                        "An engine spanning nodes: 1 when the unit of the rank this node runs "
-                        "has a running process. Rank 0 also serves HTTP (pdkit_engine_up); a rank above 0 serves none.",
-                        ("rank", "nnodes", "head"))
         for snap in snapshots:
             e = snap.engine
             state = self.state[e.name]
@@ -551,15 +552,15 @@ class PdkitCollector(Collector):
             m, si = snap.metrics, snap.server_info
             if e.nnodes > 1:
                 alive = snap.process is not None and snap.process.view is not None
-                rank_up.add_metric([*labels, str(e.rank), str(e.nnodes), e.head or ""], 1.0 if alive else 0.0)
+                gauges["engine_rank_up"].add_metric([*labels, str(e.rank), str(e.nnodes), e.head or ""],
+                                                    1.0 if alive else 0.0)
             if e.rank > 0:
                 # no HTTP on this rank: its flags (argv) and environment (NCCL included) only
-                self._flags(snap, labels, drift, drift_info, unverified)
-                self._env(snap, labels, env_present, env_error, env_info)
+                self._process(snap, labels, gauges, infos)
                 continue
-            up.add_metric(labels, 1.0 if m.error is None and si.error is None else 0.0)
+            gauges["engine_up"].add_metric(labels, 1.0 if m.error is None and si.error is None else 0.0)
             for endpoint, result in (("metrics", m), ("server_info", si)):
-                scrape_error.add_metric([*labels, endpoint], 0.0 if result.error is None else 1.0)
+                gauges["engine_scrape_error"].add_metric([*labels, endpoint], 0.0 if result.error is None else 1.0)
                 self._note_engine(e, f"fetch {endpoint}", None if result.error is None
                                   else f"GET {e.url}/{endpoint} failed: {result.error}")
 
@@ -568,7 +569,7 @@ class PdkitCollector(Collector):
                 state.sglang_version = str(version) if version is not None else ""
                 model = si.value.get("served_model_name")
                 state.model = str(model) if model is not None else ""
-            info.add_metric(labels, {
+            infos["engine_info"].add_metric(labels, {
                 "cluster": self.config.cluster,
                 "release": release,
                 "sglang_version": state.sglang_version,
@@ -577,44 +578,50 @@ class PdkitCollector(Collector):
                 "model": state.model,
             })
 
-            self._flags(snap, labels, drift, drift_info, unverified)
-            self._env(snap, labels, env_present, env_error, env_info)
+            self._process(snap, labels, gauges, infos)
             for figure, value in recorded_shape(self.shapes_dir, e.unit).items():
-                shape.add_metric([*labels, figure], float(value))
+                gauges["engine_shape_recorded"].add_metric([*labels, figure], float(value))
             last = engineshape.read_json(Path(self.shapes_dir) / e.unit / engineshape.LAST) if e.unit else None
             if (verdict := engineshape.weights_verdict(last)) is not None:
-                weights.add_metric([*labels, *(verdict[k] for k in ("status", "recorded", "now", "problem"))], 1.0)
+                gauges["engine_weights_info"].add_metric(
+                    [*labels, *(verdict[k] for k in ("status", "recorded", "now", "problem"))], 1.0)
             if (jit_dir := jitcache.engine_dir_of(e.env_dict)) is not None:
                 judged = jitcache.judge(jit_dir)
-                jit_warm.add_metric([*labels, jit_dir, judged["why"]], 1.0 if judged["state"] == "warm" else 0.0)
+                gauges["engine_jit_caches_warm"].add_metric([*labels, jit_dir, judged["why"]],
+                                                            1.0 if judged["state"] == "warm" else 0.0)
                 if judged["extra_s"] is not None:
-                    jit_extra.add_metric([*labels, jit_dir, judged["extra_from"]], float(judged["extra_s"]))
+                    gauges["engine_jit_cold_start_extra_seconds"].add_metric(
+                        [*labels, jit_dir, judged["extra_from"]], float(judged["extra_s"]))
             if (model_dir := residency.model_dir_of(e.argv)) is not None:
                 got = self._residency(e, model_dir)
                 if got is not None and got["files"]:
-                    cached.add_metric([*labels, model_dir], got["ratio"])
-                    cached_bytes.add_metric([*labels, model_dir], float(got["bytes"]))
+                    gauges["engine_weights_page_cache_ratio"].add_metric([*labels, model_dir], got["ratio"])
+                    gauges["engine_weights_bytes"].add_metric([*labels, model_dir], float(got["bytes"]))
 
             if m.error is None:
                 figures = m.value
-                for fam, key in ((running, "running_requests"), (queued, "queued_requests"), (usage, "token_usage"),
-                                 (gen_tp, "gen_throughput"), (prompt, "prompt_tokens"),
-                                 (generation, "generation_tokens")):
+                for family, key in (("engine_running_requests", "running_requests"),
+                                    ("engine_queued_requests", "queued_requests"),
+                                    ("engine_token_usage_ratio", "token_usage"),
+                                    ("engine_gen_throughput_tokens_per_second", "gen_throughput"),
+                                    ("engine_prompt_tokens", "prompt_tokens"),
+                                    ("engine_generation_tokens", "generation_tokens")):
                     if key in figures:
-                        fam.add_metric(labels, figures[key])
+                        (gauges[family] if family in gauges else counters[family]).add_metric(labels, figures[key])
                 for queue, value in sorted(figures["pd_queues"].items()):
-                    pd_queues.add_metric([*labels, queue], value)
+                    gauges["engine_pd_queue_requests"].add_metric([*labels, queue], value)
                 # SGLang creates both failure counters on their first increment (metric catalogue: lazy), so an
                 # engine page without them means "none failed yet": 0, which lets increase() see the first one
                 failures = figures["kv_transfer_failures"]
                 for stage in KV_FAILURE_STAGES:
-                    kv_fail.add_metric([*labels, stage], failures.get(stage, 0.0))
+                    counters["engine_kv_transfer_failures"].add_metric([*labels, stage], failures.get(stage, 0.0))
                 for mode, value in sorted(figures["cuda_graph_passes"].items()):
                     phase, _, kind = mode.partition("_")
-                    passes.add_metric([*labels, phase, "true" if kind == "cuda_graph" else "false"], value)
+                    counters["engine_forward_passes"].add_metric(
+                        [*labels, phase, "true" if kind == "cuda_graph" else "false"], value)
                 r = decode_cuda_graph_ratio(figures["cuda_graph_passes"])
                 if r is not None:
-                    ratio.add_metric(labels, r)
+                    gauges["decode_cuda_graph_ratio"].add_metric(labels, r)
 
             for kind, fams in batch.items():
                 last_line = state.last_batch.get(kind)
@@ -627,9 +634,7 @@ class PdkitCollector(Collector):
                     elif key in line_figures:
                         fam.add_metric(labels, float(line_figures[key]))
 
-        out: list[Metric] = [up, rank_up, scrape_error, info, drift, drift_info, unverified, env_present, env_error,
-                             env_info, running, queued, usage, gen_tp, pd_queues, prompt, generation, kv_fail, passes,
-                             ratio, shape, weights, cached, cached_bytes, jit_warm, jit_extra]
+        out: list[Metric] = [f for _, f in made]
         for fams in batch.values():
             out.extend(fams.values())
         if self.journal is not None:
@@ -686,6 +691,14 @@ class PdkitCollector(Collector):
             self._note_engine(engine, "weights residency", f"cannot measure {model_dir}: {exc}")
         self._residency_cache[model_dir] = (now, got)
         return got
+
+    def _process(self, snap: EngineSnapshot, labels: list[str], gauges: dict[str, GaugeMetricFamily],
+                 infos: dict[str, InfoMetricFamily]) -> None:
+        """What every rank's process is checked for, whether it serves HTTP or not: its flags and its environment."""
+        self._flags(snap, labels, gauges["engine_flags_drift"], infos["engine_flag_drift_info"],
+                    gauges["engine_flags_unverified"])
+        self._env(snap, labels, gauges["engine_env_present"], gauges["engine_env_check_error"],
+                  infos["engine_env_mismatch_info"])
 
     def _flags(self, snap: EngineSnapshot, labels: list[str], drift: GaugeMetricFamily,
                drift_info: InfoMetricFamily, unverified: GaugeMetricFamily) -> None:
