@@ -355,6 +355,7 @@ def test_tunes_put_back_failing_at_any_step_leaves_the_workers_in_the_router(mon
     session = _tune_session(tmp_path)
     roller, fake, mine, out = _roller(monkeypatch, "lab.py", "lab-gpu2", command="tune")
     session.progress = roller.progress
+    session.roller = lambda name: roller  # the spec put back is the candidate's own here
     monkeypatch.setattr(roller, "ready", lambda hosts: "ready")
     monkeypatch.setattr(roller, "smoke", lambda hosts: "smoked")
     _inject(monkeypatch, roller, fake, step)
@@ -368,12 +369,47 @@ def test_tunes_put_back_with_an_unhealthy_engine_names_it(monkeypatch, tmp_path)
     down: set[str] = set()
     roller, fake, mine, out = _roller(monkeypatch, "lab.py", "lab-gpu2", command="tune", down=down)
     session.progress = roller.progress
+    session.roller = lambda name: roller
     monkeypatch.setattr(roller, "smoke", lambda hosts: "smoked")
     monkeypatch.setattr(roller, "restore", lambda name, host, to: down.add(mine["decode"]) or "back")
     monkeypatch.setattr(roller, "ready", _fail("decode not healthy"))
     [line] = session.put_back(roller, ["lab-gpu2"], {"lab-gpu2": "rel-0"})
     assert mine["prefill"] in fake.routable() and mine["decode"] not in fake.routable()
     assert f"left out: {mine['decode']} (its /health answered 503" in line, line
+
+
+def test_tunes_put_back_gates_the_spec_it_restored_not_the_failed_candidates(monkeypatch, tmp_path):
+    """On the lent H100 (2026-12-07) a unified-layout candidate failed and was restored onto the PD pair; the
+    put-back's `ready` was the candidate's and watched the unified unit the restore had just stopped:
+    "FAILED rollback: pdkit-engine-unified.service failed at its first start" on a box back and serving."""
+    from pdkit.tune.runner import BASELINE
+
+    session = _tune_session(tmp_path)
+    candidate, fake, mine, out = _roller(monkeypatch, "lab.py", "lab-gpu2", command="tune")
+    restored, _, _, _ = _roller(monkeypatch, "lab.py", "lab-gpu2", command="tune")
+    session.progress = candidate.progress
+    monkeypatch.setattr(candidate, "ready", _fail("pdkit-engine-unified.service failed at its first start"))
+    monkeypatch.setattr(restored, "ready", lambda hosts: "the PD pair ready")
+    monkeypatch.setattr(candidate, "smoke", _fail("the candidate's smoke"))
+    monkeypatch.setattr(restored, "smoke", lambda hosts: "smoked through the PD pair")
+    asked = []
+    session.roller = lambda name: asked.append(name) or restored
+    assert session.on_node == BASELINE
+    [line] = session.put_back(candidate, ["lab-gpu2"], {"lab-gpu2": "rel-0"})
+    assert line == "lab-gpu2: back on release rel-0", (line, out.getvalue())
+    assert asked == [BASELINE] and candidate.restored == [("lab-gpu2", "rel-0")]
+    assert "the PD pair ready" in out.getvalue() and "smoked through the PD pair" in out.getvalue()
+
+
+def test_a_resumed_tune_puts_back_onto_the_last_candidate_that_passed(tmp_path):
+    from pdkit.tune import runner
+
+    records = [{"kind": "baseline", "candidate": runner.BASELINE, "verdict": "pass"},
+               {"kind": "candidate", "candidate": "off", "verdict": "pass"},
+               {"kind": "candidate", "candidate": "other", "verdict": "fail"}]
+    prep = _tune_session(tmp_path).prep
+    assert runner.Session(prep, records).on_node == "off"
+    assert runner.Session(prep, records[:1]).on_node == runner.BASELINE
 
 
 def test_the_drain_does_not_wait_on_an_engine_no_router_lists_whose_gauges_say_busy(monkeypatch):

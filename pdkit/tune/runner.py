@@ -339,6 +339,10 @@ class Session:
         self.stop_requested = False
         self.paths = paths(prep.campaign)
         self.gate = "roll"  # the gate in progress: an unexpected error is that gate's failure
+        # whose spec the targets run: the last candidate (or baseline) that passed stays applied until
+        # the next one rolls over it, and a failed one is put back onto it
+        self.on_node = next((r["candidate"] for r in reversed(records)
+                             if r.get("kind") in ("baseline", "candidate") and r.get("verdict") == "pass"), BASELINE)
 
     def say(self, step: str, message: str, took: float | None = None) -> None:
         self.progress("tune", step, message, took)
@@ -384,7 +388,13 @@ class Session:
 
     def put_back(self, roller, hosts: list[str], before: dict[str, str | None]) -> list[str]:
         """Each host back on the release it ran before the candidate (`pdkit rollback`'s steps);
-        the lines say what happened to each."""
+        the lines say what happened to each. The drain and restore are the candidate's (ROLLER: its
+        workers as listed, its release); the gates, re-add and smoke are those of the spec restored
+        (self.on_node): after a layout candidate the unified unit is gone and the PD pair is back
+        (the lent H100, 2026-12-07: the candidate's `ready` watched the stopped unified unit)."""
+        back = roller if self.on_node not in self.prep.specs else self.roller(self.on_node)
+        if back is not roller:
+            back.silencer, back.pyinfra = roller.silencer, roller.pyinfra
         out = []
         for h in reversed(hosts):
             if not before.get(h):
@@ -404,9 +414,13 @@ class Session:
                         raise RuntimeError(f"cannot reach it over SSH: {unreachable[h]}")
                     for step, fn in (("drain", roller.drain),
                                      ("restore", lambda b: roller.restore(h, connected[h], before[h])),
-                                     ("ready", roller.ready), ("router", roller.readd), ("smoke", roller.smoke)):
+                                     ("ready", back.ready), ("router", back.readd), ("smoke", back.smoke)):
                         start = time.monotonic()
+                        if step == "router":  # the outage the drain began ends at this re-add
+                            back.outage_since = roller.outage_since
                         message = fn([h])
+                        if step == "router" and back is not roller:
+                            roller.outage_since, roller.last_outage_s = back.outage_since, back.last_outage_s
                         steps.append(step)
                         self.progress(h, step, message, time.monotonic() - start)
                     out.append(f"{h}: back on release {before[h]}")
@@ -668,6 +682,7 @@ class Session:
                                                              "ready, router, smoke"}
             self.run_gates(name, spec, record, baseline_answers, cand)
             record.update(verdict="pass", failed_gate=None, reason="")
+            self.on_node = name
         except Exception as exc:  # noqa: BLE001 - any failure fails the candidate at its gate and is rolled back
             if isinstance(exc, GateFailed):
                 gate, why = exc.gate, exc.why
