@@ -203,20 +203,21 @@ def _exporter_flag(key: str, ok: int, summary: str, description: str) -> Callabl
     return build
 
 
+# why an engine runs other flags than planned: the alert's description says them, its runbook lists them
+DRIFT_CAUSES = ("someone changed the unit by hand", "a deploy did not restart the engine",
+                "the release on the node is not the planned one")
+
 CONFIG_DRIFT = AlertRecord(
     name="PdkitConfigDrift", severity="warning", for_=DRIFT_FOR, scope=NODE,
     build=_exporter_flag(
         "flags_drift", ok=0,
         summary="{{ $labels.node }}/{{ $labels.engine }} runs flags that differ from the plan",
-        description=(
-            "pdkit-exporter found that the flags engine {{ $labels.engine }} on {{ $labels.node }} really runs "
-            "with (/server_info and its command line) differ from what the spec renders: someone changed the "
-            "unit by hand, a deploy did not restart the engine, or the release on the node is not the planned "
-            "one.")),
+        description=("pdkit-exporter found that the flags engine {{ $labels.engine }} on {{ $labels.node }} really "
+                     "runs with (/server_info and its command line) differ from what the spec renders: "
+                     + ", ".join(DRIFT_CAUSES[:-1]) + ", or " + DRIFT_CAUSES[-1] + ".")),
     runbook=Runbook(
         means="pdkit-exporter finds that an engine runs flags that differ from what the spec renders.",
-        causes=("someone changed the unit by hand", "a deploy did not restart the engine",
-                "the release on the node is not the planned one"),
+        causes=DRIFT_CAUSES,
         run=("`pdkit doctor INVENTORY`: the engine's `flags` row names each drifted flag",
              "compare `systemctl cat pdkit-engine-{engine}` on {node} with `pdkit render INVENTORY --out DIR`",
              REDEPLOY + "; never fix a node by hand: the next deploy undoes it")),
