@@ -392,7 +392,8 @@ class Session:
         workers as listed, its release); the gates, re-add and smoke are those of the spec restored
         (self.on_node): after a layout candidate the unified unit is gone and the PD pair is back
         (the lent H100, 2026-12-07: the candidate's `ready` watched the stopped unified unit)."""
-        back = roller if self.on_node not in self.prep.specs else self.roller(self.on_node)
+        restored = self.prep.specs.get(self.on_node)
+        back = roller if restored is None or restored is roller.spec else self.roller(self.on_node)
         if back is not roller:
             back.silencer, back.pyinfra = roller.silencer, roller.pyinfra
         out = []
