@@ -434,10 +434,8 @@ async def play_session(session, url: str, headers: dict[str, str], model: str, i
 
 def over_cap(error: str, session: int, depth: int, last_prompt: int, reply_tokens: int) -> str | None:
     """A turn the engine refused for length, said with the engine's own counts first (the workload's
-    sizes are estimates: each reply goes back as text and is counted again, and on the lent H100 the
-    replies of random weights came back several times reply_tokens long; docs/tune.md, "PD or unified
-    on my box"); None for
-    any other failure."""
+    sizes are estimates: the tokenizer's rate, and each reply counted again as text; docs/tune.md,
+    "PD or unified on my box"); None for any other failure."""
     cap = CONTEXT_REFUSAL.search(error)
     if not cap:
         return None
@@ -547,14 +545,15 @@ def check_counted(spec: ClusterSpec, workload: AgenticWorkload, warmup: Sequence
     counted = sorted(t.result.prompt_tokens for t in warmup if t.result.ok and t.result.prompt_tokens)
     if not counted:
         return None
-    rate = counted[len(counted) // 2] / estimated_tokens(warmup_messages(workload))
+    median, estimate = counted[len(counted) // 2], estimated_tokens(warmup_messages(workload))
+    rate = median / estimate
     cap = context_cap(spec)
     largest = workload.largest_context() - workload.reply_tokens
     projected = math.ceil(largest * max(rate, 1.0)) + workload.reply_tokens
     if cap is not None and projected > cap:
         raise ValueError(
             f"the engine counts {rate:.2f}x the agentic workload's token estimate (the warm-up prompt: "
-            f"{counted[len(counted) // 2]} tokens by the engine's count, {estimated_tokens(warmup_messages(workload))} "
+            f"{median} tokens by the engine's count, {estimate} "
             f"estimated): its largest context would be ~{projected} tokens, over the planned context length {cap} "
             f"(cluster tuning context_length); scale the system, turn and reply sizes (or the turns) by "
             f"{cap / projected:.2f} or less")

@@ -417,10 +417,11 @@ class Session:
                                      ("restore", lambda b: roller.restore(h, connected[h], before[h])),
                                      ("ready", back.ready), ("router", back.readd), ("smoke", back.smoke)):
                         start = time.monotonic()
-                        if step == "router":  # the outage the drain began ends at this re-add
+                        handed = step == "router" and back is not roller
+                        if handed:  # the outage the candidate's drain began ends at the restored spec's re-add
                             back.outage_since = roller.outage_since
                         message = fn([h])
-                        if step == "router" and back is not roller:
+                        if handed:
                             roller.outage_since, roller.last_outage_s = back.outage_since, back.last_outage_s
                         steps.append(step)
                         self.progress(h, step, message, time.monotonic() - start)
